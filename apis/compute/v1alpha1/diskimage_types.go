@@ -1,0 +1,142 @@
+package v1alpha1
+
+import (
+	"reflect"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+)
+
+// DiskImageSource says where an image comes from: exactly one of url or
+// volumeRef.
+// +kubebuilder:validation:XValidation:rule="has(self.url) != has(self.volumeRef)",message="set exactly one of url or volumeRef"
+// +kubebuilder:validation:XValidation:rule="!has(self.sha256) || has(self.url)",message="sha256 verifies a download and goes with url"
+type DiskImageSource struct {
+	// URL is an http or https address the image is downloaded from.
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() in ['http', 'https']",message="url must be an http or https URL"
+	// +optional
+	URL string `json:"url,omitempty"`
+
+	// SHA256 is the expected hex digest of the downloaded file. A mismatch
+	// fails the import and nothing is kept.
+	// +kubebuilder:validation:Pattern=`^[a-f0-9]{64}$`
+	// +optional
+	SHA256 string `json:"sha256,omitempty"`
+
+	// VolumeRef clones an existing Volume in this namespace into the image.
+	// +optional
+	VolumeRef *LocalReference `json:"volumeRef,omitempty"`
+}
+
+// DiskImageParameters are the fields a user sets on a DiskImage.
+type DiskImageParameters struct {
+	// Source of the image.
+	Source DiskImageSource `json:"source"`
+
+	// Format of the image file.
+	// +kubebuilder:default=qcow2
+	// +optional
+	Format *DiskFormat `json:"format,omitempty"`
+
+	// PruneAfter is how long an image stays on a node once no volume there
+	// uses it, for example 24h or 30m.
+	// +kubebuilder:default="24h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$')",message="pruneAfter must be a duration such as 24h, 90m or 1h30m"
+	// +optional
+	PruneAfter *metav1.Duration `json:"pruneAfter,omitempty"`
+}
+
+// ImagePhase is the lifecycle phase of a DiskImage.
+// +kubebuilder:validation:Enum=Pending;Importing;Ready;Failed
+type ImagePhase string
+
+// Image phases.
+const (
+	ImagePhasePending   ImagePhase = "Pending"
+	ImagePhaseImporting ImagePhase = "Importing"
+	ImagePhaseReady     ImagePhase = "Ready"
+	ImagePhaseFailed    ImagePhase = "Failed"
+)
+
+// DiskImageObservation is what the nodes' agents observed.
+type DiskImageObservation struct {
+	// Phase of the image.
+	// +optional
+	Phase ImagePhase `json:"phase,omitempty"`
+
+	// Size of the image file.
+	// +optional
+	Size *resource.Quantity `json:"size,omitempty"`
+
+	// Nodes where the image is present.
+	// +optional
+	Nodes []string `json:"nodes,omitempty"`
+
+	// Users counts the Volumes made from the image.
+	// +optional
+	Users int32 `json:"users,omitempty"`
+
+	// Message explains a Failed phase.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// DiskImageSpec defines the desired state of a DiskImage.
+type DiskImageSpec struct {
+	xpv2.ManagedResourceSpec `json:",inline"`
+	ForProvider              DiskImageParameters `json:"forProvider"`
+}
+
+// DiskImageStatus represents the observed state of a DiskImage.
+type DiskImageStatus struct {
+	xpv2.ManagedResourceStatus `json:",inline"`
+	AtProvider                 DiskImageObservation `json:"atProvider,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// A DiskImage is a bootable image that Volumes are made from. It is imported
+// once into each node that needs it, counted by its users, and pruned from a
+// node after pruneAfter without users. An image in use cannot be deleted.
+// +kubebuilder:printcolumn:name="STATUS",type="string",JSONPath=".status.atProvider.phase"
+// +kubebuilder:printcolumn:name="USERS",type="integer",JSONPath=".status.atProvider.users"
+// +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:printcolumn:name="NODES",type="string",JSONPath=".status.atProvider.nodes",priority=1
+// +kubebuilder:printcolumn:name="READY",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].status",priority=1
+// +kubebuilder:printcolumn:name="SYNCED",type="string",JSONPath=".status.conditions[?(@.type=='Synced')].status",priority=1
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName={img},categories={crossplane,managed,virtfleet}
+type DiskImage struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   DiskImageSpec   `json:"spec"`
+	Status DiskImageStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// DiskImageList contains a list of DiskImage.
+type DiskImageList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []DiskImage `json:"items"`
+}
+
+// DiskImage type metadata.
+var (
+	DiskImageKind             = reflect.TypeOf(DiskImage{}).Name()
+	DiskImageGroupKind        = schema.GroupKind{Group: Group, Kind: DiskImageKind}.String()
+	DiskImageKindAPIVersion   = DiskImageKind + "." + SchemeGroupVersion.String()
+	DiskImageGroupVersionKind = SchemeGroupVersion.WithKind(DiskImageKind)
+)
+
+func init() {
+	SchemeBuilder.Register(&DiskImage{}, &DiskImageList{})
+}

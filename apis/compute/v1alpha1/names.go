@@ -1,0 +1,29 @@
+package v1alpha1
+
+// LocalName names another resource of this group in the same namespace, such
+// as a Volume or a VirtualNetwork. It is a DNS-1123 label, the name a libvirt
+// network, a Neutron network or a Multus NetworkAttachmentDefinition can all
+// carry unchanged.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=63
+// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",messageExpression="'\"' + self + '\" is not a valid name: use a DNS-1123 label (lowercase letters, digits and \"-\", starting and ending with a letter or digit)'"
+type LocalName string
+
+// LocalReference refers to another resource in the same namespace.
+type LocalReference struct {
+	// Name of the referenced resource.
+	Name LocalName `json:"name"`
+}
+
+// Well-known annotations.
+const (
+	// AnnotationRestartRequestedAt requests a restart of a VirtualMachine. Each
+	// new value restarts the guest once; the value is usually a timestamp
+	// (kubectl annotate vm NAME compute.virtfleet.io/restart-requested-at="$(date -Is)").
+	AnnotationRestartRequestedAt = Group + "/restart-requested-at"
+
+	// AnnotationNode records the node the hub placed a resource on. It is
+	// written before the intent is published, so a hub that crashes between
+	// the two finds its earlier choice instead of placing the resource twice.
+	AnnotationNode = Group + "/node"
+)

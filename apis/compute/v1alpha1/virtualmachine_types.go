@@ -1,0 +1,257 @@
+package v1alpha1
+
+import (
+	"reflect"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+)
+
+// Backend names the kind of hypervisor an agent fronts.
+// +kubebuilder:validation:Enum=libvirt;nova;kubevirt
+type Backend string
+
+// Backends.
+const (
+	BackendLibvirt  Backend = "libvirt"
+	BackendNova     Backend = "nova"
+	BackendKubeVirt Backend = "kubevirt"
+)
+
+// Firmware the guest boots with.
+// +kubebuilder:validation:Enum=bios;uefi
+type Firmware string
+
+// Firmwares.
+const (
+	FirmwareBIOS Firmware = "bios"
+	FirmwareUEFI Firmware = "uefi"
+)
+
+// DiskAttachment attaches a Volume to a VirtualMachine.
+type DiskAttachment struct {
+	// Name of a Volume in the VirtualMachine's namespace.
+	Name LocalName `json:"name"`
+}
+
+// VirtualMachineParameters are the fields a user sets on a VirtualMachine.
+type VirtualMachineParameters struct {
+	// Running is the desired power state. true starts the guest; false shuts
+	// it down (ACPI first, forced off after a grace period).
+	// +kubebuilder:default=true
+	// +optional
+	Running *bool `json:"running,omitempty"`
+
+	// Vcpu is the number of virtual CPUs.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1024
+	Vcpu int32 `json:"vcpu"`
+
+	// Memory is the guest's RAM, as a Kubernetes quantity (for example 500Mi
+	// or 4Gi). It must be greater than zero.
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",messageExpression="'memory must be greater than 0, got ' + string(self)"
+	Memory resource.Quantity `json:"memory"`
+
+	// Swap is the size of a swap disk added to the guest and enabled by
+	// cloud-init; 0 means no swap.
+	// +kubebuilder:default="0"
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",messageExpression="'swap must not be negative, got ' + string(self)"
+	// +optional
+	Swap *resource.Quantity `json:"swap,omitempty"`
+
+	// PublicKey is an OpenSSH public key (for example "ssh-ed25519 AAAA…")
+	// injected into the guest: a cloud-init NoCloud seed on libvirt, a
+	// keypair on Nova, cloudInitNoCloud on KubeVirt.
+	// +kubebuilder:validation:MaxLength=16384
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(ssh-(rsa|dss|ed25519)|ecdsa-sha2-nistp(256|384|521)|sk-(ssh-ed25519|ecdsa-sha2-nistp256)@openssh.com) [A-Za-z0-9+/=]+( .*)?$')",message="publicKey must be one OpenSSH public key line: type, base64 key and an optional comment (ssh-ed25519 AAAA… user@host)"
+	// +optional
+	PublicKey string `json:"publicKey,omitempty"`
+
+	// VirtualNetworks are the names of VirtualNetworks in this namespace, one
+	// interface each, in this order.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=set
+	// +optional
+	VirtualNetworks []LocalName `json:"virtualNetworks,omitempty"`
+
+	// DiskAttachments are the Volumes attached to the guest. The first is the
+	// boot disk.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=map
+	// +listMapKey=name
+	DiskAttachments []DiskAttachment `json:"diskAttachments"`
+
+	// NodeSelector restricts placement to nodes whose agent carries all of
+	// these labels. It is added to the ProviderConfig's default selector.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// Backend restricts placement to nodes whose agent fronts this kind of
+	// hypervisor. Unset means any.
+	// +optional
+	Backend *Backend `json:"backend,omitempty"`
+
+	// UserData is extra cloud-init user data, merged after virtfleet's own
+	// (SSH key, hostname, swap).
+	// +kubebuilder:validation:MaxLength=65536
+	// +optional
+	UserData string `json:"userData,omitempty"`
+
+	// Firmware the guest boots with. Unset means bios.
+	// +optional
+	Firmware *Firmware `json:"firmware,omitempty"`
+}
+
+// IsRunning reports the desired power state; an unset field means running,
+// as the schema's default does.
+func (p *VirtualMachineParameters) IsRunning() bool {
+	return p.Running == nil || *p.Running
+}
+
+// Phase is the lifecycle phase of a VirtualMachine as its node reports it.
+// +kubebuilder:validation:Enum=Pending;Scheduled;Provisioning;Starting;Running;Stopping;Stopped;Failed;Unknown;Deleting
+type Phase string
+
+// Phases, in the order a VirtualMachine usually passes them.
+const (
+	PhasePending      Phase = "Pending"
+	PhaseScheduled    Phase = "Scheduled"
+	PhaseProvisioning Phase = "Provisioning"
+	PhaseStarting     Phase = "Starting"
+	PhaseRunning      Phase = "Running"
+	PhaseStopping     Phase = "Stopping"
+	PhaseStopped      Phase = "Stopped"
+	PhaseFailed       Phase = "Failed"
+	PhaseUnknown      Phase = "Unknown"
+	PhaseDeleting     Phase = "Deleting"
+)
+
+// AddressSource says how an interface's address was learned.
+// +kubebuilder:validation:Enum=lease;guest-agent;arp;backend
+type AddressSource string
+
+// Address sources, from most to least authoritative on libvirt.
+const (
+	AddressSourceLease      AddressSource = "lease"
+	AddressSourceGuestAgent AddressSource = "guest-agent"
+	AddressSourceARP        AddressSource = "arp"
+	AddressSourceBackend    AddressSource = "backend"
+)
+
+// InterfaceStatus is one observed network interface of a guest.
+type InterfaceStatus struct {
+	// Network is the VirtualNetwork the interface is attached to.
+	Network string `json:"network"`
+	// MAC is the interface's hardware address.
+	// +optional
+	MAC string `json:"mac,omitempty"`
+	// IPs are the interface's addresses.
+	// +optional
+	IPs []string `json:"ips,omitempty"`
+	// Source says how the addresses were learned.
+	// +optional
+	Source AddressSource `json:"source,omitempty"`
+	// LastSeen is when a source last confirmed the addresses.
+	// +optional
+	LastSeen *metav1.Time `json:"lastSeen,omitempty"`
+}
+
+// VirtualMachineObservation is what the node's agent observed.
+type VirtualMachineObservation struct {
+	// ID is the backend's identifier: the libvirt domain UUID (equal to the
+	// VirtualMachine's metadata.uid), the Nova server ID or the KubeVirt
+	// VirtualMachine's UID.
+	// +optional
+	ID string `json:"id,omitempty"`
+
+	// Phase is the guest's lifecycle phase.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+
+	// Node is the hypervisor host the guest runs on, also for Nova and
+	// KubeVirt, where it is the compute host or Kubernetes node.
+	// +optional
+	Node string `json:"node,omitempty"`
+
+	// IP summarises the addresses per network in the order of
+	// spec.forProvider.virtualNetworks, for example
+	// "net-db(10.10.120.21), net-backend(10.10.150.12)".
+	// +optional
+	IP string `json:"ip,omitempty"`
+
+	// Interfaces are the guest's observed network interfaces.
+	// +optional
+	Interfaces []InterfaceStatus `json:"interfaces,omitempty"`
+
+	// RestartCount counts restarts: those virtfleet performed and the guest
+	// reboots and crashes the backend reported.
+	RestartCount int32 `json:"restartCount"`
+
+	// ObservedGeneration is the metadata.generation the agent last acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// RestartRequired is true when the spec changed in a way that takes
+	// effect only at the next start (vcpu, memory, swap, disks, networks).
+	// +optional
+	RestartRequired bool `json:"restartRequired,omitempty"`
+}
+
+// VirtualMachineSpec defines the desired state of a VirtualMachine.
+type VirtualMachineSpec struct {
+	xpv2.ManagedResourceSpec `json:",inline"`
+	ForProvider              VirtualMachineParameters `json:"forProvider"`
+}
+
+// VirtualMachineStatus represents the observed state of a VirtualMachine.
+type VirtualMachineStatus struct {
+	xpv2.ManagedResourceStatus `json:",inline"`
+	AtProvider                 VirtualMachineObservation `json:"atProvider,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// A VirtualMachine is a guest on one of the fleet's hypervisors: a libvirt
+// domain, a Nova server or a KubeVirt VirtualMachine. The hub places it on a
+// node; that node's agent runs it and reports its phase, node and addresses.
+// +kubebuilder:printcolumn:name="STATUS",type="string",JSONPath=".status.atProvider.phase",description="Lifecycle phase reported by the node"
+// +kubebuilder:printcolumn:name="RESTARTS",type="integer",JSONPath=".status.atProvider.restartCount",description="Guest restarts"
+// +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:printcolumn:name="NODE",type="string",JSONPath=".status.atProvider.node",priority=1,description="Hypervisor host"
+// +kubebuilder:printcolumn:name="NETWORKS(IP)",type="string",JSONPath=".status.atProvider.ip",priority=1,description="Addresses per network"
+// +kubebuilder:printcolumn:name="READY",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].status",priority=1
+// +kubebuilder:printcolumn:name="SYNCED",type="string",JSONPath=".status.conditions[?(@.type=='Synced')].status",priority=1
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName={vm,vms},categories={crossplane,managed,virtfleet}
+type VirtualMachine struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   VirtualMachineSpec   `json:"spec"`
+	Status VirtualMachineStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// VirtualMachineList contains a list of VirtualMachine.
+type VirtualMachineList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VirtualMachine `json:"items"`
+}
+
+// VirtualMachine type metadata.
+var (
+	VirtualMachineKind             = reflect.TypeOf(VirtualMachine{}).Name()
+	VirtualMachineGroupKind        = schema.GroupKind{Group: Group, Kind: VirtualMachineKind}.String()
+	VirtualMachineKindAPIVersion   = VirtualMachineKind + "." + SchemeGroupVersion.String()
+	VirtualMachineGroupVersionKind = SchemeGroupVersion.WithKind(VirtualMachineKind)
+)
+
+func init() {
+	SchemeBuilder.Register(&VirtualMachine{}, &VirtualMachineList{})
+}

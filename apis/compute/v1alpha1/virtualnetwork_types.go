@@ -1,0 +1,113 @@
+package v1alpha1
+
+import (
+	"reflect"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+)
+
+// NetworkMode is how a libvirt network reaches the outside.
+// +kubebuilder:validation:Enum=nat;bridge;isolated
+type NetworkMode string
+
+// Network modes.
+const (
+	NetworkModeNAT      NetworkMode = "nat"
+	NetworkModeBridge   NetworkMode = "bridge"
+	NetworkModeIsolated NetworkMode = "isolated"
+)
+
+// VirtualNetworkParameters are the fields a user sets on a VirtualNetwork.
+// +kubebuilder:validation:XValidation:rule="self.mode != 'bridge' || (has(self.bridge) && size(self.bridge) > 0)",message="bridge is required when mode is bridge"
+// +kubebuilder:validation:XValidation:rule="self.mode == 'bridge' || has(self.cidr)",message="cidr is required when mode is nat or isolated"
+type VirtualNetworkParameters struct {
+	// Mode is nat (a private subnet with DHCP, NATed to the host), bridge
+	// (guests join an existing host bridge) or isolated (no outside access).
+	// +kubebuilder:default=nat
+	// +optional
+	Mode NetworkMode `json:"mode,omitempty"`
+
+	// CIDR is the IPv4 subnet served by DHCP in nat and isolated mode, for
+	// example 10.10.120.0/24. The host takes the first address.
+	// +kubebuilder:validation:MaxLength=43
+	// +kubebuilder:validation:XValidation:rule="isCIDR(self) && cidr(self).ip().family() == 4",message="cidr must be an IPv4 subnet such as 10.10.120.0/24"
+	// +optional
+	CIDR string `json:"cidr,omitempty"`
+
+	// Bridge is the host bridge guests join in bridge mode.
+	// +kubebuilder:validation:MaxLength=15
+	// +optional
+	Bridge string `json:"bridge,omitempty"`
+}
+
+// VirtualNetworkObservation is what the nodes' agents observed.
+type VirtualNetworkObservation struct {
+	// Phase is Pending, Provisioning, Running (ready) or Failed.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+
+	// Nodes where the network exists.
+	// +optional
+	Nodes []string `json:"nodes,omitempty"`
+
+	// AttachedTo are the VirtualMachines with an interface on the network.
+	// +optional
+	AttachedTo []string `json:"attachedTo,omitempty"`
+}
+
+// VirtualNetworkSpec defines the desired state of a VirtualNetwork.
+type VirtualNetworkSpec struct {
+	xpv2.ManagedResourceSpec `json:",inline"`
+	ForProvider              VirtualNetworkParameters `json:"forProvider"`
+}
+
+// VirtualNetworkStatus represents the observed state of a VirtualNetwork.
+type VirtualNetworkStatus struct {
+	xpv2.ManagedResourceStatus `json:",inline"`
+	AtProvider                 VirtualNetworkObservation `json:"atProvider,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// A VirtualNetwork is a network VirtualMachines attach to: a libvirt network
+// on each node that needs it, a Neutron network or a Multus
+// NetworkAttachmentDefinition. A network in use cannot be deleted.
+// +kubebuilder:printcolumn:name="STATUS",type="string",JSONPath=".status.atProvider.phase"
+// +kubebuilder:printcolumn:name="MODE",type="string",JSONPath=".spec.forProvider.mode"
+// +kubebuilder:printcolumn:name="CIDR",type="string",JSONPath=".spec.forProvider.cidr"
+// +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:printcolumn:name="READY",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].status",priority=1
+// +kubebuilder:printcolumn:name="SYNCED",type="string",JSONPath=".status.conditions[?(@.type=='Synced')].status",priority=1
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName={vnet},categories={crossplane,managed,virtfleet}
+type VirtualNetwork struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   VirtualNetworkSpec   `json:"spec"`
+	Status VirtualNetworkStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// VirtualNetworkList contains a list of VirtualNetwork.
+type VirtualNetworkList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VirtualNetwork `json:"items"`
+}
+
+// VirtualNetwork type metadata.
+var (
+	VirtualNetworkKind             = reflect.TypeOf(VirtualNetwork{}).Name()
+	VirtualNetworkGroupKind        = schema.GroupKind{Group: Group, Kind: VirtualNetworkKind}.String()
+	VirtualNetworkKindAPIVersion   = VirtualNetworkKind + "." + SchemeGroupVersion.String()
+	VirtualNetworkGroupVersionKind = SchemeGroupVersion.WithKind(VirtualNetworkKind)
+)
+
+func init() {
+	SchemeBuilder.Register(&VirtualNetwork{}, &VirtualNetworkList{})
+}

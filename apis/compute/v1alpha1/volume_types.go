@@ -1,0 +1,125 @@
+package v1alpha1
+
+import (
+	"reflect"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+)
+
+// DiskFormat is the on-disk format of a volume or image.
+// +kubebuilder:validation:Enum=qcow2;raw
+type DiskFormat string
+
+// Disk formats.
+const (
+	DiskFormatQCOW2 DiskFormat = "qcow2"
+	DiskFormatRaw   DiskFormat = "raw"
+)
+
+// VolumeSource says what a new volume is filled with.
+type VolumeSource struct {
+	// DiskImageRef names a DiskImage in this namespace. The image is ensured
+	// on the volume's node before the volume is created from it.
+	// +optional
+	DiskImageRef *LocalReference `json:"diskImageRef,omitempty"`
+}
+
+// VolumeParameters are the fields a user sets on a Volume.
+type VolumeParameters struct {
+	// Size of the volume, as a Kubernetes quantity (for example 10Gi). It
+	// must be greater than zero.
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",messageExpression="'size must be greater than 0, got ' + string(self)"
+	Size resource.Quantity `json:"size"`
+
+	// Format of the volume on libvirt.
+	// +kubebuilder:default=qcow2
+	// +optional
+	Format *DiskFormat `json:"format,omitempty"`
+
+	// Source fills the volume when it is created. Unset means an empty volume.
+	// +optional
+	Source *VolumeSource `json:"source,omitempty"`
+}
+
+// VolumeObservation is what the node's agent observed.
+type VolumeObservation struct {
+	// ID is the backend's identifier: the libvirt volume key, the Cinder
+	// volume ID or the DataVolume's UID.
+	// +optional
+	ID string `json:"id,omitempty"`
+
+	// Phase is Pending, Provisioning, Ready (reported as Running) or Failed.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+
+	// Node is where a node-local volume lives. It is bound to the node of
+	// the first VirtualMachine that uses it.
+	// +optional
+	Node string `json:"node,omitempty"`
+
+	// Capacity is the size the backend reports.
+	// +optional
+	Capacity *resource.Quantity `json:"capacity,omitempty"`
+
+	// AttachedTo are the VirtualMachines using the volume.
+	// +optional
+	AttachedTo []string `json:"attachedTo,omitempty"`
+}
+
+// VolumeSpec defines the desired state of a Volume.
+type VolumeSpec struct {
+	xpv2.ManagedResourceSpec `json:",inline"`
+	ForProvider              VolumeParameters `json:"forProvider"`
+}
+
+// VolumeStatus represents the observed state of a Volume.
+type VolumeStatus struct {
+	xpv2.ManagedResourceStatus `json:",inline"`
+	AtProvider                 VolumeObservation `json:"atProvider,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// A Volume is a disk for VirtualMachines: a libvirt storage volume, a Cinder
+// volume or a KubeVirt DataVolume. Deleting a VirtualMachine never deletes
+// its Volumes, and a Volume in use cannot be deleted.
+// +kubebuilder:printcolumn:name="STATUS",type="string",JSONPath=".status.atProvider.phase"
+// +kubebuilder:printcolumn:name="SIZE",type="string",JSONPath=".spec.forProvider.size"
+// +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:printcolumn:name="NODE",type="string",JSONPath=".status.atProvider.node",priority=1
+// +kubebuilder:printcolumn:name="READY",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].status",priority=1
+// +kubebuilder:printcolumn:name="SYNCED",type="string",JSONPath=".status.conditions[?(@.type=='Synced')].status",priority=1
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName={vol},categories={crossplane,managed,virtfleet}
+type Volume struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   VolumeSpec   `json:"spec"`
+	Status VolumeStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// VolumeList contains a list of Volume.
+type VolumeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Volume `json:"items"`
+}
+
+// Volume type metadata.
+var (
+	VolumeKind             = reflect.TypeOf(Volume{}).Name()
+	VolumeGroupKind        = schema.GroupKind{Group: Group, Kind: VolumeKind}.String()
+	VolumeKindAPIVersion   = VolumeKind + "." + SchemeGroupVersion.String()
+	VolumeGroupVersionKind = SchemeGroupVersion.WithKind(VolumeKind)
+)
+
+func init() {
+	SchemeBuilder.Register(&Volume{}, &VolumeList{})
+}
