@@ -1,0 +1,42 @@
+// Command local is `make run`: the whole virtfleet system on this machine
+// until Ctrl-C. See internal/localrun.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/virtfleet/virtfleet/internal/localrun"
+)
+
+func main() {
+	var o localrun.Options
+	flag.StringVar(&o.Dir, "dir", ".run", "run directory for kubeconfig, logs and state")
+	flag.StringVar(&o.Examples, "examples", "examples", "manifests applied once the CRDs are installed")
+	flag.Parse()
+	o.Out = os.Stdout
+	var err error
+	if o.Dir, err = filepath.Abs(o.Dir); err != nil {
+		fmt.Fprintln(os.Stderr, "run:", err)
+		os.Exit(1)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	r, err := localrun.Start(ctx, o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "run:", err)
+		os.Exit(1)
+	}
+	r.PrintSummary(os.Stdout, o)
+	<-ctx.Done()
+	fmt.Println("\nstopping…")
+	r.Stop()
+	fmt.Println("stopped")
+}
