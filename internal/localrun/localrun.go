@@ -32,7 +32,7 @@ type Options struct {
 
 // ErrAlreadyRunning is returned when another run holds the run directory.
 type ErrAlreadyRunning struct {
-	PID  int
+	PID   int
 	Since string
 }
 
