@@ -1,0 +1,233 @@
+// Package placement chooses the node a VirtualMachine runs on. It is pure:
+// the hub hands it the nodes it knows from heartbeats and a request, and it
+// answers with a node or an error saying why no node fits. It keeps one piece
+// of state, the reservations of placements whose guests the nodes' heartbeats
+// do not count yet, so a burst of creates spreads instead of piling onto the
+// node that looked emptiest a moment ago.
+package placement
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Resources are amounts of what a guest uses on a node.
+type Resources struct {
+	VCPU        int64
+	MemoryBytes int64
+}
+
+func (r Resources) add(o Resources) Resources {
+	return Resources{VCPU: r.VCPU + o.VCPU, MemoryBytes: r.MemoryBytes + o.MemoryBytes}
+}
+
+// Node is what the hub knows of a node from its latest heartbeat.
+type Node struct {
+	Name    string
+	Backend string
+	Labels  map[string]string
+	// Capacity is what the node offers to guests; Allocated what its guests
+	// use, as the agent counted them.
+	Capacity  Resources
+	Allocated Resources
+	// LastSeen is when the heartbeat arrived.
+	LastSeen time.Time
+}
+
+// Request is one VirtualMachine to place.
+type Request struct {
+	// UID identifies the VirtualMachine; its reservation is kept under it.
+	UID       string
+	Resources Resources
+	// Backend, when set, restricts placement to nodes of that backend.
+	Backend string
+	// NodeSelector restricts placement to nodes carrying all these labels.
+	NodeSelector map[string]string
+	// RequiredNode, when set, is the only node the guest may run on: the
+	// node its node-local volumes are bound to.
+	RequiredNode string
+}
+
+// NoFitError says why no node can take a request, node by node, in a form a
+// user can act on from the VirtualMachine's conditions.
+type NoFitError struct {
+	// Reasons maps each known node to why it was passed over.
+	Reasons map[string]string
+}
+
+func (e *NoFitError) Error() string {
+	if len(e.Reasons) == 0 {
+		return "no node has sent a heartbeat: is an agent running?"
+	}
+	names := make([]string, 0, len(e.Reasons))
+	for n := range e.Reasons {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	parts := make([]string, 0, len(names))
+	for _, n := range names {
+		parts = append(parts, n+": "+e.Reasons[n])
+	}
+	return "no node fits: " + strings.Join(parts, "; ")
+}
+
+// Default timings.
+const (
+	// DefaultStaleAfter passes over nodes whose heartbeat (every 2 s) is
+	// older than this; the nodes bucket forgets them after 10 s anyway.
+	DefaultStaleAfter = 6 * time.Second
+	// DefaultReservationTTL bounds how long a placement is counted against
+	// a node without the hub confirming it: long enough for the agent to
+	// create the guest and its next heartbeat to count it.
+	DefaultReservationTTL = 60 * time.Second
+)
+
+type reservation struct {
+	node      string
+	resources Resources
+	at        time.Time
+}
+
+// Placer places requests on nodes. It is safe for concurrent use.
+type Placer struct {
+	staleAfter     time.Duration
+	reservationTTL time.Duration
+	now            func() time.Time
+
+	mu           sync.Mutex
+	reservations map[string]reservation // by request UID
+}
+
+// Option configures a Placer.
+type Option func(*Placer)
+
+// WithClock replaces time.Now, for tests.
+func WithClock(now func() time.Time) Option { return func(p *Placer) { p.now = now } }
+
+// WithStaleAfter sets how old a heartbeat may be.
+func WithStaleAfter(d time.Duration) Option { return func(p *Placer) { p.staleAfter = d } }
+
+// WithReservationTTL sets how long an unconfirmed placement is reserved.
+func WithReservationTTL(d time.Duration) Option { return func(p *Placer) { p.reservationTTL = d } }
+
+// New returns a Placer.
+func New(o ...Option) *Placer {
+	p := &Placer{
+		staleAfter:     DefaultStaleAfter,
+		reservationTTL: DefaultReservationTTL,
+		now:            time.Now,
+		reservations:   map[string]reservation{},
+	}
+	for _, fn := range o {
+		fn(p)
+	}
+	return p
+}
+
+// Place chooses a node for req and reserves req's resources there until
+// Confirm or Release is called for req.UID or the reservation expires.
+// Placing a UID that already holds a reservation returns the same node
+// (a retried Create must not move a guest). Among eligible nodes the least
+// allocated wins, counting reservations; ties go to the lexically first
+// name so placement is deterministic.
+func (p *Placer) Place(nodes []Node, req Request) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	p.expire(now)
+
+	if r, ok := p.reservations[req.UID]; ok {
+		return r.node, nil
+	}
+
+	reserved := map[string]Resources{}
+	for _, r := range p.reservations {
+		reserved[r.node] = reserved[r.node].add(r.resources)
+	}
+
+	best, bestScore := "", 2.0
+	noFit := &NoFitError{Reasons: map[string]string{}}
+	for _, n := range nodes {
+		if reason := p.ineligible(n, req, reserved[n.Name], now); reason != "" {
+			noFit.Reasons[n.Name] = reason
+			continue
+		}
+		score := allocatedFraction(n.Capacity, n.Allocated.add(reserved[n.Name]).add(req.Resources))
+		if score < bestScore || (score == bestScore && n.Name < best) {
+			best, bestScore = n.Name, score
+		}
+	}
+	if best == "" {
+		return "", noFit
+	}
+	p.reservations[req.UID] = reservation{node: best, resources: req.Resources, at: now}
+	return best, nil
+}
+
+// Release drops the reservation of uid: its guest is now counted by the
+// node's heartbeat, or it will not be created after all.
+func (p *Placer) Release(uid string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.reservations, uid)
+}
+
+// Reserved reports the node uid is reserved on, if any.
+func (p *Placer) Reserved(uid string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.expire(p.now())
+	r, ok := p.reservations[uid]
+	return r.node, ok
+}
+
+func (p *Placer) expire(now time.Time) {
+	for uid, r := range p.reservations {
+		if now.Sub(r.at) > p.reservationTTL {
+			delete(p.reservations, uid)
+		}
+	}
+}
+
+// ineligible says why n cannot take req, or "" when it can.
+func (p *Placer) ineligible(n Node, req Request, reserved Resources, now time.Time) string {
+	switch {
+	case req.RequiredNode != "" && n.Name != req.RequiredNode:
+		return "the VM's volumes are bound to " + req.RequiredNode
+	case now.Sub(n.LastSeen) > p.staleAfter:
+		return fmt.Sprintf("no heartbeat for %s", now.Sub(n.LastSeen).Round(time.Second))
+	case req.Backend != "" && n.Backend != req.Backend:
+		return fmt.Sprintf("backend %s, %s requested", n.Backend, req.Backend)
+	}
+	for k, v := range req.NodeSelector {
+		if got, ok := n.Labels[k]; !ok || got != v {
+			return fmt.Sprintf("label %s=%s not present", k, v)
+		}
+	}
+	free := Resources{
+		VCPU:        n.Capacity.VCPU - n.Allocated.VCPU - reserved.VCPU,
+		MemoryBytes: n.Capacity.MemoryBytes - n.Allocated.MemoryBytes - reserved.MemoryBytes,
+	}
+	if req.Resources.VCPU > free.VCPU {
+		return fmt.Sprintf("%d vCPU free, %d requested", max(free.VCPU, 0), req.Resources.VCPU)
+	}
+	if req.Resources.MemoryBytes > free.MemoryBytes {
+		return fmt.Sprintf("%d MiB memory free, %d MiB requested", max(free.MemoryBytes, 0)>>20, req.Resources.MemoryBytes>>20)
+	}
+	return ""
+}
+
+// allocatedFraction is the larger of the vCPU and memory fractions in use,
+// so a node full on either dimension scores as full.
+func allocatedFraction(capacity, used Resources) float64 {
+	frac := func(u, c int64) float64 {
+		if c <= 0 {
+			return 1
+		}
+		return float64(u) / float64(c)
+	}
+	return max(frac(used.VCPU, capacity.VCPU), frac(used.MemoryBytes, capacity.MemoryBytes))
+}

@@ -1,0 +1,192 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const gib = int64(1) << 30
+
+var t0 = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+
+func node(name string, vcpu, memGiB, usedVCPU, usedGiB int64, mods ...func(*Node)) Node {
+	n := Node{
+		Name:      name,
+		Backend:   "libvirt",
+		Labels:    map[string]string{"kubernetes.io/hostname": name},
+		Capacity:  Resources{VCPU: vcpu, MemoryBytes: memGiB * gib},
+		Allocated: Resources{VCPU: usedVCPU, MemoryBytes: usedGiB * gib},
+		LastSeen:  t0.Add(-time.Second),
+	}
+	for _, m := range mods {
+		m(&n)
+	}
+	return n
+}
+
+func small(uid string) Request {
+	return Request{UID: uid, Resources: Resources{VCPU: 1, MemoryBytes: gib}}
+}
+
+func TestPlace(t *testing.T) {
+	cases := []struct {
+		name      string
+		nodes     []Node
+		req       Request
+		want      string
+		wantNoFit map[string]string // node -> substring of its reason
+	}{
+		{
+			name:  "least allocated node wins",
+			nodes: []Node{node("node1", 8, 16, 4, 8), node("node2", 8, 16, 1, 2), node("node3", 8, 16, 6, 12)},
+			req:   small("a"),
+			want:  "node2",
+		},
+		{
+			name:  "fuller dimension decides: plenty of vCPU does not hide full memory",
+			nodes: []Node{node("node1", 64, 16, 0, 15), node("node2", 8, 16, 4, 4)},
+			req:   small("a"),
+			want:  "node2",
+		},
+		{
+			name:  "ties go to the first name",
+			nodes: []Node{node("node2", 8, 16, 0, 0), node("node1", 8, 16, 0, 0)},
+			req:   small("a"),
+			want:  "node1",
+		},
+		{
+			name:  "stale heartbeat is passed over",
+			nodes: []Node{node("node1", 8, 16, 0, 0, func(n *Node) { n.LastSeen = t0.Add(-30 * time.Second) }), node("node2", 8, 16, 6, 12)},
+			req:   small("a"),
+			want:  "node2",
+		},
+		{
+			name:  "backend must match when requested",
+			nodes: []Node{node("node1", 8, 16, 0, 0), node("cloud", 800, 1600, 0, 0, func(n *Node) { n.Backend = "nova" })},
+			req:   Request{UID: "a", Resources: Resources{VCPU: 1, MemoryBytes: gib}, Backend: "libvirt"},
+			want:  "node1",
+		},
+		{
+			name:  "node selector must match every label",
+			nodes: []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 4, 8, func(n *Node) { n.Labels["zone"] = "b" })},
+			req:   Request{UID: "a", Resources: Resources{VCPU: 1, MemoryBytes: gib}, NodeSelector: map[string]string{"zone": "b"}},
+			want:  "node2",
+		},
+		{
+			name:  "volume locality pins the node even when another is emptier",
+			nodes: []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 6, 12)},
+			req:   Request{UID: "a", Resources: Resources{VCPU: 1, MemoryBytes: gib}, RequiredNode: "node2"},
+			want:  "node2",
+		},
+		{
+			name:  "no capacity anywhere says why per node",
+			nodes: []Node{node("node1", 2, 16, 2, 0), node("node2", 8, 2, 0, 2)},
+			req:   small("a"),
+			wantNoFit: map[string]string{
+				"node1": "0 vCPU free, 1 requested",
+				"node2": "0 MiB memory free, 1024 MiB requested",
+			},
+		},
+		{
+			name:  "every reason is reported",
+			nodes: []Node{node("old", 8, 16, 0, 0, func(n *Node) { n.LastSeen = t0.Add(-time.Minute) }), node("nova", 8, 16, 0, 0, func(n *Node) { n.Backend = "nova" })},
+			req:   Request{UID: "a", Resources: Resources{VCPU: 1, MemoryBytes: gib}, Backend: "libvirt"},
+			wantNoFit: map[string]string{
+				"old":  "no heartbeat for 1m0s",
+				"nova": "backend nova, libvirt requested",
+			},
+		},
+		{
+			name:      "no nodes at all asks whether an agent runs",
+			req:       small("a"),
+			wantNoFit: map[string]string{},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := New(WithClock(func() time.Time { return t0 }))
+			got, err := p.Place(tc.nodes, tc.req)
+			if tc.wantNoFit != nil {
+				var noFit *NoFitError
+				require.True(t, errors.As(err, &noFit), "got %v, %v", got, err)
+				assert.Len(t, noFit.Reasons, len(tc.wantNoFit))
+				for n, why := range tc.wantNoFit {
+					assert.Contains(t, noFit.Reasons[n], why)
+				}
+				if len(tc.wantNoFit) == 0 {
+					assert.Contains(t, err.Error(), "is an agent running")
+				}
+				_, reserved := p.Reserved(tc.req.UID)
+				assert.False(t, reserved, "a failed placement reserves nothing")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestBurstSpreadsAcrossNodes is the reason reservations exist: heartbeats
+// lag behind placements, so without them a burst lands on one node.
+func TestBurstSpreadsAcrossNodes(t *testing.T) {
+	p := New(WithClock(func() time.Time { return t0 }))
+	nodes := []Node{node("node1", 64, 128, 0, 0), node("node2", 64, 128, 0, 0), node("node3", 64, 128, 0, 0)}
+
+	count := map[string]int{}
+	for i := range 99 {
+		n, err := p.Place(nodes, small(fmt.Sprintf("vm-%d", i)))
+		require.NoError(t, err)
+		count[n]++
+	}
+	assert.Equal(t, map[string]int{"node1": 33, "node2": 33, "node3": 33}, count)
+}
+
+func TestBurstStopsAtCapacity(t *testing.T) {
+	p := New(WithClock(func() time.Time { return t0 }))
+	nodes := []Node{node("node1", 4, 64, 0, 0)}
+	for i := range 4 {
+		_, err := p.Place(nodes, small(fmt.Sprintf("vm-%d", i)))
+		require.NoError(t, err)
+	}
+	_, err := p.Place(nodes, small("vm-5"))
+	var noFit *NoFitError
+	require.True(t, errors.As(err, &noFit), "the fifth 1-vCPU VM must not fit a 4-vCPU node: %v", err)
+	assert.Contains(t, noFit.Reasons["node1"], "0 vCPU free")
+}
+
+func TestReservationLifecycle(t *testing.T) {
+	now := t0
+	p := New(WithClock(func() time.Time { return now }), WithReservationTTL(time.Minute))
+	nodes := []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 0, 0)}
+
+	first, err := p.Place(nodes, small("a"))
+	require.NoError(t, err)
+	assert.Equal(t, "node1", first)
+
+	t.Run("retrying the same UID returns the same node", func(t *testing.T) {
+		nodes[0].Allocated = Resources{VCPU: 7, MemoryBytes: 15 * gib} // node1 now looks full
+		again, err := p.Place(nodes, small("a"))
+		require.NoError(t, err)
+		assert.Equal(t, first, again)
+	})
+
+	t.Run("release frees the reservation", func(t *testing.T) {
+		p.Release("a")
+		_, ok := p.Reserved("a")
+		assert.False(t, ok)
+	})
+
+	t.Run("reservations expire", func(t *testing.T) {
+		_, err := p.Place(nodes, small("b"))
+		require.NoError(t, err)
+		now = now.Add(2 * time.Minute)
+		nodes[0].LastSeen, nodes[1].LastSeen = now, now
+		_, ok := p.Reserved("b")
+		assert.False(t, ok, "an unconfirmed reservation must not hold capacity forever")
+	})
+}
