@@ -1,0 +1,237 @@
+// Package driver is the agent's one seam to a hypervisor backend. The agent's
+// reconciler knows only the Driver interface; libvirt, nova and kubevirt
+// implement it. It imports neither NATS nor the wire package: the agent
+// translates intents into Machines and Observations into reports.
+package driver
+
+import (
+	"context"
+	"time"
+)
+
+// Driver makes guests on one node match the Machines it is given, and reports
+// what it sees. Every method is keyed by the VM's uid, is safe for concurrent
+// use, and is idempotent: calling it again with the same input converges to the
+// same state without duplicating anything. Methods do not wait for slow guest
+// transitions (boot, ACPI shutdown); they start them and return, and the caller
+// calls again (level-triggered).
+//
+// Errors: IsNotFound(err) means the guest does not exist; IsTerminal(err)
+// means the input cannot succeed as given (unknown network, volume bigger than
+// the pool, more vCPUs than the host has, malformed spec) — don't retry, show
+// the message to the user; any other error is transient — retry with backoff.
+type Driver interface {
+	// Ensure creates the guest if it is absent (its disks' volumes, its
+	// networks and its cloud-init seed included) and drives it towards
+	// m.Running: it starts a stopped guest, and shuts a running one down
+	// gracefully, forcing it off once the backend's grace period has passed.
+	//
+	// A change of vcpu, memory, swap, disks or networks on a running guest is
+	// not applied live; it takes effect at the guest's next start.
+	//
+	// Restarts are folded into Ensure: a running guest is restarted once when
+	// m.RestartNonce is non-empty and differs from the last nonce it handled.
+	// The nonce a guest is created or started with counts as handled, so a
+	// new guest never restarts right away. RestartCount grows by one per
+	// restart performed.
+	//
+	// The returned Observation is the state after Ensure acted; a transitional
+	// phase (Provisioning, Starting, Stopping) means: call Ensure again later.
+	Ensure(ctx context.Context, m Machine) (Observation, error)
+
+	// Delete removes the guest with the given uid and what the driver made
+	// for it alone (cloud-init seed, swap disk). It never deletes the volumes
+	// named in Machine.Disks nor networks. Deleting an absent guest succeeds.
+	Delete(ctx context.Context, uid string) error
+
+	// Observe reports the guest with the given uid, or an error satisfying
+	// IsNotFound if there is none.
+	Observe(ctx context.Context, uid string) (Observation, error)
+
+	// List reports every guest this driver manages on the node — never guests
+	// created by anyone else — so a restarted agent rebuilds its view.
+	List(ctx context.Context) ([]Observation, error)
+
+	// Events streams hints that a guest changed. A hint carries no state: the
+	// receiver calls Observe or Ensure. Hints may be coalesced or dropped when
+	// the receiver lags, and may name guests the driver does not manage; the
+	// receiver resyncs periodically and on an EventResync hint. The channel is
+	// closed by Close.
+	Events() <-chan Event
+
+	// Capacity reports the host's resources and what this driver's guests
+	// have been allocated of them.
+	Capacity(ctx context.Context) (Capacity, error)
+
+	// Close releases the driver's connections and closes Events.
+	Close() error
+}
+
+// Machine is the desired state of one guest.
+type Machine struct {
+	// UID is the VirtualMachine's metadata.uid, a UUID. It keys the guest.
+	UID       string
+	Namespace string
+	Name      string
+	// Generation is the VirtualMachine's generation this Machine was made from.
+	Generation int64
+
+	VCPU        int32
+	MemoryBytes int64
+	// SwapBytes is the size of a swap disk set up by cloud-init; 0 means none.
+	SwapBytes int64
+	// PublicKey is an OpenSSH public key line authorized in the guest.
+	PublicKey string
+	// UserData is extra cloud-init user data, applied after the driver's own.
+	UserData string
+	Firmware Firmware
+
+	// Running is the desired power state.
+	Running bool
+	// RestartNonce requests one restart per distinct value; empty means none.
+	RestartNonce string
+
+	// Disks are attached in order; the first is the boot disk.
+	Disks []Disk
+	// Networks get one interface each, in order.
+	Networks []Network
+}
+
+// Firmware the guest boots with.
+type Firmware string
+
+// Firmwares. Empty means BIOS.
+const (
+	FirmwareBIOS Firmware = "bios"
+	FirmwareUEFI Firmware = "uefi"
+)
+
+// Disk is a volume attached to a guest. The driver creates it empty when it is
+// missing and never deletes it.
+type Disk struct {
+	// Name of the volume on the node.
+	Name      string
+	SizeBytes int64
+	// Format is the volume's format, e.g. qcow2 or raw; empty means qcow2.
+	Format string
+	// Pool is the storage pool holding the volume; empty means the driver's
+	// default pool.
+	Pool string
+}
+
+// Network is a network a guest has an interface on. The driver creates it
+// from CIDR and Mode when it is missing.
+type Network struct {
+	Name string
+	// CIDR is the IPv4 subnet served by DHCP, e.g. 10.10.120.0/24; the host
+	// takes the first address. Required to create a nat or isolated network.
+	CIDR string
+	Mode NetworkMode
+	// Bridge is the host bridge a bridge-mode network joins.
+	Bridge string
+}
+
+// NetworkMode is how a network reaches the outside.
+type NetworkMode string
+
+// Network modes. Empty means nat.
+const (
+	NetworkModeNAT      NetworkMode = "nat"
+	NetworkModeBridge   NetworkMode = "bridge"
+	NetworkModeIsolated NetworkMode = "isolated"
+)
+
+// Phase is a guest's lifecycle phase, as in the VirtualMachine's status.
+type Phase string
+
+// Phases a driver reports. Pending, Scheduled, Unknown and Deleting are the
+// hub's and never come from a driver, but are listed so the sets match.
+const (
+	PhasePending      Phase = "Pending"
+	PhaseScheduled    Phase = "Scheduled"
+	PhaseProvisioning Phase = "Provisioning"
+	PhaseStarting     Phase = "Starting"
+	PhaseRunning      Phase = "Running"
+	PhaseStopping     Phase = "Stopping"
+	PhaseStopped      Phase = "Stopped"
+	PhaseFailed       Phase = "Failed"
+	PhaseUnknown      Phase = "Unknown"
+	PhaseDeleting     Phase = "Deleting"
+)
+
+// Observation is what a driver sees of one guest.
+type Observation struct {
+	UID string
+	// ID is the backend's id of the guest (libvirt: the domain UUID).
+	ID    string
+	Phase Phase
+	// Node is the host the guest really runs on.
+	Node       string
+	Interfaces []Interface
+	// RestartCount counts restarts the driver performed plus guest reboots
+	// and crashes it observed.
+	RestartCount int32
+	// RestartRequired is set when the guest runs an older shape (vcpu,
+	// memory, swap, disks, networks, cloud-init) than the last Ensure asked
+	// for; the new shape takes effect at its next start or restart.
+	RestartRequired bool
+	// Message explains Phase when there is something to explain.
+	Message string
+}
+
+// Interface is one network interface of a guest.
+type Interface struct {
+	Network string
+	MAC     string
+	IPs     []string
+	// Source says how IPs were learned.
+	Source AddressSource
+	// LastSeen is when a source last reported IPs.
+	LastSeen time.Time
+}
+
+// AddressSource says how an interface's addresses were learned.
+type AddressSource string
+
+// Address sources, from most to least authoritative on libvirt.
+const (
+	AddressSourceLease      AddressSource = "lease"
+	AddressSourceGuestAgent AddressSource = "guest-agent"
+	AddressSourceARP        AddressSource = "arp"
+	AddressSourceBackend    AddressSource = "backend"
+)
+
+// Event hints that a guest changed.
+type Event struct {
+	// UID of the guest; empty for EventResync.
+	UID  string
+	Kind EventKind
+}
+
+// EventKind says what happened.
+type EventKind string
+
+// Event kinds.
+const (
+	EventDefined   EventKind = "Defined"
+	EventUndefined EventKind = "Undefined"
+	EventStarted   EventKind = "Started"
+	EventStopped   EventKind = "Stopped"
+	EventSuspended EventKind = "Suspended"
+	EventResumed   EventKind = "Resumed"
+	EventCrashed   EventKind = "Crashed"
+	EventRebooted  EventKind = "Rebooted"
+	EventChanged   EventKind = "Changed"
+	// EventResync asks for a full resync: the driver reconnected to its
+	// backend and may have missed events.
+	EventResync EventKind = "Resync"
+)
+
+// Capacity is a host's resources and this driver's share of them.
+type Capacity struct {
+	VCPU        int64
+	MemoryBytes int64
+
+	AllocatedVCPU        int64
+	AllocatedMemoryBytes int64
+}

@@ -1,0 +1,47 @@
+package driver
+
+import (
+	"context"
+	"testing"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/stretchr/testify/assert"
+)
+
+func TestErrorKinds(t *testing.T) {
+	cases := map[string]struct {
+		err      error
+		notFound bool
+		terminal bool
+	}{
+		"NotFoundSurvivesWrapping": {err: errors.Wrap(NotFoundf("no guest"), "cannot observe"), notFound: true},
+		"TerminalSurvivesWrapping": {err: errors.Wrap(Terminalf("network x has no cidr"), "cannot ensure"), terminal: true},
+		"PlainErrorIsRetryable":    {err: errors.New("connection reset")},
+		"NilStaysNil":              {err: Terminal(nil)},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.notFound, IsNotFound(tc.err))
+			assert.Equal(t, tc.terminal, IsTerminal(tc.err))
+		})
+	}
+}
+
+func TestRegistry(t *testing.T) {
+	built := errors.New("built")
+	r := Registry{BackendLibvirt: func(context.Context, Config) (Driver, error) { return nil, built }}
+	cases := map[string]struct {
+		backend string
+		want    string
+	}{
+		"RegisteredBackendIsBuilt":     {backend: BackendLibvirt, want: "built"},
+		"KnownButUnbuiltBackendSaysSo": {backend: BackendNova, want: `backend "nova" is not built yet; this agent supports libvirt`},
+		"UnknownBackendListsChoices":   {backend: "xen", want: `unknown backend "xen"; want one of libvirt, nova, kubevirt`},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := r.New(context.Background(), Config{Backend: tc.backend})
+			assert.EqualError(t, err, tc.want)
+		})
+	}
+}

@@ -1,0 +1,57 @@
+package driver
+
+import (
+	"fmt"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+)
+
+// notFound marks an error as "the guest does not exist".
+type notFound struct{ error }
+
+func (e notFound) Unwrap() error { return e.error }
+
+// terminal marks an error as "this input can never succeed".
+type terminal struct{ error }
+
+func (e terminal) Unwrap() error { return e.error }
+
+// NotFound marks err as meaning the guest does not exist. A nil err stays nil.
+func NotFound(err error) error {
+	if err == nil {
+		return nil
+	}
+	return notFound{err}
+}
+
+// NotFoundf returns a NotFound error with a formatted message.
+func NotFoundf(format string, args ...any) error {
+	return notFound{fmt.Errorf(format, args...)}
+}
+
+// Terminal marks err as not worth retrying: its message is shown to the user,
+// who has to change the input. A nil err stays nil.
+func Terminal(err error) error {
+	if err == nil {
+		return nil
+	}
+	return terminal{err}
+}
+
+// Terminalf returns a Terminal error with a formatted message the user can
+// act on.
+func Terminalf(format string, args ...any) error {
+	return terminal{fmt.Errorf(format, args...)}
+}
+
+// IsNotFound reports whether err, or any error it wraps, is NotFound.
+func IsNotFound(err error) bool {
+	var nf notFound
+	return errors.As(err, &nf)
+}
+
+// IsTerminal reports whether err, or any error it wraps, is Terminal.
+func IsTerminal(err error) bool {
+	var t terminal
+	return errors.As(err, &t)
+}

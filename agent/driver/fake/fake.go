@@ -1,0 +1,195 @@
+// Package fake is an in-memory driver.Driver that records its calls and can be
+// told to fail the next call of an operation, for the reconciler's tests.
+package fake
+
+import (
+	"context"
+	"reflect"
+	"sync"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+// Call is one recorded call.
+type Call struct {
+	// Op is the method name: Ensure, Delete, Observe, List or Capacity.
+	Op string
+	// UID is the guest the call was about; empty for List and Capacity.
+	UID string
+	// Machine is Ensure's argument.
+	Machine driver.Machine
+}
+
+// Driver is a recording in-memory driver. Guests become Running or Stopped at
+// once. Set a Next<Op>Err field to make the next call of that operation
+// return the error (it is then cleared); the call is still recorded.
+type Driver struct {
+	// Node is reported in every Observation.
+	Node string
+	// Host is what Capacity reports as the host's; allocations are
+	// computed from the guests.
+	Host driver.Capacity
+
+	mu sync.Mutex
+
+	NextEnsureErr   error
+	NextDeleteErr   error
+	NextObserveErr  error
+	NextListErr     error
+	NextCapacityErr error
+
+	calls    []Call
+	guests   map[string]*guest
+	events   chan driver.Event
+	closeOne sync.Once
+}
+
+type guest struct {
+	// machine is the last Machine ensured; applied the one the guest was
+	// last started with.
+	machine   driver.Machine
+	applied   driver.Machine
+	obs       driver.Observation
+	lastNonce string
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// New returns an empty fake driver for node.
+func New(node string) *Driver {
+	return &Driver{
+		Node:   node,
+		Host:   driver.Capacity{VCPU: 16, MemoryBytes: 64 << 30},
+		guests: map[string]*guest{},
+		events: make(chan driver.Event, 64),
+	}
+}
+
+// Calls returns the calls recorded so far, oldest first.
+func (d *Driver) Calls() []Call {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]Call(nil), d.calls...)
+}
+
+// Emit sends a hint on the Events channel, as a backend would.
+func (d *Driver) Emit(e driver.Event) {
+	d.events <- e
+}
+
+// SetPhase overrides a guest's phase, e.g. to simulate a crash.
+func (d *Driver) SetPhase(uid string, p driver.Phase) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if g, ok := d.guests[uid]; ok {
+		g.obs.Phase = p
+	}
+}
+
+// take records a call and returns and clears the error hook for its op.
+func (d *Driver) take(c Call, next *error) error {
+	d.calls = append(d.calls, c)
+	err := *next
+	*next = nil
+	return err
+}
+
+// Ensure implements driver.Driver. Like a real backend it applies a new
+// shape to a running guest only at its next start or restart, and reports
+// RestartRequired until then.
+func (d *Driver) Ensure(_ context.Context, m driver.Machine) (driver.Observation, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.take(Call{Op: "Ensure", UID: m.UID, Machine: m}, &d.NextEnsureErr); err != nil {
+		return driver.Observation{}, err
+	}
+	g, ok := d.guests[m.UID]
+	if !ok {
+		g = &guest{lastNonce: m.RestartNonce, obs: driver.Observation{UID: m.UID, ID: m.UID, Node: d.Node}}
+		d.guests[m.UID] = g
+	}
+	running := g.obs.Phase == driver.PhaseRunning
+	switch {
+	case !m.Running:
+		g.obs.Phase = driver.PhaseStopped
+	case !running:
+		g.obs.Phase, g.applied = driver.PhaseRunning, m
+	case m.RestartNonce != "" && m.RestartNonce != g.lastNonce:
+		g.obs.RestartCount++
+		g.applied = m
+	}
+	g.lastNonce = m.RestartNonce
+	g.machine = m
+	g.obs.RestartRequired = g.obs.Phase == driver.PhaseRunning && !sameShape(g.applied, m)
+	return g.obs, nil
+}
+
+// sameShape compares what a guest is made of, not how it is asked to run.
+func sameShape(a, b driver.Machine) bool {
+	a.Running, a.RestartNonce, a.Generation = false, "", 0
+	b.Running, b.RestartNonce, b.Generation = false, "", 0
+	return reflect.DeepEqual(a, b)
+}
+
+// Delete implements driver.Driver.
+func (d *Driver) Delete(_ context.Context, uid string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.take(Call{Op: "Delete", UID: uid}, &d.NextDeleteErr); err != nil {
+		return err
+	}
+	delete(d.guests, uid)
+	return nil
+}
+
+// Observe implements driver.Driver.
+func (d *Driver) Observe(_ context.Context, uid string) (driver.Observation, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.take(Call{Op: "Observe", UID: uid}, &d.NextObserveErr); err != nil {
+		return driver.Observation{}, err
+	}
+	g, ok := d.guests[uid]
+	if !ok {
+		return driver.Observation{}, driver.NotFoundf("guest %s not found", uid)
+	}
+	return g.obs, nil
+}
+
+// List implements driver.Driver.
+func (d *Driver) List(_ context.Context) ([]driver.Observation, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.take(Call{Op: "List"}, &d.NextListErr); err != nil {
+		return nil, err
+	}
+	out := make([]driver.Observation, 0, len(d.guests))
+	for _, g := range d.guests {
+		out = append(out, g.obs)
+	}
+	return out, nil
+}
+
+// Events implements driver.Driver.
+func (d *Driver) Events() <-chan driver.Event { return d.events }
+
+// Capacity implements driver.Driver.
+func (d *Driver) Capacity(_ context.Context) (driver.Capacity, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.take(Call{Op: "Capacity"}, &d.NextCapacityErr); err != nil {
+		return driver.Capacity{}, err
+	}
+	c := d.Host
+	for _, g := range d.guests {
+		c.AllocatedVCPU += int64(g.machine.VCPU)
+		c.AllocatedMemoryBytes += g.machine.MemoryBytes
+	}
+	return c, nil
+}
+
+// Close implements driver.Driver.
+func (d *Driver) Close() error {
+	d.closeOne.Do(func() { close(d.events) })
+	return nil
+}

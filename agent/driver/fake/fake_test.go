@@ -1,0 +1,112 @@
+package fake
+
+import (
+	"context"
+	"testing"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+const uid = "6f1c1f43-5c1e-4d43-9b4e-1f1a2b3c4d5e"
+
+func TestDriver(t *testing.T) {
+	ctx := context.Background()
+	boom := errors.New("boom")
+	running := driver.Machine{UID: uid, VCPU: 2, MemoryBytes: 1 << 30, Running: true}
+
+	cases := map[string]struct {
+		run  func(d *Driver) error
+		want func(t *testing.T, d *Driver, err error)
+	}{
+		"NextEnsureErrFailsOneCallThenClears": {
+			run: func(d *Driver) error {
+				d.NextEnsureErr = boom
+				_, err := d.Ensure(ctx, running)
+				if _, err2 := d.Ensure(ctx, running); err2 != nil {
+					return err2
+				}
+				return err
+			},
+			want: func(t *testing.T, d *Driver, err error) {
+				require.ErrorIs(t, err, boom)
+				assert.Len(t, d.Calls(), 2, "a failed call is still recorded")
+			},
+		},
+		"ObserveOfAnAbsentGuestIsNotFound": {
+			run: func(d *Driver) error {
+				_, err := d.Observe(ctx, uid)
+				return err
+			},
+			want: func(t *testing.T, _ *Driver, err error) {
+				assert.True(t, driver.IsNotFound(err), "got %v", err)
+			},
+		},
+		"EnsureStopsAndDeleteRemoves": {
+			run: func(d *Driver) error {
+				stopped := running
+				stopped.Running = false
+				o, err := d.Ensure(ctx, stopped)
+				if err != nil || o.Phase != driver.PhaseStopped {
+					return errors.Errorf("want Stopped, got %q (%v)", o.Phase, err)
+				}
+				return d.Delete(ctx, uid)
+			},
+			want: func(t *testing.T, d *Driver, err error) {
+				require.NoError(t, err)
+				l, err := d.List(ctx)
+				require.NoError(t, err)
+				assert.Empty(t, l)
+				assert.Equal(t, []string{"Ensure", "Delete", "List"}, ops(d.Calls()))
+			},
+		},
+		"RestartOncePerNonce": {
+			run: func(d *Driver) error {
+				for _, n := range []string{"", "a", "a", "b"} {
+					m := running
+					m.RestartNonce = n
+					if _, err := d.Ensure(ctx, m); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+			want: func(t *testing.T, d *Driver, err error) {
+				require.NoError(t, err)
+				o, err := d.Observe(ctx, uid)
+				require.NoError(t, err)
+				assert.Equal(t, int32(2), o.RestartCount)
+			},
+		},
+		"CapacityCountsGuests": {
+			run: func(d *Driver) error {
+				_, err := d.Ensure(ctx, running)
+				return err
+			},
+			want: func(t *testing.T, d *Driver, err error) {
+				require.NoError(t, err)
+				c, err := d.Capacity(ctx)
+				require.NoError(t, err)
+				assert.Equal(t, int64(2), c.AllocatedVCPU)
+				assert.Equal(t, int64(1<<30), c.AllocatedMemoryBytes)
+			},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			d := New("node-a")
+			tc.want(t, d, tc.run(d))
+		})
+	}
+}
+
+func ops(calls []Call) []string {
+	out := make([]string, len(calls))
+	for i, c := range calls {
+		out[i] = c.Op
+	}
+	return out
+}

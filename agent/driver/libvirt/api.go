@@ -1,0 +1,62 @@
+package libvirt
+
+import (
+	"io"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	golibvirt "github.com/digitalocean/go-libvirt"
+)
+
+// API is the part of go-libvirt the driver uses. *golibvirt.Libvirt satisfies
+// it; keeping it narrow shows at a glance which libvirt calls the driver makes.
+type API interface {
+	NodeGetInfo() (rModel [32]int8, rMemory uint64, rCpus int32, rMhz int32, rNodes int32, rSockets int32, rCores int32, rThreads int32, err error)
+
+	ConnectListAllDomains(NeedResults int32, Flags golibvirt.ConnectListAllDomainsFlags) (rDomains []golibvirt.Domain, rRet uint32, err error)
+	DomainLookupByUUID(UUID golibvirt.UUID) (rDom golibvirt.Domain, err error)
+	DomainDefineXMLFlags(XML string, Flags golibvirt.DomainDefineFlags) (rDom golibvirt.Domain, err error)
+	DomainGetXMLDesc(Dom golibvirt.Domain, Flags golibvirt.DomainXMLFlags) (rXML string, err error)
+	DomainGetState(Dom golibvirt.Domain, Flags uint32) (rState int32, rReason int32, err error)
+	DomainSetMetadata(Dom golibvirt.Domain, Type int32, Metadata golibvirt.OptString, Key golibvirt.OptString, Uri golibvirt.OptString, Flags golibvirt.DomainModificationImpact) (err error)
+	DomainCreate(Dom golibvirt.Domain) (err error)
+	DomainResume(Dom golibvirt.Domain) (err error)
+	DomainShutdown(Dom golibvirt.Domain) (err error)
+	DomainReboot(Dom golibvirt.Domain, Flags golibvirt.DomainRebootFlagValues) (err error)
+	DomainDestroy(Dom golibvirt.Domain) (err error)
+	DomainUndefineFlags(Dom golibvirt.Domain, Flags golibvirt.DomainUndefineFlagsValues) (err error)
+	DomainInterfaceAddresses(Dom golibvirt.Domain, Source uint32, Flags uint32) (rIfaces []golibvirt.DomainInterface, err error)
+
+	NetworkLookupByName(Name string) (rNet golibvirt.Network, err error)
+	NetworkDefineXML(XML string) (rNet golibvirt.Network, err error)
+	NetworkCreate(Net golibvirt.Network) (err error)
+	NetworkIsActive(Net golibvirt.Network) (rActive int32, err error)
+
+	StoragePoolLookupByName(Name string) (rPool golibvirt.StoragePool, err error)
+	StoragePoolGetInfo(Pool golibvirt.StoragePool) (rState uint8, rCapacity uint64, rAllocation uint64, rAvailable uint64, err error)
+	StorageVolLookupByName(Pool golibvirt.StoragePool, Name string) (rVol golibvirt.StorageVol, err error)
+	StorageVolCreateXML(Pool golibvirt.StoragePool, XML string, Flags golibvirt.StorageVolCreateFlags) (rVol golibvirt.StorageVol, err error)
+	StorageVolUpload(Vol golibvirt.StorageVol, outStream io.Reader, Offset uint64, Length uint64, Flags golibvirt.StorageVolUploadFlags) (err error)
+	StorageVolDelete(Vol golibvirt.StorageVol, Flags golibvirt.StorageVolDeleteFlags) (err error)
+}
+
+var _ API = (*golibvirt.Libvirt)(nil)
+
+// libvirtCode returns the libvirt error number of err, or -1 if err did not
+// come from libvirt.
+func libvirtCode(err error) golibvirt.ErrorNumber {
+	var le golibvirt.Error
+	if errors.As(err, &le) {
+		return golibvirt.ErrorNumber(le.Code)
+	}
+	return -1
+}
+
+func isCode(err error, codes ...golibvirt.ErrorNumber) bool {
+	c := libvirtCode(err)
+	for _, want := range codes {
+		if c == want {
+			return true
+		}
+	}
+	return false
+}

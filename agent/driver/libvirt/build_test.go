@@ -1,0 +1,152 @@
+package libvirt
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/kdomanski/iso9660"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+func TestDomainXMLRoundTrip(t *testing.T) {
+	m := machine("round")
+	owner := ownership{UID: m.UID, Namespace: m.Namespace, Name: m.Name, Generation: 3, SpecHash: specHash(m), LastNonce: "n", Restarts: 2}
+	x, err := domainXML(domainSpec{machine: m, owner: owner, domainType: "kvm", pool: "default"})
+	require.NoError(t, err)
+
+	info, err := parseDomain(x)
+	require.NoError(t, err)
+	assert.Equal(t, &owner, info.owner, "the metadata carries ownership")
+	assert.Equal(t, int64(2), info.vcpu)
+	assert.Equal(t, int64(512<<20), info.memory)
+	assert.Equal(t, []nic{{network: "net-db", mac: macFor(m.UID, 0)}}, info.nics)
+
+	var d libvirtxml.Domain
+	require.NoError(t, d.Unmarshal(x))
+	var disks []string
+	for _, disk := range d.Devices.Disks {
+		disks = append(disks, disk.Target.Dev+"="+disk.Source.Volume.Volume)
+	}
+	assert.Equal(t, []string{"vda=round-root", "vdb=" + swapVolume(m.UID), "sda=" + seedVolume(m.UID)}, disks, "boot disk first, then swap, then the seed cdrom")
+	assert.Equal(t, uint(1), d.Devices.Disks[0].Boot.Order)
+}
+
+func TestSpecHash(t *testing.T) {
+	base := machine("h")
+	cases := map[string]struct {
+		change func(m *driver.Machine)
+		same   bool
+	}{
+		"PowerStateDoesNotChangeTheDefinition":   {change: func(m *driver.Machine) { m.Running = false }, same: true},
+		"RestartNonceDoesNotChangeTheDefinition": {change: func(m *driver.Machine) { m.RestartNonce = "x" }, same: true},
+		"GenerationDoesNotChangeTheDefinition":   {change: func(m *driver.Machine) { m.Generation++ }, same: true},
+		"VCPUChangesTheDefinition":               {change: func(m *driver.Machine) { m.VCPU++ }},
+		"PublicKeyChangesTheDefinition":          {change: func(m *driver.Machine) { m.PublicKey = "ssh-ed25519 BBBB" }},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := base
+			m.Disks = append([]driver.Disk(nil), base.Disks...)
+			tc.change(&m)
+			assert.Equal(t, tc.same, specHash(m) == specHash(base))
+		})
+	}
+}
+
+func TestSeedISO(t *testing.T) {
+	cases := map[string]struct {
+		userData string
+		want     []string
+	}{
+		"OwnCloudConfigCarriesKeyHostnameAndSwap": {
+			want: []string{"#cloud-config\n", `"hostname":"seed"`, `"ssh_authorized_keys":["ssh-ed25519 AAAAC3`, "mkswap /dev/disk/by-id/virtio-vf-swap"},
+		},
+		"UserDataIsMergedAfterOursAsMultipart": {
+			userData: "#!/bin/sh\necho hi\n",
+			want:     []string{"multipart/mixed", "Content-Type: text/cloud-config", "Content-Type: text/x-shellscript", "echo hi", "Merge-Type: list(append)"},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := machine("seed")
+			m.UserData = tc.userData
+			iso, err := seedISO(m)
+			require.NoError(t, err)
+
+			img, err := iso9660.OpenImage(bytes.NewReader(iso))
+			require.NoError(t, err)
+			label, err := img.Label()
+			require.NoError(t, err)
+			assert.Equal(t, "cidata", label, "NoCloud finds its seed by this label")
+			files := readAll(t, img)
+			assert.Contains(t, files["meta-data"], `"instance-id":"`+m.UID+`"`)
+			for _, w := range tc.want {
+				assert.Contains(t, files["user-data"], w)
+			}
+		})
+	}
+}
+
+func readAll(t *testing.T, img *iso9660.Image) map[string]string {
+	t.Helper()
+	root, err := img.RootDir()
+	require.NoError(t, err)
+	children, err := root.GetChildren()
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, c := range children {
+		b, err := io.ReadAll(c.Reader())
+		require.NoError(t, err)
+		out[strings.TrimSuffix(c.Name(), ";1")] = string(b)
+	}
+	return out
+}
+
+func TestNetworkXML(t *testing.T) {
+	cases := map[string]struct {
+		net      driver.Network
+		want     string
+		terminal string
+	}{
+		"NATServesDHCPAfterTheHostAddress": {
+			net:  driver.Network{Name: "n", CIDR: "10.10.120.0/24"},
+			want: `<forward mode="nat"></forward><ip address="10.10.120.1" netmask="255.255.255.0"><dhcp><range start="10.10.120.2" end="10.10.120.254"></range></dhcp></ip>`,
+		},
+		"IsolatedHasNoForward": {
+			net:  driver.Network{Name: "n", CIDR: "192.168.7.0/28", Mode: driver.NetworkModeIsolated},
+			want: `<ip address="192.168.7.1" netmask="255.255.255.240"><dhcp><range start="192.168.7.2" end="192.168.7.14">`,
+		},
+		"BridgeJoinsTheHostBridge": {
+			net:  driver.Network{Name: "n", Mode: driver.NetworkModeBridge, Bridge: "br0"},
+			want: `<forward mode="bridge"></forward><bridge name="br0"></bridge>`,
+		},
+		"BridgeWithoutBridgeIsTerminal": {
+			net: driver.Network{Name: "n", Mode: driver.NetworkModeBridge}, terminal: "bridge mode needs a host bridge",
+		},
+		"IPv6IsTerminal": {
+			net: driver.Network{Name: "n", CIDR: "fd00::/64"}, terminal: "is not an IPv4 subnet",
+		},
+		"UnknownModeIsTerminal": {
+			net: driver.Network{Name: "n", CIDR: "10.0.0.0/24", Mode: "vxlan"}, terminal: `unknown mode "vxlan"`,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			x, err := networkXML(tc.net)
+			if tc.terminal != "" {
+				require.Error(t, err)
+				assert.True(t, driver.IsTerminal(err))
+				assert.Contains(t, err.Error(), tc.terminal)
+				return
+			}
+			require.NoError(t, err)
+			assert.Contains(t, strings.NewReplacer("\n", "", "  ", "").Replace(x), tc.want)
+		})
+	}
+}

@@ -1,0 +1,280 @@
+package libvirt
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/xml"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+// Namespace marks virtfleet's element in a domain's <metadata>. A domain
+// without it is not virtfleet's and is never listed, changed or deleted.
+const Namespace = "https://virtfleet.io/xmlns/domain/v1"
+
+// metadataKey is the XML prefix libvirt gives virtfleet's element.
+const metadataKey = "virtfleet"
+
+// ownership is virtfleet's element in a domain's <metadata>. It holds what the
+// driver cannot re-derive from the domain itself, so a restarted agent keeps
+// counting restarts and handling each restart nonce once.
+type ownership struct {
+	XMLName    xml.Name `xml:"https://virtfleet.io/xmlns/domain/v1 vm"`
+	UID        string   `xml:"uid"`
+	Namespace  string   `xml:"namespace"`
+	Name       string   `xml:"name"`
+	Generation int64    `xml:"generation"`
+	// SpecHash identifies the Machine the definition was made from, so an
+	// unchanged Machine costs no redefinition.
+	SpecHash string `xml:"specHash"`
+	// LastNonce is the last restart nonce handled.
+	LastNonce string `xml:"lastNonce,omitempty"`
+	// Restarts counts restarts the driver performed.
+	Restarts int32 `xml:"restarts"`
+}
+
+func (o ownership) marshal() (string, error) {
+	b, err := xml.Marshal(o)
+	return string(b), errors.Wrap(err, "cannot marshal virtfleet metadata")
+}
+
+// domainInfo is what the driver reads back from a domain's XML.
+type domainInfo struct {
+	owner    *ownership
+	vcpu     int64
+	memory   int64
+	nics     []nic
+	firmware driver.Firmware
+}
+
+// nic is an interface as defined, keyed by MAC.
+type nic struct {
+	network string
+	mac     string
+}
+
+// parseDomain reads a domain's XML. owner is nil when the domain is not
+// virtfleet's.
+func parseDomain(x string) (domainInfo, error) {
+	var d libvirtxml.Domain
+	if err := d.Unmarshal(x); err != nil {
+		return domainInfo{}, errors.Wrap(err, "cannot parse domain XML")
+	}
+	info := domainInfo{}
+	if d.Metadata != nil {
+		o, err := findOwnership(d.Metadata.XML)
+		if err != nil {
+			return domainInfo{}, err
+		}
+		info.owner = o
+	}
+	if d.VCPU != nil {
+		info.vcpu = int64(d.VCPU.Value)
+	}
+	if d.Memory != nil {
+		info.memory = bytesOf(d.Memory.Value, d.Memory.Unit)
+	}
+	if d.OS != nil && d.OS.Firmware == "efi" {
+		info.firmware = driver.FirmwareUEFI
+	}
+	if d.Devices != nil {
+		for _, i := range d.Devices.Interfaces {
+			n := nic{}
+			if i.MAC != nil {
+				n.mac = strings.ToLower(i.MAC.Address)
+			}
+			if i.Source != nil && i.Source.Network != nil {
+				n.network = i.Source.Network.Network
+			}
+			info.nics = append(info.nics, n)
+		}
+	}
+	return info, nil
+}
+
+// findOwnership finds virtfleet's element among the <metadata> children,
+// which may hold other tools' elements too.
+func findOwnership(inner string) (*ownership, error) {
+	dec := xml.NewDecoder(strings.NewReader(inner))
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot parse domain metadata")
+		}
+		se, ok := tok.(xml.StartElement)
+		if !ok || se.Name.Space != Namespace || se.Name.Local != "vm" {
+			continue
+		}
+		o := &ownership{}
+		if err := dec.DecodeElement(o, &se); err != nil {
+			return nil, errors.Wrap(err, "cannot parse virtfleet metadata")
+		}
+		// Marshal sets the name from the tag; clearing it lets a decoded
+		// ownership compare equal to a built one.
+		o.XMLName = xml.Name{}
+		return o, nil
+	}
+}
+
+// bytesOf converts a libvirt memory value to bytes.
+func bytesOf(v uint, unit string) int64 {
+	mult := map[string]int64{
+		"": 1 << 10, "k": 1 << 10, "KiB": 1 << 10, "b": 1, "bytes": 1, "KB": 1000,
+		"M": 1 << 20, "MiB": 1 << 20, "MB": 1000 * 1000,
+		"G": 1 << 30, "GiB": 1 << 30, "GB": 1000 * 1000 * 1000,
+	}[unit]
+	if mult == 0 {
+		mult = 1 << 10
+	}
+	return int64(v) * mult
+}
+
+// specHash identifies the parts of m that shape the domain definition (not
+// its power state, restart nonce or generation).
+func specHash(m driver.Machine) string {
+	shape := m
+	shape.Running, shape.RestartNonce, shape.Generation = false, "", 0
+	b, _ := json.Marshal(shape) //nolint:errchkjson // plain struct of strings and numbers
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:8])
+}
+
+// parseUUID turns a VM uid into libvirt's binary UUID.
+func parseUUID(uid string) (golibvirt.UUID, error) {
+	var u golibvirt.UUID
+	b, err := hex.DecodeString(strings.ReplaceAll(uid, "-", ""))
+	if err != nil || len(b) != len(u) || len(uid) != 36 {
+		return u, driver.Terminalf("uid %q is not a UUID", uid)
+	}
+	copy(u[:], b)
+	return u, nil
+}
+
+func formatUUID(u golibvirt.UUID) string {
+	h := hex.EncodeToString(u[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// domainName is unique per VM (the uid suffix) and readable in virsh.
+func domainName(m driver.Machine) string {
+	return fmt.Sprintf("%s_%s-%s", m.Namespace, m.Name, m.UID[:8])
+}
+
+// macFor derives an interface's MAC from the uid and its index, so a
+// redefinition keeps MACs and the addresses remembered for them.
+func macFor(uid string, index int) string {
+	s := sha256.Sum256([]byte(fmt.Sprintf("%s/%d", uid, index)))
+	return fmt.Sprintf("52:54:00:%02x:%02x:%02x", s[0], s[1], s[2])
+}
+
+// Names of the volumes the driver makes for a guest alone.
+func seedVolume(uid string) string { return uid + "-seed.iso" }
+func swapVolume(uid string) string { return uid + "-swap.img" }
+
+// swapSerial names the swap disk inside the guest (/dev/disk/by-id/virtio-…).
+const swapSerial = "vf-swap"
+
+// domainSpec is what the domain definition is built from.
+type domainSpec struct {
+	machine driver.Machine
+	owner   ownership
+	// domainType is "kvm" for real hosts, "test" for libvirt's test driver.
+	domainType string
+	pool       string
+}
+
+// domainXML builds the domain definition.
+func domainXML(s domainSpec) (string, error) {
+	m := s.machine
+	meta, err := s.owner.marshal()
+	if err != nil {
+		return "", err
+	}
+	d := &libvirtxml.Domain{
+		Type:          s.domainType,
+		Name:          domainName(m),
+		UUID:          m.UID,
+		Metadata:      &libvirtxml.DomainMetadata{XML: meta},
+		Memory:        &libvirtxml.DomainMemory{Value: uint(m.MemoryBytes), Unit: "b"},
+		CurrentMemory: &libvirtxml.DomainCurrentMemory{Value: uint(m.MemoryBytes), Unit: "b"},
+		VCPU:          &libvirtxml.DomainVCPU{Value: uint(m.VCPU)},
+		OS:            &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Type: "hvm"}},
+		OnPoweroff:    "destroy",
+		OnReboot:      "restart",
+		OnCrash:       "destroy",
+		Devices:       &libvirtxml.DomainDeviceList{},
+	}
+	if m.Firmware == driver.FirmwareUEFI {
+		d.OS.Firmware = "efi"
+	}
+	for i, disk := range m.Disks {
+		dd := volumeDisk(poolOr(disk.Pool, s.pool), disk.Name, formatOr(disk.Format), virtioDev(i))
+		if i == 0 {
+			dd.Boot = &libvirtxml.DomainDeviceBoot{Order: 1}
+		}
+		d.Devices.Disks = append(d.Devices.Disks, dd)
+	}
+	if m.SwapBytes > 0 {
+		dd := volumeDisk(s.pool, swapVolume(m.UID), "raw", virtioDev(len(m.Disks)))
+		dd.Serial = swapSerial
+		d.Devices.Disks = append(d.Devices.Disks, dd)
+	}
+	d.Devices.Disks = append(d.Devices.Disks, libvirtxml.DomainDisk{
+		Device:   "cdrom",
+		Driver:   &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "raw"},
+		Source:   &libvirtxml.DomainDiskSource{Volume: &libvirtxml.DomainDiskSourceVolume{Pool: s.pool, Volume: seedVolume(m.UID)}},
+		Target:   &libvirtxml.DomainDiskTarget{Dev: "sda", Bus: "sata"},
+		ReadOnly: &libvirtxml.DomainDiskReadOnly{},
+	})
+	for i, n := range m.Networks {
+		d.Devices.Interfaces = append(d.Devices.Interfaces, libvirtxml.DomainInterface{
+			MAC:    &libvirtxml.DomainInterfaceMAC{Address: macFor(m.UID, i)},
+			Source: &libvirtxml.DomainInterfaceSource{Network: &libvirtxml.DomainInterfaceSourceNetwork{Network: n.Name}},
+			Model:  &libvirtxml.DomainInterfaceModel{Type: "virtio"},
+		})
+	}
+	// The guest agent channel lets DomainInterfaceAddresses ask the guest.
+	d.Devices.Channels = []libvirtxml.DomainChannel{{
+		Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind"}},
+		Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: "org.qemu.guest_agent.0"}},
+	}}
+	x, err := d.Marshal()
+	return x, errors.Wrap(err, "cannot marshal domain XML")
+}
+
+func volumeDisk(pool, vol, format, dev string) libvirtxml.DomainDisk {
+	return libvirtxml.DomainDisk{
+		Device: "disk",
+		Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: format},
+		Source: &libvirtxml.DomainDiskSource{Volume: &libvirtxml.DomainDiskSourceVolume{Pool: pool, Volume: vol}},
+		Target: &libvirtxml.DomainDiskTarget{Dev: dev, Bus: "virtio"},
+	}
+}
+
+// virtioDev names the i-th virtio disk: vda … vdz.
+func virtioDev(i int) string { return "vd" + string(rune('a'+i)) }
+
+func poolOr(pool, def string) string {
+	if pool == "" {
+		return def
+	}
+	return pool
+}
+
+func formatOr(f string) string {
+	if f == "" {
+		return "qcow2"
+	}
+	return f
+}

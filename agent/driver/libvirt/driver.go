@@ -1,0 +1,715 @@
+// Package libvirt is the driver.Driver for hosts running libvirtd, reached
+// with go-libvirt over its unix socket. A guest is a domain whose UUID is the
+// VM's uid and whose <metadata> carries virtfleet's element (see Namespace);
+// everything else on the host is left alone.
+package libvirt
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	golibvirt "github.com/digitalocean/go-libvirt"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+// Defaults for an empty driver.LibvirtConfig.
+const (
+	DefaultSocket        = "/run/libvirt/libvirt-sock"
+	DefaultURI           = "qemu:///system"
+	DefaultPool          = "default"
+	DefaultShutdownGrace = 2 * time.Minute
+)
+
+// Driver is the libvirt driver.Driver.
+type Driver struct {
+	node   string
+	socket string
+	uri    string
+	pool   string
+	grace  time.Duration
+	// testDriver is set for libvirt's test driver, which simulates guests
+	// and lacks a few calls (StorageVolUpload).
+	testDriver bool
+	now        func() time.Time
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	events chan driver.Event
+	done   chan struct{}
+
+	mu   sync.Mutex
+	conn *connection
+	// generation counts connections, so the event loop knows it reconnected.
+	generation int
+
+	addresses *addressBook
+
+	stateMu sync.Mutex
+	// shutdownAt is when a graceful shutdown was requested, per uid.
+	shutdownAt map[string]time.Time
+	// crashes counts crash events seen per uid since the agent started.
+	crashes map[string]int32
+}
+
+type connection struct {
+	l          *golibvirt.Libvirt
+	events     <-chan golibvirt.DomainEventLifecycleMsg
+	generation int
+	hostCPUs   int64
+	hostMemory int64
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// New connects to libvirtd as cfg.Libvirt says. It fails when the daemon
+// cannot be reached, so misconfiguration shows at start-up; later outages are
+// retried on every call.
+func New(ctx context.Context, cfg driver.Config) (driver.Driver, error) {
+	return Open(ctx, cfg)
+}
+
+// Open is New returning the concrete type.
+func Open(ctx context.Context, cfg driver.Config) (*Driver, error) {
+	lc := cfg.Libvirt
+	d := &Driver{
+		node:       cfg.Node,
+		socket:     or(lc.Socket, DefaultSocket),
+		uri:        or(lc.URI, DefaultURI),
+		pool:       or(lc.Pool, DefaultPool),
+		grace:      lc.ShutdownGrace,
+		now:        time.Now,
+		events:     make(chan driver.Event, 256),
+		done:       make(chan struct{}),
+		addresses:  newAddressBook(),
+		shutdownAt: map[string]time.Time{},
+		crashes:    map[string]int32{},
+	}
+	if d.grace == 0 {
+		d.grace = DefaultShutdownGrace
+	}
+	d.testDriver = strings.HasPrefix(d.uri, "test:")
+	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if _, err := d.connection(); err != nil {
+		d.cancel()
+		return nil, err
+	}
+	go d.watch()
+	return d, nil
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// connection returns the live connection, dialling a new one when the last
+// one was lost (libvirtd restarted).
+func (d *Driver) connection() (*connection, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.conn != nil && d.conn.l.IsConnected() {
+		return d.conn, nil
+	}
+	if d.ctx.Err() != nil {
+		return nil, errors.New("driver is closed")
+	}
+	c, err := net.DialTimeout("unix", d.socket, 5*time.Second)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot reach libvirtd")
+	}
+	l := golibvirt.New(c)
+	if err := l.ConnectToURI(golibvirt.ConnectURI(d.uri)); err != nil {
+		_ = c.Close()
+		return nil, errors.Wrapf(err, "cannot open %s", d.uri)
+	}
+	evs, err := l.LifecycleEvents(d.ctx)
+	if err != nil {
+		_ = l.Disconnect()
+		return nil, errors.Wrap(err, "cannot subscribe to domain events")
+	}
+	_, mem, cpus, _, _, _, _, _, err := l.NodeGetInfo()
+	if err != nil {
+		_ = l.Disconnect()
+		return nil, errors.Wrap(err, "cannot read host info")
+	}
+	d.generation++
+	d.conn = &connection{l: l, events: evs, generation: d.generation, hostCPUs: int64(cpus), hostMemory: int64(mem) << 10}
+	return d.conn, nil
+}
+
+func (d *Driver) api() (API, *connection, error) {
+	c, err := d.connection()
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.l, c, nil
+}
+
+// watch forwards lifecycle events and, after a lost connection, reconnects
+// and asks for a resync: events sent while disconnected are gone.
+func (d *Driver) watch() {
+	defer close(d.done)
+	defer close(d.events)
+	seen := 0
+	backoff := 50 * time.Millisecond
+	for {
+		c, err := d.connection()
+		if err != nil {
+			select {
+			case <-d.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		if seen != 0 && c.generation != seen {
+			d.emit(driver.Event{Kind: driver.EventResync})
+		}
+		seen = c.generation
+		for e := range c.events {
+			d.handle(e)
+		}
+		if d.ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+func (d *Driver) handle(e golibvirt.DomainEventLifecycleMsg) {
+	uid := formatUUID(e.Dom.UUID)
+	kind, ok := map[golibvirt.DomainEventType]driver.EventKind{
+		golibvirt.DomainEventDefined:     driver.EventDefined,
+		golibvirt.DomainEventUndefined:   driver.EventUndefined,
+		golibvirt.DomainEventStarted:     driver.EventStarted,
+		golibvirt.DomainEventSuspended:   driver.EventSuspended,
+		golibvirt.DomainEventResumed:     driver.EventResumed,
+		golibvirt.DomainEventStopped:     driver.EventStopped,
+		golibvirt.DomainEventShutdown:    driver.EventChanged,
+		golibvirt.DomainEventPmsuspended: driver.EventSuspended,
+		golibvirt.DomainEventCrashed:     driver.EventCrashed,
+	}[golibvirt.DomainEventType(e.Event)]
+	if !ok {
+		kind = driver.EventChanged
+	}
+	if kind == driver.EventCrashed {
+		d.stateMu.Lock()
+		d.crashes[uid]++
+		d.stateMu.Unlock()
+	}
+	d.emit(driver.Event{UID: uid, Kind: kind})
+}
+
+// emit never blocks the event loop: a lagging receiver loses hints, which the
+// contract allows, and resyncs.
+func (d *Driver) emit(e driver.Event) {
+	select {
+	case d.events <- e:
+	default:
+	}
+}
+
+// Events implements driver.Driver.
+func (d *Driver) Events() <-chan driver.Event { return d.events }
+
+// Close implements driver.Driver.
+func (d *Driver) Close() error {
+	d.cancel()
+	d.mu.Lock()
+	var err error
+	if d.conn != nil && d.conn.l.IsConnected() {
+		err = d.conn.l.Disconnect()
+	}
+	d.mu.Unlock()
+	<-d.done
+	return errors.Wrap(err, "cannot disconnect from libvirtd")
+}
+
+// validate rejects Machines no host could run.
+func validate(m driver.Machine) error {
+	switch {
+	case m.VCPU < 1:
+		return driver.Terminalf("vcpu must be at least 1, got %d", m.VCPU)
+	case m.MemoryBytes <= 0:
+		return driver.Terminalf("memory must be greater than 0, got %d bytes", m.MemoryBytes)
+	case m.SwapBytes < 0:
+		return driver.Terminalf("swap must not be negative, got %d bytes", m.SwapBytes)
+	case len(m.Disks) == 0:
+		return driver.Terminalf("at least one disk is required to boot from")
+	case len(m.Disks) > 24:
+		return driver.Terminalf("at most 24 disks can be attached, got %d", len(m.Disks))
+	case m.Namespace == "" || m.Name == "":
+		return driver.Terminalf("namespace and name are required")
+	case m.Firmware != "" && m.Firmware != driver.FirmwareBIOS && m.Firmware != driver.FirmwareUEFI:
+		return driver.Terminalf("firmware must be bios or uefi, got %q", m.Firmware)
+	}
+	for _, disk := range m.Disks {
+		if disk.Name == "" {
+			return driver.Terminalf("every disk needs a name")
+		}
+	}
+	_, err := parseUUID(m.UID)
+	return err
+}
+
+// lookup finds the guest's domain and reads its definition. It returns a
+// NotFound error when there is no domain with the uid, and a Terminal one when
+// a domain with the uid is not virtfleet's.
+func (d *Driver) lookup(api API, uid string, flags golibvirt.DomainXMLFlags) (golibvirt.Domain, domainInfo, error) {
+	u, err := parseUUID(uid)
+	if err != nil {
+		return golibvirt.Domain{}, domainInfo{}, err
+	}
+	dom, err := api.DomainLookupByUUID(u)
+	if isCode(err, golibvirt.ErrNoDomain) {
+		return dom, domainInfo{}, driver.NotFoundf("no domain with uuid %s", uid)
+	}
+	if err != nil {
+		return dom, domainInfo{}, errors.Wrap(err, "cannot look up domain")
+	}
+	x, err := api.DomainGetXMLDesc(dom, flags)
+	if isCode(err, golibvirt.ErrNoDomain) {
+		return dom, domainInfo{}, driver.NotFoundf("no domain with uuid %s", uid)
+	}
+	if err != nil {
+		return dom, domainInfo{}, errors.Wrap(err, "cannot read domain XML")
+	}
+	info, err := parseDomain(x)
+	if err != nil {
+		return dom, domainInfo{}, err
+	}
+	if info.owner == nil || info.owner.UID != uid {
+		return dom, domainInfo{}, driver.Terminalf("domain %s with uuid %s exists on the node but is not managed by virtfleet", dom.Name, uid)
+	}
+	return dom, info, nil
+}
+
+// Ensure implements driver.Driver.
+func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observation, error) {
+	if err := validate(m); err != nil {
+		return driver.Observation{}, err
+	}
+	api, conn, err := d.api()
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	dom, info, err := d.lookup(api, m.UID, golibvirt.DomainXMLInactive)
+	if err != nil && !driver.IsNotFound(err) {
+		return driver.Observation{}, err
+	}
+	owner := ownership{UID: m.UID, Namespace: m.Namespace, Name: m.Name, Generation: m.Generation, SpecHash: specHash(m), LastNonce: m.RestartNonce}
+	if driver.IsNotFound(err) || info.owner.SpecHash != owner.SpecHash {
+		if info.owner != nil {
+			// A redefinition keeps what the old definition counted.
+			owner.LastNonce, owner.Restarts = info.owner.LastNonce, info.owner.Restarts
+		}
+		if dom, err = d.define(api, conn, m, owner); err != nil {
+			return driver.Observation{}, err
+		}
+	} else {
+		owner = *info.owner
+	}
+	if err := d.converge(api, dom, m, owner); err != nil {
+		return driver.Observation{}, err
+	}
+	return d.Observe(ctx, m.UID)
+}
+
+// define creates what the guest needs and (re)defines its domain. A running
+// domain keeps running on its old definition until its next start.
+func (d *Driver) define(api API, conn *connection, m driver.Machine, owner ownership) (golibvirt.Domain, error) {
+	if int64(m.VCPU) > conn.hostCPUs {
+		return golibvirt.Domain{}, driver.Terminalf("vcpu %d is more than the %d CPUs of node %s", m.VCPU, conn.hostCPUs, d.node)
+	}
+	for _, n := range m.Networks {
+		if err := ensureNetwork(api, n); err != nil {
+			return golibvirt.Domain{}, err
+		}
+	}
+	for _, disk := range m.Disks {
+		if err := ensureVolume(api, poolOr(disk.Pool, d.pool), disk.Name, disk.SizeBytes, formatOr(disk.Format)); err != nil {
+			return golibvirt.Domain{}, err
+		}
+	}
+	if m.SwapBytes > 0 {
+		if err := ensureVolume(api, d.pool, swapVolume(m.UID), m.SwapBytes, "raw"); err != nil {
+			return golibvirt.Domain{}, err
+		}
+	}
+	iso, err := seedISO(m)
+	if err != nil {
+		return golibvirt.Domain{}, err
+	}
+	if err := writeSeed(api, d.pool, seedVolume(m.UID), iso, d.testDriver); err != nil {
+		return golibvirt.Domain{}, err
+	}
+	domType := "kvm"
+	if d.testDriver {
+		domType = "test"
+	}
+	x, err := domainXML(domainSpec{machine: m, owner: owner, domainType: domType, pool: d.pool})
+	if err != nil {
+		return golibvirt.Domain{}, err
+	}
+	dom, err := api.DomainDefineXMLFlags(x, 0)
+	if isCode(err, golibvirt.ErrXMLError, golibvirt.ErrConfigUnsupported) {
+		return dom, driver.Terminal(errors.Wrap(err, "libvirt rejected the guest's definition"))
+	}
+	return dom, errors.Wrap(err, "cannot define domain")
+}
+
+// converge drives the domain's power state towards m.Running and handles a
+// new restart nonce. A running domain keeps the definition it was started
+// with until it is started again, so a restart requested while the definition
+// changed is a cold one (destroy, then start) that applies the new shape,
+// as KubeVirt does; otherwise it is a guest reboot.
+func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner ownership) error {
+	state, _, err := api.DomainGetState(dom, 0)
+	if err != nil {
+		return errors.Wrap(err, "cannot read domain state")
+	}
+	s := golibvirt.DomainState(state)
+	active := s != golibvirt.DomainShutoff && s != golibvirt.DomainCrashed && s != golibvirt.DomainNostate
+	liveHash := owner.SpecHash
+	if active {
+		_, live, err := d.lookup(api, m.UID, 0)
+		if err != nil {
+			return err
+		}
+		liveHash = live.owner.SpecHash
+	}
+	newNonce := m.RestartNonce != owner.LastNonce
+	next := owner
+	next.LastNonce = m.RestartNonce
+
+	if !m.Running {
+		// Before the shutdown: a guest that is off has no live metadata.
+		if err := d.saveOwnership(api, dom, owner, next, liveHash, active); err != nil {
+			return err
+		}
+		if !active {
+			d.clearShutdown(m.UID)
+			return nil
+		}
+		return d.shutdown(api, dom, m.UID)
+	}
+	d.clearShutdown(m.UID)
+	switch {
+	case !active:
+		// A start satisfies any pending restart request.
+		if err := d.saveOwnership(api, dom, owner, next, liveHash, false); err != nil {
+			return err
+		}
+		return errors.Wrap(api.DomainCreate(dom), "cannot start domain")
+	case s == golibvirt.DomainPaused:
+		if err := api.DomainResume(dom); err != nil {
+			return errors.Wrap(err, "cannot resume domain")
+		}
+	case newNonce && m.RestartNonce != "" && s == golibvirt.DomainRunning && liveHash != owner.SpecHash:
+		next.Restarts++
+		if err := d.saveOwnership(api, dom, owner, next, liveHash, active); err != nil {
+			return err
+		}
+		if err := api.DomainDestroy(dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid) {
+			return errors.Wrap(err, "cannot stop domain to restart it")
+		}
+		return errors.Wrap(api.DomainCreate(dom), "cannot start domain to restart it")
+	case newNonce && m.RestartNonce != "" && s == golibvirt.DomainRunning:
+		if err := api.DomainReboot(dom, 0); err != nil {
+			return errors.Wrap(err, "cannot restart domain")
+		}
+		next.Restarts++
+	}
+	return d.saveOwnership(api, dom, owner, next, liveHash, active)
+}
+
+// shutdown asks the guest to power off and forces it off once the grace
+// period has passed. It never waits: the caller comes back.
+func (d *Driver) shutdown(api API, dom golibvirt.Domain, uid string) error {
+	d.stateMu.Lock()
+	at, asked := d.shutdownAt[uid]
+	if !asked {
+		d.shutdownAt[uid] = d.now()
+	}
+	d.stateMu.Unlock()
+	if !asked {
+		return errors.Wrap(api.DomainShutdown(dom), "cannot shut domain down")
+	}
+	if d.now().Sub(at) < d.grace {
+		return nil
+	}
+	err := api.DomainDestroy(dom)
+	if isCode(err, golibvirt.ErrOperationInvalid) {
+		return nil // already off
+	}
+	return errors.Wrap(err, "cannot force domain off")
+}
+
+func (d *Driver) clearShutdown(uid string) {
+	d.stateMu.Lock()
+	delete(d.shutdownAt, uid)
+	d.stateMu.Unlock()
+}
+
+func (d *Driver) shuttingDown(uid string) bool {
+	d.stateMu.Lock()
+	defer d.stateMu.Unlock()
+	_, ok := d.shutdownAt[uid]
+	return ok
+}
+
+// saveOwnership writes changed metadata to the definition and, for a running
+// domain, to its live state, which is what Observe reads. The live copy keeps
+// liveHash, the shape the domain was started with, so Observe can tell that
+// a newer definition waits for the next start.
+func (d *Driver) saveOwnership(api API, dom golibvirt.Domain, old, next ownership, liveHash string, active bool) error {
+	if old == next {
+		return nil
+	}
+	live := next
+	live.SpecHash = liveHash
+	if !active || live == next {
+		flags := golibvirt.DomainAffectConfig
+		if active {
+			flags |= golibvirt.DomainAffectLive
+		}
+		return d.setOwnership(api, dom, next, flags)
+	}
+	if err := d.setOwnership(api, dom, next, golibvirt.DomainAffectConfig); err != nil {
+		return err
+	}
+	return d.setOwnership(api, dom, live, golibvirt.DomainAffectLive)
+}
+
+func (d *Driver) setOwnership(api API, dom golibvirt.Domain, o ownership, flags golibvirt.DomainModificationImpact) error {
+	x, err := o.marshal()
+	if err != nil {
+		return err
+	}
+	err = api.DomainSetMetadata(dom, int32(golibvirt.DomainMetadataElement), golibvirt.OptString{x}, golibvirt.OptString{metadataKey}, golibvirt.OptString{Namespace}, flags)
+	return errors.Wrap(err, "cannot write domain metadata")
+}
+
+// Delete implements driver.Driver.
+func (d *Driver) Delete(_ context.Context, uid string) error {
+	api, _, err := d.api()
+	if err != nil {
+		return err
+	}
+	dom, info, err := d.lookup(api, uid, golibvirt.DomainXMLInactive)
+	switch {
+	case driver.IsNotFound(err):
+	case err != nil:
+		return err
+	default:
+		if err := api.DomainDestroy(dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid, golibvirt.ErrNoDomain) {
+			return errors.Wrap(err, "cannot stop domain")
+		}
+		flags := golibvirt.DomainUndefineManagedSave | golibvirt.DomainUndefineSnapshotsMetadata
+		if info.firmware == driver.FirmwareUEFI {
+			flags |= golibvirt.DomainUndefineNvram
+		}
+		if err := api.DomainUndefineFlags(dom, flags); err != nil && !isCode(err, golibvirt.ErrNoDomain) {
+			return errors.Wrap(err, "cannot undefine domain")
+		}
+	}
+	// Also after a crash between undefine and here: the volumes are the
+	// guest's alone, named by its uid.
+	for _, v := range []string{seedVolume(uid), swapVolume(uid)} {
+		if err := deleteVolume(api, d.pool, v); err != nil {
+			return err
+		}
+	}
+	d.addresses.forget(uid)
+	d.clearShutdown(uid)
+	return nil
+}
+
+// Observe implements driver.Driver.
+func (d *Driver) Observe(_ context.Context, uid string) (driver.Observation, error) {
+	api, _, err := d.api()
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	dom, info, err := d.lookup(api, uid, 0)
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	return d.observe(api, dom, uid, info)
+}
+
+func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainInfo) (driver.Observation, error) {
+	state, reason, err := api.DomainGetState(dom, 0)
+	if err != nil {
+		return driver.Observation{}, errors.Wrap(err, "cannot read domain state")
+	}
+	o := driver.Observation{UID: uid, ID: uid, Node: d.node}
+	o.Phase, o.Message = phaseOf(golibvirt.DomainState(state), reason)
+	if o.Phase == driver.PhaseRunning && d.shuttingDown(uid) {
+		o.Phase, o.Message = driver.PhaseStopping, "waiting for the guest to shut down"
+	}
+	d.stateMu.Lock()
+	o.RestartCount = info.owner.Restarts + d.crashes[uid]
+	d.stateMu.Unlock()
+
+	if o.Phase != driver.PhaseStopped && o.Phase != driver.PhaseFailed {
+		// A running domain whose definition changed since it started runs
+		// the old shape until its next start.
+		_, defined, err := d.lookup(api, uid, golibvirt.DomainXMLInactive)
+		if err != nil && !driver.IsNotFound(err) {
+			return driver.Observation{}, err
+		}
+		o.RestartRequired = err == nil && defined.owner.SpecHash != info.owner.SpecHash
+	}
+	if o.Phase != driver.PhaseRunning && o.Phase != driver.PhaseStopping {
+		d.addresses.forget(uid)
+		o.Interfaces = d.addresses.merge(uid, info.nics, nil, d.now())
+		return o, nil
+	}
+	o.Interfaces = d.addresses.merge(uid, info.nics, d.sightings(api, dom, len(info.nics)), d.now())
+	return o, nil
+}
+
+// addressSources in the order they are trusted: the DHCP server's leases,
+// then the guest agent, then the host's ARP table.
+var addressSources = []struct {
+	src  golibvirt.DomainInterfaceAddressesSource
+	name driver.AddressSource
+}{
+	{golibvirt.DomainInterfaceAddressesSrcLease, driver.AddressSourceLease},
+	{golibvirt.DomainInterfaceAddressesSrcAgent, driver.AddressSourceGuestAgent},
+	{golibvirt.DomainInterfaceAddressesSrcArp, driver.AddressSourceARP},
+}
+
+// sightings asks each source in turn until every interface has addresses.
+// A source that fails (no guest agent, say) is skipped: addresses are best
+// effort and remembered across looks.
+func (d *Driver) sightings(api API, dom golibvirt.Domain, nics int) map[string]sighting {
+	seen := map[string]sighting{}
+	for _, s := range addressSources {
+		if len(seen) >= nics {
+			break
+		}
+		ifaces, err := api.DomainInterfaceAddresses(dom, uint32(s.src), 0)
+		if err != nil {
+			continue
+		}
+		for _, i := range ifaces {
+			if len(i.Hwaddr) == 0 || len(i.Addrs) == 0 {
+				continue
+			}
+			mac := strings.ToLower(i.Hwaddr[0])
+			if _, ok := seen[mac]; ok {
+				continue
+			}
+			ips := make([]string, 0, len(i.Addrs))
+			for _, a := range i.Addrs {
+				ips = append(ips, a.Addr)
+			}
+			seen[mac] = sighting{ips: ips, source: s.name}
+		}
+	}
+	return seen
+}
+
+// phaseOf maps a libvirt domain state to a phase.
+func phaseOf(s golibvirt.DomainState, reason int32) (driver.Phase, string) {
+	switch s {
+	case golibvirt.DomainRunning, golibvirt.DomainBlocked:
+		return driver.PhaseRunning, ""
+	case golibvirt.DomainPaused:
+		return driver.PhaseStopped, "guest is paused"
+	case golibvirt.DomainPmsuspended:
+		return driver.PhaseStopped, "guest is suspended by power management"
+	case golibvirt.DomainShutdown:
+		return driver.PhaseStopping, "guest is shutting down"
+	case golibvirt.DomainShutoff:
+		if golibvirt.DomainShutoffReason(reason) == golibvirt.DomainShutoffCrashed {
+			return driver.PhaseFailed, "guest crashed"
+		}
+		return driver.PhaseStopped, ""
+	case golibvirt.DomainCrashed:
+		return driver.PhaseFailed, "guest crashed"
+	default:
+		return driver.PhaseStarting, ""
+	}
+}
+
+// owned lists virtfleet's domains with their live definitions.
+func (d *Driver) owned(api API) ([]golibvirt.Domain, []domainInfo, error) {
+	all, _, err := api.ConnectListAllDomains(1, 0)
+	if err != nil {
+		return nil, nil, errors.Wrap(err, "cannot list domains")
+	}
+	var doms []golibvirt.Domain
+	var infos []domainInfo
+	for _, dom := range all {
+		x, err := api.DomainGetXMLDesc(dom, 0)
+		if isCode(err, golibvirt.ErrNoDomain) {
+			continue // deleted since the list
+		}
+		if err != nil {
+			return nil, nil, errors.Wrap(err, "cannot read domain XML")
+		}
+		info, err := parseDomain(x)
+		if err != nil {
+			return nil, nil, err
+		}
+		if info.owner == nil || info.owner.UID != formatUUID(dom.UUID) {
+			continue
+		}
+		doms = append(doms, dom)
+		infos = append(infos, info)
+	}
+	return doms, infos, nil
+}
+
+// List implements driver.Driver.
+func (d *Driver) List(_ context.Context) ([]driver.Observation, error) {
+	api, _, err := d.api()
+	if err != nil {
+		return nil, err
+	}
+	doms, infos, err := d.owned(api)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]driver.Observation, 0, len(doms))
+	for i, dom := range doms {
+		o, err := d.observe(api, dom, infos[i].owner.UID, infos[i])
+		if isCode(err, golibvirt.ErrNoDomain) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+// Capacity implements driver.Driver.
+func (d *Driver) Capacity(_ context.Context) (driver.Capacity, error) {
+	api, conn, err := d.api()
+	if err != nil {
+		return driver.Capacity{}, err
+	}
+	_, infos, err := d.owned(api)
+	if err != nil {
+		return driver.Capacity{}, err
+	}
+	c := driver.Capacity{VCPU: conn.hostCPUs, MemoryBytes: conn.hostMemory}
+	for _, i := range infos {
+		c.AllocatedVCPU += i.vcpu
+		c.AllocatedMemoryBytes += i.memory
+	}
+	return c, nil
+}

@@ -1,0 +1,359 @@
+package libvirt
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/internal/libvirttest"
+)
+
+// testPool is the storage pool libvirt's test driver serves.
+const testPool = "default-pool"
+
+func open(t testing.TB, n *libvirttest.Node) *Driver {
+	t.Helper()
+	d, err := Open(context.Background(), driver.Config{
+		Backend: driver.BackendLibvirt,
+		Node:    n.Name,
+		Libvirt: driver.LibvirtConfig{Socket: n.Socket, URI: n.URI, Pool: testPool, ShutdownGrace: 50 * time.Millisecond},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	return d
+}
+
+// raw opens a plain go-libvirt connection, to look behind the driver's back.
+func raw(t testing.TB, n *libvirttest.Node) *golibvirt.Libvirt {
+	t.Helper()
+	l, err := n.Dial()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Disconnect() })
+	return l
+}
+
+var uidSeq = 0
+
+func machine(name string) driver.Machine {
+	uidSeq++
+	return driver.Machine{
+		UID:         fmt.Sprintf("0b5e3f1a-7c2d-4e8f-9a1b-%012d", uidSeq),
+		Namespace:   "team-a",
+		Name:        name,
+		Generation:  1,
+		VCPU:        2,
+		MemoryBytes: 512 << 20,
+		SwapBytes:   256 << 20,
+		PublicKey:   "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample user@host",
+		Running:     true,
+		Disks:       []driver.Disk{{Name: name + "-root", SizeBytes: 1 << 30}},
+		Networks:    []driver.Network{{Name: "net-db", CIDR: "10.10.120.0/24", Mode: driver.NetworkModeNAT}},
+	}
+}
+
+func volumeExists(t testing.TB, l *golibvirt.Libvirt, name string) bool {
+	t.Helper()
+	p, err := l.StoragePoolLookupByName(testPool)
+	require.NoError(t, err)
+	_, err = l.StorageVolLookupByName(p, name)
+	return err == nil
+}
+
+func TestLifecycle(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "life")
+	d := open(t, node)
+	m := machine("web")
+
+	steps := []struct {
+		name            string
+		change          func(m *driver.Machine)
+		phase           driver.Phase
+		restarts        int32
+		restartRequired bool
+		liveVCPU        int // 0: not checked
+	}{
+		{name: "EnsureCreatesARunningGuest", change: func(*driver.Machine) {}, phase: driver.PhaseRunning},
+		{name: "RunningFalseStopsIt", change: func(m *driver.Machine) { m.Running = false }, phase: driver.PhaseStopped},
+		{name: "RunningTrueStartsIt", change: func(m *driver.Machine) { m.Running = true }, phase: driver.PhaseRunning},
+		{name: "ANewNonceRestartsOnce", change: func(m *driver.Machine) { m.RestartNonce = "t1" }, phase: driver.PhaseRunning, restarts: 1},
+		{name: "TheSameNonceDoesNothing", change: func(*driver.Machine) {}, phase: driver.PhaseRunning, restarts: 1},
+		{name: "AnotherNonceRestartsAgain", change: func(m *driver.Machine) { m.RestartNonce = "t2" }, phase: driver.PhaseRunning, restarts: 2},
+		{name: "ANonceWhileStoppedIsHandledWithoutRestart", change: func(m *driver.Machine) { m.Running, m.RestartNonce = false, "t3" }, phase: driver.PhaseStopped, restarts: 2},
+		{name: "StartingAfterThatDoesNotRestartAgain", change: func(m *driver.Machine) { m.Running = true }, phase: driver.PhaseRunning, restarts: 2},
+		{name: "ASpecChangeKeepsTheCount", change: func(m *driver.Machine) { m.VCPU = 4 }, phase: driver.PhaseRunning, restarts: 2, restartRequired: true, liveVCPU: 2},
+		{name: "ASpecChangeIsNotAppliedToTheRunningGuest", change: func(*driver.Machine) {}, phase: driver.PhaseRunning, restarts: 2, restartRequired: true, liveVCPU: 2},
+		{name: "ARestartAppliesThePendingShape", change: func(m *driver.Machine) { m.RestartNonce = "t4" }, phase: driver.PhaseRunning, restarts: 3, liveVCPU: 4},
+		{name: "AStopAndStartAppliesIt", change: func(m *driver.Machine) { m.MemoryBytes = 1 << 30 }, phase: driver.PhaseRunning, restarts: 3, restartRequired: true},
+		{name: "StoppedGuestsNeedNoRestart", change: func(m *driver.Machine) { m.Running = false }, phase: driver.PhaseStopped, restarts: 3},
+		{name: "StartedAgainWithTheNewShape", change: func(m *driver.Machine) { m.Running = true }, phase: driver.PhaseRunning, restarts: 3},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			s.change(&m)
+			o, err := d.Ensure(ctx, m)
+			require.NoError(t, err)
+			assert.Equal(t, s.phase, o.Phase)
+			assert.Equal(t, s.restarts, o.RestartCount)
+			assert.Equal(t, s.restartRequired, o.RestartRequired, "restartRequired")
+			if s.liveVCPU > 0 {
+				dom, err := raw(t, node).DomainLookupByUUID(mustUUID(t, m.UID))
+				require.NoError(t, err)
+				_, _, _, vcpus, _, err := raw(t, node).DomainGetInfo(dom)
+				require.NoError(t, err)
+				assert.Equal(t, uint16(s.liveVCPU), vcpus, "vCPUs of the running guest")
+			}
+			assert.Equal(t, m.UID, o.ID)
+			assert.Equal(t, node.Name, o.Node)
+		})
+	}
+
+	t.Run("RestartCountSurvivesANewDriver", func(t *testing.T) {
+		o, err := open(t, node).Observe(ctx, m.UID)
+		require.NoError(t, err)
+		assert.Equal(t, int32(3), o.RestartCount)
+	})
+}
+
+func mustUUID(t testing.TB, uid string) golibvirt.UUID {
+	t.Helper()
+	u, err := parseUUID(uid)
+	require.NoError(t, err)
+	return u
+}
+
+func TestEnsureIsIdempotent(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "idem")
+	d := open(t, node)
+	l := raw(t, node)
+	m := machine("db")
+
+	_, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	before, _, err := l.ConnectListAllDomains(1, 0)
+	require.NoError(t, err)
+	_, err = d.Ensure(ctx, m)
+	require.NoError(t, err)
+	after, _, err := l.ConnectListAllDomains(1, 0)
+	require.NoError(t, err)
+
+	assert.Len(t, after, len(before), "a second Ensure must not define another domain")
+	u, err := parseUUID(m.UID)
+	require.NoError(t, err)
+	dom, err := l.DomainLookupByUUID(u)
+	require.NoError(t, err, "the domain's UUID is the machine's uid")
+	state, _, err := l.DomainGetState(dom, 0)
+	require.NoError(t, err)
+	assert.Equal(t, int32(golibvirt.DomainRunning), state)
+}
+
+func TestDelete(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "del")
+	d := open(t, node)
+	l := raw(t, node)
+	m := machine("gone")
+	_, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	require.True(t, volumeExists(t, l, seedVolume(m.UID)))
+
+	require.NoError(t, d.Delete(ctx, m.UID))
+
+	_, err = d.Observe(ctx, m.UID)
+	assert.True(t, driver.IsNotFound(err), "Observe after Delete: %v", err)
+	assert.False(t, volumeExists(t, l, seedVolume(m.UID)), "the seed ISO is deleted")
+	assert.False(t, volumeExists(t, l, swapVolume(m.UID)), "the swap disk is deleted")
+	assert.True(t, volumeExists(t, l, m.Disks[0].Name), "the user's volume is kept")
+	assert.NoError(t, d.Delete(ctx, m.UID), "deleting an absent guest succeeds")
+}
+
+func TestListAndCapacityIgnoreForeignDomains(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "list")
+	d := open(t, node)
+	l := raw(t, node)
+
+	// The test driver's own "test" domain is foreign; so is this one, which
+	// even carries metadata of another tool.
+	x, err := (&libvirtxml.Domain{
+		Type: "test", Name: "hand-made",
+		Metadata: &libvirtxml.DomainMetadata{XML: `<other:vm xmlns:other="https://example.com/other"><other:uid>x</other:uid></other:vm>`},
+		Memory:   &libvirtxml.DomainMemory{Value: 64, Unit: "MiB"},
+		VCPU:     &libvirtxml.DomainVCPU{Value: 8},
+		OS:       &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Type: "hvm"}},
+	}).Marshal()
+	require.NoError(t, err)
+	_, err = l.DomainDefineXMLFlags(x, 0)
+	require.NoError(t, err)
+
+	a, b := machine("a"), machine("b")
+	b.Running = false
+	for _, m := range []driver.Machine{a, b} {
+		_, err := d.Ensure(ctx, m)
+		require.NoError(t, err)
+	}
+
+	obs, err := d.List(ctx)
+	require.NoError(t, err)
+	got := map[string]driver.Phase{}
+	for _, o := range obs {
+		got[o.UID] = o.Phase
+	}
+	assert.Equal(t, map[string]driver.Phase{a.UID: driver.PhaseRunning, b.UID: driver.PhaseStopped}, got)
+
+	c, err := d.Capacity(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, driver.Capacity{VCPU: 16, MemoryBytes: 3 << 30, AllocatedVCPU: 4, AllocatedMemoryBytes: 1 << 30}, c)
+}
+
+func TestObserveReportsAddressesWithTheirSource(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "ips")
+	d := open(t, node)
+	m := machine("ips")
+	m.Networks = append(m.Networks, driver.Network{Name: "net-backend", CIDR: "10.10.150.0/24"})
+
+	o, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	require.Len(t, o.Interfaces, 2)
+	for i, want := range []string{"10.10.120.0/24", "10.10.150.0/24"} {
+		ifc := o.Interfaces[i]
+		assert.Equal(t, m.Networks[i].Name, ifc.Network)
+		assert.Equal(t, macFor(m.UID, i), ifc.MAC)
+		assert.Equal(t, driver.AddressSourceLease, ifc.Source)
+		assert.False(t, ifc.LastSeen.IsZero())
+		require.Len(t, ifc.IPs, 1)
+		assert.True(t, netip.MustParsePrefix(want).Contains(netip.MustParseAddr(ifc.IPs[0])), "%s in %s", ifc.IPs[0], want)
+	}
+
+	m.Running = false
+	o, err = d.Ensure(ctx, m)
+	require.NoError(t, err)
+	for _, ifc := range o.Interfaces {
+		assert.Empty(t, ifc.IPs, "a stopped guest holds no addresses")
+	}
+}
+
+func TestEnsureTerminalErrors(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "bad")
+	d := open(t, node)
+
+	cases := map[string]struct {
+		change func(m *driver.Machine)
+		want   string
+	}{
+		"UnknownNetworkWithoutCIDR": {
+			change: func(m *driver.Machine) { m.Networks = []driver.Network{{Name: "nowhere"}} },
+			want:   `network "nowhere" does not exist on this node and has no cidr to create it from`,
+		},
+		"VolumeBiggerThanThePool": {
+			change: func(m *driver.Machine) { m.Disks[0].SizeBytes = 200 << 30 },
+			want:   `volume "huge-root" needs 214748364800 bytes but storage pool "default-pool" has`,
+		},
+		"UnknownPool": {
+			change: func(m *driver.Machine) { m.Disks[0].Pool = "tape" },
+			want:   `storage pool "tape" does not exist on this node`,
+		},
+		"MoreVCPUsThanTheHost": {
+			change: func(m *driver.Machine) { m.VCPU = 64 },
+			want:   "vcpu 64 is more than the 16 CPUs of node bad",
+		},
+		"UIDIsNotAUUID": {
+			change: func(m *driver.Machine) { m.UID = "not-a-uuid" },
+			want:   `uid "not-a-uuid" is not a UUID`,
+		},
+		"NoMemory": {
+			change: func(m *driver.Machine) { m.MemoryBytes = 0 },
+			want:   "memory must be greater than 0",
+		},
+		"NoDisk": {
+			change: func(m *driver.Machine) { m.Disks = nil },
+			want:   "at least one disk is required",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := machine("huge")
+			tc.change(&m)
+			_, err := d.Ensure(ctx, m)
+			require.Error(t, err)
+			assert.True(t, driver.IsTerminal(err), "want a terminal error, got %v", err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestDriverSurvivesLibvirtdRestart(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "crash")
+	d := open(t, node)
+	m := machine("phoenix")
+	_, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+
+	require.NoError(t, node.Restart(ctx))
+
+	// Domains die with the test driver's state; the agent re-creates them.
+	require.Eventually(t, func() bool {
+		_, err := d.Observe(ctx, m.UID)
+		return driver.IsNotFound(err)
+	}, 5*time.Second, 20*time.Millisecond, "the driver reconnects and sees the fresh daemon")
+	o, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	assert.Equal(t, driver.PhaseRunning, o.Phase)
+	assert.True(t, receive(t, d, driver.Event{Kind: driver.EventResync}), "a reconnect asks for a resync")
+}
+
+func TestEventsNameTheGuest(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, libvirttest.Start(t, "events"))
+	m := machine("loud")
+	_, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	assert.True(t, receive(t, d, driver.Event{UID: m.UID, Kind: driver.EventStarted}))
+	m.Running = false
+	_, err = d.Ensure(ctx, m)
+	require.NoError(t, err)
+	assert.True(t, receive(t, d, driver.Event{UID: m.UID, Kind: driver.EventStopped}))
+}
+
+// receive waits up to 5 s for an event.
+func receive(t *testing.T, d *Driver, want driver.Event) bool {
+	t.Helper()
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case e := <-d.Events():
+			if e == want {
+				return true
+			}
+		case <-timeout:
+			return false
+		}
+	}
+}
+
+func TestNodesAreIsolated(t *testing.T) {
+	ctx := context.Background()
+	a := open(t, libvirttest.Start(t, "iso-a"))
+	b := open(t, libvirttest.Start(t, "iso-b"))
+	m := machine("solo")
+	_, err := a.Ensure(ctx, m)
+	require.NoError(t, err)
+
+	_, err = b.Observe(ctx, m.UID)
+	assert.True(t, driver.IsNotFound(err), "a guest on node a is not on node b: %v", err)
+	l, err := b.List(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, l)
+}

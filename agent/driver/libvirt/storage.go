@@ -1,0 +1,98 @@
+package libvirt
+
+import (
+	"bytes"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+// ensureVolume creates an empty volume unless one of that name exists. An
+// existing volume is never resized or rewritten: it may hold user data.
+func ensureVolume(api API, pool, name string, size int64, format string) error {
+	p, err := api.StoragePoolLookupByName(pool)
+	if isCode(err, golibvirt.ErrNoStoragePool) {
+		return driver.Terminalf("storage pool %q does not exist on this node", pool)
+	}
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up storage pool %s", pool)
+	}
+	if _, err := api.StorageVolLookupByName(p, name); err == nil {
+		return nil
+	} else if !isCode(err, golibvirt.ErrNoStorageVol) {
+		return errors.Wrapf(err, "cannot look up volume %s", name)
+	}
+	return createVolume(api, p, name, size, format)
+}
+
+func createVolume(api API, p golibvirt.StoragePool, name string, size int64, format string) error {
+	if size <= 0 {
+		return driver.Terminalf("volume %q needs a size greater than zero", name)
+	}
+	_, capacity, _, available, err := api.StoragePoolGetInfo(p)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read storage pool %s", p.Name)
+	}
+	if uint64(size) > available {
+		return driver.Terminalf("volume %q needs %d bytes but storage pool %q has %d of %d bytes free", name, size, p.Name, available, capacity)
+	}
+	x, err := (&libvirtxml.StorageVolume{
+		Name:     name,
+		Capacity: &libvirtxml.StorageVolumeSize{Value: uint64(size), Unit: "B"},
+		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: format}},
+	}).Marshal()
+	if err != nil {
+		return errors.Wrap(err, "cannot marshal volume XML")
+	}
+	if _, err := api.StorageVolCreateXML(p, x, 0); err != nil {
+		return errors.Wrapf(err, "cannot create volume %s", name)
+	}
+	return nil
+}
+
+// writeSeed replaces the guest's seed volume with iso. uploadOptional is set
+// for libvirt's test driver, which has no StorageVolUpload: there the volume
+// exists with the right size but no content, which no simulated guest reads.
+func writeSeed(api API, pool, name string, iso []byte, uploadOptional bool) error {
+	p, err := api.StoragePoolLookupByName(pool)
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up storage pool %s", pool)
+	}
+	if err := deleteVolume(api, pool, name); err != nil {
+		return err
+	}
+	if err := createVolume(api, p, name, int64(len(iso)), "raw"); err != nil {
+		return err
+	}
+	v, err := api.StorageVolLookupByName(p, name)
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up volume %s", name)
+	}
+	err = api.StorageVolUpload(v, bytes.NewReader(iso), 0, uint64(len(iso)), 0)
+	if uploadOptional && isCode(err, golibvirt.ErrNoSupport) {
+		return nil
+	}
+	return errors.Wrap(err, "cannot upload cloud-init seed")
+}
+
+// deleteVolume deletes a volume if it exists.
+func deleteVolume(api API, pool, name string) error {
+	p, err := api.StoragePoolLookupByName(pool)
+	if isCode(err, golibvirt.ErrNoStoragePool) {
+		return nil
+	}
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up storage pool %s", pool)
+	}
+	v, err := api.StorageVolLookupByName(p, name)
+	if isCode(err, golibvirt.ErrNoStorageVol) {
+		return nil
+	}
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up volume %s", name)
+	}
+	return errors.Wrapf(api.StorageVolDelete(v, 0), "cannot delete volume %s", name)
+}
