@@ -11,6 +11,11 @@ TOOLS := $(GO) tool -modfile=hack/tools/go.mod
 # Go packages whose files are written by generators.
 GENERATED := apis package/crds
 
+# Fuzz targets run for FUZZ_TIME each in `make test`; longer with `make fuzz FUZZ_TIME=5m`.
+FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzParseKey
+FUZZ_PKG := ./apis/wire/v1alpha1
+FUZZ_TIME ?= 3s
+
 # Tests may take long on a 2-core machine: the envtest, libvirt and NATS suites
 # start real daemons.
 TEST_TIMEOUT ?= 20m
@@ -56,9 +61,17 @@ build: ## Build every package and command.
 	$(GO) build ./...
 
 .PHONY: test
-test: deps envtest-assets fmt-check vet verify-generated ## Unit, integration (envtest, NATS, libvirtd) and e2e tests.
+test: deps envtest-assets fmt-check vet verify-generated ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then the fuzzers briefly.
 	KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" \
 		$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...
+	@$(MAKE) --no-print-directory fuzz
+
+.PHONY: fuzz
+fuzz: ## Run each wire decoder's fuzzer for FUZZ_TIME (hostile bytes must never panic).
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz: $$t for $(FUZZ_TIME)"; \
+		$(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(FUZZ_TIME) $(FUZZ_PKG); \
+	done
 
 .PHONY: run
 run: deps envtest-assets ## Start the whole system locally (control plane, CRDs, examples).

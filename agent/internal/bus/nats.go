@@ -1,0 +1,350 @@
+package bus
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/buckets"
+)
+
+// DefaultTimeout bounds each request. A request the server refuses for lack
+// of permission gets no reply, only an asynchronous error, so a short timeout
+// is what keeps a misconfigured agent from hanging.
+const DefaultTimeout = 2 * time.Second
+
+// KV headers of the JetStream key-value convention.
+const (
+	hdrOperation    = "KV-Operation"
+	hdrMarkerReason = "Nats-Marker-Reason"
+	hdrSequence     = "Nats-Sequence"
+	opDelete        = "DEL"
+)
+
+// Config of a NATS bus.
+type Config struct {
+	Node string
+	// Timeout of each request; 0 means DefaultTimeout.
+	Timeout time.Duration
+	// Log receives rejections and watch restarts; nil discards them.
+	Log logging.Logger
+	// Rejections counts refused intents; nil allocates one.
+	Rejections *buckets.Rejections
+	// RetryInterval between attempts to re-establish a failed watch; 0 means 1s.
+	RetryInterval time.Duration
+}
+
+// NATS is the Bus over JetStream. It never binds a key-value handle: that
+// needs STREAM.INFO, which can list every node's keys and so is not granted
+// to agents (see internal/natsauth). It uses only what an agent's permissions
+// allow: an ordered consumer filtered to its intents, direct gets of its own
+// keys, and publishes to its own keys.
+type NATS struct {
+	cfg    Config
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	legacy nats.JetStreamContext
+
+	mu      sync.Mutex
+	reports map[string]stored // by uid: what this agent last read or wrote
+}
+
+type stored struct {
+	revision uint64
+	value    []byte
+}
+
+var _ Bus = &NATS{}
+
+// New returns a bus for cfg.Node over nc, which must be connected with the
+// node's identity (natsauth.Identity.ConnectOptions) and should reconnect
+// forever (nats.MaxReconnects(-1)).
+func New(nc *nats.Conn, cfg Config) (*NATS, error) {
+	if err := wire.ValidateToken("node", cfg.Node); err != nil {
+		return nil, err
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Log == nil {
+		cfg.Log = logging.NewNopLogger()
+	}
+	if cfg.Rejections == nil {
+		cfg.Rejections = &buckets.Rejections{}
+	}
+	if cfg.RetryInterval == 0 {
+		cfg.RetryInterval = time.Second
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot open JetStream")
+	}
+	legacy, err := nc.JetStream(nats.MaxWait(cfg.Timeout))
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot open JetStream")
+	}
+	return &NATS{cfg: cfg, nc: nc, js: js, legacy: legacy, reports: map[string]stored{}}, nil
+}
+
+// Rejections counts the intents this bus's watches refused.
+func (n *NATS) Rejections() *buckets.Rejections { return n.cfg.Rejections }
+
+// PutReport implements Bus.
+func (n *NATS) PutReport(ctx context.Context, r wire.Report) (uint64, error) {
+	r.Node = n.cfg.Node
+	key, err := wire.ReportKey(n.cfg.Node, r.UID)
+	if err != nil {
+		return 0, err
+	}
+	b, err := wire.EncodeReport(r)
+	if err != nil {
+		return 0, errors.Wrap(err, "cannot encode report")
+	}
+	return n.write(ctx, r.UID, key, &nats.Msg{Data: b})
+}
+
+// DeleteReport implements Bus.
+func (n *NATS) DeleteReport(ctx context.Context, uid string) error {
+	key, err := wire.ReportKey(n.cfg.Node, uid)
+	if err != nil {
+		return err
+	}
+	_, err = n.write(ctx, uid, key, &nats.Msg{Header: nats.Header{hdrOperation: []string{opDelete}}})
+	return err
+}
+
+// write publishes m to the report key, expecting the revision last seen. A
+// delete is stored as an empty value, so an empty value means "absent".
+func (n *NATS) write(ctx context.Context, uid, key string, m *nats.Msg) (uint64, error) {
+	cur, err := n.lastReport(ctx, uid, key)
+	if err != nil {
+		return 0, err
+	}
+	if cur.revision > 0 && bytes.Equal(cur.value, m.Data) || cur.revision == 0 && len(m.Data) == 0 {
+		return cur.revision, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.Timeout)
+	defer cancel()
+	m.Subject = wire.Subject(wire.BucketReports, key)
+	ack, err := n.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(cur.revision))
+	if err != nil {
+		n.forget(uid)
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return 0, &ConflictError{Key: key, Err: err}
+		}
+		return 0, errors.Wrap(err, "cannot put report")
+	}
+	n.remember(uid, stored{revision: ack.Sequence, value: m.Data})
+	return ack.Sequence, nil
+}
+
+// lastReport is the report as last written by this agent, read from the
+// bucket the first time (e.g. after a restart).
+func (n *NATS) lastReport(ctx context.Context, uid, key string) (stored, error) {
+	n.mu.Lock()
+	cur, ok := n.reports[uid]
+	n.mu.Unlock()
+	if ok {
+		return cur, nil
+	}
+	m, err := n.directGet(ctx, wire.BucketReports, key)
+	if err != nil {
+		return stored{}, errors.Wrap(err, "cannot get report")
+	}
+	if m != nil {
+		cur.revision, err = strconv.ParseUint(m.Header.Get(hdrSequence), 10, 64)
+		if err != nil {
+			return stored{}, errors.Wrap(err, "cannot parse report revision")
+		}
+		if !isDeletion(m.Header) {
+			cur.value = m.Data
+		}
+	}
+	n.remember(uid, cur)
+	return cur, nil
+}
+
+func (n *NATS) remember(uid string, s stored) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.reports[uid] = s
+}
+
+func (n *NATS) forget(uid string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.reports, uid)
+}
+
+// directGet reads the last message of a key, or nil if there is none.
+func (n *NATS) directGet(ctx context.Context, bucket, key string) (*nats.Msg, error) {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.Timeout)
+	defer cancel()
+	subj := "$JS.API.DIRECT.GET." + wire.Stream(bucket) + "." + wire.Subject(bucket, key)
+	m, err := n.nc.RequestWithContext(ctx, subj, nil)
+	if err != nil {
+		return nil, err
+	}
+	switch status := m.Header.Get("Status"); status {
+	case "":
+		return m, nil
+	case "404":
+		return nil, nil
+	default:
+		return nil, errors.Errorf("direct get status %s: %s", status, m.Header.Get("Description"))
+	}
+}
+
+// PutHeartbeat implements Bus.
+func (n *NATS) PutHeartbeat(ctx context.Context, h wire.NodeHeartbeat) error {
+	h.Node = n.cfg.Node
+	b, err := wire.EncodeNodeHeartbeat(h)
+	if err != nil {
+		return errors.Wrap(err, "cannot encode heartbeat")
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.Timeout)
+	defer cancel()
+	_, err = n.js.Publish(ctx, wire.Subject(wire.BucketNodes, n.cfg.Node), b)
+	return errors.Wrap(err, "cannot put heartbeat")
+}
+
+// WatchIntents implements Bus.
+func (n *NATS) WatchIntents(ctx context.Context, fn func(IntentEvent)) error {
+	w := &intentWatch{n: n, fn: fn}
+	// The ordered consumer would notice a lost server only after missing
+	// heartbeats for several seconds; resubscribing on reconnect resumes at once.
+	reconnected := n.nc.StatusChanged(nats.CONNECTED)
+	defer n.nc.RemoveStatusListener(reconnected)
+	for {
+		sub, closed, err := w.subscribe(ctx)
+		if err != nil {
+			n.cfg.Log.Info("Cannot watch intents; retrying", "error", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(n.cfg.RetryInterval):
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			_ = sub.Unsubscribe()
+			return nil
+		case <-closed:
+			n.cfg.Log.Info("Intent watch closed; resuming", "revision", w.lastRevision())
+		case <-reconnected:
+			n.cfg.Log.Debug("Reconnected; resuming intent watch", "revision", w.lastRevision())
+			_ = sub.Unsubscribe()
+		}
+	}
+}
+
+// intentWatch is one WatchIntents call. Its ordered consumer recreates itself
+// after a gap or reconnect; if it is torn down anyway, the next subscription
+// starts after the last revision seen.
+type intentWatch struct {
+	n  *NATS
+	fn func(IntentEvent)
+
+	mu     sync.Mutex
+	last   uint64
+	synced bool
+}
+
+func (w *intentWatch) lastRevision() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last
+}
+
+func (w *intentWatch) subscribe(ctx context.Context) (*nats.Subscription, <-chan struct{}, error) {
+	subj := wire.Subject(wire.BucketIntents, w.n.cfg.Node+".>")
+	opts := []nats.SubOpt{nats.BindStream(wire.Stream(wire.BucketIntents)), nats.OrderedConsumer(), nats.DeliverLastPerSubject()}
+	if last := w.lastRevision(); last > 0 {
+		opts = append(opts, nats.StartSequence(last+1))
+	}
+	// Hold the lock so no message is handled before the initial-pending
+	// count decides whether the watch is already synced.
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	sub, err := w.n.legacy.Subscribe(subj, w.handle, opts...)
+	if err != nil {
+		return nil, nil, errors.Wrap(err, "cannot subscribe to intents")
+	}
+	closed := make(chan struct{})
+	sub.SetClosedHandler(func(string) { close(closed) })
+	if pending, err := sub.InitialConsumerPending(); err == nil && pending == 0 {
+		w.markSynced()
+	}
+	return sub, closed, nil
+}
+
+// markSynced emits the Synced event once. w.mu must be held.
+func (w *intentWatch) markSynced() {
+	if !w.synced {
+		w.synced = true
+		w.fn(IntentEvent{Synced: true})
+	}
+}
+
+func (w *intentWatch) handle(m *nats.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		return // not a stream message: nothing to resume from
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last = meta.Sequence.Stream
+	if ev, err := w.n.intentEvent(m, meta.Sequence.Stream); err != nil {
+		reason := w.n.cfg.Rejections.Add(err)
+		w.n.cfg.Log.Info("Rejected intent", "subject", m.Subject, "revision", meta.Sequence.Stream, "reason", reason, "error", err)
+	} else if ev != nil {
+		w.fn(*ev)
+	}
+	if meta.NumPending == 0 {
+		w.markSynced()
+	}
+}
+
+// intentEvent decodes a message; nil means it is for a kind of per-node
+// intent this agent does not handle yet.
+func (n *NATS) intentEvent(m *nats.Msg, rev uint64) (*IntentEvent, error) {
+	key := strings.TrimPrefix(m.Subject, wire.Subject(wire.BucketIntents, ""))
+	node, rest, err := wire.ParseKey(key)
+	if err != nil {
+		return nil, err
+	}
+	if node != n.cfg.Node {
+		return nil, &buckets.MismatchError{Key: key, Want: n.cfg.Node, Got: node}
+	}
+	if strings.Contains(rest, ".") {
+		return nil, nil
+	}
+	ev := &IntentEvent{UID: rest, Revision: rev, Deleted: isDeletion(m.Header)}
+	if ev.Deleted {
+		return ev, nil
+	}
+	if ev.Intent, err = wire.DecodeIntent(m.Data); err != nil {
+		return nil, err
+	}
+	if ev.Intent.UID != rest {
+		return nil, &buckets.MismatchError{Key: key, Want: rest, Got: ev.Intent.UID}
+	}
+	return ev, nil
+}
+
+// isDeletion reports a KV delete or purge, or a server marker for a key that
+// aged out or was removed.
+func isDeletion(h nats.Header) bool {
+	return h.Get(hdrOperation) != "" || h.Get(hdrMarkerReason) != ""
+}

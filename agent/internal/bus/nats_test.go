@@ -1,0 +1,140 @@
+package bus_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/buckets"
+)
+
+func TestWatchIntentsDeliversStateThenChanges(t *testing.T) {
+	f := newFleet(t)
+	f.putIntent(t, "node1", "vm-a", 1)
+	f.putIntent(t, "node2", "vm-b", 1)
+	b, _, async := f.agent(t, "node1")
+
+	e := watch(t, b)
+	initial := e.until(t, 5*time.Second, synced)
+	require.Len(t, initial, 2, "one intent of node1, then the synced marker; none of node2")
+	assert.Equal(t, "vm-a", initial[0].UID)
+
+	f.putIntent(t, "node1", "vm-a", 2)
+	e.until(t, 5*time.Second, generation("vm-a", 2))
+
+	require.NoError(t, f.intents.Delete(context.Background(), "node1.vm-a"))
+	got := e.until(t, 5*time.Second, func(ev bus.IntentEvent) bool { return ev.Deleted })
+	assert.Equal(t, "vm-a", got[len(got)-1].UID)
+	assert.False(t, async.WaitForViolation(0), "watching must need no permission the agent lacks")
+}
+
+func TestPutReportIsCompareAndSetAndIdempotent(t *testing.T) {
+	f := newFleet(t)
+	b, _, async := f.agent(t, "node1")
+	ctx := context.Background()
+	r := wire.Report{UID: "vm-a", Phase: wire.PhaseRunning, ObservedAt: time.Unix(1, 0).UTC()}
+
+	rev1, err := b.PutReport(ctx, r)
+	require.NoError(t, err)
+	rev2, err := b.PutReport(ctx, r)
+	require.NoError(t, err)
+	assert.Equal(t, rev1, rev2, "replaying the same report must not write")
+
+	// An agent restarted with no memory re-reads the revision it wrote.
+	restarted, _, _ := f.agent(t, "node1")
+	rev3, err := restarted.PutReport(ctx, r)
+	require.NoError(t, err)
+	assert.Equal(t, rev1, rev3)
+
+	// The first agent's idea of the revision is now stale.
+	r.Phase = wire.PhaseStopped
+	_, err = restarted.PutReport(ctx, r)
+	require.NoError(t, err)
+	r.Phase = wire.PhaseFailed
+	_, err = b.PutReport(ctx, r)
+	var conflict *bus.ConflictError
+	require.ErrorAs(t, err, &conflict)
+	_, err = b.PutReport(ctx, r)
+	require.NoError(t, err, "the write after a conflict re-reads and succeeds")
+
+	require.NoError(t, b.DeleteReport(ctx, "vm-a"))
+	require.NoError(t, b.DeleteReport(ctx, "vm-a"), "deleting twice is harmless")
+	_, err = f.reports.Get(ctx, "node1.vm-a")
+	assert.Error(t, err)
+
+	_, err = b.PutReport(ctx, wire.Report{UID: "vm.a"})
+	var ke *wire.KeyError
+	assert.ErrorAs(t, err, &ke)
+	assert.False(t, async.WaitForViolation(0))
+}
+
+func TestWatchIntentsRejectsBadInputAndCarriesOn(t *testing.T) {
+	f := newFleet(t)
+	b, _, _ := f.agent(t, "node1")
+	e := watch(t, b)
+	e.until(t, 5*time.Second, synced)
+	ctx := context.Background()
+
+	cases := map[string]struct {
+		key, value string
+		reason     string
+	}{
+		"CorruptValue":       {key: "node1.vm-x", value: `{"protocolVersion":1,`, reason: buckets.ReasonDecode},
+		"NewerVersion":       {key: "node1.vm-y", value: `{"protocolVersion":99,"uid":"vm-y"}`, reason: buckets.ReasonVersion},
+		"UIDOfAnotherKey":    {key: "node1.vm-z", value: `{"protocolVersion":1,"uid":"vm-other"}`, reason: buckets.ReasonMismatch},
+		"UnsafeUIDInContent": {key: "node1.vm-w", value: `{"protocolVersion":1,"uid":"a b"}`, reason: buckets.ReasonKey},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			before := b.Rejections().Count(tc.reason)
+			_, err := f.intents.Put(ctx, tc.key, []byte(tc.value))
+			require.NoError(t, err)
+			// A good intent after the bad one proves the watch carried on.
+			f.putIntent(t, "node1", "vm-good", int64(len(name)))
+			e.until(t, 5*time.Second, generation("vm-good", int64(len(name))))
+			assert.Equal(t, before+1, b.Rejections().Count(tc.reason))
+		})
+	}
+}
+
+// TestSurvivesServerRestart shuts the server down under a watching agent and
+// starts it again on the same store: nothing written before is lost and the
+// watch resumes.
+func TestSurvivesServerRestart(t *testing.T) {
+	f := newFleet(t)
+	const n = 20
+	for i := range n {
+		f.putIntent(t, "node1", fmt.Sprintf("vm-%d", i), 1)
+	}
+	b, _, _ := f.agent(t, "node1")
+	e := watch(t, b)
+	require.Len(t, e.until(t, 5*time.Second, synced), n+1)
+
+	f.srv.Shutdown()
+	require.NoError(t, f.srv.Restart())
+
+	// Written while the agent may still be reconnecting. The writer itself
+	// may need a few seconds to reconnect and for JetStream to recover its
+	// streams on a loaded machine, so it retries as the hub does.
+	f.putIntentEventually(t, "node1", "vm-0", 2)
+	f.putIntentEventually(t, "node1", "vm-new", 1)
+	seen := map[string]int64{}
+	e.until(t, 20*time.Second, func(ev bus.IntentEvent) bool {
+		seen[ev.UID] = ev.Intent.Generation
+		return seen["vm-0"] == 2 && seen["vm-new"] == 1
+	})
+
+	ctx := context.Background()
+	for i := range n {
+		_, err := f.intents.Get(ctx, fmt.Sprintf("node1.vm-%d", i))
+		require.NoError(t, err, "intent written before the restart must survive it")
+	}
+	_, err := b.PutReport(ctx, wire.Report{UID: "vm-0", Phase: wire.PhaseRunning})
+	require.NoError(t, err, "the agent can write again after the restart")
+}

@@ -1,0 +1,212 @@
+package bus_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/natsauth"
+	"github.com/virtfleet/virtfleet/internal/natstest"
+)
+
+// A request the server refuses for lack of permission is never answered, so
+// every denied request waits this long.
+const refusedAfter = 300 * time.Millisecond
+
+func request(nc *nats.Conn, subj string, body any) (*nats.Msg, error) {
+	var b []byte
+	if body != nil {
+		b, _ = json.Marshal(body)
+	}
+	return nc.Request(subj, b, refusedAfter)
+}
+
+// apiOK fails unless m is a JetStream API reply without an error.
+func apiOK(m *nats.Msg, err error) error {
+	if err != nil {
+		return err
+	}
+	var r struct {
+		Error *jetstream.APIError `json:"error"`
+	}
+	if json.Unmarshal(m.Data, &r) == nil && r.Error != nil {
+		return r.Error
+	}
+	if s := m.Header.Get("Status"); s != "" {
+		return &jetstream.APIError{Code: 0, Description: s + " " + m.Header.Get("Description")}
+	}
+	return nil
+}
+
+func publishAcked(nc *nats.Conn, subj string) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), refusedAfter)
+	defer cancel()
+	_, err = js.Publish(ctx, subj, []byte(`{}`))
+	return err
+}
+
+func subscribe(nc *nats.Conn, subj string) error {
+	sub, err := nc.SubscribeSync(subj)
+	if err != nil {
+		return err
+	}
+	_, err = sub.NextMsg(refusedAfter)
+	return err
+}
+
+// TestAgentPermissions is the negative matrix: node1's agent against a real
+// nats-server configured exactly as a stock one would be. Each row is one
+// attempt; a refused row must fail and, where the refusal is a permission
+// check, the server must report the violation.
+func TestAgentPermissions(t *testing.T) {
+	f := newFleet(t)
+	f.putIntent(t, "node1", "vm-a", 1)
+	f.putIntent(t, "node2", "vm-b", 1)
+
+	own := wire.Subject(wire.BucketIntents, "node1.>")
+	theirs := wire.Subject(wire.BucketIntents, "node2.>")
+	consumer := func(filter string) map[string]any {
+		return map[string]any{"stream_name": "KV_intents", "config": map[string]any{
+			"filter_subject": filter, "deliver_policy": "last_per_subject", "ack_policy": "none", "deliver_subject": "_INBOX_node1.x",
+		}}
+	}
+
+	cases := map[string]struct {
+		op            func(nc *nats.Conn) error
+		allowed       bool
+		wantViolation bool // the refusal is a permission check, not an API error
+	}{
+		// What the agent needs.
+		"WatchesOwnIntents": {allowed: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_intents.c1."+own, consumer(own)))
+		}},
+		"GetsOwnIntent": {allowed: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_intents.$KV.intents.node1.vm-a", nil))
+		}},
+		"WritesOwnReport":    {allowed: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.reports.node1.vm-a") }},
+		"WritesOwnHeartbeat": {allowed: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.nodes.node1") }},
+
+		// Reading another node's intents.
+		"CannotGetOtherNodesIntent": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_intents.$KV.intents.node2.vm-b", nil))
+		}},
+		"CannotWatchOtherNodesIntents": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_intents.c2."+theirs, consumer(theirs)))
+		}},
+		"CannotSmuggleOtherFilterInConsumerBody": {op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_intents.c3."+own, consumer(theirs)))
+		}},
+		"CannotSmuggleOtherFiltersInConsumerBody": {op: func(nc *nats.Conn) error {
+			c := consumer("")
+			cfg := c["config"].(map[string]any)
+			delete(cfg, "filter_subject")
+			cfg["filter_subjects"] = []string{own, theirs}
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_intents.c4."+own, c))
+		}},
+		"CannotBatchGetOtherNodesKeysThroughOwnSubject": {op: func(nc *nats.Conn) error {
+			m, err := request(nc, "$JS.API.DIRECT.GET.KV_intents.$KV.intents.node1.vm-a", map[string]any{"multi_last": []string{theirs}})
+			if err != nil {
+				return err
+			}
+			if strings.Contains(m.Header.Get("Nats-Subject"), "node2") {
+				return nil // leaked: the row fails because nothing was refused
+			}
+			return errors.New("answered without another node's key")
+		}},
+		"CannotCreateUnfilteredConsumer": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_intents", consumer(theirs)))
+		}},
+		"CannotCreateDurableConsumer": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.CONSUMER.DURABLE.CREATE.KV_intents.d", consumer(theirs)))
+		}},
+		"CannotDirectGetBySequence": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_intents", map[string]any{"seq": 2}))
+		}},
+		"CannotGetMessageBySequence": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.STREAM.MSG.GET.KV_intents", map[string]any{"seq": 2}))
+		}},
+		"CannotListKeysThroughStreamInfo": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.STREAM.INFO.KV_intents", map[string]any{"subjects_filter": ">"}))
+		}},
+		"CannotListConsumers": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.CONSUMER.NAMES.KV_intents", nil))
+		}},
+		"CannotSniffIntentPublishes": {wantViolation: true, op: func(nc *nats.Conn) error { return subscribe(nc, theirs) }},
+		"CannotListenOnOtherAgentsInbox": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return subscribe(nc, natsauth.InboxPrefix("node2")+".>")
+		}},
+		"CannotListenOnSharedInbox": {wantViolation: true, op: func(nc *nats.Conn) error { return subscribe(nc, "_INBOX.>") }},
+
+		// Writing what is not its own.
+		"CannotWriteOtherNodesReport":    {wantViolation: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.reports.node2.vm-b") }},
+		"CannotWriteOtherNodesHeartbeat": {wantViolation: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.nodes.node2") }},
+		"CannotWriteOwnIntent":           {wantViolation: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.intents.node1.vm-a") }},
+		"CannotWriteOtherNodesIntent":    {wantViolation: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.intents.node2.vm-b") }},
+
+		// Administering JetStream.
+		"CannotDeleteBucket": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.STREAM.DELETE.KV_intents", nil))
+		}},
+		"CannotPurgeBucket": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.STREAM.PURGE.KV_nodes", nil))
+		}},
+		"CannotPurgeOwnKeys": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.STREAM.PURGE.KV_reports", map[string]any{"filter": "$KV.reports.node1.>"}))
+		}},
+		"CannotCreateStream": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.STREAM.CREATE.KV_evil", map[string]any{"name": "KV_evil", "subjects": []string{"$KV.intents.>"}}))
+		}},
+		"CannotUpdateStream": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.STREAM.UPDATE.KV_intents", map[string]any{"name": "KV_intents"}))
+		}},
+		"CannotDeleteStreamMessage": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.STREAM.MSG.DELETE.KV_intents", map[string]any{"seq": 2}))
+		}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			nc, async := natstest.Connect(t, f.srv, f.agents["node1"])
+			err := tc.op(nc)
+			if tc.allowed {
+				require.NoError(t, err)
+				assert.False(t, async.WaitForViolation(50*time.Millisecond), "an allowed operation must not cause a violation")
+				return
+			}
+			require.Error(t, err, "the operation must be refused")
+			t.Logf("refused: %v", err)
+			if tc.wantViolation {
+				assert.True(t, async.WaitForViolation(time.Second), "the server must report a permissions violation")
+			}
+		})
+	}
+}
+
+// TestAgentCannotActAsAnotherAgent covers "reading another agent's
+// credentials": credentials never travel over NATS (the server knows only
+// public keys), so the remaining attack is claiming another agent's public
+// key without its seed.
+func TestAgentCannotActAsAnotherAgent(t *testing.T) {
+	f := newFleet(t)
+	own, err := nkeys.FromSeed(f.agents["node1"].Seed)
+	require.NoError(t, err)
+	nc, err := nats.Connect(f.srv.URL(), nats.Nkey(f.agents["node2"].PublicKey, own.Sign))
+	if nc != nil {
+		nc.Close()
+	}
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Authorization Violation")
+}

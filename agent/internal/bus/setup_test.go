@@ -1,0 +1,128 @@
+package bus_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/natsauth"
+	"github.com/virtfleet/virtfleet/internal/natstest"
+)
+
+// fleet is a real nats-server with the buckets, the hub's view of them, and
+// identities for node1 and node2.
+type fleet struct {
+	srv     *natstest.Server
+	intents jetstream.KeyValue // written as the hub
+	reports jetstream.KeyValue
+	agents  map[string]natsauth.Identity
+}
+
+func newFleet(t testing.TB) *fleet {
+	t.Helper()
+	hub, agents, users := natstest.Identities(t, "node1", "node2")
+	srv := natstest.New(t, users...)
+	nc, _ := natstest.Connect(t, srv, hub)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, buckets.Ensure(ctx, js, buckets.Config{NodeTTL: 3 * time.Second}))
+	f := &fleet{srv: srv, agents: agents}
+	f.intents, err = js.KeyValue(ctx, wire.BucketIntents)
+	require.NoError(t, err)
+	f.reports, err = js.KeyValue(ctx, wire.BucketReports)
+	require.NoError(t, err)
+	return f
+}
+
+// agent connects node's agent and returns its bus.
+func (f *fleet) agent(t testing.TB, node string) (*bus.NATS, *nats.Conn, *natstest.AsyncErrors) {
+	t.Helper()
+	nc, async := natstest.Connect(t, f.srv, f.agents[node])
+	b, err := bus.New(nc, bus.Config{Node: node, Timeout: 500 * time.Millisecond, RetryInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	return b, nc, async
+}
+
+// putIntent writes an intent as the hub does.
+func (f *fleet) putIntent(t testing.TB, node, uid string, generation int64) uint64 {
+	t.Helper()
+	key, err := wire.IntentKey(node, uid)
+	require.NoError(t, err)
+	b, err := wire.EncodeIntent(wire.Intent{UID: uid, Name: uid, Generation: generation, Running: true})
+	require.NoError(t, err)
+	rev, err := f.intents.Put(context.Background(), key, b)
+	require.NoError(t, err)
+	return rev
+}
+
+// putIntentEventually writes an intent as the hub does after a server
+// restart: retrying until the connection and the stream are back.
+func (f *fleet) putIntentEventually(t testing.TB, node, uid string, generation int64) {
+	t.Helper()
+	key, err := wire.IntentKey(node, uid)
+	require.NoError(t, err)
+	b, err := wire.EncodeIntent(wire.Intent{UID: uid, Name: uid, Generation: generation, Running: true})
+	require.NoError(t, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err = f.intents.Put(ctx, key, b)
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.NoError(t, err, "cannot put intent %s after the server restart", key)
+}
+
+// events collects watch events for assertions from the test goroutine.
+type events struct {
+	ch chan bus.IntentEvent
+}
+
+func watch(t testing.TB, b bus.Bus) *events {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	e := &events{ch: make(chan bus.IntentEvent, 4096)}
+	go func() {
+		defer close(done)
+		_ = b.WatchIntents(ctx, func(ev bus.IntentEvent) { e.ch <- ev })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return e
+}
+
+// until returns the events received until one satisfies stop, failing the
+// test after d.
+func (e *events) until(t testing.TB, d time.Duration, stop func(bus.IntentEvent) bool) []bus.IntentEvent {
+	t.Helper()
+	var got []bus.IntentEvent
+	timeout := time.After(d)
+	for {
+		select {
+		case ev := <-e.ch:
+			got = append(got, ev)
+			if stop(ev) {
+				return got
+			}
+		case <-timeout:
+			t.Fatalf("no matching event within %s; got %+v", d, got)
+		}
+	}
+}
+
+func synced(ev bus.IntentEvent) bool { return ev.Synced }
+
+func generation(uid string, g int64) func(bus.IntentEvent) bool {
+	return func(ev bus.IntentEvent) bool { return ev.UID == uid && ev.Intent.Generation == g }
+}

@@ -1,0 +1,315 @@
+// Package reconciler is the agent's desired-vs-observed loop. Intents say what
+// the hub wants on this node; the Driver says what is there. For each guest
+// the reconciler compares the two, acts through the Driver, and writes a
+// report when what it would say has changed. It is level-triggered: intents,
+// driver events and a periodic resync only put a guest's uid on a work queue,
+// and the worker always starts from the current intent and observation.
+package reconciler
+
+import (
+	"context"
+	"reflect"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+)
+
+// Reports is where the reconciler writes what it observed: the report half of
+// bus.Bus.
+type Reports interface {
+	PutReport(ctx context.Context, r wire.Report) (uint64, error)
+	DeleteReport(ctx context.Context, uid string) error
+}
+
+// Options tune a Reconciler. Zero values take the defaults.
+type Options struct {
+	// Workers reconcile different guests in parallel; one guest is never
+	// reconciled by two workers at once. Default 8.
+	Workers int
+	// ResyncEvery re-examines every guest even without a trigger. Default 60 s.
+	ResyncEvery time.Duration
+	// PollTransitional re-examines a guest in a transitional phase
+	// (Provisioning, Starting, Stopping), which not every backend announces
+	// with an event. Default 1 s.
+	PollTransitional time.Duration
+	// RetryBase and RetryMax bound the per-guest exponential backoff after a
+	// retryable error. Defaults 250 ms and 1 min.
+	RetryBase, RetryMax time.Duration
+	// Now replaces time.Now, for tests.
+	Now func() time.Time
+}
+
+func (o *Options) defaults() {
+	if o.Workers <= 0 {
+		o.Workers = 8
+	}
+	if o.ResyncEvery <= 0 {
+		o.ResyncEvery = 60 * time.Second
+	}
+	if o.PollTransitional <= 0 {
+		o.PollTransitional = time.Second
+	}
+	if o.RetryBase <= 0 {
+		o.RetryBase = 250 * time.Millisecond
+	}
+	if o.RetryMax <= 0 {
+		o.RetryMax = time.Minute
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Reconciler makes one node's guests match its intents.
+type Reconciler struct {
+	node    string
+	driver  driver.Driver
+	reports Reports
+	log     logging.Logger
+	opts    Options
+	queue   workqueue.TypedRateLimitingInterface[string]
+
+	mu      sync.Mutex
+	intents map[string]wire.Intent
+	// synced is set once the bus delivered every intent; before that an
+	// absent intent may just not have arrived yet, so nothing is deleted.
+	synced bool
+	// written is the last report written per uid, to write only changes.
+	written map[string]wire.Report
+}
+
+// New returns a Reconciler for node. Call HandleIntent from the bus's
+// intent watch and Run to start working.
+func New(node string, d driver.Driver, reports Reports, log logging.Logger, o Options) *Reconciler {
+	o.defaults()
+	return &Reconciler{
+		node:    node,
+		driver:  d,
+		reports: reports,
+		log:     log.WithValues("node", node),
+		opts:    o,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](o.RetryBase, o.RetryMax),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "guests-" + node},
+		),
+		intents: map[string]wire.Intent{},
+		written: map[string]wire.Report{},
+	}
+}
+
+// HandleIntent records an intent event from the bus and queues its guest.
+// The Synced marker queues a full resync, which is what deletes guests whose
+// intents vanished while the agent was away.
+func (r *Reconciler) HandleIntent(ev bus.IntentEvent) {
+	r.mu.Lock()
+	switch {
+	case ev.Synced:
+		r.synced = true
+	case ev.Deleted:
+		delete(r.intents, ev.UID)
+	default:
+		r.intents[ev.UID] = ev.Intent
+	}
+	r.mu.Unlock()
+	if ev.Synced {
+		r.resync(context.Background())
+		return
+	}
+	r.queue.Add(ev.UID)
+}
+
+// Run works the queue until ctx is done: workers, driver events as triggers,
+// and a full resync every Options.ResyncEvery.
+func (r *Reconciler) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range r.opts.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r.processNext(ctx) {
+			}
+		}()
+	}
+
+	tick := time.NewTicker(r.opts.ResyncEvery)
+	defer tick.Stop()
+	events := r.driver.Events()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-tick.C:
+			r.resync(ctx)
+		case ev, ok := <-events:
+			if !ok {
+				events = nil // driver closed; the resync still runs
+				continue
+			}
+			if ev.Kind == driver.EventResync || ev.UID == "" {
+				r.resync(ctx)
+				continue
+			}
+			r.queue.Add(ev.UID)
+		}
+	}
+	r.queue.ShutDown()
+	wg.Wait()
+}
+
+// resync queues every guest the node should have or has. Until the intents
+// are synced only the intents are queued: a guest without an intent might be
+// one whose intent has not arrived yet.
+func (r *Reconciler) resync(ctx context.Context) {
+	r.mu.Lock()
+	uids := make([]string, 0, len(r.intents))
+	for uid := range r.intents {
+		uids = append(uids, uid)
+	}
+	synced := r.synced
+	r.mu.Unlock()
+	for _, uid := range uids {
+		r.queue.Add(uid)
+	}
+	if !synced {
+		return
+	}
+	guests, err := r.driver.List(ctx)
+	if err != nil {
+		r.log.Info("Cannot list guests; the next resync tries again", "error", err)
+		return
+	}
+	for _, g := range guests {
+		r.queue.Add(g.UID)
+	}
+}
+
+func (r *Reconciler) processNext(ctx context.Context) bool {
+	uid, shutdown := r.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer r.queue.Done(uid)
+
+	requeueAfter, err := r.reconcile(ctx, uid)
+	switch {
+	case err != nil:
+		r.log.Debug("Cannot reconcile guest; backing off", "uid", uid, "error", err)
+		r.queue.AddRateLimited(uid)
+	default:
+		r.queue.Forget(uid)
+		if requeueAfter > 0 {
+			r.queue.AddAfter(uid, requeueAfter)
+		}
+	}
+	return true
+}
+
+// reconcile converges one guest. It returns an error to be retried with
+// backoff, or how soon to look again when the guest is mid-transition.
+func (r *Reconciler) reconcile(ctx context.Context, uid string) (time.Duration, error) {
+	r.mu.Lock()
+	in, wanted := r.intents[uid]
+	synced := r.synced
+	r.mu.Unlock()
+
+	if !wanted {
+		if !synced {
+			return 0, nil
+		}
+		return 0, r.remove(ctx, uid)
+	}
+
+	m, err := machine(in)
+	if err != nil {
+		return 0, r.report(ctx, failed(in, r.node, err))
+	}
+	obs, err := r.driver.Ensure(ctx, m)
+	switch {
+	case driver.IsTerminal(err):
+		// The input cannot succeed as given: tell the user and wait for a
+		// new intent instead of retrying.
+		return 0, r.report(ctx, failed(in, r.node, err))
+	case err != nil:
+		return 0, errors.Wrap(err, "cannot ensure guest")
+	}
+	if err := r.report(ctx, report(in, obs)); err != nil {
+		return 0, err
+	}
+	if transitional(obs.Phase) {
+		return r.opts.PollTransitional, nil
+	}
+	return 0, nil
+}
+
+// remove deletes a guest whose intent is gone, then its report: the hub
+// finishes a VM's deletion when the report disappears, so the report goes
+// only once the guest is really gone.
+func (r *Reconciler) remove(ctx context.Context, uid string) error {
+	if err := r.driver.Delete(ctx, uid); err != nil {
+		return errors.Wrap(err, "cannot delete guest")
+	}
+	if err := r.reports.DeleteReport(ctx, uid); err != nil {
+		return errors.Wrap(err, "cannot delete report")
+	}
+	r.mu.Lock()
+	delete(r.written, uid)
+	r.mu.Unlock()
+	return nil
+}
+
+// report writes rep unless it says what the last written report said.
+// ObservedAt and the interfaces' LastSeen are not compared: they change on
+// every look and would turn each resync into a write per guest.
+func (r *Reconciler) report(ctx context.Context, rep wire.Report) error {
+	r.mu.Lock()
+	last, ok := r.written[rep.UID]
+	r.mu.Unlock()
+	if ok && sameReport(last, rep) {
+		return nil
+	}
+	rep.ProtocolVersion = wire.ProtocolVersion
+	rep.ObservedAt = r.opts.Now().UTC()
+	if _, err := r.reports.PutReport(ctx, rep); err != nil {
+		return errors.Wrap(err, "cannot put report")
+	}
+	r.mu.Lock()
+	r.written[rep.UID] = rep
+	r.mu.Unlock()
+	return nil
+}
+
+func sameReport(a, b wire.Report) bool {
+	a.ObservedAt, b.ObservedAt = time.Time{}, time.Time{}
+	a.ProtocolVersion, b.ProtocolVersion = 0, 0
+	a.Interfaces, b.Interfaces = withoutLastSeen(a.Interfaces), withoutLastSeen(b.Interfaces)
+	return reflect.DeepEqual(a, b)
+}
+
+func withoutLastSeen(in []wire.Interface) []wire.Interface {
+	if in == nil {
+		return nil
+	}
+	out := make([]wire.Interface, len(in))
+	for i, iface := range in {
+		iface.LastSeen = time.Time{}
+		out[i] = iface
+	}
+	return out
+}
+
+func transitional(p driver.Phase) bool {
+	switch p {
+	case driver.PhaseProvisioning, driver.PhaseStarting, driver.PhaseStopping:
+		return true
+	}
+	return false
+}

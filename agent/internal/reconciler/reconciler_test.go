@@ -1,0 +1,321 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/fake"
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+)
+
+const node = "node1"
+
+// reports records what the reconciler writes.
+type reports struct {
+	mu      sync.Mutex
+	current map[string]wire.Report
+	puts    map[string]int
+	deletes map[string]int
+}
+
+func newReports() *reports {
+	return &reports{current: map[string]wire.Report{}, puts: map[string]int{}, deletes: map[string]int{}}
+}
+
+func (r *reports) PutReport(_ context.Context, rep wire.Report) (uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.current[rep.UID] = rep
+	r.puts[rep.UID]++
+	return uint64(r.puts[rep.UID]), nil
+}
+
+func (r *reports) DeleteReport(_ context.Context, uid string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.current, uid)
+	r.deletes[uid]++
+	return nil
+}
+
+func (r *reports) get(uid string) (wire.Report, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rep, ok := r.current[uid]
+	return rep, ok
+}
+
+func (r *reports) putCount(uid string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.puts[uid]
+}
+
+// failing makes every Ensure of some uids fail, retryably or terminally,
+// which the fake's one-shot Next<Op>Err hooks cannot express.
+type failing struct {
+	driver.Driver
+	mu    sync.Mutex
+	errs  map[string]error
+	tried map[string]int
+}
+
+func (f *failing) attempts(uid string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tried[uid]
+}
+
+func (f *failing) fail(uid string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.errs[uid] = err
+}
+
+func (f *failing) Ensure(ctx context.Context, m driver.Machine) (driver.Observation, error) {
+	f.mu.Lock()
+	err := f.errs[m.UID]
+	f.tried[m.UID]++
+	f.mu.Unlock()
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	return f.Driver.Ensure(ctx, m)
+}
+
+type harness struct {
+	t       *testing.T
+	fake    *fake.Driver
+	driver  *failing
+	reports *reports
+	rec     *Reconciler
+}
+
+func start(t *testing.T) *harness {
+	t.Helper()
+	f := fake.New(node)
+	d := &failing{Driver: f, errs: map[string]error{}, tried: map[string]int{}}
+	rep := newReports()
+	rec := New(node, d, rep, logging.NewNopLogger(), Options{Workers: 4, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollTransitional: 10 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { rec.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return &harness{t: t, fake: f, driver: d, reports: rep, rec: rec}
+}
+
+func intent(uid string, mods ...func(*wire.Intent)) wire.Intent {
+	in := wire.Intent{
+		ProtocolVersion: wire.ProtocolVersion,
+		UID:             uid,
+		Namespace:       "default",
+		Name:            "vm-" + uid,
+		Generation:      1,
+		Running:         true,
+		Machine: wire.Machine{
+			VCPU: 2, MemoryBytes: 1 << 30,
+			Disks:    []wire.Disk{{Name: "root", VolumeUID: "vol-" + uid, SizeBytes: 10 << 30}},
+			Networks: []wire.Network{{Name: "net-db", UID: "net-1", Mode: "nat", CIDR: "10.10.120.0/24"}},
+		},
+	}
+	for _, m := range mods {
+		m(&in)
+	}
+	return in
+}
+
+func (h *harness) put(in wire.Intent) { h.rec.HandleIntent(bus.IntentEvent{UID: in.UID, Intent: in}) }
+func (h *harness) del(uid string)     { h.rec.HandleIntent(bus.IntentEvent{UID: uid, Deleted: true}) }
+func (h *harness) synced()            { h.rec.HandleIntent(bus.IntentEvent{Synced: true}) }
+
+// eventually waits for the report of uid to satisfy ok.
+func (h *harness) eventually(uid string, ok func(wire.Report) bool, what string) wire.Report {
+	h.t.Helper()
+	var last wire.Report
+	require.Eventually(h.t, func() bool {
+		rep, found := h.reports.get(uid)
+		last = rep
+		return found && ok(rep)
+	}, 5*time.Second, 5*time.Millisecond, "%s; last report %+v", what, last)
+	return last
+}
+
+func phase(p wire.Phase) func(wire.Report) bool {
+	return func(r wire.Report) bool { return r.Phase == p }
+}
+
+func (h *harness) lastEnsure(uid string) driver.Machine {
+	var m driver.Machine
+	for _, c := range h.fake.Calls() {
+		if c.Op == "Ensure" && c.UID == uid {
+			m = c.Machine
+		}
+	}
+	return m
+}
+
+// reconcileAgain queues uid as a resync would and waits until it was handled.
+func (h *harness) reconcileAgain(uid string) {
+	h.t.Helper()
+	n := h.calls("Ensure", uid)
+	h.rec.resync(context.Background())
+	require.Eventually(h.t, func() bool { return h.calls("Ensure", uid) > n }, time.Second, 5*time.Millisecond)
+}
+
+func (h *harness) calls(op, uid string) int {
+	n := 0
+	for _, c := range h.fake.Calls() {
+		if c.Op == op && c.UID == uid {
+			n++
+		}
+	}
+	return n
+}
+
+func TestReconciler(t *testing.T) {
+	cases := []struct {
+		name string
+		run  func(t *testing.T, h *harness)
+	}{
+		{"creates a missing guest and reports it Running", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a"))
+			rep := h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			assert.Equal(t, node, rep.Node)
+			assert.Equal(t, "a", rep.ID)
+			assert.Equal(t, int64(1), rep.ObservedGeneration)
+			assert.Equal(t, wire.ProtocolVersion, rep.ProtocolVersion)
+			assert.False(t, rep.ObservedAt.IsZero())
+			m := h.lastEnsure("a")
+			assert.Equal(t, "default_root", m.Disks[0].Name, "volumes are namespaced on the node")
+			assert.Equal(t, "default_net-db", m.Networks[0].Name, "networks are namespaced on the node")
+		}},
+		{"running false stops the guest, true starts it again", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a"))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			h.put(intent("a", func(in *wire.Intent) { in.Running = false; in.Generation = 2 }))
+			rep := h.eventually("a", phase(wire.PhaseStopped), "guest should stop")
+			assert.Equal(t, int64(2), rep.ObservedGeneration)
+			h.put(intent("a", func(in *wire.Intent) { in.Generation = 3 }))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run again")
+		}},
+		{"a new restart nonce restarts once", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a", func(in *wire.Intent) { in.RestartNonce = "t0" }))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			h.put(intent("a", func(in *wire.Intent) { in.RestartNonce = "t1" }))
+			h.eventually("a", func(r wire.Report) bool { return r.RestartCount == 1 }, "restart should be counted")
+			// The same nonce again, as after an agent restart or a resync.
+			h.put(intent("a", func(in *wire.Intent) { in.RestartNonce = "t1" }))
+			h.reconcileAgain("a")
+			rep, _ := h.reports.get("a")
+			assert.Equal(t, int32(1), rep.RestartCount, "one restart per nonce")
+		}},
+		{"a deleted intent deletes the guest, then its report", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a"))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			h.del("a")
+			require.Eventually(t, func() bool { _, ok := h.reports.get("a"); return !ok }, 5*time.Second, 5*time.Millisecond)
+			assert.Equal(t, 1, h.calls("Delete", "a"))
+			_, err := h.fake.Observe(context.Background(), "a")
+			assert.True(t, driver.IsNotFound(err), "guest should be gone: %v", err)
+		}},
+		{"a running guest's spec change is reported as restartRequired, not applied", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a"))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			h.put(intent("a", func(in *wire.Intent) { in.Generation = 2; in.Machine.VCPU = 4 }))
+			rep := h.eventually("a", func(r wire.Report) bool { return r.RestartRequired }, "restartRequired should be reported")
+			assert.Equal(t, wire.PhaseRunning, rep.Phase, "the guest keeps running")
+			assert.Equal(t, int32(0), rep.RestartCount, "the guest was not restarted")
+		}},
+		{"retryable errors are retried with backoff until they pass", func(t *testing.T, h *harness) {
+			h.synced()
+			h.driver.fail("a", errors.New("libvirtd is busy"))
+			h.put(intent("a"))
+			time.Sleep(50 * time.Millisecond)
+			_, reported := h.reports.get("a")
+			assert.False(t, reported, "a retryable error is not a state to report")
+			h.driver.fail("a", nil)
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run once the error clears")
+		}},
+		{"terminal errors report Failed with the message and are not retried", func(t *testing.T, h *harness) {
+			h.synced()
+			h.driver.fail("a", driver.Terminalf(`network "net-db" does not exist and has no cidr to create it from`))
+			h.put(intent("a"))
+			rep := h.eventually("a", phase(wire.PhaseFailed), "guest should fail")
+			assert.Contains(t, rep.Message, `network "net-db" does not exist`)
+			assert.Equal(t, node, rep.Node)
+			n := h.fake.Calls()
+			time.Sleep(100 * time.Millisecond)
+			assert.Len(t, h.fake.Calls(), len(n), "no retry after a terminal error")
+		}},
+		{"a malformed intent fails naming the field without touching the driver", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a", func(in *wire.Intent) { in.Machine.Disks = nil }))
+			rep := h.eventually("a", phase(wire.PhaseFailed), "guest should fail")
+			assert.Contains(t, rep.Message, "machine.disks")
+			assert.Zero(t, h.calls("Ensure", "a"))
+		}},
+		{"one broken guest never blocks the others", func(t *testing.T, h *harness) {
+			h.synced()
+			h.driver.fail("bad", errors.New("stuck"))
+			h.put(intent("bad"))
+			for i := range 20 {
+				h.put(intent(fmt.Sprintf("good-%d", i)))
+			}
+			for i := range 20 {
+				h.eventually(fmt.Sprintf("good-%d", i), phase(wire.PhaseRunning), "healthy guests run")
+			}
+			require.Eventually(t, func() bool { return h.driver.attempts("bad") > 2 }, 5*time.Second, 5*time.Millisecond, "the broken guest keeps being retried")
+		}},
+		{"guests without intents are deleted only after the intents are synced", func(t *testing.T, h *harness) {
+			_, err := h.fake.Ensure(context.Background(), driver.Machine{UID: "orphan", VCPU: 1, MemoryBytes: 1 << 20, Running: true})
+			require.NoError(t, err)
+			h.put(intent("a"))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			h.rec.resync(context.Background())
+			time.Sleep(50 * time.Millisecond)
+			assert.Zero(t, h.calls("Delete", "orphan"), "an intent may still be on its way before Synced")
+			h.synced()
+			require.Eventually(t, func() bool { return h.calls("Delete", "orphan") == 1 }, 5*time.Second, 5*time.Millisecond)
+		}},
+		{"an unchanged observation writes no report", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a"))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			for range 3 {
+				h.reconcileAgain("a")
+			}
+			assert.Equal(t, 1, h.reports.putCount("a"))
+		}},
+		{"driver events trigger a reconcile at once", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a"))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			h.fake.SetPhase("a", driver.PhaseStopped) // the guest crashed and stayed off
+			h.fake.Emit(driver.Event{UID: "a", Kind: driver.EventStopped})
+			// The intent still says running, so the event leads to a start.
+			require.Eventually(t, func() bool { return h.calls("Ensure", "a") >= 2 }, time.Second, 5*time.Millisecond)
+			h.eventually("a", phase(wire.PhaseRunning), "guest should be started again")
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.run(t, start(t))
+		})
+	}
+}

@@ -1,0 +1,110 @@
+package reconciler
+
+import (
+	"github.com/virtfleet/virtfleet/agent/driver"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+)
+
+// NodeName is the name a namespaced resource (a Volume or VirtualNetwork)
+// gets on the node. Kubernetes names are DNS labels without "_", so the
+// separator keeps names from different namespaces apart.
+func NodeName(namespace, name string) string {
+	return namespace + "_" + name
+}
+
+// machine turns an intent into the Driver's input. An intent the hub should
+// never have written (no disk, no memory) is refused as terminal, with a
+// message naming the field, rather than half-created.
+func machine(in wire.Intent) (driver.Machine, error) {
+	spec := in.Machine
+	switch {
+	case spec.VCPU < 1:
+		return driver.Machine{}, driver.Terminalf("malformed intent: machine.vcpu is %d, need at least 1", spec.VCPU)
+	case spec.MemoryBytes <= 0:
+		return driver.Machine{}, driver.Terminalf("malformed intent: machine.memoryBytes is %d, need more than 0", spec.MemoryBytes)
+	case spec.SwapBytes < 0:
+		return driver.Machine{}, driver.Terminalf("malformed intent: machine.swapBytes is %d, must not be negative", spec.SwapBytes)
+	case len(spec.Disks) == 0:
+		return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks is empty, need a boot disk")
+	}
+	m := driver.Machine{
+		UID:          in.UID,
+		Namespace:    in.Namespace,
+		Name:         in.Name,
+		Generation:   in.Generation,
+		VCPU:         spec.VCPU,
+		MemoryBytes:  spec.MemoryBytes,
+		SwapBytes:    spec.SwapBytes,
+		PublicKey:    spec.PublicKey,
+		UserData:     spec.UserData,
+		Firmware:     driver.Firmware(spec.Firmware),
+		Running:      in.Running,
+		RestartNonce: in.RestartNonce,
+	}
+	for i, d := range spec.Disks {
+		if d.Name == "" {
+			return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].name is empty", i)
+		}
+		disk := driver.Disk{Name: NodeName(in.Namespace, d.Name), SizeBytes: d.SizeBytes}
+		if d.Image != nil {
+			disk.Format = d.Image.Format
+		}
+		m.Disks = append(m.Disks, disk)
+	}
+	for i, n := range spec.Networks {
+		if n.Name == "" {
+			return driver.Machine{}, driver.Terminalf("malformed intent: machine.networks[%d].name is empty", i)
+		}
+		m.Networks = append(m.Networks, driver.Network{
+			Name:   NodeName(in.Namespace, n.Name),
+			CIDR:   n.CIDR,
+			Mode:   driver.NetworkMode(n.Mode),
+			Bridge: n.Bridge,
+		})
+	}
+	return m, nil
+}
+
+// report turns what the driver observed into the wire report for in.
+// Interfaces are reported under the VirtualNetwork names the user wrote.
+func report(in wire.Intent, obs driver.Observation) wire.Report {
+	userName := map[string]string{}
+	for _, n := range in.Machine.Networks {
+		userName[NodeName(in.Namespace, n.Name)] = n.Name
+	}
+	r := wire.Report{
+		UID:                in.UID,
+		ObservedGeneration: in.Generation,
+		Phase:              wire.Phase(obs.Phase),
+		ID:                 obs.ID,
+		Node:               obs.Node,
+		RestartCount:       obs.RestartCount,
+		RestartRequired:    obs.RestartRequired,
+		Message:            obs.Message,
+	}
+	for _, i := range obs.Interfaces {
+		network := i.Network
+		if n, ok := userName[network]; ok {
+			network = n
+		}
+		r.Interfaces = append(r.Interfaces, wire.Interface{
+			Network:  network,
+			MAC:      i.MAC,
+			IPs:      append([]string(nil), i.IPs...),
+			Source:   wire.AddressSource(i.Source),
+			LastSeen: i.LastSeen,
+		})
+	}
+	return r
+}
+
+// failed is the report of a guest whose intent cannot succeed as given.
+func failed(in wire.Intent, node string, err error) wire.Report {
+	return wire.Report{
+		UID:                in.UID,
+		ObservedGeneration: in.Generation,
+		Phase:              wire.PhaseFailed,
+		Node:               node,
+		Message:            err.Error(),
+	}
+}

@@ -1,0 +1,110 @@
+package v1alpha1
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return b
+}
+
+// withField returns the JSON of v with one top-level field set to value.
+func withField(t *testing.T, v any, field string, value any) []byte {
+	t.Helper()
+	m := map[string]any{}
+	require.NoError(t, json.Unmarshal(mustJSON(t, v), &m))
+	m[field] = value
+	return mustJSON(t, m)
+}
+
+func TestDecodeIntent(t *testing.T) {
+	cases := map[string]struct {
+		in      []byte
+		want    Intent
+		wantErr any
+	}{
+		"RoundTripsARealIntent":        {in: mustJSON(t, exampleIntent()), want: exampleIntent()},
+		"IgnoresFieldsFromTheFuture":   {in: withField(t, exampleIntent(), "gpu", map[string]int{"count": 1}), want: exampleIntent()},
+		"RefusesANewerProtocolVersion": {in: withField(t, exampleIntent(), "protocolVersion", ProtocolVersion+1), wantErr: &VersionError{}},
+		"RefusesANewerVersionEvenIfFieldsChangedType": {
+			in: []byte(`{"protocolVersion":2,"generation":"three"}`), wantErr: &VersionError{},
+		},
+		"RefusesAMissingProtocolVersion": {in: []byte(`{"uid":"a"}`), wantErr: &VersionError{}},
+		"RefusesMalformedJSON":           {in: []byte(`{"protocolVersion":1,`), wantErr: &DecodeError{}},
+		"RefusesAWrongFieldType":         {in: withField(t, exampleIntent(), "generation", "three"), wantErr: &DecodeError{}},
+		"RefusesAUIDThatIsNotAKeyToken":  {in: withField(t, exampleIntent(), "uid", "a.b"), wantErr: &KeyError{}},
+		"RefusesNegativeMemory": {
+			in: []byte(`{"protocolVersion":1,"uid":"a","machine":{"memoryBytes":-1}}`), wantErr: &DecodeError{},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got, err := DecodeIntent(tc.in)
+			if tc.wantErr != nil {
+				require.ErrorAs(t, err, &tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestDecodeReportAndHeartbeat(t *testing.T) {
+	cases := map[string]struct {
+		decode  func([]byte) (any, error)
+		in      []byte
+		want    any
+		wantErr any
+	}{
+		"ReportRoundTrips":         {decode: decodeReport, in: mustJSON(t, exampleReport()), want: exampleReport()},
+		"ReportRefusesNewer":       {decode: decodeReport, in: withField(t, exampleReport(), "protocolVersion", 99), wantErr: &VersionError{}},
+		"ReportRefusesUnsafeNode":  {decode: decodeReport, in: withField(t, exampleReport(), "node", "node*"), wantErr: &KeyError{}},
+		"HeartbeatRoundTrips":      {decode: decodeHeartbeat, in: mustJSON(t, exampleHeartbeat()), want: exampleHeartbeat()},
+		"HeartbeatIgnoresUnknowns": {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "gpus", 4), want: exampleHeartbeat()},
+		"HeartbeatRefusesNewer":    {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "protocolVersion", 2), wantErr: &VersionError{}},
+		"HeartbeatRefusesNoNode":   {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "node", ""), wantErr: &KeyError{}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got, err := tc.decode(tc.in)
+			if tc.wantErr != nil {
+				require.ErrorAs(t, err, &tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func decodeReport(b []byte) (any, error)    { return DecodeReport(b) }
+func decodeHeartbeat(b []byte) (any, error) { return DecodeNodeHeartbeat(b) }
+
+func TestEncodeStampsTheVersionAndValidates(t *testing.T) {
+	in := exampleIntent()
+	in.ProtocolVersion = 0
+	b, err := EncodeIntent(in)
+	require.NoError(t, err)
+	got, err := DecodeIntent(b)
+	require.NoError(t, err)
+	assert.Equal(t, ProtocolVersion, got.ProtocolVersion)
+
+	r := exampleReport()
+	r.Node = "a.b"
+	_, err = EncodeReport(r)
+	var ke *KeyError
+	assert.ErrorAs(t, err, &ke, "a report for an unsafe node name must not be written")
+}
+
+func TestVersionErrorTellsTheReaderToUpgrade(t *testing.T) {
+	_, err := DecodeIntent([]byte(`{"protocolVersion":7}`))
+	assert.EqualError(t, err, "intent has protocolVersion 7 but this reader understands up to 1; upgrade it")
+}

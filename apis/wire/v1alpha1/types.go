@@ -1,0 +1,159 @@
+package v1alpha1
+
+import "time"
+
+// ProtocolVersion is the newest wire version this package understands.
+// Writers stamp it on every message; readers refuse anything newer, because a
+// field they do not know may change what an older field means.
+const ProtocolVersion = 1
+
+// Intent is what the hub wants a node to make true for one guest. It lives in
+// BucketIntents under IntentKey(node, uid); deleting the key means "delete the
+// guest". An Intent is complete state, never a delta: an agent that sees the
+// same Intent twice does nothing the second time.
+type Intent struct {
+	ProtocolVersion int    `json:"protocolVersion"`
+	UID             string `json:"uid"`
+	Namespace       string `json:"namespace"`
+	Name            string `json:"name"`
+	// Generation is the VirtualMachine's metadata.generation; the agent echoes
+	// it as Report.ObservedGeneration once it has acted on this Intent.
+	Generation int64 `json:"generation"`
+	Running    bool  `json:"running"`
+	// RestartNonce changes once per requested restart; an agent restarts the
+	// guest when the nonce differs from the one it last acted on.
+	RestartNonce string        `json:"restartNonce,omitempty"`
+	Machine      Machine       `json:"machine"`
+	Backend      BackendParams `json:"backend,omitempty"`
+}
+
+// Machine is the guest's shape with every reference already resolved by the
+// hub, so the agent never needs to read the Kubernetes API.
+type Machine struct {
+	VCPU        int32     `json:"vcpu"`
+	MemoryBytes int64     `json:"memoryBytes"`
+	SwapBytes   int64     `json:"swapBytes,omitempty"`
+	PublicKey   string    `json:"publicKey,omitempty"`
+	UserData    string    `json:"userData,omitempty"`
+	Firmware    Firmware  `json:"firmware,omitempty"`
+	Disks       []Disk    `json:"disks,omitempty"`
+	Networks    []Network `json:"networks,omitempty"`
+}
+
+// Firmware the guest boots with.
+type Firmware string
+
+// Firmwares.
+const (
+	FirmwareBIOS Firmware = "bios"
+	FirmwareUEFI Firmware = "uefi"
+)
+
+// Disk is a resolved Volume attachment; the first disk is the boot disk.
+type Disk struct {
+	Name      string `json:"name"`
+	VolumeUID string `json:"volumeUID"`
+	SizeBytes int64  `json:"sizeBytes"`
+	// Image is the DiskImage the volume is created from, if any.
+	Image *ImageRef `json:"image,omitempty"`
+}
+
+// ImageRef is a resolved DiskImage.
+type ImageRef struct {
+	Name     string `json:"name"`
+	UID      string `json:"uid"`
+	URL      string `json:"url"`
+	Checksum string `json:"checksum,omitempty"`
+	Format   string `json:"format,omitempty"`
+}
+
+// Network is a resolved VirtualNetwork attachment.
+type Network struct {
+	Name string `json:"name"`
+	UID  string `json:"uid"`
+	// Mode is nat or bridge on libvirt; other backends map it as they can.
+	Mode   string `json:"mode,omitempty"`
+	CIDR   string `json:"cidr,omitempty"`
+	Bridge string `json:"bridge,omitempty"`
+}
+
+// BackendParams selects and parameterises the node's Driver.
+type BackendParams struct {
+	// Type is libvirt, nova or kubevirt; empty means the node's default.
+	Type   string            `json:"type,omitempty"`
+	Params map[string]string `json:"params,omitempty"`
+}
+
+// Phase is the lifecycle phase of a guest as the agent observes it.
+type Phase string
+
+// Phases, in the order a healthy guest walks through them.
+const (
+	PhasePending      Phase = "Pending"
+	PhaseScheduled    Phase = "Scheduled"
+	PhaseProvisioning Phase = "Provisioning"
+	PhaseStarting     Phase = "Starting"
+	PhaseRunning      Phase = "Running"
+	PhaseStopping     Phase = "Stopping"
+	PhaseStopped      Phase = "Stopped"
+	PhaseFailed       Phase = "Failed"
+	PhaseUnknown      Phase = "Unknown"
+	PhaseDeleting     Phase = "Deleting"
+)
+
+// Report is what a node's agent observes about one guest. It lives in
+// BucketReports under ReportKey(node, uid) and only that node's agent writes it.
+type Report struct {
+	ProtocolVersion    int         `json:"protocolVersion"`
+	UID                string      `json:"uid"`
+	ObservedGeneration int64       `json:"observedGeneration"`
+	Phase              Phase       `json:"phase"`
+	ID                 string      `json:"id,omitempty"`
+	Node               string      `json:"node"`
+	Interfaces         []Interface `json:"interfaces,omitempty"`
+	RestartCount       int32       `json:"restartCount"`
+	RestartRequired    bool        `json:"restartRequired,omitempty"`
+	Message            string      `json:"message,omitempty"`
+	ObservedAt         time.Time   `json:"observedAt"`
+}
+
+// AddressSource says how an interface's addresses were learned.
+type AddressSource string
+
+// Address sources, most to least authoritative on libvirt.
+const (
+	AddressSourceLease      AddressSource = "lease"
+	AddressSourceGuestAgent AddressSource = "guest-agent"
+	AddressSourceARP        AddressSource = "arp"
+	AddressSourceBackend    AddressSource = "backend"
+)
+
+// Interface is one guest network interface.
+type Interface struct {
+	Network  string        `json:"network"`
+	MAC      string        `json:"mac"`
+	IPs      []string      `json:"ips,omitempty"`
+	Source   AddressSource `json:"source,omitempty"`
+	LastSeen time.Time     `json:"lastSeen"`
+}
+
+// NodeHeartbeat is a node's liveness and capacity. It lives in BucketNodes
+// under NodeKey(node); the bucket's TTL purges it when the agent stops
+// refreshing it, and that purge is how the hub learns a node is lost.
+type NodeHeartbeat struct {
+	ProtocolVersion int               `json:"protocolVersion"`
+	Node            string            `json:"node"`
+	Backend         string            `json:"backend"`
+	Capacity        Resources         `json:"capacity"`
+	Allocated       Resources         `json:"allocated"`
+	Labels          map[string]string `json:"labels,omitempty"`
+	AgentVersion    string            `json:"agentVersion,omitempty"`
+	SentAt          time.Time         `json:"sentAt"`
+}
+
+// Resources is an amount of node capacity.
+type Resources struct {
+	VCPU         int64 `json:"vcpu"`
+	MemoryBytes  int64 `json:"memoryBytes"`
+	StorageBytes int64 `json:"storageBytes,omitempty"`
+}

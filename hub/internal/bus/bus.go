@@ -1,0 +1,71 @@
+// Package bus is the hub's side of the wire: it publishes intents and keeps
+// the hub informed of reports and node heartbeats, over NATS JetStream
+// key-value buckets (NATS) or in memory (Fake).
+package bus
+
+import (
+	"context"
+	"fmt"
+
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+)
+
+// Bus is what the hub needs from the wire.
+//
+// Every method is idempotent: writing the intent that is already stored
+// changes nothing and returns its revision, deleting an absent intent
+// succeeds. Writes are compare-and-set against the revision read just before,
+// so a concurrent writer yields a *ConflictError (retry after re-reading)
+// rather than a lost update. Node names and uids that are not key-safe yield a
+// *wire.KeyError before anything is sent. Any other error is transient and
+// the caller retries.
+//
+// The Watch methods block until ctx is done, first delivering the current
+// state of every key, then every change. They survive reconnects and server
+// restarts and resume from the last revision seen, so a watcher may see a key
+// again but never misses its latest state. A value that cannot be decoded, has
+// a newer protocol version, or is stored under a key that does not match its
+// content is logged, counted (buckets.Rejections), and skipped: bad input never stops
+// a watch.
+type Bus interface {
+	// PutIntent makes in the stored intent of guest in.UID on node.
+	PutIntent(ctx context.Context, node string, in wire.Intent) (revision uint64, err error)
+	// DeleteIntent removes the intent of guest uid on node, which tells the
+	// node's agent to delete the guest.
+	DeleteIntent(ctx context.Context, node, uid string) error
+	// WatchReports calls fn for every report change.
+	WatchReports(ctx context.Context, fn func(ReportEvent)) error
+	// WatchNodes calls fn for every heartbeat and every node lost.
+	WatchNodes(ctx context.Context, fn func(NodeEvent)) error
+}
+
+// ReportEvent is the state of one report key.
+type ReportEvent struct {
+	Node, UID string
+	Revision  uint64
+	// Deleted is true when the agent removed the report (the guest is gone).
+	Deleted bool
+	// Report is set unless Deleted.
+	Report wire.Report
+}
+
+// NodeEvent is the state of one node's heartbeat key.
+type NodeEvent struct {
+	Node     string
+	Revision uint64
+	// Lost is true when the heartbeat expired or was removed.
+	Lost      bool
+	Heartbeat wire.NodeHeartbeat
+}
+
+// ConflictError means the key changed between read and write.
+type ConflictError struct {
+	Key string
+	Err error
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("intent %s was changed concurrently: %v", e.Key, e.Err)
+}
+
+func (e *ConflictError) Unwrap() error { return e.Err }

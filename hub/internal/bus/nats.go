@@ -1,0 +1,239 @@
+package bus
+
+import (
+	"bytes"
+	"context"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/buckets"
+)
+
+// Config of a NATS bus.
+type Config struct {
+	Buckets buckets.Config
+	// Log receives rejections and watch restarts; nil discards them.
+	Log logging.Logger
+	// Rejections counts refused values; nil allocates one (see NATS.Rejections).
+	Rejections *buckets.Rejections
+	// RetryInterval between attempts to re-establish a failed watch; 0 means 1s.
+	RetryInterval time.Duration
+}
+
+// NATS is the Bus over JetStream key-value buckets.
+type NATS struct {
+	nc                      *nats.Conn
+	intents, reports, nodes jetstream.KeyValue
+
+	log   logging.Logger
+	rej   *buckets.Rejections
+	retry time.Duration
+}
+
+var _ Bus = &NATS{}
+
+// New creates the buckets if needed and binds to them. nc should reconnect
+// forever (nats.MaxReconnects(-1)); watches resume on their own after it does.
+func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot open JetStream")
+	}
+	if err := buckets.Ensure(ctx, js, cfg.Buckets); err != nil {
+		return nil, err
+	}
+	n := &NATS{nc: nc, log: cfg.Log, rej: cfg.Rejections, retry: cfg.RetryInterval}
+	if n.log == nil {
+		n.log = logging.NewNopLogger()
+	}
+	if n.rej == nil {
+		n.rej = &buckets.Rejections{}
+	}
+	if n.retry == 0 {
+		n.retry = time.Second
+	}
+	for name, kv := range map[string]*jetstream.KeyValue{wire.BucketIntents: &n.intents, wire.BucketReports: &n.reports, wire.BucketNodes: &n.nodes} {
+		if *kv, err = js.KeyValue(ctx, name); err != nil {
+			return nil, errors.Wrapf(err, "cannot bind bucket %s", name)
+		}
+	}
+	return n, nil
+}
+
+// Rejections counts the values this bus's watches refused.
+func (n *NATS) Rejections() *buckets.Rejections { return n.rej }
+
+// PutIntent implements Bus.
+func (n *NATS) PutIntent(ctx context.Context, node string, in wire.Intent) (uint64, error) {
+	key, err := wire.IntentKey(node, in.UID)
+	if err != nil {
+		return 0, err
+	}
+	b, err := wire.EncodeIntent(in)
+	if err != nil {
+		return 0, errors.Wrap(err, "cannot encode intent")
+	}
+	cur, err := n.intents.Get(ctx, key)
+	var rev uint64
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		rev, err = n.intents.Create(ctx, key, b)
+	case err != nil:
+		return 0, errors.Wrap(err, "cannot get intent")
+	case bytes.Equal(cur.Value(), b):
+		// A replayed write must not bump the revision: agents would see a
+		// change that is not one.
+		return cur.Revision(), nil
+	default:
+		rev, err = n.intents.Update(ctx, key, b, cur.Revision())
+	}
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return 0, &ConflictError{Key: key, Err: err}
+	}
+	return rev, errors.Wrap(err, "cannot put intent")
+}
+
+// DeleteIntent implements Bus.
+func (n *NATS) DeleteIntent(ctx context.Context, node, uid string) error {
+	key, err := wire.IntentKey(node, uid)
+	if err != nil {
+		return err
+	}
+	cur, err := n.intents.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return errors.Wrap(err, "cannot get intent")
+	}
+	err = n.intents.Delete(ctx, key, jetstream.LastRevision(cur.Revision()))
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return &ConflictError{Key: key, Err: err}
+	}
+	return errors.Wrap(err, "cannot delete intent")
+}
+
+// WatchReports implements Bus.
+func (n *NATS) WatchReports(ctx context.Context, fn func(ReportEvent)) error {
+	return n.watch(ctx, n.reports, func(e jetstream.KeyValueEntry) error {
+		ev, err := reportEvent(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut, e.Value())
+		if err == nil {
+			fn(ev)
+		}
+		return err
+	})
+}
+
+// WatchNodes implements Bus.
+func (n *NATS) WatchNodes(ctx context.Context, fn func(NodeEvent)) error {
+	return n.watch(ctx, n.nodes, func(e jetstream.KeyValueEntry) error {
+		ev, err := nodeEvent(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut, e.Value())
+		if err == nil {
+			fn(ev)
+		}
+		return err
+	})
+}
+
+// watch feeds every entry of kv to handle until ctx is done. The underlying
+// ordered consumer already survives reconnects; if it is torn down anyway the
+// watch is re-created from the revision after the last one seen.
+func (n *NATS) watch(ctx context.Context, kv jetstream.KeyValue, handle func(jetstream.KeyValueEntry) error) error {
+	// The ordered consumer would notice a lost server only after missing
+	// heartbeats for several seconds; re-watching on reconnect resumes at once.
+	reconnected := n.nc.StatusChanged(nats.CONNECTED)
+	defer n.nc.RemoveStatusListener(reconnected)
+	var last uint64
+	for {
+		var opts []jetstream.WatchOpt
+		if last > 0 {
+			opts = append(opts, jetstream.ResumeFromRevision(last+1))
+		}
+		w, err := kv.WatchAll(ctx, opts...)
+		if err == nil {
+			last = n.drain(ctx, kv.Bucket(), w, last, reconnected, handle)
+			_ = w.Stop()
+			if ctx.Err() != nil {
+				return nil
+			}
+			continue
+		}
+		n.log.Info("Cannot watch bucket; retrying", "bucket", kv.Bucket(), "error", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(n.retry):
+		}
+	}
+}
+
+// drain handles entries until the watcher closes, the connection is
+// re-established or ctx is done, and returns
+// the last revision seen.
+func (n *NATS) drain(ctx context.Context, bucket string, w jetstream.KeyWatcher, last uint64, reconnected <-chan nats.Status, handle func(jetstream.KeyValueEntry) error) uint64 {
+	for {
+		select {
+		case <-ctx.Done():
+			return last
+		case <-reconnected:
+			n.log.Debug("Reconnected; resuming watch", "bucket", bucket, "revision", last)
+			return last
+		case e, ok := <-w.Updates():
+			if !ok {
+				n.log.Info("Watch closed; resuming", "bucket", bucket, "revision", last)
+				return last
+			}
+			if e == nil { // the end of the initial values
+				continue
+			}
+			last = e.Revision()
+			if err := handle(e); err != nil {
+				reason := n.rej.Add(err)
+				n.log.Info("Rejected value", "bucket", bucket, "key", e.Key(), "revision", e.Revision(), "reason", reason, "error", err)
+			}
+		}
+	}
+}
+
+func reportEvent(key string, rev uint64, deleted bool, value []byte) (ReportEvent, error) {
+	node, uid, err := wire.ParseKey(key)
+	if err != nil {
+		return ReportEvent{}, err
+	}
+	ev := ReportEvent{Node: node, UID: uid, Revision: rev, Deleted: deleted}
+	if deleted {
+		return ev, nil
+	}
+	if ev.Report, err = wire.DecodeReport(value); err != nil {
+		return ReportEvent{}, err
+	}
+	// The server only lets node's agent write under node's prefix, so a
+	// mismatch is a bug or a forgery; either way it must not move a VM.
+	if ev.Report.Node != node || ev.Report.UID != uid {
+		return ReportEvent{}, &buckets.MismatchError{Key: key, Want: key, Got: ev.Report.Node + "." + ev.Report.UID}
+	}
+	return ev, nil
+}
+
+func nodeEvent(key string, rev uint64, lost bool, value []byte) (NodeEvent, error) {
+	if err := wire.ValidateToken("node", key); err != nil {
+		return NodeEvent{}, err
+	}
+	ev := NodeEvent{Node: key, Revision: rev, Lost: lost}
+	if lost {
+		return ev, nil
+	}
+	var err error
+	if ev.Heartbeat, err = wire.DecodeNodeHeartbeat(value); err != nil {
+		return NodeEvent{}, err
+	}
+	if ev.Heartbeat.Node != key {
+		return NodeEvent{}, &buckets.MismatchError{Key: key, Want: key, Got: ev.Heartbeat.Node}
+	}
+	return ev, nil
+}

@@ -1,0 +1,156 @@
+package bus_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/natsauth"
+	"github.com/virtfleet/virtfleet/internal/natstest"
+)
+
+const testNodeTTL = 3 * time.Second
+
+func newHub(t *testing.T) (*bus.NATS, jetstream.JetStream, *natstest.Server, map[string]natsauth.Identity) {
+	t.Helper()
+	hub, agents, users := natstest.Identities(t, "node1")
+	srv := natstest.New(t, users...)
+	nc, _ := natstest.Connect(t, srv, hub)
+	b, err := bus.New(context.Background(), nc, bus.Config{Buckets: buckets.Config{NodeTTL: testNodeTTL}, RetryInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	return b, js, srv, agents
+}
+
+func collect[E any](t *testing.T, watch func(context.Context, func(E)) error) <-chan E {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan E, 1024)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = watch(ctx, func(e E) { ch <- e }) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ch
+}
+
+func next[E any](t *testing.T, ch <-chan E, d time.Duration, ok func(E) bool) E {
+	t.Helper()
+	timeout := time.After(d)
+	for {
+		select {
+		case e := <-ch:
+			if ok(e) {
+				return e
+			}
+		case <-timeout:
+			t.Fatalf("no matching event within %s", d)
+		}
+	}
+}
+
+func TestPutIntent(t *testing.T) {
+	b, _, _, _ := newHub(t)
+	ctx := context.Background()
+	in := wire.Intent{UID: "vm-a", Name: "a", Generation: 1, Running: true}
+
+	rev1, err := b.PutIntent(ctx, "node1", in)
+	require.NoError(t, err)
+	rev2, err := b.PutIntent(ctx, "node1", in)
+	require.NoError(t, err)
+	assert.Equal(t, rev1, rev2, "replaying the same intent must not write")
+
+	in.Generation = 2
+	rev3, err := b.PutIntent(ctx, "node1", in)
+	require.NoError(t, err)
+	assert.Greater(t, rev3, rev2)
+
+	require.NoError(t, b.DeleteIntent(ctx, "node1", "vm-a"))
+	require.NoError(t, b.DeleteIntent(ctx, "node1", "vm-a"), "deleting an absent intent succeeds")
+	_, err = b.PutIntent(ctx, "node1", in)
+	require.NoError(t, err, "an intent can be recreated after a delete")
+
+	_, err = b.PutIntent(ctx, "node.1", in)
+	var ke *wire.KeyError
+	assert.ErrorAs(t, err, &ke)
+}
+
+// TestLostNodeIsPurged pins the expiry the hub's node-loss handling relies
+// on: a heartbeat that is not refreshed turns into a purge within about one
+// TTL of the last put.
+func TestLostNodeIsPurged(t *testing.T) {
+	b, _, srv, agents := newHub(t)
+	events := collect(t, b.WatchNodes)
+	nc, _ := natstest.Connect(t, srv, agents["node1"])
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	hb, err := wire.EncodeNodeHeartbeat(wire.NodeHeartbeat{Node: "node1", Backend: "libvirt"})
+	require.NoError(t, err)
+
+	_, err = js.Publish(context.Background(), "$KV.nodes.node1", hb)
+	require.NoError(t, err)
+	lastPut := time.Now()
+	next(t, events, 5*time.Second, func(e bus.NodeEvent) bool { return !e.Lost && e.Node == "node1" })
+
+	next(t, events, 3*testNodeTTL, func(e bus.NodeEvent) bool { return e.Lost && e.Node == "node1" })
+	assert.InDelta(t, testNodeTTL.Seconds(), time.Since(lastPut).Seconds(), 1.5, "purge should follow the last put by about one TTL")
+}
+
+func TestWatchReportsRejectsBadInputAndCarriesOn(t *testing.T) {
+	b, js, _, _ := newHub(t)
+	events := collect(t, b.WatchReports)
+	ctx := context.Background()
+	reports, err := js.KeyValue(ctx, wire.BucketReports)
+	require.NoError(t, err)
+
+	cases := map[string]struct {
+		key, value string
+		reason     string
+	}{
+		"CorruptValue":        {key: "node1.vm-x", value: `not json`, reason: buckets.ReasonDecode},
+		"NewerVersion":        {key: "node1.vm-y", value: `{"protocolVersion":2,"uid":"vm-y","node":"node1"}`, reason: buckets.ReasonVersion},
+		"ReportForOtherNode":  {key: "node1.vm-z", value: `{"protocolVersion":1,"uid":"vm-z","node":"node2"}`, reason: buckets.ReasonMismatch},
+		"KeyWithoutNodeToken": {key: "vm-q", value: `{"protocolVersion":1,"uid":"vm-q","node":"node1"}`, reason: buckets.ReasonKey},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			before := b.Rejections().Count(tc.reason)
+			_, err := reports.Put(ctx, tc.key, []byte(tc.value))
+			require.NoError(t, err)
+			good, err := wire.EncodeReport(wire.Report{UID: "vm-good", Node: "node1", Message: name})
+			require.NoError(t, err)
+			_, err = reports.Put(ctx, "node1.vm-good", good)
+			require.NoError(t, err)
+			next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Report.Message == name })
+			assert.Equal(t, before+1, b.Rejections().Count(tc.reason))
+		})
+	}
+}
+
+func TestWatchReportsResumesAfterServerRestart(t *testing.T) {
+	b, js, srv, _ := newHub(t)
+	events := collect(t, b.WatchReports)
+	ctx := context.Background()
+	put := func(uid string) {
+		v, err := wire.EncodeReport(wire.Report{UID: uid, Node: "node1"})
+		require.NoError(t, err)
+		kv, err := js.KeyValue(ctx, wire.BucketReports)
+		require.NoError(t, err)
+		_, err = kv.Put(ctx, "node1."+uid, v)
+		require.NoError(t, err)
+	}
+	put("before")
+	next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.UID == "before" })
+
+	srv.Shutdown()
+	require.NoError(t, srv.Restart())
+	require.Eventually(t, func() bool { _, err := js.AccountInfo(ctx); return err == nil }, 10*time.Second, 50*time.Millisecond)
+	put("after")
+	next(t, events, 10*time.Second, func(e bus.ReportEvent) bool { return e.UID == "after" })
+}

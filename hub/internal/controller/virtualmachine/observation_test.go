@@ -1,0 +1,87 @@
+package virtualmachine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+)
+
+func TestIPSummary(t *testing.T) {
+	iface := func(network string, ips ...string) wire.Interface {
+		return wire.Interface{Network: network, IPs: ips, Source: wire.AddressSourceLease}
+	}
+	cases := []struct {
+		name     string
+		ifaces   []wire.Interface
+		networks []v1alpha1.LocalName
+		want     string
+	}{
+		{
+			name:     "seed format in spec order, not report order",
+			ifaces:   []wire.Interface{iface("net-backend", "10.10.150.12"), iface("net-db", "10.10.120.21")},
+			networks: []v1alpha1.LocalName{"net-db", "net-backend"},
+			want:     "net-db(10.10.120.21), net-backend(10.10.150.12)",
+		},
+		{
+			name:     "IPv4 preferred over an IPv6 listed first",
+			ifaces:   []wire.Interface{iface("net-db", "fd00::15", "10.10.120.21")},
+			networks: []v1alpha1.LocalName{"net-db"},
+			want:     "net-db(10.10.120.21)",
+		},
+		{
+			name:     "IPv6 only is shown",
+			ifaces:   []wire.Interface{iface("net-db", "fd00::15")},
+			networks: []v1alpha1.LocalName{"net-db"},
+			want:     "net-db(fd00::15)",
+		},
+		{
+			name:     "network without an address yet is left out",
+			ifaces:   []wire.Interface{iface("net-db", "10.10.120.21"), iface("net-backend")},
+			networks: []v1alpha1.LocalName{"net-db", "net-backend"},
+			want:     "net-db(10.10.120.21)",
+		},
+		{
+			name:     "interfaces on networks the spec no longer names are not summarised",
+			ifaces:   []wire.Interface{iface("old-net", "10.0.0.5")},
+			networks: []v1alpha1.LocalName{"net-db"},
+			want:     "",
+		},
+		{
+			name: "no interfaces, no summary",
+			want: "",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, ipSummary(tc.ifaces, tc.networks))
+		})
+	}
+}
+
+func TestObservationCarriesTheReport(t *testing.T) {
+	seen := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	r := wire.Report{
+		UID: "u1", ObservedGeneration: 4, Phase: wire.PhaseRunning, ID: "u1", Node: "node2",
+		RestartCount: 2, RestartRequired: true,
+		Interfaces: []wire.Interface{{Network: "net-db", MAC: "52:54:00:00:00:01", IPs: []string{"10.10.120.21"}, Source: wire.AddressSourceGuestAgent, LastSeen: seen}},
+	}
+	o := observation(r, []v1alpha1.LocalName{"net-db"})
+	assert.Equal(t, v1alpha1.PhaseRunning, o.Phase)
+	assert.Equal(t, "node2", o.Node)
+	assert.Equal(t, "u1", o.ID)
+	assert.Equal(t, int32(2), o.RestartCount)
+	assert.Equal(t, int64(4), o.ObservedGeneration)
+	assert.True(t, o.RestartRequired)
+	assert.Equal(t, "net-db(10.10.120.21)", o.IP)
+	if assert.Len(t, o.Interfaces, 1) {
+		assert.Equal(t, v1alpha1.AddressSourceGuestAgent, o.Interfaces[0].Source)
+		assert.Equal(t, "52:54:00:00:00:01", o.Interfaces[0].MAC)
+		if assert.NotNil(t, o.Interfaces[0].LastSeen) {
+			assert.True(t, o.Interfaces[0].LastSeen.Time.Equal(seen))
+		}
+	}
+}
