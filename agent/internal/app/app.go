@@ -1,0 +1,186 @@
+// Package app wires one node's agent together: the NATS connection with the
+// node's identity, the backend's Driver, the bus, the reconciler and the
+// heartbeat. Behaviour lives in those packages; this one only decides what
+// runs, with which settings, and how it stops.
+//
+// The agent holds no Kubernetes credentials: everything it needs arrives in
+// intents, resolved by the hub.
+package app
+
+import (
+	"context"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/nats-io/nats.go"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/libvirt"
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
+	"github.com/virtfleet/virtfleet/agent/internal/reconciler"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/natsauth"
+)
+
+// backends are the drivers this agent binary is built with.
+var backends = driver.Registry{driver.BackendLibvirt: libvirt.New}
+
+// reconnectWait is the pause between attempts to reach a NATS server. The
+// agent retries forever: a node must keep its guests and come back on its own
+// however long the wire is down.
+const reconnectWait = time.Second
+
+// Run runs the agent until ctx is done, then stops it and returns nil. It
+// returns an error when it cannot start (bad configuration, backend
+// unreachable) or when the intent watch fails for good; a lost NATS server or
+// a restarted backend daemon are not errors, they are waited out.
+//
+// Stopping leaves the guests running and the heartbeat in place; the nodes
+// bucket's TTL is what tells the hub that an agent is gone for good.
+func Run(ctx context.Context, cfg Config) error {
+	cfg.defaults()
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	log := cfg.Log.WithValues("node", cfg.Node)
+
+	nc, err := connect(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+
+	drv, err := backends.New(ctx, driver.Config{Backend: cfg.Backend, Node: cfg.Node, Libvirt: cfg.Libvirt})
+	if err != nil {
+		return errors.Wrap(err, "cannot start driver")
+	}
+	defer func() {
+		if err := drv.Close(); err != nil {
+			log.Debug("Cannot close driver", "error", err)
+		}
+	}()
+
+	b, err := bus.New(nc, bus.Config{Node: cfg.Node, Timeout: cfg.RequestTimeout, Log: log})
+	if err != nil {
+		return errors.Wrap(err, "cannot start bus")
+	}
+	rec := reconciler.New(cfg.Node, drv, b, log, reconciler.Options{Workers: cfg.Workers, ResyncEvery: cfg.ResyncInterval})
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		watchErr error
+	)
+	wg.Go(func() {
+		// WatchIntents returns nil when ctx is done; anything else means the
+		// agent can no longer learn what to do, so it stops everything.
+		if err := b.WatchIntents(ctx, rec.HandleIntent); err != nil {
+			watchErr = errors.Wrap(err, "cannot watch intents")
+			cancel()
+		}
+	})
+	hb := &heartbeat{cfg: cfg, driver: drv, log: log}
+	wg.Go(func() {
+		bus.RunHeartbeat(ctx, b, cfg.HeartbeatInterval, log, func() wire.NodeHeartbeat { return hb.next(ctx) })
+	})
+
+	log.Info("Agent started", "backend", cfg.Backend, "version", Version, "nats", nc.ConnectedUrlRedacted())
+	rec.Run(ctx)
+	wg.Wait()
+	log.Info("Agent stopped")
+	return watchErr
+}
+
+// connect opens the node's NATS connection. It does not wait for a server:
+// with RetryOnFailedConnect the agent starts, works its backend, and catches
+// up once NATS is reachable, so start order in a cluster does not matter.
+func connect(cfg Config, log logging.Logger) (*nats.Conn, error) {
+	id := natsauth.Identity{
+		User:        natsauth.User{Name: cfg.Node},
+		InboxPrefix: natsauth.InboxPrefix(cfg.Node),
+		Seed:        cfg.Seed,
+	}
+	opts, err := id.ConnectOptions()
+	if err != nil {
+		// The cause may quote the seed; say only which setting is wrong.
+		return nil, errors.New("--nats-credentials: the file does not hold a valid nkey seed")
+	}
+	opts = append(opts,
+		nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true),
+		nats.ReconnectWait(reconnectWait),
+		nats.Timeout(cfg.RequestTimeout),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Info("Disconnected from NATS; reconnecting", "error", err)
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			log.Info("Reconnected to NATS", "server", c.ConnectedUrlRedacted())
+		}),
+		// Refused requests arrive only here (permissions violations), so
+		// this is where a misconfigured agent becomes visible.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Info("NATS error", "error", err)
+		}),
+	)
+	nc, err := nats.Connect(strings.Join(cfg.NATSURLs, ","), opts...)
+	return nc, errors.Wrap(err, "cannot connect to NATS")
+}
+
+// heartbeat builds the node's heartbeats from the driver's capacity.
+type heartbeat struct {
+	cfg    Config
+	driver driver.Driver
+	log    logging.Logger
+
+	// last is the allocation last read, kept while the backend is down.
+	last driver.Capacity
+	// down is set while Capacity fails, so the failure is logged once.
+	down bool
+}
+
+// next is called by bus.RunHeartbeat from one goroutine.
+//
+// When the backend cannot be asked (libvirtd restarting) the heartbeat still
+// goes out, so the hub does not declare the node and its guests lost, but it
+// offers no capacity, so nothing new is placed on a node that cannot create
+// guests right now. The allocation is the last one read.
+func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
+	hb := wire.NodeHeartbeat{
+		Node:         h.cfg.Node,
+		Backend:      h.cfg.Backend,
+		Labels:       h.cfg.Labels,
+		AgentVersion: Version,
+		SentAt:       time.Now().UTC(),
+	}
+	c, err := h.driver.Capacity(ctx)
+	switch {
+	case err != nil:
+		if !h.down && ctx.Err() == nil {
+			h.log.Info("Cannot read the backend's capacity; offering none until it answers", "error", err)
+		}
+		h.down = true
+		hb.Allocated = wire.Resources{VCPU: h.last.AllocatedVCPU, MemoryBytes: h.last.AllocatedMemoryBytes}
+		return hb
+	case h.down:
+		h.log.Info("Backend answers again")
+		h.down = false
+	}
+	h.last = c
+	hb.Capacity = wire.Resources{
+		VCPU:        scale(c.VCPU, h.cfg.CPUAllocationRatio),
+		MemoryBytes: scale(c.MemoryBytes, h.cfg.MemoryAllocationRatio),
+	}
+	hb.Allocated = wire.Resources{VCPU: c.AllocatedVCPU, MemoryBytes: c.AllocatedMemoryBytes}
+	return hb
+}
+
+// scale rounds down: offering a fraction of a CPU or byte more than the ratio
+// allows would let placement overshoot it.
+func scale(v int64, ratio float64) int64 {
+	return int64(math.Floor(float64(v) * ratio))
+}

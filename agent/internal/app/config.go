@@ -1,0 +1,155 @@
+package app
+
+import (
+	"os"
+	"strings"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/nats-io/nkeys"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/buckets"
+)
+
+// Version is the agent's version, reported in its heartbeat. Release builds
+// set it with -ldflags "-X github.com/virtfleet/virtfleet/agent/internal/app.Version=v1.2.3".
+var Version = "dev"
+
+// Default overcommit. vCPUs are time-shared, so a node offers four per host
+// CPU (OpenStack Nova's historic default is higher, 16; four keeps latency
+// sane for general workloads). Memory is not overcommitted by default: a
+// guest that touches all of it would push the host into swap or the OOM
+// killer. Development hosts on libvirt's test driver (3 GiB) raise it.
+const (
+	DefaultCPUAllocationRatio    = 4.0
+	DefaultMemoryAllocationRatio = 1.0
+)
+
+// Config of one agent. Zero values take the defaults documented per field.
+type Config struct {
+	// Node is the name of this hypervisor node, a single NATS subject token.
+	// Required.
+	Node string
+	// Labels are matched by VirtualMachines' nodeSelector.
+	Labels map[string]string
+
+	// NATSURLs are the servers of one NATS cluster. Required.
+	NATSURLs []string
+	// Seed is the node's nkey seed (see ReadSeed). Required. It is a secret:
+	// never log it.
+	Seed []byte
+	// RequestTimeout bounds each NATS request; default bus.DefaultTimeout.
+	// Short, because a request the server refuses gets no answer at all.
+	RequestTimeout time.Duration
+
+	// Backend is the driver to run; default libvirt.
+	Backend string
+	Libvirt driver.LibvirtConfig
+
+	// HeartbeatInterval between heartbeats; default 2 s. It must stay well
+	// within the nodes bucket's TTL (10 s by default).
+	HeartbeatInterval time.Duration
+	// ResyncInterval between full resyncs of every guest; default 60 s.
+	ResyncInterval time.Duration
+	// Workers reconcile different guests in parallel; default 8.
+	Workers int
+
+	// CPUAllocationRatio and MemoryAllocationRatio multiply the host's CPUs
+	// and memory into the capacity the heartbeat offers to the hub's
+	// placement; defaults DefaultCPUAllocationRatio and
+	// DefaultMemoryAllocationRatio.
+	CPUAllocationRatio    float64
+	MemoryAllocationRatio float64
+
+	// Log receives the agent's logs; nil discards them.
+	Log logging.Logger
+}
+
+func (c *Config) defaults() {
+	if c.Backend == "" {
+		c.Backend = driver.BackendLibvirt
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = bus.DefaultTimeout
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = buckets.DefaultHeartbeatInterval
+	}
+	if c.ResyncInterval <= 0 {
+		c.ResyncInterval = 60 * time.Second
+	}
+	if c.Workers <= 0 {
+		c.Workers = 8
+	}
+	if c.CPUAllocationRatio == 0 {
+		c.CPUAllocationRatio = DefaultCPUAllocationRatio
+	}
+	if c.MemoryAllocationRatio == 0 {
+		c.MemoryAllocationRatio = DefaultMemoryAllocationRatio
+	}
+	if c.Log == nil {
+		c.Log = logging.NewNopLogger()
+	}
+}
+
+// validate reports the first setting the agent cannot start with, naming it
+// as the flag that sets it.
+func (c *Config) validate() error {
+	if err := wire.ValidateToken("node", c.Node); err != nil {
+		return errors.Wrap(err, "--node")
+	}
+	if len(c.NATSURLs) == 0 {
+		return errors.New("--nats-url: at least one NATS server URL is required")
+	}
+	if len(c.Seed) == 0 {
+		return errors.New("--nats-credentials: the node's nkey seed is required")
+	}
+	if c.CPUAllocationRatio < 0 || c.MemoryAllocationRatio < 0 {
+		return errors.New("allocation ratios must be positive")
+	}
+	return nil
+}
+
+// ReadSeed reads the node's nkey seed from path: the file
+// hack/mint-agent-credentials writes (the bare seed), or a decorated NATS
+// credentials file. Errors never quote the file's content.
+func ReadSeed(path string) ([]byte, error) {
+	b, err := os.ReadFile(path) //nolint:gosec // the operator names the file
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot read NATS credentials")
+	}
+	kp, err := nkeys.ParseDecoratedUserNKey(b)
+	if err != nil {
+		return nil, errors.Errorf("%s holds no user nkey seed (want the file hack/mint-agent-credentials writes)", path)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, errors.Errorf("%s holds no user nkey seed", path)
+	}
+	return seed, nil
+}
+
+// ParseLabels parses "k=v,k2=v2". Empty input is no labels.
+func ParseLabels(s string) (map[string]string, error) {
+	labels := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, errors.Errorf("label %q is not key=value", kv)
+		}
+		if _, dup := labels[k]; dup {
+			return nil, errors.Errorf("label %q is given twice", k)
+		}
+		labels[k] = strings.TrimSpace(v)
+	}
+	return labels, nil
+}

@@ -1,0 +1,267 @@
+package app_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/internal/app"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/natsauth"
+	"github.com/virtfleet/virtfleet/internal/natstest"
+)
+
+// Settings of the simulated fleet.
+const (
+	// testPool is the storage pool of libvirt's test driver (100 GiB).
+	testPool = "default-pool"
+	// waitFor bounds every wait for the agent to converge. Guests on the
+	// test driver converge in milliseconds; the margin is for -race on two
+	// cores.
+	waitFor = 20 * time.Second
+)
+
+// fleet is what surrounds agents in production, made of real parts: a
+// nats-server with the wire buckets created as the hub creates them, the
+// hub's view of those buckets, and one private libvirtd per node.
+type fleet struct {
+	srv     *natstest.Server
+	intents jetstream.KeyValue
+	reports jetstream.KeyValue
+	nodes   jetstream.KeyValue
+	ids     map[string]natsauth.Identity
+	hosts   map[string]*libvirttest.Node
+}
+
+// newFleet starts a fleet of the named nodes. nodeTTL 0 keeps the default.
+func newFleet(t testing.TB, nodeTTL time.Duration, nodes ...string) *fleet {
+	t.Helper()
+	hub, ids, users := natstest.Identities(t, nodes...)
+	srv := natstest.New(t, users...)
+	nc, _ := natstest.Connect(t, srv, hub)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, buckets.Ensure(ctx, js, buckets.Config{NodeTTL: nodeTTL}))
+	f := &fleet{srv: srv, ids: ids, hosts: map[string]*libvirttest.Node{}}
+	for name, kv := range map[string]*jetstream.KeyValue{wire.BucketIntents: &f.intents, wire.BucketReports: &f.reports, wire.BucketNodes: &f.nodes} {
+		*kv, err = js.KeyValue(ctx, name)
+		require.NoError(t, err)
+	}
+	for _, n := range nodes {
+		f.hosts[n] = libvirttest.Start(t, n)
+	}
+	return f
+}
+
+// config is an agent's configuration for node, tuned for tests: short
+// timeouts and heartbeats, and guests that stop at once.
+func (f *fleet) config(node string) app.Config {
+	h := f.hosts[node]
+	return app.Config{
+		Node:              node,
+		Labels:            map[string]string{"zone": "test"},
+		NATSURLs:          []string{f.srv.URL()},
+		Seed:              f.ids[node].Seed,
+		RequestTimeout:    500 * time.Millisecond,
+		Libvirt:           driver.LibvirtConfig{Socket: h.Socket, URI: h.URI, Pool: testPool, ShutdownGrace: 50 * time.Millisecond},
+		HeartbeatInterval: 250 * time.Millisecond,
+		Log:               testLog(),
+	}
+}
+
+// testLog discards logs unless VIRTFLEET_TEST_LOG is set.
+func testLog() logging.Logger {
+	if os.Getenv("VIRTFLEET_TEST_LOG") == "" {
+		return logging.NewNopLogger()
+	}
+	return logging.NewLogrLogger(zap.New(zap.UseDevMode(true)))
+}
+
+// runningAgent is an agent running in a goroutine; stopping it is cancelling
+// its context, which is what SIGTERM does to the binary.
+type runningAgent struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// start runs an agent until stop or the end of the test.
+func (f *fleet) start(t testing.TB, cfg app.Config) *runningAgent {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &runningAgent{cancel: cancel, done: make(chan error, 1)}
+	go func() { a.done <- app.Run(ctx, cfg) }()
+	t.Cleanup(func() { a.stop(t) })
+	return a
+}
+
+// stop stops the agent and fails the test unless it exits cleanly and soon.
+func (a *runningAgent) stop(t testing.TB) {
+	t.Helper()
+	a.cancel()
+	select {
+	case err, ok := <-a.done:
+		if ok {
+			require.NoError(t, err, "the agent must exit cleanly when stopped")
+			close(a.done)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not stop within 10s of its context being cancelled")
+	}
+}
+
+// vm is the intent for a small guest with one disk and one network, as the
+// hub would write it.
+func vm(name string) wire.Intent {
+	return wire.Intent{
+		UID:        newUID(),
+		Namespace:  "team-a",
+		Name:       name,
+		Generation: 1,
+		Running:    true,
+		Machine: wire.Machine{
+			VCPU:        2,
+			MemoryBytes: 512 << 20,
+			Disks:       []wire.Disk{{Name: name + "-root", SizeBytes: 1 << 20}},
+			Networks:    []wire.Network{{Name: "net-db", CIDR: "10.10.120.0/24", Mode: "nat"}},
+		},
+	}
+}
+
+// newUID is a random (version 4) UUID, as Kubernetes assigns to metadata.uid.
+func newUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return formatUUID(b)
+}
+
+func formatUUID(b [16]byte) string {
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// put writes in as node's intent, as the hub does.
+func (f *fleet) put(t testing.TB, node string, in wire.Intent) {
+	t.Helper()
+	key, err := wire.IntentKey(node, in.UID)
+	require.NoError(t, err)
+	b, err := wire.EncodeIntent(in)
+	require.NoError(t, err)
+	_, err = f.intents.Put(context.Background(), key, b)
+	require.NoError(t, err)
+}
+
+// remove deletes node's intent for uid, as the hub does for a deleted VM.
+func (f *fleet) remove(t testing.TB, node, uid string) {
+	t.Helper()
+	key, err := wire.IntentKey(node, uid)
+	require.NoError(t, err)
+	require.NoError(t, f.intents.Delete(context.Background(), key))
+}
+
+// report reads node's report for uid as the hub does; false if there is none.
+func (f *fleet) report(t testing.TB, node, uid string) (wire.Report, bool) {
+	t.Helper()
+	key, err := wire.ReportKey(node, uid)
+	require.NoError(t, err)
+	e, err := f.reports.Get(context.Background(), key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return wire.Report{}, false
+	}
+	require.NoError(t, err)
+	r, err := wire.DecodeReport(e.Value())
+	require.NoError(t, err)
+	return r, true
+}
+
+// waitReport waits until node's report for uid satisfies ok and returns it.
+func (f *fleet) waitReport(t testing.TB, node, uid, what string, ok func(wire.Report) bool) wire.Report {
+	t.Helper()
+	var last wire.Report
+	var found bool
+	deadline := time.Now().Add(waitFor)
+	for time.Now().Before(deadline) {
+		if last, found = f.report(t, node, uid); found && ok(last) {
+			return last
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no report of %s on %s is %s within %s; last (found=%t): %+v", uid, node, what, waitFor, found, last)
+	return last
+}
+
+// waitNoReport waits until node has no report for uid.
+func (f *fleet) waitNoReport(t testing.TB, node, uid string) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for time.Now().Before(deadline) {
+		if _, found := f.report(t, node, uid); !found {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("the report of %s on %s was not deleted within %s", uid, node, waitFor)
+}
+
+// running is a report condition: phase Running for the given generation.
+func running(gen int64) func(wire.Report) bool {
+	return phase(wire.PhaseRunning, gen)
+}
+
+func phase(p wire.Phase, gen int64) func(wire.Report) bool {
+	return func(r wire.Report) bool { return r.Phase == p && r.ObservedGeneration == gen }
+}
+
+// guests lists the domains on node's libvirtd by uuid, with whether each is
+// active, looking behind the agent's back. The test driver's own sample
+// domain "test" is left out.
+func (f *fleet) guests(t testing.TB, node string) map[string]bool {
+	t.Helper()
+	l, err := f.hosts[node].Dial()
+	require.NoError(t, err)
+	defer l.Disconnect() //nolint:errcheck // read-only connection
+	doms, _, err := l.ConnectListAllDomains(1, 0)
+	require.NoError(t, err)
+	out := map[string]bool{}
+	for _, d := range doms {
+		if d.Name == "test" {
+			continue
+		}
+		state, _, err := l.DomainGetState(d, 0)
+		require.NoError(t, err)
+		out[formatUUID(d.UUID)] = golibvirt.DomainState(state) == golibvirt.DomainRunning
+	}
+	return out
+}
+
+// waitVolume polls node's libvirtd as fast as it answers until the volume
+// exists in the test pool.
+func (f *fleet) waitVolume(t testing.TB, node, name string) {
+	t.Helper()
+	l, err := f.hosts[node].Dial()
+	require.NoError(t, err)
+	defer l.Disconnect() //nolint:errcheck // read-only connection
+	p, err := l.StoragePoolLookupByName(testPool)
+	require.NoError(t, err)
+	deadline := time.Now().Add(waitFor)
+	for time.Now().Before(deadline) {
+		if _, err := l.StorageVolLookupByName(p, name); err == nil {
+			return
+		}
+	}
+	t.Fatalf("volume %s did not appear on %s within %s", name, node, waitFor)
+}

@@ -1,0 +1,124 @@
+// Command agent runs on every hypervisor node: it watches the node's intents
+// on NATS, makes its guests match them through the node's backend, and
+// reports what it sees. Every flag falls back to an environment variable,
+// VIRTFLEET_ and the flag's name (--nats-url: VIRTFLEET_NATS_URL).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/internal/app"
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	fs := flag.NewFlagSet("agent", flag.ExitOnError)
+	var (
+		node        = fs.String("node", "", "Name of this hypervisor node.")
+		labels      = fs.String("labels", "", "Node labels matched by nodeSelector, k=v,k2=v2.")
+		natsURL     = fs.String("nats-url", "nats://127.0.0.1:4222", "NATS server URLs, comma-separated.")
+		creds       = fs.String("nats-credentials", "", "File holding this node's nkey seed, as written by hack/mint-agent-credentials.")
+		timeout     = fs.Duration("nats-timeout", bus.DefaultTimeout, "Timeout of each NATS request; a request the server refuses only times out, so keep it short.")
+		backend     = fs.String("backend", driver.BackendLibvirt, "Hypervisor backend; this build supports libvirt.")
+		socket      = fs.String("libvirt-socket", "", "libvirtd unix socket; empty means /run/libvirt/libvirt-sock.")
+		uri         = fs.String("libvirt-uri", "", "libvirt connection URI; empty means qemu:///system.")
+		pool        = fs.String("libvirt-pool", "", "Storage pool for volumes, cloud-init seeds and swap; empty means default.")
+		grace       = fs.Duration("shutdown-grace", 0, "How long a guest may take to shut down on ACPI before it is forced off; 0 means 2m.")
+		heartbeat   = fs.Duration("heartbeat-interval", 2*time.Second, "Interval between heartbeats; keep it well below the nodes bucket TTL (10s).")
+		resync      = fs.Duration("resync-interval", 60*time.Second, "Interval between full resyncs of every guest.")
+		workers     = fs.Int("workers", 8, "Guests reconciled in parallel.")
+		cpuRatio    = fs.Float64("cpu-allocation-ratio", app.DefaultCPUAllocationRatio, "vCPUs offered to placement per host CPU.")
+		memoryRatio = fs.Float64("memory-allocation-ratio", app.DefaultMemoryAllocationRatio, "Guest memory offered to placement per byte of host memory; 1 means no overcommit. Raise it on libvirt's test driver, whose hosts have 3 GiB (make run uses 4).")
+		debug       = fs.Bool("debug", false, "Log at debug level.")
+	)
+	documentEnv(fs)
+	_ = fs.Parse(os.Args[1:]) // ExitOnError: a bad flag exits with usage
+	if err := envFallback(fs, os.LookupEnv); err != nil {
+		return err
+	}
+
+	log := logging.NewLogrLogger(zap.New(zap.UseDevMode(*debug)).WithName("agent"))
+	lbls, err := app.ParseLabels(*labels)
+	if err != nil {
+		return fmt.Errorf("--labels: %w", err)
+	}
+	if *creds == "" {
+		return fmt.Errorf("--nats-credentials is required")
+	}
+	seed, err := app.ReadSeed(*creds)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return app.Run(ctx, app.Config{
+		Node:           *node,
+		Labels:         lbls,
+		NATSURLs:       strings.Split(*natsURL, ","),
+		Seed:           seed,
+		RequestTimeout: *timeout,
+		Backend:        *backend,
+		Libvirt: driver.LibvirtConfig{
+			Socket:        *socket,
+			URI:           *uri,
+			Pool:          *pool,
+			ShutdownGrace: *grace,
+		},
+		HeartbeatInterval:     *heartbeat,
+		ResyncInterval:        *resync,
+		Workers:               *workers,
+		CPUAllocationRatio:    *cpuRatio,
+		MemoryAllocationRatio: *memoryRatio,
+		Log:                   log,
+	})
+}
+
+// envName is the environment variable a flag falls back to:
+// --nats-url is VIRTFLEET_NATS_URL.
+func envName(flagName string) string {
+	return "VIRTFLEET_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// documentEnv names each flag's environment variable in its help.
+func documentEnv(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
+}
+
+// envFallback sets every flag not given on the command line from its
+// environment variable, parsed as the flag would parse it: a DaemonSet can
+// configure the agent either way, and a malformed value is an error, never
+// silently the default.
+func envFallback(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		v, ok := lookup(envName(f.Name))
+		if !ok || given[f.Name] || err != nil {
+			return
+		}
+		if e := fs.Set(f.Name, v); e != nil {
+			err = fmt.Errorf("%s: %w", envName(f.Name), e)
+		}
+	})
+	return err
+}
