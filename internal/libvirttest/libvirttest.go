@@ -42,6 +42,9 @@ import (
 // URI is the libvirt connection URI every node serves.
 const URI = "test:///default"
 
+// Pool is the storage pool the test driver serves.
+const Pool = "default-pool"
+
 // nobody is the unprivileged account root-run daemons switch to. Each daemon
 // is isolated by its directories, not its uid, so all may share it.
 const nobody = 65534

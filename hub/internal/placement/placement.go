@@ -142,12 +142,34 @@ func (p *Placer) Place(nodes []Node, req Request) (string, error) {
 	if r, ok := p.reservations[req.UID]; ok {
 		return r.node, nil
 	}
+	best, err := p.choose(nodes, req, now)
+	if err != nil {
+		return "", err
+	}
+	p.reservations[req.UID] = reservation{node: best, resources: req.Resources, at: now}
+	return best, nil
+}
 
+// Check says whether Place would find a node for req, without reserving
+// one, so a VM that cannot be placed yet can say why before it is created.
+func (p *Placer) Check(nodes []Node, req Request) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	p.expire(now)
+	if _, ok := p.reservations[req.UID]; ok {
+		return nil
+	}
+	_, err := p.choose(nodes, req, now)
+	return err
+}
+
+// choose picks the least allocated eligible node, counting reservations.
+func (p *Placer) choose(nodes []Node, req Request, now time.Time) (string, error) {
 	reserved := map[string]Resources{}
 	for _, r := range p.reservations {
 		reserved[r.node] = reserved[r.node].add(r.resources)
 	}
-
 	best, bestScore := "", 2.0
 	noFit := &NoFitError{Reasons: map[string]string{}}
 	for _, n := range nodes {
@@ -163,7 +185,6 @@ func (p *Placer) Place(nodes []Node, req Request) (string, error) {
 	if best == "" {
 		return "", noFit
 	}
-	p.reservations[req.UID] = reservation{node: best, resources: req.Resources, at: now}
 	return best, nil
 }
 

@@ -1,0 +1,112 @@
+// Package providerconfig reconciles ProviderConfigs and ClusterProviderConfigs
+// (usage accounting, as every Crossplane provider does) and resolves the one
+// a managed resource names into the NATS server and defaults it stands for.
+package providerconfig
+
+import (
+	"context"
+
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/providerconfig"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+)
+
+// Config is what a ProviderConfig stands for.
+type Config struct {
+	Target       fleet.Target
+	NodeSelector map[string]string
+}
+
+// Resolver reads the ProviderConfig a managed resource names and tracks the
+// usage, so a ProviderConfig in use cannot be deleted.
+type Resolver struct {
+	kube  client.Client
+	usage *resource.ProviderConfigUsageTracker
+}
+
+// NewResolver returns a Resolver.
+func NewResolver(kube client.Client) *Resolver {
+	return &Resolver{kube: kube, usage: resource.NewProviderConfigUsageTracker(kube, &apisv1alpha1.ProviderConfigUsage{})}
+}
+
+// Resolve tracks mg's use of its ProviderConfig and returns what it says.
+func (r *Resolver) Resolve(ctx context.Context, mg resource.ModernManaged) (Config, error) {
+	if err := r.usage.Track(ctx, mg); err != nil {
+		return Config{}, errors.Wrap(err, "cannot track ProviderConfig usage")
+	}
+	ref := mg.GetProviderConfigReference()
+	var spec apisv1alpha1.ProviderConfigSpec
+	switch ref.Kind {
+	case apisv1alpha1.ProviderConfigKind:
+		pc := &apisv1alpha1.ProviderConfig{}
+		if err := r.kube.Get(ctx, types.NamespacedName{Namespace: mg.GetNamespace(), Name: ref.Name}, pc); err != nil {
+			return Config{}, errors.Wrapf(err, "cannot get ProviderConfig %s", ref.Name)
+		}
+		spec = pc.Spec
+	case apisv1alpha1.ClusterProviderConfigKind:
+		cpc := &apisv1alpha1.ClusterProviderConfig{}
+		if err := r.kube.Get(ctx, types.NamespacedName{Name: ref.Name}, cpc); err != nil {
+			return Config{}, errors.Wrapf(err, "cannot get ClusterProviderConfig %s", ref.Name)
+		}
+		spec = cpc.Spec
+	default:
+		return Config{}, errors.Errorf("providerConfigRef.kind %q is neither ProviderConfig nor ClusterProviderConfig", ref.Kind)
+	}
+	c := Config{Target: fleet.Target{URL: spec.NATSURL}, NodeSelector: spec.NodeSelector}
+	if spec.Credentials.Source == xpv2.CredentialsSourceNone {
+		return c, nil
+	}
+	seed, err := resource.CommonCredentialExtractor(ctx, spec.Credentials.Source, r.kube, spec.Credentials.CommonCredentialSelectors)
+	if err != nil {
+		return Config{}, errors.Wrap(err, "cannot read the hub's NATS credentials")
+	}
+	c.Target.Seed = seed
+	return c, nil
+}
+
+// Setup adds the usage-accounting controllers of both kinds.
+func Setup(mgr ctrl.Manager, o controller.Options) error {
+	kinds := []struct {
+		config, usage, usageList client.Object
+		of                       resource.ProviderConfigKinds
+		kind, groupKind          string
+	}{
+		{
+			config: &apisv1alpha1.ProviderConfig{}, usage: &apisv1alpha1.ProviderConfigUsage{},
+			of:   resource.ProviderConfigKinds{Config: apisv1alpha1.ProviderConfigGroupVersionKind, Usage: apisv1alpha1.ProviderConfigUsageGroupVersionKind, UsageList: apisv1alpha1.ProviderConfigUsageListGroupVersionKind},
+			kind: apisv1alpha1.ProviderConfigKind, groupKind: apisv1alpha1.ProviderConfigGroupKind,
+		},
+		{
+			config: &apisv1alpha1.ClusterProviderConfig{}, usage: &apisv1alpha1.ClusterProviderConfigUsage{},
+			of:   resource.ProviderConfigKinds{Config: apisv1alpha1.ClusterProviderConfigGroupVersionKind, Usage: apisv1alpha1.ClusterProviderConfigUsageGroupVersionKind, UsageList: apisv1alpha1.ClusterProviderConfigUsageListGroupVersionKind},
+			kind: apisv1alpha1.ClusterProviderConfigKind, groupKind: apisv1alpha1.ClusterProviderConfigGroupKind,
+		},
+	}
+	for _, k := range kinds {
+		name := providerconfig.ControllerName(k.groupKind)
+		r := providerconfig.NewReconciler(mgr, k.of,
+			providerconfig.WithLogger(o.Logger.WithValues("controller", name)),
+			providerconfig.WithRecorder(event.NewAPIRecorder(mgr.GetEventRecorderFor(name)))) //nolint:staticcheck // crossplane-runtime still records through the old events API
+		err := ctrl.NewControllerManagedBy(mgr).
+			Named(name).
+			WithOptions(o.ForControllerRuntime()).
+			For(k.config).
+			Watches(k.usage, &resource.EnqueueRequestForProviderConfig{Kind: k.kind}).
+			Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
+		if err != nil {
+			return errors.Wrapf(err, "cannot set up the %s controller", k.kind)
+		}
+	}
+	return nil
+}

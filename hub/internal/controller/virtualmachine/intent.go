@@ -1,0 +1,161 @@
+package virtualmachine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+)
+
+// MissingError names the Volumes and VirtualNetworks a VirtualMachine waits
+// for. The VM stays Pending and is reconciled again as soon as one of them
+// is created.
+type MissingError struct {
+	Namespace string
+	Volumes   []string
+	Networks  []string
+}
+
+func (e *MissingError) Error() string {
+	var parts []string
+	if len(e.Volumes) > 0 {
+		parts = append(parts, fmt.Sprintf("Volume %s", strings.Join(e.Volumes, ", ")))
+	}
+	if len(e.Networks) > 0 {
+		parts = append(parts, fmt.Sprintf("VirtualNetwork %s", strings.Join(e.Networks, ", ")))
+	}
+	return fmt.Sprintf("waiting for %s in namespace %s: create them and the VM goes on by itself", strings.Join(parts, " and "), e.Namespace)
+}
+
+// dependencies are the resolved Volumes and VirtualNetworks of a VM.
+type dependencies struct {
+	volumes  []v1alpha1.Volume         // in diskAttachments order
+	networks []v1alpha1.VirtualNetwork // in virtualNetworks order
+}
+
+// boundNode is the node the VM's node-local volumes are bound to, if any, or
+// an error when they are bound to different nodes (no node has them all).
+func (d dependencies) boundNode() (string, error) {
+	node, from := "", ""
+	for _, v := range d.volumes {
+		n := v.GetAnnotations()[v1alpha1.AnnotationNode]
+		switch {
+		case n == "":
+		case node == "":
+			node, from = n, v.Name
+		case n != node:
+			return "", errors.Errorf("volumes %s (on %s) and %s (on %s) live on different nodes; a VM can only use volumes of one node", from, node, v.Name, n)
+		}
+	}
+	return node, nil
+}
+
+// resolve reads what the VM refers to from the manager's cache.
+func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine) (dependencies, error) {
+	var d dependencies
+	missing := &MissingError{Namespace: vm.Namespace}
+	for _, a := range vm.Spec.ForProvider.DiskAttachments {
+		v := v1alpha1.Volume{}
+		err := kube.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: string(a.Name)}, &v)
+		switch {
+		case kerrors.IsNotFound(err) || (err == nil && v.DeletionTimestamp != nil):
+			missing.Volumes = append(missing.Volumes, string(a.Name))
+		case err != nil:
+			return d, errors.Wrapf(err, "cannot get Volume %s", a.Name)
+		}
+		d.volumes = append(d.volumes, v)
+	}
+	for _, n := range vm.Spec.ForProvider.VirtualNetworks {
+		vn := v1alpha1.VirtualNetwork{}
+		err := kube.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: string(n)}, &vn)
+		switch {
+		case kerrors.IsNotFound(err) || (err == nil && vn.DeletionTimestamp != nil):
+			missing.Networks = append(missing.Networks, string(n))
+		case err != nil:
+			return d, errors.Wrapf(err, "cannot get VirtualNetwork %s", n)
+		}
+		d.networks = append(d.networks, vn)
+	}
+	if len(missing.Volumes)+len(missing.Networks) > 0 {
+		return d, missing
+	}
+	return d, nil
+}
+
+// intent is what the VM's node must make true.
+func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
+	fp := vm.Spec.ForProvider
+	m := wire.Machine{
+		VCPU:        fp.Vcpu,
+		MemoryBytes: fp.Memory.Value(),
+		PublicKey:   fp.PublicKey,
+		UserData:    fp.UserData,
+	}
+	if fp.Swap != nil {
+		m.SwapBytes = fp.Swap.Value()
+	}
+	if fp.Firmware != nil {
+		m.Firmware = wire.Firmware(*fp.Firmware)
+	}
+	for _, v := range d.volumes {
+		m.Disks = append(m.Disks, wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: v.Spec.ForProvider.Size.Value()})
+	}
+	for _, n := range d.networks {
+		m.Networks = append(m.Networks, wire.Network{
+			Name:   n.Name,
+			UID:    string(n.UID),
+			Mode:   string(n.Spec.ForProvider.Mode),
+			CIDR:   n.Spec.ForProvider.CIDR,
+			Bridge: n.Spec.ForProvider.Bridge,
+		})
+	}
+	in := wire.Intent{
+		ProtocolVersion: wire.ProtocolVersion,
+		UID:             string(vm.UID),
+		Namespace:       vm.Namespace,
+		Name:            vm.Name,
+		Generation:      vm.Generation,
+		Running:         fp.IsRunning(),
+		RestartNonce:    vm.GetAnnotations()[v1alpha1.AnnotationRestartRequestedAt],
+		Machine:         m,
+	}
+	if fp.Backend != nil {
+		in.Backend.Type = string(*fp.Backend)
+	}
+	return in
+}
+
+// fingerprint identifies an intent's content, to tell whether the one
+// published is the one wanted without asking NATS.
+func fingerprint(in wire.Intent) string {
+	b, _ := json.Marshal(in) //nolint:errchkjson // plain structs
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// nodeSelector merges the ProviderConfig's default selector with the VM's
+// own; the VM's wins on a conflict.
+func nodeSelector(defaults, own map[string]string) map[string]string {
+	if len(defaults) == 0 {
+		return own
+	}
+	out := make(map[string]string, len(defaults)+len(own))
+	for k, v := range defaults {
+		out[k] = v
+	}
+	for k, v := range own {
+		out[k] = v
+	}
+	return out
+}

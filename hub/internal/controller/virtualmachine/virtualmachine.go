@@ -1,0 +1,472 @@
+// Package virtualmachine reconciles VirtualMachines: it places each on a
+// node, publishes its intent to that node, and turns the node's reports into
+// status, conditions and events.
+package virtualmachine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/feature"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/placement"
+)
+
+// Condition types beyond Crossplane's Ready and Synced.
+const (
+	// TypeRestartRequired is True while the guest runs an older shape than
+	// its spec asks for; the new shape applies at the next start.
+	TypeRestartRequired xpv2.ConditionType = "RestartRequired"
+	// TypeNodeLost is True while the guest's node sends no heartbeat.
+	TypeNodeLost xpv2.ConditionType = "NodeLost"
+)
+
+// Event reasons a user sees in kubectl describe vm.
+const (
+	ReasonScheduled       event.Reason = "Scheduled"
+	ReasonStarted         event.Reason = "Started"
+	ReasonStopped         event.Reason = "Stopped"
+	ReasonFailed          event.Reason = "Failed"
+	ReasonRestartRequired event.Reason = "RestartRequired"
+	ReasonNodeLost        event.Reason = "NodeLost"
+	ReasonWaiting         event.Reason = "WaitingForDependencies"
+)
+
+// Field indexes of VirtualMachines by what they use, so a new Volume or
+// VirtualNetwork wakes exactly the VMs waiting for it.
+const (
+	IndexVolumes  = "spec.forProvider.diskAttachments.name"
+	IndexNetworks = "spec.forProvider.virtualNetworks"
+)
+
+// Options of the VirtualMachine controller.
+type Options struct {
+	Pool   *fleet.Pool
+	Placer *placement.Placer
+	// Notifier turns report changes into reconciles; it must be the one the
+	// Pool's fleets report to.
+	Notifier *Notifier
+	// FencingTimeout is how long a VM whose node is lost waits in deletion
+	// before it is finalized without the node confirming the guest is gone.
+	FencingTimeout time.Duration
+}
+
+// SetupGated adds the controller once the CRD is established (safe-start).
+func SetupGated(mgr ctrl.Manager, o controller.Options, vo Options) error {
+	o.Gate.Register(func() {
+		if err := Setup(mgr, o, vo); err != nil {
+			panic(errors.Wrap(err, "cannot set up the VirtualMachine controller"))
+		}
+	}, v1alpha1.VirtualMachineGroupVersionKind)
+	return nil
+}
+
+// Setup adds the controller that reconciles VirtualMachines.
+func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
+	name := managed.ControllerName(v1alpha1.VirtualMachineGroupKind)
+	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime still records through the old events API
+	c := &connector{
+		kube:     mgr.GetClient(),
+		configs:  providerconfig.NewResolver(mgr.GetClient()),
+		opts:     vo,
+		recorder: recorder,
+		state:    &state{},
+	}
+	opts := []managed.ReconcilerOption{
+		managed.WithTypedExternalConnector[*v1alpha1.VirtualMachine](c),
+		managed.WithLogger(o.Logger.WithValues("controller", name)),
+		managed.WithPollInterval(o.PollInterval),
+		managed.WithRecorder(recorder),
+		// The guest's identity is the VM's uid and Create is idempotent
+		// (the node is recorded before the intent is published), so a hub
+		// that crashed mid-create can safely create again.
+		managed.WithDeterministicExternalName(true),
+		// Observe answers from the reports the moment they change, so there
+		// is no eventual consistency to wait out after a create; waiting
+		// would only hold up the deletion of a VM deleted right after it
+		// was created.
+		managed.WithCreationGracePeriod(0),
+	}
+	if o.Features.Enabled(feature.EnableBetaManagementPolicies) {
+		opts = append(opts, managed.WithManagementPolicies())
+	}
+	if o.MetricOptions != nil {
+		opts = append(opts, managed.WithMetricRecorder(o.MetricOptions.MRMetrics))
+	}
+	r := managed.NewReconciler(mgr, resource.ManagedKind(v1alpha1.VirtualMachineGroupVersionKind), opts...)
+
+	waiting := func(index string) handler.EventHandler {
+		return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return usersOf(ctx, mgr.GetClient(), index, o)
+		})
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(name).
+		WithOptions(o.ForControllerRuntime()).
+		WithEventFilter(resource.DesiredStateChanged()).
+		For(&v1alpha1.VirtualMachine{}).
+		Watches(&v1alpha1.Volume{}, waiting(IndexVolumes)).
+		Watches(&v1alpha1.VirtualNetwork{}, waiting(IndexNetworks)).
+		WatchesRawSource(source.Channel(vo.Notifier.events, &handler.EnqueueRequestForObject{})).
+		Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
+}
+
+// IndexUsage lets the Volume and VirtualNetwork controllers, and this one,
+// find the VMs that use a given name.
+func IndexUsage(ctx context.Context, mgr ctrl.Manager) error {
+	err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.VirtualMachine{}, IndexVolumes, func(o client.Object) []string {
+		vm := o.(*v1alpha1.VirtualMachine) //nolint:forcetypeassert // the indexer is registered for this type
+		out := make([]string, 0, len(vm.Spec.ForProvider.DiskAttachments))
+		for _, a := range vm.Spec.ForProvider.DiskAttachments {
+			out = append(out, string(a.Name))
+		}
+		return out
+	})
+	if err != nil {
+		return errors.Wrap(err, "cannot index VirtualMachines by Volume")
+	}
+	err = mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.VirtualMachine{}, IndexNetworks, func(o client.Object) []string {
+		vm := o.(*v1alpha1.VirtualMachine) //nolint:forcetypeassert // the indexer is registered for this type
+		out := make([]string, 0, len(vm.Spec.ForProvider.VirtualNetworks))
+		for _, n := range vm.Spec.ForProvider.VirtualNetworks {
+			out = append(out, string(n))
+		}
+		return out
+	})
+	return errors.Wrap(err, "cannot index VirtualMachines by VirtualNetwork")
+}
+
+// Users lists the VirtualMachines in o's namespace whose index field names o.
+func Users(ctx context.Context, kube client.Reader, index string, o client.Object) ([]v1alpha1.VirtualMachine, error) {
+	l := &v1alpha1.VirtualMachineList{}
+	if err := kube.List(ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{index: o.GetName()}); err != nil {
+		return nil, errors.Wrap(err, "cannot list VirtualMachines")
+	}
+	return l.Items, nil
+}
+
+func usersOf(ctx context.Context, kube client.Reader, index string, o client.Object) []reconcile.Request {
+	vms, err := Users(ctx, kube, index, o)
+	if err != nil {
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(vms))
+	for _, vm := range vms {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}})
+	}
+	return out
+}
+
+// state is what the controller remembers across reconciles. All of it can be
+// lost: after a restart each VM's intent is published again (writing the same
+// intent twice changes nothing) and a deletion deletes its intent again.
+type state struct {
+	published sync.Map // uid -> fingerprint of the last intent published
+	deleted   sync.Map // uid -> struct{}: the intent is gone
+}
+
+type connector struct {
+	kube     client.Client
+	configs  *providerconfig.Resolver
+	opts     Options
+	recorder event.Recorder
+	state    *state
+}
+
+// Connect finds the fleet the VM's ProviderConfig names.
+func (c *connector) Connect(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.TypedExternalClient[*v1alpha1.VirtualMachine], error) {
+	pc, err := c.configs.Resolve(ctx, vm)
+	if err != nil {
+		return nil, err
+	}
+	f, err := c.opts.Pool.Get(ctx, pc.Target)
+	if err != nil {
+		return nil, err
+	}
+	c.opts.Notifier.remember(vm)
+	return &external{connector: c, fleet: f, nodeSelector: pc.NodeSelector}, nil
+}
+
+type external struct {
+	*connector
+	fleet        *fleet.Fleet
+	nodeSelector map[string]string
+}
+
+// Observe answers from the fleet's in-memory view; it never waits on NATS.
+func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
+	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	if meta.WasDeleted(vm) {
+		return e.observeDeletion(vm, node), nil
+	}
+	if node == "" {
+		// Say why a VM cannot be created yet here rather than from Create:
+		// the managed reconciler re-reads the object around Create, so only
+		// what Observe writes to status survives a failed attempt.
+		vm.Status.AtProvider.Phase = v1alpha1.PhasePending
+		d, err := resolve(ctx, e.kube, vm)
+		if err == nil {
+			var req placement.Request
+			if req, err = e.request(vm, d); err == nil {
+				err = e.opts.Placer.Check(e.fleet.Nodes(), req)
+			}
+		}
+		if err != nil {
+			vm.SetConditions(notReady(v1alpha1.PhasePending, err.Error()))
+			return managed.ExternalObservation{}, err
+		}
+		vm.SetConditions(notReady(v1alpha1.PhasePending, "being placed on a node"))
+		return managed.ExternalObservation{ResourceExists: false}, nil
+	}
+
+	uid := string(vm.UID)
+	before := vm.Status.AtProvider
+	obs := before
+	if rep, ok := e.fleet.Report(uid); ok {
+		e.opts.Placer.Release(uid) // the node now counts the guest itself
+		obs = observation(rep.Report, vm.Spec.ForProvider.VirtualNetworks)
+	} else if obs.Phase == "" || obs.Phase == v1alpha1.PhasePending || obs.Phase == v1alpha1.PhaseUnknown {
+		obs.Phase, obs.Node = v1alpha1.PhaseScheduled, node
+	}
+	n := e.fleet.Node(node)
+	if n.Lost {
+		obs.Phase = v1alpha1.PhaseUnknown
+	}
+	vm.Status.AtProvider = obs
+	e.setConditions(vm, obs, node, n)
+	e.recordTransition(vm, before, obs, node)
+
+	d, err := resolve(ctx, e.kube, vm)
+	upToDate := err == nil
+	if upToDate {
+		published, _ := e.state.published.Load(uid)
+		upToDate = published == fingerprint(intent(vm, d))
+	}
+	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, nil
+}
+
+// observeDeletion reports the guest as existing until its node confirmed the
+// deletion by removing the report, or, when the node is lost, until the
+// fencing timeout has passed: a delete never hangs forever.
+func (e *external) observeDeletion(vm *v1alpha1.VirtualMachine, node string) managed.ExternalObservation {
+	if node == "" {
+		return managed.ExternalObservation{ResourceExists: false}
+	}
+	uid := string(vm.UID)
+	vm.Status.AtProvider.Phase = v1alpha1.PhaseDeleting
+	vm.SetConditions(xpv2.Deleting())
+	if n := e.fleet.Node(node); n.Lost {
+		waited := time.Since(vm.DeletionTimestamp.Time)
+		if waited < e.opts.FencingTimeout {
+			// Come back when the timeout is up, not at the next backoff.
+			e.opts.Notifier.NotifyAfter(uid, e.opts.FencingTimeout-waited)
+		} else {
+			e.recorder.Event(vm, event.Warning(ReasonNodeLost, errors.Errorf(
+				"node %s has been lost since %s; finalized after the fencing timeout (%s) without the node confirming that the guest is gone",
+				node, n.LostSince.UTC().Format(time.RFC3339), e.opts.FencingTimeout)))
+			return managed.ExternalObservation{ResourceExists: false}
+		}
+	}
+	_, reported := e.fleet.Report(uid)
+	_, deleted := e.state.deleted.Load(uid)
+	return managed.ExternalObservation{ResourceExists: reported || !deleted}
+}
+
+// Create places the VM, records the node on the resource, and only then
+// publishes the intent: a hub that crashes in between finds the node on the
+// resource and publishes to it, so a guest is never placed twice.
+func (e *external) Create(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalCreation, error) {
+	d, err := resolve(ctx, e.kube, vm)
+	if err != nil {
+		e.waiting(vm, err)
+		return managed.ExternalCreation{}, err
+	}
+	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	if node == "" {
+		if node, err = e.place(ctx, vm, d); err != nil {
+			e.waiting(vm, err)
+			return managed.ExternalCreation{}, err
+		}
+	}
+	if err := e.bindVolumes(ctx, d, node); err != nil {
+		return managed.ExternalCreation{}, err
+	}
+	if err := e.publish(ctx, vm, d, node); err != nil {
+		return managed.ExternalCreation{}, err
+	}
+	vm.Status.AtProvider.Phase, vm.Status.AtProvider.Node = v1alpha1.PhaseScheduled, node
+	vm.SetConditions(xpv2.Creating())
+	e.recorder.Event(vm, event.Normal(ReasonScheduled, fmt.Sprintf("Placed on node %s", node)))
+	return managed.ExternalCreation{}, nil
+}
+
+// request is what placement needs to know of the VM.
+func (e *external) request(vm *v1alpha1.VirtualMachine, d dependencies) (placement.Request, error) {
+	required, err := d.boundNode()
+	if err != nil {
+		return placement.Request{}, err
+	}
+	fp := vm.Spec.ForProvider
+	req := placement.Request{
+		UID:          string(vm.UID),
+		Resources:    placement.Resources{VCPU: int64(fp.Vcpu), MemoryBytes: fp.Memory.Value()},
+		NodeSelector: nodeSelector(e.nodeSelector, fp.NodeSelector),
+		RequiredNode: required,
+	}
+	if fp.Backend != nil {
+		req.Backend = string(*fp.Backend)
+	}
+	return req, nil
+}
+
+func (e *external) place(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies) (string, error) {
+	req, err := e.request(vm, d)
+	if err != nil {
+		return "", err
+	}
+	node, err := e.opts.Placer.Place(e.fleet.Nodes(), req)
+	if err != nil {
+		return "", errors.Wrap(err, "cannot place the VM")
+	}
+	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: node})
+	if err := e.kube.Update(ctx, vm); err != nil {
+		e.opts.Placer.Release(string(vm.UID))
+		return "", errors.Wrap(err, "cannot record the chosen node")
+	}
+	return node, nil
+}
+
+// bindVolumes binds the VM's unbound node-local Volumes to its node, so the
+// next VM that uses them is placed there too.
+func (e *external) bindVolumes(ctx context.Context, d dependencies, node string) error {
+	for i := range d.volumes {
+		v := &d.volumes[i]
+		if v.GetAnnotations()[v1alpha1.AnnotationNode] != "" {
+			continue
+		}
+		patch := client.MergeFrom(v.DeepCopy())
+		meta.AddAnnotations(v, map[string]string{v1alpha1.AnnotationNode: node})
+		if err := e.kube.Patch(ctx, v, patch); err != nil {
+			return errors.Wrapf(err, "cannot bind Volume %s to node %s", v.Name, node)
+		}
+	}
+	return nil
+}
+
+func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies, node string) error {
+	in := intent(vm, d)
+	if _, err := e.fleet.Bus.PutIntent(ctx, node, in); err != nil {
+		return errors.Wrapf(err, "cannot publish the intent to node %s", node)
+	}
+	e.state.published.Store(in.UID, fingerprint(in))
+	e.state.deleted.Delete(in.UID)
+	return nil
+}
+
+// Update publishes the intent again after the spec or the restart
+// annotation changed. The node decides what a running guest can take live;
+// the rest shows up as RestartRequired.
+func (e *external) Update(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalUpdate, error) {
+	d, err := resolve(ctx, e.kube, vm)
+	if err != nil {
+		return managed.ExternalUpdate{}, err
+	}
+	return managed.ExternalUpdate{}, e.publish(ctx, vm, d, vm.GetAnnotations()[v1alpha1.AnnotationNode])
+}
+
+// Delete removes the intent, which tells the node to delete the guest. The
+// VM's Volumes and VirtualNetworks stay.
+func (e *external) Delete(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalDelete, error) {
+	node, uid := vm.GetAnnotations()[v1alpha1.AnnotationNode], string(vm.UID)
+	vm.Status.AtProvider.Phase = v1alpha1.PhaseDeleting
+	vm.SetConditions(xpv2.Deleting())
+	if err := e.fleet.Bus.DeleteIntent(ctx, node, uid); err != nil {
+		return managed.ExternalDelete{}, errors.Wrapf(err, "cannot delete the intent on node %s", node)
+	}
+	e.state.deleted.Store(uid, struct{}{})
+	e.state.published.Delete(uid)
+	e.opts.Placer.Release(uid)
+	return managed.ExternalDelete{}, nil
+}
+
+// Disconnect implements managed.TypedExternalClient; the fleet's connection
+// outlives the reconcile.
+func (e *external) Disconnect(context.Context) error { return nil }
+
+func (e *external) waiting(vm *v1alpha1.VirtualMachine, err error) {
+	vm.Status.AtProvider.Phase = v1alpha1.PhasePending
+	vm.SetConditions(notReady(v1alpha1.PhasePending, err.Error()))
+}
+
+// setConditions turns an observation into Ready, RestartRequired and NodeLost.
+func (e *external) setConditions(vm *v1alpha1.VirtualMachine, obs v1alpha1.VirtualMachineObservation, node string, n fleet.NodeStatus) {
+	switch {
+	case obs.Phase == v1alpha1.PhaseRunning:
+		vm.SetConditions(xpv2.Available())
+	default:
+		vm.SetConditions(notReady(obs.Phase, reportMessage(e.fleet, string(vm.UID))))
+	}
+	rr := xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate", LastTransitionTime: now()}
+	if obs.RestartRequired {
+		rr.Status, rr.Reason = corev1.ConditionTrue, "SpecChanged"
+		rr.Message = "the spec changed while the VM runs; the change applies at the next start (restart it with the compute.virtfleet.io/restart-requested-at annotation)"
+	}
+	vm.SetConditions(rr)
+	nl := xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh", LastTransitionTime: now()}
+	if n.Lost {
+		nl.Status, nl.Reason = corev1.ConditionTrue, "HeartbeatExpired"
+		nl.Message = fmt.Sprintf("node %s has sent no heartbeat since %s; the VM is not started elsewhere", node, n.LostSince.UTC().Format(time.RFC3339))
+	}
+	vm.SetConditions(nl)
+}
+
+// recordTransition emits the events a user follows in kubectl describe.
+func (e *external) recordTransition(vm *v1alpha1.VirtualMachine, before, after v1alpha1.VirtualMachineObservation, node string) {
+	if before.Phase != after.Phase {
+		switch after.Phase {
+		case v1alpha1.PhaseRunning:
+			e.recorder.Event(vm, event.Normal(ReasonStarted, fmt.Sprintf("Running on node %s", after.Node)))
+		case v1alpha1.PhaseStopped:
+			e.recorder.Event(vm, event.Normal(ReasonStopped, fmt.Sprintf("Stopped on node %s", after.Node)))
+		case v1alpha1.PhaseFailed:
+			e.recorder.Event(vm, event.Warning(ReasonFailed, errors.New(reportMessage(e.fleet, string(vm.UID)))))
+		case v1alpha1.PhaseUnknown:
+			e.recorder.Event(vm, event.Warning(ReasonNodeLost, errors.Errorf("node %s sends no heartbeat; the VM's state is unknown", node)))
+		}
+	}
+	if after.RestartRequired && !before.RestartRequired {
+		e.recorder.Event(vm, event.Normal(ReasonRestartRequired, "The spec changed while the VM runs; the change applies at the next start"))
+	}
+}
+
+func reportMessage(f *fleet.Fleet, uid string) string {
+	if r, ok := f.Report(uid); ok && r.Report.Message != "" {
+		return r.Report.Message
+	}
+	return ""
+}
+
+func notReady(phase v1alpha1.Phase, msg string) xpv2.Condition {
+	return xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionFalse, Reason: xpv2.ConditionReason(phase), Message: msg, LastTransitionTime: now()}
+}

@@ -1,0 +1,178 @@
+// Package fleet is the hub's in-memory view of the nodes behind one NATS
+// server: the latest report of every guest and the latest heartbeat of every
+// node, kept current by the bus's watches. Reconcilers read it without waiting
+// on the network, and it tells them at once when a report or a node changes,
+// so status never waits for a poll interval.
+package fleet
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/internal/buckets"
+)
+
+// NodeStatus is what the hub knows of one node.
+type NodeStatus struct {
+	Heartbeat wire.NodeHeartbeat
+	// LastSeen is when the hub last received the node's heartbeat.
+	LastSeen time.Time
+	// Lost is set when the heartbeat expired; LostSince says when.
+	Lost      bool
+	LostSince time.Time
+}
+
+// Fleet is the view of one NATS server's buckets.
+type Fleet struct {
+	// Bus publishes intents to the nodes.
+	Bus bus.Bus
+
+	log     logging.Logger
+	now     func() time.Time
+	started time.Time
+	// unknownAfter is how long after start a node never heard of counts as
+	// lost: by then every live node has sent several heartbeats.
+	unknownAfter time.Duration
+
+	mu      sync.RWMutex
+	reports map[string]bus.ReportEvent // by uid
+	nodes   map[string]NodeStatus
+	subs    []func(uid string)
+}
+
+// New returns a view over b. Call Run to fill it.
+func New(b bus.Bus, log logging.Logger) *Fleet {
+	return &Fleet{
+		Bus:          b,
+		log:          log,
+		now:          time.Now,
+		started:      time.Now(),
+		unknownAfter: buckets.DefaultNodeTTL,
+		reports:      map[string]bus.ReportEvent{},
+		nodes:        map[string]NodeStatus{},
+	}
+}
+
+// Subscribe registers fn to be called with the uid of every guest whose
+// report changed or whose node was lost or came back. fn must not block.
+func (f *Fleet) Subscribe(fn func(uid string)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.subs = append(f.subs, fn)
+}
+
+// Run keeps the view current until ctx is done.
+func (f *Fleet) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := f.Bus.WatchReports(ctx, f.onReport); err != nil && ctx.Err() == nil {
+			f.log.Info("Report watch ended", "error", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := f.Bus.WatchNodes(ctx, f.onNode); err != nil && ctx.Err() == nil {
+			f.log.Info("Node watch ended", "error", err)
+		}
+	}()
+	wg.Wait()
+}
+
+func (f *Fleet) onReport(e bus.ReportEvent) {
+	f.mu.Lock()
+	if e.Deleted {
+		delete(f.reports, e.UID)
+	} else {
+		f.reports[e.UID] = e
+	}
+	subs := f.subs
+	f.mu.Unlock()
+	for _, fn := range subs {
+		fn(e.UID)
+	}
+}
+
+func (f *Fleet) onNode(e bus.NodeEvent) {
+	now := f.now()
+	f.mu.Lock()
+	prev, known := f.nodes[e.Node]
+	s := NodeStatus{Heartbeat: e.Heartbeat, LastSeen: now}
+	if e.Lost {
+		s = prev
+		if !prev.Lost {
+			s.Lost, s.LostSince = true, now
+		}
+	}
+	f.nodes[e.Node] = s
+	// Guests care only when the node's liveness flips.
+	var affected []string
+	if !known || prev.Lost != s.Lost {
+		for uid, r := range f.reports {
+			if r.Node == e.Node {
+				affected = append(affected, uid)
+			}
+		}
+	}
+	subs := f.subs
+	f.mu.Unlock()
+	for _, uid := range affected {
+		for _, fn := range subs {
+			fn(uid)
+		}
+	}
+}
+
+// Report returns the latest report of guest uid and the node that wrote it.
+func (f *Fleet) Report(uid string) (bus.ReportEvent, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	r, ok := f.reports[uid]
+	return r, ok
+}
+
+// Node returns what is known of node. A node the hub has never heard from
+// counts as lost once the hub has watched long enough to have heard from
+// every live node.
+func (f *Fleet) Node(name string) NodeStatus {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if s, ok := f.nodes[name]; ok {
+		return s
+	}
+	if f.now().Sub(f.started) > f.unknownAfter {
+		return NodeStatus{Lost: true, LostSince: f.started.Add(f.unknownAfter)}
+	}
+	return NodeStatus{}
+}
+
+// Nodes returns the live nodes for placement, sorted by name.
+func (f *Fleet) Nodes() []placement.Node {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]placement.Node, 0, len(f.nodes))
+	for name, s := range f.nodes {
+		if s.Lost {
+			continue
+		}
+		hb := s.Heartbeat
+		out = append(out, placement.Node{
+			Name:      name,
+			Backend:   hb.Backend,
+			Labels:    hb.Labels,
+			Capacity:  placement.Resources{VCPU: hb.Capacity.VCPU, MemoryBytes: hb.Capacity.MemoryBytes},
+			Allocated: placement.Resources{VCPU: hb.Allocated.VCPU, MemoryBytes: hb.Allocated.MemoryBytes},
+			LastSeen:  s.LastSeen,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

@@ -1,0 +1,86 @@
+package fleet
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"sync"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/nats-io/nats.go"
+
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/natsauth"
+)
+
+// Target is a NATS server as a ProviderConfig names it.
+type Target struct {
+	// URL is one or more NATS URLs, comma separated.
+	URL string
+	// Seed is the hub's nkey seed; nil connects without authentication.
+	Seed []byte
+}
+
+func (t Target) key() string {
+	h := sha256.Sum256(t.Seed)
+	return t.URL + "#" + hex.EncodeToString(h[:8])
+}
+
+// Pool keeps one Fleet per Target for the hub's lifetime: many
+// ProviderConfigs usually name the same NATS server, and each Fleet holds
+// long-lived watches that must not be restarted per reconcile.
+type Pool struct {
+	ctx     context.Context
+	log     logging.Logger
+	buckets buckets.Config
+	onNew   func(*Fleet)
+
+	mu     sync.Mutex
+	fleets map[string]*Fleet
+}
+
+// NewPool returns a Pool whose fleets live until ctx is done. onNew is called
+// with each new Fleet before its watches start, to subscribe to it.
+func NewPool(ctx context.Context, log logging.Logger, b buckets.Config, onNew func(*Fleet)) *Pool {
+	return &Pool{ctx: ctx, log: log, buckets: b, onNew: onNew, fleets: map[string]*Fleet{}}
+}
+
+// Get returns the Fleet of t, connecting and creating the buckets on first use.
+func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if f, ok := p.fleets[t.key()]; ok {
+		return f, nil
+	}
+	opts := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond), nats.Name(natsauth.HubName)}
+	if len(t.Seed) > 0 {
+		id := natsauth.Identity{User: natsauth.User{Name: natsauth.HubName}, InboxPrefix: natsauth.InboxPrefix(natsauth.HubName), Seed: t.Seed}
+		auth, err := id.ConnectOptions()
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot use the hub's NATS credentials")
+		}
+		opts = append(opts, auth...)
+	}
+	nc, err := nats.Connect(t.URL, opts...)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot connect to NATS at %s", t.URL)
+	}
+	b, err := bus.New(ctx, nc, bus.Config{Buckets: p.buckets, Log: p.log})
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	f := New(b, p.log.WithValues("nats", t.URL))
+	if p.onNew != nil {
+		p.onNew(f)
+	}
+	go func() {
+		f.Run(p.ctx)
+		nc.Close()
+	}()
+	p.fleets[t.key()] = f
+	return f, nil
+}

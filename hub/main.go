@@ -1,0 +1,41 @@
+// Command hub is virtfleet's Crossplane provider: it reconciles
+// VirtualMachines, Volumes, VirtualNetworks and DiskImages into intents for
+// the nodes' agents. See hub/internal/app.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/virtfleet/virtfleet/hub/internal/app"
+	"github.com/virtfleet/virtfleet/internal/buckets"
+)
+
+func main() {
+	var c app.Config
+	flag.BoolVar(&c.Debug, "debug", false, "Log at debug level, controller-runtime included.")
+	flag.BoolVar(&c.LeaderElection, "leader-election", os.Getenv("LEADER_ELECTION") == "true", "Elect a leader among hub replicas (a Lease).")
+	flag.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the leader election Lease; empty means the hub's own.")
+	flag.StringVar(&c.MetricsAddress, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 disables it.")
+	flag.StringVar(&c.HealthAddress, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 disables them.")
+	flag.DurationVar(&c.SyncInterval, "sync", time.Hour, "How often every resource is listed again.")
+	flag.DurationVar(&c.PollInterval, "poll", time.Minute, "How often each resource is checked for drift; reports update status at once regardless.")
+	flag.IntVar(&c.MaxReconcileRate, "max-reconcile-rate", 100, "Reconciles per second across all controllers (and the API client's rate); high enough for bursts of creates.")
+	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM deleted while its node is lost waits before it is finalized.")
+	flag.DurationVar(&c.NodeTTL, "node-ttl", buckets.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
+	flag.Parse()
+
+	var err error
+	if c.Rest, err = ctrl.GetConfig(); err != nil {
+		fmt.Fprintln(os.Stderr, "hub: cannot find the Kubernetes API server:", err)
+		os.Exit(1)
+	}
+	if err := app.Run(ctrl.SetupSignalHandler(), c); err != nil {
+		fmt.Fprintln(os.Stderr, "hub:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,377 @@
+// Package stack runs the whole virtfleet system on one machine: a control
+// plane (etcd + kube-apiserver) with the CRDs, an embedded NATS server with
+// per-node credentials, the hub, and one agent per simulated node, each on
+// its own private libvirtd. `make run`, the hub's integration tests and the
+// benchmarks use it. The hub and the agents run as real processes of the
+// binaries built from this tree, each with its own log file, so a test can
+// kill one (SIGKILL, as a crash would) and start it again.
+package stack
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/controlplane"
+	"github.com/virtfleet/virtfleet/internal/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/natsauth"
+	"github.com/virtfleet/virtfleet/internal/natstest"
+)
+
+// Where the hub's NATS credentials live, as examples/providerconfig names them.
+const (
+	SystemNamespace = "virtfleet-system"
+	HubSecretName   = "hub-nats-credentials"
+	HubSecretKey    = "hub.nk"
+)
+
+// Options configure a Stack. Zero values take the defaults.
+type Options struct {
+	// Dir holds the kubeconfig, logs/ and the NATS store. Required.
+	Dir string
+	// Nodes are the simulated hypervisor nodes; default node1..node3.
+	Nodes []string
+	// NATSPort is the NATS server's port; 0 picks a free one.
+	NATSPort int
+	// NodeTTL is the heartbeat TTL; 0 means the production default (10 s).
+	NodeTTL time.Duration
+	// FencingTimeout for deleting VMs on lost nodes; 0 means 60 s.
+	FencingTimeout time.Duration
+	// MemoryAllocationRatio of the agents; the test driver's host has only
+	// 3 GiB, so the default here is 8 (room for dozens of small VMs).
+	MemoryAllocationRatio float64
+	// Progress receives a line per component as it starts.
+	Progress io.Writer
+	// Debug makes the hub and agents log at debug level.
+	Debug bool
+}
+
+// Stack is a running system.
+type Stack struct {
+	ControlPlane *controlplane.ControlPlane
+	NATS         *natstest.Server
+	Nodes        map[string]*libvirttest.Node
+	// AgentIdentities are the nodes' NATS identities.
+	AgentIdentities map[string]natsauth.Identity
+
+	opts     Options
+	hubID    natsauth.Identity
+	nodeDirs []string
+	bin      string
+
+	mu     sync.Mutex
+	hub    *component
+	agents map[string]*component
+}
+
+// component is a running hub or agent process.
+type component struct {
+	cmd  *exec.Cmd
+	done chan error
+	log  *os.File
+}
+
+// stop sends sig and waits for the process; SIGTERM is a clean stop, SIGKILL
+// a crash. A process that ignores SIGTERM for 30 s is killed.
+func (c *component) stop(sig syscall.Signal) error {
+	_ = c.cmd.Process.Signal(sig)
+	var err error
+	select {
+	case err = <-c.done:
+	case <-time.After(30 * time.Second):
+		_ = c.cmd.Process.Kill()
+		err = <-c.done
+	}
+	_ = c.log.Close()
+	if sig == syscall.SIGKILL {
+		return nil // the point was to crash it
+	}
+	return errors.Wrap(err, "process did not stop cleanly")
+}
+
+// Start brings everything up; the hub and every agent are running when it
+// returns.
+func Start(ctx context.Context, o Options) (*Stack, error) {
+	if len(o.Nodes) == 0 {
+		o.Nodes = []string{"node1", "node2", "node3"}
+	}
+	if o.MemoryAllocationRatio == 0 {
+		o.MemoryAllocationRatio = 8
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if err := os.MkdirAll(filepath.Join(o.Dir, "logs"), 0o755); err != nil {
+		return nil, errors.Wrap(err, "cannot create the log directory")
+	}
+	s := &Stack{opts: o, Nodes: map[string]*libvirttest.Node{}, AgentIdentities: map[string]natsauth.Identity{}, agents: map[string]*component{}}
+	if err := s.start(ctx); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Stack) start(ctx context.Context) error {
+	o := s.opts
+	if err := s.build(ctx); err != nil {
+		return err
+	}
+	cpLog, err := os.Create(filepath.Join(o.Dir, "logs", "control-plane.log"))
+	if err != nil {
+		return errors.Wrap(err, "cannot create the control plane log")
+	}
+	if s.ControlPlane, err = controlplane.Start(ctx, controlplane.Options{Dir: o.Dir, Progress: o.Progress, Output: cpLog}); err != nil {
+		return err
+	}
+	logf(o.Progress, "control plane", "kube-apiserver %s", s.ControlPlane.Config.Host)
+
+	if s.hubID, err = natsauth.NewHubIdentity(); err != nil {
+		return err
+	}
+	users := []natsauth.User{s.hubID.User}
+	for _, n := range o.Nodes {
+		id, err := natsauth.NewAgentIdentity(n)
+		if err != nil {
+			return err
+		}
+		s.AgentIdentities[n] = id
+		users = append(users, id.User)
+	}
+	if err := os.MkdirAll(filepath.Join(o.Dir, "nats"), 0o700); err != nil {
+		return errors.Wrap(err, "cannot create the NATS store")
+	}
+	if s.NATS, err = natstest.Start(natstest.Options{StoreDir: filepath.Join(o.Dir, "nats"), Port: o.NATSPort, Users: users}); err != nil {
+		return err
+	}
+	logf(o.Progress, "nats", "%s, JetStream in %s, one identity per node", s.NATS.URL(), filepath.Join(o.Dir, "nats"))
+
+	if err := s.configureProvider(ctx); err != nil {
+		return err
+	}
+	for _, n := range o.Nodes {
+		// Not under Dir: a unix socket path must stay under 108 bytes.
+		dir, err := os.MkdirTemp("", "vf-"+n+"-")
+		if err != nil {
+			return errors.Wrap(err, "cannot create a node directory")
+		}
+		s.nodeDirs = append(s.nodeDirs, dir)
+		if s.Nodes[n], err = libvirttest.StartNode(ctx, dir, n); err != nil {
+			return err
+		}
+	}
+	if err := s.StartHub(); err != nil {
+		return err
+	}
+	logf(o.Progress, "hub", "log: %s", s.logPath("hub"))
+	for _, n := range o.Nodes {
+		if err := s.StartAgent(n); err != nil {
+			return err
+		}
+		logf(o.Progress, "agent "+n, "libvirtd %s, log: %s", s.Nodes[n].Socket, s.logPath("agent-"+n))
+	}
+	return nil
+}
+
+// configureProvider stores the hub's NATS credentials and the
+// ClusterProviderConfig named default that points at this stack's NATS.
+func (s *Stack) configureProvider(ctx context.Context) error {
+	kube := s.ControlPlane.Client
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: SystemNamespace}}
+	if err := kube.Create(ctx, ns); err != nil && !kerrors.IsAlreadyExists(err) {
+		return errors.Wrap(err, "cannot create the system namespace")
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: SystemNamespace, Name: HubSecretName},
+		Data:       map[string][]byte{HubSecretKey: s.hubID.Seed},
+	}
+	if err := kube.Create(ctx, secret); err != nil {
+		return errors.Wrap(err, "cannot store the hub's NATS credentials")
+	}
+	cpc := &apisv1alpha1.ClusterProviderConfig{
+		ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: apisv1alpha1.ProviderConfigSpec{
+			NATSURL: s.NATS.URL(),
+			Credentials: apisv1alpha1.NATSCredentials{
+				Source: xpv2.CredentialsSourceSecret,
+				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
+					SecretReference: xpv2.SecretReference{Namespace: SystemNamespace, Name: HubSecretName},
+					Key:             HubSecretKey,
+				}},
+			},
+		},
+	}
+	return errors.Wrap(kube.Create(ctx, cpc), "cannot create the default ClusterProviderConfig")
+}
+
+func (s *Stack) logPath(name string) string {
+	return filepath.Join(s.opts.Dir, "logs", name+".log")
+}
+
+// build compiles the hub and the agent from this tree into Dir/bin.
+func (s *Stack) build(ctx context.Context) error {
+	s.bin = filepath.Join(s.opts.Dir, "bin")
+	for _, cmd := range []string{"hub", "agent"} {
+		build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(s.bin, cmd), "./"+cmd)
+		build.Dir = controlplane.RepoRoot()
+		if out, err := build.CombinedOutput(); err != nil {
+			return errors.Errorf("cannot build %s: %v\n%s", cmd, err, out)
+		}
+	}
+	return nil
+}
+
+// run starts one of the built binaries with its output in logs/name.log.
+func (s *Stack) run(name, binary string, env []string, args ...string) (*component, error) {
+	f, err := os.OpenFile(s.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot open the log of %s", name)
+	}
+	cmd := exec.Command(filepath.Join(s.bin, binary), args...) //nolint:gosec // our own binaries
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), env...)
+	// Never outlive the stack, even if the test binary dies.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = f.Close()
+		return nil, errors.Wrapf(err, "cannot start %s", name)
+	}
+	c := &component{cmd: cmd, done: make(chan error, 1), log: f}
+	go func() { c.done <- cmd.Wait() }()
+	return c, nil
+}
+
+// StartHub starts the hub.
+func (s *Stack) StartHub() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hub != nil {
+		return errors.New("the hub is already running")
+	}
+	args := []string{"--metrics-bind-address=0", "--health-probe-bind-address=0", "--poll=30s"}
+	if s.opts.NodeTTL > 0 {
+		args = append(args, "--node-ttl="+s.opts.NodeTTL.String())
+	}
+	if s.opts.FencingTimeout > 0 {
+		args = append(args, "--fencing-timeout="+s.opts.FencingTimeout.String())
+	}
+	if s.opts.Debug {
+		args = append(args, "--debug")
+	}
+	c, err := s.run("hub", "hub", []string{"KUBECONFIG=" + s.ControlPlane.Kubeconfig}, args...)
+	s.hub = c
+	return err
+}
+
+// StopHub stops the hub cleanly (SIGTERM) and waits for it.
+func (s *Stack) StopHub() error { return s.stopHub(syscall.SIGTERM) }
+
+// KillHub kills the hub with SIGKILL, as a crash would.
+func (s *Stack) KillHub() { _ = s.stopHub(syscall.SIGKILL) }
+
+func (s *Stack) stopHub(sig syscall.Signal) error {
+	s.mu.Lock()
+	c := s.hub
+	s.hub = nil
+	s.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	return c.stop(sig)
+}
+
+// StartAgent starts node's agent.
+func (s *Stack) StartAgent(node string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.agents[node] != nil {
+		return errors.Errorf("the agent of %s is already running", node)
+	}
+	n, ok := s.Nodes[node]
+	if !ok {
+		return errors.Errorf("no node %s in this stack", node)
+	}
+	creds := filepath.Join(s.opts.Dir, "credentials", node+".nk")
+	if err := os.MkdirAll(filepath.Dir(creds), 0o700); err != nil {
+		return errors.Wrap(err, "cannot create the credentials directory")
+	}
+	if err := os.WriteFile(creds, s.AgentIdentities[node].Seed, 0o600); err != nil {
+		return errors.Wrap(err, "cannot write the agent's credentials")
+	}
+	c, err := s.run("agent-"+node, "agent", nil,
+		"--node="+node,
+		"--labels=kubernetes.io/hostname="+node,
+		"--nats-url="+s.NATS.URL(),
+		"--nats-credentials="+creds,
+		"--libvirt-socket="+n.Socket,
+		"--libvirt-uri="+n.URI,
+		"--libvirt-pool="+libvirttest.Pool,
+		"--memory-allocation-ratio="+strconv.FormatFloat(s.opts.MemoryAllocationRatio, 'f', -1, 64),
+		"--debug="+strconv.FormatBool(s.opts.Debug),
+	)
+	s.agents[node] = c
+	return err
+}
+
+// StopAgent stops node's agent cleanly; its guests keep running.
+func (s *Stack) StopAgent(node string) error { return s.stopAgent(node, syscall.SIGTERM) }
+
+// KillAgent kills node's agent with SIGKILL, as a crash would.
+func (s *Stack) KillAgent(node string) { _ = s.stopAgent(node, syscall.SIGKILL) }
+
+func (s *Stack) stopAgent(node string, sig syscall.Signal) error {
+	s.mu.Lock()
+	c := s.agents[node]
+	delete(s.agents, node)
+	s.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	return c.stop(sig)
+}
+
+// Stop stops everything; state under Dir stays for inspection.
+func (s *Stack) Stop() {
+	s.mu.Lock()
+	nodes := make([]string, 0, len(s.agents))
+	for n := range s.agents {
+		nodes = append(nodes, n)
+	}
+	s.mu.Unlock()
+	for _, n := range nodes {
+		_ = s.StopAgent(n)
+	}
+	_ = s.StopHub()
+	for _, n := range s.Nodes {
+		n.Stop()
+	}
+	for _, d := range s.nodeDirs {
+		_ = os.RemoveAll(d)
+	}
+	if s.NATS != nil {
+		s.NATS.Shutdown()
+	}
+	if s.ControlPlane != nil {
+		_ = s.ControlPlane.Stop()
+	}
+}
+
+// logf writes the one-line summary of a component.
+func logf(w io.Writer, component, format string, args ...any) {
+	fmt.Fprintf(w, "  %-14s %s\n", component, fmt.Sprintf(format, args...))
+}
