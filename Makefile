@@ -74,8 +74,9 @@ fuzz: ## Run each wire decoder's fuzzer for FUZZ_TIME (hostile bytes must never 
 	done
 
 .PHONY: run
-run: deps envtest-assets ## Start the whole system locally (control plane, CRDs, examples).
-	KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" $(GO) run ./cluster/local
+run: deps envtest-assets ## Start the whole system locally: control plane, NATS, hub, three agents on private libvirtds, examples.
+	@$(GO) build -o bin/local ./cluster/local
+	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" exec bin/local $(RUN_FLAGS)
 
 .PHONY: clean
 clean: ## Remove build output (not the envtest cache).

@@ -165,17 +165,23 @@ func (cp *ControlPlane) Apply(ctx context.Context, dirs ...string) ([]*unstructu
 	if err != nil {
 		return nil, err
 	}
+	return objs, cp.ApplyObjects(ctx, objs)
+}
+
+// ApplyObjects server-side applies objs in order, creating the namespaces
+// they name first.
+func (cp *ControlPlane) ApplyObjects(ctx context.Context, objs []*unstructured.Unstructured) error {
 	for _, o := range objs {
 		if ns := o.GetNamespace(); ns != "" {
 			if err := cp.ensureNamespace(ctx, ns); err != nil {
-				return nil, err
+				return err
 			}
 		}
 		if err := cp.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
-			return nil, errors.Wrapf(err, "cannot apply %s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
+			return errors.Wrapf(err, "cannot apply %s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
 		}
 	}
-	return objs, nil
+	return nil
 }
 
 func (cp *ControlPlane) ensureNamespace(ctx context.Context, name string) error {

@@ -1,7 +1,7 @@
 // Package localrun is `make run`: the whole system on one machine. It starts
-// a local control plane (etcd + kube-apiserver), installs the CRDs, applies
-// examples/ and prints what to paste to use it. Later issues add the embedded
-// NATS server, the hub and three agents on private libvirtds.
+// the stack (internal/stack: control plane with the CRDs, embedded NATS with
+// per-node credentials, the hub, and three agents each on its own private
+// libvirtd), applies examples/ and prints what to paste to use it.
 package localrun
 
 import (
@@ -15,9 +15,13 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
-	"github.com/virtfleet/virtfleet/internal/controlplane"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/manifests"
+	"github.com/virtfleet/virtfleet/internal/stack"
 )
 
 // Options configure a local run.
@@ -26,6 +30,9 @@ type Options struct {
 	Dir string
 	// Examples is the directory of manifests applied once the CRDs are in.
 	Examples string
+	// NATSPort is the embedded NATS server's port; the example
+	// ClusterProviderConfig names 4222.
+	NATSPort int
 	// Out receives the summary a user reads.
 	Out io.Writer
 }
@@ -42,36 +49,39 @@ func (e *ErrAlreadyRunning) Error() string {
 
 // Running is a started local system.
 type Running struct {
-	ControlPlane *controlplane.ControlPlane
+	Stack *stack.Stack
 	// Applied counts the example objects applied.
 	Applied int
 
 	unlock func()
-	logs   *os.File
 }
 
 // Start brings the system up and returns once it is ready to use.
 func Start(ctx context.Context, o Options) (*Running, error) {
-	if err := os.MkdirAll(filepath.Join(o.Dir, "logs"), 0o755); err != nil {
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, errors.Wrap(err, "cannot create the run directory")
 	}
 	unlock, err := lockRunDir(o.Dir)
 	if err != nil {
 		return nil, err
 	}
-	logs, err := os.Create(filepath.Join(o.Dir, "logs", "control-plane.log"))
-	if err != nil {
-		unlock()
-		return nil, errors.Wrap(err, "cannot create the control plane log")
+	// A fresh start: state of an earlier run would name nodes and guests
+	// whose daemons are gone.
+	for _, stale := range []string{"logs", "nats", "credentials", "kubeconfig"} {
+		_ = os.RemoveAll(filepath.Join(o.Dir, stale))
 	}
-	r := &Running{unlock: unlock, logs: logs}
-
-	r.ControlPlane, err = controlplane.Start(ctx, controlplane.Options{Dir: o.Dir, Progress: o.Out, Output: logs})
+	r := &Running{unlock: unlock}
+	fmt.Fprintln(o.Out, "starting virtfleet:")
+	r.Stack, err = stack.Start(ctx, stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out})
 	if err != nil {
 		r.Stop()
 		return nil, err
 	}
-	objs, err := r.ControlPlane.Apply(ctx, o.Examples)
+	objs, err := manifests.Load(o.Examples)
+	if err == nil {
+		objs = withoutOwnProviderConfig(objs)
+		err = r.Stack.ControlPlane.ApplyObjects(ctx, objs)
+	}
 	if err != nil {
 		r.Stop()
 		return nil, errors.Wrap(err, "cannot apply the examples")
@@ -80,21 +90,33 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 	return r, nil
 }
 
-// PrintSummary writes one line per component and what to paste to use it.
+// withoutOwnProviderConfig drops the example ClusterProviderConfig named
+// default: the run made its own, pointing at its own NATS server and
+// credentials, and the example's would point elsewhere.
+func withoutOwnProviderConfig(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
+	out := objs[:0]
+	for _, o := range objs {
+		if o.GetKind() == apisv1alpha1.ClusterProviderConfigKind && o.GetName() == "default" {
+			continue
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+// PrintSummary writes what to paste to use the running system.
 func (r *Running) PrintSummary(w io.Writer, o Options) {
-	cp := r.ControlPlane
-	fmt.Fprintf(w, "virtfleet is up (run directory %s)\n", o.Dir)
-	fmt.Fprintf(w, "  control plane  kube-apiserver %s, etcd (log: %s)\n", cp.Config.Host, filepath.Join(o.Dir, "logs", "control-plane.log"))
-	fmt.Fprintf(w, "  examples       %d objects applied from %s\n", r.Applied, o.Examples)
-	fmt.Fprintf(w, "\nTo use it, paste:\n\n  export KUBECONFIG=%s\n  alias kubectl=%s\n  kubectl get vm -o wide\n\nCtrl-C stops everything.\n", cp.Kubeconfig, cp.Kubectl)
+	cp := r.Stack.ControlPlane
+	fmt.Fprintf(w, "  %-14s %d objects applied from %s\n", "examples", r.Applied, o.Examples)
+	fmt.Fprintf(w, "\nvirtfleet is up (run directory %s, logs in %s).\n", o.Dir, filepath.Join(o.Dir, "logs"))
+	fmt.Fprintf(w, "To use it, paste:\n\n  export KUBECONFIG=%s\n  alias kubectl=%s\n  kubectl get vm -o wide\n\nCtrl-C stops everything.\n", cp.Kubeconfig, cp.Kubectl)
 }
 
 // Stop stops everything Start started and releases the run directory.
 func (r *Running) Stop() {
-	if r.ControlPlane != nil {
-		_ = r.ControlPlane.Stop()
+	if r.Stack != nil {
+		r.Stack.Stop()
 	}
-	_ = r.logs.Close()
 	r.unlock()
 }
 

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,7 +38,8 @@ func TestMakeRun(t *testing.T) {
 	require.NoError(t, err, string(out))
 
 	runDir := t.TempDir()
-	cmd := exec.Command(bin, "-dir", runDir, "-examples", filepath.Join(root, "examples"))
+	// A free NATS port, so the test never collides with a user's make run.
+	cmd := exec.Command(bin, "-dir", runDir, "-examples", filepath.Join(root, "examples"), "-nats-port", strconv.Itoa(freePort(t)))
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	var stderr bytes.Buffer
@@ -64,18 +66,43 @@ func TestMakeRun(t *testing.T) {
 	kubectl := regexp.MustCompile(`alias kubectl=(\S+)`).FindStringSubmatch(printed.String())
 	require.Len(t, kubectl, 2, printed.String())
 
-	t.Run("PastedInstructionsReachTheExamples", func(t *testing.T) {
-		get := exec.Command(kubectl[1], "get", "vm", "sample-vm", "-n", "default", "-o", "name")
+	kubectlGet := func(args ...string) string {
+		get := exec.Command(kubectl[1], append([]string{"get"}, args...)...)
 		get.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig[1])
 		out, err := get.CombinedOutput()
 		require.NoError(t, err, string(out))
-		assert.Equal(t, "virtualmachine.compute.virtfleet.io/sample-vm", strings.TrimSpace(string(out)))
+		return string(out)
+	}
+
+	t.Run("KubectlGetVMShowsTheSeedTable", func(t *testing.T) {
+		var out string
+		require.Eventually(t, func() bool {
+			out = kubectlGet("vm", "sample-vm", "-n", "default")
+			return strings.Contains(out, "Running")
+		}, 90*time.Second, 500*time.Millisecond, "sample-vm never ran:\n%s", out)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		require.Len(t, lines, 2)
+		assert.Equal(t, []string{"NAME", "STATUS", "RESTARTS", "AGE"}, strings.Fields(lines[0]))
+		assert.Equal(t, []string{"sample-vm", "Running", "0"}, strings.Fields(lines[1])[:3])
+	})
+
+	t.Run("WideViewAddsNodeAndAddresses", func(t *testing.T) {
+		out := kubectlGet("vm", "sample-vm", "-n", "default", "-o", "wide")
+		assert.Regexp(t, `sample-vm\s+Running\s+0\s+\S+\s+node[123]\s+net-db\(10\.10\.120\.\d+\), net-backend\(10\.10\.150\.\d+\), net-frontend\(10\.10\.110\.\d+\)\s+True\s+True`, out)
+	})
+
+	t.Run("EveryExampleVMRuns", func(t *testing.T) {
+		require.Eventually(t, func() bool {
+			out := kubectlGet("vm", "-n", "default", "--no-headers")
+			return strings.Count(out, "Running") == strings.Count(out, "\n") && strings.Count(out, "\n") >= 3
+		}, 90*time.Second, 500*time.Millisecond)
 	})
 
 	t.Run("EveryExampleIsApplied", func(t *testing.T) {
 		objs, err := manifests.Load(filepath.Join(root, "examples"))
 		require.NoError(t, err)
-		assert.Contains(t, printed.String(), " "+strconv.Itoa(len(objs))+" objects applied")
+		// All but the example ClusterProviderConfig: the run made its own.
+		assert.Contains(t, printed.String(), " "+strconv.Itoa(len(objs)-1)+" objects applied")
 	})
 
 	t.Run("ASecondRunSaysOneIsRunning", func(t *testing.T) {
@@ -102,4 +129,12 @@ func TestMakeRun(t *testing.T) {
 		}
 		assert.FileExists(t, filepath.Join(runDir, "logs", "control-plane.log"), "logs stay in the run directory")
 	})
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
 }

@@ -130,7 +130,10 @@ func Run(ctx context.Context, c Config) error {
 	}
 
 	notifier := virtualmachine.NewNotifier()
-	pool := fleet.NewPool(ctx, log, buckets.Config{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) { f.Subscribe(notifier.Notify) })
+	pool := fleet.NewPool(ctx, log, buckets.Config{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
+		f.Subscribe(notifier.Notify)
+		f.SubscribeNodes(notifier.NotifyUnplaced)
+	})
 	vo := virtualmachine.Options{Pool: pool, Placer: placement.New(), Notifier: notifier, FencingTimeout: c.FencingTimeout}
 	if err := hubcontroller.SetupGated(ctx, mgr, o, vo); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")

@@ -41,10 +41,11 @@ type Fleet struct {
 	// lost: by then every live node has sent several heartbeats.
 	unknownAfter time.Duration
 
-	mu      sync.RWMutex
-	reports map[string]bus.ReportEvent // by uid
-	nodes   map[string]NodeStatus
-	subs    []func(uid string)
+	mu       sync.RWMutex
+	reports  map[string]bus.ReportEvent // by uid
+	nodes    map[string]NodeStatus
+	subs     []func(uid string)
+	nodeSubs []func(node string)
 }
 
 // New returns a view over b. Call Run to fill it.
@@ -66,6 +67,14 @@ func (f *Fleet) Subscribe(fn func(uid string)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.subs = append(f.subs, fn)
+}
+
+// SubscribeNodes registers fn to be called with the name of every node that
+// joins or comes back: guests waiting for room may fit now. fn must not block.
+func (f *Fleet) SubscribeNodes(fn func(node string)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nodeSubs = append(f.nodeSubs, fn)
 }
 
 // Run keeps the view current until ctx is done.
@@ -122,11 +131,16 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 			}
 		}
 	}
-	subs := f.subs
+	subs, nodeSubs := f.subs, f.nodeSubs
 	f.mu.Unlock()
 	for _, uid := range affected {
 		for _, fn := range subs {
 			fn(uid)
+		}
+	}
+	if joined := !s.Lost && (!known || prev.Lost); joined {
+		for _, fn := range nodeSubs {
+			fn(e.Node)
 		}
 	}
 }

@@ -20,7 +20,9 @@ import (
 type Notifier struct {
 	keys    sync.Map // uid -> types.NamespacedName
 	pending sync.Map // uid -> struct{}: a NotifyAfter timer is running
-	events  chan ctrlevent.GenericEvent
+	// unplaced are the VMs waiting for a node with room.
+	unplaced sync.Map // uid -> struct{}
+	events   chan ctrlevent.GenericEvent
 }
 
 // NewNotifier returns a Notifier with room for a burst of changes.
@@ -45,6 +47,22 @@ func (n *Notifier) Notify(uid string) {
 	case n.events <- ctrlevent.GenericEvent{Object: client.Object(obj)}:
 	default:
 	}
+}
+
+// NotifyUnplaced notifies every VM still waiting for a node, when one joins.
+func (n *Notifier) NotifyUnplaced(string) {
+	n.unplaced.Range(func(uid, _ any) bool {
+		n.Notify(uid.(string)) //nolint:forcetypeassert // only strings are stored
+		return true
+	})
+}
+
+func (n *Notifier) placed(uid string, placed bool) {
+	if placed {
+		n.unplaced.Delete(uid)
+		return
+	}
+	n.unplaced.Store(uid, struct{}{})
 }
 
 // NotifyAfter notifies uid once d has passed; while one such notification is

@@ -217,6 +217,7 @@ type external struct {
 // Observe answers from the fleet's in-memory view; it never waits on NATS.
 func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	e.opts.Notifier.placed(string(vm.UID), node != "" || meta.WasDeleted(vm))
 	if meta.WasDeleted(vm) {
 		return e.observeDeletion(vm, node), nil
 	}
