@@ -16,6 +16,9 @@ FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzPa
 FUZZ_PKG := ./apis/wire/v1alpha1
 FUZZ_TIME ?= 3s
 
+# make run KEEP=1 keeps the resources and intents of the last run.
+RUN_FLAGS ?= $(if $(KEEP),-keep)
+
 # Tests may take long on a 2-core machine: the envtest, libvirt and NATS suites
 # start real daemons.
 TEST_TIMEOUT ?= 20m

@@ -56,6 +56,9 @@ type Options struct {
 	Progress io.Writer
 	// Output, if set, receives the API server's and etcd's logs.
 	Output io.Writer
+	// EtcdDir, if set, is where etcd keeps its data, kept after Stop, so a
+	// later Start sees the same objects. Empty means a temporary directory.
+	EtcdDir string
 }
 
 // RepoRoot is the repository's root directory, found from this source file so
@@ -96,10 +99,8 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 		ControlPlaneStartTimeout: 90 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
 	}
-	if opts.Output != nil {
-		env.ControlPlane.APIServer = &envtest.APIServer{Out: opts.Output, Err: opts.Output}
-		env.ControlPlane.Etcd = &envtest.Etcd{Out: opts.Output, Err: opts.Output}
-	}
+	env.ControlPlane.APIServer = &envtest.APIServer{Out: opts.Output, Err: opts.Output}
+	env.ControlPlane.Etcd = &envtest.Etcd{Out: opts.Output, Err: opts.Output, DataDir: opts.EtcdDir}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot start etcd and kube-apiserver")

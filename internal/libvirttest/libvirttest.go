@@ -146,12 +146,19 @@ func (n *Node) logPath() string { return filepath.Join(n.Dir, "libvirtd.log") }
 
 // Dial opens a new go-libvirt connection to the node.
 func (n *Node) Dial() (*libvirt.Libvirt, error) {
-	c, err := net.DialTimeout("unix", n.Socket, 2*time.Second)
+	return Dial(n.Socket)
+}
+
+// Dial opens a go-libvirt connection to the test driver behind a node's
+// socket, for callers that know only the socket (an e2e test reading an
+// agent's command line).
+func Dial(socket string) (*libvirt.Libvirt, error) {
+	c, err := net.DialTimeout("unix", socket, 2*time.Second)
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot dial libvirtd")
 	}
 	l := libvirt.New(c)
-	if err := l.ConnectToURI(libvirt.ConnectURI(n.URI)); err != nil {
+	if err := l.ConnectToURI(libvirt.ConnectURI(URI)); err != nil {
 		_ = c.Close()
 		return nil, errors.Wrap(err, "cannot open libvirt connection")
 	}

@@ -33,6 +33,9 @@ type Options struct {
 	// NATSPort is the embedded NATS server's port; the example
 	// ClusterProviderConfig names 4222.
 	NATSPort int
+	// Keep reuses the run directory's etcd data and NATS store: what the
+	// last run created is still there. By default a run starts fresh.
+	Keep bool
 	// Out receives the summary a user reads.
 	Out io.Writer
 }
@@ -65,14 +68,16 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A fresh start: state of an earlier run would name nodes and guests
-	// whose daemons are gone.
-	for _, stale := range []string{"logs", "nats", "credentials", "kubeconfig"} {
-		_ = os.RemoveAll(filepath.Join(o.Dir, stale))
+	stale := []string{"logs", "credentials", "kubeconfig"}
+	if !o.Keep {
+		stale = append(stale, "nats", "etcd")
+	}
+	for _, d := range stale {
+		_ = os.RemoveAll(filepath.Join(o.Dir, d))
 	}
 	r := &Running{unlock: unlock}
 	fmt.Fprintln(o.Out, "starting virtfleet:")
-	r.Stack, err = stack.Start(ctx, stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out})
+	r.Stack, err = stack.Start(ctx, stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out, Keep: o.Keep})
 	if err != nil {
 		r.Stop()
 		return nil, err

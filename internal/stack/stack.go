@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -59,6 +60,10 @@ type Options struct {
 	Progress io.Writer
 	// Debug makes the hub and agents log at debug level.
 	Debug bool
+	// Keep keeps etcd's data and the NATS store under Dir, so a later Start
+	// on the same Dir finds the same resources and intents. The simulated
+	// nodes always start empty: their agents re-create the guests.
+	Keep bool
 }
 
 // Stack is a running system.
@@ -136,7 +141,11 @@ func (s *Stack) start(ctx context.Context) error {
 	if err != nil {
 		return errors.Wrap(err, "cannot create the control plane log")
 	}
-	if s.ControlPlane, err = controlplane.Start(ctx, controlplane.Options{Dir: o.Dir, Progress: o.Progress, Output: cpLog}); err != nil {
+	cpOpts := controlplane.Options{Dir: o.Dir, Progress: o.Progress, Output: cpLog}
+	if o.Keep {
+		cpOpts.EtcdDir = filepath.Join(o.Dir, "etcd")
+	}
+	if s.ControlPlane, err = controlplane.Start(ctx, cpOpts); err != nil {
 		return err
 	}
 	logf(o.Progress, "control plane", "kube-apiserver %s", s.ControlPlane.Config.Host)
@@ -189,23 +198,24 @@ func (s *Stack) start(ctx context.Context) error {
 }
 
 // configureProvider stores the hub's NATS credentials and the
-// ClusterProviderConfig named default that points at this stack's NATS.
+// ClusterProviderConfig named default that points at this stack's NATS. Both
+// are updated when a kept run directory already has them.
 func (s *Stack) configureProvider(ctx context.Context) error {
 	kube := s.ControlPlane.Client
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: SystemNamespace}}
 	if err := kube.Create(ctx, ns); err != nil && !kerrors.IsAlreadyExists(err) {
 		return errors.Wrap(err, "cannot create the system namespace")
 	}
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: SystemNamespace, Name: HubSecretName},
-		Data:       map[string][]byte{HubSecretKey: s.hubID.Seed},
-	}
-	if err := kube.Create(ctx, secret); err != nil {
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: SystemNamespace, Name: HubSecretName}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, kube, secret, func() error {
+		secret.Data = map[string][]byte{HubSecretKey: s.hubID.Seed}
+		return nil
+	}); err != nil {
 		return errors.Wrap(err, "cannot store the hub's NATS credentials")
 	}
-	cpc := &apisv1alpha1.ClusterProviderConfig{
-		ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec: apisv1alpha1.ProviderConfigSpec{
+	cpc := &apisv1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	_, err := controllerutil.CreateOrUpdate(ctx, kube, cpc, func() error {
+		cpc.Spec = apisv1alpha1.ProviderConfigSpec{
 			NATSURL: s.NATS.URL(),
 			Credentials: apisv1alpha1.NATSCredentials{
 				Source: xpv2.CredentialsSourceSecret,
@@ -214,9 +224,10 @@ func (s *Stack) configureProvider(ctx context.Context) error {
 					Key:             HubSecretKey,
 				}},
 			},
-		},
-	}
-	return errors.Wrap(kube.Create(ctx, cpc), "cannot create the default ClusterProviderConfig")
+		}
+		return nil
+	})
+	return errors.Wrap(err, "cannot configure the default ClusterProviderConfig")
 }
 
 func (s *Stack) logPath(name string) string {
