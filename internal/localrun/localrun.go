@@ -77,7 +77,7 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 	}
 	r := &Running{unlock: unlock}
 	fmt.Fprintln(o.Out, "starting virtfleet:")
-	r.Stack, err = stack.Start(ctx, stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out, Keep: o.Keep})
+	r.Stack, err = stack.Start(ctx, stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out})
 	if err != nil {
 		r.Stop()
 		return nil, err

@@ -60,10 +60,6 @@ type Options struct {
 	Progress io.Writer
 	// Debug makes the hub and agents log at debug level.
 	Debug bool
-	// Keep keeps etcd's data and the NATS store under Dir, so a later Start
-	// on the same Dir finds the same resources and intents. The simulated
-	// nodes always start empty: their agents re-create the guests.
-	Keep bool
 }
 
 // Stack is a running system.
@@ -141,10 +137,10 @@ func (s *Stack) start(ctx context.Context) error {
 	if err != nil {
 		return errors.Wrap(err, "cannot create the control plane log")
 	}
-	cpOpts := controlplane.Options{Dir: o.Dir, Progress: o.Progress, Output: cpLog}
-	if o.Keep {
-		cpOpts.EtcdDir = filepath.Join(o.Dir, "etcd")
-	}
+	// etcd's data and the NATS store live under Dir, so a Stack started on
+	// the Dir of an earlier one finds its resources and intents. The
+	// simulated nodes always start empty: their agents re-create the guests.
+	cpOpts := controlplane.Options{Dir: o.Dir, Progress: o.Progress, Output: cpLog, EtcdDir: filepath.Join(o.Dir, "etcd")}
 	if s.ControlPlane, err = controlplane.Start(ctx, cpOpts); err != nil {
 		return err
 	}
