@@ -29,6 +29,14 @@ type NodeStatus struct {
 	LostSince time.Time
 }
 
+// Report is a guest's latest report and when the hub received it.
+type Report struct {
+	bus.ReportEvent
+	// ReceivedAt is the hub's time of receipt, comparable with
+	// NodeStatus.LastSeen: a heartbeat seen after it counts the guest.
+	ReceivedAt time.Time
+}
+
 // Fleet is the view of one NATS server's buckets.
 type Fleet struct {
 	// Bus publishes intents to the nodes.
@@ -42,7 +50,7 @@ type Fleet struct {
 	unknownAfter time.Duration
 
 	mu       sync.RWMutex
-	reports  map[string]bus.ReportEvent // by uid
+	reports  map[string]Report // by uid
 	nodes    map[string]NodeStatus
 	subs     []func(uid string)
 	nodeSubs []func(node string)
@@ -56,7 +64,7 @@ func New(b bus.Bus, log logging.Logger) *Fleet {
 		now:          time.Now,
 		started:      time.Now(),
 		unknownAfter: buckets.DefaultNodeTTL,
-		reports:      map[string]bus.ReportEvent{},
+		reports:      map[string]Report{},
 		nodes:        map[string]NodeStatus{},
 	}
 }
@@ -101,7 +109,7 @@ func (f *Fleet) onReport(e bus.ReportEvent) {
 	if e.Deleted {
 		delete(f.reports, e.UID)
 	} else {
-		f.reports[e.UID] = e
+		f.reports[e.UID] = Report{ReportEvent: e, ReceivedAt: f.now()}
 	}
 	subs := f.subs
 	f.mu.Unlock()
@@ -146,7 +154,7 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 }
 
 // Report returns the latest report of guest uid and the node that wrote it.
-func (f *Fleet) Report(uid string) (bus.ReportEvent, bool) {
+func (f *Fleet) Report(uid string) (Report, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	r, ok := f.reports[uid]

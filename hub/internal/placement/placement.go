@@ -89,6 +89,9 @@ type reservation struct {
 	node      string
 	resources Resources
 	at        time.Time
+	// confirmedAt is when the node reported the guest; the first
+	// heartbeat after it counts the guest itself.
+	confirmedAt time.Time
 }
 
 // Placer places requests on nodes. It is safe for concurrent use.
@@ -164,10 +167,19 @@ func (p *Placer) Check(nodes []Node, req Request) error {
 	return err
 }
 
-// choose picks the least allocated eligible node, counting reservations.
+// choose picks the least allocated eligible node, counting reservations
+// the nodes' heartbeats do not count yet.
 func (p *Placer) choose(nodes []Node, req Request, now time.Time) (string, error) {
+	lastSeen := make(map[string]time.Time, len(nodes))
+	for _, n := range nodes {
+		lastSeen[n.Name] = n.LastSeen
+	}
 	reserved := map[string]Resources{}
-	for _, r := range p.reservations {
+	for uid, r := range p.reservations {
+		if !r.confirmedAt.IsZero() && lastSeen[r.node].After(r.confirmedAt) {
+			delete(p.reservations, uid)
+			continue
+		}
 		reserved[r.node] = reserved[r.node].add(r.resources)
 	}
 	best, bestScore := "", 2.0
@@ -188,8 +200,22 @@ func (p *Placer) choose(nodes []Node, req Request, now time.Time) (string, error
 	return best, nil
 }
 
-// Release drops the reservation of uid: its guest is now counted by the
-// node's heartbeat, or it will not be created after all.
+// Confirm records that the node reported uid's guest at the given time
+// (the hub's clock, like Node.LastSeen). The reservation then lasts only
+// until the node's next heartbeat, which counts the guest itself: dropping it
+// at the report would make the node look emptier than it is until then, and
+// keeping it longer would count the guest twice.
+func (p *Placer) Confirm(uid string, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r, ok := p.reservations[uid]; ok && r.confirmedAt.IsZero() {
+		r.confirmedAt = at
+		p.reservations[uid] = r
+	}
+}
+
+// Release drops the reservation of uid: its guest will not be created after
+// all, or is gone.
 func (p *Placer) Release(uid string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

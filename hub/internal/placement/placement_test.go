@@ -194,3 +194,32 @@ func TestReservationLifecycle(t *testing.T) {
 		assert.False(t, ok, "an unconfirmed reservation must not hold capacity forever")
 	})
 }
+
+// TestConfirmedReservationsLastUntilTheNextHeartbeat pins the hand-over from
+// the hub's reservation to the node's own count.
+func TestConfirmedReservationsLastUntilTheNextHeartbeat(t *testing.T) {
+	now := t0
+	p := New(WithClock(func() time.Time { return now }))
+	nodes := []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 0, 0)}
+	first, err := p.Place(nodes, small("a"))
+	require.NoError(t, err)
+	require.Equal(t, "node1", first)
+
+	// The node reports the guest; its last heartbeat is older and does not
+	// count it yet, so the reservation still holds.
+	p.Confirm("a", t0.Add(time.Second))
+	next, err := p.Place(nodes, small("b"))
+	require.NoError(t, err)
+	assert.Equal(t, "node2", next, "node1 still holds a's reservation")
+	p.Release("b")
+
+	// node1's next heartbeat counts the guest: the reservation goes, and
+	// the heartbeat's own allocation takes over.
+	nodes[0].LastSeen, nodes[0].Allocated = t0.Add(2*time.Second), Resources{VCPU: 1, MemoryBytes: gib}
+	nodes[1].LastSeen = t0.Add(2 * time.Second)
+	now = t0.Add(2 * time.Second)
+	_, err = p.Place(nodes, small("c"))
+	require.NoError(t, err)
+	_, held := p.Reserved("a")
+	assert.False(t, held, "a is counted by node1's heartbeat now, not twice")
+}

@@ -58,6 +58,8 @@ const (
 const (
 	IndexVolumes  = "spec.forProvider.diskAttachments.name"
 	IndexNetworks = "spec.forProvider.virtualNetworks"
+	// IndexImages indexes Volumes, not VirtualMachines, by their DiskImage.
+	IndexImages = "spec.forProvider.source.diskImageRef.name"
 )
 
 // Options of the VirtualMachine controller.
@@ -128,6 +130,9 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		For(&v1alpha1.VirtualMachine{}).
 		Watches(&v1alpha1.Volume{}, waiting(IndexVolumes)).
 		Watches(&v1alpha1.VirtualNetwork{}, waiting(IndexNetworks)).
+		Watches(&v1alpha1.DiskImage{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return imageUsersOf(ctx, mgr.GetClient(), o)
+		})).
 		WatchesRawSource(source.Channel(vo.Notifier.events, &handler.EnqueueRequestForObject{})).
 		Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
 }
@@ -154,7 +159,17 @@ func IndexUsage(ctx context.Context, mgr ctrl.Manager) error {
 		}
 		return out
 	})
-	return errors.Wrap(err, "cannot index VirtualMachines by VirtualNetwork")
+	if err != nil {
+		return errors.Wrap(err, "cannot index VirtualMachines by VirtualNetwork")
+	}
+	err = mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Volume{}, IndexImages, func(o client.Object) []string {
+		v := o.(*v1alpha1.Volume) //nolint:forcetypeassert // the indexer is registered for this type
+		if src := v.Spec.ForProvider.Source; src != nil && src.DiskImageRef != nil {
+			return []string{string(src.DiskImageRef.Name)}
+		}
+		return nil
+	})
+	return errors.Wrap(err, "cannot index Volumes by DiskImage")
 }
 
 // Users lists the VirtualMachines in o's namespace whose index field names o.
@@ -174,6 +189,19 @@ func usersOf(ctx context.Context, kube client.Reader, index string, o client.Obj
 	out := make([]reconcile.Request, 0, len(vms))
 	for _, vm := range vms {
 		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}})
+	}
+	return out
+}
+
+// imageUsersOf wakes the VMs whose Volumes are made from the DiskImage o.
+func imageUsersOf(ctx context.Context, kube client.Reader, o client.Object) []reconcile.Request {
+	l := &v1alpha1.VolumeList{}
+	if err := kube.List(ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{IndexImages: o.GetName()}); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range l.Items {
+		out = append(out, usersOf(ctx, kube, IndexVolumes, &l.Items[i])...)
 	}
 	return out
 }
@@ -245,7 +273,7 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	before := vm.Status.AtProvider
 	obs := before
 	if rep, ok := e.fleet.Report(uid); ok {
-		e.opts.Placer.Release(uid) // the node now counts the guest itself
+		e.opts.Placer.Confirm(uid, rep.ReceivedAt)
 		obs = observation(rep.Report, vm.Spec.ForProvider.VirtualNetworks)
 	} else if obs.Phase == "" || obs.Phase == v1alpha1.PhasePending || obs.Phase == v1alpha1.PhaseUnknown {
 		obs.Phase, obs.Node = v1alpha1.PhaseScheduled, node
