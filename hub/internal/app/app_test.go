@@ -149,6 +149,10 @@ func TestHub(t *testing.T) {
 	t.Run("DeleteOnALostNodeIsFinalizedAfterFencing", func(t *testing.T) {
 		h.create(t, vmWith("fenced", "sample-vm-data"))
 		vm := h.wait(t, "fenced", 30*time.Second, running)
+		v := &v1alpha1.Volume{}
+		require.NoError(t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "sample-vm-data"}, v))
+		assert.Equal(t, h.get(t, "sample-vm").Status.AtProvider.Node, v.Status.AtProvider.Node, "the volume is bound to its first VM's node")
+		assert.Equal(t, v.Status.AtProvider.Node, vm.Status.AtProvider.Node, "a later VM using a bound volume is placed on its node")
 		s.KillAgent(vm.Status.AtProvider.Node)
 		h.wait(t, "fenced", 20*time.Second, phase(v1alpha1.PhaseUnknown))
 		require.NoError(t, h.kube.Delete(context.Background(), vm))
