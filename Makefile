@@ -84,3 +84,19 @@ run: deps envtest-assets ## Start the whole system locally: control plane, NATS,
 .PHONY: clean
 clean: ## Remove build output (not the envtest cache).
 	rm -rf bin _output
+
+# ---- Images and the Crossplane package, built in Go without a container runtime.
+REGISTRY ?= ghcr.io/virtfleet
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGES_DIR ?= _output/images
+XPKG ?= _output/provider-virtfleet.xpkg
+
+.PHONY: images
+images: ## Build the hub and agent images as tarballs in _output/images (static binaries, empty base, reproducible).
+	$(GO) run ./cluster/images --out $(IMAGES_DIR) --registry $(REGISTRY) --version $(VERSION)
+
+.PHONY: package
+package: images ## Build the Crossplane provider package (.xpkg) on the hub image, in _output.
+	$(GO) run ./hack/build-package --dir package --hub $(IMAGES_DIR)/hub.tar \
+		--hub-ref $(REGISTRY)/virtfleet-hub:$(VERSION) \
+		--ref $(REGISTRY)/provider-virtfleet:$(VERSION) --out $(XPKG)

@@ -1,0 +1,243 @@
+// Package deploy_test checks the manifests of cluster/deploy for the
+// properties the deployment promises: least-privilege RBAC, an agent without
+// Kubernetes credentials that reaches the host's libvirt socket, and a hub
+// with probes and leader election.
+package deploy_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
+
+	"github.com/virtfleet/virtfleet/internal/manifests"
+)
+
+// objects loads every manifest of the directory (the kustomization excluded)
+// by kind.
+func objects(t *testing.T) map[string][]*unstructured.Unstructured {
+	t.Helper()
+	objs, err := manifests.Load(".")
+	require.NoError(t, err)
+	byKind := map[string][]*unstructured.Unstructured{}
+	for _, o := range objs {
+		byKind[o.GetKind()] = append(byKind[o.GetKind()], o)
+	}
+	return byKind
+}
+
+func one[T any](t *testing.T, byKind map[string][]*unstructured.Unstructured, kind, name string) *T {
+	t.Helper()
+	for _, o := range byKind[kind] {
+		if o.GetName() == name {
+			out := new(T)
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, out))
+			return out
+		}
+	}
+	require.Failf(t, "missing object", "%s %s", kind, name)
+	return nil
+}
+
+// TestKustomizationListsEveryManifest pins that `kubectl apply -k` applies
+// every file in the directory, and that each listed file exists.
+func TestKustomizationListsEveryManifest(t *testing.T) {
+	b, err := os.ReadFile("kustomization.yaml")
+	require.NoError(t, err)
+	var k struct {
+		Resources []string `json:"resources"`
+	}
+	require.NoError(t, yaml.Unmarshal(b, &k))
+	var files []string
+	require.NoError(t, filepath.WalkDir(".", func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && filepath.Ext(p) == ".yaml" && p != "kustomization.yaml" {
+			files = append(files, p)
+		}
+		return err
+	}))
+	assert.ElementsMatch(t, files, k.Resources)
+
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		t.Log("kubectl not found; the kustomization is not rendered")
+		return
+	}
+	out, err := exec.Command("kubectl", "kustomize", ".").CombinedOutput()
+	require.NoError(t, err, string(out))
+	assert.Contains(t, string(out), "namespace: virtfleet-system")
+}
+
+// TestAgentHoldsNoKubernetesCredentials pins the agent's DaemonSet.
+func TestAgentHoldsNoKubernetesCredentials(t *testing.T) {
+	byKind := objects(t)
+	ds := one[appsv1.DaemonSet](t, byKind, "DaemonSet", "virtfleet-agent")
+	pod := ds.Spec.Template.Spec
+	require.NotNil(t, pod.AutomountServiceAccountToken)
+	assert.False(t, *pod.AutomountServiceAccountToken, "agents hold no Kubernetes credentials")
+	sa := one[corev1.ServiceAccount](t, byKind, "ServiceAccount", pod.ServiceAccountName)
+	require.NotNil(t, sa.AutomountServiceAccountToken)
+	assert.False(t, *sa.AutomountServiceAccountToken)
+	for _, kind := range []string{"RoleBinding", "ClusterRoleBinding"} {
+		for _, o := range byKind[kind] {
+			b := &rbacv1.RoleBinding{}
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, b))
+			for _, s := range b.Subjects {
+				assert.NotEqual(t, sa.Name, s.Name, "%s %s binds the agent", kind, b.Name)
+			}
+		}
+	}
+	assert.Equal(t, "true", pod.NodeSelector["virtfleet.io/hypervisor"], "agents run on hypervisor nodes only")
+
+	hostPaths := map[string]corev1.HostPathVolumeSource{}
+	for _, v := range pod.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = *v.HostPath
+		}
+	}
+	require.Len(t, pod.Containers, 1)
+	c := pod.Containers[0]
+	mounted := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounted[m.Name] = m.MountPath
+	}
+	sock, ok := hostPaths["libvirt-socket"]
+	require.True(t, ok, "the libvirt socket is a hostPath volume")
+	assert.Equal(t, "/run/libvirt/libvirt-sock", sock.Path)
+	require.NotNil(t, sock.Type)
+	assert.Equal(t, corev1.HostPathSocket, *sock.Type)
+	assert.Equal(t, sock.Path, mounted["libvirt-socket"])
+	assert.ElementsMatch(t, []string{"libvirt-socket", "credentials"}, keys(hostPaths), "no host path beyond the socket and the node's own seed")
+
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	require.Contains(t, env, "VIRTFLEET_NODE")
+	require.NotNil(t, env["VIRTFLEET_NODE"].ValueFrom)
+	assert.Equal(t, "spec.nodeName", env["VIRTFLEET_NODE"].ValueFrom.FieldRef.FieldPath, "the agent's identity is its node")
+	assert.Equal(t, mounted["credentials"], env["VIRTFLEET_NATS_CREDENTIALS"].Value)
+	assert.Equal(t, mounted["libvirt-socket"], env["VIRTFLEET_LIBVIRT_SOCKET"].Value)
+
+	sc := c.SecurityContext
+	require.NotNil(t, sc)
+	assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop)
+	assert.Empty(t, sc.Capabilities.Add)
+	assert.False(t, sc.Privileged != nil && *sc.Privileged)
+	assert.False(t, *sc.AllowPrivilegeEscalation)
+}
+
+// TestHub pins the hub's Deployment: probes on the health endpoint,
+// leader election with its Lease in its own namespace, non-root.
+func TestHub(t *testing.T) {
+	byKind := objects(t)
+	d := one[appsv1.Deployment](t, byKind, "Deployment", "virtfleet-hub")
+	pod := d.Spec.Template.Spec
+	require.Len(t, pod.Containers, 1)
+	c := pod.Containers[0]
+	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		require.NotNil(t, p, "%s probe", name)
+		require.NotNil(t, p.HTTPGet, "%s probe", name)
+		assert.Equal(t, "health", p.HTTPGet.Port.String(), "%s probe hits the health endpoint", name)
+	}
+	assert.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path)
+	assert.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
+	assert.Contains(t, c.Args, "--leader-election")
+	var ns bool
+	for _, e := range c.Env {
+		ns = ns || (e.Name == "POD_NAMESPACE" && e.ValueFrom != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace")
+	}
+	assert.True(t, ns, "POD_NAMESPACE tells the hub where its Lease lives")
+	require.NotNil(t, pod.SecurityContext.RunAsNonRoot)
+	assert.True(t, *pod.SecurityContext.RunAsNonRoot)
+	assert.Equal(t, int64(65532), *pod.SecurityContext.RunAsUser, "the image's nonroot user")
+	assert.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
+	assert.Equal(t, "virtfleet-hub", pod.ServiceAccountName)
+}
+
+// TestHubRBAC pins least privilege: no wildcard anywhere, the grants the
+// hub's code needs, and none of the writes it must not have.
+func TestHubRBAC(t *testing.T) {
+	byKind := objects(t)
+	cr := one[rbacv1.ClusterRole](t, byKind, "ClusterRole", "virtfleet-hub")
+	role := one[rbacv1.Role](t, byKind, "Role", "virtfleet-hub-leader-election")
+	for _, r := range append(slices.Clone(cr.Rules), role.Rules...) {
+		for _, list := range [][]string{r.Verbs, r.Resources, r.APIGroups} {
+			assert.NotContains(t, list, "*", "wildcard in %+v", r)
+		}
+		assert.NotContains(t, r.Verbs, "escalate")
+		assert.NotContains(t, r.Verbs, "bind")
+		assert.NotContains(t, r.Verbs, "impersonate")
+	}
+	type grant struct{ group, resource, verb string }
+	cases := map[string]struct {
+		rules []rbacv1.PolicyRule
+		grant grant
+		want  bool
+	}{
+		"ReadsVirtualMachines":        {cr.Rules, grant{"compute.virtfleet.io", "virtualmachines", "watch"}, true},
+		"AddsFinalizers":              {cr.Rules, grant{"compute.virtfleet.io", "virtualmachines", "update"}, true},
+		"WritesStatus":                {cr.Rules, grant{"compute.virtfleet.io", "virtualmachines/status", "update"}, true},
+		"SetsBlockOwnerDeletion":      {cr.Rules, grant{"compute.virtfleet.io", "volumes/finalizers", "update"}, true},
+		"ReconcilesDiskImages":        {cr.Rules, grant{"compute.virtfleet.io", "diskimages/status", "patch"}, true},
+		"NeverCreatesUserResources":   {cr.Rules, grant{"compute.virtfleet.io", "virtualmachines", "create"}, false},
+		"NeverDeletesUserResources":   {cr.Rules, grant{"compute.virtfleet.io", "volumes", "delete"}, false},
+		"TracksProviderConfigUsage":   {cr.Rules, grant{"virtfleet.io", "providerconfigusages", "create"}, true},
+		"ReadsClusterProviderConfigs": {cr.Rules, grant{"virtfleet.io", "clusterproviderconfigs", "watch"}, true},
+		"ReadsCredentials":            {cr.Rules, grant{"", "secrets", "get"}, true},
+		"NeverWritesSecrets":          {cr.Rules, grant{"", "secrets", "update"}, false},
+		"RecordsEvents":               {cr.Rules, grant{"", "events", "create"}, true},
+		"WatchesCRDsForSafeStart":     {cr.Rules, grant{"apiextensions.k8s.io", "customresourcedefinitions", "watch"}, true},
+		"NeverWritesCRDs":             {cr.Rules, grant{"apiextensions.k8s.io", "customresourcedefinitions", "update"}, false},
+		"ElectsALeaderInItsNamespace": {role.Rules, grant{"coordination.k8s.io", "leases", "update"}, true},
+		"HoldsNoClusterWideLeases":    {cr.Rules, grant{"coordination.k8s.io", "leases", "update"}, false},
+		"NeverTouchesPods":            {cr.Rules, grant{"", "pods", "get"}, false},
+		"NeverTouchesRBAC":            {cr.Rules, grant{"rbac.authorization.k8s.io", "clusterroles", "get"}, false},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.want, allows(tc.rules, tc.grant.group, tc.grant.resource, tc.grant.verb))
+		})
+	}
+}
+
+func allows(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
+	for _, r := range rules {
+		if slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestNATSRunsJetStream pins that NATS keeps its streams on a volume and
+// loads the per-identity users.
+func TestNATSRunsJetStream(t *testing.T) {
+	byKind := objects(t)
+	ss := one[appsv1.StatefulSet](t, byKind, "StatefulSet", "nats")
+	cm := one[corev1.ConfigMap](t, byKind, "ConfigMap", "nats-config")
+	conf := cm.Data["nats.conf"]
+	assert.Contains(t, conf, "jetstream")
+	assert.Contains(t, conf, "store_dir: /data/jetstream")
+	assert.Contains(t, conf, "include ./auth/auth.conf", "the nkey users, one per agent")
+	require.Len(t, ss.Spec.VolumeClaimTemplates, 1)
+	assert.Equal(t, "data", ss.Spec.VolumeClaimTemplates[0].Name)
+	svc := one[corev1.Service](t, byKind, "Service", "nats")
+	assert.Equal(t, int32(4222), svc.Spec.Ports[0].Port, "the agents' VIRTFLEET_NATS_URL port")
+}
+
+func keys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
