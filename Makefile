@@ -100,3 +100,10 @@ package: images ## Build the Crossplane provider package (.xpkg) on the hub imag
 	$(GO) run ./hack/build-package --dir package --hub $(IMAGES_DIR)/hub.tar \
 		--hub-ref $(REGISTRY)/virtfleet-hub:$(VERSION) \
 		--ref $(REGISTRY)/provider-virtfleet:$(VERSION) --out $(XPKG)
+
+# make bench BENCH_FLAGS='-sizes 10,100 -burst 0' runs other sizes; -quick is the harness's own small run.
+BENCH_FLAGS ?=
+.PHONY: bench
+bench: deps envtest-assets ## Benchmark on the real stack (density 100 VMs/3 nodes, bursts 10/100/1000 over 10 nodes, limits) into bench/results/.
+	@$(GO) build -o bin/bench ./bench
+	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" bin/bench $(BENCH_FLAGS)

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/virtfleet/virtfleet/internal/benchmark"
+)
+
+// TestQuick runs the harness at its quick sizes on the real stack and checks
+// the result files: every scenario's VMs reached Running, the numbers are
+// sane, and both files say the same. It tests the harness, not virtfleet's
+// speed: targets are reported, never asserted.
+func TestQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the whole stack twice; skipped with -short")
+	}
+	ctrl.SetLogger(logr.Discard())
+	o := benchmark.Quick()
+	o.Dir = t.TempDir()
+	r, err := benchmark.Run(context.Background(), o)
+	require.NoError(t, err)
+	out := t.TempDir()
+	md, js, err := benchmark.Write(r, out)
+	require.NoError(t, err)
+
+	got, err := benchmark.Read(js)
+	require.NoError(t, err)
+	assert.True(t, got.Quick)
+	assert.NotEmpty(t, got.Commit)
+	assert.Positive(t, got.Machine.CPUs)
+	assert.Positive(t, got.Machine.MemoryBytes)
+
+	require.NotNil(t, got.Density)
+	scenarios := append([]benchmark.Scenario{*got.Density}, got.Bursts...)
+	require.Len(t, got.Bursts, len(o.Sizes))
+	for _, s := range scenarios {
+		t.Run(s.Name, func(t *testing.T) {
+			assert.Equal(t, s.VMs, s.Running, "every VM reached Running; notes: %v", s.Notes)
+			assert.Equal(t, s.VMs, s.Latency.Count)
+			assert.Positive(t, s.Latency.P50)
+			assert.LessOrEqual(t, s.Latency.P50, s.Latency.P95)
+			assert.LessOrEqual(t, s.Latency.P95, s.Latency.P99)
+			assert.LessOrEqual(t, s.Latency.P99, s.Latency.Max)
+			assert.LessOrEqual(t, s.Latency.Max, s.WallSeconds+0.001, "no VM took longer than the whole run")
+			assert.Positive(t, s.VMsPerSecond)
+			assert.GreaterOrEqual(t, s.VMWritesPerVM, 1.0, "at least the Create itself")
+			assert.Positive(t, s.HubPeakRSSBytes)
+			assert.Positive(t, s.AgentPeakRSSBytes)
+			assert.GreaterOrEqual(t, s.AgentMaxPeakRSSBytes, s.AgentPeakRSSBytes)
+			total := 0
+			for _, n := range s.PerNode {
+				total += n
+			}
+			assert.Equal(t, s.VMs, total, "every VM is on a node")
+			assert.NotContains(t, s.PerNode, "", "no VM without a node")
+		})
+	}
+	for _, s := range got.Bursts {
+		require.NotNil(t, s.RawLibvirt, "%s: raw libvirt limit", s.Name)
+		require.NotNil(t, s.ControlPlane, "%s: control-plane limit", s.Name)
+		assert.Equal(t, s.VMs, s.RawLibvirt.VMs)
+		assert.Positive(t, s.RawLibvirt.VMsPerSecond)
+		assert.Positive(t, s.ControlPlane.VMsPerSecond)
+		assert.InDelta(t, s.VMsPerSecond/s.ControlPlane.VMsPerSecond, s.RatioToControlPlane, 1e-9)
+	}
+	assert.NotEmpty(t, got.Targets)
+
+	b, err := os.ReadFile(md)
+	require.NoError(t, err)
+	text := string(b)
+	assert.Equal(t, filepath.Dir(md), out)
+	assert.Equal(t, strings.TrimSuffix(md, ".md"), strings.TrimSuffix(js, ".json"), "the two files share a name")
+	for _, want := range []string{"## Targets", "## Density", "## Burst", "## API writes by request", got.Commit, "create→Running p99"} {
+		assert.Contains(t, text, want)
+	}
+}

@@ -1,0 +1,94 @@
+// Command bench measures virtfleet on the real stack and writes
+// bench/results/<date>.md and .json; `make bench` runs it with the issue's
+// sizes. The measurements live in internal/benchmark.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/virtfleet/virtfleet/internal/benchmark"
+	"github.com/virtfleet/virtfleet/internal/controlplane"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	d := benchmark.Defaults()
+	var (
+		quick        = flag.Bool("quick", false, "Small sizes that test the harness in about a minute; other size flags are ignored.")
+		density      = flag.Int("density", d.Density, "VMs created one by one in the density scenario; 0 skips it.")
+		densityNodes = flag.Int("density-nodes", d.DensityNodes, "Nodes of the density scenario.")
+		interval     = flag.Duration("interval", d.DensityInterval, "Time between creates in the density scenario.")
+		burst        = flag.Int("burst", 1000, "VMs created at once in the burst scenario; added to -sizes.")
+		sizes        = flag.String("sizes", "10,100,1000", "Burst sizes, comma-separated, each on a fresh stack, so the cost's growth is visible.")
+		nodes        = flag.Int("nodes", d.Nodes, "Nodes of the burst scenarios.")
+		limits       = flag.Bool("limits", true, "Measure raw libvirt and the control plane's limit after each burst.")
+		out          = flag.String("out", filepath.Join(controlplane.RepoRoot(), "bench", "results"), "Directory of the result files.")
+		dir          = flag.String("dir", "", "Where the stacks keep their state and logs; empty means the system's temporary directory.")
+		keep         = flag.Bool("keep", false, "Keep every stack's directory and logs, not only those of failed scenarios.")
+		debug        = flag.Bool("debug", false, "Run the hub and agents at debug level (slower; for finding where time goes).")
+	)
+	flag.Parse()
+
+	o := benchmark.Options{Density: *density, DensityNodes: *densityNodes, DensityInterval: *interval, Nodes: *nodes, Limits: *limits}
+	if *quick {
+		o = benchmark.Quick()
+	} else {
+		s, err := parseSizes(*sizes)
+		if err != nil {
+			return err
+		}
+		if *burst > 0 {
+			s = append(s, *burst)
+		}
+		o.Sizes = s
+	}
+	o.Dir, o.Progress, o.Keep, o.Debug = *dir, os.Stderr, *keep, *debug
+	// The benchmark's own Kubernetes clients have nothing to say.
+	ctrl.SetLogger(logr.Discard())
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	r, err := benchmark.Run(ctx, o)
+	if err != nil {
+		return err
+	}
+	md, js, err := benchmark.Write(r, *out)
+	if err != nil {
+		return err
+	}
+	fmt.Println(benchmark.Markdown(r))
+	fmt.Fprintf(os.Stderr, "results: %s, %s\n", md, js)
+	return nil
+}
+
+func parseSizes(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("-sizes: %q is not a positive number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}

@@ -1,0 +1,240 @@
+package benchmark
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// The issue's goals. They are reported, never asserted: a slow machine must
+// still produce a result.
+const (
+	targetDensityP50     = 0.5
+	targetDensityP99     = 2.0
+	targetBurstOfCPLimit = 0.5
+	targetWritesPerVM    = 3.0
+	targetHubRSSMiB      = 150.0
+	targetHubRSSAtVMs    = 1000
+)
+
+// Targets compares r's scenarios with the issue's goals. The burst and
+// per-VM targets are judged on the largest burst.
+func Targets(r *Result) []Target {
+	var out []Target
+	if d := r.Density; d != nil {
+		out = append(out,
+			Target{Name: "density p50 create→Running", Goal: fmt.Sprintf("≤ %.1f s", targetDensityP50), Measured: fmt.Sprintf("%.3f s", d.Latency.P50), Met: d.Running == d.VMs && d.Latency.P50 <= targetDensityP50},
+			Target{Name: "density p99 create→Running", Goal: fmt.Sprintf("≤ %.0f s", targetDensityP99), Measured: fmt.Sprintf("%.3f s", d.Latency.P99), Met: d.Running == d.VMs && d.Latency.P99 <= targetDensityP99},
+		)
+	}
+	b := largest(r.Bursts)
+	if b == nil {
+		return out
+	}
+	if b.ControlPlane != nil {
+		out = append(out, Target{
+			Name: fmt.Sprintf("burst of %d: rate vs control-plane limit", b.VMs), Goal: fmt.Sprintf("≥ %.0f%%", 100*targetBurstOfCPLimit),
+			Measured: fmt.Sprintf("%.0f%% (%.1f of %.1f VMs/s)", 100*b.RatioToControlPlane, b.VMsPerSecond, b.ControlPlane.VMsPerSecond),
+			Met:      b.Running == b.VMs && b.RatioToControlPlane >= targetBurstOfCPLimit,
+		})
+	}
+	out = append(out, Target{
+		Name: fmt.Sprintf("API writes per VM (burst of %d)", b.VMs), Goal: fmt.Sprintf("≤ %.0f", targetWritesPerVM),
+		Measured: fmt.Sprintf("%.2f", b.VMWritesPerVM), Met: b.VMWritesPerVM <= targetWritesPerVM,
+	})
+	name := fmt.Sprintf("hub peak RSS at %d VMs", b.VMs)
+	if b.VMs != targetHubRSSAtVMs {
+		name += fmt.Sprintf(" (the goal is for %d)", targetHubRSSAtVMs)
+	}
+	out = append(out, Target{
+		Name: name, Goal: fmt.Sprintf("≤ %.0f MiB", targetHubRSSMiB),
+		Measured: fmt.Sprintf("%.1f MiB", mib(b.HubPeakRSSBytes)), Met: mib(b.HubPeakRSSBytes) <= targetHubRSSMiB,
+	})
+	return out
+}
+
+func largest(s []Scenario) *Scenario {
+	var b *Scenario
+	for i := range s {
+		if b == nil || s[i].VMs > b.VMs {
+			b = &s[i]
+		}
+	}
+	return b
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+// Markdown renders r for people: the targets first, then a table per
+// scenario, then the write breakdowns that explain the per-VM numbers.
+func Markdown(r *Result) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	title := "virtfleet benchmark"
+	if r.Quick {
+		title += " (quick: the harness's own small run, not a measurement)"
+	}
+	p("# %s — %s", title, r.Date.UTC().Format("2006-01-02 15:04 UTC"))
+	p("")
+	dirty := ""
+	if r.Dirty {
+		dirty = " with uncommitted changes"
+	}
+	p("Commit `%s`%s. Machine: %d CPUs, %.1f GiB memory, Linux %s, %s; load average before the run: %s.",
+		r.Commit, dirty, r.Machine.CPUs, float64(r.Machine.MemoryBytes)/(1<<30), r.Machine.Kernel, r.Machine.GoVersion, r.Machine.LoadAvgBefore)
+	p("")
+	p("Everything runs on this one machine: etcd and kube-apiserver (envtest), an embedded NATS server, the hub and one agent per node as processes, one libvirtd (test driver) per node. Each scenario gets a fresh stack, and one warm-up VM per node is taken to Running before the measurement (the first guest on a node also creates its network). Latency is measured from the client's Create call returning to the first watch event showing phase Running.")
+	p("")
+
+	p("## Targets")
+	p("")
+	p("| target | goal | measured | met |")
+	p("| --- | --- | --- | --- |")
+	for _, t := range r.Targets {
+		met := "no"
+		if t.Met {
+			met = "yes"
+		}
+		p("| %s | %s | %s | %s |", t.Name, t.Goal, t.Measured, met)
+	}
+	p("")
+
+	if d := r.Density; d != nil {
+		p("## Density: %d VMs created %.0f ms apart over %d nodes", d.VMs, d.IntervalSeconds*1000, d.Nodes)
+		p("")
+		p("| measure | value | target |")
+		p("| --- | --- | --- |")
+		p("| VMs Running | %d of %d | all |", d.Running, d.VMs)
+		p("| create→Running p50 | %.3f s | ≤ %.1f s |", d.Latency.P50, targetDensityP50)
+		p("| create→Running p95 | %.3f s | |", d.Latency.P95)
+		p("| create→Running p99 | %.3f s | ≤ %.0f s |", d.Latency.P99, targetDensityP99)
+		p("| create→Running max / mean | %.3f s / %.3f s | |", d.Latency.Max, d.Latency.Mean)
+		p("| of which create→placed (hub) p50 / p99 | %s | |", split(d.CreateToPlaced))
+		p("| of which placed→Running (intent, agent, report, status) p50 / p99 | %s | |", split(d.PlacedToRunning))
+		p("| API writes per VM (virtualmachines) | %.2f | ≤ %.0f |", d.VMWritesPerVM, targetWritesPerVM)
+		p("| hub peak RSS | %.1f MiB | |", mib(d.HubPeakRSSBytes))
+		p("| agent peak RSS (node1 / largest) | %.1f / %.1f MiB | |", mib(d.AgentPeakRSSBytes), mib(d.AgentMaxPeakRSSBytes))
+		p("| hub CPU per 1000 VMs | %.1f s | |", d.HubCPUSecondsPer1000VM)
+		p("| VMs per node | %s | |", perNode(d.PerNode))
+		notes(p, d.Notes)
+		p("")
+	}
+
+	if len(r.Bursts) > 0 {
+		p("## Burst: VMs created all at once")
+		p("")
+		p("One column per size, each on a fresh stack, so the cost's growth is visible. The limits are measured on the same stack right after virtfleet's run, with the hub and agents stopped: raw go-libvirt define+start of as many domains on the same daemons (one connection per node), and a plain client making the same number of writes per VM to the same API server (%d VMs at once).", controlPlaneWriters)
+		p("")
+		header := "| measure |"
+		sep := "| --- |"
+		for _, s := range r.Bursts {
+			header += fmt.Sprintf(" %d VMs / %d nodes |", s.VMs, s.Nodes)
+			sep += " --- |"
+		}
+		p("%s target |", header)
+		p("%s --- |", sep)
+		row := func(name, target string, f func(s Scenario) string) {
+			line := "| " + name + " |"
+			for _, s := range r.Bursts {
+				line += " " + f(s) + " |"
+			}
+			p("%s %s |", line, target)
+		}
+		row("VMs Running", "all", func(s Scenario) string { return fmt.Sprintf("%d of %d", s.Running, s.VMs) })
+		row("time until all Running", "", func(s Scenario) string { return fmt.Sprintf("%.2f s", s.WallSeconds) })
+		row("virtfleet VMs/s", "", func(s Scenario) string { return fmt.Sprintf("%.1f", s.VMsPerSecond) })
+		row("raw go-libvirt VMs/s", "", func(s Scenario) string {
+			if s.RawLibvirt == nil {
+				return "–"
+			}
+			return fmt.Sprintf("%.1f", s.RawLibvirt.VMsPerSecond)
+		})
+		row("control-plane limit VMs/s (writes/VM)", "", func(s Scenario) string {
+			if s.ControlPlane == nil {
+				return "–"
+			}
+			return fmt.Sprintf("%.1f (%d)", s.ControlPlane.VMsPerSecond, s.ControlPlane.WritesPerVM)
+		})
+		row("virtfleet / raw libvirt", "", func(s Scenario) string { return pct(s.RatioToRawLibvirt) })
+		row("virtfleet / control plane", fmt.Sprintf("≥ %.0f%%", 100*targetBurstOfCPLimit), func(s Scenario) string { return pct(s.RatioToControlPlane) })
+		row("create→Running p50 / p99", "", func(s Scenario) string { return fmt.Sprintf("%.2f / %.2f s", s.Latency.P50, s.Latency.P99) })
+		row("of which create→placed (hub) p50 / p99", "", func(s Scenario) string { return split(s.CreateToPlaced) })
+		row("of which placed→Running (intent, agent, report, status) p50 / p99", "", func(s Scenario) string { return split(s.PlacedToRunning) })
+		row("API writes per VM (virtualmachines)", fmt.Sprintf("≤ %.0f", targetWritesPerVM), func(s Scenario) string { return fmt.Sprintf("%.2f", s.VMWritesPerVM) })
+		row("hub peak RSS", fmt.Sprintf("≤ %.0f MiB at %d", targetHubRSSMiB, targetHubRSSAtVMs), func(s Scenario) string { return fmt.Sprintf("%.1f MiB", mib(s.HubPeakRSSBytes)) })
+		row("agent peak RSS (node1 / largest)", "", func(s Scenario) string {
+			return fmt.Sprintf("%.1f / %.1f MiB", mib(s.AgentPeakRSSBytes), mib(s.AgentMaxPeakRSSBytes))
+		})
+		row("hub CPU (total / per 1000 VMs)", "", func(s Scenario) string {
+			return fmt.Sprintf("%.1f s / %.1f s", s.HubCPUSeconds, s.HubCPUSecondsPer1000VM)
+		})
+		row("agent CPU, node1", "", func(s Scenario) string { return fmt.Sprintf("%.1f s", s.AgentCPUSeconds) })
+		row("VMs per node", "", func(s Scenario) string { return perNode(s.PerNode) })
+		for _, s := range r.Bursts {
+			if len(s.Notes) > 0 {
+				p("")
+				p("%d VMs:", s.VMs)
+				notes(p, s.Notes)
+			}
+		}
+		p("")
+	}
+
+	p("## API writes by request")
+	p("")
+	p("Writes to compute.virtfleet.io and to events from before the first create until the run settled, per VM; the benchmark's own Create is the `POST virtualmachines 201` line. The last column of a request is its HTTP status: 409s are writes lost to conflicts.")
+	p("")
+	all := r.Bursts
+	if r.Density != nil {
+		all = append([]Scenario{*r.Density}, all...)
+	}
+	for _, s := range all {
+		p("**%s** (%d VMs)", s.Name, s.VMs)
+		p("")
+		p("| request | total | per VM |")
+		p("| --- | --- | --- |")
+		for _, w := range s.Writes {
+			p("| %s | %.0f | %.2f |", w.Request, w.Count, w.PerVM)
+		}
+		p("")
+	}
+	return b.String()
+}
+
+// split renders one part of the latency.
+func split(l Latency) string {
+	if l.Count == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f / %.2f s", l.P50, l.P99)
+}
+
+func pct(r float64) string {
+	switch {
+	case r == 0:
+		return "–"
+	case r < 0.01:
+		return fmt.Sprintf("%.2f%%", 100*r)
+	default:
+		return fmt.Sprintf("%.0f%%", 100*r)
+	}
+}
+
+func perNode(m map[string]int) string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	parts := make([]string, 0, len(names))
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s %d", n, m[n]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func notes(p func(string, ...any), ns []string) {
+	for _, n := range ns {
+		p("- %s", n)
+	}
+}

@@ -1,0 +1,328 @@
+package benchmark
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	watchtools "k8s.io/client-go/tools/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+)
+
+// The workload: every VM boots from a Volume of its own (a Volume binds its
+// VMs to one node, so a shared one would pin every VM to the same node) and
+// joins one VirtualNetwork.
+const (
+	namespace   = "bench"
+	networkName = "bench-net"
+	networkCIDR = "10.20.0.0/16"
+	vmVCPU      = 1
+	vmMemory    = "64Mi"
+	// volumeSize is small: the test driver's pool holds 100 GiB per node.
+	volumeSize = "64Mi"
+	// creators is how many Create calls are in flight at once in a burst:
+	// enough that the API server, not the client, is what the burst waits on.
+	creators = 32
+	// warmUpName prefixes the VMs taken to Running before the measurement.
+	warmUpName = "warm-up"
+)
+
+// newClient is a client of its own, without client-side rate limiting, so
+// that the benchmark's own requests are never what it measures.
+func newClient(cfg *rest.Config, c client.Client) (client.WithWatch, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = -1, 0
+	cl, err := client.NewWithWatch(cfg, client.Options{Scheme: c.Scheme()})
+	return cl, errors.Wrap(err, "cannot create the benchmark's client")
+}
+
+func vmName(i int) string     { return fmt.Sprintf("vm-%04d", i) }
+func volumeName(i int) string { return fmt.Sprintf("vm-%04d-root", i) }
+
+func newVM(ns, name, disk string) *v1alpha1.VirtualMachine {
+	return &v1alpha1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
+			Vcpu:            vmVCPU,
+			Memory:          resource.MustParse(vmMemory),
+			VirtualNetworks: []v1alpha1.LocalName{networkName},
+			DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName(disk)}},
+		}},
+	}
+}
+
+// prepare creates the namespace, the network and n Volumes, and waits until
+// the hub has reconciled every Volume, so that their writes are over before
+// the scenario's first snapshot.
+func prepare(ctx context.Context, kube client.Client, n int) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
+	if err := kube.Create(ctx, ns); err != nil && !kerrors.IsAlreadyExists(err) {
+		return errors.Wrap(err, "cannot create the benchmark namespace")
+	}
+	net := &v1alpha1.VirtualNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: networkName},
+		Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{Mode: v1alpha1.NetworkModeNAT, CIDR: networkCIDR}},
+	}
+	if err := kube.Create(ctx, net); err != nil {
+		return errors.Wrap(err, "cannot create the benchmark network")
+	}
+	err := parallel(ctx, n, creators, func(ctx context.Context, i int) error {
+		v := &v1alpha1.Volume{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: volumeName(i)},
+			Spec:       v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{Size: resource.MustParse(volumeSize)}},
+		}
+		return errors.Wrapf(kube.Create(ctx, v), "cannot create Volume %s", v.Name)
+	})
+	if err != nil {
+		return err
+	}
+	return waitFor(ctx, 500*time.Millisecond, func() (bool, error) {
+		l := &v1alpha1.VolumeList{}
+		if err := kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
+			return false, errors.Wrap(err, "cannot list Volumes")
+		}
+		ready := 0
+		for i := range l.Items {
+			if l.Items[i].GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue {
+				ready++
+			}
+		}
+		return ready == n, nil
+	})
+}
+
+// parallel runs do(i) for i in [0, n) on at most workers goroutines and
+// returns the first error.
+func parallel(ctx context.Context, n, workers int, do func(ctx context.Context, i int) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	next := make(chan int)
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for range min(workers, n) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := do(ctx, i); err != nil {
+					errs <- err
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+feed:
+	for i := range n {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return ctx.Err()
+	}
+}
+
+// waitFor polls ok until it holds or ctx ends. It is for setup only; the
+// measurements come from a watch.
+func waitFor(ctx context.Context, every time.Duration, ok func() (bool, error)) error {
+	for {
+		done, err := ok()
+		if err != nil || done {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Wrap(ctx.Err(), "gave up waiting")
+		case <-time.After(every):
+		}
+	}
+}
+
+// tracker records when each VM's Create call returned and when a watch on
+// VirtualMachines first showed it Running. creationTimestamp has a
+// resolution of one second, too coarse for a 0.5 s target, so the start of
+// each latency is taken on the client.
+type tracker struct {
+	mu      sync.Mutex
+	want    int
+	created map[string]time.Time
+	running map[string]time.Time
+	// scheduled is when a VM was first seen with its node annotation: the
+	// hub has placed it and publishes its intent next; from there on the
+	// time is mostly the agent's and the report's way back.
+	scheduled map[string]time.Time
+	done      chan struct{}
+}
+
+func newTracker(want int) *tracker {
+	return &tracker{want: want, created: map[string]time.Time{}, running: map[string]time.Time{}, scheduled: map[string]time.Time{}, done: make(chan struct{})}
+}
+
+func (t *tracker) markCreated(name string, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.created[name] = at
+	t.check()
+}
+
+func (t *tracker) markRunning(name string, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, seen := t.running[name]; seen {
+		return
+	}
+	t.running[name] = at
+	t.check()
+}
+
+func (t *tracker) markScheduled(name string, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, seen := t.scheduled[name]; !seen {
+		t.scheduled[name] = at
+	}
+}
+
+// split divides each latency into create→placed (the hub's part) and
+// placed→Running (the intent's way to the agent, the agent's work and the
+// report's way back to status).
+func (t *tracker) split() (hub, node []time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for name, s := range t.scheduled {
+		c, created := t.created[name]
+		r, running := t.running[name]
+		if created && running {
+			hub = append(hub, max(0, s.Sub(c)))
+			node = append(node, max(0, r.Sub(s)))
+		}
+	}
+	return hub, node
+}
+
+func (t *tracker) check() {
+	if len(t.created) == t.want && len(t.running) == t.want {
+		select {
+		case <-t.done:
+		default:
+			close(t.done)
+		}
+	}
+}
+
+// latencies are create→Running per VM. A watch event can be read before the
+// Create call that caused it returns; such a VM counts as zero, not negative.
+func (t *tracker) latencies() []time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]time.Duration, 0, len(t.running))
+	for name, r := range t.running {
+		if c, ok := t.created[name]; ok {
+			out = append(out, max(0, r.Sub(c)))
+		}
+	}
+	return out
+}
+
+// lastRunning is when the last VM was first seen Running.
+func (t *tracker) lastRunning() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var last time.Time
+	for _, r := range t.running {
+		if r.After(last) {
+			last = r
+		}
+	}
+	return last
+}
+
+func (t *tracker) counts() (created, running int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.created), len(t.running)
+}
+
+// watchRunning feeds t from a watch on the benchmark namespace's
+// VirtualMachines until ctx ends. It resumes from the last resource version
+// when the API server closes the watch, so a long burst loses no event.
+func watchRunning(ctx context.Context, kube client.WithWatch, t *tracker) error {
+	l := &v1alpha1.VirtualMachineList{}
+	if err := kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
+		return errors.Wrap(err, "cannot list VirtualMachines")
+	}
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, l.ResourceVersion, watcherFunc(func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		return kube.Watch(ctx, &v1alpha1.VirtualMachineList{}, client.InNamespace(namespace), &client.ListOptions{Raw: &o})
+	}))
+	if err != nil {
+		return errors.Wrap(err, "cannot watch VirtualMachines")
+	}
+	go func() {
+		defer w.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.ResultChan():
+				if !ok {
+					return
+				}
+				vm, isVM := e.Object.(*v1alpha1.VirtualMachine)
+				if !isVM || (e.Type != watch.Added && e.Type != watch.Modified) {
+					continue
+				}
+				now := time.Now()
+				if vm.GetAnnotations()[v1alpha1.AnnotationNode] != "" {
+					t.markScheduled(vm.Name, now)
+				}
+				if vm.Status.AtProvider.Phase == v1alpha1.PhaseRunning {
+					t.markRunning(vm.Name, now)
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+type watcherFunc func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error)
+
+func (f watcherFunc) WatchWithContext(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+	return f(ctx, o)
+}
+
+// perNodeCounts is how many of the benchmark's VMs each node runs, from
+// their status, to show how evenly placement spread them.
+func perNodeCounts(ctx context.Context, kube client.Client) (map[string]int, error) {
+	l := &v1alpha1.VirtualMachineList{}
+	if err := kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
+		return nil, errors.Wrap(err, "cannot list VirtualMachines")
+	}
+	out := map[string]int{}
+	for i := range l.Items {
+		if !strings.HasPrefix(l.Items[i].Name, warmUpName) {
+			out[l.Items[i].Status.AtProvider.Node]++
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,26 @@
+package stack
+
+// The benchmarks read the hub's and the agents' peak memory and CPU time from
+// /proc/<pid>; these expose the pids of the processes this stack started.
+
+// HubPID is the running hub's process id, or 0 when the hub is not running.
+func (s *Stack) HubPID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return pid(s.hub)
+}
+
+// AgentPID is the process id of node's running agent, or 0 when it is not
+// running.
+func (s *Stack) AgentPID(node string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return pid(s.agents[node])
+}
+
+func pid(c *component) int {
+	if c == nil || c.cmd.Process == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
