@@ -15,12 +15,8 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
-	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/manifests"
 	"github.com/virtfleet/virtfleet/internal/stack"
 )
 
@@ -82,31 +78,13 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 		r.Stop()
 		return nil, err
 	}
-	objs, err := manifests.Load(o.Examples)
-	if err == nil {
-		objs = withoutOwnProviderConfig(objs)
-		err = r.Stack.ControlPlane.ApplyObjects(ctx, objs)
-	}
+	objs, err := r.Stack.ApplyExamples(ctx, o.Examples)
 	if err != nil {
 		r.Stop()
 		return nil, errors.Wrap(err, "cannot apply the examples")
 	}
 	r.Applied = len(objs)
 	return r, nil
-}
-
-// withoutOwnProviderConfig drops the example ClusterProviderConfig named
-// default: the run made its own, pointing at its own NATS server and
-// credentials, and the example's would point elsewhere.
-func withoutOwnProviderConfig(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
-	out := objs[:0]
-	for _, o := range objs {
-		if o.GetKind() == apisv1alpha1.ClusterProviderConfigKind && o.GetName() == "default" {
-			continue
-		}
-		out = append(out, o)
-	}
-	return out
 }
 
 // PrintSummary writes what to paste to use the running system.

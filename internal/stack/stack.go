@@ -74,6 +74,7 @@ type Stack struct {
 	hubID    natsauth.Identity
 	nodeDirs []string
 	bin      string
+	images   *imageServer
 
 	mu     sync.Mutex
 	hub    *component
@@ -169,6 +170,10 @@ func (s *Stack) start(ctx context.Context) error {
 	if err := s.configureProvider(ctx); err != nil {
 		return err
 	}
+	if s.images, err = startImageServer(); err != nil {
+		return err
+	}
+	logf(o.Progress, "images", "%s (serves the examples' DiskImages)", s.images.url)
 	for _, n := range o.Nodes {
 		// Not under Dir: a unix socket path must stay under 108 bytes.
 		dir, err := os.MkdirTemp("", "vf-"+n+"-")
@@ -369,6 +374,9 @@ func (s *Stack) Stop() {
 	}
 	for _, d := range s.nodeDirs {
 		_ = os.RemoveAll(d)
+	}
+	if s.images != nil {
+		s.images.stop()
 	}
 	if s.NATS != nil {
 		s.NATS.Shutdown()

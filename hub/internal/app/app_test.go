@@ -49,8 +49,9 @@ func TestHub(t *testing.T) {
 		}
 	})
 	h := &hub{t: t, s: s, kube: s.ControlPlane.Client}
-	examples := filepath.Join(controlplane.RepoRoot(), "examples")
-	_, err = s.ControlPlane.Apply(context.Background(), filepath.Join(examples, "virtualnetwork"), filepath.Join(examples, "volume"), filepath.Join(examples, "virtualmachine"))
+	// All examples, with the stack's image server standing in for the
+	// image host the example DiskImage names.
+	_, err = s.ApplyExamples(context.Background(), filepath.Join(controlplane.RepoRoot(), "examples"))
 	require.NoError(t, err)
 
 	t.Run("SeedVMRunsWithNodeIDAndAddresses", func(t *testing.T) {
