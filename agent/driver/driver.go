@@ -19,7 +19,11 @@ import (
 // Errors: IsNotFound(err) means the guest does not exist; IsTerminal(err)
 // means the input cannot succeed as given (unknown network, volume bigger than
 // the pool, more vCPUs than the host has, malformed spec) — don't retry, show
-// the message to the user; any other error is transient — retry with backoff.
+// the message to the user; IsFailing(err) means the guest cannot progress for
+// a reason the user must see but that may pass (an image that cannot be
+// downloaded or fails its checksum, a pool too full for it) — show the message
+// as Failed and retry with backoff; any other error is transient — retry with
+// backoff.
 type Driver interface {
 	// Ensure creates the guest if it is absent (its disks' volumes, its
 	// networks and its cloud-init seed included) and drives it towards
@@ -34,6 +38,14 @@ type Driver interface {
 	// The nonce a guest is created or started with counts as handled, so a
 	// new guest never restarts right away. RestartCount grows by one per
 	// restart performed.
+	//
+	// A missing disk with an Image is made from that image, which Ensure
+	// first makes present on the node: imported once per node however many
+	// disks and guests use it, concurrent Ensures sharing one import, verified
+	// against its SHA256 before anything is kept. Ensure never waits for an
+	// import: while one runs it returns Phase Provisioning with the progress
+	// in Message. A failed import returns an IsFailing error and is retried
+	// with the driver's own backoff, however often Ensure is called.
 	//
 	// The returned Observation is the state after Ensure acted; a transitional
 	// phase (Provisioning, Starting, Stopping) means: call Ensure again later.
@@ -106,8 +118,8 @@ const (
 	FirmwareUEFI Firmware = "uefi"
 )
 
-// Disk is a volume attached to a guest. The driver creates it empty when it is
-// missing and never deletes it.
+// Disk is a volume attached to a guest. The driver creates it when it is
+// missing — empty, or from Image — and never deletes it.
 type Disk struct {
 	// Name of the volume on the node.
 	Name      string
@@ -117,7 +129,33 @@ type Disk struct {
 	// Pool is the storage pool holding the volume; empty means the driver's
 	// default pool.
 	Pool string
+	// Image, if set, fills a disk that does not exist yet. An existing disk
+	// is never rewritten from it.
+	Image *Image
 }
+
+// Image is a disk image a node keeps to make disks from. A node holds each
+// image once; an image no disk on the node depends on is removed after
+// PruneAfter.
+type Image struct {
+	// UID is the DiskImage's metadata.uid; it names the image on the node.
+	UID string
+	// Name is the DiskImage's name, for messages.
+	Name string
+	// URL is the http or https address the image is downloaded from.
+	URL string
+	// SHA256 is the expected hex digest of the download; empty skips the check.
+	SHA256 string
+	// Format is qcow2 (disks become copy-on-write overlays of the image) or
+	// raw (disks become copies); empty means qcow2.
+	Format string
+	// PruneAfter is how long the image stays on the node unused; zero means
+	// DefaultPruneAfter.
+	PruneAfter time.Duration
+}
+
+// DefaultPruneAfter is how long an unused image stays on a node by default.
+const DefaultPruneAfter = 24 * time.Hour
 
 // Network is a network a guest has an interface on. The driver creates it
 // from CIDR and Mode when it is missing.

@@ -13,16 +13,20 @@ func TestErrorKinds(t *testing.T) {
 		err      error
 		notFound bool
 		terminal bool
+		failing  bool
 	}{
 		"NotFoundSurvivesWrapping": {err: errors.Wrap(NotFoundf("no guest"), "cannot observe"), notFound: true},
 		"TerminalSurvivesWrapping": {err: errors.Wrap(Terminalf("network x has no cidr"), "cannot ensure"), terminal: true},
+		"FailingSurvivesWrapping":  {err: errors.Wrap(Failingf("checksum mismatch"), "cannot ensure"), failing: true},
 		"PlainErrorIsRetryable":    {err: errors.New("connection reset")},
 		"NilStaysNil":              {err: Terminal(nil)},
+		"NilStaysNilWhenFailing":   {err: Failing(nil)},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			assert.Equal(t, tc.notFound, IsNotFound(tc.err))
 			assert.Equal(t, tc.terminal, IsTerminal(tc.err))
+			assert.Equal(t, tc.failing, IsFailing(tc.err))
 		})
 	}
 }

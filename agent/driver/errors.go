@@ -16,6 +16,32 @@ type terminal struct{ error }
 
 func (e terminal) Unwrap() error { return e.error }
 
+// failing marks an error as "shown to the user, and retried".
+type failing struct{ error }
+
+func (e failing) Unwrap() error { return e.error }
+
+// Failing marks err as one the user must see (the guest is reported Failed
+// with its message) although it may pass by itself, so it is retried with
+// backoff. A nil err stays nil.
+func Failing(err error) error {
+	if err == nil {
+		return nil
+	}
+	return failing{err}
+}
+
+// Failingf returns a Failing error with a formatted message.
+func Failingf(format string, args ...any) error {
+	return failing{fmt.Errorf(format, args...)}
+}
+
+// IsFailing reports whether err, or any error it wraps, is Failing.
+func IsFailing(err error) bool {
+	var f failing
+	return errors.As(err, &f)
+}
+
 // NotFound marks err as meaning the guest does not exist. A nil err stays nil.
 func NotFound(err error) error {
 	if err == nil {

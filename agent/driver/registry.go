@@ -36,6 +36,9 @@ type LibvirtConfig struct {
 	// ShutdownGrace is how long a guest may take to shut down on ACPI before
 	// it is forced off; zero means two minutes.
 	ShutdownGrace time.Duration
+	// ImageDir holds image downloads until they are verified and imported;
+	// empty means the system's temporary directory.
+	ImageDir string
 }
 
 // Factory builds a Driver from its Config.

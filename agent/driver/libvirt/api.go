@@ -37,6 +37,11 @@ type API interface {
 	StorageVolCreateXML(Pool golibvirt.StoragePool, XML string, Flags golibvirt.StorageVolCreateFlags) (rVol golibvirt.StorageVol, err error)
 	StorageVolUpload(Vol golibvirt.StorageVol, outStream io.Reader, Offset uint64, Length uint64, Flags golibvirt.StorageVolUploadFlags) (err error)
 	StorageVolDelete(Vol golibvirt.StorageVol, Flags golibvirt.StorageVolDeleteFlags) (err error)
+	StorageVolCreateXMLFrom(Pool golibvirt.StoragePool, XML string, Clonevol golibvirt.StorageVol, Flags golibvirt.StorageVolCreateFlags) (rVol golibvirt.StorageVol, err error)
+	StorageVolGetPath(Vol golibvirt.StorageVol) (rName string, err error)
+	StorageVolGetInfo(Vol golibvirt.StorageVol) (rType int8, rCapacity uint64, rAllocation uint64, err error)
+	StorageVolGetXMLDesc(Vol golibvirt.StorageVol, Flags uint32) (rXML string, err error)
+	StoragePoolListAllVolumes(Pool golibvirt.StoragePool, NeedResults int32, Flags uint32) (rVols []golibvirt.StorageVol, rRet uint32, err error)
 }
 
 var _ API = (*golibvirt.Libvirt)(nil)

@@ -145,6 +145,12 @@ func bytesOf(v uint, unit string) int64 {
 func specHash(m driver.Machine) string {
 	shape := m
 	shape.Running, shape.RestartNonce, shape.Generation = false, "", 0
+	// An image only fills a disk once; changing it changes no guest.
+	shape.Disks = make([]driver.Disk, len(m.Disks))
+	for i, disk := range m.Disks {
+		disk.Image = nil
+		shape.Disks[i] = disk
+	}
 	b, _ := json.Marshal(shape) //nolint:errchkjson // plain struct of strings and numbers
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:8])

@@ -48,6 +48,12 @@ type Driver struct {
 	generation int
 
 	addresses *addressBook
+	images    *images
+	// networkMu serialises making networks: guests sharing a network may be
+	// ensured at once, and libvirt refuses a second define or start of it.
+	networkMu sync.Mutex
+	// loops counts the goroutines besides watch that Close waits for.
+	loops sync.WaitGroup
 
 	stateMu sync.Mutex
 	// shutdownAt is when a graceful shutdown was requested, per uid.
@@ -86,6 +92,7 @@ func Open(ctx context.Context, cfg driver.Config) (*Driver, error) {
 		events:     make(chan driver.Event, 256),
 		done:       make(chan struct{}),
 		addresses:  newAddressBook(),
+		images:     newImages(lc.ImageDir),
 		shutdownAt: map[string]time.Time{},
 		crashes:    map[string]int32{},
 	}
@@ -99,6 +106,8 @@ func Open(ctx context.Context, cfg driver.Config) (*Driver, error) {
 		return nil, err
 	}
 	go d.watch()
+	d.loops.Add(1)
+	go d.pruneLoop()
 	return d, nil
 }
 
@@ -230,6 +239,7 @@ func (d *Driver) Close() error {
 	}
 	d.mu.Unlock()
 	<-d.done
+	d.loops.Wait()
 	return errors.Wrap(err, "cannot disconnect from libvirtd")
 }
 
@@ -311,8 +321,22 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 			// A redefinition keeps what the old definition counted.
 			owner.LastNonce, owner.Restarts = info.owner.LastNonce, info.owner.Restarts
 		}
-		if dom, err = d.define(api, conn, m, owner); err != nil {
+		d.images.inUse.RLock()
+		importing, err := d.prepareImages(api, m)
+		if err == nil && importing == "" {
+			dom, err = d.define(api, conn, m, owner)
+		}
+		d.images.inUse.RUnlock()
+		switch {
+		case err != nil:
 			return driver.Observation{}, err
+		case importing != "" && info.owner == nil:
+			return driver.Observation{UID: m.UID, Phase: driver.PhaseProvisioning, Node: d.node, Message: importing}, nil
+		case importing != "":
+			// An existing guest goes on as it is until its new disks' images are here.
+			o, err := d.Observe(ctx, m.UID)
+			o.Message = importing
+			return o, err
 		}
 	} else {
 		owner = *info.owner
@@ -329,13 +353,22 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 	if int64(m.VCPU) > conn.hostCPUs {
 		return golibvirt.Domain{}, driver.Terminalf("vcpu %d is more than the %d CPUs of node %s", m.VCPU, conn.hostCPUs, d.node)
 	}
+	d.networkMu.Lock()
 	for _, n := range m.Networks {
 		if err := ensureNetwork(api, n); err != nil {
+			d.networkMu.Unlock()
 			return golibvirt.Domain{}, err
 		}
 	}
+	d.networkMu.Unlock()
 	for _, disk := range m.Disks {
-		if err := ensureVolume(api, poolOr(disk.Pool, d.pool), disk.Name, disk.SizeBytes, formatOr(disk.Format)); err != nil {
+		var err error
+		if disk.Image != nil {
+			err = d.ensureImageDisk(api, disk)
+		} else {
+			err = ensureVolume(api, poolOr(disk.Pool, d.pool), disk.Name, disk.SizeBytes, formatOr(disk.Format))
+		}
+		if err != nil {
 			return golibvirt.Domain{}, err
 		}
 	}

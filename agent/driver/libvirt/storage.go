@@ -29,28 +29,37 @@ func ensureVolume(api API, pool, name string, size int64, format string) error {
 }
 
 func createVolume(api API, p golibvirt.StoragePool, name string, size int64, format string) error {
-	if size <= 0 {
-		return driver.Terminalf("volume %q needs a size greater than zero", name)
+	return createVolumeFrom(api, p, &libvirtxml.StorageVolume{
+		Name:     name,
+		Capacity: &libvirtxml.StorageVolumeSize{Value: uint64(max(size, 0)), Unit: "B"},
+		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: format}},
+	}, nil)
+}
+
+// createVolumeFrom creates v — as a copy of from, if set — once it is sure
+// the pool has room for v's capacity.
+func createVolumeFrom(api API, p golibvirt.StoragePool, v *libvirtxml.StorageVolume, from *golibvirt.StorageVol) error {
+	size := v.Capacity.Value
+	if size == 0 {
+		return driver.Terminalf("volume %q needs a size greater than zero", v.Name)
 	}
 	_, capacity, _, available, err := api.StoragePoolGetInfo(p)
 	if err != nil {
 		return errors.Wrapf(err, "cannot read storage pool %s", p.Name)
 	}
-	if uint64(size) > available {
-		return driver.Terminalf("volume %q needs %d bytes but storage pool %q has %d of %d bytes free", name, size, p.Name, available, capacity)
+	if size > available {
+		return driver.Terminalf("volume %q needs %d bytes but storage pool %q has %d of %d bytes free", v.Name, size, p.Name, available, capacity)
 	}
-	x, err := (&libvirtxml.StorageVolume{
-		Name:     name,
-		Capacity: &libvirtxml.StorageVolumeSize{Value: uint64(size), Unit: "B"},
-		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: format}},
-	}).Marshal()
+	x, err := v.Marshal()
 	if err != nil {
 		return errors.Wrap(err, "cannot marshal volume XML")
 	}
-	if _, err := api.StorageVolCreateXML(p, x, 0); err != nil {
-		return errors.Wrapf(err, "cannot create volume %s", name)
+	if from != nil {
+		_, err = api.StorageVolCreateXMLFrom(p, x, *from, 0)
+	} else {
+		_, err = api.StorageVolCreateXML(p, x, 0)
 	}
-	return nil
+	return errors.Wrapf(err, "cannot create volume %s", v.Name)
 }
 
 // writeSeed replaces the guest's seed volume with iso. uploadOptional is set

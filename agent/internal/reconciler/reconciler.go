@@ -238,6 +238,13 @@ func (r *Reconciler) reconcile(ctx context.Context, uid string) (time.Duration, 
 		// The input cannot succeed as given: tell the user and wait for a
 		// new intent instead of retrying.
 		return 0, r.report(ctx, failed(in, r.node, err))
+	case driver.IsFailing(err):
+		// The user must see it, but it may pass (an image server back up):
+		// report it and retry with backoff.
+		if rerr := r.report(ctx, failed(in, r.node, err)); rerr != nil {
+			return 0, rerr
+		}
+		return 0, errors.Wrap(err, "cannot ensure guest")
 	case err != nil:
 		return 0, errors.Wrap(err, "cannot ensure guest")
 	}

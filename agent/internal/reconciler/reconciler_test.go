@@ -263,6 +263,32 @@ func TestReconciler(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 			assert.Len(t, h.fake.Calls(), len(n), "no retry after a terminal error")
 		}},
+		{"failing errors report Failed with the message and are retried until they pass", func(t *testing.T, h *harness) {
+			h.synced()
+			h.driver.fail("a", driver.Failingf("cannot import image ubuntu: GET http://127.0.0.1/x answered 404 Not Found"))
+			h.put(intent("a"))
+			rep := h.eventually("a", phase(wire.PhaseFailed), "guest should be reported Failed")
+			assert.Contains(t, rep.Message, "answered 404 Not Found")
+			require.Eventually(t, func() bool { return h.driver.attempts("a") > 2 }, 5*time.Second, 5*time.Millisecond, "a failing guest keeps being retried")
+			h.driver.fail("a", nil)
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run once the image imports")
+		}},
+		{"a disk's image reaches the driver with its checksum and pruneAfter", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a", func(in *wire.Intent) {
+				in.Machine.Disks[0].Image = &wire.ImageRef{Name: "ubuntu", UID: "img-1", URL: "http://127.0.0.1/u.qcow2", Checksum: "ab", Format: "raw", PruneAfterSeconds: 90}
+			}))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			d := h.lastEnsure("a").Disks[0]
+			assert.Equal(t, &driver.Image{UID: "img-1", Name: "ubuntu", URL: "http://127.0.0.1/u.qcow2", SHA256: "ab", Format: "raw", PruneAfter: 90 * time.Second}, d.Image)
+			assert.Equal(t, "raw", d.Format, "the disk takes its image's format")
+		}},
+		{"an image without a url fails naming the field", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a", func(in *wire.Intent) { in.Machine.Disks[0].Image = &wire.ImageRef{Name: "ubuntu", UID: "img-1"} }))
+			rep := h.eventually("a", phase(wire.PhaseFailed), "guest should fail")
+			assert.Contains(t, rep.Message, "machine.disks[0].image needs a uid and a url")
+		}},
 		{"a malformed intent fails naming the field without touching the driver", func(t *testing.T, h *harness) {
 			h.synced()
 			h.put(intent("a", func(in *wire.Intent) { in.Machine.Disks = nil }))

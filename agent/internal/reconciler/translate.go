@@ -1,6 +1,8 @@
 package reconciler
 
 import (
+	"time"
+
 	"github.com/virtfleet/virtfleet/agent/driver"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
@@ -46,8 +48,19 @@ func machine(in wire.Intent) (driver.Machine, error) {
 			return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].name is empty", i)
 		}
 		disk := driver.Disk{Name: NodeName(in.Namespace, d.Name), SizeBytes: d.SizeBytes}
-		if d.Image != nil {
-			disk.Format = d.Image.Format
+		if im := d.Image; im != nil {
+			if im.UID == "" || im.URL == "" {
+				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and a url", i)
+			}
+			disk.Format = im.Format
+			disk.Image = &driver.Image{
+				UID:        im.UID,
+				Name:       im.Name,
+				URL:        im.URL,
+				SHA256:     im.Checksum,
+				Format:     im.Format,
+				PruneAfter: time.Duration(im.PruneAfterSeconds) * time.Second,
+			}
 		}
 		m.Disks = append(m.Disks, disk)
 	}

@@ -58,13 +58,21 @@ type Disk struct {
 	Image *ImageRef `json:"image,omitempty"`
 }
 
-// ImageRef is a resolved DiskImage.
+// ImageRef is a resolved DiskImage. The node imports it once, however many
+// disks use it, and prunes it once no disk there has needed it for
+// PruneAfterSeconds.
 type ImageRef struct {
-	Name     string `json:"name"`
-	UID      string `json:"uid"`
-	URL      string `json:"url"`
+	Name string `json:"name"`
+	UID  string `json:"uid"`
+	URL  string `json:"url"`
+	// Checksum is the expected lowercase hex SHA-256 of the download; empty
+	// skips the check.
 	Checksum string `json:"checksum,omitempty"`
-	Format   string `json:"format,omitempty"`
+	// Format is qcow2 or raw; empty means qcow2.
+	Format string `json:"format,omitempty"`
+	// PruneAfterSeconds is how long the image stays on a node unused; 0
+	// means the agent's default (24 h).
+	PruneAfterSeconds int64 `json:"pruneAfterSeconds,omitempty"`
 }
 
 // Network is a resolved VirtualNetwork attachment.

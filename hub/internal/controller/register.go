@@ -5,28 +5,54 @@ import (
 	"context"
 
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/diskimage"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 )
+
+// vmUser describes VirtualMachines as users of what index names.
+func vmUser(index string, uses func(*v1alpha1.VirtualMachine) []string) inuse.User {
+	return inuse.User{
+		Kind:    v1alpha1.VirtualMachineKind,
+		New:     func() client.Object { return &v1alpha1.VirtualMachine{} },
+		NewList: func() client.ObjectList { return &v1alpha1.VirtualMachineList{} },
+		Index:   index,
+		Uses: func(o client.Object) []string {
+			if vm, ok := o.(*v1alpha1.VirtualMachine); ok {
+				return uses(vm)
+			}
+			return nil
+		},
+	}
+}
 
 // Volumes are used by VirtualMachines through spec.forProvider.diskAttachments.
 var Volumes = inuse.Kind[*v1alpha1.Volume]{
 	GroupKind:        v1alpha1.VolumeGroupKind,
 	GroupVersionKind: v1alpha1.VolumeGroupVersionKind,
 	New:              func() *v1alpha1.Volume { return &v1alpha1.Volume{} },
-	Index:            virtualmachine.IndexVolumes,
-	Observe: func(v *v1alpha1.Volume, users []string) {
+	User: vmUser(virtualmachine.IndexVolumes, func(vm *v1alpha1.VirtualMachine) []string {
+		names := make([]string, 0, len(vm.Spec.ForProvider.DiskAttachments))
+		for _, a := range vm.Spec.ForProvider.DiskAttachments {
+			names = append(names, string(a.Name))
+		}
+		return names
+	}),
+	Observe: func(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users []string) (xpv2.Condition, error) {
 		node := v.GetAnnotations()[v1alpha1.AnnotationNode]
 		v.Status.AtProvider.Node, v.Status.AtProvider.AttachedTo = node, users
 		v.Status.AtProvider.Phase = v1alpha1.PhasePending
 		if node != "" {
 			v.Status.AtProvider.Phase = v1alpha1.PhaseRunning
 		}
+		return xpv2.Available(), nil
 	},
 }
 
@@ -36,10 +62,17 @@ var VirtualNetworks = inuse.Kind[*v1alpha1.VirtualNetwork]{
 	GroupKind:        v1alpha1.VirtualNetworkGroupKind,
 	GroupVersionKind: v1alpha1.VirtualNetworkGroupVersionKind,
 	New:              func() *v1alpha1.VirtualNetwork { return &v1alpha1.VirtualNetwork{} },
-	Index:            virtualmachine.IndexNetworks,
-	Observe: func(n *v1alpha1.VirtualNetwork, users []string) {
+	User: vmUser(virtualmachine.IndexNetworks, func(vm *v1alpha1.VirtualMachine) []string {
+		names := make([]string, 0, len(vm.Spec.ForProvider.VirtualNetworks))
+		for _, n := range vm.Spec.ForProvider.VirtualNetworks {
+			names = append(names, string(n))
+		}
+		return names
+	}),
+	Observe: func(_ context.Context, _ client.Reader, n *v1alpha1.VirtualNetwork, users []string) (xpv2.Condition, error) {
 		n.Status.AtProvider.AttachedTo = users
 		n.Status.AtProvider.Phase = v1alpha1.PhaseRunning
+		return xpv2.Available(), nil
 	},
 }
 
@@ -59,5 +92,8 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 	if err := inuse.SetupGated(mgr, o, Volumes); err != nil {
 		return err
 	}
-	return inuse.SetupGated(mgr, o, VirtualNetworks)
+	if err := inuse.SetupGated(mgr, o, VirtualNetworks); err != nil {
+		return err
+	}
+	return inuse.SetupGated(mgr, o, diskimage.Kind)
 }

@@ -1,8 +1,9 @@
-// Package inuse reconciles the resources VirtualMachines use — Volumes and
-// VirtualNetworks — with one rule: they cannot be deleted while a VM uses
-// them. The deletion stays pending (the object stays, with a condition and an
-// event naming the VMs) and proceeds by itself when the last VM lets go.
-// The nodes make the backing libvirt volume or network when a VM needs it.
+// Package inuse reconciles resources that others use — Volumes and
+// VirtualNetworks used by VirtualMachines, DiskImages used by Volumes — with
+// one rule: they cannot be deleted while used. The deletion stays pending (the
+// object stays, with a condition and an event naming the users) and proceeds
+// by itself when the last user lets go. The nodes make the backing libvirt
+// volume, network or image when a VM needs it.
 package inuse
 
 import (
@@ -12,12 +13,15 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
@@ -28,12 +32,9 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
-
-	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 )
 
-// TypeInUse is True while VirtualMachines use the resource.
+// TypeInUse is True while other resources use the resource.
 const TypeInUse xpv2.ConditionType = "InUse"
 
 // ReasonDeletionBlocked is the event a refused deletion records.
@@ -45,10 +46,54 @@ type Kind[T resource.ModernManaged] struct {
 	GroupVersionKind schema.GroupVersionKind
 	// New returns an empty object of the kind.
 	New func() T
-	// Index is the VirtualMachine field index naming this kind.
+	// User describes the kind that uses this one.
+	User User
+	// Related are further kinds whose changes may change this kind's status.
+	Related []Related
+	// Observe writes what is known into the object's status.atProvider and
+	// returns its Ready condition.
+	Observe func(ctx context.Context, kube client.Reader, obj T, users []string) (xpv2.Condition, error)
+}
+
+// User is a kind whose objects use resources of another kind by name, in the
+// same namespace.
+type User struct {
+	// Kind names the users in conditions, events and errors.
+	Kind string
+	// New returns an empty object and an empty list of the kind.
+	New     func() client.Object
+	NewList func() client.ObjectList
+	// Index is the field index of the kind by the names it uses.
 	Index string
-	// Observe writes what is known into the object's status.atProvider.
-	Observe func(obj T, users []string)
+	// Uses lists the names an object of the kind uses.
+	Uses func(client.Object) []string
+}
+
+// Related is a kind whose changes may change the status of resources of
+// another kind: Names says which, in the changed object's namespace.
+type Related struct {
+	Object client.Object
+	Names  func(ctx context.Context, kube client.Reader, o client.Object) []string
+}
+
+// Users lists the names of the objects in namespace whose u.Index names name.
+func (u User) Users(ctx context.Context, kube client.Reader, namespace, name string) ([]string, error) {
+	l := u.NewList()
+	if err := kube.List(ctx, l, client.InNamespace(namespace), client.MatchingFields{u.Index: name}); err != nil {
+		return nil, errors.Wrapf(err, "cannot list %s users", u.Kind)
+	}
+	objs, err := apimeta.ExtractList(l)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot read %s list", u.Kind)
+	}
+	names := make([]string, 0, len(objs))
+	for _, o := range objs {
+		if m, ok := o.(client.Object); ok {
+			names = append(names, m.GetName())
+		}
+	}
+	sort.Strings(names)
+	return names, nil
 }
 
 // SetupGated adds the controller once the CRD is established (safe-start).
@@ -71,36 +116,34 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 		managed.WithPollInterval(o.PollInterval),
 		managed.WithRecorder(recorder),
 	)
-	// A VM that stops using the resource (deleted, or its spec changed)
-	// wakes it, so a blocked deletion proceeds at once.
-	used := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-		vm, ok := o.(*v1alpha1.VirtualMachine)
-		if !ok {
-			return nil
-		}
-		var names []string
-		switch k.Index {
-		case virtualmachine.IndexVolumes:
-			for _, a := range vm.Spec.ForProvider.DiskAttachments {
-				names = append(names, string(a.Name))
-			}
-		case virtualmachine.IndexNetworks:
-			for _, n := range vm.Spec.ForProvider.VirtualNetworks {
-				names = append(names, string(n))
-			}
-		}
-		out := make([]reconcile.Request, 0, len(names))
-		for _, n := range names {
-			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: vm.Namespace, Name: n}})
-		}
-		return out
-	})
-	return ctrl.NewControllerManagedBy(mgr).
+	// A user that starts or stops using the resource (created, deleted, or
+	// its spec changed) wakes it, so a blocked deletion proceeds at once.
+	// Only those changes: a user's status writes would otherwise reconcile
+	// (and rewrite the status of) every resource it uses, several times per
+	// VM start — measured as the hub's largest source of API writes.
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		WithOptions(o.ForControllerRuntime()).
 		For(k.New()).
-		Watches(&v1alpha1.VirtualMachine{}, used).
-		Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
+		Watches(k.User.New(), enqueue(func(_ context.Context, o client.Object) []string { return k.User.Uses(o) }),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	for _, rel := range k.Related {
+		b = b.Watches(rel.Object, enqueue(func(ctx context.Context, o client.Object) []string { return rel.Names(ctx, mgr.GetClient(), o) }))
+	}
+	return b.Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
+}
+
+// enqueue reconciles the resources names returns, in the changed object's
+// namespace.
+func enqueue(names func(context.Context, client.Object) []string) handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		ns := names(ctx, o)
+		out := make([]reconcile.Request, 0, len(ns))
+		for _, n := range ns {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: n}})
+		}
+		return out
+	})
 }
 
 // external is both connector and client: there is nothing to connect to.
@@ -115,36 +158,30 @@ func (e *external[T]) Connect(context.Context, T) (managed.TypedExternalClient[T
 }
 
 func (e *external[T]) users(ctx context.Context, obj T) ([]string, error) {
-	vms, err := virtualmachine.Users(ctx, e.kube, e.kind.Index, obj)
-	if err != nil {
-		return nil, err
-	}
-	names := make([]string, 0, len(vms))
-	for _, vm := range vms {
-		names = append(names, vm.Name)
-	}
-	sort.Strings(names)
-	return names, nil
+	return e.kind.User.Users(ctx, e.kube, obj.GetNamespace(), obj.GetName())
 }
 
 // Observe reports the resource as existing (and, while it is being deleted,
-// as existing until no VM uses it).
+// as existing until nothing uses it).
 func (e *external[T]) Observe(ctx context.Context, obj T) (managed.ExternalObservation, error) {
 	users, err := e.users(ctx, obj)
 	if err != nil {
 		return managed.ExternalObservation{}, err
 	}
-	e.kind.Observe(obj, users)
+	ready, err := e.kind.Observe(ctx, e.kube, obj, users)
+	if err != nil {
+		return managed.ExternalObservation{}, err
+	}
 	inUse := xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionFalse, Reason: "Unused", LastTransitionTime: metav1.Now()}
 	if len(users) > 0 {
-		inUse.Status, inUse.Reason = corev1.ConditionTrue, "UsedByVirtualMachines"
-		inUse.Message = "used by VirtualMachine " + strings.Join(users, ", ")
+		inUse.Status, inUse.Reason = corev1.ConditionTrue, xpv2.ConditionReason("UsedBy"+e.kind.User.Kind+"s")
+		inUse.Message = "used by " + e.kind.User.Kind + " " + strings.Join(users, ", ")
 	}
 	obj.SetConditions(inUse)
 	if meta.WasDeleted(obj) {
 		return managed.ExternalObservation{ResourceExists: len(users) > 0}, nil
 	}
-	obj.SetConditions(xpv2.Available())
+	obj.SetConditions(ready)
 	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, nil
 }
 
@@ -158,15 +195,15 @@ func (e *external[T]) Update(context.Context, T) (managed.ExternalUpdate, error)
 	return managed.ExternalUpdate{}, nil
 }
 
-// Delete refuses while VMs use the resource.
+// Delete refuses while the resource is used.
 func (e *external[T]) Delete(ctx context.Context, obj T) (managed.ExternalDelete, error) {
 	users, err := e.users(ctx, obj)
 	if err != nil {
 		return managed.ExternalDelete{}, err
 	}
 	if len(users) > 0 {
-		err := errors.New(fmt.Sprintf("%s %s is used by VirtualMachine %s: it is deleted once they no longer use it",
-			e.kind.GroupVersionKind.Kind, obj.GetName(), strings.Join(users, ", ")))
+		err := errors.New(fmt.Sprintf("%s %s is used by %s %s: it is deleted once they no longer use it",
+			e.kind.GroupVersionKind.Kind, obj.GetName(), e.kind.User.Kind, strings.Join(users, ", ")))
 		e.recorder.Event(obj, event.Warning(ReasonDeletionBlocked, err))
 		return managed.ExternalDelete{}, err
 	}

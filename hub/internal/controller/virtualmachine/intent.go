@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,6 +26,7 @@ type MissingError struct {
 	Namespace string
 	Volumes   []string
 	Networks  []string
+	Images    []string
 }
 
 func (e *MissingError) Error() string {
@@ -35,6 +37,9 @@ func (e *MissingError) Error() string {
 	if len(e.Networks) > 0 {
 		parts = append(parts, fmt.Sprintf("VirtualNetwork %s", strings.Join(e.Networks, ", ")))
 	}
+	if len(e.Images) > 0 {
+		parts = append(parts, fmt.Sprintf("DiskImage %s", strings.Join(e.Images, ", ")))
+	}
 	return fmt.Sprintf("waiting for %s in namespace %s: create them and the VM goes on by itself", strings.Join(parts, " and "), e.Namespace)
 }
 
@@ -42,6 +47,7 @@ func (e *MissingError) Error() string {
 type dependencies struct {
 	volumes  []v1alpha1.Volume         // in diskAttachments order
 	networks []v1alpha1.VirtualNetwork // in virtualNetworks order
+	images   map[string]*v1alpha1.DiskImage
 }
 
 // boundNode is the node the VM's node-local volumes are bound to, if any, or
@@ -87,10 +93,56 @@ func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachin
 		}
 		d.networks = append(d.networks, vn)
 	}
-	if len(missing.Volumes)+len(missing.Networks) > 0 {
+	for _, v := range d.volumes {
+		src := v.Spec.ForProvider.Source
+		if src == nil || src.DiskImageRef == nil {
+			continue
+		}
+		name := string(src.DiskImageRef.Name)
+		if _, seen := d.images[name]; seen || slices.Contains(missing.Images, name) {
+			continue
+		}
+		img := &v1alpha1.DiskImage{}
+		err := kube.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: name}, img)
+		switch {
+		case kerrors.IsNotFound(err) || (err == nil && img.DeletionTimestamp != nil):
+			missing.Images = append(missing.Images, name)
+			continue
+		case err != nil:
+			return d, errors.Wrapf(err, "cannot get DiskImage %s", name)
+		case img.Spec.ForProvider.Source.URL == "":
+			return d, errors.Errorf("DiskImage %s is cloned from a Volume, which is not supported yet; use a url source", name)
+		}
+		if d.images == nil {
+			d.images = map[string]*v1alpha1.DiskImage{}
+		}
+		d.images[name] = img
+	}
+	if len(missing.Volumes)+len(missing.Networks)+len(missing.Images) > 0 {
 		return d, missing
 	}
 	return d, nil
+}
+
+// imageRef is the wire form of the image a volume is made from, if any.
+func (d dependencies) imageRef(v v1alpha1.Volume) *wire.ImageRef {
+	src := v.Spec.ForProvider.Source
+	if src == nil || src.DiskImageRef == nil {
+		return nil
+	}
+	img, ok := d.images[string(src.DiskImageRef.Name)]
+	if !ok {
+		return nil
+	}
+	fp := img.Spec.ForProvider
+	ref := &wire.ImageRef{Name: img.Name, UID: string(img.UID), URL: fp.Source.URL, Checksum: fp.Source.SHA256, Format: string(v1alpha1.DiskFormatQCOW2)}
+	if fp.Format != nil {
+		ref.Format = string(*fp.Format)
+	}
+	if fp.PruneAfter != nil {
+		ref.PruneAfterSeconds = int64(fp.PruneAfter.Seconds())
+	}
+	return ref
 }
 
 // intent is what the VM's node must make true.
@@ -109,7 +161,7 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 		m.Firmware = wire.Firmware(*fp.Firmware)
 	}
 	for _, v := range d.volumes {
-		m.Disks = append(m.Disks, wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: v.Spec.ForProvider.Size.Value()})
+		m.Disks = append(m.Disks, wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: v.Spec.ForProvider.Size.Value(), Image: d.imageRef(v)})
 	}
 	for _, n := range d.networks {
 		m.Networks = append(m.Networks, wire.Network{

@@ -1,0 +1,467 @@
+package libvirt
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+// A node keeps each image once, as the volume image_<uid> in the driver's
+// pool. It is downloaded to a file in ImageDir, verified, and only then made
+// a volume, so a failed or interrupted download leaves nothing in the pool.
+
+// imagePrefix starts the names of image volumes; disks are named
+// <namespace>_<name> and Kubernetes names have no "_", so they never clash.
+const imagePrefix = "image_"
+
+func imageVolume(uid string) string { return imagePrefix + uid }
+
+// Defaults of the image store.
+const (
+	importRetryBase = 5 * time.Second
+	importRetryMax  = 5 * time.Minute
+	pruneEvery      = time.Minute
+)
+
+// images is the driver's image store: running and failed imports, and when
+// each present image was last seen unused.
+type images struct {
+	client *http.Client
+	// dir holds downloads until they are verified.
+	dir string
+	// retryBase and retryMax bound the backoff between imports of an image
+	// that failed.
+	retryBase, retryMax time.Duration
+
+	// inUse is read-held from an image being found present until the disks
+	// made from it exist, and write-held while pruning, so an image is never
+	// pruned between the two.
+	inUse sync.RWMutex
+
+	mu          sync.Mutex
+	jobs        map[string]*importJob // by image uid
+	pruneAfter  map[string]time.Duration
+	unusedSince map[string]time.Time
+}
+
+func newImages(dir string) *images {
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	return &images{
+		client:      &http.Client{Timeout: 0}, // a large image may take long; the driver's context bounds it
+		dir:         dir,
+		retryBase:   importRetryBase,
+		retryMax:    importRetryMax,
+		jobs:        map[string]*importJob{},
+		pruneAfter:  map[string]time.Duration{},
+		unusedSince: map[string]time.Time{},
+	}
+}
+
+// importJob is one attempt at importing an image; every Ensure that needs the
+// image while it runs waits on the same job.
+type importJob struct {
+	done  chan struct{}
+	read  atomic.Int64
+	total atomic.Int64 // -1 while unknown
+	// err and finished are set, under images.mu, before done is closed.
+	err      error
+	finished time.Time
+	// attempts counts consecutive failed imports, for the backoff.
+	attempts int
+}
+
+func (j *importJob) running() bool {
+	select {
+	case <-j.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (j *importJob) progress(img *driver.Image) string {
+	total := "unknown"
+	if t := j.total.Load(); t >= 0 {
+		total = fmt.Sprint(t)
+	}
+	return fmt.Sprintf("importing image %s: %d of %s bytes", img.Name, j.read.Load(), total)
+}
+
+// backoff is how long to wait after the attempts-th consecutive failure.
+func (s *images) backoff(attempts int) time.Duration {
+	b := s.retryBase
+	for i := 1; i < attempts && b < s.retryMax; i++ {
+		b *= 2
+	}
+	return min(b, s.retryMax)
+}
+
+// prepareImages makes sure the images of m's missing disks are on the node.
+// It returns a progress message while imports run, and a Failing error when
+// one failed. The caller holds images.inUse for reading.
+func (d *Driver) prepareImages(api API, m driver.Machine) (string, error) {
+	var waiting []string
+	for _, disk := range m.Disks {
+		if disk.Image == nil {
+			continue
+		}
+		exists, err := hasVolume(api, poolOr(disk.Pool, d.pool), disk.Name)
+		if err != nil {
+			return "", err
+		}
+		if exists {
+			continue
+		}
+		msg, err := d.ensureImage(api, disk.Image)
+		if err != nil {
+			return "", err
+		}
+		if msg != "" {
+			waiting = append(waiting, msg)
+		}
+	}
+	return strings.Join(waiting, "; "), nil
+}
+
+// ensureImage returns "" when img is on the node, starts or joins its import
+// otherwise and returns its progress, or returns the last import's error
+// while the backoff after it lasts.
+func (d *Driver) ensureImage(api API, img *driver.Image) (string, error) {
+	s := d.images
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruneAfter[img.UID] = img.PruneAfter
+	present, err := hasVolume(api, d.pool, imageVolume(img.UID))
+	if err != nil {
+		return "", err
+	}
+	job := s.jobs[img.UID]
+	if present && (job == nil || !job.running()) {
+		delete(s.jobs, img.UID)
+		return "", nil
+	}
+	switch {
+	case job == nil:
+		job = d.startImport(img, 0)
+	case job.running():
+	case job.err == nil:
+		// Imported, then pruned or deleted behind our back: import again.
+		job = d.startImport(img, 0)
+	case d.now().Before(job.finished.Add(s.backoff(job.attempts))):
+		return "", job.err
+	default:
+		job = d.startImport(img, job.attempts)
+	}
+	return job.progress(img), nil
+}
+
+// startImport runs an import in the background, bound to the driver's
+// lifetime rather than to the Ensure that started it. The caller holds
+// images.mu.
+func (d *Driver) startImport(img *driver.Image, failedBefore int) *importJob {
+	job := &importJob{done: make(chan struct{}), attempts: failedBefore}
+	job.total.Store(-1)
+	d.images.jobs[img.UID] = job
+	im := *img
+	d.loops.Add(1)
+	go func() {
+		defer d.loops.Done()
+		err := d.importImage(d.ctx, &im, job)
+		d.images.mu.Lock()
+		defer d.images.mu.Unlock()
+		job.err, job.finished = driver.Failing(err), d.now()
+		if err != nil {
+			job.attempts++
+		}
+		close(job.done)
+	}()
+	return job
+}
+
+// importImage downloads img, verifies it and stores it as its volume.
+func (d *Driver) importImage(ctx context.Context, img *driver.Image, job *importJob) error {
+	path, size, err := d.download(ctx, img, job)
+	if path != "" {
+		defer os.Remove(path) //nolint:errcheck // a leftover temp file is harmless
+	}
+	if err != nil {
+		return err
+	}
+	api, _, err := d.api()
+	if err != nil {
+		return err
+	}
+	return d.storeImage(api, img, path, size)
+}
+
+// countingWriter counts the bytes written through it, for progress.
+type countingWriter struct{ n *atomic.Int64 }
+
+func (w countingWriter) Write(p []byte) (int, error) {
+	w.n.Add(int64(len(p)))
+	return len(p), nil
+}
+
+// download streams img.URL into a temporary file, hashing as it goes, and
+// returns the file's path once it passed the checksum. On error the path
+// names whatever must be removed, or is empty.
+func (d *Driver) download(ctx context.Context, img *driver.Image, job *importJob) (string, int64, error) {
+	if err := os.MkdirAll(d.images.dir, 0o700); err != nil {
+		return "", 0, errors.Wrap(err, "cannot create the image download directory")
+	}
+	f, err := os.CreateTemp(d.images.dir, imageVolume(img.UID)+"-*.part")
+	if err != nil {
+		return "", 0, errors.Wrap(err, "cannot create the image download file")
+	}
+	defer f.Close() //nolint:errcheck // closed explicitly below on success
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, img.URL, nil)
+	if err != nil {
+		return f.Name(), 0, errors.Errorf("cannot import image %s: bad URL %q: %v", img.Name, img.URL, err)
+	}
+	resp, err := d.images.client.Do(req)
+	if err != nil {
+		return f.Name(), 0, errors.Errorf("cannot import image %s: %v", img.Name, err)
+	}
+	defer resp.Body.Close() //nolint:errcheck // read-only body
+	if resp.StatusCode != http.StatusOK {
+		return f.Name(), 0, errors.Errorf("cannot import image %s: GET %s answered %s", img.Name, img.URL, resp.Status)
+	}
+	job.total.Store(resp.ContentLength)
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h, countingWriter{&job.read}), resp.Body)
+	if err != nil {
+		return f.Name(), 0, errors.Errorf("cannot import image %s: download from %s broke off after %d bytes: %v", img.Name, img.URL, n, err)
+	}
+	if err := f.Close(); err != nil {
+		return f.Name(), 0, errors.Wrap(err, "cannot write the image download file")
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); img.SHA256 != "" && got != img.SHA256 {
+		return f.Name(), 0, errors.Errorf("image %s from %s failed its checksum: expected sha256 %s, got %s; nothing was kept", img.Name, img.URL, img.SHA256, got)
+	}
+	return f.Name(), n, nil
+}
+
+// storeImage makes the verified file at path the image's volume. libvirt's
+// test driver cannot upload, so there the volume of the right size stands
+// for the file. A failed upload deletes the volume again.
+func (d *Driver) storeImage(api API, img *driver.Image, path string, size int64) error {
+	p, err := api.StoragePoolLookupByName(d.pool)
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
+	}
+	_, capacity, _, available, err := api.StoragePoolGetInfo(p)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read storage pool %s", d.pool)
+	}
+	if uint64(size) > available {
+		return errors.Errorf("cannot import image %s: it needs %d bytes but storage pool %q on node %s has %d of %d bytes free", img.Name, size, d.pool, d.node, available, capacity)
+	}
+	x, err := (&libvirtxml.StorageVolume{
+		Name:     imageVolume(img.UID),
+		Capacity: &libvirtxml.StorageVolumeSize{Value: uint64(size), Unit: "B"},
+		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: formatOr(img.Format)}},
+	}).Marshal()
+	if err != nil {
+		return errors.Wrap(err, "cannot marshal volume XML")
+	}
+	v, err := api.StorageVolCreateXML(p, x, 0)
+	if err != nil {
+		return errors.Wrapf(err, "cannot create the volume of image %s", img.Name)
+	}
+	if d.testDriver {
+		return nil
+	}
+	f, err := os.Open(path) //nolint:gosec // our own download file
+	if err != nil {
+		_ = api.StorageVolDelete(v, 0)
+		return errors.Wrap(err, "cannot open the image download file")
+	}
+	defer f.Close() //nolint:errcheck // read-only
+	if err := api.StorageVolUpload(v, f, 0, uint64(size), 0); err != nil {
+		_ = api.StorageVolDelete(v, 0)
+		return errors.Wrapf(err, "cannot upload image %s", img.Name)
+	}
+	return nil
+}
+
+// ensureImageDisk creates a missing disk from its image: a qcow2 overlay
+// backed by the image when both live in the driver's pool and the image is
+// qcow2, a full copy otherwise (a raw image, or a disk in another pool, where
+// pruning could not see that the disk depends on the image).
+func (d *Driver) ensureImageDisk(api API, disk driver.Disk) error {
+	pool := poolOr(disk.Pool, d.pool)
+	p, err := api.StoragePoolLookupByName(pool)
+	if isCode(err, golibvirt.ErrNoStoragePool) {
+		return driver.Terminalf("storage pool %q does not exist on this node", pool)
+	}
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up storage pool %s", pool)
+	}
+	if exists, err := hasVolume(api, pool, disk.Name); err != nil || exists {
+		return err
+	}
+	ip, err := api.StoragePoolLookupByName(d.pool)
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
+	}
+	iv, err := api.StorageVolLookupByName(ip, imageVolume(disk.Image.UID))
+	if err != nil {
+		return errors.Wrapf(err, "cannot find image %s on the node", disk.Image.Name)
+	}
+	_, imageSize, _, err := api.StorageVolGetInfo(iv)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read image %s", disk.Image.Name)
+	}
+	// A disk smaller than its image could not hold it.
+	size := max(disk.SizeBytes, int64(imageSize))
+	v := &libvirtxml.StorageVolume{
+		Name:     disk.Name,
+		Capacity: &libvirtxml.StorageVolumeSize{Value: uint64(size), Unit: "B"},
+		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: formatOr(disk.Format)}},
+	}
+	if formatOr(disk.Image.Format) != "qcow2" || pool != d.pool {
+		return createVolumeFrom(api, p, v, &iv)
+	}
+	path, err := api.StorageVolGetPath(iv)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read the path of image %s", disk.Image.Name)
+	}
+	v.Target.Format.Type = "qcow2"
+	v.BackingStore = &libvirtxml.StorageVolumeBackingStore{Path: path, Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}}
+	return createVolumeFrom(api, p, v, nil)
+}
+
+// PruneImages deletes the images on the node that no volume in the driver's
+// pool is backed by and that have been unused for their PruneAfter (the
+// last one an Ensure asked for, else driver.DefaultPruneAfter). It returns
+// the uids of the images it deleted. When an image became unused is kept in
+// memory only: after a restart the clock starts again, which delays pruning
+// but never prunes early.
+func (d *Driver) PruneImages(context.Context) ([]string, error) {
+	s := d.images
+	s.inUse.Lock()
+	defer s.inUse.Unlock()
+	api, _, err := d.api()
+	if err != nil {
+		return nil, err
+	}
+	p, err := api.StoragePoolLookupByName(d.pool)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
+	}
+	vols, _, err := api.StoragePoolListAllVolumes(p, 1, 0)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot list volumes of storage pool %s", d.pool)
+	}
+	backing := map[string]bool{}
+	present := map[string]golibvirt.StorageVol{}
+	for _, v := range vols {
+		if uid, ok := strings.CutPrefix(v.Name, imagePrefix); ok {
+			present[uid] = v
+			continue
+		}
+		x, err := api.StorageVolGetXMLDesc(v, 0)
+		if isCode(err, golibvirt.ErrNoStorageVol) {
+			continue
+		}
+		if err != nil {
+			return nil, errors.Wrapf(err, "cannot read volume %s", v.Name)
+		}
+		var def libvirtxml.StorageVolume
+		if err := def.Unmarshal(x); err != nil {
+			return nil, errors.Wrapf(err, "cannot parse volume %s", v.Name)
+		}
+		if def.BackingStore != nil {
+			backing[def.BackingStore.Path] = true
+		}
+	}
+
+	now := d.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for uid := range s.unusedSince {
+		if _, ok := present[uid]; !ok {
+			delete(s.unusedSince, uid)
+		}
+	}
+	var pruned []string
+	for uid, v := range present {
+		path, err := api.StorageVolGetPath(v)
+		if err != nil {
+			return pruned, errors.Wrapf(err, "cannot read the path of volume %s", v.Name)
+		}
+		if backing[path] {
+			delete(s.unusedSince, uid)
+			continue
+		}
+		since, ok := s.unusedSince[uid]
+		if !ok {
+			s.unusedSince[uid], since = now, now
+		}
+		after := s.pruneAfter[uid]
+		if after <= 0 {
+			after = driver.DefaultPruneAfter
+		}
+		if now.Sub(since) < after {
+			continue
+		}
+		if err := api.StorageVolDelete(v, 0); err != nil && !isCode(err, golibvirt.ErrNoStorageVol) {
+			return pruned, errors.Wrapf(err, "cannot prune image volume %s", v.Name)
+		}
+		delete(s.unusedSince, uid)
+		pruned = append(pruned, uid)
+	}
+	return pruned, nil
+}
+
+// pruneLoop prunes images every pruneEvery until the driver is closed. A
+// failed round is simply tried again at the next.
+func (d *Driver) pruneLoop() {
+	defer d.loops.Done()
+	t := time.NewTicker(pruneEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+			_, _ = d.PruneImages(d.ctx)
+		}
+	}
+}
+
+// hasVolume reports whether pool holds a volume called name.
+func hasVolume(api API, pool, name string) (bool, error) {
+	p, err := api.StoragePoolLookupByName(pool)
+	if isCode(err, golibvirt.ErrNoStoragePool) {
+		return false, driver.Terminalf("storage pool %q does not exist on this node", pool)
+	}
+	if err != nil {
+		return false, errors.Wrapf(err, "cannot look up storage pool %s", pool)
+	}
+	_, err = api.StorageVolLookupByName(p, name)
+	switch {
+	case err == nil:
+		return true, nil
+	case isCode(err, golibvirt.ErrNoStorageVol):
+		return false, nil
+	default:
+		return false, errors.Wrapf(err, "cannot look up volume %s", name)
+	}
+}

@@ -1,0 +1,330 @@
+package libvirt
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/internal/libvirttest"
+)
+
+// imageServer serves a generated image on 127.0.0.1 and counts the requests
+// for it. While gate is set, responses wait for it to close, so a test can
+// hold an import in flight.
+type imageServer struct {
+	*httptest.Server
+	data     []byte
+	sum      string
+	requests atomic.Int32
+	// status, when non-zero, is answered instead of the image.
+	status atomic.Int32
+	gate   chan struct{}
+}
+
+func serveImage(t *testing.T, size int) *imageServer {
+	t.Helper()
+	s := &imageServer{data: make([]byte, size)}
+	_, _ = rand.Read(s.data)
+	h := sha256.Sum256(s.data)
+	s.sum = hex.EncodeToString(h[:])
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.requests.Add(1)
+		if s.gate != nil {
+			<-s.gate
+		}
+		if code := s.status.Load(); code != 0 {
+			http.Error(w, http.StatusText(int(code)), int(code))
+			return
+		}
+		http.ServeContent(w, r, "disk.qcow2", time.Time{}, bytes.NewReader(s.data))
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *imageServer) image(uid string) *driver.Image {
+	return &driver.Image{UID: uid, Name: "ubuntu", URL: s.URL + "/disk.qcow2", SHA256: s.sum, Format: "qcow2", PruneAfter: time.Hour}
+}
+
+// imageMachine is a guest whose boot disk is made from img.
+func imageMachine(name string, img *driver.Image) driver.Machine {
+	m := machine(name)
+	m.Disks[0].Image, m.Disks[0].Format = img, img.Format
+	return m
+}
+
+// ensureUntil calls Ensure, as the reconciler does, until the guest leaves
+// Provisioning or Ensure fails.
+func ensureUntil(t *testing.T, d *Driver, m driver.Machine) (driver.Observation, error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		o, err := d.Ensure(context.Background(), m)
+		if err != nil || o.Phase != driver.PhaseProvisioning || time.Now().After(deadline) {
+			return o, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func volumeXML(t *testing.T, n *libvirttest.Node, name string) libvirtxml.StorageVolume {
+	t.Helper()
+	l := raw(t, n)
+	p, err := l.StoragePoolLookupByName(testPool)
+	require.NoError(t, err)
+	v, err := l.StorageVolLookupByName(p, name)
+	require.NoError(t, err)
+	x, err := l.StorageVolGetXMLDesc(v, 0)
+	require.NoError(t, err)
+	var def libvirtxml.StorageVolume
+	require.NoError(t, def.Unmarshal(x))
+	return def
+}
+
+func TestImageIsImportedOncePerNode(t *testing.T) {
+	node := libvirttest.Start(t, "img-once")
+	d := open(t, node)
+	d.images.dir = t.TempDir()
+	srv := serveImage(t, 4<<20)
+	srv.gate = make(chan struct{})
+	img := srv.image("5d1c0e6a-0000-4000-8000-000000000001")
+
+	machines := make([]driver.Machine, 10)
+	for i := range machines {
+		machines[i] = imageMachine(fmt.Sprintf("vm%d", i), img)
+	}
+
+	// Every guest asks for the image while the one download is held open.
+	for _, m := range machines {
+		o, err := d.Ensure(context.Background(), m)
+		require.NoError(t, err)
+		assert.Equal(t, driver.PhaseProvisioning, o.Phase)
+		assert.Contains(t, o.Message, "importing image ubuntu: ")
+	}
+	start := time.Now()
+	close(srv.gate)
+
+	var wg sync.WaitGroup
+	phases := make([]driver.Phase, len(machines))
+	for i, m := range machines {
+		wg.Go(func() {
+			o, err := ensureUntil(t, d, m)
+			assert.NoError(t, err)
+			phases[i] = o.Phase
+		})
+	}
+	wg.Wait()
+	t.Logf("10 guests from one 4 MiB image: running %s after the download was released, %d request(s)", time.Since(start), srv.requests.Load())
+
+	assert.Equal(t, int32(1), srv.requests.Load(), "one download for ten disks")
+	image := volumeXML(t, node, imageVolume(img.UID))
+	assert.Equal(t, uint64(len(srv.data)), image.Capacity.Value, "the image volume has the download's size")
+	for i, m := range machines {
+		assert.Equal(t, driver.PhaseRunning, phases[i], m.Name)
+		disk := volumeXML(t, node, m.Disks[0].Name)
+		require.NotNil(t, disk.BackingStore, "%s is an overlay of the image", m.Name)
+		assert.Equal(t, image.Target.Path, disk.BackingStore.Path)
+		assert.Equal(t, uint64(m.Disks[0].SizeBytes), disk.Capacity.Value)
+	}
+	left, _ := filepath.Glob(filepath.Join(d.images.dir, "*"))
+	assert.Empty(t, left, "the verified download is removed once imported")
+}
+
+func TestImageImportFailures(t *testing.T) {
+	node := libvirttest.Start(t, "img-fail")
+	d := open(t, node)
+
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	unreachable := "http://" + closed.Addr().String() + "/disk.qcow2"
+	require.NoError(t, closed.Close())
+
+	cases := map[string]struct {
+		change func(t *testing.T, s *imageServer, img *driver.Image)
+		want   []string
+	}{
+		"NotFoundNamesTheURLAndStatus": {
+			change: func(_ *testing.T, s *imageServer, _ *driver.Image) { s.status.Store(http.StatusNotFound) },
+			want:   []string{"cannot import image ubuntu: GET http://127.0.0.1:", "/disk.qcow2 answered 404 Not Found"},
+		},
+		"ChecksumMismatchNamesBothDigests": {
+			change: func(_ *testing.T, s *imageServer, img *driver.Image) {
+				img.SHA256 = "0000000000000000000000000000000000000000000000000000000000000000"
+			},
+			want: []string{"failed its checksum: expected sha256 0000000000000000000000000000000000000000000000000000000000000000, got ", "nothing was kept"},
+		},
+		"UnreachableServerSaysSo": {
+			change: func(_ *testing.T, _ *imageServer, img *driver.Image) { img.URL = unreachable },
+			want:   []string{"cannot import image ubuntu: ", "connection refused"},
+		},
+		"FullPoolNamesThePoolAndSpace": {
+			change: func(t *testing.T, s *imageServer, _ *driver.Image) { fillPool(t, node, int64(len(s.data))/2) },
+			want:   []string{"cannot import image ubuntu: it needs 1048576 bytes but storage pool \"default-pool\" on node img-fail has "},
+		},
+	}
+	i := 0
+	for name, tc := range cases {
+		i++
+		t.Run(name, func(t *testing.T) {
+			d.images.dir = t.TempDir()
+			srv := serveImage(t, 1<<20)
+			img := srv.image(fmt.Sprintf("5d1c0e6a-0000-4000-8000-0000000001%02d", i))
+			tc.change(t, srv, img)
+			m := imageMachine("fail", img)
+
+			_, err := ensureUntil(t, d, m)
+			require.Error(t, err)
+			assert.True(t, driver.IsFailing(err), "shown to the user and retried: %v", err)
+			for _, w := range tc.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			l := raw(t, node)
+			assert.False(t, volumeExists(t, l, imageVolume(img.UID)), "no half-written image in the pool")
+			assert.False(t, volumeExists(t, l, m.Disks[0].Name), "no disk without its image")
+			left, _ := filepath.Glob(filepath.Join(d.images.dir, "*"))
+			assert.Empty(t, left, "no download left behind")
+		})
+	}
+}
+
+// fillPool leaves about free bytes free in the node's pool.
+func fillPool(t *testing.T, n *libvirttest.Node, free int64) {
+	t.Helper()
+	l := raw(t, n)
+	p, err := l.StoragePoolLookupByName(testPool)
+	require.NoError(t, err)
+	_, _, _, available, err := l.StoragePoolGetInfo(p)
+	require.NoError(t, err)
+	x, err := (&libvirtxml.StorageVolume{
+		Name:     "filler",
+		Capacity: &libvirtxml.StorageVolumeSize{Value: available - uint64(free), Unit: "B"},
+	}).Marshal()
+	require.NoError(t, err)
+	v, err := l.StorageVolCreateXML(p, x, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.StorageVolDelete(v, 0) })
+}
+
+func TestFailedImportIsRetriedWithBackoff(t *testing.T) {
+	node := libvirttest.Start(t, "img-retry")
+	d := open(t, node)
+	d.images.dir = t.TempDir()
+	d.images.retryBase = 300 * time.Millisecond
+	srv := serveImage(t, 1<<20)
+	srv.status.Store(http.StatusNotFound)
+	m := imageMachine("retry", srv.image("5d1c0e6a-0000-4000-8000-000000000201"))
+
+	_, err := ensureUntil(t, d, m)
+	require.Error(t, err)
+	failedAt := time.Now()
+	// Within the backoff Ensure answers with the failure and does not
+	// download again, however often it is called.
+	for range 5 {
+		_, err := d.Ensure(context.Background(), m)
+		require.ErrorContains(t, err, "answered 404 Not Found")
+	}
+	assert.Equal(t, int32(1), srv.requests.Load(), "no retry within the backoff")
+
+	srv.status.Store(0) // the image appears on the server
+	// The reconciler calls again after its own backoff; so does this.
+	require.Eventually(t, func() bool {
+		o, err := ensureUntil(t, d, m)
+		return err == nil && o.Phase == driver.PhaseRunning
+	}, 10*time.Second, 50*time.Millisecond)
+	assert.Equal(t, int32(2), srv.requests.Load())
+	assert.GreaterOrEqual(t, time.Since(failedAt), d.images.retryBase, "retried only after the backoff")
+}
+
+func TestUnusedImagesArePrunedAfterPruneAfter(t *testing.T) {
+	node := libvirttest.Start(t, "img-prune")
+	d := open(t, node)
+	d.images.dir = t.TempDir()
+	now := time.Now()
+	d.now = func() time.Time { return now }
+	srv := serveImage(t, 1<<20)
+	qcow := srv.image("5d1c0e6a-0000-4000-8000-000000000301")
+	rawImg := srv.image("5d1c0e6a-0000-4000-8000-000000000302")
+	rawImg.Format, rawImg.PruneAfter = "raw", 2*time.Hour
+
+	used := imageMachine("used", qcow)
+	copied := imageMachine("copied", rawImg)
+	for _, m := range []driver.Machine{used, copied} {
+		o, err := ensureUntil(t, d, m)
+		require.NoError(t, err)
+		require.Equal(t, driver.PhaseRunning, o.Phase)
+	}
+	assert.Nil(t, volumeXML(t, node, copied.Disks[0].Name).BackingStore, "a disk from a raw image is a copy")
+
+	l := raw(t, node)
+	steps := []struct {
+		name    string
+		act     func(t *testing.T)
+		advance time.Duration
+		pruned  []string
+	}{
+		{name: "AnImageADiskIsBackedByStays", act: func(*testing.T) {}, advance: 3 * time.Hour},
+		{name: "ACopiedImageIsPrunedAfterItsPruneAfter", act: func(*testing.T) {}, advance: 0, pruned: []string{rawImg.UID}},
+		{name: "AnImageWhoseLastDiskWentStartsItsClock", act: func(t *testing.T) {
+			require.NoError(t, d.Delete(context.Background(), used.UID))
+			p, err := l.StoragePoolLookupByName(testPool)
+			require.NoError(t, err)
+			v, err := l.StorageVolLookupByName(p, used.Disks[0].Name)
+			require.NoError(t, err)
+			require.NoError(t, l.StorageVolDelete(v, 0))
+		}, advance: 59 * time.Minute},
+		{name: "ItStaysUntilItsPruneAfterHasPassed", act: func(*testing.T) {}, advance: time.Minute},
+		{name: "ThenItIsPruned", act: func(*testing.T) {}, pruned: []string{qcow.UID}},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			s.act(t)
+			pruned, err := d.PruneImages(context.Background())
+			require.NoError(t, err)
+			assert.ElementsMatch(t, s.pruned, pruned)
+			for _, uid := range s.pruned {
+				assert.False(t, volumeExists(t, l, imageVolume(uid)))
+			}
+			now = now.Add(s.advance)
+		})
+	}
+
+	t.Run("APrunedImageIsImportedAgainWhenNeeded", func(t *testing.T) {
+		again := imageMachine("again", qcow)
+		o, err := ensureUntil(t, d, again)
+		require.NoError(t, err)
+		assert.Equal(t, driver.PhaseRunning, o.Phase)
+		assert.True(t, volumeExists(t, l, imageVolume(qcow.UID)))
+	})
+}
+
+func TestImageDoesNotRewriteAnExistingDisk(t *testing.T) {
+	node := libvirttest.Start(t, "img-keep")
+	d := open(t, node)
+	srv := serveImage(t, 1<<20)
+	m := machine("keep")
+	_, err := d.Ensure(context.Background(), m)
+	require.NoError(t, err)
+
+	m.Disks[0].Image = srv.image("5d1c0e6a-0000-4000-8000-000000000401")
+	o, err := d.Ensure(context.Background(), m)
+	require.NoError(t, err)
+	assert.Equal(t, driver.PhaseRunning, o.Phase)
+	assert.False(t, o.RestartRequired, "an image only fills a new disk; it changes no guest")
+	assert.Zero(t, srv.requests.Load(), "no import for a disk that exists")
+}

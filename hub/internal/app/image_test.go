@@ -1,0 +1,193 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/stack"
+)
+
+// TestDiskImages runs the whole system on one node and boots VMs from
+// Volumes made from a DiskImage served by a local HTTP server.
+func TestDiskImages(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the whole stack; skipped with -short")
+	}
+	dir, err := os.MkdirTemp("", "vf-img-")
+	require.NoError(t, err)
+	s, err := stack.Start(context.Background(), stack.Options{Dir: dir, Nodes: []string{"node1"}, Debug: os.Getenv("VIRTFLEET_DEBUG") != ""})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		s.Stop()
+		if !t.Failed() {
+			_ = os.RemoveAll(dir)
+		} else {
+			t.Logf("logs kept in %s", filepath.Join(dir, "logs"))
+		}
+	})
+	h := &hub{t: t, s: s, kube: s.ControlPlane.Client}
+	ctx := context.Background()
+
+	// A generated 8 MiB "image"; the download is held until released, so the
+	// import can be watched in progress.
+	data := make([]byte, 8<<20)
+	_, _ = rand.Read(data)
+	sum := sha256.Sum256(data)
+	var requests atomic.Int32
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		<-release
+		http.ServeContent(w, r, "ubuntu.qcow2", time.Time{}, bytes.NewReader(data))
+	}))
+	defer srv.Close()
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+
+	for _, name := range []string{"boot-a", "boot-b"} {
+		h.create(t, imageVolume(name, "ubuntu"))
+	}
+	h.create(t, imageVM("img-a", "boot-a"))
+
+	t.Run("AVMWaitsPendingForItsImage", func(t *testing.T) {
+		vm := h.wait(t, "img-a", 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
+			return vm.Status.AtProvider.Phase == v1alpha1.PhasePending && vm.GetCondition(xpv2.TypeReady).Message != ""
+		})
+		assert.Contains(t, vm.GetCondition(xpv2.TypeReady).Message, "waiting for DiskImage ubuntu")
+	})
+
+	var phases []v1alpha1.Phase
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		deadline := time.Now().Add(60 * time.Second)
+		for time.Now().Before(deadline) {
+			vm := &v1alpha1.VirtualMachine{}
+			if h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "img-a"}, vm) == nil {
+				p := vm.Status.AtProvider.Phase
+				if len(phases) == 0 || phases[len(phases)-1] != p {
+					phases = append(phases, p)
+				}
+				if p == v1alpha1.PhaseRunning {
+					return
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	h.create(t, &v1alpha1.DiskImage{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ubuntu"},
+		Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+			Source:     v1alpha1.DiskImageSource{URL: srv.URL + "/ubuntu.qcow2", SHA256: hex.EncodeToString(sum[:])},
+			PruneAfter: &metav1.Duration{Duration: time.Minute},
+		}},
+	})
+	h.create(t, imageVM("img-b", "boot-b"))
+
+	t.Run("TheImageShowsItsImportInProgress", func(t *testing.T) {
+		img := h.waitImage(t, 30*time.Second, func(img *v1alpha1.DiskImage) bool {
+			return img.Status.AtProvider.Phase == v1alpha1.ImagePhaseImporting
+		})
+		assert.Contains(t, img.Status.AtProvider.Message, "importing image ubuntu: 0 of ")
+		assert.Equal(t, int32(2), img.Status.AtProvider.Users)
+		for _, name := range []string{"img-a", "img-b"} {
+			vm := h.wait(t, name, 30*time.Second, phase(v1alpha1.PhaseProvisioning))
+			assert.Contains(t, vm.GetCondition(xpv2.TypeReady).Message, "importing image ubuntu: ")
+		}
+	})
+
+	t.Run("VMsGoPendingProvisioningRunningWithOneImport", func(t *testing.T) {
+		start := time.Now()
+		close(release)
+		for _, name := range []string{"img-a", "img-b"} {
+			h.wait(t, name, 60*time.Second, running)
+		}
+		<-watched
+		t.Logf("two VMs Running %s after the 8 MiB download was released; phases of img-a: %v", time.Since(start), phases)
+		assert.Equal(t, int32(1), requests.Load(), "one import for two Volumes on one node")
+		i := slices.Index(phases, v1alpha1.PhaseProvisioning)
+		require.GreaterOrEqual(t, i, 0, "phases %v", phases)
+		assert.Less(t, i, slices.Index(phases, v1alpha1.PhaseRunning), "Provisioning comes before Running")
+		assert.Equal(t, v1alpha1.PhasePending, phases[0])
+
+		img := h.waitImage(t, 30*time.Second, func(img *v1alpha1.DiskImage) bool {
+			return img.Status.AtProvider.Phase == v1alpha1.ImagePhaseReady
+		})
+		assert.Equal(t, []string{"node1"}, img.Status.AtProvider.Nodes)
+		assert.Equal(t, corev1.ConditionTrue, img.GetCondition(xpv2.TypeReady).Status)
+	})
+
+	t.Run("DeletingAReferencedImageIsRefusedThenAllowedOnceUnused", func(t *testing.T) {
+		require.NoError(t, h.kube.Delete(ctx, &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ubuntu"}}))
+		require.Eventually(t, func() bool {
+			return h.hasEvent(t, "ubuntu", "DeletionBlocked", "DiskImage ubuntu is used by Volume boot-a, boot-b")
+		},
+			30*time.Second, 100*time.Millisecond, "a refused deletion records an event")
+		img := h.waitImage(t, 5*time.Second, func(img *v1alpha1.DiskImage) bool { return img.DeletionTimestamp != nil })
+		assert.Equal(t, corev1.ConditionTrue, img.GetCondition("InUse").Status)
+
+		for _, name := range []string{"img-a", "img-b"} {
+			h.delete(t, name)
+		}
+		for _, name := range []string{"boot-a", "boot-b"} {
+			require.NoError(t, h.kube.Delete(ctx, &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}))
+		}
+		require.Eventually(t, func() bool {
+			return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "ubuntu"}, &v1alpha1.DiskImage{}))
+		}, 30*time.Second, 100*time.Millisecond, "the image is deleted once no Volume uses it")
+	})
+}
+
+func (h *hub) waitImage(t *testing.T, timeout time.Duration, ok func(*v1alpha1.DiskImage) bool) *v1alpha1.DiskImage {
+	t.Helper()
+	img := &v1alpha1.DiskImage{}
+	require.Eventually(t, func() bool {
+		return h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "ubuntu"}, img) == nil && ok(img)
+	}, timeout, 50*time.Millisecond, "DiskImage ubuntu: last status %+v", &img.Status.AtProvider)
+	return img
+}
+
+func imageVolume(name, image string) *v1alpha1.Volume {
+	v := volume(name)
+	v.Spec.ForProvider.Source = &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: v1alpha1.LocalName(image)}}
+	return v
+}
+
+// imageVM is a small VM without networks that boots from disk.
+func imageVM(name, disk string) *v1alpha1.VirtualMachine {
+	return &v1alpha1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
+			Vcpu:            1,
+			Memory:          resource.MustParse("128Mi"),
+			DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName(disk)}},
+		}},
+	}
+}
