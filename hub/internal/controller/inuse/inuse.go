@@ -32,6 +32,8 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/hub/internal/controller/requeue"
 )
 
 // TypeInUse is True while other resources use the resource.
@@ -130,7 +132,7 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	for _, rel := range k.Related {
 		b = b.Watches(rel.Object, enqueue(func(ctx context.Context, o client.Object) []string { return rel.Names(ctx, mgr.GetClient(), o) }))
 	}
-	return b.Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
+	return b.Complete(ratelimiter.NewReconciler(name, requeue.OnConflict(r), o.GlobalRateLimiter))
 }
 
 // enqueue reconciles the resources names returns, in the changed object's

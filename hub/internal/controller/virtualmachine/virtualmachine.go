@@ -28,6 +28,7 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/requeue"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
@@ -134,7 +135,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
 		WatchesRawSource(source.Channel(vo.Notifier.events, &handler.EnqueueRequestForObject{})).
-		Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
+		Complete(ratelimiter.NewReconciler(name, requeue.OnConflict(r), o.GlobalRateLimiter))
 }
 
 // IndexUsage lets the Volume and VirtualNetwork controllers, and this one,
