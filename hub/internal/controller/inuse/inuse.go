@@ -123,16 +123,18 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	// Only those changes: a user's status writes would otherwise reconcile
 	// (and rewrite the status of) every resource it uses, several times per
 	// VM start — measured as the hub's largest source of API writes.
+	copts := o.ForControllerRuntime()
+	copts.RateLimiter = requeue.ControllerRateLimiter()
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(name).
-		WithOptions(o.ForControllerRuntime()).
+		WithOptions(copts).
 		For(k.New()).
 		Watches(k.User.New(), enqueue(func(_ context.Context, o client.Object) []string { return k.User.Uses(o) }),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{}))
 	for _, rel := range k.Related {
 		b = b.Watches(rel.Object, enqueue(func(ctx context.Context, o client.Object) []string { return rel.Names(ctx, mgr.GetClient(), o) }))
 	}
-	return b.Complete(ratelimiter.NewReconciler(name, requeue.OnConflict(r), o.GlobalRateLimiter))
+	return b.Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
 }
 
 // enqueue reconciles the resources names returns, in the changed object's

@@ -124,9 +124,11 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 			return usersOf(ctx, mgr.GetClient(), index, o)
 		})
 	}
+	copts := o.ForControllerRuntime()
+	copts.RateLimiter = requeue.ControllerRateLimiter()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
-		WithOptions(o.ForControllerRuntime()).
+		WithOptions(copts).
 		WithEventFilter(resource.DesiredStateChanged()).
 		For(&v1alpha1.VirtualMachine{}).
 		Watches(&v1alpha1.Volume{}, waiting(IndexVolumes)).
@@ -135,7 +137,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
 		WatchesRawSource(source.Channel(vo.Notifier.events, &handler.EnqueueRequestForObject{})).
-		Complete(ratelimiter.NewReconciler(name, requeue.OnConflict(r), o.GlobalRateLimiter))
+		Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
 }
 
 // IndexUsage lets the Volume and VirtualNetwork controllers, and this one,
