@@ -36,22 +36,12 @@ func TestHub(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
-	dir, err := os.MkdirTemp("", "vf-hub-")
-	require.NoError(t, err)
-	s, err := stack.Start(context.Background(), stack.Options{Dir: dir, FencingTimeout: 5 * time.Second, Debug: os.Getenv("VIRTFLEET_DEBUG") != ""})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		s.Stop()
-		if !t.Failed() {
-			_ = os.RemoveAll(dir)
-		} else {
-			t.Logf("logs kept in %s", filepath.Join(dir, "logs"))
-		}
-	})
-	h := &hub{t: t, s: s, kube: s.ControlPlane.Client}
+	h := startStack(t, "vf-hub-", stack.Options{FencingTimeout: 5 * time.Second})
+	s := h.s
+
 	// All examples, with the stack's image server standing in for the
 	// image host the example DiskImage names.
-	_, err = s.ApplyExamples(context.Background(), filepath.Join(controlplane.RepoRoot(), "examples"))
+	_, err := s.ApplyExamples(context.Background(), filepath.Join(controlplane.RepoRoot(), "examples"))
 	require.NoError(t, err)
 
 	t.Run("SeedVMRunsWithNodeIDAndAddresses", func(t *testing.T) {
@@ -192,6 +182,27 @@ func TestHub(t *testing.T) {
 		}
 		assert.Equal(t, n, total, "exactly one guest per VM across the fleet")
 	})
+}
+
+// startStack starts the whole system for one test and stops it at the end,
+// keeping its logs when the test failed. VIRTFLEET_DEBUG=1 makes the hub and
+// agents log at debug level.
+func startStack(t *testing.T, prefix string, o stack.Options) *hub {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	require.NoError(t, err)
+	o.Dir, o.Debug = dir, os.Getenv("VIRTFLEET_DEBUG") != ""
+	s, err := stack.Start(context.Background(), o)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		s.Stop()
+		if !t.Failed() {
+			_ = os.RemoveAll(dir)
+		} else {
+			t.Logf("logs kept in %s", filepath.Join(dir, "logs"))
+		}
+	})
+	return &hub{t: t, s: s, kube: s.ControlPlane.Client}
 }
 
 type hub struct {

@@ -8,8 +8,6 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -35,19 +33,7 @@ func TestDiskImages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
-	dir, err := os.MkdirTemp("", "vf-img-")
-	require.NoError(t, err)
-	s, err := stack.Start(context.Background(), stack.Options{Dir: dir, Nodes: []string{"node1"}, Debug: os.Getenv("VIRTFLEET_DEBUG") != ""})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		s.Stop()
-		if !t.Failed() {
-			_ = os.RemoveAll(dir)
-		} else {
-			t.Logf("logs kept in %s", filepath.Join(dir, "logs"))
-		}
-	})
-	h := &hub{t: t, s: s, kube: s.ControlPlane.Client}
+	h := startStack(t, "vf-img-", stack.Options{Nodes: []string{"node1"}})
 	ctx := context.Background()
 
 	// A generated 8 MiB "image"; the download is held until released, so the
