@@ -138,11 +138,12 @@ func (n *Node) Stop() {
 
 // Log returns what the daemon wrote to stderr, for failure messages.
 func (n *Node) Log() string {
-	b, _ := os.ReadFile(n.logPath())
+	b, _ := os.ReadFile(n.LogPath())
 	return string(b)
 }
 
-func (n *Node) logPath() string { return filepath.Join(n.Dir, "libvirtd.log") }
+// LogPath is the file the daemon writes its log to.
+func (n *Node) LogPath() string { return filepath.Join(n.Dir, "libvirtd.log") }
 
 // Dial opens a new go-libvirt connection to the node.
 func (n *Node) Dial() (*libvirt.Libvirt, error) {
@@ -201,7 +202,7 @@ func (n *Node) start(ctx context.Context) error {
 		"XDG_CONFIG_HOME=" + filepath.Join(n.Dir, "config"),
 		"XDG_CACHE_HOME=" + filepath.Join(n.Dir, "cache"),
 	}
-	logFile, err := os.Create(n.logPath())
+	logFile, err := os.Create(n.LogPath())
 	if err != nil {
 		return errors.Wrap(err, "cannot create libvirtd log")
 	}

@@ -184,6 +184,10 @@ func (s *Stack) start(ctx context.Context) error {
 		if s.Nodes[n], err = libvirttest.StartNode(ctx, dir, n); err != nil {
 			return err
 		}
+		// The daemon lives outside Dir; its log is found with the others.
+		if err := os.Symlink(s.Nodes[n].LogPath(), s.logPath("libvirtd-"+n)); err != nil {
+			return errors.Wrap(err, "cannot link the libvirtd log into the log directory")
+		}
 	}
 	if err := s.StartHub(); err != nil {
 		return err
