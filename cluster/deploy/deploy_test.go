@@ -97,6 +97,22 @@ func TestAgentHoldsNoKubernetesCredentials(t *testing.T) {
 	}
 	assert.Equal(t, "true", pod.NodeSelector["virtfleet.io/hypervisor"], "agents run on hypervisor nodes only")
 
+	// Nor is a token mounted by hand: no projected service account token, no
+	// Secret volume, nothing at the token's well-known path.
+	for _, v := range pod.Volumes {
+		assert.Nil(t, v.Secret, "volume %s mounts a Secret", v.Name)
+		if v.Projected != nil {
+			for _, s := range v.Projected.Sources {
+				assert.Nil(t, s.ServiceAccountToken, "volume %s projects a service account token", v.Name)
+			}
+		}
+	}
+	for _, c := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
+		for _, m := range c.VolumeMounts {
+			assert.NotContains(t, m.MountPath, "/var/run/secrets/kubernetes.io", "container %s", c.Name)
+		}
+	}
+
 	hostPaths := map[string]corev1.HostPathVolumeSource{}
 	for _, v := range pod.Volumes {
 		if v.HostPath != nil {

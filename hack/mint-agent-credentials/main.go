@@ -1,8 +1,10 @@
-// Command mint-agent-credentials mints a NATS identity for one node's agent:
-// it writes the secret nkey seed to <node>.nk (give it to that agent only)
-// and prints the entry to add to the nats-server "authorization" users list.
+// Command mint-agent-credentials mints a NATS identity: for one node's agent,
+// or, given the name "hub", for the hub. It writes the secret nkey seed to
+// <name>.nk (give it to that agent, or put it in the hub's Secret, only) and
+// prints the entry to add to the nats-server "authorization" users list.
 //
 //	go run ./hack/mint-agent-credentials node1
+//	go run ./hack/mint-agent-credentials hub
 package main
 
 import (
@@ -14,12 +16,18 @@ import (
 
 func main() {
 	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: mint-agent-credentials <node>")
+		fmt.Fprintln(os.Stderr, "usage: mint-agent-credentials <node>|"+natsauth.HubName)
 		os.Exit(2)
 	}
-	id, err := natsauth.NewAgentIdentity(os.Args[1])
+	name := os.Args[1]
+	// The hub's name is reserved: a node called "hub" would share its inbox.
+	mint := func() (natsauth.Identity, error) { return natsauth.NewAgentIdentity(name) }
+	if name == natsauth.HubName {
+		mint = natsauth.NewHubIdentity
+	}
+	id, err := mint()
 	if err == nil {
-		err = os.WriteFile(os.Args[1]+".nk", id.Seed, 0o600)
+		err = os.WriteFile(name+".nk", id.Seed, 0o600)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
