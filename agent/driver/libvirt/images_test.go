@@ -328,3 +328,42 @@ func TestImageDoesNotRewriteAnExistingDisk(t *testing.T) {
 	assert.False(t, o.RestartRequired, "an image only fills a new disk; it changes no guest")
 	assert.Zero(t, srv.requests.Load(), "no import for a disk that exists")
 }
+
+// TestImportInterruptedByAStoppedAgent stops the driver (the agent) while an
+// image download is under way: nothing half-written may stay in the pool or
+// the download directory, and a new driver finishes the import.
+func TestImportInterruptedByAStoppedAgent(t *testing.T) {
+	node := libvirttest.Start(t, "img-stop")
+	srv := serveImage(t, 4<<20)
+	srv.gate = make(chan struct{})
+	img := srv.image("5d1c0e6a-0000-4000-8000-0000000000aa")
+	m := imageMachine("vm", img)
+	dir := t.TempDir()
+
+	first := open(t, node)
+	first.images.dir = dir
+	o, err := first.Ensure(context.Background(), m)
+	require.NoError(t, err)
+	require.Equal(t, driver.PhaseProvisioning, o.Phase)
+	require.Eventually(t, func() bool { return srv.requests.Load() == 1 }, 5*time.Second, 10*time.Millisecond, "the download has started")
+	require.NoError(t, first.Close(), "the agent stops mid-download")
+
+	l := raw(t, node)
+	pool, err := l.StoragePoolLookupByName(testPool)
+	require.NoError(t, err)
+	for _, name := range []string{imageVolume(img.UID), m.Disks[0].Name} {
+		_, err := l.StorageVolLookupByName(pool, name)
+		assert.Error(t, err, "volume %s must not exist after an interrupted import", name)
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "*"))
+	assert.Empty(t, left, "no partial download is left behind")
+
+	close(srv.gate)
+	second := open(t, node)
+	second.images.dir = dir
+	o, err = ensureUntil(t, second, m)
+	require.NoError(t, err)
+	assert.Equal(t, driver.PhaseRunning, o.Phase, "the restarted agent finishes the import")
+	assert.Equal(t, int32(2), srv.requests.Load(), "one download per attempt")
+	assert.Equal(t, uint64(len(srv.data)), volumeXML(t, node, imageVolume(img.UID)).Capacity.Value)
+}
