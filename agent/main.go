@@ -41,6 +41,7 @@ func run() error {
 		socket      = fs.String("libvirt-socket", "", "libvirtd unix socket; empty means /run/libvirt/libvirt-sock.")
 		uri         = fs.String("libvirt-uri", "", "libvirt connection URI; empty means qemu:///system.")
 		pool        = fs.String("libvirt-pool", "", "Storage pool for volumes, cloud-init seeds and swap; empty means default.")
+		imageDir    = fs.String("image-dir", "", "This agent's own directory for image downloads until they are verified; partial downloads of a killed agent are removed at start. Empty means the system's temporary directory, never cleaned.")
 		grace       = fs.Duration("shutdown-grace", 0, "How long a guest may take to shut down on ACPI before it is forced off; 0 means 2m.")
 		heartbeat   = fs.Duration("heartbeat-interval", 2*time.Second, "Interval between heartbeats; keep it well below the nodes bucket TTL (10s).")
 		resync      = fs.Duration("resync-interval", 60*time.Second, "Interval between full resyncs of every guest.")
@@ -81,6 +82,7 @@ func run() error {
 			Socket:        *socket,
 			URI:           *uri,
 			Pool:          *pool,
+			ImageDir:      *imageDir,
 			ShutdownGrace: *grace,
 		},
 		HeartbeatInterval:     *heartbeat,

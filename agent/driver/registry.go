@@ -36,8 +36,10 @@ type LibvirtConfig struct {
 	// ShutdownGrace is how long a guest may take to shut down on ACPI before
 	// it is forced off; zero means two minutes.
 	ShutdownGrace time.Duration
-	// ImageDir holds image downloads until they are verified and imported;
-	// empty means the system's temporary directory.
+	// ImageDir holds image downloads until they are verified and imported.
+	// It belongs to this agent alone: at start, downloads an earlier agent
+	// left behind when it was killed are removed. Empty means a directory of
+	// the system's temporary directory, which is not cleaned.
 	ImageDir string
 }
 

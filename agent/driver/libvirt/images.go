@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,8 @@ type images struct {
 func newImages(dir string) *images {
 	if dir == "" {
 		dir = os.TempDir()
+	} else {
+		removeStaleDownloads(dir)
 	}
 	return &images{
 		client:      &http.Client{Timeout: 0}, // a large image may take long; the driver's context bounds it
@@ -70,6 +73,15 @@ func newImages(dir string) *images {
 		jobs:        map[string]*importJob{},
 		pruneAfter:  map[string]time.Duration{},
 		unusedSince: map[string]time.Time{},
+	}
+}
+
+// removeStaleDownloads deletes the partial downloads a killed agent left in
+// its own download directory; a running import always starts a new file.
+func removeStaleDownloads(dir string) {
+	stale, _ := filepath.Glob(filepath.Join(dir, imagePrefix+"*.part"))
+	for _, f := range stale {
+		_ = os.Remove(f)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -366,4 +367,15 @@ func TestImportInterruptedByAStoppedAgent(t *testing.T) {
 	assert.Equal(t, driver.PhaseRunning, o.Phase, "the restarted agent finishes the import")
 	assert.Equal(t, int32(2), srv.requests.Load(), "one download per attempt")
 	assert.Equal(t, uint64(len(srv.data)), volumeXML(t, node, imageVolume(img.UID)).Capacity.Value)
+}
+
+func TestStaleDownloadsOfAKilledAgentAreRemovedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	stale := filepath.Join(dir, imageVolume("5d1c0e6a-0000-4000-8000-0000000000bb")+"-123.part")
+	other := filepath.Join(dir, "not-ours.txt")
+	require.NoError(t, os.WriteFile(stale, []byte("half an image"), 0o600))
+	require.NoError(t, os.WriteFile(other, []byte("keep"), 0o600))
+	newImages(dir)
+	assert.NoFileExists(t, stale, "a killed agent's partial download goes")
+	assert.FileExists(t, other, "nothing else in the directory is touched")
 }
