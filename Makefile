@@ -107,3 +107,10 @@ BENCH_FLAGS ?=
 bench: deps envtest-assets ## Benchmark on the real stack (density 100 VMs/3 nodes, bursts 10/100/1000 over 10 nodes, limits) into bench/results/.
 	@$(GO) build -o bin/bench ./bench
 	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" bin/bench $(BENCH_FLAGS)
+
+# make chaos CHAOS_FLAGS='-rounds 3 -vms 300' runs longer; see bin/chaos -h.
+CHAOS_FLAGS ?=
+.PHONY: chaos
+chaos: deps envtest-assets ## Kill -9 an agent, the hub, NATS and a libvirtd in turn while 200 VMs churn; check nothing is lost, duplicated or orphaned.
+	@$(GO) build -o bin/chaos ./chaos
+	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" bin/chaos $(CHAOS_FLAGS)

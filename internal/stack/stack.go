@@ -60,6 +60,10 @@ type Options struct {
 	Progress io.Writer
 	// Debug makes the hub and agents log at debug level.
 	Debug bool
+	// NATSProcess runs NATS as a nats-server process of its own (built from
+	// the module in go.mod) instead of in-process, so it can be killed with
+	// SIGKILL (KillNATS) and started again (StartNATS). NATS is then nil.
+	NATSProcess bool
 }
 
 // Stack is a running system.
@@ -79,6 +83,8 @@ type Stack struct {
 	mu     sync.Mutex
 	hub    *component
 	agents map[string]*component
+	// natsProc is the nats-server process when Options.NATSProcess is set.
+	natsProc *natsProcess
 }
 
 // component is a running hub or agent process.
@@ -162,10 +168,14 @@ func (s *Stack) start(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(o.Dir, "nats"), 0o700); err != nil {
 		return errors.Wrap(err, "cannot create the NATS store")
 	}
-	if s.NATS, err = natstest.Start(natstest.Options{StoreDir: filepath.Join(o.Dir, "nats"), Port: o.NATSPort, Users: users}); err != nil {
+	if o.NATSProcess {
+		if err := s.startNATSProcess(ctx, users); err != nil {
+			return err
+		}
+	} else if s.NATS, err = natstest.Start(natstest.Options{StoreDir: filepath.Join(o.Dir, "nats"), Port: o.NATSPort, Users: users}); err != nil {
 		return err
 	}
-	logf(o.Progress, "nats", "%s, JetStream in %s, one identity per node", s.NATS.URL(), filepath.Join(o.Dir, "nats"))
+	logf(o.Progress, "nats", "%s, JetStream in %s, one identity per node", s.NATSURL(), filepath.Join(o.Dir, "nats"))
 
 	if err := s.configureProvider(ctx); err != nil {
 		return err
@@ -221,7 +231,7 @@ func (s *Stack) configureProvider(ctx context.Context) error {
 	cpc := &apisv1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
 	_, err := controllerutil.CreateOrUpdate(ctx, kube, cpc, func() error {
 		cpc.Spec = apisv1alpha1.ProviderConfigSpec{
-			NATSURL: s.NATS.URL(),
+			NATSURL: s.NATSURL(),
 			Credentials: apisv1alpha1.NATSCredentials{
 				Source: xpv2.CredentialsSourceSecret,
 				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
@@ -332,11 +342,12 @@ func (s *Stack) StartAgent(node string) error {
 	c, err := s.run("agent-"+node, "agent", nil,
 		"--node="+node,
 		"--labels=kubernetes.io/hostname="+node,
-		"--nats-url="+s.NATS.URL(),
+		"--nats-url="+s.NATSURL(),
 		"--nats-credentials="+creds,
 		"--libvirt-socket="+n.Socket,
 		"--libvirt-uri="+n.URI,
 		"--libvirt-pool="+libvirttest.Pool,
+		"--image-dir="+filepath.Join(n.Dir, "images"),
 		"--memory-allocation-ratio="+strconv.FormatFloat(s.opts.MemoryAllocationRatio, 'f', -1, 64),
 		"--debug="+strconv.FormatBool(s.opts.Debug),
 	)
@@ -385,6 +396,7 @@ func (s *Stack) Stop() {
 	if s.NATS != nil {
 		s.NATS.Shutdown()
 	}
+	s.stopNATSProcess()
 	if s.ControlPlane != nil {
 		_ = s.ControlPlane.Stop()
 	}

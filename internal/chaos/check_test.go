@@ -1,0 +1,96 @@
+package chaos
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestCheck(t *testing.T) {
+	running := VM{Name: "a", UID: "u-a", WantRunning: true, Phase: "Running", Node: "n1"}
+	stopped := VM{Name: "b", UID: "u-b", WantRunning: false, Phase: "Stopped", Node: "n2"}
+	domA := Domain{UUID: "u-a", Name: "a", Active: true}
+	domB := Domain{UUID: "u-b", Name: "b", Active: false}
+	testDom := Domain{UUID: "u-test", Name: testDriverDomain, Active: true}
+	want := map[string]bool{"a": true, "b": true}
+
+	cases := map[string]struct {
+		want    map[string]bool
+		vms     []VM
+		domains map[string][]Domain
+		kinds   []Kind
+	}{
+		"ConvergedFleetHasNoProblems": {
+			want: want, vms: []VM{running, stopped},
+			domains: map[string][]Domain{"n1": {domA, testDom}, "n2": {domB}},
+		},
+		"TheTestDriversOwnDomainIsNoOrphan": {
+			want: map[string]bool{}, domains: map[string][]Domain{"n1": {testDom}, "n2": {testDom}},
+		},
+		"VMGoneFromTheAPIIsLost": {
+			want: want, vms: []VM{running},
+			domains: map[string][]Domain{"n1": {domA}, "n2": {domB}},
+			kinds:   []Kind{Lost, Orphaned},
+		},
+		"VMBeingDeletedThatWasNotDeletedIsLost": {
+			want: want, vms: []VM{running, {Name: "b", UID: "u-b", Deleting: true}},
+			domains: map[string][]Domain{"n1": {domA}, "n2": {domB}},
+			kinds:   []Kind{Lost},
+		},
+		"GuestOnTwoNodesIsDuplicated": {
+			want: want, vms: []VM{running, stopped},
+			domains: map[string][]Domain{"n1": {domA}, "n2": {domB, domA}},
+			kinds:   []Kind{Duplicated},
+		},
+		"DomainOfNoVMIsOrphaned": {
+			want: want, vms: []VM{running, stopped},
+			domains: map[string][]Domain{"n1": {domA, {UUID: "u-x", Name: "x"}}, "n2": {domB}},
+			kinds:   []Kind{Orphaned},
+		},
+		"VMWithoutGuestIsNotConverged": {
+			want: want, vms: []VM{running, stopped},
+			domains: map[string][]Domain{"n2": {domB}},
+			kinds:   []Kind{NotConverged},
+		},
+		"GuestInTheWrongPowerStateIsNotConverged": {
+			want: want, vms: []VM{running, stopped},
+			domains: map[string][]Domain{"n1": {domA}, "n2": {{UUID: "u-b", Name: "b", Active: true}}},
+			kinds:   []Kind{NotConverged},
+		},
+		"StatusPhaseBehindTheSpecIsNotConverged": {
+			want: want, vms: []VM{running, {Name: "b", UID: "u-b", Phase: "Unknown", Node: "n2"}},
+			domains: map[string][]Domain{"n1": {domA}, "n2": {domB}},
+			kinds:   []Kind{NotConverged},
+		},
+		"GuestOnAnotherNodeThanItsStatusIsNotConverged": {
+			want: want, vms: []VM{running, stopped},
+			domains: map[string][]Domain{"n1": {domA, domB}},
+			kinds:   []Kind{NotConverged},
+		},
+		"DeletedVMStillInTheAPIAndOnItsNodeIsNotConverged": {
+			want: map[string]bool{"a": true, "b": false}, vms: []VM{running, {Name: "b", UID: "u-b", Deleting: true, Phase: "Deleting", Node: "n2"}},
+			domains: map[string][]Domain{"n1": {domA}, "n2": {domB}},
+			kinds:   []Kind{NotConverged, NotConverged},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			var kinds []Kind
+			for _, p := range Check(tc.want, tc.vms, tc.domains) {
+				kinds = append(kinds, p.Kind)
+			}
+			assert.ElementsMatch(t, tc.kinds, kinds)
+		})
+	}
+}
+
+func TestFatalKeepsOnlyDuplicates(t *testing.T) {
+	ps := []Problem{{Kind: NotConverged}, {Kind: Duplicated, Message: "x"}, {Kind: Orphaned}}
+	assert.Equal(t, []Problem{{Kind: Duplicated, Message: "x"}}, Fatal(ps))
+}
+
+func TestCPURatioFitsEveryVMOnOneNodeFewer(t *testing.T) {
+	// 200 VMs on 2 of 3 nodes: 120 vCPUs + margin on 16 CPUs.
+	assert.Equal(t, 8.0, cpuRatio(200, 3))
+	assert.Equal(t, 4.0, cpuRatio(24, 3), "never below the agent's default")
+}
