@@ -14,6 +14,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/workload"
 )
 
 // Limit is a floor virtfleet's rate is compared with: how fast the same
@@ -78,7 +79,7 @@ func defineAndStart(l *golibvirt.Libvirt, name string) error {
 	x, err := (&libvirtxml.Domain{
 		Type:   "test",
 		Name:   name,
-		VCPU:   &libvirtxml.DomainVCPU{Value: vmVCPU},
+		VCPU:   &libvirtxml.DomainVCPU{Value: workload.VCPU},
 		Memory: &libvirtxml.DomainMemory{Value: 64, Unit: "MiB"},
 		OS:     &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Type: "hvm"}},
 	}).Marshal()
@@ -106,8 +107,10 @@ func controlPlane(ctx context.Context, kube client.Client, ns string, n, writes 
 	writes = max(1, writes)
 	phases := []v1alpha1.Phase{v1alpha1.PhasePending, v1alpha1.PhaseScheduled, v1alpha1.PhaseProvisioning, v1alpha1.PhaseStarting, v1alpha1.PhaseRunning}
 	start := time.Now()
-	err := parallel(ctx, n, controlPlaneWriters, func(ctx context.Context, i int) error {
-		vm := newVM(ns, fmt.Sprintf("cp-%04d", i), volumeName(i))
+	f := fleet
+	f.Namespace = ns
+	err := workload.Parallel(ctx, n, controlPlaneWriters, func(ctx context.Context, i int) error {
+		vm := f.VM(fmt.Sprintf("cp-%04d", i), workload.VolumeName(i))
 		if err := kube.Create(ctx, vm); err != nil {
 			return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
 		}

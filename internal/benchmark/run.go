@@ -27,6 +27,7 @@ import (
 	"github.com/virtfleet/virtfleet/internal/controlplane"
 	"github.com/virtfleet/virtfleet/internal/libvirttest"
 	"github.com/virtfleet/virtfleet/internal/stack"
+	"github.com/virtfleet/virtfleet/internal/workload"
 )
 
 // Options size the run.
@@ -172,7 +173,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 		return err
 	}
 	progress("creating the network and %d Volumes", sp.vms+sp.nodes)
-	if err := prepare(ctx, kube, sp.vms+sp.nodes); err != nil {
+	if err := fleet.Prepare(ctx, kube, sp.vms+sp.nodes); err != nil {
 		return err
 	}
 	progress("warming up: one VM per node")
@@ -198,7 +199,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	progress("creating %d VMs", sp.vms)
 	start := time.Now()
 	create := func(ctx context.Context, i int) error {
-		vm := newVM(namespace, vmName(i), volumeName(i))
+		vm := fleet.VM(workload.VMName(i), workload.VolumeName(i))
 		if err := kube.Create(ctx, vm); err != nil {
 			return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
 		}
@@ -208,7 +209,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	if sp.interval > 0 {
 		err = paced(ctx, sp.vms, sp.interval, create)
 	} else {
-		err = parallel(ctx, sp.vms, creators, create)
+		err = workload.Parallel(ctx, sp.vms, creators, create)
 	}
 	if err != nil {
 		return err
@@ -340,14 +341,14 @@ func paced(ctx context.Context, n int, interval time.Duration, do func(ctx conte
 func warmUp(ctx context.Context, kube client.Client, first, nodes int) error {
 	vms := make([]*v1alpha1.VirtualMachine, nodes)
 	for i := range vms {
-		vms[i] = newVM(namespace, fmt.Sprintf("%s-%d", warmUpName, i), volumeName(first+i))
+		vms[i] = fleet.VM(fmt.Sprintf("%s-%d", warmUpName, i), workload.VolumeName(first+i))
 		if err := kube.Create(ctx, vms[i]); err != nil {
 			return errors.Wrap(err, "cannot create a warm-up VM")
 		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	return errors.Wrap(waitFor(wctx, 100*time.Millisecond, func() (bool, error) {
+	return errors.Wrap(workload.WaitFor(wctx, 100*time.Millisecond, func() (bool, error) {
 		for _, vm := range vms {
 			if err := kube.Get(wctx, client.ObjectKeyFromObject(vm), vm); err != nil {
 				return false, errors.Wrap(err, "cannot get a warm-up VM")
@@ -384,7 +385,7 @@ func allocationRatios(vms, nodes int) (cpu, memory float64, notes []string) {
 	// Placement is least-allocated, not perfectly even: leave a little room.
 	perNode += perNode/10 + 1
 	cpu, memory = defaultCPURatio, defaultMemoryRatio
-	needCPU := float64(perNode*vmVCPU + testDomainVCPU)
+	needCPU := float64(perNode*workload.VCPU + testDomainVCPU)
 	if c := math.Ceil(needCPU / hostCPUs); c > cpu {
 		cpu = c
 		notes = append(notes, fmt.Sprintf("agents' cpu-allocation-ratio raised from %d to %.0f: up to %d VMs of 1 vCPU per node need %.0f vCPUs, the test driver's host has %d CPUs", defaultCPURatio, cpu, perNode, needCPU, hostCPUs))

@@ -2,14 +2,10 @@ package benchmark
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	kerrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
@@ -17,28 +13,22 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/workload"
 )
 
-// The workload: every VM boots from a Volume of its own (a Volume binds its
-// VMs to one node, so a shared one would pin every VM to the same node) and
-// joins one VirtualNetwork.
+// The benchmark's workload (internal/workload) lives in its own namespace.
 const (
-	namespace   = "bench"
-	networkName = "bench-net"
-	networkCIDR = "10.20.0.0/16"
-	vmVCPU      = 1
-	vmMemory    = "64Mi"
-	// volumeSize is small: the test driver's pool holds 100 GiB per node.
-	volumeSize = "64Mi"
+	namespace = "bench"
 	// creators is how many Create calls are in flight at once in a burst:
 	// enough that the API server, not the client, is what the burst waits on.
 	creators = 32
 	// warmUpName prefixes the VMs taken to Running before the measurement.
 	warmUpName = "warm-up"
 )
+
+var fleet = workload.Fleet{Namespace: namespace, Network: "bench-net", CIDR: "10.20.0.0/16", Creators: creators}
 
 // newClient is a client of its own, without client-side rate limiting, so
 // that the benchmark's own requests are never what it measures.
@@ -47,116 +37,6 @@ func newClient(cfg *rest.Config, c client.Client) (client.WithWatch, error) {
 	cfg.QPS, cfg.Burst = -1, 0
 	cl, err := client.NewWithWatch(cfg, client.Options{Scheme: c.Scheme()})
 	return cl, errors.Wrap(err, "cannot create the benchmark's client")
-}
-
-func vmName(i int) string     { return fmt.Sprintf("vm-%04d", i) }
-func volumeName(i int) string { return fmt.Sprintf("vm-%04d-root", i) }
-
-func newVM(ns, name, disk string) *v1alpha1.VirtualMachine {
-	return &v1alpha1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
-			Vcpu:            vmVCPU,
-			Memory:          resource.MustParse(vmMemory),
-			VirtualNetworks: []v1alpha1.LocalName{networkName},
-			DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName(disk)}},
-		}},
-	}
-}
-
-// prepare creates the namespace, the network and n Volumes, and waits until
-// the hub has reconciled every Volume, so that their writes are over before
-// the scenario's first snapshot.
-func prepare(ctx context.Context, kube client.Client, n int) error {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
-	if err := kube.Create(ctx, ns); err != nil && !kerrors.IsAlreadyExists(err) {
-		return errors.Wrap(err, "cannot create the benchmark namespace")
-	}
-	net := &v1alpha1.VirtualNetwork{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: networkName},
-		Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{Mode: v1alpha1.NetworkModeNAT, CIDR: networkCIDR}},
-	}
-	if err := kube.Create(ctx, net); err != nil {
-		return errors.Wrap(err, "cannot create the benchmark network")
-	}
-	err := parallel(ctx, n, creators, func(ctx context.Context, i int) error {
-		v := &v1alpha1.Volume{
-			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: volumeName(i)},
-			Spec:       v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{Size: resource.MustParse(volumeSize)}},
-		}
-		return errors.Wrapf(kube.Create(ctx, v), "cannot create Volume %s", v.Name)
-	})
-	if err != nil {
-		return err
-	}
-	return waitFor(ctx, 500*time.Millisecond, func() (bool, error) {
-		l := &v1alpha1.VolumeList{}
-		if err := kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
-			return false, errors.Wrap(err, "cannot list Volumes")
-		}
-		ready := 0
-		for i := range l.Items {
-			if l.Items[i].GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue {
-				ready++
-			}
-		}
-		return ready == n, nil
-	})
-}
-
-// parallel runs do(i) for i in [0, n) on at most workers goroutines and
-// returns the first error.
-func parallel(ctx context.Context, n, workers int, do func(ctx context.Context, i int) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	next := make(chan int)
-	errs := make(chan error, workers)
-	var wg sync.WaitGroup
-	for range min(workers, n) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				if err := do(ctx, i); err != nil {
-					errs <- err
-					cancel()
-					return
-				}
-			}
-		}()
-	}
-feed:
-	for i := range n {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(next)
-	wg.Wait()
-	select {
-	case err := <-errs:
-		return err
-	default:
-		return ctx.Err()
-	}
-}
-
-// waitFor polls ok until it holds or ctx ends. It is for setup only; the
-// measurements come from a watch.
-func waitFor(ctx context.Context, every time.Duration, ok func() (bool, error)) error {
-	for {
-		done, err := ok()
-		if err != nil || done {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Wrap(ctx.Err(), "gave up waiting")
-		case <-time.After(every):
-		}
-	}
 }
 
 // tracker records when each VM's Create call returned and when a watch on

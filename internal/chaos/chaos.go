@@ -222,8 +222,10 @@ func run(ctx context.Context, s *stack.Stack, o Options, r *Result, progress fun
 		return err
 	}
 	progress("creating the network and %d Volumes", o.VMs)
-	if err := prepare(ctx, kube, o.VMs); err != nil {
-		return err
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := fleet.Prepare(pctx, kube, o.VMs); err != nil {
+		return errors.Wrap(err, "not every Volume was Ready within 2 minutes")
 	}
 	workers := max(1, min(o.VMs/4, 16))
 	c := newChurn(kube, o.VMs, workers, o.OpsPerSecond)

@@ -8,122 +8,25 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/workload"
 )
 
-// The workload is the benchmark's (internal/benchmark): every VM boots from
-// a Volume of its own, so placement spreads them, and all join one network.
-const (
-	namespace   = "chaos"
-	networkName = "chaos-net"
-	networkCIDR = "10.30.0.0/16"
-	vmMemory    = "64Mi"
-	volumeSize  = "64Mi"
-)
+// The chaos run's workload (internal/workload) lives in its own namespace.
+const namespace = "chaos"
 
-func vmName(i int) string     { return fmt.Sprintf("vm-%04d", i) }
-func volumeName(i int) string { return fmt.Sprintf("vm-%04d-root", i) }
+var fleet = workload.Fleet{Namespace: namespace, Network: "chaos-net", CIDR: "10.30.0.0/16", Creators: 16}
 
+// newVM is the i-th VM, booting from the i-th Volume.
 func newVM(i int) *v1alpha1.VirtualMachine {
-	return &v1alpha1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: vmName(i)},
-		Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
-			Vcpu:            1,
-			Memory:          resource.MustParse(vmMemory),
-			VirtualNetworks: []v1alpha1.LocalName{networkName},
-			DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName(volumeName(i))}},
-		}},
-	}
-}
-
-// prepare creates the namespace, the network and one Volume per VM, and
-// waits until every Volume is Ready.
-func prepare(ctx context.Context, kube client.Client, n int) error {
-	if err := kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil && !kerrors.IsAlreadyExists(err) {
-		return errors.Wrap(err, "cannot create the chaos namespace")
-	}
-	net := &v1alpha1.VirtualNetwork{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: networkName},
-		Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{Mode: v1alpha1.NetworkModeNAT, CIDR: networkCIDR}},
-	}
-	if err := kube.Create(ctx, net); err != nil {
-		return errors.Wrap(err, "cannot create the chaos network")
-	}
-	if err := parallel(ctx, n, 16, func(ctx context.Context, i int) error {
-		v := &v1alpha1.Volume{
-			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: volumeName(i)},
-			Spec:       v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{Size: resource.MustParse(volumeSize)}},
-		}
-		return errors.Wrapf(kube.Create(ctx, v), "cannot create Volume %s", v.Name)
-	}); err != nil {
-		return err
-	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		l := &v1alpha1.VolumeList{}
-		if err := kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
-			return errors.Wrap(err, "cannot list Volumes")
-		}
-		ready := 0
-		for i := range l.Items {
-			if l.Items[i].GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue {
-				ready++
-			}
-		}
-		if ready == n {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return errors.Errorf("only %d of %d Volumes Ready after 2 minutes", ready, n)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
-// parallel runs do(i) for i in [0, n) on at most workers goroutines and
-// returns the first error.
-func parallel(ctx context.Context, n, workers int, do func(ctx context.Context, i int) error) error {
-	var (
-		wg    sync.WaitGroup
-		next  atomic.Int64
-		first error
-		once  sync.Once
-	)
-	for range min(workers, n) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n || ctx.Err() != nil {
-					return
-				}
-				if err := do(ctx, i); err != nil {
-					once.Do(func() { first = err })
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if first != nil {
-		return first
-	}
-	return ctx.Err()
+	return fleet.VM(workload.VMName(i), workload.VolumeName(i))
 }
 
 // slot is one VM name the churn owns: what the churn last asked for.
@@ -166,9 +69,9 @@ func newChurn(kube client.Client, vms, workers int, opsPerSecond float64) *churn
 
 // createAll creates every slot's VM, running.
 func (c *churn) createAll(ctx context.Context) error {
-	return parallel(ctx, len(c.slots), 16, func(ctx context.Context, i int) error {
+	return workload.Parallel(ctx, len(c.slots), fleet.Creators, func(ctx context.Context, i int) error {
 		if err := c.kube.Create(ctx, newVM(i)); err != nil {
-			return errors.Wrapf(err, "cannot create VirtualMachine %s", vmName(i))
+			return errors.Wrapf(err, "cannot create VirtualMachine %s", workload.VMName(i))
 		}
 		c.slots[i].exists, c.slots[i].running = true, true
 		return nil
@@ -211,7 +114,7 @@ func (c *churn) resume() { c.gate.Unlock() }
 func (c *churn) want() map[string]bool {
 	out := map[string]bool{}
 	for _, s := range c.slots {
-		out[vmName(s.i)] = s.exists && !s.deleting
+		out[workload.VMName(s.i)] = s.exists && !s.deleting
 	}
 	return out
 }
@@ -220,7 +123,7 @@ func (c *churn) want() map[string]bool {
 // is created, a deleted one is waited for, an existing one is stopped,
 // started or (one time in eight) deleted.
 func (c *churn) step(ctx context.Context, rng *rand.Rand, s *slot) {
-	key := types.NamespacedName{Namespace: namespace, Name: vmName(s.i)}
+	key := types.NamespacedName{Namespace: namespace, Name: workload.VMName(s.i)}
 	var err error
 	op := -1
 	switch {
@@ -273,7 +176,7 @@ func (c *churn) step(ctx context.Context, rng *rand.Rand, s *slot) {
 
 func (c *churn) resync(ctx context.Context, s *slot) {
 	vm := &v1alpha1.VirtualMachine{}
-	err := c.kube.Get(ctx, types.NamespacedName{Namespace: namespace, Name: vmName(s.i)}, vm)
+	err := c.kube.Get(ctx, types.NamespacedName{Namespace: namespace, Name: workload.VMName(s.i)}, vm)
 	switch {
 	case kerrors.IsNotFound(err):
 		s.exists, s.deleting = false, false
