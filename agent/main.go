@@ -37,11 +37,17 @@ func run() error {
 		natsURL     = fs.String("nats-url", "nats://127.0.0.1:4222", "NATS server URLs, comma-separated.")
 		creds       = fs.String("nats-credentials", "", "File holding this node's nkey seed, as written by hack/mint-agent-credentials.")
 		timeout     = fs.Duration("nats-timeout", bus.DefaultTimeout, "Timeout of each NATS request; a request the server refuses only times out, so keep it short.")
-		backend     = fs.String("backend", driver.BackendLibvirt, "Hypervisor backend; this build supports libvirt.")
+		backend     = fs.String("backend", driver.BackendLibvirt, "Hypervisor backend: libvirt (this host's libvirtd), nova (an OpenStack cloud) or kubevirt (a KubeVirt cluster).")
 		socket      = fs.String("libvirt-socket", "", "libvirtd unix socket; empty means /run/libvirt/libvirt-sock.")
 		uri         = fs.String("libvirt-uri", "", "libvirt connection URI; empty means qemu:///system.")
 		pool        = fs.String("libvirt-pool", "", "Storage pool for volumes, cloud-init seeds and swap; empty means default.")
 		imageDir    = fs.String("image-dir", "", "This agent's own directory for image downloads until they are verified; partial downloads of a killed agent are removed at start. Empty means the system's temporary directory, never cleaned.")
+		clouds      = fs.String("openstack-clouds-file", "", "nova: clouds.yaml to read; empty means the standard locations, then the OS_* environment variables.")
+		cloud       = fs.String("openstack-cloud", "", "nova: the clouds.yaml entry to use; empty means OS_CLOUD.")
+		region      = fs.String("openstack-region", "", "nova: region, overriding the cloud's region_name.")
+		novaPoll    = fs.Duration("nova-poll-interval", 0, "nova: interval between changes-since polls of the agent's servers; 0 means 5s.")
+		kvConfig    = fs.String("kubevirt-kubeconfig", "", "kubevirt: kubeconfig of the KubeVirt cluster; empty means in-cluster.")
+		kvNamespace = fs.String("kubevirt-namespace", "", "kubevirt: namespace the KubeVirt VirtualMachines are created in; empty means default.")
 		grace       = fs.Duration("shutdown-grace", 0, "How long a guest may take to shut down on ACPI before it is forced off; 0 means 2m.")
 		heartbeat   = fs.Duration("heartbeat-interval", 2*time.Second, "Interval between heartbeats; keep it well below the nodes bucket TTL (10s).")
 		resync      = fs.Duration("resync-interval", 60*time.Second, "Interval between full resyncs of every guest.")
@@ -84,6 +90,16 @@ func run() error {
 			Pool:          *pool,
 			ImageDir:      *imageDir,
 			ShutdownGrace: *grace,
+		},
+		Nova: driver.NovaConfig{
+			CloudsFile:   *clouds,
+			Cloud:        *cloud,
+			Region:       *region,
+			PollInterval: *novaPoll,
+		},
+		KubeVirt: driver.KubeVirtConfig{
+			Kubeconfig: *kvConfig,
+			Namespace:  *kvNamespace,
 		},
 		HeartbeatInterval:     *heartbeat,
 		ResyncInterval:        *resync,

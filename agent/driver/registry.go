@@ -20,8 +20,10 @@ type Config struct {
 	Backend string
 	// Node is the name of the node the agent runs on, reported in
 	// Observation.Node.
-	Node    string
-	Libvirt LibvirtConfig
+	Node     string
+	Libvirt  LibvirtConfig
+	Nova     NovaConfig
+	KubeVirt KubeVirtConfig
 }
 
 // LibvirtConfig configures the libvirt backend.
@@ -43,6 +45,32 @@ type LibvirtConfig struct {
 	ImageDir string
 }
 
+// NovaConfig configures the nova backend: the agent fronts one region of an
+// OpenStack cloud, and its guests are Nova servers.
+type NovaConfig struct {
+	// CloudsFile is a clouds.yaml; empty means the standard locations
+	// (./clouds.yaml, ~/.config/openstack, /etc/openstack) and, when none
+	// names Cloud, the OS_* environment variables.
+	CloudsFile string
+	// Cloud is the entry of CloudsFile to use; empty means OS_CLOUD.
+	Cloud string
+	// Region overrides the cloud's region_name.
+	Region string
+	// PollInterval between changes-since list calls; zero means 5 s.
+	PollInterval time.Duration
+}
+
+// KubeVirtConfig configures the kubevirt backend: the agent fronts one
+// namespace of a Kubernetes cluster running KubeVirt, and its guests are
+// KubeVirt VirtualMachines.
+type KubeVirtConfig struct {
+	// Kubeconfig is the target cluster's kubeconfig; empty means the
+	// in-cluster configuration.
+	Kubeconfig string
+	// Namespace the VirtualMachines are created in; empty means default.
+	Namespace string
+}
+
 // Factory builds a Driver from its Config.
 type Factory func(ctx context.Context, cfg Config) (Driver, error)
 
@@ -55,10 +83,5 @@ func (r Registry) New(ctx context.Context, cfg Config) (Driver, error) {
 	if f, ok := r[cfg.Backend]; ok {
 		return f(ctx, cfg)
 	}
-	switch cfg.Backend {
-	case BackendNova, BackendKubeVirt:
-		return nil, errors.Errorf("backend %q is not built yet; this agent supports %s", cfg.Backend, BackendLibvirt)
-	default:
-		return nil, errors.Errorf("unknown backend %q; want one of %s, %s, %s", cfg.Backend, BackendLibvirt, BackendNova, BackendKubeVirt)
-	}
+	return nil, errors.Errorf("unknown backend %q; want one of %s, %s, %s", cfg.Backend, BackendLibvirt, BackendNova, BackendKubeVirt)
 }

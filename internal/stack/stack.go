@@ -27,6 +27,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
+	"github.com/virtfleet/virtfleet/agent/driver"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/controlplane"
 	"github.com/virtfleet/virtfleet/internal/libvirttest"
@@ -60,6 +61,11 @@ type Options struct {
 	Progress io.Writer
 	// Debug makes the hub and agents log at debug level.
 	Debug bool
+	// Backends names the backend of a node's agent: libvirt (the default, on
+	// a private libvirtd), nova (an in-repo OpenStack API server on
+	// 127.0.0.1) or kubevirt (a second kube-apiserver with KubeVirt's CRDs
+	// and a test controller playing virt-controller).
+	Backends map[string]string
 	// NATSProcess runs NATS as a nats-server process of its own (built from
 	// the module in go.mod) instead of in-process, so it can be killed with
 	// SIGKILL (KillNATS) and started again (StartNATS). NATS is then nil.
@@ -70,7 +76,10 @@ type Options struct {
 type Stack struct {
 	ControlPlane *controlplane.ControlPlane
 	NATS         *natstest.Server
-	Nodes        map[string]*libvirttest.Node
+	// Nodes are the libvirt nodes' daemons.
+	Nodes map[string]*libvirttest.Node
+	// Backends are the nova and kubevirt nodes' simulated clouds.
+	Backends map[string]Backend
 	// AgentIdentities are the nodes' NATS identities.
 	AgentIdentities map[string]natsauth.Identity
 
@@ -127,7 +136,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	if err := os.MkdirAll(filepath.Join(o.Dir, "logs"), 0o755); err != nil {
 		return nil, errors.Wrap(err, "cannot create the log directory")
 	}
-	s := &Stack{opts: o, Nodes: map[string]*libvirttest.Node{}, AgentIdentities: map[string]natsauth.Identity{}, agents: map[string]*component{}}
+	s := &Stack{opts: o, Nodes: map[string]*libvirttest.Node{}, Backends: map[string]Backend{}, AgentIdentities: map[string]natsauth.Identity{}, agents: map[string]*component{}}
 	if err := s.start(ctx); err != nil {
 		s.Stop()
 		return nil, err
@@ -185,6 +194,13 @@ func (s *Stack) start(ctx context.Context) error {
 	}
 	logf(o.Progress, "images", "%s (serves the examples' DiskImages)", s.images.url)
 	for _, n := range o.Nodes {
+		if b := s.backend(n); b != driver.BackendLibvirt {
+			if s.Backends[n], err = startBackend(ctx, b, n, filepath.Join(o.Dir, "backends", n)); err != nil {
+				return err
+			}
+			logf(o.Progress, n, "%s: %s", b, s.Backends[n])
+			continue
+		}
 		// Not under Dir: a unix socket path must stay under 108 bytes.
 		dir, err := os.MkdirTemp("", "vf-"+n+"-")
 		if err != nil {
@@ -207,7 +223,7 @@ func (s *Stack) start(ctx context.Context) error {
 		if err := s.StartAgent(n); err != nil {
 			return err
 		}
-		logf(o.Progress, "agent "+n, "libvirtd %s, log: %s", s.Nodes[n].Socket, s.logPath("agent-"+n))
+		logf(o.Progress, "agent "+n, "%s, log: %s", s.backend(n), s.logPath("agent-"+n))
 	}
 	return nil
 }
@@ -328,9 +344,9 @@ func (s *Stack) StartAgent(node string) error {
 	if s.agents[node] != nil {
 		return errors.Errorf("the agent of %s is already running", node)
 	}
-	n, ok := s.Nodes[node]
-	if !ok {
-		return errors.Errorf("no node %s in this stack", node)
+	backendArgs, err := s.agentBackendArgs(node)
+	if err != nil {
+		return err
 	}
 	creds := filepath.Join(s.opts.Dir, "credentials", node+".nk")
 	if err := os.MkdirAll(filepath.Dir(creds), 0o700); err != nil {
@@ -339,20 +355,43 @@ func (s *Stack) StartAgent(node string) error {
 	if err := os.WriteFile(creds, s.AgentIdentities[node].Seed, 0o600); err != nil {
 		return errors.Wrap(err, "cannot write the agent's credentials")
 	}
-	c, err := s.run("agent-"+node, "agent", nil,
-		"--node="+node,
-		"--labels=kubernetes.io/hostname="+node,
-		"--nats-url="+s.NATSURL(),
-		"--nats-credentials="+creds,
-		"--libvirt-socket="+n.Socket,
-		"--libvirt-uri="+n.URI,
-		"--libvirt-pool="+libvirttest.Pool,
-		"--image-dir="+filepath.Join(n.Dir, "images"),
-		"--memory-allocation-ratio="+strconv.FormatFloat(s.opts.MemoryAllocationRatio, 'f', -1, 64),
-		"--debug="+strconv.FormatBool(s.opts.Debug),
-	)
+	args := append([]string{
+		"--node=" + node,
+		"--labels=kubernetes.io/hostname=" + node,
+		"--nats-url=" + s.NATSURL(),
+		"--nats-credentials=" + creds,
+		"--backend=" + s.backend(node),
+		"--debug=" + strconv.FormatBool(s.opts.Debug),
+	}, backendArgs...)
+	c, err := s.run("agent-"+node, "agent", nil, args...)
 	s.agents[node] = c
 	return err
+}
+
+// backend is node's backend name.
+func (s *Stack) backend(node string) string {
+	if b := s.opts.Backends[node]; b != "" {
+		return b
+	}
+	return driver.BackendLibvirt
+}
+
+// agentBackendArgs are the flags that point node's agent at its backend.
+func (s *Stack) agentBackendArgs(node string) ([]string, error) {
+	if b, ok := s.Backends[node]; ok {
+		return b.AgentArgs(), nil
+	}
+	n, ok := s.Nodes[node]
+	if !ok {
+		return nil, errors.Errorf("no node %s in this stack", node)
+	}
+	return []string{
+		"--libvirt-socket=" + n.Socket,
+		"--libvirt-uri=" + n.URI,
+		"--libvirt-pool=" + libvirttest.Pool,
+		"--image-dir=" + filepath.Join(n.Dir, "images"),
+		"--memory-allocation-ratio=" + strconv.FormatFloat(s.opts.MemoryAllocationRatio, 'f', -1, 64),
+	}, nil
 }
 
 // StopAgent stops node's agent cleanly; its guests keep running.
@@ -386,6 +425,9 @@ func (s *Stack) Stop() {
 	_ = s.StopHub()
 	for _, n := range s.Nodes {
 		n.Stop()
+	}
+	for _, b := range s.Backends {
+		b.Stop()
 	}
 	for _, d := range s.nodeDirs {
 		_ = os.RemoveAll(d)

@@ -278,7 +278,6 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 		{name: "NoSeed", change: func(c *app.Config) { c.Seed = nil }, message: "--nats-credentials"},
 		{name: "SeedThatIsNotOne", change: func(c *app.Config) { c.Seed = []byte("SUnotaseed") }, message: "--nats-credentials"},
 		{name: "UnknownBackend", change: func(c *app.Config) { c.Backend = "xen" }, message: `unknown backend "xen"`},
-		{name: "BackendNotBuiltYet", change: func(c *app.Config) { c.Backend = "nova" }, message: "not built yet"},
 		{name: "LibvirtdUnreachable", change: func(c *app.Config) { c.Libvirt.Socket = "/nonexistent/libvirt-sock" }, message: "cannot reach libvirtd"},
 	}
 	for _, tc := range cases {

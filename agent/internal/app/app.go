@@ -54,7 +54,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer nc.Close()
 
-	drv, err := backends.New(ctx, driver.Config{Backend: cfg.Backend, Node: cfg.Node, Libvirt: cfg.Libvirt})
+	drv, err := backends.New(ctx, driver.Config{
+		Backend:  cfg.Backend,
+		Node:     cfg.Node,
+		Libvirt:  cfg.Libvirt,
+		Nova:     cfg.Nova,
+		KubeVirt: cfg.KubeVirt,
+	})
 	if err != nil {
 		return errors.Wrap(err, "cannot start driver")
 	}

@@ -46,9 +46,12 @@ type Config struct {
 	// Short, because a request the server refuses gets no answer at all.
 	RequestTimeout time.Duration
 
-	// Backend is the driver to run; default libvirt.
-	Backend string
-	Libvirt driver.LibvirtConfig
+	// Backend is the driver to run; default libvirt. Only the named
+	// backend's configuration is read.
+	Backend  string
+	Libvirt  driver.LibvirtConfig
+	Nova     driver.NovaConfig
+	KubeVirt driver.KubeVirtConfig
 
 	// HeartbeatInterval between heartbeats; default 2 s. It must stay well
 	// within the nodes bucket's TTL (10 s by default).

@@ -262,20 +262,12 @@ func (h *hub) delete(t *testing.T, name string) {
 	}, 30*time.Second, 100*time.Millisecond, "VM %s was not finalized", name)
 }
 
-// domains counts the node's domains by UUID, behind virtfleet's back.
+// domains counts the node's guests by virtfleet uid, behind virtfleet's back.
 func (h *hub) domains(t *testing.T, node string) map[string]int {
 	t.Helper()
-	l, err := h.s.Nodes[node].Dial()
+	g, err := h.s.Guests(context.Background(), node)
 	require.NoError(t, err)
-	defer func() { _ = l.Disconnect() }()
-	doms, _, err := l.ConnectListAllDomains(1, 0)
-	require.NoError(t, err)
-	out := map[string]int{}
-	for _, d := range doms {
-		u := d.UUID
-		out[fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])]++
-	}
-	return out
+	return g
 }
 
 func (h *hub) hasEvent(t *testing.T, name, reason, text string) bool {
