@@ -10,12 +10,17 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/virtfleet/virtfleet/internal/benchmark"
 	"github.com/virtfleet/virtfleet/internal/chaos"
+	"github.com/virtfleet/virtfleet/internal/controlplane"
 )
 
 func main() {
@@ -39,12 +44,14 @@ func run() error {
 	flag.StringVar(&o.Dir, "dir", "", "Where the stack keeps its state and logs; empty means the system's temporary directory.")
 	flag.BoolVar(&o.Keep, "keep", false, "Keep the stack's directory and logs after a passing run.")
 	flag.BoolVar(&o.Debug, "debug", false, "Run the hub and agents at debug level.")
+	out := flag.String("out", filepath.Join(controlplane.RepoRoot(), "chaos", "results"), "Directory the run's summary is written to, as <date>.md; empty writes none.")
 	flag.Parse()
 	o.Progress = os.Stderr
 	ctrl.SetLogger(logr.Discard())
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	started := time.Now().UTC()
 	r, err := chaos.Run(ctx, o)
 	if r != nil {
 		fmt.Print(chaos.Summary(r))
@@ -52,8 +59,35 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	if *out != "" {
+		path, err := writeSummary(*out, started, r)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(os.Stderr, "results:", path)
+	}
 	if len(r.Failures) > 0 {
 		return fmt.Errorf("%d failures", len(r.Failures))
 	}
 	return nil
+}
+
+// writeSummary stores the run's summary with the commit and the machine it
+// ran on as <dir>/<start>.md, so runs on one machine can be compared.
+func writeSummary(dir string, started time.Time, r *chaos.Result) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("cannot create the results directory: %w", err)
+	}
+	commit, dirty := benchmark.Commit()
+	m := benchmark.ThisMachine()
+	var b strings.Builder
+	fmt.Fprintf(&b, "# make chaos, %s\n\n", started.Format(time.RFC3339))
+	fmt.Fprintf(&b, "Commit `%s` (uncommitted changes: %t). Machine: %d CPUs, %.1f GiB memory, Linux %s, %s; load average after the run: %s.\n\n",
+		commit, dirty, m.CPUs, float64(m.MemoryBytes)/(1<<30), m.Kernel, m.GoVersion, m.LoadAvgBefore)
+	b.WriteString("```\n" + chaos.Summary(r) + "```\n")
+	path := filepath.Join(dir, started.Format("2006-01-02T15-04-05Z")+".md")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return "", fmt.Errorf("cannot write the results: %w", err)
+	}
+	return path, nil
 }

@@ -89,8 +89,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	r := &Result{Date: time.Now().UTC(), Quick: o.Quick, Machine: machine()}
-	r.Commit, r.Dirty = commit()
+	r := &Result{Date: time.Now().UTC(), Quick: o.Quick, Machine: ThisMachine()}
+	r.Commit, r.Dirty = Commit()
 	if o.Density > 0 {
 		s, err := runScenario(ctx, o, spec{name: "density", vms: o.Density, nodes: o.DensityNodes, interval: o.DensityInterval})
 		if err != nil {
@@ -198,6 +198,9 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 
 	progress("creating %d VMs", sp.vms)
 	start := time.Now()
+	pctx, stopProgress := context.WithCancel(ctx)
+	defer stopProgress()
+	go t.report(pctx, start, progressEvery, progress)
 	create := func(ctx context.Context, i int) error {
 		vm := fleet.VM(workload.VMName(i), workload.VolumeName(i))
 		if err := kube.Create(ctx, vm); err != nil {
@@ -417,7 +420,8 @@ func setAgentCPURatio(ratio float64) (restore func(), err error) {
 	}, nil
 }
 
-func machine() Machine {
+// ThisMachine describes the machine a run is made on, its load included.
+func ThisMachine() Machine {
 	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version()}
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
 		m.MemoryBytes, _ = parseStatusKiB(string(b), "MemTotal")
@@ -433,8 +437,8 @@ func machine() Machine {
 	return m
 }
 
-// commit is the tree's HEAD and whether it has uncommitted changes.
-func commit() (string, bool) {
+// Commit is the tree's HEAD and whether it has uncommitted changes.
+func Commit() (string, bool) {
 	root := controlplane.RepoRoot()
 	out, err := exec.Command("git", "-C", root, "rev-parse", "HEAD").Output()
 	if err != nil {

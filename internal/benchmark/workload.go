@@ -138,6 +138,32 @@ func (t *tracker) lastRunning() time.Time {
 	return last
 }
 
+// progressEvery is how often a run in progress says how far it is.
+const progressEvery = 2 * time.Second
+
+// report says every interval how many VMs are created and Running, the
+// rate since start and over the last interval, until the run is done or ctx
+// ends: a burst of 1000 takes minutes.
+func (t *tracker) report(ctx context.Context, start time.Time, every time.Duration, progress func(string, ...any)) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	last := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.done:
+			return
+		case <-tick.C:
+		}
+		created, running := t.counts()
+		elapsed := time.Since(start).Seconds()
+		progress("%d of %d created, %d Running; %.1f VMs/s overall, %.1f VMs/s now",
+			created, t.want, running, float64(running)/elapsed, float64(running-last)/every.Seconds())
+		last = running
+	}
+}
+
 func (t *tracker) counts() (created, running int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
