@@ -210,6 +210,8 @@ func TestHubRBAC(t *testing.T) {
 		"ReadsClusterProviderConfigs": {cr.Rules, grant{"virtfleet.io", "clusterproviderconfigs", "watch"}, true},
 		"ReadsCredentials":            {cr.Rules, grant{"", "secrets", "get"}, true},
 		"NeverWritesSecrets":          {cr.Rules, grant{"", "secrets", "update"}, false},
+		"NeverListsSecrets":           {cr.Rules, grant{"", "secrets", "list"}, false},
+		"NeverWatchesSecrets":         {cr.Rules, grant{"", "secrets", "watch"}, false},
 		"RecordsEvents":               {cr.Rules, grant{"", "events", "create"}, true},
 		"WatchesCRDsForSafeStart":     {cr.Rules, grant{"apiextensions.k8s.io", "customresourcedefinitions", "watch"}, true},
 		"NeverWritesCRDs":             {cr.Rules, grant{"apiextensions.k8s.io", "customresourcedefinitions", "update"}, false},

@@ -85,6 +85,9 @@ type Stack struct {
 
 	opts     Options
 	hubID    natsauth.Identity
+	// hubKubeconfig is the hub's Kubernetes identity: its ServiceAccount's
+	// name, with only the rights cluster/deploy grants it.
+	hubKubeconfig string
 	nodeDirs []string
 	bin      string
 	images   *imageServer
@@ -189,6 +192,9 @@ func (s *Stack) start(ctx context.Context) error {
 	if err := s.configureProvider(ctx); err != nil {
 		return err
 	}
+	if s.hubKubeconfig, err = s.hubIdentity(ctx); err != nil {
+		return err
+	}
 	if s.images, err = startImageServer(); err != nil {
 		return err
 	}
@@ -261,6 +267,24 @@ func (s *Stack) configureProvider(ctx context.Context) error {
 	return errors.Wrap(err, "cannot configure the default ClusterProviderConfig")
 }
 
+// HubServiceAccount is the ServiceAccount cluster/deploy runs the hub as.
+const HubServiceAccount = "system:serviceaccount:" + SystemNamespace + ":virtfleet-hub"
+
+// hubIdentity applies the hub's ClusterRole and ClusterRoleBinding from
+// cluster/deploy and returns a kubeconfig that authenticates as the
+// ServiceAccount they bind, so every test of the stack also proves the
+// deployed hub's RBAC is enough (and the hub asks for nothing more).
+func (s *Stack) hubIdentity(ctx context.Context) (string, error) {
+	dir := filepath.Join(controlplane.RepoRoot(), "cluster", "deploy", "hub")
+	if _, err := s.ControlPlane.Apply(ctx, filepath.Join(dir, "clusterrole.yaml"), filepath.Join(dir, "clusterrolebinding.yaml")); err != nil {
+		return "", errors.Wrap(err, "cannot grant the hub its RBAC")
+	}
+	return s.ControlPlane.AddUser(HubServiceAccount, "system:serviceaccounts", "system:serviceaccounts:"+SystemNamespace, "system:authenticated")
+}
+
+// HubKubeconfig is the kubeconfig the hub runs with.
+func (s *Stack) HubKubeconfig() string { return s.hubKubeconfig }
+
 func (s *Stack) logPath(name string) string {
 	return filepath.Join(s.opts.Dir, "logs", name+".log")
 }
@@ -315,7 +339,7 @@ func (s *Stack) StartHub() error {
 	if s.opts.Debug {
 		args = append(args, "--debug")
 	}
-	c, err := s.run("hub", "hub", []string{"KUBECONFIG=" + s.ControlPlane.Kubeconfig}, args...)
+	c, err := s.run("hub", "hub", []string{"KUBECONFIG=" + s.hubKubeconfig}, args...)
 	s.hub = c
 	return err
 }

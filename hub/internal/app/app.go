@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -90,8 +92,12 @@ func Run(ctx context.Context, c Config) error {
 	}
 	lease, renew := 60*time.Second, 50*time.Second
 	mgr, err := ctrl.NewManager(ratelimiter.LimitRESTConfig(c.Rest, c.MaxReconcileRate), ctrl.Options{
-		Scheme:                     scheme,
-		Cache:                      cache.Options{SyncPeriod: &c.SyncInterval},
+		Scheme: scheme,
+		Cache:  cache.Options{SyncPeriod: &c.SyncInterval},
+		// Secrets are read one by one, straight from the API server: a
+		// cached read would hold every Secret of the cluster in memory and
+		// need list and watch on all of them.
+		Client:                     client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
 		LeaderElection:             c.LeaderElection,
 		LeaderElectionID:           "virtfleet-hub",
 		LeaderElectionNamespace:    c.LeaderElectionNamespace,

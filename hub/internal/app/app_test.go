@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -56,6 +57,17 @@ func TestHub(t *testing.T) {
 		for _, i := range o.Interfaces {
 			assert.NotEmpty(t, i.Source, "interface %s has no address source", i.Network)
 		}
+	})
+
+	t.Run("TheHubRunsWithOnlyItsDeployedRights", func(t *testing.T) {
+		cfg, err := clientcmd.BuildConfigFromFlags("", s.HubKubeconfig())
+		require.NoError(t, err)
+		as, err := client.New(cfg, client.Options{Scheme: s.ControlPlane.Scheme})
+		require.NoError(t, err)
+		err = as.List(context.Background(), &corev1.SecretList{})
+		assert.True(t, kerrors.IsForbidden(err), "the hub may get a named Secret but never list them: %v", err)
+		err = as.Get(context.Background(), types.NamespacedName{Namespace: stack.SystemNamespace, Name: stack.HubSecretName}, &corev1.Secret{})
+		assert.NoError(t, err, "the hub reads its NATS credentials")
 	})
 
 	t.Run("RunningFalseStopsAndTrueStarts", func(t *testing.T) {
