@@ -9,10 +9,10 @@ SHELL := /usr/bin/env bash
 GO ?= go
 TOOLS := $(GO) tool -modfile=hack/tools/go.mod
 # Go packages whose files are written by generators.
-GENERATED := apis package/crds
+GENERATED := apis package/crds internal/kubevirttest/testdata
 
 # Fuzz targets run for FUZZ_TIME each in `make test`; longer with `make fuzz FUZZ_TIME=5m`.
-FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzParseKey
+FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzDecodeVolumeIntent FuzzDecodeVolumeReport FuzzParseKey
 FUZZ_PKG := ./apis/wire/v1alpha1
 FUZZ_TIME ?= 3s
 
@@ -37,8 +37,8 @@ envtest-assets: ## Build kube-apiserver, etcd and kubectl once per machine (or u
 	@$(GO) run ./hack/envtest-assets >/dev/null
 
 .PHONY: generate
-generate: ## Regenerate deepcopy, managed-resource methods and CRDs.
-	$(GO) generate ./apis/...
+generate: ## Regenerate deepcopy, managed-resource methods and CRDs (ours, and KubeVirt's for its tests).
+	$(GO) generate ./apis/... ./internal/kubevirttest/...
 
 .PHONY: verify-generated
 verify-generated: ## Fail when `make generate` would change any generated file.

@@ -42,6 +42,7 @@ func run() error {
 		uri         = fs.String("libvirt-uri", "", "libvirt connection URI; empty means qemu:///system.")
 		pool        = fs.String("libvirt-pool", "", "Storage pool for volumes, cloud-init seeds and swap; empty means default.")
 		imageDir    = fs.String("image-dir", "", "This agent's own directory for image downloads until they are verified; partial downloads of a killed agent are removed at start. Empty means the system's temporary directory, never cleaned.")
+		pruneEvery  = fs.Duration("image-prune-interval", 0, "How often images unused for their DiskImage's pruneAfter are removed from the node; 0 means 1m.")
 		clouds      = fs.String("openstack-clouds-file", "", "nova: clouds.yaml to read; empty means the standard locations, then the OS_* environment variables.")
 		cloud       = fs.String("openstack-cloud", "", "nova: the clouds.yaml entry to use; empty means OS_CLOUD.")
 		region      = fs.String("openstack-region", "", "nova: region, overriding the cloud's region_name.")
@@ -85,11 +86,12 @@ func run() error {
 		RequestTimeout: *timeout,
 		Backend:        *backend,
 		Libvirt: driver.LibvirtConfig{
-			Socket:        *socket,
-			URI:           *uri,
-			Pool:          *pool,
-			ImageDir:      *imageDir,
-			ShutdownGrace: *grace,
+			Socket:             *socket,
+			URI:                *uri,
+			Pool:               *pool,
+			ImageDir:           *imageDir,
+			ImagePruneInterval: *pruneEvery,
+			ShutdownGrace:      *grace,
 		},
 		Nova: driver.NovaConfig{
 			CloudsFile:   *clouds,

@@ -71,6 +71,16 @@ type Driver interface {
 	// closed by Close.
 	Events() <-chan Event
 
+	// DeleteVolume deletes the volume d.Name in d.Pool (empty: the driver's
+	// default pool); only Name and Pool are read. It is idempotent: deleting
+	// an absent volume succeeds. It never deletes a volume that a guest of
+	// this driver has attached — in its running or its next definition — and
+	// returns an error satisfying IsInUse instead: retry once the guest is
+	// gone. The image the volume was made from is left in place; the driver
+	// prunes it with its other unused images once no disk has needed it for
+	// the image's PruneAfter.
+	DeleteVolume(ctx context.Context, d Disk) error
+
 	// Capacity reports the host's resources and what this driver's guests
 	// have been allocated of them.
 	Capacity(ctx context.Context) (Capacity, error)
@@ -107,6 +117,33 @@ type Machine struct {
 	Disks []Disk
 	// Networks get one interface each, in order.
 	Networks []Network
+}
+
+// Validate returns a Terminal error for a Machine no backend could run:
+// the checks every driver shares. Drivers add their own limits after it.
+func (m Machine) Validate() error {
+	switch {
+	case m.UID == "":
+		return Terminalf("uid is required")
+	case m.VCPU < 1:
+		return Terminalf("vcpu must be at least 1, got %d", m.VCPU)
+	case m.MemoryBytes <= 0:
+		return Terminalf("memory must be greater than 0, got %d bytes", m.MemoryBytes)
+	case m.SwapBytes < 0:
+		return Terminalf("swap must not be negative, got %d bytes", m.SwapBytes)
+	case len(m.Disks) == 0:
+		return Terminalf("at least one disk is required to boot from")
+	case m.Namespace == "" || m.Name == "":
+		return Terminalf("namespace and name are required")
+	case m.Firmware != "" && m.Firmware != FirmwareBIOS && m.Firmware != FirmwareUEFI:
+		return Terminalf("firmware must be bios or uefi, got %q", m.Firmware)
+	}
+	for _, disk := range m.Disks {
+		if disk.Name == "" {
+			return Terminalf("every disk needs a name")
+		}
+	}
+	return nil
 }
 
 // Firmware the guest boots with.

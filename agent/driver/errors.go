@@ -81,3 +81,21 @@ func IsTerminal(err error) bool {
 	var t terminal
 	return errors.As(err, &t)
 }
+
+// inUse marks an error as "the volume is attached to a guest".
+type inUse struct{ error }
+
+func (e inUse) Unwrap() error { return e.error }
+
+// InUsef returns an error satisfying IsInUse: the volume cannot be deleted
+// while a guest has it attached. It is retryable.
+func InUsef(format string, args ...any) error {
+	return inUse{fmt.Errorf(format, args...)}
+}
+
+// IsInUse reports whether err, or any error it wraps, says a volume is
+// attached to a guest.
+func IsInUse(err error) bool {
+	var u inUse
+	return errors.As(err, &u)
+}

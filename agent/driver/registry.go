@@ -43,6 +43,10 @@ type LibvirtConfig struct {
 	// left behind when it was killed are removed. Empty means a directory of
 	// the system's temporary directory, which is not cleaned.
 	ImageDir string
+	// ImagePruneInterval is how often unused images are looked for and
+	// pruned once past their PruneAfter; zero means one minute. An image
+	// thus goes at most one interval after its PruneAfter.
+	ImagePruneInterval time.Duration
 }
 
 // NovaConfig configures the nova backend: the agent fronts one region of an

@@ -69,3 +69,22 @@ func Reason(err error) string {
 		return ReasonDecode
 	}
 }
+
+// DecodeValue decodes the value of a key that was not deleted, and refuses
+// one whose identity (what id says of it) is not want, the one its key
+// implies, with a *MismatchError: the server only lets a node's agent write
+// under its prefix, so a mismatch is a bug or a forgery and must not act.
+func DecodeValue[V any](key, want string, deleted bool, value []byte, decode func([]byte) (V, error), id func(V) string) (V, error) {
+	var v V
+	if deleted {
+		return v, nil
+	}
+	v, err := decode(value)
+	if err != nil {
+		return v, err
+	}
+	if got := id(v); got != want {
+		return v, &MismatchError{Key: key, Want: want, Got: got}
+	}
+	return v, nil
+}

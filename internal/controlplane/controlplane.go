@@ -1,11 +1,14 @@
 // Package controlplane starts a real Kubernetes control plane (etcd and
-// kube-apiserver from internal/envtestassets) with virtfleet's CRDs installed.
-// Tests use it through StartForTest; `make run` through Start.
+// kube-apiserver from internal/envtestassets) with virtfleet's CRDs installed,
+// or — for a simulated target cluster such as internal/kubevirttest's — with
+// the CRDs and types its Options name. Tests use it through StartForTest;
+// `make run` through Start.
 package controlplane
 
 import (
 	"context"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -13,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -38,7 +42,8 @@ type ControlPlane struct {
 	Config *rest.Config
 	// Client is a controller-runtime client with virtfleet's types registered.
 	Client client.Client
-	// Scheme has the Kubernetes and virtfleet types.
+	// Scheme has the Kubernetes types and those of Options.AddToScheme
+	// (virtfleet's by default).
 	Scheme *k8sruntime.Scheme
 	// Kubeconfig is the path of a kubeconfig file for the admin user.
 	Kubeconfig string
@@ -59,6 +64,19 @@ type Options struct {
 	// EtcdDir, if set, is where etcd keeps its data, kept after Stop, so a
 	// later Start sees the same objects. Empty means a temporary directory.
 	EtcdDir string
+
+	// CRDDirs hold the CRDs to install. When neither CRDDirs nor CRDs is set,
+	// virtfleet's CRDs (CRDDir) are installed.
+	CRDDirs []string
+	// CRDs are installed besides those in CRDDirs.
+	CRDs []*apiextensionsv1.CustomResourceDefinition
+	// AddToScheme registers the types Client knows besides Kubernetes' own;
+	// nil means virtfleet's.
+	AddToScheme func(*k8sruntime.Scheme) error
+	// Restartable keeps the API server's serving certificates in Dir, so
+	// StopAPIServer and StartAPIServer bring it back on the same address
+	// with the same credentials, as a restarted real API server would be.
+	Restartable bool
 }
 
 // RepoRoot is the repository's root directory, found from this source file so
@@ -73,8 +91,9 @@ func CRDDir() string {
 	return filepath.Join(RepoRoot(), "package", "crds")
 }
 
-// Start starts etcd and kube-apiserver, installs the CRDs from package/crds and
-// writes a kubeconfig into opts.Dir.
+// Start starts etcd and kube-apiserver, installs the CRDs (virtfleet's from
+// package/crds unless opts say otherwise) and writes a kubeconfig into
+// opts.Dir.
 func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 	if opts.Progress == nil {
 		opts.Progress = io.Discard
@@ -87,19 +106,40 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, errors.Wrap(err, "cannot register Kubernetes types")
 	}
-	if err := apis.AddToScheme(scheme); err != nil {
-		return nil, errors.Wrap(err, "cannot register virtfleet types")
+	addToScheme := opts.AddToScheme
+	if addToScheme == nil {
+		addToScheme = apis.AddToScheme
+	}
+	if err := addToScheme(scheme); err != nil {
+		return nil, errors.Wrap(err, "cannot register the API types")
+	}
+	crdDirs := opts.CRDDirs
+	if len(crdDirs) == 0 && len(opts.CRDs) == 0 {
+		crdDirs = []string{CRDDir()}
 	}
 
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    assets,
-		CRDDirectoryPaths:        []string{CRDDir()},
+		CRDDirectoryPaths:        crdDirs,
+		CRDs:                     opts.CRDs,
 		ErrorIfCRDPathMissing:    true,
 		Scheme:                   scheme,
 		ControlPlaneStartTimeout: 90 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
 	}
 	env.ControlPlane.APIServer = &envtest.APIServer{Out: opts.Output, Err: opts.Output}
+	if opts.Restartable {
+		// envtest keeps the address and the client CA across a restart of
+		// the same APIServer, and regenerates the serving certificate only
+		// when its directory lost it; a directory of our own keeps it.
+		env.ControlPlane.APIServer.CertDir = filepath.Join(opts.Dir, "apiserver")
+		if err := os.MkdirAll(env.ControlPlane.APIServer.CertDir, 0o700); err != nil {
+			return nil, errors.Wrap(err, "cannot create the API server's certificate directory")
+		}
+		// A graceful stop waits for open watches (tens of seconds); an
+		// outage does not. envtest applies this to every component.
+		env.ControlPlaneStopTimeout = time.Second
+	}
 	env.ControlPlane.Etcd = &envtest.Etcd{Out: opts.Output, Err: opts.Output, DataDir: opts.EtcdDir}
 	cfg, err := env.Start()
 	if err != nil {
@@ -134,13 +174,51 @@ func (cp *ControlPlane) Stop() error {
 	return errors.Wrap(cp.env.Stop(), "cannot stop the control plane")
 }
 
+// StopAPIServer stops kube-apiserver alone, as an outage would; etcd keeps
+// the objects. Only a control plane started with Options.Restartable can be
+// brought back with StartAPIServer.
+func (cp *ControlPlane) StopAPIServer() error {
+	s := cp.env.ControlPlane.APIServer
+	// envtest kills it when it does not stop in time and reports that as an
+	// error; what matters is that its port is closed.
+	stopErr := s.Stop()
+	addr := net.JoinHostPort(s.SecureServing.Address, s.SecureServing.Port)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return nil
+		}
+		_ = c.Close()
+	}
+	return errors.Wrapf(stopErr, "kube-apiserver still serves on %s", addr)
+}
+
+// StartAPIServer starts kube-apiserver again after StopAPIServer, on the same
+// address, with the same certificates and users.
+func (cp *ControlPlane) StartAPIServer() error {
+	return errors.Wrap(cp.env.ControlPlane.APIServer.Start(), "cannot start kube-apiserver")
+}
+
 // StartForTest starts a control plane for one test (or one package, when
 // called from TestMain through a *testing.T of its own) and stops it at
 // cleanup. It fails the test when the binaries or the control plane cannot be
 // had: an integration test that silently did not run proves nothing.
 func StartForTest(t testing.TB) *ControlPlane {
 	t.Helper()
-	cp, err := Start(context.Background(), Options{Dir: t.TempDir(), Progress: testWriter{t}})
+	return StartForTestWith(t, Options{})
+}
+
+// StartForTestWith is StartForTest with opts; Dir and Progress are the
+// test's own unless set.
+func StartForTestWith(t testing.TB, opts Options) *ControlPlane {
+	t.Helper()
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	if opts.Progress == nil {
+		opts.Progress = testWriter{t}
+	}
+	cp, err := Start(context.Background(), opts)
 	if err != nil {
 		t.Fatalf("cannot start the control plane: %v", err)
 	}

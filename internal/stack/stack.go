@@ -57,6 +57,8 @@ type Options struct {
 	// MemoryAllocationRatio of the agents; the test driver's host has only
 	// 3 GiB, so the default here is 8 (room for dozens of small VMs).
 	MemoryAllocationRatio float64
+	// ImagePruneInterval of the libvirt agents; 0 means theirs (1 m).
+	ImagePruneInterval time.Duration
 	// Progress receives a line per component as it starts.
 	Progress io.Writer
 	// Debug makes the hub and agents log at debug level.
@@ -83,14 +85,14 @@ type Stack struct {
 	// AgentIdentities are the nodes' NATS identities.
 	AgentIdentities map[string]natsauth.Identity
 
-	opts     Options
-	hubID    natsauth.Identity
+	opts  Options
+	hubID natsauth.Identity
 	// hubKubeconfig is the hub's Kubernetes identity: its ServiceAccount's
 	// name, with only the rights cluster/deploy grants it.
 	hubKubeconfig string
-	nodeDirs []string
-	bin      string
-	images   *imageServer
+	nodeDirs      []string
+	bin           string
+	images        *imageServer
 
 	mu     sync.Mutex
 	hub    *component
@@ -409,13 +411,17 @@ func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 	if !ok {
 		return nil, errors.Errorf("no node %s in this stack", node)
 	}
-	return []string{
+	args := []string{
 		"--libvirt-socket=" + n.Socket,
 		"--libvirt-uri=" + n.URI,
 		"--libvirt-pool=" + libvirttest.Pool,
 		"--image-dir=" + filepath.Join(n.Dir, "images"),
 		"--memory-allocation-ratio=" + strconv.FormatFloat(s.opts.MemoryAllocationRatio, 'f', -1, 64),
-	}, nil
+	}
+	if s.opts.ImagePruneInterval > 0 {
+		args = append(args, "--image-prune-interval="+s.opts.ImagePruneInterval.String())
+	}
+	return args, nil
 }
 
 // StopAgent stops node's agent cleanly; its guests keep running.

@@ -12,12 +12,15 @@ import (
 
 // Call is one recorded call.
 type Call struct {
-	// Op is the method name: Ensure, Delete, Observe, List or Capacity.
+	// Op is the method name: Ensure, Delete, Observe, List, Capacity or
+	// DeleteVolume.
 	Op string
 	// UID is the guest the call was about; empty for List and Capacity.
 	UID string
 	// Machine is Ensure's argument.
 	Machine driver.Machine
+	// Disk is DeleteVolume's argument.
+	Disk driver.Disk
 }
 
 // Driver is a recording in-memory driver. Guests become Running or Stopped at
@@ -37,6 +40,8 @@ type Driver struct {
 	NextObserveErr  error
 	NextListErr     error
 	NextCapacityErr error
+	// NextDeleteVolumeErr fails the next DeleteVolume.
+	NextDeleteVolumeErr error
 
 	calls    []Call
 	guests   map[string]*guest
@@ -168,6 +173,25 @@ func (d *Driver) List(_ context.Context) ([]driver.Observation, error) {
 		out = append(out, g.obs)
 	}
 	return out, nil
+}
+
+// DeleteVolume implements driver.Driver. Volumes exist in the fake
+// only as the disks of its guests: it refuses a volume a guest has, and
+// otherwise succeeds.
+func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.take(Call{Op: "DeleteVolume", Disk: disk}, &d.NextDeleteVolumeErr); err != nil {
+		return err
+	}
+	for uid, g := range d.guests {
+		for _, gd := range g.machine.Disks {
+			if gd.Name == disk.Name && gd.Pool == disk.Pool {
+				return driver.InUsef("volume %s is attached to guest %s", disk.Name, uid)
+			}
+		}
+	}
+	return nil
 }
 
 // Events implements driver.Driver.

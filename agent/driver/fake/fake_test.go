@@ -81,6 +81,40 @@ func TestDriver(t *testing.T) {
 				assert.Equal(t, int32(2), o.RestartCount)
 			},
 		},
+		"DeleteVolumeRefusesAnAttachedDiskUntilTheGuestGoes": {
+			run: func(d *Driver) error {
+				m := running
+				m.Disks = []driver.Disk{{Name: "ns_root", SizeBytes: 1 << 30}}
+				if _, err := d.Ensure(ctx, m); err != nil {
+					return err
+				}
+				if err := d.DeleteVolume(ctx, driver.Disk{Name: "ns_root"}); !driver.IsInUse(err) {
+					return errors.Errorf("want an in-use error, got %v", err)
+				}
+				if err := d.Delete(ctx, uid); err != nil {
+					return err
+				}
+				return d.DeleteVolume(ctx, driver.Disk{Name: "ns_root"})
+			},
+			want: func(t *testing.T, d *Driver, err error) {
+				require.NoError(t, err)
+				assert.Equal(t, []string{"Ensure", "DeleteVolume", "Delete", "DeleteVolume"}, ops(d.Calls()))
+				assert.Equal(t, "ns_root", d.Calls()[3].Disk.Name)
+			},
+		},
+		"NextDeleteVolumeErrFailsOneCall": {
+			run: func(d *Driver) error {
+				d.NextDeleteVolumeErr = boom
+				err := d.DeleteVolume(ctx, driver.Disk{Name: "ns_a"})
+				if err2 := d.DeleteVolume(ctx, driver.Disk{Name: "ns_a"}); err2 != nil {
+					return err2
+				}
+				return err
+			},
+			want: func(t *testing.T, _ *Driver, err error) {
+				require.ErrorIs(t, err, boom)
+			},
+		},
 		"CapacityCountsGuests": {
 			run: func(d *Driver) error {
 				_, err := d.Ensure(ctx, running)

@@ -53,7 +53,12 @@ type domainInfo struct {
 	memory   int64
 	nics     []nic
 	firmware driver.Firmware
+	// volumes are the pool volumes the domain's disks are on.
+	volumes []poolVolume
 }
+
+// poolVolume is a volume in a storage pool.
+type poolVolume struct{ pool, name string }
 
 // nic is an interface as defined, keyed by MAC.
 type nic struct {
@@ -86,6 +91,11 @@ func parseDomain(x string) (domainInfo, error) {
 		info.firmware = driver.FirmwareUEFI
 	}
 	if d.Devices != nil {
+		for _, disk := range d.Devices.Disks {
+			if disk.Source != nil && disk.Source.Volume != nil {
+				info.volumes = append(info.volumes, poolVolume{pool: disk.Source.Volume.Pool, name: disk.Source.Volume.Volume})
+			}
+		}
 		for _, i := range d.Devices.Interfaces {
 			n := nic{}
 			if i.MAC != nil {

@@ -92,7 +92,7 @@ func Open(ctx context.Context, cfg driver.Config) (*Driver, error) {
 		events:     make(chan driver.Event, 256),
 		done:       make(chan struct{}),
 		addresses:  newAddressBook(),
-		images:     newImages(lc.ImageDir),
+		images:     newImages(lc.ImageDir, lc.ImagePruneInterval),
 		shutdownAt: map[string]time.Time{},
 		crashes:    map[string]int32{},
 	}
@@ -245,26 +245,11 @@ func (d *Driver) Close() error {
 
 // validate rejects Machines no host could run.
 func validate(m driver.Machine) error {
-	switch {
-	case m.VCPU < 1:
-		return driver.Terminalf("vcpu must be at least 1, got %d", m.VCPU)
-	case m.MemoryBytes <= 0:
-		return driver.Terminalf("memory must be greater than 0, got %d bytes", m.MemoryBytes)
-	case m.SwapBytes < 0:
-		return driver.Terminalf("swap must not be negative, got %d bytes", m.SwapBytes)
-	case len(m.Disks) == 0:
-		return driver.Terminalf("at least one disk is required to boot from")
-	case len(m.Disks) > 24:
-		return driver.Terminalf("at most 24 disks can be attached, got %d", len(m.Disks))
-	case m.Namespace == "" || m.Name == "":
-		return driver.Terminalf("namespace and name are required")
-	case m.Firmware != "" && m.Firmware != driver.FirmwareBIOS && m.Firmware != driver.FirmwareUEFI:
-		return driver.Terminalf("firmware must be bios or uefi, got %q", m.Firmware)
+	if err := m.Validate(); err != nil {
+		return err
 	}
-	for _, disk := range m.Disks {
-		if disk.Name == "" {
-			return driver.Terminalf("every disk needs a name")
-		}
+	if len(m.Disks) > 24 {
+		return driver.Terminalf("at most 24 disks can be attached, got %d", len(m.Disks))
 	}
 	_, err := parseUUID(m.UID)
 	return err

@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -35,7 +36,8 @@ func imageVolume(uid string) string { return imagePrefix + uid }
 const (
 	importRetryBase = 5 * time.Second
 	importRetryMax  = 5 * time.Minute
-	pruneEvery      = time.Minute
+	// defaultPruneEvery is how often images are pruned unless configured.
+	defaultPruneEvery = time.Minute
 )
 
 // images is the driver's image store: running and failed imports, and when
@@ -47,6 +49,8 @@ type images struct {
 	// retryBase and retryMax bound the backoff between imports of an image
 	// that failed.
 	retryBase, retryMax time.Duration
+	// pruneEvery is the interval of the prune loop.
+	pruneEvery time.Duration
 
 	// inUse is read-held from an image being found present until the disks
 	// made from it exist, and write-held while pruning, so an image is never
@@ -59,7 +63,7 @@ type images struct {
 	unusedSince map[string]time.Time
 }
 
-func newImages(dir string) *images {
+func newImages(dir string, pruneEvery time.Duration) *images {
 	if dir == "" {
 		dir = os.TempDir()
 	} else {
@@ -70,6 +74,7 @@ func newImages(dir string) *images {
 		dir:         dir,
 		retryBase:   importRetryBase,
 		retryMax:    importRetryMax,
+		pruneEvery:  cmp.Or(pruneEvery, defaultPruneEvery),
 		jobs:        map[string]*importJob{},
 		pruneAfter:  map[string]time.Duration{},
 		unusedSince: map[string]time.Time{},
@@ -442,11 +447,11 @@ func (d *Driver) PruneImages(context.Context) ([]string, error) {
 	return pruned, nil
 }
 
-// pruneLoop prunes images every pruneEvery until the driver is closed. A
+// pruneLoop prunes images every images.pruneEvery until the driver is closed. A
 // failed round is simply tried again at the next.
 func (d *Driver) pruneLoop() {
 	defer d.loops.Done()
-	t := time.NewTicker(pruneEvery)
+	t := time.NewTicker(d.images.pruneEvery)
 	defer t.Stop()
 	for {
 		select {

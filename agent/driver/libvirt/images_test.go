@@ -375,7 +375,78 @@ func TestStaleDownloadsOfAKilledAgentAreRemovedAtStart(t *testing.T) {
 	other := filepath.Join(dir, "not-ours.txt")
 	require.NoError(t, os.WriteFile(stale, []byte("half an image"), 0o600))
 	require.NoError(t, os.WriteFile(other, []byte("keep"), 0o600))
-	newImages(dir)
+	newImages(dir, 0)
 	assert.NoFileExists(t, stale, "a killed agent's partial download goes")
 	assert.FileExists(t, other, "nothing else in the directory is touched")
+}
+
+// TestDeleteVolume deletes an image-backed disk as a deleted Volume does: it
+// is refused while its guest has it, goes once the guest is gone, and the
+// image it was made from is then pruned after its PruneAfter.
+func TestDeleteVolume(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "vol-del")
+	d := open(t, node)
+	d.images.dir = t.TempDir()
+	now := time.Now()
+	d.now = func() time.Time { return now }
+	img := serveImage(t, 1<<20).image("5d1c0e6a-0000-4000-8000-000000000401")
+	m := imageMachine("booted", img)
+	other := machine("other")
+	for _, g := range []driver.Machine{m, other} {
+		o, err := ensureUntil(t, d, g)
+		require.NoError(t, err)
+		require.Equal(t, driver.PhaseRunning, o.Phase)
+	}
+	disk := driver.Disk{Name: m.Disks[0].Name}
+	l := raw(t, node)
+
+	steps := []struct {
+		name string
+		act  func(t *testing.T)
+	}{
+		{name: "RefusedWhileItsGuestHasIt", act: func(t *testing.T) {
+			err := d.DeleteVolume(ctx, disk)
+			require.True(t, driver.IsInUse(err), "got %v", err)
+			assert.Contains(t, err.Error(), "attached to guest "+m.UID)
+			assert.True(t, volumeExists(t, l, disk.Name))
+		}},
+		{name: "RefusedWhileTheGuestIsStopped", act: func(t *testing.T) {
+			stopped := m
+			stopped.Running = false
+			_, err := d.Ensure(ctx, stopped)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				o, err := d.Ensure(ctx, stopped)
+				return err == nil && o.Phase == driver.PhaseStopped
+			}, 5*time.Second, 50*time.Millisecond)
+			assert.True(t, driver.IsInUse(d.DeleteVolume(ctx, disk)))
+		}},
+		{name: "DeletedOnceTheGuestIsGone", act: func(t *testing.T) {
+			require.NoError(t, d.Delete(ctx, m.UID))
+			require.NoError(t, d.DeleteVolume(ctx, disk))
+			assert.False(t, volumeExists(t, l, disk.Name))
+			assert.True(t, volumeExists(t, l, other.Disks[0].Name), "another guest's volume stays")
+			assert.True(t, volumeExists(t, l, imageVolume(img.UID)), "the image stays until its PruneAfter")
+		}},
+		{name: "DeletingAnAbsentVolumeSucceeds", act: func(t *testing.T) {
+			require.NoError(t, d.DeleteVolume(ctx, disk))
+			require.NoError(t, d.DeleteVolume(ctx, driver.Disk{Name: "never-there", Pool: testPool}))
+		}},
+		{name: "TheImageIsPrunedAfterItsPruneAfter", act: func(t *testing.T) {
+			pruned, err := d.PruneImages(ctx)
+			require.NoError(t, err)
+			assert.Empty(t, pruned, "the clock starts when the last disk went")
+			now = now.Add(img.PruneAfter)
+			pruned, err = d.PruneImages(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, []string{img.UID}, pruned)
+			assert.False(t, volumeExists(t, l, imageVolume(img.UID)))
+		}},
+	}
+	for _, s := range steps {
+		if !t.Run(s.name, s.act) {
+			return
+		}
+	}
 }

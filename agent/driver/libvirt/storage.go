@@ -2,6 +2,8 @@ package libvirt
 
 import (
 	"bytes"
+	"context"
+	"slices"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -104,4 +106,38 @@ func deleteVolume(api API, pool, name string) error {
 		return errors.Wrapf(err, "cannot look up volume %s", name)
 	}
 	return errors.Wrapf(api.StorageVolDelete(v, 0), "cannot delete volume %s", name)
+}
+
+// DeleteVolume implements driver.Driver. It refuses while one of the
+// driver's domains has the volume as a disk, in its running or its next
+// definition. A disk made from an image stops backing it here; PruneImages
+// removes the image after its PruneAfter.
+func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
+	api, _, err := d.api()
+	if err != nil {
+		return err
+	}
+	want := poolVolume{pool: or(disk.Pool, d.pool), name: disk.Name}
+	doms, infos, err := d.owned(api)
+	if err != nil {
+		return err
+	}
+	for i, dom := range doms {
+		next, err := api.DomainGetXMLDesc(dom, golibvirt.DomainXMLInactive)
+		if isCode(err, golibvirt.ErrNoDomain) {
+			continue
+		}
+		if err != nil {
+			return errors.Wrap(err, "cannot read domain XML")
+		}
+		nextInfo, err := parseDomain(next)
+		if err != nil {
+			return err
+		}
+		if slices.Contains(infos[i].volumes, want) || slices.Contains(nextInfo.volumes, want) {
+			return driver.InUsef("volume %s is attached to guest %s (VirtualMachine %s/%s); it is deleted once the guest is gone",
+				disk.Name, infos[i].owner.UID, infos[i].owner.Namespace, infos[i].owner.Name)
+		}
+	}
+	return deleteVolume(api, want.pool, want.name)
 }

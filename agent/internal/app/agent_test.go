@@ -3,6 +3,8 @@ package app_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,7 +12,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
 
+	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/internal/app"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
@@ -267,6 +271,13 @@ func TestNodesAreIsolated(t *testing.T) {
 func TestRunRefusesBadConfiguration(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, 0, "cfg1")
+	clouds := filepath.Join(t.TempDir(), "clouds.yaml")
+	y, err := yaml.Marshal(map[string]any{"clouds": map[string]any{"lab": map[string]any{"auth": map[string]string{"auth_url": "http://127.0.0.1:1/v3"}}}})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(clouds, y, 0o600))
+	nova := func(cfg driver.NovaConfig) func(c *app.Config) {
+		return func(c *app.Config) { c.Backend, c.Nova = driver.BackendNova, cfg }
+	}
 	cases := []struct {
 		name    string
 		change  func(c *app.Config)
@@ -279,6 +290,8 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 		{name: "SeedThatIsNotOne", change: func(c *app.Config) { c.Seed = []byte("SUnotaseed") }, message: "--nats-credentials"},
 		{name: "UnknownBackend", change: func(c *app.Config) { c.Backend = "xen" }, message: `unknown backend "xen"`},
 		{name: "LibvirtdUnreachable", change: func(c *app.Config) { c.Libvirt.Socket = "/nonexistent/libvirt-sock" }, message: "cannot reach libvirtd"},
+		{name: "NovaCloudsFileMissing", change: nova(driver.NovaConfig{CloudsFile: "/nonexistent/clouds.yaml", Cloud: "lab"}), message: "--openstack-clouds-file"},
+		{name: "NovaUnknownCloud", change: nova(driver.NovaConfig{CloudsFile: clouds, Cloud: "elsewhere"}), message: `--openstack-cloud: no cloud "elsewhere"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

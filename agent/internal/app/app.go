@@ -3,8 +3,9 @@
 // heartbeat. Behaviour lives in those packages; this one only decides what
 // runs, with which settings, and how it stops.
 //
-// The agent holds no Kubernetes credentials: everything it needs arrives in
-// intents, resolved by the hub.
+// The agent holds no credentials for the hub's Kubernetes cluster: everything
+// it needs arrives in intents, resolved by the hub. (The kubevirt backend
+// holds credentials for the KubeVirt cluster it fronts, a different one.)
 package app
 
 import (
@@ -19,7 +20,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/kubevirt"
 	"github.com/virtfleet/virtfleet/agent/driver/libvirt"
+	"github.com/virtfleet/virtfleet/agent/driver/nova"
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	"github.com/virtfleet/virtfleet/agent/internal/reconciler"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
@@ -27,7 +30,7 @@ import (
 )
 
 // backends are the drivers this agent binary is built with.
-var backends = driver.Registry{driver.BackendLibvirt: libvirt.New}
+var backends = driver.Registry{driver.BackendLibvirt: libvirt.New, driver.BackendNova: nova.New, driver.BackendKubeVirt: kubevirt.New}
 
 // reconnectWait is the pause between attempts to reach a NATS server. The
 // agent retries forever: a node must keep its guests and come back on its own

@@ -35,13 +35,20 @@ type Bus interface {
 	PutReport(ctx context.Context, r wire.Report) (revision uint64, err error)
 	// DeleteReport removes the report of guest uid, once the guest is gone.
 	DeleteReport(ctx context.Context, uid string) error
+	// PutVolumeReport stores r as the report of Volume r.UID on this node.
+	PutVolumeReport(ctx context.Context, r wire.VolumeReport) (revision uint64, err error)
+	// DeleteVolumeReport removes the report of Volume uid, once the hub has
+	// deleted its intent.
+	DeleteVolumeReport(ctx context.Context, uid string) error
 	// PutHeartbeat stores h as this node's heartbeat. It must be repeated
 	// well within the nodes bucket's TTL, or the hub declares the node lost.
 	PutHeartbeat(ctx context.Context, h wire.NodeHeartbeat) error
 }
 
-// IntentEvent is the state of one of this node's guest intents, or the
-// marker that the initial state has been delivered.
+// IntentEvent is the state of one of this node's guest intents, of one of its
+// Volume intents (Volume set), or the marker that the initial state has been
+// delivered. Both kinds arrive on one watch of the node's keys, so that one
+// Synced marker covers them.
 type IntentEvent struct {
 	// Synced marks the end of the initial state; no other field is set.
 	Synced   bool
@@ -50,6 +57,19 @@ type IntentEvent struct {
 	// Deleted means the hub removed the intent: delete the guest.
 	Deleted bool
 	Intent  wire.Intent
+	// Volume is set for a Volume's intent key ("<node>.volume.<uid>"); the
+	// fields above are then empty.
+	Volume *VolumeIntentEvent
+}
+
+// VolumeIntentEvent is the state of one of this node's Volume intents.
+type VolumeIntentEvent struct {
+	UID      string
+	Revision uint64
+	// Deleted means the hub removed the intent, having seen the volume
+	// gone: delete the Volume's report.
+	Deleted bool
+	Intent  wire.VolumeIntent
 }
 
 // ConflictError means a report changed since this agent last read it.

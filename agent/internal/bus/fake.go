@@ -13,9 +13,10 @@ import (
 type Fake struct {
 	mu        sync.Mutex
 	rev       uint64
-	intents   map[string]IntentEvent
+	intents   map[string]IntentEvent // by uid, or "volume.<uid>"
 	watchers  []func(IntentEvent)
 	reports   map[string]wire.Report
+	volumes   map[string]wire.VolumeReport
 	heartbeat *wire.NodeHeartbeat
 }
 
@@ -23,16 +24,26 @@ var _ Bus = &Fake{}
 
 // NewFake returns an empty Fake.
 func NewFake() *Fake {
-	return &Fake{intents: map[string]IntentEvent{}, reports: map[string]wire.Report{}}
+	return &Fake{intents: map[string]IntentEvent{}, reports: map[string]wire.Report{}, volumes: map[string]wire.VolumeReport{}}
 }
 
 // SetIntent plays the hub writing (or, with ev.Deleted, removing) an intent.
 func (f *Fake) SetIntent(ev IntentEvent) {
+	f.setIntent(ev.UID, func(rev uint64) IntentEvent { ev.Revision = rev; return ev })
+}
+
+// SetVolumeIntent plays the hub writing (or, with ev.Deleted, removing) a
+// Volume's intent.
+func (f *Fake) SetVolumeIntent(ev VolumeIntentEvent) {
+	f.setIntent("volume."+ev.UID, func(rev uint64) IntentEvent { ev.Revision = rev; return IntentEvent{Volume: &ev} })
+}
+
+func (f *Fake) setIntent(key string, at func(rev uint64) IntentEvent) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rev++
-	ev.Revision = f.rev
-	f.intents[ev.UID] = ev
+	ev := at(f.rev)
+	f.intents[key] = ev
 	for _, fn := range f.watchers {
 		fn(ev)
 	}
@@ -43,6 +54,14 @@ func (f *Fake) Report(uid string) (wire.Report, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r, ok := f.reports[uid]
+	return r, ok
+}
+
+// VolumeReport returns the report last written for Volume uid.
+func (f *Fake) VolumeReport(uid string) (wire.VolumeReport, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.volumes[uid]
 	return r, ok
 }
 
@@ -93,6 +112,29 @@ func (f *Fake) DeleteReport(_ context.Context, uid string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.reports, uid)
+	return nil
+}
+
+// PutVolumeReport implements Bus.
+func (f *Fake) PutVolumeReport(_ context.Context, r wire.VolumeReport) (uint64, error) {
+	if err := wire.ValidateToken("uid", r.UID); err != nil {
+		return 0, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rev++
+	f.volumes[r.UID] = r
+	return f.rev, nil
+}
+
+// DeleteVolumeReport implements Bus.
+func (f *Fake) DeleteVolumeReport(_ context.Context, uid string) error {
+	if err := wire.ValidateToken("uid", uid); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.volumes, uid)
 	return nil
 }
 

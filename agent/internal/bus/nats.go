@@ -55,7 +55,7 @@ type NATS struct {
 	legacy nats.JetStreamContext
 
 	mu      sync.Mutex
-	reports map[string]stored // by uid: what this agent last read or wrote
+	reports map[string]stored // by key: what this agent last read or wrote
 }
 
 type stored struct {
@@ -109,23 +109,45 @@ func (n *NATS) PutReport(ctx context.Context, r wire.Report) (uint64, error) {
 	if err != nil {
 		return 0, errors.Wrap(err, "cannot encode report")
 	}
-	return n.write(ctx, r.UID, key, &nats.Msg{Data: b})
+	return n.write(ctx, key, &nats.Msg{Data: b})
+}
+
+// PutVolumeReport implements Bus.
+func (n *NATS) PutVolumeReport(ctx context.Context, r wire.VolumeReport) (uint64, error) {
+	key, err := wire.VolumeReportKey(n.cfg.Node, r.UID)
+	if err != nil {
+		return 0, err
+	}
+	b, err := wire.EncodeVolumeReport(r)
+	if err != nil {
+		return 0, errors.Wrap(err, "cannot encode volume report")
+	}
+	return n.write(ctx, key, &nats.Msg{Data: b})
 }
 
 // DeleteReport implements Bus.
 func (n *NATS) DeleteReport(ctx context.Context, uid string) error {
-	key, err := wire.ReportKey(n.cfg.Node, uid)
+	return n.deleteReport(ctx, wire.ReportKey, uid)
+}
+
+// DeleteVolumeReport implements Bus.
+func (n *NATS) DeleteVolumeReport(ctx context.Context, uid string) error {
+	return n.deleteReport(ctx, wire.VolumeReportKey, uid)
+}
+
+func (n *NATS) deleteReport(ctx context.Context, keyOf func(node, uid string) (string, error), uid string) error {
+	key, err := keyOf(n.cfg.Node, uid)
 	if err != nil {
 		return err
 	}
-	_, err = n.write(ctx, uid, key, &nats.Msg{Header: nats.Header{hdrOperation: []string{opDelete}}})
+	_, err = n.write(ctx, key, &nats.Msg{Header: nats.Header{hdrOperation: []string{opDelete}}})
 	return err
 }
 
 // write publishes m to the report key, expecting the revision last seen. A
 // delete is stored as an empty value, so an empty value means "absent".
-func (n *NATS) write(ctx context.Context, uid, key string, m *nats.Msg) (uint64, error) {
-	cur, err := n.lastReport(ctx, uid, key)
+func (n *NATS) write(ctx context.Context, key string, m *nats.Msg) (uint64, error) {
+	cur, err := n.lastReport(ctx, key)
 	if err != nil {
 		return 0, err
 	}
@@ -137,22 +159,22 @@ func (n *NATS) write(ctx context.Context, uid, key string, m *nats.Msg) (uint64,
 	m.Subject = wire.Subject(wire.BucketReports, key)
 	ack, err := n.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(cur.revision))
 	if err != nil {
-		n.forget(uid)
+		n.forget(key)
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
 			return 0, &ConflictError{Key: key, Err: err}
 		}
 		return 0, errors.Wrap(err, "cannot put report")
 	}
-	n.remember(uid, stored{revision: ack.Sequence, value: m.Data})
+	n.remember(key, stored{revision: ack.Sequence, value: m.Data})
 	return ack.Sequence, nil
 }
 
 // lastReport is the report as last written by this agent, read from the
 // bucket the first time (e.g. after a restart).
-func (n *NATS) lastReport(ctx context.Context, uid, key string) (stored, error) {
+func (n *NATS) lastReport(ctx context.Context, key string) (stored, error) {
 	n.mu.Lock()
-	cur, ok := n.reports[uid]
+	cur, ok := n.reports[key]
 	n.mu.Unlock()
 	if ok {
 		return cur, nil
@@ -170,20 +192,20 @@ func (n *NATS) lastReport(ctx context.Context, uid, key string) (stored, error) 
 			cur.value = m.Data
 		}
 	}
-	n.remember(uid, cur)
+	n.remember(key, cur)
 	return cur, nil
 }
 
-func (n *NATS) remember(uid string, s stored) {
+func (n *NATS) remember(key string, s stored) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.reports[uid] = s
+	n.reports[key] = s
 }
 
-func (n *NATS) forget(uid string) {
+func (n *NATS) forget(key string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	delete(n.reports, uid)
+	delete(n.reports, key)
 }
 
 // directGet reads the last message of a key, or nil if there is none.
@@ -316,8 +338,8 @@ func (w *intentWatch) handle(m *nats.Msg) {
 	}
 }
 
-// intentEvent decodes a message; nil means it is for a kind of per-node
-// intent this agent does not handle yet.
+// intentEvent decodes a message: a guest's intent or a Volume's. nil means
+// it is for a kind of per-node intent this agent does not handle yet.
 func (n *NATS) intentEvent(m *nats.Msg, rev uint64) (*IntentEvent, error) {
 	key := strings.TrimPrefix(m.Subject, wire.Subject(wire.BucketIntents, ""))
 	node, rest, err := wire.ParseKey(key)
@@ -327,18 +349,20 @@ func (n *NATS) intentEvent(m *nats.Msg, rev uint64) (*IntentEvent, error) {
 	if node != n.cfg.Node {
 		return nil, &buckets.MismatchError{Key: key, Want: n.cfg.Node, Got: node}
 	}
+	deleted := isDeletion(m.Header)
+	if uid, ok := wire.ParseVolumeKey(rest); ok {
+		ev := &VolumeIntentEvent{UID: uid, Revision: rev, Deleted: deleted}
+		if ev.Intent, err = buckets.DecodeValue(key, uid, deleted, m.Data, wire.DecodeVolumeIntent, func(v wire.VolumeIntent) string { return v.UID }); err != nil {
+			return nil, err
+		}
+		return &IntentEvent{Volume: ev}, nil
+	}
 	if strings.Contains(rest, ".") {
 		return nil, nil
 	}
-	ev := &IntentEvent{UID: rest, Revision: rev, Deleted: isDeletion(m.Header)}
-	if ev.Deleted {
-		return ev, nil
-	}
-	if ev.Intent, err = wire.DecodeIntent(m.Data); err != nil {
+	ev := &IntentEvent{UID: rest, Revision: rev, Deleted: deleted}
+	if ev.Intent, err = buckets.DecodeValue(key, rest, deleted, m.Data, wire.DecodeIntent, func(in wire.Intent) string { return in.UID }); err != nil {
 		return nil, err
-	}
-	if ev.Intent.UID != rest {
-		return nil, &buckets.MismatchError{Key: key, Want: rest, Got: ev.Intent.UID}
 	}
 	return ev, nil
 }

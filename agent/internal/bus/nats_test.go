@@ -138,3 +138,96 @@ func TestSurvivesServerRestart(t *testing.T) {
 	_, err := b.PutReport(ctx, wire.Report{UID: "vm-0", Phase: wire.PhaseRunning})
 	require.NoError(t, err, "the agent can write again after the restart")
 }
+
+func TestWatchIntentsRoutesVolumeIntents(t *testing.T) {
+	f := newFleet(t)
+	ctx := context.Background()
+	put := func(node, uid string) {
+		key, err := wire.VolumeIntentKey(node, uid)
+		require.NoError(t, err)
+		b, err := wire.EncodeVolumeIntent(wire.VolumeIntent{UID: uid, Namespace: "ns", Name: uid, Disk: "ns_" + uid, Absent: true})
+		require.NoError(t, err)
+		_, err = f.intents.Put(ctx, key, b)
+		require.NoError(t, err)
+	}
+	put("node1", "vol-a")
+	put("node2", "vol-b")
+	f.putIntent(t, "node1", "vm-a", 1)
+	b, _, async := f.agent(t, "node1")
+
+	e := watch(t, b)
+	initial := e.until(t, 5*time.Second, synced)
+	require.Len(t, initial, 3, "node1's volume and guest intents, then one synced marker; none of node2")
+	var volumes []bus.VolumeIntentEvent
+	for _, ev := range initial {
+		if ev.Volume != nil {
+			assert.Empty(t, ev.UID, "a volume intent is not a guest intent")
+			volumes = append(volumes, *ev.Volume)
+		}
+	}
+	require.Len(t, volumes, 1)
+	assert.Equal(t, "vol-a", volumes[0].UID)
+	assert.Equal(t, "ns_vol-a", volumes[0].Intent.Disk)
+
+	require.NoError(t, f.intents.Delete(ctx, "node1.volume.vol-a"))
+	got := e.until(t, 5*time.Second, func(ev bus.IntentEvent) bool { return ev.Volume != nil && ev.Volume.Deleted })
+	assert.Equal(t, "vol-a", got[len(got)-1].Volume.UID)
+
+	cases := map[string]struct {
+		key, value string
+		reason     string
+	}{
+		"CorruptVolumeIntent":       {key: "node1.volume.vol-x", value: `{"protocolVersion":1,`, reason: buckets.ReasonDecode},
+		"NewerVolumeIntent":         {key: "node1.volume.vol-y", value: `{"protocolVersion":2,"uid":"vol-y"}`, reason: buckets.ReasonVersion},
+		"VolumeIntentOfAnotherUID":  {key: "node1.volume.vol-z", value: `{"protocolVersion":1,"uid":"vol-o","disk":"d","absent":true}`, reason: buckets.ReasonMismatch},
+		"PresentVolumeIsNotDefined": {key: "node1.volume.vol-p", value: `{"protocolVersion":1,"uid":"vol-p","disk":"d"}`, reason: buckets.ReasonDecode},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			before := b.Rejections().Count(tc.reason)
+			_, err := f.intents.Put(ctx, tc.key, []byte(tc.value))
+			require.NoError(t, err)
+			f.putIntent(t, "node1", "vm-good", int64(len(name)))
+			e.until(t, 5*time.Second, generation("vm-good", int64(len(name))))
+			assert.Equal(t, before+1, b.Rejections().Count(tc.reason))
+		})
+	}
+	assert.False(t, async.WaitForViolation(0), "watching volume intents needs no permission the agent lacks")
+}
+
+func TestPutVolumeReport(t *testing.T) {
+	f := newFleet(t)
+	b, _, async := f.agent(t, "node1")
+	ctx := context.Background()
+	r := wire.VolumeReport{UID: "vol-a", Message: "attached", ObservedAt: time.Unix(1, 0).UTC()}
+
+	rev1, err := b.PutVolumeReport(ctx, r)
+	require.NoError(t, err)
+	rev2, err := b.PutVolumeReport(ctx, r)
+	require.NoError(t, err)
+	assert.Equal(t, rev1, rev2, "replaying the same report must not write")
+
+	r.Gone, r.Message = true, ""
+	_, err = b.PutVolumeReport(ctx, r)
+	require.NoError(t, err)
+	e, err := f.reports.Get(ctx, "node1.volume.vol-a")
+	require.NoError(t, err, "the report lives under <node>.volume.<uid>")
+	got, err := wire.DecodeVolumeReport(e.Value())
+	require.NoError(t, err)
+	assert.True(t, got.Gone)
+
+	// A guest report of the same uid is another key.
+	_, err = b.PutReport(ctx, wire.Report{UID: "vol-a", Phase: wire.PhaseRunning})
+	require.NoError(t, err)
+	require.NoError(t, b.DeleteVolumeReport(ctx, "vol-a"))
+	require.NoError(t, b.DeleteVolumeReport(ctx, "vol-a"), "deleting twice is harmless")
+	_, err = f.reports.Get(ctx, "node1.volume.vol-a")
+	assert.Error(t, err)
+	_, err = f.reports.Get(ctx, "node1.vol-a")
+	assert.NoError(t, err, "deleting the volume report leaves the guest report")
+
+	_, err = b.PutVolumeReport(ctx, wire.VolumeReport{UID: "vol.a"})
+	var ke *wire.KeyError
+	assert.ErrorAs(t, err, &ke)
+	assert.False(t, async.WaitForViolation(0))
+}

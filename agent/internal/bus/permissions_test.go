@@ -99,6 +99,17 @@ func TestAgentPermissions(t *testing.T) {
 		}},
 		"WritesOwnReport":    {allowed: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.reports.node1.vm-a") }},
 		"WritesOwnHeartbeat": {allowed: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.nodes.node1") }},
+		// Volume keys sit under the node's prefix: the same grants cover them.
+		"WritesOwnVolumeReport": {allowed: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.reports.node1.volume.vol-a") }},
+		"CannotWriteOtherNodesVolumeReport": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return publishAcked(nc, "$KV.reports.node2.volume.vol-b")
+		}},
+		"CannotWriteOwnVolumeIntent": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return publishAcked(nc, "$KV.intents.node1.volume.vol-a")
+		}},
+		"CannotGetOtherNodesVolumeIntent": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_intents.$KV.intents.node2.volume.vol-b", nil))
+		}},
 
 		// Reading another node's intents.
 		"CannotGetOtherNodesIntent": {wantViolation: true, op: func(nc *nats.Conn) error {

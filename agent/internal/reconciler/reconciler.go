@@ -27,6 +27,8 @@ import (
 type Reports interface {
 	PutReport(ctx context.Context, r wire.Report) (uint64, error)
 	DeleteReport(ctx context.Context, uid string) error
+	PutVolumeReport(ctx context.Context, r wire.VolumeReport) (uint64, error)
+	DeleteVolumeReport(ctx context.Context, uid string) error
 }
 
 // Options tune a Reconciler. Zero values take the defaults.
@@ -79,11 +81,16 @@ type Reconciler struct {
 
 	mu      sync.Mutex
 	intents map[string]wire.Intent
+	// volumes are the Volume intents, by Volume uid; on the queue as
+	// volumeKey(uid).
+	volumes map[string]wire.VolumeIntent
 	// synced is set once the bus delivered every intent; before that an
 	// absent intent may just not have arrived yet, so nothing is deleted.
 	synced bool
 	// written is the last report written per uid, to write only changes.
 	written map[string]wire.Report
+	// writtenVolumes is the last VolumeReport written per Volume uid.
+	writtenVolumes map[string]wire.VolumeReport
 }
 
 // New returns a Reconciler for node. Call HandleIntent from the bus's
@@ -100,8 +107,10 @@ func New(node string, d driver.Driver, reports Reports, log logging.Logger, o Op
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](o.RetryBase, o.RetryMax),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "guests-" + node},
 		),
-		intents: map[string]wire.Intent{},
-		written: map[string]wire.Report{},
+		intents:        map[string]wire.Intent{},
+		volumes:        map[string]wire.VolumeIntent{},
+		written:        map[string]wire.Report{},
+		writtenVolumes: map[string]wire.VolumeReport{},
 	}
 }
 
@@ -109,6 +118,10 @@ func New(node string, d driver.Driver, reports Reports, log logging.Logger, o Op
 // The Synced marker queues a full resync, which is what deletes guests whose
 // intents vanished while the agent was away.
 func (r *Reconciler) HandleIntent(ev bus.IntentEvent) {
+	if ev.Volume != nil {
+		r.handleVolumeIntent(*ev.Volume)
+		return
+	}
 	r.mu.Lock()
 	switch {
 	case ev.Synced:
@@ -170,9 +183,12 @@ loop:
 // one whose intent has not arrived yet.
 func (r *Reconciler) resync(ctx context.Context) {
 	r.mu.Lock()
-	uids := make([]string, 0, len(r.intents))
+	uids := make([]string, 0, len(r.intents)+len(r.volumes))
 	for uid := range r.intents {
 		uids = append(uids, uid)
+	}
+	for uid := range r.volumes {
+		uids = append(uids, volumeKey(uid))
 	}
 	synced := r.synced
 	r.mu.Unlock()
@@ -199,10 +215,18 @@ func (r *Reconciler) processNext(ctx context.Context) bool {
 	}
 	defer r.queue.Done(uid)
 
-	requeueAfter, err := r.reconcile(ctx, uid)
+	var (
+		requeueAfter time.Duration
+		err          error
+	)
+	if v, ok := volumeUID(uid); ok {
+		err = r.reconcileVolume(ctx, v)
+	} else {
+		requeueAfter, err = r.reconcile(ctx, uid)
+	}
 	switch {
 	case err != nil:
-		r.log.Debug("Cannot reconcile guest; backing off", "uid", uid, "error", err)
+		r.log.Debug("Cannot reconcile; backing off", "key", uid, "error", err)
 		r.queue.AddRateLimited(uid)
 	default:
 		r.queue.Forget(uid)

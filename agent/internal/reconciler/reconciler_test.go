@@ -27,10 +27,32 @@ type reports struct {
 	current map[string]wire.Report
 	puts    map[string]int
 	deletes map[string]int
+	volumes map[string]wire.VolumeReport
 }
 
 func newReports() *reports {
-	return &reports{current: map[string]wire.Report{}, puts: map[string]int{}, deletes: map[string]int{}}
+	return &reports{current: map[string]wire.Report{}, puts: map[string]int{}, deletes: map[string]int{}, volumes: map[string]wire.VolumeReport{}}
+}
+
+func (r *reports) PutVolumeReport(_ context.Context, rep wire.VolumeReport) (uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.volumes[rep.UID] = rep
+	return 1, nil
+}
+
+func (r *reports) DeleteVolumeReport(_ context.Context, uid string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.volumes, uid)
+	return nil
+}
+
+func (r *reports) volume(uid string) (wire.VolumeReport, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rep, ok := r.volumes[uid]
+	return rep, ok
 }
 
 func (r *reports) PutReport(_ context.Context, rep wire.Report) (uint64, error) {
@@ -102,12 +124,18 @@ type harness struct {
 	rec     *Reconciler
 }
 
+// start runs a reconciler over the fake driver, which can delete volumes.
 func start(t *testing.T) *harness {
+	return startWith(t, func(f *failing) driver.Driver { return f })
+}
+
+// startWith runs a reconciler over the fake driver as wrap exposes it.
+func startWith(t *testing.T, wrap func(*failing) driver.Driver) *harness {
 	t.Helper()
 	f := fake.New(node)
 	d := &failing{Driver: f, errs: map[string]error{}, tried: map[string]int{}}
 	rep := newReports()
-	rec := New(node, d, rep, logging.NewNopLogger(), Options{Workers: 4, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollTransitional: 10 * time.Millisecond})
+	rec := New(node, wrap(d), rep, logging.NewNopLogger(), Options{Workers: 4, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollTransitional: 10 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rec.Run(ctx); close(done) }()

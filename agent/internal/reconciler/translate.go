@@ -8,10 +8,9 @@ import (
 )
 
 // NodeName is the name a namespaced resource (a Volume or VirtualNetwork)
-// gets on the node. Kubernetes names are DNS labels without "_", so the
-// separator keeps names from different namespaces apart.
+// gets on the node; the hub names volumes the same way in VolumeIntents.
 func NodeName(namespace, name string) string {
-	return namespace + "_" + name
+	return wire.NodeName(namespace, name)
 }
 
 // machine turns an intent into the Driver's input. An intent the hub should

@@ -33,61 +33,78 @@ func (e *DecodeError) Error() string { return fmt.Sprintf("cannot decode %s: %v"
 // Unwrap returns the underlying cause.
 func (e *DecodeError) Unwrap() error { return e.Err }
 
-// EncodeIntent stamps ProtocolVersion and encodes a valid Intent.
-func EncodeIntent(in Intent) ([]byte, error) {
-	in.ProtocolVersion = ProtocolVersion
-	if err := in.Validate(); err != nil {
+// message is what the codec needs of every wire type: a pointer to it can
+// stamp its version and validate itself.
+type message[T any] interface {
+	*T
+	stamp()
+	Validate() error
+}
+
+func (in *Intent) stamp()       { in.ProtocolVersion = ProtocolVersion }
+func (r *Report) stamp()        { r.ProtocolVersion = ProtocolVersion }
+func (h *NodeHeartbeat) stamp() { h.ProtocolVersion = ProtocolVersion }
+func (v *VolumeIntent) stamp()  { v.ProtocolVersion = ProtocolVersion }
+func (v *VolumeReport) stamp()  { v.ProtocolVersion = ProtocolVersion }
+
+// encode stamps ProtocolVersion on a copy of v and encodes it if it is valid.
+func encode[T any, P message[T]](v T) ([]byte, error) {
+	P(&v).stamp()
+	if err := P(&v).Validate(); err != nil {
 		return nil, err
 	}
-	return json.Marshal(in)
+	return json.Marshal(v)
 }
+
+// decodeValid decodes and validates a message; kind names it in errors.
+func decodeValid[T any, P message[T]](kind string, b []byte) (T, error) {
+	var v T
+	if err := decode(kind, b, &v); err != nil {
+		var zero T
+		return zero, err
+	}
+	return v, P(&v).Validate()
+}
+
+// EncodeIntent stamps ProtocolVersion and encodes a valid Intent.
+func EncodeIntent(in Intent) ([]byte, error) { return encode(in) }
 
 // EncodeReport stamps ProtocolVersion and encodes a valid Report.
-func EncodeReport(r Report) ([]byte, error) {
-	r.ProtocolVersion = ProtocolVersion
-	if err := r.Validate(); err != nil {
-		return nil, err
-	}
-	return json.Marshal(r)
-}
+func EncodeReport(r Report) ([]byte, error) { return encode(r) }
 
 // EncodeNodeHeartbeat stamps ProtocolVersion and encodes a valid NodeHeartbeat.
-func EncodeNodeHeartbeat(h NodeHeartbeat) ([]byte, error) {
-	h.ProtocolVersion = ProtocolVersion
-	if err := h.Validate(); err != nil {
-		return nil, err
-	}
-	return json.Marshal(h)
-}
+func EncodeNodeHeartbeat(h NodeHeartbeat) ([]byte, error) { return encode(h) }
+
+// EncodeVolumeIntent stamps ProtocolVersion and encodes a valid VolumeIntent.
+func EncodeVolumeIntent(v VolumeIntent) ([]byte, error) { return encode(v) }
+
+// EncodeVolumeReport stamps ProtocolVersion and encodes a valid VolumeReport.
+func EncodeVolumeReport(v VolumeReport) ([]byte, error) { return encode(v) }
 
 // DecodeIntent decodes and validates an Intent. Unknown fields are ignored.
 // It returns a *VersionError for a newer or missing protocol version, a
 // *DecodeError for malformed bytes and a *KeyError for an unsafe uid.
-func DecodeIntent(b []byte) (Intent, error) {
-	var in Intent
-	if err := decode("intent", b, &in); err != nil {
-		return Intent{}, err
-	}
-	return in, in.Validate()
-}
+func DecodeIntent(b []byte) (Intent, error) { return decodeValid[Intent]("intent", b) }
 
 // DecodeReport decodes and validates a Report; errors as DecodeIntent.
-func DecodeReport(b []byte) (Report, error) {
-	var r Report
-	if err := decode("report", b, &r); err != nil {
-		return Report{}, err
-	}
-	return r, r.Validate()
-}
+func DecodeReport(b []byte) (Report, error) { return decodeValid[Report]("report", b) }
 
 // DecodeNodeHeartbeat decodes and validates a NodeHeartbeat; errors as
 // DecodeIntent.
 func DecodeNodeHeartbeat(b []byte) (NodeHeartbeat, error) {
-	var h NodeHeartbeat
-	if err := decode("node heartbeat", b, &h); err != nil {
-		return NodeHeartbeat{}, err
-	}
-	return h, h.Validate()
+	return decodeValid[NodeHeartbeat]("node heartbeat", b)
+}
+
+// DecodeVolumeIntent decodes and validates a VolumeIntent; errors as
+// DecodeIntent, and a *DecodeError for an intent that is not Absent.
+func DecodeVolumeIntent(b []byte) (VolumeIntent, error) {
+	return decodeValid[VolumeIntent]("volume intent", b)
+}
+
+// DecodeVolumeReport decodes and validates a VolumeReport; errors as
+// DecodeIntent.
+func DecodeVolumeReport(b []byte) (VolumeReport, error) {
+	return decodeValid[VolumeReport]("volume report", b)
 }
 
 // decode reads the version before the body, so that a newer message whose
@@ -130,4 +147,24 @@ func (r Report) Validate() error {
 // Validate reports whether the NodeHeartbeat can be keyed.
 func (h NodeHeartbeat) Validate() error {
 	return ValidateToken("node", h.Node)
+}
+
+// Validate reports whether the VolumeIntent can be keyed and acted on. Only
+// Absent is defined in this protocol version.
+func (v VolumeIntent) Validate() error {
+	if err := ValidateToken("uid", v.UID); err != nil {
+		return err
+	}
+	if v.Disk == "" {
+		return &DecodeError{Kind: "volume intent", Err: errors.New("disk must not be empty")}
+	}
+	if !v.Absent {
+		return &DecodeError{Kind: "volume intent", Err: errors.New("only absent volume intents are defined in this protocol version")}
+	}
+	return nil
+}
+
+// Validate reports whether the VolumeReport can be keyed.
+func (v VolumeReport) Validate() error {
+	return ValidateToken("uid", v.UID)
 }

@@ -71,6 +71,18 @@ func TestDecodeReportAndHeartbeat(t *testing.T) {
 		"HeartbeatIgnoresUnknowns": {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "gpus", 4), want: exampleHeartbeat()},
 		"HeartbeatRefusesNewer":    {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "protocolVersion", 2), wantErr: &VersionError{}},
 		"HeartbeatRefusesNoNode":   {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "node", ""), wantErr: &KeyError{}},
+
+		"VolumeIntentRoundTrips":        {decode: decodeVolumeIntent, in: mustJSON(t, exampleVolumeIntent()), want: exampleVolumeIntent()},
+		"VolumeIntentIgnoresUnknowns":   {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "snapshot", true), want: exampleVolumeIntent()},
+		"VolumeIntentRefusesNewer":      {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "protocolVersion", 2), wantErr: &VersionError{}},
+		"VolumeIntentRefusesUnsafeUID":  {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "uid", "a.>"), wantErr: &KeyError{}},
+		"VolumeIntentRefusesNoDisk":     {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "disk", ""), wantErr: &DecodeError{}},
+		"VolumeIntentRefusesPresent":    {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "absent", false), wantErr: &DecodeError{}},
+		"VolumeIntentRefusesMalformed":  {decode: decodeVolumeIntent, in: []byte(`{"protocolVersion":1,"absent":"yes"}`), wantErr: &DecodeError{}},
+		"VolumeReportRoundTrips":        {decode: decodeVolumeReport, in: mustJSON(t, exampleVolumeReport()), want: exampleVolumeReport()},
+		"VolumeReportRefusesNewer":      {decode: decodeVolumeReport, in: withField(t, exampleVolumeReport(), "protocolVersion", 2), wantErr: &VersionError{}},
+		"VolumeReportRefusesMissingUID": {decode: decodeVolumeReport, in: withField(t, exampleVolumeReport(), "uid", ""), wantErr: &KeyError{}},
+		"VolumeReportRefusesNoVersion":  {decode: decodeVolumeReport, in: []byte(`{"uid":"a","gone":true}`), wantErr: &VersionError{}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -85,8 +97,10 @@ func TestDecodeReportAndHeartbeat(t *testing.T) {
 	}
 }
 
-func decodeReport(b []byte) (any, error)    { return DecodeReport(b) }
-func decodeHeartbeat(b []byte) (any, error) { return DecodeNodeHeartbeat(b) }
+func decodeReport(b []byte) (any, error)       { return DecodeReport(b) }
+func decodeHeartbeat(b []byte) (any, error)    { return DecodeNodeHeartbeat(b) }
+func decodeVolumeIntent(b []byte) (any, error) { return DecodeVolumeIntent(b) }
+func decodeVolumeReport(b []byte) (any, error) { return DecodeVolumeReport(b) }
 
 func TestEncodeStampsTheVersionAndValidates(t *testing.T) {
 	in := exampleIntent()
@@ -102,6 +116,22 @@ func TestEncodeStampsTheVersionAndValidates(t *testing.T) {
 	_, err = EncodeReport(r)
 	var ke *KeyError
 	assert.ErrorAs(t, err, &ke, "a report for an unsafe node name must not be written")
+
+	vi := exampleVolumeIntent()
+	vi.ProtocolVersion = 0
+	b, err = EncodeVolumeIntent(vi)
+	require.NoError(t, err)
+	gotVI, err := DecodeVolumeIntent(b)
+	require.NoError(t, err)
+	assert.Equal(t, exampleVolumeIntent(), gotVI)
+
+	vi.Absent = false
+	_, err = EncodeVolumeIntent(vi)
+	var de *DecodeError
+	assert.ErrorAs(t, err, &de, "a present volume intent is reserved and must not be written")
+
+	_, err = EncodeVolumeReport(VolumeReport{UID: "a*"})
+	assert.ErrorAs(t, err, &ke)
 }
 
 func TestVersionErrorTellsTheReaderToUpgrade(t *testing.T) {

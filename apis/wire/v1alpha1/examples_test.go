@@ -59,3 +59,23 @@ func exampleHeartbeat() NodeHeartbeat {
 		SentAt:          observed,
 	}
 }
+
+func exampleVolumeIntent() VolumeIntent {
+	return VolumeIntent{
+		ProtocolVersion: ProtocolVersion,
+		UID:             "9a3e0c1b-1111-4c2d-8e3f-000000000001",
+		Namespace:       "team-a",
+		Name:            "root",
+		Disk:            NodeName("team-a", "root"),
+		Absent:          true,
+	}
+}
+
+func exampleVolumeReport() VolumeReport {
+	return VolumeReport{
+		ProtocolVersion: ProtocolVersion,
+		UID:             "9a3e0c1b-1111-4c2d-8e3f-000000000001",
+		Message:         "volume team-a_root is attached to guest 6f1c2d9e",
+		ObservedAt:      observed,
+	}
+}

@@ -22,55 +22,43 @@ func seed(f *testing.F, examples ...any) {
 	f.Add([]byte(`{"protocolVersion":1e400}`))
 }
 
-func FuzzDecodeIntent(f *testing.F) {
-	seed(f, exampleIntent())
+// fuzzDecode seeds f with examples and checks that whatever decode accepts
+// re-encodes and decodes again.
+func fuzzDecode[T any](f *testing.F, decode func([]byte) (T, error), encode func(T) ([]byte, error), examples ...any) {
+	seed(f, examples...)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		in, err := DecodeIntent(b)
+		v, err := decode(b)
 		if err != nil {
 			return
 		}
-		again, err := EncodeIntent(in)
+		again, err := encode(v)
 		if err != nil {
-			t.Fatalf("decoded intent does not re-encode: %v", err)
+			t.Fatalf("decoded %T does not re-encode: %v", v, err)
 		}
-		if _, err := DecodeIntent(again); err != nil {
-			t.Fatalf("re-encoded intent does not decode: %v", err)
+		if _, err := decode(again); err != nil {
+			t.Fatalf("re-encoded %T does not decode: %v", v, err)
 		}
 	})
+}
+
+func FuzzDecodeIntent(f *testing.F) {
+	fuzzDecode(f, DecodeIntent, EncodeIntent, exampleIntent())
 }
 
 func FuzzDecodeReport(f *testing.F) {
-	seed(f, exampleReport())
-	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := DecodeReport(b)
-		if err != nil {
-			return
-		}
-		again, err := EncodeReport(r)
-		if err != nil {
-			t.Fatalf("decoded report does not re-encode: %v", err)
-		}
-		if _, err := DecodeReport(again); err != nil {
-			t.Fatalf("re-encoded report does not decode: %v", err)
-		}
-	})
+	fuzzDecode(f, DecodeReport, EncodeReport, exampleReport())
 }
 
 func FuzzDecodeNodeHeartbeat(f *testing.F) {
-	seed(f, exampleHeartbeat())
-	f.Fuzz(func(t *testing.T, b []byte) {
-		h, err := DecodeNodeHeartbeat(b)
-		if err != nil {
-			return
-		}
-		again, err := EncodeNodeHeartbeat(h)
-		if err != nil {
-			t.Fatalf("decoded heartbeat does not re-encode: %v", err)
-		}
-		if _, err := DecodeNodeHeartbeat(again); err != nil {
-			t.Fatalf("re-encoded heartbeat does not decode: %v", err)
-		}
-	})
+	fuzzDecode(f, DecodeNodeHeartbeat, EncodeNodeHeartbeat, exampleHeartbeat())
+}
+
+func FuzzDecodeVolumeIntent(f *testing.F) {
+	fuzzDecode(f, DecodeVolumeIntent, EncodeVolumeIntent, exampleVolumeIntent())
+}
+
+func FuzzDecodeVolumeReport(f *testing.F) {
+	fuzzDecode(f, DecodeVolumeReport, EncodeVolumeReport, exampleVolumeReport())
 }
 
 func FuzzParseKey(f *testing.F) {

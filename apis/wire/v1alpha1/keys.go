@@ -60,12 +60,40 @@ func NodeKeyPrefix(node string) (string, error) {
 
 // IntentKey is the BucketIntents key of a guest: "<node>.<uid>".
 func IntentKey(node, uid string) (string, error) {
-	return joinKey(node, uid)
+	return joinKey(node, "", uid)
 }
 
 // ReportKey is the BucketReports key of a guest: "<node>.<uid>".
 func ReportKey(node, uid string) (string, error) {
-	return joinKey(node, uid)
+	return joinKey(node, "", uid)
+}
+
+// volumeToken is the key token that sets a node's volume keys apart from its
+// guest keys: "<node>.volume.<uid>" has two tokens after the node, a guest
+// key "<node>.<uid>" one, so a guest uid can never be mistaken for it.
+const volumeToken = "volume"
+
+// VolumeIntentKey is the BucketIntents key of a Volume on a node:
+// "<node>.volume.<uid>".
+func VolumeIntentKey(node, uid string) (string, error) {
+	return joinKey(node, volumeToken, uid)
+}
+
+// VolumeReportKey is the BucketReports key of a Volume on a node:
+// "<node>.volume.<uid>".
+func VolumeReportKey(node, uid string) (string, error) {
+	return joinKey(node, volumeToken, uid)
+}
+
+// ParseVolumeKey tells a volume key's rest (as ParseKey returns it) from a
+// guest key's: for "volume.<uid>" it returns the uid and true. ok is false
+// for a guest uid and for any other kind of per-node key.
+func ParseVolumeKey(rest string) (uid string, ok bool) {
+	uid, ok = strings.CutPrefix(rest, volumeToken+".")
+	if !ok || ValidateToken("uid", uid) != nil {
+		return "", false
+	}
+	return uid, true
 }
 
 // NodeKey is the BucketNodes key of a node's heartbeat: "<node>".
@@ -76,12 +104,16 @@ func NodeKey(node string) (string, error) {
 	return node, nil
 }
 
-func joinKey(node, uid string) (string, error) {
+// joinKey is "<node>.<kind>.<uid>", or "<node>.<uid>" without a kind.
+func joinKey(node, kind, uid string) (string, error) {
 	if err := ValidateToken("node", node); err != nil {
 		return "", err
 	}
 	if err := ValidateToken("uid", uid); err != nil {
 		return "", err
+	}
+	if kind != "" {
+		return node + "." + kind + "." + uid, nil
 	}
 	return node + "." + uid, nil
 }

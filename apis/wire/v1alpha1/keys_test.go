@@ -35,6 +35,64 @@ func TestIntentKey(t *testing.T) {
 	}
 }
 
+func TestVolumeKeys(t *testing.T) {
+	cases := map[string]struct {
+		key     func(node, uid string) (string, error)
+		node    string
+		uid     string
+		want    string
+		wantErr bool
+	}{
+		"IntentKeyNestsUnderTheNode":      {key: VolumeIntentKey, node: "node1", uid: "vol-1", want: "node1.volume.vol-1"},
+		"ReportKeyNestsUnderTheNode":      {key: VolumeReportKey, node: "node1", uid: "vol-1", want: "node1.volume.vol-1"},
+		"IntentKeyRefusesADottedUID":      {key: VolumeIntentKey, node: "node1", uid: "a.b", wantErr: true},
+		"ReportKeyRefusesAWildcardUID":    {key: VolumeReportKey, node: "node1", uid: "*", wantErr: true},
+		"IntentKeyRefusesAWildcardNode":   {key: VolumeIntentKey, node: ">", uid: "u", wantErr: true},
+		"GuestIntentKeyStillRefusesADot":  {key: IntentKey, node: "node1", uid: "volume.u", wantErr: true},
+		"GuestReportKeyStillRefusesEmpty": {key: ReportKey, node: "node1", uid: "", wantErr: true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got, err := tc.key(tc.node, tc.uid)
+			if tc.wantErr {
+				var ke *KeyError
+				require.ErrorAs(t, err, &ke)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+			node, rest, err := ParseKey(got)
+			require.NoError(t, err)
+			assert.Equal(t, tc.node, node)
+			uid, ok := ParseVolumeKey(rest)
+			assert.True(t, ok)
+			assert.Equal(t, tc.uid, uid)
+		})
+	}
+}
+
+func TestParseVolumeKey(t *testing.T) {
+	cases := map[string]struct {
+		rest string
+		uid  string
+		ok   bool
+	}{
+		"AVolumeKey":                    {rest: "volume.vol-1", uid: "vol-1", ok: true},
+		"AGuestUIDIsNotAVolume":         {rest: "6f1c2d9e-0b7a"},
+		"AGuestNamedVolumeIsNotAVolume": {rest: "volume"},
+		"AnotherKindIsNotAVolume":       {rest: "network.net-1"},
+		"ADeeperKeyIsNotAVolume":        {rest: "volume.a.b"},
+		"AnEmptyUIDIsNotAVolume":        {rest: "volume."},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			uid, ok := ParseVolumeKey(tc.rest)
+			assert.Equal(t, tc.ok, ok)
+			assert.Equal(t, tc.uid, uid)
+		})
+	}
+}
+
 func TestParseKey(t *testing.T) {
 	cases := map[string]struct {
 		key        string

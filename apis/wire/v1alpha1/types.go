@@ -165,3 +165,47 @@ type Resources struct {
 	MemoryBytes  int64 `json:"memoryBytes"`
 	StorageBytes int64 `json:"storageBytes,omitempty"`
 }
+
+// NodeName is the name a namespaced resource (a Volume or VirtualNetwork)
+// has on a node. Kubernetes names are DNS labels without "_", so the
+// separator keeps names from different namespaces apart, and they never clash
+// with the node's own volumes (images are "image_<uid>").
+func NodeName(namespace, name string) string {
+	return namespace + "_" + name
+}
+
+// VolumeIntent is what the hub wants a node to make true for one Volume. It
+// lives in BucketIntents under VolumeIntentKey(node, uid).
+//
+// In this protocol version the hub writes one only when the volume must be
+// gone (Absent): volumes are still made by the guest intents that attach
+// them. An intent with Absent false is reserved for "present" and refused as
+// invalid until a later version defines it. The hub deletes the key once the
+// node reported the volume Gone; an agent that sees the key deleted removes
+// its VolumeReport.
+type VolumeIntent struct {
+	ProtocolVersion int `json:"protocolVersion"`
+	// UID is the Volume's metadata.uid.
+	UID string `json:"uid"`
+	// Namespace and Name are the Volume's, for messages.
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Disk is the volume's name on the node: NodeName(Namespace, Name).
+	Disk string `json:"disk"`
+	// Pool is the storage pool holding it; empty means the node's default.
+	Pool   string `json:"pool,omitempty"`
+	Absent bool   `json:"absent"`
+}
+
+// VolumeReport is what a node's agent observed about one VolumeIntent. It
+// lives in BucketReports under VolumeReportKey(node, uid).
+type VolumeReport struct {
+	ProtocolVersion int    `json:"protocolVersion"`
+	UID             string `json:"uid"`
+	// Gone is set once the volume no longer exists on the node.
+	Gone bool `json:"gone"`
+	// Message says why the volume is not gone yet (still attached, the
+	// backend failed or cannot delete volumes).
+	Message    string    `json:"message,omitempty"`
+	ObservedAt time.Time `json:"observedAt"`
+}

@@ -34,6 +34,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
 
 	"github.com/virtfleet/virtfleet/apis"
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
@@ -136,12 +137,14 @@ func Run(ctx context.Context, c Config) error {
 	}
 
 	notifier := virtualmachine.NewNotifier()
+	volumes := virtualmachine.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
 	pool := fleet.NewPool(ctx, log, buckets.Config{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
 		f.Subscribe(notifier.Notify)
 		f.SubscribeNodes(notifier.NotifyUnplaced)
+		f.SubscribeVolumes(volumes.Notify)
 	})
 	vo := virtualmachine.Options{Pool: pool, Placer: placement.New(), Notifier: notifier, FencingTimeout: c.FencingTimeout}
-	if err := hubcontroller.SetupGated(ctx, mgr, o, vo); err != nil {
+	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, volumes); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	log.Info("Hub starting", "leaderElection", c.LeaderElection, "maxReconcileRate", c.MaxReconcileRate)

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/digitalocean/go-libvirt"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -24,6 +26,7 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/libvirttest"
 	"github.com/virtfleet/virtfleet/internal/stack"
 )
 
@@ -33,7 +36,9 @@ func TestDiskImages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
-	h := startStack(t, "vf-img-", stack.Options{Nodes: []string{"node1"}})
+	// Images are pruned within a second of their pruneAfter, so that the
+	// test sees an image leave the node once its last Volume went.
+	h := startStack(t, "vf-img-", stack.Options{Nodes: []string{"node1"}, ImagePruneInterval: time.Second})
 	ctx := context.Background()
 
 	// A generated 8 MiB "image"; the download is held until released, so the
@@ -92,7 +97,7 @@ func TestDiskImages(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ubuntu"},
 		Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
 			Source:     v1alpha1.DiskImageSource{URL: srv.URL + "/ubuntu.qcow2", SHA256: hex.EncodeToString(sum[:])},
-			PruneAfter: &metav1.Duration{Duration: time.Minute},
+			PruneAfter: &metav1.Duration{Duration: imagePruneAfter},
 		}},
 	})
 	h.create(t, imageVM("img-b", "boot-b"))
@@ -130,6 +135,12 @@ func TestDiskImages(t *testing.T) {
 		assert.Equal(t, corev1.ConditionTrue, img.GetCondition(xpv2.TypeReady).Status)
 	})
 
+	img := h.waitImage(t, 5*time.Second, func(*v1alpha1.DiskImage) bool { return true })
+	require.True(t, h.nodeVolumeExists(t, "node1", imageNodeVolume(img)), "the image was imported to the node")
+	for _, name := range []string{"boot-a", "boot-b"} {
+		require.True(t, h.nodeVolumeExists(t, "node1", ns+"_"+name), "Volume %s was made on the node", name)
+	}
+
 	t.Run("DeletingAReferencedImageIsRefusedThenAllowedOnceUnused", func(t *testing.T) {
 		require.NoError(t, h.kube.Delete(ctx, &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ubuntu"}}))
 		require.Eventually(t, func() bool {
@@ -149,6 +160,90 @@ func TestDiskImages(t *testing.T) {
 			return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "ubuntu"}, &v1alpha1.DiskImage{}))
 		}, 30*time.Second, 100*time.Millisecond, "the image is deleted once no Volume uses it")
 	})
+
+	t.Run("DeletedVolumesAreDeletedOnTheNode", func(t *testing.T) {
+		for _, name := range []string{"boot-a", "boot-b"} {
+			require.Eventually(t, func() bool {
+				return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &v1alpha1.Volume{}))
+			}, 30*time.Second, 100*time.Millisecond, "Volume %s is finalized", name)
+			// The finalizer goes only once the node reported the volume gone.
+			assert.False(t, h.nodeVolumeExists(t, "node1", ns+"_"+name), "Volume %s's libvirt volume is deleted", name)
+		}
+	})
+
+	t.Run("TheImageIsPrunedFromTheNodeAfterPruneAfter", func(t *testing.T) {
+		start := time.Now()
+		require.Eventually(t, func() bool { return !h.nodeVolumeExists(t, "node1", imageNodeVolume(img)) },
+			imagePruneAfter+15*time.Second, 100*time.Millisecond, "the image's node copy is pruned")
+		t.Logf("image pruned %s after its last Volume was deleted (pruneAfter %s)", time.Since(start), imagePruneAfter)
+	})
+}
+
+// TestVolumeDeletion pins when a deleted Volume goes: an unbound one at once;
+// a bound one only once its node reported its volume gone, even when the
+// agent is away when it is deleted.
+func TestVolumeDeletion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the whole stack; skipped with -short")
+	}
+	h := startStack(t, "vf-vol-", stack.Options{Nodes: []string{"node1"}})
+	ctx := context.Background()
+	gone := func(name string) func() bool {
+		return func() bool {
+			return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &v1alpha1.Volume{}))
+		}
+	}
+
+	t.Run("AnUnboundVolumeGoesAtOnce", func(t *testing.T) {
+		h.create(t, volume("loose"))
+		require.NoError(t, h.kube.Delete(ctx, volume("loose")))
+		require.Eventually(t, gone("loose"), 10*time.Second, 50*time.Millisecond)
+	})
+
+	t.Run("ABoundVolumeWaitsForItsNodeToDeleteIt", func(t *testing.T) {
+		h.create(t, volume("data"))
+		h.create(t, imageVM("user", "data"))
+		h.wait(t, "user", 60*time.Second, running)
+		h.delete(t, "user")
+		require.True(t, h.nodeVolumeExists(t, "node1", ns+"_data"))
+
+		require.NoError(t, h.s.StopAgent("node1"))
+		require.NoError(t, h.kube.Delete(ctx, volume("data")))
+		time.Sleep(3 * time.Second)
+		assert.False(t, gone("data")(), "the Volume stays while its node has not deleted the volume")
+		assert.True(t, h.nodeVolumeExists(t, "node1", ns+"_data"))
+
+		start := time.Now()
+		require.NoError(t, h.s.StartAgent("node1"))
+		require.Eventually(t, gone("data"), 30*time.Second, 50*time.Millisecond, "the restarted agent deletes the volume")
+		t.Logf("Volume finalized %s after its agent came back", time.Since(start))
+		assert.False(t, h.nodeVolumeExists(t, "node1", ns+"_data"))
+	})
+}
+
+// imagePruneAfter is the DiskImage's pruneAfter: short, so that the test sees
+// its node copy pruned.
+const imagePruneAfter = 3 * time.Second
+
+// imageNodeVolume is the libvirt volume an image is kept in on a node.
+func imageNodeVolume(img *v1alpha1.DiskImage) string { return "image_" + string(img.UID) }
+
+// nodeVolumeExists looks behind virtfleet's back for a volume in the node's
+// storage pool.
+func (h *hub) nodeVolumeExists(t *testing.T, node, name string) bool {
+	t.Helper()
+	l, err := h.s.Nodes[node].Dial()
+	require.NoError(t, err)
+	defer func() { _ = l.Disconnect() }()
+	p, err := l.StoragePoolLookupByName(libvirttest.Pool)
+	require.NoError(t, err)
+	_, err = l.StorageVolLookupByName(p, name)
+	if err != nil {
+		var le libvirt.Error
+		require.True(t, errors.As(err, &le) && le.Code == uint32(libvirt.ErrNoStorageVol), "cannot look up volume %s: %v", name, err)
+		return false
+	}
+	return true
 }
 
 func (h *hub) waitImage(t *testing.T, timeout time.Duration, ok func(*v1alpha1.DiskImage) bool) *v1alpha1.DiskImage {

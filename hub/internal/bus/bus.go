@@ -33,13 +33,20 @@ type Bus interface {
 	// DeleteIntent removes the intent of guest uid on node, which tells the
 	// node's agent to delete the guest.
 	DeleteIntent(ctx context.Context, node, uid string) error
-	// WatchReports calls fn for every report change.
+	// PutVolumeIntent makes v the stored intent of Volume v.UID on node.
+	PutVolumeIntent(ctx context.Context, node string, v wire.VolumeIntent) (revision uint64, err error)
+	// DeleteVolumeIntent removes the intent of Volume uid on node; the node's
+	// agent then removes the Volume's report.
+	DeleteVolumeIntent(ctx context.Context, node, uid string) error
+	// WatchReports calls fn for every report change, of guests and of
+	// Volumes (ReportEvent.Volume).
 	WatchReports(ctx context.Context, fn func(ReportEvent)) error
 	// WatchNodes calls fn for every heartbeat and every node lost.
 	WatchNodes(ctx context.Context, fn func(NodeEvent)) error
 }
 
-// ReportEvent is the state of one report key.
+// ReportEvent is the state of one guest's report key, or, with Volume set,
+// of one Volume's.
 type ReportEvent struct {
 	Node, UID string
 	Revision  uint64
@@ -47,6 +54,20 @@ type ReportEvent struct {
 	Deleted bool
 	// Report is set unless Deleted.
 	Report wire.Report
+	// Volume is set for a Volume's report key ("<node>.volume.<uid>"); the
+	// fields above are then empty.
+	Volume *VolumeReportEvent
+}
+
+// VolumeReportEvent is the state of one Volume's report key.
+type VolumeReportEvent struct {
+	Node, UID string
+	Revision  uint64
+	// Deleted is true when the agent removed the report, after the hub
+	// deleted the Volume's intent.
+	Deleted bool
+	// Report is set unless Deleted.
+	Report wire.VolumeReport
 }
 
 // NodeEvent is the state of one node's heartbeat key.

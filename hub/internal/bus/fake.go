@@ -14,7 +14,8 @@ import (
 type Fake struct {
 	mu       sync.Mutex
 	rev      uint64
-	intents  map[string]wire.Intent // by "<node>.<uid>"
+	intents  map[string]wire.Intent       // by "<node>.<uid>"
+	volumes  map[string]wire.VolumeIntent // by "<node>.volume.<uid>"
 	reports  []func(ReportEvent)
 	nodes    []func(NodeEvent)
 	reportKV map[string]ReportEvent
@@ -25,7 +26,7 @@ var _ Bus = &Fake{}
 
 // NewFake returns an empty Fake.
 func NewFake() *Fake {
-	return &Fake{intents: map[string]wire.Intent{}, reportKV: map[string]ReportEvent{}, nodeKV: map[string]NodeEvent{}}
+	return &Fake{intents: map[string]wire.Intent{}, volumes: map[string]wire.VolumeIntent{}, reportKV: map[string]ReportEvent{}, nodeKV: map[string]NodeEvent{}}
 }
 
 // Intent returns the stored intent of uid on node.
@@ -36,20 +37,50 @@ func (f *Fake) Intent(node, uid string) (wire.Intent, bool) {
 	return in, ok
 }
 
+// VolumeIntent returns the stored intent of Volume uid on node.
+func (f *Fake) VolumeIntent(node, uid string) (wire.VolumeIntent, bool) {
+	key, _ := wire.VolumeIntentKey(node, uid)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.volumes[key]
+	return v, ok
+}
+
 // PutIntent implements Bus.
 func (f *Fake) PutIntent(_ context.Context, node string, in wire.Intent) (uint64, error) {
 	key, err := wire.IntentKey(node, in.UID)
 	if err != nil {
 		return 0, err
 	}
+	if err := in.Validate(); err != nil {
+		return 0, err
+	}
 	in.ProtocolVersion = wire.ProtocolVersion
+	return fakePut(f, f.intents, key, in)
+}
+
+// PutVolumeIntent implements Bus.
+func (f *Fake) PutVolumeIntent(_ context.Context, node string, v wire.VolumeIntent) (uint64, error) {
+	key, err := wire.VolumeIntentKey(node, v.UID)
+	if err != nil {
+		return 0, err
+	}
+	if err := v.Validate(); err != nil {
+		return 0, err
+	}
+	v.ProtocolVersion = wire.ProtocolVersion
+	return fakePut(f, f.volumes, key, v)
+}
+
+// fakePut stores v under key unless it is stored already.
+func fakePut[V any](f *Fake, m map[string]V, key string, v V) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if cur, ok := f.intents[key]; ok && reflect.DeepEqual(cur, in) {
+	if cur, ok := m[key]; ok && reflect.DeepEqual(cur, v) {
 		return f.rev, nil
 	}
 	f.rev++
-	f.intents[key] = in
+	m[key] = v
 	return f.rev, nil
 }
 
@@ -65,13 +96,38 @@ func (f *Fake) DeleteIntent(_ context.Context, node, uid string) error {
 	return nil
 }
 
+// DeleteVolumeIntent implements Bus.
+func (f *Fake) DeleteVolumeIntent(_ context.Context, node, uid string) error {
+	key, err := wire.VolumeIntentKey(node, uid)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.volumes, key)
+	return nil
+}
+
 // SetReport plays node's agent writing (or, with deleted, removing) a report.
 func (f *Fake) SetReport(ev ReportEvent) {
+	f.setReport(ev.Node+"."+ev.UID, func(rev uint64) ReportEvent { ev.Revision = rev; return ev })
+}
+
+// SetVolumeReport plays node's agent writing (or, with deleted, removing) a
+// Volume's report.
+func (f *Fake) SetVolumeReport(ev VolumeReportEvent) {
+	key, _ := wire.VolumeReportKey(ev.Node, ev.UID)
+	f.setReport(key, func(rev uint64) ReportEvent { ev.Revision = rev; return ReportEvent{Volume: &ev} })
+}
+
+// setReport stores the event at the next revision under key and tells the
+// watchers.
+func (f *Fake) setReport(key string, at func(rev uint64) ReportEvent) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rev++
-	ev.Revision = f.rev
-	f.reportKV[ev.Node+"."+ev.UID] = ev
+	ev := at(f.rev)
+	f.reportKV[key] = ev
 	for _, fn := range f.reports {
 		fn(ev)
 	}

@@ -3,6 +3,7 @@ package bus
 import (
 	"bytes"
 	"context"
+	"strings"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -78,6 +79,25 @@ func (n *NATS) PutIntent(ctx context.Context, node string, in wire.Intent) (uint
 	if err != nil {
 		return 0, errors.Wrap(err, "cannot encode intent")
 	}
+	return n.put(ctx, key, b)
+}
+
+// PutVolumeIntent implements Bus.
+func (n *NATS) PutVolumeIntent(ctx context.Context, node string, v wire.VolumeIntent) (uint64, error) {
+	key, err := wire.VolumeIntentKey(node, v.UID)
+	if err != nil {
+		return 0, err
+	}
+	b, err := wire.EncodeVolumeIntent(v)
+	if err != nil {
+		return 0, errors.Wrap(err, "cannot encode volume intent")
+	}
+	return n.put(ctx, key, b)
+}
+
+// put stores b under the intents key, compare-and-set against the revision
+// read just before.
+func (n *NATS) put(ctx context.Context, key string, b []byte) (uint64, error) {
 	cur, err := n.intents.Get(ctx, key)
 	var rev uint64
 	switch {
@@ -104,6 +124,20 @@ func (n *NATS) DeleteIntent(ctx context.Context, node, uid string) error {
 	if err != nil {
 		return err
 	}
+	return n.delete(ctx, key)
+}
+
+// DeleteVolumeIntent implements Bus.
+func (n *NATS) DeleteVolumeIntent(ctx context.Context, node, uid string) error {
+	key, err := wire.VolumeIntentKey(node, uid)
+	if err != nil {
+		return err
+	}
+	return n.delete(ctx, key)
+}
+
+// delete removes the intents key if present, compare-and-set.
+func (n *NATS) delete(ctx context.Context, key string) error {
 	cur, err := n.intents.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil
@@ -200,22 +234,28 @@ func (n *NATS) drain(ctx context.Context, bucket string, w jetstream.KeyWatcher,
 	}
 }
 
+// reportEvent decodes a report key: a Volume's ("<node>.volume.<uid>") or a
+// guest's ("<node>.<uid>"). Any other kind of key is refused.
 func reportEvent(key string, rev uint64, deleted bool, value []byte) (ReportEvent, error) {
-	node, uid, err := wire.ParseKey(key)
+	node, rest, err := wire.ParseKey(key)
 	if err != nil {
 		return ReportEvent{}, err
 	}
-	ev := ReportEvent{Node: node, UID: uid, Revision: rev, Deleted: deleted}
-	if deleted {
-		return ev, nil
+	if uid, ok := wire.ParseVolumeKey(rest); ok {
+		ev := VolumeReportEvent{Node: node, UID: uid, Revision: rev, Deleted: deleted}
+		ev.Report, err = buckets.DecodeValue(key, uid, deleted, value, wire.DecodeVolumeReport, func(r wire.VolumeReport) string { return r.UID })
+		if err != nil {
+			return ReportEvent{}, err
+		}
+		return ReportEvent{Volume: &ev}, nil
 	}
-	if ev.Report, err = wire.DecodeReport(value); err != nil {
+	if strings.Contains(rest, ".") {
+		return ReportEvent{}, &wire.KeyError{What: "key", Value: key, Reason: "not a guest or volume report key"}
+	}
+	ev := ReportEvent{Node: node, UID: rest, Revision: rev, Deleted: deleted}
+	ev.Report, err = buckets.DecodeValue(key, key, deleted, value, wire.DecodeReport, func(r wire.Report) string { return r.Node + "." + r.UID })
+	if err != nil {
 		return ReportEvent{}, err
-	}
-	// The server only lets node's agent write under node's prefix, so a
-	// mismatch is a bug or a forgery; either way it must not move a VM.
-	if ev.Report.Node != node || ev.Report.UID != uid {
-		return ReportEvent{}, &buckets.MismatchError{Key: key, Want: key, Got: ev.Report.Node + "." + ev.Report.UID}
 	}
 	return ev, nil
 }

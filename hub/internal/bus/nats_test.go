@@ -154,3 +154,84 @@ func TestWatchReportsResumesAfterServerRestart(t *testing.T) {
 	put("after")
 	next(t, events, 10*time.Second, func(e bus.ReportEvent) bool { return e.UID == "after" })
 }
+
+func TestPutVolumeIntent(t *testing.T) {
+	b, js, _, _ := newHub(t)
+	ctx := context.Background()
+	intents, err := js.KeyValue(ctx, wire.BucketIntents)
+	require.NoError(t, err)
+	v := wire.VolumeIntent{UID: "vol-a", Namespace: "ns", Name: "a", Disk: "ns_a", Absent: true}
+
+	rev1, err := b.PutVolumeIntent(ctx, "node1", v)
+	require.NoError(t, err)
+	rev2, err := b.PutVolumeIntent(ctx, "node1", v)
+	require.NoError(t, err)
+	assert.Equal(t, rev1, rev2, "replaying the same volume intent must not write")
+
+	e, err := intents.Get(ctx, "node1.volume.vol-a")
+	require.NoError(t, err, "the volume intent lives under <node>.volume.<uid>")
+	got, err := wire.DecodeVolumeIntent(e.Value())
+	require.NoError(t, err)
+	assert.Equal(t, "ns_a", got.Disk)
+	_, err = intents.Get(ctx, "node1.vol-a")
+	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound, "a volume intent is not a guest intent")
+
+	require.NoError(t, b.DeleteVolumeIntent(ctx, "node1", "vol-a"))
+	require.NoError(t, b.DeleteVolumeIntent(ctx, "node1", "vol-a"), "deleting an absent volume intent succeeds")
+	_, err = intents.Get(ctx, "node1.volume.vol-a")
+	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound)
+
+	v.Absent = false
+	_, err = b.PutVolumeIntent(ctx, "node1", v)
+	var de *wire.DecodeError
+	assert.ErrorAs(t, err, &de, "a present volume intent is reserved")
+	_, err = b.PutVolumeIntent(ctx, "node1", wire.VolumeIntent{UID: "a.b", Disk: "d", Absent: true})
+	var ke *wire.KeyError
+	assert.ErrorAs(t, err, &ke)
+}
+
+func TestWatchReportsRoutesVolumeReports(t *testing.T) {
+	b, js, _, _ := newHub(t)
+	events := collect(t, b.WatchReports)
+	ctx := context.Background()
+	reports, err := js.KeyValue(ctx, wire.BucketReports)
+	require.NoError(t, err)
+
+	v, err := wire.EncodeVolumeReport(wire.VolumeReport{UID: "vol-a", Gone: true})
+	require.NoError(t, err)
+	_, err = reports.Put(ctx, "node1.volume.vol-a", v)
+	require.NoError(t, err)
+	ev := next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Volume != nil })
+	assert.Equal(t, bus.VolumeReportEvent{Node: "node1", UID: "vol-a", Revision: ev.Volume.Revision, Report: ev.Volume.Report}, *ev.Volume)
+	assert.True(t, ev.Volume.Report.Gone)
+	assert.Empty(t, ev.UID, "a volume report is not a guest report")
+
+	require.NoError(t, reports.Delete(ctx, "node1.volume.vol-a"))
+	ev = next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Volume != nil })
+	assert.True(t, ev.Volume.Deleted)
+	assert.Equal(t, "vol-a", ev.Volume.UID)
+
+	cases := map[string]struct {
+		key, value string
+		reason     string
+	}{
+		"CorruptVolumeReport":       {key: "node1.volume.vol-x", value: `not json`, reason: buckets.ReasonDecode},
+		"NewerVolumeReport":         {key: "node1.volume.vol-y", value: `{"protocolVersion":2,"uid":"vol-y"}`, reason: buckets.ReasonVersion},
+		"VolumeReportForOtherUID":   {key: "node1.volume.vol-z", value: `{"protocolVersion":1,"uid":"vol-other"}`, reason: buckets.ReasonMismatch},
+		"GuestReportUnderVolumeKey": {key: "node1.volume.vol-w", value: `{"protocolVersion":1,"node":"node1"}`, reason: buckets.ReasonKey},
+		"UnknownKindOfKey":          {key: "node1.network.net-a", value: `{"protocolVersion":1,"uid":"net-a","node":"node1"}`, reason: buckets.ReasonKey},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			before := b.Rejections().Count(tc.reason)
+			_, err := reports.Put(ctx, tc.key, []byte(tc.value))
+			require.NoError(t, err)
+			good, err := wire.EncodeVolumeReport(wire.VolumeReport{UID: "vol-good", Message: name})
+			require.NoError(t, err)
+			_, err = reports.Put(ctx, "node1.volume.vol-good", good)
+			require.NoError(t, err)
+			next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Volume != nil && e.Volume.Report.Message == name })
+			assert.Equal(t, before+1, b.Rejections().Count(tc.reason))
+		})
+	}
+}

@@ -6,8 +6,11 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -15,6 +18,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
 )
 
 // vmUser describes VirtualMachines as users of what index names.
@@ -56,6 +60,17 @@ var Volumes = inuse.Kind[*v1alpha1.Volume]{
 	},
 }
 
+// releasingVolumes is Volumes with their deletion on the node: a deleted
+// Volume goes once its node deleted the volume.
+func releasingVolumes(mgr ctrl.Manager, vo virtualmachine.Options, notifier *virtualmachine.Notifier) inuse.Kind[*v1alpha1.Volume] {
+	name := managed.ControllerName(v1alpha1.VolumeGroupKind)
+	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime still records through the old events API
+	k := Volumes
+	k.Release = volume.NewReleaser(mgr.GetClient(), vo, notifier, recorder).Release
+	k.Sources = []source.Source{notifier.Source()}
+	return k
+}
+
 // VirtualNetworks are used by VirtualMachines through
 // spec.forProvider.virtualNetworks.
 var VirtualNetworks = inuse.Kind[*v1alpha1.VirtualNetwork]{
@@ -77,7 +92,9 @@ var VirtualNetworks = inuse.Kind[*v1alpha1.VirtualNetwork]{
 }
 
 // SetupGated adds every controller, each once its CRD is established.
-func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options) error {
+// volumes is the Notifier the Pool's fleets feed with Volume report changes
+// (Fleet.SubscribeVolumes).
+func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, volumes *virtualmachine.Notifier) error {
 	// The indexes serve several controllers; they must exist before any of
 	// them starts, whatever order their gates open in.
 	if err := virtualmachine.IndexUsage(ctx, mgr); err != nil {
@@ -89,7 +106,7 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 	if err := virtualmachine.SetupGated(mgr, o, vo); err != nil {
 		return err
 	}
-	if err := inuse.SetupGated(mgr, o, Volumes); err != nil {
+	if err := inuse.SetupGated(mgr, o, releasingVolumes(mgr, vo, volumes)); err != nil {
 		return err
 	}
 	if err := inuse.SetupGated(mgr, o, VirtualNetworks); err != nil {

@@ -49,23 +49,32 @@ type Fleet struct {
 	// lost: by then every live node has sent several heartbeats.
 	unknownAfter time.Duration
 
-	mu       sync.RWMutex
-	reports  map[string]Report // by uid
-	nodes    map[string]NodeStatus
-	subs     []func(uid string)
-	nodeSubs []func(node string)
+	mu            sync.RWMutex
+	reports       map[string]Report       // by uid
+	volumeReports map[string]VolumeReport // by Volume uid
+	nodes         map[string]NodeStatus
+	subs          []func(uid string)
+	volumeSubs    []func(uid string)
+	nodeSubs      []func(node string)
+}
+
+// VolumeReport is a Volume's latest report and when the hub received it.
+type VolumeReport struct {
+	bus.VolumeReportEvent
+	ReceivedAt time.Time
 }
 
 // New returns a view over b. Call Run to fill it.
 func New(b bus.Bus, log logging.Logger) *Fleet {
 	return &Fleet{
-		Bus:          b,
-		log:          log,
-		now:          time.Now,
-		started:      time.Now(),
-		unknownAfter: buckets.DefaultNodeTTL,
-		reports:      map[string]Report{},
-		nodes:        map[string]NodeStatus{},
+		Bus:           b,
+		log:           log,
+		now:           time.Now,
+		started:       time.Now(),
+		unknownAfter:  buckets.DefaultNodeTTL,
+		reports:       map[string]Report{},
+		volumeReports: map[string]VolumeReport{},
+		nodes:         map[string]NodeStatus{},
 	}
 }
 
@@ -75,6 +84,14 @@ func (f *Fleet) Subscribe(fn func(uid string)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.subs = append(f.subs, fn)
+}
+
+// SubscribeVolumes registers fn to be called with the uid of every Volume
+// whose report changed. fn must not block.
+func (f *Fleet) SubscribeVolumes(fn func(uid string)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.volumeSubs = append(f.volumeSubs, fn)
 }
 
 // SubscribeNodes registers fn to be called with the name of every node that
@@ -105,6 +122,10 @@ func (f *Fleet) Run(ctx context.Context) {
 }
 
 func (f *Fleet) onReport(e bus.ReportEvent) {
+	if e.Volume != nil {
+		f.onVolumeReport(*e.Volume)
+		return
+	}
 	f.mu.Lock()
 	if e.Deleted {
 		delete(f.reports, e.UID)
@@ -112,6 +133,20 @@ func (f *Fleet) onReport(e bus.ReportEvent) {
 		f.reports[e.UID] = Report{ReportEvent: e, ReceivedAt: f.now()}
 	}
 	subs := f.subs
+	f.mu.Unlock()
+	for _, fn := range subs {
+		fn(e.UID)
+	}
+}
+
+func (f *Fleet) onVolumeReport(e bus.VolumeReportEvent) {
+	f.mu.Lock()
+	if e.Deleted {
+		delete(f.volumeReports, e.UID)
+	} else {
+		f.volumeReports[e.UID] = VolumeReport{VolumeReportEvent: e, ReceivedAt: f.now()}
+	}
+	subs := f.volumeSubs
 	f.mu.Unlock()
 	for _, fn := range subs {
 		fn(e.UID)
@@ -158,6 +193,15 @@ func (f *Fleet) Report(uid string) (Report, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	r, ok := f.reports[uid]
+	return r, ok
+}
+
+// VolumeReport returns the latest report of Volume uid and the node that
+// wrote it.
+func (f *Fleet) VolumeReport(uid string) (VolumeReport, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	r, ok := f.volumeReports[uid]
 	return r, ok
 }
 

@@ -3,7 +3,8 @@
 // one rule: they cannot be deleted while used. The deletion stays pending (the
 // object stays, with a condition and an event naming the users) and proceeds
 // by itself when the last user lets go. The nodes make the backing libvirt
-// volume, network or image when a VM needs it.
+// volume, network or image when a VM needs it; a kind whose node copy must be
+// removed when the resource goes (Volumes) says how with Kind.Release.
 package inuse
 
 import (
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -23,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -55,6 +58,17 @@ type Kind[T resource.ModernManaged] struct {
 	// Observe writes what is known into the object's status.atProvider and
 	// returns its Ready condition.
 	Observe func(ctx context.Context, kube client.Reader, obj T, users []string) (xpv2.Condition, error)
+	// Release, if set, removes what the resource stands for outside
+	// Kubernetes once nothing uses it. The deletion of a resource calls it
+	// until it returns released; only then is the finalizer removed. It must
+	// be idempotent and must not block: a release that waits on a node
+	// returns false and is called again when Sources fire or at the next
+	// backoff. An error is shown in the resource's Synced condition. Unset
+	// means the resource is released as soon as it is unused.
+	Release func(ctx context.Context, obj T) (released bool, err error)
+	// Sources are further triggers of reconciles, such as a Notifier's for
+	// the nodes' reports Release waits on.
+	Sources []source.Source
 }
 
 // User is a kind whose objects use resources of another kind by name, in the
@@ -134,6 +148,9 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	for _, rel := range k.Related {
 		b = b.Watches(rel.Object, enqueue(func(ctx context.Context, o client.Object) []string { return rel.Names(ctx, mgr.GetClient(), o) }))
 	}
+	for _, src := range k.Sources {
+		b = b.WatchesRawSource(src)
+	}
 	return b.Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
 }
 
@@ -155,6 +172,9 @@ type external[T resource.ModernManaged] struct {
 	kube     client.Client
 	kind     Kind[T]
 	recorder event.Recorder
+	// released holds the uids of resources being deleted whose Release
+	// succeeded. Losing it (a hub restart) only calls Release once more.
+	released sync.Map
 }
 
 func (e *external[T]) Connect(context.Context, T) (managed.TypedExternalClient[T], error) {
@@ -183,7 +203,12 @@ func (e *external[T]) Observe(ctx context.Context, obj T) (managed.ExternalObser
 	}
 	obj.SetConditions(inUse)
 	if meta.WasDeleted(obj) {
-		return managed.ExternalObservation{ResourceExists: len(users) > 0}, nil
+		exists := len(users) > 0
+		if !exists && e.kind.Release != nil {
+			_, released := e.released.LoadAndDelete(obj.GetUID())
+			exists = !released
+		}
+		return managed.ExternalObservation{ResourceExists: exists}, nil
 	}
 	obj.SetConditions(ready)
 	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, nil
@@ -199,7 +224,7 @@ func (e *external[T]) Update(context.Context, T) (managed.ExternalUpdate, error)
 	return managed.ExternalUpdate{}, nil
 }
 
-// Delete refuses while the resource is used.
+// Delete refuses while the resource is used, then releases it.
 func (e *external[T]) Delete(ctx context.Context, obj T) (managed.ExternalDelete, error) {
 	users, err := e.users(ctx, obj)
 	if err != nil {
@@ -212,6 +237,16 @@ func (e *external[T]) Delete(ctx context.Context, obj T) (managed.ExternalDelete
 		return managed.ExternalDelete{}, err
 	}
 	obj.SetConditions(xpv2.Deleting())
+	if e.kind.Release == nil {
+		return managed.ExternalDelete{}, nil
+	}
+	released, err := e.kind.Release(ctx, obj)
+	if err != nil {
+		return managed.ExternalDelete{}, err
+	}
+	if released {
+		e.released.Store(obj.GetUID(), struct{}{})
+	}
 	return managed.ExternalDelete{}, nil
 }
 

@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 )
@@ -16,35 +18,51 @@ import (
 // VirtualMachine, so status follows the node at once instead of at the next
 // poll. It learns which VM a uid belongs to when the VM is reconciled; a
 // report for a VM not reconciled since the hub started is picked up by the
-// reconcile every VM gets at start.
+// reconcile every VM gets at start. NewNotifierFor makes one for another
+// kind whose objects nodes report on (Volumes).
 type Notifier struct {
-	keys    sync.Map // uid -> types.NamespacedName
-	pending sync.Map // uid -> struct{}: a NotifyAfter timer is running
+	newObject func() client.Object
+	keys      sync.Map // uid -> types.NamespacedName
+	pending   sync.Map // uid -> struct{}: a NotifyAfter timer is running
 	// unplaced are the VMs waiting for a node with room.
 	unplaced sync.Map // uid -> struct{}
 	events   chan ctrlevent.GenericEvent
 }
 
-// NewNotifier returns a Notifier with room for a burst of changes.
+// NewNotifier returns a Notifier of VirtualMachines with room for a burst of
+// changes.
 func NewNotifier() *Notifier {
-	return &Notifier{events: make(chan ctrlevent.GenericEvent, 8192)}
+	return NewNotifierFor(func() client.Object { return &v1alpha1.VirtualMachine{} })
 }
 
-func (n *Notifier) remember(vm *v1alpha1.VirtualMachine) {
-	n.keys.Store(string(vm.UID), types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name})
+// NewNotifierFor returns a Notifier of the kind newObject makes.
+func NewNotifierFor(newObject func() client.Object) *Notifier {
+	return &Notifier{newObject: newObject, events: make(chan ctrlevent.GenericEvent, 8192)}
 }
 
-// Notify queues a reconcile of the VM of uid. It never blocks the watch that
+// Remember records which object uid names; call it whenever o is reconciled.
+func (n *Notifier) Remember(o client.Object) {
+	n.keys.Store(string(o.GetUID()), types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()})
+}
+
+// Source is the controller source the notifications arrive on.
+func (n *Notifier) Source() source.Source {
+	return source.Channel(n.events, &handler.EnqueueRequestForObject{})
+}
+
+// Notify queues a reconcile of the object of uid. It never blocks the watch that
 // calls it: when the queue is full the change waits for the next poll.
 func (n *Notifier) Notify(uid string) {
 	v, ok := n.keys.Load(uid)
 	if !ok {
 		return
 	}
-	key := v.(types.NamespacedName) //nolint:forcetypeassert // only remember stores here
-	obj := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	key := v.(types.NamespacedName) //nolint:forcetypeassert // only Remember stores here
+	obj := n.newObject()
+	obj.SetNamespace(key.Namespace)
+	obj.SetName(key.Name)
 	select {
-	case n.events <- ctrlevent.GenericEvent{Object: client.Object(obj)}:
+	case n.events <- ctrlevent.GenericEvent{Object: obj}:
 	default:
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -136,7 +135,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		Watches(&v1alpha1.DiskImage{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
-		WatchesRawSource(source.Channel(vo.Notifier.events, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(vo.Notifier.Source()).
 		Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
 }
 
@@ -235,7 +234,7 @@ func (c *connector) Connect(ctx context.Context, vm *v1alpha1.VirtualMachine) (m
 	if err != nil {
 		return nil, err
 	}
-	c.opts.Notifier.remember(vm)
+	c.opts.Notifier.Remember(vm)
 	return &external{connector: c, fleet: f, nodeSelector: pc.NodeSelector}, nil
 }
 

@@ -1,0 +1,231 @@
+package kubevirt
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+const testKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx5ZHQgZmxlZXQgdGVzdCBrZXkgZm9yIHZpcnRmbGVldA== test@virtfleet"
+
+func testMachine(uid string) driver.Machine {
+	return driver.Machine{
+		UID: uid, Namespace: "team-a", Name: "db", VCPU: 2, MemoryBytes: 1 << 30, PublicKey: testKey, Running: true,
+		Disks:    []driver.Disk{{Name: "team-a_db-root", SizeBytes: 1 << 30}},
+		Networks: []driver.Network{{Name: "team-a_net-db", CIDR: "10.10.120.0/24"}},
+	}
+}
+
+func TestObjectNamesMapBothWays(t *testing.T) {
+	cases := map[string]struct{ node, object string }{
+		"NamespaceAndName":           {"team-a_db-root", "team-a.db-root"},
+		"OnlyTheFirstSeparator":      {"team-a_db_root", "team-a.db_root"},
+		"DotsInTheNameStayInTheName": {"team-a_db.root", "team-a.db.root"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.object, ObjectName(tc.node))
+			assert.Equal(t, tc.node, NodeNameOf(ObjectName(tc.node)))
+		})
+	}
+}
+
+func TestValidateRefusesWhatKubeVirtCannotRun(t *testing.T) {
+	uid := "0e6e5d3c-7f6b-4f59-9d53-4d8f1c1d2a11"
+	cases := map[string]struct {
+		mutate func(*driver.Machine)
+		want   string
+	}{
+		"NoVCPU":              {func(m *driver.Machine) { m.VCPU = 0 }, "vcpu"},
+		"NoDisk":              {func(m *driver.Machine) { m.Disks = nil }, "at least one disk"},
+		"ImagesNeedCDI":       {func(m *driver.Machine) { m.Disks[0].Image = &driver.Image{UID: "i", Name: "debian", URL: "http://x"} }, "CDI"},
+		"UIDNotAName":         {func(m *driver.Machine) { m.UID = "Not_A_UID" }, "cannot name"},
+		"DiskNotAName":        {func(m *driver.Machine) { m.Disks[0].Name = "team-a_DB" }, "cannot name a PVC"},
+		"NetworkNotAName":     {func(m *driver.Machine) { m.Networks[0].Name = "team-a_net db" }, "NetworkAttachmentDefinition"},
+		"UnknownFirmware":     {func(m *driver.Machine) { m.Firmware = "coreboot" }, "firmware"},
+		"UserDataTooLong":     {func(m *driver.Machine) { m.UserData = "#cloud-config\nbootcmd: [" + strings.Repeat("x", 3000) + "]" }, "at most 2048"},
+		"UserDataUnsupported": {func(m *driver.Machine) { m.UserData = "#include http://example.com/x" }, "#include"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := testMachine(uid)
+			tc.mutate(&m)
+			err := validate(m)
+			if err == nil {
+				_, err = newVM(m, "ns")
+			}
+			require.Error(t, err)
+			assert.True(t, driver.IsTerminal(err), "terminal: %v", err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	assert.NoError(t, validate(testMachine(uid)), "the test machine itself is valid")
+}
+
+func TestNewVMMapsTheMachine(t *testing.T) {
+	m := testMachine("0e6e5d3c-7f6b-4f59-9d53-4d8f1c1d2a11")
+	m.Firmware = driver.FirmwareUEFI
+	m.Disks = append(m.Disks, driver.Disk{Name: "team-a_db-data", SizeBytes: 2 << 30})
+	m.Networks = append(m.Networks, driver.Network{Name: "team-a_net-backend"})
+	vm, err := newVM(m, "vms")
+	require.NoError(t, err)
+
+	assert.Equal(t, "vf-"+m.UID, vm.Name)
+	assert.Equal(t, "vms", vm.Namespace)
+	assert.Equal(t, m.UID, vm.Labels[LabelUID])
+	assert.Equal(t, m.UID, vm.Spec.Template.ObjectMeta.Labels[LabelUID], "VMIs carry the label too")
+	assert.Equal(t, kubevirtv1.RunStrategyAlways, *vm.Spec.RunStrategy)
+	spec := vm.Spec.Template.Spec
+	assert.Equal(t, uint32(2), spec.Domain.CPU.Cores)
+	assert.Equal(t, int64(1<<30), spec.Domain.Memory.Guest.Value())
+	assert.NotNil(t, spec.Domain.Firmware.Bootloader.EFI)
+	claims := []string{}
+	for _, v := range spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			claims = append(claims, v.PersistentVolumeClaim.ClaimName)
+		}
+	}
+	assert.Equal(t, []string{"team-a.db-root", "team-a.db-data"}, claims, "one PVC per disk, in order")
+	assert.Equal(t, uint(1), *spec.Domain.Devices.Disks[0].BootOrder, "the first disk boots")
+	require.Len(t, spec.Networks, 2)
+	assert.Equal(t, "team-a.net-db", spec.Networks[0].Multus.NetworkName)
+	assert.True(t, spec.Networks[0].Multus.Default, "the first network is the default one")
+	assert.False(t, spec.Networks[1].Multus.Default)
+	assert.Len(t, spec.Domain.Devices.Interfaces, 2)
+
+	m.Running = false
+	stopped, err := newVM(m, "vms")
+	require.NoError(t, err)
+	assert.Equal(t, kubevirtv1.RunStrategyHalted, *stopped.Spec.RunStrategy)
+	assert.Equal(t, vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape], stopped.Spec.Template.ObjectMeta.Annotations[AnnotationShape], "power state is not shape")
+	m.VCPU = 4
+	bigger, err := newVM(m, "vms")
+	require.NoError(t, err)
+	assert.NotEqual(t, vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape], bigger.Spec.Template.ObjectMeta.Annotations[AnnotationShape], "vcpu is shape")
+}
+
+func TestUserData(t *testing.T) {
+	cases := map[string]struct {
+		mutate func(*driver.Machine)
+		want   map[string]any
+	}{
+		"KeyAndHostname": {
+			mutate: func(*driver.Machine) {},
+			want:   map[string]any{"hostname": "db", "ssh_authorized_keys": []any{testKey}},
+		},
+		"SwapAsAFile": {
+			mutate: func(m *driver.Machine) { m.SwapBytes = 512 << 20 },
+			want:   map[string]any{"hostname": "db", "ssh_authorized_keys": []any{testKey}, "swap": map[string]any{"filename": "/swap.img", "size": float64(512 << 20)}},
+		},
+		"UserCloudConfigMergedListsAppendedOursKept": {
+			mutate: func(m *driver.Machine) {
+				m.UserData = "#cloud-config\nhostname: theirs\nssh_authorized_keys: [ssh-ed25519 BBBB user]\npackages: [nginx]\n"
+			},
+			want: map[string]any{"hostname": "db", "ssh_authorized_keys": []any{testKey, "ssh-ed25519 BBBB user"}, "packages": []any{"nginx"}},
+		},
+		"UserScriptWrittenAndRun": {
+			mutate: func(m *driver.Machine) { m.PublicKey, m.UserData = "", "#!/bin/sh\necho hi\n" },
+			want: map[string]any{"hostname": "db",
+				"write_files": []any{map[string]any{"path": userScript, "permissions": "0755", "content": "#!/bin/sh\necho hi\n"}},
+				"runcmd":      []any{[]any{userScript}}},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := testMachine("0e6e5d3c-7f6b-4f59-9d53-4d8f1c1d2a11")
+			tc.mutate(&m)
+			b, err := userData(m)
+			require.NoError(t, err)
+			require.True(t, strings.HasPrefix(string(b), "#cloud-config\n"), "%s", b)
+			var got map[string]any
+			require.NoError(t, yaml.Unmarshal(b, &got))
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestObserveMapsKubeVirtStatus pins the phase, message, node and restart
+// count reported for each state a VM and its VMI can be in.
+func TestObserveMapsKubeVirtStatus(t *testing.T) {
+	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	vm := func(strategy kubevirtv1.VirtualMachineRunStrategy, printable kubevirtv1.VirtualMachinePrintableStatus, conds ...kubevirtv1.VirtualMachineCondition) *kubevirtv1.VirtualMachine {
+		return &kubevirtv1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Name: "vf-u", UID: "vm-uid", Labels: map[string]string{LabelUID: "u"}, Annotations: map[string]string{AnnotationRestarts: "2", AnnotationVMI: "vmi-1"}},
+			Spec: kubevirtv1.VirtualMachineSpec{RunStrategy: &strategy, Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AnnotationShape: "s1"}},
+			}},
+			Status: kubevirtv1.VirtualMachineStatus{PrintableStatus: printable, Conditions: conds},
+		}
+	}
+	vmi := func(uid string, phase kubevirtv1.VirtualMachineInstancePhase, shape string) *kubevirtv1.VirtualMachineInstance {
+		return &kubevirtv1.VirtualMachineInstance{
+			ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid), Annotations: map[string]string{AnnotationShape: shape}},
+			Spec:       kubevirtv1.VirtualMachineInstanceSpec{Networks: []kubevirtv1.Network{{Name: "net0", NetworkSource: kubevirtv1.NetworkSource{Multus: &kubevirtv1.MultusNetwork{NetworkName: "team-a.net-db"}}}}},
+			Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: phase, NodeName: "kv1", Interfaces: []kubevirtv1.VirtualMachineInstanceNetworkInterface{
+				{Name: "net0", MAC: "02:AA:bb:cc:dd:ee", IP: "10.0.0.5", IPs: []string{"10.0.0.5"}, InfoSource: "domain, guest-agent"},
+			}},
+		}
+	}
+	unschedulable := kubevirtv1.VirtualMachineCondition{Type: kubevirtv1.VirtualMachineConditionType(corev1.PodScheduled), Status: corev1.ConditionFalse, Message: "0/3 nodes are available: insufficient memory"}
+	dvError := kubevirtv1.VirtualMachineCondition{Type: kubevirtv1.VirtualMachineConditionType(kubevirtv1.VirtualMachineInstanceDataVolumesReady), Status: corev1.ConditionFalse, Message: "DataVolume root failed to import"}
+	restartRequired := kubevirtv1.VirtualMachineCondition{Type: kubevirtv1.VirtualMachineRestartRequired, Status: corev1.ConditionTrue}
+	terminating := vmi("vmi-1", kubevirtv1.Running, "s1")
+	terminating.DeletionTimestamp = &metav1.Time{Time: now}
+
+	cases := map[string]struct {
+		vm              *kubevirtv1.VirtualMachine
+		vmi             *kubevirtv1.VirtualMachineInstance
+		phase           driver.Phase
+		message         string
+		node            string
+		restarts        int32
+		restartRequired bool
+		interfaces      bool
+	}{
+		"RunningVMIIsRunning":                 {vm: vm(kubevirtv1.RunStrategyAlways, "Running"), vmi: vmi("vmi-1", kubevirtv1.Running, "s1"), phase: driver.PhaseRunning, node: "kv1", restarts: 2, interfaces: true},
+		"NoVMIYetIsStarting":                  {vm: vm(kubevirtv1.RunStrategyAlways, "Starting"), phase: driver.PhaseStarting, restarts: 2},
+		"ProvisioningVolumesIsProvisioning":   {vm: vm(kubevirtv1.RunStrategyAlways, "Provisioning"), phase: driver.PhaseProvisioning, message: "Provisioning", restarts: 2},
+		"ScheduledVMIIsStarting":              {vm: vm(kubevirtv1.RunStrategyAlways, "Starting"), vmi: vmi("vmi-1", kubevirtv1.Scheduled, "s1"), phase: driver.PhaseStarting, node: "kv1", restarts: 2},
+		"HaltedWithVMIIsStopping":             {vm: vm(kubevirtv1.RunStrategyHalted, "Stopping"), vmi: vmi("vmi-1", kubevirtv1.Running, "s1"), phase: driver.PhaseStopping, message: "stop the VMI", node: "kv1", restarts: 2},
+		"HaltedWithoutVMIIsStopped":           {vm: vm(kubevirtv1.RunStrategyHalted, "Stopped"), phase: driver.PhaseStopped, restarts: 2},
+		"PausedIsStopped":                     {vm: vm(kubevirtv1.RunStrategyAlways, "Paused"), vmi: vmi("vmi-1", kubevirtv1.Running, "s1"), phase: driver.PhaseStopped, message: "paused", node: "kv1", restarts: 2},
+		"TerminatingVMIOfARunningVMRestarts":  {vm: vm(kubevirtv1.RunStrategyAlways, "Running"), vmi: terminating, phase: driver.PhaseStarting, message: "replacing", node: "kv1", restarts: 2},
+		"UnschedulableIsFailedWithMessage":    {vm: vm(kubevirtv1.RunStrategyAlways, "ErrorUnschedulable", unschedulable), vmi: vmi("vmi-1", kubevirtv1.Scheduling, "s1"), phase: driver.PhaseFailed, message: "ErrorUnschedulable: 0/3 nodes are available: insufficient memory", node: "kv1", restarts: 2},
+		"DataVolumeErrorIsFailedWithMessage":  {vm: vm(kubevirtv1.RunStrategyAlways, "DataVolumeError", dvError), phase: driver.PhaseFailed, message: "DataVolume root failed to import", restarts: 2},
+		"CrashLoopIsFailedEvenWithoutMessage": {vm: vm(kubevirtv1.RunStrategyAlways, "CrashLoopBackOff"), phase: driver.PhaseFailed, message: "KubeVirt reports CrashLoopBackOff", restarts: 2},
+		"UnknownVMIPhaseIsFailed":             {vm: vm(kubevirtv1.RunStrategyAlways, "Running"), vmi: vmi("vmi-1", kubevirtv1.Unknown, "s1"), phase: driver.PhaseFailed, message: "lost contact", node: "kv1", restarts: 2},
+		"RecreatedVMICountsAsARestart":        {vm: vm(kubevirtv1.RunStrategyAlways, "Running"), vmi: vmi("vmi-2", kubevirtv1.Running, "s1"), phase: driver.PhaseRunning, node: "kv1", restarts: 3, interfaces: true},
+		"OlderShapeNeedsARestart":             {vm: vm(kubevirtv1.RunStrategyAlways, "Running"), vmi: vmi("vmi-1", kubevirtv1.Running, "s0"), phase: driver.PhaseRunning, node: "kv1", restarts: 2, restartRequired: true, interfaces: true},
+		"KubeVirtsRestartRequiredCounts":      {vm: vm(kubevirtv1.RunStrategyAlways, "Running", restartRequired), vmi: vmi("vmi-1", kubevirtv1.Running, "s1"), phase: driver.PhaseRunning, node: "kv1", restarts: 2, restartRequired: true, interfaces: true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			o := observe(tc.vm, tc.vmi, now)
+			assert.Equal(t, "u", o.UID)
+			assert.Equal(t, "vm-uid", o.ID, "the KubeVirt VM's uid")
+			assert.Equal(t, tc.phase, o.Phase)
+			assert.Contains(t, o.Message, tc.message)
+			if tc.message == "" {
+				assert.Empty(t, o.Message)
+			}
+			assert.Equal(t, tc.node, o.Node)
+			assert.Equal(t, tc.restarts, o.RestartCount)
+			assert.Equal(t, tc.restartRequired, o.RestartRequired)
+			if !tc.interfaces {
+				assert.Empty(t, o.Interfaces)
+				return
+			}
+			assert.Equal(t, []driver.Interface{{Network: "team-a_net-db", MAC: "02:aa:bb:cc:dd:ee", IPs: []string{"10.0.0.5"}, Source: driver.AddressSourceGuestAgent, LastSeen: now}}, o.Interfaces)
+		})
+	}
+}

@@ -1,0 +1,783 @@
+// Package kubevirt is the driver.Driver that fronts one namespace of a
+// Kubernetes cluster running KubeVirt: each guest is a KubeVirt
+// VirtualMachine named VMName(uid) and labelled LabelUID, and KubeVirt runs
+// it. The driver talks to that *target* cluster with the kubeconfig the
+// operator gives the agent — never to the hub's cluster.
+//
+// Reads come from informers (a controller-runtime cache) on the
+// VirtualMachines and VirtualMachineInstances labelled LabelUID in the
+// namespace and on the Nodes; their changes are the driver's Events. Writes
+// go to the API server. When the API server goes away every call fails with
+// a retryable error until it is back; then the driver starts fresh informers
+// and sends EventResync.
+//
+// Mapping (see newVM): vcpu → cores, memory → guest memory and its request,
+// each disk → a PVC named ObjectName(disk) (made with the disk's size when
+// missing, never deleted), each network → a Multus network of the same
+// ObjectName (the NetworkAttachmentDefinition is the site's to provide; the
+// first network is the default one), public key, swap and user data →
+// cloudInitNoCloud, running → runStrategy Always or Halted. A restart
+// deletes the VMI, which KubeVirt recreates (the restart subresource is
+// served by virt-api, an aggregated API server). Disks made from images
+// need CDI and are refused as terminal.
+package kubevirt
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+// DefaultNamespace is used when driver.KubeVirtConfig names none.
+const DefaultNamespace = "default"
+
+// syncTimeout bounds the wait for fresh informers, at start and after an
+// outage.
+const syncTimeout = 30 * time.Second
+
+// Driver is the kubevirt driver.Driver.
+type Driver struct {
+	namespace string
+	config    *rest.Config
+	scheme    *runtime.Scheme
+	// live reads the API server directly, for the few reads that must not
+	// be stale (a Delete's completion).
+	live client.Client
+	// probe asks the API server whether it is ready.
+	probe *http.Client
+	now   func() time.Time
+
+	ctx       context.Context
+	cancel    context.CancelFunc
+	closeOnce sync.Once
+	events    chan driver.Event
+	// eventsMu guards closing events against informers still sending.
+	eventsMu sync.RWMutex
+	closed   bool
+	suspect  chan struct{}
+	done     chan struct{}
+
+	mu sync.Mutex
+	// conn reads from the current informers and writes to the API server.
+	conn *connection
+	// down is why the API server is unreachable; nil while it answers.
+	down error
+}
+
+// connection is one set of informers and the client reading from them.
+type connection struct {
+	client client.Client
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// New connects to the target cluster as cfg.KubeVirt says. It fails when the
+// kubeconfig is unusable or the API server does not answer in time, so
+// misconfiguration shows at start-up; later outages are waited out.
+func New(ctx context.Context, cfg driver.Config) (driver.Driver, error) {
+	return Open(ctx, cfg)
+}
+
+// Open is New returning the concrete type.
+func Open(ctx context.Context, cfg driver.Config) (*Driver, error) {
+	rc, err := restConfig(cfg.KubeVirt.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, errors.Wrap(err, "cannot register Kubernetes types")
+	}
+	if err := kubevirtv1.AddToScheme(scheme); err != nil {
+		return nil, errors.Wrap(err, "cannot register KubeVirt types")
+	}
+	live, err := client.New(rc, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create a client for the KubeVirt cluster")
+	}
+	httpClient, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create an HTTP client for the KubeVirt cluster")
+	}
+	httpClient.Timeout = 2 * time.Second
+	d := &Driver{
+		namespace: cfg.KubeVirt.Namespace,
+		config:    rc,
+		scheme:    scheme,
+		live:      live,
+		probe:     httpClient,
+		now:       time.Now,
+		events:    make(chan driver.Event, 256),
+		suspect:   make(chan struct{}, 1),
+		done:      make(chan struct{}),
+	}
+	if d.namespace == "" {
+		d.namespace = DefaultNamespace
+	}
+	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if d.conn, err = d.connect(ctx); err != nil {
+		d.cancel()
+		return nil, err
+	}
+	go d.watchHealth()
+	return d, nil
+}
+
+// restConfig reads the kubeconfig, or the in-cluster configuration when
+// there is none. Errors name the file, never its contents.
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		rc, err := rest.InClusterConfig()
+		return rc, errors.Wrap(err, "--kubevirt-kubeconfig is empty and there is no in-cluster configuration")
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, errors.Errorf("--kubevirt-kubeconfig %s: cannot load it", kubeconfig)
+	}
+	rc.UserAgent = "virtfleet-agent"
+	return rc, nil
+}
+
+// connect starts informers on virtfleet's VMs and VMIs in the namespace and
+// on the Nodes, and waits until they have listed everything.
+func (d *Driver) connect(ctx context.Context) (*connection, error) {
+	managed, err := labels.NewRequirement(LabelUID, selection.Exists, nil)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot build the label selector")
+	}
+	selector := labels.NewSelector().Add(*managed)
+	c, err := cache.New(d.config, cache.Options{
+		Scheme: d.scheme,
+		ByObject: map[client.Object]cache.ByObject{
+			&kubevirtv1.VirtualMachine{}:         {Namespaces: map[string]cache.Config{d.namespace: {}}, Label: selector},
+			&kubevirtv1.VirtualMachineInstance{}: {Namespaces: map[string]cache.Config{d.namespace: {}}, Label: selector},
+		},
+		DefaultWatchErrorHandler:    func(context.Context, *toolscache.Reflector, error) { d.suspectOutage() },
+		ReaderFailOnMissingInformer: true,
+	})
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create informers for the KubeVirt cluster")
+	}
+	for _, obj := range []client.Object{&kubevirtv1.VirtualMachine{}, &kubevirtv1.VirtualMachineInstance{}, &corev1.Node{}} {
+		inf, err := c.GetInformer(ctx, obj)
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot create an informer")
+		}
+		if _, err := inf.AddEventHandler(d.handler(obj)); err != nil {
+			return nil, errors.Wrap(err, "cannot watch the KubeVirt cluster")
+		}
+	}
+	cctx, cancel := context.WithCancel(d.ctx)
+	conn := &connection{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(conn.done)
+		_ = c.Start(cctx)
+	}()
+	sctx, stop := context.WithTimeout(ctx, syncTimeout)
+	defer stop()
+	if !c.WaitForCacheSync(sctx) {
+		cancel()
+		<-conn.done
+		return nil, errors.Errorf("cannot list VirtualMachines, VirtualMachineInstances and Nodes of the KubeVirt cluster at %s within %s", d.config.Host, syncTimeout)
+	}
+	conn.client, err = client.New(d.config, client.Options{Scheme: d.scheme, Cache: &client.CacheOptions{Reader: c}})
+	if err != nil {
+		cancel()
+		<-conn.done
+		return nil, errors.Wrap(err, "cannot create a client for the KubeVirt cluster")
+	}
+	return conn, nil
+}
+
+// handler turns informer notifications into hints. Node changes concern no
+// guest; capacity is read on every heartbeat anyway.
+func (d *Driver) handler(obj client.Object) toolscache.ResourceEventHandler {
+	if _, ok := obj.(*corev1.Node); ok {
+		return toolscache.ResourceEventHandlerFuncs{}
+	}
+	_, isVM := obj.(*kubevirtv1.VirtualMachine)
+	hint := func(o any, kind driver.EventKind) {
+		if tomb, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+			o = tomb.Obj
+		}
+		if m, ok := o.(metav1.Object); ok && m.GetLabels()[LabelUID] != "" {
+			d.emit(driver.Event{UID: m.GetLabels()[LabelUID], Kind: kind})
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) {
+			if isVM {
+				hint(o, driver.EventDefined)
+			} else {
+				hint(o, driver.EventChanged)
+			}
+		},
+		UpdateFunc: func(old, o any) {
+			was, _ := old.(*kubevirtv1.VirtualMachineInstance)
+			is, _ := o.(*kubevirtv1.VirtualMachineInstance)
+			switch {
+			case was != nil && is != nil && was.Status.Phase != kubevirtv1.Running && is.Status.Phase == kubevirtv1.Running:
+				hint(o, driver.EventStarted)
+			case was != nil && is != nil && is.Status.Phase == kubevirtv1.Failed:
+				hint(o, driver.EventCrashed)
+			default:
+				hint(o, driver.EventChanged)
+			}
+		},
+		DeleteFunc: func(o any) {
+			if isVM {
+				hint(o, driver.EventUndefined)
+			} else {
+				hint(o, driver.EventStopped)
+			}
+		},
+	}
+}
+
+// emit never blocks an informer: a lagging receiver loses hints, which the
+// contract allows, and resyncs.
+func (d *Driver) emit(e driver.Event) {
+	d.eventsMu.RLock()
+	defer d.eventsMu.RUnlock()
+	if d.closed {
+		return
+	}
+	select {
+	case d.events <- e:
+	default:
+	}
+}
+
+// suspectOutage asks watchHealth to check the API server now rather than
+// at its next probe.
+func (d *Driver) suspectOutage() {
+	select {
+	case d.suspect <- struct{}{}:
+	default:
+	}
+}
+
+// probeInterval is how often the API server's readiness is checked. The
+// informers alone do not tell: while the API server is down they keep
+// serving what they last saw and retry their watches quietly.
+const probeInterval = time.Second
+
+// watchHealth probes the API server, and when it does not answer marks the
+// driver down until it does, then replaces the informers (the old ones may
+// wait out a long back-off) and asks for a resync.
+func (d *Driver) watchHealth() {
+	defer close(d.done)
+	tick := time.NewTicker(probeInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-d.suspect:
+		case <-tick.C:
+		}
+		err := d.ready()
+		if err == nil {
+			continue
+		}
+		d.mu.Lock()
+		d.down = errors.Wrapf(err, "the KubeVirt API server at %s does not answer", d.config.Host)
+		d.mu.Unlock()
+		conn := d.reconnect()
+		if conn == nil {
+			return // closed
+		}
+		d.mu.Lock()
+		old := d.conn
+		d.conn, d.down = conn, nil
+		d.mu.Unlock()
+		old.cancel()
+		<-old.done
+		d.emit(driver.Event{Kind: driver.EventResync})
+	}
+}
+
+// reconnect waits until the API server answers and fresh informers have
+// synced; nil means the driver was closed.
+func (d *Driver) reconnect() *connection {
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-d.ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+		if d.ready() != nil {
+			continue
+		}
+		if conn, err := d.connect(d.ctx); err == nil {
+			return conn
+		}
+	}
+}
+
+// ready asks the API server's /readyz, which every client may read.
+func (d *Driver) ready() error {
+	ctx, cancel := context.WithTimeout(d.ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.config.Host+"/readyz", nil)
+	if err != nil {
+		return errors.Wrap(err, "cannot build the readiness request")
+	}
+	resp, err := d.probe.Do(req)
+	if err != nil {
+		return err
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.Errorf("readyz answered %s", resp.Status)
+	}
+	return nil
+}
+
+// client is the current connection's client, or why there is none.
+func (d *Driver) client() (client.Client, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctx.Err() != nil {
+		return nil, errors.New("driver is closed")
+	}
+	if d.down != nil {
+		return nil, d.down
+	}
+	return d.conn.client, nil
+}
+
+// Events implements driver.Driver.
+func (d *Driver) Events() <-chan driver.Event { return d.events }
+
+// Close implements driver.Driver.
+func (d *Driver) Close() error {
+	d.closeOnce.Do(d.close)
+	return nil
+}
+
+func (d *Driver) close() {
+	d.cancel()
+	<-d.done
+	d.mu.Lock()
+	conn := d.conn
+	d.mu.Unlock()
+	conn.cancel()
+	<-conn.done
+	d.eventsMu.Lock()
+	d.closed = true
+	close(d.events)
+	d.eventsMu.Unlock()
+}
+
+func (d *Driver) key(uid string) types.NamespacedName {
+	return types.NamespacedName{Namespace: d.namespace, Name: VMName(uid)}
+}
+
+// get reads the guest's VM and VMI (nil when there is none). A VM missing
+// from the informers is looked for on the API server too: one just created
+// may not have arrived yet. A VM with the name but another uid label is not
+// virtfleet's guest and is refused as terminal.
+func (d *Driver) get(ctx context.Context, c client.Reader, uid string) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, error) {
+	vm := &kubevirtv1.VirtualMachine{}
+	err := c.Get(ctx, d.key(uid), vm)
+	if kerrors.IsNotFound(err) {
+		err = d.live.Get(ctx, d.key(uid), vm)
+	}
+	switch {
+	case kerrors.IsNotFound(err):
+		return nil, nil, driver.NotFoundf("no KubeVirt VirtualMachine %s/%s", d.namespace, VMName(uid))
+	case err != nil:
+		return nil, nil, errors.Wrap(err, "cannot get the KubeVirt VirtualMachine")
+	case vm.Labels[LabelUID] != uid:
+		return nil, nil, driver.Terminalf("KubeVirt VirtualMachine %s/%s exists but is not managed by virtfleet", d.namespace, vm.Name)
+	}
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	switch err := c.Get(ctx, d.key(uid), vmi); {
+	case kerrors.IsNotFound(err):
+		vmi = nil
+	case err != nil:
+		return nil, nil, errors.Wrap(err, "cannot get the KubeVirt VirtualMachineInstance")
+	case vmi.Labels[LabelUID] != uid:
+		vmi = nil
+	}
+	return vm, vmi, nil
+}
+
+// Ensure implements driver.Driver.
+func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observation, error) {
+	if err := validate(m); err != nil {
+		return driver.Observation{}, err
+	}
+	want, err := newVM(m, d.namespace)
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	c, err := d.client()
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	// KubeVirt writes the VM's status often, and the informers may lag: on
+	// a conflict, read the VM from the API server and try again.
+	var reader client.Reader = c
+	for attempt := 1; ; attempt++ {
+		o, err := d.ensure(ctx, c, reader, m, want)
+		if !kerrors.IsConflict(err) || attempt == 3 {
+			return o, err
+		}
+		reader = d.live
+	}
+}
+
+// ensure is one read-modify-write of Ensure: reads through reader, writes
+// through c.
+func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Reader, m driver.Machine, want *kubevirtv1.VirtualMachine) (driver.Observation, error) {
+	vm, vmi, err := d.get(ctx, reader, m.UID)
+	if driver.IsNotFound(err) {
+		return d.create(ctx, c, m, want.DeepCopy())
+	}
+	if err != nil {
+		return driver.Observation{}, err
+	}
+
+	next := vm.DeepCopy()
+	shapeChanged := vm.Spec.Template == nil || vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape] != want.Spec.Template.ObjectMeta.Annotations[AnnotationShape]
+	if shapeChanged {
+		// Takes effect when KubeVirt next creates the VMI.
+		if err := d.ensureClaims(ctx, c, m); err != nil {
+			return driver.Observation{}, err
+		}
+		next.Spec.Template = want.Spec.Template
+	}
+	wasRunning := runStrategyOf(vm) == kubevirtv1.RunStrategyAlways
+	next.Spec.RunStrategy = want.Spec.RunStrategy
+	next.Annotations = merged(next.Annotations, want.Annotations)
+	count, seen := restarts(vm, vmi)
+	restart := d.restartTarget(next, vmi, m, wasRunning)
+	switch {
+	case !m.Running:
+		// A stopped guest has no VMI to count recreations from, and a
+		// restart asked for meanwhile is satisfied by the next start.
+		next.Annotations[AnnotationVMI] = ""
+		next.Annotations[AnnotationRestartNonce] = m.RestartNonce
+	case restart != nil && restart.UID != types.UID(next.Annotations[AnnotationRestartVMI]):
+		count++
+		next.Annotations[AnnotationRestartVMI] = string(restart.UID)
+		fallthrough
+	default:
+		next.Annotations[AnnotationVMI] = seen
+		next.Annotations[AnnotationRestartNonce] = m.RestartNonce
+	}
+	next.Annotations[AnnotationRestarts] = strconv.Itoa(int(count))
+	if !equalVM(vm, next) {
+		// The resourceVersion guards against a VM changed since it was read.
+		if err := c.Update(ctx, next); err != nil {
+			return driver.Observation{}, errors.Wrap(err, "cannot update the KubeVirt VirtualMachine")
+		}
+	}
+	if restart != nil {
+		// Only that VMI: never a replacement KubeVirt made meanwhile.
+		err := c.Delete(ctx, restart, client.Preconditions{UID: &restart.UID})
+		if err != nil && !kerrors.IsNotFound(err) && !kerrors.IsConflict(err) {
+			return driver.Observation{}, errors.Wrap(err, "cannot delete the VMI to restart the guest")
+		}
+		vmi = nil
+	}
+	return observe(next, vmi, d.now()), nil
+}
+
+// restartTarget is the VMI to delete to restart the guest, if any: on a new
+// restart nonce for a guest that was already running (the nonce it starts
+// with counts as handled), or to finish a restart the annotations record
+// but whose delete was lost.
+func (d *Driver) restartTarget(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance, m driver.Machine, wasRunning bool) *kubevirtv1.VirtualMachineInstance {
+	if vmi == nil || vmi.DeletionTimestamp != nil || !m.Running || !wasRunning {
+		return nil
+	}
+	a := vm.Annotations
+	if string(vmi.UID) == a[AnnotationRestartVMI] {
+		return vmi
+	}
+	if m.RestartNonce != "" && m.RestartNonce != a[AnnotationRestartNonce] {
+		return vmi
+	}
+	return nil
+}
+
+// create makes the guest's PVCs and VM. A VM that exists already (another
+// Ensure won the race) is read and ensured on the next call.
+func (d *Driver) create(ctx context.Context, c client.Client, m driver.Machine, vm *kubevirtv1.VirtualMachine) (driver.Observation, error) {
+	if err := d.ensureClaims(ctx, c, m); err != nil {
+		return driver.Observation{}, err
+	}
+	vm.Annotations[AnnotationRestartNonce] = m.RestartNonce
+	vm.Annotations[AnnotationRestarts] = "0"
+	if err := c.Create(ctx, vm); err != nil {
+		if kerrors.IsAlreadyExists(err) {
+			return driver.Observation{}, errors.New("the KubeVirt VirtualMachine was created concurrently; ensuring it again")
+		}
+		if kerrors.IsInvalid(err) || kerrors.IsBadRequest(err) {
+			return driver.Observation{}, driver.Terminal(errors.Wrap(err, "KubeVirt rejected the VirtualMachine"))
+		}
+		return driver.Observation{}, errors.Wrap(err, "cannot create the KubeVirt VirtualMachine")
+	}
+	return observe(vm, nil, d.now()), nil
+}
+
+// ensureClaims creates the PVCs of the guest's disks that are missing,
+// empty, with the disk's size; existing ones are left as they are.
+func (d *Driver) ensureClaims(ctx context.Context, c client.Client, m driver.Machine) error {
+	for _, disk := range m.Disks {
+		if disk.SizeBytes <= 0 {
+			continue // must exist already: nothing to make it with
+		}
+		pvc := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: d.namespace, Name: ObjectName(disk.Name), Labels: map[string]string{labelManagedBy: managedBy}},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(disk.SizeBytes, resource.BinarySI)}},
+			},
+		}
+		if disk.Pool != "" {
+			pvc.Spec.StorageClassName = ptr(disk.Pool)
+		}
+		err := c.Create(ctx, pvc)
+		switch {
+		case err == nil, kerrors.IsAlreadyExists(err):
+		case kerrors.IsInvalid(err):
+			return driver.Terminal(errors.Wrapf(err, "the KubeVirt cluster rejected PVC %s", pvc.Name))
+		default:
+			return errors.Wrapf(err, "cannot create PVC %s", pvc.Name)
+		}
+	}
+	return nil
+}
+
+// The label on the PVCs the driver creates; it deletes only those.
+const (
+	labelManagedBy = "app.kubernetes.io/managed-by"
+	managedBy      = "virtfleet"
+)
+
+func merged(into, from map[string]string) map[string]string {
+	if into == nil {
+		into = map[string]string{}
+	}
+	for k, v := range from {
+		into[k] = v
+	}
+	return into
+}
+
+func equalVM(a, b *kubevirtv1.VirtualMachine) bool {
+	ra, rb := runStrategyOf(a), runStrategyOf(b)
+	return ra == rb && maps(a.Annotations, b.Annotations) && a.Spec.Template != nil && b.Spec.Template != nil &&
+		a.Spec.Template.ObjectMeta.Annotations[AnnotationShape] == b.Spec.Template.ObjectMeta.Annotations[AnnotationShape]
+}
+
+func maps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if bv, ok := b[k]; !ok || bv != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Delete implements driver.Driver. The VM is deleted and KubeVirt stops its
+// VMI; Delete reports success only once the VM is gone, so the caller keeps
+// calling while KubeVirt's finalizer holds it. PVCs stay.
+func (d *Driver) Delete(ctx context.Context, uid string) error {
+	c, err := d.client()
+	if err != nil {
+		return err
+	}
+	vm, _, err := d.get(ctx, c, uid)
+	switch {
+	case driver.IsNotFound(err):
+		return nil
+	case err != nil:
+		return err
+	}
+	if vm.DeletionTimestamp == nil {
+		err := c.Delete(ctx, vm, client.Preconditions{UID: &vm.UID})
+		if kerrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return errors.Wrap(err, "cannot delete the KubeVirt VirtualMachine")
+		}
+	}
+	err = d.live.Get(ctx, d.key(uid), &kubevirtv1.VirtualMachine{})
+	switch {
+	case kerrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return errors.Wrap(err, "cannot get the KubeVirt VirtualMachine")
+	}
+	return errors.Errorf("waiting for KubeVirt to remove VirtualMachine %s/%s", d.namespace, vm.Name)
+}
+
+// DeleteVolume implements driver.Driver: it deletes the disk's PVC
+// once no VirtualMachine of this driver names it. A PVC virtfleet did not
+// create (no managed-by label) is left alone, as the site's own.
+func (d *Driver) DeleteVolume(ctx context.Context, disk driver.Disk) error {
+	c, err := d.client()
+	if err != nil {
+		return err
+	}
+	name := ObjectName(disk.Name)
+	vms := &kubevirtv1.VirtualMachineList{}
+	if err := c.List(ctx, vms, client.InNamespace(d.namespace)); err != nil {
+		return errors.Wrap(err, "cannot list KubeVirt VirtualMachines")
+	}
+	for _, vm := range vms.Items {
+		if vm.Spec.Template == nil {
+			continue
+		}
+		for _, v := range vm.Spec.Template.Spec.Volumes {
+			if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == name {
+				return driver.InUsef("PVC %s is used by KubeVirt VirtualMachine %s", name, vm.Name)
+			}
+		}
+	}
+	pvc := &corev1.PersistentVolumeClaim{}
+	err = d.live.Get(ctx, types.NamespacedName{Namespace: d.namespace, Name: name}, pvc)
+	switch {
+	case kerrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return errors.Wrapf(err, "cannot get PVC %s", name)
+	case pvc.Labels[labelManagedBy] != managedBy:
+		return nil
+	}
+	err = c.Delete(ctx, pvc, client.Preconditions{UID: &pvc.UID})
+	if err != nil && !kerrors.IsNotFound(err) {
+		return errors.Wrapf(err, "cannot delete PVC %s", name)
+	}
+	return nil
+}
+
+// Observe implements driver.Driver.
+func (d *Driver) Observe(ctx context.Context, uid string) (driver.Observation, error) {
+	c, err := d.client()
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	vm, vmi, err := d.get(ctx, c, uid)
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	return observe(vm, vmi, d.now()), nil
+}
+
+// List implements driver.Driver.
+func (d *Driver) List(ctx context.Context) ([]driver.Observation, error) {
+	c, err := d.client()
+	if err != nil {
+		return nil, err
+	}
+	vms := &kubevirtv1.VirtualMachineList{}
+	if err := c.List(ctx, vms, client.InNamespace(d.namespace), client.HasLabels{LabelUID}); err != nil {
+		return nil, errors.Wrap(err, "cannot list KubeVirt VirtualMachines")
+	}
+	vmis := &kubevirtv1.VirtualMachineInstanceList{}
+	if err := c.List(ctx, vmis, client.InNamespace(d.namespace), client.HasLabels{LabelUID}); err != nil {
+		return nil, errors.Wrap(err, "cannot list KubeVirt VirtualMachineInstances")
+	}
+	byName := map[string]*kubevirtv1.VirtualMachineInstance{}
+	for i := range vmis.Items {
+		byName[vmis.Items[i].Name] = &vmis.Items[i]
+	}
+	out := make([]driver.Observation, 0, len(vms.Items))
+	for i := range vms.Items {
+		vm := &vms.Items[i]
+		vmi := byName[vm.Name]
+		if vmi != nil && vmi.Labels[LabelUID] != vm.Labels[LabelUID] {
+			vmi = nil
+		}
+		out = append(out, observe(vm, vmi, d.now()))
+	}
+	return out, nil
+}
+
+// Capacity implements driver.Driver: the allocatable CPUs and memory of the
+// Nodes KubeVirt can schedule on (not cordoned, Ready), and what virtfleet's
+// VMs in the namespace ask for, running or not.
+func (d *Driver) Capacity(ctx context.Context) (driver.Capacity, error) {
+	c, err := d.client()
+	if err != nil {
+		return driver.Capacity{}, err
+	}
+	nodes := &corev1.NodeList{}
+	if err := c.List(ctx, nodes); err != nil {
+		return driver.Capacity{}, errors.Wrap(err, "cannot list Nodes")
+	}
+	var cp driver.Capacity
+	for _, n := range nodes.Items {
+		if !schedulable(n) {
+			continue
+		}
+		cp.VCPU += n.Status.Allocatable.Cpu().Value()
+		cp.MemoryBytes += n.Status.Allocatable.Memory().Value()
+	}
+	vms := &kubevirtv1.VirtualMachineList{}
+	if err := c.List(ctx, vms, client.InNamespace(d.namespace), client.HasLabels{LabelUID}); err != nil {
+		return driver.Capacity{}, errors.Wrap(err, "cannot list KubeVirt VirtualMachines")
+	}
+	for _, vm := range vms.Items {
+		if vm.Spec.Template == nil {
+			continue
+		}
+		dom := vm.Spec.Template.Spec.Domain
+		if dom.CPU != nil {
+			cp.AllocatedVCPU += int64(max(dom.CPU.Cores, 1) * max(dom.CPU.Sockets, 1) * max(dom.CPU.Threads, 1))
+		}
+		if dom.Memory != nil && dom.Memory.Guest != nil {
+			cp.AllocatedMemoryBytes += dom.Memory.Guest.Value()
+		}
+	}
+	return cp, nil
+}
+
+// schedulable reports whether KubeVirt can place guests on n.
+func schedulable(n corev1.Node) bool {
+	if n.Spec.Unschedulable {
+		return false
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

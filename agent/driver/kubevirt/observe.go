@@ -1,0 +1,155 @@
+package kubevirt
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+// failures are the printable statuses KubeVirt shows for a VM that cannot
+// start: the guest is reported Failed with KubeVirt's message. They may pass
+// (a node frees up, an image becomes pullable), and KubeVirt keeps trying.
+var failures = map[kubevirtv1.VirtualMachinePrintableStatus]bool{
+	kubevirtv1.VirtualMachineStatusUnschedulable:    true,
+	kubevirtv1.VirtualMachineStatusCrashLoopBackOff: true,
+	kubevirtv1.VirtualMachineStatusErrImagePull:     true,
+	kubevirtv1.VirtualMachineStatusImagePullBackOff: true,
+	kubevirtv1.VirtualMachineStatusPvcNotFound:      true,
+	kubevirtv1.VirtualMachineStatusDataVolumeError:  true,
+	kubevirtv1.VirtualMachineStatusUnknown:          true,
+}
+
+// failureMessage explains a failed printable status with the message of
+// the condition KubeVirt explains it with.
+func failureMessage(vm *kubevirtv1.VirtualMachine) string {
+	status := vm.Status.PrintableStatus
+	for _, c := range vm.Status.Conditions {
+		explains := (c.Type == kubevirtv1.VirtualMachineFailure && c.Status == corev1.ConditionTrue) ||
+			(c.Status == corev1.ConditionFalse && (c.Type == kubevirtv1.VirtualMachineConditionType(corev1.PodScheduled) ||
+				c.Type == kubevirtv1.VirtualMachineConditionType(kubevirtv1.VirtualMachineInstanceDataVolumesReady) ||
+				c.Type == kubevirtv1.VirtualMachineReady))
+		if explains && c.Message != "" {
+			return fmt.Sprintf("KubeVirt: %s: %s", status, c.Message)
+		}
+	}
+	return fmt.Sprintf("KubeVirt reports %s", status)
+}
+
+// restarts is the VM's restart count and the uid of its current VMI, to be
+// remembered in AnnotationVMI. A VMI that replaced the one last seen, and
+// that the driver did not delete for a restart, is a recreation by KubeVirt
+// (a guest crash or shutdown under runStrategy Always) and counts as a
+// restart.
+func restarts(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) (int32, string) {
+	a := vm.GetAnnotations()
+	n, _ := strconv.ParseInt(a[AnnotationRestarts], 10, 32)
+	count := int32(n)
+	last := a[AnnotationVMI]
+	if vmi == nil || vmi.DeletionTimestamp != nil || runStrategyOf(vm) != kubevirtv1.RunStrategyAlways {
+		return count, last
+	}
+	cur := string(vmi.UID)
+	if last != "" && cur != last && last != a[AnnotationRestartVMI] {
+		count++
+	}
+	return count, cur
+}
+
+func runStrategyOf(vm *kubevirtv1.VirtualMachine) kubevirtv1.VirtualMachineRunStrategy {
+	if vm.Spec.RunStrategy != nil {
+		return *vm.Spec.RunStrategy
+	}
+	return kubevirtv1.RunStrategyHalted
+}
+
+// observe maps a VM and its VMI (nil if none) to an Observation.
+func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance, now time.Time) driver.Observation {
+	o := driver.Observation{UID: vm.Labels[LabelUID], ID: string(vm.UID)}
+	o.RestartCount, _ = restarts(vm, vmi)
+	running := runStrategyOf(vm) == kubevirtv1.RunStrategyAlways
+	if vmi != nil {
+		o.Node = vmi.Status.NodeName
+	}
+	switch {
+	case vm.DeletionTimestamp != nil:
+		o.Phase, o.Message = driver.PhaseStopping, "KubeVirt is deleting the VirtualMachine"
+	case failures[vm.Status.PrintableStatus] && running:
+		o.Phase, o.Message = driver.PhaseFailed, failureMessage(vm)
+	case !running && vmi != nil:
+		o.Phase, o.Message = driver.PhaseStopping, "waiting for KubeVirt to stop the VMI"
+	case !running:
+		o.Phase = driver.PhaseStopped
+	case vmi == nil && (vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusProvisioning || vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusWaitingForVolumeBinding):
+		o.Phase, o.Message = driver.PhaseProvisioning, fmt.Sprintf("KubeVirt reports %s", vm.Status.PrintableStatus)
+	case vmi == nil:
+		o.Phase = driver.PhaseStarting
+	case vmi.DeletionTimestamp != nil || vmi.IsFinal():
+		o.Phase, o.Message = driver.PhaseStarting, "KubeVirt is replacing the VMI"
+	case vmi.Status.Phase == kubevirtv1.Running && vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusPaused:
+		o.Phase, o.Message = driver.PhaseStopped, "guest is paused"
+	case vmi.Status.Phase == kubevirtv1.Running:
+		o.Phase = driver.PhaseRunning
+	case vmi.Status.Phase == kubevirtv1.Unknown:
+		o.Phase, o.Message = driver.PhaseFailed, "KubeVirt lost contact with the VMI's node"
+	default: // Pending, Scheduling, Scheduled
+		o.Phase = driver.PhaseStarting
+	}
+	if vmi != nil && (o.Phase == driver.PhaseRunning || o.Phase == driver.PhaseStarting) {
+		o.RestartRequired = restartRequired(vm, vmi)
+	}
+	if vmi != nil && o.Phase == driver.PhaseRunning {
+		o.Interfaces = interfaces(vmi, now)
+	}
+	return o
+}
+
+// restartRequired is KubeVirt's RestartRequired condition, or a VMI made
+// from an older template than the VM's (the shape hashes differ).
+func restartRequired(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) bool {
+	for _, c := range vm.Status.Conditions {
+		if c.Type == kubevirtv1.VirtualMachineRestartRequired && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	if vm.Spec.Template == nil {
+		return false
+	}
+	return vmi.Annotations[AnnotationShape] != vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape]
+}
+
+// interfaces are the VMI's, each under the node-side name of the network
+// it is on (from the VMI's own spec: the networks it runs with).
+func interfaces(vmi *kubevirtv1.VirtualMachineInstance, now time.Time) []driver.Interface {
+	network := map[string]string{}
+	for _, n := range vmi.Spec.Networks {
+		if n.Multus != nil {
+			network[n.Name] = NodeNameOf(n.Multus.NetworkName)
+		}
+	}
+	var out []driver.Interface
+	for _, i := range vmi.Status.Interfaces {
+		name, ok := network[i.Name]
+		if !ok {
+			continue // not one of the Machine's networks
+		}
+		iface := driver.Interface{Network: name, MAC: strings.ToLower(i.MAC), Source: driver.AddressSourceBackend}
+		iface.IPs = append(iface.IPs, i.IPs...)
+		if len(iface.IPs) == 0 && i.IP != "" {
+			iface.IPs = []string{i.IP}
+		}
+		if strings.Contains(i.InfoSource, "guest-agent") {
+			iface.Source = driver.AddressSourceGuestAgent
+		}
+		if len(iface.IPs) > 0 {
+			iface.LastSeen = now
+		}
+		out = append(out, iface)
+	}
+	return out
+}

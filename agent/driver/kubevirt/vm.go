@@ -1,0 +1,196 @@
+package kubevirt
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+// What virtfleet writes on the objects it makes in the target cluster.
+const (
+	// LabelUID carries the virtfleet VirtualMachine's uid, on the KubeVirt
+	// VM, its template and so its VMIs. The driver watches only objects
+	// with it.
+	LabelUID = "virtfleet.io/uid"
+	// AnnotationNamespace and AnnotationName say which virtfleet VM it is,
+	// for people looking at the target cluster.
+	AnnotationNamespace = "virtfleet.io/namespace"
+	AnnotationName      = "virtfleet.io/name"
+	// AnnotationShape, on the VM's template and so on each VMI, is a hash of
+	// the shape (vcpu, memory, swap, disks, networks, cloud-init, firmware)
+	// the template was made from: a VMI whose hash differs from the
+	// template's runs an older shape and needs a restart.
+	AnnotationShape = "virtfleet.io/shape"
+	// AnnotationRestartNonce is the last restart nonce handled.
+	AnnotationRestartNonce = "virtfleet.io/restart-nonce"
+	// AnnotationRestarts counts restarts: those the driver performed and
+	// VMI recreations it observed.
+	AnnotationRestarts = "virtfleet.io/restarts"
+	// AnnotationVMI is the uid of the VMI last seen for a running VM, so a
+	// new one is known to be a recreation; empty after a stop.
+	AnnotationVMI = "virtfleet.io/vmi"
+	// AnnotationRestartVMI is the uid of the VMI the driver deleted for the
+	// last restart: its replacement is not counted twice, and a restart
+	// interrupted between the annotation and the delete is finished.
+	AnnotationRestartVMI = "virtfleet.io/restart-vmi"
+)
+
+// maxUserData is KubeVirt's limit on inline cloud-init user data
+// (cloudInitUserMaxLen in its VMI admission webhook).
+const maxUserData = 2048
+
+// VMName is the KubeVirt VirtualMachine of the virtfleet VM with uid:
+// "vf-" and the uid, a valid name that never collides between virtfleet
+// namespaces nor between a deleted VM and its successor of the same name.
+func VMName(uid string) string { return "vf-" + uid }
+
+// ObjectName maps a node-side name of a disk or network, "<namespace>_<name>"
+// (reconciler.NodeName), to the Kubernetes name of its PVC or
+// NetworkAttachmentDefinition in the target namespace: "<namespace>.<name>".
+// A namespace has no dots, so the first dot separates the two and the
+// mapping is one-to-one; NodeNameOf undoes it.
+func ObjectName(nodeName string) string {
+	return strings.Replace(nodeName, "_", ".", 1)
+}
+
+// NodeNameOf is the node-side name of the object ObjectName named.
+func NodeNameOf(objectName string) string {
+	return strings.Replace(objectName, ".", "_", 1)
+}
+
+// Names inside the VM spec: disks, volumes and networks are named by
+// position, since the objects' own names may not be DNS labels.
+func diskName(i int) string    { return fmt.Sprintf("disk%d", i) }
+func networkName(i int) string { return fmt.Sprintf("net%d", i) }
+
+const cloudInitName = "cloudinit"
+
+// validate rejects Machines no KubeVirt cluster could run.
+func validate(m driver.Machine) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	if errs := append(validation.IsDNS1123Label(VMName(m.UID)), validation.IsValidLabelValue(m.UID)...); len(errs) > 0 {
+		return driver.Terminalf("uid %q cannot name a KubeVirt VirtualMachine: %s", m.UID, strings.Join(errs, "; "))
+	}
+	for _, d := range m.Disks {
+		if d.Image != nil {
+			return driver.Terminalf("disk %s is made from image %s: the kubevirt backend needs CDI DataVolumes for images, which it does not support yet; use a volume without an image", d.Name, d.Image.Name)
+		}
+		if errs := validation.IsDNS1123Subdomain(ObjectName(d.Name)); d.Name == "" || len(errs) > 0 {
+			return driver.Terminalf("disk %q cannot name a PVC: %s", d.Name, strings.Join(errs, "; "))
+		}
+	}
+	for _, n := range m.Networks {
+		if errs := validation.IsDNS1123Subdomain(ObjectName(n.Name)); n.Name == "" || len(errs) > 0 {
+			return driver.Terminalf("network %q cannot name a NetworkAttachmentDefinition: %s", n.Name, strings.Join(errs, "; "))
+		}
+	}
+	return nil
+}
+
+// newVM is the KubeVirt VirtualMachine for m in namespace. Its template
+// carries the shape hash; the caller sets the restart bookkeeping.
+func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, error) {
+	userData, err := userData(m)
+	if err != nil {
+		return nil, err
+	}
+	if len(userData) > maxUserData {
+		return nil, driver.Terminalf("cloud-init user data is %d bytes with virtfleet's own; KubeVirt takes at most %d inline", len(userData), maxUserData)
+	}
+	memory := resource.NewQuantity(m.MemoryBytes, resource.BinarySI)
+	spec := kubevirtv1.VirtualMachineInstanceSpec{
+		Domain: kubevirtv1.DomainSpec{
+			CPU:    &kubevirtv1.CPU{Cores: uint32(m.VCPU), Sockets: 1, Threads: 1}, //nolint:gosec // validated ≥ 1
+			Memory: &kubevirtv1.Memory{Guest: memory},
+			Resources: kubevirtv1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceMemory: *memory},
+			},
+		},
+	}
+	if m.Firmware == driver.FirmwareUEFI {
+		spec.Domain.Firmware = &kubevirtv1.Firmware{Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{SecureBoot: ptr(false)}}}
+	}
+	for i, d := range m.Disks {
+		disk := kubevirtv1.Disk{Name: diskName(i), DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}
+		if i == 0 {
+			disk.BootOrder = ptr(uint(1))
+		}
+		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, disk)
+		spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{Name: diskName(i), VolumeSource: kubevirtv1.VolumeSource{
+			PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: ObjectName(d.Name)}},
+		}})
+	}
+	spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, kubevirtv1.Disk{Name: cloudInitName, DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}})
+	spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{Name: cloudInitName, VolumeSource: kubevirtv1.VolumeSource{
+		CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserData: string(userData)},
+	}})
+	// The guest's interfaces are exactly its networks, as on libvirt: each
+	// a Multus network, the first the default one (eth0, the default
+	// route), and no pod network besides.
+	for i, n := range m.Networks {
+		spec.Domain.Devices.Interfaces = append(spec.Domain.Devices.Interfaces, kubevirtv1.Interface{
+			Name: networkName(i), InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
+		})
+		spec.Networks = append(spec.Networks, kubevirtv1.Network{Name: networkName(i), NetworkSource: kubevirtv1.NetworkSource{
+			Multus: &kubevirtv1.MultusNetwork{NetworkName: ObjectName(n.Name), Default: i == 0},
+		}})
+	}
+	if len(m.Networks) == 0 {
+		spec.Domain.Devices.AutoattachPodInterface = ptr(false)
+	}
+
+	hash, err := shapeHash(spec)
+	if err != nil {
+		return nil, err
+	}
+	labels := map[string]string{LabelUID: m.UID}
+	return &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        VMName(m.UID),
+			Namespace:   namespace,
+			Labels:      labels,
+			Annotations: map[string]string{AnnotationNamespace: m.Namespace, AnnotationName: m.Name},
+		},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: ptr(runStrategy(m.Running)),
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationShape: hash}},
+				Spec:       spec,
+			},
+		},
+	}, nil
+}
+
+func runStrategy(running bool) kubevirtv1.VirtualMachineRunStrategy {
+	if running {
+		return kubevirtv1.RunStrategyAlways
+	}
+	return kubevirtv1.RunStrategyHalted
+}
+
+// shapeHash identifies a VMI spec: a template and a VMI made from it carry
+// the same one.
+func shapeHash(spec kubevirtv1.VirtualMachineInstanceSpec) (string, error) {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return "", errors.Wrap(err, "cannot hash the VM's shape")
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8]), nil
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,147 @@
+package reconciler
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/fake"
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+)
+
+func volumeIntent(uid, name string) wire.VolumeIntent {
+	return wire.VolumeIntent{ProtocolVersion: wire.ProtocolVersion, UID: uid, Namespace: "default", Name: name, Disk: NodeName("default", name), Absent: true}
+}
+
+func (h *harness) putVolume(v wire.VolumeIntent) {
+	h.rec.HandleIntent(bus.IntentEvent{Volume: &bus.VolumeIntentEvent{UID: v.UID, Intent: v}})
+}
+
+func (h *harness) delVolume(uid string) {
+	h.rec.HandleIntent(bus.IntentEvent{Volume: &bus.VolumeIntentEvent{UID: uid, Deleted: true}})
+}
+
+// volumeReport waits for the Volume's report to satisfy ok.
+func (h *harness) volumeReport(uid string, ok func(wire.VolumeReport) bool) wire.VolumeReport {
+	h.t.Helper()
+	var last wire.VolumeReport
+	require.Eventually(h.t, func() bool {
+		r, found := h.reports.volume(uid)
+		last = r
+		return found && ok(r)
+	}, 5*time.Second, 5*time.Millisecond, "last volume report %+v", last)
+	return last
+}
+
+func gone(r wire.VolumeReport) bool { return r.Gone }
+
+func (h *harness) deletedVolumes() []string {
+	var out []string
+	for _, c := range h.fake.Calls() {
+		if c.Op == "DeleteVolume" {
+			out = append(out, c.Disk.Name)
+		}
+	}
+	return out
+}
+
+func TestVolumeIntents(t *testing.T) {
+	cases := map[string]struct {
+		start func(*testing.T) *harness
+		run   func(t *testing.T, h *harness)
+	}{
+		"DeletesTheVolumeAndReportsGone": {
+			run: func(t *testing.T, h *harness) {
+				h.synced()
+				h.putVolume(volumeIntent("vol-a", "data"))
+				r := h.volumeReport("vol-a", gone)
+				assert.Empty(t, r.Message)
+				assert.Equal(t, []string{"default_data"}, h.deletedVolumes())
+			},
+		},
+		"RefusesWhileAGuestHasTheDiskThenDeletesItOnceTheGuestIsGone": {
+			run: func(t *testing.T, h *harness) {
+				h.put(intent("a")) // its boot disk is Volume root
+				h.synced()
+				h.putVolume(volumeIntent("vol-root", "root"))
+				r := h.volumeReport("vol-root", func(r wire.VolumeReport) bool { return r.Message != "" })
+				assert.False(t, r.Gone)
+				assert.Contains(t, r.Message, "volume default_root is still used by guest a")
+				assert.Empty(t, h.deletedVolumes(), "the driver is not asked while an intent names the disk")
+
+				h.del("a")
+				r = h.volumeReport("vol-root", gone)
+				assert.Empty(t, r.Message, "the refusal is cleared once the volume is gone")
+				// The driver may refuse once more while the guest's removal
+				// is still under way; then the retry deletes it.
+				assert.Subset(t, []string{"default_root"}, h.deletedVolumes())
+				assert.NotEmpty(t, h.deletedVolumes())
+			},
+		},
+		"RetriesWhenTheDriverRefusesAnAttachedVolume": {
+			run: func(t *testing.T, h *harness) {
+				h.synced()
+				h.fake.NextDeleteVolumeErr = driver.InUsef("volume default_data is attached to guest x")
+				h.putVolume(volumeIntent("vol-a", "data"))
+				h.volumeReport("vol-a", gone)
+				assert.Equal(t, []string{"default_data", "default_data"}, h.deletedVolumes(), "refused once, retried with backoff")
+			},
+		},
+		"DeletesTheReportWhenTheHubDeletesTheIntent": {
+			run: func(t *testing.T, h *harness) {
+				h.synced()
+				h.putVolume(volumeIntent("vol-a", "data"))
+				h.volumeReport("vol-a", gone)
+				h.delVolume("vol-a")
+				require.Eventually(t, func() bool { _, ok := h.reports.volume("vol-a"); return !ok }, 5*time.Second, 5*time.Millisecond)
+			},
+		},
+		"RefusesADiskThatIsNotTheVolumes": {
+			run: func(t *testing.T, h *harness) {
+				h.synced()
+				v := volumeIntent("vol-a", "data")
+				v.Disk = "image_6f1c"
+				h.putVolume(v)
+				r := h.volumeReport("vol-a", func(r wire.VolumeReport) bool { return r.Message != "" })
+				assert.Contains(t, r.Message, `malformed volume intent: disk "image_6f1c"`)
+				assert.False(t, r.Gone)
+				assert.Empty(t, h.deletedVolumes())
+			},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			if tc.start == nil {
+				tc.start = start
+			}
+			tc.run(t, tc.start(t))
+		})
+	}
+}
+
+// TestVolumeIntentConvergesAfterRestart plays an agent that stopped after the
+// hub asked for a Volume's deletion: the restarted agent's watch replays the
+// intent, and it deletes the volume and reports it gone.
+func TestVolumeIntentConvergesAfterRestart(t *testing.T) {
+	b := bus.NewFake()
+	b.SetVolumeIntent(bus.VolumeIntentEvent{UID: "vol-a", Intent: volumeIntent("vol-a", "data")})
+	f := fake.New(node)
+	rec := New(node, f, b, logging.NewNopLogger(), Options{Workers: 1, RetryBase: 5 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	go func() { rec.Run(ctx); done <- struct{}{} }()
+	go func() { _ = b.WatchIntents(ctx, rec.HandleIntent); done <- struct{}{} }()
+	t.Cleanup(func() { cancel(); <-done; <-done })
+
+	require.Eventually(t, func() bool { r, ok := b.VolumeReport("vol-a"); return ok && r.Gone }, 5*time.Second, 5*time.Millisecond)
+	b.SetVolumeIntent(bus.VolumeIntentEvent{UID: "vol-a", Deleted: true})
+	require.Eventually(t, func() bool { _, ok := b.VolumeReport("vol-a"); return !ok }, 5*time.Second, 5*time.Millisecond,
+		"the report goes with the intent")
+}

@@ -1,0 +1,103 @@
+// Package volume removes a deleted Volume's storage from its node. The inuse
+// controller holds a Volume's deletion while VirtualMachines use it; then
+// Releaser.Release asks the Volume's node to delete the volume, with a
+// VolumeIntent{Absent}, and lets the Volume go once the node reports it gone.
+// The image the volume was made from is then pruned by the node after its
+// DiskImage's pruneAfter.
+package volume
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+)
+
+// ReasonNodeLost is the event of a Volume let go without its node confirming
+// that the volume is gone.
+const ReasonNodeLost event.Reason = "NodeLost"
+
+// Releaser deletes Volumes' volumes on their nodes.
+type Releaser struct {
+	configs  *providerconfig.Resolver
+	pool     *fleet.Pool
+	notifier *virtualmachine.Notifier
+	fencing  time.Duration
+	recorder event.Recorder
+	now      func() time.Time
+}
+
+// NewReleaser returns a Releaser that reaches the nodes through the fleets of
+// vo.Pool, gives up on a node lost for longer than vo.FencingTimeout (as
+// VirtualMachines do), and is woken by notifier, which the Pool's fleets must
+// feed with Fleet.SubscribeVolumes.
+func NewReleaser(kube client.Client, vo virtualmachine.Options, notifier *virtualmachine.Notifier, recorder event.Recorder) *Releaser {
+	return &Releaser{
+		configs:  providerconfig.NewResolver(kube),
+		pool:     vo.Pool,
+		notifier: notifier,
+		fencing:  vo.FencingTimeout,
+		recorder: recorder,
+		now:      time.Now,
+	}
+}
+
+// Release is inuse.Kind.Release for Volumes. An unbound Volume never had a
+// volume made for it and is released at once. A bound one is released once
+// its node reports the volume gone, then its intent is deleted; or, when the
+// node has been lost for longer than the fencing timeout, at once with a
+// Warning event, its intent left in place so that the node deletes the
+// volume when its agent comes back.
+func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error) {
+	node := v.GetAnnotations()[v1alpha1.AnnotationNode]
+	if node == "" {
+		return true, nil
+	}
+	pc, err := r.configs.Resolve(ctx, v)
+	if err != nil {
+		return false, err
+	}
+	f, err := r.pool.Get(ctx, pc.Target)
+	if err != nil {
+		return false, err
+	}
+	uid := string(v.UID)
+	r.notifier.Remember(v)
+
+	rep, reported := f.VolumeReport(uid)
+	if reported && rep.Node == node && rep.Report.Gone {
+		if err := f.Bus.DeleteVolumeIntent(ctx, node, uid); err != nil {
+			return false, errors.Wrapf(err, "cannot delete the volume intent on node %s", node)
+		}
+		return true, nil
+	}
+	in := wire.VolumeIntent{UID: uid, Namespace: v.Namespace, Name: v.Name, Disk: wire.NodeName(v.Namespace, v.Name), Absent: true}
+	if _, err := f.Bus.PutVolumeIntent(ctx, node, in); err != nil {
+		return false, errors.Wrapf(err, "cannot ask node %s to delete the volume", node)
+	}
+	if n := f.Node(node); n.Lost {
+		lost := r.now().Sub(n.LostSince)
+		if lost >= r.fencing {
+			r.recorder.Event(v, event.Warning(ReasonNodeLost, errors.Errorf(
+				"node %s has been lost since %s; the Volume is deleted after the fencing timeout (%s) without the node confirming that its volume is gone; the node deletes it when its agent comes back",
+				node, n.LostSince.UTC().Format(time.RFC3339), r.fencing)))
+			return true, nil
+		}
+		// Come back when the timeout is up, not at the next backoff.
+		r.notifier.NotifyAfter(uid, r.fencing-lost)
+	}
+	if reported && rep.Node == node && rep.Report.Message != "" {
+		return false, errors.New(fmt.Sprintf("node %s cannot delete the volume yet: %s", node, rep.Report.Message))
+	}
+	return false, nil
+}

@@ -1,0 +1,451 @@
+package kubevirttest
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+)
+
+// Finalizer is the finalizer KubeVirt's virt-controller puts on every
+// VirtualMachine: a deleted VM stays until its VMI is gone.
+const Finalizer = "kubevirt.io/virtualMachineControllerFinalize"
+
+// InfoSource is what virt-handler writes in status.interfaces[].infoSource
+// when the guest agent reported the addresses.
+const InfoSource = "domain, guest-agent, multus-status"
+
+// Failure is a failure a test forces on a VirtualMachine: the printable
+// status KubeVirt would show, and the message of the condition it would set.
+type Failure struct {
+	Status  kubevirtv1.VirtualMachinePrintableStatus
+	Message string
+}
+
+// FakeVirtController plays virt-controller and virt-handler for the
+// VirtualMachines of a test cluster, in-process: for a VM whose runStrategy
+// is Always or RerunOnFailure it creates the VMI (same name, owned by the VM,
+// the template's labels and annotations), moves it Pending → Scheduling →
+// Scheduled → Running one step per StepInterval, puts it on a schedulable
+// Ready Node and fills in status.nodeName and status.interfaces (a MAC per
+// interface and an address per Multus network from a pool of its own, kept
+// across restarts of the VM as a DHCP lease would be); a finished or deleted
+// VMI of such a VM is replaced by a new one. For Halted it deletes the VMI.
+// Manual and Once VMs are left alone. It keeps the VM's printableStatus,
+// ready, created and conditions as KubeVirt does, plays the garbage collector
+// for VMIs of deleted VMs, and holds KubeVirt's finalizer on VMs until their
+// VMI is gone. A VM whose PVCs are missing shows ErrorPvcNotFound. Fail
+// forces other failures.
+type FakeVirtController struct {
+	client client.Client
+	step   time.Duration
+
+	mu       sync.Mutex
+	failures map[types.NamespacedName]Failure
+	pools    map[string]*addressPool
+	// leases keep a VM's address on a network across its VMIs.
+	leases map[string]netip.Addr
+}
+
+type addressPool struct {
+	prefix netip.Prefix
+	next   netip.Addr
+}
+
+// setupController registers the FakeVirtController with mgr.
+func setupController(mgr ctrl.Manager, step time.Duration) (*FakeVirtController, error) {
+	c := &FakeVirtController{
+		client:   mgr.GetClient(),
+		step:     step,
+		failures: map[types.NamespacedName]Failure{},
+		pools:    map[string]*addressPool{},
+		leases:   map[string]netip.Addr{},
+	}
+	err := ctrl.NewControllerManagedBy(mgr).
+		Named("fake-virt-controller").
+		For(&kubevirtv1.VirtualMachine{}).
+		Owns(&kubevirtv1.VirtualMachineInstance{}).
+		WithOptions(controller.Options{
+			// Several test clusters may run in one process.
+			SkipNameValidation: ptr(true),
+			LogConstructor:     func(*reconcile.Request) logr.Logger { return logr.Discard() },
+			// Its priority queue logs through controller-runtime's global
+			// logger, which a test harness has no business setting.
+			UsePriorityQueue: ptr(false),
+			// Come back quickly after a test stopped the API server.
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](10*time.Millisecond, time.Second),
+		}).
+		Complete(c)
+	return c, errors.Wrap(err, "cannot set up the fake virt-controller")
+}
+
+// Fail makes the VM named nn show f until Recover: its VMI (when f leaves
+// one) never gets a node, and the VM's printableStatus and a condition say
+// f.Status and f.Message, as KubeVirt shows ErrorUnschedulable,
+// ErrImagePull, CrashLoopBackOff, DataVolumeError and the like.
+func (c *FakeVirtController) Fail(nn types.NamespacedName, f Failure) {
+	c.mu.Lock()
+	c.failures[nn] = f
+	c.mu.Unlock()
+}
+
+// Recover lifts a failure Fail forced.
+func (c *FakeVirtController) Recover(nn types.NamespacedName) {
+	c.mu.Lock()
+	delete(c.failures, nn)
+	c.mu.Unlock()
+}
+
+func (c *FakeVirtController) failure(nn types.NamespacedName) (Failure, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f, ok := c.failures[nn]
+	return f, ok
+}
+
+// Crash makes the running VMI of the VM named nn fail, as a guest crash
+// would; a VM that should run gets a new VMI.
+func (c *FakeVirtController) Crash(ctx context.Context, nn types.NamespacedName) error {
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	if err := c.client.Get(ctx, nn, vmi); err != nil {
+		return errors.Wrap(err, "cannot get the VMI to crash")
+	}
+	vmi.Status.Phase = kubevirtv1.Failed
+	return errors.Wrap(c.client.Update(ctx, vmi), "cannot crash the VMI")
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (c *FakeVirtController) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	vm := &kubevirtv1.VirtualMachine{}
+	if err := c.client.Get(ctx, req.NamespacedName, vm); kerrors.IsNotFound(err) {
+		// The garbage collector's part: no kube-controller-manager runs here.
+		return reconcile.Result{}, c.deleteVMI(ctx, req.NamespacedName)
+	} else if err != nil {
+		return reconcile.Result{}, err
+	}
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	if err := c.client.Get(ctx, req.NamespacedName, vmi); kerrors.IsNotFound(err) {
+		vmi = nil
+	} else if err != nil {
+		return reconcile.Result{}, err
+	}
+
+	if vm.DeletionTimestamp != nil {
+		if vmi != nil {
+			return reconcile.Result{RequeueAfter: c.step}, c.deleteVMI(ctx, req.NamespacedName)
+		}
+		if controllerutil.RemoveFinalizer(vm, Finalizer) {
+			return reconcile.Result{}, c.client.Update(ctx, vm)
+		}
+		return reconcile.Result{}, nil
+	}
+	if controllerutil.AddFinalizer(vm, Finalizer) {
+		return reconcile.Result{}, c.client.Update(ctx, vm)
+	}
+
+	switch strategy(vm) {
+	case kubevirtv1.RunStrategyAlways, kubevirtv1.RunStrategyRerunOnFailure:
+		return c.run(ctx, vm, vmi)
+	case kubevirtv1.RunStrategyHalted:
+		if vmi != nil {
+			return reconcile.Result{RequeueAfter: c.step}, errors.Join(
+				c.deleteVMI(ctx, req.NamespacedName),
+				c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusStopping, vmi, nil))
+		}
+		return reconcile.Result{}, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusStopped, nil, nil)
+	default:
+		return reconcile.Result{}, nil
+	}
+}
+
+func strategy(vm *kubevirtv1.VirtualMachine) kubevirtv1.VirtualMachineRunStrategy {
+	switch {
+	case vm.Spec.RunStrategy != nil:
+		return *vm.Spec.RunStrategy
+	case vm.Spec.Running != nil && *vm.Spec.Running: //nolint:staticcheck // older clients still set it
+		return kubevirtv1.RunStrategyAlways
+	default:
+		return kubevirtv1.RunStrategyHalted
+	}
+}
+
+// run drives a VM that should run one step towards Running.
+func (c *FakeVirtController) run(ctx context.Context, vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) (reconcile.Result, error) {
+	nn := types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}
+	again := reconcile.Result{RequeueAfter: c.step}
+	switch {
+	case vmi != nil && vmi.DeletionTimestamp != nil:
+		return again, nil
+	case vmi != nil && vmi.IsFinal():
+		// virt-controller replaces a finished VMI of a VM that should run.
+		return again, errors.Join(c.deleteVMI(ctx, nn), c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusStarting, vmi, nil))
+	}
+	if f, ok := c.failure(nn); ok {
+		return c.fail(ctx, vm, vmi, f)
+	}
+	if vmi == nil {
+		if f, missing, err := c.missingClaim(ctx, vm); err != nil || missing {
+			return again, errors.Join(err, c.setStatus(ctx, vm, f.Status, nil, &f))
+		}
+		vmi = newVMI(vm)
+		if err := c.client.Create(ctx, vmi); err != nil && !kerrors.IsAlreadyExists(err) {
+			return reconcile.Result{}, errors.Wrap(err, "cannot create the VMI")
+		}
+		return again, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusStarting, vmi, nil)
+	}
+
+	switch vmi.Status.Phase {
+	case kubevirtv1.VmPhaseUnset, kubevirtv1.Pending:
+		vmi.Status.Phase = kubevirtv1.Scheduling
+	case kubevirtv1.Scheduling:
+		node, err := c.schedule(ctx, vm.Name)
+		if err != nil {
+			return again, err
+		}
+		if node == "" {
+			f := Failure{Status: kubevirtv1.VirtualMachineStatusUnschedulable, Message: "0/0 nodes are available: no schedulable Ready node"}
+			return again, c.setStatus(ctx, vm, f.Status, vmi, &f)
+		}
+		vmi.Status.Phase, vmi.Status.NodeName = kubevirtv1.Scheduled, node
+	case kubevirtv1.Scheduled:
+		vmi.Status.Phase = kubevirtv1.Running
+		vmi.Status.Interfaces = c.interfaces(vm, vmi)
+		vmi.Status.Conditions = []kubevirtv1.VirtualMachineInstanceCondition{{Type: kubevirtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue}}
+	case kubevirtv1.Running:
+		return reconcile.Result{}, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusRunning, vmi, nil)
+	}
+	// KubeVirt serves VMIs without a status subresource.
+	if err := c.client.Update(ctx, vmi); err != nil {
+		return reconcile.Result{}, errors.Wrap(err, "cannot update the VMI")
+	}
+	return again, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusStarting, vmi, nil)
+}
+
+// fail shows f the way KubeVirt would: a VMI stuck unscheduled for a pod
+// that cannot be placed or pulled, no VMI for a crash loop's back-off or a
+// volume that is not there.
+func (c *FakeVirtController) fail(ctx context.Context, vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance, f Failure) (reconcile.Result, error) {
+	nn := types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}
+	keepsVMI := f.Status == kubevirtv1.VirtualMachineStatusUnschedulable || f.Status == kubevirtv1.VirtualMachineStatusErrImagePull || f.Status == kubevirtv1.VirtualMachineStatusImagePullBackOff
+	var err error
+	switch {
+	case keepsVMI && vmi == nil:
+		vmi = newVMI(vm)
+		vmi.Status.Phase = kubevirtv1.Scheduling
+		err = c.client.Create(ctx, vmi)
+	case keepsVMI && vmi.Status.NodeName != "":
+		err = c.deleteVMI(ctx, nn)
+		vmi = nil
+	case !keepsVMI && vmi != nil:
+		err = c.deleteVMI(ctx, nn)
+		vmi = nil
+	}
+	if f.Status == kubevirtv1.VirtualMachineStatusCrashLoopBackOff {
+		vm.Status.StartFailure = &kubevirtv1.VirtualMachineStartFailure{ConsecutiveFailCount: 3}
+	}
+	return reconcile.Result{RequeueAfter: c.step}, errors.Join(err, c.setStatus(ctx, vm, f.Status, vmi, &f))
+}
+
+// missingClaim reports ErrorPvcNotFound when a PVC the VM names is absent.
+func (c *FakeVirtController) missingClaim(ctx context.Context, vm *kubevirtv1.VirtualMachine) (Failure, bool, error) {
+	for _, v := range vm.Spec.Template.Spec.Volumes {
+		if v.PersistentVolumeClaim == nil {
+			continue
+		}
+		name := v.PersistentVolumeClaim.ClaimName
+		err := c.client.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: name}, &corev1.PersistentVolumeClaim{})
+		if kerrors.IsNotFound(err) {
+			return Failure{Status: kubevirtv1.VirtualMachineStatusPvcNotFound, Message: fmt.Sprintf("PVC %s/%s does not exist", vm.Namespace, name)}, true, nil
+		}
+		if err != nil {
+			return Failure{}, false, errors.Wrap(err, "cannot get a PVC")
+		}
+	}
+	return Failure{}, false, nil
+}
+
+// failureCondition is the condition KubeVirt explains a printable status with.
+func failureCondition(f Failure) kubevirtv1.VirtualMachineCondition {
+	cond := kubevirtv1.VirtualMachineCondition{Type: kubevirtv1.VirtualMachineFailure, Status: corev1.ConditionTrue, Reason: string(f.Status), Message: f.Message}
+	switch f.Status {
+	case kubevirtv1.VirtualMachineStatusUnschedulable:
+		cond.Type, cond.Status, cond.Reason = kubevirtv1.VirtualMachineConditionType(corev1.PodScheduled), corev1.ConditionFalse, corev1.PodReasonUnschedulable
+	case kubevirtv1.VirtualMachineStatusDataVolumeError:
+		cond.Type, cond.Status = kubevirtv1.VirtualMachineConditionType(kubevirtv1.VirtualMachineInstanceDataVolumesReady), corev1.ConditionFalse
+	}
+	return cond
+}
+
+// setStatus writes the VM's status as virt-controller derives it.
+func (c *FakeVirtController) setStatus(ctx context.Context, vm *kubevirtv1.VirtualMachine, printable kubevirtv1.VirtualMachinePrintableStatus, vmi *kubevirtv1.VirtualMachineInstance, f *Failure) error {
+	want := vm.Status.DeepCopy()
+	want.PrintableStatus = printable
+	want.Created = vmi != nil
+	want.Ready = vmi != nil && vmi.Status.Phase == kubevirtv1.Running
+	want.RunStrategy = strategy(vm)
+	want.ObservedGeneration = vm.Generation
+	ready := kubevirtv1.VirtualMachineCondition{Type: kubevirtv1.VirtualMachineReady, Status: corev1.ConditionFalse}
+	if want.Ready {
+		ready.Status = corev1.ConditionTrue
+	}
+	want.Conditions = []kubevirtv1.VirtualMachineCondition{ready}
+	if f != nil {
+		want.Conditions = append(want.Conditions, failureCondition(*f))
+	} else {
+		want.StartFailure = nil
+	}
+	for i := range want.Conditions {
+		// Keep the transition time of unchanged conditions, so an unchanged
+		// status is not written again.
+		if old := findCondition(vm.Status.Conditions, want.Conditions[i].Type); old != nil && old.Status == want.Conditions[i].Status {
+			want.Conditions[i].LastTransitionTime = old.LastTransitionTime
+		} else {
+			want.Conditions[i].LastTransitionTime = metav1.Now()
+		}
+	}
+	if equalStatus(vm.Status, *want) {
+		return nil
+	}
+	vm.Status = *want
+	return errors.Wrap(c.client.Status().Update(ctx, vm), "cannot update the VM's status")
+}
+
+func findCondition(cs []kubevirtv1.VirtualMachineCondition, t kubevirtv1.VirtualMachineConditionType) *kubevirtv1.VirtualMachineCondition {
+	for i := range cs {
+		if cs[i].Type == t {
+			return &cs[i]
+		}
+	}
+	return nil
+}
+
+func equalStatus(a, b kubevirtv1.VirtualMachineStatus) bool {
+	return a.PrintableStatus == b.PrintableStatus && a.Created == b.Created && a.Ready == b.Ready &&
+		a.RunStrategy == b.RunStrategy && a.ObservedGeneration == b.ObservedGeneration &&
+		slices.EqualFunc(a.Conditions, b.Conditions, func(x, y kubevirtv1.VirtualMachineCondition) bool {
+			return x.Type == y.Type && x.Status == y.Status && x.Reason == y.Reason && x.Message == y.Message
+		}) && (a.StartFailure == nil) == (b.StartFailure == nil)
+}
+
+func (c *FakeVirtController) deleteVMI(ctx context.Context, nn types.NamespacedName) error {
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: nn.Namespace, Name: nn.Name}}
+	return errors.Wrap(client.IgnoreNotFound(c.client.Delete(ctx, vmi)), "cannot delete the VMI")
+}
+
+// newVMI is the VMI virt-controller makes from a VM's template.
+func newVMI(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachineInstance {
+	t := vm.Spec.Template
+	vmi := &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace:       vm.Namespace,
+			Name:            vm.Name,
+			Labels:          t.ObjectMeta.Labels,
+			Annotations:     t.ObjectMeta.Annotations,
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vm, kubevirtv1.VirtualMachineGroupVersionKind)},
+		},
+		Spec: *t.Spec.DeepCopy(),
+	}
+	vmi.Status.Phase = kubevirtv1.Pending
+	return vmi
+}
+
+// schedule picks a schedulable Ready node for the VM, the same one for the
+// same name while the nodes stay the same.
+func (c *FakeVirtController) schedule(ctx context.Context, vm string) (string, error) {
+	nodes := &corev1.NodeList{}
+	if err := c.client.List(ctx, nodes); err != nil {
+		return "", errors.Wrap(err, "cannot list nodes")
+	}
+	var names []string
+	for _, n := range nodes.Items {
+		if Schedulable(n) {
+			names = append(names, n.Name)
+		}
+	}
+	if len(names) == 0 {
+		return "", nil
+	}
+	slices.Sort(names)
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(vm))
+	return names[int(h.Sum32())%len(names)], nil
+}
+
+// Schedulable reports whether KubeVirt could place a VMI on n: it is not
+// cordoned and is Ready.
+func Schedulable(n corev1.Node) bool {
+	if n.Spec.Unschedulable {
+		return false
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// interfaces are what virt-handler reports for a running VMI: one per
+// network, with a MAC and, for a Multus network, the guest agent's address.
+func (c *FakeVirtController) interfaces(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) []kubevirtv1.VirtualMachineInstanceNetworkInterface {
+	out := make([]kubevirtv1.VirtualMachineInstanceNetworkInterface, 0, len(vmi.Spec.Networks))
+	for i, n := range vmi.Spec.Networks {
+		sum := sha256.Sum256([]byte(string(vmi.UID) + n.Name))
+		iface := kubevirtv1.VirtualMachineInstanceNetworkInterface{
+			Name:          n.Name,
+			MAC:           fmt.Sprintf("02:%02x:%02x:%02x:%02x:%02x", sum[0], sum[1], sum[2], sum[3], sum[4]),
+			InterfaceName: fmt.Sprintf("eth%d", i),
+			InfoSource:    InfoSource,
+		}
+		network := "pod"
+		if n.Multus != nil {
+			network = n.Multus.NetworkName
+		}
+		ip := c.lease(vm.Namespace+"/"+vm.Name, network).String()
+		iface.IP, iface.IPs = ip, []string{ip}
+		out = append(out, iface)
+	}
+	return out
+}
+
+// lease is the VM's address on network, the same every time it is asked.
+// Each network gets a /24 of 10.200.0.0/16 of its own, in order of first use.
+func (c *FakeVirtController) lease(vm, network string) netip.Addr {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := vm + " " + network
+	if a, ok := c.leases[key]; ok {
+		return a
+	}
+	p, ok := c.pools[network]
+	if !ok {
+		prefix := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 200, byte(len(c.pools)), 0}), 24)
+		p = &addressPool{prefix: prefix, next: prefix.Addr().Next().Next()}
+		c.pools[network] = p
+	}
+	a := p.next
+	p.next = a.Next()
+	c.leases[key] = a
+	return a
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,172 @@
+package kubevirttest
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+)
+
+func TestCRDsAreKubeVirtsVMAndVMI(t *testing.T) {
+	crds, err := CRDs()
+	require.NoError(t, err)
+	byKind := map[string]bool{}
+	for _, c := range crds {
+		assert.Equal(t, "kubevirt.io", c.Spec.Group)
+		byKind[c.Spec.Names.Kind] = c.Spec.Versions[0].Subresources != nil && c.Spec.Versions[0].Subresources.Status != nil
+	}
+	assert.Equal(t, map[string]bool{"VirtualMachine": true, "VirtualMachineInstance": false}, byKind, "a status subresource on the VM only, as virt-operator installs them")
+}
+
+func testVM(name string) *kubevirtv1.VirtualMachine {
+	memory := resource.MustParse("1Gi")
+	return &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: DefaultNamespace, Name: name, Labels: map[string]string{"app": name}},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: ptr(kubevirtv1.RunStrategyAlways),
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}, Annotations: map[string]string{"shape": "1"}},
+				Spec: kubevirtv1.VirtualMachineInstanceSpec{
+					Domain: kubevirtv1.DomainSpec{
+						CPU:       &kubevirtv1.CPU{Cores: 2},
+						Memory:    &kubevirtv1.Memory{Guest: &memory},
+						Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: memory}},
+						Firmware:  &kubevirtv1.Firmware{Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{SecureBoot: ptr(false)}}},
+						Devices: kubevirtv1.Devices{
+							Disks:      []kubevirtv1.Disk{{Name: "root", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}, {Name: "ci", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}},
+							Interfaces: []kubevirtv1.Interface{{Name: "net0", InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}}}},
+						},
+					},
+					Networks: []kubevirtv1.Network{{Name: "net0", NetworkSource: kubevirtv1.NetworkSource{Multus: &kubevirtv1.MultusNetwork{NetworkName: "ns.net-db", Default: true}}}},
+					Volumes: []kubevirtv1.Volume{
+						{Name: "root", VolumeSource: kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: name + "-root"}}}},
+						{Name: "ci", VolumeSource: kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserData: "#cloud-config\nhostname: x\n"}}},
+					},
+				},
+			},
+		},
+	}
+}
+
+func jsonOf(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// TestFakeVirtController starts one cluster and walks a VM through what
+// KubeVirt would do with it.
+func TestFakeVirtController(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane; skipped with -short")
+	}
+	c := StartForTest(t, Options{})
+	ctx := context.Background()
+	kube := c.Client
+	nn := types.NamespacedName{Namespace: DefaultNamespace, Name: "vm1"}
+	vmi := func() *kubevirtv1.VirtualMachineInstance {
+		v := &kubevirtv1.VirtualMachineInstance{}
+		if err := kube.Get(ctx, nn, v); kerrors.IsNotFound(err) {
+			return nil
+		} else {
+			require.NoError(t, err)
+		}
+		return v
+	}
+	running := func() *kubevirtv1.VirtualMachineInstance {
+		var v *kubevirtv1.VirtualMachineInstance
+		require.Eventually(t, func() bool {
+			v = vmi()
+			return v != nil && v.DeletionTimestamp == nil && v.Status.Phase == kubevirtv1.Running
+		}, 10*time.Second, 20*time.Millisecond)
+		return v
+	}
+
+	vm := testVM("vm1")
+	require.NoError(t, kube.Create(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: DefaultNamespace, Name: "vm1-root"}, Spec: corev1.PersistentVolumeClaimSpec{
+		AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+		Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+	}}))
+	require.NoError(t, kube.Create(ctx, vm.DeepCopy()))
+
+	t.Run("VMRoundTripsThroughTheAPIServer", func(t *testing.T) {
+		got := &kubevirtv1.VirtualMachine{}
+		require.NoError(t, kube.Get(ctx, nn, got))
+		assert.JSONEq(t, jsonOf(t, vm.Spec), jsonOf(t, got.Spec), "no field is pruned")
+	})
+
+	t.Run("AlwaysRunsAVMIOnASchedulableNode", func(t *testing.T) {
+		v := running()
+		assert.Contains(t, []string{"kv-node-a", "kv-node-b"}, v.Status.NodeName)
+		require.Len(t, v.Status.Interfaces, 1)
+		assert.Equal(t, "net0", v.Status.Interfaces[0].Name)
+		assert.Regexp(t, `^10\.200\.\d+\.\d+$`, v.Status.Interfaces[0].IP)
+		assert.Equal(t, InfoSource, v.Status.Interfaces[0].InfoSource)
+		assert.Equal(t, "1", v.Annotations["shape"], "the template's metadata is copied")
+		assert.Equal(t, "vm1", v.OwnerReferences[0].Name)
+		assert.JSONEq(t, jsonOf(t, vm.Spec.Template.Spec), jsonOf(t, v.Spec), "the VMI round-trips too")
+		got := &kubevirtv1.VirtualMachine{}
+		require.Eventually(t, func() bool {
+			require.NoError(t, kube.Get(ctx, nn, got))
+			return got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusRunning
+		}, 5*time.Second, 20*time.Millisecond)
+		assert.True(t, got.Status.Ready)
+		assert.Contains(t, got.Finalizers, Finalizer)
+	})
+
+	t.Run("ADeletedVMIIsRecreatedWithTheSameAddress", func(t *testing.T) {
+		old := running()
+		require.NoError(t, kube.Delete(ctx, old))
+		require.Eventually(t, func() bool { v := vmi(); return v != nil && v.UID != old.UID && v.Status.Phase == kubevirtv1.Running }, 10*time.Second, 20*time.Millisecond)
+		assert.Equal(t, old.Status.Interfaces[0].IP, vmi().Status.Interfaces[0].IP)
+	})
+
+	t.Run("ForcedFailureShowsAndRecovers", func(t *testing.T) {
+		c.Controller.Fail(nn, Failure{Status: kubevirtv1.VirtualMachineStatusCrashLoopBackOff, Message: "boom"})
+		got := &kubevirtv1.VirtualMachine{}
+		require.Eventually(t, func() bool {
+			require.NoError(t, kube.Get(ctx, nn, got))
+			return got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusCrashLoopBackOff && vmi() == nil
+		}, 5*time.Second, 20*time.Millisecond)
+		assert.Equal(t, "boom", got.Status.Conditions[len(got.Status.Conditions)-1].Message)
+		c.Controller.Recover(nn)
+		running()
+	})
+
+	t.Run("HaltedStopsAndDeleteWaitsForTheVMI", func(t *testing.T) {
+		got := &kubevirtv1.VirtualMachine{}
+		require.Eventually(t, func() bool { // the controller writes the VM too: retry on conflicts
+			require.NoError(t, kube.Get(ctx, nn, got))
+			got.Spec.RunStrategy = ptr(kubevirtv1.RunStrategyHalted)
+			return kube.Update(ctx, got) == nil
+		}, 5*time.Second, 20*time.Millisecond)
+		require.Eventually(t, func() bool {
+			require.NoError(t, kube.Get(ctx, nn, got))
+			return got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusStopped && vmi() == nil
+		}, 5*time.Second, 20*time.Millisecond)
+		require.NoError(t, kube.Delete(ctx, got))
+		require.Eventually(t, func() bool { return kerrors.IsNotFound(kube.Get(ctx, nn, got)) }, 5*time.Second, 20*time.Millisecond, "the finalizer goes")
+	})
+
+	t.Run("APIServerComesBackOnTheSameAddressWithItsObjects", func(t *testing.T) {
+		require.NoError(t, kube.Create(ctx, testVM("vm2")))
+		host := c.Config.Host
+		require.NoError(t, c.StopAPIServer())
+		assert.Error(t, kube.Get(ctx, types.NamespacedName{Namespace: DefaultNamespace, Name: "vm2"}, &kubevirtv1.VirtualMachine{}))
+		require.NoError(t, c.StartAPIServer())
+		assert.Equal(t, host, c.Config.Host)
+		require.Eventually(t, func() bool {
+			return kube.Get(ctx, types.NamespacedName{Namespace: DefaultNamespace, Name: "vm2"}, &kubevirtv1.VirtualMachine{}) == nil
+		}, 10*time.Second, 50*time.Millisecond, "the same credentials reach the same objects")
+	})
+}
