@@ -37,6 +37,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/writes"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/internal/buckets"
@@ -144,7 +145,7 @@ func Run(ctx context.Context, c Config) error {
 		f.SubscribeVolumes(volumes.Notify)
 	})
 	vo := virtualmachine.Options{Pool: pool, Placer: placement.New(), Notifier: notifier, FencingTimeout: c.FencingTimeout}
-	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, volumes); err != nil {
+	if err := hubcontroller.SetupGated(ctx, writes.SkipUnchangedStatus(mgr), o, vo, volumes); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	log.Info("Hub starting", "leaderElection", c.LeaderElection, "maxReconcileRate", c.MaxReconcileRate)

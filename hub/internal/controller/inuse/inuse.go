@@ -131,6 +131,11 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 		managed.WithLogger(o.Logger.WithValues("controller", name)),
 		managed.WithPollInterval(o.PollInterval),
 		managed.WithRecorder(recorder),
+		// Nothing external to name or to lose track of: Create does
+		// nothing, so neither the external-name nor the create-succeeded
+		// annotation is worth an API write per object.
+		managed.WithInitializers(),
+		managed.WithCriticalAnnotationUpdater(managed.CriticalAnnotationUpdateFn(func(context.Context, client.Object) error { return nil })),
 	)
 	// A user that starts or stops using the resource (created, deleted, or
 	// its spec changed) wakes it, so a blocked deletion proceeds at once.

@@ -109,6 +109,14 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		// would only hold up the deletion of a VM deleted right after it
 		// was created.
 		managed.WithCreationGracePeriod(0),
+		// Fewer writes per VM (the hub's throughput is bounded by its API
+		// write rate). No external-name annotation: a guest is found by the
+		// VM's uid, never by a name. And the create-succeeded and
+		// create-failed annotations are not written: they only guard
+		// non-deterministic external names, and the one fact Create must
+		// not lose, the node, Create itself records before it publishes.
+		managed.WithInitializers(),
+		managed.WithCriticalAnnotationUpdater(skipCriticalAnnotations),
 	}
 	if o.Features.Enabled(feature.EnableBetaManagementPolicies) {
 		opts = append(opts, managed.WithManagementPolicies())
@@ -138,6 +146,9 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		WatchesRawSource(vo.Notifier.Source()).
 		Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
 }
+
+// skipCriticalAnnotations writes nothing; see Setup.
+var skipCriticalAnnotations = managed.CriticalAnnotationUpdateFn(func(context.Context, client.Object) error { return nil })
 
 // IndexUsage lets the Volume and VirtualNetwork controllers, and this one,
 // find the VMs that use a given name.

@@ -1,0 +1,109 @@
+package writes
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/controlplane"
+)
+
+// counting counts the status updates that reach the API server.
+type counting struct {
+	client.Client
+	n *atomic.Int32
+}
+
+func (c counting) Status() client.SubResourceWriter {
+	return countingStatus{SubResourceWriter: c.Client.Status(), n: c.n}
+}
+
+type countingStatus struct {
+	client.SubResourceWriter
+	n *atomic.Int32
+}
+
+func (c countingStatus) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	c.n.Add(1)
+	return c.SubResourceWriter.Update(ctx, obj, opts...)
+}
+
+// TestSkipUnchangedStatus runs against a real API server and informer cache.
+func TestSkipUnchangedStatus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver; skipped with -short")
+	}
+	cp := controlplane.StartForTest(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	informers, err := cache.New(cp.Config, cache.Options{Scheme: cp.Scheme})
+	require.NoError(t, err)
+	go func() { _ = informers.Start(ctx) }()
+	require.True(t, informers.WaitForCacheSync(ctx))
+
+	var sent atomic.Int32
+	c := NewClient(counting{Client: cp.Client, n: &sent}, informers)
+
+	n := &v1alpha1.VirtualNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "net"},
+		Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{CIDR: "10.0.0.0/24"}},
+	}
+	require.NoError(t, cp.Client.Create(ctx, n))
+	// read returns the object as the cache has it, once the cache has rv.
+	read := func(rv string) *v1alpha1.VirtualNetwork {
+		t.Helper()
+		got := &v1alpha1.VirtualNetwork{}
+		require.Eventually(t, func() bool {
+			return informers.Get(ctx, client.ObjectKeyFromObject(n), got) == nil && got.ResourceVersion == rv
+		}, 10*time.Second, 10*time.Millisecond)
+		return got
+	}
+	withPhase := func(o *v1alpha1.VirtualNetwork, p v1alpha1.Phase) *v1alpha1.VirtualNetwork {
+		o.Status.AtProvider.Phase = p
+		return o
+	}
+
+	v1 := read(n.ResourceVersion)
+	steps := []struct {
+		name    string
+		obj     func() *v1alpha1.VirtualNetwork
+		sent    int32
+		wantErr func(error) bool
+	}{
+		{name: "AChangedStatusIsWritten", obj: func() *v1alpha1.VirtualNetwork { return withPhase(v1.DeepCopy(), v1alpha1.PhaseRunning) }, sent: 1},
+		{name: "TheSameStatusAgainIsNot", obj: func() *v1alpha1.VirtualNetwork {
+			return withPhase(read(c.(*skipping).lastWritten(n.UID)), v1alpha1.PhaseRunning)
+		}, sent: 0},
+		{name: "ARevertFromAStaleReadIsWrittenAndConflicts", obj: func() *v1alpha1.VirtualNetwork { return v1.DeepCopy() }, sent: 1, wantErr: kerrors.IsConflict},
+		{name: "AnotherChangeIsWritten", obj: func() *v1alpha1.VirtualNetwork {
+			return withPhase(read(c.(*skipping).lastWritten(n.UID)), v1alpha1.PhaseFailed)
+		}, sent: 1},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			before := sent.Load()
+			err := c.Status().Update(ctx, s.obj())
+			if s.wantErr != nil {
+				assert.True(t, s.wantErr(err), "got %v", err)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, s.sent, sent.Load()-before, "status updates sent to the API server")
+		})
+	}
+
+	t.Run("TheStoredStatusIsTheLastOneWritten", func(t *testing.T) {
+		got := &v1alpha1.VirtualNetwork{}
+		require.NoError(t, cp.Client.Get(ctx, client.ObjectKeyFromObject(n), got))
+		assert.Equal(t, v1alpha1.PhaseFailed, got.Status.AtProvider.Phase)
+	})
+}
