@@ -409,6 +409,10 @@ func (e *external) bindVolumes(ctx context.Context, d dependencies, node string)
 		}
 		patch := client.MergeFrom(v.DeepCopy())
 		meta.AddAnnotations(v, map[string]string{v1alpha1.AnnotationNode: node})
+		// The Volume's own controller adds its finalizer too, but maybe not
+		// yet: without it a Volume deleted now would go at once and leave
+		// its disk on the node. Bound and finalized in one write.
+		meta.AddFinalizer(v, managed.FinalizerName)
 		if err := e.kube.Patch(ctx, v, patch); err != nil {
 			return errors.Wrapf(err, "cannot bind Volume %s to node %s", v.Name, node)
 		}
