@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -459,8 +460,7 @@ func listDomains(s *stack.Stack) (map[string][]Domain, error) {
 				return nil, errors.Wrapf(err, "cannot list the domains of %s", name)
 			}
 			for _, d := range doms {
-				u := d.UUID
-				out[name] = append(out[name], Domain{UUID: fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16]), Name: d.Name, Active: active})
+				out[name] = append(out[name], Domain{UUID: uuid.UUID(d.UUID).String(), Name: d.Name, Active: active})
 			}
 		}
 		_ = l.Disconnect()

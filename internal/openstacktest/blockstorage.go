@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Cinder, block-storage API v3: volumes created empty, listed by name,
@@ -177,7 +179,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := time.Now()
-	v := &volume{ID: uuid(), Name: in.Name, Description: in.Description, Size: in.Size, Status: "creating", Metadata: map[string]string{}, Created: now, Updated: now, readyAt: now.Add(s.opts.TransitionDelay)}
+	v := &volume{ID: uuid.NewString(), Name: in.Name, Description: in.Description, Size: in.Size, Status: "creating", Metadata: map[string]string{}, Created: now, Updated: now, readyAt: now.Add(s.opts.TransitionDelay)}
 	for k, val := range in.Metadata {
 		v.Metadata[k] = val
 	}

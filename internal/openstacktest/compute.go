@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Nova, compute API v2.1 with microversions up to MaxMicroversion.
@@ -485,7 +487,7 @@ func (s *Server) createServer(w http.ResponseWriter, r *http.Request, _ int) {
 			return
 		}
 	}
-	sv := &server{ID: uuid(), Name: in.Name, Status: StatusBuild, Flavor: *fl, KeyName: in.KeyName, Metadata: map[string]string{}, UserData: in.UserData, Created: time.Now()}
+	sv := &server{ID: uuid.NewString(), Name: in.Name, Status: StatusBuild, Flavor: *fl, KeyName: in.KeyName, Metadata: map[string]string{}, UserData: in.UserData, Created: time.Now()}
 	for k, v := range in.Metadata {
 		sv.Metadata[k] = v
 	}
@@ -906,7 +908,7 @@ func (s *Server) createFlavor(w http.ResponseWriter, r *http.Request, mv int) {
 		return
 	}
 	if in.ID == "" {
-		in.ID = uuid()
+		in.ID = uuid.NewString()
 	}
 	for _, f := range s.flavors {
 		if f.Name == in.Name || f.ID == in.ID {

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Neutron, networking API v2.0: networks and IPv4 subnets, whose addresses
@@ -178,7 +180,7 @@ func (s *Server) createNetwork(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	n := &network{ID: uuid(), Name: req.Network.Name, Description: req.Network.Description, Created: time.Now()}
+	n := &network{ID: uuid.NewString(), Name: req.Network.Name, Description: req.Network.Description, Created: time.Now()}
 	s.networks[n.ID] = n
 	writeJSON(w, http.StatusCreated, map[string]any{"network": s.renderNetwork(n)})
 }
@@ -259,7 +261,7 @@ func (s *Server) createSubnet(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sn := &subnet{ID: uuid(), Name: in.Name, NetworkID: n.ID, Prefix: prefix, Gateway: gw, Created: time.Now(), used: map[string]bool{}}
+	sn := &subnet{ID: uuid.NewString(), Name: in.Name, NetworkID: n.ID, Prefix: prefix, Gateway: gw, Created: time.Now(), used: map[string]bool{}}
 	s.subnets[sn.ID] = sn
 	n.Subnets = append(n.Subnets, sn.ID)
 	writeJSON(w, http.StatusCreated, map[string]any{"subnet": s.renderSubnet(sn)})

@@ -341,15 +341,6 @@ const timeFormat = "2006-01-02T15:04:05Z"
 
 func stamp(t time.Time) string { return t.UTC().Format(timeFormat) }
 
-// uuid returns a random version 4 UUID, as OpenStack's resource ids are.
-func uuid() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
-}
-
 // hexID returns a random 32-hex-digit id, as Keystone's ids are.
 func hexID() string {
 	var b [16]byte

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/google/uuid"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 )
@@ -59,8 +60,7 @@ func (s *Stack) Guests(ctx context.Context, node string) (map[string]int, error)
 	}
 	out := map[string]int{}
 	for _, d := range doms {
-		u := d.UUID
-		out[fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])]++
+		out[uuid.UUID(d.UUID).String()]++
 	}
 	return out, nil
 }

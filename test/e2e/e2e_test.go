@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -383,8 +384,7 @@ func domainsWithUUID(t *testing.T, socket, uid string) int {
 	require.NoError(t, err)
 	n := 0
 	for _, d := range doms {
-		u := d.UUID
-		if fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16]) == uid {
+		if uuid.UUID(d.UUID).String() == uid {
 			n++
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/google/uuid"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
@@ -177,10 +178,7 @@ func parseUUID(uid string) (golibvirt.UUID, error) {
 	return u, nil
 }
 
-func formatUUID(u golibvirt.UUID) string {
-	h := hex.EncodeToString(u[:])
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
+func formatUUID(u golibvirt.UUID) string { return uuid.UUID(u).String() }
 
 // domainName is unique per VM (the uid suffix) and readable in virsh.
 func domainName(m driver.Machine) string {

@@ -2,8 +2,6 @@ package app_test
 
 import (
 	"context"
-	"crypto/rand"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -11,6 +9,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -127,7 +126,7 @@ func (a *runningAgent) stop(t testing.TB) {
 // hub would write it.
 func vm(name string) wire.Intent {
 	return wire.Intent{
-		UID:        newUID(),
+		UID:        uuid.NewString(),
 		Namespace:  "team-a",
 		Name:       name,
 		Generation: 1,
@@ -139,19 +138,6 @@ func vm(name string) wire.Intent {
 			Networks:    []wire.Network{{Name: "net-db", CIDR: "10.10.120.0/24", Mode: "nat"}},
 		},
 	}
-}
-
-// newUID is a random (version 4) UUID, as Kubernetes assigns to metadata.uid.
-func newUID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return formatUUID(b)
-}
-
-func formatUUID(b [16]byte) string {
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
 // put writes in as node's intent, as the hub does.
@@ -243,7 +229,7 @@ func (f *fleet) guests(t testing.TB, node string) map[string]bool {
 		}
 		state, _, err := l.DomainGetState(d, 0)
 		require.NoError(t, err)
-		out[formatUUID(d.UUID)] = golibvirt.DomainState(state) == golibvirt.DomainRunning
+		out[uuid.UUID(d.UUID).String()] = golibvirt.DomainState(state) == golibvirt.DomainRunning
 	}
 	return out
 }
