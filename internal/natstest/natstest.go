@@ -70,13 +70,26 @@ func (s *Server) start() error {
 		return errors.Wrap(err, "cannot create nats-server")
 	}
 	srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
+	if !srv.ReadyForConnections(readyWithin) {
 		srv.Shutdown()
-		return errors.New("nats-server did not become ready within 10s")
+		// Its log is off; say whether the fixed port was the reason.
+		if s.opts.Port != 0 {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", s.opts.Port))
+			if err != nil {
+				return errors.Wrapf(err, "nats-server did not become ready within %s: port %d", readyWithin, s.opts.Port)
+			}
+			_ = l.Close()
+		}
+		return errors.Errorf("nats-server did not become ready within %s", readyWithin)
 	}
 	s.srv = srv
 	return nil
 }
+
+// readyWithin bounds the server's start. Generous: on a 2-core machine
+// running the whole test suite in parallel, a JetStream start has been seen
+// to take longer than 10 s.
+const readyWithin = 60 * time.Second
 
 func portOrRandom(p int) int {
 	if p == 0 {
