@@ -153,20 +153,6 @@ func (p *Placer) Place(nodes []Node, req Request) (string, error) {
 	return best, nil
 }
 
-// Check says whether Place would find a node for req, without reserving
-// one, so a VM that cannot be placed yet can say why before it is created.
-func (p *Placer) Check(nodes []Node, req Request) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := p.now()
-	p.expire(now)
-	if _, ok := p.reservations[req.UID]; ok {
-		return nil
-	}
-	_, err := p.choose(nodes, req, now)
-	return err
-}
-
 // choose picks the least allocated eligible node, counting reservations
 // the nodes' heartbeats do not count yet.
 func (p *Placer) choose(nodes []Node, req Request, now time.Time) (string, error) {

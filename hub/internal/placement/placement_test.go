@@ -110,11 +110,7 @@ func TestPlace(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p := New(WithClock(func() time.Time { return t0 }))
-			checkErr := p.Check(tc.nodes, tc.req)
-			_, reserved := p.Reserved(tc.req.UID)
-			assert.False(t, reserved, "Check reserves nothing")
 			got, err := p.Place(tc.nodes, tc.req)
-			assert.Equal(t, err, checkErr, "Check predicts Place")
 			if tc.wantNoFit != nil {
 				var noFit *NoFitError
 				require.True(t, errors.As(err, &noFit), "got %v, %v", got, err)

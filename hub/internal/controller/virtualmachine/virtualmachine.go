@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,6 +30,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/requeue"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/writes"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 )
@@ -74,6 +76,13 @@ type Options struct {
 	FencingTimeout time.Duration
 }
 
+// scheduledHold is how long the status of a VM just placed waits for its
+// node's first report. A node usually answers within tens of milliseconds,
+// and then phase Scheduled would be written only to be replaced at once:
+// the VM goes from created to Running in three API writes (the create, the
+// node and finalizer, the status) instead of four.
+const scheduledHold = 500 * time.Millisecond
+
 // SetupGated adds the controller once the CRD is established (safe-start).
 func SetupGated(mgr ctrl.Manager, o controller.Options, vo Options) error {
 	o.Gate.Register(func() {
@@ -94,7 +103,12 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		opts:     vo,
 		recorder: recorder,
 		state:    &state{},
+		policies: o.Features.Enabled(feature.EnableBetaManagementPolicies),
 	}
+	// With the client of writes.SkipUnchangedStatus, the status of a VM just
+	// placed waits for the node's first report; with another, it is
+	// written at once.
+	c.deferrer, _ = mgr.GetClient().(writes.StatusDeferrer)
 	opts := []managed.ReconcilerOption{
 		managed.WithTypedExternalConnector[*v1alpha1.VirtualMachine](c),
 		managed.WithLogger(o.Logger.WithValues("controller", name)),
@@ -113,8 +127,10 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		// write rate). No external-name annotation: a guest is found by the
 		// VM's uid, never by a name. And the create-succeeded and
 		// create-failed annotations are not written: they only guard
-		// non-deterministic external names, and the one fact Create must
-		// not lose, the node, Create itself records before it publishes.
+		// non-deterministic external names, and the one fact a create must
+		// not lose, the node, is recorded before the intent is published.
+		// Observe itself places a new VM (see schedule), which also spares
+		// the create-pending annotation and the separate finalizer write.
 		managed.WithInitializers(),
 		managed.WithCriticalAnnotationUpdater(skipCriticalAnnotations),
 	}
@@ -233,6 +249,10 @@ type connector struct {
 	opts     Options
 	recorder event.Recorder
 	state    *state
+	// policies is whether management policies are enabled.
+	policies bool
+	// deferrer, if set, holds back the status write of a VM just placed.
+	deferrer writes.StatusDeferrer
 }
 
 // Connect finds the fleet the VM's ProviderConfig names.
@@ -256,30 +276,29 @@ type external struct {
 }
 
 // Observe answers from the fleet's in-memory view; it never waits on NATS.
+//
+// A VM on no node yet is placed here, not in Create: the managed reconciler
+// writes the VM twice before it calls Create (the finalizer, then the
+// create-pending annotation) and its status once after, where scheduling
+// here takes a single write for the node and the finalizer together. Since
+// the guest's identity is the VM's uid and publishing an intent twice
+// changes nothing, nothing else of Create's protocol is needed.
 func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
-	e.opts.Notifier.placed(string(vm.UID), node != "" || meta.WasDeleted(vm))
 	if meta.WasDeleted(vm) {
+		e.opts.Notifier.placed(string(vm.UID), true)
 		return e.observeDeletion(vm, node), nil
 	}
 	if node == "" {
-		// Say why a VM cannot be created yet here rather than from Create:
-		// the managed reconciler re-reads the object around Create, so only
-		// what Observe writes to status survives a failed attempt.
-		vm.Status.AtProvider.Phase = v1alpha1.PhasePending
-		d, err := resolve(ctx, e.kube, vm)
-		if err == nil {
-			var req placement.Request
-			if req, err = e.request(vm, d); err == nil {
-				err = e.opts.Placer.Check(e.fleet.Nodes(), req)
-			}
+		if !e.mayCreate(vm) {
+			return managed.ExternalObservation{ResourceExists: false}, nil
 		}
+		var err error
+		node, err = e.schedule(ctx, vm)
+		e.opts.Notifier.placed(string(vm.UID), node != "")
 		if err != nil {
-			vm.SetConditions(notReady(v1alpha1.PhasePending, err.Error()))
 			return managed.ExternalObservation{}, err
 		}
-		vm.SetConditions(notReady(v1alpha1.PhasePending, "being placed on a node"))
-		return managed.ExternalObservation{ResourceExists: false}, nil
 	}
 
 	uid := string(vm.UID)
@@ -335,32 +354,46 @@ func (e *external) observeDeletion(vm *v1alpha1.VirtualMachine, node string) man
 	return managed.ExternalObservation{ResourceExists: reported || !deleted}
 }
 
-// Create places the VM, records the node on the resource, and only then
-// publishes the intent: a hub that crashes in between finds the node on the
-// resource and publishes to it, so a guest is never placed twice.
-func (e *external) Create(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalCreation, error) {
+// schedule places a new VM, records the node and the managed finalizer on
+// the VM in one write, and only then binds its Volumes and publishes its
+// intent: a hub that crashes in between finds the node on the VM and
+// publishes to it, so a guest is never placed twice. It returns the node
+// once it is recorded, even when what follows fails (Update retries it).
+func (e *external) schedule(ctx context.Context, vm *v1alpha1.VirtualMachine) (string, error) {
 	d, err := resolve(ctx, e.kube, vm)
 	if err != nil {
 		e.waiting(vm, err)
-		return managed.ExternalCreation{}, err
+		return "", err
 	}
-	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
-	if node == "" {
-		if node, err = e.place(ctx, vm, d); err != nil {
-			e.waiting(vm, err)
-			return managed.ExternalCreation{}, err
-		}
+	node, err := e.place(ctx, vm, d)
+	if err != nil {
+		e.waiting(vm, err)
+		return "", err
 	}
-	if err := e.bindVolumes(ctx, d, node); err != nil {
-		return managed.ExternalCreation{}, err
-	}
-	if err := e.publish(ctx, vm, d, node); err != nil {
-		return managed.ExternalCreation{}, err
+	if err := e.ensure(ctx, vm, d, node); err != nil {
+		return node, err
 	}
 	vm.Status.AtProvider.Phase, vm.Status.AtProvider.Node = v1alpha1.PhaseScheduled, node
 	vm.SetConditions(xpv2.Creating())
 	e.recorder.Event(vm, event.Normal(ReasonScheduled, fmt.Sprintf("Placed on node %s", node)))
-	return managed.ExternalCreation{}, nil
+	if e.deferrer != nil {
+		e.deferrer.DeferStatus(vm, scheduledHold)
+		e.opts.Notifier.NotifyAfter(string(vm.UID), scheduledHold)
+	}
+	return node, nil
+}
+
+// mayCreate is whether the VM's management policies let the hub create its
+// guest.
+func (e *external) mayCreate(vm *v1alpha1.VirtualMachine) bool {
+	return managed.NewManagementPoliciesResolver(e.policies, vm.GetManagementPolicies()).ShouldCreate()
+}
+
+// Create is reached only when Observe did not place the VM, which it does
+// whenever the VM may be created; it places it the same way.
+func (e *external) Create(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalCreation, error) {
+	_, err := e.schedule(ctx, vm)
+	return managed.ExternalCreation{}, err
 }
 
 // request is what placement needs to know of the VM.
@@ -392,8 +425,14 @@ func (e *external) place(ctx context.Context, vm *v1alpha1.VirtualMachine, d dep
 		return "", errors.Wrap(err, "cannot place the VM")
 	}
 	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: node})
+	meta.AddFinalizer(vm, managed.FinalizerName)
 	if err := e.kube.Update(ctx, vm); err != nil {
-		e.opts.Placer.Release(string(vm.UID))
+		// A conflict means this reconcile read an old VM, maybe from
+		// before an earlier one recorded this very node: keep the
+		// reservation, which expires unless the node confirms it.
+		if !kerrors.IsConflict(err) {
+			e.opts.Placer.Release(string(vm.UID))
+		}
 		return "", errors.Wrap(err, "cannot record the chosen node")
 	}
 	return node, nil
@@ -420,6 +459,14 @@ func (e *external) bindVolumes(ctx context.Context, d dependencies, node string)
 	return nil
 }
 
+// ensure binds the VM's Volumes to node and publishes its intent there.
+func (e *external) ensure(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies, node string) error {
+	if err := e.bindVolumes(ctx, d, node); err != nil {
+		return err
+	}
+	return e.publish(ctx, vm, d, node)
+}
+
 func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies, node string) error {
 	in := intent(vm, d)
 	if _, err := e.fleet.Bus.PutIntent(ctx, node, in); err != nil {
@@ -431,14 +478,15 @@ func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d d
 }
 
 // Update publishes the intent again after the spec or the restart
-// annotation changed. The node decides what a running guest can take live;
-// the rest shows up as RestartRequired.
+// annotation changed, or when this hub has not published it yet (it just
+// started, or a publish failed). The node decides what a running guest can
+// take live; the rest shows up as RestartRequired.
 func (e *external) Update(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalUpdate, error) {
 	d, err := resolve(ctx, e.kube, vm)
 	if err != nil {
 		return managed.ExternalUpdate{}, err
 	}
-	return managed.ExternalUpdate{}, e.publish(ctx, vm, d, vm.GetAnnotations()[v1alpha1.AnnotationNode])
+	return managed.ExternalUpdate{}, e.ensure(ctx, vm, d, vm.GetAnnotations()[v1alpha1.AnnotationNode])
 }
 
 // Delete removes the intent, which tells the node to delete the guest. The

@@ -78,6 +78,8 @@ func TestSkipUnchangedStatus(t *testing.T) {
 		obj     func() *v1alpha1.VirtualNetwork
 		sent    int32
 		wantErr func(error) bool
+		// deferFor defers the status write before the step.
+		deferFor time.Duration
 	}{
 		{name: "AChangedStatusIsWritten", obj: func() *v1alpha1.VirtualNetwork { return withPhase(v1.DeepCopy(), v1alpha1.PhaseRunning) }, sent: 1},
 		{name: "TheSameStatusAgainIsNot", obj: func() *v1alpha1.VirtualNetwork {
@@ -87,17 +89,38 @@ func TestSkipUnchangedStatus(t *testing.T) {
 		{name: "AnotherChangeIsWritten", obj: func() *v1alpha1.VirtualNetwork {
 			return withPhase(read(c.(*skipping).lastWritten(n.UID)), v1alpha1.PhaseFailed)
 		}, sent: 1},
+		{name: "ADeferredChangeIsDropped", deferFor: time.Minute, obj: func() *v1alpha1.VirtualNetwork {
+			return withPhase(read(c.(*skipping).lastWritten(n.UID)), v1alpha1.PhaseScheduled)
+		}, sent: 0},
+		{name: "OnlyOnce", obj: func() *v1alpha1.VirtualNetwork {
+			return withPhase(read(c.(*skipping).lastWritten(n.UID)), v1alpha1.PhaseScheduled)
+		}, sent: 1},
+		{name: "NorAfterTheDeferralExpired", deferFor: time.Nanosecond, obj: func() *v1alpha1.VirtualNetwork {
+			return withPhase(read(c.(*skipping).lastWritten(n.UID)), v1alpha1.PhaseFailed)
+		}, sent: 1},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
+			if s.deferFor > 0 {
+				c.(StatusDeferrer).DeferStatus(n, s.deferFor)
+				time.Sleep(time.Millisecond)
+			}
 			before := sent.Load()
-			err := c.Status().Update(ctx, s.obj())
+			obj := s.obj()
+			err := c.Status().Update(ctx, obj)
 			if s.wantErr != nil {
 				assert.True(t, s.wantErr(err), "got %v", err)
 			} else {
 				require.NoError(t, err)
 			}
 			assert.Equal(t, s.sent, sent.Load()-before, "status updates sent to the API server")
+			if err == nil && s.sent > 0 {
+				// Read your writes: the next reconcile must not start from
+				// the version before this write.
+				cached := &v1alpha1.VirtualNetwork{}
+				require.NoError(t, informers.Get(ctx, client.ObjectKeyFromObject(n), cached))
+				assert.Equal(t, obj.ResourceVersion, cached.ResourceVersion, "the cache holds the written version once the write returns")
+			}
 		})
 	}
 
