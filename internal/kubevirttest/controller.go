@@ -21,7 +21,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
@@ -59,6 +62,10 @@ type FakeVirtController struct {
 	client client.Client
 	step   time.Duration
 
+	// wake reconciles a VM whose forced failure was set or lifted: nothing
+	// in the API changed, so no watch would.
+	wake chan event.TypedGenericEvent[*kubevirtv1.VirtualMachine]
+
 	mu       sync.Mutex
 	failures map[types.NamespacedName]Failure
 	pools    map[string]*addressPool
@@ -79,11 +86,13 @@ func setupController(mgr ctrl.Manager, step time.Duration) (*FakeVirtController,
 		failures: map[types.NamespacedName]Failure{},
 		pools:    map[string]*addressPool{},
 		leases:   map[string]netip.Addr{},
+		wake:     make(chan event.TypedGenericEvent[*kubevirtv1.VirtualMachine], 64),
 	}
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("fake-virt-controller").
 		For(&kubevirtv1.VirtualMachine{}).
 		Owns(&kubevirtv1.VirtualMachineInstance{}).
+		WatchesRawSource(source.Channel(c.wake, &handler.TypedEnqueueRequestForObject[*kubevirtv1.VirtualMachine]{})).
 		WithOptions(controller.Options{
 			// Several test clusters may run in one process.
 			SkipNameValidation: ptr(true),
@@ -106,6 +115,14 @@ func (c *FakeVirtController) Fail(nn types.NamespacedName, f Failure) {
 	c.mu.Lock()
 	c.failures[nn] = f
 	c.mu.Unlock()
+	c.wakeUp(nn)
+}
+
+// wakeUp queues a reconcile of the VM named nn.
+func (c *FakeVirtController) wakeUp(nn types.NamespacedName) {
+	vm := &kubevirtv1.VirtualMachine{}
+	vm.Namespace, vm.Name = nn.Namespace, nn.Name
+	c.wake <- event.TypedGenericEvent[*kubevirtv1.VirtualMachine]{Object: vm}
 }
 
 // Recover lifts a failure Fail forced.
@@ -113,6 +130,7 @@ func (c *FakeVirtController) Recover(nn types.NamespacedName) {
 	c.mu.Lock()
 	delete(c.failures, nn)
 	c.mu.Unlock()
+	c.wakeUp(nn)
 }
 
 func (c *FakeVirtController) failure(nn types.NamespacedName) (Failure, bool) {
