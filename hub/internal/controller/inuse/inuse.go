@@ -13,15 +13,18 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -138,17 +141,17 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 		managed.WithCriticalAnnotationUpdater(managed.CriticalAnnotationUpdateFn(func(context.Context, client.Object) error { return nil })),
 	)
 	// A user that starts or stops using the resource (created, deleted, or
-	// its spec changed) wakes it, so a blocked deletion proceeds at once.
-	// Only those changes: a user's status writes would otherwise reconcile
-	// (and rewrite the status of) every resource it uses, several times per
-	// VM start — measured as the hub's largest source of API writes.
+	// its spec changed) wakes it, so a blocked deletion proceeds. Only those
+	// changes: a user's status writes would otherwise reconcile (and
+	// rewrite the status of) every resource it uses, several times per VM
+	// start — measured as the hub's largest source of API writes.
 	copts := o.ForControllerRuntime()
 	copts.RateLimiter = requeue.ControllerRateLimiter()
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		WithOptions(copts).
 		For(k.New()).
-		Watches(k.User.New(), enqueue(func(_ context.Context, o client.Object) []string { return k.User.Uses(o) }),
+		Watches(k.User.New(), enqueueAfter(userSettle, func(_ context.Context, o client.Object) []string { return k.User.Uses(o) }),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{}))
 	for _, rel := range k.Related {
 		b = b.Watches(rel.Object, enqueue(func(ctx context.Context, o client.Object) []string { return rel.Names(ctx, mgr.GetClient(), o) }))
@@ -163,13 +166,51 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 // namespace.
 func enqueue(names func(context.Context, client.Object) []string) handler.EventHandler {
 	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-		ns := names(ctx, o)
-		out := make([]reconcile.Request, 0, len(ns))
-		for _, n := range ns {
-			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: n}})
-		}
-		return out
+		return requests(ctx, names, o)
 	})
+}
+
+func requests(ctx context.Context, names func(context.Context, client.Object) []string, o client.Object) []reconcile.Request {
+	ns := names(ctx, o)
+	out := make([]reconcile.Request, 0, len(ns))
+	for _, n := range ns {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: n}})
+	}
+	return out
+}
+
+// userSettle is how long a resource waits after a change of its users
+// before it is reconciled. A VM that starts using a Volume binds it to its
+// node moments later; one status write then shows both the new user and
+// the node, where reconciling at once would write twice. It is also how
+// much later a deletion waiting for its last user proceeds.
+const userSettle = 500 * time.Millisecond
+
+// enqueueAfter is enqueue with every reconcile delayed by d: the workqueue
+// merges it with any the resource gets meanwhile.
+func enqueueAfter(d time.Duration, names func(context.Context, client.Object) []string) handler.EventHandler {
+	add := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request], objs ...client.Object) {
+		for _, o := range objs {
+			for _, r := range requests(ctx, names, o) {
+				q.AddAfter(r, d)
+			}
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e ctrlevent.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, q, e.Object)
+		},
+		// Both versions: a user that stopped using a resource wakes it too.
+		UpdateFunc: func(ctx context.Context, e ctrlevent.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, q, e.ObjectOld, e.ObjectNew)
+		},
+		DeleteFunc: func(ctx context.Context, e ctrlevent.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, q, e.Object)
+		},
+		GenericFunc: func(ctx context.Context, e ctrlevent.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, q, e.Object)
+		},
+	}
 }
 
 // external is both connector and client: there is nothing to connect to.
