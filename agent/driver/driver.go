@@ -81,6 +81,16 @@ type Driver interface {
 	// the image's PruneAfter.
 	DeleteVolume(ctx context.Context, d Disk) error
 
+	// Images reports the disk images this driver keeps on the node: every
+	// image present (Ready, with its size), every import running (Importing,
+	// with its progress in Message) and every import whose last attempt
+	// failed while the image is absent (Failed, with the reason). An image
+	// absent from the list is not on the node: pruned, or never imported.
+	// It only reads — no import starts, nothing is pruned — and is cheap
+	// enough to call every few seconds. A backend that keeps no images
+	// returns none.
+	Images(ctx context.Context) ([]ImageStatus, error)
+
 	// Capacity reports the host's resources and what this driver's guests
 	// have been allocated of them.
 	Capacity(ctx context.Context) (Capacity, error)
@@ -181,6 +191,10 @@ type Image struct {
 	Name string
 	// URL is the http or https address the image is downloaded from.
 	URL string
+	// SourceVolume, instead of URL, makes the image a copy of this volume
+	// of the node (its name in the driver's default pool), taken when the
+	// node first needs the image. A node without the volume fails the image.
+	SourceVolume string
 	// SHA256 is the expected hex digest of the download; empty skips the check.
 	SHA256 string
 	// Format is qcow2 (disks become copy-on-write overlays of the image) or
@@ -189,6 +203,31 @@ type Image struct {
 	// PruneAfter is how long the image stays on the node unused; zero means
 	// DefaultPruneAfter.
 	PruneAfter time.Duration
+}
+
+// ImagePhase is the state of an image on the node.
+type ImagePhase string
+
+// Image phases.
+const (
+	ImagePhaseImporting ImagePhase = "Importing"
+	ImagePhaseReady     ImagePhase = "Ready"
+	ImagePhaseFailed    ImagePhase = "Failed"
+)
+
+// ImageStatus is what a driver sees of one image on the node.
+type ImageStatus struct {
+	// UID is the image's Image.UID.
+	UID string
+	// Name is the image's Image.Name when the driver knows it; an image
+	// found on the node after a restart may have none until a guest asks
+	// for it again.
+	Name  string
+	Phase ImagePhase
+	// SizeBytes is the image's size on the node; set when Ready.
+	SizeBytes int64
+	// Message is the progress while Importing and the reason when Failed.
+	Message string
 }
 
 // DefaultPruneAfter is how long an unused image stays on a node by default.

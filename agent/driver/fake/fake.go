@@ -5,6 +5,7 @@ package fake
 import (
 	"context"
 	"reflect"
+	"sort"
 	"sync"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
@@ -42,11 +43,18 @@ type Driver struct {
 	NextCapacityErr error
 	// NextDeleteVolumeErr fails the next DeleteVolume.
 	NextDeleteVolumeErr error
+	// NextImagesErr fails the next Images.
+	NextImagesErr error
 
-	calls    []Call
-	guests   map[string]*guest
-	events   chan driver.Event
-	closeOne sync.Once
+	calls  []Call
+	guests map[string]*guest
+	// images are what Images reports, as SetImage left them; imagesCalls
+	// counts Images calls, which are not in calls: the reconciler polls
+	// them on a timer, and tests counting calls must not see that.
+	images      map[string]driver.ImageStatus
+	imagesCalls int
+	events      chan driver.Event
+	closeOne    sync.Once
 }
 
 type guest struct {
@@ -66,6 +74,7 @@ func New(node string) *Driver {
 		Node:   node,
 		Host:   driver.Capacity{VCPU: 16, MemoryBytes: 64 << 30},
 		guests: map[string]*guest{},
+		images: map[string]driver.ImageStatus{},
 		events: make(chan driver.Event, 64),
 	}
 }
@@ -210,6 +219,45 @@ func (d *Driver) Capacity(_ context.Context) (driver.Capacity, error) {
 		c.AllocatedMemoryBytes += g.machine.MemoryBytes
 	}
 	return c, nil
+}
+
+// SetImage makes Images report st, as a backend importing or holding the
+// image would.
+func (d *Driver) SetImage(st driver.ImageStatus) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.images[st.UID] = st
+}
+
+// RemoveImage makes Images stop reporting image uid, as after a prune.
+func (d *Driver) RemoveImage(uid string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.images, uid)
+}
+
+// ImagesCalls counts the calls of Images so far.
+func (d *Driver) ImagesCalls() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.imagesCalls
+}
+
+// Images implements driver.Driver: the images SetImage set, by uid.
+func (d *Driver) Images(_ context.Context) ([]driver.ImageStatus, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.imagesCalls++
+	if err := d.NextImagesErr; err != nil {
+		d.NextImagesErr = nil
+		return nil, err
+	}
+	out := make([]driver.ImageStatus, 0, len(d.images))
+	for _, st := range d.images {
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
+	return out, nil
 }
 
 // Close implements driver.Driver.

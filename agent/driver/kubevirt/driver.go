@@ -730,6 +730,10 @@ func (d *Driver) List(ctx context.Context) ([]driver.Observation, error) {
 	return out, nil
 }
 
+// Images implements driver.Driver: disks made from images (CDI
+// DataVolumes) are refused on kubevirt, so the node keeps no images.
+func (d *Driver) Images(context.Context) ([]driver.ImageStatus, error) { return nil, nil }
+
 // Capacity implements driver.Driver: the allocatable CPUs and memory of the
 // Nodes KubeVirt can schedule on (not cordoned, Ready), and what virtfleet's
 // VMs in the namespace ask for, running or not.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,8 @@ type images struct {
 	jobs        map[string]*importJob // by image uid
 	pruneAfter  map[string]time.Duration
 	unusedSince map[string]time.Time
+	// names are the images' names as Ensure last gave them, for Images.
+	names map[string]string
 }
 
 func newImages(dir string, pruneEvery time.Duration) *images {
@@ -78,6 +81,7 @@ func newImages(dir string, pruneEvery time.Duration) *images {
 		jobs:        map[string]*importJob{},
 		pruneAfter:  map[string]time.Duration{},
 		unusedSince: map[string]time.Time{},
+		names:       map[string]string{},
 	}
 }
 
@@ -164,7 +168,8 @@ func (d *Driver) ensureImage(api API, img *driver.Image) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pruneAfter[img.UID] = img.PruneAfter
-	present, err := hasVolume(api, d.pool, imageVolume(img.UID))
+	s.names[img.UID] = img.Name
+	present, err := d.hasImage(api, img)
 	if err != nil {
 		return "", err
 	}
@@ -211,8 +216,12 @@ func (d *Driver) startImport(img *driver.Image, failedBefore int) *importJob {
 	return job
 }
 
-// importImage downloads img, verifies it and stores it as its volume.
+// importImage downloads img, verifies it and stores it as its volume, or
+// clones it from its source volume (clone.go).
 func (d *Driver) importImage(ctx context.Context, img *driver.Image, job *importJob) error {
+	if img.SourceVolume != "" {
+		return d.cloneImage(img, job)
+	}
 	path, size, err := d.download(ctx, img, job)
 	if path != "" {
 		defer os.Remove(path) //nolint:errcheck // a leftover temp file is harmless
@@ -445,6 +454,71 @@ func (d *Driver) PruneImages(context.Context) ([]string, error) {
 		pruned = append(pruned, uid)
 	}
 	return pruned, nil
+}
+
+// Images implements driver.Driver: the image volumes in the driver's pool,
+// and the imports running or failed. An image volume being uploaded is
+// still Importing; a failed import is reported until the next attempt
+// starts or the image arrives.
+func (d *Driver) Images(context.Context) ([]driver.ImageStatus, error) {
+	api, _, err := d.api()
+	if err != nil {
+		return nil, err
+	}
+	p, err := api.StoragePoolLookupByName(d.pool)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
+	}
+	vols, _, err := api.StoragePoolListAllVolumes(p, 1, 0)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot list volumes of storage pool %s", d.pool)
+	}
+	present := map[string]int64{}
+	for _, v := range vols {
+		uid, ok := strings.CutPrefix(v.Name, imagePrefix)
+		if !ok {
+			continue
+		}
+		_, capacity, allocation, err := api.StorageVolGetInfo(v)
+		if isCode(err, golibvirt.ErrNoStorageVol) {
+			continue // pruned since the listing
+		}
+		if err != nil {
+			return nil, errors.Wrapf(err, "cannot read image volume %s", v.Name)
+		}
+		// The bytes the image takes on the node; a backend that does not
+		// account for allocation (libvirt's test driver) has only capacity.
+		present[uid] = int64(cmp.Or(allocation, capacity)) //nolint:gosec // volume sizes fit in int64
+	}
+
+	s := d.images
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]driver.ImageStatus, 0, len(present)+len(s.jobs))
+	for uid, size := range present {
+		st := driver.ImageStatus{UID: uid, Name: s.names[uid], Phase: driver.ImagePhaseReady, SizeBytes: size}
+		if job := s.jobs[uid]; job != nil && job.running() {
+			st.Phase, st.SizeBytes, st.Message = driver.ImagePhaseImporting, 0, job.progress(&driver.Image{Name: s.names[uid]})
+		}
+		out = append(out, st)
+	}
+	for uid, job := range s.jobs {
+		if _, ok := present[uid]; ok {
+			continue
+		}
+		st := driver.ImageStatus{UID: uid, Name: s.names[uid]}
+		switch {
+		case job.running():
+			st.Phase, st.Message = driver.ImagePhaseImporting, job.progress(&driver.Image{Name: s.names[uid]})
+		case job.err != nil:
+			st.Phase, st.Message = driver.ImagePhaseFailed, job.err.Error()
+		default:
+			continue // imported, then pruned: not on the node
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
+	return out, nil
 }
 
 // pruneLoop prunes images every images.pruneEvery until the driver is closed. A

@@ -40,6 +40,11 @@ type Bus interface {
 	// DeleteVolumeReport removes the report of Volume uid, once the hub has
 	// deleted its intent.
 	DeleteVolumeReport(ctx context.Context, uid string) error
+	// PutImageReport stores r as the report of image r.UID on this node.
+	PutImageReport(ctx context.Context, r wire.ImageReport) (revision uint64, err error)
+	// DeleteImageReport removes the report of image uid, once the image is
+	// gone from the node.
+	DeleteImageReport(ctx context.Context, uid string) error
 	// PutHeartbeat stores h as this node's heartbeat. It must be repeated
 	// well within the nodes bucket's TTL, or the hub declares the node lost.
 	PutHeartbeat(ctx context.Context, h wire.NodeHeartbeat) error

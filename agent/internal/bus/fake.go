@@ -17,6 +17,7 @@ type Fake struct {
 	watchers  []func(IntentEvent)
 	reports   map[string]wire.Report
 	volumes   map[string]wire.VolumeReport
+	images    map[string]wire.ImageReport
 	heartbeat *wire.NodeHeartbeat
 }
 
@@ -24,7 +25,7 @@ var _ Bus = &Fake{}
 
 // NewFake returns an empty Fake.
 func NewFake() *Fake {
-	return &Fake{intents: map[string]IntentEvent{}, reports: map[string]wire.Report{}, volumes: map[string]wire.VolumeReport{}}
+	return &Fake{intents: map[string]IntentEvent{}, reports: map[string]wire.Report{}, volumes: map[string]wire.VolumeReport{}, images: map[string]wire.ImageReport{}}
 }
 
 // SetIntent plays the hub writing (or, with ev.Deleted, removing) an intent.
@@ -62,6 +63,14 @@ func (f *Fake) VolumeReport(uid string) (wire.VolumeReport, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r, ok := f.volumes[uid]
+	return r, ok
+}
+
+// ImageReport returns the report last written for image uid.
+func (f *Fake) ImageReport(uid string) (wire.ImageReport, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.images[uid]
 	return r, ok
 }
 
@@ -135,6 +144,29 @@ func (f *Fake) DeleteVolumeReport(_ context.Context, uid string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.volumes, uid)
+	return nil
+}
+
+// PutImageReport implements Bus.
+func (f *Fake) PutImageReport(_ context.Context, r wire.ImageReport) (uint64, error) {
+	if err := wire.ValidateToken("uid", r.UID); err != nil {
+		return 0, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rev++
+	f.images[r.UID] = r
+	return f.rev, nil
+}
+
+// DeleteImageReport implements Bus.
+func (f *Fake) DeleteImageReport(_ context.Context, uid string) error {
+	if err := wire.ValidateToken("uid", uid); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.images, uid)
 	return nil
 }
 

@@ -125,6 +125,20 @@ func (n *NATS) PutVolumeReport(ctx context.Context, r wire.VolumeReport) (uint64
 	return n.write(ctx, key, &nats.Msg{Data: b})
 }
 
+// PutImageReport implements Bus.
+func (n *NATS) PutImageReport(ctx context.Context, r wire.ImageReport) (uint64, error) {
+	r.Node = n.cfg.Node
+	key, err := wire.ImageReportKey(n.cfg.Node, r.UID)
+	if err != nil {
+		return 0, err
+	}
+	b, err := wire.EncodeImageReport(r)
+	if err != nil {
+		return 0, errors.Wrap(err, "cannot encode image report")
+	}
+	return n.write(ctx, key, &nats.Msg{Data: b})
+}
+
 // DeleteReport implements Bus.
 func (n *NATS) DeleteReport(ctx context.Context, uid string) error {
 	return n.deleteReport(ctx, wire.ReportKey, uid)
@@ -133,6 +147,11 @@ func (n *NATS) DeleteReport(ctx context.Context, uid string) error {
 // DeleteVolumeReport implements Bus.
 func (n *NATS) DeleteVolumeReport(ctx context.Context, uid string) error {
 	return n.deleteReport(ctx, wire.VolumeReportKey, uid)
+}
+
+// DeleteImageReport implements Bus.
+func (n *NATS) DeleteImageReport(ctx context.Context, uid string) error {
+	return n.deleteReport(ctx, wire.ImageReportKey, uid)
 }
 
 func (n *NATS) deleteReport(ctx context.Context, keyOf func(node, uid string) (string, error), uid string) error {

@@ -231,3 +231,37 @@ func TestPutVolumeReport(t *testing.T) {
 	assert.ErrorAs(t, err, &ke)
 	assert.False(t, async.WaitForViolation(0))
 }
+
+func TestPutImageReport(t *testing.T) {
+	f := newFleet(t)
+	b, _, async := f.agent(t, "node1")
+	ctx := context.Background()
+	r := wire.ImageReport{UID: "img-a", Name: "ubuntu", Phase: wire.ImagePhaseImporting, Message: "importing image ubuntu: 1 of 2 bytes", ObservedAt: time.Unix(1, 0).UTC()}
+
+	rev1, err := b.PutImageReport(ctx, r)
+	require.NoError(t, err)
+	rev2, err := b.PutImageReport(ctx, r)
+	require.NoError(t, err)
+	assert.Equal(t, rev1, rev2, "replaying the same report must not write")
+
+	r.Phase, r.SizeBytes, r.Message = wire.ImagePhaseReady, 2, ""
+	_, err = b.PutImageReport(ctx, r)
+	require.NoError(t, err)
+	e, err := f.reports.Get(ctx, "node1.image.img-a")
+	require.NoError(t, err, "the report lives under <node>.image.<uid>")
+	got, err := wire.DecodeImageReport(e.Value())
+	require.NoError(t, err)
+	assert.Equal(t, wire.ImagePhaseReady, got.Phase)
+	assert.Equal(t, int64(2), got.SizeBytes)
+	assert.Equal(t, "node1", got.Node, "the bus stamps its own node")
+
+	require.NoError(t, b.DeleteImageReport(ctx, "img-a"))
+	require.NoError(t, b.DeleteImageReport(ctx, "img-a"), "deleting twice is harmless")
+	_, err = f.reports.Get(ctx, "node1.image.img-a")
+	assert.Error(t, err)
+
+	_, err = b.PutImageReport(ctx, wire.ImageReport{UID: "img.a", Phase: wire.ImagePhaseReady})
+	var ke *wire.KeyError
+	assert.ErrorAs(t, err, &ke)
+	assert.False(t, async.WaitForViolation(0), "writing image reports needs no permission the agent lacks")
+}

@@ -104,6 +104,23 @@ func TestAgentPermissions(t *testing.T) {
 		"CannotWriteOtherNodesVolumeReport": {wantViolation: true, op: func(nc *nats.Conn) error {
 			return publishAcked(nc, "$KV.reports.node2.volume.vol-b")
 		}},
+		// So do image keys.
+		"WritesOwnImageReport": {allowed: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.reports.node1.image.img-a") }},
+		"GetsOwnImageReport": {allowed: true, op: func(nc *nats.Conn) error {
+			if err := publishAcked(nc, "$KV.reports.node1.image.img-b"); err != nil {
+				return err
+			}
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_reports.$KV.reports.node1.image.img-b", nil))
+		}},
+		"CannotWriteOtherNodesImageReport": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return publishAcked(nc, "$KV.reports.node2.image.img-a")
+		}},
+		"CannotGetOtherNodesImageReport": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_reports.$KV.reports.node2.image.img-a", nil))
+		}},
+		"CannotWriteAnImageIntent": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return publishAcked(nc, "$KV.intents.node1.image.img-a")
+		}},
 		"CannotWriteOwnVolumeIntent": {wantViolation: true, op: func(nc *nats.Conn) error {
 			return publishAcked(nc, "$KV.intents.node1.volume.vol-a")
 		}},

@@ -29,6 +29,8 @@ type Reports interface {
 	DeleteReport(ctx context.Context, uid string) error
 	PutVolumeReport(ctx context.Context, r wire.VolumeReport) (uint64, error)
 	DeleteVolumeReport(ctx context.Context, uid string) error
+	PutImageReport(ctx context.Context, r wire.ImageReport) (uint64, error)
+	DeleteImageReport(ctx context.Context, uid string) error
 }
 
 // Options tune a Reconciler. Zero values take the defaults.
@@ -45,6 +47,10 @@ type Options struct {
 	// RetryBase and RetryMax bound the per-guest exponential backoff after a
 	// retryable error. Defaults 250 ms and 1 min.
 	RetryBase, RetryMax time.Duration
+	// ImagePollEvery re-reads the node's images to report them when no
+	// import runs; it bounds how long a pruned image stays reported.
+	// Default 10 s.
+	ImagePollEvery time.Duration
 	// Now replaces time.Now, for tests.
 	Now func() time.Time
 }
@@ -64,6 +70,9 @@ func (o *Options) defaults() {
 	}
 	if o.RetryMax <= 0 {
 		o.RetryMax = time.Minute
+	}
+	if o.ImagePollEvery <= 0 {
+		o.ImagePollEvery = 10 * time.Second
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -91,6 +100,15 @@ type Reconciler struct {
 	written map[string]wire.Report
 	// writtenVolumes is the last VolumeReport written per Volume uid.
 	writtenVolumes map[string]wire.VolumeReport
+	// imagesCleaned is set once the reports of images the intents name but
+	// the node does not have were deleted (see staleImageReports).
+	imagesCleaned bool
+
+	// writtenImages is the last ImageReport written per image uid; only
+	// the image loop uses it.
+	writtenImages map[string]wire.ImageReport
+	// imagesNudge wakes the image loop.
+	imagesNudge chan struct{}
 }
 
 // New returns a Reconciler for node. Call HandleIntent from the bus's
@@ -111,6 +129,8 @@ func New(node string, d driver.Driver, reports Reports, log logging.Logger, o Op
 		volumes:        map[string]wire.VolumeIntent{},
 		written:        map[string]wire.Report{},
 		writtenVolumes: map[string]wire.VolumeReport{},
+		writtenImages:  map[string]wire.ImageReport{},
+		imagesNudge:    make(chan struct{}, 1),
 	}
 }
 
@@ -140,9 +160,10 @@ func (r *Reconciler) HandleIntent(ev bus.IntentEvent) {
 }
 
 // Run works the queue until ctx is done: workers, driver events as triggers,
-// and a full resync every Options.ResyncEvery.
+// a full resync every Options.ResyncEvery, and the node's image reports.
 func (r *Reconciler) Run(ctx context.Context) {
 	var wg sync.WaitGroup
+	wg.Go(func() { r.runImages(ctx) })
 	for range r.opts.Workers {
 		wg.Add(1)
 		go func() {
@@ -275,6 +296,10 @@ func (r *Reconciler) reconcile(ctx context.Context, uid string) (time.Duration, 
 	if err := r.report(ctx, report(in, obs)); err != nil {
 		return 0, err
 	}
+	if obs.Phase == driver.PhaseProvisioning && hasImage(m) {
+		// Likely waiting for an import: let the image loop report it.
+		r.nudgeImages()
+	}
 	if transitional(obs.Phase) {
 		return r.opts.PollTransitional, nil
 	}
@@ -335,6 +360,15 @@ func withoutLastSeen(in []wire.Interface) []wire.Interface {
 		out[i] = iface
 	}
 	return out
+}
+
+func hasImage(m driver.Machine) bool {
+	for _, d := range m.Disks {
+		if d.Image != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func transitional(p driver.Phase) bool {

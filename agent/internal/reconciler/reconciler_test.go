@@ -28,10 +28,16 @@ type reports struct {
 	puts    map[string]int
 	deletes map[string]int
 	volumes map[string]wire.VolumeReport
+	images  map[string]wire.ImageReport
+	// imagePuts counts image report writes per uid.
+	imagePuts map[string]int
 }
 
 func newReports() *reports {
-	return &reports{current: map[string]wire.Report{}, puts: map[string]int{}, deletes: map[string]int{}, volumes: map[string]wire.VolumeReport{}}
+	return &reports{
+		current: map[string]wire.Report{}, puts: map[string]int{}, deletes: map[string]int{}, volumes: map[string]wire.VolumeReport{},
+		images: map[string]wire.ImageReport{}, imagePuts: map[string]int{},
+	}
 }
 
 func (r *reports) PutVolumeReport(_ context.Context, rep wire.VolumeReport) (uint64, error) {
@@ -129,13 +135,18 @@ func start(t *testing.T) *harness {
 	return startWith(t, func(f *failing) driver.Driver { return f })
 }
 
-// startWith runs a reconciler over the fake driver as wrap exposes it.
-func startWith(t *testing.T, wrap func(*failing) driver.Driver) *harness {
+// startWith runs a reconciler over the fake driver as wrap exposes it, with
+// the harness's options as mods change them.
+func startWith(t *testing.T, wrap func(*failing) driver.Driver, mods ...func(*Options)) *harness {
 	t.Helper()
 	f := fake.New(node)
 	d := &failing{Driver: f, errs: map[string]error{}, tried: map[string]int{}}
 	rep := newReports()
-	rec := New(node, wrap(d), rep, logging.NewNopLogger(), Options{Workers: 4, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollTransitional: 10 * time.Millisecond})
+	o := Options{Workers: 4, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollTransitional: 10 * time.Millisecond, ImagePollEvery: 10 * time.Millisecond}
+	for _, m := range mods {
+		m(&o)
+	}
+	rec := New(node, wrap(d), rep, logging.NewNopLogger(), o)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rec.Run(ctx); close(done) }()

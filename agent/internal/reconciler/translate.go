@@ -48,8 +48,8 @@ func machine(in wire.Intent) (driver.Machine, error) {
 		}
 		disk := driver.Disk{Name: NodeName(in.Namespace, d.Name), SizeBytes: d.SizeBytes}
 		if im := d.Image; im != nil {
-			if im.UID == "" || im.URL == "" {
-				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and a url", i)
+			if err := im.Validate(); im.UID == "" || err != nil {
+				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and a url or a sourceVolume, exactly one", i)
 			}
 			disk.Format = im.Format
 			disk.Image = &driver.Image{
@@ -59,6 +59,9 @@ func machine(in wire.Intent) (driver.Machine, error) {
 				SHA256:     im.Checksum,
 				Format:     im.Format,
 				PruneAfter: time.Duration(im.PruneAfterSeconds) * time.Second,
+			}
+			if src := im.SourceVolume; src != nil {
+				disk.Image.SourceVolume = NodeName(in.Namespace, src.Name)
 			}
 		}
 		m.Disks = append(m.Disks, disk)

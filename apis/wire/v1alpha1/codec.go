@@ -46,6 +46,7 @@ func (r *Report) stamp()        { r.ProtocolVersion = ProtocolVersion }
 func (h *NodeHeartbeat) stamp() { h.ProtocolVersion = ProtocolVersion }
 func (v *VolumeIntent) stamp()  { v.ProtocolVersion = ProtocolVersion }
 func (v *VolumeReport) stamp()  { v.ProtocolVersion = ProtocolVersion }
+func (r *ImageReport) stamp()   { r.ProtocolVersion = ProtocolVersion }
 
 // encode stamps ProtocolVersion on a copy of v and encodes it if it is valid.
 func encode[T any, P message[T]](v T) ([]byte, error) {
@@ -81,6 +82,9 @@ func EncodeVolumeIntent(v VolumeIntent) ([]byte, error) { return encode(v) }
 // EncodeVolumeReport stamps ProtocolVersion and encodes a valid VolumeReport.
 func EncodeVolumeReport(v VolumeReport) ([]byte, error) { return encode(v) }
 
+// EncodeImageReport stamps ProtocolVersion and encodes a valid ImageReport.
+func EncodeImageReport(r ImageReport) ([]byte, error) { return encode(r) }
+
 // DecodeIntent decodes and validates an Intent. Unknown fields are ignored.
 // It returns a *VersionError for a newer or missing protocol version, a
 // *DecodeError for malformed bytes and a *KeyError for an unsafe uid.
@@ -105,6 +109,12 @@ func DecodeVolumeIntent(b []byte) (VolumeIntent, error) {
 // DecodeIntent.
 func DecodeVolumeReport(b []byte) (VolumeReport, error) {
 	return decodeValid[VolumeReport]("volume report", b)
+}
+
+// DecodeImageReport decodes and validates an ImageReport; errors as
+// DecodeIntent, and a *DecodeError for an unknown phase or a negative size.
+func DecodeImageReport(b []byte) (ImageReport, error) {
+	return decodeValid[ImageReport]("image report", b)
 }
 
 // decode reads the version before the body, so that a newer message whose
@@ -132,6 +142,30 @@ func (in Intent) Validate() error {
 	}
 	if in.Machine.VCPU < 0 || in.Machine.MemoryBytes < 0 || in.Machine.SwapBytes < 0 {
 		return &DecodeError{Kind: "intent", Err: errors.New("machine resources must not be negative")}
+	}
+	for i, d := range in.Machine.Disks {
+		if d.Image == nil {
+			continue
+		}
+		if err := d.Image.Validate(); err != nil {
+			return &DecodeError{Kind: "intent", Err: fmt.Errorf("machine.disks[%d].image: %w", i, err)}
+		}
+	}
+	return nil
+}
+
+// Validate reports whether the node can tell where the image comes from:
+// exactly one of URL or SourceVolume, and a checksum only for a download.
+func (r ImageRef) Validate() error {
+	switch {
+	case r.URL != "" && r.SourceVolume != nil:
+		return errors.New("set exactly one of url or sourceVolume, not both")
+	case r.URL == "" && r.SourceVolume == nil:
+		return errors.New("set exactly one of url or sourceVolume")
+	case r.SourceVolume != nil && (r.SourceVolume.Name == "" || r.SourceVolume.UID == ""):
+		return errors.New("sourceVolume needs a name and a uid")
+	case r.SourceVolume != nil && r.Checksum != "":
+		return errors.New("checksum verifies a download and goes with url")
 	}
 	return nil
 }
@@ -167,4 +201,25 @@ func (v VolumeIntent) Validate() error {
 // Validate reports whether the VolumeReport can be keyed.
 func (v VolumeReport) Validate() error {
 	return ValidateToken("uid", v.UID)
+}
+
+// Validate reports whether the ImageReport can be keyed and read. A phase
+// this version does not define is refused: a new phase comes with a new
+// protocol version.
+func (r ImageReport) Validate() error {
+	if err := ValidateToken("uid", r.UID); err != nil {
+		return err
+	}
+	if err := ValidateToken("node", r.Node); err != nil {
+		return err
+	}
+	switch r.Phase {
+	case ImagePhaseImporting, ImagePhaseReady, ImagePhaseFailed:
+	default:
+		return &DecodeError{Kind: "image report", Err: fmt.Errorf("phase must be Importing, Ready or Failed, got %q", r.Phase)}
+	}
+	if r.SizeBytes < 0 {
+		return &DecodeError{Kind: "image report", Err: errors.New("sizeBytes must not be negative")}
+	}
+	return nil
 }

@@ -43,6 +43,19 @@ func TestDecodeIntent(t *testing.T) {
 		"RefusesNegativeMemory": {
 			in: []byte(`{"protocolVersion":1,"uid":"a","machine":{"memoryBytes":-1}}`), wantErr: &DecodeError{},
 		},
+		"RoundTripsAClonedImage": {in: mustJSON(t, exampleClonedIntent()), want: exampleClonedIntent()},
+		"RefusesAnImageWithBothURLAndSourceVolume": {
+			in: mustJSON(t, withImage(exampleIntent(), func(r *ImageRef) { r.SourceVolume = exampleClonedIntent().Machine.Disks[0].Image.SourceVolume })), wantErr: &DecodeError{},
+		},
+		"RefusesAnImageWithNeitherURLNorSourceVolume": {
+			in: mustJSON(t, withImage(exampleIntent(), func(r *ImageRef) { r.URL = "" })), wantErr: &DecodeError{},
+		},
+		"RefusesASourceVolumeWithoutAUID": {
+			in: mustJSON(t, withImage(exampleClonedIntent(), func(r *ImageRef) { r.SourceVolume.UID = "" })), wantErr: &DecodeError{},
+		},
+		"RefusesAChecksumOnAClone": {
+			in: mustJSON(t, withImage(exampleClonedIntent(), func(r *ImageRef) { r.Checksum = "ab" })), wantErr: &DecodeError{},
+		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -83,6 +96,17 @@ func TestDecodeReportAndHeartbeat(t *testing.T) {
 		"VolumeReportRefusesNewer":      {decode: decodeVolumeReport, in: withField(t, exampleVolumeReport(), "protocolVersion", 2), wantErr: &VersionError{}},
 		"VolumeReportRefusesMissingUID": {decode: decodeVolumeReport, in: withField(t, exampleVolumeReport(), "uid", ""), wantErr: &KeyError{}},
 		"VolumeReportRefusesNoVersion":  {decode: decodeVolumeReport, in: []byte(`{"uid":"a","gone":true}`), wantErr: &VersionError{}},
+
+		"ImageReportRoundTrips":            {decode: decodeImageReport, in: mustJSON(t, exampleImageReport()), want: exampleImageReport()},
+		"ImageReportIgnoresUnknowns":       {decode: decodeImageReport, in: withField(t, exampleImageReport(), "checksum", "ab"), want: exampleImageReport()},
+		"ImageReportRefusesNewer":          {decode: decodeImageReport, in: withField(t, exampleImageReport(), "protocolVersion", 2), wantErr: &VersionError{}},
+		"ImageReportRefusesNoVersion":      {decode: decodeImageReport, in: []byte(`{"uid":"a","node":"n","phase":"Ready"}`), wantErr: &VersionError{}},
+		"ImageReportRefusesUnsafeUID":      {decode: decodeImageReport, in: withField(t, exampleImageReport(), "uid", "img.>"), wantErr: &KeyError{}},
+		"ImageReportRefusesUnsafeNode":     {decode: decodeImageReport, in: withField(t, exampleImageReport(), "node", "node*"), wantErr: &KeyError{}},
+		"ImageReportRefusesUnknownPhase":   {decode: decodeImageReport, in: withField(t, exampleImageReport(), "phase", "Pruning"), wantErr: &DecodeError{}},
+		"ImageReportRefusesMissingPhase":   {decode: decodeImageReport, in: withField(t, exampleImageReport(), "phase", ""), wantErr: &DecodeError{}},
+		"ImageReportRefusesNegativeSize":   {decode: decodeImageReport, in: withField(t, exampleImageReport(), "sizeBytes", -1), wantErr: &DecodeError{}},
+		"ImageReportRefusesAWrongSizeType": {decode: decodeImageReport, in: withField(t, exampleImageReport(), "sizeBytes", "1Gi"), wantErr: &DecodeError{}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -97,10 +121,53 @@ func TestDecodeReportAndHeartbeat(t *testing.T) {
 	}
 }
 
+// withImage changes a copy of the image of in's first disk.
+func withImage(in Intent, change func(*ImageRef)) Intent {
+	disks := append([]Disk(nil), in.Machine.Disks...)
+	img := *disks[0].Image
+	if img.SourceVolume != nil {
+		src := *img.SourceVolume
+		img.SourceVolume = &src
+	}
+	change(&img)
+	disks[0].Image = &img
+	in.Machine.Disks = disks
+	return in
+}
+
+func TestImageRefNamesWhatIsWrong(t *testing.T) {
+	cases := map[string]struct {
+		ref     ImageRef
+		wantErr string
+	}{
+		"ADownload":      {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", Checksum: "ab"}},
+		"AClone":         {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}},
+		"Both":           {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "set exactly one of url or sourceVolume, not both"},
+		"Neither":        {ref: ImageRef{UID: "i"}, wantErr: "set exactly one of url or sourceVolume"},
+		"ACloneNoName":   {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{UID: "v"}}, wantErr: "sourceVolume needs a name and a uid"},
+		"ACloneChecksum": {ref: ImageRef{UID: "i", Checksum: "ab", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "checksum verifies a download and goes with url"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			err := tc.ref.Validate()
+			if tc.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.EqualError(t, err, tc.wantErr)
+		})
+	}
+
+	_, err := EncodeIntent(withImage(exampleClonedIntent(), func(r *ImageRef) { r.URL = "https://x/i.qcow2" }))
+	assert.EqualError(t, err, "cannot decode intent: machine.disks[0].image: set exactly one of url or sourceVolume, not both",
+		"an image with two sources must not be written")
+}
+
 func decodeReport(b []byte) (any, error)       { return DecodeReport(b) }
 func decodeHeartbeat(b []byte) (any, error)    { return DecodeNodeHeartbeat(b) }
 func decodeVolumeIntent(b []byte) (any, error) { return DecodeVolumeIntent(b) }
 func decodeVolumeReport(b []byte) (any, error) { return DecodeVolumeReport(b) }
+func decodeImageReport(b []byte) (any, error)  { return DecodeImageReport(b) }
 
 func TestEncodeStampsTheVersionAndValidates(t *testing.T) {
 	in := exampleIntent()
@@ -132,6 +199,21 @@ func TestEncodeStampsTheVersionAndValidates(t *testing.T) {
 
 	_, err = EncodeVolumeReport(VolumeReport{UID: "a*"})
 	assert.ErrorAs(t, err, &ke)
+
+	ir := exampleImageReport()
+	ir.ProtocolVersion = 0
+	b, err = EncodeImageReport(ir)
+	require.NoError(t, err)
+	gotIR, err := DecodeImageReport(b)
+	require.NoError(t, err)
+	assert.Equal(t, exampleImageReport(), gotIR)
+
+	ir.Phase = "Pruned"
+	_, err = EncodeImageReport(ir)
+	assert.ErrorAs(t, err, &de, "a phase this version does not define must not be written")
+	ir.Phase, ir.Node = ImagePhaseReady, "node1.x"
+	_, err = EncodeImageReport(ir)
+	assert.ErrorAs(t, err, &ke, "an image report for an unsafe node name must not be written")
 }
 
 func TestVersionErrorTellsTheReaderToUpgrade(t *testing.T) {

@@ -30,6 +30,17 @@ func exampleIntent() Intent {
 	}
 }
 
+// exampleClonedIntent boots from a copy of another Volume's disk.
+func exampleClonedIntent() Intent {
+	in := exampleIntent()
+	in.Machine.Disks = []Disk{{
+		Name: "root-2", VolumeUID: "9a3e0c1b-1111-4c2d-8e3f-000000000002", SizeBytes: 20 << 30,
+		Image: &ImageRef{Name: "golden", UID: "img-2", Format: "qcow2", PruneAfterSeconds: 3600,
+			SourceVolume: &SourceVolume{Name: "root", UID: "9a3e0c1b-1111-4c2d-8e3f-000000000001"}},
+	}}
+	return in
+}
+
 func exampleReport() Report {
 	return Report{
 		ProtocolVersion:    ProtocolVersion,
@@ -76,6 +87,18 @@ func exampleVolumeReport() VolumeReport {
 		ProtocolVersion: ProtocolVersion,
 		UID:             "9a3e0c1b-1111-4c2d-8e3f-000000000001",
 		Message:         "volume team-a_root is attached to guest 6f1c2d9e",
+		ObservedAt:      observed,
+	}
+}
+
+func exampleImageReport() ImageReport {
+	return ImageReport{
+		ProtocolVersion: ProtocolVersion,
+		UID:             "img-1",
+		Name:            "debian-13",
+		Node:            "node1",
+		Phase:           ImagePhaseReady,
+		SizeBytes:       512 << 20,
 		ObservedAt:      observed,
 	}
 }

@@ -42,7 +42,7 @@ func fuzzDecode[T any](f *testing.F, decode func([]byte) (T, error), encode func
 }
 
 func FuzzDecodeIntent(f *testing.F) {
-	fuzzDecode(f, DecodeIntent, EncodeIntent, exampleIntent())
+	fuzzDecode(f, DecodeIntent, EncodeIntent, exampleIntent(), exampleClonedIntent())
 }
 
 func FuzzDecodeReport(f *testing.F) {
@@ -61,8 +61,14 @@ func FuzzDecodeVolumeReport(f *testing.F) {
 	fuzzDecode(f, DecodeVolumeReport, EncodeVolumeReport, exampleVolumeReport())
 }
 
+func FuzzDecodeImageReport(f *testing.F) {
+	importing := exampleImageReport()
+	importing.Phase, importing.SizeBytes, importing.Message = ImagePhaseImporting, 0, "importing image debian-13: 10 of 20 bytes"
+	fuzzDecode(f, DecodeImageReport, EncodeImageReport, exampleImageReport(), importing)
+}
+
 func FuzzParseKey(f *testing.F) {
-	for _, k := range []string{"node1.abc", "node1.volume.abc", "node1", "..", "a.>", "*.b"} {
+	for _, k := range []string{"node1.abc", "node1.volume.abc", "node1.image.abc", "node1", "..", "a.>", "*.b"} {
 		f.Add(k)
 	}
 	f.Fuzz(func(t *testing.T, key string) {

@@ -96,6 +96,27 @@ func ParseVolumeKey(rest string) (uid string, ok bool) {
 	return uid, true
 }
 
+// imageToken sets a node's image keys apart, as volumeToken does its volume
+// keys: "<node>.image.<uid>".
+const imageToken = "image"
+
+// ImageReportKey is the BucketReports key of a DiskImage on a node:
+// "<node>.image.<uid>".
+func ImageReportKey(node, uid string) (string, error) {
+	return joinKey(node, imageToken, uid)
+}
+
+// ParseImageKey tells an image key's rest (as ParseKey returns it) from the
+// others: for "image.<uid>" it returns the uid and true. ok is false for a
+// guest uid and for any other kind of per-node key.
+func ParseImageKey(rest string) (uid string, ok bool) {
+	uid, ok = strings.CutPrefix(rest, imageToken+".")
+	if !ok || ValidateToken("uid", uid) != nil {
+		return "", false
+	}
+	return uid, true
+}
+
 // NodeKey is the BucketNodes key of a node's heartbeat: "<node>".
 func NodeKey(node string) (string, error) {
 	if err := ValidateToken("node", node); err != nil {

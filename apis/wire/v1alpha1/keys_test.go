@@ -93,6 +93,63 @@ func TestParseVolumeKey(t *testing.T) {
 	}
 }
 
+func TestImageKeys(t *testing.T) {
+	cases := map[string]struct {
+		node, uid string
+		want      string
+		wantErr   bool
+	}{
+		"NestsUnderTheNode":      {node: "node1", uid: "img-1", want: "node1.image.img-1"},
+		"RefusesADottedUID":      {node: "node1", uid: "a.b", wantErr: true},
+		"RefusesAWildcardUID":    {node: "node1", uid: "*", wantErr: true},
+		"RefusesAWildcardNode":   {node: ">", uid: "img-1", wantErr: true},
+		"RefusesAnEmptyUID":      {node: "node1", uid: "", wantErr: true},
+		"RefusesADottedNodeName": {node: "node1.example.com", uid: "img-1", wantErr: true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got, err := ImageReportKey(tc.node, tc.uid)
+			if tc.wantErr {
+				var ke *KeyError
+				require.ErrorAs(t, err, &ke)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+			node, rest, err := ParseKey(got)
+			require.NoError(t, err)
+			assert.Equal(t, tc.node, node)
+			uid, ok := ParseImageKey(rest)
+			assert.True(t, ok)
+			assert.Equal(t, tc.uid, uid)
+			_, isVolume := ParseVolumeKey(rest)
+			assert.False(t, isVolume, "an image key is not a volume key")
+		})
+	}
+}
+
+func TestParseImageKey(t *testing.T) {
+	cases := map[string]struct {
+		rest string
+		uid  string
+		ok   bool
+	}{
+		"AnImageKey":                   {rest: "image.img-1", uid: "img-1", ok: true},
+		"AGuestUIDIsNotAnImage":        {rest: "6f1c2d9e-0b7a"},
+		"AGuestNamedImageIsNotAnImage": {rest: "image"},
+		"AVolumeKeyIsNotAnImage":       {rest: "volume.img-1"},
+		"ADeeperKeyIsNotAnImage":       {rest: "image.a.b"},
+		"AnEmptyUIDIsNotAnImage":       {rest: "image."},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			uid, ok := ParseImageKey(tc.rest)
+			assert.Equal(t, tc.ok, ok)
+			assert.Equal(t, tc.uid, uid)
+		})
+	}
+}
+
 func TestParseKey(t *testing.T) {
 	cases := map[string]struct {
 		key        string

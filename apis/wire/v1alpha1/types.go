@@ -60,11 +60,17 @@ type Disk struct {
 
 // ImageRef is a resolved DiskImage. The node imports it once, however many
 // disks use it, and prunes it once no disk there has needed it for
-// PruneAfterSeconds.
+// PruneAfterSeconds. It comes from exactly one of URL or SourceVolume.
 type ImageRef struct {
 	Name string `json:"name"`
 	UID  string `json:"uid"`
-	URL  string `json:"url"`
+	// URL is the http or https address the image is downloaded from. An
+	// agent older than SourceVolume sees it empty and refuses the image.
+	URL string `json:"url,omitempty"`
+	// SourceVolume makes the image a copy of that Volume's disk on the node,
+	// taken when the node first needs the image. The hub sends it only to
+	// the node the Volume is bound to.
+	SourceVolume *SourceVolume `json:"sourceVolume,omitempty"`
 	// Checksum is the expected lowercase hex SHA-256 of the download; empty
 	// skips the check.
 	Checksum string `json:"checksum,omitempty"`
@@ -73,6 +79,15 @@ type ImageRef struct {
 	// PruneAfterSeconds is how long the image stays on a node unused; 0
 	// means the agent's default (24 h).
 	PruneAfterSeconds int64 `json:"pruneAfterSeconds,omitempty"`
+}
+
+// SourceVolume is the Volume a cloned image copies. Volumes are named on the
+// node by namespace and name (NodeName), so the agent needs the name; the
+// uid says which incarnation of that name the hub meant.
+type SourceVolume struct {
+	// Name is the Volume's name, in the intent's namespace.
+	Name string `json:"name"`
+	UID  string `json:"uid"`
 }
 
 // Network is a resolved VirtualNetwork attachment.
@@ -206,6 +221,42 @@ type VolumeReport struct {
 	Gone bool `json:"gone"`
 	// Message says why the volume is not gone yet (still attached, the
 	// backend failed or cannot delete volumes).
+	Message    string    `json:"message,omitempty"`
+	ObservedAt time.Time `json:"observedAt"`
+}
+
+// ImagePhase is the state of a DiskImage on one node.
+type ImagePhase string
+
+// Image phases a node reports. An image that is not on the node and not
+// being imported has no report.
+const (
+	// ImagePhaseImporting: the image is being downloaded and verified.
+	ImagePhaseImporting ImagePhase = "Importing"
+	// ImagePhaseReady: the image is on the node; disks can be made from it.
+	ImagePhaseReady ImagePhase = "Ready"
+	// ImagePhaseFailed: the last import failed; the node retries it with
+	// backoff while a guest needs the image.
+	ImagePhaseFailed ImagePhase = "Failed"
+)
+
+// ImageReport is what a node's agent observes of one DiskImage on the node.
+// It lives in BucketReports under ImageReportKey(node, uid); the agent
+// writes it when the image's state there changes and deletes the key once
+// the image is gone from the node (pruned after its pruneAfter).
+type ImageReport struct {
+	ProtocolVersion int `json:"protocolVersion"`
+	// UID is the DiskImage's metadata.uid.
+	UID string `json:"uid"`
+	// Name is the DiskImage's name, for messages; empty when the node no
+	// longer knows it (an image found on the node after an agent restart).
+	Name  string     `json:"name,omitempty"`
+	Node  string     `json:"node"`
+	Phase ImagePhase `json:"phase"`
+	// SizeBytes is the size of the image on the node; set once Ready.
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
+	// Message is the import's progress while Importing and the failure
+	// when Failed.
 	Message    string    `json:"message,omitempty"`
 	ObservedAt time.Time `json:"observedAt"`
 }

@@ -37,6 +37,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/writes"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
@@ -139,13 +140,20 @@ func Run(ctx context.Context, c Config) error {
 
 	notifier := virtualmachine.NewNotifier()
 	volumes := virtualmachine.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
+	images := virtualmachine.NewNotifierFor(func() client.Object { return &v1alpha1.DiskImage{} })
+	leftovers := volume.NewLeftovers(mgr.GetClient(), mgr.GetAPIReader(), log)
+	if err := leftovers.Setup(ctx, mgr); err != nil {
+		return err
+	}
 	pool := fleet.NewPool(ctx, log, buckets.Config{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
 		f.Subscribe(notifier.Notify)
 		f.SubscribeNodes(notifier.NotifyUnplaced)
 		f.SubscribeVolumes(volumes.Notify)
+		f.SubscribeImages(images.Notify)
+		leftovers.Watch(f)
 	})
 	vo := virtualmachine.Options{Pool: pool, Placer: placement.New(), Notifier: notifier, FencingTimeout: c.FencingTimeout}
-	if err := hubcontroller.SetupGated(ctx, writes.SkipUnchangedStatus(mgr), o, vo, volumes); err != nil {
+	if err := hubcontroller.SetupGated(ctx, writes.SkipUnchangedStatus(mgr), o, vo, volumes, images); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	log.Info("Hub starting", "leaderElection", c.LeaderElection, "maxReconcileRate", c.MaxReconcileRate)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -26,7 +27,9 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/natstest"
 	"github.com/virtfleet/virtfleet/internal/stack"
 )
 
@@ -133,6 +136,8 @@ func TestDiskImages(t *testing.T) {
 		})
 		assert.Equal(t, []string{"node1"}, img.Status.AtProvider.Nodes)
 		assert.Equal(t, corev1.ConditionTrue, img.GetCondition(xpv2.TypeReady).Status)
+		img = h.waitImage(t, 30*time.Second, func(img *v1alpha1.DiskImage) bool { return img.Status.AtProvider.Size != nil })
+		assert.Equal(t, int64(len(data)), img.Status.AtProvider.Size.Value(), "the size is the node's copy of the image")
 	})
 
 	img := h.waitImage(t, 5*time.Second, func(*v1alpha1.DiskImage) bool { return true })
@@ -141,27 +146,13 @@ func TestDiskImages(t *testing.T) {
 		require.True(t, h.nodeVolumeExists(t, "node1", ns+"_"+name), "Volume %s was made on the node", name)
 	}
 
-	t.Run("DeletingAReferencedImageIsRefusedThenAllowedOnceUnused", func(t *testing.T) {
-		require.NoError(t, h.kube.Delete(ctx, &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ubuntu"}}))
-		require.Eventually(t, func() bool {
-			return h.hasEvent(t, "ubuntu", "DeletionBlocked", "DiskImage ubuntu is used by Volume boot-a, boot-b")
-		},
-			30*time.Second, 100*time.Millisecond, "a refused deletion records an event")
-		img := h.waitImage(t, 5*time.Second, func(img *v1alpha1.DiskImage) bool { return img.DeletionTimestamp != nil })
-		assert.Equal(t, corev1.ConditionTrue, img.GetCondition("InUse").Status)
-
+	t.Run("DeletedVolumesAreDeletedOnTheNode", func(t *testing.T) {
 		for _, name := range []string{"img-a", "img-b"} {
 			h.delete(t, name)
 		}
 		for _, name := range []string{"boot-a", "boot-b"} {
 			require.NoError(t, h.kube.Delete(ctx, &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}))
 		}
-		require.Eventually(t, func() bool {
-			return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "ubuntu"}, &v1alpha1.DiskImage{}))
-		}, 30*time.Second, 100*time.Millisecond, "the image is deleted once no Volume uses it")
-	})
-
-	t.Run("DeletedVolumesAreDeletedOnTheNode", func(t *testing.T) {
 		for _, name := range []string{"boot-a", "boot-b"} {
 			require.Eventually(t, func() bool {
 				return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &v1alpha1.Volume{}))
@@ -170,23 +161,55 @@ func TestDiskImages(t *testing.T) {
 			assert.False(t, h.nodeVolumeExists(t, "node1", ns+"_"+name), "Volume %s's libvirt volume is deleted", name)
 		}
 	})
+	unused := time.Now()
+
+	t.Run("AnUnusedImageStaysListedOnItsNodeUntilPruned", func(t *testing.T) {
+		img := h.waitImage(t, 10*time.Second, func(img *v1alpha1.DiskImage) bool { return img.Status.AtProvider.Users == 0 })
+		require.True(t, h.nodeVolumeExists(t, "node1", imageNodeVolume(img)),
+			"the image must still be on the node %s after its last Volume went (pruneAfter %s)", time.Since(unused), imagePruneAfter)
+		assert.Equal(t, []string{"node1"}, img.Status.AtProvider.Nodes, "the node still has the image")
+		assert.Equal(t, v1alpha1.ImagePhaseReady, img.Status.AtProvider.Phase)
+	})
 
 	t.Run("TheImageIsPrunedFromTheNodeAfterPruneAfter", func(t *testing.T) {
-		start := time.Now()
 		require.Eventually(t, func() bool { return !h.nodeVolumeExists(t, "node1", imageNodeVolume(img)) },
 			imagePruneAfter+15*time.Second, 100*time.Millisecond, "the image's node copy is pruned")
-		t.Logf("image pruned %s after its last Volume was deleted (pruneAfter %s)", time.Since(start), imagePruneAfter)
+		pruned := time.Now()
+		t.Logf("image pruned %s after its last Volume was deleted (pruneAfter %s)", pruned.Sub(unused), imagePruneAfter)
+		img := h.waitImage(t, 30*time.Second, func(img *v1alpha1.DiskImage) bool { return len(img.Status.AtProvider.Nodes) == 0 })
+		t.Logf("node1 left status.nodes %s after the prune", time.Since(pruned))
+		require.NotNil(t, img.Status.AtProvider.Size, "the image keeps its size")
+		assert.Equal(t, int64(len(data)), img.Status.AtProvider.Size.Value())
+	})
+
+	t.Run("DeletingAReferencedImageIsRefusedThenAllowedOnceUnused", func(t *testing.T) {
+		h.create(t, imageVolume("boot-c", "ubuntu"))
+		h.waitImage(t, 10*time.Second, func(img *v1alpha1.DiskImage) bool { return img.Status.AtProvider.Users == 1 })
+		require.NoError(t, h.kube.Delete(ctx, &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ubuntu"}}))
+		require.Eventually(t, func() bool {
+			return h.hasEvent(t, "ubuntu", "DeletionBlocked", "DiskImage ubuntu is used by Volume boot-c")
+		},
+			30*time.Second, 100*time.Millisecond, "a refused deletion records an event")
+		img := h.waitImage(t, 5*time.Second, func(img *v1alpha1.DiskImage) bool { return img.DeletionTimestamp != nil })
+		assert.Equal(t, corev1.ConditionTrue, img.GetCondition("InUse").Status)
+
+		require.NoError(t, h.kube.Delete(ctx, &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "boot-c"}}))
+		require.Eventually(t, func() bool {
+			return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "ubuntu"}, &v1alpha1.DiskImage{}))
+		}, 30*time.Second, 100*time.Millisecond, "the image is deleted once no Volume uses it")
 	})
 }
 
 // TestVolumeDeletion pins when a deleted Volume goes: an unbound one at once;
 // a bound one only once its node reported its volume gone, even when the
-// agent is away when it is deleted.
+// agent is away when it is deleted; and one whose node is lost after the
+// fencing timeout, its node deleting the volume, and the hub the leftover
+// intent, when the agent comes back.
 func TestVolumeDeletion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
-	h := startStack(t, "vf-vol-", stack.Options{Nodes: []string{"node1"}})
+	h := startStack(t, "vf-vol-", stack.Options{Nodes: []string{"node1"}, FencingTimeout: 2 * time.Second})
 	ctx := context.Background()
 	gone := func(name string) func() bool {
 		return func() bool {
@@ -219,11 +242,56 @@ func TestVolumeDeletion(t *testing.T) {
 		t.Logf("Volume finalized %s after its agent came back", time.Since(start))
 		assert.False(t, h.nodeVolumeExists(t, "node1", ns+"_data"))
 	})
+
+	t.Run("AVolumeOnALostNodeGoesAfterFencingAndNothingIsLeftOnceTheNodeIsBack", func(t *testing.T) {
+		h.create(t, volume("stray"))
+		h.create(t, imageVM("stray-user", "stray"))
+		h.wait(t, "stray-user", 60*time.Second, running)
+		h.delete(t, "stray-user")
+		v := &v1alpha1.Volume{}
+		require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "stray"}, v))
+		uid := string(v.UID)
+		// The node's own identity reads its keys, as its agent would.
+		nc, _ := natstest.Connect(t, h.s.NATS, h.s.AgentIdentities["node1"])
+		intentKey, err := wire.VolumeIntentKey("node1", uid)
+		require.NoError(t, err)
+
+		h.s.KillAgent("node1")
+		require.NoError(t, h.kube.Delete(ctx, volume("stray")))
+		require.Eventually(t, gone("stray"), 45*time.Second, 100*time.Millisecond, "the Volume goes once its node has been lost for the fencing timeout")
+		assert.True(t, h.hasEvent(t, "stray", "NodeLost", "fencing timeout"))
+		assert.True(t, kvHas(t, nc, wire.BucketIntents, intentKey), "the intent stays for the node to delete the volume when it is back")
+		assert.True(t, h.nodeVolumeExists(t, "node1", ns+"_stray"))
+
+		require.NoError(t, h.s.StartAgent("node1"))
+		require.Eventually(t, func() bool { return !h.nodeVolumeExists(t, "node1", ns+"_stray") }, 30*time.Second, 100*time.Millisecond,
+			"the agent deletes the volume once it is back")
+		require.Eventually(t, func() bool {
+			return !kvHas(t, nc, wire.BucketIntents, intentKey) && !kvHas(t, nc, wire.BucketReports, intentKey)
+		}, 30*time.Second, 100*time.Millisecond, "the hub deletes the leftover intent, and the volume's report goes")
+	})
+}
+
+// kvHas reads key of bucket through JetStream's direct get, as an agent does.
+func kvHas(t *testing.T, nc *nats.Conn, bucket, key string) bool {
+	t.Helper()
+	m, err := nc.Request("$JS.API.DIRECT.GET."+wire.Stream(bucket)+"."+wire.Subject(bucket, key), nil, 5*time.Second)
+	require.NoError(t, err)
+	switch m.Header.Get("Status") {
+	case "":
+		return m.Header.Get("KV-Operation") == "" && m.Header.Get("Nats-Marker-Reason") == ""
+	case "404":
+		return false
+	default:
+		require.FailNow(t, "direct get failed", "%s %s", m.Header.Get("Status"), m.Header.Get("Description"))
+		return false
+	}
 }
 
 // imagePruneAfter is the DiskImage's pruneAfter: short, so that the test sees
-// its node copy pruned.
-const imagePruneAfter = 3 * time.Second
+// its node copy pruned, and long enough to see it listed on its node after
+// its last Volume went.
+const imagePruneAfter = 8 * time.Second
 
 // imageNodeVolume is the libvirt volume an image is kept in on a node.
 func imageNodeVolume(img *v1alpha1.DiskImage) string { return "image_" + string(img.UID) }

@@ -38,15 +38,20 @@ type Bus interface {
 	// DeleteVolumeIntent removes the intent of Volume uid on node; the node's
 	// agent then removes the Volume's report.
 	DeleteVolumeIntent(ctx context.Context, node, uid string) error
-	// WatchReports calls fn for every report change, of guests and of
-	// Volumes (ReportEvent.Volume).
+	// DeleteVolumeReport removes the report of Volume uid on node. The agent
+	// removes it itself when it sees the intent deleted; the hub does it
+	// only for a Volume that no longer exists, whose agent may have missed
+	// that (it was down when the intent went).
+	DeleteVolumeReport(ctx context.Context, node, uid string) error
+	// WatchReports calls fn for every report change, of guests, of Volumes
+	// (ReportEvent.Volume) and of images on nodes (ReportEvent.Image).
 	WatchReports(ctx context.Context, fn func(ReportEvent)) error
 	// WatchNodes calls fn for every heartbeat and every node lost.
 	WatchNodes(ctx context.Context, fn func(NodeEvent)) error
 }
 
 // ReportEvent is the state of one guest's report key, or, with Volume set,
-// of one Volume's.
+// of one Volume's, or, with Image set, of one image's on one node.
 type ReportEvent struct {
 	Node, UID string
 	Revision  uint64
@@ -57,6 +62,20 @@ type ReportEvent struct {
 	// Volume is set for a Volume's report key ("<node>.volume.<uid>"); the
 	// fields above are then empty.
 	Volume *VolumeReportEvent
+	// Image is set for an image's report key ("<node>.image.<uid>"); the
+	// fields above are then empty.
+	Image *ImageReportEvent
+}
+
+// ImageReportEvent is the state of one image's report key on one node.
+type ImageReportEvent struct {
+	Node, UID string
+	Revision  uint64
+	// Deleted is true when the agent removed the report: the image is no
+	// longer on the node.
+	Deleted bool
+	// Report is set unless Deleted.
+	Report wire.ImageReport
 }
 
 // VolumeReportEvent is the state of one Volume's report key.

@@ -108,6 +108,22 @@ func (f *Fake) DeleteVolumeIntent(_ context.Context, node, uid string) error {
 	return nil
 }
 
+// DeleteVolumeReport implements Bus: watchers see the report deleted.
+func (f *Fake) DeleteVolumeReport(_ context.Context, node, uid string) error {
+	key, err := wire.VolumeReportKey(node, uid)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	cur, ok := f.reportKV[key]
+	f.mu.Unlock()
+	if !ok || cur.Volume == nil || cur.Volume.Deleted {
+		return nil
+	}
+	f.SetVolumeReport(VolumeReportEvent{Node: node, UID: uid, Deleted: true})
+	return nil
+}
+
 // SetReport plays node's agent writing (or, with deleted, removing) a report.
 func (f *Fake) SetReport(ev ReportEvent) {
 	f.setReport(ev.Node+"."+ev.UID, func(rev uint64) ReportEvent { ev.Revision = rev; return ev })
@@ -118,6 +134,13 @@ func (f *Fake) SetReport(ev ReportEvent) {
 func (f *Fake) SetVolumeReport(ev VolumeReportEvent) {
 	key, _ := wire.VolumeReportKey(ev.Node, ev.UID)
 	f.setReport(key, func(rev uint64) ReportEvent { ev.Revision = rev; return ReportEvent{Volume: &ev} })
+}
+
+// SetImageReport plays node's agent writing (or, with deleted, removing) an
+// image's report.
+func (f *Fake) SetImageReport(ev ImageReportEvent) {
+	key, _ := wire.ImageReportKey(ev.Node, ev.UID)
+	f.setReport(key, func(rev uint64) ReportEvent { ev.Revision = rev; return ReportEvent{Image: &ev} })
 }
 
 // setReport stores the event at the next revision under key and tells the

@@ -136,20 +136,35 @@ func (n *NATS) DeleteVolumeIntent(ctx context.Context, node, uid string) error {
 	return n.delete(ctx, key)
 }
 
+// DeleteVolumeReport implements Bus.
+func (n *NATS) DeleteVolumeReport(ctx context.Context, node, uid string) error {
+	key, err := wire.VolumeReportKey(node, uid)
+	if err != nil {
+		return err
+	}
+	return deleteKey(ctx, n.reports, key, "report")
+}
+
 // delete removes the intents key if present, compare-and-set.
 func (n *NATS) delete(ctx context.Context, key string) error {
-	cur, err := n.intents.Get(ctx, key)
+	return deleteKey(ctx, n.intents, key, "intent")
+}
+
+// deleteKey removes key from kv if present, compare-and-set; what names the
+// kind of value in errors.
+func deleteKey(ctx context.Context, kv jetstream.KeyValue, key, what string) error {
+	cur, err := kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil
 	}
 	if err != nil {
-		return errors.Wrap(err, "cannot get intent")
+		return errors.Wrapf(err, "cannot get %s", what)
 	}
-	err = n.intents.Delete(ctx, key, jetstream.LastRevision(cur.Revision()))
+	err = kv.Delete(ctx, key, jetstream.LastRevision(cur.Revision()))
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return &ConflictError{Key: key, Err: err}
 	}
-	return errors.Wrap(err, "cannot delete intent")
+	return errors.Wrapf(err, "cannot delete %s", what)
 }
 
 // WatchReports implements Bus.
@@ -234,8 +249,9 @@ func (n *NATS) drain(ctx context.Context, bucket string, w jetstream.KeyWatcher,
 	}
 }
 
-// reportEvent decodes a report key: a Volume's ("<node>.volume.<uid>") or a
-// guest's ("<node>.<uid>"). Any other kind of key is refused.
+// reportEvent decodes a report key: a Volume's ("<node>.volume.<uid>"), an
+// image's ("<node>.image.<uid>") or a guest's ("<node>.<uid>"). Any other
+// kind of key is refused.
 func reportEvent(key string, rev uint64, deleted bool, value []byte) (ReportEvent, error) {
 	node, rest, err := wire.ParseKey(key)
 	if err != nil {
@@ -249,8 +265,16 @@ func reportEvent(key string, rev uint64, deleted bool, value []byte) (ReportEven
 		}
 		return ReportEvent{Volume: &ev}, nil
 	}
+	if uid, ok := wire.ParseImageKey(rest); ok {
+		ev := ImageReportEvent{Node: node, UID: uid, Revision: rev, Deleted: deleted}
+		ev.Report, err = buckets.DecodeValue(key, node+"."+uid, deleted, value, wire.DecodeImageReport, func(r wire.ImageReport) string { return r.Node + "." + r.UID })
+		if err != nil {
+			return ReportEvent{}, err
+		}
+		return ReportEvent{Image: &ev}, nil
+	}
 	if strings.Contains(rest, ".") {
-		return ReportEvent{}, &wire.KeyError{What: "key", Value: key, Reason: "not a guest or volume report key"}
+		return ReportEvent{}, &wire.KeyError{What: "key", Value: key, Reason: "not a guest, volume or image report key"}
 	}
 	ev := ReportEvent{Node: node, UID: rest, Revision: rev, Deleted: deleted}
 	ev.Report, err = buckets.DecodeValue(key, key, deleted, value, wire.DecodeReport, func(r wire.Report) string { return r.Node + "." + r.UID })

@@ -235,3 +235,50 @@ func TestWatchReportsRoutesVolumeReports(t *testing.T) {
 		})
 	}
 }
+
+func TestWatchReportsRoutesImageReports(t *testing.T) {
+	b, js, _, _ := newHub(t)
+	events := collect(t, b.WatchReports)
+	ctx := context.Background()
+	reports, err := js.KeyValue(ctx, wire.BucketReports)
+	require.NoError(t, err)
+
+	v, err := wire.EncodeImageReport(wire.ImageReport{UID: "img-a", Node: "node1", Phase: wire.ImagePhaseReady, SizeBytes: 42})
+	require.NoError(t, err)
+	_, err = reports.Put(ctx, "node1.image.img-a", v)
+	require.NoError(t, err)
+	ev := next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Image != nil })
+	assert.Equal(t, bus.ImageReportEvent{Node: "node1", UID: "img-a", Revision: ev.Image.Revision, Report: ev.Image.Report}, *ev.Image)
+	assert.Equal(t, int64(42), ev.Image.Report.SizeBytes)
+	assert.Empty(t, ev.UID, "an image report is not a guest report")
+	assert.Nil(t, ev.Volume, "an image report is not a volume report")
+
+	require.NoError(t, reports.Delete(ctx, "node1.image.img-a"))
+	ev = next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Image != nil })
+	assert.True(t, ev.Image.Deleted)
+	assert.Equal(t, bus.ImageReportEvent{Node: "node1", UID: "img-a", Revision: ev.Image.Revision, Deleted: true}, *ev.Image)
+
+	cases := map[string]struct {
+		key, value string
+		reason     string
+	}{
+		"CorruptImageReport":          {key: "node1.image.img-x", value: `not json`, reason: buckets.ReasonDecode},
+		"NewerImageReport":            {key: "node1.image.img-y", value: `{"protocolVersion":2,"uid":"img-y"}`, reason: buckets.ReasonVersion},
+		"ImageReportForOtherUID":      {key: "node1.image.img-z", value: `{"protocolVersion":1,"uid":"img-other","node":"node1","phase":"Ready"}`, reason: buckets.ReasonMismatch},
+		"ImageReportOfAnotherNode":    {key: "node1.image.img-n", value: `{"protocolVersion":1,"uid":"img-n","node":"node2","phase":"Ready"}`, reason: buckets.ReasonMismatch},
+		"ImageReportWithUnknownPhase": {key: "node1.image.img-p", value: `{"protocolVersion":1,"uid":"img-p","node":"node1","phase":"Pruned"}`, reason: buckets.ReasonDecode},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			before := b.Rejections().Count(tc.reason)
+			_, err := reports.Put(ctx, tc.key, []byte(tc.value))
+			require.NoError(t, err)
+			good, err := wire.EncodeImageReport(wire.ImageReport{UID: "img-good", Node: "node1", Phase: wire.ImagePhaseImporting, Message: name})
+			require.NoError(t, err)
+			_, err = reports.Put(ctx, "node1.image.img-good", good)
+			require.NoError(t, err)
+			next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Image != nil && e.Image.Report.Message == name })
+			assert.Equal(t, before+1, b.Rejections().Count(tc.reason))
+		})
+	}
+}

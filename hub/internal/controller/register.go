@@ -92,9 +92,9 @@ var VirtualNetworks = inuse.Kind[*v1alpha1.VirtualNetwork]{
 }
 
 // SetupGated adds every controller, each once its CRD is established.
-// volumes is the Notifier the Pool's fleets feed with Volume report changes
-// (Fleet.SubscribeVolumes).
-func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, volumes *virtualmachine.Notifier) error {
+// volumes and images are the Notifiers the Pool's fleets feed with Volume
+// and image report changes (Fleet.SubscribeVolumes, Fleet.SubscribeImages).
+func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, volumes, images *virtualmachine.Notifier) error {
 	// The indexes serve several controllers; they must exist before any of
 	// them starts, whatever order their gates open in.
 	if err := virtualmachine.IndexUsage(ctx, mgr); err != nil {
@@ -112,5 +112,5 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 	if err := inuse.SetupGated(mgr, o, VirtualNetworks); err != nil {
 		return err
 	}
-	return inuse.SetupGated(mgr, o, diskimage.Kind)
+	return inuse.SetupGated(mgr, o, diskimage.NewKind(mgr.GetClient(), vo.Pool, images))
 }

@@ -52,15 +52,25 @@ type Fleet struct {
 	mu            sync.RWMutex
 	reports       map[string]Report       // by uid
 	volumeReports map[string]VolumeReport // by Volume uid
-	nodes         map[string]NodeStatus
-	subs          []func(uid string)
-	volumeSubs    []func(uid string)
-	nodeSubs      []func(node string)
+	// imageReports are by image uid, then node: an image is on many nodes.
+	imageReports map[string]map[string]ImageReport
+	nodes        map[string]NodeStatus
+	subs         []func(uid string)
+	volumeSubs   []func(uid string)
+	imageSubs    []func(uid string)
+	nodeSubs     []func(node string)
 }
 
 // VolumeReport is a Volume's latest report and when the hub received it.
 type VolumeReport struct {
 	bus.VolumeReportEvent
+	ReceivedAt time.Time
+}
+
+// ImageReport is an image's latest report from one node and when the hub
+// received it.
+type ImageReport struct {
+	bus.ImageReportEvent
 	ReceivedAt time.Time
 }
 
@@ -74,6 +84,7 @@ func New(b bus.Bus, log logging.Logger) *Fleet {
 		unknownAfter:  buckets.DefaultNodeTTL,
 		reports:       map[string]Report{},
 		volumeReports: map[string]VolumeReport{},
+		imageReports:  map[string]map[string]ImageReport{},
 		nodes:         map[string]NodeStatus{},
 	}
 }
@@ -92,6 +103,14 @@ func (f *Fleet) SubscribeVolumes(fn func(uid string)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.volumeSubs = append(f.volumeSubs, fn)
+}
+
+// SubscribeImages registers fn to be called with the uid of every image
+// whose report from any node changed. fn must not block.
+func (f *Fleet) SubscribeImages(fn func(uid string)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.imageSubs = append(f.imageSubs, fn)
 }
 
 // SubscribeNodes registers fn to be called with the name of every node that
@@ -126,6 +145,10 @@ func (f *Fleet) onReport(e bus.ReportEvent) {
 		f.onVolumeReport(*e.Volume)
 		return
 	}
+	if e.Image != nil {
+		f.onImageReport(*e.Image)
+		return
+	}
 	f.mu.Lock()
 	if e.Deleted {
 		delete(f.reports, e.UID)
@@ -147,6 +170,29 @@ func (f *Fleet) onVolumeReport(e bus.VolumeReportEvent) {
 		f.volumeReports[e.UID] = VolumeReport{VolumeReportEvent: e, ReceivedAt: f.now()}
 	}
 	subs := f.volumeSubs
+	f.mu.Unlock()
+	for _, fn := range subs {
+		fn(e.UID)
+	}
+}
+
+// onImageReport keeps the report whatever the node's liveness: a lost node
+// still holds its images, and its guests are not started elsewhere either.
+func (f *Fleet) onImageReport(e bus.ImageReportEvent) {
+	f.mu.Lock()
+	byNode := f.imageReports[e.UID]
+	switch {
+	case e.Deleted:
+		delete(byNode, e.Node)
+		if len(byNode) == 0 {
+			delete(f.imageReports, e.UID)
+		}
+	case byNode == nil:
+		f.imageReports[e.UID] = map[string]ImageReport{e.Node: {ImageReportEvent: e, ReceivedAt: f.now()}}
+	default:
+		byNode[e.Node] = ImageReport{ImageReportEvent: e, ReceivedAt: f.now()}
+	}
+	subs := f.imageSubs
 	f.mu.Unlock()
 	for _, fn := range subs {
 		fn(e.UID)
@@ -203,6 +249,20 @@ func (f *Fleet) VolumeReport(uid string) (VolumeReport, bool) {
 	defer f.mu.RUnlock()
 	r, ok := f.volumeReports[uid]
 	return r, ok
+}
+
+// ImageReports returns the latest report of image uid from every node that
+// has one, sorted by node. A node with no report does not have the image.
+func (f *Fleet) ImageReports(uid string) []ImageReport {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	byNode := f.imageReports[uid]
+	out := make([]ImageReport, 0, len(byNode))
+	for _, r := range byNode {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out
 }
 
 // Node returns what is known of node. A node the hub has never heard from

@@ -1,14 +1,20 @@
 // Package diskimage describes DiskImages to the inuse controller: their users
-// are the Volumes made from them, and their status is read from those Volumes
-// and from the VirtualMachines using them.
+// are the Volumes made from them, and their status is what the nodes report
+// of them.
 //
-// The hub has no report of its own per image: nodes are the nodes the image's
-// Volumes are bound to (where the agent imports it), and the phase follows the
-// VMs booting from those Volumes — Importing while one shows import progress,
-// Failed while one fails on the image, Ready once one got past provisioning.
-// An image pruned from a node after its last Volume there went is therefore
-// no longer listed once that Volume is deleted, which is when pruning can
-// start; the pruning itself happens on the node after pruneAfter.
+// Each node's agent reports the images it holds (an ImageReport per image
+// and node: Importing with progress, Ready with size, Failed with the
+// reason; the key is deleted when the image is pruned), so nodes lists where
+// the image is present — also after its last Volume there went, until the
+// node prunes it after pruneAfter. A lost node's images stay listed: they are
+// still on its disk, and the hub learns otherwise only from the node.
+//
+// Where no node reports the image (an agent too old to report images, or
+// the moment before the first report) status falls back to what the Volumes
+// and VMs say: nodes are the nodes the image's Volumes are bound to, and the
+// phase follows the VMs booting from them — Importing while one shows import
+// progress, Failed while one fails on the image, Ready once one got past
+// provisioning.
 package diskimage
 
 import (
@@ -17,19 +23,81 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
 
-// Kind is the DiskImage kind for inuse.SetupGated.
+// NewKind is Kind with the nodes' image reports: it reads them from the
+// fleets of pool, reached through each DiskImage's ProviderConfig, and is
+// woken by notifier, which the Pool's fleets must feed with
+// Fleet.SubscribeImages.
+func NewKind(kube client.Client, pool *fleet.Pool, notifier *virtualmachine.Notifier) inuse.Kind[*v1alpha1.DiskImage] {
+	r := &reports{configs: providerconfig.NewResolver(kube), pool: pool, notifier: notifier}
+	k := Kind
+	k.Observe = func(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) (xpv2.Condition, error) {
+		got, err := r.of(ctx, img)
+		if err != nil {
+			return xpv2.Condition{}, err
+		}
+		return observe(ctx, kube, img, users, got)
+	}
+	k.Sources = []source.Source{notifier.Source()}
+	return k
+}
+
+// reports reads the nodes' reports of DiskImages.
+type reports struct {
+	configs  *providerconfig.Resolver
+	pool     *fleet.Pool
+	notifier *virtualmachine.Notifier
+}
+
+// of returns every node's report of img. A DiskImage being deleted whose
+// ProviderConfig cannot be read gets none rather than an error, so that its
+// deletion never waits on it.
+func (r *reports) of(ctx context.Context, img *v1alpha1.DiskImage) ([]wire.ImageReport, error) {
+	r.notifier.Remember(img)
+	if img.GetProviderConfigReference() == nil {
+		return nil, nil
+	}
+	pc, err := r.configs.Resolve(ctx, img)
+	if err != nil {
+		if meta.WasDeleted(img) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	f, err := r.pool.Get(ctx, pc.Target)
+	if err != nil {
+		if meta.WasDeleted(img) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	got := f.ImageReports(string(img.UID))
+	out := make([]wire.ImageReport, 0, len(got))
+	for _, rep := range got {
+		out = append(out, rep.Report)
+	}
+	return out, nil
+}
+
+// Kind is the DiskImage kind for inuse.SetupGated without the nodes' image
+// reports: its status comes from the Volumes and VMs alone (see NewKind).
 var Kind = inuse.Kind[*v1alpha1.DiskImage]{
 	GroupKind:        v1alpha1.DiskImageGroupKind,
 	GroupVersionKind: v1alpha1.DiskImageGroupVersionKind,
@@ -80,6 +148,69 @@ type vmState struct {
 // Observe fills the image's status from the Volumes (users) made from it and
 // the VMs using those, and returns its Ready condition.
 func Observe(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) (xpv2.Condition, error) {
+	return observe(ctx, kube, img, users, nil)
+}
+
+// observe fills the image's status from the nodes' reports of it, or, when
+// no node reports it, from its Volumes and their VMs.
+func observe(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string, reports []wire.ImageReport) (xpv2.Condition, error) {
+	o := &img.Status.AtProvider
+	o.Users = int32(len(users)) //nolint:gosec // a namespace holds far fewer than 2^31 Volumes
+	if s, ok := fromReports(reports); ok {
+		o.Nodes, o.Phase, o.Message = s.nodes, s.phase, s.message
+		if s.size > 0 {
+			o.Size = resource.NewQuantity(s.size, resource.BinarySI)
+		}
+		return condition(o.Phase, o.Message), nil
+	}
+	return observeUsers(ctx, kube, img, users)
+}
+
+// nodesSay is what the nodes' reports say of an image.
+type nodesSay struct {
+	// nodes are where the image is present, sorted.
+	nodes   []string
+	size    int64
+	phase   v1alpha1.ImagePhase
+	message string
+}
+
+// fromReports sums up the nodes' reports of one image; ok is false when
+// there are none. A failure on any node makes the image Failed, an import
+// on any node Importing — as the VMs waiting for it see it — and otherwise
+// it is Ready on the nodes that have it. Messages name their node.
+func fromReports(reports []wire.ImageReport) (nodesSay, bool) {
+	if len(reports) == 0 {
+		return nodesSay{}, false
+	}
+	sorted := append([]wire.ImageReport(nil), reports...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Node < sorted[j].Node })
+	var s nodesSay
+	var importing, failed []string
+	for _, r := range sorted {
+		switch r.Phase {
+		case wire.ImagePhaseReady:
+			s.nodes = append(s.nodes, r.Node)
+			s.size = max(s.size, r.SizeBytes)
+		case wire.ImagePhaseImporting:
+			importing = append(importing, r.Node+": "+r.Message)
+		case wire.ImagePhaseFailed:
+			failed = append(failed, r.Node+": "+r.Message)
+		}
+	}
+	switch {
+	case len(failed) > 0:
+		s.phase, s.message = v1alpha1.ImagePhaseFailed, strings.Join(failed, "; ")
+	case len(importing) > 0:
+		s.phase, s.message = v1alpha1.ImagePhaseImporting, strings.Join(importing, "; ")
+	default:
+		s.phase = v1alpha1.ImagePhaseReady
+	}
+	return s, true
+}
+
+// observeUsers fills the image's status from its Volumes and their VMs.
+func observeUsers(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) (xpv2.Condition, error) {
 	nodes := map[string]bool{}
 	var states []vmState
 	for _, name := range users {
@@ -99,7 +230,6 @@ func Observe(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, u
 		}
 	}
 	o := &img.Status.AtProvider
-	o.Users = int32(len(users)) //nolint:gosec // a namespace holds far fewer than 2^31 Volumes
 	o.Nodes = nil
 	for n := range nodes {
 		o.Nodes = append(o.Nodes, n)

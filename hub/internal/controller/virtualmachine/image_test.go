@@ -30,12 +30,6 @@ func TestResolveImages(t *testing.T) {
 			PruneAfter: &metav1.Duration{Duration: 30 * time.Minute},
 		}},
 	}
-	cloned := &v1alpha1.DiskImage{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "golden"},
-		Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
-			Source: v1alpha1.DiskImageSource{VolumeRef: &v1alpha1.LocalReference{Name: "base"}},
-		}},
-	}
 	machine := vm(func(m *v1alpha1.VirtualMachine) { m.Spec.ForProvider.VirtualNetworks = nil })
 
 	t.Run("AMissingImageKeepsTheVMWaitingAndSaysForWhat", func(t *testing.T) {
@@ -44,10 +38,6 @@ func TestResolveImages(t *testing.T) {
 		require.True(t, errors.As(err, &missing), "%v", err)
 		assert.Equal(t, []string{"ubuntu"}, missing.Images, "named once however many volumes use it")
 		assert.EqualError(t, err, "waiting for DiskImage ubuntu in namespace default: create them and the VM goes on by itself")
-	})
-	t.Run("ACloneSourceIsRefusedWithAMessage", func(t *testing.T) {
-		_, err := resolve(context.Background(), kube(t, fromImage("root", "golden"), vol("data", ""), cloned), machine)
-		assert.EqualError(t, err, "DiskImage golden is cloned from a Volume, which is not supported yet; use a url source")
 	})
 	t.Run("TheIntentCarriesTheResolvedImageOnItsVolumeOnly", func(t *testing.T) {
 		d, err := resolve(context.Background(), kube(t, fromImage("root", "ubuntu"), vol("data", ""), img), machine)

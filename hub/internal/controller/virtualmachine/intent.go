@@ -6,12 +6,14 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
@@ -48,18 +50,36 @@ type dependencies struct {
 	volumes  []v1alpha1.Volume         // in diskAttachments order
 	networks []v1alpha1.VirtualNetwork // in virtualNetworks order
 	images   map[string]*v1alpha1.DiskImage
+	// sources are the Volumes the cloned images among images copy, by
+	// image name; each is bound to a node.
+	sources map[string]*v1alpha1.Volume
 }
 
 // boundNode is the node the VM's node-local volumes are bound to, if any, or
-// an error when they are bound to different nodes (no node has them all).
+// an error when they are bound to different nodes (no node has them all). A
+// Volume made from a cloned DiskImage binds the VM to the node of the
+// image's source Volume too: only that node has what the image copies.
 func (d dependencies) boundNode() (string, error) {
 	node, from := "", ""
+	for _, name := range slices.Sorted(maps.Keys(d.sources)) {
+		src := d.sources[name]
+		n := src.GetAnnotations()[v1alpha1.AnnotationNode]
+		what := fmt.Sprintf("DiskImage %s clones Volume %s, which is on %s", name, src.Name, n)
+		switch {
+		case node == "":
+			node, from = n, what
+		case n != node:
+			return "", errors.Errorf("%s, but %s; a cloned image can only be made on its source's node and a VM runs on one node", from, what)
+		}
+	}
 	for _, v := range d.volumes {
 		n := v.GetAnnotations()[v1alpha1.AnnotationNode]
 		switch {
 		case n == "":
 		case node == "":
 			node, from = n, v.Name
+		case n != node && len(d.sources) > 0:
+			return "", errors.Errorf("%s, but Volume %s is on %s; a cloned image can only be made on its source's node and a VM can only use volumes of one node", from, v.Name, n)
 		case n != node:
 			return "", errors.Errorf("volumes %s (on %s) and %s (on %s) live on different nodes; a VM can only use volumes of one node", from, node, v.Name, n)
 		}
@@ -110,8 +130,6 @@ func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachin
 			continue
 		case err != nil:
 			return d, errors.Wrapf(err, "cannot get DiskImage %s", name)
-		case img.Spec.ForProvider.Source.URL == "":
-			return d, errors.Errorf("DiskImage %s is cloned from a Volume, which is not supported yet; use a url source", name)
 		}
 		if d.images == nil {
 			d.images = map[string]*v1alpha1.DiskImage{}
@@ -121,7 +139,59 @@ func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachin
 	if len(missing.Volumes)+len(missing.Networks)+len(missing.Images) > 0 {
 		return d, missing
 	}
-	return d, nil
+	return d, d.resolveSources(ctx, kube)
+}
+
+// resolveSources reads the source Volume of each cloned image. The VM waits
+// while a source is on no node: until a VM using it is placed, no node has
+// what the image copies.
+func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader) error {
+	var waiting []string
+	for _, name := range slices.Sorted(maps.Keys(d.images)) {
+		img := d.images[name]
+		ref := img.Spec.ForProvider.Source.VolumeRef
+		if ref == nil {
+			continue
+		}
+		src := &v1alpha1.Volume{}
+		err := kube.Get(ctx, types.NamespacedName{Namespace: img.Namespace, Name: string(ref.Name)}, src)
+		switch {
+		case kerrors.IsNotFound(err):
+			waiting = append(waiting, fmt.Sprintf("DiskImage %s clones Volume %s, which does not exist", name, ref.Name))
+		case err != nil:
+			return errors.Wrapf(err, "cannot get Volume %s, the source of DiskImage %s", ref.Name, name)
+		case src.DeletionTimestamp != nil:
+			waiting = append(waiting, fmt.Sprintf("DiskImage %s clones Volume %s, which is being deleted", name, ref.Name))
+		case src.GetAnnotations()[v1alpha1.AnnotationNode] == "":
+			waiting = append(waiting, fmt.Sprintf("DiskImage %s clones Volume %s, which is on no node yet; the VM waits until a VM using %s is placed", name, ref.Name, ref.Name))
+		default:
+			if d.sources == nil {
+				d.sources = map[string]*v1alpha1.Volume{}
+			}
+			d.sources[name] = src
+		}
+	}
+	if len(waiting) > 0 {
+		return errors.New(strings.Join(waiting, "; "))
+	}
+	return nil
+}
+
+// cloneUsersOf lists the VMs to wake when the Volume o changes because a
+// DiskImage they are made from clones o: they wait for o to be bound to a
+// node. DiskImages are few per namespace; the cache lists them cheaply.
+func cloneUsersOf(ctx context.Context, kube client.Reader, o client.Object) []reconcile.Request {
+	l := &v1alpha1.DiskImageList{}
+	if err := kube.List(ctx, l, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range l.Items {
+		if ref := l.Items[i].Spec.ForProvider.Source.VolumeRef; ref != nil && string(ref.Name) == o.GetName() {
+			out = append(out, imageUsersOf(ctx, kube, &l.Items[i])...)
+		}
+	}
+	return out
 }
 
 // imageRef is the wire form of the image a volume is made from, if any.
@@ -136,6 +206,10 @@ func (d dependencies) imageRef(v v1alpha1.Volume) *wire.ImageRef {
 	}
 	fp := img.Spec.ForProvider
 	ref := &wire.ImageRef{Name: img.Name, UID: string(img.UID), URL: fp.Source.URL, Checksum: fp.Source.SHA256, Format: string(v1alpha1.DiskFormatQCOW2)}
+	if src, ok := d.sources[img.Name]; ok {
+		ref.URL, ref.Checksum = "", ""
+		ref.SourceVolume = &wire.SourceVolume{Name: src.Name, UID: string(src.UID)}
+	}
 	if fp.Format != nil {
 		ref.Format = string(*fp.Format)
 	}

@@ -3,6 +3,7 @@ package virtualmachine
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
@@ -177,4 +179,141 @@ func TestNodeSelector(t *testing.T) {
 			assert.Equal(t, tc.want, nodeSelector(tc.defaults, tc.own))
 		})
 	}
+}
+
+// volFrom is a Volume made from the DiskImage image.
+func volFrom(name, node, image string) *v1alpha1.Volume {
+	v := vol(name, node)
+	v.Spec.ForProvider.Source = &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: v1alpha1.LocalName(image)}}
+	return v
+}
+
+// cloneImage is a DiskImage cloned from the Volume source.
+func cloneImage(name, source string) *v1alpha1.DiskImage {
+	return &v1alpha1.DiskImage{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + name)},
+		Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+			Source: v1alpha1.DiskImageSource{VolumeRef: &v1alpha1.LocalReference{Name: v1alpha1.LocalName(source)}},
+		}},
+	}
+}
+
+func TestResolveClonedImages(t *testing.T) {
+	machine := vm(func(m *v1alpha1.VirtualMachine) { m.Spec.ForProvider.VirtualNetworks = nil })
+	deleting := vol("base", "node1")
+	now := metav1.Now()
+	deleting.DeletionTimestamp, deleting.Finalizers = &now, []string{"keep"}
+	cases := []struct {
+		name       string
+		objs       []client.Object
+		wantErr    string // from resolve: the VM waits
+		wantNode   string
+		wantBindTo string // from boundNode: the VM cannot be placed
+	}{
+		{
+			name:    "a source on no node yet keeps the VM waiting and names the image and the Volume",
+			objs:    []client.Object{volFrom("root", "", "golden"), vol("data", ""), cloneImage("golden", "base"), vol("base", "")},
+			wantErr: "DiskImage golden clones Volume base, which is on no node yet; the VM waits until a VM using base is placed",
+		},
+		{
+			name:    "a missing source keeps the VM waiting",
+			objs:    []client.Object{volFrom("root", "", "golden"), vol("data", ""), cloneImage("golden", "base")},
+			wantErr: "DiskImage golden clones Volume base, which does not exist",
+		},
+		{
+			name:    "a source being deleted keeps the VM waiting",
+			objs:    []client.Object{volFrom("root", "", "golden"), vol("data", ""), cloneImage("golden", "base"), deleting},
+			wantErr: "DiskImage golden clones Volume base, which is being deleted",
+		},
+		{
+			name:     "a bound source places the VM on its node",
+			objs:     []client.Object{volFrom("root", "", "golden"), vol("data", ""), cloneImage("golden", "base"), vol("base", "node2")},
+			wantNode: "node2",
+		},
+		{
+			name:     "the VM's own volumes on the source's node agree",
+			objs:     []client.Object{volFrom("root", "node2", "golden"), vol("data", "node2"), cloneImage("golden", "base"), vol("base", "node2")},
+			wantNode: "node2",
+		},
+		{
+			name:       "another volume of the VM on another node cannot be used with the clone",
+			objs:       []client.Object{volFrom("root", "", "golden"), vol("data", "node1"), cloneImage("golden", "base"), vol("base", "node2")},
+			wantBindTo: "DiskImage golden clones Volume base, which is on node2, but Volume data is on node1; a cloned image can only be made on its source's node and a VM can only use volumes of one node",
+		},
+		{
+			name: "two clones of sources on different nodes cannot be used together",
+			objs: []client.Object{
+				volFrom("root", "", "golden"), volFrom("data", "", "silver"),
+				cloneImage("golden", "base"), vol("base", "node1"), cloneImage("silver", "other"), vol("other", "node3"),
+			},
+			wantBindTo: "DiskImage golden clones Volume base, which is on node1, but DiskImage silver clones Volume other, which is on node3; a cloned image can only be made on its source's node and a VM runs on one node",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := resolve(context.Background(), kube(t, tc.objs...), machine)
+			if tc.wantErr != "" {
+				assert.EqualError(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			node, err := d.boundNode()
+			if tc.wantBindTo != "" {
+				assert.EqualError(t, err, tc.wantBindTo)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantNode, node)
+		})
+	}
+
+	t.Run("the intent carries the source Volume's name and uid instead of a url", func(t *testing.T) {
+		golden := cloneImage("golden", "base")
+		golden.Spec.ForProvider.PruneAfter = &metav1.Duration{Duration: time.Hour}
+		d, err := resolve(context.Background(), kube(t, volFrom("root", "", "golden"), vol("data", ""), golden, vol("base", "node2")), machine)
+		require.NoError(t, err)
+		in := intent(machine, d)
+		require.Len(t, in.Machine.Disks, 2)
+		assert.Equal(t, &wire.ImageRef{
+			Name: "golden", UID: "uid-golden", Format: "qcow2", PruneAfterSeconds: 3600,
+			SourceVolume: &wire.SourceVolume{Name: "base", UID: "uid-base"},
+		}, in.Machine.Disks[0].Image)
+		assert.NoError(t, in.Machine.Disks[0].Image.Validate(), "the node accepts it")
+		assert.Nil(t, in.Machine.Disks[1].Image)
+	})
+}
+
+func TestCloneUsersOfWakesTheVMsWaitingForTheSource(t *testing.T) {
+	s := runtime.NewScheme()
+	require.NoError(t, v1alpha1.AddToScheme(s))
+	waiting := vm(func(m *v1alpha1.VirtualMachine) {
+		m.Name = "b"
+		m.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "b-root"}}
+	})
+	other := vm(func(m *v1alpha1.VirtualMachine) {
+		m.Name, m.UID = "c", "uid-c"
+		m.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "c-root"}}
+	})
+	kube := fake.NewClientBuilder().WithScheme(s).
+		WithIndex(&v1alpha1.VirtualMachine{}, IndexVolumes, func(o client.Object) []string {
+			var out []string
+			for _, a := range o.(*v1alpha1.VirtualMachine).Spec.ForProvider.DiskAttachments { //nolint:forcetypeassert // indexed type
+				out = append(out, string(a.Name))
+			}
+			return out
+		}).
+		WithIndex(&v1alpha1.Volume{}, IndexImages, func(o client.Object) []string {
+			if src := o.(*v1alpha1.Volume).Spec.ForProvider.Source; src != nil && src.DiskImageRef != nil { //nolint:forcetypeassert // indexed type
+				return []string{string(src.DiskImageRef.Name)}
+			}
+			return nil
+		}).
+		WithObjects(waiting, other, volFrom("b-root", "", "golden"), volFrom("c-root", "", "silver"),
+			cloneImage("golden", "a-root"), cloneImage("silver", "elsewhere"), vol("a-root", "node1")).
+		Build()
+
+	got := cloneUsersOf(context.Background(), kube, vol("a-root", "node1"))
+	assert.Equal(t, []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: "default", Name: "b"}}}, got,
+		"the VM whose Volume is made from a clone of a-root, and no other")
+	assert.Empty(t, cloneUsersOf(context.Background(), kube, vol("b-root", "")), "no image clones b-root")
 }

@@ -154,7 +154,11 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		WithOptions(copts).
 		WithEventFilter(resource.DesiredStateChanged()).
 		For(&v1alpha1.VirtualMachine{}).
-		Watches(&v1alpha1.Volume{}, waiting(IndexVolumes)).
+		// A Volume wakes the VMs attaching it, and those booting from a
+		// DiskImage that clones it: they wait for it to be on a node.
+		Watches(&v1alpha1.Volume{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return append(usersOf(ctx, mgr.GetClient(), IndexVolumes, o), cloneUsersOf(ctx, mgr.GetClient(), o)...)
+		})).
 		Watches(&v1alpha1.VirtualNetwork{}, waiting(IndexNetworks)).
 		Watches(&v1alpha1.DiskImage{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return imageUsersOf(ctx, mgr.GetClient(), o)

@@ -27,10 +27,15 @@ import (
 // that the volume is gone.
 const ReasonNodeLost event.Reason = "NodeLost"
 
+// Fleets finds the Fleet of a NATS server; *fleet.Pool is one.
+type Fleets interface {
+	Get(ctx context.Context, t fleet.Target) (*fleet.Fleet, error)
+}
+
 // Releaser deletes Volumes' volumes on their nodes.
 type Releaser struct {
 	configs  *providerconfig.Resolver
-	pool     *fleet.Pool
+	pool     Fleets
 	notifier *virtualmachine.Notifier
 	fencing  time.Duration
 	recorder event.Recorder
@@ -57,7 +62,7 @@ func NewReleaser(kube client.Client, vo virtualmachine.Options, notifier *virtua
 // its node reports the volume gone, then its intent is deleted; or, when the
 // node has been lost for longer than the fencing timeout, at once with a
 // Warning event, its intent left in place so that the node deletes the
-// volume when its agent comes back.
+// volume when its agent comes back (Leftovers then deletes the intent).
 func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error) {
 	node := v.GetAnnotations()[v1alpha1.AnnotationNode]
 	if node == "" {

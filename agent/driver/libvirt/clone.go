@@ -1,0 +1,119 @@
+package libvirt
+
+import (
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+// A cloned image (driver.Image.SourceVolume) is a copy of a volume of this
+// node, made by libvirtd (StorageVolCreateXMLFrom) straight into the image's
+// volume image_<uid>; a qcow2 chain is flattened on the way, so the image
+// needs nothing of its source once made. The copy is taken when the node
+// first needs the image: later writes to the source are not in it, and a
+// source attached to a running guest is copied as it is on disk at that
+// moment (crash-consistent at best).
+//
+// libvirt cannot rename a volume, so the copy cannot be made under a
+// temporary name and renamed into place. Instead a marker volume,
+// cloning_<uid>, exists from before the copy starts until it has finished:
+// while it exists image_<uid> is not a usable image (hasImage), whoever made
+// it. An agent killed mid-copy, or a libvirtd that died, leaves the marker;
+// the next clone of the image deletes the partial copy first, and until then
+// no disk is ever made from it. A partial copy of an image never asked for
+// again is pruned like any unused image.
+
+// clonePrefix starts the names of clone markers. Like image_, it cannot be a
+// <namespace>_<name> disk of a Volume, whose names are Kubernetes names.
+const clonePrefix = "cloning_"
+
+func cloneMarker(uid string) string { return clonePrefix + uid }
+
+// hasImage reports whether img is on the node, ready to make disks from: its
+// volume exists and, for a clone, no copy into it is unfinished.
+func (d *Driver) hasImage(api API, img *driver.Image) (bool, error) {
+	present, err := hasVolume(api, d.pool, imageVolume(img.UID))
+	if err != nil || !present || img.SourceVolume == "" {
+		return present, err
+	}
+	copying, err := hasVolume(api, d.pool, cloneMarker(img.UID))
+	return present && !copying, err
+}
+
+// cloneImage copies the volume img.SourceVolume of the driver's pool into
+// the image's volume. The image is made only on the node that has the
+// source: elsewhere it fails, and is retried with the import backoff, since
+// the source's disk may still be on its way (made by the first guest that
+// uses it).
+func (d *Driver) cloneImage(img *driver.Image, job *importJob) error {
+	api, _, err := d.api()
+	if err != nil {
+		return err
+	}
+	p, err := api.StoragePoolLookupByName(d.pool)
+	if isCode(err, golibvirt.ErrNoStoragePool) {
+		return driver.Terminalf("storage pool %q does not exist on this node", d.pool)
+	}
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
+	}
+	src, err := api.StorageVolLookupByName(p, img.SourceVolume)
+	if isCode(err, golibvirt.ErrNoStorageVol) {
+		return errors.Errorf("cannot clone image %s: volume %s is not on node %s (pool %q); the image can only be made on the node that holds the volume it copies",
+			img.Name, img.SourceVolume, d.node, d.pool)
+	}
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up volume %s", img.SourceVolume)
+	}
+	_, capacity, _, err := api.StorageVolGetInfo(src)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read volume %s", img.SourceVolume)
+	}
+	job.total.Store(int64(capacity))
+
+	if err := d.startClone(api, p, img); err != nil {
+		return err
+	}
+	err = createVolumeFrom(api, p, &libvirtxml.StorageVolume{
+		Name:     imageVolume(img.UID),
+		Capacity: &libvirtxml.StorageVolumeSize{Value: capacity, Unit: "B"},
+		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: formatOr(img.Format)}},
+	}, &src)
+	if err != nil {
+		// libvirt removes a copy that failed; make sure before the marker goes.
+		if derr := deleteVolume(api, d.pool, imageVolume(img.UID)); derr != nil {
+			return errors.Wrapf(err, "cannot clone image %s from volume %s (and the partial copy stays until the next attempt: %v)", img.Name, img.SourceVolume, derr)
+		}
+		_ = deleteVolume(api, d.pool, cloneMarker(img.UID))
+		return errors.Wrapf(err, "cannot clone image %s from volume %s", img.Name, img.SourceVolume)
+	}
+	job.read.Store(int64(capacity))
+	return errors.Wrapf(deleteVolume(api, d.pool, cloneMarker(img.UID)), "cannot finish clone of image %s", img.Name)
+}
+
+// startClone puts the marker in place, after removing what an earlier,
+// unfinished copy left: while the marker stands, image_<uid> is not trusted.
+func (d *Driver) startClone(api API, p golibvirt.StoragePool, img *driver.Image) error {
+	stale, err := hasVolume(api, d.pool, cloneMarker(img.UID))
+	if err != nil {
+		return err
+	}
+	if !stale {
+		x, err := (&libvirtxml.StorageVolume{
+			Name:     cloneMarker(img.UID),
+			Capacity: &libvirtxml.StorageVolumeSize{Value: 0, Unit: "B"},
+			Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}},
+		}).Marshal()
+		if err != nil {
+			return errors.Wrap(err, "cannot marshal volume XML")
+		}
+		if _, err := api.StorageVolCreateXML(p, x, 0); err != nil {
+			return errors.Wrapf(err, "cannot start the clone of image %s", img.Name)
+		}
+	}
+	// A copy libvirtd is still making for a killed agent cannot be deleted
+	// yet; the import fails and is retried after its backoff.
+	return errors.Wrapf(deleteVolume(api, d.pool, imageVolume(img.UID)), "cannot remove the unfinished clone of image %s", img.Name)
+}

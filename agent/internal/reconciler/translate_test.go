@@ -1,0 +1,55 @@
+package reconciler
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+)
+
+func TestMachineTranslatesTheImageSource(t *testing.T) {
+	base := &wire.SourceVolume{Name: "base", UID: "vol-1"}
+	cases := map[string]struct {
+		image   wire.ImageRef
+		want    *driver.Image
+		wantErr string
+	}{
+		"ADownloadKeepsItsURL": {
+			image: wire.ImageRef{Name: "ubuntu", UID: "img-1", URL: "http://127.0.0.1/u.qcow2", Checksum: "ab", PruneAfterSeconds: 60},
+			want:  &driver.Image{UID: "img-1", Name: "ubuntu", URL: "http://127.0.0.1/u.qcow2", SHA256: "ab", PruneAfter: time.Minute},
+		},
+		"ACloneNamesItsSourceAsTheNodeNamesIt": {
+			image: wire.ImageRef{Name: "golden", UID: "img-2", Format: "qcow2", SourceVolume: base},
+			want:  &driver.Image{UID: "img-2", Name: "golden", Format: "qcow2", SourceVolume: "team-a_base"},
+		},
+		"BothSourcesAreRefused": {
+			image:   wire.ImageRef{Name: "golden", UID: "img-2", URL: "http://127.0.0.1/u.qcow2", SourceVolume: base},
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and a url or a sourceVolume, exactly one",
+		},
+		"NoSourceIsRefused": {
+			image:   wire.ImageRef{Name: "golden", UID: "img-2"},
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and a url or a sourceVolume, exactly one",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			in := wire.Intent{UID: "a", Namespace: "team-a", Name: "vm", Machine: wire.Machine{
+				VCPU: 1, MemoryBytes: 1 << 20,
+				Disks: []wire.Disk{{Name: "root", SizeBytes: 1 << 30, Image: &tc.image}},
+			}}
+			m, err := machine(in)
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.True(t, driver.IsTerminal(err), "not retried: %v", err)
+				assert.EqualError(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, m.Disks[0].Image)
+		})
+	}
+}

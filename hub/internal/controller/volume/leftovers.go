@@ -1,0 +1,148 @@
+package volume
+
+import (
+	"context"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/requeue"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+)
+
+// IndexUID indexes Volumes by metadata.uid, which the API server cannot
+// select on.
+const IndexUID = "volume.metadata.uid"
+
+// Leftovers deletes what a Volume let go after the fencing timeout leaves
+// behind. Release leaves such a Volume's VolumeIntent{Absent} in place so
+// that its node deletes the volume when its agent comes back; the agent then
+// reports the volume Gone, and nobody is left to delete the intent. Leftovers
+// does: when a node reports Gone for a Volume that no longer exists, it
+// deletes the Volume's intent and then the report (the agent deletes the
+// report itself when it sees the intent go, unless it was down then).
+//
+// Only an Absent intent makes an agent report Gone (it is the only kind of
+// VolumeIntent), so a Gone report never leads here to deleting an intent that
+// asks for a volume to exist.
+//
+// Each fleet's report watch starts with the current state of every report,
+// so Leftovers sweeps a NATS server for leftovers whenever the hub connects
+// to it, at hub start included.
+type Leftovers struct {
+	// cache answers most lookups; api confirms, uncached, that a Volume the
+	// cache does not hold is really gone and not merely not seen yet.
+	cache, api client.Reader
+	log        logging.Logger
+	queue      workqueue.TypedRateLimitingInterface[leftover]
+}
+
+// leftover names a Volume uid whose report changed in one fleet.
+type leftover struct {
+	fleet *fleet.Fleet
+	uid   string
+}
+
+// NewLeftovers returns Leftovers that look Volumes up in cache, which must be
+// indexed with IndexUID (see Setup), and in api, uncached.
+func NewLeftovers(cache, api client.Reader, log logging.Logger) *Leftovers {
+	return &Leftovers{
+		cache: cache,
+		api:   api,
+		log:   log,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[leftover](requeue.BaseDelay, requeue.MaxDelay),
+			workqueue.TypedRateLimitingQueueConfig[leftover]{Name: "volume-leftovers"}),
+	}
+}
+
+// Watch makes l look at every Volume report of f. Call it for every Fleet
+// before its watches start (fleet.NewPool's onNew).
+func (l *Leftovers) Watch(f *fleet.Fleet) {
+	f.SubscribeVolumes(func(uid string) { l.queue.Add(leftover{fleet: f, uid: uid}) })
+}
+
+// Setup indexes Volumes by uid and runs l with mgr, on the leader only.
+func (l *Leftovers) Setup(ctx context.Context, mgr ctrl.Manager) error {
+	err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Volume{}, IndexUID, func(o client.Object) []string {
+		return []string{string(o.GetUID())}
+	})
+	if err != nil {
+		return errors.Wrap(err, "cannot index Volumes by uid")
+	}
+	return errors.Wrap(mgr.Add(l), "cannot add the Volume leftovers cleaner")
+}
+
+// Start implements manager.Runnable: it works off the reports until ctx is
+// done.
+func (l *Leftovers) Start(ctx context.Context) error {
+	go func() {
+		<-ctx.Done()
+		l.queue.ShutDown()
+	}()
+	for {
+		item, shutdown := l.queue.Get()
+		if shutdown {
+			return nil
+		}
+		if err := l.Clean(ctx, item.fleet, item.uid); err != nil {
+			l.log.Info("Cannot clean up after a deleted Volume; retrying", "uid", item.uid, "error", err)
+			l.queue.AddRateLimited(item)
+		} else {
+			l.queue.Forget(item)
+		}
+		l.queue.Done(item)
+	}
+}
+
+// Clean deletes the intent and report of Volume uid in f if its node
+// reported the volume Gone and the Volume no longer exists.
+func (l *Leftovers) Clean(ctx context.Context, f *fleet.Fleet, uid string) error {
+	rep, ok := f.VolumeReport(uid)
+	if !ok || !rep.Report.Gone {
+		return nil
+	}
+	exists, err := l.exists(ctx, uid)
+	if err != nil || exists {
+		// An existing Volume's Release deletes its intent itself.
+		return err
+	}
+	if err := f.Bus.DeleteVolumeIntent(ctx, rep.Node, uid); err != nil {
+		return errors.Wrapf(err, "cannot delete the intent of deleted Volume %s on node %s", uid, rep.Node)
+	}
+	if err := f.Bus.DeleteVolumeReport(ctx, rep.Node, uid); err != nil {
+		return errors.Wrapf(err, "cannot delete the report of deleted Volume %s on node %s", uid, rep.Node)
+	}
+	l.log.Debug("Deleted the intent and report of a deleted Volume", "uid", uid, "node", rep.Node)
+	return nil
+}
+
+// exists tells whether a Volume with uid exists. The cache may not have seen
+// a Volume yet (at hub start, or just after its creation), so "not in the
+// cache" is confirmed uncached before anything is deleted.
+func (l *Leftovers) exists(ctx context.Context, uid string) (bool, error) {
+	cached := &v1alpha1.VolumeList{}
+	if err := l.cache.List(ctx, cached, client.MatchingFields{IndexUID: uid}); err != nil {
+		return false, errors.Wrap(err, "cannot list Volumes")
+	}
+	if len(cached.Items) > 0 {
+		return true, nil
+	}
+	all := &metav1.PartialObjectMetadataList{}
+	all.SetGroupVersionKind(v1alpha1.SchemeGroupVersion.WithKind("VolumeList"))
+	if err := l.api.List(ctx, all); err != nil {
+		return false, errors.Wrap(err, "cannot list Volumes")
+	}
+	for i := range all.Items {
+		if string(all.Items[i].UID) == uid {
+			return true, nil
+		}
+	}
+	return false, nil
+}

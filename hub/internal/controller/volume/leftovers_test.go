@@ -1,0 +1,117 @@
+package volume
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+)
+
+func TestLeftoversClean(t *testing.T) {
+	const uid = "vol-uid"
+	existing := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "data", UID: uid}}
+	gone := bus.VolumeReportEvent{Node: testNode, UID: uid, Report: wire.VolumeReport{UID: uid, Gone: true}}
+	cannot := bus.VolumeReportEvent{Node: testNode, UID: uid, Report: wire.VolumeReport{UID: uid, Message: "in use"}}
+
+	cases := map[string]struct {
+		report *bus.VolumeReportEvent
+		// cached and api are the Volumes the cache and the API server hold.
+		cached, api []client.Object
+
+		wantCleaned bool
+	}{
+		"AGoneReportOfADeletedVolumeIsCleanedUp": {
+			report:      &gone,
+			wantCleaned: true,
+		},
+		"AnExistingVolumesIntentIsLeftToItsRelease": {
+			report: &gone,
+			cached: []client.Object{existing},
+			api:    []client.Object{existing},
+		},
+		"AVolumeTheCacheHasNotSeenYetIsNotTakenForGone": {
+			report: &gone,
+			api:    []client.Object{existing},
+		},
+		"AVolumeNotYetGoneOnItsNodeKeepsItsIntent": {
+			report: &cannot,
+		},
+		"WithoutAReportNothingIsDeleted": {},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := bus.NewFake()
+			_, err := b.PutVolumeIntent(context.Background(), testNode, wire.VolumeIntent{UID: uid, Namespace: "team", Name: "data", Disk: "team_data", Absent: true})
+			require.NoError(t, err)
+			f := startFleet(t, b)
+			if tc.report != nil {
+				b.SetVolumeReport(*tc.report)
+			}
+			l := newTestLeftovers(t, tc.cached, tc.api)
+
+			require.NoError(t, l.Clean(context.Background(), f, uid))
+
+			_, intent := b.VolumeIntent(testNode, uid)
+			_, report := f.VolumeReport(uid)
+			assert.Equal(t, !tc.wantCleaned, intent, "the volume intent is kept")
+			assert.Equal(t, !tc.wantCleaned && tc.report != nil, report, "the volume report is kept")
+		})
+	}
+}
+
+// TestLeftoversSweep pins that leftovers already in the buckets when the hub
+// starts are cleaned, and ones left later as their nodes report.
+func TestLeftoversSweep(t *testing.T) {
+	ctx := context.Background()
+	b := bus.NewFake()
+	for _, uid := range []string{"old-1", "old-2", "late", "alive"} {
+		_, err := b.PutVolumeIntent(ctx, testNode, wire.VolumeIntent{UID: uid, Namespace: "team", Name: uid, Disk: "team_" + uid, Absent: true})
+		require.NoError(t, err)
+	}
+	for _, uid := range []string{"old-1", "old-2", "alive"} {
+		b.SetVolumeReport(bus.VolumeReportEvent{Node: testNode, UID: uid, Report: wire.VolumeReport{UID: uid, Gone: true}})
+	}
+	alive := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "alive", UID: "alive"}}
+	l := newTestLeftovers(t, []client.Object{alive}, []client.Object{alive})
+	f := fleet.New(b, logging.NewNopLogger())
+	l.Watch(f)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go f.Run(runCtx)
+	go func() { _ = l.Start(runCtx) }()
+
+	intent := func(uid string) func() bool {
+		return func() bool { _, ok := b.VolumeIntent(testNode, uid); return ok }
+	}
+	for _, uid := range []string{"old-1", "old-2"} {
+		require.Eventually(t, func() bool { return !intent(uid)() }, 5*time.Second, 5*time.Millisecond, "leftover %s is swept at start", uid)
+		require.Eventually(t, func() bool { _, ok := f.VolumeReport(uid); return !ok }, 5*time.Second, 5*time.Millisecond, "report %s is deleted", uid)
+	}
+
+	b.SetVolumeReport(bus.VolumeReportEvent{Node: testNode, UID: "late", Report: wire.VolumeReport{UID: "late", Gone: true}})
+	require.Eventually(t, func() bool { return !intent("late")() }, 5*time.Second, 5*time.Millisecond, "a leftover reported later is cleaned")
+
+	assert.True(t, intent("alive")(), "an existing Volume's intent stays")
+	_, ok := f.VolumeReport("alive")
+	assert.True(t, ok, "an existing Volume's report stays")
+}
+
+func newTestLeftovers(t *testing.T, cached, api []client.Object) *Leftovers {
+	t.Helper()
+	cache := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(cached...).
+		WithIndex(&v1alpha1.Volume{}, IndexUID, func(o client.Object) []string { return []string{string(o.GetUID())} }).Build()
+	server := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(api...).Build()
+	return NewLeftovers(cache, server, logging.NewNopLogger())
+}
