@@ -86,12 +86,20 @@ func (n *Notifier) placed(uid string, placed bool) {
 // NotifyAfter notifies uid once d has passed; while one such notification is
 // pending, further calls for uid add none.
 func (n *Notifier) NotifyAfter(uid string, d time.Duration) {
+	n.NotifyAfterIf(uid, d, func() bool { return true })
+}
+
+// NotifyAfterIf is NotifyAfter for a reconcile that may turn out not to be
+// needed: once d has passed, it notifies uid only if still() says so.
+func (n *Notifier) NotifyAfterIf(uid string, d time.Duration, still func() bool) {
 	if _, pending := n.pending.LoadOrStore(uid, struct{}{}); pending {
 		return
 	}
 	time.AfterFunc(d, func() {
 		n.pending.Delete(uid)
-		n.Notify(uid)
+		if still() {
+			n.Notify(uid)
+		}
 	})
 }
 

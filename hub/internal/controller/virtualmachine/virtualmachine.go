@@ -12,8 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -154,17 +156,44 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		WithOptions(copts).
 		WithEventFilter(resource.DesiredStateChanged()).
 		For(&v1alpha1.VirtualMachine{}).
-		// A Volume wakes the VMs attaching it, and those booting from a
-		// DiskImage that clones it: they wait for it to be on a node.
-		Watches(&v1alpha1.Volume{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			return append(usersOf(ctx, mgr.GetClient(), IndexVolumes, o), cloneUsersOf(ctx, mgr.GetClient(), o)...)
-		})).
+		Watches(&v1alpha1.Volume{}, volumeEvents(mgr.GetClient())).
 		Watches(&v1alpha1.VirtualNetwork{}, waiting(IndexNetworks)).
 		Watches(&v1alpha1.DiskImage{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
 		WatchesRawSource(vo.Notifier.Source()).
 		Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
+}
+
+// volumeEvents wakes, for a Volume created, deleted or changed in spec, the
+// VMs attaching it; and for those changes and any other the controller's
+// event filter lets through (its node annotation), the VMs booting from a
+// DiskImage that clones it, which wait for it to be on a node. A Volume
+// bound to the node of a VM that attaches it does not wake that VM again.
+func volumeEvents(kube client.Reader) handler.EventHandler {
+	wake := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request], o client.Object, attachers bool) {
+		var reqs []reconcile.Request
+		if attachers {
+			reqs = usersOf(ctx, kube, IndexVolumes, o)
+		}
+		for _, r := range append(reqs, cloneUsersOf(ctx, kube, o)...) {
+			q.Add(r)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e ctrlevent.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			wake(ctx, q, e.Object, true)
+		},
+		UpdateFunc: func(ctx context.Context, e ctrlevent.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			wake(ctx, q, e.ObjectNew, e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration())
+		},
+		DeleteFunc: func(ctx context.Context, e ctrlevent.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			wake(ctx, q, e.Object, true)
+		},
+		GenericFunc: func(ctx context.Context, e ctrlevent.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			wake(ctx, q, e.Object, true)
+		},
+	}
 }
 
 // skipCriticalAnnotations writes nothing; see Setup.
@@ -381,8 +410,11 @@ func (e *external) schedule(ctx context.Context, vm *v1alpha1.VirtualMachine) (s
 	vm.SetConditions(xpv2.Creating())
 	e.recorder.Event(vm, event.Normal(ReasonScheduled, fmt.Sprintf("Placed on node %s", node)))
 	if e.deferrer != nil {
+		// The report's arrival reconciles the VM; without one in time, the
+		// timer does, and the held status is written.
+		uid, f := string(vm.UID), e.fleet
 		e.deferrer.DeferStatus(vm, scheduledHold)
-		e.opts.Notifier.NotifyAfter(string(vm.UID), scheduledHold)
+		e.opts.Notifier.NotifyAfterIf(uid, scheduledHold, func() bool { _, reported := f.Report(uid); return !reported })
 	}
 	return node, nil
 }
@@ -450,7 +482,8 @@ func (e *external) bindVolumes(ctx context.Context, d dependencies, node string)
 		if v.GetAnnotations()[v1alpha1.AnnotationNode] != "" {
 			continue
 		}
-		patch := client.MergeFrom(v.DeepCopy())
+		// Optimistic: another VM's reconcile may bind it at the same time.
+		patch := client.MergeFromWithOptions(v.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		meta.AddAnnotations(v, map[string]string{v1alpha1.AnnotationNode: node})
 		// The Volume's own controller adds its finalizer too, but maybe not
 		// yet: without it a Volume deleted now would go at once and leave
@@ -463,8 +496,17 @@ func (e *external) bindVolumes(ctx context.Context, d dependencies, node string)
 	return nil
 }
 
-// ensure binds the VM's Volumes to node and publishes its intent there.
+// ensure binds the VM's Volumes to node and publishes its intent there. A
+// Volume another VM bound to another node meanwhile makes it fail: the
+// guest would not find its disk.
 func (e *external) ensure(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies, node string) error {
+	bound, err := d.boundNode()
+	if err != nil {
+		return err
+	}
+	if bound != "" && bound != node {
+		return errors.Errorf("the VM is on node %s but its volumes are on node %s; delete and re-create the VM to place it there", node, bound)
+	}
 	if err := e.bindVolumes(ctx, d, node); err != nil {
 		return err
 	}
