@@ -107,6 +107,7 @@ type DiskImageStatus struct {
 // +kubebuilder:printcolumn:name="STATUS",type="string",JSONPath=".status.atProvider.phase"
 // +kubebuilder:printcolumn:name="USERS",type="integer",JSONPath=".status.atProvider.users"
 // +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:printcolumn:name="SIZE",type="string",JSONPath=".status.atProvider.size",priority=1
 // +kubebuilder:printcolumn:name="NODES",type="string",JSONPath=".status.atProvider.nodes",priority=1
 // +kubebuilder:printcolumn:name="READY",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].status",priority=1
 // +kubebuilder:printcolumn:name="SYNCED",type="string",JSONPath=".status.conditions[?(@.type=='Synced')].status",priority=1
