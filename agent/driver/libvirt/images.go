@@ -383,17 +383,9 @@ func (d *Driver) PruneImages(context.Context) ([]string, error) {
 	s := d.images
 	s.inUse.Lock()
 	defer s.inUse.Unlock()
-	api, _, err := d.api()
+	api, vols, err := d.poolVolumes()
 	if err != nil {
 		return nil, err
-	}
-	p, err := api.StoragePoolLookupByName(d.pool)
-	if err != nil {
-		return nil, errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
-	}
-	vols, _, err := api.StoragePoolListAllVolumes(p, 1, 0)
-	if err != nil {
-		return nil, errors.Wrapf(err, "cannot list volumes of storage pool %s", d.pool)
 	}
 	backing := map[string]bool{}
 	present := map[string]golibvirt.StorageVol{}
@@ -456,22 +448,32 @@ func (d *Driver) PruneImages(context.Context) ([]string, error) {
 	return pruned, nil
 }
 
+// poolVolumes lists the volumes of the driver's pool, with the connection
+// it used.
+func (d *Driver) poolVolumes() (API, []golibvirt.StorageVol, error) {
+	api, _, err := d.api()
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := api.StoragePoolLookupByName(d.pool)
+	if err != nil {
+		return nil, nil, errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
+	}
+	vols, _, err := api.StoragePoolListAllVolumes(p, 1, 0)
+	if err != nil {
+		return nil, nil, errors.Wrapf(err, "cannot list volumes of storage pool %s", d.pool)
+	}
+	return api, vols, nil
+}
+
 // Images implements driver.Driver: the image volumes in the driver's pool,
 // and the imports running or failed. An image volume being uploaded is
 // still Importing; a failed import is reported until the next attempt
 // starts or the image arrives.
 func (d *Driver) Images(context.Context) ([]driver.ImageStatus, error) {
-	api, _, err := d.api()
+	api, vols, err := d.poolVolumes()
 	if err != nil {
 		return nil, err
-	}
-	p, err := api.StoragePoolLookupByName(d.pool)
-	if err != nil {
-		return nil, errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
-	}
-	vols, _, err := api.StoragePoolListAllVolumes(p, 1, 0)
-	if err != nil {
-		return nil, errors.Wrapf(err, "cannot list volumes of storage pool %s", d.pool)
 	}
 	present := map[string]int64{}
 	for _, v := range vols {
