@@ -403,12 +403,13 @@ func (e *external) schedule(ctx context.Context, vm *v1alpha1.VirtualMachine) (s
 		e.waiting(vm, err)
 		return "", err
 	}
+	// Placed once recorded, even if what follows fails and is retried.
+	e.recorder.Event(vm, event.Normal(ReasonScheduled, fmt.Sprintf("Placed on node %s", node)))
 	if err := e.ensure(ctx, vm, d, node); err != nil {
 		return node, err
 	}
 	vm.Status.AtProvider.Phase, vm.Status.AtProvider.Node = v1alpha1.PhaseScheduled, node
 	vm.SetConditions(xpv2.Creating())
-	e.recorder.Event(vm, event.Normal(ReasonScheduled, fmt.Sprintf("Placed on node %s", node)))
 	if e.deferrer != nil {
 		// The report's arrival reconciles the VM; without one in time, the
 		// timer does, and the held status is written.
