@@ -12,11 +12,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
@@ -156,44 +156,20 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		WithOptions(copts).
 		WithEventFilter(resource.DesiredStateChanged()).
 		For(&v1alpha1.VirtualMachine{}).
-		Watches(&v1alpha1.Volume{}, volumeEvents(mgr.GetClient())).
+		// A Volume wakes the VMs attaching it when it is created, deleted or
+		// changed in spec, not when it is bound to the node of a VM that
+		// attaches it; and on any change the VMs booting from a DiskImage
+		// that clones it, which wait for it to be bound.
+		Watches(&v1alpha1.Volume{}, waiting(IndexVolumes), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&v1alpha1.Volume{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return cloneUsersOf(ctx, mgr.GetClient(), o)
+		})).
 		Watches(&v1alpha1.VirtualNetwork{}, waiting(IndexNetworks)).
 		Watches(&v1alpha1.DiskImage{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
 		WatchesRawSource(vo.Notifier.Source()).
 		Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
-}
-
-// volumeEvents wakes, for a Volume created, deleted or changed in spec, the
-// VMs attaching it; and for those changes and any other the controller's
-// event filter lets through (its node annotation), the VMs booting from a
-// DiskImage that clones it, which wait for it to be on a node. A Volume
-// bound to the node of a VM that attaches it does not wake that VM again.
-func volumeEvents(kube client.Reader) handler.EventHandler {
-	wake := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request], o client.Object, attachers bool) {
-		var reqs []reconcile.Request
-		if attachers {
-			reqs = usersOf(ctx, kube, IndexVolumes, o)
-		}
-		for _, r := range append(reqs, cloneUsersOf(ctx, kube, o)...) {
-			q.Add(r)
-		}
-	}
-	return handler.Funcs{
-		CreateFunc: func(ctx context.Context, e ctrlevent.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			wake(ctx, q, e.Object, true)
-		},
-		UpdateFunc: func(ctx context.Context, e ctrlevent.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			wake(ctx, q, e.ObjectNew, e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration())
-		},
-		DeleteFunc: func(ctx context.Context, e ctrlevent.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			wake(ctx, q, e.Object, true)
-		},
-		GenericFunc: func(ctx context.Context, e ctrlevent.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			wake(ctx, q, e.Object, true)
-		},
-	}
 }
 
 // skipCriticalAnnotations writes nothing; see Setup.
