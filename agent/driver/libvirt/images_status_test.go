@@ -36,7 +36,7 @@ func TestImagesReportsTheNodesImages(t *testing.T) {
 	now := time.Now()
 	d.now = func() time.Time { return now }
 	srv := serveImage(t, 1<<20)
-	srv.gate = make(chan struct{})
+	release := srv.hold(t)
 	img := srv.image("5d1c0e6a-0000-4000-8000-000000000401")
 	m := imageMachine("status", img)
 
@@ -57,7 +57,7 @@ func TestImagesReportsTheNodesImages(t *testing.T) {
 	})
 
 	t.Run("AnImportedImageIsReadyWithItsSize", func(t *testing.T) {
-		close(srv.gate)
+		release()
 		o, err := ensureUntil(t, d, m)
 		require.NoError(t, err)
 		require.Equal(t, driver.PhaseRunning, o.Phase)

@@ -59,6 +59,18 @@ func serveImage(t *testing.T, size int) *imageServer {
 	return s
 }
 
+// hold makes responses wait until release is called. A test that fails
+// before it releases them releases them at cleanup, which runs before the
+// server's Close: otherwise Close would wait for the held responses forever
+// and hang the test binary instead of reporting the failure.
+func (s *imageServer) hold(t *testing.T) (release func()) {
+	s.gate = make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(s.gate) }) }
+	t.Cleanup(release)
+	return release
+}
+
 func (s *imageServer) image(uid string) *driver.Image {
 	return &driver.Image{UID: uid, Name: "ubuntu", URL: s.URL + "/disk.qcow2", SHA256: s.sum, Format: "qcow2", PruneAfter: time.Hour}
 }
@@ -103,7 +115,7 @@ func TestImageIsImportedOncePerNode(t *testing.T) {
 	d := open(t, node)
 	d.images.dir = t.TempDir()
 	srv := serveImage(t, 4<<20)
-	srv.gate = make(chan struct{})
+	release := srv.hold(t)
 	img := srv.image("5d1c0e6a-0000-4000-8000-000000000001")
 
 	machines := make([]driver.Machine, 10)
@@ -119,7 +131,7 @@ func TestImageIsImportedOncePerNode(t *testing.T) {
 		assert.Contains(t, o.Message, "importing image ubuntu: ")
 	}
 	start := time.Now()
-	close(srv.gate)
+	release()
 
 	var wg sync.WaitGroup
 	phases := make([]driver.Phase, len(machines))
@@ -336,7 +348,7 @@ func TestImageDoesNotRewriteAnExistingDisk(t *testing.T) {
 func TestImportInterruptedByAStoppedAgent(t *testing.T) {
 	node := libvirttest.Start(t, "img-stop")
 	srv := serveImage(t, 4<<20)
-	srv.gate = make(chan struct{})
+	release := srv.hold(t)
 	img := srv.image("5d1c0e6a-0000-4000-8000-0000000000aa")
 	m := imageMachine("vm", img)
 	dir := t.TempDir()
@@ -359,7 +371,7 @@ func TestImportInterruptedByAStoppedAgent(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(dir, "*"))
 	assert.Empty(t, left, "no partial download is left behind")
 
-	close(srv.gate)
+	release()
 	second := open(t, node)
 	second.images.dir = dir
 	o, err = ensureUntil(t, second, m)
