@@ -236,6 +236,12 @@ func (d *Driver) Close() error {
 	var err error
 	if d.conn != nil && d.conn.l.IsConnected() {
 		err = d.conn.l.Disconnect()
+		// The cancel above ends the event subscription, and the socket may
+		// close under the farewell call: it is closed either way, which is
+		// what Disconnect is for.
+		if errors.Is(err, golibvirt.ErrInterrupted) {
+			err = nil
+		}
 	}
 	d.mu.Unlock()
 	<-d.done
