@@ -19,9 +19,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -29,6 +32,8 @@ import (
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/buckets"
 	"github.com/virtfleet/virtfleet/internal/controlplane"
 	"github.com/virtfleet/virtfleet/internal/libvirttest"
 	"github.com/virtfleet/virtfleet/internal/natsauth"
@@ -232,6 +237,53 @@ func (s *Stack) start(ctx context.Context) error {
 			return err
 		}
 		logf(o.Progress, "agent "+n, "%s, log: %s", s.backend(n), s.logPath("agent-"+n))
+	}
+	return s.awaitHeartbeats(ctx)
+}
+
+// awaitHeartbeats makes the buckets and waits until every node's agent has
+// put a heartbeat. Only then does the hub see every node, so that a
+// workload created right after the start is spread over all of them, not
+// over those whose agents came up first. The hub itself makes the buckets
+// only when it first reconciles a VM; until then agents cannot heartbeat.
+// The stack makes them first, as whoever deploys NATS may, with the
+// configuration the hub would give them.
+func (s *Stack) awaitHeartbeats(ctx context.Context) error {
+	opts, err := s.hubID.ConnectOptions()
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(s.NATSURL(), opts...)
+	if err != nil {
+		return errors.Wrap(err, "cannot connect to NATS as the hub")
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return errors.Wrap(err, "cannot use JetStream")
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := buckets.Ensure(ctx, js, buckets.Config{NodeTTL: s.opts.NodeTTL}); err != nil {
+		return err
+	}
+	var last error // why the last look was not enough
+	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		kv, err := js.KeyValue(ctx, wire.BucketNodes)
+		if err != nil {
+			last = errors.Wrap(err, "no heartbeat bucket")
+			return false, nil
+		}
+		for _, n := range s.opts.Nodes {
+			if _, err := kv.Get(ctx, n); err != nil {
+				last = errors.Wrapf(err, "no heartbeat of %s", n)
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return errors.Wrapf(errors.Join(err, last), "not every agent put a heartbeat within a minute")
 	}
 	return nil
 }
