@@ -9,7 +9,7 @@ SHELL := /usr/bin/env bash
 GO ?= go
 TOOLS := $(GO) tool -modfile=hack/tools/go.mod
 # Go packages whose files are written by generators.
-GENERATED := apis package/crds internal/kubevirttest/testdata
+GENERATED := apis package/crds internal/testing/kubevirttest/testdata
 
 # Fuzz targets run for FUZZ_TIME each in `make test`; longer with `make fuzz FUZZ_TIME=5m`.
 FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzDecodeVolumeIntent FuzzDecodeVolumeReport FuzzParseKey
@@ -38,7 +38,7 @@ envtest-assets: ## Build kube-apiserver, etcd and kubectl once per machine (or u
 
 .PHONY: generate
 generate: ## Regenerate deepcopy, managed-resource methods and CRDs (ours, and KubeVirt's for its tests).
-	$(GO) generate ./apis/... ./internal/kubevirttest/...
+	$(GO) generate ./apis/... ./internal/testing/kubevirttest/...
 
 .PHONY: verify-generated
 verify-generated: ## Fail when `make generate` would change any generated file.

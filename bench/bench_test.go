@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/virtfleet/virtfleet/internal/benchmark"
+	"github.com/virtfleet/virtfleet/bench/benchmark"
 )
 
 // TestQuick runs the harness at its quick sizes on the real stack and checks

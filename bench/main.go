@@ -1,6 +1,6 @@
 // Command bench measures virtfleet on the real stack and writes
 // bench/results/<date>.md and .json; `make bench` runs it with the issue's
-// sizes. The measurements live in internal/benchmark.
+// sizes. The measurements live in bench/benchmark.
 package main
 
 import (
@@ -17,8 +17,8 @@ import (
 	"github.com/go-logr/logr"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/virtfleet/virtfleet/internal/benchmark"
-	"github.com/virtfleet/virtfleet/internal/controlplane"
+	"github.com/virtfleet/virtfleet/bench/benchmark"
+	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 )
 
 func main() {

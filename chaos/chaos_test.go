@@ -9,7 +9,7 @@ import (
 	"github.com/go-logr/logr"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/virtfleet/virtfleet/internal/chaos"
+	"github.com/virtfleet/virtfleet/chaos/internal/chaos"
 )
 
 // TestShortChaos is `make chaos` small enough for `make test`: a few dozen

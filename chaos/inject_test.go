@@ -17,8 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/chaos"
-	"github.com/virtfleet/virtfleet/internal/stack"
+	"github.com/virtfleet/virtfleet/chaos/internal/chaos"
+	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
 
 // TestShortChaosCatchesInjectedFaults shows the checks can fail: after the

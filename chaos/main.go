@@ -1,7 +1,7 @@
 // Command chaos kills, in turn, an agent, the hub, the NATS server and a
 // libvirtd while VMs churn, and checks that nothing was lost, duplicated or
 // orphaned and that everything converged in time; `make chaos` runs it. The
-// run lives in internal/chaos.
+// run lives in chaos/internal/chaos.
 package main
 
 import (
@@ -18,9 +18,9 @@ import (
 	"github.com/go-logr/logr"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/virtfleet/virtfleet/internal/benchmark"
-	"github.com/virtfleet/virtfleet/internal/chaos"
-	"github.com/virtfleet/virtfleet/internal/controlplane"
+	"github.com/virtfleet/virtfleet/bench/benchmark"
+	"github.com/virtfleet/virtfleet/chaos/internal/chaos"
+	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 )
 
 func main() {

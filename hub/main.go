@@ -12,7 +12,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/virtfleet/virtfleet/hub/internal/app"
-	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 func main() {
@@ -26,7 +26,7 @@ func main() {
 	flag.DurationVar(&c.PollInterval, "poll", time.Minute, "How often each resource is checked for drift; reports update status at once regardless.")
 	flag.IntVar(&c.MaxReconcileRate, "max-reconcile-rate", 100, "Reconciles per second across all controllers (and the API client's rate); high enough for bursts of creates.")
 	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM deleted while its node is lost waits before it is finalized.")
-	flag.DurationVar(&c.NodeTTL, "node-ttl", buckets.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
+	flag.DurationVar(&c.NodeTTL, "node-ttl", natswire.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
 	flag.Parse()
 
 	var err error

@@ -20,7 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
-	"github.com/virtfleet/virtfleet/internal/manifests"
+	"github.com/virtfleet/virtfleet/internal/testing/manifests"
 )
 
 // objects loads every manifest of the directory (the kustomization excluded)

@@ -21,8 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/virtfleet/virtfleet/internal/controlplane"
-	"github.com/virtfleet/virtfleet/internal/manifests"
+	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
+	"github.com/virtfleet/virtfleet/internal/testing/manifests"
 )
 
 // crossplaneModule holds Crossplane's CRDs in cluster/crds; it is the version

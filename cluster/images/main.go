@@ -4,7 +4,7 @@
 //	go run ./cluster/images --out _output/images --registry ghcr.io/virtfleet --version v0.1.0
 //
 // Load one with `docker load -i`, `kind load image-archive` or push it with
-// `crane push`. See internal/ociimage.
+// `crane push`. See internal/build/ociimage.
 package main
 
 import (
@@ -18,7 +18,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/virtfleet/virtfleet/internal/ociimage"
+	"github.com/virtfleet/virtfleet/internal/build/ociimage"
 )
 
 func main() {

@@ -1,5 +1,5 @@
 // Command local is `make run`: the whole virtfleet system on this machine
-// until Ctrl-C. See internal/localrun.
+// until Ctrl-C. See internal/testing/localrun.
 package main
 
 import (
@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/virtfleet/virtfleet/internal/localrun"
+	"github.com/virtfleet/virtfleet/internal/testing/localrun"
 )
 
 func main() {

@@ -7,7 +7,7 @@
 //
 // Push it with `crossplane xpkg push -f FILE REF` (which turns the layer
 // labels into annotations) and install it with a Provider whose package is REF.
-// See internal/providerpackage.
+// See internal/build/providerpackage.
 package main
 
 import (
@@ -16,8 +16,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/virtfleet/virtfleet/internal/ociimage"
-	"github.com/virtfleet/virtfleet/internal/providerpackage"
+	"github.com/virtfleet/virtfleet/internal/build/ociimage"
+	"github.com/virtfleet/virtfleet/internal/build/providerpackage"
 )
 
 func main() {

@@ -11,19 +11,19 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/virtfleet/virtfleet/internal/natsauth"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 func main() {
 	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: mint-agent-credentials <node>|"+natsauth.HubName)
+		fmt.Fprintln(os.Stderr, "usage: mint-agent-credentials <node>|"+natswire.HubName)
 		os.Exit(2)
 	}
 	name := os.Args[1]
 	// The hub's name is reserved: a node called "hub" would share its inbox.
-	mint := func() (natsauth.Identity, error) { return natsauth.NewAgentIdentity(name) }
-	if name == natsauth.HubName {
-		mint = natsauth.NewHubIdentity
+	mint := func() (natswire.Identity, error) { return natswire.NewAgentIdentity(name) }
+	if name == natswire.HubName {
+		mint = natswire.NewHubIdentity
 	}
 	id, err := mint()
 	if err == nil {

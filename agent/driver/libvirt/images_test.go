@@ -22,7 +22,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
 )
 
 // imageServer serves a generated image on 127.0.0.1 and counts the requests

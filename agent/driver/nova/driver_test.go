@@ -19,7 +19,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
-	"github.com/virtfleet/virtfleet/internal/openstacktest"
+	"github.com/virtfleet/virtfleet/internal/testing/openstacktest"
 )
 
 const (

@@ -26,7 +26,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	"github.com/virtfleet/virtfleet/agent/internal/reconciler"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/natsauth"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // backends are the drivers this agent binary is built with.
@@ -109,9 +109,9 @@ func Run(ctx context.Context, cfg Config) error {
 // with RetryOnFailedConnect the agent starts, works its backend, and catches
 // up once NATS is reachable, so start order in a cluster does not matter.
 func connect(cfg Config, log logging.Logger) (*nats.Conn, error) {
-	id := natsauth.Identity{
-		User:        natsauth.User{Name: cfg.Node},
-		InboxPrefix: natsauth.InboxPrefix(cfg.Node),
+	id := natswire.Identity{
+		User:        natswire.User{Name: cfg.Node},
+		InboxPrefix: natswire.InboxPrefix(cfg.Node),
 		Seed:        cfg.Seed,
 	}
 	opts, err := id.ConnectOptions()

@@ -12,7 +12,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // Version is the agent's version, reported in its heartbeat. Release builds
@@ -80,7 +80,7 @@ func (c *Config) defaults() {
 		c.RequestTimeout = bus.DefaultTimeout
 	}
 	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = buckets.DefaultHeartbeatInterval
+		c.HeartbeatInterval = natswire.DefaultHeartbeatInterval
 	}
 	if c.ResyncInterval <= 0 {
 		c.ResyncInterval = 60 * time.Second

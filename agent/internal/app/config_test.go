@@ -15,7 +15,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/driver/fake"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/natsauth"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // TestHeartbeatNext pins what the hub's placement is offered, including while
@@ -92,7 +92,7 @@ func TestParseLabels(t *testing.T) {
 }
 
 func TestReadSeed(t *testing.T) {
-	id, err := natsauth.NewAgentIdentity("n1")
+	id, err := natswire.NewAgentIdentity("n1")
 	require.NoError(t, err)
 	account, err := nkeys.CreateAccount()
 	require.NoError(t, err)

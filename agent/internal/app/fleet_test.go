@@ -17,10 +17,9 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/internal/app"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/buckets"
-	"github.com/virtfleet/virtfleet/internal/libvirttest"
-	"github.com/virtfleet/virtfleet/internal/natsauth"
-	"github.com/virtfleet/virtfleet/internal/natstest"
+	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 )
 
 // Settings of the simulated fleet.
@@ -41,7 +40,7 @@ type fleet struct {
 	intents jetstream.KeyValue
 	reports jetstream.KeyValue
 	nodes   jetstream.KeyValue
-	ids     map[string]natsauth.Identity
+	ids     map[string]natswire.Identity
 	hosts   map[string]*libvirttest.Node
 }
 
@@ -54,7 +53,7 @@ func newFleet(t testing.TB, nodeTTL time.Duration, nodes ...string) *fleet {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	ctx := context.Background()
-	require.NoError(t, buckets.Ensure(ctx, js, buckets.Config{NodeTTL: nodeTTL}))
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeTTL: nodeTTL}))
 	f := &fleet{srv: srv, ids: ids, hosts: map[string]*libvirttest.Node{}}
 	for name, kv := range map[string]*jetstream.KeyValue{wire.BucketIntents: &f.intents, wire.BucketReports: &f.reports, wire.BucketNodes: &f.nodes} {
 		*kv, err = js.KeyValue(ctx, name)

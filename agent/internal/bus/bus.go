@@ -27,7 +27,7 @@ import (
 // server restarts and resumes after the last revision seen, so an intent may
 // be delivered again but its latest state is never missed. An intent that
 // cannot be decoded, has a newer protocol version, or sits under a key that
-// does not match it is logged, counted (buckets.Rejections) and skipped: bad
+// does not match it is logged, counted (natswire.Rejections) and skipped: bad
 // input never stops the watch.
 type Bus interface {
 	WatchIntents(ctx context.Context, fn func(IntentEvent)) error

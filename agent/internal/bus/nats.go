@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // DefaultTimeout bounds each request. A request the server refuses for lack
@@ -38,14 +38,14 @@ type Config struct {
 	// Log receives rejections and watch restarts; nil discards them.
 	Log logging.Logger
 	// Rejections counts refused intents; nil allocates one.
-	Rejections *buckets.Rejections
+	Rejections *natswire.Rejections
 	// RetryInterval between attempts to re-establish a failed watch; 0 means 1s.
 	RetryInterval time.Duration
 }
 
 // NATS is the Bus over JetStream. It never binds a key-value handle: that
 // needs STREAM.INFO, which can list every node's keys and so is not granted
-// to agents (see internal/natsauth). It uses only what an agent's permissions
+// to agents (see internal/natswire). It uses only what an agent's permissions
 // allow: an ordered consumer filtered to its intents, direct gets of its own
 // keys, and publishes to its own keys.
 type NATS struct {
@@ -66,7 +66,7 @@ type stored struct {
 var _ Bus = &NATS{}
 
 // New returns a bus for cfg.Node over nc, which must be connected with the
-// node's identity (natsauth.Identity.ConnectOptions) and should reconnect
+// node's identity (natswire.Identity.ConnectOptions) and should reconnect
 // forever (nats.MaxReconnects(-1)).
 func New(nc *nats.Conn, cfg Config) (*NATS, error) {
 	if err := wire.ValidateToken("node", cfg.Node); err != nil {
@@ -79,7 +79,7 @@ func New(nc *nats.Conn, cfg Config) (*NATS, error) {
 		cfg.Log = logging.NewNopLogger()
 	}
 	if cfg.Rejections == nil {
-		cfg.Rejections = &buckets.Rejections{}
+		cfg.Rejections = &natswire.Rejections{}
 	}
 	if cfg.RetryInterval == 0 {
 		cfg.RetryInterval = time.Second
@@ -96,7 +96,7 @@ func New(nc *nats.Conn, cfg Config) (*NATS, error) {
 }
 
 // Rejections counts the intents this bus's watches refused.
-func (n *NATS) Rejections() *buckets.Rejections { return n.cfg.Rejections }
+func (n *NATS) Rejections() *natswire.Rejections { return n.cfg.Rejections }
 
 // PutReport implements Bus.
 func (n *NATS) PutReport(ctx context.Context, r wire.Report) (uint64, error) {
@@ -366,12 +366,12 @@ func (n *NATS) intentEvent(m *nats.Msg, rev uint64) (*IntentEvent, error) {
 		return nil, err
 	}
 	if node != n.cfg.Node {
-		return nil, &buckets.MismatchError{Key: key, Want: n.cfg.Node, Got: node}
+		return nil, &natswire.MismatchError{Key: key, Want: n.cfg.Node, Got: node}
 	}
 	deleted := isDeletion(m.Header)
 	if uid, ok := wire.ParseVolumeKey(rest); ok {
 		ev := &VolumeIntentEvent{UID: uid, Revision: rev, Deleted: deleted}
-		if ev.Intent, err = buckets.DecodeValue(key, uid, deleted, m.Data, wire.DecodeVolumeIntent, func(v wire.VolumeIntent) string { return v.UID }); err != nil {
+		if ev.Intent, err = natswire.DecodeValue(key, uid, deleted, m.Data, wire.DecodeVolumeIntent, func(v wire.VolumeIntent) string { return v.UID }); err != nil {
 			return nil, err
 		}
 		return &IntentEvent{Volume: ev}, nil
@@ -380,7 +380,7 @@ func (n *NATS) intentEvent(m *nats.Msg, rev uint64) (*IntentEvent, error) {
 		return nil, nil
 	}
 	ev := &IntentEvent{UID: rest, Revision: rev, Deleted: deleted}
-	if ev.Intent, err = buckets.DecodeValue(key, rest, deleted, m.Data, wire.DecodeIntent, func(in wire.Intent) string { return in.UID }); err != nil {
+	if ev.Intent, err = natswire.DecodeValue(key, rest, deleted, m.Data, wire.DecodeIntent, func(in wire.Intent) string { return in.UID }); err != nil {
 		return nil, err
 	}
 	return ev, nil

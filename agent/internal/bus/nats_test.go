@@ -11,7 +11,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 func TestWatchIntentsDeliversStateThenChanges(t *testing.T) {
@@ -85,10 +85,10 @@ func TestWatchIntentsRejectsBadInputAndCarriesOn(t *testing.T) {
 		key, value string
 		reason     string
 	}{
-		"CorruptValue":       {key: "node1.vm-x", value: `{"protocolVersion":1,`, reason: buckets.ReasonDecode},
-		"NewerVersion":       {key: "node1.vm-y", value: `{"protocolVersion":99,"uid":"vm-y"}`, reason: buckets.ReasonVersion},
-		"UIDOfAnotherKey":    {key: "node1.vm-z", value: `{"protocolVersion":1,"uid":"vm-other"}`, reason: buckets.ReasonMismatch},
-		"UnsafeUIDInContent": {key: "node1.vm-w", value: `{"protocolVersion":1,"uid":"a b"}`, reason: buckets.ReasonKey},
+		"CorruptValue":       {key: "node1.vm-x", value: `{"protocolVersion":1,`, reason: natswire.ReasonDecode},
+		"NewerVersion":       {key: "node1.vm-y", value: `{"protocolVersion":99,"uid":"vm-y"}`, reason: natswire.ReasonVersion},
+		"UIDOfAnotherKey":    {key: "node1.vm-z", value: `{"protocolVersion":1,"uid":"vm-other"}`, reason: natswire.ReasonMismatch},
+		"UnsafeUIDInContent": {key: "node1.vm-w", value: `{"protocolVersion":1,"uid":"a b"}`, reason: natswire.ReasonKey},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -177,10 +177,10 @@ func TestWatchIntentsRoutesVolumeIntents(t *testing.T) {
 		key, value string
 		reason     string
 	}{
-		"CorruptVolumeIntent":       {key: "node1.volume.vol-x", value: `{"protocolVersion":1,`, reason: buckets.ReasonDecode},
-		"NewerVolumeIntent":         {key: "node1.volume.vol-y", value: `{"protocolVersion":2,"uid":"vol-y"}`, reason: buckets.ReasonVersion},
-		"VolumeIntentOfAnotherUID":  {key: "node1.volume.vol-z", value: `{"protocolVersion":1,"uid":"vol-o","disk":"d","absent":true}`, reason: buckets.ReasonMismatch},
-		"PresentVolumeIsNotDefined": {key: "node1.volume.vol-p", value: `{"protocolVersion":1,"uid":"vol-p","disk":"d"}`, reason: buckets.ReasonDecode},
+		"CorruptVolumeIntent":       {key: "node1.volume.vol-x", value: `{"protocolVersion":1,`, reason: natswire.ReasonDecode},
+		"NewerVolumeIntent":         {key: "node1.volume.vol-y", value: `{"protocolVersion":2,"uid":"vol-y"}`, reason: natswire.ReasonVersion},
+		"VolumeIntentOfAnotherUID":  {key: "node1.volume.vol-z", value: `{"protocolVersion":1,"uid":"vol-o","disk":"d","absent":true}`, reason: natswire.ReasonMismatch},
+		"PresentVolumeIsNotDefined": {key: "node1.volume.vol-p", value: `{"protocolVersion":1,"uid":"vol-p","disk":"d"}`, reason: natswire.ReasonDecode},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

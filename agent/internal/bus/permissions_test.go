@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/natsauth"
-	"github.com/virtfleet/virtfleet/internal/natstest"
+	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 )
 
 // A request the server refuses for lack of permission is never answered, so
@@ -175,7 +175,7 @@ func TestAgentPermissions(t *testing.T) {
 		}},
 		"CannotSniffIntentPublishes": {wantViolation: true, op: func(nc *nats.Conn) error { return subscribe(nc, theirs) }},
 		"CannotListenOnOtherAgentsInbox": {wantViolation: true, op: func(nc *nats.Conn) error {
-			return subscribe(nc, natsauth.InboxPrefix("node2")+".>")
+			return subscribe(nc, natswire.InboxPrefix("node2")+".>")
 		}},
 		"CannotListenOnSharedInbox": {wantViolation: true, op: func(nc *nats.Conn) error { return subscribe(nc, "_INBOX.>") }},
 

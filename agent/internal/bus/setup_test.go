@@ -11,9 +11,8 @@ import (
 
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/buckets"
-	"github.com/virtfleet/virtfleet/internal/natsauth"
-	"github.com/virtfleet/virtfleet/internal/natstest"
+	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 )
 
 // fleet is a real nats-server with the buckets, the hub's view of them, and
@@ -22,7 +21,7 @@ type fleet struct {
 	srv     *natstest.Server
 	intents jetstream.KeyValue // written as the hub
 	reports jetstream.KeyValue
-	agents  map[string]natsauth.Identity
+	agents  map[string]natswire.Identity
 }
 
 func newFleet(t testing.TB) *fleet {
@@ -33,7 +32,7 @@ func newFleet(t testing.TB) *fleet {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	ctx := context.Background()
-	require.NoError(t, buckets.Ensure(ctx, js, buckets.Config{NodeTTL: 3 * time.Second}))
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeTTL: 3 * time.Second}))
 	f := &fleet{srv: srv, agents: agents}
 	f.intents, err = js.KeyValue(ctx, wire.BucketIntents)
 	require.NoError(t, err)

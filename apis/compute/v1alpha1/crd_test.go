@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/controlplane"
-	"github.com/virtfleet/virtfleet/internal/manifests"
+	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
+	"github.com/virtfleet/virtfleet/internal/testing/manifests"
 )
 
 // TestCRDs installs the generated CRDs into a real kube-apiserver and pins

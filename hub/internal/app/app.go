@@ -41,7 +41,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/writes"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
-	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // Config of the hub.
@@ -145,7 +145,7 @@ func Run(ctx context.Context, c Config) error {
 	if err := leftovers.Setup(ctx, mgr); err != nil {
 		return err
 	}
-	pool := fleet.NewPool(ctx, log, buckets.Config{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
+	pool := fleet.NewPool(ctx, log, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
 		f.Subscribe(notifier.Notify)
 		f.SubscribeNodes(notifier.NotifyUnplaced)
 		f.SubscribeVolumes(volumes.Notify)

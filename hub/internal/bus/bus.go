@@ -25,7 +25,7 @@ import (
 // restarts and resume from the last revision seen, so a watcher may see a key
 // again but never misses its latest state. A value that cannot be decoded, has
 // a newer protocol version, or is stored under a key that does not match its
-// content is logged, counted (buckets.Rejections), and skipped: bad input never stops
+// content is logged, counted (natswire.Rejections), and skipped: bad input never stops
 // a watch.
 type Bus interface {
 	// PutIntent makes in the stored intent of guest in.UID on node.

@@ -12,16 +12,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // Config of a NATS bus.
 type Config struct {
-	Buckets buckets.Config
+	Buckets natswire.BucketConfig
 	// Log receives rejections and watch restarts; nil discards them.
 	Log logging.Logger
 	// Rejections counts refused values; nil allocates one (see NATS.Rejections).
-	Rejections *buckets.Rejections
+	Rejections *natswire.Rejections
 	// RetryInterval between attempts to re-establish a failed watch; 0 means 1s.
 	RetryInterval time.Duration
 }
@@ -32,7 +32,7 @@ type NATS struct {
 	intents, reports, nodes jetstream.KeyValue
 
 	log   logging.Logger
-	rej   *buckets.Rejections
+	rej   *natswire.Rejections
 	retry time.Duration
 }
 
@@ -45,7 +45,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot open JetStream")
 	}
-	if err := buckets.Ensure(ctx, js, cfg.Buckets); err != nil {
+	if err := natswire.EnsureBuckets(ctx, js, cfg.Buckets); err != nil {
 		return nil, err
 	}
 	n := &NATS{nc: nc, log: cfg.Log, rej: cfg.Rejections, retry: cfg.RetryInterval}
@@ -53,7 +53,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 		n.log = logging.NewNopLogger()
 	}
 	if n.rej == nil {
-		n.rej = &buckets.Rejections{}
+		n.rej = &natswire.Rejections{}
 	}
 	if n.retry == 0 {
 		n.retry = time.Second
@@ -67,7 +67,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 }
 
 // Rejections counts the values this bus's watches refused.
-func (n *NATS) Rejections() *buckets.Rejections { return n.rej }
+func (n *NATS) Rejections() *natswire.Rejections { return n.rej }
 
 // PutIntent implements Bus.
 func (n *NATS) PutIntent(ctx context.Context, node string, in wire.Intent) (uint64, error) {
@@ -259,7 +259,7 @@ func reportEvent(key string, rev uint64, deleted bool, value []byte) (ReportEven
 	}
 	if uid, ok := wire.ParseVolumeKey(rest); ok {
 		ev := VolumeReportEvent{Node: node, UID: uid, Revision: rev, Deleted: deleted}
-		ev.Report, err = buckets.DecodeValue(key, uid, deleted, value, wire.DecodeVolumeReport, func(r wire.VolumeReport) string { return r.UID })
+		ev.Report, err = natswire.DecodeValue(key, uid, deleted, value, wire.DecodeVolumeReport, func(r wire.VolumeReport) string { return r.UID })
 		if err != nil {
 			return ReportEvent{}, err
 		}
@@ -267,7 +267,7 @@ func reportEvent(key string, rev uint64, deleted bool, value []byte) (ReportEven
 	}
 	if uid, ok := wire.ParseImageKey(rest); ok {
 		ev := ImageReportEvent{Node: node, UID: uid, Revision: rev, Deleted: deleted}
-		ev.Report, err = buckets.DecodeValue(key, node+"."+uid, deleted, value, wire.DecodeImageReport, func(r wire.ImageReport) string { return r.Node + "." + r.UID })
+		ev.Report, err = natswire.DecodeValue(key, node+"."+uid, deleted, value, wire.DecodeImageReport, func(r wire.ImageReport) string { return r.Node + "." + r.UID })
 		if err != nil {
 			return ReportEvent{}, err
 		}
@@ -277,7 +277,7 @@ func reportEvent(key string, rev uint64, deleted bool, value []byte) (ReportEven
 		return ReportEvent{}, &wire.KeyError{What: "key", Value: key, Reason: "not a guest, volume or image report key"}
 	}
 	ev := ReportEvent{Node: node, UID: rest, Revision: rev, Deleted: deleted}
-	ev.Report, err = buckets.DecodeValue(key, key, deleted, value, wire.DecodeReport, func(r wire.Report) string { return r.Node + "." + r.UID })
+	ev.Report, err = natswire.DecodeValue(key, key, deleted, value, wire.DecodeReport, func(r wire.Report) string { return r.Node + "." + r.UID })
 	if err != nil {
 		return ReportEvent{}, err
 	}
@@ -297,7 +297,7 @@ func nodeEvent(key string, rev uint64, lost bool, value []byte) (NodeEvent, erro
 		return NodeEvent{}, err
 	}
 	if ev.Heartbeat.Node != key {
-		return NodeEvent{}, &buckets.MismatchError{Key: key, Want: key, Got: ev.Heartbeat.Node}
+		return NodeEvent{}, &natswire.MismatchError{Key: key, Want: key, Got: ev.Heartbeat.Node}
 	}
 	return ev, nil
 }

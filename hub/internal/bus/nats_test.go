@@ -11,19 +11,18 @@ import (
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
-	"github.com/virtfleet/virtfleet/internal/buckets"
-	"github.com/virtfleet/virtfleet/internal/natsauth"
-	"github.com/virtfleet/virtfleet/internal/natstest"
+	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 )
 
 const testNodeTTL = 3 * time.Second
 
-func newHub(t *testing.T) (*bus.NATS, jetstream.JetStream, *natstest.Server, map[string]natsauth.Identity) {
+func newHub(t *testing.T) (*bus.NATS, jetstream.JetStream, *natstest.Server, map[string]natswire.Identity) {
 	t.Helper()
 	hub, agents, users := natstest.Identities(t, "node1")
 	srv := natstest.New(t, users...)
 	nc, _ := natstest.Connect(t, srv, hub)
-	b, err := bus.New(context.Background(), nc, bus.Config{Buckets: buckets.Config{NodeTTL: testNodeTTL}, RetryInterval: 100 * time.Millisecond})
+	b, err := bus.New(context.Background(), nc, bus.Config{Buckets: natswire.BucketConfig{NodeTTL: testNodeTTL}, RetryInterval: 100 * time.Millisecond})
 	require.NoError(t, err)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
@@ -113,10 +112,10 @@ func TestWatchReportsRejectsBadInputAndCarriesOn(t *testing.T) {
 		key, value string
 		reason     string
 	}{
-		"CorruptValue":        {key: "node1.vm-x", value: `not json`, reason: buckets.ReasonDecode},
-		"NewerVersion":        {key: "node1.vm-y", value: `{"protocolVersion":2,"uid":"vm-y","node":"node1"}`, reason: buckets.ReasonVersion},
-		"ReportForOtherNode":  {key: "node1.vm-z", value: `{"protocolVersion":1,"uid":"vm-z","node":"node2"}`, reason: buckets.ReasonMismatch},
-		"KeyWithoutNodeToken": {key: "vm-q", value: `{"protocolVersion":1,"uid":"vm-q","node":"node1"}`, reason: buckets.ReasonKey},
+		"CorruptValue":        {key: "node1.vm-x", value: `not json`, reason: natswire.ReasonDecode},
+		"NewerVersion":        {key: "node1.vm-y", value: `{"protocolVersion":2,"uid":"vm-y","node":"node1"}`, reason: natswire.ReasonVersion},
+		"ReportForOtherNode":  {key: "node1.vm-z", value: `{"protocolVersion":1,"uid":"vm-z","node":"node2"}`, reason: natswire.ReasonMismatch},
+		"KeyWithoutNodeToken": {key: "vm-q", value: `{"protocolVersion":1,"uid":"vm-q","node":"node1"}`, reason: natswire.ReasonKey},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -215,11 +214,11 @@ func TestWatchReportsRoutesVolumeReports(t *testing.T) {
 		key, value string
 		reason     string
 	}{
-		"CorruptVolumeReport":       {key: "node1.volume.vol-x", value: `not json`, reason: buckets.ReasonDecode},
-		"NewerVolumeReport":         {key: "node1.volume.vol-y", value: `{"protocolVersion":2,"uid":"vol-y"}`, reason: buckets.ReasonVersion},
-		"VolumeReportForOtherUID":   {key: "node1.volume.vol-z", value: `{"protocolVersion":1,"uid":"vol-other"}`, reason: buckets.ReasonMismatch},
-		"GuestReportUnderVolumeKey": {key: "node1.volume.vol-w", value: `{"protocolVersion":1,"node":"node1"}`, reason: buckets.ReasonKey},
-		"UnknownKindOfKey":          {key: "node1.network.net-a", value: `{"protocolVersion":1,"uid":"net-a","node":"node1"}`, reason: buckets.ReasonKey},
+		"CorruptVolumeReport":       {key: "node1.volume.vol-x", value: `not json`, reason: natswire.ReasonDecode},
+		"NewerVolumeReport":         {key: "node1.volume.vol-y", value: `{"protocolVersion":2,"uid":"vol-y"}`, reason: natswire.ReasonVersion},
+		"VolumeReportForOtherUID":   {key: "node1.volume.vol-z", value: `{"protocolVersion":1,"uid":"vol-other"}`, reason: natswire.ReasonMismatch},
+		"GuestReportUnderVolumeKey": {key: "node1.volume.vol-w", value: `{"protocolVersion":1,"node":"node1"}`, reason: natswire.ReasonKey},
+		"UnknownKindOfKey":          {key: "node1.network.net-a", value: `{"protocolVersion":1,"uid":"net-a","node":"node1"}`, reason: natswire.ReasonKey},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -262,11 +261,11 @@ func TestWatchReportsRoutesImageReports(t *testing.T) {
 		key, value string
 		reason     string
 	}{
-		"CorruptImageReport":          {key: "node1.image.img-x", value: `not json`, reason: buckets.ReasonDecode},
-		"NewerImageReport":            {key: "node1.image.img-y", value: `{"protocolVersion":2,"uid":"img-y"}`, reason: buckets.ReasonVersion},
-		"ImageReportForOtherUID":      {key: "node1.image.img-z", value: `{"protocolVersion":1,"uid":"img-other","node":"node1","phase":"Ready"}`, reason: buckets.ReasonMismatch},
-		"ImageReportOfAnotherNode":    {key: "node1.image.img-n", value: `{"protocolVersion":1,"uid":"img-n","node":"node2","phase":"Ready"}`, reason: buckets.ReasonMismatch},
-		"ImageReportWithUnknownPhase": {key: "node1.image.img-p", value: `{"protocolVersion":1,"uid":"img-p","node":"node1","phase":"Pruned"}`, reason: buckets.ReasonDecode},
+		"CorruptImageReport":          {key: "node1.image.img-x", value: `not json`, reason: natswire.ReasonDecode},
+		"NewerImageReport":            {key: "node1.image.img-y", value: `{"protocolVersion":2,"uid":"img-y"}`, reason: natswire.ReasonVersion},
+		"ImageReportForOtherUID":      {key: "node1.image.img-z", value: `{"protocolVersion":1,"uid":"img-other","node":"node1","phase":"Ready"}`, reason: natswire.ReasonMismatch},
+		"ImageReportOfAnotherNode":    {key: "node1.image.img-n", value: `{"protocolVersion":1,"uid":"img-n","node":"node2","phase":"Ready"}`, reason: natswire.ReasonMismatch},
+		"ImageReportWithUnknownPhase": {key: "node1.image.img-p", value: `{"protocolVersion":1,"uid":"img-p","node":"node1","phase":"Pruned"}`, reason: natswire.ReasonDecode},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

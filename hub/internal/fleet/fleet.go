@@ -16,7 +16,7 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
-	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // NodeStatus is what the hub knows of one node.
@@ -81,7 +81,7 @@ func New(b bus.Bus, log logging.Logger) *Fleet {
 		log:           log,
 		now:           time.Now,
 		started:       time.Now(),
-		unknownAfter:  buckets.DefaultNodeTTL,
+		unknownAfter:  natswire.DefaultNodeTTL,
 		reports:       map[string]Report{},
 		volumeReports: map[string]VolumeReport{},
 		imageReports:  map[string]map[string]ImageReport{},

@@ -14,7 +14,7 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
-	"github.com/virtfleet/virtfleet/internal/buckets"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // clock is a settable time.
@@ -278,8 +278,8 @@ func TestAnUnknownNode(t *testing.T) {
 		sinceStart time.Duration
 		wantLost   bool
 	}{
-		"IsNotLostWhileLiveNodesMayStillBeUnheardOf": {sinceStart: buckets.DefaultNodeTTL - time.Second},
-		"IsLostOnceEveryLiveNodeHasHadTimeToBeHeard": {sinceStart: buckets.DefaultNodeTTL + time.Second, wantLost: true},
+		"IsNotLostWhileLiveNodesMayStillBeUnheardOf": {sinceStart: natswire.DefaultNodeTTL - time.Second},
+		"IsLostOnceEveryLiveNodeHasHadTimeToBeHeard": {sinceStart: natswire.DefaultNodeTTL + time.Second, wantLost: true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -12,8 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
-	"github.com/virtfleet/virtfleet/internal/buckets"
-	"github.com/virtfleet/virtfleet/internal/natsauth"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // Target is a NATS server as a ProviderConfig names it.
@@ -35,7 +34,7 @@ func (t Target) key() string {
 type Pool struct {
 	ctx     context.Context
 	log     logging.Logger
-	buckets buckets.Config
+	buckets natswire.BucketConfig
 	onNew   func(*Fleet)
 
 	mu     sync.Mutex
@@ -44,7 +43,7 @@ type Pool struct {
 
 // NewPool returns a Pool whose fleets live until ctx is done. onNew is called
 // with each new Fleet before its watches start, to subscribe to it.
-func NewPool(ctx context.Context, log logging.Logger, b buckets.Config, onNew func(*Fleet)) *Pool {
+func NewPool(ctx context.Context, log logging.Logger, b natswire.BucketConfig, onNew func(*Fleet)) *Pool {
 	return &Pool{ctx: ctx, log: log, buckets: b, onNew: onNew, fleets: map[string]*Fleet{}}
 }
 
@@ -55,9 +54,9 @@ func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
 	if f, ok := p.fleets[t.key()]; ok {
 		return f, nil
 	}
-	opts := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond), nats.Name(natsauth.HubName)}
+	opts := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond), nats.Name(natswire.HubName)}
 	if len(t.Seed) > 0 {
-		id := natsauth.Identity{User: natsauth.User{Name: natsauth.HubName}, InboxPrefix: natsauth.InboxPrefix(natsauth.HubName), Seed: t.Seed}
+		id := natswire.Identity{User: natswire.User{Name: natswire.HubName}, InboxPrefix: natswire.InboxPrefix(natswire.HubName), Seed: t.Seed}
 		auth, err := id.ConnectOptions()
 		if err != nil {
 			return nil, errors.Wrap(err, "cannot use the hub's NATS credentials")

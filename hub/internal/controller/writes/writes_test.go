@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/controlplane"
+	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 )
 
 // counting counts the status updates that reach the API server.

@@ -1,0 +1,449 @@
+// Package benchmark measures virtfleet on the real stack (kube-apiserver,
+// NATS, the hub and agents as processes, libvirtd on the test driver): how
+// fast VMs reach Running one by one and in bursts, what that costs in API
+// writes, memory and CPU, and how the rate compares with two limits measured
+// in the same run, raw libvirt and the control plane itself. `make bench`
+// runs it through bench/.
+package benchmark
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/bench/workload"
+	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
+	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/testing/stack"
+)
+
+// Options size the run.
+type Options struct {
+	// Density VMs are created DensityInterval apart over DensityNodes nodes;
+	// 0 skips the density scenario.
+	Density         int
+	DensityNodes    int
+	DensityInterval time.Duration
+	// Sizes are the bursts, each created all at once over Nodes nodes on a
+	// fresh stack; the largest is judged against the burst targets.
+	Sizes []int
+	Nodes int
+	// Limits measures raw libvirt and the control plane after each burst.
+	Limits bool
+	// Dir holds each scenario's stack (logs are kept when one fails).
+	Dir string
+	// Quick marks the harness's own small run in the result.
+	Quick bool
+	// Keep keeps every stack's directory (logs) instead of only failed ones'.
+	Keep bool
+	// Debug makes the hub and agents log at debug level.
+	Debug bool
+	// Progress receives a line per step.
+	Progress io.Writer
+}
+
+// Defaults are the issue's sizes: density 100 VMs 100 ms apart over 3
+// nodes; bursts of 10, 100 and 1000 over 10 nodes.
+func Defaults() Options {
+	return Options{Density: 100, DensityNodes: 3, DensityInterval: 100 * time.Millisecond, Sizes: []int{10, 100, 1000}, Nodes: 10, Limits: true}
+}
+
+// Quick is small enough for a test of the harness on a busy 2-core machine.
+func Quick() Options {
+	return Options{Density: 5, DensityNodes: 2, DensityInterval: 100 * time.Millisecond, Sizes: []int{8}, Nodes: 2, Limits: true, Quick: true}
+}
+
+// The test driver's host as every node's libvirtd reports it, and the
+// agent's default CPU allocation ratio; used to check that a scenario fits.
+const (
+	hostCPUs           = 16
+	hostMemoryBytes    = 3 << 30
+	defaultCPURatio    = 4
+	defaultMemoryRatio = 8
+	// testDomain is the test driver's own running domain "test": 2 vCPUs
+	// and 8 GiB, counted as room that is taken.
+	testDomainVCPU        = 2
+	testDomainMemoryBytes = 8 << 30
+)
+
+// settle is how long the run waits after the last VM is Running before the
+// last snapshot, so the writes that finish the last VMs (the final status
+// update) are counted.
+const settle = 2 * time.Second
+
+// Run runs every scenario and returns the result, targets included.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	r := &Result{Date: time.Now().UTC(), Quick: o.Quick, Machine: ThisMachine()}
+	r.Commit, r.Dirty = Commit()
+	if o.Density > 0 {
+		s, err := runScenario(ctx, o, spec{name: "density", vms: o.Density, nodes: o.DensityNodes, interval: o.DensityInterval})
+		if err != nil {
+			return nil, errors.Wrap(err, "density")
+		}
+		r.Density = &s
+	}
+	sizes := slices.Clone(o.Sizes)
+	slices.Sort(sizes)
+	for _, n := range slices.Compact(sizes) {
+		s, err := runScenario(ctx, o, spec{name: fmt.Sprintf("burst-%d", n), vms: n, nodes: o.Nodes, limits: o.Limits})
+		if err != nil {
+			return nil, errors.Wrapf(err, "burst of %d", n)
+		}
+		r.Bursts = append(r.Bursts, s)
+	}
+	r.Targets = Targets(r)
+	return r, nil
+}
+
+type spec struct {
+	name     string
+	vms      int
+	nodes    int
+	interval time.Duration // 0: all at once
+	limits   bool
+}
+
+// timeout bounds a scenario's wait for Running: generous, since a busy
+// machine should produce a slow result rather than none.
+func (s spec) timeout() time.Duration {
+	return 2*time.Minute + time.Duration(s.vms)*(300*time.Millisecond+s.interval)
+}
+
+func runScenario(ctx context.Context, o Options, sp spec) (Scenario, error) {
+	progress := func(format string, args ...any) {
+		fmt.Fprintf(o.Progress, "%s %-12s %s\n", time.Now().Format("15:04:05"), sp.name, fmt.Sprintf(format, args...))
+	}
+	sc := Scenario{Name: sp.name, VMs: sp.vms, Nodes: sp.nodes, IntervalSeconds: sp.interval.Seconds()}
+	dir, err := os.MkdirTemp(o.Dir, "vf-bench-")
+	if err != nil {
+		return sc, errors.Wrap(err, "cannot create the stack directory")
+	}
+	nodes := make([]string, sp.nodes)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("node%d", i+1)
+	}
+	// One warm-up VM per node besides the measured ones.
+	cpuRatio, memRatio, notes := allocationRatios(sp.vms+sp.nodes, sp.nodes)
+	sc.Notes = append(sc.Notes, notes...)
+	restore, err := setAgentCPURatio(cpuRatio)
+	if err != nil {
+		return sc, err
+	}
+	progress("starting a stack of %d nodes in %s", sp.nodes, dir)
+	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, MemoryAllocationRatio: memRatio, Debug: o.Debug})
+	restore()
+	if err != nil {
+		return sc, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)
+	}
+	failed := true
+	defer func() {
+		s.Stop()
+		if failed || o.Keep {
+			progress("logs kept in %s/logs", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	}()
+	if err := measure(ctx, s, sp, &sc, progress); err != nil {
+		return sc, err
+	}
+	failed = sc.Running != sc.VMs
+	return sc, nil
+}
+
+func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progress func(string, ...any)) error {
+	kube, err := newClient(s.ControlPlane.Config, s.ControlPlane.Client)
+	if err != nil {
+		return err
+	}
+	progress("creating the network and %d Volumes", sp.vms+sp.nodes)
+	if err := fleet.Prepare(ctx, kube, sp.vms+sp.nodes); err != nil {
+		return err
+	}
+	progress("warming up: one VM per node")
+	if err := warmUp(ctx, kube, sp.vms, sp.nodes); err != nil {
+		return err
+	}
+
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	t := newTracker(sp.vms)
+	if err := watchRunning(wctx, kube, t); err != nil {
+		return err
+	}
+	before, err := FetchRequestCounts(ctx, s.ControlPlane.Config)
+	if err != nil {
+		return err
+	}
+	hubBefore, agentsBefore, err := usage(s, sp.nodes)
+	if err != nil {
+		return err
+	}
+
+	progress("creating %d VMs", sp.vms)
+	start := time.Now()
+	pctx, stopProgress := context.WithCancel(ctx)
+	defer stopProgress()
+	go t.report(pctx, start, progressEvery, progress)
+	create := func(ctx context.Context, i int) error {
+		vm := fleet.VM(workload.VMName(i), workload.VolumeName(i))
+		if err := kube.Create(ctx, vm); err != nil {
+			return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
+		}
+		t.markCreated(vm.Name, time.Now())
+		return nil
+	}
+	if sp.interval > 0 {
+		err = paced(ctx, sp.vms, sp.interval, create)
+	} else {
+		err = workload.Parallel(ctx, sp.vms, creators, create)
+	}
+	if err != nil {
+		return err
+	}
+	select {
+	case <-t.done:
+	case <-time.After(sp.timeout()):
+		_, running := t.counts()
+		sc.Notes = append(sc.Notes, fmt.Sprintf("timed out after %s with %d of %d VMs Running", sp.timeout(), running, sp.vms))
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	last := t.lastRunning()
+	_, sc.Running = t.counts()
+	sc.Latency = Summarise(t.latencies())
+	hubPart, nodePart := t.split()
+	sc.CreateToPlaced, sc.PlacedToRunning = Summarise(hubPart), Summarise(nodePart)
+	if sc.Running > 0 {
+		sc.WallSeconds = last.Sub(start).Seconds()
+		sc.VMsPerSecond = float64(sc.Running) / sc.WallSeconds
+	}
+	progress("%d of %d Running after %.2f s (p50 %.3f s, p99 %.3f s)", sc.Running, sp.vms, sc.WallSeconds, sc.Latency.P50, sc.Latency.P99)
+
+	time.Sleep(settle)
+	after, err := FetchRequestCounts(ctx, s.ControlPlane.Config)
+	if err != nil {
+		return err
+	}
+	hubAfter, agentsAfter, err := usage(s, sp.nodes)
+	if err != nil {
+		return err
+	}
+	stopWatch()
+	ours := WritesBetween(before, after, v1alpha1.Group)
+	for k, v := range WritesBetween(before, after, "") {
+		if k.Resource == "events" {
+			ours[k] = v
+		}
+	}
+	sc.VMWritesPerVM = ours.Resource("virtualmachines") / float64(sp.vms)
+	sc.Writes = ours.Breakdown(sp.vms)
+	sc.HubPeakRSSBytes = hubAfter.PeakRSSBytes
+	sc.HubCPUSeconds = hubAfter.CPUSeconds - hubBefore.CPUSeconds
+	sc.HubCPUSecondsPer1000VM = sc.HubCPUSeconds / float64(sp.vms) * 1000
+	sc.AgentPeakRSSBytes = agentsAfter[0].PeakRSSBytes
+	sc.AgentCPUSeconds = agentsAfter[0].CPUSeconds - agentsBefore[0].CPUSeconds
+	for _, a := range agentsAfter {
+		sc.AgentMaxPeakRSSBytes = max(sc.AgentMaxPeakRSSBytes, a.PeakRSSBytes)
+	}
+	if sc.PerNode, err = perNodeCounts(ctx, kube); err != nil {
+		return err
+	}
+	if !sp.limits || sc.Running == 0 {
+		return nil
+	}
+	return limits(ctx, s, sp, sc, progress)
+}
+
+// limits measures both floors on the stack virtfleet just ran on, with the
+// hub and the agents stopped so neither competes for the machine.
+func limits(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progress func(string, ...any)) error {
+	if err := s.StopHub(); err != nil {
+		return err
+	}
+	nodes := make([]string, 0, len(s.Nodes))
+	for n := range s.Nodes {
+		nodes = append(nodes, n)
+	}
+	slices.Sort(nodes)
+	for _, n := range nodes {
+		if err := s.StopAgent(n); err != nil {
+			return err
+		}
+	}
+	progress("raw go-libvirt: %d define+start over %d daemons", sp.vms, len(nodes))
+	daemons := make([]*libvirttest.Node, 0, len(nodes))
+	for _, n := range nodes {
+		daemons = append(daemons, s.Nodes[n])
+	}
+	raw, err := rawLibvirt(ctx, daemons, sp.vms)
+	if err != nil {
+		return errors.Wrap(err, "raw libvirt")
+	}
+	sc.RawLibvirt, sc.RatioToRawLibvirt = &raw, sc.VMsPerSecond/raw.VMsPerSecond
+	writes := int(math.Round(sc.VMWritesPerVM))
+	progress("control plane: %d VMs × %d writes, no hub or agent", sp.vms, writes)
+	kube, err := newClient(s.ControlPlane.Config, s.ControlPlane.Client)
+	if err != nil {
+		return err
+	}
+	cp, err := controlPlane(ctx, kube, namespace, sp.vms, writes)
+	if err != nil {
+		return errors.Wrap(err, "control plane")
+	}
+	sc.ControlPlane, sc.RatioToControlPlane = &cp, sc.VMsPerSecond/cp.VMsPerSecond
+	progress("virtfleet %.1f VMs/s; raw libvirt %.1f (%.0f%%); control plane %.1f (%.0f%%)",
+		sc.VMsPerSecond, raw.VMsPerSecond, 100*sc.RatioToRawLibvirt, cp.VMsPerSecond, 100*sc.RatioToControlPlane)
+	return nil
+}
+
+// paced starts do(i) every interval regardless of how long earlier calls
+// take, so a slow Create does not stretch the schedule.
+func paced(ctx context.Context, n int, interval time.Duration, do func(ctx context.Context, i int) error) error {
+	errs := make(chan error, n)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for i := range n {
+		if i > 0 {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		go func() { errs <- do(ctx, i) }()
+	}
+	var err error
+	for range n {
+		err = errors.Join(err, <-errs)
+	}
+	return err
+}
+
+// warmUp takes one VM per node to Running before the measurement: the first
+// guest on a node also creates the network there, and the hub warms its
+// caches. Placement is least-allocated, so the VMs land one per node. Their
+// writes fall before the first snapshot. The warm-up VMs use the Volumes
+// after the measured VMs' ones.
+func warmUp(ctx context.Context, kube client.Client, first, nodes int) error {
+	vms := make([]*v1alpha1.VirtualMachine, nodes)
+	for i := range vms {
+		vms[i] = fleet.VM(fmt.Sprintf("%s-%d", warmUpName, i), workload.VolumeName(first+i))
+		if err := kube.Create(ctx, vms[i]); err != nil {
+			return errors.Wrap(err, "cannot create a warm-up VM")
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return errors.Wrap(workload.WaitFor(wctx, 100*time.Millisecond, func() (bool, error) {
+		for _, vm := range vms {
+			if err := kube.Get(wctx, client.ObjectKeyFromObject(vm), vm); err != nil {
+				return false, errors.Wrap(err, "cannot get a warm-up VM")
+			}
+			if vm.Status.AtProvider.Phase != v1alpha1.PhaseRunning {
+				return false, nil
+			}
+		}
+		return true, nil
+	}), "the warm-up VMs did not reach Running")
+}
+
+// usage reads the hub's and every agent's counters; agents are in node
+// order, node1 first.
+func usage(s *stack.Stack, nodes int) (ProcessUsage, []ProcessUsage, error) {
+	hub, err := ReadProcessUsage(s.HubPID())
+	if err != nil {
+		return ProcessUsage{}, nil, errors.Wrap(err, "hub")
+	}
+	agents := make([]ProcessUsage, nodes)
+	for i := range nodes {
+		if agents[i], err = ReadProcessUsage(s.AgentPID(fmt.Sprintf("node%d", i+1))); err != nil {
+			return ProcessUsage{}, nil, errors.Wrapf(err, "agent of node%d", i+1)
+		}
+	}
+	return hub, agents, nil
+}
+
+// allocationRatios are the agents' CPU and memory allocation ratios that
+// make room for vms spread evenly over nodes, the defaults when those do,
+// and a note for the report when they had to be raised.
+func allocationRatios(vms, nodes int) (cpu, memory float64, notes []string) {
+	perNode := (vms + nodes - 1) / nodes
+	// Placement is least-allocated, not perfectly even: leave a little room.
+	perNode += perNode/10 + 1
+	cpu, memory = defaultCPURatio, defaultMemoryRatio
+	needCPU := float64(perNode*workload.VCPU + testDomainVCPU)
+	if c := math.Ceil(needCPU / hostCPUs); c > cpu {
+		cpu = c
+		notes = append(notes, fmt.Sprintf("agents' cpu-allocation-ratio raised from %d to %.0f: up to %d VMs of 1 vCPU per node need %.0f vCPUs, the test driver's host has %d CPUs", defaultCPURatio, cpu, perNode, needCPU, hostCPUs))
+	}
+	needMem := float64(int64(perNode)*(64<<20) + testDomainMemoryBytes)
+	if m := math.Ceil(needMem / hostMemoryBytes); m > memory {
+		memory = m
+		notes = append(notes, fmt.Sprintf("agents' memory-allocation-ratio raised from %d to %.0f to fit %d VMs per node", defaultMemoryRatio, memory, perNode))
+	}
+	return cpu, memory, notes
+}
+
+// agentCPURatioEnv is the agent's environment fallback for
+// --cpu-allocation-ratio; the stack passes the environment on to the agents
+// and sets no such flag itself.
+const agentCPURatioEnv = "VIRTFLEET_CPU_ALLOCATION_RATIO"
+
+func setAgentCPURatio(ratio float64) (restore func(), err error) {
+	old, had := os.LookupEnv(agentCPURatioEnv)
+	if err := os.Setenv(agentCPURatioEnv, strconv.FormatFloat(ratio, 'f', -1, 64)); err != nil {
+		return nil, errors.Wrap(err, "cannot set the agents' CPU allocation ratio")
+	}
+	return func() {
+		if had {
+			_ = os.Setenv(agentCPURatioEnv, old)
+			return
+		}
+		_ = os.Unsetenv(agentCPURatioEnv)
+	}, nil
+}
+
+// ThisMachine describes the machine a run is made on, its load included.
+func ThisMachine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version()}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		m.MemoryBytes, _ = parseStatusKiB(string(b), "MemTotal")
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			m.LoadAvgBefore = strings.Join(f[:3], " ")
+		}
+	}
+	return m
+}
+
+// Commit is the tree's HEAD and whether it has uncommitted changes.
+func Commit() (string, bool) {
+	root := controlplane.RepoRoot()
+	out, err := exec.Command("git", "-C", root, "rev-parse", "HEAD").Output()
+	if err != nil {
+		return "unknown", false
+	}
+	status, _ := exec.Command("git", "-C", root, "status", "--porcelain").Output()
+	return strings.TrimSpace(string(out)), len(strings.TrimSpace(string(status))) > 0
+}

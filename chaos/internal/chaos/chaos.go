@@ -1,0 +1,606 @@
+// Package chaos runs the whole system (internal/testing/stack) under a churn of VMs
+// (create, stop, start, delete) and kills, in turn, an agent, the hub, the
+// NATS server and a libvirtd with SIGKILL, then starts each again. After
+// each restart it checks, against every node's libvirtd and the API, that no
+// VM was lost, no guest duplicated or orphaned, and every VM reached the
+// power state its spec asks for within the convergence limit; after an
+// agent's kill, that its node's loss showed in the API within the
+// node-loss limit. `make chaos` runs it through chaos/.
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/digitalocean/go-libvirt"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/testing/stack"
+)
+
+// Fault kinds, in the order a round kills them.
+const (
+	FaultAgent    = "agent"
+	FaultHub      = "hub"
+	FaultNATS     = "nats"
+	FaultLibvirtd = "libvirtd"
+)
+
+// Options size a run. Zero values take the defaults of Defaults.
+type Options struct {
+	VMs   int
+	Nodes int
+	// Rounds is how many times the four kills are repeated.
+	Rounds int
+	// OpsPerSecond is the churn's request rate over all VMs.
+	OpsPerSecond float64
+	// Down is how long the hub, NATS and a libvirtd stay dead. A killed
+	// agent stays dead until its node's loss shows (at most NodeLossWithin
+	// plus a margin).
+	Down time.Duration
+	// ChurnBetween is how long the churn runs alone before each kill.
+	ChurnBetween time.Duration
+	// ConvergeWithin and NodeLossWithin are the limits checked.
+	ConvergeWithin time.Duration
+	NodeLossWithin time.Duration
+	// NodeTTL is the hub's heartbeat TTL; 0 is the production default.
+	NodeTTL time.Duration
+	// Dir holds the stack; Keep keeps it (logs) after a passing run.
+	Dir  string
+	Keep bool
+	// Debug makes the hub and agents log at debug level.
+	Debug bool
+	// Progress receives the progress lines.
+	Progress io.Writer
+	// BeforeCheck, when set, runs after each restart before the checks, with
+	// the churn paused: a test breaks something behind virtfleet's back
+	// there to show the checks catch it.
+	BeforeCheck func(ctx context.Context, s *stack.Stack, fault FaultResult) error
+}
+
+// Defaults are the issue's: 200 VMs on 3 nodes, convergence within 30 s of
+// the restart, node loss visible within 15 s.
+func Defaults() Options {
+	return Options{
+		VMs: 200, Nodes: 3, Rounds: 1, OpsPerSecond: 10,
+		Down: 5 * time.Second, ChurnBetween: 10 * time.Second,
+		ConvergeWithin: 30 * time.Second, NodeLossWithin: 15 * time.Second,
+	}
+}
+
+// FaultResult is what one kill showed.
+type FaultResult struct {
+	Kind   string
+	Target string
+	// Down is how long the component was dead.
+	Down time.Duration
+	// NodeLost is how long after the kill the API first showed a VM of the
+	// lost node with NodeLost; 0 when no node loss was seen.
+	NodeLost time.Duration
+	// Converged is how long after the restart every check passed; 0 when
+	// they did not pass in time.
+	Converged time.Duration
+	// OpsDuring is how many churn requests were made while it was dead.
+	OpsDuring int64
+	Problems  []Problem
+}
+
+// Result of a run.
+type Result struct {
+	VMs, Nodes     int
+	Ops, OpErrors  int64
+	OpsByKind      map[string]int64
+	Faults         []FaultResult
+	ConvergeWithin time.Duration
+	NodeLossWithin time.Duration
+	// Failures are the limits broken and problems found; empty means pass.
+	Failures []string
+}
+
+// Run starts a stack in o.Dir, creates the VMs, churns them and kills each
+// component in turn. An error means the run could not be made; a run that
+// was made and found problems returns them in Result.Failures.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	fillDefaults(&o)
+	progress := func(format string, args ...any) {
+		fmt.Fprintf(o.Progress, "%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+	}
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, errors.Wrap(err, "cannot create the run directory")
+	}
+	dir, err := os.MkdirTemp(o.Dir, "vf-chaos-")
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create the stack directory")
+	}
+	nodes := make([]string, o.Nodes)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("node%d", i+1)
+	}
+	// While a node is lost, new VMs go to the others: leave room for all of
+	// them on one node fewer.
+	restore, err := setEnv(agentCPURatioEnv, strconv.FormatFloat(cpuRatio(o.VMs, o.Nodes), 'f', -1, 64))
+	if err != nil {
+		return nil, err
+	}
+	progress("starting a stack of %d nodes (NATS as its own process) in %s", o.Nodes, dir)
+	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, NATSProcess: true, NodeTTL: o.NodeTTL, Debug: o.Debug, MemoryAllocationRatio: 16})
+	restore()
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)
+	}
+	r := &Result{VMs: o.VMs, Nodes: o.Nodes, ConvergeWithin: o.ConvergeWithin, NodeLossWithin: o.NodeLossWithin}
+	defer func() {
+		s.Stop()
+		if len(r.Failures) > 0 || o.Keep {
+			progress("logs kept in %s/logs", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	}()
+	if err := run(ctx, s, o, r, progress); err != nil {
+		r.Failures = append(r.Failures, "run aborted: "+err.Error())
+		return r, err
+	}
+	return r, nil
+}
+
+func fillDefaults(o *Options) {
+	d := Defaults()
+	if o.VMs == 0 {
+		o.VMs = d.VMs
+	}
+	if o.Nodes == 0 {
+		o.Nodes = d.Nodes
+	}
+	if o.Rounds == 0 {
+		o.Rounds = d.Rounds
+	}
+	if o.OpsPerSecond == 0 {
+		o.OpsPerSecond = d.OpsPerSecond
+	}
+	if o.Down == 0 {
+		o.Down = d.Down
+	}
+	if o.ChurnBetween == 0 {
+		o.ChurnBetween = d.ChurnBetween
+	}
+	if o.ConvergeWithin == 0 {
+		o.ConvergeWithin = d.ConvergeWithin
+	}
+	if o.NodeLossWithin == 0 {
+		o.NodeLossWithin = d.NodeLossWithin
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if o.Dir == "" {
+		o.Dir = os.TempDir()
+	}
+}
+
+// agentCPURatioEnv is the agent's environment fallback for
+// --cpu-allocation-ratio; the stack passes its environment to the agents.
+const agentCPURatioEnv = "VIRTFLEET_CPU_ALLOCATION_RATIO"
+
+// cpuRatio fits every VM (1 vCPU) on nodes-1 nodes of the test driver's 16
+// CPUs, next to its own 2-vCPU domain, with a margin for uneven placement.
+func cpuRatio(vms, nodes int) float64 {
+	per := float64(vms)/float64(max(1, nodes-1))*1.2 + 4
+	return max(4, math.Ceil(per/16))
+}
+
+func setEnv(key, value string) (func(), error) {
+	old, had := os.LookupEnv(key)
+	if err := os.Setenv(key, value); err != nil {
+		return nil, errors.Wrapf(err, "cannot set %s", key)
+	}
+	return func() {
+		if had {
+			_ = os.Setenv(key, old)
+			return
+		}
+		_ = os.Unsetenv(key)
+	}, nil
+}
+
+func run(ctx context.Context, s *stack.Stack, o Options, r *Result, progress func(string, ...any)) error {
+	kube, err := newClient(s.ControlPlane.Config, s.ControlPlane.Client)
+	if err != nil {
+		return err
+	}
+	progress("creating the network and %d Volumes", o.VMs)
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := fleet.Prepare(pctx, kube, o.VMs); err != nil {
+		return errors.Wrap(err, "not every Volume was Ready within 2 minutes")
+	}
+	workers := max(1, min(o.VMs/4, 16))
+	c := newChurn(kube, o.VMs, workers, o.OpsPerSecond)
+	obs := &observer{kube: kube}
+	octx, stopObserving := context.WithCancel(ctx)
+	defer stopObserving()
+	go obs.run(octx, o.Progress, c)
+
+	progress("creating %d VMs", o.VMs)
+	obs.setPhase("create")
+	if err := c.createAll(ctx); err != nil {
+		return err
+	}
+	c.pause()
+	start := time.Now()
+	if _, _, err := converge(ctx, s, kube, c.want(), time.Now(), 3*time.Minute, nil); err != nil {
+		c.resume()
+		return errors.Wrap(err, "the VMs did not all reach Running before the chaos")
+	}
+	c.resume()
+	progress("all %d VMs Running after %s", o.VMs, time.Since(start).Round(100*time.Millisecond))
+
+	cctx, stopChurn := context.WithCancel(ctx)
+	churnDone := make(chan struct{})
+	go func() { c.run(cctx); close(churnDone) }()
+	defer func() { stopChurn(); <-churnDone }()
+
+	nodes := sortedKeys(s.Nodes)
+	for round := range o.Rounds {
+		for _, kind := range []string{FaultAgent, FaultHub, FaultNATS, FaultLibvirtd} {
+			obs.setPhase("churn")
+			if err := sleep(ctx, o.ChurnBetween); err != nil {
+				return err
+			}
+			f := FaultResult{Kind: kind}
+			switch kind {
+			case FaultAgent:
+				f.Target = nodes[round%len(nodes)]
+			case FaultLibvirtd:
+				f.Target = nodes[(round+1)%len(nodes)]
+			}
+			if err := inject(ctx, s, o, c, obs, &f, progress); err != nil {
+				return errors.Wrapf(err, "%s kill", kind)
+			}
+			r.Faults = append(r.Faults, f)
+			judge(r, o, f)
+		}
+	}
+	stopChurn()
+	<-churnDone
+	r.Ops, r.OpErrors = c.ops.Load(), c.errs.Load()
+	r.OpsByKind = map[string]int64{"create": c.kinds[opCreate].Load(), "stop": c.kinds[opStop].Load(), "start": c.kinds[opStart].Load(), "delete": c.kinds[opDelete].Load()}
+	return nil
+}
+
+func judge(r *Result, o Options, f FaultResult) {
+	name := f.Kind
+	if f.Target != "" {
+		name += " " + f.Target
+	}
+	for _, p := range f.Problems {
+		r.Failures = append(r.Failures, fmt.Sprintf("after the %s kill: %s", name, p))
+	}
+	if f.Converged == 0 {
+		r.Failures = append(r.Failures, fmt.Sprintf("after the %s kill: not converged within %s of the restart", name, o.ConvergeWithin))
+	}
+	if f.Kind == FaultAgent && (f.NodeLost == 0 || f.NodeLost > o.NodeLossWithin) {
+		r.Failures = append(r.Failures, fmt.Sprintf("after the %s kill: node loss not visible within %s (seen after %s)", name, o.NodeLossWithin, f.NodeLost))
+	}
+}
+
+// inject kills one component, keeps it dead while the churn goes on,
+// starts it again, then pauses the churn and checks the fleet.
+func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *observer, f *FaultResult, progress func(string, ...any)) error {
+	label := f.Kind
+	if f.Target != "" {
+		label += " " + f.Target
+	}
+	obs.setPhase(label + " dead")
+	opsBefore := c.ops.Load()
+	killed := time.Now()
+	progress("kill -9 %s", label)
+	var restart func() error
+	switch f.Kind {
+	case FaultAgent:
+		s.KillAgent(f.Target)
+		restart = func() error { return s.StartAgent(f.Target) }
+	case FaultHub:
+		s.KillHub()
+		restart = s.StartHub
+	case FaultNATS:
+		s.KillNATS()
+		restart = s.StartNATS
+	case FaultLibvirtd:
+		s.Nodes[f.Target].Kill()
+		restart = func() error { return s.Nodes[f.Target].Restart(ctx) }
+	}
+	// The agent stays dead until its node's loss shows, the others for Down.
+	until := killed.Add(o.Down)
+	if f.Kind == FaultAgent {
+		until = killed.Add(o.NodeLossWithin + 5*time.Second)
+	}
+	for time.Now().Before(until) {
+		if f.NodeLost == 0 {
+			if lost := obs.lostSince(killed); lost > 0 {
+				f.NodeLost = lost
+				progress("node loss visible in the API %s after the kill", lost.Round(100*time.Millisecond))
+				if f.Kind == FaultAgent {
+					break
+				}
+			}
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	if err := restart(); err != nil {
+		return errors.Wrap(err, "cannot restart")
+	}
+	restarted := time.Now()
+	f.Down = restarted.Sub(killed)
+	f.OpsDuring = c.ops.Load() - opsBefore
+	progress("%s restarted after %s; %d churn requests meanwhile", label, f.Down.Round(100*time.Millisecond), f.OpsDuring)
+
+	obs.setPhase(label + " converging")
+	c.pause()
+	defer c.resume()
+	if o.BeforeCheck != nil {
+		if err := o.BeforeCheck(ctx, s, *f); err != nil {
+			return err
+		}
+	}
+	// Wait past the limit, so a slow convergence is measured, not only
+	// failed; but judge against the limit.
+	took, problems, err := converge(ctx, s, obs.kube, c.want(), restarted, o.ConvergeWithin+30*time.Second, progress)
+	f.Problems = problems
+	if err == nil && took <= o.ConvergeWithin {
+		f.Converged = took
+	}
+	if err == nil {
+		progress("converged %s after the restart (%d VMs wanted)", took.Round(100*time.Millisecond), countTrue(c.want()))
+	} else {
+		progress("NOT converged: %v", err)
+	}
+	if f.NodeLost == 0 && f.Kind == FaultAgent {
+		f.NodeLost = obs.lostSince(killed)
+	}
+	return nil
+}
+
+// converge checks the fleet until every check passes or limit after start
+// ends. It returns how long after start that was and the problems that
+// remained; duplicated guests are returned whenever they were seen.
+func converge(ctx context.Context, s *stack.Stack, kube client.Client, want map[string]bool, start time.Time, limit time.Duration, logProblems func(string, ...any)) (time.Duration, []Problem, error) {
+	lastLog := time.Now()
+	var fatal []Problem
+	var last []Problem
+	for {
+		vms, err := listVMs(ctx, kube)
+		if err != nil {
+			return 0, nil, err
+		}
+		doms, err := listDomains(s)
+		if err == nil {
+			last = Check(want, vms, doms)
+			for _, p := range Fatal(last) {
+				if !slices.Contains(fatal, p) {
+					fatal = append(fatal, p)
+				}
+			}
+			if len(last) == 0 {
+				return time.Since(start), fatal, nil
+			}
+		} else {
+			last = []Problem{{Kind: NotConverged, Message: err.Error()}}
+		}
+		if logProblems != nil && time.Since(lastLog) >= 5*time.Second {
+			logProblems("still %d problems %s after the restart, first: %s", len(last), time.Since(start).Round(100*time.Millisecond), last[0])
+			lastLog = time.Now()
+		}
+		if time.Since(start) > limit {
+			for _, p := range fatal {
+				if !slices.Contains(last, p) {
+					last = append(last, p)
+				}
+			}
+			return 0, last, errors.Errorf("%d problems after %s, first: %s", len(last), limit, last[0])
+		}
+		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+			return 0, nil, err
+		}
+	}
+}
+
+func listVMs(ctx context.Context, kube client.Client) ([]VM, error) {
+	l := &v1alpha1.VirtualMachineList{}
+	if err := kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
+		return nil, errors.Wrap(err, "cannot list VirtualMachines")
+	}
+	out := make([]VM, 0, len(l.Items))
+	for i := range l.Items {
+		vm := &l.Items[i]
+		out = append(out, VM{
+			Name:        vm.Name,
+			UID:         string(vm.UID),
+			WantRunning: vm.Spec.ForProvider.Running == nil || *vm.Spec.ForProvider.Running,
+			Deleting:    vm.DeletionTimestamp != nil,
+			Phase:       string(vm.Status.AtProvider.Phase),
+			Node:        vm.Status.AtProvider.Node,
+		})
+	}
+	return out, nil
+}
+
+// listDomains reads every node's domains behind virtfleet's back.
+func listDomains(s *stack.Stack) (map[string][]Domain, error) {
+	out := map[string][]Domain{}
+	for name, n := range s.Nodes {
+		l, err := n.Dial()
+		if err != nil {
+			return nil, errors.Wrapf(err, "node %s", name)
+		}
+		for _, active := range []bool{true, false} {
+			flag := libvirt.ConnectListDomainsInactive
+			if active {
+				flag = libvirt.ConnectListDomainsActive
+			}
+			doms, _, err := l.ConnectListAllDomains(1, flag)
+			if err != nil {
+				_ = l.Disconnect()
+				return nil, errors.Wrapf(err, "cannot list the domains of %s", name)
+			}
+			for _, d := range doms {
+				out[name] = append(out[name], Domain{UUID: uuid.UUID(d.UUID).String(), Name: d.Name, Active: active})
+			}
+		}
+		_ = l.Disconnect()
+	}
+	return out, nil
+}
+
+// observer lists the VMs twice a second for the progress line and for
+// the node-loss time.
+type observer struct {
+	kube  client.Client
+	mu    sync.Mutex
+	phase string
+	// lostAt is when a VM was first seen with NodeLost True (zero: not now).
+	lostAt time.Time
+}
+
+func (ob *observer) setPhase(p string) {
+	ob.mu.Lock()
+	ob.phase = p
+	ob.mu.Unlock()
+}
+
+// lostSince is how long after t node loss was first seen, or 0.
+func (ob *observer) lostSince(t time.Time) time.Duration {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if ob.lostAt.IsZero() || ob.lostAt.Before(t) {
+		return 0
+	}
+	return ob.lostAt.Sub(t)
+}
+
+const observeEvery = 250 * time.Millisecond
+
+func (ob *observer) run(ctx context.Context, w io.Writer, c *churn) {
+	lastLine := time.Now()
+	lastOps := c.ops.Load()
+	lastDone := 0
+	for {
+		if err := sleep(ctx, observeEvery); err != nil {
+			return
+		}
+		l := &v1alpha1.VirtualMachineList{}
+		if err := ob.kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
+			continue
+		}
+		now := time.Now()
+		done, lost := 0, false
+		for i := range l.Items {
+			vm := &l.Items[i]
+			want := v1alpha1.PhaseStopped
+			if vm.Spec.ForProvider.Running == nil || *vm.Spec.ForProvider.Running {
+				want = v1alpha1.PhaseRunning
+			}
+			if vm.DeletionTimestamp == nil && vm.Status.AtProvider.Phase == want {
+				done++
+			}
+			if vm.GetCondition("NodeLost").Status == corev1.ConditionTrue {
+				lost = true
+			}
+		}
+		ob.mu.Lock()
+		if lost && ob.lostAt.IsZero() {
+			ob.lostAt = now
+		} else if !lost {
+			ob.lostAt = time.Time{}
+		}
+		phase := ob.phase
+		ob.mu.Unlock()
+		if now.Sub(lastLine) >= 2*time.Second {
+			ops := c.ops.Load()
+			rate := float64(ops-lastOps) / now.Sub(lastLine).Seconds()
+			nodeLost := ""
+			if lost {
+				nodeLost = ", node lost"
+			}
+			doneRate := float64(done-lastDone) / now.Sub(lastLine).Seconds()
+			fmt.Fprintf(w, "%s   [%s] %d/%d VMs in their wanted state (%+.1f/s), %d churn requests (%.1f/s)%s\n",
+				now.Format("15:04:05"), phase, done, len(l.Items), doneRate, ops, rate, nodeLost)
+			lastLine, lastOps, lastDone = now, ops, done
+		}
+	}
+}
+
+// newClient is a client of its own without client-side rate limiting, as
+// the benchmark's.
+func newClient(cfg *rest.Config, c client.Client) (client.Client, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = -1, 0
+	cl, err := client.New(cfg, client.Options{Scheme: c.Scheme()})
+	return cl, errors.Wrap(err, "cannot create the chaos client")
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+func countTrue(m map[string]bool) int {
+	n := 0
+	for _, v := range m {
+		if v {
+			n++
+		}
+	}
+	return n
+}
+
+// Summary is the run's result as text, one line per kill.
+func Summary(r *Result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "chaos: %d VMs on %d nodes, %d churn requests (%v), %d failed requests retried\n", r.VMs, r.Nodes, r.Ops, r.OpsByKind, r.OpErrors)
+	fmt.Fprintf(&b, "%-16s %8s %12s %12s %8s\n", "kill -9", "down", "node lost", "converged", "ops")
+	for _, f := range r.Faults {
+		name := f.Kind
+		if f.Target != "" {
+			name += " " + f.Target
+		}
+		lost, conv := "-", "FAILED"
+		if f.NodeLost > 0 {
+			lost = f.NodeLost.Round(100 * time.Millisecond).String()
+		}
+		if f.Converged > 0 {
+			conv = f.Converged.Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, "%-16s %8s %12s %12s %8d\n", name, f.Down.Round(100*time.Millisecond), lost, conv, f.OpsDuring)
+	}
+	fmt.Fprintf(&b, "limits: converged within %s of each restart; node loss visible within %s of an agent's kill\n", r.ConvergeWithin, r.NodeLossWithin)
+	if len(r.Failures) == 0 {
+		b.WriteString("PASS: no VM lost, no guest duplicated or orphaned\n")
+	} else {
+		b.WriteString("FAIL:\n")
+		for _, f := range r.Failures {
+			b.WriteString("  " + f + "\n")
+		}
+	}
+	return b.String()
+}

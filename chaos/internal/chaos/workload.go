@@ -1,0 +1,187 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/bench/workload"
+)
+
+// The chaos run's workload (bench/workload) lives in its own namespace.
+const namespace = "chaos"
+
+var fleet = workload.Fleet{Namespace: namespace, Network: "chaos-net", CIDR: "10.30.0.0/16", Creators: 16}
+
+// newVM is the i-th VM, booting from the i-th Volume.
+func newVM(i int) *v1alpha1.VirtualMachine {
+	return fleet.VM(workload.VMName(i), workload.VolumeName(i))
+}
+
+// slot is one VM name the churn owns: what the churn last asked for.
+type slot struct {
+	i        int
+	exists   bool
+	running  bool
+	deleting bool
+}
+
+// churn creates, stops, starts and deletes the VMs at a steady rate. Each
+// slot belongs to one worker, so no two requests for a VM race; the
+// expected state is therefore exact. pause holds the churn between
+// requests so the fleet can converge on a fixed spec.
+type churn struct {
+	kube    client.Client
+	slots   []*slot
+	workers int
+	every   time.Duration // per worker
+	gate    sync.RWMutex
+	ops     atomic.Int64
+	errs    atomic.Int64
+	kinds   [4]atomic.Int64 // create, stop, start, delete
+}
+
+const (
+	opCreate = iota
+	opStop
+	opStart
+	opDelete
+)
+
+func newChurn(kube client.Client, vms, workers int, opsPerSecond float64) *churn {
+	c := &churn{kube: kube, workers: workers, every: time.Duration(float64(workers) / opsPerSecond * float64(time.Second))}
+	for i := range vms {
+		c.slots = append(c.slots, &slot{i: i})
+	}
+	return c
+}
+
+// createAll creates every slot's VM, running.
+func (c *churn) createAll(ctx context.Context) error {
+	return workload.Parallel(ctx, len(c.slots), fleet.Creators, func(ctx context.Context, i int) error {
+		if err := c.kube.Create(ctx, newVM(i)); err != nil {
+			return errors.Wrapf(err, "cannot create VirtualMachine %s", workload.VMName(i))
+		}
+		c.slots[i].exists, c.slots[i].running = true, true
+		return nil
+	})
+}
+
+// run churns until ctx ends.
+func (c *churn) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for w := range c.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			var mine []*slot
+			for i := w; i < len(c.slots); i += c.workers {
+				mine = append(mine, c.slots[i])
+			}
+			tick := time.NewTicker(c.every)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				c.gate.RLock()
+				c.step(ctx, rng, mine[rng.IntN(len(mine))])
+				c.gate.RUnlock()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func (c *churn) pause()  { c.gate.Lock() }
+func (c *churn) resume() { c.gate.Unlock() }
+
+// want is the set of VM names that should exist; call it paused.
+func (c *churn) want() map[string]bool {
+	out := map[string]bool{}
+	for _, s := range c.slots {
+		out[workload.VMName(s.i)] = s.exists && !s.deleting
+	}
+	return out
+}
+
+// step makes one request for s, chosen from its state: a VM that is absent
+// is created, a deleted one is waited for, an existing one is stopped,
+// started or (one time in eight) deleted.
+func (c *churn) step(ctx context.Context, rng *rand.Rand, s *slot) {
+	key := types.NamespacedName{Namespace: namespace, Name: workload.VMName(s.i)}
+	var err error
+	op := -1
+	switch {
+	case s.deleting:
+		// Recreate only once the hub finalized the old one, then at once,
+		// so the fleet stays near its size.
+		err = c.kube.Get(ctx, key, &v1alpha1.VirtualMachine{})
+		if err == nil {
+			return
+		}
+		if !kerrors.IsNotFound(err) {
+			break
+		}
+		s.exists, s.deleting = false, false
+		fallthrough
+	case !s.exists:
+		op = opCreate
+		if err = c.kube.Create(ctx, newVM(s.i)); err == nil {
+			s.exists, s.running = true, true
+		}
+	case rng.IntN(8) == 0:
+		op = opDelete
+		vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: key.Name}}
+		if err = c.kube.Delete(ctx, vm); err == nil {
+			s.deleting = true
+		}
+	default:
+		op = opStart
+		if s.running {
+			op = opStop
+		}
+		patch := fmt.Sprintf(`{"spec":{"forProvider":{"running":%t}}}`, !s.running)
+		vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: key.Name}}
+		if err = c.kube.Patch(ctx, vm, client.RawPatch(types.MergePatchType, []byte(patch))); err == nil {
+			s.running = !s.running
+		}
+	}
+	if op >= 0 && err == nil {
+		c.ops.Add(1)
+		c.kinds[op].Add(1)
+		return
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	// The request may have happened anyway: learn the truth from the API.
+	c.errs.Add(1)
+	c.resync(ctx, s)
+}
+
+func (c *churn) resync(ctx context.Context, s *slot) {
+	vm := &v1alpha1.VirtualMachine{}
+	err := c.kube.Get(ctx, types.NamespacedName{Namespace: namespace, Name: workload.VMName(s.i)}, vm)
+	switch {
+	case kerrors.IsNotFound(err):
+		s.exists, s.deleting = false, false
+	case err == nil:
+		s.exists, s.deleting = true, vm.DeletionTimestamp != nil
+		s.running = vm.Spec.ForProvider.Running == nil || *vm.Spec.ForProvider.Running
+	}
+}

@@ -1,0 +1,531 @@
+// Package stack runs the whole virtfleet system on one machine: a control
+// plane (etcd + kube-apiserver) with the CRDs, an embedded NATS server with
+// per-node credentials, the hub, and one agent per simulated node, each on
+// its own private libvirtd. `make run`, the hub's integration tests and the
+// benchmarks use it. The hub and the agents run as real processes of the
+// binaries built from this tree, each with its own log file, so a test can
+// kill one (SIGKILL, as a crash would) and start it again.
+package stack
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
+	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/testing/natstest"
+)
+
+// Where the hub's NATS credentials live, as examples/providerconfig names them.
+const (
+	SystemNamespace = "virtfleet-system"
+	HubSecretName   = "hub-nats-credentials"
+	HubSecretKey    = "hub.nk"
+)
+
+// Options configure a Stack. Zero values take the defaults.
+type Options struct {
+	// Dir holds the kubeconfig, logs/ and the NATS store. Required.
+	Dir string
+	// Nodes are the simulated hypervisor nodes; default node1..node3.
+	Nodes []string
+	// NATSPort is the NATS server's port; 0 picks a free one.
+	NATSPort int
+	// NodeTTL is the heartbeat TTL; 0 means the production default (10 s).
+	NodeTTL time.Duration
+	// FencingTimeout for deleting VMs on lost nodes; 0 means 60 s.
+	FencingTimeout time.Duration
+	// MemoryAllocationRatio of the agents; the test driver's host has only
+	// 3 GiB, so the default here is 8 (room for dozens of small VMs).
+	MemoryAllocationRatio float64
+	// ImagePruneInterval of the libvirt agents; 0 means theirs (1 m).
+	ImagePruneInterval time.Duration
+	// Progress receives a line per component as it starts.
+	Progress io.Writer
+	// Debug makes the hub and agents log at debug level.
+	Debug bool
+	// Backends names the backend of a node's agent: libvirt (the default, on
+	// a private libvirtd), nova (an in-repo OpenStack API server on
+	// 127.0.0.1) or kubevirt (a second kube-apiserver with KubeVirt's CRDs
+	// and a test controller playing virt-controller).
+	Backends map[string]string
+	// NATSProcess runs NATS as a nats-server process of its own (built from
+	// the module in go.mod) instead of in-process, so it can be killed with
+	// SIGKILL (KillNATS) and started again (StartNATS). NATS is then nil.
+	NATSProcess bool
+}
+
+// Stack is a running system.
+type Stack struct {
+	ControlPlane *controlplane.ControlPlane
+	NATS         *natstest.Server
+	// Nodes are the libvirt nodes' daemons.
+	Nodes map[string]*libvirttest.Node
+	// Backends are the nova and kubevirt nodes' simulated clouds.
+	Backends map[string]Backend
+	// AgentIdentities are the nodes' NATS identities.
+	AgentIdentities map[string]natswire.Identity
+
+	opts  Options
+	hubID natswire.Identity
+	// hubKubeconfig is the hub's Kubernetes identity: its ServiceAccount's
+	// name, with only the rights cluster/deploy grants it.
+	hubKubeconfig string
+	nodeDirs      []string
+	bin           string
+	images        *imageServer
+
+	mu     sync.Mutex
+	hub    *component
+	agents map[string]*component
+	// natsProc is the nats-server process when Options.NATSProcess is set.
+	natsProc *natsProcess
+}
+
+// component is a running hub or agent process.
+type component struct {
+	cmd  *exec.Cmd
+	done chan error
+	log  *os.File
+}
+
+// stop sends sig and waits for the process; SIGTERM is a clean stop, SIGKILL
+// a crash. A process that ignores SIGTERM for 30 s is killed.
+func (c *component) stop(sig syscall.Signal) error {
+	_ = c.cmd.Process.Signal(sig)
+	var err error
+	select {
+	case err = <-c.done:
+	case <-time.After(30 * time.Second):
+		_ = c.cmd.Process.Kill()
+		err = <-c.done
+	}
+	_ = c.log.Close()
+	if sig == syscall.SIGKILL {
+		return nil // the point was to crash it
+	}
+	return errors.Wrap(err, "process did not stop cleanly")
+}
+
+// Start brings everything up; the hub and every agent are running when it
+// returns.
+func Start(ctx context.Context, o Options) (*Stack, error) {
+	if len(o.Nodes) == 0 {
+		o.Nodes = []string{"node1", "node2", "node3"}
+	}
+	if o.MemoryAllocationRatio == 0 {
+		o.MemoryAllocationRatio = 8
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if err := os.MkdirAll(filepath.Join(o.Dir, "logs"), 0o755); err != nil {
+		return nil, errors.Wrap(err, "cannot create the log directory")
+	}
+	s := &Stack{opts: o, Nodes: map[string]*libvirttest.Node{}, Backends: map[string]Backend{}, AgentIdentities: map[string]natswire.Identity{}, agents: map[string]*component{}}
+	if err := s.start(ctx); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Stack) start(ctx context.Context) error {
+	o := s.opts
+	if err := s.build(ctx); err != nil {
+		return err
+	}
+	cpLog, err := os.Create(filepath.Join(o.Dir, "logs", "control-plane.log"))
+	if err != nil {
+		return errors.Wrap(err, "cannot create the control plane log")
+	}
+	// etcd's data and the NATS store live under Dir, so a Stack started on
+	// the Dir of an earlier one finds its resources and intents. The
+	// simulated nodes always start empty: their agents re-create the guests.
+	cpOpts := controlplane.Options{Dir: o.Dir, Progress: o.Progress, Output: cpLog, EtcdDir: filepath.Join(o.Dir, "etcd")}
+	if s.ControlPlane, err = controlplane.Start(ctx, cpOpts); err != nil {
+		return err
+	}
+	logf(o.Progress, "control plane", "kube-apiserver %s", s.ControlPlane.Config.Host)
+
+	if s.hubID, err = natswire.NewHubIdentity(); err != nil {
+		return err
+	}
+	users := []natswire.User{s.hubID.User}
+	for _, n := range o.Nodes {
+		id, err := natswire.NewAgentIdentity(n)
+		if err != nil {
+			return err
+		}
+		s.AgentIdentities[n] = id
+		users = append(users, id.User)
+	}
+	if err := os.MkdirAll(filepath.Join(o.Dir, "nats"), 0o700); err != nil {
+		return errors.Wrap(err, "cannot create the NATS store")
+	}
+	if o.NATSProcess {
+		if err := s.startNATSProcess(ctx, users); err != nil {
+			return err
+		}
+	} else if s.NATS, err = natstest.Start(natstest.Options{StoreDir: filepath.Join(o.Dir, "nats"), Port: o.NATSPort, Users: users}); err != nil {
+		return err
+	}
+	logf(o.Progress, "nats", "%s, JetStream in %s, one identity per node", s.NATSURL(), filepath.Join(o.Dir, "nats"))
+
+	if err := s.configureProvider(ctx); err != nil {
+		return err
+	}
+	if s.hubKubeconfig, err = s.hubIdentity(ctx); err != nil {
+		return err
+	}
+	if s.images, err = startImageServer(); err != nil {
+		return err
+	}
+	logf(o.Progress, "images", "%s (serves the examples' DiskImages)", s.images.url)
+	for _, n := range o.Nodes {
+		if b := s.backend(n); b != driver.BackendLibvirt {
+			if s.Backends[n], err = startBackend(ctx, b, n, filepath.Join(o.Dir, "backends", n)); err != nil {
+				return err
+			}
+			logf(o.Progress, n, "%s: %s", b, s.Backends[n])
+			continue
+		}
+		// Not under Dir: a unix socket path must stay under 108 bytes.
+		dir, err := os.MkdirTemp("", "vf-"+n+"-")
+		if err != nil {
+			return errors.Wrap(err, "cannot create a node directory")
+		}
+		s.nodeDirs = append(s.nodeDirs, dir)
+		if s.Nodes[n], err = libvirttest.StartNode(ctx, dir, n); err != nil {
+			return err
+		}
+		// The daemon lives outside Dir; its log is found with the others.
+		if err := os.Symlink(s.Nodes[n].LogPath(), s.logPath("libvirtd-"+n)); err != nil {
+			return errors.Wrap(err, "cannot link the libvirtd log into the log directory")
+		}
+	}
+	if err := s.StartHub(); err != nil {
+		return err
+	}
+	logf(o.Progress, "hub", "log: %s", s.logPath("hub"))
+	for _, n := range o.Nodes {
+		if err := s.StartAgent(n); err != nil {
+			return err
+		}
+		logf(o.Progress, "agent "+n, "%s, log: %s", s.backend(n), s.logPath("agent-"+n))
+	}
+	return s.awaitHeartbeats(ctx)
+}
+
+// awaitHeartbeats makes the buckets and waits until every node's agent has
+// put a heartbeat. Only then does the hub see every node, so that a
+// workload created right after the start is spread over all of them, not
+// over those whose agents came up first. The hub itself makes the buckets
+// only when it first reconciles a VM; until then agents cannot heartbeat.
+// The stack makes them first, as whoever deploys NATS may, with the
+// configuration the hub would give them.
+func (s *Stack) awaitHeartbeats(ctx context.Context) error {
+	opts, err := s.hubID.ConnectOptions()
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(s.NATSURL(), opts...)
+	if err != nil {
+		return errors.Wrap(err, "cannot connect to NATS as the hub")
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return errors.Wrap(err, "cannot use JetStream")
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeTTL: s.opts.NodeTTL}); err != nil {
+		return err
+	}
+	var last error // why the last look was not enough
+	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		kv, err := js.KeyValue(ctx, wire.BucketNodes)
+		if err != nil {
+			last = errors.Wrap(err, "no heartbeat bucket")
+			return false, nil
+		}
+		for _, n := range s.opts.Nodes {
+			if _, err := kv.Get(ctx, n); err != nil {
+				last = errors.Wrapf(err, "no heartbeat of %s", n)
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return errors.Wrapf(errors.Join(err, last), "not every agent put a heartbeat within a minute")
+	}
+	return nil
+}
+
+// configureProvider stores the hub's NATS credentials and the
+// ClusterProviderConfig named default that points at this stack's NATS. Both
+// are updated when a kept run directory already has them.
+func (s *Stack) configureProvider(ctx context.Context) error {
+	kube := s.ControlPlane.Client
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: SystemNamespace}}
+	if err := kube.Create(ctx, ns); err != nil && !kerrors.IsAlreadyExists(err) {
+		return errors.Wrap(err, "cannot create the system namespace")
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: SystemNamespace, Name: HubSecretName}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, kube, secret, func() error {
+		secret.Data = map[string][]byte{HubSecretKey: s.hubID.Seed}
+		return nil
+	}); err != nil {
+		return errors.Wrap(err, "cannot store the hub's NATS credentials")
+	}
+	cpc := &apisv1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	_, err := controllerutil.CreateOrUpdate(ctx, kube, cpc, func() error {
+		cpc.Spec = apisv1alpha1.ProviderConfigSpec{
+			NATSURL: s.NATSURL(),
+			Credentials: apisv1alpha1.NATSCredentials{
+				Source: xpv2.CredentialsSourceSecret,
+				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
+					SecretReference: xpv2.SecretReference{Namespace: SystemNamespace, Name: HubSecretName},
+					Key:             HubSecretKey,
+				}},
+			},
+		}
+		return nil
+	})
+	return errors.Wrap(err, "cannot configure the default ClusterProviderConfig")
+}
+
+// HubServiceAccount is the ServiceAccount cluster/deploy runs the hub as.
+const HubServiceAccount = "system:serviceaccount:" + SystemNamespace + ":virtfleet-hub"
+
+// hubIdentity applies the hub's ClusterRole and ClusterRoleBinding from
+// cluster/deploy and returns a kubeconfig that authenticates as the
+// ServiceAccount they bind, so every test of the stack also proves the
+// deployed hub's RBAC is enough (and the hub asks for nothing more).
+func (s *Stack) hubIdentity(ctx context.Context) (string, error) {
+	dir := filepath.Join(controlplane.RepoRoot(), "cluster", "deploy", "hub")
+	if _, err := s.ControlPlane.Apply(ctx, filepath.Join(dir, "clusterrole.yaml"), filepath.Join(dir, "clusterrolebinding.yaml")); err != nil {
+		return "", errors.Wrap(err, "cannot grant the hub its RBAC")
+	}
+	return s.ControlPlane.AddUser(HubServiceAccount, "system:serviceaccounts", "system:serviceaccounts:"+SystemNamespace, "system:authenticated")
+}
+
+// HubKubeconfig is the kubeconfig the hub runs with.
+func (s *Stack) HubKubeconfig() string { return s.hubKubeconfig }
+
+func (s *Stack) logPath(name string) string {
+	return filepath.Join(s.opts.Dir, "logs", name+".log")
+}
+
+// build compiles the hub and the agent from this tree into Dir/bin.
+func (s *Stack) build(ctx context.Context) error {
+	s.bin = filepath.Join(s.opts.Dir, "bin")
+	for _, cmd := range []string{"hub", "agent"} {
+		build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(s.bin, cmd), "./"+cmd)
+		build.Dir = controlplane.RepoRoot()
+		if out, err := build.CombinedOutput(); err != nil {
+			return errors.Errorf("cannot build %s: %v\n%s", cmd, err, out)
+		}
+	}
+	return nil
+}
+
+// run starts one of the built binaries with its output in logs/name.log.
+func (s *Stack) run(name, binary string, env []string, args ...string) (*component, error) {
+	f, err := os.OpenFile(s.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot open the log of %s", name)
+	}
+	cmd := exec.Command(filepath.Join(s.bin, binary), args...) //nolint:gosec // our own binaries
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), env...)
+	// Never outlive the stack, even if the test binary dies.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = f.Close()
+		return nil, errors.Wrapf(err, "cannot start %s", name)
+	}
+	c := &component{cmd: cmd, done: make(chan error, 1), log: f}
+	go func() { c.done <- cmd.Wait() }()
+	return c, nil
+}
+
+// StartHub starts the hub.
+func (s *Stack) StartHub() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hub != nil {
+		return errors.New("the hub is already running")
+	}
+	args := []string{"--metrics-bind-address=0", "--health-probe-bind-address=0", "--poll=30s"}
+	if s.opts.NodeTTL > 0 {
+		args = append(args, "--node-ttl="+s.opts.NodeTTL.String())
+	}
+	if s.opts.FencingTimeout > 0 {
+		args = append(args, "--fencing-timeout="+s.opts.FencingTimeout.String())
+	}
+	if s.opts.Debug {
+		args = append(args, "--debug")
+	}
+	c, err := s.run("hub", "hub", []string{"KUBECONFIG=" + s.hubKubeconfig}, args...)
+	s.hub = c
+	return err
+}
+
+// StopHub stops the hub cleanly (SIGTERM) and waits for it.
+func (s *Stack) StopHub() error { return s.stopHub(syscall.SIGTERM) }
+
+// KillHub kills the hub with SIGKILL, as a crash would.
+func (s *Stack) KillHub() { _ = s.stopHub(syscall.SIGKILL) }
+
+func (s *Stack) stopHub(sig syscall.Signal) error {
+	s.mu.Lock()
+	c := s.hub
+	s.hub = nil
+	s.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	return c.stop(sig)
+}
+
+// StartAgent starts node's agent.
+func (s *Stack) StartAgent(node string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.agents[node] != nil {
+		return errors.Errorf("the agent of %s is already running", node)
+	}
+	backendArgs, err := s.agentBackendArgs(node)
+	if err != nil {
+		return err
+	}
+	creds := filepath.Join(s.opts.Dir, "credentials", node+".nk")
+	if err := os.MkdirAll(filepath.Dir(creds), 0o700); err != nil {
+		return errors.Wrap(err, "cannot create the credentials directory")
+	}
+	if err := os.WriteFile(creds, s.AgentIdentities[node].Seed, 0o600); err != nil {
+		return errors.Wrap(err, "cannot write the agent's credentials")
+	}
+	args := append([]string{
+		"--node=" + node,
+		"--labels=kubernetes.io/hostname=" + node,
+		"--nats-url=" + s.NATSURL(),
+		"--nats-credentials=" + creds,
+		"--backend=" + s.backend(node),
+		"--debug=" + strconv.FormatBool(s.opts.Debug),
+	}, backendArgs...)
+	c, err := s.run("agent-"+node, "agent", nil, args...)
+	s.agents[node] = c
+	return err
+}
+
+// backend is node's backend name.
+func (s *Stack) backend(node string) string {
+	if b := s.opts.Backends[node]; b != "" {
+		return b
+	}
+	return driver.BackendLibvirt
+}
+
+// agentBackendArgs are the flags that point node's agent at its backend.
+func (s *Stack) agentBackendArgs(node string) ([]string, error) {
+	if b, ok := s.Backends[node]; ok {
+		return b.AgentArgs(), nil
+	}
+	n, ok := s.Nodes[node]
+	if !ok {
+		return nil, errors.Errorf("no node %s in this stack", node)
+	}
+	args := []string{
+		"--libvirt-socket=" + n.Socket,
+		"--libvirt-uri=" + n.URI,
+		"--libvirt-pool=" + libvirttest.Pool,
+		"--image-dir=" + filepath.Join(n.Dir, "images"),
+		"--memory-allocation-ratio=" + strconv.FormatFloat(s.opts.MemoryAllocationRatio, 'f', -1, 64),
+	}
+	if s.opts.ImagePruneInterval > 0 {
+		args = append(args, "--image-prune-interval="+s.opts.ImagePruneInterval.String())
+	}
+	return args, nil
+}
+
+// StopAgent stops node's agent cleanly; its guests keep running.
+func (s *Stack) StopAgent(node string) error { return s.stopAgent(node, syscall.SIGTERM) }
+
+// KillAgent kills node's agent with SIGKILL, as a crash would.
+func (s *Stack) KillAgent(node string) { _ = s.stopAgent(node, syscall.SIGKILL) }
+
+func (s *Stack) stopAgent(node string, sig syscall.Signal) error {
+	s.mu.Lock()
+	c := s.agents[node]
+	delete(s.agents, node)
+	s.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	return c.stop(sig)
+}
+
+// Stop stops everything; state under Dir stays for inspection.
+func (s *Stack) Stop() {
+	s.mu.Lock()
+	nodes := make([]string, 0, len(s.agents))
+	for n := range s.agents {
+		nodes = append(nodes, n)
+	}
+	s.mu.Unlock()
+	for _, n := range nodes {
+		_ = s.StopAgent(n)
+	}
+	_ = s.StopHub()
+	for _, n := range s.Nodes {
+		n.Stop()
+	}
+	for _, b := range s.Backends {
+		b.Stop()
+	}
+	for _, d := range s.nodeDirs {
+		_ = os.RemoveAll(d)
+	}
+	if s.images != nil {
+		s.images.stop()
+	}
+	if s.NATS != nil {
+		s.NATS.Shutdown()
+	}
+	s.stopNATSProcess()
+	if s.ControlPlane != nil {
+		_ = s.ControlPlane.Stop()
+	}
+}
+
+// logf writes the one-line summary of a component.
+func logf(w io.Writer, component, format string, args ...any) {
+	fmt.Fprintf(w, "  %-14s %s\n", component, fmt.Sprintf(format, args...))
+}

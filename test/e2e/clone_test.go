@@ -1,0 +1,102 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/testing/stack"
+)
+
+// TestClone runs the whole system on two nodes and boots a VM from a
+// DiskImage cloned from another VM's root Volume. Placement alone would put
+// the second VM on the emptier node, where the source is not: it must land
+// on the source's node.
+func TestClone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the whole stack; skipped with -short")
+	}
+	h := startStack(t, "vf-clone-", stack.Options{Nodes: []string{"node1", "node2"}})
+	ctx := context.Background()
+
+	h.create(t, volume("a-root"))
+	h.create(t, &v1alpha1.DiskImage{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "a-golden"},
+		Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+			Source: v1alpha1.DiskImageSource{VolumeRef: &v1alpha1.LocalReference{Name: "a-root"}},
+		}},
+	})
+	bRoot := volume("b-root")
+	bRoot.Spec.ForProvider.Source = &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: "a-golden"}}
+	h.create(t, bRoot)
+	h.create(t, cloneTestVM("b", "b-root"))
+
+	t.Run("AVMFromACloneOfAVolumeOnNoNodeWaitsAndSaysWhy", func(t *testing.T) {
+		vm := h.wait(t, "b", 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
+			return vm.GetCondition(xpv2.TypeReady).Message != ""
+		})
+		assert.Equal(t, v1alpha1.PhasePending, vm.Status.AtProvider.Phase)
+		assert.Contains(t, vm.GetCondition(xpv2.TypeReady).Message, "DiskImage a-golden clones Volume a-root, which is on no node yet")
+	})
+
+	var node string
+	t.Run("TheSourceVMRuns", func(t *testing.T) {
+		h.create(t, cloneTestVM("a", "a-root"))
+		node = h.wait(t, "a", 60*time.Second, running).Status.AtProvider.Node
+		require.NotEmpty(t, node)
+	})
+
+	t.Run("TheCloneVMRunsOnTheSourcesNode", func(t *testing.T) {
+		start := time.Now()
+		vm := h.wait(t, "b", 90*time.Second, running)
+		t.Logf("VM b Running %s after VM a", time.Since(start))
+		assert.Equal(t, node, vm.Status.AtProvider.Node, "the image can only be made where a-root is")
+
+		img := &v1alpha1.DiskImage{}
+		require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "a-golden"}, img))
+		assert.True(t, h.cloneNodeHas(t, node, "image_"+string(img.UID)), "the image was cloned on the node")
+		assert.True(t, h.cloneNodeHas(t, node, ns+"_b-root"), "b-root was made from it")
+		assert.False(t, h.cloneNodeHas(t, node, "cloning_"+string(img.UID)), "the clone finished")
+		for _, other := range []string{"node1", "node2"} {
+			if other != node {
+				assert.False(t, h.cloneNodeHas(t, other, "image_"+string(img.UID)), "no copy on %s", other)
+			}
+		}
+	})
+}
+
+// cloneTestVM is a small VM without networks that boots from disk.
+func cloneTestVM(name, disk string) *v1alpha1.VirtualMachine {
+	vm := vmWith(name, disk)
+	vm.Spec.ForProvider.VirtualNetworks = nil
+	return vm
+}
+
+// cloneNodeHas looks behind virtfleet's back for a volume in the node's
+// storage pool.
+func (h *hub) cloneNodeHas(t *testing.T, node, volume string) bool {
+	t.Helper()
+	l, err := h.s.Nodes[node].Dial()
+	require.NoError(t, err)
+	defer func() { _ = l.Disconnect() }()
+	p, err := l.StoragePoolLookupByName(libvirttest.Pool)
+	require.NoError(t, err)
+	_, err = l.StorageVolLookupByName(p, volume)
+	var le libvirt.Error
+	if errors.As(err, &le) && le.Code == uint32(libvirt.ErrNoStorageVol) {
+		return false
+	}
+	require.NoError(t, err)
+	return true
+}
