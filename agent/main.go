@@ -18,6 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/kubevirt"
+	"github.com/virtfleet/virtfleet/agent/driver/libvirt"
+	"github.com/virtfleet/virtfleet/agent/driver/nova"
 	"github.com/virtfleet/virtfleet/agent/internal/app"
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 )
@@ -85,7 +88,7 @@ func run() error {
 		Seed:           seed,
 		RequestTimeout: *timeout,
 		Backend:        *backend,
-		Libvirt: driver.LibvirtConfig{
+		Libvirt: libvirt.Config{
 			Socket:             *socket,
 			URI:                *uri,
 			Pool:               *pool,
@@ -93,13 +96,13 @@ func run() error {
 			ImagePruneInterval: *pruneEvery,
 			ShutdownGrace:      *grace,
 		},
-		Nova: driver.NovaConfig{
+		Nova: nova.Config{
 			CloudsFile:   *clouds,
 			Cloud:        *cloud,
 			Region:       *region,
 			PollInterval: *novaPoll,
 		},
-		KubeVirt: driver.KubeVirtConfig{
+		KubeVirt: kubevirt.Config{
 			Kubeconfig: *kvConfig,
 			Namespace:  *kvNamespace,
 		},

@@ -1,7 +1,6 @@
 package driver
 
 import (
-	"context"
 	"testing"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -30,24 +29,6 @@ func TestErrorKinds(t *testing.T) {
 			assert.Equal(t, tc.terminal, IsTerminal(tc.err))
 			assert.Equal(t, tc.failing, IsFailing(tc.err))
 			assert.Equal(t, tc.inUse, IsInUse(tc.err))
-		})
-	}
-}
-
-func TestRegistry(t *testing.T) {
-	built := errors.New("built")
-	r := Registry{BackendLibvirt: func(context.Context, Config) (Driver, error) { return nil, built }}
-	cases := map[string]struct {
-		backend string
-		want    string
-	}{
-		"RegisteredBackendIsBuilt":   {backend: BackendLibvirt, want: "built"},
-		"UnknownBackendListsChoices": {backend: "xen", want: `unknown backend "xen"; want one of libvirt, nova, kubevirt`},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			_, err := r.New(context.Background(), Config{Backend: tc.backend})
-			assert.EqualError(t, err, tc.want)
 		})
 	}
 }

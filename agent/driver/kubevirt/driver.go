@@ -50,7 +50,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver"
 )
 
-// DefaultNamespace is used when driver.KubeVirtConfig names none.
+// DefaultNamespace is used when Config names none.
 const DefaultNamespace = "default"
 
 // syncTimeout bounds the wait for fresh informers, at start and after an
@@ -95,16 +95,16 @@ type connection struct {
 
 var _ driver.Driver = (*Driver)(nil)
 
-// New connects to the target cluster as cfg.KubeVirt says. It fails when the
+// New connects to the target cluster as cfg says. It fails when the
 // kubeconfig is unusable or the API server does not answer in time, so
 // misconfiguration shows at start-up; later outages are waited out.
-func New(ctx context.Context, cfg driver.Config) (driver.Driver, error) {
+func New(ctx context.Context, cfg Config) (driver.Driver, error) {
 	return Open(ctx, cfg)
 }
 
 // Open is New returning the concrete type.
-func Open(ctx context.Context, cfg driver.Config) (*Driver, error) {
-	rc, err := restConfig(cfg.KubeVirt.Kubeconfig)
+func Open(ctx context.Context, cfg Config) (*Driver, error) {
+	rc, err := restConfig(cfg.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +125,7 @@ func Open(ctx context.Context, cfg driver.Config) (*Driver, error) {
 	}
 	httpClient.Timeout = 2 * time.Second
 	d := &Driver{
-		namespace: cfg.KubeVirt.Namespace,
+		namespace: cfg.Namespace,
 		config:    rc,
 		scheme:    scheme,
 		live:      live,

@@ -45,7 +45,7 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) open() *Driver {
 	e.t.Helper()
-	d, err := Open(context.Background(), driver.Config{Backend: driver.BackendKubeVirt, KubeVirt: driver.KubeVirtConfig{Kubeconfig: cluster.Kubeconfig, Namespace: e.ns}})
+	d, err := Open(context.Background(), Config{Kubeconfig: cluster.Kubeconfig, Namespace: e.ns})
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() { _ = d.Close() })
 	return d

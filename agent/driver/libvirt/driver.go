@@ -17,7 +17,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver"
 )
 
-// Defaults for an empty driver.LibvirtConfig.
+// Defaults for an empty Config.
 const (
 	DefaultSocket        = "/run/libvirt/libvirt-sock"
 	DefaultURI           = "qemu:///system"
@@ -72,16 +72,16 @@ type connection struct {
 
 var _ driver.Driver = (*Driver)(nil)
 
-// New connects to libvirtd as cfg.Libvirt says. It fails when the daemon
+// New connects to libvirtd as cfg says. It fails when the daemon
 // cannot be reached, so misconfiguration shows at start-up; later outages are
 // retried on every call.
-func New(ctx context.Context, cfg driver.Config) (driver.Driver, error) {
+func New(ctx context.Context, cfg Config) (driver.Driver, error) {
 	return Open(ctx, cfg)
 }
 
 // Open is New returning the concrete type.
-func Open(ctx context.Context, cfg driver.Config) (*Driver, error) {
-	lc := cfg.Libvirt
+func Open(ctx context.Context, cfg Config) (*Driver, error) {
+	lc := cfg
 	d := &Driver{
 		node:       cfg.Node,
 		socket:     or(lc.Socket, DefaultSocket),

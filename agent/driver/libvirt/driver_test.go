@@ -21,11 +21,7 @@ const testPool = "default-pool"
 
 func open(t testing.TB, n *libvirttest.Node) *Driver {
 	t.Helper()
-	d, err := Open(context.Background(), driver.Config{
-		Backend: driver.BackendLibvirt,
-		Node:    n.Name,
-		Libvirt: driver.LibvirtConfig{Socket: n.Socket, URI: n.URI, Pool: testPool, ShutdownGrace: 50 * time.Millisecond},
-	})
+	d, err := Open(context.Background(), Config{Node: n.Name, Socket: n.Socket, URI: n.URI, Pool: testPool, ShutdownGrace: 50 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = d.Close() })
 	return d

@@ -50,7 +50,7 @@ type clients struct {
 // connect authenticates as cfg says and finds the region's endpoints. The
 // provider client re-authenticates by itself when a token expires
 // (AllowReauth), and retries as retryRequest says.
-func connect(ctx context.Context, cfg driver.NovaConfig) (*clients, error) {
+func connect(ctx context.Context, cfg Config) (*clients, error) {
 	ao, eo, tlsConfig, err := authOptions(cfg)
 	if err != nil {
 		return nil, err
@@ -90,7 +90,7 @@ func connect(ctx context.Context, cfg driver.NovaConfig) (*clients, error) {
 // cfg.CloudsFile (or the standard clouds.yaml locations), else the OS_*
 // environment variables. Errors name the flag to fix and never quote the
 // file, which holds a password.
-func authOptions(cfg driver.NovaConfig) (gophercloud.AuthOptions, gophercloud.EndpointOpts, *tls.Config, error) {
+func authOptions(cfg Config) (gophercloud.AuthOptions, gophercloud.EndpointOpts, *tls.Config, error) {
 	if cfg.Cloud == "" && os.Getenv("OS_CLOUD") == "" && cfg.CloudsFile == "" {
 		ao, err := openstack.AuthOptionsFromEnv()
 		if err != nil {

@@ -123,23 +123,23 @@ type leftover struct{ keypair, flavor string }
 
 var _ driver.Driver = (*Driver)(nil)
 
-// New authenticates to the cloud cfg.Nova names and lists the agent's
+// New authenticates to the cloud cfg names and lists the agent's
 // servers. It fails when the cloud cannot be reached or refuses the
 // credentials, so misconfiguration shows at start-up; later outages are
 // retried on every call.
-func New(ctx context.Context, cfg driver.Config) (driver.Driver, error) {
+func New(ctx context.Context, cfg Config) (driver.Driver, error) {
 	return Open(ctx, cfg)
 }
 
 // Open is New returning the concrete type.
-func Open(ctx context.Context, cfg driver.Config) (*Driver, error) {
-	c, err := connect(ctx, cfg.Nova)
+func Open(ctx context.Context, cfg Config) (*Driver, error) {
+	c, err := connect(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	d := &Driver{
 		node:       cfg.Node,
-		poll:       cfg.Nova.PollInterval,
+		poll:       cfg.PollInterval,
 		c:          c,
 		now:        time.Now,
 		events:     make(chan driver.Event, 256),

@@ -77,8 +77,8 @@ func newCloudWith(t *testing.T, o openstacktest.Options, entry func(*openstackte
 	return &cloud{Server: s, clouds: path}
 }
 
-func (c *cloud) config(node string, poll time.Duration) driver.Config {
-	return driver.Config{Backend: driver.BackendNova, Node: node, Nova: driver.NovaConfig{CloudsFile: c.clouds, Cloud: cloudName, PollInterval: poll}}
+func (c *cloud) config(node string, poll time.Duration) nova.Config {
+	return nova.Config{Node: node, CloudsFile: c.clouds, Cloud: cloudName, PollInterval: poll}
 }
 
 func (c *cloud) open(t *testing.T) *nova.Driver {
@@ -683,17 +683,17 @@ func TestConfiguration(t *testing.T) {
 	wrong := newCloud(t, "not-the-"+password)
 	cases := []struct {
 		name    string
-		cfg     driver.NovaConfig
+		cfg     nova.Config
 		message string
 	}{
-		{name: "UnknownCloud", cfg: driver.NovaConfig{CloudsFile: c.clouds, Cloud: "nope"}, message: `--openstack-cloud: no cloud "nope"`},
-		{name: "MissingFile", cfg: driver.NovaConfig{CloudsFile: "/nonexistent/clouds.yaml", Cloud: cloudName}, message: "--openstack-clouds-file"},
-		{name: "WrongPassword", cfg: driver.NovaConfig{CloudsFile: wrong.clouds, Cloud: cloudName}, message: "cannot authenticate"},
-		{name: "UnknownRegion", cfg: driver.NovaConfig{CloudsFile: c.clouds, Cloud: cloudName, Region: "Mars"}, message: "region \"Mars\""},
+		{name: "UnknownCloud", cfg: nova.Config{CloudsFile: c.clouds, Cloud: "nope"}, message: `--openstack-cloud: no cloud "nope"`},
+		{name: "MissingFile", cfg: nova.Config{CloudsFile: "/nonexistent/clouds.yaml", Cloud: cloudName}, message: "--openstack-clouds-file"},
+		{name: "WrongPassword", cfg: nova.Config{CloudsFile: wrong.clouds, Cloud: cloudName}, message: "cannot authenticate"},
+		{name: "UnknownRegion", cfg: nova.Config{CloudsFile: c.clouds, Cloud: cloudName, Region: "Mars"}, message: "region \"Mars\""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := nova.Open(context.Background(), driver.Config{Node: "n", Nova: tc.cfg})
+			_, err := nova.Open(context.Background(), withNode(tc.cfg, "n"))
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.message)
 			assert.NotContains(t, err.Error(), password)
@@ -715,7 +715,7 @@ func TestNoSecretInLogs(t *testing.T) {
 	}
 	c := newCloud(t, password)
 	wrong := newCloud(t, "wrong-"+password)
-	_, err := nova.Open(context.Background(), driver.Config{Node: "n", Nova: driver.NovaConfig{CloudsFile: wrong.clouds, Cloud: cloudName}})
+	_, err := nova.Open(context.Background(), nova.Config{Node: "n", CloudsFile: wrong.clouds, Cloud: cloudName})
 	require.Error(t, err)
 	record(err)
 
@@ -802,4 +802,9 @@ func TestTLS(t *testing.T) {
 			require.NoError(t, d.Close())
 		})
 	}
+}
+
+func withNode(c nova.Config, node string) nova.Config {
+	c.Node = node
+	return c
 }

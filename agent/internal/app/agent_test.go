@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/nova"
 	"github.com/virtfleet/virtfleet/agent/internal/app"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
@@ -275,7 +276,7 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 	y, err := yaml.Marshal(map[string]any{"clouds": map[string]any{"lab": map[string]any{"auth": map[string]string{"auth_url": "http://127.0.0.1:1/v3"}}}})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(clouds, y, 0o600))
-	nova := func(cfg driver.NovaConfig) func(c *app.Config) {
+	novaBackend := func(cfg nova.Config) func(c *app.Config) {
 		return func(c *app.Config) { c.Backend, c.Nova = driver.BackendNova, cfg }
 	}
 	cases := []struct {
@@ -290,8 +291,8 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 		{name: "SeedThatIsNotOne", change: func(c *app.Config) { c.Seed = []byte("SUnotaseed") }, message: "--nats-credentials"},
 		{name: "UnknownBackend", change: func(c *app.Config) { c.Backend = "xen" }, message: `unknown backend "xen"`},
 		{name: "LibvirtdUnreachable", change: func(c *app.Config) { c.Libvirt.Socket = "/nonexistent/libvirt-sock" }, message: "cannot reach libvirtd"},
-		{name: "NovaCloudsFileMissing", change: nova(driver.NovaConfig{CloudsFile: "/nonexistent/clouds.yaml", Cloud: "lab"}), message: "--openstack-clouds-file"},
-		{name: "NovaUnknownCloud", change: nova(driver.NovaConfig{CloudsFile: clouds, Cloud: "elsewhere"}), message: `--openstack-cloud: no cloud "elsewhere"`},
+		{name: "NovaCloudsFileMissing", change: novaBackend(nova.Config{CloudsFile: "/nonexistent/clouds.yaml", Cloud: "lab"}), message: "--openstack-clouds-file"},
+		{name: "NovaUnknownCloud", change: novaBackend(nova.Config{CloudsFile: clouds, Cloud: "elsewhere"}), message: `--openstack-cloud: no cloud "elsewhere"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

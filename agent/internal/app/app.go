@@ -29,9 +29,6 @@ import (
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
-// backends are the drivers this agent binary is built with.
-var backends = driver.Registry{driver.BackendLibvirt: libvirt.New, driver.BackendNova: nova.New, driver.BackendKubeVirt: kubevirt.New}
-
 // reconnectWait is the pause between attempts to reach a NATS server. The
 // agent retries forever: a node must keep its guests and come back on its own
 // however long the wire is down.
@@ -57,13 +54,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer nc.Close()
 
-	drv, err := backends.New(ctx, driver.Config{
-		Backend:  cfg.Backend,
-		Node:     cfg.Node,
-		Libvirt:  cfg.Libvirt,
-		Nova:     cfg.Nova,
-		KubeVirt: cfg.KubeVirt,
-	})
+	drv, err := newDriver(ctx, cfg)
 	if err != nil {
 		return errors.Wrap(err, "cannot start driver")
 	}
@@ -192,4 +183,22 @@ func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 // allows would let placement overshoot it.
 func scale(v int64, ratio float64) int64 {
 	return int64(math.Floor(float64(v) * ratio))
+}
+
+// newDriver is the one factory that turns the configured backend into a
+// Driver; the reconciler above it knows only driver.Driver.
+func newDriver(ctx context.Context, cfg Config) (driver.Driver, error) {
+	switch cfg.Backend {
+	case driver.BackendLibvirt:
+		lc := cfg.Libvirt
+		lc.Node = cfg.Node
+		return libvirt.New(ctx, lc)
+	case driver.BackendNova:
+		nc := cfg.Nova
+		nc.Node = cfg.Node
+		return nova.New(ctx, nc)
+	case driver.BackendKubeVirt:
+		return kubevirt.New(ctx, cfg.KubeVirt)
+	}
+	return nil, errors.Errorf("unknown backend %q; want one of %s, %s, %s", cfg.Backend, driver.BackendLibvirt, driver.BackendNova, driver.BackendKubeVirt)
 }

@@ -10,6 +10,9 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/kubevirt"
+	"github.com/virtfleet/virtfleet/agent/driver/libvirt"
+	"github.com/virtfleet/virtfleet/agent/driver/nova"
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/natswire"
@@ -49,9 +52,9 @@ type Config struct {
 	// Backend is the driver to run; default libvirt. Only the named
 	// backend's configuration is read.
 	Backend  string
-	Libvirt  driver.LibvirtConfig
-	Nova     driver.NovaConfig
-	KubeVirt driver.KubeVirtConfig
+	Libvirt  libvirt.Config
+	Nova     nova.Config
+	KubeVirt kubevirt.Config
 
 	// HeartbeatInterval between heartbeats; default 2 s. It must stay well
 	// within the nodes bucket's TTL (10 s by default).

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/libvirt"
 	"github.com/virtfleet/virtfleet/agent/internal/app"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/natswire"
@@ -75,7 +75,7 @@ func (f *fleet) config(node string) app.Config {
 		NATSURLs:          []string{f.srv.URL()},
 		Seed:              f.ids[node].Seed,
 		RequestTimeout:    500 * time.Millisecond,
-		Libvirt:           driver.LibvirtConfig{Socket: h.Socket, URI: h.URI, Pool: testPool, ShutdownGrace: 50 * time.Millisecond},
+		Libvirt:           libvirt.Config{Socket: h.Socket, URI: h.URI, Pool: testPool, ShutdownGrace: 50 * time.Millisecond},
 		HeartbeatInterval: 250 * time.Millisecond,
 		Log:               testLog(),
 	}

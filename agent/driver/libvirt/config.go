@@ -1,0 +1,29 @@
+package libvirt
+
+import "time"
+
+// Config configures the libvirt backend.
+type Config struct {
+	// Node is the name of the node the agent runs on, reported in
+	// Observation.Node.
+	Node string
+	// Socket is libvirtd's unix socket; empty means /run/libvirt/libvirt-sock.
+	Socket string
+	// URI is the libvirt connection URI; empty means qemu:///system.
+	URI string
+	// Pool is the storage pool for volumes without one, the cloud-init seed
+	// and swap; empty means "default".
+	Pool string
+	// ShutdownGrace is how long a guest may take to shut down on ACPI before
+	// it is forced off; zero means two minutes.
+	ShutdownGrace time.Duration
+	// ImageDir holds image downloads until they are verified and imported.
+	// It belongs to this agent alone: at start, downloads an earlier agent
+	// left behind when it was killed are removed. Empty means a directory of
+	// the system's temporary directory, which is not cleaned.
+	ImageDir string
+	// ImagePruneInterval is how often unused images are looked for and
+	// pruned once past their PruneAfter; zero means one minute. An image
+	// thus goes at most one interval after its PruneAfter.
+	ImagePruneInterval time.Duration
+}
