@@ -138,9 +138,9 @@ func Run(ctx context.Context, c Config) error {
 		return errors.Wrap(err, "cannot set up the CRD gate")
 	}
 
-	notifier := virtualmachine.NewNotifier()
-	volumes := virtualmachine.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
-	images := virtualmachine.NewNotifierFor(func() client.Object { return &v1alpha1.DiskImage{} })
+	notifier := fleet.NewNotifier()
+	volumes := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
+	images := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.DiskImage{} })
 	leftovers := volume.NewLeftovers(mgr.GetClient(), mgr.GetAPIReader(), log)
 	if err := leftovers.Setup(ctx, mgr); err != nil {
 		return err

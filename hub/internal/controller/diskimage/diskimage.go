@@ -26,26 +26,34 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
-	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
+
+// SetupGated adds the DiskImage controller once the CRD is established, with
+// the nodes' image reports (see NewKind).
+func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, notifier *fleet.Notifier) error {
+	return inuse.SetupGated(mgr, o, NewKind(mgr.GetClient(), pool, notifier))
+}
 
 // NewKind is Kind with the nodes' image reports: it reads them from the
 // fleets of pool, reached through each DiskImage's ProviderConfig, and is
 // woken by notifier, which the Pool's fleets must feed with
 // Fleet.SubscribeImages.
-func NewKind(kube client.Client, pool *fleet.Pool, notifier *virtualmachine.Notifier) inuse.Kind[*v1alpha1.DiskImage] {
+func NewKind(kube client.Client, pool *fleet.Pool, notifier *fleet.Notifier) inuse.Kind[*v1alpha1.DiskImage] {
 	r := &reports{configs: providerconfig.NewResolver(kube), pool: pool, notifier: notifier}
 	k := Kind
 	k.Observe = func(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) (xpv2.Condition, error) {
@@ -63,7 +71,7 @@ func NewKind(kube client.Client, pool *fleet.Pool, notifier *virtualmachine.Noti
 type reports struct {
 	configs  *providerconfig.Resolver
 	pool     *fleet.Pool
-	notifier *virtualmachine.Notifier
+	notifier *fleet.Notifier
 }
 
 // of returns every node's report of img. A DiskImage being deleted whose
@@ -102,19 +110,7 @@ var Kind = inuse.Kind[*v1alpha1.DiskImage]{
 	GroupKind:        v1alpha1.DiskImageGroupKind,
 	GroupVersionKind: v1alpha1.DiskImageGroupVersionKind,
 	New:              func() *v1alpha1.DiskImage { return &v1alpha1.DiskImage{} },
-	User: inuse.User{
-		Kind:    v1alpha1.VolumeKind,
-		New:     func() client.Object { return &v1alpha1.Volume{} },
-		NewList: func() client.ObjectList { return &v1alpha1.VolumeList{} },
-		Index:   virtualmachine.IndexImages,
-		Uses: func(o client.Object) []string {
-			v, ok := o.(*v1alpha1.Volume)
-			if !ok || v.Spec.ForProvider.Source == nil || v.Spec.ForProvider.Source.DiskImageRef == nil {
-				return nil
-			}
-			return []string{string(v.Spec.ForProvider.Source.DiskImageRef.Name)}
-		},
-	},
+	User:             index.ImageUsers,
 	// A VM's phase says how the import of its boot image goes.
 	Related: []inuse.Related{{Object: &v1alpha1.VirtualMachine{}, Names: imagesOf}},
 	Observe: Observe,
@@ -221,7 +217,7 @@ func observeUsers(ctx context.Context, kube client.Reader, img *v1alpha1.DiskIma
 		if n := v.GetAnnotations()[v1alpha1.AnnotationNode]; n != "" {
 			nodes[n] = true
 		}
-		vms, err := virtualmachine.Users(ctx, kube, virtualmachine.IndexVolumes, v)
+		vms, err := index.VirtualMachines(ctx, kube, index.VolumeUsers, v)
 		if err != nil {
 			return xpv2.Condition{}, err
 		}

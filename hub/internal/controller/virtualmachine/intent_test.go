@@ -17,6 +17,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 )
 
 func vm(mods ...func(*v1alpha1.VirtualMachine)) *v1alpha1.VirtualMachine {
@@ -295,19 +296,8 @@ func TestCloneUsersOfWakesTheVMsWaitingForTheSource(t *testing.T) {
 		m.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "c-root"}}
 	})
 	kube := fake.NewClientBuilder().WithScheme(s).
-		WithIndex(&v1alpha1.VirtualMachine{}, IndexVolumes, func(o client.Object) []string {
-			var out []string
-			for _, a := range o.(*v1alpha1.VirtualMachine).Spec.ForProvider.DiskAttachments { //nolint:forcetypeassert // indexed type
-				out = append(out, string(a.Name))
-			}
-			return out
-		}).
-		WithIndex(&v1alpha1.Volume{}, IndexImages, func(o client.Object) []string {
-			if src := o.(*v1alpha1.Volume).Spec.ForProvider.Source; src != nil && src.DiskImageRef != nil { //nolint:forcetypeassert // indexed type
-				return []string{string(src.DiskImageRef.Name)}
-			}
-			return nil
-		}).
+		WithIndex(&v1alpha1.VirtualMachine{}, index.VolumeUsers.Index, index.VolumeUsers.Uses).
+		WithIndex(&v1alpha1.Volume{}, index.ImageUsers.Index, index.ImageUsers.Uses).
 		WithObjects(waiting, other, volFrom("b-root", "", "golden"), volFrom("c-root", "", "silver"),
 			cloneImage("golden", "a-root"), cloneImage("silver", "elsewhere"), vol("a-root", "node1")).
 		Build()

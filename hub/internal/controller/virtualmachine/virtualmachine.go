@@ -11,7 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,6 +30,8 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/requeue"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/writes"
@@ -57,22 +59,13 @@ const (
 	ReasonWaiting         event.Reason = "WaitingForDependencies"
 )
 
-// Field indexes of VirtualMachines by what they use, so a new Volume or
-// VirtualNetwork wakes exactly the VMs waiting for it.
-const (
-	IndexVolumes  = "spec.forProvider.diskAttachments.name"
-	IndexNetworks = "spec.forProvider.virtualNetworks"
-	// IndexImages indexes Volumes, not VirtualMachines, by their DiskImage.
-	IndexImages = "spec.forProvider.source.diskImageRef.name"
-)
-
 // Options of the VirtualMachine controller.
 type Options struct {
 	Pool   *fleet.Pool
 	Placer *placement.Placer
 	// Notifier turns report changes into reconciles; it must be the one the
 	// Pool's fleets report to.
-	Notifier *Notifier
+	Notifier *fleet.Notifier
 	// FencingTimeout is how long a VM whose node is lost waits in deletion
 	// before it is finalized without the node confirming the guest is gone.
 	FencingTimeout time.Duration
@@ -144,9 +137,9 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 	}
 	r := managed.NewReconciler(mgr, resource.ManagedKind(v1alpha1.VirtualMachineGroupVersionKind), opts...)
 
-	waiting := func(index string) handler.EventHandler {
+	waiting := func(u inuse.User) handler.EventHandler {
 		return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			return usersOf(ctx, mgr.GetClient(), index, o)
+			return index.Requests(ctx, mgr.GetClient(), u, o)
 		})
 	}
 	copts := o.ForControllerRuntime()
@@ -160,11 +153,11 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		// changed in spec, not when it is bound to the node of a VM that
 		// attaches it; and on any change the VMs booting from a DiskImage
 		// that clones it, which wait for it to be bound.
-		Watches(&v1alpha1.Volume{}, waiting(IndexVolumes), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&v1alpha1.Volume{}, waiting(index.VolumeUsers), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1alpha1.Volume{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return cloneUsersOf(ctx, mgr.GetClient(), o)
 		})).
-		Watches(&v1alpha1.VirtualNetwork{}, waiting(IndexNetworks)).
+		Watches(&v1alpha1.VirtualNetwork{}, waiting(index.NetworkUsers)).
 		Watches(&v1alpha1.DiskImage{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
@@ -175,71 +168,15 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 // skipCriticalAnnotations writes nothing; see Setup.
 var skipCriticalAnnotations = managed.CriticalAnnotationUpdateFn(func(context.Context, client.Object) error { return nil })
 
-// IndexUsage lets the Volume and VirtualNetwork controllers, and this one,
-// find the VMs that use a given name.
-func IndexUsage(ctx context.Context, mgr ctrl.Manager) error {
-	err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.VirtualMachine{}, IndexVolumes, func(o client.Object) []string {
-		vm := o.(*v1alpha1.VirtualMachine) //nolint:forcetypeassert // the indexer is registered for this type
-		out := make([]string, 0, len(vm.Spec.ForProvider.DiskAttachments))
-		for _, a := range vm.Spec.ForProvider.DiskAttachments {
-			out = append(out, string(a.Name))
-		}
-		return out
-	})
-	if err != nil {
-		return errors.Wrap(err, "cannot index VirtualMachines by Volume")
-	}
-	err = mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.VirtualMachine{}, IndexNetworks, func(o client.Object) []string {
-		vm := o.(*v1alpha1.VirtualMachine) //nolint:forcetypeassert // the indexer is registered for this type
-		out := make([]string, 0, len(vm.Spec.ForProvider.VirtualNetworks))
-		for _, n := range vm.Spec.ForProvider.VirtualNetworks {
-			out = append(out, string(n))
-		}
-		return out
-	})
-	if err != nil {
-		return errors.Wrap(err, "cannot index VirtualMachines by VirtualNetwork")
-	}
-	err = mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Volume{}, IndexImages, func(o client.Object) []string {
-		v := o.(*v1alpha1.Volume) //nolint:forcetypeassert // the indexer is registered for this type
-		if src := v.Spec.ForProvider.Source; src != nil && src.DiskImageRef != nil {
-			return []string{string(src.DiskImageRef.Name)}
-		}
-		return nil
-	})
-	return errors.Wrap(err, "cannot index Volumes by DiskImage")
-}
-
-// Users lists the VirtualMachines in o's namespace whose index field names o.
-func Users(ctx context.Context, kube client.Reader, index string, o client.Object) ([]v1alpha1.VirtualMachine, error) {
-	l := &v1alpha1.VirtualMachineList{}
-	if err := kube.List(ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{index: o.GetName()}); err != nil {
-		return nil, errors.Wrap(err, "cannot list VirtualMachines")
-	}
-	return l.Items, nil
-}
-
-func usersOf(ctx context.Context, kube client.Reader, index string, o client.Object) []reconcile.Request {
-	vms, err := Users(ctx, kube, index, o)
-	if err != nil {
-		return nil
-	}
-	out := make([]reconcile.Request, 0, len(vms))
-	for _, vm := range vms {
-		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}})
-	}
-	return out
-}
-
 // imageUsersOf wakes the VMs whose Volumes are made from the DiskImage o.
 func imageUsersOf(ctx context.Context, kube client.Reader, o client.Object) []reconcile.Request {
 	l := &v1alpha1.VolumeList{}
-	if err := kube.List(ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{IndexImages: o.GetName()}); err != nil {
+	if err := kube.List(ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{index.ImageUsers.Index: o.GetName()}); err != nil {
 		return nil
 	}
 	var out []reconcile.Request
 	for i := range l.Items {
-		out = append(out, usersOf(ctx, kube, IndexVolumes, &l.Items[i])...)
+		out = append(out, index.Requests(ctx, kube, index.VolumeUsers, &l.Items[i])...)
 	}
 	return out
 }
@@ -295,7 +232,7 @@ type external struct {
 func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	if meta.WasDeleted(vm) {
-		e.opts.Notifier.placed(string(vm.UID), true)
+		e.opts.Notifier.Placed(string(vm.UID), true)
 		return e.observeDeletion(vm, node), nil
 	}
 	if node == "" {
@@ -304,7 +241,7 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 		}
 		var err error
 		node, err = e.schedule(ctx, vm)
-		e.opts.Notifier.placed(string(vm.UID), node != "")
+		e.opts.Notifier.Placed(string(vm.UID), node != "")
 		if err != nil {
 			return managed.ExternalObservation{}, err
 		}
@@ -583,6 +520,8 @@ func reportMessage(f *fleet.Fleet, uid string) string {
 	}
 	return ""
 }
+
+func now() metav1.Time { return metav1.Now() }
 
 func notReady(phase v1alpha1.Phase, msg string) xpv2.Condition {
 	return xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionFalse, Reason: xpv2.ConditionReason(phase), Message: msg, LastTransitionTime: now()}

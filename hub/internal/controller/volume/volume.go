@@ -1,5 +1,6 @@
-// Package volume removes a deleted Volume's storage from its node. The inuse
-// controller holds a Volume's deletion while VirtualMachines use it; then
+// Package volume reconciles Volumes with the inuse controller: a Volume's
+// users are the VirtualMachines attaching it, and its deletion is held while
+// they do. It also removes a deleted Volume's storage from its node: then
 // Releaser.Release asks the Volume's node to delete the volume, with a
 // VolumeIntent{Absent}, and lets the Volume go once the node reports it gone.
 // The image the volume was made from is then pruned by the node after its
@@ -11,21 +12,58 @@ import (
 	"fmt"
 	"time"
 
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
-	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
 
 // ReasonNodeLost is the event of a Volume let go without its node confirming
 // that the volume is gone.
 const ReasonNodeLost event.Reason = "NodeLost"
+
+// Kind is the Volume kind for the inuse controller, without the release of
+// the volume on its node (see SetupGated).
+var Kind = inuse.Kind[*v1alpha1.Volume]{
+	GroupKind:        v1alpha1.VolumeGroupKind,
+	GroupVersionKind: v1alpha1.VolumeGroupVersionKind,
+	New:              func() *v1alpha1.Volume { return &v1alpha1.Volume{} },
+	User:             index.VolumeUsers,
+	Observe: func(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users []string) (xpv2.Condition, error) {
+		node := v.GetAnnotations()[v1alpha1.AnnotationNode]
+		v.Status.AtProvider.Node, v.Status.AtProvider.AttachedTo = node, users
+		v.Status.AtProvider.Phase = v1alpha1.PhasePending
+		if node != "" {
+			v.Status.AtProvider.Phase = v1alpha1.PhaseRunning
+		}
+		return xpv2.Available(), nil
+	},
+}
+
+// SetupGated adds the Volume controller once the CRD is established: a
+// deleted Volume goes once its node deleted the volume. The Releaser reaches
+// the nodes through pool, gives up on a node lost for longer than fencing,
+// and is woken by notifier, which the pool's fleets must feed with
+// Fleet.SubscribeVolumes.
+func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencing time.Duration, notifier *fleet.Notifier) error {
+	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(managed.ControllerName(v1alpha1.VolumeGroupKind))) //nolint:staticcheck // crossplane-runtime still records through the old events API
+	k := Kind
+	k.Release = NewReleaser(mgr.GetClient(), pool, fencing, notifier, recorder).Release
+	k.Sources = []source.Source{notifier.Source()}
+	return inuse.SetupGated(mgr, o, k)
+}
 
 // Fleets finds the Fleet of a NATS server; *fleet.Pool is one.
 type Fleets interface {
@@ -36,22 +74,22 @@ type Fleets interface {
 type Releaser struct {
 	configs  *providerconfig.Resolver
 	pool     Fleets
-	notifier *virtualmachine.Notifier
+	notifier *fleet.Notifier
 	fencing  time.Duration
 	recorder event.Recorder
 	now      func() time.Time
 }
 
 // NewReleaser returns a Releaser that reaches the nodes through the fleets of
-// vo.Pool, gives up on a node lost for longer than vo.FencingTimeout (as
-// VirtualMachines do), and is woken by notifier, which the Pool's fleets must
-// feed with Fleet.SubscribeVolumes.
-func NewReleaser(kube client.Client, vo virtualmachine.Options, notifier *virtualmachine.Notifier, recorder event.Recorder) *Releaser {
+// pool, gives up on a node lost for longer than fencing (the VMs' fencing
+// timeout), and is woken by notifier, which the pool's fleets must feed with
+// Fleet.SubscribeVolumes.
+func NewReleaser(kube client.Client, pool Fleets, fencing time.Duration, notifier *fleet.Notifier, recorder event.Recorder) *Releaser {
 	return &Releaser{
 		configs:  providerconfig.NewResolver(kube),
-		pool:     vo.Pool,
+		pool:     pool,
 		notifier: notifier,
-		fencing:  vo.FencingTimeout,
+		fencing:  fencing,
 		recorder: recorder,
 		now:      time.Now,
 	}

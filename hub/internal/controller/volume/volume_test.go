@@ -26,7 +26,6 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
-	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
 
@@ -180,7 +179,7 @@ func TestRelease(t *testing.T) {
 					Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone},
 				},
 			}).Build()
-			notifier := virtualmachine.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
+			notifier := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
 			wakeUps := startNotifier(t, notifier)
 			rec := &recorder{}
 			r := &Releaser{
@@ -231,7 +230,7 @@ func TestRelease(t *testing.T) {
 }
 
 // startNotifier delivers the notifier's wake-ups to the returned channel.
-func startNotifier(t *testing.T, n *virtualmachine.Notifier) <-chan reconcile.Request {
+func startNotifier(t *testing.T, n *fleet.Notifier) <-chan reconcile.Request {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())

@@ -1,10 +1,9 @@
-package virtualmachine
+package fleet
 
 import (
 	"sync"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
@@ -14,8 +13,8 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 )
 
-// Notifier turns "the report of guest uid changed" into a reconcile of its
-// VirtualMachine, so status follows the node at once instead of at the next
+// Notifier turns "the report of guest uid changed" (Fleet.Subscribe) into a
+// reconcile of its VirtualMachine, so status follows the node at once instead of at the next
 // poll. It learns which VM a uid belongs to when the VM is reconciled; a
 // report for a VM not reconciled since the hub started is picked up by the
 // reconcile every VM gets at start. NewNotifierFor makes one for another
@@ -75,7 +74,9 @@ func (n *Notifier) NotifyUnplaced(string) {
 	})
 }
 
-func (n *Notifier) placed(uid string, placed bool) {
+// Placed records whether the VM of uid is on a node; NotifyUnplaced
+// notifies the ones that are not.
+func (n *Notifier) Placed(uid string, placed bool) {
 	if placed {
 		n.unplaced.Delete(uid)
 		return
@@ -102,5 +103,3 @@ func (n *Notifier) NotifyAfterIf(uid string, d time.Duration, still func() bool)
 		}
 	})
 }
-
-func now() metav1.Time { return metav1.Now() }

@@ -1,0 +1,110 @@
+// Package index owns the field indexes by which a resource finds the
+// resources that use it: VirtualMachines by the Volumes and VirtualNetworks
+// they attach, Volumes by the DiskImage they are made from. Each index is
+// described once, as the inuse.User of the used kind, so the indexer the
+// manager registers and the names the inuse controller watches for are the
+// same function.
+package index
+
+import (
+	"context"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
+)
+
+// VolumeUsers are the VirtualMachines attaching a Volume, through
+// spec.forProvider.diskAttachments.
+var VolumeUsers = vmUser("spec.forProvider.diskAttachments.name", func(vm *v1alpha1.VirtualMachine) []string {
+	names := make([]string, 0, len(vm.Spec.ForProvider.DiskAttachments))
+	for _, a := range vm.Spec.ForProvider.DiskAttachments {
+		names = append(names, string(a.Name))
+	}
+	return names
+})
+
+// NetworkUsers are the VirtualMachines attached to a VirtualNetwork, through
+// spec.forProvider.virtualNetworks.
+var NetworkUsers = vmUser("spec.forProvider.virtualNetworks", func(vm *v1alpha1.VirtualMachine) []string {
+	names := make([]string, 0, len(vm.Spec.ForProvider.VirtualNetworks))
+	for _, n := range vm.Spec.ForProvider.VirtualNetworks {
+		names = append(names, string(n))
+	}
+	return names
+})
+
+// ImageUsers are the Volumes made from a DiskImage, through
+// spec.forProvider.source.diskImageRef.
+var ImageUsers = inuse.User{
+	Kind:    v1alpha1.VolumeKind,
+	New:     func() client.Object { return &v1alpha1.Volume{} },
+	NewList: func() client.ObjectList { return &v1alpha1.VolumeList{} },
+	Index:   "spec.forProvider.source.diskImageRef.name",
+	Uses: func(o client.Object) []string {
+		v, ok := o.(*v1alpha1.Volume)
+		if !ok || v.Spec.ForProvider.Source == nil || v.Spec.ForProvider.Source.DiskImageRef == nil {
+			return nil
+		}
+		return []string{string(v.Spec.ForProvider.Source.DiskImageRef.Name)}
+	},
+}
+
+// All are the indexes Setup registers.
+var All = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers}
+
+// vmUser describes VirtualMachines as users of what index names.
+func vmUser(index string, uses func(*v1alpha1.VirtualMachine) []string) inuse.User {
+	return inuse.User{
+		Kind:    v1alpha1.VirtualMachineKind,
+		New:     func() client.Object { return &v1alpha1.VirtualMachine{} },
+		NewList: func() client.ObjectList { return &v1alpha1.VirtualMachineList{} },
+		Index:   index,
+		Uses: func(o client.Object) []string {
+			if vm, ok := o.(*v1alpha1.VirtualMachine); ok {
+				return uses(vm)
+			}
+			return nil
+		},
+	}
+}
+
+// Setup registers every index. They serve several controllers, so they must
+// exist before any of them starts, whatever order their gates open in.
+func Setup(ctx context.Context, mgr ctrl.Manager) error {
+	for _, u := range All {
+		if err := mgr.GetFieldIndexer().IndexField(ctx, u.New(), u.Index, u.Uses); err != nil {
+			return errors.Wrapf(err, "cannot index %ss by %s", u.Kind, u.Index)
+		}
+	}
+	return nil
+}
+
+// VirtualMachines lists the VirtualMachines in o's namespace whose field u
+// indexes names o; u is VolumeUsers or NetworkUsers.
+func VirtualMachines(ctx context.Context, kube client.Reader, u inuse.User, o client.Object) ([]v1alpha1.VirtualMachine, error) {
+	l := &v1alpha1.VirtualMachineList{}
+	if err := kube.List(ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{u.Index: o.GetName()}); err != nil {
+		return nil, errors.Wrap(err, "cannot list VirtualMachines")
+	}
+	return l.Items, nil
+}
+
+// Requests are reconcile requests for the VirtualMachines VirtualMachines
+// lists; a failed list requests none.
+func Requests(ctx context.Context, kube client.Reader, u inuse.User, o client.Object) []reconcile.Request {
+	vms, err := VirtualMachines(ctx, kube, u, o)
+	if err != nil {
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(vms))
+	for i := range vms {
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&vms[i])})
+	}
+	return out
+}

@@ -1,0 +1,37 @@
+// Package virtualnetwork reconciles VirtualNetworks with the inuse
+// controller: their users are the VirtualMachines attached to them, and a
+// deletion is held while any is. The nodes make the backing network when a
+// VM there needs it, so there is nothing to release on them.
+package virtualnetwork
+
+import (
+	"context"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
+)
+
+// Kind is the VirtualNetwork kind for the inuse controller.
+var Kind = inuse.Kind[*v1alpha1.VirtualNetwork]{
+	GroupKind:        v1alpha1.VirtualNetworkGroupKind,
+	GroupVersionKind: v1alpha1.VirtualNetworkGroupVersionKind,
+	New:              func() *v1alpha1.VirtualNetwork { return &v1alpha1.VirtualNetwork{} },
+	User:             index.NetworkUsers,
+	Observe: func(_ context.Context, _ client.Reader, n *v1alpha1.VirtualNetwork, users []string) (xpv2.Condition, error) {
+		n.Status.AtProvider.AttachedTo = users
+		n.Status.AtProvider.Phase = v1alpha1.PhaseRunning
+		return xpv2.Available(), nil
+	},
+}
+
+// SetupGated adds the VirtualNetwork controller once the CRD is established.
+func SetupGated(mgr ctrl.Manager, o controller.Options) error {
+	return inuse.SetupGated(mgr, o, Kind)
+}
