@@ -1,5 +1,6 @@
 // Package fake is an in-memory driver.Driver that records its calls and can be
-// told to fail the next call of an operation, for the reconciler's tests.
+// told to fail the next call of an operation, or every call of an operation
+// for one guest, for the reconciler's tests.
 package fake
 
 import (
@@ -26,7 +27,9 @@ type Call struct {
 
 // Driver is a recording in-memory driver. Guests become Running or Stopped at
 // once. Set a Next<Op>Err field to make the next call of that operation
-// return the error (it is then cleared); the call is still recorded.
+// return the error (it is then cleared); Fail makes every call of an
+// operation about one guest fail until it is cleared. A failed call is still
+// recorded, so Attempts counts it.
 type Driver struct {
 	// Node is reported in every Observation.
 	Node string
@@ -46,8 +49,10 @@ type Driver struct {
 	// NextImagesErr fails the next Images.
 	NextImagesErr error
 
-	calls  []Call
-	guests map[string]*guest
+	calls []Call
+	// failures are Fail's errors, by operation and uid.
+	failures map[failure]error
+	guests   map[string]*guest
 	// images are what Images reports, as SetImage left them; imagesCalls
 	// counts Images calls, which are not in calls: the reconciler polls
 	// them on a timer, and tests counting calls must not see that.
@@ -66,16 +71,19 @@ type guest struct {
 	lastNonce string
 }
 
+type failure struct{ op, uid string }
+
 var _ driver.Driver = (*Driver)(nil)
 
 // New returns an empty fake driver for node.
 func New(node string) *Driver {
 	return &Driver{
-		Node:   node,
-		Host:   driver.Capacity{VCPU: 16, MemoryBytes: 64 << 30},
-		guests: map[string]*guest{},
-		images: map[string]driver.ImageStatus{},
-		events: make(chan driver.Event, 64),
+		Node:     node,
+		Host:     driver.Capacity{VCPU: 16, MemoryBytes: 64 << 30},
+		failures: map[failure]error{},
+		guests:   map[string]*guest{},
+		images:   map[string]driver.ImageStatus{},
+		events:   make(chan driver.Event, 64),
 	}
 }
 
@@ -100,12 +108,44 @@ func (d *Driver) SetPhase(uid string, p driver.Phase) {
 	}
 }
 
-// take records a call and returns and clears the error hook for its op.
+// Fail makes every call of op (Ensure, Delete or Observe: the operations
+// about one guest) for guest uid return err, until Fail is called again with
+// a nil err. A Next<Op>Err hook, when set, takes precedence once.
+func (d *Driver) Fail(op, uid string, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err == nil {
+		delete(d.failures, failure{op, uid})
+		return
+	}
+	d.failures[failure{op, uid}] = err
+}
+
+// Attempts counts the calls of op for guest uid so far, failed ones included.
+func (d *Driver) Attempts(op, uid string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, c := range d.calls {
+		if c.Op == op && c.UID == uid {
+			n++
+		}
+	}
+	return n
+}
+
+// take records a call and returns the error it must fail with: the one-shot
+// hook for its op, which it clears, else the guest's persistent one.
 func (d *Driver) take(c Call, next *error) error {
 	d.calls = append(d.calls, c)
-	err := *next
-	*next = nil
-	return err
+	if err := *next; err != nil {
+		*next = nil
+		return err
+	}
+	if c.UID == "" {
+		return nil
+	}
+	return d.failures[failure{c.Op, c.UID}]
 }
 
 // Ensure implements driver.Driver. Like a real backend it applies a new

@@ -36,6 +36,47 @@ func TestDriver(t *testing.T) {
 				assert.Len(t, d.Calls(), 2, "a failed call is still recorded")
 			},
 		},
+		"FailFailsEveryCallOfTheOpForTheGuestUntilCleared": {
+			run: func(d *Driver) error {
+				d.Fail("Ensure", uid, boom)
+				for range 3 {
+					if _, err := d.Ensure(ctx, running); !errors.Is(err, boom) {
+						return errors.Errorf("want boom while failing, got %v", err)
+					}
+				}
+				other := running
+				other.UID = "other"
+				if _, err := d.Ensure(ctx, other); err != nil {
+					return errors.Wrap(err, "another guest must not fail")
+				}
+				if _, err := d.Observe(ctx, other.UID); err != nil {
+					return errors.Wrap(err, "another op must not fail")
+				}
+				d.Fail("Ensure", uid, nil)
+				_, err := d.Ensure(ctx, running)
+				return err
+			},
+			want: func(t *testing.T, d *Driver, err error) {
+				require.NoError(t, err, "cleared")
+				assert.Equal(t, 4, d.Attempts("Ensure", uid), "failed attempts count")
+				assert.Equal(t, 1, d.Attempts("Ensure", "other"))
+				assert.Zero(t, d.Attempts("Delete", uid))
+			},
+		},
+		"ANextErrHookTakesPrecedenceOverFailOnce": {
+			run: func(d *Driver) error {
+				d.Fail("Delete", uid, boom)
+				d.NextDeleteErr = driver.NotFoundf("gone")
+				if err := d.Delete(ctx, uid); !driver.IsNotFound(err) {
+					return errors.Errorf("want the hook's error first, got %v", err)
+				}
+				return d.Delete(ctx, uid)
+			},
+			want: func(t *testing.T, d *Driver, err error) {
+				require.ErrorIs(t, err, boom, "then the persistent one")
+				assert.Equal(t, 2, d.Attempts("Delete", uid))
+			},
+		},
 		"ObserveOfAnAbsentGuestIsNotFound": {
 			run: func(d *Driver) error {
 				_, err := d.Observe(ctx, uid)

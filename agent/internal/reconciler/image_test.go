@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/fake"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
 
@@ -72,10 +73,10 @@ func ready(uid string, size int64) driver.ImageStatus {
 
 // provisioning reports every guest Provisioning, as the libvirt driver does
 // while the guest's image is imported.
-type provisioning struct{ *failing }
+type provisioning struct{ *fake.Driver }
 
 func (p provisioning) Ensure(ctx context.Context, m driver.Machine) (driver.Observation, error) {
-	obs, err := p.failing.Ensure(ctx, m)
+	obs, err := p.Driver.Ensure(ctx, m)
 	obs.Phase, obs.Message = driver.PhaseProvisioning, "importing image ubuntu: 0 of 4 bytes"
 	return obs, err
 }
@@ -175,7 +176,7 @@ func TestImageReports(t *testing.T) {
 		},
 		"AGuestWaitingForAnImportWakesTheImageLoop": {
 			start: func(t *testing.T) *harness {
-				return startWith(t, func(f *failing) driver.Driver { return provisioning{f} }, func(o *Options) {
+				return startWith(t, func(f *fake.Driver) driver.Driver { return provisioning{f} }, func(o *Options) {
 					o.ImagePollEvery = time.Hour
 					o.PollTransitional = time.Hour
 				})

@@ -90,68 +90,34 @@ func (r *reports) putCount(uid string) int {
 	return r.puts[uid]
 }
 
-// failing makes every Ensure of some uids fail, retryably or terminally,
-// which the fake's one-shot Next<Op>Err hooks cannot express.
-type failing struct {
-	driver.Driver
-	mu    sync.Mutex
-	errs  map[string]error
-	tried map[string]int
-}
-
-func (f *failing) attempts(uid string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.tried[uid]
-}
-
-func (f *failing) fail(uid string, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.errs[uid] = err
-}
-
-func (f *failing) Ensure(ctx context.Context, m driver.Machine) (driver.Observation, error) {
-	f.mu.Lock()
-	err := f.errs[m.UID]
-	f.tried[m.UID]++
-	f.mu.Unlock()
-	if err != nil {
-		return driver.Observation{}, err
-	}
-	return f.Driver.Ensure(ctx, m)
-}
-
 type harness struct {
 	t       *testing.T
 	fake    *fake.Driver
-	driver  *failing
 	reports *reports
 	rec     *Reconciler
 }
 
 // start runs a reconciler over the fake driver, which can delete volumes.
 func start(t *testing.T) *harness {
-	return startWith(t, func(f *failing) driver.Driver { return f })
+	return startWith(t, func(f *fake.Driver) driver.Driver { return f })
 }
 
 // startWith runs a reconciler over the fake driver as wrap exposes it, with
 // the harness's options as mods change them.
-func startWith(t *testing.T, wrap func(*failing) driver.Driver, mods ...func(*Options)) *harness {
+func startWith(t *testing.T, wrap func(*fake.Driver) driver.Driver, mods ...func(*Options)) *harness {
 	t.Helper()
 	f := fake.New(node)
-	d := &failing{Driver: f, errs: map[string]error{}, tried: map[string]int{}}
 	rep := newReports()
 	o := Options{Workers: 4, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollTransitional: 10 * time.Millisecond, ImagePollEvery: 10 * time.Millisecond}
 	for _, m := range mods {
 		m(&o)
 	}
-	rec := New(node, wrap(d), rep, logging.NewNopLogger(), o)
+	rec := New(node, wrap(f), rep, logging.NewNopLogger(), o)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rec.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return &harness{t: t, fake: f, driver: d, reports: rep, rec: rec}
+	return &harness{t: t, fake: f, reports: rep, rec: rec}
 }
 
 func intent(uid string, mods ...func(*wire.Intent)) wire.Intent {
@@ -283,17 +249,17 @@ func TestReconciler(t *testing.T) {
 		}},
 		{"retryable errors are retried with backoff until they pass", func(t *testing.T, h *harness) {
 			h.synced()
-			h.driver.fail("a", errors.New("libvirtd is busy"))
+			h.fake.Fail("Ensure", "a", errors.New("libvirtd is busy"))
 			h.put(intent("a"))
 			time.Sleep(50 * time.Millisecond)
 			_, reported := h.reports.get("a")
 			assert.False(t, reported, "a retryable error is not a state to report")
-			h.driver.fail("a", nil)
+			h.fake.Fail("Ensure", "a", nil)
 			h.eventually("a", phase(wire.PhaseRunning), "guest should run once the error clears")
 		}},
 		{"terminal errors report Failed with the message and are not retried", func(t *testing.T, h *harness) {
 			h.synced()
-			h.driver.fail("a", driver.Terminalf(`network "net-db" does not exist and has no cidr to create it from`))
+			h.fake.Fail("Ensure", "a", driver.Terminalf(`network "net-db" does not exist and has no cidr to create it from`))
 			h.put(intent("a"))
 			rep := h.eventually("a", phase(wire.PhaseFailed), "guest should fail")
 			assert.Contains(t, rep.Message, `network "net-db" does not exist`)
@@ -304,12 +270,12 @@ func TestReconciler(t *testing.T) {
 		}},
 		{"failing errors report Failed with the message and are retried until they pass", func(t *testing.T, h *harness) {
 			h.synced()
-			h.driver.fail("a", driver.Failingf("cannot import image ubuntu: GET http://127.0.0.1/x answered 404 Not Found"))
+			h.fake.Fail("Ensure", "a", driver.Failingf("cannot import image ubuntu: GET http://127.0.0.1/x answered 404 Not Found"))
 			h.put(intent("a"))
 			rep := h.eventually("a", phase(wire.PhaseFailed), "guest should be reported Failed")
 			assert.Contains(t, rep.Message, "answered 404 Not Found")
-			require.Eventually(t, func() bool { return h.driver.attempts("a") > 2 }, 5*time.Second, 5*time.Millisecond, "a failing guest keeps being retried")
-			h.driver.fail("a", nil)
+			require.Eventually(t, func() bool { return h.fake.Attempts("Ensure", "a") > 2 }, 5*time.Second, 5*time.Millisecond, "a failing guest keeps being retried")
+			h.fake.Fail("Ensure", "a", nil)
 			h.eventually("a", phase(wire.PhaseRunning), "guest should run once the image imports")
 		}},
 		{"a disk's image reaches the driver with its checksum and pruneAfter", func(t *testing.T, h *harness) {
@@ -337,7 +303,7 @@ func TestReconciler(t *testing.T) {
 		}},
 		{"one broken guest never blocks the others", func(t *testing.T, h *harness) {
 			h.synced()
-			h.driver.fail("bad", errors.New("stuck"))
+			h.fake.Fail("Ensure", "bad", errors.New("stuck"))
 			h.put(intent("bad"))
 			for i := range 20 {
 				h.put(intent(fmt.Sprintf("good-%d", i)))
@@ -345,7 +311,7 @@ func TestReconciler(t *testing.T) {
 			for i := range 20 {
 				h.eventually(fmt.Sprintf("good-%d", i), phase(wire.PhaseRunning), "healthy guests run")
 			}
-			require.Eventually(t, func() bool { return h.driver.attempts("bad") > 2 }, 5*time.Second, 5*time.Millisecond, "the broken guest keeps being retried")
+			require.Eventually(t, func() bool { return h.fake.Attempts("Ensure", "bad") > 2 }, 5*time.Second, 5*time.Millisecond, "the broken guest keeps being retried")
 		}},
 		{"guests without intents are deleted only after the intents are synced", func(t *testing.T, h *harness) {
 			_, err := h.fake.Ensure(context.Background(), driver.Machine{UID: "orphan", VCPU: 1, MemoryBytes: 1 << 20, Running: true})
