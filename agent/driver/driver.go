@@ -273,6 +273,18 @@ const (
 	PhaseDeleting     Phase = "Deleting"
 )
 
+// Phases are every Phase, in the order above.
+//
+// The phase exists three times, here, in the wire protocol and in the
+// VirtualMachine's API, on purpose: the driver seam must not depend on the
+// wire (a driver is a library over its backend), the wire is stdlib-only and
+// versioned, and the API is the user's contract, validated by its CRD. One
+// alias of the other would tie the user's API to a protocol version or a
+// driver to the protocol. So the three are spelled alike, which
+// TestPhasesAreTheSameAcrossDriverWireAndAPI pins, and each conversion is
+// checked: a name its target does not know becomes Unknown.
+var Phases = []Phase{PhasePending, PhaseScheduled, PhaseProvisioning, PhaseStarting, PhaseRunning, PhaseStopping, PhaseStopped, PhaseFailed, PhaseUnknown, PhaseDeleting}
+
 // Observation is what a driver sees of one guest.
 type Observation struct {
 	UID string

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"slices"
 	"time"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
@@ -90,7 +91,7 @@ func report(in wire.Intent, obs driver.Observation) wire.Report {
 	r := wire.Report{
 		UID:                in.UID,
 		ObservedGeneration: in.Generation,
-		Phase:              wire.Phase(obs.Phase),
+		Phase:              wirePhase(obs.Phase),
 		ID:                 obs.ID,
 		Node:               obs.Node,
 		RestartCount:       obs.RestartCount,
@@ -122,4 +123,13 @@ func failed(in wire.Intent, node string, err error) wire.Report {
 		Node:               node,
 		Message:            err.Error(),
 	}
+}
+
+// wirePhase is the wire's name for a driver's phase (see driver.Phases); a
+// phase the protocol does not know is reported Unknown.
+func wirePhase(p driver.Phase) wire.Phase {
+	if w := wire.Phase(p); slices.Contains(wire.Phases, w) {
+		return w
+	}
+	return wire.PhaseUnknown
 }

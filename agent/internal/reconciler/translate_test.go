@@ -53,3 +53,10 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 		})
 	}
 }
+
+func TestWirePhaseKeepsKnownPhasesAndReportsOthersUnknown(t *testing.T) {
+	for _, p := range driver.Phases {
+		assert.Equal(t, string(p), string(wirePhase(p)), "a known phase keeps its name")
+	}
+	assert.Equal(t, wire.PhaseUnknown, wirePhase("Hibernating"), "a phase the protocol does not know")
+}

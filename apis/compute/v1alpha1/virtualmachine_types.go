@@ -130,6 +130,9 @@ const (
 	PhaseDeleting     Phase = "Deleting"
 )
 
+// Phases are the phases the CRD accepts, in the order above.
+var Phases = []Phase{PhasePending, PhaseScheduled, PhaseProvisioning, PhaseStarting, PhaseRunning, PhaseStopping, PhaseStopped, PhaseFailed, PhaseUnknown, PhaseDeleting}
+
 // AddressSource says how an interface's address was learned.
 // +kubebuilder:validation:Enum=lease;guest-agent;arp;backend
 type AddressSource string

@@ -124,6 +124,9 @@ const (
 	PhaseDeleting     Phase = "Deleting"
 )
 
+// Phases are the phases this protocol version knows, in the order above.
+var Phases = []Phase{PhasePending, PhaseScheduled, PhaseProvisioning, PhaseStarting, PhaseRunning, PhaseStopping, PhaseStopped, PhaseFailed, PhaseUnknown, PhaseDeleting}
+
 // Report is what a node's agent observes about one guest. It lives in
 // BucketReports under ReportKey(node, uid) and only that node's agent writes it.
 type Report struct {

@@ -2,6 +2,7 @@ package virtualmachine
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -10,13 +11,23 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
 
+// apiPhase is the status phase of a reported one (see driver.Phases). A node
+// newer than this hub may report a phase the API does not know; it shows as
+// Unknown rather than failing the status write on the CRD's enum.
+func apiPhase(p wire.Phase) v1alpha1.Phase {
+	if a := v1alpha1.Phase(p); slices.Contains(v1alpha1.Phases, a) {
+		return a
+	}
+	return v1alpha1.PhaseUnknown
+}
+
 // observation turns a node's report into status.atProvider. networks is
 // spec.forProvider.virtualNetworks: the ip summary follows its order, so the
 // column reads the same way the user wrote the spec.
 func observation(r wire.Report, networks []v1alpha1.LocalName) v1alpha1.VirtualMachineObservation {
 	o := v1alpha1.VirtualMachineObservation{
 		ID:                 r.ID,
-		Phase:              v1alpha1.Phase(r.Phase),
+		Phase:              apiPhase(r.Phase),
 		Node:               r.Node,
 		IP:                 ipSummary(r.Interfaces, networks),
 		RestartCount:       r.RestartCount,

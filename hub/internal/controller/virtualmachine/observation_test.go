@@ -85,3 +85,10 @@ func TestObservationCarriesTheReport(t *testing.T) {
 		}
 	}
 }
+
+func TestAPIPhaseKeepsKnownPhasesAndShowsOthersUnknown(t *testing.T) {
+	for _, p := range wire.Phases {
+		assert.Equal(t, string(p), string(apiPhase(p)), "a known phase keeps its name")
+	}
+	assert.Equal(t, v1alpha1.PhaseUnknown, apiPhase("Hibernating"), "a phase from a newer node the CRD would refuse")
+}
