@@ -23,7 +23,9 @@
 package kubevirt
 
 import (
+	"cmp"
 	"context"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -37,6 +39,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -125,7 +128,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	httpClient.Timeout = 2 * time.Second
 	d := &Driver{
-		namespace: cfg.Namespace,
+		namespace: cmp.Or(cfg.Namespace, DefaultNamespace),
 		config:    rc,
 		scheme:    scheme,
 		live:      live,
@@ -134,9 +137,6 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		events:    make(chan driver.Event, 256),
 		suspect:   make(chan struct{}, 1),
 		done:      make(chan struct{}),
-	}
-	if d.namespace == "" {
-		d.namespace = DefaultNamespace
 	}
 	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if d.conn, err = d.connect(ctx); err != nil {
@@ -324,14 +324,13 @@ func (d *Driver) watchHealth() {
 // reconnect waits until the API server answers and fresh informers have
 // synced; nil means the driver was closed.
 func (d *Driver) reconnect() *connection {
-	backoff := 100 * time.Millisecond
+	backoff := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Cap: 2 * time.Second, Steps: math.MaxInt32}
 	for {
 		select {
 		case <-d.ctx.Done():
 			return nil
-		case <-time.After(backoff):
+		case <-time.After(backoff.Step()):
 		}
-		backoff = min(2*backoff, 2*time.Second)
 		if d.ready() != nil {
 			continue
 		}

@@ -140,6 +140,12 @@ func ReadSeed(path string) ([]byte, error) {
 }
 
 // ParseLabels parses "k=v,k2=v2". Empty input is no labels.
+//
+// It is not labels.ConvertSelectorToLabelsMap (k8s.io/apimachinery), which
+// differs where an operator would notice: there a key given twice silently
+// takes its last value (here it is an error), an empty entry such as a
+// trailing comma is an error (here it is skipped), and a value holding "="
+// is refused (here it is kept).
 func ParseLabels(s string) (map[string]string, error) {
 	labels := map[string]string{}
 	for _, kv := range strings.Split(s, ",") {

@@ -9,6 +9,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -187,9 +188,7 @@ func fillDefaults(o *Options) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	if o.Dir == "" {
-		o.Dir = os.TempDir()
-	}
+	o.Dir = cmp.Or(o.Dir, os.TempDir())
 }
 
 // agentCPURatioEnv is the agent's environment fallback for
