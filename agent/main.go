@@ -1,7 +1,8 @@
 // Command agent runs on every hypervisor node: it watches the node's intents
 // on NATS, makes its guests match them through the node's backend, and
-// reports what it sees. Every flag falls back to an environment variable,
-// VIRTFLEET_ and the flag's name (--nats-url: VIRTFLEET_NATS_URL).
+// reports what it sees. Every flag can also be set by its environment
+// variable, VIRTFLEET_ and the flag's name (--nats-url: VIRTFLEET_NATS_URL),
+// as for every virtfleet command (internal/flagenv).
 package main
 
 import (
@@ -23,6 +24,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
 	"github.com/virtfleet/virtfleet/agent/internal/app"
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
+	"github.com/virtfleet/virtfleet/internal/flagenv"
 )
 
 func main() {
@@ -60,9 +62,8 @@ func run() error {
 		memoryRatio = fs.Float64("memory-allocation-ratio", app.DefaultMemoryAllocationRatio, "Guest memory offered to placement per byte of host memory; 1 means no overcommit. Raise it on libvirt's test driver, whose hosts have 3 GiB (make run uses 4).")
 		debug       = fs.Bool("debug", false, "Log at debug level.")
 	)
-	documentEnv(fs)
-	_ = fs.Parse(os.Args[1:]) // ExitOnError: a bad flag exits with usage
-	if err := envFallback(fs, os.LookupEnv); err != nil {
+	// ExitOnError: a bad flag exits with usage; a bad variable is returned.
+	if err := flagenv.Parse(fs, os.Args[1:], os.LookupEnv, nil); err != nil {
 		return err
 	}
 
@@ -113,35 +114,4 @@ func run() error {
 		MemoryAllocationRatio: *memoryRatio,
 		Log:                   log,
 	})
-}
-
-// envName is the environment variable a flag falls back to:
-// --nats-url is VIRTFLEET_NATS_URL.
-func envName(flagName string) string {
-	return "VIRTFLEET_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
-}
-
-// documentEnv names each flag's environment variable in its help.
-func documentEnv(fs *flag.FlagSet) {
-	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
-}
-
-// envFallback sets every flag not given on the command line from its
-// environment variable, parsed as the flag would parse it: a DaemonSet can
-// configure the agent either way, and a malformed value is an error, never
-// silently the default.
-func envFallback(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var err error
-	fs.VisitAll(func(f *flag.Flag) {
-		v, ok := lookup(envName(f.Name))
-		if !ok || given[f.Name] || err != nil {
-			return
-		}
-		if e := fs.Set(f.Name, v); e != nil {
-			err = fmt.Errorf("%s: %w", envName(f.Name), e)
-		}
-	})
-	return err
 }

@@ -18,6 +18,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/virtfleet/virtfleet/bench/benchmark"
+	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 )
 
@@ -44,7 +45,9 @@ func run() error {
 		keep         = flag.Bool("keep", false, "Keep every stack's directory and logs, not only those of failed scenarios.")
 		debug        = flag.Bool("debug", false, "Run the hub and agents at debug level (slower; for finding where time goes).")
 	)
-	flag.Parse()
+	if err := flagenv.ParseCommandLine(); err != nil {
+		return err
+	}
 
 	o := benchmark.Options{Density: *density, DensityNodes: *densityNodes, DensityInterval: *interval, Nodes: *nodes, Limits: *limits}
 	if *quick {

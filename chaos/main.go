@@ -20,6 +20,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/bench/benchmark"
 	"github.com/virtfleet/virtfleet/chaos/internal/chaos"
+	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 )
 
@@ -45,7 +46,9 @@ func run() error {
 	flag.BoolVar(&o.Keep, "keep", false, "Keep the stack's directory and logs after a passing run.")
 	flag.BoolVar(&o.Debug, "debug", false, "Run the hub and agents at debug level.")
 	out := flag.String("out", filepath.Join(controlplane.RepoRoot(), "chaos", "results"), "Directory the run's summary is written to, as <date>.md; empty writes none.")
-	flag.Parse()
+	if err := flagenv.ParseCommandLine(); err != nil {
+		return err
+	}
 	o.Progress = os.Stderr
 	ctrl.SetLogger(logr.Discard())
 

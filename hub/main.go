@@ -1,6 +1,9 @@
 // Command hub is virtfleet's Crossplane provider: it reconciles
 // VirtualMachines, Volumes, VirtualNetworks and DiskImages into intents for
-// the nodes' agents. See hub/internal/app.
+// the nodes' agents. See hub/internal/app. Every flag can also be set by its
+// environment variable, VIRTFLEET_ and the flag's name
+// (--fencing-timeout: VIRTFLEET_FENCING_TIMEOUT), as for every virtfleet
+// command (internal/flagenv).
 package main
 
 import (
@@ -12,14 +15,15 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/virtfleet/virtfleet/hub/internal/app"
+	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 func main() {
 	var c app.Config
 	flag.BoolVar(&c.Debug, "debug", false, "Log at debug level, controller-runtime included.")
-	flag.BoolVar(&c.LeaderElection, "leader-election", os.Getenv("LEADER_ELECTION") == "true", "Elect a leader among hub replicas (a Lease).")
-	flag.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the leader election Lease; empty means the hub's own.")
+	flag.BoolVar(&c.LeaderElection, "leader-election", false, "Elect a leader among hub replicas (a Lease).")
+	flag.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; empty means the hub's own.")
 	flag.StringVar(&c.MetricsAddress, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 disables it.")
 	flag.StringVar(&c.HealthAddress, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 disables them.")
 	flag.DurationVar(&c.SyncInterval, "sync", time.Hour, "How often every resource is listed again.")
@@ -27,7 +31,13 @@ func main() {
 	flag.IntVar(&c.MaxReconcileRate, "max-reconcile-rate", 100, "Reconciles per second across all controllers (and the API client's rate); high enough for bursts of creates.")
 	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM deleted while its node is lost waits before it is finalized.")
 	flag.DurationVar(&c.NodeTTL, "node-ttl", natswire.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
-	flag.Parse()
+	// Crossplane's package runtime configures a provider's Deployment with
+	// these, as its provider template reads them.
+	also := map[string][]string{"leader-election": {"LEADER_ELECTION"}, "leader-election-namespace": {"POD_NAMESPACE"}}
+	if err := flagenv.Parse(flag.CommandLine, os.Args[1:], os.LookupEnv, also); err != nil {
+		fmt.Fprintln(os.Stderr, "hub:", err)
+		os.Exit(2)
+	}
 
 	var err error
 	if c.Rest, err = ctrl.GetConfig(); err != nil {

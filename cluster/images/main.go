@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/virtfleet/virtfleet/internal/build/ociimage"
+	"github.com/virtfleet/virtfleet/internal/flagenv"
 )
 
 func main() {
@@ -26,7 +27,10 @@ func main() {
 	registry := flag.String("registry", "ghcr.io/virtfleet", "Registry and namespace of the image references.")
 	version := flag.String("version", "dev", "Image tag and org.opencontainers.image.version label.")
 	arch := flag.String("arch", runtime.GOARCH, "Target architecture.")
-	flag.Parse()
+	if err := flagenv.ParseCommandLine(); err != nil {
+		fmt.Fprintln(os.Stderr, "images:", err)
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/testing/localrun"
 )
 
@@ -20,7 +21,10 @@ func main() {
 	flag.StringVar(&o.Examples, "examples", "examples", "manifests applied once the CRDs are installed")
 	flag.BoolVar(&o.Keep, "keep", false, "keep etcd's data and the NATS store from the last run in -dir (default: start fresh)")
 	flag.IntVar(&o.NATSPort, "nats-port", 4222, "port of the embedded NATS server (the example ClusterProviderConfig names 4222)")
-	flag.Parse()
+	if err := flagenv.ParseCommandLine(); err != nil {
+		fmt.Fprintln(os.Stderr, "run:", err)
+		os.Exit(2)
+	}
 	o.Out = os.Stdout
 	var err error
 	if o.Dir, err = filepath.Abs(o.Dir); err != nil {

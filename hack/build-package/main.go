@@ -18,6 +18,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/internal/build/ociimage"
 	"github.com/virtfleet/virtfleet/internal/build/providerpackage"
+	"github.com/virtfleet/virtfleet/internal/flagenv"
 )
 
 func main() {
@@ -26,7 +27,10 @@ func main() {
 	hubRef := flag.String("hub-ref", "", "Reference the hub image is tagged with in --hub.")
 	ref := flag.String("ref", "", "Reference to tag the package with.")
 	out := flag.String("out", "_output/provider-virtfleet.xpkg", "Package file to write.")
-	flag.Parse()
+	if err := flagenv.ParseCommandLine(); err != nil {
+		fmt.Fprintln(os.Stderr, "build-package:", err)
+		os.Exit(2)
+	}
 
 	if err := run(context.Background(), *dir, *hub, *hubRef, *ref, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "build-package:", err)
