@@ -35,20 +35,10 @@ func TestQuickStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs make run and the whole stack; skipped with -short")
 	}
-	// Not t.TempDir: the run directory should be short and survive a
-	// failure for its logs.
-	dir, err := os.MkdirTemp("", "vf-e2e-")
-	require.NoError(t, err)
+	dir := runDir(t, "vf-e2e-")
 	port := freePort(t)
 	run := makeRun(t, dir, port)
 	k := kubectl{t: t, path: run.kubectl, kubeconfig: run.kubeconfig}
-	t.Cleanup(func() {
-		if !t.Failed() {
-			_ = os.RemoveAll(dir)
-		} else {
-			t.Logf("logs kept in %s", filepath.Join(dir, "logs"))
-		}
-	})
 
 	t.Run("KubectlGetVMPrintsTheSeedTable", func(t *testing.T) {
 		k.wait("vm/sample-vm", "{.status.atProvider.phase}=Running", 90*time.Second)

@@ -29,6 +29,9 @@ import (
 
 const ns = "default"
 
+// resyncEvery is TestHub's hub poll and agent resync interval.
+const resyncEvery = 2 * time.Second
+
 // TestHub runs the hub against a real kube-apiserver, a real nats-server and
 // three real agents on private libvirtds, and drives it only through the
 // Kubernetes API, as a user would. The scenarios share one stack and run in
@@ -37,7 +40,9 @@ func TestHub(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
-	h := startStack(t, "vf-hub-", stack.Options{FencingTimeout: 5 * time.Second})
+	// Short poll and resync intervals, so that RestartAnnotationRestartsOnce
+	// can watch several of each go by.
+	h := startStack(t, "vf-hub-", stack.Options{FencingTimeout: 5 * time.Second, PollInterval: resyncEvery, ResyncInterval: resyncEvery})
 	s := h.s
 
 	// All examples, with the stack's image server standing in for the
@@ -82,9 +87,13 @@ func TestHub(t *testing.T) {
 			vm.SetAnnotations(merge(vm.GetAnnotations(), v1alpha1.AnnotationRestartRequestedAt, time.Now().Format(time.RFC3339)))
 		})
 		h.wait(t, "sample-vm", 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool { return vm.Status.AtProvider.RestartCount == 1 })
-		// A resync of the same annotation value must not restart again.
-		time.Sleep(3 * time.Second)
-		assert.Equal(t, int32(1), h.get(t, "sample-vm").Status.AtProvider.RestartCount)
+		// The hub's polls and the agent's resyncs of the same annotation
+		// value must not restart again: watch several of each go by.
+		assert.Never(t, func() bool {
+			vm := &v1alpha1.VirtualMachine{}
+			err := h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "sample-vm"}, vm)
+			return err != nil || vm.Status.AtProvider.RestartCount != 1
+		}, 4*resyncEvery, 200*time.Millisecond, "a poll or resync restarted the VM again (or the VM could not be read)")
 	})
 
 	t.Run("SpecChangeWhileRunningSetsRestartRequired", func(t *testing.T) {
@@ -196,25 +205,33 @@ func TestHub(t *testing.T) {
 	})
 }
 
-// startStack starts the whole system for one test and stops it at the end,
-// keeping its logs when the test failed. VIRTFLEET_DEBUG=1 makes the hub and
-// agents log at debug level.
+// startStack starts the whole system for one test in a runDir and stops it
+// at the end. VIRTFLEET_DEBUG=1 makes the hub and agents log at debug level.
 func startStack(t *testing.T, prefix string, o stack.Options) *hub {
+	t.Helper()
+	o.Dir, o.Debug = runDir(t, prefix), os.Getenv("VIRTFLEET_DEBUG") != ""
+	s, err := stack.Start(context.Background(), o)
+	require.NoError(t, err)
+	// Cleanups run last first: the stack stops before its directory goes.
+	t.Cleanup(s.Stop)
+	return &hub{t: t, s: s, kube: s.ControlPlane.Client}
+}
+
+// runDir is a directory for one test's whole system, removed at the end
+// unless the test failed, when its logs are kept and named. Not t.TempDir:
+// sockets want a short path, and a failure wants the logs.
+func runDir(t *testing.T, prefix string) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", prefix)
 	require.NoError(t, err)
-	o.Dir, o.Debug = dir, os.Getenv("VIRTFLEET_DEBUG") != ""
-	s, err := stack.Start(context.Background(), o)
-	require.NoError(t, err)
 	t.Cleanup(func() {
-		s.Stop()
 		if !t.Failed() {
 			_ = os.RemoveAll(dir)
 		} else {
 			t.Logf("logs kept in %s", filepath.Join(dir, "logs"))
 		}
 	})
-	return &hub{t: t, s: s, kube: s.ControlPlane.Client}
+	return dir
 }
 
 type hub struct {

@@ -8,6 +8,7 @@
 package stack
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -63,6 +64,10 @@ type Options struct {
 	MemoryAllocationRatio float64
 	// ImagePruneInterval of the libvirt agents; 0 means theirs (1 m).
 	ImagePruneInterval time.Duration
+	// PollInterval of the hub's controllers; 0 means 30 s.
+	PollInterval time.Duration
+	// ResyncInterval of the agents' full resyncs; 0 means theirs (60 s).
+	ResyncInterval time.Duration
 	// Progress receives a line per component as it starts.
 	Progress io.Writer
 	// Debug makes the hub and agents log at debug level.
@@ -382,7 +387,7 @@ func (s *Stack) StartHub() error {
 	if s.hub != nil {
 		return errors.New("the hub is already running")
 	}
-	args := []string{"--metrics-bind-address=0", "--health-probe-bind-address=0", "--poll=30s"}
+	args := []string{"--metrics-bind-address=0", "--health-probe-bind-address=0", "--poll=" + cmp.Or(s.opts.PollInterval, 30*time.Second).String()}
 	if s.opts.NodeTTL > 0 {
 		args = append(args, "--node-ttl="+s.opts.NodeTTL.String())
 	}
@@ -440,6 +445,9 @@ func (s *Stack) StartAgent(node string) error {
 		"--backend=" + s.backend(node),
 		"--debug=" + strconv.FormatBool(s.opts.Debug),
 	}, backendArgs...)
+	if s.opts.ResyncInterval > 0 {
+		args = append(args, "--resync-interval="+s.opts.ResyncInterval.String())
+	}
 	c, err := s.run("agent-"+node, "agent", nil, args...)
 	s.agents[node] = c
 	return err
