@@ -17,6 +17,7 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 )
 
 func TestLeftoversClean(t *testing.T) {
@@ -55,7 +56,7 @@ func TestLeftoversClean(t *testing.T) {
 			b := bus.NewFake()
 			_, err := b.PutVolumeIntent(context.Background(), testNode, wire.VolumeIntent{UID: uid, Namespace: "team", Name: "data", Disk: "team_data", Absent: true})
 			require.NoError(t, err)
-			f := startFleet(t, b)
+			f := fleettest.Start(t, b)
 			if tc.report != nil {
 				b.SetVolumeReport(*tc.report)
 			}

@@ -2,7 +2,6 @@ package volume
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,13 +10,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis"
@@ -27,6 +23,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 )
 
 const (
@@ -39,45 +36,11 @@ type oneFleet struct{ f *fleet.Fleet }
 
 func (o oneFleet) Get(context.Context, fleet.Target) (*fleet.Fleet, error) { return o.f, nil }
 
-// recorder records events.
-type recorder struct {
-	mu     sync.Mutex
-	events []event.Event
-}
-
-func (r *recorder) Event(_ runtime.Object, e event.Event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.events = append(r.events, e)
-}
-
-func (r *recorder) WithAnnotations(...string) event.Recorder { return r }
-
 func scheme(t *testing.T) *runtime.Scheme {
 	t.Helper()
 	s := runtime.NewScheme()
 	require.NoError(t, apis.AddToScheme(s))
 	return s
-}
-
-// startFleet runs a Fleet over b until the test ends, and returns it once its
-// watches deliver.
-func startFleet(t *testing.T, b *bus.Fake) *fleet.Fleet {
-	t.Helper()
-	f := fleet.New(b, logging.NewNopLogger())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); f.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	// A lost node and a volume report of nobody's mark that both watches
-	// are in place.
-	b.SetNode(bus.NodeEvent{Node: "sentinel", Lost: true})
-	b.SetVolumeReport(bus.VolumeReportEvent{Node: "sentinel", UID: "sentinel"})
-	require.Eventually(t, func() bool {
-		_, ok := f.VolumeReport("sentinel")
-		return ok && f.Node("sentinel").Lost
-	}, 5*time.Second, time.Millisecond)
-	return f
 }
 
 func boundVolume(node string) *v1alpha1.Volume {
@@ -168,7 +131,7 @@ func TestRelease(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
-			f := startFleet(t, b)
+			f := fleettest.Start(t, b)
 			for _, play := range tc.play {
 				play(b)
 			}
@@ -180,8 +143,8 @@ func TestRelease(t *testing.T) {
 				},
 			}).Build()
 			notifier := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
-			wakeUps := startNotifier(t, notifier)
-			rec := &recorder{}
+			wakeUps := fleettest.WakeUps(t, notifier)
+			rec := &fleettest.Recorder{}
 			r := &Releaser{
 				configs:  providerconfig.NewResolver(kube),
 				pool:     oneFleet{f},
@@ -208,13 +171,13 @@ func TestRelease(t *testing.T) {
 				assert.Equal(t, absent, in, "the intent asks the node to delete the Volume's volume")
 			}
 			var reasons []event.Reason
-			for _, e := range rec.events {
+			for _, e := range rec.Events() {
 				assert.Equal(t, event.TypeWarning, e.Type)
 				reasons = append(reasons, e.Reason)
 			}
 			if tc.wantEvent != "" {
 				assert.Equal(t, []event.Reason{tc.wantEvent}, reasons)
-				assert.Contains(t, rec.events[0].Message, "fencing timeout")
+				assert.Contains(t, rec.Events()[0].Message, "fencing timeout")
 			} else {
 				assert.Empty(t, reasons)
 			}
@@ -227,25 +190,4 @@ func TestRelease(t *testing.T) {
 			}
 		})
 	}
-}
-
-// startNotifier delivers the notifier's wake-ups to the returned channel.
-func startNotifier(t *testing.T, n *fleet.Notifier) <-chan reconcile.Request {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
-	require.NoError(t, n.Source().Start(ctx, q))
-	out := make(chan reconcile.Request, 8)
-	go func() {
-		for {
-			req, shutdown := q.Get()
-			if shutdown {
-				return
-			}
-			out <- req
-			q.Done(req)
-		}
-	}()
-	t.Cleanup(func() { cancel(); q.ShutDown() })
-	return out
 }

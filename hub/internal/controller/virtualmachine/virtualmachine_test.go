@@ -1,0 +1,269 @@
+package virtualmachine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+)
+
+const (
+	testNode    = "node1"
+	testUID     = "uid-a"
+	testFencing = 10 * time.Second
+)
+
+// testExternal returns the VM controller's client over a fleet of the fake bus
+// b, recording its events in rec.
+func testExternal(t *testing.T, b *bus.Fake, rec event.Recorder, n *fleet.Notifier) *external {
+	t.Helper()
+	c := &connector{opts: Options{FencingTimeout: testFencing, Notifier: n}, recorder: rec, state: &state{}}
+	return &external{connector: c, fleet: fleettest.Start(t, b)}
+}
+
+// report makes node report the guest testUID with message, and waits for
+// the fleet to hold it.
+func report(t *testing.T, b *bus.Fake, f *fleet.Fleet, message string) {
+	t.Helper()
+	b.SetReport(bus.ReportEvent{Node: testNode, UID: testUID, Report: wire.Report{
+		ProtocolVersion: wire.ProtocolVersion, UID: testUID, Node: testNode, Phase: wire.PhaseFailed, Message: message,
+	}})
+	require.Eventually(t, func() bool { _, ok := f.Report(testUID); return ok }, 5*time.Second, time.Millisecond)
+}
+
+// setNode plays the node's heartbeat, lost or not, and waits for the fleet
+// to see it.
+func setNode(t *testing.T, b *bus.Fake, f *fleet.Fleet, lost bool) {
+	t.Helper()
+	b.SetNode(bus.NodeEvent{Node: testNode, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt"}})
+	if lost {
+		b.SetNode(bus.NodeEvent{Node: testNode, Lost: true})
+	}
+	require.Eventually(t, func() bool { return f.Node(testNode).Lost == lost }, 5*time.Second, time.Millisecond)
+}
+
+// condition is vm's condition of type ct, without its transition time.
+func condition(vm *v1alpha1.VirtualMachine, ct xpv2.ConditionType) xpv2.Condition {
+	c := vm.GetCondition(ct)
+	c.LastTransitionTime = metav1.Time{}
+	return c
+}
+
+func TestSetConditions(t *testing.T) {
+	lostSince := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	cases := map[string]struct {
+		obs     v1alpha1.VirtualMachineObservation
+		node    fleet.NodeStatus
+		message string
+
+		wantReady           xpv2.Condition
+		wantRestartRequired xpv2.Condition
+		wantNodeLost        xpv2.Condition
+	}{
+		"ARunningVMIsReady": {
+			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseRunning},
+			wantReady:           xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionTrue, Reason: xpv2.ReasonAvailable},
+			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate"},
+			wantNodeLost:        xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"},
+		},
+		"AVMNotRunningIsNotReadyWithItsPhaseAsReasonAndTheNodesMessage": {
+			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseFailed},
+			message:             "cannot import image ubuntu: 404",
+			wantReady:           xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionFalse, Reason: "Failed", Message: "cannot import image ubuntu: 404"},
+			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate"},
+			wantNodeLost:        xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"},
+		},
+		"ASpecChangedWhileRunningRequiresARestartAndSaysHow": {
+			obs:       v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseRunning, RestartRequired: true},
+			wantReady: xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionTrue, Reason: xpv2.ReasonAvailable},
+			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionTrue, Reason: "SpecChanged",
+				Message: "the spec changed while the VM runs; the change applies at the next start (restart it with the compute.virtfleet.io/restart-requested-at annotation)"},
+			wantNodeLost: xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"},
+		},
+		"ALostNodeMakesTheVMUnknownNodeLostAndNotStartedElsewhere": {
+			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseUnknown},
+			node:                fleet.NodeStatus{Lost: true, LostSince: lostSince},
+			wantReady:           xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionFalse, Reason: "Unknown"},
+			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate"},
+			wantNodeLost: xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionTrue, Reason: "HeartbeatExpired",
+				Message: "node node1 has sent no heartbeat since 2026-11-23T12:00:00Z; the VM is not started elsewhere"},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := bus.NewFake()
+			e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier())
+			if tc.message != "" {
+				report(t, b, e.fleet, tc.message)
+			}
+			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", UID: testUID}}
+
+			e.setConditions(vm, tc.obs, testNode, tc.node)
+
+			assert.Equal(t, tc.wantReady, condition(vm, xpv2.TypeReady))
+			assert.Equal(t, tc.wantRestartRequired, condition(vm, TypeRestartRequired))
+			assert.Equal(t, tc.wantNodeLost, condition(vm, TypeNodeLost))
+		})
+	}
+}
+
+func TestRecordTransition(t *testing.T) {
+	at := func(p v1alpha1.Phase) v1alpha1.VirtualMachineObservation {
+		return v1alpha1.VirtualMachineObservation{Phase: p, Node: testNode}
+	}
+	restartRequired := at(v1alpha1.PhaseRunning)
+	restartRequired.RestartRequired = true
+	cases := map[string]struct {
+		before, after v1alpha1.VirtualMachineObservation
+		message       string
+		want          []event.Event
+	}{
+		"StartedWhenItRuns": {
+			before: at(v1alpha1.PhaseStarting), after: at(v1alpha1.PhaseRunning),
+			want: []event.Event{{Type: event.TypeNormal, Reason: ReasonStarted, Message: "Running on node node1"}},
+		},
+		"StoppedWhenItStops": {
+			before: at(v1alpha1.PhaseStopping), after: at(v1alpha1.PhaseStopped),
+			want: []event.Event{{Type: event.TypeNormal, Reason: ReasonStopped, Message: "Stopped on node node1"}},
+		},
+		"AWarningWithTheNodesMessageWhenItFails": {
+			before: at(v1alpha1.PhaseProvisioning), after: at(v1alpha1.PhaseFailed), message: "cannot import image ubuntu: 404",
+			want: []event.Event{{Type: event.TypeWarning, Reason: ReasonFailed, Message: "cannot import image ubuntu: 404"}},
+		},
+		"AWarningWhenItsNodeIsLost": {
+			before: at(v1alpha1.PhaseRunning), after: at(v1alpha1.PhaseUnknown),
+			want: []event.Event{{Type: event.TypeWarning, Reason: ReasonNodeLost, Message: "node node1 sends no heartbeat; the VM's state is unknown"}},
+		},
+		"NothingWhileThePhaseStays": {
+			before: at(v1alpha1.PhaseRunning), after: at(v1alpha1.PhaseRunning),
+		},
+		"NothingForAnIntermediatePhase": {
+			before: at(v1alpha1.PhaseScheduled), after: at(v1alpha1.PhaseProvisioning),
+		},
+		"RestartRequiredOnceWhenItBecomesRequired": {
+			before: at(v1alpha1.PhaseRunning), after: restartRequired,
+			want: []event.Event{{Type: event.TypeNormal, Reason: ReasonRestartRequired, Message: "The spec changed while the VM runs; the change applies at the next start"}},
+		},
+		"NoRestartRequiredAgainWhileItStaysRequired": {
+			before: restartRequired, after: restartRequired,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := bus.NewFake()
+			rec := &fleettest.Recorder{}
+			e := testExternal(t, b, rec, fleet.NewNotifier())
+			if tc.message != "" {
+				report(t, b, e.fleet, tc.message)
+			}
+			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", UID: testUID}}
+
+			e.recordTransition(vm, tc.before, tc.after, testNode)
+
+			got := rec.Events()
+			for i := range got {
+				got[i].Annotations = nil
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestObserveDeletion pins the fencing decisions: a deleted VM exists until
+// its node confirms the guest is gone, or, when the node is lost, until the
+// fencing timeout has passed, and never longer.
+func TestObserveDeletion(t *testing.T) {
+	cases := map[string]struct {
+		node string
+		lost bool
+		// waited is how long ago the VM was deleted.
+		waited time.Duration
+		// reported is whether the node still reports the guest.
+		reported bool
+		// intentDeleted is whether this hub deleted the VM's intent.
+		intentDeleted bool
+
+		wantExists bool
+		wantEvent  event.Reason
+		wantWakeUp bool
+	}{
+		"AVMOnNoNodeIsGoneAtOnce": {
+			node: "", wantExists: false,
+		},
+		"AVMWhoseIntentIsNotDeletedYetExistsSoThatDeleteRuns": {
+			node: testNode, wantExists: true,
+		},
+		"AVMWhoseNodeStillReportsTheGuestExists": {
+			node: testNode, reported: true, intentDeleted: true, wantExists: true,
+		},
+		"AVMWhoseNodeConfirmedTheGuestGoneIsGone": {
+			node: testNode, intentDeleted: true, wantExists: false,
+		},
+		"ALostNodeWithinTheFencingTimeoutHoldsTheVMAndWakesItWhenTheTimeoutIsUp": {
+			node: testNode, lost: true, waited: testFencing - 300*time.Millisecond, reported: true, intentDeleted: true,
+			wantExists: true, wantWakeUp: true,
+		},
+		"ALostNodePastTheFencingTimeoutFinalizesTheVMWithAWarning": {
+			node: testNode, lost: true, waited: testFencing + time.Second, reported: true, intentDeleted: true,
+			wantExists: false, wantEvent: ReasonNodeLost,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := bus.NewFake()
+			rec := &fleettest.Recorder{}
+			n := fleet.NewNotifier()
+			wakeUps := fleettest.WakeUps(t, n)
+			e := testExternal(t, b, rec, n)
+			setNode(t, b, e.fleet, tc.lost)
+			if tc.reported {
+				report(t, b, e.fleet, "")
+			}
+			if tc.intentDeleted {
+				e.state.deleted.Store(testUID, struct{}{})
+			}
+			deleted := metav1.NewTime(time.Now().Add(-tc.waited))
+			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", UID: testUID, DeletionTimestamp: &deleted}}
+			n.Remember(vm)
+
+			obs := e.observeDeletion(vm, tc.node)
+
+			assert.Equal(t, tc.wantExists, obs.ResourceExists, "exists")
+			if tc.node != "" {
+				assert.Equal(t, v1alpha1.PhaseDeleting, vm.Status.AtProvider.Phase)
+				assert.Equal(t, xpv2.Deleting().Reason, vm.GetCondition(xpv2.TypeReady).Reason)
+			}
+			var reasons []event.Reason
+			for _, ev := range rec.Events() {
+				assert.Equal(t, event.TypeWarning, ev.Type)
+				assert.Contains(t, ev.Message, "fencing timeout")
+				reasons = append(reasons, ev.Reason)
+			}
+			if tc.wantEvent != "" {
+				assert.Equal(t, []event.Reason{tc.wantEvent}, reasons)
+			} else {
+				assert.Empty(t, reasons)
+			}
+			select {
+			case req := <-wakeUps:
+				assert.True(t, tc.wantWakeUp, "unexpected wake-up %v", req)
+				assert.Equal(t, types.NamespacedName{Namespace: "default", Name: "a"}, req.NamespacedName)
+			case <-time.After(time.Second):
+				assert.False(t, tc.wantWakeUp, "the VM is woken when the fencing timeout is up")
+			}
+		})
+	}
+}

@@ -1,0 +1,88 @@
+// Package fleettest serves the hub's controller tests: a fleet.Fleet over an
+// in-memory bus.Fake, and an event recorder. Test code only.
+package fleettest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+)
+
+// Start runs a Fleet over b until the test ends, and returns it once its
+// watches deliver.
+func Start(t *testing.T, b *bus.Fake) *fleet.Fleet {
+	t.Helper()
+	f := fleet.New(b, logging.NewNopLogger())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	// A lost node and a volume report of nobody's mark that both watches
+	// are in place.
+	b.SetNode(bus.NodeEvent{Node: "sentinel", Lost: true})
+	b.SetVolumeReport(bus.VolumeReportEvent{Node: "sentinel", UID: "sentinel"})
+	require.Eventually(t, func() bool {
+		_, ok := f.VolumeReport("sentinel")
+		return ok && f.Node("sentinel").Lost
+	}, 5*time.Second, time.Millisecond)
+	return f
+}
+
+// Recorder is an event.Recorder that keeps what it records.
+type Recorder struct {
+	mu     sync.Mutex
+	events []event.Event
+}
+
+var _ event.Recorder = (*Recorder)(nil)
+
+// Event implements event.Recorder.
+func (r *Recorder) Event(_ runtime.Object, e event.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+// WithAnnotations implements event.Recorder.
+func (r *Recorder) WithAnnotations(...string) event.Recorder { return r }
+
+// Events are the events recorded so far, oldest first.
+func (r *Recorder) Events() []event.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]event.Event(nil), r.events...)
+}
+
+// WakeUps delivers the reconciles n asks for to the returned channel until
+// the test ends, as a controller watching n.Source would receive them.
+func WakeUps(t *testing.T, n *fleet.Notifier) <-chan reconcile.Request {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+	require.NoError(t, n.Source().Start(ctx, q))
+	out := make(chan reconcile.Request, 8)
+	go func() {
+		for {
+			req, shutdown := q.Get()
+			if shutdown {
+				return
+			}
+			out <- req
+			q.Done(req)
+		}
+	}()
+	t.Cleanup(func() { cancel(); q.ShutDown() })
+	return out
+}
