@@ -1,0 +1,256 @@
+package inuse
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis"
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+)
+
+// usesVolumes is a VirtualMachine's use of Volumes, as the index package
+// describes it (which imports this one, so cannot serve here).
+var usesVolumes = User{
+	Kind:    v1alpha1.VirtualMachineKind,
+	New:     func() client.Object { return &v1alpha1.VirtualMachine{} },
+	NewList: func() client.ObjectList { return &v1alpha1.VirtualMachineList{} },
+	Index:   "spec.forProvider.diskAttachments.name",
+	Uses: func(o client.Object) []string {
+		var out []string
+		for _, a := range o.(*v1alpha1.VirtualMachine).Spec.ForProvider.DiskAttachments { //nolint:forcetypeassert // indexed type
+			out = append(out, string(a.Name))
+		}
+		return out
+	},
+}
+
+// release is a Kind.Release that answers released and err, counting calls.
+type release struct {
+	released bool
+	err      error
+	calls    int
+}
+
+func (r *release) Release(context.Context, *v1alpha1.Volume) (bool, error) {
+	r.calls++
+	return r.released, r.err
+}
+
+// testExternal is the inuse client of Volumes used by the VMs named in
+// users, each attaching the Volume "data"; rel, if set, is its Release.
+func testExternal(t *testing.T, rel *release, users ...string) (*external[*v1alpha1.Volume], *fleettest.Recorder) {
+	t.Helper()
+	s := runtime.NewScheme()
+	require.NoError(t, apis.AddToScheme(s))
+	objs := []client.Object{}
+	for _, u := range users {
+		vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: u}}
+		vm.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "data"}}
+		objs = append(objs, vm)
+	}
+	// A VM of another namespace attaching a Volume of the same name is no user.
+	other := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "elsewhere", Name: "z"}}
+	other.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "data"}}
+	kube := fake.NewClientBuilder().WithScheme(s).WithIndex(&v1alpha1.VirtualMachine{}, usesVolumes.Index, usesVolumes.Uses).
+		WithObjects(append(objs, other)...).Build()
+	k := Kind[*v1alpha1.Volume]{
+		GroupKind:        v1alpha1.VolumeGroupKind,
+		GroupVersionKind: v1alpha1.VolumeGroupVersionKind,
+		New:              func() *v1alpha1.Volume { return &v1alpha1.Volume{} },
+		User:             usesVolumes,
+		Observe: func(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users []string) (xpv2.Condition, error) {
+			v.Status.AtProvider.AttachedTo = users
+			return xpv2.Available(), nil
+		},
+	}
+	if rel != nil {
+		k.Release = rel.Release
+	}
+	rec := &fleettest.Recorder{}
+	return &external[*v1alpha1.Volume]{kube: kube, kind: k, recorder: rec}, rec
+}
+
+func volume(deleted bool) *v1alpha1.Volume {
+	v := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "data", UID: "vol-uid"}}
+	if deleted {
+		now := metav1.Now()
+		v.DeletionTimestamp = &now
+	}
+	return v
+}
+
+func TestObserve(t *testing.T) {
+	cases := map[string]struct {
+		users   []string
+		deleted bool
+		// rel is the Kind's Release; released is whether a Delete
+		// released the Volume before this Observe.
+		rel      *release
+		released bool
+
+		wantExists   bool
+		wantInUse    xpv2.Condition
+		wantAttached []string
+	}{
+		"AnUnusedResourceExistsUnusedAndReady": {
+			wantExists:   true,
+			wantAttached: []string{},
+			wantInUse:    xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionFalse, Reason: "Unused"},
+		},
+		"AUsedResourceNamesItsUsersSorted": {
+			users:        []string{"b", "a"},
+			wantExists:   true,
+			wantInUse:    xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionTrue, Reason: "UsedByVirtualMachines", Message: "used by VirtualMachine a, b"},
+			wantAttached: []string{"a", "b"},
+		},
+		"ADeletedResourceStillUsedExists": {
+			users: []string{"a"}, deleted: true,
+			wantExists: true,
+			wantInUse:  xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionTrue, Reason: "UsedByVirtualMachines", Message: "used by VirtualMachine a"},
+		},
+		"ADeletedResourceNoLongerUsedIsGoneWithNothingToRelease": {
+			deleted:    true,
+			wantExists: false,
+			wantInUse:  xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionFalse, Reason: "Unused"},
+		},
+		"ADeletedUnusedResourceExistsUntilReleased": {
+			deleted: true, rel: &release{},
+			wantExists: true,
+			wantInUse:  xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionFalse, Reason: "Unused"},
+		},
+		"ADeletedUnusedResourceIsGoneOnceReleased": {
+			deleted: true, rel: &release{released: true}, released: true,
+			wantExists: false,
+			wantInUse:  xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionFalse, Reason: "Unused"},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			e, _ := testExternal(t, tc.rel, tc.users...)
+			v := volume(tc.deleted)
+			if tc.released {
+				_, err := e.Delete(context.Background(), v)
+				require.NoError(t, err)
+			}
+
+			obs, err := e.Observe(context.Background(), v)
+
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantExists, obs.ResourceExists, "exists")
+			inUse := v.GetCondition(TypeInUse)
+			inUse.LastTransitionTime = metav1.Time{}
+			assert.Equal(t, tc.wantInUse, inUse)
+			if !tc.deleted {
+				assert.True(t, obs.ResourceUpToDate)
+				assert.Equal(t, corev1.ConditionTrue, v.GetCondition(xpv2.TypeReady).Status, "the Kind's Observe gives Ready")
+				assert.Equal(t, tc.wantAttached, v.Status.AtProvider.AttachedTo)
+			}
+		})
+	}
+}
+
+func TestDelete(t *testing.T) {
+	boom := errors.New("boom")
+	cases := map[string]struct {
+		users []string
+		rel   *release
+
+		wantErr          string
+		wantEvent        event.Reason
+		wantReleaseCalls int
+		wantReleased     bool
+	}{
+		"AUsedResourceIsRefusedWithAWarningNamingItsUsers": {
+			users: []string{"a"}, rel: &release{released: true},
+			wantErr:   "Volume data is used by VirtualMachine a: it is deleted once they no longer use it",
+			wantEvent: ReasonDeletionBlocked,
+		},
+		"AnUnusedResourceWithNothingToReleaseGoes": {},
+		"AnUnusedResourceIsReleased": {
+			rel:              &release{released: true},
+			wantReleaseCalls: 1, wantReleased: true,
+		},
+		"AReleaseThatWaitsIsNotReleasedYet": {
+			rel:              &release{},
+			wantReleaseCalls: 1,
+		},
+		"AReleaseErrorIsReturned": {
+			rel:              &release{err: boom},
+			wantErr:          "boom",
+			wantReleaseCalls: 1,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			e, rec := testExternal(t, tc.rel, tc.users...)
+			v := volume(true)
+
+			_, err := e.Delete(context.Background(), v)
+
+			if tc.wantErr != "" {
+				require.EqualError(t, err, tc.wantErr)
+			} else {
+				require.NoError(t, err)
+				assert.Equal(t, xpv2.Deleting().Reason, v.GetCondition(xpv2.TypeReady).Reason)
+			}
+			var reasons []event.Reason
+			for _, ev := range rec.Events() {
+				assert.Equal(t, event.TypeWarning, ev.Type)
+				reasons = append(reasons, ev.Reason)
+			}
+			if tc.wantEvent != "" {
+				assert.Equal(t, []event.Reason{tc.wantEvent}, reasons)
+			} else {
+				assert.Empty(t, reasons)
+			}
+			if tc.rel != nil {
+				assert.Equal(t, tc.wantReleaseCalls, tc.rel.calls, "Release calls")
+			}
+			_, released := e.released.Load(v.GetUID())
+			assert.Equal(t, tc.wantReleased, released, "remembered as released")
+		})
+	}
+}
+
+// TestAUserChangeWakesWhatItUsedAndWhatItUses pins that a VM that swaps one
+// Volume for another wakes both, after userSettle.
+func TestAUserChangeWakesWhatItUsedAndWhatItUses(t *testing.T) {
+	vm := func(disk string) *v1alpha1.VirtualMachine {
+		m := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "a"}}
+		m.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName(disk)}}
+		return m
+	}
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+	t.Cleanup(q.ShutDown)
+	h := enqueueAfter(userSettle, func(_ context.Context, o client.Object) []string { return usesVolumes.Uses(o) })
+
+	start := time.Now()
+	h.Update(context.Background(), ctrlevent.UpdateEvent{ObjectOld: vm("old"), ObjectNew: vm("new")}, q)
+
+	var got []string
+	for range 2 {
+		r, _ := q.Get()
+		got = append(got, r.Name)
+		assert.Equal(t, "team", r.Namespace)
+		q.Done(r)
+	}
+	assert.ElementsMatch(t, []string{"old", "new"}, got)
+	assert.GreaterOrEqual(t, time.Since(start), userSettle, "the reconciles wait for the user's own writes to settle")
+}
