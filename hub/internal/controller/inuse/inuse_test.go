@@ -210,16 +210,7 @@ func TestDelete(t *testing.T) {
 				require.NoError(t, err)
 				assert.Equal(t, xpv2.Deleting().Reason, v.GetCondition(xpv2.TypeReady).Reason)
 			}
-			var reasons []event.Reason
-			for _, ev := range rec.Events() {
-				assert.Equal(t, event.TypeWarning, ev.Type)
-				reasons = append(reasons, ev.Reason)
-			}
-			if tc.wantEvent != "" {
-				assert.Equal(t, []event.Reason{tc.wantEvent}, reasons)
-			} else {
-				assert.Empty(t, reasons)
-			}
+			rec.AssertWarning(t, tc.wantEvent)
 			if tc.rel != nil {
 				assert.Equal(t, tc.wantReleaseCalls, tc.rel.calls, "Release calls")
 			}

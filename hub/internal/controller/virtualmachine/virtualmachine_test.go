@@ -246,24 +246,10 @@ func TestObserveDeletion(t *testing.T) {
 				assert.Equal(t, v1alpha1.PhaseDeleting, vm.Status.AtProvider.Phase)
 				assert.Equal(t, xpv2.Deleting().Reason, vm.GetCondition(xpv2.TypeReady).Reason)
 			}
-			var reasons []event.Reason
-			for _, ev := range rec.Events() {
-				assert.Equal(t, event.TypeWarning, ev.Type)
+			for _, ev := range rec.AssertWarning(t, tc.wantEvent) {
 				assert.Contains(t, ev.Message, "fencing timeout")
-				reasons = append(reasons, ev.Reason)
 			}
-			if tc.wantEvent != "" {
-				assert.Equal(t, []event.Reason{tc.wantEvent}, reasons)
-			} else {
-				assert.Empty(t, reasons)
-			}
-			select {
-			case req := <-wakeUps:
-				assert.True(t, tc.wantWakeUp, "unexpected wake-up %v", req)
-				assert.Equal(t, types.NamespacedName{Namespace: "default", Name: "a"}, req.NamespacedName)
-			case <-time.After(time.Second):
-				assert.False(t, tc.wantWakeUp, "the VM is woken when the fencing timeout is up")
-			}
+			fleettest.AssertWakeUp(t, wakeUps, tc.wantWakeUp, types.NamespacedName{Namespace: "default", Name: "a"})
 		})
 	}
 }

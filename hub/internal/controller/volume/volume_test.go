@@ -170,24 +170,10 @@ func TestRelease(t *testing.T) {
 			if ok {
 				assert.Equal(t, absent, in, "the intent asks the node to delete the Volume's volume")
 			}
-			var reasons []event.Reason
-			for _, e := range rec.Events() {
-				assert.Equal(t, event.TypeWarning, e.Type)
-				reasons = append(reasons, e.Reason)
+			if events := rec.AssertWarning(t, tc.wantEvent); tc.wantEvent != "" {
+				assert.Contains(t, events[0].Message, "fencing timeout")
 			}
-			if tc.wantEvent != "" {
-				assert.Equal(t, []event.Reason{tc.wantEvent}, reasons)
-				assert.Contains(t, rec.Events()[0].Message, "fencing timeout")
-			} else {
-				assert.Empty(t, reasons)
-			}
-			select {
-			case req := <-wakeUps:
-				assert.True(t, tc.wantWakeUp, "unexpected wake-up %v", req)
-				assert.Equal(t, types.NamespacedName{Namespace: "team", Name: "data"}, req.NamespacedName)
-			case <-time.After(time.Second):
-				assert.False(t, tc.wantWakeUp, "the Volume is woken when the fencing timeout is up")
-			}
+			fleettest.AssertWakeUp(t, wakeUps, tc.wantWakeUp, types.NamespacedName{Namespace: "team", Name: "data"})
 		})
 	}
 }

@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -63,6 +65,38 @@ func (r *Recorder) Events() []event.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]event.Event(nil), r.events...)
+}
+
+// AssertWarning asserts that r recorded only Warning events, and one with
+// reason want, or none when want is empty; it returns them for further
+// checks.
+func (r *Recorder) AssertWarning(t *testing.T, want event.Reason) []event.Event {
+	t.Helper()
+	got := r.Events()
+	var reasons []event.Reason
+	for _, e := range got {
+		assert.Equal(t, event.TypeWarning, e.Type, "event %s", e.Reason)
+		reasons = append(reasons, e.Reason)
+	}
+	if want == "" {
+		assert.Empty(t, reasons)
+	} else {
+		assert.Equal(t, []event.Reason{want}, reasons)
+	}
+	return got
+}
+
+// AssertWakeUp asserts that wakeUps (see WakeUps) delivers a reconcile of
+// key within a second if want, and none otherwise.
+func AssertWakeUp(t *testing.T, wakeUps <-chan reconcile.Request, want bool, key types.NamespacedName) {
+	t.Helper()
+	select {
+	case req := <-wakeUps:
+		assert.True(t, want, "unexpected wake-up %v", req)
+		assert.Equal(t, key, req.NamespacedName)
+	case <-time.After(time.Second):
+		assert.False(t, want, "no wake-up of %s", key)
+	}
 }
 
 // WakeUps delivers the reconciles n asks for to the returned channel until
