@@ -31,8 +31,8 @@ func main() {
 	flag.IntVar(&c.MaxReconcileRate, "max-reconcile-rate", 100, "Reconciles per second across all controllers (and the API client's rate); high enough for bursts of creates.")
 	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM deleted while its node is lost waits before it is finalized.")
 	flag.DurationVar(&c.NodeTTL, "node-ttl", natswire.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
-	// Crossplane's package runtime configures a provider's Deployment with
-	// these, as its provider template reads them.
+	// The names Crossplane providers read besides (provider-template's
+	// LEADER_ELECTION), and the downward-API namespace cluster/deploy sets.
 	also := map[string][]string{"leader-election": {"LEADER_ELECTION"}, "leader-election-namespace": {"POD_NAMESPACE"}}
 	if err := flagenv.Parse(flag.CommandLine, os.Args[1:], os.LookupEnv, also); err != nil {
 		fmt.Fprintln(os.Stderr, "hub:", err)
