@@ -55,8 +55,8 @@ var ImageUsers = inuse.User{
 	},
 }
 
-// All are the indexes Setup registers.
-var All = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers}
+// all are the indexes Setup registers.
+var all = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers}
 
 // vmUser describes VirtualMachines as users of what index names.
 func vmUser(index string, uses func(*v1alpha1.VirtualMachine) []string) inuse.User {
@@ -77,7 +77,7 @@ func vmUser(index string, uses func(*v1alpha1.VirtualMachine) []string) inuse.Us
 // Setup registers every index. They serve several controllers, so they must
 // exist before any of them starts, whatever order their gates open in.
 func Setup(ctx context.Context, mgr ctrl.Manager) error {
-	for _, u := range All {
+	for _, u := range all {
 		if err := mgr.GetFieldIndexer().IndexField(ctx, u.New(), u.Index, u.Uses); err != nil {
 			return errors.Wrapf(err, "cannot index %ss by %s", u.Kind, u.Index)
 		}
