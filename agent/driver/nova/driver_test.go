@@ -25,10 +25,14 @@ import (
 const (
 	password  = "pw-3f1c9e-never-print-me"
 	cloudName = "test"
-	publicKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx5ZHQgZmxlZXQgdGVzdCBrZXkgZm9yIHZpcnRmbGVldA== alice@example"
-	otherKey  = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE90aGVyIGtleSBmb3IgdGhlIG5vdmEgZHJpdmVyIHRlc3Q= bob@example"
 	waitFor   = 10 * time.Second
 	tick      = 10 * time.Millisecond
+)
+
+// Real keys: Nova refuses anything it cannot fingerprint.
+var (
+	publicKey = openstacktest.PublicKey("alice@example")
+	otherKey  = openstacktest.PublicKey("bob@example")
 )
 
 // cloud is a test server and the clouds.yaml pointing at it.
@@ -262,6 +266,23 @@ func TestFlavors(t *testing.T) {
 		require.NoError(t, d.Delete(context.Background(), b.UID))
 		assert.NotContains(t, flavorNames(c), "vf-c3-m512-s0", "nothing uses it any more")
 	})
+
+	t.Run("AFailedResizeLeavesNoFlavor", func(t *testing.T) {
+		t.Parallel()
+		c := newCloud(t, password)
+		d := c.open(t)
+		m := machine("resize-fails")
+		m.Running = false
+		ensure(t, d, m, driver.PhaseStopped)
+		m.Running, m.VCPU = true, 3
+		c.FailNext(http.MethodPost, openstacktest.ComputePath+"/servers/*/action", 1, http.StatusBadRequest, 0)
+		_, err := d.Ensure(context.Background(), m)
+		require.Error(t, err, "the resize is refused")
+		require.Contains(t, flavorNames(c), "vf-c3-m512-s0", "made for the resize")
+		assert.Equal(t, "m1.tiny", c.server(t, m.UID).FlavorName, "the server kept its flavor")
+		require.NoError(t, d.Delete(context.Background(), m.UID))
+		assert.NotContains(t, flavorNames(c), "vf-c3-m512-s0", "the resize's flavor goes with the server")
+	})
 }
 
 func contains(list []string, s string) bool {
@@ -453,6 +474,22 @@ func TestRestartsAndShape(t *testing.T) {
 	}, waitFor, tick)
 	assert.Equal(t, int32(2), o.RestartCount, "a restart with a new shape is one restart")
 	assert.Equal(t, 4, c.server(t, m.UID).VCPUs)
+	assert.Equal(t, 2, count(c.server(t, m.UID).Actions, "confirmResize"), "each resize confirmed once, though Nova confirms asynchronously")
+	for _, r := range c.Requests() {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.Path, "/action") {
+			assert.Less(t, r.Status, 300, "no action refused: a confirm under way is not confirmed again")
+		}
+	}
+}
+
+func count(list []string, s string) int {
+	n := 0
+	for _, x := range list {
+		if x == s {
+			n++
+		}
+	}
+	return n
 }
 
 // TestTokenExpiry pins that an expired token is renewed without the caller

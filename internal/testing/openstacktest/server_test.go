@@ -66,6 +66,7 @@ func (c *session) bootable(t *testing.T) (volumeID, networkID string) {
 		got, err := volumes.Get(ctx, c.volume, v.ID).Extract()
 		return err == nil && got.Status == "available"
 	}, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, volumes.SetBootable(ctx, c.volume, v.ID, volumes.BootableOpts{Bootable: true}).ExtractErr())
 	n, err := networks.Create(ctx, c.network, networks.CreateOpts{Name: "net"}).Extract()
 	require.NoError(t, err)
 	_, err = subnets.Create(ctx, c.network, subnets.CreateOpts{NetworkID: n.ID, CIDR: "10.0.0.0/24", IPVersion: 4}).Extract()
@@ -188,7 +189,20 @@ func TestServerLifecycle(t *testing.T) {
 		{name: "ResizeWhileStopped", act: func() error {
 			return servers.Resize(ctx, c.compute, id, servers.ResizeOpts{FlavorRef: "3"}).ExtractErr()
 		}, status: openstacktest.StatusVerifyResize},
-		{name: "ConfirmResizeReturnsToStopped", act: func() error { return servers.ConfirmResize(ctx, c.compute, id).ExtractErr() }, status: openstacktest.StatusShutoff},
+		{name: "ConfirmResizeReturnsToStopped", act: func() error {
+			if err := servers.ConfirmResize(ctx, c.compute, id).ExtractErr(); err != nil {
+				return err
+			}
+			// As Nova: the confirm runs on the compute host, and one sent
+			// meanwhile is refused.
+			got, err := servers.Get(ctx, c.compute, id).Extract()
+			require.NoError(t, err)
+			assert.Equal(t, openstacktest.StatusVerifyResize, got.Status, "still VERIFY_RESIZE while confirming")
+			assert.Empty(t, got.TaskState, "with no task state")
+			err = servers.ConfirmResize(ctx, c.compute, id).ExtractErr()
+			assert.True(t, gophercloud.ResponseCodeIs(err, http.StatusBadRequest), "a second confirm: %v", err)
+			return nil
+		}, status: openstacktest.StatusShutoff},
 		{name: "Start", act: func() error { return servers.Start(ctx, c.compute, id).ExtractErr() }, status: openstacktest.StatusActive},
 		{name: "Reboot", act: func() error {
 			return servers.Reboot(ctx, c.compute, id, servers.RebootOpts{Type: servers.SoftReboot}).ExtractErr()
@@ -237,6 +251,12 @@ func TestCreateIsValidated(t *testing.T) {
 	private := false
 	f, err := flavors.Create(ctx, c.compute, flavors.CreateOpts{Name: "private", VCPUs: 1, RAM: 64, Disk: &disk, IsPublic: &private}).Extract()
 	require.NoError(t, err)
+	empty, err := volumes.Create(ctx, c.volume, volumes.CreateOpts{Name: "empty", Size: 1}, nil).Extract()
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		got, err := volumes.Get(ctx, c.volume, empty.ID).Extract()
+		return err == nil && got.Status == "available"
+	}, 5*time.Second, 10*time.Millisecond)
 	cases := []struct {
 		name   string
 		change func(o *servers.CreateOpts)
@@ -247,6 +267,7 @@ func TestCreateIsValidated(t *testing.T) {
 		{name: "UnknownFlavor", change: func(o *servers.CreateOpts) { o.FlavorRef = "nope" }},
 		{name: "PrivateFlavorWithoutAccess", change: func(o *servers.CreateOpts) { o.FlavorRef = f.ID }},
 		{name: "UnknownKeypair", change: func(*servers.CreateOpts) {}, key: "nope"},
+		{name: "BootVolumeNotBootable", change: func(o *servers.CreateOpts) { o.BlockDevice[0].UUID = empty.ID }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -322,14 +343,16 @@ func TestFaultsAndControls(t *testing.T) {
 	})
 
 	t.Run("Keypairs", func(t *testing.T) {
-		key := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx5ZHQgZmxlZXQgdGVzdCBrZXkgZm9yIHZpcnRmbGVldA== t@x"
+		key := openstacktest.PublicKey("t@x")
 		kp, err := keypairs.Create(ctx, c.compute, keypairs.CreateOpts{Name: "k", PublicKey: key}).Extract()
 		require.NoError(t, err)
 		assert.Regexp(t, `^([0-9a-f]{2}:){15}[0-9a-f]{2}$`, kp.Fingerprint)
 		_, err = keypairs.Create(ctx, c.compute, keypairs.CreateOpts{Name: "k", PublicKey: key}).Extract()
 		assert.True(t, gophercloud.ResponseCodeIs(err, http.StatusConflict))
-		_, err = keypairs.Create(ctx, c.compute, keypairs.CreateOpts{Name: "bad", PublicKey: "garbage"}).Extract()
-		assert.True(t, gophercloud.ResponseCodeIs(err, http.StatusBadRequest))
+		for _, bad := range []string{"garbage", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx5ZHQgZmxlZXQgdGVzdCBrZXkgZm9yIHZpcnRmbGVldA== base64-but-no-key"} {
+			_, err = keypairs.Create(ctx, c.compute, keypairs.CreateOpts{Name: "bad", PublicKey: bad}).Extract()
+			assert.True(t, gophercloud.ResponseCodeIs(err, http.StatusBadRequest), "Nova refuses %q", bad)
+		}
 		require.NoError(t, keypairs.Delete(ctx, c.compute, "k", nil).ExtractErr())
 		assert.Empty(t, c.s.Keypairs())
 	})
