@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
@@ -61,7 +64,10 @@ func newCloud(t *testing.T, pw string) *cloud {
 
 func newCloudWith(t *testing.T, o openstacktest.Options, entry func(*openstacktest.Server, *cloudYAML), pw string) *cloud {
 	t.Helper()
-	o.Password, o.TransitionDelay, o.Hosts, o.HostVCPUs, o.HostMemoryMB = password, 20*time.Millisecond, []string{"compute-a", "compute-b"}, 32, 65536
+	if o.TransitionDelay == 0 {
+		o.TransitionDelay = 20 * time.Millisecond
+	}
+	o.Password, o.Hosts, o.HostVCPUs, o.HostMemoryMB = password, []string{"compute-a", "compute-b"}, 32, 65536
 	s, err := openstacktest.Start(o)
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
@@ -844,4 +850,53 @@ func TestTLS(t *testing.T) {
 func withNode(c nova.Config, node string) nova.Config {
 	c.Node = node
 	return c
+}
+
+// TestAConfirmUnderWayIsNotAnError pins the agent that restarts after
+// confirming a resize: Nova still shows VERIFY_RESIZE and refuses the new
+// agent's confirm with 400 "Instance has not been resized", which must
+// neither fail the VM as Terminal nor stop it from starting.
+func TestAConfirmUnderWayIsNotAnError(t *testing.T) {
+	t.Parallel()
+	// Slow enough that the new agent meets the confirm under way.
+	c := newCloudWith(t, openstacktest.Options{TransitionDelay: time.Second}, func(*openstacktest.Server, *cloudYAML) {}, password)
+	d := c.open(t)
+	m := machine("confirm")
+	m.Running = false
+	ensure(t, d, m, driver.PhaseStopped)
+	m.Running, m.VCPU = true, 2
+	require.Eventually(t, func() bool {
+		_, err := d.Ensure(context.Background(), m)
+		require.NoError(t, err)
+		return c.server(t, m.UID).Status != openstacktest.StatusShutoff
+	}, waitFor, tick, "the resize is asked for")
+	require.Eventually(t, func() bool { return c.server(t, m.UID).Status == openstacktest.StatusVerifyResize }, waitFor, tick)
+	require.NoError(t, d.Close())
+
+	// The first agent's confirm, sent just before it stopped.
+	o := c.Options()
+	pc, err := openstack.AuthenticatedClient(context.Background(), gophercloud.AuthOptions{
+		IdentityEndpoint: c.AuthURL(), Username: o.Username, Password: password, DomainName: o.Domain, TenantName: o.Project,
+	})
+	require.NoError(t, err)
+	compute, err := openstack.NewComputeV2(pc, gophercloud.EndpointOpts{Region: o.Region})
+	require.NoError(t, err)
+	require.NoError(t, servers.ConfirmResize(context.Background(), compute, c.server(t, m.UID).ID).ExtractErr())
+
+	restarted := c.open(t)
+	o2, err := restarted.Ensure(context.Background(), m)
+	require.NoError(t, err, "Nova's refusal of a second confirm is not the user's error")
+	assert.NotEqual(t, driver.PhaseFailed, o2.Phase)
+	assert.Equal(t, 1, c.CountRequests(http.MethodPost, openstacktest.ComputePath+"/servers/*/action")-countAccepted(c), "the new agent's confirm was refused, and that was fine")
+	ensure(t, restarted, m, driver.PhaseRunning)
+	assert.Equal(t, 2, c.server(t, m.UID).VCPUs)
+}
+
+// countAccepted counts the server actions the test server accepted.
+func countAccepted(c *cloud) int {
+	n := 0
+	for _, s := range c.Servers() {
+		n += len(s.Actions)
+	}
+	return n
 }

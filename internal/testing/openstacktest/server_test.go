@@ -32,7 +32,12 @@ type session struct {
 
 func start(t *testing.T) *session {
 	t.Helper()
-	s, err := openstacktest.Start(openstacktest.Options{Password: password, TransitionDelay: 20 * time.Millisecond, Hosts: []string{"h1", "h2"}})
+	return startWith(t, 20*time.Millisecond)
+}
+
+func startWith(t *testing.T, delay time.Duration) *session {
+	t.Helper()
+	s, err := openstacktest.Start(openstacktest.Options{Password: password, TransitionDelay: delay, Hosts: []string{"h1", "h2"}})
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	pc, err := openstack.AuthenticatedClient(context.Background(), authOptions(s, password))
@@ -189,20 +194,7 @@ func TestServerLifecycle(t *testing.T) {
 		{name: "ResizeWhileStopped", act: func() error {
 			return servers.Resize(ctx, c.compute, id, servers.ResizeOpts{FlavorRef: "3"}).ExtractErr()
 		}, status: openstacktest.StatusVerifyResize},
-		{name: "ConfirmResizeReturnsToStopped", act: func() error {
-			if err := servers.ConfirmResize(ctx, c.compute, id).ExtractErr(); err != nil {
-				return err
-			}
-			// As Nova: the confirm runs on the compute host, and one sent
-			// meanwhile is refused.
-			got, err := servers.Get(ctx, c.compute, id).Extract()
-			require.NoError(t, err)
-			assert.Equal(t, openstacktest.StatusVerifyResize, got.Status, "still VERIFY_RESIZE while confirming")
-			assert.Empty(t, got.TaskState, "with no task state")
-			err = servers.ConfirmResize(ctx, c.compute, id).ExtractErr()
-			assert.True(t, gophercloud.ResponseCodeIs(err, http.StatusBadRequest), "a second confirm: %v", err)
-			return nil
-		}, status: openstacktest.StatusShutoff},
+		{name: "ConfirmResizeReturnsToStopped", act: func() error { return servers.ConfirmResize(ctx, c.compute, id).ExtractErr() }, status: openstacktest.StatusShutoff},
 		{name: "Start", act: func() error { return servers.Start(ctx, c.compute, id).ExtractErr() }, status: openstacktest.StatusActive},
 		{name: "Reboot", act: func() error {
 			return servers.Reboot(ctx, c.compute, id, servers.RebootOpts{Type: servers.SoftReboot}).ExtractErr()
@@ -356,4 +348,27 @@ func TestFaultsAndControls(t *testing.T) {
 		require.NoError(t, keypairs.Delete(ctx, c.compute, "k", nil).ExtractErr())
 		assert.Empty(t, c.s.Keypairs())
 	})
+}
+
+// TestConfirmIsAsynchronous pins what real Nova does with a confirmed
+// resize: the compute host confirms it later, the server shows
+// VERIFY_RESIZE with no task state meanwhile, and a second confirm is
+// refused with 400.
+func TestConfirmIsAsynchronous(t *testing.T) {
+	t.Parallel()
+	c := startWith(t, time.Second)
+	ctx := context.Background()
+	vol, net := c.bootable(t)
+	id := c.boot(t, vol, net)
+	c.waitStatus(t, id, openstacktest.StatusActive)
+	require.NoError(t, servers.Resize(ctx, c.compute, id, servers.ResizeOpts{FlavorRef: "3"}).ExtractErr())
+	c.waitStatus(t, id, openstacktest.StatusVerifyResize)
+	require.NoError(t, servers.ConfirmResize(ctx, c.compute, id).ExtractErr())
+	got, err := servers.Get(ctx, c.compute, id).Extract()
+	require.NoError(t, err)
+	assert.Equal(t, openstacktest.StatusVerifyResize, got.Status, "still VERIFY_RESIZE while confirming")
+	assert.Empty(t, got.TaskState, "with no task state")
+	err = servers.ConfirmResize(ctx, c.compute, id).ExtractErr()
+	assert.True(t, gophercloud.ResponseCodeIs(err, http.StatusBadRequest), "a second confirm: %v", err)
+	c.waitStatus(t, id, openstacktest.StatusActive)
 }
