@@ -142,14 +142,19 @@ func (c *Cloud) novaConf() conf {
 			[2]string{"allow_resize_to_same_host", "true"},
 			[2]string{"heal_instance_info_cache_interval", "-1"},
 		),
-		"api":                          {{"auth_strategy", "keystone"}},
-		"api_database":                 {{"connection", c.database("nova_api")}},
-		"database":                     {{"connection", c.database("nova")}},
-		"keystone_authtoken":           c.authtoken("nova"),
-		"service_user":                 append(section{{"send_service_user_token", "true"}}, c.serviceAuth("nova")...),
-		"placement":                    c.serviceAuth("placement"),
-		"neutron":                      c.serviceAuth("neutron"),
-		"cinder":                       {{"os_region_name", c.Region}, {"catalog_info", "volumev3::publicURL"}},
+		"api":                {{"auth_strategy", "keystone"}},
+		"api_database":       {{"connection", c.database("nova_api")}},
+		"database":           {{"connection", c.database("nova")}},
+		"keystone_authtoken": c.authtoken("nova"),
+		"service_user":       append(section{{"send_service_user_token", "true"}}, c.serviceAuth("nova")...),
+		"placement":          c.serviceAuth("placement"),
+		"neutron":            c.serviceAuth("neutron"),
+		"cinder":             {{"os_region_name", c.Region}, {"catalog_info", "volumev3::publicURL"}},
+		// There is no Glance (servers boot from volumes), but Nova's compute
+		// builds an image URL for every instance's notification payload and
+		// fails the build without an image endpoint; one that is never
+		// called is enough.
+		"glance":                       {{"api_servers", fmt.Sprintf("http://127.0.0.1:%d", c.ports.glance)}},
 		"conductor":                    {{"workers", "1"}},
 		"scheduler":                    {{"workers", "1"}, {"discover_hosts_in_cells_interval", "2"}},
 		"quota":                        {{"instances", "-1"}, {"cores", "-1"}, {"ram", "-1"}, {"key_pairs", "-1"}},

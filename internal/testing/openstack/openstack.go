@@ -99,6 +99,8 @@ type Cloud struct {
 
 	ports struct {
 		keystone, placement, nova, cinder, neutron, amqp, dist, epmd int
+		// glance is free: nothing listens there.
+		glance int
 	}
 	out      io.Writer
 	ownDir   bool
@@ -159,10 +161,19 @@ func Start(ctx context.Context, o Options) (_ *Cloud, err error) {
 	}
 	c.progress("state in %s", c.Dir)
 
-	// MariaDB and RabbitMQ come first; Keystone next, for the catalog; the
-	// other services' database migrations then run side by side.
+	if err := c.writeConfigs(); err != nil {
+		return nil, err
+	}
+	// MariaDB and RabbitMQ come first, then the databases (migrated, or
+	// loaded from the machine's template of a migration done before),
+	// Keystone and its catalog, then everything else.
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return c.startMariaDB(gctx) })
+	g.Go(func() error {
+		if err := c.startMariaDB(gctx); err != nil {
+			return err
+		}
+		return c.databases(gctx)
+	})
 	g.Go(func() error { return c.startRabbitMQ(gctx) })
 	if err := g.Wait(); err != nil {
 		return nil, err
@@ -170,13 +181,7 @@ func Start(ctx context.Context, o Options) (_ *Cloud, err error) {
 	if err := c.startKeystone(ctx); err != nil {
 		return nil, err
 	}
-	g, gctx = errgroup.WithContext(ctx)
-	g.Go(func() error { return c.registerCatalog(gctx) })
-	g.Go(func() error { return c.syncPlacement(gctx) })
-	g.Go(func() error { return c.syncNova(gctx) })
-	g.Go(func() error { return c.syncCinder(gctx) })
-	g.Go(func() error { return c.syncNeutron(gctx) })
-	if err := g.Wait(); err != nil {
+	if err := c.registerCatalog(ctx); err != nil {
 		return nil, err
 	}
 	if err := c.startServices(ctx); err != nil {
@@ -196,7 +201,7 @@ func (c *Cloud) prepare() error {
 		}
 	}
 	for _, p := range []*int{&c.ports.keystone, &c.ports.placement, &c.ports.nova, &c.ports.cinder,
-		&c.ports.neutron, &c.ports.amqp, &c.ports.dist, &c.ports.epmd} {
+		&c.ports.neutron, &c.ports.amqp, &c.ports.dist, &c.ports.epmd, &c.ports.glance} {
 		port, err := freePort()
 		if err != nil {
 			return err

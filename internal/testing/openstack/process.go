@@ -45,7 +45,9 @@ func (c *Cloud) start(name string, env []string, argv ...string) (*process, erro
 	cmd.Env = append(c.baseEnv(), env...)
 	cmd.Dir = c.Dir
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A test binary killed before its TestMain stops the cloud takes the
+	// services' parents with it (their workers follow them).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		_ = log.Close()
 		return nil, errors.Wrapf(err, "cannot start %s", name)

@@ -2,7 +2,9 @@ package openstack
 
 import (
 	"context"
+	"crypto/rand"
 	"embed"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +14,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/schedulerstats"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/hypervisors"
+	"golang.org/x/sync/errgroup"
 )
 
 //go:embed python
@@ -60,15 +63,58 @@ func (c *Cloud) startMariaDB(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	mysql := exec.Command("mariadb", "--no-defaults", "--socket="+c.mysqlSocket(), "-uroot", "-e", "SELECT 1")
+	return c.waitFor(ctx, "MariaDB", p, dbTimeout, func(context.Context) bool { return mysql.Run() == nil || retry(&mysql) })
+}
+
+// sql runs statements as MariaDB's root.
+func (c *Cloud) sql(ctx context.Context, name, statements string) error {
+	return c.run(ctx, name, "mariadb", "--no-defaults", "--socket="+c.mysqlSocket(), "-uroot", "-e", statements)
+}
+
+// migrate creates the databases and runs every service's migrations side
+// by side; Nova's cells are mapped to this cloud's databases and RabbitMQ.
+func (c *Cloud) migrate(ctx context.Context) error {
 	sql := ""
 	for _, db := range databases {
 		sql += "CREATE DATABASE " + db + ";"
 	}
-	mysql := exec.Command("mariadb", "--no-defaults", "--socket="+c.mysqlSocket(), "-uroot", "-e", "SELECT 1")
-	if err := c.waitFor(ctx, "MariaDB", p, dbTimeout, func(context.Context) bool { return mysql.Run() == nil || retry(&mysql) }); err != nil {
+	if err := c.sql(ctx, "create-databases", sql); err != nil {
 		return err
 	}
-	return c.run(ctx, "create-databases", "mariadb", "--no-defaults", "--socket="+c.mysqlSocket(), "-uroot", "-e", sql)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return c.run(gctx, "keystone-db-sync", "keystone-manage", "--config-file", c.conf("keystone.conf"), "db_sync")
+	})
+	g.Go(func() error {
+		return c.run(gctx, "placement-db-sync", "placement-manage", "--config-file", c.conf("placement.conf"), "db", "sync")
+	})
+	g.Go(func() error { return c.syncNova(gctx) })
+	g.Go(func() error {
+		return c.run(gctx, "cinder-db-sync", "cinder-manage", "--config-file", c.conf("cinder.conf"), "db", "sync")
+	})
+	g.Go(func() error {
+		return c.run(gctx, "neutron-db-sync", "neutron-db-manage", "--config-file", c.conf("neutron.conf"), "upgrade", "heads")
+	})
+	return g.Wait()
+}
+
+func (c *Cloud) conf(name string) string { return filepath.Join(c.Dir, "etc", name) }
+
+// writeConfigs writes every service's configuration file.
+func (c *Cloud) writeConfigs() error {
+	for name, cf := range map[string]conf{
+		"keystone.conf":  c.keystoneConf(),
+		"placement.conf": c.placementConf(),
+		"nova.conf":      c.novaConf(),
+		"cinder.conf":    c.cinderConf(),
+		"neutron.conf":   c.neutronConf(),
+	} {
+		if _, err := c.write(name, cf); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // retry makes a used *exec.Cmd runnable again, for polling with it; it
@@ -126,26 +172,16 @@ func (c *Cloud) uwsgi(name, script string, port int, env ...string) (*process, e
 		"--buffer-size", "65535", "--add-header", "Connection: close", "--hook-master-start", "unix_signal:15 gracefully_kill_them_all")
 }
 
-// startKeystone migrates Keystone's database, makes its keys, bootstraps
-// the admin user, project and roles and its own endpoint, and serves it.
+// startKeystone makes Keystone's keys, bootstraps the admin user, project
+// and roles and Keystone's own endpoint, and serves it.
 func (c *Cloud) startKeystone(ctx context.Context) error {
-	cf, err := c.write("keystone.conf", c.keystoneConf())
-	if err != nil {
-		return err
+	for _, dir := range []string{"fernet-keys", "credential-keys"} {
+		if err := fernetKeys(filepath.Join(c.Dir, "state", "keystone", dir)); err != nil {
+			return err
+		}
 	}
-	manage := func(name string, args ...string) error {
-		return c.run(ctx, name, append([]string{"keystone-manage", "--config-file", cf}, args...)...)
-	}
-	if err := manage("keystone-db-sync", "db_sync"); err != nil {
-		return err
-	}
-	if err := manage("keystone-fernet-setup", "fernet_setup", "--keystone-user", "root", "--keystone-group", "root"); err != nil {
-		return err
-	}
-	if err := manage("keystone-credential-setup", "credential_setup", "--keystone-user", "root", "--keystone-group", "root"); err != nil {
-		return err
-	}
-	if err := manage("keystone-bootstrap", "bootstrap", "--bootstrap-password", c.Password,
+	if err := c.run(ctx, "keystone-bootstrap", "keystone-manage", "--config-file", c.conf("keystone.conf"), "bootstrap",
+		"--bootstrap-password", c.Password,
 		"--bootstrap-username", adminUser, "--bootstrap-project-name", adminProject, "--bootstrap-role-name", "admin",
 		"--bootstrap-region-id", c.Region, "--bootstrap-admin-url", c.keystoneURL(),
 		"--bootstrap-internal-url", c.keystoneURL(), "--bootstrap-public-url", c.keystoneURL()); err != nil {
@@ -159,48 +195,34 @@ func (c *Cloud) startKeystone(ctx context.Context) error {
 	return c.waitFor(ctx, "Keystone", p, serviceTimeout, func(ctx context.Context) bool { return answers(ctx, c.keystoneURL()) })
 }
 
-// syncPlacement, syncNova, syncCinder and syncNeutron write a service's
-// configuration and migrate its databases; they run side by side.
-func (c *Cloud) syncPlacement(ctx context.Context) error {
-	cf, err := c.write("placement.conf", c.placementConf())
-	if err != nil {
-		return err
+// fernetKeys makes a key repository as keystone-manage fernet_setup and
+// credential_setup do, without a Python start each: key 0 is staged, key 1
+// primary, each 32 random bytes in URL-safe base64.
+func fernetKeys(dir string) error {
+	for _, name := range []string{"0", "1"} {
+		var key [32]byte
+		_, _ = rand.Read(key[:])
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(base64.URLEncoding.EncodeToString(key[:])), 0o600); err != nil {
+			return errors.Wrap(err, "cannot write a Keystone key")
+		}
 	}
-	return c.run(ctx, "placement-db-sync", "placement-manage", "--config-file", cf, "db", "sync")
+	return nil
 }
 
+// syncNova migrates Nova's API database, maps cell0 and cell1 and
+// migrates the cells' databases, in that order.
 func (c *Cloud) syncNova(ctx context.Context) error {
-	cf, err := c.write("nova.conf", c.novaConf())
-	if err != nil {
-		return err
-	}
 	for _, step := range [][]string{
 		{"nova-api-db-sync", "api_db", "sync"},
 		{"nova-map-cell0", "cell_v2", "map_cell0", "--database_connection", c.database("nova_cell0")},
 		{"nova-create-cell1", "cell_v2", "create_cell", "--name", "cell1"},
 		{"nova-db-sync", "db", "sync"},
 	} {
-		if err := c.run(ctx, step[0], append([]string{"nova-manage", "--config-file", cf}, step[1:]...)...); err != nil {
+		if err := c.run(ctx, step[0], append([]string{"nova-manage", "--config-file", c.conf("nova.conf")}, step[1:]...)...); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func (c *Cloud) syncCinder(ctx context.Context) error {
-	cf, err := c.write("cinder.conf", c.cinderConf())
-	if err != nil {
-		return err
-	}
-	return c.run(ctx, "cinder-db-sync", "cinder-manage", "--config-file", cf, "db", "sync")
-}
-
-func (c *Cloud) syncNeutron(ctx context.Context) error {
-	cf, err := c.write("neutron.conf", c.neutronConf())
-	if err != nil {
-		return err
-	}
-	return c.run(ctx, "neutron-db-sync", "neutron-db-manage", "--config-file", cf, "upgrade", "heads")
 }
 
 // service runs an OpenStack service's main function from Debian's
