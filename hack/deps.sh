@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
 # Installs the Debian packages virtfleet needs to run and test: libvirtd (its
-# test driver simulates hypervisor nodes) and its clients. Run as root it
-# installs what is missing; otherwise it prints the exact command to run.
+# test driver simulates hypervisor nodes) and its clients, and Debian's own
+# OpenStack Zed services (Keystone, Placement, Nova, Cinder, Neutron with
+# MariaDB and RabbitMQ) that the Nova backend is tested against as plain
+# processes (internal/testing/openstack). Run as root it installs what is
+# missing; otherwise it prints the exact command to run.
 set -euo pipefail
 
 packages=(libvirt-daemon-system libvirt-clients util-linux)
+
+# nova-compute is left out on purpose: it pulls libvirt and QEMU for its own
+# service; the harness runs nova.cmd.compute from python3-nova with Nova's
+# fake.FakeDriver.
+openstack=(mariadb-server python3-pymysql rabbitmq-server
+	keystone placement-api
+	nova-api nova-conductor nova-scheduler python3-nova
+	cinder-api cinder-scheduler cinder-volume
+	neutron-server uwsgi-plugin-python3)
+packages+=("${openstack[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
@@ -23,6 +36,36 @@ if [ "$(id -u)" -ne 0 ]; then
 	echo "deps: missing Debian packages: ${missing[*]}" >&2
 	echo "deps: run as root:  apt-get update && ${install[*]}" >&2
 	exit 1
+fi
+
+# The OpenStack packages would ask for a database, a RabbitMQ user and
+# Keystone endpoints to configure; the test harness makes private ones of
+# each, so every such question is answered "no".
+{
+	for p in keystone placement-api nova-common cinder-common neutron-common; do
+		echo "$p $p/configure_db boolean false"
+		echo "$p $p/dbconfig-install boolean false"
+		echo "$p $p/dbconfig-upgrade boolean false"
+		echo "$p $p/dbconfig-remove boolean false"
+		echo "$p $p/configure_rabbit boolean false"
+		echo "$p $p/configure_ksat boolean false"
+	done
+	for p in keystone placement-api nova-api cinder-api neutron-server; do
+		echo "$p $p/register-endpoint boolean false"
+	done
+	echo "keystone keystone/create-admin-tenant boolean false"
+	echo "keystone keystone/admin-password password"
+	echo "dbconfig-common dbconfig-common/dbconfig-install boolean false"
+} | debconf-set-selections
+
+# No service of any package may start at install: the harness runs private
+# instances, and the machine's shared by others. policy-rc.d is the Debian
+# way to say so to invoke-rc.d; a pre-existing one is left as it is.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+	printf '#!/bin/sh\nexit 101\n' >"$policy"
+	chmod 755 "$policy"
+	trap 'rm -f "$policy"' EXIT
 fi
 
 echo "deps: installing ${missing[*]}"

@@ -78,6 +78,8 @@ const (
 	MetaNonce = "virtfleet-restart-nonce"
 	// MetaRestarts counts the restarts the driver performed.
 	MetaRestarts = "virtfleet-restarts"
+	// MetaResizeFlavor is the flavor the last resize asked for.
+	MetaResizeFlavor = "virtfleet-resize-flavor"
 )
 
 // Driver is the nova driver.Driver.
@@ -117,9 +119,19 @@ type Driver struct {
 	// leftovers are the keypair and flavor of a server being deleted, to
 	// clean up once it is gone.
 	leftovers map[string]leftover
+
+	// confirmed are the servers whose resize the driver confirmed, and
+	// when, until it sees them leave VERIFY_RESIZE.
+	confirmed map[string]time.Time
 }
 
-type leftover struct{ keypair, flavor string }
+// leftover is what a deleted server leaves to clean up: its keypair, and
+// its flavor and the target flavor of its last resize, which a failed
+// resize never made the server's own.
+type leftover struct {
+	keypair string
+	flavors []string
+}
 
 var _ driver.Driver = (*Driver)(nil)
 
@@ -150,6 +162,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		volumeIDs:  map[string]string{},
 		networkIDs: map[string]string{},
 		leftovers:  map[string]leftover{},
+		confirmed:  map[string]time.Time{},
 	}
 	if d.poll <= 0 {
 		d.poll = DefaultPollInterval

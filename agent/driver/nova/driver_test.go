@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
@@ -25,10 +28,14 @@ import (
 const (
 	password  = "pw-3f1c9e-never-print-me"
 	cloudName = "test"
-	publicKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx5ZHQgZmxlZXQgdGVzdCBrZXkgZm9yIHZpcnRmbGVldA== alice@example"
-	otherKey  = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE90aGVyIGtleSBmb3IgdGhlIG5vdmEgZHJpdmVyIHRlc3Q= bob@example"
 	waitFor   = 10 * time.Second
 	tick      = 10 * time.Millisecond
+)
+
+// Real keys: Nova refuses anything it cannot fingerprint.
+var (
+	publicKey = openstacktest.PublicKey("alice@example")
+	otherKey  = openstacktest.PublicKey("bob@example")
 )
 
 // cloud is a test server and the clouds.yaml pointing at it.
@@ -57,7 +64,10 @@ func newCloud(t *testing.T, pw string) *cloud {
 
 func newCloudWith(t *testing.T, o openstacktest.Options, entry func(*openstacktest.Server, *cloudYAML), pw string) *cloud {
 	t.Helper()
-	o.Password, o.TransitionDelay, o.Hosts, o.HostVCPUs, o.HostMemoryMB = password, 20*time.Millisecond, []string{"compute-a", "compute-b"}, 32, 65536
+	if o.TransitionDelay == 0 {
+		o.TransitionDelay = 20 * time.Millisecond
+	}
+	o.Password, o.Hosts, o.HostVCPUs, o.HostMemoryMB = password, []string{"compute-a", "compute-b"}, 32, 65536
 	s, err := openstacktest.Start(o)
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
@@ -262,6 +272,23 @@ func TestFlavors(t *testing.T) {
 		require.NoError(t, d.Delete(context.Background(), b.UID))
 		assert.NotContains(t, flavorNames(c), "vf-c3-m512-s0", "nothing uses it any more")
 	})
+
+	t.Run("AFailedResizeLeavesNoFlavor", func(t *testing.T) {
+		t.Parallel()
+		c := newCloud(t, password)
+		d := c.open(t)
+		m := machine("resize-fails")
+		m.Running = false
+		ensure(t, d, m, driver.PhaseStopped)
+		m.Running, m.VCPU = true, 3
+		c.FailNext(http.MethodPost, openstacktest.ComputePath+"/servers/*/action", 1, http.StatusBadRequest, 0)
+		_, err := d.Ensure(context.Background(), m)
+		require.Error(t, err, "the resize is refused")
+		require.Contains(t, flavorNames(c), "vf-c3-m512-s0", "made for the resize")
+		assert.Equal(t, "m1.tiny", c.server(t, m.UID).FlavorName, "the server kept its flavor")
+		require.NoError(t, d.Delete(context.Background(), m.UID))
+		assert.NotContains(t, flavorNames(c), "vf-c3-m512-s0", "the resize's flavor goes with the server")
+	})
 }
 
 func contains(list []string, s string) bool {
@@ -453,6 +480,22 @@ func TestRestartsAndShape(t *testing.T) {
 	}, waitFor, tick)
 	assert.Equal(t, int32(2), o.RestartCount, "a restart with a new shape is one restart")
 	assert.Equal(t, 4, c.server(t, m.UID).VCPUs)
+	assert.Equal(t, 2, count(c.server(t, m.UID).Actions, "confirmResize"), "each resize confirmed once, though Nova confirms asynchronously")
+	for _, r := range c.Requests() {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.Path, "/action") {
+			assert.Less(t, r.Status, 300, "no action refused: a confirm under way is not confirmed again")
+		}
+	}
+}
+
+func count(list []string, s string) int {
+	n := 0
+	for _, x := range list {
+		if x == s {
+			n++
+		}
+	}
+	return n
 }
 
 // TestTokenExpiry pins that an expired token is renewed without the caller
@@ -807,4 +850,53 @@ func TestTLS(t *testing.T) {
 func withNode(c nova.Config, node string) nova.Config {
 	c.Node = node
 	return c
+}
+
+// TestAConfirmUnderWayIsNotAnError pins the agent that restarts after
+// confirming a resize: Nova still shows VERIFY_RESIZE and refuses the new
+// agent's confirm with 400 "Instance has not been resized", which must
+// neither fail the VM as Terminal nor stop it from starting.
+func TestAConfirmUnderWayIsNotAnError(t *testing.T) {
+	t.Parallel()
+	// Slow enough that the new agent meets the confirm under way.
+	c := newCloudWith(t, openstacktest.Options{TransitionDelay: time.Second}, func(*openstacktest.Server, *cloudYAML) {}, password)
+	d := c.open(t)
+	m := machine("confirm")
+	m.Running = false
+	ensure(t, d, m, driver.PhaseStopped)
+	m.Running, m.VCPU = true, 2
+	require.Eventually(t, func() bool {
+		_, err := d.Ensure(context.Background(), m)
+		require.NoError(t, err)
+		return c.server(t, m.UID).Status != openstacktest.StatusShutoff
+	}, waitFor, tick, "the resize is asked for")
+	require.Eventually(t, func() bool { return c.server(t, m.UID).Status == openstacktest.StatusVerifyResize }, waitFor, tick)
+	require.NoError(t, d.Close())
+
+	// The first agent's confirm, sent just before it stopped.
+	o := c.Options()
+	pc, err := openstack.AuthenticatedClient(context.Background(), gophercloud.AuthOptions{
+		IdentityEndpoint: c.AuthURL(), Username: o.Username, Password: password, DomainName: o.Domain, TenantName: o.Project,
+	})
+	require.NoError(t, err)
+	compute, err := openstack.NewComputeV2(pc, gophercloud.EndpointOpts{Region: o.Region})
+	require.NoError(t, err)
+	require.NoError(t, servers.ConfirmResize(context.Background(), compute, c.server(t, m.UID).ID).ExtractErr())
+
+	restarted := c.open(t)
+	o2, err := restarted.Ensure(context.Background(), m)
+	require.NoError(t, err, "Nova's refusal of a second confirm is not the user's error")
+	assert.NotEqual(t, driver.PhaseFailed, o2.Phase)
+	assert.Equal(t, 1, c.CountRequests(http.MethodPost, openstacktest.ComputePath+"/servers/*/action")-countAccepted(c), "the new agent's confirm was refused, and that was fine")
+	ensure(t, restarted, m, driver.PhaseRunning)
+	assert.Equal(t, 2, c.server(t, m.UID).VCPUs)
+}
+
+// countAccepted counts the server actions the test server accepted.
+func countAccepted(c *cloud) int {
+	n := 0
+	for _, s := range c.Servers() {
+		n += len(s.Actions)
+	}
+	return n
 }

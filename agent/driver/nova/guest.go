@@ -166,6 +166,13 @@ func (d *Driver) create(ctx context.Context, m driver.Machine) (driver.Observati
 			boot = v
 		}
 	}
+	if boot.Bootable != "true" {
+		// Nova boots only from a volume Cinder marks bootable (400 "Block
+		// Device … is not bootable"); an empty volume is not, until told.
+		if err := volumes.SetBootable(ctx, d.c.volume, boot.ID, volumes.BootableOpts{Bootable: true}).ExtractErr(); err != nil {
+			return driver.Observation{}, classify(err, "cannot mark boot volume "+boot.Name+" bootable")
+		}
+	}
 	if m.Firmware == driver.FirmwareUEFI && boot.VolumeImageMetadata["hw_firmware_type"] != "uefi" {
 		err := volumes.SetImageMetadata(ctx, d.c.volume, boot.ID, volumes.ImageMetadataOpts{Metadata: map[string]string{"hw_firmware_type": "uefi", "hw_machine_type": "q35"}}).ExtractErr()
 		if err != nil {
@@ -244,13 +251,19 @@ func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Serve
 	var after map[string]string
 	changed := false
 	c := d.c.compute
+	if s.Status != "VERIFY_RESIZE" {
+		// Confirmed, or never resized: the next resize needs a confirm of
+		// its own.
+		d.confirmDone(s.ID)
+	}
 	switch {
 	case s.TaskState != "":
 		// Nova is working on it; come back.
+	case s.Status == "VERIFY_RESIZE" && d.confirming(s.ID):
+		// Nova confirms asynchronously and shows VERIFY_RESIZE, with no
+		// task, until it has: a second confirm is refused.
 	case s.Status == "VERIFY_RESIZE":
-		act = func() error {
-			return classify(servers.ConfirmResize(ctx, c, s.ID).ExtractErr(), "cannot confirm the resize")
-		}
+		act = func() error { return d.confirmResize(ctx, s.ID) }
 	case s.Status == "ACTIVE" && !m.Running:
 		if newNonce {
 			before[MetaNonce] = m.RestartNonce
@@ -282,6 +295,9 @@ func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Serve
 		if err != nil {
 			return driver.Observation{}, err
 		}
+		// Recorded before the resize: a resize that fails leaves the server
+		// on its old flavor, and Delete must still find this one to clean up.
+		before[MetaResizeFlavor] = fl.Name
 		act = func() error {
 			return classify(servers.Resize(ctx, c, s.ID, servers.ResizeOpts{FlavorRef: fl.ID}).ExtractErr(), "cannot resize server")
 		}
@@ -399,7 +415,11 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 	}
 	for _, s := range found {
 		d.cacheMu.Lock()
-		d.leftovers[uid] = leftover{keypair: s.KeyName, flavor: fmt.Sprint(s.Flavor["original_name"])}
+		lo := leftover{keypair: s.KeyName, flavors: []string{fmt.Sprint(s.Flavor["original_name"])}}
+		if f := s.Metadata[MetaResizeFlavor]; f != "" && f != lo.flavors[0] {
+			lo.flavors = append(lo.flavors, f)
+		}
+		d.leftovers[uid] = lo
 		d.cacheMu.Unlock()
 		if err := servers.Delete(ctx, d.c.compute, s.ID).ExtractErr(); err != nil && statusOf(err) != http.StatusNotFound {
 			return classify(err, "cannot delete server "+s.ID)
@@ -439,17 +459,26 @@ func (d *Driver) cleanup(ctx context.Context, lo leftover) error {
 	if err != nil {
 		return err
 	}
-	keyUsed, flavorUsed := false, false
+	keyUsed, flavorUsed := false, map[string]bool{}
 	for _, s := range all {
 		keyUsed = keyUsed || (s.KeyName == lo.keypair && s.Metadata[MetaUID] != "")
-		flavorUsed = flavorUsed || fmt.Sprint(s.Flavor["original_name"]) == lo.flavor
+		flavorUsed[fmt.Sprint(s.Flavor["original_name"])] = true
+		// A resize under way uses its target flavor before the server
+		// shows it.
+		flavorUsed[s.Metadata[MetaResizeFlavor]] = true
 	}
 	if strings.HasPrefix(lo.keypair, Prefix) && !keyUsed {
 		if err := keypairs.Delete(ctx, d.c.compute, lo.keypair, nil).ExtractErr(); err != nil && statusOf(err) != http.StatusNotFound {
 			return classify(err, "cannot delete keypair "+lo.keypair)
 		}
 	}
-	if !strings.HasPrefix(lo.flavor, Prefix) || flavorUsed {
+	unused := map[string]bool{}
+	for _, f := range lo.flavors {
+		if strings.HasPrefix(f, Prefix) && !flavorUsed[f] {
+			unused[f] = true
+		}
+	}
+	if len(unused) == 0 {
 		return nil
 	}
 	private, err := d.listFlavors(ctx, flavors.PrivateAccess)
@@ -457,7 +486,7 @@ func (d *Driver) cleanup(ctx context.Context, lo leftover) error {
 		return err
 	}
 	for _, f := range private {
-		if f.Name != lo.flavor || f.IsPublic {
+		if !unused[f.Name] || f.IsPublic {
 			continue
 		}
 		if err := flavors.Delete(ctx, d.c.compute, f.ID).ExtractErr(); err != nil && statusOf(err) != http.StatusNotFound {
@@ -554,4 +583,43 @@ func interfaces(s servers.Server, now time.Time) []driver.Interface {
 		out = append(out, i)
 	}
 	return out
+}
+
+// confirmResize confirms a server's resize once. Nova refuses a confirm it
+// is already carrying out (400 "Instance has not been resized" once the
+// migration is confirming, 409 while the instance is busy); after an agent
+// restart the driver cannot know it confirmed, so those answers mean done,
+// not a user error. A confirm that is still not done after confirmPatience
+// is sent again, in case the 409 was about something else.
+func (d *Driver) confirmResize(ctx context.Context, id string) error {
+	err := servers.ConfirmResize(ctx, d.c.compute, id).ExtractErr()
+	switch {
+	case err == nil, statusOf(err) == http.StatusConflict,
+		statusOf(err) == http.StatusBadRequest && strings.Contains(describe(err), "has not been resized"):
+		d.cacheMu.Lock()
+		d.confirmed[id] = d.now()
+		d.cacheMu.Unlock()
+		return nil
+	}
+	return classify(err, "cannot confirm the resize")
+}
+
+// confirmPatience is how long a confirmed resize may stay in VERIFY_RESIZE
+// before the driver confirms again.
+const confirmPatience = 2 * time.Minute
+
+// confirming reports whether the driver confirmed the resize of server id
+// recently.
+func (d *Driver) confirming(id string) bool {
+	d.cacheMu.Lock()
+	defer d.cacheMu.Unlock()
+	at, ok := d.confirmed[id]
+	return ok && d.now().Sub(at) < confirmPatience
+}
+
+// confirmDone forgets a confirm once the server left VERIFY_RESIZE.
+func (d *Driver) confirmDone(id string) {
+	d.cacheMu.Lock()
+	delete(d.confirmed, id)
+	d.cacheMu.Unlock()
 }

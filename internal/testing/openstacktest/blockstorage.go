@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +21,7 @@ type volume struct {
 	Metadata              map[string]string
 	ImageMetadata         map[string]string
 	Server                string
+	Bootable              bool
 	Created, Updated      time.Time
 	readyAt               time.Time
 }
@@ -72,7 +74,7 @@ func (s *Server) renderVolume(v *volume) volumeJSON {
 		ID: v.ID, Name: v.Name, Description: v.Description, Size: v.Size, Status: v.Status,
 		Attachments: []volumeAttachment{}, Metadata: v.Metadata, ImageMetadata: v.ImageMetadata,
 		CreatedAt: v.Created.UTC().Format(cinderTime), UpdatedAt: v.Updated.UTC().Format(cinderTime),
-		Bootable: "false", AvailabilityZone: "nova", VolumeType: "__DEFAULT__", UserID: s.userID, TenantID: s.projectID,
+		Bootable: strconv.FormatBool(v.Bootable), AvailabilityZone: "nova", VolumeType: "__DEFAULT__", UserID: s.userID, TenantID: s.projectID,
 		Links: []link{{Href: s.http.URL + VolumePath + "/" + s.projectID + "/volumes/" + v.ID, Rel: "self"}},
 		Host:  "cinder@lvm#lvm",
 	}
@@ -201,7 +203,8 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 // volumeAction serves os-set_image_metadata, how a boot volume says which
-// firmware it needs (hw_firmware_type).
+// firmware it needs (hw_firmware_type), and os-set_bootable: Nova boots only
+// from a volume marked bootable, which a new empty volume is not.
 func (s *Server) volumeAction(w http.ResponseWriter, r *http.Request) {
 	v := s.lookupVolume(w, r.PathValue("id"))
 	if v == nil {
@@ -211,8 +214,16 @@ func (s *Server) volumeAction(w http.ResponseWriter, r *http.Request) {
 		SetImageMetadata *struct {
 			Metadata map[string]string `json:"metadata"`
 		} `json:"os-set_image_metadata"`
+		SetBootable *struct {
+			Bootable bool `json:"bootable"`
+		} `json:"os-set_bootable"`
 	}
 	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.SetBootable != nil {
+		v.Bootable, v.Updated = req.SetBootable.Bootable, time.Now()
+		w.WriteHeader(http.StatusOK)
 		return
 	}
 	if req.SetImageMetadata == nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/crypto/ssh"
 )
 
 // Nova, compute API v2.1 with microversions up to MaxMicroversion.
@@ -88,6 +89,11 @@ type server struct {
 	Updated      time.Time
 	Fault        string
 	pending      *transition
+	// confirming is a confirmed resize Nova has not finished.
+	confirming bool
+	// actions are the accepted actions, in order, as Nova's
+	// os-instance-actions lists them.
+	actions []string
 }
 
 // Address is one fixed IP of a server on a network.
@@ -505,6 +511,10 @@ func (s *Server) createServer(w http.ResponseWriter, r *http.Request, _ int) {
 			badRequest(w, "Invalid volume: volume %s status must be available, but current status is: %s.", b.UUID, v.Status)
 			return
 		}
+		if b.BootIndex != nil && *b.BootIndex == 0 && !v.Bootable {
+			badRequest(w, "Block Device %s is not bootable.", b.UUID)
+			return
+		}
 		if b.BootIndex != nil && *b.BootIndex == 0 {
 			sv.Volumes = append([]string{b.UUID}, sv.Volumes...)
 		} else {
@@ -625,6 +635,10 @@ func (s *Server) serverAction(w http.ResponseWriter, r *http.Request, _ int) {
 		return
 	}
 	idle := sv.TaskState == "" && sv.pending == nil
+	if sv.confirming && a["confirmResize"] == nil {
+		conflict(w, sv, "act on")
+		return
+	}
 	for action, body := range a {
 		switch action {
 		case "os-start":
@@ -676,11 +690,20 @@ func (s *Server) serverAction(w http.ResponseWriter, r *http.Request, _ int) {
 			next := *fl
 			s.after(sv, "resize_prep", StatusVerifyResize, func(sv *server) { sv.Flavor = next })
 		case "confirmResize":
-			if sv.Status != StatusVerifyResize {
+			switch {
+			case sv.Status != StatusVerifyResize:
 				conflict(w, sv, "confirmResize")
 				return
+			case sv.confirming:
+				// Nova looks for the migration in status finished, which a
+				// confirm under way has moved on.
+				badRequest(w, "Instance has not been resized.")
+				return
 			}
-			sv.Status, sv.Updated = sv.resumeStatus, time.Now()
+			// Nova confirms on the compute host, asynchronously: the server
+			// stays VERIFY_RESIZE with no task state until it has.
+			sv.confirming = true
+			sv.pending = &transition{at: time.Now().Add(s.opts.TransitionDelay), status: sv.resumeStatus, then: func(sv *server) { sv.confirming = false }}
 		case "revertResize":
 			if sv.Status != StatusVerifyResize {
 				conflict(w, sv, "revertResize")
@@ -692,6 +715,7 @@ func (s *Server) serverAction(w http.ResponseWriter, r *http.Request, _ int) {
 			badRequest(w, "There is no such action: %s", action)
 			return
 		}
+		sv.actions = append(sv.actions, action)
 	}
 	w.WriteHeader(http.StatusAccepted)
 }
@@ -1028,15 +1052,13 @@ func (s *Server) importKeypair(w http.ResponseWriter, r *http.Request, mv int) {
 		badRequest(w, "Invalid input for field/attribute name. Value: %s.", in.Name)
 		return
 	}
-	fields := strings.Fields(in.PublicKey)
-	var blob []byte
-	if len(fields) >= 2 {
-		blob, _ = base64.StdEncoding.DecodeString(fields[1])
-	}
-	if len(blob) == 0 {
+	// Nova parses the key to fingerprint it: base64 alone is not a key.
+	key, _, _, _, err := ssh.ParseAuthorizedKey([]byte(in.PublicKey))
+	if err != nil {
 		badRequest(w, "Keypair data is invalid: failed to generate fingerprint")
 		return
 	}
+	blob := key.Marshal()
 	if _, dup := s.keypairs[in.Name]; dup {
 		writeError(w, http.StatusConflict, "conflictingRequest", fmt.Sprintf("Key pair '%s' already exists.", in.Name))
 		return

@@ -32,7 +32,12 @@ type session struct {
 
 func start(t *testing.T) *session {
 	t.Helper()
-	s, err := openstacktest.Start(openstacktest.Options{Password: password, TransitionDelay: 20 * time.Millisecond, Hosts: []string{"h1", "h2"}})
+	return startWith(t, 20*time.Millisecond)
+}
+
+func startWith(t *testing.T, delay time.Duration) *session {
+	t.Helper()
+	s, err := openstacktest.Start(openstacktest.Options{Password: password, TransitionDelay: delay, Hosts: []string{"h1", "h2"}})
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	pc, err := openstack.AuthenticatedClient(context.Background(), authOptions(s, password))
@@ -66,6 +71,7 @@ func (c *session) bootable(t *testing.T) (volumeID, networkID string) {
 		got, err := volumes.Get(ctx, c.volume, v.ID).Extract()
 		return err == nil && got.Status == "available"
 	}, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, volumes.SetBootable(ctx, c.volume, v.ID, volumes.BootableOpts{Bootable: true}).ExtractErr())
 	n, err := networks.Create(ctx, c.network, networks.CreateOpts{Name: "net"}).Extract()
 	require.NoError(t, err)
 	_, err = subnets.Create(ctx, c.network, subnets.CreateOpts{NetworkID: n.ID, CIDR: "10.0.0.0/24", IPVersion: 4}).Extract()
@@ -237,6 +243,12 @@ func TestCreateIsValidated(t *testing.T) {
 	private := false
 	f, err := flavors.Create(ctx, c.compute, flavors.CreateOpts{Name: "private", VCPUs: 1, RAM: 64, Disk: &disk, IsPublic: &private}).Extract()
 	require.NoError(t, err)
+	empty, err := volumes.Create(ctx, c.volume, volumes.CreateOpts{Name: "empty", Size: 1}, nil).Extract()
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		got, err := volumes.Get(ctx, c.volume, empty.ID).Extract()
+		return err == nil && got.Status == "available"
+	}, 5*time.Second, 10*time.Millisecond)
 	cases := []struct {
 		name   string
 		change func(o *servers.CreateOpts)
@@ -247,6 +259,7 @@ func TestCreateIsValidated(t *testing.T) {
 		{name: "UnknownFlavor", change: func(o *servers.CreateOpts) { o.FlavorRef = "nope" }},
 		{name: "PrivateFlavorWithoutAccess", change: func(o *servers.CreateOpts) { o.FlavorRef = f.ID }},
 		{name: "UnknownKeypair", change: func(*servers.CreateOpts) {}, key: "nope"},
+		{name: "BootVolumeNotBootable", change: func(o *servers.CreateOpts) { o.BlockDevice[0].UUID = empty.ID }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -322,15 +335,40 @@ func TestFaultsAndControls(t *testing.T) {
 	})
 
 	t.Run("Keypairs", func(t *testing.T) {
-		key := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx5ZHQgZmxlZXQgdGVzdCBrZXkgZm9yIHZpcnRmbGVldA== t@x"
+		key := openstacktest.PublicKey("t@x")
 		kp, err := keypairs.Create(ctx, c.compute, keypairs.CreateOpts{Name: "k", PublicKey: key}).Extract()
 		require.NoError(t, err)
 		assert.Regexp(t, `^([0-9a-f]{2}:){15}[0-9a-f]{2}$`, kp.Fingerprint)
 		_, err = keypairs.Create(ctx, c.compute, keypairs.CreateOpts{Name: "k", PublicKey: key}).Extract()
 		assert.True(t, gophercloud.ResponseCodeIs(err, http.StatusConflict))
-		_, err = keypairs.Create(ctx, c.compute, keypairs.CreateOpts{Name: "bad", PublicKey: "garbage"}).Extract()
-		assert.True(t, gophercloud.ResponseCodeIs(err, http.StatusBadRequest))
+		for _, bad := range []string{"garbage", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx5ZHQgZmxlZXQgdGVzdCBrZXkgZm9yIHZpcnRmbGVldA== base64-but-no-key"} {
+			_, err = keypairs.Create(ctx, c.compute, keypairs.CreateOpts{Name: "bad", PublicKey: bad}).Extract()
+			assert.True(t, gophercloud.ResponseCodeIs(err, http.StatusBadRequest), "Nova refuses %q", bad)
+		}
 		require.NoError(t, keypairs.Delete(ctx, c.compute, "k", nil).ExtractErr())
 		assert.Empty(t, c.s.Keypairs())
 	})
+}
+
+// TestConfirmIsAsynchronous pins what real Nova does with a confirmed
+// resize: the compute host confirms it later, the server shows
+// VERIFY_RESIZE with no task state meanwhile, and a second confirm is
+// refused with 400.
+func TestConfirmIsAsynchronous(t *testing.T) {
+	t.Parallel()
+	c := startWith(t, time.Second)
+	ctx := context.Background()
+	vol, net := c.bootable(t)
+	id := c.boot(t, vol, net)
+	c.waitStatus(t, id, openstacktest.StatusActive)
+	require.NoError(t, servers.Resize(ctx, c.compute, id, servers.ResizeOpts{FlavorRef: "3"}).ExtractErr())
+	c.waitStatus(t, id, openstacktest.StatusVerifyResize)
+	require.NoError(t, servers.ConfirmResize(ctx, c.compute, id).ExtractErr())
+	got, err := servers.Get(ctx, c.compute, id).Extract()
+	require.NoError(t, err)
+	assert.Equal(t, openstacktest.StatusVerifyResize, got.Status, "still VERIFY_RESIZE while confirming")
+	assert.Empty(t, got.TaskState, "with no task state")
+	err = servers.ConfirmResize(ctx, c.compute, id).ExtractErr()
+	assert.True(t, gophercloud.ResponseCodeIs(err, http.StatusBadRequest), "a second confirm: %v", err)
+	c.waitStatus(t, id, openstacktest.StatusActive)
 }

@@ -24,6 +24,9 @@ type ServerState struct {
 	Networks  []string
 	Addresses []Address
 	Fault     string
+	// Actions are the server actions accepted, in order (os-start,
+	// resize, confirmResize, ...).
+	Actions []string
 }
 
 // FlavorState is a flavor.
@@ -61,6 +64,7 @@ func (s *Server) Servers() []ServerState {
 			FlavorID: sv.Flavor.ID, FlavorName: sv.Flavor.Name, VCPUs: sv.Flavor.VCPUs, RAMMB: sv.Flavor.RAM, SwapMB: sv.Flavor.Swap,
 			KeyName: sv.KeyName, Metadata: maps.Clone(sv.Metadata), UserData: sv.UserData,
 			Volumes: slices.Clone(sv.Volumes), Networks: slices.Clone(sv.Networks), Addresses: slices.Clone(sv.Addresses), Fault: sv.Fault,
+			Actions: slices.Clone(sv.actions),
 		})
 	}
 	slices.SortFunc(out, func(a, b ServerState) int {

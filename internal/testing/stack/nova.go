@@ -2,16 +2,16 @@ package stack
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
-	"github.com/virtfleet/virtfleet/internal/testing/openstacktest"
+	"github.com/virtfleet/virtfleet/internal/testing/openstack"
 )
 
 // cloudName is the clouds.yaml entry the nova node's agent uses.
@@ -20,10 +20,13 @@ const cloudName = "virtfleet-test"
 // novaPollInterval is short so the hub scenarios' waits stay short.
 const novaPollInterval = "500ms"
 
-// novaBackend is an OpenStack API test server in this process, fronted by
-// one nova agent.
+// novaBackend is a nova node's cloud: the test binary's shared real
+// OpenStack (started at the first nova node, stopped by openstack.Main),
+// fronted by the node's agent. Nodes share it as agents of one cloud do:
+// each sees only the servers whose metadata names its node.
 type novaBackend struct {
-	server *openstacktest.Server
+	cloud  *openstack.Cloud
+	node   string
 	clouds string
 }
 
@@ -47,41 +50,32 @@ type cloudAuth struct {
 	ProjectDomainName string `json:"project_domain_name"`
 }
 
-// startNova starts an OpenStack API test server for node with one compute
-// host, <node>-compute-1, and writes the clouds.yaml (0600) its agent reads
-// into dir.
-func startNova(_ context.Context, node, dir string) (Backend, error) {
+// startNova joins node to the shared cloud and writes the clouds.yaml
+// (0600) its agent reads into dir.
+func startNova(ctx context.Context, node, dir string) (Backend, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, errors.Wrap(err, "cannot create the backend directory")
 	}
-	var secret [16]byte
-	_, _ = rand.Read(secret[:])
-	s, err := openstacktest.Start(openstacktest.Options{
-		Password: hex.EncodeToString(secret[:]),
-		Hosts:    []string{node + "-compute-1"},
-	})
+	c, err := openstack.Shared(ctx)
 	if err != nil {
-		return nil, err
+		return nil, errors.Wrapf(err, "node %s", node)
 	}
-	o := s.Options()
 	y, err := yaml.Marshal(cloudsFile{Clouds: map[string]cloudEntry{cloudName: {
 		Auth: cloudAuth{
-			AuthURL: s.AuthURL(), Username: o.Username, Password: o.Password, ProjectName: o.Project,
-			UserDomainName: o.Domain, ProjectDomainName: o.Domain,
+			AuthURL: c.AuthURL(), Username: c.Username, Password: c.Password, ProjectName: c.Project,
+			UserDomainName: c.Domain, ProjectDomainName: c.Domain,
 		},
-		RegionName: o.Region,
+		RegionName: c.Region,
 		Interface:  "public",
 	}}})
 	if err != nil {
-		s.Close()
 		return nil, errors.Wrap(err, "cannot marshal clouds.yaml")
 	}
 	path := filepath.Join(dir, "clouds.yaml")
 	if err := os.WriteFile(path, y, 0o600); err != nil {
-		s.Close()
 		return nil, errors.Wrap(err, "cannot write clouds.yaml")
 	}
-	return &novaBackend{server: s, clouds: path}, nil
+	return &novaBackend{cloud: c, node: node, clouds: path}, nil
 }
 
 func (b *novaBackend) AgentArgs() []string {
@@ -92,12 +86,24 @@ func (b *novaBackend) AgentArgs() []string {
 	}
 }
 
-// Guests counts the servers by their virtfleet uid metadata, read from the
-// test server's state.
-func (b *novaBackend) Guests(context.Context) (map[string]int, error) {
+// Guests counts the node's servers by their virtfleet uid metadata, listed
+// as the cloud's admin, not through the driver.
+func (b *novaBackend) Guests(ctx context.Context) (map[string]int, error) {
+	cl, err := b.cloud.Clients(ctx)
+	if err != nil {
+		return nil, err
+	}
+	page, err := servers.List(cl.Compute, servers.ListOpts{AllTenants: true}).AllPages(ctx)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot list servers")
+	}
+	all, err := servers.ExtractServers(page)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot read servers")
+	}
 	out := map[string]int{}
-	for _, s := range b.server.Servers() {
-		if uid := s.Metadata[nova.MetaUID]; uid != "" {
+	for _, s := range all {
+		if uid := s.Metadata[nova.MetaUID]; uid != "" && s.Metadata[nova.MetaNode] == b.node {
 			out[uid]++
 		}
 	}
@@ -105,7 +111,9 @@ func (b *novaBackend) Guests(context.Context) (map[string]int, error) {
 }
 
 func (b *novaBackend) String() string {
-	return b.server.URL() + " (OpenStack API, clouds.yaml " + b.clouds + ")"
+	return fmt.Sprintf("OpenStack (Debian's services) at %s, compute host %s, clouds.yaml %s", b.cloud.AuthURL(), b.cloud.ComputeHost, b.clouds)
 }
 
-func (b *novaBackend) Stop() { b.server.Close() }
+// Stop leaves the shared cloud running: the test binary's openstack.Main
+// stops it after the last test.
+func (b *novaBackend) Stop() {}

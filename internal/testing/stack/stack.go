@@ -73,9 +73,10 @@ type Options struct {
 	// Debug makes the hub and agents log at debug level.
 	Debug bool
 	// Backends names the backend of a node's agent: libvirt (the default, on
-	// a private libvirtd), nova (an in-repo OpenStack API server on
-	// 127.0.0.1) or kubevirt (a second kube-apiserver with KubeVirt's CRDs
-	// and a test controller playing virt-controller).
+	// a private libvirtd), nova (Debian's real OpenStack services, the test
+	// binary's shared cloud of internal/testing/openstack; its TestMain must
+	// run openstack.Main) or kubevirt (a second kube-apiserver with
+	// KubeVirt's CRDs and a test controller playing virt-controller).
 	Backends map[string]string
 	// NATSProcess runs NATS as a nats-server process of its own (built from
 	// the module in go.mod) instead of in-process, so it can be killed with

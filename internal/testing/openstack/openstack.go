@@ -1,0 +1,239 @@
+// Package openstack runs Debian's own OpenStack (Zed, from bookworm's
+// packages) as plain processes for tests: Keystone and Placement under
+// uwsgi, Nova's API, conductor, scheduler and one compute host with Nova's
+// fake.FakeDriver, Cinder's API, scheduler and volume service with the
+// FakeLoggingVolumeDriver, and Neutron's ML2 server with a mechanism driver
+// of the harness's own that binds every port (there are no agents), on a
+// private MariaDB (unix socket) and RabbitMQ (127.0.0.1, random ports).
+// Servers and volumes exist only in the services' databases, which is all
+// the APIs show: the driver under test meets real Nova, Cinder, Neutron and
+// Keystone, their validation, state machines and asynchrony.
+//
+// Nothing is shared with the machine: every service reads its own
+// configuration from the cloud's directory, listens on 127.0.0.1 ports
+// picked at start, and is stopped (its whole process group) by Stop. The
+// packages are installed by `make deps` (hack/deps.sh); Missing says which
+// are absent.
+package openstack
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"golang.org/x/sync/errgroup"
+)
+
+// Packages are the Debian packages the cloud runs from; hack/deps.sh
+// installs them.
+var Packages = []string{
+	"mariadb-server", "python3-pymysql", "rabbitmq-server",
+	"keystone", "placement-api",
+	"nova-api", "nova-conductor", "nova-scheduler", "python3-nova",
+	"cinder-api", "cinder-scheduler", "cinder-volume",
+	"neutron-server", "uwsgi-plugin-python3",
+}
+
+// Missing are the Packages not installed.
+func Missing() []string {
+	var out []string
+	for _, p := range Packages {
+		st, err := exec.Command("dpkg-query", "-W", "-f=${Status}", p).Output()
+		if err != nil || !strings.Contains(string(st), "install ok installed") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Names in the cloud.
+const (
+	DefaultRegion      = "RegionOne"
+	DefaultComputeHost = "vf-compute-1"
+	adminUser          = "admin"
+	adminProject       = "admin"
+	domain             = "Default"
+	serviceProject     = "service"
+	serviceRole        = "service"
+)
+
+// Timeouts for a loaded 2-core machine.
+const (
+	dbTimeout      = 60 * time.Second
+	serviceTimeout = 3 * time.Minute
+)
+
+// Options configure a Cloud.
+type Options struct {
+	// Dir holds the cloud's state, configuration and logs; empty means a new
+	// temporary directory, removed by Stop.
+	Dir string
+	// Progress receives one line per step; nil discards them.
+	Progress io.Writer
+	// ComputeHost is the name of the one compute host, what a server's
+	// OS-EXT-SRV-ATTR:host says; default vf-compute-1.
+	ComputeHost string
+}
+
+// Cloud is a running OpenStack. Its user is the cloud's admin, in the
+// admin project: the driver creates flavors, which Nova's default policy
+// allows only admins.
+type Cloud struct {
+	Dir         string
+	Region      string
+	Domain      string
+	Username    string
+	Project     string
+	Password    string
+	ComputeHost string
+
+	ports struct {
+		keystone, placement, nova, cinder, neutron, amqp, dist, epmd int
+		// glance is free: nothing listens there.
+		glance int
+	}
+	out      io.Writer
+	ownDir   bool
+	mu       sync.Mutex
+	procs    []*process
+	began    time.Time
+	stopOnce sync.Once
+}
+
+// AuthURL is Keystone's v3 endpoint.
+func (c *Cloud) AuthURL() string { return c.keystoneURL() }
+
+func (c *Cloud) keystoneURL() string { return fmt.Sprintf("http://127.0.0.1:%d/v3", c.ports.keystone) }
+
+func (c *Cloud) mysqlSocket() string { return filepath.Join(c.Dir, "mysql.sock") }
+
+func (c *Cloud) progress(format string, args ...any) {
+	fmt.Fprintf(c.out, "openstack: [%5.1fs] %s\n", time.Since(c.began).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// Start starts the whole cloud and returns once every service answers,
+// the compute host is in Placement and mapped to a cell, and Cinder's
+// scheduler knows the volume backend. On error everything started is
+// stopped.
+func Start(ctx context.Context, o Options) (_ *Cloud, err error) {
+	if missing := Missing(); len(missing) > 0 {
+		return nil, errors.Errorf("the Debian packages of the test OpenStack are not installed: %s; run `make deps` as root (hack/deps.sh)", strings.Join(missing, " "))
+	}
+	c := &Cloud{
+		Dir: o.Dir, Region: DefaultRegion, Domain: domain, Username: adminUser, Project: adminProject,
+		ComputeHost: o.ComputeHost, out: o.Progress, began: time.Now(),
+	}
+	if c.out == nil {
+		c.out = io.Discard
+	}
+	if c.ComputeHost == "" {
+		c.ComputeHost = DefaultComputeHost
+	}
+	if c.Dir == "" {
+		if c.Dir, err = os.MkdirTemp("", "virtfleet-openstack-"); err != nil {
+			return nil, errors.Wrap(err, "cannot create the cloud's directory")
+		}
+		c.ownDir = true
+	}
+	var secret [16]byte
+	_, _ = rand.Read(secret[:])
+	c.Password = hex.EncodeToString(secret[:])
+	defer func() {
+		if err != nil {
+			// The logs say why.
+			c.ownDir = false
+			c.Stop()
+			c.progress("start failed; state and logs kept in %s", c.Dir)
+		}
+	}()
+	if err := c.prepare(); err != nil {
+		return nil, err
+	}
+	c.progress("state in %s", c.Dir)
+
+	if err := c.writeConfigs(); err != nil {
+		return nil, err
+	}
+	// MariaDB and RabbitMQ come first, then the databases (migrated, or
+	// loaded from the machine's template of a migration done before),
+	// Keystone and its catalog, then everything else.
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := c.startMariaDB(gctx); err != nil {
+			return err
+		}
+		return c.databases(gctx)
+	})
+	g.Go(func() error { return c.startRabbitMQ(gctx) })
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if err := c.startKeystone(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.registerCatalog(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.startServices(ctx); err != nil {
+		return nil, err
+	}
+	c.progress("cloud ready: Keystone %s, compute host %s", c.AuthURL(), c.ComputeHost)
+	return c, nil
+}
+
+// prepare makes the directory tree and the ports.
+func (c *Cloud) prepare() error {
+	for _, d := range []string{"logs", "etc", "home", "python", "mysql", "rabbitmq",
+		"state/keystone/fernet-keys", "state/keystone/credential-keys",
+		"state/nova/instances", "state/nova/lock", "state/cinder/lock", "state/neutron/lock"} {
+		if err := os.MkdirAll(filepath.Join(c.Dir, d), 0o700); err != nil {
+			return errors.Wrap(err, "cannot create the cloud's directories")
+		}
+	}
+	for _, p := range []*int{&c.ports.keystone, &c.ports.placement, &c.ports.nova, &c.ports.cinder,
+		&c.ports.neutron, &c.ports.amqp, &c.ports.dist, &c.ports.epmd, &c.ports.glance} {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		*p = port
+	}
+	return c.writeMechanismDriver()
+}
+
+// Stop stops every service and removes the directory
+// if Start made it. It may be called more than once.
+func (c *Cloud) Stop() {
+	c.stopOnce.Do(func() {
+		c.mu.Lock()
+		procs := c.procs
+		c.procs = nil
+		c.mu.Unlock()
+		// All at once: each may take its grace period, and they no longer
+		// need each other.
+		var wg sync.WaitGroup
+		for _, p := range procs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.stop()
+			}()
+		}
+		wg.Wait()
+		if len(procs) > 0 {
+			c.progress("stopped %d processes", len(procs))
+		}
+		if c.ownDir {
+			_ = os.RemoveAll(c.Dir)
+		}
+	})
+}
