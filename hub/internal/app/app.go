@@ -26,6 +26,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/feature"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/gate"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -145,7 +146,8 @@ func Run(ctx context.Context, c Config) error {
 	if err := leftovers.Setup(ctx, mgr); err != nil {
 		return err
 	}
-	pool := fleet.NewPool(ctx, log, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
+	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor("virtfleet-hub")) //nolint:staticcheck // crossplane-runtime still records through the old events API
+	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
 		f.Subscribe(notifier.Notify)
 		f.SubscribeNodes(notifier.NotifyUnplaced)
 		f.SubscribeVolumes(volumes.Notify)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/nats-io/nats.go"
 
@@ -36,15 +37,18 @@ type Pool struct {
 	log     logging.Logger
 	buckets natswire.BucketConfig
 	onNew   func(*Fleet)
+	// recorder shows the fleets' foreign reports as events.
+	recorder event.Recorder
 
 	mu     sync.Mutex
 	fleets map[string]*Fleet
 }
 
-// NewPool returns a Pool whose fleets live until ctx is done. onNew is called
-// with each new Fleet before its watches start, to subscribe to it.
-func NewPool(ctx context.Context, log logging.Logger, b natswire.BucketConfig, onNew func(*Fleet)) *Pool {
-	return &Pool{ctx: ctx, log: log, buckets: b, onNew: onNew, fleets: map[string]*Fleet{}}
+// NewPool returns a Pool whose fleets live until ctx is done and record
+// events with recorder. onNew is called with each new Fleet before its
+// watches start, to subscribe to it.
+func NewPool(ctx context.Context, log logging.Logger, recorder event.Recorder, b natswire.BucketConfig, onNew func(*Fleet)) *Pool {
+	return &Pool{ctx: ctx, log: log, recorder: recorder, buckets: b, onNew: onNew, fleets: map[string]*Fleet{}}
 }
 
 // Get returns the Fleet of t, connecting and creating the buckets on first use.
@@ -72,7 +76,7 @@ func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
 		nc.Close()
 		return nil, err
 	}
-	f := New(b, p.log.WithValues("nats", t.URL))
+	f := New(b, p.log.WithValues("nats", t.URL)).WithRecorder(p.recorder)
 	if p.onNew != nil {
 		p.onNew(f)
 	}
