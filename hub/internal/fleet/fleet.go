@@ -70,12 +70,12 @@ type Fleet struct {
 	// foreign are the reports already flagged by FlagForeign, so each is
 	// flagged once per revision, and the deletions of flagged reports,
 	// flagged at the next FlagForeign.
-	foreign map[claim]foreignState
-	nodes   map[string]NodeStatus
-	subs         []func(uid string)
-	volumeSubs   []func(uid string)
-	imageSubs    []func(uid string)
-	nodeSubs     []func(node string)
+	foreign    map[claim]foreignState
+	nodes      map[string]NodeStatus
+	subs       []func(uid string)
+	volumeSubs []func(uid string)
+	imageSubs  []func(uid string)
+	nodeSubs   []func(node string)
 }
 
 // VolumeReport is a Volume's latest report and when the hub received it.
