@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -96,6 +97,8 @@ type Stack struct {
 	hubKubeconfig string
 	nodeDirs      []string
 	bin           string
+	// metricsPort is the hub's metrics port, the same across its restarts.
+	metricsPort int
 	images        *imageServer
 
 	mu     sync.Mutex
@@ -382,7 +385,15 @@ func (s *Stack) StartHub() error {
 	if s.hub != nil {
 		return errors.New("the hub is already running")
 	}
-	args := []string{"--metrics-bind-address=0", "--health-probe-bind-address=0", "--poll=30s"}
+	if s.metricsPort == 0 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return errors.Wrap(err, "cannot pick a port for the hub's metrics")
+		}
+		s.metricsPort = l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+	}
+	args := []string{fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", s.metricsPort), "--health-probe-bind-address=0", "--poll=30s"}
 	if s.opts.NodeTTL > 0 {
 		args = append(args, "--node-ttl="+s.opts.NodeTTL.String())
 	}
