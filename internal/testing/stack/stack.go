@@ -99,7 +99,7 @@ type Stack struct {
 	bin           string
 	// metricsPort is the hub's metrics port, the same across its restarts.
 	metricsPort int
-	images        *imageServer
+	images      *imageServer
 
 	mu     sync.Mutex
 	hub    *component
