@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -30,18 +31,26 @@ import (
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
 
+// The nodes of TestANodeSpeaksOnlyForItself are named as Kubernetes often
+// names them, with dots a NATS token cannot hold (wire.NodeToken).
+const (
+	node1 = "node-1.rack-a.example.com"
+	node2 = "node-2.rack-b.example.com"
+)
+
 // TestANodeSpeaksOnlyForItself plays a hostile node: with node1's real
 // agent credentials it writes what NATS lets it write — reports under its
 // own keys — about a VM, its Volume and its image that are all on node2.
 // What the API shows of them does not change, the VM's and the Volume's
 // deletions are neither hastened nor blocked, and the hub counts the
 // attempts in its metric and shows them as Warning events naming node1.
+// Both nodes have dotted names, and kubectl shows them as they are.
 func TestANodeSpeaksOnlyForItself(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
 	start := time.Now()
-	h := startStack(t, "vf-trust-", stack.Options{Nodes: []string{"node1", "node2"}, FencingTimeout: 5 * time.Minute})
+	h := startStack(t, "vf-trust-", stack.Options{Nodes: []string{node1, node2}, FencingTimeout: 5 * time.Minute})
 	ctx := context.Background()
 
 	data := make([]byte, 1<<20)
@@ -59,24 +68,27 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 	})
 	h.create(t, imageVolume("victim-disk", "ubuntu"))
 	victim := imageVM("victim", "victim-disk")
-	victim.Spec.ForProvider.NodeSelector = map[string]string{"kubernetes.io/hostname": "node2"}
+	victim.Spec.ForProvider.NodeSelector = map[string]string{"kubernetes.io/hostname": node2}
 	h.create(t, victim)
 
 	vm := h.wait(t, "victim", 60*time.Second, running)
-	require.Equal(t, "node2", vm.Status.AtProvider.Node)
+	require.Equal(t, node2, vm.Status.AtProvider.Node)
+	k := kubectl{t: t, path: h.s.ControlPlane.Kubectl, kubeconfig: h.s.ControlPlane.Kubeconfig}
+	assert.Regexp(t, `(?m)^victim\s+Running\s+0\s+\S+\s+`+regexp.QuoteMeta(node2)+`\s`, k.run("get", "vm", "victim", "-o", "wide"),
+		"NODE shows the node's real name")
 	img := h.waitImage(t, 30*time.Second, func(img *v1alpha1.DiskImage) bool {
 		return img.Status.AtProvider.Phase == v1alpha1.ImagePhaseReady
 	})
-	require.Equal(t, []string{"node2"}, img.Status.AtProvider.Nodes)
+	require.Equal(t, []string{node2}, img.Status.AtProvider.Nodes)
 	vol := &v1alpha1.Volume{}
 	require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "victim-disk"}, vol))
 	t.Logf("stack up and the victim running on node2 after %s", time.Since(start))
 
-	evil := hostileNode(t, h, "node1")
+	evil := hostileNode(t, h, node1)
 	vmUID, volUID, imgUID := string(vm.UID), string(vol.UID), string(img.UID)
 	spoofVM := func(phase wire.Phase) {
 		spoof(t, evil, wire.ReportKey, vmUID, wire.EncodeReport, wire.Report{
-			ProtocolVersion: wire.ProtocolVersion, UID: vmUID, Node: "node1", Phase: phase, ID: vmUID,
+			ProtocolVersion: wire.ProtocolVersion, UID: vmUID, Node: node1, Phase: phase, ID: vmUID,
 			Message: "spoofed by node1", ObservedAt: time.Now(),
 			Interfaces: []wire.Interface{{Network: "net-db", MAC: "52:54:00:66:66:66", IPs: []string{"6.6.6.6"}, Source: wire.AddressSourceLease}},
 		})
@@ -90,13 +102,13 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 		t.Helper()
 		now := h.get(t, "victim")
 		assert.Equal(t, vm.Status.AtProvider.Phase, now.Status.AtProvider.Phase)
-		assert.Equal(t, "node2", now.Status.AtProvider.Node)
+		assert.Equal(t, node2, now.Status.AtProvider.Node)
 		assert.Equal(t, vm.Status.AtProvider.IP, now.Status.AtProvider.IP)
 		assert.NotContains(t, now.GetCondition("Ready").Message, "spoofed")
 		i := &v1alpha1.DiskImage{}
 		require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "ubuntu"}, i))
 		assert.Equal(t, v1alpha1.ImagePhaseReady, i.Status.AtProvider.Phase)
-		assert.Equal(t, []string{"node2"}, i.Status.AtProvider.Nodes)
+		assert.Equal(t, []string{node2}, i.Status.AtProvider.Nodes)
 		assert.NotContains(t, i.Status.AtProvider.Message, "spoofed")
 	}
 
@@ -104,13 +116,13 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 		spoofVM(wire.PhaseFailed)
 		spoofVolume(true, "")
 		spoof(t, evil, wire.ImageReportKey, imgUID, wire.EncodeImageReport, wire.ImageReport{
-			ProtocolVersion: wire.ProtocolVersion, UID: imgUID, Node: "node1", Phase: wire.ImagePhaseFailed, Message: "spoofed by node1",
+			ProtocolVersion: wire.ProtocolVersion, UID: imgUID, Node: node1, Phase: wire.ImagePhaseFailed, Message: "spoofed by node1",
 		})
 		require.Eventually(t, func() bool {
 			return foreignReports(t, h, "VirtualMachine", "put") >= 1 && foreignReports(t, h, "DiskImage", "put") >= 1
 		}, 30*time.Second, 100*time.Millisecond, "the hub counts node1's reports about node2's VM and image")
-		assert.True(t, h.hasEvent(t, "victim", "ForeignReport", "node node1 sent a report of this VirtualMachine, which is placed on node node2"))
-		assert.True(t, hasEventOn(t, h, "DiskImage", "ubuntu", "ForeignReport", "node node1 sent a report of this DiskImage"))
+		assert.True(t, h.hasEvent(t, "victim", "ForeignReport", "node "+node1+" sent a report of this VirtualMachine, which is placed on node "+node2))
+		assert.True(t, hasEventOn(t, h, "DiskImage", "ubuntu", "ForeignReport", "node "+node1+" sent a report of this DiskImage"))
 		unchanged(t)
 	})
 
@@ -120,13 +132,13 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 		require.Eventually(t, func() bool {
 			return foreignReports(t, h, "VirtualMachine", "delete") >= 1 && foreignReports(t, h, "DiskImage", "delete") >= 1
 		}, 30*time.Second, 100*time.Millisecond, "the hub counts node1's deletes")
-		assert.True(t, h.hasEvent(t, "victim", "ForeignReport", "node node1 deleted its report of this VirtualMachine"))
+		assert.True(t, h.hasEvent(t, "victim", "ForeignReport", "node "+node1+" deleted its report of this VirtualMachine"))
 		unchanged(t)
 	})
 
 	t.Run("TheVMsDeletionIsNeitherHastenedNorBlocked", func(t *testing.T) {
 		spoofVM(wire.PhaseRunning)
-		require.NoError(t, h.s.StopAgent("node2"))
+		require.NoError(t, h.s.StopAgent(node2))
 		require.NoError(t, h.kube.Delete(ctx, h.get(t, "victim")))
 		// node1 says the guest is gone: the VM must wait for node2 all the same.
 		evil.delete(t, wire.ReportKey, vmUID)
@@ -134,25 +146,25 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 		assert.Equal(t, v1alpha1.PhaseDeleting, h.get(t, "victim").Status.AtProvider.Phase, "the VM waits for its own node")
 		// node1 says the guest is still there: node2's word ends it.
 		spoofVM(wire.PhaseRunning)
-		require.NoError(t, h.s.StartAgent("node2"))
+		require.NoError(t, h.s.StartAgent(node2))
 		require.Eventually(t, func() bool {
 			return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "victim"}, &v1alpha1.VirtualMachine{}))
 		}, 30*time.Second, 100*time.Millisecond, "node2 confirms the deletion; node1's report does not hold it up")
 	})
 
 	t.Run("TheVolumesDeletionIsNeitherHastenedNorBlocked", func(t *testing.T) {
-		require.NoError(t, h.s.StopAgent("node2"))
+		require.NoError(t, h.s.StopAgent(node2))
 		require.NoError(t, h.kube.Delete(ctx, vol))
 		spoofVolume(true, "") // "gone": would hasten
 		time.Sleep(3 * time.Second)
 		require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "victim-disk"}, &v1alpha1.Volume{}), "the Volume waits for its own node")
 		spoofVolume(false, "spoofed by node1: still attached") // would block
-		require.NoError(t, h.s.StartAgent("node2"))
+		require.NoError(t, h.s.StartAgent(node2))
 		require.Eventually(t, func() bool {
 			return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "victim-disk"}, &v1alpha1.Volume{}))
 		}, 30*time.Second, 100*time.Millisecond, "node2 confirms the volume is gone; node1's report does not hold it up")
 		assert.GreaterOrEqual(t, foreignReports(t, h, "Volume", "put"), 1.0)
-		assert.True(t, hasEventOn(t, h, "Volume", "victim-disk", "ForeignReport", "node node1 sent a report of this Volume, which is placed on node node2"))
+		assert.True(t, hasEventOn(t, h, "Volume", "victim-disk", "ForeignReport", "node "+node1+" sent a report of this Volume, which is placed on node "+node2))
 	})
 	t.Logf("whole test %s", time.Since(start))
 }
@@ -213,7 +225,7 @@ func foreignReports(t *testing.T, h *hub, kind, op string) float64 {
 		for _, l := range m.GetLabel() {
 			labels[l.GetName()] = l.GetValue()
 		}
-		if labels["kind"] == kind && labels["node"] == "node1" && labels["operation"] == op {
+		if labels["kind"] == kind && labels["node"] == node1 && labels["operation"] == op {
 			return m.GetCounter().GetValue()
 		}
 	}

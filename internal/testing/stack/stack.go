@@ -277,7 +277,11 @@ func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 			return false, nil
 		}
 		for _, n := range s.opts.Nodes {
-			if _, err := kv.Get(ctx, n); err != nil {
+			key, err := wire.NodeKey(n)
+			if err != nil {
+				return false, err
+			}
+			if _, err := kv.Get(ctx, key); err != nil {
 				last = errors.Wrapf(err, "no heartbeat of %s", n)
 				return false, nil
 			}
