@@ -37,6 +37,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/writes"
@@ -157,6 +158,11 @@ func Run(ctx context.Context, c Config) error {
 	vo := virtualmachine.Options{Pool: pool, Placer: placement.New(), Notifier: notifier, FencingTimeout: c.FencingTimeout}
 	if err := hubcontroller.SetupGated(ctx, writes.SkipUnchangedStatus(mgr), o, vo, volumes, images); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
+	}
+	// Connect at start, not at the first VM: agents heartbeat only once the
+	// buckets exist.
+	if err := providerconfig.SetupConnectors(mgr, o, pool); err != nil {
+		return errors.Wrap(err, "cannot set up the NATS connectors")
 	}
 	log.Info("Hub starting", "leaderElection", c.LeaderElection, "maxReconcileRate", c.MaxReconcileRate)
 	return errors.Wrap(mgr.Start(ctx), "controller manager stopped")

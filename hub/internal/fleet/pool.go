@@ -22,6 +22,9 @@ type Target struct {
 	URL string
 	// Seed is the hub's nkey seed; nil connects without authentication.
 	Seed []byte
+	// Replicas of the buckets the hub creates; 0 means 1. It does not tell
+	// Targets apart: the first to connect creates the buckets.
+	Replicas int
 }
 
 func (t Target) key() string {
@@ -71,7 +74,9 @@ func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
 	if err != nil {
 		return nil, errors.Wrapf(err, "cannot connect to NATS at %s", t.URL)
 	}
-	b, err := bus.New(ctx, nc, bus.Config{Buckets: p.buckets, Log: p.log})
+	buckets := p.buckets
+	buckets.Replicas = t.Replicas
+	b, err := bus.New(ctx, nc, bus.Config{Buckets: buckets, Log: p.log})
 	if err != nil {
 		nc.Close()
 		return nil, err

@@ -243,13 +243,12 @@ func (s *Stack) start(ctx context.Context) error {
 	return s.awaitHeartbeats(ctx)
 }
 
-// awaitHeartbeats makes the buckets and waits until every node's agent has
-// put a heartbeat. Only then does the hub see every node, so that a
-// workload created right after the start is spread over all of them, not
-// over those whose agents came up first. The hub itself makes the buckets
-// only when it first reconciles a VM; until then agents cannot heartbeat.
-// The stack makes them first, as whoever deploys NATS may, with the
-// configuration the hub would give them.
+// awaitHeartbeats waits until every node's agent has put a heartbeat. Only
+// then does the hub see every node, so that a workload created right after
+// the start is spread over all of them, not over those whose agents came up
+// first. Nothing here creates the buckets: the hub does, as it connects to
+// the default ClusterProviderConfig's NATS at its start, as on a fresh
+// install.
 func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 	opts, err := s.hubID.ConnectOptions()
 	if err != nil {
@@ -266,9 +265,6 @@ func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeTTL: s.opts.NodeTTL}); err != nil {
-		return err
-	}
 	var last error // why the last look was not enough
 	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		kv, err := js.KeyValue(ctx, wire.BucketNodes)
