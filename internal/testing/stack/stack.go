@@ -77,6 +77,11 @@ type Options struct {
 	// the module in go.mod) instead of in-process, so it can be killed with
 	// SIGKILL (KillNATS) and started again (StartNATS). NATS is then nil.
 	NATSProcess bool
+	// NATSCluster runs that many nats-server processes (implies
+	// NATSProcess when above 1) as one NATS cluster, every bucket
+	// replicated on each (ProviderConfig replicas); KillNATSServer and
+	// StartNATSServer take one down and back.
+	NATSCluster int
 }
 
 // Stack is a running system.
@@ -104,8 +109,9 @@ type Stack struct {
 	mu     sync.Mutex
 	hub    *component
 	agents map[string]*component
-	// natsProc is the nats-server process when Options.NATSProcess is set.
-	natsProc *natsProcess
+	// natsProcs are the nats-server processes when Options.NATSProcess or
+	// NATSCluster is set.
+	natsProcs []*natsProcess
 }
 
 // component is a running hub or agent process.
@@ -189,7 +195,7 @@ func (s *Stack) start(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(o.Dir, "nats"), 0o700); err != nil {
 		return errors.Wrap(err, "cannot create the NATS store")
 	}
-	if o.NATSProcess {
+	if o.NATSProcess || o.NATSCluster > 1 {
 		if err := s.startNATSProcess(ctx, users); err != nil {
 			return err
 		}
@@ -267,6 +273,10 @@ func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 	defer cancel()
 	var last error // why the last look was not enough
 	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		// A NATS cluster still electing its meta leader answers no request:
+		// each look gets a few seconds, not the whole minute.
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
 		kv, err := js.KeyValue(ctx, wire.BucketNodes)
 		if err != nil {
 			last = errors.Wrap(err, "no heartbeat bucket")
@@ -309,7 +319,8 @@ func (s *Stack) configureProvider(ctx context.Context) error {
 	cpc := &apisv1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
 	_, err := controllerutil.CreateOrUpdate(ctx, kube, cpc, func() error {
 		cpc.Spec = apisv1alpha1.ProviderConfigSpec{
-			NATSURL: s.NATSURL(),
+			NATSURL:  s.NATSURL(),
+			Replicas: max(s.opts.NATSCluster, 1),
 			Credentials: apisv1alpha1.NATSCredentials{
 				Source: xpv2.CredentialsSourceSecret,
 				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
@@ -337,6 +348,10 @@ func (s *Stack) hubIdentity(ctx context.Context) (string, error) {
 	}
 	return s.ControlPlane.AddUser(HubServiceAccount, "system:serviceaccounts", "system:serviceaccounts:"+SystemNamespace, "system:authenticated")
 }
+
+// HubIdentity is the hub's NATS identity, for tests that read the buckets
+// as the hub does.
+func (s *Stack) HubIdentity() natswire.Identity { return s.hubID }
 
 // HubKubeconfig is the kubeconfig the hub runs with.
 func (s *Stack) HubKubeconfig() string { return s.hubKubeconfig }
