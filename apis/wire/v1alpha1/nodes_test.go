@@ -76,3 +76,21 @@ func FuzzNodeToken(f *testing.F) {
 		}
 	})
 }
+
+// FuzzNodeFromToken pins the other direction: whatever a token is, if it
+// reads as a name, that name's token is the token itself, so no two tokens
+// stand for one name either.
+func FuzzNodeFromToken(f *testing.F) {
+	for _, s := range []string{"node1", "node-1_rack-a", "a_FPb", "_EOode", "a__FP", "a_", "_GB", "a_E"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, tok string) {
+		name, err := NodeFromToken(tok)
+		if err != nil {
+			return
+		}
+		if got := NodeToken(name); got != tok {
+			t.Fatalf("token %q reads as %q, whose token is %q", tok, name, got)
+		}
+	})
+}
