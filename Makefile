@@ -12,7 +12,7 @@ TOOLS := $(GO) tool -modfile=hack/tools/go.mod
 GENERATED := apis package/crds internal/testing/kubevirttest/testdata
 
 # Fuzz targets run for FUZZ_TIME each in `make test`; longer with `make fuzz FUZZ_TIME=5m`.
-FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzDecodeVolumeIntent FuzzDecodeVolumeReport FuzzParseKey
+FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzDecodeVolumeIntent FuzzDecodeVolumeReport FuzzParseKey FuzzNodeToken FuzzNodeFromToken
 FUZZ_PKG := ./apis/wire/v1alpha1
 FUZZ_TIME ?= 3s
 

@@ -42,6 +42,7 @@ func run() error {
 	flag.DurationVar(&o.ConvergeWithin, "converge-within", o.ConvergeWithin, "Limit from a restart to every VM in its wanted state.")
 	flag.DurationVar(&o.NodeLossWithin, "node-loss-within", o.NodeLossWithin, "Limit from an agent's kill to its node's loss in the API.")
 	flag.DurationVar(&o.NodeTTL, "node-ttl", o.NodeTTL, "Heartbeat TTL; 0 is the production default.")
+	flag.IntVar(&o.NATSServers, "nats-servers", 3, "NATS servers, as one cluster with buckets replicated on each; the NATS fault kills the JetStream meta leader. 1 runs one server, and the NATS fault kills it.")
 	flag.StringVar(&o.Dir, "dir", "", "Where the stack keeps its state and logs; empty means the system's temporary directory.")
 	flag.BoolVar(&o.Keep, "keep", false, "Keep the stack's directory and logs after a passing run.")
 	flag.BoolVar(&o.Debug, "debug", false, "Run the hub and agents at debug level.")

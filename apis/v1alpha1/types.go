@@ -34,6 +34,16 @@ type ProviderConfigSpec struct {
 	// NodeSelector is added to every VirtualMachine's own nodeSelector.
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// Replicas is how many NATS servers hold each of virtfleet's JetStream
+	// buckets: 1 for a single server, 3 for a NATS cluster, so that losing
+	// a server loses nothing. The hub creates the buckets with it as soon
+	// as the ProviderConfig exists, and brings existing ones to it.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=5
+	// +kubebuilder:default=1
+	// +optional
+	Replicas int `json:"replicas,omitempty"`
 }
 
 // ProviderConfigStatus is the status of a ProviderConfig.

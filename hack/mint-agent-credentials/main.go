@@ -1,9 +1,12 @@
 // Command mint-agent-credentials mints a NATS identity: for one node's agent,
 // or, given the name "hub", for the hub. It writes the secret nkey seed to
 // <name>.nk (give it to that agent, or put it in the hub's Secret, only) and
-// prints the entry to add to the nats-server "authorization" users list.
+// prints the entry to add to the nats-server "authorization" users list. A
+// node is named as Kubernetes names it (spec.nodeName, dots and all); its
+// permissions are written for the node's NATS token (wire.NodeToken).
 //
 //	go run ./hack/mint-agent-credentials node1
+//	go run ./hack/mint-agent-credentials ip-10-0-0-1.ec2.internal
 //	go run ./hack/mint-agent-credentials hub
 package main
 

@@ -55,21 +55,28 @@ type Identity struct {
 	Seed        []byte
 }
 
-// InboxPrefix is the private inbox prefix of an identity. A shared _INBOX.>
-// would let any agent listen to the replies (intents included) sent to another.
+// InboxPrefix is the private inbox prefix of an identity, one subject token
+// whatever the name (wire.NodeToken). A shared _INBOX.> would let any agent
+// listen to the replies (intents included) sent to another.
 func InboxPrefix(name string) string {
-	return "_INBOX_" + name
+	return "_INBOX_" + wire.NodeToken(name)
 }
 
-// AgentPermissions are the permissions of node's agent.
+// AgentPermissions are the permissions of node's agent, named as Kubernetes
+// names the node; its keys carry the node's token (wire.NodeToken).
 func AgentPermissions(node string) (Permissions, error) {
-	if err := wire.ValidateToken("node", node); err != nil {
+	prefix, err := wire.NodeKeyPrefix(node)
+	if err != nil {
+		return Permissions{}, err
+	}
+	heartbeat, err := wire.NodeKey(node)
+	if err != nil {
 		return Permissions{}, err
 	}
 	intents, reports := wire.Stream(wire.BucketIntents), wire.Stream(wire.BucketReports)
-	ownIntents := wire.Subject(wire.BucketIntents, node+".>")
-	ownReports := wire.Subject(wire.BucketReports, node+".>")
-	ownHeartbeat := wire.Subject(wire.BucketNodes, node)
+	ownIntents := wire.Subject(wire.BucketIntents, prefix+">")
+	ownReports := wire.Subject(wire.BucketReports, prefix+">")
+	ownHeartbeat := wire.Subject(wire.BucketNodes, heartbeat)
 	return Permissions{
 		Publish: []string{
 			// The filter is part of the subject, and the server refuses a

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -285,7 +286,7 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 		message string
 	}{
 		{name: "NoNode", change: func(c *app.Config) { c.Node = "" }, message: "--node"},
-		{name: "NodeNotASubjectToken", change: func(c *app.Config) { c.Node = "a.b" }, message: "--node"},
+		{name: "NodeLongerThanAKubernetesName", change: func(c *app.Config) { c.Node = strings.Repeat("a", wire.MaxNodeNameLen+1) }, message: "--node"},
 		{name: "NoNATS", change: func(c *app.Config) { c.NATSURLs = nil }, message: "--nats-url"},
 		{name: "NoSeed", change: func(c *app.Config) { c.Seed = nil }, message: "--nats-credentials"},
 		{name: "SeedThatIsNotOne", change: func(c *app.Config) { c.Seed = []byte("SUnotaseed") }, message: "--nats-credentials"},

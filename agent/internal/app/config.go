@@ -105,7 +105,7 @@ func (c *Config) defaults() {
 // validate reports the first setting the agent cannot start with, naming it
 // as the flag that sets it.
 func (c *Config) validate() error {
-	if err := wire.ValidateToken("node", c.Node); err != nil {
+	if err := wire.ValidateNodeName(c.Node); err != nil {
 		return errors.Wrap(err, "--node")
 	}
 	if len(c.NATSURLs) == 0 {

@@ -69,7 +69,7 @@ var _ Bus = &NATS{}
 // node's identity (natswire.Identity.ConnectOptions) and should reconnect
 // forever (nats.MaxReconnects(-1)).
 func New(nc *nats.Conn, cfg Config) (*NATS, error) {
-	if err := wire.ValidateToken("node", cfg.Node); err != nil {
+	if err := wire.ValidateNodeName(cfg.Node); err != nil {
 		return nil, err
 	}
 	if cfg.Timeout == 0 {
@@ -255,7 +255,11 @@ func (n *NATS) PutHeartbeat(ctx context.Context, h wire.NodeHeartbeat) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Timeout)
 	defer cancel()
-	_, err = n.js.Publish(ctx, wire.Subject(wire.BucketNodes, n.cfg.Node), b)
+	key, err := wire.NodeKey(n.cfg.Node)
+	if err != nil {
+		return err
+	}
+	_, err = n.js.Publish(ctx, wire.Subject(wire.BucketNodes, key), b)
 	return errors.Wrap(err, "cannot put heartbeat")
 }
 
@@ -309,7 +313,11 @@ func (w *intentWatch) lastRevision() uint64 {
 }
 
 func (w *intentWatch) subscribe(ctx context.Context) (*nats.Subscription, <-chan struct{}, error) {
-	subj := wire.Subject(wire.BucketIntents, w.n.cfg.Node+".>")
+	prefix, err := wire.NodeKeyPrefix(w.n.cfg.Node)
+	if err != nil {
+		return nil, nil, err
+	}
+	subj := wire.Subject(wire.BucketIntents, prefix+">")
 	opts := []nats.SubOpt{nats.BindStream(wire.Stream(wire.BucketIntents)), nats.OrderedConsumer(), nats.DeliverLastPerSubject()}
 	if last := w.lastRevision(); last > 0 {
 		opts = append(opts, nats.StartSequence(last+1))

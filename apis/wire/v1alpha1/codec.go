@@ -175,12 +175,12 @@ func (r Report) Validate() error {
 	if err := ValidateToken("uid", r.UID); err != nil {
 		return err
 	}
-	return ValidateToken("node", r.Node)
+	return ValidateNodeName(r.Node)
 }
 
 // Validate reports whether the NodeHeartbeat can be keyed.
 func (h NodeHeartbeat) Validate() error {
-	return ValidateToken("node", h.Node)
+	return ValidateNodeName(h.Node)
 }
 
 // Validate reports whether the VolumeIntent can be keyed and acted on. Only
@@ -210,7 +210,7 @@ func (r ImageReport) Validate() error {
 	if err := ValidateToken("uid", r.UID); err != nil {
 		return err
 	}
-	if err := ValidateToken("node", r.Node); err != nil {
+	if err := ValidateNodeName(r.Node); err != nil {
 		return err
 	}
 	switch r.Phase {

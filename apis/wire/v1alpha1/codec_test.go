@@ -79,7 +79,7 @@ func TestDecodeReportAndHeartbeat(t *testing.T) {
 	}{
 		"ReportRoundTrips":         {decode: decodeReport, in: mustJSON(t, exampleReport()), want: exampleReport()},
 		"ReportRefusesNewer":       {decode: decodeReport, in: withField(t, exampleReport(), "protocolVersion", 99), wantErr: &VersionError{}},
-		"ReportRefusesUnsafeNode":  {decode: decodeReport, in: withField(t, exampleReport(), "node", "node*"), wantErr: &KeyError{}},
+		"ReportRefusesNoNode":      {decode: decodeReport, in: withField(t, exampleReport(), "node", ""), wantErr: &KeyError{}},
 		"HeartbeatRoundTrips":      {decode: decodeHeartbeat, in: mustJSON(t, exampleHeartbeat()), want: exampleHeartbeat()},
 		"HeartbeatIgnoresUnknowns": {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "gpus", 4), want: exampleHeartbeat()},
 		"HeartbeatRefusesNewer":    {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "protocolVersion", 2), wantErr: &VersionError{}},
@@ -102,7 +102,7 @@ func TestDecodeReportAndHeartbeat(t *testing.T) {
 		"ImageReportRefusesNewer":          {decode: decodeImageReport, in: withField(t, exampleImageReport(), "protocolVersion", 2), wantErr: &VersionError{}},
 		"ImageReportRefusesNoVersion":      {decode: decodeImageReport, in: []byte(`{"uid":"a","node":"n","phase":"Ready"}`), wantErr: &VersionError{}},
 		"ImageReportRefusesUnsafeUID":      {decode: decodeImageReport, in: withField(t, exampleImageReport(), "uid", "img.>"), wantErr: &KeyError{}},
-		"ImageReportRefusesUnsafeNode":     {decode: decodeImageReport, in: withField(t, exampleImageReport(), "node", "node*"), wantErr: &KeyError{}},
+		"ImageReportRefusesNoNode":         {decode: decodeImageReport, in: withField(t, exampleImageReport(), "node", ""), wantErr: &KeyError{}},
 		"ImageReportRefusesUnknownPhase":   {decode: decodeImageReport, in: withField(t, exampleImageReport(), "phase", "Pruning"), wantErr: &DecodeError{}},
 		"ImageReportRefusesMissingPhase":   {decode: decodeImageReport, in: withField(t, exampleImageReport(), "phase", ""), wantErr: &DecodeError{}},
 		"ImageReportRefusesNegativeSize":   {decode: decodeImageReport, in: withField(t, exampleImageReport(), "sizeBytes", -1), wantErr: &DecodeError{}},
@@ -179,10 +179,13 @@ func TestEncodeStampsTheVersionAndValidates(t *testing.T) {
 	assert.Equal(t, ProtocolVersion, got.ProtocolVersion)
 
 	r := exampleReport()
-	r.Node = "a.b"
+	r.Node = ""
 	_, err = EncodeReport(r)
 	var ke *KeyError
-	assert.ErrorAs(t, err, &ke, "a report for an unsafe node name must not be written")
+	assert.ErrorAs(t, err, &ke, "a report for no node must not be written")
+	r.Node = "node-1.rack-a.example.com"
+	_, err = EncodeReport(r)
+	assert.NoError(t, err, "a report carries its node's real name, dots and all")
 
 	vi := exampleVolumeIntent()
 	vi.ProtocolVersion = 0
@@ -211,9 +214,9 @@ func TestEncodeStampsTheVersionAndValidates(t *testing.T) {
 	ir.Phase = "Pruned"
 	_, err = EncodeImageReport(ir)
 	assert.ErrorAs(t, err, &de, "a phase this version does not define must not be written")
-	ir.Phase, ir.Node = ImagePhaseReady, "node1.x"
+	ir.Phase, ir.Node = ImagePhaseReady, string(make([]byte, MaxNodeNameLen+1))
 	_, err = EncodeImageReport(ir)
-	assert.ErrorAs(t, err, &ke, "an image report for an unsafe node name must not be written")
+	assert.ErrorAs(t, err, &ke, "an image report for a name no node has must not be written")
 }
 
 func TestVersionErrorTellsTheReaderToUpgrade(t *testing.T) {

@@ -76,8 +76,9 @@ func FuzzParseKey(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if node+"."+rest != key {
-			t.Fatalf("ParseKey(%q) = %q, %q does not rebuild the key", key, node, rest)
+		prefix, err := NodeKeyPrefix(node)
+		if err != nil || prefix+rest != key {
+			t.Fatalf("ParseKey(%q) = %q, %q does not rebuild the key (%v)", key, node, rest, err)
 		}
 	})
 }

@@ -13,8 +13,9 @@ const (
 	BucketNodes   = "nodes"
 )
 
-// maxTokenLen bounds a key token; Kubernetes names and uids fit well inside.
-const maxTokenLen = 128
+// maxTokenLen bounds a key token: the token of the longest node name, every
+// byte escaped; Kubernetes names and uids fit well inside.
+const maxTokenLen = 3 * MaxNodeNameLen
 
 // KeyError is returned for a node name, uid or key that is not safe to use as
 // a NATS subject token: a '.', '*', '>' or space would let one node's key
@@ -50,12 +51,14 @@ func ValidateToken(what, s string) error {
 }
 
 // NodeKeyPrefix is the key prefix every per-node key of a node starts with,
-// including trailing dot, e.g. "node1.".
+// including trailing dot, e.g. "node1." or, for node "node-1.rack-a",
+// "node-1_rack-a." (NodeToken). Every key function here takes the node's
+// real name and writes its token.
 func NodeKeyPrefix(node string) (string, error) {
-	if err := ValidateToken("node", node); err != nil {
+	if err := ValidateNodeName(node); err != nil {
 		return "", err
 	}
-	return node + ".", nil
+	return NodeToken(node) + ".", nil
 }
 
 // IntentKey is the BucketIntents key of a guest: "<node>.<uid>".
@@ -119,34 +122,47 @@ func ParseImageKey(rest string) (uid string, ok bool) {
 
 // NodeKey is the BucketNodes key of a node's heartbeat: "<node>".
 func NodeKey(node string) (string, error) {
-	if err := ValidateToken("node", node); err != nil {
+	if err := ValidateNodeName(node); err != nil {
 		return "", err
 	}
-	return node, nil
+	return NodeToken(node), nil
+}
+
+// ParseNodeKey is the name of the node whose heartbeat key is key.
+func ParseNodeKey(key string) (string, error) {
+	if err := ValidateToken("node", key); err != nil {
+		return "", err
+	}
+	return NodeFromToken(key)
 }
 
 // joinKey is "<node>.<kind>.<uid>", or "<node>.<uid>" without a kind.
 func joinKey(node, kind, uid string) (string, error) {
-	if err := ValidateToken("node", node); err != nil {
+	prefix, err := NodeKeyPrefix(node)
+	if err != nil {
 		return "", err
 	}
 	if err := ValidateToken("uid", uid); err != nil {
 		return "", err
 	}
 	if kind != "" {
-		return node + "." + kind + "." + uid, nil
+		return prefix + kind + "." + uid, nil
 	}
-	return node + "." + uid, nil
+	return prefix + uid, nil
 }
 
-// ParseKey splits a per-node key into its node and the rest, e.g.
-// "node1.volume.abc" into "node1" and "volume.abc". Every token must be valid.
+// ParseKey splits a per-node key into its node's name and the rest, e.g.
+// "node1.volume.abc" into "node1" and "volume.abc", or "node-1_rack-a.abc"
+// into "node-1.rack-a" and "abc". Every token must be valid.
 func ParseKey(key string) (node, rest string, err error) {
-	node, rest, ok := strings.Cut(key, ".")
+	token, rest, ok := strings.Cut(key, ".")
 	if !ok {
 		return "", "", &KeyError{What: "key", Value: key, Reason: "want <node>.<id>"}
 	}
-	if err := ValidateToken("node", node); err != nil {
+	if err := ValidateToken("node", token); err != nil {
+		return "", "", err
+	}
+	if node, err = NodeFromToken(token); err != nil {
 		return "", "", err
 	}
 	for _, t := range strings.Split(rest, ".") {

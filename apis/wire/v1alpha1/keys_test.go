@@ -13,13 +13,14 @@ func TestIntentKey(t *testing.T) {
 		want      string
 		wantErr   bool
 	}{
-		"JoinsNodeAndUID":              {node: "node1", uid: "6f1c2d9e-0b7a", want: "node1.6f1c2d9e-0b7a"},
-		"RefusesADotThatWouldNestKeys": {node: "node1.example.com", uid: "u", wantErr: true},
-		"RefusesAStarWildcard":         {node: "*", uid: "u", wantErr: true},
-		"RefusesAFullWildcard":         {node: "node1", uid: ">", wantErr: true},
-		"RefusesASpace":                {node: "node 1", uid: "u", wantErr: true},
-		"RefusesAnEmptyUID":            {node: "node1", uid: "", wantErr: true},
-		"RefusesAnOverlongToken":       {node: string(make([]byte, 129)), uid: "u", wantErr: true},
+		"JoinsNodeAndUID":            {node: "node1", uid: "6f1c2d9e-0b7a", want: "node1.6f1c2d9e-0b7a"},
+		"ADottedNodeNameIsOneToken":  {node: "node-1.rack-a.example.com", uid: "u", want: "node-1_rack-a_example_com.u"},
+		"AStarInANodeNameIsEscaped":  {node: "*", uid: "u", want: "_CK.u"},
+		"RefusesAFullWildcardUID":    {node: "node1", uid: ">", wantErr: true},
+		"ASpaceInANodeNameIsEscaped": {node: "node 1", uid: "u", want: "node_CA1.u"},
+		"RefusesAnEmptyNode":         {node: "", uid: "u", wantErr: true},
+		"RefusesAnEmptyUID":          {node: "node1", uid: "", wantErr: true},
+		"RefusesAnOverlongNodeName":  {node: string(make([]byte, MaxNodeNameLen+1)), uid: "u", wantErr: true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -47,7 +48,7 @@ func TestVolumeKeys(t *testing.T) {
 		"ReportKeyNestsUnderTheNode":      {key: VolumeReportKey, node: "node1", uid: "vol-1", want: "node1.volume.vol-1"},
 		"IntentKeyRefusesADottedUID":      {key: VolumeIntentKey, node: "node1", uid: "a.b", wantErr: true},
 		"ReportKeyRefusesAWildcardUID":    {key: VolumeReportKey, node: "node1", uid: "*", wantErr: true},
-		"IntentKeyRefusesAWildcardNode":   {key: VolumeIntentKey, node: ">", uid: "u", wantErr: true},
+		"IntentKeyEscapesAWildcardNode":   {key: VolumeIntentKey, node: ">", uid: "u", want: "_DO.volume.u"},
 		"GuestIntentKeyStillRefusesADot":  {key: IntentKey, node: "node1", uid: "volume.u", wantErr: true},
 		"GuestReportKeyStillRefusesEmpty": {key: ReportKey, node: "node1", uid: "", wantErr: true},
 	}
@@ -99,12 +100,12 @@ func TestImageKeys(t *testing.T) {
 		want      string
 		wantErr   bool
 	}{
-		"NestsUnderTheNode":      {node: "node1", uid: "img-1", want: "node1.image.img-1"},
-		"RefusesADottedUID":      {node: "node1", uid: "a.b", wantErr: true},
-		"RefusesAWildcardUID":    {node: "node1", uid: "*", wantErr: true},
-		"RefusesAWildcardNode":   {node: ">", uid: "img-1", wantErr: true},
-		"RefusesAnEmptyUID":      {node: "node1", uid: "", wantErr: true},
-		"RefusesADottedNodeName": {node: "node1.example.com", uid: "img-1", wantErr: true},
+		"NestsUnderTheNode":    {node: "node1", uid: "img-1", want: "node1.image.img-1"},
+		"RefusesADottedUID":    {node: "node1", uid: "a.b", wantErr: true},
+		"RefusesAWildcardUID":  {node: "node1", uid: "*", wantErr: true},
+		"EscapesAWildcardNode": {node: ">", uid: "img-1", want: "_DO.image.img-1"},
+		"RefusesAnEmptyUID":    {node: "node1", uid: "", wantErr: true},
+		"TakesADottedNodeName": {node: "node1.example.com", uid: "img-1", want: "node1_example_com.image.img-1"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -161,6 +162,8 @@ func TestParseKey(t *testing.T) {
 		"RefusesAKeyWithoutANode":       {key: "node1", wantErr: true},
 		"RefusesAnEmptyToken":           {key: "node1..abc", wantErr: true},
 		"RefusesAWildcardToken":         {key: "node1.*", wantErr: true},
+		"ReadsTheNodesRealName":         {key: "node-1_rack-a.abc", node: "node-1.rack-a", rest: "abc"},
+		"RefusesANodeTokenNoNameHas":    {key: "Node1.abc", wantErr: true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

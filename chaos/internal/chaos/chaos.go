@@ -1,6 +1,7 @@
 // Package chaos runs the whole system (internal/testing/stack) under a churn of VMs
 // (create, stop, start, delete) and kills, in turn, an agent, the hub, the
-// NATS server and a libvirtd with SIGKILL, then starts each again. After
+// NATS server (or, with NATS as a cluster, the server that is the JetStream
+// meta leader) and a libvirtd with SIGKILL, then starts each again. After
 // each restart it checks, against every node's libvirtd and the API, that no
 // VM was lost, no guest duplicated or orphaned, and every VM reached the
 // power state its spec asks for within the convergence limit; after an
@@ -60,6 +61,11 @@ type Options struct {
 	NodeLossWithin time.Duration
 	// NodeTTL is the hub's heartbeat TTL; 0 is the production default.
 	NodeTTL time.Duration
+	// NATSServers runs NATS as a cluster of that many nats-server
+	// processes with replicated buckets when above 1; the NATS fault then
+	// kills the JetStream meta leader, one server of the cluster. 0 or 1
+	// runs one server, and the NATS fault kills it.
+	NATSServers int
 	// Dir holds the stack; Keep keeps it (logs) after a passing run.
 	Dir  string
 	Keep bool
@@ -137,8 +143,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	progress("starting a stack of %d nodes (NATS as its own process) in %s", o.Nodes, dir)
-	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, NATSProcess: true, NodeTTL: o.NodeTTL, Debug: o.Debug, MemoryAllocationRatio: 16})
+	progress("starting a stack of %d nodes (NATS as %d process(es) of its own) in %s", o.Nodes, max(o.NATSServers, 1), dir)
+	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, NATSProcess: true, NATSCluster: o.NATSServers, NodeTTL: o.NodeTTL, Debug: o.Debug, MemoryAllocationRatio: 16})
 	restore()
 	if err != nil {
 		return nil, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)
@@ -300,6 +306,15 @@ func judge(r *Result, o Options, f FaultResult) {
 // inject kills one component, keeps it dead while the churn goes on,
 // starts it again, then pauses the churn and checks the fleet.
 func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *observer, f *FaultResult, progress func(string, ...any)) error {
+	// Of a NATS cluster, the server whose loss costs most: the meta leader.
+	natsServer := -1
+	if f.Kind == FaultNATS && s.NATSServers() > 1 {
+		var err error
+		if natsServer, err = s.NATSMetaLeader(ctx); err != nil {
+			return err
+		}
+		f.Target = fmt.Sprintf("nats-server-%d (JetStream meta leader)", natsServer)
+	}
 	label := f.Kind
 	if f.Target != "" {
 		label += " " + f.Target
@@ -317,6 +332,11 @@ func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *obser
 		s.KillHub()
 		restart = s.StartHub
 	case FaultNATS:
+		if natsServer >= 0 {
+			s.KillNATSServer(natsServer)
+			restart = func() error { return s.StartNATSServer(natsServer) }
+			break
+		}
 		s.KillNATS()
 		restart = s.StartNATS
 	case FaultLibvirtd:

@@ -26,6 +26,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/feature"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/gate"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -36,6 +37,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/writes"
@@ -145,7 +147,8 @@ func Run(ctx context.Context, c Config) error {
 	if err := leftovers.Setup(ctx, mgr); err != nil {
 		return err
 	}
-	pool := fleet.NewPool(ctx, log, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
+	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor("virtfleet-hub")) //nolint:staticcheck // crossplane-runtime still records through the old events API
+	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
 		f.Subscribe(notifier.Notify)
 		f.SubscribeNodes(notifier.NotifyUnplaced)
 		f.SubscribeVolumes(volumes.Notify)
@@ -155,6 +158,11 @@ func Run(ctx context.Context, c Config) error {
 	vo := virtualmachine.Options{Pool: pool, Placer: placement.New(), Notifier: notifier, FencingTimeout: c.FencingTimeout}
 	if err := hubcontroller.SetupGated(ctx, writes.SkipUnchangedStatus(mgr), o, vo, volumes, images); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
+	}
+	// Connect at start, not at the first VM: agents heartbeat only once the
+	// buckets exist.
+	if err := providerconfig.SetupConnectors(mgr, o, pool); err != nil {
+		return errors.Wrap(err, "cannot set up the NATS connectors")
 	}
 	log.Info("Hub starting", "leaderElection", c.LeaderElection, "maxReconcileRate", c.MaxReconcileRate)
 	return errors.Wrap(mgr.Start(ctx), "controller manager stopped")

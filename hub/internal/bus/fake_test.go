@@ -21,7 +21,7 @@ func TestFakeKeepsTheBusContract(t *testing.T) {
 	rev2, err := f.PutIntent(ctx, "node1", in)
 	require.NoError(t, err)
 	assert.Equal(t, rev1, rev2, "replayed write changes nothing")
-	_, err = f.PutIntent(ctx, "node*", in)
+	_, err = f.PutIntent(ctx, "node1", wire.Intent{UID: "vm*", Generation: 1})
 	var ke *wire.KeyError
 	assert.ErrorAs(t, err, &ke)
 

@@ -277,7 +277,7 @@ func reportEvent(key string, rev uint64, deleted bool, value []byte) (ReportEven
 		return ReportEvent{}, &wire.KeyError{What: "key", Value: key, Reason: "not a guest, volume or image report key"}
 	}
 	ev := ReportEvent{Node: node, UID: rest, Revision: rev, Deleted: deleted}
-	ev.Report, err = natswire.DecodeValue(key, key, deleted, value, wire.DecodeReport, func(r wire.Report) string { return r.Node + "." + r.UID })
+	ev.Report, err = natswire.DecodeValue(key, node+"."+rest, deleted, value, wire.DecodeReport, func(r wire.Report) string { return r.Node + "." + r.UID })
 	if err != nil {
 		return ReportEvent{}, err
 	}
@@ -285,19 +285,19 @@ func reportEvent(key string, rev uint64, deleted bool, value []byte) (ReportEven
 }
 
 func nodeEvent(key string, rev uint64, lost bool, value []byte) (NodeEvent, error) {
-	if err := wire.ValidateToken("node", key); err != nil {
+	node, err := wire.ParseNodeKey(key)
+	if err != nil {
 		return NodeEvent{}, err
 	}
-	ev := NodeEvent{Node: key, Revision: rev, Lost: lost}
+	ev := NodeEvent{Node: node, Revision: rev, Lost: lost}
 	if lost {
 		return ev, nil
 	}
-	var err error
 	if ev.Heartbeat, err = wire.DecodeNodeHeartbeat(value); err != nil {
 		return NodeEvent{}, err
 	}
-	if ev.Heartbeat.Node != key {
-		return NodeEvent{}, &natswire.MismatchError{Key: key, Want: key, Got: ev.Heartbeat.Node}
+	if ev.Heartbeat.Node != node {
+		return NodeEvent{}, &natswire.MismatchError{Key: key, Want: node, Got: ev.Heartbeat.Node}
 	}
 	return ev, nil
 }

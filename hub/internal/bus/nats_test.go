@@ -75,7 +75,7 @@ func TestPutIntent(t *testing.T) {
 	_, err = b.PutIntent(ctx, "node1", in)
 	require.NoError(t, err, "an intent can be recreated after a delete")
 
-	_, err = b.PutIntent(ctx, "node.1", in)
+	_, err = b.PutIntent(ctx, "", in)
 	var ke *wire.KeyError
 	assert.ErrorAs(t, err, &ke)
 }

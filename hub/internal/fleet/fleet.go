@@ -3,6 +3,15 @@
 // node, kept current by the bus's watches. Reconcilers read it without waiting
 // on the network, and it tells them at once when a report or a node changes,
 // so status never waits for a poll interval.
+//
+// A node speaks only for itself. Reports are kept per node and uid, and a
+// reconciler reads the report of the node its resource is placed on (the
+// node recorded on the resource), never "the" report of a uid: a report
+// another node wrote about the same uid can neither change what a user sees
+// nor hasten or hold up a deletion. Reconcilers hand the resource to
+// FlagForeign, which counts, logs and shows as a Warning event every report
+// about it from a node it is not placed on. A report whose uid belongs to
+// nothing placed on its node is kept and never read.
 package fleet
 
 import (
@@ -11,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
@@ -49,16 +59,23 @@ type Fleet struct {
 	// lost: by then every live node has sent several heartbeats.
 	unknownAfter time.Duration
 
-	mu            sync.RWMutex
-	reports       map[string]Report       // by uid
-	volumeReports map[string]VolumeReport // by Volume uid
-	// imageReports are by image uid, then node: an image is on many nodes.
-	imageReports map[string]map[string]ImageReport
-	nodes        map[string]NodeStatus
-	subs         []func(uid string)
-	volumeSubs   []func(uid string)
-	imageSubs    []func(uid string)
-	nodeSubs     []func(node string)
+	// recorder shows foreign reports as Warning events on the resource.
+	recorder event.Recorder
+
+	mu sync.RWMutex
+	// Every kind of report is kept by uid, then by the node that wrote it.
+	reports       map[string]map[string]Report
+	volumeReports map[string]map[string]VolumeReport
+	imageReports  map[string]map[string]ImageReport
+	// foreign are the reports already flagged by FlagForeign, so each is
+	// flagged once per revision, and the deletions of flagged reports,
+	// flagged at the next FlagForeign.
+	foreign    map[claim]foreignState
+	nodes      map[string]NodeStatus
+	subs       []func(uid string)
+	volumeSubs []func(uid string)
+	imageSubs  []func(uid string)
+	nodeSubs   []func(node string)
 }
 
 // VolumeReport is a Volume's latest report and when the hub received it.
@@ -79,14 +96,22 @@ func New(b bus.Bus, log logging.Logger) *Fleet {
 	return &Fleet{
 		Bus:           b,
 		log:           log,
+		recorder:      event.NewNopRecorder(),
 		now:           time.Now,
 		started:       time.Now(),
 		unknownAfter:  natswire.DefaultNodeTTL,
-		reports:       map[string]Report{},
-		volumeReports: map[string]VolumeReport{},
+		reports:       map[string]map[string]Report{},
+		volumeReports: map[string]map[string]VolumeReport{},
 		imageReports:  map[string]map[string]ImageReport{},
+		foreign:       map[claim]foreignState{},
 		nodes:         map[string]NodeStatus{},
 	}
+}
+
+// WithRecorder makes r show foreign reports as Warning events.
+func (f *Fleet) WithRecorder(r event.Recorder) *Fleet {
+	f.recorder = r
+	return f
 }
 
 // Subscribe registers fn to be called with the uid of every guest whose
@@ -150,11 +175,7 @@ func (f *Fleet) onReport(e bus.ReportEvent) {
 		return
 	}
 	f.mu.Lock()
-	if e.Deleted {
-		delete(f.reports, e.UID)
-	} else {
-		f.reports[e.UID] = Report{ReportEvent: e, ReceivedAt: f.now()}
-	}
+	store(f, f.reports, KindVM, e.Node, e.UID, e.Deleted, Report{ReportEvent: e, ReceivedAt: f.now()})
 	subs := f.subs
 	f.mu.Unlock()
 	for _, fn := range subs {
@@ -164,11 +185,7 @@ func (f *Fleet) onReport(e bus.ReportEvent) {
 
 func (f *Fleet) onVolumeReport(e bus.VolumeReportEvent) {
 	f.mu.Lock()
-	if e.Deleted {
-		delete(f.volumeReports, e.UID)
-	} else {
-		f.volumeReports[e.UID] = VolumeReport{VolumeReportEvent: e, ReceivedAt: f.now()}
-	}
+	store(f, f.volumeReports, KindVolume, e.Node, e.UID, e.Deleted, VolumeReport{VolumeReportEvent: e, ReceivedAt: f.now()})
 	subs := f.volumeSubs
 	f.mu.Unlock()
 	for _, fn := range subs {
@@ -180,23 +197,41 @@ func (f *Fleet) onVolumeReport(e bus.VolumeReportEvent) {
 // still holds its images, and its guests are not started elsewhere either.
 func (f *Fleet) onImageReport(e bus.ImageReportEvent) {
 	f.mu.Lock()
-	byNode := f.imageReports[e.UID]
-	switch {
-	case e.Deleted:
-		delete(byNode, e.Node)
-		if len(byNode) == 0 {
-			delete(f.imageReports, e.UID)
-		}
-	case byNode == nil:
-		f.imageReports[e.UID] = map[string]ImageReport{e.Node: {ImageReportEvent: e, ReceivedAt: f.now()}}
-	default:
-		byNode[e.Node] = ImageReport{ImageReportEvent: e, ReceivedAt: f.now()}
-	}
+	store(f, f.imageReports, KindImage, e.Node, e.UID, e.Deleted, ImageReport{ImageReportEvent: e, ReceivedAt: f.now()})
 	subs := f.imageSubs
 	f.mu.Unlock()
 	for _, fn := range subs {
 		fn(e.UID)
 	}
+}
+
+// store keeps r as node's report of uid, or forgets it when deleted. The
+// deletion of a report already flagged as foreign is remembered for
+// FlagForeign; any other deletion of a report the hub never held says
+// nothing and is not remembered (a node may delete its own keys at will).
+// f.mu must be held.
+func store[R any](f *Fleet, m map[string]map[string]R, kind ReportKind, node, uid string, deleted bool, r R) {
+	c := claim{kind: kind, uid: uid, node: node}
+	byNode := m[uid]
+	if deleted {
+		if _, held := byNode[node]; held {
+			if st, flagged := f.foreign[c]; flagged && !st.deleted {
+				f.foreign[c] = foreignState{deleted: true}
+			}
+		}
+		delete(byNode, node)
+		if len(byNode) == 0 {
+			delete(m, uid)
+		}
+		return
+	}
+	if byNode == nil {
+		byNode = map[string]R{}
+		m[uid] = byNode
+	}
+	byNode[node] = r
+	// A new revision is flagged anew.
+	delete(f.foreign, c)
 }
 
 func (f *Fleet) onNode(e bus.NodeEvent) {
@@ -214,8 +249,8 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 	// Guests care only when the node's liveness flips.
 	var affected []string
 	if !known || prev.Lost != s.Lost {
-		for uid, r := range f.reports {
-			if r.Node == e.Node {
+		for uid, byNode := range f.reports {
+			if _, ok := byNode[e.Node]; ok {
 				affected = append(affected, uid)
 			}
 		}
@@ -234,34 +269,68 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 	}
 }
 
-// Report returns the latest report of guest uid and the node that wrote it.
-func (f *Fleet) Report(uid string) (Report, bool) {
+// Report returns node's latest report of guest uid. Pass the node the guest
+// is placed on: what another node says of it is not its state.
+func (f *Fleet) Report(node, uid string) (Report, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	r, ok := f.reports[uid]
+	r, ok := f.reports[uid][node]
 	return r, ok
 }
 
-// VolumeReport returns the latest report of Volume uid and the node that
-// wrote it.
-func (f *Fleet) VolumeReport(uid string) (VolumeReport, bool) {
+// VolumeReport returns node's latest report of Volume uid. Pass the node
+// the Volume is bound to.
+func (f *Fleet) VolumeReport(node, uid string) (VolumeReport, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	r, ok := f.volumeReports[uid]
+	r, ok := f.volumeReports[uid][node]
 	return r, ok
 }
 
-// ImageReports returns the latest report of image uid from every node that
-// has one, sorted by node. A node with no report does not have the image.
-func (f *Fleet) ImageReports(uid string) []ImageReport {
+// VolumeReports returns every node's report of Volume uid, sorted by node:
+// for cleaning up after a Volume that no longer exists, when no node is
+// recorded anywhere.
+func (f *Fleet) VolumeReports(uid string) []VolumeReport {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return sorted(f.volumeReports[uid], func(r VolumeReport) string { return r.Node })
+}
+
+// ImageReports returns the latest report of image uid from each of nodes
+// that has one, sorted by node: the nodes the image is placed on. A node
+// with no report does not have the image.
+func (f *Fleet) ImageReports(uid string, nodes ...string) []ImageReport {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	byNode := f.imageReports[uid]
-	out := make([]ImageReport, 0, len(byNode))
+	out := make([]ImageReport, 0, len(nodes))
+	for _, n := range nodes {
+		if r, ok := byNode[n]; ok {
+			out = append(out, r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out
+}
+
+// ImageReporters returns the nodes that report image uid, sorted.
+func (f *Fleet) ImageReporters(uid string) []string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]string, 0, len(f.imageReports[uid]))
+	for n := range f.imageReports[uid] {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func sorted[R any](byNode map[string]R, node func(R) string) []R {
+	out := make([]R, 0, len(byNode))
 	for _, r := range byNode {
 		out = append(out, r)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	sort.Slice(out, func(i, j int) bool { return node(out[i]) < node(out[j]) })
 	return out
 }
 

@@ -147,7 +147,7 @@ func TestReports(t *testing.T) {
 				f.bus.SetReport(e)
 			}
 
-			r, ok := f.Report("g")
+			r, ok := f.Report("node1", "g")
 			if tc.wantPhase == "" {
 				assert.False(t, ok, "no report of g: %+v", r)
 			} else {
@@ -166,26 +166,26 @@ func TestVolumeReports(t *testing.T) {
 	f := newTestFleet(t, bus.NewFake())
 
 	f.bus.SetVolumeReport(bus.VolumeReportEvent{Node: "node1", UID: "v", Report: wire.VolumeReport{UID: "v", Message: "in use"}})
-	r, ok := f.VolumeReport("v")
+	r, ok := f.VolumeReport("node1", "v")
 	require.True(t, ok)
 	assert.Equal(t, "in use", r.Report.Message)
 	assert.False(t, r.Report.Gone)
 
 	f.clock.advance(time.Second)
 	f.bus.SetVolumeReport(bus.VolumeReportEvent{Node: "node1", UID: "v", Report: wire.VolumeReport{UID: "v", Gone: true}})
-	r, ok = f.VolumeReport("v")
+	r, ok = f.VolumeReport("node1", "v")
 	require.True(t, ok)
 	assert.True(t, r.Report.Gone, "the latest report wins")
 	assert.Equal(t, "node1", r.Node)
 	assert.Equal(t, t0.Add(time.Second), r.ReceivedAt)
 
 	f.bus.SetVolumeReport(bus.VolumeReportEvent{Node: "node1", UID: "v", Deleted: true})
-	_, ok = f.VolumeReport("v")
+	_, ok = f.VolumeReport("node1", "v")
 	assert.False(t, ok, "a deleted report is forgotten")
 
 	assert.Equal(t, []string{"v", "v", "v"}, f.volumes.take(), "every change notifies the Volume")
 	assert.Empty(t, f.guests.take(), "guests are not told about Volumes")
-	_, ok = f.Report("v")
+	_, ok = f.Report("node1", "v")
 	assert.False(t, ok, "a Volume report is no guest report")
 }
 
@@ -197,9 +197,9 @@ func TestReportsPresentAtStartAreDelivered(t *testing.T) {
 
 	f := newTestFleet(t, b)
 
-	_, ok := f.Report("g")
+	_, ok := f.Report("node1", "g")
 	assert.True(t, ok, "a guest report stored before the hub started")
-	_, ok = f.VolumeReport("v")
+	_, ok = f.VolumeReport("node1", "v")
 	assert.True(t, ok, "a Volume report stored before the hub started")
 	assert.Contains(t, f.volumes.take(), "v", "Volume subscribers hear of reports present at start")
 	assert.False(t, f.Node("node1").Lost)

@@ -65,7 +65,7 @@ func (f *imageFleet) gone(node, uid string) {
 // reported is the nodes and phases ImageReports returns for uid.
 func (f *imageFleet) reported(uid string) map[string]wire.ImagePhase {
 	out := map[string]wire.ImagePhase{}
-	for _, r := range f.ImageReports(uid) {
+	for _, r := range f.ImageReports(uid, allNodes...) {
 		out[r.Node] = r.Report.Phase
 	}
 	return out
@@ -77,8 +77,8 @@ func TestImageReports(t *testing.T) {
 			f.report("node2", "img-1", wire.ImagePhaseReady, 4, "")
 			f.report("node1", "img-1", wire.ImagePhaseImporting, 0, "importing image ubuntu: 1 of 4 bytes")
 			f.report("node1", "img-2", wire.ImagePhaseReady, 8, "")
-			require.Eventually(t, func() bool { return len(f.ImageReports("img-1")) == 2 }, 5*time.Second, 5*time.Millisecond)
-			got := f.ImageReports("img-1")
+			require.Eventually(t, func() bool { return len(f.ImageReports("img-1", allNodes...)) == 2 }, 5*time.Second, 5*time.Millisecond)
+			got := f.ImageReports("img-1", allNodes...)
 			assert.Equal(t, []string{"node1", "node2"}, []string{got[0].Node, got[1].Node})
 			assert.Equal(t, "importing image ubuntu: 1 of 4 bytes", got[0].Report.Message)
 			assert.Equal(t, int64(4), got[1].Report.SizeBytes)
@@ -89,17 +89,17 @@ func TestImageReports(t *testing.T) {
 			f.report("node1", "img-1", wire.ImagePhaseImporting, 0, "importing")
 			f.report("node1", "img-1", wire.ImagePhaseReady, 4, "")
 			require.Eventually(t, func() bool { return f.reported("img-1")["node1"] == wire.ImagePhaseReady }, 5*time.Second, 5*time.Millisecond)
-			assert.Len(t, f.ImageReports("img-1"), 1)
+			assert.Len(t, f.ImageReports("img-1", allNodes...), 1)
 		},
 		"ADeletedReportTakesOnlyThatNodesCopy": func(t *testing.T, f *imageFleet) {
 			f.report("node1", "img-1", wire.ImagePhaseReady, 4, "")
 			f.report("node2", "img-1", wire.ImagePhaseReady, 4, "")
 			f.gone("node1", "img-1")
-			require.Eventually(t, func() bool { return len(f.ImageReports("img-1")) == 1 }, 5*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return len(f.ImageReports("img-1", allNodes...)) == 1 }, 5*time.Second, 5*time.Millisecond)
 			assert.Equal(t, map[string]wire.ImagePhase{"node2": wire.ImagePhaseReady}, f.reported("img-1"))
 			f.gone("node2", "img-1")
-			require.Eventually(t, func() bool { return len(f.ImageReports("img-1")) == 0 }, 5*time.Second, 5*time.Millisecond)
-			assert.NotNil(t, f.ImageReports("img-1"), "no reports is an empty list")
+			require.Eventually(t, func() bool { return len(f.ImageReports("img-1", allNodes...)) == 0 }, 5*time.Second, 5*time.Millisecond)
+			assert.NotNil(t, f.ImageReports("img-1", allNodes...), "no reports is an empty list")
 		},
 		"EveryChangeWakesTheImagesSubscribers": func(t *testing.T, f *imageFleet) {
 			f.report("node1", "img-1", wire.ImagePhaseImporting, 0, "importing")
@@ -112,9 +112,9 @@ func TestImageReports(t *testing.T) {
 		},
 		"ImageReportsAreNotGuestOrVolumeReports": func(t *testing.T, f *imageFleet) {
 			f.report("node1", "img-1", wire.ImagePhaseReady, 4, "")
-			require.Eventually(t, func() bool { return len(f.ImageReports("img-1")) == 1 }, 5*time.Second, 5*time.Millisecond)
-			_, isGuest := f.Report("img-1")
-			_, isVolume := f.VolumeReport("img-1")
+			require.Eventually(t, func() bool { return len(f.ImageReports("img-1", allNodes...)) == 1 }, 5*time.Second, 5*time.Millisecond)
+			_, isGuest := f.Report("node1", "img-1")
+			_, isVolume := f.VolumeReport("node1", "img-1")
 			assert.False(t, isGuest)
 			assert.False(t, isVolume)
 		},
@@ -135,10 +135,14 @@ func TestImageReports(t *testing.T) {
 			done := make(chan struct{})
 			go func() { g.Run(ctx); close(done) }()
 			defer func() { cancel(); <-done }()
-			require.Eventually(t, func() bool { return len(g.ImageReports("img-9")) == 1 }, 5*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return len(g.ImageReports("img-9", allNodes...)) == 1 }, 5*time.Second, 5*time.Millisecond)
 		},
 	}
 	for name, run := range cases {
 		t.Run(name, func(t *testing.T) { run(t, startImageFleet(t)) })
 	}
 }
+
+// allNodes are every node the tests report from, for ImageReports to take
+// them all.
+var allNodes = []string{"node1", "node2", "node3"}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/nats-io/nats.go"
 
@@ -21,6 +22,9 @@ type Target struct {
 	URL string
 	// Seed is the hub's nkey seed; nil connects without authentication.
 	Seed []byte
+	// Replicas of the buckets the hub creates; 0 means 1. It does not tell
+	// Targets apart: the first to connect creates the buckets.
+	Replicas int
 }
 
 func (t Target) key() string {
@@ -36,15 +40,18 @@ type Pool struct {
 	log     logging.Logger
 	buckets natswire.BucketConfig
 	onNew   func(*Fleet)
+	// recorder shows the fleets' foreign reports as events.
+	recorder event.Recorder
 
 	mu     sync.Mutex
 	fleets map[string]*Fleet
 }
 
-// NewPool returns a Pool whose fleets live until ctx is done. onNew is called
-// with each new Fleet before its watches start, to subscribe to it.
-func NewPool(ctx context.Context, log logging.Logger, b natswire.BucketConfig, onNew func(*Fleet)) *Pool {
-	return &Pool{ctx: ctx, log: log, buckets: b, onNew: onNew, fleets: map[string]*Fleet{}}
+// NewPool returns a Pool whose fleets live until ctx is done and record
+// events with recorder. onNew is called with each new Fleet before its
+// watches start, to subscribe to it.
+func NewPool(ctx context.Context, log logging.Logger, recorder event.Recorder, b natswire.BucketConfig, onNew func(*Fleet)) *Pool {
+	return &Pool{ctx: ctx, log: log, recorder: recorder, buckets: b, onNew: onNew, fleets: map[string]*Fleet{}}
 }
 
 // Get returns the Fleet of t, connecting and creating the buckets on first use.
@@ -67,12 +74,14 @@ func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
 	if err != nil {
 		return nil, errors.Wrapf(err, "cannot connect to NATS at %s", t.URL)
 	}
-	b, err := bus.New(ctx, nc, bus.Config{Buckets: p.buckets, Log: p.log})
+	buckets := p.buckets
+	buckets.Replicas = t.Replicas
+	b, err := bus.New(ctx, nc, bus.Config{Buckets: buckets, Log: p.log})
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	f := New(b, p.log.WithValues("nats", t.URL))
+	f := New(b, p.log.WithValues("nats", t.URL)).WithRecorder(p.recorder)
 	if p.onNew != nil {
 		p.onNew(f)
 	}

@@ -2,6 +2,16 @@ package stack
 
 // The benchmarks read the hub's and the agents' peak memory and CPU time from
 // /proc/<pid>; these expose the pids of the processes this stack started.
+// Tests read the hub's Prometheus metrics from HubMetricsURL.
+
+import "fmt"
+
+// HubMetricsURL is where the hub serves its Prometheus metrics.
+func (s *Stack) HubMetricsURL() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return fmt.Sprintf("http://127.0.0.1:%d/metrics", s.metricsPort)
+}
 
 // HubPID is the running hub's process id, or 0 when the hub is not running.
 func (s *Stack) HubPID() int {

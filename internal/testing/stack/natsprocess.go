@@ -3,17 +3,24 @@ package stack
 // With Options.NATSProcess the stack runs a stock nats-server binary, built
 // from the nats-server module in go.mod, as a process of its own: a chaos
 // run can then kill it with SIGKILL the way a crashed NATS pod dies, which an
-// in-process server cannot show. It reads the configuration file natstest
-// writes (natswire.ServerConfig + listen + JetStream store_dir), on a port
-// fixed at the first start so clients reconnect to where it comes back.
+// in-process server cannot show. It reads a configuration file like the one
+// natstest writes (natswire.ServerConfig + listen + JetStream store_dir), on
+// a port fixed at the first start so clients reconnect to where it comes
+// back. With Options.NATSCluster it runs that many such processes as one
+// NATS cluster (routes between them, each its own JetStream store and
+// monitoring port), and the default ClusterProviderConfig names every
+// server and asks for buckets replicated on all of them.
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,17 +34,23 @@ import (
 // connections; recovering a JetStream store is part of it.
 const natsReadyTimeout = 30 * time.Second
 
+// natsProcess is one nats-server process.
 type natsProcess struct {
-	port int
-	conf string
-	proc *component
+	name                           string
+	port, clusterPort, monitorPort int
+	conf                           string
+	proc                           *component
 }
 
-// NATSURL is the URL the hub and the agents connect to, whichever way NATS
-// runs.
+// NATSURL is the URL, or for a cluster the comma-separated URLs, the hub and
+// the agents connect to, whichever way NATS runs.
 func (s *Stack) NATSURL() string {
-	if s.natsProc != nil {
-		return fmt.Sprintf("nats://127.0.0.1:%d", s.natsProc.port)
+	if len(s.natsProcs) > 0 {
+		urls := make([]string, 0, len(s.natsProcs))
+		for _, p := range s.natsProcs {
+			urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", p.port))
+		}
+		return strings.Join(urls, ",")
 	}
 	if s.NATS != nil {
 		return s.NATS.URL()
@@ -45,15 +58,28 @@ func (s *Stack) NATSURL() string {
 	return ""
 }
 
-// NATSPID is the nats-server process's id, or 0 when NATS runs in-process or
-// is not running.
+// NATSPID is the (first) nats-server process's id, or 0 when NATS runs
+// in-process or is not running.
 func (s *Stack) NATSPID() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.natsProc == nil {
+	if len(s.natsProcs) == 0 {
 		return 0
 	}
-	return pid(s.natsProc.proc)
+	return pid(s.natsProcs[0].proc)
+}
+
+// NATSServers is how many nats-server processes the stack runs.
+func (s *Stack) NATSServers() int { return len(s.natsProcs) }
+
+// freePort picks a free port on 127.0.0.1.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, errors.Wrap(err, "cannot pick a port")
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (s *Stack) startNATSProcess(ctx context.Context, users []natswire.User) error {
@@ -62,38 +88,76 @@ func (s *Stack) startNATSProcess(ctx context.Context, users []natswire.User) err
 	if out, err := build.CombinedOutput(); err != nil {
 		return errors.Errorf("cannot build nats-server: %v\n%s", err, out)
 	}
-	port := s.opts.NATSPort
-	if port == 0 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return errors.Wrap(err, "cannot pick a port for nats-server")
+	n := max(s.opts.NATSCluster, 1)
+	for i := range n {
+		p := &natsProcess{name: "nats-server"}
+		if n > 1 {
+			p.name = fmt.Sprintf("nats-server-%d", i)
 		}
-		port = l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
+		var err error
+		if p.port = s.opts.NATSPort; p.port == 0 || i > 0 {
+			if p.port, err = freePort(); err != nil {
+				return err
+			}
+		}
+		if n > 1 {
+			if p.clusterPort, err = freePort(); err != nil {
+				return err
+			}
+			if p.monitorPort, err = freePort(); err != nil {
+				return err
+			}
+		}
+		s.natsProcs = append(s.natsProcs, p)
 	}
-	store := filepath.Join(s.opts.Dir, "nats")
-	conf := fmt.Sprintf("listen: \"127.0.0.1:%d\"\njetstream { store_dir: %q }\n%s", port, store, natswire.ServerConfig(users...))
-	path := filepath.Join(store, "nats-server.conf")
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		return errors.Wrap(err, "cannot write nats-server configuration")
+	for _, p := range s.natsProcs {
+		store := filepath.Join(s.opts.Dir, "nats", p.name)
+		if n == 1 {
+			store = filepath.Join(s.opts.Dir, "nats")
+		}
+		if err := os.MkdirAll(store, 0o700); err != nil {
+			return errors.Wrap(err, "cannot create the NATS store")
+		}
+		conf := fmt.Sprintf("server_name: %q\nlisten: \"127.0.0.1:%d\"\njetstream { store_dir: %q }\n", p.name, p.port, store)
+		if n > 1 {
+			routes := make([]string, 0, n)
+			for _, q := range s.natsProcs {
+				routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats-route://127.0.0.1:%d", q.clusterPort)))
+			}
+			conf += fmt.Sprintf("http: \"127.0.0.1:%d\"\ncluster { name: \"vf-nats\", listen: \"127.0.0.1:%d\", routes: [%s] }\n",
+				p.monitorPort, p.clusterPort, strings.Join(routes, ", "))
+		}
+		conf += natswire.ServerConfig(users...)
+		p.conf = filepath.Join(store, "nats-server.conf")
+		if err := os.WriteFile(p.conf, []byte(conf), 0o600); err != nil {
+			return errors.Wrap(err, "cannot write nats-server configuration")
+		}
 	}
-	s.natsProc = &natsProcess{port: port, conf: path}
-	return s.StartNATS()
+	for i := range s.natsProcs {
+		if err := s.StartNATSServer(i); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// StartNATS starts the nats-server process (Options.NATSProcess) and waits
-// until it accepts connections.
-func (s *Stack) StartNATS() error {
+// StartNATS starts the nats-server process (Options.NATSProcess), or the
+// first of a cluster, and waits until it accepts connections.
+func (s *Stack) StartNATS() error { return s.StartNATSServer(0) }
+
+// StartNATSServer starts nats-server i of the cluster and waits until it
+// accepts connections.
+func (s *Stack) StartNATSServer(i int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.natsProc
-	if p == nil {
+	if i >= len(s.natsProcs) {
 		return errors.New("NATS runs in-process; set Options.NATSProcess to start and kill it")
 	}
+	p := s.natsProcs[i]
 	if p.proc != nil {
-		return errors.New("nats-server is already running")
+		return errors.Errorf("%s is already running", p.name)
 	}
-	c, err := s.run("nats-server", "nats-server", nil, "-c", p.conf)
+	c, err := s.run(p.name, "nats-server", nil, "-c", p.conf)
 	if err != nil {
 		return err
 	}
@@ -108,24 +172,61 @@ func (s *Stack) StartNATS() error {
 		select {
 		case err := <-c.done:
 			c.done <- err // for stop
-			return errors.Errorf("nats-server exited: %v; see %s", err, s.logPath("nats-server"))
+			return errors.Errorf("%s exited: %v; see %s", p.name, err, s.logPath(p.name))
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return errors.Errorf("nats-server did not accept connections within %s; see %s", natsReadyTimeout, s.logPath("nats-server"))
+			return errors.Errorf("%s did not accept connections within %s; see %s", p.name, natsReadyTimeout, s.logPath(p.name))
 		}
 	}
 }
 
-// KillNATS kills the nats-server process with SIGKILL, as a crash would. Its
-// JetStream store stays on disk for StartNATS.
-func (s *Stack) KillNATS() { _ = s.stopNATS(syscall.SIGKILL) }
+// KillNATS kills the (first) nats-server process with SIGKILL, as a crash
+// would. Its JetStream store stays on disk for StartNATS.
+func (s *Stack) KillNATS() { s.KillNATSServer(0) }
 
-func (s *Stack) stopNATS(sig syscall.Signal) error {
+// KillNATSServer kills nats-server i of the cluster with SIGKILL.
+func (s *Stack) KillNATSServer(i int) { _ = s.stopNATS(i, syscall.SIGKILL) }
+
+// NATSMetaLeader is the index of the cluster's JetStream meta leader, as
+// the servers' monitoring endpoints say.
+func (s *Stack) NATSMetaLeader(ctx context.Context) (int, error) {
+	for _, p := range s.natsProcs {
+		if p.monitorPort == 0 {
+			continue
+		}
+		var jsz struct {
+			Meta struct {
+				Leader string `json:"leader"`
+			} `json:"meta_cluster"`
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/jsz", p.monitorPort), nil)
+		if err != nil {
+			return 0, errors.Wrap(err, "cannot ask for the meta leader")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			continue // this one is down; ask another
+		}
+		err = json.NewDecoder(resp.Body).Decode(&jsz)
+		_ = resp.Body.Close()
+		if err != nil || jsz.Meta.Leader == "" {
+			continue
+		}
+		for i, q := range s.natsProcs {
+			if q.name == jsz.Meta.Leader {
+				return i, nil
+			}
+		}
+	}
+	return 0, errors.New("no nats-server names a JetStream meta leader")
+}
+
+func (s *Stack) stopNATS(i int, sig syscall.Signal) error {
 	s.mu.Lock()
 	var c *component
-	if s.natsProc != nil {
-		c, s.natsProc.proc = s.natsProc.proc, nil
+	if i < len(s.natsProcs) {
+		c, s.natsProcs[i].proc = s.natsProcs[i].proc, nil
 	}
 	s.mu.Unlock()
 	if c == nil {
@@ -134,4 +235,23 @@ func (s *Stack) stopNATS(sig syscall.Signal) error {
 	return c.stop(sig)
 }
 
-func (s *Stack) stopNATSProcess() { _ = s.stopNATS(syscall.SIGTERM) }
+func (s *Stack) stopNATSProcess() {
+	for i := range s.natsProcs {
+		_ = s.stopNATS(i, syscall.SIGTERM)
+	}
+}
+
+// NATSServerHealthy is whether nats-server i says it is healthy, its
+// JetStream caught up with the cluster's (its /healthz).
+func (s *Stack) NATSServerHealthy(ctx context.Context, i int) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/healthz", s.natsProcs[i].monitorPort), nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -82,6 +83,11 @@ type Options struct {
 	// the module in go.mod) instead of in-process, so it can be killed with
 	// SIGKILL (KillNATS) and started again (StartNATS). NATS is then nil.
 	NATSProcess bool
+	// NATSCluster runs that many nats-server processes (implies
+	// NATSProcess when above 1) as one NATS cluster, every bucket
+	// replicated on each (ProviderConfig replicas); KillNATSServer and
+	// StartNATSServer take one down and back.
+	NATSCluster int
 }
 
 // Stack is a running system.
@@ -102,13 +108,16 @@ type Stack struct {
 	hubKubeconfig string
 	nodeDirs      []string
 	bin           string
-	images        *imageServer
+	// metricsPort is the hub's metrics port, the same across its restarts.
+	metricsPort int
+	images      *imageServer
 
 	mu     sync.Mutex
 	hub    *component
 	agents map[string]*component
-	// natsProc is the nats-server process when Options.NATSProcess is set.
-	natsProc *natsProcess
+	// natsProcs are the nats-server processes when Options.NATSProcess or
+	// NATSCluster is set.
+	natsProcs []*natsProcess
 }
 
 // component is a running hub or agent process.
@@ -192,7 +201,7 @@ func (s *Stack) start(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(o.Dir, "nats"), 0o700); err != nil {
 		return errors.Wrap(err, "cannot create the NATS store")
 	}
-	if o.NATSProcess {
+	if o.NATSProcess || o.NATSCluster > 1 {
 		if err := s.startNATSProcess(ctx, users); err != nil {
 			return err
 		}
@@ -246,13 +255,12 @@ func (s *Stack) start(ctx context.Context) error {
 	return s.awaitHeartbeats(ctx)
 }
 
-// awaitHeartbeats makes the buckets and waits until every node's agent has
-// put a heartbeat. Only then does the hub see every node, so that a
-// workload created right after the start is spread over all of them, not
-// over those whose agents came up first. The hub itself makes the buckets
-// only when it first reconciles a VM; until then agents cannot heartbeat.
-// The stack makes them first, as whoever deploys NATS may, with the
-// configuration the hub would give them.
+// awaitHeartbeats waits until every node's agent has put a heartbeat. Only
+// then does the hub see every node, so that a workload created right after
+// the start is spread over all of them, not over those whose agents came up
+// first. Nothing here creates the buckets: the hub does, as it connects to
+// the default ClusterProviderConfig's NATS at its start, as on a fresh
+// install.
 func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 	opts, err := s.hubID.ConnectOptions()
 	if err != nil {
@@ -269,18 +277,23 @@ func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeTTL: s.opts.NodeTTL}); err != nil {
-		return err
-	}
 	var last error // why the last look was not enough
 	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		// A NATS cluster still electing its meta leader answers no request:
+		// each look gets a few seconds, not the whole minute.
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
 		kv, err := js.KeyValue(ctx, wire.BucketNodes)
 		if err != nil {
 			last = errors.Wrap(err, "no heartbeat bucket")
 			return false, nil
 		}
 		for _, n := range s.opts.Nodes {
-			if _, err := kv.Get(ctx, n); err != nil {
+			key, err := wire.NodeKey(n)
+			if err != nil {
+				return false, err
+			}
+			if _, err := kv.Get(ctx, key); err != nil {
 				last = errors.Wrapf(err, "no heartbeat of %s", n)
 				return false, nil
 			}
@@ -312,7 +325,8 @@ func (s *Stack) configureProvider(ctx context.Context) error {
 	cpc := &apisv1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
 	_, err := controllerutil.CreateOrUpdate(ctx, kube, cpc, func() error {
 		cpc.Spec = apisv1alpha1.ProviderConfigSpec{
-			NATSURL: s.NATSURL(),
+			NATSURL:  s.NATSURL(),
+			Replicas: max(s.opts.NATSCluster, 1),
 			Credentials: apisv1alpha1.NATSCredentials{
 				Source: xpv2.CredentialsSourceSecret,
 				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
@@ -340,6 +354,10 @@ func (s *Stack) hubIdentity(ctx context.Context) (string, error) {
 	}
 	return s.ControlPlane.AddUser(HubServiceAccount, "system:serviceaccounts", "system:serviceaccounts:"+SystemNamespace, "system:authenticated")
 }
+
+// HubIdentity is the hub's NATS identity, for tests that read the buckets
+// as the hub does.
+func (s *Stack) HubIdentity() natswire.Identity { return s.hubID }
 
 // HubKubeconfig is the kubeconfig the hub runs with.
 func (s *Stack) HubKubeconfig() string { return s.hubKubeconfig }
@@ -388,7 +406,15 @@ func (s *Stack) StartHub() error {
 	if s.hub != nil {
 		return errors.New("the hub is already running")
 	}
-	args := []string{"--metrics-bind-address=0", "--health-probe-bind-address=0", "--poll=" + cmp.Or(s.opts.PollInterval, 30*time.Second).String()}
+	if s.metricsPort == 0 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return errors.Wrap(err, "cannot pick a port for the hub's metrics")
+		}
+		s.metricsPort = l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+	}
+	args := []string{fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", s.metricsPort), "--health-probe-bind-address=0", "--poll=" + cmp.Or(s.opts.PollInterval, 30*time.Second).String()}
 	if s.opts.NodeTTL > 0 {
 		args = append(args, "--node-ttl="+s.opts.NodeTTL.String())
 	}

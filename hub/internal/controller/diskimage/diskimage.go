@@ -19,6 +19,7 @@ package diskimage
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"strings"
 
@@ -57,7 +58,7 @@ func NewKind(kube client.Client, pool *fleet.Pool, notifier *fleet.Notifier) inu
 	r := &reports{configs: providerconfig.NewResolver(kube), pool: pool, notifier: notifier}
 	k := Kind
 	k.Observe = func(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) (xpv2.Condition, error) {
-		got, err := r.of(ctx, img)
+		got, err := r.of(ctx, kube, img, users)
 		if err != nil {
 			return xpv2.Condition{}, err
 		}
@@ -74,10 +75,10 @@ type reports struct {
 	notifier *fleet.Notifier
 }
 
-// of returns every node's report of img. A DiskImage being deleted whose
-// ProviderConfig cannot be read gets none rather than an error, so that its
-// deletion never waits on it.
-func (r *reports) of(ctx context.Context, img *v1alpha1.DiskImage) ([]wire.ImageReport, error) {
+// of returns the reports of img from the nodes it is placed on. A DiskImage
+// being deleted whose ProviderConfig cannot be read gets none rather than an
+// error, so that its deletion never waits on it.
+func (r *reports) of(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) ([]wire.ImageReport, error) {
 	r.notifier.Remember(img)
 	if img.GetProviderConfigReference() == nil {
 		return nil, nil
@@ -96,12 +97,34 @@ func (r *reports) of(ctx context.Context, img *v1alpha1.DiskImage) ([]wire.Image
 		}
 		return nil, err
 	}
-	got := f.ImageReports(string(img.UID))
+	placed := placedOn(ctx, kube, img, users)
+	f.FlagForeign(fleet.KindImage, img, placed...)
+	got := f.ImageReports(string(img.UID), placed...)
 	out := make([]wire.ImageReport, 0, len(got))
 	for _, rep := range got {
 		out = append(out, rep.Report)
 	}
 	return out, nil
+}
+
+// placedOn are the nodes an image is placed on: those its Volumes (users)
+// are bound to, where the hub asked for it, and those its status already
+// lists, where it stays after its last Volume there went until the node
+// prunes it. A node can only ever join the list through a Volume bound to
+// it, so no node can place an image on itself by reporting it.
+func placedOn(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) []string {
+	nodes := append([]string(nil), img.Status.AtProvider.Nodes...)
+	for _, name := range users {
+		v := &v1alpha1.Volume{}
+		if err := kube.Get(ctx, types.NamespacedName{Namespace: img.Namespace, Name: name}, v); err != nil {
+			continue
+		}
+		if n := v.GetAnnotations()[v1alpha1.AnnotationNode]; n != "" {
+			nodes = append(nodes, n)
+		}
+	}
+	sort.Strings(nodes)
+	return slices.Compact(nodes)
 }
 
 // Kind is the DiskImage kind for inuse.SetupGated without the nodes' image

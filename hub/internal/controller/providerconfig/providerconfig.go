@@ -63,16 +63,26 @@ func (r *Resolver) Resolve(ctx context.Context, mg resource.ModernManaged) (Conf
 	default:
 		return Config{}, errors.Errorf("providerConfigRef.kind %q is neither ProviderConfig nor ClusterProviderConfig", ref.Kind)
 	}
-	c := Config{Target: fleet.Target{URL: spec.NATSURL}, NodeSelector: spec.NodeSelector}
-	if spec.Credentials.Source == xpv2.CredentialsSourceNone {
-		return c, nil
-	}
-	seed, err := resource.CommonCredentialExtractor(ctx, spec.Credentials.Source, r.kube, spec.Credentials.CommonCredentialSelectors)
+	t, err := TargetOf(ctx, r.kube, spec)
 	if err != nil {
-		return Config{}, errors.Wrap(err, "cannot read the hub's NATS credentials")
+		return Config{}, err
 	}
-	c.Target.Seed = seed
-	return c, nil
+	return Config{Target: t, NodeSelector: spec.NodeSelector}, nil
+}
+
+// TargetOf is the NATS server spec names, with the hub's credentials read
+// from their Secret.
+func TargetOf(ctx context.Context, kube client.Client, spec apisv1alpha1.ProviderConfigSpec) (fleet.Target, error) {
+	t := fleet.Target{URL: spec.NATSURL, Replicas: spec.Replicas}
+	if spec.Credentials.Source == xpv2.CredentialsSourceNone {
+		return t, nil
+	}
+	seed, err := resource.CommonCredentialExtractor(ctx, spec.Credentials.Source, kube, spec.Credentials.CommonCredentialSelectors)
+	if err != nil {
+		return fleet.Target{}, errors.Wrap(err, "cannot read the hub's NATS credentials")
+	}
+	t.Seed = seed
+	return t, nil
 }
 
 // Setup adds the usage-accounting controllers of both kinds.

@@ -250,7 +250,8 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	uid := string(vm.UID)
 	before := vm.Status.AtProvider
 	obs := before
-	if rep, ok := e.fleet.Report(uid); ok {
+	e.fleet.FlagForeign(fleet.KindVM, vm, node)
+	if rep, ok := e.fleet.Report(node, uid); ok {
 		e.opts.Placer.Confirm(uid, rep.ReceivedAt)
 		obs = observation(rep.Report, vm.Spec.ForProvider.VirtualNetworks)
 	} else if obs.Phase == "" || obs.Phase == v1alpha1.PhasePending || obs.Phase == v1alpha1.PhaseUnknown {
@@ -295,7 +296,8 @@ func (e *external) observeDeletion(vm *v1alpha1.VirtualMachine, node string) man
 			return managed.ExternalObservation{ResourceExists: false}
 		}
 	}
-	_, reported := e.fleet.Report(uid)
+	e.fleet.FlagForeign(fleet.KindVM, vm, node)
+	_, reported := e.fleet.Report(node, uid)
 	_, deleted := e.state.deleted.Load(uid)
 	return managed.ExternalObservation{ResourceExists: reported || !deleted}
 }
@@ -328,7 +330,7 @@ func (e *external) schedule(ctx context.Context, vm *v1alpha1.VirtualMachine) (s
 		// timer does, and the held status is written.
 		uid, f := string(vm.UID), e.fleet
 		e.deferrer.DeferStatus(vm, scheduledHold)
-		e.opts.Notifier.NotifyAfterIf(uid, scheduledHold, func() bool { _, reported := f.Report(uid); return !reported })
+		e.opts.Notifier.NotifyAfterIf(uid, scheduledHold, func() bool { _, reported := f.Report(node, uid); return !reported })
 	}
 	return node, nil
 }
@@ -479,7 +481,7 @@ func (e *external) setConditions(vm *v1alpha1.VirtualMachine, obs v1alpha1.Virtu
 	case obs.Phase == v1alpha1.PhaseRunning:
 		vm.SetConditions(xpv2.Available())
 	default:
-		vm.SetConditions(notReady(obs.Phase, reportMessage(e.fleet, string(vm.UID))))
+		vm.SetConditions(notReady(obs.Phase, reportMessage(e.fleet, node, string(vm.UID))))
 	}
 	rr := xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate", LastTransitionTime: now()}
 	if obs.RestartRequired {
@@ -504,7 +506,7 @@ func (e *external) recordTransition(vm *v1alpha1.VirtualMachine, before, after v
 		case v1alpha1.PhaseStopped:
 			e.recorder.Event(vm, event.Normal(ReasonStopped, fmt.Sprintf("Stopped on node %s", after.Node)))
 		case v1alpha1.PhaseFailed:
-			e.recorder.Event(vm, event.Warning(ReasonFailed, errors.New(reportMessage(e.fleet, string(vm.UID)))))
+			e.recorder.Event(vm, event.Warning(ReasonFailed, errors.New(reportMessage(e.fleet, node, string(vm.UID)))))
 		case v1alpha1.PhaseUnknown:
 			e.recorder.Event(vm, event.Warning(ReasonNodeLost, errors.Errorf("node %s sends no heartbeat; the VM's state is unknown", node)))
 		}
@@ -514,8 +516,8 @@ func (e *external) recordTransition(vm *v1alpha1.VirtualMachine, before, after v
 	}
 }
 
-func reportMessage(f *fleet.Fleet, uid string) string {
-	if r, ok := f.Report(uid); ok && r.Report.Message != "" {
+func reportMessage(f *fleet.Fleet, node, uid string) string {
+	if r, ok := f.Report(node, uid); ok && r.Report.Message != "" {
 		return r.Report.Message
 	}
 	return ""

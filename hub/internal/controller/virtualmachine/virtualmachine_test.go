@@ -41,7 +41,7 @@ func report(t *testing.T, b *bus.Fake, f *fleet.Fleet, message string) {
 	b.SetReport(bus.ReportEvent{Node: testNode, UID: testUID, Report: wire.Report{
 		ProtocolVersion: wire.ProtocolVersion, UID: testUID, Node: testNode, Phase: wire.PhaseFailed, Message: message,
 	}})
-	require.Eventually(t, func() bool { _, ok := f.Report(testUID); return ok }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { _, ok := f.Report(testNode, testUID); return ok }, 5*time.Second, time.Millisecond)
 }
 
 // setNode plays the node's heartbeat, lost or not, and waits for the fleet

@@ -101,11 +101,18 @@ func (l *Leftovers) Start(ctx context.Context) error {
 	}
 }
 
-// Clean deletes the intent and report of Volume uid in f if its node
-// reported the volume Gone and the Volume no longer exists.
+// Clean deletes the intent and report of Volume uid on every node of f
+// that reported the volume Gone, if the Volume no longer exists. With the
+// Volume gone, no node is recorded for it any more: whichever node says its
+// volume is gone has its own leftovers cleaned, and no other's.
 func (l *Leftovers) Clean(ctx context.Context, f *fleet.Fleet, uid string) error {
-	rep, ok := f.VolumeReport(uid)
-	if !ok || !rep.Report.Gone {
+	var gone []string
+	for _, rep := range f.VolumeReports(uid) {
+		if rep.Report.Gone {
+			gone = append(gone, rep.Node)
+		}
+	}
+	if len(gone) == 0 {
 		return nil
 	}
 	exists, err := l.exists(ctx, uid)
@@ -113,13 +120,15 @@ func (l *Leftovers) Clean(ctx context.Context, f *fleet.Fleet, uid string) error
 		// An existing Volume's Release deletes its intent itself.
 		return err
 	}
-	if err := f.Bus.DeleteVolumeIntent(ctx, rep.Node, uid); err != nil {
-		return errors.Wrapf(err, "cannot delete the intent of deleted Volume %s on node %s", uid, rep.Node)
+	for _, node := range gone {
+		if err := f.Bus.DeleteVolumeIntent(ctx, node, uid); err != nil {
+			return errors.Wrapf(err, "cannot delete the intent of deleted Volume %s on node %s", uid, node)
+		}
+		if err := f.Bus.DeleteVolumeReport(ctx, node, uid); err != nil {
+			return errors.Wrapf(err, "cannot delete the report of deleted Volume %s on node %s", uid, node)
+		}
+		l.log.Debug("Deleted the intent and report of a deleted Volume", "uid", uid, "node", node)
 	}
-	if err := f.Bus.DeleteVolumeReport(ctx, rep.Node, uid); err != nil {
-		return errors.Wrapf(err, "cannot delete the report of deleted Volume %s on node %s", uid, rep.Node)
-	}
-	l.log.Debug("Deleted the intent and report of a deleted Volume", "uid", uid, "node", rep.Node)
 	return nil
 }
 

@@ -65,7 +65,7 @@ func TestLeftoversClean(t *testing.T) {
 			require.NoError(t, l.Clean(context.Background(), f, uid))
 
 			_, intent := b.VolumeIntent(testNode, uid)
-			_, report := f.VolumeReport(uid)
+			_, report := f.VolumeReport(testNode, uid)
 			assert.Equal(t, !tc.wantCleaned, intent, "the volume intent is kept")
 			assert.Equal(t, !tc.wantCleaned && tc.report != nil, report, "the volume report is kept")
 		})
@@ -98,14 +98,14 @@ func TestLeftoversSweep(t *testing.T) {
 	}
 	for _, uid := range []string{"old-1", "old-2"} {
 		require.Eventually(t, func() bool { return !intent(uid)() }, 5*time.Second, 5*time.Millisecond, "leftover %s is swept at start", uid)
-		require.Eventually(t, func() bool { _, ok := f.VolumeReport(uid); return !ok }, 5*time.Second, 5*time.Millisecond, "report %s is deleted", uid)
+		require.Eventually(t, func() bool { _, ok := f.VolumeReport(testNode, uid); return !ok }, 5*time.Second, 5*time.Millisecond, "report %s is deleted", uid)
 	}
 
 	b.SetVolumeReport(bus.VolumeReportEvent{Node: testNode, UID: "late", Report: wire.VolumeReport{UID: "late", Gone: true}})
 	require.Eventually(t, func() bool { return !intent("late")() }, 5*time.Second, 5*time.Millisecond, "a leftover reported later is cleaned")
 
 	assert.True(t, intent("alive")(), "an existing Volume's intent stays")
-	_, ok := f.VolumeReport("alive")
+	_, ok := f.VolumeReport(testNode, "alive")
 	assert.True(t, ok, "an existing Volume's report stays")
 }
 

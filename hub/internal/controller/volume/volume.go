@@ -117,8 +117,9 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 	uid := string(v.UID)
 	r.notifier.Remember(v)
 
-	rep, reported := f.VolumeReport(uid)
-	if reported && rep.Node == node && rep.Report.Gone {
+	f.FlagForeign(fleet.KindVolume, v, node)
+	rep, reported := f.VolumeReport(node, uid)
+	if reported && rep.Report.Gone {
 		if err := f.Bus.DeleteVolumeIntent(ctx, node, uid); err != nil {
 			return false, errors.Wrapf(err, "cannot delete the volume intent on node %s", node)
 		}
@@ -139,7 +140,7 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 		// Come back when the timeout is up, not at the next backoff.
 		r.notifier.NotifyAfter(uid, r.fencing-lost)
 	}
-	if reported && rep.Node == node && rep.Report.Message != "" {
+	if reported && rep.Report.Message != "" {
 		return false, errors.New(fmt.Sprintf("node %s cannot delete the volume yet: %s", node, rep.Report.Message))
 	}
 	return false, nil

@@ -36,7 +36,7 @@ func Start(t *testing.T, b *bus.Fake) *fleet.Fleet {
 	b.SetNode(bus.NodeEvent{Node: "sentinel", Lost: true})
 	b.SetVolumeReport(bus.VolumeReportEvent{Node: "sentinel", UID: "sentinel"})
 	require.Eventually(t, func() bool {
-		_, ok := f.VolumeReport("sentinel")
+		_, ok := f.VolumeReport("sentinel", "sentinel")
 		return ok && f.Node("sentinel").Lost
 	}, 5*time.Second, time.Millisecond)
 	return f

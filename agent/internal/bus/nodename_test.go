@@ -1,0 +1,73 @@
+package bus_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/testing/natstest"
+)
+
+// TestADottedNodeNameIsItsOwnNode pins that a node named with dots works
+// end to end on a real nats-server and stays apart from the nodes whose
+// names look alike: "node-1" (a prefix of its name) and "node-1_rack-a"
+// (what its token would be if '_' were not escaped).
+func TestADottedNodeNameIsItsOwnNode(t *testing.T) {
+	const dotted, prefix, lookalike = "node-1.rack-a", "node-1", "node-1_rack-a"
+	hub, agents, users := natstest.Identities(t, dotted, prefix, lookalike)
+	srv := natstest.New(t, users...)
+	hc, _ := natstest.Connect(t, srv, hub)
+	js, err := jetstream.New(hc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeTTL: 3 * time.Second}))
+	intents, err := js.KeyValue(ctx, wire.BucketIntents)
+	require.NoError(t, err)
+	for _, n := range []string{dotted, prefix, lookalike} {
+		key, err := wire.IntentKey(n, "vm-of-"+wire.NodeToken(n))
+		require.NoError(t, err)
+		b, err := wire.EncodeIntent(wire.Intent{UID: "vm-of-" + wire.NodeToken(n), Name: "vm", Generation: 1, Running: true})
+		require.NoError(t, err)
+		_, err = intents.Put(ctx, key, b)
+		require.NoError(t, err)
+	}
+
+	nc, async := natstest.Connect(t, srv, agents[dotted])
+	b, err := bus.New(nc, bus.Config{Node: dotted, Timeout: 500 * time.Millisecond, RetryInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+
+	got := watch(t, b).until(t, 5*time.Second, synced)
+	var uids []string
+	for _, ev := range got {
+		if ev.UID != "" {
+			uids = append(uids, ev.UID)
+		}
+	}
+	assert.Equal(t, []string{"vm-of-node-1_rack-a"}, uids, "the node sees its own intents only")
+
+	require.NoError(t, b.PutHeartbeat(ctx, wire.NodeHeartbeat{Backend: "libvirt"}))
+	_, err = b.PutReport(ctx, wire.Report{UID: "vm-of-node-1_rack-a", Phase: wire.PhaseRunning})
+	require.NoError(t, err)
+	reports, err := js.KeyValue(ctx, wire.BucketReports)
+	require.NoError(t, err)
+	e, err := reports.Get(ctx, "node-1_rack-a.vm-of-node-1_rack-a")
+	require.NoError(t, err, "the report is under the node's token")
+	r, err := wire.DecodeReport(e.Value())
+	require.NoError(t, err)
+	assert.Equal(t, dotted, r.Node, "the report names the node as it is")
+	assert.False(t, async.WaitForViolation(100*time.Millisecond))
+
+	for _, other := range []string{prefix, lookalike} {
+		key, err := wire.ReportKey(other, "x")
+		require.NoError(t, err)
+		require.Error(t, publishAcked(nc, wire.Subject(wire.BucketReports, key)), "%s cannot write %s's report", dotted, other)
+		assert.True(t, async.WaitForViolation(time.Second))
+	}
+}
