@@ -83,12 +83,12 @@ func testBackend(t *testing.T, backend string) {
 		}
 		assert.Equal(t, 1, h.domains(t, node)[string(vm.UID)])
 		if backend == driver.BackendNova {
-			// The driver reports the server's OS-EXT-SRV-ATTR:host as the
-			// guest's node, but the agent's bus writes its own node name
-			// over a report's node (a node speaks only for itself), so the
-			// hub shows the agent's node until the wire carries the backend
-			// host in a field of its own.
-			assert.Equal(t, openstack.ForTest(t).ComputeHost, novaCloud(t).server(t, vm.Status.AtProvider.ID).Host, "Nova placed it on the compute host")
+			// NODE is Nova's OS-EXT-SRV-ATTR:host (the report's host), while
+			// the placement annotation stays the agent's node, the only one
+			// whose reports the hub takes for this VM.
+			host := novaCloud(t).server(t, vm.Status.AtProvider.ID).Host
+			assert.Equal(t, openstack.ForTest(t).ComputeHost, host, "Nova placed it on the compute host")
+			assert.Equal(t, host, vm.Status.AtProvider.Node, "NODE is the compute host Nova reports")
 		}
 	})
 

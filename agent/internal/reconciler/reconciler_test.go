@@ -197,7 +197,7 @@ func TestReconciler(t *testing.T) {
 			h.synced()
 			h.put(intent("a"))
 			rep := h.eventually("a", phase(wire.PhaseRunning), "guest should run")
-			assert.Equal(t, node, rep.Node)
+			assert.Equal(t, node, rep.Host, "the host the driver observed the guest on")
 			assert.Equal(t, "a", rep.ID)
 			assert.Equal(t, int64(1), rep.ObservedGeneration)
 			assert.Equal(t, wire.ProtocolVersion, rep.ProtocolVersion)

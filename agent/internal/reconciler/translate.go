@@ -93,7 +93,7 @@ func report(in wire.Intent, obs driver.Observation) wire.Report {
 		ObservedGeneration: in.Generation,
 		Phase:              wirePhase(obs.Phase),
 		ID:                 obs.ID,
-		Node:               obs.Node,
+		Host:               obs.Node,
 		RestartCount:       obs.RestartCount,
 		RestartRequired:    obs.RestartRequired,
 		Message:            obs.Message,

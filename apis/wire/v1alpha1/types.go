@@ -130,17 +130,24 @@ var Phases = []Phase{PhasePending, PhaseScheduled, PhaseProvisioning, PhaseStart
 // Report is what a node's agent observes about one guest. It lives in
 // BucketReports under ReportKey(node, uid) and only that node's agent writes it.
 type Report struct {
-	ProtocolVersion    int         `json:"protocolVersion"`
-	UID                string      `json:"uid"`
-	ObservedGeneration int64       `json:"observedGeneration"`
-	Phase              Phase       `json:"phase"`
-	ID                 string      `json:"id,omitempty"`
-	Node               string      `json:"node"`
-	Interfaces         []Interface `json:"interfaces,omitempty"`
-	RestartCount       int32       `json:"restartCount"`
-	RestartRequired    bool        `json:"restartRequired,omitempty"`
-	Message            string      `json:"message,omitempty"`
-	ObservedAt         time.Time   `json:"observedAt"`
+	ProtocolVersion    int    `json:"protocolVersion"`
+	UID                string `json:"uid"`
+	ObservedGeneration int64  `json:"observedGeneration"`
+	Phase              Phase  `json:"phase"`
+	ID                 string `json:"id,omitempty"`
+	// Node is the reporting node, set by the node's own bus: the name the
+	// hub checks against the node the VM is placed on.
+	Node string `json:"node"`
+	// Host is the machine the guest really runs on when the backend has a
+	// name of its own for it (Nova's OS-EXT-SRV-ATTR:host, the KubeVirt
+	// VMI's node); on libvirt it is Node. It is what NODE shows, and it is
+	// never used to decide who may speak for the guest.
+	Host            string      `json:"host,omitempty"`
+	Interfaces      []Interface `json:"interfaces,omitempty"`
+	RestartCount    int32       `json:"restartCount"`
+	RestartRequired bool        `json:"restartRequired,omitempty"`
+	Message         string      `json:"message,omitempty"`
+	ObservedAt      time.Time   `json:"observedAt"`
 }
 
 // AddressSource says how an interface's addresses were learned.

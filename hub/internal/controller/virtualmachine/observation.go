@@ -1,6 +1,7 @@
 package virtualmachine
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
 	"strings"
@@ -28,7 +29,7 @@ func observation(r wire.Report, networks []v1alpha1.LocalName) v1alpha1.VirtualM
 	o := v1alpha1.VirtualMachineObservation{
 		ID:                 r.ID,
 		Phase:              apiPhase(r.Phase),
-		Node:               r.Node,
+		Node:               cmp.Or(r.Host, r.Node),
 		IP:                 ipSummary(r.Interfaces, networks),
 		RestartCount:       r.RestartCount,
 		ObservedGeneration: r.ObservedGeneration,
