@@ -937,7 +937,7 @@ func (d *Driver) Capacity(_ context.Context) (driver.Capacity, error) {
 	if err != nil {
 		return driver.Capacity{}, err
 	}
-	c := driver.Capacity{VCPU: conn.hostCPUs, MemoryBytes: conn.hostMemory}
+	c := driver.Capacity{VCPU: conn.hostCPUs, MemoryBytes: conn.hostMemory, Hypervisor: conn.domainType}
 	for _, i := range infos {
 		c.AllocatedVCPU += i.vcpu
 		c.AllocatedMemoryBytes += i.memory

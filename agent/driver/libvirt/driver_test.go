@@ -208,7 +208,7 @@ func TestListAndCapacityIgnoreForeignDomains(t *testing.T) {
 
 	c, err := d.Capacity(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, driver.Capacity{VCPU: 16, MemoryBytes: 3 << 30, AllocatedVCPU: 4, AllocatedMemoryBytes: 1 << 30}, c)
+	assert.Equal(t, driver.Capacity{VCPU: 16, MemoryBytes: 3 << 30, Hypervisor: "test", AllocatedVCPU: 4, AllocatedMemoryBytes: 1 << 30}, c)
 }
 
 func TestObserveReportsAddressesWithTheirSource(t *testing.T) {
