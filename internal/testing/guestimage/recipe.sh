@@ -18,7 +18,7 @@ step() { echo "guest-image: $*"; }
 step "mmdebstrap bookworm into $root"
 mmdebstrap --variant=minbase --mode=root --format=directory \
 	--include=systemd-sysv,udev,dbus,initramfs-tools,linux-image-cloud-amd64,cloud-init,openssh-server,qemu-guest-agent,iproute2,netbase,sudo,ca-certificates,util-linux,e2fsprogs,procps \
-	--customize-hook='chroot "$1" systemctl enable systemd-networkd.service systemd-resolved.service qemu-guest-agent.service ssh.service' \
+	--customize-hook='chroot "$1" systemctl enable systemd-networkd.service qemu-guest-agent.service ssh.service' \
 	bookworm "$root"
 
 step "configure the guest"

@@ -72,10 +72,23 @@ type Options struct {
 	// 127.0.0.1) or kubevirt (a second kube-apiserver with KubeVirt's CRDs
 	// and a test controller playing virt-controller).
 	Backends map[string]string
+	// LibvirtHosts are libvirt nodes whose daemon the caller runs (a real
+	// hypervisor, see internal/testing/guesthost) instead of a private
+	// test-driver libvirtd the stack starts.
+	LibvirtHosts map[string]LibvirtHost
 	// NATSProcess runs NATS as a nats-server process of its own (built from
 	// the module in go.mod) instead of in-process, so it can be killed with
 	// SIGKILL (KillNATS) and started again (StartNATS). NATS is then nil.
 	NATSProcess bool
+}
+
+// LibvirtHost is a libvirtd the agent of a node talks to.
+type LibvirtHost struct {
+	Socket string
+	URI    string
+	Pool   string
+	// ShutdownGrace of the agent; 0 means the agent's default.
+	ShutdownGrace time.Duration
 }
 
 // Stack is a running system.
@@ -213,6 +226,10 @@ func (s *Stack) start(ctx context.Context) error {
 			logf(o.Progress, n, "%s: %s", b, s.Backends[n])
 			continue
 		}
+		if h, ok := o.LibvirtHosts[n]; ok {
+			logf(o.Progress, n, "libvirt %s at %s", h.URI, h.Socket)
+			continue
+		}
 		// Not under Dir: a unix socket path must stay under 108 bytes.
 		dir, err := os.MkdirTemp("", "vf-"+n+"-")
 		if err != nil {
@@ -285,6 +302,32 @@ func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 		return errors.Wrapf(errors.Join(err, last), "not every agent put a heartbeat within a minute")
 	}
 	return nil
+}
+
+// Heartbeat is node's last heartbeat, read as the hub reads it.
+func (s *Stack) Heartbeat(ctx context.Context, node string) (wire.NodeHeartbeat, error) {
+	opts, err := s.hubID.ConnectOptions()
+	if err != nil {
+		return wire.NodeHeartbeat{}, err
+	}
+	nc, err := nats.Connect(s.NATSURL(), opts...)
+	if err != nil {
+		return wire.NodeHeartbeat{}, errors.Wrap(err, "cannot connect to NATS as the hub")
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return wire.NodeHeartbeat{}, errors.Wrap(err, "cannot use JetStream")
+	}
+	kv, err := js.KeyValue(ctx, wire.BucketNodes)
+	if err != nil {
+		return wire.NodeHeartbeat{}, errors.Wrap(err, "no heartbeat bucket")
+	}
+	e, err := kv.Get(ctx, node)
+	if err != nil {
+		return wire.NodeHeartbeat{}, errors.Wrapf(err, "no heartbeat of %s", node)
+	}
+	return wire.DecodeNodeHeartbeat(e.Value())
 }
 
 // configureProvider stores the hub's NATS credentials and the
@@ -457,6 +500,18 @@ func (s *Stack) backend(node string) string {
 func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 	if b, ok := s.Backends[node]; ok {
 		return b.AgentArgs(), nil
+	}
+	if h, ok := s.opts.LibvirtHosts[node]; ok {
+		args := []string{
+			"--libvirt-socket=" + h.Socket,
+			"--libvirt-uri=" + h.URI,
+			"--libvirt-pool=" + h.Pool,
+			"--image-dir=" + filepath.Join(s.opts.Dir, "images-"+node),
+		}
+		if h.ShutdownGrace > 0 {
+			args = append(args, "--shutdown-grace="+h.ShutdownGrace.String())
+		}
+		return args, nil
 	}
 	n, ok := s.Nodes[node]
 	if !ok {
