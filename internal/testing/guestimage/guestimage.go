@@ -44,7 +44,7 @@ const FileName = "debian-bookworm.qcow2"
 var recipe []byte
 
 // Tools are the host commands the recipe runs (hack/deps.sh installs them).
-var Tools = []string{"mmdebstrap", "losetup", "mkfs.ext4", "mount", "extlinux", "qemu-img", "dd"}
+var Tools = []string{"mmdebstrap", "sfdisk", "losetup", "mkfs.ext4", "mount", "extlinux", "qemu-img", "dd"}
 
 // RecipeHash names one version of the recipe.
 func RecipeHash() string {
