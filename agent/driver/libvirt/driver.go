@@ -37,6 +37,9 @@ type Driver struct {
 	// and lacks a few calls (StorageVolUpload).
 	testDriver bool
 	now        func() time.Time
+	// intercept, when set, wraps every connection's API: the seam tests
+	// inject libvirt failures through.
+	intercept func(API) API
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -229,6 +232,9 @@ func (d *Driver) api() (API, *connection, error) {
 	c, err := d.connection()
 	if err != nil {
 		return nil, nil, err
+	}
+	if d.intercept != nil {
+		return d.intercept(c.l), c, nil
 	}
 	return c.l, c, nil
 }

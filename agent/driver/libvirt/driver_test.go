@@ -353,3 +353,34 @@ func TestNodesAreIsolated(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, l)
 }
+
+// refuseDefine makes libvirt refuse every domain definition, as a host
+// without KVM refuses a kvm domain.
+type refuseDefine struct{ API }
+
+func (refuseDefine) DomainDefineXMLFlags(string, golibvirt.DomainDefineFlags) (golibvirt.Domain, error) {
+	return golibvirt.Domain{}, golibvirt.Error{Code: uint32(golibvirt.ErrInvalidArg), Message: "invalid argument: could not get preferred machine for /usr/bin/qemu-system-x86_64 type=kvm"}
+}
+
+// A definition libvirt refuses for good fails the guest with libvirt's
+// message at once, and takes back every volume made for it; a disk that
+// was there before (a Volume's) stays.
+func TestRefusedDefinitionIsTerminalAndLeavesNothingBehind(t *testing.T) {
+	node := libvirttest.Start(t, "refuse")
+	d := open(t, node)
+	d.intercept = func(a API) API { return refuseDefine{a} }
+	l := raw(t, node)
+
+	m := machine("refused")
+	m.Disks = append(m.Disks, driver.Disk{Name: "refused-data", SizeBytes: 1 << 30})
+	require.NoError(t, ensureVolume(l, testPool, "refused-data", 1<<30, "qcow2"))
+
+	_, err := d.Ensure(context.Background(), m)
+	require.Error(t, err)
+	assert.True(t, driver.IsTerminal(err), "no retry mends it: %v", err)
+	assert.Contains(t, err.Error(), "could not get preferred machine", "libvirt's own message")
+	for _, v := range []string{"refused-root", seedVolume(m.UID), swapVolume(m.UID)} {
+		assert.False(t, volumeExists(t, l, v), "%s was made for the refused guest and is removed", v)
+	}
+	assert.True(t, volumeExists(t, l, "refused-data"), "a disk that was there before stays")
+}
