@@ -16,8 +16,9 @@ FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzDe
 FUZZ_PKG := ./apis/wire/v1alpha1
 FUZZ_TIME ?= 3s
 
-# make run KEEP=1 keeps the resources and intents of the last run.
-RUN_FLAGS ?= $(if $(KEEP),-keep)
+# make run KEEP=1 keeps the resources and intents of the last run;
+# make run GUESTS=qemu adds a node on a real hypervisor with a Debian guest.
+RUN_FLAGS ?= $(if $(KEEP),-keep) $(if $(GUESTS),-guests=$(GUESTS))
 
 # Tests may take long on a 2-core machine: the envtest, libvirt and NATS suites
 # start real daemons.

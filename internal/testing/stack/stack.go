@@ -14,7 +14,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -76,6 +78,11 @@ type Options struct {
 	// hypervisor, see internal/testing/guesthost) instead of a private
 	// test-driver libvirtd the stack starts.
 	LibvirtHosts map[string]LibvirtHost
+	// Labels are extra agent labels per node.
+	Labels map[string]map[string]string
+	// DefaultNodeSelector is the default ClusterProviderConfig's
+	// nodeSelector: VMs without their own land only on nodes it matches.
+	DefaultNodeSelector map[string]string
 	// NATSProcess runs NATS as a nats-server process of its own (built from
 	// the module in go.mod) instead of in-process, so it can be killed with
 	// SIGKILL (KillNATS) and started again (StartNATS). NATS is then nil.
@@ -349,7 +356,8 @@ func (s *Stack) configureProvider(ctx context.Context) error {
 	cpc := &apisv1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
 	_, err := controllerutil.CreateOrUpdate(ctx, kube, cpc, func() error {
 		cpc.Spec = apisv1alpha1.ProviderConfigSpec{
-			NATSURL: s.NATSURL(),
+			NATSURL:      s.NATSURL(),
+			NodeSelector: s.opts.DefaultNodeSelector,
 			Credentials: apisv1alpha1.NATSCredentials{
 				Source: xpv2.CredentialsSourceSecret,
 				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
@@ -477,7 +485,7 @@ func (s *Stack) StartAgent(node string) error {
 	}
 	args := append([]string{
 		"--node=" + node,
-		"--labels=kubernetes.io/hostname=" + node,
+		"--labels=" + s.labels(node),
 		"--nats-url=" + s.NATSURL(),
 		"--nats-credentials=" + creds,
 		"--backend=" + s.backend(node),
@@ -486,6 +494,16 @@ func (s *Stack) StartAgent(node string) error {
 	c, err := s.run("agent-"+node, "agent", nil, args...)
 	s.agents[node] = c
 	return err
+}
+
+// labels is the agent's --labels value for node.
+func (s *Stack) labels(node string) string {
+	l := []string{"kubernetes.io/hostname=" + node}
+	for k, v := range s.opts.Labels[node] {
+		l = append(l, k+"="+v)
+	}
+	sort.Strings(l[1:])
+	return strings.Join(l, ",")
 }
 
 // backend is node's backend name.
