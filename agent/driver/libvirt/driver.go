@@ -6,13 +6,15 @@ package libvirt
 
 import (
 	"context"
-	"net"
+	"math"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket/dialers"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
@@ -146,14 +148,9 @@ func (d *Driver) connection() (*connection, error) {
 	if d.ctx.Err() != nil {
 		return nil, errors.New("driver is closed")
 	}
-	c, err := net.DialTimeout("unix", d.socket, 5*time.Second)
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot reach libvirtd")
-	}
-	l := golibvirt.New(c)
+	l := golibvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(d.socket), dialers.WithLocalTimeout(5*time.Second)))
 	if err := l.ConnectToURI(golibvirt.ConnectURI(d.uri)); err != nil {
-		_ = c.Close()
-		return nil, errors.Wrapf(err, "cannot open %s", d.uri)
+		return nil, errors.Wrapf(err, "cannot reach libvirtd: cannot open %s on %s", d.uri, d.socket)
 	}
 	domType, err := d.hostDomainType(l)
 	if err != nil {
@@ -245,19 +242,23 @@ func (d *Driver) watch() {
 	defer close(d.done)
 	defer close(d.events)
 	seen := 0
-	backoff := 50 * time.Millisecond
+	// Redial quickly at first (a restarting libvirtd is back within a
+	// second), then every 5 s.
+	newBackoff := func() wait.Backoff {
+		return wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: math.MaxInt32, Cap: 5 * time.Second}
+	}
+	backoff := newBackoff()
 	for {
 		c, err := d.connection()
 		if err != nil {
 			select {
 			case <-d.ctx.Done():
 				return
-			case <-time.After(backoff):
+			case <-time.After(backoff.Step()):
 			}
-			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}
-		backoff = 50 * time.Millisecond
+		backoff = newBackoff()
 		if seen != 0 && c.generation != seen {
 			d.emit(driver.Event{Kind: driver.EventResync})
 		}
