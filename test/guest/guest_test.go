@@ -40,6 +40,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -270,15 +271,17 @@ func (g *suite) ssh(ip, command string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-// sshUntil retries ssh until the guest's sshd lets the key in.
+// sshUntil retries ssh until the guest's sshd lets the key in. An emulated
+// guest on a busy machine can take long to answer even once it is up.
 func (g *suite) sshUntil(t *testing.T, ip, command string, timeout time.Duration) string {
 	t.Helper()
 	var out string
 	var err error
-	require.Eventually(t, func() bool {
+	_ = wait.PollUntilContextTimeout(g.ctx, 2*time.Second, timeout, true, func(context.Context) (bool, error) {
 		out, err = g.ssh(ip, command)
-		return err == nil
-	}, timeout, 2*time.Second, "ssh %s@%s %q: %v: %s", guestimage.DefaultUser, ip, command, err, out)
+		return err == nil, nil
+	})
+	require.NoError(t, err, "ssh %s@%s %q for %s: %s", guestimage.DefaultUser, ip, command, timeout, out)
 	return out
 }
 
@@ -370,7 +373,7 @@ func (g *suite) firstBoot(t *testing.T, created time.Time) string {
 
 func (g *suite) swap(t *testing.T) {
 	ip := address(g.get(t, "g1"))
-	out := g.sshUntil(t, ip, "swapon --show=SIZE --bytes --noheadings", time.Minute)
+	out := g.sshUntil(t, ip, "swapon --show=SIZE --bytes --noheadings", 3*time.Minute)
 	assert.Equal(t, strconv.Itoa(256<<20), strings.TrimSpace(out), "the swap disk is formatted and active")
 }
 

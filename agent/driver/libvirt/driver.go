@@ -293,12 +293,24 @@ func (d *Driver) drain(c *connection) {
 	}
 }
 
+// rebootSettle is how long the resets of one reboot may take. One reboot
+// can reset the machine more than once (measured with QEMU 7.2 and SeaBIOS:
+// one restart of a Debian guest, one "Restarting system" on its console,
+// three reboot events; the kernel may try several reset methods, and the
+// firmware hard-resets when it finds itself re-run), and no guest boots and
+// reboots again within it.
+const rebootSettle = 10 * time.Second
+
 // rebooted counts a guest reboot: libvirt saw the guest reset, whoever asked
-// for it (a restart request, or the guest itself).
+// for it (a restart request, or the guest itself). Resets within
+// rebootSettle of the last start or reboot are the same reboot.
 func (d *Driver) rebooted(uid string) {
 	d.stateMu.Lock()
-	d.reboots[uid]++
-	d.startedAt[uid] = d.now()
+	now := d.now()
+	if last, ok := d.startedAt[uid]; !ok || now.Sub(last) >= rebootSettle {
+		d.reboots[uid]++
+	}
+	d.startedAt[uid] = now
 	d.stateMu.Unlock()
 	d.emit(driver.Event{UID: uid, Kind: driver.EventChanged})
 }

@@ -384,3 +384,19 @@ func TestRefusedDefinitionIsTerminalAndLeavesNothingBehind(t *testing.T) {
 	}
 	assert.True(t, volumeExists(t, l, "refused-data"), "a disk that was there before stays")
 }
+
+// The resets of one reboot count once; a later reboot counts again.
+func TestRebootEventsOfOneRebootCountOnce(t *testing.T) {
+	now := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	d := &Driver{now: func() time.Time { return now }, reboots: map[string]int32{}, startedAt: map[string]time.Time{}, events: make(chan driver.Event, 16)}
+	const uid = "0b5e3f1a-7c2d-4e8f-9a1b-000000000999"
+	d.started(uid, now.Add(-time.Minute))
+	for range 3 {
+		d.rebooted(uid)
+		now = now.Add(300 * time.Millisecond)
+	}
+	assert.EqualValues(t, 1, d.pendingReboots(uid), "three resets within a second are one reboot")
+	now = now.Add(time.Minute)
+	d.rebooted(uid)
+	assert.EqualValues(t, 2, d.pendingReboots(uid), "a reboot a minute later is another")
+}
