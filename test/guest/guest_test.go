@@ -295,7 +295,7 @@ func (g *suite) waitRunningWithAddress(t *testing.T, name string, since time.Tim
 	})
 	t.Logf("%s: Running with address %s %s after the request", name, address(v), time.Since(since).Round(time.Second))
 	ip := address(v)
-	addrs := g.sshUntil(t, ip, "ip -4 -o addr show scope global", 3*time.Minute)
+	addrs := g.sshUntil(t, ip, "ip -4 -o addr show scope global", bootTimeout)
 	t.Logf("%s: ssh in %s after the request", name, time.Since(since).Round(time.Second))
 	assert.Contains(t, addrs, " "+ip+"/", "the reported address is one the guest holds")
 	g.assertLeasedSince(t, v, ip, since)
@@ -350,7 +350,7 @@ type guestFacts struct {
 
 func (g *suite) facts(t *testing.T, ip string) guestFacts {
 	t.Helper()
-	out := g.sshUntil(t, ip, "hostname; cat /proc/sys/kernel/random/boot_id; nproc", 3*time.Minute)
+	out := g.sshUntil(t, ip, "hostname; cat /proc/sys/kernel/random/boot_id; nproc", bootTimeout)
 	lines := strings.Fields(out)
 	require.Len(t, lines, 3, out)
 	cpus, err := strconv.Atoi(lines[2])
