@@ -373,7 +373,8 @@ func (g *suite) firstBoot(t *testing.T, created time.Time) string {
 
 func (g *suite) swap(t *testing.T) {
 	ip := address(g.get(t, "g1"))
-	out := g.sshUntil(t, ip, "swapon --show=SIZE --bytes --noheadings", 3*time.Minute)
+	// /sbin: not on a Debian user's PATH.
+	out := g.sshUntil(t, ip, "/sbin/swapon --show=SIZE --bytes --noheadings", 3*time.Minute)
 	assert.Equal(t, strconv.Itoa(256<<20), strings.TrimSpace(out), "the swap disk is formatted and active")
 }
 
