@@ -16,12 +16,15 @@ FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzDe
 FUZZ_PKG := ./apis/wire/v1alpha1
 FUZZ_TIME ?= 3s
 
-# make run KEEP=1 keeps the resources and intents of the last run.
-RUN_FLAGS ?= $(if $(KEEP),-keep)
+# make run KEEP=1 keeps the resources and intents of the last run;
+# make run GUESTS=qemu adds a node on a real hypervisor with a Debian guest.
+RUN_FLAGS ?= $(if $(KEEP),-keep) $(if $(GUESTS),-guests=$(GUESTS))
 
 # Tests may take long on a 2-core machine: the envtest, libvirt and NATS suites
-# start real daemons.
-TEST_TIMEOUT ?= 20m
+# start real daemons, and test/guest boots a real QEMU guest several times
+# (about 20 minutes on two busy cores without KVM, plus the guest image's
+# first build, about 10-18 minutes, unless `make guest-image` ran before).
+TEST_TIMEOUT ?= 60m
 GO_TEST_FLAGS ?= -count=1
 
 .PHONY: help
@@ -35,6 +38,10 @@ deps: ## Install the Debian packages the project needs (as root), or say which.
 .PHONY: envtest-assets
 envtest-assets: ## Build kube-apiserver, etcd and kubectl once per machine (or use KUBEBUILDER_ASSETS).
 	@$(GO) run ./hack/envtest-assets >/dev/null
+
+.PHONY: guest-image
+guest-image: ## Build the real-guest test image (Debian, QEMU) once per machine and recipe.
+	@$(GO) run ./hack/guest-image >/dev/null
 
 .PHONY: generate
 generate: ## Regenerate deepcopy, managed-resource methods and CRDs (ours, and KubeVirt's for its tests).

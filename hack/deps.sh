@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Debian packages virtfleet needs to run and test: libvirtd (its
-# test driver simulates hypervisor nodes) and its clients, and Debian's own
-# OpenStack Zed services (Keystone, Placement, Nova, Cinder, Neutron with
-# MariaDB and RabbitMQ) that the Nova backend is tested against as plain
-# processes (internal/testing/openstack). Run as root it installs what is
-# missing; otherwise it prints the exact command to run.
+# test driver simulates hypervisor nodes) and its clients; for the real-guest
+# suite (test/guest) QEMU, dnsmasq and iptables for libvirt's NAT network,
+# iproute2 for its network namespace, openssh-client to reach the guest, and
+# what builds the guest image (mmdebstrap, fdisk, e2fsprogs, extlinux,
+# qemu-utils); and Debian's own OpenStack Zed services (Keystone, Placement,
+# Nova, Cinder, Neutron with MariaDB and RabbitMQ) that the Nova backend is
+# tested against as plain processes (internal/testing/openstack). Run as root
+# it installs what is missing; otherwise it prints the exact command to run.
 set -euo pipefail
 
-packages=(libvirt-daemon-system libvirt-clients util-linux)
+packages=(libvirt-daemon-system libvirt-clients util-linux
+	qemu-system-x86 qemu-utils dnsmasq-base iptables iproute2 openssh-client
+	mmdebstrap fdisk e2fsprogs mount extlinux)
 
 # nova-compute is left out on purpose: it pulls libvirt and QEMU for its own
 # service; the harness runs nova.cmd.compute from python3-nova with Nova's

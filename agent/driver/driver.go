@@ -357,6 +357,9 @@ const (
 type Capacity struct {
 	VCPU        int64
 	MemoryBytes int64
+	// Hypervisor is how the backend runs guests, where it can tell: on
+	// libvirt the domain type (kvm, qemu for emulation without KVM, test).
+	Hypervisor string
 
 	AllocatedVCPU        int64
 	AllocatedMemoryBytes int64

@@ -2,8 +2,12 @@ package libvirt
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 )
@@ -57,4 +61,85 @@ func (b *addressBook) forget(uid string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.byUID, uid)
+}
+
+// dnsmasqLeaseTime is how long libvirt's dnsmasq leases an address when the
+// network names no lease time.
+const dnsmasqLeaseTime = time.Hour
+
+// staleLeases names the MACs of nics whose DHCP leases were all granted
+// before since: the guest has not asked for an address in this boot yet. A
+// lease is granted at its expiry minus the network's lease time. Networks
+// whose leases cannot be read (no DHCP on them, a driver without leases) name
+// none.
+func staleLeases(api API, nics []nic, since time.Time) map[string]bool {
+	stale := map[string]bool{}
+	fresh := map[string]bool{}
+	done := map[string]bool{}
+	for _, n := range nics {
+		if n.network == "" || done[n.network] {
+			continue
+		}
+		done[n.network] = true
+		net, err := api.NetworkLookupByName(n.network)
+		if err != nil {
+			continue
+		}
+		leaseTime := networkLeaseTime(api, net)
+		leases, _, err := api.NetworkGetDhcpLeases(net, golibvirt.OptString{}, 1, 0)
+		if err != nil {
+			continue
+		}
+		for _, l := range leases {
+			if len(l.Mac) == 0 || l.Expirytime <= 0 {
+				continue
+			}
+			mac := strings.ToLower(l.Mac[0])
+			// Whole seconds on both sides: a lease granted in the second
+			// the guest started counts as this boot's.
+			if granted := time.Unix(l.Expirytime, 0).Add(-leaseTime); granted.Before(since.Truncate(time.Second)) {
+				stale[mac] = true
+			} else {
+				fresh[mac] = true
+			}
+		}
+	}
+	for mac := range fresh {
+		delete(stale, mac)
+	}
+	return stale
+}
+
+// networkLeaseTime is the lease time of the network's first DHCP range.
+func networkLeaseTime(api API, net golibvirt.Network) time.Duration {
+	x, err := api.NetworkGetXMLDesc(net, 0)
+	if err != nil {
+		return dnsmasqLeaseTime
+	}
+	var n libvirtxml.Network
+	if err := n.Unmarshal(x); err != nil {
+		return dnsmasqLeaseTime
+	}
+	for _, ip := range n.IPs {
+		if ip.DHCP == nil {
+			continue
+		}
+		for _, r := range ip.DHCP.Ranges {
+			if r.Lease != nil && r.Lease.Expiry > 0 {
+				return time.Duration(r.Lease.Expiry) * leaseUnit(r.Lease.Unit)
+			}
+		}
+	}
+	return dnsmasqLeaseTime
+}
+
+func leaseUnit(u string) time.Duration {
+	switch u {
+	case "seconds":
+		return time.Second
+	case "hours":
+		return time.Hour
+	default: // libvirt's default unit
+		return time.Minute
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/stretchr/testify/assert"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
@@ -73,4 +74,70 @@ func TestAddressBook(t *testing.T) {
 		b.forget("uid")
 		assert.Equal(t, []driver.Interface{{Network: "net-db", MAC: db.mac}}, b.merge("uid", []nic{db}, nil, t1))
 	})
+}
+
+// leaseAPI serves one network's DHCP leases; any other call panics.
+type leaseAPI struct {
+	API
+	networkXML string
+	leases     []golibvirt.NetworkDhcpLease
+}
+
+func (a leaseAPI) NetworkLookupByName(name string) (golibvirt.Network, error) {
+	return golibvirt.Network{Name: name}, nil
+}
+
+func (a leaseAPI) NetworkGetXMLDesc(golibvirt.Network, uint32) (string, error) {
+	return a.networkXML, nil
+}
+
+func (a leaseAPI) NetworkGetDhcpLeases(golibvirt.Network, golibvirt.OptString, int32, uint32) ([]golibvirt.NetworkDhcpLease, uint32, error) {
+	return a.leases, uint32(len(a.leases)), nil
+}
+
+func TestStaleLeasesAreThoseOfAnEarlierBoot(t *testing.T) {
+	started := time.Unix(1_800_000_000, 0)
+	lease := func(mac string, grantedAfterStart, leaseTime time.Duration) golibvirt.NetworkDhcpLease {
+		return golibvirt.NetworkDhcpLease{Mac: golibvirt.OptString{mac}, Ipaddr: "192.168.122.9", Expirytime: started.Add(grantedAfterStart + leaseTime).Unix()}
+	}
+	const a, b = "52:54:00:00:00:0a", "52:54:00:00:00:0b"
+	nics := []nic{{network: "default", mac: a}, {network: "default", mac: b}}
+	cases := map[string]struct {
+		networkXML string
+		leases     []golibvirt.NetworkDhcpLease
+		want       map[string]bool
+	}{
+		"LeaseFromBeforeTheStartIsStale": {
+			leases: []golibvirt.NetworkDhcpLease{lease(a, -10*time.Minute, time.Hour)},
+			want:   map[string]bool{a: true},
+		},
+		"LeaseGrantedAfterTheStartIsThisBoots": {
+			leases: []golibvirt.NetworkDhcpLease{lease(a, 40*time.Second, time.Hour)},
+			want:   map[string]bool{},
+		},
+		"LeaseGrantedInTheSecondOfTheStartCounts": {
+			leases: []golibvirt.NetworkDhcpLease{lease(a, 0, time.Hour)},
+			want:   map[string]bool{},
+		},
+		"AFreshLeaseWinsOverAnOldOne": {
+			leases: []golibvirt.NetworkDhcpLease{lease(a, -time.Minute, time.Hour), lease(a, time.Minute, time.Hour)},
+			want:   map[string]bool{},
+		},
+		"TheNetworksOwnLeaseTimeIsUsed": {
+			networkXML: `<network><name>default</name><ip address="192.168.122.1"><dhcp><range start="192.168.122.2" end="192.168.122.254"><lease expiry="10" unit="minutes"/></range></dhcp></ip></network>`,
+			// With a one-hour assumption this lease would look granted 50 minutes before the start.
+			leases: []golibvirt.NetworkDhcpLease{lease(b, time.Second, 10*time.Minute)},
+			want:   map[string]bool{},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			x := tc.networkXML
+			if x == "" {
+				x = `<network><name>default</name></network>`
+			}
+			got := staleLeases(leaseAPI{networkXML: x, leases: tc.leases}, nics, started)
+			assert.Equal(t, tc.want, got)
+		})
+	}
 }

@@ -10,6 +10,7 @@ import (
 // API is the part of go-libvirt the driver uses. *golibvirt.Libvirt satisfies
 // it; keeping it narrow shows at a glance which libvirt calls the driver makes.
 type API interface {
+	ConnectGetCapabilities() (rCapabilities string, err error)
 	NodeGetInfo() (rModel [32]int8, rMemory uint64, rCpus int32, rMhz int32, rNodes int32, rSockets int32, rCores int32, rThreads int32, err error)
 
 	ConnectListAllDomains(NeedResults int32, Flags golibvirt.ConnectListAllDomainsFlags) (rDomains []golibvirt.Domain, rRet uint32, err error)
@@ -30,6 +31,8 @@ type API interface {
 	NetworkDefineXML(XML string) (rNet golibvirt.Network, err error)
 	NetworkCreate(Net golibvirt.Network) (err error)
 	NetworkIsActive(Net golibvirt.Network) (rActive int32, err error)
+	NetworkGetXMLDesc(Net golibvirt.Network, Flags uint32) (rXML string, err error)
+	NetworkGetDhcpLeases(Net golibvirt.Network, Mac golibvirt.OptString, NeedResults int32, Flags uint32) (rLeases []golibvirt.NetworkDhcpLease, rRet uint32, err error)
 
 	StoragePoolLookupByName(Name string) (rPool golibvirt.StoragePool, err error)
 	StoragePoolGetInfo(Pool golibvirt.StoragePool) (rState uint8, rCapacity uint64, rAllocation uint64, rAvailable uint64, err error)

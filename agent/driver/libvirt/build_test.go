@@ -33,8 +33,49 @@ func TestDomainXMLRoundTrip(t *testing.T) {
 	for _, disk := range d.Devices.Disks {
 		disks = append(disks, disk.Target.Dev+"="+disk.Source.Volume.Volume)
 	}
-	assert.Equal(t, []string{"vda=round-root", "vdb=" + swapVolume(m.UID), "sda=" + seedVolume(m.UID)}, disks, "boot disk first, then swap, then the seed cdrom")
+	assert.Equal(t, []string{"vda=round-root", "vdb=" + swapVolume(m.UID), "vdc=" + seedVolume(m.UID)}, disks, "boot disk first, then swap, then the seed")
 	assert.Equal(t, uint(1), d.Devices.Disks[0].Boot.Order)
+	seed := d.Devices.Disks[2]
+	assert.Equal(t, "virtio", seed.Target.Bus, "a stock cloud kernel without AHCI sees the seed")
+	assert.NotNil(t, seed.ReadOnly, "the guest cannot write its seed")
+	require.NotNil(t, d.Features, "ACPI and APIC, or QEMU runs with -no-acpi and ignores shutdown and reboot requests")
+	assert.NotNil(t, d.Features.ACPI)
+	assert.NotNil(t, d.Features.APIC)
+	assert.Equal(t, "kvm", d.Type)
+}
+
+func TestDomainTypeComesFromTheHostsCapabilities(t *testing.T) {
+	guest := func(arch string, types ...string) libvirtxml.CapsGuest {
+		g := libvirtxml.CapsGuest{OSType: "hvm", Arch: libvirtxml.CapsGuestArch{Name: arch}}
+		for _, typ := range types {
+			g.Arch.Domains = append(g.Arch.Domains, libvirtxml.CapsGuestDomain{Type: typ})
+		}
+		return g
+	}
+	caps := func(guests ...libvirtxml.CapsGuest) libvirtxml.Caps {
+		return libvirtxml.Caps{Host: libvirtxml.CapsHost{CPU: &libvirtxml.CapsHostCPU{Arch: "x86_64"}}, Guests: guests}
+	}
+	cases := map[string]struct {
+		caps    libvirtxml.Caps
+		want    string
+		wantErr bool
+	}{
+		"KVMWhereOffered":             {caps: caps(guest("x86_64", "qemu", "kvm")), want: "kvm"},
+		"QEMUWithoutKVM":              {caps: caps(guest("i686", "qemu", "kvm"), guest("x86_64", "qemu")), want: "qemu"},
+		"OtherArchitecturesDontCount": {caps: caps(guest("aarch64", "kvm")), wantErr: true},
+		"NoGuestsAtAll":               {caps: caps(), wantErr: true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got, err := domainTypeOf(tc.caps)
+			if tc.wantErr {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
 }
 
 func TestSpecHash(t *testing.T) {

@@ -196,14 +196,18 @@ func macFor(uid string, index int) string {
 func seedVolume(uid string) string { return uid + "-seed.iso" }
 func swapVolume(uid string) string { return uid + "-swap.img" }
 
-// swapSerial names the swap disk inside the guest (/dev/disk/by-id/virtio-…).
-const swapSerial = "vf-swap"
+// Serials name the driver's own disks inside the guest (/dev/disk/by-id/virtio-…).
+const (
+	swapSerial = "vf-swap"
+	seedSerial = "vf-seed"
+)
 
 // domainSpec is what the domain definition is built from.
 type domainSpec struct {
 	machine driver.Machine
 	owner   ownership
-	// domainType is "kvm" for real hosts, "test" for libvirt's test driver.
+	// domainType is what the host's capabilities offer: "kvm" where it
+	// has KVM, else "qemu" (TCG); "test" on libvirt's test driver.
 	domainType string
 	pool       string
 }
@@ -227,7 +231,11 @@ func domainXML(s domainSpec) (string, error) {
 		OnPoweroff:    "destroy",
 		OnReboot:      "restart",
 		OnCrash:       "destroy",
-		Devices:       &libvirtxml.DomainDeviceList{},
+		// Without ACPI libvirt starts QEMU with -no-acpi: a shutdown request
+		// reaches no guest (it is forced off after the grace) and a reboot
+		// request returns success while nothing reboots.
+		Features: &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}},
+		Devices:  &libvirtxml.DomainDeviceList{},
 	}
 	if m.Firmware == driver.FirmwareUEFI {
 		d.OS.Firmware = "efi"
@@ -244,13 +252,13 @@ func domainXML(s domainSpec) (string, error) {
 		dd.Serial = swapSerial
 		d.Devices.Disks = append(d.Devices.Disks, dd)
 	}
-	d.Devices.Disks = append(d.Devices.Disks, libvirtxml.DomainDisk{
-		Device:   "cdrom",
-		Driver:   &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "raw"},
-		Source:   &libvirtxml.DomainDiskSource{Volume: &libvirtxml.DomainDiskSourceVolume{Pool: s.pool, Volume: seedVolume(m.UID)}},
-		Target:   &libvirtxml.DomainDiskTarget{Dev: "sda", Bus: "sata"},
-		ReadOnly: &libvirtxml.DomainDiskReadOnly{},
-	})
+	// The seed is a read-only virtio disk: stock cloud kernels (Debian's
+	// cloud kernel has no AHCI) see no SATA cdrom, and cloud-init finds the
+	// seed by its cidata label on any block device.
+	seed := volumeDisk(s.pool, seedVolume(m.UID), "raw", virtioDev(len(d.Devices.Disks)))
+	seed.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
+	seed.Serial = seedSerial
+	d.Devices.Disks = append(d.Devices.Disks, seed)
 	for i, n := range m.Networks {
 		d.Devices.Interfaces = append(d.Devices.Interfaces, libvirtxml.DomainInterface{
 			MAC:    &libvirtxml.DomainInterfaceMAC{Address: macFor(m.UID, i)},
@@ -258,6 +266,12 @@ func domainXML(s domainSpec) (string, error) {
 			Model:  &libvirtxml.DomainInterfaceModel{Type: "virtio"},
 		})
 	}
+	// The serial console, kept by virtlogd next to QEMU's log, is what a
+	// guest that never comes up on the network can be diagnosed from.
+	d.Devices.Serials = []libvirtxml.DomainSerial{{
+		Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+		Log:    &libvirtxml.DomainChardevLog{File: ConsoleLog(d.Name), Append: "on"},
+	}}
 	// The guest agent channel lets DomainInterfaceAddresses ask the guest.
 	d.Devices.Channels = []libvirtxml.DomainChannel{{
 		Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind"}},
@@ -266,6 +280,9 @@ func domainXML(s domainSpec) (string, error) {
 	x, err := d.Marshal()
 	return x, errors.Wrap(err, "cannot marshal domain XML")
 }
+
+// ConsoleLog is where a domain's serial console is logged on its host.
+func ConsoleLog(domain string) string { return "/var/log/libvirt/qemu/" + domain + "-console.log" }
 
 func volumeDisk(pool, vol, format, dev string) libvirtxml.DomainDisk {
 	return libvirtxml.DomainDisk{

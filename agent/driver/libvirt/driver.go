@@ -6,13 +6,16 @@ package libvirt
 
 import (
 	"context"
-	"net"
+	"math"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket/dialers"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 )
@@ -36,6 +39,9 @@ type Driver struct {
 	// and lacks a few calls (StorageVolUpload).
 	testDriver bool
 	now        func() time.Time
+	// intercept, when set, wraps every connection's API: the seam tests
+	// inject libvirt failures through.
+	intercept func(API) API
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -60,11 +66,22 @@ type Driver struct {
 	shutdownAt map[string]time.Time
 	// crashes counts crash events seen per uid since the agent started.
 	crashes map[string]int32
+	// reboots counts guest reboots seen (libvirt's reboot event: the guest
+	// was reset and boots again) and not yet written to the domain's
+	// metadata, per uid.
+	reboots map[string]int32
+	// startedAt is when the guest last started or rebooted, per uid: a DHCP
+	// lease granted before it belongs to an earlier boot.
+	startedAt map[string]time.Time
 }
 
 type connection struct {
-	l          *golibvirt.Libvirt
-	events     <-chan golibvirt.DomainEventLifecycleMsg
+	l       *golibvirt.Libvirt
+	events  <-chan golibvirt.DomainEventLifecycleMsg
+	reboots <-chan any
+	// domainType is the domain type the host offers: kvm where it can,
+	// else qemu (TCG); test on libvirt's test driver.
+	domainType string
 	generation int
 	hostCPUs   int64
 	hostMemory int64
@@ -95,6 +112,8 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		images:     newImages(lc.ImageDir, lc.ImagePruneInterval),
 		shutdownAt: map[string]time.Time{},
 		crashes:    map[string]int32{},
+		reboots:    map[string]int32{},
+		startedAt:  map[string]time.Time{},
 	}
 	if d.grace == 0 {
 		d.grace = DefaultShutdownGrace
@@ -129,19 +148,24 @@ func (d *Driver) connection() (*connection, error) {
 	if d.ctx.Err() != nil {
 		return nil, errors.New("driver is closed")
 	}
-	c, err := net.DialTimeout("unix", d.socket, 5*time.Second)
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot reach libvirtd")
-	}
-	l := golibvirt.New(c)
+	l := golibvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(d.socket), dialers.WithLocalTimeout(5*time.Second)))
 	if err := l.ConnectToURI(golibvirt.ConnectURI(d.uri)); err != nil {
-		_ = c.Close()
-		return nil, errors.Wrapf(err, "cannot open %s", d.uri)
+		return nil, errors.Wrapf(err, "cannot reach libvirtd: cannot open %s on %s", d.uri, d.socket)
+	}
+	domType, err := d.hostDomainType(l)
+	if err != nil {
+		_ = l.Disconnect()
+		return nil, err
 	}
 	evs, err := l.LifecycleEvents(d.ctx)
 	if err != nil {
 		_ = l.Disconnect()
 		return nil, errors.Wrap(err, "cannot subscribe to domain events")
+	}
+	reboots, err := l.SubscribeEvents(d.ctx, golibvirt.DomainEventIDReboot, golibvirt.OptDomain{})
+	if err != nil {
+		_ = l.Disconnect()
+		return nil, errors.Wrap(err, "cannot subscribe to reboot events")
 	}
 	_, mem, cpus, _, _, _, _, _, err := l.NodeGetInfo()
 	if err != nil {
@@ -149,14 +173,65 @@ func (d *Driver) connection() (*connection, error) {
 		return nil, errors.Wrap(err, "cannot read host info")
 	}
 	d.generation++
-	d.conn = &connection{l: l, events: evs, generation: d.generation, hostCPUs: int64(cpus), hostMemory: int64(mem) << 10}
+	d.conn = &connection{l: l, events: evs, reboots: reboots, domainType: domType, generation: d.generation, hostCPUs: int64(cpus), hostMemory: int64(mem) << 10}
 	return d.conn, nil
+}
+
+// hostDomainType picks the domain type from the host's capabilities: kvm
+// only where the host offers it (a define of type kvm fails on a host
+// without /dev/kvm), else qemu, QEMU's own emulation.
+func (d *Driver) hostDomainType(api API) (string, error) {
+	if d.testDriver {
+		return "test", nil
+	}
+	x, err := api.ConnectGetCapabilities()
+	if err != nil {
+		return "", errors.Wrap(err, "cannot read host capabilities")
+	}
+	var caps libvirtxml.Caps
+	if err := caps.Unmarshal(x); err != nil {
+		return "", errors.Wrap(err, "cannot parse host capabilities")
+	}
+	return domainTypeOf(caps)
+}
+
+// domainTypeOf is the best domain type for hvm guests of the host's own
+// architecture.
+func domainTypeOf(caps libvirtxml.Caps) (string, error) {
+	offered := map[string]bool{}
+	for _, g := range caps.Guests {
+		if g.OSType != "hvm" || g.Arch.Name != caps.Host.CPU.Arch {
+			continue
+		}
+		for _, dom := range g.Arch.Domains {
+			offered[dom.Type] = true
+		}
+	}
+	for _, t := range []string{"kvm", "qemu"} {
+		if offered[t] {
+			return t, nil
+		}
+	}
+	return "", errors.Errorf("the host offers no kvm or qemu guests of its architecture %s (is qemu-system installed?)", caps.Host.CPU.Arch)
+}
+
+// DomainType is the domain type guests on this host get: kvm, qemu (TCG)
+// or test.
+func (d *Driver) DomainType() (string, error) {
+	c, err := d.connection()
+	if err != nil {
+		return "", err
+	}
+	return c.domainType, nil
 }
 
 func (d *Driver) api() (API, *connection, error) {
 	c, err := d.connection()
 	if err != nil {
 		return nil, nil, err
+	}
+	if d.intercept != nil {
+		return d.intercept(c.l), c, nil
 	}
 	return c.l, c, nil
 }
@@ -167,30 +242,84 @@ func (d *Driver) watch() {
 	defer close(d.done)
 	defer close(d.events)
 	seen := 0
-	backoff := 50 * time.Millisecond
+	// Redial quickly at first (a restarting libvirtd is back within a
+	// second), then every 5 s.
+	newBackoff := func() wait.Backoff {
+		return wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: math.MaxInt32, Cap: 5 * time.Second}
+	}
+	backoff := newBackoff()
 	for {
 		c, err := d.connection()
 		if err != nil {
 			select {
 			case <-d.ctx.Done():
 				return
-			case <-time.After(backoff):
+			case <-time.After(backoff.Step()):
 			}
-			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}
-		backoff = 50 * time.Millisecond
+		backoff = newBackoff()
 		if seen != 0 && c.generation != seen {
 			d.emit(driver.Event{Kind: driver.EventResync})
 		}
 		seen = c.generation
-		for e := range c.events {
-			d.handle(e)
-		}
+		d.drain(c)
 		if d.ctx.Err() != nil {
 			return
 		}
 	}
+}
+
+// drain handles a connection's events until both of its streams end.
+func (d *Driver) drain(c *connection) {
+	events, reboots := c.events, c.reboots
+	for events != nil || reboots != nil {
+		select {
+		case e, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			d.handle(e)
+		case e, ok := <-reboots:
+			if !ok {
+				reboots = nil
+				continue
+			}
+			if r, ok := e.(*golibvirt.DomainEventCallbackRebootMsg); ok {
+				d.rebooted(formatUUID(r.Msg.Dom.UUID))
+			}
+		}
+	}
+}
+
+// rebootSettle is how long the resets of one reboot may take. One reboot
+// can reset the machine more than once (measured with QEMU 7.2 and SeaBIOS:
+// one restart of a Debian guest, one "Restarting system" on its console,
+// three reboot events; the kernel may try several reset methods, and the
+// firmware hard-resets when it finds itself re-run), and no guest boots and
+// reboots again within it.
+const rebootSettle = 10 * time.Second
+
+// rebooted counts a guest reboot: libvirt saw the guest reset, whoever asked
+// for it (a restart request, or the guest itself). Resets within
+// rebootSettle of the last start or reboot are the same reboot.
+func (d *Driver) rebooted(uid string) {
+	d.stateMu.Lock()
+	now := d.now()
+	if last, ok := d.startedAt[uid]; !ok || now.Sub(last) >= rebootSettle {
+		d.reboots[uid]++
+	}
+	d.startedAt[uid] = now
+	d.stateMu.Unlock()
+	d.emit(driver.Event{UID: uid, Kind: driver.EventChanged})
+}
+
+// started records when the guest (re)started, for the leases' sake.
+func (d *Driver) started(uid string, at time.Time) {
+	d.stateMu.Lock()
+	d.startedAt[uid] = at
+	d.stateMu.Unlock()
 }
 
 func (d *Driver) handle(e golibvirt.DomainEventLifecycleMsg) {
@@ -209,10 +338,13 @@ func (d *Driver) handle(e golibvirt.DomainEventLifecycleMsg) {
 	if !ok {
 		kind = driver.EventChanged
 	}
-	if kind == driver.EventCrashed {
+	switch kind {
+	case driver.EventCrashed:
 		d.stateMu.Lock()
 		d.crashes[uid]++
 		d.stateMu.Unlock()
+	case driver.EventStarted:
+		d.started(uid, d.now())
 	}
 	d.emit(driver.Event{UID: uid, Kind: kind})
 }
@@ -315,7 +447,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		d.images.inUse.RLock()
 		importing, err := d.prepareImages(api, m)
 		if err == nil && importing == "" {
-			dom, err = d.define(api, conn, m, owner)
+			dom, err = d.define(api, conn, m, owner, info.owner == nil)
 		}
 		d.images.inUse.RUnlock()
 		switch {
@@ -340,7 +472,11 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 
 // define creates what the guest needs and (re)defines its domain. A running
 // domain keeps running on its old definition until its next start.
-func (d *Driver) define(api API, conn *connection, m driver.Machine, owner ownership) (golibvirt.Domain, error) {
+//
+// For a new guest, a definition libvirt refuses for good (a machine or
+// domain type the host lacks, an unsupported configuration) leaves nothing
+// behind: the volumes made for it here are removed again.
+func (d *Driver) define(api API, conn *connection, m driver.Machine, owner ownership, fresh bool) (dom golibvirt.Domain, err error) {
 	if int64(m.VCPU) > conn.hostCPUs {
 		return golibvirt.Domain{}, driver.Terminalf("vcpu %d is more than the %d CPUs of node %s", m.VCPU, conn.hostCPUs, d.node)
 	}
@@ -352,18 +488,35 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 		}
 	}
 	d.networkMu.Unlock()
+	var made []poolVolume
+	defer func() {
+		if err != nil && fresh && driver.IsTerminal(err) {
+			for _, v := range made {
+				_ = deleteVolume(api, v.pool, v.name)
+			}
+		}
+	}()
 	for _, disk := range m.Disks {
-		var err error
+		pool := poolOr(disk.Pool, d.pool)
+		exists, err := hasVolume(api, pool, disk.Name)
+		if err != nil {
+			return golibvirt.Domain{}, err
+		}
+		if !exists {
+			made = append(made, poolVolume{pool: pool, name: disk.Name})
+		}
 		if disk.Image != nil {
 			err = d.ensureImageDisk(api, disk)
 		} else {
-			err = ensureVolume(api, poolOr(disk.Pool, d.pool), disk.Name, disk.SizeBytes, formatOr(disk.Format))
+			err = ensureVolume(api, pool, disk.Name, disk.SizeBytes, formatOr(disk.Format))
 		}
 		if err != nil {
 			return golibvirt.Domain{}, err
 		}
 	}
+	made = append(made, poolVolume{pool: d.pool, name: seedVolume(m.UID)})
 	if m.SwapBytes > 0 {
+		made = append(made, poolVolume{pool: d.pool, name: swapVolume(m.UID)})
 		if err := ensureVolume(api, d.pool, swapVolume(m.UID), m.SwapBytes, "raw"); err != nil {
 			return golibvirt.Domain{}, err
 		}
@@ -375,19 +528,41 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 	if err := writeSeed(api, d.pool, seedVolume(m.UID), iso, d.testDriver); err != nil {
 		return golibvirt.Domain{}, err
 	}
-	domType := "kvm"
-	if d.testDriver {
-		domType = "test"
-	}
-	x, err := domainXML(domainSpec{machine: m, owner: owner, domainType: domType, pool: d.pool})
+	x, err := domainXML(domainSpec{machine: m, owner: owner, domainType: conn.domainType, pool: d.pool})
 	if err != nil {
 		return golibvirt.Domain{}, err
 	}
-	dom, err := api.DomainDefineXMLFlags(x, 0)
-	if isCode(err, golibvirt.ErrXMLError, golibvirt.ErrConfigUnsupported) {
+	dom, err = api.DomainDefineXMLFlags(x, 0)
+	if isCode(err, permanentCodes...) {
 		return dom, driver.Terminal(errors.Wrap(err, "libvirt rejected the guest's definition"))
 	}
 	return dom, errors.Wrap(err, "cannot define domain")
+}
+
+// permanentCodes are libvirt errors no retry mends: the request itself is
+// wrong for this host (say "invalid argument: could not get preferred
+// machine for ... type=kvm", or "unsupported configuration: Emulator ...
+// does not support machine type ...").
+var permanentCodes = []golibvirt.ErrorNumber{
+	golibvirt.ErrXMLError, golibvirt.ErrXMLDetail, golibvirt.ErrConfigUnsupported,
+	golibvirt.ErrInvalidArg, golibvirt.ErrNoSupport,
+}
+
+// start starts the domain. libvirt refusing the start of a definition it
+// accepted (firmware the host lacks: "operation failed: Unable to find any
+// firmware to satisfy 'efi'") is shown to the user and retried with
+// backoff, since installing the missing piece on the host mends it.
+func (d *Driver) start(api API, dom golibvirt.Domain, uid string) error {
+	at := d.now()
+	err := api.DomainCreate(dom)
+	if isCode(err, append(permanentCodes, golibvirt.ErrOperationFailed)...) {
+		return driver.Failing(errors.Wrap(err, "libvirt cannot start the guest"))
+	}
+	if err != nil {
+		return errors.Wrap(err, "cannot start domain")
+	}
+	d.started(uid, at)
+	return nil
 }
 
 // converge drives the domain's power state towards m.Running and handles a
@@ -432,7 +607,7 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 		if err := d.saveOwnership(api, dom, owner, next, liveHash, false); err != nil {
 			return err
 		}
-		return errors.Wrap(api.DomainCreate(dom), "cannot start domain")
+		return d.start(api, dom, m.UID)
 	case s == golibvirt.DomainPaused:
 		if err := api.DomainResume(dom); err != nil {
 			return errors.Wrap(err, "cannot resume domain")
@@ -445,14 +620,42 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 		if err := api.DomainDestroy(dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid) {
 			return errors.Wrap(err, "cannot stop domain to restart it")
 		}
-		return errors.Wrap(api.DomainCreate(dom), "cannot start domain to restart it")
+		return d.start(api, dom, m.UID)
 	case newNonce && m.RestartNonce != "" && s == golibvirt.DomainRunning:
 		if err := api.DomainReboot(dom, 0); err != nil {
 			return errors.Wrap(err, "cannot restart domain")
 		}
-		next.Restarts++
+		// A real guest is counted when it was reset (the reboot event),
+		// not when the request returned: a guest that ignores the request
+		// has not restarted. The test driver simulates the reboot and
+		// sends no event.
+		if d.testDriver {
+			next.Restarts++
+		}
 	}
-	return d.saveOwnership(api, dom, owner, next, liveHash, active)
+	// Reboots seen since the last look become part of the domain's record,
+	// so a restarted agent keeps counting from there.
+	pending := d.pendingReboots(m.UID)
+	next.Restarts += pending
+	if err := d.saveOwnership(api, dom, owner, next, liveHash, active); err != nil {
+		return err
+	}
+	d.recordedReboots(m.UID, pending)
+	return nil
+}
+
+func (d *Driver) pendingReboots(uid string) int32 {
+	d.stateMu.Lock()
+	defer d.stateMu.Unlock()
+	return d.reboots[uid]
+}
+
+func (d *Driver) recordedReboots(uid string, n int32) {
+	d.stateMu.Lock()
+	defer d.stateMu.Unlock()
+	if d.reboots[uid] -= n; d.reboots[uid] <= 0 {
+		delete(d.reboots, uid)
+	}
 }
 
 // shutdown asks the guest to power off and forces it off once the grace
@@ -554,6 +757,11 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 	}
 	d.addresses.forget(uid)
 	d.clearShutdown(uid)
+	d.stateMu.Lock()
+	delete(d.startedAt, uid)
+	delete(d.reboots, uid)
+	delete(d.crashes, uid)
+	d.stateMu.Unlock()
 	return nil
 }
 
@@ -581,7 +789,8 @@ func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainI
 		o.Phase, o.Message = driver.PhaseStopping, "waiting for the guest to shut down"
 	}
 	d.stateMu.Lock()
-	o.RestartCount = info.owner.Restarts + d.crashes[uid]
+	o.RestartCount = info.owner.Restarts + d.crashes[uid] + d.reboots[uid]
+	started, startKnown := d.startedAt[uid]
 	d.stateMu.Unlock()
 
 	if o.Phase != driver.PhaseStopped && o.Phase != driver.PhaseFailed {
@@ -598,7 +807,11 @@ func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainI
 		o.Interfaces = d.addresses.merge(uid, info.nics, nil, d.now())
 		return o, nil
 	}
-	o.Interfaces = d.addresses.merge(uid, info.nics, d.sightings(api, dom, len(info.nics)), d.now())
+	var since *time.Time
+	if startKnown {
+		since = &started
+	}
+	o.Interfaces = d.addresses.merge(uid, info.nics, d.sightings(api, dom, info.nics, since), d.now())
 	return o, nil
 }
 
@@ -616,10 +829,20 @@ var addressSources = []struct {
 // sightings asks each source in turn until every interface has addresses.
 // A source that fails (no guest agent, say) is skipped: addresses are best
 // effort and remembered across looks.
-func (d *Driver) sightings(api API, dom golibvirt.Domain, nics int) map[string]sighting {
+//
+// since is when this boot of the guest began, if known. dnsmasq keeps a
+// lease for an hour, so right after a start the leases (and the host's ARP
+// table) still show the previous boot's address while the guest is in its
+// firmware: an interface whose only lease was granted before since is
+// reported by the guest agent alone, which speaks for the running guest.
+func (d *Driver) sightings(api API, dom golibvirt.Domain, nics []nic, since *time.Time) map[string]sighting {
 	seen := map[string]sighting{}
+	stale := map[string]bool{}
+	if since != nil {
+		stale = staleLeases(api, nics, *since)
+	}
 	for _, s := range addressSources {
-		if len(seen) >= nics {
+		if len(seen) >= len(nics) {
 			break
 		}
 		ifaces, err := api.DomainInterfaceAddresses(dom, uint32(s.src), 0)
@@ -632,6 +855,9 @@ func (d *Driver) sightings(api API, dom golibvirt.Domain, nics int) map[string]s
 			}
 			mac := strings.ToLower(i.Hwaddr[0])
 			if _, ok := seen[mac]; ok {
+				continue
+			}
+			if stale[mac] && s.name != driver.AddressSourceGuestAgent {
 				continue
 			}
 			ips := make([]string, 0, len(i.Addrs))
@@ -730,7 +956,7 @@ func (d *Driver) Capacity(_ context.Context) (driver.Capacity, error) {
 	if err != nil {
 		return driver.Capacity{}, err
 	}
-	c := driver.Capacity{VCPU: conn.hostCPUs, MemoryBytes: conn.hostMemory}
+	c := driver.Capacity{VCPU: conn.hostCPUs, MemoryBytes: conn.hostMemory, Hypervisor: conn.domainType}
 	for _, i := range infos {
 		c.AllocatedVCPU += i.vcpu
 		c.AllocatedMemoryBytes += i.memory

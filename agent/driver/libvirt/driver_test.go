@@ -208,7 +208,7 @@ func TestListAndCapacityIgnoreForeignDomains(t *testing.T) {
 
 	c, err := d.Capacity(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, driver.Capacity{VCPU: 16, MemoryBytes: 3 << 30, AllocatedVCPU: 4, AllocatedMemoryBytes: 1 << 30}, c)
+	assert.Equal(t, driver.Capacity{VCPU: 16, MemoryBytes: 3 << 30, Hypervisor: "test", AllocatedVCPU: 4, AllocatedMemoryBytes: 1 << 30}, c)
 }
 
 func TestObserveReportsAddressesWithTheirSource(t *testing.T) {
@@ -352,4 +352,51 @@ func TestNodesAreIsolated(t *testing.T) {
 	l, err := b.List(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, l)
+}
+
+// refuseDefine makes libvirt refuse every domain definition, as a host
+// without KVM refuses a kvm domain.
+type refuseDefine struct{ API }
+
+func (refuseDefine) DomainDefineXMLFlags(string, golibvirt.DomainDefineFlags) (golibvirt.Domain, error) {
+	return golibvirt.Domain{}, golibvirt.Error{Code: uint32(golibvirt.ErrInvalidArg), Message: "invalid argument: could not get preferred machine for /usr/bin/qemu-system-x86_64 type=kvm"}
+}
+
+// A definition libvirt refuses for good fails the guest with libvirt's
+// message at once, and takes back every volume made for it; a disk that
+// was there before (a Volume's) stays.
+func TestRefusedDefinitionIsTerminalAndLeavesNothingBehind(t *testing.T) {
+	node := libvirttest.Start(t, "refuse")
+	d := open(t, node)
+	d.intercept = func(a API) API { return refuseDefine{a} }
+	l := raw(t, node)
+
+	m := machine("refused")
+	m.Disks = append(m.Disks, driver.Disk{Name: "refused-data", SizeBytes: 1 << 30})
+	require.NoError(t, ensureVolume(l, testPool, "refused-data", 1<<30, "qcow2"))
+
+	_, err := d.Ensure(context.Background(), m)
+	require.Error(t, err)
+	assert.True(t, driver.IsTerminal(err), "no retry mends it: %v", err)
+	assert.Contains(t, err.Error(), "could not get preferred machine", "libvirt's own message")
+	for _, v := range []string{"refused-root", seedVolume(m.UID), swapVolume(m.UID)} {
+		assert.False(t, volumeExists(t, l, v), "%s was made for the refused guest and is removed", v)
+	}
+	assert.True(t, volumeExists(t, l, "refused-data"), "a disk that was there before stays")
+}
+
+// The resets of one reboot count once; a later reboot counts again.
+func TestRebootEventsOfOneRebootCountOnce(t *testing.T) {
+	now := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	d := &Driver{now: func() time.Time { return now }, reboots: map[string]int32{}, startedAt: map[string]time.Time{}, events: make(chan driver.Event, 16)}
+	const uid = "0b5e3f1a-7c2d-4e8f-9a1b-000000000999"
+	d.started(uid, now.Add(-time.Minute))
+	for range 3 {
+		d.rebooted(uid)
+		now = now.Add(300 * time.Millisecond)
+	}
+	assert.EqualValues(t, 1, d.pendingReboots(uid), "three resets within a second are one reboot")
+	now = now.Add(time.Minute)
+	d.rebooted(uid)
+	assert.EqualValues(t, 2, d.pendingReboots(uid), "a reboot a minute later is another")
 }

@@ -232,6 +232,7 @@ func TestHeartbeat(t *testing.T) {
 	assert.Equal(t, wire.Resources{VCPU: int64(hostCPUs) * 4, MemoryBytes: int64(hostKiB) << 10 * 2}, hb.Capacity, "host capacity times the ratios")
 	assert.Equal(t, wire.Resources{VCPU: 4, MemoryBytes: 1 << 30}, hb.Allocated, "two guests of 2 vCPUs and 512 MiB")
 	assert.Equal(t, "libvirt", hb.Backend)
+	assert.Equal(t, "test", hb.Hypervisor, "the domain type guests get on this host")
 	assert.Equal(t, map[string]string{"zone": "test"}, hb.Labels)
 	assert.Equal(t, app.Version, hb.AgentVersion)
 	assert.Equal(t, wire.ProtocolVersion, hb.ProtocolVersion)

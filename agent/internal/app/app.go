@@ -176,6 +176,7 @@ func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 		MemoryBytes: scale(c.MemoryBytes, h.cfg.MemoryAllocationRatio),
 	}
 	hb.Allocated = wire.Resources{VCPU: c.AllocatedVCPU, MemoryBytes: c.AllocatedMemoryBytes}
+	hb.Hypervisor = c.Hypervisor
 	return hb
 }
 

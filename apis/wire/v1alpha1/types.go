@@ -174,14 +174,17 @@ type Interface struct {
 // under NodeKey(node); the bucket's TTL purges it when the agent stops
 // refreshing it, and that purge is how the hub learns a node is lost.
 type NodeHeartbeat struct {
-	ProtocolVersion int               `json:"protocolVersion"`
-	Node            string            `json:"node"`
-	Backend         string            `json:"backend"`
-	Capacity        Resources         `json:"capacity"`
-	Allocated       Resources         `json:"allocated"`
-	Labels          map[string]string `json:"labels,omitempty"`
-	AgentVersion    string            `json:"agentVersion,omitempty"`
-	SentAt          time.Time         `json:"sentAt"`
+	ProtocolVersion int    `json:"protocolVersion"`
+	Node            string `json:"node"`
+	Backend         string `json:"backend"`
+	// Hypervisor is how the node runs guests where its backend tells: on
+	// libvirt the domain type, kvm or qemu (emulation, no KVM on the host).
+	Hypervisor   string            `json:"hypervisor,omitempty"`
+	Capacity     Resources         `json:"capacity"`
+	Allocated    Resources         `json:"allocated"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	AgentVersion string            `json:"agentVersion,omitempty"`
+	SentAt       time.Time         `json:"sentAt"`
 }
 
 // Resources is an amount of node capacity.

@@ -32,6 +32,10 @@ type Options struct {
 	// Keep reuses the run directory's etcd data and NATS store: what the
 	// last run created is still there. By default a run starts fresh.
 	Keep bool
+	// Guests is "qemu" for one more node on a real hypervisor (QEMU in a
+	// network namespace of its own) with one Debian guest; empty for the
+	// simulated nodes alone.
+	Guests string
 	// Out receives the summary a user reads.
 	Out io.Writer
 }
@@ -53,6 +57,7 @@ type Running struct {
 	Applied int
 
 	unlock func()
+	guests *realGuests
 }
 
 // Start brings the system up and returns once it is ready to use.
@@ -73,10 +78,29 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 	}
 	r := &Running{unlock: unlock}
 	fmt.Fprintln(o.Out, "starting virtfleet:")
-	r.Stack, err = stack.Start(ctx, stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out})
+	so := stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out}
+	switch o.Guests {
+	case "":
+	case GuestsQEMU:
+		if r.guests, err = startRealGuestHost(ctx, o); err != nil {
+			r.Stop()
+			return nil, err
+		}
+		r.guests.stackOptions(&so)
+	default:
+		r.Stop()
+		return nil, errors.Errorf("GUESTS=%s: only qemu is known", o.Guests)
+	}
+	r.Stack, err = stack.Start(ctx, so)
 	if err != nil {
 		r.Stop()
 		return nil, err
+	}
+	if r.guests != nil {
+		if err := r.guests.createGuest(ctx, r.Stack.ControlPlane.Client, o.Dir); err != nil {
+			r.Stop()
+			return nil, err
+		}
 	}
 	objs, err := r.Stack.ApplyExamples(ctx, o.Examples)
 	if err != nil {
@@ -92,13 +116,20 @@ func (r *Running) PrintSummary(w io.Writer, o Options) {
 	cp := r.Stack.ControlPlane
 	fmt.Fprintf(w, "  %-14s %d objects applied from %s\n", "examples", r.Applied, o.Examples)
 	fmt.Fprintf(w, "\nvirtfleet is up (run directory %s, logs in %s).\n", o.Dir, filepath.Join(o.Dir, "logs"))
-	fmt.Fprintf(w, "To use it, paste:\n\n  export KUBECONFIG=%s\n  alias kubectl=%s\n  kubectl get vm -o wide\n\nCtrl-C stops everything.\n", cp.Kubeconfig, cp.Kubectl)
+	fmt.Fprintf(w, "To use it, paste:\n\n  export KUBECONFIG=%s\n  alias kubectl=%s\n  kubectl get vm -o wide\n", cp.Kubeconfig, cp.Kubectl)
+	if r.guests != nil {
+		r.guests.summary(w, "kubectl")
+	}
+	fmt.Fprintf(w, "\nCtrl-C stops everything.\n")
 }
 
 // Stop stops everything Start started and releases the run directory.
 func (r *Running) Stop() {
 	if r.Stack != nil {
 		r.Stack.Stop()
+	}
+	if r.guests != nil {
+		r.guests.stop()
 	}
 	r.unlock()
 }

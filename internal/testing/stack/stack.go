@@ -16,7 +16,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -79,6 +81,15 @@ type Options struct {
 	// run openstack.Main) or kubevirt (a second kube-apiserver with
 	// KubeVirt's CRDs and a test controller playing virt-controller).
 	Backends map[string]string
+	// LibvirtHosts are libvirt nodes whose daemon the caller runs (a real
+	// hypervisor, see internal/testing/guesthost) instead of a private
+	// test-driver libvirtd the stack starts.
+	LibvirtHosts map[string]LibvirtHost
+	// Labels are extra agent labels per node.
+	Labels map[string]map[string]string
+	// DefaultNodeSelector is the default ClusterProviderConfig's
+	// nodeSelector: VMs without their own land only on nodes it matches.
+	DefaultNodeSelector map[string]string
 	// NATSProcess runs NATS as a nats-server process of its own (built from
 	// the module in go.mod) instead of in-process, so it can be killed with
 	// SIGKILL (KillNATS) and started again (StartNATS). NATS is then nil.
@@ -88,6 +99,15 @@ type Options struct {
 	// replicated on each (ProviderConfig replicas); KillNATSServer and
 	// StartNATSServer take one down and back.
 	NATSCluster int
+}
+
+// LibvirtHost is a libvirtd the agent of a node talks to.
+type LibvirtHost struct {
+	Socket string
+	URI    string
+	Pool   string
+	// ShutdownGrace of the agent; 0 means the agent's default.
+	ShutdownGrace time.Duration
 }
 
 // Stack is a running system.
@@ -228,6 +248,10 @@ func (s *Stack) start(ctx context.Context) error {
 			logf(o.Progress, n, "%s: %s", b, s.Backends[n])
 			continue
 		}
+		if h, ok := o.LibvirtHosts[n]; ok {
+			logf(o.Progress, n, "libvirt %s at %s", h.URI, h.Socket)
+			continue
+		}
 		// Not under Dir: a unix socket path must stay under 108 bytes.
 		dir, err := os.MkdirTemp("", "vf-"+n+"-")
 		if err != nil {
@@ -306,6 +330,32 @@ func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 	return nil
 }
 
+// Heartbeat is node's last heartbeat, read as the hub reads it.
+func (s *Stack) Heartbeat(ctx context.Context, node string) (wire.NodeHeartbeat, error) {
+	opts, err := s.hubID.ConnectOptions()
+	if err != nil {
+		return wire.NodeHeartbeat{}, err
+	}
+	nc, err := nats.Connect(s.NATSURL(), opts...)
+	if err != nil {
+		return wire.NodeHeartbeat{}, errors.Wrap(err, "cannot connect to NATS as the hub")
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return wire.NodeHeartbeat{}, errors.Wrap(err, "cannot use JetStream")
+	}
+	kv, err := js.KeyValue(ctx, wire.BucketNodes)
+	if err != nil {
+		return wire.NodeHeartbeat{}, errors.Wrap(err, "no heartbeat bucket")
+	}
+	e, err := kv.Get(ctx, node)
+	if err != nil {
+		return wire.NodeHeartbeat{}, errors.Wrapf(err, "no heartbeat of %s", node)
+	}
+	return wire.DecodeNodeHeartbeat(e.Value())
+}
+
 // configureProvider stores the hub's NATS credentials and the
 // ClusterProviderConfig named default that points at this stack's NATS. Both
 // are updated when a kept run directory already has them.
@@ -325,8 +375,9 @@ func (s *Stack) configureProvider(ctx context.Context) error {
 	cpc := &apisv1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
 	_, err := controllerutil.CreateOrUpdate(ctx, kube, cpc, func() error {
 		cpc.Spec = apisv1alpha1.ProviderConfigSpec{
-			NATSURL:  s.NATSURL(),
-			Replicas: max(s.opts.NATSCluster, 1),
+			NATSURL:      s.NATSURL(),
+			Replicas:     max(s.opts.NATSCluster, 1),
+			NodeSelector: s.opts.DefaultNodeSelector,
 			Credentials: apisv1alpha1.NATSCredentials{
 				Source: xpv2.CredentialsSourceSecret,
 				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
@@ -466,7 +517,7 @@ func (s *Stack) StartAgent(node string) error {
 	}
 	args := append([]string{
 		"--node=" + node,
-		"--labels=kubernetes.io/hostname=" + node,
+		"--labels=" + s.labels(node),
 		"--nats-url=" + s.NATSURL(),
 		"--nats-credentials=" + creds,
 		"--backend=" + s.backend(node),
@@ -478,6 +529,16 @@ func (s *Stack) StartAgent(node string) error {
 	c, err := s.run("agent-"+node, "agent", nil, args...)
 	s.agents[node] = c
 	return err
+}
+
+// labels is the agent's --labels value for node.
+func (s *Stack) labels(node string) string {
+	l := []string{"kubernetes.io/hostname=" + node}
+	for k, v := range s.opts.Labels[node] {
+		l = append(l, k+"="+v)
+	}
+	sort.Strings(l[1:])
+	return strings.Join(l, ",")
 }
 
 // backend is node's backend name.
@@ -492,6 +553,18 @@ func (s *Stack) backend(node string) string {
 func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 	if b, ok := s.Backends[node]; ok {
 		return b.AgentArgs(), nil
+	}
+	if h, ok := s.opts.LibvirtHosts[node]; ok {
+		args := []string{
+			"--libvirt-socket=" + h.Socket,
+			"--libvirt-uri=" + h.URI,
+			"--libvirt-pool=" + h.Pool,
+			"--image-dir=" + filepath.Join(s.opts.Dir, "images-"+node),
+		}
+		if h.ShutdownGrace > 0 {
+			args = append(args, "--shutdown-grace="+h.ShutdownGrace.String())
+		}
+		return args, nil
 	}
 	n, ok := s.Nodes[node]
 	if !ok {

@@ -1,0 +1,311 @@
+// Package guesthost runs a real hypervisor for tests: a system-mode libvirtd
+// with the QEMU driver (TCG where there is no /dev/kvm), its virtlogd, the
+// libvirt "default" NAT network (bridge virbr0 and dnsmasq) and a "default"
+// directory storage pool, all inside a network namespace of their own.
+//
+// Why a namespace of its own, and a daemon of its own even when the machine
+// runs a system libvirtd: these machines may send traffic only to loopback or
+// to test hosts in namespaces the run made itself, so the guests' bridge,
+// NAT and DHCP must not live in the machine's namespace; and a test must leave
+// the machine as it found it.
+//
+// How (measured on Debian 12, libvirt 9.0, QEMU 7.2, as root): the daemon is
+// started with `ip netns exec`, which also gives it a mount namespace of its
+// own. In there /run is a fresh tmpfs and libvirt's state, log, cache and
+// config directories (/run/libvirt, /var/lib/libvirt, /var/log/libvirt,
+// /var/cache/libvirt, /etc/libvirt) are bind mounts of directories under
+// Host.Dir, so two hosts (or a system daemon) never share a pid file, a
+// domain definition or a lease file, and the socket and QEMU's logs are
+// reachable from the machine's namespace under Dir. Processes in other
+// namespaces (the agent) reach the daemon through Socket.
+package guesthost
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/digitalocean/go-libvirt"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"libvirt.org/go/libvirtxml"
+)
+
+// URI is the libvirt URI the daemon serves.
+const URI = "qemu:///system"
+
+// Pool and Network are the storage pool and NAT network the host serves.
+const (
+	Pool    = "default"
+	Network = "default"
+)
+
+// startTimeout bounds how long the daemon may take to accept connections.
+const startTimeout = 30 * time.Second
+
+// Required are the commands a host needs (hack/deps.sh installs them).
+var Required = []string{"ip", "libvirtd", "virtlogd", "qemu-system-x86_64", "dnsmasq", "iptables"}
+
+// Host is a running hypervisor in its own network namespace.
+type Host struct {
+	// Netns is the network namespace guests and their network live in.
+	Netns string
+	// Dir holds the daemon's directories (run/, lib/, log/, cache/, etc/).
+	Dir string
+	// Socket is the daemon's read-write unix socket.
+	Socket string
+	// URI is the libvirt URI to open over Socket.
+	URI string
+
+	cmd    *exec.Cmd
+	exited chan struct{}
+	log    *os.File
+}
+
+// Missing names the required commands that are not installed, and whether
+// the caller lacks root, for a test to skip with a reason.
+func Missing() []string {
+	var out []string
+	for _, c := range Required {
+		if _, err := exec.LookPath(c); err != nil {
+			out = append(out, c)
+		}
+	}
+	if os.Geteuid() != 0 {
+		out = append(out, "root (network namespaces, a system-mode libvirtd)")
+	}
+	return out
+}
+
+// Start starts a host named name (a short prefix: it names the namespace and
+// the directory). progress gets a line per step.
+func Start(ctx context.Context, name string, progress io.Writer) (*Host, error) {
+	if m := Missing(); len(m) > 0 {
+		return nil, errors.Errorf("cannot run a guest host without %s (run make deps as root)", strings.Join(m, ", "))
+	}
+	// Not a test's TempDir: a unix socket path must stay under 108 bytes.
+	dir, err := os.MkdirTemp("", "vf-"+name+"-")
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create the host directory")
+	}
+	h := &Host{
+		Netns:  fmt.Sprintf("%s-%d-%s", name, os.Getpid(), filepath.Base(dir)[len("vf-"+name+"-"):]),
+		Dir:    dir,
+		Socket: filepath.Join(dir, "run", "libvirt-sock"),
+		URI:    URI,
+		exited: make(chan struct{}),
+	}
+	if err := h.start(ctx, progress); err != nil {
+		h.Stop()
+		return nil, err
+	}
+	return h, nil
+}
+
+// daemonScript runs inside the namespace: private /run, libvirt's
+// directories from Dir, then virtlogd and libvirtd in the foreground, so
+// both stay in the process group Stop signals.
+const daemonScript = `set -e
+d=$1
+mount -t tmpfs tmpfs /run
+mkdir -p /run/libvirt /run/lock
+mount --bind "$d/run" /run/libvirt
+mount --bind "$d/lib" /var/lib/libvirt
+mount --bind "$d/log" /var/log/libvirt
+mount --bind "$d/cache" /var/cache/libvirt
+mount --bind "$d/etc" /etc/libvirt
+virtlogd &
+exec libvirtd
+`
+
+func (h *Host) start(ctx context.Context, progress io.Writer) error {
+	for _, sub := range []string{"run", "lib/images", "lib/dnsmasq", "log/qemu", "cache", "etc"} {
+		if err := os.MkdirAll(filepath.Join(h.Dir, sub), 0o755); err != nil {
+			return errors.Wrap(err, "cannot create the host directories")
+		}
+	}
+	// QEMU runs as libvirt-qemu and must reach its disks through Dir.
+	if err := os.Chmod(h.Dir, 0o755); err != nil {
+		return errors.Wrap(err, "cannot open the host directory")
+	}
+	// The machine's libvirt configuration (qemu.conf, the default network),
+	// copied so the daemon's changes stay in Dir.
+	if out, err := exec.CommandContext(ctx, "cp", "-a", "/etc/libvirt/.", filepath.Join(h.Dir, "etc")).CombinedOutput(); err != nil {
+		return errors.Errorf("cannot copy /etc/libvirt: %v: %s", err, out)
+	}
+	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", h.Netns).CombinedOutput(); err != nil {
+		return errors.Errorf("cannot create network namespace %s: %v: %s", h.Netns, err, out)
+	}
+	if out, err := h.Command(ctx, "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		return errors.Errorf("cannot bring up loopback in %s: %v: %s", h.Netns, err, out)
+	}
+	log, err := os.Create(filepath.Join(h.Dir, "libvirtd.log"))
+	if err != nil {
+		return errors.Wrap(err, "cannot create the daemon log")
+	}
+	h.log = log
+	h.cmd = exec.Command("ip", "netns", "exec", h.Netns, "bash", "-c", daemonScript, "libvirtd", h.Dir) //nolint:gosec // our own script
+	h.cmd.Stdout, h.cmd.Stderr = log, log
+	// ip execs the script, which execs libvirtd: the parent-death signal
+	// reaches the daemon if the test binary dies; Stop reaps the rest.
+	h.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := h.cmd.Start(); err != nil {
+		return errors.Wrap(err, "cannot start libvirtd")
+	}
+	go func() { _ = h.cmd.Wait(); close(h.exited) }()
+	fmt.Fprintf(progress, "guesthost: libvirtd (qemu:///system) in network namespace %s, socket %s\n", h.Netns, h.Socket)
+
+	l, err := h.waitReady(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = l.Disconnect() }()
+	return h.prepare(l)
+}
+
+func (h *Host) waitReady(ctx context.Context) (*libvirt.Libvirt, error) {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	var l *libvirt.Libvirt
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+		select {
+		case <-h.exited:
+			return false, errors.Errorf("libvirtd exited: %s", h.tail())
+		default:
+		}
+		var err error
+		l, err = h.Dial()
+		return err == nil, nil
+	})
+	return l, errors.Wrapf(err, "libvirtd did not accept connections within %s", startTimeout)
+}
+
+// prepare starts the default network and makes the default pool in Dir.
+func (h *Host) prepare(l *libvirt.Libvirt) error {
+	n, err := l.NetworkLookupByName(Network)
+	if err != nil {
+		return errors.Wrap(err, "the machine's libvirt has no default network (/etc/libvirt/qemu/networks/default.xml)")
+	}
+	if active, err := l.NetworkIsActive(n); err != nil || active == 0 {
+		if err := l.NetworkCreate(n); err != nil {
+			return errors.Wrap(err, "cannot start the default network")
+		}
+	}
+	x, err := (&libvirtxml.StoragePool{
+		Type:   "dir",
+		Name:   Pool,
+		Target: &libvirtxml.StoragePoolTarget{Path: "/var/lib/libvirt/images"},
+	}).Marshal()
+	if err != nil {
+		return errors.Wrap(err, "cannot marshal the pool")
+	}
+	p, err := l.StoragePoolLookupByName(Pool)
+	if err != nil {
+		if p, err = l.StoragePoolDefineXML(x, 0); err != nil {
+			return errors.Wrap(err, "cannot define the default pool")
+		}
+	}
+	if active, err := l.StoragePoolIsActive(p); err != nil || active == 0 {
+		if err := l.StoragePoolCreate(p, 0); err != nil {
+			return errors.Wrap(err, "cannot start the default pool")
+		}
+	}
+	return nil
+}
+
+// Dial opens a new connection to the daemon.
+func (h *Host) Dial() (*libvirt.Libvirt, error) {
+	c, err := net.DialTimeout("unix", h.Socket, 2*time.Second)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot reach libvirtd")
+	}
+	l := libvirt.New(c) //nolint:staticcheck // the dialer API needs a URI-less local socket path per host
+	if err := l.ConnectToURI(libvirt.ConnectURI(h.URI)); err != nil {
+		_ = c.Close()
+		return nil, errors.Wrapf(err, "cannot open %s", h.URI)
+	}
+	return l, nil
+}
+
+// Command runs name inside the host's network namespace (ssh to a guest, say).
+func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.Netns, name}, args...)...) //nolint:gosec // test commands
+}
+
+// QEMULog is QEMU's log of a domain (/var/log/libvirt/qemu/<domain>.log inside).
+func (h *Host) QEMULog(domain string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(h.Dir, "log", "qemu", domain+".log"))
+	return string(b), errors.Wrap(err, "cannot read the QEMU log")
+}
+
+// LogPath is the daemon's own log.
+func (h *Host) LogPath() string { return filepath.Join(h.Dir, "libvirtd.log") }
+
+func (h *Host) tail() string {
+	b, _ := os.ReadFile(h.LogPath())
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// Stop destroys the host's guests, stops its daemons and every process left
+// in its namespace (dnsmasq, QEMU), and removes the namespace and Dir.
+func (h *Host) Stop() {
+	if h.cmd != nil && h.cmd.Process != nil {
+		if l, err := h.Dial(); err == nil {
+			// A destroyed guest releases its cgroup and its disks cleanly.
+			if doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive); err == nil {
+				for _, d := range doms {
+					_ = l.DomainDestroy(d)
+				}
+			}
+			if n, err := l.NetworkLookupByName(Network); err == nil {
+				_ = l.NetworkDestroy(n)
+			}
+			_ = l.Disconnect()
+		}
+		_ = syscall.Kill(-h.cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-h.exited:
+		case <-time.After(15 * time.Second):
+			_ = syscall.Kill(-h.cmd.Process.Pid, syscall.SIGKILL)
+			<-h.exited
+		}
+	}
+	h.killStragglers()
+	if h.Netns != "" {
+		_ = exec.Command("ip", "netns", "del", h.Netns).Run()
+	}
+	if h.log != nil {
+		_ = h.log.Close()
+	}
+	if h.Dir != "" && os.Getenv("VIRTFLEET_KEEP_GUEST_HOST") == "" {
+		_ = os.RemoveAll(h.Dir)
+	}
+}
+
+// killStragglers ends what is still running in the namespace: only processes
+// this host started live there.
+func (h *Host) killStragglers() {
+	if h.Netns == "" {
+		return
+	}
+	out, err := exec.Command("ip", "netns", "pids", h.Netns).Output()
+	if err != nil {
+		return
+	}
+	for _, f := range strings.Fields(string(out)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}

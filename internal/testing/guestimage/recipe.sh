@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Builds virtfleet's real-guest test image: Debian bookworm with Debian's cloud
+# kernel, cloud-init (NoCloud), openssh-server, qemu-guest-agent and
+# systemd-networkd doing DHCP on any interface, booted by extlinux from one
+# ext4 partition. Usage: recipe.sh WORKDIR OUT.qcow2
+# Every line of this file is part of the recipe hash: editing it rebuilds the image.
+set -euo pipefail
+work=$1
+out=$2
+size=2G
+root=$work/root
+disk=$work/disk.raw
+mnt=$work/mnt
+mkdir -p "$root" "$mnt"
+
+step() { echo "guest-image: $*"; }
+
+step "mmdebstrap bookworm into $root"
+mmdebstrap --variant=minbase --mode=root --format=directory \
+	--include=systemd-sysv,udev,dbus,initramfs-tools,linux-image-cloud-amd64,cloud-init,openssh-server,qemu-guest-agent,iproute2,netbase,sudo,ca-certificates,util-linux,e2fsprogs,procps \
+	--customize-hook='chroot "$1" systemctl enable systemd-networkd.service qemu-guest-agent.service ssh.service' \
+	bookworm "$root"
+
+step "configure the guest"
+cat >"$root/etc/systemd/network/10-dhcp.network" <<'NET'
+# DHCP on every Ethernet interface, whatever its name.
+[Match]
+Type=ether
+
+[Network]
+DHCP=yes
+NET
+cat >"$root/etc/cloud/cloud.cfg.d/90-virtfleet.cfg" <<'CFG'
+# networkd above owns the network; the NoCloud seed is the only datasource.
+network: {config: disabled}
+datasource_list: [NoCloud, None]
+system_info:
+  default_user:
+    name: debian
+    lock_passwd: true
+    gecos: Debian
+    groups: [adm, sudo]
+    sudo: ["ALL=(ALL) NOPASSWD:ALL"]
+    shell: /bin/bash
+CFG
+echo 'LABEL=root / ext4 defaults,errors=remount-ro 0 1' >"$root/etc/fstab"
+rm -f "$root/etc/hostname" "$root/etc/ssh/ssh_host_"*
+: >"$root/etc/machine-id"
+rm -f "$root/var/lib/dbus/machine-id"
+# The serial console is the one a test can read (virsh console, QEMU log).
+mkdir -p "$root/boot/extlinux"
+kernel=$(cd "$root/boot" && ls vmlinuz-* | sort -V | tail -1)
+initrd=$(cd "$root/boot" && ls initrd.img-* | sort -V | tail -1)
+cat >"$root/boot/extlinux/extlinux.conf" <<CONF
+DEFAULT linux
+TIMEOUT 1
+PROMPT 0
+LABEL linux
+  KERNEL /boot/$kernel
+  INITRD /boot/$initrd
+  APPEND root=LABEL=root ro console=tty0 console=ttyS0,115200n8 quiet
+CONF
+rm -rf "$root/var/cache/apt/archives/"*.deb "$root/var/lib/apt/lists/"*
+
+step "make the disk: one bootable ext4 partition from 1 MiB"
+rm -f "$disk"
+truncate -s "$size" "$disk"
+echo 'start=2048, type=83, bootable' | sfdisk -q "$disk"
+offset=$((2048 * 512))
+sectors=$(( $(stat -c %s "$disk") / 512 - 2048 ))
+loop=$(losetup --find --show --offset "$offset" --sizelimit $((sectors * 512)) "$disk")
+cleanup() {
+	umount "$mnt" 2>/dev/null || true
+	losetup -d "$loop" 2>/dev/null || true
+}
+trap cleanup EXIT
+# syslinux reads neither 64-bit block numbers nor the newer checksum-seed and orphan-file features.
+mkfs.ext4 -q -L root -O ^64bit,^metadata_csum_seed,^orphan_file -d "$root" "$loop"
+mount "$loop" "$mnt"
+extlinux --install "$mnt/boot/extlinux"
+umount "$mnt"
+losetup -d "$loop"
+trap - EXIT
+dd if=/usr/lib/EXTLINUX/mbr.bin of="$disk" bs=440 count=1 conv=notrunc status=none
+
+step "convert to qcow2"
+qemu-img convert -f raw -O qcow2 "$disk" "$out"
+rm -f "$disk"

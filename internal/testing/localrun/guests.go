@@ -1,0 +1,194 @@
+package localrun
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"golang.org/x/crypto/ssh"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/testing/guesthost"
+	"github.com/virtfleet/virtfleet/internal/testing/guestimage"
+	"github.com/virtfleet/virtfleet/internal/testing/stack"
+)
+
+// GuestsQEMU asks for one real-guest node beside the simulated ones.
+const GuestsQEMU = "qemu"
+
+// The real-guest node, the label that keeps the examples off it, and the
+// guest made on it.
+const (
+	qemuNode        = "qemu1"
+	hypervisorLabel = "virtfleet.io/hypervisor"
+	guestName       = "guest"
+	guestNamespace  = "default"
+	guestCIDR       = "10.231.9.0/24"
+)
+
+// realGuests is the real-guest node of a run: a libvirtd with QEMU in its
+// own network namespace, the image served to it, and the guest's key.
+type realGuests struct {
+	host   *guesthost.Host
+	server *http.Server
+	key    string
+}
+
+// startRealGuestHost builds (once) the guest image and starts the hypervisor.
+func startRealGuestHost(ctx context.Context, o Options) (*realGuests, error) {
+	if _, err := guestimage.Ensure(ctx, o.Out); err != nil {
+		return nil, err
+	}
+	h, err := guesthost.Start(ctx, "vfrun", o.Out)
+	if err != nil {
+		return nil, err
+	}
+	return &realGuests{host: h}, nil
+}
+
+// stackOptions puts the real node beside the simulated ones; the simulated
+// nodes' label is the default selector, so the examples never land on the
+// real node, whose guest would not boot their images.
+func (g *realGuests) stackOptions(so *stack.Options) {
+	so.Nodes = []string{"node1", "node2", "node3", qemuNode}
+	so.LibvirtHosts = map[string]stack.LibvirtHost{qemuNode: {Socket: g.host.Socket, URI: g.host.URI, Pool: guesthost.Pool}}
+	so.Labels = map[string]map[string]string{qemuNode: {hypervisorLabel: "qemu"}}
+	for _, n := range so.Nodes[:3] {
+		so.Labels[n] = map[string]string{hypervisorLabel: "test"}
+	}
+	so.DefaultNodeSelector = map[string]string{hypervisorLabel: "test"}
+}
+
+// createGuest serves the image, writes the guest's key pair into the run
+// directory and creates the image, network, boot volume and VM.
+func (g *realGuests) createGuest(ctx context.Context, kube client.Client, dir string) error {
+	image, err := guestimage.Path()
+	if err != nil {
+		return err
+	}
+	url, digest, err := g.serve(image)
+	if err != nil {
+		return err
+	}
+	pub, err := g.newKey(dir)
+	if err != nil {
+		return err
+	}
+	qcow2 := v1alpha1.DiskFormatQCOW2
+	swap := resource.MustParse("256Mi")
+	objs := []client.Object{
+		&v1alpha1.DiskImage{
+			ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: "debian-guest"},
+			Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+				Source: v1alpha1.DiskImageSource{URL: url, SHA256: digest}, Format: &qcow2,
+			}},
+		},
+		&v1alpha1.VirtualNetwork{
+			ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: "net-guest"},
+			Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{Mode: v1alpha1.NetworkModeNAT, CIDR: guestCIDR}},
+		},
+		&v1alpha1.Volume{
+			ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: guestName + "-root"},
+			Spec: v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{
+				Size:   resource.MustParse("4Gi"),
+				Source: &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: "debian-guest"}},
+			}},
+		},
+		&v1alpha1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: guestName},
+			Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
+				Running:         ptr.To(true),
+				Vcpu:            1,
+				Memory:          resource.MustParse("1Gi"),
+				Swap:            &swap,
+				PublicKey:       pub,
+				NodeSelector:    map[string]string{hypervisorLabel: "qemu"},
+				VirtualNetworks: []v1alpha1.LocalName{"net-guest"},
+				DiskAttachments: []v1alpha1.DiskAttachment{{Name: guestName + "-root"}},
+			}},
+		},
+	}
+	for _, o := range objs {
+		if err := kube.Create(ctx, o); err != nil {
+			return errors.Wrapf(err, "cannot create %s %s", o.GetObjectKind().GroupVersionKind().Kind, o.GetName())
+		}
+	}
+	return nil
+}
+
+// serve serves the image on 127.0.0.1, where the real node's agent imports
+// it from.
+func (g *realGuests) serve(path string) (string, string, error) {
+	f, err := os.Open(path) //nolint:gosec // the cached image
+	if err != nil {
+		return "", "", errors.Wrap(err, "cannot open the guest image")
+	}
+	defer func() { _ = f.Close() }()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", "", errors.Wrap(err, "cannot read the guest image")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", "", errors.Wrap(err, "cannot listen for the guest image server")
+	}
+	g.server = &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, path) }),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go func() { _ = g.server.Serve(l) }()
+	return "http://" + l.Addr().String() + "/" + filepath.Base(path), hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// newKey writes a fresh ed25519 key pair for the guest into dir and returns
+// the public half's authorized_keys line.
+func (g *realGuests) newKey(dir string) (string, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return "", errors.Wrap(err, "cannot make the guest's key")
+	}
+	sshPub, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		return "", errors.Wrap(err, "cannot make the guest's key")
+	}
+	block, err := ssh.MarshalPrivateKey(priv, "virtfleet make run guest")
+	if err != nil {
+		return "", errors.Wrap(err, "cannot make the guest's key")
+	}
+	g.key = filepath.Join(dir, "guest_ed25519")
+	if err := os.WriteFile(g.key, pem.EncodeToMemory(block), 0o600); err != nil {
+		return "", errors.Wrap(err, "cannot write the guest's key")
+	}
+	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), nil
+}
+
+// summary tells the user how to reach the guest.
+func (g *realGuests) summary(w io.Writer, kubectl string) {
+	fmt.Fprintf(w, "\nReal guest: VM %s/%s boots Debian on node %s (QEMU, libvirtd in network namespace %s).\n", guestNamespace, guestName, qemuNode, g.host.Netns)
+	fmt.Fprintf(w, "It takes a few minutes without KVM; then its address shows in `kubectl get vm %s -o wide`. To log in:\n\n", guestName)
+	fmt.Fprintf(w, "  ip=$(%s get vm %s -o jsonpath='{.status.atProvider.interfaces[0].ips[0]}')\n", kubectl, guestName)
+	fmt.Fprintf(w, "  sudo ip netns exec %s ssh -i %s -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null %s@$ip\n", g.host.Netns, g.key, guestimage.DefaultUser)
+}
+
+func (g *realGuests) stop() {
+	if g.server != nil {
+		_ = g.server.Close()
+	}
+	g.host.Stop()
+}

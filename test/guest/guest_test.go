@@ -1,0 +1,530 @@
+// Package guest runs real guests through the whole stack: the API server,
+// NATS, the hub and one agent whose libvirt node is a real hypervisor — a
+// system libvirtd with QEMU (TCG where there is no /dev/kvm) and a NAT network,
+// inside a network namespace of the suite's own (internal/testing/guesthost)
+// — booting the Debian cloud image built once per machine
+// (internal/testing/guestimage). Everything is driven through
+// VirtualMachine resources; what the guest really does is checked from inside
+// it over ssh, which runs inside the namespace.
+//
+// One guest boots several times (about 1–2 minutes per boot on two cores
+// without KVM), so the steps run in order and each builds on the last.
+package guest
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/testing/guesthost"
+	"github.com/virtfleet/virtfleet/internal/testing/guestimage"
+	"github.com/virtfleet/virtfleet/internal/testing/stack"
+)
+
+const (
+	ns   = "guests"
+	node = "guest1"
+	// netCIDR is the VirtualNetwork's subnet: it exists only in the
+	// suite's network namespace.
+	netCIDR = "10.231.7.0/24"
+	// bootTimeout covers an image import and a TCG boot on a busy machine.
+	bootTimeout = 8 * time.Minute
+	// grace is the agent's ACPI shutdown grace: a clean poweroff must come
+	// well before it.
+	grace = 3 * time.Minute
+)
+
+// suite is what every step shares.
+type suite struct {
+	t    *testing.T
+	ctx  context.Context
+	s    *stack.Stack
+	host *guesthost.Host
+	kube client.Client
+	key  string // private key file
+	pub  string // authorized_keys line
+}
+
+func TestRealGuest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a real QEMU guest through the whole stack (minutes); skipped with -short")
+	}
+	if m := guesthost.Missing(); len(m) > 0 {
+		t.Skipf("a real hypervisor needs %v: run make deps as root", m)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
+	defer cancel()
+	suiteStart := time.Now()
+
+	image, err := guestimage.Ensure(ctx, os.Stderr)
+	require.NoError(t, err, "cannot build the guest image")
+
+	host, err := guesthost.Start(ctx, "vfguest", os.Stderr)
+	require.NoError(t, err)
+	t.Cleanup(host.Stop)
+
+	dir, err := os.MkdirTemp("", "vf-guest-")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs kept in %s (libvirtd: %s)", filepath.Join(dir, "logs"), host.LogPath())
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	s, err := stack.Start(ctx, stack.Options{
+		Dir:          dir,
+		Nodes:        []string{node},
+		Progress:     os.Stderr,
+		LibvirtHosts: map[string]stack.LibvirtHost{node: {Socket: host.Socket, URI: host.URI, Pool: guesthost.Pool, ShutdownGrace: grace}},
+	})
+	require.NoError(t, err)
+	t.Cleanup(s.Stop)
+
+	g := &suite{t: t, ctx: ctx, s: s, host: host, kube: s.ControlPlane.Client}
+	g.newKey(dir)
+	url, digest := serveImage(t, image)
+	g.createCommon(url, digest)
+
+	t.Run("NodeHeartbeatsItsHypervisor", g.hypervisor)
+	created := time.Now()
+	g.create(vm("g1", g.pub, 1))
+	var bootID string
+	if !t.Run("RunsWithTheAddressItHoldsAndLetsTheKeyIn", func(t *testing.T) { bootID = g.firstBoot(t, created) }) {
+		return // every later step needs a running guest
+	}
+	t.Run("SwapIsActive", g.swap)
+	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", func(t *testing.T) { bootID = g.stopStart(t, bootID) })
+	t.Run("RestartRebootsAndOnlyThenCounts", func(t *testing.T) { bootID = g.restart(t, bootID, 1) })
+	t.Run("SpecChangeIsRestartRequiredAndAppliesAtTheRestart", func(t *testing.T) { g.specChange(t, bootID) })
+	t.Run("DeleteRemovesDomainAndSeedKeepsVolumes", g.delete)
+	t.Run("UnbootableRequestFailsWithLibvirtsMessage", g.unbootable)
+	t.Logf("suite took %s", time.Since(suiteStart).Round(time.Second))
+}
+
+// newKey makes the VM's key pair: the public half goes into the VM's spec,
+// the private half is what ssh logs in with.
+func (g *suite) newKey(dir string) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(g.t, err)
+	sshPub, err := ssh.NewPublicKey(pub)
+	require.NoError(g.t, err)
+	g.pub = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub)))
+	block, err := ssh.MarshalPrivateKey(priv, "virtfleet guest test")
+	require.NoError(g.t, err)
+	g.key = filepath.Join(dir, "id_ed25519")
+	require.NoError(g.t, os.WriteFile(g.key, pem.EncodeToMemory(block), 0o600))
+}
+
+// serveImage serves the guest image on 127.0.0.1, where the agent imports
+// it from, and returns its URL and SHA-256.
+func serveImage(t *testing.T, path string) (string, string) {
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeFile(w, r, path)
+	}), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + l.Addr().String() + "/" + filepath.Base(path), hex.EncodeToString(h.Sum(nil))
+}
+
+func (g *suite) create(o client.Object) {
+	g.t.Helper()
+	require.NoError(g.t, g.kube.Create(g.ctx, o))
+}
+
+// createCommon makes the namespace, the image, the network and the boot
+// volumes.
+func (g *suite) createCommon(url, digest string) {
+	g.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	qcow2 := v1alpha1.DiskFormatQCOW2
+	g.create(&v1alpha1.DiskImage{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "debian"},
+		Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+			Source: v1alpha1.DiskImageSource{URL: url, SHA256: digest},
+			Format: &qcow2,
+		}},
+	})
+	g.create(&v1alpha1.VirtualNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vfnet"},
+		Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{Mode: v1alpha1.NetworkModeNAT, CIDR: netCIDR}},
+	})
+	for _, name := range []string{"g1-root", "g2-root"} {
+		g.create(&v1alpha1.Volume{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{
+				Size:   resource.MustParse("4Gi"),
+				Source: &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: "debian"}},
+			}},
+		})
+	}
+}
+
+func vm(name, pub string, vcpu int32) *v1alpha1.VirtualMachine {
+	swap := resource.MustParse("256Mi")
+	return &v1alpha1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
+			Running:         ptr.To(true),
+			Vcpu:            vcpu,
+			Memory:          resource.MustParse("1Gi"),
+			Swap:            &swap,
+			PublicKey:       pub,
+			VirtualNetworks: []v1alpha1.LocalName{"vfnet"},
+			DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName(name + "-root")}},
+		}},
+	}
+}
+
+func (g *suite) get(t *testing.T, name string) *v1alpha1.VirtualMachine {
+	t.Helper()
+	v := &v1alpha1.VirtualMachine{}
+	require.NoError(t, g.kube.Get(g.ctx, types.NamespacedName{Namespace: ns, Name: name}, v))
+	return v
+}
+
+// waitVM polls the VM until ok holds.
+func (g *suite) waitVM(t *testing.T, name string, timeout time.Duration, what string, ok func(*v1alpha1.VirtualMachine) bool) *v1alpha1.VirtualMachine {
+	t.Helper()
+	var last v1alpha1.VirtualMachine
+	require.Eventually(t, func() bool {
+		v := &v1alpha1.VirtualMachine{}
+		if err := g.kube.Get(g.ctx, types.NamespacedName{Namespace: ns, Name: name}, v); err != nil {
+			return false
+		}
+		last = *v
+		return ok(v)
+	}, timeout, time.Second, "VM %s: %s; last status %+v, conditions %+v", name, what, last.Status.AtProvider, last.Status.Conditions)
+	return &last
+}
+
+func (g *suite) patch(t *testing.T, name string, change func(*v1alpha1.VirtualMachine)) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		v := g.get(t, name)
+		change(v)
+		err := g.kube.Update(g.ctx, v)
+		return err == nil || !kerrors.IsConflict(err) && assert.NoError(t, err)
+	}, 30*time.Second, 100*time.Millisecond)
+}
+
+// address is the VM's reported address on its one network, if any.
+func address(v *v1alpha1.VirtualMachine) string {
+	for _, i := range v.Status.AtProvider.Interfaces {
+		if len(i.IPs) > 0 {
+			return i.IPs[0]
+		}
+	}
+	return ""
+}
+
+func running(v *v1alpha1.VirtualMachine) bool {
+	return v.Status.AtProvider.Phase == v1alpha1.Phase(wire.PhaseRunning)
+}
+
+// ssh runs a command in the guest as the image's default user, from inside
+// the suite's network namespace.
+func (g *suite) ssh(ip, command string) (string, error) {
+	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
+	defer cancel()
+	out, err := g.host.Command(ctx, "ssh", "-i", g.key,
+		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+		"-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+		guestimage.DefaultUser+"@"+ip, command).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// sshUntil retries ssh until the guest's sshd lets the key in. An emulated
+// guest on a busy machine can take long to answer even once it is up.
+func (g *suite) sshUntil(t *testing.T, ip, command string, timeout time.Duration) string {
+	t.Helper()
+	var out string
+	var err error
+	_ = wait.PollUntilContextTimeout(g.ctx, 2*time.Second, timeout, true, func(context.Context) (bool, error) {
+		out, err = g.ssh(ip, command)
+		return err == nil, nil
+	})
+	require.NoError(t, err, "ssh %s@%s %q for %s: %s", guestimage.DefaultUser, ip, command, timeout, out)
+	return out
+}
+
+// waitRunningWithAddress waits for Running with an address and for ssh, and
+// checks the address is one the guest holds and was leased in this boot,
+// that is after since.
+func (g *suite) waitRunningWithAddress(t *testing.T, name string, since time.Time) (*v1alpha1.VirtualMachine, string) {
+	t.Helper()
+	v := g.waitVM(t, name, bootTimeout, "Running with an address", func(v *v1alpha1.VirtualMachine) bool {
+		return running(v) && address(v) != ""
+	})
+	t.Logf("%s: Running with address %s %s after the request", name, address(v), time.Since(since).Round(time.Second))
+	ip := address(v)
+	addrs := g.sshUntil(t, ip, "ip -4 -o addr show scope global", bootTimeout)
+	t.Logf("%s: ssh in %s after the request", name, time.Since(since).Round(time.Second))
+	assert.Contains(t, addrs, " "+ip+"/", "the reported address is one the guest holds")
+	g.assertLeasedSince(t, v, ip, since)
+	return v, ip
+}
+
+// assertLeasedSince checks the address's DHCP lease was granted after since,
+// reading dnsmasq's leases through libvirt.
+func (g *suite) assertLeasedSince(t *testing.T, v *v1alpha1.VirtualMachine, ip string, since time.Time) {
+	t.Helper()
+	l, err := g.host.Dial()
+	require.NoError(t, err)
+	defer func() { _ = l.Disconnect() }()
+	n, err := l.NetworkLookupByName(wire.NodeName(ns, "vfnet"))
+	require.NoError(t, err)
+	leases, _, err := l.NetworkGetDhcpLeases(n, golibvirt.OptString{}, 1, 0)
+	require.NoError(t, err)
+	mac := v.Status.AtProvider.Interfaces[0].MAC
+	for _, lease := range leases {
+		if lease.Ipaddr != ip || len(lease.Mac) == 0 || !strings.EqualFold(lease.Mac[0], mac) {
+			continue
+		}
+		// libvirt's networks lease for an hour unless they say otherwise.
+		granted := time.Unix(lease.Expirytime, 0).Add(-time.Hour)
+		assert.False(t, granted.Before(since.Truncate(time.Second)), "lease of %s granted at %s, before this boot began at %s", ip, granted, since)
+		return
+	}
+	t.Errorf("no lease of %s for %s among %+v", ip, mac, leases)
+}
+
+func (g *suite) hypervisor(t *testing.T) {
+	want := "qemu"
+	if _, err := os.Stat("/dev/kvm"); err == nil {
+		want = "kvm"
+	}
+	hb := g.heartbeat(t)
+	assert.Equal(t, want, hb.Hypervisor, "kvm only where the host offers it")
+}
+
+func (g *suite) heartbeat(t *testing.T) wire.NodeHeartbeat {
+	t.Helper()
+	hb, err := g.s.Heartbeat(g.ctx, node)
+	require.NoError(t, err)
+	return hb
+}
+
+// guestFacts are what a step reads inside the guest.
+type guestFacts struct {
+	hostname, bootID string
+	cpus             int
+}
+
+func (g *suite) facts(t *testing.T, ip string) guestFacts {
+	t.Helper()
+	out := g.sshUntil(t, ip, "hostname; cat /proc/sys/kernel/random/boot_id; nproc", bootTimeout)
+	lines := strings.Fields(out)
+	require.Len(t, lines, 3, out)
+	cpus, err := strconv.Atoi(lines[2])
+	require.NoError(t, err)
+	return guestFacts{hostname: lines[0], bootID: lines[1], cpus: cpus}
+}
+
+func (g *suite) firstBoot(t *testing.T, created time.Time) string {
+	v, ip := g.waitRunningWithAddress(t, "g1", created)
+	assert.Equal(t, node, v.Status.AtProvider.Node)
+	assert.Equal(t, fmt.Sprintf("vfnet(%s)", ip), v.Status.AtProvider.IP)
+	f := g.facts(t, ip)
+	assert.Equal(t, "g1", f.hostname, "the guest's hostname is the VM's name")
+	assert.Equal(t, 1, f.cpus)
+	out, err := exec.CommandContext(g.ctx, g.s.ControlPlane.Kubectl, "--kubeconfig", g.s.ControlPlane.Kubeconfig, "-n", ns, "get", "vm", "g1", "-o", "wide").CombinedOutput()
+	require.NoError(t, err, string(out))
+	assert.Regexp(t, `(?m)^g1\s+Running\s+0\s+\S+\s+`+node+`\s+vfnet\(`+strings.ReplaceAll(ip, ".", `\.`)+`\)\s+True\s+True$`, string(out))
+	return f.bootID
+}
+
+func (g *suite) swap(t *testing.T) {
+	ip := address(g.get(t, "g1"))
+	// /sbin: not on a Debian user's PATH.
+	out := g.sshUntil(t, ip, "/sbin/swapon --show=SIZE --bytes --noheadings", 3*time.Minute)
+	// The swap disk's first page is mkswap's header.
+	assert.Equal(t, strconv.Itoa(256<<20-4096), strings.TrimSpace(out), "the swap disk is formatted and active")
+}
+
+func (g *suite) domainName(t *testing.T, name string) string {
+	v := g.get(t, name)
+	return fmt.Sprintf("%s_%s-%s", ns, name, string(v.UID)[:8])
+}
+
+func (g *suite) stopStart(t *testing.T, bootID string) string {
+	stop := time.Now()
+	g.patch(t, "g1", func(v *v1alpha1.VirtualMachine) { v.Spec.ForProvider.Running = ptr.To(false) })
+	g.waitVM(t, "g1", grace, "Stopped", func(v *v1alpha1.VirtualMachine) bool {
+		return v.Status.AtProvider.Phase == v1alpha1.Phase(wire.PhaseStopped)
+	})
+	took := time.Since(stop)
+	t.Logf("g1: stopped %s after running: false", took.Round(time.Second))
+	assert.Less(t, took, grace/2, "an ACPI poweroff, well within the grace")
+	log, err := g.host.QEMULog(g.domainName(t, "g1"))
+	require.NoError(t, err)
+	assert.Contains(t, log, "reason=shutdown", "the guest powered itself off")
+	assert.NotContains(t, log, "reason=destroyed", "the guest was not forced off")
+	assert.Empty(t, address(g.get(t, "g1")), "a stopped guest has no address")
+
+	start := time.Now()
+	g.patch(t, "g1", func(v *v1alpha1.VirtualMachine) { v.Spec.ForProvider.Running = ptr.To(true) })
+	_, ip := g.waitRunningWithAddress(t, "g1", start)
+	f := g.facts(t, ip)
+	assert.NotEqual(t, bootID, f.bootID, "a new boot")
+	assert.EqualValues(t, 0, g.get(t, "g1").Status.AtProvider.RestartCount, "a stop and a start are no restart")
+	return f.bootID
+}
+
+// restart asks for a restart and checks that restartCount reaches want only
+// once the guest has booted again.
+func (g *suite) restart(t *testing.T, bootID string, want int32) string {
+	ip := address(g.get(t, "g1"))
+	g.patch(t, "g1", func(v *v1alpha1.VirtualMachine) {
+		if v.Annotations == nil {
+			v.Annotations = map[string]string{}
+		}
+		v.Annotations[v1alpha1.AnnotationRestartRequestedAt] = time.Now().Format(time.RFC3339Nano)
+	})
+	g.waitVM(t, "g1", bootTimeout, fmt.Sprintf("restartCount %d", want), func(v *v1alpha1.VirtualMachine) bool {
+		return v.Status.AtProvider.RestartCount >= want
+	})
+	// Counted means the old boot is over: the guest is booting or booted
+	// anew, never still the one the request found.
+	if out, err := g.ssh(ip, "cat /proc/sys/kernel/random/boot_id"); err == nil {
+		assert.NotEqual(t, bootID, out, "restartCount went up while the guest still ran its old boot")
+	}
+	v := g.waitVM(t, "g1", bootTimeout, "Running with an address", func(v *v1alpha1.VirtualMachine) bool {
+		return running(v) && address(v) != ""
+	})
+	assert.Equal(t, want, v.Status.AtProvider.RestartCount, "one restart, counted once")
+	f := g.facts(t, address(v))
+	assert.NotEqual(t, bootID, f.bootID, "the guest booted again")
+	return f.bootID
+}
+
+func (g *suite) specChange(t *testing.T, bootID string) {
+	g.patch(t, "g1", func(v *v1alpha1.VirtualMachine) { v.Spec.ForProvider.Vcpu = 2 })
+	g.waitVM(t, "g1", time.Minute, "restartRequired", func(v *v1alpha1.VirtualMachine) bool {
+		return v.Status.AtProvider.RestartRequired
+	})
+	ip := address(g.get(t, "g1"))
+	f := g.facts(t, ip)
+	assert.Equal(t, bootID, f.bootID, "a spec change does not touch the running guest")
+	assert.Equal(t, 1, f.cpus)
+
+	bootID = g.restart(t, bootID, 2)
+	v := g.waitVM(t, "g1", time.Minute, "no restart required", func(v *v1alpha1.VirtualMachine) bool {
+		return !v.Status.AtProvider.RestartRequired
+	})
+	f = g.facts(t, address(v))
+	assert.Equal(t, bootID, f.bootID)
+	assert.Equal(t, 2, f.cpus, "the new vcpu count applies at the restart")
+}
+
+// poolVolumes lists the names of the volumes in the host's pool.
+func (g *suite) poolVolumes(t *testing.T) []string {
+	t.Helper()
+	l, err := g.host.Dial()
+	require.NoError(t, err)
+	defer func() { _ = l.Disconnect() }()
+	p, err := l.StoragePoolLookupByName(guesthost.Pool)
+	require.NoError(t, err)
+	require.NoError(t, l.StoragePoolRefresh(p, 0))
+	vols, _, err := l.StoragePoolListAllVolumes(p, 1, 0)
+	require.NoError(t, err)
+	names := make([]string, 0, len(vols))
+	for _, v := range vols {
+		names = append(names, v.Name)
+	}
+	return names
+}
+
+func (g *suite) domainExists(t *testing.T, uid types.UID) bool {
+	t.Helper()
+	l, err := g.host.Dial()
+	require.NoError(t, err)
+	defer func() { _ = l.Disconnect() }()
+	_, err = l.DomainLookupByUUID(golibvirt.UUID(uuid.MustParse(string(uid))))
+	return err == nil
+}
+
+func (g *suite) delete(t *testing.T) {
+	v := g.get(t, "g1")
+	require.NoError(t, g.kube.Delete(g.ctx, v))
+	require.Eventually(t, func() bool {
+		err := g.kube.Get(g.ctx, types.NamespacedName{Namespace: ns, Name: "g1"}, &v1alpha1.VirtualMachine{})
+		return kerrors.IsNotFound(err)
+	}, 2*time.Minute, time.Second, "the VM is deleted")
+	assert.False(t, g.domainExists(t, v.UID), "the domain is gone")
+	vols := g.poolVolumes(t)
+	for _, name := range vols {
+		assert.NotContains(t, name, string(v.UID), "the guest's own volumes (seed, swap) are gone")
+	}
+	assert.Contains(t, vols, wire.NodeName(ns, "g1-root"), "the Volume's disk stays")
+	require.NoError(t, g.kube.Get(g.ctx, types.NamespacedName{Namespace: ns, Name: "g1-root"}, &v1alpha1.Volume{}), "the Volume stays")
+}
+
+// unbootable asks for UEFI on a host without UEFI firmware: libvirt accepts
+// the definition and refuses every start.
+func (g *suite) unbootable(t *testing.T) {
+	if _, err := os.Stat("/usr/share/OVMF"); err == nil {
+		t.Skip("this host has UEFI firmware (OVMF), so a UEFI guest is bootable here")
+	}
+	v := vm("g2", g.pub, 1)
+	uefi := v1alpha1.FirmwareUEFI
+	v.Spec.ForProvider.Firmware = &uefi
+	asked := time.Now()
+	g.create(v)
+	v = g.waitVM(t, "g2", bootTimeout, "Failed", func(v *v1alpha1.VirtualMachine) bool {
+		return v.Status.AtProvider.Phase == v1alpha1.Phase(wire.PhaseFailed)
+	})
+	t.Logf("g2: Failed %s after the request (the image import included)", time.Since(asked).Round(time.Second))
+	var msg string
+	for _, c := range v.Status.Conditions {
+		msg += c.Message + "\n"
+	}
+	assert.Contains(t, msg, "Unable to find any firmware to satisfy 'efi'", "libvirt's own message reaches the user")
+
+	require.NoError(t, g.kube.Delete(g.ctx, v))
+	require.Eventually(t, func() bool {
+		err := g.kube.Get(g.ctx, types.NamespacedName{Namespace: ns, Name: "g2"}, &v1alpha1.VirtualMachine{})
+		return kerrors.IsNotFound(err)
+	}, 2*time.Minute, time.Second, "the failed VM is deleted")
+	assert.False(t, g.domainExists(t, v.UID))
+	for _, name := range g.poolVolumes(t) {
+		assert.NotContains(t, name, string(v.UID), "nothing of the failed guest stays in the pool")
+	}
+}
