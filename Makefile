@@ -89,17 +89,15 @@ clean: ## Remove build output (not the envtest cache).
 REGISTRY ?= ghcr.io/virtfleet
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 IMAGES_DIR ?= _output/images
-XPKG ?= _output/provider-virtfleet.xpkg
 
 .PHONY: images
 images: ## Build the hub and agent images as tarballs in _output/images (static binaries, empty base, reproducible).
 	$(GO) run ./cluster/images --out $(IMAGES_DIR) --registry $(REGISTRY) --version $(VERSION)
 
 .PHONY: package
-package: images ## Build the Crossplane provider package (.xpkg) on the hub image, in _output.
-	$(GO) run ./hack/build-package --dir package --hub $(IMAGES_DIR)/hub.tar \
-		--hub-ref $(REGISTRY)/virtfleet-hub:$(VERSION) \
-		--ref $(REGISTRY)/provider-virtfleet:$(VERSION) --out $(XPKG)
+package: images ## Build the Crossplane packages (.xpkg) in _output: provider (hub image), function, Configuration.
+	$(GO) run ./hack/build-package --dir package --images $(IMAGES_DIR) \
+		--registry $(REGISTRY) --version $(VERSION) --out _output
 
 # make bench BENCH_FLAGS='-sizes 10,100 -burst 0' runs other sizes; -quick is the harness's own small run.
 BENCH_FLAGS ?=
