@@ -59,7 +59,15 @@ func Ensure(ctx context.Context, progress io.Writer) (Core, error) {
 	if err := copyCRDs(ctx, c.CRDs); err != nil {
 		return Core{}, err
 	}
-	t := modbuild.Target{Binary: "crossplane", Module: Module, Version: Version, Package: Module + "/cmd/crossplane"}
+	t := modbuild.Target{
+		Binary: "crossplane", Module: Module, Version: Version, Package: Module + "/cmd/crossplane",
+		// Crossplane's go.mod replaces its apis module with ./apis, which a
+		// module download does not contain; the published apis of the same
+		// release stand in for it. Without this the go command picks the
+		// required v2.3.4, which lacks v2.4's runtime conditions (measured:
+		// undefined: v1.RuntimeAwaitingActivation).
+		Replace: []string{"github.com/crossplane/crossplane/apis/v2=github.com/crossplane/crossplane/apis/v2@" + Version},
+	}
 	if err := modbuild.Build(ctx, dir, t, modbuild.Prefixed(progress, "crossplane: ")); err != nil {
 		return Core{}, errors.Wrapf(err, "cannot build crossplane %s", Version)
 	}

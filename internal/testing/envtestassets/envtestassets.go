@@ -119,3 +119,47 @@ func missingBinaries(dir string) []string {
 	}
 	return missing
 }
+
+// ControllerManager is the file name of kube-controller-manager in the
+// asset directory. envtest does not run it; a test that needs a controller
+// of it, such as the garbage collector Crossplane relies on to delete
+// composed resources, starts it itself.
+const ControllerManager = "kube-controller-manager"
+
+// EnsureControllerManager returns the path of kube-controller-manager of
+// KubernetesVersion, building it into the asset directory (or CacheDir when
+// KUBEBUILDER_ASSETS lacks it) the first time; it shares the module and
+// build cache of kube-apiserver, so it builds in minutes.
+func EnsureControllerManager(ctx context.Context, progress io.Writer) (string, error) {
+	dirs := []string{}
+	if d := os.Getenv(EnvAssets); d != "" {
+		dirs = append(dirs, d)
+	}
+	cache, err := CacheDir()
+	if err != nil {
+		return "", err
+	}
+	for _, d := range append(dirs, cache) {
+		if fi, err := os.Stat(filepath.Join(d, ControllerManager)); err == nil && !fi.IsDir() {
+			return filepath.Join(d, ControllerManager), nil
+		}
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return "", errors.Wrap(err, "cannot create asset directory")
+	}
+	unlock, err := modbuild.Lock(filepath.Join(cache, ".lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	path := filepath.Join(cache, ControllerManager)
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	t := targets()[0]
+	t.Binary, t.Package = ControllerManager, "k8s.io/kubernetes/cmd/"+ControllerManager
+	if err := modbuild.Build(ctx, cache, t, modbuild.Prefixed(progress, "envtest: ")); err != nil {
+		return "", errors.Wrapf(err, "cannot build %s %s", t.Binary, t.Version)
+	}
+	return path, nil
+}
