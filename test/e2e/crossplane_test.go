@@ -188,7 +188,9 @@ type buildError struct {
 	err error
 }
 
-func (e *buildError) Error() string { return "cannot build the function: " + e.err.Error() + "\n" + e.out }
+func (e *buildError) Error() string {
+	return "cannot build the function: " + e.err.Error() + "\n" + e.out
+}
 
 // platformObject is a platform.virtfleet.io request in the test namespace.
 func platformObject(kind, name string, spec map[string]any) *unstructured.Unstructured {

@@ -173,9 +173,11 @@ func packageStream(dir string, objs []string) (string, error) {
 	return "---\n" + strings.Join(docs, "\n---\n"), nil
 }
 
-// Package is one of virtfleet's packages: its name (the package metadata's,
-// also the repository it is pushed to) and its image.
+// Package is one of virtfleet's packages: its kind (Provider, Function or
+// Configuration), its name (the package metadata's, also the repository it is
+// pushed to) and its image.
 type Package struct {
+	Kind  string
 	Name  string
 	Image v1.Image
 }
@@ -196,5 +198,9 @@ func BuildAll(ctx context.Context, dir string, hub, function v1.Image) ([]Packag
 	if err != nil {
 		return nil, err
 	}
-	return []Package{{pm.GetName(), prov}, {fm.GetName(), fn}, {cm.GetName(), cfg}}, nil
+	return []Package{
+		{Kind: pkgmetav1.ProviderKind, Name: pm.GetName(), Image: prov},
+		{Kind: pkgmetav1.FunctionKind, Name: fm.GetName(), Image: fn},
+		{Kind: pkgmetav1.ConfigurationKind, Name: cm.GetName(), Image: cfg},
+	}, nil
 }
