@@ -17,7 +17,8 @@ FUZZ_PKG := ./apis/wire/v1alpha1
 FUZZ_TIME ?= 3s
 
 # make run KEEP=1 keeps the resources and intents of the last run.
-RUN_FLAGS ?= $(if $(KEEP),-keep)
+# make run CROSSPLANE=1 installs virtfleet into Crossplane's core as its packages.
+RUN_FLAGS ?= $(if $(KEEP),-keep) $(if $(CROSSPLANE),-crossplane)
 
 # Tests may take long on a 2-core machine: the envtest, libvirt and NATS suites
 # start real daemons.

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"testing"
@@ -16,13 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	pkgv1 "github.com/crossplane/crossplane/apis/v2/pkg/v1"
-
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/build/ociimage"
-	"github.com/virtfleet/virtfleet/internal/build/providerpackage"
 	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
-	"github.com/virtfleet/virtfleet/internal/testing/crossplanecore"
 	"github.com/virtfleet/virtfleet/internal/testing/crossplanetest"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
@@ -39,32 +32,12 @@ func TestCrossplane(t *testing.T) {
 		t.Skip("runs Crossplane core and the whole stack; skipped with -short")
 	}
 	ctx := context.Background()
-	core, err := crossplanecore.Ensure(ctx, testLog{t})
-	require.NoError(t, err, "Crossplane core %s must build from the module proxy", crossplanecore.Version)
-
 	var xp *crossplanetest.Crossplane
-	install := func(ctx context.Context, s *stack.Stack) (string, error) {
-		if xp, err = crossplanetest.Start(ctx, s.ControlPlane, crossplanetest.Options{Dir: filepath.Join(s.Dir(), "crossplane"), Progress: testLog{t}}); err != nil {
-			return "", err
-		}
-		kubeconfig, err := installVirtfleet(ctx, xp, s)
-		if err != nil {
-			xp.Stop()
-		}
-		return kubeconfig, err
-	}
-	// The control plane starts with Crossplane's CRDs alone: virtfleet's
-	// come from the provider package.
-	h := startStack(t, "vf-xp-", stack.Options{CRDDirs: []string{core.CRDs}, Install: install})
+	o, err := crossplanetest.StackOptions(ctx, stack.Options{Progress: testLog{t}}, &xp)
+	require.NoError(t, err, "Crossplane core must build from the module proxy")
+	h := startStack(t, "vf-xp-", o)
 	t.Cleanup(xp.Stop)
-
-	t.Run("PackagesHealthy", func(t *testing.T) {
-		// The hub runs now; as its runtime, say so.
-		require.NoError(t, xp.MarkRuntimeHealthy(ctx, pkgv1.ProviderKind, "provider-virtfleet"))
-		for kind, name := range map[string]string{pkgv1.ProviderKind: "provider-virtfleet", pkgv1.FunctionKind: "function-virtfleet", pkgv1.ConfigurationKind: "configuration-virtfleet"} {
-			require.NoError(t, xp.WaitPackage(ctx, kind, name, pkgv1.TypeHealthy, time.Minute))
-		}
-	})
+	require.NoError(t, xp.Ready(ctx), "the provider, function and Configuration become Healthy")
 
 	// The managed resources' CRDs appear once Crossplane activates their
 	// definitions, and the composites' once it renders the XRDs: both a
@@ -141,55 +114,6 @@ func TestCrossplane(t *testing.T) {
 		assert.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "net-backend"}, &v1alpha1.VirtualNetwork{}))
 		h.wait(t, "web-xp", 10*time.Second, running)
 	})
-}
-
-// installVirtfleet builds virtfleet's three packages on images of this
-// tree's binaries, installs them from the registry, runs the function and
-// returns the provider's kubeconfig.
-func installVirtfleet(ctx context.Context, xp *crossplanetest.Crossplane, s *stack.Stack) (string, error) {
-	platform := ociimage.Platform{OS: "linux", Arch: "amd64"}
-	hubBin, err := os.ReadFile(s.Binary("hub"))
-	if err != nil {
-		return "", err
-	}
-	hub, err := ociimage.Build(ociimage.Hub, hubBin, platform, time.Unix(0, 0))
-	if err != nil {
-		return "", err
-	}
-	fnPath := filepath.Join(s.Dir(), "bin", "function")
-	build := exec.CommandContext(ctx, "go", "build", "-o", fnPath, ".")
-	build.Dir = filepath.Join(controlplane.RepoRoot(), "function")
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", &buildError{out: string(out), err: err}
-	}
-	fnBin, err := os.ReadFile(fnPath) //nolint:gosec // built just above
-	if err != nil {
-		return "", err
-	}
-	fn, err := ociimage.Build(ociimage.Function, fnBin, platform, time.Unix(0, 0))
-	if err != nil {
-		return "", err
-	}
-	pkgs, err := providerpackage.BuildAll(ctx, filepath.Join(controlplane.RepoRoot(), "package"), hub, fn)
-	if err != nil {
-		return "", err
-	}
-	if err := xp.Install(ctx, "v0.0.0-test", pkgs); err != nil {
-		return "", err
-	}
-	if err := xp.RunFunction(ctx, "function-virtfleet", fnPath); err != nil {
-		return "", err
-	}
-	return xp.ProviderIdentity(ctx, "provider-virtfleet")
-}
-
-type buildError struct {
-	out string
-	err error
-}
-
-func (e *buildError) Error() string {
-	return "cannot build the function: " + e.err.Error() + "\n" + e.out
 }
 
 // platformObject is a platform.virtfleet.io request in the test namespace.
