@@ -150,7 +150,7 @@ func (x *Crossplane) start(ctx context.Context) error {
 		return err
 	}
 	gc, err := startProcess("kube-controller-manager", filepath.Join(x.dir, "logs", "kube-controller-manager.log"), nil, kcm,
-		"--kubeconfig="+x.cp.Kubeconfig, "--controllers=garbagecollector", "--leader-elect=false", "--secure-port=0")
+		"--kubeconfig="+x.cp.Kubeconfig, "--controllers=garbage-collector-controller", "--leader-elect=false", "--secure-port=0")
 	if err != nil {
 		return err
 	}
