@@ -126,11 +126,14 @@ func (x *Crossplane) start(ctx context.Context) error {
 	// init installs Crossplane's CRDs, its CA and client certificate, and
 	// the default activation policy. Webhooks are off: nothing routes the API
 	// server's calls to a webhook here, as no Service routes anything.
-	if err := x.run(ctx, "crossplane-init", "core", "init",
-		"--crds-path="+x.core.CRDs,
-		"--enable-webhooks=false",
-		"--tls-ca-secret-name="+caSecret,
-		"--tls-client-secret-name="+clientSecret,
+	// Flags whose kong-derived names are surprising (CRDsPath is
+	// --cr-ds-path) are given by their environment variables.
+	if err := x.run(ctx, "crossplane-init", []string{
+		"CRDS_PATH=" + x.core.CRDs,
+		"ENABLE_WEBHOOKS=false",
+		"TLS_CA_SECRET_NAME=" + caSecret,
+		"TLS_CLIENT_SECRET_NAME=" + clientSecret,
+	}, "core", "init",
 		// What the Helm chart activates by default: every managed
 		// resource a provider package defines.
 		"--activation=*",
@@ -155,14 +158,15 @@ func (x *Crossplane) start(ctx context.Context) error {
 		return err
 	}
 	x.procs = append(x.procs, gc)
-	if err := x.spawn("crossplane-rbac", "rbac", "start"); err != nil {
+	if err := x.spawn("crossplane-rbac", nil, "rbac", "start"); err != nil {
 		return err
 	}
-	if err := x.spawn("crossplane", "core", "start",
+	if err := x.spawn("crossplane", []string{
+		"ENABLE_WEBHOOKS=false",
+		"TLS_CLIENT_CERTS_DIR=" + certs,
+		"XPKG_CACHE_DIR=" + filepath.Join(x.dir, "xpkg-cache"),
+	}, "core", "start",
 		"--package-runtime=External",
-		"--enable-webhooks=false",
-		"--tls-client-certs-dir="+certs,
-		"--xpkg-cache-dir="+filepath.Join(x.dir, "xpkg-cache"),
 		"--metrics-port=0",
 		"--health-probe-port=0",
 		// Composites notice their composed resources' changes at once
@@ -176,8 +180,8 @@ func (x *Crossplane) start(ctx context.Context) error {
 }
 
 // run runs crossplane with args to completion.
-func (x *Crossplane) run(ctx context.Context, name string, args ...string) error {
-	p, err := x.startProcess(name, args...)
+func (x *Crossplane) run(ctx context.Context, name string, env []string, args ...string) error {
+	p, err := x.startProcess(name, env, args...)
 	if err != nil {
 		return err
 	}
@@ -192,8 +196,8 @@ func (x *Crossplane) run(ctx context.Context, name string, args ...string) error
 }
 
 // spawn starts crossplane with args and keeps it running until Stop.
-func (x *Crossplane) spawn(name string, args ...string) error {
-	p, err := x.startProcess(name, args...)
+func (x *Crossplane) spawn(name string, env []string, args ...string) error {
+	p, err := x.startProcess(name, env, args...)
 	if err != nil {
 		return err
 	}
@@ -201,8 +205,9 @@ func (x *Crossplane) spawn(name string, args ...string) error {
 	return nil
 }
 
-func (x *Crossplane) startProcess(name string, args ...string) (*process, error) {
-	return startProcess(name, filepath.Join(x.dir, "logs", name+".log"), []string{"KUBECONFIG=" + x.cp.Kubeconfig, "POD_NAMESPACE=" + Namespace, "POD_SERVICE_ACCOUNT=" + ServiceAccount}, x.core.Binary, append(args, "--debug")...)
+func (x *Crossplane) startProcess(name string, env []string, args ...string) (*process, error) {
+	env = append([]string{"KUBECONFIG=" + x.cp.Kubeconfig, "POD_NAMESPACE=" + Namespace, "POD_SERVICE_ACCOUNT=" + ServiceAccount}, env...)
+	return startProcess(name, filepath.Join(x.dir, "logs", name+".log"), env, x.core.Binary, append(args, "--debug")...)
 }
 
 func startProcess(name, logPath string, env []string, binary string, args ...string) (*process, error) {
