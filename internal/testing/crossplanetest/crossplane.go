@@ -161,10 +161,16 @@ func (x *Crossplane) start(ctx context.Context) error {
 	if err := x.spawn("crossplane-rbac", nil, "rbac", "start"); err != nil {
 		return err
 	}
+	// The package cache must exist, as the chart's emptyDir does: a
+	// missing one fails every unpack with "read/write on closed pipe".
+	cache := filepath.Join(x.dir, "xpkg-cache")
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return errors.Wrap(err, "cannot create the package cache")
+	}
 	if err := x.spawn("crossplane", []string{
 		"ENABLE_WEBHOOKS=false",
 		"TLS_CLIENT_CERTS_DIR=" + certs,
-		"XPKG_CACHE_DIR=" + filepath.Join(x.dir, "xpkg-cache"),
+		"XPKG_CACHE_DIR=" + cache,
 	}, "core", "start",
 		"--package-runtime=External",
 		"--metrics-port=0",
