@@ -246,10 +246,15 @@ func (x *Crossplane) ProviderIdentity(ctx context.Context, name string) (string,
 		return "", err
 	}
 	role := "crossplane:provider:" + pr.GetName() + ":system"
-	if err := poll(ctx, time.Minute, "the RBAC manager's ClusterRole "+role, func(ctx context.Context) (bool, string, error) {
+	if err := poll(ctx, 2*time.Minute, "the RBAC manager's ClusterRole "+role, func(ctx context.Context) (bool, string, error) {
 		err := x.Client.Get(ctx, client.ObjectKey{Name: role}, &rbacv1.ClusterRole{})
 		if err != nil {
-			return false, err.Error(), nil
+			// Say what the RBAC manager renders the role from.
+			cur, rerr := x.activeRevision(ctx, pkgv1.ProviderKind, name)
+			if rerr != nil {
+				return false, err.Error() + "; " + rerr.Error(), nil
+			}
+			return false, fmt.Sprintf("%v; the revision lists %d objects", err, len(cur.GetObjects())), nil
 		}
 		return true, "", nil
 	}); err != nil {
