@@ -67,6 +67,11 @@ func Ensure(ctx context.Context, progress io.Writer) (Core, error) {
 		// required v2.3.4, which lacks v2.4's runtime conditions (measured:
 		// undefined: v1.RuntimeAwaitingActivation).
 		Replace: []string{"github.com/crossplane/crossplane/apis/v2=github.com/crossplane/crossplane/apis/v2@" + Version},
+		// A release stamps its version in; without it Crossplane refuses
+		// every package that states a Crossplane version constraint
+		// ("package is not compatible with Crossplane version ():
+		// invalid semantic version") yet still calls it Installed.
+		Vars: []string{"github.com/crossplane/crossplane-runtime/v2/pkg/version.version=" + Version},
 	}
 	if err := modbuild.Build(ctx, dir, t, modbuild.Prefixed(progress, "crossplane: ")); err != nil {
 		return Core{}, errors.Wrapf(err, "cannot build crossplane %s", Version)

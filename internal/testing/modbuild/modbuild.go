@@ -61,6 +61,9 @@ type Target struct {
 	Version string   // its exact version (the proxy here often lacks @latest)
 	Package string   // main package to build
 	Replace []string // go mod edit -replace arguments, old=new@version
+	// Vars are -X linker settings, package.variable=value, such as the
+	// version a release build stamps in.
+	Vars []string
 }
 
 // Build makes a throw-away module under dir that requires t.Module, lets the
@@ -84,7 +87,7 @@ func Build(ctx context.Context, dir string, t Target, progress io.Writer) error 
 	}
 	steps = append(steps,
 		[]string{"get", t.Package + "@" + t.Version},
-		[]string{"build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(work, t.Binary), t.Package},
+		[]string{"build", "-trimpath", "-ldflags=" + ldflags(t.Vars), "-o", filepath.Join(work, t.Binary), t.Package},
 	)
 	for _, args := range steps {
 		if _, err := goCommand(ctx, work, args...); err != nil {
@@ -96,6 +99,14 @@ func Build(ctx context.Context, dir string, t Target, progress io.Writer) error 
 	}
 	fmt.Fprintf(progress, "built %s in %s\n", t.Binary, time.Since(start).Round(time.Second))
 	return nil
+}
+
+func ldflags(vars []string) string {
+	f := "-s -w"
+	for _, v := range vars {
+		f += " -X " + v
+	}
+	return f
 }
 
 // ModuleDir downloads module@version through the module proxy (checked
