@@ -62,6 +62,11 @@ func (x *Crossplane) Install(ctx context.Context, tag string, pkgs []providerpac
 		if err := x.Client.Create(ctx, obj); err != nil {
 			return errors.Wrapf(err, "cannot install %s %s", p.Kind, p.Name)
 		}
+		if p.Kind != pkgv1.ConfigurationKind {
+			if err := x.serveTLS(ctx, p.Kind, p.Name); err != nil {
+				return err
+			}
+		}
 		if err := x.WaitPackage(ctx, p.Kind, p.Name, pkgv1.TypeInstalled, 3*time.Minute); err != nil {
 			return err
 		}
@@ -146,9 +151,6 @@ func (x *Crossplane) updateRevisionStatus(ctx context.Context, kind, name string
 // and marks the runtime healthy. The function stops with Stop.
 func (x *Crossplane) RunFunction(ctx context.Context, name, binary string) error {
 	certs := filepath.Join(x.dir, "tls", name)
-	if err := x.serverCertificate(ctx, certs); err != nil {
-		return err
-	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return errors.Wrap(err, "cannot find a port for the function")
@@ -178,6 +180,34 @@ func (x *Crossplane) RunFunction(ctx context.Context, name, binary string) error
 	}
 	fmt.Fprintf(x.prog, "  %-14s %s on %s (mTLS), log: %s\n", "function", name, addr, p.log.Name())
 	return nil
+}
+
+// serveTLS does for the package's active revision what the Deployment
+// runtime does before Crossplane establishes the package's objects: a TLS
+// server Secret in Crossplane's namespace, named in the revision's
+// status.observedTLSServerSecretName. Crossplane's establisher refuses to
+// install a Provider's or Function's CRDs until it is there ("waiting for
+// package runtime controller to set revision's webhook TLS secret"), webhooks
+// or not. The certificate (in dir tls/NAME) is the one RunFunction serves.
+func (x *Crossplane) serveTLS(ctx context.Context, kind, name string) error {
+	certs := filepath.Join(x.dir, "tls", name)
+	if err := x.serverCertificate(ctx, certs); err != nil {
+		return err
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: name + "-tls-server"}, Data: map[string][]byte{}}
+	for _, k := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, "ca.crt"} {
+		b, err := os.ReadFile(filepath.Join(certs, k)) //nolint:gosec // written just above
+		if err != nil {
+			return errors.Wrapf(err, "cannot read %s", k)
+		}
+		secret.Data[k] = b
+	}
+	if err := x.Client.Create(ctx, secret); err != nil && !kerrors.IsAlreadyExists(err) {
+		return errors.Wrap(err, "cannot store the runtime's TLS Secret")
+	}
+	return x.updateRevisionStatus(ctx, kind, name, func(pr pkgv1.PackageRevision) {
+		pr.(pkgv1.PackageRevisionWithRuntime).SetObservedTLSServerSecretName(&secret.Name) //nolint:forcetypeassert // Providers and Functions have runtimes
+	})
 }
 
 // serverCertificate writes tls.crt, tls.key (for 127.0.0.1, signed by
