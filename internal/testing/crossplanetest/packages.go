@@ -294,8 +294,10 @@ func (x *Crossplane) ProviderIdentity(ctx context.Context, name string) (string,
 	if err := x.Client.Create(ctx, sa); err != nil && !kerrors.IsAlreadyExists(err) {
 		return "", errors.Wrap(err, "cannot create the provider's ServiceAccount")
 	}
+	// Not the role's own name: the RBAC manager owns a binding of that name
+	// (with no subjects under the External runtime) and would undo ours.
 	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: role},
+		ObjectMeta: metav1.ObjectMeta{Name: role + ":external-runtime"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: Namespace, Name: name}},
 	}
