@@ -57,8 +57,9 @@ fmt-check: ## Fail on files gofmt would change.
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 .PHONY: vet
-vet: ## go vet every package.
+vet: ## go vet every package (the function is a module of its own).
 	$(GO) vet ./...
+	cd function && $(GO) vet ./...
 
 .PHONY: build
 build: ## Build every package and command.
@@ -68,6 +69,7 @@ build: ## Build every package and command.
 test: deps envtest-assets fmt-check vet verify-generated ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then the fuzzers briefly.
 	KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" \
 		$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...
+	cd function && $(GO) test $(GO_TEST_FLAGS) ./...
 	@$(MAKE) --no-print-directory fuzz
 
 .PHONY: fuzz
