@@ -112,4 +112,3 @@ func imageOf(spec ociimage.Spec, path string, p ociimage.Platform) (v1.Image, er
 	}
 	return ociimage.Build(spec, b, p, time.Unix(0, 0))
 }
-
