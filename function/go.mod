@@ -4,9 +4,11 @@ go 1.26.8
 
 require (
 	github.com/crossplane/crossplane-runtime/v2 v2.3.3
+	github.com/crossplane/crossplane/apis/v2 v2.3.4
 	github.com/crossplane/function-sdk-go v0.7.0
 	github.com/stretchr/testify v1.11.1
 	github.com/virtfleet/virtfleet v0.0.0
+	k8s.io/api v0.35.3
 	k8s.io/apimachinery v0.35.3
 )
 
@@ -14,7 +16,6 @@ require (
 	dario.cat/mergo v1.0.2 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/crossplane/crossplane/apis/v2 v2.3.4 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
 	github.com/evanphx/json-patch/v5 v5.9.11 // indirect
@@ -78,7 +79,6 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
-	k8s.io/api v0.35.3 // indirect
 	k8s.io/apiextensions-apiserver v0.35.1 // indirect
 	k8s.io/client-go v0.35.1 // indirect
 	k8s.io/code-generator v0.35.1 // indirect

@@ -16,6 +16,7 @@ import (
 	"context"
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -28,6 +29,7 @@ import (
 	"github.com/crossplane/function-sdk-go/response"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 )
@@ -144,6 +146,11 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 		response.Fatal(rsp, err)
 		return rsp, nil
 	}
+	observed, err := request.GetObservedComposedResources(req)
+	if err != nil {
+		response.Fatal(rsp, errors.Wrap(err, "cannot read the observed composed resources"))
+		return rsp, nil
+	}
 	for n, o := range resources {
 		cd, err := composed.From(o)
 		if err != nil {
@@ -153,18 +160,19 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 		// The typed objects carry an empty status; a desired status would
 		// only be dropped by the API server.
 		delete(cd.Object, "status")
-		desired[n] = &fnresource.DesiredComposed{Resource: cd}
+		// Ready as the hub says: the composite (and its claim) is Ready when
+		// its VM and Volumes are.
+		ready := fnresource.ReadyFalse
+		if ob, ok := observed[n]; ok && ob.Resource.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue {
+			ready = fnresource.ReadyTrue
+		}
+		desired[n] = &fnresource.DesiredComposed{Resource: cd, Ready: ready}
 	}
 	if err := response.SetDesiredComposedResources(rsp, desired); err != nil {
 		response.Fatal(rsp, errors.Wrap(err, "cannot set the desired composed resources"))
 		return rsp, nil
 	}
 
-	observed, err := request.GetObservedComposedResources(req)
-	if err != nil {
-		response.Fatal(rsp, errors.Wrap(err, "cannot read the observed composed resources"))
-		return rsp, nil
-	}
 	status := Status{VCPU: shape.VCPU, Memory: shape.Memory.String()}
 	if vm, ok := observed[ResourceVM]; ok {
 		if err := observedStatus(vm.Resource, &status); err != nil {

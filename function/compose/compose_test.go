@@ -122,11 +122,14 @@ func TestStatusFromObservedVM(t *testing.T) {
 	vm := `{
 		"apiVersion": "compute.virtfleet.io/v1alpha1", "kind": "VirtualMachine",
 		"metadata": {"name": "web-1", "namespace": "team-a"},
-		"status": {"atProvider": {"phase": "Running", "node": "node2", "ip": "net-frontend(192.168.122.10)", "restartCount": 1, "restartRequired": true}}
+		"status": {"atProvider": {"phase": "Running", "node": "node2", "ip": "net-frontend(192.168.122.10)", "restartCount": 1, "restartRequired": true},
+			"conditions": [{"type": "Ready", "status": "True", "reason": "Available", "lastTransitionTime": "2026-11-23T14:00:00Z"}]}
 	}`
 	rsp := run(t, namespacedXR, map[string]string{string(ResourceVM): vm})
 	require.Empty(t, rsp.GetResults())
 
+	assert.Equal(t, fnv1.Ready_READY_TRUE, rsp.GetDesired().GetResources()[string(ResourceVM)].GetReady(), "the VM is Ready as the hub says")
+	assert.Equal(t, fnv1.Ready_READY_FALSE, rsp.GetDesired().GetResources()[string(ResourceBoot)].GetReady(), "a Volume not yet observed is not")
 	st := Status{}
 	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(rsp.GetDesired().GetComposite().GetResource().AsMap()["status"].(map[string]any), &st))
 	assert.Equal(t, Status{Phase: "Running", Node: "node2", IP: "net-frontend(192.168.122.10)", RestartCount: 1, RestartRequired: true, VCPU: 2, Memory: "2Gi"}, st)
