@@ -76,6 +76,15 @@ func TestCrossplane(t *testing.T) {
 		})
 		assert.Regexp(t, regexp.MustCompile(`^net-backend\(\d+\.\d+\.\d+\.\d+\)$`), st["ip"])
 		assert.Contains(t, []any{"node1", "node2", "node3"}, st["node"])
+		waitPlatform(t, h, claim, time.Minute, func(st map[string]any) bool {
+			conds, _ := st["conditions"].([]any)
+			for _, c := range conds {
+				if m, _ := c.(map[string]any); m["type"] == "Ready" && m["status"] == "True" {
+					return true
+				}
+			}
+			return false
+		})
 	})
 
 	t.Run("ResizingTheClaimRestartsIntoTheNewShape", func(t *testing.T) {
