@@ -17,8 +17,9 @@ FUZZ_PKG := ./apis/wire/v1alpha1
 FUZZ_TIME ?= 3s
 
 # make run KEEP=1 keeps the resources and intents of the last run;
-# make run GUESTS=qemu adds a node on a real hypervisor with a Debian guest.
-RUN_FLAGS ?= $(if $(KEEP),-keep) $(if $(GUESTS),-guests=$(GUESTS))
+# make run GUESTS=qemu adds a node on a real hypervisor with a Debian guest;
+# make run CROSSPLANE=1 installs virtfleet into Crossplane's core as its packages.
+RUN_FLAGS ?= $(if $(KEEP),-keep) $(if $(GUESTS),-guests=$(GUESTS)) $(if $(CROSSPLANE),-crossplane)
 
 # Tests may take long on a 2-core machine: the envtest, libvirt and NATS suites
 # start real daemons, and test/guest boots a real QEMU guest several times
@@ -63,8 +64,9 @@ fmt-check: ## Fail on files gofmt would change.
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 .PHONY: vet
-vet: ## go vet every package.
+vet: ## go vet every package (the function is a module of its own).
 	$(GO) vet ./...
+	cd function && $(GO) vet ./...
 
 .PHONY: build
 build: ## Build every package and command.
@@ -74,6 +76,7 @@ build: ## Build every package and command.
 test: deps envtest-assets fmt-check vet verify-generated ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then the fuzzers briefly.
 	KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" \
 		$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...
+	cd function && $(GO) test $(GO_TEST_FLAGS) ./...
 	@$(MAKE) --no-print-directory fuzz
 
 .PHONY: fuzz
@@ -96,17 +99,15 @@ clean: ## Remove build output (not the envtest cache).
 REGISTRY ?= ghcr.io/virtfleet
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 IMAGES_DIR ?= _output/images
-XPKG ?= _output/provider-virtfleet.xpkg
 
 .PHONY: images
 images: ## Build the hub and agent images as tarballs in _output/images (static binaries, empty base, reproducible).
 	$(GO) run ./cluster/images --out $(IMAGES_DIR) --registry $(REGISTRY) --version $(VERSION)
 
 .PHONY: package
-package: images ## Build the Crossplane provider package (.xpkg) on the hub image, in _output.
-	$(GO) run ./hack/build-package --dir package --hub $(IMAGES_DIR)/hub.tar \
-		--hub-ref $(REGISTRY)/virtfleet-hub:$(VERSION) \
-		--ref $(REGISTRY)/provider-virtfleet:$(VERSION) --out $(XPKG)
+package: images ## Build the Crossplane packages (.xpkg) in _output: provider (hub image), function, Configuration.
+	$(GO) run ./hack/build-package --dir package --images $(IMAGES_DIR) \
+		--registry $(REGISTRY) --version $(VERSION) --out _output
 
 # make bench BENCH_FLAGS='-sizes 10,100 -burst 0' runs other sizes; -quick is the harness's own small run.
 BENCH_FLAGS ?=

@@ -26,7 +26,7 @@ import (
 )
 
 // crossplaneModule holds Crossplane's CRDs in cluster/crds; it is the version
-// package/examples/composition is written for (apiextensions.crossplane.io/v2
+// package/configuration is written for (apiextensions.crossplane.io/v2
 // XRDs, pkg.crossplane.io/v1beta1 Functions).
 const crossplaneModule = "github.com/crossplane/crossplane/v2@v2.4.0"
 
@@ -56,10 +56,13 @@ func TestManifestsPassServerSideDryRun(t *testing.T) {
 	require.NoError(t, err)
 	pkgExamples, err := manifests.Load(filepath.Join(root, "package", "examples"))
 	require.NoError(t, err)
+	pkgConfiguration, err := manifests.Load(filepath.Join(root, "package", "configuration"))
+	require.NoError(t, err)
 	sets := map[string][]*unstructured.Unstructured{
-		"cluster/deploy":   deploy,
-		"examples":         examples,
-		"package/examples": pkgExamples,
+		"cluster/deploy":        deploy,
+		"examples":              examples,
+		"package/examples":      pkgExamples,
+		"package/configuration": pkgConfiguration,
 	}
 	for name, objs := range sets {
 		require.NotEmpty(t, objs, "%s has no manifests", name)
@@ -79,7 +82,7 @@ func TestManifestsPassServerSideDryRun(t *testing.T) {
 	}
 
 	var applied, skipped int
-	for _, name := range []string{"cluster/deploy", "examples", "package/examples"} {
+	for _, name := range []string{"cluster/deploy", "examples", "package/configuration", "package/examples"} {
 		t.Run(name, func(t *testing.T) {
 			for _, o := range sets[name] {
 				id := o.GetAPIVersion() + " " + o.GetKind() + " " + strings.TrimPrefix(o.GetNamespace()+"/"+o.GetName(), "/")
@@ -141,7 +144,7 @@ func whyNotServed(o *unstructured.Unstructured) string {
 	case o.GroupVersionKind().Group == "kustomize.config.k8s.io":
 		return "a kustomize file, not an API object"
 	case o.GroupVersionKind().Group == "platform.virtfleet.io":
-		return "its CRD is rendered from package/examples/composition/definition.yaml by Crossplane's XRD controller, which does not run here"
+		return "its CRD is rendered from package/configuration's XRDs by Crossplane's XRD controller, which does not run here"
 	case strings.HasSuffix(o.GroupVersionKind().Group, "crossplane.io"):
 		return "Crossplane's CRDs are not installed"
 	default:

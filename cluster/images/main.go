@@ -48,7 +48,7 @@ func run(ctx context.Context, out, registry, version string, p ociimage.Platform
 	for _, spec := range ociimage.Virtfleet(version) {
 		start := time.Now()
 		bin := filepath.Join(out, "bin", p.OS+"_"+p.Arch, spec.Name)
-		if err := ociimage.BuildBinary(ctx, ".", spec.GoPackage, bin, p); err != nil {
+		if err := ociimage.BuildBinary(ctx, filepath.Join(".", spec.Module), spec.GoPackage, bin, p); err != nil {
 			return err
 		}
 		b, err := os.ReadFile(bin) //nolint:gosec // written just above

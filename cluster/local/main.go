@@ -20,6 +20,7 @@ func main() {
 	flag.StringVar(&o.Dir, "dir", ".run", "run directory for kubeconfig, logs and state")
 	flag.StringVar(&o.Examples, "examples", "examples", "manifests applied once the CRDs are installed")
 	flag.BoolVar(&o.Keep, "keep", false, "keep etcd's data and the NATS store from the last run in -dir (default: start fresh)")
+	flag.BoolVar(&o.Crossplane, "crossplane", false, "install virtfleet into Crossplane core as its packages (make run CROSSPLANE=1)")
 	flag.IntVar(&o.NATSPort, "nats-port", 4222, "port of the embedded NATS server (the example ClusterProviderConfig names 4222)")
 	flag.StringVar(&o.Guests, "guests", "", "qemu: one more node on a real hypervisor (QEMU, in a network namespace of its own) with a Debian guest to ssh into")
 	if err := flagenv.ParseCommandLine(); err != nil {

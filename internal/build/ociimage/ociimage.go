@@ -31,7 +31,11 @@ import (
 type Spec struct {
 	// Name is the image's short name, e.g. hub.
 	Name string
-	// GoPackage is the main package the binary is built from, e.g. ./hub.
+	// Module is the directory of the Go module the binary is built in,
+	// relative to the repository root; empty means the root module.
+	Module string
+	// GoPackage is the main package the binary is built from, relative to
+	// Module, e.g. ./hub.
 	GoPackage string
 	// Path is where the binary lives in the image; it is the entrypoint.
 	Path string

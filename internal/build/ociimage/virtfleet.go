@@ -29,9 +29,19 @@ var Agent = Spec{
 	User:      RootUser,
 }
 
+// Function is the image of the composition function, which Crossplane runs
+// from the Function package. It is its own Go module (function/go.mod).
+var Function = Spec{
+	Name:      "function",
+	Module:    "function",
+	GoPackage: ".",
+	Path:      "/usr/local/bin/function",
+	User:      NonRootUser,
+}
+
 // Virtfleet are virtfleet's images, labelled with the source and version.
 func Virtfleet(version string) []Spec {
-	specs := []Spec{Hub, Agent}
+	specs := []Spec{Hub, Agent, Function}
 	for i := range specs {
 		specs[i].Labels = map[string]string{
 			"org.opencontainers.image.source":   "https://github.com/virtfleet/virtfleet",

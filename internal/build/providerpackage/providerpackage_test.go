@@ -169,3 +169,32 @@ func TestBuildRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestBuildAll builds the three packages from package/, each linted by
+// Crossplane's linter for its kind, in the order they are installed.
+func TestBuildAll(t *testing.T) {
+	dir := filepath.Join(controlplane.RepoRoot(), "package")
+	fn, err := ociimage.Build(ociimage.Function, []byte("function binary"), ociimage.Platform{OS: "linux", Arch: "amd64"}, time.Unix(0, 0))
+	require.NoError(t, err)
+	pkgs, err := providerpackage.BuildAll(context.Background(), dir, hubImage(t), fn)
+	require.NoError(t, err)
+	names := make([]string, 0, len(pkgs))
+	for _, p := range pkgs {
+		names = append(names, p.Name)
+	}
+	assert.Equal(t, []string{"provider-virtfleet", "function-virtfleet", "configuration-virtfleet"}, names)
+
+	t.Run("ConfigurationHoldsBothXRDsAndCompositions", func(t *testing.T) {
+		rc, err := xpkg.ExtractPackageYAML(pkgs[2].Image)
+		require.NoError(t, err)
+		p, err := providerpackage.NewParser()
+		require.NoError(t, err)
+		pkg, err := p.Parse(context.Background(), rc)
+		require.NoError(t, err)
+		kinds := map[string]int{}
+		for _, o := range pkg.GetObjects() {
+			kinds[o.GetObjectKind().GroupVersionKind().Kind]++
+		}
+		assert.Equal(t, map[string]int{"CompositeResourceDefinition": 2, "Composition": 2}, kinds)
+	})
+}

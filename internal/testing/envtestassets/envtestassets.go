@@ -13,12 +13,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
-	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/internal/testing/modbuild"
 )
 
 // Versions of the control plane the tests run against. The Kubernetes staging
@@ -33,7 +32,7 @@ const (
 const EnvAssets = "KUBEBUILDER_ASSETS"
 
 // EnvCacheDir overrides where built binaries are kept.
-const EnvCacheDir = "VIRTFLEET_CACHE_DIR"
+const EnvCacheDir = modbuild.EnvCacheDir
 
 // Binaries are the files a complete asset directory holds.
 var Binaries = []string{"kube-apiserver", "etcd", "kubectl"}
@@ -52,37 +51,21 @@ var stagingModules = []string{
 	"sample-apiserver", "sample-cli-plugin", "sample-controller",
 }
 
-// target is one binary built from one module.
-type target struct {
-	binary  string // file name in the asset directory
-	module  string // module to require
-	version string
-	pkg     string // main package to build
-	replace []string
-}
-
-func targets() []target {
+func targets() []modbuild.Target {
 	replace := make([]string, 0, len(stagingModules))
 	for _, m := range stagingModules {
 		replace = append(replace, fmt.Sprintf("k8s.io/%s=k8s.io/%s@%s", m, m, StagingVersion))
 	}
-	return []target{
-		{binary: "kube-apiserver", module: "k8s.io/kubernetes", version: KubernetesVersion, pkg: "k8s.io/kubernetes/cmd/kube-apiserver", replace: replace},
-		{binary: "kubectl", module: "k8s.io/kubernetes", version: KubernetesVersion, pkg: "k8s.io/kubernetes/cmd/kubectl", replace: replace},
-		{binary: "etcd", module: "go.etcd.io/etcd/server/v3", version: EtcdVersion, pkg: "go.etcd.io/etcd/server/v3"},
+	return []modbuild.Target{
+		{Binary: "kube-apiserver", Module: "k8s.io/kubernetes", Version: KubernetesVersion, Package: "k8s.io/kubernetes/cmd/kube-apiserver", Replace: replace},
+		{Binary: "kubectl", Module: "k8s.io/kubernetes", Version: KubernetesVersion, Package: "k8s.io/kubernetes/cmd/kubectl", Replace: replace},
+		{Binary: "etcd", Module: "go.etcd.io/etcd/server/v3", Version: EtcdVersion, Package: "go.etcd.io/etcd/server/v3"},
 	}
 }
 
 // CacheDir is where Ensure keeps the binaries when KUBEBUILDER_ASSETS is unset.
 func CacheDir() (string, error) {
-	if d := os.Getenv(EnvCacheDir); d != "" {
-		return filepath.Join(d, "envtest", assetsName()), nil
-	}
-	d, err := os.UserCacheDir()
-	if err != nil {
-		return "", errors.Wrap(err, "cannot find a cache directory; set "+EnvCacheDir)
-	}
-	return filepath.Join(d, "virtfleet", "envtest", assetsName()), nil
+	return modbuild.CacheDir("envtest", assetsName())
 }
 
 func assetsName() string {
@@ -110,18 +93,18 @@ func Ensure(ctx context.Context, progress io.Writer) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", errors.Wrap(err, "cannot create asset directory")
 	}
-	unlock, err := lock(filepath.Join(dir, ".lock"))
+	unlock, err := modbuild.Lock(filepath.Join(dir, ".lock"))
 	if err != nil {
 		return "", err
 	}
 	defer unlock()
 
 	for _, t := range targets() {
-		if _, err := os.Stat(filepath.Join(dir, t.binary)); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, t.Binary)); err == nil {
 			continue
 		}
-		if err := build(ctx, dir, t, progress); err != nil {
-			return "", errors.Wrapf(err, "cannot build %s %s", t.binary, t.version)
+		if err := modbuild.Build(ctx, dir, t, modbuild.Prefixed(progress, "envtest: ")); err != nil {
+			return "", errors.Wrapf(err, "cannot build %s %s", t.Binary, t.Version)
 		}
 	}
 	return dir, nil
@@ -137,54 +120,46 @@ func missingBinaries(dir string) []string {
 	return missing
 }
 
-func lock(path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+// ControllerManager is the file name of kube-controller-manager in the
+// asset directory. envtest does not run it; a test that needs a controller
+// of it, such as the garbage collector Crossplane relies on to delete
+// composed resources, starts it itself.
+const ControllerManager = "kube-controller-manager"
+
+// EnsureControllerManager returns the path of kube-controller-manager of
+// KubernetesVersion, building it into the asset directory (or CacheDir when
+// KUBEBUILDER_ASSETS lacks it) the first time; it shares the module and
+// build cache of kube-apiserver, so it builds in minutes.
+func EnsureControllerManager(ctx context.Context, progress io.Writer) (string, error) {
+	dirs := []string{}
+	if d := os.Getenv(EnvAssets); d != "" {
+		dirs = append(dirs, d)
+	}
+	cache, err := CacheDir()
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot open build lock")
+		return "", err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		_ = f.Close()
-		return nil, errors.Wrap(err, "cannot take build lock")
-	}
-	return func() {
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		_ = f.Close()
-	}, nil
-}
-
-// build makes a throw-away module that requires t.module, lets the go command
-// resolve it through the module proxy, and builds t.pkg into dir. The binary is
-// written under a temporary name and renamed, so an interrupted build never
-// leaves a truncated binary that later calls would take as complete.
-func build(ctx context.Context, dir string, t target, progress io.Writer) error {
-	work, err := os.MkdirTemp(dir, "build-"+t.binary+"-")
-	if err != nil {
-		return errors.Wrap(err, "cannot create build directory")
-	}
-	defer func() { _ = os.RemoveAll(work) }()
-
-	start := time.Now()
-	fmt.Fprintf(progress, "envtest: building %s %s from the Go module proxy (once per machine, several minutes)\n", t.binary, t.version)
-
-	steps := [][]string{{"mod", "init", "virtfleet.local/envtest-" + t.binary}}
-	for _, r := range t.replace {
-		steps = append(steps, []string{"mod", "edit", "-replace", r})
-	}
-	steps = append(steps,
-		[]string{"get", t.pkg + "@" + t.version},
-		[]string{"build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(work, t.binary), t.pkg},
-	)
-	for _, args := range steps {
-		cmd := exec.CommandContext(ctx, "go", args...)
-		cmd.Dir = work
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod", "GOWORK=off")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return errors.Errorf("go %s: %v\n%s", args[0], err, out)
+	for _, d := range append(dirs, cache) {
+		if fi, err := os.Stat(filepath.Join(d, ControllerManager)); err == nil && !fi.IsDir() {
+			return filepath.Join(d, ControllerManager), nil
 		}
 	}
-	if err := os.Rename(filepath.Join(work, t.binary), filepath.Join(dir, t.binary)); err != nil {
-		return errors.Wrap(err, "cannot install binary")
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return "", errors.Wrap(err, "cannot create asset directory")
 	}
-	fmt.Fprintf(progress, "envtest: built %s in %s\n", t.binary, time.Since(start).Round(time.Second))
-	return nil
+	unlock, err := modbuild.Lock(filepath.Join(cache, ".lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	path := filepath.Join(cache, ControllerManager)
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	t := targets()[0]
+	t.Binary, t.Package = ControllerManager, "k8s.io/kubernetes/cmd/"+ControllerManager
+	if err := modbuild.Build(ctx, cache, t, modbuild.Prefixed(progress, "envtest: ")); err != nil {
+		return "", errors.Wrapf(err, "cannot build %s %s", t.Binary, t.Version)
+	}
+	return path, nil
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/virtfleet/virtfleet/internal/testing/modbuild"
 )
 
 func TestEnsure(t *testing.T) {
@@ -78,15 +80,15 @@ func TestEnsure(t *testing.T) {
 // replaces its staging modules with local directories, so each one must be
 // pinned to the published version or `go get` fails to resolve.
 func TestTargetsPinEveryStagingModule(t *testing.T) {
-	byBinary := map[string]target{}
+	byBinary := map[string]modbuild.Target{}
 	for _, tg := range targets() {
-		byBinary[tg.binary] = tg
+		byBinary[tg.Binary] = tg
 	}
 	for _, b := range Binaries {
 		assert.Contains(t, byBinary, b, "no build target for %s", b)
 	}
 	api := byBinary["kube-apiserver"]
-	assert.Len(t, api.replace, len(stagingModules))
-	assert.Contains(t, api.replace, "k8s.io/client-go=k8s.io/client-go@"+StagingVersion)
-	assert.Empty(t, byBinary["etcd"].replace, "etcd resolves without replacements")
+	assert.Len(t, api.Replace, len(stagingModules))
+	assert.Contains(t, api.Replace, "k8s.io/client-go=k8s.io/client-go@"+StagingVersion)
+	assert.Empty(t, byBinary["etcd"].Replace, "etcd resolves without replacements")
 }

@@ -15,8 +15,11 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
+	"github.com/virtfleet/virtfleet/internal/testing/crossplanetest"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
 
@@ -38,6 +41,11 @@ type Options struct {
 	Guests string
 	// Out receives the summary a user reads.
 	Out io.Writer
+	// Crossplane installs virtfleet into Crossplane's core (make run
+	// CROSSPLANE=1) instead of applying its CRDs: the provider, function and
+	// Configuration packages from a local registry, the hub as the
+	// provider's runtime, and package/examples' requests beside examples/.
+	Crossplane bool
 }
 
 // ErrAlreadyRunning is returned when another run holds the run directory.
@@ -53,6 +61,8 @@ func (e *ErrAlreadyRunning) Error() string {
 // Running is a started local system.
 type Running struct {
 	Stack *stack.Stack
+	// Crossplane is Crossplane's core, when Options.Crossplane.
+	Crossplane *crossplanetest.Crossplane
 	// Applied counts the example objects applied.
 	Applied int
 
@@ -79,6 +89,7 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 	r := &Running{unlock: unlock}
 	fmt.Fprintln(o.Out, "starting virtfleet:")
 	so := stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out}
+	examples := []string{o.Examples}
 	switch o.Guests {
 	case "":
 	case GuestsQEMU:
@@ -91,6 +102,13 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 		r.Stop()
 		return nil, errors.Errorf("GUESTS=%s: only qemu is known", o.Guests)
 	}
+	if o.Crossplane {
+		if so, err = crossplanetest.StackOptions(ctx, so, &r.Crossplane); err != nil {
+			r.Stop()
+			return nil, err
+		}
+		examples = append(examples, filepath.Join(filepath.Dir(o.Examples), "package", "examples"))
+	}
 	r.Stack, err = stack.Start(ctx, so)
 	if err != nil {
 		r.Stop()
@@ -102,12 +120,24 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 			return nil, err
 		}
 	}
-	objs, err := r.Stack.ApplyExamples(ctx, o.Examples)
+	if r.Crossplane != nil {
+		if err := r.Crossplane.Ready(ctx); err != nil {
+			r.Stop()
+			return nil, err
+		}
+	}
+	// Under Crossplane the CRDs of managed resources and composites appear
+	// a little after the packages are Healthy.
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		applied, err := r.Stack.ApplyExamples(ctx, examples...)
+		r.Applied, last = len(applied), err
+		return err == nil, nil
+	})
 	if err != nil {
 		r.Stop()
-		return nil, errors.Wrap(err, "cannot apply the examples")
+		return nil, errors.Wrap(errors.Join(err, last), "cannot apply the examples")
 	}
-	r.Applied = len(objs)
 	return r, nil
 }
 
@@ -125,6 +155,9 @@ func (r *Running) PrintSummary(w io.Writer, o Options) {
 
 // Stop stops everything Start started and releases the run directory.
 func (r *Running) Stop() {
+	if r.Crossplane != nil {
+		r.Crossplane.Stop()
+	}
 	if r.Stack != nil {
 		r.Stack.Stop()
 	}

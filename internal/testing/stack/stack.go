@@ -99,6 +99,15 @@ type Options struct {
 	// replicated on each (ProviderConfig replicas); KillNATSServer and
 	// StartNATSServer take one down and back.
 	NATSCluster int
+	// CRDDirs, when set, are the CRDs the control plane starts with instead
+	// of virtfleet's, such as Crossplane's own when Install installs
+	// virtfleet as a Crossplane package.
+	CRDDirs []string
+	// Install, when set, runs once the control plane and NATS are up and
+	// before the provider is configured and the hub started: it installs
+	// virtfleet's CRDs (as Crossplane's package manager does) and returns
+	// the kubeconfig the hub runs with instead of cluster/deploy's identity.
+	Install func(ctx context.Context, s *Stack) (hubKubeconfig string, err error)
 }
 
 // LibvirtHost is a libvirtd the agent of a node talks to.
@@ -200,7 +209,7 @@ func (s *Stack) start(ctx context.Context) error {
 	// etcd's data and the NATS store live under Dir, so a Stack started on
 	// the Dir of an earlier one finds its resources and intents. The
 	// simulated nodes always start empty: their agents re-create the guests.
-	cpOpts := controlplane.Options{Dir: o.Dir, Progress: o.Progress, Output: cpLog, EtcdDir: filepath.Join(o.Dir, "etcd")}
+	cpOpts := controlplane.Options{Dir: o.Dir, Progress: o.Progress, Output: cpLog, EtcdDir: filepath.Join(o.Dir, "etcd"), CRDDirs: o.CRDDirs}
 	if s.ControlPlane, err = controlplane.Start(ctx, cpOpts); err != nil {
 		return err
 	}
@@ -230,11 +239,18 @@ func (s *Stack) start(ctx context.Context) error {
 	}
 	logf(o.Progress, "nats", "%s, JetStream in %s, one identity per node", s.NATSURL(), filepath.Join(o.Dir, "nats"))
 
+	if o.Install != nil {
+		if s.hubKubeconfig, err = o.Install(ctx, s); err != nil {
+			return err
+		}
+	}
 	if err := s.configureProvider(ctx); err != nil {
 		return err
 	}
-	if s.hubKubeconfig, err = s.hubIdentity(ctx); err != nil {
-		return err
+	if s.hubKubeconfig == "" {
+		if s.hubKubeconfig, err = s.hubIdentity(ctx); err != nil {
+			return err
+		}
 	}
 	if s.images, err = startImageServer(); err != nil {
 		return err
@@ -637,3 +653,9 @@ func (s *Stack) Stop() {
 func logf(w io.Writer, component, format string, args ...any) {
 	fmt.Fprintf(w, "  %-14s %s\n", component, fmt.Sprintf(format, args...))
 }
+
+// Binary is the path of the stack's build of a command: hub or agent.
+func (s *Stack) Binary(name string) string { return filepath.Join(s.bin, name) }
+
+// Dir is the stack's run directory (logs/, bin/ and the stores).
+func (s *Stack) Dir() string { return s.opts.Dir }

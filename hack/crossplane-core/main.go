@@ -1,0 +1,25 @@
+// Command crossplane-core prints the path of Crossplane's core binary,
+// building it once per machine from the Go module proxy when needed (see
+// internal/testing/crossplanecore). Progress goes to stderr, the path to
+// stdout.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+
+	"github.com/virtfleet/virtfleet/internal/testing/crossplanecore"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	c, err := crossplanecore.Ensure(ctx, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crossplane-core:", err)
+		os.Exit(1)
+	}
+	fmt.Println(c.Binary)
+}
