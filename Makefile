@@ -40,6 +40,16 @@ deps: ## Install the Debian packages the project needs (as root), or say which.
 envtest-assets: ## Build kube-apiserver, etcd and kubectl once per machine (or use KUBEBUILDER_ASSETS).
 	@$(GO) run ./hack/envtest-assets >/dev/null
 
+.PHONY: crossplane-core
+crossplane-core: ## Build Crossplane core and kube-controller-manager once per machine (the Crossplane tests run them).
+	@$(GO) run ./hack/crossplane-core >/dev/null
+
+# The one-time builds take minutes each on a fresh machine; they run side by
+# side so a fresh `make test` pays for the longest, not the sum.
+.PHONY: caches
+caches: ## Build every once-per-machine cache in parallel: envtest binaries, Crossplane core, the guest image.
+	@$(MAKE) --no-print-directory -j3 envtest-assets crossplane-core guest-image
+
 .PHONY: guest-image
 guest-image: ## Build the real-guest test image (Debian, QEMU) once per machine and recipe.
 	@$(GO) run ./hack/guest-image >/dev/null
@@ -73,7 +83,7 @@ build: ## Build every package and command.
 	$(GO) build ./...
 
 .PHONY: test
-test: deps envtest-assets fmt-check vet verify-generated ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then the fuzzers briefly.
+test: deps caches fmt-check vet verify-generated ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then the fuzzers briefly.
 	KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" \
 		$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...
 	cd function && $(GO) test $(GO_TEST_FLAGS) ./...

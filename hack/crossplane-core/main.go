@@ -1,7 +1,9 @@
 // Command crossplane-core prints the path of Crossplane's core binary,
 // building it once per machine from the Go module proxy when needed (see
-// internal/testing/crossplanecore). Progress goes to stderr, the path to
-// stdout.
+// internal/testing/crossplanecore), together with the kube-controller-manager
+// whose garbage collector the Crossplane harness runs (Crossplane deletes
+// composed resources only through Kubernetes garbage collection). Progress
+// goes to stderr, the path to stdout.
 package main
 
 import (
@@ -11,12 +13,16 @@ import (
 	"os/signal"
 
 	"github.com/virtfleet/virtfleet/internal/testing/crossplanecore"
+	"github.com/virtfleet/virtfleet/internal/testing/envtestassets"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	c, err := crossplanecore.Ensure(ctx, os.Stderr)
+	if err == nil {
+		_, err = envtestassets.EnsureControllerManager(ctx, os.Stderr)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crossplane-core:", err)
 		os.Exit(1)
