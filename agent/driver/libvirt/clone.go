@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"cmp"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
@@ -79,7 +80,7 @@ func (d *Driver) cloneImage(img *driver.Image, job *importJob) error {
 	err = createVolumeFrom(api, p, &libvirtxml.StorageVolume{
 		Name:     imageVolume(img.UID),
 		Capacity: &libvirtxml.StorageVolumeSize{Value: capacity, Unit: "B"},
-		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: formatOr(img.Format)}},
+		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: cmp.Or(img.Format, defaultFormat)}},
 	}, &src)
 	if err != nil {
 		// libvirt removes a copy that failed; make sure before the marker goes.

@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -241,7 +242,7 @@ func domainXML(s domainSpec) (string, error) {
 		d.OS.Firmware = "efi"
 	}
 	for i, disk := range m.Disks {
-		dd := volumeDisk(poolOr(disk.Pool, s.pool), disk.Name, formatOr(disk.Format), virtioDev(i))
+		dd := volumeDisk(cmp.Or(disk.Pool, s.pool), disk.Name, cmp.Or(disk.Format, defaultFormat), virtioDev(i))
 		if i == 0 {
 			dd.Boot = &libvirtxml.DomainDeviceBoot{Order: 1}
 		}
@@ -293,19 +294,8 @@ func volumeDisk(pool, vol, format, dev string) libvirtxml.DomainDisk {
 	}
 }
 
+// defaultFormat is a disk's format when its intent names none.
+const defaultFormat = "qcow2"
+
 // virtioDev names the i-th virtio disk: vda … vdz.
 func virtioDev(i int) string { return "vd" + string(rune('a'+i)) }
-
-func poolOr(pool, def string) string {
-	if pool == "" {
-		return def
-	}
-	return pool
-}
-
-func formatOr(f string) string {
-	if f == "" {
-		return "qcow2"
-	}
-	return f
-}

@@ -5,6 +5,7 @@
 package libvirt
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"strings"
@@ -98,18 +99,17 @@ func New(ctx context.Context, cfg Config) (driver.Driver, error) {
 
 // Open is New returning the concrete type.
 func Open(ctx context.Context, cfg Config) (*Driver, error) {
-	lc := cfg
 	d := &Driver{
 		node:       cfg.Node,
-		socket:     or(lc.Socket, DefaultSocket),
-		uri:        or(lc.URI, DefaultURI),
-		pool:       or(lc.Pool, DefaultPool),
-		grace:      lc.ShutdownGrace,
+		socket:     cmp.Or(cfg.Socket, DefaultSocket),
+		uri:        cmp.Or(cfg.URI, DefaultURI),
+		pool:       cmp.Or(cfg.Pool, DefaultPool),
+		grace:      cfg.ShutdownGrace,
 		now:        time.Now,
 		events:     make(chan driver.Event, 256),
 		done:       make(chan struct{}),
 		addresses:  newAddressBook(),
-		images:     newImages(lc.ImageDir, lc.ImagePruneInterval),
+		images:     newImages(cfg.ImageDir, cfg.ImagePruneInterval),
 		shutdownAt: map[string]time.Time{},
 		crashes:    map[string]int32{},
 		reboots:    map[string]int32{},
@@ -128,13 +128,6 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	d.loops.Add(1)
 	go d.pruneLoop()
 	return d, nil
-}
-
-func or(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // connection returns the live connection, dialling a new one when the last
@@ -497,7 +490,7 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 		}
 	}()
 	for _, disk := range m.Disks {
-		pool := poolOr(disk.Pool, d.pool)
+		pool := cmp.Or(disk.Pool, d.pool)
 		exists, err := hasVolume(api, pool, disk.Name)
 		if err != nil {
 			return golibvirt.Domain{}, err
@@ -508,7 +501,7 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 		if disk.Image != nil {
 			err = d.ensureImageDisk(api, disk)
 		} else {
-			err = ensureVolume(api, pool, disk.Name, disk.SizeBytes, formatOr(disk.Format))
+			err = ensureVolume(api, pool, disk.Name, disk.SizeBytes, cmp.Or(disk.Format, defaultFormat))
 		}
 		if err != nil {
 			return golibvirt.Domain{}, err

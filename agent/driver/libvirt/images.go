@@ -142,7 +142,7 @@ func (d *Driver) prepareImages(api API, m driver.Machine) (string, error) {
 		if disk.Image == nil {
 			continue
 		}
-		exists, err := hasVolume(api, poolOr(disk.Pool, d.pool), disk.Name)
+		exists, err := hasVolume(api, cmp.Or(disk.Pool, d.pool), disk.Name)
 		if err != nil {
 			return "", err
 		}
@@ -301,7 +301,7 @@ func (d *Driver) storeImage(api API, img *driver.Image, path string, size int64)
 	x, err := (&libvirtxml.StorageVolume{
 		Name:     imageVolume(img.UID),
 		Capacity: &libvirtxml.StorageVolumeSize{Value: uint64(size), Unit: "B"},
-		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: formatOr(img.Format)}},
+		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: cmp.Or(img.Format, defaultFormat)}},
 	}).Marshal()
 	if err != nil {
 		return errors.Wrap(err, "cannot marshal volume XML")
@@ -331,7 +331,7 @@ func (d *Driver) storeImage(api API, img *driver.Image, path string, size int64)
 // qcow2, a full copy otherwise (a raw image, or a disk in another pool, where
 // pruning could not see that the disk depends on the image).
 func (d *Driver) ensureImageDisk(api API, disk driver.Disk) error {
-	pool := poolOr(disk.Pool, d.pool)
+	pool := cmp.Or(disk.Pool, d.pool)
 	p, err := api.StoragePoolLookupByName(pool)
 	if isCode(err, golibvirt.ErrNoStoragePool) {
 		return driver.Terminalf("storage pool %q does not exist on this node", pool)
@@ -359,9 +359,9 @@ func (d *Driver) ensureImageDisk(api API, disk driver.Disk) error {
 	v := &libvirtxml.StorageVolume{
 		Name:     disk.Name,
 		Capacity: &libvirtxml.StorageVolumeSize{Value: uint64(size), Unit: "B"},
-		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: formatOr(disk.Format)}},
+		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: cmp.Or(disk.Format, defaultFormat)}},
 	}
-	if formatOr(disk.Image.Format) != "qcow2" || pool != d.pool {
+	if cmp.Or(disk.Image.Format, defaultFormat) != "qcow2" || pool != d.pool {
 		return createVolumeFrom(api, p, v, &iv)
 	}
 	path, err := api.StorageVolGetPath(iv)

@@ -2,6 +2,7 @@ package libvirt
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"slices"
 
@@ -117,7 +118,7 @@ func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 	if err != nil {
 		return err
 	}
-	want := poolVolume{pool: or(disk.Pool, d.pool), name: disk.Name}
+	want := poolVolume{pool: cmp.Or(disk.Pool, d.pool), name: disk.Name}
 	doms, infos, err := d.owned(api)
 	if err != nil {
 		return err

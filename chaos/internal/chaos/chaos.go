@@ -167,30 +167,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 func fillDefaults(o *Options) {
 	d := Defaults()
-	if o.VMs == 0 {
-		o.VMs = d.VMs
-	}
-	if o.Nodes == 0 {
-		o.Nodes = d.Nodes
-	}
-	if o.Rounds == 0 {
-		o.Rounds = d.Rounds
-	}
-	if o.OpsPerSecond == 0 {
-		o.OpsPerSecond = d.OpsPerSecond
-	}
-	if o.Down == 0 {
-		o.Down = d.Down
-	}
-	if o.ChurnBetween == 0 {
-		o.ChurnBetween = d.ChurnBetween
-	}
-	if o.ConvergeWithin == 0 {
-		o.ConvergeWithin = d.ConvergeWithin
-	}
-	if o.NodeLossWithin == 0 {
-		o.NodeLossWithin = d.NodeLossWithin
-	}
+	o.VMs = cmp.Or(o.VMs, d.VMs)
+	o.Nodes = cmp.Or(o.Nodes, d.Nodes)
+	o.Rounds = cmp.Or(o.Rounds, d.Rounds)
+	o.OpsPerSecond = cmp.Or(o.OpsPerSecond, d.OpsPerSecond)
+	o.Down = cmp.Or(o.Down, d.Down)
+	o.ChurnBetween = cmp.Or(o.ChurnBetween, d.ChurnBetween)
+	o.ConvergeWithin = cmp.Or(o.ConvergeWithin, d.ConvergeWithin)
+	o.NodeLossWithin = cmp.Or(o.NodeLossWithin, d.NodeLossWithin)
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
