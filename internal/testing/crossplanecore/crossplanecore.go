@@ -48,7 +48,7 @@ func Ensure(ctx context.Context, progress io.Writer) (Core, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Core{}, errors.Wrap(err, "cannot create Crossplane's cache directory")
 	}
-	unlock, err := modbuild.Lock(filepath.Join(dir, ".lock"))
+	unlock, err := modbuild.Lock(ctx, filepath.Join(dir, ".lock"), progress)
 	if err != nil {
 		return Core{}, err
 	}

@@ -93,7 +93,7 @@ func Ensure(ctx context.Context, progress io.Writer) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", errors.Wrap(err, "cannot create asset directory")
 	}
-	unlock, err := modbuild.Lock(filepath.Join(dir, ".lock"))
+	unlock, err := modbuild.Lock(ctx, filepath.Join(dir, ".lock"), progress)
 	if err != nil {
 		return "", err
 	}
@@ -147,7 +147,7 @@ func EnsureControllerManager(ctx context.Context, progress io.Writer) (string, e
 	if err := os.MkdirAll(cache, 0o755); err != nil {
 		return "", errors.Wrap(err, "cannot create asset directory")
 	}
-	unlock, err := modbuild.Lock(filepath.Join(cache, ".lock"))
+	unlock, err := modbuild.Lock(ctx, filepath.Join(cache, ".lock"), progress)
 	if err != nil {
 		return "", err
 	}

@@ -21,14 +21,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/internal/testing/modbuild"
 )
 
 // EnvCacheDir overrides where built artifacts are kept (shared with envtest).
-const EnvCacheDir = "VIRTFLEET_CACHE_DIR"
+const EnvCacheDir = modbuild.EnvCacheDir
 
 // DefaultUser is the image's cloud-init default user: the one the VM's
 // publicKey lets in.
@@ -54,15 +55,11 @@ func RecipeHash() string {
 
 // Path is where the image of the current recipe is, built or not.
 func Path() (string, error) {
-	base := os.Getenv(EnvCacheDir)
-	if base == "" {
-		d, err := os.UserCacheDir()
-		if err != nil {
-			return "", errors.Wrap(err, "cannot find a cache directory; set "+EnvCacheDir)
-		}
-		base = filepath.Join(d, "virtfleet")
+	dir, err := modbuild.CacheDir("guest-image", RecipeHash())
+	if err != nil {
+		return "", err
 	}
-	return filepath.Join(base, "guest-image", RecipeHash(), FileName), nil
+	return filepath.Join(dir, FileName), nil
 }
 
 // Ensure returns the path of the image, building it first when it is not in
@@ -81,7 +78,7 @@ func Ensure(ctx context.Context, progress io.Writer) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", errors.Wrap(err, "cannot create image directory")
 	}
-	unlock, err := lock(ctx, filepath.Join(dir, ".lock"), progress)
+	unlock, err := modbuild.Lock(ctx, filepath.Join(dir, ".lock"), progress)
 	if err != nil {
 		return "", err
 	}
@@ -98,33 +95,6 @@ func Ensure(ctx context.Context, progress io.Writer) (string, error) {
 func built(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && fi.Mode().IsRegular() && fi.Size() > 0
-}
-
-// lock takes an exclusive flock on path, telling progress when it has to wait.
-func lock(ctx context.Context, path string, progress io.Writer) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot open build lock")
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		fmt.Fprintf(progress, "guest-image: waiting for another build of %s\n", filepath.Dir(path))
-		done := make(chan error, 1)
-		go func() { done <- syscall.Flock(int(f.Fd()), syscall.LOCK_EX) }()
-		select {
-		case err = <-done:
-		case <-ctx.Done():
-			_ = f.Close() // the waiting flock returns once the file is closed
-			return nil, ctx.Err()
-		}
-		if err != nil {
-			_ = f.Close()
-			return nil, errors.Wrap(err, "cannot take build lock")
-		}
-	}
-	return func() {
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		_ = f.Close()
-	}, nil
 }
 
 // build runs the recipe in a scratch directory beside the image and renames

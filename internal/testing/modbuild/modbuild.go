@@ -37,16 +37,28 @@ func CacheDir(elem ...string) (string, error) {
 }
 
 // Lock takes an exclusive flock on path, creating it, so that concurrent
-// callers (parallel test packages, make run) wait for one build instead of
-// racing. The returned function releases it.
-func Lock(path string) (func(), error) {
+// callers (parallel test packages, make run, make caches) wait for one build
+// instead of racing. A caller that has to wait says so on progress, and stops
+// waiting when ctx is done. The returned function releases the lock.
+func Lock(ctx context.Context, path string, progress io.Writer) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644) //nolint:gosec // a lock file in our cache directory
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot open build lock")
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		_ = f.Close()
-		return nil, errors.Wrap(err, "cannot take build lock")
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		fmt.Fprintf(progress, "waiting for another build in %s\n", filepath.Dir(path))
+		done := make(chan error, 1)
+		go func() { done <- syscall.Flock(int(f.Fd()), syscall.LOCK_EX) }()
+		select {
+		case err = <-done:
+		case <-ctx.Done():
+			_ = f.Close() // the waiting flock returns once the file is closed
+			return nil, ctx.Err()
+		}
+		if err != nil {
+			_ = f.Close()
+			return nil, errors.Wrap(err, "cannot take build lock")
+		}
 	}
 	return func() {
 		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
