@@ -224,13 +224,7 @@ func running(v *v1alpha1.VirtualMachine) bool {
 // ssh runs a command in the guest as the image's default user, from inside
 // the suite's network namespace.
 func (g *suite) ssh(ip, command string) (string, error) {
-	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
-	defer cancel()
-	out, err := g.host.Command(ctx, "ssh", "-i", g.key,
-		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-		"-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-		guestimage.DefaultUser+"@"+ip, command).CombinedOutput()
-	return strings.TrimSpace(string(out)), err
+	return g.host.SSH(g.ctx, g.key, guestimage.DefaultUser, ip, command)
 }
 
 // sshUntil retries ssh until the guest's sshd lets the key in. An emulated
