@@ -120,9 +120,12 @@ package: images ## Build the Crossplane packages (.xpkg) in _output: provider (h
 		--registry $(REGISTRY) --version $(VERSION) --out _output
 
 # make bench BENCH_FLAGS='-sizes 10,100 -burst 0' runs other sizes; -quick is the harness's own small run.
+# Beside the test driver's figures it boots one real QEMU guest (TCG without
+# KVM) through the whole stack and reports create→Running, →address and →ssh
+# (a few minutes, plus the guest image's first build); -guests=false skips it.
 BENCH_FLAGS ?=
 .PHONY: bench
-bench: deps envtest-assets ## Benchmark on the real stack (density 100 VMs/3 nodes, bursts 10/100/1000 over 10 nodes, limits) into bench/results/.
+bench: deps envtest-assets ## Benchmark on the real stack (density 100 VMs/3 nodes, bursts 10/100/1000 over 10 nodes, limits, one real guest) into bench/results/.
 	@$(GO) build -o bin/bench ./bench
 	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" bin/bench $(BENCH_FLAGS)
 

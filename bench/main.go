@@ -43,6 +43,7 @@ func run() error {
 		out          = flag.String("out", filepath.Join(controlplane.RepoRoot(), "bench", "results"), "Directory of the result files.")
 		dir          = flag.String("dir", "", "Where the stacks keep their state and logs; empty means the system's temporary directory.")
 		keep         = flag.Bool("keep", false, "Keep every stack's directory and logs, not only those of failed scenarios.")
+		guests       = flag.Bool("guests", d.Guests, "Boot one real QEMU guest (TCG without KVM) through the whole stack and time create→Running, →address, →ssh; needs root and make deps.")
 		debug        = flag.Bool("debug", false, "Run the hub and agents at debug level (slower; for finding where time goes).")
 	)
 	if err := flagenv.ParseCommandLine(); err != nil {
@@ -62,7 +63,7 @@ func run() error {
 		}
 		o.Sizes = s
 	}
-	o.Dir, o.Progress, o.Keep, o.Debug = *dir, os.Stderr, *keep, *debug
+	o.Dir, o.Progress, o.Keep, o.Debug, o.Guests = *dir, os.Stderr, *keep, *debug, *guests && !*quick
 	// The benchmark's own Kubernetes clients have nothing to say.
 	ctrl.SetLogger(logr.Discard())
 

@@ -180,6 +180,8 @@ func Markdown(r *Result) string {
 		p("")
 	}
 
+	guestMarkdown(p, r.Guest)
+
 	p("## API writes by request")
 	p("")
 	p("Writes to compute.virtfleet.io and to events from before the first create until the run settled, per VM; the benchmark's own Create is the `POST virtualmachines 201` line. The last column of a request is its HTTP status: 409s are writes lost to conflicts.")

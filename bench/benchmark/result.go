@@ -21,7 +21,9 @@ type Result struct {
 	Density *Scenario `json:"density,omitempty"`
 	// Bursts are VMs created all at once, one scenario per size; the
 	// largest is the issue's burst.
-	Bursts  []Scenario `json:"bursts"`
+	Bursts []Scenario `json:"bursts"`
+	// Guest is one real guest's boot, beside the test driver's figures.
+	Guest   *GuestBoot `json:"guest,omitempty"`
 	Targets []Target   `json:"targets"`
 }
 

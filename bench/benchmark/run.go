@@ -51,6 +51,8 @@ type Options struct {
 	Keep bool
 	// Debug makes the hub and agents log at debug level.
 	Debug bool
+	// Guests boots one real QEMU guest through the whole stack (guest.go).
+	Guests bool
 	// Progress receives a line per step.
 	Progress io.Writer
 }
@@ -58,7 +60,7 @@ type Options struct {
 // Defaults are the sizes: density 100 VMs 100 ms apart over 3
 // nodes; bursts of 10, 100 and 1000 over 10 nodes.
 func Defaults() Options {
-	return Options{Density: 100, DensityNodes: 3, DensityInterval: 100 * time.Millisecond, Sizes: []int{10, 100, 1000}, Nodes: 10, Limits: true}
+	return Options{Density: 100, DensityNodes: 3, DensityInterval: 100 * time.Millisecond, Sizes: []int{10, 100, 1000}, Nodes: 10, Limits: true, Guests: true}
 }
 
 // Quick is small enough for a test of the harness on a busy 2-core machine.
@@ -106,6 +108,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, errors.Wrapf(err, "burst of %d", n)
 		}
 		r.Bursts = append(r.Bursts, s)
+	}
+	if o.Guests {
+		g, err := runGuest(ctx, o)
+		if err != nil {
+			return nil, errors.Wrap(err, "real guest")
+		}
+		r.Guest = g
 	}
 	r.Targets = Targets(r)
 	return r, nil

@@ -51,7 +51,7 @@ const (
 // Spec is what a composite asks for: the spec of the XRDs in
 // package/configuration.
 type Spec struct {
-	// Size names one of the Input's size classes. VCPU and Memory, when set,
+	// Size names one of the size classes (Sizes). VCPU and Memory, when set,
 	// override it.
 	Size   string             `json:"size,omitempty"`
 	VCPU   int32              `json:"vcpu,omitempty"`
@@ -102,14 +102,14 @@ func init() {
 }
 
 // RunFunction composes one VM. A request the function cannot satisfy (an
-// unknown size, no image) is a fatal result: Crossplane shows it on the
+// unknown size, no image, no size classes) is a fatal result: Crossplane shows it on the
 // composite and its claim and composes nothing.
 func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) (*fnv1.RunFunctionResponse, error) {
 	rsp := response.To(req, response.DefaultTTL)
 
-	in := &Input{}
-	if err := request.GetInput(req, in); err != nil {
-		response.Fatal(rsp, errors.Wrap(err, "cannot read the function's input"))
+	in, err := sizesOf(req)
+	if err != nil {
+		response.Fatal(rsp, err)
 		return rsp, nil
 	}
 	oxr, err := request.GetObservedCompositeResource(req)
@@ -203,7 +203,7 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 
 // shape is the vcpu and memory spec asks for: the named size class (or the
 // default one), overridden by an explicit vcpu or memory.
-func (in *Input) shape(spec Spec) (Size, error) {
+func (in *Sizes) shape(spec Spec) (Size, error) {
 	name := spec.Size
 	if name == "" {
 		name = in.DefaultSize
@@ -232,7 +232,7 @@ func (in *Input) shape(spec Spec) (Size, error) {
 	return s, nil
 }
 
-func (in *Input) bootDiskSize(spec Spec) resource.Quantity {
+func (in *Sizes) bootDiskSize(spec Spec) resource.Quantity {
 	switch {
 	case spec.BootDiskSize != nil:
 		return *spec.BootDiskSize

@@ -14,16 +14,26 @@ import (
 	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 )
 
-const input = `{
-	"apiVersion": "compose.fn.virtfleet.io/v1alpha1",
-	"kind": "Sizes",
-	"defaultSize": "small",
-	"bootDiskSize": "8Gi",
-	"sizes": {
-		"small": {"vcpu": 1, "memory": "512Mi"},
-		"medium": {"vcpu": 2, "memory": "2Gi"}
+// sizes is the size classes' EnvironmentConfig as Crossplane passes it to
+// the step that requires it.
+const sizes = `{
+	"apiVersion": "apiextensions.crossplane.io/v1beta1",
+	"kind": "EnvironmentConfig",
+	"metadata": {"name": "virtfleet-sizes"},
+	"data": {
+		"defaultSize": "small",
+		"bootDiskSize": "8Gi",
+		"sizes": {
+			"small": {"vcpu": 1, "memory": "512Mi"},
+			"medium": {"vcpu": 2, "memory": "2Gi"}
+		}
 	}
 }`
+
+// withSizes is the required resources of a step that requires sizes.
+func withSizes() map[string]*fnv1.Resources {
+	return map[string]*fnv1.Resources{RequirementSizes: {Items: []*fnv1.Resource{{Resource: fnresource.MustStructJSON(sizes)}}}}
+}
 
 // namespacedXR is a namespaced composite as Crossplane v2 sends it.
 const namespacedXR = `{
@@ -50,10 +60,15 @@ const claimXR = `{
 
 func run(t *testing.T, xr string, observed map[string]string) *fnv1.RunFunctionResponse {
 	t.Helper()
+	return runRequired(t, xr, observed, withSizes())
+}
+
+func runRequired(t *testing.T, xr string, observed map[string]string, required map[string]*fnv1.Resources) *fnv1.RunFunctionResponse {
+	t.Helper()
 	req := &fnv1.RunFunctionRequest{
-		Input:    fnresource.MustStructJSON(input),
-		Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: fnresource.MustStructJSON(xr)}, Resources: map[string]*fnv1.Resource{}},
-		Desired:  &fnv1.State{},
+		RequiredResources: required,
+		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: fnresource.MustStructJSON(xr)}, Resources: map[string]*fnv1.Resource{}},
+		Desired:           &fnv1.State{},
 	}
 	for n, o := range observed {
 		req.Observed.Resources[n] = &fnv1.Resource{Resource: fnresource.MustStructJSON(o)}
@@ -91,7 +106,7 @@ func TestComposeNamespacedComposite(t *testing.T) {
 	boot := desired[computev1alpha1.Volume](t, rsp, ResourceBoot)
 	assert.Equal(t, "web-1-boot", boot.Name)
 	assert.Equal(t, "team-a", boot.Namespace)
-	assert.Equal(t, "8Gi", boot.Spec.ForProvider.Size.String(), "the input's boot disk size")
+	assert.Equal(t, "8Gi", boot.Spec.ForProvider.Size.String(), "the size classes' boot disk size")
 	require.NotNil(t, boot.Spec.ForProvider.Source)
 	assert.Equal(t, computev1alpha1.LocalName("debian-12"), boot.Spec.ForProvider.Source.DiskImageRef.Name, "cloned from the image")
 
@@ -136,10 +151,22 @@ func TestStatusFromObservedVM(t *testing.T) {
 }
 
 func TestRefusals(t *testing.T) {
+	const small = `{"apiVersion":"platform.virtfleet.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a","namespace":"n"},"spec":{"size":"small","image":"i"}}`
 	cases := map[string]struct {
-		xr   string
-		want string
+		xr       string
+		required map[string]*fnv1.Resources
+		want     string
 	}{
+		"StepRequiresNoSizes": {
+			xr:       small,
+			required: map[string]*fnv1.Resources{},
+			want:     `the Composition's step requires no "sizes" resource`,
+		},
+		"NoSizesEnvironmentConfig": {
+			xr:       small,
+			required: map[string]*fnv1.Resources{RequirementSizes: {}},
+			want:     "exactly one EnvironmentConfig; 0 match",
+		},
 		"UnknownSize": {
 			xr:   `{"apiVersion":"platform.virtfleet.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a","namespace":"n"},"spec":{"size":"huge","image":"debian-12"}}`,
 			want: `unknown size "huge": this platform offers [medium small]`,
@@ -155,7 +182,11 @@ func TestRefusals(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			rsp := run(t, tc.xr, nil)
+			required := tc.required
+			if required == nil {
+				required = withSizes()
+			}
+			rsp := runRequired(t, tc.xr, nil, required)
 			require.Len(t, rsp.GetResults(), 1)
 			assert.Equal(t, fnv1.Severity_SEVERITY_FATAL, rsp.GetResults()[0].GetSeverity())
 			assert.Contains(t, rsp.GetResults()[0].GetMessage(), tc.want)

@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -88,12 +91,14 @@ func TestCrossplane(t *testing.T) {
 	})
 
 	t.Run("ResizingTheClaimRestartsIntoTheNewShape", func(t *testing.T) {
+		assert.Equal(t, shape{VCPU: 1, Memory: "1Gi"}, h.domainShape(t, "db-xp"), "the guest is small")
 		setSpec(t, h, claim, "size", "medium")
 		vm := h.wait(t, "db-xp", time.Minute, func(vm *v1alpha1.VirtualMachine) bool {
 			return vm.Spec.ForProvider.Vcpu == 2 && vm.Status.AtProvider.RestartRequired
 		})
 		assert.Equal(t, "4Gi", vm.Spec.ForProvider.Memory.String(), "medium")
 		waitPlatform(t, h, claim, time.Minute, func(st map[string]any) bool { return st["restartRequired"] == true })
+		assert.Equal(t, shape{VCPU: 1, Memory: "1Gi"}, h.domainShape(t, "db-xp"), "the running guest keeps its shape until the restart")
 
 		setSpec(t, h, claim, "restartRequestedAt", time.Now().UTC().Format(time.RFC3339))
 		h.wait(t, "db-xp", 2*time.Minute, func(vm *v1alpha1.VirtualMachine) bool {
@@ -102,6 +107,25 @@ func TestCrossplane(t *testing.T) {
 		waitPlatform(t, h, claim, time.Minute, func(st map[string]any) bool {
 			return st["restartRequired"] != true && st["phase"] == "Running"
 		})
+		assert.Equal(t, shape{VCPU: 2, Memory: "4Gi"}, h.domainShape(t, "db-xp"), "the guest restarted as medium")
+	})
+
+	t.Run("SizesAreDefinedInOnePlace", func(t *testing.T) {
+		// The platform team makes medium bigger in the EnvironmentConfig
+		// both Compositions require: the medium claim follows (at its next
+		// restart), the small composite does not.
+		sizes := &unstructured.Unstructured{}
+		sizes.SetAPIVersion("apiextensions.crossplane.io/v1beta1")
+		sizes.SetKind("EnvironmentConfig")
+		require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Name: crossplanetest.Sizes}, sizes))
+		p := client.MergeFrom(sizes.DeepCopy())
+		require.NoError(t, unstructured.SetNestedField(sizes.Object, int64(3), "data", "sizes", "medium", "vcpu"))
+		require.NoError(t, h.kube.Patch(ctx, sizes, p))
+		h.wait(t, "db-xp", time.Minute, func(vm *v1alpha1.VirtualMachine) bool {
+			return vm.Spec.ForProvider.Vcpu == 3 && vm.Status.AtProvider.RestartRequired
+		})
+		waitPlatform(t, h, claim, time.Minute, func(st map[string]any) bool { return st["vcpu"] == int64(3) })
+		assert.Equal(t, int32(1), h.get(t, "web-xp").Spec.ForProvider.Vcpu, "small is unchanged")
 	})
 
 	t.Run("DeletingTheClaimDeletesItsVMAndVolumes", func(t *testing.T) {
@@ -123,6 +147,29 @@ func TestCrossplane(t *testing.T) {
 		assert.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "net-backend"}, &v1alpha1.VirtualNetwork{}))
 		h.wait(t, "web-xp", 10*time.Second, running)
 	})
+}
+
+// shape is a guest's vcpu count and memory.
+type shape struct {
+	VCPU   uint16
+	Memory string
+}
+
+// domainShape is the shape libvirt holds for the VM's domain on its node,
+// behind virtfleet's back.
+func (h *hub) domainShape(t *testing.T, name string) shape {
+	t.Helper()
+	vm := h.get(t, name)
+	n, ok := h.s.Nodes[vm.Status.AtProvider.Node]
+	require.True(t, ok, "VM %s is on no libvirt node (%q)", name, vm.Status.AtProvider.Node)
+	l, err := n.Dial()
+	require.NoError(t, err)
+	defer func() { _ = l.Disconnect() }()
+	d, err := l.DomainLookupByUUID(golibvirt.UUID(uuid.MustParse(string(vm.UID))))
+	require.NoError(t, err)
+	_, maxMemKiB, _, vcpus, _, err := l.DomainGetInfo(d)
+	require.NoError(t, err)
+	return shape{VCPU: vcpus, Memory: resource.NewQuantity(int64(maxMemKiB)<<10, resource.BinarySI).String()}
 }
 
 // platformObject is a platform.virtfleet.io request in the test namespace.

@@ -13,15 +13,7 @@ package guest
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/pem"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,7 +26,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -112,9 +103,13 @@ func TestRealGuest(t *testing.T) {
 	t.Cleanup(s.Stop)
 
 	g := &suite{t: t, ctx: ctx, s: s, host: host, kube: s.ControlPlane.Client}
-	g.newKey(dir)
-	url, digest := serveImage(t, image)
-	g.createCommon(url, digest)
+	g.key = filepath.Join(dir, "id_ed25519")
+	g.pub, err = guestimage.NewKey(g.key, "virtfleet guest test")
+	require.NoError(t, err)
+	served, err := guestimage.Serve(image)
+	require.NoError(t, err)
+	t.Cleanup(served.Close)
+	g.createCommon(served.URL, served.SHA256)
 
 	t.Run("NodeHeartbeatsItsHypervisor", g.hypervisor)
 	created := time.Now()
@@ -130,39 +125,6 @@ func TestRealGuest(t *testing.T) {
 	t.Run("DeleteRemovesDomainAndSeedKeepsVolumes", g.delete)
 	t.Run("UnbootableRequestFailsWithLibvirtsMessage", g.unbootable)
 	t.Logf("suite took %s", time.Since(suiteStart).Round(time.Second))
-}
-
-// newKey makes the VM's key pair: the public half goes into the VM's spec,
-// the private half is what ssh logs in with.
-func (g *suite) newKey(dir string) {
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	require.NoError(g.t, err)
-	sshPub, err := ssh.NewPublicKey(pub)
-	require.NoError(g.t, err)
-	g.pub = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub)))
-	block, err := ssh.MarshalPrivateKey(priv, "virtfleet guest test")
-	require.NoError(g.t, err)
-	g.key = filepath.Join(dir, "id_ed25519")
-	require.NoError(g.t, os.WriteFile(g.key, pem.EncodeToMemory(block), 0o600))
-}
-
-// serveImage serves the guest image on 127.0.0.1, where the agent imports
-// it from, and returns its URL and SHA-256.
-func serveImage(t *testing.T, path string) (string, string) {
-	f, err := os.Open(path)
-	require.NoError(t, err)
-	h := sha256.New()
-	_, err = io.Copy(h, f)
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.ServeFile(w, r, path)
-	}), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return "http://" + l.Addr().String() + "/" + filepath.Base(path), hex.EncodeToString(h.Sum(nil))
 }
 
 func (g *suite) create(o client.Object) {
@@ -262,13 +224,7 @@ func running(v *v1alpha1.VirtualMachine) bool {
 // ssh runs a command in the guest as the image's default user, from inside
 // the suite's network namespace.
 func (g *suite) ssh(ip, command string) (string, error) {
-	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
-	defer cancel()
-	out, err := g.host.Command(ctx, "ssh", "-i", g.key,
-		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-		"-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-		guestimage.DefaultUser+"@"+ip, command).CombinedOutput()
-	return strings.TrimSpace(string(out)), err
+	return g.host.SSH(g.ctx, g.key, guestimage.DefaultUser, ip, command)
 }
 
 // sshUntil retries ssh until the guest's sshd lets the key in. An emulated

@@ -17,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +38,7 @@ import (
 	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 	"github.com/virtfleet/virtfleet/internal/testing/crossplanecore"
 	"github.com/virtfleet/virtfleet/internal/testing/envtestassets"
+	"github.com/virtfleet/virtfleet/internal/testing/modbuild"
 )
 
 // Where Crossplane lives, as its Helm chart installs it.
@@ -67,6 +69,8 @@ type Crossplane struct {
 	dir   string
 	prog  io.Writer
 	procs []*process
+	// unlock releases the RBAC manager's metrics port to other runs.
+	unlock func()
 }
 
 // process is one of the processes the harness runs.
@@ -158,6 +162,9 @@ func (x *Crossplane) start(ctx context.Context) error {
 		return err
 	}
 	x.procs = append(x.procs, gc)
+	if err := x.holdRBACMetricsPort(ctx); err != nil {
+		return err
+	}
 	if err := x.spawn("crossplane-rbac", nil, "rbac", "start"); err != nil {
 		return err
 	}
@@ -253,9 +260,44 @@ func (x *Crossplane) Stop() {
 		x.procs[i].stop()
 	}
 	x.procs = nil
+	if x.unlock != nil {
+		x.unlock()
+		x.unlock = nil
+	}
 	if x.Registry != nil {
 		x.Registry.Stop()
 	}
+}
+
+// rbacMetricsAddress is where `crossplane rbac start` serves metrics.
+// Crossplane v2.4.0 builds the RBAC manager's controller manager without
+// metrics options and has no flag or environment variable for them
+// (cmd/crossplane/rbac/rbac.go), so controller-runtime binds its default,
+// :8080 on every interface, and a second RBAC manager on the machine exits
+// with "address already in use".
+const rbacMetricsAddress = ":8080"
+
+// holdRBACMetricsPort takes a machine-wide lock for the RBAC manager's fixed
+// metrics port, held until Stop, so concurrent runs (parallel test
+// packages, make run CROSSPLANE=1) wait for each other instead of failing,
+// and says what else holds the port if it is not free.
+func (x *Crossplane) holdRBACMetricsPort(ctx context.Context) error {
+	dir, err := crossplanecore.CacheDir()
+	if err != nil {
+		return err
+	}
+	unlock, err := modbuild.Lock(ctx, filepath.Join(dir, "rbac-metrics-port.lock"), x.prog)
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", rbacMetricsAddress)
+	if err != nil {
+		unlock()
+		return errors.Wrapf(err, "crossplane rbac start serves metrics on %s, which v2.4.0 has no flag to move, and something else on this machine listens there", rbacMetricsAddress)
+	}
+	_ = l.Close()
+	x.unlock = unlock
+	return nil
 }
 
 // writeSecret writes the TLS Secret name of Crossplane's namespace into dir

@@ -16,6 +16,7 @@ import (
 	"github.com/virtfleet/virtfleet/internal/build/providerpackage"
 	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 	"github.com/virtfleet/virtfleet/internal/testing/crossplanecore"
+	"github.com/virtfleet/virtfleet/internal/testing/manifests"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
 
@@ -24,6 +25,13 @@ const (
 	Provider      = "provider-virtfleet"
 	Function      = "function-virtfleet"
 	Configuration = "configuration-virtfleet"
+)
+
+// SizesFile is the EnvironmentConfig of size classes under package/, and
+// Sizes its name, which the Compositions require.
+const (
+	SizesFile = "sizes.yaml"
+	Sizes     = "virtfleet-sizes"
 )
 
 // PackageTag is the tag the harness pushes virtfleet's packages with.
@@ -97,6 +105,15 @@ func (x *Crossplane) installVirtfleet(ctx context.Context, s *stack.Stack) (stri
 	}
 	if err := x.Install(ctx, PackageTag, pkgs); err != nil {
 		return "", err
+	}
+	// The size classes the Compositions require, as the README's install
+	// section applies them.
+	sizes, err := manifests.Load(filepath.Join(controlplane.RepoRoot(), "package", SizesFile))
+	if err != nil {
+		return "", err
+	}
+	if err := s.ControlPlane.ApplyObjects(ctx, sizes); err != nil {
+		return "", errors.Wrap(err, "cannot apply the size classes")
 	}
 	if err := x.RunFunction(ctx, Function, fnPath); err != nil {
 		return "", err

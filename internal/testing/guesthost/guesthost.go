@@ -240,6 +240,19 @@ func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.C
 	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.Netns, name}, args...)...) //nolint:gosec // test commands
 }
 
+// SSH runs command in a guest as user, logging in with the private key in
+// file key, from inside the host's network namespace (the only place the
+// guest's address is reachable from). It gives up after 30 s.
+func (h *Host) SSH(ctx context.Context, key, user, ip, command string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := h.Command(ctx, "ssh", "-i", key,
+		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+		"-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+		user+"@"+ip, command).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
 // QEMULog is QEMU's log of a domain (/var/log/libvirt/qemu/<domain>.log inside).
 func (h *Host) QEMULog(domain string) (string, error) {
 	b, err := os.ReadFile(filepath.Join(h.Dir, "log", "qemu", domain+".log"))

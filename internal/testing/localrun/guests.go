@@ -2,22 +2,11 @@ package localrun
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
-	"os"
 	"path/filepath"
-	"strings"
-	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	"golang.org/x/crypto/ssh"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -45,9 +34,9 @@ const (
 // realGuests is the real-guest node of a run: a libvirtd with QEMU in its
 // own network namespace, the image served to it, and the guest's key.
 type realGuests struct {
-	host   *guesthost.Host
-	server *http.Server
-	key    string
+	host  *guesthost.Host
+	image *guestimage.Served
+	key   string
 }
 
 // startRealGuestHost builds (once) the guest image and starts the hypervisor.
@@ -82,11 +71,11 @@ func (g *realGuests) createGuest(ctx context.Context, kube client.Client, dir st
 	if err != nil {
 		return err
 	}
-	url, digest, err := g.serve(image)
-	if err != nil {
+	if g.image, err = guestimage.Serve(image); err != nil {
 		return err
 	}
-	pub, err := g.newKey(dir)
+	g.key = filepath.Join(dir, "guest_ed25519")
+	pub, err := guestimage.NewKey(g.key, "virtfleet make run guest")
 	if err != nil {
 		return err
 	}
@@ -96,7 +85,7 @@ func (g *realGuests) createGuest(ctx context.Context, kube client.Client, dir st
 		&v1alpha1.DiskImage{
 			ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: "debian-guest"},
 			Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
-				Source: v1alpha1.DiskImageSource{URL: url, SHA256: digest}, Format: &qcow2,
+				Source: v1alpha1.DiskImageSource{URL: g.image.URL, SHA256: g.image.SHA256}, Format: &qcow2,
 			}},
 		},
 		&v1alpha1.VirtualNetwork{
@@ -132,52 +121,6 @@ func (g *realGuests) createGuest(ctx context.Context, kube client.Client, dir st
 	return nil
 }
 
-// serve serves the image on 127.0.0.1, where the real node's agent imports
-// it from.
-func (g *realGuests) serve(path string) (string, string, error) {
-	f, err := os.Open(path) //nolint:gosec // the cached image
-	if err != nil {
-		return "", "", errors.Wrap(err, "cannot open the guest image")
-	}
-	defer func() { _ = f.Close() }()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", "", errors.Wrap(err, "cannot read the guest image")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", "", errors.Wrap(err, "cannot listen for the guest image server")
-	}
-	g.server = &http.Server{
-		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, path) }),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
-	go func() { _ = g.server.Serve(l) }()
-	return "http://" + l.Addr().String() + "/" + filepath.Base(path), hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// newKey writes a fresh ed25519 key pair for the guest into dir and returns
-// the public half's authorized_keys line.
-func (g *realGuests) newKey(dir string) (string, error) {
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		return "", errors.Wrap(err, "cannot make the guest's key")
-	}
-	sshPub, err := ssh.NewPublicKey(pub)
-	if err != nil {
-		return "", errors.Wrap(err, "cannot make the guest's key")
-	}
-	block, err := ssh.MarshalPrivateKey(priv, "virtfleet make run guest")
-	if err != nil {
-		return "", errors.Wrap(err, "cannot make the guest's key")
-	}
-	g.key = filepath.Join(dir, "guest_ed25519")
-	if err := os.WriteFile(g.key, pem.EncodeToMemory(block), 0o600); err != nil {
-		return "", errors.Wrap(err, "cannot write the guest's key")
-	}
-	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))), nil
-}
-
 // summary tells the user how to reach the guest.
 func (g *realGuests) summary(w io.Writer, kubectl string) {
 	fmt.Fprintf(w, "\nReal guest: VM %s/%s boots Debian on node %s (QEMU, libvirtd in network namespace %s).\n", guestNamespace, guestName, qemuNode, g.host.Netns)
@@ -187,8 +130,8 @@ func (g *realGuests) summary(w io.Writer, kubectl string) {
 }
 
 func (g *realGuests) stop() {
-	if g.server != nil {
-		_ = g.server.Close()
+	if g.image != nil {
+		g.image.Close()
 	}
 	g.host.Stop()
 }

@@ -46,7 +46,7 @@ func Lock(ctx context.Context, path string, progress io.Writer) (func(), error) 
 		return nil, errors.Wrap(err, "cannot open build lock")
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		fmt.Fprintf(progress, "waiting for another build in %s\n", filepath.Dir(path))
+		fmt.Fprintf(progress, "waiting for %s, which another build or run holds\n", path)
 		done := make(chan error, 1)
 		go func() { done <- syscall.Flock(int(f.Fd()), syscall.LOCK_EX) }()
 		select {

@@ -22,7 +22,7 @@ func TestLock(t *testing.T) {
 		defer cancel()
 		_, err := Lock(ctx, path, &progress)
 		assert.ErrorIs(t, err, context.DeadlineExceeded)
-		assert.Contains(t, progress.String(), "waiting for another build in "+filepath.Dir(path))
+		assert.Contains(t, progress.String(), "waiting for "+path+", which another build or run holds")
 	})
 
 	t.Run("AWaiterGetsTheLockOnceReleased", func(t *testing.T) {

@@ -1,0 +1,259 @@
+package benchmark
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/testing/guesthost"
+	"github.com/virtfleet/virtfleet/internal/testing/guestimage"
+	"github.com/virtfleet/virtfleet/internal/testing/stack"
+)
+
+// GuestBoot is one real guest's boot through the whole stack: a Debian
+// cloud image (internal/testing/guestimage) on a system libvirtd with QEMU
+// in a network namespace of the run's own (internal/testing/guesthost), TCG
+// where the machine has no /dev/kvm.
+type GuestBoot struct {
+	Node string `json:"node"`
+	// Hypervisor is the domain type the node reports: kvm or qemu (TCG).
+	Hypervisor  string `json:"hypervisor"`
+	VCPU        int32  `json:"vcpu"`
+	MemoryBytes int64  `json:"memoryBytes"`
+	ImageBytes  int64  `json:"imageBytes"`
+	// The DiskImage, its network, the boot Volume and the VM are created
+	// together, as a user would: a node imports an image when the first VM
+	// that needs it lands there, so the import (fetched from 127.0.0.1,
+	// checked, converted) is part of the first boot. Every time is from the
+	// VM's Create call returning to the first poll (every guestPoll)
+	// showing: the image on the node; phase Running; an address this boot's
+	// DHCP lease gave; and the first ssh login with the VM's key, from inside
+	// the namespace, that finds that address in the guest.
+	ImportSeconds          float64 `json:"importSeconds"`
+	CreateToRunningSeconds float64 `json:"createToRunningSeconds"`
+	CreateToAddressSeconds float64 `json:"createToAddressSeconds"`
+	CreateToSSHSeconds     float64 `json:"createToSSHSeconds"`
+	// Skipped says why no guest was booted (no hypervisor on this machine).
+	Skipped string   `json:"skipped,omitempty"`
+	Notes   []string `json:"notes,omitempty"`
+}
+
+const (
+	guestNode      = "guest1"
+	guestNamespace = "bench-guest"
+	guestCIDR      = "10.231.11.0/24"
+	guestPoll      = 250 * time.Millisecond
+	// guestTimeout bounds each wait: an import or a TCG boot on a busy
+	// 2-core machine takes minutes.
+	guestTimeout = 10 * time.Minute
+)
+
+// runGuest boots one real guest on a stack of its own and times it.
+func runGuest(ctx context.Context, o Options) (*GuestBoot, error) {
+	progress := func(format string, args ...any) {
+		fmt.Fprintf(o.Progress, "%s %-12s %s\n", time.Now().Format("15:04:05"), "guest", fmt.Sprintf(format, args...))
+	}
+	g := &GuestBoot{Node: guestNode, VCPU: 1, MemoryBytes: 1 << 30}
+	if m := guesthost.Missing(); len(m) > 0 {
+		g.Skipped = fmt.Sprintf("a real hypervisor needs %v: run make deps as root", m)
+		progress("skipped: %s", g.Skipped)
+		return g, nil
+	}
+	progress("the guest image (built once per machine)")
+	image, err := guestimage.Ensure(ctx, o.Progress)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(image); err == nil {
+		g.ImageBytes = fi.Size()
+	}
+	host, err := guesthost.Start(ctx, "vfbench", o.Progress)
+	if err != nil {
+		return nil, err
+	}
+	defer host.Stop()
+	dir, err := os.MkdirTemp(o.Dir, "vf-bench-guest-")
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create the stack directory")
+	}
+	progress("starting a stack with one real node in %s", dir)
+	s, err := stack.Start(ctx, stack.Options{
+		Dir: dir, Nodes: []string{guestNode}, Debug: o.Debug,
+		LibvirtHosts: map[string]stack.LibvirtHost{guestNode: {Socket: host.Socket, URI: host.URI, Pool: guesthost.Pool}},
+	})
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)
+	}
+	failed := true
+	defer func() {
+		s.Stop()
+		if failed || o.Keep {
+			progress("logs kept in %s/logs (libvirtd: %s)", dir, host.LogPath())
+			return
+		}
+		_ = os.RemoveAll(dir)
+	}()
+	if hb, err := s.Heartbeat(ctx, guestNode); err == nil {
+		g.Hypervisor = hb.Hypervisor
+	}
+	if err := bootGuest(ctx, s.ControlPlane.Client, host, image, dir, g, progress); err != nil {
+		return nil, err
+	}
+	failed = len(g.Notes) > 0
+	return g, nil
+}
+
+func bootGuest(ctx context.Context, kube client.Client, host *guesthost.Host, image, dir string, g *GuestBoot, progress func(string, ...any)) error {
+	served, err := guestimage.Serve(image)
+	if err != nil {
+		return err
+	}
+	defer served.Close()
+	key := filepath.Join(dir, "id_ed25519")
+	pub, err := guestimage.NewKey(key, "virtfleet bench guest")
+	if err != nil {
+		return err
+	}
+	qcow2 := v1alpha1.DiskFormatQCOW2
+	di := &v1alpha1.DiskImage{
+		ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: "debian"},
+		Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+			Source: v1alpha1.DiskImageSource{URL: served.URL, SHA256: served.SHA256}, Format: &qcow2,
+		}},
+	}
+	vm := &v1alpha1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: "guest"},
+		Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
+			Running:         ptr.To(true),
+			Vcpu:            g.VCPU,
+			Memory:          *resource.NewQuantity(g.MemoryBytes, resource.BinarySI),
+			PublicKey:       pub,
+			VirtualNetworks: []v1alpha1.LocalName{"net"},
+			DiskAttachments: []v1alpha1.DiskAttachment{{Name: "guest-root"}},
+		}},
+	}
+	progress("creating the %.0f MiB image, its network, the boot Volume and the VM", mib(g.ImageBytes))
+	for _, obj := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: guestNamespace}},
+		&v1alpha1.VirtualNetwork{
+			ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: "net"},
+			Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{Mode: v1alpha1.NetworkModeNAT, CIDR: guestCIDR}},
+		},
+		di,
+		&v1alpha1.Volume{
+			ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: "guest-root"},
+			Spec: v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{
+				Size:   resource.MustParse("4Gi"),
+				Source: &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: v1alpha1.LocalName(di.Name)}},
+			}},
+		},
+		vm,
+	} {
+		if err := kube.Create(ctx, obj); err != nil {
+			return errors.Wrapf(err, "cannot create %T %s", obj, obj.GetName())
+		}
+	}
+	created := time.Now()
+	var ip string
+	if err := poll(ctx, func() (bool, error) {
+		if g.ImportSeconds == 0 {
+			if err := kube.Get(ctx, client.ObjectKeyFromObject(di), di); err != nil {
+				return false, err
+			}
+			if slices.Contains(di.Status.AtProvider.Nodes, guestNode) {
+				g.ImportSeconds = time.Since(created).Seconds()
+				progress("image on the node after %.1f s", g.ImportSeconds)
+			}
+		}
+		if err := kube.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
+			return false, err
+		}
+		if g.CreateToRunningSeconds == 0 && vm.Status.AtProvider.Phase == v1alpha1.PhaseRunning {
+			g.CreateToRunningSeconds = time.Since(created).Seconds()
+			progress("Running after %.1f s", g.CreateToRunningSeconds)
+		}
+		for _, i := range vm.Status.AtProvider.Interfaces {
+			if len(i.IPs) > 0 {
+				ip = i.IPs[0]
+			}
+		}
+		return g.CreateToRunningSeconds > 0 && ip != "", nil
+	}); err != nil {
+		g.Notes = append(g.Notes, fmt.Sprintf("no address within %s: phase %s, %s", guestTimeout, vm.Status.AtProvider.Phase, vm.GetCondition(xpv2.TypeReady).Message))
+		return nil
+	}
+	g.CreateToAddressSeconds = time.Since(created).Seconds()
+	progress("address %s after %.1f s; waiting for ssh", ip, g.CreateToAddressSeconds)
+
+	var out string
+	if err := poll(ctx, func() (bool, error) {
+		out, err = host.SSH(ctx, key, guestimage.DefaultUser, ip, "ip -4 -o addr show scope global")
+		return err == nil, nil
+	}); err != nil {
+		g.Notes = append(g.Notes, fmt.Sprintf("no ssh to %s within %s: %v: %s", ip, guestTimeout, err, out))
+		return nil
+	}
+	g.CreateToSSHSeconds = time.Since(created).Seconds()
+	progress("ssh after %.1f s", g.CreateToSSHSeconds)
+	if !strings.Contains(out, " "+ip+"/") {
+		g.Notes = append(g.Notes, fmt.Sprintf("the guest does not hold the reported address %s: %s", ip, out))
+	}
+	return nil
+}
+
+func poll(ctx context.Context, done func() (bool, error)) error {
+	return wait.PollUntilContextTimeout(ctx, guestPoll, guestTimeout, true, func(context.Context) (bool, error) { return done() })
+}
+
+// guestMarkdown renders the real guest's section.
+func guestMarkdown(p func(string, ...any), g *GuestBoot) {
+	if g == nil {
+		return
+	}
+	p("## One real guest")
+	p("")
+	if g.Skipped != "" {
+		p("Skipped: %s.", g.Skipped)
+		p("")
+		return
+	}
+	p("A Debian bookworm cloud image (%.0f MiB qcow2) booted through the whole stack on one node whose libvirtd runs QEMU in a network namespace of its own (domain type `%s`%s), %d vCPU, %.0f MiB. The DiskImage, network, boot Volume and VM are created together, as a user would; the node imports the image (served from 127.0.0.1) for this first VM, so the import is part of the boot. Times are from the VM's Create call, read by polling every %s; ssh logs in with the VM's key from inside the namespace and finds the reported address in the guest.",
+		mib(g.ImageBytes), g.Hypervisor, tcg(g.Hypervisor), g.VCPU, mib(g.MemoryBytes), guestPoll)
+	p("")
+	p("| measure | value |")
+	p("| --- | --- |")
+	p("| create→image on the node (import) | %s |", seconds(g.ImportSeconds))
+	p("| create→Running | %s |", seconds(g.CreateToRunningSeconds))
+	p("| create→address | %s |", seconds(g.CreateToAddressSeconds))
+	p("| create→ssh | %s |", seconds(g.CreateToSSHSeconds))
+	notes(p, g.Notes)
+	p("")
+}
+
+func tcg(hypervisor string) string {
+	if hypervisor == "qemu" {
+		return ": TCG, no KVM on this machine"
+	}
+	return ""
+}
+
+func seconds(s float64) string {
+	if s == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f s", s)
+}
