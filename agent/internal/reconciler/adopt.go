@@ -98,11 +98,13 @@ func (r *Reconciler) claim(ctx context.Context, in wire.Intent, m driver.Machine
 	if in.ObserveOnly {
 		obs, err := a.ObserveRef(ctx, ref)
 		obs.UID = in.UID
-		return obs, err
+		return obs, missing(err)
 	}
 	err = a.Claim(ctx, m, ref)
 	switch {
 	case driver.IsNotFound(err) && ref.Orphan != "":
+	case driver.IsNotFound(err):
+		return driver.Observation{}, missing(err)
 	case err != nil:
 		return driver.Observation{}, err
 	case ref.Orphan != "":
@@ -141,4 +143,13 @@ func orphanReport(o driver.Observation) wire.Report {
 		rep.Message = "orphaned from VirtualMachine " + o.OrphanOf.Namespace + "/" + o.OrphanOf.Name + "; a VirtualMachine of that name adopts it"
 	}
 	return rep
+}
+
+// missing shows a claimed guest that is not there as Failed, retried: it
+// may be made yet.
+func missing(err error) error {
+	if driver.IsNotFound(err) {
+		return driver.Failing(err)
+	}
+	return err
 }

@@ -307,11 +307,17 @@ func (r *Reconciler) reconcile(ctx context.Context, uid string) (time.Duration, 
 		return 0, r.release(ctx, in)
 	}
 
-	m, err := machine(in)
-	if err != nil {
-		return 0, r.report(ctx, failed(in, r.node, err))
+	var (
+		m   driver.Machine
+		obs driver.Observation
+		err error
+	)
+	if !in.ObserveOnly {
+		// An intent that only observes carries no machine.
+		if m, err = machine(in); err != nil {
+			return 0, r.report(ctx, failed(in, r.node, err))
+		}
 	}
-	var obs driver.Observation
 	if in.Claim != nil {
 		obs, err = r.claim(ctx, in, m)
 	} else {

@@ -233,7 +233,16 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	if meta.WasDeleted(vm) {
 		e.opts.Notifier.Placed(string(vm.UID), true)
+		if e.keepsGuest(vm) {
+			return e.observeRelease(ctx, vm, node)
+		}
 		return e.observeDeletion(vm, node), nil
+	}
+	if node == "" {
+		var err error
+		if node, err = e.adopt(ctx, vm); err != nil {
+			return managed.ExternalObservation{}, err
+		}
 	}
 	if node == "" {
 		if !e.mayCreate(vm) {
@@ -271,7 +280,8 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 		published, _ := e.state.published.Load(uid)
 		upToDate = published == fingerprint(intent(vm, d))
 	}
-	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, nil
+	upToDate, err = e.publishObserved(ctx, vm, node, upToDate)
+	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, err
 }
 
 // observeDeletion reports the guest as existing until its node confirmed the
