@@ -64,7 +64,7 @@ type Fleet struct {
 
 	mu sync.RWMutex
 	// Every kind of report is kept by uid, then by the node that wrote it.
-	reports       map[string]map[string]Report
+	reports map[string]map[string]Report
 	// reportsSynced is set once the reports that existed when the watch
 	// began are all in reports.
 	reportsSynced bool
