@@ -42,7 +42,7 @@ func (e *ImportNodeError) Error() string {
 // policies lack Delete, or it was deleted with propagationPolicy Orphan
 // (kubectl delete --cascade=orphan), which the API server shows as the
 // orphan finalizer until the garbage collector has run.
-func (e *external) keepsGuest(vm *v1alpha1.VirtualMachine) bool {
+func (e *connector) keepsGuest(vm *v1alpha1.VirtualMachine) bool {
 	return !managed.NewManagementPoliciesResolver(e.policies, vm.GetManagementPolicies()).ShouldDelete() ||
 		slices.Contains(vm.GetFinalizers(), metav1.FinalizerOrphanDependents)
 }
@@ -93,6 +93,9 @@ func (e *external) adopt(ctx context.Context, vm *v1alpha1.VirtualMachine) (stri
 	}
 	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: o.Node, v1alpha1.AnnotationAdopted: o.UID})
 	meta.AddFinalizer(vm, managed.FinalizerName)
+	if e.keepsGuest(vm) {
+		meta.AddFinalizer(vm, FinalizerKeep)
+	}
 	if err := e.kube.Update(ctx, vm); err != nil {
 		return "", errors.Wrap(err, "cannot record the orphan to adopt")
 	}
@@ -108,10 +111,14 @@ func (e *external) adopt(ctx context.Context, vm *v1alpha1.VirtualMachine) (stri
 	return o.Node, e.ensure(ctx, vm, d, o.Node)
 }
 
-// publishObserved publishes the intent of a VM that only observes its
-// guest: the managed reconciler never calls Update for it. It returns
-// whether the intent published is the one wanted.
-func (e *external) publishObserved(ctx context.Context, vm *v1alpha1.VirtualMachine, node string, upToDate bool) (bool, error) {
+// afterObserve holds a VM whose guest outlives it with FinalizerKeep, and
+// publishes the intent of a VM that only observes its guest: the managed
+// reconciler never calls Update for it. It returns whether the intent
+// published is the one wanted.
+func (e *external) afterObserve(ctx context.Context, vm *v1alpha1.VirtualMachine, node string, upToDate bool) (bool, error) {
+	if err := e.keepFinalizer(ctx, vm); err != nil {
+		return upToDate, err
+	}
 	if upToDate || !observeOnly(vm) || claimOf(vm) == nil {
 		return upToDate, nil
 	}

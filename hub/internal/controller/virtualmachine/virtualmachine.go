@@ -162,7 +162,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
 		WatchesRawSource(vo.Notifier.Source()).
-		Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
+		Complete(ratelimiter.NewReconciler(name, &releaser{inner: r, c: c}, o.GlobalRateLimiter))
 }
 
 // skipCriticalAnnotations writes nothing; see Setup.
@@ -280,7 +280,7 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 		published, _ := e.state.published.Load(uid)
 		upToDate = published == fingerprint(intent(vm, d))
 	}
-	upToDate, err = e.publishObserved(ctx, vm, node, upToDate)
+	upToDate, err = e.afterObserve(ctx, vm, node, upToDate)
 	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, err
 }
 
