@@ -272,3 +272,22 @@ func (d *Driver) ObserveRef(_ context.Context, ref driver.Ref) (driver.Observati
 	key := formatUUID(dom.UUID)
 	return d.observe(api, dom, key, live)
 }
+
+// Owner is who manages a domain, as its virtfleet metadata says.
+type Owner struct {
+	// UID is the VM managing the domain, or, when Orphaned, the VM it was
+	// released from.
+	UID, Namespace, Name string
+	Orphaned             bool
+}
+
+// OwnerOf reads a domain's owner from its XML; ok is false for a domain
+// virtfleet does not know. It lets tools outside the agent (the chaos
+// check) tell a guest's VM without the agent.
+func OwnerOf(domainXML string) (o Owner, ok bool, err error) {
+	info, err := parseDomain(domainXML)
+	if err != nil || info.owner == nil {
+		return Owner{}, false, err
+	}
+	return Owner{UID: info.owner.UID, Namespace: info.owner.Namespace, Name: info.owner.Name, Orphaned: info.owner.Orphaned}, true, nil
+}

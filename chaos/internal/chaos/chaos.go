@@ -30,6 +30,8 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/digitalocean/go-libvirt"
 
+	vflibvirt "github.com/virtfleet/virtfleet/agent/driver/libvirt"
+
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
@@ -267,7 +269,7 @@ func run(ctx context.Context, s *stack.Stack, o Options, r *Result, progress fun
 	stopChurn()
 	<-churnDone
 	r.Ops, r.OpErrors = c.ops.Load(), c.errs.Load()
-	r.OpsByKind = map[string]int64{"create": c.kinds[opCreate].Load(), "stop": c.kinds[opStop].Load(), "start": c.kinds[opStart].Load(), "delete": c.kinds[opDelete].Load()}
+	r.OpsByKind = map[string]int64{"create": c.kinds[opCreate].Load(), "stop": c.kinds[opStop].Load(), "start": c.kinds[opStart].Load(), "delete": c.kinds[opDelete].Load(), "orphan": c.kinds[opOrphan].Load()}
 	return nil
 }
 
@@ -463,7 +465,15 @@ func listDomains(s *stack.Stack) (map[string][]Domain, error) {
 				return nil, errors.Wrapf(err, "cannot list the domains of %s", name)
 			}
 			for _, d := range doms {
-				out[name] = append(out[name], Domain{UUID: uuid.UUID(d.UUID).String(), Name: d.Name, Active: active})
+				dom := Domain{UUID: uuid.UUID(d.UUID).String(), Name: d.Name, Active: active}
+				x, err := l.DomainGetXMLDesc(d, 0)
+				if err == nil {
+					owner, ok, perr := vflibvirt.OwnerOf(x)
+					if ok && perr == nil {
+						dom.Owner, dom.Orphaned = owner.UID, owner.Orphaned
+					}
+				}
+				out[name] = append(out[name], dom)
 			}
 		}
 		_ = l.Disconnect()

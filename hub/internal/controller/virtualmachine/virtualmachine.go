@@ -388,6 +388,9 @@ func (e *external) place(ctx context.Context, vm *v1alpha1.VirtualMachine, d dep
 	}
 	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: node})
 	meta.AddFinalizer(vm, managed.FinalizerName)
+	if e.keepsGuest(vm) {
+		meta.AddFinalizer(vm, FinalizerKeep)
+	}
 	if err := e.kube.Update(ctx, vm); err != nil {
 		// A conflict means this reconcile read an old VM, maybe from
 		// before an earlier one recorded this very node: keep the
