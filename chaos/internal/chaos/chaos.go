@@ -454,27 +454,26 @@ func listDomains(s *stack.Stack) (map[string][]Domain, error) {
 		if err != nil {
 			return nil, errors.Wrapf(err, "node %s", name)
 		}
-		for _, active := range []bool{true, false} {
-			flag := libvirt.ConnectListDomainsInactive
-			if active {
-				flag = libvirt.ConnectListDomainsActive
-			}
-			doms, _, err := l.ConnectListAllDomains(1, flag)
+		// One list, then each domain's state: two lists (active, then
+		// inactive) would show a guest that stopped in between twice.
+		doms, _, err := l.ConnectListAllDomains(1, 0)
+		if err != nil {
+			_ = l.Disconnect()
+			return nil, errors.Wrapf(err, "cannot list the domains of %s", name)
+		}
+		for _, d := range doms {
+			state, _, err := l.DomainGetState(d, 0)
 			if err != nil {
-				_ = l.Disconnect()
-				return nil, errors.Wrapf(err, "cannot list the domains of %s", name)
+				continue // gone since the list
 			}
-			for _, d := range doms {
-				dom := Domain{UUID: uuid.UUID(d.UUID).String(), Name: d.Name, Active: active}
-				x, err := l.DomainGetXMLDesc(d, 0)
-				if err == nil {
-					owner, ok, perr := vflibvirt.OwnerOf(x)
-					if ok && perr == nil {
-						dom.Owner, dom.Orphaned = owner.UID, owner.Orphaned
-					}
+			s := libvirt.DomainState(state)
+			dom := Domain{UUID: uuid.UUID(d.UUID).String(), Name: d.Name, Active: s != libvirt.DomainShutoff && s != libvirt.DomainCrashed && s != libvirt.DomainNostate}
+			if x, err := l.DomainGetXMLDesc(d, 0); err == nil {
+				if owner, ok, perr := vflibvirt.OwnerOf(x); ok && perr == nil {
+					dom.Owner, dom.Orphaned = owner.UID, owner.Orphaned
 				}
-				out[name] = append(out[name], dom)
 			}
+			out[name] = append(out[name], dom)
 		}
 		_ = l.Disconnect()
 	}
