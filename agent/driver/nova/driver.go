@@ -98,7 +98,7 @@ type Driver struct {
 	viewMu sync.Mutex
 	// claimMu serialises claims, so two VMs never take one server.
 	claimMu sync.Mutex
-	view   map[string]servers.Server
+	view    map[string]servers.Server
 	// readAt is when the driver last read a server itself, after acting on
 	// it: a listing that started before then is older and is ignored.
 	readAt map[string]time.Time
