@@ -122,6 +122,14 @@ func (d *Driver) rewriteOwner(api API, dom golibvirt.Domain, defined domainInfo,
 	if err != nil {
 		return errors.Wrap(err, "cannot read domain state")
 	}
+	write := func(info domainInfo, flags golibvirt.DomainModificationImpact) (ownership, error) {
+		o := ownership{}
+		if info.owner != nil {
+			o = *info.owner
+		}
+		change(&o)
+		return o, d.setOwnership(api, dom, o, flags)
+	}
 	s := golibvirt.DomainState(state)
 	if s != golibvirt.DomainShutoff && s != golibvirt.DomainCrashed && s != golibvirt.DomainNostate {
 		x, err := api.DomainGetXMLDesc(dom, 0)
@@ -132,21 +140,12 @@ func (d *Driver) rewriteOwner(api API, dom golibvirt.Domain, defined domainInfo,
 		if err != nil {
 			return err
 		}
-		o := ownership{}
-		if live.owner != nil {
-			o = *live.owner
-		}
-		change(&o)
-		if err := d.setOwnership(api, dom, o, golibvirt.DomainAffectLive); err != nil {
+		if _, err := write(live, golibvirt.DomainAffectLive); err != nil {
 			return err
 		}
 	}
-	o := ownership{}
-	if defined.owner != nil {
-		o = *defined.owner
-	}
-	change(&o)
-	if err := d.setOwnership(api, dom, o, golibvirt.DomainAffectConfig); err != nil {
+	o, err := write(defined, golibvirt.DomainAffectConfig)
+	if err != nil {
 		return err
 	}
 	d.aliases.set(o.UID, formatUUID(dom.UUID))
@@ -163,23 +162,13 @@ func (d *Driver) Orphans(_ context.Context) ([]driver.Observation, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []driver.Observation
+	orphans, oinfos := doms[:0], infos[:0]
 	for i, dom := range doms {
-		o := infos[i].owner
-		if o == nil || !o.Orphaned {
-			continue
+		if infos[i].owner.Orphaned {
+			orphans, oinfos = append(orphans, dom), append(oinfos, infos[i])
 		}
-		obs, err := d.observe(api, dom, o.UID, infos[i])
-		if isCode(err, golibvirt.ErrNoDomain) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		obs.OrphanOf = &driver.VMRef{Namespace: o.Namespace, Name: o.Name}
-		out = append(out, obs)
 	}
-	return out, nil
+	return d.observeAll(api, orphans, oinfos)
 }
 
 // find looks up the domain ref names, with its definition.

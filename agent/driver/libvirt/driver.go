@@ -979,14 +979,24 @@ func (d *Driver) List(_ context.Context) ([]driver.Observation, error) {
 	if err != nil {
 		return nil, err
 	}
+	return d.observeAll(api, doms, infos)
+}
+
+// observeAll observes each domain as its owner's guest, skipping those
+// gone since they were listed; an orphan gets OrphanOf.
+func (d *Driver) observeAll(api API, doms []golibvirt.Domain, infos []domainInfo) ([]driver.Observation, error) {
 	out := make([]driver.Observation, 0, len(doms))
 	for i, dom := range doms {
-		o, err := d.observe(api, dom, infos[i].owner.UID, infos[i])
+		owner := infos[i].owner
+		o, err := d.observe(api, dom, owner.UID, infos[i])
 		if isCode(err, golibvirt.ErrNoDomain) {
 			continue
 		}
 		if err != nil {
 			return nil, err
+		}
+		if owner.Orphaned {
+			o.OrphanOf = &driver.VMRef{Namespace: owner.Namespace, Name: owner.Name}
 		}
 		out = append(out, o)
 	}
