@@ -68,6 +68,16 @@ func (a *aliases) setLocked(uid, key string) {
 	}
 }
 
+// drop forgets that uid manages another domain: that domain is gone.
+func (a *aliases) drop(uid string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if k, ok := a.key[uid]; ok {
+		delete(a.key, uid)
+		delete(a.owner, k)
+	}
+}
+
 // keyOf is the UUID of the domain uid manages, as far as the aliases know.
 func (a *aliases) keyOf(uid string) string {
 	a.mu.Lock()

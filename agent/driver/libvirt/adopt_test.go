@@ -102,6 +102,35 @@ func TestReleaseAndAdopt(t *testing.T) {
 	})
 }
 
+// TestAnAdoptedDomainGoneIsMadeAgain: a domain undefined behind the agent's
+// back (or a libvirtd that lost its state) is made again for the VM that
+// adopted it, under the VM's own uid.
+func TestAnAdoptedDomainGoneIsMadeAgain(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "regone")
+	d := open(t, node)
+	l := raw(t, node)
+	old := machine("web")
+	_, err := d.Ensure(ctx, old)
+	require.NoError(t, err)
+	require.NoError(t, d.Release(ctx, old.UID))
+	next := old
+	next.UID = "0b5e3f1a-7c2d-4e8f-9a1b-bbbbbbbbbbbb"
+	require.NoError(t, d.Claim(ctx, next, driver.Ref{Orphan: old.UID}))
+
+	dom, err := l.DomainLookupByUUID(mustUUID(t, old.UID))
+	require.NoError(t, err)
+	require.NoError(t, l.DomainDestroy(dom))
+	require.NoError(t, l.DomainUndefine(dom))
+
+	o, err := d.Ensure(ctx, next)
+	require.NoError(t, err)
+	assert.Equal(t, next.UID, o.ID, "made again under the VM's own uid")
+	o, err = d.Observe(ctx, next.UID)
+	require.NoError(t, err)
+	assert.Equal(t, driver.PhaseRunning, o.Phase)
+}
+
 func TestImportByExternalName(t *testing.T) {
 	ctx := context.Background()
 	node := libvirttest.Start(t, "import")

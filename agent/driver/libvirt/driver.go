@@ -401,11 +401,21 @@ func (d *Driver) lookup(api API, uid string, flags golibvirt.DomainXMLFlags) (go
 	if _, err := parseUUID(uid); err != nil {
 		return golibvirt.Domain{}, domainInfo{}, err
 	}
-	u, err := parseUUID(d.aliases.keyOf(uid))
+	key := d.aliases.keyOf(uid)
+	u, err := parseUUID(key)
 	if err != nil {
 		return golibvirt.Domain{}, domainInfo{}, err
 	}
 	dom, err := api.DomainLookupByUUID(u)
+	if isCode(err, golibvirt.ErrNoDomain) && key != uid {
+		// The domain uid adopted is gone (undefined behind the agent's
+		// back, or a daemon that lost its state): uid has none but its own.
+		d.aliases.drop(uid)
+		if u, err = parseUUID(uid); err != nil {
+			return golibvirt.Domain{}, domainInfo{}, err
+		}
+		dom, err = api.DomainLookupByUUID(u)
+	}
 	if isCode(err, golibvirt.ErrNoDomain) {
 		return dom, domainInfo{}, driver.NotFoundf("no domain with uuid %s", uid)
 	}
