@@ -80,13 +80,15 @@ func newChurn(kube client.Client, vms, workers int, opsPerSecond float64) *churn
 	return c
 }
 
-// createAll creates every slot's VM, running.
+// createAll creates every slot's VM, running; every third keeps its guest.
 func (c *churn) createAll(ctx context.Context) error {
 	return workload.Parallel(ctx, len(c.slots), fleet.Creators, func(ctx context.Context, i int) error {
-		if err := c.kube.Create(ctx, newVM(i, false)); err != nil {
+		// Every third VM keeps its guest, so the churn orphans and adopts.
+		keep := i%3 == 0
+		if err := c.kube.Create(ctx, newVM(i, keep)); err != nil {
 			return errors.Wrapf(err, "cannot create VirtualMachine %s", workload.VMName(i))
 		}
-		c.slots[i].exists, c.slots[i].running = true, true
+		c.slots[i].exists, c.slots[i].running, c.slots[i].keep = true, true, keep
 		return nil
 	})
 }
