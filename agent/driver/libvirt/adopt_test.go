@@ -23,14 +23,20 @@ func domainState(t *testing.T, l *golibvirt.Libvirt, key string) golibvirt.Domai
 	return golibvirt.DomainState(s)
 }
 
+// running starts a node with the driver's guest web running on it.
+func running(t *testing.T, name string) (*libvirttest.Node, *Driver, *golibvirt.Libvirt, driver.Machine) {
+	t.Helper()
+	node := libvirttest.Start(t, name)
+	d := open(t, node)
+	m := machine("web")
+	_, err := d.Ensure(context.Background(), m)
+	require.NoError(t, err)
+	return node, d, raw(t, node), m
+}
+
 func TestReleaseAndAdopt(t *testing.T) {
 	ctx := context.Background()
-	node := libvirttest.Start(t, "adopt")
-	d := open(t, node)
-	l := raw(t, node)
-	old := machine("web")
-	_, err := d.Ensure(ctx, old)
-	require.NoError(t, err)
+	node, d, l, old := running(t, "adopt")
 	before, _, err := l.ConnectListAllDomains(1, 0)
 	require.NoError(t, err)
 
@@ -107,12 +113,7 @@ func TestReleaseAndAdopt(t *testing.T) {
 // adopted it, under the VM's own uid.
 func TestAnAdoptedDomainGoneIsMadeAgain(t *testing.T) {
 	ctx := context.Background()
-	node := libvirttest.Start(t, "regone")
-	d := open(t, node)
-	l := raw(t, node)
-	old := machine("web")
-	_, err := d.Ensure(ctx, old)
-	require.NoError(t, err)
+	_, d, l, old := running(t, "regone")
 	require.NoError(t, d.Release(ctx, old.UID))
 	next := old
 	next.UID = "0b5e3f1a-7c2d-4e8f-9a1b-bbbbbbbbbbbb"
