@@ -303,6 +303,13 @@ type Observation struct {
 	RestartRequired bool
 	// Message explains Phase when there is something to explain.
 	Message string
+	// VCPU and MemoryBytes are the guest's shape as the backend defines
+	// it; 0 when the driver does not tell.
+	VCPU        int32
+	MemoryBytes int64
+	// OrphanOf is set by Adopter.Orphans: the VM the guest was released
+	// from.
+	OrphanOf *VMRef
 }
 
 // Interface is one network interface of a guest.
@@ -363,4 +370,61 @@ type Capacity struct {
 
 	AllocatedVCPU        int64
 	AllocatedMemoryBytes int64
+}
+
+// Adopter is implemented by a Driver that lets a guest outlive its VM and
+// hands an existing guest to a VM: an orphan released earlier, or a guest
+// named by the backend's own name, made by virtfleet or not. A node whose
+// driver is no Adopter refuses release markers and claims with a message.
+//
+// As KubeVirt orphans a VirtualMachineInstance on a delete with
+// propagationPolicy Orphan and adopts it again by name, a released guest
+// keeps running as it is and remembers the namespace/name it was released
+// from; Claim hands it to the next VM of that name.
+type Adopter interface {
+	// Release stops managing the guest uid and leaves it exactly as it is:
+	// not stopped, not redefined. It is remembered as orphaned from its
+	// namespace/name; from then on List, Observe and Ensure of uid do not
+	// see it, Delete(uid) leaves it alone, and Orphans reports it.
+	// Releasing an absent or already released guest succeeds.
+	Release(ctx context.Context, uid string) error
+
+	// Orphans reports the released guests of the node, each with the uid
+	// it was released under and OrphanOf set.
+	Orphans(ctx context.Context) ([]Observation, error)
+
+	// Claim makes the guest ref names managed as m.UID (m.Namespace,
+	// m.Name) without changing it: the same disks, addresses and restart
+	// count; a later Ensure with m drives it, and a shape that differs
+	// from the guest's shows as RestartRequired. Claiming a guest already
+	// managed as m.UID succeeds. A guest another VM manages is refused
+	// with a Terminal error naming that VM; a ref naming no guest returns
+	// a NotFound error.
+	Claim(ctx context.Context, m Machine, ref Ref) error
+
+	// ObserveRef reports the guest ref names, managed or not, without
+	// changing it or taking it over.
+	ObserveRef(ctx context.Context, ref Ref) (Observation, error)
+}
+
+// Ref names an existing guest; exactly one field is set.
+type Ref struct {
+	// Orphan is the uid an orphan was released under.
+	Orphan string
+	// ExternalName is the backend's name or id of the guest: a libvirt
+	// domain name or UUID, a Nova server id, a KubeVirt VirtualMachine name.
+	ExternalName string
+}
+
+func (r Ref) String() string {
+	if r.Orphan != "" {
+		return "orphan " + r.Orphan
+	}
+	return r.ExternalName
+}
+
+// VMRef is a VirtualMachine's namespace and name.
+type VMRef struct {
+	Namespace string
+	Name      string
 }

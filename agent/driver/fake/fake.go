@@ -53,6 +53,10 @@ type Driver struct {
 	// failures are Fail's errors, by operation and uid.
 	failures map[failure]error
 	guests   map[string]*guest
+	// orphans are released guests, by the uid they were released under;
+	// foreign are guests virtfleet never made, by their ID.
+	orphans map[string]*guest
+	foreign map[string]*guest
 	// images are what Images reports, as SetImage left them; imagesCalls
 	// counts Images calls, which are not in calls: the reconciler polls
 	// them on a timer, and tests counting calls must not see that.
@@ -73,7 +77,10 @@ type guest struct {
 
 type failure struct{ op, uid string }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver  = (*Driver)(nil)
+	_ driver.Adopter = (*Driver)(nil)
+)
 
 // New returns an empty fake driver for node.
 func New(node string) *Driver {
@@ -82,6 +89,8 @@ func New(node string) *Driver {
 		Host:     driver.Capacity{VCPU: 16, MemoryBytes: 64 << 30},
 		failures: map[failure]error{},
 		guests:   map[string]*guest{},
+		orphans:  map[string]*guest{},
+		foreign:  map[string]*guest{},
 		images:   map[string]driver.ImageStatus{},
 		events:   make(chan driver.Event, 64),
 	}
@@ -162,12 +171,17 @@ func (d *Driver) Ensure(_ context.Context, m driver.Machine) (driver.Observation
 		g = &guest{lastNonce: m.RestartNonce, obs: driver.Observation{UID: m.UID, ID: m.UID, Node: d.Node}}
 		d.guests[m.UID] = g
 	}
+	g.obs.VCPU, g.obs.MemoryBytes = m.VCPU, m.MemoryBytes
+	if g.applied.VCPU != 0 {
+		g.obs.VCPU, g.obs.MemoryBytes = g.applied.VCPU, g.applied.MemoryBytes
+	}
 	running := g.obs.Phase == driver.PhaseRunning
 	switch {
 	case !m.Running:
 		g.obs.Phase = driver.PhaseStopped
 	case !running:
 		g.obs.Phase, g.applied = driver.PhaseRunning, m
+		g.obs.VCPU, g.obs.MemoryBytes = m.VCPU, m.MemoryBytes
 	case m.RestartNonce != "" && m.RestartNonce != g.lastNonce:
 		g.obs.RestartCount++
 		g.applied = m
@@ -178,11 +192,102 @@ func (d *Driver) Ensure(_ context.Context, m driver.Machine) (driver.Observation
 	return g.obs, nil
 }
 
-// sameShape compares what a guest is made of, not how it is asked to run.
+// sameShape compares what a guest is made of, not how it is asked to run
+// nor which VM owns it.
 func sameShape(a, b driver.Machine) bool {
-	a.Running, a.RestartNonce, a.Generation = false, "", 0
-	b.Running, b.RestartNonce, b.Generation = false, "", 0
+	a.Running, a.RestartNonce, a.Generation, a.UID = false, "", 0, ""
+	b.Running, b.RestartNonce, b.Generation, b.UID = false, "", 0, ""
 	return reflect.DeepEqual(a, b)
+}
+
+// AddForeign puts a guest virtfleet never made on the node, running with
+// the given shape, under the backend id id: what Claim and ObserveRef find
+// by external name.
+func (d *Driver) AddForeign(id string, vcpu int32, memoryBytes int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := driver.Machine{VCPU: vcpu, MemoryBytes: memoryBytes}
+	d.foreign[id] = &guest{machine: m, applied: m, obs: driver.Observation{ID: id, Phase: driver.PhaseRunning, Node: d.Node, VCPU: vcpu, MemoryBytes: memoryBytes}}
+}
+
+// Release implements driver.Adopter.
+func (d *Driver) Release(_ context.Context, uid string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls = append(d.calls, Call{Op: "Release", UID: uid})
+	g, ok := d.guests[uid]
+	if !ok {
+		return nil
+	}
+	delete(d.guests, uid)
+	g.obs.OrphanOf = &driver.VMRef{Namespace: g.machine.Namespace, Name: g.machine.Name}
+	d.orphans[uid] = g
+	return nil
+}
+
+// Orphans implements driver.Adopter.
+func (d *Driver) Orphans(_ context.Context) ([]driver.Observation, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]driver.Observation, 0, len(d.orphans))
+	for _, g := range d.orphans {
+		out = append(out, g.obs)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
+	return out, nil
+}
+
+// find is the guest ref names: the map holding it and its key there.
+func (d *Driver) find(ref driver.Ref) (map[string]*guest, string, bool) {
+	if ref.Orphan != "" {
+		_, ok := d.orphans[ref.Orphan]
+		return d.orphans, ref.Orphan, ok
+	}
+	for _, m := range []map[string]*guest{d.guests, d.orphans, d.foreign} {
+		for k, g := range m {
+			if g.obs.ID == ref.ExternalName {
+				return m, k, true
+			}
+		}
+	}
+	return nil, "", false
+}
+
+// Claim implements driver.Adopter.
+func (d *Driver) Claim(_ context.Context, m driver.Machine, ref driver.Ref) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls = append(d.calls, Call{Op: "Claim", UID: m.UID, Machine: m})
+	if _, ok := d.guests[m.UID]; ok {
+		return nil
+	}
+	from, k, ok := d.find(ref)
+	switch {
+	case !ok:
+		return driver.NotFoundf("no guest %s on node %s", ref, d.Node)
+	case reflect.ValueOf(from).Pointer() == reflect.ValueOf(d.guests).Pointer():
+		owner := d.guests[k].machine
+		return driver.Terminalf("guest %s is managed by VirtualMachine %s/%s", ref, owner.Namespace, owner.Name)
+	}
+	g := from[k]
+	delete(from, k)
+	g.obs.UID, g.obs.OrphanOf = m.UID, nil
+	g.machine.UID, g.machine.Namespace, g.machine.Name = m.UID, m.Namespace, m.Name
+	g.lastNonce = m.RestartNonce
+	d.guests[m.UID] = g
+	return nil
+}
+
+// ObserveRef implements driver.Adopter.
+func (d *Driver) ObserveRef(_ context.Context, ref driver.Ref) (driver.Observation, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls = append(d.calls, Call{Op: "ObserveRef"})
+	from, k, ok := d.find(ref)
+	if !ok {
+		return driver.Observation{}, driver.NotFoundf("no guest %s on node %s", ref, d.Node)
+	}
+	return from[k].obs, nil
 }
 
 // Delete implements driver.Driver.

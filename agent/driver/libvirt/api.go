@@ -15,6 +15,7 @@ type API interface {
 
 	ConnectListAllDomains(NeedResults int32, Flags golibvirt.ConnectListAllDomainsFlags) (rDomains []golibvirt.Domain, rRet uint32, err error)
 	DomainLookupByUUID(UUID golibvirt.UUID) (rDom golibvirt.Domain, err error)
+	DomainLookupByName(Name string) (rDom golibvirt.Domain, err error)
 	DomainDefineXMLFlags(XML string, Flags golibvirt.DomainDefineFlags) (rDom golibvirt.Domain, err error)
 	DomainGetXMLDesc(Dom golibvirt.Domain, Flags golibvirt.DomainXMLFlags) (rXML string, err error)
 	DomainGetState(Dom golibvirt.Domain, Flags uint32) (rState int32, rReason int32, err error)

@@ -41,6 +41,12 @@ type ownership struct {
 	LastNonce string `xml:"lastNonce,omitempty"`
 	// Restarts counts restarts the driver performed.
 	Restarts int32 `xml:"restarts"`
+	// Orphaned is set when the VM was deleted without its guest: the
+	// domain is left as it is, and Namespace/Name say which VM it was.
+	Orphaned bool `xml:"orphaned,omitempty"`
+	// Imported is set on a domain a VM took over that was not made for a
+	// VM of its name: its definition is never rewritten.
+	Imported bool `xml:"imported,omitempty"`
 }
 
 func (o ownership) marshal() (string, error) {

@@ -56,6 +56,9 @@ type Driver struct {
 
 	addresses *addressBook
 	images    *images
+	aliases   *aliases
+	// claimMu serialises claims, so two VMs never take one domain.
+	claimMu sync.Mutex
 	// networkMu serialises making networks: guests sharing a network may be
 	// ensured at once, and libvirt refuses a second define or start of it.
 	networkMu sync.Mutex
@@ -109,6 +112,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		events:     make(chan driver.Event, 256),
 		done:       make(chan struct{}),
 		addresses:  newAddressBook(),
+		aliases:    newAliases(),
 		images:     newImages(cfg.ImageDir, cfg.ImagePruneInterval),
 		shutdownAt: map[string]time.Time{},
 		crashes:    map[string]int32{},
@@ -316,7 +320,7 @@ func (d *Driver) started(uid string, at time.Time) {
 }
 
 func (d *Driver) handle(e golibvirt.DomainEventLifecycleMsg) {
-	uid := formatUUID(e.Dom.UUID)
+	uid := d.aliases.ownerOf(formatUUID(e.Dom.UUID))
 	kind, ok := map[golibvirt.DomainEventType]driver.EventKind{
 		golibvirt.DomainEventDefined:     driver.EventDefined,
 		golibvirt.DomainEventUndefined:   driver.EventUndefined,
@@ -387,14 +391,31 @@ func validate(m driver.Machine) error {
 }
 
 // lookup finds the guest's domain and reads its definition. It returns a
-// NotFound error when there is no domain with the uid, and a Terminal one when
-// a domain with the uid is not virtfleet's.
+// NotFound error when there is no domain with the uid, or when the domain
+// with the uid was released or now belongs to another VM (a *NotOursError),
+// and a Terminal one when a domain with the uid is not virtfleet's.
 func (d *Driver) lookup(api API, uid string, flags golibvirt.DomainXMLFlags) (golibvirt.Domain, domainInfo, error) {
-	u, err := parseUUID(uid)
+	if err := d.aliases.load(d, api); err != nil {
+		return golibvirt.Domain{}, domainInfo{}, err
+	}
+	if _, err := parseUUID(uid); err != nil {
+		return golibvirt.Domain{}, domainInfo{}, err
+	}
+	key := d.aliases.keyOf(uid)
+	u, err := parseUUID(key)
 	if err != nil {
 		return golibvirt.Domain{}, domainInfo{}, err
 	}
 	dom, err := api.DomainLookupByUUID(u)
+	if isCode(err, golibvirt.ErrNoDomain) && key != uid {
+		// The domain uid adopted is gone (undefined behind the agent's
+		// back, or a daemon that lost its state): uid has none but its own.
+		d.aliases.drop(uid)
+		if u, err = parseUUID(uid); err != nil {
+			return golibvirt.Domain{}, domainInfo{}, err
+		}
+		dom, err = api.DomainLookupByUUID(u)
+	}
 	if isCode(err, golibvirt.ErrNoDomain) {
 		return dom, domainInfo{}, driver.NotFoundf("no domain with uuid %s", uid)
 	}
@@ -412,8 +433,13 @@ func (d *Driver) lookup(api API, uid string, flags golibvirt.DomainXMLFlags) (go
 	if err != nil {
 		return dom, domainInfo{}, err
 	}
-	if info.owner == nil || info.owner.UID != uid {
+	switch o := info.owner; {
+	case o == nil:
 		return dom, domainInfo{}, driver.Terminalf("domain %s with uuid %s exists on the node but is not managed by virtfleet", dom.Name, uid)
+	case o.UID != uid:
+		return dom, domainInfo{}, driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "is managed by VirtualMachine " + o.Namespace + "/" + o.Name + " now"})
+	case o.Orphaned:
+		return dom, domainInfo{}, driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "was released and is orphaned"})
 	}
 	return dom, info, nil
 }
@@ -431,8 +457,14 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if err != nil && !driver.IsNotFound(err) {
 		return driver.Observation{}, err
 	}
-	owner := ownership{UID: m.UID, Namespace: m.Namespace, Name: m.Name, Generation: m.Generation, SpecHash: specHash(m), LastNonce: m.RestartNonce}
-	if driver.IsNotFound(err) || info.owner.SpecHash != owner.SpecHash {
+	// The Machine as the domain knows it: an adopted domain keeps the
+	// uid it was made for in its UUID, name, MACs and volumes.
+	key := m
+	if err == nil {
+		key.UID = formatUUID(dom.UUID)
+	}
+	owner := ownership{UID: m.UID, Namespace: m.Namespace, Name: m.Name, Generation: m.Generation, SpecHash: specHash(key), LastNonce: m.RestartNonce}
+	if driver.IsNotFound(err) || (!info.owner.Imported && info.owner.SpecHash != owner.SpecHash) {
 		if info.owner != nil {
 			// A redefinition keeps what the old definition counted.
 			owner.LastNonce, owner.Restarts = info.owner.LastNonce, info.owner.Restarts
@@ -440,7 +472,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		d.images.inUse.RLock()
 		importing, err := d.prepareImages(api, m)
 		if err == nil && importing == "" {
-			dom, err = d.define(api, conn, m, owner, info.owner == nil)
+			dom, err = d.define(api, conn, key, owner, info.owner == nil)
 		}
 		d.images.inUse.RUnlock()
 		switch {
@@ -725,11 +757,16 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 		return err
 	}
 	dom, info, err := d.lookup(api, uid, golibvirt.DomainXMLInactive)
+	var notOurs *NotOursError
+	key := uid
 	switch {
+	case errors.As(err, &notOurs):
+		return nil // another VM's now, or released: not to be touched
 	case driver.IsNotFound(err):
 	case err != nil:
 		return err
 	default:
+		key = formatUUID(dom.UUID)
 		if err := api.DomainDestroy(dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid, golibvirt.ErrNoDomain) {
 			return errors.Wrap(err, "cannot stop domain")
 		}
@@ -743,11 +780,12 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 	}
 	// Also after a crash between undefine and here: the volumes are the
 	// guest's alone, named by its uid.
-	for _, v := range []string{seedVolume(uid), swapVolume(uid)} {
+	for _, v := range []string{seedVolume(key), swapVolume(key)} {
 		if err := deleteVolume(api, d.pool, v); err != nil {
 			return err
 		}
 	}
+	d.aliases.set(key, key)
 	d.addresses.forget(uid)
 	d.clearShutdown(uid)
 	d.stateMu.Lock()
@@ -776,17 +814,21 @@ func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainI
 	if err != nil {
 		return driver.Observation{}, errors.Wrap(err, "cannot read domain state")
 	}
-	o := driver.Observation{UID: uid, ID: uid, Node: d.node}
+	o := driver.Observation{UID: uid, ID: formatUUID(dom.UUID), Node: d.node, VCPU: int32(info.vcpu), MemoryBytes: info.memory}
 	o.Phase, o.Message = phaseOf(golibvirt.DomainState(state), reason)
+	var restarts int32
+	if info.owner != nil {
+		restarts = info.owner.Restarts
+	}
 	if o.Phase == driver.PhaseRunning && d.shuttingDown(uid) {
 		o.Phase, o.Message = driver.PhaseStopping, "waiting for the guest to shut down"
 	}
 	d.stateMu.Lock()
-	o.RestartCount = info.owner.Restarts + d.crashes[uid] + d.reboots[uid]
+	o.RestartCount = restarts + d.crashes[uid] + d.reboots[uid]
 	started, startKnown := d.startedAt[uid]
 	d.stateMu.Unlock()
 
-	if o.Phase != driver.PhaseStopped && o.Phase != driver.PhaseFailed {
+	if o.Phase != driver.PhaseStopped && o.Phase != driver.PhaseFailed && info.owner != nil {
 		// A running domain whose definition changed since it started runs
 		// the old shape until its next start.
 		_, defined, err := d.lookup(api, uid, golibvirt.DomainXMLInactive)
@@ -886,8 +928,9 @@ func phaseOf(s golibvirt.DomainState, reason int32) (driver.Phase, string) {
 	}
 }
 
-// owned lists virtfleet's domains with their live definitions.
-func (d *Driver) owned(api API) ([]golibvirt.Domain, []domainInfo, error) {
+// domains lists virtfleet's domains, released ones included, with their
+// live definitions.
+func (d *Driver) domains(api API) ([]golibvirt.Domain, []domainInfo, error) {
 	all, _, err := api.ConnectListAllDomains(1, 0)
 	if err != nil {
 		return nil, nil, errors.Wrap(err, "cannot list domains")
@@ -906,13 +949,34 @@ func (d *Driver) owned(api API) ([]golibvirt.Domain, []domainInfo, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		if info.owner == nil || info.owner.UID != formatUUID(dom.UUID) {
+		if info.owner == nil {
 			continue
 		}
 		doms = append(doms, dom)
 		infos = append(infos, info)
 	}
 	return doms, infos, nil
+}
+
+// owned lists the domains virtfleet manages: not released ones, and only
+// those of the uid their metadata names (made for it, or claimed by it).
+func (d *Driver) owned(api API) ([]golibvirt.Domain, []domainInfo, error) {
+	if err := d.aliases.load(d, api); err != nil {
+		return nil, nil, err
+	}
+	all, infos, err := d.domains(api)
+	if err != nil {
+		return nil, nil, err
+	}
+	doms, mine := all[:0], infos[:0]
+	for i, dom := range all {
+		o := infos[i].owner
+		if o.Orphaned || d.aliases.keyOf(o.UID) != formatUUID(dom.UUID) {
+			continue
+		}
+		doms, mine = append(doms, dom), append(mine, infos[i])
+	}
+	return doms, mine, nil
 }
 
 // List implements driver.Driver.
@@ -925,14 +989,24 @@ func (d *Driver) List(_ context.Context) ([]driver.Observation, error) {
 	if err != nil {
 		return nil, err
 	}
+	return d.observeAll(api, doms, infos)
+}
+
+// observeAll observes each domain as its owner's guest, skipping those
+// gone since they were listed; an orphan gets OrphanOf.
+func (d *Driver) observeAll(api API, doms []golibvirt.Domain, infos []domainInfo) ([]driver.Observation, error) {
 	out := make([]driver.Observation, 0, len(doms))
 	for i, dom := range doms {
-		o, err := d.observe(api, dom, infos[i].owner.UID, infos[i])
+		owner := infos[i].owner
+		o, err := d.observe(api, dom, owner.UID, infos[i])
 		if isCode(err, golibvirt.ErrNoDomain) {
 			continue
 		}
 		if err != nil {
 			return nil, err
+		}
+		if owner.Orphaned {
+			o.OrphanOf = &driver.VMRef{Namespace: owner.Namespace, Name: owner.Name}
 		}
 		out = append(out, o)
 	}

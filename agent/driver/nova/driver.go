@@ -96,7 +96,9 @@ type Driver struct {
 
 	// view is every server of this agent by uid, as last listed or read.
 	viewMu sync.Mutex
-	view   map[string]servers.Server
+	// claimMu serialises claims, so two VMs never take one server.
+	claimMu sync.Mutex
+	view    map[string]servers.Server
 	// readAt is when the driver last read a server itself, after acting on
 	// it: a listing that started before then is older and is ignored.
 	readAt map[string]time.Time
@@ -193,7 +195,7 @@ func (d *Driver) lock(uid string) func() {
 // ours reports whether a listed server is this agent's, and its uid.
 func (d *Driver) ours(s servers.Server) (string, bool) {
 	uid := s.Metadata[MetaUID]
-	return uid, uid != "" && s.Metadata[MetaNode] == d.node
+	return uid, uid != "" && s.Metadata[MetaNode] == d.node && s.Metadata[MetaOrphaned] == ""
 }
 
 // listServers lists the project's servers in detail, changed since since
@@ -387,6 +389,8 @@ func (d *Driver) observation(uid string, s servers.Server) driver.Observation {
 	o.RestartCount = int32(restarts)
 	o.RestartRequired = (o.Phase == driver.PhaseRunning || o.Phase == driver.PhaseStarting) && s.Metadata[MetaShape] != s.Metadata[MetaLive]
 	o.Interfaces = interfaces(s, d.now())
+	fs := flavorShape(s)
+	o.VCPU, o.MemoryBytes = int32(fs.VCPU), int64(fs.RAMMiB)*mib
 	return o
 }
 

@@ -241,6 +241,10 @@ func (d *Driver) reread(ctx context.Context, uid, id string) (driver.Observation
 func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Server) (driver.Observation, error) {
 	md := s.Metadata
 	want := shapeHash(m)
+	if imported(md) {
+		// An imported server keeps its own flavor and volumes.
+		want = md[MetaLive]
+	}
 	before := map[string]string{}
 	if md[MetaShape] != want {
 		before[MetaShape] = want
@@ -280,7 +284,7 @@ func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Serve
 		act = func() error {
 			return classify(servers.Reboot(ctx, c, s.ID, servers.RebootOpts{Type: servers.SoftReboot}).ExtractErr(), "cannot restart server")
 		}
-	case s.Status == "ACTIVE" && want == md[MetaLive]:
+	case s.Status == "ACTIVE" && want == md[MetaLive] && !imported(md):
 		// Extra disks are attached once the server has booted.
 		var err error
 		if changed, err = d.attach(ctx, m, s, false); err != nil {
@@ -290,7 +294,7 @@ func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Serve
 		if newNonce {
 			before[MetaNonce] = m.RestartNonce
 		}
-	case s.Status == "SHUTOFF" && flavorShape(s) != shapeOf(m):
+	case s.Status == "SHUTOFF" && flavorShape(s) != shapeOf(m) && !imported(md):
 		fl, err := d.ensureFlavor(ctx, shapeOf(m))
 		if err != nil {
 			return driver.Observation{}, err
@@ -303,6 +307,11 @@ func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Serve
 		}
 	case s.Status == "SHUTOFF":
 		// A start applies the new shape and satisfies any restart request.
+		if imported(md) {
+			before[MetaNonce] = m.RestartNonce
+			act = func() error { return classify(servers.Start(ctx, c, s.ID).ExtractErr(), "cannot start server") }
+			break
+		}
 		if _, err := d.attach(ctx, m, s, true); err != nil {
 			return driver.Observation{}, err
 		}

@@ -51,6 +51,8 @@ type Options struct {
 	// import runs; it bounds how long a pruned image stays reported.
 	// Default 10 s.
 	ImagePollEvery time.Duration
+	// ObserveEvery re-examines a guest a VM only observes. Default 5 s.
+	ObserveEvery time.Duration
 	// Now replaces time.Now, for tests.
 	Now func() time.Time
 }
@@ -73,6 +75,9 @@ func (o *Options) defaults() {
 	}
 	if o.ImagePollEvery <= 0 {
 		o.ImagePollEvery = 10 * time.Second
+	}
+	if o.ObserveEvery <= 0 {
+		o.ObserveEvery = defaultObserveEvery
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -100,6 +105,11 @@ type Reconciler struct {
 	written map[string]wire.Report
 	// writtenVolumes is the last VolumeReport written per Volume uid.
 	writtenVolumes map[string]wire.VolumeReport
+	// orphans are the node's released guests, by the uid they were
+	// released under, as of the last resync or release.
+	orphans map[string]driver.Observation
+	// cleared are adopted orphans whose report this run deleted.
+	cleared map[string]bool
 	// imagesCleaned is set once the reports of images the intents name but
 	// the node does not have were deleted (see staleImageReports).
 	imagesCleaned bool
@@ -130,6 +140,8 @@ func New(node string, d driver.Driver, reports Reports, log logging.Logger, o Op
 		written:        map[string]wire.Report{},
 		writtenVolumes: map[string]wire.VolumeReport{},
 		writtenImages:  map[string]wire.ImageReport{},
+		orphans:        map[string]driver.Observation{},
+		cleared:        map[string]bool{},
 		imagesNudge:    make(chan struct{}, 1),
 	}
 }
@@ -212,11 +224,22 @@ func (r *Reconciler) resync(ctx context.Context) {
 		uids = append(uids, volumeKey(uid))
 	}
 	synced := r.synced
+	if synced {
+		// A report whose guest went out of band (an orphan deleted by
+		// hand) is looked at, and deleted, too.
+		for uid := range r.written {
+			uids = append(uids, uid)
+		}
+	}
 	r.mu.Unlock()
 	for _, uid := range uids {
 		r.queue.Add(uid)
 	}
 	if !synced {
+		return
+	}
+	if err := r.refreshOrphans(ctx); err != nil {
+		r.log.Info("Cannot list orphaned guests; the next resync tries again", "error", err)
 		return
 	}
 	guests, err := r.driver.List(ctx)
@@ -227,6 +250,11 @@ func (r *Reconciler) resync(ctx context.Context) {
 	for _, g := range guests {
 		r.queue.Add(g.UID)
 	}
+	r.mu.Lock()
+	for uid := range r.orphans {
+		r.queue.Add(uid)
+	}
+	r.mu.Unlock()
 }
 
 func (r *Reconciler) processNext(ctx context.Context) bool {
@@ -270,14 +298,31 @@ func (r *Reconciler) reconcile(ctx context.Context, uid string) (time.Duration, 
 		if !synced {
 			return 0, nil
 		}
+		if orphan, err := r.orphaned(ctx, uid); orphan || err != nil {
+			return 0, err
+		}
 		return 0, r.remove(ctx, uid)
 	}
-
-	m, err := machine(in)
-	if err != nil {
-		return 0, r.report(ctx, failed(in, r.node, err))
+	if in.Release {
+		return 0, r.release(ctx, in)
 	}
-	obs, err := r.driver.Ensure(ctx, m)
+
+	var (
+		m   driver.Machine
+		obs driver.Observation
+		err error
+	)
+	if !in.ObserveOnly {
+		// An intent that only observes carries no machine.
+		if m, err = machine(in); err != nil {
+			return 0, r.report(ctx, failed(in, r.node, err))
+		}
+	}
+	if in.Claim != nil {
+		obs, err = r.claim(ctx, in, m)
+	} else {
+		obs, err = r.driver.Ensure(ctx, m)
+	}
 	switch {
 	case driver.IsTerminal(err):
 		// The input cannot succeed as given: tell the user and wait for a
@@ -302,6 +347,9 @@ func (r *Reconciler) reconcile(ctx context.Context, uid string) (time.Duration, 
 	}
 	if transitional(obs.Phase) {
 		return r.opts.PollTransitional, nil
+	}
+	if in.ObserveOnly {
+		return r.opts.ObserveEvery, nil
 	}
 	return 0, nil
 }

@@ -97,6 +97,8 @@ func report(in wire.Intent, obs driver.Observation) wire.Report {
 		RestartCount:       obs.RestartCount,
 		RestartRequired:    obs.RestartRequired,
 		Message:            obs.Message,
+		VCPU:               obs.VCPU,
+		MemoryBytes:        obs.MemoryBytes,
 	}
 	for _, i := range obs.Interfaces {
 		network := i.Network

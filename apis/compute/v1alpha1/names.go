@@ -26,4 +26,9 @@ const (
 	// written before the intent is published, so a hub that crashes between
 	// the two finds its earlier choice instead of placing the resource twice.
 	AnnotationNode = Group + "/node"
+
+	// AnnotationAdopted records the uid of the orphaned guest a
+	// VirtualMachine adopted (written with AnnotationNode, before the claim
+	// is published), so every later intent names the same guest.
+	AnnotationAdopted = Group + "/adopted"
 )

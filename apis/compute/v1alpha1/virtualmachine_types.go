@@ -202,6 +202,13 @@ type VirtualMachineObservation struct {
 	// effect only at the next start (vcpu, memory, swap, disks, networks).
 	// +optional
 	RestartRequired bool `json:"restartRequired,omitempty"`
+
+	// Vcpu and Memory are the guest's real shape as its backend defines
+	// it; an imported or only observed guest may differ from the spec.
+	// +optional
+	Vcpu int32 `json:"vcpu,omitempty"`
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
 }
 
 // VirtualMachineSpec defines the desired state of a VirtualMachine.

@@ -140,6 +140,9 @@ func (in Intent) Validate() error {
 	if err := ValidateToken("uid", in.UID); err != nil {
 		return err
 	}
+	if c := in.Claim; c != nil && (c.Orphan == "") == (c.ExternalName == "") {
+		return &DecodeError{Kind: "intent", Err: errors.New("claim needs exactly one of orphan or externalName")}
+	}
 	if in.Machine.VCPU < 0 || in.Machine.MemoryBytes < 0 || in.Machine.SwapBytes < 0 {
 		return &DecodeError{Kind: "intent", Err: errors.New("machine resources must not be negative")}
 	}

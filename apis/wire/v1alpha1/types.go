@@ -25,6 +25,35 @@ type Intent struct {
 	RestartNonce string        `json:"restartNonce,omitempty"`
 	Machine      Machine       `json:"machine"`
 	Backend      BackendParams `json:"backend,omitempty"`
+	// Release is the release marker the hub writes in place of the intent
+	// of a VM deleted without the Delete management policy: the node stops
+	// managing the guest, leaves it exactly as it is and remembers it as
+	// orphaned from Namespace/Name. The node confirms with a Report whose
+	// Released is set; the hub then deletes the marker. Machine is empty.
+	Release bool `json:"release,omitempty"`
+	// Claim names an existing guest the VM takes over instead of creating
+	// one: an orphan to adopt, or a guest imported by its backend's name.
+	Claim *Claim `json:"claim,omitempty"`
+	// ObserveOnly only reports the claimed guest and never changes it
+	// (managementPolicies [Observe]); the guest is not taken over.
+	ObserveOnly bool `json:"observeOnly,omitempty"`
+}
+
+// Claim names an existing guest; exactly one field is set.
+type Claim struct {
+	// Orphan is the uid of the orphaned guest to adopt: the UID of the
+	// Report carrying its Orphan.
+	Orphan string `json:"orphan,omitempty"`
+	// ExternalName is the backend's name or id of the guest (a libvirt
+	// domain name or UUID, a Nova server id, a KubeVirt VirtualMachine
+	// name), made by virtfleet or not.
+	ExternalName string `json:"externalName,omitempty"`
+}
+
+// Orphan says which VM an orphaned guest was released from.
+type Orphan struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
 }
 
 // Machine is the guest's shape with every reference already resolved by the
@@ -148,6 +177,17 @@ type Report struct {
 	RestartRequired bool        `json:"restartRequired,omitempty"`
 	Message         string      `json:"message,omitempty"`
 	ObservedAt      time.Time   `json:"observedAt"`
+	// VCPU and MemoryBytes are the guest's real shape, as the backend
+	// defines it; 0 when the backend does not tell.
+	VCPU        int32 `json:"vcpu,omitempty"`
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// Released confirms a release marker: the node no longer manages the
+	// guest and left it as it was.
+	Released bool `json:"released,omitempty"`
+	// Orphan is set on the report of a guest no VM manages any more. The
+	// node keeps that report as long as the guest is there, so a VM of the
+	// same namespace and name can find and adopt it (Intent.Claim).
+	Orphan *Orphan `json:"orphan,omitempty"`
 }
 
 // AddressSource says how an interface's addresses were learned.

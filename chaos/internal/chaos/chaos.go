@@ -30,6 +30,8 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/digitalocean/go-libvirt"
 
+	vflibvirt "github.com/virtfleet/virtfleet/agent/driver/libvirt"
+
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
@@ -267,7 +269,7 @@ func run(ctx context.Context, s *stack.Stack, o Options, r *Result, progress fun
 	stopChurn()
 	<-churnDone
 	r.Ops, r.OpErrors = c.ops.Load(), c.errs.Load()
-	r.OpsByKind = map[string]int64{"create": c.kinds[opCreate].Load(), "stop": c.kinds[opStop].Load(), "start": c.kinds[opStart].Load(), "delete": c.kinds[opDelete].Load()}
+	r.OpsByKind = map[string]int64{"create": c.kinds[opCreate].Load(), "stop": c.kinds[opStop].Load(), "start": c.kinds[opStart].Load(), "delete": c.kinds[opDelete].Load(), "orphan": c.kinds[opOrphan].Load()}
 	return nil
 }
 
@@ -452,19 +454,26 @@ func listDomains(s *stack.Stack) (map[string][]Domain, error) {
 		if err != nil {
 			return nil, errors.Wrapf(err, "node %s", name)
 		}
-		for _, active := range []bool{true, false} {
-			flag := libvirt.ConnectListDomainsInactive
-			if active {
-				flag = libvirt.ConnectListDomainsActive
-			}
-			doms, _, err := l.ConnectListAllDomains(1, flag)
+		// One list, then each domain's state: two lists (active, then
+		// inactive) would show a guest that stopped in between twice.
+		doms, _, err := l.ConnectListAllDomains(1, 0)
+		if err != nil {
+			_ = l.Disconnect()
+			return nil, errors.Wrapf(err, "cannot list the domains of %s", name)
+		}
+		for _, d := range doms {
+			state, _, err := l.DomainGetState(d, 0)
 			if err != nil {
-				_ = l.Disconnect()
-				return nil, errors.Wrapf(err, "cannot list the domains of %s", name)
+				continue // gone since the list
 			}
-			for _, d := range doms {
-				out[name] = append(out[name], Domain{UUID: uuid.UUID(d.UUID).String(), Name: d.Name, Active: active})
+			s := libvirt.DomainState(state)
+			dom := Domain{UUID: uuid.UUID(d.UUID).String(), Name: d.Name, Active: s != libvirt.DomainShutoff && s != libvirt.DomainCrashed && s != libvirt.DomainNostate}
+			if x, err := l.DomainGetXMLDesc(d, 0); err == nil {
+				if owner, ok, perr := vflibvirt.OwnerOf(x); ok && perr == nil {
+					dom.Owner, dom.Orphaned = owner.UID, owner.Orphaned
+				}
 			}
+			out[name] = append(out[name], dom)
 		}
 		_ = l.Disconnect()
 	}

@@ -27,6 +27,12 @@ type Domain struct {
 	UUID   string
 	Name   string
 	Active bool
+	// Owner is the uid of the VM its virtfleet metadata names: the VM it
+	// was made for, or the one that adopted it. Empty: its UUID is.
+	Owner string
+	// Orphaned is set on a guest released on purpose (a VM deleted without
+	// the Delete management policy): owned by nobody, but not lost.
+	Orphaned bool
 }
 
 // Kind sorts a problem: Lost, Duplicated and Orphaned are what a chaos run
@@ -73,10 +79,14 @@ func Check(want map[string]bool, vms []VM, domains map[string][]Domain) []Proble
 	guests := map[string][]place{}
 	for _, node := range sortedKeys(domains) {
 		for _, d := range domains[node] {
-			if d.Name == testDriverDomain {
+			if d.Name == testDriverDomain || d.Orphaned {
 				continue
 			}
-			guests[d.UUID] = append(guests[d.UUID], place{node, d})
+			owner := d.Owner
+			if owner == "" {
+				owner = d.UUID
+			}
+			guests[owner] = append(guests[owner], place{node, d})
 		}
 	}
 

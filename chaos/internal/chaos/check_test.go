@@ -47,6 +47,19 @@ func TestCheck(t *testing.T) {
 			domains: map[string][]Domain{"n1": {domA, {UUID: "u-x", Name: "x"}}, "n2": {domB}},
 			kinds:   []Kind{Orphaned},
 		},
+		"AnIntentionallyOrphanedGuestIsOwnedByNobodyButNotLost": {
+			want: want, vms: []VM{running, stopped},
+			domains: map[string][]Domain{"n1": {domA, {UUID: "u-x", Name: "x", Owner: "u-x", Orphaned: true}}, "n2": {domB}},
+		},
+		"AnAdoptedGuestBelongsToItsNewVM": {
+			want: want, vms: []VM{running, stopped},
+			domains: map[string][]Domain{"n1": {{UUID: "u-old", Name: "a", Active: true, Owner: "u-a"}}, "n2": {domB}},
+		},
+		"AVMWhoseGuestIsStillAnOrphanIsNotConverged": {
+			want: want, vms: []VM{running, stopped},
+			domains: map[string][]Domain{"n1": {{UUID: "u-old", Name: "a", Active: true, Owner: "u-old", Orphaned: true}}, "n2": {domB}},
+			kinds:   []Kind{NotConverged},
+		},
 		"VMWithoutGuestIsNotConverged": {
 			want: want, vms: []VM{running, stopped},
 			domains: map[string][]Domain{"n2": {domB}},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/bench/workload"
@@ -24,9 +26,15 @@ const namespace = "chaos"
 
 var fleet = workload.Fleet{Namespace: namespace, Network: "chaos-net", CIDR: "10.30.0.0/16", Creators: 16}
 
-// newVM is the i-th VM, booting from the i-th Volume.
-func newVM(i int) *v1alpha1.VirtualMachine {
-	return fleet.VM(workload.VMName(i), workload.VolumeName(i))
+// newVM is the i-th VM, booting from the i-th Volume. A VM that keeps its
+// guest has management policies without Delete: deleting it orphans the
+// guest, and the next VM of its name adopts it.
+func newVM(i int, keep bool) *v1alpha1.VirtualMachine {
+	vm := fleet.VM(workload.VMName(i), workload.VolumeName(i))
+	if keep {
+		vm.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate, xpv2.ManagementActionLateInitialize})
+	}
+	return vm
 }
 
 // slot is one VM name the churn owns: what the churn last asked for.
@@ -35,6 +43,8 @@ type slot struct {
 	exists   bool
 	running  bool
 	deleting bool
+	// keep is set when the VM's deletion orphans its guest.
+	keep bool
 }
 
 // churn creates, stops, starts and deletes the VMs at a steady rate. Each
@@ -49,7 +59,7 @@ type churn struct {
 	gate    sync.RWMutex
 	ops     atomic.Int64
 	errs    atomic.Int64
-	kinds   [4]atomic.Int64 // create, stop, start, delete
+	kinds   [5]atomic.Int64 // create, stop, start, delete, orphan
 }
 
 const (
@@ -57,6 +67,9 @@ const (
 	opStop
 	opStart
 	opDelete
+	// opOrphan deletes a VM that keeps its guest; the slot's next create
+	// adopts it.
+	opOrphan
 )
 
 func newChurn(kube client.Client, vms, workers int, opsPerSecond float64) *churn {
@@ -67,13 +80,15 @@ func newChurn(kube client.Client, vms, workers int, opsPerSecond float64) *churn
 	return c
 }
 
-// createAll creates every slot's VM, running.
+// createAll creates every slot's VM, running; every third keeps its guest.
 func (c *churn) createAll(ctx context.Context) error {
 	return workload.Parallel(ctx, len(c.slots), fleet.Creators, func(ctx context.Context, i int) error {
-		if err := c.kube.Create(ctx, newVM(i)); err != nil {
+		// Every third VM keeps its guest, so the churn orphans and adopts.
+		keep := i%3 == 0
+		if err := c.kube.Create(ctx, newVM(i, keep)); err != nil {
 			return errors.Wrapf(err, "cannot create VirtualMachine %s", workload.VMName(i))
 		}
-		c.slots[i].exists, c.slots[i].running = true, true
+		c.slots[i].exists, c.slots[i].running, c.slots[i].keep = true, true, keep
 		return nil
 	})
 }
@@ -141,11 +156,15 @@ func (c *churn) step(ctx context.Context, rng *rand.Rand, s *slot) {
 		fallthrough
 	case !s.exists:
 		op = opCreate
-		if err = c.kube.Create(ctx, newVM(s.i)); err == nil {
-			s.exists, s.running = true, true
+		keep := rng.IntN(3) == 0
+		if err = c.kube.Create(ctx, newVM(s.i, keep)); err == nil {
+			s.exists, s.running, s.keep = true, true, keep
 		}
 	case rng.IntN(8) == 0:
 		op = opDelete
+		if s.keep {
+			op = opOrphan
+		}
 		vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: key.Name}}
 		if err = c.kube.Delete(ctx, vm); err == nil {
 			s.deleting = true
@@ -183,5 +202,6 @@ func (c *churn) resync(ctx context.Context, s *slot) {
 	case err == nil:
 		s.exists, s.deleting = true, vm.DeletionTimestamp != nil
 		s.running = vm.Spec.ForProvider.Running == nil || *vm.Spec.ForProvider.Running
+		s.keep = !slices.Contains(vm.GetManagementPolicies(), xpv2.ManagementActionDelete) && !slices.Contains(vm.GetManagementPolicies(), xpv2.ManagementActionAll)
 	}
 }

@@ -53,6 +53,9 @@ type Bus interface {
 // ReportEvent is the state of one guest's report key, or, with Volume set,
 // of one Volume's, or, with Image set, of one image's on one node.
 type ReportEvent struct {
+	// Synced marks the end of the reports that existed when the watch
+	// began; every other field is empty.
+	Synced    bool
 	Node, UID string
 	Revision  uint64
 	// Deleted is true when the agent removed the report (the guest is gone).

@@ -170,20 +170,23 @@ func (f *Fake) SetNode(ev NodeEvent) {
 
 // WatchReports implements Bus.
 func (f *Fake) WatchReports(ctx context.Context, fn func(ReportEvent)) error {
-	return fakeWatch(ctx, &f.mu, f.reportKV, &f.reports, fn)
+	return fakeWatch(ctx, &f.mu, f.reportKV, &f.reports, fn, &ReportEvent{Synced: true})
 }
 
 // WatchNodes implements Bus.
 func (f *Fake) WatchNodes(ctx context.Context, fn func(NodeEvent)) error {
-	return fakeWatch(ctx, &f.mu, f.nodeKV, &f.nodes, fn)
+	return fakeWatch(ctx, &f.mu, f.nodeKV, &f.nodes, fn, nil)
 }
 
-// fakeWatch delivers the current state, registers fn for changes until ctx is
+// fakeWatch delivers the current state, then synced if set, registers fn for changes until ctx is
 // done. Callbacks run under the lock, like a watch's single goroutine.
-func fakeWatch[E any](ctx context.Context, mu *sync.Mutex, state map[string]E, watchers *[]func(E), fn func(E)) error {
+func fakeWatch[E any](ctx context.Context, mu *sync.Mutex, state map[string]E, watchers *[]func(E), fn func(E), synced *E) error {
 	mu.Lock()
 	for _, e := range state {
 		fn(e)
+	}
+	if synced != nil {
+		fn(*synced)
 	}
 	*watchers = append(*watchers, fn)
 	i := len(*watchers) - 1

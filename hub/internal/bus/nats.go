@@ -170,6 +170,10 @@ func deleteKey(ctx context.Context, kv jetstream.KeyValue, key, what string) err
 // WatchReports implements Bus.
 func (n *NATS) WatchReports(ctx context.Context, fn func(ReportEvent)) error {
 	return n.watch(ctx, n.reports, func(e jetstream.KeyValueEntry) error {
+		if e == nil {
+			fn(ReportEvent{Synced: true})
+			return nil
+		}
 		ev, err := reportEvent(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut, e.Value())
 		if err == nil {
 			fn(ev)
@@ -181,6 +185,9 @@ func (n *NATS) WatchReports(ctx context.Context, fn func(ReportEvent)) error {
 // WatchNodes implements Bus.
 func (n *NATS) WatchNodes(ctx context.Context, fn func(NodeEvent)) error {
 	return n.watch(ctx, n.nodes, func(e jetstream.KeyValueEntry) error {
+		if e == nil {
+			return nil
+		}
 		ev, err := nodeEvent(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut, e.Value())
 		if err == nil {
 			fn(ev)
@@ -238,6 +245,7 @@ func (n *NATS) drain(ctx context.Context, bucket string, w jetstream.KeyWatcher,
 				return last
 			}
 			if e == nil { // the end of the initial values
+				_ = handle(nil)
 				continue
 			}
 			last = e.Revision()

@@ -64,7 +64,10 @@ type Fleet struct {
 
 	mu sync.RWMutex
 	// Every kind of report is kept by uid, then by the node that wrote it.
-	reports       map[string]map[string]Report
+	reports map[string]map[string]Report
+	// reportsSynced is set once the reports that existed when the watch
+	// began are all in reports.
+	reportsSynced bool
 	volumeReports map[string]map[string]VolumeReport
 	imageReports  map[string]map[string]ImageReport
 	// foreign are the reports already flagged by FlagForeign, so each is
@@ -172,6 +175,12 @@ func (f *Fleet) onReport(e bus.ReportEvent) {
 	}
 	if e.Image != nil {
 		f.onImageReport(*e.Image)
+		return
+	}
+	if e.Synced {
+		f.mu.Lock()
+		f.reportsSynced = true
+		f.mu.Unlock()
 		return
 	}
 	f.mu.Lock()

@@ -259,7 +259,7 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 	if fp.Backend != nil {
 		in.Backend.Type = string(*fp.Backend)
 	}
-	return in
+	return withClaim(vm, in)
 }
 
 // fingerprint identifies an intent's content, to tell whether the one

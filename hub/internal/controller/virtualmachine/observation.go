@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -34,6 +35,10 @@ func observation(r wire.Report, networks []v1alpha1.LocalName) v1alpha1.VirtualM
 		RestartCount:       r.RestartCount,
 		ObservedGeneration: r.ObservedGeneration,
 		RestartRequired:    r.RestartRequired,
+		Vcpu:               r.VCPU,
+	}
+	if r.MemoryBytes > 0 {
+		o.Memory = resource.NewQuantity(r.MemoryBytes, resource.BinarySI)
 	}
 	for _, i := range r.Interfaces {
 		s := v1alpha1.InterfaceStatus{

@@ -162,7 +162,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
 		WatchesRawSource(vo.Notifier.Source()).
-		Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
+		Complete(ratelimiter.NewReconciler(name, &releaser{inner: r, c: c}, o.GlobalRateLimiter))
 }
 
 // skipCriticalAnnotations writes nothing; see Setup.
@@ -233,7 +233,16 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	if meta.WasDeleted(vm) {
 		e.opts.Notifier.Placed(string(vm.UID), true)
+		if e.keepsGuest(vm) {
+			return e.observeRelease(ctx, vm, node)
+		}
 		return e.observeDeletion(vm, node), nil
+	}
+	if node == "" {
+		var err error
+		if node, err = e.adopt(ctx, vm); err != nil {
+			return managed.ExternalObservation{}, err
+		}
 	}
 	if node == "" {
 		if !e.mayCreate(vm) {
@@ -271,7 +280,8 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 		published, _ := e.state.published.Load(uid)
 		upToDate = published == fingerprint(intent(vm, d))
 	}
-	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, nil
+	upToDate, err = e.afterObserve(ctx, vm, node, upToDate)
+	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, err
 }
 
 // observeDeletion reports the guest as existing until its node confirmed the
@@ -378,6 +388,9 @@ func (e *external) place(ctx context.Context, vm *v1alpha1.VirtualMachine, d dep
 	}
 	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: node})
 	meta.AddFinalizer(vm, managed.FinalizerName)
+	if e.keepsGuest(vm) {
+		meta.AddFinalizer(vm, FinalizerKeep)
+	}
 	if err := e.kube.Update(ctx, vm); err != nil {
 		// A conflict means this reconcile read an old VM, maybe from
 		// before an earlier one recorded this very node: keep the

@@ -1,0 +1,155 @@
+package reconciler
+
+import (
+	"context"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+)
+
+// defaultObserveEvery is how often a guest a VM only observes is looked at:
+// it is not the driver's, so no driver event names it.
+const defaultObserveEvery = 5 * time.Second
+
+// adopter is the node's driver as a driver.Adopter, or an error for the
+// user saying the backend cannot keep or hand over guests.
+func (r *Reconciler) adopter(what string) (driver.Adopter, error) {
+	if a, ok := r.driver.(driver.Adopter); ok {
+		return a, nil
+	}
+	return nil, driver.Terminalf("the backend of node %s cannot %s", r.node, what)
+}
+
+// release acts on a release marker: the guest is no longer managed and is
+// left as it is, and the report says so. A backend that cannot keep a
+// guest without its VM says so instead, and the guest stays managed.
+func (r *Reconciler) release(ctx context.Context, in wire.Intent) error {
+	a, err := r.adopter("keep a guest without its VM; delete the VM with the Delete management policy instead")
+	if err != nil {
+		return r.report(ctx, failed(in, r.node, err))
+	}
+	if err := a.Release(ctx, in.UID); err != nil {
+		return errors.Wrap(err, "cannot release guest")
+	}
+	if err := r.refreshOrphans(ctx); err != nil {
+		return err
+	}
+	rep := wire.Report{UID: in.UID, ObservedGeneration: in.Generation, Phase: wire.PhaseUnknown, Message: "released: no longer managed"}
+	r.mu.Lock()
+	o, orphaned := r.orphans[in.UID]
+	r.mu.Unlock()
+	if orphaned {
+		rep = orphanReport(o)
+	}
+	rep.Released = true
+	return r.report(ctx, rep)
+}
+
+// refreshOrphans re-reads the node's orphans.
+func (r *Reconciler) refreshOrphans(ctx context.Context) error {
+	a, ok := r.driver.(driver.Adopter)
+	if !ok {
+		return nil
+	}
+	list, err := a.Orphans(ctx)
+	if err != nil {
+		return errors.Wrap(err, "cannot list orphaned guests")
+	}
+	orphans := make(map[string]driver.Observation, len(list))
+	for _, o := range list {
+		orphans[o.UID] = o
+	}
+	r.mu.Lock()
+	r.orphans = orphans
+	r.mu.Unlock()
+	return nil
+}
+
+// orphaned writes the report of a guest released earlier, if uid is one:
+// it stays for as long as the guest does, so a VM of the same name finds
+// it to adopt.
+func (r *Reconciler) orphaned(ctx context.Context, uid string) (bool, error) {
+	r.mu.Lock()
+	o, ok := r.orphans[uid]
+	r.mu.Unlock()
+	if !ok {
+		return false, nil
+	}
+	rep := orphanReport(o)
+	r.mu.Lock()
+	last := r.written[uid]
+	r.mu.Unlock()
+	rep.Released = last.Released
+	return true, r.report(ctx, rep)
+}
+
+// claim takes over, or with ObserveOnly only looks at, the guest the intent
+// names, then drives it as any other. An orphan that is gone is no reason
+// to fail: the VM gets a new guest.
+func (r *Reconciler) claim(ctx context.Context, in wire.Intent, m driver.Machine) (driver.Observation, error) {
+	a, err := r.adopter("adopt or import guests")
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	ref := driver.Ref{Orphan: in.Claim.Orphan, ExternalName: in.Claim.ExternalName}
+	if in.ObserveOnly {
+		obs, err := a.ObserveRef(ctx, ref)
+		obs.UID = in.UID
+		return obs, missing(err)
+	}
+	err = a.Claim(ctx, m, ref)
+	switch {
+	case driver.IsNotFound(err) && ref.Orphan != "":
+	case driver.IsNotFound(err):
+		return driver.Observation{}, missing(err)
+	case err != nil:
+		return driver.Observation{}, err
+	case ref.Orphan != "":
+		if err := r.clearOrphanReport(ctx, ref.Orphan); err != nil {
+			return driver.Observation{}, err
+		}
+	}
+	return r.driver.Ensure(ctx, m)
+}
+
+// clearOrphanReport deletes the report of an orphan just adopted, once per
+// agent run: after a restart the report may still be there.
+func (r *Reconciler) clearOrphanReport(ctx context.Context, uid string) error {
+	r.mu.Lock()
+	done := r.cleared[uid]
+	r.mu.Unlock()
+	if done {
+		return nil
+	}
+	if err := r.reports.DeleteReport(ctx, uid); err != nil {
+		return errors.Wrap(err, "cannot delete the adopted orphan's report")
+	}
+	r.mu.Lock()
+	r.cleared[uid] = true
+	delete(r.orphans, uid)
+	delete(r.written, uid)
+	r.mu.Unlock()
+	return nil
+}
+
+// orphanReport is the report of an orphaned guest.
+func orphanReport(o driver.Observation) wire.Report {
+	rep := report(wire.Intent{UID: o.UID}, o)
+	if o.OrphanOf != nil {
+		rep.Orphan = &wire.Orphan{Namespace: o.OrphanOf.Namespace, Name: o.OrphanOf.Name}
+		rep.Message = "orphaned from VirtualMachine " + o.OrphanOf.Namespace + "/" + o.OrphanOf.Name + "; a VirtualMachine of that name adopts it"
+	}
+	return rep
+}
+
+// missing shows a claimed guest that is not there as Failed, retried: it
+// may be made yet.
+func missing(err error) error {
+	if driver.IsNotFound(err) {
+		return driver.Failing(err)
+	}
+	return err
+}

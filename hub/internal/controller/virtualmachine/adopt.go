@@ -1,0 +1,165 @@
+package virtualmachine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+)
+
+// Event reasons of orphaning, adopting and importing.
+const (
+	ReasonOrphaned event.Reason = "Orphaned"
+	ReasonAdopted  event.Reason = "Adopted"
+)
+
+// ReleasingError is what Observe returns while a deleted VM's node has not
+// confirmed the release of its guest; the VM keeps its finalizer until then.
+type ReleasingError struct{ Node string }
+
+func (e *ReleasingError) Error() string {
+	return fmt.Sprintf("waiting for node %s to release the guest: the VM is deleted without the Delete management policy, so its guest stays as it is", e.Node)
+}
+
+// ImportNodeError says an imported guest's node is not known.
+type ImportNodeError struct{ ExternalName string }
+
+func (e *ImportNodeError) Error() string {
+	return fmt.Sprintf("the VM imports guest %q: set the annotation %s to the node that has it", e.ExternalName, v1alpha1.AnnotationNode)
+}
+
+// keepsGuest is whether deleting the VM leaves its guest: its management
+// policies lack Delete, or it was deleted with propagationPolicy Orphan
+// (kubectl delete --cascade=orphan), which the API server shows as the
+// orphan finalizer until the garbage collector has run.
+func (e *connector) keepsGuest(vm *v1alpha1.VirtualMachine) bool {
+	return !managed.NewManagementPoliciesResolver(e.policies, vm.GetManagementPolicies()).ShouldDelete() ||
+		slices.Contains(vm.GetFinalizers(), metav1.FinalizerOrphanDependents)
+}
+
+// observeRelease replaces the intent of a deleted VM by a release marker and
+// reports the guest as existing until the node confirmed it released it;
+// then it deletes the marker, so nothing of the VM is left in NATS but the
+// node's report of its orphan.
+func (e *external) observeRelease(ctx context.Context, vm *v1alpha1.VirtualMachine, node string) (managed.ExternalObservation, error) {
+	if node == "" {
+		return managed.ExternalObservation{ResourceExists: false}, nil
+	}
+	uid := string(vm.UID)
+	if rep, ok := e.fleet.Report(node, uid); ok && rep.Report.Released {
+		if err := e.fleet.Bus.DeleteIntent(ctx, node, uid); err != nil {
+			return managed.ExternalObservation{}, errors.Wrapf(err, "cannot delete the release marker on node %s", node)
+		}
+		e.state.published.Delete(uid)
+		e.state.deleted.Store(uid, struct{}{})
+		e.opts.Placer.Release(uid)
+		e.recorder.Event(vm, event.Normal(ReasonOrphaned, fmt.Sprintf("The guest stays on node %s as it is, orphaned; a VirtualMachine %s/%s adopts it", node, vm.Namespace, vm.Name)))
+		return managed.ExternalObservation{ResourceExists: false}, nil
+	}
+	marker := wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: uid, Namespace: vm.Namespace, Name: vm.Name, Generation: vm.Generation, Release: true}
+	if published, _ := e.state.published.Load(uid); published != fingerprint(marker) {
+		if _, err := e.fleet.Bus.PutIntent(ctx, node, marker); err != nil {
+			return managed.ExternalObservation{}, errors.Wrapf(err, "cannot publish the release marker to node %s", node)
+		}
+		e.state.published.Store(uid, fingerprint(marker))
+	}
+	return managed.ExternalObservation{}, &ReleasingError{Node: node}
+}
+
+// adopt places a new VM on the node of the guest orphaned from its
+// namespace/name, if there is one, and records the orphan with the node in
+// one write, before the claim is published. A VM importing a guest by
+// external name needs the node named. It returns "" when there is nothing
+// to adopt.
+func (e *external) adopt(ctx context.Context, vm *v1alpha1.VirtualMachine) (string, error) {
+	if ext := meta.GetExternalName(vm); ext != "" {
+		err := &ImportNodeError{ExternalName: ext}
+		e.waiting(vm, err)
+		return "", err
+	}
+	o, ok, err := e.fleet.Orphan(vm.Namespace, vm.Name)
+	if err != nil || !ok {
+		return "", err
+	}
+	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: o.Node, v1alpha1.AnnotationAdopted: o.UID})
+	meta.AddFinalizer(vm, managed.FinalizerName)
+	if e.keepsGuest(vm) {
+		meta.AddFinalizer(vm, FinalizerKeep)
+	}
+	if err := e.kube.Update(ctx, vm); err != nil {
+		return "", errors.Wrap(err, "cannot record the orphan to adopt")
+	}
+	e.recorder.Event(vm, event.Normal(ReasonAdopted, fmt.Sprintf("Adopting the guest orphaned from %s/%s on node %s", vm.Namespace, vm.Name, o.Node)))
+	if observeOnly(vm) {
+		return o.Node, e.publish(ctx, vm, dependencies{}, o.Node)
+	}
+	d, err := resolve(ctx, e.kube, vm)
+	if err != nil {
+		e.waiting(vm, err)
+		return o.Node, err
+	}
+	return o.Node, e.ensure(ctx, vm, d, o.Node)
+}
+
+// afterObserve holds a VM whose guest outlives it with FinalizerKeep, and
+// publishes the intent of a VM that only observes its guest: the managed
+// reconciler never calls Update for it. It returns whether the intent
+// published is the one wanted.
+func (e *external) afterObserve(ctx context.Context, vm *v1alpha1.VirtualMachine, node string, upToDate bool) (bool, error) {
+	if err := e.keepFinalizer(ctx, vm); err != nil {
+		return upToDate, err
+	}
+	if upToDate || !observeOnly(vm) || claimOf(vm) == nil {
+		return upToDate, nil
+	}
+	if published, _ := e.state.published.Load(string(vm.UID)); published == fingerprint(intent(vm, dependencies{})) {
+		return true, nil
+	}
+	return true, e.publish(ctx, vm, dependencies{}, node)
+}
+
+// claimOf is the existing guest the VM takes over or observes, if any.
+func claimOf(vm *v1alpha1.VirtualMachine) *wire.Claim {
+	if ext := meta.GetExternalName(vm); ext != "" {
+		return &wire.Claim{ExternalName: ext}
+	}
+	if uid := vm.GetAnnotations()[v1alpha1.AnnotationAdopted]; uid != "" {
+		return &wire.Claim{Orphan: uid}
+	}
+	return nil
+}
+
+// observeOnly is whether the VM's management policies only let the hub
+// look: neither create nor update (managementPolicies [Observe]).
+func observeOnly(vm *v1alpha1.VirtualMachine) bool {
+	if len(vm.GetManagementPolicies()) == 0 {
+		return false
+	}
+	for _, p := range vm.GetManagementPolicies() {
+		switch p {
+		case xpv2.ManagementActionAll, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate:
+			return false
+		}
+	}
+	return true
+}
+
+// withClaim adds to in the guest the VM claims; an intent that only
+// observes carries no machine, which the node would not use.
+func withClaim(vm *v1alpha1.VirtualMachine, in wire.Intent) wire.Intent {
+	in.Claim = claimOf(vm)
+	if in.Claim != nil && observeOnly(vm) {
+		in.ObserveOnly, in.Machine = true, wire.Machine{}
+	}
+	return in
+}

@@ -1,0 +1,45 @@
+package fleet
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+)
+
+// Orphan is a guest a node keeps without a VM: released from the VM
+// Namespace/Name, reported under UID on Node.
+type Orphan struct {
+	Node, UID string
+	Report    Report
+}
+
+// ErrReportsNotSynced is returned while the hub has not read every report
+// yet, so it cannot tell whether an orphan is there.
+var ErrReportsNotSynced = errors.New("the hub has not read the nodes' reports yet")
+
+// Orphan returns an orphaned guest released from the VM namespace/name on a
+// live node, if there is one; of several, the one with the lowest uid, so
+// every reconcile picks the same. Until the reports are read it returns
+// ErrReportsNotSynced.
+func (f *Fleet) Orphan(namespace, name string) (Orphan, bool, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if !f.reportsSynced {
+		return Orphan{}, false, ErrReportsNotSynced
+	}
+	var found []Orphan
+	for uid, byNode := range f.reports {
+		for node, r := range byNode {
+			o := r.Report.Orphan
+			if o == nil || o.Namespace != namespace || o.Name != name || f.nodes[node].Lost {
+				continue
+			}
+			found = append(found, Orphan{Node: node, UID: uid, Report: r})
+		}
+	}
+	if len(found) == 0 {
+		return Orphan{}, false, nil
+	}
+	return slices.MinFunc(found, func(a, b Orphan) int { return strings.Compare(a.UID, b.UID) }), true, nil
+}
