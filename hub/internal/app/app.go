@@ -40,8 +40,8 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
-	"github.com/virtfleet/virtfleet/hub/internal/controller/writes"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
@@ -140,6 +140,10 @@ func Run(ctx context.Context, c Config) error {
 		return errors.Wrap(err, "cannot set up the CRD gate")
 	}
 
+	mgr = kubeclient.ForManager(mgr)
+	// The placement loop hears of every fleet the pool opens; the pool
+	// opens them only once the manager runs, after the loop is made below.
+	var scheduler *virtualmachine.Scheduler
 	notifier := fleet.NewNotifier()
 	volumes := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
 	images := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.DiskImage{} })
@@ -150,13 +154,17 @@ func Run(ctx context.Context, c Config) error {
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor("virtfleet-hub")) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
 		f.Subscribe(notifier.Notify)
-		f.SubscribeNodes(notifier.NotifyUnplaced)
+		f.SubscribeNodes(func(node string) { scheduler.RetryUnplaced(node) })
 		f.SubscribeVolumes(volumes.Notify)
 		f.SubscribeImages(images.Notify)
 		leftovers.Watch(f)
 	})
-	vo := virtualmachine.Options{Pool: pool, Placer: placement.New(), Notifier: notifier, FencingTimeout: c.FencingTimeout}
-	if err := hubcontroller.SetupGated(ctx, writes.SkipUnchangedStatus(mgr), o, vo, volumes, images); err != nil {
+	placer := placement.New()
+	scheduler = virtualmachine.NewScheduler(kubeclient.Direct(mgr.GetClient()), mgr.GetCache(), pool, placer,
+		event.NewAPIRecorder(mgr.GetEventRecorderFor("virtualmachine-scheduler")), log, //nolint:staticcheck // crossplane-runtime still records through the old events API
+		o.Features.Enabled(feature.EnableBetaManagementPolicies))
+	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout}
+	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, volumes, images); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	// Connect at start, not at the first VM: agents heartbeat only once the

@@ -139,7 +139,9 @@ func (f *Fleet) SubscribeImages(fn func(uid string)) {
 }
 
 // SubscribeNodes registers fn to be called with the name of every node that
-// joins or comes back: guests waiting for room may fit now. fn must not block.
+// joins, comes back or has more room than at its previous heartbeat (a
+// guest went, or the node grew): guests waiting for room may fit now. fn
+// must not block.
 func (f *Fleet) SubscribeNodes(fn func(node string)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -262,11 +264,22 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 			fn(uid)
 		}
 	}
-	if joined := !s.Lost && (!known || prev.Lost); joined {
+	if joined := !s.Lost && (!known || prev.Lost); joined || (!s.Lost && roomGrew(prev.Heartbeat, s.Heartbeat)) {
 		for _, fn := range nodeSubs {
 			fn(e.Node)
 		}
 	}
+}
+
+// roomGrew is whether the node's free vCPUs or memory grew from one
+// heartbeat to the next.
+func roomGrew(prev, cur wire.NodeHeartbeat) bool {
+	free := func(h wire.NodeHeartbeat) (int64, int64) {
+		return h.Capacity.VCPU - h.Allocated.VCPU, h.Capacity.MemoryBytes - h.Allocated.MemoryBytes
+	}
+	pc, pm := free(prev)
+	cc, cm := free(cur)
+	return cc > pc || cm > pm
 }
 
 // Report returns node's latest report of guest uid. Pass the node the guest

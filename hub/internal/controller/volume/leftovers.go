@@ -12,7 +12,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/hub/internal/controller/requeue"
+	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
 
@@ -57,7 +57,7 @@ func NewLeftovers(cache, api client.Reader, log logging.Logger) *Leftovers {
 		api:   api,
 		log:   log,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[leftover](requeue.BaseDelay, requeue.MaxDelay),
+			workqueue.NewTypedItemExponentialFailureRateLimiter[leftover](kubeclient.BaseDelay, kubeclient.MaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[leftover]{Name: "volume-leftovers"}),
 	}
 }
