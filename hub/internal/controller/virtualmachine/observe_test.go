@@ -34,12 +34,18 @@ func writeless(t *testing.T, writes *atomic.Int32, objs ...client.Object) client
 	require.NoError(t, v1alpha1.AddToScheme(s))
 	fail := func() error { writes.Add(1); return errWrite }
 	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
-		Create:      func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error { return fail() },
-		Update:      func(context.Context, client.WithWatch, client.Object, ...client.UpdateOption) error { return fail() },
-		Patch:       func(context.Context, client.WithWatch, client.Object, client.Patch, ...client.PatchOption) error { return fail() },
-		Delete:      func(context.Context, client.WithWatch, client.Object, ...client.DeleteOption) error { return fail() },
-		DeleteAllOf: func(context.Context, client.WithWatch, client.Object, ...client.DeleteAllOfOption) error { return fail() },
-		Apply:       func(context.Context, client.WithWatch, runtime.ApplyConfiguration, ...client.ApplyOption) error { return fail() },
+		Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error { return fail() },
+		Update: func(context.Context, client.WithWatch, client.Object, ...client.UpdateOption) error { return fail() },
+		Patch: func(context.Context, client.WithWatch, client.Object, client.Patch, ...client.PatchOption) error {
+			return fail()
+		},
+		Delete: func(context.Context, client.WithWatch, client.Object, ...client.DeleteOption) error { return fail() },
+		DeleteAllOf: func(context.Context, client.WithWatch, client.Object, ...client.DeleteAllOfOption) error {
+			return fail()
+		},
+		Apply: func(context.Context, client.WithWatch, runtime.ApplyConfiguration, ...client.ApplyOption) error {
+			return fail()
+		},
 		SubResourceCreate: func(context.Context, client.Client, string, client.Object, client.Object, ...client.SubResourceCreateOption) error {
 			return fail()
 		},
