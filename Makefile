@@ -122,7 +122,7 @@ package: images ## Build the Crossplane packages (.xpkg) in _output: provider (h
 # make bench BENCH_FLAGS='-sizes 10,100 -burst 0' runs other sizes; -quick is the harness's own small run.
 BENCH_FLAGS ?=
 .PHONY: bench
-bench: deps envtest-assets ## Benchmark on the real stack (density 100 VMs/3 nodes, bursts 10/100/1000 over 10 nodes, limits) into bench/results/.
+bench: deps envtest-assets ## Benchmark on the real stack (density 100 VMs/3 nodes, bursts 10/100/1000 over 10 nodes and 5000 over 50, limits) into bench/results/.
 	@$(GO) build -o bin/bench ./bench
 	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" bin/bench $(BENCH_FLAGS)
 

@@ -19,6 +19,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
@@ -349,7 +350,9 @@ func (s *Scheduler) unplaceable(ctx context.Context, vm *v1alpha1.VirtualMachine
 	s.log.Debug("Cannot place", "namespace", key.Namespace, "name", key.Name, "reason", cause.Error())
 	before := vm.DeepCopy()
 	vm.Status.AtProvider.Phase = v1alpha1.PhasePending
-	vm.SetConditions(notReady(v1alpha1.PhasePending, cause.Error()))
+	// Ready says why the VM is not running, and Synced, as for any
+	// reconcile that failed, what stopped the hub.
+	vm.SetConditions(notReady(v1alpha1.PhasePending, cause.Error()), xpv2.ReconcileError(cause))
 	if before.Status.AtProvider.Phase == vm.Status.AtProvider.Phase && before.Status.Equal(&vm.Status.ConditionedStatus) {
 		return
 	}
