@@ -139,7 +139,8 @@ func (f *Fleet) SubscribeImages(fn func(uid string)) {
 }
 
 // SubscribeNodes registers fn to be called with the name of every node that
-// joins, comes back or has more room than at its previous heartbeat (a
+// joins, comes back (from lost, or from heartbeats late enough for
+// placement to pass it over), or has more room than at its previous heartbeat (a
 // guest went, or the node grew): guests waiting for room may fit now. fn
 // must not block.
 func (f *Fleet) SubscribeNodes(fn func(node string)) {
@@ -264,7 +265,10 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 			fn(uid)
 		}
 	}
-	if joined := !s.Lost && (!known || prev.Lost); joined || (!s.Lost && roomGrew(prev.Heartbeat, s.Heartbeat)) {
+	// A node whose heartbeats were late enough for placement to pass it
+	// over counts as back.
+	late := known && now.Sub(prev.LastSeen) > placement.DefaultStaleAfter
+	if joined := !s.Lost && (!known || prev.Lost || late); joined || (!s.Lost && roomGrew(prev.Heartbeat, s.Heartbeat)) {
 		for _, fn := range nodeSubs {
 			fn(e.Node)
 		}

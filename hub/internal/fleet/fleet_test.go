@@ -240,6 +240,13 @@ func TestNodes(t *testing.T) {
 		assert.Empty(t, f.node.take(), "the same room again is no news")
 	})
 
+	t.Run("AHeartbeatLateEnoughForPlacementToPassTheNodeOverBringsItBack", func(t *testing.T) {
+		f.clock.advance(placement.DefaultStaleAfter + time.Second)
+		f.bus.SetNode(heartbeat("node1", 6))
+		assert.Equal(t, []string{"node1"}, f.node.take(), "guests waiting for a node may fit on it again")
+		assert.Empty(t, f.guests.take())
+	})
+
 	t.Run("LiveNodesAreOfferedToPlacementSortedByName", func(t *testing.T) {
 		nodes := f.Nodes()
 		require.Len(t, nodes, 2, "the lost sentinel is not offered")

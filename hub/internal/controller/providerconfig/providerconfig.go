@@ -45,6 +45,13 @@ func (r *Resolver) Resolve(ctx context.Context, mg resource.ModernManaged) (Conf
 	if err := r.usage.Track(ctx, mg); err != nil {
 		return Config{}, errors.Wrap(err, "cannot track ProviderConfig usage")
 	}
+	return r.Read(ctx, mg)
+}
+
+// Read returns what mg's ProviderConfig says without tracking the usage,
+// for a reader that leaves that to mg's own reconciler (the placement
+// loop: tracking in both would race to create the same usage).
+func (r *Resolver) Read(ctx context.Context, mg resource.ModernManaged) (Config, error) {
 	ref := mg.GetProviderConfigReference()
 	var spec apisv1alpha1.ProviderConfigSpec
 	switch ref.Kind {

@@ -277,7 +277,7 @@ func (s *Scheduler) placeBatch(ctx context.Context) bool {
 
 // place chooses vm's node against the batch's view of its fleet.
 func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, views map[*fleet.Fleet][]placement.Node) (string, error) {
-	pc, err := s.configs.Resolve(ctx, vm)
+	pc, err := s.configs.Read(ctx, vm)
 	if err != nil {
 		return "", err
 	}
