@@ -67,7 +67,7 @@ type Scheduler struct {
 	kube     client.Client
 	cache    cache.Cache
 	configs  *providerconfig.Resolver
-	pool     *fleet.Pool
+	pool     providerconfig.Fleets
 	placer   *placement.Placer
 	recorder event.Recorder
 	log      logging.Logger
@@ -88,8 +88,8 @@ const (
 )
 
 // NewScheduler returns the placement loop; add it to mgr with SetupScheduler.
-func NewScheduler(kube client.Client, informers cache.Cache, pool *fleet.Pool, placer *placement.Placer, recorder event.Recorder, log logging.Logger, policies bool) *Scheduler {
-	return &Scheduler{
+func NewScheduler(kube client.Client, informers cache.Cache, pool providerconfig.Fleets, placer *placement.Placer, recorder event.Recorder, log logging.Logger, policies bool) *Scheduler {
+	return (&Scheduler{
 		kube:     kube,
 		cache:    informers,
 		configs:  providerconfig.NewResolver(kube),
@@ -98,10 +98,14 @@ func NewScheduler(kube client.Client, informers cache.Cache, pool *fleet.Pool, p
 		recorder: recorder,
 		log:      log.WithValues("controller", "virtualmachine-scheduler"),
 		policies: policies,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](schedulerBaseDelay, schedulerMaxDelay),
-			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "virtualmachine-scheduler"}),
-	}
+	}).withBackoff(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](schedulerBaseDelay, schedulerMaxDelay))
+}
+
+// withBackoff gives s a queue that retries a VM after the delays of rl.
+func (s *Scheduler) withBackoff(rl workqueue.TypedRateLimiter[types.NamespacedName]) *Scheduler {
+	s.queue = workqueue.NewTypedRateLimitingQueueWithConfig(rl,
+		workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "virtualmachine-scheduler"})
+	return s
 }
 
 // needsPlacement is whether vm waits for the placement loop: on no node,
