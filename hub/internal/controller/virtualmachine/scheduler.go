@@ -22,6 +22,7 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
@@ -259,7 +260,7 @@ func (s *Scheduler) placeBatch(ctx context.Context) bool {
 	}()
 	// One view of each fleet for the whole batch; the Placer adds the
 	// reservations of the batch's own placements as it goes.
-	views := map[*fleet.Fleet][]placement.Node{}
+	b := &batchView{configs: map[configKey]providerconfig.Config{}, nodes: map[*fleet.Fleet][]placement.Node{}}
 	var bound []binding
 	for _, key := range batch {
 		vm := &v1alpha1.VirtualMachine{}
@@ -268,7 +269,7 @@ func (s *Scheduler) placeBatch(ctx context.Context) bool {
 			s.unplaced.Delete(key)
 			continue
 		}
-		node, err := s.place(ctx, vm, views)
+		node, err := s.place(ctx, vm, b)
 		if err != nil {
 			s.unplaceable(ctx, vm, err)
 			continue
@@ -279,11 +280,33 @@ func (s *Scheduler) placeBatch(ctx context.Context) bool {
 	return true
 }
 
+// batchView is what a batch reads once: each ProviderConfig (reading one
+// reads its credentials' Secret from the API server, which the cache does
+// not hold) and each fleet's nodes.
+type batchView struct {
+	configs map[configKey]providerconfig.Config
+	nodes   map[*fleet.Fleet][]placement.Node
+}
+
+type configKey struct{ kind, namespace, name string }
+
 // place chooses vm's node against the batch's view of its fleet.
-func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, views map[*fleet.Fleet][]placement.Node) (string, error) {
-	pc, err := s.configs.Read(ctx, vm)
-	if err != nil {
-		return "", err
+func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *batchView) (string, error) {
+	ref := vm.GetProviderConfigReference()
+	if ref == nil {
+		return "", errors.New("the VM names no ProviderConfig")
+	}
+	ck := configKey{kind: ref.Kind, name: ref.Name}
+	if ref.Kind != apisv1alpha1.ClusterProviderConfigKind {
+		ck.namespace = vm.Namespace
+	}
+	pc, ok := b.configs[ck]
+	if !ok {
+		var err error
+		if pc, err = s.configs.Read(ctx, vm); err != nil {
+			return "", err
+		}
+		b.configs[ck] = pc
 	}
 	f, err := s.pool.Get(ctx, pc.Target)
 	if err != nil {
@@ -297,10 +320,10 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, view
 	if err != nil {
 		return "", err
 	}
-	nodes, ok := views[f]
+	nodes, ok := b.nodes[f]
 	if !ok {
 		nodes = f.Nodes()
-		views[f] = nodes
+		b.nodes[f] = nodes
 	}
 	node, err := s.placer.Place(nodes, req)
 	return node, errors.Wrap(err, "cannot place the VM")

@@ -77,12 +77,16 @@ type Options struct {
 }
 
 // scheduledHold is how long the status of a VM whose intent was just
-// published waits for its node's first report (kubeclient's Hold). A node
-// usually answers within tens of milliseconds, and then phase Scheduled
-// would be written only to be replaced at once: the VM goes from created to
+// published waits for its node's first report (kubeclient's Hold). The
+// report's status replaces phase Scheduled anyway, so writing Scheduled
+// would only cost a write: with the hold, the VM goes from created to
 // Running in three API writes (the create, the node and finalizer, the
-// status) instead of four.
-const scheduledHold = 500 * time.Millisecond
+// status) instead of four. Sized by make bench: a node answers within tens
+// of milliseconds when idle, but in a burst of 1000 on a loaded 2-core
+// machine placed→Running took 3.4–5 s at the median (bench/results), and
+// at 500 ms half the VMs paid the fourth write. A node that never answers
+// shows phase Scheduled after the hold.
+const scheduledHold = 5 * time.Second
 
 // SetupGated adds the controller once the CRD is established (safe-start).
 func SetupGated(mgr ctrl.Manager, o controller.Options, vo Options) error {
