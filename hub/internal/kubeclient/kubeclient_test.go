@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -49,12 +48,7 @@ func TestSkipUnchangedStatus(t *testing.T) {
 		t.Skip("starts a kube-apiserver; skipped with -short")
 	}
 	cp := controlplane.StartForTest(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	informers, err := cache.New(cp.Config, cache.Options{Scheme: cp.Scheme})
-	require.NoError(t, err)
-	go func() { _ = informers.Start(ctx) }()
-	require.True(t, informers.WaitForCacheSync(ctx))
+	informers, ctx := cp.InformersForTest(t)
 
 	var sent atomic.Int32
 	c := NewClient(counting{Client: cp.Client, n: &sent}, informers)

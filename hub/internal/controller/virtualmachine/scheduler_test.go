@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -43,12 +42,7 @@ func TestSchedulerPlacesAVMAsSoonAsTheFleetChanges(t *testing.T) {
 		t.Skip("starts a kube-apiserver; skipped with -short")
 	}
 	cp := controlplane.StartForTest(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	informers, err := cache.New(cp.Config, cache.Options{Scheme: cp.Scheme})
-	require.NoError(t, err)
-	go func() { _ = informers.Start(ctx) }()
-	require.True(t, informers.WaitForCacheSync(ctx))
+	informers, ctx := cp.InformersForTest(t)
 
 	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
 		ObjectMeta: metav1.ObjectMeta{Name: "default"},
