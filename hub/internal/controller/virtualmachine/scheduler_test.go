@@ -82,12 +82,18 @@ func TestSchedulerPlacesAVMAsSoonAsTheFleetChanges(t *testing.T) {
 		return cp.Client.Get(ctx, key, got) == nil && got.GetAnnotations()[v1alpha1.AnnotationNode] == testNode
 	}, 30*time.Second, 10*time.Millisecond, "the VM is placed when the node joins, not after the hour's backoff")
 	assert.True(t, meta.FinalizerExists(got, managed.FinalizerName), "node and finalizer in one write")
-	assert.Zero(t, s.Unplaced())
-	var scheduled []string
-	for _, e := range rec.Events() {
-		if e.Reason == ReasonScheduled {
-			scheduled = append(scheduled, e.Message)
+	// The loop forgets the VM and records the event once its write
+	// returned, a moment after the API server holds it.
+	scheduled := func() []string {
+		var out []string
+		for _, e := range rec.Events() {
+			if e.Reason == ReasonScheduled {
+				out = append(out, e.Message)
+			}
 		}
+		return out
 	}
-	assert.Equal(t, []string{"Placed on node " + testNode}, scheduled)
+	require.Eventually(t, func() bool { return len(scheduled()) > 0 }, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, []string{"Placed on node " + testNode}, scheduled())
+	assert.Zero(t, s.Unplaced())
 }
