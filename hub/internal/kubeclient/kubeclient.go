@@ -131,11 +131,12 @@ func (w *statusWriter) Update(ctx context.Context, obj client.Object, opts ...cl
 	if len(opts) == 0 && (w.s.held(obj) || w.s.unchanged(ctx, obj)) {
 		return nil
 	}
+	before := obj.GetResourceVersion()
 	if err := w.SubResourceWriter.Update(ctx, obj, opts...); err != nil {
 		return err
 	}
 	w.s.written.Store(obj.GetUID(), obj.GetResourceVersion())
-	w.s.awaitCache(ctx, obj)
+	w.s.awaitCache(ctx, obj, before)
 	return nil
 }
 
@@ -145,12 +146,17 @@ func (w *statusWriter) Update(ctx context.Context, obj client.Object, opts ...cl
 // will never see.
 const cacheWait = time.Second
 
-// awaitCache waits until the cache holds obj at the resourceVersion the
-// write just gave it, or no longer holds obj at all. A controller never
-// reconciles one object twice at once, so the next reconcile of obj, which
-// may already be queued, then reads what this one wrote instead of making
-// writes from a stale copy that can only end in conflicts.
-func (s *Client) awaitCache(ctx context.Context, obj client.Object) {
+// awaitCache waits until the cache no longer holds obj at before, the
+// resourceVersion the writer read (from this cache): it holds the version
+// the write just gave obj, or a later one, or no obj at all. A controller
+// never reconciles one object twice at once, so the next reconcile of obj,
+// which may already be queued, then reads what this one wrote or newer
+// instead of making writes from a stale copy that can only end in
+// conflicts. Waiting for exactly the written version instead held a
+// worker for the whole cacheWait whenever another controller wrote the
+// object right after (a Volume's binding and its status): measured in a
+// burst of 1000 VMs, a minute of the burst's time.
+func (s *Client) awaitCache(ctx context.Context, obj client.Object, before string) {
 	cached, ok := obj.DeepCopyObject().(client.Object)
 	if !ok {
 		return
@@ -160,7 +166,11 @@ func (s *Client) awaitCache(ctx context.Context, obj client.Object) {
 	defer cancel()
 	_ = wait.PollUntilContextCancel(ctx, cachePoll, true, func(ctx context.Context) (bool, error) {
 		err := s.cache.Get(ctx, key, cached)
-		return kerrors.IsNotFound(err) || (err == nil && cached.GetResourceVersion() == want), nil
+		if kerrors.IsNotFound(err) {
+			return true, nil
+		}
+		rv := cached.GetResourceVersion()
+		return err == nil && (rv == want || (before != "" && rv != before)), nil
 	})
 }
 
@@ -204,19 +214,21 @@ func (s *Client) Update(ctx context.Context, obj client.Object, opts ...client.U
 		s.written.Delete(obj.GetUID())
 		s.holds.Delete(obj.GetUID())
 	}
+	before := obj.GetResourceVersion()
 	if err := s.Client.Update(ctx, obj, opts...); err != nil {
 		return err
 	}
-	s.awaitCache(ctx, obj)
+	s.awaitCache(ctx, obj, before)
 	return nil
 }
 
 // Patch waits, like Update, for the cache to show the patched object.
 func (s *Client) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	before := obj.GetResourceVersion()
 	if err := s.Client.Patch(ctx, obj, patch, opts...); err != nil {
 		return err
 	}
-	s.awaitCache(ctx, obj)
+	s.awaitCache(ctx, obj, before)
 	return nil
 }
 
