@@ -93,13 +93,14 @@ const (
 	// reconciles/s. The old limit of 100 capped a burst at ~20 VMs/s. The
 	// limit stays as a guard against a controller spinning.
 	DefaultMaxReconcileRate = 500
-	// DefaultWorkers: a reconcile is in-memory work plus about one write
-	// of ~10-30 ms on the loaded machine, so ~400 reconciles/s need ~8-12
-	// in flight per busy controller (Little's law). The old default of
-	// one worker per reconcile per second (100, 500 when the rate was
-	// raised) put hundreds of writes in flight at once: the API server
-	// answered 429 and conflicts grew.
-	DefaultWorkers = 16
+	// DefaultWorkers: ~400 reconciles/s at the goal, and a reconcile in a
+	// burst on the loaded machine took 0.1-0.5 s (its writes, each waiting
+	// for the cache to show it; measured with bench -debug: 16 workers gave
+	// ~30 VM reconciles/s), so ~40-200 in flight per busy controller
+	// (Little's law). The old default of one worker per reconcile per
+	// second (100, 500 when the rate was raised) put hundreds of writes in
+	// flight at once: the API server answered 429 and conflicts grew.
+	DefaultWorkers = 64
 	// DefaultQPS: the hub's writes at the goal are ~3 per VM for the VM
 	// and ~3 for its Volume, ~500/s at 80 VMs/s; reads come from the
 	// cache. The limit measured for 3 writes per VM, ~530 writes/s, is

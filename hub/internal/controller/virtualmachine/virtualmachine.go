@@ -410,7 +410,11 @@ func (e *external) bindVolumes(ctx context.Context, d dependencies, node string)
 		// yet: without it a Volume deleted now would go at once and leave
 		// its disk on the node. Bound and finalized in one write.
 		meta.AddFinalizer(v, managed.FinalizerName)
-		if err := e.kube.Patch(ctx, v, patch); err != nil {
+		// Without waiting for the cache to show the binding: this
+		// controller never reads it back to write it again (a stale read
+		// finds the Volume unbound and its optimistic patch conflicts),
+		// and in a burst the wait held a worker per VM.
+		if err := kubeclient.Direct(e.kube).Patch(ctx, v, patch); err != nil {
 			return errors.Wrapf(err, "cannot bind Volume %s to node %s", v.Name, node)
 		}
 	}
