@@ -7,9 +7,9 @@
 //     crossplane-runtime's managed reconciler ends every reconcile with a
 //     status update, changed or not; the API server answers an unchanged
 //     one without touching etcd, but it still counts against the client's
-//     rate limit and the server's load. Measured before this package (make
-//     bench, burst of 1000): 1.8 status writes per Volume and per VM would
-//     otherwise have been at least one more each.
+//     rate limit and the server's load. Measured with bench -debug, a
+//     burst of 300 VMs: 1908 Volume reconciles and 629 VM reconciles
+//     ended in 519 and 310 status writes; the rest were skipped here.
 //   - Read your writes (awaitCache): after a write, the writer waits until
 //     the informer cache holds what it wrote. The cache-backed client
 //     cannot read its own writes (controller-runtime issue 3320), and a
@@ -17,11 +17,13 @@
 //     arrives) would otherwise read the version before the write and end
 //     in a conflict, a lost write plus a retry.
 //   - Coalescing report-driven status writes (Hold): a status that the
-//     node's report will replace within milliseconds (a VM just published
-//     to its node, phase Scheduled) is not written, and the report's status
+//     node's report will replace within seconds (a VM just published to
+//     its node, phase Scheduled) is not written, and the report's status
 //     is. The caller says by a comparison which content may be dropped; a
 //     status with anything else in it (a reconcile error) is written. It
-//     saves one status write per VM whose node reports within the hold.
+//     saves one status write per VM whose node reports within the hold:
+//     measured in bursts of 1000, 1.52 VM status writes per VM with a
+//     500 ms hold, 1.02-1.05 with 5 s.
 //
 // And ControllerRateLimiter sets how soon a reconcile that lost a conflict
 // is retried.
