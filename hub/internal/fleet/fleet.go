@@ -142,7 +142,10 @@ func (f *Fleet) SubscribeImages(fn func(uid string)) {
 }
 
 // SubscribeNodes registers fn to be called with the name of every node that
-// joins or comes back: guests waiting for room may fit now. fn must not block.
+// joins, comes back (from lost, or from heartbeats late enough for
+// placement to pass it over), or has more room than at its previous heartbeat (a
+// guest went, or the node grew): guests waiting for room may fit now. fn
+// must not block.
 func (f *Fleet) SubscribeNodes(fn func(node string)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -271,11 +274,25 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 			fn(uid)
 		}
 	}
-	if joined := !s.Lost && (!known || prev.Lost); joined {
+	// A node whose heartbeats were late enough for placement to pass it
+	// over counts as back.
+	late := known && now.Sub(prev.LastSeen) > placement.DefaultStaleAfter
+	if joined := !s.Lost && (!known || prev.Lost || late); joined || (!s.Lost && roomGrew(prev.Heartbeat, s.Heartbeat)) {
 		for _, fn := range nodeSubs {
 			fn(e.Node)
 		}
 	}
+}
+
+// roomGrew is whether the node's free vCPUs or memory grew from one
+// heartbeat to the next.
+func roomGrew(prev, cur wire.NodeHeartbeat) bool {
+	free := func(h wire.NodeHeartbeat) (int64, int64) {
+		return h.Capacity.VCPU - h.Allocated.VCPU, h.Capacity.MemoryBytes - h.Allocated.MemoryBytes
+	}
+	pc, pm := free(prev)
+	cc, cm := free(cur)
+	return cc > pc || cm > pm
 }
 
 // Report returns node's latest report of guest uid. Pass the node the guest
