@@ -59,6 +59,14 @@ const (
 // and the managed finalizer in one write. The VM controller acts only on
 // VMs it has bound to a node.
 //
+// A VM whose namespace/name a guest was orphaned from (see observeRelease)
+// is bound to that guest instead, whatever its policies let the hub create:
+// the same write records the orphan's node and uid (AnnotationAdopted), and
+// the node hands the guest over once the VM's intent claims it. A VM that
+// keeps its guest gets FinalizerKeep in that write too. A VM importing a
+// guest by external name is never bound here: its node is the user's to
+// name.
+//
 // A VM that no node can take stays Pending with the reason in its Ready
 // condition and a FailedScheduling event, and is placed again as soon as
 // the fleet changes: a node joins, comes back or has more room (RetryUnplaced

@@ -2,6 +2,7 @@ package virtualmachine
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -96,4 +97,94 @@ func TestSchedulerPlacesAVMAsSoonAsTheFleetChanges(t *testing.T) {
 	require.Eventually(t, func() bool { return len(scheduled()) > 0 }, 10*time.Second, 10*time.Millisecond)
 	assert.Equal(t, []string{"Placed on node " + testNode}, scheduled())
 	assert.Zero(t, s.Unplaced())
+}
+
+// TestSchedulerAdoptsOrphans runs the placement loop against a real API
+// server: a VM named like an orphaned guest is bound to that guest's node,
+// whatever its policies let the hub create, in the one write that records
+// the node, the orphan, the managed finalizer and, for a VM that keeps its
+// guest, FinalizerKeep; a VM importing a guest by external name is never
+// bound here.
+func TestSchedulerAdoptsOrphans(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver; skipped with -short")
+	}
+	cp := controlplane.StartForTest(t)
+	informers, ctx := cp.InformersForTest(t)
+	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
+		ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec:       apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://unused", Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}},
+	}))
+	b := bus.NewFake()
+	f := fleettest.Start(t, b)
+	rec := &fleettest.Recorder{}
+	s := NewScheduler(cp.Client, informers, oneFleet{f}, placement.New(), rec, logging.NewNopLogger(), true)
+	go func() { _ = s.Start(ctx) }()
+	// The orphans' node is full, so only adoption puts a VM there.
+	const orphanNode = "node2"
+	b.SetNode(bus.NodeEvent{Node: orphanNode, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt", Capacity: wire.Resources{VCPU: 0, MemoryBytes: 0}}})
+	b.SetNode(bus.NodeEvent{Node: testNode, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt", Capacity: wire.Resources{VCPU: 64, MemoryBytes: 64 << 30}}})
+	orphan := func(name string) string {
+		uid := "orphan-of-" + name
+		b.SetReport(bus.ReportEvent{Node: orphanNode, UID: uid, Report: wire.Report{
+			ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: orphanNode, Phase: wire.PhaseRunning,
+			Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: name},
+		}})
+		require.Eventually(t, func() bool { _, found, _ := f.Orphan("default", name); return found }, 5*time.Second, time.Millisecond)
+		return uid
+	}
+	newVM := func(name string, policies xpv2.ManagementPolicies, annotations map[string]string) *v1alpha1.VirtualMachine {
+		vm := &v1alpha1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: annotations},
+			Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
+				Vcpu: 1, Memory: resource.MustParse("512Mi"), DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName(name + "-root")}},
+			}},
+		}
+		vm.SetManagementPolicies(policies)
+		require.NoError(t, cp.Client.Create(ctx, vm))
+		return vm
+	}
+	keep := xpv2.ManagementPolicies{xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate, xpv2.ManagementActionLateInitialize}
+
+	// Created first, so the loop has seen it by the time the adopters are
+	// bound.
+	imp := newVM("imports", xpv2.ManagementPolicies{xpv2.ManagementActionAll}, map[string]string{meta.AnnotationKeyExternalName: "legacy-db"})
+
+	cases := map[string]struct {
+		policies xpv2.ManagementPolicies
+		wantKeep bool
+	}{
+		"AFullPolicyVM":            {policies: xpv2.ManagementPolicies{xpv2.ManagementActionAll}},
+		"AVMThatKeepsItsGuest":     {policies: keep, wantKeep: true},
+		"AnObserveOnlyVMAdoptsToo": {policies: xpv2.ManagementPolicies{xpv2.ManagementActionObserve}, wantKeep: true},
+	}
+	i := 0
+	for name, tc := range cases {
+		i++
+		vmName := fmt.Sprintf("adopter-%d", i)
+		t.Run(name, func(t *testing.T) {
+			uid := orphan(vmName)
+			vm := newVM(vmName, tc.policies, nil)
+			got := &v1alpha1.VirtualMachine{}
+			require.Eventually(t, func() bool {
+				return cp.Client.Get(ctx, client.ObjectKeyFromObject(vm), got) == nil && got.GetAnnotations()[v1alpha1.AnnotationNode] != ""
+			}, 30*time.Second, 10*time.Millisecond)
+			assert.Equal(t, orphanNode, got.GetAnnotations()[v1alpha1.AnnotationNode], "the orphan's node, full as it is")
+			assert.Equal(t, uid, got.GetAnnotations()[v1alpha1.AnnotationAdopted], "the orphan recorded with the node")
+			assert.True(t, meta.FinalizerExists(got, managed.FinalizerName), "the managed finalizer in the same write")
+			assert.Equal(t, tc.wantKeep, meta.FinalizerExists(got, FinalizerKeep), "FinalizerKeep in the same write")
+		})
+	}
+	require.Eventually(t, func() bool {
+		n := 0
+		for _, e := range rec.Events() {
+			if e.Reason == ReasonAdopted {
+				n++
+			}
+		}
+		return n == len(cases)
+	}, 10*time.Second, 10*time.Millisecond, "an Adopted event each")
+	got := &v1alpha1.VirtualMachine{}
+	require.NoError(t, cp.Client.Get(ctx, client.ObjectKeyFromObject(imp), got))
+	assert.Empty(t, got.GetAnnotations()[v1alpha1.AnnotationNode], "an import is never placed by the loop")
 }

@@ -4,6 +4,9 @@
 // VMs so bound. Its Observe only reads (the node's report and the fleet's
 // view); Update publishes the VM's intent to its recorded node; Delete
 // removes it. The node's reports become status, conditions and events.
+// What must be written or published outside Observe, releasing the guest
+// of a VM deleted without the Delete policy above all, is done around the
+// managed reconciler by aroundObserve (release.go).
 package virtualmachine
 
 import (
