@@ -68,6 +68,10 @@ type Fleet struct {
 	// reportsSynced is set once the reports that existed when the watch
 	// began are all in reports.
 	reportsSynced bool
+	// orphans are the keys of the reports in reports that carry an
+	// orphan, so Orphan, which the placement loop asks for every VM it
+	// places, reads them and not every report.
+	orphans       map[reportKey]struct{}
 	volumeReports map[string]map[string]VolumeReport
 	imageReports  map[string]map[string]ImageReport
 	// foreign are the reports already flagged by FlagForeign, so each is
@@ -104,6 +108,7 @@ func New(b bus.Bus, log logging.Logger) *Fleet {
 		started:       time.Now(),
 		unknownAfter:  natswire.DefaultNodeTTL,
 		reports:       map[string]map[string]Report{},
+		orphans:       map[reportKey]struct{}{},
 		volumeReports: map[string]map[string]VolumeReport{},
 		imageReports:  map[string]map[string]ImageReport{},
 		foreign:       map[claim]foreignState{},
@@ -188,6 +193,11 @@ func (f *Fleet) onReport(e bus.ReportEvent) {
 	}
 	f.mu.Lock()
 	store(f, f.reports, KindVM, e.Node, e.UID, e.Deleted, Report{ReportEvent: e, ReceivedAt: f.now()})
+	if k := (reportKey{uid: e.UID, node: e.Node}); !e.Deleted && e.Report.Orphan != nil {
+		f.orphans[k] = struct{}{}
+	} else {
+		delete(f.orphans, k)
+	}
 	subs := f.subs
 	f.mu.Unlock()
 	for _, fn := range subs {

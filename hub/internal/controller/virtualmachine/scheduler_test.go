@@ -34,6 +34,39 @@ type oneFleet struct{ f *fleet.Fleet }
 
 func (o oneFleet) Get(context.Context, fleet.Target) (*fleet.Fleet, error) { return o.f, nil }
 
+// schedulerLoop is a placement loop running against a real API server over
+// the fake bus b.
+type schedulerLoop struct {
+	cp  *controlplane.ControlPlane
+	ctx context.Context
+	b   *bus.Fake
+	f   *fleet.Fleet
+	rec *fleettest.Recorder
+	s   *Scheduler
+}
+
+// startScheduler starts a placement loop with the ClusterProviderConfig
+// every VM names by default; backoff, if set, replaces its retry delays.
+func startScheduler(t *testing.T, policies bool, backoff workqueue.TypedRateLimiter[types.NamespacedName]) schedulerLoop {
+	t.Helper()
+	cp := controlplane.StartForTest(t)
+	informers, ctx := cp.InformersForTest(t)
+	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
+		ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec:       apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://unused", Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}},
+	}))
+	b := bus.NewFake()
+	f := fleettest.Start(t, b)
+	rec := &fleettest.Recorder{}
+	s := NewScheduler(cp.Client, informers, oneFleet{f}, placement.New(), rec, logging.NewNopLogger(), policies)
+	if backoff != nil {
+		s = s.withBackoff(backoff)
+	}
+	f.SubscribeNodes(s.RetryUnplaced)
+	go func() { _ = s.Start(ctx) }()
+	return schedulerLoop{cp: cp, ctx: ctx, b: b, f: f, rec: rec, s: s}
+}
+
 // TestSchedulerPlacesAVMAsSoonAsTheFleetChanges runs the placement loop
 // against a real API server and informer cache. A VM no node can take says
 // why in its status, and is placed the moment a node joins, not when a
@@ -42,20 +75,8 @@ func TestSchedulerPlacesAVMAsSoonAsTheFleetChanges(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a kube-apiserver; skipped with -short")
 	}
-	cp := controlplane.StartForTest(t)
-	informers, ctx := cp.InformersForTest(t)
-
-	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
-		ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec:       apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://unused", Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}},
-	}))
-	b := bus.NewFake()
-	f := fleettest.Start(t, b)
-	rec := &fleettest.Recorder{}
-	s := NewScheduler(cp.Client, informers, oneFleet{f}, placement.New(), rec, logging.NewNopLogger(), false).
-		withBackoff(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](time.Hour, time.Hour))
-	f.SubscribeNodes(s.RetryUnplaced)
-	go func() { _ = s.Start(ctx) }()
+	sl := startScheduler(t, false, workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](time.Hour, time.Hour))
+	cp, ctx, b, rec, s := sl.cp, sl.ctx, sl.b, sl.rec, sl.s
 
 	require.NoError(t, cp.Client.Create(ctx, vol("root", "")))
 	vm := &v1alpha1.VirtualMachine{
@@ -109,17 +130,8 @@ func TestSchedulerAdoptsOrphans(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a kube-apiserver; skipped with -short")
 	}
-	cp := controlplane.StartForTest(t)
-	informers, ctx := cp.InformersForTest(t)
-	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
-		ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec:       apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://unused", Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}},
-	}))
-	b := bus.NewFake()
-	f := fleettest.Start(t, b)
-	rec := &fleettest.Recorder{}
-	s := NewScheduler(cp.Client, informers, oneFleet{f}, placement.New(), rec, logging.NewNopLogger(), true)
-	go func() { _ = s.Start(ctx) }()
+	sl := startScheduler(t, true, nil)
+	cp, ctx, b, f, rec := sl.cp, sl.ctx, sl.b, sl.f, sl.rec
 	// The orphans' node is full, so only adoption puts a VM there.
 	const orphanNode = "node2"
 	b.SetNode(bus.NodeEvent{Node: orphanNode, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt", Capacity: wire.Resources{VCPU: 0, MemoryBytes: 0}}})
