@@ -41,7 +41,7 @@ envtest-assets: ## Build kube-apiserver, etcd and kubectl once per machine (or u
 	@$(GO) run ./hack/envtest-assets >/dev/null
 
 .PHONY: crossplane-core
-crossplane-core: ## Build Crossplane core and kube-controller-manager once per machine (the Crossplane tests run them).
+crossplane-core: ## Build Crossplane core and the garbage collector once per machine (the Crossplane tests run them).
 	@$(GO) run ./hack/crossplane-core >/dev/null
 
 # The one-time builds take minutes each on a fresh machine; they run side by
