@@ -45,7 +45,11 @@ crossplane-core: ## Build Crossplane core and the garbage collector once per mac
 	@$(GO) run ./hack/crossplane-core >/dev/null
 
 # The one-time builds take minutes each on a fresh machine; they run side by
-# side so a fresh `make test` pays for the longest, not the sum.
+# side so a fresh `make test` pays for the longest, not the sum. crossplane-core
+# builds Crossplane (1477 packages), then Kubernetes' garbage collector alone
+# (869 packages, against kube-controller-manager's 2323), which waits for
+# envtest-assets' lock and so finds all but about 60 of its packages already
+# compiled by kube-apiserver's build (measured: 11 s then).
 .PHONY: caches
 caches: ## Build every once-per-machine cache in parallel: envtest binaries, Crossplane core, the guest image.
 	@$(MAKE) --no-print-directory -j3 envtest-assets crossplane-core guest-image
