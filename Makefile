@@ -48,7 +48,7 @@ crossplane-core: ## Build Crossplane core and the garbage collector once per mac
 # side so a fresh `make test` pays for the longest, not the sum. crossplane-core
 # builds Crossplane (1477 packages), then Kubernetes' garbage collector alone
 # (869 packages, against kube-controller-manager's 2323; from an empty build
-# cache 9.4 CPU-minutes against 22.9, measured back to back), which waits for
+# cache 9.4 CPU-minutes against 22.9, measured side by side), which waits for
 # envtest-assets' lock and so finds all but about 60 of its packages already
 # compiled by kube-apiserver's build (measured: 11 s then).
 .PHONY: caches
