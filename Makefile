@@ -41,11 +41,16 @@ envtest-assets: ## Build kube-apiserver, etcd and kubectl once per machine (or u
 	@$(GO) run ./hack/envtest-assets >/dev/null
 
 .PHONY: crossplane-core
-crossplane-core: ## Build Crossplane core and kube-controller-manager once per machine (the Crossplane tests run them).
+crossplane-core: ## Build Crossplane core and the garbage collector once per machine (the Crossplane tests run them).
 	@$(GO) run ./hack/crossplane-core >/dev/null
 
 # The one-time builds take minutes each on a fresh machine; they run side by
-# side so a fresh `make test` pays for the longest, not the sum.
+# side so a fresh `make test` pays for the longest, not the sum. crossplane-core
+# builds Crossplane (1477 packages), then Kubernetes' garbage collector alone
+# (869 packages, against kube-controller-manager's 2323; from an empty build
+# cache 9.4 CPU-minutes against 22.9, measured side by side), which waits for
+# envtest-assets' lock and so finds all but about 60 of its packages already
+# compiled by kube-apiserver's build (measured: 11 s then).
 .PHONY: caches
 caches: ## Build every once-per-machine cache in parallel: envtest binaries, Crossplane core, the guest image.
 	@$(MAKE) --no-print-directory -j3 envtest-assets crossplane-core guest-image

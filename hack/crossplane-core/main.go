@@ -1,8 +1,9 @@
 // Command crossplane-core prints the path of Crossplane's core binary,
 // building it once per machine from the Go module proxy when needed (see
-// internal/testing/crossplanecore), together with the kube-controller-manager
-// whose garbage collector the Crossplane harness runs (Crossplane deletes
-// composed resources only through Kubernetes garbage collection). Progress
+// internal/testing/crossplanecore), together with Kubernetes' garbage
+// collector, which the Crossplane harness runs (Crossplane deletes composed
+// resources only through Kubernetes garbage collection; see
+// internal/testing/envtestassets). Progress
 // goes to stderr, the path to stdout.
 package main
 
@@ -21,7 +22,7 @@ func main() {
 	defer stop()
 	c, err := crossplanecore.Ensure(ctx, os.Stderr)
 	if err == nil {
-		_, err = envtestassets.EnsureControllerManager(ctx, os.Stderr)
+		_, err = envtestassets.EnsureGarbageCollector(ctx, os.Stderr)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crossplane-core:", err)

@@ -74,15 +74,13 @@ func (r *Reconciler) refreshOrphans(ctx context.Context) error {
 func (r *Reconciler) orphaned(ctx context.Context, uid string) (bool, error) {
 	r.mu.Lock()
 	o, ok := r.orphans[uid]
+	released := r.written[uid].Released
 	r.mu.Unlock()
 	if !ok {
 		return false, nil
 	}
 	rep := orphanReport(o)
-	r.mu.Lock()
-	last := r.written[uid]
-	r.mu.Unlock()
-	rep.Released = last.Released
+	rep.Released = released
 	return true, r.report(ctx, rep)
 }
 

@@ -150,14 +150,14 @@ func (x *Crossplane) start(ctx context.Context) error {
 	}
 	// Crossplane deletes a composite's resources by leaving them to the
 	// garbage collector (they are owned by the composite); envtest runs no
-	// kube-controller-manager, so the harness runs one with that
-	// controller alone.
-	kcm, err := envtestassets.EnsureControllerManager(ctx, x.prog)
+	// kube-controller-manager, so the harness runs Kubernetes' garbage
+	// collector alone, wired as kube-controller-manager wires it.
+	gcBinary, err := envtestassets.EnsureGarbageCollector(ctx, x.prog)
 	if err != nil {
 		return err
 	}
-	gc, err := startProcess("kube-controller-manager", filepath.Join(x.dir, "logs", "kube-controller-manager.log"), nil, kcm,
-		"--kubeconfig="+x.cp.Kubeconfig, "--controllers=garbage-collector-controller", "--leader-elect=false", "--secure-port=0")
+	gc, err := startProcess(envtestassets.GarbageCollector, filepath.Join(x.dir, "logs", envtestassets.GarbageCollector+".log"), nil, gcBinary,
+		"--kubeconfig="+x.cp.Kubeconfig)
 	if err != nil {
 		return err
 	}

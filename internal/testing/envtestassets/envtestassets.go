@@ -10,8 +10,10 @@ package envtestassets
 
 import (
 	"context"
+	"embed"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -120,29 +122,38 @@ func missingBinaries(dir string) []string {
 	return missing
 }
 
-// ControllerManager is the file name of kube-controller-manager in the
-// asset directory. envtest does not run it; a test that needs a controller
-// of it, such as the garbage collector Crossplane relies on to delete
-// composed resources, starts it itself.
-const ControllerManager = "kube-controller-manager"
+// GarbageCollector is the file name of the garbage-collector command in
+// CacheDir: Kubernetes' garbage collector alone (see garbagecollector/main.go).
+// envtest runs no kube-controller-manager; a test that needs its garbage
+// collector, as Crossplane does to delete composed resources, starts this
+// command with --kubeconfig.
+const GarbageCollector = "garbage-collector"
 
-// EnsureControllerManager returns the path of kube-controller-manager of
-// KubernetesVersion, building it into the asset directory (or CacheDir when
-// KUBEBUILDER_ASSETS lacks it) the first time; it shares the module and
-// build cache of kube-apiserver, so it builds in minutes.
-func EnsureControllerManager(ctx context.Context, progress io.Writer) (string, error) {
-	dirs := []string{}
-	if d := os.Getenv(EnvAssets); d != "" {
-		dirs = append(dirs, d)
+//go:embed garbagecollector/main.go
+var garbageCollectorSource embed.FS
+
+func garbageCollectorTarget() modbuild.Target {
+	t := targets()[0]
+	src, err := fs.Sub(garbageCollectorSource, "garbagecollector")
+	if err != nil {
+		panic(err) // the directory is embedded above
 	}
+	t.Binary, t.Package, t.Source = GarbageCollector, "", src
+	return t
+}
+
+// EnsureGarbageCollector returns the path of the garbage-collector command
+// of KubernetesVersion, building it into CacheDir the first time (it shares
+// most of its packages with kube-apiserver, so with a warm build cache it
+// takes about a minute).
+func EnsureGarbageCollector(ctx context.Context, progress io.Writer) (string, error) {
 	cache, err := CacheDir()
 	if err != nil {
 		return "", err
 	}
-	for _, d := range append(dirs, cache) {
-		if fi, err := os.Stat(filepath.Join(d, ControllerManager)); err == nil && !fi.IsDir() {
-			return filepath.Join(d, ControllerManager), nil
-		}
+	path := filepath.Join(cache, GarbageCollector)
+	if fi, err := os.Stat(path); err == nil && !fi.IsDir() {
+		return path, nil
 	}
 	if err := os.MkdirAll(cache, 0o755); err != nil {
 		return "", errors.Wrap(err, "cannot create asset directory")
@@ -152,12 +163,10 @@ func EnsureControllerManager(ctx context.Context, progress io.Writer) (string, e
 		return "", err
 	}
 	defer unlock()
-	path := filepath.Join(cache, ControllerManager)
-	if _, err := os.Stat(path); err == nil {
+	if _, err := os.Stat(path); err == nil { // built while we waited for the lock
 		return path, nil
 	}
-	t := targets()[0]
-	t.Binary, t.Package = ControllerManager, "k8s.io/kubernetes/cmd/"+ControllerManager
+	t := garbageCollectorTarget()
 	if err := modbuild.Build(ctx, cache, t, modbuild.Prefixed(progress, "envtest: ")); err != nil {
 		return "", errors.Wrapf(err, "cannot build %s %s", t.Binary, t.Version)
 	}

@@ -3,6 +3,7 @@ package envtestassets
 import (
 	"context"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -91,4 +92,22 @@ func TestTargetsPinEveryStagingModule(t *testing.T) {
 	assert.Len(t, api.Replace, len(stagingModules))
 	assert.Contains(t, api.Replace, "k8s.io/client-go=k8s.io/client-go@"+StagingVersion)
 	assert.Empty(t, byBinary["etcd"].Replace, "etcd resolves without replacements")
+}
+
+// TestGarbageCollectorTarget guards the garbage collector's recipe: it is
+// this repository's own main package, built against the same Kubernetes
+// release and staging modules as kube-apiserver, so that the two share
+// their build.
+func TestGarbageCollectorTarget(t *testing.T) {
+	gc := garbageCollectorTarget()
+	api := targets()[0]
+	assert.Equal(t, GarbageCollector, gc.Binary)
+	assert.Equal(t, api.Module, gc.Module)
+	assert.Equal(t, api.Version, gc.Version)
+	assert.Equal(t, api.Replace, gc.Replace)
+	require.NotNil(t, gc.Source)
+	main, err := fs.ReadFile(gc.Source, "main.go")
+	require.NoError(t, err)
+	assert.Contains(t, string(main), "\npackage main\n")
+	assert.Contains(t, string(main), `"k8s.io/kubernetes/pkg/controller/garbagecollector"`)
 }

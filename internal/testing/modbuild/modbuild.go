@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,8 +72,14 @@ type Target struct {
 	Binary  string   // file name in the output directory
 	Module  string   // module to require
 	Version string   // its exact version (the proxy here often lacks @latest)
-	Package string   // main package to build
+	Package string   // main package to build, unless Source is set
 	Replace []string // go mod edit -replace arguments, old=new@version
+	// Source, when set, holds the Go files of a main package of this
+	// repository that is built against Module instead of a package of it.
+	// They are built by name, so a build constraint that keeps them out of
+	// this repository's own module (whose dependencies differ) does not
+	// apply.
+	Source fs.FS
 	// Vars are -X linker settings, package.variable=value, such as the
 	// version a release build stamps in.
 	Vars []string
@@ -93,13 +100,20 @@ func Build(ctx context.Context, dir string, t Target, progress io.Writer) error 
 	start := time.Now()
 	fmt.Fprintf(progress, "building %s %s from the Go module proxy (once per machine, several minutes)\n", t.Binary, t.Version)
 
+	get, build := t.Package+"@"+t.Version, []string{t.Package}
+	if t.Source != nil {
+		if build, err = copySource(t.Source, work); err != nil {
+			return err
+		}
+		get = t.Module + "@" + t.Version
+	}
 	steps := [][]string{{"mod", "init", "virtfleet.local/build-" + t.Binary}}
 	for _, r := range t.Replace {
 		steps = append(steps, []string{"mod", "edit", "-replace", r})
 	}
 	steps = append(steps,
-		[]string{"get", t.Package + "@" + t.Version},
-		[]string{"build", "-trimpath", "-ldflags=" + ldflags(t.Vars), "-o", filepath.Join(work, t.Binary), t.Package},
+		[]string{"get", get},
+		append([]string{"build", "-trimpath", "-ldflags=" + ldflags(t.Vars), "-o", filepath.Join(work, t.Binary)}, build...),
 	)
 	for _, args := range steps {
 		if _, err := goCommand(ctx, work, args...); err != nil {
@@ -111,6 +125,22 @@ func Build(ctx context.Context, dir string, t Target, progress io.Writer) error 
 	}
 	fmt.Fprintf(progress, "built %s in %s\n", t.Binary, time.Since(start).Round(time.Second))
 	return nil
+}
+
+// copySource copies the files of src into dir and returns the names of its
+// Go files.
+func copySource(src fs.FS, dir string) ([]string, error) {
+	if err := os.CopyFS(dir, src); err != nil {
+		return nil, errors.Wrap(err, "cannot copy the main package's source")
+	}
+	files, err := fs.Glob(src, "*.go")
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot list the main package's source")
+	}
+	if len(files) == 0 {
+		return nil, errors.New("the main package has no Go files")
+	}
+	return files, nil
 }
 
 func ldflags(vars []string) string {

@@ -274,9 +274,13 @@ func (s *Stack) start(ctx context.Context) error {
 			return errors.Wrap(err, "cannot create a node directory")
 		}
 		s.nodeDirs = append(s.nodeDirs, dir)
-		if s.Nodes[n], err = libvirttest.StartNode(ctx, dir, n); err != nil {
+		// Recorded only once started: Stop stops every node recorded, and a
+		// nil one would panic and hide this error.
+		node, err := libvirttest.StartNode(ctx, dir, n)
+		if err != nil {
 			return err
 		}
+		s.Nodes[n] = node
 		// The daemon lives outside Dir; its log is found with the others.
 		if err := os.Symlink(s.Nodes[n].LogPath(), s.logPath("libvirtd-"+n)); err != nil {
 			return errors.Wrap(err, "cannot link the libvirtd log into the log directory")
