@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/volumes"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
@@ -37,11 +39,13 @@ type guestBackend struct {
 	// inspect reads the guest with external name name: whether it runs
 	// and its vCPUs.
 	inspect func(t *testing.T, h *hub, node, name string) (running bool, vcpu int)
+	// exists says whether the guest with external name name is there.
+	exists func(t *testing.T, h *hub, node, name string) bool
 }
 
 var guestBackends = map[string]guestBackend{
-	driver.BackendLibvirt: {foreign: libvirtForeign, inspect: libvirtInspect},
-	driver.BackendNova:    {foreign: novaForeign, inspect: novaInspect},
+	driver.BackendLibvirt: {foreign: libvirtForeign, inspect: libvirtInspect, exists: libvirtExists},
+	driver.BackendNova:    {foreign: novaForeign, inspect: novaInspect, exists: novaExists},
 }
 
 // TestOrphanAdoptImport runs the orphan, adopt and import scenarios on each
@@ -206,9 +210,7 @@ func testOrphanAdoptImport(t *testing.T, backend string, gb guestBackend) {
 	})
 
 	// Nova's nodes share one cloud with the other tests, whose checks that
-	// a flavor goes with its last user would count the adopted guest.
-	// (Whether deleting "taken" deletes the imported guest is not checked
-	// here: on libvirt it does not yet, see issue 17.)
+	// a flavor goes with its last user would count the adopted guests.
 	t.Run("WithTheDeletePolicyTheAdoptedGuestIsDeleted", func(t *testing.T) {
 		h.patch(t, "keep", func(vm *v1alpha1.VirtualMachine) {
 			vm.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionAll})
@@ -221,6 +223,8 @@ func testOrphanAdoptImport(t *testing.T, backend string, gb guestBackend) {
 		// (libvirt) or of the VM managing it (nova).
 		assert.Zero(t, left[firstUID], "the adopted guest is deleted: %v", left)
 		assert.Zero(t, left[adopter], "the adopted guest is deleted: %v", left)
+		assert.Eventually(t, func() bool { return !gb.exists(t, h, node, external) }, time.Minute, 100*time.Millisecond,
+			"the imported guest is deleted with the VM that took it over")
 	})
 }
 
@@ -246,6 +250,20 @@ func libvirtForeign(t *testing.T, h *hub, node, network string) string {
 	require.NoError(t, err)
 	require.NoError(t, l.DomainCreate(d))
 	return dom.Name
+}
+
+// libvirtExists says whether node has a domain named name.
+func libvirtExists(t *testing.T, h *hub, node, name string) bool {
+	t.Helper()
+	l, err := h.s.Nodes[node].Dial()
+	require.NoError(t, err)
+	defer func() { _ = l.Disconnect() }()
+	_, err = l.DomainLookupByName(name)
+	if golibvirt.IsNotFound(err) {
+		return false
+	}
+	require.NoError(t, err)
+	return true
 }
 
 // libvirtInspect reads a domain by name or UUID.
@@ -316,6 +334,17 @@ func novaForeign(t *testing.T, _ *hub, _, network string) string {
 }
 
 // novaInspect reads a server by id.
+// novaExists says whether the server with id id is there and not deleted.
+func novaExists(t *testing.T, _ *hub, _, id string) bool {
+	t.Helper()
+	s, err := servers.Get(context.Background(), novaCloud(t).cl.Compute, id).Extract()
+	if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return false
+	}
+	require.NoError(t, err)
+	return s.Status != "DELETED" && s.Status != "SOFT_DELETED"
+}
+
 func novaInspect(t *testing.T, _ *hub, _, id string) (bool, int) {
 	t.Helper()
 	s := novaCloud(t).server(t, id)
