@@ -333,7 +333,6 @@ func novaForeign(t *testing.T, _ *hub, _, network string) string {
 	return s.ID
 }
 
-// novaInspect reads a server by id.
 // novaExists says whether the server with id id is there and not deleted.
 func novaExists(t *testing.T, _ *hub, _, id string) bool {
 	t.Helper()
@@ -345,6 +344,7 @@ func novaExists(t *testing.T, _ *hub, _, id string) bool {
 	return s.Status != "DELETED" && s.Status != "SOFT_DELETED"
 }
 
+// novaInspect reads a server by id.
 func novaInspect(t *testing.T, _ *hub, _, id string) (bool, int) {
 	t.Helper()
 	s := novaCloud(t).server(t, id)
