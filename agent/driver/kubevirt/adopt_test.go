@@ -12,33 +12,35 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/internal/testing/kubevirttest"
 )
 
-// byName reads the KubeVirt VM named name from the API server, or nil.
-func (e *env) byName(name string) *kubevirtv1.VirtualMachine {
+// read reads the object named name of the test's namespace into obj, or
+// returns nil when there is none.
+func read[T client.Object](e *env, name string, obj T) T {
 	e.t.Helper()
-	vm := &kubevirtv1.VirtualMachine{}
-	err := e.kube.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: name}, vm)
+	err := e.kube.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: name}, obj)
 	if kerrors.IsNotFound(err) {
-		return nil
+		var none T
+		return none
 	}
 	require.NoError(e.t, err)
-	return vm
+	return obj
+}
+
+// byName reads the KubeVirt VM named name, or nil.
+func (e *env) byName(name string) *kubevirtv1.VirtualMachine {
+	e.t.Helper()
+	return read(e, name, &kubevirtv1.VirtualMachine{})
 }
 
 // instanceOf reads the VMI of the KubeVirt VM named name, or nil.
 func (e *env) instanceOf(name string) *kubevirtv1.VirtualMachineInstance {
 	e.t.Helper()
-	vmi := &kubevirtv1.VirtualMachineInstance{}
-	err := e.kube.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: name}, vmi)
-	if kerrors.IsNotFound(err) {
-		return nil
-	}
-	require.NoError(e.t, err)
-	return vmi
+	return read(e, name, &kubevirtv1.VirtualMachineInstance{})
 }
 
 // handMade creates vm behind virtfleet's back and waits until KubeVirt
