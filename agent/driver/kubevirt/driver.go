@@ -11,9 +11,9 @@
 // VirtualMachineInstance of the namespace (an imported guest's carry no
 // label of virtfleet's) and on the Nodes; their changes are the driver's
 // Events. Writes go to the API server as merge patches of what changed, so
-// fields of a newer KubeVirt than the driver knows are never dropped. When the API server goes away every call fails with
-// a retryable error until it is back; then the driver starts fresh informers
-// and sends EventResync.
+// fields of a newer KubeVirt than the driver knows are never dropped. When
+// the API server goes away every call fails with a retryable error until it
+// is back; then the driver starts fresh informers and sends EventResync.
 //
 // Mapping (see newVM): vcpu → cores, memory → guest memory and its request,
 // each disk → a PVC named ObjectName(disk) (made with the disk's size when
