@@ -407,6 +407,27 @@ type Adopter interface {
 	ObserveRef(ctx context.Context, ref Ref) (Observation, error)
 }
 
+// VolumeImporter is implemented by a Driver whose existing volumes a Volume
+// can import by name: made by virtfleet or not, the volume is observed and
+// never changed; DeleteVolume deletes it once the Volume is deleted with
+// the Delete management policy. A node whose driver is no VolumeImporter
+// refuses such an import with a message.
+type VolumeImporter interface {
+	// ObserveVolume reports the volume d.Name in d.Pool (empty: the
+	// driver's default pool) without changing it; only Name and Pool are
+	// read. A volume that is not there returns a NotFound error; one the
+	// driver keeps for itself (an image, a guest's seed or swap) a
+	// Terminal error: no Volume may take it.
+	ObserveVolume(ctx context.Context, d Disk) (VolumeObservation, error)
+}
+
+// VolumeObservation is what a driver sees of one volume.
+type VolumeObservation struct {
+	// ID is the backend's id of the volume (libvirt: its key).
+	ID        string
+	SizeBytes int64
+}
+
 // Ref names an existing guest; exactly one field is set.
 type Ref struct {
 	// Orphan is the uid an orphan was released under.

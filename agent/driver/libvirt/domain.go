@@ -200,8 +200,13 @@ func macFor(uid string, index int) string {
 }
 
 // Names of the volumes the driver makes for a guest alone.
-func seedVolume(uid string) string { return uid + "-seed.iso" }
-func swapVolume(uid string) string { return uid + "-swap.img" }
+func seedVolume(uid string) string { return uid + seedSuffix }
+func swapVolume(uid string) string { return uid + swapSuffix }
+
+const (
+	seedSuffix = "-seed.iso"
+	swapSuffix = "-swap.img"
+)
 
 // Serials name the driver's own disks inside the guest (/dev/disk/by-id/virtio-…).
 const (

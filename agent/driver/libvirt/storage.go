@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"strings"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -141,4 +142,43 @@ func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 		}
 	}
 	return deleteVolume(api, want.pool, want.name)
+}
+
+var _ driver.VolumeImporter = (*Driver)(nil)
+
+// ObserveVolume implements driver.VolumeImporter.
+func (d *Driver) ObserveVolume(_ context.Context, disk driver.Disk) (driver.VolumeObservation, error) {
+	if ownVolume(disk.Name) {
+		return driver.VolumeObservation{}, driver.Terminalf("volume %s is one node %s keeps for itself (an image, or a guest's seed or swap); no Volume can import it", disk.Name, d.node)
+	}
+	api, _, err := d.api()
+	if err != nil {
+		return driver.VolumeObservation{}, err
+	}
+	pool := cmp.Or(disk.Pool, d.pool)
+	p, err := api.StoragePoolLookupByName(pool)
+	if isCode(err, golibvirt.ErrNoStoragePool) {
+		return driver.VolumeObservation{}, driver.NotFoundf("no storage pool %s on node %s", pool, d.node)
+	}
+	if err != nil {
+		return driver.VolumeObservation{}, errors.Wrapf(err, "cannot look up storage pool %s", pool)
+	}
+	v, err := api.StorageVolLookupByName(p, disk.Name)
+	if isCode(err, golibvirt.ErrNoStorageVol) {
+		return driver.VolumeObservation{}, driver.NotFoundf("no volume %s in storage pool %s on node %s", disk.Name, pool, d.node)
+	}
+	if err != nil {
+		return driver.VolumeObservation{}, errors.Wrapf(err, "cannot look up volume %s", disk.Name)
+	}
+	_, capacity, _, err := api.StorageVolGetInfo(v)
+	if err != nil {
+		return driver.VolumeObservation{}, errors.Wrapf(err, "cannot read volume %s", disk.Name)
+	}
+	return driver.VolumeObservation{ID: v.Key, SizeBytes: int64(capacity)}, nil //nolint:gosec // a volume's capacity fits
+}
+
+// ownVolume is whether name is a volume the driver makes for itself: an
+// image or a guest's seed or swap.
+func ownVolume(name string) bool {
+	return strings.HasPrefix(name, imagePrefix) || strings.HasSuffix(name, seedSuffix) || strings.HasSuffix(name, swapSuffix)
 }
