@@ -179,3 +179,23 @@ func TestImportedVolumeIntents(t *testing.T) {
 	in, _ = b.VolumeIntent(testNode, "vol-uid")
 	assert.Equal(t, want, in, "an Observe during the deletion does not take it back")
 }
+
+// TestReleaseLeavesAVolumeAnotherVolumeImported pins that deleting, with the
+// Delete policy, a Volume refused as the second importer of a volume
+// deletes nothing on the node.
+func TestReleaseLeavesAVolumeAnotherVolumeImported(t *testing.T) {
+	ctx := context.Background()
+	b := bus.NewFake()
+	f := fleettest.Start(t, b)
+	thief := importing("data", "vol-uid", "legacy.qcow2", testNode, 0)
+	r, _, _, kube := testReleaser(t, f, thief, importing("first", "first-uid", "legacy.qcow2", testNode, time.Hour))
+	_, err := r.Observe(ctx, kube, thief, nil)
+	require.NoError(t, err)
+
+	released, err := r.Release(ctx, thief)
+
+	require.NoError(t, err)
+	assert.True(t, released, "released at once")
+	in, ok := b.VolumeIntent(testNode, "vol-uid")
+	assert.False(t, ok, "the node is never asked anything: %+v", in)
+}

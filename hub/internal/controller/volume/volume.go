@@ -20,6 +20,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
@@ -78,6 +79,7 @@ type Fleets interface {
 // Releaser deletes Volumes' volumes on their nodes, and has the nodes
 // observe the volumes Volumes import.
 type Releaser struct {
+	kube     client.Reader
 	configs  *providerconfig.Resolver
 	pool     Fleets
 	notifier *fleet.Notifier
@@ -94,6 +96,7 @@ type Releaser struct {
 // Fleet.SubscribeVolumes.
 func NewReleaser(kube client.Client, pool Fleets, fencing time.Duration, notifier *fleet.Notifier, recorder event.Recorder) *Releaser {
 	return &Releaser{
+		kube:     kube,
 		configs:  providerconfig.NewResolver(kube),
 		pool:     pool,
 		notifier: notifier,
@@ -106,15 +109,23 @@ func NewReleaser(kube client.Client, pool Fleets, fencing time.Duration, notifie
 // Release is inuse.Kind.Release for Volumes, called only with the Delete
 // management policy: without it the volume stays on its node, imported or
 // not. An unbound Volume never had a volume made for it and is released at
-// once. A bound one is released once
-// its node reports the volume gone, then its intent is deleted; or, when the
-// node has been lost for longer than the fencing timeout, at once with a
-// Warning event, its intent left in place so that the node deletes the
-// volume when its agent comes back (Leftovers then deletes the intent).
+// once, and so is one that imports a volume another Volume imported first.
+// A bound one is released once its node reports the volume gone, then its
+// intent is deleted; or, when the node has been lost for longer than the
+// fencing timeout, at once with a Warning event, its intent left in place so
+// that the node deletes the volume when its agent comes back (Leftovers then
+// deletes the intent).
 func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error) {
 	node := v.GetAnnotations()[v1alpha1.AnnotationNode]
 	if node == "" {
 		return true, nil
+	}
+	if meta.GetExternalName(v) != "" {
+		// A volume another Volume imported first is that Volume's: this
+		// one never had it and leaves it alone.
+		if owner, err := firstImporter(ctx, r.kube, v, node); err != nil || owner != "" {
+			return err == nil, err
+		}
 	}
 	pc, err := r.configs.Resolve(ctx, v)
 	if err != nil {

@@ -66,6 +66,7 @@ func testReleaser(t *testing.T, f *fleet.Fleet, objs ...client.Object) (*Release
 	notifier := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
 	rec := &fleettest.Recorder{}
 	return &Releaser{
+		kube:     kube,
 		configs:  providerconfig.NewResolver(kube),
 		pool:     oneFleet{f},
 		notifier: notifier,
