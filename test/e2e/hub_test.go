@@ -286,10 +286,7 @@ func (h *hub) create(t *testing.T, o client.Object) {
 // delete deletes a VM and waits until the hub finalized it.
 func (h *hub) delete(t *testing.T, name string) {
 	t.Helper()
-	require.NoError(t, h.kube.Delete(context.Background(), h.get(t, name)))
-	require.Eventually(t, func() bool {
-		return kerrors.IsNotFound(h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &v1alpha1.VirtualMachine{}))
-	}, 30*time.Second, 100*time.Millisecond, "VM %s was not finalized", name)
+	h.deleteObject(t, h.get(t, name))
 }
 
 // domains counts the node's guests by virtfleet uid, behind virtfleet's back.
