@@ -243,9 +243,14 @@ type hub struct {
 
 func (h *hub) get(t *testing.T, name string) *v1alpha1.VirtualMachine {
 	t.Helper()
-	vm := &v1alpha1.VirtualMachine{}
-	require.NoError(t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, vm))
-	return vm
+	return getInto(t, h, name, &v1alpha1.VirtualMachine{})
+}
+
+// getInto reads the object name of ns into o.
+func getInto[T client.Object](t *testing.T, h *hub, name string, o T) T {
+	t.Helper()
+	require.NoError(t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, o))
+	return o
 }
 
 // wait polls the API, as kubectl get -w would, until ok holds.

@@ -93,7 +93,7 @@ func TestImportVolume(t *testing.T) {
 		h.create(t, imageVM("user", "own"))
 		h.wait(t, "user", 90*time.Second, running)
 		h.delete(t, "user")
-		h.deleteObject(t, h.getVolume(t, "own"))
+		h.deleteObject(t, getInto(t, h, "own", &v1alpha1.Volume{}))
 		assert.True(t, h.nodeVolumeExists(t, node, wire.NodeName(ns, "own")), "the volume stays")
 	})
 }
@@ -111,13 +111,6 @@ func (h *hub) libvirtVolume(t *testing.T, node, name string, size uint64) {
 	require.NoError(t, err)
 	_, err = l.StorageVolCreateXML(p, x, 0)
 	require.NoError(t, err)
-}
-
-func (h *hub) getVolume(t *testing.T, name string) *v1alpha1.Volume {
-	t.Helper()
-	v := &v1alpha1.Volume{}
-	require.NoError(t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, v))
-	return v
 }
 
 // waitVolume polls the API until Volume name satisfies ok.

@@ -58,16 +58,11 @@ func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.
 		at.Phase = v1alpha1.PhaseFailed
 		return xpv2.Unavailable().WithMessage(fmt.Sprintf("volume %s on node %s is already managed by Volume %s; a volume has one Volume", ext, node, owner)), nil
 	}
-	pc, err := r.configs.Resolve(ctx, v)
-	if err != nil {
-		return ready, err
-	}
-	f, err := r.pool.Get(ctx, pc.Target)
+	f, err := r.fleetOf(ctx, v)
 	if err != nil {
 		return ready, err
 	}
 	uid := string(v.UID)
-	r.notifier.Remember(v)
 	if in := intentOf(v); !meta.WasDeleted(v) {
 		// A deleted Volume's intent is Release's.
 		if last, ok := r.published.Load(uid); !ok || last != in {

@@ -18,7 +18,6 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
-	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 )
 
 // importing is Volume team/data importing external on node, created at age.
@@ -124,11 +123,7 @@ func TestObserveImport(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			b := bus.NewFake()
-			f := fleettest.Start(t, b)
-			for _, play := range tc.play {
-				play(b)
-			}
+			b, f := played(t, tc.play...)
 			r, _, _, kube := testReleaser(t, f, append(tc.others, tc.volume)...)
 
 			ready, err := r.Observe(context.Background(), kube, tc.volume, nil)
@@ -155,8 +150,7 @@ func TestObserveImport(t *testing.T) {
 // deleted by Release (called only with the Delete policy).
 func TestImportedVolumeIntents(t *testing.T) {
 	ctx := context.Background()
-	b := bus.NewFake()
-	f := fleettest.Start(t, b)
+	b, f := played(t)
 	v := importing("data", "vol-uid", "legacy.qcow2", testNode, 0)
 	r, _, _, kube := testReleaser(t, f, v)
 	b.SetNode(bus.NodeEvent{Node: testNode, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt"}})
@@ -185,8 +179,7 @@ func TestImportedVolumeIntents(t *testing.T) {
 // deletes nothing on the node.
 func TestReleaseLeavesAVolumeAnotherVolumeImported(t *testing.T) {
 	ctx := context.Background()
-	b := bus.NewFake()
-	f := fleettest.Start(t, b)
+	b, f := played(t)
 	thief := importing("data", "vol-uid", "legacy.qcow2", testNode, 0)
 	r, _, _, kube := testReleaser(t, f, thief, importing("first", "first-uid", "legacy.qcow2", testNode, time.Hour))
 	_, err := r.Observe(ctx, kube, thief, nil)

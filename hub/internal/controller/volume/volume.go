@@ -127,16 +127,11 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 			return err == nil, err
 		}
 	}
-	pc, err := r.configs.Resolve(ctx, v)
-	if err != nil {
-		return false, err
-	}
-	f, err := r.pool.Get(ctx, pc.Target)
+	f, err := r.fleetOf(ctx, v)
 	if err != nil {
 		return false, err
 	}
 	uid := string(v.UID)
-	r.notifier.Remember(v)
 
 	f.FlagForeign(fleet.KindVolume, v, node)
 	rep, reported := f.VolumeReport(node, uid)
@@ -167,4 +162,19 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 		return false, errors.New(fmt.Sprintf("node %s cannot delete the volume yet: %s", node, rep.Report.Message))
 	}
 	return false, nil
+}
+
+// fleetOf is the Fleet of v's ProviderConfig, whose reports about v now
+// wake it.
+func (r *Releaser) fleetOf(ctx context.Context, v *v1alpha1.Volume) (*fleet.Fleet, error) {
+	pc, err := r.configs.Resolve(ctx, v)
+	if err != nil {
+		return nil, err
+	}
+	f, err := r.pool.Get(ctx, pc.Target)
+	if err != nil {
+		return nil, err
+	}
+	r.notifier.Remember(v)
+	return f, nil
 }

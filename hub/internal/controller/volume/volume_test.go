@@ -52,6 +52,17 @@ func boundVolume(node string) *v1alpha1.Volume {
 	return v
 }
 
+// played is a Fleet over a fake bus on which play was played.
+func played(t *testing.T, play ...func(*bus.Fake)) (*bus.Fake, *fleet.Fleet) {
+	t.Helper()
+	b := bus.NewFake()
+	f := fleettest.Start(t, b)
+	for _, p := range play {
+		p(b)
+	}
+	return b, f
+}
+
 // testReleaser is a Releaser reaching f, with a kube holding the default
 // ClusterProviderConfig and objs.
 func testReleaser(t *testing.T, f *fleet.Fleet, objs ...client.Object) (*Releaser, *fleettest.Recorder, *fleet.Notifier, client.Client) {
@@ -154,11 +165,7 @@ func TestRelease(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			b := bus.NewFake()
-			f := fleettest.Start(t, b)
-			for _, play := range tc.play {
-				play(b)
-			}
+			b, f := played(t, tc.play...)
 			r, rec, notifier, _ := testReleaser(t, f)
 			wakeUps := fleettest.WakeUps(t, notifier)
 			if tc.sinceLost != 0 {
