@@ -76,7 +76,8 @@ type Driver interface {
 	// an absent volume succeeds. It never deletes a volume that a guest of
 	// this driver has attached — in its running or its next definition — and
 	// returns an error satisfying IsInUse instead: retry once the guest is
-	// gone. The image the volume was made from is left in place; the driver
+	// gone. Where the backend tells, it refuses the same for any other guest
+	// of the node (an orphan, or one virtfleet never made). The image the volume was made from is left in place; the driver
 	// prunes it with its other unused images once no disk has needed it for
 	// the image's PruneAfter.
 	DeleteVolume(ctx context.Context, d Disk) error

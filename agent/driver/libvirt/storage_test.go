@@ -12,7 +12,9 @@ import (
 	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
 )
 
-func TestObserveVolume(t *testing.T) {
+// TestImportedVolumes observes volumes made by hand and by virtfleet, and
+// deletes one only once no domain has it.
+func TestImportedVolumes(t *testing.T) {
 	ctx := context.Background()
 	node := libvirttest.Start(t, "import-volume")
 	d, l := open(t, node), raw(t, node)
@@ -56,6 +58,41 @@ func TestObserveVolume(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("DeleteVolumeRefusesAVolumeADomainVirtfleetNeverMadeHas", func(t *testing.T) {
+		v, err := l.StorageVolLookupByName(p, "legacy.qcow2")
+		require.NoError(t, err)
+		path, err := l.StorageVolGetPath(v)
+		require.NoError(t, err)
+		dom := libvirtxml.Domain{
+			Type: "test", Name: "made-by-hand",
+			Memory: &libvirtxml.DomainMemory{Value: 256, Unit: "MiB"},
+			OS:     &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Type: "hvm"}},
+			Devices: &libvirtxml.DomainDeviceList{Disks: []libvirtxml.DomainDisk{{
+				Device: "disk",
+				Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: path}},
+				Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
+			}}},
+		}
+		x, err := dom.Marshal()
+		require.NoError(t, err)
+		hand, err := l.DomainDefineXMLFlags(x, 0)
+		require.NoError(t, err)
+
+		err = d.DeleteVolume(ctx, driver.Disk{Name: "legacy.qcow2"})
+		assert.True(t, driver.IsInUse(err), "want InUse, got %v", err)
+		assert.ErrorContains(t, err, "domain made-by-hand, which virtfleet does not manage")
+		assert.True(t, volumeExists(t, l, "legacy.qcow2"))
+		require.NoError(t, l.DomainUndefine(hand))
+	})
+
+	t.Run("DeleteVolumeRefusesAnOrphansDisk", func(t *testing.T) {
+		require.NoError(t, d.Release(ctx, guest.UID))
+		err := d.DeleteVolume(ctx, driver.Disk{Name: "web-root"})
+		assert.True(t, driver.IsInUse(err), "want InUse, got %v", err)
+		assert.ErrorContains(t, err, "orphaned from VirtualMachine team-a/web")
+		assert.True(t, volumeExists(t, l, "web-root"))
+	})
 
 	t.Run("DeleteVolumeDeletesAnImportedVolume", func(t *testing.T) {
 		require.NoError(t, d.DeleteVolume(ctx, driver.Disk{Name: "legacy.qcow2"}))
