@@ -76,7 +76,8 @@ type Driver interface {
 	// an absent volume succeeds. It never deletes a volume that a guest of
 	// this driver has attached — in its running or its next definition — and
 	// returns an error satisfying IsInUse instead: retry once the guest is
-	// gone. The image the volume was made from is left in place; the driver
+	// gone. Where the backend tells, it refuses the same for any other guest
+	// of the node (an orphan, or one virtfleet never made). The image the volume was made from is left in place; the driver
 	// prunes it with its other unused images once no disk has needed it for
 	// the image's PruneAfter.
 	DeleteVolume(ctx context.Context, d Disk) error
@@ -405,6 +406,27 @@ type Adopter interface {
 	// ObserveRef reports the guest ref names, managed or not, without
 	// changing it or taking it over.
 	ObserveRef(ctx context.Context, ref Ref) (Observation, error)
+}
+
+// VolumeImporter is implemented by a Driver whose existing volumes a Volume
+// can import by name: made by virtfleet or not, the volume is observed and
+// never changed; DeleteVolume deletes it once the Volume is deleted with
+// the Delete management policy. A node whose driver is no VolumeImporter
+// refuses such an import with a message.
+type VolumeImporter interface {
+	// ObserveVolume reports the volume d.Name in d.Pool (empty: the
+	// driver's default pool) without changing it; only Name and Pool are
+	// read. A volume that is not there returns a NotFound error; one the
+	// driver keeps for itself (an image, a guest's seed or swap) a
+	// Terminal error: no Volume may take it.
+	ObserveVolume(ctx context.Context, d Disk) (VolumeObservation, error)
+}
+
+// VolumeObservation is what a driver sees of one volume.
+type VolumeObservation struct {
+	// ID is the backend's id of the volume (libvirt: its key).
+	ID        string
+	SizeBytes int64
 }
 
 // Ref names an existing guest; exactly one field is set.

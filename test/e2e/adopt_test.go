@@ -2,16 +2,21 @@ package e2e
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	"libvirt.org/go/libvirtxml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/volumes"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
@@ -21,8 +26,10 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/kubevirt"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/testing/kubevirttest"
 	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 	"github.com/virtfleet/virtfleet/internal/testing/openstack"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
@@ -37,11 +44,15 @@ type guestBackend struct {
 	// inspect reads the guest with external name name: whether it runs
 	// and its vCPUs.
 	inspect func(t *testing.T, h *hub, node, name string) (running bool, vcpu int)
+	// exists says whether the guest with external name name is there.
+	exists func(t *testing.T, h *hub, node, name string) bool
 }
 
 var guestBackends = map[string]guestBackend{
-	driver.BackendLibvirt: {foreign: libvirtForeign, inspect: libvirtInspect},
-	driver.BackendNova:    {foreign: novaForeign, inspect: novaInspect},
+	driver.BackendLibvirt: {foreign: libvirtForeign, inspect: libvirtInspect, exists: libvirtExists},
+	driver.BackendNova:    {foreign: novaForeign, inspect: novaInspect, exists: novaExists},
+	// KubeVirt's guests are its VirtualMachines, named by name or uid.
+	driver.BackendKubeVirt: {foreign: kubevirtForeign, inspect: kubevirtInspect, exists: kubevirtExists},
 }
 
 // TestOrphanAdoptImport runs the orphan, adopt and import scenarios on each
@@ -206,9 +217,7 @@ func testOrphanAdoptImport(t *testing.T, backend string, gb guestBackend) {
 	})
 
 	// Nova's nodes share one cloud with the other tests, whose checks that
-	// a flavor goes with its last user would count the adopted guest.
-	// (Whether deleting "taken" deletes the imported guest is not checked
-	// here: on libvirt it does not yet, see issue 17.)
+	// a flavor goes with its last user would count the adopted guests.
 	t.Run("WithTheDeletePolicyTheAdoptedGuestIsDeleted", func(t *testing.T) {
 		h.patch(t, "keep", func(vm *v1alpha1.VirtualMachine) {
 			vm.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionAll})
@@ -221,6 +230,8 @@ func testOrphanAdoptImport(t *testing.T, backend string, gb guestBackend) {
 		// (libvirt) or of the VM managing it (nova).
 		assert.Zero(t, left[firstUID], "the adopted guest is deleted: %v", left)
 		assert.Zero(t, left[adopter], "the adopted guest is deleted: %v", left)
+		assert.Eventually(t, func() bool { return !gb.exists(t, h, node, external) }, time.Minute, 100*time.Millisecond,
+			"the imported guest is deleted with the VM that took it over")
 	})
 }
 
@@ -246,6 +257,20 @@ func libvirtForeign(t *testing.T, h *hub, node, network string) string {
 	require.NoError(t, err)
 	require.NoError(t, l.DomainCreate(d))
 	return dom.Name
+}
+
+// libvirtExists says whether node has a domain named name.
+func libvirtExists(t *testing.T, h *hub, node, name string) bool {
+	t.Helper()
+	l, err := h.s.Nodes[node].Dial()
+	require.NoError(t, err)
+	defer func() { _ = l.Disconnect() }()
+	_, err = l.DomainLookupByName(name)
+	if golibvirt.IsNotFound(err) {
+		return false
+	}
+	require.NoError(t, err)
+	return true
 }
 
 // libvirtInspect reads a domain by name or UUID.
@@ -315,10 +340,82 @@ func novaForeign(t *testing.T, _ *hub, _, network string) string {
 	return s.ID
 }
 
+// novaExists says whether the server with id id is there and not deleted.
+func novaExists(t *testing.T, _ *hub, _, id string) bool {
+	t.Helper()
+	s, err := servers.Get(context.Background(), novaCloud(t).cl.Compute, id).Extract()
+	if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return false
+	}
+	require.NoError(t, err)
+	return s.Status != "DELETED" && s.Status != "SOFT_DELETED"
+}
+
 // novaInspect reads a server by id.
 func novaInspect(t *testing.T, _ *hub, _, id string) (bool, int) {
 	t.Helper()
 	s := novaCloud(t).server(t, id)
 	vcpus, _ := s.Flavor["vcpus"].(float64)
 	return s.Status == "ACTIVE", int(vcpus)
+}
+
+// kubevirtForeign creates a VirtualMachine in the node's KubeVirt cluster
+// with the kubevirt client, as a KubeVirt user would: no virtfleet labels,
+// its own name, on the network's NetworkAttachmentDefinition.
+func kubevirtForeign(t *testing.T, h *hub, node, network string) string {
+	t.Helper()
+	c := h.s.KubeVirt(node)
+	require.NotNil(t, c, "node %s runs no KubeVirt", node)
+	vm := kubevirttest.HandMadeVM(c.Namespace, "made-by-hand", kubevirt.ObjectName(network))
+	require.NoError(t, c.Client.Create(context.Background(), vm))
+	require.Eventually(t, func() bool {
+		running, _ := kubevirtInspect(t, h, node, vm.Name)
+		return running
+	}, time.Minute, 100*time.Millisecond, "KubeVirt runs %s", vm.Name)
+	return vm.Name
+}
+
+// kubevirtVM reads the node's KubeVirt VirtualMachine whose name or uid is
+// name, or nil.
+func kubevirtVM(t *testing.T, h *hub, node, name string) *kubevirtv1.VirtualMachine {
+	t.Helper()
+	c := h.s.KubeVirt(node)
+	require.NotNil(t, c, "node %s runs no KubeVirt", node)
+	vms := &kubevirtv1.VirtualMachineList{}
+	require.NoError(t, c.Client.List(context.Background(), vms, client.InNamespace(c.Namespace)))
+	for i, vm := range vms.Items {
+		if vm.Name == name || string(vm.UID) == name {
+			return &vms.Items[i]
+		}
+	}
+	return nil
+}
+
+// kubevirtInspect reads a VirtualMachine by name or uid: whether its VMI
+// runs, and the vCPUs of the VMI, or of its template when it has none.
+func kubevirtInspect(t *testing.T, h *hub, node, name string) (bool, int) {
+	t.Helper()
+	vm := kubevirtVM(t, h, node, name)
+	require.NotNil(t, vm, "no KubeVirt VirtualMachine %s", name)
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	err := h.s.KubeVirt(node).Client.Get(context.Background(), client.ObjectKeyFromObject(vm), vmi)
+	if kerrors.IsNotFound(err) {
+		return false, vcpus(vm.Spec.Template.Spec.Domain.CPU)
+	}
+	require.NoError(t, err)
+	return vmi.Status.Phase == kubevirtv1.Running, vcpus(vmi.Spec.Domain.CPU)
+}
+
+func vcpus(c *kubevirtv1.CPU) int {
+	if c == nil {
+		return 1
+	}
+	return int(max(c.Cores, 1) * max(c.Sockets, 1) * max(c.Threads, 1))
+}
+
+// kubevirtExists says whether the node has a VirtualMachine whose name or
+// uid is name.
+func kubevirtExists(t *testing.T, h *hub, node, name string) bool {
+	t.Helper()
+	return kubevirtVM(t, h, node, name) != nil
 }

@@ -243,9 +243,14 @@ type hub struct {
 
 func (h *hub) get(t *testing.T, name string) *v1alpha1.VirtualMachine {
 	t.Helper()
-	vm := &v1alpha1.VirtualMachine{}
-	require.NoError(t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, vm))
-	return vm
+	return getInto(t, h, name, &v1alpha1.VirtualMachine{})
+}
+
+// getInto reads the object name of ns into o.
+func getInto[T client.Object](t *testing.T, h *hub, name string, o T) T {
+	t.Helper()
+	require.NoError(t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, o))
+	return o
 }
 
 // wait polls the API, as kubectl get -w would, until ok holds.
@@ -286,10 +291,7 @@ func (h *hub) create(t *testing.T, o client.Object) {
 // delete deletes a VM and waits until the hub finalized it.
 func (h *hub) delete(t *testing.T, name string) {
 	t.Helper()
-	require.NoError(t, h.kube.Delete(context.Background(), h.get(t, name)))
-	require.Eventually(t, func() bool {
-		return kerrors.IsNotFound(h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &v1alpha1.VirtualMachine{}))
-	}, 30*time.Second, 100*time.Millisecond, "VM %s was not finalized", name)
+	h.deleteObject(t, h.get(t, name))
 }
 
 // domains counts the node's guests by virtfleet uid, behind virtfleet's back.

@@ -14,14 +14,14 @@ import (
 
 // Call is one recorded call.
 type Call struct {
-	// Op is the method name: Ensure, Delete, Observe, List, Capacity or
-	// DeleteVolume.
+	// Op is the method name: Ensure, Delete, Observe, List, Capacity,
+	// DeleteVolume or ObserveVolume.
 	Op string
 	// UID is the guest the call was about; empty for List and Capacity.
 	UID string
 	// Machine is Ensure's argument.
 	Machine driver.Machine
-	// Disk is DeleteVolume's argument.
+	// Disk is DeleteVolume's and ObserveVolume's argument.
 	Disk driver.Disk
 }
 
@@ -57,6 +57,8 @@ type Driver struct {
 	// foreign are guests virtfleet never made, by their ID.
 	orphans map[string]*guest
 	foreign map[string]*guest
+	// volumes are the volumes AddVolume put on the node, by name.
+	volumes map[string]driver.VolumeObservation
 	// images are what Images reports, as SetImage left them; imagesCalls
 	// counts Images calls, which are not in calls: the reconciler polls
 	// them on a timer, and tests counting calls must not see that.
@@ -78,8 +80,9 @@ type guest struct {
 type failure struct{ op, uid string }
 
 var (
-	_ driver.Driver  = (*Driver)(nil)
-	_ driver.Adopter = (*Driver)(nil)
+	_ driver.Driver         = (*Driver)(nil)
+	_ driver.Adopter        = (*Driver)(nil)
+	_ driver.VolumeImporter = (*Driver)(nil)
 )
 
 // New returns an empty fake driver for node.
@@ -91,6 +94,7 @@ func New(node string) *Driver {
 		guests:   map[string]*guest{},
 		orphans:  map[string]*guest{},
 		foreign:  map[string]*guest{},
+		volumes:  map[string]driver.VolumeObservation{},
 		images:   map[string]driver.ImageStatus{},
 		events:   make(chan driver.Event, 64),
 	}
@@ -329,9 +333,9 @@ func (d *Driver) List(_ context.Context) ([]driver.Observation, error) {
 	return out, nil
 }
 
-// DeleteVolume implements driver.Driver. Volumes exist in the fake
-// only as the disks of its guests: it refuses a volume a guest has, and
-// otherwise succeeds.
+// DeleteVolume implements driver.Driver. Volumes exist in the fake as the
+// disks of its guests and as AddVolume's: it refuses a volume a guest has,
+// and otherwise succeeds.
 func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -345,7 +349,29 @@ func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 			}
 		}
 	}
+	delete(d.volumes, disk.Name)
 	return nil
+}
+
+// AddVolume puts a volume on the node, as made outside virtfleet: what
+// ObserveVolume finds.
+func (d *Driver) AddVolume(name string, o driver.VolumeObservation) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.volumes[name] = o
+}
+
+// ObserveVolume implements driver.VolumeImporter: it finds AddVolume's
+// volumes.
+func (d *Driver) ObserveVolume(_ context.Context, disk driver.Disk) (driver.VolumeObservation, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls = append(d.calls, Call{Op: "ObserveVolume", Disk: disk})
+	o, ok := d.volumes[disk.Name]
+	if !ok {
+		return o, driver.NotFoundf("no volume %s on node %s", disk.Name, d.Node)
+	}
+	return o, nil
 }
 
 // Events implements driver.Driver.

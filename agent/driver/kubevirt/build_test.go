@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -226,6 +227,59 @@ func TestObserveMapsKubeVirtStatus(t *testing.T) {
 				return
 			}
 			assert.Equal(t, []driver.Interface{{Network: "team-a_net-db", MAC: "02:aa:bb:cc:dd:ee", IPs: []string{"10.0.0.5"}, Source: driver.AddressSourceGuestAgent, LastSeen: now}}, o.Interfaces)
+		})
+	}
+}
+
+func TestSizeReadsTheShapeAsKubeVirtDoes(t *testing.T) {
+	resources := func(cpu, memory string) corev1.ResourceList {
+		return corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse(memory)}
+	}
+	guest := resource.MustParse("2Gi")
+	cases := map[string]struct {
+		domain kubevirtv1.DomainSpec
+		vcpu   int32
+		memory int64
+	}{
+		"Topology":          {kubevirtv1.DomainSpec{CPU: &kubevirtv1.CPU{Cores: 2, Sockets: 2, Threads: 2}, Memory: &kubevirtv1.Memory{Guest: &guest}, Resources: kubevirtv1.ResourceRequirements{Requests: resources("1", "1Gi")}}, 8, 2 << 30},
+		"CoresAlone":        {kubevirtv1.DomainSpec{CPU: &kubevirtv1.CPU{Cores: 3}}, 3, 0},
+		"RequestsRoundedUp": {kubevirtv1.DomainSpec{Resources: kubevirtv1.ResourceRequirements{Requests: resources("1500m", "512Mi")}}, 2, 512 << 20},
+		"Limits":            {kubevirtv1.DomainSpec{Resources: kubevirtv1.ResourceRequirements{Limits: resources("2", "1Gi")}}, 2, 1 << 30},
+		"NothingSaid":       {kubevirtv1.DomainSpec{}, 1, 0},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			vcpu, memory := size(&kubevirtv1.VirtualMachineInstanceSpec{Domain: tc.domain})
+			assert.Equal(t, tc.vcpu, vcpu)
+			assert.Equal(t, tc.memory, memory)
+		})
+	}
+}
+
+func TestWantsRunningFollowsTheRunStrategy(t *testing.T) {
+	live := &kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Running}}
+	done := &kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Succeeded}}
+	strategy := func(s kubevirtv1.VirtualMachineRunStrategy) kubevirtv1.VirtualMachineSpec {
+		return kubevirtv1.VirtualMachineSpec{RunStrategy: &s}
+	}
+	cases := map[string]struct {
+		spec kubevirtv1.VirtualMachineSpec
+		vmi  *kubevirtv1.VirtualMachineInstance
+		want bool
+	}{
+		"Always":                 {strategy(kubevirtv1.RunStrategyAlways), nil, true},
+		"RerunOnFailure":         {strategy(kubevirtv1.RunStrategyRerunOnFailure), nil, true},
+		"Halted":                 {strategy(kubevirtv1.RunStrategyHalted), live, false},
+		"ManualWithAVMI":         {strategy(kubevirtv1.RunStrategyManual), live, true},
+		"ManualWithoutAVMI":      {strategy(kubevirtv1.RunStrategyManual), nil, false},
+		"OnceFinished":           {strategy(kubevirtv1.RunStrategyOnce), done, false},
+		"DeprecatedRunningTrue":  {kubevirtv1.VirtualMachineSpec{Running: ptr(true)}, nil, true},    //nolint:staticcheck // what older manifests say
+		"DeprecatedRunningFalse": {kubevirtv1.VirtualMachineSpec{Running: ptr(false)}, live, false}, //nolint:staticcheck // as above
+		"NeitherSet":             {kubevirtv1.VirtualMachineSpec{}, nil, false},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.want, wantsRunning(&kubevirtv1.VirtualMachine{Spec: tc.spec}, tc.vmi))
 		})
 	}
 }

@@ -1,15 +1,19 @@
 // Package kubevirt is the driver.Driver that fronts one namespace of a
 // Kubernetes cluster running KubeVirt: each guest is a KubeVirt
-// VirtualMachine named VMName(uid) and labelled LabelUID, and KubeVirt runs
-// it. The driver talks to that *target* cluster with the kubeconfig the
-// operator gives the agent — never to the hub's cluster.
+// VirtualMachine labelled LabelUID with the uid of the VM managing it, and
+// KubeVirt runs it. A guest the driver makes is named VMName(uid); one it
+// adopted or imported keeps its own name (see Claim). The driver talks to
+// that *target* cluster with the kubeconfig the operator gives the agent —
+// never to the hub's cluster.
 //
 // Reads come from informers (a controller-runtime cache) on the
-// VirtualMachines and VirtualMachineInstances labelled LabelUID in the
-// namespace and on the Nodes; their changes are the driver's Events. Writes
-// go to the API server. When the API server goes away every call fails with
-// a retryable error until it is back; then the driver starts fresh informers
-// and sends EventResync.
+// VirtualMachines labelled LabelUID in the namespace, on every
+// VirtualMachineInstance of the namespace (an imported guest's carry no
+// label of virtfleet's) and on the Nodes; their changes are the driver's
+// Events. Writes go to the API server as merge patches of what changed, so
+// fields of a newer KubeVirt than the driver knows are never dropped. When
+// the API server goes away every call fails with a retryable error until it
+// is back; then the driver starts fresh informers and sends EventResync.
 //
 // Mapping (see newVM): vcpu → cores, memory → guest memory and its request,
 // each disk → a PVC named ObjectName(disk) (made with the disk's size when
@@ -27,6 +31,7 @@ import (
 	"context"
 	"math"
 	"net/http"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
@@ -81,6 +86,9 @@ type Driver struct {
 	closed   bool
 	suspect  chan struct{}
 	done     chan struct{}
+
+	// claimMu serialises claims, so two VMs never take one guest.
+	claimMu sync.Mutex
 
 	mu sync.Mutex
 	// conn reads from the current informers and writes to the API server.
@@ -162,8 +170,8 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return rc, nil
 }
 
-// connect starts informers on virtfleet's VMs and VMIs in the namespace and
-// on the Nodes, and waits until they have listed everything.
+// connect starts informers on virtfleet's VMs and all VMIs in the namespace
+// and on the Nodes, and waits until they have listed everything.
 func (d *Driver) connect(ctx context.Context) (*connection, error) {
 	managed, err := labels.NewRequirement(LabelUID, selection.Exists, nil)
 	if err != nil {
@@ -174,7 +182,7 @@ func (d *Driver) connect(ctx context.Context) (*connection, error) {
 		Scheme: d.scheme,
 		ByObject: map[client.Object]cache.ByObject{
 			&kubevirtv1.VirtualMachine{}:         {Namespaces: map[string]cache.Config{d.namespace: {}}, Label: selector},
-			&kubevirtv1.VirtualMachineInstance{}: {Namespaces: map[string]cache.Config{d.namespace: {}}, Label: selector},
+			&kubevirtv1.VirtualMachineInstance{}: {Namespaces: map[string]cache.Config{d.namespace: {}}},
 		},
 		DefaultWatchErrorHandler:    func(context.Context, *toolscache.Reflector, error) { d.suspectOutage() },
 		ReaderFailOnMissingInformer: true,
@@ -187,7 +195,7 @@ func (d *Driver) connect(ctx context.Context) (*connection, error) {
 		if err != nil {
 			return nil, errors.Wrap(err, "cannot create an informer")
 		}
-		if _, err := inf.AddEventHandler(d.handler(obj)); err != nil {
+		if _, err := inf.AddEventHandler(d.handler(obj, c)); err != nil {
 			return nil, errors.Wrap(err, "cannot watch the KubeVirt cluster")
 		}
 	}
@@ -214,8 +222,10 @@ func (d *Driver) connect(ctx context.Context) (*connection, error) {
 }
 
 // handler turns informer notifications into hints. Node changes concern no
-// guest; capacity is read on every heartbeat anyway.
-func (d *Driver) handler(obj client.Object) toolscache.ResourceEventHandler {
+// guest; capacity is read on every heartbeat anyway. A VMI's hint names the
+// uid on its VM, read from vms (an adopted or imported guest's VMI carries
+// the uid it was made for, or none), or the VMI's own once the VM is gone.
+func (d *Driver) handler(obj client.Object, vms client.Reader) toolscache.ResourceEventHandler {
 	if _, ok := obj.(*corev1.Node); ok {
 		return toolscache.ResourceEventHandlerFuncs{}
 	}
@@ -224,8 +234,17 @@ func (d *Driver) handler(obj client.Object) toolscache.ResourceEventHandler {
 		if tomb, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
 			o = tomb.Obj
 		}
-		if m, ok := o.(metav1.Object); ok && m.GetLabels()[LabelUID] != "" {
-			d.emit(driver.Event{UID: m.GetLabels()[LabelUID], Kind: kind})
+		m, ok := o.(metav1.Object)
+		if !ok {
+			return
+		}
+		uid := m.GetLabels()[LabelUID]
+		vm := &kubevirtv1.VirtualMachine{}
+		if !isVM && vms.Get(d.ctx, types.NamespacedName{Namespace: m.GetNamespace(), Name: m.GetName()}, vm) == nil {
+			uid = vm.Labels[LabelUID]
+		}
+		if uid != "" {
+			d.emit(driver.Event{UID: uid, Kind: kind})
 		}
 	}
 	return toolscache.ResourceEventHandlerFuncs{
@@ -399,34 +418,85 @@ func (d *Driver) key(uid string) types.NamespacedName {
 	return types.NamespacedName{Namespace: d.namespace, Name: VMName(uid)}
 }
 
-// get reads the guest's VM and VMI (nil when there is none). A VM missing
-// from the informers is looked for on the API server too: one just created
-// may not have arrived yet. A VM with the name but another uid label is not
-// virtfleet's guest and is refused as terminal.
+// get reads the VM uid manages and its VMI (nil when there is none). A VM
+// missing from the informers is looked for on the API server too: one just
+// created or claimed may not have arrived yet. A VM named VMName(uid) that
+// is no guest of virtfleet's is refused as terminal; one that uid released
+// or that another VM manages now is a NotFound *NotOursError.
 func (d *Driver) get(ctx context.Context, c client.Reader, uid string) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, error) {
+	vm, err := d.lookup(ctx, c, uid)
+	if driver.IsNotFound(err) {
+		vm, err = d.lookup(ctx, d.live, uid)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	vmi, err := d.instance(ctx, c, vm)
+	return vm, vmi, err
+}
+
+// lookup finds the VM uid manages through r: the one labelled with uid and
+// not released, else the one named VMName(uid) to say why there is none.
+func (d *Driver) lookup(ctx context.Context, r client.Reader, uid string) (*kubevirtv1.VirtualMachine, error) {
+	vms := &kubevirtv1.VirtualMachineList{}
+	if err := r.List(ctx, vms, client.InNamespace(d.namespace), client.MatchingLabels{LabelUID: uid}); err != nil {
+		return nil, errors.Wrap(err, "cannot list KubeVirt VirtualMachines")
+	}
+	for i := range vms.Items {
+		if !orphaned(&vms.Items[i]) {
+			return &vms.Items[i], nil
+		}
+	}
 	vm := &kubevirtv1.VirtualMachine{}
-	err := c.Get(ctx, d.key(uid), vm)
-	if kerrors.IsNotFound(err) {
-		err = d.live.Get(ctx, d.key(uid), vm)
-	}
-	switch {
+	err := r.Get(ctx, d.key(uid), vm)
+	switch owner := vm.Labels[LabelUID]; {
 	case kerrors.IsNotFound(err):
-		return nil, nil, driver.NotFoundf("no KubeVirt VirtualMachine %s/%s", d.namespace, VMName(uid))
+		return nil, driver.NotFoundf("no KubeVirt VirtualMachine of uid %s in namespace %s", uid, d.namespace)
 	case err != nil:
-		return nil, nil, errors.Wrap(err, "cannot get the KubeVirt VirtualMachine")
-	case vm.Labels[LabelUID] != uid:
-		return nil, nil, driver.Terminalf("KubeVirt VirtualMachine %s/%s exists but is not managed by virtfleet", d.namespace, vm.Name)
+		return nil, errors.Wrap(err, "cannot get the KubeVirt VirtualMachine")
+	case owner == "":
+		return nil, driver.Terminalf("KubeVirt VirtualMachine %s/%s exists but is not managed by virtfleet", d.namespace, vm.Name)
+	case owner == uid:
+		return nil, driver.NotFound(&NotOursError{UID: uid, VM: vm.Name, Why: "was released and is orphaned"})
+	default:
+		return nil, driver.NotFound(&NotOursError{UID: uid, VM: vm.Name, Why: "is managed by VirtualMachine " + vm.Annotations[AnnotationNamespace] + "/" + vm.Annotations[AnnotationName] + " now"})
 	}
+}
+
+// instance reads vm's VMI through r: the VMI of its name that it controls,
+// or nil.
+func (d *Driver) instance(ctx context.Context, r client.Reader, vm *kubevirtv1.VirtualMachine) (*kubevirtv1.VirtualMachineInstance, error) {
 	vmi := &kubevirtv1.VirtualMachineInstance{}
-	switch err := c.Get(ctx, d.key(uid), vmi); {
+	switch err := r.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}, vmi); {
 	case kerrors.IsNotFound(err):
-		vmi = nil
+		return nil, nil
 	case err != nil:
-		return nil, nil, errors.Wrap(err, "cannot get the KubeVirt VirtualMachineInstance")
-	case vmi.Labels[LabelUID] != uid:
-		vmi = nil
+		return nil, errors.Wrap(err, "cannot get the KubeVirt VirtualMachineInstance")
+	case !metav1.IsControlledBy(vmi, vm):
+		return nil, nil
 	}
-	return vm, vmi, nil
+	return vmi, nil
+}
+
+// retry runs op reading through c, and again reading from the API server
+// after a conflict — KubeVirt writes the VM's status often and the
+// informers may lag — at most three times in all.
+func (d *Driver) retry(c client.Reader, op func(r client.Reader) error) error {
+	r := c
+	for attempt := 1; ; attempt++ {
+		err := op(r)
+		if !kerrors.IsConflict(err) || attempt == 3 {
+			return err
+		}
+		r = d.live
+	}
+}
+
+// patch writes next, a changed copy of vm, as a JSON merge patch of the
+// difference, guarded by vm's resourceVersion: fields the driver's KubeVirt
+// types do not know are left as they are on the API server.
+func patch(ctx context.Context, c client.Client, vm, next *kubevirtv1.VirtualMachine) error {
+	return c.Patch(ctx, next, client.MergeFromWithOptions(vm, client.MergeFromWithOptimisticLock{}))
 }
 
 // Ensure implements driver.Driver.
@@ -442,40 +512,41 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if err != nil {
 		return driver.Observation{}, err
 	}
-	// KubeVirt writes the VM's status often, and the informers may lag: on
-	// a conflict, read the VM from the API server and try again.
-	var reader client.Reader = c
-	for attempt := 1; ; attempt++ {
-		o, err := d.ensure(ctx, c, reader, m, want)
-		if !kerrors.IsConflict(err) || attempt == 3 {
-			return o, err
-		}
-		reader = d.live
-	}
+	var o driver.Observation
+	err = d.retry(c, func(r client.Reader) (err error) {
+		o, err = d.ensure(ctx, c, r, m, want)
+		return err
+	})
+	return o, err
 }
 
 // ensure is one read-modify-write of Ensure: reads through reader, writes
-// through c.
+// through c. An imported guest's definition is its own: only its power
+// state and restarts are driven.
 func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Reader, m driver.Machine, want *kubevirtv1.VirtualMachine) (driver.Observation, error) {
 	vm, vmi, err := d.get(ctx, reader, m.UID)
-	if driver.IsNotFound(err) {
+	var notOurs *NotOursError
+	switch {
+	case errors.As(err, &notOurs):
+		return driver.Observation{}, driver.Terminal(err)
+	case driver.IsNotFound(err):
 		return d.create(ctx, c, m, want.DeepCopy())
-	}
-	if err != nil {
+	case err != nil:
 		return driver.Observation{}, err
 	}
 
 	next := vm.DeepCopy()
-	shapeChanged := vm.Spec.Template == nil || vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape] != want.Spec.Template.ObjectMeta.Annotations[AnnotationShape]
-	if shapeChanged {
+	if !imported(vm) && shape(vm.Spec.Template) != shape(want.Spec.Template) {
 		// Takes effect when KubeVirt next creates the VMI.
 		if err := d.ensureClaims(ctx, c, m); err != nil {
 			return driver.Observation{}, err
 		}
 		next.Spec.Template = want.Spec.Template
 	}
-	wasRunning := runStrategyOf(vm) == kubevirtv1.RunStrategyAlways
-	next.Spec.RunStrategy = want.Spec.RunStrategy
+	wasRunning := wantsRunning(vm, vmi)
+	if wasRunning != m.Running {
+		next.Spec.RunStrategy, next.Spec.Running = want.Spec.RunStrategy, nil //nolint:staticcheck // KubeVirt takes one of the two
+	}
 	next.Annotations = merged(next.Annotations, want.Annotations)
 	count, seen := restarts(vm, vmi)
 	restart := d.restartTarget(next, vmi, m, wasRunning)
@@ -495,8 +566,7 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 	}
 	next.Annotations[AnnotationRestarts] = strconv.Itoa(int(count))
 	if !equalVM(vm, next) {
-		// The resourceVersion guards against a VM changed since it was read.
-		if err := c.Update(ctx, next); err != nil {
+		if err := patch(ctx, c, vm, next); err != nil {
 			return driver.Observation{}, errors.Wrap(err, "cannot update the KubeVirt VirtualMachine")
 		}
 	}
@@ -595,9 +665,16 @@ func merged(into, from map[string]string) map[string]string {
 }
 
 func equalVM(a, b *kubevirtv1.VirtualMachine) bool {
-	ra, rb := runStrategyOf(a), runStrategyOf(b)
-	return ra == rb && maps(a.Annotations, b.Annotations) && a.Spec.Template != nil && b.Spec.Template != nil &&
-		a.Spec.Template.ObjectMeta.Annotations[AnnotationShape] == b.Spec.Template.ObjectMeta.Annotations[AnnotationShape]
+	return reflect.DeepEqual(a.Spec.RunStrategy, b.Spec.RunStrategy) && reflect.DeepEqual(a.Spec.Running, b.Spec.Running) && //nolint:staticcheck // an imported VM may use it
+		maps(a.Annotations, b.Annotations) && shape(a.Spec.Template) == shape(b.Spec.Template)
+}
+
+// shape is the shape hash a template was made with; empty for none.
+func shape(t *kubevirtv1.VirtualMachineInstanceTemplateSpec) string {
+	if t == nil {
+		return ""
+	}
+	return t.ObjectMeta.Annotations[AnnotationShape]
 }
 
 func maps(a, b map[string]string) bool {
@@ -614,7 +691,8 @@ func maps(a, b map[string]string) bool {
 
 // Delete implements driver.Driver. The VM is deleted and KubeVirt stops its
 // VMI; Delete reports success only once the VM is gone, so the caller keeps
-// calling while KubeVirt's finalizer holds it. PVCs stay.
+// calling while KubeVirt's finalizer holds it. PVCs stay. A guest uid
+// released, or that another VM manages now, is left alone.
 func (d *Driver) Delete(ctx context.Context, uid string) error {
 	c, err := d.client()
 	if err != nil {
@@ -622,7 +700,7 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 	}
 	vm, _, err := d.get(ctx, c, uid)
 	switch {
-	case driver.IsNotFound(err):
+	case driver.IsNotFound(err): // also a *NotOursError
 		return nil
 	case err != nil:
 		return err
@@ -636,9 +714,10 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 			return errors.Wrap(err, "cannot delete the KubeVirt VirtualMachine")
 		}
 	}
-	err = d.live.Get(ctx, d.key(uid), &kubevirtv1.VirtualMachine{})
+	left := &kubevirtv1.VirtualMachine{}
+	err = d.live.Get(ctx, client.ObjectKeyFromObject(vm), left)
 	switch {
-	case kerrors.IsNotFound(err):
+	case kerrors.IsNotFound(err), err == nil && left.UID != vm.UID:
 		return nil
 	case err != nil:
 		return errors.Wrap(err, "cannot get the KubeVirt VirtualMachine")
@@ -705,26 +784,52 @@ func (d *Driver) List(ctx context.Context) ([]driver.Observation, error) {
 	if err != nil {
 		return nil, err
 	}
-	vms := &kubevirtv1.VirtualMachineList{}
-	if err := c.List(ctx, vms, client.InNamespace(d.namespace), client.HasLabels{LabelUID}); err != nil {
-		return nil, errors.Wrap(err, "cannot list KubeVirt VirtualMachines")
+	return d.observeAll(ctx, c, false)
+}
+
+// observeAll observes the VMs virtfleet manages (released false) or those
+// released (true), each under the uid on its label; an orphan gets
+// OrphanOf.
+func (d *Driver) observeAll(ctx context.Context, c client.Reader, released bool) ([]driver.Observation, error) {
+	vms, err := d.guests(ctx, c, released)
+	if err != nil {
+		return nil, err
 	}
 	vmis := &kubevirtv1.VirtualMachineInstanceList{}
-	if err := c.List(ctx, vmis, client.InNamespace(d.namespace), client.HasLabels{LabelUID}); err != nil {
+	if err := c.List(ctx, vmis, client.InNamespace(d.namespace)); err != nil {
 		return nil, errors.Wrap(err, "cannot list KubeVirt VirtualMachineInstances")
 	}
 	byName := map[string]*kubevirtv1.VirtualMachineInstance{}
 	for i := range vmis.Items {
 		byName[vmis.Items[i].Name] = &vmis.Items[i]
 	}
-	out := make([]driver.Observation, 0, len(vms.Items))
-	for i := range vms.Items {
-		vm := &vms.Items[i]
+	out := make([]driver.Observation, 0, len(vms))
+	for _, vm := range vms {
 		vmi := byName[vm.Name]
-		if vmi != nil && vmi.Labels[LabelUID] != vm.Labels[LabelUID] {
+		if vmi != nil && !metav1.IsControlledBy(vmi, vm) {
 			vmi = nil
 		}
-		out = append(out, observe(vm, vmi, d.now()))
+		o := observe(vm, vmi, d.now())
+		if orphaned(vm) {
+			o.OrphanOf = &driver.VMRef{Namespace: vm.Annotations[AnnotationNamespace], Name: vm.Annotations[AnnotationName]}
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+// guests are the VMs labelled with a uid: those managed (released false)
+// or those released (true).
+func (d *Driver) guests(ctx context.Context, c client.Reader, released bool) ([]*kubevirtv1.VirtualMachine, error) {
+	vms := &kubevirtv1.VirtualMachineList{}
+	if err := c.List(ctx, vms, client.InNamespace(d.namespace), client.HasLabels{LabelUID}); err != nil {
+		return nil, errors.Wrap(err, "cannot list KubeVirt VirtualMachines")
+	}
+	out := make([]*kubevirtv1.VirtualMachine, 0, len(vms.Items))
+	for i := range vms.Items {
+		if orphaned(&vms.Items[i]) == released {
+			out = append(out, &vms.Items[i])
+		}
 	}
 	return out, nil
 }
@@ -734,8 +839,8 @@ func (d *Driver) List(ctx context.Context) ([]driver.Observation, error) {
 func (d *Driver) Images(context.Context) ([]driver.ImageStatus, error) { return nil, nil }
 
 // Capacity implements driver.Driver: the allocatable CPUs and memory of the
-// Nodes KubeVirt can schedule on (not cordoned, Ready), and what virtfleet's
-// VMs in the namespace ask for, running or not.
+// Nodes KubeVirt can schedule on (not cordoned, Ready), and what the VMs
+// virtfleet manages in the namespace ask for, running or not.
 func (d *Driver) Capacity(ctx context.Context) (driver.Capacity, error) {
 	c, err := d.client()
 	if err != nil {
@@ -753,21 +858,17 @@ func (d *Driver) Capacity(ctx context.Context) (driver.Capacity, error) {
 		cp.VCPU += n.Status.Allocatable.Cpu().Value()
 		cp.MemoryBytes += n.Status.Allocatable.Memory().Value()
 	}
-	vms := &kubevirtv1.VirtualMachineList{}
-	if err := c.List(ctx, vms, client.InNamespace(d.namespace), client.HasLabels{LabelUID}); err != nil {
-		return driver.Capacity{}, errors.Wrap(err, "cannot list KubeVirt VirtualMachines")
+	vms, err := d.guests(ctx, c, false)
+	if err != nil {
+		return driver.Capacity{}, err
 	}
-	for _, vm := range vms.Items {
+	for _, vm := range vms {
 		if vm.Spec.Template == nil {
 			continue
 		}
-		dom := vm.Spec.Template.Spec.Domain
-		if dom.CPU != nil {
-			cp.AllocatedVCPU += int64(max(dom.CPU.Cores, 1) * max(dom.CPU.Sockets, 1) * max(dom.CPU.Threads, 1))
-		}
-		if dom.Memory != nil && dom.Memory.Guest != nil {
-			cp.AllocatedMemoryBytes += dom.Memory.Guest.Value()
-		}
+		vcpu, memory := size(&vm.Spec.Template.Spec)
+		cp.AllocatedVCPU += int64(vcpu)
+		cp.AllocatedMemoryBytes += memory
 	}
 	return cp, nil
 }

@@ -85,13 +85,7 @@ func (e *env) vm(uid string) *kubevirtv1.VirtualMachine {
 
 func (e *env) vmi(uid string) *kubevirtv1.VirtualMachineInstance {
 	e.t.Helper()
-	vmi := &kubevirtv1.VirtualMachineInstance{}
-	err := e.kube.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: VMName(uid)}, vmi)
-	if kerrors.IsNotFound(err) {
-		return nil
-	}
-	require.NoError(e.t, err)
-	return vmi
+	return e.instanceOf(VMName(uid))
 }
 
 func (e *env) guests(uid string) int {

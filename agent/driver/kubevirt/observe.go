@@ -51,7 +51,7 @@ func restarts(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInsta
 	n, _ := strconv.ParseInt(a[AnnotationRestarts], 10, 32)
 	count := int32(n)
 	last := a[AnnotationVMI]
-	if vmi == nil || vmi.DeletionTimestamp != nil || runStrategyOf(vm) != kubevirtv1.RunStrategyAlways {
+	if vmi == nil || vmi.DeletionTimestamp != nil || !wantsRunning(vm, vmi) {
 		return count, last
 	}
 	cur := string(vmi.UID)
@@ -61,27 +61,79 @@ func restarts(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInsta
 	return count, cur
 }
 
+// runStrategyOf is the VM's runStrategy, or the one its deprecated
+// spec.running stands for (an imported VM may use it).
 func runStrategyOf(vm *kubevirtv1.VirtualMachine) kubevirtv1.VirtualMachineRunStrategy {
-	if vm.Spec.RunStrategy != nil {
+	switch {
+	case vm.Spec.RunStrategy != nil:
 		return *vm.Spec.RunStrategy
+	case vm.Spec.Running != nil && *vm.Spec.Running: //nolint:staticcheck // see above
+		return kubevirtv1.RunStrategyAlways
+	default:
+		return kubevirtv1.RunStrategyHalted
 	}
-	return kubevirtv1.RunStrategyHalted
 }
 
-// observe maps a VM and its VMI (nil if none) to an Observation.
+// wantsRunning is whether KubeVirt keeps the guest running: under Always
+// and RerunOnFailure (the driver's own guests use Always and Halted), and
+// under Manual or Once while it has a VMI that has not finished.
+func wantsRunning(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) bool {
+	switch runStrategyOf(vm) {
+	case kubevirtv1.RunStrategyAlways, kubevirtv1.RunStrategyRerunOnFailure:
+		return true
+	case kubevirtv1.RunStrategyHalted:
+		return false
+	default:
+		return vmi != nil && vmi.DeletionTimestamp == nil && !vmi.IsFinal()
+	}
+}
+
+// size is the vCPUs and memory a VMI spec gives its guest, as KubeVirt
+// reads it: the CPU topology, else the CPU request or limit rounded up,
+// else one; the guest memory, else the memory request, else the limit.
+func size(spec *kubevirtv1.VirtualMachineInstanceSpec) (int32, int64) {
+	dom := spec.Domain
+	res := dom.Resources
+	vcpu := int32(1)
+	switch {
+	case dom.CPU != nil:
+		vcpu = int32(max(dom.CPU.Cores, 1) * max(dom.CPU.Sockets, 1) * max(dom.CPU.Threads, 1)) //nolint:gosec // a few hundred at most
+	case !res.Requests.Cpu().IsZero():
+		vcpu = int32((res.Requests.Cpu().MilliValue() + 999) / 1000) //nolint:gosec // as above
+	case !res.Limits.Cpu().IsZero():
+		vcpu = int32((res.Limits.Cpu().MilliValue() + 999) / 1000) //nolint:gosec // as above
+	}
+	var memory int64
+	switch {
+	case dom.Memory != nil && dom.Memory.Guest != nil:
+		memory = dom.Memory.Guest.Value()
+	case !res.Requests.Memory().IsZero():
+		memory = res.Requests.Memory().Value()
+	default:
+		memory = res.Limits.Memory().Value()
+	}
+	return vcpu, memory
+}
+
+// observe maps a VM and its VMI (nil if none) to an Observation. Its shape
+// is the VMI's, the one running, or else the template's.
 func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance, now time.Time) driver.Observation {
 	o := driver.Observation{UID: vm.Labels[LabelUID], ID: string(vm.UID)}
 	o.RestartCount, _ = restarts(vm, vmi)
-	running := runStrategyOf(vm) == kubevirtv1.RunStrategyAlways
-	if vmi != nil {
+	running := wantsRunning(vm, vmi)
+	switch {
+	case vmi != nil:
 		o.Node = vmi.Status.NodeName
+		o.VCPU, o.MemoryBytes = size(&vmi.Spec)
+	case vm.Spec.Template != nil:
+		o.VCPU, o.MemoryBytes = size(&vm.Spec.Template.Spec)
 	}
 	switch {
 	case vm.DeletionTimestamp != nil:
 		o.Phase, o.Message = driver.PhaseStopping, "KubeVirt is deleting the VirtualMachine"
 	case failures[vm.Status.PrintableStatus] && running:
 		o.Phase, o.Message = driver.PhaseFailed, failureMessage(vm)
-	case !running && vmi != nil:
+	case !running && vmi != nil && !vmi.IsFinal():
 		o.Phase, o.Message = driver.PhaseStopping, "waiting for KubeVirt to stop the VMI"
 	case !running:
 		o.Phase = driver.PhaseStopped

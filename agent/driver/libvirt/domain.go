@@ -61,8 +61,10 @@ type domainInfo struct {
 	memory   int64
 	nics     []nic
 	firmware driver.Firmware
-	// volumes are the pool volumes the domain's disks are on.
+	// volumes are the pool volumes the domain's disks are on, and files
+	// the paths of the disks given as files.
 	volumes []poolVolume
+	files   []string
 }
 
 // poolVolume is a volume in a storage pool.
@@ -100,8 +102,12 @@ func parseDomain(x string) (domainInfo, error) {
 	}
 	if d.Devices != nil {
 		for _, disk := range d.Devices.Disks {
-			if disk.Source != nil && disk.Source.Volume != nil {
+			switch {
+			case disk.Source == nil:
+			case disk.Source.Volume != nil:
 				info.volumes = append(info.volumes, poolVolume{pool: disk.Source.Volume.Pool, name: disk.Source.Volume.Volume})
+			case disk.Source.File != nil:
+				info.files = append(info.files, disk.Source.File.File)
 			}
 		}
 		for _, i := range d.Devices.Interfaces {
@@ -200,8 +206,13 @@ func macFor(uid string, index int) string {
 }
 
 // Names of the volumes the driver makes for a guest alone.
-func seedVolume(uid string) string { return uid + "-seed.iso" }
-func swapVolume(uid string) string { return uid + "-swap.img" }
+func seedVolume(uid string) string { return uid + seedSuffix }
+func swapVolume(uid string) string { return uid + swapSuffix }
+
+const (
+	seedSuffix = "-seed.iso"
+	swapSuffix = "-swap.img"
+)
 
 // Serials name the driver's own disks inside the guest (/dev/disk/by-id/virtio-…).
 const (

@@ -931,6 +931,12 @@ func phaseOf(s golibvirt.DomainState, reason int32) (driver.Phase, string) {
 // domains lists virtfleet's domains, released ones included, with their
 // live definitions.
 func (d *Driver) domains(api API) ([]golibvirt.Domain, []domainInfo, error) {
+	return d.listDomains(api, true)
+}
+
+// listDomains lists the node's domains with their live definitions: with
+// known, only those with virtfleet's metadata.
+func (d *Driver) listDomains(api API, known bool) ([]golibvirt.Domain, []domainInfo, error) {
 	all, _, err := api.ConnectListAllDomains(1, 0)
 	if err != nil {
 		return nil, nil, errors.Wrap(err, "cannot list domains")
@@ -949,7 +955,7 @@ func (d *Driver) domains(api API) ([]golibvirt.Domain, []domainInfo, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		if info.owner == nil {
+		if known && info.owner == nil {
 			continue
 		}
 		doms = append(doms, dom)

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"strings"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -109,17 +110,23 @@ func deleteVolume(api API, pool, name string) error {
 	return errors.Wrapf(api.StorageVolDelete(v, 0), "cannot delete volume %s", name)
 }
 
-// DeleteVolume implements driver.Driver. It refuses while one of the
-// driver's domains has the volume as a disk, in its running or its next
-// definition. A disk made from an image stops backing it here; PruneImages
-// removes the image after its PruneAfter.
+// DeleteVolume implements driver.Driver. It refuses while any domain of the
+// node has the volume as a disk, in its running or its next definition: a
+// guest of the driver, an orphan, or a domain virtfleet never made (an
+// imported volume may be one's disk, as a pool volume or as its file). A disk
+// made from an image stops backing it here; PruneImages removes the image
+// after its PruneAfter.
 func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 	api, _, err := d.api()
 	if err != nil {
 		return err
 	}
 	want := poolVolume{pool: cmp.Or(disk.Pool, d.pool), name: disk.Name}
-	doms, infos, err := d.owned(api)
+	path, err := volumePath(api, want)
+	if err != nil || path == "" {
+		return err // nil: nothing to delete
+	}
+	doms, infos, err := d.listDomains(api, false)
 	if err != nil {
 		return err
 	}
@@ -135,10 +142,78 @@ func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 		if err != nil {
 			return err
 		}
-		if slices.Contains(infos[i].volumes, want) || slices.Contains(nextInfo.volumes, want) {
+		if !slices.Contains(infos[i].volumes, want) && !slices.Contains(nextInfo.volumes, want) &&
+			!slices.Contains(infos[i].files, path) && !slices.Contains(nextInfo.files, path) {
+			continue
+		}
+		switch o := infos[i].owner; {
+		case o == nil:
+			return driver.InUsef("volume %s is a disk of domain %s, which virtfleet does not manage; it is deleted once the domain no longer has it", disk.Name, dom.Name)
+		case o.Orphaned:
+			return driver.InUsef("volume %s is a disk of guest %s, orphaned from VirtualMachine %s/%s; it is deleted once the guest is gone", disk.Name, o.UID, o.Namespace, o.Name)
+		default:
 			return driver.InUsef("volume %s is attached to guest %s (VirtualMachine %s/%s); it is deleted once the guest is gone",
-				disk.Name, infos[i].owner.UID, infos[i].owner.Namespace, infos[i].owner.Name)
+				disk.Name, o.UID, o.Namespace, o.Name)
 		}
 	}
 	return deleteVolume(api, want.pool, want.name)
+}
+
+// volumePath is the path of volume v, or "" when there is no such volume.
+func volumePath(api API, v poolVolume) (string, error) {
+	p, err := api.StoragePoolLookupByName(v.pool)
+	if isCode(err, golibvirt.ErrNoStoragePool) {
+		return "", nil
+	}
+	if err != nil {
+		return "", errors.Wrapf(err, "cannot look up storage pool %s", v.pool)
+	}
+	vol, err := api.StorageVolLookupByName(p, v.name)
+	if isCode(err, golibvirt.ErrNoStorageVol) {
+		return "", nil
+	}
+	if err != nil {
+		return "", errors.Wrapf(err, "cannot look up volume %s", v.name)
+	}
+	path, err := api.StorageVolGetPath(vol)
+	return path, errors.Wrapf(err, "cannot read the path of volume %s", v.name)
+}
+
+var _ driver.VolumeImporter = (*Driver)(nil)
+
+// ObserveVolume implements driver.VolumeImporter.
+func (d *Driver) ObserveVolume(_ context.Context, disk driver.Disk) (driver.VolumeObservation, error) {
+	if ownVolume(disk.Name) {
+		return driver.VolumeObservation{}, driver.Terminalf("volume %s is one node %s keeps for itself (an image, or a guest's seed or swap); no Volume can import it", disk.Name, d.node)
+	}
+	api, _, err := d.api()
+	if err != nil {
+		return driver.VolumeObservation{}, err
+	}
+	pool := cmp.Or(disk.Pool, d.pool)
+	p, err := api.StoragePoolLookupByName(pool)
+	if isCode(err, golibvirt.ErrNoStoragePool) {
+		return driver.VolumeObservation{}, driver.NotFoundf("no storage pool %s on node %s", pool, d.node)
+	}
+	if err != nil {
+		return driver.VolumeObservation{}, errors.Wrapf(err, "cannot look up storage pool %s", pool)
+	}
+	v, err := api.StorageVolLookupByName(p, disk.Name)
+	if isCode(err, golibvirt.ErrNoStorageVol) {
+		return driver.VolumeObservation{}, driver.NotFoundf("no volume %s in storage pool %s on node %s", disk.Name, pool, d.node)
+	}
+	if err != nil {
+		return driver.VolumeObservation{}, errors.Wrapf(err, "cannot look up volume %s", disk.Name)
+	}
+	_, capacity, _, err := api.StorageVolGetInfo(v)
+	if err != nil {
+		return driver.VolumeObservation{}, errors.Wrapf(err, "cannot read volume %s", disk.Name)
+	}
+	return driver.VolumeObservation{ID: v.Key, SizeBytes: int64(capacity)}, nil //nolint:gosec // a volume's capacity fits
+}
+
+// ownVolume is whether name is a volume the driver makes for itself: an
+// image or a guest's seed or swap.
+func ownVolume(name string) bool {
+	return strings.HasPrefix(name, imagePrefix) || strings.HasSuffix(name, seedSuffix) || strings.HasSuffix(name, swapSuffix)
 }

@@ -51,7 +51,8 @@ type Options struct {
 	// import runs; it bounds how long a pruned image stays reported.
 	// Default 10 s.
 	ImagePollEvery time.Duration
-	// ObserveEvery re-examines a guest a VM only observes. Default 5 s.
+	// ObserveEvery re-examines a guest a VM only observes, and a volume a
+	// Volume imports. Default 5 s.
 	ObserveEvery time.Duration
 	// Now replaces time.Now, for tests.
 	Now func() time.Time
@@ -269,7 +270,7 @@ func (r *Reconciler) processNext(ctx context.Context) bool {
 		err          error
 	)
 	if v, ok := volumeUID(uid); ok {
-		err = r.reconcileVolume(ctx, v)
+		requeueAfter, err = r.reconcileVolume(ctx, v)
 	} else {
 		requeueAfter, err = r.reconcile(ctx, uid)
 	}

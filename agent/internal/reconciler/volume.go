@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
@@ -36,22 +37,28 @@ func (r *Reconciler) handleVolumeIntent(ev bus.VolumeIntentEvent) {
 // Gone; once the hub, having seen that, deletes the intent, it deletes the
 // report. While a guest this agent manages still has the volume it reports
 // why and retries with backoff; a request it can never carry out is reported
-// once and not retried.
-func (r *Reconciler) reconcileVolume(ctx context.Context, uid string) error {
+// once and not retried. A present intent imports a volume: it is observed
+// (observeVolume) and returns how soon to look again.
+func (r *Reconciler) reconcileVolume(ctx context.Context, uid string) (time.Duration, error) {
 	r.mu.Lock()
 	in, wanted := r.volumes[uid]
 	r.mu.Unlock()
 	if !wanted {
 		if err := r.reports.DeleteVolumeReport(ctx, uid); err != nil {
-			return errors.Wrap(err, "cannot delete volume report")
+			return 0, errors.Wrap(err, "cannot delete volume report")
 		}
 		r.mu.Lock()
 		delete(r.writtenVolumes, uid)
 		r.mu.Unlock()
-		return nil
+		return 0, nil
 	}
-	if want := NodeName(in.Namespace, in.Name); in.Disk != want {
-		return r.volumeReport(ctx, wire.VolumeReport{UID: uid, Message: fmt.Sprintf(
+	if !in.Absent {
+		return r.observeVolume(ctx, in)
+	}
+	// An imported volume is named by its external name (wire validation
+	// holds Disk to it); any other is the Volume's own.
+	if want := NodeName(in.Namespace, in.Name); in.ExternalName == "" && in.Disk != want {
+		return 0, r.volumeReport(ctx, wire.VolumeReport{UID: uid, Message: fmt.Sprintf(
 			"malformed volume intent: disk %q is not Volume %s/%s's volume %q; refusing to delete it", in.Disk, in.Namespace, in.Name, want)})
 	}
 	err := r.attached(in.Disk)
@@ -60,11 +67,37 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, uid string) error {
 	}
 	if err != nil {
 		if rerr := r.volumeReport(ctx, wire.VolumeReport{UID: uid, Message: err.Error()}); rerr != nil {
-			return rerr
+			return 0, rerr
 		}
-		return errors.Wrapf(err, "cannot delete volume %s", in.Disk)
+		return 0, errors.Wrapf(err, "cannot delete volume %s", in.Disk)
 	}
-	return r.volumeReport(ctx, wire.VolumeReport{UID: uid, Gone: true})
+	return 0, r.volumeReport(ctx, wire.VolumeReport{UID: uid, Gone: true})
+}
+
+// observeVolume reports the volume a Volume imports, never changing it, and
+// returns how soon to look again: no driver event names a volume. A volume
+// that is not there is reported and looked for again; one no Volume may
+// take, or a backend that cannot import, is reported once.
+func (r *Reconciler) observeVolume(ctx context.Context, in wire.VolumeIntent) (time.Duration, error) {
+	rep := wire.VolumeReport{UID: in.UID, Imported: true}
+	im, ok := r.driver.(driver.VolumeImporter)
+	if !ok {
+		rep.Message = fmt.Sprintf("the backend of node %s cannot import volumes", r.node)
+		return 0, r.volumeReport(ctx, rep)
+	}
+	obs, err := im.ObserveVolume(ctx, driver.Disk{Name: in.Disk, Pool: in.Pool})
+	switch {
+	case driver.IsTerminal(err):
+		rep.Message = err.Error()
+		return 0, r.volumeReport(ctx, rep)
+	case driver.IsNotFound(err):
+		rep.Message = err.Error()
+	case err != nil:
+		return 0, errors.Wrapf(err, "cannot observe volume %s", in.Disk)
+	default:
+		rep.SizeBytes, rep.ID = obs.SizeBytes, obs.ID
+	}
+	return r.opts.ObserveEvery, r.volumeReport(ctx, rep)
 }
 
 // attached returns an in-use error when a guest intent still names disk: its
@@ -85,13 +118,14 @@ func (r *Reconciler) attached(disk string) error {
 
 // volumeReport writes rep unless it says what the last one written said.
 func (r *Reconciler) volumeReport(ctx context.Context, rep wire.VolumeReport) error {
+	rep.ProtocolVersion = wire.ProtocolVersion
 	r.mu.Lock()
 	last, ok := r.writtenVolumes[rep.UID]
 	r.mu.Unlock()
-	if ok && last.Gone == rep.Gone && last.Message == rep.Message {
+	last.ObservedAt = rep.ObservedAt
+	if ok && last == rep {
 		return nil
 	}
-	rep.ProtocolVersion = wire.ProtocolVersion
 	rep.ObservedAt = r.opts.Now().UTC()
 	if _, err := r.reports.PutVolumeReport(ctx, rep); err != nil {
 		return errors.Wrap(err, "cannot put volume report")

@@ -42,6 +42,15 @@ func (h *harness) volumeReport(uid string, ok func(wire.VolumeReport) bool) wire
 
 func gone(r wire.VolumeReport) bool { return r.Gone }
 
+// importIntent imports the node's volume external as Volume default/name.
+func importIntent(uid, name, external string) wire.VolumeIntent {
+	v := volumeIntent(uid, name)
+	v.Disk, v.ExternalName, v.Absent = external, external, false
+	return v
+}
+
+func found(r wire.VolumeReport) bool { return r.SizeBytes > 0 }
+
 func (h *harness) deletedVolumes() []string {
 	var out []string
 	for _, c := range h.fake.Calls() {
@@ -101,6 +110,55 @@ func TestVolumeIntents(t *testing.T) {
 				h.volumeReport("vol-a", gone)
 				h.delVolume("vol-a")
 				require.Eventually(t, func() bool { _, ok := h.reports.volume("vol-a"); return !ok }, 5*time.Second, 5*time.Millisecond)
+			},
+		},
+		"AnImportReportsTheVolumeAndNeverChangesIt": {
+			run: func(t *testing.T, h *harness) {
+				h.fake.AddVolume("legacy.qcow2", driver.VolumeObservation{ID: "/pool/legacy.qcow2", SizeBytes: 3 << 30})
+				h.synced()
+				h.putVolume(importIntent("vol-a", "data", "legacy.qcow2"))
+				r := h.volumeReport("vol-a", found)
+				assert.Equal(t, wire.VolumeReport{ProtocolVersion: wire.ProtocolVersion, UID: "vol-a", Imported: true, SizeBytes: 3 << 30, ID: "/pool/legacy.qcow2", ObservedAt: r.ObservedAt}, r)
+				assert.Empty(t, h.deletedVolumes())
+			},
+		},
+		"AnImportOfAMissingVolumeSaysSoAndLooksAgain": {
+			start: func(t *testing.T) *harness {
+				return startWith(t, func(f *fake.Driver) driver.Driver { return f }, func(o *Options) { o.ObserveEvery = 10 * time.Millisecond })
+			},
+			run: func(t *testing.T, h *harness) {
+				h.synced()
+				h.putVolume(importIntent("vol-a", "data", "legacy.qcow2"))
+				r := h.volumeReport("vol-a", func(r wire.VolumeReport) bool { return r.Message != "" })
+				assert.Contains(t, r.Message, "no volume legacy.qcow2")
+				assert.True(t, r.Imported)
+				h.fake.AddVolume("legacy.qcow2", driver.VolumeObservation{SizeBytes: 1 << 30})
+				r = h.volumeReport("vol-a", found)
+				assert.Empty(t, r.Message)
+			},
+		},
+		"AnAbsentImportDeletesTheImportedVolume": {
+			run: func(t *testing.T, h *harness) {
+				h.fake.AddVolume("legacy.qcow2", driver.VolumeObservation{SizeBytes: 1 << 30})
+				h.synced()
+				v := importIntent("vol-a", "data", "legacy.qcow2")
+				h.putVolume(v)
+				h.volumeReport("vol-a", found)
+				v.Absent = true
+				h.putVolume(v)
+				h.volumeReport("vol-a", gone)
+				assert.Equal(t, []string{"legacy.qcow2"}, h.deletedVolumes())
+			},
+		},
+		"ABackendThatCannotImportSaysSo": {
+			start: func(t *testing.T) *harness {
+				return startWith(t, func(f *fake.Driver) driver.Driver { return noAdopter{f} })
+			},
+			run: func(t *testing.T, h *harness) {
+				h.synced()
+				h.putVolume(importIntent("vol-a", "data", "legacy.qcow2"))
+				r := h.volumeReport("vol-a", func(r wire.VolumeReport) bool { return r.Message != "" })
+				assert.Equal(t, "the backend of node "+node+" cannot import volumes", r.Message)
 			},
 		},
 		"RefusesADiskThatIsNotTheVolumes": {

@@ -100,7 +100,8 @@ func DecodeNodeHeartbeat(b []byte) (NodeHeartbeat, error) {
 }
 
 // DecodeVolumeIntent decodes and validates a VolumeIntent; errors as
-// DecodeIntent, and a *DecodeError for an intent that is not Absent.
+// DecodeIntent, and a *DecodeError for a present intent that imports
+// nothing.
 func DecodeVolumeIntent(b []byte) (VolumeIntent, error) {
 	return decodeValid[VolumeIntent]("volume intent", b)
 }
@@ -186,17 +187,20 @@ func (h NodeHeartbeat) Validate() error {
 	return ValidateNodeName(h.Node)
 }
 
-// Validate reports whether the VolumeIntent can be keyed and acted on. Only
-// Absent is defined in this protocol version.
+// Validate reports whether the VolumeIntent can be keyed and acted on: a
+// present intent is defined only as an import, and an import names the
+// volume as its Disk.
 func (v VolumeIntent) Validate() error {
 	if err := ValidateToken("uid", v.UID); err != nil {
 		return err
 	}
-	if v.Disk == "" {
+	switch {
+	case v.Disk == "":
 		return &DecodeError{Kind: "volume intent", Err: errors.New("disk must not be empty")}
-	}
-	if !v.Absent {
-		return &DecodeError{Kind: "volume intent", Err: errors.New("only absent volume intents are defined in this protocol version")}
+	case !v.Absent && v.ExternalName == "":
+		return &DecodeError{Kind: "volume intent", Err: errors.New("a present volume intent needs the externalName of the volume it imports")}
+	case v.ExternalName != "" && v.Disk != v.ExternalName:
+		return &DecodeError{Kind: "volume intent", Err: errors.New("an imported volume's disk must be its externalName")}
 	}
 	return nil
 }

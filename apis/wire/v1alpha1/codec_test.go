@@ -91,6 +91,10 @@ func TestDecodeReportAndHeartbeat(t *testing.T) {
 		"VolumeIntentRefusesUnsafeUID":  {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "uid", "a.>"), wantErr: &KeyError{}},
 		"VolumeIntentRefusesNoDisk":     {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "disk", ""), wantErr: &DecodeError{}},
 		"VolumeIntentRefusesPresent":    {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "absent", false), wantErr: &DecodeError{}},
+		"ImportIntentRoundTrips":        {decode: decodeVolumeIntent, in: mustJSON(t, exampleImportIntent()), want: exampleImportIntent()},
+		"ImportIntentDeletes":           {decode: decodeVolumeIntent, in: withField(t, exampleImportIntent(), "absent", true), want: withAbsent(exampleImportIntent())},
+		"ImportIntentRefusesOtherDisk":  {decode: decodeVolumeIntent, in: withField(t, exampleImportIntent(), "disk", "team-a_legacy"), wantErr: &DecodeError{}},
+		"ImportReportRoundTrips":        {decode: decodeVolumeReport, in: mustJSON(t, exampleImportReport()), want: exampleImportReport()},
 		"VolumeIntentRefusesMalformed":  {decode: decodeVolumeIntent, in: []byte(`{"protocolVersion":1,"absent":"yes"}`), wantErr: &DecodeError{}},
 		"VolumeReportRoundTrips":        {decode: decodeVolumeReport, in: mustJSON(t, exampleVolumeReport()), want: exampleVolumeReport()},
 		"VolumeReportRefusesNewer":      {decode: decodeVolumeReport, in: withField(t, exampleVolumeReport(), "protocolVersion", 2), wantErr: &VersionError{}},
@@ -163,8 +167,13 @@ func TestImageRefNamesWhatIsWrong(t *testing.T) {
 		"an image with two sources must not be written")
 }
 
-func decodeReport(b []byte) (any, error)       { return DecodeReport(b) }
-func decodeHeartbeat(b []byte) (any, error)    { return DecodeNodeHeartbeat(b) }
+func decodeReport(b []byte) (any, error)    { return DecodeReport(b) }
+func decodeHeartbeat(b []byte) (any, error) { return DecodeNodeHeartbeat(b) }
+func withAbsent(v VolumeIntent) VolumeIntent {
+	v.Absent = true
+	return v
+}
+
 func decodeVolumeIntent(b []byte) (any, error) { return DecodeVolumeIntent(b) }
 func decodeVolumeReport(b []byte) (any, error) { return DecodeVolumeReport(b) }
 func decodeImageReport(b []byte) (any, error)  { return DecodeImageReport(b) }

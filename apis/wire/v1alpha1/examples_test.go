@@ -82,6 +82,29 @@ func exampleVolumeIntent() VolumeIntent {
 	}
 }
 
+// exampleImportIntent imports the node's volume "legacy.qcow2".
+func exampleImportIntent() VolumeIntent {
+	return VolumeIntent{
+		ProtocolVersion: ProtocolVersion,
+		UID:             "9a3e0c1b-1111-4c2d-8e3f-000000000002",
+		Namespace:       "team-a",
+		Name:            "legacy",
+		Disk:            "legacy.qcow2",
+		ExternalName:    "legacy.qcow2",
+	}
+}
+
+func exampleImportReport() VolumeReport {
+	return VolumeReport{
+		ProtocolVersion: ProtocolVersion,
+		UID:             "9a3e0c1b-1111-4c2d-8e3f-000000000002",
+		Imported:        true,
+		SizeBytes:       5 << 30,
+		ID:              "/var/lib/libvirt/images/legacy.qcow2",
+		ObservedAt:      observed,
+	}
+}
+
 func exampleVolumeReport() VolumeReport {
 	return VolumeReport{
 		ProtocolVersion: ProtocolVersion,

@@ -245,12 +245,19 @@ func NodeName(namespace, name string) string {
 // VolumeIntent is what the hub wants a node to make true for one Volume. It
 // lives in BucketIntents under VolumeIntentKey(node, uid).
 //
-// In this protocol version the hub writes one only when the volume must be
-// gone (Absent): volumes are still made by the guest intents that attach
-// them. An intent with Absent false is reserved for "present" and refused as
-// invalid until a later version defines it. The hub deletes the key once the
-// node reported the volume Gone; an agent that sees the key deleted removes
-// its VolumeReport.
+// The hub writes one when the volume must be gone (Absent): volumes are
+// made by the guest intents that attach them. The hub deletes the key once
+// the node reported the volume Gone; an agent that sees the key deleted
+// removes its VolumeReport.
+//
+// An intent with Absent false is defined only with ExternalName: the Volume
+// imports that existing volume of the node, which the node then reports
+// (VolumeReport.Imported) and never changes; an Absent intent with
+// ExternalName deletes it. Any other present intent is refused as invalid.
+// An agent older than ExternalName refuses both as malformed (a present
+// intent was invalid, and an absent one names a Disk other than
+// NodeName(Namespace, Name)), so it never deletes a volume it does not know
+// it may.
 type VolumeIntent struct {
 	ProtocolVersion int `json:"protocolVersion"`
 	// UID is the Volume's metadata.uid.
@@ -258,11 +265,16 @@ type VolumeIntent struct {
 	// Namespace and Name are the Volume's, for messages.
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
-	// Disk is the volume's name on the node: NodeName(Namespace, Name).
+	// Disk is the volume's name on the node: NodeName(Namespace, Name), or
+	// ExternalName for an imported volume.
 	Disk string `json:"disk"`
 	// Pool is the storage pool holding it; empty means the node's default.
 	Pool   string `json:"pool,omitempty"`
 	Absent bool   `json:"absent"`
+	// ExternalName is the backend's name of the existing volume the Volume
+	// imports (its crossplane.io/external-name): a libvirt storage volume
+	// name, made by virtfleet or not. Disk is then the same name.
+	ExternalName string `json:"externalName,omitempty"`
 }
 
 // VolumeReport is what a node's agent observed about one VolumeIntent. It
@@ -273,8 +285,17 @@ type VolumeReport struct {
 	// Gone is set once the volume no longer exists on the node.
 	Gone bool `json:"gone"`
 	// Message says why the volume is not gone yet (still attached, the
-	// backend failed or cannot delete volumes).
-	Message    string    `json:"message,omitempty"`
+	// backend failed or cannot delete volumes), or why an imported one
+	// cannot be observed (not on the node).
+	Message string `json:"message,omitempty"`
+	// Imported answers a present intent: the node observes the volume the
+	// Volume imports, and SizeBytes and ID are that volume's once found.
+	Imported bool `json:"imported,omitempty"`
+	// SizeBytes is the imported volume's capacity.
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
+	// ID is the backend's id of the imported volume (libvirt: its key, the
+	// path of its file).
+	ID         string    `json:"id,omitempty"`
 	ObservedAt time.Time `json:"observedAt"`
 }
 

@@ -41,6 +41,15 @@ func startKubeVirt(ctx context.Context, node, dir string) (Backend, error) {
 	return &kubeVirtBackend{cluster: c, log: out}, nil
 }
 
+// KubeVirt is the simulated KubeVirt cluster of the kubevirt node node,
+// for a test to act in behind virtfleet's back; nil for any other node.
+func (s *Stack) KubeVirt(node string) *kubevirttest.Cluster {
+	if b, ok := s.Backends[node].(*kubeVirtBackend); ok {
+		return b.cluster
+	}
+	return nil
+}
+
 func (b *kubeVirtBackend) AgentArgs() []string {
 	return []string{"--kubevirt-kubeconfig=" + b.cluster.Kubeconfig, "--kubevirt-namespace=" + b.cluster.Namespace}
 }

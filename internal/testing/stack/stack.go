@@ -258,10 +258,14 @@ func (s *Stack) start(ctx context.Context) error {
 	logf(o.Progress, "images", "%s (serves the examples' DiskImages)", s.images.url)
 	for _, n := range o.Nodes {
 		if b := s.backend(n); b != driver.BackendLibvirt {
-			if s.Backends[n], err = startBackend(ctx, b, n, filepath.Join(o.Dir, "backends", n)); err != nil {
+			// Recorded only once started, as a libvirtd node: Stop after a
+			// failed start must not stop a nil backend and hide the error.
+			started, err := startBackend(ctx, b, n, filepath.Join(o.Dir, "backends", n))
+			if err != nil {
 				return err
 			}
-			logf(o.Progress, n, "%s: %s", b, s.Backends[n])
+			s.Backends[n] = started
+			logf(o.Progress, n, "%s: %s", b, started)
 			continue
 		}
 		if h, ok := o.LibvirtHosts[n]; ok {

@@ -33,6 +33,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/feature"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
@@ -129,7 +130,7 @@ func SetupGated[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options
 func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T]) error {
 	name := managed.ControllerName(k.GroupKind)
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime still records through the old events API
-	r := managed.NewReconciler(mgr, resource.ManagedKind(k.GroupVersionKind),
+	opts := []managed.ReconcilerOption{
 		managed.WithTypedExternalConnector[T](&external[T]{kube: mgr.GetClient(), kind: k, recorder: recorder}),
 		managed.WithLogger(o.Logger.WithValues("controller", name)),
 		managed.WithPollInterval(o.PollInterval),
@@ -139,7 +140,13 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 		// annotation is worth an API write per object.
 		managed.WithInitializers(),
 		managed.WithCriticalAnnotationUpdater(managed.CriticalAnnotationUpdateFn(func(context.Context, client.Object) error { return nil })),
-	)
+	}
+	if o.Features.Enabled(feature.EnableBetaManagementPolicies) {
+		// Without Delete, a deletion never calls Delete, so nothing is
+		// released: what the resource stands for stays.
+		opts = append(opts, managed.WithManagementPolicies())
+	}
+	r := managed.NewReconciler(mgr, resource.ManagedKind(k.GroupVersionKind), opts...)
 	// A user that starts or stops using the resource (created, deleted, or
 	// its spec changed) wakes it, so a blocked deletion proceeds. Only those
 	// changes: a user's status writes would otherwise reconcile (and

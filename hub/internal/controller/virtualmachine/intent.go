@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
@@ -99,6 +100,10 @@ func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachin
 			missing.Volumes = append(missing.Volumes, string(a.Name))
 		case err != nil:
 			return d, errors.Wrapf(err, "cannot get Volume %s", a.Name)
+		case meta.GetExternalName(&v) != "":
+			// The node would make a volume of the Volume's own name.
+			return d, errors.Errorf("Volume %s imports volume %s of node %s, and a VirtualMachine cannot attach an imported Volume yet",
+				v.Name, meta.GetExternalName(&v), v.GetAnnotations()[v1alpha1.AnnotationNode])
 		}
 		d.volumes = append(d.volumes, v)
 	}

@@ -15,6 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
@@ -48,6 +50,11 @@ func vol(name, node string) *v1alpha1.Volume {
 	return v
 }
 
+func imported(v *v1alpha1.Volume, external string) *v1alpha1.Volume {
+	meta.SetExternalName(v, external)
+	return v
+}
+
 func vnet(name string) *v1alpha1.VirtualNetwork {
 	return &v1alpha1.VirtualNetwork{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + name)},
@@ -69,6 +76,7 @@ func TestResolve(t *testing.T) {
 		wantMissing *MissingError
 		wantNode    string
 		wantNodeErr string
+		wantErr     string
 	}{
 		{
 			name: "everything present resolves in spec order",
@@ -89,10 +97,19 @@ func TestResolve(t *testing.T) {
 			objs:        []client.Object{vol("root", "node1"), vol("data", "node2"), vnet("net-db")},
 			wantNodeErr: "live on different nodes",
 		},
+		{
+			name:    "an imported volume cannot be attached yet",
+			objs:    []client.Object{vol("root", ""), imported(vol("data", "node2"), "legacy.qcow2"), vnet("net-db")},
+			wantErr: "Volume data imports volume legacy.qcow2 of node node2, and a VirtualMachine cannot attach an imported Volume yet",
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			d, err := resolve(context.Background(), kube(t, tc.objs...), vm())
+			if tc.wantErr != "" {
+				require.EqualError(t, err, tc.wantErr)
+				return
+			}
 			if tc.wantMissing != nil {
 				var missing *MissingError
 				require.ErrorAs(t, err, &missing)

@@ -2,8 +2,10 @@ package volume
 
 import (
 	"context"
+	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -28,9 +30,13 @@ const IndexUID = "volume.metadata.uid"
 // deletes the Volume's intent and then the report (the agent deletes the
 // report itself when it sees the intent go, unless it was down then).
 //
-// Only an Absent intent makes an agent report Gone (it is the only kind of
-// VolumeIntent), so a Gone report never leads here to deleting an intent that
-// asks for a volume to exist.
+// Only an Absent intent makes an agent report Gone, so a Gone report never
+// leads here to deleting an intent that asks for a volume to exist.
+//
+// A Volume that imported a volume and was deleted without the Delete
+// management policy leaves its present intent and the node's Imported
+// report; Leftovers deletes those too (the node keeps the volume), woken by
+// the Volume's deletion as well as by reports.
 //
 // Each fleet's report watch starts with the current state of every report,
 // so Leftovers sweeps a NATS server for leftovers whenever the hub connects
@@ -41,6 +47,9 @@ type Leftovers struct {
 	cache, api client.Reader
 	log        logging.Logger
 	queue      workqueue.TypedRateLimitingInterface[leftover]
+
+	mu     sync.Mutex
+	fleets []*fleet.Fleet
 }
 
 // leftover names a Volume uid whose report changed in one fleet.
@@ -65,16 +74,45 @@ func NewLeftovers(cache, api client.Reader, log logging.Logger) *Leftovers {
 // Watch makes l look at every Volume report of f. Call it for every Fleet
 // before its watches start (fleet.NewPool's onNew).
 func (l *Leftovers) Watch(f *fleet.Fleet) {
+	l.mu.Lock()
+	l.fleets = append(l.fleets, f)
+	l.mu.Unlock()
 	f.SubscribeVolumes(func(uid string) { l.queue.Add(leftover{fleet: f, uid: uid}) })
 }
 
-// Setup indexes Volumes by uid and runs l with mgr, on the leader only.
+// Deleted makes l look at Volume uid's reports in every fleet: it was just
+// deleted.
+func (l *Leftovers) Deleted(uid string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, f := range l.fleets {
+		l.queue.Add(leftover{fleet: f, uid: uid})
+	}
+}
+
+// Setup indexes Volumes by uid, has l told of every Volume deleted, and runs
+// l with mgr, on the leader only.
 func (l *Leftovers) Setup(ctx context.Context, mgr ctrl.Manager) error {
 	err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Volume{}, IndexUID, func(o client.Object) []string {
 		return []string{string(o.GetUID())}
 	})
 	if err != nil {
 		return errors.Wrap(err, "cannot index Volumes by uid")
+	}
+	inf, err := mgr.GetCache().GetInformer(ctx, &v1alpha1.Volume{})
+	if err != nil {
+		return errors.Wrap(err, "cannot watch Volumes")
+	}
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{DeleteFunc: func(o any) {
+		if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+			o = t.Obj
+		}
+		if v, ok := o.(client.Object); ok {
+			l.Deleted(string(v.GetUID()))
+		}
+	}})
+	if err != nil {
+		return errors.Wrap(err, "cannot watch Volume deletions")
 	}
 	return errors.Wrap(mgr.Add(l), "cannot add the Volume leftovers cleaner")
 }
@@ -102,13 +140,14 @@ func (l *Leftovers) Start(ctx context.Context) error {
 }
 
 // Clean deletes the intent and report of Volume uid on every node of f
-// that reported the volume Gone, if the Volume no longer exists. With the
-// Volume gone, no node is recorded for it any more: whichever node says its
-// volume is gone has its own leftovers cleaned, and no other's.
+// that reported the volume Gone, or Imported, if the Volume no longer
+// exists. With the Volume gone, no node is recorded for it any more:
+// whichever node says its volume is gone, or that it observes it, has its
+// own leftovers cleaned, and no other's.
 func (l *Leftovers) Clean(ctx context.Context, f *fleet.Fleet, uid string) error {
 	var gone []string
 	for _, rep := range f.VolumeReports(uid) {
-		if rep.Report.Gone {
+		if rep.Report.Gone || rep.Report.Imported {
 			gone = append(gone, rep.Node)
 		}
 	}

@@ -25,6 +25,7 @@ func TestLeftoversClean(t *testing.T) {
 	existing := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "data", UID: uid}}
 	gone := bus.VolumeReportEvent{Node: testNode, UID: uid, Report: wire.VolumeReport{UID: uid, Gone: true}}
 	cannot := bus.VolumeReportEvent{Node: testNode, UID: uid, Report: wire.VolumeReport{UID: uid, Message: "in use"}}
+	imported := bus.VolumeReportEvent{Node: testNode, UID: uid, Report: wire.VolumeReport{UID: uid, Imported: true, SizeBytes: 1 << 30}}
 
 	cases := map[string]struct {
 		report *bus.VolumeReportEvent
@@ -50,6 +51,15 @@ func TestLeftoversClean(t *testing.T) {
 			report: &cannot,
 		},
 		"WithoutAReportNothingIsDeleted": {},
+		"AnImportOfAVolumeDeletedWithoutDeleteIsCleanedUp": {
+			report:      &imported,
+			wantCleaned: true,
+		},
+		"AnExistingVolumesImportIsKept": {
+			report: &imported,
+			cached: []client.Object{existing},
+			api:    []client.Object{existing},
+		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -10,6 +10,7 @@ package volume
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,11 +20,11 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
@@ -35,32 +36,37 @@ import (
 const ReasonNodeLost event.Reason = "NodeLost"
 
 // Kind is the Volume kind for the inuse controller, without the release of
-// the volume on its node (see SetupGated).
+// the volume on its node and the import of an existing one (see
+// SetupGated).
 var Kind = inuse.Kind[*v1alpha1.Volume]{
 	GroupKind:        v1alpha1.VolumeGroupKind,
 	GroupVersionKind: v1alpha1.VolumeGroupVersionKind,
 	New:              func() *v1alpha1.Volume { return &v1alpha1.Volume{} },
 	User:             index.VolumeUsers,
-	Observe: func(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users []string) (xpv2.Condition, error) {
-		node := v.GetAnnotations()[v1alpha1.AnnotationNode]
-		v.Status.AtProvider.Node, v.Status.AtProvider.AttachedTo = node, users
-		v.Status.AtProvider.Phase = v1alpha1.PhasePending
-		if node != "" {
-			v.Status.AtProvider.Phase = v1alpha1.PhaseRunning
-		}
-		return xpv2.Available(), nil
-	},
+	Observe:          observe,
+}
+
+func observe(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users []string) (xpv2.Condition, error) {
+	node := v.GetAnnotations()[v1alpha1.AnnotationNode]
+	v.Status.AtProvider.Node, v.Status.AtProvider.AttachedTo = node, users
+	v.Status.AtProvider.Phase = v1alpha1.PhasePending
+	if node != "" {
+		v.Status.AtProvider.Phase = v1alpha1.PhaseRunning
+	}
+	return xpv2.Available(), nil
 }
 
 // SetupGated adds the Volume controller once the CRD is established: a
-// deleted Volume goes once its node deleted the volume. The Releaser reaches
-// the nodes through pool, gives up on a node lost for longer than fencing,
-// and is woken by notifier, which the pool's fleets must feed with
+// deleted Volume goes once its node deleted the volume, and a Volume with an
+// external name imports that volume of its node. The Releaser reaches the
+// nodes through pool, gives up on a node lost for longer than fencing, and
+// is woken by notifier, which the pool's fleets must feed with
 // Fleet.SubscribeVolumes.
 func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencing time.Duration, notifier *fleet.Notifier) error {
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(managed.ControllerName(v1alpha1.VolumeGroupKind))) //nolint:staticcheck // crossplane-runtime still records through the old events API
+	r := NewReleaser(mgr.GetClient(), pool, fencing, notifier, recorder)
 	k := Kind
-	k.Release = NewReleaser(mgr.GetClient(), pool, fencing, notifier, recorder).Release
+	k.Observe, k.Release = r.Observe, r.Release
 	k.Sources = []source.Source{notifier.Source()}
 	return inuse.SetupGated(mgr, o, k)
 }
@@ -70,14 +76,18 @@ type Fleets interface {
 	Get(ctx context.Context, t fleet.Target) (*fleet.Fleet, error)
 }
 
-// Releaser deletes Volumes' volumes on their nodes.
+// Releaser deletes Volumes' volumes on their nodes, and has the nodes
+// observe the volumes Volumes import.
 type Releaser struct {
+	kube     client.Reader
 	configs  *providerconfig.Resolver
 	pool     Fleets
 	notifier *fleet.Notifier
 	fencing  time.Duration
 	recorder event.Recorder
 	now      func() time.Time
+	// published holds, by Volume uid, the import intent last written.
+	published sync.Map
 }
 
 // NewReleaser returns a Releaser that reaches the nodes through the fleets of
@@ -86,6 +96,7 @@ type Releaser struct {
 // Fleet.SubscribeVolumes.
 func NewReleaser(kube client.Client, pool Fleets, fencing time.Duration, notifier *fleet.Notifier, recorder event.Recorder) *Releaser {
 	return &Releaser{
+		kube:     kube,
 		configs:  providerconfig.NewResolver(kube),
 		pool:     pool,
 		notifier: notifier,
@@ -95,27 +106,32 @@ func NewReleaser(kube client.Client, pool Fleets, fencing time.Duration, notifie
 	}
 }
 
-// Release is inuse.Kind.Release for Volumes. An unbound Volume never had a
-// volume made for it and is released at once. A bound one is released once
-// its node reports the volume gone, then its intent is deleted; or, when the
-// node has been lost for longer than the fencing timeout, at once with a
-// Warning event, its intent left in place so that the node deletes the
-// volume when its agent comes back (Leftovers then deletes the intent).
+// Release is inuse.Kind.Release for Volumes, called only with the Delete
+// management policy: without it the volume stays on its node, imported or
+// not. An unbound Volume never had a volume made for it and is released at
+// once, and so is one that imports a volume another Volume imported first.
+// A bound one is released once its node reports the volume gone, then its
+// intent is deleted; or, when the node has been lost for longer than the
+// fencing timeout, at once with a Warning event, its intent left in place so
+// that the node deletes the volume when its agent comes back (Leftovers then
+// deletes the intent).
 func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error) {
 	node := v.GetAnnotations()[v1alpha1.AnnotationNode]
 	if node == "" {
 		return true, nil
 	}
-	pc, err := r.configs.Resolve(ctx, v)
-	if err != nil {
-		return false, err
+	if meta.GetExternalName(v) != "" {
+		// A volume another Volume imported first is that Volume's: this
+		// one never had it and leaves it alone.
+		if owner, err := firstImporter(ctx, r.kube, v, node); err != nil || owner != "" {
+			return err == nil, err
+		}
 	}
-	f, err := r.pool.Get(ctx, pc.Target)
+	f, err := r.fleetOf(ctx, v)
 	if err != nil {
 		return false, err
 	}
 	uid := string(v.UID)
-	r.notifier.Remember(v)
 
 	f.FlagForeign(fleet.KindVolume, v, node)
 	rep, reported := f.VolumeReport(node, uid)
@@ -125,7 +141,9 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 		}
 		return true, nil
 	}
-	in := wire.VolumeIntent{UID: uid, Namespace: v.Namespace, Name: v.Name, Disk: wire.NodeName(v.Namespace, v.Name), Absent: true}
+	in := intentOf(v)
+	in.Absent = true
+	r.published.Delete(uid)
 	if _, err := f.Bus.PutVolumeIntent(ctx, node, in); err != nil {
 		return false, errors.Wrapf(err, "cannot ask node %s to delete the volume", node)
 	}
@@ -144,4 +162,19 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 		return false, errors.New(fmt.Sprintf("node %s cannot delete the volume yet: %s", node, rep.Report.Message))
 	}
 	return false, nil
+}
+
+// fleetOf is the Fleet of v's ProviderConfig, whose reports about v now
+// wake it.
+func (r *Releaser) fleetOf(ctx context.Context, v *v1alpha1.Volume) (*fleet.Fleet, error) {
+	pc, err := r.configs.Resolve(ctx, v)
+	if err != nil {
+		return nil, err
+	}
+	f, err := r.pool.Get(ctx, pc.Target)
+	if err != nil {
+		return nil, err
+	}
+	r.notifier.Remember(v)
+	return f, nil
 }

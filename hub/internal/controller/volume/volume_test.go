@@ -52,6 +52,41 @@ func boundVolume(node string) *v1alpha1.Volume {
 	return v
 }
 
+// played is a Fleet over a fake bus on which play was played.
+func played(t *testing.T, play ...func(*bus.Fake)) (*bus.Fake, *fleet.Fleet) {
+	t.Helper()
+	b := bus.NewFake()
+	f := fleettest.Start(t, b)
+	for _, p := range play {
+		p(b)
+	}
+	return b, f
+}
+
+// testReleaser is a Releaser reaching f, with a kube holding the default
+// ClusterProviderConfig and objs.
+func testReleaser(t *testing.T, f *fleet.Fleet, objs ...client.Object) (*Releaser, *fleettest.Recorder, *fleet.Notifier, client.Client) {
+	t.Helper()
+	kube := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(append(objs, &apisv1alpha1.ClusterProviderConfig{
+		ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: apisv1alpha1.ProviderConfigSpec{
+			NATSURL:     "nats://nats.example:4222",
+			Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone},
+		},
+	})...).Build()
+	notifier := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
+	rec := &fleettest.Recorder{}
+	return &Releaser{
+		kube:     kube,
+		configs:  providerconfig.NewResolver(kube),
+		pool:     oneFleet{f},
+		notifier: notifier,
+		fencing:  testFencing,
+		recorder: rec,
+		now:      time.Now,
+	}, rec, notifier, kube
+}
+
 func TestRelease(t *testing.T) {
 	absent := wire.VolumeIntent{UID: "vol-uid", Namespace: "team", Name: "data", Disk: "team_data", Absent: true, ProtocolVersion: wire.ProtocolVersion}
 	alive := bus.NodeEvent{Node: testNode, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt"}}
@@ -130,31 +165,11 @@ func TestRelease(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			b := bus.NewFake()
-			f := fleettest.Start(t, b)
-			for _, play := range tc.play {
-				play(b)
-			}
-			kube := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(&apisv1alpha1.ClusterProviderConfig{
-				ObjectMeta: metav1.ObjectMeta{Name: "default"},
-				Spec: apisv1alpha1.ProviderConfigSpec{
-					NATSURL:     "nats://nats.example:4222",
-					Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone},
-				},
-			}).Build()
-			notifier := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
+			b, f := played(t, tc.play...)
+			r, rec, notifier, _ := testReleaser(t, f)
 			wakeUps := fleettest.WakeUps(t, notifier)
-			rec := &fleettest.Recorder{}
-			r := &Releaser{
-				configs:  providerconfig.NewResolver(kube),
-				pool:     oneFleet{f},
-				notifier: notifier,
-				fencing:  testFencing,
-				recorder: rec,
-				now:      func() time.Time { return f.Node(testNode).LostSince.Add(tc.sinceLost) },
-			}
-			if tc.sinceLost == 0 {
-				r.now = time.Now
+			if tc.sinceLost != 0 {
+				r.now = func() time.Time { return f.Node(testNode).LostSince.Add(tc.sinceLost) }
 			}
 
 			released, err := r.Release(context.Background(), boundVolume(tc.node))

@@ -1,0 +1,103 @@
+package libvirt
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
+)
+
+// TestImportedVolumes observes volumes made by hand and by virtfleet, and
+// deletes one only once no domain has it.
+func TestImportedVolumes(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "import-volume")
+	d, l := open(t, node), raw(t, node)
+	p, err := l.StoragePoolLookupByName(testPool)
+	require.NoError(t, err)
+	// Made by hand, as virsh vol-create-as would: virtfleet never saw it.
+	x, err := (&libvirtxml.StorageVolume{Name: "legacy.qcow2", Capacity: &libvirtxml.StorageVolumeSize{Value: 3 << 30, Unit: "B"}}).Marshal()
+	require.NoError(t, err)
+	_, err = l.StorageVolCreateXML(p, x, 0)
+	require.NoError(t, err)
+	guest := machine("web")
+	_, err = d.Ensure(ctx, guest)
+	require.NoError(t, err)
+
+	cases := map[string]struct {
+		disk     driver.Disk
+		want     driver.VolumeObservation
+		notFound bool
+		terminal bool
+	}{
+		"AVolumeMadeByHand":    {disk: driver.Disk{Name: "legacy.qcow2"}, want: driver.VolumeObservation{SizeBytes: 3 << 30}},
+		"AVolumeVirtfleetMade": {disk: driver.Disk{Name: "web-root"}, want: driver.VolumeObservation{SizeBytes: 1 << 30}},
+		"NoSuchVolume":         {disk: driver.Disk{Name: "nope"}, notFound: true},
+		"NoSuchPool":           {disk: driver.Disk{Name: "legacy.qcow2", Pool: "nope"}, notFound: true},
+		"AGuestsSeed":          {disk: driver.Disk{Name: seedVolume(guest.UID)}, terminal: true},
+		"AGuestsSwap":          {disk: driver.Disk{Name: swapVolume(guest.UID)}, terminal: true},
+		"AnImage":              {disk: driver.Disk{Name: imageVolume("0b5e3f1a")}, terminal: true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got, err := d.ObserveVolume(ctx, tc.disk)
+			switch {
+			case tc.notFound:
+				assert.True(t, driver.IsNotFound(err), "want NotFound, got %v", err)
+			case tc.terminal:
+				assert.True(t, driver.IsTerminal(err), "want Terminal, got %v", err)
+			default:
+				require.NoError(t, err)
+				assert.Equal(t, tc.want.SizeBytes, got.SizeBytes)
+				assert.NotEmpty(t, got.ID, "the volume's key")
+			}
+		})
+	}
+
+	t.Run("DeleteVolumeRefusesAVolumeADomainVirtfleetNeverMadeHas", func(t *testing.T) {
+		v, err := l.StorageVolLookupByName(p, "legacy.qcow2")
+		require.NoError(t, err)
+		path, err := l.StorageVolGetPath(v)
+		require.NoError(t, err)
+		dom := libvirtxml.Domain{
+			Type: "test", Name: "made-by-hand",
+			Memory: &libvirtxml.DomainMemory{Value: 256, Unit: "MiB"},
+			OS:     &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Type: "hvm"}},
+			Devices: &libvirtxml.DomainDeviceList{Disks: []libvirtxml.DomainDisk{{
+				Device: "disk",
+				Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: path}},
+				Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
+			}}},
+		}
+		x, err := dom.Marshal()
+		require.NoError(t, err)
+		hand, err := l.DomainDefineXMLFlags(x, 0)
+		require.NoError(t, err)
+
+		err = d.DeleteVolume(ctx, driver.Disk{Name: "legacy.qcow2"})
+		assert.True(t, driver.IsInUse(err), "want InUse, got %v", err)
+		assert.ErrorContains(t, err, "domain made-by-hand, which virtfleet does not manage")
+		assert.True(t, volumeExists(t, l, "legacy.qcow2"))
+		require.NoError(t, l.DomainUndefine(hand))
+	})
+
+	t.Run("DeleteVolumeRefusesAnOrphansDisk", func(t *testing.T) {
+		require.NoError(t, d.Release(ctx, guest.UID))
+		err := d.DeleteVolume(ctx, driver.Disk{Name: "web-root"})
+		assert.True(t, driver.IsInUse(err), "want InUse, got %v", err)
+		assert.ErrorContains(t, err, "orphaned from VirtualMachine team-a/web")
+		assert.True(t, volumeExists(t, l, "web-root"))
+	})
+
+	t.Run("DeleteVolumeDeletesAnImportedVolume", func(t *testing.T) {
+		require.NoError(t, d.DeleteVolume(ctx, driver.Disk{Name: "legacy.qcow2"}))
+		assert.False(t, volumeExists(t, l, "legacy.qcow2"))
+		_, err := d.ObserveVolume(ctx, driver.Disk{Name: "legacy.qcow2"})
+		assert.True(t, driver.IsNotFound(err), "gone: %v", err)
+	})
+}

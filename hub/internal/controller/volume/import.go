@@ -1,0 +1,115 @@
+package volume
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+)
+
+// A Volume whose crossplane.io/external-name names an existing volume of
+// the node given by compute.virtfleet.io/node imports it instead of having
+// one made: the hub writes a present VolumeIntent with that ExternalName,
+// the node reports the volume's real size and id, and nothing changes it.
+// The management policies decide the rest, as for a VM's imported guest:
+// without Delete, deleting the Volume leaves the volume (the managed
+// reconciler never calls Release, and Leftovers then removes the intent and
+// report); with it, Release has the node delete it.
+
+// intentOf is the VolumeIntent naming v's volume on its node: the one v
+// imports, or its own.
+func intentOf(v *v1alpha1.Volume) wire.VolumeIntent {
+	in := wire.VolumeIntent{UID: string(v.UID), Namespace: v.Namespace, Name: v.Name, Disk: wire.NodeName(v.Namespace, v.Name)}
+	if ext := meta.GetExternalName(v); ext != "" {
+		in.Disk, in.ExternalName = ext, ext
+	}
+	return in
+}
+
+// Observe is inuse.Kind.Observe for Volumes: a Volume that imports a volume
+// shows the volume as its node reports it.
+func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.Volume, users []string) (xpv2.Condition, error) {
+	ready, err := observe(ctx, kube, v, users)
+	ext := meta.GetExternalName(v)
+	if err != nil || ext == "" {
+		return ready, err
+	}
+	at := &v.Status.AtProvider
+	node := at.Node
+	if node == "" {
+		at.Phase = v1alpha1.PhaseFailed
+		return xpv2.Unavailable().WithMessage(fmt.Sprintf("the Volume imports volume %q: set the annotation %s to the node that has it", ext, v1alpha1.AnnotationNode)), nil
+	}
+	owner, err := firstImporter(ctx, kube, v, node)
+	if err != nil {
+		return ready, err
+	}
+	if owner != "" {
+		at.Phase = v1alpha1.PhaseFailed
+		return xpv2.Unavailable().WithMessage(fmt.Sprintf("volume %s on node %s is already managed by Volume %s; a volume has one Volume", ext, node, owner)), nil
+	}
+	f, err := r.fleetOf(ctx, v)
+	if err != nil {
+		return ready, err
+	}
+	uid := string(v.UID)
+	if in := intentOf(v); !meta.WasDeleted(v) {
+		// A deleted Volume's intent is Release's.
+		if last, ok := r.published.Load(uid); !ok || last != in {
+			if _, err := f.Bus.PutVolumeIntent(ctx, node, in); err != nil {
+				return ready, errors.Wrapf(err, "cannot ask node %s to observe volume %s", node, ext)
+			}
+			r.published.Store(uid, in)
+		}
+	}
+	f.FlagForeign(fleet.KindVolume, v, node)
+	rep, ok := f.VolumeReport(node, uid)
+	switch {
+	case !ok || !rep.Report.Imported:
+		at.Phase = v1alpha1.PhasePending
+		return xpv2.Unavailable().WithMessage(fmt.Sprintf("waiting for node %s to report volume %s", node, ext)), nil
+	case rep.Report.Message != "":
+		at.Phase = v1alpha1.PhaseFailed
+		return xpv2.Unavailable().WithMessage(rep.Report.Message), nil
+	}
+	at.ID, at.Capacity = rep.Report.ID, resource.NewQuantity(rep.Report.SizeBytes, resource.BinarySI)
+	return ready, nil
+}
+
+// firstImporter names the Volume that imported v's volume on node before v,
+// if another did: the oldest Volume of that node naming it, by creation and
+// then namespace/name, manages it.
+func firstImporter(ctx context.Context, kube client.Reader, v *v1alpha1.Volume, node string) (string, error) {
+	all := &v1alpha1.VolumeList{}
+	if err := kube.List(ctx, all); err != nil {
+		return "", errors.Wrap(err, "cannot list Volumes")
+	}
+	ext := meta.GetExternalName(v)
+	var same []v1alpha1.Volume
+	for _, o := range all.Items {
+		if o.GetAnnotations()[v1alpha1.AnnotationNode] == node && intentOf(&o).Disk == ext {
+			same = append(same, o)
+		}
+	}
+	sort.Slice(same, func(i, j int) bool {
+		a, b := same[i], same[j]
+		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+			return a.CreationTimestamp.Before(&b.CreationTimestamp)
+		}
+		return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
+	})
+	if len(same) == 0 || same[0].UID == v.UID {
+		return "", nil
+	}
+	return same[0].Namespace + "/" + same[0].Name, nil
+}
