@@ -33,7 +33,7 @@ help: ## Show the targets.
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: deps
-deps: ## Install the Debian packages the project needs (as root), or say which.
+deps: ## Install the Debian packages the project needs (as root; the Go-only caches build beside apt), or say which.
 	@./hack/deps.sh
 
 .PHONY: envtest-assets
