@@ -37,8 +37,9 @@ func run() error {
 		densityNodes = flag.Int("density-nodes", d.DensityNodes, "Nodes of the density scenario.")
 		interval     = flag.Duration("interval", d.DensityInterval, "Time between creates in the density scenario.")
 		burst        = flag.Int("burst", 1000, "VMs created at once in the burst scenario; added to -sizes.")
-		sizes        = flag.String("sizes", "10,100,1000", "Burst sizes, comma-separated, each on a fresh stack, so the cost's growth is visible.")
-		nodes        = flag.Int("nodes", d.Nodes, "Nodes of the burst scenarios.")
+		sizes        = flag.String("sizes", "10,100,1000,5000", "Burst sizes, comma-separated, each on a fresh stack, so the cost's growth is visible.")
+		nodes        = flag.Int("nodes", d.Nodes, "Nodes of the burst scenarios, at least.")
+		perNode      = flag.Int("vms-per-node", d.VMsPerNode, "Most VMs a burst puts on one node; a larger burst gets more nodes than -nodes.")
 		limits       = flag.Bool("limits", true, "Measure raw libvirt and the control plane's limit after each burst.")
 		out          = flag.String("out", filepath.Join(controlplane.RepoRoot(), "bench", "results"), "Directory of the result files.")
 		dir          = flag.String("dir", "", "Where the stacks keep their state and logs; empty means the system's temporary directory.")
@@ -50,7 +51,7 @@ func run() error {
 		return err
 	}
 
-	o := benchmark.Options{Density: *density, DensityNodes: *densityNodes, DensityInterval: *interval, Nodes: *nodes, Limits: *limits}
+	o := benchmark.Options{Density: *density, DensityNodes: *densityNodes, DensityInterval: *interval, Nodes: *nodes, VMsPerNode: *perNode, Limits: *limits}
 	if *quick {
 		o = benchmark.Quick()
 	} else {

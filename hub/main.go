@@ -28,7 +28,9 @@ func main() {
 	flag.StringVar(&c.HealthAddress, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 disables them.")
 	flag.DurationVar(&c.SyncInterval, "sync", time.Hour, "How often every resource is listed again.")
 	flag.DurationVar(&c.PollInterval, "poll", time.Minute, "How often each resource is checked for drift; reports update status at once regardless.")
-	flag.IntVar(&c.MaxReconcileRate, "max-reconcile-rate", 100, "Reconciles per second across all controllers (and the API client's rate); high enough for bursts of creates.")
+	flag.IntVar(&c.MaxReconcileRate, "max-reconcile-rate", app.DefaultMaxReconcileRate, "Reconciles per second across all controllers; high enough for bursts of creates.")
+	flag.IntVar(&c.Workers, "workers", app.DefaultWorkers, "Reconciles each controller runs at once.")
+	flag.IntVar(&c.QPS, "qps", app.DefaultQPS, "Requests per second to the Kubernetes API server (burst: twice as many).")
 	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM deleted while its node is lost waits before it is finalized.")
 	flag.DurationVar(&c.NodeTTL, "node-ttl", natswire.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
 	// The names Crossplane providers read besides (provider-template's

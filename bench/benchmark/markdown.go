@@ -6,19 +6,27 @@ import (
 	"strings"
 )
 
-// The goals. They are reported, never asserted: a slow machine must
-// still produce a result.
+// The issues' goals. They are reported, never asserted: a slow machine
+// must still produce a result.
 const (
 	targetDensityP50     = 0.5
 	targetDensityP99     = 2.0
 	targetBurstOfCPLimit = 0.5
-	targetWritesPerVM    = 3.0
-	targetHubRSSMiB      = 150.0
-	targetHubRSSAtVMs    = 1000
+	// targetBurstP99 is for the burst of targetBurstVMs.
+	targetBurstP99    = 10.0
+	targetBurstVMs    = 1000
+	targetWritesPerVM = 3.0
+	targetHubRSSMiB   = 250.0
+	targetHubRSSAtVMs = 5000
+	// targetHubCPUPer1000 is the hub's CPU-seconds per 1000 VMs in the
+	// burst of targetBurstVMs: no more than before the placement loop.
+	targetHubCPUPer1000 = 15.5
 )
 
-// Targets compares r's scenarios with the goals. The burst and
-// per-VM targets are judged on the largest burst.
+// Targets compares r's scenarios with the issues' goals. The rate, latency
+// and CPU targets are judged on the burst of targetBurstVMs (or the
+// largest, when there is none), memory on the burst of targetHubRSSAtVMs
+// (or the largest), and writes per VM on every scenario.
 func Targets(r *Result) []Target {
 	var out []Target
 	if d := r.Density; d != nil {
@@ -27,7 +35,7 @@ func Targets(r *Result) []Target {
 			Target{Name: "density p99 create→Running", Goal: fmt.Sprintf("≤ %.0f s", targetDensityP99), Measured: fmt.Sprintf("%.3f s", d.Latency.P99), Met: d.Running == d.VMs && d.Latency.P99 <= targetDensityP99},
 		)
 	}
-	b := largest(r.Bursts)
+	b := sized(r.Bursts, targetBurstVMs)
 	if b == nil {
 		return out
 	}
@@ -38,19 +46,49 @@ func Targets(r *Result) []Target {
 			Met:      b.Running == b.VMs && b.RatioToControlPlane >= targetBurstOfCPLimit,
 		})
 	}
+	out = append(out,
+		Target{
+			Name: fmt.Sprintf("burst of %d: create→Running p99", b.VMs), Goal: fmt.Sprintf("< %.0f s", targetBurstP99),
+			Measured: fmt.Sprintf("%.2f s", b.Latency.P99), Met: b.Running == b.VMs && b.Latency.P99 < targetBurstP99,
+		},
+		Target{
+			Name: fmt.Sprintf("hub CPU per 1000 VMs (burst of %d)", b.VMs), Goal: fmt.Sprintf("≤ %.1f s", targetHubCPUPer1000),
+			Measured: fmt.Sprintf("%.1f s", b.HubCPUSecondsPer1000VM), Met: b.HubCPUSecondsPer1000VM <= targetHubCPUPer1000,
+		})
+	worst, where := 0.0, ""
+	all := r.Bursts
+	if r.Density != nil {
+		all = append([]Scenario{*r.Density}, all...)
+	}
+	for _, s := range all {
+		if s.VMWritesPerVM > worst {
+			worst, where = s.VMWritesPerVM, s.Name
+		}
+	}
 	out = append(out, Target{
-		Name: fmt.Sprintf("API writes per VM (burst of %d)", b.VMs), Goal: fmt.Sprintf("≤ %.0f", targetWritesPerVM),
-		Measured: fmt.Sprintf("%.2f", b.VMWritesPerVM), Met: b.VMWritesPerVM <= targetWritesPerVM,
+		Name: "VirtualMachine writes per VM, worst scenario", Goal: fmt.Sprintf("≤ %.1f", targetWritesPerVM),
+		Measured: fmt.Sprintf("%.2f (%s)", worst, where), Met: worst <= targetWritesPerVM,
 	})
-	name := fmt.Sprintf("hub peak RSS at %d VMs", b.VMs)
-	if b.VMs != targetHubRSSAtVMs {
+	m := sized(r.Bursts, targetHubRSSAtVMs)
+	name := fmt.Sprintf("hub peak RSS at %d VMs", m.VMs)
+	if m.VMs != targetHubRSSAtVMs {
 		name += fmt.Sprintf(" (the goal is for %d)", targetHubRSSAtVMs)
 	}
 	out = append(out, Target{
 		Name: name, Goal: fmt.Sprintf("≤ %.0f MiB", targetHubRSSMiB),
-		Measured: fmt.Sprintf("%.1f MiB", mib(b.HubPeakRSSBytes)), Met: mib(b.HubPeakRSSBytes) <= targetHubRSSMiB,
+		Measured: fmt.Sprintf("%.1f MiB", mib(m.HubPeakRSSBytes)), Met: mib(m.HubPeakRSSBytes) <= targetHubRSSMiB,
 	})
 	return out
+}
+
+// sized is the burst of vms VMs, or the largest when there is none.
+func sized(s []Scenario, vms int) *Scenario {
+	for i := range s {
+		if s[i].VMs == vms {
+			return &s[i]
+		}
+	}
+	return largest(s)
 }
 
 func largest(s []Scenario) *Scenario {

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/digitalocean/go-libvirt"
 
 	vflibvirt "github.com/virtfleet/virtfleet/agent/driver/libvirt"
@@ -426,6 +427,14 @@ func converge(ctx context.Context, s *stack.Stack, kube client.Client, want map[
 	}
 }
 
+// why renders a VM's Ready condition for a problem's message.
+func why(c xpv2.Condition) string {
+	if c.Message == "" {
+		return string(c.Reason)
+	}
+	return string(c.Reason) + ": " + c.Message
+}
+
 func listVMs(ctx context.Context, kube client.Client) ([]VM, error) {
 	l := &v1alpha1.VirtualMachineList{}
 	if err := kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
@@ -441,6 +450,7 @@ func listVMs(ctx context.Context, kube client.Client) ([]VM, error) {
 			Deleting:    vm.DeletionTimestamp != nil,
 			Phase:       string(vm.Status.AtProvider.Phase),
 			Node:        vm.Status.AtProvider.Node,
+			Why:         why(vm.GetCondition(xpv2.TypeReady)),
 		})
 	}
 	return out, nil

@@ -20,6 +20,9 @@ type VM struct {
 	Deleting bool
 	Phase    string
 	Node     string
+	// Why is the hub's reason for the VM's state: its Ready condition's
+	// reason and message (a VM on no node says why no node fits).
+	Why string
 }
 
 // Domain is one libvirt domain as the node's daemon lists it.
@@ -105,7 +108,7 @@ func Check(want map[string]bool, vms []VM, domains map[string][]Domain) []Proble
 		}
 		g := guests[vm.UID]
 		if len(g) == 0 {
-			add(NotConverged, "VM %s (%s) has no guest on any node; status says %s on %q", name, vm.UID, vm.Phase, vm.Node)
+			add(NotConverged, "VM %s (%s) has no guest on any node; status says %s on %q; the hub says: %s", name, vm.UID, vm.Phase, vm.Node, vm.Why)
 			continue
 		}
 		if len(g) > 1 {
@@ -122,7 +125,7 @@ func Check(want map[string]bool, vms []VM, domains map[string][]Domain) []Proble
 			add(NotConverged, "VM %s wants running=%t but its guest on %s is active=%t", name, vm.WantRunning, g[0].node, g[0].dom.Active)
 		}
 		if vm.Phase != wantPhase {
-			add(NotConverged, "VM %s wants phase %s, status says %s", name, wantPhase, vm.Phase)
+			add(NotConverged, "VM %s wants phase %s, status says %s; the hub says: %s", name, wantPhase, vm.Phase, vm.Why)
 		}
 	}
 	for _, vm := range vms {

@@ -4,6 +4,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"os"
@@ -40,8 +41,8 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
-	"github.com/virtfleet/virtfleet/hub/internal/controller/writes"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
@@ -66,14 +67,46 @@ type Config struct {
 	// one. Reports reach status at once without either.
 	SyncInterval time.Duration
 	PollInterval time.Duration
-	// MaxReconcileRate bounds reconciles per second across all controllers,
-	// and the API client's rate; it must cover bursts of creates.
+	// MaxReconcileRate bounds reconciles per second across all controllers;
+	// it must cover bursts of creates (see DefaultMaxReconcileRate).
 	MaxReconcileRate int
+	// Workers is how many reconciles each controller runs at once.
+	Workers int
+	// QPS bounds the API client's requests per second; Burst is twice it.
+	QPS int
 	// FencingTimeout finalizes a VM deleted while its node is lost.
 	FencingTimeout time.Duration
 	// NodeTTL is the heartbeat bucket's TTL when the hub creates it.
 	NodeTTL time.Duration
 }
+
+// Limits of the hub, sized with make bench (bench/results) on a 2-core
+// machine where the API server, etcd, the hub, NATS and every agent share
+// the cores.
+const (
+	// DefaultMaxReconcileRate: a VM created in a burst costs about five
+	// reconciles (the VM once bound to its node and once at its node's
+	// report, its Volume once bound and once or twice at reports). The
+	// control-plane limit bench measures, a plain client making the same
+	// 3 writes per VM with 64 writers, was 150-180 VMs/s when the machine
+	// was otherwise idle; half of it, the goal, is ~80 VMs/s or ~400
+	// reconciles/s. The old limit of 100 capped a burst at ~20 VMs/s. The
+	// limit stays as a guard against a controller spinning.
+	DefaultMaxReconcileRate = 500
+	// DefaultWorkers: ~400 reconciles/s at the goal, and a reconcile in a
+	// burst on the loaded machine took 0.1-0.5 s (its writes, each waiting
+	// for the cache to show it; measured with bench -debug: 16 workers gave
+	// ~30 VM reconciles/s), so ~40-200 in flight per busy controller
+	// (Little's law). The old default of one worker per reconcile per
+	// second (100, 500 when the rate was raised) put hundreds of writes in
+	// flight at once: the API server answered 429 and conflicts grew.
+	DefaultWorkers = 64
+	// DefaultQPS: the hub's writes at the goal are ~3 per VM for the VM
+	// and ~3 for its Volume, ~500/s at 80 VMs/s; reads come from the
+	// cache. The limit measured for 3 writes per VM, ~530 writes/s, is
+	// what the API server takes, so asking for more only queues there.
+	DefaultQPS = 600
+)
 
 // Run runs the hub until ctx is done.
 func Run(ctx context.Context, c Config) error {
@@ -96,7 +129,11 @@ func Run(ctx context.Context, c Config) error {
 		}
 	}
 	lease, renew := 60*time.Second, 50*time.Second
-	mgr, err := ctrl.NewManager(ratelimiter.LimitRESTConfig(c.Rest, c.MaxReconcileRate), ctrl.Options{
+	c.MaxReconcileRate = cmp.Or(c.MaxReconcileRate, DefaultMaxReconcileRate)
+	c.Workers, c.QPS = cmp.Or(c.Workers, DefaultWorkers), cmp.Or(c.QPS, DefaultQPS)
+	rest := ratelimiter.LimitRESTConfig(c.Rest, c.MaxReconcileRate)
+	rest.QPS, rest.Burst = float32(c.QPS), 2*c.QPS
+	mgr, err := ctrl.NewManager(rest, ctrl.Options{
 		Scheme: scheme,
 		Cache:  cache.Options{SyncPeriod: &c.SyncInterval},
 		// Secrets are read one by one, straight from the API server: a
@@ -128,7 +165,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 	o := controller.Options{
 		Logger:                  log,
-		MaxConcurrentReconciles: c.MaxReconcileRate,
+		MaxConcurrentReconciles: c.Workers,
 		PollInterval:            c.PollInterval,
 		GlobalRateLimiter:       ratelimiter.NewGlobal(c.MaxReconcileRate),
 		Features:                &feature.Flags{},
@@ -140,6 +177,10 @@ func Run(ctx context.Context, c Config) error {
 		return errors.Wrap(err, "cannot set up the CRD gate")
 	}
 
+	mgr = kubeclient.ForManager(mgr)
+	// The placement loop hears of every fleet the pool opens; the pool
+	// opens them only once the manager runs, after the loop is made below.
+	var scheduler *virtualmachine.Scheduler
 	notifier := fleet.NewNotifier()
 	volumes := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
 	images := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.DiskImage{} })
@@ -150,13 +191,17 @@ func Run(ctx context.Context, c Config) error {
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor("virtfleet-hub")) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
 		f.Subscribe(notifier.Notify)
-		f.SubscribeNodes(notifier.NotifyUnplaced)
+		f.SubscribeNodes(func(node string) { scheduler.RetryUnplaced(node) })
 		f.SubscribeVolumes(volumes.Notify)
 		f.SubscribeImages(images.Notify)
 		leftovers.Watch(f)
 	})
-	vo := virtualmachine.Options{Pool: pool, Placer: placement.New(), Notifier: notifier, FencingTimeout: c.FencingTimeout}
-	if err := hubcontroller.SetupGated(ctx, writes.SkipUnchangedStatus(mgr), o, vo, volumes, images); err != nil {
+	placer := placement.New()
+	scheduler = virtualmachine.NewScheduler(kubeclient.Direct(mgr.GetClient()), mgr.GetCache(), pool, placer,
+		event.NewAPIRecorder(mgr.GetEventRecorderFor("virtualmachine-scheduler")), log, //nolint:staticcheck // crossplane-runtime still records through the old events API
+		o.Features.Enabled(feature.EnableBetaManagementPolicies))
+	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout}
+	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, volumes, images); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	// Connect at start, not at the first VM: agents heartbeat only once the
@@ -164,6 +209,6 @@ func Run(ctx context.Context, c Config) error {
 	if err := providerconfig.SetupConnectors(mgr, o, pool); err != nil {
 		return errors.Wrap(err, "cannot set up the NATS connectors")
 	}
-	log.Info("Hub starting", "leaderElection", c.LeaderElection, "maxReconcileRate", c.MaxReconcileRate)
+	log.Info("Hub starting", "leaderElection", c.LeaderElection, "maxReconcileRate", c.MaxReconcileRate, "workers", c.Workers, "qps", c.QPS)
 	return errors.Wrap(mgr.Start(ctx), "controller manager stopped")
 }

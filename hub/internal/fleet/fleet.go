@@ -68,6 +68,10 @@ type Fleet struct {
 	// reportsSynced is set once the reports that existed when the watch
 	// began are all in reports.
 	reportsSynced bool
+	// orphans are the keys of the reports in reports that carry an
+	// orphan, so Orphan, which the placement loop asks for every VM it
+	// places, reads them and not every report.
+	orphans       map[reportKey]struct{}
 	volumeReports map[string]map[string]VolumeReport
 	imageReports  map[string]map[string]ImageReport
 	// foreign are the reports already flagged by FlagForeign, so each is
@@ -104,6 +108,7 @@ func New(b bus.Bus, log logging.Logger) *Fleet {
 		started:       time.Now(),
 		unknownAfter:  natswire.DefaultNodeTTL,
 		reports:       map[string]map[string]Report{},
+		orphans:       map[reportKey]struct{}{},
 		volumeReports: map[string]map[string]VolumeReport{},
 		imageReports:  map[string]map[string]ImageReport{},
 		foreign:       map[claim]foreignState{},
@@ -142,7 +147,10 @@ func (f *Fleet) SubscribeImages(fn func(uid string)) {
 }
 
 // SubscribeNodes registers fn to be called with the name of every node that
-// joins or comes back: guests waiting for room may fit now. fn must not block.
+// joins, comes back (from lost, or from heartbeats late enough for
+// placement to pass it over), or has more room than at its previous heartbeat (a
+// guest went, or the node grew): guests waiting for room may fit now. fn
+// must not block.
 func (f *Fleet) SubscribeNodes(fn func(node string)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -185,6 +193,11 @@ func (f *Fleet) onReport(e bus.ReportEvent) {
 	}
 	f.mu.Lock()
 	store(f, f.reports, KindVM, e.Node, e.UID, e.Deleted, Report{ReportEvent: e, ReceivedAt: f.now()})
+	if k := (reportKey{uid: e.UID, node: e.Node}); !e.Deleted && e.Report.Orphan != nil {
+		f.orphans[k] = struct{}{}
+	} else {
+		delete(f.orphans, k)
+	}
 	subs := f.subs
 	f.mu.Unlock()
 	for _, fn := range subs {
@@ -271,11 +284,25 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 			fn(uid)
 		}
 	}
-	if joined := !s.Lost && (!known || prev.Lost); joined {
+	// A node whose heartbeats were late enough for placement to pass it
+	// over counts as back.
+	late := known && now.Sub(prev.LastSeen) > placement.DefaultStaleAfter
+	if joined := !s.Lost && (!known || prev.Lost || late); joined || (!s.Lost && roomGrew(prev.Heartbeat, s.Heartbeat)) {
 		for _, fn := range nodeSubs {
 			fn(e.Node)
 		}
 	}
+}
+
+// roomGrew is whether the node's free vCPUs or memory grew from one
+// heartbeat to the next.
+func roomGrew(prev, cur wire.NodeHeartbeat) bool {
+	free := func(h wire.NodeHeartbeat) (int64, int64) {
+		return h.Capacity.VCPU - h.Allocated.VCPU, h.Capacity.MemoryBytes - h.Allocated.MemoryBytes
+	}
+	pc, pm := free(prev)
+	cc, cm := free(cur)
+	return cc > pc || cm > pm
 }
 
 // Report returns node's latest report of guest uid. Pass the node the guest

@@ -224,11 +224,26 @@ func TestNodes(t *testing.T) {
 
 	t.Run("ARepeatedHeartbeatRefreshesButNotifiesNobody", func(t *testing.T) {
 		f.clock.advance(2 * time.Second)
-		f.bus.SetNode(heartbeat("node1", 6))
+		f.bus.SetNode(heartbeat("node1", 4))
 		n := f.Node("node1")
 		assert.Equal(t, t0.Add(2*time.Second), n.LastSeen)
-		assert.Equal(t, int64(6), n.Heartbeat.Capacity.VCPU)
 		assert.Empty(t, f.node.take())
+		assert.Empty(t, f.guests.take())
+	})
+
+	t.Run("MoreRoomNotifiesNodeSubscribersButNoGuest", func(t *testing.T) {
+		f.bus.SetNode(heartbeat("node1", 6))
+		assert.Equal(t, int64(6), f.Node("node1").Heartbeat.Capacity.VCPU)
+		assert.Equal(t, []string{"node1"}, f.node.take(), "guests waiting for room may fit now")
+		assert.Empty(t, f.guests.take())
+		f.bus.SetNode(heartbeat("node1", 6))
+		assert.Empty(t, f.node.take(), "the same room again is no news")
+	})
+
+	t.Run("AHeartbeatLateEnoughForPlacementToPassTheNodeOverBringsItBack", func(t *testing.T) {
+		f.clock.advance(placement.DefaultStaleAfter + time.Second)
+		f.bus.SetNode(heartbeat("node1", 6))
+		assert.Equal(t, []string{"node1"}, f.node.take(), "guests waiting for a node may fit on it again")
 		assert.Empty(t, f.guests.take())
 	})
 

@@ -23,9 +23,7 @@ type Notifier struct {
 	newObject func() client.Object
 	keys      sync.Map // uid -> types.NamespacedName
 	pending   sync.Map // uid -> struct{}: a NotifyAfter timer is running
-	// unplaced are the VMs waiting for a node with room.
-	unplaced sync.Map // uid -> struct{}
-	events   chan ctrlevent.GenericEvent
+	events    chan ctrlevent.GenericEvent
 }
 
 // NewNotifier returns a Notifier of VirtualMachines with room for a burst of
@@ -64,24 +62,6 @@ func (n *Notifier) Notify(uid string) {
 	case n.events <- ctrlevent.GenericEvent{Object: obj}:
 	default:
 	}
-}
-
-// NotifyUnplaced notifies every VM still waiting for a node, when one joins.
-func (n *Notifier) NotifyUnplaced(string) {
-	n.unplaced.Range(func(uid, _ any) bool {
-		n.Notify(uid.(string)) //nolint:forcetypeassert // only strings are stored
-		return true
-	})
-}
-
-// Placed records whether the VM of uid is on a node; NotifyUnplaced
-// notifies the ones that are not.
-func (n *Notifier) Placed(uid string, placed bool) {
-	if placed {
-		n.unplaced.Delete(uid)
-		return
-	}
-	n.unplaced.Store(uid, struct{}{})
 }
 
 // NotifyAfter notifies uid once d has passed; while one such notification is

@@ -7,6 +7,9 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
 
+// reportKey is one node's report of one uid.
+type reportKey struct{ uid, node string }
+
 // Orphan is a guest a node keeps without a VM: released from the VM
 // Namespace/Name, reported under UID on Node.
 type Orphan struct {
@@ -29,14 +32,13 @@ func (f *Fleet) Orphan(namespace, name string) (Orphan, bool, error) {
 		return Orphan{}, false, ErrReportsNotSynced
 	}
 	var found []Orphan
-	for uid, byNode := range f.reports {
-		for node, r := range byNode {
-			o := r.Report.Orphan
-			if o == nil || o.Namespace != namespace || o.Name != name || f.nodes[node].Lost {
-				continue
-			}
-			found = append(found, Orphan{Node: node, UID: uid, Report: r})
+	for k := range f.orphans {
+		r := f.reports[k.uid][k.node]
+		o := r.Report.Orphan
+		if o.Namespace != namespace || o.Name != name || f.nodes[k.node].Lost {
+			continue
 		}
+		found = append(found, Orphan{Node: k.node, UID: k.uid, Report: r})
 	}
 	if len(found) == 0 {
 		return Orphan{}, false, nil

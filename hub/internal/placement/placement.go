@@ -231,7 +231,10 @@ func (p *Placer) ineligible(n Node, req Request, reserved Resources, now time.Ti
 	case req.RequiredNode != "" && n.Name != req.RequiredNode:
 		return "the VM's volumes are bound to " + req.RequiredNode
 	case now.Sub(n.LastSeen) > p.staleAfter:
-		return fmt.Sprintf("no heartbeat for %s", now.Sub(n.LastSeen).Round(time.Second))
+		// The time of the last heartbeat, not the time since: the reason
+		// is shown in the VM's status, which is written only when the
+		// reason changes.
+		return fmt.Sprintf("no heartbeat since %s (more than %s ago)", n.LastSeen.UTC().Format(time.RFC3339), p.staleAfter)
 	case req.Backend != "" && n.Backend != req.Backend:
 		return fmt.Sprintf("backend %s, %s requested", n.Backend, req.Backend)
 	}

@@ -97,7 +97,7 @@ func TestPlace(t *testing.T) {
 			nodes: []Node{node("old", 8, 16, 0, 0, func(n *Node) { n.LastSeen = t0.Add(-time.Minute) }), node("nova", 8, 16, 0, 0, func(n *Node) { n.Backend = "nova" })},
 			req:   Request{UID: "a", Resources: Resources{VCPU: 1, MemoryBytes: gib}, Backend: "libvirt"},
 			wantNoFit: map[string]string{
-				"old":  "no heartbeat for 1m0s",
+				"old":  "no heartbeat since 2026-11-22T11:59:00Z (more than 6s ago)",
 				"nova": "backend nova, libvirt requested",
 			},
 		},

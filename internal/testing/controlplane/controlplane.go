@@ -23,6 +23,7 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -269,4 +270,21 @@ func (cp *ControlPlane) ensureNamespace(ctx context.Context, name string) error 
 		return errors.Wrapf(err, "cannot create namespace %s", name)
 	}
 	return nil
+}
+
+// InformersForTest returns an informer cache over cp, synced and running
+// until the test ends, and the context that ends with the test.
+func (cp *ControlPlane) InformersForTest(t testing.TB) (cache.Cache, context.Context) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	informers, err := cache.New(cp.Config, cache.Options{Scheme: cp.Scheme})
+	if err != nil {
+		t.Fatalf("cannot create the informer cache: %v", err)
+	}
+	go func() { _ = informers.Start(ctx) }()
+	if !informers.WaitForCacheSync(ctx) {
+		t.Fatal("the informer cache did not sync")
+	}
+	return informers, ctx
 }

@@ -40,7 +40,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
-	"github.com/virtfleet/virtfleet/hub/internal/controller/requeue"
+	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 )
 
 // TypeInUse is True while other resources use the resource.
@@ -153,7 +153,7 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	// rewrite the status of) every resource it uses, several times per VM
 	// start — measured as the hub's largest source of API writes.
 	copts := o.ForControllerRuntime()
-	copts.RateLimiter = requeue.ControllerRateLimiter()
+	copts.RateLimiter = kubeclient.ControllerRateLimiter()
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		WithOptions(copts).

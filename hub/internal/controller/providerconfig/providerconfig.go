@@ -5,6 +5,9 @@ package providerconfig
 
 import (
 	"context"
+	"encoding/json"
+	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -33,11 +36,30 @@ type Config struct {
 type Resolver struct {
 	kube  client.Client
 	usage *resource.ProviderConfigUsageTracker
+
+	mu sync.Mutex
+	// targets are the targets read lately, by the spec they were read
+	// from; see targetTTL.
+	targets map[string]readTarget
 }
+
+type readTarget struct {
+	t  fleet.Target
+	at time.Time
+}
+
+// targetTTL is how long a ProviderConfig's target, credentials included,
+// is used without reading its Secret again. Secrets are not cached (see
+// app), so each read is a request to the API server, and every reconcile
+// of every VM and Volume reads it: measured in a burst of 1000 VMs, as many
+// GETs as the hub's writes, and the placement loop's reads one after the
+// other held it up for a minute. A rotated credential reaches the hub
+// within targetTTL.
+const targetTTL = 10 * time.Second
 
 // NewResolver returns a Resolver.
 func NewResolver(kube client.Client) *Resolver {
-	return &Resolver{kube: kube, usage: resource.NewProviderConfigUsageTracker(kube, &apisv1alpha1.ProviderConfigUsage{})}
+	return &Resolver{kube: kube, usage: resource.NewProviderConfigUsageTracker(kube, &apisv1alpha1.ProviderConfigUsage{}), targets: map[string]readTarget{}}
 }
 
 // Resolve tracks mg's use of its ProviderConfig and returns what it says.
@@ -45,6 +67,13 @@ func (r *Resolver) Resolve(ctx context.Context, mg resource.ModernManaged) (Conf
 	if err := r.usage.Track(ctx, mg); err != nil {
 		return Config{}, errors.Wrap(err, "cannot track ProviderConfig usage")
 	}
+	return r.Read(ctx, mg)
+}
+
+// Read returns what mg's ProviderConfig says without tracking the usage,
+// for a reader that leaves that to mg's own reconciler (the placement
+// loop: tracking in both would race to create the same usage).
+func (r *Resolver) Read(ctx context.Context, mg resource.ModernManaged) (Config, error) {
 	ref := mg.GetProviderConfigReference()
 	var spec apisv1alpha1.ProviderConfigSpec
 	switch ref.Kind {
@@ -63,11 +92,39 @@ func (r *Resolver) Resolve(ctx context.Context, mg resource.ModernManaged) (Conf
 	default:
 		return Config{}, errors.Errorf("providerConfigRef.kind %q is neither ProviderConfig nor ClusterProviderConfig", ref.Kind)
 	}
-	t, err := TargetOf(ctx, r.kube, spec)
+	t, err := r.target(ctx, spec)
 	if err != nil {
 		return Config{}, err
 	}
 	return Config{Target: t, NodeSelector: spec.NodeSelector}, nil
+}
+
+// target is TargetOf spec, read again once targetTTL has passed.
+func (r *Resolver) target(ctx context.Context, spec apisv1alpha1.ProviderConfigSpec) (fleet.Target, error) {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return fleet.Target{}, errors.Wrap(err, "cannot key the ProviderConfig")
+	}
+	key := string(b)
+	r.mu.Lock()
+	c, ok := r.targets[key]
+	r.mu.Unlock()
+	if ok && time.Since(c.at) < targetTTL {
+		return c.t, nil
+	}
+	t, err := TargetOf(ctx, r.kube, spec)
+	if err != nil {
+		return fleet.Target{}, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, c := range r.targets {
+		if time.Since(c.at) >= targetTTL {
+			delete(r.targets, k)
+		}
+	}
+	r.targets[key] = readTarget{t: t, at: time.Now()}
+	return t, nil
 }
 
 // TargetOf is the NATS server spec names, with the hub's credentials read

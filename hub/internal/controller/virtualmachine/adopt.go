@@ -42,15 +42,17 @@ func (e *ImportNodeError) Error() string {
 // policies lack Delete, or it was deleted with propagationPolicy Orphan
 // (kubectl delete --cascade=orphan), which the API server shows as the
 // orphan finalizer until the garbage collector has run.
-func (e *connector) keepsGuest(vm *v1alpha1.VirtualMachine) bool {
-	return !managed.NewManagementPoliciesResolver(e.policies, vm.GetManagementPolicies()).ShouldDelete() ||
+// policies is whether management policies are enabled.
+func keepsGuest(vm *v1alpha1.VirtualMachine, policies bool) bool {
+	return !managed.NewManagementPoliciesResolver(policies, vm.GetManagementPolicies()).ShouldDelete() ||
 		slices.Contains(vm.GetFinalizers(), metav1.FinalizerOrphanDependents)
 }
 
 // observeRelease replaces the intent of a deleted VM by a release marker and
 // reports the guest as existing until the node confirmed it released it;
 // then it deletes the marker, so nothing of the VM is left in NATS but the
-// node's report of its orphan.
+// node's report of its orphan. Only aroundObserve calls it, never Observe:
+// it publishes.
 func (e *external) observeRelease(ctx context.Context, vm *v1alpha1.VirtualMachine, node string) (managed.ExternalObservation, error) {
 	if node == "" {
 		return managed.ExternalObservation{ResourceExists: false}, nil
@@ -74,58 +76,6 @@ func (e *external) observeRelease(ctx context.Context, vm *v1alpha1.VirtualMachi
 		e.state.published.Store(uid, fingerprint(marker))
 	}
 	return managed.ExternalObservation{}, &ReleasingError{Node: node}
-}
-
-// adopt places a new VM on the node of the guest orphaned from its
-// namespace/name, if there is one, and records the orphan with the node in
-// one write, before the claim is published. A VM importing a guest by
-// external name needs the node named. It returns "" when there is nothing
-// to adopt.
-func (e *external) adopt(ctx context.Context, vm *v1alpha1.VirtualMachine) (string, error) {
-	if ext := meta.GetExternalName(vm); ext != "" {
-		err := &ImportNodeError{ExternalName: ext}
-		e.waiting(vm, err)
-		return "", err
-	}
-	o, ok, err := e.fleet.Orphan(vm.Namespace, vm.Name)
-	if err != nil || !ok {
-		return "", err
-	}
-	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: o.Node, v1alpha1.AnnotationAdopted: o.UID})
-	meta.AddFinalizer(vm, managed.FinalizerName)
-	if e.keepsGuest(vm) {
-		meta.AddFinalizer(vm, FinalizerKeep)
-	}
-	if err := e.kube.Update(ctx, vm); err != nil {
-		return "", errors.Wrap(err, "cannot record the orphan to adopt")
-	}
-	e.recorder.Event(vm, event.Normal(ReasonAdopted, fmt.Sprintf("Adopting the guest orphaned from %s/%s on node %s", vm.Namespace, vm.Name, o.Node)))
-	if observeOnly(vm) {
-		return o.Node, e.publish(ctx, vm, dependencies{}, o.Node)
-	}
-	d, err := resolve(ctx, e.kube, vm)
-	if err != nil {
-		e.waiting(vm, err)
-		return o.Node, err
-	}
-	return o.Node, e.ensure(ctx, vm, d, o.Node)
-}
-
-// afterObserve holds a VM whose guest outlives it with FinalizerKeep, and
-// publishes the intent of a VM that only observes its guest: the managed
-// reconciler never calls Update for it. It returns whether the intent
-// published is the one wanted.
-func (e *external) afterObserve(ctx context.Context, vm *v1alpha1.VirtualMachine, node string, upToDate bool) (bool, error) {
-	if err := e.keepFinalizer(ctx, vm); err != nil {
-		return upToDate, err
-	}
-	if upToDate || !observeOnly(vm) || claimOf(vm) == nil {
-		return upToDate, nil
-	}
-	if published, _ := e.state.published.Load(string(vm.UID)); published == fingerprint(intent(vm, dependencies{})) {
-		return true, nil
-	}
-	return true, e.publish(ctx, vm, dependencies{}, node)
 }
 
 // claimOf is the existing guest the VM takes over or observes, if any.

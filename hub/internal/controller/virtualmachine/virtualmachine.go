@@ -1,6 +1,12 @@
-// Package virtualmachine reconciles VirtualMachines: it places each on a
-// node, publishes its intent to that node, and turns the node's reports into
-// status, conditions and events.
+// Package virtualmachine reconciles VirtualMachines in two loops, the way
+// Kubernetes runs pods: the placement loop (Scheduler) binds each new VM to
+// a node, and the managed reconciler, crossplane-runtime's, acts only on
+// VMs so bound. Its Observe only reads (the node's report and the fleet's
+// view); Update publishes the VM's intent to its recorded node; Delete
+// removes it. The node's reports become status, conditions and events.
+// What must be written or published outside Observe, releasing the guest
+// of a VM deleted without the Delete policy above all, is done around the
+// managed reconciler by aroundObserve (release.go).
 package virtualmachine
 
 import (
@@ -10,8 +16,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,9 +39,8 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
-	"github.com/virtfleet/virtfleet/hub/internal/controller/requeue"
-	"github.com/virtfleet/virtfleet/hub/internal/controller/writes"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 )
 
@@ -63,6 +68,9 @@ const (
 type Options struct {
 	Pool   *fleet.Pool
 	Placer *placement.Placer
+	// Scheduler is the placement loop; SetupGated starts it with the
+	// controller.
+	Scheduler *Scheduler
 	// Notifier turns report changes into reconciles; it must be the one the
 	// Pool's fleets report to.
 	Notifier *fleet.Notifier
@@ -71,18 +79,26 @@ type Options struct {
 	FencingTimeout time.Duration
 }
 
-// scheduledHold is how long the status of a VM just placed waits for its
-// node's first report. A node usually answers within tens of milliseconds,
-// and then phase Scheduled would be written only to be replaced at once:
-// the VM goes from created to Running in three API writes (the create, the
-// node and finalizer, the status) instead of four.
-const scheduledHold = 500 * time.Millisecond
+// scheduledHold is how long the status of a VM whose intent was just
+// published waits for its node's first report (kubeclient's Hold). The
+// report's status replaces phase Scheduled anyway, so writing Scheduled
+// would only cost a write: with the hold, the VM goes from created to
+// Running in three API writes (the create, the node and finalizer, the
+// status) instead of four. Sized by make bench: a node answers within tens
+// of milliseconds when idle, but in a burst of 1000 on a loaded 2-core
+// machine placed→Running took 3.4–5 s at the median (bench/results), and
+// at 500 ms half the VMs paid the fourth write. A node that never answers
+// shows phase Scheduled after the hold.
+const scheduledHold = 5 * time.Second
 
 // SetupGated adds the controller once the CRD is established (safe-start).
 func SetupGated(mgr ctrl.Manager, o controller.Options, vo Options) error {
 	o.Gate.Register(func() {
 		if err := Setup(mgr, o, vo); err != nil {
 			panic(errors.Wrap(err, "cannot set up the VirtualMachine controller"))
+		}
+		if err := mgr.Add(vo.Scheduler); err != nil {
+			panic(errors.Wrap(err, "cannot set up the placement loop"))
 		}
 	}, v1alpha1.VirtualMachineGroupVersionKind)
 	return nil
@@ -100,32 +116,33 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		state:    &state{},
 		policies: o.Features.Enabled(feature.EnableBetaManagementPolicies),
 	}
-	// With the client of writes.SkipUnchangedStatus, the status of a VM just
-	// placed waits for the node's first report; with another, it is
-	// written at once.
-	c.deferrer, _ = mgr.GetClient().(writes.StatusDeferrer)
+	// With kubeclient's client, the status of a VM just published waits
+	// for the node's first report; with another, it is written at once.
+	c.holder, _ = mgr.GetClient().(*kubeclient.Client)
 	opts := []managed.ReconcilerOption{
 		managed.WithTypedExternalConnector[*v1alpha1.VirtualMachine](c),
 		managed.WithLogger(o.Logger.WithValues("controller", name)),
 		managed.WithPollInterval(o.PollInterval),
 		managed.WithRecorder(recorder),
-		// The guest's identity is the VM's uid and Create is idempotent
-		// (the node is recorded before the intent is published), so a hub
-		// that crashed mid-create can safely create again.
+		// The guest's identity is the VM's uid on the node the placement
+		// loop recorded, and publishing an intent is idempotent, so a hub
+		// that crashed mid-publish can safely publish again.
 		managed.WithDeterministicExternalName(true),
 		// Observe answers from the reports the moment they change, so there
 		// is no eventual consistency to wait out after a create; waiting
 		// would only hold up the deletion of a VM deleted right after it
 		// was created.
 		managed.WithCreationGracePeriod(0),
-		// Fewer writes per VM (the hub's throughput is bounded by its API
-		// write rate). No external-name annotation: a guest is found by the
-		// VM's uid, never by a name. And the create-succeeded and
-		// create-failed annotations are not written: they only guard
-		// non-deterministic external names, and the one fact a create must
-		// not lose, the node, is recorded before the intent is published.
-		// Observe itself places a new VM (see schedule), which also spares
-		// the create-pending annotation and the separate finalizer write.
+		// Safeguards turned off because each costs an API write per VM and
+		// guards nothing here (the hub's throughput is bounded by its API
+		// write rate; make bench counts the writes). No external-name
+		// annotation (the default initializer's write): a guest is found by
+		// the VM's uid, never by a name. No create-succeeded and
+		// create-failed annotations: they guard non-deterministic external
+		// names, and the one fact a create must not lose, the node, is
+		// recorded by the placement loop before anything is published. And
+		// the finalizer is recorded with the node, in the placement loop's
+		// one write, so the reconciler's AddFinalizer finds it there.
 		managed.WithInitializers(),
 		managed.WithCriticalAnnotationUpdater(skipCriticalAnnotations),
 	}
@@ -143,7 +160,8 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		})
 	}
 	copts := o.ForControllerRuntime()
-	copts.RateLimiter = requeue.ControllerRateLimiter()
+	copts.RateLimiter = kubeclient.ControllerRateLimiter()
+	around := &aroundObserve{cache: mgr.GetClient(), managed: ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter), c: c}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		WithOptions(copts).
@@ -162,7 +180,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
 		WatchesRawSource(vo.Notifier.Source()).
-		Complete(ratelimiter.NewReconciler(name, &releaser{inner: r, c: c}, o.GlobalRateLimiter))
+		Complete(around)
 }
 
 // skipCriticalAnnotations writes nothing; see Setup.
@@ -187,6 +205,9 @@ func imageUsersOf(ctx context.Context, kube client.Reader, o client.Object) []re
 type state struct {
 	published sync.Map // uid -> fingerprint of the last intent published
 	deleted   sync.Map // uid -> struct{}: the intent is gone
+	// after are what Observe found to record once the reconcile is over:
+	// events, and reports from nodes the VM is not on.
+	after sync.Map // types.NamespacedName -> []func()
 }
 
 type connector struct {
@@ -197,8 +218,28 @@ type connector struct {
 	state    *state
 	// policies is whether management policies are enabled.
 	policies bool
-	// deferrer, if set, holds back the status write of a VM just placed.
-	deferrer writes.StatusDeferrer
+	// holder, if set, holds back the status write of a VM just published.
+	holder *kubeclient.Client
+}
+
+// later queues fn to run once the reconcile of vm is over.
+func (c *connector) later(vm *v1alpha1.VirtualMachine, fn func()) {
+	key := client.ObjectKeyFromObject(vm)
+	v, _ := c.state.after.Load(key)
+	fns, _ := v.([]func())
+	c.state.after.Store(key, append(fns, fn))
+}
+
+// flush runs what Observe queued for vm. A controller never reconciles one
+// VM twice at once, so nothing is queued for vm meanwhile.
+func (c *connector) flush(key types.NamespacedName) {
+	v, ok := c.state.after.LoadAndDelete(key)
+	if !ok {
+		return
+	}
+	for _, fn := range v.([]func()) { //nolint:forcetypeassert // only later stores here
+		fn()
+	}
 }
 
 // Connect finds the fleet the VM's ProviderConfig names.
@@ -212,54 +253,55 @@ func (c *connector) Connect(ctx context.Context, vm *v1alpha1.VirtualMachine) (m
 		return nil, err
 	}
 	c.opts.Notifier.Remember(vm)
-	return &external{connector: c, fleet: f, nodeSelector: pc.NodeSelector}, nil
+	return &external{connector: c, fleet: f}, nil
 }
 
 type external struct {
 	*connector
-	fleet        *fleet.Fleet
-	nodeSelector map[string]string
+	fleet *fleet.Fleet
 }
 
-// Observe answers from the fleet's in-memory view; it never waits on NATS.
+// Observe answers from the fleet's in-memory view; it never waits on NATS,
+// and it only reads: no API write, no publish. What it finds worth an
+// event is recorded once the reconcile is over (see aroundObserve).
 //
-// A VM on no node yet is placed here, not in Create: the managed reconciler
-// writes the VM twice before it calls Create (the finalizer, then the
-// create-pending annotation) and its status once after, where scheduling
-// here takes a single write for the node and the finalizer together. Since
-// the guest's identity is the VM's uid and publishing an intent twice
-// changes nothing, nothing else of Create's protocol is needed.
+// The guest exists from the moment the placement loop recorded its node:
+// its identity is the VM's uid on that node, and Update publishes the
+// intent that makes it so (publishing is idempotent, so after a hub restart
+// it is simply published again). Observing it as not existing until its
+// node reports would send every new VM through Create, which costs the
+// create-pending annotation write per VM and adds nothing: the one fact a
+// create must not lose, the node, is already recorded.
 func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	if meta.WasDeleted(vm) {
-		e.opts.Notifier.Placed(string(vm.UID), true)
-		if e.keepsGuest(vm) {
-			return e.observeRelease(ctx, vm, node)
+		if keepsGuest(vm, e.policies) && node != "" {
+			// aroundObserve releases such a guest and never hands its VM
+			// to the managed reconciler; were it handed one anyway, the
+			// guest must neither be deleted nor the VM let go.
+			return managed.ExternalObservation{}, &ReleasingError{Node: node}
 		}
 		return e.observeDeletion(vm, node), nil
 	}
 	if node == "" {
-		var err error
-		if node, err = e.adopt(ctx, vm); err != nil {
+		if ext := meta.GetExternalName(vm); ext != "" {
+			// An import names its guest's node; the placement loop never
+			// chooses one for it.
+			err := &ImportNodeError{ExternalName: ext}
+			vm.Status.AtProvider.Phase = v1alpha1.PhasePending
+			vm.SetConditions(notReady(v1alpha1.PhasePending, err.Error()))
 			return managed.ExternalObservation{}, err
 		}
-	}
-	if node == "" {
-		if !e.mayCreate(vm) {
-			return managed.ExternalObservation{ResourceExists: false}, nil
-		}
-		var err error
-		node, err = e.schedule(ctx, vm)
-		e.opts.Notifier.Placed(string(vm.UID), node != "")
-		if err != nil {
-			return managed.ExternalObservation{}, err
-		}
+		// Only a VM the hub may not create gets here unplaced: the
+		// placement loop places the others, and adopts orphans, before
+		// this controller sees them.
+		return managed.ExternalObservation{ResourceExists: false}, nil
 	}
 
 	uid := string(vm.UID)
 	before := vm.Status.AtProvider
 	obs := before
-	e.fleet.FlagForeign(fleet.KindVM, vm, node)
+	e.flagForeign(vm, node)
 	if rep, ok := e.fleet.Report(node, uid); ok {
 		e.opts.Placer.Confirm(uid, rep.ReceivedAt)
 		obs = observation(rep.Report, vm.Spec.ForProvider.VirtualNetworks)
@@ -280,8 +322,14 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 		published, _ := e.state.published.Load(uid)
 		upToDate = published == fingerprint(intent(vm, d))
 	}
-	upToDate, err = e.afterObserve(ctx, vm, node, upToDate)
-	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, err
+	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, nil
+}
+
+// flagForeign has the fleet flag, once the reconcile is over, the reports
+// about vm from nodes other than node.
+func (e *external) flagForeign(vm *v1alpha1.VirtualMachine, node string) {
+	f := e.fleet
+	e.later(vm, func() { f.FlagForeign(fleet.KindVM, vm, node) })
 }
 
 // observeDeletion reports the guest as existing until its node confirmed the
@@ -300,66 +348,30 @@ func (e *external) observeDeletion(vm *v1alpha1.VirtualMachine, node string) man
 			// Come back when the timeout is up, not at the next backoff.
 			e.opts.Notifier.NotifyAfter(uid, e.opts.FencingTimeout-waited)
 		} else {
-			e.recorder.Event(vm, event.Warning(ReasonNodeLost, errors.Errorf(
+			e.event(vm, event.Warning(ReasonNodeLost, errors.Errorf(
 				"node %s has been lost since %s; finalized after the fencing timeout (%s) without the node confirming that the guest is gone",
 				node, n.LostSince.UTC().Format(time.RFC3339), e.opts.FencingTimeout)))
 			return managed.ExternalObservation{ResourceExists: false}
 		}
 	}
-	e.fleet.FlagForeign(fleet.KindVM, vm, node)
+	e.flagForeign(vm, node)
 	_, reported := e.fleet.Report(node, uid)
 	_, deleted := e.state.deleted.Load(uid)
 	return managed.ExternalObservation{ResourceExists: reported || !deleted}
 }
 
-// schedule places a new VM, records the node and the managed finalizer on
-// the VM in one write, and only then binds its Volumes and publishes its
-// intent: a hub that crashes in between finds the node on the VM and
-// publishes to it, so a guest is never placed twice. It returns the node
-// once it is recorded, even when what follows fails (Update retries it).
-func (e *external) schedule(ctx context.Context, vm *v1alpha1.VirtualMachine) (string, error) {
-	d, err := resolve(ctx, e.kube, vm)
-	if err != nil {
-		e.waiting(vm, err)
-		return "", err
-	}
-	node, err := e.place(ctx, vm, d)
-	if err != nil {
-		e.waiting(vm, err)
-		return "", err
-	}
-	// Placed once recorded, even if what follows fails and is retried.
-	e.recorder.Event(vm, event.Normal(ReasonScheduled, fmt.Sprintf("Placed on node %s", node)))
-	if err := e.ensure(ctx, vm, d, node); err != nil {
-		return node, err
-	}
-	vm.Status.AtProvider.Phase, vm.Status.AtProvider.Node = v1alpha1.PhaseScheduled, node
-	vm.SetConditions(xpv2.Creating())
-	if e.deferrer != nil {
-		// The report's arrival reconciles the VM; without one in time, the
-		// timer does, and the held status is written.
-		uid, f := string(vm.UID), e.fleet
-		e.deferrer.DeferStatus(vm, scheduledHold)
-		e.opts.Notifier.NotifyAfterIf(uid, scheduledHold, func() bool { _, reported := f.Report(node, uid); return !reported })
-	}
-	return node, nil
+// errNotPlaced is Create's answer: a VM the hub may create is placed by the
+// placement loop before this controller sees it, and published by Update.
+var errNotPlaced = errors.New("the VM is on no node yet; the placement loop places it")
+
+// Create is never reached for a VM the hub may create (see Observe).
+func (e *external) Create(context.Context, *v1alpha1.VirtualMachine) (managed.ExternalCreation, error) {
+	return managed.ExternalCreation{}, errNotPlaced
 }
 
-// mayCreate is whether the VM's management policies let the hub create its
-// guest.
-func (e *external) mayCreate(vm *v1alpha1.VirtualMachine) bool {
-	return managed.NewManagementPoliciesResolver(e.policies, vm.GetManagementPolicies()).ShouldCreate()
-}
-
-// Create is reached only when Observe did not place the VM, which it does
-// whenever the VM may be created; it places it the same way.
-func (e *external) Create(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalCreation, error) {
-	_, err := e.schedule(ctx, vm)
-	return managed.ExternalCreation{}, err
-}
-
-// request is what placement needs to know of the VM.
-func (e *external) request(vm *v1alpha1.VirtualMachine, d dependencies) (placement.Request, error) {
+// request is what placement needs to know of the VM; defaults is the
+// ProviderConfig's node selector.
+func request(vm *v1alpha1.VirtualMachine, d dependencies, defaults map[string]string) (placement.Request, error) {
 	required, err := d.boundNode()
 	if err != nil {
 		return placement.Request{}, err
@@ -368,39 +380,13 @@ func (e *external) request(vm *v1alpha1.VirtualMachine, d dependencies) (placeme
 	req := placement.Request{
 		UID:          string(vm.UID),
 		Resources:    placement.Resources{VCPU: int64(fp.Vcpu), MemoryBytes: fp.Memory.Value()},
-		NodeSelector: nodeSelector(e.nodeSelector, fp.NodeSelector),
+		NodeSelector: nodeSelector(defaults, fp.NodeSelector),
 		RequiredNode: required,
 	}
 	if fp.Backend != nil {
 		req.Backend = string(*fp.Backend)
 	}
 	return req, nil
-}
-
-func (e *external) place(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies) (string, error) {
-	req, err := e.request(vm, d)
-	if err != nil {
-		return "", err
-	}
-	node, err := e.opts.Placer.Place(e.fleet.Nodes(), req)
-	if err != nil {
-		return "", errors.Wrap(err, "cannot place the VM")
-	}
-	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: node})
-	meta.AddFinalizer(vm, managed.FinalizerName)
-	if e.keepsGuest(vm) {
-		meta.AddFinalizer(vm, FinalizerKeep)
-	}
-	if err := e.kube.Update(ctx, vm); err != nil {
-		// A conflict means this reconcile read an old VM, maybe from
-		// before an earlier one recorded this very node: keep the
-		// reservation, which expires unless the node confirms it.
-		if !kerrors.IsConflict(err) {
-			e.opts.Placer.Release(string(vm.UID))
-		}
-		return "", errors.Wrap(err, "cannot record the chosen node")
-	}
-	return node, nil
 }
 
 // bindVolumes binds the VM's unbound node-local Volumes to its node, so the
@@ -418,7 +404,11 @@ func (e *external) bindVolumes(ctx context.Context, d dependencies, node string)
 		// yet: without it a Volume deleted now would go at once and leave
 		// its disk on the node. Bound and finalized in one write.
 		meta.AddFinalizer(v, managed.FinalizerName)
-		if err := e.kube.Patch(ctx, v, patch); err != nil {
+		// Without waiting for the cache to show the binding: this
+		// controller never reads it back to write it again (a stale read
+		// finds the Volume unbound and its optimistic patch conflicts),
+		// and in a burst the wait held a worker per VM.
+		if err := kubeclient.Direct(e.kube).Patch(ctx, v, patch); err != nil {
 			return errors.Wrapf(err, "cannot bind Volume %s to node %s", v.Name, node)
 		}
 	}
@@ -461,7 +451,27 @@ func (e *external) Update(ctx context.Context, vm *v1alpha1.VirtualMachine) (man
 	if err != nil {
 		return managed.ExternalUpdate{}, err
 	}
-	return managed.ExternalUpdate{}, e.ensure(ctx, vm, d, vm.GetAnnotations()[v1alpha1.AnnotationNode])
+	node, uid := vm.GetAnnotations()[v1alpha1.AnnotationNode], string(vm.UID)
+	if err := e.ensure(ctx, vm, d, node); err != nil {
+		return managed.ExternalUpdate{}, err
+	}
+	if _, reported := e.fleet.Report(node, uid); !reported && e.holder != nil {
+		// The node's first report reconciles the VM; without one in time,
+		// the timer does, and the held status is written then.
+		f := e.fleet
+		e.holder.Hold(vm, scheduledHold, justPublished)
+		e.opts.Notifier.NotifyAfterIf(uid, scheduledHold, func() bool { _, reported := f.Report(node, uid); return !reported })
+	}
+	return managed.ExternalUpdate{}, nil
+}
+
+// justPublished is the status a Hold may drop: phase Scheduled, and the
+// reconcile that wrote it succeeded. Anything else, a reconcile error above
+// all, is written.
+func justPublished(o client.Object) bool {
+	vm, ok := o.(*v1alpha1.VirtualMachine)
+	return ok && vm.Status.AtProvider.Phase == v1alpha1.PhaseScheduled &&
+		vm.GetCondition(xpv2.TypeSynced).Status == corev1.ConditionTrue
 }
 
 // Delete removes the intent, which tells the node to delete the guest. The
@@ -479,14 +489,15 @@ func (e *external) Delete(ctx context.Context, vm *v1alpha1.VirtualMachine) (man
 	return managed.ExternalDelete{}, nil
 }
 
+// event records e on vm once the reconcile is over.
+func (e *external) event(vm *v1alpha1.VirtualMachine, ev event.Event) {
+	r := e.recorder
+	e.later(vm, func() { r.Event(vm, ev) })
+}
+
 // Disconnect implements managed.TypedExternalClient; the fleet's connection
 // outlives the reconcile.
 func (e *external) Disconnect(context.Context) error { return nil }
-
-func (e *external) waiting(vm *v1alpha1.VirtualMachine, err error) {
-	vm.Status.AtProvider.Phase = v1alpha1.PhasePending
-	vm.SetConditions(notReady(v1alpha1.PhasePending, err.Error()))
-}
 
 // setConditions turns an observation into Ready, RestartRequired and NodeLost.
 func (e *external) setConditions(vm *v1alpha1.VirtualMachine, obs v1alpha1.VirtualMachineObservation, node string, n fleet.NodeStatus) {
@@ -515,17 +526,17 @@ func (e *external) recordTransition(vm *v1alpha1.VirtualMachine, before, after v
 	if before.Phase != after.Phase {
 		switch after.Phase {
 		case v1alpha1.PhaseRunning:
-			e.recorder.Event(vm, event.Normal(ReasonStarted, fmt.Sprintf("Running on node %s", after.Node)))
+			e.event(vm, event.Normal(ReasonStarted, fmt.Sprintf("Running on node %s", after.Node)))
 		case v1alpha1.PhaseStopped:
-			e.recorder.Event(vm, event.Normal(ReasonStopped, fmt.Sprintf("Stopped on node %s", after.Node)))
+			e.event(vm, event.Normal(ReasonStopped, fmt.Sprintf("Stopped on node %s", after.Node)))
 		case v1alpha1.PhaseFailed:
-			e.recorder.Event(vm, event.Warning(ReasonFailed, errors.New(reportMessage(e.fleet, node, string(vm.UID)))))
+			e.event(vm, event.Warning(ReasonFailed, errors.New(reportMessage(e.fleet, node, string(vm.UID)))))
 		case v1alpha1.PhaseUnknown:
-			e.recorder.Event(vm, event.Warning(ReasonNodeLost, errors.Errorf("node %s sends no heartbeat; the VM's state is unknown", node)))
+			e.event(vm, event.Warning(ReasonNodeLost, errors.Errorf("node %s sends no heartbeat; the VM's state is unknown", node)))
 		}
 	}
 	if after.RestartRequired && !before.RestartRequired {
-		e.recorder.Event(vm, event.Normal(ReasonRestartRequired, "The spec changed while the VM runs; the change applies at the next start"))
+		e.event(vm, event.Normal(ReasonRestartRequired, "The spec changed while the VM runs; the change applies at the next start"))
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -172,6 +173,8 @@ func TestRecordTransition(t *testing.T) {
 			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", UID: testUID}}
 
 			e.recordTransition(vm, tc.before, tc.after, testNode)
+			assert.Empty(t, rec.Events(), "events are recorded once the reconcile is over")
+			e.flush(client.ObjectKeyFromObject(vm))
 
 			got := rec.Events()
 			for i := range got {
@@ -240,6 +243,7 @@ func TestObserveDeletion(t *testing.T) {
 			n.Remember(vm)
 
 			obs := e.observeDeletion(vm, tc.node)
+			e.flush(client.ObjectKeyFromObject(vm))
 
 			assert.Equal(t, tc.wantExists, obs.ResourceExists, "exists")
 			if tc.node != "" {

@@ -14,8 +14,8 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/hub/internal/controller/requeue"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 )
 
 // IndexUID indexes Volumes by metadata.uid, which the API server cannot
@@ -66,7 +66,7 @@ func NewLeftovers(cache, api client.Reader, log logging.Logger) *Leftovers {
 		api:   api,
 		log:   log,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[leftover](requeue.BaseDelay, requeue.MaxDelay),
+			workqueue.NewTypedItemExponentialFailureRateLimiter[leftover](kubeclient.BaseDelay, kubeclient.MaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[leftover]{Name: "volume-leftovers"}),
 	}
 }

@@ -1,4 +1,4 @@
-package requeue
+package kubeclient
 
 import (
 	"testing"

@@ -1,5 +1,4 @@
-// Package requeue sets how soon the hub's controllers retry a reconcile.
-package requeue
+package kubeclient
 
 import (
 	"time"

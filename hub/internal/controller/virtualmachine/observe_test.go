@@ -1,0 +1,228 @@
+package virtualmachine
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+	"github.com/virtfleet/virtfleet/hub/internal/placement"
+)
+
+var errWrite = errors.New("Observe must not write")
+
+// writeless is a client over objs that fails every write and counts the
+// attempts.
+func writeless(t *testing.T, writes *atomic.Int32, objs ...client.Object) client.Client {
+	t.Helper()
+	s := runtime.NewScheme()
+	require.NoError(t, v1alpha1.AddToScheme(s))
+	fail := func() error { writes.Add(1); return errWrite }
+	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
+		Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error { return fail() },
+		Update: func(context.Context, client.WithWatch, client.Object, ...client.UpdateOption) error { return fail() },
+		Patch: func(context.Context, client.WithWatch, client.Object, client.Patch, ...client.PatchOption) error {
+			return fail()
+		},
+		Delete: func(context.Context, client.WithWatch, client.Object, ...client.DeleteOption) error { return fail() },
+		DeleteAllOf: func(context.Context, client.WithWatch, client.Object, ...client.DeleteAllOfOption) error {
+			return fail()
+		},
+		Apply: func(context.Context, client.WithWatch, runtime.ApplyConfiguration, ...client.ApplyOption) error {
+			return fail()
+		},
+		SubResourceCreate: func(context.Context, client.Client, string, client.Object, client.Object, ...client.SubResourceCreateOption) error {
+			return fail()
+		},
+		SubResourceUpdate: func(context.Context, client.Client, string, client.Object, ...client.SubResourceUpdateOption) error {
+			return fail()
+		},
+		SubResourcePatch: func(context.Context, client.Client, string, client.Object, client.Patch, ...client.SubResourcePatchOption) error {
+			return fail()
+		},
+		SubResourceApply: func(context.Context, client.Client, string, runtime.ApplyConfiguration, ...client.SubResourceApplyOption) error {
+			return fail()
+		},
+	}).Build()
+}
+
+// TestObserveOnlyReads proves crossplane-runtime's contract for Observe:
+// whatever the VM's state, it makes no API write (the client fails any),
+// publishes nothing to the nodes, places or adopts nothing, changes no
+// annotation or finalizer of the VM and records no event before the
+// reconcile is over.
+func TestObserveOnlyReads(t *testing.T) {
+	const other = "node2"
+	unbound := vol("root", "")
+	observeOnly := xpv2.ManagementPolicies{xpv2.ManagementActionObserve}
+	keepGuest := xpv2.ManagementPolicies{xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate, xpv2.ManagementActionLateInitialize}
+	cases := map[string]struct {
+		vm func(*v1alpha1.VirtualMachine)
+		// report is the phase testNode reports, if any; foreign makes
+		// another node report the VM too.
+		report  wire.Phase
+		foreign bool
+		lost    bool
+		// orphan makes testNode report a guest orphaned from the VM's
+		// namespace/name.
+		orphan bool
+		// published is an intent already on testNode.
+		published bool
+
+		wantExists bool
+		wantErr    any
+	}{
+		"AVMOnNoNodeIsNotPlacedHere": {
+			vm: func(*v1alpha1.VirtualMachine) {},
+		},
+		"AVMJustPlacedIsNotPublishedHere": {
+			vm:         onNode,
+			wantExists: true,
+		},
+		"ARunningVMWithAReportFromAnotherNode": {
+			vm:         onNode,
+			report:     wire.PhaseRunning,
+			foreign:    true,
+			published:  true,
+			wantExists: true,
+		},
+		"AVMWhoseNodeIsLost": {
+			vm:         onNode,
+			report:     wire.PhaseRunning,
+			lost:       true,
+			published:  true,
+			wantExists: true,
+		},
+		"AVMThatWouldAdoptAnOrphanIsNotBoundHere": {
+			vm:     func(*v1alpha1.VirtualMachine) {},
+			orphan: true,
+		},
+		"AnObserveOnlyVMThatWouldAdoptAnOrphan": {
+			vm:     func(vm *v1alpha1.VirtualMachine) { vm.SetManagementPolicies(observeOnly) },
+			orphan: true,
+		},
+		"AnImportedObserveOnlyVMIsNotPublishedNorFinalizedHere": {
+			vm: func(vm *v1alpha1.VirtualMachine) {
+				onNode(vm)
+				meta.SetExternalName(vm, "legacy-db")
+				vm.SetManagementPolicies(observeOnly)
+			},
+			report:     wire.PhaseRunning,
+			wantExists: true,
+		},
+		"AnImportWithoutANodeIsAnError": {
+			vm:      func(vm *v1alpha1.VirtualMachine) { meta.SetExternalName(vm, "legacy-db") },
+			wantErr: new(*ImportNodeError),
+		},
+		"ADeletedVMThatKeepsItsGuestIsNotReleasedHere": {
+			vm: func(vm *v1alpha1.VirtualMachine) {
+				onNode(vm)
+				vm.SetManagementPolicies(keepGuest)
+				deleted := metav1.NewTime(time.Now())
+				vm.DeletionTimestamp = &deleted
+				vm.Finalizers = []string{"finalizer.managed.crossplane.io", FinalizerKeep}
+			},
+			report:    wire.PhaseRunning,
+			published: true,
+			wantErr:   new(*ReleasingError),
+		},
+		"ADeletedVMWhoseNodeIsLostPastTheFencingTimeout": {
+			vm: func(vm *v1alpha1.VirtualMachine) {
+				onNode(vm)
+				deleted := metav1.NewTime(time.Now().Add(-2 * testFencing))
+				vm.DeletionTimestamp = &deleted
+				vm.Finalizers = []string{"finalizer.managed.crossplane.io"}
+			},
+			lost:      true,
+			published: true,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := bus.NewFake()
+			f := fleettest.Start(t, b)
+			rec := &fleettest.Recorder{}
+			placer := placement.New()
+			var writes atomic.Int32
+			v := vm(func(vm *v1alpha1.VirtualMachine) {
+				vm.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "root"}}
+				vm.Spec.ForProvider.VirtualNetworks = nil
+				// The CRD's default; the connector has policies enabled.
+				vm.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionAll})
+			}, tc.vm)
+			uid := string(v.UID)
+			b.SetNode(bus.NodeEvent{Node: testNode, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt", Capacity: wire.Resources{VCPU: 64, MemoryBytes: 64 << 30}}})
+			if tc.lost {
+				b.SetNode(bus.NodeEvent{Node: testNode, Lost: true})
+			}
+			require.Eventually(t, func() bool { return f.Node(testNode).Lost == tc.lost }, 5*time.Second, time.Millisecond)
+			if tc.published {
+				_, err := b.PutIntent(context.Background(), testNode, wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: uid, Namespace: v.Namespace, Name: v.Name})
+				require.NoError(t, err)
+			}
+			if tc.orphan {
+				const orphanUID = "uid-orphan"
+				b.SetReport(bus.ReportEvent{Node: testNode, UID: orphanUID, Report: wire.Report{
+					ProtocolVersion: wire.ProtocolVersion, UID: orphanUID, Node: testNode, Phase: wire.PhaseRunning,
+					Released: true, Orphan: &wire.Orphan{Namespace: v.Namespace, Name: v.Name},
+				}})
+				require.Eventually(t, func() bool { _, found, _ := f.Orphan(v.Namespace, v.Name); return found }, 5*time.Second, time.Millisecond)
+			}
+			for node, phase := range map[string]wire.Phase{testNode: tc.report, other: map[bool]wire.Phase{true: wire.PhaseRunning}[tc.foreign]} {
+				if phase == "" {
+					continue
+				}
+				b.SetReport(bus.ReportEvent{Node: node, UID: uid, Report: wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: node, Phase: phase}})
+				require.Eventually(t, func() bool { _, ok := f.Report(node, uid); return ok }, 5*time.Second, time.Millisecond)
+			}
+			n := fleet.NewNotifier()
+			c := &connector{kube: writeless(t, &writes, unbound), opts: Options{FencingTimeout: testFencing, Notifier: n, Placer: placer}, recorder: rec, state: &state{}, policies: true}
+			e := &external{connector: c, fleet: f}
+			before := v.DeepCopy()
+
+			obs, err := e.Observe(context.Background(), v)
+
+			if tc.wantErr != nil {
+				require.ErrorAs(t, err, tc.wantErr)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, before.GetAnnotations(), v.GetAnnotations(), "annotations as they were: no node, no orphan recorded")
+			assert.Equal(t, before.GetFinalizers(), v.GetFinalizers(), "finalizers as they were")
+			assert.Equal(t, tc.wantExists, obs.ResourceExists, "exists")
+			assert.Zero(t, writes.Load(), "API writes")
+			assert.Empty(t, rec.Events(), "events")
+			in, published := b.Intent(testNode, uid)
+			assert.Equal(t, tc.published, published, "the intent on the VM's node is as it was")
+			assert.False(t, in.Release, "no release marker")
+			_, elsewhere := b.Intent(other, uid)
+			assert.False(t, elsewhere, "nothing published to another node")
+			_, reserved := placer.Reserved(uid)
+			assert.False(t, reserved, "nothing placed")
+			got := &v1alpha1.Volume{}
+			require.NoError(t, c.kube.Get(context.Background(), client.ObjectKeyFromObject(unbound), got))
+			assert.Empty(t, got.GetAnnotations()[v1alpha1.AnnotationNode], "no Volume bound")
+		})
+	}
+}
+
+func onNode(vm *v1alpha1.VirtualMachine) {
+	vm.Annotations = map[string]string{v1alpha1.AnnotationNode: testNode}
+}

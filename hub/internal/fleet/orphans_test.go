@@ -1,0 +1,75 @@
+package fleet
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+)
+
+// TestOrphan feeds a fleet report events as its watch would and asks for the
+// guest orphaned from default/web.
+func TestOrphan(t *testing.T) {
+	orphanOf := func(node, uid, name string) bus.ReportEvent {
+		return bus.ReportEvent{Node: node, UID: uid, Report: wire.Report{
+			ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: node, Phase: wire.PhaseRunning,
+			Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: name},
+		}}
+	}
+	managedBy := func(node, uid string) bus.ReportEvent {
+		return bus.ReportEvent{Node: node, UID: uid, Report: wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: node, Phase: wire.PhaseRunning}}
+	}
+	gone := func(node, uid string) bus.ReportEvent { return bus.ReportEvent{Node: node, UID: uid, Deleted: true} }
+	cases := map[string]struct {
+		events   []bus.ReportEvent
+		lost     string
+		unsynced bool
+		want     *Orphan
+		wantErr  error
+	}{
+		"NoneBeforeTheReportsAreRead": {events: []bus.ReportEvent{orphanOf("n1", "a", "web")}, unsynced: true, wantErr: ErrReportsNotSynced},
+		"TheOrphanOfThatName":         {events: []bus.ReportEvent{orphanOf("n1", "a", "web"), orphanOf("n2", "b", "db")}, want: &Orphan{Node: "n1", UID: "a"}},
+		"OfSeveralTheLowestUID":       {events: []bus.ReportEvent{orphanOf("n2", "b", "web"), orphanOf("n1", "a", "web")}, want: &Orphan{Node: "n1", UID: "a"}},
+		"NoneOnALostNode":             {events: []bus.ReportEvent{orphanOf("n1", "a", "web")}, lost: "n1"},
+		"NoneOnceItsReportIsDeleted":  {events: []bus.ReportEvent{orphanOf("n1", "a", "web"), gone("n1", "a")}},
+		"NoneOnceTheGuestIsManagedAgain": {
+			events: []bus.ReportEvent{orphanOf("n1", "a", "web"), managedBy("n1", "a")},
+		},
+		"AManagedGuestIsNone": {events: []bus.ReportEvent{managedBy("n1", "a")}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			f := New(bus.NewFake(), logging.NewNopLogger())
+			if !tc.unsynced {
+				f.onReport(bus.ReportEvent{Synced: true})
+			}
+			for _, n := range []string{"n1", "n2"} {
+				f.onNode(bus.NodeEvent{Node: n, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt"}})
+			}
+			if tc.lost != "" {
+				f.onNode(bus.NodeEvent{Node: tc.lost, Lost: true})
+			}
+			for _, e := range tc.events {
+				f.onReport(e)
+			}
+
+			got, found, err := f.Orphan("default", "web")
+
+			if tc.wantErr != nil {
+				require.ErrorIs(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want != nil, found, "found")
+			if tc.want != nil {
+				assert.Equal(t, tc.want.Node, got.Node)
+				assert.Equal(t, tc.want.UID, got.UID)
+			}
+		})
+	}
+}
