@@ -25,7 +25,10 @@ import (
 // this node, then an event with Synced set (from then on an absent intent
 // means "no such guest"), then every change. It survives reconnects and
 // server restarts and resumes after the last revision seen, so an intent may
-// be delivered again but its latest state is never missed. An intent that
+// be delivered again but its latest state is never missed; once a resumed
+// watch has caught up it sends Synced again, so the agent looks at every
+// guest at once instead of when retries that backed off through the outage
+// come due. An intent that
 // cannot be decoded, has a newer protocol version, or sits under a key that
 // does not match it is logged, counted (natswire.Rejections) and skipped: bad
 // input never stops the watch.

@@ -287,9 +287,11 @@ func (n *NATS) WatchIntents(ctx context.Context, fn func(IntentEvent)) error {
 			return nil
 		case <-closed:
 			n.cfg.Log.Info("Intent watch closed; resuming", "revision", w.lastRevision())
+			w.resumed()
 		case <-reconnected:
 			n.cfg.Log.Debug("Reconnected; resuming intent watch", "revision", w.lastRevision())
 			_ = sub.Unsubscribe()
+			w.resumed()
 		}
 	}
 }
@@ -304,6 +306,19 @@ type intentWatch struct {
 	mu     sync.Mutex
 	last   uint64
 	synced bool
+	// catchingUp is set after a reconnect until the resumed watch has
+	// caught up, when Synced is sent again.
+	catchingUp bool
+}
+
+// resumed makes the watch send Synced again once it has caught up after a
+// reconnect: what the agent wrote or tried while NATS was away may have
+// failed, and its per-guest retries back off for as long as the outage
+// lasted; the Synced marker has the agent look at every guest at once.
+func (w *intentWatch) resumed() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.catchingUp = w.synced
 }
 
 func (w *intentWatch) lastRevision() uint64 {
@@ -338,10 +353,11 @@ func (w *intentWatch) subscribe(ctx context.Context) (*nats.Subscription, <-chan
 	return sub, closed, nil
 }
 
-// markSynced emits the Synced event once. w.mu must be held.
+// markSynced emits the Synced event once, and once more after each
+// reconnect. w.mu must be held.
 func (w *intentWatch) markSynced() {
-	if !w.synced {
-		w.synced = true
+	if !w.synced || w.catchingUp {
+		w.synced, w.catchingUp = true, false
 		w.fn(IntentEvent{Synced: true})
 	}
 }

@@ -104,8 +104,9 @@ func TestWatchIntentsRejectsBadInputAndCarriesOn(t *testing.T) {
 }
 
 // TestSurvivesServerRestart shuts the server down under a watching agent and
-// starts it again on the same store: nothing written before is lost and the
-// watch resumes.
+// starts it again on the same store: nothing written before is lost, the
+// watch resumes, and it says Synced again once caught up, so the agent
+// looks at every guest at once.
 func TestSurvivesServerRestart(t *testing.T) {
 	f := newFleet(t)
 	const n = 20
@@ -125,9 +126,11 @@ func TestSurvivesServerRestart(t *testing.T) {
 	f.putIntentEventually(t, "node1", "vm-0", 2)
 	f.putIntentEventually(t, "node1", "vm-new", 1)
 	seen := map[string]int64{}
+	resynced := false
 	e.until(t, 20*time.Second, func(ev bus.IntentEvent) bool {
+		resynced = resynced || ev.Synced
 		seen[ev.UID] = ev.Intent.Generation
-		return seen["vm-0"] == 2 && seen["vm-new"] == 1
+		return seen["vm-0"] == 2 && seen["vm-new"] == 1 && resynced
 	})
 
 	ctx := context.Background()
