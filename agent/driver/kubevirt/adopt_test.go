@@ -149,6 +149,10 @@ func TestReleaseAndAdopt(t *testing.T) {
 		}
 	})
 	t.Run("ADifferentSpecShowsRestartRequired", func(t *testing.T) {
+		// The crash above has KubeVirt start a new VMI from the template;
+		// changed before that VMI exists, the template would start it
+		// with the new shape.
+		e.ensureUntil(next, phaseIs(driver.PhaseRunning))
 		changed := next
 		changed.VCPU = 3
 		o := e.ensureUntil(changed, phaseIs(driver.PhaseRunning))
