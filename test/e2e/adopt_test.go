@@ -118,7 +118,7 @@ func testOrphanAdoptImport(t *testing.T, backend string, gb guestBackend) {
 		require.NoError(t, err)
 		assert.False(t, kvHas(t, nc, wire.BucketIntents, key), "the node holds no intent for it")
 		assert.True(t, kvHas(t, nc, wire.BucketReports, key), "the node reports its orphan")
-		assert.True(t, h.hasEvent(t, "keep", "Orphaned", "orphaned"))
+		h.assertEvent(t, "keep", "Orphaned", "orphaned")
 	})
 
 	t.Run("HubAndAgentKilledChangeNothing", func(t *testing.T) {

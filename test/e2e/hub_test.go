@@ -172,7 +172,7 @@ func TestHub(t *testing.T) {
 		require.Eventually(t, func() bool {
 			return kerrors.IsNotFound(h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "fenced"}, &v1alpha1.VirtualMachine{}))
 		}, 90*time.Second, 250*time.Millisecond, "a delete must never hang forever")
-		assert.True(t, h.hasEvent(t, "fenced", "NodeLost", "fencing timeout"))
+		h.assertEvent(t, "fenced", "NodeLost", "fencing timeout")
 		require.NoError(t, s.StartAgent(vm.Status.AtProvider.Node))
 	})
 
@@ -300,6 +300,15 @@ func (h *hub) domains(t *testing.T, node string) map[string]int {
 	g, err := h.s.Guests(context.Background(), node)
 	require.NoError(t, err)
 	return g
+}
+
+// assertEvent checks that name gets an event of reason whose message holds
+// text. Events are posted after the reconcile that records them, and
+// asynchronously: a check right after the change would race them.
+func (h *hub) assertEvent(t *testing.T, name, reason, text string) {
+	t.Helper()
+	assert.Eventually(t, func() bool { return h.hasEvent(t, name, reason, text) }, 10*time.Second, 50*time.Millisecond,
+		"an event %s on %s saying %q", reason, name, text)
 }
 
 func (h *hub) hasEvent(t *testing.T, name, reason, text string) bool {

@@ -259,7 +259,7 @@ func TestVolumeDeletion(t *testing.T) {
 		h.s.KillAgent("node1")
 		require.NoError(t, h.kube.Delete(ctx, volume("stray")))
 		require.Eventually(t, gone("stray"), 45*time.Second, 100*time.Millisecond, "the Volume goes once its node has been lost for the fencing timeout")
-		assert.True(t, h.hasEvent(t, "stray", "NodeLost", "fencing timeout"))
+		h.assertEvent(t, "stray", "NodeLost", "fencing timeout")
 		assert.True(t, kvHas(t, nc, wire.BucketIntents, intentKey), "the intent stays for the node to delete the volume when it is back")
 		assert.True(t, h.nodeVolumeExists(t, "node1", ns+"_stray"))
 

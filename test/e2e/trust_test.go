@@ -121,7 +121,7 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 		require.Eventually(t, func() bool {
 			return foreignReports(t, h, "VirtualMachine", "put") >= 1 && foreignReports(t, h, "DiskImage", "put") >= 1
 		}, 30*time.Second, 100*time.Millisecond, "the hub counts node1's reports about node2's VM and image")
-		assert.True(t, h.hasEvent(t, "victim", "ForeignReport", "node "+node1+" sent a report of this VirtualMachine, which is placed on node "+node2))
+		h.assertEvent(t, "victim", "ForeignReport", "node "+node1+" sent a report of this VirtualMachine, which is placed on node "+node2)
 		assert.True(t, hasEventOn(t, h, "DiskImage", "ubuntu", "ForeignReport", "node "+node1+" sent a report of this DiskImage"))
 		unchanged(t)
 	})
@@ -132,7 +132,7 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 		require.Eventually(t, func() bool {
 			return foreignReports(t, h, "VirtualMachine", "delete") >= 1 && foreignReports(t, h, "DiskImage", "delete") >= 1
 		}, 30*time.Second, 100*time.Millisecond, "the hub counts node1's deletes")
-		assert.True(t, h.hasEvent(t, "victim", "ForeignReport", "node "+node1+" deleted its report of this VirtualMachine"))
+		h.assertEvent(t, "victim", "ForeignReport", "node "+node1+" deleted its report of this VirtualMachine")
 		unchanged(t)
 	})
 
