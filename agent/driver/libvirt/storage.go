@@ -91,21 +91,31 @@ func writeSeed(api API, pool, name string, iso []byte, uploadOptional bool) erro
 	return errors.Wrap(err, "cannot upload cloud-init seed")
 }
 
-// deleteVolume deletes a volume if it exists.
-func deleteVolume(api API, pool, name string) error {
+// findVolume looks up volume name in pool. When either is missing it
+// returns a NotFound error that says which.
+func findVolume(api API, pool, name string) (golibvirt.StorageVol, error) {
 	p, err := api.StoragePoolLookupByName(pool)
 	if isCode(err, golibvirt.ErrNoStoragePool) {
-		return nil
+		return golibvirt.StorageVol{}, driver.NotFoundf("no storage pool %s", pool)
 	}
 	if err != nil {
-		return errors.Wrapf(err, "cannot look up storage pool %s", pool)
+		return golibvirt.StorageVol{}, errors.Wrapf(err, "cannot look up storage pool %s", pool)
 	}
 	v, err := api.StorageVolLookupByName(p, name)
 	if isCode(err, golibvirt.ErrNoStorageVol) {
+		return golibvirt.StorageVol{}, driver.NotFoundf("no volume %s in storage pool %s", name, pool)
+	}
+	return v, errors.Wrapf(err, "cannot look up volume %s", name)
+}
+
+// deleteVolume deletes a volume if it exists.
+func deleteVolume(api API, pool, name string) error {
+	v, err := findVolume(api, pool, name)
+	if driver.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
-		return errors.Wrapf(err, "cannot look up volume %s", name)
+		return err
 	}
 	return errors.Wrapf(api.StorageVolDelete(v, 0), "cannot delete volume %s", name)
 }
@@ -161,19 +171,12 @@ func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 
 // volumePath is the path of volume v, or "" when there is no such volume.
 func volumePath(api API, v poolVolume) (string, error) {
-	p, err := api.StoragePoolLookupByName(v.pool)
-	if isCode(err, golibvirt.ErrNoStoragePool) {
+	vol, err := findVolume(api, v.pool, v.name)
+	if driver.IsNotFound(err) {
 		return "", nil
 	}
 	if err != nil {
-		return "", errors.Wrapf(err, "cannot look up storage pool %s", v.pool)
-	}
-	vol, err := api.StorageVolLookupByName(p, v.name)
-	if isCode(err, golibvirt.ErrNoStorageVol) {
-		return "", nil
-	}
-	if err != nil {
-		return "", errors.Wrapf(err, "cannot look up volume %s", v.name)
+		return "", err
 	}
 	path, err := api.StorageVolGetPath(vol)
 	return path, errors.Wrapf(err, "cannot read the path of volume %s", v.name)
@@ -190,20 +193,12 @@ func (d *Driver) ObserveVolume(_ context.Context, disk driver.Disk) (driver.Volu
 	if err != nil {
 		return driver.VolumeObservation{}, err
 	}
-	pool := cmp.Or(disk.Pool, d.pool)
-	p, err := api.StoragePoolLookupByName(pool)
-	if isCode(err, golibvirt.ErrNoStoragePool) {
-		return driver.VolumeObservation{}, driver.NotFoundf("no storage pool %s on node %s", pool, d.node)
+	v, err := findVolume(api, cmp.Or(disk.Pool, d.pool), disk.Name)
+	if driver.IsNotFound(err) {
+		return driver.VolumeObservation{}, driver.NotFoundf("%v on node %s", err, d.node)
 	}
 	if err != nil {
-		return driver.VolumeObservation{}, errors.Wrapf(err, "cannot look up storage pool %s", pool)
-	}
-	v, err := api.StorageVolLookupByName(p, disk.Name)
-	if isCode(err, golibvirt.ErrNoStorageVol) {
-		return driver.VolumeObservation{}, driver.NotFoundf("no volume %s in storage pool %s on node %s", disk.Name, pool, d.node)
-	}
-	if err != nil {
-		return driver.VolumeObservation{}, errors.Wrapf(err, "cannot look up volume %s", disk.Name)
+		return driver.VolumeObservation{}, err
 	}
 	_, capacity, _, err := api.StorageVolGetInfo(v)
 	if err != nil {
