@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"libvirt.org/go/libvirtxml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -230,8 +231,12 @@ func testOrphanAdoptImport(t *testing.T, backend string, gb guestBackend) {
 		// (libvirt) or of the VM managing it (nova).
 		assert.Zero(t, left[firstUID], "the adopted guest is deleted: %v", left)
 		assert.Zero(t, left[adopter], "the adopted guest is deleted: %v", left)
-		assert.Eventually(t, func() bool { return !gb.exists(t, h, node, external) }, time.Minute, 100*time.Millisecond,
-			"the imported guest is deleted with the VM that took it over")
+		// Polled on the test's goroutine: exists reads the backend with
+		// require, which must not run on Eventually's.
+		err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			return !gb.exists(t, h, node, external), nil
+		})
+		assert.NoError(t, err, "the imported guest is deleted with the VM that took it over")
 	})
 }
 

@@ -311,10 +311,16 @@ func (h *hub) assertEvent(t *testing.T, name, reason, text string) {
 		"an event %s on %s saying %q", reason, name, text)
 }
 
+// hasEvent is the condition of assertEvent and of other waits: it runs on
+// Eventually's goroutine, where a failed List is logged and looked at
+// again, not a FailNow.
 func (h *hub) hasEvent(t *testing.T, name, reason, text string) bool {
 	t.Helper()
 	l := &corev1.EventList{}
-	require.NoError(t, h.kube.List(context.Background(), l, client.InNamespace(ns)))
+	if err := h.kube.List(context.Background(), l, client.InNamespace(ns)); err != nil {
+		t.Logf("cannot list events: %v", err)
+		return false
+	}
 	for _, e := range l.Items {
 		if e.InvolvedObject.Name == name && e.Reason == reason && strings.Contains(e.Message, text) {
 			return true
