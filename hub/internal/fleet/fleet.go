@@ -149,8 +149,9 @@ func (f *Fleet) SubscribeImages(fn func(uid string)) {
 // SubscribeNodes registers fn to be called with the name of every node that
 // joins, comes back (from lost, or from heartbeats late enough for
 // placement to pass it over), or has more room than at its previous heartbeat (a
-// guest went, or the node grew): guests waiting for room may fit now. fn
-// must not block.
+// guest went, or the node grew): guests waiting for room may fit now. It is
+// called once with "" when the reports present at the start have been read
+// (Orphan answers from then on). fn must not block.
 func (f *Fleet) SubscribeNodes(fn func(node string)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -187,8 +188,15 @@ func (f *Fleet) onReport(e bus.ReportEvent) {
 	}
 	if e.Synced {
 		f.mu.Lock()
+		first := !f.reportsSynced
 		f.reportsSynced = true
+		subs := f.nodeSubs
 		f.mu.Unlock()
+		if first { // VMs that waited for the reports (Orphan) may be placed now
+			for _, fn := range subs {
+				fn("")
+			}
+		}
 		return
 	}
 	f.mu.Lock()

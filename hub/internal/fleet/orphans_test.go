@@ -73,3 +73,19 @@ func TestOrphan(t *testing.T) {
 		})
 	}
 }
+
+// TestReadingTheReportsNotifiesNodeSubscribers: VMs that could not be placed
+// because Orphan said ErrReportsNotSynced are retried when the reports are
+// read, not when their backoff expires; once, not on every later Synced.
+func TestReadingTheReportsNotifiesNodeSubscribers(t *testing.T) {
+	f := New(bus.NewFake(), logging.NewNopLogger())
+	var calls []string
+	f.SubscribeNodes(func(node string) { calls = append(calls, node) })
+
+	f.onReport(bus.ReportEvent{Synced: true})
+	f.onReport(bus.ReportEvent{Synced: true}) // a watch resumed after a reconnect
+
+	assert.Equal(t, []string{""}, calls)
+	_, _, err := f.Orphan("default", "web")
+	assert.NoError(t, err)
+}
