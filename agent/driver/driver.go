@@ -235,9 +235,15 @@ type ImageStatus struct {
 const DefaultPruneAfter = 24 * time.Hour
 
 // Network is a network a guest has an interface on. The driver creates it
-// from CIDR and Mode when it is missing.
+// from CIDR and Mode when it is missing, unless it is Imported.
 type Network struct {
 	Name string
+	// Imported is set for a network that exists outside virtfleet: the
+	// driver uses it as it is and never creates, starts, changes or
+	// deletes it. A missing or stopped one is an error a retry may mend
+	// (its owner may make or start it); one that is not what CIDR, Mode
+	// and Bridge say is Terminal.
+	Imported bool
 	// CIDR is the IPv4 subnet served by DHCP, e.g. 10.10.120.0/24; the host
 	// takes the first address. Required to create a nat or isolated network.
 	CIDR string

@@ -53,6 +53,7 @@ func TestValidateRefusesWhatKubeVirtCannotRun(t *testing.T) {
 		"UIDNotAName":         {func(m *driver.Machine) { m.UID = "Not_A_UID" }, "cannot name"},
 		"DiskNotAName":        {func(m *driver.Machine) { m.Disks[0].Name = "team-a_DB" }, "cannot name a PVC"},
 		"NetworkNotAName":     {func(m *driver.Machine) { m.Networks[0].Name = "team-a_net db" }, "NetworkAttachmentDefinition"},
+		"ImportedNetwork":     {func(m *driver.Machine) { m.Networks[0].Imported = true }, "imported by external name, which the kubevirt backend does not support yet"},
 		"UnknownFirmware":     {func(m *driver.Machine) { m.Firmware = "coreboot" }, "firmware"},
 		"UserDataTooLong":     {func(m *driver.Machine) { m.UserData = "#cloud-config\nbootcmd: [" + strings.Repeat("x", 3000) + "]" }, "at most 2048"},
 		"UserDataUnsupported": {func(m *driver.Machine) { m.UserData = "#include http://example.com/x" }, "#include"},

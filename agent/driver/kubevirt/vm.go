@@ -94,6 +94,9 @@ func validate(m driver.Machine) error {
 		}
 	}
 	for _, n := range m.Networks {
+		if n.Imported {
+			return driver.Terminalf("network %q is imported by external name, which the kubevirt backend does not support yet; it attaches to the NetworkAttachmentDefinition <namespace>.<VirtualNetwork name>", n.Name)
+		}
 		if errs := validation.IsDNS1123Subdomain(ObjectName(n.Name)); n.Name == "" || len(errs) > 0 {
 			return driver.Terminalf("network %q cannot name a NetworkAttachmentDefinition: %s", n.Name, strings.Join(errs, "; "))
 		}

@@ -400,3 +400,83 @@ func TestRebootEventsOfOneRebootCountOnce(t *testing.T) {
 	d.rebooted(uid)
 	assert.EqualValues(t, 2, d.pendingReboots(uid), "a reboot a minute later is another")
 }
+
+// TestImportedNetworks attaches guests to networks made outside virtfleet
+// (libvirt's own "default" on the test driver: nat, 192.168.122.0/24): used
+// as they are when they are what the VirtualNetwork says, never defined or
+// started; a mismatch is Terminal, a missing or stopped network is not (its
+// owner may make or start it).
+func TestImportedNetworks(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "imports")
+	d := open(t, node)
+	l := raw(t, node)
+	stopped, err := (&libvirtxml.Network{Name: "stopped", Forward: &libvirtxml.NetworkForward{Mode: "nat"}, IPs: []libvirtxml.NetworkIP{{Address: "10.9.0.1", Prefix: 24}}}).Marshal()
+	require.NoError(t, err)
+	_, err = l.NetworkDefineXML(stopped)
+	require.NoError(t, err)
+	networks := func() []string {
+		nets, _, err := l.ConnectListAllNetworks(1, 0)
+		require.NoError(t, err)
+		var names []string
+		for _, n := range nets {
+			names = append(names, n.Name)
+		}
+		return names
+	}
+	before := networks()
+
+	cases := map[string]struct {
+		net          driver.Network
+		wantErr      string
+		wantTerminal bool
+	}{
+		"WhatItSaysIsUsedAsItIs":  {net: driver.Network{Name: "default", Imported: true, Mode: driver.NetworkModeNAT, CIDR: "192.168.122.0/24"}},
+		"NoSubnetSaidIsAnySubnet": {net: driver.Network{Name: "default", Imported: true}},
+		"Missing": {
+			net:     driver.Network{Name: "nowhere", Imported: true, CIDR: "10.10.0.0/24"},
+			wantErr: `network "nowhere", which the VirtualNetwork imports, does not exist on this node`,
+		},
+		"Stopped": {
+			net:     driver.Network{Name: "stopped", Imported: true, CIDR: "10.9.0.0/24"},
+			wantErr: `network "stopped", which the VirtualNetwork imports, is not active`,
+		},
+		"AnotherSubnet": {
+			net:     driver.Network{Name: "default", Imported: true, CIDR: "10.0.0.0/24"},
+			wantErr: `network "default" serves [192.168.122.0/24], the VirtualNetwork that imports it says 10.0.0.0/24`, wantTerminal: true,
+		},
+		"AnotherMode": {
+			net:     driver.Network{Name: "default", Imported: true, Mode: driver.NetworkModeIsolated, CIDR: "192.168.122.0/24"},
+			wantErr: `network "default" forwards in mode "nat", the VirtualNetwork that imports it says "isolated"`, wantTerminal: true,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := machine("importer")
+			m.Networks = []driver.Network{tc.net}
+			_, err := d.Ensure(ctx, m)
+			assert.Equal(t, before, networks(), "no network defined or removed")
+			if tc.wantErr == "" {
+				require.NoError(t, err)
+				dom, err := l.DomainLookupByName(domainName(m))
+				require.NoError(t, err)
+				x, err := l.DomainGetXMLDesc(dom, 0)
+				require.NoError(t, err)
+				def := &libvirtxml.Domain{}
+				require.NoError(t, def.Unmarshal(x))
+				require.Len(t, def.Devices.Interfaces, 1)
+				assert.Equal(t, tc.net.Name, def.Devices.Interfaces[0].Source.Network.Network)
+				require.NoError(t, d.Delete(ctx, m.UID))
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.wantErr)
+			assert.Equal(t, tc.wantTerminal, driver.IsTerminal(err), "terminal: %v", err)
+		})
+	}
+	stoppedNet, err := l.NetworkLookupByName("stopped")
+	require.NoError(t, err)
+	active, err := l.NetworkIsActive(stoppedNet)
+	require.NoError(t, err)
+	assert.Zero(t, active, "an imported network is never started")
+}

@@ -13,8 +13,11 @@ import (
 )
 
 // ensureNetwork makes the named network exist and be active, creating it from
-// its CIDR and mode when it is missing.
+// its CIDR and mode when it is missing; an imported one is only checked.
 func ensureNetwork(api API, n driver.Network) error {
+	if n.Imported {
+		return checkImported(api, n)
+	}
 	nw, err := api.NetworkLookupByName(n.Name)
 	if isCode(err, golibvirt.ErrNoNetwork) {
 		x, err := networkXML(n)
@@ -39,6 +42,101 @@ func ensureNetwork(api API, n driver.Network) error {
 		return nil
 	}
 	return errors.Wrapf(api.NetworkCreate(nw), "cannot start network %s", n.Name)
+}
+
+// checkImported says whether the network a VirtualNetwork imports can take
+// the guest's interface as it is: it exists, is active, and is what the
+// VirtualNetwork says (mode, and the subnet or host bridge where given).
+// A network made outside virtfleet is never defined, started or changed.
+func checkImported(api API, n driver.Network) error {
+	nw, err := api.NetworkLookupByName(n.Name)
+	if isCode(err, golibvirt.ErrNoNetwork) {
+		return errors.Errorf("network %q, which the VirtualNetwork imports, does not exist on this node", n.Name)
+	}
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up network %s", n.Name)
+	}
+	x, err := api.NetworkGetXMLDesc(nw, 0)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read network %s", n.Name)
+	}
+	def := &libvirtxml.Network{}
+	if err := def.Unmarshal(x); err != nil {
+		return errors.Wrapf(err, "cannot parse the definition of network %s", n.Name)
+	}
+	if err := sameNetwork(def, n); err != nil {
+		return driver.Terminal(err)
+	}
+	active, err := api.NetworkIsActive(nw)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read network %s", n.Name)
+	}
+	if active != 1 {
+		return errors.Errorf("network %q, which the VirtualNetwork imports, is not active; virtfleet never starts a network it did not make (virsh net-start %s)", n.Name, n.Name)
+	}
+	return nil
+}
+
+// sameNetwork says how def differs from what n declares, if it does.
+func sameNetwork(def *libvirtxml.Network, n driver.Network) error {
+	mode := driver.NetworkModeIsolated
+	if def.Forward != nil {
+		mode = driver.NetworkMode(def.Forward.Mode)
+		if mode == "" { // <forward/> is libvirt's nat
+			mode = driver.NetworkModeNAT
+		}
+	}
+	want := n.Mode
+	if want == "" {
+		want = driver.NetworkModeNAT
+	}
+	if mode != want {
+		return errors.Errorf("network %q forwards in mode %q, the VirtualNetwork that imports it says %q", n.Name, mode, want)
+	}
+	if want == driver.NetworkModeBridge {
+		if n.Bridge != "" && (def.Bridge == nil || def.Bridge.Name != n.Bridge) {
+			return errors.Errorf("network %q does not join host bridge %q, the VirtualNetwork that imports it says it does", n.Name, n.Bridge)
+		}
+		return nil
+	}
+	if n.CIDR == "" {
+		return nil
+	}
+	wantPrefix, err := netip.ParsePrefix(n.CIDR)
+	if err != nil {
+		return errors.Errorf("network %q: cidr %q is not a subnet", n.Name, n.CIDR)
+	}
+	var have []string
+	for _, ip := range def.IPs {
+		p, ok := ipPrefix(ip)
+		if !ok {
+			continue
+		}
+		if p == wantPrefix.Masked() {
+			return nil
+		}
+		have = append(have, p.String())
+	}
+	return errors.Errorf("network %q serves %v, the VirtualNetwork that imports it says %s", n.Name, have, wantPrefix.Masked())
+}
+
+// ipPrefix is the subnet of one of a network's addresses, given by netmask
+// or prefix length.
+func ipPrefix(ip libvirtxml.NetworkIP) (netip.Prefix, bool) {
+	a, err := netip.ParseAddr(ip.Address)
+	if err != nil {
+		return netip.Prefix{}, false
+	}
+	bits := int(ip.Prefix)
+	if ip.Netmask != "" {
+		m := net.ParseIP(ip.Netmask).To4()
+		if m == nil {
+			return netip.Prefix{}, false
+		}
+		bits, _ = net.IPMask(m).Size()
+	}
+	p, err := a.Prefix(bits)
+	return p, err == nil
 }
 
 // networkXML builds a network definition: the host takes the subnet's first

@@ -637,6 +637,30 @@ func TestBadInputIsTerminal(t *testing.T) {
 	assert.Empty(t, c.Servers())
 }
 
+// TestImportedNetworks: a network imported by name is used as it is and
+// never created; a missing one is an error a retry may mend (its owner may
+// make it), not Terminal.
+func TestImportedNetworks(t *testing.T) {
+	t.Parallel()
+	c := newCloud(t, password)
+	d := c.open(t)
+	ensure(t, d, machine("maker"), driver.PhaseRunning) // makes ns_net-db
+
+	missing := machine("on-missing")
+	missing.Networks = []driver.Network{{Name: "lab", Imported: true, CIDR: "10.20.0.0/24"}}
+	_, err := d.Ensure(context.Background(), missing)
+	require.Error(t, err)
+	assert.False(t, driver.IsTerminal(err), "%v", err)
+	assert.Contains(t, err.Error(), `network "lab", which the VirtualNetwork imports, does not exist in Neutron`)
+
+	existing := machine("on-existing")
+	existing.Networks = []driver.Network{{Name: "ns_net-db", Imported: true}}
+	o := ensure(t, d, existing, driver.PhaseRunning)
+	require.Len(t, o.Interfaces, 1)
+	assert.Equal(t, "ns_net-db", o.Interfaces[0].Network)
+	require.Len(t, c.Networks(), 1, "nothing created for either import")
+}
+
 // TestObserveReadsTheViewAndPollingIsOneListCall pins the cost of watching:
 // one changes-since list per interval for all servers, no GET per server.
 func TestObserveReadsTheViewAndPollingIsOneListCall(t *testing.T) {

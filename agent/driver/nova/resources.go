@@ -211,7 +211,8 @@ func (d *Driver) ensureVolume(ctx context.Context, disk driver.Disk) (*volumes.V
 // ensureNetwork finds the Neutron network named n.Name, the oldest if names
 // repeat, or creates it with a DHCP subnet from n.CIDR whose gateway is its
 // first address. A network the driver created without its subnet (an agent
-// stopped in between) gets the subnet now.
+// stopped in between) gets the subnet now. An imported network is looked up
+// by name the same way and used as it is: never created nor given a subnet.
 func (d *Driver) ensureNetwork(ctx context.Context, n driver.Network) (string, error) {
 	d.networkMu.Lock()
 	defer d.networkMu.Unlock()
@@ -230,8 +231,11 @@ func (d *Driver) ensureNetwork(ctx context.Context, n driver.Network) (string, e
 		}
 		return strings.Compare(a.ID, b.ID)
 	})
-	if len(all) > 0 && (len(all[0].Subnets) > 0 || all[0].Description != Description) {
+	if len(all) > 0 && (n.Imported || len(all[0].Subnets) > 0 || all[0].Description != Description) {
 		return all[0].ID, nil
+	}
+	if n.Imported {
+		return "", errors.Errorf("network %q, which the VirtualNetwork imports, does not exist in Neutron", n.Name)
 	}
 	prefix, err := networkPrefix(n)
 	if err != nil {

@@ -72,13 +72,23 @@ func machine(in wire.Intent) (driver.Machine, error) {
 			return driver.Machine{}, driver.Terminalf("malformed intent: machine.networks[%d].name is empty", i)
 		}
 		m.Networks = append(m.Networks, driver.Network{
-			Name:   NodeName(in.Namespace, n.Name),
-			CIDR:   n.CIDR,
-			Mode:   driver.NetworkMode(n.Mode),
-			Bridge: n.Bridge,
+			Name:     nodeNetwork(in.Namespace, n),
+			Imported: n.ExternalName != "",
+			CIDR:     n.CIDR,
+			Mode:     driver.NetworkMode(n.Mode),
+			Bridge:   n.Bridge,
 		})
 	}
 	return m, nil
+}
+
+// nodeNetwork is the node's name of the network n: the one it imports, or
+// the one made for it.
+func nodeNetwork(namespace string, n wire.Network) string {
+	if n.ExternalName != "" {
+		return n.ExternalName
+	}
+	return NodeName(namespace, n.Name)
 }
 
 // report turns what the driver observed into the wire report for in.
@@ -86,7 +96,7 @@ func machine(in wire.Intent) (driver.Machine, error) {
 func report(in wire.Intent, obs driver.Observation) wire.Report {
 	userName := map[string]string{}
 	for _, n := range in.Machine.Networks {
-		userName[NodeName(in.Namespace, n.Name)] = n.Name
+		userName[nodeNetwork(in.Namespace, n)] = n.Name
 	}
 	r := wire.Report{
 		UID:                in.UID,

@@ -54,6 +54,33 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 	}
 }
 
+// TestNetworksHaveTheNodesNamesAndReportTheUsers: a VirtualNetwork's network
+// on the node is the one it imports by external name or the one made for it,
+// and the report names both by the VirtualNetwork.
+func TestNetworksHaveTheNodesNamesAndReportTheUsers(t *testing.T) {
+	in := wire.Intent{UID: "a", Namespace: "team-a", Name: "vm", Machine: wire.Machine{
+		VCPU: 1, MemoryBytes: 1 << 20,
+		Disks: []wire.Disk{{Name: "root", SizeBytes: 1 << 30}},
+		Networks: []wire.Network{
+			{Name: "own", CIDR: "10.1.0.0/24"},
+			{Name: "lab", Mode: "nat", CIDR: "192.168.122.0/24", ExternalName: "default"},
+		},
+	}}
+	m, err := machine(in)
+	require.NoError(t, err)
+	assert.Equal(t, []driver.Network{
+		{Name: "team-a_own", CIDR: "10.1.0.0/24"},
+		{Name: "default", Imported: true, Mode: driver.NetworkModeNAT, CIDR: "192.168.122.0/24"},
+	}, m.Networks)
+
+	r := report(in, driver.Observation{Phase: driver.PhaseRunning, Interfaces: []driver.Interface{
+		{Network: "team-a_own", MAC: "52:54:00:00:00:01"}, {Network: "default", MAC: "52:54:00:00:00:02"},
+	}})
+	require.Len(t, r.Interfaces, 2)
+	assert.Equal(t, "own", r.Interfaces[0].Network)
+	assert.Equal(t, "lab", r.Interfaces[1].Network)
+}
+
 func TestWirePhaseKeepsKnownPhasesAndReportsOthersUnknown(t *testing.T) {
 	for _, p := range driver.Phases {
 		assert.Equal(t, string(p), string(wirePhase(p)), "a known phase keeps its name")

@@ -127,6 +127,13 @@ type Network struct {
 	Mode   string `json:"mode,omitempty"`
 	CIDR   string `json:"cidr,omitempty"`
 	Bridge string `json:"bridge,omitempty"`
+	// ExternalName is set when the VirtualNetwork imports a network by
+	// external name: the node's network of that name (a libvirt network,
+	// a Neutron network's name or id) is used as it is, never created,
+	// changed or deleted, and it must be what Mode, CIDR and Bridge say.
+	// Empty means the node's network NodeName(Namespace, Name), made from
+	// Mode, CIDR and Bridge when missing.
+	ExternalName string `json:"externalName,omitempty"`
 }
 
 // BackendParams selects and parameterises the node's Driver.

@@ -249,6 +249,10 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 			Mode:   string(n.Spec.ForProvider.Mode),
 			CIDR:   n.Spec.ForProvider.CIDR,
 			Bridge: n.Spec.ForProvider.Bridge,
+			// A VirtualNetwork names an existing network the way Crossplane
+			// imports any resource; without the annotation the node makes
+			// its own (the inuse controller never sets it).
+			ExternalName: meta.GetExternalName(&n),
 		})
 	}
 	in := wire.Intent{

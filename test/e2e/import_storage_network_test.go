@@ -2,13 +2,17 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"libvirt.org/go/libvirtxml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,11 +27,14 @@ import (
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
 
-// TestImportVolume imports a libvirt volume made behind virtfleet's back
-// into Volumes: observed only, refused to a second Volume, taken over and
-// deleted with the full policy; and a Volume of virtfleet's own deleted
-// without the Delete policy leaves its volume.
-func TestImportVolume(t *testing.T) {
+// TestImportVolumeAndNetwork imports a libvirt volume made behind
+// virtfleet's back into Volumes: observed only, refused to a second Volume,
+// taken over and deleted with the full policy; and a Volume of virtfleet's
+// own deleted without the Delete policy leaves its volume. On the same node
+// (one stack for both, to save its start), a VirtualNetwork imports the
+// node's libvirt network "default" by external name: a VM's interface is on
+// it, no network is made, and one that says another subnet fails the VM.
+func TestImportVolumeAndNetwork(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
@@ -96,6 +103,90 @@ func TestImportVolume(t *testing.T) {
 		h.deleteObject(t, getInto(t, h, "own", &v1alpha1.Volume{}))
 		assert.True(t, h.nodeVolumeExists(t, node, wire.NodeName(ns, "own")), "the volume stays")
 	})
+
+	// libvirt's own network on every test node: nat, 192.168.122.0/24.
+	lab := func(name, cidr string) *v1alpha1.VirtualNetwork {
+		n := &v1alpha1.VirtualNetwork{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{Mode: v1alpha1.NetworkModeNAT, CIDR: cidr}},
+		}
+		meta.SetExternalName(n, "default")
+		return n
+	}
+	onNetwork := func(name, network string) *v1alpha1.VirtualMachine {
+		h.create(t, volume(name+"-root"))
+		vm := vmWith(name, name+"-root")
+		vm.Spec.ForProvider.VirtualNetworks = []v1alpha1.LocalName{v1alpha1.LocalName(network)}
+		h.create(t, vm)
+		return vm
+	}
+	networksBefore := h.nodeNetworks(t, node)
+
+	t.Run("AVirtualNetworkImportsTheNodesNetwork", func(t *testing.T) {
+		h.create(t, lab("lab", "192.168.122.0/24"))
+		onNetwork("on-lab", "lab")
+		vm := h.wait(t, "on-lab", 90*time.Second, running)
+		require.Len(t, vm.Status.AtProvider.Interfaces, 1)
+		assert.Equal(t, "lab", vm.Status.AtProvider.Interfaces[0].Network, "reported under the VirtualNetwork's name")
+		assert.Equal(t, []string{"default"}, h.domainNetworks(t, node, vm.Status.AtProvider.ID), "the interface is on the imported network")
+		assert.Equal(t, networksBefore, h.nodeNetworks(t, node), "no network made for it")
+	})
+
+	t.Run("ANetworkThatIsNotWhatTheVirtualNetworkSaysFailsTheVM", func(t *testing.T) {
+		h.create(t, lab("lab-elsewhere", "10.99.0.0/24"))
+		onNetwork("on-elsewhere", "lab-elsewhere")
+		vm := h.wait(t, "on-elsewhere", 30*time.Second, phase(v1alpha1.PhaseFailed))
+		assert.Contains(t, vm.GetCondition(xpv2.TypeReady).Message, `network "default" serves [192.168.122.0/24], the VirtualNetwork that imports it says 10.99.0.0/24`)
+	})
+
+	t.Run("DeletingTheVirtualNetworkLeavesTheNetwork", func(t *testing.T) {
+		for _, vm := range []string{"on-lab", "on-elsewhere"} {
+			h.delete(t, vm)
+		}
+		for _, n := range []string{"lab", "lab-elsewhere"} {
+			h.deleteObject(t, getInto(t, h, n, &v1alpha1.VirtualNetwork{}))
+		}
+		assert.Equal(t, networksBefore, h.nodeNetworks(t, node))
+	})
+}
+
+// nodeNetworks are the names of node's libvirt networks, active or not.
+func (h *hub) nodeNetworks(t *testing.T, node string) []string {
+	t.Helper()
+	l, err := h.s.Nodes[node].Dial()
+	require.NoError(t, err)
+	defer func() { _ = l.Disconnect() }()
+	nets, _, err := l.ConnectListAllNetworks(1, 0)
+	require.NoError(t, err)
+	var names []string
+	for _, n := range nets {
+		names = append(names, n.Name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// domainNetworks are the networks of the interfaces of node's domain uuid.
+func (h *hub) domainNetworks(t *testing.T, node, id string) []string {
+	t.Helper()
+	l, err := h.s.Nodes[node].Dial()
+	require.NoError(t, err)
+	defer func() { _ = l.Disconnect() }()
+	u, err := uuid.Parse(id)
+	require.NoError(t, err, "the VM's id is its domain's UUID")
+	d, err := l.DomainLookupByUUID(golibvirt.UUID(u))
+	require.NoError(t, err)
+	x, err := l.DomainGetXMLDesc(d, 0)
+	require.NoError(t, err)
+	def := &libvirtxml.Domain{}
+	require.NoError(t, def.Unmarshal(x))
+	var out []string
+	for _, i := range def.Devices.Interfaces {
+		if i.Source != nil && i.Source.Network != nil {
+			out = append(out, i.Source.Network.Network)
+		}
+	}
+	return out
 }
 
 // libvirtVolume makes a volume in node's pool with go-libvirt directly, as
