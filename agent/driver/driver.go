@@ -180,6 +180,12 @@ type Disk struct {
 	// Image, if set, fills a disk that does not exist yet. An existing disk
 	// is never rewritten from it.
 	Image *Image
+	// Imported is set for a volume a Volume imports by external name: the
+	// disk is that volume as it is, in its own format, never created,
+	// resized or filled, nor removed when a new guest's definition fails.
+	// A missing one is an error a retry may mend. A driver that cannot
+	// attach imported volumes says so with a Terminal error.
+	Imported bool
 }
 
 // Image is a disk image a node keeps to make disks from. A node holds each

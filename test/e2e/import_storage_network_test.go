@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,9 +46,9 @@ func TestImportVolumeAndNetwork(t *testing.T) {
 	h := startStack(t, "vf-import-volume-", stack.Options{Nodes: []string{node}})
 	nc, _ := natstest.Connect(t, h.s.NATS, h.s.AgentIdentities[node])
 	h.libvirtVolume(t, node, legacy, 3<<30)
-	importer := func(name string, policies ...xpv2.ManagementAction) *v1alpha1.Volume {
+	importer := func(name, external string, policies ...xpv2.ManagementAction) *v1alpha1.Volume {
 		v := volume(name)
-		meta.SetExternalName(v, legacy)
+		meta.SetExternalName(v, external)
 		meta.AddAnnotations(v, map[string]string{v1alpha1.AnnotationNode: node})
 		if len(policies) > 0 {
 			v.SetManagementPolicies(policies)
@@ -61,7 +62,7 @@ func TestImportVolumeAndNetwork(t *testing.T) {
 
 	var seen *v1alpha1.Volume
 	t.Run("ImportByExternalNameShowsTheRealSize", func(t *testing.T) {
-		h.create(t, importer("seen", xpv2.ManagementActionObserve))
+		h.create(t, importer("seen", legacy, xpv2.ManagementActionObserve))
 		seen = h.waitVolume(t, "seen", 30*time.Second, realSize)
 		assert.NotEmpty(t, seen.Status.AtProvider.ID, "the volume's key")
 		assert.Equal(t, node, seen.Status.AtProvider.Node)
@@ -69,7 +70,7 @@ func TestImportVolumeAndNetwork(t *testing.T) {
 	})
 
 	t.Run("ASecondVolumeNamingTheSameVolumeFails", func(t *testing.T) {
-		h.create(t, importer("thief"))
+		h.create(t, importer("thief", legacy))
 		v := h.waitVolume(t, "thief", 30*time.Second, func(v *v1alpha1.Volume) bool { return v.Status.AtProvider.Phase == v1alpha1.PhaseFailed })
 		assert.Contains(t, v.GetCondition(xpv2.TypeReady).Message, "already managed by Volume "+ns+"/seen")
 		h.deleteObject(t, v)
@@ -87,7 +88,7 @@ func TestImportVolumeAndNetwork(t *testing.T) {
 	})
 
 	t.Run("TheFullPolicyDeletesTheImportedVolume", func(t *testing.T) {
-		h.create(t, importer("taken"))
+		h.create(t, importer("taken", legacy))
 		taken := h.waitVolume(t, "taken", 30*time.Second, realSize)
 		h.deleteObject(t, taken)
 		assert.False(t, h.nodeVolumeExists(t, node, legacy), "deleted with its Volume")
@@ -102,6 +103,44 @@ func TestImportVolumeAndNetwork(t *testing.T) {
 		h.delete(t, "user")
 		h.deleteObject(t, getInto(t, h, "own", &v1alpha1.Volume{}))
 		assert.True(t, h.nodeVolumeExists(t, node, wire.NodeName(ns, "own")), "the volume stays")
+	})
+
+	t.Run("AVMAttachesAnImportedVolumeAsItIs", func(t *testing.T) {
+		h.libvirtVolume(t, node, "legacy-data.img", 2<<30)
+		h.create(t, importer("legacy-data", "legacy-data.img"))
+		h.waitVolume(t, "legacy-data", 30*time.Second, func(v *v1alpha1.Volume) bool { return v.Status.AtProvider.Phase == v1alpha1.PhaseRunning })
+		h.create(t, volume("data-user-root"))
+		vm := imageVM("data-user", "data-user-root")
+		vm.Spec.ForProvider.DiskAttachments = append(vm.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: "legacy-data"})
+		h.create(t, vm)
+		got := h.wait(t, "data-user", 90*time.Second, running)
+		assert.Equal(t, []string{wire.NodeName(ns, "data-user-root"), "legacy-data.img"}, h.domainVolumes(t, node, got.Status.AtProvider.ID))
+	})
+
+	t.Run("AVolumeThatOnlyObservesIsNeverAttached", func(t *testing.T) {
+		h.libvirtVolume(t, node, "peek.img", 1<<30)
+		h.create(t, importer("peek", "peek.img", xpv2.ManagementActionObserve))
+		h.create(t, volume("peeker-root"))
+		vm := imageVM("peeker", "peeker-root")
+		vm.Spec.ForProvider.DiskAttachments = append(vm.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: "peek"})
+		h.create(t, vm)
+		got := h.wait(t, "peeker", 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
+			return strings.Contains(vm.GetCondition(xpv2.TypeReady).Message, "Volume peek only observes volume peek.img")
+		})
+		assert.Equal(t, v1alpha1.PhasePending, got.Status.AtProvider.Phase)
+		assert.Empty(t, got.GetAnnotations()[v1alpha1.AnnotationNode], "placed nowhere")
+	})
+
+	t.Run("AnAttachedImportedVolumeIsDeletedOnlyOnceItsVMIsGone", func(t *testing.T) {
+		data := getInto(t, h, "legacy-data", &v1alpha1.Volume{})
+		require.NoError(t, h.kube.Delete(context.Background(), data))
+		h.waitVolume(t, "legacy-data", 30*time.Second, func(v *v1alpha1.Volume) bool {
+			return strings.Contains(v.GetCondition(xpv2.TypeSynced).Message, "Volume legacy-data is used by VirtualMachine data-user")
+		})
+		assert.True(t, h.nodeVolumeExists(t, node, "legacy-data.img"), "kept while the VM has it")
+		h.delete(t, "data-user")
+		require.Eventually(t, func() bool { return !h.nodeVolumeExists(t, node, "legacy-data.img") }, 30*time.Second, 100*time.Millisecond,
+			"deleted with its Volume (full policy) once no guest has it")
 	})
 
 	// libvirt's own network on every test node: nat, 192.168.122.0/24.
@@ -166,8 +205,21 @@ func (h *hub) nodeNetworks(t *testing.T, node string) []string {
 	return names
 }
 
-// domainNetworks are the networks of the interfaces of node's domain uuid.
-func (h *hub) domainNetworks(t *testing.T, node, id string) []string {
+// domainVolumes are the pool volumes of node's domain uuid, in order, but
+// the guest's seed and swap.
+func (h *hub) domainVolumes(t *testing.T, node, id string) []string {
+	t.Helper()
+	var out []string
+	for _, d := range h.domainDefinition(t, node, id).Devices.Disks {
+		if d.Source != nil && d.Source.Volume != nil && !strings.HasSuffix(d.Source.Volume.Volume, "-seed.iso") && !strings.HasSuffix(d.Source.Volume.Volume, "-swap.img") {
+			out = append(out, d.Source.Volume.Volume)
+		}
+	}
+	return out
+}
+
+// domainDefinition is the definition of node's domain uuid.
+func (h *hub) domainDefinition(t *testing.T, node, id string) *libvirtxml.Domain {
 	t.Helper()
 	l, err := h.s.Nodes[node].Dial()
 	require.NoError(t, err)
@@ -180,8 +232,14 @@ func (h *hub) domainNetworks(t *testing.T, node, id string) []string {
 	require.NoError(t, err)
 	def := &libvirtxml.Domain{}
 	require.NoError(t, def.Unmarshal(x))
+	return def
+}
+
+// domainNetworks are the networks of the interfaces of node's domain uuid.
+func (h *hub) domainNetworks(t *testing.T, node, id string) []string {
+	t.Helper()
 	var out []string
-	for _, i := range def.Devices.Interfaces {
+	for _, i := range h.domainDefinition(t, node, id).Devices.Interfaces {
 		if i.Source != nil && i.Source.Network != nil {
 			out = append(out, i.Source.Network.Network)
 		}

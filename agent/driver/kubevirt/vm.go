@@ -86,6 +86,9 @@ func validate(m driver.Machine) error {
 		return driver.Terminalf("uid %q cannot name a KubeVirt VirtualMachine: %s", m.UID, strings.Join(errs, "; "))
 	}
 	for _, d := range m.Disks {
+		if d.Imported {
+			return driver.Terminalf("disk %s is an imported volume, which the kubevirt backend cannot attach yet", d.Name)
+		}
 		if d.Image != nil {
 			return driver.Terminalf("disk %s is made from image %s: the kubevirt backend needs CDI DataVolumes for images, which it does not support yet; use a volume without an image", d.Name, d.Image.Name)
 		}

@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -521,8 +522,15 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 			}
 		}
 	}()
-	for _, disk := range m.Disks {
+	m.Disks = slices.Clone(m.Disks) // imported disks get their format below
+	for i, disk := range m.Disks {
 		pool := cmp.Or(disk.Pool, d.pool)
+		if disk.Imported {
+			if m.Disks[i].Format, err = d.importedFormat(api, pool, disk.Name); err != nil {
+				return golibvirt.Domain{}, err
+			}
+			continue
+		}
 		exists, err := hasVolume(api, pool, disk.Name)
 		if err != nil {
 			return golibvirt.Domain{}, err

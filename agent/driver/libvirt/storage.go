@@ -207,6 +207,33 @@ func (d *Driver) ObserveVolume(_ context.Context, disk driver.Disk) (driver.Volu
 	return driver.VolumeObservation{ID: v.Key, SizeBytes: int64(capacity)}, nil //nolint:gosec // a volume's capacity fits
 }
 
+// importedFormat is the format of the imported volume name (raw when the
+// pool does not say), which the guest's disk must be opened with.
+func (d *Driver) importedFormat(api API, pool, name string) (string, error) {
+	if ownVolume(name) {
+		return "", driver.Terminalf("volume %s is one node %s keeps for itself (an image, or a guest's seed or swap); no guest can attach it as an imported volume", name, d.node)
+	}
+	v, err := findVolume(api, pool, name)
+	if driver.IsNotFound(err) {
+		return "", errors.Errorf("the imported volume is not there: %v on node %s", err, d.node)
+	}
+	if err != nil {
+		return "", err
+	}
+	x, err := api.StorageVolGetXMLDesc(v, 0)
+	if err != nil {
+		return "", errors.Wrapf(err, "cannot read volume %s", name)
+	}
+	def := &libvirtxml.StorageVolume{}
+	if err := def.Unmarshal(x); err != nil {
+		return "", errors.Wrapf(err, "cannot parse the definition of volume %s", name)
+	}
+	if def.Target != nil && def.Target.Format != nil && def.Target.Format.Type != "" {
+		return def.Target.Format.Type, nil
+	}
+	return "raw", nil
+}
+
 // ownVolume is whether name is a volume the driver makes for itself: an
 // image or a guest's seed or swap.
 func ownVolume(name string) bool {

@@ -101,3 +101,80 @@ func TestImportedVolumes(t *testing.T) {
 		assert.True(t, driver.IsNotFound(err), "gone: %v", err)
 	})
 }
+
+// TestAttachingImportedVolumes: a guest's imported disk is the volume as it
+// is, opened in its own format, never created or resized; and a new guest
+// whose definition fails for good removes what it made but never the
+// volume it imported.
+func TestAttachingImportedVolumes(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "attach-import")
+	d, l := open(t, node), raw(t, node)
+	p, err := l.StoragePoolLookupByName(testPool)
+	require.NoError(t, err)
+	x, err := (&libvirtxml.StorageVolume{
+		Name: "legacy.img", Capacity: &libvirtxml.StorageVolumeSize{Value: 2 << 30, Unit: "B"},
+		Target: &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}},
+	}).Marshal()
+	require.NoError(t, err)
+	_, err = l.StorageVolCreateXML(p, x, 0)
+	require.NoError(t, err)
+	withImport := func(name, imported string) driver.Machine {
+		m := machine(name)
+		m.Disks = append(m.Disks, driver.Disk{Name: imported, SizeBytes: 5 << 30, Imported: true})
+		return m
+	}
+
+	cases := map[string]struct {
+		machine      driver.Machine
+		wantErr      string
+		wantTerminal bool
+	}{
+		"AttachedAsItIs": {machine: withImport("user", "legacy.img")},
+		"Missing": {
+			machine: withImport("waits", "gone.img"),
+			wantErr: "the imported volume is not there: no volume gone.img in storage pool default-pool on node attach-import",
+		},
+		"ANodesOwnVolume": {
+			machine: withImport("thief", seedVolume("0b5e3f1a-7c2d-4e8f-9a1b-000000000001")),
+			wantErr: "is one node attach-import keeps for itself", wantTerminal: true,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := tc.machine
+			_, err := d.Ensure(ctx, m)
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.wantErr)
+				assert.Equal(t, tc.wantTerminal, driver.IsTerminal(err), "terminal: %v", err)
+				return
+			}
+			require.NoError(t, err)
+			dom, err := l.DomainLookupByName(domainName(m))
+			require.NoError(t, err)
+			dx, err := l.DomainGetXMLDesc(dom, 0)
+			require.NoError(t, err)
+			def := &libvirtxml.Domain{}
+			require.NoError(t, def.Unmarshal(dx))
+			disk := def.Devices.Disks[1]
+			assert.Equal(t, "legacy.img", disk.Source.Volume.Volume)
+			assert.Equal(t, "raw", disk.Driver.Type, "opened in its own format, not qcow2")
+		})
+	}
+
+	t.Run("AFailedNewGuestLeavesTheImportedVolume", func(t *testing.T) {
+		m := withImport("too-big", "legacy.img")
+		m.Disks = append(m.Disks, driver.Disk{Name: "too-big-data", SizeBytes: 200 << 30})
+		_, err := d.Ensure(ctx, m)
+		require.True(t, driver.IsTerminal(err), "%v", err)
+		assert.True(t, volumeExists(t, l, "legacy.img"))
+		assert.False(t, volumeExists(t, l, "too-big-root"), "what it made is removed")
+	})
+
+	v, err := l.StorageVolLookupByName(p, "legacy.img")
+	require.NoError(t, err)
+	_, capacity, _, err := l.StorageVolGetInfo(v)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2<<30), capacity, "never resized to the disk's size")
+}

@@ -637,10 +637,10 @@ func TestBadInputIsTerminal(t *testing.T) {
 	assert.Empty(t, c.Servers())
 }
 
-// TestImportedNetworks: a network imported by name is used as it is and
-// never created; a missing one is an error a retry may mend (its owner may
-// make it), not Terminal.
-func TestImportedNetworks(t *testing.T) {
+// TestImports: a network imported by name is used as it is and never
+// created; a missing one, network or volume, is an error a retry may mend
+// (its owner may make it), not Terminal.
+func TestImports(t *testing.T) {
 	t.Parallel()
 	c := newCloud(t, password)
 	d := c.open(t)
@@ -659,6 +659,15 @@ func TestImportedNetworks(t *testing.T) {
 	require.Len(t, o.Interfaces, 1)
 	assert.Equal(t, "ns_net-db", o.Interfaces[0].Network)
 	require.Len(t, c.Networks(), 1, "nothing created for either import")
+
+	volumesBefore := len(c.Volumes())
+	disk := machine("on-missing-volume")
+	disk.Disks = append(disk.Disks, driver.Disk{Name: "legacy", SizeBytes: 1 << 30, Imported: true})
+	// The boot volume is made first; the imported one is looked up next.
+	require.Eventually(t, func() bool { _, err = d.Ensure(context.Background(), disk); return err != nil }, waitFor, tick)
+	assert.False(t, driver.IsTerminal(err), "%v", err)
+	assert.Contains(t, err.Error(), "disk legacy is an imported volume, and Cinder has no volume of that name")
+	assert.Len(t, c.Volumes(), volumesBefore+1, "only the boot volume is made, never the imported one")
 }
 
 // TestObserveReadsTheViewAndPollingIsOneListCall pins the cost of watching:

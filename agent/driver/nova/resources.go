@@ -197,6 +197,9 @@ func (d *Driver) ensureVolume(ctx context.Context, disk driver.Disk) (*volumes.V
 	if err != nil || v != nil {
 		return v, err
 	}
+	if disk.Imported {
+		return nil, errors.Errorf("disk %s is an imported volume, and Cinder has no volume of that name", disk.Name)
+	}
 	if disk.Image != nil {
 		return nil, driver.Terminalf("disk %s: volumes from a DiskImage are not supported on nova yet; create the volume in Cinder (or from a Glance image) and name it %s", disk.Name, disk.Name)
 	}

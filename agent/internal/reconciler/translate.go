@@ -47,7 +47,10 @@ func machine(in wire.Intent) (driver.Machine, error) {
 		if d.Name == "" {
 			return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].name is empty", i)
 		}
-		disk := driver.Disk{Name: NodeName(in.Namespace, d.Name), SizeBytes: d.SizeBytes}
+		disk := driver.Disk{Name: nodeDisk(in.Namespace, d), SizeBytes: d.SizeBytes, Imported: d.ExternalName != ""}
+		if disk.Imported && d.Image != nil {
+			return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d] imports volume %q and has an image to fill it from", i, d.ExternalName)
+		}
 		if im := d.Image; im != nil {
 			if err := im.Validate(); im.UID == "" || err != nil {
 				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and a url or a sourceVolume, exactly one", i)
@@ -80,6 +83,15 @@ func machine(in wire.Intent) (driver.Machine, error) {
 		})
 	}
 	return m, nil
+}
+
+// nodeDisk is the node's name of the volume of disk d: the one its Volume
+// imports, or the Volume's own.
+func nodeDisk(namespace string, d wire.Disk) string {
+	if d.ExternalName != "" {
+		return d.ExternalName
+	}
+	return NodeName(namespace, d.Name)
 }
 
 // nodeNetwork is the node's name of the network n: the one it imports, or

@@ -81,6 +81,24 @@ func TestNetworksHaveTheNodesNamesAndReportTheUsers(t *testing.T) {
 	assert.Equal(t, "lab", r.Interfaces[1].Network)
 }
 
+// TestImportedDisksHaveTheirVolumesName: a disk whose Volume imports a
+// volume is that volume on the node, and can have no image to fill it.
+func TestImportedDisksHaveTheirVolumesName(t *testing.T) {
+	in := wire.Intent{UID: "a", Namespace: "team-a", Name: "vm", Machine: wire.Machine{
+		VCPU: 1, MemoryBytes: 1 << 20,
+		Disks: []wire.Disk{{Name: "root", SizeBytes: 1 << 30}, {Name: "data", SizeBytes: 3 << 30, ExternalName: "legacy.img"}},
+	}}
+	m, err := machine(in)
+	require.NoError(t, err)
+	assert.Equal(t, []driver.Disk{{Name: "team-a_root", SizeBytes: 1 << 30}, {Name: "legacy.img", SizeBytes: 3 << 30, Imported: true}}, m.Disks)
+
+	in.Machine.Disks[1].Image = &wire.ImageRef{Name: "ubuntu", UID: "img-1", URL: "http://127.0.0.1/u.qcow2"}
+	_, err = machine(in)
+	require.Error(t, err)
+	assert.True(t, driver.IsTerminal(err))
+	assert.EqualError(t, err, `malformed intent: machine.disks[1] imports volume "legacy.img" and has an image to fill it from`)
+}
+
 func TestWirePhaseKeepsKnownPhasesAndReportsOthersUnknown(t *testing.T) {
 	for _, p := range driver.Phases {
 		assert.Equal(t, string(p), string(wirePhase(p)), "a known phase keeps its name")

@@ -108,7 +108,7 @@ func (r *Reconciler) attached(disk string) error {
 	defer r.mu.Unlock()
 	for uid, in := range r.intents {
 		for _, d := range in.Machine.Disks {
-			if NodeName(in.Namespace, d.Name) == disk {
+			if nodeDisk(in.Namespace, d) == disk {
 				return driver.InUsef("volume %s is still used by guest %s (VirtualMachine %s/%s); it is deleted once the guest is gone", disk, uid, in.Namespace, in.Name)
 			}
 		}

@@ -85,6 +85,13 @@ type Disk struct {
 	SizeBytes int64  `json:"sizeBytes"`
 	// Image is the DiskImage the volume is created from, if any.
 	Image *ImageRef `json:"image,omitempty"`
+	// ExternalName is set when the Volume imports a volume of the node by
+	// external name (VolumeIntent.ExternalName): the disk is that volume,
+	// attached as it is and never created, resized or filled; SizeBytes is
+	// its size as the node reported it. Empty means the node's volume
+	// NodeName(Namespace, Name). The hub sends it only once the node
+	// reported the import, and never with Image.
+	ExternalName string `json:"externalName,omitempty"`
 }
 
 // ImageRef is a resolved DiskImage. The node imports it once, however many

@@ -11,6 +11,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -89,13 +90,13 @@ func claimOf(vm *v1alpha1.VirtualMachine) *wire.Claim {
 	return nil
 }
 
-// observeOnly is whether the VM's management policies only let the hub
-// look: neither create nor update (managementPolicies [Observe]).
-func observeOnly(vm *v1alpha1.VirtualMachine) bool {
-	if len(vm.GetManagementPolicies()) == 0 {
+// observeOnly is whether a resource's management policies only let the
+// hub look: neither create nor update (managementPolicies [Observe]).
+func observeOnly(mg resource.Manageable) bool {
+	if len(mg.GetManagementPolicies()) == 0 {
 		return false
 	}
-	for _, p := range vm.GetManagementPolicies() {
+	for _, p := range mg.GetManagementPolicies() {
 		switch p {
 		case xpv2.ManagementActionAll, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate:
 			return false

@@ -17,6 +17,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
@@ -88,6 +89,26 @@ func (d dependencies) boundNode() (string, error) {
 	return node, nil
 }
 
+// attachable says why a VM cannot attach the Volume v, which imports a
+// volume of its node, yet or at all: a guest writes to its disks, so the
+// Volume must let virtfleet change the volume (not Observe only), and the
+// node must have reported the import as this Volume's (Running, with the
+// volume's real size), not as another Volume's.
+func attachable(v *v1alpha1.Volume) error {
+	ext, node := meta.GetExternalName(v), v.GetAnnotations()[v1alpha1.AnnotationNode]
+	if observeOnly(v) {
+		return errors.Errorf("Volume %s only observes volume %s of node %s (its managementPolicies allow neither Create nor Update); a VirtualMachine attaches an imported Volume only when virtfleet may change the volume", v.Name, ext, node)
+	}
+	if v.Status.AtProvider.Phase != v1alpha1.PhaseRunning || v.Status.AtProvider.Capacity == nil {
+		err := errors.Errorf("Volume %s has not imported volume %s of node %s yet", v.Name, ext, node)
+		if why := v.GetCondition(xpv2.TypeReady).Message; why != "" {
+			err = errors.Wrap(errors.New(why), err.Error())
+		}
+		return err
+	}
+	return nil
+}
+
 // resolve reads what the VM refers to from the manager's cache.
 func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine) (dependencies, error) {
 	var d dependencies
@@ -101,9 +122,9 @@ func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachin
 		case err != nil:
 			return d, errors.Wrapf(err, "cannot get Volume %s", a.Name)
 		case meta.GetExternalName(&v) != "":
-			// The node would make a volume of the Volume's own name.
-			return d, errors.Errorf("Volume %s imports volume %s of node %s, and a VirtualMachine cannot attach an imported Volume yet",
-				v.Name, meta.GetExternalName(&v), v.GetAnnotations()[v1alpha1.AnnotationNode])
+			if err := attachable(&v); err != nil {
+				return d, err
+			}
 		}
 		d.volumes = append(d.volumes, v)
 	}
@@ -240,7 +261,11 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 		m.Firmware = wire.Firmware(*fp.Firmware)
 	}
 	for _, v := range d.volumes {
-		m.Disks = append(m.Disks, wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: v.Spec.ForProvider.Size.Value(), Image: d.imageRef(v)})
+		disk := wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: v.Spec.ForProvider.Size.Value(), Image: d.imageRef(v)}
+		if ext := meta.GetExternalName(&v); ext != "" { // attachable: imported, with its size
+			disk.ExternalName, disk.SizeBytes, disk.Image = ext, v.Status.AtProvider.Capacity.Value(), nil
+		}
+		m.Disks = append(m.Disks, disk)
 	}
 	for _, n := range d.networks {
 		m.Networks = append(m.Networks, wire.Network{

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
@@ -52,6 +53,20 @@ func vol(name, node string) *v1alpha1.Volume {
 
 func imported(v *v1alpha1.Volume, external string) *v1alpha1.Volume {
 	meta.SetExternalName(v, external)
+	return v
+}
+
+// importedBy is an import the node reported: Running at the volume's real
+// size.
+func importedBy(v *v1alpha1.Volume, external string) *v1alpha1.Volume {
+	imported(v, external)
+	capacity := resource.MustParse("3Gi")
+	v.Status.AtProvider.Phase, v.Status.AtProvider.Capacity = v1alpha1.PhaseRunning, &capacity
+	return v
+}
+
+func observed(v *v1alpha1.Volume) *v1alpha1.Volume {
+	v.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionObserve})
 	return v
 }
 
@@ -98,9 +113,20 @@ func TestResolve(t *testing.T) {
 			wantNodeErr: "live on different nodes",
 		},
 		{
-			name:    "an imported volume cannot be attached yet",
+			name:     "an imported volume the node reported is attached, and pins its node",
+			objs:     []client.Object{vol("root", ""), importedBy(vol("data", "node2"), "legacy.qcow2"), vnet("net-db")},
+			wantNode: "node2",
+		},
+		{
+			name:    "an imported volume waits for the node's report",
 			objs:    []client.Object{vol("root", ""), imported(vol("data", "node2"), "legacy.qcow2"), vnet("net-db")},
-			wantErr: "Volume data imports volume legacy.qcow2 of node node2, and a VirtualMachine cannot attach an imported Volume yet",
+			wantErr: "Volume data has not imported volume legacy.qcow2 of node node2 yet",
+		},
+		{
+			name: "an imported volume only observed is never attached",
+			objs: []client.Object{vol("root", ""), observed(importedBy(vol("data", "node2"), "legacy.qcow2")), vnet("net-db")},
+			wantErr: "Volume data only observes volume legacy.qcow2 of node node2 (its managementPolicies allow neither Create nor Update); " +
+				"a VirtualMachine attaches an imported Volume only when virtfleet may change the volume",
 		},
 	}
 	for _, tc := range cases {
@@ -173,6 +199,20 @@ func TestIntent(t *testing.T) {
 			tc.check(t, intent(tc.vm, d))
 		})
 	}
+
+	t.Run("imports go by their external names, an imported volume at its real size", func(t *testing.T) {
+		n := vnet("lab")
+		meta.SetExternalName(n, "default")
+		in := intent(vm(), dependencies{
+			volumes:  []v1alpha1.Volume{*vol("root", ""), *importedBy(vol("data", "node2"), "legacy.qcow2")},
+			networks: []v1alpha1.VirtualNetwork{*n},
+		})
+		assert.Equal(t, []wire.Disk{
+			{Name: "root", VolumeUID: "uid-root", SizeBytes: 10 << 30},
+			{Name: "data", VolumeUID: "uid-data", SizeBytes: 3 << 30, ExternalName: "legacy.qcow2"},
+		}, in.Machine.Disks)
+		assert.Equal(t, []wire.Network{{Name: "lab", UID: "uid-lab", Mode: "nat", CIDR: "10.10.120.0/24", ExternalName: "default"}}, in.Machine.Networks)
+	})
 
 	t.Run("the fingerprint changes with the nonce and only then", func(t *testing.T) {
 		a, b := intent(vm(), d), intent(vm(), d)
