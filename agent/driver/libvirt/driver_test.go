@@ -55,6 +55,19 @@ func machine(name string) driver.Machine {
 	}
 }
 
+// definition is the live definition of m's domain, read behind the
+// driver's back.
+func definition(t testing.TB, l *golibvirt.Libvirt, m driver.Machine) *libvirtxml.Domain {
+	t.Helper()
+	dom, err := l.DomainLookupByName(domainName(m))
+	require.NoError(t, err)
+	x, err := l.DomainGetXMLDesc(dom, 0)
+	require.NoError(t, err)
+	def := &libvirtxml.Domain{}
+	require.NoError(t, def.Unmarshal(x))
+	return def
+}
+
 func volumeExists(t testing.TB, l *golibvirt.Libvirt, name string) bool {
 	t.Helper()
 	p, err := l.StoragePoolLookupByName(testPool)
@@ -458,12 +471,7 @@ func TestImportedNetworks(t *testing.T) {
 			assert.Equal(t, before, networks(), "no network defined or removed")
 			if tc.wantErr == "" {
 				require.NoError(t, err)
-				dom, err := l.DomainLookupByName(domainName(m))
-				require.NoError(t, err)
-				x, err := l.DomainGetXMLDesc(dom, 0)
-				require.NoError(t, err)
-				def := &libvirtxml.Domain{}
-				require.NoError(t, def.Unmarshal(x))
+				def := definition(t, l, m)
 				require.Len(t, def.Devices.Interfaces, 1)
 				assert.Equal(t, tc.net.Name, def.Devices.Interfaces[0].Source.Network.Network)
 				require.NoError(t, d.Delete(ctx, m.UID))

@@ -151,13 +151,7 @@ func TestAttachingImportedVolumes(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			dom, err := l.DomainLookupByName(domainName(m))
-			require.NoError(t, err)
-			dx, err := l.DomainGetXMLDesc(dom, 0)
-			require.NoError(t, err)
-			def := &libvirtxml.Domain{}
-			require.NoError(t, def.Unmarshal(dx))
-			disk := def.Devices.Disks[1]
+			disk := definition(t, l, m).Devices.Disks[1]
 			assert.Equal(t, "legacy.img", disk.Source.Volume.Volume)
 			assert.Equal(t, "raw", disk.Driver.Type, "opened in its own format, not qcow2")
 		})
