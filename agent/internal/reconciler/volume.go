@@ -69,6 +69,9 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, uid string) (time.Dura
 		if rerr := r.volumeReport(ctx, wire.VolumeReport{UID: uid, Message: err.Error()}); rerr != nil {
 			return 0, rerr
 		}
+		if driver.IsTerminal(err) { // reported; tried again only when the intent changes
+			return 0, nil
+		}
 		return 0, errors.Wrapf(err, "cannot delete volume %s", in.Disk)
 	}
 	return 0, r.volumeReport(ctx, wire.VolumeReport{UID: uid, Gone: true})

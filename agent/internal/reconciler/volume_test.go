@@ -103,6 +103,17 @@ func TestVolumeIntents(t *testing.T) {
 				assert.Equal(t, []string{"default_data", "default_data"}, h.deletedVolumes(), "refused once, retried with backoff")
 			},
 		},
+		"ATerminalRefusalIsReportedAndNotRetried": {
+			run: func(t *testing.T, h *harness) {
+				h.synced()
+				h.fake.NextDeleteVolumeErr = driver.Terminalf("volume default_data is one the node keeps for itself")
+				h.putVolume(volumeIntent("vol-a", "data"))
+				r := h.volumeReport("vol-a", func(r wire.VolumeReport) bool { return r.Message != "" })
+				assert.Equal(t, "volume default_data is one the node keeps for itself", r.Message)
+				assert.Never(t, func() bool { return len(h.deletedVolumes()) > 1 }, 300*time.Millisecond, 10*time.Millisecond,
+					"no backoff retry of what no retry mends")
+			},
+		},
 		"DeletesTheReportWhenTheHubDeletesTheIntent": {
 			run: func(t *testing.T, h *harness) {
 				h.synced()
