@@ -192,6 +192,7 @@ func Run(ctx context.Context, c Config) error {
 	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
 		f.Subscribe(notifier.Notify)
 		f.SubscribeNodes(func(node string) { scheduler.RetryUnplaced(node) })
+		f.SubscribeSynced(func() { scheduler.RetryUnplaced("") })
 		f.SubscribeVolumes(volumes.Notify)
 		f.SubscribeImages(images.Notify)
 		leftovers.Watch(f)

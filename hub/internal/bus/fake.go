@@ -20,6 +20,9 @@ type Fake struct {
 	nodes    []func(NodeEvent)
 	reportKV map[string]ReportEvent
 	nodeKV   map[string]NodeEvent
+	// down, when set, is what every intent write returns: the server is
+	// away (SetDown).
+	down error
 }
 
 var _ Bus = &Fake{}
@@ -46,8 +49,32 @@ func (f *Fake) VolumeIntent(node, uid string) (wire.VolumeIntent, bool) {
 	return v, ok
 }
 
+// SetDown plays the NATS server going away (err set: every intent write
+// fails with it) and coming back (nil: the report watches catch up again,
+// as a watch resumed after a reconnect does, and say Synced).
+func (f *Fake) SetDown(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = err
+	if err != nil {
+		return
+	}
+	for _, fn := range f.reports {
+		fn(ReportEvent{Synced: true})
+	}
+}
+
+func (f *Fake) isDown() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.down
+}
+
 // PutIntent implements Bus.
 func (f *Fake) PutIntent(_ context.Context, node string, in wire.Intent) (uint64, error) {
+	if err := f.isDown(); err != nil {
+		return 0, err
+	}
 	key, err := wire.IntentKey(node, in.UID)
 	if err != nil {
 		return 0, err
@@ -86,6 +113,9 @@ func fakePut[V any](f *Fake, m map[string]V, key string, v V) (uint64, error) {
 
 // DeleteIntent implements Bus.
 func (f *Fake) DeleteIntent(_ context.Context, node, uid string) error {
+	if err := f.isDown(); err != nil {
+		return err
+	}
 	key, err := wire.IntentKey(node, uid)
 	if err != nil {
 		return err

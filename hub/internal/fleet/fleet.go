@@ -83,6 +83,7 @@ type Fleet struct {
 	volumeSubs []func(uid string)
 	imageSubs  []func(uid string)
 	nodeSubs   []func(node string)
+	syncSubs   []func()
 }
 
 // VolumeReport is a Volume's latest report and when the hub received it.
@@ -149,13 +150,23 @@ func (f *Fleet) SubscribeImages(fn func(uid string)) {
 // SubscribeNodes registers fn to be called with the name of every node that
 // joins, comes back (from lost, or from heartbeats late enough for
 // placement to pass it over), or has more room than at its previous heartbeat (a
-// guest went, or the node grew): guests waiting for room may fit now. It is
-// called once with "" when the reports present at the start have been read
-// (Orphan answers from then on). fn must not block.
+// guest went, or the node grew): guests waiting for room may fit now. fn
+// must not block.
 func (f *Fleet) SubscribeNodes(fn func(node string)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nodeSubs = append(f.nodeSubs, fn)
+}
+
+// SubscribeSynced registers fn to be called each time the report watch has
+// caught up with the server: once the reports present at the start are read
+// (Orphan answers from then on), and again whenever the watch resumes after
+// the connection to the NATS server was lost and came back. fn must not
+// block.
+func (f *Fleet) SubscribeSynced(fn func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.syncSubs = append(f.syncSubs, fn)
 }
 
 // Run keeps the view current until ctx is done.
@@ -188,14 +199,11 @@ func (f *Fleet) onReport(e bus.ReportEvent) {
 	}
 	if e.Synced {
 		f.mu.Lock()
-		first := !f.reportsSynced
 		f.reportsSynced = true
-		subs := f.nodeSubs
+		subs := f.syncSubs
 		f.mu.Unlock()
-		if first { // VMs that waited for the reports (Orphan) may be placed now
-			for _, fn := range subs {
-				fn("")
-			}
+		for _, fn := range subs {
+			fn()
 		}
 		return
 	}

@@ -24,6 +24,16 @@ type Notifier struct {
 	keys      sync.Map // uid -> types.NamespacedName
 	pending   sync.Map // uid -> struct{}: a NotifyAfter timer is running
 	events    chan ctrlevent.GenericEvent
+	// onSync are the uids NotifyOnSync holds, by fleet, and subscribed the
+	// fleets it listens to.
+	onSync     sync.Map // syncWait -> struct{}
+	subscribed sync.Map // *Fleet -> struct{}
+}
+
+// syncWait is one uid waiting for its fleet's watch to catch up.
+type syncWait struct {
+	fleet *Fleet
+	uid   string
 }
 
 // NewNotifier returns a Notifier of VirtualMachines with room for a burst of
@@ -81,5 +91,27 @@ func (n *Notifier) NotifyAfterIf(uid string, d time.Duration, still func() bool)
 		if still() {
 			n.Notify(uid)
 		}
+	})
+}
+
+// NotifyOnSync notifies uid once f's report watch has caught up with the
+// NATS server again (Fleet.SubscribeSynced): a reconcile that failed
+// writing to the bus while the server was away is retried as soon as it is
+// back, not when its backoff (up to kubeclient.MaxDelay) happens to expire.
+func (n *Notifier) NotifyOnSync(f *Fleet, uid string) {
+	n.onSync.Store(syncWait{fleet: f, uid: uid}, struct{}{})
+	if _, subscribed := n.subscribed.LoadOrStore(f, struct{}{}); !subscribed {
+		f.SubscribeSynced(func() { n.synced(f) })
+	}
+}
+
+// synced notifies, once, every uid waiting for f.
+func (n *Notifier) synced(f *Fleet) {
+	n.onSync.Range(func(k, _ any) bool {
+		if w := k.(syncWait); w.fleet == f { //nolint:forcetypeassert // only NotifyOnSync stores here
+			n.onSync.Delete(w)
+			n.Notify(w.uid)
+		}
+		return true
 	})
 }

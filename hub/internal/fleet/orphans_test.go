@@ -74,18 +74,23 @@ func TestOrphan(t *testing.T) {
 	}
 }
 
-// TestReadingTheReportsNotifiesNodeSubscribers: VMs that could not be placed
-// because Orphan said ErrReportsNotSynced are retried when the reports are
-// read, not when their backoff expires; once, not on every later Synced.
-func TestReadingTheReportsNotifiesNodeSubscribers(t *testing.T) {
+// TestSyncedSubscribersHearEveryCatchUp: the report watch catching up with
+// the server, at the start and after every reconnect, is told to
+// SubscribeSynced (so VMs that waited for the reports, or for the server,
+// are retried then), and Orphan answers from the first.
+func TestSyncedSubscribersHearEveryCatchUp(t *testing.T) {
 	f := New(bus.NewFake(), logging.NewNopLogger())
-	var calls []string
-	f.SubscribeNodes(func(node string) { calls = append(calls, node) })
+	syncs, nodes := 0, 0
+	f.SubscribeSynced(func() { syncs++ })
+	f.SubscribeNodes(func(string) { nodes++ })
+	_, _, err := f.Orphan("default", "web")
+	require.ErrorIs(t, err, ErrReportsNotSynced)
 
 	f.onReport(bus.ReportEvent{Synced: true})
 	f.onReport(bus.ReportEvent{Synced: true}) // a watch resumed after a reconnect
 
-	assert.Equal(t, []string{""}, calls)
-	_, _, err := f.Orphan("default", "web")
+	assert.Equal(t, 2, syncs)
+	assert.Zero(t, nodes, "no node changed")
+	_, _, err = f.Orphan("default", "web")
 	assert.NoError(t, err)
 }

@@ -61,7 +61,7 @@ func (e *external) observeRelease(ctx context.Context, vm *v1alpha1.VirtualMachi
 	uid := string(vm.UID)
 	if rep, ok := e.fleet.Report(node, uid); ok && rep.Report.Released {
 		if err := e.fleet.Bus.DeleteIntent(ctx, node, uid); err != nil {
-			return managed.ExternalObservation{}, errors.Wrapf(err, "cannot delete the release marker on node %s", node)
+			return managed.ExternalObservation{}, e.busFailed(uid, errors.Wrapf(err, "cannot delete the release marker on node %s", node))
 		}
 		e.state.published.Delete(uid)
 		e.state.deleted.Store(uid, struct{}{})
@@ -72,7 +72,7 @@ func (e *external) observeRelease(ctx context.Context, vm *v1alpha1.VirtualMachi
 	marker := wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: uid, Namespace: vm.Namespace, Name: vm.Name, Generation: vm.Generation, Release: true}
 	if published, _ := e.state.published.Load(uid); published != fingerprint(marker) {
 		if _, err := e.fleet.Bus.PutIntent(ctx, node, marker); err != nil {
-			return managed.ExternalObservation{}, errors.Wrapf(err, "cannot publish the release marker to node %s", node)
+			return managed.ExternalObservation{}, e.busFailed(uid, errors.Wrapf(err, "cannot publish the release marker to node %s", node))
 		}
 		e.state.published.Store(uid, fingerprint(marker))
 	}

@@ -18,12 +18,13 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 )
 
 func TestObserveRelease(t *testing.T) {
 	b := bus.NewFake()
-	e := testExternal(t, b, event.NewNopRecorder(), nil)
+	e := testExternal(t, b, event.NewNopRecorder(), fleet.NewNotifier())
 	e.opts.Placer = placement.New()
 	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{
 		Namespace: "default", Name: "web", UID: types.UID(testUID),

@@ -295,8 +295,9 @@ func (s *Scheduler) placeBatch(ctx context.Context) bool {
 			s.unplaced.Delete(key)
 		case errors.Is(err, fleet.ErrReportsNotSynced):
 			// Whether an orphan waits for the VM is not known yet: no
-			// status write. The fleet calls RetryUnplaced once it has
-			// read the reports, however long its backoff has grown.
+			// status write. RetryUnplaced runs once the fleet has read
+			// the reports (Fleet.SubscribeSynced), however long its
+			// backoff has grown.
 			s.unplaced.Store(key, struct{}{})
 			s.queue.AddRateLimited(key)
 		case err != nil:

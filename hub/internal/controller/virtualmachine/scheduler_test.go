@@ -63,6 +63,7 @@ func startScheduler(t *testing.T, policies bool, backoff workqueue.TypedRateLimi
 		s = s.withBackoff(backoff)
 	}
 	f.SubscribeNodes(s.RetryUnplaced)
+	f.SubscribeSynced(func() { s.RetryUnplaced("") })
 	go func() { _ = s.Start(ctx) }()
 	return schedulerLoop{cp: cp, ctx: ctx, b: b, f: f, rec: rec, s: s}
 }

@@ -432,10 +432,18 @@ func (e *external) ensure(ctx context.Context, vm *v1alpha1.VirtualMachine, d de
 	return e.publish(ctx, vm, d, node)
 }
 
+// busFailed returns err, a write to the fleet's NATS server that failed,
+// after asking for uid to be reconciled again as soon as the server is back
+// (Notifier.NotifyOnSync) rather than when the reconcile's backoff expires.
+func (e *external) busFailed(uid string, err error) error {
+	e.opts.Notifier.NotifyOnSync(e.fleet, uid)
+	return err
+}
+
 func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies, node string) error {
 	in := intent(vm, d)
 	if _, err := e.fleet.Bus.PutIntent(ctx, node, in); err != nil {
-		return errors.Wrapf(err, "cannot publish the intent to node %s", node)
+		return e.busFailed(in.UID, errors.Wrapf(err, "cannot publish the intent to node %s", node))
 	}
 	e.state.published.Store(in.UID, fingerprint(in))
 	e.state.deleted.Delete(in.UID)
@@ -481,7 +489,7 @@ func (e *external) Delete(ctx context.Context, vm *v1alpha1.VirtualMachine) (man
 	vm.Status.AtProvider.Phase = v1alpha1.PhaseDeleting
 	vm.SetConditions(xpv2.Deleting())
 	if err := e.fleet.Bus.DeleteIntent(ctx, node, uid); err != nil {
-		return managed.ExternalDelete{}, errors.Wrapf(err, "cannot delete the intent on node %s", node)
+		return managed.ExternalDelete{}, e.busFailed(uid, errors.Wrapf(err, "cannot delete the intent on node %s", node))
 	}
 	e.state.deleted.Store(uid, struct{}{})
 	e.state.published.Delete(uid)

@@ -1,6 +1,8 @@
 package virtualmachine
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -254,6 +256,50 @@ func TestObserveDeletion(t *testing.T) {
 				assert.Contains(t, ev.Message, "fencing timeout")
 			}
 			fleettest.AssertWakeUp(t, wakeUps, tc.wantWakeUp, types.NamespacedName{Namespace: "default", Name: "a"})
+		})
+	}
+}
+
+// TestABusWriteThatFailedIsRetriedOnceTheServerIsBack: publishing and
+// deleting an intent while the NATS server is away fail, and the VM is
+// reconciled again as soon as the fleet's watch has caught up with the
+// server, not when the reconcile's backoff expires.
+func TestABusWriteThatFailedIsRetriedOnceTheServerIsBack(t *testing.T) {
+	cases := map[string]func(e *external, vm *v1alpha1.VirtualMachine) error{
+		"Publish": func(e *external, vm *v1alpha1.VirtualMachine) error {
+			return e.publish(context.Background(), vm, dependencies{}, testNode)
+		},
+		"Delete": func(e *external, vm *v1alpha1.VirtualMachine) error {
+			_, err := e.Delete(context.Background(), vm)
+			return err
+		},
+	}
+	for name, write := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := bus.NewFake()
+			n := fleet.NewNotifier()
+			wakeUps := fleettest.WakeUps(t, n)
+			e := testExternal(t, b, event.NewNopRecorder(), n)
+			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{
+				Namespace: "default", Name: "web", UID: testUID, Annotations: map[string]string{v1alpha1.AnnotationNode: testNode},
+			}}
+			n.Remember(vm)
+
+			b.SetDown(errors.New("nats: connection closed"))
+			require.ErrorContains(t, write(e, vm), "nats: connection closed")
+			select {
+			case req := <-wakeUps:
+				t.Fatalf("woken while the server is away: %v", req)
+			default:
+			}
+
+			b.SetDown(nil)
+			select {
+			case req := <-wakeUps:
+				assert.Equal(t, "web", req.Name)
+			case <-time.After(5 * time.Second):
+				t.Fatal("not woken once the server is back")
+			}
 		})
 	}
 }
