@@ -108,7 +108,12 @@ func (c *Cloud) keystoneConf() conf {
 		"database":      {{"connection", c.database("keystone")}},
 		"token":         {{"provider", "fernet"}},
 		"fernet_tokens": {{"key_repository", filepath.Join(c.Dir, "state", "keystone", "fernet-keys")}},
-		"credential":    {{"key_repository", filepath.Join(c.Dir, "state", "keystone", "credential-keys")}},
+		// Receipts (multi-factor auth) have a key repository of their own,
+		// /etc/keystone/fernet-keys by default, which bootstrap checks: it
+		// exists only where the keystone package's own setup ran (not with
+		// make deps' debconf answers on a fresh machine).
+		"fernet_receipts": {{"key_repository", filepath.Join(c.Dir, "state", "keystone", "fernet-keys")}},
+		"credential":      {{"key_repository", filepath.Join(c.Dir, "state", "keystone", "credential-keys")}},
 	}
 }
 
