@@ -262,8 +262,11 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 	}
 	for _, v := range d.volumes {
 		disk := wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: v.Spec.ForProvider.Size.Value(), Image: d.imageRef(v)}
-		if ext := meta.GetExternalName(&v); ext != "" { // attachable: imported, with its size
-			disk.ExternalName, disk.SizeBytes, disk.Image = ext, v.Status.AtProvider.Capacity.Value(), nil
+		if ext := meta.GetExternalName(&v); ext != "" { // attachable: imported, at its real size
+			disk.ExternalName, disk.Image = ext, nil
+			if c := v.Status.AtProvider.Capacity; c != nil {
+				disk.SizeBytes = c.Value()
+			}
 		}
 		m.Disks = append(m.Disks, disk)
 	}
