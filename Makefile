@@ -92,9 +92,9 @@ vet: ## go vet every package (the function is a module of its own).
 build: ## Build every package and command.
 	$(GO) build ./...
 
-# The guest image is the longest one-time build (about 20 minutes on a fresh
-# 2-core machine) and only test/guest needs it, which runs among the last
-# packages. So `make test` starts it first and lets it run beside the other
+# The guest image takes 4 to 20 minutes to build once per machine (the
+# Debian mirror and the load decide) and only test/guest needs it, which
+# runs among the last packages. So `make test` starts it first and lets it run beside the other
 # builds and the tests rather than before them: test/guest's
 # guestimage.Ensure waits for this build's lock and finds the image made (or
 # builds it itself if this build failed, and says why). A fresh machine then
