@@ -88,19 +88,22 @@ func machine(in wire.Intent) (driver.Machine, error) {
 // nodeDisk is the node's name of the volume of disk d: the one its Volume
 // imports, or the Volume's own.
 func nodeDisk(namespace string, d wire.Disk) string {
-	if d.ExternalName != "" {
-		return d.ExternalName
-	}
-	return NodeName(namespace, d.Name)
+	return importedOr(d.ExternalName, namespace, d.Name)
 }
 
 // nodeNetwork is the node's name of the network n: the one it imports, or
 // the one made for it.
 func nodeNetwork(namespace string, n wire.Network) string {
-	if n.ExternalName != "" {
-		return n.ExternalName
+	return importedOr(n.ExternalName, namespace, n.Name)
+}
+
+// importedOr is the node's name of a Volume's or VirtualNetwork's storage or
+// network: the one it imports by external name, else NodeName's.
+func importedOr(externalName, namespace, name string) string {
+	if externalName != "" {
+		return externalName
 	}
-	return NodeName(namespace, n.Name)
+	return NodeName(namespace, name)
 }
 
 // report turns what the driver observed into the wire report for in.
