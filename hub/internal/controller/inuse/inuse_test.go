@@ -230,7 +230,7 @@ func TestAUserChangeWakesWhatItUsedAndWhatItUses(t *testing.T) {
 	}
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
 	t.Cleanup(q.ShutDown)
-	h := enqueueAfter(userSettle, func(_ context.Context, o client.Object) []string { return usesVolumes.Uses(o) })
+	h := enqueueAfter(userSettle, func(_ context.Context, o client.Object) []string { return usesVolumes.Uses(o) }, func(context.Context, reconcile.Request) bool { return true })
 
 	start := time.Now()
 	h.Update(context.Background(), ctrlevent.UpdateEvent{ObjectOld: vm("old"), ObjectNew: vm("new")}, q)
@@ -244,4 +244,52 @@ func TestAUserChangeWakesWhatItUsedAndWhatItUses(t *testing.T) {
 	}
 	assert.ElementsMatch(t, []string{"old", "new"}, got)
 	assert.GreaterOrEqual(t, time.Since(start), userSettle, "the reconciles wait for the user's own writes to settle")
+}
+
+// TestANewUserWakesWhatItWillNotBind pins Kind.AwaitsBinding: a created VM
+// does not wake a Volume its placement will bind (that write wakes it), and
+// wakes every other one as before.
+func TestANewUserWakesWhatItWillNotBind(t *testing.T) {
+	bound := func(v *v1alpha1.Volume) *v1alpha1.Volume {
+		v.Annotations = map[string]string{v1alpha1.AnnotationNode: "node1"}
+		return v
+	}
+	withFinalizer := func(v *v1alpha1.Volume) *v1alpha1.Volume {
+		v.Finalizers = []string{"keep"}
+		return v
+	}
+	cases := map[string]struct {
+		volume        *v1alpha1.Volume // nil: not in the cache
+		awaitsBinding bool             // whether the Kind has the hook
+		woken         bool
+	}{
+		"UnboundAwaitsItsBinding":          {volume: volume(false), awaitsBinding: true},
+		"BoundIsWoken":                     {volume: bound(volume(false)), awaitsBinding: true, woken: true},
+		"DeletedIsWoken":                   {volume: withFinalizer(volume(true)), awaitsBinding: true, woken: true},
+		"NotInTheCacheIsWoken":             {awaitsBinding: true, woken: true},
+		"KindWithoutTheHookWakesEveryTime": {volume: volume(false), woken: true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			s := runtime.NewScheme()
+			require.NoError(t, apis.AddToScheme(s))
+			b := fake.NewClientBuilder().WithScheme(s)
+			if tc.volume != nil {
+				b = b.WithObjects(tc.volume)
+			}
+			k := Kind[*v1alpha1.Volume]{New: func() *v1alpha1.Volume { return &v1alpha1.Volume{} }}
+			if tc.awaitsBinding {
+				k.AwaitsBinding = func(v *v1alpha1.Volume) bool { return v.GetAnnotations()[v1alpha1.AnnotationNode] == "" }
+			}
+			q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+			t.Cleanup(q.ShutDown)
+			h := enqueueAfter(0, func(_ context.Context, o client.Object) []string { return usesVolumes.Uses(o) }, k.bindingWakes(b.Build()))
+
+			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "a"}}
+			vm.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "data"}}
+			// With no settle time, a wake is queued at once.
+			h.Create(context.Background(), ctrlevent.CreateEvent{Object: vm}, q)
+			assert.Equal(t, tc.woken, q.Len() == 1, "queued reconciles: %d", q.Len())
+		})
+	}
 }

@@ -44,6 +44,9 @@ var Kind = inuse.Kind[*v1alpha1.Volume]{
 	New:              func() *v1alpha1.Volume { return &v1alpha1.Volume{} },
 	User:             index.VolumeUsers,
 	Observe:          observe,
+	// A new VM binds an unbound Volume to its node (bindVolumes), once
+	// placed.
+	AwaitsBinding: func(v *v1alpha1.Volume) bool { return v.GetAnnotations()[v1alpha1.AnnotationNode] == "" },
 }
 
 func observe(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users []string) (xpv2.Condition, error) {
