@@ -1,7 +1,10 @@
 package benchmark
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -207,6 +210,7 @@ func Markdown(r *Result) string {
 			return fmt.Sprintf("%.1f s / %.1f s", s.HubCPUSeconds, s.HubCPUSecondsPer1000VM)
 		})
 		row("agent CPU, node1", "", func(s Scenario) string { return fmt.Sprintf("%.1f s", s.AgentCPUSeconds) })
+		row("machine CPU until all Running: busy of available, by command", "", func(s Scenario) string { return cpuShare(s.CPU, r.Machine.CPUs) })
 		row("VMs per node", "", func(s Scenario) string { return perNode(s.PerNode) })
 		for _, s := range r.Bursts {
 			if len(s.Notes) > 0 {
@@ -277,4 +281,21 @@ func notes(p func(string, ...any), ns []string) {
 	for _, n := range ns {
 		p("- %s", n)
 	}
+}
+
+// cpuShare is "busy of available core-seconds (share); command seconds,
+// ..." with the largest users first.
+func cpuShare(c CPUShare, cpus int) string {
+	if c.WallSeconds <= 0 {
+		return "–"
+	}
+	available := c.WallSeconds * float64(cpus)
+	out := fmt.Sprintf("%.1f of %.1f core-s (%s)", c.MachineSeconds, available, pct(c.MachineSeconds/available))
+	commands := slices.SortedFunc(maps.Keys(c.ByCommand), func(a, b string) int { return cmp.Compare(c.ByCommand[b], c.ByCommand[a]) })
+	for _, name := range commands {
+		if c.ByCommand[name] >= 0.05 {
+			out += fmt.Sprintf("; %s %.1f", name, c.ByCommand[name])
+		}
+	}
+	return out
 }

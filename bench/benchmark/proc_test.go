@@ -2,7 +2,9 @@ package benchmark
 
 import (
 	"os"
+	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,4 +35,63 @@ func TestReadProcessUsageOfThisProcess(t *testing.T) {
 	u, err := ReadProcessUsage(os.Getpid())
 	require.NoError(t, err)
 	assert.Positive(t, u.PeakRSSBytes)
+}
+
+func TestParseStatIdentity(t *testing.T) {
+	cases := map[string]struct {
+		stat    string
+		command string
+		ppid    int
+		ok      bool
+	}{
+		"Plain":                {stat: "4242 (etcd) S 17 4242 4242 0", command: "etcd", ppid: 17, ok: true},
+		"ParenthesesInTheName": {stat: "4242 ((a b) c)) S 9 4242", command: "(a b) c)", ppid: 9, ok: true},
+		"NoParentPid":          {stat: "4242 (x) S"},
+		"NotAStatLine":         {stat: "garbage"},
+		"ParentPidNotANumber":  {stat: "4242 (x) S y 1"},
+		"ClosingBeforeOpening": {stat: ") 4242 (x"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			command, ppid, ok := parseStatIdentity(tc.stat)
+			assert.Equal(t, tc.ok, ok)
+			if tc.ok {
+				assert.Equal(t, tc.command, command)
+				assert.Equal(t, tc.ppid, ppid)
+			}
+		})
+	}
+}
+
+func TestParseMachineBusy(t *testing.T) {
+	// user 100, nice 10, system 50, idle 1000, iowait 7, irq 1, softirq 2,
+	// steal 3: busy is 166 ticks; idle and iowait are not.
+	v, err := parseMachineBusy("cpu  100 10 50 1000 7 1 2 3 0 0\ncpu0 50 5 25 500 3 0 1 1 0 0\n")
+	require.NoError(t, err)
+	assert.InDelta(t, 1.66, v, 1e-9)
+	_, err = parseMachineBusy("cpu0 1 2 3 4 5 6 7 8 9\n")
+	assert.Error(t, err, "only the all-cores line counts")
+}
+
+// TestCPUShareCountsChildrenByCommand runs a busy child and finds its CPU
+// time under its command name, and this process's under "bench".
+func TestCPUShareCountsChildrenByCommand(t *testing.T) {
+	before, err := snapshotCPU()
+	require.NoError(t, err)
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+
+	var share CPUShare
+	require.Eventually(t, func() bool {
+		after, err := snapshotCPU()
+		if err != nil {
+			return false // Eventually's goroutine must not stop the test
+		}
+		share = after.shareSince(before)
+		return share.ByCommand["sh"] >= 0.05
+	}, 30*time.Second, 10*time.Millisecond, "the busy child's CPU time")
+	assert.Contains(t, share.ByCommand, "bench")
+	assert.Positive(t, share.WallSeconds)
+	assert.GreaterOrEqual(t, share.MachineSeconds, share.ByCommand["sh"]-0.02, "the machine was busy at least while the child was")
 }

@@ -73,6 +73,9 @@ type Scenario struct {
 	AgentPeakRSSBytes    int64   `json:"agentPeakRSSBytes"`
 	AgentMaxPeakRSSBytes int64   `json:"agentMaxPeakRSSBytes"`
 	AgentCPUSeconds      float64 `json:"agentCPUSeconds"`
+	// CPU is the machine's CPU time from the first create until every VM
+	// ran (or the timeout), and who used it.
+	CPU CPUShare `json:"cpu"`
 
 	// The limits, measured on the same stack after virtfleet's run.
 	RawLibvirt   *Limit `json:"rawLibvirt,omitempty"`

@@ -212,6 +212,10 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	if err != nil {
 		return err
 	}
+	cpuBefore, err := snapshotCPU()
+	if err != nil {
+		return err
+	}
 
 	progress("creating %d VMs", sp.vms)
 	start := time.Now()
@@ -242,6 +246,11 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	cpuAfter, err := snapshotCPU()
+	if err != nil {
+		return err
+	}
+	sc.CPU = cpuAfter.shareSince(cpuBefore)
 	last := t.lastRunning()
 	_, sc.Running = t.counts()
 	sc.Latency = Summarise(t.latencies())
