@@ -46,6 +46,7 @@ func run() error {
 		socket      = fs.String("libvirt-socket", "", "libvirtd unix socket; empty means /run/libvirt/libvirt-sock.")
 		uri         = fs.String("libvirt-uri", "", "libvirt connection URI; empty means qemu:///system.")
 		pool        = fs.String("libvirt-pool", "", "Storage pool for volumes, cloud-init seeds and swap; empty means default.")
+		domainType  = fs.String("libvirt-domain-type", "", "libvirt domain type of guests: empty means kvm where the host offers it, else qemu; qemu forces emulation (TCG) where KVM is offered but cannot run guests, as nested KVM often cannot; kvm refuses to start without KVM.")
 		imageDir    = fs.String("image-dir", "", "This agent's own directory for image downloads until they are verified; partial downloads of a killed agent are removed at start. Empty means the system's temporary directory, never cleaned.")
 		pruneEvery  = fs.Duration("image-prune-interval", 0, "How often images unused for their DiskImage's pruneAfter are removed from the node; 0 means 1m.")
 		clouds      = fs.String("openstack-clouds-file", "", "nova: clouds.yaml to read; empty means the standard locations, then the OS_* environment variables.")
@@ -93,6 +94,7 @@ func run() error {
 			Socket:             *socket,
 			URI:                *uri,
 			Pool:               *pool,
+			DomainType:         *domainType,
 			ImageDir:           *imageDir,
 			ImagePruneInterval: *pruneEvery,
 			ShutdownGrace:      *grace,

@@ -93,7 +93,7 @@ func runGuest(ctx context.Context, o Options) (*GuestBoot, error) {
 	progress("starting a stack with one real node in %s", dir)
 	s, err := stack.Start(ctx, stack.Options{
 		Dir: dir, Nodes: []string{guestNode}, Debug: o.Debug,
-		LibvirtHosts: map[string]stack.LibvirtHost{guestNode: {Socket: host.Socket, URI: host.URI, Pool: guesthost.Pool}},
+		LibvirtHosts: map[string]stack.LibvirtHost{guestNode: {Socket: host.Socket, URI: host.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType}},
 	})
 	if err != nil {
 		return nil, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)

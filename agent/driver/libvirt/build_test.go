@@ -56,18 +56,22 @@ func TestDomainTypeComesFromTheHostsCapabilities(t *testing.T) {
 		return libvirtxml.Caps{Host: libvirtxml.CapsHost{CPU: &libvirtxml.CapsHostCPU{Arch: "x86_64"}}, Guests: guests}
 	}
 	cases := map[string]struct {
-		caps    libvirtxml.Caps
-		want    string
-		wantErr bool
+		caps       libvirtxml.Caps
+		configured string
+		want       string
+		wantErr    bool
 	}{
 		"KVMWhereOffered":             {caps: caps(guest("x86_64", "qemu", "kvm")), want: "kvm"},
 		"QEMUWithoutKVM":              {caps: caps(guest("i686", "qemu", "kvm"), guest("x86_64", "qemu")), want: "qemu"},
 		"OtherArchitecturesDontCount": {caps: caps(guest("aarch64", "kvm")), wantErr: true},
 		"NoGuestsAtAll":               {caps: caps(), wantErr: true},
+		"EmulationForcedBesideKVM":    {caps: caps(guest("x86_64", "qemu", "kvm")), configured: "qemu", want: "qemu"},
+		"KVMAskedForAndNotOffered":    {caps: caps(guest("x86_64", "qemu")), configured: "kvm", wantErr: true},
+		"UnknownTypeAskedFor":         {caps: caps(guest("x86_64", "qemu", "kvm")), configured: "xen", wantErr: true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			got, err := domainTypeOf(tc.caps)
+			got, err := domainTypeOf(tc.caps, tc.configured)
 			if tc.wantErr {
 				require.Error(t, err)
 				return

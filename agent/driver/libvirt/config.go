@@ -14,6 +14,12 @@ type Config struct {
 	// Pool is the storage pool for volumes without one, the cloud-init seed
 	// and swap; empty means "default".
 	Pool string
+	// DomainType is the libvirt domain type of every guest: empty picks kvm
+	// where the host offers it, else qemu; "qemu" forces QEMU's own
+	// emulation (TCG) on a host whose KVM is offered but cannot run guests,
+	// as nested KVM often cannot (KubeVirt's useEmulation); "kvm" refuses
+	// to start on a host without KVM rather than run guests slowly.
+	DomainType string
 	// ShutdownGrace is how long a guest may take to shut down on ACPI before
 	// it is forced off; zero means two minutes.
 	ShutdownGrace time.Duration

@@ -37,6 +37,9 @@ type Driver struct {
 	uri    string
 	pool   string
 	grace  time.Duration
+	// domainType is the configured domain type; empty means the best the
+	// host offers.
+	domainType string
 	// testDriver is set for libvirt's test driver, which simulates guests
 	// and lacks a few calls (StorageVolUpload).
 	testDriver bool
@@ -109,6 +112,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		uri:        cmp.Or(cfg.URI, DefaultURI),
 		pool:       cmp.Or(cfg.Pool, DefaultPool),
 		grace:      cfg.ShutdownGrace,
+		domainType: cfg.DomainType,
 		now:        time.Now,
 		events:     make(chan driver.Event, 256),
 		done:       make(chan struct{}),
@@ -175,9 +179,9 @@ func (d *Driver) connection() (*connection, error) {
 	return d.conn, nil
 }
 
-// hostDomainType picks the domain type from the host's capabilities: kvm
-// only where the host offers it (a define of type kvm fails on a host
-// without /dev/kvm), else qemu, QEMU's own emulation.
+// hostDomainType picks the domain type from the host's capabilities and
+// the configured one: kvm only where the host offers it (a define of type
+// kvm fails on a host without /dev/kvm), else qemu, QEMU's own emulation.
 func (d *Driver) hostDomainType(api API) (string, error) {
 	if d.testDriver {
 		return "test", nil
@@ -190,12 +194,13 @@ func (d *Driver) hostDomainType(api API) (string, error) {
 	if err := caps.Unmarshal(x); err != nil {
 		return "", errors.Wrap(err, "cannot parse host capabilities")
 	}
-	return domainTypeOf(caps)
+	return domainTypeOf(caps, d.domainType)
 }
 
-// domainTypeOf is the best domain type for hvm guests of the host's own
-// architecture.
-func domainTypeOf(caps libvirtxml.Caps) (string, error) {
+// domainTypeOf is the domain type for hvm guests of the host's own
+// architecture: want if the host offers it, or the best it offers when
+// want is empty.
+func domainTypeOf(caps libvirtxml.Caps, want string) (string, error) {
 	offered := map[string]bool{}
 	for _, g := range caps.Guests {
 		if g.OSType != "hvm" || g.Arch.Name != caps.Host.CPU.Arch {
@@ -204,6 +209,12 @@ func domainTypeOf(caps libvirtxml.Caps) (string, error) {
 		for _, dom := range g.Arch.Domains {
 			offered[dom.Type] = true
 		}
+	}
+	switch {
+	case want != "" && offered[want]:
+		return want, nil
+	case want != "":
+		return "", errors.Errorf("domain type %q was asked for, and the host offers no %s guests of its architecture %s", want, want, caps.Host.CPU.Arch)
 	}
 	for _, t := range []string{"kvm", "qemu"} {
 		if offered[t] {

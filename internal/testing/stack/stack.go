@@ -115,6 +115,9 @@ type LibvirtHost struct {
 	Socket string
 	URI    string
 	Pool   string
+	// DomainType of the agent's guests; empty means the agent's default
+	// (kvm where the host offers it).
+	DomainType string
 	// ShutdownGrace of the agent; 0 means the agent's default.
 	ShutdownGrace time.Duration
 }
@@ -584,6 +587,9 @@ func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 			"--libvirt-uri=" + h.URI,
 			"--libvirt-pool=" + h.Pool,
 			"--image-dir=" + filepath.Join(s.opts.Dir, "images-"+node),
+		}
+		if h.DomainType != "" {
+			args = append(args, "--libvirt-domain-type="+h.DomainType)
 		}
 		if h.ShutdownGrace > 0 {
 			args = append(args, "--shutdown-grace="+h.ShutdownGrace.String())
