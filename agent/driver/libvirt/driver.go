@@ -615,11 +615,12 @@ func (d *Driver) start(api API, dom golibvirt.Domain, uid string) error {
 // changed is a cold one (destroy, then start) that applies the new shape,
 // as KubeVirt does; otherwise it is a guest reboot.
 func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner ownership) error {
-	state, _, err := api.DomainGetState(dom, 0)
+	state, reason, err := api.DomainGetState(dom, 0)
 	if err != nil {
 		return errors.Wrap(err, "cannot read domain state")
 	}
 	s := golibvirt.DomainState(state)
+	halted := haltedByHypervisor(s, reason)
 	active := s != golibvirt.DomainShutoff && s != golibvirt.DomainCrashed && s != golibvirt.DomainNostate
 	liveHash := owner.SpecHash
 	if active {
@@ -642,6 +643,10 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 			d.clearShutdown(m.UID)
 			return nil
 		}
+		if halted {
+			// Its CPUs are stopped: no ACPI request can reach it.
+			return d.forceOff(api, dom)
+		}
 		return d.shutdown(api, dom, m.UID)
 	}
 	d.clearShutdown(m.UID)
@@ -652,11 +657,14 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 			return err
 		}
 		return d.start(api, dom, m.UID)
-	case s == golibvirt.DomainPaused:
+	case s == golibvirt.DomainPaused && !halted:
 		if err := api.DomainResume(dom); err != nil {
 			return errors.Wrap(err, "cannot resume domain")
 		}
-	case newNonce && m.RestartNonce != "" && s == golibvirt.DomainRunning && liveHash != owner.SpecHash:
+	case newNonce && m.RestartNonce != "" && (halted || s == golibvirt.DomainRunning && liveHash != owner.SpecHash):
+		// A guest the hypervisor halted is only ever started afresh: a
+		// resume runs the failing instruction again, a reboot is not
+		// delivered.
 		next.Restarts++
 		if err := d.saveOwnership(api, dom, owner, next, liveHash, active); err != nil {
 			return err
@@ -717,6 +725,11 @@ func (d *Driver) shutdown(api API, dom golibvirt.Domain, uid string) error {
 	if d.now().Sub(at) < d.grace {
 		return nil
 	}
+	return d.forceOff(api, dom)
+}
+
+// forceOff powers the domain off at once (virsh destroy).
+func (d *Driver) forceOff(api API, dom golibvirt.Domain) error {
 	err := api.DomainDestroy(dom)
 	if isCode(err, golibvirt.ErrOperationInvalid) {
 		return nil // already off
@@ -924,8 +937,32 @@ func (d *Driver) sightings(api API, dom golibvirt.Domain, nics []nic, since *tim
 	return seen
 }
 
+// haltedByHypervisor reports whether the domain is paused for a fault a
+// resume cannot mend: QEMU stops the CPUs on an internal error, such as
+// "KVM internal error. Suberror: 1 emulation failure" of a nested KVM, and
+// libvirt reports it paused for an unknown reason; a guest that panicked
+// with a pvpanic device is paused as crashed. Resuming either runs into the
+// same fault again; a start afresh (a restart, or running false then true)
+// is the way out, as for a crashed guest.
+func haltedByHypervisor(s golibvirt.DomainState, reason int32) bool {
+	if s != golibvirt.DomainPaused {
+		return false
+	}
+	switch golibvirt.DomainPausedReason(reason) {
+	case golibvirt.DomainPausedUnknown, golibvirt.DomainPausedCrashed:
+		return true
+	}
+	return false
+}
+
 // phaseOf maps a libvirt domain state to a phase.
 func phaseOf(s golibvirt.DomainState, reason int32) (driver.Phase, string) {
+	switch {
+	case haltedByHypervisor(s, reason) && golibvirt.DomainPausedReason(reason) == golibvirt.DomainPausedCrashed:
+		return driver.PhaseFailed, "guest panicked and is paused: restart the VM, or set running false then true"
+	case haltedByHypervisor(s, reason):
+		return driver.PhaseFailed, "the hypervisor stopped the guest (paused, reason unknown, as after a KVM internal error: the guest's QEMU log says why): restart the VM, or set running false then true"
+	}
 	switch s {
 	case golibvirt.DomainRunning, golibvirt.DomainBlocked:
 		return driver.PhaseRunning, ""

@@ -488,3 +488,71 @@ func TestImportedNetworks(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, active, "an imported network is never started")
 }
+
+// haltAsKVMDoes reports a paused domain as QEMU's internal error leaves it
+// ("KVM internal error. Suberror: 1 emulation failure" on a nested KVM):
+// paused for an unknown reason, where the test driver's suspend says "user".
+type haltAsKVMDoes struct{ API }
+
+func (h haltAsKVMDoes) DomainGetState(dom golibvirt.Domain, flags uint32) (int32, int32, error) {
+	s, r, err := h.API.DomainGetState(dom, flags)
+	if err == nil && golibvirt.DomainState(s) == golibvirt.DomainPaused {
+		r = int32(golibvirt.DomainPausedUnknown)
+	}
+	return s, r, err
+}
+
+// A guest paused by hand is resumed; one the hypervisor halted is Failed
+// and left alone, since a resume runs into the same fault, until a restart
+// or a stop starts it afresh.
+func TestAGuestTheHypervisorHaltedIsFailedNotResumed(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "halt")
+	d := open(t, node)
+	l := raw(t, node)
+	m := machine("halted")
+	_, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
+	require.NoError(t, err)
+	state := func() golibvirt.DomainState {
+		s, _, err := l.DomainGetState(dom, 0)
+		require.NoError(t, err)
+		return golibvirt.DomainState(s)
+	}
+
+	steps := []struct {
+		name     string
+		pause    bool
+		halted   bool
+		change   func(m *driver.Machine)
+		phase    driver.Phase
+		message  string
+		state    golibvirt.DomainState
+		restarts int32
+	}{
+		{name: "APauseByHandIsResumed", pause: true, change: func(*driver.Machine) {}, phase: driver.PhaseRunning, state: golibvirt.DomainRunning},
+		{name: "AHaltIsFailedAndNotResumed", pause: true, halted: true, change: func(*driver.Machine) {}, phase: driver.PhaseFailed, message: "KVM internal error", state: golibvirt.DomainPaused},
+		{name: "NorTheNextTime", halted: true, change: func(*driver.Machine) {}, phase: driver.PhaseFailed, message: "KVM internal error", state: golibvirt.DomainPaused},
+		{name: "ARestartStartsItAfresh", halted: true, change: func(m *driver.Machine) { m.RestartNonce = "r1" }, phase: driver.PhaseRunning, state: golibvirt.DomainRunning, restarts: 1},
+		{name: "AStopForcesItOffAtOnce", pause: true, halted: true, change: func(m *driver.Machine) { m.Running = false }, phase: driver.PhaseStopped, state: golibvirt.DomainShutoff, restarts: 1},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			if s.pause {
+				require.NoError(t, l.DomainSuspend(dom))
+			}
+			d.intercept = nil
+			if s.halted {
+				d.intercept = func(a API) API { return haltAsKVMDoes{a} }
+			}
+			s.change(&m)
+			o, err := d.Ensure(ctx, m)
+			require.NoError(t, err)
+			assert.Equal(t, s.phase, o.Phase)
+			assert.Contains(t, o.Message, s.message)
+			assert.Equal(t, s.restarts, o.RestartCount)
+			assert.Equal(t, s.state, state(), "the domain's state behind the driver's back")
+		})
+	}
+}
