@@ -21,9 +21,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"golang.org/x/sys/unix"
 
 	"github.com/virtfleet/virtfleet/internal/testing/modbuild"
 )
@@ -86,6 +89,9 @@ func Ensure(ctx context.Context, progress io.Writer) (string, error) {
 	if built(path) { // another caller built it while this one waited
 		return path, nil
 	}
+	if err := removeRemains(dir, progress); err != nil {
+		return "", err
+	}
 	if err := build(ctx, path, progress); err != nil {
 		return "", errors.Wrap(err, "cannot build the guest image")
 	}
@@ -114,7 +120,7 @@ func build(ctx context.Context, path string, progress io.Writer) error {
 	if err != nil {
 		return errors.Wrap(err, "cannot create build directory")
 	}
-	defer func() { _ = os.RemoveAll(work) }()
+	defer func() { _ = removeBuild(work) }()
 	script := filepath.Join(work, "recipe.sh")
 	if err := os.WriteFile(script, recipe, 0o755); err != nil {
 		return errors.Wrap(err, "cannot write recipe")
@@ -138,4 +144,46 @@ func build(ctx context.Context, path string, progress io.Writer) error {
 	}
 	fmt.Fprintf(progress, "guest-image: built %s in %s\n", path, time.Since(start).Round(time.Second))
 	return nil
+}
+
+// removeRemains removes the build directories of builds that were killed
+// (the caller holds the lock, so none is running).
+func removeRemains(dir string, progress io.Writer) error {
+	remains, err := filepath.Glob(filepath.Join(dir, "build-*"))
+	if err != nil {
+		return errors.Wrap(err, "cannot look for interrupted builds")
+	}
+	for _, r := range remains {
+		fmt.Fprintf(progress, "guest-image: removing %s, left by an interrupted build\n", r)
+		if err := removeBuild(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeBuild detaches every mount below a build directory, deepest first,
+// then removes it. A recipe killed inside mmdebstrap leaves the chroot's
+// /proc, /sys, /dev/pts and /dev/shm mounted; removing the directory without
+// this would walk into them and fail, leaving it behind for good.
+func removeBuild(work string) error {
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return errors.Wrap(err, "cannot read mounts")
+	}
+	var points []string
+	for _, line := range strings.Split(string(info), "\n") {
+		// Field 5 is the mount point (proc(5)); a build's paths hold no
+		// characters mountinfo escapes.
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], work+"/") {
+			points = append(points, f[4])
+		}
+	}
+	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
+	for _, p := range points {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			return errors.Wrapf(err, "cannot unmount %s", p)
+		}
+	}
+	return errors.Wrapf(os.RemoveAll(work), "cannot remove %s", work)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // A built image is found by its recipe's hash and returned at once; an
@@ -34,4 +35,29 @@ func TestEnsureReturnsTheImageOfTheCurrentRecipe(t *testing.T) {
 	other, err := Path()
 	require.NoError(t, err)
 	assert.NotEqual(t, path, other, "a changed recipe is another image")
+}
+
+// A build killed inside mmdebstrap leaves mounts in its chroot; the next
+// build detaches them and removes the directory instead of keeping it for
+// good.
+func TestTheRemainsOfAnInterruptedBuildAreRemoved(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a file system inside a build directory needs root")
+	}
+	dir := t.TempDir()
+	proc := filepath.Join(dir, "build-1", "scratch", "root", "proc")
+	pts := filepath.Join(dir, "build-1", "scratch", "root", "dev", "pts")
+	for _, m := range []string{proc, pts} {
+		require.NoError(t, os.MkdirAll(m, 0o755))
+		require.NoError(t, unix.Mount("tmpfs", m, "tmpfs", 0, "size=1m"))
+		t.Cleanup(func() { _ = unix.Unmount(m, unix.MNT_DETACH) })
+		require.NoError(t, os.WriteFile(filepath.Join(m, "busy"), []byte("x"), 0o644))
+	}
+	var progress bytes.Buffer
+	require.NoError(t, removeRemains(dir, &progress))
+	assert.NoDirExists(t, filepath.Join(dir, "build-1"))
+	assert.Contains(t, progress.String(), "interrupted build")
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	assert.NotContains(t, string(mounts), dir, "no mount is left behind")
 }
