@@ -118,21 +118,10 @@ type Driver struct {
 	// volumeIDs and networkIDs remember names resolved once.
 	volumeIDs  map[string]string
 	networkIDs map[string]string
-	// leftovers are the keypair and flavor of a server being deleted, to
-	// clean up once it is gone.
-	leftovers map[string]leftover
 
 	// confirmed are the servers whose resize the driver confirmed, and
 	// when, until it sees them leave VERIFY_RESIZE.
 	confirmed map[string]time.Time
-}
-
-// leftover is what a deleted server leaves to clean up: its keypair, and
-// its flavor and the target flavor of its last resize, which a failed
-// resize never made the server's own.
-type leftover struct {
-	keypair string
-	flavors []string
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -163,7 +152,6 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		locks:      map[string]*sync.Mutex{},
 		volumeIDs:  map[string]string{},
 		networkIDs: map[string]string{},
-		leftovers:  map[string]leftover{},
 		confirmed:  map[string]time.Time{},
 	}
 	if d.poll <= 0 {

@@ -273,6 +273,27 @@ func TestFlavors(t *testing.T) {
 		assert.NotContains(t, flavorNames(c), "vf-c3-m512-s0", "nothing uses it any more")
 	})
 
+	t.Run("ACleanupCutShortIsMadeGoodByTheNext", func(t *testing.T) {
+		t.Parallel()
+		c := newCloud(t, password)
+		d := c.open(t)
+		a, b := machine("cut-short"), machine("next")
+		a.VCPU = 3
+		b.PublicKey = otherKey
+		ensure(t, d, a, driver.PhaseRunning)
+		ensure(t, d, b, driver.PhaseRunning)
+		kp := c.server(t, a.UID).KeyName
+		// The server goes, then the agent stops before its keypair and flavor do.
+		c.FailNext(http.MethodDelete, openstacktest.ComputePath+"/os-keypairs/*", 1, http.StatusForbidden, 0)
+		require.Error(t, d.Delete(context.Background(), a.UID))
+		require.Contains(t, flavorNames(c), "vf-c3-m512-s0")
+		require.Contains(t, c.Keypairs(), kp)
+		restarted := c.open(t)
+		require.NoError(t, restarted.Delete(context.Background(), b.UID))
+		assert.NotContains(t, flavorNames(c), "vf-c3-m512-s0", "the next deletion takes what the cut-short one left")
+		assert.NotContains(t, c.Keypairs(), kp)
+	})
+
 	t.Run("AFailedResizeLeavesNoFlavor", func(t *testing.T) {
 		t.Parallel()
 		c := newCloud(t, password)

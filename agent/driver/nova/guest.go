@@ -414,8 +414,8 @@ func (d *Driver) attach(ctx context.Context, m driver.Machine, s servers.Server,
 }
 
 // Delete implements driver.Driver. It returns a transient error while Nova
-// is still deleting the server, and cleans up its keypair and flavor once
-// the server is gone.
+// is still deleting the server, and once the server is gone it cleans up
+// the keypairs and flavors nothing uses any more (cleanup).
 func (d *Driver) Delete(ctx context.Context, uid string) error {
 	defer d.lock(uid)()
 	found, err := d.find(ctx, uid)
@@ -423,13 +423,6 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 		return err
 	}
 	for _, s := range found {
-		d.cacheMu.Lock()
-		lo := leftover{keypair: s.KeyName, flavors: []string{fmt.Sprint(s.Flavor["original_name"])}}
-		if f := s.Metadata[MetaResizeFlavor]; f != "" && f != lo.flavors[0] {
-			lo.flavors = append(lo.flavors, f)
-		}
-		d.leftovers[uid] = lo
-		d.cacheMu.Unlock()
 		if err := servers.Delete(ctx, d.c.compute, s.ID).ExtractErr(); err != nil && statusOf(err) != http.StatusNotFound {
 			return classify(err, "cannot delete server "+s.ID)
 		}
@@ -443,59 +436,53 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 		}
 	}
 	d.forget(uid)
-	d.cacheMu.Lock()
-	lo, ok := d.leftovers[uid]
-	d.cacheMu.Unlock()
-	if !ok {
-		return nil
-	}
-	if err := d.cleanup(ctx, lo); err != nil {
-		return err
-	}
-	d.cacheMu.Lock()
-	delete(d.leftovers, uid)
-	d.cacheMu.Unlock()
-	return nil
+	return d.cleanup(ctx, uid)
 }
 
-// cleanup deletes a keypair of the driver's that no virtfleet server uses
-// any more and a private flavor of the driver's that no server uses at
-// all. Public flavors and anything not named with Prefix are never touched.
-func (d *Driver) cleanup(ctx context.Context, lo leftover) error {
+// cleanup deletes every keypair of the driver's that no virtfleet server
+// uses any more and every private flavor of the driver's (a server's, or
+// the target of a resize, which a failed resize never made the server's
+// own) that no server uses at all. It looks at them all, not only the
+// deleted server's: a cleanup an agent restart cut short, between a
+// server's deletion and its own, is made good by the next. The server of
+// uid, and any server Nova is deleting, use nothing. Public flavors and
+// anything not named with Prefix are never touched.
+func (d *Driver) cleanup(ctx context.Context, uid string) error {
 	d.shared.Lock()
 	defer d.shared.Unlock()
 	all, err := d.listServers(ctx, servers.ListOpts{})
 	if err != nil {
 		return err
 	}
-	keyUsed, flavorUsed := false, map[string]bool{}
+	keyUsed, flavorUsed := map[string]bool{}, map[string]bool{}
 	for _, s := range all {
-		keyUsed = keyUsed || (s.KeyName == lo.keypair && s.Metadata[MetaUID] != "")
+		if u, ok := d.ours(s); ok && u == uid || s.TaskState == "deleting" || s.Status == "DELETED" {
+			continue
+		}
+		keyUsed[s.KeyName] = keyUsed[s.KeyName] || s.Metadata[MetaUID] != ""
 		flavorUsed[fmt.Sprint(s.Flavor["original_name"])] = true
 		// A resize under way uses its target flavor before the server
 		// shows it.
 		flavorUsed[s.Metadata[MetaResizeFlavor]] = true
 	}
-	if strings.HasPrefix(lo.keypair, Prefix) && !keyUsed {
-		if err := keypairs.Delete(ctx, d.c.compute, lo.keypair, nil).ExtractErr(); err != nil && statusOf(err) != http.StatusNotFound {
-			return classify(err, "cannot delete keypair "+lo.keypair)
-		}
+	kps, err := d.listKeypairs(ctx)
+	if err != nil {
+		return err
 	}
-	unused := map[string]bool{}
-	for _, f := range lo.flavors {
-		if strings.HasPrefix(f, Prefix) && !flavorUsed[f] {
-			unused[f] = true
+	for _, k := range kps {
+		if !strings.HasPrefix(k, Prefix) || keyUsed[k] {
+			continue
 		}
-	}
-	if len(unused) == 0 {
-		return nil
+		if err := keypairs.Delete(ctx, d.c.compute, k, nil).ExtractErr(); err != nil && statusOf(err) != http.StatusNotFound {
+			return classify(err, "cannot delete keypair "+k)
+		}
 	}
 	private, err := d.listFlavors(ctx, flavors.PrivateAccess)
 	if err != nil {
 		return err
 	}
 	for _, f := range private {
-		if !unused[f.Name] || f.IsPublic {
+		if !strings.HasPrefix(f.Name, Prefix) || f.IsPublic || flavorUsed[f.Name] {
 			continue
 		}
 		if err := flavors.Delete(ctx, d.c.compute, f.ID).ExtractErr(); err != nil && statusOf(err) != http.StatusNotFound {

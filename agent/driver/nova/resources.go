@@ -117,6 +117,23 @@ func (d *Driver) listFlavors(ctx context.Context, access flavors.AccessType) ([]
 	return all, errors.Wrap(err, "cannot read flavors")
 }
 
+// listKeypairs names the keypairs of the agent's user.
+func (d *Driver) listKeypairs(ctx context.Context) ([]string, error) {
+	page, err := keypairs.List(d.c.compute, nil).AllPages(ctx)
+	if err != nil {
+		return nil, classify(err, "cannot list keypairs")
+	}
+	all, err := keypairs.ExtractKeyPairs(page)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot read keypairs")
+	}
+	names := make([]string, 0, len(all))
+	for _, k := range all {
+		names = append(names, k.Name)
+	}
+	return names, nil
+}
+
 // keypairName is the deterministic name of the keypair for a public key:
 // the SHA-256 of the key itself, so a comment change keeps the keypair.
 func keypairName(publicKey string) (string, error) {
