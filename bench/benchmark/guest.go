@@ -26,8 +26,8 @@ import (
 
 // GuestBoot is one real guest's boot through the whole stack: a Debian
 // cloud image (internal/testing/guestimage) on a system libvirtd with QEMU
-// in a network namespace of the run's own (internal/testing/guesthost), TCG
-// where the machine has no /dev/kvm.
+// in a network namespace of the run's own (internal/testing/guesthost),
+// running its guests under TCG (guesthost.DomainType).
 type GuestBoot struct {
 	Node string `json:"node"`
 	// Hypervisor is the domain type the node reports: kvm or qemu (TCG).
@@ -246,7 +246,7 @@ func guestMarkdown(p func(string, ...any), g *GuestBoot) {
 
 func tcg(hypervisor string) string {
 	if hypervisor == "qemu" {
-		return ": TCG, no KVM on this machine"
+		return ": TCG, QEMU's own emulation, which the test hypervisor uses whatever /dev/kvm offers"
 	}
 	return ""
 }
