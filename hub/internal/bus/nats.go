@@ -15,9 +15,20 @@ import (
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
+// DefaultTimeout bounds each write or delete: its read and its
+// compare-and-set. A request in flight when the server dies, or when the
+// connection breaks, is never answered; without a bound of its own it would
+// hold its reconcile until the reconciler's deadline (a minute in
+// crossplane-runtime's managed reconciler) and the VM would wait that long
+// after NATS is back (JetStream applies its own 5 s only to a context
+// without a deadline). The chaos test's NATS kill caught one such VM.
+const DefaultTimeout = 5 * time.Second
+
 // Config of a NATS bus.
 type Config struct {
 	Buckets natswire.BucketConfig
+	// Timeout of each write or delete; 0 means DefaultTimeout.
+	Timeout time.Duration
 	// Log receives rejections and watch restarts; nil discards them.
 	Log logging.Logger
 	// Rejections counts refused values; nil allocates one (see NATS.Rejections).
@@ -31,9 +42,10 @@ type NATS struct {
 	nc                      *nats.Conn
 	intents, reports, nodes jetstream.KeyValue
 
-	log   logging.Logger
-	rej   *natswire.Rejections
-	retry time.Duration
+	log     logging.Logger
+	rej     *natswire.Rejections
+	retry   time.Duration
+	timeout time.Duration
 }
 
 var _ Bus = &NATS{}
@@ -48,7 +60,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 	if err := natswire.EnsureBuckets(ctx, js, cfg.Buckets); err != nil {
 		return nil, err
 	}
-	n := &NATS{nc: nc, log: cfg.Log, rej: cfg.Rejections, retry: cfg.RetryInterval}
+	n := &NATS{nc: nc, log: cfg.Log, rej: cfg.Rejections, retry: cfg.RetryInterval, timeout: cfg.Timeout}
 	if n.log == nil {
 		n.log = logging.NewNopLogger()
 	}
@@ -57,6 +69,9 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 	}
 	if n.retry == 0 {
 		n.retry = time.Second
+	}
+	if n.timeout == 0 {
+		n.timeout = DefaultTimeout
 	}
 	for name, kv := range map[string]*jetstream.KeyValue{wire.BucketIntents: &n.intents, wire.BucketReports: &n.reports, wire.BucketNodes: &n.nodes} {
 		if *kv, err = js.KeyValue(ctx, name); err != nil {
@@ -98,6 +113,8 @@ func (n *NATS) PutVolumeIntent(ctx context.Context, node string, v wire.VolumeIn
 // put stores b under the intents key, compare-and-set against the revision
 // read just before.
 func (n *NATS) put(ctx context.Context, key string, b []byte) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, n.timeout)
+	defer cancel()
 	cur, err := n.intents.Get(ctx, key)
 	var rev uint64
 	switch {
@@ -142,17 +159,19 @@ func (n *NATS) DeleteVolumeReport(ctx context.Context, node, uid string) error {
 	if err != nil {
 		return err
 	}
-	return deleteKey(ctx, n.reports, key, "report")
+	return n.deleteKey(ctx, n.reports, key, "report")
 }
 
 // delete removes the intents key if present, compare-and-set.
 func (n *NATS) delete(ctx context.Context, key string) error {
-	return deleteKey(ctx, n.intents, key, "intent")
+	return n.deleteKey(ctx, n.intents, key, "intent")
 }
 
 // deleteKey removes key from kv if present, compare-and-set; what names the
 // kind of value in errors.
-func deleteKey(ctx context.Context, kv jetstream.KeyValue, key, what string) error {
+func (n *NATS) deleteKey(ctx context.Context, kv jetstream.KeyValue, key, what string) error {
+	ctx, cancel := context.WithTimeout(ctx, n.timeout)
+	defer cancel()
 	cur, err := kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil

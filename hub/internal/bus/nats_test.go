@@ -2,9 +2,12 @@ package bus_test
 
 import (
 	"context"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -278,6 +281,81 @@ func TestWatchReportsRoutesImageReports(t *testing.T) {
 			require.NoError(t, err)
 			next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Image != nil && e.Image.Report.Message == name })
 			assert.Equal(t, before+1, b.Rejections().Count(tc.reason))
+		})
+	}
+}
+
+// swallowingDialer dials the server for real; once swallow is set, what the
+// client writes is dropped while the connection stays up: every request is
+// sent and none is answered, as with a request in flight when the server
+// dies.
+type swallowingDialer struct {
+	net.Dialer
+	swallow atomic.Bool
+}
+
+func (d *swallowingDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := d.Dialer.Dial(network, address)
+	return &swallowingConn{Conn: c, d: d}, err
+}
+
+type swallowingConn struct {
+	net.Conn
+	d *swallowingDialer
+}
+
+func (c *swallowingConn) Write(p []byte) (int, error) {
+	if c.d.swallow.Load() {
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+func TestAnOperationTheServerNeverAnswersFailsWithinTheTimeout(t *testing.T) {
+	hub, _, users := natstest.Identities(t, "node1")
+	srv := natstest.New(t, users...)
+	opts, err := hub.ConnectOptions()
+	require.NoError(t, err)
+	dialer := &swallowingDialer{}
+	nc, err := nats.Connect(srv.URL(), append(opts, nats.SetCustomDialer(dialer))...)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	const timeout = 200 * time.Millisecond
+	b, err := bus.New(context.Background(), nc, bus.Config{Timeout: timeout})
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = b.PutIntent(ctx, "node1", wire.Intent{UID: "vm-a", Name: "a", Generation: 1})
+	require.NoError(t, err, "the bus works before the server stops answering")
+	dialer.swallow.Store(true)
+
+	cases := map[string]func(context.Context) error{
+		"PutIntent": func(ctx context.Context) error {
+			_, err := b.PutIntent(ctx, "node1", wire.Intent{UID: "vm-a", Name: "a", Generation: 2})
+			return err
+		},
+		"PutVolumeIntent": func(ctx context.Context) error {
+			_, err := b.PutVolumeIntent(ctx, "node1", wire.VolumeIntent{UID: "vol-a", Namespace: "ns", Name: "a", Disk: "ns_a", Absent: true})
+			return err
+		},
+		"DeleteIntent":       func(ctx context.Context) error { return b.DeleteIntent(ctx, "node1", "vm-a") },
+		"DeleteVolumeIntent": func(ctx context.Context) error { return b.DeleteVolumeIntent(ctx, "node1", "vol-a") },
+		"DeleteVolumeReport": func(ctx context.Context) error { return b.DeleteVolumeReport(ctx, "node1", "vol-a") },
+	}
+	for name, op := range cases {
+		t.Run(name, func(t *testing.T) {
+			// The deadline of crossplane-runtime's managed reconciler.
+			// JetStream bounds a request by its own 5 s only when the
+			// context has no deadline; with one, it waits for it.
+			ctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- op(ctx) }()
+			select {
+			case err := <-done:
+				assert.ErrorIs(t, err, context.DeadlineExceeded)
+			case <-time.After(50 * timeout):
+				t.Fatalf("%s still waits for a reply %s after the server stopped answering; its timeout is %s", name, 50*timeout, timeout)
+			}
 		})
 	}
 }
