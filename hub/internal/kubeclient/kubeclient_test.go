@@ -93,10 +93,16 @@ func TestSkipUnchangedStatus(t *testing.T) {
 		{name: "AHeldChangeIsDroppedIfItIsTheExpectedOne", holdFor: time.Minute, obj: func() *v1alpha1.VirtualNetwork {
 			return withPhase(read(c.lastWritten(n.UID)), v1alpha1.PhaseScheduled)
 		}, sent: 0},
-		{name: "OnlyOnce", obj: func() *v1alpha1.VirtualNetwork {
+		{name: "AndAgainWithinTheHold", obj: func() *v1alpha1.VirtualNetwork {
+			return withPhase(read(c.lastWritten(n.UID)), v1alpha1.PhaseScheduled)
+		}, sent: 0},
+		{name: "AHeldChangeWithOtherContentIsWritten", holdFor: time.Minute, obj: func() *v1alpha1.VirtualNetwork {
+			return withPhase(read(c.lastWritten(n.UID)), v1alpha1.PhaseRunning)
+		}, sent: 1},
+		{name: "AWrittenChangeEndsTheHold", obj: func() *v1alpha1.VirtualNetwork {
 			return withPhase(read(c.lastWritten(n.UID)), v1alpha1.PhaseScheduled)
 		}, sent: 1},
-		{name: "AHeldChangeWithOtherContentIsWritten", holdFor: time.Minute, obj: func() *v1alpha1.VirtualNetwork {
+		{name: "AndSoIsTheNextChange", obj: func() *v1alpha1.VirtualNetwork {
 			return withPhase(read(c.lastWritten(n.UID)), v1alpha1.PhaseRunning)
 		}, sent: 1},
 		{name: "NorAfterTheHoldExpired", holdFor: time.Nanosecond, obj: func() *v1alpha1.VirtualNetwork {

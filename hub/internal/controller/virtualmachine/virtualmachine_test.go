@@ -10,8 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -21,6 +23,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 )
 
 const (
@@ -300,6 +303,43 @@ func TestABusWriteThatFailedIsRetriedOnceTheServerIsBack(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("not woken once the server is back")
 			}
+		})
+	}
+}
+
+// TestTheStatusOfAVMJustPublishedWaitsForItsReport: the Scheduled status
+// the reconcile that published the intent ends with is not written, whether
+// the node's report came after Observe (nodes answer within milliseconds)
+// or not at all yet; the reconcile the report queues writes what it says.
+func TestTheStatusOfAVMJustPublishedWaitsForItsReport(t *testing.T) {
+	for name, reportedMeanwhile := range map[string]bool{"NoReportYet": false, "ReportedAfterObserve": true} {
+		t.Run(name, func(t *testing.T) {
+			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{
+				Namespace: "default", Name: "web", UID: testUID, Annotations: map[string]string{v1alpha1.AnnotationNode: testNode},
+			}}
+			s := runtime.NewScheme()
+			require.NoError(t, v1alpha1.AddToScheme(s))
+			stored := fake.NewClientBuilder().WithScheme(s).WithObjects(vm).WithStatusSubresource(vm).Build()
+			b := bus.NewFake()
+			e := testExternal(t, b, event.NewNopRecorder(), fleet.NewNotifier())
+			e.holder = kubeclient.NewClient(stored, stored)
+			e.kube = e.holder
+
+			require.NoError(t, stored.Get(context.Background(), client.ObjectKeyFromObject(vm), vm))
+			vm.Status.AtProvider = v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseScheduled, Node: testNode}
+			vm.SetConditions(xpv2.ReconcileSuccess())
+			if reportedMeanwhile {
+				report(t, b, e.fleet, "")
+			}
+			_, err := e.Update(context.Background(), vm)
+			require.NoError(t, err)
+			_, published := b.Intent(testNode, testUID)
+			require.True(t, published)
+
+			require.NoError(t, e.holder.Status().Update(context.Background(), vm))
+			got := &v1alpha1.VirtualMachine{}
+			require.NoError(t, stored.Get(context.Background(), client.ObjectKeyFromObject(vm), got))
+			assert.Empty(t, got.Status.AtProvider.Phase, "the Scheduled status was written")
 		})
 	}
 }
