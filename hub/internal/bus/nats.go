@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -15,14 +16,15 @@ import (
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
-// DefaultTimeout bounds each write or delete: its read and its
-// compare-and-set. A request in flight when the server dies, or when the
-// connection breaks, is never answered; without a bound of its own it would
-// hold its reconcile until the reconciler's deadline (a minute in
-// crossplane-runtime's managed reconciler) and the VM would wait that long
-// after NATS is back (JetStream applies its own 5 s only to a context
-// without a deadline). The chaos test's NATS kill caught one such VM.
-const DefaultTimeout = 5 * time.Second
+// DefaultTimeout bounds each write or delete (its read and its
+// compare-and-set) when nothing else does. A request in flight when the
+// connection is lost is never answered: such requests fail as soon as the
+// client notices the loss (see connection). The timeout is the last resort
+// for a connection that is broken without the client noticing. It is long
+// because a slow answer is not a lost one: a write that times out is retried
+// with backoff, and a NATS server on a machine saturated by a burst may take
+// seconds to answer.
+const DefaultTimeout = 30 * time.Second
 
 // Config of a NATS bus.
 type Config struct {
@@ -46,6 +48,7 @@ type NATS struct {
 	rej     *natswire.Rejections
 	retry   time.Duration
 	timeout time.Duration
+	conn    *connection
 }
 
 var _ Bus = &NATS{}
@@ -60,7 +63,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 	if err := natswire.EnsureBuckets(ctx, js, cfg.Buckets); err != nil {
 		return nil, err
 	}
-	n := &NATS{nc: nc, log: cfg.Log, rej: cfg.Rejections, retry: cfg.RetryInterval, timeout: cfg.Timeout}
+	n := &NATS{nc: nc, log: cfg.Log, rej: cfg.Rejections, retry: cfg.RetryInterval, timeout: cfg.Timeout, conn: watchConnection(nc)}
 	if n.log == nil {
 		n.log = logging.NewNopLogger()
 	}
@@ -79,6 +82,53 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 		}
 	}
 	return n, nil
+}
+
+// connection is a context for the requests sent over the current
+// connection to the server: it is cancelled when that connection is lost.
+// A request sent on it will not be answered then, and crossplane-runtime's
+// managed reconciler gives a reconcile a minute: the chaos test's NATS kill
+// caught a VM whose write had been sent just before the kill, waiting the
+// whole minute after NATS was back. A request made while the client is
+// reconnecting is buffered and sent on the next connection, which answers.
+type connection struct {
+	mu   sync.Mutex
+	ctx  context.Context
+	lost context.CancelFunc
+}
+
+// watchConnection follows nc's status until nc is closed.
+func watchConnection(nc *nats.Conn) *connection {
+	c := &connection{}
+	c.ctx, c.lost = context.WithCancel(context.Background())
+	changes := nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	go func() {
+		defer nc.RemoveStatusListener(changes)
+		for status := range changes {
+			c.mu.Lock()
+			c.lost()
+			c.ctx, c.lost = context.WithCancel(context.Background())
+			c.mu.Unlock()
+			if status == nats.CLOSED {
+				return
+			}
+		}
+	}()
+	return c
+}
+
+func (c *connection) current() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ctx
+}
+
+// request bounds one write or delete by the bus's timeout and by the
+// connection it is sent on.
+func (n *NATS) request(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, n.timeout)
+	stop := context.AfterFunc(n.conn.current(), cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // Rejections counts the values this bus's watches refused.
@@ -113,8 +163,8 @@ func (n *NATS) PutVolumeIntent(ctx context.Context, node string, v wire.VolumeIn
 // put stores b under the intents key, compare-and-set against the revision
 // read just before.
 func (n *NATS) put(ctx context.Context, key string, b []byte) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, n.timeout)
-	defer cancel()
+	ctx, done := n.request(ctx)
+	defer done()
 	cur, err := n.intents.Get(ctx, key)
 	var rev uint64
 	switch {
@@ -170,8 +220,8 @@ func (n *NATS) delete(ctx context.Context, key string) error {
 // deleteKey removes key from kv if present, compare-and-set; what names the
 // kind of value in errors.
 func (n *NATS) deleteKey(ctx context.Context, kv jetstream.KeyValue, key, what string) error {
-	ctx, cancel := context.WithTimeout(ctx, n.timeout)
-	defer cancel()
+	ctx, done := n.request(ctx)
+	defer done()
 	cur, err := kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil

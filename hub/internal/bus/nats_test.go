@@ -286,17 +286,24 @@ func TestWatchReportsRoutesImageReports(t *testing.T) {
 }
 
 // swallowingDialer dials the server for real; once swallow is set, what the
-// client writes is dropped while the connection stays up: every request is
-// sent and none is answered, as with a request in flight when the server
-// dies.
+// client writes is dropped while the connection stays up: requests are sent
+// and none is answered, as with a request in flight when the server dies.
+// Each dropped write is signalled on swallowed.
 type swallowingDialer struct {
 	net.Dialer
-	swallow atomic.Bool
+	swallow   atomic.Bool
+	swallowed chan struct{}
+	last      atomic.Pointer[swallowingConn]
 }
 
 func (d *swallowingDialer) Dial(network, address string) (net.Conn, error) {
 	c, err := d.Dialer.Dial(network, address)
-	return &swallowingConn{Conn: c, d: d}, err
+	if err != nil {
+		return nil, err
+	}
+	sc := &swallowingConn{Conn: c, d: d}
+	d.last.Store(sc)
+	return sc, nil
 }
 
 type swallowingConn struct {
@@ -305,57 +312,86 @@ type swallowingConn struct {
 }
 
 func (c *swallowingConn) Write(p []byte) (int, error) {
-	if c.d.swallow.Load() {
-		return len(p), nil
+	if !c.d.swallow.Load() {
+		return c.Conn.Write(p)
 	}
-	return c.Conn.Write(p)
+	select {
+	case c.d.swallowed <- struct{}{}:
+	default:
+	}
+	return len(p), nil
 }
 
-func TestAnOperationTheServerNeverAnswersFailsWithinTheTimeout(t *testing.T) {
-	hub, _, users := natstest.Identities(t, "node1")
-	srv := natstest.New(t, users...)
+// swallowingBus is a bus over its own connection to srv through a
+// swallowingDialer, with a vm-a intent already written.
+func swallowingBus(t *testing.T, srv *natstest.Server, hub natswire.Identity, timeout time.Duration) (*bus.NATS, *swallowingDialer) {
+	t.Helper()
 	opts, err := hub.ConnectOptions()
 	require.NoError(t, err)
-	dialer := &swallowingDialer{}
-	nc, err := nats.Connect(srv.URL(), append(opts, nats.SetCustomDialer(dialer))...)
+	dialer := &swallowingDialer{swallowed: make(chan struct{}, 1)}
+	nc, err := nats.Connect(srv.URL(), append(opts, nats.SetCustomDialer(dialer), nats.MaxReconnects(-1))...)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
-	const timeout = 200 * time.Millisecond
 	b, err := bus.New(context.Background(), nc, bus.Config{Timeout: timeout})
 	require.NoError(t, err)
-	ctx := context.Background()
-	_, err = b.PutIntent(ctx, "node1", wire.Intent{UID: "vm-a", Name: "a", Generation: 1})
+	_, err = b.PutIntent(context.Background(), "node1", wire.Intent{UID: "vm-a", Name: "a", Generation: 1})
 	require.NoError(t, err, "the bus works before the server stops answering")
 	dialer.swallow.Store(true)
+	return b, dialer
+}
 
-	cases := map[string]func(context.Context) error{
-		"PutIntent": func(ctx context.Context) error {
+// TestAWriteTheServerNeverAnswersFails: a write or delete whose request is
+// lost fails as soon as the connection is known to be lost, or else after
+// the bus's timeout, even when the caller's deadline is a minute away (the
+// managed reconciler's). JetStream bounds a request by its own 5 s only when
+// the context has no deadline.
+func TestAWriteTheServerNeverAnswersFails(t *testing.T) {
+	hub, _, users := natstest.Identities(t, "node1")
+	srv := natstest.New(t, users...)
+	ops := map[string]func(context.Context, *bus.NATS) error{
+		"PutIntent": func(ctx context.Context, b *bus.NATS) error {
 			_, err := b.PutIntent(ctx, "node1", wire.Intent{UID: "vm-a", Name: "a", Generation: 2})
 			return err
 		},
-		"PutVolumeIntent": func(ctx context.Context) error {
+		"PutVolumeIntent": func(ctx context.Context, b *bus.NATS) error {
 			_, err := b.PutVolumeIntent(ctx, "node1", wire.VolumeIntent{UID: "vol-a", Namespace: "ns", Name: "a", Disk: "ns_a", Absent: true})
 			return err
 		},
-		"DeleteIntent":       func(ctx context.Context) error { return b.DeleteIntent(ctx, "node1", "vm-a") },
-		"DeleteVolumeIntent": func(ctx context.Context) error { return b.DeleteVolumeIntent(ctx, "node1", "vol-a") },
-		"DeleteVolumeReport": func(ctx context.Context) error { return b.DeleteVolumeReport(ctx, "node1", "vol-a") },
+		"DeleteIntent":       func(ctx context.Context, b *bus.NATS) error { return b.DeleteIntent(ctx, "node1", "vm-a") },
+		"DeleteVolumeIntent": func(ctx context.Context, b *bus.NATS) error { return b.DeleteVolumeIntent(ctx, "node1", "vol-a") },
+		"DeleteVolumeReport": func(ctx context.Context, b *bus.NATS) error { return b.DeleteVolumeReport(ctx, "node1", "vol-a") },
 	}
-	for name, op := range cases {
-		t.Run(name, func(t *testing.T) {
-			// The deadline of crossplane-runtime's managed reconciler.
-			// JetStream bounds a request by its own 5 s only when the
-			// context has no deadline; with one, it waits for it.
-			ctx, cancel := context.WithTimeout(ctx, time.Minute)
-			defer cancel()
-			done := make(chan error, 1)
-			go func() { done <- op(ctx) }()
-			select {
-			case err := <-done:
-				assert.ErrorIs(t, err, context.DeadlineExceeded)
-			case <-time.After(50 * timeout):
-				t.Fatalf("%s still waits for a reply %s after the server stopped answering; its timeout is %s", name, 50*timeout, timeout)
-			}
-		})
+	const guard = 10 * time.Second
+	ways := map[string]struct {
+		timeout time.Duration
+		// whileWaiting runs once the request is on the wire.
+		whileWaiting func(d *swallowingDialer)
+		want         error
+	}{
+		"TheConnectionIsLost":      {timeout: time.Minute, whileWaiting: func(d *swallowingDialer) { _ = d.last.Load().Conn.Close() }, want: context.Canceled},
+		"NoAnswerWithinTheTimeout": {timeout: 200 * time.Millisecond, whileWaiting: func(*swallowingDialer) {}, want: context.DeadlineExceeded},
+	}
+	for way, w := range ways {
+		for name, op := range ops {
+			t.Run(way+"/"+name, func(t *testing.T) {
+				b, dialer := swallowingBus(t, srv, hub, w.timeout)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				done := make(chan error, 1)
+				go func() { done <- op(ctx, b) }()
+				select {
+				case <-dialer.swallowed:
+				case <-time.After(guard):
+					t.Fatal("no request sent")
+				}
+				w.whileWaiting(dialer)
+				select {
+				case err := <-done:
+					assert.ErrorIs(t, err, w.want)
+				case <-time.After(guard):
+					t.Fatalf("%s still waits for a reply %s after the request was sent", name, guard)
+				}
+			})
+		}
 	}
 }
