@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -158,13 +157,8 @@ func runScenario(ctx context.Context, o Options, sp spec) (Scenario, error) {
 	// One warm-up VM per node besides the measured ones.
 	cpuRatio, memRatio, notes := allocationRatios(sp.vms+sp.nodes, sp.nodes)
 	sc.Notes = append(sc.Notes, notes...)
-	restore, err := setAgentCPURatio(cpuRatio)
-	if err != nil {
-		return sc, err
-	}
 	progress("starting a stack of %d nodes in %s", sp.nodes, dir)
-	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, MemoryAllocationRatio: memRatio, Debug: o.Debug})
-	restore()
+	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, CPUAllocationRatio: cpuRatio, MemoryAllocationRatio: memRatio, Debug: o.Debug})
 	if err != nil {
 		return sc, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)
 	}
@@ -425,25 +419,6 @@ func allocationRatios(vms, nodes int) (cpu, memory float64, notes []string) {
 		notes = append(notes, fmt.Sprintf("agents' memory-allocation-ratio raised from %d to %.0f to fit %d VMs per node", defaultMemoryRatio, memory, perNode))
 	}
 	return cpu, memory, notes
-}
-
-// agentCPURatioEnv is the agent's environment fallback for
-// --cpu-allocation-ratio; the stack passes the environment on to the agents
-// and sets no such flag itself.
-const agentCPURatioEnv = "VIRTFLEET_CPU_ALLOCATION_RATIO"
-
-func setAgentCPURatio(ratio float64) (restore func(), err error) {
-	old, had := os.LookupEnv(agentCPURatioEnv)
-	if err := os.Setenv(agentCPURatioEnv, strconv.FormatFloat(ratio, 'f', -1, 64)); err != nil {
-		return nil, errors.Wrap(err, "cannot set the agents' CPU allocation ratio")
-	}
-	return func() {
-		if had {
-			_ = os.Setenv(agentCPURatioEnv, old)
-			return
-		}
-		_ = os.Unsetenv(agentCPURatioEnv)
-	}, nil
 }
 
 // ThisMachine describes the machine a run is made on, its load included.

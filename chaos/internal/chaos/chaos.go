@@ -17,7 +17,6 @@ import (
 	"math"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -107,6 +106,9 @@ type FaultResult struct {
 	// OpsDuring is how many churn requests were made while it was dead.
 	OpsDuring int64
 	Problems  []Problem
+	// Census is each node's domains, counted when the fleet did not
+	// converge in time (see Census).
+	Census []string
 }
 
 // Result of a run.
@@ -140,15 +142,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("node%d", i+1)
 	}
-	// While a node is lost, new VMs go to the others: leave room for all of
-	// them on one node fewer.
-	restore, err := setEnv(agentCPURatioEnv, strconv.FormatFloat(cpuRatio(o.VMs, o.Nodes), 'f', -1, 64))
-	if err != nil {
-		return nil, err
-	}
 	progress("starting a stack of %d nodes (NATS as %d process(es) of its own) in %s", o.Nodes, max(o.NATSServers, 1), dir)
-	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, NATSProcess: true, NATSCluster: o.NATSServers, NodeTTL: o.NodeTTL, Debug: o.Debug, MemoryAllocationRatio: 16})
-	restore()
+	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, NATSProcess: true, NATSCluster: o.NATSServers, NodeTTL: o.NodeTTL, Debug: o.Debug,
+		// While a node is lost, new VMs go to the others: leave room for
+		// all of them on one node fewer, also on agents started again.
+		CPUAllocationRatio: cpuRatio(o.VMs, o.Nodes), MemoryAllocationRatio: 16})
 	if err != nil {
 		return nil, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)
 	}
@@ -184,29 +182,11 @@ func fillDefaults(o *Options) {
 	o.Dir = cmp.Or(o.Dir, os.TempDir())
 }
 
-// agentCPURatioEnv is the agent's environment fallback for
-// --cpu-allocation-ratio; the stack passes its environment to the agents.
-const agentCPURatioEnv = "VIRTFLEET_CPU_ALLOCATION_RATIO"
-
 // cpuRatio fits every VM (1 vCPU) on nodes-1 nodes of the test driver's 16
 // CPUs, next to its own 2-vCPU domain, with a margin for uneven placement.
 func cpuRatio(vms, nodes int) float64 {
 	per := float64(vms)/float64(max(1, nodes-1))*1.2 + 4
 	return max(4, math.Ceil(per/16))
-}
-
-func setEnv(key, value string) (func(), error) {
-	old, had := os.LookupEnv(key)
-	if err := os.Setenv(key, value); err != nil {
-		return nil, errors.Wrapf(err, "cannot set %s", key)
-	}
-	return func() {
-		if had {
-			_ = os.Setenv(key, old)
-			return
-		}
-		_ = os.Unsetenv(key)
-	}, nil
 }
 
 func run(ctx context.Context, s *stack.Stack, o Options, r *Result, progress func(string, ...any)) error {
@@ -284,6 +264,9 @@ func judge(r *Result, o Options, f FaultResult) {
 	}
 	if f.Converged == 0 {
 		r.Failures = append(r.Failures, fmt.Sprintf("after the %s kill: not converged within %s of the restart", name, o.ConvergeWithin))
+		for _, line := range f.Census {
+			r.Failures = append(r.Failures, fmt.Sprintf("after the %s kill: %s", name, line))
+		}
 	}
 	if f.Kind == FaultAgent && (f.NodeLost == 0 || f.NodeLost > o.NodeLossWithin) {
 		r.Failures = append(r.Failures, fmt.Sprintf("after the %s kill: node loss not visible within %s (seen after %s)", name, o.NodeLossWithin, f.NodeLost))
@@ -369,6 +352,9 @@ func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *obser
 	// failed; but judge against the limit.
 	took, problems, err := converge(ctx, s, obs.kube, c.want(), restarted, o.ConvergeWithin+30*time.Second, progress)
 	f.Problems = problems
+	if err != nil || took > o.ConvergeWithin {
+		f.Census = census(ctx, s, obs.kube)
+	}
 	if err == nil && took <= o.ConvergeWithin {
 		f.Converged = took
 	}
@@ -425,6 +411,19 @@ func converge(ctx context.Context, s *stack.Stack, kube client.Client, want map[
 			return 0, nil, err
 		}
 	}
+}
+
+// census is Census of the fleet now, or why it could not be read.
+func census(ctx context.Context, s *stack.Stack, kube client.Client) []string {
+	vms, err := listVMs(ctx, kube)
+	if err != nil {
+		return []string{"no census: " + err.Error()}
+	}
+	doms, err := listDomains(s)
+	if err != nil {
+		return []string{"no census: " + err.Error()}
+	}
+	return Census(vms, doms)
 }
 
 // why renders a VM's Ready condition for a problem's message.

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -149,6 +150,42 @@ func Check(want map[string]bool, vms []VM, domains map[string][]Domain) []Proble
 		case !want[vm.Name]:
 			add(NotConverged, "domain of deleted VM %s is still on %s", vm.Name, g[0].node)
 		}
+	}
+	return out
+}
+
+// Census counts each node's domains by whom they belong to, one line per
+// node, for a failed run's summary: whether a VM no node takes meets nodes
+// really full, and of what.
+func Census(vms []VM, domains map[string][]Domain) []string {
+	live := map[string]bool{}
+	for _, vm := range vms {
+		if !vm.Deleting {
+			live[vm.UID] = true
+		}
+	}
+	out := make([]string, 0, len(domains))
+	for _, node := range sortedKeys(domains) {
+		var all, active, ofVM, orphans, ofNone int
+		for _, d := range domains[node] {
+			if d.Name == testDriverDomain {
+				continue
+			}
+			all++
+			if d.Active {
+				active++
+			}
+			owner := cmp.Or(d.Owner, d.UUID)
+			switch {
+			case d.Orphaned:
+				orphans++
+			case live[owner]:
+				ofVM++
+			default:
+				ofNone++
+			}
+		}
+		out = append(out, fmt.Sprintf("%s: %d domains (%d active): %d of live VMs, %d orphaned, %d of no live VM", node, all, active, ofVM, orphans, ofNone))
 	}
 	return out
 }

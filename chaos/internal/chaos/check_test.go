@@ -107,3 +107,20 @@ func TestCPURatioFitsEveryVMOnOneNodeFewer(t *testing.T) {
 	assert.Equal(t, 8.0, cpuRatio(200, 3))
 	assert.Equal(t, 4.0, cpuRatio(24, 3), "never below the agent's default")
 }
+
+func TestCensus(t *testing.T) {
+	vms := []VM{{Name: "a", UID: "u-a"}, {Name: "b", UID: "u-b", Deleting: true}}
+	domains := map[string][]Domain{
+		"n2": {{UUID: "u-b", Name: "b"}},
+		"n1": {
+			{UUID: "u-test", Name: testDriverDomain, Active: true},
+			{UUID: "u-a", Name: "a", Active: true},
+			{UUID: "u-x", Name: "x", Owner: "u-a2"},
+			{UUID: "u-o", Name: "a", Owner: "u-o", Orphaned: true, Active: true},
+		},
+	}
+	assert.Equal(t, []string{
+		"n1: 3 domains (2 active): 1 of live VMs, 1 orphaned, 1 of no live VM",
+		"n2: 1 domains (0 active): 0 of live VMs, 0 orphaned, 1 of no live VM",
+	}, Census(vms, domains))
+}

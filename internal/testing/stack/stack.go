@@ -62,6 +62,9 @@ type Options struct {
 	NodeTTL time.Duration
 	// FencingTimeout for deleting VMs on lost nodes; 0 means 60 s.
 	FencingTimeout time.Duration
+	// CPUAllocationRatio of the agents, given on every start (a restarted
+	// agent offers what the first one did); 0 means theirs.
+	CPUAllocationRatio float64
 	// MemoryAllocationRatio of the agents; the test driver's host has only
 	// 3 GiB, so the default here is 8 (room for dozens of small VMs).
 	MemoryAllocationRatio float64
@@ -606,6 +609,9 @@ func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 		"--libvirt-pool=" + libvirttest.Pool,
 		"--image-dir=" + filepath.Join(n.Dir, "images"),
 		"--memory-allocation-ratio=" + strconv.FormatFloat(s.opts.MemoryAllocationRatio, 'f', -1, 64),
+	}
+	if s.opts.CPUAllocationRatio > 0 {
+		args = append(args, "--cpu-allocation-ratio="+strconv.FormatFloat(s.opts.CPUAllocationRatio, 'f', -1, 64))
 	}
 	if s.opts.ImagePruneInterval > 0 {
 		args = append(args, "--image-prune-interval="+s.opts.ImagePruneInterval.String())
