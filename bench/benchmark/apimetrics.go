@@ -119,14 +119,14 @@ func parseLabels(s string) (map[string]string, string, error) {
 	}
 }
 
-// Writes are the write requests between two snapshots, by series.
-type Writes map[RequestKey]float64
+// Requests are the requests made between two snapshots, by series.
+type Requests map[RequestKey]float64
 
-// WritesBetween is after minus before, over the write verbs of group.
-func WritesBetween(before, after RequestCounts, group string) Writes {
-	out := Writes{}
+// Between is after minus before, over the series keep selects.
+func Between(before, after RequestCounts, keep func(RequestKey) bool) Requests {
+	out := Requests{}
 	for k, v := range after {
-		if k.Group != group || !writeVerbs[k.Verb] {
+		if !keep(k) {
 			continue
 		}
 		if d := v - before[k]; d > 0 {
@@ -136,9 +136,14 @@ func WritesBetween(before, after RequestCounts, group string) Writes {
 	return out
 }
 
+// WritesBetween is after minus before, over the write verbs of group.
+func WritesBetween(before, after RequestCounts, group string) Requests {
+	return Between(before, after, func(k RequestKey) bool { return k.Group == group && writeVerbs[k.Verb] })
+}
+
 // Resource sums the writes to one resource, subresources and failed
 // writes included: each is a request the API server had to serve.
-func (w Writes) Resource(resource string) float64 {
+func (w Requests) Resource(resource string) float64 {
 	var n float64
 	for k, v := range w {
 		if k.Resource == resource {
@@ -148,18 +153,18 @@ func (w Writes) Resource(resource string) float64 {
 	return n
 }
 
-// WriteCount is one row of a breakdown, for the report.
-type WriteCount struct {
+// RequestCount is one row of a breakdown, for the report.
+type RequestCount struct {
 	Request string  `json:"request"`
 	Count   float64 `json:"count"`
 	PerVM   float64 `json:"perVM"`
 }
 
-// Breakdown lists the writes per request kind, most frequent first.
-func (w Writes) Breakdown(vms int) []WriteCount {
-	out := make([]WriteCount, 0, len(w))
+// Breakdown lists the requests per kind, most frequent first.
+func (w Requests) Breakdown(vms int) []RequestCount {
+	out := make([]RequestCount, 0, len(w))
 	for k, v := range w {
-		out = append(out, WriteCount{Request: k.String(), Count: v, PerVM: v / float64(max(vms, 1))})
+		out = append(out, RequestCount{Request: k.String(), Count: v, PerVM: v / float64(max(vms, 1))})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Count != out[j].Count {

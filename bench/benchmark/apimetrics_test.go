@@ -70,9 +70,24 @@ func TestWritesBetweenCountsOnlyTheGroupsWriteVerbs(t *testing.T) {
 	w := WritesBetween(before, after, group)
 	assert.Equal(t, 16.0, w.Resource("virtualmachines"), "reads and watches are not writes")
 	assert.Zero(t, w.Resource("events"), "another group's writes are not counted")
-	assert.Equal(t, []WriteCount{
+	assert.Equal(t, []RequestCount{
 		{Request: "PUT virtualmachines/status 200", Count: 10, PerVM: 2},
 		{Request: "POST virtualmachines 201", Count: 5, PerVM: 1},
 		{Request: "DELETE virtualmachines 200", Count: 1, PerVM: 0.2},
 	}, w.Breakdown(5))
+}
+
+func TestOtherRequestsAreEveryRequestNotCountedAsOursAndNotRare(t *testing.T) {
+	get := RequestKey{Group: group, Resource: "virtualmachines", Verb: "GET", Code: "200"}
+	put := RequestKey{Group: group, Resource: "virtualmachines", Verb: "PUT", Code: "200"}
+	secrets := RequestKey{Resource: "secrets", Verb: "GET", Code: "200"}
+	rare := RequestKey{Resource: "configmaps", Verb: "LIST", Code: "200"}
+	before := RequestCounts{get: 1, put: 1, secrets: 0}
+	after := RequestCounts{get: 21, put: 11, secrets: 5, rare: 1}
+
+	ours := WritesBetween(before, after, group)
+	assert.Equal(t, []RequestCount{
+		{Request: "GET virtualmachines 200", Count: 20, PerVM: 1},
+		{Request: "GET secrets 200", Count: 5, PerVM: 0.25},
+	}, otherRequests(before, after, ours, 20), "the PUT is ours; one LIST in 20 VMs is below the threshold")
 }

@@ -241,6 +241,16 @@ func Markdown(r *Result) string {
 			p("| %s | %.0f | %.2f |", w.Request, w.Count, w.PerVM)
 		}
 		p("")
+		if len(s.OtherRequests) > 0 {
+			p("Every other request to the API server of at least %.1f per VM, reads included, from every client (the benchmark's watch too):", minOtherPerVM)
+			p("")
+			p("| request | total | per VM |")
+			p("| --- | --- | --- |")
+			for _, w := range s.OtherRequests {
+				p("| %s | %.0f | %.2f |", w.Request, w.Count, w.PerVM)
+			}
+			p("")
+		}
 	}
 	return b.String()
 }

@@ -64,7 +64,11 @@ type Scenario struct {
 	// until the run settled after the last VM was Running.
 	VMWritesPerVM float64 `json:"vmWritesPerVM"`
 	// Writes breaks down every write to virtfleet's group and to events.
-	Writes []WriteCount `json:"writes"`
+	Writes []RequestCount `json:"writes"`
+	// OtherRequests are the API server's other requests, reads included,
+	// from every client, of at least minOtherPerVM per VM: what else the
+	// API server spent the run on.
+	OtherRequests []RequestCount `json:"otherRequests,omitempty"`
 
 	HubPeakRSSBytes        int64   `json:"hubPeakRSSBytes"`
 	HubCPUSeconds          float64 `json:"hubCPUSeconds"`

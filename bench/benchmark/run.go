@@ -274,6 +274,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	}
 	sc.VMWritesPerVM = ours.Resource("virtualmachines") / float64(sp.vms)
 	sc.Writes = ours.Breakdown(sp.vms)
+	sc.OtherRequests = otherRequests(before, after, ours, sp.vms)
 	sc.HubPeakRSSBytes = hubAfter.PeakRSSBytes
 	sc.HubCPUSeconds = hubAfter.CPUSeconds - hubBefore.CPUSeconds
 	sc.HubCPUSecondsPer1000VM = sc.HubCPUSeconds / float64(sp.vms) * 1000
@@ -398,6 +399,23 @@ func usage(s *stack.Stack, nodes int) (ProcessUsage, []ProcessUsage, error) {
 		}
 	}
 	return hub, agents, nil
+}
+
+// minOtherPerVM is the least per VM a request kind outside Writes needs to
+// be listed among a scenario's OtherRequests; rarer ones are noise.
+const minOtherPerVM = 0.1
+
+// otherRequests breaks down the requests between the snapshots that are not
+// in ours, leaving out those rarer than minOtherPerVM.
+func otherRequests(before, after RequestCounts, ours Requests, vms int) []RequestCount {
+	all := Between(before, after, func(k RequestKey) bool { _, mine := ours[k]; return !mine })
+	var out []RequestCount
+	for _, c := range all.Breakdown(vms) {
+		if c.PerVM >= minOtherPerVM {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // allocationRatios are the agents' CPU and memory allocation ratios that
