@@ -55,6 +55,9 @@ func TestReleaseAndAdopt(t *testing.T) {
 	require.Len(t, orphans, 1)
 	assert.Equal(t, old.UID, orphans[0].UID)
 	assert.Equal(t, &driver.VMRef{Namespace: "team-a", Name: "web"}, orphans[0].OrphanOf)
+	c, err := d.Capacity(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(old.VCPU), c.AllocatedVCPU, "an orphan still holds its share of the host")
 
 	next := old
 	next.UID = "0b5e3f1a-7c2d-4e8f-9a1b-aaaaaaaaaaaa"
@@ -105,6 +108,9 @@ func TestReleaseAndAdopt(t *testing.T) {
 		_, err := l.DomainLookupByUUID(mustUUID(t, old.UID))
 		assert.Error(t, err)
 		assert.False(t, volumeExists(t, l, seedVolume(old.UID)))
+		c, err := d.Capacity(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, c.AllocatedVCPU)
 	})
 }
 

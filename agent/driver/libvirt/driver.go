@@ -61,6 +61,8 @@ type Driver struct {
 	addresses *addressBook
 	images    *images
 	aliases   *aliases
+	// definitions are the domains' definitions Capacity reads.
+	definitions *definitions
 	// claimMu serialises claims, so two VMs never take one domain.
 	claimMu sync.Mutex
 	// networkMu serialises making networks: guests sharing a network may be
@@ -87,6 +89,9 @@ type connection struct {
 	l       *golibvirt.Libvirt
 	events  <-chan golibvirt.DomainEventLifecycleMsg
 	reboots <-chan any
+	// changes are the events of a definition changed without a lifecycle
+	// event: metadata written, a device added or removed.
+	changes []<-chan any
 	// domainType is the domain type the host offers: kvm where it can,
 	// else qemu (TCG); test on libvirt's test driver.
 	domainType string
@@ -107,22 +112,23 @@ func New(ctx context.Context, cfg Config) (driver.Driver, error) {
 // Open is New returning the concrete type.
 func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	d := &Driver{
-		node:       cfg.Node,
-		socket:     cmp.Or(cfg.Socket, DefaultSocket),
-		uri:        cmp.Or(cfg.URI, DefaultURI),
-		pool:       cmp.Or(cfg.Pool, DefaultPool),
-		grace:      cfg.ShutdownGrace,
-		domainType: cfg.DomainType,
-		now:        time.Now,
-		events:     make(chan driver.Event, 256),
-		done:       make(chan struct{}),
-		addresses:  newAddressBook(),
-		aliases:    newAliases(),
-		images:     newImages(cfg.ImageDir, cfg.ImagePruneInterval),
-		shutdownAt: map[string]time.Time{},
-		crashes:    map[string]int32{},
-		reboots:    map[string]int32{},
-		startedAt:  map[string]time.Time{},
+		node:        cfg.Node,
+		socket:      cmp.Or(cfg.Socket, DefaultSocket),
+		uri:         cmp.Or(cfg.URI, DefaultURI),
+		pool:        cmp.Or(cfg.Pool, DefaultPool),
+		grace:       cfg.ShutdownGrace,
+		domainType:  cfg.DomainType,
+		now:         time.Now,
+		events:      make(chan driver.Event, 256),
+		done:        make(chan struct{}),
+		addresses:   newAddressBook(),
+		aliases:     newAliases(),
+		definitions: newDefinitions(),
+		images:      newImages(cfg.ImageDir, cfg.ImagePruneInterval),
+		shutdownAt:  map[string]time.Time{},
+		crashes:     map[string]int32{},
+		reboots:     map[string]int32{},
+		startedAt:   map[string]time.Time{},
 	}
 	if d.grace == 0 {
 		d.grace = DefaultShutdownGrace
@@ -169,13 +175,22 @@ func (d *Driver) connection() (*connection, error) {
 		_ = l.Disconnect()
 		return nil, errors.Wrap(err, "cannot subscribe to reboot events")
 	}
+	var changes []<-chan any
+	for _, id := range []golibvirt.DomainEventID{golibvirt.DomainEventIDMetadataChange, golibvirt.DomainEventIDDeviceAdded, golibvirt.DomainEventIDDeviceRemoved} {
+		ch, err := l.SubscribeEvents(d.ctx, id, golibvirt.OptDomain{})
+		if err != nil {
+			_ = l.Disconnect()
+			return nil, errors.Wrapf(err, "cannot subscribe to domain events %d", id)
+		}
+		changes = append(changes, ch)
+	}
 	_, mem, cpus, _, _, _, _, _, err := l.NodeGetInfo()
 	if err != nil {
 		_ = l.Disconnect()
 		return nil, errors.Wrap(err, "cannot read host info")
 	}
 	d.generation++
-	d.conn = &connection{l: l, events: evs, reboots: reboots, domainType: domType, generation: d.generation, hostCPUs: int64(cpus), hostMemory: int64(mem) << 10}
+	d.conn = &connection{l: l, events: evs, reboots: reboots, changes: changes, domainType: domType, generation: d.generation, hostCPUs: int64(cpus), hostMemory: int64(mem) << 10}
 	return d.conn, nil
 }
 
@@ -281,6 +296,17 @@ func (d *Driver) watch() {
 
 // drain handles a connection's events until both of its streams end.
 func (d *Driver) drain(c *connection) {
+	var changes sync.WaitGroup
+	defer changes.Wait()
+	for _, ch := range c.changes {
+		changes.Go(func() {
+			for e := range ch {
+				if key, ok := changedDomain(e); ok {
+					d.definitions.forget(key)
+				}
+			}
+		})
+	}
 	events, reboots := c.events, c.reboots
 	for events != nil || reboots != nil {
 		select {
@@ -300,6 +326,19 @@ func (d *Driver) drain(c *connection) {
 			}
 		}
 	}
+}
+
+// changedDomain is the UUID of the domain a metadata or device event is of.
+func changedDomain(e any) (string, bool) {
+	switch e := e.(type) {
+	case *golibvirt.DomainEventCallbackMetadataChangeMsg:
+		return formatUUID(e.Dom.UUID), true
+	case *golibvirt.DomainEventCallbackDeviceAddedMsg:
+		return formatUUID(e.Dom.UUID), true
+	case *golibvirt.DomainEventCallbackDeviceRemovedMsg:
+		return formatUUID(e.Msg.Dom.UUID), true
+	}
+	return "", false
 }
 
 // rebootSettle is how long the resets of one reboot may take. One reboot
@@ -332,6 +371,7 @@ func (d *Driver) started(uid string, at time.Time) {
 }
 
 func (d *Driver) handle(e golibvirt.DomainEventLifecycleMsg) {
+	d.definitions.forget(formatUUID(e.Dom.UUID))
 	uid := d.aliases.ownerOf(formatUUID(e.Dom.UUID))
 	kind, ok := map[golibvirt.DomainEventType]driver.EventKind{
 		golibvirt.DomainEventDefined:     driver.EventDefined,
@@ -577,6 +617,7 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 		return golibvirt.Domain{}, err
 	}
 	dom, err = api.DomainDefineXMLFlags(x, 0)
+	d.definitions.forget(formatUUID(dom.UUID))
 	if isCode(err, permanentCodes...) {
 		return dom, driver.Terminal(errors.Wrap(err, "libvirt rejected the guest's definition"))
 	}
@@ -779,6 +820,7 @@ func (d *Driver) setOwnership(api API, dom golibvirt.Domain, o ownership, flags 
 		return err
 	}
 	err = api.DomainSetMetadata(dom, int32(golibvirt.DomainMetadataElement), golibvirt.OptString{x}, golibvirt.OptString{metadataKey}, golibvirt.OptString{Namespace}, flags)
+	d.definitions.forget(formatUUID(dom.UUID))
 	return errors.Wrap(err, "cannot write domain metadata")
 }
 
@@ -1032,13 +1074,25 @@ func (d *Driver) owned(api API) ([]golibvirt.Domain, []domainInfo, error) {
 	}
 	doms, mine := all[:0], infos[:0]
 	for i, dom := range all {
-		o := infos[i].owner
-		if o.Orphaned || d.aliases.keyOf(o.UID) != formatUUID(dom.UUID) {
+		if !d.owns(dom, infos[i], false) {
 			continue
 		}
 		doms, mine = append(doms, dom), append(mine, infos[i])
 	}
 	return doms, mine, nil
+}
+
+// owns says whether dom is virtfleet's guest: made for or claimed by the
+// uid its metadata names, or, with orphans, released from it.
+func (d *Driver) owns(dom golibvirt.Domain, info domainInfo, orphans bool) bool {
+	o := info.owner
+	switch {
+	case o == nil:
+		return false
+	case o.Orphaned:
+		return orphans
+	}
+	return d.aliases.keyOf(o.UID) == formatUUID(dom.UUID)
 }
 
 // List implements driver.Driver.
@@ -1075,20 +1129,36 @@ func (d *Driver) observeAll(api API, doms []golibvirt.Domain, infos []domainInfo
 	return out, nil
 }
 
-// Capacity implements driver.Driver.
+// Capacity implements driver.Driver. It counts virtfleet's guests, orphans
+// included: a released guest still holds its share of the host. It reads
+// the domains' definitions through d.definitions, so a heartbeat costs one
+// list of the domains once their definitions are known.
 func (d *Driver) Capacity(_ context.Context) (driver.Capacity, error) {
 	api, conn, err := d.api()
 	if err != nil {
 		return driver.Capacity{}, err
 	}
-	_, infos, err := d.owned(api)
-	if err != nil {
+	if err := d.aliases.load(d, api); err != nil {
 		return driver.Capacity{}, err
 	}
-	c := driver.Capacity{VCPU: conn.hostCPUs, MemoryBytes: conn.hostMemory, Hypervisor: conn.domainType}
-	for _, i := range infos {
-		c.AllocatedVCPU += i.vcpu
-		c.AllocatedMemoryBytes += i.memory
+	all, _, err := api.ConnectListAllDomains(1, 0)
+	if err != nil {
+		return driver.Capacity{}, errors.Wrap(err, "cannot list domains")
 	}
+	c := driver.Capacity{VCPU: conn.hostCPUs, MemoryBytes: conn.hostMemory, Hypervisor: conn.domainType}
+	for _, dom := range all {
+		info, err := d.definitions.read(api, conn.generation, dom)
+		switch {
+		case isCode(err, golibvirt.ErrNoDomain):
+			continue // deleted since the list
+		case err != nil:
+			return driver.Capacity{}, err
+		case !d.owns(dom, info, true):
+			continue
+		}
+		c.AllocatedVCPU += info.vcpu
+		c.AllocatedMemoryBytes += info.memory
+	}
+	d.definitions.keepOnly(all)
 	return c, nil
 }
