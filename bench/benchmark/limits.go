@@ -28,6 +28,10 @@ type Limit struct {
 	WritesPerVM int `json:"writesPerVM,omitempty"`
 	// Workers is how many writers or connections worked at once.
 	Workers int `json:"workers"`
+	// CPU is the machine's CPU over the measurement, for the control
+	// plane's limit: what the same number of VMs costs the machine with
+	// nothing of virtfleet running.
+	CPU *CPUShare `json:"cpu,omitempty"`
 }
 
 func limit(vms, workers, writes int, d time.Duration) Limit {
@@ -106,10 +110,14 @@ const controlPlaneWriters = 64
 func controlPlane(ctx context.Context, kube client.Client, ns string, n, writes int) (Limit, error) {
 	writes = max(1, writes)
 	phases := []v1alpha1.Phase{v1alpha1.PhasePending, v1alpha1.PhaseScheduled, v1alpha1.PhaseProvisioning, v1alpha1.PhaseStarting, v1alpha1.PhaseRunning}
+	cpuBefore, err := snapshotCPU()
+	if err != nil {
+		return Limit{}, err
+	}
 	start := time.Now()
 	f := fleet
 	f.Namespace = ns
-	err := workload.Parallel(ctx, n, controlPlaneWriters, func(ctx context.Context, i int) error {
+	err = workload.Parallel(ctx, n, controlPlaneWriters, func(ctx context.Context, i int) error {
 		vm := f.VM(fmt.Sprintf("cp-%04d", i), workload.VolumeName(i))
 		if err := kube.Create(ctx, vm); err != nil {
 			return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
@@ -125,5 +133,12 @@ func controlPlane(ctx context.Context, kube client.Client, ns string, n, writes 
 	if err != nil {
 		return Limit{}, err
 	}
-	return limit(n, controlPlaneWriters, writes, time.Since(start)), nil
+	l := limit(n, controlPlaneWriters, writes, time.Since(start))
+	cpuAfter, err := snapshotCPU()
+	if err != nil {
+		return Limit{}, err
+	}
+	cpu := cpuAfter.shareSince(cpuBefore)
+	l.CPU = &cpu
+	return l, nil
 }

@@ -211,6 +211,7 @@ func Markdown(r *Result) string {
 		})
 		row("agent CPU, node1", "", func(s Scenario) string { return fmt.Sprintf("%.1f s", s.AgentCPUSeconds) })
 		row("machine CPU until all Running: busy of available, by command", "", func(s Scenario) string { return cpuShare(s.CPU, r.Machine.CPUs) })
+		row("machine CPU per VM: virtfleet / control-plane limit (of which kube-apiserver)", "", func(s Scenario) string { return cpuPerVM(s) })
 		row("VMs per node", "", func(s Scenario) string { return perNode(s.PerNode) })
 		for _, s := range r.Bursts {
 			if len(s.Notes) > 0 {
@@ -253,6 +254,19 @@ func Markdown(r *Result) string {
 		}
 	}
 	return b.String()
+}
+
+// cpuPerVM compares what one VM cost the machine's CPU in virtfleet's run
+// and in the control plane's limit, in core-milliseconds: a burst on a
+// busy machine goes no faster than the cores can pay for its VMs.
+func cpuPerVM(s Scenario) string {
+	if s.CPU.MachineSeconds == 0 || s.ControlPlane == nil || s.ControlPlane.CPU == nil || s.Running == 0 {
+		return "–"
+	}
+	ms := func(c *CPUShare, vms int) string {
+		return fmt.Sprintf("%.1f (%.1f) core-ms", 1000*c.MachineSeconds/float64(vms), 1000*c.ByCommand["kube-apiserver"]/float64(vms))
+	}
+	return ms(&s.CPU, s.Running) + " / " + ms(s.ControlPlane.CPU, s.ControlPlane.VMs)
 }
 
 // split renders one part of the latency.

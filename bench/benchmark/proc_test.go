@@ -95,3 +95,24 @@ func TestCPUShareCountsChildrenByCommand(t *testing.T) {
 	assert.Positive(t, share.WallSeconds)
 	assert.GreaterOrEqual(t, share.MachineSeconds, share.ByCommand["sh"]-0.02, "the machine was busy at least while the child was")
 }
+
+func TestCPUPerVM(t *testing.T) {
+	run := CPUShare{MachineSeconds: 28, ByCommand: map[string]float64{"kube-apiserver": 13.5, "agent": 5}}
+	limit := &Limit{VMs: 500, CPU: &CPUShare{MachineSeconds: 3, ByCommand: map[string]float64{"kube-apiserver": 2.5}}}
+	cases := map[string]struct {
+		s    Scenario
+		want string
+	}{
+		"BothMeasured": {
+			s:    Scenario{Running: 1000, CPU: run, ControlPlane: limit},
+			want: "28.0 (13.5) core-ms / 6.0 (5.0) core-ms",
+		},
+		"NoLimitMeasured": {s: Scenario{Running: 1000, CPU: run}, want: "–"},
+		"NothingRan":      {s: Scenario{CPU: run, ControlPlane: limit}, want: "–"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.want, cpuPerVM(tc.s))
+		})
+	}
+}
