@@ -118,4 +118,3 @@ type xmlAPI struct {
 func (a xmlAPI) DomainGetXMLDesc(golibvirt.Domain, golibvirt.DomainXMLFlags) (string, error) {
 	return a.xml()
 }
-

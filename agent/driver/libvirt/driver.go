@@ -89,9 +89,9 @@ type connection struct {
 	l       *golibvirt.Libvirt
 	events  <-chan golibvirt.DomainEventLifecycleMsg
 	reboots <-chan any
-	// changes are the events of a definition changed without a lifecycle
-	// event: metadata written, a device added or removed.
-	changes []<-chan any
+	// changes are the events of metadata written, a definition's change
+	// without a lifecycle event that Capacity reads.
+	changes <-chan any
 	// domainType is the domain type the host offers: kvm where it can,
 	// else qemu (TCG); test on libvirt's test driver.
 	domainType string
@@ -175,14 +175,10 @@ func (d *Driver) connection() (*connection, error) {
 		_ = l.Disconnect()
 		return nil, errors.Wrap(err, "cannot subscribe to reboot events")
 	}
-	var changes []<-chan any
-	for _, id := range []golibvirt.DomainEventID{golibvirt.DomainEventIDMetadataChange, golibvirt.DomainEventIDDeviceAdded, golibvirt.DomainEventIDDeviceRemoved} {
-		ch, err := l.SubscribeEvents(d.ctx, id, golibvirt.OptDomain{})
-		if err != nil {
-			_ = l.Disconnect()
-			return nil, errors.Wrapf(err, "cannot subscribe to domain events %d", id)
-		}
-		changes = append(changes, ch)
+	changes, err := l.SubscribeEvents(d.ctx, golibvirt.DomainEventIDMetadataChange, golibvirt.OptDomain{})
+	if err != nil {
+		_ = l.Disconnect()
+		return nil, errors.Wrap(err, "cannot subscribe to metadata events")
 	}
 	_, mem, cpus, _, _, _, _, _, err := l.NodeGetInfo()
 	if err != nil {
@@ -296,20 +292,17 @@ func (d *Driver) watch() {
 
 // drain handles a connection's events until both of its streams end.
 func (d *Driver) drain(c *connection) {
-	var changes sync.WaitGroup
-	defer changes.Wait()
-	for _, ch := range c.changes {
-		changes.Go(func() {
-			for e := range ch {
-				if key, ok := changedDomain(e); ok {
-					d.definitions.forget(key)
-				}
-			}
-		})
-	}
-	events, reboots := c.events, c.reboots
-	for events != nil || reboots != nil {
+	events, reboots, changes := c.events, c.reboots, c.changes
+	for events != nil || reboots != nil || changes != nil {
 		select {
+		case e, ok := <-changes:
+			if !ok {
+				changes = nil
+				continue
+			}
+			if m, ok := e.(*golibvirt.DomainEventCallbackMetadataChangeMsg); ok {
+				d.definitions.forget(formatUUID(m.Dom.UUID))
+			}
 		case e, ok := <-events:
 			if !ok {
 				events = nil
@@ -326,19 +319,6 @@ func (d *Driver) drain(c *connection) {
 			}
 		}
 	}
-}
-
-// changedDomain is the UUID of the domain a metadata or device event is of.
-func changedDomain(e any) (string, bool) {
-	switch e := e.(type) {
-	case *golibvirt.DomainEventCallbackMetadataChangeMsg:
-		return formatUUID(e.Dom.UUID), true
-	case *golibvirt.DomainEventCallbackDeviceAddedMsg:
-		return formatUUID(e.Dom.UUID), true
-	case *golibvirt.DomainEventCallbackDeviceRemovedMsg:
-		return formatUUID(e.Msg.Dom.UUID), true
-	}
-	return "", false
 }
 
 // rebootSettle is how long the resets of one reboot may take. One reboot
