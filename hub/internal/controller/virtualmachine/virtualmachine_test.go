@@ -3,6 +3,7 @@ package virtualmachine
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -24,6 +26,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
+	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 )
 
 const (
@@ -340,6 +343,62 @@ func TestTheStatusOfAVMJustPublishedWaitsForItsReport(t *testing.T) {
 			got := &v1alpha1.VirtualMachine{}
 			require.NoError(t, stored.Get(context.Background(), client.ObjectKeyFromObject(vm), got))
 			assert.Empty(t, got.Status.AtProvider.Phase, "the Scheduled status was written")
+		})
+	}
+}
+
+// TestBindingAVolumeWhoseCachedCopyIsOutOfDate: the hub binds a Volume as
+// its cache shows it, and the Volume's own controller may have written its
+// status since. The binding is made all the same, against a real API
+// server; a Volume another VM bound meanwhile is not taken over.
+func TestBindingAVolumeWhoseCachedCopyIsOutOfDate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver; skipped with -short")
+	}
+	cp := controlplane.StartForTest(t)
+	ctx := context.Background()
+	e := &external{connector: &connector{kube: cp.Client, reader: cp.Client}}
+
+	cases := map[string]struct {
+		// meanwhile is what happened to the Volume after the cache read it.
+		meanwhile func(v *v1alpha1.Volume)
+		wantNode  string
+		wantErr   string
+	}{
+		"ItsStatusWasWritten": {
+			meanwhile: func(v *v1alpha1.Volume) {
+				v.Status.AtProvider.Phase = v1alpha1.PhasePending
+				require.NoError(t, cp.Client.Status().Update(ctx, v))
+			},
+			wantNode: testNode,
+		},
+		"AnotherVMBoundItElsewhere": {
+			meanwhile: func(v *v1alpha1.Volume) {
+				meta.AddAnnotations(v, map[string]string{v1alpha1.AnnotationNode: "other"})
+				require.NoError(t, cp.Client.Update(ctx, v))
+			},
+			wantNode: "other",
+			wantErr:  "Volume anothervmbounditelsewhere was bound to node other meanwhile",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			v := vol(strings.ToLower(name), "")
+			v.UID = ""
+			require.NoError(t, cp.Client.Create(ctx, v))
+			cached := v.DeepCopy()
+			tc.meanwhile(v.DeepCopy())
+
+			err := e.bindVolumes(ctx, dependencies{volumes: []v1alpha1.Volume{*cached}}, testNode)
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.wantErr)
+			} else {
+				require.NoError(t, err)
+			}
+			got := &v1alpha1.Volume{}
+			require.NoError(t, cp.Client.Get(ctx, client.ObjectKeyFromObject(v), got))
+			assert.Equal(t, tc.wantNode, got.GetAnnotations()[v1alpha1.AnnotationNode])
 		})
 	}
 }
