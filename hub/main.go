@@ -26,6 +26,7 @@ func main() {
 	flag.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; empty means the hub's own.")
 	flag.StringVar(&c.MetricsAddress, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 disables it.")
 	flag.StringVar(&c.HealthAddress, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; 0 disables them.")
+	flag.StringVar(&c.PprofAddress, "pprof-bind-address", "", "Address of Go's /debug/pprof profiles, for finding where memory and CPU go; empty disables it.")
 	flag.DurationVar(&c.SyncInterval, "sync", time.Hour, "How often every resource is listed again.")
 	flag.DurationVar(&c.PollInterval, "poll", time.Minute, "How often each resource is checked for drift; reports update status at once regardless.")
 	flag.IntVar(&c.MaxReconcileRate, "max-reconcile-rate", app.DefaultMaxReconcileRate, "Reconciles per second across all controllers; high enough for bursts of creates.")

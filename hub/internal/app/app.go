@@ -62,6 +62,8 @@ type Config struct {
 	LeaderElectionNamespace string
 	MetricsAddress          string
 	HealthAddress           string
+	// PprofAddress serves Go's profiles; empty serves none.
+	PprofAddress string
 
 	// SyncInterval re-lists every resource; PollInterval re-observes each
 	// one. Reports reach status at once without either.
@@ -152,6 +154,7 @@ func Run(ctx context.Context, c Config) error {
 		RenewDeadline:              &renew,
 		Metrics:                    metricsserver.Options{BindAddress: c.MetricsAddress},
 		HealthProbeBindAddress:     c.HealthAddress,
+		PprofBindAddress:           c.PprofAddress,
 	})
 	if err != nil {
 		return errors.Wrap(err, "cannot create the controller manager")
