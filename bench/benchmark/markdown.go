@@ -236,24 +236,24 @@ func Markdown(r *Result) string {
 	for _, s := range all {
 		p("**%s** (%d VMs)", s.Name, s.VMs)
 		p("")
-		p("| request | total | per VM |")
-		p("| --- | --- | --- |")
-		for _, w := range s.Writes {
-			p("| %s | %.0f | %.2f |", w.Request, w.Count, w.PerVM)
-		}
-		p("")
+		requestsTable(p, s.Writes)
 		if len(s.OtherRequests) > 0 {
 			p("Every other request to the API server of at least %.1f per VM, reads included, from every client (the benchmark's watch too):", minOtherPerVM)
 			p("")
-			p("| request | total | per VM |")
-			p("| --- | --- | --- |")
-			for _, w := range s.OtherRequests {
-				p("| %s | %.0f | %.2f |", w.Request, w.Count, w.PerVM)
-			}
-			p("")
+			requestsTable(p, s.OtherRequests)
 		}
 	}
 	return b.String()
+}
+
+// requestsTable renders a breakdown of requests.
+func requestsTable(p func(string, ...any), rows []RequestCount) {
+	p("| request | total | per VM |")
+	p("| --- | --- | --- |")
+	for _, w := range rows {
+		p("| %s | %.0f | %.2f |", w.Request, w.Count, w.PerVM)
+	}
+	p("")
 }
 
 // cpuPerVM compares what one VM cost the machine's CPU in virtfleet's run
