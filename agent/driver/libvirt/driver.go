@@ -63,6 +63,8 @@ type Driver struct {
 	aliases   *aliases
 	// definitions are the domains' definitions Capacity reads.
 	definitions *definitions
+	// echoes are the events of the driver's own defines and starts.
+	echoes *echoes
 	// claimMu serialises claims, so two VMs never take one domain.
 	claimMu sync.Mutex
 	// networkMu serialises making networks: guests sharing a network may be
@@ -124,6 +126,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		addresses:   newAddressBook(),
 		aliases:     newAliases(),
 		definitions: newDefinitions(),
+		echoes:      newEchoes(),
 		images:      newImages(cfg.ImageDir, cfg.ImagePruneInterval),
 		shutdownAt:  map[string]time.Time{},
 		crashes:     map[string]int32{},
@@ -186,6 +189,7 @@ func (d *Driver) connection() (*connection, error) {
 		return nil, errors.Wrap(err, "cannot read host info")
 	}
 	d.generation++
+	d.echoes.reset()
 	d.conn = &connection{l: l, events: evs, reboots: reboots, changes: changes, domainType: domType, generation: d.generation, hostCPUs: int64(cpus), hostMemory: int64(mem) << 10}
 	return d.conn, nil
 }
@@ -374,6 +378,9 @@ func (d *Driver) handle(e golibvirt.DomainEventLifecycleMsg) {
 		d.stateMu.Unlock()
 	case driver.EventStarted:
 		d.started(uid, d.now())
+	}
+	if d.echoes.heard(formatUUID(e.Dom.UUID), golibvirt.DomainEventType(e.Event), d.now()) {
+		return
 	}
 	d.emit(driver.Event{UID: uid, Kind: kind})
 }
@@ -596,8 +603,16 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 	if err != nil {
 		return golibvirt.Domain{}, err
 	}
+	key, err := parseUUID(m.UID)
+	if err != nil {
+		return golibvirt.Domain{}, driver.Terminal(errors.Wrap(err, "the guest's uid is no UUID"))
+	}
+	d.echoes.expect(formatUUID(key), golibvirt.DomainEventDefined, d.now())
 	dom, err = api.DomainDefineXMLFlags(x, 0)
 	d.definitions.forget(formatUUID(dom.UUID))
+	if err != nil {
+		d.echoes.withdraw(formatUUID(key), golibvirt.DomainEventDefined)
+	}
 	if isCode(err, permanentCodes...) {
 		return dom, driver.Terminal(errors.Wrap(err, "libvirt rejected the guest's definition"))
 	}
@@ -619,7 +634,11 @@ var permanentCodes = []golibvirt.ErrorNumber{
 // backoff, since installing the missing piece on the host mends it.
 func (d *Driver) start(api API, dom golibvirt.Domain, uid string) error {
 	at := d.now()
+	d.echoes.expect(formatUUID(dom.UUID), golibvirt.DomainEventStarted, at)
 	err := api.DomainCreate(dom)
+	if err != nil {
+		d.echoes.withdraw(formatUUID(dom.UUID), golibvirt.DomainEventStarted)
+	}
 	if isCode(err, append(permanentCodes, golibvirt.ErrOperationFailed)...) {
 		return driver.Failing(errors.Wrap(err, "libvirt cannot start the guest"))
 	}

@@ -323,17 +323,39 @@ func TestDriverSurvivesLibvirtdRestart(t *testing.T) {
 	assert.True(t, receive(t, d, driver.Event{Kind: driver.EventResync}), "a reconnect asks for a resync")
 }
 
+// TestEventsNameTheGuest: a change made behind the driver's back comes as a
+// hint naming the guest. The driver's own define and start come as none:
+// Ensure observed their result already (see echoes).
 func TestEventsNameTheGuest(t *testing.T) {
 	ctx := context.Background()
-	d := open(t, libvirttest.Start(t, "events"))
+	node := libvirttest.Start(t, "events")
+	d := open(t, node)
+	l := raw(t, node)
 	m := machine("loud")
 	_, err := d.Ensure(ctx, m)
 	require.NoError(t, err)
-	assert.True(t, receive(t, d, driver.Event{UID: m.UID, Kind: driver.EventStarted}))
+	dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
+	require.NoError(t, err)
+	require.NoError(t, l.DomainDestroy(dom))
+	assert.Equal(t, driver.Event{UID: m.UID, Kind: driver.EventStopped}, next(t, d), "the first hint is the stop made outside, not Ensure's define or start")
+	require.NoError(t, l.DomainCreate(dom))
+	assert.Equal(t, driver.Event{UID: m.UID, Kind: driver.EventStarted}, next(t, d))
 	m.Running = false
 	_, err = d.Ensure(ctx, m)
 	require.NoError(t, err)
 	assert.True(t, receive(t, d, driver.Event{UID: m.UID, Kind: driver.EventStopped}))
+}
+
+// next waits up to 5 s for the next event.
+func next(t *testing.T, d *Driver) driver.Event {
+	t.Helper()
+	select {
+	case e := <-d.Events():
+		return e
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event within 5 s")
+		return driver.Event{}
+	}
 }
 
 // receive waits up to 5 s for an event.
