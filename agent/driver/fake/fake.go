@@ -121,6 +121,16 @@ func (d *Driver) SetPhase(uid string, p driver.Phase) {
 	}
 }
 
+// SetInterfaces overrides a guest's interfaces without a hint, as an
+// address a guest takes over DHCP comes on a real backend.
+func (d *Driver) SetInterfaces(uid string, ifs []driver.Interface) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if g, ok := d.guests[uid]; ok {
+		g.obs.Interfaces = ifs
+	}
+}
+
 // Fail makes every call of op (Ensure, Delete or Observe: the operations
 // about one guest) for guest uid return err, until Fail is called again with
 // a nil err. A Next<Op>Err hook, when set, takes precedence once.

@@ -350,3 +350,74 @@ func TestReconciler(t *testing.T) {
 		})
 	}
 }
+
+// TestAnAddressTakenLaterIsReportedWithoutAHint: no backend announces that a
+// running guest took an address; the reconciler looks again, sooner than
+// the resync (an hour here), while an interface has none.
+func TestAnAddressTakenLaterIsReportedWithoutAHint(t *testing.T) {
+	h := startWith(t, func(f *fake.Driver) driver.Driver { return f }, func(o *Options) { o.ResyncEvery = time.Hour })
+	h.synced()
+	in := intent("d1")
+	h.put(in)
+	h.eventually(in.UID, phase(wire.PhaseRunning), "the guest runs")
+	h.fake.SetInterfaces(in.UID, []driver.Interface{{Network: "net-db", MAC: "52:54:00:00:00:01"}})
+	h.reconcileAgain(in.UID)
+	h.eventually(in.UID, func(r wire.Report) bool { return len(r.Interfaces) == 1 && len(r.Interfaces[0].IPs) == 0 }, "the interface is reported without an address")
+
+	h.fake.SetInterfaces(in.UID, []driver.Interface{{Network: "net-db", MAC: "52:54:00:00:00:01", IPs: []string{"10.10.120.7"}}})
+	rep := h.eventually(in.UID, func(r wire.Report) bool { return len(r.Interfaces) == 1 && len(r.Interfaces[0].IPs) == 1 }, "the address taken later is reported")
+	assert.Equal(t, []string{"10.10.120.7"}, rep.Interfaces[0].IPs)
+
+	n := h.calls("Ensure", in.UID)
+	require.Never(t, func() bool { return h.calls("Ensure", in.UID) > n+1 }, 200*time.Millisecond, 10*time.Millisecond, "a guest with its addresses is not looked at again and again")
+}
+
+func TestAddressPoll(t *testing.T) {
+	t0 := time.Date(2026, 11, 25, 7, 0, 0, 0, time.UTC)
+	noAddress := driver.Observation{Phase: driver.PhaseRunning, Interfaces: []driver.Interface{{MAC: "a"}, {MAC: "b", IPs: []string{"10.0.0.2"}}}}
+	addressed := driver.Observation{Phase: driver.PhaseRunning, Interfaces: []driver.Interface{{MAC: "a", IPs: []string{"10.0.0.1"}}}}
+	stopped := driver.Observation{Phase: driver.PhaseStopped, Interfaces: []driver.Interface{{MAC: "a"}}}
+	cases := map[string]struct {
+		looks []driver.Observation
+		after []time.Duration // since the first look
+		want  []time.Duration
+	}{
+		"WaitsShortlyAtFirst": {
+			looks: []driver.Observation{noAddress, noAddress},
+			after: []time.Duration{0, 2 * time.Second},
+			want:  []time.Duration{time.Second, time.Second},
+		},
+		"WaitsLongerTheLongerItWaited": {
+			looks: []driver.Observation{noAddress, noAddress, noAddress},
+			after: []time.Duration{0, 40 * time.Second, time.Hour},
+			want:  []time.Duration{time.Second, 10 * time.Second, time.Minute},
+		},
+		"AGuestWithItsAddressesIsNotPolled": {
+			looks: []driver.Observation{addressed, noInterfaces()},
+			after: []time.Duration{0, 0},
+			want:  []time.Duration{0, 0},
+		},
+		"AStoppedGuestIsNotPolled": {
+			looks: []driver.Observation{stopped},
+			after: []time.Duration{0},
+			want:  []time.Duration{0},
+		},
+		"AnAddressEndsTheWaitAndANewOneStartsAfresh": {
+			looks: []driver.Observation{noAddress, addressed, noAddress},
+			after: []time.Duration{0, 40 * time.Second, 80 * time.Second},
+			want:  []time.Duration{time.Second, 0, time.Second},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			now := t0
+			r := New(node, fake.New(node), newReports(), logging.NewNopLogger(), Options{PollTransitional: time.Second, ResyncEvery: time.Minute, Now: func() time.Time { return now }})
+			for i, obs := range tc.looks {
+				now = t0.Add(tc.after[i])
+				assert.Equal(t, tc.want[i], r.addressPoll("u", obs), "look %d", i)
+			}
+		})
+	}
+}
+
+func noInterfaces() driver.Observation { return driver.Observation{Phase: driver.PhaseRunning} }
