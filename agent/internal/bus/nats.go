@@ -296,6 +296,10 @@ func (n *NATS) WatchIntents(ctx context.Context, fn func(IntentEvent)) error {
 	}
 }
 
+// intentHeartbeat is how often the server tells an idle intent watch it is
+// still there (see subscribe).
+const intentHeartbeat = time.Second
+
 // intentWatch is one WatchIntents call. Its ordered consumer recreates itself
 // after a gap or reconnect; if it is torn down anyway, the next subscription
 // starts after the last revision seen.
@@ -333,7 +337,15 @@ func (w *intentWatch) subscribe(ctx context.Context) (*nats.Subscription, <-chan
 		return nil, nil, err
 	}
 	subj := wire.Subject(wire.BucketIntents, prefix+">")
-	opts := []nats.SubOpt{nats.BindStream(wire.Stream(wire.BucketIntents)), nats.OrderedConsumer(), nats.DeliverLastPerSubject()}
+	opts := []nats.SubOpt{
+		nats.BindStream(wire.Stream(wire.BucketIntents)), nats.OrderedConsumer(), nats.DeliverLastPerSubject(),
+		// The consumer lives on one server. When that server goes and the
+		// agent's connection stays on another, only missing heartbeats
+		// tell: nats.go checks every two intervals, so its default of 5 s
+		// took 10-20 s to make the consumer again (make chaos, kill of the
+		// JetStream meta leader). One a second costs one small message.
+		nats.IdleHeartbeat(intentHeartbeat),
+	}
 	if last := w.lastRevision(); last > 0 {
 		opts = append(opts, nats.StartSequence(last+1))
 	}

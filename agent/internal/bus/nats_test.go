@@ -142,6 +142,37 @@ func TestSurvivesServerRestart(t *testing.T) {
 	require.NoError(t, err, "the agent can write again after the restart")
 }
 
+// TestWatchIntentsRecoversALostConsumerWithinSeconds: when the server that
+// holds the watch's consumer goes, the agent's own connection may stay (in
+// a cluster, another server's stream leader is killed), and only missing
+// heartbeats tell the watch. It makes its consumer again within seconds;
+// with nats.go's default heartbeat (5 s, checked every 10 s) it took 10 to
+// 20 s, and make chaos saw a VM wait 25 s for a stop after the kill of the
+// JetStream meta leader.
+func TestWatchIntentsRecoversALostConsumerWithinSeconds(t *testing.T) {
+	f := newFleet(t)
+	b, _, _ := f.agent(t, "node1")
+	e := watch(t, b)
+	e.until(t, 5*time.Second, synced)
+
+	ctx := context.Background()
+	stream, err := f.js.Stream(ctx, wire.Stream(wire.BucketIntents))
+	require.NoError(t, err)
+	var consumers []string
+	for name := range stream.ListConsumers(ctx).Info() {
+		consumers = append(consumers, name.Name)
+	}
+	require.NotEmpty(t, consumers, "the watch has a consumer")
+	for _, name := range consumers {
+		require.NoError(t, stream.DeleteConsumer(ctx, name))
+	}
+
+	start := time.Now()
+	f.putIntent(t, "node1", "vm-a", 1)
+	e.until(t, 6*time.Second, generation("vm-a", 1))
+	t.Logf("delivered %s after the consumer was lost", time.Since(start).Round(100*time.Millisecond))
+}
+
 func TestWatchIntentsRoutesVolumeIntents(t *testing.T) {
 	f := newFleet(t)
 	ctx := context.Background()

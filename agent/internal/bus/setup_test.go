@@ -19,6 +19,7 @@ import (
 // identities for node1 and node2.
 type fleet struct {
 	srv     *natstest.Server
+	js      jetstream.JetStream // the hub's
 	intents jetstream.KeyValue // written as the hub
 	reports jetstream.KeyValue
 	agents  map[string]natswire.Identity
@@ -33,7 +34,7 @@ func newFleet(t testing.TB) *fleet {
 	require.NoError(t, err)
 	ctx := context.Background()
 	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeTTL: 3 * time.Second}))
-	f := &fleet{srv: srv, agents: agents}
+	f := &fleet{srv: srv, js: js, agents: agents}
 	f.intents, err = js.KeyValue(ctx, wire.BucketIntents)
 	require.NoError(t, err)
 	f.reports, err = js.KeyValue(ctx, wire.BucketReports)
