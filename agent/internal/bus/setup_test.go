@@ -20,7 +20,7 @@ import (
 type fleet struct {
 	srv     *natstest.Server
 	js      jetstream.JetStream // the hub's
-	intents jetstream.KeyValue // written as the hub
+	intents jetstream.KeyValue  // written as the hub
 	reports jetstream.KeyValue
 	agents  map[string]natswire.Identity
 }
