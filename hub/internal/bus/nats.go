@@ -281,7 +281,7 @@ func (n *NATS) watch(ctx context.Context, kv jetstream.KeyValue, handle func(jet
 		}
 		w, err := kv.WatchAll(ctx, opts...)
 		if err == nil {
-			last = n.drain(ctx, kv.Bucket(), w, last, reconnected, handle)
+			last = n.drain(ctx, kv, w, last, reconnected, handle)
 			_ = w.Stop()
 			if ctx.Err() != nil {
 				return nil
@@ -297,14 +297,37 @@ func (n *NATS) watch(ctx context.Context, kv jetstream.KeyValue, handle func(jet
 	}
 }
 
+// watchCheckEvery is how often a watch checks that it is not stuck (see
+// drain).
+const watchCheckEvery = 2 * time.Second
+
 // drain handles entries until the watcher closes, the connection is
-// re-established or ctx is done, and returns
-// the last revision seen.
-func (n *NATS) drain(ctx context.Context, bucket string, w jetstream.KeyWatcher, last uint64, reconnected <-chan nats.Status, handle func(jetstream.KeyValueEntry) error) uint64 {
+// re-established, the watch is stuck or ctx is done, and returns the last
+// revision seen.
+//
+// Stuck: at the previous check the bucket held a revision after the last one
+// seen, and since then no entry at all came (a watch that is merely behind,
+// say in a burst, still makes progress and is left alone). The watch's ordered consumer lives on one
+// server; when that server goes and the hub's connection stays on another,
+// only missing heartbeats tell, which nats.go checks every 10 s, and the
+// KV API offers no shorter heartbeat. make chaos saw VMs wait up to 25 s
+// after the kill of the JetStream meta leader for the report their status
+// needed, and VMs created meanwhile for the watch's Synced to place them.
+func (n *NATS) drain(ctx context.Context, kv jetstream.KeyValue, w jetstream.KeyWatcher, last uint64, reconnected <-chan nats.Status, handle func(jetstream.KeyValueEntry) error) uint64 {
+	bucket := kv.Bucket()
+	check := time.NewTicker(watchCheckEvery)
+	defer check.Stop()
+	var pending, seen uint64 // the bucket's newest revision and the last one seen, at the previous check
 	for {
 		select {
 		case <-ctx.Done():
 			return last
+		case <-check.C:
+			if pending > last && seen == last {
+				n.log.Info("Watch stuck behind its bucket; resuming", "bucket", bucket, "revision", last, "bucketRevision", pending)
+				return last
+			}
+			pending, seen = n.lastRevision(ctx, kv), last
 		case <-reconnected:
 			n.log.Debug("Reconnected; resuming watch", "bucket", bucket, "revision", last)
 			return last
@@ -324,6 +347,29 @@ func (n *NATS) drain(ctx context.Context, bucket string, w jetstream.KeyWatcher,
 			}
 		}
 	}
+}
+
+// lastRevision is the newest revision kv holds, or 0 when it holds none (the
+// nodes bucket's entries expire, and an expired revision is never delivered)
+// or cannot be read within a check's interval (the server is away: the
+// connection's own status then resumes the watch). It is asked from the
+// watch's loop, so it waits no longer than that. A bucket's entries expire
+// oldest first, so while it holds any, it holds its newest.
+func (n *NATS) lastRevision(ctx context.Context, kv jetstream.KeyValue) uint64 {
+	ctx, cancel := context.WithTimeout(ctx, watchCheckEvery)
+	defer cancel()
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return 0
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return 0
+	}
+	if state := bs.StreamInfo().State; state.Msgs > 0 {
+		return state.LastSeq
+	}
+	return 0
 }
 
 // reportEvent decodes a report key: a Volume's ("<node>.volume.<uid>"), an
