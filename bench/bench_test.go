@@ -71,6 +71,11 @@ func TestQuick(t *testing.T) {
 		assert.Positive(t, s.RawLibvirt.VMsPerSecond)
 		assert.Positive(t, s.ControlPlane.VMsPerSecond)
 		assert.InDelta(t, s.VMsPerSecond/s.ControlPlane.VMsPerSecond, s.RatioToControlPlane, 1e-9)
+		require.NotNil(t, s.WholeFlow, "%s: whole-flow limit", s.Name)
+		assert.Equal(t, s.VMs, s.WholeFlow.VMs)
+		assert.Equal(t, 7, s.WholeFlow.WritesPerVM)
+		assert.NotNil(t, s.WholeFlow.CPU, "%s: the whole flow's CPU", s.Name)
+		assert.InDelta(t, s.VMsPerSecond/s.WholeFlow.VMsPerSecond, s.RatioToWholeFlow, 1e-9)
 	}
 	assert.NotEmpty(t, got.Targets)
 

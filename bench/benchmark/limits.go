@@ -7,12 +7,18 @@ import (
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"libvirt.org/go/libvirtxml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/bench/workload"
 	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
 )
@@ -121,27 +127,125 @@ const controlPlaneWriters = 64
 func controlPlane(ctx context.Context, kube client.Client, ns string, n, writes int) (Limit, error) {
 	writes = max(1, writes)
 	phases := []v1alpha1.Phase{v1alpha1.PhasePending, v1alpha1.PhaseScheduled, v1alpha1.PhaseProvisioning, v1alpha1.PhaseStarting, v1alpha1.PhaseRunning}
+	f := fleet
+	f.Namespace = ns
+	return replay(n, writes, func() error {
+		return workload.Parallel(ctx, n, controlPlaneWriters, func(ctx context.Context, i int) error {
+			vm := f.VM(fmt.Sprintf("cp-%04d", i), workload.VolumeName(i))
+			if err := kube.Create(ctx, vm); err != nil {
+				return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
+			}
+			for w := 1; w < writes; w++ {
+				vm.Status.AtProvider.Phase = phases[w%len(phases)]
+				if err := kube.Status().Update(ctx, vm); err != nil {
+					return errors.Wrapf(err, "cannot update the status of VirtualMachine %s", vm.Name)
+				}
+			}
+			return nil
+		})
+	})
+}
+
+// wholeFlowWrites is how many API writes wholeFlow makes per VM.
+const wholeFlowWrites = 7
+
+// wholeFlow is the API server's limit for every write a VM of the burst
+// costs, not only the VM's own: a plain client, with no hub, no agent and
+// no watch, replays for each of n VMs what the burst's "API writes by
+// request" table shows about once per VM, in the order virtfleet makes
+// them:
+//   - the VM's create, its binding (node annotation and finalizer) and its
+//     status;
+//   - a merge patch of its Volume (virtfleet's binding) and the Volume's
+//     status;
+//   - the ProviderConfigUsage crossplane-runtime records for the VM;
+//   - one event.
+//
+// It uses the burst's Volumes, VolumeName(i), which must exist in ns. It is
+// what the burst's rate would be if virtfleet cost the API server nothing
+// beyond its writes, and the limit the control plane's (three VM writes)
+// cannot be: a VM of virtfleet is more than its own object.
+func wholeFlow(ctx context.Context, kube client.Client, ns string, n int) (Limit, error) {
+	f := fleet
+	f.Namespace = ns
+	return replay(n, wholeFlowWrites, func() error {
+		return workload.Parallel(ctx, n, controlPlaneWriters, func(ctx context.Context, i int) error {
+			vm := f.VM(fmt.Sprintf("wf-%04d", i), workload.VolumeName(i))
+			return replayVM(ctx, kube, vm, "node1")
+		})
+	})
+}
+
+// replayVM makes wholeFlow's writes for vm, which boots from one Volume.
+func replayVM(ctx context.Context, kube client.Client, vm *v1alpha1.VirtualMachine, node string) error {
+	if err := kube.Create(ctx, vm); err != nil {
+		return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
+	}
+	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: node})
+	meta.AddFinalizer(vm, managed.FinalizerName)
+	if err := kube.Update(ctx, vm); err != nil {
+		return errors.Wrapf(err, "cannot bind VirtualMachine %s", vm.Name)
+	}
+	vm.Status.AtProvider = v1alpha1.VirtualMachineObservation{ID: string(vm.UID), Phase: v1alpha1.PhaseRunning, Node: node, IP: "10.20.0.2"}
+	vm.Status.SetConditions(xpv2.Available(), xpv2.ReconcileSuccess())
+	if err := kube.Status().Update(ctx, vm); err != nil {
+		return errors.Wrapf(err, "cannot update the status of VirtualMachine %s", vm.Name)
+	}
+
+	vol := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: string(vm.Spec.ForProvider.DiskAttachments[0].Name)}}
+	patch := client.MergeFrom(vol.DeepCopy())
+	meta.AddAnnotations(vol, map[string]string{replayedBy: vm.Name})
+	if err := kube.Patch(ctx, vol, patch); err != nil {
+		return errors.Wrapf(err, "cannot patch Volume %s", vol.Name)
+	}
+	vol.Status.SetConditions(xpv2.Condition{Type: replayedCondition, Status: corev1.ConditionTrue, Reason: "Replayed", LastTransitionTime: metav1.Now()})
+	if err := kube.Status().Update(ctx, vol); err != nil {
+		return errors.Wrapf(err, "cannot update the status of Volume %s", vol.Name)
+	}
+
+	ref := vm.GetProviderConfigReference()
+	pcu := &apisv1alpha1.ProviderConfigUsage{
+		ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: string(vm.UID), Labels: map[string]string{xpv2.LabelKeyProviderName: ref.Name, xpv2.LabelKeyProviderKind: ref.Kind}},
+		TypedProviderConfigUsage: xpv2.TypedProviderConfigUsage{
+			ProviderConfigReference: xpv2.ProviderConfigReference{Kind: ref.Kind, Name: ref.Name},
+			ResourceReference:       xpv2.TypedReference{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.VirtualMachineKind, Name: vm.Name, UID: vm.UID},
+		},
+	}
+	if err := kube.Create(ctx, pcu); err != nil {
+		return errors.Wrapf(err, "cannot create the ProviderConfigUsage of VirtualMachine %s", vm.Name)
+	}
+
+	now := metav1.Now()
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Namespace: vm.Namespace, Name: fmt.Sprintf("%s.%x", vm.Name, now.UnixNano())},
+		InvolvedObject: corev1.ObjectReference{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.VirtualMachineKind, Namespace: vm.Namespace, Name: vm.Name, UID: vm.UID, ResourceVersion: vm.ResourceVersion},
+		Reason:         "CreatedExternalResource",
+		Message:        "Successfully requested creation of external resource",
+		Type:           corev1.EventTypeNormal,
+		Source:         corev1.EventSource{Component: "bench"},
+		FirstTimestamp: now,
+		LastTimestamp:  now,
+		Count:          1,
+	}
+	return errors.Wrapf(kube.Create(ctx, ev), "cannot record an event for VirtualMachine %s", vm.Name)
+}
+
+// The marks wholeFlow leaves on the burst's Volumes: a write must change
+// something, or the API server skips it.
+const (
+	replayedBy                           = "bench.virtfleet.io/replayed-by"
+	replayedCondition xpv2.ConditionType = "Replayed"
+)
+
+// replay times run, which makes n VMs' writes (writes each), and measures
+// the machine's CPU over it.
+func replay(n, writes int, run func() error) (Limit, error) {
 	cpuBefore, err := snapshotCPU()
 	if err != nil {
 		return Limit{}, err
 	}
 	start := time.Now()
-	f := fleet
-	f.Namespace = ns
-	err = workload.Parallel(ctx, n, controlPlaneWriters, func(ctx context.Context, i int) error {
-		vm := f.VM(fmt.Sprintf("cp-%04d", i), workload.VolumeName(i))
-		if err := kube.Create(ctx, vm); err != nil {
-			return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
-		}
-		for w := 1; w < writes; w++ {
-			vm.Status.AtProvider.Phase = phases[w%len(phases)]
-			if err := kube.Status().Update(ctx, vm); err != nil {
-				return errors.Wrapf(err, "cannot update the status of VirtualMachine %s", vm.Name)
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := run(); err != nil {
 		return Limit{}, err
 	}
 	l := limit(n, controlPlaneWriters, writes, time.Since(start))

@@ -190,14 +190,11 @@ func Markdown(r *Result) string {
 			}
 			return fmt.Sprintf("%.1f", s.RawLibvirt.VMsPerSecond)
 		})
-		row("control-plane limit VMs/s (writes/VM)", "", func(s Scenario) string {
-			if s.ControlPlane == nil {
-				return "–"
-			}
-			return fmt.Sprintf("%.1f (%d)", s.ControlPlane.VMsPerSecond, s.ControlPlane.WritesPerVM)
-		})
+		row("control-plane limit VMs/s (writes/VM)", "", func(s Scenario) string { return limitRate(s.ControlPlane) })
+		row("whole-flow limit VMs/s (writes/VM: VM, Volume, ProviderConfigUsage, event)", "", func(s Scenario) string { return limitRate(s.WholeFlow) })
 		row("virtfleet / raw libvirt", "", func(s Scenario) string { return pct(s.RatioToRawLibvirt) })
 		row("virtfleet / control plane", fmt.Sprintf("≥ %.0f%%", 100*targetBurstOfCPLimit), func(s Scenario) string { return pct(s.RatioToControlPlane) })
+		row("virtfleet / whole flow", "", func(s Scenario) string { return pct(s.RatioToWholeFlow) })
 		row("create→Running p50 / p99", "", func(s Scenario) string { return fmt.Sprintf("%.2f / %.2f s", s.Latency.P50, s.Latency.P99) })
 		row("of which create→placed (hub) p50 / p99", "", func(s Scenario) string { return split(s.CreateToPlaced) })
 		row("of which placed→Running (intent, agent, report, status) p50 / p99", "", func(s Scenario) string { return split(s.PlacedToRunning) })
@@ -211,7 +208,7 @@ func Markdown(r *Result) string {
 		})
 		row("agent CPU, node1", "", func(s Scenario) string { return fmt.Sprintf("%.1f s", s.AgentCPUSeconds) })
 		row("machine CPU until all Running: busy of available, by command", "", func(s Scenario) string { return cpuShare(s.CPU, r.Machine.CPUs) })
-		row("machine CPU per VM: virtfleet / control-plane limit (of which kube-apiserver)", "", func(s Scenario) string { return cpuPerVM(s) })
+		row("machine CPU per VM: virtfleet / control-plane limit / whole-flow limit (of which kube-apiserver)", "", func(s Scenario) string { return cpuPerVM(s) })
 		row("VMs per node", "", func(s Scenario) string { return perNode(s.PerNode) })
 		for _, s := range r.Bursts {
 			if len(s.Notes) > 0 {
@@ -256,9 +253,17 @@ func requestsTable(p func(string, ...any), rows []RequestCount) {
 	p("")
 }
 
+// limitRate renders an API server limit's rate and writes per VM.
+func limitRate(l *Limit) string {
+	if l == nil {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f (%d)", l.VMsPerSecond, l.WritesPerVM)
+}
+
 // cpuPerVM compares what one VM cost the machine's CPU in virtfleet's run
-// and in the control plane's limit, in core-milliseconds: a burst on a
-// busy machine goes no faster than the cores can pay for its VMs.
+// and in the API server's limits, in core-milliseconds: a burst on a busy
+// machine goes no faster than the cores can pay for its VMs.
 func cpuPerVM(s Scenario) string {
 	if s.CPU.MachineSeconds == 0 || s.ControlPlane == nil || s.ControlPlane.CPU == nil || s.Running == 0 {
 		return "–"
@@ -266,7 +271,11 @@ func cpuPerVM(s Scenario) string {
 	ms := func(c *CPUShare, vms int) string {
 		return fmt.Sprintf("%.1f (%.1f) core-ms", 1000*c.MachineSeconds/float64(vms), 1000*c.ByCommand["kube-apiserver"]/float64(vms))
 	}
-	return ms(&s.CPU, s.Running) + " / " + ms(s.ControlPlane.CPU, s.ControlPlane.VMs)
+	out := ms(&s.CPU, s.Running) + " / " + ms(s.ControlPlane.CPU, s.ControlPlane.VMs)
+	if s.WholeFlow != nil && s.WholeFlow.CPU != nil {
+		out += " / " + ms(s.WholeFlow.CPU, s.WholeFlow.VMs)
+	}
+	return out
 }
 
 // split renders one part of the latency.

@@ -84,9 +84,13 @@ type Scenario struct {
 	// The limits, measured on the same stack after virtfleet's run.
 	RawLibvirt   *Limit `json:"rawLibvirt,omitempty"`
 	ControlPlane *Limit `json:"controlPlane,omitempty"`
+	// WholeFlow is the API server's limit for every write of a VM's flow
+	// (see wholeFlow), not only the VM's own.
+	WholeFlow *Limit `json:"wholeFlow,omitempty"`
 	// Ratios of virtfleet's VMs/s to each limit's.
 	RatioToRawLibvirt   float64 `json:"ratioToRawLibvirt,omitempty"`
 	RatioToControlPlane float64 `json:"ratioToControlPlane,omitempty"`
+	RatioToWholeFlow    float64 `json:"ratioToWholeFlow,omitempty"`
 
 	// Notes say what was changed to make the scenario fit, or what failed.
 	Notes []string `json:"notes,omitempty"`

@@ -332,8 +332,14 @@ func limits(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progress
 		return errors.Wrap(err, "control plane")
 	}
 	sc.ControlPlane, sc.RatioToControlPlane = &cp, sc.VMsPerSecond/cp.VMsPerSecond
-	progress("virtfleet %.1f VMs/s; raw libvirt %.1f (%.0f%%); control plane %.1f (%.0f%%)",
-		sc.VMsPerSecond, raw.VMsPerSecond, 100*sc.RatioToRawLibvirt, cp.VMsPerSecond, 100*sc.RatioToControlPlane)
+	progress("whole flow: %d VMs × %d writes (VM, Volume, ProviderConfigUsage, event), no hub or agent", sp.vms, wholeFlowWrites)
+	wf, err := wholeFlow(ctx, kube, namespace, sp.vms)
+	if err != nil {
+		return errors.Wrap(err, "whole flow")
+	}
+	sc.WholeFlow, sc.RatioToWholeFlow = &wf, sc.VMsPerSecond/wf.VMsPerSecond
+	progress("virtfleet %.1f VMs/s; raw libvirt %.1f (%.0f%%); control plane %.1f (%.0f%%); whole flow %.1f (%.0f%%)",
+		sc.VMsPerSecond, raw.VMsPerSecond, 100*sc.RatioToRawLibvirt, cp.VMsPerSecond, 100*sc.RatioToControlPlane, wf.VMsPerSecond, 100*sc.RatioToWholeFlow)
 	return nil
 }
 
