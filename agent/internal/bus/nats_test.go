@@ -12,6 +12,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 )
 
 func TestWatchIntentsDeliversStateThenChanges(t *testing.T) {
@@ -155,17 +156,7 @@ func TestWatchIntentsRecoversALostConsumerWithinSeconds(t *testing.T) {
 	e := watch(t, b)
 	e.until(t, 5*time.Second, synced)
 
-	ctx := context.Background()
-	stream, err := f.js.Stream(ctx, wire.Stream(wire.BucketIntents))
-	require.NoError(t, err)
-	var consumers []string
-	for name := range stream.ListConsumers(ctx).Info() {
-		consumers = append(consumers, name.Name)
-	}
-	require.NotEmpty(t, consumers, "the watch has a consumer")
-	for _, name := range consumers {
-		require.NoError(t, stream.DeleteConsumer(ctx, name))
-	}
+	natstest.DeleteConsumers(t, f.js, wire.Stream(wire.BucketIntents))
 
 	start := time.Now()
 	f.putIntent(t, "node1", "vm-a", 1)

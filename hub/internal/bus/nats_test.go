@@ -165,17 +165,8 @@ func TestWatchReportsResumesAfterItsConsumerIsLost(t *testing.T) {
 	b, js, _, _ := newHub(t)
 	events := collect(t, b.WatchReports)
 	next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Synced })
+	natstest.DeleteConsumers(t, js, wire.Stream(wire.BucketReports))
 	ctx := context.Background()
-	stream, err := js.Stream(ctx, wire.Stream(wire.BucketReports))
-	require.NoError(t, err)
-	var consumers []string
-	for c := range stream.ListConsumers(ctx).Info() {
-		consumers = append(consumers, c.Name)
-	}
-	require.NotEmpty(t, consumers, "the watch has a consumer")
-	for _, name := range consumers {
-		require.NoError(t, stream.DeleteConsumer(ctx, name))
-	}
 
 	v, err := wire.EncodeReport(wire.Report{UID: "after", Node: "node1"})
 	require.NoError(t, err)
