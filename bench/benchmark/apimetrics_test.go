@@ -91,3 +91,30 @@ func TestOtherRequestsAreEveryRequestNotCountedAsOursAndNotRare(t *testing.T) {
 		{Request: "GET secrets 200", Count: 5, PerVM: 0.25},
 	}, otherRequests(before, after, ours, 20), "the PUT is ours; one LIST in 20 VMs is below the threshold")
 }
+
+func TestUnreplayed(t *testing.T) {
+	cases := map[string]struct {
+		rows []RequestCount
+		want []string
+	}{
+		"EveryWriteReplayed": {rows: []RequestCount{
+			{Request: "POST virtualmachines 201", PerVM: 1},
+			{Request: "PATCH volumes 200", PerVM: 1},
+			{Request: "PATCH volumes 409", PerVM: 0.6},
+			{Request: "POST providerconfigusages 201", PerVM: 1},
+		}},
+		"RareWritesAndReadsIgnored": {rows: []RequestCount{
+			{Request: "PUT virtualnetworks/status 200", PerVM: 0.02},
+			{Request: "LIST volumes 200", PerVM: 3},
+		}},
+		"ANewWrite": {
+			rows: []RequestCount{{Request: "POST virtualmachines 201", PerVM: 1}, {Request: "PUT diskimages/status 200", PerVM: 0.5}},
+			want: []string{"PUT diskimages/status 200 (0.50 per VM)"},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.want, unreplayed(tc.rows))
+		})
+	}
+}

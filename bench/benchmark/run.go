@@ -338,6 +338,9 @@ func limits(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progress
 		return errors.Wrap(err, "whole flow")
 	}
 	sc.WholeFlow, sc.RatioToWholeFlow = &wf, sc.VMsPerSecond/wf.VMsPerSecond
+	if missing := unreplayed(append(slices.Clone(sc.Writes), sc.OtherRequests...)); len(missing) > 0 {
+		sc.Notes = append(sc.Notes, "the whole-flow limit does not replay these writes of the burst: "+strings.Join(missing, ", "))
+	}
 	progress("virtfleet %.1f VMs/s; raw libvirt %.1f (%.0f%%); control plane %.1f (%.0f%%); whole flow %.1f (%.0f%%)",
 		sc.VMsPerSecond, raw.VMsPerSecond, 100*sc.RatioToRawLibvirt, cp.VMsPerSecond, 100*sc.RatioToControlPlane, wf.VMsPerSecond, 100*sc.RatioToWholeFlow)
 	return nil
