@@ -179,6 +179,31 @@ func TestHub(t *testing.T) {
 	assert.Equal(t, "virtfleet-hub", pod.ServiceAccountName)
 }
 
+// TestGoRuntimeKnowsItsMemoryLimit pins that each Go container has a memory
+// limit and hands it to the runtime as GOMEMLIMIT, so the collector works
+// to stay under it rather than the container being killed at it.
+func TestGoRuntimeKnowsItsMemoryLimit(t *testing.T) {
+	byKind := objects(t)
+	cases := map[string]corev1.PodSpec{
+		"hub":   one[appsv1.Deployment](t, byKind, "Deployment", "virtfleet-hub").Spec.Template.Spec,
+		"agent": one[appsv1.DaemonSet](t, byKind, "DaemonSet", "virtfleet-agent").Spec.Template.Spec,
+	}
+	for name, pod := range cases {
+		t.Run(name, func(t *testing.T) {
+			require.Len(t, pod.Containers, 1)
+			c := pod.Containers[0]
+			assert.False(t, c.Resources.Limits.Memory().IsZero(), "a memory limit")
+			i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "GOMEMLIMIT" })
+			require.GreaterOrEqual(t, i, 0, "GOMEMLIMIT is set")
+			from := c.Env[i].ValueFrom
+			require.NotNil(t, from, "GOMEMLIMIT comes from the container's spec")
+			require.NotNil(t, from.ResourceFieldRef, "GOMEMLIMIT comes from the container's spec")
+			assert.Equal(t, "limits.memory", from.ResourceFieldRef.Resource)
+			assert.Contains(t, []string{"", c.Name}, from.ResourceFieldRef.ContainerName, "its own container's limit")
+		})
+	}
+}
+
 // TestHubRBAC pins least privilege: no wildcard anywhere, the grants the
 // hub's code needs, and none of the writes it must not have.
 func TestHubRBAC(t *testing.T) {
