@@ -157,27 +157,45 @@ type Stack struct {
 
 // component is a running hub or agent process.
 type component struct {
+	name string
 	cmd  *exec.Cmd
 	done chan error
 	log  *os.File
+	// grace is how long it has to stop after SIGTERM; zero is stopGrace.
+	grace time.Duration
 }
 
+// How long a component has to stop after SIGTERM (Kubernetes' default grace
+// period), and then to print its goroutines after SIGQUIT.
+const (
+	stopGrace = 30 * time.Second
+	dumpGrace = 10 * time.Second
+)
+
 // stop sends sig and waits for the process; SIGTERM is a clean stop, SIGKILL
-// a crash. A process that ignores SIGTERM for 30 s is killed.
+// a crash. A process still there its grace after SIGTERM gets SIGQUIT, on
+// which Go prints every goroutine into its log and exits, so the log says
+// where it hung; then it is killed.
 func (c *component) stop(sig syscall.Signal) error {
 	_ = c.cmd.Process.Signal(sig)
 	var err error
 	select {
 	case err = <-c.done:
-	case <-time.After(30 * time.Second):
-		_ = c.cmd.Process.Kill()
-		err = <-c.done
+	case <-time.After(cmp.Or(c.grace, stopGrace)):
+		_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-c.done:
+		case <-time.After(dumpGrace):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+		err = errors.Errorf("still running %s after %s; its goroutines are in %s (SIGQUIT)", cmp.Or(c.grace, stopGrace), sig, c.log.Name())
 	}
 	_ = c.log.Close()
 	if sig == syscall.SIGKILL {
 		return nil // the point was to crash it
 	}
-	return errors.Wrap(err, "process did not stop cleanly")
+	return errors.Wrapf(err, "%s did not stop cleanly", c.name)
 }
 
 // Start brings everything up; the hub and every agent are running when it
@@ -475,7 +493,7 @@ func (s *Stack) run(name, binary string, env []string, args ...string) (*compone
 		_ = f.Close()
 		return nil, errors.Wrapf(err, "cannot start %s", name)
 	}
-	c := &component{cmd: cmd, done: make(chan error, 1), log: f}
+	c := &component{name: name, cmd: cmd, done: make(chan error, 1), log: f}
 	go func() { c.done <- cmd.Wait() }()
 	return c, nil
 }
