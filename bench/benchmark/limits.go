@@ -129,22 +129,17 @@ const controlPlaneWriters = 64
 func controlPlane(ctx context.Context, kube client.Client, ns string, n, writes int) (Limit, error) {
 	writes = max(1, writes)
 	phases := []v1alpha1.Phase{v1alpha1.PhasePending, v1alpha1.PhaseScheduled, v1alpha1.PhaseProvisioning, v1alpha1.PhaseStarting, v1alpha1.PhaseRunning}
-	f := fleet
-	f.Namespace = ns
-	return replay(n, writes, func() error {
-		return workload.Parallel(ctx, n, controlPlaneWriters, func(ctx context.Context, i int) error {
-			vm := f.VM(fmt.Sprintf("cp-%04d", i), workload.VolumeName(i))
-			if err := kube.Create(ctx, vm); err != nil {
-				return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
+	return replay(ctx, ns, n, writes, "cp", func(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
+		if err := kube.Create(ctx, vm); err != nil {
+			return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
+		}
+		for w := 1; w < writes; w++ {
+			vm.Status.AtProvider.Phase = phases[w%len(phases)]
+			if err := kube.Status().Update(ctx, vm); err != nil {
+				return errors.Wrapf(err, "cannot update the status of VirtualMachine %s", vm.Name)
 			}
-			for w := 1; w < writes; w++ {
-				vm.Status.AtProvider.Phase = phases[w%len(phases)]
-				if err := kube.Status().Update(ctx, vm); err != nil {
-					return errors.Wrapf(err, "cannot update the status of VirtualMachine %s", vm.Name)
-				}
-			}
-			return nil
-		})
+		}
+		return nil
 	})
 }
 
@@ -194,13 +189,8 @@ func unreplayed(rows []RequestCount) []string {
 // beyond its writes, and the limit the control plane's (three VM writes)
 // cannot be: a VM of virtfleet is more than its own object.
 func wholeFlow(ctx context.Context, kube client.Client, ns string, n int) (Limit, error) {
-	f := fleet
-	f.Namespace = ns
-	return replay(n, wholeFlowWrites, func() error {
-		return workload.Parallel(ctx, n, controlPlaneWriters, func(ctx context.Context, i int) error {
-			vm := f.VM(fmt.Sprintf("wf-%04d", i), workload.VolumeName(i))
-			return replayVM(ctx, kube, vm, "node1")
-		})
+	return replay(ctx, ns, n, wholeFlowWrites, "wf", func(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
+		return replayVM(ctx, kube, vm, "node1")
 	})
 }
 
@@ -265,15 +255,21 @@ const (
 	replayedCondition xpv2.ConditionType = "Replayed"
 )
 
-// replay times run, which makes n VMs' writes (writes each), and measures
-// the machine's CPU over it.
-func replay(n, writes int, run func() error) (Limit, error) {
+// replay times writeVM, which makes writes API writes for one VM, over n
+// benchmark VMs in ns named prefix-NNNN, controlPlaneWriters at once, and
+// measures the machine's CPU over it.
+func replay(ctx context.Context, ns string, n, writes int, prefix string, writeVM func(context.Context, *v1alpha1.VirtualMachine) error) (Limit, error) {
+	f := fleet
+	f.Namespace = ns
 	cpuBefore, err := snapshotCPU()
 	if err != nil {
 		return Limit{}, err
 	}
 	start := time.Now()
-	if err := run(); err != nil {
+	err = workload.Parallel(ctx, n, controlPlaneWriters, func(ctx context.Context, i int) error {
+		return writeVM(ctx, f.VM(fmt.Sprintf("%s-%04d", prefix, i), workload.VolumeName(i)))
+	})
+	if err != nil {
 		return Limit{}, err
 	}
 	l := limit(n, controlPlaneWriters, writes, time.Since(start))

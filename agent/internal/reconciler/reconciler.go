@@ -403,7 +403,6 @@ func (r *Reconciler) remove(ctx context.Context, uid string) error {
 	}
 	r.mu.Lock()
 	delete(r.written, uid)
-	delete(r.addressless, uid)
 	r.mu.Unlock()
 	return nil
 }

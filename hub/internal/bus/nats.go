@@ -307,10 +307,10 @@ const watchCheckEvery = 2 * time.Second
 //
 // Stuck: at the previous check the bucket held a revision after the last one
 // seen, and since then no entry at all came (a watch that is merely behind,
-// say in a burst, still makes progress and is left alone). The watch's ordered consumer lives on one
-// server; when that server goes and the hub's connection stays on another,
-// only missing heartbeats tell, which nats.go checks every 10 s, and the
-// KV API offers no shorter heartbeat. make chaos saw VMs wait up to 25 s
+// say in a burst, still makes progress and is left alone). The watch's
+// ordered consumer lives on one server; when that server goes and the hub's
+// connection stays on another, only missing heartbeats tell, which nats.go
+// checks every 10 s, and the KV API offers no shorter heartbeat. make chaos saw VMs wait up to 25 s
 // after the kill of the JetStream meta leader for the report their status
 // needed, and VMs created meanwhile for the watch's Synced to place them.
 func (n *NATS) drain(ctx context.Context, kv jetstream.KeyValue, w jetstream.KeyWatcher, last uint64, reconnected <-chan nats.Status, handle func(jetstream.KeyValueEntry) error) uint64 {

@@ -178,10 +178,11 @@ const (
 // where it hung; then it is killed.
 func (c *component) stop(sig syscall.Signal) error {
 	_ = c.cmd.Process.Signal(sig)
+	grace := cmp.Or(c.grace, stopGrace)
 	var err error
 	select {
 	case err = <-c.done:
-	case <-time.After(cmp.Or(c.grace, stopGrace)):
+	case <-time.After(grace):
 		_ = c.cmd.Process.Signal(syscall.SIGQUIT)
 		select {
 		case <-c.done:
@@ -189,7 +190,7 @@ func (c *component) stop(sig syscall.Signal) error {
 			_ = c.cmd.Process.Kill()
 			<-c.done
 		}
-		err = errors.Errorf("still running %s after %s; its goroutines are in %s (SIGQUIT)", cmp.Or(c.grace, stopGrace), sig, c.log.Name())
+		err = errors.Errorf("still running %s after %s; its goroutines are in %s (SIGQUIT)", grace, sig, c.log.Name())
 	}
 	_ = c.log.Close()
 	if sig == syscall.SIGKILL {
