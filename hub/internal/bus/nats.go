@@ -354,7 +354,8 @@ func (n *NATS) drain(ctx context.Context, kv jetstream.KeyValue, w jetstream.Key
 // or cannot be read within a check's interval (the server is away: the
 // connection's own status then resumes the watch). It is asked from the
 // watch's loop, so it waits no longer than that. A bucket's entries expire
-// oldest first, so while it holds any, it holds its newest.
+// oldest first (purge markers have the bucket's own TTL, see
+// natswire.EnsureBuckets), so while it holds any, it holds its newest.
 func (n *NATS) lastRevision(ctx context.Context, kv jetstream.KeyValue) uint64 {
 	ctx, cancel := context.WithTimeout(ctx, watchCheckEvery)
 	defer cancel()
