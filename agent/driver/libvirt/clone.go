@@ -77,7 +77,7 @@ func (d *Driver) cloneImage(img *driver.Image, job *importJob) error {
 	if err := d.startClone(api, p, img); err != nil {
 		return err
 	}
-	err = createVolumeFrom(api, p, &libvirtxml.StorageVolume{
+	_, err = createVolumeFrom(api, p, &libvirtxml.StorageVolume{
 		Name:     imageVolume(img.UID),
 		Capacity: &libvirtxml.StorageVolumeSize{Value: capacity, Unit: "B"},
 		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: cmp.Or(img.Format, defaultFormat)}},

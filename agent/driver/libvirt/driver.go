@@ -434,16 +434,27 @@ func validate(m driver.Machine) error {
 // with the uid was released or now belongs to another VM (a *NotOursError),
 // and a Terminal one when a domain with the uid is not virtfleet's.
 func (d *Driver) lookup(api API, uid string, flags golibvirt.DomainXMLFlags) (golibvirt.Domain, domainInfo, error) {
+	dom, err := d.domainOf(api, uid)
+	if err != nil {
+		return dom, domainInfo{}, err
+	}
+	info, err := d.describe(api, dom, uid, flags)
+	return dom, info, err
+}
+
+// domainOf is lookup's first half: the domain of the guest uid, without its
+// definition.
+func (d *Driver) domainOf(api API, uid string) (golibvirt.Domain, error) {
 	if err := d.aliases.load(d, api); err != nil {
-		return golibvirt.Domain{}, domainInfo{}, err
+		return golibvirt.Domain{}, err
 	}
 	if _, err := parseUUID(uid); err != nil {
-		return golibvirt.Domain{}, domainInfo{}, err
+		return golibvirt.Domain{}, err
 	}
 	key := d.aliases.keyOf(uid)
 	u, err := parseUUID(key)
 	if err != nil {
-		return golibvirt.Domain{}, domainInfo{}, err
+		return golibvirt.Domain{}, err
 	}
 	dom, err := api.DomainLookupByUUID(u)
 	if isCode(err, golibvirt.ErrNoDomain) && key != uid {
@@ -451,36 +462,39 @@ func (d *Driver) lookup(api API, uid string, flags golibvirt.DomainXMLFlags) (go
 		// back, or a daemon that lost its state): uid has none but its own.
 		d.aliases.drop(uid)
 		if u, err = parseUUID(uid); err != nil {
-			return golibvirt.Domain{}, domainInfo{}, err
+			return golibvirt.Domain{}, err
 		}
 		dom, err = api.DomainLookupByUUID(u)
 	}
 	if isCode(err, golibvirt.ErrNoDomain) {
-		return dom, domainInfo{}, driver.NotFoundf("no domain with uuid %s", uid)
+		return dom, driver.NotFoundf("no domain with uuid %s", uid)
 	}
-	if err != nil {
-		return dom, domainInfo{}, errors.Wrap(err, "cannot look up domain")
-	}
+	return dom, errors.Wrap(err, "cannot look up domain")
+}
+
+// describe is lookup's second half: dom's definition (the running one, or
+// the next with DomainXMLInactive), checked to be the guest uid's.
+func (d *Driver) describe(api API, dom golibvirt.Domain, uid string, flags golibvirt.DomainXMLFlags) (domainInfo, error) {
 	x, err := api.DomainGetXMLDesc(dom, flags)
 	if isCode(err, golibvirt.ErrNoDomain) {
-		return dom, domainInfo{}, driver.NotFoundf("no domain with uuid %s", uid)
+		return domainInfo{}, driver.NotFoundf("no domain with uuid %s", uid)
 	}
 	if err != nil {
-		return dom, domainInfo{}, errors.Wrap(err, "cannot read domain XML")
+		return domainInfo{}, errors.Wrap(err, "cannot read domain XML")
 	}
 	info, err := parseDomain(x)
 	if err != nil {
-		return dom, domainInfo{}, err
+		return domainInfo{}, err
 	}
 	switch o := info.owner; {
 	case o == nil:
-		return dom, domainInfo{}, driver.Terminalf("domain %s with uuid %s exists on the node but is not managed by virtfleet", dom.Name, uid)
+		return domainInfo{}, driver.Terminalf("domain %s with uuid %s exists on the node but is not managed by virtfleet", dom.Name, uid)
 	case o.UID != uid:
-		return dom, domainInfo{}, driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "is managed by VirtualMachine " + o.Namespace + "/" + o.Name + " now"})
+		return domainInfo{}, driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "is managed by VirtualMachine " + o.Namespace + "/" + o.Name + " now"})
 	case o.Orphaned:
-		return dom, domainInfo{}, driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "was released and is orphaned"})
+		return domainInfo{}, driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "was released and is orphaned"})
 	}
-	return dom, info, nil
+	return info, nil
 }
 
 // Ensure implements driver.Driver.
@@ -492,6 +506,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if err != nil {
 		return driver.Observation{}, err
 	}
+	api = rememberPools(api)
 	dom, info, err := d.lookup(api, m.UID, golibvirt.DomainXMLInactive)
 	if err != nil && !driver.IsNotFound(err) {
 		return driver.Observation{}, err
@@ -531,7 +546,12 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if err := d.converge(api, dom, m, owner); err != nil {
 		return driver.Observation{}, err
 	}
-	return d.Observe(ctx, m.UID)
+	live, err := d.describe(api, dom, m.UID, 0)
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	// The next definition's hash is the one just written or read.
+	return d.observe(api, dom, m.UID, live, owner.SpecHash)
 }
 
 // define creates what the guest needs and (re)defines its domain. A running
@@ -569,26 +589,23 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 			}
 			continue
 		}
-		exists, err := hasVolume(api, pool, disk.Name)
-		if err != nil {
-			return golibvirt.Domain{}, err
-		}
-		if !exists {
-			made = append(made, poolVolume{pool: pool, name: disk.Name})
-		}
+		var created bool
 		if disk.Image != nil {
-			err = d.ensureImageDisk(api, disk)
+			created, err = d.ensureImageDisk(api, disk)
 		} else {
-			err = ensureVolume(api, pool, disk.Name, disk.SizeBytes, cmp.Or(disk.Format, defaultFormat))
+			created, err = ensureVolume(api, pool, disk.Name, disk.SizeBytes, cmp.Or(disk.Format, defaultFormat))
 		}
 		if err != nil {
 			return golibvirt.Domain{}, err
+		}
+		if created {
+			made = append(made, poolVolume{pool: pool, name: disk.Name})
 		}
 	}
 	made = append(made, poolVolume{pool: d.pool, name: seedVolume(m.UID)})
 	if m.SwapBytes > 0 {
 		made = append(made, poolVolume{pool: d.pool, name: swapVolume(m.UID)})
-		if err := ensureVolume(api, d.pool, swapVolume(m.UID), m.SwapBytes, "raw"); err != nil {
+		if _, err := ensureVolume(api, d.pool, swapVolume(m.UID), m.SwapBytes, "raw"); err != nil {
 			return golibvirt.Domain{}, err
 		}
 	}
@@ -664,7 +681,7 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 	active := s != golibvirt.DomainShutoff && s != golibvirt.DomainCrashed && s != golibvirt.DomainNostate
 	liveHash := owner.SpecHash
 	if active {
-		_, live, err := d.lookup(api, m.UID, 0)
+		live, err := d.describe(api, dom, m.UID, 0)
 		if err != nil {
 			return err
 		}
@@ -879,10 +896,13 @@ func (d *Driver) Observe(_ context.Context, uid string) (driver.Observation, err
 	if err != nil {
 		return driver.Observation{}, err
 	}
-	return d.observe(api, dom, uid, info)
+	return d.observe(api, dom, uid, info, "")
 }
 
-func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainInfo) (driver.Observation, error) {
+// observe reports the guest uid of domain dom, whose running definition is
+// info. definedHash is the spec hash of its next definition when the caller
+// knows it (Ensure, which just wrote or read it), else "" to read it.
+func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainInfo, definedHash string) (driver.Observation, error) {
 	state, reason, err := api.DomainGetState(dom, 0)
 	if err != nil {
 		return driver.Observation{}, errors.Wrap(err, "cannot read domain state")
@@ -904,11 +924,16 @@ func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainI
 	if o.Phase != driver.PhaseStopped && o.Phase != driver.PhaseFailed && info.owner != nil {
 		// A running domain whose definition changed since it started runs
 		// the old shape until its next start.
-		_, defined, err := d.lookup(api, uid, golibvirt.DomainXMLInactive)
-		if err != nil && !driver.IsNotFound(err) {
-			return driver.Observation{}, err
+		if definedHash == "" {
+			defined, err := d.describe(api, dom, uid, golibvirt.DomainXMLInactive)
+			if err != nil && !driver.IsNotFound(err) {
+				return driver.Observation{}, err
+			}
+			if err == nil {
+				definedHash = defined.owner.SpecHash
+			}
 		}
-		o.RestartRequired = err == nil && defined.owner.SpecHash != info.owner.SpecHash
+		o.RestartRequired = definedHash != "" && definedHash != info.owner.SpecHash
 	}
 	if o.Phase != driver.PhaseRunning && o.Phase != driver.PhaseStopping {
 		d.addresses.forget(uid)
@@ -1113,7 +1138,7 @@ func (d *Driver) observeAll(api API, doms []golibvirt.Domain, infos []domainInfo
 	out := make([]driver.Observation, 0, len(doms))
 	for i, dom := range doms {
 		owner := infos[i].owner
-		o, err := d.observe(api, dom, owner.UID, infos[i])
+		o, err := d.observe(api, dom, owner.UID, infos[i], "")
 		if isCode(err, golibvirt.ErrNoDomain) {
 			continue
 		}

@@ -408,9 +408,11 @@ func TestRefusedDefinitionIsTerminalAndLeavesNothingBehind(t *testing.T) {
 
 	m := machine("refused")
 	m.Disks = append(m.Disks, driver.Disk{Name: "refused-data", SizeBytes: 1 << 30})
-	require.NoError(t, ensureVolume(l, testPool, "refused-data", 1<<30, "qcow2"))
+	made, err := ensureVolume(l, testPool, "refused-data", 1<<30, "qcow2")
+	require.NoError(t, err)
+	require.True(t, made)
 
-	_, err := d.Ensure(context.Background(), m)
+	_, err = d.Ensure(context.Background(), m)
 	require.Error(t, err)
 	assert.True(t, driver.IsTerminal(err), "no retry mends it: %v", err)
 	assert.Contains(t, err.Error(), "could not get preferred machine", "libvirt's own message")

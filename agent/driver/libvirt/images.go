@@ -329,30 +329,31 @@ func (d *Driver) storeImage(api API, img *driver.Image, path string, size int64)
 // ensureImageDisk creates a missing disk from its image: a qcow2 overlay
 // backed by the image when both live in the driver's pool and the image is
 // qcow2, a full copy otherwise (a raw image, or a disk in another pool, where
-// pruning could not see that the disk depends on the image).
-func (d *Driver) ensureImageDisk(api API, disk driver.Disk) error {
+// pruning could not see that the disk depends on the image). It says
+// whether it made the disk.
+func (d *Driver) ensureImageDisk(api API, disk driver.Disk) (bool, error) {
 	pool := cmp.Or(disk.Pool, d.pool)
 	p, err := api.StoragePoolLookupByName(pool)
 	if isCode(err, golibvirt.ErrNoStoragePool) {
-		return driver.Terminalf("storage pool %q does not exist on this node", pool)
+		return false, driver.Terminalf("storage pool %q does not exist on this node", pool)
 	}
 	if err != nil {
-		return errors.Wrapf(err, "cannot look up storage pool %s", pool)
+		return false, errors.Wrapf(err, "cannot look up storage pool %s", pool)
 	}
 	if exists, err := hasVolume(api, pool, disk.Name); err != nil || exists {
-		return err
+		return false, err
 	}
 	ip, err := api.StoragePoolLookupByName(d.pool)
 	if err != nil {
-		return errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
+		return false, errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
 	}
 	iv, err := api.StorageVolLookupByName(ip, imageVolume(disk.Image.UID))
 	if err != nil {
-		return errors.Wrapf(err, "cannot find image %s on the node", disk.Image.Name)
+		return false, errors.Wrapf(err, "cannot find image %s on the node", disk.Image.Name)
 	}
 	_, imageSize, _, err := api.StorageVolGetInfo(iv)
 	if err != nil {
-		return errors.Wrapf(err, "cannot read image %s", disk.Image.Name)
+		return false, errors.Wrapf(err, "cannot read image %s", disk.Image.Name)
 	}
 	// A disk smaller than its image could not hold it.
 	size := max(disk.SizeBytes, int64(imageSize))
@@ -362,15 +363,17 @@ func (d *Driver) ensureImageDisk(api API, disk driver.Disk) error {
 		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: cmp.Or(disk.Format, defaultFormat)}},
 	}
 	if cmp.Or(disk.Image.Format, defaultFormat) != "qcow2" || pool != d.pool {
-		return createVolumeFrom(api, p, v, &iv)
+		_, err := createVolumeFrom(api, p, v, &iv)
+		return err == nil, err
 	}
 	path, err := api.StorageVolGetPath(iv)
 	if err != nil {
-		return errors.Wrapf(err, "cannot read the path of image %s", disk.Image.Name)
+		return false, errors.Wrapf(err, "cannot read the path of image %s", disk.Image.Name)
 	}
 	v.Target.Format.Type = "qcow2"
 	v.BackingStore = &libvirtxml.StorageVolumeBackingStore{Path: path, Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}}
-	return createVolumeFrom(api, p, v, nil)
+	_, err = createVolumeFrom(api, p, v, nil)
+	return err == nil, err
 }
 
 // PruneImages deletes the images on the node that no volume in the driver's

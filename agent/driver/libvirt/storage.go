@@ -14,25 +14,27 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver"
 )
 
-// ensureVolume creates an empty volume unless one of that name exists. An
-// existing volume is never resized or rewritten: it may hold user data.
-func ensureVolume(api API, pool, name string, size int64, format string) error {
+// ensureVolume creates an empty volume unless one of that name exists, and
+// says whether it made it. An existing volume is never resized or
+// rewritten: it may hold user data.
+func ensureVolume(api API, pool, name string, size int64, format string) (bool, error) {
 	p, err := api.StoragePoolLookupByName(pool)
 	if isCode(err, golibvirt.ErrNoStoragePool) {
-		return driver.Terminalf("storage pool %q does not exist on this node", pool)
+		return false, driver.Terminalf("storage pool %q does not exist on this node", pool)
 	}
 	if err != nil {
-		return errors.Wrapf(err, "cannot look up storage pool %s", pool)
+		return false, errors.Wrapf(err, "cannot look up storage pool %s", pool)
 	}
 	if _, err := api.StorageVolLookupByName(p, name); err == nil {
-		return nil
+		return false, nil
 	} else if !isCode(err, golibvirt.ErrNoStorageVol) {
-		return errors.Wrapf(err, "cannot look up volume %s", name)
+		return false, errors.Wrapf(err, "cannot look up volume %s", name)
 	}
-	return createVolume(api, p, name, size, format)
+	_, err = createVolume(api, p, name, size, format)
+	return err == nil, err
 }
 
-func createVolume(api API, p golibvirt.StoragePool, name string, size int64, format string) error {
+func createVolume(api API, p golibvirt.StoragePool, name string, size int64, format string) (golibvirt.StorageVol, error) {
 	return createVolumeFrom(api, p, &libvirtxml.StorageVolume{
 		Name:     name,
 		Capacity: &libvirtxml.StorageVolumeSize{Value: uint64(max(size, 0)), Unit: "B"},
@@ -42,28 +44,29 @@ func createVolume(api API, p golibvirt.StoragePool, name string, size int64, for
 
 // createVolumeFrom creates v — as a copy of from, if set — once it is sure
 // the pool has room for v's capacity.
-func createVolumeFrom(api API, p golibvirt.StoragePool, v *libvirtxml.StorageVolume, from *golibvirt.StorageVol) error {
+func createVolumeFrom(api API, p golibvirt.StoragePool, v *libvirtxml.StorageVolume, from *golibvirt.StorageVol) (golibvirt.StorageVol, error) {
 	size := v.Capacity.Value
 	if size == 0 {
-		return driver.Terminalf("volume %q needs a size greater than zero", v.Name)
+		return golibvirt.StorageVol{}, driver.Terminalf("volume %q needs a size greater than zero", v.Name)
 	}
 	_, capacity, _, available, err := api.StoragePoolGetInfo(p)
 	if err != nil {
-		return errors.Wrapf(err, "cannot read storage pool %s", p.Name)
+		return golibvirt.StorageVol{}, errors.Wrapf(err, "cannot read storage pool %s", p.Name)
 	}
 	if size > available {
-		return driver.Terminalf("volume %q needs %d bytes but storage pool %q has %d of %d bytes free", v.Name, size, p.Name, available, capacity)
+		return golibvirt.StorageVol{}, driver.Terminalf("volume %q needs %d bytes but storage pool %q has %d of %d bytes free", v.Name, size, p.Name, available, capacity)
 	}
 	x, err := v.Marshal()
 	if err != nil {
-		return errors.Wrap(err, "cannot marshal volume XML")
+		return golibvirt.StorageVol{}, errors.Wrap(err, "cannot marshal volume XML")
 	}
+	var made golibvirt.StorageVol
 	if from != nil {
-		_, err = api.StorageVolCreateXMLFrom(p, x, *from, 0)
+		made, err = api.StorageVolCreateXMLFrom(p, x, *from, 0)
 	} else {
-		_, err = api.StorageVolCreateXML(p, x, 0)
+		made, err = api.StorageVolCreateXML(p, x, 0)
 	}
-	return errors.Wrapf(err, "cannot create volume %s", v.Name)
+	return made, errors.Wrapf(err, "cannot create volume %s", v.Name)
 }
 
 // writeSeed replaces the guest's seed volume with iso. uploadOptional is set
@@ -77,12 +80,9 @@ func writeSeed(api API, pool, name string, iso []byte, uploadOptional bool) erro
 	if err := deleteVolume(api, pool, name); err != nil {
 		return err
 	}
-	if err := createVolume(api, p, name, int64(len(iso)), "raw"); err != nil {
-		return err
-	}
-	v, err := api.StorageVolLookupByName(p, name)
+	v, err := createVolume(api, p, name, int64(len(iso)), "raw")
 	if err != nil {
-		return errors.Wrapf(err, "cannot look up volume %s", name)
+		return err
 	}
 	err = api.StorageVolUpload(v, bytes.NewReader(iso), 0, uint64(len(iso)), 0)
 	if uploadOptional && isCode(err, golibvirt.ErrNoSupport) {
@@ -238,4 +238,29 @@ func (d *Driver) importedFormat(api API, pool, name string) (string, error) {
 // image or a guest's seed or swap.
 func ownVolume(name string) bool {
 	return strings.HasPrefix(name, imagePrefix) || strings.HasSuffix(name, seedSuffix) || strings.HasSuffix(name, swapSuffix)
+}
+
+// poolHandles remembers the storage pools one operation looked up: making a
+// guest's disk, swap and seed would otherwise look the same pool up five
+// times, a round trip to libvirtd each. A handle outlives its pool only for
+// the operation's few milliseconds, and a call made with it then fails as the
+// lookup would have.
+type poolHandles struct {
+	API
+	pools map[string]golibvirt.StoragePool
+}
+
+func rememberPools(api API) API {
+	return &poolHandles{API: api, pools: map[string]golibvirt.StoragePool{}}
+}
+
+func (p *poolHandles) StoragePoolLookupByName(name string) (golibvirt.StoragePool, error) {
+	if h, ok := p.pools[name]; ok {
+		return h, nil
+	}
+	h, err := p.API.StoragePoolLookupByName(name)
+	if err == nil {
+		p.pools[name] = h
+	}
+	return h, err
 }

@@ -69,3 +69,22 @@ func TestNode(t *testing.T) {
 		require.Error(t, err)
 	})
 }
+
+func TestCallCounter(t *testing.T) {
+	n := Start(t, "count")
+	calls := n.CountCalls(t)
+	l, err := Dial(calls.Socket)
+	require.NoError(t, err)
+	defer l.Disconnect() //nolint:errcheck // test cleanup
+	calls.Reset()
+
+	require.NoError(t, lookup(l, "test"), "the test driver's own domain, through the counter")
+	require.Error(t, lookup(l, "none"), "a failed call is a round trip too")
+	_, err = l.ConnectGetCapabilities()
+	require.NoError(t, err)
+	require.Equal(t, 3, calls.Total(), calls.String())
+	require.Equal(t, "proc 7 ×1, proc 23 ×2", calls.String(), "REMOTE_PROC_CONNECT_GET_CAPABILITIES is 7, REMOTE_PROC_DOMAIN_LOOKUP_BY_NAME 23")
+
+	calls.Reset()
+	require.Zero(t, calls.Total())
+}
