@@ -5,10 +5,12 @@
 package deploy_test
 
 import (
+	"cmp"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -202,6 +204,52 @@ func TestGoRuntimeKnowsItsMemoryLimit(t *testing.T) {
 			assert.Contains(t, []string{"", c.Name}, from.ResourceFieldRef.ContainerName, "its own container's limit")
 		})
 	}
+}
+
+// TestAgentCanWriteWhereItWrites pins that the agent, whose root filesystem
+// is read-only, has a volume for each place it writes: the temporary
+// directory where each new guest's seed ISO is staged (without it every
+// define fails with "read-only file system"), in memory since it is small and
+// short-lived, and the image download directory, on disk since an image may
+// be larger than the container's memory limit.
+func TestAgentCanWriteWhereItWrites(t *testing.T) {
+	pod := one[appsv1.DaemonSet](t, objects(t), "DaemonSet", "virtfleet-agent").Spec.Template.Spec
+	require.Len(t, pod.Containers, 1)
+	c := pod.Containers[0]
+	require.NotNil(t, c.SecurityContext)
+	require.NotNil(t, c.SecurityContext.ReadOnlyRootFilesystem)
+	require.True(t, *c.SecurityContext.ReadOnlyRootFilesystem, "the premise of this test")
+
+	volumeAt := func(dir string) *corev1.Volume {
+		for _, m := range c.VolumeMounts {
+			if m.ReadOnly || (dir != m.MountPath && !strings.HasPrefix(dir, m.MountPath+"/")) {
+				continue
+			}
+			i := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+			require.GreaterOrEqual(t, i, 0, "volume %s of mount %s", m.Name, m.MountPath)
+			return &pod.Volumes[i]
+		}
+		return nil
+	}
+	env := func(name string) string {
+		i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == name })
+		if i < 0 {
+			return ""
+		}
+		return c.Env[i].Value
+	}
+
+	tmp := volumeAt(cmp.Or(env("TMPDIR"), "/tmp"))
+	require.NotNil(t, tmp, "a writable volume at the temporary directory")
+	require.NotNil(t, tmp.EmptyDir, "the temporary directory is the pod's own")
+	assert.Equal(t, corev1.StorageMediumMemory, tmp.EmptyDir.Medium)
+	require.NotNil(t, tmp.EmptyDir.SizeLimit, "memory-backed, so bounded")
+
+	dir := env("VIRTFLEET_IMAGE_DIR")
+	require.NotEmpty(t, dir, "downloads go to a directory of their own, not the temporary one")
+	downloads := volumeAt(dir)
+	require.NotNil(t, downloads, "a writable volume at %s", dir)
+	assert.False(t, downloads.EmptyDir != nil && downloads.EmptyDir.Medium == corev1.StorageMediumMemory, "downloads are on disk")
 }
 
 // TestHubRBAC pins least privilege: no wildcard anywhere, the grants the
