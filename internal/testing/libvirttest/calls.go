@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -122,13 +123,8 @@ func (c *CallCounter) Reset() {
 func (c *CallCounter) String() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	procs := make([]uint32, 0, len(c.calls))
-	for p := range c.calls {
-		procs = append(procs, p)
-	}
-	slices.Sort(procs)
-	parts := make([]string, 0, len(procs))
-	for _, p := range procs {
+	var parts []string
+	for _, p := range slices.Sorted(maps.Keys(c.calls)) {
 		parts = append(parts, fmt.Sprintf("proc %d ×%d", p, c.calls[p]))
 	}
 	return strings.Join(parts, ", ")
