@@ -187,8 +187,9 @@ func TestHub(t *testing.T) {
 func TestGoRuntimeKnowsItsMemoryLimit(t *testing.T) {
 	byKind := objects(t)
 	cases := map[string]corev1.PodSpec{
-		"hub":   one[appsv1.Deployment](t, byKind, "Deployment", "virtfleet-hub").Spec.Template.Spec,
-		"agent": one[appsv1.DaemonSet](t, byKind, "DaemonSet", "virtfleet-agent").Spec.Template.Spec,
+		"hub":                          one[appsv1.Deployment](t, byKind, "Deployment", "virtfleet-hub").Spec.Template.Spec,
+		"agent":                        one[appsv1.DaemonSet](t, byKind, "DaemonSet", "virtfleet-agent").Spec.Template.Spec,
+		"hub as Crossplane's provider": providerRuntime(t),
 	}
 	for name, pod := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -250,6 +251,40 @@ func TestAgentCanWriteWhereItWrites(t *testing.T) {
 	downloads := volumeAt(dir)
 	require.NotNil(t, downloads, "a writable volume at %s", dir)
 	assert.False(t, downloads.EmptyDir != nil && downloads.EmptyDir.Medium == corev1.StorageMediumMemory, "downloads are on disk")
+}
+
+// providerRuntime is the pod template package/install.yaml gives the
+// provider's Deployment through the DeploymentRuntimeConfig its Provider
+// names; Crossplane merges it into the Deployment it renders, whose one
+// container is package-runtime.
+func providerRuntime(t *testing.T) corev1.PodSpec {
+	t.Helper()
+	objs, err := manifests.Load(filepath.Join("..", "..", "package", "install.yaml"))
+	require.NoError(t, err)
+	byKind := map[string][]*unstructured.Unstructured{}
+	for _, o := range objs {
+		byKind[o.GetKind()] = append(byKind[o.GetKind()], o)
+	}
+	require.Len(t, byKind["Provider"], 1)
+	ref, _, err := unstructured.NestedString(byKind["Provider"][0].Object, "spec", "runtimeConfigRef", "name")
+	require.NoError(t, err)
+	require.NotEmpty(t, ref, "the Provider names its runtime config")
+	var drc struct {
+		Spec struct {
+			DeploymentTemplate struct {
+				Spec appsv1.DeploymentSpec `json:"spec"`
+			} `json:"deploymentTemplate"`
+		} `json:"spec"`
+	}
+	for _, o := range byKind["DeploymentRuntimeConfig"] {
+		if o.GetName() == ref {
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &drc))
+		}
+	}
+	pod := drc.Spec.DeploymentTemplate.Spec.Template.Spec
+	require.Len(t, pod.Containers, 1, "DeploymentRuntimeConfig %s", ref)
+	require.Equal(t, "package-runtime", pod.Containers[0].Name, "the container Crossplane runs the package in")
+	return pod
 }
 
 // TestHubRBAC pins least privilege: no wildcard anywhere, the grants the

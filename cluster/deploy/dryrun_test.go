@@ -34,7 +34,8 @@ const dryRunOwner = "virtfleet-dryrun"
 
 // TestManifestsPassServerSideDryRun server-side applies, with dryRun=All,
 // every manifest a user applies: cluster/deploy as `kubectl apply -k` renders
-// it, examples/ and package/examples/. The API server validates each object
+// it, examples/, package/examples/, package/install.yaml and sizes.yaml. The
+// API server validates each object
 // against its built-in or CRD schema (including CEL rules) and runs
 // admission, but stores nothing. Kinds whose CRDs are not served here are
 // skipped with a log line naming them.
@@ -58,11 +59,14 @@ func TestManifestsPassServerSideDryRun(t *testing.T) {
 	require.NoError(t, err)
 	pkgConfiguration, err := manifests.Load(filepath.Join(root, "package", "configuration"))
 	require.NoError(t, err)
+	pkgInstall, err := manifests.Load(filepath.Join(root, "package", "install.yaml"), filepath.Join(root, "package", "sizes.yaml"))
+	require.NoError(t, err)
 	sets := map[string][]*unstructured.Unstructured{
 		"cluster/deploy":        deploy,
 		"examples":              examples,
 		"package/examples":      pkgExamples,
 		"package/configuration": pkgConfiguration,
+		"package/install":       pkgInstall,
 	}
 	for name, objs := range sets {
 		require.NotEmpty(t, objs, "%s has no manifests", name)
@@ -82,7 +86,7 @@ func TestManifestsPassServerSideDryRun(t *testing.T) {
 	}
 
 	var applied, skipped int
-	for _, name := range []string{"cluster/deploy", "examples", "package/configuration", "package/examples"} {
+	for _, name := range []string{"cluster/deploy", "examples", "package/configuration", "package/examples", "package/install"} {
 		t.Run(name, func(t *testing.T) {
 			for _, o := range sets[name] {
 				id := o.GetAPIVersion() + " " + o.GetKind() + " " + strings.TrimPrefix(o.GetNamespace()+"/"+o.GetName(), "/")

@@ -7,8 +7,7 @@
 //	go run ./hack/build-package --images _output/images --registry ghcr.io/virtfleet --version v0.1.0 --out _output
 //
 // Push them with `crossplane xpkg push -f FILE REF` (which turns the layer
-// labels into annotations) and install them as package/examples/install.yaml
-// does. See internal/build/providerpackage.
+// labels into annotations) and install them as package/install.yaml does. See internal/build/providerpackage.
 package main
 
 import (
