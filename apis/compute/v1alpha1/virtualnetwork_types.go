@@ -53,9 +53,15 @@ type VirtualNetworkObservation struct {
 	// +optional
 	Nodes []string `json:"nodes,omitempty"`
 
-	// AttachedTo are the VirtualMachines with an interface on the network.
+	// AttachedTo are the first 20 VirtualMachines, by name, with an
+	// interface on the network; AttachedCount counts them all.
 	// +optional
 	AttachedTo []string `json:"attachedTo,omitempty"`
+
+	// AttachedCount is how many VirtualMachines have an interface on the
+	// network.
+	// +optional
+	AttachedCount int32 `json:"attachedCount"`
 }
 
 // VirtualNetworkSpec defines the desired state of a VirtualNetwork.
@@ -78,6 +84,7 @@ type VirtualNetworkStatus struct {
 // +kubebuilder:printcolumn:name="STATUS",type="string",JSONPath=".status.atProvider.phase"
 // +kubebuilder:printcolumn:name="MODE",type="string",JSONPath=".spec.forProvider.mode"
 // +kubebuilder:printcolumn:name="CIDR",type="string",JSONPath=".spec.forProvider.cidr"
+// +kubebuilder:printcolumn:name="VMS",type="integer",JSONPath=".status.atProvider.attachedCount"
 // +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
 // +kubebuilder:printcolumn:name="READY",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].status",priority=1
 // +kubebuilder:printcolumn:name="SYNCED",type="string",JSONPath=".status.conditions[?(@.type=='Synced')].status",priority=1

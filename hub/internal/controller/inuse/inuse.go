@@ -105,6 +105,27 @@ type Related struct {
 	Names  func(ctx context.Context, kube client.Reader, o client.Object) []string
 }
 
+// MaxNamed is how many users a status, condition, error or event names; the
+// rest are counted. A VirtualNetwork may have thousands of VMs: named in
+// full they would make its status and its InUse message grow with every VM
+// (each change writing it all again, and etcd refusing an object over
+// 1.5 MiB), and kubectl describe would print them all.
+const MaxNamed = 20
+
+// Named is the first MaxNamed of users, which are sorted.
+func Named(users []string) []string {
+	return users[:min(len(users), MaxNamed)]
+}
+
+// naming lists users for a message: "a, b", or "a, b, ... and 980 more".
+func naming(users []string) string {
+	s := strings.Join(Named(users), ", ")
+	if more := len(users) - MaxNamed; more > 0 {
+		s += fmt.Sprintf(" and %d more", more)
+	}
+	return s
+}
+
 // Users lists the names of the objects in namespace whose u.Index names name.
 func (u User) Users(ctx context.Context, kube client.Reader, namespace, name string) ([]string, error) {
 	l := u.NewList()
@@ -282,7 +303,7 @@ func (e *external[T]) Observe(ctx context.Context, obj T) (managed.ExternalObser
 	inUse := xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionFalse, Reason: "Unused", LastTransitionTime: metav1.Now()}
 	if len(users) > 0 {
 		inUse.Status, inUse.Reason = corev1.ConditionTrue, xpv2.ConditionReason("UsedBy"+e.kind.User.Kind+"s")
-		inUse.Message = "used by " + e.kind.User.Kind + " " + strings.Join(users, ", ")
+		inUse.Message = "used by " + e.kind.User.Kind + " " + naming(users)
 	}
 	obj.SetConditions(inUse)
 	if meta.WasDeleted(obj) {
@@ -315,7 +336,7 @@ func (e *external[T]) Delete(ctx context.Context, obj T) (managed.ExternalDelete
 	}
 	if len(users) > 0 {
 		err := errors.New(fmt.Sprintf("%s %s is used by %s %s: it is deleted once they no longer use it",
-			e.kind.GroupVersionKind.Kind, obj.GetName(), e.kind.User.Kind, strings.Join(users, ", ")))
+			e.kind.GroupVersionKind.Kind, obj.GetName(), e.kind.User.Kind, naming(users)))
 		e.recorder.Event(obj, event.Warning(ReasonDeletionBlocked, err))
 		return managed.ExternalDelete{}, err
 	}

@@ -2,6 +2,8 @@ package inuse
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,6 +89,15 @@ func testExternal(t *testing.T, rel *release, users ...string) (*external[*v1alp
 	return &external[*v1alpha1.Volume]{kube: kube, kind: k, recorder: rec}, rec
 }
 
+// many is n user names, in the order Users sorts them.
+func many(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("vm-%03d", i)
+	}
+	return names
+}
+
 func volume(deleted bool) *v1alpha1.Volume {
 	v := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "data", UID: "vol-uid"}}
 	if deleted {
@@ -119,6 +130,12 @@ func TestObserve(t *testing.T) {
 			wantExists:   true,
 			wantInUse:    xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionTrue, Reason: "UsedByVirtualMachines", Message: "used by VirtualMachine a, b"},
 			wantAttached: []string{"a", "b"},
+		},
+		"AResourceOfManyUsersNamesTheFirstAndCountsTheRest": {
+			users:        many(25),
+			wantExists:   true,
+			wantInUse:    xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionTrue, Reason: "UsedByVirtualMachines", Message: "used by VirtualMachine " + strings.Join(many(20), ", ") + " and 5 more"},
+			wantAttached: many(25), // the Kind's Observe decides what its status lists
 		},
 		"ADeletedResourceStillUsedExists": {
 			users: []string{"a"}, deleted: true,
@@ -180,6 +197,11 @@ func TestDelete(t *testing.T) {
 		"AUsedResourceIsRefusedWithAWarningNamingItsUsers": {
 			users: []string{"a"}, rel: &release{released: true},
 			wantErr:   "Volume data is used by VirtualMachine a: it is deleted once they no longer use it",
+			wantEvent: ReasonDeletionBlocked,
+		},
+		"AResourceOfManyUsersIsRefusedNamingTheFirstAndCountingTheRest": {
+			users:     many(MaxNamed + 1),
+			wantErr:   "Volume data is used by VirtualMachine " + strings.Join(many(MaxNamed), ", ") + " and 1 more: it is deleted once they no longer use it",
 			wantEvent: ReasonDeletionBlocked,
 		},
 		"AnUnusedResourceWithNothingToReleaseGoes": {},

@@ -25,7 +25,8 @@ var Kind = inuse.Kind[*v1alpha1.VirtualNetwork]{
 	New:              func() *v1alpha1.VirtualNetwork { return &v1alpha1.VirtualNetwork{} },
 	User:             index.NetworkUsers,
 	Observe: func(_ context.Context, _ client.Reader, n *v1alpha1.VirtualNetwork, users []string) (xpv2.Condition, error) {
-		n.Status.AtProvider.AttachedTo = users
+		n.Status.AtProvider.AttachedTo = inuse.Named(users)
+		n.Status.AtProvider.AttachedCount = int32(len(users)) //nolint:gosec // far fewer VMs than 2^31
 		n.Status.AtProvider.Phase = v1alpha1.PhaseRunning
 		return xpv2.Available(), nil
 	},
