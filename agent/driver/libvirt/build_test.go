@@ -2,7 +2,10 @@ package libvirt
 
 import (
 	"bytes"
+	"context"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -192,6 +195,32 @@ func TestNetworkXML(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Contains(t, strings.NewReplacer("\n", "", "  ", "").Replace(x), tc.want)
+		})
+	}
+}
+
+// TestOpenRefusesWhereItCannotWrite pins that a driver that could not stage
+// a seed or download an image says so when it opens, naming the directory,
+// instead of failing every define later (a container whose read-only root
+// filesystem has no volume at /tmp).
+func TestOpenRefusesWhereItCannotWrite(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "a-file")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	for _, tc := range []struct {
+		name     string
+		tmpdir   string
+		imageDir string
+		want     string
+	}{
+		{"no temporary directory", file, t.TempDir(), "cannot stage cloud-init seeds in the temporary directory " + file},
+		{"no image download directory", t.TempDir(), filepath.Join(file, "images"), "cannot create the image download directory " + filepath.Join(file, "images")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("TMPDIR", tc.tmpdir)
+			_, err := Open(context.Background(), Config{Node: "n", Socket: "/nonexistent", URI: "test:///default", ImageDir: tc.imageDir})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.NotContains(t, err.Error(), "libvirtd", "refused before it dials")
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"mime/multipart"
 	"net/textproto"
+	"os"
 	"strings"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -49,6 +50,30 @@ func seedISO(m driver.Machine) ([]byte, error) {
 		return nil, errors.Wrap(err, "cannot write seed ISO")
 	}
 	return out.Bytes(), nil
+}
+
+// writable fails unless the driver can write where it must: the temporary
+// directory, where the iso9660 library stages each seed's files, and
+// imageDir, where images are downloaded. A container with a read-only root
+// filesystem and no volume there would otherwise fail every define; this way
+// it fails at start-up, saying what to mount.
+func writable(imageDir string) error {
+	tmp, err := os.MkdirTemp("", "virtfleet-seed-")
+	if err != nil {
+		return errors.Wrapf(err, "cannot stage cloud-init seeds in the temporary directory %s (mount a writable volume there, or set TMPDIR)", os.TempDir())
+	}
+	if err := os.Remove(tmp); err != nil {
+		return errors.Wrap(err, "cannot remove a staging directory")
+	}
+	if err := os.MkdirAll(imageDir, 0o700); err != nil {
+		return errors.Wrapf(err, "cannot create the image download directory %s", imageDir)
+	}
+	f, err := os.CreateTemp(imageDir, "virtfleet-check-")
+	if err != nil {
+		return errors.Wrapf(err, "cannot download images to %s (mount a writable volume there, or set --image-dir)", imageDir)
+	}
+	_ = f.Close()
+	return errors.Wrap(os.Remove(f.Name()), "cannot remove a file from the image download directory")
 }
 
 // userData is virtfleet's cloud-config alone, or — when the user gave user

@@ -137,6 +137,9 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		d.grace = DefaultShutdownGrace
 	}
 	d.testDriver = strings.HasPrefix(d.uri, "test:")
+	if err := writable(d.images.dir); err != nil {
+		return nil, err
+	}
 	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if _, err := d.connection(); err != nil {
 		d.cancel()
