@@ -31,6 +31,7 @@ package kubeclient
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -175,7 +176,7 @@ func (s *Client) awaitCache(ctx context.Context, obj client.Object, before strin
 	want, key := obj.GetResourceVersion(), client.ObjectKeyFromObject(obj)
 	ctx, cancel := context.WithTimeout(ctx, cacheWait)
 	defer cancel()
-	_ = wait.PollUntilContextCancel(ctx, cachePoll, true, func(ctx context.Context) (bool, error) {
+	_ = cachePoll.DelayFunc().Until(ctx, true, true, func(ctx context.Context) (bool, error) {
 		err := s.cache.Get(ctx, key, cached)
 		if kerrors.IsNotFound(err) {
 			return true, nil
@@ -185,9 +186,12 @@ func (s *Client) awaitCache(ctx context.Context, obj client.Object, before strin
 	})
 }
 
-// cachePoll is how often awaitCache looks; a cache read is a map lookup and
-// a deep copy.
-const cachePoll = 2 * time.Millisecond
+// cachePoll is how often awaitCache looks: after 2 ms, then twice as long
+// each time up to 32 ms, until cacheWait. A look is a cache read and a deep
+// copy of the object. An idle cache is a few milliseconds behind; a busy
+// one tens to hundreds, and looking every 2 ms throughout was 13 % of the
+// hub's CPU in a burst of 1000 (its profile at 704233c: 0.43 of 3.26 s).
+var cachePoll = wait.Backoff{Duration: 2 * time.Millisecond, Factor: 2, Cap: 32 * time.Millisecond, Steps: math.MaxInt32}
 
 // unchanged reports whether obj's status equals that of the version of obj
 // the cache holds, and that version is the newest this client knows of.

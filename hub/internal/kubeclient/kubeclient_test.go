@@ -139,3 +139,57 @@ func TestSkipUnchangedStatus(t *testing.T) {
 		assert.Equal(t, v1alpha1.PhaseScheduled, got.Status.AtProvider.Phase)
 	})
 }
+
+// laggingCache holds an object at resourceVersion "1" until lag has passed
+// since it was made, then at "2", counting the reads.
+type laggingCache struct {
+	client.Reader
+	since time.Time
+	lag   time.Duration
+	reads atomic.Int32
+}
+
+func (c *laggingCache) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	c.reads.Add(1)
+	obj.SetNamespace(key.Namespace)
+	obj.SetName(key.Name)
+	obj.SetResourceVersion("1")
+	if time.Since(c.since) >= c.lag {
+		obj.SetResourceVersion("2")
+	}
+	return nil
+}
+
+// TestAwaitCacheReturnsOnceTheCacheHasTheWrite pins the read-your-writes
+// wait: it ends as soon as the cache shows the write, or after cacheWait
+// when it never does, and a long wait reads the cache ever less often
+// (2 ms, then twice as long each time up to 32 ms), not every 2 ms.
+func TestAwaitCacheReturnsOnceTheCacheHasTheWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lag  time.Duration
+	}{
+		{"the cache has it at once", 0},
+		{"the cache is 150 ms behind", 150 * time.Millisecond},
+		{"the cache never has it", time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cache := &laggingCache{since: time.Now(), lag: tc.lag}
+			c := NewClient(nil, cache)
+			written := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", ResourceVersion: "2"}}
+
+			start := time.Now()
+			c.awaitCache(context.Background(), written, "1")
+			took := time.Since(start)
+
+			assert.GreaterOrEqual(t, took, min(tc.lag, cacheWait), "it waited for the cache")
+			if tc.lag < cacheWait {
+				assert.Less(t, took, cacheWait, "it did not wait out cacheWait once the cache had the write")
+			}
+			// Sleeps of 2, 4, 8 and 16 ms, then 32 ms each: at most 6 reads
+			// plus one per 32 ms of the time it took, however slow the
+			// machine (a sleep is never shorter than asked).
+			assert.LessOrEqual(t, int(cache.reads.Load()), 6+int(took/(32*time.Millisecond)), "reads in %s", took)
+		})
+	}
+}
