@@ -93,7 +93,8 @@ type Driver interface {
 	Images(ctx context.Context) ([]ImageStatus, error)
 
 	// Capacity reports the host's resources and what this driver's guests
-	// have been allocated of them.
+	// have been allocated of them, orphans included (see Adopter): a
+	// released guest runs on and holds its share until someone deletes it.
 	Capacity(ctx context.Context) (Capacity, error)
 
 	// Close releases the driver's connections and closes Events.

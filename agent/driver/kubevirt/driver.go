@@ -32,6 +32,7 @@ import (
 	"math"
 	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -791,10 +792,11 @@ func (d *Driver) List(ctx context.Context) ([]driver.Observation, error) {
 // released (true), each under the uid on its label; an orphan gets
 // OrphanOf.
 func (d *Driver) observeAll(ctx context.Context, c client.Reader, released bool) ([]driver.Observation, error) {
-	vms, err := d.guests(ctx, c, released)
+	all, err := d.guests(ctx, c)
 	if err != nil {
 		return nil, err
 	}
+	vms := slices.DeleteFunc(all, func(vm *kubevirtv1.VirtualMachine) bool { return orphaned(vm) != released })
 	vmis := &kubevirtv1.VirtualMachineInstanceList{}
 	if err := c.List(ctx, vmis, client.InNamespace(d.namespace)); err != nil {
 		return nil, errors.Wrap(err, "cannot list KubeVirt VirtualMachineInstances")
@@ -818,18 +820,16 @@ func (d *Driver) observeAll(ctx context.Context, c client.Reader, released bool)
 	return out, nil
 }
 
-// guests are the VMs labelled with a uid: those managed (released false)
-// or those released (true).
-func (d *Driver) guests(ctx context.Context, c client.Reader, released bool) ([]*kubevirtv1.VirtualMachine, error) {
+// guests are the VMs labelled with a uid: those managed and those
+// released.
+func (d *Driver) guests(ctx context.Context, c client.Reader) ([]*kubevirtv1.VirtualMachine, error) {
 	vms := &kubevirtv1.VirtualMachineList{}
 	if err := c.List(ctx, vms, client.InNamespace(d.namespace), client.HasLabels{LabelUID}); err != nil {
 		return nil, errors.Wrap(err, "cannot list KubeVirt VirtualMachines")
 	}
 	out := make([]*kubevirtv1.VirtualMachine, 0, len(vms.Items))
 	for i := range vms.Items {
-		if orphaned(&vms.Items[i]) == released {
-			out = append(out, &vms.Items[i])
-		}
+		out = append(out, &vms.Items[i])
 	}
 	return out, nil
 }
@@ -840,7 +840,8 @@ func (d *Driver) Images(context.Context) ([]driver.ImageStatus, error) { return 
 
 // Capacity implements driver.Driver: the allocatable CPUs and memory of the
 // Nodes KubeVirt can schedule on (not cordoned, Ready), and what the VMs
-// virtfleet manages in the namespace ask for, running or not.
+// virtfleet made in the namespace ask for, running or not, orphans
+// included: a released VM runs on in the cluster as before.
 func (d *Driver) Capacity(ctx context.Context) (driver.Capacity, error) {
 	c, err := d.client()
 	if err != nil {
@@ -858,7 +859,7 @@ func (d *Driver) Capacity(ctx context.Context) (driver.Capacity, error) {
 		cp.VCPU += n.Status.Allocatable.Cpu().Value()
 		cp.MemoryBytes += n.Status.Allocatable.Memory().Value()
 	}
-	vms, err := d.guests(ctx, c, false)
+	vms, err := d.guests(ctx, c)
 	if err != nil {
 		return driver.Capacity{}, err
 	}
