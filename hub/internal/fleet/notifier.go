@@ -1,13 +1,16 @@
 package fleet
 
 import (
+	"context"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -50,6 +53,29 @@ func NewNotifierFor(newObject func() client.Object) *Notifier {
 // Remember records which object uid names; call it whenever o is reconciled.
 func (n *Notifier) Remember(o client.Object) {
 	n.keys.Store(string(o.GetUID()), types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()})
+}
+
+// Forget drops what Remember recorded of uid; WhenGone calls it once the
+// object is gone, so the Notifier holds only objects that exist.
+func (n *Notifier) Forget(uid string) {
+	n.keys.Delete(uid)
+}
+
+// WhenGone is an event handler for a controller's own kind that calls each
+// of forget with the uid of an object once it leaves the informer cache
+// (its last finalizer removed, or a relist that no longer finds it), and
+// queues nothing. What a controller remembers by uid (a Notifier's keys,
+// the intent last published) would otherwise grow with every object the hub
+// ever reconciled; no reconcile can clean it up, since the next one finds
+// nothing to reconcile.
+func WhenGone(forget ...func(uid string)) handler.EventHandler {
+	return handler.Funcs{
+		DeleteFunc: func(_ context.Context, e ctrlevent.DeleteEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			for _, f := range forget {
+				f(string(e.Object.GetUID()))
+			}
+		},
+	}
 }
 
 // Source is the controller source the notifications arrive on.

@@ -65,6 +65,7 @@ func NewKind(kube client.Client, pool *fleet.Pool, notifier *fleet.Notifier) inu
 		return observe(ctx, kube, img, users, got)
 	}
 	k.Sources = []source.Source{notifier.Source()}
+	k.Forget = notifier.Forget
 	return k
 }
 

@@ -40,6 +40,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 )
 
@@ -73,6 +74,9 @@ type Kind[T resource.ModernManaged] struct {
 	// Sources are further triggers of reconciles, such as a Notifier's for
 	// the nodes' reports Release waits on.
 	Sources []source.Source
+	// Forget, if set, drops what Observe and Release remember of an object
+	// by uid (a Notifier's keys); it is called once the object is gone.
+	Forget func(uid string)
 	// AwaitsBinding, if set, says that a new user of obj will bind it (write
 	// to it) soon, which reconciles it anyway: a user's creation then does
 	// not wake obj, and one status write shows both the user and the
@@ -160,8 +164,9 @@ func SetupGated[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options
 func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T]) error {
 	name := managed.ControllerName(k.GroupKind)
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime still records through the old events API
+	e := &external[T]{kube: mgr.GetClient(), kind: k, recorder: recorder}
 	opts := []managed.ReconcilerOption{
-		managed.WithTypedExternalConnector[T](&external[T]{kube: mgr.GetClient(), kind: k, recorder: recorder}),
+		managed.WithTypedExternalConnector[T](e),
 		managed.WithLogger(o.Logger.WithValues("controller", name)),
 		managed.WithPollInterval(o.PollInterval),
 		managed.WithRecorder(recorder),
@@ -196,6 +201,11 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	for _, src := range k.Sources {
 		b = b.WatchesRawSource(src)
 	}
+	forget := []func(string){e.forget}
+	if k.Forget != nil {
+		forget = append(forget, k.Forget)
+	}
+	b = b.Watches(k.New(), fleet.WhenGone(forget...))
 	return b.Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
 }
 
@@ -279,6 +289,12 @@ type external[T resource.ModernManaged] struct {
 	// released holds the uids of resources being deleted whose Release
 	// succeeded. Losing it (a hub restart) only calls Release once more.
 	released sync.Map
+}
+
+// forget drops what e remembers of uid; fleet.WhenGone calls it once the
+// object is gone.
+func (e *external[T]) forget(uid string) {
+	e.released.Delete(types.UID(uid))
 }
 
 func (e *external[T]) Connect(context.Context, T) (managed.TypedExternalClient[T], error) {

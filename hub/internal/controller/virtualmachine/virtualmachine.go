@@ -183,6 +183,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
 		WatchesRawSource(vo.Notifier.Source()).
+		Watches(&v1alpha1.VirtualMachine{}, fleet.WhenGone(c.state.forget, vo.Notifier.Forget)).
 		Complete(around)
 }
 
@@ -211,6 +212,13 @@ type state struct {
 	// after are what Observe found to record once the reconcile is over:
 	// events, and reports from nodes the VM is not on.
 	after sync.Map // types.NamespacedName -> []func()
+}
+
+// forget drops what the state holds of uid; fleet.WhenGone calls it once
+// the VM is gone.
+func (s *state) forget(uid string) {
+	s.published.Delete(uid)
+	s.deleted.Delete(uid)
 }
 
 type connector struct {

@@ -71,6 +71,7 @@ func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencin
 	k := Kind
 	k.Observe, k.Release = r.Observe, r.Release
 	k.Sources = []source.Source{notifier.Source()}
+	k.Forget = r.forget
 	return inuse.SetupGated(mgr, o, k)
 }
 
@@ -165,6 +166,12 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 		return false, errors.New(fmt.Sprintf("node %s cannot delete the volume yet: %s", node, rep.Report.Message))
 	}
 	return false, nil
+}
+
+// forget drops what r remembers of the Volume uid, once it is gone.
+func (r *Releaser) forget(uid string) {
+	r.notifier.Forget(uid)
+	r.published.Delete(uid)
 }
 
 // fleetOf is the Fleet of v's ProviderConfig, whose reports about v now

@@ -1,0 +1,77 @@
+package virtualnetwork
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/feature"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
+	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
+)
+
+// TestWhatTheHubRemembersOfANetworkGoesWithIt runs the VirtualNetwork
+// controller against a real API server: what a controller of the inuse kinds
+// remembers by uid is forgotten once the object is gone (its finalizer
+// removed by the controller itself), and not while it still exists. Without
+// it the hub holds an entry for every object it ever reconciled.
+func TestWhatTheHubRemembersOfANetworkGoesWithIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver; skipped with -short")
+	}
+	cp := controlplane.StartForTest(t)
+	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{Scheme: cp.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, index.Setup(ctx, mgr))
+	forgotten := make(chan string, 16)
+	k := Kind
+	k.Forget = func(uid string) { forgotten <- uid }
+	o := controller.Options{
+		Logger:                  logging.NewNopLogger(),
+		MaxConcurrentReconciles: 1,
+		PollInterval:            time.Minute,
+		GlobalRateLimiter:       ratelimiter.NewGlobal(100),
+		Features:                &feature.Flags{},
+	}
+	require.NoError(t, inuse.Setup(mgr, o, k))
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	n := &v1alpha1.VirtualNetwork{ObjectMeta: metav1.ObjectMeta{Name: "net-db", Namespace: "default"}}
+	n.Spec.ForProvider.CIDR = "10.10.120.0/24"
+	require.NoError(t, cp.Client.Create(ctx, n))
+	require.Eventually(t, func() bool {
+		got := &v1alpha1.VirtualNetwork{}
+		return cp.Client.Get(ctx, client.ObjectKeyFromObject(n), got) == nil && len(got.GetFinalizers()) > 0
+	}, 30*time.Second, 50*time.Millisecond, "the controller never took the network in hand (no finalizer)")
+	assert.Empty(t, forgotten, "forgotten while the network exists")
+
+	require.NoError(t, cp.Client.Delete(ctx, n))
+	require.Eventually(t, func() bool {
+		return kerrors.IsNotFound(cp.Client.Get(ctx, client.ObjectKeyFromObject(n), &v1alpha1.VirtualNetwork{}))
+	}, 30*time.Second, 50*time.Millisecond, "the network was never finalized")
+	select {
+	case uid := <-forgotten:
+		assert.Equal(t, string(n.UID), uid)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the network is gone, and the controller still remembers it")
+	}
+	assert.Empty(t, forgotten, "forgotten more than once")
+}
