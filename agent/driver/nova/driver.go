@@ -103,9 +103,9 @@ type Driver struct {
 	// it: a listing that started before then is older and is ignored.
 	readAt map[string]time.Time
 
-	// locks serialise the calls for one uid.
+	// locks serialise the calls for one uid; see lock.
 	locksMu sync.Mutex
-	locks   map[string]*sync.Mutex
+	locks   map[string]*uidLock
 
 	flavorMu  sync.Mutex
 	networkMu sync.Mutex
@@ -149,7 +149,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		done:       make(chan struct{}),
 		view:       map[string]servers.Server{},
 		readAt:     map[string]time.Time{},
-		locks:      map[string]*sync.Mutex{},
+		locks:      map[string]*uidLock{},
 		volumeIDs:  map[string]string{},
 		networkIDs: map[string]string{},
 		confirmed:  map[string]time.Time{},
@@ -167,17 +167,33 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	return d, nil
 }
 
-// lock serialises calls for uid.
+// uidLock is the lock of one uid and how many calls hold or wait for it.
+type uidLock struct {
+	sync.Mutex
+	users int
+}
+
+// lock serialises calls for uid and returns the unlock. A uid's lock lives
+// only while a call holds or waits for it: kept for every uid the agent
+// ever served, the map would grow with each VM created on the node.
 func (d *Driver) lock(uid string) func() {
 	d.locksMu.Lock()
 	l, ok := d.locks[uid]
 	if !ok {
-		l = &sync.Mutex{}
+		l = &uidLock{}
 		d.locks[uid] = l
 	}
+	l.users++
 	d.locksMu.Unlock()
 	l.Lock()
-	return l.Unlock
+	return func() {
+		l.Unlock()
+		d.locksMu.Lock()
+		defer d.locksMu.Unlock()
+		if l.users--; l.users == 0 {
+			delete(d.locks, uid)
+		}
+	}
 }
 
 // ours reports whether a listed server is this agent's, and its uid.
