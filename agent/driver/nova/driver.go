@@ -100,8 +100,13 @@ type Driver struct {
 	claimMu sync.Mutex
 	view    map[string]servers.Server
 	// readAt is when the driver last read a server itself, after acting on
-	// it: a listing that started before then is older and is ignored.
+	// it, or saw it gone (a uid in readAt but not in view): a listing that
+	// started before then is older and is ignored, so a server deleted or
+	// released while a poll was in flight does not come back from it.
 	readAt map[string]time.Time
+	// listings are the start times of the listings in flight; a uid seen
+	// gone is remembered until none of them started before it.
+	listings []time.Time
 
 	// locks serialise the calls for one uid; see lock.
 	locksMu sync.Mutex
@@ -216,11 +221,19 @@ func (d *Driver) listServers(ctx context.Context, opts servers.ListOpts) ([]serv
 // refresh lists every server and replaces the view with this agent's,
 // keeping servers read since the list started.
 func (d *Driver) refresh(ctx context.Context) ([]servers.Server, error) {
-	start := d.now()
+	start := d.beginListing()
 	all, err := d.listServers(ctx, servers.ListOpts{})
 	if err != nil {
+		d.endListing(start)
 		return nil, err
 	}
+	d.replaceView(all, start)
+	return all, nil
+}
+
+// replaceView makes the view this agent's servers of all, a listing that
+// started at start, except for what the driver read or saw gone since.
+func (d *Driver) replaceView(all []servers.Server, start time.Time) {
 	view := map[string]servers.Server{}
 	for _, s := range all {
 		if uid, ok := d.ours(s); ok {
@@ -230,16 +243,54 @@ func (d *Driver) refresh(ctx context.Context) ([]servers.Server, error) {
 		}
 	}
 	d.viewMu.Lock()
+	defer d.viewMu.Unlock()
 	for uid, at := range d.readAt {
 		if at.After(start) {
 			if s, ok := d.view[uid]; ok {
 				view[uid] = s
+			} else {
+				delete(view, uid)
 			}
 		}
 	}
 	d.view = view
-	d.viewMu.Unlock()
-	return all, nil
+	d.endListingLocked(start)
+}
+
+// beginListing records a listing about to start and returns its start.
+func (d *Driver) beginListing() time.Time {
+	d.viewMu.Lock()
+	defer d.viewMu.Unlock()
+	start := d.now()
+	d.listings = append(d.listings, start)
+	return start
+}
+
+// endListing records that the listing that began at start is over.
+func (d *Driver) endListing(start time.Time) {
+	d.viewMu.Lock()
+	defer d.viewMu.Unlock()
+	d.endListingLocked(start)
+}
+
+// endListingLocked is endListing with viewMu held. It forgets the uids
+// seen gone before every listing still in flight began: no listing left
+// can bring them back.
+func (d *Driver) endListingLocked(start time.Time) {
+	if i := slices.Index(d.listings, start); i >= 0 {
+		d.listings = slices.Delete(d.listings, i, i+1)
+	}
+	oldest := d.now()
+	for _, t := range d.listings {
+		if t.Before(oldest) {
+			oldest = t
+		}
+	}
+	for uid, at := range d.readAt {
+		if _, live := d.view[uid]; !live && at.Before(oldest) {
+			delete(d.readAt, uid)
+		}
+	}
 }
 
 // watch polls for changes until Close, hinting at every server that
@@ -257,9 +308,10 @@ func (d *Driver) watch(since time.Time) {
 			return
 		case <-t.C:
 		}
-		start := d.now()
+		start := d.beginListing()
 		changed, err := d.listServers(d.ctx, servers.ListOpts{ChangesSince: since.Add(-pollMargin).UTC().Format(time.RFC3339)})
 		if err != nil {
+			d.endListing(start)
 			failed = true
 			continue
 		}
@@ -271,6 +323,7 @@ func (d *Driver) watch(since time.Time) {
 		for _, s := range changed {
 			d.see(s, start)
 		}
+		d.endListing(start)
 	}
 }
 
@@ -283,6 +336,7 @@ func (d *Driver) see(s servers.Server, listedAt time.Time) {
 		for uid, old := range d.view {
 			if old.ID == s.ID {
 				delete(d.view, uid)
+				d.readAt[uid] = listedAt
 				d.emit(driver.Event{UID: uid, Kind: driver.EventUndefined})
 			}
 		}
@@ -323,11 +377,13 @@ func (d *Driver) remember(uid string, s servers.Server, readAt time.Time) {
 	d.viewMu.Unlock()
 }
 
+// forget drops uid from the view, seen gone now: listings in flight,
+// which may have read it before it went, do not bring it back.
 func (d *Driver) forget(uid string) {
 	d.viewMu.Lock()
+	defer d.viewMu.Unlock()
 	delete(d.view, uid)
-	delete(d.readAt, uid)
-	d.viewMu.Unlock()
+	d.readAt[uid] = d.now()
 }
 
 func (d *Driver) cached(uid string) (servers.Server, bool) {
