@@ -86,10 +86,13 @@ func TestSkipUnchangedStatus(t *testing.T) {
 		{name: "TheSameStatusAgainIsNot", obj: func() *v1alpha1.VirtualNetwork {
 			return withPhase(read(c.lastWritten(n.UID)), v1alpha1.PhaseRunning)
 		}, sent: 0},
-		{name: "ARevertFromAStaleReadIsWrittenAndConflicts", obj: func() *v1alpha1.VirtualNetwork { return v1.DeepCopy() }, sent: 1, wantErr: kerrors.IsConflict},
+		{name: "ARevertFromTheCopyItWroteOverConflictsWithoutARequest", obj: func() *v1alpha1.VirtualNetwork { return v1.DeepCopy() }, sent: 0, wantErr: kerrors.IsConflict},
 		{name: "AnotherChangeIsWritten", obj: func() *v1alpha1.VirtualNetwork {
 			return withPhase(read(c.lastWritten(n.UID)), v1alpha1.PhaseFailed)
 		}, sent: 1},
+		// Only the copy of the last write is known to be superseded; an
+		// older one is sent, and the API server refuses it.
+		{name: "ACopyTwoWritesOldIsSentAndConflicts", obj: func() *v1alpha1.VirtualNetwork { return v1.DeepCopy() }, sent: 1, wantErr: kerrors.IsConflict},
 		{name: "AHeldChangeIsDroppedIfItIsTheExpectedOne", holdFor: time.Minute, obj: func() *v1alpha1.VirtualNetwork {
 			return withPhase(read(c.lastWritten(n.UID)), v1alpha1.PhaseScheduled)
 		}, sent: 0},
@@ -132,6 +135,17 @@ func TestSkipUnchangedStatus(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("AStatusFromBeforeADirectPatchConflictsWithoutARequest", func(t *testing.T) {
+		cur := read(c.lastWritten(n.UID))
+		patched := cur.DeepCopy()
+		patched.Labels = map[string]string{"patched": "true"}
+		require.NoError(t, Direct(c).Patch(ctx, patched, client.MergeFrom(cur)))
+		before := sent.Load()
+		err := c.Status().Update(ctx, withPhase(cur, v1alpha1.PhaseFailed))
+		assert.True(t, kerrors.IsConflict(err), "got %v", err)
+		assert.Equal(t, int32(0), sent.Load()-before, "status updates sent to the API server")
+	})
 
 	t.Run("TheStoredStatusIsTheLastOneWritten", func(t *testing.T) {
 		got := &v1alpha1.VirtualNetwork{}
