@@ -151,15 +151,18 @@ func (s *Client) wrote(obj client.Object, from string) {
 }
 
 // superseded reports whether obj is the very copy this client's last write
-// of it was made from. Its resourceVersion is then no longer the object's,
-// and a write that carries it can only be refused with a conflict.
+// of it was made from, and that write changed the object. Its
+// resourceVersion is then no longer the object's, and a write that carries
+// it can only be refused with a conflict. A write that changed nothing (an
+// Update of what is stored, an empty patch) leaves the resourceVersion as
+// it was, and the copy current.
 func (s *Client) superseded(obj client.Object) bool {
 	rv := obj.GetResourceVersion()
 	if rv == "" {
 		return false
 	}
 	w, ok := s.written.Load(obj.GetUID())
-	return ok && w.(write).from == rv //nolint:forcetypeassert // only wrote stores here
+	return ok && w.(write).from == rv && w.(write).made != rv //nolint:forcetypeassert // only wrote stores here
 }
 
 // conflict is the error the API server answers a write from a superseded

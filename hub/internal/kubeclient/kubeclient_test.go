@@ -152,6 +152,39 @@ func TestSkipUnchangedStatus(t *testing.T) {
 		require.NoError(t, cp.Client.Get(ctx, client.ObjectKeyFromObject(n), got))
 		assert.Equal(t, v1alpha1.PhaseScheduled, got.Status.AtProvider.Phase)
 	})
+
+	// A write that changes nothing (an Update of the same object, a patch
+	// of nothing) leaves the resourceVersion as it was: the copy it was
+	// made from is still the object's, and a write from it must be sent.
+	t.Run("AfterAWriteThatChangedNothingTheCopyIsStillCurrent", func(t *testing.T) {
+		for _, write := range []struct {
+			name string
+			do   func(cur *v1alpha1.VirtualNetwork) error
+		}{
+			{name: "Update", do: func(cur *v1alpha1.VirtualNetwork) error { return c.Update(ctx, cur.DeepCopy()) }},
+			{name: "Patch", do: func(cur *v1alpha1.VirtualNetwork) error {
+				return c.Patch(ctx, cur.DeepCopy(), client.MergeFrom(cur))
+			}},
+			{name: "DirectUpdate", do: func(cur *v1alpha1.VirtualNetwork) error { return Direct(c).Update(ctx, cur.DeepCopy()) }},
+		} {
+			t.Run(write.name, func(t *testing.T) {
+				cur := &v1alpha1.VirtualNetwork{}
+				require.NoError(t, cp.Client.Get(ctx, client.ObjectKeyFromObject(n), cur))
+				cur = read(cur.ResourceVersion)
+				require.NoError(t, write.do(cur))
+				now := &v1alpha1.VirtualNetwork{}
+				require.NoError(t, cp.Client.Get(ctx, client.ObjectKeyFromObject(n), now))
+				require.Equal(t, cur.ResourceVersion, now.ResourceVersion, "a write that changes nothing keeps the resourceVersion")
+				before := sent.Load()
+				next := v1alpha1.PhaseRunning
+				if cur.Status.AtProvider.Phase == next {
+					next = v1alpha1.PhaseFailed
+				}
+				require.NoError(t, c.Status().Update(ctx, withPhase(cur, next)))
+				assert.Equal(t, int32(1), sent.Load()-before, "status updates sent to the API server")
+			})
+		}
+	})
 }
 
 // laggingCache holds an object at resourceVersion "1" until lag has passed
