@@ -313,7 +313,7 @@ func equalStatus(a, b runtime.Object) bool {
 
 // Update forgets an object whose last finalizer it removes: the object is
 // gone once the update lands, and the hub must not remember every object it
-// ever saw.
+// ever saw (Forget covers the objects that outlive their last write).
 func (s *Client) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
 	gone := obj.GetDeletionTimestamp() != nil && len(obj.GetFinalizers()) == 0
 	if gone {
@@ -342,6 +342,32 @@ func (s *Client) Patch(ctx context.Context, obj client.Object, patch client.Patc
 	s.wrote(obj, before)
 	s.awaitCache(ctx, obj, before)
 	return nil
+}
+
+// Forget drops what the client remembers of the object of uid: its last
+// write and a hold. Update forgets an object whose last finalizer it
+// removes; one that goes without such a write (a VM released while
+// --cascade=orphan's finalizer is still on it, a finalizer stripped by
+// hand) is forgotten here, from fleet.WhenGone, once it is gone.
+func (s *Client) Forget(uid string) {
+	s.written.Delete(types.UID(uid))
+	s.holds.Delete(types.UID(uid))
+}
+
+// Forgetter is c's Forget, or a function that does nothing for a client
+// that is no *Client (a controller's tests may run on a plain one).
+func Forgetter(c client.Client) func(uid string) {
+	if k, ok := c.(*Client); ok {
+		return k.Forget
+	}
+	return func(string) {}
+}
+
+// Remembers reports whether the client holds anything of the object of uid.
+func (s *Client) Remembers(uid types.UID) bool {
+	_, w := s.written.Load(uid)
+	_, h := s.holds.Load(uid)
+	return w || h
 }
 
 // lastWritten is the resourceVersion uid's last write made, or "".

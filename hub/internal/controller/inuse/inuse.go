@@ -201,7 +201,7 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	for _, src := range k.Sources {
 		b = b.WatchesRawSource(src)
 	}
-	forget := []func(string){e.forget}
+	forget := []func(string){e.forget, kubeclient.Forgetter(mgr.GetClient())}
 	if k.Forget != nil {
 		forget = append(forget, k.Forget)
 	}

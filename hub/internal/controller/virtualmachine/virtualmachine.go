@@ -183,7 +183,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
 		WatchesRawSource(vo.Notifier.Source()).
-		Watches(&v1alpha1.VirtualMachine{}, fleet.WhenGone(c.state.forget, vo.Notifier.Forget)).
+		Watches(&v1alpha1.VirtualMachine{}, fleet.WhenGone(c.state.forget, vo.Notifier.Forget, kubeclient.Forgetter(mgr.GetClient()))).
 		Complete(around)
 }
 
