@@ -112,13 +112,22 @@ func Direct(c client.Client) client.Client {
 	return c
 }
 
-// direct is Direct's client.
+// direct is Direct's client, and the writes of the Client's Update and
+// Patch before their wait: each is refused if it can only conflict, and
+// recorded.
 type direct struct {
 	client.Client
 	s *Client
 }
 
+// Update forgets an object whose last finalizer it removes: the object is
+// gone once the update lands, and the hub must not remember every object it
+// ever saw (Forget covers the objects that go without such a write).
 func (d *direct) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	if obj.GetDeletionTimestamp() != nil && len(obj.GetFinalizers()) == 0 {
+		d.s.Forget(string(obj.GetUID()))
+		return d.Client.Update(ctx, obj, opts...)
+	}
 	if d.s.superseded(obj) {
 		return d.s.conflict(obj)
 	}
@@ -161,8 +170,12 @@ func (s *Client) superseded(obj client.Object) bool {
 	if rv == "" {
 		return false
 	}
-	w, ok := s.written.Load(obj.GetUID())
-	return ok && w.(write).from == rv && w.(write).made != rv //nolint:forcetypeassert // only wrote stores here
+	v, ok := s.written.Load(obj.GetUID())
+	if !ok {
+		return false
+	}
+	w := v.(write) //nolint:forcetypeassert // only wrote stores here
+	return w.from == rv && w.made != rv
 }
 
 // conflict is the error the API server answers a write from a superseded
@@ -311,35 +324,24 @@ func equalStatus(a, b runtime.Object) bool {
 	return equality.Semantic.DeepEqual(ua["status"], ub["status"])
 }
 
-// Update forgets an object whose last finalizer it removes: the object is
-// gone once the update lands, and the hub must not remember every object it
-// ever saw (Forget covers the objects that outlive their last write).
+// Update is Direct's Update, then the wait for the cache to show the
+// updated object.
 func (s *Client) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
-	gone := obj.GetDeletionTimestamp() != nil && len(obj.GetFinalizers()) == 0
-	if gone {
-		s.written.Delete(obj.GetUID())
-		s.holds.Delete(obj.GetUID())
-	} else if s.superseded(obj) {
-		return s.conflict(obj)
-	}
 	before := obj.GetResourceVersion()
-	if err := s.Client.Update(ctx, obj, opts...); err != nil {
+	if err := Direct(s).Update(ctx, obj, opts...); err != nil {
 		return err
-	}
-	if !gone {
-		s.wrote(obj, before)
 	}
 	s.awaitCache(ctx, obj, before)
 	return nil
 }
 
-// Patch waits, like Update, for the cache to show the patched object.
+// Patch is Direct's Patch, then, like Update, the wait for the cache to
+// show the patched object.
 func (s *Client) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 	before := obj.GetResourceVersion()
-	if err := s.Client.Patch(ctx, obj, patch, opts...); err != nil {
+	if err := Direct(s).Patch(ctx, obj, patch, opts...); err != nil {
 		return err
 	}
-	s.wrote(obj, before)
 	s.awaitCache(ctx, obj, before)
 	return nil
 }
