@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	pcv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 	"github.com/virtfleet/virtfleet/internal/testing/manifests"
 )
@@ -91,6 +92,31 @@ func TestCRDs(t *testing.T) {
 				t.Logf("rejected: %v", err)
 				for _, want := range tc.want {
 					assert.Contains(t, err.Error(), want)
+				}
+			})
+		}
+	})
+
+	t.Run("BoundsAreEnforcedAndEveryAcceptedValueDecodesInTheHub", func(t *testing.T) {
+		for i, tc := range boundCases() {
+			t.Run(tc.name, func(t *testing.T) {
+				u := tc.object(fmt.Sprintf("bound-%d", i))
+				err := cp.Client.Create(ctx, u)
+				if !tc.accepted {
+					require.Error(t, err, "the API server accepted %s", tc.name)
+					t.Logf("rejected: %v", err)
+					for _, want := range tc.want {
+						assert.Contains(t, err.Error(), want)
+					}
+					return
+				}
+				require.NoError(t, err)
+				// Read back as the hub does, into Go types: a value the
+				// schema accepts but Go cannot decode fails here, and would
+				// fail the hub's list of the whole kind.
+				got := hubConversions(t, ctx, cp.Client, u)
+				if tc.field != "" {
+					assert.Equal(t, tc.hub, got[tc.field], "the hub's conversion of %s", tc.field)
 				}
 			})
 		}
@@ -195,14 +221,7 @@ type invalidObject struct {
 }
 
 func invalidOthers() []invalidObject {
-	obj := func(kind, name string, forProvider map[string]any) *unstructured.Unstructured {
-		u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"forProvider": forProvider}}}
-		u.SetAPIVersion(computev1alpha1.SchemeGroupVersion.String())
-		u.SetKind(kind)
-		u.SetNamespace("default")
-		u.SetName(name)
-		return u
-	}
+	obj := object
 	return []invalidObject{
 		{"volume of size zero", obj("Volume", "zero", map[string]any{"size": "0"}), []string{"spec.forProvider.size", "size must be greater than 0"}},
 		{"volume of unknown format", obj("Volume", "vhd", map[string]any{"size": "1Gi", "format": "vhd"}), []string{"spec.forProvider.format", "Unsupported value"}},
@@ -214,6 +233,169 @@ func invalidOthers() []invalidObject {
 		{"image with a short sha256", obj("DiskImage", "sha", map[string]any{"source": map[string]any{"url": "https://images.example.com/a.qcow2", "sha256": "abc"}}), []string{"spec.forProvider.source.sha256"}},
 		{"image prune after nonsense", obj("DiskImage", "prune", map[string]any{"source": map[string]any{"url": "https://images.example.com/a.qcow2"}, "pruneAfter": "tomorrow"}), []string{"pruneAfter"}},
 	}
+}
+
+// boundCase sets one field of a valid object at or just past its bound.
+type boundCase struct {
+	name     string
+	object   func(name string) *unstructured.Unstructured
+	accepted bool
+	// want are substrings of the API server's error when refused: the
+	// field, and why.
+	want []string
+	// field, when set, names the hub's conversion (see hubConversions)
+	// whose result must be hub.
+	field string
+	hub   int64
+}
+
+const (
+	ti          = int64(1) << 40
+	yearSeconds = int64(8760 * 3600)
+)
+
+// boundCases are the schema's bounds on sizes, durations and counts, each
+// at the bound (accepted) and just past it (refused).
+func boundCases() []boundCase {
+	vm := func(k string, v any) func(string) *unstructured.Unstructured {
+		return func(name string) *unstructured.Unstructured {
+			u := validVM(name)
+			forProvider(u)[k] = v
+			return u
+		}
+	}
+	volume := func(size any) func(string) *unstructured.Unstructured {
+		return func(name string) *unstructured.Unstructured {
+			return object("Volume", name, map[string]any{"size": size})
+		}
+	}
+	image := func(pruneAfter string) func(string) *unstructured.Unstructured {
+		return func(name string) *unstructured.Unstructured {
+			return object("DiskImage", name, map[string]any{"source": map[string]any{"url": "https://images.example.com/a.qcow2"}, "pruneAfter": pruneAfter})
+		}
+	}
+	providerConfig := func(selector map[string]any) func(string) *unstructured.Unstructured {
+		return func(name string) *unstructured.Unstructured {
+			u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{
+				"natsURL":      "nats://nats.virtfleet-system:4222",
+				"credentials":  map[string]any{"source": "None"},
+				"nodeSelector": selector,
+			}}}
+			u.SetAPIVersion(pcv1alpha1.SchemeGroupVersion.String())
+			u.SetKind("ProviderConfig")
+			u.SetNamespace("default")
+			u.SetName(name)
+			return u
+		}
+	}
+	labels := func(n int, key func(i int) string, value string) map[string]any {
+		out := map[string]any{}
+		for i := range n {
+			out[key(i)] = value
+		}
+		return out
+	}
+	numbered := func(i int) string { return fmt.Sprintf("virtfleet.io/label-%d", i) }
+	longKey := func(int) string { return strings.Repeat("d", 253) + "/" + strings.Repeat("n", 63) }
+	tooLongKey := func(int) string { return strings.Repeat("d", 254) + "/" + strings.Repeat("n", 63) }
+	names := func(n int) []any {
+		out := make([]any, 0, n)
+		for i := range n {
+			out = append(out, fmt.Sprintf("net-%d", i))
+		}
+		return out
+	}
+	sshKey := func(length int) string { return "ssh-ed25519 " + strings.Repeat("A", length-len("ssh-ed25519 ")) }
+
+	return []boundCase{
+		{name: "vcpu 1024", object: vm("vcpu", 1024), accepted: true, field: "vcpu", hub: 1024},
+		{name: "vcpu 1025", object: vm("vcpu", 1025), want: []string{"spec.forProvider.vcpu", "less than or equal to 1024"}},
+		{name: "memory 16Ti", object: vm("memory", "16Ti"), accepted: true, field: "memory", hub: 16 * ti},
+		{name: "memory 16Ti in bytes", object: vm("memory", 16*ti), accepted: true, field: "memory", hub: 16 * ti},
+		{name: "memory one byte", object: vm("memory", "1"), accepted: true, field: "memory", hub: 1},
+		{name: "memory 16Ti and a byte", object: vm("memory", fmt.Sprint(16*ti+1)), want: []string{"spec.forProvider.memory", "memory must be at most 16Ti, got 17592186044417"}},
+		{name: "memory 1E", object: vm("memory", "1E"), want: []string{"spec.forProvider.memory", "memory must be at most 16Ti, got 1E"}},
+		{name: "memory past int64", object: vm("memory", "10E"), want: []string{"spec.forProvider.memory", "memory must be at most 16Ti"}},
+		{name: "memory 1e400", object: vm("memory", "1e400"), want: []string{"spec.forProvider.memory"}},
+		{name: "swap 64Ti", object: vm("swap", "64Ti"), accepted: true, field: "swap", hub: 64 * ti},
+		{name: "swap 0", object: vm("swap", "0"), accepted: true, field: "swap", hub: 0},
+		{name: "swap 64Ti and a byte", object: vm("swap", fmt.Sprint(64*ti+1)), want: []string{"spec.forProvider.swap", "swap must be at most 64Ti"}},
+		{name: "swap 100Ei", object: vm("swap", "100Ei"), want: []string{"spec.forProvider.swap", "swap must be at most 64Ti"}},
+		{name: "16 networks", object: vm("virtualNetworks", names(16)), accepted: true},
+		{name: "17 networks", object: vm("virtualNetworks", names(17)), want: []string{"spec.forProvider.virtualNetworks", "must have at most 16 items"}},
+		{name: "userData of 64Ki characters", object: vm("userData", strings.Repeat("u", 65536)), accepted: true},
+		{name: "userData past 64Ki characters", object: vm("userData", strings.Repeat("u", 65537)), want: []string{"spec.forProvider.userData", "may not be more than 65536"}},
+		{name: "publicKey of 16Ki characters", object: vm("publicKey", sshKey(16384)), accepted: true},
+		{name: "publicKey past 16Ki characters", object: vm("publicKey", sshKey(16385)), want: []string{"spec.forProvider.publicKey", "may not be more than 16384"}},
+		{name: "nodeSelector of 32 labels", object: vm("nodeSelector", labels(32, numbered, "yes")), accepted: true, field: "nodeSelector", hub: 32},
+		{name: "nodeSelector of 33 labels", object: vm("nodeSelector", labels(33, numbered, "yes")), want: []string{"spec.forProvider.nodeSelector", "must have at most 32 items"}},
+		{name: "nodeSelector longest key and value", object: vm("nodeSelector", labels(1, longKey, strings.Repeat("v", 63))), accepted: true, field: "nodeSelector", hub: 1},
+		{name: "nodeSelector key too long", object: vm("nodeSelector", labels(1, tooLongKey, "v")), want: []string{"spec.forProvider.nodeSelector", "keys must be at most 317 characters"}},
+		{name: "nodeSelector value too long", object: vm("nodeSelector", labels(1, numbered, strings.Repeat("v", 64))), want: []string{"spec.forProvider.nodeSelector", "values at most 63"}},
+		{name: "volume 64Ti", object: volume("64Ti"), accepted: true, field: "size", hub: 64 * ti},
+		{name: "volume 64Ti in bytes", object: volume(64 * ti), accepted: true, field: "size", hub: 64 * ti},
+		{name: "volume 64Ti and a byte", object: volume(fmt.Sprint(64*ti + 1)), want: []string{"spec.forProvider.size", "size must be at most 64Ti, got 70368744177665"}},
+		{name: "volume 1Pi", object: volume("1Pi"), want: []string{"spec.forProvider.size", "size must be at most 64Ti, got 1Pi"}},
+		{name: "volume past int64", object: volume("9Ei"), want: []string{"spec.forProvider.size", "size must be at most 64Ti"}},
+		{name: "pruneAfter 8760h", object: image("8760h"), accepted: true, field: "pruneAfter", hub: yearSeconds},
+		{name: "pruneAfter 525600m", object: image("525600m"), accepted: true, field: "pruneAfter", hub: yearSeconds},
+		{name: "pruneAfter 1h30m", object: image("1h30m"), accepted: true, field: "pruneAfter", hub: 5400},
+		{name: "pruneAfter 0s", object: image("0s"), accepted: true, field: "pruneAfter", hub: 0},
+		{name: "pruneAfter 8760h and a nanosecond", object: image("8760h1ns"), want: []string{"spec.forProvider.pruneAfter", "at most 8760h"}},
+		{name: "pruneAfter 8761h", object: image("8761h"), want: []string{"spec.forProvider.pruneAfter", "at most 8760h"}},
+		// Go's time.Duration ends at 2562047h47m16.854775807s; CEL's
+		// duration() cannot parse what lies past it, which fails the rule.
+		{name: "pruneAfter past Go's durations", object: image("2562048h"), want: []string{"spec.forProvider.pruneAfter", "at most 8760h"}},
+		{name: "pruneAfter 9999999999h", object: image("9999999999h"), want: []string{"spec.forProvider.pruneAfter", "at most 8760h"}},
+		{name: "pruneAfter overflowing in a sum", object: image("2562047h2562047h"), want: []string{"spec.forProvider.pruneAfter", "at most 8760h"}},
+		{name: "ProviderConfig nodeSelector of 32 labels", object: providerConfig(labels(32, numbered, "yes")), accepted: true, field: "nodeSelector", hub: 32},
+		{name: "ProviderConfig nodeSelector of 33 labels", object: providerConfig(labels(33, numbered, "yes")), want: []string{"spec.nodeSelector", "must have at most 32 items"}},
+		{name: "ProviderConfig nodeSelector value too long", object: providerConfig(labels(1, numbered, strings.Repeat("v", 64))), want: []string{"spec.nodeSelector", "values at most 63"}},
+	}
+}
+
+// hubConversions reads u back through the typed client, as the hub's
+// informers do, and returns what the hub derives from it, by field: the
+// byte counts and vcpus it sends to a node
+// (hub/internal/controller/virtualmachine/intent.go: Quantity.Value), the
+// seconds of pruneAfter (intent.go's imageRef: int64(Duration.Seconds())),
+// and how many labels a selector holds.
+func hubConversions(t *testing.T, ctx context.Context, kube client.Client, u *unstructured.Unstructured) map[string]int64 {
+	t.Helper()
+	key := client.ObjectKeyFromObject(u)
+	switch u.GetKind() {
+	case "VirtualMachine":
+		vm := &computev1alpha1.VirtualMachine{}
+		require.NoError(t, kube.Get(ctx, key, vm), "the typed client cannot decode what the API server accepted")
+		fp := vm.Spec.ForProvider
+		require.NotNil(t, fp.Swap, "swap is defaulted")
+		return map[string]int64{"vcpu": int64(fp.Vcpu), "memory": fp.Memory.Value(), "swap": fp.Swap.Value(), "nodeSelector": int64(len(fp.NodeSelector))}
+	case "Volume":
+		v := &computev1alpha1.Volume{}
+		require.NoError(t, kube.Get(ctx, key, v), "the typed client cannot decode what the API server accepted")
+		return map[string]int64{"size": v.Spec.ForProvider.Size.Value()}
+	case "DiskImage":
+		img := &computev1alpha1.DiskImage{}
+		require.NoError(t, kube.Get(ctx, key, img), "the typed client cannot decode what the API server accepted")
+		require.NotNil(t, img.Spec.ForProvider.PruneAfter, "pruneAfter is defaulted")
+		return map[string]int64{"pruneAfter": int64(img.Spec.ForProvider.PruneAfter.Seconds())}
+	case "ProviderConfig":
+		pc := &pcv1alpha1.ProviderConfig{}
+		require.NoError(t, kube.Get(ctx, key, pc), "the typed client cannot decode what the API server accepted")
+		return map[string]int64{"nodeSelector": int64(len(pc.Spec.NodeSelector))}
+	}
+	t.Fatalf("no conversions for kind %s", u.GetKind())
+	return nil
+}
+
+// object is a managed resource of kind with the given forProvider.
+func object(kind, name string, forProvider map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"forProvider": forProvider}}}
+	u.SetAPIVersion(computev1alpha1.SchemeGroupVersion.String())
+	u.SetKind(kind)
+	u.SetNamespace("default")
+	u.SetName(name)
+	return u
 }
 
 // validVM is seed 000's example under another name; each invalid case breaks

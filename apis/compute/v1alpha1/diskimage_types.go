@@ -42,12 +42,19 @@ type DiskImageParameters struct {
 	// +optional
 	Format *DiskFormat `json:"format,omitempty"`
 
+	// The bound on pruneAfter is what keeps every stored DiskImage decodable:
+	// the pattern alone accepts durations Go cannot represent (9999999999h
+	// overflows an int64 of nanoseconds), and one such object fails the
+	// hub's list of all DiskImages. CEL's duration() parses as Go does, so
+	// a value it cannot parse fails the rule and is refused too.
+
 	// PruneAfter is how long an image stays on a node once no volume there
-	// uses it, for example 24h or 30m.
+	// uses it, for example 24h or 30m; at most 8760h (a year).
 	// +kubebuilder:default="24h"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$')",message="pruneAfter must be a duration such as 24h, 90m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') || duration(self) <= duration('8760h')",message="pruneAfter must be at most 8760h (a year)"
 	// +optional
 	PruneAfter *metav1.Duration `json:"pruneAfter,omitempty"`
 }

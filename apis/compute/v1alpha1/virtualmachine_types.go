@@ -51,14 +51,20 @@ type VirtualMachineParameters struct {
 	Vcpu int32 `json:"vcpu"`
 
 	// Memory is the guest's RAM, as a Kubernetes quantity (for example 500Mi
-	// or 4Gi). It must be greater than zero.
+	// or 4Gi). It must be greater than zero and at most 16Ti: more RAM than
+	// one host gives a single guest, so the bound refuses only typos and
+	// abuse, and it keeps the byte count the hub sends to the node (an
+	// int64) exact.
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",messageExpression="'memory must be greater than 0, got ' + string(self)"
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isGreaterThan(quantity('16Ti'))",messageExpression="'memory must be at most 16Ti, got ' + string(self)"
 	Memory resource.Quantity `json:"memory"`
 
 	// Swap is the size of a swap disk added to the guest and enabled by
-	// cloud-init; 0 means no swap.
+	// cloud-init; 0 means no swap. It is at most 64Ti, the largest Volume
+	// (see Volume's size), since the swap disk is a volume on the same node.
 	// +kubebuilder:default="0"
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",messageExpression="'swap must not be negative, got ' + string(self)"
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isGreaterThan(quantity('64Ti'))",messageExpression="'swap must be at most 64Ti, got ' + string(self)"
 	// +optional
 	Swap *resource.Quantity `json:"swap,omitempty"`
 
@@ -87,6 +93,11 @@ type VirtualMachineParameters struct {
 
 	// NodeSelector restricts placement to nodes whose agent carries all of
 	// these labels. It is added to the ProviderConfig's default selector.
+	// At most 32 labels, each a Kubernetes label: a key of at most 317
+	// characters (a 253-character DNS prefix, "/" and a 63-character name)
+	// and a value of at most 63.
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 317 && size(self[k]) <= 63)",message="nodeSelector keys must be at most 317 characters and values at most 63, as Kubernetes labels"
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 

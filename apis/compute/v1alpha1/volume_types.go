@@ -31,8 +31,12 @@ type VolumeSource struct {
 // VolumeParameters are the fields a user sets on a Volume.
 type VolumeParameters struct {
 	// Size of the volume, as a Kubernetes quantity (for example 10Gi). It
-	// must be greater than zero.
+	// must be greater than zero and at most 64Ti: more than a node's
+	// storage pool, a Cinder quota or a PVC gives one disk, so the bound
+	// refuses only typos and abuse, and it keeps the byte count the hub
+	// sends to the node (an int64) exact.
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",messageExpression="'size must be greater than 0, got ' + string(self)"
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isGreaterThan(quantity('64Ti'))",messageExpression="'size must be at most 64Ti, got ' + string(self)"
 	Size resource.Quantity `json:"size"`
 
 	// Format of the volume on libvirt.
