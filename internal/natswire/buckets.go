@@ -10,6 +10,7 @@
 package natswire
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -27,6 +28,37 @@ const (
 	DefaultHeartbeatInterval = 2 * time.Second
 )
 
+// Byte limits of the buckets. Without them one tenant's objects (a VM's
+// intent carries its userData and publicKey) could fill the NATS server's
+// store, and with it every other bucket: heartbeats would stop and every
+// node would look lost. A bucket at its limit refuses new values (KV buckets
+// discard new, never old), so the fleet's existing state stays intact and
+// only the writes over the limit fail, with an error the hub reports on the
+// resource.
+//
+//   - DefaultMaxValueSize is 1 MiB, nats-server's default max_payload. The
+//     largest value the wire protocol makes is an intent whose strings are
+//     all at their schema bounds (64Ki characters of userData, 16Ki of
+//     publicKey, 16 disks with 2048-character image URLs): about 700 KiB
+//     even if JSON escaped every character to six bytes. So no value the
+//     API accepts is refused, and the limit holds also on a server
+//     configured with a larger max_payload.
+//   - DefaultMaxBytes, 256 MiB, bounds the intents and the reports bucket
+//     each: a VM's intent or report is a few KiB with ordinary userData, so
+//     it holds tens of thousands of VMs with their volumes and images.
+//   - DefaultNodesMaxBytes, 64 MiB, bounds the nodes bucket, one heartbeat
+//     of under a few KiB per node.
+//
+// JetStream reserves a stream's MaxBytes on each server that holds a replica
+// and refuses a stream that does not fit its max_file_store; the three
+// together reserve 576 MiB, which fits the 1 GiB store of
+// cluster/deploy/nats with room to spare.
+const (
+	DefaultMaxValueSize  int32 = 1 << 20
+	DefaultMaxBytes      int64 = 256 << 20
+	DefaultNodesMaxBytes int64 = 64 << 20
+)
+
 // BucketConfig shapes the buckets.
 type BucketConfig struct {
 	// Replicas of each bucket; 0 means 1.
@@ -34,6 +66,15 @@ type BucketConfig struct {
 	// NodeTTL is how long a heartbeat lives unrefreshed; 0 means
 	// DefaultNodeTTL. Tests shorten it to observe expiry quickly.
 	NodeTTL time.Duration
+	// MaxBytes bounds the storage of the intents and of the reports bucket,
+	// each; 0 means DefaultMaxBytes.
+	MaxBytes int64
+	// NodesMaxBytes bounds the storage of the nodes bucket; 0 means
+	// DefaultNodesMaxBytes.
+	NodesMaxBytes int64
+	// MaxValueSize bounds each value in every bucket; 0 means
+	// DefaultMaxValueSize.
+	MaxValueSize int32
 }
 
 // KeyValueConfigs are the bucket configurations for cfg.
@@ -46,11 +87,21 @@ func KeyValueConfigs(cfg BucketConfig) []jetstream.KeyValueConfig {
 	if ttl == 0 {
 		ttl = DefaultNodeTTL
 	}
+	maxBytes := cmp.Or(cfg.MaxBytes, DefaultMaxBytes)
+	nodesMaxBytes := cmp.Or(cfg.NodesMaxBytes, DefaultNodesMaxBytes)
+	maxValue := cmp.Or(cfg.MaxValueSize, DefaultMaxValueSize)
 	return []jetstream.KeyValueConfig{
-		{Bucket: wire.BucketIntents, Description: "hub → agent: desired state per <node>.<uid>", Storage: jetstream.FileStorage, Replicas: replicas},
-		{Bucket: wire.BucketReports, Description: "agent → hub: observed state per <node>.<uid>", Storage: jetstream.FileStorage, Replicas: replicas},
+		{
+			Bucket: wire.BucketIntents, Description: "hub → agent: desired state per <node>.<uid>", Storage: jetstream.FileStorage, Replicas: replicas,
+			MaxBytes: maxBytes, MaxValueSize: maxValue,
+		},
+		{
+			Bucket: wire.BucketReports, Description: "agent → hub: observed state per <node>.<uid>", Storage: jetstream.FileStorage, Replicas: replicas,
+			MaxBytes: maxBytes, MaxValueSize: maxValue,
+		},
 		{
 			Bucket: wire.BucketNodes, Description: "agent heartbeats per <node>", Storage: jetstream.FileStorage, Replicas: replicas,
+			MaxBytes: nodesMaxBytes, MaxValueSize: maxValue,
 			// Per-key TTLs are fixed at Create and a Put cannot refresh them,
 			// so expiry is the bucket's max age; the limit marker turns the
 			// expiry into a purge that watchers see.
@@ -59,8 +110,11 @@ func KeyValueConfigs(cfg BucketConfig) []jetstream.KeyValueConfig {
 	}
 }
 
-// EnsureBuckets creates the buckets, or brings existing ones to cfg. It is safe to
-// call on every start.
+// EnsureBuckets creates the buckets, or brings existing ones to cfg (their
+// replicas and limits: a bucket made before the limits existed gets them at
+// the hub's next start). It is safe to call on every start. Lowering a limit
+// below what a bucket holds deletes nothing: KV buckets discard new values,
+// so only later writes are refused until it shrinks.
 func EnsureBuckets(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) error {
 	for _, c := range KeyValueConfigs(cfg) {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
