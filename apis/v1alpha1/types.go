@@ -32,6 +32,11 @@ type ProviderConfigSpec struct {
 	Credentials NATSCredentials `json:"credentials"`
 
 	// NodeSelector is added to every VirtualMachine's own nodeSelector.
+	// At most 32 labels, each a Kubernetes label: a key of at most 317
+	// characters (a 253-character DNS prefix, "/" and a 63-character name)
+	// and a value of at most 63.
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 317 && size(self[k]) <= 63)",message="nodeSelector keys must be at most 317 characters and values at most 63, as Kubernetes labels"
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 
@@ -44,6 +49,69 @@ type ProviderConfigSpec struct {
 	// +kubebuilder:default=1
 	// +optional
 	Replicas int `json:"replicas,omitempty"`
+}
+
+// ClusterProviderConfigSpec is a ProviderConfigSpec plus what only a
+// cluster administrator may say: which namespaces may reach beyond what they
+// own. A namespace's grants are the union of the grants naming it in every
+// ClusterProviderConfig, whichever config its resources use; a namespaced
+// ProviderConfig grants nothing, since its namespace's tenant may write it.
+type ClusterProviderConfigSpec struct {
+	ProviderConfigSpec `json:",inline"`
+
+	// Grants allow namespaces what a tenant may not do by default: import
+	// what virtfleet did not make for them, choose a node, join a host
+	// bridge, fetch images from addresses outside the public internet.
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	// +optional
+	Grants []TenantGrant `json:"grants,omitempty"`
+}
+
+// TenantGrant allows the namespaces it names to reach past what they own.
+// Everything it does not say is refused.
+type TenantGrant struct {
+	// Namespaces the grant applies to; "*" means every namespace.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$`
+	// +listType=set
+	Namespaces []string `json:"namespaces"`
+
+	// Import lets these namespaces take over what virtfleet did not make
+	// for them: an existing guest, volume or network of a node, named by
+	// crossplane.io/external-name on a VirtualMachine, Volume or
+	// VirtualNetwork, and then changed or deleted as the resource says.
+	// +optional
+	Import bool `json:"import,omitempty"`
+
+	// ChooseNode lets these namespaces place a VirtualMachine or Volume on
+	// a node of their choosing with the compute.virtfleet.io/node
+	// annotation, which skips placement: capacity, node selectors and the
+	// backend are not checked.
+	// +optional
+	ChooseNode bool `json:"chooseNode,omitempty"`
+
+	// HostBridges are the host bridges these namespaces' bridge-mode
+	// VirtualNetworks may join; "*" means any.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=15
+	// +listType=set
+	// +optional
+	HostBridges []string `json:"hostBridges,omitempty"`
+
+	// ImageSources are address blocks outside the public internet
+	// (loopback, link-local, private, shared and unique-local ranges) that
+	// these namespaces' DiskImages may be downloaded from, as CIDRs such as
+	// 10.20.0.0/16. The node's agent checks every address it connects to,
+	// after every redirect.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=43
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="imageSources must be CIDRs such as 10.20.0.0/16"
+	// +listType=set
+	// +optional
+	ImageSources []string `json:"imageSources,omitempty"`
 }
 
 // ProviderConfigStatus is the status of a ProviderConfig.
@@ -117,8 +185,8 @@ type ClusterProviderConfig struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   ProviderConfigSpec   `json:"spec"`
-	Status ProviderConfigStatus `json:"status,omitempty"`
+	Spec   ClusterProviderConfigSpec `json:"spec"`
+	Status ProviderConfigStatus      `json:"status,omitempty"`
 }
 
 // +kubebuilder:object:root=true

@@ -72,7 +72,7 @@ func TestImportVolumeAndNetwork(t *testing.T) {
 	t.Run("ASecondVolumeNamingTheSameVolumeFails", func(t *testing.T) {
 		h.create(t, importer("thief", legacy))
 		v := h.waitVolume(t, "thief", 30*time.Second, func(v *v1alpha1.Volume) bool { return v.Status.AtProvider.Phase == v1alpha1.PhaseFailed })
-		assert.Contains(t, v.GetCondition(xpv2.TypeReady).Message, "already managed by Volume "+ns+"/seen")
+		assert.Contains(t, v.GetCondition(xpv2.TypeReady).Message, "already managed by Volume seen")
 		h.deleteObject(t, v)
 		assert.True(t, h.nodeVolumeExists(t, node, legacy), "deleting the refused Volume, even with Delete, leaves the volume")
 	})

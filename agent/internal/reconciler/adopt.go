@@ -93,6 +93,19 @@ func (r *Reconciler) claim(ctx context.Context, in wire.Intent, m driver.Machine
 		return driver.Observation{}, err
 	}
 	ref := driver.Ref{Orphan: in.Claim.Orphan, ExternalName: in.Claim.ExternalName}
+	if ref.Orphan != "" {
+		known, err := r.mayAdopt(in)
+		switch {
+		case err != nil:
+			return driver.Observation{}, err
+		case !known && in.ObserveOnly:
+			return driver.Observation{}, missing(driver.NotFoundf("no guest of node %s was orphaned from VirtualMachine %s/%s", r.node, in.Namespace, in.Name))
+		case !known:
+			// Gone, or never an orphan of this node: a uid is no licence
+			// to take over a guest virtfleet did not release.
+			return r.driver.Ensure(ctx, m)
+		}
+	}
 	if in.ObserveOnly {
 		obs, err := a.ObserveRef(ctx, ref)
 		obs.UID = in.UID
@@ -111,6 +124,24 @@ func (r *Reconciler) claim(ctx context.Context, in wire.Intent, m driver.Machine
 		}
 	}
 	return r.driver.Ensure(ctx, m)
+}
+
+// mayAdopt says whether the orphan the intent claims is one this node
+// released (known), and refuses it when it was released from another
+// VirtualMachine than the intent's, whatever the hub asked: a guest left by
+// one namespace is never handed to another, nor to another VM of the same
+// namespace under a name it was not released from.
+func (r *Reconciler) mayAdopt(in wire.Intent) (known bool, err error) {
+	r.mu.Lock()
+	o, ok := r.orphans[in.Claim.Orphan]
+	r.mu.Unlock()
+	switch {
+	case !ok:
+		return false, nil
+	case o.OrphanOf != nil && o.OrphanOf.Namespace == in.Namespace && o.OrphanOf.Name == in.Name:
+		return true, nil
+	}
+	return false, driver.Terminalf("guest %s was not orphaned from VirtualMachine %s/%s; a VirtualMachine adopts only the guest released from its own namespace and name", in.Claim.Orphan, in.Namespace, in.Name)
 }
 
 // clearOrphanReport deletes the report of an orphan just adopted, once per

@@ -90,3 +90,45 @@ func TestABackendWithoutAdoptionRefusesARelease(t *testing.T) {
 	assert.False(t, rep.Released)
 	assert.Contains(t, rep.Message, "cannot keep a guest without its VM")
 }
+
+// TestAnOrphanGoesOnlyToTheVMItWasReleasedFrom: whatever the hub asks, a
+// guest released from one VirtualMachine is adopted only by a VM of the
+// same namespace and name, and a uid that is no orphan of the node (a guest
+// made by hand, say) is never taken over by adoption: the VM gets a guest
+// of its own.
+func TestAnOrphanGoesOnlyToTheVMItWasReleasedFrom(t *testing.T) {
+	cases := map[string]struct {
+		namespace, name string
+		claim           string
+		wantPhase       wire.Phase
+		wantMessage     string
+		wantAdopted     bool
+	}{
+		"TheSameNamespaceAndName": {namespace: "default", name: "vm-a", claim: "a", wantPhase: wire.PhaseRunning, wantAdopted: true},
+		"AnotherNamespace":        {namespace: "tenant-b", name: "vm-a", claim: "a", wantPhase: wire.PhaseFailed, wantMessage: "was not orphaned from VirtualMachine tenant-b/vm-a"},
+		"AnotherName":             {namespace: "default", name: "vm-z", claim: "a", wantPhase: wire.PhaseFailed, wantMessage: "was not orphaned from VirtualMachine default/vm-z"},
+		"AGuestThatIsNoOrphan":    {namespace: "default", name: "vm-a", claim: "by-hand", wantPhase: wire.PhaseRunning},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			h := start(t)
+			h.synced()
+			h.fake.AddForeign("by-hand", 1, 256<<20)
+			h.put(intent("a"))
+			h.eventually("a", phase(wire.PhaseRunning), "the guest runs")
+			h.put(wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: "a", Namespace: "default", Name: "vm-a", Release: true})
+			h.eventually("a", func(r wire.Report) bool { return r.Released }, "the release is confirmed")
+			h.del("a")
+
+			h.put(intent("b", func(in *wire.Intent) {
+				in.Namespace, in.Name, in.Claim = tc.namespace, tc.name, &wire.Claim{Orphan: tc.claim}
+			}))
+			rep := h.eventually("b", phase(tc.wantPhase), "the claim is answered")
+			assert.Contains(t, rep.Message, tc.wantMessage)
+			assert.Equal(t, tc.wantAdopted, rep.ID == "a", "adopted the orphan: report id %q", rep.ID)
+			assert.NotEqual(t, "by-hand", rep.ID, "the guest made by hand is never taken")
+			_, orphanReported := h.reports.get("a")
+			assert.Equal(t, !tc.wantAdopted, orphanReported, "the orphan stays an orphan unless adopted")
+		})
+	}
+}

@@ -31,4 +31,11 @@ const (
 	// VirtualMachine adopted (written with AnnotationNode, before the claim
 	// is published), so every later intent names the same guest.
 	AnnotationAdopted = Group + "/adopted"
+
+	// AnnotationSeal is the hub's mark on the node (and adopted orphan) it
+	// recorded: a keyed hash of them and the resource's uid that tenants
+	// cannot make. A node annotation without a valid seal was set by hand
+	// and is honoured only where a cluster administrator allowed the
+	// namespace to choose nodes (TenantGrant.ChooseNode) or to import.
+	AnnotationSeal = Group + "/seal"
 )

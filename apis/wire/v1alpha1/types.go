@@ -115,6 +115,12 @@ type ImageRef struct {
 	// PruneAfterSeconds is how long the image stays on a node unused; 0
 	// means the agent's default (24 h).
 	PruneAfterSeconds int64 `json:"pruneAfterSeconds,omitempty"`
+	// AllowedSources are the CIDRs outside the public internet a cluster
+	// administrator allowed the DiskImage's namespace to download from
+	// (TenantGrant.ImageSources). The agent refuses to connect to any
+	// other loopback, link-local, private, shared, unique-local,
+	// unspecified or multicast address, after every redirect.
+	AllowedSources []string `json:"allowedSources,omitempty"`
 }
 
 // SourceVolume is the Volume a cloned image copies. Volumes are named on the

@@ -61,6 +61,8 @@ type Fleet struct {
 
 	// recorder shows foreign reports as Warning events on the resource.
 	recorder event.Recorder
+	// sealKey signs the hub's placements (Seal).
+	sealKey []byte
 
 	mu sync.RWMutex
 	// Every kind of report is kept by uid, then by the node that wrote it.

@@ -81,7 +81,7 @@ func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
 		nc.Close()
 		return nil, err
 	}
-	f := New(b, p.log.WithValues("nats", t.URL)).WithRecorder(p.recorder)
+	f := New(b, p.log.WithValues("nats", t.URL)).WithRecorder(p.recorder).WithSealKey(sealKey(t))
 	if p.onNew != nil {
 		p.onNew(f)
 	}

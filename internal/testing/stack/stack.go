@@ -93,6 +93,11 @@ type Options struct {
 	// DefaultNodeSelector is the default ClusterProviderConfig's
 	// nodeSelector: VMs without their own land only on nodes it matches.
 	DefaultNodeSelector map[string]string
+	// Grants are the default ClusterProviderConfig's tenant grants: what
+	// namespaces may reach beyond what they own (imports, a node of their
+	// choosing, host bridges, image servers on private addresses); nil
+	// means DefaultGrants.
+	Grants []apisv1alpha1.TenantGrant
 	// NATSProcess runs NATS as a nats-server process of its own (built from
 	// the module in go.mod) instead of in-process, so it can be killed with
 	// SIGKILL (KillNATS) and started again (StartNATS). NATS is then nil.
@@ -112,6 +117,19 @@ type Options struct {
 	// the kubeconfig the hub runs with instead of cluster/deploy's identity.
 	Install func(ctx context.Context, s *Stack) (hubKubeconfig string, err error)
 }
+
+// DefaultGrants are what the stack's administrator grants when
+// Options.Grants is nil: the namespaces where make run, the examples and the
+// suites keep their resources (default, and guests for the real-guest
+// suite) may import, choose nodes and download images from this machine's
+// loopback, where the stack's image servers listen. Every other namespace
+// is an ordinary tenant.
+var DefaultGrants = []apisv1alpha1.TenantGrant{{
+	Namespaces:   []string{"default", "guests"},
+	Import:       true,
+	ChooseNode:   true,
+	ImageSources: []string{"127.0.0.0/8"},
+}}
 
 // LibvirtHost is a libvirtd the agent of a node talks to.
 type LibvirtHost struct {
@@ -423,7 +441,11 @@ func (s *Stack) configureProvider(ctx context.Context) error {
 	}
 	cpc := &apisv1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
 	_, err := controllerutil.CreateOrUpdate(ctx, kube, cpc, func() error {
-		cpc.Spec = apisv1alpha1.ProviderConfigSpec{
+		cpc.Spec.Grants = s.opts.Grants
+		if cpc.Spec.Grants == nil {
+			cpc.Spec.Grants = DefaultGrants
+		}
+		cpc.Spec.ProviderConfigSpec = apisv1alpha1.ProviderConfigSpec{
 			NATSURL:      s.NATSURL(),
 			Replicas:     max(s.opts.NATSCluster, 1),
 			NodeSelector: s.opts.DefaultNodeSelector,

@@ -42,7 +42,7 @@ func SetupConnectors(mgr ctrl.Manager, o controller.Options, pool Fleets) error 
 			name: "connect/" + apisv1alpha1.ClusterProviderConfigGroupKind,
 			new:  func() client.Object { return &apisv1alpha1.ClusterProviderConfig{} },
 			spec: func(o client.Object) apisv1alpha1.ProviderConfigSpec {
-				return o.(*apisv1alpha1.ClusterProviderConfig).Spec
+				return o.(*apisv1alpha1.ClusterProviderConfig).Spec.ProviderConfigSpec
 			},
 		},
 	}
@@ -79,7 +79,12 @@ func (c *connector) Reconcile(ctx context.Context, req reconcile.Request) (recon
 	if meta.WasDeleted(pc) {
 		return reconcile.Result{}, nil
 	}
-	t, err := TargetOf(ctx, c.kube, c.spec(pc))
+	spec, err := OwnSecret(c.spec(pc), pc.GetNamespace())
+	if err != nil {
+		c.log.Info("Cannot connect to NATS", "name", req.Name, "namespace", req.Namespace, "error", err)
+		return reconcile.Result{}, nil
+	}
+	t, err := TargetOf(ctx, c.kube, spec)
 	if err == nil {
 		_, err = c.pool.Get(ctx, t)
 	}

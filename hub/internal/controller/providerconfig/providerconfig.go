@@ -24,6 +24,7 @@ import (
 
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 )
 
 // Config is what a ProviderConfig stands for.
@@ -92,13 +93,16 @@ func (r *Resolver) Read(ctx context.Context, mg resource.ModernManaged) (Config,
 		if err := r.kube.Get(ctx, types.NamespacedName{Namespace: mg.GetNamespace(), Name: ref.Name}, pc); err != nil {
 			return Config{}, errors.Wrapf(err, "cannot get ProviderConfig %s", ref.Name)
 		}
-		spec = pc.Spec
+		var err error
+		if spec, err = OwnSecret(pc.Spec, pc.Namespace); err != nil {
+			return Config{}, err
+		}
 	case apisv1alpha1.ClusterProviderConfigKind:
 		cpc := &apisv1alpha1.ClusterProviderConfig{}
 		if err := r.kube.Get(ctx, types.NamespacedName{Name: ref.Name}, cpc); err != nil {
 			return Config{}, errors.Wrapf(err, "cannot get ClusterProviderConfig %s", ref.Name)
 		}
-		spec = cpc.Spec
+		spec = cpc.Spec.ProviderConfigSpec
 	default:
 		return Config{}, errors.Errorf("providerConfigRef.kind %q is neither ProviderConfig nor ClusterProviderConfig", ref.Kind)
 	}
@@ -107,6 +111,36 @@ func (r *Resolver) Read(ctx context.Context, mg resource.ModernManaged) (Config,
 		return Config{}, err
 	}
 	return Config{Target: t, NodeSelector: spec.NodeSelector}, nil
+}
+
+// Grant is what namespace may reach beyond its own, as every
+// ClusterProviderConfig grants it.
+func (r *Resolver) Grant(ctx context.Context, namespace string) (tenancy.Grant, error) {
+	cpcs := &apisv1alpha1.ClusterProviderConfigList{}
+	if err := r.kube.List(ctx, cpcs); err != nil {
+		return tenancy.Grant{}, errors.Wrap(err, "cannot list ClusterProviderConfigs for the namespace's grants")
+	}
+	return tenancy.For(cpcs.Items, namespace), nil
+}
+
+// OwnSecret is spec with its credentials Secret in namespace, the
+// namespaced ProviderConfig's own: a tenant who may write ProviderConfigs
+// in its namespace must not make the hub read another namespace's Secret
+// (the hub's own NATS credentials among them). A Secret reference without
+// a namespace means the ProviderConfig's; namespace "" (a
+// ClusterProviderConfig, written by an administrator) leaves spec as it is.
+func OwnSecret(spec apisv1alpha1.ProviderConfigSpec, namespace string) (apisv1alpha1.ProviderConfigSpec, error) {
+	ref := spec.Credentials.SecretRef
+	if namespace == "" || ref == nil {
+		return spec, nil
+	}
+	if ref.Namespace != "" && ref.Namespace != namespace {
+		return apisv1alpha1.ProviderConfigSpec{}, errors.Errorf("spec.credentials.secretRef.namespace is %q: a ProviderConfig reads Secrets only in its own namespace %s (a ClusterProviderConfig may name any)", ref.Namespace, namespace)
+	}
+	own := *ref
+	own.Namespace = namespace
+	spec.Credentials.SecretRef = &own
+	return spec, nil
 }
 
 // target is TargetOf spec, read again once targetTTL has passed.

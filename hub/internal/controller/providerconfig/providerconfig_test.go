@@ -63,7 +63,7 @@ func TestResolveAfterTheCacheMissedTheUsage(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
 		ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec:       apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://unused", Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}},
+		Spec:       apisv1alpha1.ClusterProviderConfigSpec{ProviderConfigSpec: apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://unused", Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}}},
 	}))
 	net := &v1alpha1.VirtualNetwork{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "net"},
@@ -84,4 +84,41 @@ func TestResolveAfterTheCacheMissedTheUsage(t *testing.T) {
 	require.Len(t, usages.Items, 1)
 	assert.Equal(t, string(net.UID), usages.Items[0].Name)
 	assert.Equal(t, "default", usages.Items[0].ProviderConfigReference.Name)
+}
+
+// TestOwnSecret: a namespaced ProviderConfig's Secret is read in its own
+// namespace, whatever it names; a ClusterProviderConfig's as it says.
+func TestOwnSecret(t *testing.T) {
+	withRef := func(namespace string) apisv1alpha1.ProviderConfigSpec {
+		return apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://n:4222", Credentials: apisv1alpha1.NATSCredentials{
+			Source: xpv2.CredentialsSourceSecret,
+			CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
+				SecretReference: xpv2.SecretReference{Namespace: namespace, Name: "creds"}, Key: "hub.nk",
+			}},
+		}}
+	}
+	cases := map[string]struct {
+		spec      apisv1alpha1.ProviderConfigSpec
+		namespace string
+		want      string
+		refused   bool
+	}{
+		"ItsOwnNamespace":                  {spec: withRef("team-a"), namespace: "team-a", want: "team-a"},
+		"NoNamespaceMeansItsOwn":           {spec: withRef(""), namespace: "team-a", want: "team-a"},
+		"AnotherNamespaceIsRefused":        {spec: withRef("virtfleet-system"), namespace: "team-a", refused: true},
+		"AClusterProviderConfigNamesAnyNS": {spec: withRef("virtfleet-system"), namespace: "", want: "virtfleet-system"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			before := tc.spec.DeepCopy()
+			got, err := OwnSecret(tc.spec, tc.namespace)
+			assert.Equal(t, before, &tc.spec, "the spec read from the cache is not changed")
+			if tc.refused {
+				assert.ErrorContains(t, err, `spec.credentials.secretRef.namespace is "virtfleet-system": a ProviderConfig reads Secrets only in its own namespace team-a`)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got.Credentials.SecretRef.Namespace)
+		})
+	}
 }

@@ -15,12 +15,14 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
 
+// fromImage is an unbound Volume made from the DiskImage image.
+func fromImage(name, image string) *v1alpha1.Volume {
+	v := vol(name, "")
+	v.Spec.ForProvider.Source = &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: v1alpha1.LocalName(image)}}
+	return v
+}
+
 func TestResolveImages(t *testing.T) {
-	fromImage := func(name, image string) *v1alpha1.Volume {
-		v := vol(name, "")
-		v.Spec.ForProvider.Source = &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: v1alpha1.LocalName(image)}}
-		return v
-	}
 	raw := v1alpha1.DiskFormatRaw
 	img := &v1alpha1.DiskImage{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ubuntu", UID: "img-1"},

@@ -55,6 +55,9 @@ type dependencies struct {
 	// sources are the Volumes the cloned images among images copy, by
 	// image name; each is bound to a node.
 	sources map[string]*v1alpha1.Volume
+	// imageSources are the addresses outside the public internet the
+	// namespace's images may be downloaded from (admit sets them).
+	imageSources []string
 }
 
 // boundNode is the node the VM's node-local volumes are bound to, if any, or
@@ -241,6 +244,9 @@ func (d dependencies) imageRef(v v1alpha1.Volume) *wire.ImageRef {
 	}
 	if fp.PruneAfter != nil {
 		ref.PruneAfterSeconds = int64(fp.PruneAfter.Seconds())
+	}
+	if ref.URL != "" {
+		ref.AllowedSources = d.imageSources
 	}
 	return ref
 }

@@ -194,7 +194,7 @@ func TestObserveOnlyReads(t *testing.T) {
 			}
 			n := fleet.NewNotifier()
 			c := &connector{kube: writeless(t, &writes, unbound), opts: Options{FencingTimeout: testFencing, Notifier: n, Placer: placer}, recorder: rec, state: &state{}, policies: true}
-			e := &external{connector: c, fleet: f}
+			e := &external{connector: c, fleet: f, grant: trusted}
 			before := v.DeepCopy()
 
 			obs, err := e.Observe(context.Background(), v)

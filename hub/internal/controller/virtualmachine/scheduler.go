@@ -263,6 +263,8 @@ type binding struct {
 	node string
 	// orphan is the uid of the guest on node the VM adopts, if any.
 	orphan string
+	// seal is the fleet's Seal of node and orphan for the VM.
+	seal string
 }
 
 // placeBatch places one batch and records it; false once the queue shut
@@ -353,12 +355,19 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	case err != nil:
 		return binding{}, err
 	case found:
-		return binding{vm: vm, node: o.Node, orphan: o.UID}, nil
+		return binding{vm: vm, node: o.Node, orphan: o.UID, seal: f.Seal(string(vm.UID), o.Node, o.UID)}, nil
 	case !managed.NewManagementPoliciesResolver(s.policies, vm.GetManagementPolicies()).ShouldCreate():
 		return binding{}, errNothingToPlace
 	}
 	d, err := resolve(ctx, s.cache, vm)
 	if err != nil {
+		return binding{}, err
+	}
+	g, err := s.configs.Grant(ctx, vm.Namespace)
+	if err != nil {
+		return binding{}, err
+	}
+	if err := d.admit(g, f.Sealed); err != nil {
 		return binding{}, err
 	}
 	req, err := request(vm, d, pc.NodeSelector)
@@ -371,7 +380,7 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 		b.nodes[f] = nodes
 	}
 	node, err := s.placer.Place(nodes, req)
-	return binding{vm: vm, node: node}, errors.Wrap(err, "cannot place the VM")
+	return binding{vm: vm, node: node, seal: f.Seal(string(vm.UID), node, "")}, errors.Wrap(err, "cannot place the VM")
 }
 
 // record writes the node, the orphan adopted and the finalizers of each
@@ -392,7 +401,7 @@ func (s *Scheduler) record(ctx context.Context, bound []binding) {
 
 func (s *Scheduler) bind(ctx context.Context, b binding) {
 	vm, key, uid := b.vm, client.ObjectKeyFromObject(b.vm), string(b.vm.UID)
-	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: b.node})
+	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: b.node, v1alpha1.AnnotationSeal: b.seal})
 	if b.orphan != "" {
 		meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationAdopted: b.orphan})
 	}

@@ -53,7 +53,7 @@ func startScheduler(t *testing.T, policies bool, backoff workqueue.TypedRateLimi
 	informers, ctx := cp.InformersForTest(t)
 	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
 		ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec:       apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://unused", Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}},
+		Spec:       apisv1alpha1.ClusterProviderConfigSpec{ProviderConfigSpec: apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://unused", Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}}},
 	}))
 	b := bus.NewFake()
 	f := fleettest.Start(t, b)

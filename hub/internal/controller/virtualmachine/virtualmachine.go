@@ -44,6 +44,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 )
 
 // Condition types beyond Crossplane's Ready and Synced.
@@ -266,13 +267,19 @@ func (c *connector) Connect(ctx context.Context, vm *v1alpha1.VirtualMachine) (m
 	if err != nil {
 		return nil, err
 	}
+	g, err := c.configs.Grant(ctx, vm.Namespace)
+	if err != nil {
+		return nil, err
+	}
 	c.opts.Notifier.Remember(vm)
-	return &external{connector: c, fleet: f}, nil
+	return &external{connector: c, fleet: f, grant: g}, nil
 }
 
 type external struct {
 	*connector
 	fleet *fleet.Fleet
+	// grant is what the VM's namespace may reach beyond its own.
+	grant tenancy.Grant
 }
 
 // Observe answers from the fleet's in-memory view; it never waits on NATS,
@@ -288,6 +295,15 @@ type external struct {
 // create must not lose, the node, is already recorded.
 func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	if err := admitNode(vm, node, e.grant, e.fleet); node != "" && err != nil {
+		if meta.WasDeleted(vm) {
+			// Nothing was published to a node the VM was refused.
+			return managed.ExternalObservation{ResourceExists: false}, nil
+		}
+		vm.Status.AtProvider.Phase = v1alpha1.PhaseFailed
+		vm.SetConditions(notReady(v1alpha1.PhaseFailed, err.Error()))
+		return managed.ExternalObservation{}, err
+	}
 	if meta.WasDeleted(vm) {
 		if keepsGuest(vm, e.policies) && node != "" {
 			// aroundObserve releases such a guest and never hands its VM
@@ -330,13 +346,22 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	e.setConditions(vm, obs, node, n)
 	e.recordTransition(vm, before, obs, node)
 
-	d, err := resolve(ctx, e.kube, vm)
+	d, err := e.resolve(ctx, vm)
 	upToDate := err == nil
 	if upToDate {
 		published, _ := e.state.published.Load(uid)
 		upToDate = published == fingerprint(intent(vm, d))
 	}
 	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, nil
+}
+
+// resolve reads what the VM refers to and admits it (dependencies.admit).
+func (e *external) resolve(ctx context.Context, vm *v1alpha1.VirtualMachine) (dependencies, error) {
+	d, err := resolve(ctx, e.kube, vm)
+	if err != nil {
+		return d, err
+	}
+	return d, d.admit(e.grant, e.fleet.Sealed)
 }
 
 // flagForeign has the fleet flag, once the reconcile is over, the reports
@@ -431,7 +456,7 @@ func (e *external) bindVolume(ctx context.Context, v *v1alpha1.Volume, node stri
 			return errors.Errorf("Volume %s was bound to node %s meanwhile", v.Name, bound)
 		}
 		patch := client.MergeFromWithOptions(v.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		meta.AddAnnotations(v, map[string]string{v1alpha1.AnnotationNode: node})
+		meta.AddAnnotations(v, map[string]string{v1alpha1.AnnotationNode: node, v1alpha1.AnnotationSeal: e.fleet.Seal(string(v.UID), node, "")})
 		// The Volume's own controller adds its finalizer too, but maybe not
 		// yet: without it a Volume deleted now would go at once and leave
 		// its disk on the node. Bound and finalized in one write.
@@ -492,7 +517,7 @@ func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d d
 // started, or a publish failed). The node decides what a running guest can
 // take live; the rest shows up as RestartRequired.
 func (e *external) Update(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalUpdate, error) {
-	d, err := resolve(ctx, e.kube, vm)
+	d, err := e.resolve(ctx, vm)
 	if err != nil {
 		return managed.ExternalUpdate{}, err
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
+	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 )
 
@@ -40,8 +41,14 @@ const (
 func testExternal(t *testing.T, b *bus.Fake, rec event.Recorder, n *fleet.Notifier) *external {
 	t.Helper()
 	c := &connector{opts: Options{FencingTimeout: testFencing, Notifier: n}, recorder: rec, state: &state{}}
-	return &external{connector: c, fleet: fleettest.Start(t, b)}
+	return &external{connector: c, fleet: fleettest.Start(t, b), grant: trusted}
 }
+
+// trusted is the grant of a namespace that may import and choose nodes:
+// tests that place VMs by writing the node annotation themselves, not
+// through the placement loop, run as such a namespace. TestAdmit pins what
+// a namespace without it may do.
+var trusted = tenancy.Grant{Import: true, ChooseNode: true}
 
 // report makes node report the guest testUID with message, and waits for
 // the fleet to hold it.
@@ -357,7 +364,7 @@ func TestBindingAVolumeWhoseCachedCopyIsOutOfDate(t *testing.T) {
 	}
 	cp := controlplane.StartForTest(t)
 	ctx := context.Background()
-	e := &external{connector: &connector{kube: cp.Client, reader: cp.Client}}
+	e := &external{connector: &connector{kube: cp.Client, reader: cp.Client}, fleet: fleettest.Start(t, bus.NewFake())}
 
 	cases := map[string]struct {
 		// meanwhile is what happened to the Volume after the cache read it.

@@ -50,17 +50,27 @@ func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.
 		at.Phase = v1alpha1.PhaseFailed
 		return xpv2.Unavailable().WithMessage(fmt.Sprintf("the Volume imports volume %q: set the annotation %s to the node that has it", ext, v1alpha1.AnnotationNode)), nil
 	}
+	f, grant, err := r.fleetOf(ctx, v)
+	if err != nil {
+		return ready, err
+	}
+	if err := grant.CheckImport("Volume", ext); err != nil {
+		// Nothing is asked of the node, so nothing of its volume is
+		// revealed, and nothing of it is deleted with the Volume.
+		at.Phase = v1alpha1.PhaseFailed
+		return xpv2.Unavailable().WithMessage(err.Error()), nil
+	}
 	owner, err := firstImporter(ctx, kube, v, node)
 	if err != nil {
 		return ready, err
 	}
-	if owner != "" {
+	if owner != nil {
 		at.Phase = v1alpha1.PhaseFailed
-		return xpv2.Unavailable().WithMessage(fmt.Sprintf("volume %s on node %s is already managed by Volume %s; a volume has one Volume", ext, node, owner)), nil
-	}
-	f, err := r.fleetOf(ctx, v)
-	if err != nil {
-		return ready, err
+		by := "a Volume of another namespace"
+		if owner.Namespace == v.Namespace {
+			by = "Volume " + owner.Name
+		}
+		return xpv2.Unavailable().WithMessage(fmt.Sprintf("volume %s on node %s is already managed by %s; a volume has one Volume", ext, node, by)), nil
 	}
 	uid := string(v.UID)
 	if in := intentOf(v); !meta.WasDeleted(v) {
@@ -86,13 +96,13 @@ func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.
 	return ready, nil
 }
 
-// firstImporter names the Volume that imported v's volume on node before v,
+// firstImporter is the Volume that imported v's volume on node before v,
 // if another did: the oldest Volume of that node naming it, by creation and
 // then namespace/name, manages it.
-func firstImporter(ctx context.Context, kube client.Reader, v *v1alpha1.Volume, node string) (string, error) {
+func firstImporter(ctx context.Context, kube client.Reader, v *v1alpha1.Volume, node string) (*v1alpha1.Volume, error) {
 	all := &v1alpha1.VolumeList{}
 	if err := kube.List(ctx, all); err != nil {
-		return "", errors.Wrap(err, "cannot list Volumes")
+		return nil, errors.Wrap(err, "cannot list Volumes")
 	}
 	ext := meta.GetExternalName(v)
 	var same []v1alpha1.Volume
@@ -109,7 +119,7 @@ func firstImporter(ctx context.Context, kube client.Reader, v *v1alpha1.Volume, 
 		return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
 	})
 	if len(same) == 0 || same[0].UID == v.UID {
-		return "", nil
+		return nil, nil
 	}
-	return same[0].Namespace + "/" + same[0].Name, nil
+	return &same[0], nil
 }

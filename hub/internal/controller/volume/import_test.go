@@ -100,14 +100,27 @@ func TestObserveImport(t *testing.T) {
 			others:      []client.Object{importing("first", "first-uid", "legacy.qcow2", testNode, time.Hour)},
 			wantPhase:   v1alpha1.PhaseFailed,
 			wantReady:   corev1.ConditionFalse,
-			wantMessage: "volume legacy.qcow2 on node node1 is already managed by Volume team/first; a volume has one Volume",
+			wantMessage: "volume legacy.qcow2 on node node1 is already managed by Volume first; a volume has one Volume",
+		},
+		"AnImportOfANamespaceWithoutTheGrantIsRefusedAndAsksNothingOfTheNode": {
+			volume:      inNamespace("tenant-a", importing("data", "vol-uid", "legacy.qcow2", testNode, 0)),
+			wantPhase:   v1alpha1.PhaseFailed,
+			wantReady:   corev1.ConditionFalse,
+			wantMessage: `refused: the Volume imports "legacy.qcow2" by crossplane.io/external-name, which virtfleet did not make for it; namespace tenant-a may not reach what it does not own unless a cluster administrator grants it in a ClusterProviderConfig's spec.grants (import: true)`,
+		},
+		"AVolumeAnotherNamespaceImportedFirstIsNotNamed": {
+			volume:      importing("data", "vol-uid", "legacy.qcow2", testNode, 0),
+			others:      []client.Object{inNamespace("other", importing("first", "first-uid", "legacy.qcow2", testNode, time.Hour))},
+			wantPhase:   v1alpha1.PhaseFailed,
+			wantReady:   corev1.ConditionFalse,
+			wantMessage: "volume legacy.qcow2 on node node1 is already managed by a Volume of another namespace; a volume has one Volume",
 		},
 		"AVolumeNamingAnotherVolumesOwnVolumeFailsNamingIt": {
 			volume:      importing("data", "vol-uid", "team_first", testNode, 0),
 			others:      []client.Object{importing("first", "first-uid", "", testNode, time.Hour)},
 			wantPhase:   v1alpha1.PhaseFailed,
 			wantReady:   corev1.ConditionFalse,
-			wantMessage: "volume team_first on node node1 is already managed by Volume team/first; a volume has one Volume",
+			wantMessage: "volume team_first on node node1 is already managed by Volume first; a volume has one Volume",
 		},
 		"AYoungerVolumeOrOneOfAnotherNodeIsNoOwner": {
 			volume: importing("data", "vol-uid", "legacy.qcow2", testNode, time.Hour),
@@ -191,4 +204,10 @@ func TestReleaseLeavesAVolumeAnotherVolumeImported(t *testing.T) {
 	assert.True(t, released, "released at once")
 	in, ok := b.VolumeIntent(testNode, "vol-uid")
 	assert.False(t, ok, "the node is never asked anything: %+v", in)
+}
+
+// inNamespace is v moved to namespace ns.
+func inNamespace(ns string, v *v1alpha1.Volume) *v1alpha1.Volume {
+	v.Namespace = ns
+	return v
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 )
 
 // ReasonNodeLost is the event of a Volume let go without its node confirming
@@ -124,16 +125,20 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 	if node == "" {
 		return true, nil
 	}
-	if meta.GetExternalName(v) != "" {
-		// A volume another Volume imported first is that Volume's: this
-		// one never had it and leaves it alone.
-		if owner, err := firstImporter(ctx, r.kube, v, node); err != nil || owner != "" {
-			return err == nil, err
-		}
-	}
-	f, err := r.fleetOf(ctx, v)
+	f, grant, err := r.fleetOf(ctx, v)
 	if err != nil {
 		return false, err
+	}
+	if ext := meta.GetExternalName(v); ext != "" {
+		// A volume the namespace may not import was never asked of the
+		// node, and one another Volume imported first is that Volume's:
+		// this one never had it and leaves it alone.
+		if grant.CheckImport("Volume", ext) != nil {
+			return true, nil
+		}
+		if owner, err := firstImporter(ctx, r.kube, v, node); err != nil || owner != nil {
+			return err == nil, err
+		}
 	}
 	uid := string(v.UID)
 
@@ -175,16 +180,20 @@ func (r *Releaser) forget(uid string) {
 }
 
 // fleetOf is the Fleet of v's ProviderConfig, whose reports about v now
-// wake it.
-func (r *Releaser) fleetOf(ctx context.Context, v *v1alpha1.Volume) (*fleet.Fleet, error) {
+// wake it, and what v's namespace was granted.
+func (r *Releaser) fleetOf(ctx context.Context, v *v1alpha1.Volume) (*fleet.Fleet, tenancy.Grant, error) {
 	pc, err := r.configs.Resolve(ctx, v)
 	if err != nil {
-		return nil, err
+		return nil, tenancy.Grant{}, err
 	}
 	f, err := r.pool.Get(ctx, pc.Target)
 	if err != nil {
-		return nil, err
+		return nil, tenancy.Grant{}, err
+	}
+	g, err := r.configs.Grant(ctx, v.Namespace)
+	if err != nil {
+		return nil, tenancy.Grant{}, err
 	}
 	r.notifier.Remember(v)
-	return f, nil
+	return f, g, nil
 }

@@ -69,9 +69,12 @@ func testReleaser(t *testing.T, f *fleet.Fleet, objs ...client.Object) (*Release
 	t.Helper()
 	kube := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(append(objs, &apisv1alpha1.ClusterProviderConfig{
 		ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec: apisv1alpha1.ProviderConfigSpec{
+		Spec: apisv1alpha1.ClusterProviderConfigSpec{ProviderConfigSpec: apisv1alpha1.ProviderConfigSpec{
 			NATSURL:     "nats://nats.example:4222",
 			Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone},
+		},
+			// Namespace team may import; any other may not.
+			Grants: []apisv1alpha1.TenantGrant{{Namespaces: []string{"team"}, Import: true}},
 		},
 	})...).Build()
 	notifier := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })

@@ -1,0 +1,73 @@
+package virtualmachine
+
+import (
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
+)
+
+// admitNode says whether vm may be on node, the node its annotation names:
+// the hub placed it there (the annotation carries the fleet's seal), or
+// the node runs this very VM's guest (a report under its uid: a placement
+// from before seals, whose intent only the hub can have published), or its
+// namespace was granted what the annotation asks, an import or a node of
+// its own choosing. Nothing is published to a node a VM is not admitted
+// to, so a refused VM touches nothing there, and reveals nothing of it.
+func admitNode(vm *v1alpha1.VirtualMachine, node string, g tenancy.Grant, f *fleet.Fleet) error {
+	if ext := meta.GetExternalName(vm); ext != "" {
+		return g.CheckImport("VirtualMachine", ext)
+	}
+	if f.Sealed(vm) {
+		return nil
+	}
+	if _, ok := f.Report(node, string(vm.UID)); ok {
+		return nil
+	}
+	return g.CheckNode("VirtualMachine", node)
+}
+
+// admit says whether the VM may use what it refers to: a Volume bound to a
+// node by hand or importing a node's volume, a VirtualNetwork importing a
+// node's network or joining a host bridge; each is refused unless g, its
+// namespace's grant, allows it. It gives the images the sources g allows.
+func (d *dependencies) admit(g tenancy.Grant, sealed func(metav1.Object) bool) error {
+	volumes := append([]v1alpha1.Volume{}, d.volumes...)
+	for _, src := range d.sources {
+		volumes = append(volumes, *src)
+	}
+	for i := range volumes {
+		v := &volumes[i]
+		node := v.GetAnnotations()[v1alpha1.AnnotationNode]
+		switch ext := meta.GetExternalName(v); {
+		case ext != "":
+			if err := g.CheckImport(fmt.Sprintf("Volume %s", v.Name), ext); err != nil {
+				return err
+			}
+		case node != "" && !sealed(v):
+			if err := g.CheckNode(fmt.Sprintf("Volume %s", v.Name), node); err != nil {
+				return err
+			}
+		}
+	}
+	for i := range d.networks {
+		n := &d.networks[i]
+		if ext := meta.GetExternalName(n); ext != "" {
+			if err := g.CheckImport(fmt.Sprintf("VirtualNetwork %s", n.Name), ext); err != nil {
+				return err
+			}
+		}
+		if fp := n.Spec.ForProvider; fp.Mode == v1alpha1.NetworkModeBridge {
+			if err := g.CheckBridge(fp.Bridge); err != nil {
+				return err
+			}
+		}
+	}
+	d.imageSources = g.ImageSources
+	return nil
+}

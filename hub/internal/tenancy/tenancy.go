@@ -1,0 +1,108 @@
+// Package tenancy decides what a namespace may reach beyond what it owns.
+//
+// A tenant names only what is its own: its namespace's resources, and
+// guests, volumes and networks virtfleet makes for them. Everything that
+// belongs to a node or to another namespace (an existing guest, volume or
+// network taken over by external name, a node chosen by hand, a host
+// bridge, an image server on a private address) is reachable only where a
+// cluster administrator granted it in a ClusterProviderConfig, which
+// tenants cannot write. The hub asks For what a namespace was granted;
+// the node's agent enforces the image sources, since it is the one that
+// connects.
+package tenancy
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+)
+
+// AllNamespaces in a grant's namespaces grants every namespace.
+const AllNamespaces = "*"
+
+// Grant is what one namespace may do beyond its own: the union of every
+// TenantGrant that names it.
+type Grant struct {
+	Namespace string
+	// Import: take over existing guests, volumes and networks by external
+	// name.
+	Import bool
+	// ChooseNode: set compute.virtfleet.io/node by hand.
+	ChooseNode bool
+	// HostBridges the namespace's bridge-mode networks may join; "*" is any.
+	HostBridges []string
+	// ImageSources are the CIDRs outside the public internet its images
+	// may be downloaded from.
+	ImageSources []string
+}
+
+// For is what namespace was granted by the grants of every
+// ClusterProviderConfig in cpcs.
+func For(cpcs []apisv1alpha1.ClusterProviderConfig, namespace string) Grant {
+	g := Grant{Namespace: namespace}
+	for _, cpc := range cpcs {
+		for _, tg := range cpc.Spec.Grants {
+			if !slices.Contains(tg.Namespaces, namespace) && !slices.Contains(tg.Namespaces, AllNamespaces) {
+				continue
+			}
+			g.Import = g.Import || tg.Import
+			g.ChooseNode = g.ChooseNode || tg.ChooseNode
+			g.HostBridges = appendNew(g.HostBridges, tg.HostBridges...)
+			g.ImageSources = appendNew(g.ImageSources, tg.ImageSources...)
+		}
+	}
+	return g
+}
+
+func appendNew(to []string, from ...string) []string {
+	for _, s := range from {
+		if !slices.Contains(to, s) {
+			to = append(to, s)
+		}
+	}
+	return to
+}
+
+// RefusedError says what a resource asked for that its namespace was not
+// granted, and how an administrator grants it. No retry mends it; changing
+// the resource or the grants does.
+type RefusedError struct {
+	// What the resource asked for, in words a tenant recognises.
+	What string
+	// Namespace of the resource.
+	Namespace string
+	// Field of TenantGrant that would allow it.
+	Field string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("refused: %s; namespace %s may not reach what it does not own unless a cluster administrator grants it in a ClusterProviderConfig's spec.grants (%s)", e.What, e.Namespace, e.Field)
+}
+
+// CheckImport says whether the namespace may take over what kind names by
+// external name; what it says of the object is only what the tenant wrote.
+func (g Grant) CheckImport(kind, externalName string) error {
+	if g.Import {
+		return nil
+	}
+	return &RefusedError{What: fmt.Sprintf("the %s imports %q by crossplane.io/external-name, which virtfleet did not make for it", kind, externalName), Namespace: g.Namespace, Field: "import: true"}
+}
+
+// CheckNode says whether the namespace may place kind on node by hand.
+func (g Grant) CheckNode(kind, node string) error {
+	if g.ChooseNode {
+		return nil
+	}
+	return &RefusedError{What: fmt.Sprintf("the %s names node %q in the annotation %s, which only virtfleet's placement sets", kind, node, v1alpha1.AnnotationNode), Namespace: g.Namespace, Field: "chooseNode: true"}
+}
+
+// CheckBridge says whether the namespace's bridge-mode networks may join the
+// host bridge.
+func (g Grant) CheckBridge(bridge string) error {
+	if slices.Contains(g.HostBridges, bridge) || slices.Contains(g.HostBridges, AllNamespaces) {
+		return nil
+	}
+	return &RefusedError{What: fmt.Sprintf("the VirtualNetwork joins host bridge %q", bridge), Namespace: g.Namespace, Field: fmt.Sprintf("hostBridges: [%s]", bridge)}
+}

@@ -1,0 +1,174 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/testing/stack"
+)
+
+// TestHostileTenant acts as a tenant with nothing but its own namespace,
+// one the administrator granted nothing (stack.DefaultGrants names only
+// default and guests), against a libvirt node that also runs a guest, a
+// volume of the host's own. Each attempt to reach
+// them is refused in the tenant's status and events, reveals nothing of
+// them, and leaves them as they were, also once the tenant deletes what
+// it made. The same imports succeed in a granted namespace
+// (TestImportVolumeAndNetwork, TestOrphanAdoptImport).
+func TestHostileTenant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the whole stack; skipped with -short")
+	}
+	const (
+		node   = "host"
+		tenant = "tenant-a"
+		vault  = "vault.qcow2"
+	)
+	h := startStack(t, "vf-tenant-", stack.Options{Nodes: []string{node}})
+	ctx := context.Background()
+	require.NoError(t, h.kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant}}))
+	guest := libvirtForeign(t, h, node, "default")
+	h.libvirtVolume(t, node, vault, 1<<30)
+
+	ownVolume := func(name string) *v1alpha1.Volume {
+		v := volume(name)
+		v.Namespace = tenant
+		h.create(t, v)
+		return v
+	}
+	vmOn := func(name, disk string, change func(*v1alpha1.VirtualMachine)) *v1alpha1.VirtualMachine {
+		vm := &v1alpha1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: name},
+			Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
+				Vcpu:            1,
+				Memory:          resource.MustParse("128Mi"),
+				DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName(disk)}},
+			}},
+		}
+		change(vm)
+		h.create(t, vm)
+		return vm
+	}
+	refusedFor := func(t *testing.T, o client.Object, conditions func() xpv2.Condition, want string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			return h.kube.Get(ctx, client.ObjectKeyFromObject(o), o) == nil && strings.Contains(conditions().Message, want)
+		}, 60*time.Second, 100*time.Millisecond, "%T %s is refused saying %q; last %+v", o, o.GetName(), want, conditions())
+		assert.True(t, strings.HasPrefix(conditions().Message, "refused:") || strings.Contains(conditions().Message, ": refused:"), "the message says it was refused: %s", conditions().Message)
+		assert.Eventually(t, func() bool { return tenantWarning(t, h, tenant, o.GetName(), want) }, 10*time.Second, 50*time.Millisecond,
+			"a Warning event on %s saying %q", o.GetName(), want)
+	}
+
+	t.Run("ImportingAHostGuestIsRefusedAndDeletingTheVMLeavesIt", func(t *testing.T) {
+		ownVolume("thief-root")
+		vm := vmOn("thief", "thief-root", func(vm *v1alpha1.VirtualMachine) {
+			meta.SetExternalName(vm, guest)
+			meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: node})
+		})
+		refusedFor(t, vm, func() xpv2.Condition { return vm.GetCondition(xpv2.TypeSynced) }, `imports "`+guest+`" by crossplane.io/external-name`)
+		assert.Equal(t, v1alpha1.PhaseFailed, vm.Status.AtProvider.Phase)
+		assert.Empty(t, vm.Status.AtProvider.ID, "nothing of the guest is shown")
+		h.deleteObject(t, vm)
+		running, _ := libvirtInspect(t, h, node, guest)
+		assert.True(t, running, "the host's guest still runs")
+	})
+
+	t.Run("NamingANodeIsRefusedWhateverItOffers", func(t *testing.T) {
+		ownVolume("big-root")
+		vm := vmOn("big", "big-root", func(vm *v1alpha1.VirtualMachine) {
+			vm.Spec.ForProvider.Memory = resource.MustParse("900Gi")
+			meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: node})
+		})
+		refusedFor(t, vm, func() xpv2.Condition { return vm.GetCondition(xpv2.TypeSynced) }, `names node "`+node+`" in the annotation`)
+		assert.Zero(t, h.domains(t, node)[string(vm.UID)], "no guest of the VM on the node")
+		h.deleteObject(t, vm)
+	})
+
+	t.Run("ImportingAHostVolumeIsRefusedAndDeletingItLeavesIt", func(t *testing.T) {
+		v := volume("vault")
+		v.Namespace = tenant
+		meta.SetExternalName(v, vault)
+		meta.AddAnnotations(v, map[string]string{v1alpha1.AnnotationNode: node})
+		h.create(t, v)
+		require.Eventually(t, func() bool {
+			return h.kube.Get(ctx, client.ObjectKeyFromObject(v), v) == nil && v.Status.AtProvider.Phase == v1alpha1.PhaseFailed
+		}, 30*time.Second, 100*time.Millisecond, "Volume refused: %+v", v.Status.Conditions)
+		assert.Contains(t, v.GetCondition(xpv2.TypeReady).Message, `refused: the Volume imports "`+vault+`"`)
+		assert.Nil(t, v.Status.AtProvider.Capacity, "nothing of the volume is shown")
+		assert.Empty(t, v.Status.AtProvider.ID, "nothing of the volume is shown")
+		h.deleteObject(t, v)
+		assert.True(t, h.nodeVolumeExists(t, node, vault), "the host's volume stays")
+	})
+
+	t.Run("JoiningAHostBridgeIsRefused", func(t *testing.T) {
+		require.NoError(t, h.kube.Create(ctx, &v1alpha1.VirtualNetwork{
+			ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "mgmt"},
+			Spec: v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{
+				Mode: v1alpha1.NetworkModeBridge, Bridge: "br-mgmt",
+			}},
+		}))
+		ownVolume("bridged-root")
+		vm := vmOn("bridged", "bridged-root", func(vm *v1alpha1.VirtualMachine) {
+			vm.Spec.ForProvider.VirtualNetworks = []v1alpha1.LocalName{"mgmt"}
+		})
+		refusedFor(t, vm, func() xpv2.Condition { return vm.GetCondition(xpv2.TypeReady) }, `joins host bridge "br-mgmt"`)
+		assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationNode], "placed nowhere")
+		assert.NotContains(t, h.nodeNetworks(t, node), tenant+"_mgmt", "no network made for it")
+	})
+
+	t.Run("AProviderConfigCannotBorrowTheHubsSecret", func(t *testing.T) {
+		require.NoError(t, h.kube.Create(ctx, &apisv1alpha1.ProviderConfig{
+			ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "borrowed"},
+			Spec: apisv1alpha1.ProviderConfigSpec{
+				NATSURL: h.s.NATSURL(),
+				Credentials: apisv1alpha1.NATSCredentials{
+					Source: xpv2.CredentialsSourceSecret,
+					CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
+						SecretReference: xpv2.SecretReference{Namespace: stack.SystemNamespace, Name: stack.HubSecretName},
+						Key:             stack.HubSecretKey,
+					}},
+				},
+			},
+		}))
+		ownVolume("borrower-root")
+		vm := vmOn("borrower", "borrower-root", func(vm *v1alpha1.VirtualMachine) {
+			vm.SetProviderConfigReference(&xpv2.ProviderConfigReference{Kind: apisv1alpha1.ProviderConfigKind, Name: "borrowed"})
+		})
+		require.Eventually(t, func() bool {
+			return h.kube.Get(ctx, client.ObjectKeyFromObject(vm), vm) == nil &&
+				strings.Contains(vm.GetCondition(xpv2.TypeReady).Message+vm.GetCondition(xpv2.TypeSynced).Message, "reads Secrets only in its own namespace "+tenant)
+		}, 60*time.Second, 100*time.Millisecond, "the VM says why: %+v", vm.Status.Conditions)
+		assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationNode], "placed nowhere")
+	})
+}
+
+// tenantWarning says whether the object name of namespace has a Warning
+// event whose message holds text.
+func tenantWarning(t *testing.T, h *hub, namespace, name, text string) bool {
+	t.Helper()
+	l := &corev1.EventList{}
+	if err := h.kube.List(context.Background(), l, client.InNamespace(namespace)); err != nil {
+		t.Logf("cannot list events: %v", err)
+		return false
+	}
+	for _, e := range l.Items {
+		if e.InvolvedObject.Name == name && e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, text) {
+			return true
+		}
+	}
+	return false
+}
