@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
@@ -49,6 +50,9 @@ func run() error {
 		domainType  = fs.String("libvirt-domain-type", "", "libvirt domain type of guests: empty means kvm where the host offers it, else qemu; qemu forces emulation (TCG) where KVM is offered but cannot run guests, as nested KVM often cannot; kvm refuses to start without KVM.")
 		imageDir    = fs.String("image-dir", "", "This agent's own directory for image downloads until they are verified; partial downloads of a killed agent are removed at start. Empty means the system's temporary directory, never cleaned.")
 		pruneEvery  = fs.Duration("image-prune-interval", 0, "How often images unused for their DiskImage's pruneAfter are removed from the node; 0 means 1m.")
+		maxImage    = resource.QuantityValue{Quantity: *resource.NewQuantity(libvirt.DefaultImageMaxBytes, resource.BinarySI)}
+		dlTimeout   = fs.Duration("image-download-timeout", libvirt.DefaultImageDownloadTimeout, "Longest one image download may take, from its first connection to its last byte.")
+		downloads   = fs.Int("image-downloads", libvirt.DefaultImageDownloads, "Image downloads the node runs at once; others wait for a slot.")
 		clouds      = fs.String("openstack-clouds-file", "", "nova: clouds.yaml to read; empty means the standard locations, then the OS_* environment variables.")
 		cloud       = fs.String("openstack-cloud", "", "nova: the clouds.yaml entry to use; empty means OS_CLOUD.")
 		region      = fs.String("openstack-region", "", "nova: region, overriding the cloud's region_name.")
@@ -63,9 +67,19 @@ func run() error {
 		memoryRatio = fs.Float64("memory-allocation-ratio", app.DefaultMemoryAllocationRatio, "Guest memory offered to placement per byte of host memory; 1 means no overcommit. Raise it on libvirt's test driver, whose hosts have 3 GiB (make run uses 4).")
 		debug       = fs.Bool("debug", false, "Log at debug level.")
 	)
+	fs.Var(&maxImage, "image-max-size", "Largest image download the node accepts, e.g. 64Gi; a larger one is refused.")
 	// ExitOnError: a bad flag exits with usage; a bad variable is returned.
 	if err := flagenv.Parse(fs, os.Args[1:], os.LookupEnv, nil); err != nil {
 		return err
+	}
+
+	switch {
+	case maxImage.Value() <= 0:
+		return fmt.Errorf("--image-max-size must be more than 0, got %s", maxImage.String())
+	case *dlTimeout <= 0:
+		return fmt.Errorf("--image-download-timeout must be more than 0, got %s", *dlTimeout)
+	case *downloads < 1:
+		return fmt.Errorf("--image-downloads must be at least 1, got %d", *downloads)
 	}
 
 	log := logging.NewLogrLogger(zap.New(zap.UseDevMode(*debug)).WithName("agent"))
@@ -91,13 +105,16 @@ func run() error {
 		RequestTimeout: *timeout,
 		Backend:        *backend,
 		Libvirt: libvirt.Config{
-			Socket:             *socket,
-			URI:                *uri,
-			Pool:               *pool,
-			DomainType:         *domainType,
-			ImageDir:           *imageDir,
-			ImagePruneInterval: *pruneEvery,
-			ShutdownGrace:      *grace,
+			Socket:               *socket,
+			URI:                  *uri,
+			Pool:                 *pool,
+			DomainType:           *domainType,
+			ImageDir:             *imageDir,
+			ImagePruneInterval:   *pruneEvery,
+			ImageMaxBytes:        maxImage.Value(),
+			ImageDownloadTimeout: *dlTimeout,
+			ImageDownloads:       *downloads,
+			ShutdownGrace:        *grace,
 		},
 		Nova: nova.Config{
 			CloudsFile:   *clouds,

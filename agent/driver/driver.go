@@ -6,6 +6,7 @@ package driver
 
 import (
 	"context"
+	"net/netip"
 	"time"
 )
 
@@ -45,7 +46,11 @@ type Driver interface {
 	// against its SHA256 before anything is kept. Ensure never waits for an
 	// import: while one runs it returns Phase Provisioning with the progress
 	// in Message. A failed import returns an IsFailing error and is retried
-	// with the driver's own backoff, however often Ensure is called.
+	// with the driver's own backoff, however often Ensure is called; an
+	// import the node refuses (a source outside the image's AllowedSources,
+	// over the node's size cap, a qcow2 naming a backing or data file)
+	// returns a Terminal one, and is tried again only once the Image
+	// itself changes.
 	//
 	// The returned Observation is the state after Ensure acted; a transitional
 	// phase (Provisioning, Starting, Stopping) means: call Ensure again later.
@@ -211,6 +216,12 @@ type Image struct {
 	// PruneAfter is how long the image stays on the node unused; zero means
 	// DefaultPruneAfter.
 	PruneAfter time.Duration
+	// AllowedSources are the networks outside the public internet that
+	// URL, and every redirect from it, may be downloaded from. Any other
+	// loopback, link-local, private, shared, unique-local, unspecified,
+	// multicast or broadcast address is refused when connecting, so a
+	// tenant's image cannot read what only the node can reach.
+	AllowedSources []netip.Prefix
 }
 
 // ImagePhase is the state of an image on the node.

@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/testing/diskimagetest"
 	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
 	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
@@ -46,8 +46,7 @@ func TestDiskImages(t *testing.T) {
 
 	// A generated 8 MiB "image"; the download is held until released, so the
 	// import can be watched in progress.
-	data := make([]byte, 8<<20)
-	_, _ = rand.Read(data)
+	data := diskimagetest.QCOW2(8 << 20)
 	sum := sha256.Sum256(data)
 	var requests atomic.Int32
 	release := make(chan struct{})

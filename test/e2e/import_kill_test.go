@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
@@ -22,6 +21,7 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/testing/diskimagetest"
 	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
@@ -40,8 +40,7 @@ func TestImportKill(t *testing.T) {
 	// The first request gets a third of the image and then hangs, as a slow
 	// mirror would, until the agent goes away; later ones wait for release
 	// and get all of it.
-	data := make([]byte, 3<<20)
-	_, _ = rand.Read(data)
+	data := diskimagetest.QCOW2(3 << 20)
 	sum := sha256.Sum256(data)
 	var requests atomic.Int32
 	partialSent, release := make(chan struct{}), make(chan struct{})

@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,7 +27,7 @@ import (
 // TestHostileTenant acts as a tenant with nothing but its own namespace,
 // one the administrator granted nothing (stack.DefaultGrants names only
 // default and guests), against a libvirt node that also runs a guest, a
-// volume of the host's own. Each attempt to reach
+// volume and an image server of the host's own. Each attempt to reach
 // them is refused in the tenant's status and events, reveals nothing of
 // them, and leaves them as they were, also once the tenant deletes what
 // it made. The same imports succeed in a granted namespace
@@ -43,6 +46,12 @@ func TestHostileTenant(t *testing.T) {
 	require.NoError(t, h.kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant}}))
 	guest := libvirtForeign(t, h, node, "default")
 	h.libvirtVolume(t, node, vault, 1<<30)
+	var fetched atomic.Int32
+	secret := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fetched.Add(1)
+		_, _ = w.Write(make([]byte, 1<<20))
+	}))
+	t.Cleanup(secret.Close)
 
 	ownVolume := func(name string) *v1alpha1.Volume {
 		v := volume(name)
@@ -128,6 +137,29 @@ func TestHostileTenant(t *testing.T) {
 		refusedFor(t, vm, func() xpv2.Condition { return vm.GetCondition(xpv2.TypeReady) }, `joins host bridge "br-mgmt"`)
 		assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationNode], "placed nowhere")
 		assert.NotContains(t, h.nodeNetworks(t, node), tenant+"_mgmt", "no network made for it")
+	})
+
+	t.Run("AnImageOnTheNodesLoopbackIsNeverFetched", func(t *testing.T) {
+		img := &v1alpha1.DiskImage{
+			ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "secret"},
+			Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+				Source: v1alpha1.DiskImageSource{URL: secret.URL + "/secret.raw"},
+				Format: ptr(v1alpha1.DiskFormatRaw),
+			}},
+		}
+		require.NoError(t, h.kube.Create(ctx, img))
+		v := imageVolume("from-secret", "secret")
+		v.Namespace = tenant
+		h.create(t, v)
+		vm := vmOn("reader", "from-secret", func(*v1alpha1.VirtualMachine) {})
+		require.Eventually(t, func() bool {
+			return h.kube.Get(ctx, client.ObjectKeyFromObject(img), img) == nil &&
+				img.Status.AtProvider.Phase == v1alpha1.ImagePhaseFailed
+		}, 60*time.Second, 100*time.Millisecond, "the DiskImage fails: %+v", img.Status.AtProvider)
+		assert.Contains(t, img.Status.AtProvider.Message, "refused")
+		assert.Zero(t, fetched.Load(), "the image server on the node's loopback received no request")
+		require.NoError(t, h.kube.Get(ctx, client.ObjectKeyFromObject(vm), vm))
+		assert.NotEqual(t, v1alpha1.PhaseRunning, vm.Status.AtProvider.Phase)
 	})
 
 	t.Run("AProviderConfigCannotBorrowTheHubsSecret", func(t *testing.T) {

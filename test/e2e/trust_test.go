@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
@@ -27,6 +26,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/testing/diskimagetest"
 	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
@@ -53,8 +53,7 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 	h := startStack(t, "vf-trust-", stack.Options{Nodes: []string{node1, node2}, FencingTimeout: 5 * time.Minute})
 	ctx := context.Background()
 
-	data := make([]byte, 1<<20)
-	_, _ = rand.Read(data)
+	data := diskimagetest.QCOW2(1 << 20)
 	sum := sha256.Sum256(data)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.ServeContent(w, r, "ubuntu.qcow2", time.Time{}, bytes.NewReader(data))

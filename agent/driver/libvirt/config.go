@@ -32,4 +32,22 @@ type Config struct {
 	// pruned once past their PruneAfter; zero means one minute. An image
 	// thus goes at most one interval after its PruneAfter.
 	ImagePruneInterval time.Duration
+	// ImageMaxBytes is the largest image download the node accepts; a
+	// larger one is refused as soon as its size is known. Zero or less
+	// means DefaultImageMaxBytes.
+	ImageMaxBytes int64
+	// ImageDownloadTimeout bounds one image download, from its first
+	// connection to its last byte; zero or less means
+	// DefaultImageDownloadTimeout.
+	ImageDownloadTimeout time.Duration
+	// ImageDownloads is how many images the node downloads at once; the
+	// others wait for a slot. Zero or less means DefaultImageDownloads.
+	ImageDownloads int
 }
+
+// Defaults of the image download limits.
+const (
+	DefaultImageMaxBytes        int64 = 64 << 30
+	DefaultImageDownloadTimeout       = time.Hour
+	DefaultImageDownloads             = 2
+)

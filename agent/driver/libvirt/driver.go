@@ -127,7 +127,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		aliases:     newAliases(),
 		definitions: newDefinitions(),
 		echoes:      newEchoes(),
-		images:      newImages(cfg.ImageDir, cfg.ImagePruneInterval),
+		images:      newImages(cfg),
 		shutdownAt:  map[string]time.Time{},
 		crashes:     map[string]int32{},
 		reboots:     map[string]int32{},

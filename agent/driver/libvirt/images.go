@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -24,8 +25,9 @@ import (
 )
 
 // A node keeps each image once, as the volume image_<uid> in the driver's
-// pool. It is downloaded to a file in ImageDir, verified, and only then made
-// a volume, so a failed or interrupted download leaves nothing in the pool.
+// pool. It is downloaded to a file in ImageDir (within the limits of
+// fetch.go), verified, inspected (qcow2.go), and only then made a volume, so
+// a failed, refused or interrupted download leaves nothing in the pool.
 
 // imagePrefix starts the names of image volumes; disks are named
 // <namespace>_<name> and Kubernetes names have no "_", so they never clash.
@@ -44,9 +46,15 @@ const (
 // images is the driver's image store: running and failed imports, and when
 // each present image was last seen unused.
 type images struct {
-	client *http.Client
 	// dir holds downloads until they are verified.
 	dir string
+	// maxBytes bounds the size of one download.
+	maxBytes int64
+	// timeout bounds the duration of one download.
+	timeout time.Duration
+	// slots holds a token per download running; its capacity is how many
+	// may run at once.
+	slots chan struct{}
 	// retryBase and retryMax bound the backoff between imports of an image
 	// that failed.
 	retryBase, retryMax time.Duration
@@ -66,23 +74,34 @@ type images struct {
 	names map[string]string
 }
 
-func newImages(dir string, pruneEvery time.Duration) *images {
+func newImages(cfg Config) *images {
+	dir := cfg.ImageDir
 	if dir == "" {
 		dir = os.TempDir()
 	} else {
 		removeStaleDownloads(dir)
 	}
 	return &images{
-		client:      &http.Client{Timeout: 0}, // a large image may take long; the driver's context bounds it
 		dir:         dir,
+		maxBytes:    orDefault(cfg.ImageMaxBytes, DefaultImageMaxBytes),
+		timeout:     orDefault(cfg.ImageDownloadTimeout, DefaultImageDownloadTimeout),
+		slots:       make(chan struct{}, orDefault(cfg.ImageDownloads, DefaultImageDownloads)),
 		retryBase:   importRetryBase,
 		retryMax:    importRetryMax,
-		pruneEvery:  cmp.Or(pruneEvery, defaultPruneEvery),
+		pruneEvery:  cmp.Or(cfg.ImagePruneInterval, defaultPruneEvery),
 		jobs:        map[string]*importJob{},
 		pruneAfter:  map[string]time.Duration{},
 		unusedSince: map[string]time.Time{},
 		names:       map[string]string{},
 	}
+}
+
+// orDefault is v, or def when v is not positive.
+func orDefault[T int | int64 | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 // removeStaleDownloads deletes the partial downloads a killed agent left in
@@ -97,9 +116,14 @@ func removeStaleDownloads(dir string) {
 // importJob is one attempt at importing an image; every Ensure that needs the
 // image while it runs waits on the same job.
 type importJob struct {
+	// input is what the job imports (importInput); a failed job is tried
+	// again at once when the image's source or policy changed.
+	input string
 	done  chan struct{}
-	read  atomic.Int64
-	total atomic.Int64 // -1 while unknown
+	// queued is set while the job waits for a download slot.
+	queued atomic.Bool
+	read   atomic.Int64
+	total  atomic.Int64 // -1 while unknown
 	// err and finished are set, under images.mu, before done is closed.
 	err      error
 	finished time.Time
@@ -117,11 +141,38 @@ func (j *importJob) running() bool {
 }
 
 func (j *importJob) progress(img *driver.Image) string {
+	if j.queued.Load() {
+		return fmt.Sprintf("importing image %s: waiting for a download slot", img.Name)
+	}
 	total := "unknown"
 	if t := j.total.Load(); t >= 0 {
 		total = fmt.Sprint(t)
 	}
 	return fmt.Sprintf("importing image %s: %d of %s bytes", img.Name, j.read.Load(), total)
+}
+
+// importInput is what of img an import depends on: a job for another input
+// says nothing about this one.
+func importInput(img *driver.Image) string {
+	return fmt.Sprintf("%q %q %q %q %v", img.URL, img.SourceVolume, img.SHA256, img.Format, img.AllowedSources)
+}
+
+// acquire waits for a download slot, marking job queued meanwhile, and
+// returns the function that frees it.
+func (s *images) acquire(ctx context.Context, job *importJob) (release func(), err error) {
+	select {
+	case s.slots <- struct{}{}:
+		return func() { <-s.slots }, nil
+	default:
+	}
+	job.queued.Store(true)
+	defer job.queued.Store(false)
+	select {
+	case s.slots <- struct{}{}:
+		return func() { <-s.slots }, nil
+	case <-ctx.Done():
+		return nil, errors.Wrap(ctx.Err(), "stopped waiting for a download slot")
+	}
 }
 
 // backoff is how long to wait after the attempts-th consecutive failure.
@@ -182,6 +233,10 @@ func (d *Driver) ensureImage(api API, img *driver.Image) (string, error) {
 	case job == nil:
 		job = d.startImport(img, 0)
 	case job.running():
+	case job.input != importInput(img):
+		// The image changed since it failed (an administrator allowed its
+		// source, say): its backoff is not this image's.
+		job = d.startImport(img, 0)
 	case job.err == nil:
 		// Imported, then pruned or deleted behind our back: import again.
 		job = d.startImport(img, 0)
@@ -197,7 +252,7 @@ func (d *Driver) ensureImage(api API, img *driver.Image) (string, error) {
 // lifetime rather than to the Ensure that started it. The caller holds
 // images.mu.
 func (d *Driver) startImport(img *driver.Image, failedBefore int) *importJob {
-	job := &importJob{done: make(chan struct{}), attempts: failedBefore}
+	job := &importJob{input: importInput(img), done: make(chan struct{}), attempts: failedBefore}
 	job.total.Store(-1)
 	d.images.jobs[img.UID] = job
 	im := *img
@@ -216,15 +271,25 @@ func (d *Driver) startImport(img *driver.Image, failedBefore int) *importJob {
 	return job
 }
 
-// importImage downloads img, verifies it and stores it as its volume, or
-// clones it from its source volume (clone.go).
+// importImage downloads img, verifies and inspects it and stores it as its
+// volume, or clones it from its source volume (clone.go). A download the
+// node refuses by policy (refusal) is Terminal: only a changed image or
+// grant can mend it.
 func (d *Driver) importImage(ctx context.Context, img *driver.Image, job *importJob) error {
 	if img.SourceVolume != "" {
 		return d.cloneImage(img, job)
 	}
-	path, size, err := d.download(ctx, img, job)
+	path, size, err := d.images.download(ctx, img, job)
 	if path != "" {
 		defer os.Remove(path) //nolint:errcheck // a leftover temp file is harmless
+	}
+	if err == nil {
+		if err = inspectImage(path, cmp.Or(img.Format, defaultFormat)); err != nil {
+			err = errors.Errorf("cannot import image %s: %w", img.Name, err)
+		}
+	}
+	if isRefusal(err) {
+		return driver.Terminal(err)
 	}
 	if err != nil {
 		return err
@@ -245,13 +310,30 @@ func (w countingWriter) Write(p []byte) (int, error) {
 }
 
 // download streams img.URL into a temporary file, hashing as it goes, and
-// returns the file's path once it passed the checksum. On error the path
-// names whatever must be removed, or is empty.
-func (d *Driver) download(ctx context.Context, img *driver.Image, job *importJob) (string, int64, error) {
-	if err := os.MkdirAll(d.images.dir, 0o700); err != nil {
+// returns the file's path once it passed the checksum. It waits for a
+// download slot first, then connects only where fetchClient allows and
+// stops at the size and time limits. On error the path names whatever must
+// be removed, or is empty; an error the node's policy caused is a refusal.
+func (s *images) download(ctx context.Context, img *driver.Image, job *importJob) (string, int64, error) {
+	u, err := url.Parse(img.URL)
+	if err != nil {
+		return "", 0, errors.Errorf("cannot import image %s: bad URL %q: %v", img.Name, img.URL, err)
+	}
+	if err := checkScheme(u); err != nil {
+		return "", 0, errors.Errorf("cannot import image %s: %w", img.Name, err)
+	}
+	release, err := s.acquire(ctx, job)
+	if err != nil {
+		return "", 0, errors.Wrapf(err, "cannot import image %s", img.Name)
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return "", 0, errors.Wrap(err, "cannot create the image download directory")
 	}
-	f, err := os.CreateTemp(d.images.dir, imageVolume(img.UID)+"-*.part")
+	f, err := os.CreateTemp(s.dir, imageVolume(img.UID)+"-*.part")
 	if err != nil {
 		return "", 0, errors.Wrap(err, "cannot create the image download file")
 	}
@@ -260,19 +342,32 @@ func (d *Driver) download(ctx context.Context, img *driver.Image, job *importJob
 	if err != nil {
 		return f.Name(), 0, errors.Errorf("cannot import image %s: bad URL %q: %v", img.Name, img.URL, err)
 	}
-	resp, err := d.images.client.Do(req)
+	client := fetchClient(img.AllowedSources)
+	defer client.CloseIdleConnections()
+	resp, err := client.Do(req)
+	if r := refusalOf(err); r != nil {
+		// Only the refusal: the URL of a redirect is the server's to tell.
+		return f.Name(), 0, errors.Errorf("cannot import image %s: %w", img.Name, r)
+	}
 	if err != nil {
-		return f.Name(), 0, errors.Errorf("cannot import image %s: %v", img.Name, err)
+		return f.Name(), 0, errors.Errorf("cannot import image %s: %v", img.Name, s.timedOut(ctx, err))
 	}
 	defer resp.Body.Close() //nolint:errcheck // read-only body
 	if resp.StatusCode != http.StatusOK {
 		return f.Name(), 0, errors.Errorf("cannot import image %s: GET %s answered %s", img.Name, img.URL, resp.Status)
 	}
+	if resp.ContentLength > s.maxBytes {
+		return f.Name(), 0, errors.Errorf("cannot import image %s: %w", img.Name, &TooLargeError{Host: u.Hostname(), Size: resp.ContentLength, Max: s.maxBytes})
+	}
 	job.total.Store(resp.ContentLength)
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h, countingWriter{&job.read}), resp.Body)
+	// One byte past the limit tells a body at the limit from one over it.
+	n, err := io.Copy(io.MultiWriter(f, h, countingWriter{&job.read}), io.LimitReader(resp.Body, s.maxBytes+1))
 	if err != nil {
-		return f.Name(), 0, errors.Errorf("cannot import image %s: download from %s broke off after %d bytes: %v", img.Name, img.URL, n, err)
+		return f.Name(), 0, errors.Errorf("cannot import image %s: download from %s broke off after %d bytes: %v", img.Name, img.URL, n, s.timedOut(ctx, err))
+	}
+	if n > s.maxBytes {
+		return f.Name(), 0, errors.Errorf("cannot import image %s: %w", img.Name, &TooLargeError{Host: u.Hostname(), Size: -1, Max: s.maxBytes})
 	}
 	if err := f.Close(); err != nil {
 		return f.Name(), 0, errors.Wrap(err, "cannot write the image download file")
@@ -281,6 +376,24 @@ func (d *Driver) download(ctx context.Context, img *driver.Image, job *importJob
 		return f.Name(), 0, errors.Errorf("image %s from %s failed its checksum: expected sha256 %s, got %s; nothing was kept", img.Name, img.URL, img.SHA256, got)
 	}
 	return f.Name(), n, nil
+}
+
+// refusalOf returns the refusal err wraps, or nil.
+func refusalOf(err error) refusal {
+	var r refusal
+	if errors.As(err, &r) {
+		return r
+	}
+	return nil
+}
+
+// timedOut names the download's time limit when ctx ran out of it, and
+// returns err otherwise.
+func (s *images) timedOut(ctx context.Context, err error) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return errors.Errorf("the download did not finish within this node's limit of %s", s.timeout)
+	}
+	return err
 }
 
 // storeImage makes the verified file at path the image's volume. libvirt's

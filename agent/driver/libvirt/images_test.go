@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -25,8 +26,8 @@ import (
 	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
 )
 
-// imageServer serves a generated image on 127.0.0.1 and counts the requests
-// for it. While gate is set, responses wait for it to close, so a test can
+// imageServer serves a generated qcow2 image on 127.0.0.1 and counts the
+// requests for it. While gate is set, responses wait for it to close, so a test can
 // hold an import in flight.
 type imageServer struct {
 	*httptest.Server
@@ -40,8 +41,26 @@ type imageServer struct {
 
 func serveImage(t *testing.T, size int) *imageServer {
 	t.Helper()
-	s := &imageServer{data: make([]byte, size)}
-	_, _ = rand.Read(s.data)
+	data := make([]byte, size)
+	_, _ = rand.Read(data)
+	copy(data, qcow2Header(t))
+	return serveData(t, data)
+}
+
+// serveRawImage serves a generated raw image: random bytes, which no
+// header's magic starts.
+func serveRawImage(t *testing.T, size int) *imageServer {
+	t.Helper()
+	data := make([]byte, size)
+	_, _ = rand.Read(data)
+	data[0] = 0
+	return serveData(t, data)
+}
+
+// serveData serves data as an image.
+func serveData(t *testing.T, data []byte) *imageServer {
+	t.Helper()
+	s := &imageServer{data: data}
 	h := sha256.Sum256(s.data)
 	s.sum = hex.EncodeToString(h[:])
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -71,8 +90,11 @@ func (s *imageServer) hold(t *testing.T) (release func()) {
 	return release
 }
 
+// loopback is the allowed source of images served by imageServer.
+var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+
 func (s *imageServer) image(uid string) *driver.Image {
-	return &driver.Image{UID: uid, Name: "ubuntu", URL: s.URL + "/disk.qcow2", SHA256: s.sum, Format: "qcow2", PruneAfter: time.Hour}
+	return &driver.Image{UID: uid, Name: "ubuntu", URL: s.URL + "/disk.qcow2", SHA256: s.sum, Format: "qcow2", PruneAfter: time.Hour, AllowedSources: loopback}
 }
 
 // imageMachine is a guest whose boot disk is made from img.
@@ -272,7 +294,7 @@ func TestUnusedImagesArePrunedAfterPruneAfter(t *testing.T) {
 	d.now = func() time.Time { return now }
 	srv := serveImage(t, 1<<20)
 	qcow := srv.image("5d1c0e6a-0000-4000-8000-000000000301")
-	rawImg := srv.image("5d1c0e6a-0000-4000-8000-000000000302")
+	rawImg := serveRawImage(t, 1<<20).image("5d1c0e6a-0000-4000-8000-000000000302")
 	rawImg.Format, rawImg.PruneAfter = "raw", 2*time.Hour
 
 	used := imageMachine("used", qcow)
@@ -387,7 +409,7 @@ func TestStaleDownloadsOfAKilledAgentAreRemovedAtStart(t *testing.T) {
 	other := filepath.Join(dir, "not-ours.txt")
 	require.NoError(t, os.WriteFile(stale, []byte("half an image"), 0o600))
 	require.NoError(t, os.WriteFile(other, []byte("keep"), 0o600))
-	newImages(dir, 0)
+	newImages(Config{ImageDir: dir})
 	assert.NoFileExists(t, stale, "a killed agent's partial download goes")
 	assert.FileExists(t, other, "nothing else in the directory is touched")
 }
@@ -461,4 +483,97 @@ func TestDeleteVolume(t *testing.T) {
 			return
 		}
 	}
+}
+
+// TestImagesTheNodeRefusesAreTerminal: a download the node's policy refuses
+// fails its guest as Terminal (only a changed image can mend it), is
+// reported Failed with the reason, and leaves nothing behind.
+func TestImagesTheNodeRefusesAreTerminal(t *testing.T) {
+	node := libvirttest.Start(t, "img-refuse")
+	d := open(t, node)
+	dir := t.TempDir()
+	qemuImg(t, dir, "create", "-f", "qcow2", "base.qcow2", "1M")
+	qemuImg(t, dir, "create", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2")
+	top, err := os.ReadFile(filepath.Join(dir, "top.qcow2")) //nolint:gosec // the test's own file
+	require.NoError(t, err)
+
+	cases := map[string]struct {
+		serve    func(t *testing.T) *imageServer
+		change   func(img *driver.Image)
+		want     string
+		requests int32
+	}{
+		"AServerOnLoopbackNotAllowed": {
+			serve:  func(t *testing.T) *imageServer { return serveImage(t, 1<<20) },
+			change: func(img *driver.Image) { img.AllowedSources = nil },
+			want:   "cannot import image ubuntu: address 127.0.0.1 is loopback and not among the image's allowed sources: refused",
+		},
+		"AQcow2NamingABackingFile": {
+			serve:    func(t *testing.T) *imageServer { return serveData(t, top) },
+			change:   func(*driver.Image) {},
+			want:     "cannot import image ubuntu: qcow2 image names a backing file: refused",
+			requests: 1,
+		},
+		"AnImageOverTheSizeCap": {
+			serve: func(t *testing.T) *imageServer {
+				d.images.maxBytes = 1 << 19
+				t.Cleanup(func() { d.images.maxBytes = DefaultImageMaxBytes })
+				return serveImage(t, 1<<20)
+			},
+			change:   func(*driver.Image) {},
+			want:     "cannot import image ubuntu: the image from 127.0.0.1 is 1048576 bytes, over this node's limit of 524288 bytes (512Ki): refused",
+			requests: 1,
+		},
+	}
+	i := 0
+	for name, tc := range cases {
+		i++
+		t.Run(name, func(t *testing.T) {
+			d.images.dir = t.TempDir()
+			srv := tc.serve(t)
+			img := srv.image(fmt.Sprintf("5d1c0e6a-0000-4000-8000-0000000005%02d", i))
+			tc.change(img)
+			m := imageMachine(fmt.Sprintf("refused%d", i), img)
+
+			_, err := ensureUntil(t, d, m)
+			require.Error(t, err)
+			assert.True(t, driver.IsTerminal(err), "not retried until the image changes: %v", err)
+			assert.EqualError(t, err, tc.want)
+			assert.Equal(t, tc.requests, srv.requests.Load(), "requests to the image's server")
+
+			images, err := d.Images(context.Background())
+			require.NoError(t, err)
+			assert.Contains(t, images, driver.ImageStatus{UID: img.UID, Name: "ubuntu", Phase: driver.ImagePhaseFailed, Message: tc.want})
+			l := raw(t, node)
+			assert.False(t, volumeExists(t, l, imageVolume(img.UID)), "no refused image in the pool")
+			assert.False(t, volumeExists(t, l, m.Disks[0].Name), "no disk without its image")
+			left, _ := filepath.Glob(filepath.Join(d.images.dir, "*"))
+			assert.Empty(t, left, "no download left behind")
+		})
+	}
+}
+
+// TestARefusedImageIsImportedOnceItsSourceIsAllowed: the failure's backoff
+// belongs to the image as it was; once an administrator allows its source,
+// the changed image is imported at once.
+func TestARefusedImageIsImportedOnceItsSourceIsAllowed(t *testing.T) {
+	node := libvirttest.Start(t, "img-granted")
+	d := open(t, node)
+	d.images.dir = t.TempDir()
+	d.images.retryBase = time.Hour
+	srv := serveImage(t, 1<<20)
+	img := srv.image("5d1c0e6a-0000-4000-8000-000000000601")
+	img.AllowedSources = nil
+
+	_, err := ensureUntil(t, d, imageMachine("granted", img))
+	require.ErrorContains(t, err, "is loopback and not among the image's allowed sources: refused")
+	_, err = d.Ensure(context.Background(), imageMachine("granted", img))
+	require.ErrorContains(t, err, "refused", "the same image stays refused within its backoff")
+
+	granted := *img
+	granted.AllowedSources = loopback
+	o, err := ensureUntil(t, d, imageMachine("granted", &granted))
+	require.NoError(t, err)
+	assert.Equal(t, driver.PhaseRunning, o.Phase)
+	assert.Equal(t, int32(1), srv.requests.Load())
 }

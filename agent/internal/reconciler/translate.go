@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"net/netip"
 	"slices"
 	"time"
 
@@ -66,6 +67,13 @@ func machine(in wire.Intent) (driver.Machine, error) {
 			}
 			if src := im.SourceVolume; src != nil {
 				disk.Image.SourceVolume = NodeName(in.Namespace, src.Name)
+			}
+			for j, cidr := range im.AllowedSources {
+				p, err := netip.ParsePrefix(cidr)
+				if err != nil {
+					return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image.allowedSources[%d] %q is not a CIDR such as 10.0.0.0/8", i, j, cidr)
+				}
+				disk.Image.AllowedSources = append(disk.Image.AllowedSources, p.Masked())
 			}
 		}
 		m.Disks = append(m.Disks, disk)

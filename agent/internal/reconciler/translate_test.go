@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
@@ -25,6 +26,16 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 		"ACloneNamesItsSourceAsTheNodeNamesIt": {
 			image: wire.ImageRef{Name: "golden", UID: "img-2", Format: "qcow2", SourceVolume: base},
 			want:  &driver.Image{UID: "img-2", Name: "golden", Format: "qcow2", SourceVolume: "team-a_base"},
+		},
+		"AllowedSourcesBecomePrefixes": {
+			image: wire.ImageRef{Name: "ubuntu", UID: "img-3", URL: "http://10.1.2.3/u.qcow2", AllowedSources: []string{"10.0.0.0/8", "fd00::/8", "192.168.7.9/24"}},
+			want: &driver.Image{UID: "img-3", Name: "ubuntu", URL: "http://10.1.2.3/u.qcow2", AllowedSources: []netip.Prefix{
+				netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("192.168.7.0/24"),
+			}},
+		},
+		"AMalformedAllowedSourceIsRefused": {
+			image:   wire.ImageRef{Name: "ubuntu", UID: "img-3", URL: "http://10.1.2.3/u.qcow2", AllowedSources: []string{"10.0.0.0/8", "10.0.0.1"}},
+			wantErr: `malformed intent: machine.disks[0].image.allowedSources[1] "10.0.0.1" is not a CIDR such as 10.0.0.0/8`,
 		},
 		"BothSourcesAreRefused": {
 			image:   wire.ImageRef{Name: "golden", UID: "img-2", URL: "http://127.0.0.1/u.qcow2", SourceVolume: base},

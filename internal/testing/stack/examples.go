@@ -18,6 +18,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/testing/diskimagetest"
 	"github.com/virtfleet/virtfleet/internal/testing/manifests"
 )
 
@@ -27,7 +28,9 @@ const imageSize = 4 << 20
 
 // imageServer serves one generated disk image under any path on 127.0.0.1,
 // standing in for the image hosts the examples name: the stack has no
-// internet, and libvirt's test driver never reads the bytes anyway.
+// internet, and libvirt's test driver never reads the bytes anyway. The
+// image is a qcow2 header without backing or data file, which the agents
+// inspect, followed by random bytes.
 type imageServer struct {
 	srv    *http.Server
 	url    string
@@ -40,6 +43,7 @@ func startImageServer() (*imageServer, error) {
 	for i := range content {
 		content[i] = byte(r.Uint32())
 	}
+	copy(content, diskimagetest.QCOW2Header())
 	sum := sha256.Sum256(content)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
