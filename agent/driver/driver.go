@@ -409,10 +409,11 @@ type Capacity struct {
 type Adopter interface {
 	// Release stops managing the guest uid and leaves it exactly as it is:
 	// not stopped, not redefined. It is remembered as orphaned from its
-	// namespace/name; from then on List, Observe and Ensure of uid do not
-	// see it, Delete(uid) leaves it alone, and Orphans reports it.
+	// namespace/name, with seal (the hub's mark on the release, opaque to
+	// the driver); from then on List, Observe and Ensure of uid do not see
+	// it, Delete(uid) leaves it alone, and Orphans reports it with both.
 	// Releasing an absent or already released guest succeeds.
-	Release(ctx context.Context, uid string) error
+	Release(ctx context.Context, uid, seal string) error
 
 	// Orphans reports the released guests of the node, each with the uid
 	// it was released under and OrphanOf set.
@@ -473,4 +474,6 @@ func (r Ref) String() string {
 type VMRef struct {
 	Namespace string
 	Name      string
+	// Seal is the seal the guest was released with (Adopter.Release).
+	Seal string
 }

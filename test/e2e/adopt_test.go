@@ -3,11 +3,13 @@ package e2e
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -203,6 +205,29 @@ func testOrphanAdoptImport(t *testing.T, backend string, gb guestBackend) {
 		h.delete(t, "seen")
 		running, _ := gb.inspect(t, h, node, external)
 		assert.True(t, running)
+	})
+
+	t.Run("ATenantWithoutTheGrantCannotImportIt", func(t *testing.T) {
+		const tenant = "tenant-a"
+		require.NoError(t, h.kube.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant}}))
+		root := volume("intruder-root")
+		root.Namespace = tenant
+		h.create(t, root)
+		intruder := on(vmWith("intruder", "intruder-root"))
+		intruder.Namespace = tenant
+		meta.SetExternalName(intruder, external)
+		meta.AddAnnotations(intruder, map[string]string{v1alpha1.AnnotationNode: node})
+		h.create(t, intruder)
+		require.Eventually(t, func() bool {
+			return h.kube.Get(context.Background(), client.ObjectKeyFromObject(intruder), intruder) == nil &&
+				strings.HasPrefix(intruder.GetCondition(xpv2.TypeSynced).Message, "refused: the VirtualMachine imports")
+		}, 30*time.Second, 100*time.Millisecond, "refused: %+v", intruder.Status.Conditions)
+		assert.Empty(t, intruder.Status.AtProvider.ID, "nothing of the guest is shown")
+		assert.Nil(t, intruder.Status.AtProvider.Memory, "nothing of the guest is shown")
+		h.deleteObject(t, intruder)
+		running, _ := gb.inspect(t, h, node, external)
+		assert.True(t, running, "the guest survives the refused VM's deletion")
+		assertSameGuests(t, guests, h.domains(t, node), "nothing made, nothing taken")
 	})
 
 	t.Run("TheFullPolicyTakesAnImportedGuestOver", func(t *testing.T) {

@@ -225,7 +225,7 @@ func (d *Driver) AddForeign(id string, vcpu int32, memoryBytes int64) {
 }
 
 // Release implements driver.Adopter.
-func (d *Driver) Release(_ context.Context, uid string) error {
+func (d *Driver) Release(_ context.Context, uid, seal string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.calls = append(d.calls, Call{Op: "Release", UID: uid})
@@ -234,7 +234,7 @@ func (d *Driver) Release(_ context.Context, uid string) error {
 		return nil
 	}
 	delete(d.guests, uid)
-	g.obs.OrphanOf = &driver.VMRef{Namespace: g.machine.Namespace, Name: g.machine.Name}
+	g.obs.OrphanOf = &driver.VMRef{Namespace: g.machine.Namespace, Name: g.machine.Name, Seal: seal}
 	d.orphans[uid] = g
 	return nil
 }

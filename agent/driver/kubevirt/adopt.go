@@ -48,7 +48,7 @@ func (e *NotOursError) Error() string {
 // Release implements driver.Adopter: the VM is labelled orphaned, as
 // KubeVirt leaves a VMI whose VM was deleted with propagationPolicy Orphan;
 // nothing else of it changes, its VMI least of all.
-func (d *Driver) Release(ctx context.Context, uid string) error {
+func (d *Driver) Release(ctx context.Context, uid, seal string) error {
 	c, err := d.client()
 	if err != nil {
 		return err
@@ -63,6 +63,7 @@ func (d *Driver) Release(ctx context.Context, uid string) error {
 		}
 		next := vm.DeepCopy()
 		next.Labels = merged(next.Labels, map[string]string{LabelOrphaned: "true"})
+		next.Annotations = merged(next.Annotations, map[string]string{AnnotationSeal: seal})
 		return errors.Wrap(patch(ctx, c, vm, next), "cannot mark the KubeVirt VirtualMachine orphaned")
 	})
 }

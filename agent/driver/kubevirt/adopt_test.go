@@ -75,8 +75,8 @@ func TestReleaseAndAdopt(t *testing.T) {
 	name := VMName(old.UID)
 	vmi := e.instanceOf(name).UID
 
-	require.NoError(t, e.d.Release(ctx, old.UID))
-	require.NoError(t, e.d.Release(ctx, old.UID), "releasing twice succeeds")
+	require.NoError(t, e.d.Release(ctx, old.UID, "the-seal"))
+	require.NoError(t, e.d.Release(ctx, old.UID, "the-seal"), "releasing twice succeeds")
 	require.NoError(t, e.d.Delete(ctx, old.UID), "Delete leaves a released guest alone")
 	released := e.byName(name)
 	require.NotNil(t, released, "the VM stays")
@@ -99,7 +99,7 @@ func TestReleaseAndAdopt(t *testing.T) {
 		return err == nil && len(orphans) == 1
 	}, 5*time.Second, 20*time.Millisecond, "%v %v", orphans, err)
 	assert.Equal(t, old.UID, orphans[0].UID)
-	assert.Equal(t, &driver.VMRef{Namespace: old.Namespace, Name: old.Name}, orphans[0].OrphanOf)
+	assert.Equal(t, &driver.VMRef{Namespace: old.Namespace, Name: old.Name, Seal: "the-seal"}, orphans[0].OrphanOf, "the orphan keeps its seal")
 	assert.Equal(t, driver.PhaseRunning, orphans[0].Phase)
 
 	next := old

@@ -813,7 +813,7 @@ func (d *Driver) observeAll(ctx context.Context, c client.Reader, released bool)
 		}
 		o := observe(vm, vmi, d.now())
 		if orphaned(vm) {
-			o.OrphanOf = &driver.VMRef{Namespace: vm.Annotations[AnnotationNamespace], Name: vm.Annotations[AnnotationName]}
+			o.OrphanOf = &driver.VMRef{Namespace: vm.Annotations[AnnotationNamespace], Name: vm.Annotations[AnnotationName], Seal: vm.Annotations[AnnotationSeal]}
 		}
 		out = append(out, o)
 	}

@@ -28,6 +28,9 @@ const (
 	// for people looking at the target cluster.
 	AnnotationNamespace = "virtfleet.io/namespace"
 	AnnotationName      = "virtfleet.io/name"
+	// AnnotationSeal, on an orphan, is the hub's seal of its release,
+	// reported with it.
+	AnnotationSeal = "virtfleet.io/seal"
 	// AnnotationShape, on the VM's template and so on each VMI, is a hash of
 	// the shape (vcpu, memory, swap, disks, networks, cloud-init, firmware)
 	// the template was made from: a VMI whose hash differs from the

@@ -110,7 +110,7 @@ func (e *NotOursError) Error() string {
 // Release implements driver.Adopter: the domain's metadata says it is
 // orphaned, in its definition and, when running, its live state; nothing
 // else of it changes.
-func (d *Driver) Release(_ context.Context, uid string) error {
+func (d *Driver) Release(_ context.Context, uid, seal string) error {
 	api, _, err := d.api()
 	if err != nil {
 		return err
@@ -122,7 +122,7 @@ func (d *Driver) Release(_ context.Context, uid string) error {
 	if err != nil {
 		return err
 	}
-	return d.rewriteOwner(api, dom, info, func(o *ownership) { o.Orphaned = true })
+	return d.rewriteOwner(api, dom, info, func(o *ownership) { o.Orphaned, o.Seal = true, seal })
 }
 
 // rewriteOwner changes the owner in the definition and, for a running
@@ -246,7 +246,7 @@ func (d *Driver) Claim(_ context.Context, m driver.Machine, ref driver.Ref) erro
 	adopt := info.owner != nil && info.owner.Namespace == m.Namespace && info.owner.Name == m.Name
 	return d.rewriteOwner(api, dom, info, func(o *ownership) {
 		o.Imported = o.Imported || !adopt
-		o.UID, o.Namespace, o.Name, o.Generation, o.LastNonce, o.Orphaned = m.UID, m.Namespace, m.Name, m.Generation, m.RestartNonce, false
+		o.UID, o.Namespace, o.Name, o.Generation, o.LastNonce, o.Orphaned, o.Seal = m.UID, m.Namespace, m.Name, m.Generation, m.RestartNonce, false, ""
 	})
 }
 

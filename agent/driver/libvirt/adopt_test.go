@@ -40,8 +40,8 @@ func TestReleaseAndAdopt(t *testing.T) {
 	before, _, err := l.ConnectListAllDomains(1, 0)
 	require.NoError(t, err)
 
-	require.NoError(t, d.Release(ctx, old.UID))
-	require.NoError(t, d.Release(ctx, old.UID), "releasing twice succeeds")
+	require.NoError(t, d.Release(ctx, old.UID, "the-seal"))
+	require.NoError(t, d.Release(ctx, old.UID, "the-seal"), "releasing twice succeeds")
 	require.NoError(t, d.Delete(ctx, old.UID), "Delete leaves a released guest alone")
 	assert.Equal(t, golibvirt.DomainRunning, domainState(t, l, old.UID), "a released guest keeps running")
 	assert.True(t, volumeExists(t, l, seedVolume(old.UID)), "and keeps its seed")
@@ -54,7 +54,7 @@ func TestReleaseAndAdopt(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, orphans, 1)
 	assert.Equal(t, old.UID, orphans[0].UID)
-	assert.Equal(t, &driver.VMRef{Namespace: "team-a", Name: "web"}, orphans[0].OrphanOf)
+	assert.Equal(t, &driver.VMRef{Namespace: "team-a", Name: "web", Seal: "the-seal"}, orphans[0].OrphanOf, "the orphan keeps its seal")
 	c, err := d.Capacity(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, int64(old.VCPU), c.AllocatedVCPU, "an orphan still holds its share of the host")
@@ -120,7 +120,7 @@ func TestReleaseAndAdopt(t *testing.T) {
 func TestAnAdoptedDomainGoneIsMadeAgain(t *testing.T) {
 	ctx := context.Background()
 	_, d, l, old := running(t, "regone")
-	require.NoError(t, d.Release(ctx, old.UID))
+	require.NoError(t, d.Release(ctx, old.UID, "the-seal"))
 	next := old
 	next.UID = "0b5e3f1a-7c2d-4e8f-9a1b-bbbbbbbbbbbb"
 	require.NoError(t, d.Claim(ctx, next, driver.Ref{Orphan: old.UID}))

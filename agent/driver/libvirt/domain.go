@@ -44,6 +44,8 @@ type ownership struct {
 	// Orphaned is set when the VM was deleted without its guest: the
 	// domain is left as it is, and Namespace/Name say which VM it was.
 	Orphaned bool `xml:"orphaned,omitempty"`
+	// Seal is the hub's seal of the release, reported with the orphan.
+	Seal string `xml:"seal,omitempty"`
 	// Imported is set on a domain a VM took over that was not made for a
 	// VM of its name: its definition is never rewritten.
 	Imported bool `xml:"imported,omitempty"`

@@ -1149,7 +1149,7 @@ func (d *Driver) observeAll(api API, doms []golibvirt.Domain, infos []domainInfo
 			return nil, err
 		}
 		if owner.Orphaned {
-			o.OrphanOf = &driver.VMRef{Namespace: owner.Namespace, Name: owner.Name}
+			o.OrphanOf = &driver.VMRef{Namespace: owner.Namespace, Name: owner.Name, Seal: owner.Seal}
 		}
 		out = append(out, o)
 	}

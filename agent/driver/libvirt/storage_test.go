@@ -87,7 +87,7 @@ func TestImportedVolumes(t *testing.T) {
 	})
 
 	t.Run("DeleteVolumeRefusesAnOrphansDisk", func(t *testing.T) {
-		require.NoError(t, d.Release(ctx, guest.UID))
+		require.NoError(t, d.Release(ctx, guest.UID, ""))
 		err := d.DeleteVolume(ctx, driver.Disk{Name: "web-root"})
 		assert.True(t, driver.IsInUse(err), "want InUse, got %v", err)
 		assert.ErrorContains(t, err, "orphaned from VirtualMachine team-a/web")

@@ -14,6 +14,8 @@ const (
 	// MetaOrphaned marks a server released from its VM: the driver no
 	// longer manages it; MetaNamespace/MetaName say which VM it was.
 	MetaOrphaned = "virtfleet-orphaned"
+	// MetaSeal is the hub's seal of the release, reported with the orphan.
+	MetaSeal = "virtfleet-seal"
 	// MetaImported marks a server a VM took over that was not made for a
 	// VM of its name: its flavor and volumes are never changed.
 	MetaImported = "virtfleet-imported"
@@ -23,14 +25,14 @@ var _ driver.Adopter = (*Driver)(nil)
 
 // Release implements driver.Adopter: the server's metadata says it is
 // orphaned; nothing else of it changes.
-func (d *Driver) Release(ctx context.Context, uid string) error {
+func (d *Driver) Release(ctx context.Context, uid, seal string) error {
 	defer d.lock(uid)()
 	found, err := d.find(ctx, uid)
 	if err != nil {
 		return err
 	}
 	for _, s := range found {
-		if err := d.setMetadata(ctx, s, map[string]string{MetaOrphaned: "true"}); err != nil {
+		if err := d.setMetadata(ctx, s, map[string]string{MetaOrphaned: "true", MetaSeal: seal}); err != nil {
 			return err
 		}
 	}
@@ -55,7 +57,7 @@ func (d *Driver) Orphans(ctx context.Context) ([]driver.Observation, error) {
 			continue
 		}
 		o := d.observation(s.Metadata[MetaUID], s)
-		o.OrphanOf = &driver.VMRef{Namespace: s.Metadata[MetaNamespace], Name: s.Metadata[MetaName]}
+		o.OrphanOf = &driver.VMRef{Namespace: s.Metadata[MetaNamespace], Name: s.Metadata[MetaName], Seal: s.Metadata[MetaSeal]}
 		out = append(out, o)
 	}
 	return out, nil

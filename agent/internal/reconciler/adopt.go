@@ -31,7 +31,7 @@ func (r *Reconciler) release(ctx context.Context, in wire.Intent) error {
 	if err != nil {
 		return r.report(ctx, failed(in, r.node, err))
 	}
-	if err := a.Release(ctx, in.UID); err != nil {
+	if err := a.Release(ctx, in.UID, in.Seal); err != nil {
 		return errors.Wrap(err, "cannot release guest")
 	}
 	if err := r.refreshOrphans(ctx); err != nil {
@@ -168,7 +168,7 @@ func (r *Reconciler) clearOrphanReport(ctx context.Context, uid string) error {
 func orphanReport(o driver.Observation) wire.Report {
 	rep := report(wire.Intent{UID: o.UID}, o)
 	if o.OrphanOf != nil {
-		rep.Orphan = &wire.Orphan{Namespace: o.OrphanOf.Namespace, Name: o.OrphanOf.Name}
+		rep.Orphan = &wire.Orphan{Namespace: o.OrphanOf.Namespace, Name: o.OrphanOf.Name, Seal: o.OrphanOf.Seal}
 		rep.Message = "orphaned from VirtualMachine " + o.OrphanOf.Namespace + "/" + o.OrphanOf.Name + "; a VirtualMachine of that name adopts it"
 	}
 	return rep

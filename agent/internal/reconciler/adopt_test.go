@@ -21,9 +21,9 @@ func TestReleaseAndAdopt(t *testing.T) {
 	h.put(intent("a"))
 	h.eventually("a", phase(wire.PhaseRunning), "the guest runs")
 
-	h.put(wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: "a", Namespace: "default", Name: "vm-a", Release: true})
+	h.put(wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: "a", Namespace: "default", Name: "vm-a", Release: true, Seal: "hub-seal"})
 	rep := h.eventually("a", func(r wire.Report) bool { return r.Released }, "the release is confirmed")
-	assert.Equal(t, &wire.Orphan{Namespace: "default", Name: "vm-a"}, rep.Orphan)
+	assert.Equal(t, &wire.Orphan{Namespace: "default", Name: "vm-a", Seal: "hub-seal"}, rep.Orphan, "the orphan is reported with the release's seal")
 	assert.Equal(t, wire.PhaseRunning, rep.Phase, "the released guest keeps running")
 
 	h.del("a")

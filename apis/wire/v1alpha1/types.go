@@ -31,6 +31,11 @@ type Intent struct {
 	// orphaned from Namespace/Name. The node confirms with a Report whose
 	// Released is set; the hub then deletes the marker. Machine is empty.
 	Release bool `json:"release,omitempty"`
+	// Seal, on a release marker, is the hub's mark on the release: the node
+	// keeps it with the orphan and reports it in Orphan.Seal, and the hub
+	// offers for adoption only orphans whose seal it made, so a node cannot
+	// draw a VM to itself by reporting an orphan it never was given.
+	Seal string `json:"seal,omitempty"`
 	// Claim names an existing guest the VM takes over instead of creating
 	// one: an orphan to adopt, or a guest imported by its backend's name.
 	Claim *Claim `json:"claim,omitempty"`
@@ -54,6 +59,8 @@ type Claim struct {
 type Orphan struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
+	// Seal is the release marker's Seal, as the node kept it.
+	Seal string `json:"seal,omitempty"`
 }
 
 // Machine is the guest's shape with every reference already resolved by the

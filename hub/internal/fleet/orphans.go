@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"crypto/hmac"
 	"slices"
 	"strings"
 
@@ -23,7 +24,10 @@ var ErrReportsNotSynced = errors.New("the hub has not read the nodes' reports ye
 
 // Orphan returns an orphaned guest released from the VM namespace/name on a
 // live node, if there is one; of several, the one with the lowest uid, so
-// every reconcile picks the same. Until the reports are read it returns
+// every reconcile picks the same. Only an orphan this hub released counts:
+// its report carries the seal of the release marker (OrphanSeal), which a
+// node cannot make, so a node cannot draw a VM to itself by reporting an
+// orphan of its name. Until the reports are read it returns
 // ErrReportsNotSynced.
 func (f *Fleet) Orphan(namespace, name string) (Orphan, bool, error) {
 	f.mu.RLock()
@@ -35,7 +39,8 @@ func (f *Fleet) Orphan(namespace, name string) (Orphan, bool, error) {
 	for k := range f.orphans {
 		r := f.reports[k.uid][k.node]
 		o := r.Report.Orphan
-		if o.Namespace != namespace || o.Name != name || f.nodes[k.node].Lost {
+		if o.Namespace != namespace || o.Name != name || f.nodes[k.node].Lost ||
+			!hmac.Equal([]byte(o.Seal), []byte(f.OrphanSeal(k.uid, k.node, o.Namespace, o.Name))) {
 			continue
 		}
 		found = append(found, Orphan{Node: k.node, UID: k.uid, Report: r})

@@ -15,11 +15,19 @@ import (
 // TestOrphan feeds a fleet report events as its watch would and asks for the
 // guest orphaned from default/web.
 func TestOrphan(t *testing.T) {
-	orphanOf := func(node, uid, name string) bus.ReportEvent {
+	// sealed is the orphan report of a release the hub sealed for
+	// sealedNode and sealedName (the fleets here have no key).
+	sealed := func(node, uid, name, sealedNode, sealedName string) bus.ReportEvent {
 		return bus.ReportEvent{Node: node, UID: uid, Report: wire.Report{
 			ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: node, Phase: wire.PhaseRunning,
-			Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: name},
+			Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: name, Seal: (&Fleet{}).OrphanSeal(uid, sealedNode, "default", sealedName)},
 		}}
+	}
+	orphanOf := func(node, uid, name string) bus.ReportEvent { return sealed(node, uid, name, node, name) }
+	unsealed := func(node, uid, name string) bus.ReportEvent {
+		e := orphanOf(node, uid, name)
+		e.Report.Orphan.Seal = ""
+		return e
 	}
 	managedBy := func(node, uid string) bus.ReportEvent {
 		return bus.ReportEvent{Node: node, UID: uid, Report: wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: node, Phase: wire.PhaseRunning}}
@@ -40,7 +48,13 @@ func TestOrphan(t *testing.T) {
 		"NoneOnceTheGuestIsManagedAgain": {
 			events: []bus.ReportEvent{orphanOf("n1", "a", "web"), managedBy("n1", "a")},
 		},
-		"AManagedGuestIsNone": {events: []bus.ReportEvent{managedBy("n1", "a")}},
+		"AManagedGuestIsNone":                   {events: []bus.ReportEvent{managedBy("n1", "a")}},
+		"AnOrphanTheHubDidNotReleaseIsNone":     {events: []bus.ReportEvent{unsealed("n1", "a", "web")}},
+		"AnOrphanReleasedFromAnotherNameIsNone": {events: []bus.ReportEvent{sealed("n1", "a", "web", "n1", "db")}},
+		"AnOrphanReleasedOnAnotherNodeIsNone":   {events: []bus.ReportEvent{sealed("n1", "a", "web", "n2", "web")}},
+		"AForgedOrphanDoesNotHideTheRealOne": {
+			events: []bus.ReportEvent{unsealed("n1", "a", "web"), orphanOf("n2", "b", "web")}, want: &Orphan{Node: "n2", UID: "b"},
+		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

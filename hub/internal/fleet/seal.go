@@ -43,6 +43,13 @@ func (f *Fleet) Seal(uid, node, adopted string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
+// OrphanSeal is the hub's mark on the release of guest uid on node from
+// the VM namespace/name: the release marker carries it, the node keeps it
+// with the orphan and reports it.
+func (f *Fleet) OrphanSeal(uid, node, namespace, name string) string {
+	return f.Seal(uid, node, "orphan of "+namespace+"/"+name)
+}
+
 // Sealed says whether obj's node (and adopted orphan) annotations are the
 // hub's own placement.
 func (f *Fleet) Sealed(obj metav1.Object) bool {

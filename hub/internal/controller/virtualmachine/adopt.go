@@ -69,7 +69,8 @@ func (e *external) observeRelease(ctx context.Context, vm *v1alpha1.VirtualMachi
 		e.recorder.Event(vm, event.Normal(ReasonOrphaned, fmt.Sprintf("The guest stays on node %s as it is, orphaned; a VirtualMachine %s/%s adopts it", node, vm.Namespace, vm.Name)))
 		return managed.ExternalObservation{ResourceExists: false}, nil
 	}
-	marker := wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: uid, Namespace: vm.Namespace, Name: vm.Name, Generation: vm.Generation, Release: true}
+	marker := wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: uid, Namespace: vm.Namespace, Name: vm.Name, Generation: vm.Generation, Release: true,
+		Seal: e.fleet.OrphanSeal(uid, node, vm.Namespace, vm.Name)}
 	if published, _ := e.state.published.Load(uid); published != fingerprint(marker) {
 		if _, err := e.fleet.Bus.PutIntent(ctx, node, marker); err != nil {
 			return managed.ExternalObservation{}, e.busFailed(uid, errors.Wrapf(err, "cannot publish the release marker to node %s", node))

@@ -38,11 +38,12 @@ func TestObserveRelease(t *testing.T) {
 	in, ok := b.Intent(testNode, testUID)
 	require.True(t, ok)
 	assert.True(t, in.Release, "the intent is replaced by a release marker")
+	assert.Equal(t, e.fleet.OrphanSeal(testUID, testNode, vm.Namespace, vm.Name), in.Seal, "sealed, for the node to report with its orphan")
 	assert.Empty(t, in.Machine.Disks)
 
 	b.SetReport(bus.ReportEvent{Node: testNode, UID: testUID, Report: wire.Report{
 		ProtocolVersion: wire.ProtocolVersion, UID: testUID, Node: testNode, Phase: wire.PhaseRunning,
-		Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: "web"},
+		Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: "web", Seal: in.Seal},
 	}})
 	require.Eventually(t, func() bool { r, ok := e.fleet.Report(testNode, testUID); return ok && r.Report.Released }, 5*time.Second, time.Millisecond)
 	obs, err := e.observeRelease(ctx, vm, testNode)

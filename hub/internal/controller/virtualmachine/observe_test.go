@@ -181,7 +181,7 @@ func TestObserveOnlyReads(t *testing.T) {
 				const orphanUID = "uid-orphan"
 				b.SetReport(bus.ReportEvent{Node: testNode, UID: orphanUID, Report: wire.Report{
 					ProtocolVersion: wire.ProtocolVersion, UID: orphanUID, Node: testNode, Phase: wire.PhaseRunning,
-					Released: true, Orphan: &wire.Orphan{Namespace: v.Namespace, Name: v.Name},
+					Released: true, Orphan: &wire.Orphan{Namespace: v.Namespace, Name: v.Name, Seal: f.OrphanSeal(orphanUID, testNode, v.Namespace, v.Name)},
 				}})
 				require.Eventually(t, func() bool { _, found, _ := f.Orphan(v.Namespace, v.Name); return found }, 5*time.Second, time.Millisecond)
 			}

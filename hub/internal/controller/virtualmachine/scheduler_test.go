@@ -141,7 +141,7 @@ func TestSchedulerAdoptsOrphans(t *testing.T) {
 		uid := "orphan-of-" + name
 		b.SetReport(bus.ReportEvent{Node: orphanNode, UID: uid, Report: wire.Report{
 			ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: orphanNode, Phase: wire.PhaseRunning,
-			Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: name},
+			Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: name, Seal: f.OrphanSeal(uid, orphanNode, "default", name)},
 		}})
 		require.Eventually(t, func() bool { _, found, _ := f.Orphan("default", name); return found }, 5*time.Second, time.Millisecond)
 		return uid
