@@ -316,13 +316,20 @@ func (h *hub) assertEvent(t *testing.T, name, reason, text string) {
 // again, not a FailNow.
 func (h *hub) hasEvent(t *testing.T, name, reason, text string) bool {
 	t.Helper()
+	return h.hasEventIn(t, ns, name, func(e corev1.Event) bool { return e.Reason == reason && strings.Contains(e.Message, text) })
+}
+
+// hasEventIn says whether the object name of namespace has an event that
+// matches.
+func (h *hub) hasEventIn(t *testing.T, namespace, name string, matches func(corev1.Event) bool) bool {
+	t.Helper()
 	l := &corev1.EventList{}
-	if err := h.kube.List(context.Background(), l, client.InNamespace(ns)); err != nil {
+	if err := h.kube.List(context.Background(), l, client.InNamespace(namespace)); err != nil {
 		t.Logf("cannot list events: %v", err)
 		return false
 	}
 	for _, e := range l.Items {
-		if e.InvolvedObject.Name == name && e.Reason == reason && strings.Contains(e.Message, text) {
+		if e.InvolvedObject.Name == name && matches(e) {
 			return true
 		}
 	}

@@ -26,12 +26,12 @@ import (
 
 // TestHostileTenant acts as a tenant with nothing but its own namespace,
 // one the administrator granted nothing (stack.DefaultGrants names only
-// default and guests), against a libvirt node that also runs a guest, a
-// volume and an image server of the host's own. Each attempt to reach
-// them is refused in the tenant's status and events, reveals nothing of
-// them, and leaves them as they were, also once the tenant deletes what
-// it made. The same imports succeed in a granted namespace
-// (TestImportVolumeAndNetwork, TestOrphanAdoptImport).
+// default and guests), against a libvirt node that also runs a guest and
+// has a volume, a network and an image server of the host's own. Each
+// attempt to reach them is refused in the tenant's status and events,
+// reveals nothing of them, and leaves them as they were, also once the
+// tenant deletes what it made. The same imports succeed in a granted
+// namespace (TestImportVolumeAndNetwork, TestOrphanAdoptImport).
 func TestHostileTenant(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
@@ -78,7 +78,10 @@ func TestHostileTenant(t *testing.T) {
 			return h.kube.Get(ctx, client.ObjectKeyFromObject(o), o) == nil && strings.Contains(conditions().Message, want)
 		}, 60*time.Second, 100*time.Millisecond, "%T %s is refused saying %q; last %+v", o, o.GetName(), want, conditions())
 		assert.True(t, strings.HasPrefix(conditions().Message, "refused:") || strings.Contains(conditions().Message, ": refused:"), "the message says it was refused: %s", conditions().Message)
-		assert.Eventually(t, func() bool { return tenantWarning(t, h, tenant, o.GetName(), want) }, 10*time.Second, 50*time.Millisecond,
+		warned := func(e corev1.Event) bool {
+			return e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, want)
+		}
+		assert.Eventually(t, func() bool { return h.hasEventIn(t, tenant, o.GetName(), warned) }, 10*time.Second, 50*time.Millisecond,
 			"a Warning event on %s saying %q", o.GetName(), want)
 	}
 
@@ -139,6 +142,21 @@ func TestHostileTenant(t *testing.T) {
 		assert.NotContains(t, h.nodeNetworks(t, node), tenant+"_mgmt", "no network made for it")
 	})
 
+	t.Run("ImportingAHostNetworkIsRefused", func(t *testing.T) {
+		lab := &v1alpha1.VirtualNetwork{
+			ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "lab"},
+			Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{CIDR: "192.168.122.0/24"}},
+		}
+		meta.SetExternalName(lab, "default")
+		require.NoError(t, h.kube.Create(ctx, lab))
+		ownVolume("lab-root")
+		vm := vmOn("lab-user", "lab-root", func(vm *v1alpha1.VirtualMachine) {
+			vm.Spec.ForProvider.VirtualNetworks = []v1alpha1.LocalName{"lab"}
+		})
+		refusedFor(t, vm, func() xpv2.Condition { return vm.GetCondition(xpv2.TypeReady) }, `the VirtualNetwork lab imports "default"`)
+		assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationNode], "placed nowhere")
+	})
+
 	t.Run("AnImageOnTheNodesLoopbackIsNeverFetched", func(t *testing.T) {
 		img := &v1alpha1.DiskImage{
 			ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "secret"},
@@ -186,21 +204,4 @@ func TestHostileTenant(t *testing.T) {
 		}, 60*time.Second, 100*time.Millisecond, "the VM says why: %+v", vm.Status.Conditions)
 		assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationNode], "placed nowhere")
 	})
-}
-
-// tenantWarning says whether the object name of namespace has a Warning
-// event whose message holds text.
-func tenantWarning(t *testing.T, h *hub, namespace, name, text string) bool {
-	t.Helper()
-	l := &corev1.EventList{}
-	if err := h.kube.List(context.Background(), l, client.InNamespace(namespace)); err != nil {
-		t.Logf("cannot list events: %v", err)
-		return false
-	}
-	for _, e := range l.Items {
-		if e.InvolvedObject.Name == name && e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, text) {
-			return true
-		}
-	}
-	return false
 }
