@@ -10,14 +10,14 @@ import (
 
 // definitions keeps the parsed definitions of the node's domains for
 // Capacity, which every heartbeat (2 s) calls: reading every domain's XML
-// each time cost the agent and its libvirtd more than creating the guests
-// did (see BenchmarkCapacity). An entry is dropped whenever its domain may
-// have changed what Capacity reads of it (its owner, vCPUs and memory): on
-// every lifecycle event (defined, undefined, started, stopped...), on a
-// metadata change event, and on every define and metadata write of the
-// driver's own, before the call returns. (A device hotplugged changes none
-// of the three, nor does a vCPU or memory hotplug: it changes the current
-// amounts, not the maximums Capacity counts.) Events
+// each time would cost the agent and its libvirtd more than creating the
+// guests does (BenchmarkCapacity measures it). An entry is dropped
+// whenever its domain may have changed what Capacity reads of it (its
+// owner, vCPUs and memory): on every lifecycle event (defined, undefined,
+// started, stopped...), on a metadata change event, and on every define and
+// metadata write of the driver's own, before the call returns. (A device
+// hotplugged changes none of the three, nor does a vCPU or memory hotplug:
+// it changes the current amounts, not the maximums Capacity counts.) Events
 // sent while the agent was not connected are lost, so a new connection
 // starts with no entries.
 //

@@ -329,11 +329,10 @@ func (d *Driver) drain(c *connection) {
 }
 
 // rebootSettle is how long the resets of one reboot may take. One reboot
-// can reset the machine more than once (measured with QEMU 7.2 and SeaBIOS:
-// one restart of a Debian guest, one "Restarting system" on its console,
-// three reboot events; the kernel may try several reset methods, and the
-// firmware hard-resets when it finds itself re-run), and no guest boots and
-// reboots again within it.
+// can reset the machine more than once, so a single restart of a guest can
+// bring several reboot events (the kernel may try several reset methods,
+// and the firmware hard-resets when it finds itself re-run), and no guest
+// boots and reboots again within it.
 const rebootSettle = 10 * time.Second
 
 // rebooted counts a guest reboot: libvirt saw the guest reset, whoever asked

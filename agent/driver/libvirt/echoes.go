@@ -15,11 +15,11 @@ const echoTTL = 30 * time.Second
 // Kubernetes controllers keep expectations of their own writes. Ensure
 // defines and starts a guest and observes the result; the DEFINED and
 // STARTED events that follow are that same change coming back, and passing
-// them on as hints had the reconciler ensure every new guest a second time
-// (BenchmarkIntentToRunning: 2.00 Ensure calls per VM). An echo still
-// updates what the driver keeps (definitions, start times); it is only not
-// passed on. Expected before the call, since libvirt may send the event
-// before it answers; withdrawn when the call fails.
+// them on as hints would have the reconciler ensure every new guest a
+// second time (BenchmarkIntentToRunning counts Ensure calls per VM). An
+// echo still updates what the driver keeps (definitions, start times); it
+// is only not passed on. Expected before the call, since libvirt may send
+// the event before it answers; withdrawn when the call fails.
 type echoes struct {
 	mu      sync.Mutex
 	pending map[echo]time.Time // until when it is expected

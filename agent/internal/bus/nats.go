@@ -341,9 +341,10 @@ func (w *intentWatch) subscribe(ctx context.Context) (*nats.Subscription, <-chan
 		nats.BindStream(wire.Stream(wire.BucketIntents)), nats.OrderedConsumer(), nats.DeliverLastPerSubject(),
 		// The consumer lives on one server. When that server goes and the
 		// agent's connection stays on another, only missing heartbeats
-		// tell: nats.go checks every two intervals, so its default of 5 s
-		// took 10-20 s to make the consumer again (make chaos, kill of the
-		// JetStream meta leader). One a second costs one small message.
+		// tell: nats.go checks every two intervals, so with its default of
+		// 5 s the consumer would be made again only after several times
+		// that (make chaos kills the JetStream meta leader to exercise
+		// it). One a second costs one small message.
 		nats.IdleHeartbeat(intentHeartbeat),
 	}
 	if last := w.lastRevision(); last > 0 {

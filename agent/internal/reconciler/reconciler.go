@@ -369,9 +369,9 @@ func (r *Reconciler) reconcile(ctx context.Context, uid string) (time.Duration, 
 // addressPoll is how soon to look again at a running guest with an
 // interface that has no address yet, or 0. No backend announces an address:
 // on libvirt it is a DHCP lease, the guest agent's answer or an ARP entry,
-// found only by looking. Without this a guest booted in 30 s showed its
-// address at the next resync, up to a minute later (make bench's real
-// guest: Running at 2.5 s, its address at 59 s). The interval grows with
+// found only by looking. Without this a guest's address would show only
+// at the next resync, up to ResyncEvery after the guest has one (make
+// bench's real guest shows how long it takes). The interval grows with
 // the wait, a quarter of it, from PollTransitional to ResyncEvery, so a
 // guest that never takes an address (no DHCP on its network) costs no more
 // than the resync after a few minutes.

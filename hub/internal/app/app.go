@@ -84,31 +84,30 @@ type Config struct {
 	NodeTTL time.Duration
 }
 
-// Limits of the hub, sized with make bench (bench/results) on a 2-core
+// Limits of the hub, sized with make bench (figures in bench/results) on a
 // machine where the API server, etcd, the hub, NATS and every agent share
-// the cores.
+// the cores, so they hold when the hub does not have a machine to itself.
 const (
 	// DefaultMaxReconcileRate: a VM created in a burst costs about five
 	// reconciles (the VM once bound to its node and once at its node's
 	// report, its Volume once bound and once or twice at reports). The
-	// control-plane limit bench measures, a plain client making the same
-	// 3 writes per VM with 64 writers, was 150-180 VMs/s when the machine
-	// was otherwise idle; half of it, the goal, is ~80 VMs/s or ~400
-	// reconciles/s. The old limit of 100 capped a burst at ~20 VMs/s. The
-	// limit stays as a guard against a controller spinning.
+	// goal is half the control-plane limit make bench measures (a plain
+	// client making the same writes per VM), and this rate is set above
+	// what the goal needs so that it never paces a burst; a lower one
+	// caps bursts well below the goal. The limit stays as a guard
+	// against a controller spinning.
 	DefaultMaxReconcileRate = 500
-	// DefaultWorkers: ~400 reconciles/s at the goal, and a reconcile in a
-	// burst on the loaded machine took 0.1-0.5 s (its writes, each waiting
-	// for the cache to show it; measured with bench -debug: 16 workers gave
-	// ~30 VM reconciles/s), so ~40-200 in flight per busy controller
-	// (Little's law). The old default of one worker per reconcile per
-	// second (100, 500 when the rate was raised) put hundreds of writes in
-	// flight at once: the API server answered 429 and conflicts grew.
+	// DefaultWorkers: by Little's law, the reconciles in flight per busy
+	// controller are the goal's reconcile rate times how long a reconcile
+	// takes in a burst on a loaded machine (its writes, each waiting for
+	// the cache to show it; bench -debug shows both). Many more workers
+	// than that put hundreds of writes in flight at once: the API server
+	// answers 429 and conflicts grow.
 	DefaultWorkers = 64
-	// DefaultQPS: the hub's writes at the goal are ~3 per VM for the VM
-	// and ~3 for its Volume, ~500/s at 80 VMs/s; reads come from the
-	// cache. The limit measured for 3 writes per VM, ~530 writes/s, is
-	// what the API server takes, so asking for more only queues there.
+	// DefaultQPS: the hub's writes at the goal are about three per VM for
+	// the VM and three for its Volume; reads come from the cache. The
+	// limit is close to what the API server takes (make bench measures
+	// it), so asking for more only queues there.
 	DefaultQPS = 600
 )
 
@@ -141,8 +140,8 @@ func Run(ctx context.Context, c Config) error {
 		Scheme: scheme,
 		// The hub never reads managedFields (status writes are compared by
 		// status, updates leave them out and the API server keeps them):
-		// without them the caches are smaller (make bench, burst of 5000:
-		// hub peak RSS 238.7 MiB, 295.7 MiB with them).
+		// without them the caches, and the hub's peak RSS that make bench
+		// reports, are markedly smaller.
 		Cache: cache.Options{SyncPeriod: &c.SyncInterval, DefaultTransform: cache.TransformStripManagedFields()},
 		// Secrets are read one by one, straight from the API server: a
 		// cached read would hold every Secret of the cluster in memory and
@@ -164,9 +163,9 @@ func Run(ctx context.Context, c Config) error {
 		// its lock held, and every other worker waits for that lock in
 		// Done. The manager then gives up only after its 30 s grace period,
 		// and a hub on Kubernetes is killed instead of releasing its Lease.
-		// make bench caught it so after two of five bursts of 5000 (the
-		// goroutines the stack's SIGQUIT printed). The classic workqueue
-		// has no such path; nothing here uses priorities.
+		// Large bursts in make bench can hit it (the goroutines a SIGQUIT
+		// prints show the blocked workers). The classic workqueue has no
+		// such path; nothing here uses priorities.
 		Controller: config.Controller{UsePriorityQueue: ptr.To(false)},
 	})
 	if err != nil {

@@ -87,10 +87,11 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 // connection is a context for the requests sent over the current
 // connection to the server: it is cancelled when that connection is lost.
 // A request sent on it will not be answered then, and crossplane-runtime's
-// managed reconciler gives a reconcile a minute: the chaos test's NATS kill
-// caught a VM whose write had been sent just before the kill, waiting the
-// whole minute after NATS was back. A request made while the client is
-// reconnecting is buffered and sent on the next connection, which answers.
+// managed reconciler gives a reconcile a minute: a VM whose write was sent
+// just before NATS went away would wait that whole minute after NATS is
+// back (make chaos kills NATS to check it). A request made while the client
+// is reconnecting is buffered and sent on the next connection, which
+// answers.
 type connection struct {
 	mu   sync.Mutex
 	ctx  context.Context
@@ -310,9 +311,10 @@ const watchCheckEvery = 2 * time.Second
 // say in a burst, still makes progress and is left alone). The watch's
 // ordered consumer lives on one server; when that server goes and the hub's
 // connection stays on another, only missing heartbeats tell, which nats.go
-// checks every 10 s, and the KV API offers no shorter heartbeat. make chaos saw VMs wait up to 25 s
-// after the kill of the JetStream meta leader for the report their status
-// needed, and VMs created meanwhile for the watch's Synced to place them.
+// checks every 10 s, and the KV API offers no shorter heartbeat. Without
+// this check, after the JetStream meta leader is killed (make chaos does),
+// VMs would wait several such intervals for the report their status needs,
+// and VMs created meanwhile for the watch's Synced to place them.
 func (n *NATS) drain(ctx context.Context, kv jetstream.KeyValue, w jetstream.KeyWatcher, last uint64, reconnected <-chan nats.Status, handle func(jetstream.KeyValueEntry) error) uint64 {
 	bucket := kv.Bucket()
 	check := time.NewTicker(watchCheckEvery)

@@ -7,9 +7,9 @@
 //     crossplane-runtime's managed reconciler ends every reconcile with a
 //     status update, changed or not; the API server answers an unchanged
 //     one without touching etcd, but it still counts against the client's
-//     rate limit and the server's load. Measured with bench -debug, a
-//     burst of 300 VMs: 1908 Volume reconciles and 629 VM reconciles
-//     ended in 519 and 310 status writes; the rest were skipped here.
+//     rate limit and the server's load. In a burst most reconciles end
+//     with a status unchanged, so most of these updates are skipped here
+//     (bench -debug shows reconciles against status writes).
 //
 //   - Read your writes (awaitCache): after a write, the writer waits until
 //     the informer cache holds what it wrote. The cache-backed client
@@ -23,9 +23,9 @@
 //     its node, phase Scheduled) is not written, and the report's status
 //     is. The caller says by a comparison which content may be dropped; a
 //     status with anything else in it (a reconcile error) is written. It
-//     saves one status write per VM whose node reports within the hold:
-//     measured in bursts of 1000, 1.52 VM status writes per VM with a
-//     500 ms hold, 1.02-1.05 with 5 s.
+//     saves one status write per VM whose node reports within the hold,
+//     so the hold is sized to cover a node's report in a burst (make bench
+//     counts the status writes per VM; see bench/results).
 //
 //   - Writes that can only conflict are not sent (superseded): a write
 //     from a copy of an object that this client has itself written over
@@ -33,10 +33,10 @@
 //     from) is refused here with the Conflict the API server would answer.
 //     That happens when the cache lags behind the hub's own writes by more
 //     than awaitCache waits, and the retry (ControllerRateLimiter: 50 ms,
-//     doubling) reads the same stale copy again. Measured on a 2-core
-//     machine about 2.7 times slower than the one the numbers above come
-//     from, a burst of 5000 VMs: 0.54 VM and 1.16 Volume status PUTs per VM
-//     answered 409, 8464 requests the API server decoded and refused.
+//     doubling) reads the same stale copy again. On a slow, loaded
+//     machine a large burst otherwise sends many such writes, each one a
+//     request the API server decodes only to answer 409 (make bench lists
+//     the 409s by request).
 //
 // And ControllerRateLimiter sets how soon a reconcile that lost a conflict
 // is retried.
@@ -209,8 +209,8 @@ type hold struct {
 //
 // Every such write is dropped, not only the first: a VM is reconciled again
 // before its node's report for other reasons (its Volume's binding), and
-// that reconcile wrote the Scheduled status the first one had dropped
-// (make bench, burst of 100: 1 to 3 VMs in 100).
+// that reconcile would write the Scheduled status the first one had
+// dropped (make bench shows it for a few VMs of a burst).
 func (s *Client) Hold(obj client.Object, d time.Duration, drop func(client.Object) bool) {
 	s.holds.Store(obj.GetUID(), &hold{until: time.Now().Add(d), drop: drop})
 }
@@ -267,10 +267,10 @@ const cacheWait = time.Second
 // never reconciles one object twice at once, so the next reconcile of obj,
 // which may already be queued, then reads what this one wrote or newer
 // instead of making writes from a stale copy that can only end in
-// conflicts. Waiting for exactly the written version instead held a
+// conflicts. Waiting for exactly the written version instead would hold a
 // worker for the whole cacheWait whenever another controller wrote the
-// object right after (a Volume's binding and its status): measured in a
-// burst of 1000 VMs, a minute of the burst's time.
+// object right after (a Volume's binding and its status), which in a burst
+// adds up to a large share of the burst's time.
 func (s *Client) awaitCache(ctx context.Context, obj client.Object, before string) {
 	cached, ok := obj.DeepCopyObject().(client.Object)
 	if !ok {
@@ -291,9 +291,10 @@ func (s *Client) awaitCache(ctx context.Context, obj client.Object, before strin
 
 // cachePoll is how often awaitCache looks: after 2 ms, then twice as long
 // each time up to 32 ms, until cacheWait. A look is a cache read and a deep
-// copy of the object. An idle cache is a few milliseconds behind; a busy
-// one tens to hundreds, and looking every 2 ms throughout was 13 % of the
-// hub's CPU in a burst of 1000 (its profile at 704233c: 0.43 of 3.26 s).
+// copy of the object. An idle cache is barely behind; a busy one falls much
+// further behind, and looking at the shortest interval throughout would
+// cost a noticeable share of the hub's CPU in a burst (a CPU profile of the
+// hub during one shows it).
 var cachePoll = wait.Backoff{Duration: 2 * time.Millisecond, Factor: 2, Cap: 32 * time.Millisecond, Steps: math.MaxInt32}
 
 // unchanged reports whether obj's status equals that of the version of obj

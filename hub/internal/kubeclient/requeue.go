@@ -23,9 +23,10 @@ const (
 // limiter (errors.SilentlyRequeueOnConflict). Conflicts are routine here: the
 // reconciler writes a VM several times while creating it, so the next
 // reconcile often reads a cache one write behind. With the default, a VM
-// whose report had arrived waited 1–2 s more for its status, and a burst of
-// 100 VMs took 36 s (make bench). The cache catches up within milliseconds,
-// so the first retry comes at once; real failures still back off.
+// whose report had arrived would wait a second or more for its status, and
+// a burst would take many times as long (make bench shows it). The cache
+// catches up far sooner than that, so the first retry comes almost at once;
+// real failures still back off.
 func ControllerRateLimiter() ratelimiter.ControllerRateLimiter {
 	return workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](BaseDelay, MaxDelay)
 }

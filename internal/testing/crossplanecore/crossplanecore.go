@@ -34,8 +34,8 @@ type Core struct {
 func CacheDir() (string, error) { return modbuild.CacheDir("crossplane", Version) }
 
 // Ensure returns Crossplane's binary and CRDs, building them into CacheDir
-// the first time (several minutes on two cores), with progress written to
-// progress; concurrent callers wait for one build.
+// the first time (a slow build), with progress written to progress;
+// concurrent callers wait for one build.
 func Ensure(ctx context.Context, progress io.Writer) (Core, error) {
 	dir, err := CacheDir()
 	if err != nil {
@@ -64,8 +64,8 @@ func Ensure(ctx context.Context, progress io.Writer) (Core, error) {
 		// Crossplane's go.mod replaces its apis module with ./apis, which a
 		// module download does not contain; the published apis of the same
 		// release stand in for it. Without this the go command picks the
-		// required v2.3.4, which lacks v2.4's runtime conditions (measured:
-		// undefined: v1.RuntimeAwaitingActivation).
+		// required v2.3.4, which lacks v2.4's runtime conditions (the build
+		// fails with undefined: v1.RuntimeAwaitingActivation).
 		Replace: []string{"github.com/crossplane/crossplane/apis/v2=github.com/crossplane/crossplane/apis/v2@" + Version},
 		// A release stamps its version in; without it Crossplane refuses
 		// every package that states a Crossplane version constraint

@@ -4,8 +4,8 @@
 // There is no internet here and no prebuilt binary to download, so when
 // KUBEBUILDER_ASSETS is not set the binaries are built from source fetched
 // through the Go module proxy, once per machine, into a cache directory
-// outside the repository. A build takes about ten minutes on two cores; every
-// later call returns at once.
+// outside the repository. A build is slow; every later call returns at
+// once.
 package envtestassets
 
 import (
@@ -144,8 +144,8 @@ func garbageCollectorTarget() modbuild.Target {
 
 // EnsureGarbageCollector returns the path of the garbage-collector command
 // of KubernetesVersion, building it into CacheDir the first time (it shares
-// most of its packages with kube-apiserver, so with a warm build cache it
-// takes about a minute).
+// most of its packages with kube-apiserver, so a warm build cache spares
+// most of the work).
 func EnsureGarbageCollector(ctx context.Context, progress io.Writer) (string, error) {
 	cache, err := CacheDir()
 	if err != nil {

@@ -9,7 +9,7 @@
 // NAT and DHCP must not live in the machine's namespace; and a test must leave
 // the machine as it found it.
 //
-// How (measured on Debian 12, libvirt 9.0, QEMU 7.2, as root): the daemon is
+// How (with libvirt 9.0 and QEMU 7.2 on Debian 12, as root): the daemon is
 // started with `ip netns exec`, which also gives it a mount namespace of its
 // own. In there /run is a fresh tmpfs and libvirt's state, log, cache and
 // config directories (/run/libvirt, /var/lib/libvirt, /var/log/libvirt,

@@ -5,7 +5,7 @@
 // here to download a cloud image from, but Debian's apt mirror is reachable,
 // so the image is built from Debian packages with mmdebstrap, once per machine
 // and recipe, into a cache directory next to the envtest binaries. A build
-// takes about ten minutes on two busy cores; every later call returns at once.
+// is slow; every later call returns at once.
 //
 // The image's default user is "debian" (cloud-init's default_user), which
 // receives the VM's publicKey.

@@ -3,7 +3,7 @@
 // `make run` talk to real daemons serving libvirt's test driver
 // (test:///default), which simulates guests without KVM.
 //
-// Measured on Debian 12 (libvirt 9.0.0, 2 cores, as root):
+// How libvirt 9.0.0 behaves on Debian 12, as root:
 //   - Two libvirtds in system mode collide on /run/libvirt/*/driver.pid, so
 //     each node's daemon runs unprivileged in session mode with its own
 //     XDG_RUNTIME_DIR, XDG_CONFIG_HOME, XDG_CACHE_HOME and HOME. From root,
@@ -11,7 +11,7 @@
 //     `--pdeathsig KILL` is applied after the uid change (the kernel clears a
 //     parent-death signal set before it), so a crashed test leaves no daemon.
 //   - The socket is $XDG_RUNTIME_DIR/libvirt/libvirt-sock and accepts
-//     connections ~0.1 s after exec. The daemon logs errors about D-Bus, udev
+//     connections shortly after exec. The daemon logs errors about D-Bus, udev
 //     DMI data and /dev/kvm; they are harmless for the test driver.
 //   - The test driver keeps one shared state per daemon but discards it when
 //     the last connection closes (a volume created by one `virsh` call is

@@ -86,9 +86,9 @@ func (s *Server) start() error {
 	return nil
 }
 
-// readyWithin bounds the server's start. Generous: on a 2-core machine
-// running the whole test suite in parallel, a JetStream start has been seen
-// to take longer than 10 s.
+// readyWithin bounds the server's start. Generous: on a small machine
+// running the whole test suite in parallel, a JetStream start can take many
+// times as long as on an idle one.
 const readyWithin = 60 * time.Second
 
 func portOrRandom(p int) int {

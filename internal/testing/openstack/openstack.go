@@ -66,7 +66,7 @@ const (
 	serviceRole        = "service"
 )
 
-// Timeouts for a loaded 2-core machine.
+// Timeouts generous enough for a small, loaded machine.
 const (
 	dbTimeout      = 60 * time.Second
 	serviceTimeout = 3 * time.Minute

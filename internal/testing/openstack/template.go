@@ -12,13 +12,12 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
 
-// The services' migrations are most of a cold start (three of its seven
-// minutes on a loaded 2-core machine). Their result depends only on the
-// installed packages, so the first start on a machine dumps the migrated
-// databases into the cache directory and later starts load the dump
-// instead. The few rows that name this cloud's sockets and ports (Nova's
-// cell mappings) are rewritten after loading; nothing else in the dump
-// is per-cloud: Keystone's users, catalog and keys are made after it.
+// The services' migrations are most of a cold start. Their result depends
+// only on the installed packages, so the first start on a machine dumps the
+// migrated databases into the cache directory and later starts load the
+// dump instead. The few rows that name this cloud's sockets and ports
+// (Nova's cell mappings) are rewritten after loading; nothing else in the
+// dump is per-cloud: Keystone's users, catalog and keys are made after it.
 
 // templateVersion changes when what the harness migrates changes.
 const templateVersion = "1"

@@ -81,10 +81,10 @@ type Kind[T resource.ModernManaged] struct {
 	// to it) soon, which reconciles it anyway: a user's creation then does
 	// not wake obj, and one status write shows both the user and the
 	// binding. A Volume that a VM's reconcile binds to the VM's node is one:
-	// in a burst the VM is placed seconds after its creation, so the user
-	// settle time cannot merge the two, and waking it at the creation cost
-	// a second status write per VM (make bench: 1.98 Volume status writes
-	// per VM in a burst of 1000).
+	// in a burst the VM is placed well after its creation, so the user
+	// settle time cannot merge the two, and waking it at the creation
+	// would cost a second status write per VM (make bench counts Volume
+	// status writes per VM; see bench/results).
 	AwaitsBinding func(obj T) bool
 }
 
@@ -186,7 +186,7 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	// its spec changed) wakes it, so a blocked deletion proceeds. Only those
 	// changes: a user's status writes would otherwise reconcile (and
 	// rewrite the status of) every resource it uses, several times per VM
-	// start — measured as the hub's largest source of API writes.
+	// start, which would make this the hub's largest source of API writes.
 	copts := o.ForControllerRuntime()
 	copts.RateLimiter = kubeclient.ControllerRateLimiter()
 	b := ctrl.NewControllerManagedBy(mgr).

@@ -53,9 +53,9 @@ type readTarget struct {
 // targetTTL is how long a ProviderConfig's target, credentials included,
 // is used without reading its Secret again. Secrets are not cached (see
 // app), so each read is a request to the API server, and every reconcile
-// of every VM and Volume reads it: measured in a burst of 1000 VMs, as many
-// GETs as the hub's writes, and the placement loop's reads one after the
-// other held it up for a minute. A rotated credential reaches the hub
+// of every VM and Volume reads it: without this, a burst would cost about
+// as many GETs as the hub makes writes, and the placement loop's reads one
+// after the other would hold it up. A rotated credential reaches the hub
 // within targetTTL.
 const targetTTL = 10 * time.Second
 
@@ -72,8 +72,8 @@ func NewResolver(kube client.Client) *Resolver {
 // usage yet, and its create fails with AlreadyExists: that is the usage
 // mg's own earlier reconcile made, so it is tracked, and the next reconcile,
 // reading a cache that holds it, corrects its ProviderConfig if that changed.
-// Taken for an error, it failed the VM's reconcile and cost a status write
-// (make bench, burst of 100: 2 to 15 VMs in 100).
+// Taken for an error, it would fail the VM's reconcile and cost a status
+// write, for a share of a burst's VMs (make bench shows it).
 func (r *Resolver) Resolve(ctx context.Context, mg resource.ModernManaged) (Config, error) {
 	if err := r.usage.Track(ctx, mg); err != nil && !kerrors.IsAlreadyExists(err) {
 		return Config{}, errors.Wrap(err, "cannot track ProviderConfig usage")

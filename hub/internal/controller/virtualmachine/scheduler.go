@@ -32,17 +32,18 @@ import (
 // message says why, node by node.
 const ReasonFailedScheduling event.Reason = "FailedScheduling"
 
-// Sizes of the placement loop, measured with make bench (burst of 1000 VMs
-// over 10 nodes on a 2-core machine).
+// Sizes of the placement loop, chosen with make bench's bursts (figures in
+// bench/results).
 const (
 	// schedulerBatch is the most VMs placed against one view of the fleet.
 	// A burst's VMs arrive in the queue faster than they can be written,
-	// so a batch fills up; placing is microseconds per VM, the write that
-	// records the node is milliseconds, so a batch is as large as the
+	// so a batch fills up; placing a VM costs orders of magnitude less
+	// than the write that records its node, so a batch is as large as the
 	// writes that follow can usefully overlap.
 	schedulerBatch = 64
 	// schedulerWriters is how many of a batch's writes are in flight at
-	// once. The control-plane limit the bench measures uses 64 writers;
+	// once. The control-plane limit the bench measures uses more writers
+	// (bench's controlPlaneWriters) with the API server to itself; here
 	// the hub's other controllers write at the same time (the status of
 	// every VM, every Volume's binding and status), and more writers in
 	// flight only queue in the API server and the client's rate limiter.

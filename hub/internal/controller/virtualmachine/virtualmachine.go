@@ -87,10 +87,10 @@ type Options struct {
 // report's status replaces phase Scheduled anyway, so writing Scheduled
 // would only cost a write: with the hold, the VM goes from created to
 // Running in three API writes (the create, the node and finalizer, the
-// status) instead of four. Sized by make bench: a node answers within tens
-// of milliseconds when idle, but in a burst of 1000 on a loaded 2-core
-// machine placed→Running took 3.4–5 s at the median (bench/results), and
-// at 500 ms half the VMs paid the fourth write. A node that never answers
+// status) instead of four. Sized by make bench: a node answers almost at
+// once when idle, but in a burst on a loaded machine placed→Running takes
+// seconds (bench/results has the figures), and a hold much shorter than
+// that makes many VMs pay the fourth write. A node that never answers
 // shows phase Scheduled after the hold.
 const scheduledHold = 5 * time.Second
 
@@ -443,9 +443,9 @@ func (e *external) bindVolumes(ctx context.Context, d dependencies, node string)
 // already. The write is optimistic, since another VM's reconcile may bind
 // it at the same time; when it conflicts, v is read again from the API
 // server and bound if it still is not. The cached copy is often merely out
-// of date: the Volume's own controller wrote its status meanwhile (make
-// bench, burst of 5000: 330 of 5000 bindings conflicted, each of which
-// failed its VM's reconcile and cost a status write showing the error).
+// of date: the Volume's own controller wrote its status meanwhile. In a
+// large burst many bindings conflict this way, and giving up on each would
+// fail its VM's reconcile and cost a status write showing the error.
 func (e *external) bindVolume(ctx context.Context, v *v1alpha1.Volume, node string) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		switch bound := v.GetAnnotations()[v1alpha1.AnnotationNode]; bound {
@@ -530,9 +530,9 @@ func (e *external) Update(ctx context.Context, vm *v1alpha1.VirtualMachine) (man
 		// the timer does, and the held status is written then. A report
 		// that came after Observe read none is held for too: this
 		// reconcile's Scheduled is already out of date, and the reconcile
-		// the report queued writes what it says (make bench, burst of 100,
-		// where nodes answer within milliseconds: 2 to 7 VMs in 100 wrote
-		// Scheduled and then Running).
+		// the report queued writes what it says (without this, even where
+		// nodes answer almost at once, some VMs of a burst would write
+		// Scheduled and then Running; make bench shows it).
 		f := e.fleet
 		e.holder.Hold(vm, scheduledHold, justPublished)
 		e.opts.Notifier.NotifyAfterIf(uid, scheduledHold, func() bool { _, reported := f.Report(node, uid); return !reported })
