@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,9 +26,10 @@ import (
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
 
-// TestHostileTenant acts as a tenant with nothing but its own namespace,
-// one the administrator granted nothing (stack.DefaultGrants names only
-// default and guests), against a libvirt node that also runs a guest and
+// TestHostileTenant acts as a tenant, a user with nothing but a Role on
+// virtfleet's resources in its own namespace, which the administrator
+// granted nothing (stack.DefaultGrants names only default and guests),
+// against a libvirt node that also runs a guest and
 // has a volume, a network and an image server of the host's own. Each
 // attempt to reach them is refused in the tenant's status and events,
 // reveals nothing of them, and leaves them as they were, also once the
@@ -52,11 +55,46 @@ func TestHostileTenant(t *testing.T) {
 		_, _ = w.Write(make([]byte, 1<<20))
 	}))
 	t.Cleanup(secret.Close)
+	// The tenant is a user that may do what it likes with virtfleet's
+	// resources in its namespace and its ProviderConfigs there, and
+	// nothing else: no ClusterProviderConfig, so no grant of its own.
+	require.NoError(t, h.kube.Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "virtfleet-tenant"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{v1alpha1.Group}, Resources: []string{"*"}, Verbs: []string{"*"}},
+			{APIGroups: []string{apisv1alpha1.Group}, Resources: []string{"providerconfigs"}, Verbs: []string{"*"}},
+		},
+	}))
+	require.NoError(t, h.kube.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "virtfleet-tenant"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "virtfleet-tenant"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "tenant-a-user"}},
+	}))
+	as, err := h.s.ControlPlane.UserClient("tenant-a-user")
+	require.NoError(t, err)
+	create := func(o client.Object) { t.Helper(); require.NoError(t, as.Create(ctx, o)) }
+	deleteAndWait := func(t *testing.T, o client.Object) {
+		t.Helper()
+		require.NoError(t, as.Delete(ctx, o))
+		require.Eventually(t, func() bool { return kerrors.IsNotFound(as.Get(ctx, client.ObjectKeyFromObject(o), o)) },
+			30*time.Second, 100*time.Millisecond, "%T %s was not finalized", o, o.GetName())
+	}
+
+	t.Run("TheTenantCannotGrantItselfAnything", func(t *testing.T) {
+		err := as.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
+			ObjectMeta: metav1.ObjectMeta{Name: "mine"},
+			Spec: apisv1alpha1.ClusterProviderConfigSpec{
+				ProviderConfigSpec: apisv1alpha1.ProviderConfigSpec{NATSURL: h.s.NATSURL(), Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}},
+				Grants:             []apisv1alpha1.TenantGrant{{Namespaces: []string{tenant}, Import: true, ChooseNode: true}},
+			},
+		})
+		assert.True(t, kerrors.IsForbidden(err), "a tenant writes no cluster-scoped grant: %v", err)
+	})
 
 	ownVolume := func(name string) *v1alpha1.Volume {
 		v := volume(name)
 		v.Namespace = tenant
-		h.create(t, v)
+		create(v)
 		return v
 	}
 	vmOn := func(name, disk string, change func(*v1alpha1.VirtualMachine)) *v1alpha1.VirtualMachine {
@@ -69,14 +107,14 @@ func TestHostileTenant(t *testing.T) {
 			}},
 		}
 		change(vm)
-		h.create(t, vm)
+		create(vm)
 		return vm
 	}
 	refusedFor := func(t *testing.T, o client.Object, conditions func() xpv2.Condition, want string) {
 		t.Helper()
 		require.Eventually(t, func() bool {
-			return h.kube.Get(ctx, client.ObjectKeyFromObject(o), o) == nil && strings.Contains(conditions().Message, want)
-		}, 60*time.Second, 100*time.Millisecond, "%T %s is refused saying %q; last %+v", o, o.GetName(), want, conditions())
+			return as.Get(ctx, client.ObjectKeyFromObject(o), o) == nil && strings.Contains(conditions().Message, want)
+		}, 60*time.Second, 100*time.Millisecond, "%T %s is refused saying %q", o, o.GetName(), want)
 		assert.True(t, strings.HasPrefix(conditions().Message, "refused:") || strings.Contains(conditions().Message, ": refused:"), "the message says it was refused: %s", conditions().Message)
 		warned := func(e corev1.Event) bool {
 			return e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, want)
@@ -94,7 +132,7 @@ func TestHostileTenant(t *testing.T) {
 		refusedFor(t, vm, func() xpv2.Condition { return vm.GetCondition(xpv2.TypeSynced) }, `imports "`+guest+`" by crossplane.io/external-name`)
 		assert.Equal(t, v1alpha1.PhaseFailed, vm.Status.AtProvider.Phase)
 		assert.Empty(t, vm.Status.AtProvider.ID, "nothing of the guest is shown")
-		h.deleteObject(t, vm)
+		deleteAndWait(t, vm)
 		running, _ := libvirtInspect(t, h, node, guest)
 		assert.True(t, running, "the host's guest still runs")
 	})
@@ -107,7 +145,7 @@ func TestHostileTenant(t *testing.T) {
 		})
 		refusedFor(t, vm, func() xpv2.Condition { return vm.GetCondition(xpv2.TypeSynced) }, `names node "`+node+`" in the annotation`)
 		assert.Zero(t, h.domains(t, node)[string(vm.UID)], "no guest of the VM on the node")
-		h.deleteObject(t, vm)
+		deleteAndWait(t, vm)
 	})
 
 	t.Run("ImportingAHostVolumeIsRefusedAndDeletingItLeavesIt", func(t *testing.T) {
@@ -115,24 +153,24 @@ func TestHostileTenant(t *testing.T) {
 		v.Namespace = tenant
 		meta.SetExternalName(v, vault)
 		meta.AddAnnotations(v, map[string]string{v1alpha1.AnnotationNode: node})
-		h.create(t, v)
+		create(v)
 		require.Eventually(t, func() bool {
-			return h.kube.Get(ctx, client.ObjectKeyFromObject(v), v) == nil && v.Status.AtProvider.Phase == v1alpha1.PhaseFailed
-		}, 30*time.Second, 100*time.Millisecond, "Volume refused: %+v", v.Status.Conditions)
+			return as.Get(ctx, client.ObjectKeyFromObject(v), v) == nil && v.Status.AtProvider.Phase == v1alpha1.PhaseFailed
+		}, 30*time.Second, 100*time.Millisecond, "the Volume is refused")
 		assert.Contains(t, v.GetCondition(xpv2.TypeReady).Message, `refused: the Volume imports "`+vault+`"`)
 		assert.Nil(t, v.Status.AtProvider.Capacity, "nothing of the volume is shown")
 		assert.Empty(t, v.Status.AtProvider.ID, "nothing of the volume is shown")
-		h.deleteObject(t, v)
+		deleteAndWait(t, v)
 		assert.True(t, h.nodeVolumeExists(t, node, vault), "the host's volume stays")
 	})
 
 	t.Run("JoiningAHostBridgeIsRefused", func(t *testing.T) {
-		require.NoError(t, h.kube.Create(ctx, &v1alpha1.VirtualNetwork{
+		create(&v1alpha1.VirtualNetwork{
 			ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "mgmt"},
 			Spec: v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{
 				Mode: v1alpha1.NetworkModeBridge, Bridge: "br-mgmt",
 			}},
-		}))
+		})
 		ownVolume("bridged-root")
 		vm := vmOn("bridged", "bridged-root", func(vm *v1alpha1.VirtualMachine) {
 			vm.Spec.ForProvider.VirtualNetworks = []v1alpha1.LocalName{"mgmt"}
@@ -148,7 +186,7 @@ func TestHostileTenant(t *testing.T) {
 			Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{CIDR: "192.168.122.0/24"}},
 		}
 		meta.SetExternalName(lab, "default")
-		require.NoError(t, h.kube.Create(ctx, lab))
+		create(lab)
 		ownVolume("lab-root")
 		vm := vmOn("lab-user", "lab-root", func(vm *v1alpha1.VirtualMachine) {
 			vm.Spec.ForProvider.VirtualNetworks = []v1alpha1.LocalName{"lab"}
@@ -165,23 +203,23 @@ func TestHostileTenant(t *testing.T) {
 				Format: ptr(v1alpha1.DiskFormatRaw),
 			}},
 		}
-		require.NoError(t, h.kube.Create(ctx, img))
+		create(img)
 		v := imageVolume("from-secret", "secret")
 		v.Namespace = tenant
-		h.create(t, v)
+		create(v)
 		vm := vmOn("reader", "from-secret", func(*v1alpha1.VirtualMachine) {})
 		require.Eventually(t, func() bool {
-			return h.kube.Get(ctx, client.ObjectKeyFromObject(img), img) == nil &&
+			return as.Get(ctx, client.ObjectKeyFromObject(img), img) == nil &&
 				img.Status.AtProvider.Phase == v1alpha1.ImagePhaseFailed
-		}, 60*time.Second, 100*time.Millisecond, "the DiskImage fails: %+v", img.Status.AtProvider)
+		}, 60*time.Second, 100*time.Millisecond, "the DiskImage fails")
 		assert.Contains(t, img.Status.AtProvider.Message, "refused")
 		assert.Zero(t, fetched.Load(), "the image server on the node's loopback received no request")
-		require.NoError(t, h.kube.Get(ctx, client.ObjectKeyFromObject(vm), vm))
+		require.NoError(t, as.Get(ctx, client.ObjectKeyFromObject(vm), vm))
 		assert.NotEqual(t, v1alpha1.PhaseRunning, vm.Status.AtProvider.Phase)
 	})
 
 	t.Run("AProviderConfigCannotBorrowTheHubsSecret", func(t *testing.T) {
-		require.NoError(t, h.kube.Create(ctx, &apisv1alpha1.ProviderConfig{
+		create(&apisv1alpha1.ProviderConfig{
 			ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "borrowed"},
 			Spec: apisv1alpha1.ProviderConfigSpec{
 				NATSURL: h.s.NATSURL(),
@@ -193,15 +231,15 @@ func TestHostileTenant(t *testing.T) {
 					}},
 				},
 			},
-		}))
+		})
 		ownVolume("borrower-root")
 		vm := vmOn("borrower", "borrower-root", func(vm *v1alpha1.VirtualMachine) {
 			vm.SetProviderConfigReference(&xpv2.ProviderConfigReference{Kind: apisv1alpha1.ProviderConfigKind, Name: "borrowed"})
 		})
 		require.Eventually(t, func() bool {
-			return h.kube.Get(ctx, client.ObjectKeyFromObject(vm), vm) == nil &&
+			return as.Get(ctx, client.ObjectKeyFromObject(vm), vm) == nil &&
 				strings.Contains(vm.GetCondition(xpv2.TypeReady).Message+vm.GetCondition(xpv2.TypeSynced).Message, "reads Secrets only in its own namespace "+tenant)
-		}, 60*time.Second, 100*time.Millisecond, "the VM says why: %+v", vm.Status.Conditions)
+		}, 60*time.Second, 100*time.Millisecond, "the VM says why it is refused")
 		assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationNode], "placed nowhere")
 	})
 }

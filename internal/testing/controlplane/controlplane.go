@@ -170,6 +170,18 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 	return cp, nil
 }
 
+// UserClient is a client of a new user name in groups, authenticated by a
+// client certificate: with no RoleBinding it may do nothing, so a test
+// acting as a tenant grants it exactly what a tenant gets.
+func (cp *ControlPlane) UserClient(name string, groups ...string) (client.Client, error) {
+	u, err := cp.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot create user %s", name)
+	}
+	c, err := client.New(u.Config(), client.Options{Scheme: cp.Scheme})
+	return c, errors.Wrapf(err, "cannot create a client for user %s", name)
+}
+
 // Stop stops kube-apiserver and etcd and removes their data.
 func (cp *ControlPlane) Stop() error {
 	return errors.Wrap(cp.env.Stop(), "cannot stop the control plane")
