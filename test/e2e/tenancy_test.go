@@ -29,12 +29,12 @@ import (
 // TestHostileTenant acts as a tenant, a user with nothing but a Role on
 // virtfleet's resources in its own namespace, which the administrator
 // granted nothing (stack.DefaultGrants names only default and guests),
-// against a libvirt node that also runs a guest and
-// has a volume, a network and an image server of the host's own. Each
-// attempt to reach them is refused in the tenant's status and events,
-// reveals nothing of them, and leaves them as they were, also once the
-// tenant deletes what it made. The same imports succeed in a granted
-// namespace (TestImportVolumeAndNetwork, TestOrphanAdoptImport).
+// against a libvirt node that also runs a guest and has a volume, a
+// network and an image server of the host's own. Each attempt to reach
+// them is refused in the tenant's status and events, reveals nothing of
+// them, and leaves them as they were, also once the tenant deletes what
+// it made. The same imports succeed in a granted namespace
+// (TestImportVolumeAndNetwork, TestOrphanAdoptImport).
 func TestHostileTenant(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
