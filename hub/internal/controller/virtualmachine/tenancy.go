@@ -33,10 +33,11 @@ func admitNode(vm *v1alpha1.VirtualMachine, node string, g tenancy.Grant, f *fle
 }
 
 // admit says whether the VM may use what it refers to: a Volume bound to a
-// node by hand or importing a node's volume, a VirtualNetwork importing a
-// node's network or joining a host bridge; each is refused unless g, its
-// namespace's grant, allows it. It gives the images the sources g allows.
-func (d *dependencies) admit(g tenancy.Grant, sealed func(metav1.Object) bool) error {
+// node by hand (not boundByHub) or importing a node's volume, a
+// VirtualNetwork importing a node's network or joining a host bridge; each
+// is refused unless g, its namespace's grant, allows it. It gives the
+// images the sources g allows.
+func (d *dependencies) admit(g tenancy.Grant, boundByHub func(metav1.Object) bool) error {
 	volumes := append([]v1alpha1.Volume{}, d.volumes...)
 	for _, src := range d.sources {
 		volumes = append(volumes, *src)
@@ -49,7 +50,7 @@ func (d *dependencies) admit(g tenancy.Grant, sealed func(metav1.Object) bool) e
 			if err := g.CheckImport(fmt.Sprintf("Volume %s", v.Name), ext); err != nil {
 				return err
 			}
-		case node != "" && !sealed(v):
+		case node != "" && !boundByHub(v):
 			if err := g.CheckNode(fmt.Sprintf("Volume %s", v.Name), node); err != nil {
 				return err
 			}

@@ -148,3 +148,37 @@ func TestImagesCarryTheirNamespacesSources(t *testing.T) {
 	require.NoError(t, d.admit(tenancy.Grant{}, f.Sealed))
 	assert.Empty(t, intent(machine, d).Machine.Disks[0].Image.AllowedSources, "a namespace granted nothing may fetch from the public internet only")
 }
+
+// TestAVolumeOnTheVMsOwnNodeNeedsNoSeal: once the VM is admitted to its
+// node, a Volume bound to that same node chooses nothing more, sealed or
+// not (bound by a hub from before seals); one bound by hand elsewhere is
+// still refused.
+func TestAVolumeOnTheVMsOwnNodeNeedsNoSeal(t *testing.T) {
+	f := fleettest.Start(t, bus.NewFake())
+	placed := sealed(f, vm(func(v *v1alpha1.VirtualMachine) {
+		v.Spec.ForProvider.VirtualNetworks = nil
+		v.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "root"}}
+		meta.AddAnnotations(v, map[string]string{v1alpha1.AnnotationNode: testNode})
+	}))
+	cases := map[string]struct {
+		root    *v1alpha1.Volume
+		refused bool
+	}{
+		"UnsealedOnTheVMsNode":      {root: vol("root", testNode)},
+		"UnsealedOnAnotherNode":     {root: vol("root", "node2"), refused: true},
+		"SealedOnTheVMsNode":        {root: sealed(f, vol("root", testNode))},
+		"UnboundAndWaitingForTheVM": {root: vol("root", "")},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			e := &external{connector: &connector{kube: kube(t, tc.root)}, fleet: f, grant: tenancy.Grant{Namespace: "default"}}
+			_, err := e.resolve(context.Background(), placed)
+			if !tc.refused {
+				assert.NoError(t, err)
+				return
+			}
+			var r *tenancy.RefusedError
+			assert.ErrorAs(t, err, &r)
+		})
+	}
+}

@@ -356,12 +356,19 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 }
 
 // resolve reads what the VM refers to and admits it (dependencies.admit).
+// The VM itself was admitted to its node (admitNode), so a Volume bound to
+// that same node chooses nothing the VM does not have already, sealed or
+// not: one bound by a hub from before seals, say, whose VM runs on.
 func (e *external) resolve(ctx context.Context, vm *v1alpha1.VirtualMachine) (dependencies, error) {
 	d, err := resolve(ctx, e.kube, vm)
 	if err != nil {
 		return d, err
 	}
-	return d, d.admit(e.grant, e.fleet.Sealed)
+	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	boundByHub := func(o metav1.Object) bool {
+		return e.fleet.Sealed(o) || (node != "" && o.GetAnnotations()[v1alpha1.AnnotationNode] == node)
+	}
+	return d, d.admit(e.grant, boundByHub)
 }
 
 // flagForeign has the fleet flag, once the reconcile is over, the reports
