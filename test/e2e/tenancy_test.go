@@ -177,6 +177,12 @@ func TestHostileTenant(t *testing.T) {
 		})
 		refusedFor(t, vm, func() xpv2.Condition { return vm.GetCondition(xpv2.TypeReady) }, `joins host bridge "br-mgmt"`)
 		assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationNode], "placed nowhere")
+		mgmt := &v1alpha1.VirtualNetwork{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "mgmt"}}
+		require.Eventually(t, func() bool {
+			return as.Get(ctx, client.ObjectKeyFromObject(mgmt), mgmt) == nil &&
+				strings.Contains(mgmt.GetCondition(xpv2.TypeReady).Message, `refused: the VirtualNetwork joins host bridge "br-mgmt"`)
+		}, 30*time.Second, 100*time.Millisecond, "the network itself says why")
+		assert.Equal(t, v1alpha1.PhaseFailed, mgmt.Status.AtProvider.Phase)
 		assert.NotContains(t, h.nodeNetworks(t, node), tenant+"_mgmt", "no network made for it")
 	})
 

@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 )
@@ -96,6 +98,26 @@ func (g Grant) CheckNode(kind, node string) error {
 		return nil
 	}
 	return &RefusedError{What: fmt.Sprintf("the %s names node %q in the annotation %s, which only virtfleet's placement sets", kind, node, v1alpha1.AnnotationNode), Namespace: g.Namespace, Field: "chooseNode: true"}
+}
+
+// CheckNetwork says whether the namespace may have the VirtualNetwork n:
+// one that imports a node's network needs the import grant, one in bridge
+// mode its host bridge granted.
+func (g Grant) CheckNetwork(n *v1alpha1.VirtualNetwork) error {
+	if ext := meta.GetExternalName(n); ext != "" {
+		if err := g.CheckImport(fmt.Sprintf("VirtualNetwork %s", n.Name), ext); err != nil {
+			return err
+		}
+	}
+	if fp := n.Spec.ForProvider; fp.Mode == v1alpha1.NetworkModeBridge {
+		return g.CheckBridge(fp.Bridge)
+	}
+	return nil
+}
+
+// NeedsGrant is whether n asks for anything a namespace owns only by grant.
+func NeedsGrant(n *v1alpha1.VirtualNetwork) bool {
+	return meta.GetExternalName(n) != "" || n.Spec.ForProvider.Mode == v1alpha1.NetworkModeBridge
 }
 
 // CheckBridge says whether the namespace's bridge-mode networks may join the

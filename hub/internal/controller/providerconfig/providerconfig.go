@@ -116,8 +116,14 @@ func (r *Resolver) Read(ctx context.Context, mg resource.ModernManaged) (Config,
 // Grant is what namespace may reach beyond its own, as every
 // ClusterProviderConfig grants it.
 func (r *Resolver) Grant(ctx context.Context, namespace string) (tenancy.Grant, error) {
+	return GrantOf(ctx, r.kube, namespace)
+}
+
+// GrantOf is what namespace may reach beyond its own, as every
+// ClusterProviderConfig kube lists grants it.
+func GrantOf(ctx context.Context, kube client.Reader, namespace string) (tenancy.Grant, error) {
 	cpcs := &apisv1alpha1.ClusterProviderConfigList{}
-	if err := r.kube.List(ctx, cpcs); err != nil {
+	if err := kube.List(ctx, cpcs); err != nil {
 		return tenancy.Grant{}, errors.Wrap(err, "cannot list ClusterProviderConfigs for the namespace's grants")
 	}
 	return tenancy.For(cpcs.Items, namespace), nil

@@ -57,16 +57,8 @@ func (d *dependencies) admit(g tenancy.Grant, boundByHub func(metav1.Object) boo
 		}
 	}
 	for i := range d.networks {
-		n := &d.networks[i]
-		if ext := meta.GetExternalName(n); ext != "" {
-			if err := g.CheckImport(fmt.Sprintf("VirtualNetwork %s", n.Name), ext); err != nil {
-				return err
-			}
-		}
-		if fp := n.Spec.ForProvider; fp.Mode == v1alpha1.NetworkModeBridge {
-			if err := g.CheckBridge(fp.Bridge); err != nil {
-				return err
-			}
+		if err := g.CheckNetwork(&d.networks[i]); err != nil {
+			return err
 		}
 	}
 	d.imageSources = g.ImageSources
