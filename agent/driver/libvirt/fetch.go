@@ -41,8 +41,16 @@ type refusal interface {
 
 // isRefusal reports whether err, or any error it wraps, is a refusal.
 func isRefusal(err error) bool {
+	return refusalOf(err) != nil
+}
+
+// refusalOf returns the refusal err wraps, or nil.
+func refusalOf(err error) refusal {
 	var r refusal
-	return errors.As(err, &r)
+	if errors.As(err, &r) {
+		return r
+	}
+	return nil
 }
 
 // AddressRefusedError is a connection refused because its address is not

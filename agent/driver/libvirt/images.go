@@ -160,16 +160,17 @@ func importInput(img *driver.Image) string {
 // acquire waits for a download slot, marking job queued meanwhile, and
 // returns the function that frees it.
 func (s *images) acquire(ctx context.Context, job *importJob) (release func(), err error) {
+	release = func() { <-s.slots }
 	select {
 	case s.slots <- struct{}{}:
-		return func() { <-s.slots }, nil
+		return release, nil
 	default:
 	}
 	job.queued.Store(true)
 	defer job.queued.Store(false)
 	select {
 	case s.slots <- struct{}{}:
-		return func() { <-s.slots }, nil
+		return release, nil
 	case <-ctx.Done():
 		return nil, errors.Wrap(ctx.Err(), "stopped waiting for a download slot")
 	}
@@ -376,15 +377,6 @@ func (s *images) download(ctx context.Context, img *driver.Image, job *importJob
 		return f.Name(), 0, errors.Errorf("image %s from %s failed its checksum: expected sha256 %s, got %s; nothing was kept", img.Name, img.URL, img.SHA256, got)
 	}
 	return f.Name(), n, nil
-}
-
-// refusalOf returns the refusal err wraps, or nil.
-func refusalOf(err error) refusal {
-	var r refusal
-	if errors.As(err, &r) {
-		return r
-	}
-	return nil
 }
 
 // timedOut names the download's time limit when ctx ran out of it, and

@@ -113,12 +113,6 @@ func (r *Resolver) Read(ctx context.Context, mg resource.ModernManaged) (Config,
 	return Config{Target: t, NodeSelector: spec.NodeSelector}, nil
 }
 
-// Grant is what namespace may reach beyond its own, as every
-// ClusterProviderConfig grants it.
-func (r *Resolver) Grant(ctx context.Context, namespace string) (tenancy.Grant, error) {
-	return GrantOf(ctx, r.kube, namespace)
-}
-
 // GrantOf is what namespace may reach beyond its own, as every
 // ClusterProviderConfig kube lists grants it.
 func GrantOf(ctx context.Context, kube client.Reader, namespace string) (tenancy.Grant, error) {

@@ -364,7 +364,7 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	if err != nil {
 		return binding{}, err
 	}
-	g, err := s.configs.Grant(ctx, vm.Namespace)
+	g, err := providerconfig.GrantOf(ctx, s.cache, vm.Namespace)
 	if err != nil {
 		return binding{}, err
 	}

@@ -2,6 +2,8 @@ package virtualmachine
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -38,22 +40,24 @@ func admitNode(vm *v1alpha1.VirtualMachine, node string, g tenancy.Grant, f *fle
 // is refused unless g, its namespace's grant, allows it. It gives the
 // images the sources g allows.
 func (d *dependencies) admit(g tenancy.Grant, boundByHub func(metav1.Object) bool) error {
-	volumes := append([]v1alpha1.Volume{}, d.volumes...)
-	for _, src := range d.sources {
-		volumes = append(volumes, *src)
-	}
-	for i := range volumes {
-		v := &volumes[i]
+	volume := func(v *v1alpha1.Volume) error {
 		node := v.GetAnnotations()[v1alpha1.AnnotationNode]
 		switch ext := meta.GetExternalName(v); {
 		case ext != "":
-			if err := g.CheckImport(fmt.Sprintf("Volume %s", v.Name), ext); err != nil {
-				return err
-			}
+			return g.CheckImport(fmt.Sprintf("Volume %s", v.Name), ext)
 		case node != "" && !boundByHub(v):
-			if err := g.CheckNode(fmt.Sprintf("Volume %s", v.Name), node); err != nil {
-				return err
-			}
+			return g.CheckNode(fmt.Sprintf("Volume %s", v.Name), node)
+		}
+		return nil
+	}
+	for i := range d.volumes {
+		if err := volume(&d.volumes[i]); err != nil {
+			return err
+		}
+	}
+	for _, image := range slices.Sorted(maps.Keys(d.sources)) {
+		if err := volume(d.sources[image]); err != nil {
+			return err
 		}
 	}
 	for i := range d.networks {

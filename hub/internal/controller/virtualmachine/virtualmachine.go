@@ -267,7 +267,7 @@ func (c *connector) Connect(ctx context.Context, vm *v1alpha1.VirtualMachine) (m
 	if err != nil {
 		return nil, err
 	}
-	g, err := c.configs.Grant(ctx, vm.Namespace)
+	g, err := providerconfig.GrantOf(ctx, c.kube, vm.Namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -295,14 +295,16 @@ type external struct {
 // create must not lose, the node, is already recorded.
 func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
-	if err := admitNode(vm, node, e.grant, e.fleet); node != "" && err != nil {
-		if meta.WasDeleted(vm) {
-			// Nothing was published to a node the VM was refused.
-			return managed.ExternalObservation{ResourceExists: false}, nil
+	if node != "" {
+		if err := admitNode(vm, node, e.grant, e.fleet); err != nil {
+			if meta.WasDeleted(vm) {
+				// Nothing was published to a node the VM was refused.
+				return managed.ExternalObservation{ResourceExists: false}, nil
+			}
+			vm.Status.AtProvider.Phase = v1alpha1.PhaseFailed
+			vm.SetConditions(notReady(v1alpha1.PhaseFailed, err.Error()))
+			return managed.ExternalObservation{}, err
 		}
-		vm.Status.AtProvider.Phase = v1alpha1.PhaseFailed
-		vm.SetConditions(notReady(v1alpha1.PhaseFailed, err.Error()))
-		return managed.ExternalObservation{}, err
 	}
 	if meta.WasDeleted(vm) {
 		if keepsGuest(vm, e.policies) && node != "" {

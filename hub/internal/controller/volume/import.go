@@ -50,15 +50,19 @@ func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.
 		at.Phase = v1alpha1.PhaseFailed
 		return xpv2.Unavailable().WithMessage(fmt.Sprintf("the Volume imports volume %q: set the annotation %s to the node that has it", ext, v1alpha1.AnnotationNode)), nil
 	}
-	f, grant, err := r.fleetOf(ctx, v)
+	refusal, err := r.importRefusal(ctx, v, ext)
 	if err != nil {
 		return ready, err
 	}
-	if err := grant.CheckImport("Volume", ext); err != nil {
+	if refusal != nil {
 		// Nothing is asked of the node, so nothing of its volume is
 		// revealed, and nothing of it is deleted with the Volume.
 		at.Phase = v1alpha1.PhaseFailed
-		return xpv2.Unavailable().WithMessage(err.Error()), nil
+		return xpv2.Unavailable().WithMessage(refusal.Error()), nil
+	}
+	f, err := r.fleetOf(ctx, v)
+	if err != nil {
+		return ready, err
 	}
 	owner, err := firstImporter(ctx, kube, v, node)
 	if err != nil {

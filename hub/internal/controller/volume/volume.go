@@ -29,7 +29,6 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
-	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 )
 
 // ReasonNodeLost is the event of a Volume let go without its node confirming
@@ -125,20 +124,20 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 	if node == "" {
 		return true, nil
 	}
-	f, grant, err := r.fleetOf(ctx, v)
-	if err != nil {
-		return false, err
-	}
 	if ext := meta.GetExternalName(v); ext != "" {
 		// A volume the namespace may not import was never asked of the
 		// node, and one another Volume imported first is that Volume's:
 		// this one never had it and leaves it alone.
-		if grant.CheckImport("Volume", ext) != nil {
-			return true, nil
+		if refusal, err := r.importRefusal(ctx, v, ext); err != nil || refusal != nil {
+			return err == nil, err
 		}
 		if owner, err := firstImporter(ctx, r.kube, v, node); err != nil || owner != nil {
 			return err == nil, err
 		}
+	}
+	f, err := r.fleetOf(ctx, v)
+	if err != nil {
+		return false, err
 	}
 	uid := string(v.UID)
 
@@ -180,20 +179,27 @@ func (r *Releaser) forget(uid string) {
 }
 
 // fleetOf is the Fleet of v's ProviderConfig, whose reports about v now
-// wake it, and what v's namespace was granted.
-func (r *Releaser) fleetOf(ctx context.Context, v *v1alpha1.Volume) (*fleet.Fleet, tenancy.Grant, error) {
+// wake it.
+func (r *Releaser) fleetOf(ctx context.Context, v *v1alpha1.Volume) (*fleet.Fleet, error) {
 	pc, err := r.configs.Resolve(ctx, v)
 	if err != nil {
-		return nil, tenancy.Grant{}, err
+		return nil, err
 	}
 	f, err := r.pool.Get(ctx, pc.Target)
 	if err != nil {
-		return nil, tenancy.Grant{}, err
-	}
-	g, err := r.configs.Grant(ctx, v.Namespace)
-	if err != nil {
-		return nil, tenancy.Grant{}, err
+		return nil, err
 	}
 	r.notifier.Remember(v)
-	return f, g, nil
+	return f, nil
+}
+
+// importRefusal is why v's namespace may not import the volume ext (a
+// tenancy.RefusedError), or nil when it may; err is a failure to read the
+// grants, which a retry mends.
+func (r *Releaser) importRefusal(ctx context.Context, v *v1alpha1.Volume, ext string) (refusal, err error) {
+	g, err := providerconfig.GrantOf(ctx, r.kube, v.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	return g.CheckImport("Volume", ext), nil
 }
