@@ -273,3 +273,51 @@ func TestClaimRefusals(t *testing.T) {
 	_, err := e.d.ObserveRef(ctx, driver.Ref{ExternalName: "nothing-here"})
 	assert.True(t, driver.IsNotFound(err), "%v", err)
 }
+
+// staleReads answers reads from what the informers held at one moment,
+// as informers lagging behind a write do.
+type staleReads struct {
+	client.Client
+	vms kubevirtv1.VirtualMachineList
+}
+
+func (s *staleReads) List(_ context.Context, list client.ObjectList, _ ...client.ListOption) error {
+	if vms, ok := list.(*kubevirtv1.VirtualMachineList); ok {
+		s.vms.DeepCopyInto(vms)
+	}
+	return nil
+}
+
+func (s *staleReads) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	for i := range s.vms.Items {
+		if vm, ok := obj.(*kubevirtv1.VirtualMachine); ok && s.vms.Items[i].Name == key.Name {
+			s.vms.Items[i].DeepCopyInto(vm)
+			return nil
+		}
+	}
+	return kerrors.NewNotFound(kubevirtv1.Resource("virtualmachines"), key.Name)
+}
+
+// TestDeleteAfterReleaseWithLaggingInformers deletes a guest released a
+// moment ago while the informers still show it managed: the orphan stays.
+func TestDeleteAfterReleaseWithLaggingInformers(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	m := e.machine()
+	e.ensureUntil(m, phaseIs(driver.PhaseRunning))
+	before := &staleReads{}
+	require.NoError(t, e.kube.List(ctx, &before.vms, client.InNamespace(e.ns)))
+	require.Len(t, before.vms.Items, 1)
+
+	require.NoError(t, e.d.Release(ctx, m.UID, "the-seal"))
+	e.d.mu.Lock()
+	before.Client = e.d.conn.client
+	e.d.conn.client = before
+	e.d.mu.Unlock()
+	require.NoError(t, e.d.Delete(ctx, m.UID))
+
+	left := e.byName(VMName(m.UID))
+	require.NotNil(t, left, "the orphan stays")
+	assert.Nil(t, left.DeletionTimestamp, "and is not being deleted")
+	assert.Equal(t, "true", left.Labels[LabelOrphaned])
+}

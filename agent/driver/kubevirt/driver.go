@@ -699,7 +699,10 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 	if err != nil {
 		return err
 	}
-	vm, _, err := d.get(ctx, c, uid)
+	// Read from the API server, not the informers, and delete only the
+	// version read: a VM released a moment ago may still look managed in
+	// the informers, and deleting it would destroy the orphan.
+	vm, err := d.lookup(ctx, d.live, uid)
 	switch {
 	case driver.IsNotFound(err): // also a *NotOursError
 		return nil
@@ -707,11 +710,13 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 		return err
 	}
 	if vm.DeletionTimestamp == nil {
-		err := c.Delete(ctx, vm, client.Preconditions{UID: &vm.UID})
-		if kerrors.IsNotFound(err) {
+		err := c.Delete(ctx, vm, client.Preconditions{UID: &vm.UID, ResourceVersion: &vm.ResourceVersion})
+		switch {
+		case kerrors.IsNotFound(err):
 			return nil
-		}
-		if err != nil {
+		case kerrors.IsConflict(err):
+			return errors.Wrap(err, "the KubeVirt VirtualMachine changed while being deleted")
+		case err != nil:
 			return errors.Wrap(err, "cannot delete the KubeVirt VirtualMachine")
 		}
 	}
