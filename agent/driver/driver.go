@@ -268,6 +268,33 @@ type Network struct {
 	Mode NetworkMode
 	// Bridge is the host bridge a bridge-mode network joins.
 	Bridge string
+	// UID is the VirtualNetwork's uid, the same on every node: what a
+	// network's nodes derive alike from it (the gateway's MAC) is the same
+	// everywhere.
+	UID string
+	// Address is the guest interface's address in CIDR, with the network's
+	// prefix length, as the hub allocated it; the zero Prefix when the hub
+	// gives none (an imported or bridge-mode network). The driver gives the
+	// interface this address (a DHCP reservation for its MAC, or however
+	// the backend does it natively) and its network hands out no other.
+	Address netip.Prefix
+	// VNI, when not 0, joins the network's bridge on this node to the same
+	// network on the other nodes (an Overlay driver's peers) as one L2
+	// segment; the guest's MTU is the underlay's less the encapsulation.
+	VNI int32
+}
+
+// Overlay is implemented by a Driver whose networks can span nodes (a
+// Network with a VNI). The node announces TunnelAddress in its heartbeat;
+// the hub sends every node the others' (wire.Fabric) and the agent hands
+// them to SetPeers, before the first Ensure and whenever they change.
+type Overlay interface {
+	// TunnelAddress is the node's address on the underlay; invalid when
+	// the node has none configured, and then no Network may have a VNI.
+	TunnelAddress() netip.Addr
+	// SetPeers sets the other nodes' tunnel addresses: every overlay of the
+	// node floods its broadcasts (ARP, DHCP) to each of them, and no other.
+	SetPeers(ctx context.Context, peers []netip.Addr) error
 }
 
 // NetworkMode is how a network reaches the outside.

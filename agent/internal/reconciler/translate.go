@@ -82,13 +82,26 @@ func machine(in wire.Intent) (driver.Machine, error) {
 		if n.Name == "" {
 			return driver.Machine{}, driver.Terminalf("malformed intent: machine.networks[%d].name is empty", i)
 		}
-		m.Networks = append(m.Networks, driver.Network{
+		net := driver.Network{
 			Name:     nodeNetwork(in.Namespace, n),
 			Imported: n.ExternalName != "",
 			CIDR:     n.CIDR,
 			Mode:     driver.NetworkMode(n.Mode),
 			Bridge:   n.Bridge,
-		})
+			UID:      n.UID,
+			VNI:      n.VNI,
+		}
+		if n.VNI < 0 || n.VNI >= 1<<24 {
+			return driver.Machine{}, driver.Terminalf("malformed intent: machine.networks[%d].vni %d is not a VXLAN network identifier (0 to 16777215)", i, n.VNI)
+		}
+		if n.Address != "" {
+			p, err := netip.ParsePrefix(n.Address)
+			if err != nil || !p.Addr().Is4() {
+				return driver.Machine{}, driver.Terminalf("malformed intent: machine.networks[%d].address %q is not an IPv4 address with prefix length such as 10.10.120.7/24", i, n.Address)
+			}
+			net.Address = p
+		}
+		m.Networks = append(m.Networks, net)
 	}
 	return m, nil
 }

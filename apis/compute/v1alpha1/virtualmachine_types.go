@@ -83,6 +83,18 @@ type VirtualMachineParameters struct {
 	// +optional
 	VirtualNetworks []LocalName `json:"virtualNetworks,omitempty"`
 
+	// Addresses fixes the IPv4 address of the interface on a network; an
+	// interface not listed gets a free address of its network. The hub
+	// allocates every address in the network's cidr, unique across the
+	// fleet, keeps it while the VM exists and releases it when the VM is
+	// deleted. An address outside the cidr, the network's own (its first
+	// and last) or held by another VM is refused.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=map
+	// +listMapKey=network
+	// +optional
+	Addresses []InterfaceAddress `json:"addresses,omitempty"`
+
 	// DiskAttachments are the Volumes attached to the guest. The first is the
 	// boot disk.
 	// +kubebuilder:validation:MinItems=1
@@ -115,6 +127,16 @@ type VirtualMachineParameters struct {
 	// Firmware the guest boots with. Unset means bios.
 	// +optional
 	Firmware *Firmware `json:"firmware,omitempty"`
+}
+
+// InterfaceAddress is the address a VM's interface on a network must have.
+type InterfaceAddress struct {
+	// Network is one of the VM's virtualNetworks.
+	Network LocalName `json:"network"`
+	// Address is an IPv4 address in the network's cidr.
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:XValidation:rule="isIP(self) && ip(self).family() == 4",message="address must be an IPv4 address such as 10.10.120.10"
+	Address string `json:"address"`
 }
 
 // IsRunning reports the desired power state; an unset field means running,

@@ -62,6 +62,19 @@ type VirtualNetworkObservation struct {
 	// network.
 	// +optional
 	AttachedCount int32 `json:"attachedCount"`
+
+	// VNI is the VXLAN network identifier that joins the network's bridges
+	// on libvirt nodes into one segment, unique in the fleet.
+	// +optional
+	VNI int32 `json:"vni,omitempty"`
+
+	// AddressesAllocated is how many of the cidr's addresses the hub has
+	// given to VM interfaces; AddressesTotal is how many it can give (the
+	// cidr less its network, gateway and broadcast addresses).
+	// +optional
+	AddressesAllocated int32 `json:"addressesAllocated,omitempty"`
+	// +optional
+	AddressesTotal int32 `json:"addressesTotal,omitempty"`
 }
 
 // VirtualNetworkSpec defines the desired state of a VirtualNetwork.
@@ -85,6 +98,8 @@ type VirtualNetworkStatus struct {
 // +kubebuilder:printcolumn:name="MODE",type="string",JSONPath=".spec.forProvider.mode"
 // +kubebuilder:printcolumn:name="CIDR",type="string",JSONPath=".spec.forProvider.cidr"
 // +kubebuilder:printcolumn:name="VMS",type="integer",JSONPath=".status.atProvider.attachedCount"
+// +kubebuilder:printcolumn:name="ADDRESSES",type="integer",JSONPath=".status.atProvider.addressesAllocated"
+// +kubebuilder:printcolumn:name="NODES",type="string",JSONPath=".status.atProvider.nodes",priority=1
 // +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
 // +kubebuilder:printcolumn:name="READY",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].status",priority=1
 // +kubebuilder:printcolumn:name="SYNCED",type="string",JSONPath=".status.conditions[?(@.type=='Synced')].status",priority=1

@@ -120,6 +120,22 @@ func ParseImageKey(rest string) (uid string, ok bool) {
 	return uid, true
 }
 
+// fabricToken sets a node's Fabric key apart: "<node>.fabric.peers" has two
+// tokens after the node, so it is never a guest key.
+const fabricToken = "fabric"
+
+// FabricKey is the BucketIntents key of a node's Fabric:
+// "<node>.fabric.peers".
+func FabricKey(node string) (string, error) {
+	return joinKey(node, fabricToken, "peers")
+}
+
+// IsFabricKey says whether a key's rest (as ParseKey returns it) is the
+// node's Fabric.
+func IsFabricKey(rest string) bool {
+	return rest == fabricToken+".peers"
+}
+
 // NodeKey is the BucketNodes key of a node's heartbeat: "<node>".
 func NodeKey(node string) (string, error) {
 	if err := ValidateNodeName(node); err != nil {

@@ -154,6 +154,28 @@ type Network struct {
 	// Empty means the node's network NodeName(Namespace, Name), made from
 	// Mode, CIDR and Bridge when missing.
 	ExternalName string `json:"externalName,omitempty"`
+	// Address is the interface's address, with the network's prefix length
+	// ("10.10.120.7/24"), as the hub allocated it: the node serves it to
+	// the interface's MAC by DHCP (or configures it where the backend does
+	// so natively) and its DHCP serves no other address. Empty on an
+	// imported or bridge-mode network, whose addresses are not the hub's.
+	Address string `json:"address,omitempty"`
+	// VNI is the VXLAN network identifier joining the network's bridges on
+	// every libvirt node into one segment; 0 keeps the network local to the
+	// node. The peers are the Fabric's.
+	VNI int32 `json:"vni,omitempty"`
+}
+
+// Fabric is what a node needs to join the fleet's overlay: the tunnel
+// addresses of the other nodes. It lives in BucketIntents under
+// FabricKey(node), written by the hub whenever a node announces, changes or
+// loses its NodeHeartbeat.TunnelAddress. A node floods a network's
+// broadcasts to every peer, as a VXLAN zone with a peer list does; a peer
+// without the network drops them.
+type Fabric struct {
+	ProtocolVersion int `json:"protocolVersion"`
+	// Peers are the other nodes' tunnel addresses, sorted.
+	Peers []string `json:"peers,omitempty"`
 }
 
 // BackendParams selects and parameterises the node's Driver.
@@ -251,7 +273,10 @@ type NodeHeartbeat struct {
 	Allocated    Resources         `json:"allocated"`
 	Labels       map[string]string `json:"labels,omitempty"`
 	AgentVersion string            `json:"agentVersion,omitempty"`
-	SentAt       time.Time         `json:"sentAt"`
+	// TunnelAddress is the node's address on the underlay, where the other
+	// nodes send its overlay traffic; empty on a node without an overlay.
+	TunnelAddress string    `json:"tunnelAddress,omitempty"`
+	SentAt        time.Time `json:"sentAt"`
 }
 
 // Resources is an amount of node capacity.
