@@ -5,7 +5,9 @@ package fake
 
 import (
 	"context"
+	"net/netip"
 	"reflect"
+	"slices"
 	"sort"
 	"sync"
 
@@ -37,7 +39,12 @@ type Driver struct {
 	// computed from the guests.
 	Host driver.Capacity
 
+	// Tunnel is what TunnelAddress reports; invalid by default.
+	Tunnel netip.Addr
+
 	mu sync.Mutex
+	// peers are what SetPeers was last given.
+	peers []netip.Addr
 
 	NextEnsureErr   error
 	NextDeleteErr   error
@@ -222,6 +229,24 @@ func (d *Driver) AddForeign(id string, vcpu int32, memoryBytes int64) {
 	defer d.mu.Unlock()
 	m := driver.Machine{VCPU: vcpu, MemoryBytes: memoryBytes}
 	d.foreign[id] = &guest{machine: m, applied: m, obs: driver.Observation{ID: id, Phase: driver.PhaseRunning, Node: d.Node, VCPU: vcpu, MemoryBytes: memoryBytes}}
+}
+
+// TunnelAddress implements driver.Overlay.
+func (d *Driver) TunnelAddress() netip.Addr { return d.Tunnel }
+
+// SetPeers implements driver.Overlay.
+func (d *Driver) SetPeers(_ context.Context, peers []netip.Addr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.peers = slices.Clone(peers)
+	return nil
+}
+
+// Peers is what SetPeers was last given.
+func (d *Driver) Peers() []netip.Addr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.peers)
 }
 
 // Release implements driver.Adopter.

@@ -157,6 +157,9 @@ func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 		AgentVersion: Version,
 		SentAt:       time.Now().UTC(),
 	}
+	if o, ok := h.driver.(driver.Overlay); ok && o.TunnelAddress().IsValid() {
+		hb.TunnelAddress = o.TunnelAddress().String()
+	}
 	c, err := h.driver.Capacity(ctx)
 	switch {
 	case err != nil:

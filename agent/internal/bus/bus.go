@@ -68,6 +68,17 @@ type IntentEvent struct {
 	// Volume is set for a Volume's intent key ("<node>.volume.<uid>"); the
 	// fields above are then empty.
 	Volume *VolumeIntentEvent
+	// Fabric is set for the node's Fabric key (wire.FabricKey); the fields
+	// above are then empty.
+	Fabric *FabricEvent
+}
+
+// FabricEvent is the state of the node's Fabric: the other nodes' tunnel
+// addresses. Deleted means the hub knows no other node with one.
+type FabricEvent struct {
+	Revision uint64
+	Deleted  bool
+	Fabric   wire.Fabric
 }
 
 // VolumeIntentEvent is the state of one of this node's Volume intents.

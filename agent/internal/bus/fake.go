@@ -33,6 +33,12 @@ func (f *Fake) SetIntent(ev IntentEvent) {
 	f.setIntent(ev.UID, func(rev uint64) IntentEvent { ev.Revision = rev; return ev })
 }
 
+// SetFabric plays the hub writing (or, with ev.Deleted, removing) the
+// node's Fabric.
+func (f *Fake) SetFabric(ev FabricEvent) {
+	f.setIntent("fabric.peers", func(rev uint64) IntentEvent { ev.Revision = rev; return IntentEvent{Fabric: &ev} })
+}
+
 // SetVolumeIntent plays the hub writing (or, with ev.Deleted, removing) a
 // Volume's intent.
 func (f *Fake) SetVolumeIntent(ev VolumeIntentEvent) {

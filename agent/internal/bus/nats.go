@@ -394,8 +394,9 @@ func (w *intentWatch) handle(m *nats.Msg) {
 	}
 }
 
-// intentEvent decodes a message: a guest's intent or a Volume's. nil means
-// it is for a kind of per-node intent this agent does not handle yet.
+// intentEvent decodes a message: a guest's intent, a Volume's or the node's
+// Fabric. nil means it is for a kind of per-node intent this agent does not
+// handle yet.
 func (n *NATS) intentEvent(m *nats.Msg, rev uint64) (*IntentEvent, error) {
 	key := strings.TrimPrefix(m.Subject, wire.Subject(wire.BucketIntents, ""))
 	node, rest, err := wire.ParseKey(key)
@@ -412,6 +413,15 @@ func (n *NATS) intentEvent(m *nats.Msg, rev uint64) (*IntentEvent, error) {
 			return nil, err
 		}
 		return &IntentEvent{Volume: ev}, nil
+	}
+	if wire.IsFabricKey(rest) {
+		ev := &FabricEvent{Revision: rev, Deleted: deleted}
+		if !deleted {
+			if ev.Fabric, err = wire.DecodeFabric(m.Data); err != nil {
+				return nil, err
+			}
+		}
+		return &IntentEvent{Fabric: ev}, nil
 	}
 	if strings.Contains(rest, ".") {
 		return nil, nil

@@ -8,6 +8,7 @@ package reconciler
 
 import (
 	"context"
+	"net/netip"
 	"reflect"
 	"slices"
 	"sync"
@@ -121,6 +122,9 @@ type Reconciler struct {
 	writtenImages map[string]wire.ImageReport
 	// imagesNudge wakes the image loop.
 	imagesNudge chan struct{}
+	// peers are the other nodes' tunnel addresses, as the Fabric last
+	// said; on the queue as fabricKey.
+	peers []netip.Addr
 	// addressless are the running guests seen with an interface that has
 	// no address yet, by uid, with when that was first seen.
 	addressless map[string]time.Time
@@ -158,6 +162,10 @@ func New(node string, d driver.Driver, reports Reports, log logging.Logger, o Op
 func (r *Reconciler) HandleIntent(ev bus.IntentEvent) {
 	if ev.Volume != nil {
 		r.handleVolumeIntent(*ev.Volume)
+		return
+	}
+	if ev.Fabric != nil {
+		r.handleFabric(*ev.Fabric)
 		return
 	}
 	r.mu.Lock()
@@ -276,6 +284,8 @@ func (r *Reconciler) processNext(ctx context.Context) bool {
 	)
 	if v, ok := volumeUID(uid); ok {
 		requeueAfter, err = r.reconcileVolume(ctx, v)
+	} else if uid == fabricKey {
+		err = r.reconcileFabric(ctx)
 	} else {
 		requeueAfter, err = r.reconcile(ctx, uid)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 )
 
 // VersionError is returned when a message was written with a protocol version
@@ -47,6 +48,7 @@ func (h *NodeHeartbeat) stamp() { h.ProtocolVersion = ProtocolVersion }
 func (v *VolumeIntent) stamp()  { v.ProtocolVersion = ProtocolVersion }
 func (v *VolumeReport) stamp()  { v.ProtocolVersion = ProtocolVersion }
 func (r *ImageReport) stamp()   { r.ProtocolVersion = ProtocolVersion }
+func (f *Fabric) stamp()        { f.ProtocolVersion = ProtocolVersion }
 
 // encode stamps ProtocolVersion on a copy of v and encodes it if it is valid.
 func encode[T any, P message[T]](v T) ([]byte, error) {
@@ -116,6 +118,15 @@ func DecodeVolumeReport(b []byte) (VolumeReport, error) {
 // DecodeIntent, and a *DecodeError for an unknown phase or a negative size.
 func DecodeImageReport(b []byte) (ImageReport, error) {
 	return decodeValid[ImageReport]("image report", b)
+}
+
+// EncodeFabric stamps ProtocolVersion and encodes a valid Fabric.
+func EncodeFabric(f Fabric) ([]byte, error) { return encode(f) }
+
+// DecodeFabric decodes and validates a Fabric; errors as DecodeIntent, and
+// a *DecodeError for a peer that is not an IP address.
+func DecodeFabric(b []byte) (Fabric, error) {
+	return decodeValid[Fabric]("fabric", b)
 }
 
 // decode reads the version before the body, so that a newer message whose
@@ -201,6 +212,16 @@ func (v VolumeIntent) Validate() error {
 		return &DecodeError{Kind: "volume intent", Err: errors.New("a present volume intent needs the externalName of the volume it imports")}
 	case v.ExternalName != "" && v.Disk != v.ExternalName:
 		return &DecodeError{Kind: "volume intent", Err: errors.New("an imported volume's disk must be its externalName")}
+	}
+	return nil
+}
+
+// Validate reports whether every peer is an IP address.
+func (f Fabric) Validate() error {
+	for i, p := range f.Peers {
+		if _, err := netip.ParseAddr(p); err != nil {
+			return &DecodeError{Kind: "fabric", Err: fmt.Errorf("peers[%d] %q is not an IP address", i, p)}
+		}
 	}
 	return nil
 }

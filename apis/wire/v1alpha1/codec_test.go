@@ -232,3 +232,39 @@ func TestVersionErrorTellsTheReaderToUpgrade(t *testing.T) {
 	_, err := DecodeIntent([]byte(`{"protocolVersion":7}`))
 	assert.EqualError(t, err, "intent has protocolVersion 7 but this reader understands up to 1; upgrade it")
 }
+
+func TestDecodeFabric(t *testing.T) {
+	cases := map[string]struct {
+		in      []byte
+		want    Fabric
+		wantErr any
+	}{
+		"RoundTripsPeers":              {in: mustJSON(t, Fabric{ProtocolVersion: 1, Peers: []string{"192.0.2.1", "2001:db8::1"}}), want: Fabric{ProtocolVersion: 1, Peers: []string{"192.0.2.1", "2001:db8::1"}}},
+		"AcceptsNoPeers":               {in: []byte(`{"protocolVersion":1}`), want: Fabric{ProtocolVersion: 1}},
+		"RefusesAPeerThatIsNoAddress":  {in: []byte(`{"protocolVersion":1,"peers":["192.0.2.1","evil.example"]}`), wantErr: &DecodeError{}},
+		"RefusesANewerProtocolVersion": {in: []byte(`{"protocolVersion":2}`), wantErr: &VersionError{}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got, err := DecodeFabric(tc.in)
+			if tc.wantErr != nil {
+				require.ErrorAs(t, err, &tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestFabricKey(t *testing.T) {
+	key, err := FabricKey("node-1.rack-a")
+	require.NoError(t, err)
+	node, rest, err := ParseKey(key)
+	require.NoError(t, err)
+	assert.Equal(t, "node-1.rack-a", node)
+	assert.True(t, IsFabricKey(rest))
+	_, isVolume := ParseVolumeKey(rest)
+	assert.False(t, isVolume)
+	assert.False(t, IsFabricKey("fabric"), "a guest uid is never the fabric key")
+}

@@ -43,6 +43,8 @@ type Bus interface {
 	// only for a Volume that no longer exists, whose agent may have missed
 	// that (it was down when the intent went).
 	DeleteVolumeReport(ctx context.Context, node, uid string) error
+	// PutFabric makes f the stored Fabric of node.
+	PutFabric(ctx context.Context, node string, f wire.Fabric) (revision uint64, err error)
 	// WatchReports calls fn for every report change, of guests, of Volumes
 	// (ReportEvent.Volume) and of images on nodes (ReportEvent.Image).
 	WatchReports(ctx context.Context, fn func(ReportEvent)) error

@@ -16,6 +16,7 @@ type Fake struct {
 	rev      uint64
 	intents  map[string]wire.Intent       // by "<node>.<uid>"
 	volumes  map[string]wire.VolumeIntent // by "<node>.volume.<uid>"
+	fabrics  map[string]wire.Fabric       // by FabricKey
 	reports  []func(ReportEvent)
 	nodes    []func(NodeEvent)
 	reportKV map[string]ReportEvent
@@ -29,7 +30,7 @@ var _ Bus = &Fake{}
 
 // NewFake returns an empty Fake.
 func NewFake() *Fake {
-	return &Fake{intents: map[string]wire.Intent{}, volumes: map[string]wire.VolumeIntent{}, reportKV: map[string]ReportEvent{}, nodeKV: map[string]NodeEvent{}}
+	return &Fake{intents: map[string]wire.Intent{}, volumes: map[string]wire.VolumeIntent{}, fabrics: map[string]wire.Fabric{}, reportKV: map[string]ReportEvent{}, nodeKV: map[string]NodeEvent{}}
 }
 
 // Intent returns the stored intent of uid on node.
@@ -97,6 +98,41 @@ func (f *Fake) PutVolumeIntent(_ context.Context, node string, v wire.VolumeInte
 	}
 	v.ProtocolVersion = wire.ProtocolVersion
 	return fakePut(f, f.volumes, key, v)
+}
+
+// PutFabric implements Bus.
+func (f *Fake) PutFabric(_ context.Context, node string, fab wire.Fabric) (uint64, error) {
+	if err := f.isDown(); err != nil {
+		return 0, err
+	}
+	key, err := wire.FabricKey(node)
+	if err != nil {
+		return 0, err
+	}
+	if err := fab.Validate(); err != nil {
+		return 0, err
+	}
+	fab.ProtocolVersion = wire.ProtocolVersion
+	return fakePut(f, f.fabrics, key, fab)
+}
+
+// Revision is the revision of the last write that changed something.
+func (f *Fake) Revision() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rev
+}
+
+// Fabric is the stored Fabric of node, if any.
+func (f *Fake) Fabric(node string) (wire.Fabric, bool) {
+	key, err := wire.FabricKey(node)
+	if err != nil {
+		return wire.Fabric{}, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fab, ok := f.fabrics[key]
+	return fab, ok
 }
 
 // fakePut stores v under key unless it is stored already.

@@ -161,6 +161,19 @@ func (n *NATS) PutVolumeIntent(ctx context.Context, node string, v wire.VolumeIn
 	return n.put(ctx, key, b)
 }
 
+// PutFabric implements Bus.
+func (n *NATS) PutFabric(ctx context.Context, node string, f wire.Fabric) (uint64, error) {
+	key, err := wire.FabricKey(node)
+	if err != nil {
+		return 0, err
+	}
+	b, err := wire.EncodeFabric(f)
+	if err != nil {
+		return 0, errors.Wrap(err, "cannot encode fabric")
+	}
+	return n.put(ctx, key, b)
+}
+
 // put stores b under the intents key, compare-and-set against the revision
 // read just before.
 func (n *NATS) put(ctx context.Context, key string, b []byte) (uint64, error) {

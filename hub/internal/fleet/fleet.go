@@ -16,6 +16,7 @@ package fleet
 
 import (
 	"context"
+	"net/netip"
 	"sort"
 	"sync"
 	"time"
@@ -423,5 +424,19 @@ func (f *Fleet) Nodes() []placement.Node {
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Tunnels are the tunnel addresses the live nodes announce, by node; a node
+// without one, or with one that is no address, is left out.
+func (f *Fleet) Tunnels() map[string]netip.Addr {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[string]netip.Addr, len(f.nodes))
+	for name, s := range f.nodes {
+		if a, err := netip.ParseAddr(s.Heartbeat.TunnelAddress); err == nil && !s.Lost {
+			out[name] = a
+		}
+	}
 	return out
 }
