@@ -43,7 +43,9 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
+	"github.com/virtfleet/virtfleet/hub/internal/fabric"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/internal/natswire"
@@ -215,12 +217,20 @@ func Run(ctx context.Context, c Config) error {
 		f.SubscribeVolumes(volumes.Notify)
 		f.SubscribeImages(images.Notify)
 		leftovers.Watch(f)
+		go fabric.New(f, f.Bus, log).Run(ctx, fabric.DefaultEvery)
 	})
 	placer := placement.New()
 	scheduler = virtualmachine.NewScheduler(kubeclient.Direct(mgr.GetClient()), mgr.GetCache(), pool, placer,
 		event.NewAPIRecorder(mgr.GetEventRecorderFor("virtualmachine-scheduler")), log, //nolint:staticcheck // crossplane-runtime still records through the old events API
 		o.Features.Enabled(feature.EnableBetaManagementPolicies))
-	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout}
+	// The allocator reads through the cache, and asks the API server itself
+	// only about an address the cache does not show yet.
+	direct, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()})
+	if err != nil {
+		return errors.Wrap(err, "cannot make the address allocator's client")
+	}
+	addresses := ipam.New(direct, mgr.GetClient())
+	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, Addresses: addresses}
 	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, volumes, images); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}

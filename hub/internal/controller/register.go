@@ -16,6 +16,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualnetwork"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 )
 
 // SetupGated adds every controller, each once its CRD is established.
@@ -23,6 +24,9 @@ import (
 // and image report changes (Fleet.SubscribeVolumes, Fleet.SubscribeImages).
 func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, volumes, images *fleet.Notifier) error {
 	if err := index.Setup(ctx, mgr); err != nil {
+		return err
+	}
+	if err := ipam.Index(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
 	if err := providerconfig.Setup(mgr, o); err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -21,6 +22,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 )
 
 // MissingError names the Volumes and VirtualNetworks a VirtualMachine waits
@@ -58,6 +60,12 @@ type dependencies struct {
 	// imageSources are the addresses outside the public internet the
 	// namespace's images may be downloaded from (admit sets them).
 	imageSources []string
+	// addresses are the VM's addresses on the networks whose addresses are
+	// the hub's (ipam.Addressed), by network name.
+	addresses map[string]netip.Prefix
+	// overlay is set when the VM's node has a tunnel address: the networks
+	// spanning nodes are joined to the overlay there by their VNIs.
+	overlay bool
 }
 
 // boundNode is the node the VM's node-local volumes are bound to, if any, or
@@ -277,7 +285,7 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 		m.Disks = append(m.Disks, disk)
 	}
 	for _, n := range d.networks {
-		m.Networks = append(m.Networks, wire.Network{
+		wn := wire.Network{
 			Name:   n.Name,
 			UID:    string(n.UID),
 			Mode:   string(n.Spec.ForProvider.Mode),
@@ -287,7 +295,14 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 			// imports any resource; without the annotation the node makes
 			// its own (the inuse controller never sets it).
 			ExternalName: meta.GetExternalName(&n),
-		})
+		}
+		if p, ok := d.addresses[n.Name]; ok {
+			wn.Address = p.String()
+		}
+		if d.overlay && ipam.Addressed(&n) {
+			wn.VNI = n.Status.AtProvider.VNI
+		}
+		m.Networks = append(m.Networks, wn)
 	}
 	in := wire.Intent{
 		ProtocolVersion: wire.ProtocolVersion,

@@ -2,6 +2,7 @@ package virtualmachine
 
 import (
 	"context"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -212,6 +213,31 @@ func TestIntent(t *testing.T) {
 			{Name: "data", VolumeUID: "uid-data", SizeBytes: 3 << 30, ExternalName: "legacy.qcow2"},
 		}, in.Machine.Disks)
 		assert.Equal(t, []wire.Network{{Name: "lab", UID: "uid-lab", Mode: "nat", CIDR: "10.10.120.0/24", ExternalName: "default"}}, in.Machine.Networks)
+	})
+
+	t.Run("addresses and VNIs reach the node; a VNI only where the node has a tunnel", func(t *testing.T) {
+		n := vnet("net-db")
+		n.Status.AtProvider.VNI = 7
+		bridged := vnet("lan")
+		bridged.Spec.ForProvider.Mode, bridged.Spec.ForProvider.CIDR, bridged.Spec.ForProvider.Bridge = v1alpha1.NetworkModeBridge, "", "br0"
+		base := dependencies{
+			volumes:   []v1alpha1.Volume{*vol("root", "")},
+			networks:  []v1alpha1.VirtualNetwork{*n, *bridged},
+			addresses: map[string]netip.Prefix{"net-db": netip.MustParsePrefix("10.10.120.9/24")},
+		}
+		for _, tc := range []struct {
+			overlay bool
+			wantVNI int32
+		}{{true, 7}, {false, 0}} {
+			d := base
+			d.overlay = tc.overlay
+			nets := intent(vm(), d).Machine.Networks
+			require.Len(t, nets, 2)
+			assert.Equal(t, "10.10.120.9/24", nets[0].Address)
+			assert.Equal(t, tc.wantVNI, nets[0].VNI)
+			assert.Empty(t, nets[1].Address, "a host bridge's addresses are not the hub's")
+			assert.Zero(t, nets[1].VNI)
+		}
 	})
 
 	t.Run("the fingerprint changes with the nonce and only then", func(t *testing.T) {

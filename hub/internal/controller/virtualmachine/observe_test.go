@@ -23,6 +23,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 )
 
@@ -193,7 +194,8 @@ func TestObserveOnlyReads(t *testing.T) {
 				require.Eventually(t, func() bool { _, ok := f.Report(node, uid); return ok }, 5*time.Second, time.Millisecond)
 			}
 			n := fleet.NewNotifier()
-			c := &connector{kube: writeless(t, &writes, unbound), opts: Options{FencingTimeout: testFencing, Notifier: n, Placer: placer}, recorder: rec, state: &state{}, policies: true}
+			kube := writeless(t, &writes, unbound)
+			c := &connector{kube: kube, opts: Options{FencingTimeout: testFencing, Notifier: n, Placer: placer, Addresses: ipam.New(kube, kube)}, recorder: rec, state: &state{}, policies: true}
 			e := &external{connector: c, fleet: f, grant: trusted}
 			before := v.DeepCopy()
 

@@ -42,6 +42,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
@@ -80,6 +81,8 @@ type Options struct {
 	// FencingTimeout is how long a VM whose node is lost waits in deletion
 	// before it is finalized without the node confirming the guest is gone.
 	FencingTimeout time.Duration
+	// Addresses gives the VMs' interfaces their addresses.
+	Addresses *ipam.Allocator
 }
 
 // scheduledHold is how long the status of a VM whose intent was just
@@ -349,7 +352,7 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	e.recordTransition(vm, before, obs, node)
 
 	d, err := e.resolve(ctx, vm)
-	upToDate := err == nil
+	upToDate := err == nil && e.knownAddresses(vm, &d, n)
 	if upToDate {
 		published, _ := e.state.published.Load(uid)
 		upToDate = published == fingerprint(intent(vm, d))
@@ -531,6 +534,9 @@ func (e *external) Update(ctx context.Context, vm *v1alpha1.VirtualMachine) (man
 		return managed.ExternalUpdate{}, err
 	}
 	node, uid := vm.GetAnnotations()[v1alpha1.AnnotationNode], string(vm.UID)
+	if err := e.allocate(ctx, vm, &d, e.fleet.Node(node)); err != nil {
+		return managed.ExternalUpdate{}, err
+	}
 	if err := e.ensure(ctx, vm, d, node); err != nil {
 		return managed.ExternalUpdate{}, err
 	}
@@ -558,14 +564,19 @@ func justPublished(o client.Object) bool {
 		vm.GetCondition(xpv2.TypeSynced).Status == corev1.ConditionTrue
 }
 
-// Delete removes the intent, which tells the node to delete the guest. The
-// VM's Volumes and VirtualNetworks stay.
+// Delete removes the intent, which tells the node to delete the guest, and
+// releases the VM's addresses. The VM's Volumes and VirtualNetworks stay.
 func (e *external) Delete(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalDelete, error) {
 	node, uid := vm.GetAnnotations()[v1alpha1.AnnotationNode], string(vm.UID)
 	vm.Status.AtProvider.Phase = v1alpha1.PhaseDeleting
 	vm.SetConditions(xpv2.Deleting())
 	if err := e.fleet.Bus.DeleteIntent(ctx, node, uid); err != nil {
 		return managed.ExternalDelete{}, e.busFailed(uid, errors.Wrapf(err, "cannot delete the intent on node %s", node))
+	}
+	// Freed as the guest goes: the allocator hands a released address out
+	// again only after the rest of the network's range, long after.
+	if err := e.opts.Addresses.Release(ctx, vm); err != nil {
+		return managed.ExternalDelete{}, errors.Wrap(err, "cannot release the VM's addresses")
 	}
 	e.state.deleted.Store(uid, struct{}{})
 	e.state.published.Delete(uid)

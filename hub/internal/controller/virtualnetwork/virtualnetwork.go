@@ -6,17 +6,20 @@ package virtualnetwork
 
 import (
 	"context"
+	"slices"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
+	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 )
 
@@ -27,6 +30,7 @@ var Kind = inuse.Kind[*v1alpha1.VirtualNetwork]{
 	New:              func() *v1alpha1.VirtualNetwork { return &v1alpha1.VirtualNetwork{} },
 	User:             index.NetworkUsers,
 	Observe:          observe,
+	Forget:           vniAllocator.forget,
 }
 
 // observe shows the network's users, and why it is refused when it asks
@@ -36,6 +40,22 @@ func observe(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork
 	n.Status.AtProvider.AttachedTo = inuse.Named(users)
 	n.Status.AtProvider.AttachedCount = int32(len(users)) //nolint:gosec // far fewer VMs than 2^31
 	n.Status.AtProvider.Phase = v1alpha1.PhaseRunning
+	nodes, err := nodesOf(ctx, kube, n)
+	if err != nil {
+		return xpv2.Condition{}, err
+	}
+	n.Status.AtProvider.Nodes = nodes
+	if ipam.Addressed(n) {
+		if n.Status.AtProvider.VNI, err = vniAllocator.of(ctx, kube, n); err != nil {
+			return xpv2.Condition{}, err
+		}
+		held := &v1alpha1.NetworkAddressList{}
+		if err := kube.List(ctx, held, client.InNamespace(n.Namespace), client.MatchingLabels{ipam.LabelNetwork: n.Name}, client.UnsafeDisableDeepCopy); err != nil {
+			return xpv2.Condition{}, errors.Wrap(err, "cannot list the network's addresses")
+		}
+		n.Status.AtProvider.AddressesAllocated = int32(len(held.Items)) //nolint:gosec // at most a /8's addresses
+		n.Status.AtProvider.AddressesTotal = int32(ipam.Total(n))       //nolint:gosec // at most a /8's addresses
+	}
 	if !tenancy.NeedsGrant(n) {
 		return xpv2.Available(), nil
 	}
@@ -48,6 +68,24 @@ func observe(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork
 		return xpv2.Unavailable().WithMessage(err.Error()), nil
 	}
 	return xpv2.Available(), nil
+}
+
+// nodesOf are the nodes n's VMs run on, sorted, each once. The VMs are read
+// from the cache uncopied: only their node is looked at, and a network may
+// have thousands.
+func nodesOf(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork) ([]string, error) {
+	l := &v1alpha1.VirtualMachineList{}
+	if err := kube.List(ctx, l, client.InNamespace(n.Namespace), client.MatchingFields{index.NetworkUsers.Index: n.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, errors.Wrap(err, "cannot list the network's VirtualMachines")
+	}
+	var nodes []string
+	for i := range l.Items {
+		if node := l.Items[i].Status.AtProvider.Node; node != "" {
+			nodes = append(nodes, node)
+		}
+	}
+	slices.Sort(nodes)
+	return slices.Compact(nodes), nil
 }
 
 // SetupGated adds the VirtualNetwork controller once the CRD is established.

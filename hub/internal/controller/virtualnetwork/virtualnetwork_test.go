@@ -10,13 +10,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
+	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 )
 
 // TestStatusNamesTheFirstUsersAndCountsThemAll pins that a network's status
@@ -41,7 +45,7 @@ func TestStatusNamesTheFirstUsersAndCountsThemAll(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := &v1alpha1.VirtualNetwork{}
-			_, err := Kind.Observe(context.Background(), nil, n, tc.users)
+			_, err := Kind.Observe(context.Background(), kubeWith(t), n, tc.users)
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantNamed, n.Status.AtProvider.AttachedTo)
 			assert.Equal(t, int32(len(tc.users)), n.Status.AtProvider.AttachedCount) //nolint:gosec // test sizes
@@ -50,19 +54,81 @@ func TestStatusNamesTheFirstUsersAndCountsThemAll(t *testing.T) {
 	}
 }
 
+// kubeWith is a fake API server holding objs, with the index of VMs by
+// network the controller lists them by.
+func kubeWith(t *testing.T, objs ...client.Object) client.Client {
+	t.Helper()
+	s := runtime.NewScheme()
+	require.NoError(t, v1alpha1.AddToScheme(s))
+	require.NoError(t, apisv1alpha1.AddToScheme(s))
+	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).
+		WithIndex(&v1alpha1.VirtualMachine{}, index.NetworkUsers.Index, index.NetworkUsers.Uses).Build()
+}
+
+// TestStatusShowsTheFleetsView: a network virtfleet addresses gets a VNI
+// no other network has and keeps it, and its status lists the nodes its
+// VMs run on and how many of its addresses are given out.
+func TestStatusShowsTheFleetsView(t *testing.T) {
+	ctx := context.Background()
+	network := func(name, cidr string, vni int32) *v1alpha1.VirtualNetwork {
+		n := &v1alpha1.VirtualNetwork{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: name, UID: types.UID(name + "-uid")},
+			Spec: v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{Mode: v1alpha1.NetworkModeNAT, CIDR: cidr}}}
+		n.Status.AtProvider.VNI = vni
+		return n
+	}
+	vm := func(name, node string, networks ...v1alpha1.LocalName) *v1alpha1.VirtualMachine {
+		v := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: name}}
+		v.Spec.ForProvider.VirtualNetworks = networks
+		v.Status.AtProvider.Node = node
+		return v
+	}
+	held := func(network, addr string) *v1alpha1.NetworkAddress {
+		return &v1alpha1.NetworkAddress{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: network + "." + addr, Labels: map[string]string{ipam.LabelNetwork: network}}}
+	}
+	kube := kubeWith(t,
+		network("old", "10.1.0.0/24", 1), network("older", "10.2.0.0/24", 3),
+		vm("web-1", "node2", "db"), vm("web-2", "node1", "db"), vm("web-3", "node2", "db"), vm("pending", "", "db"), vm("other", "node3", "old"),
+		held("db", "10.3.0.2"), held("db", "10.3.0.3"), held("old", "10.1.0.2"))
+	vniAllocator.forget("db-uid")
+	vniAllocator.forget("next-uid")
+
+	db := network("db", "10.3.0.0/29", 0)
+	_, err := observe(ctx, kube, db, []string{"pending", "web-1", "web-2", "web-3"})
+	require.NoError(t, err)
+	assert.Equal(t, int32(2), db.Status.AtProvider.VNI, "the lowest VNI no network holds")
+	assert.Equal(t, []string{"node1", "node2"}, db.Status.AtProvider.Nodes)
+	assert.Equal(t, int32(2), db.Status.AtProvider.AddressesAllocated)
+	assert.Equal(t, int32(5), db.Status.AtProvider.AddressesTotal, "a /29 less network, gateway and broadcast")
+
+	next := network("next", "10.4.0.0/24", 0)
+	_, err = observe(ctx, kube, next, nil)
+	require.NoError(t, err)
+	assert.Equal(t, int32(4), next.Status.AtProvider.VNI, "not the one given to db, whose status the cache does not show yet")
+
+	again := db.DeepCopy()
+	again.Status.AtProvider.VNI = 0
+	_, err = observe(ctx, kube, again, nil)
+	require.NoError(t, err)
+	assert.Equal(t, int32(2), again.Status.AtProvider.VNI, "the same network keeps its VNI")
+
+	bridged := network("lan", "", 0)
+	bridged.Spec.ForProvider.Mode, bridged.Spec.ForProvider.Bridge = v1alpha1.NetworkModeBridge, "br0"
+	_, err = observe(ctx, kube, bridged, nil)
+	require.NoError(t, err)
+	assert.Zero(t, bridged.Status.AtProvider.VNI, "a host bridge's segment is not the hub's")
+	assert.Zero(t, bridged.Status.AtProvider.AddressesTotal)
+}
+
 // TestARefusedNetworkSaysWhy: a network that imports a node's network or
 // joins a host bridge shows, in its own status, the grant its namespace
 // lacks; granted, or asking for nothing, it is available.
 func TestARefusedNetworkSaysWhy(t *testing.T) {
-	s := runtime.NewScheme()
-	require.NoError(t, v1alpha1.AddToScheme(s))
-	require.NoError(t, apisv1alpha1.AddToScheme(s))
-	kube := fake.NewClientBuilder().WithScheme(s).WithObjects(&apisv1alpha1.ClusterProviderConfig{
+	kube := kubeWith(t, &apisv1alpha1.ClusterProviderConfig{
 		ObjectMeta: metav1.ObjectMeta{Name: "default"},
 		Spec: apisv1alpha1.ClusterProviderConfigSpec{Grants: []apisv1alpha1.TenantGrant{
 			{Namespaces: []string{"ops"}, Import: true, HostBridges: []string{"br0"}},
 		}},
-	}).Build()
+	})
 	network := func(namespace, external string, mode v1alpha1.NetworkMode, bridge string) *v1alpha1.VirtualNetwork {
 		n := &v1alpha1.VirtualNetwork{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "net"},
 			Spec: v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{Mode: mode, Bridge: bridge}}}
