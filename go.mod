@@ -17,6 +17,8 @@ require (
 	github.com/prometheus/client_golang v1.23.2
 	github.com/spf13/afero v1.15.0
 	github.com/stretchr/testify v1.11.1
+	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
 	github.com/yuin/gopher-lua v1.1.1
 	golang.org/x/crypto v0.58.0
 	k8s.io/api v0.35.1

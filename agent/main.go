@@ -9,6 +9,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -48,6 +49,7 @@ func run() error {
 		uri         = fs.String("libvirt-uri", "", "libvirt connection URI; empty means qemu:///system.")
 		pool        = fs.String("libvirt-pool", "", "Storage pool for volumes, cloud-init seeds and swap; empty means default.")
 		domainType  = fs.String("libvirt-domain-type", "", "libvirt domain type of guests: empty means kvm where the host offers it, else qemu; qemu forces emulation (TCG) where KVM is offered but cannot run guests, as nested KVM often cannot; kvm refuses to start without KVM.")
+		netns       = fs.String("netns", "", "Path of the network namespace holding libvirtd's bridges (/run/netns/NAME), where the overlays' VXLAN devices are made; empty means the agent's own.")
 		imageDir    = fs.String("image-dir", "", "This agent's own directory for image downloads until they are verified; partial downloads of a killed agent are removed at start. Empty means the system's temporary directory, never cleaned.")
 		pruneEvery  = fs.Duration("image-prune-interval", 0, "How often images unused for their DiskImage's pruneAfter are removed from the node; 0 means 1m.")
 		maxImage    = resource.QuantityValue{Quantity: *resource.NewQuantity(libvirt.DefaultImageMaxBytes, resource.BinarySI)}
@@ -68,6 +70,8 @@ func run() error {
 		debug       = fs.Bool("debug", false, "Log at debug level.")
 	)
 	fs.Var(&maxImage, "image-max-size", "Largest image download the node accepts, e.g. 64Gi; a larger one is refused.")
+	var tunnel netip.Addr
+	fs.TextVar(&tunnel, "tunnel-address", netip.Addr{}, "This node's address on the underlay that networks spanning nodes (VXLAN overlays) run over, announced to the other nodes; empty means none, and the node refuses such networks.")
 	// ExitOnError: a bad flag exits with usage; a bad variable is returned.
 	if err := flagenv.Parse(fs, os.Args[1:], os.LookupEnv, nil); err != nil {
 		return err
@@ -115,6 +119,8 @@ func run() error {
 			ImageDownloadTimeout: *dlTimeout,
 			ImageDownloads:       *downloads,
 			ShutdownGrace:        *grace,
+			TunnelAddress:        tunnel,
+			Netns:                *netns,
 		},
 		Nova: nova.Config{
 			CloudsFile:   *clouds,

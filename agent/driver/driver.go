@@ -57,8 +57,11 @@ type Driver interface {
 	Ensure(ctx context.Context, m Machine) (Observation, error)
 
 	// Delete removes the guest with the given uid and what the driver made
-	// for it alone (cloud-init seed, swap disk). It never deletes the volumes
-	// named in Machine.Disks nor networks. Deleting an absent guest succeeds.
+	// for it alone (cloud-init seed, swap disk, its address reservations).
+	// It never deletes the volumes named in Machine.Disks. A network the
+	// driver made goes once no guest of the node uses it any more, and one
+	// it did not make (Imported, or another's) never does. Deleting an
+	// absent guest succeeds.
 	Delete(ctx context.Context, uid string) error
 
 	// Observe reports the guest with the given uid, or an error satisfying

@@ -93,6 +93,28 @@ func TestQuickStart(t *testing.T) {
 		assert.Len(t, nodes, 3, "placement spreads VMs over every node: %v", nodes)
 	})
 
+	t.Run("EveryAddressOfANetworkIsOneVMs", func(t *testing.T) {
+		// The hub's allocation, as the NetworkAddresses record it and as the
+		// VMs' status shows it, over VMs on all three nodes.
+		holders := map[string]string{}
+		for _, line := range k.lines("get", "networkaddresses", "-o", `jsonpath={range .items[*]}{.spec.network}/{.spec.address} {.spec.virtualMachine}{"\n"}{end}`) {
+			addr, vm, ok := strings.Cut(line, " ")
+			require.True(t, ok, line)
+			require.NotContains(t, holders, addr, "%s is given twice", addr)
+			holders[addr] = vm
+		}
+		seen := map[string]string{}
+		for _, line := range k.lines("get", "vm", "-o", `jsonpath={range .items[*]}{.metadata.name}{range .status.atProvider.interfaces[*]} {.network}/{.ips[0]}{end}{"\n"}{end}`) {
+			fields := strings.Fields(line)
+			for _, addr := range fields[1:] {
+				assert.NotContains(t, seen, addr, "%s shows %s, which %s shows too", fields[0], addr, seen[addr])
+				seen[addr] = fields[0]
+				assert.Equal(t, fields[0], holders[addr], "%s shows %s, which the hub gave to %q", fields[0], addr, holders[addr])
+			}
+		}
+		assert.GreaterOrEqual(t, len(seen), fleetSize, "every fleet VM shows its address")
+	})
+
 	t.Run("DeleteKeepsVolumesAndNetworks", func(t *testing.T) {
 		k.run("delete", "vm", "web-1", "--timeout=60s")
 		assert.Contains(t, k.run("get", "vm"), "sample-vm")

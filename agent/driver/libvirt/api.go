@@ -34,6 +34,10 @@ type API interface {
 	NetworkIsActive(Net golibvirt.Network) (rActive int32, err error)
 	NetworkGetXMLDesc(Net golibvirt.Network, Flags uint32) (rXML string, err error)
 	NetworkGetDhcpLeases(Net golibvirt.Network, Mac golibvirt.OptString, NeedResults int32, Flags uint32) (rLeases []golibvirt.NetworkDhcpLease, rRet uint32, err error)
+	NetworkUpdateCompat(Net golibvirt.Network, Command golibvirt.NetworkUpdateCommand, Section golibvirt.NetworkUpdateSection, ParentIndex int32, XML string, Flags golibvirt.NetworkUpdateFlags) (err error)
+	NetworkDestroy(Net golibvirt.Network) (err error)
+	NetworkUndefine(Net golibvirt.Network) (err error)
+	ConnectListAllNetworks(NeedResults int32, Flags golibvirt.ConnectListAllNetworksFlags) (rNets []golibvirt.Network, rRet uint32, err error)
 
 	StoragePoolLookupByName(Name string) (rPool golibvirt.StoragePool, err error)
 	StoragePoolGetInfo(Pool golibvirt.StoragePool) (rState uint8, rCapacity uint64, rAllocation uint64, rAvailable uint64, err error)

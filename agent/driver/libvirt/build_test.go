@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -157,36 +158,57 @@ func readAll(t *testing.T, img *iso9660.Image) map[string]string {
 }
 
 func TestNetworkXML(t *testing.T) {
+	const uid = "5d0c8a5e-2f4b-4c1e-9d7a-3b6e8f1a2c4d"
 	cases := map[string]struct {
-		net      driver.Network
-		want     string
+		spec     networkSpec
+		want     []string
+		not      []string
 		terminal string
 	}{
-		"NATServesDHCPAfterTheHostAddress": {
-			net:  driver.Network{Name: "n", CIDR: "10.10.120.0/24"},
-			want: `<forward mode="nat"></forward><ip address="10.10.120.1" netmask="255.255.255.0"><dhcp><range start="10.10.120.2" end="10.10.120.254"></range></dhcp></ip>`,
+		"NATServesOnlyReservationsAfterTheHostAddress": {
+			spec: networkSpec{network: driver.Network{Name: "n", CIDR: "10.10.120.0/24"}},
+			want: []string{`<forward mode="nat"></forward>`, `<ip address="10.10.120.1" netmask="255.255.255.0"><dhcp></dhcp></ip>`},
+			not:  []string{"<range", "<mtu"},
+		},
+		"TheFirstGuestsReservationIsInTheDefinition": {
+			spec: networkSpec{network: driver.Network{Name: "n", CIDR: "10.10.120.0/24"}, reservation: &libvirtxml.NetworkDHCPHost{MAC: "52:54:00:01:02:03", IP: "10.10.120.7"}},
+			want: []string{`<dhcp><host mac="52:54:00:01:02:03" ip="10.10.120.7"></host></dhcp>`},
+			not:  []string{"<range"},
 		},
 		"IsolatedHasNoForward": {
-			net:  driver.Network{Name: "n", CIDR: "192.168.7.0/28", Mode: driver.NetworkModeIsolated},
-			want: `<ip address="192.168.7.1" netmask="255.255.255.240"><dhcp><range start="192.168.7.2" end="192.168.7.14">`,
+			spec: networkSpec{network: driver.Network{Name: "n", CIDR: "192.168.7.0/28", Mode: driver.NetworkModeIsolated}},
+			want: []string{`<ip address="192.168.7.1" netmask="255.255.255.240">`},
+			not:  []string{"<forward"},
+		},
+		"TheDriverMarksWhatItMakes": {
+			spec: networkSpec{network: driver.Network{Name: "n", CIDR: "10.0.0.0/24", UID: uid, VNI: 42}},
+			want: []string{`<metadata><network xmlns="https://virtfleet.io/xmlns/network/v1"><uid>` + uid + `</uid><vni>42</vni></network></metadata>`},
+		},
+		"TheBridgeMACIsTheUIDsOnEveryNode": {
+			spec: networkSpec{network: driver.Network{Name: "on-any-node", CIDR: "10.0.0.0/24", UID: uid}},
+			want: []string{`<mac address="` + gatewayMAC(uid) + `"></mac>`},
+		},
+		"TheOverlaysMTUIsGiven": {
+			spec: networkSpec{network: driver.Network{Name: "n", CIDR: "10.0.0.0/24", VNI: 7}, mtu: 1450},
+			want: []string{`<mtu size="1450"></mtu>`},
 		},
 		"BridgeJoinsTheHostBridge": {
-			net:  driver.Network{Name: "n", Mode: driver.NetworkModeBridge, Bridge: "br0"},
-			want: `<forward mode="bridge"></forward><bridge name="br0"></bridge>`,
+			spec: networkSpec{network: driver.Network{Name: "n", Mode: driver.NetworkModeBridge, Bridge: "br0"}},
+			want: []string{`<forward mode="bridge"></forward><bridge name="br0"></bridge>`},
 		},
 		"BridgeWithoutBridgeIsTerminal": {
-			net: driver.Network{Name: "n", Mode: driver.NetworkModeBridge}, terminal: "bridge mode needs a host bridge",
+			spec: networkSpec{network: driver.Network{Name: "n", Mode: driver.NetworkModeBridge}}, terminal: "bridge mode needs a host bridge",
 		},
 		"IPv6IsTerminal": {
-			net: driver.Network{Name: "n", CIDR: "fd00::/64"}, terminal: "is not an IPv4 subnet",
+			spec: networkSpec{network: driver.Network{Name: "n", CIDR: "fd00::/64"}}, terminal: "is not an IPv4 subnet",
 		},
 		"UnknownModeIsTerminal": {
-			net: driver.Network{Name: "n", CIDR: "10.0.0.0/24", Mode: "vxlan"}, terminal: `unknown mode "vxlan"`,
+			spec: networkSpec{network: driver.Network{Name: "n", CIDR: "10.0.0.0/24", Mode: "vxlan"}}, terminal: `unknown mode "vxlan"`,
 		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			x, err := networkXML(tc.net)
+			x, err := networkXML(tc.spec)
 			if tc.terminal != "" {
 				require.Error(t, err)
 				assert.True(t, driver.IsTerminal(err))
@@ -194,8 +216,27 @@ func TestNetworkXML(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			assert.Contains(t, strings.NewReplacer("\n", "", "  ", "").Replace(x), tc.want)
+			flat := strings.NewReplacer("\n", "", "  ", "").Replace(x)
+			for _, w := range tc.want {
+				assert.Contains(t, flat, w)
+			}
+			for _, n := range tc.not {
+				assert.NotContains(t, flat, n)
+			}
 		})
+	}
+}
+
+// The bridge's MAC is a locally administered unicast one, the same for
+// one uid and different for another.
+func TestGatewayMAC(t *testing.T) {
+	a, b := gatewayMAC("uid-a"), gatewayMAC("uid-b")
+	assert.Equal(t, a, gatewayMAC("uid-a"))
+	assert.NotEqual(t, a, b)
+	for _, mac := range []string{a, b} {
+		hw, err := net.ParseMAC(mac)
+		require.NoError(t, err)
+		assert.Equal(t, byte(0x02), hw[0]&0x03, "%s is locally administered and unicast", mac)
 	}
 }
 

@@ -1,6 +1,9 @@
 package libvirt
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // Config configures the libvirt backend.
 type Config struct {
@@ -43,6 +46,16 @@ type Config struct {
 	// ImageDownloads is how many images the node downloads at once; the
 	// others wait for a slot. Zero or less means DefaultImageDownloads.
 	ImageDownloads int
+	// TunnelAddress is the node's address on the underlay its overlays
+	// (networks with a VNI) run over: the local end of their VXLAN
+	// devices. The link holding it, in Netns, gives their MTU. Invalid
+	// means the node joins no overlay, and a network with a VNI is refused.
+	TunnelAddress netip.Addr
+	// Netns is the path of the network namespace holding libvirtd's
+	// bridges (/run/netns/NAME), where the overlays' devices are made;
+	// empty means the agent's own. libvirtd makes its networks' bridges in
+	// its own namespace, which need not be the agent's.
+	Netns string
 }
 
 // Defaults of the image download limits.

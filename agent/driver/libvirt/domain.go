@@ -129,27 +129,38 @@ func parseDomain(x string) (domainInfo, error) {
 // findOwnership finds virtfleet's element among the <metadata> children,
 // which may hold other tools' elements too.
 func findOwnership(inner string) (*ownership, error) {
+	o := &ownership{}
+	found, err := findElement(inner, xml.Name{Space: Namespace, Local: "vm"}, o)
+	if !found || err != nil {
+		return nil, errors.Wrap(err, "cannot parse domain metadata")
+	}
+	// Marshal sets the name from the tag; clearing it lets a decoded
+	// ownership compare equal to a built one.
+	o.XMLName = xml.Name{}
+	return o, nil
+}
+
+// findElement decodes the element called name among the children of a
+// <metadata> (of a domain or a network) into into, and says whether it was
+// there.
+func findElement(inner string, name xml.Name, into any) (bool, error) {
 	dec := xml.NewDecoder(strings.NewReader(inner))
 	for {
 		tok, err := dec.Token()
 		if errors.Is(err, io.EOF) {
-			return nil, nil
+			return false, nil
 		}
 		if err != nil {
-			return nil, errors.Wrap(err, "cannot parse domain metadata")
+			return false, err
 		}
 		se, ok := tok.(xml.StartElement)
-		if !ok || se.Name.Space != Namespace || se.Name.Local != "vm" {
+		if !ok || se.Name != name {
 			continue
 		}
-		o := &ownership{}
-		if err := dec.DecodeElement(o, &se); err != nil {
-			return nil, errors.Wrap(err, "cannot parse virtfleet metadata")
+		if err := dec.DecodeElement(into, &se); err != nil {
+			return false, errors.Wrapf(err, "cannot parse virtfleet's %s element", name.Local)
 		}
-		// Marshal sets the name from the tag; clearing it lets a decoded
-		// ownership compare equal to a built one.
-		o.XMLName = xml.Name{}
-		return o, nil
+		return true, nil
 	}
 }
 

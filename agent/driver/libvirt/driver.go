@@ -1,13 +1,15 @@
 // Package libvirt is the driver.Driver for hosts running libvirtd, reached
 // with go-libvirt over its unix socket. A guest is a domain whose UUID is the
 // VM's uid and whose <metadata> carries virtfleet's element (see Namespace);
-// everything else on the host is left alone.
+// a network the driver made carries one too (see NetworkNamespace), and only
+// such a network is ever removed; everything else on the host is left alone.
 package libvirt
 
 import (
 	"cmp"
 	"context"
 	"math"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -67,9 +69,20 @@ type Driver struct {
 	echoes *echoes
 	// claimMu serialises claims, so two VMs never take one domain.
 	claimMu sync.Mutex
-	// networkMu serialises making networks: guests sharing a network may be
-	// ensured at once, and libvirt refuses a second define or start of it.
+	// networkMu serialises making, changing and removing networks and
+	// their overlays: guests sharing a network may be ensured at once, and
+	// libvirt refuses a second define or start of it. It guards defining
+	// and peers.
 	networkMu sync.Mutex
+	// defining counts the interfaces of domains being defined, whose
+	// networks and reservations are made and must stay (ensureNetworks).
+	defining map[nic]int
+	// tunnel is the node's underlay address, invalid for none; netns the
+	// namespace of libvirtd's bridges, empty for the agent's own.
+	tunnel netip.Addr
+	netns  string
+	// peers are the other nodes' tunnel addresses (SetPeers).
+	peers []netip.Addr
 	// loops counts the goroutines besides watch that Close waits for.
 	loops sync.WaitGroup
 
@@ -128,6 +141,9 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		definitions: newDefinitions(),
 		echoes:      newEchoes(),
 		images:      newImages(cfg),
+		defining:    map[nic]int{},
+		tunnel:      cfg.TunnelAddress.Unmap(),
+		netns:       cfg.Netns,
 		shutdownAt:  map[string]time.Time{},
 		crashes:     map[string]int32{},
 		reboots:     map[string]int32{},
@@ -146,8 +162,9 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	go d.watch()
-	d.loops.Add(1)
+	d.loops.Add(2)
 	go d.pruneLoop()
+	go d.sweepLoop()
 	return d, nil
 }
 
@@ -529,6 +546,9 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		importing, err := d.prepareImages(api, m)
 		if err == nil && importing == "" {
 			dom, err = d.define(api, conn, key, owner, info.owner == nil)
+			if err == nil && info.owner != nil {
+				d.leftNetworks(api, info.nics, nicsOf(key))
+			}
 		}
 		d.images.inUse.RUnlock()
 		switch {
@@ -566,14 +586,16 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 	if int64(m.VCPU) > conn.hostCPUs {
 		return golibvirt.Domain{}, driver.Terminalf("vcpu %d is more than the %d CPUs of node %s", m.VCPU, conn.hostCPUs, d.node)
 	}
-	d.networkMu.Lock()
 	for _, n := range m.Networks {
-		if err := ensureNetwork(api, n); err != nil {
-			d.networkMu.Unlock()
+		if err := d.checkNetwork(n); err != nil {
 			return golibvirt.Domain{}, err
 		}
 	}
-	d.networkMu.Unlock()
+	release, err := d.ensureNetworks(api, m)
+	if err != nil {
+		return golibvirt.Domain{}, err
+	}
+	defer release()
 	var made []poolVolume
 	defer func() {
 		if err != nil && fresh && driver.IsTerminal(err) {
@@ -851,6 +873,7 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 	dom, info, err := d.lookup(api, uid, golibvirt.DomainXMLInactive)
 	var notOurs *NotOursError
 	key := uid
+	var released []nic
 	switch {
 	case errors.As(err, &notOurs):
 		return nil // another VM's now, or released: not to be touched
@@ -859,6 +882,15 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 		return err
 	default:
 		key = formatUUID(dom.UUID)
+		// The running definition may have interfaces the next one dropped;
+		// unread, they are only left to the sweeps of the networks the
+		// driver made.
+		released = info.nics
+		if x, err := api.DomainGetXMLDesc(dom, 0); err == nil {
+			if live, err := parseDomain(x); err == nil {
+				released = append(released, live.nics...)
+			}
+		}
 		if err := api.DomainDestroy(dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid, golibvirt.ErrNoDomain) {
 			return errors.Wrap(err, "cannot stop domain")
 		}
@@ -885,7 +917,9 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 	delete(d.reboots, uid)
 	delete(d.crashes, uid)
 	d.stateMu.Unlock()
-	return nil
+	// Also when the domain was gone already: a sweep cut short before
+	// is finished.
+	return d.sweepNetworks(api, released)
 }
 
 // Observe implements driver.Driver.
@@ -971,6 +1005,9 @@ var addressSources = []struct {
 // firmware: an interface whose only lease was granted before since is
 // reported by the guest agent alone, which speaks for the running guest.
 func (d *Driver) sightings(api API, dom golibvirt.Domain, nics []nic, since *time.Time) map[string]sighting {
+	if d.testDriver {
+		return reservedLeases(api, nics)
+	}
 	seen := map[string]sighting{}
 	stale := map[string]bool{}
 	if since != nil {
@@ -1000,6 +1037,39 @@ func (d *Driver) sightings(api API, dom golibvirt.Domain, nics []nic, since *tim
 				ips = append(ips, a.Addr)
 			}
 			seen[mac] = sighting{ips: ips, source: s.name}
+		}
+	}
+	return seen
+}
+
+// reservedLeases are the addresses the networks' DHCP reservations give
+// nics, as leases. This is what a guest of libvirt's test driver holds: the
+// test driver runs no dnsmasq and no guest, and the addresses its
+// DomainInterfaceAddresses makes up (from the domain's id, the same on
+// every node) are no guest's; a simulated guest takes the lease it is
+// offered.
+func reservedLeases(api API, nics []nic) map[string]sighting {
+	seen := map[string]sighting{}
+	read := map[string]bool{}
+	for _, n := range nics {
+		if read[n.network] {
+			continue
+		}
+		read[n.network] = true
+		ref, err := api.NetworkLookupByName(n.network)
+		if err != nil {
+			continue
+		}
+		nw, err := readNetwork(api, ref)
+		if err != nil {
+			continue
+		}
+		for _, ip := range nw.def.IPs {
+			for _, h := range dhcpHosts(ip) {
+				if h.MAC != "" && h.IP != "" {
+					seen[strings.ToLower(h.MAC)] = sighting{ips: []string{h.IP}, source: driver.AddressSourceLease}
+				}
+			}
 		}
 	}
 	return seen

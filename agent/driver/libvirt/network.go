@@ -1,9 +1,15 @@
 package libvirt
 
 import (
+	"cmp"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/xml"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
+	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -12,36 +18,239 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver"
 )
 
-// ensureNetwork makes the named network exist and be active, creating it from
-// its CIDR and mode when it is missing; an imported one is only checked.
-func ensureNetwork(api API, n driver.Network) error {
+// NetworkNamespace marks virtfleet's element in the <metadata> of a
+// network the driver made. Only such a network is ever destroyed; one
+// without it (the host's, an imported one, one an agent older than the mark
+// made) is used as it is, and of its DHCP reservations only those of
+// virtfleet's own guests are ever removed.
+const NetworkNamespace = "https://virtfleet.io/xmlns/network/v1"
+
+// networkMark is virtfleet's element in a network's <metadata>.
+type networkMark struct {
+	XMLName xml.Name `xml:"https://virtfleet.io/xmlns/network/v1 network"`
+	// UID is the VirtualNetwork's uid.
+	UID string `xml:"uid,omitempty"`
+	// VNI is the overlay the network's bridge is joined to, so its VXLAN
+	// device is found again when the network goes.
+	VNI int32 `xml:"vni,omitempty"`
+}
+
+var networkMarkName = xml.Name{Space: NetworkNamespace, Local: "network"}
+
+// network is a libvirt network as the driver reads it.
+type network struct {
+	ref golibvirt.Network
+	def *libvirtxml.Network
+	// mark is nil on a network the driver did not make.
+	mark *networkMark
+}
+
+// readNetwork reads a network's definition: the running one of an active
+// network, else the persistent one.
+func readNetwork(api API, ref golibvirt.Network) (network, error) {
+	x, err := api.NetworkGetXMLDesc(ref, 0)
+	if err != nil {
+		return network{}, errors.Wrapf(err, "cannot read network %s", ref.Name)
+	}
+	n := network{ref: ref, def: &libvirtxml.Network{}}
+	if err := n.def.Unmarshal(x); err != nil {
+		return network{}, errors.Wrapf(err, "cannot parse the definition of network %s", ref.Name)
+	}
+	if n.def.Metadata != nil {
+		mark := &networkMark{}
+		found, err := findElement(n.def.Metadata.XML, networkMarkName, mark)
+		if err != nil {
+			return network{}, errors.Wrapf(err, "cannot parse the metadata of network %s", ref.Name)
+		}
+		if found {
+			n.mark = mark
+		}
+	}
+	return n, nil
+}
+
+// checkNetwork refuses, before anything is made for the guest, a network
+// no node could give it: an address outside the network's subnet, or a
+// VNI where there can be no overlay (an imported or bridge-mode network, or
+// a node without a tunnel address).
+func (d *Driver) checkNetwork(n driver.Network) error {
+	if n.VNI != 0 {
+		switch {
+		case n.VNI < 0 || n.VNI >= 1<<24:
+			return driver.Terminalf("network %q: vni %d is not a VXLAN network identifier (1 to 16777215)", n.Name, n.VNI)
+		case n.Imported || n.Mode == driver.NetworkModeBridge:
+			return driver.Terminalf("network %q has vni %d, and only a nat or isolated network virtfleet makes can span nodes", n.Name, n.VNI)
+		case !d.tunnel.IsValid():
+			return driver.Terminalf("network %q spans nodes (vni %d), and node %s has no tunnel address to reach the others (the agent's --tunnel-address)", n.Name, n.VNI, d.node)
+		}
+	}
+	if !n.Address.IsValid() || n.CIDR == "" || n.Imported || n.Mode == driver.NetworkModeBridge {
+		return nil
+	}
+	subnet, err := subnetOf(n)
+	if err != nil {
+		return err
+	}
+	return checkAddress(n.Name, subnet, n.Address.Addr())
+}
+
+// checkAddress refuses an address the subnet cannot give a guest: one
+// outside it, its network or broadcast address, or the gateway.
+func checkAddress(name string, subnet netip.Prefix, a netip.Addr) error {
+	switch {
+	case !subnet.Contains(a):
+		return driver.Terminalf("network %q: address %s is not in its subnet %s", name, a, subnet)
+	case a == subnet.Addr() || a == hostAddr(subnet, hostCount(subnet)+1):
+		return driver.Terminalf("network %q: address %s is the subnet's network or broadcast address", name, a)
+	case a == gateway(subnet):
+		return driver.Terminalf("network %q: address %s is the gateway's", name, a)
+	}
+	return nil
+}
+
+// ensureNetwork makes n's network exist and be active for the guest's
+// interface with MAC mac: created from n when missing, its DHCP serving
+// n.Address to mac, its bridge joined to the overlay when n has a VNI. An
+// imported network is only checked. The caller holds d.networkMu.
+func (d *Driver) ensureNetwork(api API, n driver.Network, mac string) error {
 	if n.Imported {
 		return checkImported(api, n)
 	}
-	nw, err := api.NetworkLookupByName(n.Name)
+	ref, err := api.NetworkLookupByName(n.Name)
 	if isCode(err, golibvirt.ErrNoNetwork) {
-		x, err := networkXML(n)
-		if err != nil {
+		if ref, err = d.defineNetwork(api, n, mac); err != nil {
 			return err
-		}
-		nw, err = api.NetworkDefineXML(x)
-		if isCode(err, golibvirt.ErrXMLError, golibvirt.ErrConfigUnsupported, golibvirt.ErrInvalidArg) {
-			return driver.Terminal(errors.Wrapf(err, "cannot create network %q", n.Name))
-		}
-		if err != nil {
-			return errors.Wrapf(err, "cannot define network %s", n.Name)
 		}
 	} else if err != nil {
 		return errors.Wrapf(err, "cannot look up network %s", n.Name)
 	}
-	active, err := api.NetworkIsActive(nw)
+	active, err := api.NetworkIsActive(ref)
 	if err != nil {
 		return errors.Wrapf(err, "cannot read network %s", n.Name)
 	}
-	if active == 1 {
+	if active != 1 {
+		if err := api.NetworkCreate(ref); err != nil {
+			return errors.Wrapf(err, "cannot start network %s", n.Name)
+		}
+	}
+	if !n.Address.IsValid() && n.VNI == 0 {
 		return nil
 	}
-	return errors.Wrapf(api.NetworkCreate(nw), "cannot start network %s", n.Name)
+	cur, err := readNetwork(api, ref)
+	if err != nil {
+		return err
+	}
+	if err := d.reserve(api, cur, n, mac); err != nil {
+		return err
+	}
+	if n.VNI == 0 {
+		return nil
+	}
+	if cur.mark == nil {
+		// Made by an agent older than overlays, with a dynamic DHCP range:
+		// joined to the other nodes, its dnsmasq would hand their guests
+		// addresses of its own. It stays the node's alone.
+		return nil
+	}
+	if cur.def.Bridge == nil || cur.def.Bridge.Name == "" {
+		return errors.Errorf("network %s is active and has no bridge to join to the overlay", n.Name)
+	}
+	return d.joinOverlay(cur.def.Bridge.Name, n.VNI)
+}
+
+// defineNetwork defines n's network, marked as the driver's, with the
+// guest's reservation in it already.
+func (d *Driver) defineNetwork(api API, n driver.Network, mac string) (golibvirt.Network, error) {
+	spec := networkSpec{network: n}
+	if n.Address.IsValid() {
+		spec.reservation = &libvirtxml.NetworkDHCPHost{MAC: mac, IP: n.Address.Addr().String()}
+	}
+	if n.VNI != 0 {
+		var err error
+		if spec.mtu, err = d.overlayMTU(); err != nil {
+			return golibvirt.Network{}, err
+		}
+	}
+	x, err := networkXML(spec)
+	if err != nil {
+		return golibvirt.Network{}, err
+	}
+	ref, err := api.NetworkDefineXML(x)
+	if isCode(err, golibvirt.ErrXMLError, golibvirt.ErrConfigUnsupported, golibvirt.ErrInvalidArg) {
+		return ref, driver.Terminal(errors.Wrapf(err, "cannot create network %q", n.Name))
+	}
+	return ref, errors.Wrapf(err, "cannot define network %s", n.Name)
+}
+
+// reserve makes the network's DHCP serve n.Address to mac, and nothing
+// else to it. A reservation of the address for another MAC that no domain
+// has on the network (its guest was deleted while its reservation stayed)
+// is removed first.
+func (d *Driver) reserve(api API, cur network, n driver.Network, mac string) error {
+	if !n.Address.IsValid() || n.Mode == driver.NetworkModeBridge {
+		return nil
+	}
+	a := n.Address.Addr()
+	index := -1
+	for i, ip := range cur.def.IPs {
+		if p, ok := ipPrefix(ip); ok && p.Contains(a) {
+			index = i
+			break
+		}
+	}
+	if index < 0 {
+		return driver.Terminalf("network %q: address %s is in none of its subnets", n.Name, a)
+	}
+	want := libvirtxml.NetworkDHCPHost{MAC: mac, IP: a.String()}
+	command := golibvirt.NetworkUpdateCommandAddLast
+	for _, h := range dhcpHosts(cur.def.IPs[index]) {
+		switch {
+		case strings.EqualFold(h.MAC, mac) && h.IP == want.IP:
+			return nil
+		case strings.EqualFold(h.MAC, mac):
+			command = golibvirt.NetworkUpdateCommandModify
+		case h.IP == want.IP:
+			used, err := d.interfacesInUse(api)
+			if err != nil {
+				return err
+			}
+			if used[nic{network: n.Name, mac: strings.ToLower(h.MAC)}] {
+				return driver.Failingf("network %q serves address %s to interface %s of another guest of the node", n.Name, a, h.MAC)
+			}
+			if err := updateHost(api, cur, golibvirt.NetworkUpdateCommandDelete, index, h); err != nil {
+				return err
+			}
+		}
+	}
+	return updateHost(api, cur, command, index, want)
+}
+
+// dhcpHosts are the DHCP reservations of one of a network's subnets.
+func dhcpHosts(ip libvirtxml.NetworkIP) []libvirtxml.NetworkDHCPHost {
+	if ip.DHCP == nil {
+		return nil
+	}
+	return ip.DHCP.Hosts
+}
+
+// updateHost adds, modifies or deletes a DHCP reservation in the subnet
+// cur.def.IPs[index], in the network's definition and, when it runs, in its
+// dnsmasq.
+func updateHost(api API, cur network, command golibvirt.NetworkUpdateCommand, index int, h libvirtxml.NetworkDHCPHost) error {
+	x, err := h.Marshal()
+	if err != nil {
+		return errors.Wrap(err, "cannot marshal a DHCP reservation")
+	}
+	active, err := api.NetworkIsActive(cur.ref)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read network %s", cur.ref.Name)
+	}
+	flags := golibvirt.NetworkUpdateAffectConfig
+	if active == 1 {
+		flags |= golibvirt.NetworkUpdateAffectLive
+	}
+	err = api.NetworkUpdateCompat(cur.ref, command, golibvirt.NetworkSectionIPDhcpHost, int32(index), x, flags) //nolint:gosec // a network has a handful of subnets
+	return errors.Wrapf(err, "cannot update the DHCP reservation of %s for %s in network %s", h.IP, h.MAC, cur.ref.Name)
 }
 
 // checkImported says whether the network a VirtualNetwork imports can take
@@ -56,15 +265,11 @@ func checkImported(api API, n driver.Network) error {
 	if err != nil {
 		return errors.Wrapf(err, "cannot look up network %s", n.Name)
 	}
-	x, err := api.NetworkGetXMLDesc(nw, 0)
+	cur, err := readNetwork(api, nw)
 	if err != nil {
-		return errors.Wrapf(err, "cannot read network %s", n.Name)
+		return err
 	}
-	def := &libvirtxml.Network{}
-	if err := def.Unmarshal(x); err != nil {
-		return errors.Wrapf(err, "cannot parse the definition of network %s", n.Name)
-	}
-	if err := sameNetwork(def, n); err != nil {
+	if err := sameNetwork(cur.def, n); err != nil {
 		return driver.Terminal(err)
 	}
 	active, err := api.NetworkIsActive(nw)
@@ -139,10 +344,28 @@ func ipPrefix(ip libvirtxml.NetworkIP) (netip.Prefix, bool) {
 	return p, err == nil
 }
 
-// networkXML builds a network definition: the host takes the subnet's first
-// address and DHCP serves the rest.
-func networkXML(n driver.Network) (string, error) {
-	def := &libvirtxml.Network{Name: n.Name}
+// networkSpec is what a network definition is built from.
+type networkSpec struct {
+	network driver.Network
+	// reservation is the first guest's DHCP reservation, if it has one.
+	reservation *libvirtxml.NetworkDHCPHost
+	// mtu is the guests' MTU; 0 leaves it to libvirt (the host's default).
+	mtu int
+}
+
+// networkXML builds a network definition, marked as the driver's. A nat or
+// isolated network's host takes the subnet's first address, and its DHCP
+// serves only its reservations (libvirt then has dnsmasq serve the subnet
+// statically): addresses are the hub's to give. Its bridge's MAC is derived
+// from the VirtualNetwork's uid, the same on every node, so that on an
+// overlay each guest finds its own node's gateway at one address and MAC.
+func networkXML(s networkSpec) (string, error) {
+	n := s.network
+	mark, err := xml.Marshal(networkMark{UID: n.UID, VNI: n.VNI})
+	if err != nil {
+		return "", errors.Wrap(err, "cannot marshal virtfleet's network metadata")
+	}
+	def := &libvirtxml.Network{Name: n.Name, Metadata: &libvirtxml.NetworkMetadata{XML: string(mark)}}
 	switch n.Mode {
 	case driver.NetworkModeBridge:
 		if n.Bridge == "" {
@@ -160,27 +383,239 @@ func networkXML(n driver.Network) (string, error) {
 	if n.CIDR == "" {
 		return "", driver.Terminalf("network %q does not exist on this node and has no cidr to create it from", n.Name)
 	}
-	prefix, err := netip.ParsePrefix(n.CIDR)
-	if err != nil || !prefix.Addr().Is4() || prefix.Bits() > 30 {
-		return "", driver.Terminalf("network %q: cidr %q is not an IPv4 subnet of at least 4 addresses", n.Name, n.CIDR)
+	subnet, err := subnetOf(n)
+	if err != nil {
+		return "", err
 	}
-	prefix = prefix.Masked()
-	base := binary.BigEndian.Uint32(prefix.Addr().AsSlice())
-	size := uint32(1) << (32 - prefix.Bits())
-	ip := func(off uint32) string {
-		var b [4]byte
-		binary.BigEndian.PutUint32(b[:], base+off)
-		return netip.AddrFrom4(b).String()
+	if id := cmp.Or(n.UID, n.Name); id != "" {
+		def.MAC = &libvirtxml.NetworkMAC{Address: gatewayMAC(id)}
+	}
+	if s.mtu > 0 {
+		def.MTU = &libvirtxml.NetworkMTU{Size: uint(s.mtu)}
+	}
+	dhcp := &libvirtxml.NetworkDHCP{}
+	if s.reservation != nil {
+		dhcp.Hosts = []libvirtxml.NetworkDHCPHost{*s.reservation}
 	}
 	def.IPs = []libvirtxml.NetworkIP{{
-		Address: ip(1),
-		Netmask: net.IP(net.CIDRMask(prefix.Bits(), 32)).String(),
-		DHCP:    &libvirtxml.NetworkDHCP{Ranges: []libvirtxml.NetworkDHCPRange{{Start: ip(2), End: ip(size - 2)}}},
+		Address: gateway(subnet).String(),
+		Netmask: net.IP(net.CIDRMask(subnet.Bits(), 32)).String(),
+		DHCP:    dhcp,
 	}}
 	return marshalNetwork(def)
+}
+
+// subnetOf is n's CIDR, refused unless it is an IPv4 subnet with room for
+// a gateway and a guest.
+func subnetOf(n driver.Network) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(n.CIDR)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 30 {
+		return netip.Prefix{}, driver.Terminalf("network %q: cidr %q is not an IPv4 subnet of at least 4 addresses", n.Name, n.CIDR)
+	}
+	return p.Masked(), nil
+}
+
+// hostCount is how many host addresses an IPv4 subnet has.
+func hostCount(subnet netip.Prefix) uint32 { return 1<<(32-subnet.Bits()) - 2 }
+
+// hostAddr is the i-th address of an IPv4 subnet, 0 being its network
+// address.
+func hostAddr(subnet netip.Prefix, i uint32) netip.Addr {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], binary.BigEndian.Uint32(subnet.Addr().AsSlice())+i)
+	return netip.AddrFrom4(b)
+}
+
+// gateway is the host's address on the subnet: its first.
+func gateway(subnet netip.Prefix) netip.Addr { return hostAddr(subnet, 1) }
+
+// gatewayMAC derives a network's bridge MAC from id: unicast and locally
+// administered, so it collides with no vendor's.
+func gatewayMAC(id string) string {
+	s := sha256.Sum256([]byte("virtfleet-network/" + id))
+	s[0] = s[0]&^0x01 | 0x02
+	return net.HardwareAddr(s[:6]).String()
 }
 
 func marshalNetwork(def *libvirtxml.Network) (string, error) {
 	x, err := def.Marshal()
 	return x, errors.Wrap(err, "cannot marshal network XML")
+}
+
+// ensureNetworks makes the networks of m's interfaces ready for its
+// domain's definition (ensureNetwork), and holds their interfaces as in
+// use until the returned release is called, once the domain is defined:
+// sweepNetworks, which sees only defined domains, would otherwise take a
+// new network or reservation away before its domain is there.
+func (d *Driver) ensureNetworks(api API, m driver.Machine) (release func(), err error) {
+	held := nicsOf(m)
+	d.networkMu.Lock()
+	defer d.networkMu.Unlock()
+	d.hold(held, 1)
+	for i, n := range m.Networks {
+		if err := d.ensureNetwork(api, n, macFor(m.UID, i)); err != nil {
+			d.hold(held, -1)
+			return nil, err
+		}
+	}
+	return func() {
+		d.networkMu.Lock()
+		defer d.networkMu.Unlock()
+		d.hold(held, -1)
+	}, nil
+}
+
+// hold counts interfaces as being defined (by 1), or no longer (by -1).
+// The caller holds d.networkMu.
+func (d *Driver) hold(nics []nic, by int) {
+	for _, k := range nics {
+		if d.defining[k] += by; d.defining[k] <= 0 {
+			delete(d.defining, k)
+		}
+	}
+}
+
+// nicsOf are the interfaces m's domain is defined with.
+func nicsOf(m driver.Machine) []nic {
+	out := make([]nic, len(m.Networks))
+	for i, n := range m.Networks {
+		out[i] = nic{network: n.Name, mac: macFor(m.UID, i)}
+	}
+	return out
+}
+
+// interfacesInUse are the interfaces of every domain of the node, in its
+// running and its next definition, whoever made it, and those of domains
+// being defined. The caller holds d.networkMu.
+func (d *Driver) interfacesInUse(api API) (map[nic]bool, error) {
+	doms, infos, err := d.listDomains(api, false)
+	if err != nil {
+		return nil, err
+	}
+	used := map[nic]bool{}
+	for k := range d.defining {
+		used[k] = true
+	}
+	for i, dom := range doms {
+		next, err := nextDefinition(api, dom)
+		if isCode(err, golibvirt.ErrNoDomain) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range append(infos[i].nics, next.nics...) {
+			used[k] = true
+		}
+	}
+	return used, nil
+}
+
+// sweepNetworks removes what the node's domains no longer need: each
+// network the driver made that no domain has an interface on (destroyed
+// and undefined, its bridge and dnsmasq with it, and its overlay device),
+// and the DHCP reservations of interfaces no domain has: any such one in a
+// network the driver made, and in any other network those of released, the
+// interfaces of a guest the caller deleted or redefined. It returns the
+// failures concerning the networks of released only: another network's
+// are not the caller's to fail for, and the next sweep tries again.
+func (d *Driver) sweepNetworks(api API, released []nic) error {
+	d.networkMu.Lock()
+	defer d.networkMu.Unlock()
+	used, err := d.interfacesInUse(api)
+	if err != nil {
+		return err
+	}
+	inUse := map[string]bool{}
+	for k := range used {
+		inUse[k.network] = true
+	}
+	refs, _, err := api.ConnectListAllNetworks(1, 0)
+	if err != nil {
+		return errors.Wrap(err, "cannot list networks")
+	}
+	var errs []error
+	for _, ref := range refs {
+		err := d.sweepNetwork(api, ref, used, inUse[ref.Name], released)
+		if err != nil && slices.ContainsFunc(released, func(k nic) bool { return k.network == ref.Name }) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sweepNetwork is sweepNetworks' work on one network, inUse when some
+// interface in used is on it.
+func (d *Driver) sweepNetwork(api API, ref golibvirt.Network, used map[nic]bool, inUse bool, released []nic) error {
+	nw, err := readNetwork(api, ref)
+	switch {
+	case isCode(err, golibvirt.ErrNoNetwork):
+		return nil
+	case err != nil:
+		return err
+	case nw.mark != nil && !inUse:
+		return d.removeNetwork(api, nw)
+	}
+	for i, ip := range nw.def.IPs {
+		for _, h := range dhcpHosts(ip) {
+			k := nic{network: ref.Name, mac: strings.ToLower(h.MAC)}
+			if used[k] || (nw.mark == nil && !slices.Contains(released, k)) {
+				continue
+			}
+			if err := updateHost(api, nw, golibvirt.NetworkUpdateCommandDelete, i, h); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// removeNetwork destroys and undefines a network the driver made, its
+// overlay device first: a failure leaves the network, and with it what
+// the next sweep needs to find the device again.
+func (d *Driver) removeNetwork(api API, nw network) error {
+	if nw.mark.VNI != 0 {
+		if err := d.leaveOverlay(nw.mark.VNI); err != nil {
+			return err
+		}
+	}
+	if err := api.NetworkDestroy(nw.ref); err != nil && !isCode(err, golibvirt.ErrOperationInvalid, golibvirt.ErrNoNetwork) {
+		return errors.Wrapf(err, "cannot stop network %s", nw.ref.Name)
+	}
+	if err := api.NetworkUndefine(nw.ref); err != nil && !isCode(err, golibvirt.ErrNoNetwork) {
+		return errors.Wrapf(err, "cannot undefine network %s", nw.ref.Name)
+	}
+	return nil
+}
+
+// leftNetworks sweeps the networks when a redefinition took interfaces of
+// the guest off them. A failure is left to the next periodic sweep: the
+// guest's definition is made, and what stays behind harms no guest.
+func (d *Driver) leftNetworks(api API, before, after []nic) {
+	gone := slices.DeleteFunc(slices.Clone(before), func(k nic) bool { return slices.Contains(after, k) })
+	if len(gone) > 0 {
+		_ = d.sweepNetworks(api, gone)
+	}
+}
+
+// networkSweepInterval is how often the networks are swept besides after
+// a Delete or a redefinition: a running guest keeps a network its next
+// definition dropped until it restarts, and a sweep a failure or a crash
+// cut short is finished there.
+const networkSweepInterval = time.Minute
+
+func (d *Driver) sweepLoop() {
+	defer d.loops.Done()
+	t := time.NewTicker(networkSweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+			if api, _, err := d.api(); err == nil {
+				_ = d.sweepNetworks(api, nil)
+			}
+		}
+	}
 }

@@ -141,14 +141,10 @@ func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 		return err
 	}
 	for i, dom := range doms {
-		next, err := api.DomainGetXMLDesc(dom, golibvirt.DomainXMLInactive)
+		nextInfo, err := nextDefinition(api, dom)
 		if isCode(err, golibvirt.ErrNoDomain) {
 			continue
 		}
-		if err != nil {
-			return errors.Wrap(err, "cannot read domain XML")
-		}
-		nextInfo, err := parseDomain(next)
 		if err != nil {
 			return err
 		}
@@ -167,6 +163,16 @@ func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 		}
 	}
 	return deleteVolume(api, want.pool, want.name)
+}
+
+// nextDefinition reads dom's next definition, the one its next start
+// runs; an error with ErrNoDomain when it is gone.
+func nextDefinition(api API, dom golibvirt.Domain) (domainInfo, error) {
+	x, err := api.DomainGetXMLDesc(dom, golibvirt.DomainXMLInactive)
+	if err != nil {
+		return domainInfo{}, errors.Wrap(err, "cannot read domain XML")
+	}
+	return parseDomain(x)
 }
 
 // volumePath is the path of volume v, or "" when there is no such volume.

@@ -56,7 +56,7 @@ func TestIntentLifecycle(t *testing.T) {
 			if s.phase == wire.PhaseRunning {
 				require.Len(t, r.Interfaces, 1)
 				assert.Equal(t, "net-db", r.Interfaces[0].Network, "interfaces carry the VirtualNetwork name the user wrote")
-				assert.NotEmpty(t, r.Interfaces[0].IPs)
+				assert.Equal(t, []string{strings.TrimSuffix(in.Machine.Networks[0].Address, "/24")}, r.Interfaces[0].IPs, "the address the hub gave it")
 				assert.NotEmpty(t, r.Interfaces[0].Source)
 			}
 		})

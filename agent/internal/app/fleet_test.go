@@ -2,7 +2,9 @@ package app_test
 
 import (
 	"context"
+	"net/netip"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,9 +123,14 @@ func (a *runningAgent) stop(t testing.TB) {
 	}
 }
 
+// addresses counts the addresses vm gave out, so that no two guests of a
+// test's network are given the same one, as the hub's allocator sees to.
+var addresses atomic.Uint32
+
 // vm is the intent for a small guest with one disk and one network, as the
 // hub would write it.
 func vm(name string) wire.Intent {
+	address := netip.AddrFrom4([4]byte{10, 10, 120, byte(2 + addresses.Add(1)%250)})
 	return wire.Intent{
 		UID:        uuid.NewString(),
 		Namespace:  "team-a",
@@ -134,7 +141,7 @@ func vm(name string) wire.Intent {
 			VCPU:        2,
 			MemoryBytes: 512 << 20,
 			Disks:       []wire.Disk{{Name: name + "-root", SizeBytes: 1 << 20}},
-			Networks:    []wire.Network{{Name: "net-db", CIDR: "10.10.120.0/24", Mode: "nat"}},
+			Networks:    []wire.Network{{Name: "net-db", CIDR: "10.10.120.0/24", Mode: "nat", Address: netip.PrefixFrom(address, 24).String()}},
 		},
 	}
 }
