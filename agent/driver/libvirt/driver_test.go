@@ -51,7 +51,8 @@ func machine(name string) driver.Machine {
 		PublicKey:   "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample user@host",
 		Running:     true,
 		Disks:       []driver.Disk{{Name: name + "-root", SizeBytes: 1 << 30}},
-		Networks:    []driver.Network{{Name: "net-db", CIDR: "10.10.120.0/24", Mode: driver.NetworkModeNAT}},
+		// Each machine its own address, as the hub's allocator gives them.
+		Networks: []driver.Network{{Name: "net-db", CIDR: "10.10.120.0/24", Mode: driver.NetworkModeNAT, Address: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 10, 120, byte(2 + uidSeq%250)}), 24)}},
 	}
 }
 
@@ -229,7 +230,7 @@ func TestObserveReportsAddressesWithTheirSource(t *testing.T) {
 	node := libvirttest.Start(t, "ips")
 	d := open(t, node)
 	m := machine("ips")
-	m.Networks = append(m.Networks, driver.Network{Name: "net-backend", CIDR: "10.10.150.0/24"})
+	m.Networks = append(m.Networks, driver.Network{Name: "net-backend", CIDR: "10.10.150.0/24", Address: netip.MustParsePrefix("10.10.150.7/24")})
 
 	o, err := d.Ensure(ctx, m)
 	require.NoError(t, err)
@@ -242,6 +243,7 @@ func TestObserveReportsAddressesWithTheirSource(t *testing.T) {
 		assert.False(t, ifc.LastSeen.IsZero())
 		require.Len(t, ifc.IPs, 1)
 		assert.True(t, netip.MustParsePrefix(want).Contains(netip.MustParseAddr(ifc.IPs[0])), "%s in %s", ifc.IPs[0], want)
+		assert.Equal(t, m.Networks[i].Address.Addr().String(), ifc.IPs[0], "the address its reservation gives it")
 	}
 
 	m.Running = false
