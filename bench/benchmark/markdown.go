@@ -210,6 +210,9 @@ func Markdown(r *Result) string {
 		row("machine CPU until all Running: busy of available, by command", "", func(s Scenario) string { return cpuShare(s.CPU, r.Machine.CPUs) })
 		row("machine CPU per VM: virtfleet / control-plane limit / whole-flow limit (of which kube-apiserver)", "", func(s Scenario) string { return cpuPerVM(s) })
 		row("VMs per node", "", func(s Scenario) string { return perNode(s.PerNode) })
+		row("VMs showing their addresses / addresses shown twice on a network", "all / 0", func(s Scenario) string {
+			return fmt.Sprintf("%d / %d", s.AddressedVMs, s.DuplicateAddresses)
+		})
 		for _, s := range r.Bursts {
 			if len(s.Notes) > 0 {
 				p("")

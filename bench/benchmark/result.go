@@ -47,6 +47,11 @@ type Scenario struct {
 	Running int `json:"running"`
 	// PerNode is how many VMs ended up on each node.
 	PerNode map[string]int `json:"perNode"`
+	// AddressedVMs is how many VMs show an address on every interface;
+	// DuplicateAddresses how many addresses of a network more than one VM
+	// shows (each VM beyond the first counts once), which must be 0.
+	AddressedVMs       int `json:"addressedVMs"`
+	DuplicateAddresses int `json:"duplicateAddresses"`
 	// Latency is from each Create call's return to the first watch event
 	// showing the VM Running.
 	Latency Latency `json:"latency"`

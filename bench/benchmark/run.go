@@ -283,7 +283,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	for _, a := range agentsAfter {
 		sc.AgentMaxPeakRSSBytes = max(sc.AgentMaxPeakRSSBytes, a.PeakRSSBytes)
 	}
-	if sc.PerNode, err = perNodeCounts(ctx, kube); err != nil {
+	if sc.PerNode, sc.AddressedVMs, sc.DuplicateAddresses, err = spread(ctx, kube); err != nil {
 		return err
 	}
 	if !sp.limits || sc.Running == 0 {

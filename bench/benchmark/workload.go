@@ -217,18 +217,36 @@ func (f watcherFunc) WatchWithContext(ctx context.Context, o metav1.ListOptions)
 	return f(ctx, o)
 }
 
-// perNodeCounts is how many of the benchmark's VMs each node runs, from
-// their status, to show how evenly placement spread them.
-func perNodeCounts(ctx context.Context, kube client.Client) (map[string]int, error) {
+// spread is how many of the benchmark's VMs each node runs, from their
+// status, to show how evenly placement spread them; how many show an
+// address on every interface; and how many addresses more than one VM
+// shows on the same network (each VM beyond the first counts once).
+func spread(ctx context.Context, kube client.Client) (perNode map[string]int, addressed, duplicates int, err error) {
 	l := &v1alpha1.VirtualMachineList{}
 	if err := kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
-		return nil, errors.Wrap(err, "cannot list VirtualMachines")
+		return nil, 0, 0, errors.Wrap(err, "cannot list VirtualMachines")
 	}
-	out := map[string]int{}
+	perNode = map[string]int{}
+	shown := map[string]int{}
 	for i := range l.Items {
-		if !strings.HasPrefix(l.Items[i].Name, warmUpName) {
-			out[l.Items[i].Status.AtProvider.Node]++
+		vm := &l.Items[i]
+		if strings.HasPrefix(vm.Name, warmUpName) {
+			continue
+		}
+		perNode[vm.Status.AtProvider.Node]++
+		all := len(vm.Status.AtProvider.Interfaces) > 0
+		for _, ifc := range vm.Status.AtProvider.Interfaces {
+			all = all && len(ifc.IPs) > 0
+			for _, ip := range ifc.IPs {
+				shown[ifc.Network+"/"+ip]++
+			}
+		}
+		if all {
+			addressed++
 		}
 	}
-	return out, nil
+	for _, n := range shown {
+		duplicates += n - 1
+	}
+	return perNode, addressed, duplicates, nil
 }

@@ -9,6 +9,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 )
 
 func TestProgressSaysHowFarARunIs(t *testing.T) {
@@ -45,4 +51,30 @@ func TestProgressSaysHowFarARunIs(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the progress display did not stop once every VM was Running")
 	}
+}
+
+func TestSpreadCountsNodesAddressesAndDuplicates(t *testing.T) {
+	s := runtime.NewScheme()
+	require.NoError(t, v1alpha1.AddToScheme(s))
+	vm := func(name, node string, ifaces ...v1alpha1.InterfaceStatus) client.Object {
+		v := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+		v.Status.AtProvider.Node, v.Status.AtProvider.Interfaces = node, ifaces
+		return v
+	}
+	on := func(network string, ips ...string) v1alpha1.InterfaceStatus {
+		return v1alpha1.InterfaceStatus{Network: network, IPs: ips}
+	}
+	kube := fake.NewClientBuilder().WithScheme(s).WithObjects(
+		vm("vm-0000", "node1", on("net", "10.0.0.2")),
+		vm("vm-0001", "node2", on("net", "10.0.0.2")),
+		vm("vm-0002", "node2", on("net", "10.0.0.2"), on("other", "10.0.0.3")),
+		vm("vm-0003", "node1", on("other", "10.0.0.2")),
+		vm("vm-0004", "node1", on("net")),
+		vm(warmUpName+"-0", "node3", on("net", "10.0.0.2")),
+	).Build()
+	perNode, addressed, duplicates, err := spread(context.Background(), kube)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int{"node1": 3, "node2": 2}, perNode, "warm-up VMs are not the run's")
+	assert.Equal(t, 4, addressed, "a VM with an interface without address is not addressed")
+	assert.Equal(t, 2, duplicates, "three VMs show 10.0.0.2 on net; the same address on another network is no duplicate")
 }
