@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -151,6 +152,27 @@ func flavorNames(c *cloud) []string {
 		out = append(out, f.Name)
 	}
 	return out
+}
+
+// TestTheHubsAddressIsTheServersFixedIP: an interface's address from the
+// hub is the fixed IP of the server's port; one another server holds is
+// refused.
+func TestTheHubsAddressIsTheServersFixedIP(t *testing.T) {
+	t.Parallel()
+	c := newCloud(t, password)
+	d := c.open(t)
+	m := machine("addressed")
+	m.Networks[0].Address = netip.MustParsePrefix("10.10.120.37/24")
+	o := ensure(t, d, m, driver.PhaseRunning)
+	require.Len(t, o.Interfaces, 1)
+	assert.Equal(t, []string{"10.10.120.37"}, o.Interfaces[0].IPs)
+
+	taken := machine("taken")
+	taken.Networks[0].Address = m.Networks[0].Address
+	var err error
+	// The boot volume is made first; the server is asked for once it is.
+	require.Eventually(t, func() bool { _, err = d.Ensure(context.Background(), taken); return err != nil }, waitFor, tick)
+	assert.Contains(t, err.Error(), "10.10.120.37 is already in use")
 }
 
 // TestEnsureRunsAServerBootedFromItsVolume pins what a created guest is on

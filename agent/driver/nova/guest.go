@@ -146,7 +146,13 @@ func (d *Driver) create(ctx context.Context, m driver.Machine) (driver.Observati
 		if err != nil {
 			return driver.Observation{}, err
 		}
-		nets = append(nets, servers.Network{UUID: id})
+		net := servers.Network{UUID: id}
+		if n.Address.IsValid() {
+			// The hub's address for the interface: Neutron puts it on the
+			// server's port, and its DHCP or config drive gives it.
+			net.FixedIP = n.Address.Addr().String()
+		}
+		nets = append(nets, net)
 	}
 	var boot *volumes.Volume
 	for i, disk := range m.Disks {

@@ -83,12 +83,15 @@ type server struct {
 	Metadata     map[string]string
 	UserData     string
 	Networks     []string
-	Addresses    []Address
-	Volumes      []string
-	Created      time.Time
-	Updated      time.Time
-	Fault        string
-	pending      *transition
+	// FixedIPs are the addresses asked for on Networks, by index; "" lets
+	// the subnet choose.
+	FixedIPs  []string
+	Addresses []Address
+	Volumes   []string
+	Created   time.Time
+	Updated   time.Time
+	Fault     string
+	pending   *transition
 	// confirming is a confirmed resize Nova has not finished.
 	confirming bool
 	// actions are the accepted actions, in order, as Nova's
@@ -450,7 +453,8 @@ type createServerRequest struct {
 }
 
 type networkRef struct {
-	UUID string `json:"uuid"`
+	UUID    string `json:"uuid"`
+	FixedIP string `json:"fixed_ip"`
 }
 
 func badRequest(w http.ResponseWriter, format string, args ...any) {
@@ -532,11 +536,19 @@ func (s *Server) createServer(w http.ResponseWriter, r *http.Request, _ int) {
 			return
 		}
 		for _, n := range refs {
-			if s.networks[n.UUID] == nil {
+			net := s.networks[n.UUID]
+			if net == nil {
 				badRequest(w, "Network %s could not be found.", n.UUID)
 				return
 			}
+			if n.FixedIP != "" && len(net.Subnets) > 0 {
+				if why := s.subnets[net.Subnets[0]].free(n.FixedIP); why != "" {
+					badRequest(w, "%s", why)
+					return
+				}
+			}
 			sv.Networks = append(sv.Networks, n.UUID)
+			sv.FixedIPs = append(sv.FixedIPs, n.FixedIP)
 		}
 	}
 	for _, v := range sv.Volumes {
@@ -556,16 +568,29 @@ func (s *Server) createServer(w http.ResponseWriter, r *http.Request, _ int) {
 // plug gives a server that finished building a port with an address on the
 // first subnet of each of its networks.
 func (s *Server) plug(sv *server) {
-	for _, id := range sv.Networks {
+	for i, id := range sv.Networks {
 		n := s.networks[id]
 		a := Address{Network: n.Name, MAC: mac()}
-		if len(n.Subnets) > 0 {
-			a.IP = s.subnets[n.Subnets[0]].allocate()
+		switch sn := s.subnet(n); {
+		case sn == nil:
+		case sv.FixedIPs[i] != "" && sn.free(sv.FixedIPs[i]) == "":
+			sn.used[sv.FixedIPs[i]] = true
+			a.IP = sv.FixedIPs[i]
+		case sv.FixedIPs[i] == "":
+			a.IP = sn.allocate()
 		}
 		if a.IP != "" {
 			sv.Addresses = append(sv.Addresses, a)
 		}
 	}
+}
+
+// subnet is the first subnet of n, or nil.
+func (s *Server) subnet(n *network) *subnet {
+	if len(n.Subnets) == 0 {
+		return nil
+	}
+	return s.subnets[n.Subnets[0]]
 }
 
 func mac() string {

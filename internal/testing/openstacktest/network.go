@@ -47,6 +47,19 @@ func (sn *subnet) allocate() string {
 
 func (sn *subnet) release(ip string) { delete(sn.used, ip) }
 
+// free says why ip cannot be a port's fixed IP on the subnet, as Neutron
+// refuses it, or "" when it can.
+func (sn *subnet) free(ip string) string {
+	a, err := netip.ParseAddr(ip)
+	switch {
+	case err != nil || !sn.Prefix.Contains(a):
+		return fmt.Sprintf("IP address %s is not a valid IP for the specified subnet.", ip)
+	case a == sn.Gateway || sn.used[ip]:
+		return fmt.Sprintf("Fixed IP address %s is already in use.", ip)
+	}
+	return ""
+}
+
 type networkJSON struct {
 	ID           string   `json:"id"`
 	Name         string   `json:"name"`
