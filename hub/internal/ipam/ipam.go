@@ -300,6 +300,88 @@ func (a *Allocator) Release(ctx context.Context, vm *v1alpha1.VirtualMachine) er
 	return nil
 }
 
+// Keep has vm's records outlive it: a VM released with its guest (deleted
+// without the Delete management policy) leaves the guest running with its
+// addresses, so they stay held, by the VM's uid, with no owner reference
+// for Kubernetes' garbage collector to follow. Adopt hands them to the VM
+// that adopts the guest.
+func (a *Allocator) Keep(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
+	_, err := a.hand(ctx, vm.Namespace, string(vm.UID), nil)
+	return err
+}
+
+// Adopt hands to vm the records of the released guest it adopts, held by
+// the uid it was released under, so the guest keeps its addresses under its
+// new VM, and returns the addresses handed over, by network name. Records
+// already handed over, or none, are no error: then it returns none, and
+// Ensure finds what was handed over.
+func (a *Allocator) Adopt(ctx context.Context, vm *v1alpha1.VirtualMachine, from string) (map[string]netip.Addr, error) {
+	if vm.UID == "" {
+		return nil, errors.Errorf("VirtualMachine %s/%s has no uid", vm.Namespace, vm.Name)
+	}
+	return a.hand(ctx, vm.Namespace, from, vm)
+}
+
+// hand moves the records of the VM uid from to vm, or, with vm nil, drops
+// their owner reference. Each record is patched on the version read, and
+// the views that know it learn its new holder.
+func (a *Allocator) hand(ctx context.Context, namespace, from string, vm *v1alpha1.VirtualMachine) (map[string]netip.Addr, error) {
+	held := &v1alpha1.VirtualMachine{}
+	held.Namespace, held.UID = namespace, types.UID(from)
+	list, err := a.listOf(ctx, held)
+	if err != nil {
+		return nil, err
+	}
+	handed := map[string]netip.Addr{}
+	for i := range list.Items {
+		o := &list.Items[i]
+		if o.Spec.VirtualMachineUID != from {
+			continue
+		}
+		patch := client.MergeFromWithOptions(o.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		o.OwnerReferences = nil
+		if vm != nil {
+			if o.Labels == nil {
+				o.Labels = map[string]string{}
+			}
+			o.Labels[LabelVMUID] = string(vm.UID)
+			o.Spec.VirtualMachine, o.Spec.VirtualMachineUID = v1alpha1.LocalName(vm.Name), string(vm.UID)
+			o.OwnerReferences = ownedBy(vm)
+		}
+		if err := a.c.Patch(ctx, o, patch); err != nil {
+			return nil, errors.Wrapf(err, "cannot hand over address %s of network %s", o.Spec.Address, o.Spec.Network)
+		}
+		if addr, err := netip.ParseAddr(o.Spec.Address); err == nil {
+			handed[string(o.Spec.Network)] = addr
+		}
+		a.mu.Lock()
+		v := a.views[types.NamespacedName{Namespace: namespace, Name: string(o.Spec.Network)}]
+		a.mu.Unlock()
+		if v != nil {
+			v.mu.Lock()
+			r := fromObject(o, v.name)
+			v.add(r)
+			v.own[r.name] = ownWrite{rec: r, uid: r.uid, at: time.Now()}
+			v.mu.Unlock()
+		}
+	}
+	return handed, nil
+}
+
+// ownedBy is the owner reference of a record held by vm: Kubernetes'
+// garbage collector removes the records of a deleted VM where the hub did
+// not (it was down, or the VM's finalizer was stripped by hand).
+func ownedBy(vm *v1alpha1.VirtualMachine) []metav1.OwnerReference {
+	return []metav1.OwnerReference{{
+		APIVersion:         v1alpha1.SchemeGroupVersion.String(),
+		Kind:               v1alpha1.VirtualMachineKind,
+		Name:               vm.Name,
+		UID:                vm.UID,
+		Controller:         ptr.To(false),
+		BlockOwnerDeletion: ptr.To(false),
+	}}
+}
+
 // releaseIn deletes the records of the VM uid on v's network: those v knows
 // and listed, which the reader showed.
 func (a *Allocator) releaseIn(ctx context.Context, v *view, uid string, listed []*record) error {
@@ -548,17 +630,10 @@ func (a *Allocator) allocate(ctx context.Context, v *view, vm *v1alpha1.VirtualM
 func (a *Allocator) create(ctx context.Context, v *view, vm *v1alpha1.VirtualMachine, addr netip.Addr) (*record, error) {
 	na := &v1alpha1.NetworkAddress{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: v.namespace,
-			Name:      recordName(v.name, addr),
-			Labels:    map[string]string{LabelNetwork: v.name, LabelVMUID: string(vm.UID)},
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion:         v1alpha1.SchemeGroupVersion.String(),
-				Kind:               v1alpha1.VirtualMachineKind,
-				Name:               vm.Name,
-				UID:                vm.UID,
-				Controller:         ptr.To(false),
-				BlockOwnerDeletion: ptr.To(false),
-			}},
+			Namespace:       v.namespace,
+			Name:            recordName(v.name, addr),
+			Labels:          map[string]string{LabelNetwork: v.name, LabelVMUID: string(vm.UID)},
+			OwnerReferences: ownedBy(vm),
 		},
 		Spec: v1alpha1.NetworkAddressSpec{
 			Network:           v1alpha1.LocalName(v.name),

@@ -472,3 +472,43 @@ func TestKnownAnswersWithoutWriting(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepAndAdopt: a released guest's addresses stay held, without an
+// owner for the garbage collector, and go to the VM that adopts it.
+func TestKeepAndAdopt(t *testing.T) {
+	ctx := context.Background()
+	c := newIndexedClient(t)
+	net := newNet("net-db", "10.10.120.0/24")
+	old := newVM("web-1")
+	a := New(c, c)
+	got, err := a.Ensure(ctx, old, net, "")
+	require.NoError(t, err)
+
+	require.NoError(t, a.Keep(ctx, old))
+	na := &v1alpha1.NetworkAddress{}
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "net-db." + got.Addr().String()}, na))
+	assert.Empty(t, na.OwnerReferences, "nothing for the garbage collector to follow")
+	assert.Equal(t, "web-1-uid", na.Spec.VirtualMachineUID, "still held")
+
+	next := newVM("web-1")
+	next.UID = "web-1-uid-2"
+	handed, err := a.Adopt(ctx, next, string(old.UID))
+	require.NoError(t, err)
+	assert.Equal(t, map[string]netip.Addr{"net-db": got.Addr()}, handed)
+	assert.Equal(t, map[string]string{"net-db." + got.Addr().String(): "web-1=" + got.Addr().String()}, records(t, c))
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "net-db." + got.Addr().String()}, na))
+	assert.Equal(t, "web-1-uid-2", na.Spec.VirtualMachineUID)
+	assert.Equal(t, "web-1-uid-2", na.Labels[LabelVMUID])
+	require.Len(t, na.OwnerReferences, 1)
+	assert.Equal(t, next.UID, na.OwnerReferences[0].UID)
+
+	p, ok := a.Known(next, net, "")
+	assert.True(t, ok)
+	assert.Equal(t, got, p, "the adopter holds the address in the allocator's view too")
+	again, err := a.Ensure(ctx, next, net, "")
+	require.NoError(t, err)
+	assert.Equal(t, got, again, "and keeps it")
+	handed, err = a.Adopt(ctx, next, string(old.UID))
+	require.NoError(t, err)
+	assert.Empty(t, handed, "nothing left to hand over")
+}

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
@@ -27,6 +28,9 @@ func fixedAddress(vm *v1alpha1.VirtualMachine, network string) string {
 // then allocates it). It writes nothing.
 func (e *external) knownAddresses(vm *v1alpha1.VirtualMachine, d *dependencies, node fleet.NodeStatus) bool {
 	d.overlay = node.Heartbeat.TunnelAddress != ""
+	if meta.GetExternalName(vm) != "" {
+		return true
+	}
 	for i := range d.networks {
 		n := &d.networks[i]
 		if !ipam.Addressed(n) {
@@ -42,12 +46,25 @@ func (e *external) knownAddresses(vm *v1alpha1.VirtualMachine, d *dependencies, 
 }
 
 // allocate gives vm an address on each of its networks whose addresses are
-// the hub's, the one its spec fixes where it does, and fills them in d.
+// the hub's, the one its spec fixes where it does, and fills them in d. A
+// guest imported by its external name keeps the addresses it has: they were
+// never the hub's to give.
 func (e *external) allocate(ctx context.Context, vm *v1alpha1.VirtualMachine, d *dependencies, node fleet.NodeStatus) error {
 	d.overlay = node.Heartbeat.TunnelAddress != ""
+	if meta.GetExternalName(vm) != "" {
+		return nil
+	}
 	for _, a := range vm.Spec.ForProvider.Addresses {
 		if !d.attaches(string(a.Network)) {
 			return errors.Errorf("spec.forProvider.addresses names network %s, which is not one of the VM's virtualNetworks", a.Network)
+		}
+	}
+	// An adopted guest keeps the addresses it holds.
+	var adopted map[string]netip.Addr
+	if from := vm.GetAnnotations()[v1alpha1.AnnotationAdopted]; from != "" {
+		var err error
+		if adopted, err = e.opts.Addresses.Adopt(ctx, vm, from); err != nil {
+			return errors.Wrap(err, "cannot hand the adopted guest's addresses to the VM")
 		}
 	}
 	for i := range d.networks {
@@ -62,7 +79,14 @@ func (e *external) allocate(ctx context.Context, vm *v1alpha1.VirtualMachine, d 
 			// Its controller gives it one as soon as it sees it.
 			return errors.Errorf("waiting for VirtualNetwork %s to be given a VNI", n.Name)
 		}
-		p, err := e.opts.Addresses.Ensure(ctx, vm, n, fixedAddress(vm, n.Name))
+		fixed := fixedAddress(vm, n.Name)
+		if a, ok := adopted[n.Name]; ok && (fixed == "" || fixed == a.String()) {
+			if cidr, err := netip.ParsePrefix(n.Spec.ForProvider.CIDR); err == nil && cidr.Contains(a) {
+				d.setAddress(n.Name, netip.PrefixFrom(a, cidr.Bits()))
+				continue
+			}
+		}
+		p, err := e.opts.Addresses.Ensure(ctx, vm, n, fixed)
 		if err != nil {
 			return errors.Wrapf(err, "cannot give the VM an address on network %s", n.Name)
 		}

@@ -107,6 +107,11 @@ func (a *aroundObserve) release(ctx context.Context, vm *v1alpha1.VirtualMachine
 	case obs.ResourceExists:
 		return reconcile.Result{RequeueAfter: releaseRetry}, nil
 	}
+	// The guest runs on with its addresses: they stay held for it, and go
+	// to the VM that adopts it.
+	if err := a.c.opts.Addresses.Keep(ctx, vm); err != nil {
+		return reconcile.Result{}, errors.Wrap(err, "cannot keep the released guest's addresses")
+	}
 	return reconcile.Result{}, a.finalize(ctx, vm)
 }
 

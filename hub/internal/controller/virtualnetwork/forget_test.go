@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -86,8 +87,14 @@ func TestWhatTheHubRemembersOfANetworkGoesWithIt(t *testing.T) {
 				"the client remembers nothing of a network it wrote (its finalizer)")
 
 			if tc.strip {
-				got.SetFinalizers(nil)
-				require.NoError(t, cp.Client.Update(ctx, got))
+				// The controller writes the network's status meanwhile.
+				require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+					if err := cp.Client.Get(ctx, key, got); err != nil {
+						return err
+					}
+					got.SetFinalizers(nil)
+					return cp.Client.Update(ctx, got)
+				}))
 			}
 			require.NoError(t, cp.Client.Delete(ctx, n))
 			require.Eventually(t, func() bool {

@@ -89,8 +89,10 @@ func TestStatusShowsTheFleetsView(t *testing.T) {
 		network("old", "10.1.0.0/24", 1), network("older", "10.2.0.0/24", 3),
 		vm("web-1", "node2", "db"), vm("web-2", "node1", "db"), vm("web-3", "node2", "db"), vm("pending", "", "db"), vm("other", "node3", "old"),
 		held("db", "10.3.0.2"), held("db", "10.3.0.3"), held("old", "10.1.0.2"))
-	vniAllocator.forget("db-uid")
-	vniAllocator.forget("next-uid")
+	// A fresh allocator: other tests' networks got VNIs from the shared one.
+	shared := vniAllocator
+	vniAllocator = &vnis{given: map[types.UID]int32{}}
+	t.Cleanup(func() { vniAllocator = shared })
 
 	db := network("db", "10.3.0.0/29", 0)
 	_, err := observe(ctx, kube, db, []string{"pending", "web-1", "web-2", "web-3"})
