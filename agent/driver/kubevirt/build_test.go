@@ -1,6 +1,9 @@
 package kubevirt
 
 import (
+	"fmt"
+	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +60,22 @@ func TestValidateRefusesWhatKubeVirtCannotRun(t *testing.T) {
 		"UnknownFirmware":     {func(m *driver.Machine) { m.Firmware = "coreboot" }, "firmware"},
 		"UserDataTooLong":     {func(m *driver.Machine) { m.UserData = "#cloud-config\nbootcmd: [" + strings.Repeat("x", 3000) + "]" }, "at most 2048"},
 		"UserDataUnsupported": {func(m *driver.Machine) { m.UserData = "#include http://example.com/x" }, "#include"},
+
+		// The hub's address must fit the network it is on.
+		"AddressOutsideItsSubnet": {func(m *driver.Machine) { m.Networks[0].Address = netip.MustParsePrefix("10.10.121.5/24") }, "not in its subnet 10.10.120.0/24"},
+		"AddressIsTheGateway":     {func(m *driver.Machine) { m.Networks[0].Address = netip.MustParsePrefix("10.10.120.1/24") }, "the gateway's"},
+		"AddressIsTheBroadcast":   {func(m *driver.Machine) { m.Networks[0].Address = netip.MustParsePrefix("10.10.120.255/24") }, "broadcast"},
+		"AddressOfAnotherLength":  {func(m *driver.Machine) { m.Networks[0].Address = netip.MustParsePrefix("10.10.120.5/16") }, "prefix length"},
+		"AddressNotIPv4":          {func(m *driver.Machine) { m.Networks[0].Address = netip.MustParsePrefix("fd00::5/64") }, "not IPv4"},
+		"CIDRNotASubnet": {func(m *driver.Machine) {
+			m.Networks[0].CIDR, m.Networks[0].Address = "10.10.120.0", netip.MustParsePrefix("10.10.120.5/24")
+		}, "not an IPv4 subnet"},
+		"NetworkDataTooLong": {func(m *driver.Machine) {
+			m.Networks = nil
+			for i := range 32 {
+				m.Networks = append(m.Networks, driver.Network{Name: fmt.Sprintf("team-a_net-%d", i), CIDR: fmt.Sprintf("10.10.%d.0/24", i), Address: netip.MustParsePrefix(fmt.Sprintf("10.10.%d.5/24", i))})
+			}
+		}, "network data for 32 interfaces"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -116,6 +135,99 @@ func TestNewVMMapsTheMachine(t *testing.T) {
 	assert.NotEqual(t, vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape], bigger.Spec.Template.ObjectMeta.Annotations[AnnotationShape], "vcpu is shape")
 }
 
+// TestNewVMConfiguresTheHubsAddresses checks the MACs and the cloud-init
+// network data a guest gets for the addresses the hub allocated, decoded
+// as the guest's cloud-init reads them.
+func TestNewVMConfiguresTheHubsAddresses(t *testing.T) {
+	const uid = "0e6e5d3c-7f6b-4f59-9d53-4d8f1c1d2a11"
+	db := driver.Network{Name: "team-a_net-db", CIDR: "10.10.120.0/24"}
+	backend := driver.Network{Name: "team-a_net-backend", CIDR: "10.10.121.0/26"}
+	with := func(n driver.Network, address string) driver.Network {
+		n.Address = netip.MustParsePrefix(address)
+		return n
+	}
+	match := func(i int) map[string]any { return map[string]any{"macaddress": macFor(uid, i)} }
+	cases := map[string]struct {
+		networks []driver.Network
+		// want is the decoded network data; nil means none, and no MACs.
+		want map[string]any
+	}{
+		"NoAddressesNoNetworkDataNoMACs": {networks: []driver.Network{db, backend}},
+		"EveryInterfaceAddressed": {
+			networks: []driver.Network{with(db, "10.10.120.7/24"), with(backend, "10.10.121.9/26")},
+			want: map[string]any{"version": float64(2), "ethernets": map[string]any{
+				"eth0": map[string]any{"match": match(0), "set-name": "eth0", "addresses": []any{"10.10.120.7/24"},
+					"routes": []any{map[string]any{"to": "0.0.0.0/0", "via": "10.10.120.1"}}},
+				"eth1": map[string]any{"match": match(1), "set-name": "eth1", "addresses": []any{"10.10.121.9/26"}},
+			}},
+		},
+		"UnaddressedInterfacesAskDHCP": {
+			networks: []driver.Network{db, with(backend, "10.10.121.9/26")},
+			want: map[string]any{"version": float64(2), "ethernets": map[string]any{
+				"eth0": map[string]any{"match": match(0), "set-name": "eth0", "dhcp4": true},
+				"eth1": map[string]any{"match": match(1), "set-name": "eth1", "addresses": []any{"10.10.121.9/26"}},
+			}},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := testMachine(uid)
+			m.Networks = tc.networks
+			require.NoError(t, validate(m))
+			vm, err := newVM(m, "vms")
+			require.NoError(t, err)
+			spec := vm.Spec.Template.Spec
+			var noCloud *kubevirtv1.CloudInitNoCloudSource
+			for _, v := range spec.Volumes {
+				if v.CloudInitNoCloud != nil {
+					noCloud = v.CloudInitNoCloud
+				}
+			}
+			require.NotNil(t, noCloud)
+			require.Len(t, spec.Domain.Devices.Interfaces, len(m.Networks))
+
+			if tc.want == nil {
+				assert.Empty(t, noCloud.NetworkData, "the site's network configures the guest, as before")
+				for _, i := range spec.Domain.Devices.Interfaces {
+					assert.Empty(t, i.MacAddress, "KubeVirt picks the MAC, as before")
+				}
+				return
+			}
+			var got map[string]any
+			require.NoError(t, yaml.Unmarshal([]byte(noCloud.NetworkData), &got), "%s", noCloud.NetworkData)
+			assert.Equal(t, tc.want, got)
+			for i, iface := range spec.Domain.Devices.Interfaces {
+				assert.Equal(t, macFor(uid, i), iface.MacAddress, "the MAC the network data finds interface %d by", i)
+				hw, err := net.ParseMAC(iface.MacAddress)
+				require.NoError(t, err)
+				assert.Equal(t, byte(0x02), hw[0]&0x03, "locally administered unicast: %s", hw)
+			}
+			again, err := newVM(m, "vms")
+			require.NoError(t, err)
+			assert.Equal(t, vm.Spec.Template, again.Spec.Template, "the same Machine makes the same template")
+		})
+	}
+}
+
+func TestAddressesAreShape(t *testing.T) {
+	const uid = "0e6e5d3c-7f6b-4f59-9d53-4d8f1c1d2a11"
+	hash := func(address string) string {
+		t.Helper()
+		m := testMachine(uid)
+		if address != "" {
+			m.Networks[0].Address = netip.MustParsePrefix(address)
+		}
+		vm, err := newVM(m, "vms")
+		require.NoError(t, err)
+		return vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape]
+	}
+	assert.Equal(t, hash("10.10.120.7/24"), hash("10.10.120.7/24"))
+	assert.NotEqual(t, hash("10.10.120.7/24"), hash("10.10.120.8/24"), "a changed address needs a restart")
+	assert.NotEqual(t, hash(""), hash("10.10.120.7/24"), "so does a new one")
+	assert.NotEqual(t, macFor(uid, 0), macFor(uid, 1), "each interface has its own MAC")
+	assert.NotEqual(t, macFor(uid, 0), macFor("7c1f0c8e-2b0a-4d52-8f0e-0a4f7a1b9c33", 0), "each guest has its own MACs")
+}
+
 func TestUserData(t *testing.T) {
 	cases := map[string]struct {
 		mutate func(*driver.Machine)
@@ -134,6 +246,11 @@ func TestUserData(t *testing.T) {
 				m.UserData = "#cloud-config\nhostname: theirs\nssh_authorized_keys: [ssh-ed25519 BBBB user]\npackages: [nginx]\n"
 			},
 			want: map[string]any{"hostname": "db", "ssh_authorized_keys": []any{testKey, "ssh-ed25519 BBBB user"}, "packages": []any{"nginx"}},
+		},
+		"AddressesReappliedOnEveryBoot": {
+			mutate: func(m *driver.Machine) { m.Networks[0].Address = netip.MustParsePrefix("10.10.120.7/24") },
+			want: map[string]any{"hostname": "db", "ssh_authorized_keys": []any{testKey},
+				"updates": map[string]any{"network": map[string]any{"when": []any{"boot-new-instance", "boot"}}}},
 		},
 		"UserScriptWrittenAndRun": {
 			mutate: func(m *driver.Machine) { m.PublicKey, m.UserData = "", "#!/bin/sh\necho hi\n" },

@@ -2,7 +2,11 @@ package kubevirt
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -19,6 +23,21 @@ type cloudConfig struct {
 	Swap              *swapConfig `json:"swap,omitempty"`
 	WriteFiles        []writeFile `json:"write_files,omitempty"`
 	RunCmd            [][]string  `json:"runcmd,omitempty"`
+	// Updates is set when the driver gives network data: KubeVirt keeps
+	// the guest's instance-id across restarts, and cloud-init applies
+	// network data only to a new instance unless told to on every boot,
+	// so without it a changed address would never reach the guest.
+	Updates *updatesConfig `json:"updates,omitempty"`
+}
+
+// updatesConfig is cloud-init's updates key: the boot events on which it
+// applies the network configuration again.
+type updatesConfig struct {
+	Network updateEvents `json:"network"`
+}
+
+type updateEvents struct {
+	When []string `json:"when"`
 }
 
 // swapConfig is cloud-init's cc_mounts swap file: KubeVirt guests get swap
@@ -53,6 +72,9 @@ func userData(m driver.Machine) ([]byte, error) {
 	}
 	if m.SwapBytes > 0 {
 		cc.Swap = &swapConfig{Filename: "/swap.img", Size: m.SwapBytes}
+	}
+	if addressed(m) {
+		cc.Updates = &updatesConfig{Network: updateEvents{When: []string{"boot-new-instance", "boot"}}}
 	}
 	var theirs map[string]any
 	switch ud := m.UserData; {
@@ -107,4 +129,136 @@ func mergeConfig(ours, theirs any) any {
 		}
 	}
 	return ours
+}
+
+// networkConfig is cloud-init's network configuration version 2 (netplan's
+// format), which KubeVirt puts on the NoCloud disk as network-config.
+type networkConfig struct {
+	Version   int                 `json:"version"`
+	Ethernets map[string]ethernet `json:"ethernets"`
+}
+
+// ethernet configures one interface, found by its MAC and renamed, so the
+// guest's names follow the Machine's networks whatever its NICs' order.
+type ethernet struct {
+	Match     ethernetMatch `json:"match"`
+	SetName   string        `json:"set-name"`
+	DHCP4     bool          `json:"dhcp4,omitempty"`
+	Addresses []string      `json:"addresses,omitempty"`
+	Routes    []route       `json:"routes,omitempty"`
+}
+
+type ethernetMatch struct {
+	MACAddress string `json:"macaddress"`
+}
+
+type route struct {
+	To  string `json:"to"`
+	Via string `json:"via"`
+}
+
+// maxNetworkData is KubeVirt's limit on inline cloud-init network data
+// (cloudInitNetworkMaxLen in its VMI admission webhook).
+const maxNetworkData = 2048
+
+// addressed is whether the hub gave any of m's interfaces an address: only
+// then does the driver configure the guest's network itself.
+func addressed(m driver.Machine) bool {
+	return slices.ContainsFunc(m.Networks, func(n driver.Network) bool { return n.Address.IsValid() })
+}
+
+// networkData is the guest's network configuration when the hub gave any
+// interface an address, nil otherwise (the guest's image and the site's
+// network decide, as before). A KubeVirt Multus network with bridge
+// binding gets its address from the site's NetworkAttachmentDefinition,
+// not from virtfleet, so the hub's address is configured in the guest
+// statically: each interface eth<i> is found by its MAC (macFor); one with
+// an address gets it, the first also the default route through its
+// network's gateway; one without asks DHCP.
+func networkData(m driver.Machine) ([]byte, error) {
+	if !addressed(m) {
+		return nil, nil
+	}
+	nc := networkConfig{Version: 2, Ethernets: map[string]ethernet{}}
+	for i, n := range m.Networks {
+		name := fmt.Sprintf("eth%d", i)
+		eth := ethernet{Match: ethernetMatch{MACAddress: macFor(m.UID, i)}, SetName: name}
+		if !n.Address.IsValid() {
+			eth.DHCP4 = true
+			nc.Ethernets[name] = eth
+			continue
+		}
+		eth.Addresses = []string{n.Address.String()}
+		if i == 0 {
+			subnet, err := subnetOf(n)
+			if err != nil {
+				return nil, err
+			}
+			eth.Routes = []route{{To: "0.0.0.0/0", Via: gateway(subnet).String()}}
+		}
+		nc.Ethernets[name] = eth
+	}
+	b, err := yaml.Marshal(nc)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot marshal cloud-init network data")
+	}
+	if len(b) > maxNetworkData {
+		return nil, driver.Terminalf("cloud-init network data for %d interfaces is %d bytes; KubeVirt takes at most %d inline", len(m.Networks), len(b), maxNetworkData)
+	}
+	return b, nil
+}
+
+// macFor derives the MAC of the guest's interface index from its uid, as
+// the libvirt driver does, under the locally administered unicast prefix
+// 02: the same on every definition of the guest, so the network data can
+// find the interface by it. KubeVirt passes the MAC a bridge binding asks
+// for to the guest; one the driver does not set is the pod interface's.
+func macFor(uid string, index int) string {
+	s := sha256.Sum256([]byte(fmt.Sprintf("%s/%d", uid, index)))
+	return fmt.Sprintf("02:%02x:%02x:%02x:%02x:%02x", s[0], s[1], s[2], s[3], s[4])
+}
+
+// subnetOf is the IPv4 subnet n's address is in: its CIDR, or, when the
+// network names none, the address's own prefix. The hub's address must be
+// a host of it other than the gateway.
+func subnetOf(n driver.Network) (netip.Prefix, error) {
+	a := n.Address.Addr()
+	if !a.Is4() {
+		return netip.Prefix{}, driver.Terminalf("network %q: address %s is not IPv4", n.Name, n.Address)
+	}
+	subnet := n.Address.Masked()
+	if n.CIDR != "" {
+		p, err := netip.ParsePrefix(n.CIDR)
+		if err != nil || !p.Addr().Is4() {
+			return netip.Prefix{}, driver.Terminalf("network %q: cidr %q is not an IPv4 subnet", n.Name, n.CIDR)
+		}
+		subnet = p.Masked()
+	}
+	switch {
+	case subnet.Bits() > 30:
+		return netip.Prefix{}, driver.Terminalf("network %q: subnet %s has no room for a gateway and a guest", n.Name, subnet)
+	case !subnet.Contains(a):
+		return netip.Prefix{}, driver.Terminalf("network %q: address %s is not in its subnet %s", n.Name, a, subnet)
+	case n.Address.Bits() != subnet.Bits():
+		return netip.Prefix{}, driver.Terminalf("network %q: address %s does not have its subnet %s's prefix length", n.Name, n.Address, subnet)
+	case a == subnet.Addr() || a == broadcast(subnet):
+		return netip.Prefix{}, driver.Terminalf("network %q: address %s is the subnet's network or broadcast address", n.Name, a)
+	case a == gateway(subnet):
+		return netip.Prefix{}, driver.Terminalf("network %q: address %s is the gateway's", n.Name, a)
+	}
+	return subnet, nil
+}
+
+// gateway is an IPv4 subnet's first host address, where virtfleet's
+// networks put their gateway.
+func gateway(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr().Next() }
+
+// broadcast is an IPv4 subnet's last address.
+func broadcast(subnet netip.Prefix) netip.Addr {
+	b := subnet.Masked().Addr().As4()
+	host := ^uint32(0) >> subnet.Bits()
+	for i := range b {
+		b[i] |= byte(host >> (24 - 8*i))
+	}
+	return netip.AddrFrom4(b)
 }

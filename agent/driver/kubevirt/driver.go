@@ -20,10 +20,12 @@
 // missing, never deleted), each network → a Multus network of the same
 // ObjectName (the NetworkAttachmentDefinition is the site's to provide; the
 // first network is the default one), public key, swap and user data →
-// cloudInitNoCloud, running → runStrategy Always or Halted. A restart
-// deletes the VMI, which KubeVirt recreates (the restart subresource is
-// served by virt-api, an aggregated API server). Disks made from images
-// need CDI and are refused as terminal.
+// cloudInitNoCloud, the hub's addresses → a fixed MAC per interface and
+// static cloud-init network data (the site's IPAM does not know them),
+// running → runStrategy Always or Halted. A restart deletes the VMI, which
+// KubeVirt recreates (the restart subresource is served by virt-api, an
+// aggregated API server). Disks made from images need CDI and are refused
+// as terminal.
 package kubevirt
 
 import (

@@ -3,6 +3,7 @@ package kubevirt
 import (
 	"context"
 	"encoding/json"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -203,6 +204,83 @@ func TestShapeChangeNeedsARestart(t *testing.T) {
 	m.RestartNonce = "apply"
 	o = e.ensureUntil(m, func(o driver.Observation) bool { return o.Phase == driver.PhaseRunning && !o.RestartRequired })
 	assert.Equal(t, uint32(4), e.vmi(m.UID).Spec.Domain.CPU.Cores, "the restart applied the new shape")
+	assert.Equal(t, int32(1), o.RestartCount)
+}
+
+// TestHubAddressesReachTheGuest runs guests with and without addresses from
+// the hub on the stand-in, which reports the address a guest configures
+// from its network data, as KubeVirt's guest agent does, and a lease from
+// the site's network otherwise.
+func TestHubAddressesReachTheGuest(t *testing.T) {
+	e := newEnv(t)
+	cases := map[string]struct {
+		// addresses are the hub's for the guest's two networks; "" for none.
+		addresses [2]string
+	}{
+		"NoAddresses":         {addresses: [2]string{"", ""}},
+		"BothAddressed":       {addresses: [2]string{"10.10.120.7/24", "10.10.121.9/24"}},
+		"OnlySecondAddressed": {addresses: [2]string{"", "10.10.121.10/24"}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			m := e.machine()
+			m.Networks = []driver.Network{{Name: e.ns + "_net-db", CIDR: "10.10.120.0/24"}, {Name: e.ns + "_net-backend", CIDR: "10.10.121.0/24"}}
+			addressed := false
+			for i, a := range tc.addresses {
+				if a != "" {
+					m.Networks[i].Address = netip.MustParsePrefix(a)
+					addressed = true
+				}
+			}
+			o := e.ensureUntil(m, phaseIs(driver.PhaseRunning))
+			spec := e.vm(m.UID).Spec.Template.Spec
+			require.Len(t, o.Interfaces, 2)
+			for i, iface := range o.Interfaces {
+				assert.Equal(t, m.Networks[i].Name, iface.Network)
+				if addressed {
+					assert.Equal(t, macFor(m.UID, i), iface.MAC, "the MAC the driver asked for")
+				} else {
+					assert.Empty(t, spec.Domain.Devices.Interfaces[i].MacAddress, "KubeVirt picks the MAC, as before")
+				}
+				if a := tc.addresses[i]; a != "" {
+					assert.Equal(t, []string{netip.MustParsePrefix(a).Addr().String()}, iface.IPs, "the hub's address, as the guest configured it")
+				} else {
+					require.Len(t, iface.IPs, 1)
+					assert.Regexp(t, `^10\.200\.`, iface.IPs[0], "a lease from the site's network")
+				}
+				assert.Equal(t, driver.AddressSourceGuestAgent, iface.Source)
+			}
+			for _, v := range spec.Volumes {
+				if v.CloudInitNoCloud != nil {
+					assert.Equal(t, addressed, v.CloudInitNoCloud.NetworkData != "", "network data only for the hub's addresses")
+				}
+			}
+		})
+	}
+}
+
+func TestChangedAddressNeedsARestart(t *testing.T) {
+	e := newEnv(t)
+	m := e.machine()
+	m.Networks[0].CIDR, m.Networks[0].Address = "10.10.120.0/24", netip.MustParsePrefix("10.10.120.7/24")
+	o := e.ensureUntil(m, phaseIs(driver.PhaseRunning))
+	require.Len(t, o.Interfaces, 1)
+	assert.Equal(t, []string{"10.10.120.7"}, o.Interfaces[0].IPs)
+
+	m.Networks[0].Address = netip.MustParsePrefix("10.10.120.8/24")
+	o, err := e.d.Ensure(context.Background(), m)
+	require.NoError(t, err)
+	assert.Equal(t, driver.PhaseRunning, o.Phase, "the running guest is left alone")
+	assert.True(t, o.RestartRequired, "its network data is part of its shape")
+	require.Len(t, o.Interfaces, 1)
+	assert.Equal(t, []string{"10.10.120.7"}, o.Interfaces[0].IPs, "the guest keeps its address until it restarts")
+
+	m.RestartNonce = "apply"
+	o = e.ensureUntil(m, func(o driver.Observation) bool { return o.Phase == driver.PhaseRunning && !o.RestartRequired })
+	require.Len(t, o.Interfaces, 1)
+	assert.Equal(t, []string{"10.10.120.8"}, o.Interfaces[0].IPs, "the restart applied the new address")
+	assert.Equal(t, macFor(m.UID, 0), o.Interfaces[0].MAC, "on the same MAC")
 	assert.Equal(t, int32(1), o.RestartCount)
 }
 

@@ -32,9 +32,9 @@ const (
 	// reported with it.
 	AnnotationSeal = "virtfleet.io/seal"
 	// AnnotationShape, on the VM's template and so on each VMI, is a hash of
-	// the shape (vcpu, memory, swap, disks, networks, cloud-init, firmware)
-	// the template was made from: a VMI whose hash differs from the
-	// template's runs an older shape and needs a restart.
+	// the shape (vcpu, memory, swap, disks, networks and their addresses,
+	// cloud-init, firmware) the template was made from: a VMI whose hash
+	// differs from the template's runs an older shape and needs a restart.
 	AnnotationShape = "virtfleet.io/shape"
 	// AnnotationRestartNonce is the last restart nonce handled.
 	AnnotationRestartNonce = "virtfleet.io/restart-nonce"
@@ -106,6 +106,11 @@ func validate(m driver.Machine) error {
 		if errs := validation.IsDNS1123Subdomain(ObjectName(n.Name)); n.Name == "" || len(errs) > 0 {
 			return driver.Terminalf("network %q cannot name a NetworkAttachmentDefinition: %s", n.Name, strings.Join(errs, "; "))
 		}
+		if n.Address.IsValid() {
+			if _, err := subnetOf(n); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -143,17 +148,29 @@ func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, erro
 			PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: ObjectName(d.Name)}},
 		}})
 	}
+	// The network data is part of the spec and so of the shape hash: a
+	// changed address is a shape change, applied at the next restart.
+	networkData, err := networkData(m)
+	if err != nil {
+		return nil, err
+	}
 	spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, kubevirtv1.Disk{Name: cloudInitName, DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}})
 	spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{Name: cloudInitName, VolumeSource: kubevirtv1.VolumeSource{
-		CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserData: string(userData)},
+		CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserData: string(userData), NetworkData: string(networkData)},
 	}})
 	// The guest's interfaces are exactly its networks, as on libvirt: each
 	// a Multus network, the first the default one (eth0, the default
-	// route), and no pod network besides.
+	// route), and no pod network besides. When the hub gave addresses,
+	// each interface has the MAC the network data finds it by; otherwise
+	// KubeVirt's, as before.
 	for i, n := range m.Networks {
-		spec.Domain.Devices.Interfaces = append(spec.Domain.Devices.Interfaces, kubevirtv1.Interface{
+		iface := kubevirtv1.Interface{
 			Name: networkName(i), InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
-		})
+		}
+		if networkData != nil {
+			iface.MacAddress = macFor(m.UID, i)
+		}
+		spec.Domain.Devices.Interfaces = append(spec.Domain.Devices.Interfaces, iface)
 		spec.Networks = append(spec.Networks, kubevirtv1.Network{Name: networkName(i), NetworkSource: kubevirtv1.NetworkSource{
 			Multus: &kubevirtv1.MultusNetwork{NetworkName: ObjectName(n.Name), Default: i == 0},
 		}})

@@ -3,8 +3,10 @@ package kubevirttest
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
 	"hash/fnv"
+	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -25,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
+	"sigs.k8s.io/yaml"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
@@ -50,8 +53,10 @@ type Failure struct {
 // the template's labels and annotations), moves it Pending → Scheduling →
 // Scheduled → Running one step per StepInterval, puts it on a schedulable
 // Ready Node and fills in status.nodeName and status.interfaces (a MAC per
-// interface and an address per Multus network from a pool of its own, kept
-// across restarts of the VM as a DHCP lease would be); a finished or deleted
+// interface, the spec's macAddress when it asks for one, and an address per
+// Multus network: the static one cloud-init network data gives the
+// interface's MAC, else one from a pool of its own, kept across restarts
+// of the VM as a DHCP lease would be); a finished or deleted
 // VMI of such a VM is replaced by a new one. For Halted it deletes the VMI.
 // Manual and Once VMs are left alone. It keeps the VM's printableStatus,
 // ready, created and conditions as KubeVirt does, plays the garbage collector
@@ -423,16 +428,37 @@ func Schedulable(n corev1.Node) bool {
 }
 
 // interfaces are what virt-handler reports for a running VMI: one per
-// network, with a MAC and, for a Multus network, the guest agent's address.
+// network, with the MAC its interface asks for (else one of the stand-in's
+// making) and, for a Multus network, the guest agent's address: the static
+// one the VMI's cloud-init network data gives that MAC, as the guest would
+// configure it, else a lease from the stand-in's pool.
 func (c *FakeVirtController) interfaces(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) []kubevirtv1.VirtualMachineInstanceNetworkInterface {
+	asked := map[string]string{}
+	for _, i := range vmi.Spec.Domain.Devices.Interfaces {
+		asked[i.Name] = i.MacAddress
+	}
+	static := staticAddresses(vmi)
 	out := make([]kubevirtv1.VirtualMachineInstanceNetworkInterface, 0, len(vmi.Spec.Networks))
 	for i, n := range vmi.Spec.Networks {
-		sum := sha256.Sum256([]byte(string(vmi.UID) + n.Name))
+		mac := asked[n.Name]
+		if mac == "" {
+			sum := sha256.Sum256([]byte(string(vmi.UID) + n.Name))
+			mac = fmt.Sprintf("02:%02x:%02x:%02x:%02x:%02x", sum[0], sum[1], sum[2], sum[3], sum[4])
+		}
+		mac = canonicalMAC(mac)
 		iface := kubevirtv1.VirtualMachineInstanceNetworkInterface{
 			Name:          n.Name,
-			MAC:           fmt.Sprintf("02:%02x:%02x:%02x:%02x:%02x", sum[0], sum[1], sum[2], sum[3], sum[4]),
+			MAC:           mac,
 			InterfaceName: fmt.Sprintf("eth%d", i),
 			InfoSource:    InfoSource,
+		}
+		if s, ok := static[mac]; ok {
+			if s.name != "" {
+				iface.InterfaceName = s.name
+			}
+			iface.IP, iface.IPs = s.ips[0], s.ips
+			out = append(out, iface)
+			continue
 		}
 		network := "pod"
 		if n.Multus != nil {
@@ -441,6 +467,83 @@ func (c *FakeVirtController) interfaces(vm *kubevirtv1.VirtualMachine, vmi *kube
 		ip := c.lease(vm.Namespace+"/"+vm.Name, network).String()
 		iface.IP, iface.IPs = ip, []string{ip}
 		out = append(out, iface)
+	}
+	return out
+}
+
+// canonicalMAC is mac as libvirt and so virt-handler report it: lower case,
+// colon-separated. One that does not parse is left as it is.
+func canonicalMAC(mac string) string {
+	hw, err := net.ParseMAC(mac)
+	if err != nil {
+		return mac
+	}
+	return hw.String()
+}
+
+// networkData is what the stand-in reads of cloud-init's network
+// configuration version 2: the interfaces matched by MAC, their names and
+// their static addresses. Other versions and keys are ignored; interfaces
+// they configure get a lease, as DHCP would give them.
+type networkData struct {
+	Version   int `json:"version"`
+	Ethernets map[string]struct {
+		Match struct {
+			MACAddress string `json:"macaddress"`
+		} `json:"match"`
+		SetName   string   `json:"set-name"`
+		Addresses []string `json:"addresses"`
+	} `json:"ethernets"`
+}
+
+// staticInterface is what a guest configured from network data reports
+// through its agent: its name and addresses, without prefix lengths.
+type staticInterface struct {
+	name string
+	ips  []string
+}
+
+// staticAddresses are the interfaces the VMI's cloud-init network data
+// (cloudInitNoCloud or cloudInitConfigDrive, inline or base64) gives static
+// addresses, by canonical MAC. Network data the stand-in cannot read
+// configures nothing, as a guest's cloud-init would fall back to DHCP.
+func staticAddresses(vmi *kubevirtv1.VirtualMachineInstance) map[string]staticInterface {
+	out := map[string]staticInterface{}
+	for _, v := range vmi.Spec.Volumes {
+		var inline, encoded string
+		switch {
+		case v.CloudInitNoCloud != nil:
+			inline, encoded = v.CloudInitNoCloud.NetworkData, v.CloudInitNoCloud.NetworkDataBase64
+		case v.CloudInitConfigDrive != nil:
+			inline, encoded = v.CloudInitConfigDrive.NetworkData, v.CloudInitConfigDrive.NetworkDataBase64
+		default:
+			continue
+		}
+		raw := []byte(inline)
+		if encoded != "" {
+			b, err := base64.StdEncoding.DecodeString(encoded)
+			if err != nil {
+				continue
+			}
+			raw = b
+		}
+		var nd networkData
+		if len(raw) == 0 || yaml.Unmarshal(raw, &nd) != nil || nd.Version != 2 {
+			continue
+		}
+		for _, e := range nd.Ethernets {
+			var ips []string
+			for _, a := range e.Addresses {
+				if p, err := netip.ParsePrefix(a); err == nil {
+					ips = append(ips, p.Addr().String())
+				} else if ip, err := netip.ParseAddr(a); err == nil {
+					ips = append(ips, ip.String())
+				}
+			}
+			if e.Match.MACAddress != "" && len(ips) > 0 {
+				out[canonicalMAC(e.Match.MACAddress)] = staticInterface{name: e.SetName, ips: ips}
+			}
+		}
 	}
 	return out
 }

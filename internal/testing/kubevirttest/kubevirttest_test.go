@@ -2,7 +2,9 @@ package kubevirttest
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,6 +131,54 @@ func TestFakeVirtController(t *testing.T) {
 		require.NoError(t, kube.Delete(ctx, old))
 		require.Eventually(t, func() bool { v := vmi(); return v != nil && v.UID != old.UID && v.Status.Phase == kubevirtv1.Running }, 10*time.Second, 20*time.Millisecond)
 		assert.Equal(t, old.Status.Interfaces[0].IP, vmi().Status.Interfaces[0].IP)
+	})
+
+	t.Run("SpecMACAndStaticNetworkDataAreReported", func(t *testing.T) {
+		// Two interfaces, both with MACs asked for; the network data gives
+		// the first a static address, matched by its MAC written another
+		// way, and leaves the second to DHCP.
+		const networkData = "version: 2\nethernets:\n" +
+			"  eth0:\n    match: {macaddress: \"02:aa:bb:cc:dd:01\"}\n    set-name: eth0\n    addresses: [192.0.2.10/24]\n" +
+			"    routes: [{to: 0.0.0.0/0, via: 192.0.2.1}]\n" +
+			"  eth1:\n    match: {macaddress: \"02:aa:bb:cc:dd:02\"}\n    set-name: eth1\n    dhcp4: true\n"
+		cases := map[string]func(v *kubevirtv1.Volume){
+			"NoCloudInline": func(v *kubevirtv1.Volume) { v.CloudInitNoCloud.NetworkData = networkData },
+			"ConfigDriveBase64": func(v *kubevirtv1.Volume) {
+				v.CloudInitConfigDrive = &kubevirtv1.CloudInitConfigDriveSource{UserData: v.CloudInitNoCloud.UserData, NetworkDataBase64: base64.StdEncoding.EncodeToString([]byte(networkData))}
+				v.CloudInitNoCloud = nil
+			},
+		}
+		for name, setNetworkData := range cases {
+			t.Run(name, func(t *testing.T) {
+				vmName := "static-" + strings.ToLower(name)
+				require.NoError(t, kube.Create(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: DefaultNamespace, Name: vmName + "-root"}, Spec: corev1.PersistentVolumeClaimSpec{
+					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+				}}))
+				vm := testVM(vmName)
+				spec := &vm.Spec.Template.Spec
+				spec.Domain.Devices.Interfaces[0].MacAddress = "02:AA:BB:CC:DD:01"
+				spec.Domain.Devices.Interfaces = append(spec.Domain.Devices.Interfaces, kubevirtv1.Interface{
+					Name: "net1", MacAddress: "02:aa:bb:cc:dd:02", InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
+				})
+				spec.Networks = append(spec.Networks, kubevirtv1.Network{Name: "net1", NetworkSource: kubevirtv1.NetworkSource{Multus: &kubevirtv1.MultusNetwork{NetworkName: "ns.net-backend"}}})
+				setNetworkData(&spec.Volumes[1])
+				require.NoError(t, kube.Create(ctx, vm))
+
+				got := &kubevirtv1.VirtualMachineInstance{}
+				require.Eventually(t, func() bool {
+					return kube.Get(ctx, types.NamespacedName{Namespace: DefaultNamespace, Name: vmName}, got) == nil && got.Status.Phase == kubevirtv1.Running
+				}, 10*time.Second, 20*time.Millisecond)
+				require.Len(t, got.Status.Interfaces, 2)
+				first, second := got.Status.Interfaces[0], got.Status.Interfaces[1]
+				assert.Equal(t, "02:aa:bb:cc:dd:01", first.MAC, "the MAC the spec asks for, as libvirt writes it")
+				assert.Equal(t, "192.0.2.10", first.IP, "the guest's static address, without its prefix length")
+				assert.Equal(t, []string{"192.0.2.10"}, first.IPs)
+				assert.Equal(t, "eth0", first.InterfaceName)
+				assert.Equal(t, "02:aa:bb:cc:dd:02", second.MAC)
+				assert.Regexp(t, `^10\.200\.\d+\.\d+$`, second.IP, "no static address: a lease")
+			})
+		}
 	})
 
 	t.Run("ForcedFailureShowsAndRecovers", func(t *testing.T) {
