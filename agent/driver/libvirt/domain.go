@@ -241,6 +241,9 @@ type domainSpec struct {
 	// has KVM, else "qemu" (TCG); "test" on libvirt's test driver.
 	domainType string
 	pool       string
+	// overlayMTU is the MTU of the interfaces on networks joined to the
+	// overlay (a VNI); 0 when the machine has none.
+	overlayMTU int
 }
 
 // domainXML builds the domain definition.
@@ -291,11 +294,18 @@ func domainXML(s domainSpec) (string, error) {
 	seed.Serial = seedSerial
 	d.Devices.Disks = append(d.Devices.Disks, seed)
 	for i, n := range m.Networks {
-		d.Devices.Interfaces = append(d.Devices.Interfaces, libvirtxml.DomainInterface{
+		ifc := libvirtxml.DomainInterface{
 			MAC:    &libvirtxml.DomainInterfaceMAC{Address: macFor(m.UID, i)},
 			Source: &libvirtxml.DomainInterfaceSource{Network: &libvirtxml.DomainInterfaceSourceNetwork{Network: n.Name}},
 			Model:  &libvirtxml.DomainInterfaceModel{Type: "virtio"},
-		})
+		}
+		if n.VNI != 0 && s.overlayMTU > 0 {
+			// virtio tells the guest's driver the MTU (host_mtu), so the
+			// guest has it from boot, whatever its DHCP client does with
+			// the network's MTU option.
+			ifc.MTU = &libvirtxml.DomainInterfaceMTU{Size: uint(s.overlayMTU)}
+		}
+		d.Devices.Interfaces = append(d.Devices.Interfaces, ifc)
 	}
 	// The serial console, kept by virtlogd next to QEMU's log, is what a
 	// guest that never comes up on the network can be diagnosed from.

@@ -640,7 +640,13 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 	if err := writeSeed(api, d.pool, seedVolume(m.UID), iso, d.testDriver); err != nil {
 		return golibvirt.Domain{}, err
 	}
-	x, err := domainXML(domainSpec{machine: m, owner: owner, domainType: conn.domainType, pool: d.pool})
+	spec := domainSpec{machine: m, owner: owner, domainType: conn.domainType, pool: d.pool}
+	if slices.ContainsFunc(m.Networks, func(n driver.Network) bool { return n.VNI != 0 }) {
+		if spec.overlayMTU, err = d.overlayMTU(); err != nil {
+			return golibvirt.Domain{}, err
+		}
+	}
+	x, err := domainXML(spec)
 	if err != nil {
 		return golibvirt.Domain{}, err
 	}

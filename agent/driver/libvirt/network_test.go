@@ -299,6 +299,11 @@ func testOverlay(ctx context.Context, t *testing.T, h realHost, d *Driver) {
 		assert.Equal(t, uint(underlayMTU-50), def.MTU.Size)
 		// libvirt 9.0 hands the network's MTU to the guests by DHCP.
 		assert.Contains(t, h.dnsmasqFile(t, network, "conf"), "dhcp-option=option:mtu,1350\n")
+		// and virtio tells the guest's driver, whatever its DHCP client.
+		dom := definition(t, h.l, m)
+		require.Len(t, dom.Devices.Interfaces, 1)
+		require.NotNil(t, dom.Devices.Interfaces[0].MTU)
+		assert.Equal(t, uint(underlayMTU-50), dom.Devices.Interfaces[0].MTU.Size)
 	})
 
 	for _, step := range []struct {
