@@ -1,11 +1,12 @@
 // Package guest runs real guests through the whole stack: the API server,
-// NATS, the hub and one agent whose libvirt node is a real hypervisor — a
+// NATS, the hub and an agent per libvirt node, each node a real hypervisor — a
 // system libvirtd with QEMU (TCG where there is no /dev/kvm) and a NAT network,
 // inside a network namespace of the suite's own (internal/testing/guesthost)
 // — booting the Debian cloud image built once per machine
 // (internal/testing/guestimage). Everything is driven through
 // VirtualMachine resources; what the guest really does is checked from inside
-// it over ssh, which runs inside the namespace.
+// it over ssh, which runs inside its host's namespace. TestRealGuest runs one
+// hypervisor, TestTwoHostsOneNetwork two joined by an underlay.
 //
 // One guest boots several times (about 1–2 minutes per boot on two cores
 // without KVM), so the steps run in order and each builds on the last.
@@ -17,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -57,62 +59,28 @@ const (
 
 // suite is what every step shares.
 type suite struct {
-	t    *testing.T
-	ctx  context.Context
-	s    *stack.Stack
-	host *guesthost.Host
-	kube client.Client
-	key  string // private key file
-	pub  string // authorized_keys line
+	t   *testing.T
+	ctx context.Context
+	s   *stack.Stack
+	// hosts are the nodes' hypervisors; host is the one the steps reach
+	// guests through (see on).
+	hosts map[string]*guesthost.Host
+	host  *guesthost.Host
+	kube  client.Client
+	key   string // private key file
+	pub   string // authorized_keys line
 }
 
 func TestRealGuest(t *testing.T) {
-	if testing.Short() {
-		t.Skip("boots a real QEMU guest through the whole stack (minutes); skipped with -short")
-	}
-	if m := guesthost.Missing(); len(m) > 0 {
-		t.Skipf("a real hypervisor needs %v: run make deps as root", m)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
-	imageStart := time.Now()
-	image, err := guestimage.Ensure(ctx, os.Stderr)
-	require.NoError(t, err, "cannot build the guest image")
-	// On a fresh machine `make test` builds the image beside the other
-	// packages, and this waits for it: said apart from the suite's own time.
-	t.Logf("guest image ready after %s", time.Since(imageStart).Round(time.Second))
+	image := ensureImage(ctx, t)
 	suiteStart := time.Now()
 
 	host, err := guesthost.Start(ctx, "vfguest", os.Stderr)
 	require.NoError(t, err)
 	t.Cleanup(host.Stop)
-
-	dir, err := os.MkdirTemp("", "vf-guest-")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("logs kept in %s (libvirtd: %s)", filepath.Join(dir, "logs"), host.LogPath())
-			return
-		}
-		_ = os.RemoveAll(dir)
-	})
-	s, err := stack.Start(ctx, stack.Options{
-		Dir:          dir,
-		Nodes:        []string{node},
-		Progress:     os.Stderr,
-		LibvirtHosts: map[string]stack.LibvirtHost{node: {Socket: host.Socket, URI: host.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType, ShutdownGrace: grace}},
-	})
-	require.NoError(t, err)
-	t.Cleanup(s.Stop)
-
-	g := &suite{t: t, ctx: ctx, s: s, host: host, kube: s.ControlPlane.Client}
-	g.key = filepath.Join(dir, "id_ed25519")
-	g.pub, err = guestimage.NewKey(g.key, "virtfleet guest test")
-	require.NoError(t, err)
-	served, err := guestimage.Serve(image)
-	require.NoError(t, err)
-	t.Cleanup(served.Close)
-	g.createCommon(served.URL, served.SHA256)
+	g := startSuite(ctx, t, image, map[string]*guesthost.Host{node: host}).on(node)
 
 	t.Run("NodeHeartbeatsItsHypervisor", g.hypervisor)
 	created := time.Now()
@@ -123,11 +91,84 @@ func TestRealGuest(t *testing.T) {
 	}
 	t.Run("SwapIsActive", g.swap)
 	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", func(t *testing.T) { bootID = g.stopStart(t, bootID) })
-	t.Run("RestartRebootsAndOnlyThenCounts", func(t *testing.T) { bootID = g.restart(t, bootID, 1) })
+	t.Run("RestartRebootsAndOnlyThenCounts", func(t *testing.T) { bootID = g.restart(t, "g1", bootID, 1) })
 	t.Run("SpecChangeIsRestartRequiredAndAppliesAtTheRestart", func(t *testing.T) { g.specChange(t, bootID) })
 	t.Run("DeleteRemovesDomainAndSeedKeepsVolumes", g.delete)
 	t.Run("UnbootableRequestFailsWithLibvirtsMessage", g.unbootable)
 	t.Logf("suite took %s", time.Since(suiteStart).Round(time.Second))
+}
+
+// ensureImage skips where real guests cannot run, and returns the guest
+// image, built first if this machine has none.
+func ensureImage(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("boots real QEMU guests through the whole stack (minutes); skipped with -short")
+	}
+	if m := guesthost.Missing(); len(m) > 0 {
+		t.Skipf("a real hypervisor needs %v: run make deps as root", m)
+	}
+	imageStart := time.Now()
+	image, err := guestimage.Ensure(ctx, os.Stderr)
+	require.NoError(t, err, "cannot build the guest image")
+	// On a fresh machine `make test` builds the image beside the other
+	// packages, and this waits for it: said apart from the suite's own time.
+	t.Logf("guest image ready after %s", time.Since(imageStart).Round(time.Second))
+	return image
+}
+
+// startSuite runs the stack with a libvirt node on each of hosts (by node
+// name) and makes what the steps share: the ssh key, the image's server
+// and createCommon's resources.
+func startSuite(ctx context.Context, t *testing.T, image string, hosts map[string]*guesthost.Host) *suite {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "vf-guest-")
+	require.NoError(t, err)
+	nodes := make([]string, 0, len(hosts))
+	libvirtHosts := map[string]stack.LibvirtHost{}
+	for n, h := range hosts {
+		nodes = append(nodes, n)
+		lh := stack.LibvirtHost{Socket: h.Socket, URI: h.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType, ShutdownGrace: grace}
+		if h.TunnelAddress != "" {
+			// A host on an underlay: the node's overlays go beside
+			// libvirtd's bridges, in the host's namespace.
+			lh.TunnelAddress, lh.Netns = h.TunnelAddress, h.NetnsPath
+		}
+		libvirtHosts[n] = lh
+	}
+	sort.Strings(nodes)
+	t.Cleanup(func() {
+		if t.Failed() {
+			logs := make([]string, 0, len(nodes))
+			for _, n := range nodes {
+				logs = append(logs, n+": "+hosts[n].LogPath())
+			}
+			t.Logf("logs kept in %s (libvirtd %s)", filepath.Join(dir, "logs"), strings.Join(logs, ", "))
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, Progress: os.Stderr, LibvirtHosts: libvirtHosts})
+	require.NoError(t, err)
+	t.Cleanup(s.Stop)
+
+	g := &suite{t: t, ctx: ctx, s: s, hosts: hosts, kube: s.ControlPlane.Client}
+	g.key = filepath.Join(dir, "id_ed25519")
+	g.pub, err = guestimage.NewKey(g.key, "virtfleet guest test")
+	require.NoError(t, err)
+	served, err := guestimage.Serve(image)
+	require.NoError(t, err)
+	t.Cleanup(served.Close)
+	g.createCommon(served.URL, served.SHA256)
+	return g
+}
+
+// on is the suite reaching guests through node's host: ssh and DHCP leases
+// are there.
+func (g *suite) on(node string) *suite {
+	c := *g
+	c.host = g.hosts[node]
+	return &c
 }
 
 func (g *suite) create(o client.Object) {
@@ -365,17 +406,17 @@ func (g *suite) stopStart(t *testing.T, bootID string) string {
 	return f.bootID
 }
 
-// restart asks for a restart and checks that restartCount reaches want only
-// once the guest has booted again.
-func (g *suite) restart(t *testing.T, bootID string, want int32) string {
-	ip := address(g.get(t, "g1"))
-	g.patch(t, "g1", func(v *v1alpha1.VirtualMachine) {
+// restart asks for a restart of VM name and checks that restartCount
+// reaches want only once the guest has booted again.
+func (g *suite) restart(t *testing.T, name, bootID string, want int32) string {
+	ip := address(g.get(t, name))
+	g.patch(t, name, func(v *v1alpha1.VirtualMachine) {
 		if v.Annotations == nil {
 			v.Annotations = map[string]string{}
 		}
 		v.Annotations[v1alpha1.AnnotationRestartRequestedAt] = time.Now().Format(time.RFC3339Nano)
 	})
-	g.waitVM(t, "g1", bootTimeout, fmt.Sprintf("restartCount %d", want), func(v *v1alpha1.VirtualMachine) bool {
+	g.waitVM(t, name, bootTimeout, fmt.Sprintf("restartCount %d", want), func(v *v1alpha1.VirtualMachine) bool {
 		return v.Status.AtProvider.RestartCount >= want
 	})
 	// Counted means the old boot is over: the guest is booting or booted
@@ -383,7 +424,7 @@ func (g *suite) restart(t *testing.T, bootID string, want int32) string {
 	if out, err := g.ssh(ip, "cat /proc/sys/kernel/random/boot_id"); err == nil {
 		assert.NotEqual(t, bootID, out, "restartCount went up while the guest still ran its old boot")
 	}
-	v := g.waitVM(t, "g1", bootTimeout, "Running with an address", func(v *v1alpha1.VirtualMachine) bool {
+	v := g.waitVM(t, name, bootTimeout, "Running with an address", func(v *v1alpha1.VirtualMachine) bool {
 		return running(v) && address(v) != ""
 	})
 	assert.Equal(t, want, v.Status.AtProvider.RestartCount, "one restart, counted once")
@@ -402,7 +443,7 @@ func (g *suite) specChange(t *testing.T, bootID string) {
 	assert.Equal(t, bootID, f.bootID, "a spec change does not touch the running guest")
 	assert.Equal(t, 1, f.cpus)
 
-	bootID = g.restart(t, bootID, 2)
+	bootID = g.restart(t, "g1", bootID, 2)
 	v := g.waitVM(t, "g1", time.Minute, "no restart required", func(v *v1alpha1.VirtualMachine) bool {
 		return !v.Status.AtProvider.RestartRequired
 	})

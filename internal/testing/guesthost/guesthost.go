@@ -18,6 +18,12 @@
 // domain definition or a lease file, and the socket and QEMU's logs are
 // reachable from the machine's namespace under Dir. Processes in other
 // namespaces (the agent) reach the daemon through Socket.
+//
+// Each daemon has a host_uuid of its own in its libvirtd.conf: libvirt
+// refuses a migration between two daemons with the same host UUID as one
+// "to the same host", and without one set every daemon here takes the
+// machine's. StartPair runs two hosts joined by an underlay, as two
+// hypervisors on one network are.
 package guesthost
 
 import (
@@ -35,6 +41,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/digitalocean/go-libvirt"
+	"github.com/google/uuid"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"libvirt.org/go/libvirtxml"
 )
@@ -72,6 +79,14 @@ type Host struct {
 	Socket string
 	// URI is the libvirt URI to open over Socket.
 	URI string
+	// UUID is the daemon's host_uuid, what its capabilities say.
+	UUID string
+	// NetnsPath is the namespace's path, for what enters it by path (an
+	// agent putting devices beside libvirtd's bridges).
+	NetnsPath string
+	// TunnelAddress is the host's address on a Pair's underlay (link
+	// UnderlayLink); empty on a host of its own.
+	TunnelAddress string
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -109,8 +124,10 @@ func Start(ctx context.Context, name string, progress io.Writer) (*Host, error) 
 		Dir:    dir,
 		Socket: filepath.Join(dir, "run", "libvirt-sock"),
 		URI:    URI,
+		UUID:   uuid.NewString(),
 		exited: make(chan struct{}),
 	}
+	h.NetnsPath = filepath.Join("/run/netns", h.Netns)
 	if err := h.start(ctx, progress); err != nil {
 		h.Stop()
 		return nil, err
@@ -149,6 +166,9 @@ func (h *Host) start(ctx context.Context, progress io.Writer) error {
 	if out, err := exec.CommandContext(ctx, "cp", "-a", "/etc/libvirt/.", filepath.Join(h.Dir, "etc")).CombinedOutput(); err != nil {
 		return errors.Errorf("cannot copy /etc/libvirt: %v: %s", err, out)
 	}
+	if err := h.setHostUUID(); err != nil {
+		return err
+	}
 	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", h.Netns).CombinedOutput(); err != nil {
 		return errors.Errorf("cannot create network namespace %s: %v: %s", h.Netns, err, out)
 	}
@@ -177,6 +197,17 @@ func (h *Host) start(ctx context.Context, progress io.Writer) error {
 	}
 	defer func() { _ = l.Disconnect() }()
 	return h.prepare(l)
+}
+
+// setHostUUID gives the daemon its own host UUID, after whatever the
+// machine's libvirtd.conf says (the last setting wins).
+func (h *Host) setHostUUID() error {
+	f, err := os.OpenFile(filepath.Join(h.Dir, "etc", "libvirtd.conf"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return errors.Wrap(err, "cannot open the daemon's libvirtd.conf")
+	}
+	_, err = fmt.Fprintf(f, "\n# This host's own, so that hosts of one machine are different hosts to libvirt.\nhost_uuid = %q\n", h.UUID)
+	return errors.Wrap(errors.Join(err, f.Close()), "cannot set the daemon's host_uuid")
 }
 
 func (h *Host) waitReady(ctx context.Context) (*libvirt.Libvirt, error) {

@@ -141,6 +141,13 @@ type LibvirtHost struct {
 	DomainType string
 	// ShutdownGrace of the agent; 0 means the agent's default.
 	ShutdownGrace time.Duration
+	// TunnelAddress is the node's address on the underlay its overlays
+	// run on; empty means the agent's default.
+	TunnelAddress string
+	// Netns is the path of the network namespace that holds libvirtd's
+	// bridges, where the agent puts the overlay's devices; empty means the
+	// agent's own.
+	Netns string
 }
 
 // Stack is a running system.
@@ -637,6 +644,12 @@ func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 		}
 		if h.ShutdownGrace > 0 {
 			args = append(args, "--shutdown-grace="+h.ShutdownGrace.String())
+		}
+		if h.TunnelAddress != "" {
+			args = append(args, "--tunnel-address="+h.TunnelAddress)
+		}
+		if h.Netns != "" {
+			args = append(args, "--netns="+h.Netns)
 		}
 		return args, nil
 	}

@@ -1,0 +1,92 @@
+package guesthost
+
+import (
+	"context"
+	"io"
+	"os/exec"
+	"strconv"
+	"strings"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+)
+
+// UnderlayLink is the name, inside each host's namespace, of its end of a
+// Pair's underlay.
+const UnderlayLink = "underlay"
+
+// The underlay is a /30 that exists only on the veth pair between the two
+// hosts' namespaces: the machine's own namespace never sees it, so it can
+// clash with nothing there, nor with another run's pair.
+const underlayPrefix = 30
+
+var underlayAddresses = [2]string{"192.168.253.1", "192.168.253.2"}
+
+// Pair is two hosts joined by an underlay: a veth pair with one end in each
+// host's namespace (UnderlayLink, up, with the host's TunnelAddress), the
+// network two hypervisors' overlays run on.
+type Pair struct {
+	A, B *Host
+}
+
+// StartPair starts two hosts, named prefix+"a" and prefix+"b", and joins
+// them. progress gets a line per step.
+func StartPair(ctx context.Context, prefix string, progress io.Writer) (*Pair, error) {
+	p := &Pair{}
+	var err error
+	if p.A, err = Start(ctx, prefix+"a", progress); err != nil {
+		return nil, err
+	}
+	if p.B, err = Start(ctx, prefix+"b", progress); err != nil {
+		p.Close()
+		return nil, err
+	}
+	if err := p.join(ctx); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Hosts are A and B, in that order.
+func (p *Pair) Hosts() []*Host { return []*Host{p.A, p.B} }
+
+// join makes the underlay. Each end is made right in its namespace, so
+// neither ever exists in the machine's own.
+func (p *Pair) join(ctx context.Context) error {
+	if out, err := exec.CommandContext(ctx, "ip", "-n", p.A.Netns, "link", "add", UnderlayLink, "type", "veth",
+		"peer", "name", UnderlayLink, "netns", p.B.Netns).CombinedOutput(); err != nil {
+		return errors.Errorf("cannot make the underlay between %s and %s: %v: %s", p.A.Netns, p.B.Netns, err, out)
+	}
+	for i, h := range p.Hosts() {
+		addr := underlayAddresses[i] + "/" + strconv.Itoa(underlayPrefix)
+		for _, args := range [][]string{
+			{"addr", "add", addr, "dev", UnderlayLink},
+			{"link", "set", UnderlayLink, "up"},
+		} {
+			if out, err := exec.CommandContext(ctx, "ip", append([]string{"-n", h.Netns}, args...)...).CombinedOutput(); err != nil { //nolint:gosec // fixed arguments
+				return errors.Errorf("cannot set up the underlay in %s (ip %v): %v: %s", h.Netns, args, err, out)
+			}
+		}
+		h.TunnelAddress = underlayAddresses[i]
+	}
+	return nil
+}
+
+// UnderlayMTU is the MTU of the host's end of the underlay.
+func (h *Host) UnderlayMTU(ctx context.Context) (int, error) {
+	out, err := h.Command(ctx, "cat", "/sys/class/net/"+UnderlayLink+"/mtu").CombinedOutput()
+	if err != nil {
+		return 0, errors.Errorf("cannot read the underlay's MTU in %s: %v: %s", h.Netns, err, out)
+	}
+	mtu, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	return mtu, errors.Wrapf(err, "cannot read the underlay's MTU %q", out)
+}
+
+// Close stops both hosts; removing their namespaces removes the underlay.
+func (p *Pair) Close() {
+	for _, h := range p.Hosts() {
+		if h != nil {
+			h.Stop()
+		}
+	}
+}
