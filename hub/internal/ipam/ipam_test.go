@@ -11,12 +11,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
@@ -511,4 +513,29 @@ func TestKeepAndAdopt(t *testing.T) {
 	handed, err = a.Adopt(ctx, next, string(old.UID))
 	require.NoError(t, err)
 	assert.Empty(t, handed, "nothing left to hand over")
+}
+
+// TestReleaseWithoutTheDeleteVerb: a hub that may not delete (installed by
+// Crossplane's package manager) leaves the records to the garbage
+// collector, and never gives their addresses again meanwhile.
+func TestReleaseWithoutTheDeleteVerb(t *testing.T) {
+	ctx := context.Background()
+	s := k8sruntime.NewScheme()
+	require.NoError(t, apis.AddToScheme(s))
+	c := fake.NewClientBuilder().WithScheme(s).WithInterceptorFuncs(interceptor.Funcs{
+		Delete: func(context.Context, client.WithWatch, client.Object, ...client.DeleteOption) error {
+			return kerrors.NewForbidden(v1alpha1.SchemeGroupVersion.WithResource("networkaddresses").GroupResource(), "x", errors.New("no delete"))
+		},
+	}).Build()
+	a := New(c, c)
+	net := newNet("net-db", "10.0.0.0/24")
+	gone := newVM("gone")
+	first, err := a.Ensure(ctx, gone, net, "")
+	require.NoError(t, err)
+
+	require.NoError(t, a.Release(ctx, gone), "not an error: the garbage collector frees them")
+	assert.Equal(t, map[string]string{"net-db." + first.Addr().String(): "gone=" + first.Addr().String()}, records(t, c))
+	next, err := a.Ensure(ctx, newVM("next"), net, "")
+	require.NoError(t, err)
+	assert.NotEqual(t, first, next, "still held")
 }
