@@ -1011,16 +1011,28 @@ var addressSources = []struct {
 // firmware: an interface whose only lease was granted before since is
 // reported by the guest agent alone, which speaks for the running guest.
 func (d *Driver) sightings(api API, dom golibvirt.Domain, nics []nic, since *time.Time) map[string]sighting {
-	if d.testDriver {
-		return reservedLeases(api, nics)
-	}
 	seen := map[string]sighting{}
+	if d.testDriver {
+		var ours map[string]bool
+		seen, ours = reservedLeases(api, nics)
+		// On a network virtfleet did not make, with its DHCP range, the
+		// test driver's made-up address stands for a dynamic lease.
+		nics = slices.DeleteFunc(slices.Clone(nics), func(n nic) bool { return ours[n.network] })
+		if len(nics) == 0 {
+			return seen
+		}
+	}
 	stale := map[string]bool{}
 	if since != nil {
 		stale = staleLeases(api, nics, *since)
 	}
+	wanted := len(seen) + len(nics)
+	asked := map[string]bool{}
+	for _, n := range nics {
+		asked[n.mac] = true
+	}
 	for _, s := range addressSources {
-		if len(seen) >= len(nics) {
+		if len(seen) >= wanted {
 			break
 		}
 		ifaces, err := api.DomainInterfaceAddresses(dom, uint32(s.src), 0)
@@ -1032,7 +1044,7 @@ func (d *Driver) sightings(api API, dom golibvirt.Domain, nics []nic, since *tim
 				continue
 			}
 			mac := strings.ToLower(i.Hwaddr[0])
-			if _, ok := seen[mac]; ok {
+			if _, ok := seen[mac]; ok || !asked[mac] {
 				continue
 			}
 			if stale[mac] && s.name != driver.AddressSourceGuestAgent {
@@ -1048,14 +1060,19 @@ func (d *Driver) sightings(api API, dom golibvirt.Domain, nics []nic, since *tim
 	return seen
 }
 
-// reservedLeases are the addresses the networks' DHCP reservations give
-// nics, as leases. This is what a guest of libvirt's test driver holds: the
-// test driver runs no dnsmasq and no guest, and the addresses its
+// reservedLeases are the addresses the DHCP reservations of the networks
+// virtfleet made give nics, as leases, and the names of those networks.
+// This is what a guest of libvirt's test driver holds there: the test driver
+// runs no dnsmasq and no guest, and the addresses its
 // DomainInterfaceAddresses makes up (from the domain's id, the same on
 // every node) are no guest's; a simulated guest takes the lease it is
 // offered.
-func reservedLeases(api API, nics []nic) map[string]sighting {
-	seen := map[string]sighting{}
+func reservedLeases(api API, nics []nic) (map[string]sighting, map[string]bool) {
+	seen, ours := map[string]sighting{}, map[string]bool{}
+	macs := map[string]bool{}
+	for _, n := range nics {
+		macs[n.mac] = true
+	}
 	read := map[string]bool{}
 	for _, n := range nics {
 		if read[n.network] {
@@ -1067,18 +1084,19 @@ func reservedLeases(api API, nics []nic) map[string]sighting {
 			continue
 		}
 		nw, err := readNetwork(api, ref)
-		if err != nil {
+		if err != nil || nw.mark == nil {
 			continue
 		}
+		ours[n.network] = true
 		for _, ip := range nw.def.IPs {
 			for _, h := range dhcpHosts(ip) {
-				if h.MAC != "" && h.IP != "" {
-					seen[strings.ToLower(h.MAC)] = sighting{ips: []string{h.IP}, source: driver.AddressSourceLease}
+				if mac := strings.ToLower(h.MAC); macs[mac] && h.IP != "" {
+					seen[mac] = sighting{ips: []string{h.IP}, source: driver.AddressSourceLease}
 				}
 			}
 		}
 	}
-	return seen
+	return seen, ours
 }
 
 // haltedByHypervisor reports whether the domain is paused for a fault a
