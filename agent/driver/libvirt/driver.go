@@ -163,8 +163,10 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	go d.watch()
 	d.loops.Add(2)
-	go d.pruneLoop()
-	go d.sweepLoop()
+	// Images are pruned, and networks swept, until the driver is closed; a
+	// failed round is simply tried again at the next.
+	go d.every(d.images.pruneEvery, func() { _, _ = d.PruneImages(d.ctx) })
+	go d.every(networkSweepInterval, d.sweepNetworksNow)
 	return d, nil
 }
 
@@ -1281,4 +1283,20 @@ func (d *Driver) Capacity(_ context.Context) (driver.Capacity, error) {
 	}
 	d.definitions.keepOnly(all)
 	return c, nil
+}
+
+// every calls fn every interval until the driver is closed, as one of the
+// driver's loops.
+func (d *Driver) every(interval time.Duration, fn func()) {
+	defer d.loops.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+			fn()
+		}
+	}
 }

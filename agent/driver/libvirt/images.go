@@ -631,22 +631,6 @@ func (d *Driver) Images(context.Context) ([]driver.ImageStatus, error) {
 	return out, nil
 }
 
-// pruneLoop prunes images every images.pruneEvery until the driver is closed. A
-// failed round is simply tried again at the next.
-func (d *Driver) pruneLoop() {
-	defer d.loops.Done()
-	t := time.NewTicker(d.images.pruneEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-d.ctx.Done():
-			return
-		case <-t.C:
-			_, _ = d.PruneImages(d.ctx)
-		}
-	}
-}
-
 // hasVolume reports whether pool holds a volume called name.
 func hasVolume(api API, pool, name string) (bool, error) {
 	p, err := api.StoragePoolLookupByName(pool)

@@ -604,18 +604,10 @@ func (d *Driver) leftNetworks(api API, before, after []nic) {
 // cut short is finished there.
 const networkSweepInterval = time.Minute
 
-func (d *Driver) sweepLoop() {
-	defer d.loops.Done()
-	t := time.NewTicker(networkSweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-d.ctx.Done():
-			return
-		case <-t.C:
-			if api, _, err := d.api(); err == nil {
-				_ = d.sweepNetworks(api, nil)
-			}
-		}
+// sweepNetworksNow sweeps the networks once, if libvirtd answers; a sweep
+// that fails is done again at the next.
+func (d *Driver) sweepNetworksNow() {
+	if api, _, err := d.api(); err == nil {
+		_ = d.sweepNetworks(api, nil)
 	}
 }
