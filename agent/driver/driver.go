@@ -285,6 +285,11 @@ type Network struct {
 	// network on the other nodes (an Overlay driver's peers) as one L2
 	// segment; the guest's MTU is the underlay's less the encapsulation.
 	VNI int32
+	// VLAN, when not 0, is the 802.1Q tag (1 to 4094) a bridge-mode
+	// network's guests join on the host bridge Bridge, a trunk the site
+	// runs: the driver makes a VLAN device of that id on Bridge and a
+	// bridge of its own with it as its port, removed with the network.
+	VLAN int32
 }
 
 // Overlay is implemented by a Driver whose networks can span nodes (a

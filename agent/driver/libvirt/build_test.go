@@ -196,6 +196,18 @@ func TestNetworkXML(t *testing.T) {
 			spec: networkSpec{network: driver.Network{Name: "n", Mode: driver.NetworkModeBridge, Bridge: "br0"}},
 			want: []string{`<forward mode="bridge"></forward><bridge name="br0"></bridge>`},
 		},
+		"ABridgesVLANForwardsOnTheBridgeMadeForIt": {
+			spec: networkSpec{network: driver.Network{Name: "n", Mode: driver.NetworkModeBridge, Bridge: "br-site", UID: uid, VLAN: 100}, vlan: vlanLinks{Device: "vfv7.100", Bridge: "vfb7.100"}},
+			want: []string{
+				`<forward mode="bridge"></forward><bridge name="vfb7.100"></bridge>`,
+				`<uid>` + uid + `</uid><vlan>100</vlan><vlanDevice>vfv7.100</vlanDevice><vlanBridge>vfb7.100</vlanBridge></network></metadata>`,
+			},
+			not: []string{"br-site", "<ip"},
+		},
+		"BridgeWithoutVLANMarksNoLinks": {
+			spec: networkSpec{network: driver.Network{Name: "n", Mode: driver.NetworkModeBridge, Bridge: "br0", UID: uid}},
+			not:  []string{"<vlan"},
+		},
 		"BridgeWithoutBridgeIsTerminal": {
 			spec: networkSpec{network: driver.Network{Name: "n", Mode: driver.NetworkModeBridge}}, terminal: "bridge mode needs a host bridge",
 		},
@@ -223,6 +235,61 @@ func TestNetworkXML(t *testing.T) {
 			for _, n := range tc.not {
 				assert.NotContains(t, flat, n)
 			}
+		})
+	}
+}
+
+// The links of a VLAN are named from the host bridge's index and the tag,
+// within a link name's 15 characters whatever the host bridge's name.
+func TestVLANLinkNames(t *testing.T) {
+	for _, tc := range []struct {
+		parent int
+		id     int32
+		want   vlanLinks
+		err    bool
+	}{
+		{parent: 7, id: 100, want: vlanLinks{Device: "vfv7.100", Bridge: "vfb7.100"}},
+		{parent: 9999999, id: 4094, want: vlanLinks{Device: "vfv9999999.4094", Bridge: "vfb9999999.4094"}},
+		{parent: 10000000, id: 4094, err: true},
+	} {
+		got, err := vlanLinkNames(tc.parent, tc.id)
+		if tc.err {
+			assert.Error(t, err, "%d.%d", tc.parent, tc.id)
+			continue
+		}
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, got)
+		assert.LessOrEqual(t, len(got.Device), maxLinkName)
+	}
+}
+
+// TestCheckVLAN: a VLAN tag is refused for good where no network could
+// carry it.
+func TestCheckVLAN(t *testing.T) {
+	bridged := driver.Network{Name: "n", Mode: driver.NetworkModeBridge, Bridge: "br-site"}
+	for name, tc := range map[string]struct {
+		change func(n *driver.Network)
+		want   string
+	}{
+		"NoVLAN":            {func(*driver.Network) {}, ""},
+		"VLAN1":             {func(n *driver.Network) { n.VLAN = 1 }, ""},
+		"VLAN4094":          {func(n *driver.Network) { n.VLAN = 4094 }, ""},
+		"VLAN4095":          {func(n *driver.Network) { n.VLAN = 4095 }, "is not a VLAN id"},
+		"OnANATNetwork":     {func(n *driver.Network) { n.VLAN, n.Mode = 10, driver.NetworkModeNAT }, "only a bridge-mode network"},
+		"OnAnImportedOne":   {func(n *driver.Network) { n.VLAN, n.Imported = 10, true }, "used as it is"},
+		"WithoutHostBridge": {func(n *driver.Network) { n.VLAN, n.Bridge = 10, "" }, "no host bridge"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			n := bridged
+			tc.change(&n)
+			err := checkVLAN(n)
+			if tc.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.True(t, driver.IsTerminal(err), "terminal: %v", err)
+			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
 }

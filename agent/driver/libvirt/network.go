@@ -33,6 +33,17 @@ type networkMark struct {
 	// VNI is the overlay the network's bridge is joined to, so its VXLAN
 	// device is found again when the network goes.
 	VNI int32 `xml:"vni,omitempty"`
+	// VLAN is the tag of a bridge-mode network on its host bridge, and
+	// VLANDevice and VLANBridge the links the driver made for it (vlan.go),
+	// so they are made again under the same names and go with the network.
+	VLAN       int32  `xml:"vlan,omitempty"`
+	VLANDevice string `xml:"vlanDevice,omitempty"`
+	VLANBridge string `xml:"vlanBridge,omitempty"`
+}
+
+// vlanLinks are the links the mark says the driver made for the network.
+func (m *networkMark) vlanLinks() vlanLinks {
+	return vlanLinks{Device: m.VLANDevice, Bridge: m.VLANBridge}
 }
 
 var networkMarkName = xml.Name{Space: NetworkNamespace, Local: "network"}
@@ -72,8 +83,11 @@ func readNetwork(api API, ref golibvirt.Network) (network, error) {
 // checkNetwork refuses, before anything is made for the guest, a network
 // no node could give it: an address outside the network's subnet, or a
 // VNI where there can be no overlay (an imported or bridge-mode network, or
-// a node without a tunnel address).
+// a node without a tunnel address), a VLAN where there can be none.
 func (d *Driver) checkNetwork(n driver.Network) error {
+	if err := checkVLAN(n); err != nil {
+		return err
+	}
 	if n.VNI != 0 {
 		switch {
 		case n.VNI < 0 || n.VNI >= 1<<24:
@@ -110,8 +124,9 @@ func checkAddress(name string, subnet netip.Prefix, a netip.Addr) error {
 
 // ensureNetwork makes n's network exist and be active for the guest's
 // interface with MAC mac: created from n when missing, its DHCP serving
-// n.Address to mac, its bridge joined to the overlay when n has a VNI. An
-// imported network is only checked. The caller holds d.networkMu.
+// n.Address to mac, its bridge joined to the overlay when n has a VNI, the
+// links of its VLAN there when it has one. An imported network is only
+// checked. The caller holds d.networkMu.
 func (d *Driver) ensureNetwork(api API, n driver.Network, mac string) error {
 	if n.Imported {
 		return checkImported(api, n)
@@ -123,6 +138,8 @@ func (d *Driver) ensureNetwork(api API, n driver.Network, mac string) error {
 		}
 	} else if err != nil {
 		return errors.Wrapf(err, "cannot look up network %s", n.Name)
+	} else if err := d.ensureMarkedVLAN(api, ref, n); err != nil {
+		return err
 	}
 	active, err := api.NetworkIsActive(ref)
 	if err != nil {
@@ -158,8 +175,28 @@ func (d *Driver) ensureNetwork(api API, n driver.Network, mac string) error {
 	return d.joinOverlay(cur.def.Bridge.Name, n.VNI)
 }
 
+// ensureMarkedVLAN makes again, under the names its mark records, the
+// links of an existing network the driver made with a VLAN: a host restart
+// or the site's remaking its host bridge takes them away, and libvirt
+// cannot start a bridge-mode network without its bridge.
+func (d *Driver) ensureMarkedVLAN(api API, ref golibvirt.Network, n driver.Network) error {
+	if n.VLAN == 0 {
+		return nil
+	}
+	cur, err := readNetwork(api, ref)
+	if err != nil {
+		return err
+	}
+	if cur.mark == nil || cur.mark.VLANBridge == "" {
+		return nil
+	}
+	_, err = d.ensureVLANLinks(n.Bridge, cur.mark.VLAN, cur.mark.vlanLinks())
+	return err
+}
+
 // defineNetwork defines n's network, marked as the driver's, with the
-// guest's reservation in it already.
+// guest's reservation in it already, and makes the links of its VLAN
+// first when it has one.
 func (d *Driver) defineNetwork(api API, n driver.Network, mac string) (golibvirt.Network, error) {
 	spec := networkSpec{network: n}
 	if n.Address.IsValid() {
@@ -171,6 +208,25 @@ func (d *Driver) defineNetwork(api API, n driver.Network, mac string) (golibvirt
 			return golibvirt.Network{}, err
 		}
 	}
+	var ref golibvirt.Network
+	var err error
+	if n.VLAN != 0 && n.Mode == driver.NetworkModeBridge {
+		spec.vlan, err = d.ensureVLANLinks(n.Bridge, n.VLAN, vlanLinks{})
+	}
+	if err == nil {
+		ref, err = d.defineNetworkXML(api, spec)
+	}
+	if err != nil && spec.vlan != (vlanLinks{}) {
+		// No mark records the links yet: they would stay unless removed
+		// here. What a failure here leaves, the next define reuses.
+		_ = d.removeVLANLinks(api, n.Name, spec.vlan)
+	}
+	return ref, err
+}
+
+// defineNetworkXML defines the network spec describes.
+func (d *Driver) defineNetworkXML(api API, spec networkSpec) (golibvirt.Network, error) {
+	n := spec.network
 	x, err := networkXML(spec)
 	if err != nil {
 		return golibvirt.Network{}, err
@@ -351,6 +407,9 @@ type networkSpec struct {
 	reservation *libvirtxml.NetworkDHCPHost
 	// mtu is the guests' MTU; 0 leaves it to libvirt (the host's default).
 	mtu int
+	// vlan are the links made for a bridge-mode network's VLAN: the
+	// network forwards on vlan.Bridge instead of the host bridge.
+	vlan vlanLinks
 }
 
 // networkXML builds a network definition, marked as the driver's. A nat or
@@ -361,7 +420,11 @@ type networkSpec struct {
 // overlay each guest finds its own node's gateway at one address and MAC.
 func networkXML(s networkSpec) (string, error) {
 	n := s.network
-	mark, err := xml.Marshal(networkMark{UID: n.UID, VNI: n.VNI})
+	m := networkMark{UID: n.UID, VNI: n.VNI}
+	if s.vlan != (vlanLinks{}) {
+		m.VLAN, m.VLANDevice, m.VLANBridge = n.VLAN, s.vlan.Device, s.vlan.Bridge
+	}
+	mark, err := xml.Marshal(m)
 	if err != nil {
 		return "", errors.Wrap(err, "cannot marshal virtfleet's network metadata")
 	}
@@ -372,7 +435,7 @@ func networkXML(s networkSpec) (string, error) {
 			return "", driver.Terminalf("network %q does not exist on this node and bridge mode needs a host bridge to create it", n.Name)
 		}
 		def.Forward = &libvirtxml.NetworkForward{Mode: "bridge"}
-		def.Bridge = &libvirtxml.NetworkBridge{Name: n.Bridge}
+		def.Bridge = &libvirtxml.NetworkBridge{Name: cmp.Or(s.vlan.Bridge, n.Bridge)}
 		return marshalNetwork(def)
 	case driver.NetworkModeNAT, "":
 		def.Forward = &libvirtxml.NetworkForward{Mode: "nat"}
@@ -571,13 +634,16 @@ func (d *Driver) sweepNetwork(api API, ref golibvirt.Network, used map[nic]bool,
 }
 
 // removeNetwork destroys and undefines a network the driver made, its
-// overlay device first: a failure leaves the network, and with it what
-// the next sweep needs to find the device again.
+// overlay device and VLAN links first: a failure leaves the network, and
+// with it what the next sweep needs to find them again.
 func (d *Driver) removeNetwork(api API, nw network) error {
 	if nw.mark.VNI != 0 {
 		if err := d.leaveOverlay(nw.mark.VNI); err != nil {
 			return err
 		}
+	}
+	if err := d.removeVLANLinks(api, nw.ref.Name, nw.mark.vlanLinks()); err != nil {
+		return err
 	}
 	if err := api.NetworkDestroy(nw.ref); err != nil && !isCode(err, golibvirt.ErrOperationInvalid, golibvirt.ErrNoNetwork) {
 		return errors.Wrapf(err, "cannot stop network %s", nw.ref.Name)

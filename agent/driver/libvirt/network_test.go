@@ -2,6 +2,7 @@ package libvirt
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -76,6 +77,7 @@ func TestNetworksOnARealHost(t *testing.T) {
 	t.Run("AddressesComeFromTheHubOnly", func(t *testing.T) { testHubAddresses(ctx, t, host, openOn(t, netip.Addr{})) })
 	t.Run("AnOverlayJoinsTheBridgeToThePeers", func(t *testing.T) { testOverlay(ctx, t, host, openOn(t, tunnelAddress)) })
 	t.Run("AnOlderAgentsNetworkKeepsWorking", func(t *testing.T) { testOlderAgentsNetwork(ctx, t, host, openOn(t, tunnelAddress)) })
+	t.Run("AVLANOfASiteBridgeGetsABridgeOfItsOwn", func(t *testing.T) { testVLAN(ctx, t, host, openOn(t, netip.Addr{})) })
 	t.Run("ANetworkNoNodeCouldServeIsTerminal", func(t *testing.T) { testRefusedNetworks(ctx, t, host, openOn(t, netip.Addr{})) })
 }
 
@@ -373,4 +375,104 @@ func testRefusedNetworks(ctx context.Context, t *testing.T, h realHost, d *Drive
 			assert.Error(t, err, "no domain was defined")
 		})
 	}
+}
+
+// The site's trunk is a host bridge virtfleet did not make; a VLAN of it
+// gets a VLAN device and a bridge of the driver's own, which go with the
+// network, the trunk staying.
+func testVLAN(ctx context.Context, t *testing.T, h realHost, d *Driver) {
+	const network, trunkName, vlan = "vf-vlan", "br-site", int32(100)
+	trunk := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: trunkName}}
+	require.NoError(t, h.links.LinkAdd(trunk))
+	t.Cleanup(func() { _ = h.links.LinkDel(trunk) })
+	require.NoError(t, h.links.LinkSetUp(trunk))
+	site, err := h.links.LinkByName(trunkName)
+	require.NoError(t, err)
+
+	m := machine("tagged")
+	m.Running = false
+	m.SwapBytes = 0
+	m.Networks = []driver.Network{{Name: network, Mode: driver.NetworkModeBridge, Bridge: trunkName, UID: "7e1d2c3b-4a59-4687-9a0b-1c2d3e4f5a6b", VLAN: vlan}}
+
+	t.Run("AMissingHostBridgeIsRetried", func(t *testing.T) {
+		gone := m
+		gone.UID = "3f2e1d0c-9b8a-4776-8564-5f4e3d2c1b0a"
+		gone.Networks = []driver.Network{m.Networks[0]}
+		gone.Networks[0].Name, gone.Networks[0].Bridge = network+"-gone", "br-nowhere"
+		_, err := d.Ensure(ctx, gone)
+		require.Error(t, err)
+		assert.False(t, driver.IsTerminal(err), "a retry may find it: %v", err)
+		assert.Contains(t, err.Error(), "br-nowhere")
+	})
+
+	want, err := vlanLinkNames(site.Attrs().Index, vlan)
+	require.NoError(t, err)
+	if !kernelHasVLANs(t, h.links, site) {
+		t.Run("AKernelWithoutVLANsLeavesNothingBehind", func(t *testing.T) {
+			_, err := d.Ensure(ctx, m)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "no 802.1Q VLAN devices")
+			_, err = h.l.NetworkLookupByName(network)
+			assert.True(t, isCode(err, golibvirt.ErrNoNetwork), "no network was defined: %v", err)
+			for _, name := range []string{want.Bridge, want.Device} {
+				_, err = h.links.LinkByName(name)
+				assert.ErrorAs(t, err, &netlink.LinkNotFoundError{}, "%s was removed", name)
+			}
+		})
+		t.Skip("this kernel has no 802.1Q VLAN devices (CONFIG_VLAN_8021Q): the VLAN's links cannot be made here")
+	}
+
+	_, err = d.Ensure(ctx, m)
+	require.NoError(t, err)
+	_, err = d.Ensure(ctx, m)
+	require.NoError(t, err, "ensuring it again changes nothing")
+
+	dev, err := h.links.LinkByName(want.Device)
+	require.NoError(t, err)
+	br, err := h.links.LinkByName(want.Bridge)
+	require.NoError(t, err)
+
+	t.Run("TheVLANDeviceTagsOnTheTrunk", func(t *testing.T) {
+		v, ok := dev.(*netlink.Vlan)
+		require.True(t, ok, "%s is a %s, not a vlan", want.Device, dev.Type())
+		assert.Equal(t, int(vlan), v.VlanId)
+		assert.Equal(t, site.Attrs().Index, v.ParentIndex, "on %s", trunkName)
+		assert.Equal(t, br.Attrs().Index, v.MasterIndex, "a port of %s", want.Bridge)
+		assert.NotZero(t, v.Flags&net.FlagUp, "up")
+	})
+	t.Run("TheNetworkForwardsOnTheBridgeMadeForIt", func(t *testing.T) {
+		_, ok := br.(*netlink.Bridge)
+		require.True(t, ok, "%s is a %s, not a bridge", want.Bridge, br.Type())
+		assert.NotZero(t, br.Attrs().Flags&net.FlagUp, "up")
+		def := h.network(t, network)
+		require.NotNil(t, def.Forward)
+		assert.Equal(t, "bridge", def.Forward.Mode)
+		require.NotNil(t, def.Bridge)
+		assert.Equal(t, want.Bridge, def.Bridge.Name)
+	})
+	t.Run("DeletingTheLastGuestRemovesTheNetworkAndItsLinks", func(t *testing.T) {
+		require.NoError(t, d.Delete(ctx, m.UID))
+		_, err := h.l.NetworkLookupByName(network)
+		assert.True(t, isCode(err, golibvirt.ErrNoNetwork), "network %s is undefined: %v", network, err)
+		for _, name := range []string{want.Bridge, want.Device} {
+			_, err = h.links.LinkByName(name)
+			assert.ErrorAs(t, err, &netlink.LinkNotFoundError{}, "%s is gone", name)
+		}
+		_, err = h.links.LinkByName(trunkName)
+		assert.NoError(t, err, "the site's bridge stays")
+	})
+}
+
+// kernelHasVLANs says whether the kernel makes a VLAN device on trunk, by
+// making one and removing it.
+func kernelHasVLANs(t *testing.T, links *netlink.Handle, trunk netlink.Link) bool {
+	t.Helper()
+	probe := &netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Name: "vfprobe.4093", ParentIndex: trunk.Attrs().Index}, VlanId: 4093}
+	err := links.LinkAdd(probe)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		return false
+	}
+	require.NoError(t, err)
+	require.NoError(t, links.LinkDel(probe))
+	return true
 }

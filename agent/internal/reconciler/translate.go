@@ -90,9 +90,13 @@ func machine(in wire.Intent) (driver.Machine, error) {
 			Bridge:   n.Bridge,
 			UID:      n.UID,
 			VNI:      n.VNI,
+			VLAN:     n.VLAN,
 		}
 		if n.VNI < 0 || n.VNI >= 1<<24 {
 			return driver.Machine{}, driver.Terminalf("malformed intent: machine.networks[%d].vni %d is not a VXLAN network identifier (0 to 16777215)", i, n.VNI)
+		}
+		if n.VLAN < 0 || n.VLAN > 4094 {
+			return driver.Machine{}, driver.Terminalf("malformed intent: machine.networks[%d].vlan %d is not a VLAN id (0 to 4094)", i, n.VLAN)
 		}
 		if n.Address != "" {
 			p, err := netip.ParsePrefix(n.Address)

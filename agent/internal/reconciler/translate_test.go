@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -61,6 +62,38 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, m.Disks[0].Image)
+		})
+	}
+}
+
+// TestMachineRefusesAVLANOutOfRange: a VLAN tag the 802.1Q header cannot
+// carry is a malformed intent, not something a retry mends.
+func TestMachineRefusesAVLANOutOfRange(t *testing.T) {
+	for _, tc := range []struct {
+		vlan    int32
+		wantErr string
+	}{
+		{0, ""},
+		{1, ""},
+		{4094, ""},
+		{4095, "malformed intent: machine.networks[0].vlan 4095 is not a VLAN id (0 to 4094)"},
+		{-1, "malformed intent: machine.networks[0].vlan -1 is not a VLAN id (0 to 4094)"},
+	} {
+		t.Run(fmt.Sprint(tc.vlan), func(t *testing.T) {
+			in := wire.Intent{UID: "a", Namespace: "team-a", Name: "vm", Machine: wire.Machine{
+				VCPU: 1, MemoryBytes: 1 << 20,
+				Disks:    []wire.Disk{{Name: "root", SizeBytes: 1 << 30}},
+				Networks: []wire.Network{{Name: "lan", UID: "n-1", Mode: "bridge", Bridge: "br-site", VLAN: tc.vlan}},
+			}}
+			m, err := machine(in)
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.True(t, driver.IsTerminal(err), "not retried: %v", err)
+				assert.EqualError(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.vlan, m.Networks[0].VLAN)
 		})
 	}
 }

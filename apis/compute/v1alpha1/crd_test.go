@@ -228,6 +228,7 @@ func invalidOthers() []invalidObject {
 		{"network with a bad cidr", obj("VirtualNetwork", "badcidr", map[string]any{"cidr": "10.10.300.0/24"}), []string{"spec.forProvider.cidr", "IPv4 subnet"}},
 		{"nat network without cidr", obj("VirtualNetwork", "nocidr", map[string]any{"mode": "nat"}), []string{"spec.forProvider", "cidr is required"}},
 		{"bridge network without bridge", obj("VirtualNetwork", "nobridge", map[string]any{"mode": "bridge"}), []string{"spec.forProvider", "bridge is required"}},
+		{"vlan on a nat network", obj("VirtualNetwork", "natvlan", map[string]any{"cidr": "10.10.120.0/24", "vlan": 100}), []string{"spec.forProvider", "vlan is allowed only when mode is bridge"}},
 		{"image with url and volume", obj("DiskImage", "both", map[string]any{"source": map[string]any{"url": "https://images.example.com/a.qcow2", "volumeRef": map[string]any{"name": "v"}}}), []string{"spec.forProvider.source", "exactly one of url or volumeRef"}},
 		{"image from ftp", obj("DiskImage", "ftp", map[string]any{"source": map[string]any{"url": "ftp://images.example.com/a.qcow2"}}), []string{"spec.forProvider.source.url", "http or https"}},
 		{"image with a short sha256", obj("DiskImage", "sha", map[string]any{"source": map[string]any{"url": "https://images.example.com/a.qcow2", "sha256": "abc"}}), []string{"spec.forProvider.source.sha256"}},
@@ -305,6 +306,11 @@ func boundCases() []boundCase {
 		}
 		return out
 	}
+	vlan := func(tag any) func(string) *unstructured.Unstructured {
+		return func(name string) *unstructured.Unstructured {
+			return object("VirtualNetwork", name, map[string]any{"mode": "bridge", "bridge": "br-site", "vlan": tag})
+		}
+	}
 	sshKey := func(length int) string { return "ssh-ed25519 " + strings.Repeat("A", length-len("ssh-ed25519 ")) }
 
 	return []boundCase{
@@ -321,6 +327,10 @@ func boundCases() []boundCase {
 		{name: "swap 0", object: vm("swap", "0"), accepted: true, field: "swap", hub: 0},
 		{name: "swap 64Ti and a byte", object: vm("swap", fmt.Sprint(64*ti+1)), want: []string{"spec.forProvider.swap", "swap must be at most 64Ti"}},
 		{name: "swap 100Ei", object: vm("swap", "100Ei"), want: []string{"spec.forProvider.swap", "swap must be at most 64Ti"}},
+		{name: "vlan 1", object: vlan(1), accepted: true, field: "vlan", hub: 1},
+		{name: "vlan 0", object: vlan(0), want: []string{"spec.forProvider.vlan", "greater than or equal to 1"}},
+		{name: "vlan 4094", object: vlan(4094), accepted: true, field: "vlan", hub: 4094},
+		{name: "vlan 4095", object: vlan(4095), want: []string{"spec.forProvider.vlan", "less than or equal to 4094"}},
 		{name: "16 networks", object: vm("virtualNetworks", names(16)), accepted: true},
 		{name: "17 networks", object: vm("virtualNetworks", names(17)), want: []string{"spec.forProvider.virtualNetworks", "must have at most 16 items"}},
 		{name: "userData of 64Ki characters", object: vm("userData", strings.Repeat("u", 65536)), accepted: true},
@@ -379,6 +389,11 @@ func hubConversions(t *testing.T, ctx context.Context, kube client.Client, u *un
 		require.NoError(t, kube.Get(ctx, key, img), "the typed client cannot decode what the API server accepted")
 		require.NotNil(t, img.Spec.ForProvider.PruneAfter, "pruneAfter is defaulted")
 		return map[string]int64{"pruneAfter": int64(img.Spec.ForProvider.PruneAfter.Seconds())}
+	case "VirtualNetwork":
+		n := &computev1alpha1.VirtualNetwork{}
+		require.NoError(t, kube.Get(ctx, key, n), "the typed client cannot decode what the API server accepted")
+		require.NotNil(t, n.Spec.ForProvider.VLAN, "vlan is kept")
+		return map[string]int64{"vlan": int64(*n.Spec.ForProvider.VLAN)}
 	case "ProviderConfig":
 		pc := &pcv1alpha1.ProviderConfig{}
 		require.NoError(t, kube.Get(ctx, key, pc), "the typed client cannot decode what the API server accepted")

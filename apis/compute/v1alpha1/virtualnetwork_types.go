@@ -23,6 +23,7 @@ const (
 // VirtualNetworkParameters are the fields a user sets on a VirtualNetwork.
 // +kubebuilder:validation:XValidation:rule="self.mode != 'bridge' || (has(self.bridge) && size(self.bridge) > 0)",message="bridge is required when mode is bridge"
 // +kubebuilder:validation:XValidation:rule="self.mode == 'bridge' || has(self.cidr)",message="cidr is required when mode is nat or isolated"
+// +kubebuilder:validation:XValidation:rule="!has(self.vlan) || self.mode == 'bridge'",message="vlan is allowed only when mode is bridge"
 type VirtualNetworkParameters struct {
 	// Mode is nat (a private subnet with DHCP, NATed to the host), bridge
 	// (guests join an existing host bridge) or isolated (no outside access).
@@ -41,6 +42,15 @@ type VirtualNetworkParameters struct {
 	// +kubebuilder:validation:MaxLength=15
 	// +optional
 	Bridge string `json:"bridge,omitempty"`
+
+	// VLAN, in bridge mode, is the 802.1Q tag guests join on the host
+	// bridge, a trunk the site runs: each node makes a VLAN device with
+	// this id on the bridge, and a bridge of its own with that device as
+	// its port for the guests. Unset, guests join the host bridge itself.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4094
+	// +optional
+	VLAN *int32 `json:"vlan,omitempty"`
 }
 
 // VirtualNetworkObservation is what the nodes' agents observed.

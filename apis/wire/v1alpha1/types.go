@@ -164,6 +164,11 @@ type Network struct {
 	// every libvirt node into one segment; 0 keeps the network local to the
 	// node. The peers are the Fabric's.
 	VNI int32 `json:"vni,omitempty"`
+	// VLAN, on a bridge-mode network, is the 802.1Q tag (1 to 4094) guests
+	// join on the host bridge Bridge, a trunk: the node makes a VLAN device
+	// of that id on it and a bridge of its own for the guests. 0 joins the
+	// host bridge untagged.
+	VLAN int32 `json:"vlan,omitempty"`
 }
 
 // Fabric is what a node needs to join the fleet's overlay: the tunnel

@@ -296,6 +296,9 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 			// its own (the inuse controller never sets it).
 			ExternalName: meta.GetExternalName(&n),
 		}
+		if v := n.Spec.ForProvider.VLAN; v != nil {
+			wn.VLAN = *v
+		}
 		if p, ok := d.addresses[n.Name]; ok {
 			wn.Address = p.String()
 		}

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -220,6 +221,7 @@ func TestIntent(t *testing.T) {
 		n.Status.AtProvider.VNI = 7
 		bridged := vnet("lan")
 		bridged.Spec.ForProvider.Mode, bridged.Spec.ForProvider.CIDR, bridged.Spec.ForProvider.Bridge = v1alpha1.NetworkModeBridge, "", "br0"
+		bridged.Spec.ForProvider.VLAN = ptr.To[int32](100)
 		base := dependencies{
 			volumes:   []v1alpha1.Volume{*vol("root", "")},
 			networks:  []v1alpha1.VirtualNetwork{*n, *bridged},
@@ -237,6 +239,8 @@ func TestIntent(t *testing.T) {
 			assert.Equal(t, tc.wantVNI, nets[0].VNI)
 			assert.Empty(t, nets[1].Address, "a host bridge's addresses are not the hub's")
 			assert.Zero(t, nets[1].VNI)
+			assert.Equal(t, int32(100), nets[1].VLAN, "the bridge's VLAN tag")
+			assert.Zero(t, nets[0].VLAN)
 		}
 	})
 
