@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 
@@ -190,11 +189,11 @@ func networkData(m driver.Machine) ([]byte, error) {
 		}
 		eth.Addresses = []string{n.Address.String()}
 		if i == 0 {
-			subnet, err := subnetOf(n)
+			subnet, err := n.Subnet()
 			if err != nil {
 				return nil, err
 			}
-			eth.Routes = []route{{To: "0.0.0.0/0", Via: gateway(subnet).String()}}
+			eth.Routes = []route{{To: "0.0.0.0/0", Via: driver.Gateway(subnet).String()}}
 		}
 		nc.Ethernets[name] = eth
 	}
@@ -216,49 +215,4 @@ func networkData(m driver.Machine) ([]byte, error) {
 func macFor(uid string, index int) string {
 	s := sha256.Sum256([]byte(fmt.Sprintf("%s/%d", uid, index)))
 	return fmt.Sprintf("02:%02x:%02x:%02x:%02x:%02x", s[0], s[1], s[2], s[3], s[4])
-}
-
-// subnetOf is the IPv4 subnet n's address is in: its CIDR, or, when the
-// network names none, the address's own prefix. The hub's address must be
-// a host of it other than the gateway.
-func subnetOf(n driver.Network) (netip.Prefix, error) {
-	a := n.Address.Addr()
-	if !a.Is4() {
-		return netip.Prefix{}, driver.Terminalf("network %q: address %s is not IPv4", n.Name, n.Address)
-	}
-	subnet := n.Address.Masked()
-	if n.CIDR != "" {
-		p, err := netip.ParsePrefix(n.CIDR)
-		if err != nil || !p.Addr().Is4() {
-			return netip.Prefix{}, driver.Terminalf("network %q: cidr %q is not an IPv4 subnet", n.Name, n.CIDR)
-		}
-		subnet = p.Masked()
-	}
-	switch {
-	case subnet.Bits() > 30:
-		return netip.Prefix{}, driver.Terminalf("network %q: subnet %s has no room for a gateway and a guest", n.Name, subnet)
-	case !subnet.Contains(a):
-		return netip.Prefix{}, driver.Terminalf("network %q: address %s is not in its subnet %s", n.Name, a, subnet)
-	case n.Address.Bits() != subnet.Bits():
-		return netip.Prefix{}, driver.Terminalf("network %q: address %s does not have its subnet %s's prefix length", n.Name, n.Address, subnet)
-	case a == subnet.Addr() || a == broadcast(subnet):
-		return netip.Prefix{}, driver.Terminalf("network %q: address %s is the subnet's network or broadcast address", n.Name, a)
-	case a == gateway(subnet):
-		return netip.Prefix{}, driver.Terminalf("network %q: address %s is the gateway's", n.Name, a)
-	}
-	return subnet, nil
-}
-
-// gateway is an IPv4 subnet's first host address, where virtfleet's
-// networks put their gateway.
-func gateway(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr().Next() }
-
-// broadcast is an IPv4 subnet's last address.
-func broadcast(subnet netip.Prefix) netip.Addr {
-	b := subnet.Masked().Addr().As4()
-	host := ^uint32(0) >> subnet.Bits()
-	for i := range b {
-		b[i] |= byte(host >> (24 - 8*i))
-	}
-	return netip.AddrFrom4(b)
 }

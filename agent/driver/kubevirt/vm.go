@@ -107,7 +107,7 @@ func validate(m driver.Machine) error {
 			return driver.Terminalf("network %q cannot name a NetworkAttachmentDefinition: %s", n.Name, strings.Join(errs, "; "))
 		}
 		if n.Address.IsValid() {
-			if _, err := subnetOf(n); err != nil {
+			if _, err := n.Subnet(); err != nil {
 				return err
 			}
 		}

@@ -3,7 +3,6 @@ package libvirt
 import (
 	"cmp"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/xml"
 	"net"
 	"net/netip"
@@ -101,25 +100,8 @@ func (d *Driver) checkNetwork(n driver.Network) error {
 	if !n.Address.IsValid() || n.CIDR == "" || n.Imported || n.Mode == driver.NetworkModeBridge {
 		return nil
 	}
-	subnet, err := subnetOf(n)
-	if err != nil {
-		return err
-	}
-	return checkAddress(n.Name, subnet, n.Address.Addr())
-}
-
-// checkAddress refuses an address the subnet cannot give a guest: one
-// outside it, its network or broadcast address, or the gateway.
-func checkAddress(name string, subnet netip.Prefix, a netip.Addr) error {
-	switch {
-	case !subnet.Contains(a):
-		return driver.Terminalf("network %q: address %s is not in its subnet %s", name, a, subnet)
-	case a == subnet.Addr() || a == hostAddr(subnet, hostCount(subnet)+1):
-		return driver.Terminalf("network %q: address %s is the subnet's network or broadcast address", name, a)
-	case a == gateway(subnet):
-		return driver.Terminalf("network %q: address %s is the gateway's", name, a)
-	}
-	return nil
+	_, err := n.Subnet()
+	return err
 }
 
 // ensureNetwork makes n's network exist and be active for the guest's
@@ -446,7 +428,7 @@ func networkXML(s networkSpec) (string, error) {
 	if n.CIDR == "" {
 		return "", driver.Terminalf("network %q does not exist on this node and has no cidr to create it from", n.Name)
 	}
-	subnet, err := subnetOf(n)
+	subnet, err := n.Subnet()
 	if err != nil {
 		return "", err
 	}
@@ -461,36 +443,12 @@ func networkXML(s networkSpec) (string, error) {
 		dhcp.Hosts = []libvirtxml.NetworkDHCPHost{*s.reservation}
 	}
 	def.IPs = []libvirtxml.NetworkIP{{
-		Address: gateway(subnet).String(),
+		Address: driver.Gateway(subnet).String(),
 		Netmask: net.IP(net.CIDRMask(subnet.Bits(), 32)).String(),
 		DHCP:    dhcp,
 	}}
 	return marshalNetwork(def)
 }
-
-// subnetOf is n's CIDR, refused unless it is an IPv4 subnet with room for
-// a gateway and a guest.
-func subnetOf(n driver.Network) (netip.Prefix, error) {
-	p, err := netip.ParsePrefix(n.CIDR)
-	if err != nil || !p.Addr().Is4() || p.Bits() > 30 {
-		return netip.Prefix{}, driver.Terminalf("network %q: cidr %q is not an IPv4 subnet of at least 4 addresses", n.Name, n.CIDR)
-	}
-	return p.Masked(), nil
-}
-
-// hostCount is how many host addresses an IPv4 subnet has.
-func hostCount(subnet netip.Prefix) uint32 { return 1<<(32-subnet.Bits()) - 2 }
-
-// hostAddr is the i-th address of an IPv4 subnet, 0 being its network
-// address.
-func hostAddr(subnet netip.Prefix, i uint32) netip.Addr {
-	var b [4]byte
-	binary.BigEndian.PutUint32(b[:], binary.BigEndian.Uint32(subnet.Addr().AsSlice())+i)
-	return netip.AddrFrom4(b)
-}
-
-// gateway is the host's address on the subnet: its first.
-func gateway(subnet netip.Prefix) netip.Addr { return hostAddr(subnet, 1) }
 
 // gatewayMAC derives a network's bridge MAC from id: unicast and locally
 // administered, so it collides with no vendor's.

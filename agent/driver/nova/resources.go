@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"net/http"
@@ -272,26 +271,17 @@ func (d *Driver) ensureNetwork(ctx context.Context, n driver.Network) (string, e
 		}
 		id = created.ID
 	}
-	gateway, dhcp := prefix.Addr().Next().String(), true
+	gateway, dhcp := driver.Gateway(prefix).String(), true
 	// The hub gives the servers their addresses, from the second host
 	// address up, as fixed IPs. What Neutron hands out itself (a DHCP
 	// agent's port) comes from a pool of the last host address alone, which
 	// the hub gives a VM only once every other is taken.
-	last := lastHost(prefix).String()
+	last := driver.HostAddr(prefix, driver.HostCount(prefix)).String()
 	_, err = subnets.Create(ctx, d.c.network, subnets.CreateOpts{
 		NetworkID: id, Name: n.Name, CIDR: prefix.String(), IPVersion: 4, GatewayIP: &gateway, EnableDHCP: &dhcp, Description: Description,
 		AllocationPools: []subnets.AllocationPool{{Start: last, End: last}},
 	}).Extract()
 	return id, classify(err, "cannot create the subnet of network "+n.Name)
-}
-
-// lastHost is the last host address of prefix, the one before broadcast.
-func lastHost(prefix netip.Prefix) netip.Addr {
-	b := prefix.Masked().Addr().As4()
-	host := uint32(1)<<(32-prefix.Bits()) - 2
-	v := binary.BigEndian.Uint32(b[:]) + host
-	binary.BigEndian.PutUint32(b[:], v)
-	return netip.AddrFrom4(b)
 }
 
 // networkPrefix checks that a missing network can be created.
