@@ -38,7 +38,7 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 	if err := volume.SetupGated(mgr, o, vo.Pool, vo.FencingTimeout, volumes); err != nil {
 		return err
 	}
-	if err := virtualnetwork.SetupGated(mgr, o); err != nil {
+	if err := virtualnetwork.SetupGated(mgr, o, vo.Addresses); err != nil {
 		return err
 	}
 	return diskimage.SetupGated(mgr, o, vo.Pool, images)

@@ -539,3 +539,26 @@ func TestReleaseWithoutTheDeleteVerb(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEqual(t, first, next, "still held")
 }
+
+// TestForgetDropsTheNetworksView: once a network is gone the allocator keeps
+// nothing of it, and Known answers only after Ensure loads it again.
+func TestForgetDropsTheNetworksView(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	a := New(c, c)
+	net, other := newNet("net-db", "10.10.120.0/24"), newNet("net-web", "10.10.121.0/24")
+	vm := newVM("web-1")
+	got, err := a.Ensure(ctx, vm, net, "")
+	require.NoError(t, err)
+	_, err = a.Ensure(ctx, vm, other, "")
+	require.NoError(t, err)
+
+	a.Forget(string(net.UID))
+	_, ok := a.Known(vm, net, "")
+	assert.False(t, ok, "the view of the forgotten network is gone")
+	_, ok = a.Known(vm, other, "")
+	assert.True(t, ok, "the other network's stays")
+	again, err := a.Ensure(ctx, vm, net, "")
+	require.NoError(t, err)
+	assert.Equal(t, got, again, "the record, not the view, holds the address")
+}

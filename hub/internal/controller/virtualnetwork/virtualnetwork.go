@@ -88,7 +88,14 @@ func nodesOf(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork
 	return slices.Compact(nodes), nil
 }
 
-// SetupGated adds the VirtualNetwork controller once the CRD is established.
-func SetupGated(mgr ctrl.Manager, o controller.Options) error {
-	return inuse.SetupGated(mgr, o, Kind)
+// SetupGated adds the VirtualNetwork controller once the CRD is
+// established. What addresses remembers of a network goes with it, as its
+// VNI choice does.
+func SetupGated(mgr ctrl.Manager, o controller.Options, addresses *ipam.Allocator) error {
+	k := Kind
+	k.Forget = func(uid string) {
+		vniAllocator.forget(uid)
+		addresses.Forget(uid)
+	}
+	return inuse.SetupGated(mgr, o, k)
 }
