@@ -4,6 +4,8 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
 
@@ -15,9 +17,16 @@ const (
 	ReasonMismatch = "key-content-mismatch"
 )
 
+// Reasons are every reason a watcher refuses a value for.
+var Reasons = []string{ReasonDecode, ReasonVersion, ReasonKey, ReasonMismatch}
+
 // Rejections counts refused values by reason. The zero value is ready to use
 // and safe for concurrent use.
 type Rejections struct {
+	// Counter, when set, counts each rejection too, labelled with its
+	// reason: the hub and the agent serve theirs as metrics.
+	Counter *prometheus.CounterVec
+
 	mu     sync.Mutex
 	counts map[string]uint64
 }
@@ -31,6 +40,9 @@ func (r *Rejections) Add(err error) string {
 		r.counts = map[string]uint64{}
 	}
 	r.counts[reason]++
+	if r.Counter != nil {
+		r.Counter.WithLabelValues(reason).Inc()
+	}
 	return reason
 }
 

@@ -8,6 +8,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -39,6 +40,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/census"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
@@ -48,6 +50,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	vfmetrics "github.com/virtfleet/virtfleet/internal/metrics"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
@@ -133,6 +136,7 @@ func Run(ctx context.Context, c Config) error {
 			return errors.Wrap(err, "cannot build the scheme")
 		}
 	}
+	watchErrs := newWatchErrors(log, scheme)
 	lease, renew := 60*time.Second, 50*time.Second
 	c.MaxReconcileRate = cmp.Or(c.MaxReconcileRate, DefaultMaxReconcileRate)
 	c.Workers, c.QPS = cmp.Or(c.Workers, DefaultWorkers), cmp.Or(c.QPS, DefaultQPS)
@@ -144,7 +148,7 @@ func Run(ctx context.Context, c Config) error {
 		// status, updates leave them out and the API server keeps them):
 		// without them the caches, and the hub's peak RSS that make bench
 		// reports, are markedly smaller.
-		Cache: cache.Options{SyncPeriod: &c.SyncInterval, DefaultTransform: cache.TransformStripManagedFields()},
+		Cache: cache.Options{SyncPeriod: &c.SyncInterval, DefaultTransform: cache.TransformStripManagedFields(), DefaultWatchErrorHandler: watchErrs.Handle},
 		// Secrets are read one by one, straight from the API server: a
 		// cached read would hold every Secret of the cluster in memory and
 		// need list and watch on all of them.
@@ -173,6 +177,8 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return errors.Wrap(err, "cannot create the controller manager")
 	}
+	watchErrs.reader = mgr.GetAPIReader()
+	watchErrs.recorder = event.NewAPIRecorder(mgr.GetEventRecorderFor("virtfleet-hub")) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return errors.Wrap(err, "cannot add the health check")
 	}
@@ -180,6 +186,19 @@ func Run(ctx context.Context, c Config) error {
 		return errors.Wrap(err, "cannot add the ready check")
 	}
 
+	for _, m := range vfmetrics.HubObserved() {
+		if err := metrics.Registry.Register(m); err != nil {
+			log.Debug("Hub metric already registered", "error", err)
+		}
+	}
+	// Counters start at zero for every reason, so that an alert's increase()
+	// sees the first one counted.
+	for _, r := range virtualmachine.RefusalReasons() {
+		vfmetrics.PlacementRefusals.WithLabelValues(r)
+	}
+	for _, r := range slices.Concat(natswire.Reasons, []string{vfmetrics.ReasonForeignNode}) {
+		vfmetrics.ReportsIgnored.WithLabelValues(r)
+	}
 	mrMetrics := managed.NewMRMetricRecorder()
 	if err := metrics.Registry.Register(mrMetrics); err != nil {
 		log.Debug("Managed resource metrics already registered", "error", err)
@@ -219,6 +238,12 @@ func Run(ctx context.Context, c Config) error {
 		leftovers.Watch(f)
 		go fabric.New(f, f.Bus, log).Run(ctx, fabric.DefaultEvery)
 	})
+	// A hub restarted in the same process (tests do) counts its own fleet.
+	fleetCensus := census.New(mgr.GetCache(), pool.Fleets, mgr.Elected(), log)
+	if err := metrics.Registry.Register(fleetCensus); err != nil {
+		return errors.Wrap(err, "cannot register the fleet's gauges")
+	}
+	defer metrics.Registry.Unregister(fleetCensus)
 	placer := placement.New()
 	scheduler = virtualmachine.NewScheduler(kubeclient.Direct(mgr.GetClient()), mgr.GetCache(), pool, placer,
 		event.NewAPIRecorder(mgr.GetEventRecorderFor("virtualmachine-scheduler")), log, //nolint:staticcheck // crossplane-runtime still records through the old events API

@@ -298,6 +298,14 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 	}
 	subs, nodeSubs := f.subs, f.nodeSubs
 	f.mu.Unlock()
+	switch {
+	case s.Lost && known && !prev.Lost:
+		f.log.Info("Node lost: its heartbeat expired; its VMs show Unknown until it is back", "node", e.Node, "lastHeartbeat", prev.LastSeen.UTC().Format(time.RFC3339), "vms", len(affected))
+	case !s.Lost && known && prev.Lost:
+		f.log.Info("Node back: its heartbeats arrive again", "node", e.Node, "lostFor", now.Sub(prev.LostSince).Round(time.Second).String())
+	case !known && !s.Lost:
+		f.log.Info("Node joined", "node", e.Node, "backend", s.Heartbeat.Backend, "agentVersion", s.Heartbeat.AgentVersion)
+	}
 	for _, uid := range affected {
 		for _, fn := range subs {
 			fn(uid)
@@ -424,6 +432,18 @@ func (f *Fleet) Nodes() []placement.Node {
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// NodeStatuses returns what is known of every node that has sent a
+// heartbeat since the hub started, lost ones included, by name.
+func (f *Fleet) NodeStatuses() map[string]NodeStatus {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[string]NodeStatus, len(f.nodes))
+	for name, s := range f.nodes {
+		out[name] = s
+	}
 	return out
 }
 

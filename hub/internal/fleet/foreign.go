@@ -4,12 +4,12 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+
+	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
 // ReportKind names what a report is about.
@@ -31,18 +31,6 @@ const (
 	OperationPut    = "put"
 	OperationDelete = "delete"
 )
-
-// ForeignReports counts the reports the hub refused because their node is
-// not the one the resource is placed on, by kind, sending node and
-// operation. It is served on the hub's metrics endpoint.
-var ForeignReports = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "virtfleet_hub_foreign_reports_total",
-	Help: "Reports about a VirtualMachine, Volume or DiskImage from a node it is not placed on; the hub ignores them.",
-}, []string{"kind", "node", "operation"})
-
-func init() {
-	metrics.Registry.MustRegister(ForeignReports)
-}
 
 // claim is one node's report about one uid.
 type claim struct {
@@ -93,7 +81,8 @@ func (f *Fleet) FlagForeign(kind ReportKind, o client.Object, placed ...string) 
 	slices.SortFunc(flags, func(a, b flag) int { return strings.Compare(a.node+a.op, b.node+b.op) })
 	where := strings.Join(placed, ", ")
 	for _, fl := range flags {
-		ForeignReports.WithLabelValues(string(kind), fl.node, fl.op).Inc()
+		metrics.ForeignReports.WithLabelValues(string(kind), fl.node, fl.op).Inc()
+		metrics.ReportsIgnored.WithLabelValues(metrics.ReasonForeignNode).Inc()
 		f.log.Info("Ignored a report from a node the resource is not placed on",
 			"kind", kind, "namespace", o.GetNamespace(), "name", o.GetName(), "uid", uid, "node", fl.node, "placedOn", where, "operation", fl.op)
 		what := "sent a report of"

@@ -16,6 +16,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
 // events records the events a Fleet shows.
@@ -112,7 +113,7 @@ func TestForeignReports(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			ForeignReports.Reset()
+			metrics.ForeignReports.Reset()
 			rec := &events{}
 			f := newTestFleet(t, bus.NewFake())
 			f.WithRecorder(rec)
@@ -128,8 +129,8 @@ func TestForeignReports(t *testing.T) {
 				assert.Equal(t, tc.wantPhase, r.Report.Phase)
 			}
 			assert.Equal(t, tc.wantFlags, rec.messages())
-			assert.Equal(t, tc.wantPuts, testutil.ToFloat64(ForeignReports.WithLabelValues("VirtualMachine", "node1", OperationPut)))
-			assert.Equal(t, tc.wantDels, testutil.ToFloat64(ForeignReports.WithLabelValues("VirtualMachine", "node1", OperationDelete)))
+			assert.Equal(t, tc.wantPuts, testutil.ToFloat64(metrics.ForeignReports.WithLabelValues("VirtualMachine", "node1", OperationPut)))
+			assert.Equal(t, tc.wantDels, testutil.ToFloat64(metrics.ForeignReports.WithLabelValues("VirtualMachine", "node1", OperationDelete)))
 			f.FlagForeign(KindVM, vm, "node2")
 			assert.Empty(t, rec.messages(), "each report is flagged once")
 		})
@@ -139,7 +140,7 @@ func TestForeignReports(t *testing.T) {
 // TestForeignVolumeAndImageReports pins the same for Volumes (one node) and
 // images (the nodes their Volumes are on).
 func TestForeignVolumeAndImageReports(t *testing.T) {
-	ForeignReports.Reset()
+	metrics.ForeignReports.Reset()
 	rec := &events{}
 	f := newTestFleet(t, bus.NewFake())
 	f.WithRecorder(rec)
@@ -163,6 +164,6 @@ func TestForeignVolumeAndImageReports(t *testing.T) {
 		"Warning ForeignReport: node node1 sent a report of this Volume, which is placed on node node2; the hub ignores it",
 		"Warning ForeignReport: node node1 sent a report of this DiskImage, which is placed on node node2, node3; the hub ignores it",
 	}, rec.messages())
-	assert.Equal(t, 1.0, testutil.ToFloat64(ForeignReports.WithLabelValues("Volume", "node1", OperationPut)))
-	assert.Equal(t, 1.0, testutil.ToFloat64(ForeignReports.WithLabelValues("DiskImage", "node1", OperationPut)))
+	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.ForeignReports.WithLabelValues("Volume", "node1", OperationPut)))
+	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.ForeignReports.WithLabelValues("DiskImage", "node1", OperationPut)))
 }

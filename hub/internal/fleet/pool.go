@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/internal/metrics"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
@@ -54,6 +55,17 @@ func NewPool(ctx context.Context, log logging.Logger, recorder event.Recorder, b
 	return &Pool{ctx: ctx, log: log, recorder: recorder, buckets: b, onNew: onNew, fleets: map[string]*Fleet{}}
 }
 
+// Fleets returns every Fleet opened so far.
+func (p *Pool) Fleets() []*Fleet {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*Fleet, 0, len(p.fleets))
+	for _, f := range p.fleets {
+		out = append(out, f)
+	}
+	return out
+}
+
 // Get returns the Fleet of t, connecting and creating the buckets on first use.
 func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
 	p.mu.Lock()
@@ -76,7 +88,7 @@ func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
 	}
 	buckets := p.buckets
 	buckets.Replicas = t.Replicas
-	b, err := bus.New(ctx, nc, bus.Config{Buckets: buckets, Log: p.log})
+	b, err := bus.New(ctx, nc, bus.Config{Buckets: buckets, Log: p.log, Rejections: &natswire.Rejections{Counter: metrics.ReportsIgnored}})
 	if err != nil {
 		nc.Close()
 		return nil, err

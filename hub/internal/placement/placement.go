@@ -51,11 +51,50 @@ type Request struct {
 	RequiredNode string
 }
 
+// Cause classifies why a node was passed over, in a few words an operator's
+// metrics can count.
+type Cause string
+
+// Causes of passing a node over.
+const (
+	CauseVolumeNode Cause = "volume-node"
+	CauseStale      Cause = "stale-node"
+	CauseBackend    Cause = "backend"
+	CauseSelector   Cause = "selector"
+	CauseVCPU       Cause = "vcpu"
+	CauseMemory     Cause = "memory"
+	// CauseNoNodes: no node has sent a heartbeat.
+	CauseNoNodes Cause = "no-nodes"
+)
+
+// Causes are every Cause.
+var Causes = []Cause{CauseVolumeNode, CauseStale, CauseBackend, CauseSelector, CauseVCPU, CauseMemory, CauseNoNodes}
+
 // NoFitError says why no node can take a request, node by node, in a form a
 // user can act on from the VirtualMachine's conditions.
 type NoFitError struct {
 	// Reasons maps each known node to why it was passed over.
 	Reasons map[string]string
+	// Causes maps each known node to the Cause of its Reason.
+	Causes map[string]Cause
+}
+
+// DistinctCauses are the causes that kept the nodes from taking the
+// request, each once, sorted; CauseNoNodes when there was no node.
+func (e *NoFitError) DistinctCauses() []Cause {
+	if len(e.Causes) == 0 {
+		return []Cause{CauseNoNodes}
+	}
+	seen := map[Cause]bool{}
+	out := []Cause{}
+	for _, c := range e.Causes {
+		if !seen[c] {
+			seen[c] = true
+			out = append(out, c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
 }
 
 func (e *NoFitError) Error() string {
@@ -169,10 +208,10 @@ func (p *Placer) choose(nodes []Node, req Request, now time.Time) (string, error
 		reserved[r.node] = reserved[r.node].add(r.resources)
 	}
 	best, bestScore := "", 2.0
-	noFit := &NoFitError{Reasons: map[string]string{}}
+	noFit := &NoFitError{Reasons: map[string]string{}, Causes: map[string]Cause{}}
 	for _, n := range nodes {
-		if reason := p.ineligible(n, req, reserved[n.Name], now); reason != "" {
-			noFit.Reasons[n.Name] = reason
+		if reason, cause := p.ineligible(n, req, reserved[n.Name], now); reason != "" {
+			noFit.Reasons[n.Name], noFit.Causes[n.Name] = reason, cause
 			continue
 		}
 		score := allocatedFraction(n.Capacity, n.Allocated.add(reserved[n.Name]).add(req.Resources))
@@ -225,22 +264,22 @@ func (p *Placer) expire(now time.Time) {
 	}
 }
 
-// ineligible says why n cannot take req, or "" when it can.
-func (p *Placer) ineligible(n Node, req Request, reserved Resources, now time.Time) string {
+// ineligible says why n cannot take req and its cause, or "" when it can.
+func (p *Placer) ineligible(n Node, req Request, reserved Resources, now time.Time) (string, Cause) {
 	switch {
 	case req.RequiredNode != "" && n.Name != req.RequiredNode:
-		return "the VM's volumes are bound to " + req.RequiredNode
+		return "the VM's volumes are bound to " + req.RequiredNode, CauseVolumeNode
 	case now.Sub(n.LastSeen) > p.staleAfter:
 		// The time of the last heartbeat, not the time since: the reason
 		// is shown in the VM's status, which is written only when the
 		// reason changes.
-		return fmt.Sprintf("no heartbeat since %s (more than %s ago)", n.LastSeen.UTC().Format(time.RFC3339), p.staleAfter)
+		return fmt.Sprintf("no heartbeat since %s (more than %s ago)", n.LastSeen.UTC().Format(time.RFC3339), p.staleAfter), CauseStale
 	case req.Backend != "" && n.Backend != req.Backend:
-		return fmt.Sprintf("backend %s, %s requested", n.Backend, req.Backend)
+		return fmt.Sprintf("backend %s, %s requested", n.Backend, req.Backend), CauseBackend
 	}
 	for k, v := range req.NodeSelector {
 		if got, ok := n.Labels[k]; !ok || got != v {
-			return fmt.Sprintf("label %s=%s not present", k, v)
+			return fmt.Sprintf("label %s=%s not present", k, v), CauseSelector
 		}
 	}
 	free := Resources{
@@ -248,12 +287,12 @@ func (p *Placer) ineligible(n Node, req Request, reserved Resources, now time.Ti
 		MemoryBytes: n.Capacity.MemoryBytes - n.Allocated.MemoryBytes - reserved.MemoryBytes,
 	}
 	if req.Resources.VCPU > free.VCPU {
-		return fmt.Sprintf("%d vCPU free, %d requested", max(free.VCPU, 0), req.Resources.VCPU)
+		return fmt.Sprintf("%d vCPU free, %d requested", max(free.VCPU, 0), req.Resources.VCPU), CauseVCPU
 	}
 	if req.Resources.MemoryBytes > free.MemoryBytes {
-		return fmt.Sprintf("%d MiB memory free, %d MiB requested", max(free.MemoryBytes, 0)>>20, req.Resources.MemoryBytes>>20)
+		return fmt.Sprintf("%d MiB memory free, %d MiB requested", max(free.MemoryBytes, 0)>>20, req.Resources.MemoryBytes>>20), CauseMemory
 	}
-	return ""
+	return "", ""
 }
 
 // allocatedFraction is the larger of the vCPU and memory fractions in use,

@@ -40,6 +40,8 @@ func TestPlace(t *testing.T) {
 		req       Request
 		want      string
 		wantNoFit map[string]string // node -> substring of its reason
+		// wantCauses are the distinct causes of a refusal.
+		wantCauses []Cause
 	}{
 		{
 			name:  "least allocated node wins",
@@ -91,6 +93,7 @@ func TestPlace(t *testing.T) {
 				"node1": "0 vCPU free, 1 requested",
 				"node2": "0 MiB memory free, 1024 MiB requested",
 			},
+			wantCauses: []Cause{CauseMemory, CauseVCPU},
 		},
 		{
 			name:  "every reason is reported",
@@ -100,11 +103,20 @@ func TestPlace(t *testing.T) {
 				"old":  "no heartbeat since 2026-11-22T11:59:00Z (more than 6s ago)",
 				"nova": "backend nova, libvirt requested",
 			},
+			wantCauses: []Cause{CauseBackend, CauseStale},
 		},
 		{
-			name:      "no nodes at all asks whether an agent runs",
-			req:       small("a"),
-			wantNoFit: map[string]string{},
+			name:       "no nodes at all asks whether an agent runs",
+			req:        small("a"),
+			wantNoFit:  map[string]string{},
+			wantCauses: []Cause{CauseNoNodes},
+		},
+		{
+			name:       "a selector and a volume's node are causes of their own",
+			nodes:      []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 0, 0)},
+			req:        Request{UID: "a", Resources: Resources{VCPU: 1, MemoryBytes: gib}, RequiredNode: "node1", NodeSelector: map[string]string{"zone": "b"}},
+			wantNoFit:  map[string]string{"node1": "label zone=b not present", "node2": "bound to node1"},
+			wantCauses: []Cause{CauseSelector, CauseVolumeNode},
 		},
 	}
 	for _, tc := range cases {
@@ -118,6 +130,7 @@ func TestPlace(t *testing.T) {
 				for n, why := range tc.wantNoFit {
 					assert.Contains(t, noFit.Reasons[n], why)
 				}
+				assert.Equal(t, tc.wantCauses, noFit.DistinctCauses())
 				if len(tc.wantNoFit) == 0 {
 					assert.Contains(t, err.Error(), "is an agent running")
 				}

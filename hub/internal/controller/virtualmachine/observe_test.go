@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
@@ -195,7 +196,7 @@ func TestObserveOnlyReads(t *testing.T) {
 			}
 			n := fleet.NewNotifier()
 			kube := writeless(t, &writes, unbound)
-			c := &connector{kube: kube, opts: Options{FencingTimeout: testFencing, Notifier: n, Placer: placer, Addresses: ipam.New(kube, kube)}, recorder: rec, state: &state{}, policies: true}
+			c := &connector{log: logging.NewNopLogger(), kube: kube, opts: Options{FencingTimeout: testFencing, Notifier: n, Placer: placer, Addresses: ipam.New(kube, kube)}, recorder: rec, state: &state{}, policies: true}
 			e := &external{connector: c, fleet: f, grant: trusted}
 			before := v.DeepCopy()
 

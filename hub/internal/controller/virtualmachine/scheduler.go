@@ -26,6 +26,8 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
+	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
 // ReasonFailedScheduling is the event of a VM no node can take yet; its
@@ -430,6 +432,7 @@ func (s *Scheduler) bind(ctx context.Context, b binding) {
 		s.recorder.Event(vm, event.Normal(ReasonAdopted, fmt.Sprintf("Adopting the guest orphaned from %s/%s on node %s", vm.Namespace, vm.Name, b.node)))
 		return
 	}
+	metrics.PlacementDuration.WithLabelValues().Observe(time.Since(vm.CreationTimestamp.Time).Seconds())
 	s.log.Debug("Placed", "namespace", key.Namespace, "name", key.Name, "node", b.node)
 	s.recorder.Event(vm, event.Normal(ReasonScheduled, fmt.Sprintf("Placed on node %s", b.node)))
 }
@@ -442,6 +445,9 @@ func (s *Scheduler) unplaceable(ctx context.Context, vm *v1alpha1.VirtualMachine
 	s.unplaced.Store(key, struct{}{})
 	s.queue.AddRateLimited(key)
 	s.log.Debug("Cannot place", "namespace", key.Namespace, "name", key.Name, "reason", cause.Error())
+	for _, r := range refusalReasons(cause) {
+		metrics.PlacementRefusals.WithLabelValues(r).Inc()
+	}
 	before := vm.DeepCopy()
 	vm.Status.AtProvider.Phase = v1alpha1.PhasePending
 	// Ready says why the VM is not running, and Synced, as for any
@@ -450,8 +456,52 @@ func (s *Scheduler) unplaceable(ctx context.Context, vm *v1alpha1.VirtualMachine
 	if before.Status.AtProvider.Phase == vm.Status.AtProvider.Phase && before.Status.Equal(&vm.Status.ConditionedStatus) {
 		return
 	}
+	s.log.Info("Cannot place the VM", "namespace", key.Namespace, "name", key.Name, "reason", cause.Error())
 	s.recorder.Event(vm, event.Warning(ReasonFailedScheduling, cause))
 	if err := s.kube.Status().Update(ctx, vm); err != nil && !kerrors.IsConflict(err) {
 		s.log.Info("Cannot show why the VM is on no node", "namespace", key.Namespace, "name", key.Name, "error", err)
+	}
+}
+
+// Reasons of the placement-refusals metric beside placement's causes.
+const (
+	refusalForbidden = "forbidden"
+	refusalWaiting   = "waiting"
+	refusalOther     = "other"
+)
+
+// RefusalReasons are every reason the placement-refusals metric counts, for
+// its series to start at zero.
+func RefusalReasons() []string {
+	out := []string{refusalForbidden, refusalWaiting, refusalOther}
+	for _, c := range placement.Causes {
+		out = append(out, string(c))
+	}
+	return out
+}
+
+// refusalReasons are the placement-refusals metric's reasons for cause: the
+// distinct causes of a NoFitError, forbidden for what the namespace was not
+// granted, waiting for what does not exist yet, other for the rest.
+func refusalReasons(cause error) []string {
+	var (
+		noFit   *placement.NoFitError
+		refused *tenancy.RefusedError
+		missing *MissingError
+	)
+	switch {
+	case errors.As(cause, &noFit):
+		causes := noFit.DistinctCauses()
+		out := make([]string, len(causes))
+		for i, c := range causes {
+			out[i] = string(c)
+		}
+		return out
+	case errors.As(cause, &refused):
+		return []string{refusalForbidden}
+	case errors.As(cause, &missing):
+		return []string{refusalWaiting}
+	default:
+		return []string{refusalOther}
 	}
 }

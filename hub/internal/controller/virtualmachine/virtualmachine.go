@@ -10,6 +10,7 @@
 package virtualmachine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -31,6 +32,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/feature"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
@@ -46,6 +48,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
+	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
 // Condition types beyond Crossplane's Ready and Synced.
@@ -114,7 +117,9 @@ func SetupGated(mgr ctrl.Manager, o controller.Options, vo Options) error {
 func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 	name := managed.ControllerName(v1alpha1.VirtualMachineGroupKind)
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime still records through the old events API
+	log := o.Logger.WithValues("controller", name)
 	c := &connector{
+		log:      log,
 		kube:     mgr.GetClient(),
 		reader:   mgr.GetAPIReader(),
 		configs:  providerconfig.NewResolver(mgr.GetClient()),
@@ -128,7 +133,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 	c.holder, _ = mgr.GetClient().(*kubeclient.Client)
 	opts := []managed.ReconcilerOption{
 		managed.WithTypedExternalConnector[*v1alpha1.VirtualMachine](c),
-		managed.WithLogger(o.Logger.WithValues("controller", name)),
+		managed.WithLogger(log),
 		managed.WithPollInterval(o.PollInterval),
 		managed.WithRecorder(recorder),
 		// The guest's identity is the VM's uid on the node the placement
@@ -226,6 +231,7 @@ func (s *state) forget(uid string) {
 }
 
 type connector struct {
+	log  logging.Logger
 	kube client.Client
 	// reader reads from the API server, not the cache: a Volume whose
 	// cached copy was out of date when the hub bound it.
@@ -622,10 +628,20 @@ func (e *external) recordTransition(vm *v1alpha1.VirtualMachine, before, after v
 		switch after.Phase {
 		case v1alpha1.PhaseRunning:
 			e.event(vm, event.Normal(ReasonStarted, fmt.Sprintf("Running on node %s", after.Node)))
+			if firstStart(vm, before, after) {
+				backend := cmp.Or(e.fleet.Node(node).Heartbeat.Backend, metrics.BackendNone)
+				took := time.Since(vm.CreationTimestamp.Time).Seconds()
+				e.later(vm, func() { metrics.CreateToRunning.WithLabelValues(backend).Observe(took) })
+			}
 		case v1alpha1.PhaseStopped:
 			e.event(vm, event.Normal(ReasonStopped, fmt.Sprintf("Stopped on node %s", after.Node)))
 		case v1alpha1.PhaseFailed:
-			e.event(vm, event.Warning(ReasonFailed, errors.New(reportMessage(e.fleet, node, string(vm.UID)))))
+			msg := reportMessage(e.fleet, node, string(vm.UID))
+			log := e.log
+			e.later(vm, func() {
+				log.Info("VM failed on its node", "namespace", vm.Namespace, "name", vm.Name, "node", node, "message", msg)
+			})
+			e.event(vm, event.Warning(ReasonFailed, errors.New(msg)))
 		case v1alpha1.PhaseUnknown:
 			e.event(vm, event.Warning(ReasonNodeLost, errors.Errorf("node %s sends no heartbeat; the VM's state is unknown", node)))
 		}
@@ -633,6 +649,17 @@ func (e *external) recordTransition(vm *v1alpha1.VirtualMachine, before, after v
 	if after.RestartRequired && !before.RestartRequired {
 		e.event(vm, event.Normal(ReasonRestartRequired, "The spec changed while the VM runs; the change applies at the next start"))
 	}
+}
+
+// firstStart is whether a transition to Running is the VM's first start as
+// created: from a phase before any start, never restarted, and its spec
+// never changed (a stop and start changes spec.running).
+func firstStart(vm *v1alpha1.VirtualMachine, before, after v1alpha1.VirtualMachineObservation) bool {
+	switch before.Phase {
+	case "", v1alpha1.PhasePending, v1alpha1.PhaseScheduled, v1alpha1.PhaseProvisioning, v1alpha1.PhaseStarting:
+		return vm.Generation <= 1 && after.RestartCount == 0
+	}
+	return false
 }
 
 func reportMessage(f *fleet.Fleet, node, uid string) string {

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
@@ -40,7 +41,7 @@ const (
 // b, recording its events in rec.
 func testExternal(t *testing.T, b *bus.Fake, rec event.Recorder, n *fleet.Notifier) *external {
 	t.Helper()
-	c := &connector{opts: Options{FencingTimeout: testFencing, Notifier: n}, recorder: rec, state: &state{}}
+	c := &connector{log: logging.NewNopLogger(), opts: Options{FencingTimeout: testFencing, Notifier: n}, recorder: rec, state: &state{}}
 	return &external{connector: c, fleet: fleettest.Start(t, b), grant: trusted}
 }
 

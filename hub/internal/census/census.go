@@ -1,0 +1,145 @@
+// Package census serves the hub's gauges of the fleet: VirtualMachines by
+// phase and backend, DiskImages by phase, and each node's capacity,
+// allocation, VMs and health. They are counted when Prometheus scrapes,
+// from the hub's cache and its view of the nodes' heartbeats, so they cost
+// nothing between scrapes and cannot drift from what kubectl shows.
+package census
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/internal/metrics"
+)
+
+// listTimeout bounds how long one scrape waits for the cache; a cache that
+// is not synced yet (the CRDs are not installed) leaves its gauges out.
+const listTimeout = 5 * time.Second
+
+// Census is a prometheus.Collector of the fleet's gauges.
+type Census struct {
+	cache   client.Reader
+	fleets  func() []*fleet.Fleet
+	elected <-chan struct{}
+	log     logging.Logger
+}
+
+// New counts the objects cache holds and the nodes of fleets, once elected
+// is closed: of a hub's replicas only the leader counts, so that a sum over
+// the replicas' series counts each VM once.
+func New(cache client.Reader, fleets func() []*fleet.Fleet, elected <-chan struct{}, log logging.Logger) *Census {
+	return &Census{cache: cache, fleets: fleets, elected: elected, log: log}
+}
+
+// Describe sends the descriptors of every gauge.
+func (c *Census) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{metrics.VMs, metrics.DiskImages, metrics.NodeCapacity, metrics.NodeAllocated, metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat} {
+		ch <- d
+	}
+}
+
+// Collect counts, if elected.
+func (c *Census) Collect(ch chan<- prometheus.Metric) {
+	select {
+	case <-c.elected:
+	default:
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), listTimeout)
+	defer cancel()
+	nodes := map[string]fleet.NodeStatus{}
+	for _, f := range c.fleets() {
+		for name, s := range f.NodeStatuses() {
+			nodes[name] = s
+		}
+	}
+	perNode := c.collectVMs(ctx, ch, nodes)
+	c.collectImages(ctx, ch)
+	for name, s := range nodes {
+		hb := s.Heartbeat
+		for _, r := range []struct {
+			resource, unit      string
+			capacity, allocated int64
+		}{
+			{"vcpu", "core", hb.Capacity.VCPU, hb.Allocated.VCPU},
+			{"memory", "byte", hb.Capacity.MemoryBytes, hb.Allocated.MemoryBytes},
+			{"storage", "byte", hb.Capacity.StorageBytes, hb.Allocated.StorageBytes},
+		} {
+			ch <- gauge(metrics.NodeCapacity, float64(r.capacity), name, hb.Backend, r.resource, r.unit)
+			ch <- gauge(metrics.NodeAllocated, float64(r.allocated), name, hb.Backend, r.resource, r.unit)
+		}
+		ready := 1.0
+		if s.Lost {
+			ready = 0
+		}
+		ch <- gauge(metrics.NodeReady, ready, name)
+		ch <- gauge(metrics.NodeVMs, float64(perNode[name]), name)
+		if !s.LastSeen.IsZero() {
+			ch <- gauge(metrics.NodeLastHeartbeat, float64(s.LastSeen.UnixMilli())/1000, name)
+		}
+	}
+}
+
+// collectVMs sends the VMs by phase and backend and returns how many are
+// placed on each node. A VM without a phase yet counts as Pending, which is
+// what its empty STATUS means.
+func (c *Census) collectVMs(ctx context.Context, ch chan<- prometheus.Metric, nodes map[string]fleet.NodeStatus) map[string]int {
+	vms := &v1alpha1.VirtualMachineList{}
+	if err := c.cache.List(ctx, vms, client.UnsafeDisableDeepCopy); err != nil {
+		c.log.Debug("Cannot count VirtualMachines", "error", err)
+		return nil
+	}
+	type key struct{ phase, backend string }
+	counts := map[key]int{}
+	perNode := map[string]int{}
+	for i := range vms.Items {
+		vm := &vms.Items[i]
+		k := key{phase: string(vm.Status.AtProvider.Phase), backend: metrics.BackendNone}
+		if k.phase == "" {
+			k.phase = string(v1alpha1.PhasePending)
+		}
+		if node := vm.GetAnnotations()[v1alpha1.AnnotationNode]; node != "" {
+			perNode[node]++
+			if b := nodes[node].Heartbeat.Backend; b != "" {
+				k.backend = b
+			}
+		}
+		counts[k]++
+	}
+	for k, n := range counts {
+		ch <- gauge(metrics.VMs, float64(n), k.phase, k.backend)
+	}
+	return perNode
+}
+
+// collectImages sends the DiskImages by phase, an image without one yet
+// counting as Pending.
+func (c *Census) collectImages(ctx context.Context, ch chan<- prometheus.Metric) {
+	images := &v1alpha1.DiskImageList{}
+	if err := c.cache.List(ctx, images, client.UnsafeDisableDeepCopy); err != nil {
+		c.log.Debug("Cannot count DiskImages", "error", err)
+		return
+	}
+	counts := map[string]int{}
+	for i := range images.Items {
+		p := string(images.Items[i].Status.AtProvider.Phase)
+		if p == "" {
+			p = string(v1alpha1.ImagePhasePending)
+		}
+		counts[p]++
+	}
+	for p, n := range counts {
+		ch <- gauge(metrics.DiskImages, float64(n), p)
+	}
+}
+
+func gauge(d *prometheus.Desc, v float64, labels ...string) prometheus.Metric {
+	return prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}

@@ -1,0 +1,221 @@
+// Package metrics names every Prometheus metric virtfleet exports: the hub's
+// on its metrics endpoint (controller-runtime's registry, beside the
+// controllers' own), the agent's on its own. Both commands, the README's
+// table, the dashboard and the alert rules in cluster/monitoring read these
+// names, so they are declared here once; the code that observes them lives
+// with what it observes.
+//
+// No metric has a label per VirtualMachine, Volume or image: a fleet's
+// series grow with its nodes, phases and operations, never with its guests.
+package metrics
+
+import (
+	"sort"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Values of the labels below that are not taken from the API.
+const (
+	// BackendNone is the backend label of a VM on no node yet.
+	BackendNone = "none"
+
+	ResultSuccess = "success"
+	ResultFailure = "failure"
+
+	// ReasonForeignNode is the ReportsIgnored reason of a report from a
+	// node the resource is not placed on; the other reasons are
+	// natswire's.
+	ReasonForeignNode = "foreign-node"
+)
+
+// Hub metrics computed when scraped, from the hub's cache and its view of
+// the nodes' heartbeats.
+var (
+	VMs = desc("virtfleet_hub_vms",
+		"VirtualMachines by status phase and by the backend of the node they are placed on (none before placement).",
+		"phase", "backend")
+	DiskImages = desc("virtfleet_hub_diskimages",
+		"DiskImages by status phase.",
+		"phase")
+	NodeCapacity = desc("virtfleet_hub_node_capacity",
+		"What a node offers to guests, as its latest heartbeat says (resource vcpu in cores, memory and storage in bytes).",
+		"node", "backend", "resource", "unit")
+	NodeAllocated = desc("virtfleet_hub_node_allocated",
+		"What a node's guests use, as its latest heartbeat says.",
+		"node", "backend", "resource", "unit")
+	NodeVMs = desc("virtfleet_hub_node_vms",
+		"VirtualMachines placed on a node.",
+		"node")
+	NodeReady = desc("virtfleet_hub_node_ready",
+		"1 while a node's heartbeats arrive, 0 once the hub counts it lost; a lost node stays until the hub restarts.",
+		"node")
+	NodeLastHeartbeat = desc("virtfleet_hub_node_last_heartbeat_timestamp_seconds",
+		"When the hub last received a node's heartbeat, in seconds since the epoch.",
+		"node")
+)
+
+// Hub metrics observed as things happen.
+var (
+	CreateToRunning = histogram(prometheus.HistogramOpts{
+		Name: "virtfleet_hub_vm_create_to_running_seconds",
+		Help: "From a VirtualMachine's creation to the first report of its guest Running, for VMs started as created (never stopped, restarted or edited on the way).",
+		// From the test driver's seconds to a real guest's minutes
+		// under TCG.
+		Buckets: []float64{0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200},
+	}, "backend")
+	PlacementDuration = histogram(prometheus.HistogramOpts{
+		Name:    "virtfleet_hub_placement_duration_seconds",
+		Help:    "From a VirtualMachine's creation to the hub recording the node it chose.",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300},
+	})
+	PlacementRefusals = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_placement_refusals_total",
+		Help: "Placement attempts refused, by reason: one count per reason that kept some node from taking the VM (vcpu, memory, selector, backend, volume-node, stale-node), no-nodes, forbidden (not granted to the namespace), waiting (for a Volume, network or image that does not exist yet), or other.",
+	}, "reason")
+	ReportsIgnored = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_reports_ignored_total",
+		Help: "Reports and heartbeats the hub read from NATS and ignored, by reason (decode, protocol-version, key, key-content-mismatch, foreign-node).",
+	}, "reason")
+	ForeignReports = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_foreign_reports_total",
+		Help: "Reports about a VirtualMachine, Volume or DiskImage from a node it is not placed on; the hub ignores them.",
+	}, "kind", "node", "operation")
+	UndecodableObjects = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_undecodable_objects_total",
+		Help: "Objects the API server holds that the hub cannot decode into its types, found when a watch failed, by kind.",
+	}, "kind")
+)
+
+// AgentMetrics are one agent's metrics. A process runs one agent, which
+// observes into the package's (DefaultAgent, whose collectors are also the
+// variables below); a test that runs several agents in one process gives
+// each its own (NewAgentMetrics), so one agent's guest counts do not
+// overwrite another's.
+type AgentMetrics struct {
+	DriverCalls         *prometheus.HistogramVec
+	ResyncDuration      *prometheus.HistogramVec
+	Guests              *prometheus.GaugeVec
+	ImageImports        *prometheus.CounterVec
+	ImageImportBytes    *prometheus.CounterVec
+	ImageImportDuration *prometheus.HistogramVec
+	IntentsIgnored      *prometheus.CounterVec
+}
+
+// NewAgentMetrics returns a new set of the agent's metrics, registered
+// nowhere.
+func NewAgentMetrics() *AgentMetrics {
+	m := &AgentMetrics{
+		DriverCalls: histogram(prometheus.HistogramOpts{
+			Name:    "virtfleet_agent_driver_call_duration_seconds",
+			Help:    "Calls of the agent into its backend's driver, by operation (ensure, delete, list, images, capacity, ...) and result (success or failure: the call returned an error).",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
+		}, "operation", "result"),
+		ResyncDuration: histogram(prometheus.HistogramOpts{
+			Name:    "virtfleet_agent_resync_duration_seconds",
+			Help:    "How long one full resync took: listing the node's guests (and orphans) from the backend and queueing every guest and Volume; the guests' own reconciles are counted as driver calls.",
+			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+		}),
+		Guests: gauge(prometheus.GaugeOpts{
+			Name: "virtfleet_agent_guests",
+			Help: "Guests of this node by the phase the agent last reported.",
+		}, "phase"),
+		ImageImports: counter(prometheus.CounterOpts{
+			Name: "virtfleet_agent_image_imports_total",
+			Help: "Image imports (download and verification) this node finished, by result (success or failure); every failed attempt counts.",
+		}, "result"),
+		ImageImportBytes: counter(prometheus.CounterOpts{
+			Name: "virtfleet_agent_image_import_bytes_total",
+			Help: "Bytes of the images this node imported successfully.",
+		}),
+		ImageImportDuration: histogram(prometheus.HistogramOpts{
+			Name:    "virtfleet_agent_image_import_duration_seconds",
+			Help:    "How long an image import took, successful or not.",
+			Buckets: []float64{1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600},
+		}, "result"),
+		IntentsIgnored: counter(prometheus.CounterOpts{
+			Name: "virtfleet_agent_intents_ignored_total",
+			Help: "Intents and fabric values the agent read from NATS and ignored, by reason (decode, protocol-version, key, key-content-mismatch).",
+		}, "reason"),
+	}
+	// The series without labels exist from the start, at 0, so a rate
+	// over them is defined before the first observation.
+	m.ResyncDuration.WithLabelValues()
+	m.ImageImportBytes.WithLabelValues()
+	return m
+}
+
+// Collectors are m's collectors, for the agent to register.
+func (m *AgentMetrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.DriverCalls, m.ResyncDuration, m.Guests, m.ImageImports, m.ImageImportBytes, m.ImageImportDuration, m.IntentsIgnored}
+}
+
+var defaultAgent = NewAgentMetrics()
+
+// DefaultAgent are the agent metrics of this process.
+func DefaultAgent() *AgentMetrics { return defaultAgent }
+
+// Agent metrics of this process (DefaultAgent's).
+var (
+	DriverCalls         = defaultAgent.DriverCalls
+	ResyncDuration      = defaultAgent.ResyncDuration
+	Guests              = defaultAgent.Guests
+	ImageImports        = defaultAgent.ImageImports
+	ImageImportBytes    = defaultAgent.ImageImportBytes
+	ImageImportDuration = defaultAgent.ImageImportDuration
+	IntentsIgnored      = defaultAgent.IntentsIgnored
+)
+
+var (
+	mu    sync.Mutex
+	names = map[string]bool{}
+)
+
+// Names are the names of every metric declared here, sorted. A histogram's
+// series add _bucket, _sum and _count to its name.
+func Names() []string {
+	mu.Lock()
+	defer mu.Unlock()
+	out := make([]string, 0, len(names))
+	for n := range names {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func declare(name string) {
+	mu.Lock()
+	defer mu.Unlock()
+	names[name] = true
+}
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	declare(name)
+	return prometheus.NewDesc(name, help, labels, nil)
+}
+
+func counter(o prometheus.CounterOpts, labels ...string) *prometheus.CounterVec {
+	declare(o.Name)
+	return prometheus.NewCounterVec(o, labels)
+}
+
+func gauge(o prometheus.GaugeOpts, labels ...string) *prometheus.GaugeVec {
+	declare(o.Name)
+	return prometheus.NewGaugeVec(o, labels)
+}
+
+func histogram(o prometheus.HistogramOpts, labels ...string) *prometheus.HistogramVec {
+	declare(o.Name)
+	return prometheus.NewHistogramVec(o, labels)
+}
+
+// HubObserved are the hub's metrics observed as things happen, for the hub
+// to register; the scraped ones it serves from its own collector.
+func HubObserved() []prometheus.Collector {
+	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects}
+}
+
+// Agent are the agent's metrics of this process, for the agent to register.
+func Agent() []prometheus.Collector { return defaultAgent.Collectors() }
