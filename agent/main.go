@@ -67,6 +67,7 @@ func run() error {
 		workers     = fs.Int("workers", 8, "Guests reconciled in parallel.")
 		cpuRatio    = fs.Float64("cpu-allocation-ratio", app.DefaultCPUAllocationRatio, "vCPUs offered to placement per host CPU.")
 		memoryRatio = fs.Float64("memory-allocation-ratio", app.DefaultMemoryAllocationRatio, "Guest memory offered to placement per byte of host memory; 1 means no overcommit. Raise it on libvirt's test driver, whose hosts have 3 GiB (make run uses 4).")
+		metricsAddr = fs.String("metrics-bind-address", ":8090", "Address the Prometheus metrics endpoint (/metrics) listens on; 0 serves none.")
 		debug       = fs.Bool("debug", false, "Log at debug level.")
 	)
 	fs.Var(&maxImage, "image-max-size", "Largest image download the node accepts, e.g. 64Gi; a larger one is refused.")
@@ -137,6 +138,7 @@ func run() error {
 		Workers:               *workers,
 		CPUAllocationRatio:    *cpuRatio,
 		MemoryAllocationRatio: *memoryRatio,
+		MetricsAddress:        *metricsAddr,
 		Log:                   log,
 	})
 }

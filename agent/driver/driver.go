@@ -250,6 +250,11 @@ type ImageStatus struct {
 	SizeBytes int64
 	// Message is the progress while Importing and the reason when Failed.
 	Message string
+	// ImportStarted and ImportFinished bound the last import of the image
+	// this driver finished, on a Ready image it imported and on a Failed
+	// one; zero on an image it found on the node and while an import runs.
+	// The agent counts each import once, by when it finished.
+	ImportStarted, ImportFinished time.Time
 }
 
 // DefaultPruneAfter is how long an unused image stays on a node by default.

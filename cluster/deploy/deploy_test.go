@@ -6,10 +6,12 @@ package deploy_test
 
 import (
 	"cmp"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -251,6 +253,27 @@ func TestAgentCanWriteWhereItWrites(t *testing.T) {
 	downloads := volumeAt(dir)
 	require.NotNil(t, downloads, "a writable volume at %s", dir)
 	assert.False(t, downloads.EmptyDir != nil && downloads.EmptyDir.Medium == corev1.StorageMediumMemory, "downloads are on disk")
+}
+
+// TestAgentIsScraped pins that Prometheus finds each node's agent: the pod
+// asks to be scraped, at the port named metrics, which is the port the
+// agent is told to serve on.
+func TestAgentIsScraped(t *testing.T) {
+	tmpl := one[appsv1.DaemonSet](t, objects(t), "DaemonSet", "virtfleet-agent").Spec.Template
+	require.Len(t, tmpl.Spec.Containers, 1)
+	c := tmpl.Spec.Containers[0]
+	i := slices.IndexFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" })
+	require.GreaterOrEqual(t, i, 0, "a container port named metrics")
+	port := strconv.Itoa(int(c.Ports[i].ContainerPort))
+
+	assert.Equal(t, "true", tmpl.Annotations["prometheus.io/scrape"])
+	assert.Equal(t, port, tmpl.Annotations["prometheus.io/port"], "the annotation names the metrics port")
+	assert.Equal(t, "/metrics", tmpl.Annotations["prometheus.io/path"])
+	j := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "VIRTFLEET_METRICS_BIND_ADDRESS" })
+	require.GreaterOrEqual(t, j, 0, "the agent is told where to serve its metrics")
+	_, bound, err := net.SplitHostPort(c.Env[j].Value)
+	require.NoError(t, err)
+	assert.Equal(t, port, bound, "the agent serves on the metrics port")
 }
 
 // providerRuntime is the pod template package/install.yaml gives the

@@ -72,6 +72,10 @@ type images struct {
 	unusedSince map[string]time.Time
 	// names are the images' names as Ensure last gave them, for Images.
 	names map[string]string
+	// imported are the finished jobs of the images imported since the
+	// driver started, kept after Ensure drops the job until the image is
+	// pruned: Images tells when each import ran.
+	imported map[string]*importJob
 }
 
 func newImages(cfg Config) *images {
@@ -93,6 +97,7 @@ func newImages(cfg Config) *images {
 		pruneAfter:  map[string]time.Duration{},
 		unusedSince: map[string]time.Time{},
 		names:       map[string]string{},
+		imported:    map[string]*importJob{},
 	}
 }
 
@@ -124,7 +129,9 @@ type importJob struct {
 	queued atomic.Bool
 	read   atomic.Int64
 	total  atomic.Int64 // -1 while unknown
-	// err and finished are set, under images.mu, before done is closed.
+	// started is when the import began; err and finished are set, under
+	// images.mu, before done is closed.
+	started  time.Time
 	err      error
 	finished time.Time
 	// attempts counts consecutive failed imports, for the backoff.
@@ -253,7 +260,7 @@ func (d *Driver) ensureImage(api API, img *driver.Image) (string, error) {
 // lifetime rather than to the Ensure that started it. The caller holds
 // images.mu.
 func (d *Driver) startImport(img *driver.Image, failedBefore int) *importJob {
-	job := &importJob{input: importInput(img), done: make(chan struct{}), attempts: failedBefore}
+	job := &importJob{input: importInput(img), done: make(chan struct{}), attempts: failedBefore, started: d.now()}
 	job.total.Store(-1)
 	d.images.jobs[img.UID] = job
 	im := *img
@@ -266,6 +273,8 @@ func (d *Driver) startImport(img *driver.Image, failedBefore int) *importJob {
 		job.err, job.finished = driver.Failing(err), d.now()
 		if err != nil {
 			job.attempts++
+		} else {
+			d.images.imported[im.UID] = job
 		}
 		close(job.done)
 	}()
@@ -551,6 +560,7 @@ func (d *Driver) PruneImages(context.Context) ([]string, error) {
 			return pruned, errors.Wrapf(err, "cannot prune image volume %s", v.Name)
 		}
 		delete(s.unusedSince, uid)
+		delete(s.imported, uid)
 		pruned = append(pruned, uid)
 	}
 	return pruned, nil
@@ -609,6 +619,8 @@ func (d *Driver) Images(context.Context) ([]driver.ImageStatus, error) {
 		st := driver.ImageStatus{UID: uid, Name: s.names[uid], Phase: driver.ImagePhaseReady, SizeBytes: size}
 		if job := s.jobs[uid]; job != nil && job.running() {
 			st.Phase, st.SizeBytes, st.Message = driver.ImagePhaseImporting, 0, job.progress(&driver.Image{Name: s.names[uid]})
+		} else if job := s.imported[uid]; job != nil {
+			st.ImportStarted, st.ImportFinished = job.started, job.finished
 		}
 		out = append(out, st)
 	}
@@ -622,6 +634,7 @@ func (d *Driver) Images(context.Context) ([]driver.ImageStatus, error) {
 			st.Phase, st.Message = driver.ImagePhaseImporting, job.progress(&driver.Image{Name: s.names[uid]})
 		case job.err != nil:
 			st.Phase, st.Message = driver.ImagePhaseFailed, job.err.Error()
+			st.ImportStarted, st.ImportFinished = job.started, job.finished
 		default:
 			continue // imported, then pruned: not on the node
 		}

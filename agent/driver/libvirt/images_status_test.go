@@ -63,7 +63,15 @@ func TestImagesReportsTheNodesImages(t *testing.T) {
 		require.Equal(t, driver.PhaseRunning, o.Phase)
 		st, ok := imageStatus(t, d, img.UID)
 		require.True(t, ok)
-		assert.Equal(t, driver.ImageStatus{UID: img.UID, Name: "ubuntu", Phase: driver.ImagePhaseReady, SizeBytes: int64(len(srv.data))}, st)
+		assert.Equal(t, driver.ImageStatus{UID: img.UID, Name: "ubuntu", Phase: driver.ImagePhaseReady, SizeBytes: int64(len(srv.data)),
+			ImportStarted: now, ImportFinished: now}, st, "with when its import ran, on the driver's clock")
+
+		// Ensure, finding the image, drops the import's job: when the
+		// import ran is still told.
+		_, err = d.Ensure(context.Background(), m)
+		require.NoError(t, err)
+		st, _ = imageStatus(t, d, img.UID)
+		assert.Equal(t, now, st.ImportFinished)
 	})
 
 	t.Run("APrunedImageIsNoLongerListed", func(t *testing.T) {
@@ -91,6 +99,8 @@ func TestImagesReportsTheNodesImages(t *testing.T) {
 		require.True(t, ok)
 		assert.Equal(t, driver.ImagePhaseFailed, st.Phase)
 		assert.Contains(t, st.Message, "answered 404 Not Found")
+		assert.Equal(t, now, st.ImportFinished, "when the failed import ended")
+		assert.Equal(t, now, st.ImportStarted)
 	})
 
 	t.Run("AnImageFoundOnTheNodeAfterARestartIsReadyWithoutAName", func(t *testing.T) {

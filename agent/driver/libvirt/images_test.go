@@ -541,9 +541,11 @@ func TestImagesTheNodeRefusesAreTerminal(t *testing.T) {
 			assert.EqualError(t, err, tc.want)
 			assert.Equal(t, tc.requests, srv.requests.Load(), "requests to the image's server")
 
-			images, err := d.Images(context.Background())
-			require.NoError(t, err)
-			assert.Contains(t, images, driver.ImageStatus{UID: img.UID, Name: "ubuntu", Phase: driver.ImagePhaseFailed, Message: tc.want})
+			st, ok := imageStatus(t, d, img.UID)
+			require.True(t, ok, "the refused image is listed")
+			assert.False(t, st.ImportFinished.IsZero(), "with when the refused import ended")
+			st.ImportStarted, st.ImportFinished = time.Time{}, time.Time{}
+			assert.Equal(t, driver.ImageStatus{UID: img.UID, Name: "ubuntu", Phase: driver.ImagePhaseFailed, Message: tc.want}, st)
 			l := raw(t, node)
 			assert.False(t, volumeExists(t, l, imageVolume(img.UID)), "no refused image in the pool")
 			assert.False(t, volumeExists(t, l, m.Disks[0].Name), "no disk without its image")

@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -278,6 +279,9 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 	y, err := yaml.Marshal(map[string]any{"clouds": map[string]any{"lab": map[string]any{"auth": map[string]string{"auth_url": "http://127.0.0.1:1/v3"}}}})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(clouds, y, 0o600))
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = taken.Close() })
 	novaBackend := func(cfg nova.Config) func(c *app.Config) {
 		return func(c *app.Config) { c.Backend, c.Nova = driver.BackendNova, cfg }
 	}
@@ -295,6 +299,7 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 		{name: "LibvirtdUnreachable", change: func(c *app.Config) { c.Libvirt.Socket = "/nonexistent/libvirt-sock" }, message: "cannot reach libvirtd"},
 		{name: "NovaCloudsFileMissing", change: novaBackend(nova.Config{CloudsFile: "/nonexistent/clouds.yaml", Cloud: "lab"}), message: "--openstack-clouds-file"},
 		{name: "NovaUnknownCloud", change: novaBackend(nova.Config{CloudsFile: clouds, Cloud: "elsewhere"}), message: `--openstack-cloud: no cloud "elsewhere"`},
+		{name: "MetricsAddressTaken", change: func(c *app.Config) { c.MetricsAddress = taken.Addr().String() }, message: "--metrics-bind-address"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

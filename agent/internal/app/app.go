@@ -48,6 +48,12 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log := cfg.Log.WithValues("node", cfg.Node)
 
+	stopMetrics, err := serveMetrics(cfg.MetricsAddress, cfg.Metrics, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+
 	nc, err := connect(cfg, log)
 	if err != nil {
 		return err
@@ -64,11 +70,16 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 
-	b, err := bus.New(nc, bus.Config{Node: cfg.Node, Timeout: cfg.RequestTimeout, Log: log})
+	b, err := bus.New(nc, bus.Config{
+		Node:       cfg.Node,
+		Timeout:    cfg.RequestTimeout,
+		Log:        log,
+		Rejections: &natswire.Rejections{Counter: cfg.Metrics.IntentsIgnored},
+	})
 	if err != nil {
 		return errors.Wrap(err, "cannot start bus")
 	}
-	rec := reconciler.New(cfg.Node, drv, b, log, reconciler.Options{Workers: cfg.Workers, ResyncEvery: cfg.ResyncInterval})
+	rec := reconciler.New(cfg.Node, drv, b, log, reconciler.Options{Workers: cfg.Workers, ResyncEvery: cfg.ResyncInterval, Metrics: cfg.Metrics})
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -160,7 +171,7 @@ func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 	if o, ok := h.driver.(driver.Overlay); ok && o.TunnelAddress().IsValid() {
 		hb.TunnelAddress = o.TunnelAddress().String()
 	}
-	c, err := h.driver.Capacity(ctx)
+	c, err := reconciler.DriverCall(h.cfg.Metrics, reconciler.OpCapacity, func() (driver.Capacity, error) { return h.driver.Capacity(ctx) })
 	switch {
 	case err != nil:
 		if !h.down && ctx.Err() == nil {

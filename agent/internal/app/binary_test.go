@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -30,6 +31,7 @@ func TestBinary(t *testing.T) {
 	seed := filepath.Join(dir, "bin1.nk")
 	require.NoError(t, os.WriteFile(seed, f.ids["bin1"].Seed, 0o600))
 	host := f.hosts["bin1"]
+	metricsAddr := freeAddress(t)
 	cmd := exec.Command(bin) //nolint:gosec // built above
 	cmd.Env = append(os.Environ(),
 		"VIRTFLEET_NODE=bin1",
@@ -38,6 +40,7 @@ func TestBinary(t *testing.T) {
 		"VIRTFLEET_LIBVIRT_SOCKET="+host.Socket,
 		"VIRTFLEET_LIBVIRT_URI="+host.URI,
 		"VIRTFLEET_LIBVIRT_POOL="+testPool,
+		"VIRTFLEET_METRICS_BIND_ADDRESS="+metricsAddr,
 	)
 	logs, err := os.Create(filepath.Join(dir, "agent.log"))
 	require.NoError(t, err)
@@ -51,6 +54,14 @@ func TestBinary(t *testing.T) {
 	in := vm("bin")
 	f.put(t, "bin1", in)
 	f.waitReport(t, "bin1", in.UID, "Running", running(1))
+	// The agent's metrics are the process's: one node per process.
+	served := assert.Eventually(t, func() bool {
+		families, err := scrape(metricsAddr)
+		return err == nil && gauge(families, "virtfleet_agent_guests", map[string]string{"phase": "Running"}) == 1
+	}, waitFor, 50*time.Millisecond, "the agent serves its metrics where its variable says")
+	if !served {
+		t.Logf("the agent's log:\n%s", agentLog())
+	}
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	select {

@@ -15,6 +15,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/metrics"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
@@ -71,6 +72,14 @@ type Config struct {
 	CPUAllocationRatio    float64
 	MemoryAllocationRatio float64
 
+	// MetricsAddress is the host:port the agent serves its Prometheus
+	// metrics on, at /metrics; empty or "0" serves none.
+	MetricsAddress string
+	// Metrics are the agent's metrics; nil means the process's
+	// (metrics.DefaultAgent). A test that runs several agents in one
+	// process gives each its own, or their guest counts mix.
+	Metrics *metrics.AgentMetrics
+
 	// Log receives the agent's logs; nil discards them.
 	Log logging.Logger
 }
@@ -99,6 +108,9 @@ func (c *Config) defaults() {
 	}
 	if c.Log == nil {
 		c.Log = logging.NewNopLogger()
+	}
+	if c.Metrics == nil {
+		c.Metrics = metrics.DefaultAgent()
 	}
 }
 

@@ -31,9 +31,11 @@ func (r *Reconciler) release(ctx context.Context, in wire.Intent) error {
 	if err != nil {
 		return r.report(ctx, failed(in, r.node, err))
 	}
-	if err := a.Release(ctx, in.UID, in.Seal); err != nil {
+	if err := r.call(OpRelease, func() error { return a.Release(ctx, in.UID, in.Seal) }); err != nil {
+		r.guestError(ctx, in.UID, in.Namespace, in.Name, err)
 		return errors.Wrap(err, "cannot release guest")
 	}
+	r.guestOK(in.UID, in.Namespace, in.Name)
 	if err := r.refreshOrphans(ctx); err != nil {
 		return err
 	}
@@ -54,7 +56,7 @@ func (r *Reconciler) refreshOrphans(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	list, err := a.Orphans(ctx)
+	list, err := DriverCall(r.metrics, OpOrphans, func() ([]driver.Observation, error) { return a.Orphans(ctx) })
 	if err != nil {
 		return errors.Wrap(err, "cannot list orphaned guests")
 	}
@@ -103,15 +105,15 @@ func (r *Reconciler) claim(ctx context.Context, in wire.Intent, m driver.Machine
 		case !known:
 			// Gone, or never an orphan of this node: a uid is no licence
 			// to take over a guest virtfleet did not release.
-			return r.driver.Ensure(ctx, m)
+			return r.ensure(ctx, m)
 		}
 	}
 	if in.ObserveOnly {
-		obs, err := a.ObserveRef(ctx, ref)
+		obs, err := DriverCall(r.metrics, OpObserveRef, func() (driver.Observation, error) { return a.ObserveRef(ctx, ref) })
 		obs.UID = in.UID
 		return obs, missing(err)
 	}
-	err = a.Claim(ctx, m, ref)
+	err = r.call(OpClaim, func() error { return a.Claim(ctx, m, ref) })
 	switch {
 	case driver.IsNotFound(err) && ref.Orphan != "":
 	case driver.IsNotFound(err):
@@ -123,7 +125,7 @@ func (r *Reconciler) claim(ctx context.Context, in wire.Intent, m driver.Machine
 			return driver.Observation{}, err
 		}
 	}
-	return r.driver.Ensure(ctx, m)
+	return r.ensure(ctx, m)
 }
 
 // mayAdopt says whether the orphan the intent claims is one this node
@@ -160,6 +162,7 @@ func (r *Reconciler) clearOrphanReport(ctx context.Context, uid string) error {
 	r.cleared[uid] = true
 	delete(r.orphans, uid)
 	delete(r.written, uid)
+	r.countGuests()
 	r.mu.Unlock()
 	return nil
 }

@@ -41,5 +41,5 @@ func (r *Reconciler) reconcileFabric(ctx context.Context) error {
 	r.mu.Lock()
 	peers := r.peers
 	r.mu.Unlock()
-	return errors.Wrap(o.SetPeers(ctx, peers), "cannot set the overlay's peers")
+	return errors.Wrap(r.call(OpSetPeers, func() error { return o.SetPeers(ctx, peers) }), "cannot set the overlay's peers")
 }

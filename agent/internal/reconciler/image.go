@@ -68,7 +68,7 @@ func (r *Reconciler) nudgeImages() {
 // those of images it no longer has. It reports whether an import runs.
 // Only the image loop calls it, so writtenImages needs no lock.
 func (r *Reconciler) syncImages(ctx context.Context) (bool, error) {
-	images, err := r.driver.Images(ctx)
+	images, err := DriverCall(r.metrics, OpImages, func() ([]driver.ImageStatus, error) { return r.driver.Images(ctx) })
 	if err != nil {
 		return false, errors.Wrap(err, "cannot list the node's images")
 	}
@@ -82,10 +82,18 @@ func (r *Reconciler) syncImages(ctx context.Context) (bool, error) {
 		}
 		seen[st.UID] = true
 		importing = importing || st.Phase == driver.ImagePhaseImporting
+		r.observeImport(st)
+		r.logImage(st)
 		if err := r.imageReport(ctx, imageReport(r.node, st)); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	for uid := range r.imports {
+		if !seen[uid] {
+			delete(r.imports, uid)
+		}
+	}
+	r.imageErrors.retain(func(uid string) bool { return seen[uid] })
 	gone := r.staleImageReports(seen)
 	for _, uid := range gone {
 		if err := r.reports.DeleteImageReport(ctx, uid); err != nil {

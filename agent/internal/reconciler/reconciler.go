@@ -22,6 +22,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
 // Reports is where the reconciler writes what it observed: the report half of
@@ -58,6 +59,9 @@ type Options struct {
 	ObserveEvery time.Duration
 	// Now replaces time.Now, for tests.
 	Now func() time.Time
+	// Metrics are observed as the reconciler works; nil means the
+	// process's (metrics.DefaultAgent).
+	Metrics *metrics.AgentMetrics
 }
 
 func (o *Options) defaults() {
@@ -85,6 +89,9 @@ func (o *Options) defaults() {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.DefaultAgent()
+	}
 }
 
 // Reconciler makes one node's guests match its intents.
@@ -94,7 +101,11 @@ type Reconciler struct {
 	reports Reports
 	log     logging.Logger
 	opts    Options
+	metrics *metrics.AgentMetrics
 	queue   workqueue.TypedRateLimitingInterface[string]
+	// guestErrors and imageErrors are the errors last logged per guest
+	// and per image, so each cause is logged once.
+	guestErrors, imageErrors errorLog
 
 	mu      sync.Mutex
 	intents map[string]wire.Intent
@@ -104,7 +115,8 @@ type Reconciler struct {
 	// synced is set once the bus delivered every intent; before that an
 	// absent intent may just not have arrived yet, so nothing is deleted.
 	synced bool
-	// written is the last report written per uid, to write only changes.
+	// written is the last report written per uid, to write only changes;
+	// the guest gauge counts it (countGuests) whenever it changes.
 	written map[string]wire.Report
 	// writtenVolumes is the last VolumeReport written per Volume uid.
 	writtenVolumes map[string]wire.VolumeReport
@@ -120,6 +132,9 @@ type Reconciler struct {
 	// writtenImages is the last ImageReport written per image uid; only
 	// the image loop uses it.
 	writtenImages map[string]wire.ImageReport
+	// imports are when the last import counted per image uid finished;
+	// only the image loop uses it.
+	imports map[string]time.Time
 	// imagesNudge wakes the image loop.
 	imagesNudge chan struct{}
 	// peers are the other nodes' tunnel addresses, as the Fabric last
@@ -134,12 +149,13 @@ type Reconciler struct {
 // intent watch and Run to start working.
 func New(node string, d driver.Driver, reports Reports, log logging.Logger, o Options) *Reconciler {
 	o.defaults()
-	return &Reconciler{
+	r := &Reconciler{
 		node:    node,
 		driver:  d,
 		reports: reports,
 		log:     log.WithValues("node", node),
 		opts:    o,
+		metrics: o.Metrics,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](o.RetryBase, o.RetryMax),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "guests-" + node},
@@ -150,10 +166,13 @@ func New(node string, d driver.Driver, reports Reports, log logging.Logger, o Op
 		written:        map[string]wire.Report{},
 		writtenVolumes: map[string]wire.VolumeReport{},
 		writtenImages:  map[string]wire.ImageReport{},
+		imports:        map[string]time.Time{},
 		orphans:        map[string]driver.Observation{},
 		cleared:        map[string]bool{},
 		imagesNudge:    make(chan struct{}, 1),
 	}
+	r.countGuests() // every phase at 0 from the start
+	return r
 }
 
 // HandleIntent records an intent event from the bus and queues its guest.
@@ -252,11 +271,13 @@ func (r *Reconciler) resync(ctx context.Context) {
 	if !synced {
 		return
 	}
+	start := time.Now()
+	defer func() { r.metrics.ResyncDuration.WithLabelValues().Observe(time.Since(start).Seconds()) }()
 	if err := r.refreshOrphans(ctx); err != nil {
 		r.log.Info("Cannot list orphaned guests; the next resync tries again", "error", err)
 		return
 	}
-	guests, err := r.driver.List(ctx)
+	guests, err := DriverCall(r.metrics, OpList, func() ([]driver.Observation, error) { return r.driver.List(ctx) })
 	if err != nil {
 		r.log.Info("Cannot list guests; the next resync tries again", "error", err)
 		return
@@ -340,7 +361,12 @@ func (r *Reconciler) reconcile(ctx context.Context, uid string) (time.Duration, 
 	if in.Claim != nil {
 		obs, err = r.claim(ctx, in, m)
 	} else {
-		obs, err = r.driver.Ensure(ctx, m)
+		obs, err = r.ensure(ctx, m)
+	}
+	if err != nil {
+		r.guestError(ctx, in.UID, in.Namespace, in.Name, err)
+	} else {
+		r.guestOK(in.UID, in.Namespace, in.Name)
 	}
 	switch {
 	case driver.IsTerminal(err):
@@ -405,14 +431,17 @@ func (r *Reconciler) addressPoll(uid string, obs driver.Observation) time.Durati
 // finishes a VM's deletion when the report disappears, so the report goes
 // only once the guest is really gone.
 func (r *Reconciler) remove(ctx context.Context, uid string) error {
-	if err := r.driver.Delete(ctx, uid); err != nil {
+	if err := r.call(OpDelete, func() error { return r.driver.Delete(ctx, uid) }); err != nil {
+		r.guestError(ctx, uid, "", "", err)
 		return errors.Wrap(err, "cannot delete guest")
 	}
+	r.guestErrors.forget(uid)
 	if err := r.reports.DeleteReport(ctx, uid); err != nil {
 		return errors.Wrap(err, "cannot delete report")
 	}
 	r.mu.Lock()
 	delete(r.written, uid)
+	r.countGuests()
 	r.mu.Unlock()
 	return nil
 }
@@ -434,6 +463,7 @@ func (r *Reconciler) report(ctx context.Context, rep wire.Report) error {
 	}
 	r.mu.Lock()
 	r.written[rep.UID] = rep
+	r.countGuests()
 	r.mu.Unlock()
 	return nil
 }

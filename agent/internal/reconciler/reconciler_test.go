@@ -106,13 +106,19 @@ func start(t *testing.T) *harness {
 // the harness's options as mods change them.
 func startWith(t *testing.T, wrap func(*fake.Driver) driver.Driver, mods ...func(*Options)) *harness {
 	t.Helper()
+	return startLogged(t, logging.NewNopLogger(), wrap, mods...)
+}
+
+// startLogged is startWith with the reconciler logging to log.
+func startLogged(t *testing.T, log logging.Logger, wrap func(*fake.Driver) driver.Driver, mods ...func(*Options)) *harness {
+	t.Helper()
 	f := fake.New(node)
 	rep := newReports()
 	o := Options{Workers: 4, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollTransitional: 10 * time.Millisecond, ImagePollEvery: 10 * time.Millisecond}
 	for _, m := range mods {
 		m(&o)
 	}
-	rec := New(node, wrap(f), rep, logging.NewNopLogger(), o)
+	rec := New(node, wrap(f), rep, log, o)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rec.Run(ctx); close(done) }()

@@ -63,7 +63,7 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, uid string) (time.Dura
 	}
 	err := r.attached(in.Disk)
 	if err == nil {
-		err = r.driver.DeleteVolume(ctx, driver.Disk{Name: in.Disk, Pool: in.Pool})
+		err = r.call(OpDeleteVolume, func() error { return r.driver.DeleteVolume(ctx, driver.Disk{Name: in.Disk, Pool: in.Pool}) })
 	}
 	if err != nil {
 		if rerr := r.volumeReport(ctx, wire.VolumeReport{UID: uid, Message: err.Error()}); rerr != nil {
@@ -88,7 +88,9 @@ func (r *Reconciler) observeVolume(ctx context.Context, in wire.VolumeIntent) (t
 		rep.Message = fmt.Sprintf("the backend of node %s cannot import volumes", r.node)
 		return 0, r.volumeReport(ctx, rep)
 	}
-	obs, err := im.ObserveVolume(ctx, driver.Disk{Name: in.Disk, Pool: in.Pool})
+	obs, err := DriverCall(r.metrics, OpObserveVolume, func() (driver.VolumeObservation, error) {
+		return im.ObserveVolume(ctx, driver.Disk{Name: in.Disk, Pool: in.Pool})
+	})
 	switch {
 	case driver.IsTerminal(err):
 		rep.Message = err.Error()

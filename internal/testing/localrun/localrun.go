@@ -8,8 +8,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -145,6 +147,13 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 func (r *Running) PrintSummary(w io.Writer, o Options) {
 	cp := r.Stack.ControlPlane
 	fmt.Fprintf(w, "  %-14s %d objects applied from %s\n", "examples", r.Applied, o.Examples)
+	fmt.Fprintf(w, "  %-14s hub %s\n", "metrics", r.Stack.HubMetricsURL())
+	nodes := slices.Sorted(maps.Keys(r.Stack.Nodes))
+	for _, n := range nodes {
+		if u := r.Stack.AgentMetricsURL(n); u != "" {
+			fmt.Fprintf(w, "  %-14s %s %s\n", "", n, u)
+		}
+	}
 	fmt.Fprintf(w, "\nvirtfleet is up (run directory %s, logs in %s).\n", o.Dir, filepath.Join(o.Dir, "logs"))
 	fmt.Fprintf(w, "To use it, paste:\n\n  export KUBECONFIG=%s\n  alias kubectl=%s\n  kubectl get vm -o wide\n", cp.Kubeconfig, cp.Kubectl)
 	if r.guests != nil {

@@ -2,7 +2,8 @@ package stack
 
 // The benchmarks read the hub's and the agents' peak memory and CPU time from
 // /proc/<pid>; these expose the pids of the processes this stack started.
-// Tests read the hub's Prometheus metrics from HubMetricsURL.
+// Tests read the hub's and the agents' Prometheus metrics from
+// HubMetricsURL and AgentMetricsURL.
 
 import "fmt"
 
@@ -11,6 +12,17 @@ func (s *Stack) HubMetricsURL() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return fmt.Sprintf("http://127.0.0.1:%d/metrics", s.metricsPort)
+}
+
+// AgentMetricsURL is where node's agent serves its Prometheus metrics, the
+// same across its restarts; empty before its first start.
+func (s *Stack) AgentMetricsURL(node string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.agentMetricsPorts[node] == 0 {
+		return ""
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d/metrics", s.agentMetricsPorts[node])
 }
 
 // HubPID is the running hub's process id, or 0 when the hub is not running.

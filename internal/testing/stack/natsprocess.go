@@ -172,11 +172,11 @@ func (s *Stack) StartNATSServer(i int) error {
 		select {
 		case err := <-c.done:
 			c.done <- err // for stop
-			return errors.Errorf("%s exited: %v; see %s", p.name, err, s.logPath(p.name))
+			return errors.Errorf("%s exited: %v; see %s", p.name, err, s.LogPath(p.name))
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return errors.Errorf("%s did not accept connections within %s; see %s", p.name, natsReadyTimeout, s.logPath(p.name))
+			return errors.Errorf("%s did not accept connections within %s; see %s", p.name, natsReadyTimeout, s.LogPath(p.name))
 		}
 	}
 }

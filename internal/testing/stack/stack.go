@@ -12,7 +12,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,9 +167,11 @@ type Stack struct {
 	hubKubeconfig string
 	nodeDirs      []string
 	bin           string
-	// metricsPort is the hub's metrics port, the same across its restarts.
-	metricsPort int
-	images      *imageServer
+	// metricsPort is the hub's metrics port, the same across its restarts;
+	// agentMetricsPorts the agents', by node.
+	metricsPort       int
+	agentMetricsPorts map[string]int
+	images            *imageServer
 
 	mu     sync.Mutex
 	hub    *component
@@ -336,19 +337,19 @@ func (s *Stack) start(ctx context.Context) error {
 		}
 		s.Nodes[n] = node
 		// The daemon lives outside Dir; its log is found with the others.
-		if err := os.Symlink(s.Nodes[n].LogPath(), s.logPath("libvirtd-"+n)); err != nil {
+		if err := os.Symlink(s.Nodes[n].LogPath(), s.LogPath("libvirtd-"+n)); err != nil {
 			return errors.Wrap(err, "cannot link the libvirtd log into the log directory")
 		}
 	}
 	if err := s.StartHub(); err != nil {
 		return err
 	}
-	logf(o.Progress, "hub", "log: %s", s.logPath("hub"))
+	logf(o.Progress, "hub", "log: %s", s.LogPath("hub"))
 	for _, n := range o.Nodes {
 		if err := s.StartAgent(n); err != nil {
 			return err
 		}
-		logf(o.Progress, "agent "+n, "%s, log: %s", s.backend(n), s.logPath("agent-"+n))
+		logf(o.Progress, "agent "+n, "%s, log: %s", s.backend(n), s.LogPath("agent-"+n))
 	}
 	return s.awaitHeartbeats(ctx)
 }
@@ -491,7 +492,8 @@ func (s *Stack) HubIdentity() natswire.Identity { return s.hubID }
 // HubKubeconfig is the kubeconfig the hub runs with.
 func (s *Stack) HubKubeconfig() string { return s.hubKubeconfig }
 
-func (s *Stack) logPath(name string) string {
+// LogPath is the log file of a component: "hub", "agent-<node>".
+func (s *Stack) LogPath(name string) string {
 	return filepath.Join(s.opts.Dir, "logs", name+".log")
 }
 
@@ -510,7 +512,7 @@ func (s *Stack) build(ctx context.Context) error {
 
 // run starts one of the built binaries with its output in logs/name.log.
 func (s *Stack) run(name, binary string, env []string, args ...string) (*component, error) {
-	f, err := os.OpenFile(s.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := os.OpenFile(s.LogPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, errors.Wrapf(err, "cannot open the log of %s", name)
 	}
@@ -536,12 +538,11 @@ func (s *Stack) StartHub() error {
 		return errors.New("the hub is already running")
 	}
 	if s.metricsPort == 0 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := freePort()
 		if err != nil {
 			return errors.Wrap(err, "cannot pick a port for the hub's metrics")
 		}
-		s.metricsPort = l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
+		s.metricsPort = port
 	}
 	args := []string{fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", s.metricsPort), "--health-probe-bind-address=0", "--poll=" + cmp.Or(s.opts.PollInterval, 30*time.Second).String()}
 	if s.opts.NodeTTL > 0 {
@@ -586,6 +587,16 @@ func (s *Stack) StartAgent(node string) error {
 	if err != nil {
 		return err
 	}
+	if s.agentMetricsPorts[node] == 0 {
+		port, err := freePort()
+		if err != nil {
+			return errors.Wrapf(err, "cannot pick a port for the metrics of %s's agent", node)
+		}
+		if s.agentMetricsPorts == nil {
+			s.agentMetricsPorts = map[string]int{}
+		}
+		s.agentMetricsPorts[node] = port
+	}
 	creds := filepath.Join(s.opts.Dir, "credentials", node+".nk")
 	if err := os.MkdirAll(filepath.Dir(creds), 0o700); err != nil {
 		return errors.Wrap(err, "cannot create the credentials directory")
@@ -600,6 +611,7 @@ func (s *Stack) StartAgent(node string) error {
 		"--nats-credentials=" + creds,
 		"--backend=" + s.backend(node),
 		"--debug=" + strconv.FormatBool(s.opts.Debug),
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", s.agentMetricsPorts[node]),
 	}, backendArgs...)
 	if s.opts.ResyncInterval > 0 {
 		args = append(args, "--resync-interval="+s.opts.ResyncInterval.String())
