@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# Installs the Debian packages virtfleet needs to run and test: libvirtd (its
-# test driver simulates hypervisor nodes) and its clients; for the real-guest
-# suite (test/guest) QEMU, dnsmasq and iptables for libvirt's NAT network,
-# iproute2 for its network namespace, openssh-client to reach the guest, and
-# what builds the guest image (mmdebstrap, fdisk, e2fsprogs, extlinux,
-# qemu-utils); and Debian's own OpenStack Zed services (Keystone, Placement,
-# Nova, Cinder, Neutron with MariaDB and RabbitMQ) that the Nova backend is
-# tested against as plain processes (internal/testing/openstack). Run as root
-# it installs what is missing; otherwise it prints the exact command to run.
+# Installs the Debian packages virtfleet needs, for what is asked (any of, in
+# any order; none means test):
+#   run         make run: libvirtd (its test driver simulates hypervisor
+#               nodes) and its clients;
+#   guests      make run GUESTS=qemu and the real-guest suite (test/guest):
+#               QEMU, dnsmasq and iptables for libvirt's NAT network, iproute2
+#               for its network namespace, openssh-client to reach the guest,
+#               and what builds the guest image (mmdebstrap, fdisk, e2fsprogs,
+#               extlinux, qemu-utils);
+#   crossplane  make run CROSSPLANE=1: Crossplane core, a Go build;
+#   test        make test: all of the above, Debian's own OpenStack Zed
+#               services (Keystone, Placement, Nova, Cinder, Neutron with
+#               MariaDB and RabbitMQ) that the Nova backend is tested against
+#               as plain processes (internal/testing/openstack), and
+#               Prometheus's promtool, which checks the alert rules.
+# Run as root it installs what is missing; otherwise it prints the exact
+# command to run. The once-per-machine Go builds the profiles need build
+# beside apt (see below).
 set -euo pipefail
 
-packages=(libvirt-daemon-system libvirt-clients util-linux
-	qemu-system-x86 qemu-utils dnsmasq-base iptables iproute2 openssh-client
-	mmdebstrap fdisk e2fsprogs mount extlinux)
+profiles=("$@")
+if [ ${#profiles[@]} -eq 0 ]; then profiles=(test); fi
 
+run=(libvirt-daemon-system libvirt-clients util-linux)
+guests=(qemu-system-x86 qemu-utils dnsmasq-base iptables iproute2 openssh-client
+	mmdebstrap fdisk e2fsprogs mount extlinux)
 # nova-compute is left out on purpose: it pulls libvirt and QEMU for its own
 # service; the harness runs nova.cmd.compute from python3-nova with Nova's
 # fake.FakeDriver.
@@ -22,17 +33,39 @@ openstack=(mariadb-server python3-pymysql rabbitmq-server
 	nova-api nova-conductor nova-scheduler python3-nova
 	cinder-api cinder-scheduler cinder-volume
 	neutron-server uwsgi-plugin-python3)
-packages+=("${openstack[@]}")
+monitoring=(prometheus)
 
+# envtest's binaries serve every profile; Crossplane core only some.
+packages=()
+builds=(envtest-assets)
+for p in "${profiles[@]}"; do
+	case "$p" in
+	run) packages+=("${run[@]}") ;;
+	guests) packages+=("${run[@]}" "${guests[@]}") ;;
+	crossplane) builds+=(crossplane-core) ;;
+	test)
+		packages+=("${run[@]}" "${guests[@]}" "${openstack[@]}" "${monitoring[@]}")
+		builds+=(crossplane-core)
+		;;
+	*)
+		echo "deps: unknown profile $p (run, guests, crossplane or test)" >&2
+		exit 2
+		;;
+	esac
+done
+
+declare -A seen=()
 missing=()
 for p in "${packages[@]}"; do
+	if [ -n "${seen[$p]:-}" ]; then continue; fi
+	seen[$p]=1
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
 		missing+=("$p")
 	fi
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-	echo "deps: ${packages[*]} installed"
+	echo "deps: the Debian packages of ${profiles[*]} are installed"
 	exit 0
 fi
 
@@ -68,10 +101,10 @@ fi
 # way to say so to invoke-rc.d; a pre-existing one is left as it is.
 policy=/usr/sbin/policy-rc.d
 own_policy=
-builds=
+building=
 cleanup() {
 	if [ -n "$own_policy" ]; then rm -f "$policy"; fi
-	if [ -n "$builds" ]; then kill -- -"$builds" 2>/dev/null || true; fi
+	if [ -n "$building" ]; then kill -- -"$building" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
 if [ ! -e "$policy" ]; then
@@ -81,25 +114,24 @@ if [ ! -e "$policy" ]; then
 fi
 
 # A machine that lacks the packages lacks the once-per-machine Go builds
-# too. Those that need no Debian package (envtest's binaries, Crossplane
-# core; see the Makefile's caches) build beside apt, which spends most of
-# its time downloading and unpacking: a fresh machine's `make deps && make
-# test` then pays for the longer of the two instead of their sum. They are
-# waited for, so nothing of deps outlives it. VIRTFLEET_DEPS_BUILDS=0 skips
-# them.
+# too. Those the profiles need and that need no Debian package (envtest's
+# binaries, Crossplane core; see the Makefile's caches) build beside apt,
+# which spends most of its time downloading and unpacking: a fresh machine
+# then pays for the longer of the two instead of their sum. They are waited
+# for, so nothing of deps outlives it. VIRTFLEET_DEPS_BUILDS=0 skips them.
 if [ "${VIRTFLEET_DEPS_BUILDS:-1}" != 0 ] && command -v "${GO:-go}" >/dev/null; then
-	echo "deps: building envtest's binaries and Crossplane core beside apt"
+	echo "deps: building ${builds[*]} beside apt"
 	# In a process group of its own, so that a failed apt stops it whole.
-	setsid make --no-print-directory -C "$(dirname "$0")/.." -j2 envtest-assets crossplane-core &
-	builds=$!
+	setsid make --no-print-directory -C "$(dirname "$0")/.." -j${#builds[@]} "${builds[@]}" &
+	building=$!
 fi
 
 echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 "${install[@]}"
-if [ -n "$builds" ]; then
-	pid=$builds
-	builds=
+if [ -n "$building" ]; then
+	pid=$building
+	building=
 	wait "$pid"
 fi

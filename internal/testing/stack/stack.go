@@ -497,15 +497,14 @@ func (s *Stack) LogPath(name string) string {
 	return filepath.Join(s.opts.Dir, "logs", name+".log")
 }
 
-// build compiles the hub and the agent from this tree into Dir/bin.
+// build compiles the hub and the agent from this tree into Dir/bin, in one
+// go command, which compiles what they share once and links both at once.
 func (s *Stack) build(ctx context.Context) error {
 	s.bin = filepath.Join(s.opts.Dir, "bin")
-	for _, cmd := range []string{"hub", "agent"} {
-		build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(s.bin, cmd), "./"+cmd)
-		build.Dir = controlplane.RepoRoot()
-		if out, err := build.CombinedOutput(); err != nil {
-			return errors.Errorf("cannot build %s: %v\n%s", cmd, err, out)
-		}
+	build := exec.CommandContext(ctx, "go", "build", "-o", s.bin+string(filepath.Separator), "./hub", "./agent")
+	build.Dir = controlplane.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		return errors.Errorf("cannot build the hub and the agent: %v\n%s", err, out)
 	}
 	return nil
 }
