@@ -93,6 +93,49 @@ func TestQuickStart(t *testing.T) {
 		assert.Len(t, nodes, 3, "placement spreads VMs over every node: %v", nodes)
 	})
 
+	t.Run("HypervisorNodesShowTheFleetAndACordonedNodeGetsNoNewVM", func(t *testing.T) {
+		header := strings.Fields(k.lines("get", "hypervisornodes")[0])
+		assert.Equal(t, []string{"NAME", "READY", "CORDONED", "BACKEND", "VMS", "ALLOCATED", "AGE"}, header)
+		nodes := []string{"node1", "node2", "node3"}
+		for _, n := range nodes {
+			k.wait("hvnode/"+n, "condition=Ready", 30*time.Second)
+			assert.Equal(t, "libvirt", k.run("get", "hvnode", n, "-o", "jsonpath={.status.backend}"))
+			assert.NotEqual(t, "0", k.run("get", "hvnode", n, "-o", "jsonpath={.status.capacity.vcpu}"), "%s offers vCPUs", n)
+			assert.Regexp(t, `^\d+/\d+ vCPU, \S+/\S+$`, k.run("get", "hvnode", n, "-o", "jsonpath={.status.summary}"))
+		}
+		// The VM counts settle once the fleet's placements are written.
+		require.Eventually(t, func() bool {
+			total := 0
+			for _, n := range nodes {
+				c, _ := strconv.Atoi(k.run("get", "hvnode", n, "-o", "jsonpath={.status.virtualMachines}"))
+				total += c
+			}
+			return total == len(k.lines("get", "vm", "--no-headers"))
+		}, 30*time.Second, 500*time.Millisecond, "every VM counted on its node")
+
+		for _, n := range nodes {
+			k.run("patch", "hvnode", n, "--type=merge", "-p", `{"spec":{"unschedulable":true}}`)
+		}
+		vm := fleetVMs()[0]
+		vm.Name, vm.Spec.ForProvider.DiskAttachments = "after-cordon", []v1alpha1.DiskAttachment{{Name: "after-cordon-root"}}
+		k.applyObjects(&v1alpha1.Volume{
+			TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.VolumeKind},
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "after-cordon-root"},
+			Spec:       v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{Size: resource.MustParse("1Gi")}},
+		}, vm)
+		require.Eventually(t, func() bool {
+			return strings.Contains(k.run("get", "vm", "after-cordon", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`), "cordoned")
+		}, 30*time.Second, 500*time.Millisecond, "a VM with every node cordoned says so")
+		assert.Empty(t, k.run("get", "vm", "after-cordon", "-o", "jsonpath={.status.atProvider.node}"))
+
+		k.run("patch", "hvnode", "node2", "--type=merge", "-p", `{"spec":{"unschedulable":false}}`)
+		k.wait("vm/after-cordon", "{.status.atProvider.phase}=Running", 60*time.Second)
+		assert.Equal(t, "node2", k.run("get", "vm", "after-cordon", "-o", "jsonpath={.status.atProvider.node}"), "placed on the one node uncordoned")
+		for _, n := range nodes {
+			k.run("patch", "hvnode", n, "--type=merge", "-p", `{"spec":{"unschedulable":false}}`)
+		}
+	})
+
 	t.Run("EveryAddressOfANetworkIsOneVMs", func(t *testing.T) {
 		// The hub's allocation, as the NetworkAddresses record it and as the
 		// VMs' status shows it, over VMs on all three nodes.
@@ -132,6 +175,9 @@ func TestQuickStart(t *testing.T) {
 		k.wait("vm/sample-vm", "{.status.atProvider.phase}=Unknown", 20*time.Second)
 		t.Logf("Unknown %s after kill -9 of the agent", time.Since(start).Round(100*time.Millisecond))
 		assert.Less(t, time.Since(start), 15*time.Second)
+		k.wait("hvnode/"+node, "condition=Ready=false", 20*time.Second)
+		t.Logf("its HypervisorNode not Ready %s after", time.Since(start).Round(100*time.Millisecond))
+		assert.Less(t, time.Since(start), 15*time.Second, "the node shows lost within the node-loss time")
 		agent.restart(t)
 		k.wait("vm/sample-vm", "{.status.atProvider.phase}=Running", 60*time.Second)
 		assert.Equal(t, 1, domainsWithUUID(t, agent.socket, uid), "exactly one domain for the VM on %s", node)

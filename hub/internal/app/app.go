@@ -42,6 +42,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/census"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
@@ -224,6 +225,7 @@ func Run(ctx context.Context, c Config) error {
 	notifier := fleet.NewNotifier()
 	volumes := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
 	images := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.DiskImage{} })
+	nodeChanges := hypervisornode.NewChanges()
 	leftovers := volume.NewLeftovers(mgr.GetClient(), mgr.GetAPIReader(), log)
 	if err := leftovers.Setup(ctx, mgr); err != nil {
 		return err
@@ -235,6 +237,7 @@ func Run(ctx context.Context, c Config) error {
 		f.SubscribeSynced(func() { scheduler.RetryUnplaced("") })
 		f.SubscribeVolumes(volumes.Notify)
 		f.SubscribeImages(images.Notify)
+		f.SubscribeNodeChanges(nodeChanges.Notify)
 		leftovers.Watch(f)
 		go fabric.New(f, f.Bus, log).Run(ctx, fabric.DefaultEvery)
 	})
@@ -256,7 +259,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 	addresses := ipam.New(direct, mgr.GetClient())
 	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, Addresses: addresses}
-	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, volumes, images); err != nil {
+	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	// Connect at start, not at the first VM: agents heartbeat only once the

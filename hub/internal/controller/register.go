@@ -10,6 +10,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 
 	"github.com/virtfleet/virtfleet/hub/internal/controller/diskimage"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
@@ -22,7 +23,9 @@ import (
 // SetupGated adds every controller, each once its CRD is established.
 // volumes and images are the Notifiers the Pool's fleets feed with Volume
 // and image report changes (Fleet.SubscribeVolumes, Fleet.SubscribeImages).
-func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, volumes, images *fleet.Notifier) error {
+// nodes hears of the nodes whose heartbeats changed
+// (Fleet.SubscribeNodeChanges).
+func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, volumes, images *fleet.Notifier, nodes *hypervisornode.Changes) error {
 	if err := index.Setup(ctx, mgr); err != nil {
 		return err
 	}
@@ -39,6 +42,9 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 		return err
 	}
 	if err := virtualnetwork.SetupGated(mgr, o, vo.Addresses); err != nil {
+		return err
+	}
+	if err := hypervisornode.SetupGated(mgr, o, vo.Pool.Fleets, nodes); err != nil {
 		return err
 	}
 	return diskimage.SetupGated(mgr, o, vo.Pool, images)

@@ -17,6 +17,7 @@ package fleet
 import (
 	"context"
 	"net/netip"
+	"reflect"
 	"sort"
 	"sync"
 	"time"
@@ -86,7 +87,9 @@ type Fleet struct {
 	volumeSubs []func(uid string)
 	imageSubs  []func(uid string)
 	nodeSubs   []func(node string)
-	syncSubs   []func()
+	// shownSubs hear of every change of what NodeStatuses shows.
+	shownSubs []func(node string)
+	syncSubs  []func()
 }
 
 // VolumeReport is a Volume's latest report and when the hub received it.
@@ -159,6 +162,16 @@ func (f *Fleet) SubscribeNodes(fn func(node string)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nodeSubs = append(f.nodeSubs, fn)
+}
+
+// SubscribeNodeChanges registers fn to be called with the name of every
+// node whose liveness or heartbeat content (backend, versions, labels,
+// capacity, allocation) changed; not for a heartbeat that only says the
+// same again. fn must not block.
+func (f *Fleet) SubscribeNodeChanges(fn func(node string)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.shownSubs = append(f.shownSubs, fn)
 }
 
 // SubscribeSynced registers fn to be called each time the report watch has
@@ -296,8 +309,13 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 			}
 		}
 	}
-	subs, nodeSubs := f.subs, f.nodeSubs
+	subs, nodeSubs, shownSubs := f.subs, f.nodeSubs, f.shownSubs
 	f.mu.Unlock()
+	if !known || prev.Lost != s.Lost || !sameContent(prev.Heartbeat, s.Heartbeat) {
+		for _, fn := range shownSubs {
+			fn(e.Node)
+		}
+	}
 	switch {
 	case s.Lost && known && !prev.Lost:
 		f.log.Info("Node lost: its heartbeat expired; its VMs show Unknown until it is back", "node", e.Node, "lastHeartbeat", prev.LastSeen.UTC().Format(time.RFC3339), "vms", len(affected))
@@ -319,6 +337,13 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 			fn(e.Node)
 		}
 	}
+}
+
+// sameContent is whether two heartbeats say the same of their node, apart
+// from when they were sent.
+func sameContent(a, b wire.NodeHeartbeat) bool {
+	a.SentAt, b.SentAt = time.Time{}, time.Time{}
+	return reflect.DeepEqual(a, b)
 }
 
 // roomGrew is whether the node's free vCPUs or memory grew from one

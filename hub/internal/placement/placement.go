@@ -35,6 +35,9 @@ type Node struct {
 	Allocated Resources
 	// LastSeen is when the heartbeat arrived.
 	LastSeen time.Time
+	// Unschedulable is set when the node is cordoned: it takes no new
+	// guest.
+	Unschedulable bool
 }
 
 // Request is one VirtualMachine to place.
@@ -57,6 +60,7 @@ type Cause string
 
 // Causes of passing a node over.
 const (
+	CauseCordoned   Cause = "cordoned"
 	CauseVolumeNode Cause = "volume-node"
 	CauseStale      Cause = "stale-node"
 	CauseBackend    Cause = "backend"
@@ -68,7 +72,7 @@ const (
 )
 
 // Causes are every Cause.
-var Causes = []Cause{CauseVolumeNode, CauseStale, CauseBackend, CauseSelector, CauseVCPU, CauseMemory, CauseNoNodes}
+var Causes = []Cause{CauseCordoned, CauseVolumeNode, CauseStale, CauseBackend, CauseSelector, CauseVCPU, CauseMemory, CauseNoNodes}
 
 // NoFitError says why no node can take a request, node by node, in a form a
 // user can act on from the VirtualMachine's conditions.
@@ -269,6 +273,8 @@ func (p *Placer) ineligible(n Node, req Request, reserved Resources, now time.Ti
 	switch {
 	case req.RequiredNode != "" && n.Name != req.RequiredNode:
 		return "the VM's volumes are bound to " + req.RequiredNode, CauseVolumeNode
+	case n.Unschedulable:
+		return "cordoned (spec.unschedulable of its HypervisorNode)", CauseCordoned
 	case now.Sub(n.LastSeen) > p.staleAfter:
 		// The time of the last heartbeat, not the time since: the reason
 		// is shown in the VM's status, which is written only when the

@@ -112,6 +112,19 @@ func TestPlace(t *testing.T) {
 			wantCauses: []Cause{CauseNoNodes},
 		},
 		{
+			name:       "a cordoned node takes no new guest, even one its volumes are bound to",
+			nodes:      []Node{node("node1", 8, 16, 0, 0, func(n *Node) { n.Unschedulable = true }), node("node2", 8, 16, 6, 12)},
+			req:        Request{UID: "a", Resources: Resources{VCPU: 1, MemoryBytes: gib}, RequiredNode: "node1"},
+			wantNoFit:  map[string]string{"node1": "cordoned", "node2": "bound to node1"},
+			wantCauses: []Cause{CauseCordoned, CauseVolumeNode},
+		},
+		{
+			name:  "a cordoned node is passed over for another",
+			nodes: []Node{node("node1", 8, 16, 0, 0, func(n *Node) { n.Unschedulable = true }), node("node2", 8, 16, 6, 12)},
+			req:   small("a"),
+			want:  "node2",
+		},
+		{
 			name:       "a selector and a volume's node are causes of their own",
 			nodes:      []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 0, 0)},
 			req:        Request{UID: "a", Resources: Resources{VCPU: 1, MemoryBytes: gib}, RequiredNode: "node1", NodeSelector: map[string]string{"zone": "b"}},

@@ -55,8 +55,17 @@ var ImageUsers = inuse.User{
 	},
 }
 
+// NodeUsers are the VirtualMachines placed on a node (its HypervisorNode),
+// through the node annotation the placement loop writes.
+var NodeUsers = vmUser("metadata.annotations.node", func(vm *v1alpha1.VirtualMachine) []string {
+	if node := vm.GetAnnotations()[v1alpha1.AnnotationNode]; node != "" {
+		return []string{node}
+	}
+	return nil
+})
+
 // all are the indexes Setup registers.
-var all = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers}
+var all = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers, NodeUsers}
 
 // vmUser describes VirtualMachines as users of what index names.
 func vmUser(index string, uses func(*v1alpha1.VirtualMachine) []string) inuse.User {

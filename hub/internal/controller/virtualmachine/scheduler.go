@@ -154,6 +154,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		{&v1alpha1.Volume{}, s.onDependency()},
 		{&v1alpha1.VirtualNetwork{}, s.onDependency()},
 		{&v1alpha1.DiskImage{}, s.onDependency()},
+		{&v1alpha1.HypervisorNode{}, s.onCordon()},
 	}
 	for _, f := range feeds {
 		i, err := s.cache.GetInformer(ctx, f.obj)
@@ -211,6 +212,21 @@ func (s *Scheduler) onDependency() toolscache.ResourceEventHandler {
 	return toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.RetryUnplaced("") },
 		UpdateFunc: func(any, any) { s.RetryUnplaced("") },
+	}
+}
+
+// onCordon is the HypervisorNode informer's handler: a VM may fit on a
+// node uncordoned, or whose HypervisorNode, cordoned, was deleted.
+func (s *Scheduler) onCordon() toolscache.ResourceEventHandler {
+	return toolscache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(old, o any) {
+			before, ok1 := old.(*v1alpha1.HypervisorNode)
+			after, ok2 := o.(*v1alpha1.HypervisorNode)
+			if ok1 && ok2 && before.Spec.Unschedulable && !after.Spec.Unschedulable {
+				s.RetryUnplaced(after.Name)
+			}
+		},
+		DeleteFunc: func(any) { s.RetryUnplaced("") },
 	}
 }
 
@@ -379,11 +395,22 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	}
 	nodes, ok := b.nodes[f]
 	if !ok {
-		nodes = f.Nodes()
+		nodes = s.cordoned(ctx, f.Nodes())
 		b.nodes[f] = nodes
 	}
 	node, err := s.placer.Place(nodes, req)
 	return binding{vm: vm, node: node, seal: f.Seal(string(vm.UID), node, "")}, errors.Wrap(err, "cannot place the VM")
+}
+
+// cordoned marks the nodes whose HypervisorNode is unschedulable.
+func (s *Scheduler) cordoned(ctx context.Context, nodes []placement.Node) []placement.Node {
+	for i := range nodes {
+		n := &v1alpha1.HypervisorNode{}
+		if err := s.cache.Get(ctx, types.NamespacedName{Name: nodes[i].Name}, n); err == nil && n.Spec.Unschedulable {
+			nodes[i].Unschedulable = true
+		}
+	}
+	return nodes
 }
 
 // record writes the node, the orphan adopted and the finalizers of each

@@ -109,7 +109,7 @@ func SetupGated(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		if err := mgr.Add(vo.Scheduler); err != nil {
 			panic(errors.Wrap(err, "cannot set up the placement loop"))
 		}
-	}, v1alpha1.VirtualMachineGroupVersionKind)
+	}, v1alpha1.VirtualMachineGroupVersionKind, v1alpha1.HypervisorNodeGroupVersionKind)
 	return nil
 }
 

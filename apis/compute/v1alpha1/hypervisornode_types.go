@@ -1,0 +1,115 @@
+package v1alpha1
+
+import (
+	"reflect"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// HypervisorNodeSpec is what an administrator says of a node.
+type HypervisorNodeSpec struct {
+	// Unschedulable keeps new VirtualMachines off the node (kubectl patch
+	// ... -p '{"spec":{"unschedulable":true}}', as kubectl cordon does for
+	// a Kubernetes node). The VMs already on it stay.
+	// +optional
+	Unschedulable bool `json:"unschedulable,omitempty"`
+}
+
+// NodeResources are amounts of what guests use on a node.
+type NodeResources struct {
+	// VCPU is a number of virtual CPUs.
+	VCPU int64 `json:"vcpu"`
+	// Memory is guest RAM.
+	Memory resource.Quantity `json:"memory"`
+	// Storage is the node's volume storage; omitted where the node does
+	// not say.
+	// +optional
+	Storage *resource.Quantity `json:"storage,omitempty"`
+}
+
+// HypervisorNodeStatus is what the hub knows of a node from its heartbeats.
+// It is written when something shown here changes, never per heartbeat.
+type HypervisorNodeStatus struct {
+	// Backend is the node's backend: libvirt, nova or kubevirt.
+	Backend string `json:"backend,omitempty"`
+	// Hypervisor is what the backend says it runs, for example "QEMU 7.2.0".
+	// +optional
+	Hypervisor string `json:"hypervisor,omitempty"`
+	// AgentVersion is the version of the node's agent.
+	// +optional
+	AgentVersion string `json:"agentVersion,omitempty"`
+	// Labels are the node's labels, which nodeSelectors match.
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// Capacity is what the node offers to guests.
+	Capacity NodeResources `json:"capacity"`
+	// Allocated is what the node's guests use, as its agent counts them.
+	Allocated NodeResources `json:"allocated"`
+	// VirtualMachines is how many VirtualMachines the hub placed on it.
+	VirtualMachines int32 `json:"virtualMachines"`
+	// Summary is "allocated/capacity" of vCPUs and memory, for kubectl get.
+	// +optional
+	Summary string `json:"summary,omitempty"`
+	// Conditions: Ready is True while the node's heartbeats arrive and
+	// False, with reason NodeLost and the time it was lost, once they
+	// stopped.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Condition of a HypervisorNode.
+const (
+	// NodeConditionReady is the Ready condition's type.
+	NodeConditionReady = "Ready"
+	// NodeReasonHeartbeating: the node's heartbeats arrive.
+	NodeReasonHeartbeating = "Heartbeating"
+	// NodeReasonLost: the node's heartbeat expired.
+	NodeReasonLost = "NodeLost"
+)
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+
+// A HypervisorNode is one node of the fleet: a libvirt host, a Nova
+// compute service or a KubeVirt cluster's node, as its agent's heartbeats
+// describe it. The hub creates one for each node that sends a heartbeat and
+// keeps its status; an administrator cordons the node in its spec. Deleting
+// it forgets what the hub showed; a node that still sends heartbeats comes
+// back.
+// +kubebuilder:printcolumn:name="READY",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].status"
+// +kubebuilder:printcolumn:name="CORDONED",type="boolean",JSONPath=".spec.unschedulable"
+// +kubebuilder:printcolumn:name="BACKEND",type="string",JSONPath=".status.backend"
+// +kubebuilder:printcolumn:name="VMS",type="integer",JSONPath=".status.virtualMachines"
+// +kubebuilder:printcolumn:name="ALLOCATED",type="string",JSONPath=".status.summary"
+// +kubebuilder:printcolumn:name="AGENT",type="string",JSONPath=".status.agentVersion",priority=1
+// +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:resource:scope=Cluster,shortName={hvnode,hvnodes},categories={virtfleet}
+type HypervisorNode struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   HypervisorNodeSpec   `json:"spec,omitempty"`
+	Status HypervisorNodeStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// HypervisorNodeList contains a list of HypervisorNode.
+type HypervisorNodeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []HypervisorNode `json:"items"`
+}
+
+// HypervisorNode type metadata.
+var (
+	HypervisorNodeKind             = reflect.TypeOf(HypervisorNode{}).Name()
+	HypervisorNodeGroupVersionKind = SchemeGroupVersion.WithKind(HypervisorNodeKind)
+)
+
+func init() {
+	SchemeBuilder.Register(&HypervisorNode{}, &HypervisorNodeList{})
+}

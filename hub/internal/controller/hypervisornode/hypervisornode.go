@@ -1,0 +1,243 @@
+// Package hypervisornode keeps one HypervisorNode per node that sends
+// heartbeats: its backend, versions, labels, capacity, allocation, VMs and
+// readiness, from the hub's view of the heartbeats (fleet.Fleet). A
+// heartbeat that says the same again writes nothing; a change is written at
+// most once per MinInterval per node, so a burst of placements costs a few
+// writes per node, not one per VM.
+package hypervisornode
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+)
+
+// Timings.
+const (
+	// MinInterval is the least time between two status writes of one node.
+	MinInterval = 2 * time.Second
+	// resyncEvery re-reads each node although nothing was heard of it: a
+	// change whose notice was dropped (Changes is full) shows by then.
+	resyncEvery = time.Minute
+)
+
+// Changes hears of nodes whose heartbeats changed (Fleet.SubscribeNodeChanges)
+// and hands them to the controller.
+type Changes struct {
+	ch chan event.TypedGenericEvent[*v1alpha1.HypervisorNode]
+}
+
+// NewChanges returns a Changes with room for a burst of notices.
+func NewChanges() *Changes {
+	return &Changes{ch: make(chan event.TypedGenericEvent[*v1alpha1.HypervisorNode], 4096)}
+}
+
+// Notify queues node; it never blocks: a notice that finds no room is
+// dropped, and the resync catches up.
+func (c *Changes) Notify(node string) {
+	o := &v1alpha1.HypervisorNode{}
+	o.SetName(node)
+	select {
+	case c.ch <- event.TypedGenericEvent[*v1alpha1.HypervisorNode]{Object: o}:
+	default:
+	}
+}
+
+// Reconciler makes each HypervisorNode show what the fleets know of its node.
+type Reconciler struct {
+	kube   client.Client
+	fleets func() []*fleet.Fleet
+	log    logging.Logger
+	now    func() time.Time
+
+	mu      sync.Mutex
+	written map[string]time.Time
+}
+
+// SetupGated adds the controller once the HypervisorNode CRD is established.
+func SetupGated(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.Fleet, changes *Changes) error {
+	o.Gate.Register(func() {
+		if err := Setup(mgr, o, fleets, changes); err != nil {
+			panic(errors.Wrap(err, "cannot set up the HypervisorNode controller"))
+		}
+	}, v1alpha1.HypervisorNodeGroupVersionKind, v1alpha1.VirtualMachineGroupVersionKind)
+	return nil
+}
+
+// Setup adds the controller.
+func Setup(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.Fleet, changes *Changes) error {
+	r := NewReconciler(mgr.GetClient(), fleets, o.Logger.WithValues("controller", "hypervisornode"))
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("hypervisornode").
+		For(&v1alpha1.HypervisorNode{}).
+		// A VM placed on a node, or gone from it, changes its count.
+		Watches(&v1alpha1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			if node := o.GetAnnotations()[v1alpha1.AnnotationNode]; node != "" {
+				return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: node}}}
+			}
+			return nil
+		})).
+		WatchesRawSource(source.Channel(changes.ch, &handler.TypedEnqueueRequestForObject[*v1alpha1.HypervisorNode]{})).
+		WithOptions(o.ForControllerRuntime()).
+		Complete(r)
+}
+
+// NewReconciler writes with kube and reads the nodes of fleets.
+func NewReconciler(kube client.Client, fleets func() []*fleet.Fleet, log logging.Logger) *Reconciler {
+	return &Reconciler{kube: kube, fleets: fleets, log: log, now: time.Now, written: map[string]time.Time{}}
+}
+
+// Reconcile creates the HypervisorNode of a node that sends heartbeats, and
+// writes its status when what it shows changed.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	name := req.Name
+	st, known := r.status(name)
+	n := &v1alpha1.HypervisorNode{}
+	err := r.kube.Get(ctx, req.NamespacedName, n)
+	switch {
+	case kerrors.IsNotFound(err):
+		if !known || st.Lost {
+			// Never heard from since the hub started, or lost: an
+			// administrator deleted it on purpose, or it is not a node.
+			r.forget(name)
+			return reconcile.Result{}, nil
+		}
+		n.SetName(name)
+		if err := r.kube.Create(ctx, n); err != nil {
+			return reconcile.Result{}, errors.Wrapf(err, "cannot create HypervisorNode %s", name)
+		}
+		r.log.Info("Created the HypervisorNode of a node that sends heartbeats", "node", name)
+	case err != nil:
+		return reconcile.Result{}, errors.Wrapf(err, "cannot get HypervisorNode %s", name)
+	}
+	if !known {
+		// Not heard from since the hub started: shown lost once every live
+		// node has had time to send a heartbeat.
+		if st = r.anyNode(name); !st.Lost {
+			return reconcile.Result{RequeueAfter: MinInterval}, nil
+		}
+	}
+	vms := &v1alpha1.VirtualMachineList{}
+	if err := r.kube.List(ctx, vms, client.MatchingFields{index.NodeUsers.Index: name}, client.UnsafeDisableDeepCopy); err != nil {
+		return reconcile.Result{}, errors.Wrapf(err, "cannot count the VMs on %s", name)
+	}
+	want := n.DeepCopy()
+	if known {
+		want.Status = status(st, n.Status.Conditions)
+	}
+	// What the heartbeats said before the hub started is not known now:
+	// an unheard node keeps what was shown, and only its VMs and
+	// readiness change.
+	want.Status.VirtualMachines = int32(len(vms.Items)) //nolint:gosec // far fewer VMs than 2^31 on one node
+	meta.SetStatusCondition(&want.Status.Conditions, ready(st))
+	if equality.Semantic.DeepEqual(n.Status, want.Status) {
+		return reconcile.Result{RequeueAfter: resyncEvery}, nil
+	}
+	if wait := r.wait(name); wait > 0 {
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	if err := r.kube.Status().Update(ctx, want); err != nil {
+		return reconcile.Result{}, errors.Wrapf(err, "cannot write the status of HypervisorNode %s", name)
+	}
+	r.wrote(name)
+	return reconcile.Result{RequeueAfter: resyncEvery}, nil
+}
+
+// status is what a node's HypervisorNode shows of its latest heartbeat;
+// conditions are its current ones, whose transition times are kept where
+// the status is the same (see ready).
+func status(st fleet.NodeStatus, conditions []metav1.Condition) v1alpha1.HypervisorNodeStatus {
+	hb := st.Heartbeat
+	out := v1alpha1.HypervisorNodeStatus{
+		Backend:      hb.Backend,
+		Hypervisor:   hb.Hypervisor,
+		AgentVersion: hb.AgentVersion,
+		Labels:       hb.Labels,
+		Capacity:     resources(hb.Capacity.VCPU, hb.Capacity.MemoryBytes, hb.Capacity.StorageBytes),
+		Allocated:    resources(hb.Allocated.VCPU, hb.Allocated.MemoryBytes, hb.Allocated.StorageBytes),
+		Conditions:   append([]metav1.Condition(nil), conditions...),
+	}
+	out.Summary = fmt.Sprintf("%d/%d vCPU, %s/%s", hb.Allocated.VCPU, hb.Capacity.VCPU, out.Allocated.Memory.String(), out.Capacity.Memory.String())
+	return out
+}
+
+// ready is the Ready condition of a node. Its transition time is when the
+// node was lost, or, set by meta.SetStatusCondition, when it became ready.
+func ready(st fleet.NodeStatus) metav1.Condition {
+	if !st.Lost {
+		return metav1.Condition{Type: v1alpha1.NodeConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.NodeReasonHeartbeating, Message: "The node's heartbeats arrive"}
+	}
+	c := metav1.Condition{Type: v1alpha1.NodeConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.NodeReasonLost,
+		Message: "No heartbeat since the hub started", LastTransitionTime: metav1.NewTime(st.LostSince)}
+	if !st.LastSeen.IsZero() {
+		c.Message = "No heartbeat since " + st.LastSeen.UTC().Format(time.RFC3339)
+	}
+	return c
+}
+
+func resources(vcpu, memory, storage int64) v1alpha1.NodeResources {
+	r := v1alpha1.NodeResources{VCPU: vcpu, Memory: *resource.NewQuantity(memory, resource.BinarySI)}
+	if storage > 0 {
+		r.Storage = resource.NewQuantity(storage, resource.BinarySI)
+	}
+	return r
+}
+
+// status is what the fleets heard of node since the hub started.
+func (r *Reconciler) status(node string) (fleet.NodeStatus, bool) {
+	for _, f := range r.fleets() {
+		if s, ok := f.NodeStatuses()[node]; ok {
+			return s, true
+		}
+	}
+	return fleet.NodeStatus{}, false
+}
+
+// anyNode is what the first fleet says of a node it never heard from: lost
+// once the hub has watched long enough.
+func (r *Reconciler) anyNode(node string) fleet.NodeStatus {
+	for _, f := range r.fleets() {
+		return f.Node(node)
+	}
+	return fleet.NodeStatus{}
+}
+
+// wait is how long until node's status may be written again.
+func (r *Reconciler) wait(node string) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return MinInterval - r.now().Sub(r.written[node])
+}
+
+func (r *Reconciler) wrote(node string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.written[node] = r.now()
+}
+
+func (r *Reconciler) forget(node string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.written, node)
+}
