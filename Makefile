@@ -84,8 +84,9 @@ fmt-check: ## Fail on files gofmt would change.
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 .PHONY: vet
-vet: ## go vet every package (the function is a module of its own).
+vet: ## go vet every package (the function is a module of its own), and make run's Crossplane mode.
 	$(GO) vet ./...
+	$(GO) vet -tags crossplane ./internal/testing/localrun/
 	cd function && $(GO) vet ./...
 
 .PHONY: build
@@ -129,12 +130,12 @@ RUN_PROFILES := run $(if $(GUESTS),guests) $(if $(CROSSPLANE),crossplane)
 run: ## Start the whole system locally: control plane, NATS, hub, three agents on private libvirtds, examples.
 	@./hack/deps.sh $(RUN_PROFILES)
 	@$(MAKE) --no-print-directory -j2 envtest-assets $(if $(CROSSPLANE),crossplane-core)
-	@$(MAKE) --no-print-directory local
+	@$(MAKE) --no-print-directory local CROSSPLANE=$(CROSSPLANE)
 	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" exec bin/local $(RUN_FLAGS)
 
 .PHONY: local
-local: ## Build bin/local, the command behind make run.
-	@$(GO) build -o bin/local ./cluster/local
+local: ## Build bin/local, the command behind make run (with CROSSPLANE=1, able to run Crossplane core).
+	@$(GO) build $(if $(CROSSPLANE),-tags crossplane) -o bin/local ./cluster/local
 
 .PHONY: clean
 clean: ## Remove build output (not the envtest cache).

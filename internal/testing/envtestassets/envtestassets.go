@@ -6,6 +6,11 @@
 // through the Go module proxy, once per machine, into a cache directory
 // outside the repository. A build is slow; every later call returns at
 // once.
+//
+// It and modbuild import only the standard library: on a fresh machine
+// `make run` compiles hack/envtest-assets first, before anything else is
+// in Go's build cache, and the errors package of crossplane-runtime alone
+// would add some 400 packages (apimachinery's among them) to that compile.
 package envtestassets
 
 import (
@@ -16,8 +21,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-
-	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"github.com/virtfleet/virtfleet/internal/testing/modbuild"
 )
@@ -81,7 +84,7 @@ func assetsName() string {
 func Ensure(ctx context.Context, progress io.Writer) (string, error) {
 	if d := os.Getenv(EnvAssets); d != "" {
 		if missing := missingBinaries(d); len(missing) > 0 {
-			return "", errors.Errorf("%s=%s lacks %v", EnvAssets, d, missing)
+			return "", fmt.Errorf("%s=%s lacks %v", EnvAssets, d, missing)
 		}
 		return d, nil
 	}
@@ -93,7 +96,7 @@ func Ensure(ctx context.Context, progress io.Writer) (string, error) {
 		return dir, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", errors.Wrap(err, "cannot create asset directory")
+		return "", fmt.Errorf("cannot create asset directory: %w", err)
 	}
 	unlock, err := modbuild.Lock(ctx, filepath.Join(dir, ".lock"), progress)
 	if err != nil {
@@ -106,7 +109,7 @@ func Ensure(ctx context.Context, progress io.Writer) (string, error) {
 			continue
 		}
 		if err := modbuild.Build(ctx, dir, t, modbuild.Prefixed(progress, "envtest: ")); err != nil {
-			return "", errors.Wrapf(err, "cannot build %s %s", t.Binary, t.Version)
+			return "", fmt.Errorf("cannot build %s %s: %w", t.Binary, t.Version, err)
 		}
 	}
 	return dir, nil
@@ -156,7 +159,7 @@ func EnsureGarbageCollector(ctx context.Context, progress io.Writer) (string, er
 		return path, nil
 	}
 	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return "", errors.Wrap(err, "cannot create asset directory")
+		return "", fmt.Errorf("cannot create asset directory: %w", err)
 	}
 	unlock, err := modbuild.Lock(ctx, filepath.Join(cache, ".lock"), progress)
 	if err != nil {
@@ -168,7 +171,7 @@ func EnsureGarbageCollector(ctx context.Context, progress io.Writer) (string, er
 	}
 	t := garbageCollectorTarget()
 	if err := modbuild.Build(ctx, cache, t, modbuild.Prefixed(progress, "envtest: ")); err != nil {
-		return "", errors.Wrapf(err, "cannot build %s %s", t.Binary, t.Version)
+		return "", fmt.Errorf("cannot build %s %s: %w", t.Binary, t.Version, err)
 	}
 	return path, nil
 }

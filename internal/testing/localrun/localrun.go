@@ -21,7 +21,6 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
-	"github.com/virtfleet/virtfleet/internal/testing/crossplanetest"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
 )
 
@@ -60,11 +59,24 @@ func (e *ErrAlreadyRunning) Error() string {
 	return fmt.Sprintf("virtfleet is already running from this directory (pid %d, since %s): use it, or stop it with Ctrl-C in its terminal (or kill %d)", e.PID, e.Since, e.PID)
 }
 
+// crossplaneCore is Crossplane's core running beside the stack.
+type crossplaneCore interface {
+	Ready(ctx context.Context) error
+	Stop()
+}
+
+// withCrossplane readies so for Crossplane's core and returns it; nil in a
+// bin/local built without the crossplane tag (see crossplane.go). Crossplane
+// core and the packages it installs compile some 500 packages of their own
+// (sigstore, cloud registries' credentials) into bin/local, which a fresh
+// machine's plain `make run` would compile for nothing.
+var withCrossplane func(ctx context.Context, so stack.Options) (stack.Options, crossplaneCore, error)
+
 // Running is a started local system.
 type Running struct {
 	Stack *stack.Stack
 	// Crossplane is Crossplane's core, when Options.Crossplane.
-	Crossplane *crossplanetest.Crossplane
+	Crossplane crossplaneCore
 	// Applied counts the example objects applied.
 	Applied int
 
@@ -105,7 +117,11 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 		return nil, errors.Errorf("GUESTS=%s: only qemu is known", o.Guests)
 	}
 	if o.Crossplane {
-		if so, err = crossplanetest.StackOptions(ctx, so, &r.Crossplane); err != nil {
+		if withCrossplane == nil {
+			r.Stop()
+			return nil, errors.New("this bin/local was built without Crossplane: run make run CROSSPLANE=1")
+		}
+		if so, r.Crossplane, err = withCrossplane(ctx, so); err != nil {
 			r.Stop()
 			return nil, err
 		}

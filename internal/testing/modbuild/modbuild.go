@@ -8,6 +8,7 @@ package modbuild
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -16,8 +17,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
-
-	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
 
 // EnvCacheDir overrides where built binaries are kept.
@@ -30,7 +29,7 @@ func CacheDir(elem ...string) (string, error) {
 	if root == "" {
 		d, err := os.UserCacheDir()
 		if err != nil {
-			return "", errors.Wrap(err, "cannot find a cache directory; set "+EnvCacheDir)
+			return "", fmt.Errorf("cannot find a cache directory; set %s: %w", EnvCacheDir, err)
 		}
 		root = filepath.Join(d, "virtfleet")
 	}
@@ -44,7 +43,7 @@ func CacheDir(elem ...string) (string, error) {
 func Lock(ctx context.Context, path string, progress io.Writer) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644) //nolint:gosec // a lock file in our cache directory
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot open build lock")
+		return nil, fmt.Errorf("cannot open build lock: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		fmt.Fprintf(progress, "waiting for %s, which another build or run holds\n", path)
@@ -58,7 +57,7 @@ func Lock(ctx context.Context, path string, progress io.Writer) (func(), error) 
 		}
 		if err != nil {
 			_ = f.Close()
-			return nil, errors.Wrap(err, "cannot take build lock")
+			return nil, fmt.Errorf("cannot take build lock: %w", err)
 		}
 	}
 	return func() {
@@ -93,7 +92,7 @@ type Target struct {
 func Build(ctx context.Context, dir string, t Target, progress io.Writer) error {
 	work, err := os.MkdirTemp(dir, "build-"+t.Binary+"-")
 	if err != nil {
-		return errors.Wrap(err, "cannot create build directory")
+		return fmt.Errorf("cannot create build directory: %w", err)
 	}
 	defer func() { _ = os.RemoveAll(work) }()
 
@@ -121,7 +120,7 @@ func Build(ctx context.Context, dir string, t Target, progress io.Writer) error 
 		}
 	}
 	if err := os.Rename(filepath.Join(work, t.Binary), filepath.Join(dir, t.Binary)); err != nil {
-		return errors.Wrap(err, "cannot install binary")
+		return fmt.Errorf("cannot install binary: %w", err)
 	}
 	fmt.Fprintf(progress, "built %s in %s\n", t.Binary, time.Since(start).Round(time.Second))
 	return nil
@@ -131,11 +130,11 @@ func Build(ctx context.Context, dir string, t Target, progress io.Writer) error 
 // Go files.
 func copySource(src fs.FS, dir string) ([]string, error) {
 	if err := os.CopyFS(dir, src); err != nil {
-		return nil, errors.Wrap(err, "cannot copy the main package's source")
+		return nil, fmt.Errorf("cannot copy the main package's source: %w", err)
 	}
 	files, err := fs.Glob(src, "*.go")
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot list the main package's source")
+		return nil, fmt.Errorf("cannot list the main package's source: %w", err)
 	}
 	if len(files) == 0 {
 		return nil, errors.New("the main package has no Go files")
@@ -157,7 +156,7 @@ func ldflags(vars []string) string {
 func ModuleDir(ctx context.Context, module, version string) (string, error) {
 	work, err := os.MkdirTemp("", "virtfleet-moddownload-")
 	if err != nil {
-		return "", errors.Wrap(err, "cannot create a scratch directory")
+		return "", fmt.Errorf("cannot create a scratch directory: %w", err)
 	}
 	defer func() { _ = os.RemoveAll(work) }()
 	out, err := goCommand(ctx, work, "mod", "download", "-json", module+"@"+version)
@@ -166,10 +165,10 @@ func ModuleDir(ctx context.Context, module, version string) (string, error) {
 	}
 	var m struct{ Dir, Error string }
 	if err := json.Unmarshal(out, &m); err != nil {
-		return "", errors.Wrap(err, "cannot parse go mod download's answer")
+		return "", fmt.Errorf("cannot parse go mod download's answer: %w", err)
 	}
 	if m.Error != "" || m.Dir == "" {
-		return "", errors.Errorf("cannot download %s@%s: %s", module, version, m.Error)
+		return "", fmt.Errorf("cannot download %s@%s: %s", module, version, m.Error)
 	}
 	return m.Dir, nil
 }
@@ -186,7 +185,7 @@ func goCommand(ctx context.Context, dir string, args ...string) ([]byte, error) 
 		stderr = ee.Stderr
 	}
 	if err != nil {
-		return nil, errors.Errorf("go %s: %v\n%s%s", args[0], err, out, stderr)
+		return nil, fmt.Errorf("go %s: %v\n%s%s", args[0], err, out, stderr)
 	}
 	return out, nil
 }
