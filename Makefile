@@ -131,11 +131,13 @@ run: ## Start the whole system locally: control plane, NATS, hub, three agents o
 	@./hack/deps.sh $(RUN_PROFILES)
 	@$(MAKE) --no-print-directory -j2 envtest-assets $(if $(CROSSPLANE),crossplane-core)
 	@$(MAKE) --no-print-directory local CROSSPLANE=$(CROSSPLANE)
-	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" exec bin/local $(RUN_FLAGS)
+	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" exec bin/local -binaries=bin $(RUN_FLAGS)
 
+# One go command builds the three, compiling what they share once and
+# linking them side by side.
 .PHONY: local
-local: ## Build bin/local, the command behind make run (with CROSSPLANE=1, able to run Crossplane core).
-	@$(GO) build $(if $(CROSSPLANE),-tags crossplane) -o bin/local ./cluster/local
+local: ## Build bin/local, the command behind make run (with CROSSPLANE=1, able to run Crossplane core), and the hub and agent it runs.
+	@$(GO) build $(if $(CROSSPLANE),-tags crossplane) -o bin/ ./cluster/local ./hub ./agent
 
 .PHONY: clean
 clean: ## Remove build output (not the envtest cache).

@@ -22,6 +22,7 @@ func main() {
 	flag.BoolVar(&o.Keep, "keep", false, "keep etcd's data and the NATS store from the last run in -dir (default: start fresh)")
 	flag.BoolVar(&o.Crossplane, "crossplane", false, "install virtfleet into Crossplane core as its packages (make run CROSSPLANE=1)")
 	flag.IntVar(&o.NATSPort, "nats-port", 4222, "port of the embedded NATS server (the example ClusterProviderConfig names 4222)")
+	flag.StringVar(&o.Binaries, "binaries", "", "directory of hub and agent binaries built from this tree with this one (make run's bin); empty builds them at start")
 	flag.StringVar(&o.Guests, "guests", "", "qemu: one more node on a real hypervisor (QEMU, in a network namespace of its own) with a Debian guest to ssh into")
 	if err := flagenv.ParseCommandLine(); err != nil {
 		fmt.Fprintln(os.Stderr, "run:", err)
@@ -32,6 +33,12 @@ func main() {
 	if o.Dir, err = filepath.Abs(o.Dir); err != nil {
 		fmt.Fprintln(os.Stderr, "run:", err)
 		os.Exit(1)
+	}
+	if o.Binaries != "" {
+		if o.Binaries, err = filepath.Abs(o.Binaries); err != nil {
+			fmt.Fprintln(os.Stderr, "run:", err)
+			os.Exit(1)
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

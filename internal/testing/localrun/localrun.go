@@ -42,6 +42,9 @@ type Options struct {
 	Guests string
 	// Out receives the summary a user reads.
 	Out io.Writer
+	// Binaries is a directory holding the hub and agent binaries built
+	// with this one; empty builds them when the system starts.
+	Binaries string
 	// Crossplane installs virtfleet into Crossplane's core (make run
 	// CROSSPLANE=1) instead of applying its CRDs: the provider, function and
 	// Configuration packages from a local registry, the hub as the
@@ -102,7 +105,7 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 	}
 	r := &Running{unlock: unlock}
 	fmt.Fprintln(o.Out, "starting virtfleet:")
-	so := stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out}
+	so := stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out, Binaries: o.Binaries}
 	examples := []string{o.Examples}
 	switch o.Guests {
 	case "":

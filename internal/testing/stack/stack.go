@@ -75,6 +75,10 @@ type Options struct {
 	ResyncInterval time.Duration
 	// Progress receives a line per component as it starts.
 	Progress io.Writer
+	// Binaries, if set, is a directory holding hub and agent binaries built
+	// from this tree (make run builds them with bin/local); empty builds
+	// them into Dir/bin.
+	Binaries string
 	// Debug makes the hub and agents log at debug level.
 	Debug bool
 	// Backends names the backend of a node's agent: libvirt (the default, on
@@ -500,6 +504,10 @@ func (s *Stack) LogPath(name string) string {
 // build compiles the hub and the agent from this tree into Dir/bin, in one
 // go command, which compiles what they share once and links both at once.
 func (s *Stack) build(ctx context.Context) error {
+	if s.opts.Binaries != "" {
+		s.bin = s.opts.Binaries
+		return nil
+	}
 	s.bin = filepath.Join(s.opts.Dir, "bin")
 	build := exec.CommandContext(ctx, "go", "build", "-o", s.bin+string(filepath.Separator), "./hub", "./agent")
 	build.Dir = controlplane.RepoRoot()
