@@ -112,7 +112,7 @@ func Build(ctx context.Context, dir string, t Target, progress io.Writer) error 
 	}
 	steps = append(steps,
 		[]string{"get", get},
-		append([]string{"build", "-trimpath", "-ldflags=" + ldflags(t.Vars), "-o", filepath.Join(work, t.Binary)}, build...),
+		append([]string{"build", "-ldflags=" + ldflags(t.Vars), "-o", filepath.Join(work, t.Binary)}, build...),
 	)
 	for _, args := range steps {
 		if _, err := goCommand(ctx, work, args...); err != nil {
@@ -174,11 +174,14 @@ func ModuleDir(ctx context.Context, module, version string) (string, error) {
 }
 
 // goCommand runs go with args in dir, outside any module or workspace of
-// the caller, and returns its standard output.
+// the caller, and returns its standard output. It builds as the caller's
+// own go commands do (cgo as the machine allows, paths not trimmed): on a
+// fresh machine the standard library, which these builds share with
+// virtfleet's own, then compiles once, not once per configuration.
 func goCommand(ctx context.Context, dir string, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod", "GOWORK=off")
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
 	var stderr []byte
 	out, err := cmd.Output()
 	if ee, ok := err.(*exec.ExitError); ok { //nolint:errorlint // exec returns it unwrapped
