@@ -68,13 +68,15 @@ func (d *Driver) Release(ctx context.Context, uid, seal string) error {
 	})
 }
 
-// Orphans implements driver.Adopter.
+// Orphans implements driver.Adopter. It reads the API server, not the
+// informers: the agent asks right after a Release, whose orphan label the
+// informers may not show yet, and an orphan it missed would have its report
+// deleted with its intent until the next resync.
 func (d *Driver) Orphans(ctx context.Context) ([]driver.Observation, error) {
-	c, err := d.client()
-	if err != nil {
+	if _, err := d.client(); err != nil {
 		return nil, err
 	}
-	return d.observeAll(ctx, c, true)
+	return d.observeAll(ctx, d.live, true)
 }
 
 // find reads the VM ref names: the orphan released under ref.Orphan, or

@@ -321,3 +321,28 @@ func TestDeleteAfterReleaseWithLaggingInformers(t *testing.T) {
 	assert.Nil(t, left.DeletionTimestamp, "and is not being deleted")
 	assert.Equal(t, "true", left.Labels[LabelOrphaned])
 }
+
+// TestOrphansRightAfterReleaseWithLaggingInformers lists the orphans a
+// moment after a release, while the informers still show the guest
+// managed: the orphan is listed, so its report is kept.
+func TestOrphansRightAfterReleaseWithLaggingInformers(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	m := e.machine()
+	e.ensureUntil(m, phaseIs(driver.PhaseRunning))
+	before := &staleReads{}
+	require.NoError(t, e.kube.List(ctx, &before.vms, client.InNamespace(e.ns)))
+	require.Len(t, before.vms.Items, 1)
+
+	require.NoError(t, e.d.Release(ctx, m.UID, "the-seal"))
+	e.d.mu.Lock()
+	before.Client = e.d.conn.client
+	e.d.conn.client = before
+	e.d.mu.Unlock()
+	orphans, err := e.d.Orphans(ctx)
+	require.NoError(t, err)
+	require.Len(t, orphans, 1, "the guest released a moment ago")
+	assert.Equal(t, m.UID, orphans[0].UID)
+	require.NotNil(t, orphans[0].OrphanOf)
+	assert.Equal(t, "the-seal", orphans[0].OrphanOf.Seal)
+}
