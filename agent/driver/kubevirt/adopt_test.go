@@ -298,22 +298,31 @@ func (s *staleReads) Get(_ context.Context, key client.ObjectKey, obj client.Obj
 	return kerrors.NewNotFound(kubevirtv1.Resource("virtualmachines"), key.Name)
 }
 
-// TestDeleteAfterReleaseWithLaggingInformers deletes a guest released a
-// moment ago while the informers still show it managed: the orphan stays.
-func TestDeleteAfterReleaseWithLaggingInformers(t *testing.T) {
+// releasedBehindInformers runs a guest, releases it with the seal
+// "the-seal", and leaves the driver reading what its informers held before
+// the release.
+func releasedBehindInformers(t *testing.T, e *env) driver.Machine {
+	t.Helper()
 	ctx := context.Background()
-	e := newEnv(t)
 	m := e.machine()
 	e.ensureUntil(m, phaseIs(driver.PhaseRunning))
 	before := &staleReads{}
 	require.NoError(t, e.kube.List(ctx, &before.vms, client.InNamespace(e.ns)))
 	require.Len(t, before.vms.Items, 1)
-
 	require.NoError(t, e.d.Release(ctx, m.UID, "the-seal"))
 	e.d.mu.Lock()
 	before.Client = e.d.conn.client
 	e.d.conn.client = before
 	e.d.mu.Unlock()
+	return m
+}
+
+// TestDeleteAfterReleaseWithLaggingInformers deletes a guest released a
+// moment ago while the informers still show it managed: the orphan stays.
+func TestDeleteAfterReleaseWithLaggingInformers(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	m := releasedBehindInformers(t, e)
 	require.NoError(t, e.d.Delete(ctx, m.UID))
 
 	left := e.byName(VMName(m.UID))
@@ -326,20 +335,9 @@ func TestDeleteAfterReleaseWithLaggingInformers(t *testing.T) {
 // moment after a release, while the informers still show the guest
 // managed: the orphan is listed, so its report is kept.
 func TestOrphansRightAfterReleaseWithLaggingInformers(t *testing.T) {
-	ctx := context.Background()
 	e := newEnv(t)
-	m := e.machine()
-	e.ensureUntil(m, phaseIs(driver.PhaseRunning))
-	before := &staleReads{}
-	require.NoError(t, e.kube.List(ctx, &before.vms, client.InNamespace(e.ns)))
-	require.Len(t, before.vms.Items, 1)
-
-	require.NoError(t, e.d.Release(ctx, m.UID, "the-seal"))
-	e.d.mu.Lock()
-	before.Client = e.d.conn.client
-	e.d.conn.client = before
-	e.d.mu.Unlock()
-	orphans, err := e.d.Orphans(ctx)
+	m := releasedBehindInformers(t, e)
+	orphans, err := e.d.Orphans(context.Background())
 	require.NoError(t, err)
 	require.Len(t, orphans, 1, "the guest released a moment ago")
 	assert.Equal(t, m.UID, orphans[0].UID)
