@@ -18,9 +18,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -91,15 +94,24 @@ func Setup(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.Fleet,
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("hypervisornode").
 		For(&v1alpha1.HypervisorNode{}).
-		// A VM placed on a node, or gone from it, changes its count.
+		// A VM placed on a node, or gone from it, changes its count; its
+		// status writes do not.
 		Watches(&v1alpha1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			if node := o.GetAnnotations()[v1alpha1.AnnotationNode]; node != "" {
 				return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: node}}}
 			}
 			return nil
+		}), builder.WithPredicates(predicate.Funcs{
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				return e.ObjectOld.GetAnnotations()[v1alpha1.AnnotationNode] != e.ObjectNew.GetAnnotations()[v1alpha1.AnnotationNode]
+			},
 		})).
 		WatchesRawSource(source.Channel(changes.ch, &handler.TypedEnqueueRequestForObject[*v1alpha1.HypervisorNode]{})).
-		WithOptions(o.ForControllerRuntime()).
+		// Not o's options: their rate limiter is the one the hub's managed
+		// resources share, whose budget a node's bookkeeping must not
+		// spend in a burst of VMs. The default limiter and one worker
+		// suffice for a write every MinInterval per node.
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
 }
 
