@@ -98,7 +98,19 @@ type Client struct {
 	written sync.Map // types.UID -> write
 	// holds are the objects whose next status write may be dropped.
 	holds sync.Map // types.UID -> *hold
+
+	// gone are the objects forgotten in the last goneFor, so that a write
+	// that was in flight when its object went is not recorded after the
+	// object was forgotten: nothing would forget it again. mu orders such
+	// a record with Forget.
+	mu        sync.Mutex
+	gone      map[types.UID]time.Time
+	lastSweep time.Time
 }
+
+// goneFor is how long a forgotten object's writes are not recorded: far
+// longer than a write takes.
+const goneFor = time.Minute
 
 // Direct is c without the wait for the cache, for writers that never read
 // their own writes back (the placement loop: a VM it bound leaves its
@@ -156,6 +168,11 @@ type write struct{ from, made string }
 // wrote records a write of obj, which now holds the version it made, from
 // the version from.
 func (s *Client) wrote(obj client.Object, from string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, gone := s.gone[obj.GetUID()]; gone {
+		return
+	}
 	s.written.Store(obj.GetUID(), write{from: from, made: obj.GetResourceVersion()})
 }
 
@@ -353,8 +370,24 @@ func (s *Client) Patch(ctx context.Context, obj client.Object, patch client.Patc
 // --cascade=orphan's finalizer is still on it, a finalizer stripped by
 // hand) is forgotten here, from fleet.WhenGone, once it is gone.
 func (s *Client) Forget(uid string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.written.Delete(types.UID(uid))
 	s.holds.Delete(types.UID(uid))
+	now := time.Now()
+	if s.gone == nil {
+		s.gone = map[types.UID]time.Time{}
+	}
+	s.gone[types.UID(uid)] = now
+	if now.Sub(s.lastSweep) < goneFor/4 {
+		return
+	}
+	s.lastSweep = now
+	for u, at := range s.gone {
+		if now.Sub(at) > goneFor {
+			delete(s.gone, u)
+		}
+	}
 }
 
 // Forgetter is c's Forget, or a function that does nothing for a client

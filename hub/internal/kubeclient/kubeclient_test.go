@@ -2,6 +2,7 @@ package kubeclient
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -237,6 +239,34 @@ func TestAwaitCacheReturnsOnceTheCacheHasTheWrite(t *testing.T) {
 			// plus one per 32 ms of the time it took, however slow the
 			// machine (a sleep is never shorter than asked).
 			assert.LessOrEqual(t, int(cache.reads.Load()), 6+int(took/(32*time.Millisecond)), "reads in %s", took)
+		})
+	}
+}
+
+// TestAWriteThatReturnsAfterItsObjectWentIsNotRemembered pins that a write
+// in flight when its object went (its finalizer stripped, fleet.WhenGone
+// calling Forget) is not recorded once it returns: nothing would forget it
+// again, and the hub would remember the gone object for good.
+func TestAWriteThatReturnsAfterItsObjectWentIsNotRemembered(t *testing.T) {
+	c := NewClient(nil, nil)
+	cases := []struct {
+		name   string
+		forget bool
+		want   bool
+	}{
+		{name: "a write of an object not forgotten is remembered", want: true},
+		{name: "a write returning after its object was forgotten is not", forget: true},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			n := &v1alpha1.VirtualNetwork{ObjectMeta: metav1.ObjectMeta{UID: types.UID(fmt.Sprintf("uid-%d", i)), ResourceVersion: "2"}}
+			if tc.forget {
+				c.Forget(string(n.UID))
+			}
+			c.wrote(n, "1")
+			assert.Equal(t, tc.want, c.Remembers(n.UID))
+			c.Forget(string(n.UID))
+			assert.False(t, c.Remembers(n.UID), "forgotten")
 		})
 	}
 }
