@@ -88,7 +88,7 @@ func declared(t *testing.T) map[string]metric {
 		name, labels := descInfo(t, d)
 		out[name] = metric{Type: "gauge", Labels: labels}
 	}
-	for _, c := range append(metrics.HubObserved(), metrics.Agent()...) {
+	for _, c := range append(metrics.HubObserved(), metrics.DefaultAgent().Collectors()...) {
 		var typ string
 		switch c.(type) {
 		case *prometheus.CounterVec:

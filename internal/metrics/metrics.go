@@ -156,17 +156,6 @@ var defaultAgent = NewAgentMetrics()
 // DefaultAgent are the agent metrics of this process.
 func DefaultAgent() *AgentMetrics { return defaultAgent }
 
-// Agent metrics of this process (DefaultAgent's).
-var (
-	DriverCalls         = defaultAgent.DriverCalls
-	ResyncDuration      = defaultAgent.ResyncDuration
-	Guests              = defaultAgent.Guests
-	ImageImports        = defaultAgent.ImageImports
-	ImageImportBytes    = defaultAgent.ImageImportBytes
-	ImageImportDuration = defaultAgent.ImageImportDuration
-	IntentsIgnored      = defaultAgent.IntentsIgnored
-)
-
 var (
 	mu    sync.Mutex
 	names = map[string]bool{}
@@ -216,6 +205,3 @@ func histogram(o prometheus.HistogramOpts, labels ...string) *prometheus.Histogr
 func HubObserved() []prometheus.Collector {
 	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects}
 }
-
-// Agent are the agent's metrics of this process, for the agent to register.
-func Agent() []prometheus.Collector { return defaultAgent.Collectors() }

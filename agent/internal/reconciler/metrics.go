@@ -12,7 +12,7 @@ import (
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
-// Operations are the operation label of metrics.DriverCalls: one per
+// Operations are the operation label of AgentMetrics.DriverCalls: one per
 // driver method the agent calls, so the label stays bounded. Events, Close
 // and TunnelAddress do no work on the backend and are not timed.
 const (
