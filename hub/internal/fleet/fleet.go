@@ -426,9 +426,7 @@ func sorted[R any](byNode map[string]R, node func(R) string) []R {
 // counts as lost once the hub has watched long enough to have heard from
 // every live node.
 func (f *Fleet) Node(name string) NodeStatus {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	if s, ok := f.nodes[name]; ok {
+	if s, ok := f.Heard(name); ok {
 		return s
 	}
 	if f.now().Sub(f.started) > f.unknownAfter {
@@ -458,6 +456,16 @@ func (f *Fleet) Nodes() []placement.Node {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// Heard returns what is known of node, and whether it has sent a
+// heartbeat since the hub started (Node says what a node never heard of
+// counts as).
+func (f *Fleet) Heard(name string) (NodeStatus, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	s, ok := f.nodes[name]
+	return s, ok
 }
 
 // NodeStatuses returns what is known of every node that has sent a

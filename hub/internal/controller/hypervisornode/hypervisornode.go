@@ -124,7 +124,7 @@ func NewReconciler(kube client.Client, fleets func() []*fleet.Fleet, log logging
 // writes its status when what it shows changed.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	name := req.Name
-	st, known := r.status(name)
+	st, known := r.node(name)
 	n := &v1alpha1.HypervisorNode{}
 	err := r.kube.Get(ctx, req.NamespacedName, n)
 	switch {
@@ -143,12 +143,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case err != nil:
 		return reconcile.Result{}, errors.Wrapf(err, "cannot get HypervisorNode %s", name)
 	}
-	if !known {
+	if !known && !st.Lost {
 		// Not heard from since the hub started: shown lost once every live
 		// node has had time to send a heartbeat.
-		if st = r.anyNode(name); !st.Lost {
-			return reconcile.Result{RequeueAfter: MinInterval}, nil
-		}
+		return reconcile.Result{RequeueAfter: MinInterval}, nil
 	}
 	vms := &v1alpha1.VirtualMachineList{}
 	if err := r.kube.List(ctx, vms, client.MatchingFields{index.NodeUsers.Index: name}, client.UnsafeDisableDeepCopy); err != nil {
@@ -216,23 +214,20 @@ func resources(vcpu, memory, storage int64) v1alpha1.NodeResources {
 	return r
 }
 
-// status is what the fleets heard of node since the hub started.
-func (r *Reconciler) status(node string) (fleet.NodeStatus, bool) {
-	for _, f := range r.fleets() {
-		if s, ok := f.NodeStatuses()[node]; ok {
+// node is what the fleets know of node, and whether one heard from it
+// since the hub started; of a node none heard from, what the first fleet
+// says (lost once the hub has watched long enough, see Fleet.Node).
+func (r *Reconciler) node(name string) (fleet.NodeStatus, bool) {
+	fleets := r.fleets()
+	for _, f := range fleets {
+		if s, ok := f.Heard(name); ok {
 			return s, true
 		}
 	}
-	return fleet.NodeStatus{}, false
-}
-
-// anyNode is what the first fleet says of a node it never heard from: lost
-// once the hub has watched long enough.
-func (r *Reconciler) anyNode(node string) fleet.NodeStatus {
-	for _, f := range r.fleets() {
-		return f.Node(node)
+	if len(fleets) == 0 {
+		return fleet.NodeStatus{}, false
 	}
-	return fleet.NodeStatus{}
+	return fleets[0].Node(name), false
 }
 
 // wait is how long until node's status may be written again.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,7 +58,7 @@ func (h *harness) heartbeat(node string, allocatedVCPU int64) {
 		Allocated: wire.Resources{VCPU: allocatedVCPU, MemoryBytes: 1 << 30},
 	}})
 	require.Eventually(h.t, func() bool {
-		s, ok := h.f.NodeStatuses()[node]
+		s, ok := h.f.Heard(node)
 		return ok && !s.Lost && s.Heartbeat.Allocated.VCPU == allocatedVCPU
 	}, 5*time.Second, time.Millisecond)
 }
@@ -148,7 +149,7 @@ func TestALostNodeIsNotReady(t *testing.T) {
 
 	require.NoError(t, h.kube.Delete(context.Background(), n))
 	h.reconcile("node1")
-	assert.True(t, isNotFound(h.kube.Get(context.Background(), client.ObjectKey{Name: "node1"}, &v1alpha1.HypervisorNode{})),
+	assert.True(t, kerrors.IsNotFound(h.kube.Get(context.Background(), client.ObjectKey{Name: "node1"}, &v1alpha1.HypervisorNode{})),
 		"an administrator deleted a lost node: it stays deleted")
 }
 
@@ -157,7 +158,5 @@ func TestALostNodeIsNotReady(t *testing.T) {
 func TestANodeNeverHeardIsNotCreated(t *testing.T) {
 	h := newHarness(t)
 	h.reconcile("ghost")
-	assert.True(t, isNotFound(h.kube.Get(context.Background(), client.ObjectKey{Name: "ghost"}, &v1alpha1.HypervisorNode{})))
+	assert.True(t, kerrors.IsNotFound(h.kube.Get(context.Background(), client.ObjectKey{Name: "ghost"}, &v1alpha1.HypervisorNode{})))
 }
-
-func isNotFound(err error) bool { return client.IgnoreNotFound(err) == nil && err != nil }
