@@ -14,8 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -209,26 +207,7 @@ func (e *hostile) delete(t *testing.T, keyOf func(node, uid string) (string, err
 // foreignReports reads the hub's count of node1's foreign reports of kind.
 func foreignReports(t *testing.T, h *hub, kind, op string) float64 {
 	t.Helper()
-	resp, err := http.Get(h.s.HubMetricsURL()) //nolint:noctx // a test's loopback read
-	require.NoError(t, err)
-	defer func() { _ = resp.Body.Close() }()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := p.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
-	f, ok := families["virtfleet_hub_foreign_reports_total"]
-	if !ok {
-		return 0
-	}
-	for _, m := range f.GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		if labels["kind"] == kind && labels["node"] == node1 && labels["operation"] == op {
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
+	return scrape(t, h.s.HubMetricsURL()).value("virtfleet_hub_foreign_reports_total", "kind", kind, "node", node1, "operation", op)
 }
 
 // hasEventOn is hub.hasEvent for any kind of object.
