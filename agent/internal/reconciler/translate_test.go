@@ -53,14 +53,10 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 				VCPU: 1, MemoryBytes: 1 << 20,
 				Disks: []wire.Disk{{Name: "root", SizeBytes: 1 << 30, Image: &tc.image}},
 			}}
-			m, err := machine(in)
-			if tc.wantErr != "" {
-				require.Error(t, err)
-				assert.True(t, driver.IsTerminal(err), "not retried: %v", err)
-				assert.EqualError(t, err, tc.wantErr)
+			m, ok := machineOrRefused(t, in, tc.wantErr)
+			if !ok {
 				return
 			}
-			require.NoError(t, err)
 			assert.Equal(t, tc.want, m.Disks[0].Image)
 		})
 	}
@@ -85,14 +81,10 @@ func TestMachineRefusesAVLANOutOfRange(t *testing.T) {
 				Disks:    []wire.Disk{{Name: "root", SizeBytes: 1 << 30}},
 				Networks: []wire.Network{{Name: "lan", UID: "n-1", Mode: "bridge", Bridge: "br-site", VLAN: tc.vlan}},
 			}}
-			m, err := machine(in)
-			if tc.wantErr != "" {
-				require.Error(t, err)
-				assert.True(t, driver.IsTerminal(err), "not retried: %v", err)
-				assert.EqualError(t, err, tc.wantErr)
+			m, ok := machineOrRefused(t, in, tc.wantErr)
+			if !ok {
 				return
 			}
-			require.NoError(t, err)
 			assert.Equal(t, tc.vlan, m.Networks[0].VLAN)
 		})
 	}
@@ -148,4 +140,19 @@ func TestWirePhaseKeepsKnownPhasesAndReportsOthersUnknown(t *testing.T) {
 		assert.Equal(t, string(p), string(wirePhase(p)), "a known phase keeps its name")
 	}
 	assert.Equal(t, wire.PhaseUnknown, wirePhase("Hibernating"), "a phase the protocol does not know")
+}
+
+// machineOrRefused is in's machine, and true; or, with wantErr set, checks
+// that in is refused with exactly that error, never retried, and is false.
+func machineOrRefused(t *testing.T, in wire.Intent, wantErr string) (driver.Machine, bool) {
+	t.Helper()
+	m, err := machine(in)
+	if wantErr != "" {
+		require.Error(t, err)
+		assert.True(t, driver.IsTerminal(err), "not retried: %v", err)
+		assert.EqualError(t, err, wantErr)
+		return m, false
+	}
+	require.NoError(t, err)
+	return m, true
 }
