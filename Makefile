@@ -130,7 +130,7 @@ RUN_PROFILES := run $(if $(GUESTS),guests) $(if $(CROSSPLANE),crossplane)
 run: ## Start the whole system locally: control plane, NATS, hub, three agents on private libvirtds, examples.
 	@./hack/deps.sh $(RUN_PROFILES)
 	@$(MAKE) --no-print-directory -j2 envtest-assets $(if $(CROSSPLANE),crossplane-core)
-	@$(MAKE) --no-print-directory local CROSSPLANE=$(CROSSPLANE)
+	@$(MAKE) --no-print-directory local
 	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" exec bin/local -binaries=bin $(RUN_FLAGS)
 
 # One go command builds the three, compiling what they share once and

@@ -178,8 +178,8 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return errors.Wrap(err, "cannot create the controller manager")
 	}
-	watchErrs.reader = mgr.GetAPIReader()
-	watchErrs.recorder = event.NewAPIRecorder(mgr.GetEventRecorderFor("virtfleet-hub")) //nolint:staticcheck // crossplane-runtime still records through the old events API
+	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor("virtfleet-hub")) //nolint:staticcheck // crossplane-runtime still records through the old events API
+	watchErrs.reader, watchErrs.recorder = mgr.GetAPIReader(), recorder
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return errors.Wrap(err, "cannot add the health check")
 	}
@@ -230,7 +230,6 @@ func Run(ctx context.Context, c Config) error {
 	if err := leftovers.Setup(ctx, mgr); err != nil {
 		return err
 	}
-	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor("virtfleet-hub")) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
 		f.Subscribe(notifier.Notify)
 		f.SubscribeNodes(func(node string) { scheduler.RetryUnplaced(node) })
