@@ -73,6 +73,13 @@ type Driver struct {
 	imagesCalls int
 	events      chan driver.Event
 	closeOne    sync.Once
+
+	// reach are the drivers guests migrate to, by URI (Reach); incoming
+	// the machines PrepareIncoming was given, by uid; migrations the last
+	// migration of each guest, by uid.
+	reach      map[string]*Driver
+	incoming   map[string]driver.Machine
+	migrations map[string]driver.MigrationStatus
 }
 
 type guest struct {
@@ -337,6 +344,7 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 		return err
 	}
 	delete(d.guests, uid)
+	delete(d.incoming, uid)
 	return nil
 }
 

@@ -171,6 +171,9 @@ func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 	if o, ok := h.driver.(driver.Overlay); ok && o.TunnelAddress().IsValid() {
 		hb.TunnelAddress = o.TunnelAddress().String()
 	}
+	if _, ok := h.driver.(driver.Migrator); ok {
+		hb.MigrationURI = h.cfg.MigrationURI
+	}
 	c, err := reconciler.DriverCall(h.cfg.Metrics, reconciler.OpCapacity, func() (driver.Capacity, error) { return h.driver.Capacity(ctx) })
 	switch {
 	case err != nil:

@@ -75,6 +75,11 @@ type Config struct {
 	// MetricsAddress is the host:port the agent serves its Prometheus
 	// metrics on, at /metrics; empty or "0" serves none.
 	MetricsAddress string
+	// MigrationURI is where other nodes' hypervisors reach this node's to
+	// migrate a guest here live, announced in the heartbeat when the
+	// backend can receive one (driver.Migrator); empty announces none, and
+	// the hub then never migrates a guest to or from this node.
+	MigrationURI string
 	// Metrics are the agent's metrics; nil means the process's
 	// (metrics.DefaultAgent). A test that runs several agents in one
 	// process gives each its own, or their guest counts mix.

@@ -17,6 +17,7 @@ import (
 // and TunnelAddress do no work on the backend and are not timed.
 const (
 	OpEnsure        = "ensure"
+	OpObserve       = "observe"
 	OpDelete        = "delete"
 	OpList          = "list"
 	OpImages        = "images"

@@ -358,9 +358,14 @@ func (r *Reconciler) reconcile(ctx context.Context, uid string) (time.Duration, 
 			return 0, r.report(ctx, failed(in, r.node, err))
 		}
 	}
-	if in.Claim != nil {
+	switch {
+	case in.Incoming != nil:
+		return r.incoming(ctx, in, m)
+	case in.Migration != nil:
+		return r.migrate(ctx, in, m)
+	case in.Claim != nil:
 		obs, err = r.claim(ctx, in, m)
-	} else {
+	default:
 		obs, err = r.ensure(ctx, m)
 	}
 	if err != nil {

@@ -112,6 +112,12 @@ func startWith(t *testing.T, wrap func(*fake.Driver) driver.Driver, mods ...func
 // startLogged is startWith with the reconciler logging to log.
 func startLogged(t *testing.T, log logging.Logger, wrap func(*fake.Driver) driver.Driver, mods ...func(*Options)) *harness {
 	t.Helper()
+	return startOn(t, node, log, wrap, mods...)
+}
+
+// startOn is startLogged for a node of another name.
+func startOn(t *testing.T, node string, log logging.Logger, wrap func(*fake.Driver) driver.Driver, mods ...func(*Options)) *harness {
+	t.Helper()
 	f := fake.New(node)
 	rep := newReports()
 	o := Options{Workers: 4, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollTransitional: 10 * time.Millisecond, ImagePollEvery: 10 * time.Millisecond}

@@ -42,6 +42,41 @@ type Intent struct {
 	// ObserveOnly only reports the claimed guest and never changes it
 	// (managementPolicies [Observe]); the guest is not taken over.
 	ObserveOnly bool `json:"observeOnly,omitempty"`
+	// Migration, on the intent of the node the guest runs on, asks that
+	// node to move the running guest live to another node. While it is
+	// set the node never creates, starts or stops the guest: it starts the
+	// migration once, reports its progress in Report.Migration, and leaves
+	// the guest running where it is if the migration fails.
+	Migration *Migration `json:"migration,omitempty"`
+	// Incoming, on the intent of a migration's target node, asks that node
+	// to get ready to receive the guest (Machine is complete) and to report
+	// Report.Incoming once it is; it never creates nor starts the guest
+	// itself. Once the guest runs there the hub drops Incoming, and the
+	// intent is the guest's like any other.
+	//
+	// An agent older than Migration and Incoming would take either for a
+	// plain intent (a target would boot a second copy), so the hub sends
+	// them only to nodes announcing NodeHeartbeat.MigrationURI.
+	Incoming *Incoming `json:"incoming,omitempty"`
+}
+
+// Migration is a live migration the source node carries out.
+type Migration struct {
+	// ID is the VirtualMachineMigration's uid; a new ID is a new attempt.
+	ID string `json:"id"`
+	// TargetNode is the node the guest moves to.
+	TargetNode string `json:"targetNode"`
+	// TargetURI is where the source's hypervisor reaches the target's, as
+	// the target announced it (NodeHeartbeat.MigrationURI).
+	TargetURI string `json:"targetURI"`
+}
+
+// Incoming is a live migration the target node receives.
+type Incoming struct {
+	// ID is the migration's, as in Migration.ID.
+	ID string `json:"id"`
+	// SourceNode is the node the guest comes from, for messages.
+	SourceNode string `json:"sourceNode"`
 }
 
 // Claim names an existing guest; exactly one field is set.
@@ -242,6 +277,44 @@ type Report struct {
 	// node keeps that report as long as the guest is there, so a VM of the
 	// same namespace and name can find and adopt it (Intent.Claim).
 	Orphan *Orphan `json:"orphan,omitempty"`
+	// Migration is the progress of the migration Intent.Migration asked
+	// for, on the source node's report.
+	Migration *MigrationReport `json:"migration,omitempty"`
+	// Incoming, on a migration target's report, is the ID of the migration
+	// the node is ready to receive (Intent.Incoming). The report's phase
+	// is Pending until the guest arrives, and the guest's once it runs
+	// there.
+	Incoming string `json:"incoming,omitempty"`
+}
+
+// MigrationPhase is how far a live migration got on its source node.
+type MigrationPhase string
+
+// Migration phases.
+const (
+	MigrationRunning   MigrationPhase = "Running"
+	MigrationSucceeded MigrationPhase = "Succeeded"
+	MigrationFailed    MigrationPhase = "Failed"
+)
+
+// MigrationReport is a live migration as its source node sees it, with the
+// figures the hypervisor reports.
+type MigrationReport struct {
+	ID    string         `json:"id"`
+	Phase MigrationPhase `json:"phase"`
+	// StartedAt and FinishedAt bound the migration; FinishedAt is unset
+	// while it runs.
+	StartedAt  *time.Time `json:"startedAt,omitempty"`
+	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	// TotalBytes is what is to be transferred (memory and disks) as far as
+	// the hypervisor knows, ProcessedBytes what was.
+	TotalBytes     int64 `json:"totalBytes,omitempty"`
+	ProcessedBytes int64 `json:"processedBytes,omitempty"`
+	// DowntimeMilliseconds is how long the guest was paused to switch
+	// over, once Succeeded; 0 where the hypervisor does not tell.
+	DowntimeMilliseconds int64 `json:"downtimeMilliseconds,omitempty"`
+	// Message says why the migration failed, or what it is doing.
+	Message string `json:"message,omitempty"`
 }
 
 // AddressSource says how an interface's addresses were learned.
@@ -280,8 +353,14 @@ type NodeHeartbeat struct {
 	AgentVersion string            `json:"agentVersion,omitempty"`
 	// TunnelAddress is the node's address on the underlay, where the other
 	// nodes send its overlay traffic; empty on a node without an overlay.
-	TunnelAddress string    `json:"tunnelAddress,omitempty"`
-	SentAt        time.Time `json:"sentAt"`
+	TunnelAddress string `json:"tunnelAddress,omitempty"`
+	// MigrationURI is where another node's hypervisor reaches this one's to
+	// migrate a guest here (on libvirt a URI such as
+	// qemu+tls://host/system); empty on a node that receives no live
+	// migration. Announcing it also says the agent understands
+	// Intent.Migration and Intent.Incoming.
+	MigrationURI string    `json:"migrationURI,omitempty"`
+	SentAt       time.Time `json:"sentAt"`
 }
 
 // Resources is an amount of node capacity.

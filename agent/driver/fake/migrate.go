@@ -1,0 +1,114 @@
+package fake
+
+import (
+	"context"
+	"time"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
+)
+
+var _ driver.Migrator = (*Driver)(nil)
+
+// Reach lets d migrate guests to the driver to, at uri (a
+// MigrationTarget.URI), as the hypervisors of one fleet reach each other.
+func (d *Driver) Reach(uri string, to *Driver) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.reach == nil {
+		d.reach = map[string]*Driver{}
+	}
+	d.reach[uri] = to
+}
+
+// Prepared says whether PrepareIncoming made the node ready for uid and
+// nothing deleted it since.
+func (d *Driver) Prepared(uid string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.incoming[uid]
+	return ok
+}
+
+// PrepareIncoming implements driver.Migrator: it records the machine, which
+// Delete forgets.
+func (d *Driver) PrepareIncoming(_ context.Context, m driver.Machine) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.take(Call{Op: "PrepareIncoming", UID: m.UID, Machine: m}, new(error)); err != nil {
+		return err
+	}
+	if d.incoming == nil {
+		d.incoming = map[string]driver.Machine{}
+	}
+	d.incoming[m.UID] = m
+	return nil
+}
+
+// Migrate implements driver.Migrator in two steps: the first call of an ID
+// starts the migration (Running), the next one moves the guest to the
+// driver Reach gave for t.URI, which must be prepared for it. Fail("Migrate",
+// uid, err) makes the migration fail with err's message instead, leaving the
+// guest here.
+func (d *Driver) Migrate(_ context.Context, m driver.Machine, t driver.MigrationTarget) (driver.MigrationStatus, error) {
+	d.mu.Lock()
+	if err := d.take(Call{Op: "Migrate", UID: m.UID, Machine: m}, new(error)); err != nil {
+		d.mu.Unlock()
+		return driver.MigrationStatus{ID: t.ID, Phase: driver.MigrationFailed, Message: err.Error()}, nil
+	}
+	if d.migrations == nil {
+		d.migrations = map[string]driver.MigrationStatus{}
+	}
+	st, started := d.migrations[m.UID]
+	if started && st.ID == t.ID && st.Phase != driver.MigrationRunning {
+		d.mu.Unlock()
+		return st, nil
+	}
+	g, here := d.guests[m.UID]
+	switch {
+	case !here:
+		d.mu.Unlock()
+		return driver.MigrationStatus{}, driver.NotFoundf("guest %s not found", m.UID)
+	case g.obs.Phase != driver.PhaseRunning:
+		d.mu.Unlock()
+		return driver.MigrationStatus{}, driver.Terminalf("guest %s is %s, not Running", m.UID, g.obs.Phase)
+	case !started || st.ID != t.ID:
+		st = driver.MigrationStatus{ID: t.ID, Phase: driver.MigrationRunning, StartedAt: time.Now(), TotalBytes: m.MemoryBytes}
+		d.migrations[m.UID] = st
+		d.mu.Unlock()
+		return st, nil
+	}
+	to := d.reach[t.URI]
+	d.mu.Unlock()
+
+	arrived := to != nil && to.receive(m.UID, g)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st.FinishedAt = time.Now()
+	if !arrived {
+		st.Phase, st.Message = driver.MigrationFailed, "cannot reach "+t.URI+" or it is not ready for the guest"
+	} else {
+		delete(d.guests, m.UID)
+		st.Phase, st.ProcessedBytes, st.Downtime = driver.MigrationSucceeded, st.TotalBytes, time.Millisecond
+	}
+	d.migrations[m.UID] = st
+	return st, nil
+}
+
+// receive takes guest g of uid in, if the node was prepared for it, and
+// says so on Events.
+func (d *Driver) receive(uid string, g *guest) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.incoming[uid]; !ok {
+		return false
+	}
+	moved := *g
+	moved.obs.Node = d.Node
+	d.guests[uid] = &moved
+	delete(d.incoming, uid)
+	select {
+	case d.events <- driver.Event{UID: uid}:
+	default:
+	}
+	return true
+}
