@@ -15,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/virtfleet/virtfleet/hub/internal/app"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
 	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
@@ -32,6 +33,8 @@ func main() {
 	flag.IntVar(&c.MaxReconcileRate, "max-reconcile-rate", app.DefaultMaxReconcileRate, "Reconciles per second across all controllers; high enough for bursts of creates.")
 	flag.IntVar(&c.Workers, "workers", app.DefaultWorkers, "Reconciles each controller runs at once.")
 	flag.IntVar(&c.QPS, "qps", app.DefaultQPS, "Requests per second to the Kubernetes API server (burst: twice as many).")
+	flag.IntVar(&c.MigrationsPerFleet, "migrations-per-fleet", migration.DefaultPerFleet, "Live migrations under way at once in one fleet (one NATS server's nodes).")
+	flag.IntVar(&c.MigrationsPerNode, "migrations-per-node", migration.DefaultPerNode, "Live migrations under way at once from or to one node.")
 	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM deleted while its node is lost waits before it is finalized.")
 	flag.DurationVar(&c.NodeTTL, "node-ttl", natswire.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
 	// The names Crossplane providers read besides (provider-template's

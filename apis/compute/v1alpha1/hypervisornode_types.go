@@ -14,6 +14,41 @@ type HypervisorNodeSpec struct {
 	// a Kubernetes node). The VMs already on it stay.
 	// +optional
 	Unschedulable bool `json:"unschedulable,omitempty"`
+	// Drain moves every VirtualMachine off the node, live, as kubectl
+	// drain evicts a Kubernetes node's pods, and keeps new ones away as
+	// Unschedulable does: the hub creates a VirtualMachineMigration for
+	// each VM of the node, within the migration limits. A VM whose
+	// evictionStrategy is None stays, and the drain waits for it.
+	// status.drain shows the progress. Setting it back to false stops
+	// the drain; migrations already running finish.
+	// +optional
+	Drain bool `json:"drain,omitempty"`
+}
+
+// DrainPhase is how far a drain got.
+type DrainPhase string
+
+// Drain phases.
+const (
+	// DrainDraining: VMs are being moved off the node.
+	DrainDraining DrainPhase = "Draining"
+	// DrainBlocked: VMs remain that no migration moves (evictionStrategy
+	// None, or their migration failed); Message names them.
+	DrainBlocked DrainPhase = "Blocked"
+	// DrainDrained: no VM is left on the node.
+	DrainDrained DrainPhase = "Drained"
+)
+
+// DrainStatus is the progress of a drain.
+type DrainStatus struct {
+	Phase DrainPhase `json:"phase"`
+	// Remaining is how many VMs are still on the node, Migrating how many
+	// of them are moving now.
+	Remaining int32 `json:"remaining"`
+	Migrating int32 `json:"migrating"`
+	// Message names the VMs the drain waits for, and why.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // NodeResources are amounts of what guests use on a node.
@@ -48,6 +83,10 @@ type HypervisorNodeStatus struct {
 	Allocated NodeResources `json:"allocated"`
 	// VirtualMachines is how many VirtualMachines the hub placed on it.
 	VirtualMachines int32 `json:"virtualMachines"`
+	// Drain is the progress of the drain spec.drain asks for; unset when
+	// the node is not being drained.
+	// +optional
+	Drain *DrainStatus `json:"drain,omitempty"`
 	// Summary is "allocated/capacity" of vCPUs and memory, for kubectl get.
 	// +optional
 	Summary string `json:"summary,omitempty"`
@@ -81,6 +120,7 @@ const (
 // back.
 // +kubebuilder:printcolumn:name="READY",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].status"
 // +kubebuilder:printcolumn:name="CORDONED",type="boolean",JSONPath=".spec.unschedulable"
+// +kubebuilder:printcolumn:name="DRAIN",type="string",JSONPath=".status.drain.phase"
 // +kubebuilder:printcolumn:name="BACKEND",type="string",JSONPath=".status.backend"
 // +kubebuilder:printcolumn:name="VMS",type="integer",JSONPath=".status.virtualMachines"
 // +kubebuilder:printcolumn:name="ALLOCATED",type="string",JSONPath=".status.summary"

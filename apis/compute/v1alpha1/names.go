@@ -38,4 +38,23 @@ const (
 	// and is honoured only where a cluster administrator allowed the
 	// namespace to choose nodes (TenantGrant.ChooseNode) or to import.
 	AnnotationSeal = Group + "/seal"
+
+	// AnnotationMigration records, on a VirtualMachine being migrated, the
+	// uid of its VirtualMachineMigration and the node it moves to
+	// ("<uid>/<node>"), sealed by AnnotationMigrationSeal. The hub writes
+	// it when it chose the target, before it tells any node, and removes
+	// it when the guest runs on the target (moving AnnotationNode there)
+	// or the migration failed.
+	AnnotationMigration = Group + "/migration"
+
+	// AnnotationMigrationSeal is the hub's mark on AnnotationMigration: a
+	// migration target written by hand is never acted on.
+	AnnotationMigrationSeal = Group + "/migration-seal"
+
+	// AnnotationLeftovers lists, comma-separated, the nodes that may still
+	// hold something of a VirtualMachine that no longer runs there: the
+	// source of a migration that succeeded, the target of one that
+	// failed. The hub deletes the VM's intent on each and drops the node
+	// from the list once its report is gone.
+	AnnotationLeftovers = Group + "/leftovers"
 )

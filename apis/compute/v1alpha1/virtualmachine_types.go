@@ -31,6 +31,16 @@ const (
 	FirmwareUEFI Firmware = "uefi"
 )
 
+// EvictionStrategy is what a drain does with a VirtualMachine.
+// +kubebuilder:validation:Enum=LiveMigrate;None
+type EvictionStrategy string
+
+// Eviction strategies.
+const (
+	EvictionLiveMigrate EvictionStrategy = "LiveMigrate"
+	EvictionNone        EvictionStrategy = "None"
+)
+
 // DiskAttachment attaches a Volume to a VirtualMachine.
 type DiskAttachment struct {
 	// Name of a Volume in the VirtualMachine's namespace.
@@ -117,6 +127,12 @@ type VirtualMachineParameters struct {
 	// hypervisor. Unset means any.
 	// +optional
 	Backend *Backend `json:"backend,omitempty"`
+
+	// EvictionStrategy is what a drain of the VM's node does with it:
+	// LiveMigrate (the default) moves it live to another node; None keeps
+	// it where it is, and the drain waits for it (shown on the node).
+	// +optional
+	EvictionStrategy *EvictionStrategy `json:"evictionStrategy,omitempty"`
 
 	// UserData is extra cloud-init user data, merged after virtfleet's own
 	// (SSH key, hostname, swap).

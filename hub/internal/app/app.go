@@ -43,6 +43,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/census"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
@@ -86,6 +87,10 @@ type Config struct {
 	QPS int
 	// FencingTimeout finalizes a VM deleted while its node is lost.
 	FencingTimeout time.Duration
+	// MigrationsPerFleet and MigrationsPerNode bound the live migrations
+	// under way at once in a fleet and from or to one node; zero takes
+	// migration.DefaultPerFleet and DefaultPerNode.
+	MigrationsPerFleet, MigrationsPerNode int
 	// NodeTTL is the heartbeat bucket's TTL when the hub creates it.
 	NodeTTL time.Duration
 }
@@ -225,6 +230,7 @@ func Run(ctx context.Context, c Config) error {
 	notifier := fleet.NewNotifier()
 	volumes := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
 	images := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.DiskImage{} })
+	migrations := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.VirtualMachineMigration{} })
 	nodeChanges := hypervisornode.NewChanges()
 	leftovers := volume.NewLeftovers(mgr.GetClient(), mgr.GetAPIReader(), log)
 	if err := leftovers.Setup(ctx, mgr); err != nil {
@@ -232,6 +238,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
 		f.Subscribe(notifier.Notify)
+		f.Subscribe(migrations.Notify)
 		f.SubscribeNodes(func(node string) { scheduler.RetryUnplaced(node) })
 		f.SubscribeSynced(func() { scheduler.RetryUnplaced("") })
 		f.SubscribeVolumes(volumes.Notify)
@@ -258,7 +265,8 @@ func Run(ctx context.Context, c Config) error {
 	}
 	addresses := ipam.New(direct, mgr.GetClient())
 	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, Addresses: addresses}
-	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, volumes, images, nodeChanges); err != nil {
+	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode}
+	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	// Connect at start, not at the first VM: agents heartbeat only once the

@@ -12,6 +12,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/diskimage"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualnetwork"
@@ -25,7 +26,8 @@ import (
 // and image report changes (Fleet.SubscribeVolumes, Fleet.SubscribeImages).
 // nodes hears of the nodes whose heartbeats changed
 // (Fleet.SubscribeNodeChanges).
-func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, volumes, images *fleet.Notifier, nodes *hypervisornode.Changes) error {
+// mo configures live migrations.
+func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, mo migration.Options, volumes, images *fleet.Notifier, nodes *hypervisornode.Changes) error {
 	if err := index.Setup(ctx, mgr); err != nil {
 		return err
 	}
@@ -45,6 +47,9 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 		return err
 	}
 	if err := hypervisornode.SetupGated(mgr, o, vo.Pool.Fleets, nodes); err != nil {
+		return err
+	}
+	if err := migration.SetupGated(mgr, o, mo); err != nil {
 		return err
 	}
 	return diskimage.SetupGated(mgr, o, vo.Pool, images)

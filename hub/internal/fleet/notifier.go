@@ -55,6 +55,12 @@ func (n *Notifier) Remember(o client.Object) {
 	n.keys.Store(string(o.GetUID()), types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()})
 }
 
+// RememberAs records that reports about uid concern o, an object other than
+// the one of that uid (a migration of the VM uid).
+func (n *Notifier) RememberAs(uid string, o client.Object) {
+	n.keys.Store(uid, types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()})
+}
+
 // Forget drops what Remember recorded of uid; WhenGone calls it once the
 // object is gone, so the Notifier holds only objects that exist.
 func (n *Notifier) Forget(uid string) {

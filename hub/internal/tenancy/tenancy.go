@@ -100,6 +100,16 @@ func (g Grant) CheckNode(kind, node string) error {
 	return &RefusedError{What: fmt.Sprintf("the %s names node %q in the annotation %s, which only virtfleet's placement sets", kind, node, v1alpha1.AnnotationNode), Namespace: g.Namespace, Field: "chooseNode: true"}
 }
 
+// CheckTargetNode says whether the namespace may name the node a
+// VirtualMachineMigration moves its VM to (spec.targetNode): the same grant
+// as choosing a VM's node.
+func (g Grant) CheckTargetNode(node string) error {
+	if g.ChooseNode {
+		return nil
+	}
+	return &RefusedError{What: fmt.Sprintf("the VirtualMachineMigration names targetNode %q; the hub chooses the target unless the namespace may choose nodes", node), Namespace: g.Namespace, Field: "chooseNode: true"}
+}
+
 // CheckNetwork says whether the namespace may have the VirtualNetwork n:
 // one that imports a node's network needs the import grant, one in bridge
 // mode its host bridge granted.

@@ -43,6 +43,9 @@ const (
 	// resyncEvery re-reads each node although nothing was heard of it: a
 	// change whose notice was dropped (Changes is full) shows by then.
 	resyncEvery = time.Minute
+	// drainEvery looks again at a node being drained; its migrations'
+	// progress wakes it sooner.
+	drainEvery = 10 * time.Second
 )
 
 // Changes hears of nodes whose heartbeats changed (Fleet.SubscribeNodeChanges)
@@ -84,7 +87,7 @@ func SetupGated(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.F
 		if err := Setup(mgr, o, fleets, changes); err != nil {
 			panic(errors.Wrap(err, "cannot set up the HypervisorNode controller"))
 		}
-	}, v1alpha1.HypervisorNodeGroupVersionKind, v1alpha1.VirtualMachineGroupVersionKind)
+	}, v1alpha1.HypervisorNodeGroupVersionKind, v1alpha1.VirtualMachineGroupVersionKind, v1alpha1.VirtualMachineMigrationGroupVersionKind)
 	return nil
 }
 
@@ -105,6 +108,15 @@ func Setup(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.Fleet,
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				return e.ObjectOld.GetAnnotations()[v1alpha1.AnnotationNode] != e.ObjectNew.GetAnnotations()[v1alpha1.AnnotationNode]
 			},
+		})).
+		// A drain follows its migrations; a migration that ends may also
+		// free a slot for the next.
+		Watches(&v1alpha1.VirtualMachineMigration{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			m, ok := o.(*v1alpha1.VirtualMachineMigration)
+			if !ok || m.Status.SourceNode == "" {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: m.Status.SourceNode}}}
 		})).
 		WatchesRawSource(source.Channel(changes.ch, &handler.TypedEnqueueRequestForObject[*v1alpha1.HypervisorNode]{})).
 		// Not o's options: their rate limiter is the one the hub's managed
@@ -161,8 +173,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	// readiness change.
 	want.Status.VirtualMachines = int32(len(vms.Items)) //nolint:gosec // far fewer VMs than 2^31 on one node
 	meta.SetStatusCondition(&want.Status.Conditions, ready(st))
+	want.Status.Drain = nil
+	next := resyncEvery
+	if n.Spec.Drain {
+		if want.Status.Drain, err = r.drain(ctx, name, vms.Items); err != nil {
+			return reconcile.Result{}, err
+		}
+		if want.Status.Drain.Phase != v1alpha1.DrainDrained {
+			next = drainEvery
+		}
+	}
 	if equality.Semantic.DeepEqual(n.Status, want.Status) {
-		return reconcile.Result{RequeueAfter: resyncEvery}, nil
+		return reconcile.Result{RequeueAfter: next}, nil
 	}
 	if wait := r.wait(name); wait > 0 {
 		return reconcile.Result{RequeueAfter: wait}, nil
@@ -171,7 +193,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, errors.Wrapf(err, "cannot write the status of HypervisorNode %s", name)
 	}
 	r.wrote(name)
-	return reconcile.Result{RequeueAfter: resyncEvery}, nil
+	return reconcile.Result{RequeueAfter: next}, nil
 }
 
 // status is what a node's HypervisorNode shows of its latest heartbeat;

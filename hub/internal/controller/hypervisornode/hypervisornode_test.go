@@ -42,6 +42,8 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	kube := fake.NewClientBuilder().WithScheme(scheme).
 		WithStatusSubresource(&v1alpha1.HypervisorNode{}).
 		WithIndex(&v1alpha1.VirtualMachine{}, index.NodeUsers.Index, index.NodeUsers.Uses).
+		WithIndex(&v1alpha1.VirtualMachineMigration{}, index.MigrationsOfVM.Index, index.MigrationsOfVM.Uses).
+		WithStatusSubresource(&v1alpha1.VirtualMachineMigration{}).
 		WithObjects(objs...).Build()
 	b := bus.NewFake()
 	f := fleettest.Start(t, b)

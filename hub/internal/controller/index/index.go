@@ -64,8 +64,23 @@ var NodeUsers = vmUser("metadata.annotations.node", func(vm *v1alpha1.VirtualMac
 	return nil
 })
 
+// MigrationsOfVM are the VirtualMachineMigrations moving a VirtualMachine,
+// through spec.vmName.
+var MigrationsOfVM = inuse.User{
+	Kind:    v1alpha1.VirtualMachineMigrationKind,
+	New:     func() client.Object { return &v1alpha1.VirtualMachineMigration{} },
+	NewList: func() client.ObjectList { return &v1alpha1.VirtualMachineMigrationList{} },
+	Index:   "spec.vmName",
+	Uses: func(o client.Object) []string {
+		if m, ok := o.(*v1alpha1.VirtualMachineMigration); ok {
+			return []string{string(m.Spec.VMName)}
+		}
+		return nil
+	},
+}
+
 // all are the indexes Setup registers.
-var all = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers, NodeUsers}
+var all = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers, NodeUsers, MigrationsOfVM}
 
 // vmUser describes VirtualMachines as users of what index names.
 func vmUser(index string, uses func(*v1alpha1.VirtualMachine) []string) inuse.User {

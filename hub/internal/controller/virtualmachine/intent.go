@@ -331,9 +331,9 @@ func fingerprint(in wire.Intent) string {
 	return hex.EncodeToString(h[:])
 }
 
-// nodeSelector merges the ProviderConfig's default selector with the VM's
+// NodeSelector merges the ProviderConfig's default selector with the VM's
 // own; the VM's wins on a conflict.
-func nodeSelector(defaults, own map[string]string) map[string]string {
+func NodeSelector(defaults, own map[string]string) map[string]string {
 	if len(defaults) == 0 {
 		return own
 	}

@@ -264,7 +264,7 @@ func TestNodeSelector(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, nodeSelector(tc.defaults, tc.own))
+			assert.Equal(t, tc.want, NodeSelector(tc.defaults, tc.own))
 		})
 	}
 }

@@ -395,18 +395,19 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	}
 	nodes, ok := b.nodes[f]
 	if !ok {
-		nodes = s.cordoned(ctx, f.Nodes())
+		nodes = MarkCordoned(ctx, s.cache, f.Nodes())
 		b.nodes[f] = nodes
 	}
 	node, err := s.placer.Place(nodes, req)
 	return binding{vm: vm, node: node, seal: f.Seal(string(vm.UID), node, "")}, errors.Wrap(err, "cannot place the VM")
 }
 
-// cordoned marks the nodes whose HypervisorNode is unschedulable.
-func (s *Scheduler) cordoned(ctx context.Context, nodes []placement.Node) []placement.Node {
+// MarkCordoned marks the nodes whose HypervisorNode is unschedulable or
+// being drained.
+func MarkCordoned(ctx context.Context, cache client.Reader, nodes []placement.Node) []placement.Node {
 	for i := range nodes {
 		n := &v1alpha1.HypervisorNode{}
-		if err := s.cache.Get(ctx, types.NamespacedName{Name: nodes[i].Name}, n); err == nil && n.Spec.Unschedulable {
+		if err := cache.Get(ctx, types.NamespacedName{Name: nodes[i].Name}, n); err == nil && (n.Spec.Unschedulable || n.Spec.Drain) {
 			nodes[i].Unschedulable = true
 		}
 	}

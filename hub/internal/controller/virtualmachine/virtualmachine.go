@@ -13,6 +13,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -357,11 +359,13 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	e.setConditions(vm, obs, node, n)
 	e.recordTransition(vm, before, obs, node)
 
+	e.migratingCondition(vm, node)
+
 	d, err := e.resolve(ctx, vm)
-	upToDate := err == nil && e.knownAddresses(vm, &d, n)
+	upToDate := err == nil && e.knownAddresses(vm, &d, n) && len(Leftovers(vm)) == 0
 	if upToDate {
 		published, _ := e.state.published.Load(uid)
-		upToDate = published == fingerprint(intent(vm, d))
+		upToDate = published == planFingerprint(e.plan(vm, d, node), node)
 	}
 	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, nil
 }
@@ -386,7 +390,8 @@ func (e *external) resolve(ctx context.Context, vm *v1alpha1.VirtualMachine) (de
 // about vm from nodes other than node.
 func (e *external) flagForeign(vm *v1alpha1.VirtualMachine, node string) {
 	f := e.fleet
-	e.later(vm, func() { f.FlagForeign(fleet.KindVM, vm, node) })
+	placed := e.placedOn(vm, node)
+	e.later(vm, func() { f.FlagForeign(fleet.KindVM, vm, placed...) })
 }
 
 // observeDeletion reports the guest as existing until its node confirmed the
@@ -437,7 +442,7 @@ func request(vm *v1alpha1.VirtualMachine, d dependencies, defaults map[string]st
 	req := placement.Request{
 		UID:          string(vm.UID),
 		Resources:    placement.Resources{VCPU: int64(fp.Vcpu), MemoryBytes: fp.Memory.Value()},
-		NodeSelector: nodeSelector(defaults, fp.NodeSelector),
+		NodeSelector: NodeSelector(defaults, fp.NodeSelector),
 		RequiredNode: required,
 	}
 	if fp.Backend != nil {
@@ -503,6 +508,11 @@ func (e *external) ensure(ctx context.Context, vm *v1alpha1.VirtualMachine, d de
 	if err != nil {
 		return err
 	}
+	if m, ok := MigrationOf(vm, e.fleet); ok && (bound == node || bound == m.Target) {
+		// A placed VM's volumes are bound already; during a migration they
+		// are bound to the target just before the VM moves there.
+		return e.publish(ctx, vm, d, node)
+	}
 	if bound != "" && bound != node {
 		return errors.Errorf("the VM is on node %s but its volumes are on node %s; delete and re-create the VM to place it there", node, bound)
 	}
@@ -521,13 +531,15 @@ func (e *external) busFailed(uid string, err error) error {
 }
 
 func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies, node string) error {
-	in := intent(vm, d)
-	if _, err := e.fleet.Bus.PutIntent(ctx, node, in); err != nil {
-		return e.busFailed(in.UID, errors.Wrapf(err, "cannot publish the intent to node %s", node))
+	p := e.plan(vm, d, node)
+	for _, n := range slices.Sorted(maps.Keys(p)) {
+		if _, err := e.fleet.Bus.PutIntent(ctx, n, p[n]); err != nil {
+			return e.busFailed(string(vm.UID), errors.Wrapf(err, "cannot publish the intent to node %s", n))
+		}
 	}
-	e.state.published.Store(in.UID, fingerprint(in))
-	e.state.deleted.Delete(in.UID)
-	return nil
+	e.state.published.Store(string(vm.UID), planFingerprint(p, node))
+	e.state.deleted.Delete(string(vm.UID))
+	return e.clearLeftovers(ctx, vm)
 }
 
 // Update publishes the intent again after the spec or the restart
@@ -576,8 +588,12 @@ func (e *external) Delete(ctx context.Context, vm *v1alpha1.VirtualMachine) (man
 	node, uid := vm.GetAnnotations()[v1alpha1.AnnotationNode], string(vm.UID)
 	vm.Status.AtProvider.Phase = v1alpha1.PhaseDeleting
 	vm.SetConditions(xpv2.Deleting())
-	if err := e.fleet.Bus.DeleteIntent(ctx, node, uid); err != nil {
-		return managed.ExternalDelete{}, e.busFailed(uid, errors.Wrapf(err, "cannot delete the intent on node %s", node))
+	// The target of a migration under way and the nodes the VM left may
+	// hold it too.
+	for _, n := range e.placedOn(vm, node) {
+		if err := e.fleet.Bus.DeleteIntent(ctx, n, uid); err != nil {
+			return managed.ExternalDelete{}, e.busFailed(uid, errors.Wrapf(err, "cannot delete the intent on node %s", n))
+		}
 	}
 	// Freed as the guest goes: the allocator hands a released address out
 	// again only after the rest of the network's range, long after.

@@ -1,0 +1,61 @@
+package hypervisornode
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+)
+
+// A drain makes one migration per VM of the node that may move, counts
+// them, names the VMs it waits for, and is done once the node has no VM.
+func TestADrainMigratesEveryVMThatMayMove(t *testing.T) {
+	stays := vmOn("db", "node1")
+	none := v1alpha1.EvictionNone
+	stays.Spec.ForProvider.EvictionStrategy = &none
+	h := newHarness(t, vmOn("web", "node1"), stays, vmOn("other", "node2"))
+	h.heartbeat("node1", 2)
+	h.reconcile("node1")
+	n := h.get("node1")
+	assert.Nil(t, n.Status.Drain, "no drain asked for")
+	n.Spec.Drain = true
+	require.NoError(t, h.kube.Update(context.Background(), n))
+
+	h.now = h.now.Add(MinInterval)
+	res := h.reconcile("node1")
+	assert.Equal(t, drainEvery, res.RequeueAfter)
+	d := h.get("node1").Status.Drain
+	require.NotNil(t, d)
+	assert.Equal(t, v1alpha1.DrainStatus{Phase: v1alpha1.DrainDraining, Remaining: 2, Migrating: 1, Message: "waiting for default/db stays (evictionStrategy None)"}, *d)
+	migs := &v1alpha1.VirtualMachineMigrationList{}
+	require.NoError(t, h.kube.List(context.Background(), migs))
+	require.Len(t, migs.Items, 1, "one migration, for the VM that may move")
+	m := migs.Items[0]
+	assert.Equal(t, v1alpha1.LocalName("web"), m.Spec.VMName)
+	assert.Empty(t, m.Spec.TargetNode, "the hub chooses the target")
+	assert.Equal(t, drainLabel("node1"), m.Labels[LabelDrain])
+
+	h.now = h.now.Add(MinInterval)
+	h.reconcile("node1")
+	require.NoError(t, h.kube.List(context.Background(), migs))
+	assert.Len(t, migs.Items, 1, "a drain looked at again makes no second migration")
+
+	m.Status = v1alpha1.VirtualMachineMigrationStatus{Phase: v1alpha1.MigrationFailed, Message: "no node can take the VM"}
+	require.NoError(t, h.kube.Status().Update(context.Background(), &m))
+	h.now = h.now.Add(MinInterval)
+	h.reconcile("node1")
+	d = h.get("node1").Status.Drain
+	assert.Equal(t, v1alpha1.DrainBlocked, d.Phase)
+	assert.Contains(t, d.Message, "default/web: migration "+m.Name+" failed (no node can take the VM); delete it to try again")
+
+	for _, name := range []string{"web", "db"} {
+		require.NoError(t, h.kube.Delete(context.Background(), vmOn(name, "node1")))
+	}
+	h.now = h.now.Add(MinInterval)
+	res = h.reconcile("node1")
+	assert.Equal(t, v1alpha1.DrainStatus{Phase: v1alpha1.DrainDrained}, *h.get("node1").Status.Drain)
+	assert.Equal(t, resyncEvery, res.RequeueAfter)
+}

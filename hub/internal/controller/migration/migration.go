@@ -1,0 +1,476 @@
+// Package migration reconciles VirtualMachineMigrations: it chooses the
+// target node (placement's rules and the migration limits apply), records
+// the migration on the VM, follows the source node's progress, and once
+// the guest runs on the target moves the VM and its Volumes there.
+//
+// The VM controller does the publishing (see virtualmachine.MigrationOf):
+// while the VM carries a sealed AnnotationMigration it tells the target to
+// get ready (wire.Incoming) and then the source to migrate
+// (wire.Migration). This controller only writes the Kubernetes side, in an
+// order a restarted hub can pick up anywhere:
+//
+//  1. status Scheduled with the target, then the VM's AnnotationMigration;
+//  2. status Running with the source's figures while it copies;
+//  3. on success (the target reports the guest Running for this
+//     migration): status Succeeded, the VM's Volumes bound to the target,
+//     then the VM's node moved to the target with the source among its
+//     AnnotationLeftovers, whose intent the VM controller then deletes;
+//  4. on failure (the source reports it, and the target has no guest):
+//     status Failed, then the VM's AnnotationMigration dropped with the
+//     target among its leftovers. The guest runs on where it was.
+package migration
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/placement"
+)
+
+// Defaults of the migration limits, KubeVirt's.
+const (
+	DefaultPerFleet = 5
+	DefaultPerNode  = 2
+)
+
+// Event reasons, on the migration and on its VM.
+const (
+	ReasonScheduled event.Reason = "MigrationScheduled"
+	ReasonSucceeded event.Reason = "Migrated"
+	ReasonFailed    event.Reason = "MigrationFailed"
+)
+
+// waitRetry is how soon a migration that waits (for a slot, a target, the
+// VM) is looked at again when nothing else wakes it.
+const waitRetry = 5 * time.Second
+
+// Options of the migration controller.
+type Options struct {
+	Pool   providerconfig.Fleets
+	Placer *placement.Placer
+	// Notifier wakes a migration when its VM's reports change; it must be
+	// subscribed to every fleet (Fleet.Subscribe).
+	Notifier *fleet.Notifier
+	// PerFleet and PerNode bound the migrations under way at once in a
+	// fleet and per node (as source or target); zero takes the defaults.
+	PerFleet, PerNode int
+}
+
+// Reconciler reconciles VirtualMachineMigrations.
+type Reconciler struct {
+	kube     client.Client
+	configs  *providerconfig.Resolver
+	opts     Options
+	recorder event.Recorder
+	log      logging.Logger
+}
+
+// SetupGated adds the controller once the CRDs it reads are established.
+func SetupGated(mgr ctrl.Manager, o controller.Options, mo Options) error {
+	o.Gate.Register(func() {
+		if err := Setup(mgr, o, mo); err != nil {
+			panic(errors.Wrap(err, "cannot set up the VirtualMachineMigration controller"))
+		}
+	}, v1alpha1.VirtualMachineMigrationGroupVersionKind, v1alpha1.VirtualMachineGroupVersionKind)
+	return nil
+}
+
+// Setup adds the controller.
+func Setup(mgr ctrl.Manager, o controller.Options, mo Options) error {
+	if mo.PerFleet <= 0 {
+		mo.PerFleet = DefaultPerFleet
+	}
+	if mo.PerNode <= 0 {
+		mo.PerNode = DefaultPerNode
+	}
+	name := "virtualmachinemigration"
+	r := &Reconciler{
+		kube:     mgr.GetClient(),
+		configs:  providerconfig.NewResolver(mgr.GetClient()),
+		opts:     mo,
+		recorder: event.NewAPIRecorder(mgr.GetEventRecorderFor(name)), //nolint:staticcheck // as the other controllers
+		log:      o.Logger.WithValues("controller", name),
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(name).
+		WithOptions(o.ForControllerRuntime()).
+		For(&v1alpha1.VirtualMachineMigration{}).
+		// A VM that starts running, or whose migration annotation changes,
+		// wakes the migrations naming it.
+		Watches(&v1alpha1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, vm client.Object) []reconcile.Request {
+			return r.migrationsOf(ctx, vm.GetNamespace(), vm.GetName())
+		})).
+		WatchesRawSource(mo.Notifier.Source()).
+		// The Notifier knows migrations by their VM's uid.
+		Watches(&v1alpha1.VirtualMachine{}, fleet.WhenGone(mo.Notifier.Forget)).
+		Complete(r)
+}
+
+// migrationsOf are the migrations of the VM namespace/name not yet over.
+func (r *Reconciler) migrationsOf(ctx context.Context, namespace, name string) []reconcile.Request {
+	l := &v1alpha1.VirtualMachineMigrationList{}
+	if err := r.kube.List(ctx, l, client.InNamespace(namespace), client.MatchingFields{index.MigrationsOfVM.Index: name}); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range l.Items {
+		if !l.Items[i].Done() {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&l.Items[i])})
+		}
+	}
+	return out
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	mig := &v1alpha1.VirtualMachineMigration{}
+	if err := r.kube.Get(ctx, req.NamespacedName, mig); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	vm := &v1alpha1.VirtualMachine{}
+	err := r.kube.Get(ctx, types.NamespacedName{Namespace: mig.Namespace, Name: string(mig.Spec.VMName)}, vm)
+	switch {
+	case kerrors.IsNotFound(err):
+		if mig.Done() {
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, r.fail(ctx, mig, nil, nil, fmt.Sprintf("VirtualMachine %s does not exist", mig.Spec.VMName))
+	case err != nil:
+		return reconcile.Result{}, errors.Wrap(err, "cannot get the VM")
+	}
+	pc, err := r.configs.Read(ctx, vm)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	f, err := r.opts.Pool.Get(ctx, pc.Target)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if !mig.Done() {
+		r.opts.Notifier.RememberAs(string(vm.UID), mig)
+	}
+	m, migrating := virtualmachine.MigrationOf(vm, f)
+	mine := migrating && m.ID == string(mig.UID)
+	switch {
+	case mig.Done() && mine:
+		// The hub stopped between the status and the VM's write.
+		return reconcile.Result{}, r.finish(ctx, mig, vm, f, m)
+	case mig.Done():
+		return reconcile.Result{}, nil
+	case mine:
+		return r.follow(ctx, mig, vm, f, m)
+	case migrating:
+		return r.wait(ctx, mig, fmt.Sprintf("VM %s is being moved by another migration", vm.Name))
+	}
+	return r.schedule(ctx, mig, vm, f, pc.NodeSelector)
+}
+
+// schedule checks that the VM can move, waits for a slot under the limits,
+// chooses the target and records it: in the status, then on the VM.
+func (r *Reconciler) schedule(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, selector map[string]string) (reconcile.Result, error) {
+	source := vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	switch {
+	case meta.WasDeleted(vm):
+		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("VirtualMachine %s is being deleted", vm.Name))
+	case source == "" || !f.Sealed(vm):
+		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("VirtualMachine %s was not placed by the hub; only a VM the hub placed migrates", vm.Name))
+	case vm.Status.AtProvider.Phase != v1alpha1.PhaseRunning:
+		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("VirtualMachine %s is %s; only a Running VM migrates live", vm.Name, vm.Status.AtProvider.Phase))
+	case meta.GetExternalName(vm) != "":
+		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("VirtualMachine %s imports a guest virtfleet did not make; it does not migrate", vm.Name))
+	case f.Node(source).Heartbeat.MigrationURI == "":
+		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s takes no part in live migration: its agent announces no migration URI (--migration-uri), or its backend cannot migrate", source))
+	}
+	if why, err := r.full(ctx, f, source); err != nil || why != "" {
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		return r.wait(ctx, mig, why)
+	}
+	target, err := r.target(ctx, mig, vm, f, source, selector)
+	if err != nil {
+		var noFit *placement.NoFitError
+		if errors.As(err, &noFit) {
+			return r.wait(ctx, mig, "no node can take the VM: "+noFit.Error())
+		}
+		return reconcile.Result{}, r.fail(ctx, mig, vm, f, err.Error())
+	}
+	now := metav1.Now()
+	st := v1alpha1.VirtualMachineMigrationStatus{Phase: v1alpha1.MigrationScheduled, SourceNode: source, TargetNode: target, StartTime: &now,
+		Message: fmt.Sprintf("node %s gets ready to receive the VM", target)}
+	if err := r.setStatus(ctx, mig, st); err != nil {
+		return reconcile.Result{}, err
+	}
+	m := virtualmachine.Migration{ID: string(mig.UID), Target: target}
+	err = r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) {
+		meta.AddAnnotations(vm, map[string]string{
+			v1alpha1.AnnotationMigration:     m.String(),
+			v1alpha1.AnnotationMigrationSeal: virtualmachine.MigrationSeal(f, string(vm.UID), m),
+		})
+	})
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	r.recorder.Event(mig, event.Normal(ReasonScheduled, fmt.Sprintf("Moving VM %s from node %s to node %s", vm.Name, source, target)))
+	return reconcile.Result{RequeueAfter: waitRetry}, nil
+}
+
+// target chooses where the VM goes: the node the spec names, if the
+// namespace may choose nodes, else the least allocated that fits, among the
+// nodes that receive live migrations and join the same overlay as the source
+// (the VM keeps its addresses only on a network that spans both).
+func (r *Reconciler) target(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, source string, selector map[string]string) (string, error) {
+	if t := mig.Spec.TargetNode; t != "" {
+		g, err := providerconfig.GrantOf(ctx, r.kube, mig.Namespace)
+		if err != nil {
+			return "", err
+		}
+		if err := g.CheckTargetNode(t); err != nil {
+			return "", err
+		}
+		if t == source {
+			return "", errors.Errorf("the VM runs on node %s already", t)
+		}
+	}
+	overlay := f.Node(source).Heartbeat.TunnelAddress != ""
+	var nodes []placement.Node
+	for _, n := range virtualmachine.MarkCordoned(ctx, r.kube, f.Nodes()) {
+		hb := f.Node(n.Name).Heartbeat
+		if n.Name == source || hb.MigrationURI == "" || (hb.TunnelAddress != "") != overlay {
+			continue
+		}
+		nodes = append(nodes, n)
+	}
+	fp := vm.Spec.ForProvider
+	req := placement.Request{
+		UID:          "migration/" + string(mig.UID),
+		Resources:    placement.Resources{VCPU: int64(fp.Vcpu), MemoryBytes: fp.Memory.Value()},
+		NodeSelector: virtualmachine.NodeSelector(selector, fp.NodeSelector),
+		RequiredNode: mig.Spec.TargetNode,
+	}
+	if fp.Backend != nil {
+		req.Backend = string(*fp.Backend)
+	}
+	return r.opts.Placer.Place(nodes, req)
+}
+
+// full says why no migration may start now from or to source: the fleet or
+// the node runs as many as the limits allow.
+func (r *Reconciler) full(ctx context.Context, f *fleet.Fleet, source string) (string, error) {
+	l := &v1alpha1.VirtualMachineMigrationList{}
+	if err := r.kube.List(ctx, l); err != nil {
+		return "", errors.Wrap(err, "cannot list migrations")
+	}
+	inFleet, onNode := 0, 0
+	for i := range l.Items {
+		st := l.Items[i].Status
+		if st.Phase != v1alpha1.MigrationScheduled && st.Phase != v1alpha1.MigrationRunning {
+			continue
+		}
+		if _, known := f.Heard(st.SourceNode); !known {
+			continue // another fleet's
+		}
+		inFleet++
+		if st.SourceNode == source || st.TargetNode == source {
+			onNode++
+		}
+	}
+	switch {
+	case inFleet >= r.opts.PerFleet:
+		return fmt.Sprintf("waiting for a free slot: %d migrations run in the fleet (at most %d at once)", inFleet, r.opts.PerFleet), nil
+	case onNode >= r.opts.PerNode:
+		return fmt.Sprintf("waiting for a free slot: %d migrations run from or to node %s (at most %d at once)", onNode, source, r.opts.PerNode), nil
+	}
+	return "", nil
+}
+
+// follow mirrors the source's progress and ends the migration when the
+// guest runs on the target, or when the source says it failed.
+func (r *Reconciler) follow(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, m virtualmachine.Migration) (reconcile.Result, error) {
+	uid, source := string(vm.UID), vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	var progress *wire.MigrationReport
+	if rep, ok := f.Report(source, uid); ok && rep.Report.Migration != nil && rep.Report.Migration.ID == m.ID {
+		progress = rep.Report.Migration
+	}
+	st := mig.Status
+	st.SourceNode, st.TargetNode = source, m.Target
+	withProgress(&st, progress)
+	arrived := false
+	if rep, ok := f.Report(m.Target, uid); ok && rep.Report.Incoming == m.ID && rep.Report.Phase == wire.PhaseRunning {
+		arrived = true
+	}
+	switch {
+	case arrived:
+		st.Phase, st.Message = v1alpha1.MigrationSucceeded, fmt.Sprintf("the VM runs on node %s", m.Target)
+		if st.EndTime == nil {
+			now := metav1.Now()
+			st.EndTime = &now
+		}
+		if err := r.setStatus(ctx, mig, st); err != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{}, r.finish(ctx, mig, vm, f, m)
+	case progress != nil && progress.Phase == wire.MigrationFailed:
+		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s could not move the VM: %s", source, progress.Message))
+	case f.Node(m.Target).Lost:
+		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s, the target, was lost", m.Target))
+	case progress != nil:
+		st.Phase, st.Message = v1alpha1.MigrationRunning, progress.Message
+	}
+	return reconcile.Result{RequeueAfter: waitRetry}, r.setStatus(ctx, mig, st)
+}
+
+// withProgress copies the source's figures into st.
+func withProgress(st *v1alpha1.VirtualMachineMigrationStatus, p *wire.MigrationReport) {
+	if p == nil {
+		return
+	}
+	st.TotalBytes, st.TransferredBytes, st.DowntimeMilliseconds = p.TotalBytes, p.ProcessedBytes, p.DowntimeMilliseconds
+	if p.StartedAt != nil {
+		t := metav1.NewTime(*p.StartedAt)
+		st.StartTime = &t
+	}
+	if p.FinishedAt != nil {
+		t := metav1.NewTime(*p.FinishedAt)
+		st.EndTime = &t
+	}
+}
+
+// finish moves the VM to the target of the migration that succeeded: its
+// Volumes first, then the VM itself, with the source among its leftovers.
+func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, m virtualmachine.Migration) error {
+	if mig.Status.Phase == v1alpha1.MigrationFailed {
+		return r.abandon(ctx, vm, m)
+	}
+	source := vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	for _, a := range vm.Spec.ForProvider.DiskAttachments {
+		if err := r.rebind(ctx, vm.Namespace, string(a.Name), source, m.Target, f); err != nil {
+			return err
+		}
+	}
+	err := r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) {
+		a := vm.GetAnnotations()
+		a[v1alpha1.AnnotationNode] = m.Target
+		a[v1alpha1.AnnotationSeal] = f.Seal(string(vm.UID), m.Target, a[v1alpha1.AnnotationAdopted])
+		delete(a, v1alpha1.AnnotationMigration)
+		delete(a, v1alpha1.AnnotationMigrationSeal)
+		virtualmachine.WithLeftover(a, source)
+	})
+	if err != nil {
+		return err
+	}
+	msg := fmt.Sprintf("Moved live from node %s to node %s", source, m.Target)
+	if d := mig.Status.DowntimeMilliseconds; d > 0 {
+		msg += fmt.Sprintf(" (downtime %d ms)", d)
+	}
+	r.recorder.Event(mig, event.Normal(ReasonSucceeded, msg))
+	r.recorder.Event(vm, event.Normal(ReasonSucceeded, msg))
+	r.opts.Placer.Release("migration/" + m.ID)
+	return nil
+}
+
+// rebind binds the Volume namespace/name, bound to from, to node to.
+func (r *Reconciler) rebind(ctx context.Context, namespace, name, from, to string, f *fleet.Fleet) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		v := &v1alpha1.Volume{}
+		if err := r.kube.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, v); err != nil {
+			return err
+		}
+		if v.GetAnnotations()[v1alpha1.AnnotationNode] != from {
+			return nil // bound already, or not this VM's node's
+		}
+		patch := client.MergeFromWithOptions(v.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		meta.AddAnnotations(v, map[string]string{v1alpha1.AnnotationNode: to, v1alpha1.AnnotationSeal: f.Seal(string(v.UID), to, "")})
+		return r.kube.Patch(ctx, v, patch)
+	})
+	return errors.Wrapf(client.IgnoreNotFound(err), "cannot bind Volume %s to node %s", name, to)
+}
+
+// fail ends the migration as Failed with why, and lets the VM go on where
+// it runs.
+func (r *Reconciler) fail(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, why string) error {
+	st := mig.Status
+	st.Phase, st.Message = v1alpha1.MigrationFailed, why
+	now := metav1.Now()
+	st.EndTime = &now
+	if err := r.setStatus(ctx, mig, st); err != nil {
+		return err
+	}
+	r.recorder.Event(mig, event.Warning(ReasonFailed, errors.New(why)))
+	r.opts.Placer.Release("migration/" + string(mig.UID))
+	if vm == nil {
+		return nil
+	}
+	m, ok := virtualmachine.MigrationOf(vm, f)
+	if !ok || m.ID != string(mig.UID) {
+		return nil
+	}
+	r.recorder.Event(vm, event.Warning(ReasonFailed, errors.New(why)))
+	return r.abandon(ctx, vm, m)
+}
+
+// abandon drops the failed migration m from the VM; its target goes among
+// the leftovers, so whatever it got ready goes.
+func (r *Reconciler) abandon(ctx context.Context, vm *v1alpha1.VirtualMachine, m virtualmachine.Migration) error {
+	return r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) {
+		a := vm.GetAnnotations()
+		delete(a, v1alpha1.AnnotationMigration)
+		delete(a, v1alpha1.AnnotationMigrationSeal)
+		virtualmachine.WithLeftover(a, m.Target)
+	})
+}
+
+// wait keeps the migration Pending with why, and looks again later.
+func (r *Reconciler) wait(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, why string) (reconcile.Result, error) {
+	st := mig.Status
+	st.Phase, st.Message = v1alpha1.MigrationPending, why
+	return reconcile.Result{RequeueAfter: waitRetry}, r.setStatus(ctx, mig, st)
+}
+
+// setStatus writes st unless it is what the migration shows.
+func (r *Reconciler) setStatus(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, st v1alpha1.VirtualMachineMigrationStatus) error {
+	if equalStatus(mig.Status, st) {
+		return nil
+	}
+	mig.Status = st
+	return errors.Wrap(r.kube.Status().Update(ctx, mig), "cannot update the migration's status")
+}
+
+func equalStatus(a, b v1alpha1.VirtualMachineMigrationStatus) bool {
+	return a.Phase == b.Phase && a.SourceNode == b.SourceNode && a.TargetNode == b.TargetNode &&
+		a.TotalBytes == b.TotalBytes && a.TransferredBytes == b.TransferredBytes &&
+		a.DowntimeMilliseconds == b.DowntimeMilliseconds && a.Message == b.Message &&
+		a.StartTime.Equal(b.StartTime) && a.EndTime.Equal(b.EndTime)
+}
+
+// patchVM changes the VM's annotations with fn, under optimistic locking.
+func (r *Reconciler) patchVM(ctx context.Context, vm *v1alpha1.VirtualMachine, fn func(*v1alpha1.VirtualMachine)) error {
+	patch := client.MergeFromWithOptions(vm.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if vm.GetAnnotations() == nil {
+		vm.SetAnnotations(map[string]string{})
+	}
+	fn(vm)
+	return errors.Wrap(r.kube.Patch(ctx, vm, patch), "cannot record the migration on the VM")
+}

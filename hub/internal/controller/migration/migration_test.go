@@ -1,0 +1,298 @@
+package migration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis"
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+	"github.com/virtfleet/virtfleet/hub/internal/placement"
+)
+
+const (
+	ns     = "tenant"
+	vmUID  = "11111111-1111-1111-1111-111111111111"
+	volUID = "22222222-2222-2222-2222-222222222222"
+)
+
+type harness struct {
+	t    *testing.T
+	kube client.Client
+	bus  *bus.Fake
+	f    *fleet.Fleet
+	r    *Reconciler
+	rec  *fleettest.Recorder
+}
+
+// onePool hands out one fleet whatever the target.
+type onePool struct{ f *fleet.Fleet }
+
+func (p onePool) Get(context.Context, fleet.Target) (*fleet.Fleet, error) { return p.f, nil }
+
+// newHarness runs the controller over a fake API server holding a Running VM
+// on node1 with one Volume, both placed by the hub, and three nodes:
+// node1 and node2 announce a migration URI, node3 does not.
+func newHarness(t *testing.T, grants ...apisv1alpha1.TenantGrant) *harness {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	require.NoError(t, apis.AddToScheme(scheme))
+	b := bus.NewFake()
+	f := fleettest.Start(t, b)
+	cpc := &apisv1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	cpc.Spec.NATSURL = "nats://127.0.0.1:4222"
+	cpc.Spec.Credentials.Source = xpv2.CredentialsSourceNone
+	cpc.Spec.Grants = grants
+	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web", UID: vmUID, Annotations: map[string]string{
+		v1alpha1.AnnotationNode: "node1", v1alpha1.AnnotationSeal: f.Seal(vmUID, "node1", ""),
+	}}}
+	vm.Spec.ForProvider.Vcpu = 1
+	vm.Spec.ForProvider.Memory = resource.MustParse("1Gi")
+	vm.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "root"}}
+	vm.SetProviderConfigReference(&xpv2.ProviderConfigReference{Kind: apisv1alpha1.ClusterProviderConfigKind, Name: "default"})
+	vm.Status.AtProvider.Phase = v1alpha1.PhaseRunning
+	vol := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "root", UID: volUID, Annotations: map[string]string{
+		v1alpha1.AnnotationNode: "node1", v1alpha1.AnnotationSeal: f.Seal(volUID, "node1", ""),
+	}}}
+	kube := fake.NewClientBuilder().WithScheme(scheme).
+		WithStatusSubresource(&v1alpha1.VirtualMachineMigration{}, &v1alpha1.VirtualMachine{}).
+		WithIndex(&v1alpha1.VirtualMachineMigration{}, index.MigrationsOfVM.Index, index.MigrationsOfVM.Uses).
+		WithObjects(cpc, vm, vol).Build()
+	rec := &fleettest.Recorder{}
+	h := &harness{t: t, kube: kube, bus: b, f: f, rec: rec, r: &Reconciler{
+		kube:    kube,
+		configs: providerconfig.NewResolver(kube),
+		opts: Options{Pool: onePool{f}, Placer: placement.New(), Notifier: fleet.NewNotifierFor(func() client.Object { return &v1alpha1.VirtualMachineMigration{} }),
+			PerFleet: DefaultPerFleet, PerNode: DefaultPerNode},
+		recorder: rec,
+		log:      logging.NewNopLogger(),
+	}}
+	h.heartbeat("node1", "qemu+tcp://node1/system")
+	h.heartbeat("node2", "qemu+tcp://node2/system")
+	h.heartbeat("node3", "")
+	return h
+}
+
+func (h *harness) heartbeat(node, uri string) {
+	h.bus.SetNode(bus.NodeEvent{Node: node, Heartbeat: wire.NodeHeartbeat{
+		Node: node, Backend: "libvirt", MigrationURI: uri, SentAt: time.Now(),
+		Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30},
+	}})
+	require.Eventually(h.t, func() bool { _, ok := h.f.Heard(node); return ok }, 5*time.Second, time.Millisecond)
+}
+
+func (h *harness) report(node string, r wire.Report) {
+	r.ProtocolVersion, r.UID, r.Node = wire.ProtocolVersion, vmUID, node
+	h.bus.SetReport(bus.ReportEvent{Node: node, UID: vmUID, Report: r})
+	require.Eventually(h.t, func() bool {
+		got, ok := h.f.Report(node, vmUID)
+		return ok && got.Report.Phase == r.Phase && got.Report.Incoming == r.Incoming &&
+			(got.Report.Migration == nil) == (r.Migration == nil) && (r.Migration == nil || got.Report.Migration.Phase == r.Migration.Phase)
+	}, 5*time.Second, time.Millisecond)
+}
+
+func (h *harness) create(name, target string) *v1alpha1.VirtualMachineMigration {
+	m := &v1alpha1.VirtualMachineMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("mig-" + name)}}
+	m.Spec.VMName, m.Spec.TargetNode = "web", target
+	require.NoError(h.t, h.kube.Create(context.Background(), m))
+	return m
+}
+
+func (h *harness) reconcile(name string) *v1alpha1.VirtualMachineMigration {
+	_, err := h.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}})
+	require.NoError(h.t, err)
+	m := &v1alpha1.VirtualMachineMigration{}
+	require.NoError(h.t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, m))
+	return m
+}
+
+func (h *harness) vm() *v1alpha1.VirtualMachine {
+	vm := &v1alpha1.VirtualMachine{}
+	require.NoError(h.t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "web"}, vm))
+	return vm
+}
+
+func (h *harness) volume() *v1alpha1.Volume {
+	v := &v1alpha1.Volume{}
+	require.NoError(h.t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "root"}, v))
+	return v
+}
+
+// A migration goes to a node that takes migrations, follows the source's
+// figures, and moves the VM and its Volume only once the guest runs on
+// the target; the source is left for the VM controller to clear.
+func TestMigrationMovesTheVMOnceItRunsOnTheTarget(t *testing.T) {
+	h := newHarness(t)
+	h.create("move", "")
+
+	m := h.reconcile("move")
+	assert.Equal(t, v1alpha1.MigrationScheduled, m.Status.Phase)
+	assert.Equal(t, "node1", m.Status.SourceNode)
+	assert.Equal(t, "node2", m.Status.TargetNode, "node3 announces no migration URI, node1 is the source")
+	mg, ok := virtualmachine.MigrationOf(h.vm(), h.f)
+	require.True(t, ok, "the VM carries the hub's sealed migration")
+	assert.Equal(t, virtualmachine.Migration{ID: "mig-move", Target: "node2"}, mg)
+
+	started := time.Date(2026, 11, 26, 5, 0, 0, 0, time.UTC)
+	h.report("node2", wire.Report{Phase: wire.PhasePending, Incoming: "mig-move"})
+	h.report("node1", wire.Report{Phase: wire.PhaseRunning, Migration: &wire.MigrationReport{ID: "mig-move", Phase: wire.MigrationRunning, StartedAt: &started, TotalBytes: 2 << 30, ProcessedBytes: 1 << 30}})
+	m = h.reconcile("move")
+	assert.Equal(t, v1alpha1.MigrationRunning, m.Status.Phase)
+	assert.Equal(t, int64(1<<30), m.Status.TransferredBytes)
+	assert.Equal(t, "node1", h.vm().GetAnnotations()[v1alpha1.AnnotationNode], "the VM stays on the source while it copies")
+
+	finished := started.Add(5 * time.Second)
+	h.report("node1", wire.Report{Phase: wire.PhaseRunning, Migration: &wire.MigrationReport{ID: "mig-move", Phase: wire.MigrationSucceeded, StartedAt: &started, FinishedAt: &finished, TotalBytes: 2 << 30, ProcessedBytes: 2 << 30, DowntimeMilliseconds: 40}})
+	m = h.reconcile("move")
+	assert.Equal(t, v1alpha1.MigrationRunning, m.Status.Phase, "not over until the target runs the guest")
+
+	h.report("node2", wire.Report{Phase: wire.PhaseRunning, Incoming: "mig-move"})
+	m = h.reconcile("move")
+	assert.Equal(t, v1alpha1.MigrationSucceeded, m.Status.Phase)
+	assert.Equal(t, int64(40), m.Status.DowntimeMilliseconds)
+	assert.Equal(t, finished, m.Status.EndTime.UTC())
+	vm := h.vm()
+	assert.Equal(t, "node2", vm.GetAnnotations()[v1alpha1.AnnotationNode])
+	assert.True(t, h.f.Sealed(vm), "the new node carries the hub's seal")
+	assert.Equal(t, []string{"node1"}, virtualmachine.Leftovers(vm))
+	_, still := virtualmachine.MigrationOf(vm, h.f)
+	assert.False(t, still)
+	assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationMigration])
+	vol := h.volume()
+	assert.Equal(t, "node2", vol.GetAnnotations()[v1alpha1.AnnotationNode], "the Volume moved with its disk")
+	assert.True(t, h.f.Sealed(vol))
+	assert.NotEmpty(t, h.rec.Events())
+
+	m = h.reconcile("move")
+	assert.Equal(t, v1alpha1.MigrationSucceeded, m.Status.Phase, "a finished migration stays as it ended")
+}
+
+// A migration the source reports failed ends Failed; the VM stays where it
+// runs and the target goes among its leftovers.
+func TestMigrationThatFailsLeavesTheVMWhereItRuns(t *testing.T) {
+	h := newHarness(t)
+	h.create("move", "")
+	h.reconcile("move")
+	h.report("node2", wire.Report{Phase: wire.PhasePending, Incoming: "mig-move"})
+	h.report("node1", wire.Report{Phase: wire.PhaseRunning, Migration: &wire.MigrationReport{ID: "mig-move", Phase: wire.MigrationFailed, Message: "unable to connect"}})
+
+	m := h.reconcile("move")
+	assert.Equal(t, v1alpha1.MigrationFailed, m.Status.Phase)
+	assert.Contains(t, m.Status.Message, "unable to connect")
+	vm := h.vm()
+	assert.Equal(t, "node1", vm.GetAnnotations()[v1alpha1.AnnotationNode])
+	assert.Equal(t, []string{"node2"}, virtualmachine.Leftovers(vm))
+	_, still := virtualmachine.MigrationOf(vm, h.f)
+	assert.False(t, still)
+	assert.Equal(t, "node1", h.volume().GetAnnotations()[v1alpha1.AnnotationNode])
+	var warned []event.Reason
+	for _, e := range h.rec.Events() {
+		if e.Type == event.TypeWarning {
+			warned = append(warned, e.Reason)
+		}
+	}
+	assert.Equal(t, []event.Reason{ReasonFailed, ReasonFailed}, warned, "on the migration and on its VM")
+}
+
+// What a migration refuses, or waits for, each with a message naming why.
+func TestMigrationRefusesOrWaits(t *testing.T) {
+	cases := map[string]struct {
+		setup   func(h *harness)
+		target  string
+		grants  []apisv1alpha1.TenantGrant
+		phase   v1alpha1.MigrationPhase
+		message string
+	}{
+		"AStoppedVMDoesNotMigrateLive": {
+			setup: func(h *harness) {
+				vm := h.vm()
+				vm.Status.AtProvider.Phase = v1alpha1.PhaseStopped
+				require.NoError(t, h.kube.Status().Update(context.Background(), vm))
+			},
+			phase: v1alpha1.MigrationFailed, message: "only a Running VM migrates live",
+		},
+		"AVMPlacedByHandDoesNotMigrate": {
+			setup: func(h *harness) {
+				vm := h.vm()
+				vm.Annotations[v1alpha1.AnnotationSeal] = "forged"
+				require.NoError(t, h.kube.Update(context.Background(), vm))
+			},
+			phase: v1alpha1.MigrationFailed, message: "not placed by the hub",
+		},
+		"ASourceWithoutAMigrationURI": {
+			setup: func(h *harness) { h.heartbeat("node1", "") },
+			phase: v1alpha1.MigrationFailed, message: "node node1 takes no part in live migration",
+		},
+		"ATargetNodeTheNamespaceMayNotChoose": {
+			target: "node2",
+			phase:  v1alpha1.MigrationFailed, message: "chooseNode: true",
+		},
+		"ATargetNodeTheNamespaceMayChoose": {
+			target: "node2",
+			grants: []apisv1alpha1.TenantGrant{{Namespaces: []string{ns}, ChooseNode: true}},
+			phase:  v1alpha1.MigrationScheduled,
+		},
+		"ATargetThatTakesNoMigrations": {
+			target: "node3",
+			grants: []apisv1alpha1.TenantGrant{{Namespaces: []string{ns}, ChooseNode: true}},
+			phase:  v1alpha1.MigrationPending, message: "no node can take the VM",
+		},
+		"NoSlotLeftOnTheNode": {
+			setup: func(h *harness) {
+				for _, name := range []string{"a", "b"} {
+					other := h.create(name, "")
+					other.Status = v1alpha1.VirtualMachineMigrationStatus{Phase: v1alpha1.MigrationRunning, SourceNode: "node1", TargetNode: "node2"}
+					require.NoError(t, h.kube.Status().Update(context.Background(), other))
+				}
+			},
+			phase: v1alpha1.MigrationPending, message: "2 migrations run from or to node node1",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, tc.grants...)
+			if tc.setup != nil {
+				tc.setup(h)
+			}
+			h.create("move", tc.target)
+			m := h.reconcile("move")
+			assert.Equal(t, tc.phase, m.Status.Phase, m.Status.Message)
+			assert.Contains(t, m.Status.Message, tc.message)
+			_, migrating := virtualmachine.MigrationOf(h.vm(), h.f)
+			assert.Equal(t, tc.phase == v1alpha1.MigrationScheduled, migrating, "only a scheduled migration marks the VM")
+		})
+	}
+}
+
+// A second migration of a VM already moving waits for the first.
+func TestMigrationWaitsForTheVMsOtherMigration(t *testing.T) {
+	h := newHarness(t)
+	h.create("first", "")
+	require.Equal(t, v1alpha1.MigrationScheduled, h.reconcile("first").Status.Phase)
+	h.create("second", "")
+	m := h.reconcile("second")
+	assert.Equal(t, v1alpha1.MigrationPending, m.Status.Phase)
+	assert.Contains(t, m.Status.Message, "another migration")
+}

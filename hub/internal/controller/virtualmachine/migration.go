@@ -1,0 +1,178 @@
+package virtualmachine
+
+import (
+	"context"
+	"crypto/hmac"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+)
+
+// TypeMigrating is True while the VM moves live to another node.
+const TypeMigrating xpv2.ConditionType = "Migrating"
+
+// Migration is a live migration a VM is under, as its AnnotationMigration
+// says: the VirtualMachineMigration's uid and the target node.
+type Migration struct {
+	ID     string
+	Target string
+}
+
+// String is the annotation's value.
+func (m Migration) String() string { return m.ID + "/" + m.Target }
+
+// MigrationSeal is the hub's mark on the migration m of the VM uid.
+func MigrationSeal(f *fleet.Fleet, uid string, m Migration) string {
+	return f.Seal(uid, m.Target, "migration "+m.ID)
+}
+
+// MigrationOf is the live migration vm is under: its AnnotationMigration,
+// if the hub sealed it in f. A migration annotation written by hand is
+// never acted on.
+func MigrationOf(vm metav1.Object, f *fleet.Fleet) (Migration, bool) {
+	a := vm.GetAnnotations()
+	id, target, ok := strings.Cut(a[v1alpha1.AnnotationMigration], "/")
+	if !ok || id == "" || target == "" {
+		return Migration{}, false
+	}
+	m := Migration{ID: id, Target: target}
+	return m, hmac.Equal([]byte(a[v1alpha1.AnnotationMigrationSeal]), []byte(MigrationSeal(f, string(vm.GetUID()), m)))
+}
+
+// Leftovers are the nodes vm's AnnotationLeftovers lists.
+func Leftovers(vm metav1.Object) []string {
+	v := vm.GetAnnotations()[v1alpha1.AnnotationLeftovers]
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
+}
+
+// WithLeftover adds node to the leftovers of the annotations a.
+func WithLeftover(a map[string]string, node string) {
+	l := []string{}
+	if v := a[v1alpha1.AnnotationLeftovers]; v != "" {
+		l = strings.Split(v, ",")
+	}
+	if !slices.Contains(l, node) {
+		l = append(l, node)
+	}
+	slices.Sort(l)
+	a[v1alpha1.AnnotationLeftovers] = strings.Join(l, ",")
+}
+
+// plan is every intent the VM's nodes must hold, by node: its own node's,
+// and during a migration the target's. The source is told to migrate once
+// the target said it is ready for this migration, and from then on for
+// good: a source told to migrate never starts the guest again, so it must
+// not be told otherwise while the guest may be gone from it.
+func (e *external) plan(vm *v1alpha1.VirtualMachine, d dependencies, node string) map[string]wire.Intent {
+	in := intent(vm, d)
+	out := map[string]wire.Intent{node: in}
+	m, ok := MigrationOf(vm, e.fleet)
+	if !ok || m.Target == node {
+		return out
+	}
+	uid := string(vm.UID)
+	target := in
+	target.Incoming = &wire.Incoming{ID: m.ID, SourceNode: node}
+	out[m.Target] = target
+	ready := false
+	if r, ok := e.fleet.Report(m.Target, uid); ok && r.Report.Incoming == m.ID {
+		ready = true
+	}
+	if r, ok := e.fleet.Report(node, uid); ok && r.Report.Migration != nil && r.Report.Migration.ID == m.ID {
+		ready = true
+	}
+	if ready {
+		source := in
+		source.Migration = &wire.Migration{ID: m.ID, TargetNode: m.Target, TargetURI: e.fleet.Node(m.Target).Heartbeat.MigrationURI}
+		out[node] = source
+	}
+	return out
+}
+
+// planFingerprint identifies a plan; a plan of the VM's node alone has its
+// intent's fingerprint.
+func planFingerprint(p map[string]wire.Intent, node string) string {
+	if len(p) == 1 {
+		return fingerprint(p[node])
+	}
+	var b strings.Builder
+	for _, n := range slices.Sorted(maps.Keys(p)) {
+		fmt.Fprintf(&b, "%s=%s;", n, fingerprint(p[n]))
+	}
+	return fingerprint(wire.Intent{UID: b.String()})
+}
+
+// placedOn are the nodes that may speak for vm: its node, the target of
+// its migration and the nodes it left.
+func (e *external) placedOn(vm *v1alpha1.VirtualMachine, node string) []string {
+	out := []string{node}
+	if m, ok := MigrationOf(vm, e.fleet); ok {
+		out = append(out, m.Target)
+	}
+	return append(out, Leftovers(vm)...)
+}
+
+// clearLeftovers deletes the VM's intent on each node it left, and drops
+// from the annotation the nodes whose report is gone: they hold nothing of
+// the VM any more.
+func (e *external) clearLeftovers(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
+	left := Leftovers(vm)
+	if len(left) == 0 {
+		return nil
+	}
+	uid := string(vm.UID)
+	var keep []string
+	for _, n := range left {
+		if err := e.fleet.Bus.DeleteIntent(ctx, n, uid); err != nil {
+			return e.busFailed(uid, errors.Wrapf(err, "cannot delete the intent on node %s, which the VM left", n))
+		}
+		if _, reported := e.fleet.Report(n, uid); reported {
+			keep = append(keep, n)
+		}
+	}
+	if len(keep) == len(left) {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(vm.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if len(keep) == 0 {
+		meta.RemoveAnnotations(vm, v1alpha1.AnnotationLeftovers)
+	} else {
+		meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationLeftovers: strings.Join(keep, ",")})
+	}
+	return errors.Wrap(e.kube.Patch(ctx, vm, patch), "cannot record the nodes the VM left")
+}
+
+// migratingCondition shows a migration in progress, and that it is over
+// on a VM that showed one.
+func (e *external) migratingCondition(vm *v1alpha1.VirtualMachine, node string) {
+	m, ok := MigrationOf(vm, e.fleet)
+	if !ok {
+		if vm.GetCondition(TypeMigrating).Status == corev1.ConditionTrue {
+			vm.SetConditions(xpv2.Condition{Type: TypeMigrating, Status: corev1.ConditionFalse, Reason: "NotMigrating", LastTransitionTime: now()})
+		}
+		return
+	}
+	msg := fmt.Sprintf("moving live from node %s to node %s", node, m.Target)
+	if r, ok := e.fleet.Report(node, string(vm.UID)); ok && r.Report.Migration != nil && r.Report.Migration.ID == m.ID {
+		if mr := r.Report.Migration; mr.TotalBytes > 0 {
+			msg += fmt.Sprintf(": %d of %d MiB copied", mr.ProcessedBytes>>20, mr.TotalBytes>>20)
+		}
+	}
+	vm.SetConditions(xpv2.Condition{Type: TypeMigrating, Status: corev1.ConditionTrue, Reason: "Migrating", Message: msg, LastTransitionTime: now()})
+}

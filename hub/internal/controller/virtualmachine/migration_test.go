@@ -1,0 +1,88 @@
+package virtualmachine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+)
+
+// The intents a VM's nodes hold during a migration: the target is told to
+// get ready, the source to migrate once the target is ready and from then
+// on, and a migration annotation the hub did not seal changes nothing.
+func TestPlanDuringAMigration(t *testing.T) {
+	const target, uri = "node2", "qemu+tcp://node2/system"
+	cases := map[string]struct {
+		seal func(f *fleet.Fleet, m Migration) string
+		// reports are what the nodes report about the VM.
+		reports map[string]wire.Report
+		// want is, per node, whether its intent carries Incoming and
+		// Migration.
+		want map[string][2]bool
+	}{
+		"NoMigration": {
+			seal: func(*fleet.Fleet, Migration) string { return "" },
+			want: map[string][2]bool{testNode: {false, false}},
+		},
+		"AHandWrittenMigrationIsIgnored": {
+			seal: func(*fleet.Fleet, Migration) string { return "forged" },
+			want: map[string][2]bool{testNode: {false, false}},
+		},
+		"TheTargetGetsReadyFirst": {
+			seal: func(f *fleet.Fleet, m Migration) string { return MigrationSeal(f, testUID, m) },
+			want: map[string][2]bool{testNode: {false, false}, target: {true, false}},
+		},
+		"TheSourceMigratesOnceTheTargetIsReady": {
+			seal:    func(f *fleet.Fleet, m Migration) string { return MigrationSeal(f, testUID, m) },
+			reports: map[string]wire.Report{target: {Phase: wire.PhasePending, Incoming: "m1"}},
+			want:    map[string][2]bool{testNode: {false, true}, target: {true, false}},
+		},
+		"TheSourceKeepsMigratingOnceItStarted": {
+			seal:    func(f *fleet.Fleet, m Migration) string { return MigrationSeal(f, testUID, m) },
+			reports: map[string]wire.Report{testNode: {Phase: wire.PhaseRunning, Migration: &wire.MigrationReport{ID: "m1", Phase: wire.MigrationSucceeded}}},
+			want:    map[string][2]bool{testNode: {false, true}, target: {true, false}},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := bus.NewFake()
+			e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier())
+			b.SetNode(bus.NodeEvent{Node: target, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt", MigrationURI: uri}})
+			require.Eventually(t, func() bool { return e.fleet.Node(target).Heartbeat.MigrationURI == uri }, 5*time.Second, time.Millisecond)
+			for node, r := range tc.reports {
+				r.ProtocolVersion, r.UID, r.Node = wire.ProtocolVersion, testUID, node
+				b.SetReport(bus.ReportEvent{Node: node, UID: testUID, Report: r})
+				require.Eventually(t, func() bool { _, ok := e.fleet.Report(node, testUID); return ok }, 5*time.Second, time.Millisecond)
+			}
+			m := Migration{ID: "m1", Target: target}
+			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: testUID, Annotations: map[string]string{
+				v1alpha1.AnnotationNode: testNode, v1alpha1.AnnotationMigration: m.String(), v1alpha1.AnnotationMigrationSeal: tc.seal(e.fleet, m),
+			}}}
+			vm.Spec.ForProvider.Vcpu, vm.Spec.ForProvider.Memory = 1, resource.MustParse("1Gi")
+
+			p := e.plan(vm, dependencies{}, testNode)
+			got := map[string][2]bool{}
+			for node, in := range p {
+				got[node] = [2]bool{in.Incoming != nil, in.Migration != nil}
+				assert.Equal(t, testUID, in.UID)
+			}
+			assert.Equal(t, tc.want, got)
+			if in := p[testNode]; in.Migration != nil {
+				assert.Equal(t, wire.Migration{ID: "m1", TargetNode: target, TargetURI: uri}, *in.Migration)
+			}
+			if in, ok := p[target]; ok {
+				assert.Equal(t, wire.Incoming{ID: "m1", SourceNode: testNode}, *in.Incoming)
+			}
+			assert.Equal(t, len(p) == 1, planFingerprint(p, testNode) == fingerprint(intent(vm, dependencies{})), "a plan of one node is fingerprinted as its intent")
+		})
+	}
+}
