@@ -87,3 +87,23 @@ type MigrationStatus struct {
 	// Message says why a migration failed, or what it is doing.
 	Message string
 }
+
+// HostMigrator is implemented by a Driver whose node is a cloud or a
+// cluster of many hosts (Nova, KubeVirt): it moves a guest live between
+// the backend's own hosts, as Nova's live migration and KubeVirt's
+// VirtualMachineInstanceMigration do, and the guest stays on the node,
+// managed by the same agent.
+type HostMigrator interface {
+	// MigrateHost starts, or reports on, the live migration with the given
+	// id of the running guest m.UID to another host of the backend: host,
+	// or one the backend's scheduler chooses when host is empty. Like
+	// Migrator.Migrate it never waits: the first call asks the backend,
+	// later calls return the progress, and a final status (Succeeded or
+	// Failed) is kept by id while the process lives. Once Succeeded,
+	// Observe reports the guest's new host in Observation.Node. A
+	// migration that fails leaves the guest running where it was.
+	//
+	// A guest that is not on the node returns a NotFound error; one that
+	// is not running, or a host the backend does not know, a Terminal one.
+	MigrateHost(ctx context.Context, m Machine, id, host string) (MigrationStatus, error)
+}

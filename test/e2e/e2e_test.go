@@ -95,7 +95,7 @@ func TestQuickStart(t *testing.T) {
 
 	t.Run("HypervisorNodesShowTheFleetAndACordonedNodeGetsNoNewVM", func(t *testing.T) {
 		header := strings.Fields(k.lines("get", "hypervisornodes")[0])
-		assert.Equal(t, []string{"NAME", "READY", "CORDONED", "BACKEND", "VMS", "ALLOCATED", "AGE"}, header)
+		assert.Equal(t, []string{"NAME", "READY", "CORDONED", "DRAIN", "BACKEND", "VMS", "ALLOCATED", "AGE"}, header)
 		nodes := []string{"node1", "node2", "node3"}
 		for _, n := range nodes {
 			k.wait("hvnode/"+n, "condition=Ready", 30*time.Second)

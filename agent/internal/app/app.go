@@ -174,6 +174,7 @@ func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 	if _, ok := h.driver.(driver.Migrator); ok {
 		hb.MigrationURI = h.cfg.MigrationURI
 	}
+	_, hb.HostMigration = h.driver.(driver.HostMigrator)
 	c, err := reconciler.DriverCall(h.cfg.Metrics, reconciler.OpCapacity, func() (driver.Capacity, error) { return h.driver.Capacity(ctx) })
 	switch {
 	case err != nil:

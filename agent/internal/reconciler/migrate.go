@@ -70,19 +70,27 @@ func (r *Reconciler) incoming(ctx context.Context, in wire.Intent, m driver.Mach
 // guest must not be started, stopped or made again here while it may be
 // moving, or after it moved.
 func (r *Reconciler) migrate(ctx context.Context, in wire.Intent, m driver.Machine) (time.Duration, error) {
-	mig, err := r.migrator()
-	if err != nil {
-		return 0, r.report(ctx, failed(in, r.node, err))
+	var (
+		st  driver.MigrationStatus
+		err error
+	)
+	if in.Migration.TargetNode == r.node {
+		st, err = r.migrateHost(ctx, in, m)
+	} else {
+		var mig driver.Migrator
+		if mig, err = r.migrator(); err != nil {
+			return 0, r.report(ctx, failed(in, r.node, err))
+		}
+		t := driver.MigrationTarget{ID: in.Migration.ID, Node: in.Migration.TargetNode, URI: in.Migration.TargetURI}
+		st, err = DriverCall(r.metrics, OpMigrate, func() (driver.MigrationStatus, error) { return mig.Migrate(ctx, m, t) })
 	}
-	t := driver.MigrationTarget{ID: in.Migration.ID, Node: in.Migration.TargetNode, URI: in.Migration.TargetURI}
-	st, err := DriverCall(r.metrics, OpMigrate, func() (driver.MigrationStatus, error) { return mig.Migrate(ctx, m, t) })
 	switch {
 	case driver.IsNotFound(err):
 		// Not here and not moved away by this process: the target's report
 		// tells the hub whether the guest runs there.
-		st = driver.MigrationStatus{ID: t.ID, Phase: driver.MigrationFailed, Message: fmt.Sprintf("the guest is not on node %s", r.node)}
+		st = driver.MigrationStatus{ID: in.Migration.ID, Phase: driver.MigrationFailed, Message: fmt.Sprintf("the guest is not on node %s", r.node)}
 	case driver.IsTerminal(err):
-		st = driver.MigrationStatus{ID: t.ID, Phase: driver.MigrationFailed, Message: err.Error()}
+		st = driver.MigrationStatus{ID: in.Migration.ID, Phase: driver.MigrationFailed, Message: err.Error()}
 	case err != nil:
 		return 0, errors.Wrap(err, "cannot migrate the guest")
 	}
@@ -97,6 +105,18 @@ func (r *Reconciler) migrate(ctx context.Context, in wire.Intent, m driver.Machi
 		return r.opts.PollTransitional, nil
 	}
 	return 0, nil
+}
+
+// migrateHost moves the guest between the backend's own hosts; a node
+// whose backend cannot fails it as Terminal.
+func (r *Reconciler) migrateHost(ctx context.Context, in wire.Intent, m driver.Machine) (driver.MigrationStatus, error) {
+	hm, ok := r.driver.(driver.HostMigrator)
+	if !ok {
+		return driver.MigrationStatus{}, driver.Terminalf("node %s cannot move guests between hosts of its backend", r.node)
+	}
+	return DriverCall(r.metrics, OpMigrate, func() (driver.MigrationStatus, error) {
+		return hm.MigrateHost(ctx, m, in.Migration.ID, in.Migration.TargetHost)
+	})
 }
 
 // sourceReport is the source's report during a migration: the guest as it

@@ -129,3 +129,21 @@ func TestMigrationOfAGuestNotHereCreatesNothing(t *testing.T) {
 	assert.Contains(t, rep.Migration.Message, "not on node node1")
 	assert.Zero(t, source.calls("Ensure", "g2"))
 }
+
+// A move between the node's own hosts (a Nova cloud's, a KubeVirt
+// cluster's) takes the node alone: the guest stays, on its new host.
+func TestMigrationWithinTheNodeMovesTheGuestToAnotherHost(t *testing.T) {
+	h := start(t)
+	h.put(intent("g3"))
+	h.eventually("g3", phase(wire.PhaseRunning), "the guest runs")
+	ensures := h.calls("Ensure", "g3")
+	h.put(intent("g3", func(in *wire.Intent) {
+		in.Migration = &wire.Migration{ID: "m3", TargetNode: node, TargetHost: "compute-2"}
+	}))
+	rep := h.eventually("g3", func(r wire.Report) bool {
+		return r.Migration != nil && r.Migration.Phase == wire.MigrationSucceeded
+	}, "the node reports the move done")
+	assert.Equal(t, "compute-2", rep.Host, "the report shows the new host")
+	assert.Equal(t, wire.PhaseRunning, rep.Phase)
+	assert.Equal(t, ensures, h.calls("Ensure", "g3"))
+}

@@ -64,11 +64,17 @@ type Intent struct {
 type Migration struct {
 	// ID is the VirtualMachineMigration's uid; a new ID is a new attempt.
 	ID string `json:"id"`
-	// TargetNode is the node the guest moves to.
+	// TargetNode is the node the guest moves to. The node itself means a
+	// move between its backend's own hosts (NodeHeartbeat.HostMigration):
+	// the guest stays on the node, and no other node takes part.
 	TargetNode string `json:"targetNode"`
 	// TargetURI is where the source's hypervisor reaches the target's, as
-	// the target announced it (NodeHeartbeat.MigrationURI).
-	TargetURI string `json:"targetURI"`
+	// the target announced it (NodeHeartbeat.MigrationURI); empty for a
+	// move within the node.
+	TargetURI string `json:"targetURI,omitempty"`
+	// TargetHost, for a move within the node, is the backend's host to go
+	// to; empty lets the backend choose.
+	TargetHost string `json:"targetHost,omitempty"`
 }
 
 // Incoming is a live migration the target node receives.
@@ -359,8 +365,13 @@ type NodeHeartbeat struct {
 	// qemu+tls://host/system); empty on a node that receives no live
 	// migration. Announcing it also says the agent understands
 	// Intent.Migration and Intent.Incoming.
-	MigrationURI string    `json:"migrationURI,omitempty"`
-	SentAt       time.Time `json:"sentAt"`
+	MigrationURI string `json:"migrationURI,omitempty"`
+	// HostMigration says the node moves guests live between its backend's
+	// own hosts (a Nova cloud's compute hosts, a KubeVirt cluster's nodes),
+	// the guest staying on the node; it also says the agent understands
+	// Intent.Migration.
+	HostMigration bool      `json:"hostMigration,omitempty"`
+	SentAt        time.Time `json:"sentAt"`
 }
 
 // Resources is an amount of node capacity.

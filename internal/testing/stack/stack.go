@@ -151,6 +151,9 @@ type LibvirtHost struct {
 	// bridges, where the agent puts the overlay's devices; empty means the
 	// agent's own.
 	Netns string
+	// MigrationURI is where the other hosts' libvirtds reach this one's to
+	// migrate guests here; empty means the node receives none.
+	MigrationURI string
 }
 
 // Stack is a running system.
@@ -669,6 +672,9 @@ func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 		}
 		if h.Netns != "" {
 			args = append(args, "--netns="+h.Netns)
+		}
+		if h.MigrationURI != "" {
+			args = append(args, "--migration-uri="+h.MigrationURI)
 		}
 		return args, nil
 	}

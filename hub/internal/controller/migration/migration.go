@@ -194,12 +194,16 @@ func (r *Reconciler) schedule(ctx context.Context, mig *v1alpha1.VirtualMachineM
 	switch {
 	case meta.WasDeleted(vm):
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("VirtualMachine %s is being deleted", vm.Name))
-	case source == "" || !f.Sealed(vm):
-		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("VirtualMachine %s was not placed by the hub; only a VM the hub placed migrates", vm.Name))
+	case source == "":
+		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("VirtualMachine %s is on no node yet", vm.Name))
 	case vm.Status.AtProvider.Phase != v1alpha1.PhaseRunning:
+		// Running also says the VM was admitted to its node: the hub
+		// publishes nothing to a node a VM may not be on.
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("VirtualMachine %s is %s; only a Running VM migrates live", vm.Name, vm.Status.AtProvider.Phase))
 	case meta.GetExternalName(vm) != "":
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("VirtualMachine %s imports a guest virtfleet did not make; it does not migrate", vm.Name))
+	case f.Node(source).Heartbeat.HostMigration:
+		return r.scheduleWithin(ctx, mig, vm, f, source)
 	case f.Node(source).Heartbeat.MigrationURI == "":
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s takes no part in live migration: its agent announces no migration URI (--migration-uri), or its backend cannot migrate", source))
 	}
@@ -217,14 +221,35 @@ func (r *Reconciler) schedule(ctx context.Context, mig *v1alpha1.VirtualMachineM
 		}
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, err.Error())
 	}
+	return r.record(ctx, mig, vm, f, source, target, fmt.Sprintf("node %s gets ready to receive the VM", target))
+}
+
+// scheduleWithin schedules the move of a VM between the hosts of its node's
+// backend (a Nova cloud, a KubeVirt cluster): the node stays, and its
+// backend chooses the host.
+func (r *Reconciler) scheduleWithin(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, node string) (reconcile.Result, error) {
+	if t := mig.Spec.TargetNode; t != "" && t != node {
+		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s moves its VMs between its own hosts only; targetNode must be empty or %s", node, node))
+	}
+	if why, err := r.full(ctx, f, node); err != nil || why != "" {
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		return r.wait(ctx, mig, why)
+	}
+	return r.record(ctx, mig, vm, f, node, node, fmt.Sprintf("node %s moves the VM to another of its hosts", node))
+}
+
+// record writes the chosen target in the migration's status, then, sealed,
+// on the VM, which has the VM controller tell the nodes.
+func (r *Reconciler) record(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, source, target, msg string) (reconcile.Result, error) {
 	now := metav1.Now()
-	st := v1alpha1.VirtualMachineMigrationStatus{Phase: v1alpha1.MigrationScheduled, SourceNode: source, TargetNode: target, StartTime: &now,
-		Message: fmt.Sprintf("node %s gets ready to receive the VM", target)}
+	st := v1alpha1.VirtualMachineMigrationStatus{Phase: v1alpha1.MigrationScheduled, SourceNode: source, TargetNode: target, StartTime: &now, Message: msg}
 	if err := r.setStatus(ctx, mig, st); err != nil {
 		return reconcile.Result{}, err
 	}
 	m := virtualmachine.Migration{ID: string(mig.UID), Target: target}
-	err = r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) {
+	err := r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) {
 		meta.AddAnnotations(vm, map[string]string{
 			v1alpha1.AnnotationMigration:     m.String(),
 			v1alpha1.AnnotationMigrationSeal: virtualmachine.MigrationSeal(f, string(vm.UID), m),
@@ -321,6 +346,10 @@ func (r *Reconciler) follow(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	if rep, ok := f.Report(m.Target, uid); ok && rep.Report.Incoming == m.ID && rep.Report.Phase == wire.PhaseRunning {
 		arrived = true
 	}
+	if m.Target == source {
+		// Within the node, the node's word is all there is.
+		arrived = progress != nil && progress.Phase == wire.MigrationSucceeded
+	}
 	switch {
 	case arrived:
 		st.Phase, st.Message = v1alpha1.MigrationSucceeded, fmt.Sprintf("the VM runs on node %s", m.Target)
@@ -365,6 +394,11 @@ func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 		return r.abandon(ctx, vm, m)
 	}
 	source := vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	if m.Target == source {
+		r.recorder.Event(mig, event.Normal(ReasonSucceeded, fmt.Sprintf("Moved live between the hosts of node %s", source)))
+		r.opts.Placer.Release("migration/" + m.ID)
+		return r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) { dropMigration(vm.GetAnnotations()) })
+	}
 	for _, a := range vm.Spec.ForProvider.DiskAttachments {
 		if err := r.rebind(ctx, vm.Namespace, string(a.Name), source, m.Target, f); err != nil {
 			return err
@@ -374,8 +408,7 @@ func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 		a := vm.GetAnnotations()
 		a[v1alpha1.AnnotationNode] = m.Target
 		a[v1alpha1.AnnotationSeal] = f.Seal(string(vm.UID), m.Target, a[v1alpha1.AnnotationAdopted])
-		delete(a, v1alpha1.AnnotationMigration)
-		delete(a, v1alpha1.AnnotationMigrationSeal)
+		dropMigration(a)
 		virtualmachine.WithLeftover(a, source)
 	})
 	if err != nil {
@@ -434,12 +467,20 @@ func (r *Reconciler) fail(ctx context.Context, mig *v1alpha1.VirtualMachineMigra
 // abandon drops the failed migration m from the VM; its target goes among
 // the leftovers, so whatever it got ready goes.
 func (r *Reconciler) abandon(ctx context.Context, vm *v1alpha1.VirtualMachine, m virtualmachine.Migration) error {
+	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	return r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) {
 		a := vm.GetAnnotations()
-		delete(a, v1alpha1.AnnotationMigration)
-		delete(a, v1alpha1.AnnotationMigrationSeal)
-		virtualmachine.WithLeftover(a, m.Target)
+		dropMigration(a)
+		if m.Target != node {
+			virtualmachine.WithLeftover(a, m.Target)
+		}
 	})
+}
+
+// dropMigration removes the migration from a VM's annotations a.
+func dropMigration(a map[string]string) {
+	delete(a, v1alpha1.AnnotationMigration)
+	delete(a, v1alpha1.AnnotationMigrationSeal)
 }
 
 // wait keeps the migration Pending with why, and looks again later.

@@ -96,11 +96,16 @@ func newHarness(t *testing.T, grants ...apisv1alpha1.TenantGrant) *harness {
 }
 
 func (h *harness) heartbeat(node, uri string) {
-	h.bus.SetNode(bus.NodeEvent{Node: node, Heartbeat: wire.NodeHeartbeat{
-		Node: node, Backend: "libvirt", MigrationURI: uri, SentAt: time.Now(),
-		Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30},
-	}})
-	require.Eventually(h.t, func() bool { _, ok := h.f.Heard(node); return ok }, 5*time.Second, time.Millisecond)
+	h.send(wire.NodeHeartbeat{Node: node, Backend: "libvirt", MigrationURI: uri})
+}
+
+func (h *harness) send(hb wire.NodeHeartbeat) {
+	hb.SentAt, hb.Capacity = time.Now(), wire.Resources{VCPU: 8, MemoryBytes: 16 << 30}
+	h.bus.SetNode(bus.NodeEvent{Node: hb.Node, Heartbeat: hb})
+	require.Eventually(h.t, func() bool {
+		got, ok := h.f.Heard(hb.Node)
+		return ok && got.Heartbeat.MigrationURI == hb.MigrationURI && got.Heartbeat.HostMigration == hb.HostMigration
+	}, 5*time.Second, time.Millisecond)
 }
 
 func (h *harness) report(node string, r wire.Report) {
@@ -233,13 +238,13 @@ func TestMigrationRefusesOrWaits(t *testing.T) {
 			},
 			phase: v1alpha1.MigrationFailed, message: "only a Running VM migrates live",
 		},
-		"AVMPlacedByHandDoesNotMigrate": {
+		"AVMOnNoNode": {
 			setup: func(h *harness) {
 				vm := h.vm()
-				vm.Annotations[v1alpha1.AnnotationSeal] = "forged"
+				delete(vm.Annotations, v1alpha1.AnnotationNode)
 				require.NoError(t, h.kube.Update(context.Background(), vm))
 			},
-			phase: v1alpha1.MigrationFailed, message: "not placed by the hub",
+			phase: v1alpha1.MigrationFailed, message: "is on no node yet",
 		},
 		"ASourceWithoutAMigrationURI": {
 			setup: func(h *harness) { h.heartbeat("node1", "") },
@@ -295,4 +300,35 @@ func TestMigrationWaitsForTheVMsOtherMigration(t *testing.T) {
 	m := h.reconcile("second")
 	assert.Equal(t, v1alpha1.MigrationPending, m.Status.Phase)
 	assert.Contains(t, m.Status.Message, "another migration")
+}
+
+// A node that moves guests between its backend's own hosts (Nova,
+// KubeVirt) migrates within itself: no other node takes part, and the VM
+// stays on the node, with nothing left over.
+func TestMigrationWithinANodeOfManyHosts(t *testing.T) {
+	h := newHarness(t)
+	h.send(wire.NodeHeartbeat{Node: "node1", Backend: "nova", HostMigration: true})
+	h.create("move", "")
+	m := h.reconcile("move")
+	assert.Equal(t, v1alpha1.MigrationScheduled, m.Status.Phase)
+	assert.Equal(t, "node1", m.Status.TargetNode)
+	mg, ok := virtualmachine.MigrationOf(h.vm(), h.f)
+	require.True(t, ok)
+	assert.Equal(t, "node1", mg.Target)
+
+	h.report("node1", wire.Report{Phase: wire.PhaseRunning, Host: "compute-2", Migration: &wire.MigrationReport{ID: "mig-move", Phase: wire.MigrationSucceeded, DowntimeMilliseconds: 300}})
+	m = h.reconcile("move")
+	assert.Equal(t, v1alpha1.MigrationSucceeded, m.Status.Phase)
+	assert.Equal(t, int64(300), m.Status.DowntimeMilliseconds)
+	vm := h.vm()
+	assert.Equal(t, "node1", vm.GetAnnotations()[v1alpha1.AnnotationNode])
+	assert.Empty(t, virtualmachine.Leftovers(vm), "no node left anything behind")
+	_, still := virtualmachine.MigrationOf(vm, h.f)
+	assert.False(t, still)
+	assert.Equal(t, "node1", h.volume().GetAnnotations()[v1alpha1.AnnotationNode])
+
+	h.create("elsewhere", "node2")
+	m = h.reconcile("elsewhere")
+	assert.Equal(t, v1alpha1.MigrationFailed, m.Status.Phase)
+	assert.Contains(t, m.Status.Message, "moves its VMs between its own hosts only")
 }

@@ -83,7 +83,13 @@ func (e *external) plan(vm *v1alpha1.VirtualMachine, d dependencies, node string
 	in := intent(vm, d)
 	out := map[string]wire.Intent{node: in}
 	m, ok := MigrationOf(vm, e.fleet)
-	if !ok || m.Target == node {
+	switch {
+	case !ok:
+		return out
+	case m.Target == node:
+		// A move between the node's own hosts: the node alone takes part.
+		in.Migration = &wire.Migration{ID: m.ID, TargetNode: node}
+		out[node] = in
 		return out
 	}
 	uid := string(vm.UID)
@@ -122,7 +128,7 @@ func planFingerprint(p map[string]wire.Intent, node string) string {
 // its migration and the nodes it left.
 func (e *external) placedOn(vm *v1alpha1.VirtualMachine, node string) []string {
 	out := []string{node}
-	if m, ok := MigrationOf(vm, e.fleet); ok {
+	if m, ok := MigrationOf(vm, e.fleet); ok && m.Target != node {
 		out = append(out, m.Target)
 	}
 	return append(out, Leftovers(vm)...)

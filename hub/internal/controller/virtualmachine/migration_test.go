@@ -28,6 +28,8 @@ func TestPlanDuringAMigration(t *testing.T) {
 		// want is, per node, whether its intent carries Incoming and
 		// Migration.
 		want map[string][2]bool
+		// within moves the VM between the node's own hosts.
+		within bool
 	}{
 		"NoMigration": {
 			seal: func(*fleet.Fleet, Migration) string { return "" },
@@ -45,6 +47,11 @@ func TestPlanDuringAMigration(t *testing.T) {
 			seal:    func(f *fleet.Fleet, m Migration) string { return MigrationSeal(f, testUID, m) },
 			reports: map[string]wire.Report{target: {Phase: wire.PhasePending, Incoming: "m1"}},
 			want:    map[string][2]bool{testNode: {false, true}, target: {true, false}},
+		},
+		"AMoveWithinTheNodeTakesTheNodeAlone": {
+			seal:   func(f *fleet.Fleet, m Migration) string { return MigrationSeal(f, testUID, m) },
+			within: true,
+			want:   map[string][2]bool{testNode: {false, true}},
 		},
 		"TheSourceKeepsMigratingOnceItStarted": {
 			seal:    func(f *fleet.Fleet, m Migration) string { return MigrationSeal(f, testUID, m) },
@@ -64,6 +71,9 @@ func TestPlanDuringAMigration(t *testing.T) {
 				require.Eventually(t, func() bool { _, ok := e.fleet.Report(node, testUID); return ok }, 5*time.Second, time.Millisecond)
 			}
 			m := Migration{ID: "m1", Target: target}
+			if tc.within {
+				m.Target = testNode
+			}
 			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: testUID, Annotations: map[string]string{
 				v1alpha1.AnnotationNode: testNode, v1alpha1.AnnotationMigration: m.String(), v1alpha1.AnnotationMigrationSeal: tc.seal(e.fleet, m),
 			}}}
@@ -77,12 +87,16 @@ func TestPlanDuringAMigration(t *testing.T) {
 			}
 			assert.Equal(t, tc.want, got)
 			if in := p[testNode]; in.Migration != nil {
-				assert.Equal(t, wire.Migration{ID: "m1", TargetNode: target, TargetURI: uri}, *in.Migration)
+				want := wire.Migration{ID: "m1", TargetNode: target, TargetURI: uri}
+				if tc.within {
+					want = wire.Migration{ID: "m1", TargetNode: testNode}
+				}
+				assert.Equal(t, want, *in.Migration)
 			}
 			if in, ok := p[target]; ok {
 				assert.Equal(t, wire.Incoming{ID: "m1", SourceNode: testNode}, *in.Incoming)
 			}
-			assert.Equal(t, len(p) == 1, planFingerprint(p, testNode) == fingerprint(intent(vm, dependencies{})), "a plan of one node is fingerprinted as its intent")
+			assert.Equal(t, len(p) == 1, planFingerprint(p, testNode) == fingerprint(p[testNode]), "a plan of one node is fingerprinted as its intent")
 		})
 	}
 }
