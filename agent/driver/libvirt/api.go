@@ -27,6 +27,8 @@ type API interface {
 	DomainDestroy(Dom golibvirt.Domain) (err error)
 	DomainUndefineFlags(Dom golibvirt.Domain, Flags golibvirt.DomainUndefineFlagsValues) (err error)
 	DomainInterfaceAddresses(Dom golibvirt.Domain, Source uint32, Flags uint32) (rIfaces []golibvirt.DomainInterface, err error)
+	DomainMigratePerform3Params(Dom golibvirt.Domain, Dconnuri golibvirt.OptString, Params []golibvirt.TypedParam, CookieIn []byte, Flags golibvirt.DomainMigrateFlags) (rCookieOut []byte, err error)
+	DomainGetJobStats(Dom golibvirt.Domain, Flags golibvirt.DomainGetJobStatsFlags) (rType int32, rParams []golibvirt.TypedParam, err error)
 
 	NetworkLookupByName(Name string) (rNet golibvirt.Network, err error)
 	NetworkDefineXML(XML string) (rNet golibvirt.Network, err error)

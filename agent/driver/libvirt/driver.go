@@ -86,6 +86,18 @@ type Driver struct {
 	// loops counts the goroutines besides watch that Close waits for.
 	loops sync.WaitGroup
 
+	// migrateStart serialises starting live migrations and finishing what
+	// they leave behind (migrate.go).
+	migrateStart sync.Mutex
+	// migrateMu guards migrations and incoming. It is taken after
+	// networkMu, never before.
+	migrateMu sync.Mutex
+	// migrations are the last live migration started per uid.
+	migrations map[string]*migration
+	// incoming are the guests PrepareIncoming readied for a migration to
+	// this node, per uid, until they arrive or are deleted.
+	incoming map[string]*incoming
+
 	stateMu sync.Mutex
 	// shutdownAt is when a graceful shutdown was requested, per uid.
 	shutdownAt map[string]time.Time
@@ -148,6 +160,8 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		crashes:     map[string]int32{},
 		reboots:     map[string]int32{},
 		startedAt:   map[string]time.Time{},
+		migrations:  map[string]*migration{},
+		incoming:    map[string]*incoming{},
 	}
 	if d.grace == 0 {
 		d.grace = DefaultShutdownGrace
@@ -181,9 +195,9 @@ func (d *Driver) connection() (*connection, error) {
 	if d.ctx.Err() != nil {
 		return nil, errors.New("driver is closed")
 	}
-	l := golibvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(d.socket), dialers.WithLocalTimeout(5*time.Second)))
-	if err := l.ConnectToURI(golibvirt.ConnectURI(d.uri)); err != nil {
-		return nil, errors.Wrapf(err, "cannot reach libvirtd: cannot open %s on %s", d.uri, d.socket)
+	l, err := d.dial()
+	if err != nil {
+		return nil, err
 	}
 	domType, err := d.hostDomainType(l)
 	if err != nil {
@@ -214,6 +228,15 @@ func (d *Driver) connection() (*connection, error) {
 	d.echoes.reset()
 	d.conn = &connection{l: l, events: evs, reboots: reboots, changes: changes, domainType: domType, generation: d.generation, hostCPUs: int64(cpus), hostMemory: int64(mem) << 10}
 	return d.conn, nil
+}
+
+// dial opens a new connection to libvirtd.
+func (d *Driver) dial() (*golibvirt.Libvirt, error) {
+	l := golibvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(d.socket), dialers.WithLocalTimeout(5*time.Second)))
+	if err := l.ConnectToURI(golibvirt.ConnectURI(d.uri)); err != nil {
+		return nil, errors.Wrapf(err, "cannot reach libvirtd: cannot open %s on %s", d.uri, d.socket)
+	}
+	return l, nil
 }
 
 // hostDomainType picks the domain type from the host's capabilities and
@@ -398,7 +421,11 @@ func (d *Driver) handle(e golibvirt.DomainEventLifecycleMsg) {
 		d.crashes[uid]++
 		d.stateMu.Unlock()
 	case driver.EventStarted:
-		d.started(uid, d.now())
+		// A guest that arrived by live migration did not boot: its DHCP
+		// lease and its reboots are the same boot's as before it came.
+		if golibvirt.DomainEventStartedDetailType(e.Detail) != golibvirt.DomainEventStartedMigrated {
+			d.started(uid, d.now())
+		}
 	}
 	if d.echoes.heard(formatUUID(e.Dom.UUID), golibvirt.DomainEventType(e.Event), d.now()) {
 		return
@@ -523,6 +550,13 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if err := validate(m); err != nil {
 		return driver.Observation{}, err
 	}
+	switch phase, node := d.outgoing(m.UID); phase {
+	case driver.MigrationRunning:
+		// The migration owns the guest until it is over.
+		return d.Observe(ctx, m.UID)
+	case driver.MigrationSucceeded:
+		return driver.Observation{}, driver.NotFoundf("guest %s moved to node %s by live migration", m.UID, node)
+	}
 	api, conn, err := d.api()
 	if err != nil {
 		return driver.Observation{}, err
@@ -567,6 +601,8 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	} else {
 		owner = *info.owner
 	}
+	// Its domain holds its interfaces from now on.
+	d.arrived(m.UID)
 	if err := d.converge(api, dom, m, owner); err != nil {
 		return driver.Observation{}, err
 	}
@@ -709,6 +745,16 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 		return errors.Wrap(err, "cannot read domain state")
 	}
 	s := golibvirt.DomainState(state)
+	switch {
+	case movedAway(s, reason):
+		// What is left here is the definition of a guest that runs on
+		// another node: starting it would run the guest twice.
+		return driver.NotFoundf("guest %s moved to another node by live migration", m.UID)
+	case migrating(s, reason):
+		// Paused for the switch-over of a live migration, to or from
+		// here: libvirt resumes it where it is to run.
+		return nil
+	}
 	halted := haltedByHypervisor(s, reason)
 	active := s != golibvirt.DomainShutoff && s != golibvirt.DomainCrashed && s != golibvirt.DomainNostate
 	liveHash := owner.SpecHash
@@ -873,7 +919,7 @@ func (d *Driver) setOwnership(api API, dom golibvirt.Domain, o ownership, flags 
 }
 
 // Delete implements driver.Driver.
-func (d *Driver) Delete(_ context.Context, uid string) error {
+func (d *Driver) Delete(ctx context.Context, uid string) error {
 	api, _, err := d.api()
 	if err != nil {
 		return err
@@ -882,6 +928,7 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 	var notOurs *NotOursError
 	key := uid
 	var released []nic
+	found := false
 	switch {
 	case errors.As(err, &notOurs):
 		return nil // another VM's now, or released: not to be touched
@@ -889,6 +936,7 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 	case err != nil:
 		return err
 	default:
+		found = true
 		key = formatUUID(dom.UUID)
 		// The running definition may have interfaces the next one dropped;
 		// unread, they are only left to the sweeps of the networks the
@@ -917,6 +965,11 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 			return err
 		}
 	}
+	// A guest readied for a migration that did not come: what the
+	// migration made of it goes too, and its interfaces are no longer held.
+	if err := d.dropIncoming(ctx, uid, !found); err != nil {
+		return err
+	}
 	d.aliases.set(key, key)
 	d.addresses.forget(uid)
 	d.clearShutdown(uid)
@@ -927,7 +980,7 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 	d.stateMu.Unlock()
 	// Also when the domain was gone already: a sweep cut short before
 	// is finished.
-	return d.sweepNetworks(api, released)
+	return d.sweepNetworks(api, append(released, d.releaseIncoming(uid)...))
 }
 
 // Observe implements driver.Driver.
@@ -953,6 +1006,13 @@ func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainI
 	}
 	o := driver.Observation{UID: uid, ID: formatUUID(dom.UUID), Node: d.node, VCPU: int32(info.vcpu), MemoryBytes: info.memory}
 	o.Phase, o.Message = phaseOf(golibvirt.DomainState(state), reason)
+	switch s := golibvirt.DomainState(state); {
+	case movedAway(s, reason):
+		// A guest is on one node at a time: this one runs elsewhere now.
+		return driver.Observation{}, driver.NotFoundf("guest %s moved to another node by live migration", uid)
+	case migrating(s, reason):
+		o.Phase, o.Message = d.migratingPhase(uid)
+	}
 	var restarts int32
 	if info.owner != nil {
 		restarts = info.owner.Restarts
@@ -1237,8 +1297,8 @@ func (d *Driver) observeAll(api API, doms []golibvirt.Domain, infos []domainInfo
 	for i, dom := range doms {
 		owner := infos[i].owner
 		o, err := d.observe(api, dom, owner.UID, infos[i], "")
-		if isCode(err, golibvirt.ErrNoDomain) {
-			continue
+		if isCode(err, golibvirt.ErrNoDomain) || driver.IsNotFound(err) {
+			continue // gone since the list, or moved to another node
 		}
 		if err != nil {
 			return nil, err

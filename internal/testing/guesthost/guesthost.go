@@ -23,7 +23,9 @@
 // refuses a migration between two daemons with the same host UUID as one
 // "to the same host", and without one set every daemon here takes the
 // machine's. StartPair runs two hosts joined by an underlay, as two
-// hypervisors on one network are.
+// hypervisors on one network are, each daemon listening on TCP on its
+// underlay address alone for the other's live migrations (a host of its own
+// listens on its unix socket only).
 package guesthost
 
 import (
@@ -87,6 +89,10 @@ type Host struct {
 	// TunnelAddress is the host's address on a Pair's underlay (link
 	// UnderlayLink); empty on a host of its own.
 	TunnelAddress string
+	// MigrationURI is the URI the other host of a Pair migrates guests
+	// here with (qemu+tcp to TunnelAddress, where this host's libvirtd
+	// listens); empty on a host of its own, which listens on no TCP port.
+	MigrationURI string
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -111,6 +117,21 @@ func Missing() []string {
 // Start starts a host named name (a short prefix: it names the namespace and
 // the directory). progress gets a line per step.
 func Start(ctx context.Context, name string, progress io.Writer) (*Host, error) {
+	h, err := create(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.run(ctx, progress); err != nil {
+		h.Stop()
+		return nil, err
+	}
+	return h, nil
+}
+
+// create makes a host's directory, configuration and network namespace,
+// everything but its daemons, so that a Pair can join the namespaces
+// before the daemons start listening in them. A failure leaves nothing.
+func create(ctx context.Context, name string) (*Host, error) {
 	if m := Missing(); len(m) > 0 {
 		return nil, errors.Errorf("cannot run a guest host without %s (run make deps as root)", strings.Join(m, ", "))
 	}
@@ -128,7 +149,7 @@ func Start(ctx context.Context, name string, progress io.Writer) (*Host, error) 
 		exited: make(chan struct{}),
 	}
 	h.NetnsPath = filepath.Join("/run/netns", h.Netns)
-	if err := h.start(ctx, progress); err != nil {
+	if err := h.setUp(ctx); err != nil {
 		h.Stop()
 		return nil, err
 	}
@@ -147,11 +168,14 @@ mount --bind "$d/lib" /var/lib/libvirt
 mount --bind "$d/log" /var/log/libvirt
 mount --bind "$d/cache" /var/cache/libvirt
 mount --bind "$d/etc" /etc/libvirt
+shift
 virtlogd &
-exec libvirtd
+exec libvirtd "$@"
 `
 
-func (h *Host) start(ctx context.Context, progress io.Writer) error {
+// setUp makes the host's directories, its configuration and its network
+// namespace.
+func (h *Host) setUp(ctx context.Context) error {
 	for _, sub := range []string{"run", "lib/images", "lib/dnsmasq", "log/qemu", "cache", "etc"} {
 		if err := os.MkdirAll(filepath.Join(h.Dir, sub), 0o755); err != nil {
 			return errors.Wrap(err, "cannot create the host directories")
@@ -175,12 +199,18 @@ func (h *Host) start(ctx context.Context, progress io.Writer) error {
 	if out, err := h.Command(ctx, "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		return errors.Errorf("cannot bring up loopback in %s: %v: %s", h.Netns, err, out)
 	}
+	return nil
+}
+
+// run starts the host's daemons with args for libvirtd, waits until
+// libvirtd accepts connections, and makes its network and pool.
+func (h *Host) run(ctx context.Context, progress io.Writer, args ...string) error {
 	log, err := os.Create(filepath.Join(h.Dir, "libvirtd.log"))
 	if err != nil {
 		return errors.Wrap(err, "cannot create the daemon log")
 	}
 	h.log = log
-	h.cmd = exec.Command("ip", "netns", "exec", h.Netns, "bash", "-c", daemonScript, "libvirtd", h.Dir) //nolint:gosec // our own script
+	h.cmd = exec.Command("ip", append([]string{"netns", "exec", h.Netns, "bash", "-c", daemonScript, "libvirtd", h.Dir}, args...)...) //nolint:gosec // our own script
 	h.cmd.Stdout, h.cmd.Stderr = log, log
 	// ip execs the script, which execs libvirtd: the parent-death signal
 	// reaches the daemon if the test binary dies; Stop reaps the rest.
@@ -199,15 +229,20 @@ func (h *Host) start(ctx context.Context, progress io.Writer) error {
 	return h.prepare(l)
 }
 
-// setHostUUID gives the daemon its own host UUID, after whatever the
-// machine's libvirtd.conf says (the last setting wins).
+// setHostUUID gives the daemon its own host UUID.
 func (h *Host) setHostUUID() error {
+	return h.configure("This host's own, so that hosts of one machine are different hosts to libvirt.", fmt.Sprintf("host_uuid = %q", h.UUID))
+}
+
+// configure appends settings to the daemon's libvirtd.conf, after whatever
+// the machine's says (the last setting wins), with a comment saying why.
+func (h *Host) configure(why string, settings ...string) error {
 	f, err := os.OpenFile(filepath.Join(h.Dir, "etc", "libvirtd.conf"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
 		return errors.Wrap(err, "cannot open the daemon's libvirtd.conf")
 	}
-	_, err = fmt.Fprintf(f, "\n# This host's own, so that hosts of one machine are different hosts to libvirt.\nhost_uuid = %q\n", h.UUID)
-	return errors.Wrap(errors.Join(err, f.Close()), "cannot set the daemon's host_uuid")
+	_, err = fmt.Fprintf(f, "\n# %s\n%s\n", why, strings.Join(settings, "\n"))
+	return errors.Wrap(errors.Join(err, f.Close()), "cannot configure the daemon")
 }
 
 func (h *Host) waitReady(ctx context.Context) (*libvirt.Libvirt, error) {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/digitalocean/go-libvirt"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -39,6 +40,7 @@ func TestHostKeepsItsNetworkInItsNamespace(t *testing.T) {
 		}
 	}()
 
+	assert.Empty(t, h.MigrationURI, "a host of its own listens for no migration")
 	inside, err := h.Command(ctx, "ip", "-br", "addr", "show", "virbr0").CombinedOutput()
 	require.NoError(t, err, string(inside))
 	require.Contains(t, string(inside), "192.168.122.1/24")
@@ -104,6 +106,34 @@ func TestPairIsTwoHostsOnOneUnderlay(t *testing.T) {
 		assertNotInMachinesNamespace(t, guesthost.UnderlayLink)
 	})
 
+	t.Run("EachDaemonListensForMigrationsOnItsUnderlayAddressOnly", func(t *testing.T) {
+		for _, c := range []struct{ from, to *guesthost.Host }{{p.A, p.B}, {p.B, p.A}} {
+			assert.Equal(t, "qemu+tcp://"+c.to.TunnelAddress+"/system", c.to.MigrationURI)
+			var conn net.Conn
+			require.NoError(t, inNetns(c.from.NetnsPath, func() (err error) {
+				conn, err = net.DialTimeout("tcp", net.JoinHostPort(c.to.TunnelAddress, libvirtdTCPPort), 5*time.Second)
+				return err
+			}), "from %s to %s's daemon", c.from.Netns, c.to.Netns)
+			l := libvirt.New(conn) //nolint:staticcheck // a connection dialled inside a namespace
+			require.NoError(t, l.ConnectToURI(libvirt.ConnectURI(guesthost.URI)))
+			x, err := l.ConnectGetCapabilities()
+			require.NoError(t, err)
+			require.NoError(t, l.Disconnect())
+			var caps libvirtxml.Caps
+			require.NoError(t, caps.Unmarshal(x))
+			assert.Equal(t, c.to.UUID, caps.Host.UUID, "the daemon there is %s's", c.to.Netns)
+
+			err = inNetns(c.to.NetnsPath, func() error {
+				conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", libvirtdTCPPort), 5*time.Second)
+				if err == nil {
+					_ = conn.Close()
+				}
+				return err
+			})
+			assert.ErrorIs(t, err, unix.ECONNREFUSED, "%s's daemon listens on its underlay address alone", c.to.Netns)
+		}
+	})
+
 	t.Run("VXLANRunsOverTheUnderlay", func(t *testing.T) {
 		overlay := map[*guesthost.Host]string{p.A: "10.254.253.1", p.B: "10.254.253.2"}
 		for _, h := range p.Hosts() {
@@ -140,6 +170,9 @@ func TestPairIsTwoHostsOnOneUnderlay(t *testing.T) {
 	}
 	assertNotInMachinesNamespace(t, guesthost.UnderlayLink)
 }
+
+// libvirtdTCPPort is where libvirtd listens for TCP connections by default.
+const libvirtdTCPPort = "16509"
 
 // reach connects over TCP from a socket in from's namespace to a listener
 // in to's namespace on addr: the machine has no ping, and a connection that

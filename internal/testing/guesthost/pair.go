@@ -2,6 +2,7 @@ package guesthost
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os/exec"
 	"strconv"
@@ -23,20 +24,25 @@ var underlayAddresses = [2]string{"192.168.253.1", "192.168.253.2"}
 
 // Pair is two hosts joined by an underlay: a veth pair with one end in each
 // host's namespace (UnderlayLink, up, with the host's TunnelAddress), the
-// network two hypervisors' overlays run on.
+// network two hypervisors' overlays run on. Each host's libvirtd listens
+// for the other's migrations on its underlay address only (MigrationURI).
 type Pair struct {
 	A, B *Host
 }
 
 // StartPair starts two hosts, named prefix+"a" and prefix+"b", and joins
 // them. progress gets a line per step.
+//
+// The underlay is made before the daemons start: libvirtd binds its TCP
+// listener to the tunnel address when it starts, and the address must be
+// there by then.
 func StartPair(ctx context.Context, prefix string, progress io.Writer) (*Pair, error) {
 	p := &Pair{}
 	var err error
-	if p.A, err = Start(ctx, prefix+"a", progress); err != nil {
+	if p.A, err = create(ctx, prefix+"a"); err != nil {
 		return nil, err
 	}
-	if p.B, err = Start(ctx, prefix+"b", progress); err != nil {
+	if p.B, err = create(ctx, prefix+"b"); err != nil {
 		p.Close()
 		return nil, err
 	}
@@ -44,7 +50,27 @@ func StartPair(ctx context.Context, prefix string, progress io.Writer) (*Pair, e
 		p.Close()
 		return nil, err
 	}
+	for _, h := range p.Hosts() {
+		if err := h.listenForMigrations(); err != nil {
+			p.Close()
+			return nil, err
+		}
+		if err := h.run(ctx, progress, "--listen"); err != nil {
+			p.Close()
+			return nil, err
+		}
+	}
 	return p, nil
+}
+
+// listenForMigrations has the daemon accept connections from the other
+// host's daemon, which a peer-to-peer migration opens, on the underlay
+// alone: plain TCP without authentication, which only the two namespaces
+// can reach.
+func (h *Host) listenForMigrations() error {
+	h.MigrationURI = "qemu+tcp://" + h.TunnelAddress + "/system"
+	return h.configure("The other host of the pair migrates guests here over the underlay, and nothing else reaches it.",
+		"listen_tcp = 1", "listen_tls = 0", `auth_tcp = "none"`, fmt.Sprintf("listen_addr = %q", h.TunnelAddress))
 }
 
 // Hosts are A and B, in that order.
