@@ -25,7 +25,8 @@
 // running → runStrategy Always or Halted. A restart deletes the VMI, which
 // KubeVirt recreates (the restart subresource is served by virt-api, an
 // aggregated API server). Disks made from images need CDI and are refused
-// as terminal.
+// as terminal. MigrateHost moves a running guest to another node of the
+// cluster with a VirtualMachineInstanceMigration (see migrate.go).
 package kubevirt
 
 import (
@@ -92,6 +93,9 @@ type Driver struct {
 
 	// claimMu serialises claims, so two VMs never take one guest.
 	claimMu sync.Mutex
+
+	// migrations are the live migrations the driver saw, by guest and id.
+	migrations migrationLog
 
 	mu sync.Mutex
 	// conn reads from the current informers and writes to the API server.

@@ -2,6 +2,7 @@ package kubevirttest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -23,7 +24,9 @@ import (
 // say otherwise.
 const DefaultNamespace = "virtfleet"
 
-// Node is a Node object of the simulated cluster.
+// Node is a Node object of the simulated cluster, labelled
+// kubernetes.io/hostname with its name and with an InternalIP in
+// 10.199.0.0/24.
 type Node struct {
 	Name string
 	// CPU and Memory are the node's allocatable resources.
@@ -125,8 +128,12 @@ func (c *Cluster) populate(ctx context.Context, o Options) error {
 	if err := c.Client.Create(ctx, ns); err != nil && !kerrors.IsAlreadyExists(err) {
 		return errors.Wrap(err, "cannot create the namespace")
 	}
-	for _, n := range o.Nodes {
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name}, Spec: corev1.NodeSpec{Unschedulable: n.Unschedulable}}
+	for i, n := range o.Nodes {
+		// The label and addresses a kubelet registers its node with.
+		node := &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{corev1.LabelHostname: n.Name}},
+			Spec:       corev1.NodeSpec{Unschedulable: n.Unschedulable},
+		}
 		if err := c.Client.Create(ctx, node); err != nil {
 			return errors.Wrapf(err, "cannot create node %s", n.Name)
 		}
@@ -139,6 +146,10 @@ func (c *Cluster) populate(ctx context.Context, o Options) error {
 			Capacity:    resources,
 			Allocatable: resources,
 			Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: ready, Reason: "FakeVirtController", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
+			Addresses: []corev1.NodeAddress{
+				{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.199.0.%d", i+1)},
+				{Type: corev1.NodeHostName, Address: n.Name},
+			},
 		}
 		if err := c.Client.Status().Update(ctx, node); err != nil {
 			return errors.Wrapf(err, "cannot set the status of node %s", n.Name)

@@ -62,10 +62,33 @@ type Failure struct {
 // ready, created and conditions as KubeVirt does, plays the garbage collector
 // for VMIs of deleted VMs, and holds KubeVirt's finalizer on VMs until their
 // VMI is gone. A VM whose PVCs are missing shows ErrorPvcNotFound. Fail
-// forces other failures.
+// forces other failures. A running VMI is LiveMigratable unless a PVC it
+// uses is not ReadWriteMany (virt-handler's DisksNotLiveMigratable).
+//
+// It moves VMIs live as virt-controller and virt-handler do for a
+// VirtualMachineInstanceMigration, one phase per StepInterval: Pending
+// (once the VMI runs), Scheduling (the target pod, on a schedulable Ready
+// node other than the VMI's that matches spec.addedNodeSelector),
+// Scheduled, PreparingTarget (the VMI's status.migrationState names the
+// source and target nodes), TargetReady (the target's address), Running
+// (startTimestamp, mode PreCopy; the VM shows Migrating), then Succeeded
+// (endTimestamp, completed, the VMI's status.nodeName is the target) or
+// Failed. A finished migration gets the VMI's migrationState; the newest
+// FinalizedMigrationsKept finished ones of a VMI are kept, and all go with
+// the VMI. No virt-api runs, so what its admission webhook would refuse (a
+// VMI that is absent, finished or not LiveMigratable, a second migration of
+// a VMI) fails at once instead, with virt-api's message. Why a migration
+// failed is in warning events on it, as virt-controller records it, and in
+// migrationState.failureReason when virt-handler gave one
+// (FailNextMigration); a target pod that fits no node fails the migration
+// after DefaultUnschedulableTimeout. Deleting a migration that has not
+// finished aborts it.
 type FakeVirtController struct {
 	client client.Client
-	step   time.Duration
+	// live reads the API server: a migration's steps must not act on what
+	// the informers have not caught up with.
+	live client.Reader
+	step time.Duration
 
 	// wake reconciles a VM whose forced failure was set or lifted: nothing
 	// in the API changed, so no watch would.
@@ -76,6 +99,15 @@ type FakeVirtController struct {
 	pools    map[string]*addressPool
 	// leases keep a VM's address on a network across its VMIs.
 	leases map[string]netip.Addr
+	// failNext are the VMIs whose next migration fails, with the reason.
+	failNext map[types.NamespacedName]string
+	// targets are the nodes the migrations' target pods went to, by the
+	// migration's uid: the stand-in runs no pods to keep them.
+	targets map[types.UID]string
+	// warned are the migrations already said to be unschedulable.
+	warned map[types.UID]bool
+	// entered is when each migration running entered its phase.
+	entered map[types.UID]phaseEntered
 }
 
 type addressPool struct {
@@ -87,29 +119,44 @@ type addressPool struct {
 func setupController(mgr ctrl.Manager, step time.Duration) (*FakeVirtController, error) {
 	c := &FakeVirtController{
 		client:   mgr.GetClient(),
+		live:     mgr.GetAPIReader(),
 		step:     step,
 		failures: map[types.NamespacedName]Failure{},
 		pools:    map[string]*addressPool{},
 		leases:   map[string]netip.Addr{},
+		failNext: map[types.NamespacedName]string{},
+		targets:  map[types.UID]string{},
+		warned:   map[types.UID]bool{},
+		entered:  map[types.UID]phaseEntered{},
 		wake:     make(chan event.TypedGenericEvent[*kubevirtv1.VirtualMachine], 64),
+	}
+	options := controller.Options{
+		// Several test clusters may run in one process.
+		SkipNameValidation: ptr(true),
+		LogConstructor:     func(*reconcile.Request) logr.Logger { return logr.Discard() },
+		// Its priority queue logs through controller-runtime's global
+		// logger, which a test harness has no business setting.
+		UsePriorityQueue: ptr(false),
+		// Come back quickly after a test stopped the API server.
+		RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](10*time.Millisecond, time.Second),
 	}
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("fake-virt-controller").
 		For(&kubevirtv1.VirtualMachine{}).
 		Owns(&kubevirtv1.VirtualMachineInstance{}).
 		WatchesRawSource(source.Channel(c.wake, &handler.TypedEnqueueRequestForObject[*kubevirtv1.VirtualMachine]{})).
-		WithOptions(controller.Options{
-			// Several test clusters may run in one process.
-			SkipNameValidation: ptr(true),
-			LogConstructor:     func(*reconcile.Request) logr.Logger { return logr.Discard() },
-			// Its priority queue logs through controller-runtime's global
-			// logger, which a test harness has no business setting.
-			UsePriorityQueue: ptr(false),
-			// Come back quickly after a test stopped the API server.
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](10*time.Millisecond, time.Second),
-		}).
+		WithOptions(options).
 		Complete(c)
-	return c, errors.Wrap(err, "cannot set up the fake virt-controller")
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot set up the fake virt-controller")
+	}
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("fake-virt-migration-controller").
+		For(&kubevirtv1.VirtualMachineInstanceMigration{}).
+		Watches(&kubevirtv1.VirtualMachineInstance{}, handler.EnqueueRequestsFromMapFunc(c.migrationsOf)).
+		WithOptions(options).
+		Complete(reconcile.Func(c.reconcileMigration))
+	return c, errors.Wrap(err, "cannot set up the fake virt-controller's migrations")
 }
 
 // Fail makes the VM named nn show f until Recover: its VMI (when f leaves
@@ -250,10 +297,17 @@ func (c *FakeVirtController) run(ctx context.Context, vm *kubevirtv1.VirtualMach
 		}
 		vmi.Status.Phase, vmi.Status.NodeName = kubevirtv1.Scheduled, node
 	case kubevirtv1.Scheduled:
+		migratable, err := c.liveMigratable(ctx, vmi)
+		if err != nil {
+			return again, err
+		}
 		vmi.Status.Phase = kubevirtv1.Running
 		vmi.Status.Interfaces = c.interfaces(vm, vmi)
-		vmi.Status.Conditions = []kubevirtv1.VirtualMachineInstanceCondition{{Type: kubevirtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue}}
+		vmi.Status.Conditions = []kubevirtv1.VirtualMachineInstanceCondition{{Type: kubevirtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue}, migratable}
 	case kubevirtv1.Running:
+		if migrating(vmi) {
+			return reconcile.Result{}, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusMigrating, vmi, nil)
+		}
 		return reconcile.Result{}, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusRunning, vmi, nil)
 	}
 	// KubeVirt serves VMIs without a status subresource.

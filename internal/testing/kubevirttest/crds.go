@@ -1,8 +1,9 @@
 // Package kubevirttest runs a simulated KubeVirt cluster for tests and the
 // test stack: a real kube-apiserver (internal/testing/controlplane) with KubeVirt's
-// VirtualMachine and VirtualMachineInstance CRDs, schedulable Nodes, and
-// FakeVirtController, an in-process stand-in for virt-controller and
-// virt-handler. No KubeVirt component runs: no pod, no QEMU, no CDI.
+// VirtualMachine, VirtualMachineInstance and VirtualMachineInstanceMigration
+// CRDs, schedulable Nodes, and FakeVirtController, an in-process stand-in
+// for virt-controller and virt-handler. No KubeVirt component runs: no pod,
+// no QEMU, no CDI, no virt-api.
 package kubevirttest
 
 import (
@@ -25,14 +26,17 @@ func CRDDir() string {
 	return filepath.Join(filepath.Dir(file), "testdata", "crds")
 }
 
-// CRDs are KubeVirt's VirtualMachine and VirtualMachineInstance CRDs as
-// virt-operator installs them: the generated schemas plus the operator's
-// short names, and the status subresource on VirtualMachine only — KubeVirt
-// serves the VMI without one, so its status is written with the object.
+// CRDs are KubeVirt's VirtualMachine, VirtualMachineInstance and
+// VirtualMachineInstanceMigration CRDs as virt-operator installs them: the
+// generated schemas plus the operator's short names, and the status
+// subresource on VirtualMachine and VirtualMachineInstanceMigration only —
+// KubeVirt serves the VMI without one, so its status is written with the
+// object.
 func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	shortNames := map[string][]string{
-		"virtualmachines.kubevirt.io":         {"vm", "vms"},
-		"virtualmachineinstances.kubevirt.io": {"vmi", "vmis"},
+		"virtualmachines.kubevirt.io":                  {"vm", "vms"},
+		"virtualmachineinstances.kubevirt.io":          {"vmi", "vmis"},
+		"virtualmachineinstancemigrations.kubevirt.io": {"vmim", "vmims"},
 	}
 	files, err := filepath.Glob(filepath.Join(CRDDir(), "*.yaml"))
 	if err != nil {
@@ -50,7 +54,7 @@ func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		}
 		crd.Spec.Names.ShortNames = shortNames[crd.Name]
 		crd.Spec.Names.Categories = []string{"all"}
-		if crd.Spec.Names.Kind == "VirtualMachine" {
+		if kind := crd.Spec.Names.Kind; kind == "VirtualMachine" || kind == "VirtualMachineInstanceMigration" {
 			for i := range crd.Spec.Versions {
 				crd.Spec.Versions[i].Subresources = &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}}
 			}
@@ -58,7 +62,7 @@ func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		crds = append(crds, crd)
 	}
 	if len(crds) != len(shortNames) {
-		return nil, errors.Errorf("found %d CRDs in %s, want %d: run go generate ./internal/kubevirttest", len(crds), CRDDir(), len(shortNames))
+		return nil, errors.Errorf("found %d CRDs in %s, want %d: run make generate", len(crds), CRDDir(), len(shortNames))
 	}
 	return crds, nil
 }

@@ -18,7 +18,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 )
 
-func TestCRDsAreKubeVirtsVMAndVMI(t *testing.T) {
+func TestCRDsAreKubeVirtsVMVMIAndMigration(t *testing.T) {
 	crds, err := CRDs()
 	require.NoError(t, err)
 	byKind := map[string]bool{}
@@ -26,7 +26,8 @@ func TestCRDsAreKubeVirtsVMAndVMI(t *testing.T) {
 		assert.Equal(t, "kubevirt.io", c.Spec.Group)
 		byKind[c.Spec.Names.Kind] = c.Spec.Versions[0].Subresources != nil && c.Spec.Versions[0].Subresources.Status != nil
 	}
-	assert.Equal(t, map[string]bool{"VirtualMachine": true, "VirtualMachineInstance": false}, byKind, "a status subresource on the VM only, as virt-operator installs them")
+	assert.Equal(t, map[string]bool{"VirtualMachine": true, "VirtualMachineInstance": false, "VirtualMachineInstanceMigration": true}, byKind,
+		"a status subresource on the VM and the migration, not the VMI, as virt-operator installs them")
 }
 
 func testVM(name string) *kubevirtv1.VirtualMachine {
