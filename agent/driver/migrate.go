@@ -58,6 +58,10 @@ type MigrationTarget struct {
 	// qemu+tls://host/system); the guest's memory and disks go to its
 	// host.
 	URI string
+	// Cancel asks to abort the migration with ID if it still runs: it then
+	// ends Failed with the guest running here, as before. A migration that
+	// is over stays as it ended, and one not started yet never starts.
+	Cancel bool
 }
 
 // MigrationPhase is how far a migration got.

@@ -63,6 +63,12 @@ func (d *Driver) Migrate(_ context.Context, m driver.Machine, t driver.Migration
 		d.mu.Unlock()
 		return st, nil
 	}
+	if t.Cancel {
+		defer d.mu.Unlock()
+		st = driver.MigrationStatus{ID: t.ID, Phase: driver.MigrationFailed, FinishedAt: time.Now(), Message: "cancelled"}
+		d.migrations[m.UID] = st
+		return st, nil
+	}
 	g, here := d.guests[m.UID]
 	switch {
 	case !here:

@@ -29,6 +29,7 @@ type API interface {
 	DomainInterfaceAddresses(Dom golibvirt.Domain, Source uint32, Flags uint32) (rIfaces []golibvirt.DomainInterface, err error)
 	DomainMigratePerform3Params(Dom golibvirt.Domain, Dconnuri golibvirt.OptString, Params []golibvirt.TypedParam, CookieIn []byte, Flags golibvirt.DomainMigrateFlags) (rCookieOut []byte, err error)
 	DomainGetJobStats(Dom golibvirt.Domain, Flags golibvirt.DomainGetJobStatsFlags) (rType int32, rParams []golibvirt.TypedParam, err error)
+	DomainAbortJob(Dom golibvirt.Domain) error
 
 	NetworkLookupByName(Name string) (rNet golibvirt.Network, err error)
 	NetworkDefineXML(XML string) (rNet golibvirt.Network, err error)

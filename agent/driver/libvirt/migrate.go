@@ -298,6 +298,9 @@ func (d *Driver) dropIncoming(ctx context.Context, uid string, absent bool) erro
 
 // Migrate implements driver.Migrator.
 func (d *Driver) Migrate(ctx context.Context, m driver.Machine, t driver.MigrationTarget) (driver.MigrationStatus, error) {
+	if t.Cancel {
+		return d.cancelMigration(ctx, m, t)
+	}
 	if mg := d.migrationOf(m.UID, t.ID); mg != nil && !d.leftBehind(mg) {
 		return d.progress(mg), nil
 	}
@@ -382,6 +385,39 @@ func (d *Driver) Migrate(ctx context.Context, m driver.Machine, t driver.Migrati
 	d.remember(m.UID, mg)
 	d.loops.Add(1)
 	go d.run(mg, m.UID, t.URI, migrationParams(host))
+	return d.progress(mg), nil
+}
+
+// cancelMigration aborts the migration t names if it still copies; libvirt then
+// fails it (run records how) and the guest runs on here. One that is over
+// stays as it ended, and one that never started never will.
+func (d *Driver) cancelMigration(ctx context.Context, m driver.Machine, t driver.MigrationTarget) (driver.MigrationStatus, error) {
+	mg := d.migrationOf(m.UID, t.ID)
+	if mg == nil {
+		if _, err := d.Observe(ctx, m.UID); err != nil {
+			return driver.MigrationStatus{}, err
+		}
+		return driver.MigrationStatus{ID: t.ID, Phase: driver.MigrationFailed, FinishedAt: d.now(),
+			Message: "cancelled before it started; the guest runs on node " + d.node}, nil
+	}
+	if d.leftBehind(mg) {
+		d.migrateStart.Lock()
+		d.finish(ctx, m.UID, mg)
+		d.migrateStart.Unlock()
+	}
+	d.migrateMu.Lock()
+	copying := mg.status.Phase == driver.MigrationRunning && !mg.moved
+	d.migrateMu.Unlock()
+	if copying {
+		api, _, err := d.api()
+		if err != nil {
+			return driver.MigrationStatus{}, err
+		}
+		// No job left (it just ended) is no error: run records the end.
+		if err := api.DomainAbortJob(mg.dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid, golibvirt.ErrNoDomain) {
+			return driver.MigrationStatus{}, errors.Wrap(err, "cannot abort the migration")
+		}
+	}
 	return d.progress(mg), nil
 }
 

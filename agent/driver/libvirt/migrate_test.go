@@ -123,6 +123,37 @@ func TestLiveMigration(t *testing.T) {
 		hb.assertNothingOf(t, m)
 	})
 
+	t.Run("ACancelledMigrationLeavesTheGuestWhereItWas", func(t *testing.T) {
+		require.NoError(t, b.PrepareIncoming(ctx, m))
+		// Slowed to a crawl, so that it still copies when it is cancelled.
+		dom, err := ha.l.DomainLookupByUUID(mustUUID(t, m.UID))
+		require.NoError(t, err)
+		require.NoError(t, ha.l.DomainMigrateSetMaxSpeed(dom, 1, 0))
+		defer func() { require.NoError(t, ha.l.DomainMigrateSetMaxSpeed(dom, unlimitedMiBps, 0)) }()
+		to := driver.MigrationTarget{ID: "attempt-c", Node: "hv-b", URI: pair.B.MigrationURI}
+		st, err := a.Migrate(ctx, m, to)
+		require.NoError(t, err)
+		require.Equal(t, driver.MigrationRunning, st.Phase)
+		require.NoError(t, wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			st, err = a.Migrate(ctx, m, to)
+			return st.ProcessedBytes > 0, err
+		}), "the migration copies")
+
+		cancelled := to
+		cancelled.Cancel = true
+		_, err = a.Migrate(ctx, m, cancelled)
+		require.NoError(t, err)
+		st = migrateUntilOver(ctx, t, a, m, to)
+		assert.Equal(t, driver.MigrationFailed, st.Phase)
+		assert.Contains(t, st.Message, "cancel", "libvirt's message says the job was cancelled")
+		o, err := a.Observe(ctx, m.UID)
+		require.NoError(t, err)
+		assert.Equal(t, driver.PhaseRunning, o.Phase, "the guest runs where it was")
+		assert.Equal(t, qemu, ha.qemu(t, m), "in the same QEMU")
+		require.NoError(t, b.Delete(ctx, m.UID))
+		hb.assertNothingOf(t, m)
+	})
+
 	t.Run("AGuestMovesLiveWithItsDisks", func(t *testing.T) {
 		require.NoError(t, b.PrepareIncoming(ctx, m))
 		to := driver.MigrationTarget{ID: "attempt-2", Node: "hv-b", URI: pair.B.MigrationURI}
@@ -267,6 +298,9 @@ func dialHost(t *testing.T, h *guesthost.Host) *golibvirt.Libvirt {
 
 // migrateUntilOver calls Migrate until the migration is over, as the
 // agent does, and returns its final status.
+// unlimitedMiBps is the migration speed QEMU starts with: no limit.
+const unlimitedMiBps = 8796093022207
+
 func migrateUntilOver(ctx context.Context, t *testing.T, d *Driver, m driver.Machine, to driver.MigrationTarget) driver.MigrationStatus {
 	t.Helper()
 	var st driver.MigrationStatus

@@ -81,7 +81,7 @@ func (r *Reconciler) migrate(ctx context.Context, in wire.Intent, m driver.Machi
 		if mig, err = r.migrator(); err != nil {
 			return 0, r.report(ctx, failed(in, r.node, err))
 		}
-		t := driver.MigrationTarget{ID: in.Migration.ID, Node: in.Migration.TargetNode, URI: in.Migration.TargetURI}
+		t := driver.MigrationTarget{ID: in.Migration.ID, Node: in.Migration.TargetNode, URI: in.Migration.TargetURI, Cancel: in.Migration.Cancel}
 		st, err = DriverCall(r.metrics, OpMigrate, func() (driver.MigrationStatus, error) { return mig.Migrate(ctx, m, t) })
 	}
 	switch {

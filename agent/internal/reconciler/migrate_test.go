@@ -147,3 +147,20 @@ func TestMigrationWithinTheNodeMovesTheGuestToAnotherHost(t *testing.T) {
 	assert.Equal(t, wire.PhaseRunning, rep.Phase)
 	assert.Equal(t, ensures, h.calls("Ensure", "g3"))
 }
+
+// A cancelled migration ends Failed and the guest runs on where it was.
+func TestMigrationCancelledKeepsTheGuestOnTheSource(t *testing.T) {
+	source, target := migrationPair(t, "g1")
+	target.put(intent("g1", incoming("m1")))
+	target.eventually("g1", func(r wire.Report) bool { return r.Incoming == "m1" }, "the target is ready")
+	source.put(intent("g1", func(in *wire.Intent) {
+		migrating("m1")(in)
+		in.Migration.Cancel = true
+	}))
+	rep := source.eventually("g1", func(r wire.Report) bool {
+		return r.Migration != nil && r.Migration.Phase == wire.MigrationFailed
+	}, "the source reports the migration cancelled")
+	assert.Contains(t, rep.Migration.Message, "cancelled")
+	_, err := source.fake.Observe(t.Context(), "g1")
+	require.NoError(t, err, "the guest is still on node1")
+}

@@ -51,6 +51,12 @@ const (
 	// migration target written by hand is never acted on.
 	AnnotationMigrationSeal = Group + "/migration-seal"
 
+	// AnnotationMigrationCancel, set to the uid of the migration
+	// AnnotationMigration names, asks the source to abort it if it still
+	// runs: its VirtualMachineMigration was deleted. A tenant may set it
+	// too; it only cancels its own VM's migration.
+	AnnotationMigrationCancel = Group + "/migration-cancel"
+
 	// AnnotationLeftovers lists, comma-separated, the nodes that may still
 	// hold something of a VirtualMachine that no longer runs there: the
 	// source of a migration that succeeded, the target of one that

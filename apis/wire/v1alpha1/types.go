@@ -75,6 +75,10 @@ type Migration struct {
 	// TargetHost, for a move within the node, is the backend's host to go
 	// to; empty lets the backend choose.
 	TargetHost string `json:"targetHost,omitempty"`
+	// Cancel asks the source to abort the migration if it still runs (its
+	// VirtualMachineMigration was deleted): it then ends Failed with the
+	// guest running where it was. One that is over stays as it ended.
+	Cancel bool `json:"cancel,omitempty"`
 }
 
 // Incoming is a live migration the target node receives.

@@ -49,6 +49,11 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 )
 
+// Finalizer keeps a VirtualMachineMigration that marked its VM until the
+// move is over: deleting it cancels the move, and the hub follows it to
+// its end either way.
+const Finalizer = v1alpha1.Group + "/migration"
+
 // Defaults of the migration limits, KubeVirt's.
 const (
 	DefaultPerFleet = 5
@@ -153,8 +158,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	err := r.kube.Get(ctx, types.NamespacedName{Namespace: mig.Namespace, Name: string(mig.Spec.VMName)}, vm)
 	switch {
 	case kerrors.IsNotFound(err):
-		if mig.Done() {
-			return reconcile.Result{}, nil
+		if mig.Done() || meta.WasDeleted(mig) {
+			return reconcile.Result{}, r.release(ctx, mig)
 		}
 		return reconcile.Result{}, r.fail(ctx, mig, nil, nil, fmt.Sprintf("VirtualMachine %s does not exist", mig.Spec.VMName))
 	case err != nil:
@@ -173,6 +178,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	m, migrating := virtualmachine.MigrationOf(vm, f)
 	mine := migrating && m.ID == string(mig.UID)
+	if meta.WasDeleted(mig) {
+		return r.deleted(ctx, mig, vm, f, m, mine)
+	}
 	switch {
 	case mig.Done() && mine:
 		// The hub stopped between the status and the VM's write.
@@ -240,9 +248,48 @@ func (r *Reconciler) scheduleWithin(ctx context.Context, mig *v1alpha1.VirtualMa
 	return r.record(ctx, mig, vm, f, node, node, fmt.Sprintf("node %s moves the VM to another of its hosts", node))
 }
 
+// deleted cancels the migration being deleted if it still runs, and lets
+// it go once it is over: a migration under way is never forgotten, or the
+// VM could be left half moved.
+func (r *Reconciler) deleted(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, m virtualmachine.Migration, mine bool) (reconcile.Result, error) {
+	switch {
+	case mine && mig.Done():
+		if err := r.finish(ctx, mig, vm, f, m); err != nil {
+			return reconcile.Result{}, err
+		}
+	case mine:
+		if vm.GetAnnotations()[v1alpha1.AnnotationMigrationCancel] != m.ID {
+			if err := r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) {
+				vm.GetAnnotations()[v1alpha1.AnnotationMigrationCancel] = m.ID
+			}); err != nil {
+				return reconcile.Result{}, err
+			}
+		}
+		return r.follow(ctx, mig, vm, f, m)
+	}
+	return reconcile.Result{}, r.release(ctx, mig)
+}
+
+// release removes the migration's finalizer.
+func (r *Reconciler) release(ctx context.Context, mig *v1alpha1.VirtualMachineMigration) error {
+	if !meta.FinalizerExists(mig, Finalizer) {
+		return nil
+	}
+	meta.RemoveFinalizer(mig, Finalizer)
+	return errors.Wrap(client.IgnoreNotFound(r.kube.Update(ctx, mig)), "cannot remove the migration's finalizer")
+}
+
 // record writes the chosen target in the migration's status, then, sealed,
-// on the VM, which has the VM controller tell the nodes.
+// on the VM, which has the VM controller tell the nodes. The migration
+// gets its finalizer first: once the VM is marked, the migration must
+// stay until the move is over.
 func (r *Reconciler) record(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, source, target, msg string) (reconcile.Result, error) {
+	if !meta.FinalizerExists(mig, Finalizer) {
+		meta.AddFinalizer(mig, Finalizer)
+		if err := r.kube.Update(ctx, mig); err != nil {
+			return reconcile.Result{}, errors.Wrap(err, "cannot add the migration's finalizer")
+		}
+	}
 	now := metav1.Now()
 	st := v1alpha1.VirtualMachineMigrationStatus{Phase: v1alpha1.MigrationScheduled, SourceNode: source, TargetNode: target, StartTime: &now, Message: msg}
 	if err := r.setStatus(ctx, mig, st); err != nil {
@@ -346,9 +393,15 @@ func (r *Reconciler) follow(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	if rep, ok := f.Report(m.Target, uid); ok && rep.Report.Incoming == m.ID && rep.Report.Phase == wire.PhaseRunning {
 		arrived = true
 	}
-	if m.Target == source {
+	switch {
+	case m.Target == source:
 		// Within the node, the node's word is all there is.
 		arrived = progress != nil && progress.Phase == wire.MigrationSucceeded
+	case arrived && progress != nil && progress.Phase == wire.MigrationRunning:
+		// The guest runs on the target; the source reads libvirt's final
+		// figures (the downtime) and clears what it left, and says so.
+		st.Message = fmt.Sprintf("the VM runs on node %s; node %s finishes the migration", m.Target, source)
+		arrived = false
 	}
 	switch {
 	case arrived:
@@ -366,7 +419,10 @@ func (r *Reconciler) follow(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	case f.Node(m.Target).Lost:
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s, the target, was lost", m.Target))
 	case progress != nil:
-		st.Phase, st.Message = v1alpha1.MigrationRunning, progress.Message
+		st.Phase = v1alpha1.MigrationRunning
+		if progress.Message != "" {
+			st.Message = progress.Message
+		}
 	}
 	return reconcile.Result{RequeueAfter: waitRetry}, r.setStatus(ctx, mig, st)
 }
@@ -481,6 +537,7 @@ func (r *Reconciler) abandon(ctx context.Context, vm *v1alpha1.VirtualMachine, m
 func dropMigration(a map[string]string) {
 	delete(a, v1alpha1.AnnotationMigration)
 	delete(a, v1alpha1.AnnotationMigrationSeal)
+	delete(a, v1alpha1.AnnotationMigrationCancel)
 }
 
 // wait keeps the migration Pending with why, and looks again later.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -331,4 +332,54 @@ func TestMigrationWithinANodeOfManyHosts(t *testing.T) {
 	m = h.reconcile("elsewhere")
 	assert.Equal(t, v1alpha1.MigrationFailed, m.Status.Phase)
 	assert.Contains(t, m.Status.Message, "moves its VMs between its own hosts only")
+}
+
+// The target runs the guest before the source has read libvirt's final
+// figures: the migration ends only with them, so its downtime is known.
+func TestMigrationEndsWithTheSourcesFinalFigures(t *testing.T) {
+	h := newHarness(t)
+	h.create("move", "")
+	h.reconcile("move")
+	h.report("node1", wire.Report{Phase: wire.PhaseRunning, Migration: &wire.MigrationReport{ID: "mig-move", Phase: wire.MigrationRunning, ProcessedBytes: 1 << 30}})
+	h.report("node2", wire.Report{Phase: wire.PhaseRunning, Incoming: "mig-move"})
+	m := h.reconcile("move")
+	assert.Equal(t, v1alpha1.MigrationRunning, m.Status.Phase)
+	assert.Contains(t, m.Status.Message, "node node1 finishes the migration")
+	assert.Equal(t, "node1", h.vm().GetAnnotations()[v1alpha1.AnnotationNode])
+
+	h.report("node1", wire.Report{Phase: wire.PhaseRunning, Migration: &wire.MigrationReport{ID: "mig-move", Phase: wire.MigrationSucceeded, ProcessedBytes: 2 << 30, DowntimeMilliseconds: 55}})
+	m = h.reconcile("move")
+	assert.Equal(t, v1alpha1.MigrationSucceeded, m.Status.Phase)
+	assert.Equal(t, int64(55), m.Status.DowntimeMilliseconds)
+	assert.Equal(t, "node2", h.vm().GetAnnotations()[v1alpha1.AnnotationNode])
+}
+
+// Deleting a migration under way cancels it: the VM asks its source to
+// abort, the migration follows the move to its end (here, aborted), and
+// only then goes, the VM running where it was.
+func TestDeletingAMigrationCancelsIt(t *testing.T) {
+	h := newHarness(t)
+	h.create("move", "")
+	h.reconcile("move")
+	h.report("node2", wire.Report{Phase: wire.PhasePending, Incoming: "mig-move"})
+	h.report("node1", wire.Report{Phase: wire.PhaseRunning, Migration: &wire.MigrationReport{ID: "mig-move", Phase: wire.MigrationRunning}})
+	m := h.reconcile("move")
+	require.Contains(t, m.Finalizers, Finalizer, "a migration that marked its VM is held")
+
+	require.NoError(t, h.kube.Delete(context.Background(), m))
+	m = h.reconcile("move")
+	assert.Equal(t, "mig-move", h.vm().GetAnnotations()[v1alpha1.AnnotationMigrationCancel], "the source is asked to abort")
+	assert.Equal(t, v1alpha1.MigrationRunning, m.Status.Phase, "followed to its end")
+
+	h.report("node1", wire.Report{Phase: wire.PhaseRunning, Migration: &wire.MigrationReport{ID: "mig-move", Phase: wire.MigrationFailed, Message: "operation aborted"}})
+	_, err := h.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "move"}})
+	require.NoError(t, err)
+	_, err = h.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "move"}})
+	require.NoError(t, err)
+	err = h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "move"}, &v1alpha1.VirtualMachineMigration{})
+	assert.True(t, kerrors.IsNotFound(err), "gone once over: %v", err)
+	vm := h.vm()
+	assert.Equal(t, "node1", vm.GetAnnotations()[v1alpha1.AnnotationNode])
+	assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationMigrationCancel])
+	assert.Equal(t, []string{"node2"}, virtualmachine.Leftovers(vm))
 }

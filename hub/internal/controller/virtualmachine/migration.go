@@ -88,7 +88,7 @@ func (e *external) plan(vm *v1alpha1.VirtualMachine, d dependencies, node string
 		return out
 	case m.Target == node:
 		// A move between the node's own hosts: the node alone takes part.
-		in.Migration = &wire.Migration{ID: m.ID, TargetNode: node}
+		in.Migration = &wire.Migration{ID: m.ID, TargetNode: node, Cancel: cancelled(vm, m)}
 		out[node] = in
 		return out
 	}
@@ -105,10 +105,15 @@ func (e *external) plan(vm *v1alpha1.VirtualMachine, d dependencies, node string
 	}
 	if ready {
 		source := in
-		source.Migration = &wire.Migration{ID: m.ID, TargetNode: m.Target, TargetURI: e.fleet.Node(m.Target).Heartbeat.MigrationURI}
+		source.Migration = &wire.Migration{ID: m.ID, TargetNode: m.Target, TargetURI: e.fleet.Node(m.Target).Heartbeat.MigrationURI, Cancel: cancelled(vm, m)}
 		out[node] = source
 	}
 	return out
+}
+
+// cancelled says whether the migration m of vm is to be aborted.
+func cancelled(vm metav1.Object, m Migration) bool {
+	return vm.GetAnnotations()[v1alpha1.AnnotationMigrationCancel] == m.ID
 }
 
 // planFingerprint identifies a plan; a plan of the VM's node alone has its
