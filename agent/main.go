@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -61,6 +62,7 @@ func run() error {
 		novaPoll     = fs.Duration("nova-poll-interval", 0, "nova: interval between changes-since polls of the agent's servers; 0 means 5s.")
 		kvConfig     = fs.String("kubevirt-kubeconfig", "", "kubevirt: kubeconfig of the KubeVirt cluster; empty means in-cluster.")
 		kvNamespace  = fs.String("kubevirt-namespace", "", "kubevirt: namespace the KubeVirt VirtualMachines are created in; empty means default.")
+		kvAccessMode = fs.String("kubevirt-access-mode", "", "kubevirt: access mode of the PVCs made for disks; empty means ReadWriteOnce. KubeVirt migrates a VM live only when its PVCs are ReadWriteMany: set that where the storage class is shared.")
 		grace        = fs.Duration("shutdown-grace", 0, "How long a guest may take to shut down on ACPI before it is forced off; 0 means 2m.")
 		heartbeat    = fs.Duration("heartbeat-interval", 2*time.Second, "Interval between heartbeats; keep it well below the nodes bucket TTL (10s).")
 		resync       = fs.Duration("resync-interval", 60*time.Second, "Interval between full resyncs of every guest.")
@@ -86,6 +88,8 @@ func run() error {
 		return fmt.Errorf("--image-download-timeout must be more than 0, got %s", *dlTimeout)
 	case *downloads < 1:
 		return fmt.Errorf("--image-downloads must be at least 1, got %d", *downloads)
+	case *kvAccessMode != "" && *kvAccessMode != string(corev1.ReadWriteOnce) && *kvAccessMode != string(corev1.ReadWriteMany):
+		return fmt.Errorf("--kubevirt-access-mode must be ReadWriteOnce or ReadWriteMany, got %q", *kvAccessMode)
 	}
 
 	log := logging.NewLogrLogger(zap.New(zap.UseDevMode(*debug)).WithName("agent"))
@@ -133,6 +137,7 @@ func run() error {
 		KubeVirt: kubevirt.Config{
 			Kubeconfig: *kvConfig,
 			Namespace:  *kvNamespace,
+			AccessMode: corev1.PersistentVolumeAccessMode(*kvAccessMode),
 		},
 		HeartbeatInterval:     *heartbeat,
 		ResyncInterval:        *resync,

@@ -72,8 +72,10 @@ const syncTimeout = 30 * time.Second
 // Driver is the kubevirt driver.Driver.
 type Driver struct {
 	namespace string
-	config    *rest.Config
-	scheme    *runtime.Scheme
+	// accessMode is the access mode of the PVCs the driver makes.
+	accessMode corev1.PersistentVolumeAccessMode
+	config     *rest.Config
+	scheme     *runtime.Scheme
 	// live reads the API server directly, for the few reads that must not
 	// be stale (a Delete's completion).
 	live client.Client
@@ -143,15 +145,16 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	httpClient.Timeout = 2 * time.Second
 	d := &Driver{
-		namespace: cmp.Or(cfg.Namespace, DefaultNamespace),
-		config:    rc,
-		scheme:    scheme,
-		live:      live,
-		probe:     httpClient,
-		now:       time.Now,
-		events:    make(chan driver.Event, 256),
-		suspect:   make(chan struct{}, 1),
-		done:      make(chan struct{}),
+		namespace:  cmp.Or(cfg.Namespace, DefaultNamespace),
+		accessMode: cmp.Or(cfg.AccessMode, corev1.ReadWriteOnce),
+		config:     rc,
+		scheme:     scheme,
+		live:       live,
+		probe:      httpClient,
+		now:        time.Now,
+		events:     make(chan driver.Event, 256),
+		suspect:    make(chan struct{}, 1),
+		done:       make(chan struct{}),
 	}
 	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if d.conn, err = d.connect(ctx); err != nil {
@@ -636,7 +639,7 @@ func (d *Driver) ensureClaims(ctx context.Context, c client.Client, m driver.Mac
 		pvc := &corev1.PersistentVolumeClaim{
 			ObjectMeta: metav1.ObjectMeta{Namespace: d.namespace, Name: ObjectName(disk.Name), Labels: map[string]string{labelManagedBy: managedBy}},
 			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				AccessModes: []corev1.PersistentVolumeAccessMode{d.accessMode},
 				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(disk.SizeBytes, resource.BinarySI)}},
 			},
 		}

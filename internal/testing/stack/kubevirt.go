@@ -51,7 +51,9 @@ func (s *Stack) KubeVirt(node string) *kubevirttest.Cluster {
 }
 
 func (b *kubeVirtBackend) AgentArgs() []string {
-	return []string{"--kubevirt-kubeconfig=" + b.cluster.Kubeconfig, "--kubevirt-namespace=" + b.cluster.Namespace}
+	// ReadWriteMany, as a cluster with shared storage makes them, so that
+	// the stand-in's VMs migrate live.
+	return []string{"--kubevirt-kubeconfig=" + b.cluster.Kubeconfig, "--kubevirt-namespace=" + b.cluster.Namespace, "--kubevirt-access-mode=ReadWriteMany"}
 }
 
 // Guests counts the KubeVirt VirtualMachines by their virtfleet uid label,
