@@ -131,8 +131,9 @@ func startSuite(ctx context.Context, t *testing.T, image string, hosts map[strin
 		lh := stack.LibvirtHost{Socket: h.Socket, URI: h.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType, ShutdownGrace: grace}
 		if h.TunnelAddress != "" {
 			// A host on an underlay: the node's overlays go beside
-			// libvirtd's bridges, in the host's namespace.
-			lh.TunnelAddress, lh.Netns = h.TunnelAddress, h.NetnsPath
+			// libvirtd's bridges, in the host's namespace, and the other
+			// host's libvirtd migrates guests to it over the underlay.
+			lh.TunnelAddress, lh.Netns, lh.MigrationURI = h.TunnelAddress, h.NetnsPath, h.MigrationURI
 		}
 		libvirtHosts[n] = lh
 	}

@@ -102,6 +102,13 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 		assert.Contains(t, addrs, " "+ipB+"/", "the guest holds it again")
 		a.sshUntil(t, ipA, ping(ipB, defaultPayload), reachTimeout)
 	})
+	t.Run("ALiveMigrationMovesAGuestWithItsVolumeAndAddress", func(t *testing.T) {
+		g.migrate(t, "g1", ipA, nodeA, nodeB, ipB)
+		b.sshUntil(t, ipB, ping(ipA, defaultPayload), reachTimeout)
+	})
+	t.Run("ADrainMovesEveryVMOffItsNode", func(t *testing.T) {
+		g.drain(t, nodeB, nodeA, map[string]string{"g1": ipA, "g2": ipB})
+	})
 	t.Logf("suite took %s", time.Since(suiteStart).Round(time.Second))
 }
 
@@ -118,22 +125,8 @@ const (
 // interface's MTU proves the path carries such packets both ways. It takes
 // the address and the payload's size, and fails unless an echo reply of the
 // same size comes back.
-const pingScript = `#!/usr/bin/python3
-import os, socket, struct, sys, time
-dst, size = sys.argv[1], int(sys.argv[2])
-s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
-s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER: IP_PMTUDISC_DO
-s.settimeout(1)
-ident = os.getpid() & 0xffff
-def checksum(b):
-    b += b"\0" * (len(b) % 2)
-    t = sum(struct.unpack("!%dH" % (len(b) // 2), b))
-    t = (t >> 16) + (t & 0xffff)
-    t += t >> 16
-    return ~t & 0xffff
-for seq in range(10):
-    body = struct.pack("!BBHHH", 8, 0, 0, ident, seq) + b"v" * size
-    body = body[:2] + struct.pack("!H", checksum(body)) + body[4:]
+const pingScript = icmpPrelude + `for seq in range(10):
+    body = echo(seq, size)
     s.sendto(body, (dst, 0))
     end = time.time() + 1
     while time.time() < end:
@@ -147,16 +140,61 @@ for seq in range(10):
 sys.exit("no echo reply of %d bytes from %s" % (len(body), dst))
 `
 
-// pingPath is where installPing puts pingScript in a guest.
-const pingPath = "/usr/local/bin/vfping"
+// icmpPrelude is what pingScript and pingStreamScript share: a raw ICMP
+// socket with "don't fragment" set, and echo(seq, size), an echo request
+// with its checksum.
+const icmpPrelude = `#!/usr/bin/python3
+import os, socket, struct, sys, time
+dst, size = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER: IP_PMTUDISC_DO
+s.settimeout(1)
+ident = os.getpid() & 0xffff
+def checksum(b):
+    b += b"\0" * (len(b) % 2)
+    t = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    t = (t >> 16) + (t & 0xffff)
+    t += t >> 16
+    return ~t & 0xffff
+def echo(seq, size):
+    body = struct.pack("!BBHHH", 8, 0, 0, ident, seq & 0xffff) + b"v" * size
+    return body[:2] + struct.pack("!H", checksum(body)) + body[4:]
+`
 
-// installPing puts pingScript into the guest at ip, once, so that each ping
-// is a short command (and its failure a short message). The guest's disk
-// keeps it across restarts.
+// pingStreamScript sends an echo request every 200 ms until it is killed
+// and prints the sequence number of each reply as it comes.
+const pingStreamScript = icmpPrelude + `s.settimeout(0.05)
+seq = 0
+while True:
+    body = echo(seq, size)
+    s.sendto(body, (dst, 0))
+    end = time.time() + 0.2
+    while time.time() < end:
+        try:
+            d, src = s.recvfrom(65535)
+        except socket.timeout:
+            continue
+        h = (d[0] & 15) * 4
+        if src[0] == dst and d[h] == 0 and d[h+4:h+6] == body[4:6]:
+            print(struct.unpack("!H", d[h+6:h+8])[0], flush=True)
+    seq += 1
+`
+
+// Where installPing puts pingScript and pingStreamScript in a guest.
+const (
+	pingPath       = "/usr/local/bin/vfping"
+	pingStreamPath = "/usr/local/bin/vfpingstream"
+)
+
+// installPing puts pingScript and pingStreamScript into the guest at ip,
+// once, so that each ping is a short command (and its failure a short
+// message). The guest's disk keeps them across restarts.
 func (g *suite) installPing(t *testing.T, ip string) {
 	t.Helper()
-	script := base64.StdEncoding.EncodeToString([]byte(pingScript))
-	g.sshUntil(t, ip, fmt.Sprintf("echo %s | base64 -d | sudo tee %s >/dev/null && sudo chmod 755 %s", script, pingPath, pingPath), time.Minute)
+	for path, script := range map[string]string{pingPath: pingScript, pingStreamPath: pingStreamScript} {
+		b64 := base64.StdEncoding.EncodeToString([]byte(script))
+		g.sshUntil(t, ip, fmt.Sprintf("echo %s | base64 -d | sudo tee %s >/dev/null && sudo chmod 755 %s", b64, path, path), time.Minute)
+	}
 }
 
 // ping is the command that pings ip from inside a guest with a payload of
