@@ -136,6 +136,23 @@ func TestQuickStart(t *testing.T) {
 		}
 	})
 
+	t.Run("ADrainOfNodesThatTakeNoMigrationsIsBlockedSayingWhy", func(t *testing.T) {
+		// make run's nodes announce no migration URI (libvirt's test
+		// driver cannot migrate): a drain's migrations fail at once and
+		// the drain says which VM blocks it, and nothing moves.
+		node := k.run("get", "vm", "after-cordon", "-o", "jsonpath={.status.atProvider.node}")
+		k.run("patch", "hvnode", node, "--type=merge", "-p", `{"spec":{"drain":true}}`)
+		require.Eventually(t, func() bool {
+			return k.run("get", "hvnode", node, "-o", "jsonpath={.status.drain.phase}") == string(v1alpha1.DrainBlocked)
+		}, 30*time.Second, 500*time.Millisecond, "the drain of %s is blocked", node)
+		msg := k.run("get", "hvnode", node, "-o", "jsonpath={.status.drain.message}")
+		assert.Contains(t, msg, "default/after-cordon: migration after-cordon-drain-")
+		assert.Contains(t, msg, "takes no part in live migration")
+		assert.Equal(t, node, k.run("get", "vm", "after-cordon", "-o", "jsonpath={.status.atProvider.node}"))
+		k.run("patch", "hvnode", node, "--type=merge", "-p", `{"spec":{"drain":false}}`)
+		k.run("delete", "vmim", "--all", "-n", "default", "--timeout=30s")
+	})
+
 	t.Run("EveryAddressOfANetworkIsOneVMs", func(t *testing.T) {
 		// The hub's allocation, as the NetworkAddresses record it and as the
 		// VMs' status shows it, over VMs on all three nodes.

@@ -502,6 +502,10 @@ func (r *Reconciler) rebind(ctx context.Context, namespace, name, from, to strin
 func (r *Reconciler) fail(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, why string) error {
 	st := mig.Status
 	st.Phase, st.Message = v1alpha1.MigrationFailed, why
+	if st.SourceNode == "" && vm != nil {
+		// Where the VM stayed; a drain of it hears of the failure so.
+		st.SourceNode = vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	}
 	now := metav1.Now()
 	st.EndTime = &now
 	if err := r.setStatus(ctx, mig, st); err != nil {
