@@ -37,6 +37,7 @@ func (d *Driver) Release(ctx context.Context, uid, seal string) error {
 		}
 	}
 	d.forget(uid)
+	d.forgetMigration(uid)
 	return nil
 }
 

@@ -24,7 +24,9 @@ import (
 
 // Microversion is the compute API microversion the driver speaks: from
 // 2.47 a server embeds its flavor (vcpus, ram, swap), which is how the
-// driver sees a server's shape without a flavor lookup per server.
+// driver sees a server's shape without a flavor lookup per server. A live
+// migration (MigrateHost) needs 2.25 for block_migration "auto", and from
+// 2.34 Nova checks the target host after it answered.
 const Microversion = "2.60"
 
 // Retry limits. Waits are short because the reconciler retries a failed

@@ -25,6 +25,10 @@
 // start. Network, key and user-data changes are not applied to an existing
 // server (Nova would need a rebuild).
 //
+// Live migration between the cloud's compute hosts (MigrateHost) is Nova's
+// own: the guest stays on the node, and Observe reports its new host once
+// Nova moved it.
+//
 // Errors and retries (see retryRequest and classify): a 409 from a busy
 // server is retried with backoff; a 413 or 429 with Retry-After is retried
 // after it; 5xx and transport errors are retried with backoff on idempotent
@@ -127,6 +131,11 @@ type Driver struct {
 	// confirmed are the servers whose resize the driver confirmed, and
 	// when, until it sees them leave VERIFY_RESIZE.
 	confirmed map[string]time.Time
+
+	// migrations are the last live migration of each guest MigrateHost
+	// was asked for, until the guest is deleted or released.
+	migrationsMu sync.Mutex
+	migrations   map[string]*hostMigration
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -158,6 +167,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		volumeIDs:  map[string]string{},
 		networkIDs: map[string]string{},
 		confirmed:  map[string]time.Time{},
+		migrations: map[string]*hostMigration{},
 	}
 	if d.poll <= 0 {
 		d.poll = DefaultPollInterval

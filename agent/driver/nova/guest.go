@@ -442,6 +442,7 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 		}
 	}
 	d.forget(uid)
+	d.forgetMigration(uid)
 	return d.cleanup(ctx, uid)
 }
 

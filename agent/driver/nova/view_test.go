@@ -1,11 +1,13 @@
 package nova
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 )
@@ -80,6 +82,47 @@ func TestAListingOlderThanADeletionDoesNotBringTheServerBack(t *testing.T) {
 			_, remembered := d.readAt[uid]
 			assert.Equal(t, tc.wantRemembered || tc.wantInView, remembered, "the deletion (or the read) remembered")
 			assert.Len(t, d.listings, tc.inFlight, "listings in flight")
+		})
+	}
+}
+
+// TestAListingOlderThanAMigrationsReadKeepsTheNewHost pins the view against
+// the poll or full listing that read a server on its old host while
+// MigrateHost read it on its new one: once the driver saw the move,
+// Observe never reports the old host again.
+func TestAListingOlderThanAMigrationsReadKeepsTheNewHost(t *testing.T) {
+	const uid = "6f0c1d8e-8f5e-4c43-9a57-1c2d3e4f5a6b"
+	md := map[string]string{MetaUID: uid, MetaNode: "node1"}
+	moving := servers.Server{ID: "srv-1", Status: "MIGRATING", TaskState: "migrating", Host: "compute-a", Metadata: md}
+	moved := servers.Server{ID: "srv-1", Status: "ACTIVE", Host: "compute-b", Metadata: md}
+	for name, arrive := range map[string]func(d *Driver, start time.Time){
+		"APoll":         func(d *Driver, start time.Time) { d.see(moving, start); d.endListing(start) },
+		"AFullListing":  func(d *Driver, start time.Time) { d.replaceView([]servers.Server{moving}, start) },
+		"APollAndAList": func(d *Driver, start time.Time) { d.see(moving, start); d.replaceView([]servers.Server{moving}, start) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			clock := time.Unix(0, 0)
+			d := &Driver{
+				node:   "node1",
+				now:    func() time.Time { clock = clock.Add(time.Second); return clock },
+				events: make(chan driver.Event, 16),
+				view:   map[string]servers.Server{uid: moving},
+				readAt: map[string]time.Time{},
+			}
+			start := d.beginListing()
+			d.remember(uid, moved, d.now()) // MigrateHost's read, after the listing began
+			arrive(d, start)
+			o, err := d.Observe(context.Background(), uid)
+			require.NoError(t, err)
+			assert.Equal(t, "compute-b", o.Node)
+			assert.Equal(t, driver.PhaseRunning, o.Phase)
+
+			later := d.beginListing()
+			d.see(moved, later)
+			d.endListing(later)
+			o, err = d.Observe(context.Background(), uid)
+			require.NoError(t, err)
+			assert.Equal(t, "compute-b", o.Node, "a listing that began after the read agrees")
 		})
 	}
 }

@@ -127,10 +127,11 @@ func (c *Cloud) placementConf() conf {
 	}
 }
 
-// novaConf is one file for all of Nova's services. The compute host runs
-// Nova's fake.FakeDriver: servers exist only in Nova's database, which is
-// all the API shows; ports are bound by the harness's mechanism driver, so
-// Nova waits for no vif-plugged event.
+// novaConf is one file for all of Nova's services but the spare compute
+// host (spareComputeConf). The compute hosts run Nova's fake.FakeDriver:
+// servers exist only in Nova's database, which is all the API shows; ports
+// are bound by the harness's mechanism driver, so Nova waits for no
+// vif-plugged event.
 func (c *Cloud) novaConf() conf {
 	return conf{
 		"DEFAULT": append(c.common("nova"),
@@ -170,6 +171,21 @@ func (c *Cloud) novaConf() conf {
 		"vnc":                          {{"enabled", "false"}},
 		"os_vif_ovs":                   {{"ovsdb_connection", ""}},
 	}
+}
+
+// spareComputeConf is novaConf for the spare compute host: the same cloud
+// under another host name, which is all that makes a second compute
+// service (the fake driver keeps nothing on disk).
+func (c *Cloud) spareComputeConf() conf {
+	cf := c.novaConf()
+	def := slices.Clone(cf["DEFAULT"])
+	for i, kv := range def {
+		if kv[0] == "host" {
+			def[i][1] = c.SpareComputeHost
+		}
+	}
+	cf["DEFAULT"] = def
+	return cf
 }
 
 // cinderConf: one volume backend, fake, served by the FakeLoggingVolumeDriver

@@ -1,10 +1,12 @@
 // Package openstack runs Debian's own OpenStack (Zed, from bookworm's
 // packages) as plain processes for tests: Keystone and Placement under
 // uwsgi, Nova's API, conductor, scheduler and one compute host with Nova's
-// fake.FakeDriver, Cinder's API, scheduler and volume service with the
-// FakeLoggingVolumeDriver, and Neutron's ML2 server with a mechanism driver
-// of the harness's own that binds every port (there are no agents), on a
-// private MariaDB (unix socket) and RabbitMQ (127.0.0.1, random ports).
+// fake.FakeDriver (and a spare one, started when a test enables it to move
+// servers live between the two), Cinder's API, scheduler and volume
+// service with the FakeLoggingVolumeDriver, and Neutron's ML2 server with
+// a mechanism driver of the harness's own that binds every port (there
+// are no agents), on a private MariaDB (unix socket) and RabbitMQ
+// (127.0.0.1, random ports).
 // Servers and volumes exist only in the services' databases, which is all
 // the APIs show: the driver under test meets real Nova, Cinder, Neutron and
 // Keystone, their validation, state machines and asynchrony.
@@ -66,6 +68,9 @@ const (
 	serviceRole        = "service"
 )
 
+// DefaultSpareComputeHost is the name of the second compute host.
+const DefaultSpareComputeHost = "vf-compute-2"
+
 // Timeouts generous enough for a small, loaded machine.
 const (
 	dbTimeout      = 60 * time.Second
@@ -79,9 +84,12 @@ type Options struct {
 	Dir string
 	// Progress receives one line per step; nil discards them.
 	Progress io.Writer
-	// ComputeHost is the name of the one compute host, what a server's
-	// OS-EXT-SRV-ATTR:host says; default vf-compute-1.
+	// ComputeHost is the name of the compute host servers boot on, what a
+	// server's OS-EXT-SRV-ATTR:host says; default vf-compute-1.
 	ComputeHost string
+	// SpareComputeHost is the name of the second compute host; default
+	// vf-compute-2.
+	SpareComputeHost string
 }
 
 // Cloud is a running OpenStack. Its user is the cloud's admin, in the
@@ -95,6 +103,10 @@ type Cloud struct {
 	Project     string
 	Password    string
 	ComputeHost string
+	// SpareComputeHost is the name of a second compute host, which runs
+	// once a test enables it (SetSpareHostEnabled) to move servers live
+	// between the two.
+	SpareComputeHost string
 
 	ports struct {
 		keystone, placement, nova, cinder, neutron, amqp, dist, epmd int
@@ -107,6 +119,10 @@ type Cloud struct {
 	procs    []*process
 	began    time.Time
 	stopOnce sync.Once
+
+	// spare is the spare compute host's service, once started.
+	spareMu sync.Mutex
+	spare   *process
 }
 
 // AuthURL is Keystone's v3 endpoint.
@@ -130,13 +146,16 @@ func Start(ctx context.Context, o Options) (_ *Cloud, err error) {
 	}
 	c := &Cloud{
 		Dir: o.Dir, Region: DefaultRegion, Domain: domain, Username: adminUser, Project: adminProject,
-		ComputeHost: o.ComputeHost, out: o.Progress, began: time.Now(),
+		ComputeHost: o.ComputeHost, SpareComputeHost: o.SpareComputeHost, out: o.Progress, began: time.Now(),
 	}
 	if c.out == nil {
 		c.out = io.Discard
 	}
 	if c.ComputeHost == "" {
 		c.ComputeHost = DefaultComputeHost
+	}
+	if c.SpareComputeHost == "" {
+		c.SpareComputeHost = DefaultSpareComputeHost
 	}
 	if c.Dir == "" {
 		if c.Dir, err = os.MkdirTemp("", "virtfleet-openstack-"); err != nil {

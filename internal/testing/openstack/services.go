@@ -9,11 +9,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/schedulerstats"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/hypervisors"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/services"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -107,6 +109,7 @@ func (c *Cloud) writeConfigs() error {
 		"keystone.conf":  c.keystoneConf(),
 		"placement.conf": c.placementConf(),
 		"nova.conf":      c.novaConf(),
+		spareComputeConf: c.spareComputeConf(),
 		"cinder.conf":    c.cinderConf(),
 		"neutron.conf":   c.neutronConf(),
 	} {
@@ -209,6 +212,71 @@ func fernetKeys(dir string) error {
 	return nil
 }
 
+// waitCompute waits for the compute host to be in Nova, and maps it to
+// cell1 at once rather than at the scheduler's next discovery.
+func (c *Cloud) waitCompute(ctx context.Context, cl *Clients, host string, p *process) error {
+	if err := c.waitFor(ctx, "compute host "+host, p, serviceTimeout, func(ctx context.Context) bool {
+		page, err := hypervisors.List(cl.Compute, nil).AllPages(ctx)
+		if err != nil {
+			return false
+		}
+		hs, err := hypervisors.ExtractHypervisors(page)
+		return err == nil && slices.ContainsFunc(hs, func(h hypervisors.Hypervisor) bool { return h.Service.Host == host })
+	}); err != nil {
+		return err
+	}
+	return c.run(ctx, "nova-discover-hosts-"+host, "nova-manage", "--config-file", filepath.Join(c.Dir, "etc", "nova.conf"), "cell_v2", "discover_hosts")
+}
+
+// spareComputeConf is the spare compute host's configuration file.
+const spareComputeConf = "nova-compute-2.conf"
+
+// SetSpareHostEnabled enables the spare compute host in Nova, so that its
+// scheduler may put servers there (a live migration's target is scheduled
+// like a new server), or disables it again. The spare host runs only from
+// the first time a test enables it: a cloud that never moves a server
+// does not pay for a second compute service's start, and every server
+// boots on ComputeHost. While it is enabled, Nova's scheduler, which
+// spreads new servers over the hosts, may boot one on either host.
+func (c *Cloud) SetSpareHostEnabled(ctx context.Context, enabled bool) error {
+	c.spareMu.Lock()
+	defer c.spareMu.Unlock()
+	cl, err := c.Clients(ctx)
+	if err != nil {
+		return err
+	}
+	if c.spare == nil {
+		if !enabled {
+			return nil
+		}
+		// A new compute service starts enabled.
+		if c.spare, err = c.service("nova-compute-2", "nova.cmd.compute", spareComputeConf); err != nil {
+			return err
+		}
+		return c.waitCompute(ctx, cl, c.SpareComputeHost, c.spare)
+	}
+	compute := *cl.Compute
+	// Services are updated by id from 2.53 on.
+	compute.Microversion = "2.53"
+	page, err := services.List(&compute, services.ListOpts{Binary: "nova-compute", Host: c.SpareComputeHost}).AllPages(ctx)
+	if err != nil {
+		return errors.Wrap(err, "cannot list the compute services")
+	}
+	all, err := services.ExtractServices(page)
+	if err != nil || len(all) != 1 {
+		return errors.Errorf("no compute service %s in Nova (%v)", c.SpareComputeHost, err)
+	}
+	opts := services.UpdateOpts{Status: services.ServiceEnabled}
+	if !enabled {
+		opts = services.UpdateOpts{Status: services.ServiceDisabled, DisabledReason: "the test cloud's spare host, not in use"}
+	}
+	if _, err := services.Update(ctx, &compute, all[0].ID, opts).Extract(); err != nil {
+		return errors.Wrapf(err, "cannot set compute service %s %s", c.SpareComputeHost, opts.Status)
+	}
+	c.progress("compute host %s %s", c.SpareComputeHost, opts.Status)
+	return nil
+}
+
 // syncNova migrates Nova's API database, maps cell0 and cell1 and
 // migrates the cells' databases, in that order.
 func (c *Cloud) syncNova(ctx context.Context) error {
@@ -286,17 +354,7 @@ func (c *Cloud) waitBackends(ctx context.Context, compute, volume *process) erro
 	if err != nil {
 		return err
 	}
-	if err := c.waitFor(ctx, "compute host "+c.ComputeHost, compute, serviceTimeout, func(ctx context.Context) bool {
-		page, err := hypervisors.List(cl.Compute, nil).AllPages(ctx)
-		if err != nil {
-			return false
-		}
-		hs, err := hypervisors.ExtractHypervisors(page)
-		return err == nil && len(hs) > 0
-	}); err != nil {
-		return err
-	}
-	if err := c.run(ctx, "nova-discover-hosts", "nova-manage", "--config-file", filepath.Join(c.Dir, "etc", "nova.conf"), "cell_v2", "discover_hosts"); err != nil {
+	if err := c.waitCompute(ctx, cl, c.ComputeHost, compute); err != nil {
 		return err
 	}
 	return c.waitFor(ctx, "Cinder volume backend", volume, serviceTimeout, func(ctx context.Context) bool {

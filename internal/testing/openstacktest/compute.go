@@ -97,6 +97,8 @@ type server struct {
 	// actions are the accepted actions, in order, as Nova's
 	// os-instance-actions lists them.
 	actions []string
+	// instanceActions are what os-instance-actions shows, oldest first.
+	instanceActions []*instanceAction
 }
 
 // Address is one fixed IP of a server on a network.
@@ -139,6 +141,7 @@ func (s *Server) advance() {
 			sv.Updated = now
 		}
 	}
+	s.advanceMigrations(now)
 	for _, v := range s.volumes {
 		if v.Status == "creating" && !now.Before(v.readyAt) {
 			v.Status = "available"
@@ -180,6 +183,11 @@ func (s *Server) compute(h computeHandler) http.HandlerFunc {
 			mv = minor
 		}
 		version := "2." + strconv.Itoa(mv)
+		// Nova's request id, which names the instance action a server
+		// action records.
+		id := "req-" + uuid.NewString()
+		w.Header().Set(requestIDHeader, id)
+		w.Header().Set("X-Compute-Request-Id", id)
 		w.Header().Set("X-OpenStack-Nova-API-Version", version)
 		w.Header().Set("OpenStack-API-Version", "compute "+version)
 		w.Header().Set("Vary", "OpenStack-API-Version, X-OpenStack-Nova-API-Version")
@@ -218,6 +226,7 @@ func (s *Server) routeCompute(mux *http.ServeMux) {
 		method, p, _ := strings.Cut(pattern, " ")
 		mux.HandleFunc(method+" "+ComputePath+p, s.compute(h))
 	}
+	s.routeMigrations(mux)
 }
 
 // admin answers 403 to a member, as Nova's default policy does.
@@ -312,7 +321,7 @@ type idLinks struct {
 }
 
 var vmStates = map[string]string{
-	StatusActive: "active", StatusBuild: "building", StatusShutoff: "stopped", StatusError: "error",
+	StatusActive: "active", StatusMigrating: "active", StatusBuild: "building", StatusShutoff: "stopped", StatusError: "error",
 	StatusPaused: "paused", StatusSuspended: "suspended", StatusRescue: "rescued", StatusVerifyResize: "resized",
 	StatusShelved: "shelved", StatusShelvedOffloaded: "shelved_offloaded", StatusSoftDeleted: "soft-delete",
 	StatusDeleted: "deleted",
@@ -330,9 +339,7 @@ func (s *Server) render(sv *server, mv int) serverJSON {
 	if s.opts.Member {
 		out.Host, out.HypervisorName = "", ""
 	}
-	if sv.Host != "" {
-		out.HostID = fmt.Sprintf("%x", md5.Sum([]byte(s.projectID+sv.Host))) //nolint:gosec // an opaque id, as Nova's
-	}
+	out.HostID = s.hostID(sv.Host)
 	if sv.KeyName != "" {
 		out.KeyName = &sv.KeyName
 	}
@@ -360,6 +367,15 @@ func (s *Server) render(sv *server, mv int) serverJSON {
 		out.Fault = &faultJSON{Code: 500, Created: stamp(sv.Updated), Message: sv.Fault}
 	}
 	return out
+}
+
+// hostID is the opaque id of host the project sees, as Nova's hostId; ""
+// for none.
+func (s *Server) hostID(host string) string {
+	if host == "" {
+		return ""
+	}
+	return fmt.Sprintf("%x", md5.Sum([]byte(s.projectID+host))) //nolint:gosec // an opaque id, as Nova's
 }
 
 // listServers answers GET /servers and /servers/detail, newest first, with
@@ -557,6 +573,7 @@ func (s *Server) createServer(w http.ResponseWriter, r *http.Request, _ int) {
 	sv.Host = s.opts.Hosts[s.nextHost%len(s.opts.Hosts)]
 	s.nextHost++
 	s.servers[sv.ID] = sv
+	s.recordAction(sv, w, "create")
 	s.after(sv, "spawning", StatusActive, s.plug)
 	writeJSON(w, http.StatusAccepted, map[string]any{"server": map[string]any{
 		"id": sv.ID, "links": []link{{Href: s.http.URL + ComputePath + "/servers/" + sv.ID, Rel: "self"}},
@@ -643,10 +660,10 @@ func conflict(w http.ResponseWriter, sv *server, action string) {
 	writeError(w, http.StatusConflict, "conflictingRequest", fmt.Sprintf("Cannot '%s' instance %s while it is in vm_state %s", action, sv.ID, vmStates[sv.Status]))
 }
 
-// serverAction serves os-start, os-stop, reboot, resize, confirmResize and
-// revertResize, each allowed in the states the compute API allows it in
-// and answered 409 otherwise.
-func (s *Server) serverAction(w http.ResponseWriter, r *http.Request, _ int) {
+// serverAction serves os-start, os-stop, reboot, resize, confirmResize,
+// revertResize and os-migrateLive (see liveMigrate), each allowed in the
+// states the compute API allows it in and answered 409 otherwise.
+func (s *Server) serverAction(w http.ResponseWriter, r *http.Request, mv int) {
 	sv := s.lookupServer(w, r.PathValue("id"))
 	if sv == nil {
 		return
@@ -736,11 +753,18 @@ func (s *Server) serverAction(w http.ResponseWriter, r *http.Request, _ int) {
 			}
 			sv.Status = StatusRevertResize
 			s.after(sv, "resize_reverting", sv.resumeStatus, func(sv *server) { sv.Flavor = sv.oldFlavor })
+		case "os-migrateLive":
+			if !s.liveMigrate(w, sv, body, mv) {
+				return
+			}
 		default:
 			badRequest(w, "There is no such action: %s", action)
 			return
 		}
 		sv.actions = append(sv.actions, action)
+		if action != "os-migrateLive" { // liveMigrate recorded it
+			s.recordAction(sv, w, novaActions[action])
+		}
 	}
 	w.WriteHeader(http.StatusAccepted)
 }

@@ -2,8 +2,9 @@
 // parts of Keystone v3, Nova, Cinder v3 and Neutron the nova driver uses,
 // modelled on their API references, served over HTTP on 127.0.0.1. It keeps
 // its state in memory, moves servers through their statuses on its own clock
-// (BUILD → ACTIVE after Options.TransitionDelay, and so on), and lets a test
-// inject faults (409, 413 with Retry-After, 500), expire tokens and force a
+// (BUILD → ACTIVE after Options.TransitionDelay, a live migration to its new
+// host, and so on), and lets a test inject faults (409, 413 with
+// Retry-After, 500), expire tokens, fail a live migration and force a
 // server into any status.
 //
 // It is deliberately not built from gophercloud's types: the wire shapes here
@@ -25,6 +26,9 @@ import (
 	"sync"
 	"time"
 )
+
+// requestIDHeader carries the id of the request a service answered.
+const requestIDHeader = "X-Openstack-Request-Id"
 
 // Where each service is served under URL(), as the catalog lists it. The
 // block-storage endpoint carries the project id, as Cinder's does.
@@ -106,6 +110,12 @@ type Server struct {
 	faults   []*fault
 	requests []Request
 	nextHost int
+	// migrations are Nova's live migration records, oldest first;
+	// migrationSeq numbers them.
+	migrations   []*liveMigration
+	migrationSeq int
+	// failMigration, when set, fails the next live migration with it.
+	failMigration string
 }
 
 // Start starts a server on 127.0.0.1.
