@@ -186,7 +186,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// The hub stopped between the status and the VM's write.
 		return reconcile.Result{}, r.finish(ctx, mig, vm, f, m)
 	case mig.Done():
-		return reconcile.Result{}, nil
+		// Over, and the VM no longer names it: nothing more to hold it for.
+		return reconcile.Result{}, r.release(ctx, mig)
 	case mine:
 		return r.follow(ctx, mig, vm, f, m)
 	case migrating:

@@ -193,6 +193,7 @@ func TestMigrationMovesTheVMOnceItRunsOnTheTarget(t *testing.T) {
 
 	m = h.reconcile("move")
 	assert.Equal(t, v1alpha1.MigrationSucceeded, m.Status.Phase, "a finished migration stays as it ended")
+	assert.NotContains(t, m.Finalizers, Finalizer, "and is no longer held")
 }
 
 // A migration the source reports failed ends Failed; the VM stays where it
