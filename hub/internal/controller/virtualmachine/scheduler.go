@@ -222,7 +222,8 @@ func (s *Scheduler) onCordon() toolscache.ResourceEventHandler {
 		UpdateFunc: func(old, o any) {
 			before, ok1 := old.(*v1alpha1.HypervisorNode)
 			after, ok2 := o.(*v1alpha1.HypervisorNode)
-			if ok1 && ok2 && before.Spec.Unschedulable && !after.Spec.Unschedulable {
+			closed := func(n *v1alpha1.HypervisorNode) bool { return n.Spec.Unschedulable || n.Spec.Drain }
+			if ok1 && ok2 && closed(before) && !closed(after) {
 				s.RetryUnplaced(after.Name)
 			}
 		},
