@@ -44,7 +44,7 @@ func run() error {
 		out          = flag.String("out", filepath.Join(controlplane.RepoRoot(), "bench", "results"), "Directory of the result files.")
 		dir          = flag.String("dir", "", "Where the stacks keep their state and logs; empty means the system's temporary directory.")
 		keep         = flag.Bool("keep", false, "Keep every stack's directory and logs, not only those of failed scenarios.")
-		guests       = flag.Bool("guests", d.Guests, "Boot one real QEMU guest (TCG without KVM) through the whole stack and time create→Running, →address, →ssh; needs root and make deps.")
+		guests       = flag.Bool("guests", d.Guests, "Boot one real QEMU guest (TCG without KVM) through the whole stack and time create→Running, →address, →ssh, and migrate another live between two hosts; needs root and make deps.")
 		debug        = flag.Bool("debug", false, "Run the hub and agents at debug level (slower; for finding where time goes).")
 	)
 	if err := flagenv.ParseCommandLine(); err != nil {

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/testing/guesthost"
 	"github.com/virtfleet/virtfleet/internal/testing/guestimage"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
@@ -62,6 +63,11 @@ const (
 	guestTimeout = 10 * time.Minute
 )
 
+// guestGrants let the guest's namespace download its image from this
+// machine's loopback, where guestimage.Serve listens: a tenant may not
+// unless an administrator allowed it.
+var guestGrants = []apisv1alpha1.TenantGrant{{Namespaces: []string{guestNamespace}, ImageSources: []string{"127.0.0.0/8"}}}
+
 // runGuest boots one real guest on a stack of its own and times it.
 func runGuest(ctx context.Context, o Options) (*GuestBoot, error) {
 	progress := func(format string, args ...any) {
@@ -86,38 +92,33 @@ func runGuest(ctx context.Context, o Options) (*GuestBoot, error) {
 		return nil, err
 	}
 	defer host.Stop()
-	dir, err := os.MkdirTemp(o.Dir, "vf-bench-guest-")
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot create the stack directory")
-	}
-	progress("starting a stack with one real node in %s", dir)
-	s, err := stack.Start(ctx, stack.Options{
-		Dir: dir, Nodes: []string{guestNode}, Debug: o.Debug,
+	s, dir, stop, err := startStack(ctx, o, "vf-bench-guest-", stack.Options{
+		Nodes: []string{guestNode}, Grants: guestGrants,
 		LibvirtHosts: map[string]stack.LibvirtHost{guestNode: {Socket: host.Socket, URI: host.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType}},
-	})
+	}, progress)
 	if err != nil {
-		return nil, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)
+		return nil, err
 	}
 	failed := true
 	defer func() {
-		s.Stop()
-		if failed || o.Keep {
-			progress("logs kept in %s/logs (libvirtd: %s)", dir, host.LogPath())
-			return
+		stop(failed)
+		if failed {
+			progress("libvirtd's log: %s", host.LogPath())
 		}
-		_ = os.RemoveAll(dir)
 	}()
 	if hb, err := s.Heartbeat(ctx, guestNode); err == nil {
 		g.Hypervisor = hb.Hypervisor
 	}
-	if err := bootGuest(ctx, s.ControlPlane.Client, host, image, dir, g, progress); err != nil {
+	if err := bootGuest(ctx, s.ControlPlane.Client, func(string) *guesthost.Host { return host }, image, dir, g, progress); err != nil {
 		return nil, err
 	}
 	failed = len(g.Notes) > 0
 	return g, nil
 }
 
-func bootGuest(ctx context.Context, kube client.Client, host *guesthost.Host, image, dir string, g *GuestBoot, progress func(string, ...any)) error {
+// bootGuest creates the guest's VM and what it needs, and times its boot;
+// hostOf is the hypervisor of a node, where ssh reaches its guests.
+func bootGuest(ctx context.Context, kube client.Client, hostOf func(node string) *guesthost.Host, image, dir string, g *GuestBoot, progress func(string, ...any)) error {
 	served, err := guestimage.Serve(image)
 	if err != nil {
 		return err
@@ -201,7 +202,7 @@ func bootGuest(ctx context.Context, kube client.Client, host *guesthost.Host, im
 
 	var out string
 	if err := poll(ctx, func() (bool, error) {
-		out, err = host.SSH(ctx, key, guestimage.DefaultUser, ip, "ip -4 -o addr show scope global")
+		out, err = hostOf(vm.Status.AtProvider.Node).SSH(ctx, key, guestimage.DefaultUser, ip, "ip -4 -o addr show scope global")
 		return err == nil, nil
 	}); err != nil {
 		g.Notes = append(g.Notes, fmt.Sprintf("no ssh to %s within %s: %v: %s", ip, guestTimeout, err, out))

@@ -224,6 +224,7 @@ func Markdown(r *Result) string {
 	}
 
 	guestMarkdown(p, r.Guest)
+	migrationMarkdown(p, r.Migration)
 
 	p("## API writes by request")
 	p("")

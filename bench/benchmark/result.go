@@ -23,8 +23,10 @@ type Result struct {
 	// largest is the issue's burst.
 	Bursts []Scenario `json:"bursts"`
 	// Guest is one real guest's boot, beside the test driver's figures.
-	Guest   *GuestBoot `json:"guest,omitempty"`
-	Targets []Target   `json:"targets"`
+	Guest *GuestBoot `json:"guest,omitempty"`
+	// Migration is one real guest's live migration between two hosts.
+	Migration *MigrationRun `json:"migration,omitempty"`
+	Targets   []Target      `json:"targets"`
 }
 
 // Machine is where the run happened; the numbers mean little without it.

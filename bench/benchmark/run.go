@@ -54,7 +54,8 @@ type Options struct {
 	Keep bool
 	// Debug makes the hub and agents log at debug level.
 	Debug bool
-	// Guests boots one real QEMU guest through the whole stack (guest.go).
+	// Guests boots one real QEMU guest through the whole stack (guest.go),
+	// and another on two hosts that it migrates live (migration.go).
 	Guests bool
 	// Progress receives a line per step.
 	Progress io.Writer
@@ -122,6 +123,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, errors.Wrap(err, "real guest")
 		}
 		r.Guest = g
+		mg, err := runMigration(ctx, o)
+		if err != nil {
+			return nil, errors.Wrap(err, "live migration")
+		}
+		r.Migration = mg
 	}
 	r.Targets = Targets(r)
 	return r, nil
@@ -141,15 +147,34 @@ func (s spec) timeout() time.Duration {
 	return 2*time.Minute + time.Duration(s.vms)*(300*time.Millisecond+s.interval)
 }
 
+// startStack starts a scenario's stack in a directory of its own (so's
+// Dir and Debug come from o) and returns it with that directory; stop
+// stops it, and removes the directory unless the scenario failed or o
+// keeps every one.
+func startStack(ctx context.Context, o Options, prefix string, so stack.Options, progress func(string, ...any)) (s *stack.Stack, dir string, stop func(failed bool), err error) {
+	if dir, err = os.MkdirTemp(o.Dir, prefix); err != nil {
+		return nil, "", nil, errors.Wrap(err, "cannot create the stack directory")
+	}
+	so.Dir, so.Debug = dir, o.Debug
+	progress("starting a stack of %d nodes in %s", len(so.Nodes), dir)
+	if s, err = stack.Start(ctx, so); err != nil {
+		return nil, "", nil, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)
+	}
+	return s, dir, func(failed bool) {
+		s.Stop()
+		if failed || o.Keep {
+			progress("logs kept in %s/logs", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	}, nil
+}
+
 func runScenario(ctx context.Context, o Options, sp spec) (Scenario, error) {
 	progress := func(format string, args ...any) {
 		fmt.Fprintf(o.Progress, "%s %-12s %s\n", time.Now().Format("15:04:05"), sp.name, fmt.Sprintf(format, args...))
 	}
 	sc := Scenario{Name: sp.name, VMs: sp.vms, Nodes: sp.nodes, IntervalSeconds: sp.interval.Seconds()}
-	dir, err := os.MkdirTemp(o.Dir, "vf-bench-")
-	if err != nil {
-		return sc, errors.Wrap(err, "cannot create the stack directory")
-	}
 	nodes := make([]string, sp.nodes)
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("node%d", i+1)
@@ -157,20 +182,12 @@ func runScenario(ctx context.Context, o Options, sp spec) (Scenario, error) {
 	// One warm-up VM per node besides the measured ones.
 	cpuRatio, memRatio, notes := allocationRatios(sp.vms+sp.nodes, sp.nodes)
 	sc.Notes = append(sc.Notes, notes...)
-	progress("starting a stack of %d nodes in %s", sp.nodes, dir)
-	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, CPUAllocationRatio: cpuRatio, MemoryAllocationRatio: memRatio, Debug: o.Debug})
+	s, _, stop, err := startStack(ctx, o, "vf-bench-", stack.Options{Nodes: nodes, CPUAllocationRatio: cpuRatio, MemoryAllocationRatio: memRatio}, progress)
 	if err != nil {
-		return sc, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)
+		return sc, err
 	}
 	failed := true
-	defer func() {
-		s.Stop()
-		if failed || o.Keep {
-			progress("logs kept in %s/logs", dir)
-			return
-		}
-		_ = os.RemoveAll(dir)
-	}()
+	defer func() { stop(failed) }()
 	if err := measure(ctx, s, sp, &sc, progress); err != nil {
 		return sc, err
 	}
