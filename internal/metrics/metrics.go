@@ -23,6 +23,9 @@ const (
 
 	ResultSuccess = "success"
 	ResultFailure = "failure"
+	// Results of a live migration (Migrations).
+	ResultSucceeded = "succeeded"
+	ResultFailed    = "failed"
 
 	// ReasonForeignNode is the ReportsIgnored reason of a report from a
 	// node the resource is not placed on; the other reasons are
@@ -69,6 +72,22 @@ var (
 		Name:    "virtfleet_hub_placement_duration_seconds",
 		Help:    "From a VirtualMachine's creation to the hub recording the node it chose.",
 		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300},
+	})
+	Migrations = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_migrations_total",
+		Help: "Live migrations (VirtualMachineMigrations) that ended, by result: succeeded, or failed (the VM runs where it ran).",
+	}, "result")
+	MigrationDuration = histogram(prometheus.HistogramOpts{
+		Name: "virtfleet_hub_migration_duration_seconds",
+		Help: "How long a live migration that succeeded took, from the source starting it to the guest running on the target, as the nodes report it.",
+		// A move within a cloud takes seconds; one that copies disks over
+		// a slow link, many minutes.
+		Buckets: []float64{1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800},
+	})
+	MigrationDowntime = histogram(prometheus.HistogramOpts{
+		Name:    "virtfleet_hub_migration_downtime_seconds",
+		Help:    "How long the guest of a live migration that succeeded was paused to switch over, as the hypervisor reports it; not observed where the hypervisor does not tell (Nova, KubeVirt).",
+		Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5},
 	})
 	PlacementRefusals = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_placement_refusals_total",
@@ -203,5 +222,5 @@ func histogram(o prometheus.HistogramOpts, labels ...string) *prometheus.Histogr
 // HubObserved are the hub's metrics observed as things happen, for the hub
 // to register; the scraped ones it serves from its own collector.
 func HubObserved() []prometheus.Collector {
-	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects}
+	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects, Migrations, MigrationDuration, MigrationDowntime}
 }

@@ -205,6 +205,9 @@ func Run(ctx context.Context, c Config) error {
 	for _, r := range slices.Concat(natswire.Reasons, []string{vfmetrics.ReasonForeignNode}) {
 		vfmetrics.ReportsIgnored.WithLabelValues(r)
 	}
+	for _, r := range []string{vfmetrics.ResultSucceeded, vfmetrics.ResultFailed} {
+		vfmetrics.Migrations.WithLabelValues(r)
+	}
 	mrMetrics := managed.NewMRMetricRecorder()
 	if err := metrics.Registry.Register(mrMetrics); err != nil {
 		log.Debug("Managed resource metrics already registered", "error", err)

@@ -47,6 +47,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
 // Finalizer keeps a VirtualMachineMigration that marked its VM until the
@@ -414,6 +415,7 @@ func (r *Reconciler) follow(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 		if err := r.setStatus(ctx, mig, st); err != nil {
 			return reconcile.Result{}, err
 		}
+		observeSucceeded(st)
 		return reconcile.Result{}, r.finish(ctx, mig, vm, f, m)
 	case progress != nil && progress.Phase == wire.MigrationFailed:
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s could not move the VM: %s", source, progress.Message))
@@ -426,6 +428,18 @@ func (r *Reconciler) follow(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 		}
 	}
 	return reconcile.Result{RequeueAfter: waitRetry}, r.setStatus(ctx, mig, st)
+}
+
+// observeSucceeded counts a migration that just succeeded, with its
+// figures.
+func observeSucceeded(st v1alpha1.VirtualMachineMigrationStatus) {
+	metrics.Migrations.WithLabelValues(metrics.ResultSucceeded).Inc()
+	if st.StartTime != nil && st.EndTime != nil {
+		metrics.MigrationDuration.WithLabelValues().Observe(st.EndTime.Sub(st.StartTime.Time).Seconds())
+	}
+	if st.DowntimeMilliseconds > 0 {
+		metrics.MigrationDowntime.WithLabelValues().Observe(float64(st.DowntimeMilliseconds) / 1000)
+	}
 }
 
 // withProgress copies the source's figures into st.
@@ -512,6 +526,7 @@ func (r *Reconciler) fail(ctx context.Context, mig *v1alpha1.VirtualMachineMigra
 	if err := r.setStatus(ctx, mig, st); err != nil {
 		return err
 	}
+	metrics.Migrations.WithLabelValues(metrics.ResultFailed).Inc()
 	r.recorder.Event(mig, event.Warning(ReasonFailed, errors.New(why)))
 	r.opts.Placer.Release("migration/" + string(mig.UID))
 	if vm == nil {

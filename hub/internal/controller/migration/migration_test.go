@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,6 +34,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
 const (
@@ -174,10 +178,14 @@ func TestMigrationMovesTheVMOnceItRunsOnTheTarget(t *testing.T) {
 	m = h.reconcile("move")
 	assert.Equal(t, v1alpha1.MigrationRunning, m.Status.Phase, "not over until the target runs the guest")
 
+	succeeded := testutil.ToFloat64(metrics.Migrations.WithLabelValues(metrics.ResultSucceeded))
+	downtimes := samples(t, metrics.MigrationDowntime)
 	h.report("node2", wire.Report{Phase: wire.PhaseRunning, Incoming: "mig-move"})
 	m = h.reconcile("move")
 	assert.Equal(t, v1alpha1.MigrationSucceeded, m.Status.Phase)
 	assert.Equal(t, int64(40), m.Status.DowntimeMilliseconds)
+	assert.InDelta(t, succeeded+1, testutil.ToFloat64(metrics.Migrations.WithLabelValues(metrics.ResultSucceeded)), 0, "counted once")
+	assert.Equal(t, downtimes+1, samples(t, metrics.MigrationDowntime), "the downtime observed")
 	assert.Equal(t, finished, m.Status.EndTime.UTC())
 	vm := h.vm()
 	assert.Equal(t, "node2", vm.GetAnnotations()[v1alpha1.AnnotationNode])
@@ -383,4 +391,14 @@ func TestDeletingAMigrationCancelsIt(t *testing.T) {
 	assert.Equal(t, "node1", vm.GetAnnotations()[v1alpha1.AnnotationNode])
 	assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationMigrationCancel])
 	assert.Equal(t, []string{"node2"}, virtualmachine.Leftovers(vm))
+}
+
+// samples is how many observations the histogram h (of no labels) holds.
+func samples(t *testing.T, h *prometheus.HistogramVec) uint64 {
+	t.Helper()
+	m := &dto.Metric{}
+	o, ok := h.WithLabelValues().(prometheus.Metric)
+	require.True(t, ok)
+	require.NoError(t, o.Write(m))
+	return m.GetHistogram().GetSampleCount()
 }
