@@ -142,6 +142,30 @@ func testBackend(t *testing.T, backend string) {
 		assert.Equal(t, 1, guests[string(vm.UID)], "the first VM survived the agent's restart once")
 	})
 
+	t.Run("AMigrationMovesTheGuestToAnotherHostOfTheBackend", func(t *testing.T) {
+		before := h.get(t, "vm").Status.AtProvider.Node
+		if backend == driver.BackendNova {
+			// The test cloud's second compute host, off until now so that
+			// the VMs above booted on ComputeHost.
+			cloud := openstack.ForTest(t)
+			require.NoError(t, cloud.SetSpareHostEnabled(context.Background(), true))
+			t.Cleanup(func() { assert.NoError(t, cloud.SetSpareHostEnabled(context.Background(), false)) })
+		}
+		h.create(t, &v1alpha1.VirtualMachineMigration{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm-away"},
+			Spec:       v1alpha1.VirtualMachineMigrationSpec{VMName: "vm"},
+		})
+		m := h.waitMigration(t, "vm-away", 3*time.Minute)
+		require.Equal(t, v1alpha1.MigrationSucceeded, m.Status.Phase, m.Status.Message)
+		assert.Equal(t, node, m.Status.SourceNode)
+		assert.Equal(t, node, m.Status.TargetNode, "the VM stays on the %s node; its backend moves it between its hosts", backend)
+		vm := h.wait(t, "vm", 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
+			return running(vm) && vm.Status.AtProvider.Node != before && vm.GetAnnotations()[v1alpha1.AnnotationMigration] == ""
+		})
+		assert.Equal(t, node, vm.GetAnnotations()[v1alpha1.AnnotationNode])
+		assert.NotEmpty(t, vm.Status.AtProvider.Node, "NODE shows the backend's new host")
+	})
+
 	t.Run("DeleteRemovesTheGuestAndKeepsTheVolume", func(t *testing.T) {
 		uid := string(h.get(t, "vm").UID)
 		h.delete(t, "vm")

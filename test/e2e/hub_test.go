@@ -283,6 +283,16 @@ func (h *hub) patch(t *testing.T, name string, change func(*v1alpha1.VirtualMach
 	require.NoError(t, h.kube.Patch(context.Background(), vm, p))
 }
 
+// waitMigration polls the migration name until it is over.
+func (h *hub) waitMigration(t *testing.T, name string, timeout time.Duration) *v1alpha1.VirtualMachineMigration {
+	t.Helper()
+	m := &v1alpha1.VirtualMachineMigration{}
+	require.Eventually(t, func() bool {
+		return h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, m) == nil && m.Done()
+	}, timeout, 100*time.Millisecond, "migration %s: last status %+v", name, &m.Status)
+	return m
+}
+
 func (h *hub) create(t *testing.T, o client.Object) {
 	t.Helper()
 	require.NoError(t, h.kube.Create(context.Background(), o))
