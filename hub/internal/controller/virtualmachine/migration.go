@@ -136,20 +136,34 @@ func (e *external) placedOn(vm *v1alpha1.VirtualMachine, node string) []string {
 	if m, ok := MigrationOf(vm, e.fleet); ok && m.Target != node {
 		out = append(out, m.Target)
 	}
-	return append(out, Leftovers(vm)...)
+	return append(out, e.left(vm, node)...)
+}
+
+// left are the nodes the VM left, as AnnotationLeftovers lists them, but
+// never its node nor the target of its migration: a tenant can write the
+// annotation, and the hub deletes the VM's intent on each node it names.
+func (e *external) left(vm *v1alpha1.VirtualMachine, node string) []string {
+	m, _ := MigrationOf(vm, e.fleet)
+	var out []string
+	for _, n := range Leftovers(vm) {
+		if n != node && n != m.Target {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // clearLeftovers deletes the VM's intent on each node it left, and drops
-// from the annotation the nodes whose report is gone: they hold nothing of
-// the VM any more.
-func (e *external) clearLeftovers(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
-	left := Leftovers(vm)
-	if len(left) == 0 {
+// from the annotation the nodes whose report is gone (they hold nothing of
+// the VM any more) and those it may not name.
+func (e *external) clearLeftovers(ctx context.Context, vm *v1alpha1.VirtualMachine, node string) error {
+	all := Leftovers(vm)
+	if len(all) == 0 {
 		return nil
 	}
 	uid := string(vm.UID)
 	var keep []string
-	for _, n := range left {
+	for _, n := range e.left(vm, node) {
 		if err := e.fleet.Bus.DeleteIntent(ctx, n, uid); err != nil {
 			return e.busFailed(uid, errors.Wrapf(err, "cannot delete the intent on node %s, which the VM left", n))
 		}
@@ -157,7 +171,7 @@ func (e *external) clearLeftovers(ctx context.Context, vm *v1alpha1.VirtualMachi
 			keep = append(keep, n)
 		}
 	}
-	if len(keep) == len(left) {
+	if len(keep) == len(all) {
 		return nil
 	}
 	patch := client.MergeFromWithOptions(vm.DeepCopy(), client.MergeFromWithOptimisticLock{})

@@ -8,6 +8,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
@@ -99,4 +102,40 @@ func TestPlanDuringAMigration(t *testing.T) {
 			assert.Equal(t, len(p) == 1, planFingerprint(p, testNode) == fingerprint(p[testNode]), "a plan of one node is fingerprinted as its intent")
 		})
 	}
+}
+
+// The hub deletes the VM's intent on each node it left until that node's
+// report is gone, and never on the VM's own node or its migration's
+// target, whatever a tenant writes in the annotation.
+func TestLeftoversAreClearedButNeverTheVMsOwnNode(t *testing.T) {
+	b := bus.NewFake()
+	e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier())
+	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: testUID, Annotations: map[string]string{
+		v1alpha1.AnnotationNode: testNode, v1alpha1.AnnotationLeftovers: testNode + ",node2",
+	}}}
+	scheme := runtime.NewScheme()
+	require.NoError(t, v1alpha1.SchemeBuilder.AddToScheme(scheme))
+	e.kube = fake.NewClientBuilder().WithScheme(scheme).WithObjects(vm).Build()
+	ctx := t.Context()
+	for _, n := range []string{testNode, "node2"} {
+		_, err := b.PutIntent(ctx, n, wire.Intent{UID: testUID})
+		require.NoError(t, err)
+	}
+	b.SetReport(bus.ReportEvent{Node: "node2", UID: testUID, Report: wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: testUID, Node: "node2", Phase: wire.PhaseRunning}})
+	require.Eventually(t, func() bool { _, ok := e.fleet.Report("node2", testUID); return ok }, 5*time.Second, time.Millisecond)
+
+	require.NoError(t, e.clearLeftovers(ctx, vm, testNode))
+	_, kept := b.Intent(testNode, testUID)
+	assert.True(t, kept, "the VM's own node keeps its intent")
+	_, gone := b.Intent("node2", testUID)
+	assert.False(t, gone, "the node the VM left does not")
+	got := &v1alpha1.VirtualMachine{}
+	require.NoError(t, e.kube.Get(ctx, client.ObjectKeyFromObject(vm), got))
+	assert.Equal(t, []string{"node2"}, Leftovers(got), "node2 still reports the guest; the VM's own node was never a leftover")
+
+	b.SetReport(bus.ReportEvent{Node: "node2", UID: testUID, Deleted: true})
+	require.Eventually(t, func() bool { _, ok := e.fleet.Report("node2", testUID); return !ok }, 5*time.Second, time.Millisecond)
+	require.NoError(t, e.clearLeftovers(ctx, got, testNode))
+	require.NoError(t, e.kube.Get(ctx, client.ObjectKeyFromObject(vm), got))
+	assert.Empty(t, Leftovers(got), "nothing is left once node2's report is gone")
 }

@@ -539,7 +539,7 @@ func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d d
 	}
 	e.state.published.Store(string(vm.UID), planFingerprint(p, node))
 	e.state.deleted.Delete(string(vm.UID))
-	return e.clearLeftovers(ctx, vm)
+	return e.clearLeftovers(ctx, vm, node)
 }
 
 // Update publishes the intent again after the spec or the restart
