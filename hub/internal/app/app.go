@@ -87,10 +87,10 @@ type Config struct {
 	QPS int
 	// FencingTimeout finalizes a VM deleted while its node is lost.
 	FencingTimeout time.Duration
-	// MigrationsPerFleet and MigrationsPerNode bound the live migrations
-	// under way at once in a fleet and from or to one node; zero takes
-	// migration.DefaultPerFleet and DefaultPerNode.
-	MigrationsPerFleet, MigrationsPerNode int
+	// MigrationsPerFleet, MigrationsPerNode and MigrationsPerNamespace
+	// bound the live migrations under way at once in a fleet, from or to
+	// one node and in one namespace; zero takes migration's defaults.
+	MigrationsPerFleet, MigrationsPerNode, MigrationsPerNamespace int
 	// NodeTTL is the heartbeat bucket's TTL when the hub creates it.
 	NodeTTL time.Duration
 }
@@ -268,7 +268,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 	addresses := ipam.New(direct, mgr.GetClient())
 	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, Addresses: addresses}
-	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode}
+	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
 	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}

@@ -59,6 +59,9 @@ const Finalizer = v1alpha1.Group + "/migration"
 const (
 	DefaultPerFleet = 5
 	DefaultPerNode  = 2
+	// DefaultPerNamespace is virtfleet's own: fewer than the fleet's, so
+	// that no one tenant takes every slot.
+	DefaultPerNamespace = 2
 )
 
 // Event reasons, on the migration and on its VM.
@@ -79,9 +82,10 @@ type Options struct {
 	// Notifier wakes a migration when its VM's reports change; it must be
 	// subscribed to every fleet (Fleet.Subscribe).
 	Notifier *fleet.Notifier
-	// PerFleet and PerNode bound the migrations under way at once in a
-	// fleet and per node (as source or target); zero takes the defaults.
-	PerFleet, PerNode int
+	// PerFleet, PerNode and PerNamespace bound the migrations under way at
+	// once in a fleet, per node (as source or target) and per namespace;
+	// zero takes the defaults.
+	PerFleet, PerNode, PerNamespace int
 }
 
 // Reconciler reconciles VirtualMachineMigrations.
@@ -110,6 +114,9 @@ func Setup(mgr ctrl.Manager, o controller.Options, mo Options) error {
 	}
 	if mo.PerNode <= 0 {
 		mo.PerNode = DefaultPerNode
+	}
+	if mo.PerNamespace <= 0 {
+		mo.PerNamespace = DefaultPerNamespace
 	}
 	name := "virtualmachinemigration"
 	r := &Reconciler{
@@ -217,13 +224,14 @@ func (r *Reconciler) schedule(ctx context.Context, mig *v1alpha1.VirtualMachineM
 	case f.Node(source).Heartbeat.MigrationURI == "":
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s takes no part in live migration: its agent announces no migration URI (--migration-uri), or its backend cannot migrate", source))
 	}
-	if why, err := r.full(ctx, f, source); err != nil || why != "" {
-		if err != nil {
-			return reconcile.Result{}, err
-		}
+	busy, err := r.running(ctx, f)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if why := busy.full(r.opts, mig.Namespace, source); why != "" {
 		return r.wait(ctx, mig, why)
 	}
-	target, err := r.target(ctx, mig, vm, f, source, selector)
+	target, err := r.target(ctx, mig, vm, f, source, selector, busy)
 	if err != nil {
 		var noFit *placement.NoFitError
 		if errors.As(err, &noFit) {
@@ -241,10 +249,11 @@ func (r *Reconciler) scheduleWithin(ctx context.Context, mig *v1alpha1.VirtualMa
 	if t := mig.Spec.TargetNode; t != "" && t != node {
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s moves its VMs between its own hosts only; targetNode must be empty or %s", node, node))
 	}
-	if why, err := r.full(ctx, f, node); err != nil || why != "" {
-		if err != nil {
-			return reconcile.Result{}, err
-		}
+	busy, err := r.running(ctx, f)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if why := busy.full(r.opts, mig.Namespace, node); why != "" {
 		return r.wait(ctx, mig, why)
 	}
 	return r.record(ctx, mig, vm, f, node, node, fmt.Sprintf("node %s moves the VM to another of its hosts", node))
@@ -315,7 +324,7 @@ func (r *Reconciler) record(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 // namespace may choose nodes, else the least allocated that fits, among the
 // nodes that receive live migrations and join the same overlay as the source
 // (the VM keeps its addresses only on a network that spans both).
-func (r *Reconciler) target(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, source string, selector map[string]string) (string, error) {
+func (r *Reconciler) target(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, source string, selector map[string]string, busy load) (string, error) {
 	if t := mig.Spec.TargetNode; t != "" {
 		g, err := providerconfig.GrantOf(ctx, r.kube, mig.Namespace)
 		if err != nil {
@@ -332,7 +341,7 @@ func (r *Reconciler) target(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	var nodes []placement.Node
 	for _, n := range virtualmachine.MarkCordoned(ctx, r.kube, f.Nodes()) {
 		hb := f.Node(n.Name).Heartbeat
-		if n.Name == source || hb.MigrationURI == "" || (hb.TunnelAddress != "") != overlay {
+		if n.Name == source || hb.MigrationURI == "" || (hb.TunnelAddress != "") != overlay || busy.nodes[n.Name] >= r.opts.PerNode {
 			continue
 		}
 		nodes = append(nodes, n)
@@ -350,14 +359,21 @@ func (r *Reconciler) target(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	return r.opts.Placer.Place(nodes, req)
 }
 
-// full says why no migration may start now from or to source: the fleet or
-// the node runs as many as the limits allow.
-func (r *Reconciler) full(ctx context.Context, f *fleet.Fleet, source string) (string, error) {
+// load is what migrations run in a fleet: how many, and how many from or
+// to each node and in each namespace.
+type load struct {
+	fleet      int
+	nodes      map[string]int
+	namespaces map[string]int
+}
+
+// running counts the migrations under way in f.
+func (r *Reconciler) running(ctx context.Context, f *fleet.Fleet) (load, error) {
 	l := &v1alpha1.VirtualMachineMigrationList{}
 	if err := r.kube.List(ctx, l); err != nil {
-		return "", errors.Wrap(err, "cannot list migrations")
+		return load{}, errors.Wrap(err, "cannot list migrations")
 	}
-	inFleet, onNode := 0, 0
+	out := load{nodes: map[string]int{}, namespaces: map[string]int{}}
 	for i := range l.Items {
 		st := l.Items[i].Status
 		if st.Phase != v1alpha1.MigrationScheduled && st.Phase != v1alpha1.MigrationRunning {
@@ -366,18 +382,30 @@ func (r *Reconciler) full(ctx context.Context, f *fleet.Fleet, source string) (s
 		if _, known := f.Heard(st.SourceNode); !known {
 			continue // another fleet's
 		}
-		inFleet++
-		if st.SourceNode == source || st.TargetNode == source {
-			onNode++
+		out.fleet++
+		out.nodes[st.SourceNode]++
+		if st.TargetNode != st.SourceNode {
+			out.nodes[st.TargetNode]++
 		}
+		out.namespaces[l.Items[i].Namespace]++
 	}
+	return out, nil
+}
+
+// full says why no migration of namespace may start now from source: the
+// fleet, the node or the namespace runs as many as the limits allow. The
+// namespace's limit keeps one tenant's migrations from taking every slot
+// of the fleet, and with them its administrator's drains.
+func (l load) full(o Options, namespace, source string) string {
 	switch {
-	case inFleet >= r.opts.PerFleet:
-		return fmt.Sprintf("waiting for a free slot: %d migrations run in the fleet (at most %d at once)", inFleet, r.opts.PerFleet), nil
-	case onNode >= r.opts.PerNode:
-		return fmt.Sprintf("waiting for a free slot: %d migrations run from or to node %s (at most %d at once)", onNode, source, r.opts.PerNode), nil
+	case l.fleet >= o.PerFleet:
+		return fmt.Sprintf("waiting for a free slot: %d migrations run in the fleet (at most %d at once)", l.fleet, o.PerFleet)
+	case l.nodes[source] >= o.PerNode:
+		return fmt.Sprintf("waiting for a free slot: %d migrations run from or to node %s (at most %d at once)", l.nodes[source], source, o.PerNode)
+	case l.namespaces[namespace] >= o.PerNamespace:
+		return fmt.Sprintf("waiting for a free slot: %d migrations run in namespace %s (at most %d at once)", l.namespaces[namespace], namespace, o.PerNamespace)
 	}
-	return "", nil
+	return ""
 }
 
 // follow mirrors the source's progress and ends the migration when the

@@ -90,7 +90,7 @@ func newHarness(t *testing.T, grants ...apisv1alpha1.TenantGrant) *harness {
 		kube:    kube,
 		configs: providerconfig.NewResolver(kube),
 		opts: Options{Pool: onePool{f}, Placer: placement.New(), Notifier: fleet.NewNotifierFor(func() client.Object { return &v1alpha1.VirtualMachineMigration{} }),
-			PerFleet: DefaultPerFleet, PerNode: DefaultPerNode},
+			PerFleet: DefaultPerFleet, PerNode: DefaultPerNode, PerNamespace: DefaultPerNamespace},
 		recorder: rec,
 		log:      logging.NewNopLogger(),
 	}}
@@ -128,6 +128,18 @@ func (h *harness) create(name, target string) *v1alpha1.VirtualMachineMigration 
 	m.Spec.VMName, m.Spec.TargetNode = "web", target
 	require.NoError(h.t, h.kube.Create(context.Background(), m))
 	return m
+}
+
+// running records migrations of the given names in namespace as running
+// from source to target.
+func (h *harness) running(namespace, source, target string, names ...string) {
+	for _, name := range names {
+		m := &v1alpha1.VirtualMachineMigration{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+		m.Spec.VMName = "some-vm"
+		require.NoError(h.t, h.kube.Create(context.Background(), m))
+		m.Status = v1alpha1.VirtualMachineMigrationStatus{Phase: v1alpha1.MigrationRunning, SourceNode: source, TargetNode: target}
+		require.NoError(h.t, h.kube.Status().Update(context.Background(), m))
+	}
 }
 
 func (h *harness) reconcile(name string) *v1alpha1.VirtualMachineMigration {
@@ -275,14 +287,16 @@ func TestMigrationRefusesOrWaits(t *testing.T) {
 			phase:  v1alpha1.MigrationPending, message: "no node can take the VM",
 		},
 		"NoSlotLeftOnTheNode": {
-			setup: func(h *harness) {
-				for _, name := range []string{"a", "b"} {
-					other := h.create(name, "")
-					other.Status = v1alpha1.VirtualMachineMigrationStatus{Phase: v1alpha1.MigrationRunning, SourceNode: "node1", TargetNode: "node2"}
-					require.NoError(t, h.kube.Status().Update(context.Background(), other))
-				}
-			},
+			setup: func(h *harness) { h.running("other", "node1", "node2", "a", "b") },
 			phase: v1alpha1.MigrationPending, message: "2 migrations run from or to node node1",
+		},
+		"NoSlotLeftInTheNamespace": {
+			setup: func(h *harness) { h.running(ns, "node3", "node3", "a", "b") },
+			phase: v1alpha1.MigrationPending, message: "2 migrations run in namespace tenant",
+		},
+		"ATargetAtItsLimitIsPassedOver": {
+			setup: func(h *harness) { h.running("other", "node3", "node2", "a", "b") },
+			phase: v1alpha1.MigrationPending, message: "no node can take the VM",
 		},
 	}
 	for name, tc := range cases {
