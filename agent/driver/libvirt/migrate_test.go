@@ -72,6 +72,18 @@ func TestLiveMigration(t *testing.T) {
 	restarts := o.RestartCount
 	require.EqualValues(t, 1, restarts)
 	qemu := ha.qemu(t, m)
+	// stayed checks what a migration that did not happen leaves: the guest
+	// running on A in the same QEMU, and nothing of it on B once B gives
+	// up waiting for it.
+	stayed := func(t *testing.T) {
+		t.Helper()
+		o, err := a.Observe(ctx, m.UID)
+		require.NoError(t, err)
+		assert.Equal(t, driver.PhaseRunning, o.Phase, "the guest runs where it was")
+		assert.Equal(t, qemu, ha.qemu(t, m), "in the same QEMU")
+		require.NoError(t, b.Delete(ctx, m.UID))
+		hb.assertNothingOf(t, m)
+	}
 
 	t.Run("AFailedMigrationLeavesTheGuestWhereItWas", func(t *testing.T) {
 		require.NoError(t, b.PrepareIncoming(ctx, m))
@@ -90,16 +102,10 @@ func TestLiveMigration(t *testing.T) {
 		assert.Contains(t, st.Message, pair.B.TunnelAddress, "libvirt's message says where it could not go")
 		assert.False(t, st.FinishedAt.IsZero())
 
-		o, err := a.Observe(ctx, m.UID)
-		require.NoError(t, err)
-		assert.Equal(t, driver.PhaseRunning, o.Phase, "the guest runs where it was")
-		assert.Equal(t, qemu, ha.qemu(t, m), "in the same QEMU")
 		again, err := a.Migrate(ctx, m, nowhere)
 		require.NoError(t, err)
 		assert.Equal(t, st, again, "the attempt's status is kept by its ID")
-
-		require.NoError(t, b.Delete(ctx, m.UID), "the target gives up waiting for the guest")
-		hb.assertNothingOf(t, m)
+		stayed(t)
 	})
 
 	t.Run("ATargetFailingHalfwayKeepsNothingOfIt", func(t *testing.T) {
@@ -115,12 +121,7 @@ func TestLiveMigration(t *testing.T) {
 		assert.Equal(t, driver.MigrationFailed, st.Phase)
 		assert.Contains(t, st.Message, "no network with matching name", "libvirt's message")
 		assert.True(t, hb.hasVolume(t, m.Disks[0].Name), "libvirt made the disk's volume on the target, and left it there")
-		o, err := a.Observe(ctx, m.UID)
-		require.NoError(t, err)
-		assert.Equal(t, driver.PhaseRunning, o.Phase, "the guest runs where it was")
-		assert.Equal(t, qemu, ha.qemu(t, m), "in the same QEMU")
-		require.NoError(t, b.Delete(ctx, m.UID))
-		hb.assertNothingOf(t, m)
+		stayed(t)
 	})
 
 	t.Run("ACancelledMigrationLeavesTheGuestWhereItWas", func(t *testing.T) {
@@ -146,12 +147,7 @@ func TestLiveMigration(t *testing.T) {
 		st = migrateUntilOver(ctx, t, a, m, to)
 		assert.Equal(t, driver.MigrationFailed, st.Phase)
 		assert.Contains(t, st.Message, "cancel", "libvirt's message says the job was cancelled")
-		o, err := a.Observe(ctx, m.UID)
-		require.NoError(t, err)
-		assert.Equal(t, driver.PhaseRunning, o.Phase, "the guest runs where it was")
-		assert.Equal(t, qemu, ha.qemu(t, m), "in the same QEMU")
-		require.NoError(t, b.Delete(ctx, m.UID))
-		hb.assertNothingOf(t, m)
+		stayed(t)
 	})
 
 	t.Run("AGuestMovesLiveWithItsDisks", func(t *testing.T) {
