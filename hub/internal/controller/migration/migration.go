@@ -30,8 +30,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
@@ -130,15 +133,32 @@ func Setup(mgr ctrl.Manager, o controller.Options, mo Options) error {
 		Named(name).
 		WithOptions(o.ForControllerRuntime()).
 		For(&v1alpha1.VirtualMachineMigration{}).
-		// A VM that starts running, or whose migration annotation changes,
-		// wakes the migrations naming it.
+		// A VM that changes phase (starts running), node or migration wakes
+		// the migrations naming it; its other writes, a burst's status
+		// writes above all, do not.
 		Watches(&v1alpha1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, vm client.Object) []reconcile.Request {
 			return r.migrationsOf(ctx, vm.GetNamespace(), vm.GetName())
-		})).
+		}), builder.WithPredicates(predicate.Funcs{UpdateFunc: func(e ctrlevent.UpdateEvent) bool { return movesOrRuns(e.ObjectOld, e.ObjectNew) }})).
 		WatchesRawSource(mo.Notifier.Source()).
 		// The Notifier knows migrations by their VM's uid.
 		Watches(&v1alpha1.VirtualMachine{}, fleet.WhenGone(mo.Notifier.Forget)).
 		Complete(r)
+}
+
+// movesOrRuns says whether a VM's update concerns its migrations: its
+// phase, node, migration or leftovers changed.
+func movesOrRuns(before, after client.Object) bool {
+	b, ok1 := before.(*v1alpha1.VirtualMachine)
+	a, ok2 := after.(*v1alpha1.VirtualMachine)
+	if !ok1 || !ok2 {
+		return true
+	}
+	for _, k := range []string{v1alpha1.AnnotationNode, v1alpha1.AnnotationMigration, v1alpha1.AnnotationLeftovers} {
+		if b.GetAnnotations()[k] != a.GetAnnotations()[k] {
+			return true
+		}
+	}
+	return b.Status.AtProvider.Phase != a.Status.AtProvider.Phase
 }
 
 // migrationsOf are the migrations of the VM namespace/name not yet over.

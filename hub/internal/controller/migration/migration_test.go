@@ -416,3 +416,32 @@ func samples(t *testing.T, h *prometheus.HistogramVec) uint64 {
 	require.NoError(t, o.Write(m))
 	return m.GetHistogram().GetSampleCount()
 }
+
+// A VM's status writes wake no migration; its phase, node or migration
+// changing does.
+func TestOnlyAVMsMovesOrRunsWakeItsMigrations(t *testing.T) {
+	vm := func(phase v1alpha1.Phase, annotations map[string]string) *v1alpha1.VirtualMachine {
+		v := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Annotations: annotations}}
+		v.Status.AtProvider.Phase = phase
+		return v
+	}
+	on := func(node string) map[string]string { return map[string]string{v1alpha1.AnnotationNode: node} }
+	cases := map[string]struct {
+		before, after *v1alpha1.VirtualMachine
+		wake          bool
+	}{
+		"AStatusWrite":       {before: vm(v1alpha1.PhaseRunning, on("node1")), after: vm(v1alpha1.PhaseRunning, on("node1"))},
+		"StartsRunning":      {before: vm(v1alpha1.PhaseStarting, on("node1")), after: vm(v1alpha1.PhaseRunning, on("node1")), wake: true},
+		"MovesToAnotherNode": {before: vm(v1alpha1.PhaseRunning, on("node1")), after: vm(v1alpha1.PhaseRunning, on("node2")), wake: true},
+		"IsMarkedForAMigration": {
+			before: vm(v1alpha1.PhaseRunning, on("node1")),
+			after:  vm(v1alpha1.PhaseRunning, map[string]string{v1alpha1.AnnotationNode: "node1", v1alpha1.AnnotationMigration: "m/node2"}),
+			wake:   true,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.wake, movesOrRuns(tc.before, tc.after))
+		})
+	}
+}
