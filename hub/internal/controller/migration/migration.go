@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -40,7 +41,6 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -97,7 +97,6 @@ type Reconciler struct {
 	configs  *providerconfig.Resolver
 	opts     Options
 	recorder event.Recorder
-	log      logging.Logger
 }
 
 // SetupGated adds the controller once the CRDs it reads are established.
@@ -127,7 +126,6 @@ func Setup(mgr ctrl.Manager, o controller.Options, mo Options) error {
 		configs:  providerconfig.NewResolver(mgr.GetClient()),
 		opts:     mo,
 		recorder: event.NewAPIRecorder(mgr.GetEventRecorderFor(name)), //nolint:staticcheck // as the other controllers
-		log:      o.Logger.WithValues("controller", name),
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
@@ -239,9 +237,15 @@ func (r *Reconciler) schedule(ctx context.Context, mig *v1alpha1.VirtualMachineM
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("VirtualMachine %s is %s; only a Running VM migrates live", vm.Name, vm.Status.AtProvider.Phase))
 	case meta.GetExternalName(vm) != "":
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("VirtualMachine %s imports a guest virtfleet did not make; it does not migrate", vm.Name))
-	case f.Node(source).Heartbeat.HostMigration:
-		return r.scheduleWithin(ctx, mig, vm, f, source)
-	case f.Node(source).Heartbeat.MigrationURI == "":
+	}
+	// A node of many hosts (a Nova cloud, a KubeVirt cluster) moves the VM
+	// between its own hosts: the node stays, and its backend chooses the
+	// host.
+	within := f.Node(source).Heartbeat.HostMigration
+	switch t := mig.Spec.TargetNode; {
+	case within && t != "" && t != source:
+		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s moves its VMs between its own hosts only; targetNode must be empty or %s", source, source))
+	case !within && f.Node(source).Heartbeat.MigrationURI == "":
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s takes no part in live migration: its agent announces no migration URI (--migration-uri), or its backend cannot migrate", source))
 	}
 	busy, err := r.running(ctx, f)
@@ -250,6 +254,9 @@ func (r *Reconciler) schedule(ctx context.Context, mig *v1alpha1.VirtualMachineM
 	}
 	if why := busy.full(r.opts, mig.Namespace, source); why != "" {
 		return r.wait(ctx, mig, why)
+	}
+	if within {
+		return r.record(ctx, mig, vm, f, source, source, fmt.Sprintf("node %s moves the VM to another of its hosts", source))
 	}
 	target, err := r.target(ctx, mig, vm, f, source, selector, busy)
 	if err != nil {
@@ -260,23 +267,6 @@ func (r *Reconciler) schedule(ctx context.Context, mig *v1alpha1.VirtualMachineM
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, err.Error())
 	}
 	return r.record(ctx, mig, vm, f, source, target, fmt.Sprintf("node %s gets ready to receive the VM", target))
-}
-
-// scheduleWithin schedules the move of a VM between the hosts of its node's
-// backend (a Nova cloud, a KubeVirt cluster): the node stays, and its
-// backend chooses the host.
-func (r *Reconciler) scheduleWithin(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, node string) (reconcile.Result, error) {
-	if t := mig.Spec.TargetNode; t != "" && t != node {
-		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s moves its VMs between its own hosts only; targetNode must be empty or %s", node, node))
-	}
-	busy, err := r.running(ctx, f)
-	if err != nil {
-		return reconcile.Result{}, err
-	}
-	if why := busy.full(r.opts, mig.Namespace, node); why != "" {
-		return r.wait(ctx, mig, why)
-	}
-	return r.record(ctx, mig, vm, f, node, node, fmt.Sprintf("node %s moves the VM to another of its hosts", node))
 }
 
 // deleted cancels the migration being deleted if it still runs, and lets
@@ -368,7 +358,7 @@ func (r *Reconciler) target(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	}
 	fp := vm.Spec.ForProvider
 	req := placement.Request{
-		UID:          "migration/" + string(mig.UID),
+		UID:          reservation(string(mig.UID)),
 		Resources:    placement.Resources{VCPU: int64(fp.Vcpu), MemoryBytes: fp.Memory.Value()},
 		NodeSelector: virtualmachine.NodeSelector(selector, fp.NodeSelector),
 		RequiredNode: mig.Spec.TargetNode,
@@ -378,6 +368,10 @@ func (r *Reconciler) target(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	}
 	return r.opts.Placer.Place(nodes, req)
 }
+
+// reservation is the placer's key of the room migration id holds on its
+// target.
+func reservation(id string) string { return "migration/" + id }
 
 // load is what migrations run in a fleet: how many, and how many from or
 // to each node and in each namespace.
@@ -515,7 +509,7 @@ func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	source := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	if m.Target == source {
 		r.recorder.Event(mig, event.Normal(ReasonSucceeded, fmt.Sprintf("Moved live between the hosts of node %s", source)))
-		r.opts.Placer.Release("migration/" + m.ID)
+		r.opts.Placer.Release(reservation(m.ID))
 		return r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) { dropMigration(vm.GetAnnotations()) })
 	}
 	for _, a := range vm.Spec.ForProvider.DiskAttachments {
@@ -539,7 +533,7 @@ func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	}
 	r.recorder.Event(mig, event.Normal(ReasonSucceeded, msg))
 	r.recorder.Event(vm, event.Normal(ReasonSucceeded, msg))
-	r.opts.Placer.Release("migration/" + m.ID)
+	r.opts.Placer.Release(reservation(m.ID))
 	return nil
 }
 
@@ -576,7 +570,7 @@ func (r *Reconciler) fail(ctx context.Context, mig *v1alpha1.VirtualMachineMigra
 	}
 	metrics.Migrations.WithLabelValues(metrics.ResultFailed).Inc()
 	r.recorder.Event(mig, event.Warning(ReasonFailed, errors.New(why)))
-	r.opts.Placer.Release("migration/" + string(mig.UID))
+	r.opts.Placer.Release(reservation(string(mig.UID)))
 	if vm == nil {
 		return nil
 	}
@@ -617,18 +611,11 @@ func (r *Reconciler) wait(ctx context.Context, mig *v1alpha1.VirtualMachineMigra
 
 // setStatus writes st unless it is what the migration shows.
 func (r *Reconciler) setStatus(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, st v1alpha1.VirtualMachineMigrationStatus) error {
-	if equalStatus(mig.Status, st) {
+	if equality.Semantic.DeepEqual(mig.Status, st) {
 		return nil
 	}
 	mig.Status = st
 	return errors.Wrap(r.kube.Status().Update(ctx, mig), "cannot update the migration's status")
-}
-
-func equalStatus(a, b v1alpha1.VirtualMachineMigrationStatus) bool {
-	return a.Phase == b.Phase && a.SourceNode == b.SourceNode && a.TargetNode == b.TargetNode &&
-		a.TotalBytes == b.TotalBytes && a.TransferredBytes == b.TransferredBytes &&
-		a.DowntimeMilliseconds == b.DowntimeMilliseconds && a.Message == b.Message &&
-		a.StartTime.Equal(b.StartTime) && a.EndTime.Equal(b.EndTime)
 }
 
 // patchVM changes the VM's annotations with fn, under optimistic locking.

@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis"
@@ -92,7 +91,6 @@ func newHarness(t *testing.T, grants ...apisv1alpha1.TenantGrant) *harness {
 		opts: Options{Pool: onePool{f}, Placer: placement.New(), Notifier: fleet.NewNotifierFor(func() client.Object { return &v1alpha1.VirtualMachineMigration{} }),
 			PerFleet: DefaultPerFleet, PerNode: DefaultPerNode, PerNamespace: DefaultPerNamespace},
 		recorder: rec,
-		log:      logging.NewNopLogger(),
 	}}
 	h.heartbeat("node1", "qemu+tcp://node1/system")
 	h.heartbeat("node2", "qemu+tcp://node2/system")

@@ -3,6 +3,8 @@ package virtualmachine
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -54,7 +56,12 @@ func MigrationOf(vm metav1.Object, f *fleet.Fleet) (Migration, bool) {
 
 // Leftovers are the nodes vm's AnnotationLeftovers lists.
 func Leftovers(vm metav1.Object) []string {
-	v := vm.GetAnnotations()[v1alpha1.AnnotationLeftovers]
+	return leftovers(vm.GetAnnotations())
+}
+
+// leftovers are the nodes the annotations a list as left.
+func leftovers(a map[string]string) []string {
+	v := a[v1alpha1.AnnotationLeftovers]
 	if v == "" {
 		return nil
 	}
@@ -63,10 +70,7 @@ func Leftovers(vm metav1.Object) []string {
 
 // WithLeftover adds node to the leftovers of the annotations a.
 func WithLeftover(a map[string]string, node string) {
-	l := []string{}
-	if v := a[v1alpha1.AnnotationLeftovers]; v != "" {
-		l = strings.Split(v, ",")
-	}
+	l := leftovers(a)
 	if !slices.Contains(l, node) {
 		l = append(l, node)
 	}
@@ -122,11 +126,11 @@ func planFingerprint(p map[string]wire.Intent, node string) string {
 	if len(p) == 1 {
 		return fingerprint(p[node])
 	}
-	var b strings.Builder
+	h := sha256.New()
 	for _, n := range slices.Sorted(maps.Keys(p)) {
-		fmt.Fprintf(&b, "%s=%s;", n, fingerprint(p[n]))
+		fmt.Fprintf(h, "%s=%s;", n, fingerprint(p[n]))
 	}
-	return fingerprint(wire.Intent{UID: b.String()})
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // placedOn are the nodes that may speak for vm: its node, the target of
