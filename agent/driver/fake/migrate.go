@@ -51,40 +51,12 @@ func (d *Driver) PrepareIncoming(_ context.Context, m driver.Machine) error {
 // guest here.
 func (d *Driver) Migrate(_ context.Context, m driver.Machine, t driver.MigrationTarget) (driver.MigrationStatus, error) {
 	d.mu.Lock()
-	if err := d.take(Call{Op: "Migrate", UID: m.UID, Machine: m}, new(error)); err != nil {
-		d.mu.Unlock()
-		return driver.MigrationStatus{ID: t.ID, Phase: driver.MigrationFailed, Message: err.Error()}, nil
-	}
-	if d.migrations == nil {
-		d.migrations = map[string]driver.MigrationStatus{}
-	}
-	st, started := d.migrations[m.UID]
-	if started && st.ID == t.ID && st.Phase != driver.MigrationRunning {
-		d.mu.Unlock()
-		return st, nil
-	}
-	if t.Cancel {
-		defer d.mu.Unlock()
-		st = driver.MigrationStatus{ID: t.ID, Phase: driver.MigrationFailed, FinishedAt: time.Now(), Message: "cancelled"}
-		d.migrations[m.UID] = st
-		return st, nil
-	}
-	g, here := d.guests[m.UID]
-	switch {
-	case !here:
-		d.mu.Unlock()
-		return driver.MigrationStatus{}, driver.NotFoundf("guest %s not found", m.UID)
-	case g.obs.Phase != driver.PhaseRunning:
-		d.mu.Unlock()
-		return driver.MigrationStatus{}, driver.Terminalf("guest %s is %s, not Running", m.UID, g.obs.Phase)
-	case !started || st.ID != t.ID:
-		st = driver.MigrationStatus{ID: t.ID, Phase: driver.MigrationRunning, StartedAt: time.Now(), TotalBytes: m.MemoryBytes}
-		d.migrations[m.UID] = st
-		d.mu.Unlock()
-		return st, nil
-	}
+	st, g, over, err := d.begin("Migrate", m, t.ID, t.Cancel)
 	to := d.reach[t.URI]
 	d.mu.Unlock()
+	if over {
+		return st, err
+	}
 
 	arrived := to != nil && to.receive(m.UID, g)
 	d.mu.Lock()
@@ -98,6 +70,42 @@ func (d *Driver) Migrate(_ context.Context, m driver.Machine, t driver.Migration
 	}
 	d.migrations[m.UID] = st
 	return st, nil
+}
+
+// begin is what Migrate and MigrateHost (op) do before the move itself,
+// with d.mu held: the call is recorded (Fail of op fails the migration), a
+// final status kept for id is returned as it is, a cancel ends the
+// migration, the guest is checked, and the first call of id starts the
+// migration. over says the caller returns st and err as they are;
+// otherwise g is the guest to move and st its running migration.
+func (d *Driver) begin(op string, m driver.Machine, id string, cancel bool) (st driver.MigrationStatus, g *guest, over bool, err error) {
+	if err := d.take(Call{Op: op, UID: m.UID, Machine: m}, new(error)); err != nil {
+		return driver.MigrationStatus{ID: id, Phase: driver.MigrationFailed, Message: err.Error()}, nil, true, nil
+	}
+	if d.migrations == nil {
+		d.migrations = map[string]driver.MigrationStatus{}
+	}
+	st, started := d.migrations[m.UID]
+	if started && st.ID == id && st.Phase != driver.MigrationRunning {
+		return st, nil, true, nil
+	}
+	if cancel {
+		st = driver.MigrationStatus{ID: id, Phase: driver.MigrationFailed, FinishedAt: time.Now(), Message: "cancelled"}
+		d.migrations[m.UID] = st
+		return st, nil, true, nil
+	}
+	g, here := d.guests[m.UID]
+	switch {
+	case !here:
+		return driver.MigrationStatus{}, nil, true, driver.NotFoundf("guest %s not found", m.UID)
+	case g.obs.Phase != driver.PhaseRunning:
+		return driver.MigrationStatus{}, nil, true, driver.Terminalf("guest %s is %s, not Running", m.UID, g.obs.Phase)
+	case !started || st.ID != id:
+		st = driver.MigrationStatus{ID: id, Phase: driver.MigrationRunning, StartedAt: time.Now(), TotalBytes: m.MemoryBytes}
+		d.migrations[m.UID] = st
+		return st, nil, true, nil
+	}
+	return st, g, false, nil
 }
 
 // receive takes guest g of uid in, if the node was prepared for it, and
@@ -128,26 +136,9 @@ var _ driver.HostMigrator = (*Driver)(nil)
 func (d *Driver) MigrateHost(_ context.Context, m driver.Machine, id, host string) (driver.MigrationStatus, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := d.take(Call{Op: "MigrateHost", UID: m.UID, Machine: m}, new(error)); err != nil {
-		return driver.MigrationStatus{ID: id, Phase: driver.MigrationFailed, Message: err.Error()}, nil
-	}
-	if d.migrations == nil {
-		d.migrations = map[string]driver.MigrationStatus{}
-	}
-	st, started := d.migrations[m.UID]
-	if started && st.ID == id && st.Phase != driver.MigrationRunning {
-		return st, nil
-	}
-	g, here := d.guests[m.UID]
-	switch {
-	case !here:
-		return driver.MigrationStatus{}, driver.NotFoundf("guest %s not found", m.UID)
-	case g.obs.Phase != driver.PhaseRunning:
-		return driver.MigrationStatus{}, driver.Terminalf("guest %s is %s, not Running", m.UID, g.obs.Phase)
-	case !started || st.ID != id:
-		st = driver.MigrationStatus{ID: id, Phase: driver.MigrationRunning, StartedAt: time.Now(), TotalBytes: m.MemoryBytes}
-		d.migrations[m.UID] = st
-		return st, nil
+	st, g, over, err := d.begin("MigrateHost", m, id, false)
+	if over {
+		return st, err
 	}
 	if host == "" {
 		host = d.Node + "-other"
