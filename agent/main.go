@@ -28,6 +28,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/internal/app"
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	"github.com/virtfleet/virtfleet/internal/flagenv"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 func main() {
@@ -70,6 +71,8 @@ func run() error {
 		cpuRatio     = fs.Float64("cpu-allocation-ratio", app.DefaultCPUAllocationRatio, "vCPUs offered to placement per host CPU.")
 		memoryRatio  = fs.Float64("memory-allocation-ratio", app.DefaultMemoryAllocationRatio, "Guest memory offered to placement per byte of host memory; 1 means no overcommit. Raise it on libvirt's test driver, whose hosts have 3 GiB (make run uses 4).")
 		migrationURI = fs.String("migration-uri", "", "Where other nodes' hypervisors reach this node's to migrate guests here live (libvirt: a URI such as qemu+tls://HOST/system; the guest's memory and disks go to HOST); empty means the node receives no live migration.")
+		consoles     = fs.Int("console-sessions", natswire.DefaultConsoleSessions, "Console sessions (serial or VNC, opened by the hub) the node serves at once; more are refused as busy.")
+		consoleRate  = fs.Int("console-bytes-per-second", natswire.DefaultConsoleBytesPerSecond, "Bytes per second each console session carries in each direction.")
 		metricsAddr  = fs.String("metrics-bind-address", ":8090", "Address the Prometheus metrics endpoint (/metrics) listens on; 0 serves none.")
 		debug        = fs.Bool("debug", false, "Log at debug level.")
 	)
@@ -146,6 +149,8 @@ func run() error {
 		MemoryAllocationRatio: *memoryRatio,
 		MetricsAddress:        *metricsAddr,
 		MigrationURI:          *migrationURI,
+		ConsoleSessions:       *consoles,
+		ConsoleBytesPerSecond: *consoleRate,
 		Log:                   log,
 	})
 }

@@ -8,7 +8,8 @@
 //   - create an ordered consumer on the intents stream whose filter is N's
 //     keys, and direct-get N's intents and reports by subject;
 //   - publish to its own report keys and its own heartbeat key;
-//   - receive replies on its own inbox prefix, _INBOX_N.
+//   - receive replies on its own inbox prefix, _INBOX_N;
+//   - serve N's console sessions (see AgentPermissions).
 //
 // It gets no STREAM.INFO: that request takes a subjects filter in its body,
 // which subject permissions cannot see, and would list other nodes' keys. The
@@ -64,8 +65,20 @@ func InboxPrefix(name string) string {
 
 // AgentPermissions are the permissions of node's agent, named as Kubernetes
 // names the node; its keys carry the node's token (wire.NodeToken).
+//
+// Of the console subjects (wire.ConsoleOpenSubject) the agent may receive
+// only its own node's opens and sessions' input, and send only its own
+// sessions' output. So it can neither open a console (only the hub, which
+// alone may publish opens, can), nor read the keystrokes or the display of
+// another node's guest, nor forge another node's output. It may not publish
+// to the hub's inbox either: the session subjects carry the answer, so a
+// console needs no reply subject.
 func AgentPermissions(node string) (Permissions, error) {
 	prefix, err := wire.NodeKeyPrefix(node)
+	if err != nil {
+		return Permissions{}, err
+	}
+	console, err := wire.ConsoleNodePrefix(node)
 	if err != nil {
 		return Permissions{}, err
 	}
@@ -92,17 +105,24 @@ func AgentPermissions(node string) (Permissions, error) {
 			"$JS.FC." + intents + ".>",
 			ownReports,
 			ownHeartbeat,
+			console + "*.out",
 		},
-		Subscribe: []string{InboxPrefix(node) + ".>"},
+		Subscribe: []string{
+			InboxPrefix(node) + ".>",
+			console + "open",
+			console + "*.in",
+		},
 	}, nil
 }
 
 // HubPermissions are the permissions of the hub: it creates the buckets,
-// writes intents, and reads everything.
+// writes intents, and reads everything. It opens every node's console
+// sessions, sends their input and reads their output.
 func HubPermissions() Permissions {
+	consoles := wire.ConsoleSubjects + ".>"
 	return Permissions{
-		Publish:   []string{"$JS.API.>", "$JS.FC.>", "$JS.ACK.>", "$KV.>"},
-		Subscribe: []string{InboxPrefix(HubName) + ".>"},
+		Publish:   []string{"$JS.API.>", "$JS.FC.>", "$JS.ACK.>", "$KV.>", consoles},
+		Subscribe: []string{InboxPrefix(HubName) + ".>", consoles},
 	}
 }
 

@@ -10,6 +10,7 @@ package app
 
 import (
 	"context"
+	"io"
 	"math"
 	"strings"
 	"sync"
@@ -95,6 +96,16 @@ func Run(ctx context.Context, cfg Config) error {
 			cancel()
 		}
 	})
+	if c, ok := drv.(driver.Consoler); ok {
+		limits := natswire.ConsoleLimits{Sessions: cfg.ConsoleSessions, BytesPerSecond: cfg.ConsoleBytesPerSecond}
+		wg.Go(func() {
+			// Consoles are a convenience: without them the node still
+			// runs its guests, so a failure here stops nothing else.
+			if err := natswire.ServeConsoles(ctx, nc, cfg.Node, limits, log, openConsole(c)); err != nil {
+				log.Info("Cannot serve consoles", "error", err)
+			}
+		})
+	}
 	hb := &heartbeat{cfg: cfg, driver: drv, log: log}
 	wg.Go(func() {
 		bus.RunHeartbeat(ctx, b, cfg.HeartbeatInterval, log, func() wire.NodeHeartbeat { return hb.next(ctx) })
@@ -105,6 +116,25 @@ func Run(ctx context.Context, cfg Config) error {
 	wg.Wait()
 	log.Info("Agent stopped")
 	return watchErr
+}
+
+// openConsole opens the consoles the hub asks for through c, refusing with
+// the reason the driver's error gives: a guest not on the node is NotFound,
+// a Terminal error (guest not running, no such console, console held) is
+// Unavailable; any other error ServeConsoles refuses as Failed.
+func openConsole(c driver.Consoler) func(context.Context, wire.ConsoleOpen) (io.ReadWriteCloser, error) {
+	return func(ctx context.Context, o wire.ConsoleOpen) (io.ReadWriteCloser, error) {
+		s, err := c.OpenConsole(ctx, o.UID, driver.ConsoleKind(o.Kind))
+		switch {
+		case err == nil:
+			return s, nil
+		case driver.IsNotFound(err):
+			return nil, &natswire.ConsoleRefusedError{Reason: wire.ConsoleNotFound, Message: err.Error()}
+		case driver.IsTerminal(err):
+			return nil, &natswire.ConsoleRefusedError{Reason: wire.ConsoleUnavailable, Message: err.Error()}
+		}
+		return nil, err
+	}
 }
 
 // connect opens the node's NATS connection. It does not wait for a server:

@@ -80,6 +80,12 @@ type Config struct {
 	// backend can receive one (driver.Migrator); empty announces none, and
 	// the hub then never migrates a guest to or from this node.
 	MigrationURI string
+	// ConsoleSessions is how many console sessions the node serves at
+	// once; 0 means natswire.DefaultConsoleSessions.
+	ConsoleSessions int
+	// ConsoleBytesPerSecond bounds each console session in each direction;
+	// 0 means natswire.DefaultConsoleBytesPerSecond.
+	ConsoleBytesPerSecond int
 	// Metrics are the agent's metrics; nil means the process's
 	// (metrics.DefaultAgent). A test that runs several agents in one
 	// process gives each its own, or their guest counts mix.
@@ -133,6 +139,12 @@ func (c *Config) validate() error {
 	}
 	if c.CPUAllocationRatio < 0 || c.MemoryAllocationRatio < 0 {
 		return errors.New("allocation ratios must be positive")
+	}
+	if c.ConsoleSessions < 0 {
+		return errors.Errorf("--console-sessions must not be negative, got %d", c.ConsoleSessions)
+	}
+	if c.ConsoleBytesPerSecond < 0 {
+		return errors.Errorf("--console-bytes-per-second must not be negative, got %d", c.ConsoleBytesPerSecond)
 	}
 	return nil
 }

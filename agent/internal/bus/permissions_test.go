@@ -59,6 +59,25 @@ func publishAcked(nc *nats.Conn, subj string) error {
 	return err
 }
 
+// delivered subscribes sub to subj, publishes on it from pub and fails
+// unless the message arrives: a refused subscription or publication is
+// never delivered.
+func delivered(pub, sub *nats.Conn, subj string) error {
+	s, err := sub.SubscribeSync(subj)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = s.Unsubscribe() }()
+	if err := sub.Flush(); err != nil {
+		return err
+	}
+	if err := pub.Publish(subj, []byte("x")); err != nil {
+		return err
+	}
+	_, err = s.NextMsg(refusedAfter)
+	return err
+}
+
 func subscribe(nc *nats.Conn, subj string) error {
 	sub, err := nc.SubscribeSync(subj)
 	if err != nil {
@@ -79,6 +98,13 @@ func TestAgentPermissions(t *testing.T) {
 
 	own := wire.Subject(wire.BucketIntents, "node1.>")
 	theirs := wire.Subject(wire.BucketIntents, "node2.>")
+	hub := f.js.Conn()
+	// Console subjects (wire.ConsoleOpenSubject and the session subjects).
+	const (
+		ownOpen, theirOpen = "virtfleet.console.node1.open", "virtfleet.console.node2.open"
+		ownIn, theirIn     = "virtfleet.console.node1.s1.in", "virtfleet.console.node2.s1.in"
+		ownOut, theirOut   = "virtfleet.console.node1.s1.out", "virtfleet.console.node2.s1.out"
+	)
 	consumer := func(filter string) map[string]any {
 		return map[string]any{"stream_name": "KV_intents", "config": map[string]any{
 			"filter_subject": filter, "deliver_policy": "last_per_subject", "ack_policy": "none", "deliver_subject": "_INBOX_node1.x",
@@ -185,6 +211,31 @@ func TestAgentPermissions(t *testing.T) {
 		"CannotWriteOwnIntent":           {wantViolation: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.intents.node1.vm-a") }},
 		"CannotWriteOtherNodesIntent":    {wantViolation: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.intents.node2.vm-b") }},
 
+		// Consoles: the agent serves its own node's sessions, which only the
+		// hub opens, and sees nothing of another node's.
+		"ReceivesOwnConsoleOpens":     {allowed: true, op: func(nc *nats.Conn) error { return delivered(hub, nc, ownOpen) }},
+		"ReadsOwnConsoleInput":        {allowed: true, op: func(nc *nats.Conn) error { return delivered(hub, nc, ownIn) }},
+		"WritesOwnConsoleOutput":      {allowed: true, op: func(nc *nats.Conn) error { return delivered(nc, hub, ownOut) }},
+		"CannotOpenOwnConsole":        {wantViolation: true, op: func(nc *nats.Conn) error { return delivered(nc, hub, ownOpen) }},
+		"CannotOpenOtherNodesConsole": {wantViolation: true, op: func(nc *nats.Conn) error { return delivered(nc, hub, theirOpen) }},
+		"CannotReceiveOtherNodesConsoleOpens": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return delivered(hub, nc, theirOpen)
+		}},
+		"CannotReadOtherNodesConsoleInput":   {wantViolation: true, op: func(nc *nats.Conn) error { return delivered(hub, nc, theirIn) }},
+		"CannotReadOtherNodesConsoleOutput":  {wantViolation: true, op: func(nc *nats.Conn) error { return delivered(hub, nc, theirOut) }},
+		"CannotForgeOtherNodesConsoleOutput": {wantViolation: true, op: func(nc *nats.Conn) error { return delivered(nc, hub, theirOut) }},
+		"CannotWriteOtherNodesConsoleInput":  {wantViolation: true, op: func(nc *nats.Conn) error { return delivered(nc, hub, theirIn) }},
+		"CannotWriteConsoleInput":            {wantViolation: true, op: func(nc *nats.Conn) error { return delivered(nc, hub, ownIn) }},
+		"CannotListenToEveryConsole": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return delivered(hub, nc, "virtfleet.console.>")
+		}},
+		"CannotListenToEveryNodesConsoleOpens": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return delivered(hub, nc, "virtfleet.console.*.open")
+		}},
+		"CannotPublishOnTheHubsInbox": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return delivered(nc, hub, natswire.InboxPrefix(natswire.HubName)+".x")
+		}},
+
 		// Administering JetStream.
 		"CannotDeleteBucket": {wantViolation: true, op: func(nc *nats.Conn) error {
 			return apiOK(request(nc, "$JS.API.STREAM.DELETE.KV_intents", nil))
@@ -237,4 +288,43 @@ func TestAgentCannotActAsAnotherAgent(t *testing.T) {
 	}
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "Authorization Violation")
+}
+
+// TestHubConsolePermissions: the hub opens any node's console sessions,
+// sends their input and reads their output.
+func TestHubConsolePermissions(t *testing.T) {
+	f := newFleet(t)
+	hub := f.js.Conn()
+	cases := map[string]struct {
+		node    string
+		subject string
+		// fromHub: the hub publishes and the node's agent receives;
+		// otherwise the agent publishes and the hub receives.
+		fromHub bool
+	}{
+		"OpensNode1sConsole":       {node: "node1", subject: "virtfleet.console.node1.open", fromHub: true},
+		"OpensNode2sConsole":       {node: "node2", subject: "virtfleet.console.node2.open", fromHub: true},
+		"SendsInputToNode2":        {node: "node2", subject: "virtfleet.console.node2.s1.in", fromHub: true},
+		"ReadsOutputOfNode2":       {node: "node2", subject: "virtfleet.console.node2.s1.out"},
+		"ReadsEveryNodesOutputToo": {node: "node1", subject: "virtfleet.console.*.*.out"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			agent, agentAsync := natstest.Connect(t, f.srv, f.agents[tc.node])
+			if tc.fromHub {
+				require.NoError(t, delivered(hub, agent, tc.subject))
+			} else {
+				// The agent publishes on its own subject; the hub may
+				// listen with wildcards.
+				s, err := hub.SubscribeSync(tc.subject)
+				require.NoError(t, err)
+				defer func() { _ = s.Unsubscribe() }()
+				require.NoError(t, hub.Flush())
+				require.NoError(t, agent.Publish("virtfleet.console."+tc.node+".s1.out", []byte("x")))
+				_, err = s.NextMsg(time.Second)
+				require.NoError(t, err)
+			}
+			assert.False(t, agentAsync.WaitForViolation(50*time.Millisecond), "neither side may cause a violation")
+		})
+	}
 }

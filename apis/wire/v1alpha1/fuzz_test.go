@@ -67,6 +67,12 @@ func FuzzDecodeImageReport(f *testing.F) {
 	fuzzDecode(f, DecodeImageReport, EncodeImageReport, exampleImageReport(), importing)
 }
 
+func FuzzDecodeConsoleOpen(f *testing.F) {
+	serial := exampleConsoleOpen()
+	serial.Kind = ConsoleSerial
+	fuzzDecode(f, DecodeConsoleOpen, EncodeConsoleOpen, exampleConsoleOpen(), serial)
+}
+
 func FuzzParseKey(f *testing.F) {
 	for _, k := range []string{"node1.abc", "node1.volume.abc", "node1.image.abc", "node1", "..", "a.>", "*.b"} {
 		f.Add(k)

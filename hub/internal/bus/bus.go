@@ -6,6 +6,7 @@ package bus
 import (
 	"context"
 	"fmt"
+	"io"
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
@@ -50,6 +51,14 @@ type Bus interface {
 	WatchReports(ctx context.Context, fn func(ReportEvent)) error
 	// WatchNodes calls fn for every heartbeat and every node lost.
 	WatchNodes(ctx context.Context, fn func(NodeEvent)) error
+	// OpenConsole opens a session to console open.Kind of guest open.UID
+	// on node, through that node's agent, and returns its stream (see
+	// natswire.DialConsole): reads yield the guest's output, writes reach
+	// the guest, Close ends the session. An open without a session gets a
+	// fresh one. ctx bounds the opening only. A node that refuses returns a
+	// *natswire.ConsoleRefusedError; one that does not answer, an error
+	// saying so.
+	OpenConsole(ctx context.Context, node string, open wire.ConsoleOpen) (io.ReadWriteCloser, error)
 }
 
 // ReportEvent is the state of one guest's report key, or, with Volume set,

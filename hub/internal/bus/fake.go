@@ -2,16 +2,26 @@ package bus
 
 import (
 	"context"
+	"io"
 	"reflect"
 	"sync"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // Fake is an in-memory Bus for unit tests of code above the bus. It keeps the
 // Bus contract (idempotent writes, key validation, current state first on
 // watch) and lets a test play the agents with SetReport and SetNode.
 type Fake struct {
+	// Consoles plays the node's agent answering OpenConsole: it gets
+	// the node and the open (with its session and protocol version set)
+	// and returns the stream, or a *natswire.ConsoleRefusedError. Nil
+	// refuses every console. Set it before the Fake is in use.
+	Consoles func(node string, open wire.ConsoleOpen) (io.ReadWriteCloser, error)
+
 	mu       sync.Mutex
 	rev      uint64
 	intents  map[string]wire.Intent       // by "<node>.<uid>"
@@ -242,6 +252,28 @@ func (f *Fake) WatchReports(ctx context.Context, fn func(ReportEvent)) error {
 // WatchNodes implements Bus.
 func (f *Fake) WatchNodes(ctx context.Context, fn func(NodeEvent)) error {
 	return fakeWatch(ctx, &f.mu, f.nodeKV, &f.nodes, fn, nil)
+}
+
+// OpenConsole implements Bus: it checks node and open as the NATS bus does,
+// then asks Consoles.
+func (f *Fake) OpenConsole(_ context.Context, node string, open wire.ConsoleOpen) (io.ReadWriteCloser, error) {
+	if err := f.isDown(); err != nil {
+		return nil, err
+	}
+	if open.Session == "" {
+		open.Session = natswire.NewConsoleSession()
+	}
+	if _, err := wire.ConsoleOpenSubject(node); err != nil {
+		return nil, err
+	}
+	if err := open.Validate(); err != nil {
+		return nil, err
+	}
+	open.ProtocolVersion = wire.ProtocolVersion
+	if f.Consoles == nil {
+		return nil, errors.Errorf("node %s did not answer the console open: the fake bus has no Consoles", node)
+	}
+	return f.Consoles(node, open)
 }
 
 // fakeWatch delivers the current state, then synced if set, registers fn for changes until ctx is

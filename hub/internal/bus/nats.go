@@ -3,6 +3,7 @@ package bus
 import (
 	"bytes"
 	"context"
+	"io"
 	"strings"
 	"sync"
 	"time"
@@ -439,4 +440,9 @@ func nodeEvent(key string, rev uint64, lost bool, value []byte) (NodeEvent, erro
 		return NodeEvent{}, &natswire.MismatchError{Key: key, Want: node, Got: ev.Heartbeat.Node}
 	}
 	return ev, nil
+}
+
+// OpenConsole implements Bus over the bus's own connection.
+func (n *NATS) OpenConsole(ctx context.Context, node string, open wire.ConsoleOpen) (io.ReadWriteCloser, error) {
+	return natswire.DialConsole(ctx, n.nc, node, open)
 }
