@@ -40,6 +40,29 @@ type Driver interface {
 	// new guest never restarts right away. RestartCount grows by one per
 	// restart performed.
 	//
+	// Resets are folded in the same way: a running or paused guest is
+	// reset once (restarted at once, as by its reset button: no ACPI, no
+	// shutdown inside the guest) when m.ResetNonce is non-empty and differs
+	// from the last reset nonce it handled; the nonce a guest is created or
+	// started with counts as handled, and each reset performed adds one to
+	// RestartCount. A restart and a reset asked for at once are one
+	// restart. A reset is recorded before it is made, so it is never made
+	// twice. Where the backend resets a guest in place (libvirt, Nova) a
+	// new shape still waits for the next start or restart; a backend
+	// without a hard reset (KubeVirt) restarts the guest the hardest way it
+	// has instead.
+	//
+	// m.Paused pauses a running guest: its vCPUs stop, its memory is kept,
+	// and Observe reports PhasePaused until an Ensure without m.Paused
+	// resumes it. It applies only while m.Running is set: a stopped guest
+	// stays stopped, running false shuts a paused guest down, and a guest
+	// started with m.Paused is paused as soon as it runs (the Ensure that
+	// starts it may return before it is paused; a later one pauses it).
+	// Without m.Paused a guest paused behind the driver's back is resumed.
+	// A restart or reset of a paused guest leaves it paused afterwards. A
+	// guest the hypervisor halted on a fault is Failed, never paused nor
+	// resumed: only a restart or a stop and start gets it out.
+	//
 	// A missing disk with an Image is made from that image, which Ensure
 	// first makes present on the node: imported once per node however many
 	// disks and guests use it, concurrent Ensures sharing one import, verified
@@ -132,6 +155,17 @@ type Machine struct {
 	Running bool
 	// RestartNonce requests one restart per distinct value; empty means none.
 	RestartNonce string
+	// Paused asks that the running guest be paused (see Ensure).
+	//
+	// Paused and ResetNonce ask for acts on the running guest, never for
+	// its shape, so they are left out of the Machine's JSON, which a
+	// driver may hash to tell a changed shape (libvirt's specHash): pausing
+	// or resetting a guest never redefines it nor makes it RestartRequired,
+	// and guests defined before these fields existed keep their hash.
+	Paused bool `json:"-"`
+	// ResetNonce requests one hard reset per distinct value; empty means
+	// none.
+	ResetNonce string `json:"-"`
 
 	// Disks are attached in order; the first is the boot disk.
 	Disks []Disk
@@ -331,6 +365,7 @@ const (
 	PhaseProvisioning Phase = "Provisioning"
 	PhaseStarting     Phase = "Starting"
 	PhaseRunning      Phase = "Running"
+	PhasePaused       Phase = "Paused"
 	PhaseStopping     Phase = "Stopping"
 	PhaseStopped      Phase = "Stopped"
 	PhaseFailed       Phase = "Failed"
@@ -348,7 +383,7 @@ const (
 // driver to the protocol. So the three are spelled alike, which
 // TestPhasesAreTheSameAcrossDriverWireAndAPI pins, and each conversion is
 // checked: a name its target does not know becomes Unknown.
-var Phases = []Phase{PhasePending, PhaseScheduled, PhaseProvisioning, PhaseStarting, PhaseRunning, PhaseStopping, PhaseStopped, PhaseFailed, PhaseUnknown, PhaseDeleting}
+var Phases = []Phase{PhasePending, PhaseScheduled, PhaseProvisioning, PhaseStarting, PhaseRunning, PhasePaused, PhaseStopping, PhaseStopped, PhaseFailed, PhaseUnknown, PhaseDeleting}
 
 // Observation is what a driver sees of one guest.
 type Observation struct {

@@ -30,6 +30,7 @@ func TestPhasesAreTheSameAcrossDriverWireAndAPI(t *testing.T) {
 		{driver.PhaseProvisioning, wire.PhaseProvisioning, v1alpha1.PhaseProvisioning},
 		{driver.PhaseStarting, wire.PhaseStarting, v1alpha1.PhaseStarting},
 		{driver.PhaseRunning, wire.PhaseRunning, v1alpha1.PhaseRunning},
+		{driver.PhasePaused, wire.PhasePaused, v1alpha1.PhasePaused},
 		{driver.PhaseStopping, wire.PhaseStopping, v1alpha1.PhaseStopping},
 		{driver.PhaseStopped, wire.PhaseStopped, v1alpha1.PhaseStopped},
 		{driver.PhaseFailed, wire.PhaseFailed, v1alpha1.PhaseFailed},

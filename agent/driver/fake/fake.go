@@ -27,8 +27,8 @@ type Call struct {
 	Disk driver.Disk
 }
 
-// Driver is a recording in-memory driver. Guests become Running or Stopped at
-// once. Set a Next<Op>Err field to make the next call of that operation
+// Driver is a recording in-memory driver. Guests become Running, Paused or
+// Stopped at once. Set a Next<Op>Err field to make the next call of that operation
 // return the error (it is then cleared); Fail makes every call of an
 // operation about one guest fail until it is cleared. A failed call is still
 // recorded, so Attempts counts it.
@@ -89,6 +89,8 @@ type guest struct {
 	applied   driver.Machine
 	obs       driver.Observation
 	lastNonce string
+	// lastReset is the last reset nonce handled.
+	lastReset string
 }
 
 type failure struct{ op, uid string }
@@ -186,8 +188,10 @@ func (d *Driver) take(c Call, next *error) error {
 }
 
 // Ensure implements driver.Driver. Like a real backend it applies a new
-// shape to a running guest only at its next start or restart, and reports
-// RestartRequired until then.
+// shape to a running guest only at its next start or restart (a reset
+// restarts the guest in place, on its old shape), and reports
+// RestartRequired until then. A restart and a reset asked for at once are
+// one restart.
 func (d *Driver) Ensure(_ context.Context, m driver.Machine) (driver.Observation, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -196,14 +200,14 @@ func (d *Driver) Ensure(_ context.Context, m driver.Machine) (driver.Observation
 	}
 	g, ok := d.guests[m.UID]
 	if !ok {
-		g = &guest{lastNonce: m.RestartNonce, obs: driver.Observation{UID: m.UID, ID: m.UID, Node: d.Node}}
+		g = &guest{lastNonce: m.RestartNonce, lastReset: m.ResetNonce, obs: driver.Observation{UID: m.UID, ID: m.UID, Node: d.Node}}
 		d.guests[m.UID] = g
 	}
 	g.obs.VCPU, g.obs.MemoryBytes = m.VCPU, m.MemoryBytes
 	if g.applied.VCPU != 0 {
 		g.obs.VCPU, g.obs.MemoryBytes = g.applied.VCPU, g.applied.MemoryBytes
 	}
-	running := g.obs.Phase == driver.PhaseRunning
+	running := g.obs.Phase == driver.PhaseRunning || g.obs.Phase == driver.PhasePaused
 	switch {
 	case !m.Running:
 		g.obs.Phase = driver.PhaseStopped
@@ -213,19 +217,31 @@ func (d *Driver) Ensure(_ context.Context, m driver.Machine) (driver.Observation
 	case m.RestartNonce != "" && m.RestartNonce != g.lastNonce:
 		g.obs.RestartCount++
 		g.applied = m
+	case m.ResetNonce != "" && m.ResetNonce != g.lastReset:
+		g.obs.RestartCount++
 	}
-	g.lastNonce = m.RestartNonce
+	g.lastNonce, g.lastReset = m.RestartNonce, m.ResetNonce
+	if m.Running {
+		g.obs.Phase = driver.PhaseRunning
+		if m.Paused {
+			g.obs.Phase = driver.PhasePaused
+		}
+	}
 	g.machine = m
-	g.obs.RestartRequired = g.obs.Phase == driver.PhaseRunning && !sameShape(g.applied, m)
+	g.obs.RestartRequired = g.obs.Phase != driver.PhaseStopped && !sameShape(g.applied, m)
 	return g.obs, nil
 }
 
 // sameShape compares what a guest is made of, not how it is asked to run
 // nor which VM owns it.
 func sameShape(a, b driver.Machine) bool {
-	a.Running, a.RestartNonce, a.Generation, a.UID = false, "", 0, ""
-	b.Running, b.RestartNonce, b.Generation, b.UID = false, "", 0, ""
-	return reflect.DeepEqual(a, b)
+	return reflect.DeepEqual(shapeOf(a), shapeOf(b))
+}
+
+// shapeOf is m without how it is asked to run nor which VM owns it.
+func shapeOf(m driver.Machine) driver.Machine {
+	m.Running, m.Paused, m.RestartNonce, m.ResetNonce, m.Generation, m.UID = false, false, "", "", 0, ""
+	return m
 }
 
 // AddForeign puts a guest virtfleet never made on the node, running with
@@ -319,7 +335,7 @@ func (d *Driver) Claim(_ context.Context, m driver.Machine, ref driver.Ref) erro
 	delete(from, k)
 	g.obs.UID, g.obs.OrphanOf = m.UID, nil
 	g.machine.UID, g.machine.Namespace, g.machine.Name = m.UID, m.Namespace, m.Name
-	g.lastNonce = m.RestartNonce
+	g.lastNonce, g.lastReset = m.RestartNonce, m.ResetNonce
 	d.guests[m.UID] = g
 	return nil
 }

@@ -185,3 +185,42 @@ func ops(calls []Call) []string {
 	}
 	return out
 }
+
+// TestPauseAndReset walks one guest through the contract's pause and reset
+// rules, each step from the Machine the one before left.
+func TestPauseAndReset(t *testing.T) {
+	ctx := context.Background()
+	d := New("node-a")
+	m := driver.Machine{UID: uid, VCPU: 2, MemoryBytes: 1 << 30, Running: true, ResetNonce: "r0"}
+	steps := []struct {
+		name            string
+		change          func(m *driver.Machine)
+		phase           driver.Phase
+		restarts        int32
+		restartRequired bool
+	}{
+		{name: "TheNonceANewGuestStartsWithIsHandled", change: func(*driver.Machine) {}, phase: driver.PhaseRunning},
+		{name: "PausedPausesIt", change: func(m *driver.Machine) { m.Paused = true }, phase: driver.PhasePaused},
+		{name: "ItStaysPaused", change: func(*driver.Machine) {}, phase: driver.PhasePaused},
+		{name: "ANewResetNonceResetsItOnceAndItStaysPaused", change: func(m *driver.Machine) { m.ResetNonce = "r1" }, phase: driver.PhasePaused, restarts: 1},
+		{name: "TheSameResetNonceDoesNothing", change: func(*driver.Machine) {}, phase: driver.PhasePaused, restarts: 1},
+		{name: "NotPausedResumesIt", change: func(m *driver.Machine) { m.Paused = false }, phase: driver.PhaseRunning, restarts: 1},
+		{name: "NoNonceAsksForNothing", change: func(m *driver.Machine) { m.ResetNonce = "" }, phase: driver.PhaseRunning, restarts: 1},
+		{name: "TheLastNonceAskedForAgainResetsAgain", change: func(m *driver.Machine) { m.ResetNonce = "r1" }, phase: driver.PhaseRunning, restarts: 2},
+		{name: "AResetDoesNotApplyANewShape", change: func(m *driver.Machine) { m.VCPU, m.ResetNonce = 4, "r2" }, phase: driver.PhaseRunning, restarts: 3, restartRequired: true},
+		{name: "ARestartAndAResetAtOnceAreOneRestart", change: func(m *driver.Machine) { m.RestartNonce, m.ResetNonce = "t1", "r3" }, phase: driver.PhaseRunning, restarts: 4},
+		{name: "RunningFalseWinsOverPaused", change: func(m *driver.Machine) { m.Running, m.Paused = false, true }, phase: driver.PhaseStopped, restarts: 4},
+		{name: "AResetOfAStoppedGuestIsHandledByItsStart", change: func(m *driver.Machine) { m.ResetNonce = "r4" }, phase: driver.PhaseStopped, restarts: 4},
+		{name: "AGuestStartedPausedIsPaused", change: func(m *driver.Machine) { m.Running = true }, phase: driver.PhasePaused, restarts: 4},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			s.change(&m)
+			o, err := d.Ensure(ctx, m)
+			require.NoError(t, err)
+			assert.Equal(t, s.phase, o.Phase)
+			assert.Equal(t, s.restarts, o.RestartCount)
+			assert.Equal(t, s.restartRequired, o.RestartRequired, "restartRequired")
+		})
+	}
+}

@@ -240,6 +240,35 @@ func TestReconciler(t *testing.T) {
 			rep, _ := h.reports.get("a")
 			assert.Equal(t, int32(1), rep.RestartCount, "one restart per nonce")
 		}},
+		{"a paused intent pauses the guest and reports Paused; without it the guest runs again", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a"))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			h.put(intent("a", func(in *wire.Intent) { in.Paused = true }))
+			rep := h.eventually("a", phase(wire.PhasePaused), "guest should be reported Paused")
+			assert.True(t, h.lastEnsure("a").Paused, "the driver is asked to pause the guest")
+			assert.Equal(t, int32(0), rep.RestartCount, "a pause is no restart")
+			h.put(intent("a"))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run again")
+			assert.False(t, h.lastEnsure("a").Paused)
+		}},
+		{"a paused intent of a stopped guest leaves it stopped", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a", func(in *wire.Intent) { in.Running, in.Paused = false, true }))
+			h.eventually("a", phase(wire.PhaseStopped), "running false wins")
+		}},
+		{"a new reset nonce resets once and counts as a restart", func(t *testing.T, h *harness) {
+			h.synced()
+			h.put(intent("a", func(in *wire.Intent) { in.ResetNonce = "r0" }))
+			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			h.put(intent("a", func(in *wire.Intent) { in.ResetNonce = "r1" }))
+			h.eventually("a", func(r wire.Report) bool { return r.RestartCount == 1 }, "the reset should be counted")
+			assert.Equal(t, "r1", h.lastEnsure("a").ResetNonce, "the driver is given the nonce")
+			h.put(intent("a", func(in *wire.Intent) { in.ResetNonce = "r1" }))
+			h.reconcileAgain("a")
+			rep, _ := h.reports.get("a")
+			assert.Equal(t, int32(1), rep.RestartCount, "one reset per nonce")
+		}},
 		{"a deleted intent deletes the guest, then its report", func(t *testing.T, h *harness) {
 			h.synced()
 			h.put(intent("a"))

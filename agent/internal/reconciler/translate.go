@@ -43,6 +43,8 @@ func machine(in wire.Intent) (driver.Machine, error) {
 		Firmware:     driver.Firmware(spec.Firmware),
 		Running:      in.Running,
 		RestartNonce: in.RestartNonce,
+		Paused:       in.Paused,
+		ResetNonce:   in.ResetNonce,
 	}
 	for i, d := range spec.Disks {
 		if d.Name == "" {

@@ -156,3 +156,18 @@ func machineOrRefused(t *testing.T, in wire.Intent, wantErr string) (driver.Mach
 	require.NoError(t, err)
 	return m, true
 }
+
+// TestMachineCarriesThePowerRequests: what the hub asks of the running
+// guest reaches the driver as it was asked.
+func TestMachineCarriesThePowerRequests(t *testing.T) {
+	in := wire.Intent{UID: "a", Namespace: "team-a", Name: "vm", Running: true, RestartNonce: "t1", Paused: true, ResetNonce: "r1", Machine: wire.Machine{
+		VCPU: 1, MemoryBytes: 1 << 20,
+		Disks: []wire.Disk{{Name: "root", SizeBytes: 1 << 30}},
+	}}
+	m, err := machine(in)
+	require.NoError(t, err)
+	assert.True(t, m.Running)
+	assert.True(t, m.Paused)
+	assert.Equal(t, "t1", m.RestartNonce)
+	assert.Equal(t, "r1", m.ResetNonce)
+}

@@ -22,6 +22,26 @@ const (
 	// (kubectl annotate vm NAME compute.virtfleet.io/restart-requested-at="$(date -Is)").
 	AnnotationRestartRequestedAt = Group + "/restart-requested-at"
 
+	// AnnotationPaused, set to "true", pauses a running VirtualMachine: its
+	// guest's vCPUs stop and its memory is kept, so it runs no instruction
+	// and answers nothing until the annotation is removed (or set to any
+	// other value), which resumes it where it was. The phase is Paused
+	// meanwhile, and the VM is not Ready. Only a guest that should run is
+	// paused: running false wins, and a stopped VM stays stopped; a VM
+	// started while the annotation says "true" boots and is paused as soon
+	// as it runs, and stays paused across restarts and resets. A guest the
+	// hypervisor halted on a fault stays Failed, neither paused nor
+	// resumed.
+	AnnotationPaused = Group + "/paused"
+
+	// AnnotationResetRequestedAt requests a hard reset of a VirtualMachine,
+	// like pressing its reset button: the guest restarts at once, without
+	// being asked to shut down (no ACPI), so what it has not written to
+	// disk is lost. Each new value resets a running (or paused) guest once
+	// and counts in restartCount, as AnnotationRestartRequestedAt does; the
+	// value a guest is created or started with counts as handled.
+	AnnotationResetRequestedAt = Group + "/reset-requested-at"
+
 	// AnnotationNode records the node the hub placed a resource on. It is
 	// written before the intent is published, so a hub that crashes between
 	// the two finds its earlier choice instead of placing the resource twice.

@@ -162,16 +162,18 @@ func (p *VirtualMachineParameters) IsRunning() bool {
 }
 
 // Phase is the lifecycle phase of a VirtualMachine as its node reports it.
-// +kubebuilder:validation:Enum=Pending;Scheduled;Provisioning;Starting;Running;Stopping;Stopped;Failed;Unknown;Deleting
+// +kubebuilder:validation:Enum=Pending;Scheduled;Provisioning;Starting;Running;Paused;Stopping;Stopped;Failed;Unknown;Deleting
 type Phase string
 
-// Phases, in the order a VirtualMachine usually passes them.
+// Phases, in the order a VirtualMachine usually passes them. Paused is a
+// running guest whose vCPUs are stopped, as AnnotationPaused asks.
 const (
 	PhasePending      Phase = "Pending"
 	PhaseScheduled    Phase = "Scheduled"
 	PhaseProvisioning Phase = "Provisioning"
 	PhaseStarting     Phase = "Starting"
 	PhaseRunning      Phase = "Running"
+	PhasePaused       Phase = "Paused"
 	PhaseStopping     Phase = "Stopping"
 	PhaseStopped      Phase = "Stopped"
 	PhaseFailed       Phase = "Failed"
@@ -180,7 +182,7 @@ const (
 )
 
 // Phases are the phases the CRD accepts, in the order above.
-var Phases = []Phase{PhasePending, PhaseScheduled, PhaseProvisioning, PhaseStarting, PhaseRunning, PhaseStopping, PhaseStopped, PhaseFailed, PhaseUnknown, PhaseDeleting}
+var Phases = []Phase{PhasePending, PhaseScheduled, PhaseProvisioning, PhaseStarting, PhaseRunning, PhasePaused, PhaseStopping, PhaseStopped, PhaseFailed, PhaseUnknown, PhaseDeleting}
 
 // AddressSource says how an interface's address was learned.
 // +kubebuilder:validation:Enum=lease;guest-agent;arp;backend

@@ -43,7 +43,12 @@ func TestDecodeIntent(t *testing.T) {
 		"RefusesNegativeMemory": {
 			in: []byte(`{"protocolVersion":1,"uid":"a","machine":{"memoryBytes":-1}}`), wantErr: &DecodeError{},
 		},
-		"RoundTripsAClonedImage": {in: mustJSON(t, exampleClonedIntent()), want: exampleClonedIntent()},
+		"RoundTripsAClonedImage":    {in: mustJSON(t, exampleClonedIntent()), want: exampleClonedIntent()},
+		"RoundTripsAPauseAndAReset": {in: mustJSON(t, pausedAndReset(exampleIntent())), want: pausedAndReset(exampleIntent())},
+		"ReadsPausedAndResetNonceByTheirWireNames": {
+			in:   []byte(`{"protocolVersion":1,"uid":"a","running":true,"paused":true,"resetNonce":"r1"}`),
+			want: Intent{ProtocolVersion: 1, UID: "a", Running: true, Paused: true, ResetNonce: "r1"},
+		},
 		"RefusesAnImageWithBothURLAndSourceVolume": {
 			in: mustJSON(t, withImage(exampleIntent(), func(r *ImageRef) { r.SourceVolume = exampleClonedIntent().Machine.Disks[0].Image.SourceVolume })), wantErr: &DecodeError{},
 		},
@@ -80,6 +85,7 @@ func TestDecodeReportAndHeartbeat(t *testing.T) {
 		"ReportRoundTrips":         {decode: decodeReport, in: mustJSON(t, exampleReport()), want: exampleReport()},
 		"ReportRefusesNewer":       {decode: decodeReport, in: withField(t, exampleReport(), "protocolVersion", 99), wantErr: &VersionError{}},
 		"ReportRefusesNoNode":      {decode: decodeReport, in: withField(t, exampleReport(), "node", ""), wantErr: &KeyError{}},
+		"ReportRoundTripsPaused":   {decode: decodeReport, in: withField(t, exampleReport(), "phase", "Paused"), want: withPhase(exampleReport(), PhasePaused)},
 		"HeartbeatRoundTrips":      {decode: decodeHeartbeat, in: mustJSON(t, exampleHeartbeat()), want: exampleHeartbeat()},
 		"HeartbeatIgnoresUnknowns": {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "gpus", 4), want: exampleHeartbeat()},
 		"HeartbeatRefusesNewer":    {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "protocolVersion", 2), wantErr: &VersionError{}},
@@ -165,6 +171,17 @@ func TestImageRefNamesWhatIsWrong(t *testing.T) {
 	_, err := EncodeIntent(withImage(exampleClonedIntent(), func(r *ImageRef) { r.URL = "https://x/i.qcow2" }))
 	assert.EqualError(t, err, "cannot decode intent: machine.disks[0].image: set exactly one of url or sourceVolume, not both",
 		"an image with two sources must not be written")
+}
+
+// pausedAndReset is in asking for its guest paused and reset.
+func pausedAndReset(in Intent) Intent {
+	in.Paused, in.ResetNonce = true, "2026-11-03T10:01:00Z"
+	return in
+}
+
+func withPhase(r Report, p Phase) Report {
+	r.Phase = p
+	return r
 }
 
 func decodeReport(b []byte) (any, error)    { return DecodeReport(b) }

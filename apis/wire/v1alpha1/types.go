@@ -22,9 +22,23 @@ type Intent struct {
 	Running    bool  `json:"running"`
 	// RestartNonce changes once per requested restart; an agent restarts the
 	// guest when the nonce differs from the one it last acted on.
-	RestartNonce string        `json:"restartNonce,omitempty"`
-	Machine      Machine       `json:"machine"`
-	Backend      BackendParams `json:"backend,omitempty"`
+	RestartNonce string `json:"restartNonce,omitempty"`
+	// Paused asks that a running guest be paused: its vCPUs stopped and its
+	// memory kept, until an intent without Paused resumes it. It applies
+	// only while Running is set (a stopped guest stays stopped), a guest
+	// started while it is set is paused as soon as it runs, and a guest
+	// the hypervisor halted stays Failed. The node reports PhasePaused
+	// meanwhile. An agent older than Paused ignores it, as it ignores any
+	// field it does not know, and the guest keeps running.
+	Paused bool `json:"paused,omitempty"`
+	// ResetNonce changes once per requested hard reset (the guest restarts
+	// at once, without being asked to shut down); an agent resets a running
+	// or paused guest when the nonce differs from the one it last acted on,
+	// and counts it in Report.RestartCount. The nonce a guest is created or
+	// started with counts as handled.
+	ResetNonce string        `json:"resetNonce,omitempty"`
+	Machine    Machine       `json:"machine"`
+	Backend    BackendParams `json:"backend,omitempty"`
 	// Release is the release marker the hub writes in place of the intent
 	// of a VM deleted without the Delete management policy: the node stops
 	// managing the guest, leaves it exactly as it is and remembers it as
@@ -245,6 +259,7 @@ const (
 	PhaseProvisioning Phase = "Provisioning"
 	PhaseStarting     Phase = "Starting"
 	PhaseRunning      Phase = "Running"
+	PhasePaused       Phase = "Paused"
 	PhaseStopping     Phase = "Stopping"
 	PhaseStopped      Phase = "Stopped"
 	PhaseFailed       Phase = "Failed"
@@ -253,7 +268,10 @@ const (
 )
 
 // Phases are the phases this protocol version knows, in the order above.
-var Phases = []Phase{PhasePending, PhaseScheduled, PhaseProvisioning, PhaseStarting, PhaseRunning, PhaseStopping, PhaseStopped, PhaseFailed, PhaseUnknown, PhaseDeleting}
+// A new phase needs no new protocol version: a hub shows a phase it does
+// not know as Unknown (see the hub's apiPhase), so a hub older than Paused
+// shows a paused guest Unknown rather than refusing its report.
+var Phases = []Phase{PhasePending, PhaseScheduled, PhaseProvisioning, PhaseStarting, PhaseRunning, PhasePaused, PhaseStopping, PhaseStopped, PhaseFailed, PhaseUnknown, PhaseDeleting}
 
 // Report is what a node's agent observes about one guest. It lives in
 // BucketReports under ReportKey(node, uid) and only that node's agent writes it.

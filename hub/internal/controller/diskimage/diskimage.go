@@ -271,7 +271,7 @@ func phase(image string, was v1alpha1.ImagePhase, states []vmState) (v1alpha1.Im
 			failed = s.message
 		case s.phase == v1alpha1.PhaseProvisioning && about:
 			importing = s.message
-		case s.phase == v1alpha1.PhaseStarting || s.phase == v1alpha1.PhaseRunning ||
+		case s.phase == v1alpha1.PhaseStarting || s.phase == v1alpha1.PhaseRunning || s.phase == v1alpha1.PhasePaused ||
 			s.phase == v1alpha1.PhaseStopping || s.phase == v1alpha1.PhaseStopped:
 			ready = true
 		}

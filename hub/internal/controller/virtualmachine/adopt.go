@@ -91,9 +91,9 @@ func claimOf(vm *v1alpha1.VirtualMachine) *wire.Claim {
 	return nil
 }
 
-// observeOnly is whether a resource's management policies only let the
+// ObserveOnly is whether a resource's management policies only let the
 // hub look: neither create nor update (managementPolicies [Observe]).
-func observeOnly(mg resource.Manageable) bool {
+func ObserveOnly(mg resource.Manageable) bool {
 	if len(mg.GetManagementPolicies()) == 0 {
 		return false
 	}
@@ -110,7 +110,7 @@ func observeOnly(mg resource.Manageable) bool {
 // observes carries no machine, which the node would not use.
 func withClaim(vm *v1alpha1.VirtualMachine, in wire.Intent) wire.Intent {
 	in.Claim = claimOf(vm)
-	if in.Claim != nil && observeOnly(vm) {
+	if in.Claim != nil && ObserveOnly(vm) {
 		in.ObserveOnly, in.Machine = true, wire.Machine{}
 	}
 	return in

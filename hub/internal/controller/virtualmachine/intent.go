@@ -107,7 +107,7 @@ func (d dependencies) boundNode() (string, error) {
 // volume's real size), not as another Volume's.
 func attachable(v *v1alpha1.Volume) error {
 	ext, node := meta.GetExternalName(v), v.GetAnnotations()[v1alpha1.AnnotationNode]
-	if observeOnly(v) {
+	if ObserveOnly(v) {
 		return errors.Errorf("Volume %s only observes volume %s of node %s (its managementPolicies allow neither Create nor Update); a VirtualMachine attaches an imported Volume only when virtfleet may change the volume", v.Name, ext, node)
 	}
 	if v.Status.AtProvider.Phase != v1alpha1.PhaseRunning || v.Status.AtProvider.Capacity == nil {
@@ -307,6 +307,11 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 		}
 		m.Networks = append(m.Networks, wn)
 	}
+	// The power requests are annotations, so they change no generation;
+	// the intent's fingerprint changes with them, and Observe finds the
+	// published intent out of date. A paused annotation of any value but
+	// "true" leaves the guest running, as removing it does.
+	a := vm.GetAnnotations()
 	in := wire.Intent{
 		ProtocolVersion: wire.ProtocolVersion,
 		UID:             string(vm.UID),
@@ -314,7 +319,9 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 		Name:            vm.Name,
 		Generation:      vm.Generation,
 		Running:         fp.IsRunning(),
-		RestartNonce:    vm.GetAnnotations()[v1alpha1.AnnotationRestartRequestedAt],
+		RestartNonce:    a[v1alpha1.AnnotationRestartRequestedAt],
+		Paused:          a[v1alpha1.AnnotationPaused] == "true",
+		ResetNonce:      a[v1alpha1.AnnotationResetRequestedAt],
 		Machine:         m,
 	}
 	if fp.Backend != nil {

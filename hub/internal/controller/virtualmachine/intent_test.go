@@ -195,6 +195,28 @@ func TestIntent(t *testing.T) {
 				assert.Equal(t, "2026-11-22T12:00:00Z", in.RestartNonce)
 			},
 		},
+		{
+			name: "the paused and reset annotations reach the node",
+			vm: vm(func(v *v1alpha1.VirtualMachine) {
+				v.Annotations = map[string]string{v1alpha1.AnnotationPaused: "true", v1alpha1.AnnotationResetRequestedAt: "2026-11-22T12:01:00Z"}
+			}),
+			check: func(t *testing.T, in wire.Intent) {
+				assert.True(t, in.Running, "a pause is no stop")
+				assert.True(t, in.Paused)
+				assert.Equal(t, "2026-11-22T12:01:00Z", in.ResetNonce)
+				assert.Empty(t, in.RestartNonce, "a reset is not a restart")
+			},
+		},
+		{
+			name: "a paused annotation other than true pauses nothing",
+			vm: vm(func(v *v1alpha1.VirtualMachine) {
+				v.Annotations = map[string]string{v1alpha1.AnnotationPaused: "false"}
+			}),
+			check: func(t *testing.T, in wire.Intent) {
+				assert.False(t, in.Paused)
+				assert.Empty(t, in.ResetNonce)
+			},
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -249,6 +271,19 @@ func TestIntent(t *testing.T) {
 		assert.Equal(t, fingerprint(a), fingerprint(b))
 		b.RestartNonce = "now"
 		assert.NotEqual(t, fingerprint(a), fingerprint(b))
+	})
+
+	// An annotation changes no generation: the intent is published again
+	// only because its fingerprint differs from the one published.
+	t.Run("the fingerprint changes with the pause and the reset annotations", func(t *testing.T) {
+		base := fingerprint(intent(vm(), d))
+		for _, a := range []map[string]string{
+			{v1alpha1.AnnotationPaused: "true"},
+			{v1alpha1.AnnotationResetRequestedAt: "now"},
+		} {
+			annotated := vm(func(v *v1alpha1.VirtualMachine) { v.Annotations = a })
+			assert.NotEqual(t, base, fingerprint(intent(annotated, d)), "%v", a)
+		}
 	})
 }
 

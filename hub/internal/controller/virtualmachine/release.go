@@ -127,7 +127,7 @@ func (a *aroundObserve) finalize(ctx context.Context, vm *v1alpha1.VirtualMachin
 // a guest to claim, unless this hub already published that very intent.
 func (a *aroundObserve) publishObserveOnly(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
-	if node == "" || meta.WasDeleted(vm) || !observeOnly(vm) || claimOf(vm) == nil {
+	if node == "" || meta.WasDeleted(vm) || !ObserveOnly(vm) || claimOf(vm) == nil {
 		return nil
 	}
 	if published, _ := a.c.state.published.Load(string(vm.UID)); published == fingerprint(intent(vm, dependencies{})) {

@@ -67,6 +67,8 @@ const (
 	ReasonScheduled       event.Reason = "Scheduled"
 	ReasonStarted         event.Reason = "Started"
 	ReasonStopped         event.Reason = "Stopped"
+	ReasonPaused          event.Reason = "Paused"
+	ReasonResumed         event.Reason = "Resumed"
 	ReasonFailed          event.Reason = "Failed"
 	ReasonRestartRequired event.Reason = "RestartRequired"
 	ReasonNodeLost        event.Reason = "NodeLost"
@@ -621,6 +623,12 @@ func (e *external) setConditions(vm *v1alpha1.VirtualMachine, obs v1alpha1.Virtu
 	switch {
 	case obs.Phase == v1alpha1.PhaseRunning:
 		vm.SetConditions(xpv2.Available())
+	case obs.Phase == v1alpha1.PhasePaused && vm.GetAnnotations()[v1alpha1.AnnotationPaused] == "true":
+		// A paused guest runs no instruction and so answers nothing, on
+		// its network or its console, until it is resumed: it is not
+		// Ready, as a paused KubeVirt VMI is not. The reason says it is
+		// paused, and the message how to resume it.
+		vm.SetConditions(notReady(obs.Phase, pausedMessage))
 	default:
 		vm.SetConditions(notReady(obs.Phase, reportMessage(e.fleet, node, string(vm.UID))))
 	}
@@ -643,6 +651,10 @@ func (e *external) recordTransition(vm *v1alpha1.VirtualMachine, before, after v
 	if before.Phase != after.Phase {
 		switch after.Phase {
 		case v1alpha1.PhaseRunning:
+			if before.Phase == v1alpha1.PhasePaused {
+				e.event(vm, event.Normal(ReasonResumed, fmt.Sprintf("Resumed on node %s", after.Node)))
+				break
+			}
 			e.event(vm, event.Normal(ReasonStarted, fmt.Sprintf("Running on node %s", after.Node)))
 			if firstStart(vm, before, after) {
 				backend := cmp.Or(e.fleet.Node(node).Heartbeat.Backend, metrics.BackendNone)
@@ -651,6 +663,8 @@ func (e *external) recordTransition(vm *v1alpha1.VirtualMachine, before, after v
 			}
 		case v1alpha1.PhaseStopped:
 			e.event(vm, event.Normal(ReasonStopped, fmt.Sprintf("Stopped on node %s", after.Node)))
+		case v1alpha1.PhasePaused:
+			e.event(vm, event.Normal(ReasonPaused, fmt.Sprintf("Paused on node %s", after.Node)))
 		case v1alpha1.PhaseFailed:
 			msg := reportMessage(e.fleet, node, string(vm.UID))
 			log := e.log
@@ -684,6 +698,10 @@ func reportMessage(f *fleet.Fleet, node, uid string) string {
 	}
 	return ""
 }
+
+// pausedMessage explains the Ready condition of a VM paused as its
+// annotation asks.
+const pausedMessage = "the guest is paused, as the " + v1alpha1.AnnotationPaused + " annotation asks; remove the annotation to resume it"
 
 func now() metav1.Time { return metav1.Now() }
 

@@ -82,9 +82,10 @@ func condition(vm *v1alpha1.VirtualMachine, ct xpv2.ConditionType) xpv2.Conditio
 func TestSetConditions(t *testing.T) {
 	lostSince := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	cases := map[string]struct {
-		obs     v1alpha1.VirtualMachineObservation
-		node    fleet.NodeStatus
-		message string
+		obs         v1alpha1.VirtualMachineObservation
+		node        fleet.NodeStatus
+		message     string
+		annotations map[string]string
 
 		wantReady           xpv2.Condition
 		wantRestartRequired xpv2.Condition
@@ -110,6 +111,20 @@ func TestSetConditions(t *testing.T) {
 				Message: "the spec changed while the VM runs; the change applies at the next start (restart it with the compute.virtfleet.io/restart-requested-at annotation)"},
 			wantNodeLost: xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"},
 		},
+		"APausedVMIsNotReadyAndSaysHowToResumeIt": {
+			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhasePaused},
+			annotations:         map[string]string{v1alpha1.AnnotationPaused: "true"},
+			wantReady:           xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionFalse, Reason: "Paused", Message: "the guest is paused, as the compute.virtfleet.io/paused annotation asks; remove the annotation to resume it"},
+			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate"},
+			wantNodeLost:        xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"},
+		},
+		"AGuestPausedWithoutTheAnnotationIsNotReadyWithTheNodesMessage": {
+			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhasePaused},
+			message:             "resuming the guest",
+			wantReady:           xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionFalse, Reason: "Paused", Message: "resuming the guest"},
+			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate"},
+			wantNodeLost:        xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"},
+		},
 		"ALostNodeMakesTheVMUnknownNodeLostAndNotStartedElsewhere": {
 			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseUnknown},
 			node:                fleet.NodeStatus{Lost: true, LostSince: lostSince},
@@ -126,7 +141,7 @@ func TestSetConditions(t *testing.T) {
 			if tc.message != "" {
 				report(t, b, e.fleet, tc.message)
 			}
-			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", UID: testUID}}
+			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", UID: testUID, Annotations: tc.annotations}}
 
 			e.setConditions(vm, tc.obs, testNode, tc.node)
 
@@ -163,6 +178,14 @@ func TestRecordTransition(t *testing.T) {
 		"AWarningWhenItsNodeIsLost": {
 			before: at(v1alpha1.PhaseRunning), after: at(v1alpha1.PhaseUnknown),
 			want: []event.Event{{Type: event.TypeWarning, Reason: ReasonNodeLost, Message: "node node1 sends no heartbeat; the VM's state is unknown"}},
+		},
+		"PausedWhenItPauses": {
+			before: at(v1alpha1.PhaseRunning), after: at(v1alpha1.PhasePaused),
+			want: []event.Event{{Type: event.TypeNormal, Reason: ReasonPaused, Message: "Paused on node node1"}},
+		},
+		"ResumedNotStartedWhenItRunsAgainAfterAPause": {
+			before: at(v1alpha1.PhasePaused), after: at(v1alpha1.PhaseRunning),
+			want: []event.Event{{Type: event.TypeNormal, Reason: ReasonResumed, Message: "Resumed on node node1"}},
 		},
 		"NothingWhileThePhaseStays": {
 			before: at(v1alpha1.PhaseRunning), after: at(v1alpha1.PhaseRunning),
