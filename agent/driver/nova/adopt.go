@@ -112,6 +112,10 @@ func (d *Driver) Claim(ctx context.Context, m driver.Machine, ref driver.Ref) er
 	}
 	adopt := md[MetaUID] != "" && md[MetaNamespace] == m.Namespace && md[MetaName] == m.Name
 	next := map[string]string{MetaUID: m.UID, MetaNode: d.node, MetaNamespace: m.Namespace, MetaName: m.Name, MetaNonce: m.RestartNonce}
+	if m.ResetNonce != "" {
+		// Taking a server over never resets it, as it never restarts it.
+		next[MetaReset] = m.ResetNonce
+	}
 	if !adopt {
 		live := shapeHash(m)
 		next[MetaImported], next[MetaShape], next[MetaLive] = "true", live, live

@@ -22,7 +22,9 @@
 // at its next start the driver resizes it (resize, then confirmResize, while
 // it is SHUTOFF), attaches and detaches extra volumes, then starts it. A
 // restart requested while a shape change waits is done as stop, apply,
-// start. Network, key and user-data changes are not applied to an existing
+// start. A pause is Nova's pause action (the server shows PAUSED), a reset
+// its hard reboot, after which a server that should stay paused is paused
+// again. Network, key and user-data changes are not applied to an existing
 // server (Nova would need a rebuild).
 //
 // Live migration between the cloud's compute hosts (MigrateHost) is Nova's
@@ -80,7 +82,9 @@ const (
 	MetaLive = "virtfleet-live"
 	// MetaNonce is the last restart nonce handled.
 	MetaNonce = "virtfleet-restart-nonce"
-	// MetaRestarts counts the restarts the driver performed.
+	// MetaReset is the last reset nonce handled.
+	MetaReset = "virtfleet-reset-nonce"
+	// MetaRestarts counts the restarts (and resets) the driver performed.
 	MetaRestarts = "virtfleet-restarts"
 	// MetaResizeFlavor is the flavor the last resize asked for.
 	MetaResizeFlavor = "virtfleet-resize-flavor"
@@ -457,7 +461,7 @@ func (d *Driver) observation(uid string, s servers.Server) driver.Observation {
 	o.Phase, o.Message = phaseOf(s)
 	restarts, _ := strconv.ParseInt(s.Metadata[MetaRestarts], 10, 32)
 	o.RestartCount = int32(restarts)
-	o.RestartRequired = (o.Phase == driver.PhaseRunning || o.Phase == driver.PhaseStarting) && s.Metadata[MetaShape] != s.Metadata[MetaLive]
+	o.RestartRequired = (o.Phase == driver.PhaseRunning || o.Phase == driver.PhaseStarting || o.Phase == driver.PhasePaused) && s.Metadata[MetaShape] != s.Metadata[MetaLive]
 	o.Interfaces = interfaces(s, d.now())
 	fs := flavorShape(s)
 	o.VCPU, o.MemoryBytes = int32(fs.VCPU), int64(fs.RAMMiB)*mib

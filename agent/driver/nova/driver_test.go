@@ -441,7 +441,7 @@ func TestStatusMapping(t *testing.T) {
 		{status: openstacktest.StatusShutoff, phase: driver.PhaseStopped},
 		{status: openstacktest.StatusReboot, phase: driver.PhaseStarting, message: "rebooting"},
 		{status: openstacktest.StatusHardReboot, phase: driver.PhaseStarting, message: "rebooting"},
-		{status: openstacktest.StatusPaused, phase: driver.PhaseStopped, message: "paused"},
+		{status: openstacktest.StatusPaused, phase: driver.PhasePaused},
 		{status: openstacktest.StatusSuspended, phase: driver.PhaseStopped, message: "suspended"},
 		{status: openstacktest.StatusRescue, phase: driver.PhaseStopped, message: "rescue"},
 		{status: openstacktest.StatusResize, phase: driver.PhaseProvisioning, message: "resizing"},
@@ -529,6 +529,99 @@ func TestRestartsAndShape(t *testing.T) {
 			assert.Less(t, r.Status, 300, "no action refused: a confirm under way is not confirmed again")
 		}
 	}
+}
+
+// TestResetsAndPausedServers pins a reset as Nova's hard reboot, made once
+// per nonce and counted as a restart, also of a paused server, and a paused
+// server left paused while the Machine says so. The test cloud serves no
+// pause or unpause action, so the server is paused as an operator pausing
+// it in OpenStack would leave it, and each reboot is finished by setting
+// its status: the long transitions keep it in HARD_REBOOT until then.
+func TestResetsAndPausedServers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := newCloudWith(t, openstacktest.Options{TransitionDelay: time.Second}, func(*openstacktest.Server, *cloudYAML) {}, password)
+	d := c.open(t)
+	m := machine("reset")
+	m.ResetNonce = "created-with"
+	o := ensure(t, d, m, driver.PhaseRunning)
+	assert.Zero(t, o.RestartCount, "the reset nonce a guest is created with counts as handled")
+	id := c.server(t, m.UID).ID
+	assert.Equal(t, "created-with", c.server(t, m.UID).Metadata[nova.MetaReset])
+	actions := func() int { return c.CountRequests(http.MethodPost, openstacktest.ComputePath+"/servers/*/action") }
+	// observed waits for the driver's view to show phase.
+	observed := func(phase driver.Phase) {
+		require.Eventually(t, func() bool {
+			o, err := d.Observe(ctx, m.UID)
+			return err == nil && o.Phase == phase
+		}, waitFor, tick, "the view never showed %s", phase)
+	}
+	// reset asks for a reset with nonce, sees it made as a hard reboot and
+	// finishes the reboot.
+	reset := func(nonce string) {
+		t.Helper()
+		m.ResetNonce = nonce
+		before := actions()
+		_, err := d.Ensure(ctx, m)
+		require.NoError(t, err)
+		assert.Equal(t, before+1, actions(), "one action")
+		assert.Equal(t, openstacktest.StatusHardReboot, c.server(t, m.UID).Status, "a reset is a hard reboot")
+		assert.Equal(t, nonce, c.server(t, m.UID).Metadata[nova.MetaReset])
+		require.NoError(t, c.SetServerStatus(id, openstacktest.StatusActive, ""))
+	}
+
+	reset("r1")
+	o = ensure(t, d, m, driver.PhaseRunning)
+	assert.Equal(t, int32(1), o.RestartCount)
+	before := actions()
+	o = ensure(t, d, m, driver.PhaseRunning)
+	assert.Equal(t, int32(1), o.RestartCount, "one reset per nonce")
+	assert.Equal(t, before, actions())
+
+	m.ResetNonce = ""
+	ensure(t, d, m, driver.PhaseRunning)
+	assert.Equal(t, before, actions(), "no nonce asks for nothing")
+	assert.Empty(t, c.server(t, m.UID).Metadata[nova.MetaReset])
+	reset("r1")
+	o = ensure(t, d, m, driver.PhaseRunning)
+	assert.Equal(t, int32(2), o.RestartCount, "the last nonce asked for again resets again")
+	before = actions()
+
+	require.NoError(t, c.SetServerStatus(id, openstacktest.StatusPaused, ""))
+	observed(driver.PhasePaused)
+	m.Paused = true
+	o, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	assert.Equal(t, driver.PhasePaused, o.Phase, "a paused server that should be stays paused")
+	assert.Equal(t, before, actions(), "and nothing is asked of Nova")
+
+	// Unpausing it too: the hard reboot does both.
+	m.Paused = false
+	reset("r2")
+	o = ensure(t, d, m, driver.PhaseRunning)
+	assert.Equal(t, int32(3), o.RestartCount, "a reset of a paused server counts")
+
+	m.Running = false
+	ensure(t, d, m, driver.PhaseStopped)
+	m.ResetNonce = "r3"
+	ensure(t, d, m, driver.PhaseStopped)
+	m.Running = true
+	o = ensure(t, d, m, driver.PhaseRunning)
+	assert.Equal(t, int32(3), o.RestartCount, "a reset asked for while stopped is satisfied by the start")
+	assert.Equal(t, "r3", c.server(t, m.UID).Metadata[nova.MetaReset])
+	assert.Equal(t, 3, count(c.server(t, m.UID).Actions, "reboot"), "three resets, all reboots")
+
+	// Pause and unpause through Nova's own actions.
+	m.Paused = true
+	_, err = d.Ensure(ctx, m)
+	require.NoError(t, err)
+	o = ensure(t, d, m, driver.PhasePaused)
+	assert.Equal(t, driver.PhasePaused, o.Phase)
+	assert.Equal(t, 1, count(c.server(t, m.UID).Actions, "pause"), "one pause")
+	m.Paused = false
+	o = ensure(t, d, m, driver.PhaseRunning)
+	assert.Equal(t, 1, count(c.server(t, m.UID).Actions, "unpause"), "one unpause")
+	assert.Equal(t, int32(3), o.RestartCount, "a pause is no restart")
 }
 
 func count(list []string, s string) int {

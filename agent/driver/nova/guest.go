@@ -211,6 +211,10 @@ func (d *Driver) create(ctx context.Context, m driver.Machine) (driver.Observati
 			SourceType: servers.SourceVolume, DestinationType: servers.DestinationVolume, UUID: boot.ID, BootIndex: 0,
 		}},
 	}
+	if m.ResetNonce != "" {
+		// The nonce a new guest comes with counts as handled.
+		opts.Metadata[MetaReset] = m.ResetNonce
+	}
 	if len(nets) > 0 {
 		opts.Networks = nets
 	}
@@ -241,9 +245,9 @@ func (d *Driver) reread(ctx context.Context, uid, id string) (driver.Observation
 	return d.observation(uid, *s), nil
 }
 
-// converge drives a server towards m: power state, restart nonce, and the
-// new shape at a start. It acts once per call; the caller comes back while
-// the phase is transitional.
+// converge drives a server towards m: power state, pause, restart and
+// reset nonces, and the new shape at a start. It acts once per call; the
+// caller comes back while the phase is transitional.
 func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Server) (driver.Observation, error) {
 	md := s.Metadata
 	want := shapeHash(m)
@@ -256,11 +260,29 @@ func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Serve
 		before[MetaShape] = want
 	}
 	newNonce := m.RestartNonce != md[MetaNonce]
+	restart := newNonce && m.RestartNonce != ""
+	reset := m.ResetNonce != "" && m.ResetNonce != md[MetaReset]
 	restarts, _ := strconv.Atoi(md[MetaRestarts])
 	var act func() error
 	var after map[string]string
 	changed := false
 	c := d.c.compute
+	pause := func() error { return classify(servers.Pause(ctx, c, s.ID).ExtractErr(), "cannot pause server") }
+	unpause := func() error { return classify(servers.Unpause(ctx, c, s.ID).ExtractErr(), "cannot unpause server") }
+	hardReboot := func() error {
+		return classify(servers.Reboot(ctx, c, s.ID, servers.RebootOpts{Type: servers.HardReboot}).ExtractErr(), "cannot reset server")
+	}
+	// A start, or a restart done at the same time, satisfies a pending
+	// reset request.
+	handled := func(into map[string]string) {
+		if reset {
+			into[MetaReset] = m.ResetNonce
+		}
+	}
+	if m.ResetNonce == "" && md[MetaReset] != "" {
+		// No reset is asked for any more: the same nonce asks again.
+		before[MetaReset] = ""
+	}
 	if s.Status != "VERIFY_RESIZE" {
 		// Confirmed, or never resized: the next resize needs a confirm of
 		// its own.
@@ -274,22 +296,46 @@ func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Serve
 		// task, until it has: a second confirm is refused.
 	case s.Status == "VERIFY_RESIZE":
 		act = func() error { return d.confirmResize(ctx, s.ID) }
+	case s.Status == "PAUSED" && (!m.Running || restart && want != md[MetaLive]):
+		// Nova stops no paused server: unpaused, it is stopped (or
+		// restarted cold with its new shape) by the next call.
+		act = unpause
+	case s.Status == "PAUSED" && (restart || reset):
+		// Nova reboots a paused server only hard, and it runs afterwards:
+		// the next call pauses it again if it should stay paused.
+		// Recorded before it is made: a reset is never made twice.
+		before[MetaRestarts] = strconv.Itoa(restarts + 1)
+		if restart {
+			before[MetaNonce] = m.RestartNonce
+		}
+		handled(before)
+		act = hardReboot
+	case s.Status == "PAUSED" && !m.Paused:
+		act = unpause
 	case s.Status == "ACTIVE" && !m.Running:
 		if newNonce {
 			before[MetaNonce] = m.RestartNonce
 		}
 		act = func() error { return classify(servers.Stop(ctx, c, s.ID).ExtractErr(), "cannot stop server") }
-	case s.Status == "ACTIVE" && newNonce && m.RestartNonce != "" && want != md[MetaLive]:
+	case s.Status == "ACTIVE" && restart && want != md[MetaLive]:
 		// A cold restart, which applies the new shape on the way.
 		before[MetaNonce], before[MetaRestarts] = m.RestartNonce, strconv.Itoa(restarts+1)
 		act = func() error {
 			return classify(servers.Stop(ctx, c, s.ID).ExtractErr(), "cannot stop server to restart it")
 		}
-	case s.Status == "ACTIVE" && newNonce && m.RestartNonce != "":
+	case s.Status == "ACTIVE" && restart:
 		after = map[string]string{MetaNonce: m.RestartNonce, MetaRestarts: strconv.Itoa(restarts + 1)}
+		handled(after)
 		act = func() error {
 			return classify(servers.Reboot(ctx, c, s.ID, servers.RebootOpts{Type: servers.SoftReboot}).ExtractErr(), "cannot restart server")
 		}
+	case s.Status == "ACTIVE" && reset:
+		// Recorded before it is made: a reset is never made twice.
+		before[MetaReset], before[MetaRestarts] = m.ResetNonce, strconv.Itoa(restarts+1)
+		act = hardReboot
+	case s.Status == "ACTIVE" && m.Paused:
+		// Extra disks still to attach are attached once it is unpaused.
+		act = pause
 	case s.Status == "ACTIVE" && want == md[MetaLive] && !imported(md):
 		// Extra disks are attached once the server has booted.
 		var err error
@@ -313,6 +359,9 @@ func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Serve
 		}
 	case s.Status == "SHUTOFF":
 		// A start applies the new shape and satisfies any restart request.
+		// One that should be paused is paused once a later call sees it
+		// ACTIVE.
+		handled(before)
 		if imported(md) {
 			before[MetaNonce] = m.RestartNonce
 			act = func() error { return classify(servers.Start(ctx, c, s.ID).ExtractErr(), "cannot start server") }
@@ -540,7 +589,9 @@ func phaseOf(s servers.Server) (driver.Phase, string) {
 	case "PASSWORD":
 		return driver.PhaseRunning, "setting the admin password"
 	case "PAUSED":
-		return driver.PhaseStopped, "paused in OpenStack; unpause it there"
+		// Paused as driver.Machine.Paused asks, or in OpenStack, which
+		// Ensure undoes unless it asks for it too.
+		return driver.PhasePaused, ""
 	case "SUSPENDED":
 		return driver.PhaseStopped, "suspended in OpenStack; resume it there"
 	case "SHELVED", "SHELVED_OFFLOADED":

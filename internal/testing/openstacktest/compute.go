@@ -695,6 +695,18 @@ func (s *Server) serverAction(w http.ResponseWriter, r *http.Request, mv int) {
 				return
 			}
 			s.after(sv, "powering-off", StatusShutoff, nil)
+		case "pause":
+			if !idle || sv.Status != StatusActive {
+				conflict(w, sv, "pause")
+				return
+			}
+			s.after(sv, "pausing", StatusPaused, nil)
+		case "unpause":
+			if !idle || sv.Status != StatusPaused {
+				conflict(w, sv, "unpause")
+				return
+			}
+			s.after(sv, "unpausing", StatusActive, nil)
 		case "reboot":
 			var rb rebootAction
 			_ = json.Unmarshal(body, &rb)

@@ -137,6 +137,7 @@ func (s *Server) recordAction(sv *server, w http.ResponseWriter, action string) 
 var novaActions = map[string]string{
 	"os-start": "start", "os-stop": "stop", "reboot": "reboot", "resize": "resize",
 	"confirmResize": "confirmResize", "revertResize": "revertResize", "os-migrateLive": "live-migration",
+	"pause": "pause", "unpause": "unpause",
 }
 
 // liveMigrate serves os-migrateLive, answering as Nova's API does before
