@@ -153,8 +153,11 @@ func (d *Driver) Claim(ctx context.Context, m driver.Machine, ref driver.Ref) er
 		next := vm.DeepCopy()
 		next.Labels = merged(next.Labels, map[string]string{LabelUID: m.UID})
 		delete(next.Labels, LabelOrphaned)
-		// The nonce the guest is claimed with counts as handled.
+		// The nonces the guest is claimed with count as handled.
 		next.Annotations = merged(next.Annotations, map[string]string{AnnotationNamespace: m.Namespace, AnnotationName: m.Name, AnnotationRestartNonce: m.RestartNonce})
+		if m.ResetNonce != "" {
+			next.Annotations[AnnotationResetNonce] = m.ResetNonce
+		}
 		if !adopt {
 			next.Annotations[AnnotationImported] = "true"
 		}

@@ -298,6 +298,11 @@ func TestObserveMapsKubeVirtStatus(t *testing.T) {
 	unschedulable := kubevirtv1.VirtualMachineCondition{Type: kubevirtv1.VirtualMachineConditionType(corev1.PodScheduled), Status: corev1.ConditionFalse, Message: "0/3 nodes are available: insufficient memory"}
 	dvError := kubevirtv1.VirtualMachineCondition{Type: kubevirtv1.VirtualMachineConditionType(kubevirtv1.VirtualMachineInstanceDataVolumesReady), Status: corev1.ConditionFalse, Message: "DataVolume root failed to import"}
 	restartRequired := kubevirtv1.VirtualMachineCondition{Type: kubevirtv1.VirtualMachineRestartRequired, Status: corev1.ConditionTrue}
+	// paused gives v the condition virt-handler gives a VMI the user paused.
+	paused := func(v *kubevirtv1.VirtualMachineInstance) *kubevirtv1.VirtualMachineInstance {
+		v.Status.Conditions = append(v.Status.Conditions, kubevirtv1.VirtualMachineInstanceCondition{Type: kubevirtv1.VirtualMachineInstancePaused, Status: corev1.ConditionTrue, Reason: "PausedByUser"})
+		return v
+	}
 	terminating := vmi("vmi-1", kubevirtv1.Running, "s1")
 	terminating.DeletionTimestamp = &metav1.Time{Time: now}
 
@@ -311,13 +316,17 @@ func TestObserveMapsKubeVirtStatus(t *testing.T) {
 		restartRequired bool
 		interfaces      bool
 	}{
-		"RunningVMIIsRunning":                 {vm: vm(kubevirtv1.RunStrategyAlways, "Running"), vmi: vmi("vmi-1", kubevirtv1.Running, "s1"), phase: driver.PhaseRunning, node: "kv1", restarts: 2, interfaces: true},
-		"NoVMIYetIsStarting":                  {vm: vm(kubevirtv1.RunStrategyAlways, "Starting"), phase: driver.PhaseStarting, restarts: 2},
-		"ProvisioningVolumesIsProvisioning":   {vm: vm(kubevirtv1.RunStrategyAlways, "Provisioning"), phase: driver.PhaseProvisioning, message: "Provisioning", restarts: 2},
-		"ScheduledVMIIsStarting":              {vm: vm(kubevirtv1.RunStrategyAlways, "Starting"), vmi: vmi("vmi-1", kubevirtv1.Scheduled, "s1"), phase: driver.PhaseStarting, node: "kv1", restarts: 2},
-		"HaltedWithVMIIsStopping":             {vm: vm(kubevirtv1.RunStrategyHalted, "Stopping"), vmi: vmi("vmi-1", kubevirtv1.Running, "s1"), phase: driver.PhaseStopping, message: "stop the VMI", node: "kv1", restarts: 2},
-		"HaltedWithoutVMIIsStopped":           {vm: vm(kubevirtv1.RunStrategyHalted, "Stopped"), phase: driver.PhaseStopped, restarts: 2},
-		"PausedIsStopped":                     {vm: vm(kubevirtv1.RunStrategyAlways, "Paused"), vmi: vmi("vmi-1", kubevirtv1.Running, "s1"), phase: driver.PhaseStopped, message: "paused", node: "kv1", restarts: 2},
+		"RunningVMIIsRunning":                   {vm: vm(kubevirtv1.RunStrategyAlways, "Running"), vmi: vmi("vmi-1", kubevirtv1.Running, "s1"), phase: driver.PhaseRunning, node: "kv1", restarts: 2, interfaces: true},
+		"NoVMIYetIsStarting":                    {vm: vm(kubevirtv1.RunStrategyAlways, "Starting"), phase: driver.PhaseStarting, restarts: 2},
+		"ProvisioningVolumesIsProvisioning":     {vm: vm(kubevirtv1.RunStrategyAlways, "Provisioning"), phase: driver.PhaseProvisioning, message: "Provisioning", restarts: 2},
+		"ScheduledVMIIsStarting":                {vm: vm(kubevirtv1.RunStrategyAlways, "Starting"), vmi: vmi("vmi-1", kubevirtv1.Scheduled, "s1"), phase: driver.PhaseStarting, node: "kv1", restarts: 2},
+		"HaltedWithVMIIsStopping":               {vm: vm(kubevirtv1.RunStrategyHalted, "Stopping"), vmi: vmi("vmi-1", kubevirtv1.Running, "s1"), phase: driver.PhaseStopping, message: "stop the VMI", node: "kv1", restarts: 2},
+		"HaltedWithoutVMIIsStopped":             {vm: vm(kubevirtv1.RunStrategyHalted, "Stopped"), phase: driver.PhaseStopped, restarts: 2},
+		"APausedVMIIsPausedWithItsAddresses":    {vm: vm(kubevirtv1.RunStrategyAlways, "Paused"), vmi: paused(vmi("vmi-1", kubevirtv1.Running, "s1")), phase: driver.PhasePaused, node: "kv1", restarts: 2, interfaces: true},
+		"APausedVMIOfAnOlderShapeNeedsARestart": {vm: vm(kubevirtv1.RunStrategyAlways, "Paused"), vmi: paused(vmi("vmi-1", kubevirtv1.Running, "s0")), phase: driver.PhasePaused, node: "kv1", restarts: 2, restartRequired: true, interfaces: true},
+		// virt-controller derives the VM's status from the VMI's condition,
+		// a moment later: a VM still shown Paused after an unpause runs.
+		"TheVMsPausedStatusAloneIsNoPause":    {vm: vm(kubevirtv1.RunStrategyAlways, "Paused"), vmi: vmi("vmi-1", kubevirtv1.Running, "s1"), phase: driver.PhaseRunning, node: "kv1", restarts: 2, interfaces: true},
 		"TerminatingVMIOfARunningVMRestarts":  {vm: vm(kubevirtv1.RunStrategyAlways, "Running"), vmi: terminating, phase: driver.PhaseStarting, message: "replacing", node: "kv1", restarts: 2},
 		"UnschedulableIsFailedWithMessage":    {vm: vm(kubevirtv1.RunStrategyAlways, "ErrorUnschedulable", unschedulable), vmi: vmi("vmi-1", kubevirtv1.Scheduling, "s1"), phase: driver.PhaseFailed, message: "ErrorUnschedulable: 0/3 nodes are available: insufficient memory", node: "kv1", restarts: 2},
 		"DataVolumeErrorIsFailedWithMessage":  {vm: vm(kubevirtv1.RunStrategyAlways, "DataVolumeError", dvError), phase: driver.PhaseFailed, message: "DataVolume root failed to import", restarts: 2},

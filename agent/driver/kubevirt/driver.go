@@ -24,14 +24,19 @@
 // static cloud-init network data (the site's IPAM does not know them),
 // running → runStrategy Always or Halted. A restart deletes the VMI, which
 // KubeVirt recreates (the restart subresource is served by virt-api, an
-// aggregated API server). Disks made from images need CDI and are refused
-// as terminal. MigrateHost moves a running guest to another node of the
+// aggregated API server); so does a reset, with no grace period, since
+// kubevirt.io/api has no reset of a VMI in place. A pause is the VMI's pause
+// subresource of that same API (subresources.kubevirt.io/v1, through the
+// API server, as virtctl pause does), which KubeVirt shows as the VMI's
+// condition Paused. Disks made from images need CDI and are refused as
+// terminal. MigrateHost moves a running guest to another node of the
 // cluster with a VirtualMachineInstanceMigration (see migrate.go).
 package kubevirt
 
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"math"
 	"net/http"
 	"reflect"
@@ -46,6 +51,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -81,7 +88,10 @@ type Driver struct {
 	live client.Client
 	// probe asks the API server whether it is ready.
 	probe *http.Client
-	now   func() time.Time
+	// subresources reaches KubeVirt's subresource API through the API
+	// server.
+	subresources rest.Interface
+	now          func() time.Time
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -144,17 +154,26 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, errors.Wrap(err, "cannot create an HTTP client for the KubeVirt cluster")
 	}
 	httpClient.Timeout = 2 * time.Second
+	sub := rest.CopyConfig(rc)
+	sub.GroupVersion = &schema.GroupVersion{Group: kubevirtv1.SubresourceGroupName, Version: kubevirtv1.ApiLatestVersion}
+	sub.APIPath = "/apis"
+	sub.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	subresources, err := rest.RESTClientFor(sub)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create a client for KubeVirt's subresource API")
+	}
 	d := &Driver{
-		namespace:  cmp.Or(cfg.Namespace, DefaultNamespace),
-		accessMode: cmp.Or(cfg.AccessMode, corev1.ReadWriteOnce),
-		config:     rc,
-		scheme:     scheme,
-		live:       live,
-		probe:      httpClient,
-		now:        time.Now,
-		events:     make(chan driver.Event, 256),
-		suspect:    make(chan struct{}, 1),
-		done:       make(chan struct{}),
+		namespace:    cmp.Or(cfg.Namespace, DefaultNamespace),
+		accessMode:   cmp.Or(cfg.AccessMode, corev1.ReadWriteOnce),
+		config:       rc,
+		scheme:       scheme,
+		live:         live,
+		probe:        httpClient,
+		subresources: subresources,
+		now:          time.Now,
+		events:       make(chan driver.Event, 256),
+		suspect:      make(chan struct{}, 1),
+		done:         make(chan struct{}),
 	}
 	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if d.conn, err = d.connect(ctx); err != nil {
@@ -557,9 +576,16 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 	if wasRunning != m.Running {
 		next.Spec.RunStrategy, next.Spec.Running = want.Spec.RunStrategy, nil //nolint:staticcheck // KubeVirt takes one of the two
 	}
+	if !m.Running && runs(vmi) && pausedVMI(vmi) {
+		// Resumed, the guest shuts down cleanly when KubeVirt stops it;
+		// paused, it would be killed once its grace period is over.
+		if err := d.subresource(ctx, vmi, "unpause", &kubevirtv1.UnpauseOptions{}); err != nil {
+			return driver.Observation{}, err
+		}
+	}
 	next.Annotations = merged(next.Annotations, want.Annotations)
 	count, seen := restarts(vm, vmi)
-	restart := d.restartTarget(next, vmi, m, wasRunning)
+	restart, hard := d.restartTarget(next, vmi, m, wasRunning)
 	switch {
 	case !m.Running:
 		// A stopped guest has no VMI to count recreations from, and a
@@ -574,6 +600,11 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 		next.Annotations[AnnotationVMI] = seen
 		next.Annotations[AnnotationRestartNonce] = m.RestartNonce
 	}
+	if _, recorded := next.Annotations[AnnotationResetNonce]; recorded || m.ResetNonce != "" {
+		// Handled by the restart just recorded, or by the next start; an
+		// empty one asks for none, so the same nonce asks again.
+		next.Annotations[AnnotationResetNonce] = m.ResetNonce
+	}
 	next.Annotations[AnnotationRestarts] = strconv.Itoa(int(count))
 	if !equalVM(vm, next) {
 		if err := patch(ctx, c, vm, next); err != nil {
@@ -581,32 +612,89 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 		}
 	}
 	if restart != nil {
-		// Only that VMI: never a replacement KubeVirt made meanwhile.
-		err := c.Delete(ctx, restart, client.Preconditions{UID: &restart.UID})
+		// Only that VMI: never a replacement KubeVirt made meanwhile. A
+		// reset gives the guest no time to shut down.
+		opts := []client.DeleteOption{client.Preconditions{UID: &restart.UID}}
+		if hard {
+			opts = append(opts, client.GracePeriodSeconds(0))
+		}
+		err := c.Delete(ctx, restart, opts...)
 		if err != nil && !kerrors.IsNotFound(err) && !kerrors.IsConflict(err) {
 			return driver.Observation{}, errors.Wrap(err, "cannot delete the VMI to restart the guest")
 		}
 		vmi = nil
 	}
-	return observe(next, vmi, d.now()), nil
+	o := observe(next, vmi, d.now())
+	if !m.Running || !wasRunning || !runs(vmi) {
+		// A VMI that is not running yet (a new one after a start or a
+		// restart) is paused by a later call, once it runs.
+		return o, nil
+	}
+	switch {
+	case m.Paused && !pausedVMI(vmi):
+		if err := d.subresource(ctx, vmi, "pause", &kubevirtv1.PauseOptions{}); err != nil {
+			return driver.Observation{}, err
+		}
+		// virt-api answers once virt-handler paused the guest; the
+		// condition that says so comes with a later VMI update.
+		if o.Phase == driver.PhaseRunning {
+			o.Phase = driver.PhasePaused
+		}
+	case !m.Paused && pausedVMI(vmi):
+		if err := d.subresource(ctx, vmi, "unpause", &kubevirtv1.UnpauseOptions{}); err != nil {
+			return driver.Observation{}, err
+		}
+		if o.Phase == driver.PhasePaused {
+			o.Phase = driver.PhaseRunning
+		}
+	}
+	return o, nil
+}
+
+// runs is whether vmi is a VMI KubeVirt runs and keeps running: one that
+// can be paused and unpaused.
+func runs(vmi *kubevirtv1.VirtualMachineInstance) bool {
+	return vmi != nil && vmi.DeletionTimestamp == nil && vmi.Status.Phase == kubevirtv1.Running
+}
+
+// subresource asks KubeVirt's subresource API (served by virt-api through
+// the API server) for the VMI's subresource sub, pause or unpause, with
+// opts, as virtctl does. virt-api refuses with a conflict what the VMI's
+// state does not allow (not running, already paused, not paused): the
+// informers were behind, and the caller comes back.
+func (d *Driver) subresource(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, sub string, opts any) error {
+	body, err := json.Marshal(opts)
+	if err != nil {
+		return errors.Wrapf(err, "cannot encode the options of %s", sub)
+	}
+	err = d.subresources.Put().Namespace(vmi.Namespace).Resource("virtualmachineinstances").Name(vmi.Name).SubResource(sub).Body(body).Do(ctx).Error()
+	if kerrors.IsNotFound(err) && kerrors.HasStatusCause(err, metav1.CauseTypeUnexpectedServerResponse) {
+		// Not virt-api's answer, a Status naming the VMI, but the API
+		// server's plain 404 for a path it serves no API at.
+		return errors.Wrapf(err, "cannot %s VMI %s/%s: the cluster serves no %s/%s API (KubeVirt's virt-api serves it)", sub, vmi.Namespace, vmi.Name, kubevirtv1.SubresourceGroupName, kubevirtv1.ApiLatestVersion)
+	}
+	return errors.Wrapf(err, "cannot %s VMI %s/%s", sub, vmi.Namespace, vmi.Name)
 }
 
 // restartTarget is the VMI to delete to restart the guest, if any: on a new
-// restart nonce for a guest that was already running (the nonce it starts
-// with counts as handled), or to finish a restart the annotations record
-// but whose delete was lost.
-func (d *Driver) restartTarget(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance, m driver.Machine, wasRunning bool) *kubevirtv1.VirtualMachineInstance {
+// restart or reset nonce for a guest that was already running (the nonces
+// it starts with count as handled), or to finish a restart the annotations
+// record but whose delete was lost. hard is set for a reset alone.
+func (d *Driver) restartTarget(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance, m driver.Machine, wasRunning bool) (target *kubevirtv1.VirtualMachineInstance, hard bool) {
 	if vmi == nil || vmi.DeletionTimestamp != nil || !m.Running || !wasRunning {
-		return nil
+		return nil, false
 	}
 	a := vm.Annotations
 	if string(vmi.UID) == a[AnnotationRestartVMI] {
-		return vmi
+		return vmi, false
 	}
 	if m.RestartNonce != "" && m.RestartNonce != a[AnnotationRestartNonce] {
-		return vmi
+		return vmi, false
 	}
-	return nil
+	if m.ResetNonce != "" && m.ResetNonce != a[AnnotationResetNonce] {
+		return vmi, true
+	}
+	return nil, false
 }
 
 // create makes the guest's PVCs and VM. A VM that exists already (another
@@ -616,6 +704,9 @@ func (d *Driver) create(ctx context.Context, c client.Client, m driver.Machine, 
 		return driver.Observation{}, err
 	}
 	vm.Annotations[AnnotationRestartNonce] = m.RestartNonce
+	if m.ResetNonce != "" {
+		vm.Annotations[AnnotationResetNonce] = m.ResetNonce
+	}
 	vm.Annotations[AnnotationRestarts] = "0"
 	if err := c.Create(ctx, vm); err != nil {
 		if kerrors.IsAlreadyExists(err) {

@@ -14,8 +14,11 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -187,6 +190,119 @@ func TestRestart(t *testing.T) {
 	require.NoError(t, cluster.Controller.Crash(context.Background(), types.NamespacedName{Namespace: e.ns, Name: VMName(m.UID)}))
 	o = e.ensureUntil(m, func(o driver.Observation) bool { return o.Phase == driver.PhaseRunning && o.RestartCount == 2 })
 	assert.NotEqual(t, second, e.vmi(m.UID).UID, "KubeVirt recreated the crashed VMI, counted as a restart")
+}
+
+// TestPause pauses and unpauses a guest through KubeVirt's pause and
+// unpause subresources, which the test cluster serves as virt-api does,
+// through the API server.
+func TestPause(t *testing.T) {
+	e := newEnv(t)
+	m := e.machine()
+	e.ensureUntil(m, phaseIs(driver.PhaseRunning))
+	first := e.vmi(m.UID).UID
+
+	m.Paused = true
+	o, err := e.d.Ensure(context.Background(), m)
+	require.NoError(t, err)
+	assert.Equal(t, driver.PhasePaused, o.Phase, "paused once virt-api answered")
+	assert.True(t, kubevirttest.IsPaused(e.vmi(m.UID)), "the VMI has the condition Paused")
+	// The informers catch up; Ensure again must not ask for a second pause,
+	// which virt-api refuses.
+	o = e.ensureUntil(m, func(driver.Observation) bool {
+		got, err := e.d.Observe(context.Background(), m.UID)
+		return err == nil && got.Phase == driver.PhasePaused
+	})
+	assert.Equal(t, driver.PhasePaused, o.Phase)
+	require.Len(t, o.Interfaces, 1)
+	assert.NotEmpty(t, o.Interfaces[0].IPs, "a paused guest keeps its address")
+	assert.Equal(t, first, e.vmi(m.UID).UID, "the same VMI, paused")
+
+	m.Paused = false
+	e.ensureUntil(m, phaseIs(driver.PhaseRunning))
+	assert.False(t, kubevirttest.IsPaused(e.vmi(m.UID)), "unpaused")
+	assert.Equal(t, first, e.vmi(m.UID).UID)
+
+	m.Paused = true
+	e.ensureUntil(m, phaseIs(driver.PhasePaused))
+	m.Running = false
+	e.ensureUntil(m, phaseIs(driver.PhaseStopped))
+	assert.Nil(t, e.vmi(m.UID), "running false wins: KubeVirt removed the VMI")
+
+	m.Running = true
+	o = e.ensureUntil(m, func(o driver.Observation) bool {
+		vmi := e.vmi(m.UID)
+		return o.Phase == driver.PhasePaused && vmi != nil && kubevirttest.IsPaused(vmi)
+	})
+	assert.Zero(t, o.RestartCount, "a guest started paused runs, then is paused")
+}
+
+// TestReset: kubevirt.io/api has no reset of a VMI in place, so a reset is
+// a restart whose VMI is deleted without a grace period.
+func TestReset(t *testing.T) {
+	e := newEnv(t)
+	m := e.machine()
+	m.ResetNonce = "created-with"
+	e.ensureUntil(m, phaseIs(driver.PhaseRunning))
+	first := e.vmi(m.UID).UID
+	o := e.ensureUntil(m, phaseIs(driver.PhaseRunning))
+	assert.Zero(t, o.RestartCount, "the reset nonce a guest is created with counts as handled")
+
+	m.ResetNonce = "r1"
+	o, err := e.d.Ensure(context.Background(), m)
+	require.NoError(t, err)
+	assert.Equal(t, int32(1), o.RestartCount)
+	o = e.ensureUntil(m, func(o driver.Observation) bool {
+		vmi := e.vmi(m.UID)
+		return o.Phase == driver.PhaseRunning && vmi != nil && vmi.UID != first
+	})
+	assert.Equal(t, int32(1), o.RestartCount, "one reset per nonce")
+	second := e.vmi(m.UID).UID
+	o, err = e.open().Ensure(context.Background(), m)
+	require.NoError(t, err)
+	assert.Equal(t, int32(1), o.RestartCount, "a new driver knows the nonce was handled")
+	assert.Equal(t, second, e.vmi(m.UID).UID, "and does not reset again")
+
+	m.ResetNonce = ""
+	e.ensureUntil(m, phaseIs(driver.PhaseRunning))
+	assert.Equal(t, second, e.vmi(m.UID).UID, "no nonce asks for nothing")
+	m.ResetNonce = "r1"
+	o = e.ensureUntil(m, func(o driver.Observation) bool {
+		vmi := e.vmi(m.UID)
+		return o.Phase == driver.PhaseRunning && vmi != nil && vmi.UID != second
+	})
+	assert.Equal(t, int32(2), o.RestartCount, "the last nonce asked for again resets again")
+	third := e.vmi(m.UID).UID
+
+	m.Paused = true
+	e.ensureUntil(m, phaseIs(driver.PhasePaused))
+	m.ResetNonce = "r2"
+	o = e.ensureUntil(m, func(o driver.Observation) bool {
+		vmi := e.vmi(m.UID)
+		return o.Phase == driver.PhasePaused && vmi != nil && vmi.UID != third && kubevirttest.IsPaused(vmi)
+	})
+	assert.Equal(t, int32(3), o.RestartCount, "a paused guest is reset and paused again")
+}
+
+// TestACallOfTheSubresourceAPISaysWhatIsMissing: a VMI that is gone and an
+// API the cluster does not serve (no virt-api) are told apart.
+func TestACallOfTheSubresourceAPISaysWhatIsMissing(t *testing.T) {
+	e := newEnv(t)
+	gone := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "gone"}}
+	err := e.d.subresource(context.Background(), gone, "pause", &kubevirtv1.PauseOptions{})
+	require.Error(t, err)
+	assert.True(t, kerrors.IsNotFound(err), "virt-api's answer: %v", err)
+	assert.NotContains(t, err.Error(), "serves no")
+
+	sub := rest.CopyConfig(cluster.Config)
+	sub.GroupVersion = &schema.GroupVersion{Group: "nothing." + kubevirtv1.SubresourceGroupName, Version: kubevirtv1.ApiLatestVersion}
+	sub.APIPath = "/apis"
+	sub.NegotiatedSerializer = serializer.NewCodecFactory(cluster.Scheme).WithoutConversion()
+	rc, err := rest.RESTClientFor(sub)
+	require.NoError(t, err)
+	e.d.subresources = rc
+	err = e.d.subresource(context.Background(), gone, "pause", &kubevirtv1.PauseOptions{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the cluster serves no subresources.kubevirt.io/v1 API (KubeVirt's virt-api serves it)")
 }
 
 func TestShapeChangeNeedsARestart(t *testing.T) {

@@ -143,8 +143,10 @@ func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstan
 		o.Phase = driver.PhaseStarting
 	case vmi.DeletionTimestamp != nil || vmi.IsFinal():
 		o.Phase, o.Message = driver.PhaseStarting, "KubeVirt is replacing the VMI"
-	case vmi.Status.Phase == kubevirtv1.Running && vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusPaused:
-		o.Phase, o.Message = driver.PhaseStopped, "guest is paused"
+	case vmi.Status.Phase == kubevirtv1.Running && pausedVMI(vmi):
+		// The VMI's condition, not the VM's printable status Paused, which
+		// virt-controller derives from it a moment later.
+		o.Phase = driver.PhasePaused
 	case vmi.Status.Phase == kubevirtv1.Running:
 		o.Phase = driver.PhaseRunning
 	case vmi.Status.Phase == kubevirtv1.Unknown:
@@ -152,13 +154,26 @@ func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstan
 	default: // Pending, Scheduling, Scheduled
 		o.Phase = driver.PhaseStarting
 	}
-	if vmi != nil && (o.Phase == driver.PhaseRunning || o.Phase == driver.PhaseStarting) {
+	if vmi != nil && (o.Phase == driver.PhaseRunning || o.Phase == driver.PhaseStarting || o.Phase == driver.PhasePaused) {
 		o.RestartRequired = restartRequired(vm, vmi)
 	}
-	if vmi != nil && o.Phase == driver.PhaseRunning {
+	if vmi != nil && (o.Phase == driver.PhaseRunning || o.Phase == driver.PhasePaused) {
+		// A paused guest keeps its addresses; virt-handler keeps them on
+		// the VMI.
 		o.Interfaces = interfaces(vmi, now)
 	}
 	return o
+}
+
+// pausedVMI is whether the VMI has the condition Paused, which
+// virt-handler gives a VMI paused through the pause subresource.
+func pausedVMI(vmi *kubevirtv1.VirtualMachineInstance) bool {
+	for _, c := range vmi.Status.Conditions {
+		if c.Type == kubevirtv1.VirtualMachineInstancePaused {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // restartRequired is KubeVirt's RestartRequired condition, or a VMI made

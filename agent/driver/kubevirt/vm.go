@@ -38,6 +38,8 @@ const (
 	AnnotationShape = "virtfleet.io/shape"
 	// AnnotationRestartNonce is the last restart nonce handled.
 	AnnotationRestartNonce = "virtfleet.io/restart-nonce"
+	// AnnotationResetNonce is the last reset nonce handled.
+	AnnotationResetNonce = "virtfleet.io/reset-nonce"
 	// AnnotationRestarts counts restarts: those the driver performed and
 	// VMI recreations it observed.
 	AnnotationRestarts = "virtfleet.io/restarts"

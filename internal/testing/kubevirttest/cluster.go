@@ -70,13 +70,15 @@ type Cluster struct {
 	// Controller plays KubeVirt; tests force failures through it.
 	Controller *FakeVirtController
 
-	cancel context.CancelFunc
-	done   chan error
+	virtAPI *virtAPI
+	cancel  context.CancelFunc
+	done    chan error
 }
 
 // Start starts the control plane with KubeVirt's CRDs, creates the namespace
-// and the Nodes, and starts the FakeVirtController. The API server can be
-// stopped and started again (StopAPIServer, StartAPIServer).
+// and the Nodes, registers the subresource API (pause, unpause) and starts
+// the FakeVirtController. The API server can be stopped and started again
+// (StopAPIServer, StartAPIServer).
 func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if o.Namespace == "" {
 		o.Namespace = DefaultNamespace
@@ -103,6 +105,10 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		_ = cp.Stop()
 		return nil, err
 	}
+	if c.virtAPI, err = startVirtAPI(ctx, cp.Client); err != nil {
+		_ = cp.Stop()
+		return nil, err
+	}
 	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
 		Scheme:                 cp.Scheme,
 		Logger:                 logr.Discard(),
@@ -111,10 +117,12 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	})
 	if err != nil {
 		_ = cp.Stop()
+		c.virtAPI.close()
 		return nil, errors.Wrap(err, "cannot create the fake virt-controller's manager")
 	}
 	if c.Controller, err = setupController(mgr, o.StepInterval); err != nil {
 		_ = cp.Stop()
+		c.virtAPI.close()
 		return nil, err
 	}
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -163,7 +171,9 @@ func (c *Cluster) populate(ctx context.Context, o Options) error {
 func (c *Cluster) Stop() error {
 	c.cancel()
 	err := <-c.done
-	return errors.Join(err, c.StopAPIServer(), c.ControlPlane.Stop())
+	err = errors.Join(err, c.StopAPIServer(), c.ControlPlane.Stop())
+	c.virtAPI.close()
+	return err
 }
 
 // StartForTest starts a Cluster for one test (or one package, from TestMain)

@@ -58,7 +58,8 @@ type Failure struct {
 // interface's MAC, else one from a pool of its own, kept across restarts
 // of the VM as a DHCP lease would be); a finished or deleted
 // VMI of such a VM is replaced by a new one. For Halted it deletes the VMI.
-// Manual and Once VMs are left alone. It keeps the VM's printableStatus,
+// Manual and Once VMs are left alone. A VMI paused through the subresource
+// API (see virtAPI) shows the VM Paused. It keeps the VM's printableStatus,
 // ready, created and conditions as KubeVirt does, plays the garbage collector
 // for VMIs of deleted VMs, and holds KubeVirt's finalizer on VMs until their
 // VMI is gone. A VM whose PVCs are missing shows ErrorPvcNotFound. Fail
@@ -305,8 +306,11 @@ func (c *FakeVirtController) run(ctx context.Context, vm *kubevirtv1.VirtualMach
 		vmi.Status.Interfaces = c.interfaces(vm, vmi)
 		vmi.Status.Conditions = []kubevirtv1.VirtualMachineInstanceCondition{{Type: kubevirtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue}, migratable}
 	case kubevirtv1.Running:
-		if migrating(vmi) {
+		switch {
+		case migrating(vmi):
 			return reconcile.Result{}, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusMigrating, vmi, nil)
+		case IsPaused(vmi):
+			return reconcile.Result{}, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusPaused, vmi, nil)
 		}
 		return reconcile.Result{}, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusRunning, vmi, nil)
 	}

@@ -1,9 +1,10 @@
 // Package kubevirttest runs a simulated KubeVirt cluster for tests and the
 // test stack: a real kube-apiserver (internal/testing/controlplane) with KubeVirt's
 // VirtualMachine, VirtualMachineInstance and VirtualMachineInstanceMigration
-// CRDs, schedulable Nodes, and FakeVirtController, an in-process stand-in
-// for virt-controller and virt-handler. No KubeVirt component runs: no pod,
-// no QEMU, no CDI, no virt-api.
+// CRDs, schedulable Nodes, FakeVirtController, an in-process stand-in for
+// virt-controller and virt-handler, and a stand-in for virt-api's
+// subresource API (pause and unpause), aggregated by the API server as
+// KubeVirt's is. No KubeVirt component runs: no pod, no QEMU, no CDI.
 package kubevirttest
 
 import (
@@ -14,6 +15,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
@@ -67,10 +69,14 @@ func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	return crds, nil
 }
 
-// AddToScheme registers the Kubernetes and KubeVirt types.
+// AddToScheme registers the Kubernetes and KubeVirt types, and the
+// APIService the subresource API is registered with.
 func AddToScheme(s *k8sruntime.Scheme) error {
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return errors.Wrap(err, "cannot register Kubernetes types")
+	}
+	if err := apiregistrationv1.AddToScheme(s); err != nil {
+		return errors.Wrap(err, "cannot register the APIService type")
 	}
 	return errors.Wrap(kubevirtv1.AddToScheme(s), "cannot register KubeVirt types")
 }

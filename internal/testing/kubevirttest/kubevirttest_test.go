@@ -14,7 +14,10 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 )
 
@@ -127,6 +130,50 @@ func TestFakeVirtController(t *testing.T) {
 		assert.Contains(t, got.Finalizers, Finalizer)
 	})
 
+	// KubeVirt's own client (kubevirt.io/client-go's kubecli) puts the
+	// options to the subresource's path on the API server, which proxies
+	// it to virt-api.
+	subresource := func(name, sub string, opts any) error {
+		rc, err := rest.RESTClientFor(subresourceConfig(c))
+		require.NoError(t, err)
+		return rc.Put().AbsPath("/apis", kubevirtv1.SubresourceGroupName, kubevirtv1.ApiLatestVersion, "namespaces", DefaultNamespace, "virtualmachineinstances", name, sub).
+			Body([]byte(jsonOf(t, opts))).Do(ctx).Error()
+	}
+	printable := func() kubevirtv1.VirtualMachinePrintableStatus {
+		got := &kubevirtv1.VirtualMachine{}
+		require.NoError(t, kube.Get(ctx, nn, got))
+		return got.Status.PrintableStatus
+	}
+
+	t.Run("PauseAndUnpauseAreVirtAPIsThroughTheAPIServer", func(t *testing.T) {
+		running()
+		require.NoError(t, subresource("vm1", "pause", &kubevirtv1.PauseOptions{}))
+		v := vmi()
+		require.True(t, IsPaused(v), "the VMI has the condition Paused")
+		assert.Equal(t, kubevirtv1.Running, v.Status.Phase, "a paused VMI is still Running")
+		assert.Contains(t, v.Status.Conditions, kubevirtv1.VirtualMachineInstanceCondition{
+			Type: kubevirtv1.VirtualMachineInstancePaused, Status: corev1.ConditionTrue, Reason: ReasonPausedByUser, Message: "VMI was paused by user",
+			LastProbeTime: findVMICondition(v, kubevirtv1.VirtualMachineInstancePaused).LastProbeTime, LastTransitionTime: findVMICondition(v, kubevirtv1.VirtualMachineInstancePaused).LastTransitionTime,
+		})
+		require.Eventually(t, func() bool { return printable() == kubevirtv1.VirtualMachineStatusPaused }, 5*time.Second, 20*time.Millisecond, "the VM shows Paused")
+
+		err := subresource("vm1", "pause", &kubevirtv1.PauseOptions{})
+		assert.True(t, kerrors.IsConflict(err), "got %v", err)
+		assert.ErrorContains(t, err, "VMI is already paused")
+
+		require.NoError(t, subresource("vm1", "unpause", &kubevirtv1.UnpauseOptions{DryRun: []string{metav1.DryRunAll}}))
+		assert.True(t, IsPaused(vmi()), "a dry run changes nothing")
+		require.NoError(t, subresource("vm1", "unpause", &kubevirtv1.UnpauseOptions{}))
+		assert.False(t, IsPaused(vmi()))
+		require.Eventually(t, func() bool { return printable() == kubevirtv1.VirtualMachineStatusRunning }, 5*time.Second, 20*time.Millisecond, "the VM shows Running again")
+
+		err = subresource("vm1", "unpause", &kubevirtv1.UnpauseOptions{})
+		assert.True(t, kerrors.IsConflict(err), "got %v", err)
+		assert.ErrorContains(t, err, "VMI is not paused")
+		err = subresource("nothing", "pause", &kubevirtv1.PauseOptions{})
+		assert.True(t, kerrors.IsNotFound(err), "got %v", err)
+	})
+
 	t.Run("ADeletedVMIIsRecreatedWithTheSameAddress", func(t *testing.T) {
 		old := running()
 		require.NoError(t, kube.Delete(ctx, old))
@@ -220,4 +267,23 @@ func TestFakeVirtController(t *testing.T) {
 			return kube.Get(ctx, types.NamespacedName{Namespace: DefaultNamespace, Name: "vm2"}, &kubevirtv1.VirtualMachine{}) == nil
 		}, 10*time.Second, 50*time.Millisecond, "the same credentials reach the same objects")
 	})
+}
+
+// subresourceConfig is c's admin configuration for KubeVirt's subresource
+// API, as kubecli makes it.
+func subresourceConfig(c *Cluster) *rest.Config {
+	rc := rest.CopyConfig(c.Config)
+	rc.GroupVersion = &schema.GroupVersion{Group: kubevirtv1.SubresourceGroupName, Version: kubevirtv1.ApiLatestVersion}
+	rc.APIPath = "/apis"
+	rc.NegotiatedSerializer = serializer.NewCodecFactory(c.Scheme).WithoutConversion()
+	return rc
+}
+
+func findVMICondition(v *kubevirtv1.VirtualMachineInstance, t kubevirtv1.VirtualMachineInstanceConditionType) kubevirtv1.VirtualMachineInstanceCondition {
+	for _, c := range v.Status.Conditions {
+		if c.Type == t {
+			return c
+		}
+	}
+	return kubevirtv1.VirtualMachineInstanceCondition{}
 }

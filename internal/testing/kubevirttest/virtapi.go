@@ -1,0 +1,290 @@
+package kubevirttest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+)
+
+// VirtAPINamespace holds the Service the subresource API is registered
+// with, as virt-operator puts virt-api in the kubevirt namespace.
+const VirtAPINamespace = "kubevirt"
+
+// The messages virt-api refuses a pause or unpause with
+// (pkg/virt-api/rest/subresource.go).
+const (
+	msgNotRunning    = "VMI is not running"
+	msgAlreadyPaused = "VMI is already paused"
+	msgNotPaused     = "VMI is not paused"
+)
+
+// The reason and message virt-handler gives the Paused condition of a VMI
+// the user paused.
+const (
+	ReasonPausedByUser = "PausedByUser"
+	msgPausedByUser    = "VMI was paused by user"
+)
+
+// availableTimeout bounds the wait for the API server to find the
+// subresource API available.
+const availableTimeout = 30 * time.Second
+
+// virtAPI plays the part of virt-api that serves KubeVirt's subresource
+// API, subresources.kubevirt.io/v1, and the part of virt-handler that
+// carries out what it asks: it pauses and unpauses VMIs. As KubeVirt does,
+// it is an aggregated API server: the API server proxies
+// /apis/subresources.kubevirt.io/v1/... to it through an APIService, so
+// clients reach it at the API server's address with their usual
+// credentials. It serves discovery and the PUT of
+// virtualmachineinstances/{name}/pause and /unpause, with virt-api's
+// checks and errors; it does not check who asks (the API server has
+// authorized the request against the subresource's RBAC already).
+type virtAPI struct {
+	client client.Client
+	server *httptest.Server
+}
+
+// startVirtAPI starts the subresource API on a port of the loopback and
+// registers it with the API server c reaches: a Service of type
+// ExternalName naming localhost, which the API server's aggregator
+// resolves without cluster networking, and the APIService, whose
+// availability it waits for.
+func startVirtAPI(ctx context.Context, c client.Client) (*virtAPI, error) {
+	v := &virtAPI{client: c}
+	mux := http.NewServeMux()
+	gv := kubevirtv1.SubresourceGroupName + "/" + kubevirtv1.ApiLatestVersion
+	mux.HandleFunc("GET /apis", v.groups)
+	mux.HandleFunc("GET /apis/"+kubevirtv1.SubresourceGroupName, v.group)
+	mux.HandleFunc("GET /apis/"+gv, v.resources)
+	vmi := "/apis/" + gv + "/namespaces/{namespace}/virtualmachineinstances/{name}/"
+	mux.HandleFunc("PUT "+vmi+"pause", v.pause)
+	mux.HandleFunc("PUT "+vmi+"unpause", v.unpause)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot listen for the subresource API")
+	}
+	v.server = httptest.NewUnstartedServer(mux)
+	_ = v.server.Listener.Close()
+	v.server.Listener = l
+	v.server.StartTLS()
+	if err := v.register(ctx, l.Addr().(*net.TCPAddr).Port); err != nil { //nolint:forcetypeassert // a TCP listener
+		v.server.Close()
+		return nil, err
+	}
+	return v, nil
+}
+
+func (v *virtAPI) close() { v.server.Close() }
+
+// register makes the API server proxy the subresource API to port.
+func (v *virtAPI) register(ctx context.Context, port int) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: VirtAPINamespace}}
+	if err := v.client.Create(ctx, ns); err != nil && !kerrors.IsAlreadyExists(err) {
+		return errors.Wrap(err, "cannot create the namespace of the subresource API")
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: VirtAPINamespace, Name: "virt-api"},
+		Spec: corev1.ServiceSpec{
+			Type:         corev1.ServiceTypeExternalName,
+			ExternalName: "localhost",
+			Ports:        []corev1.ServicePort{{Name: "https", Port: int32(port)}}, //nolint:gosec // a port
+		},
+	}
+	if err := v.client.Create(ctx, svc); err != nil {
+		return errors.Wrap(err, "cannot create the Service of the subresource API")
+	}
+	apiService := &apiregistrationv1.APIService{
+		ObjectMeta: metav1.ObjectMeta{Name: kubevirtv1.ApiLatestVersion + "." + kubevirtv1.SubresourceGroupName},
+		Spec: apiregistrationv1.APIServiceSpec{
+			Service: &apiregistrationv1.ServiceReference{Namespace: svc.Namespace, Name: svc.Name, Port: ptr(int32(port))}, //nolint:gosec // a port
+			Group:   kubevirtv1.SubresourceGroupName,
+			Version: kubevirtv1.ApiLatestVersion,
+			// The test server's certificate is made up at each start; the
+			// API server is on the same host.
+			InsecureSkipTLSVerify: true,
+			GroupPriorityMinimum:  1000,
+			VersionPriority:       15,
+		},
+	}
+	if err := v.client.Create(ctx, apiService); err != nil {
+		return errors.Wrap(err, "cannot create the APIService of the subresource API")
+	}
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, availableTimeout, true, func(ctx context.Context) (bool, error) {
+		if err := v.client.Get(ctx, client.ObjectKeyFromObject(apiService), apiService); err != nil {
+			return false, nil //nolint:nilerr // the API server may not serve it yet
+		}
+		for _, c := range apiService.Status.Conditions {
+			if c.Type == apiregistrationv1.Available {
+				return c.Status == apiregistrationv1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	})
+	return errors.Wrapf(err, "the API server did not find the subresource API at port %d available within %s", port, availableTimeout)
+}
+
+func (v *virtAPI) groups(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, &metav1.APIGroupList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupList", APIVersion: "v1"}, Groups: []metav1.APIGroup{subresourceGroup()}})
+}
+
+func (v *virtAPI) group(w http.ResponseWriter, _ *http.Request) {
+	g := subresourceGroup()
+	g.TypeMeta = metav1.TypeMeta{Kind: "APIGroup", APIVersion: "v1"}
+	writeJSON(w, http.StatusOK, &g)
+}
+
+func subresourceGroup() metav1.APIGroup {
+	gv := metav1.GroupVersionForDiscovery{GroupVersion: kubevirtv1.SubresourceGroupName + "/" + kubevirtv1.ApiLatestVersion, Version: kubevirtv1.ApiLatestVersion}
+	return metav1.APIGroup{Name: kubevirtv1.SubresourceGroupName, Versions: []metav1.GroupVersionForDiscovery{gv}, PreferredVersion: gv}
+}
+
+// resources lists the subresources served, as virt-api lists them (with
+// many more).
+func (v *virtAPI) resources(w http.ResponseWriter, _ *http.Request) {
+	list := &metav1.APIResourceList{
+		TypeMeta:     metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"},
+		GroupVersion: kubevirtv1.SubresourceGroupName + "/" + kubevirtv1.ApiLatestVersion,
+	}
+	for _, sub := range []string{"pause", "unpause"} {
+		list.APIResources = append(list.APIResources, metav1.APIResource{Name: "virtualmachineinstances/" + sub, Namespaced: true, Kind: "VirtualMachineInstance", Verbs: metav1.Verbs{"update"}})
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// pause pauses a running VMI that is not paused: virt-handler pauses the
+// domain and gives the VMI the condition Paused.
+func (v *virtAPI) pause(w http.ResponseWriter, r *http.Request) {
+	v.act(w, r, &kubevirtv1.PauseOptions{}, func(vmi *kubevirtv1.VirtualMachineInstance) *kerrors.StatusError {
+		switch {
+		case vmi.Status.Phase != kubevirtv1.Running:
+			return conflictError(vmi.Name, msgNotRunning)
+		case vmi.Spec.LivenessProbe != nil:
+			return kerrors.NewForbidden(vmiResource, vmi.Name, errors.New("Pausing VMIs with LivenessProbe is currently not supported")) //nolint:staticcheck // virt-api's own message
+		case IsPaused(vmi):
+			return conflictError(vmi.Name, msgAlreadyPaused)
+		}
+		now := metav1.Now()
+		vmi.Status.Conditions = append(vmi.Status.Conditions, kubevirtv1.VirtualMachineInstanceCondition{
+			Type: kubevirtv1.VirtualMachineInstancePaused, Status: corev1.ConditionTrue,
+			LastProbeTime: now, LastTransitionTime: now, Reason: ReasonPausedByUser, Message: msgPausedByUser,
+		})
+		return nil
+	})
+}
+
+// unpause resumes a paused VMI: virt-handler resumes the domain and drops
+// the condition.
+func (v *virtAPI) unpause(w http.ResponseWriter, r *http.Request) {
+	v.act(w, r, &kubevirtv1.UnpauseOptions{}, func(vmi *kubevirtv1.VirtualMachineInstance) *kerrors.StatusError {
+		switch {
+		case vmi.Status.Phase != kubevirtv1.Running:
+			return conflictError(vmi.Name, msgNotRunning)
+		case !IsPaused(vmi):
+			return conflictError(vmi.Name, msgNotPaused)
+		}
+		conds := vmi.Status.Conditions[:0]
+		for _, c := range vmi.Status.Conditions {
+			if c.Type != kubevirtv1.VirtualMachineInstancePaused {
+				conds = append(conds, c)
+			}
+		}
+		vmi.Status.Conditions = conds
+		return nil
+	})
+}
+
+var vmiResource = kubevirtv1.Resource("virtualmachineinstance")
+
+func conflictError(name, msg string) *kerrors.StatusError {
+	return kerrors.NewConflict(vmiResource, name, errors.New(msg))
+}
+
+// act reads the request's options into opts, then the VMI, checks and
+// changes it with change, and writes it back; a dry run changes nothing.
+func (v *virtAPI) act(w http.ResponseWriter, r *http.Request, opts any, change func(*kubevirtv1.VirtualMachineInstance) *kerrors.StatusError) {
+	dryRun := false
+	if r.ContentLength != 0 {
+		if err := json.NewDecoder(r.Body).Decode(opts); err != nil {
+			writeStatus(w, kerrors.NewBadRequest(fmt.Sprintf("Can not unmarshal Request body to struct, error: %v", err)))
+			return
+		}
+		switch o := opts.(type) {
+		case *kubevirtv1.PauseOptions:
+			dryRun = len(o.DryRun) > 0
+		case *kubevirtv1.UnpauseOptions:
+			dryRun = len(o.DryRun) > 0
+		}
+	}
+	nn := types.NamespacedName{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}
+	var refused *kerrors.StatusError
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		vmi := &kubevirtv1.VirtualMachineInstance{}
+		if err := v.client.Get(r.Context(), nn, vmi); err != nil {
+			return err
+		}
+		if refused = change(vmi); refused != nil || dryRun {
+			return nil
+		}
+		// KubeVirt serves VMIs without a status subresource.
+		return v.client.Update(r.Context(), vmi)
+	})
+	var status kerrors.APIStatus
+	switch {
+	case refused != nil:
+		writeStatus(w, refused)
+	case kerrors.IsNotFound(err):
+		writeStatus(w, kerrors.NewNotFound(vmiResource, nn.Name))
+	case errors.As(err, &status):
+		writeStatus(w, status)
+	case err != nil:
+		writeStatus(w, kerrors.NewInternalError(err))
+	default:
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+// IsPaused reports whether a VMI has the condition Paused that
+// virt-handler gives a VMI the user paused.
+func IsPaused(vmi *kubevirtv1.VirtualMachineInstance) bool {
+	for _, c := range vmi.Status.Conditions {
+		if c.Type == kubevirtv1.VirtualMachineInstancePaused {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func writeStatus(w http.ResponseWriter, s kerrors.APIStatus) {
+	st := s.Status()
+	st.TypeMeta = metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}
+	writeJSON(w, int(st.Code), &st)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(code)
+	_, _ = w.Write(b)
+}
