@@ -16,6 +16,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/hub/internal/app"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
+	"github.com/virtfleet/virtfleet/hub/internal/subresources"
 	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
@@ -38,6 +39,9 @@ func main() {
 	flag.IntVar(&c.MigrationsPerNamespace, "migrations-per-namespace", migration.DefaultPerNamespace, "Live migrations under way at once in one namespace, so that no one tenant takes every slot of the fleet.")
 	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM deleted while its node is lost waits before it is finalized.")
 	flag.DurationVar(&c.NodeTTL, "node-ttl", natswire.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
+	flag.StringVar(&c.APIAddress, "api-bind-address", "0", "Address of the aggregated API (subresources.virtfleet.io: console, vnc, start, stop, restart, reset, pause, unpause, migrate); 0 disables it.")
+	flag.StringVar(&c.APITLSSecret, "api-tls-secret", "virtfleet-system/virtfleet-hub-api-tls", "Secret (namespace/name) with the aggregated API's serving certificate; the hub creates and renews it.")
+	flag.IntVar(&c.APISessions, "api-console-sessions", subresources.DefaultSessions, "Console and VNC sessions one hub replica relays at once.")
 	// The names Crossplane providers read besides (provider-template's
 	// LEADER_ELECTION), and the downward-API namespace cluster/deploy sets.
 	also := map[string][]string{"leader-election": {"LEADER_ELECTION"}, "leader-election-namespace": {"POD_NAMESPACE"}}

@@ -324,6 +324,13 @@ func TestHubRBAC(t *testing.T) {
 		assert.NotContains(t, r.Verbs, "bind")
 		assert.NotContains(t, r.Verbs, "impersonate")
 	}
+	// Every rule the aggregated API needs on a shared kind names the one
+	// object it is for.
+	for _, r := range cr.Rules {
+		if slices.Contains(r.Resources, "apiservices") || slices.Contains(r.Resources, "configmaps") {
+			assert.Len(t, r.ResourceNames, 1, "%+v names its one object", r)
+		}
+	}
 	type grant struct{ group, resource, verb string }
 	cases := map[string]struct {
 		rules []rbacv1.PolicyRule
@@ -350,6 +357,11 @@ func TestHubRBAC(t *testing.T) {
 		"HoldsNoClusterWideLeases":    {cr.Rules, grant{"coordination.k8s.io", "leases", "update"}, false},
 		"NeverTouchesPods":            {cr.Rules, grant{"", "pods", "get"}, false},
 		"NeverTouchesRBAC":            {cr.Rules, grant{"rbac.authorization.k8s.io", "clusterroles", "get"}, false},
+		"KeepsItsAPIServicesCABundle": {cr.Rules, grant{"apiregistration.k8s.io", "apiservices", "update"}, true},
+		"NeverCreatesAPIServices":     {cr.Rules, grant{"apiregistration.k8s.io", "apiservices", "create"}, false},
+		"ReadsTheFrontProxysCA":       {cr.Rules, grant{"", "configmaps", "get"}, true},
+		"NeverListsConfigMaps":        {cr.Rules, grant{"", "configmaps", "list"}, false},
+		"MakesItsCertificateAtHome":   {role.Rules, grant{"", "secrets", "create"}, true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

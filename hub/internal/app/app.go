@@ -9,15 +9,18 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -52,6 +55,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/subresources"
 	vfmetrics "github.com/virtfleet/virtfleet/internal/metrics"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
@@ -93,6 +97,15 @@ type Config struct {
 	MigrationsPerFleet, MigrationsPerNode, MigrationsPerNamespace int
 	// NodeTTL is the heartbeat bucket's TTL when the hub creates it.
 	NodeTTL time.Duration
+
+	// APIAddress serves the aggregated API (hub/internal/subresources);
+	// empty or "0" serves none.
+	APIAddress string
+	// APITLSSecret ("namespace/name") holds its serving certificate.
+	APITLSSecret string
+	// APISessions bounds the console sessions it relays at once; 0 means
+	// subresources.DefaultSessions.
+	APISessions int
 }
 
 // Limits of the hub, sized with make bench (figures in bench/results) on a
@@ -137,7 +150,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apis.AddToScheme, apiextensionsv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apis.AddToScheme, apiextensionsv1.AddToScheme, apiregistrationv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			return errors.Wrap(err, "cannot build the scheme")
 		}
@@ -226,6 +239,9 @@ func Run(ctx context.Context, c Config) error {
 		return errors.Wrap(err, "cannot set up the CRD gate")
 	}
 
+	// The aggregated API writes what a user asked for at once, through the
+	// plain client: the write economy below is for reconcilers.
+	plain := mgr.GetClient()
 	mgr = kubeclient.ForManager(mgr)
 	// The placement loop hears of every fleet the pool opens; the pool
 	// opens them only once the manager runs, after the loop is made below.
@@ -272,6 +288,9 @@ func Run(ctx context.Context, c Config) error {
 	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
+	if err := serveSubresources(mgr, plain, pool, c, log, recorder); err != nil {
+		return err
+	}
 	// Connect at start, not at the first VM: agents heartbeat only once the
 	// buckets exist.
 	if err := providerconfig.SetupConnectors(mgr, o, pool); err != nil {
@@ -279,4 +298,27 @@ func Run(ctx context.Context, c Config) error {
 	}
 	log.Info("Hub starting", "leaderElection", c.LeaderElection, "maxReconcileRate", c.MaxReconcileRate, "workers", c.Workers, "qps", c.QPS)
 	return errors.Wrap(mgr.Start(ctx), "controller manager stopped")
+}
+
+// serveSubresources adds the aggregated API server to mgr, when c asks for
+// one.
+func serveSubresources(mgr ctrl.Manager, kube client.Client, pool *fleet.Pool, c Config, log logging.Logger, recorder event.Recorder) error {
+	if c.APIAddress == "" || c.APIAddress == "0" {
+		return nil
+	}
+	ns, name, ok := strings.Cut(c.APITLSSecret, "/")
+	if !ok || ns == "" || name == "" {
+		return errors.Errorf("the aggregated API's TLS Secret %q is not namespace/name", c.APITLSSecret)
+	}
+	configs := providerconfig.NewResolver(kube)
+	fleets := func(ctx context.Context, vm *v1alpha1.VirtualMachine) (*fleet.Fleet, error) {
+		pc, err := configs.Read(ctx, vm)
+		if err != nil {
+			return nil, err
+		}
+		return pool.Get(ctx, pc.Target)
+	}
+	o := subresources.Options{Address: c.APIAddress, TLSSecret: types.NamespacedName{Namespace: ns, Name: name}, Sessions: c.APISessions}
+	srv := subresources.New(o, kube, mgr.GetAPIReader(), fleets, log.WithValues("server", "subresources"), recorder)
+	return errors.Wrap(mgr.Add(srv), "cannot add the aggregated API server")
 }

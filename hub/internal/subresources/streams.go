@@ -1,0 +1,171 @@
+package subresources
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"sync"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/gorilla/websocket"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/natswire"
+)
+
+// Subprotocol is the WebSocket subprotocol of a console or VNC stream:
+// binary messages carry the stream's bytes as they are, both ways.
+const Subprotocol = "plain.virtfleet.io"
+
+// ReasonConsoleOpened is the reason of the event a stream leaves on its VM,
+// naming the user who opened it.
+const ReasonConsoleOpened event.Reason = "ConsoleOpened"
+
+// How long the node has to answer, and the largest message a client may
+// send (a terminal's keystrokes and a VNC client's requests are small).
+const (
+	openTimeout     = 15 * time.Second
+	maxClientFrame  = 64 << 10
+	streamChunkSize = 32 << 10
+)
+
+var upgrader = websocket.Upgrader{
+	Subprotocols: []string{Subprotocol},
+	// Only the API server's front proxy reaches this server (authenticated
+	// checks its certificate); the browser origin rule does not apply.
+	CheckOrigin: func(*http.Request) bool { return true },
+}
+
+// stream relays the console or VNC display of a VM between a WebSocket
+// and the agent of the VM's node. Everything that can fail is tried before
+// the upgrade, so a client gets its error as an API status.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, u user) {
+	kind := wire.ConsoleKind(path.Base(r.URL.Path))
+	if !websocket.IsWebSocketUpgrade(r) {
+		writeStatus(w, kerrors.NewBadRequest(fmt.Sprintf("virtualmachines/%s is a WebSocket stream: open it with kubectl virtfleet %s", kind, kind)))
+		return
+	}
+	nn := types.NamespacedName{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}
+	vm := &v1alpha1.VirtualMachine{}
+	if err := s.kube.Get(r.Context(), nn, vm); err != nil {
+		writeStatus(w, apiError(err, nn.Name))
+		return
+	}
+	select {
+	case s.sessions <- struct{}{}:
+		defer func() { <-s.sessions }()
+	default:
+		writeStatus(w, kerrors.NewTooManyRequests(fmt.Sprintf("this hub relays %d console sessions already: try again later", cap(s.sessions)), 5))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), openTimeout)
+	remote, err := s.open(ctx, vm, kind)
+	cancel()
+	if err != nil {
+		writeStatus(w, err)
+		return
+	}
+	defer remote.Close() //nolint:errcheck // closing ends the session; nothing to do with its error
+	conn, err := upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader answered the client
+	}
+	defer conn.Close() //nolint:errcheck // as above
+	s.recorder.Event(vm, event.Normal(ReasonConsoleOpened, fmt.Sprintf("%s opened by %s", kind, u.Name)))
+	relay(conn, remote)
+}
+
+// open asks the agent of vm's node for its console kind, with the error a
+// client should see when it cannot.
+func (s *Server) open(ctx context.Context, vm *v1alpha1.VirtualMachine, kind wire.ConsoleKind) (io.ReadWriteCloser, error) {
+	switch p := vm.Status.AtProvider.Phase; p {
+	case v1alpha1.PhaseRunning, v1alpha1.PhasePaused:
+	default:
+		return nil, conflict(vm, fmt.Sprintf("is not running (phase %s): its %s opens once it runs", phaseOrNone(p), kind))
+	}
+	f, err := s.fleets(ctx, vm)
+	if err != nil {
+		return nil, kerrors.NewServiceUnavailable(fmt.Sprintf("cannot reach the fleet of VirtualMachine %s: %v", vm.Name, err))
+	}
+	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	if node == "" || !f.Sealed(vm) {
+		return nil, conflict(vm, "is not placed on a node by virtfleet")
+	}
+	id := make([]byte, 16)
+	_, _ = rand.Read(id)
+	open := wire.ConsoleOpen{ProtocolVersion: wire.ProtocolVersion, Session: hex.EncodeToString(id), UID: string(vm.UID), Kind: kind}
+	remote, err := f.OpenConsole(ctx, node, open)
+	var refused *natswire.ConsoleRefusedError
+	switch {
+	case err == nil:
+		return remote, nil
+	case errors.As(err, &refused):
+		return nil, refusal(vm, kind, refused)
+	default:
+		return nil, kerrors.NewServiceUnavailable(fmt.Sprintf("node %s did not open the %s of VirtualMachine %s: %v", node, kind, vm.Name, err))
+	}
+}
+
+// refusal is a node's refusal as an API error.
+func refusal(vm *v1alpha1.VirtualMachine, kind wire.ConsoleKind, r *natswire.ConsoleRefusedError) error {
+	switch r.Reason {
+	case wire.ConsoleNotFound:
+		return kerrors.NewNotFound(vmResource, vm.Name)
+	case wire.ConsoleUnavailable:
+		return conflict(vm, fmt.Sprintf("has no %s to open: %s", kind, r.Message))
+	case wire.ConsoleBusy:
+		return kerrors.NewTooManyRequests(fmt.Sprintf("the node of VirtualMachine %s relays as many console sessions as it may: %s", vm.Name, r.Message), 5)
+	}
+	return kerrors.NewServiceUnavailable(fmt.Sprintf("the node could not open the %s of VirtualMachine %s: %s", kind, vm.Name, r.Message))
+}
+
+// relay copies between the client's WebSocket and the node's stream until
+// either ends, then ends both.
+func relay(conn *websocket.Conn, remote io.ReadWriteCloser) {
+	conn.SetReadLimit(maxClientFrame)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = remote.Close()
+			_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+			_ = conn.Close()
+		})
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer stop()
+		buf := make([]byte, streamChunkSize)
+		for {
+			n, err := remote.Read(buf)
+			if n > 0 {
+				if werr := conn.WriteMessage(websocket.BinaryMessage, buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		_, data, err := conn.ReadMessage()
+		if err != nil {
+			break
+		}
+		if _, err := remote.Write(data); err != nil {
+			break
+		}
+	}
+	stop()
+	<-done
+}
