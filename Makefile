@@ -133,11 +133,11 @@ run: ## Start the whole system locally: control plane, NATS, hub, three agents o
 	@$(MAKE) --no-print-directory local
 	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" exec bin/local -binaries=bin $(RUN_FLAGS)
 
-# One go command builds the three, compiling what they share once and
+# One go command builds them all, compiling what they share once and
 # linking them side by side.
 .PHONY: local
-local: ## Build bin/local, the command behind make run (with CROSSPLANE=1, able to run Crossplane core), and the hub and agent it runs.
-	@$(GO) build $(if $(CROSSPLANE),-tags crossplane) -o bin/ ./cluster/local ./hub ./agent
+local: ## Build bin/local, the command behind make run (with CROSSPLANE=1, able to run Crossplane core), the hub and agent it runs, and the kubectl plugin.
+	@$(GO) build $(if $(CROSSPLANE),-tags crossplane) -o bin/ ./cluster/local ./hub ./agent ./kubectl-virtfleet
 
 .PHONY: clean
 clean: ## Remove build output (not the envtest cache).

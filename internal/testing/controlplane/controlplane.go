@@ -23,6 +23,7 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -78,6 +79,9 @@ type Options struct {
 	// StopAPIServer and StartAPIServer bring it back on the same address
 	// with the same credentials, as a restarted real API server would be.
 	Restartable bool
+	// Aggregation lets the API server proxy to aggregated API servers
+	// (APIServices backed by a Service), with a front-proxy CA of its own.
+	Aggregation bool
 }
 
 // RepoRoot is the repository's root directory, found from this source file so
@@ -104,8 +108,10 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 		return nil, err
 	}
 	scheme := k8sruntime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, errors.Wrap(err, "cannot register Kubernetes types")
+	for _, add := range []func(*k8sruntime.Scheme) error{clientgoscheme.AddToScheme, apiregistrationv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			return nil, errors.Wrap(err, "cannot register Kubernetes types")
+		}
 	}
 	addToScheme := opts.AddToScheme
 	if addToScheme == nil {
@@ -140,6 +146,11 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 		// A graceful stop waits for open watches (tens of seconds); an
 		// outage does not. envtest applies this to every component.
 		env.ControlPlaneStopTimeout = time.Second
+	}
+	if opts.Aggregation {
+		if err := enableAggregation(env.ControlPlane.APIServer, filepath.Join(opts.Dir, "front-proxy")); err != nil {
+			return nil, err
+		}
 	}
 	env.ControlPlane.Etcd = &envtest.Etcd{Out: opts.Output, Err: opts.Output, DataDir: opts.EtcdDir}
 	cfg, err := env.Start()

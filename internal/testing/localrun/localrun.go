@@ -105,7 +105,7 @@ func Start(ctx context.Context, o Options) (*Running, error) {
 	}
 	r := &Running{unlock: unlock}
 	fmt.Fprintln(o.Out, "starting virtfleet:")
-	so := stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out, Binaries: o.Binaries}
+	so := stack.Options{Dir: o.Dir, NATSPort: o.NATSPort, Progress: o.Out, Binaries: o.Binaries, Subresources: true}
 	examples := []string{o.Examples}
 	switch o.Guests {
 	case "":
@@ -174,7 +174,7 @@ func (r *Running) PrintSummary(w io.Writer, o Options) {
 		}
 	}
 	fmt.Fprintf(w, "\nvirtfleet is up (run directory %s, logs in %s).\n", o.Dir, filepath.Join(o.Dir, "logs"))
-	fmt.Fprintf(w, "To use it, paste:\n\n  export KUBECONFIG=%s\n  alias kubectl=%s\n  kubectl get vm -o wide\n", cp.Kubeconfig, cp.Kubectl)
+	fmt.Fprintf(w, "To use it, paste:\n\n  export KUBECONFIG=%s\n  alias kubectl=%s\n  export PATH=%s:$PATH  # kubectl virtfleet\n  kubectl get vm -o wide\n", cp.Kubeconfig, cp.Kubectl, filepath.Dir(r.Stack.Plugin()))
 	if r.guests != nil {
 		r.guests.summary(w, "kubectl")
 	}

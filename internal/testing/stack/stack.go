@@ -119,6 +119,10 @@ type Options struct {
 	// virtfleet's CRDs (as Crossplane's package manager does) and returns
 	// the kubeconfig the hub runs with instead of cluster/deploy's identity.
 	Install func(ctx context.Context, s *Stack) (hubKubeconfig string, err error)
+	// Subresources serves the hub's aggregated API through the API server
+	// (kubectl virtfleet console, vnc, start, stop, …): aggregation on, and
+	// cluster/deploy's APIService routed to the hub on this machine.
+	Subresources bool
 }
 
 // DefaultGrants are what the stack's administrator grants when
@@ -176,9 +180,14 @@ type Stack struct {
 	bin           string
 	// metricsPort is the hub's metrics port, the same across its restarts;
 	// agentMetricsPorts the agents', by node.
-	metricsPort       int
-	agentMetricsPorts map[string]int
-	images            *imageServer
+	metricsPort int
+	// apiPort is the hub's aggregated API's port (Options.Subresources),
+	// apiService its APIService and apiServiceTarget the Service that
+	// routes to it, as cluster/deploy names them.
+	apiPort                      int
+	apiService, apiServiceTarget string
+	agentMetricsPorts            map[string]int
+	images                       *imageServer
 
 	mu     sync.Mutex
 	hub    *component
@@ -267,7 +276,7 @@ func (s *Stack) start(ctx context.Context) error {
 	// etcd's data and the NATS store live under Dir, so a Stack started on
 	// the Dir of an earlier one finds its resources and intents. The
 	// simulated nodes always start empty: their agents re-create the guests.
-	cpOpts := controlplane.Options{Dir: o.Dir, Progress: o.Progress, Output: cpLog, EtcdDir: filepath.Join(o.Dir, "etcd"), CRDDirs: o.CRDDirs}
+	cpOpts := controlplane.Options{Dir: o.Dir, Progress: o.Progress, Output: cpLog, EtcdDir: filepath.Join(o.Dir, "etcd"), CRDDirs: o.CRDDirs, Aggregation: o.Subresources}
 	if s.ControlPlane, err = controlplane.Start(ctx, cpOpts); err != nil {
 		return err
 	}
@@ -307,6 +316,11 @@ func (s *Stack) start(ctx context.Context) error {
 	}
 	if s.hubKubeconfig == "" {
 		if s.hubKubeconfig, err = s.hubIdentity(ctx); err != nil {
+			return err
+		}
+	}
+	if o.Subresources {
+		if err := s.registerSubresources(ctx); err != nil {
 			return err
 		}
 	}
@@ -357,6 +371,12 @@ func (s *Stack) start(ctx context.Context) error {
 			return err
 		}
 		logf(o.Progress, "agent "+n, "%s, log: %s", s.backend(n), s.LogPath("agent-"+n))
+	}
+	if o.Subresources {
+		if err := s.AwaitSubresources(ctx); err != nil {
+			return err
+		}
+		logf(o.Progress, "hub", "aggregated API %s served on 127.0.0.1:%d", s.apiService, s.apiPort)
 	}
 	return s.awaitHeartbeats(ctx)
 }
@@ -512,10 +532,10 @@ func (s *Stack) build(ctx context.Context) error {
 		return nil
 	}
 	s.bin = filepath.Join(s.opts.Dir, "bin")
-	build := exec.CommandContext(ctx, "go", "build", "-o", s.bin+string(filepath.Separator), "./hub", "./agent")
+	build := exec.CommandContext(ctx, "go", "build", "-o", s.bin+string(filepath.Separator), "./hub", "./agent", "./kubectl-virtfleet")
 	build.Dir = controlplane.RepoRoot()
 	if out, err := build.CombinedOutput(); err != nil {
-		return errors.Errorf("cannot build the hub and the agent: %v\n%s", err, out)
+		return errors.Errorf("cannot build the hub, the agent and the kubectl plugin: %v\n%s", err, out)
 	}
 	return nil
 }
@@ -563,6 +583,9 @@ func (s *Stack) StartHub() error {
 	}
 	if s.opts.Debug {
 		args = append(args, "--debug")
+	}
+	if s.apiPort != 0 {
+		args = append(args, fmt.Sprintf("--api-bind-address=127.0.0.1:%d", s.apiPort))
 	}
 	c, err := s.run("hub", "hub", []string{"KUBECONFIG=" + s.hubKubeconfig}, args...)
 	s.hub = c
