@@ -9,6 +9,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"math"
@@ -96,16 +97,14 @@ func Run(ctx context.Context, cfg Config) error {
 			cancel()
 		}
 	})
-	if c, ok := drv.(driver.Consoler); ok {
-		limits := natswire.ConsoleLimits{Sessions: cfg.ConsoleSessions, BytesPerSecond: cfg.ConsoleBytesPerSecond}
-		wg.Go(func() {
-			// Consoles are a convenience: without them the node still
-			// runs its guests, so a failure here stops nothing else.
-			if err := natswire.ServeConsoles(ctx, nc, cfg.Node, limits, log, openConsole(c)); err != nil {
-				log.Info("Cannot serve consoles", "error", err)
-			}
-		})
-	}
+	limits := natswire.ConsoleLimits{Sessions: cfg.ConsoleSessions, BytesPerSecond: cfg.ConsoleBytesPerSecond}
+	wg.Go(func() {
+		// Consoles are a convenience: without them the node still runs
+		// its guests, so a failure here stops nothing else.
+		if err := natswire.ServeConsoles(ctx, nc, cfg.Node, limits, log, openConsole(consolesOf(drv), cfg.Backend)); err != nil {
+			log.Info("Cannot serve consoles", "error", err)
+		}
+	})
 	hb := &heartbeat{cfg: cfg, driver: drv, log: log}
 	wg.Go(func() {
 		bus.RunHeartbeat(ctx, b, cfg.HeartbeatInterval, log, func() wire.NodeHeartbeat { return hb.next(ctx) })
@@ -118,12 +117,18 @@ func Run(ctx context.Context, cfg Config) error {
 	return watchErr
 }
 
-// openConsole opens the consoles the hub asks for through c, refusing with
-// the reason the driver's error gives: a guest not on the node is NotFound,
-// a Terminal error (guest not running, no such console, console held) is
-// Unavailable; any other error ServeConsoles refuses as Failed.
-func openConsole(c driver.Consoler) func(context.Context, wire.ConsoleOpen) (io.ReadWriteCloser, error) {
+// openConsole opens the consoles the hub asks for through drv, refusing
+// with the reason the driver's error gives: a guest not on the node is
+// NotFound, a Terminal error (guest not running, no such console, console
+// held) is Unavailable; any other error ServeConsoles refuses as Failed. A
+// nil c (a driver that is no Consoler) refuses every console as
+// Unavailable, so the user hears why at once instead of waiting for a node
+// that never answers.
+func openConsole(c driver.Consoler, backend string) func(context.Context, wire.ConsoleOpen) (io.ReadWriteCloser, error) {
 	return func(ctx context.Context, o wire.ConsoleOpen) (io.ReadWriteCloser, error) {
+		if c == nil {
+			return nil, &natswire.ConsoleRefusedError{Reason: wire.ConsoleUnavailable, Message: "the " + cmp.Or(backend, driver.BackendLibvirt) + " backend of this node serves no consoles"}
+		}
 		s, err := c.OpenConsole(ctx, o.UID, driver.ConsoleKind(o.Kind))
 		switch {
 		case err == nil:
@@ -135,6 +140,12 @@ func openConsole(c driver.Consoler) func(context.Context, wire.ConsoleOpen) (io.
 		}
 		return nil, err
 	}
+}
+
+// consolesOf is drv's consoles, or nil when it has none.
+func consolesOf(drv driver.Driver) driver.Consoler {
+	c, _ := drv.(driver.Consoler)
+	return c
 }
 
 // connect opens the node's NATS connection. It does not wait for a server:

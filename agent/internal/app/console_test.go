@@ -80,6 +80,15 @@ func TestConsoleRefusalsFollowTheDriversErrors(t *testing.T) {
 		})
 	}
 
+	t.Run("ABackendWithoutConsolesSaysSo", func(t *testing.T) {
+		serveConsoles(t, srv, agents["n1"], (*consoler)(nil))
+		_, err := natswire.DialConsole(context.Background(), hubConn, "n1", wire.ConsoleOpen{UID: "vm-a", Kind: wire.ConsoleSerial})
+		var re *natswire.ConsoleRefusedError
+		require.ErrorAs(t, err, &re)
+		assert.Equal(t, wire.ConsoleUnavailable, re.Reason)
+		assert.Contains(t, re.Message, "the nova backend of this node serves no consoles")
+	})
+
 	t.Run("AnOpenConsoleIsTheDriversStream", func(t *testing.T) {
 		c := &consoler{}
 		serveConsoles(t, srv, agents["n1"], c)
@@ -103,11 +112,15 @@ func TestConsoleRefusalsFollowTheDriversErrors(t *testing.T) {
 // the test ends, and returns once it receives opens.
 func serveConsoles(t *testing.T, srv *natstest.Server, id natswire.Identity, c driver.Consoler) {
 	t.Helper()
+	if cc, ok := c.(*consoler); ok && cc == nil {
+		c = nil // a driver without consoles
+	}
+	t.Helper()
 	nc, _ := natstest.Connect(t, srv, id)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- natswire.ServeConsoles(ctx, nc, id.Name, natswire.ConsoleLimits{}, logging.NewNopLogger(), openConsole(c))
+		done <- natswire.ServeConsoles(ctx, nc, id.Name, natswire.ConsoleLimits{}, logging.NewNopLogger(), openConsole(c, driver.BackendNova))
 	}()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 	require.Eventually(t, func() bool { return nc.NumSubscriptions() > 0 }, 10*time.Second, 5*time.Millisecond)

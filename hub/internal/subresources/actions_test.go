@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
 
 func TestPlan(t *testing.T) {
@@ -102,5 +103,13 @@ func TestDiscoveryListsEverySubresource(t *testing.T) {
 	}
 	for _, sub := range []string{"start", "stop", "restart", "reset", "pause", "unpause", "migrate"} {
 		assert.Equal(t, []string{"update"}, verbs["virtualmachines/"+sub], "an action is a PUT")
+	}
+}
+
+func TestEveryStreamOpensAConsoleTheWireKnows(t *testing.T) {
+	for _, sub := range streams {
+		kind, ok := streamKinds[sub]
+		require.True(t, ok, sub)
+		assert.Contains(t, []wire.ConsoleKind{wire.ConsoleSerial, wire.ConsoleVNC}, kind, sub)
 	}
 }

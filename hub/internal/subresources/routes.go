@@ -14,7 +14,8 @@ import (
 // The subresources of a VirtualMachine, each with the HTTP method (and so
 // the RBAC verb: GET is get, PUT is update) that reaches it.
 var (
-	// streams are opened with a GET upgraded to a WebSocket.
+	// streams are opened with a GET upgraded to a WebSocket (streamKinds
+	// says which console each is).
 	streams = []string{"console", "vnc"}
 	// actions are a PUT each.
 	actions = []string{"start", "stop", "restart", "reset", "pause", "unpause", "migrate"}

@@ -38,6 +38,9 @@ const (
 	streamChunkSize = 32 << 10
 )
 
+// streamKinds are the consoles the stream subresources open.
+var streamKinds = map[string]wire.ConsoleKind{"console": wire.ConsoleSerial, "vnc": wire.ConsoleVNC}
+
 var upgrader = websocket.Upgrader{
 	Subprotocols: []string{Subprotocol},
 	// Only the API server's front proxy reaches this server (authenticated
@@ -49,9 +52,9 @@ var upgrader = websocket.Upgrader{
 // and the agent of the VM's node. Everything that can fail is tried before
 // the upgrade, so a client gets its error as an API status.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, u user) {
-	kind := wire.ConsoleKind(path.Base(r.URL.Path))
+	sub := path.Base(r.URL.Path)
 	if !websocket.IsWebSocketUpgrade(r) {
-		writeStatus(w, kerrors.NewBadRequest(fmt.Sprintf("virtualmachines/%s is a WebSocket stream: open it with kubectl virtfleet %s", kind, kind)))
+		writeStatus(w, kerrors.NewBadRequest(fmt.Sprintf("virtualmachines/%s is a WebSocket stream: open it with kubectl virtfleet %s", sub, sub)))
 		return
 	}
 	nn := types.NamespacedName{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}
@@ -68,7 +71,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, u user) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), openTimeout)
-	remote, err := s.open(ctx, vm, kind)
+	remote, err := s.open(ctx, vm, sub)
 	cancel()
 	if err != nil {
 		writeStatus(w, err)
@@ -80,17 +83,17 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, u user) {
 		return // the upgrader answered the client
 	}
 	defer conn.Close() //nolint:errcheck // as above
-	s.recorder.Event(vm, event.Normal(ReasonConsoleOpened, fmt.Sprintf("%s opened by %s", kind, u.Name)))
+	s.recorder.Event(vm, event.Normal(ReasonConsoleOpened, fmt.Sprintf("%s opened by %s", sub, u.Name)))
 	relay(conn, remote)
 }
 
-// open asks the agent of vm's node for its console kind, with the error a
-// client should see when it cannot.
-func (s *Server) open(ctx context.Context, vm *v1alpha1.VirtualMachine, kind wire.ConsoleKind) (io.ReadWriteCloser, error) {
+// open asks the agent of vm's node for the console of stream subresource
+// sub, with the error a client should see when it cannot.
+func (s *Server) open(ctx context.Context, vm *v1alpha1.VirtualMachine, sub string) (io.ReadWriteCloser, error) {
 	switch p := vm.Status.AtProvider.Phase; p {
 	case v1alpha1.PhaseRunning, v1alpha1.PhasePaused:
 	default:
-		return nil, conflict(vm, fmt.Sprintf("is not running (phase %s): its %s opens once it runs", phaseOrNone(p), kind))
+		return nil, conflict(vm, fmt.Sprintf("is not running (phase %s): its %s opens once it runs", phaseOrNone(p), sub))
 	}
 	f, err := s.fleets(ctx, vm)
 	if err != nil {
@@ -102,30 +105,30 @@ func (s *Server) open(ctx context.Context, vm *v1alpha1.VirtualMachine, kind wir
 	}
 	id := make([]byte, 16)
 	_, _ = rand.Read(id)
-	open := wire.ConsoleOpen{ProtocolVersion: wire.ProtocolVersion, Session: hex.EncodeToString(id), UID: string(vm.UID), Kind: kind}
+	open := wire.ConsoleOpen{ProtocolVersion: wire.ProtocolVersion, Session: hex.EncodeToString(id), UID: string(vm.UID), Kind: streamKinds[sub]}
 	remote, err := f.OpenConsole(ctx, node, open)
 	var refused *natswire.ConsoleRefusedError
 	switch {
 	case err == nil:
 		return remote, nil
 	case errors.As(err, &refused):
-		return nil, refusal(vm, kind, refused)
+		return nil, refusal(vm, sub, refused)
 	default:
-		return nil, kerrors.NewServiceUnavailable(fmt.Sprintf("node %s did not open the %s of VirtualMachine %s: %v", node, kind, vm.Name, err))
+		return nil, kerrors.NewServiceUnavailable(fmt.Sprintf("node %s did not open the %s of VirtualMachine %s: %v", node, sub, vm.Name, err))
 	}
 }
 
 // refusal is a node's refusal as an API error.
-func refusal(vm *v1alpha1.VirtualMachine, kind wire.ConsoleKind, r *natswire.ConsoleRefusedError) error {
+func refusal(vm *v1alpha1.VirtualMachine, sub string, r *natswire.ConsoleRefusedError) error {
 	switch r.Reason {
 	case wire.ConsoleNotFound:
 		return kerrors.NewNotFound(vmResource, vm.Name)
 	case wire.ConsoleUnavailable:
-		return conflict(vm, fmt.Sprintf("has no %s to open: %s", kind, r.Message))
+		return conflict(vm, fmt.Sprintf("has no %s to open: %s", sub, r.Message))
 	case wire.ConsoleBusy:
 		return kerrors.NewTooManyRequests(fmt.Sprintf("the node of VirtualMachine %s relays as many console sessions as it may: %s", vm.Name, r.Message), 5)
 	}
-	return kerrors.NewServiceUnavailable(fmt.Sprintf("the node could not open the %s of VirtualMachine %s: %s", kind, vm.Name, r.Message))
+	return kerrors.NewServiceUnavailable(fmt.Sprintf("the node could not open the %s of VirtualMachine %s: %s", sub, vm.Name, r.Message))
 }
 
 // relay copies between the client's WebSocket and the node's stream until
