@@ -60,6 +60,8 @@ type Driver struct {
 	// failures are Fail's errors, by operation and uid.
 	failures map[failure]error
 	guests   map[string]*guest
+	// consoles are the guests' consoles a session holds (console.go).
+	consoles map[console]bool
 	// orphans are released guests, by the uid they were released under;
 	// foreign are guests virtfleet never made, by their ID.
 	orphans map[string]*guest

@@ -243,6 +243,12 @@ func (d *Driver) Claim(_ context.Context, m driver.Machine, ref driver.Ref) erro
 	if o := info.owner; o != nil && !o.Orphaned {
 		return driver.Terminalf("domain %s is already managed by VirtualMachine %s/%s (uid %s); a guest has one VirtualMachine", dom.Name, o.Namespace, o.Name, o.UID)
 	}
+	// The reset nonce the VM comes with counts as handled, as its restart
+	// nonce does: taking a guest over never resets it. Recorded first: once
+	// the owner is rewritten, a Claim again finds the guest claimed.
+	if err := recordReset(api, dom, m.ResetNonce); err != nil {
+		return err
+	}
 	adopt := info.owner != nil && info.owner.Namespace == m.Namespace && info.owner.Name == m.Name
 	return d.rewriteOwner(api, dom, info, func(o *ownership) {
 		o.Imported = o.Imported || !adopt

@@ -95,6 +95,8 @@ func TestSpecHash(t *testing.T) {
 		"PowerStateDoesNotChangeTheDefinition":   {change: func(m *driver.Machine) { m.Running = false }, same: true},
 		"RestartNonceDoesNotChangeTheDefinition": {change: func(m *driver.Machine) { m.RestartNonce = "x" }, same: true},
 		"GenerationDoesNotChangeTheDefinition":   {change: func(m *driver.Machine) { m.Generation++ }, same: true},
+		"PausedDoesNotChangeTheDefinition":       {change: func(m *driver.Machine) { m.Paused = true }, same: true},
+		"ResetNonceDoesNotChangeTheDefinition":   {change: func(m *driver.Machine) { m.ResetNonce = "x" }, same: true},
 		"VCPUChangesTheDefinition":               {change: func(m *driver.Machine) { m.VCPU++ }},
 		"PublicKeyChangesTheDefinition":          {change: func(m *driver.Machine) { m.PublicKey = "ssh-ed25519 BBBB" }},
 	}

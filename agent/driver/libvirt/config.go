@@ -56,7 +56,32 @@ type Config struct {
 	// empty means the agent's own. libvirtd makes its networks' bridges in
 	// its own namespace, which need not be the agent's.
 	Netns string
+	// ConsoleDir is the directory, as libvirtd sees it, where each guest's
+	// serial console listens on a unix socket named from its uid
+	// (vf-<uid>.serial); empty means DefaultConsoleDir. libvirtd must be
+	// able to create sockets there, and a socket's path must fit in 107
+	// bytes. Changing it moves the sockets of guests defined from then on;
+	// a guest keeps the socket it was started with until its next start.
+	//
+	// A guest's VNC display listens on a socket libvirt makes in the
+	// guest's own directory under its QEMU directory,
+	// /var/lib/libvirt/qemu/domain-<id>-<name>/vnc.sock: libvirt 9.0
+	// drops a VNC socket path given under that directory, and makes one
+	// nowhere else. So with the default ConsoleDir, ConsoleLocalDir
+	// serves both sockets; with another, the agent must see
+	// /var/lib/libvirt/qemu where libvirtd does.
+	ConsoleDir string
+	// ConsoleLocalDir is ConsoleDir as the agent sees it: a socket
+	// libvirtd names under ConsoleDir is connected to under
+	// ConsoleLocalDir. Empty means ConsoleDir. It differs when libvirtd
+	// runs in a mount namespace of its own, or in a container whose
+	// directory the agent mounts elsewhere.
+	ConsoleLocalDir string
 }
+
+// DefaultConsoleDir is libvirt's directory of its QEMU driver, which
+// libvirtd and QEMU (as its unprivileged user) can create sockets in.
+const DefaultConsoleDir = "/var/lib/libvirt/qemu"
 
 // Defaults of the image download limits.
 const (

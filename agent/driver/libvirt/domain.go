@@ -8,6 +8,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"path"
 	"strings"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -67,6 +68,13 @@ type domainInfo struct {
 	// the paths of the disks given as files.
 	volumes []poolVolume
 	files   []string
+	// serialSocket and vncSocket are the unix sockets the first serial
+	// port and the VNC display listen on, as libvirtd sees them; empty
+	// when the domain has no such socket (a definition from before the
+	// driver gave guests consoles, or one it imported), and vncSocket also
+	// in a definition that is not running (libvirt names it at start).
+	serialSocket string
+	vncSocket    string
 }
 
 // poolVolume is a volume in a storage pool.
@@ -122,8 +130,34 @@ func parseDomain(x string) (domainInfo, error) {
 			}
 			info.nics = append(info.nics, n)
 		}
+		info.serialSocket, info.vncSocket = consoleSockets(d.Devices)
 	}
 	return info, nil
+}
+
+// consoleSockets finds the unix sockets the first serial port and the VNC
+// display listen on. Only the first serial port counts: it is the one
+// firmware and kernel write to.
+func consoleSockets(devs *libvirtxml.DomainDeviceList) (serial, vnc string) {
+	if len(devs.Serials) > 0 {
+		if src := devs.Serials[0].Source; src != nil && src.UNIX != nil && src.UNIX.Mode == "bind" {
+			serial = src.UNIX.Path
+		}
+	}
+	for _, g := range devs.Graphics {
+		if g.VNC == nil {
+			continue
+		}
+		for _, l := range g.VNC.Listeners {
+			if l.Socket != nil && l.Socket.Socket != "" {
+				return serial, l.Socket.Socket
+			}
+		}
+		if g.VNC.Socket != "" {
+			return serial, g.VNC.Socket
+		}
+	}
+	return serial, ""
 }
 
 // findOwnership finds virtfleet's element among the <metadata> children,
@@ -177,8 +211,16 @@ func bytesOf(v uint, unit string) int64 {
 	return int64(v) * mult
 }
 
+// definitionLayout names what domainXML makes of a Machine besides the
+// Machine itself. Raising it changes every spec hash, so every guest is
+// redefined at its next Ensure and gets the new devices (a running one
+// reports RestartRequired until its next start, which applies them): 2 gave
+// guests their console and VNC sockets.
+const definitionLayout = 2
+
 // specHash identifies the parts of m that shape the domain definition (not
-// its power state, restart nonce or generation).
+// its power state, restart nonce or generation), and the definitionLayout
+// it is made with.
 func specHash(m driver.Machine) string {
 	shape := m
 	shape.Running, shape.RestartNonce, shape.Generation = false, "", 0
@@ -188,7 +230,10 @@ func specHash(m driver.Machine) string {
 		disk.Image = nil
 		shape.Disks[i] = disk
 	}
-	b, _ := json.Marshal(shape) //nolint:errchkjson // plain struct of strings and numbers
+	b, _ := json.Marshal(struct {
+		Machine driver.Machine
+		Layout  int
+	}{shape, definitionLayout}) //nolint:errchkjson // plain struct of strings and numbers
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:8])
 }
@@ -244,6 +289,9 @@ type domainSpec struct {
 	// overlayMTU is the MTU of the interfaces on networks joined to the
 	// overlay (a VNI); 0 when the machine has none.
 	overlayMTU int
+	// consoleDir is where the guest's serial console socket goes, as
+	// libvirtd sees it (Config.ConsoleDir); empty means DefaultConsoleDir.
+	consoleDir string
 }
 
 // domainXML builds the domain definition.
@@ -273,6 +321,11 @@ func domainXML(s domainSpec) (string, error) {
 	}
 	if m.Firmware == driver.FirmwareUEFI {
 		d.OS.Firmware = "efi"
+	} else {
+		// SeaBIOS writes to the serial port too, so the console shows the
+		// boot from its first line (and why a disk did not boot). The
+		// setting is SeaBIOS's alone: UEFI firmware has none.
+		d.OS.BIOS = &libvirtxml.DomainBIOS{UseSerial: "yes"}
 	}
 	for i, disk := range m.Disks {
 		dd := volumeDisk(cmp.Or(disk.Pool, s.pool), disk.Name, cmp.Or(disk.Format, defaultFormat), virtioDev(i))
@@ -307,12 +360,35 @@ func domainXML(s domainSpec) (string, error) {
 		}
 		d.Devices.Interfaces = append(d.Devices.Interfaces, ifc)
 	}
-	// The serial console, kept by virtlogd next to QEMU's log, is what a
-	// guest that never comes up on the network can be diagnosed from.
+	dir := cmp.Or(s.consoleDir, DefaultConsoleDir)
+	serial := serialSocket(dir, m.UID)
+	if len(serial) > maxSocketPath {
+		// QEMU could not start the guest: the node's configuration must
+		// change, and the guest is defined once it has.
+		return "", driver.Failingf("the console directory %s is too long for the guest's serial console socket (%s is over %d bytes): configure a shorter one", dir, serial, maxSocketPath)
+	}
+	// The serial console listens on a unix socket the agent connects to
+	// for a console session, one at a time (QEMU serves one client). It
+	// is logged by virtlogd next to QEMU's log, session or not: that log
+	// is what a guest that never comes up on the network can be diagnosed
+	// from.
 	d.Devices.Serials = []libvirtxml.DomainSerial{{
-		Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+		Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind", Path: serial}},
 		Log:    &libvirtxml.DomainChardevLog{File: ConsoleLog(d.Name), Append: "on"},
 	}}
+	// The display, for VNC sessions through the agent: on a unix socket
+	// only, never on a TCP port, where anyone reaching the host could
+	// watch and type. libvirt makes the socket at each start, in the
+	// guest's own directory under its QEMU directory (/var/lib/libvirt/
+	// qemu/domain-<id>-<name>/vnc.sock), and names it in the running
+	// definition: libvirt 9.0 drops a VNC socket path given under that
+	// directory (it takes it for one its old vnc_auto_unix_socket made)
+	// and listens on TCP instead. A plain VGA adapter is all a firmware
+	// and a text console need, and every guest kernel drives it.
+	d.Devices.Graphics = []libvirtxml.DomainGraphic{{VNC: &libvirtxml.DomainGraphicVNC{
+		Listeners: []libvirtxml.DomainGraphicListener{{Socket: &libvirtxml.DomainGraphicListenerSocket{}}},
+	}}}
+	d.Devices.Videos = []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}}}
 	// The guest agent channel lets DomainInterfaceAddresses ask the guest.
 	d.Devices.Channels = []libvirtxml.DomainChannel{{
 		Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind"}},
@@ -324,6 +400,16 @@ func domainXML(s domainSpec) (string, error) {
 
 // ConsoleLog is where a domain's serial console is logged on its host.
 func ConsoleLog(domain string) string { return "/var/log/libvirt/qemu/" + domain + "-console.log" }
+
+// serialSocket is where the serial console of the guest uid listens, in
+// dir.
+func serialSocket(dir, uid string) string {
+	return path.Join(dir, "vf-"+uid+"."+string(driver.ConsoleSerial))
+}
+
+// maxSocketPath is the longest path a unix socket can have: sun_path holds
+// 108 bytes, the last of them NUL.
+const maxSocketPath = 107
 
 func volumeDisk(pool, vol, format, dev string) libvirtxml.DomainDisk {
 	return libvirtxml.DomainDisk{

@@ -67,6 +67,8 @@ type Driver struct {
 	definitions *definitions
 	// echoes are the events of the driver's own defines and starts.
 	echoes *echoes
+	// consoles are the guests' console sockets and open sessions.
+	consoles *consoles
 	// claimMu serialises claims, so two VMs never take one domain.
 	claimMu sync.Mutex
 	// networkMu serialises making, changing and removing networks and
@@ -152,6 +154,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		aliases:     newAliases(),
 		definitions: newDefinitions(),
 		echoes:      newEchoes(),
+		consoles:    newConsoles(cfg),
 		images:      newImages(cfg),
 		defining:    map[nic]int{},
 		tunnel:      cfg.TunnelAddress.Unmap(),
@@ -523,26 +526,32 @@ func (d *Driver) domainOf(api API, uid string) (golibvirt.Domain, error) {
 // describe is lookup's second half: dom's definition (the running one, or
 // the next with DomainXMLInactive), checked to be the guest uid's.
 func (d *Driver) describe(api API, dom golibvirt.Domain, uid string, flags golibvirt.DomainXMLFlags) (domainInfo, error) {
+	info, _, err := d.describeXML(api, dom, uid, flags)
+	return info, err
+}
+
+// describeXML is describe, with the XML it read.
+func (d *Driver) describeXML(api API, dom golibvirt.Domain, uid string, flags golibvirt.DomainXMLFlags) (domainInfo, string, error) {
 	x, err := api.DomainGetXMLDesc(dom, flags)
 	if isCode(err, golibvirt.ErrNoDomain) {
-		return domainInfo{}, driver.NotFoundf("no domain with uuid %s", uid)
+		return domainInfo{}, "", driver.NotFoundf("no domain with uuid %s", uid)
 	}
 	if err != nil {
-		return domainInfo{}, errors.Wrap(err, "cannot read domain XML")
+		return domainInfo{}, "", errors.Wrap(err, "cannot read domain XML")
 	}
 	info, err := parseDomain(x)
 	if err != nil {
-		return domainInfo{}, err
+		return domainInfo{}, "", err
 	}
 	switch o := info.owner; {
 	case o == nil:
-		return domainInfo{}, driver.Terminalf("domain %s with uuid %s exists on the node but is not managed by virtfleet", dom.Name, uid)
+		return domainInfo{}, "", driver.Terminalf("domain %s with uuid %s exists on the node but is not managed by virtfleet", dom.Name, uid)
 	case o.UID != uid:
-		return domainInfo{}, driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "is managed by VirtualMachine " + o.Namespace + "/" + o.Name + " now"})
+		return domainInfo{}, "", driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "is managed by VirtualMachine " + o.Namespace + "/" + o.Name + " now"})
 	case o.Orphaned:
-		return domainInfo{}, driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "was released and is orphaned"})
+		return domainInfo{}, "", driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "was released and is orphaned"})
 	}
-	return info, nil
+	return info, x, nil
 }
 
 // Ensure implements driver.Driver.
@@ -678,7 +687,7 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 	if err := writeSeed(api, d.pool, seedVolume(m.UID), iso, d.testDriver); err != nil {
 		return golibvirt.Domain{}, err
 	}
-	spec := domainSpec{machine: m, owner: owner, domainType: conn.domainType, pool: d.pool}
+	spec := domainSpec{machine: m, owner: owner, domainType: conn.domainType, pool: d.pool, consoleDir: d.consoles.dir}
 	if slices.ContainsFunc(m.Networks, func(n driver.Network) bool { return n.VNI != 0 }) {
 		if spec.overlayMTU, err = d.overlayMTU(); err != nil {
 			return golibvirt.Domain{}, err
@@ -734,11 +743,12 @@ func (d *Driver) start(api API, dom golibvirt.Domain, uid string) error {
 	return nil
 }
 
-// converge drives the domain's power state towards m.Running and handles a
-// new restart nonce. A running domain keeps the definition it was started
-// with until it is started again, so a restart requested while the definition
-// changed is a cold one (destroy, then start) that applies the new shape,
-// as KubeVirt does; otherwise it is a guest reboot.
+// converge drives the domain's power state towards m.Running and m.Paused
+// and handles a new restart or reset nonce. A running domain keeps the
+// definition it was started with until it is started again, so a restart
+// requested while the definition changed is a cold one (destroy, then
+// start) that applies the new shape, as KubeVirt does; otherwise it is a
+// guest reboot. A reset resets the domain in place, on the shape it runs.
 func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner ownership) error {
 	state, reason, err := api.DomainGetState(dom, 0)
 	if err != nil {
@@ -756,14 +766,20 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 		return nil
 	}
 	halted := haltedByHypervisor(s, reason)
+	// paused is a pause a resume ends: the user's, or one behind the
+	// driver's back; never the hypervisor's halt.
+	paused := s == golibvirt.DomainPaused && !halted
 	active := s != golibvirt.DomainShutoff && s != golibvirt.DomainCrashed && s != golibvirt.DomainNostate
-	liveHash := owner.SpecHash
+	liveHash, lastReset := owner.SpecHash, ""
 	if active {
-		live, err := d.describe(api, dom, m.UID, 0)
+		live, x, err := d.describeXML(api, dom, m.UID, 0)
 		if err != nil {
 			return err
 		}
 		liveHash = live.owner.SpecHash
+		if lastReset, err = resetOf(x); err != nil {
+			return err
+		}
 	}
 	newNonce := m.RestartNonce != owner.LastNonce
 	next := owner
@@ -774,32 +790,38 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 		if err := d.saveOwnership(api, dom, owner, next, liveHash, active); err != nil {
 			return err
 		}
-		if !active {
+		switch {
+		case !active:
 			d.clearShutdown(m.UID)
 			return nil
-		}
-		if halted {
+		case halted:
 			// Its CPUs are stopped: no ACPI request can reach it.
 			return d.forceOff(api, dom)
+		case paused:
+			// Nor can a paused guest act on one; resumed, it shuts down
+			// cleanly instead of being forced off after the grace period.
+			if err := d.resume(api, dom); err != nil {
+				return err
+			}
 		}
 		return d.shutdown(api, dom, m.UID)
 	}
 	d.clearShutdown(m.UID)
+	restart := newNonce && m.RestartNonce != ""
+	// A restart asked for at the same time satisfies a reset request.
+	reset := !restart && m.ResetNonce != "" && m.ResetNonce != lastReset
 	switch {
 	case !active:
-		// A start satisfies any pending restart request.
+		// A start satisfies any pending restart or reset request.
 		if err := d.saveOwnership(api, dom, owner, next, liveHash, false); err != nil {
 			return err
 		}
-		return d.start(api, dom, m.UID)
-	case s == golibvirt.DomainPaused && !halted:
-		if err := api.DomainResume(dom); err != nil {
-			return errors.Wrap(err, "cannot resume domain")
-		}
-	case newNonce && m.RestartNonce != "" && (halted || s == golibvirt.DomainRunning && liveHash != owner.SpecHash):
+		return d.startAs(api, dom, m)
+	case restart && (halted || paused || m.Paused || s == golibvirt.DomainRunning && liveHash != owner.SpecHash), reset && halted:
 		// A guest the hypervisor halted is only ever started afresh: a
 		// resume runs the failing instruction again, a reboot is not
-		// delivered.
+		// delivered, and a reset in place finds the same fault. Nor is a
+		// reboot delivered to a guest that is paused or about to be.
 		next.Restarts++
 		if err := d.saveOwnership(api, dom, owner, next, liveHash, active); err != nil {
 			return err
@@ -807,8 +829,8 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 		if err := api.DomainDestroy(dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid) {
 			return errors.Wrap(err, "cannot stop domain to restart it")
 		}
-		return d.start(api, dom, m.UID)
-	case newNonce && m.RestartNonce != "" && s == golibvirt.DomainRunning:
+		return d.startAs(api, dom, m)
+	case restart && s == golibvirt.DomainRunning:
 		if err := api.DomainReboot(dom, 0); err != nil {
 			return errors.Wrap(err, "cannot restart domain")
 		}
@@ -819,6 +841,37 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 		if d.testDriver {
 			next.Restarts++
 		}
+	case reset && (s == golibvirt.DomainRunning || s == golibvirt.DomainBlocked || paused):
+		// Recorded before it is made: a reset the agent lost track of is
+		// never made twice.
+		next.Restarts++
+		if err := d.saveOwnership(api, dom, owner, next, liveHash, active); err != nil {
+			return err
+		}
+		owner = next
+		if err := recordReset(api, dom, m.ResetNonce); err != nil {
+			return err
+		}
+		lastReset = m.ResetNonce
+		if err := d.reset(api, dom, m.UID); err != nil {
+			return err
+		}
+		if err := d.pauseAs(api, dom, m, s); err != nil {
+			return err
+		}
+	case halted:
+		// Failed until a restart or a stop: neither resumed nor paused.
+	default:
+		if err := d.pauseAs(api, dom, m, s); err != nil {
+			return err
+		}
+	}
+	if !reset && m.ResetNonce != lastReset {
+		// Handled: by the reset or the restart just made, or, for an empty
+		// nonce, none asked for any more, so the same nonce asks again.
+		if err := recordReset(api, dom, m.ResetNonce); err != nil {
+			return err
+		}
 	}
 	// Reboots seen since the last look become part of the domain's record,
 	// so a restarted agent keeps counting from there.
@@ -828,6 +881,35 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 		return err
 	}
 	d.recordedReboots(m.UID, pending)
+	return nil
+}
+
+// startAs starts the domain as m asks: with its reset nonce recorded as
+// handled, and paused as soon as it runs when m.Paused.
+func (d *Driver) startAs(api API, dom golibvirt.Domain, m driver.Machine) error {
+	if m.ResetNonce != "" {
+		// An empty one asks for nothing: a guest that ran with a nonce is
+		// told so by the next Ensure, not by a call at every start.
+		if err := recordReset(api, dom, m.ResetNonce); err != nil {
+			return err
+		}
+	}
+	if err := d.start(api, dom, m.UID); err != nil {
+		return err
+	}
+	return d.pauseAs(api, dom, m, golibvirt.DomainRunning)
+}
+
+// pauseAs pauses the domain, in state s, when m.Paused and it runs, and
+// resumes it when it is paused and m.Paused is not set. A domain the
+// hypervisor halted is neither: the caller never asks.
+func (d *Driver) pauseAs(api API, dom golibvirt.Domain, m driver.Machine, s golibvirt.DomainState) error {
+	switch {
+	case m.Paused && (s == golibvirt.DomainRunning || s == golibvirt.DomainBlocked):
+		return d.suspend(api, dom)
+	case !m.Paused && s == golibvirt.DomainPaused:
+		return d.resume(api, dom)
+	}
 	return nil
 }
 
@@ -1039,7 +1121,9 @@ func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainI
 		}
 		o.RestartRequired = definedHash != "" && definedHash != info.owner.SpecHash
 	}
-	if o.Phase != driver.PhaseRunning && o.Phase != driver.PhaseStopping {
+	if o.Phase != driver.PhaseRunning && o.Phase != driver.PhaseStopping && o.Phase != driver.PhasePaused {
+		// A paused guest keeps its addresses: its memory, and so its
+		// network configuration, is as it was.
 		d.addresses.forget(uid)
 		o.Interfaces = d.addresses.merge(uid, info.nics, nil, d.now())
 		return o, nil
@@ -1186,6 +1270,10 @@ func phaseOf(s golibvirt.DomainState, reason int32) (driver.Phase, string) {
 		return driver.PhaseFailed, "guest panicked and is paused: restart the VM, or set running false then true"
 	case haltedByHypervisor(s, reason):
 		return driver.PhaseFailed, "the hypervisor stopped the guest (paused, reason unknown, as after a KVM internal error: the guest's QEMU log says why): restart the VM, or set running false then true"
+	case s == golibvirt.DomainPaused && golibvirt.DomainPausedReason(reason) == golibvirt.DomainPausedUser:
+		// Paused as driver.Machine.Paused asks (or by hand, which Ensure
+		// undoes unless it asks for it too): vCPUs stopped, memory kept.
+		return driver.PhasePaused, ""
 	}
 	switch s {
 	case golibvirt.DomainRunning, golibvirt.DomainBlocked:

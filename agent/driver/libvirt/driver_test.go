@@ -582,3 +582,187 @@ func TestAGuestTheHypervisorHaltedIsFailedNotResumed(t *testing.T) {
 		})
 	}
 }
+
+// powerCalls records the power calls the driver makes, in order.
+type powerCalls struct {
+	API
+	calls *[]string
+}
+
+func (p powerCalls) DomainSuspend(dom golibvirt.Domain) error {
+	*p.calls = append(*p.calls, "suspend")
+	return p.API.DomainSuspend(dom)
+}
+
+func (p powerCalls) DomainResume(dom golibvirt.Domain) error {
+	*p.calls = append(*p.calls, "resume")
+	return p.API.DomainResume(dom)
+}
+
+func (p powerCalls) DomainReset(dom golibvirt.Domain, flags uint32) error {
+	*p.calls = append(*p.calls, "reset")
+	return p.API.DomainReset(dom, flags)
+}
+
+func (p powerCalls) DomainReboot(dom golibvirt.Domain, flags golibvirt.DomainRebootFlagValues) error {
+	*p.calls = append(*p.calls, "reboot")
+	return p.API.DomainReboot(dom, flags)
+}
+
+func (p powerCalls) DomainShutdown(dom golibvirt.Domain) error {
+	*p.calls = append(*p.calls, "shutdown")
+	return p.API.DomainShutdown(dom)
+}
+
+func (p powerCalls) DomainDestroy(dom golibvirt.Domain) error {
+	*p.calls = append(*p.calls, "destroy")
+	return p.API.DomainDestroy(dom)
+}
+
+func (p powerCalls) DomainCreate(dom golibvirt.Domain) error {
+	*p.calls = append(*p.calls, "start")
+	return p.API.DomainCreate(dom)
+}
+
+// TestPauseAndReset walks one guest through pauses and resets on the test
+// driver, which suspends, resumes and resets its simulated guests (virsh
+// reset works on it) and sends no reboot event for a reset. Each step
+// checks the power calls the driver made and the domain's state behind its
+// back; the test driver would also shut a paused guest down, which QEMU's
+// guest could not, so the calls show it is resumed first.
+func TestPauseAndReset(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "pause")
+	d := open(t, node)
+	var calls []string
+	d.intercept = func(a API) API { return powerCalls{API: a, calls: &calls} }
+	l := raw(t, node)
+	m := machine("paused")
+	m.ResetNonce = "r0"
+	state := func() (golibvirt.DomainState, golibvirt.DomainPausedReason) {
+		dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
+		require.NoError(t, err)
+		s, r, err := l.DomainGetState(dom, 0)
+		require.NoError(t, err)
+		return golibvirt.DomainState(s), golibvirt.DomainPausedReason(r)
+	}
+
+	steps := []struct {
+		name            string
+		change          func(m *driver.Machine)
+		calls           []string
+		phase           driver.Phase
+		state           golibvirt.DomainState
+		restarts        int32
+		restartRequired bool
+	}{
+		{name: "TheResetNonceANewGuestStartsWithIsHandled", change: func(*driver.Machine) {}, calls: []string{"start"}, phase: driver.PhaseRunning, state: golibvirt.DomainRunning},
+		{name: "PausedPausesIt", change: func(m *driver.Machine) { m.Paused = true }, calls: []string{"suspend"}, phase: driver.PhasePaused, state: golibvirt.DomainPaused},
+		{name: "EnsureAgainDoesNotResumeIt", change: func(*driver.Machine) {}, phase: driver.PhasePaused, state: golibvirt.DomainPaused},
+		{name: "ANewResetNonceResetsItOnceAndItStaysPaused", change: func(m *driver.Machine) { m.ResetNonce = "r1" }, calls: []string{"reset"}, phase: driver.PhasePaused, state: golibvirt.DomainPaused, restarts: 1},
+		{name: "TheSameResetNonceDoesNothing", change: func(*driver.Machine) {}, phase: driver.PhasePaused, state: golibvirt.DomainPaused, restarts: 1},
+		{name: "NotPausedResumesIt", change: func(m *driver.Machine) { m.Paused = false }, calls: []string{"resume"}, phase: driver.PhaseRunning, state: golibvirt.DomainRunning, restarts: 1},
+		{name: "AResetOfARunningGuestCounts", change: func(m *driver.Machine) { m.ResetNonce = "r2" }, calls: []string{"reset"}, phase: driver.PhaseRunning, state: golibvirt.DomainRunning, restarts: 2},
+		{name: "NoNonceAsksForNothing", change: func(m *driver.Machine) { m.ResetNonce = "" }, phase: driver.PhaseRunning, state: golibvirt.DomainRunning, restarts: 2},
+		{name: "TheLastNonceAskedForAgainResetsAgain", change: func(m *driver.Machine) { m.ResetNonce = "r2" }, calls: []string{"reset"}, phase: driver.PhaseRunning, state: golibvirt.DomainRunning, restarts: 3},
+		{name: "AResetDoesNotApplyANewShape", change: func(m *driver.Machine) { m.VCPU, m.ResetNonce = 4, "r3" }, calls: []string{"reset"}, phase: driver.PhaseRunning, state: golibvirt.DomainRunning, restarts: 4, restartRequired: true},
+		{name: "ARestartAndAResetAtOnceAreOneRestart", change: func(m *driver.Machine) { m.RestartNonce, m.ResetNonce = "t1", "r4" }, calls: []string{"destroy", "start"}, phase: driver.PhaseRunning, state: golibvirt.DomainRunning, restarts: 5},
+		{name: "ARestartOfAGuestToBePausedIsColdAndLeavesItPaused", change: func(m *driver.Machine) { m.Paused, m.RestartNonce = true, "t2" }, calls: []string{"destroy", "start", "suspend"}, phase: driver.PhasePaused, state: golibvirt.DomainPaused, restarts: 6},
+		{name: "RunningFalseResumesAPausedGuestToShutItDown", change: func(m *driver.Machine) { m.Running = false }, calls: []string{"resume", "shutdown"}, phase: driver.PhaseStopped, state: golibvirt.DomainShutoff, restarts: 6},
+		{name: "AResetAskedForWhileStoppedIsHandledByTheStart", change: func(m *driver.Machine) { m.ResetNonce = "r5" }, phase: driver.PhaseStopped, state: golibvirt.DomainShutoff, restarts: 6},
+		{name: "AGuestStartedPausedIsPausedOnceItRuns", change: func(m *driver.Machine) { m.Running = true }, calls: []string{"start", "suspend"}, phase: driver.PhasePaused, state: golibvirt.DomainPaused, restarts: 6},
+		{name: "ItIsNotResetWhenResumed", change: func(m *driver.Machine) { m.Paused = false }, calls: []string{"resume"}, phase: driver.PhaseRunning, state: golibvirt.DomainRunning, restarts: 6},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			s.change(&m)
+			calls = nil
+			o, err := d.Ensure(ctx, m)
+			require.NoError(t, err)
+			assert.Equal(t, s.calls, calls, "power calls")
+			assert.Equal(t, s.phase, o.Phase)
+			assert.Equal(t, s.restarts, o.RestartCount)
+			assert.Equal(t, s.restartRequired, o.RestartRequired, "restartRequired")
+			st, reason := state()
+			assert.Equal(t, s.state, st, "the domain's state behind the driver's back")
+			if st == golibvirt.DomainPaused {
+				assert.Equal(t, golibvirt.DomainPausedUser, reason)
+				o, err := d.Observe(ctx, m.UID)
+				require.NoError(t, err)
+				assert.Equal(t, driver.PhasePaused, o.Phase, "Observe tells a paused guest from a stopped one")
+				assert.NotEmpty(t, o.Interfaces[0].IPs, "a paused guest keeps its address")
+			}
+		})
+	}
+
+	t.Run("TheCountAndTheHandledResetSurviveANewDriver", func(t *testing.T) {
+		again := open(t, node)
+		calls = nil
+		again.intercept = d.intercept
+		o, err := again.Ensure(ctx, m)
+		require.NoError(t, err)
+		assert.Empty(t, calls, "the last reset nonce is not acted on again")
+		assert.Equal(t, int32(6), o.RestartCount)
+	})
+}
+
+// TestAGuestTheHypervisorHaltedIsNotPaused: a halt is no pause. A guest
+// the hypervisor halted is Failed whether or not it should be paused, and
+// neither a pause nor its end resumes it.
+func TestAGuestTheHypervisorHaltedIsNotPaused(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "halt-pause")
+	d := open(t, node)
+	l := raw(t, node)
+	m := machine("halted")
+	_, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
+	require.NoError(t, err)
+	require.NoError(t, l.DomainSuspend(dom))
+	d.intercept = func(a API) API { return haltAsKVMDoes{a} }
+
+	for _, paused := range []bool{true, false} {
+		m.Paused = paused
+		o, err := d.Ensure(ctx, m)
+		require.NoError(t, err)
+		assert.Equal(t, driver.PhaseFailed, o.Phase, "paused %v", paused)
+		s, _, err := l.DomainGetState(dom, 0)
+		require.NoError(t, err)
+		assert.Equal(t, int32(golibvirt.DomainPaused), s, "left as the hypervisor halted it (paused %v)", paused)
+	}
+
+	// A reset in place would find the same fault: it starts the guest
+	// afresh, as a restart does.
+	m.ResetNonce = "r1"
+	o, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	assert.Equal(t, driver.PhaseRunning, o.Phase)
+	assert.Equal(t, int32(1), o.RestartCount)
+}
+
+// TestTheDriversOwnPauseIsNoHint: the driver's suspend and resume come
+// back as no hint (Ensure observed their result), a resume by hand does.
+func TestTheDriversOwnPauseIsNoHint(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "pause-events")
+	d := open(t, node)
+	l := raw(t, node)
+	m := machine("quiet")
+	_, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	m.Paused = true
+	_, err = d.Ensure(ctx, m)
+	require.NoError(t, err)
+	dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
+	require.NoError(t, err)
+	require.NoError(t, l.DomainResume(dom))
+	assert.Equal(t, driver.Event{UID: m.UID, Kind: driver.EventResumed}, next(t, d), "the first hint is the resume by hand, not the driver's suspend")
+	m.Paused = false
+	require.NoError(t, l.DomainSuspend(dom))
+	assert.Equal(t, driver.Event{UID: m.UID, Kind: driver.EventSuspended}, next(t, d))
+	_, err = d.Ensure(ctx, m)
+	require.NoError(t, err)
+	require.NoError(t, l.DomainDestroy(dom))
+	assert.Equal(t, driver.Event{UID: m.UID, Kind: driver.EventStopped}, next(t, d), "the driver's resume was no hint")
+}

@@ -333,6 +333,12 @@ func (h *Host) QEMULog(domain string) (string, error) {
 	return string(b), errors.Wrap(err, "cannot read the QEMU log")
 }
 
+// LibDir is where the daemon's /var/lib/libvirt/sub is seen from outside
+// its mount namespace: LibDir("qemu") is the QEMU driver's directory, where
+// guests' console sockets are by default (the libvirt driver's
+// ConsoleLocalDir for its default ConsoleDir).
+func (h *Host) LibDir(sub string) string { return filepath.Join(h.Dir, "lib", sub) }
+
 // LogPath is the daemon's own log.
 func (h *Host) LogPath() string { return filepath.Join(h.Dir, "libvirtd.log") }
 
