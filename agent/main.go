@@ -51,6 +51,8 @@ func run() error {
 		uri          = fs.String("libvirt-uri", "", "libvirt connection URI; empty means qemu:///system.")
 		pool         = fs.String("libvirt-pool", "", "Storage pool for volumes, cloud-init seeds and swap; empty means default.")
 		domainType   = fs.String("libvirt-domain-type", "", "libvirt domain type of guests: empty means kvm where the host offers it, else qemu; qemu forces emulation (TCG) where KVM is offered but cannot run guests, as nested KVM often cannot; kvm refuses to start without KVM.")
+		consoleDir   = fs.String("libvirt-console-dir", libvirt.DefaultConsoleDir, "Directory, as libvirtd sees it, where each guest's serial console listens on a unix socket the agent opens.")
+		consoleLocal = fs.String("libvirt-console-local-dir", "", "The console directory as the agent sees it, where libvirtd runs in a mount namespace or container of its own; empty means --libvirt-console-dir.")
 		netns        = fs.String("netns", "", "Path of the network namespace holding libvirtd's bridges (/run/netns/NAME), where the overlays' VXLAN devices are made; empty means the agent's own.")
 		imageDir     = fs.String("image-dir", "", "This agent's own directory for image downloads until they are verified; partial downloads of a killed agent are removed at start. Empty means the system's temporary directory, never cleaned.")
 		pruneEvery   = fs.Duration("image-prune-interval", 0, "How often images unused for their DiskImage's pruneAfter are removed from the node; 0 means 1m.")
@@ -130,6 +132,8 @@ func run() error {
 			ShutdownGrace:        *grace,
 			TunnelAddress:        tunnel,
 			Netns:                *netns,
+			ConsoleDir:           *consoleDir,
+			ConsoleLocalDir:      *consoleLocal,
 		},
 		Nova: nova.Config{
 			CloudsFile:   *clouds,

@@ -135,7 +135,13 @@ func TestAgentHoldsNoKubernetesCredentials(t *testing.T) {
 	require.NotNil(t, sock.Type)
 	assert.Equal(t, corev1.HostPathSocket, *sock.Type)
 	assert.Equal(t, sock.Path, mounted["libvirt-socket"])
-	assert.ElementsMatch(t, []string{"libvirt-socket", "credentials"}, keys(hostPaths), "no host path beyond the socket and the node's own seed")
+	assert.ElementsMatch(t, []string{"libvirt-socket", "credentials", "libvirt-consoles"}, keys(hostPaths), "no host path beyond the socket, the node's own seed and the guests' console sockets")
+	for _, m := range c.VolumeMounts {
+		if m.Name == "libvirt-consoles" {
+			assert.True(t, m.ReadOnly, "the agent only connects to the console sockets")
+			assert.Equal(t, "/var/lib/libvirt/qemu", m.MountPath, "where --libvirt-console-dir says by default")
+		}
+	}
 
 	env := map[string]corev1.EnvVar{}
 	for _, e := range c.Env {

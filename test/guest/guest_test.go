@@ -90,6 +90,8 @@ func TestRealGuest(t *testing.T) {
 		return // every later step needs a running guest
 	}
 	t.Run("SwapIsActive", g.swap)
+	t.Run("SerialConsoleThroughTheAPI", g.console("g1"))
+	t.Run("VNCThroughTheAPI", g.vnc("g1"))
 	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", func(t *testing.T) { bootID = g.stopStart(t, bootID) })
 	t.Run("RestartRebootsAndOnlyThenCounts", func(t *testing.T) { bootID = g.restart(t, "g1", bootID, 1) })
 	t.Run("SpecChangeIsRestartRequiredAndAppliesAtTheRestart", func(t *testing.T) { g.specChange(t, bootID) })
@@ -128,7 +130,7 @@ func startSuite(ctx context.Context, t *testing.T, image string, hosts map[strin
 	libvirtHosts := map[string]stack.LibvirtHost{}
 	for n, h := range hosts {
 		nodes = append(nodes, n)
-		lh := stack.LibvirtHost{Socket: h.Socket, URI: h.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType, ShutdownGrace: grace}
+		lh := stack.LibvirtHost{Socket: h.Socket, URI: h.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType, ShutdownGrace: grace, ConsoleLocalDir: h.LibDir("qemu")}
 		if h.TunnelAddress != "" {
 			// A host on an underlay: the node's overlays go beside
 			// libvirtd's bridges, in the host's namespace, and the other
@@ -149,7 +151,7 @@ func startSuite(ctx context.Context, t *testing.T, image string, hosts map[strin
 		}
 		_ = os.RemoveAll(dir)
 	})
-	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, Progress: os.Stderr, LibvirtHosts: libvirtHosts})
+	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, Progress: os.Stderr, LibvirtHosts: libvirtHosts, Subresources: true})
 	require.NoError(t, err)
 	t.Cleanup(s.Stop)
 

@@ -56,7 +56,7 @@ func startRealGuestHost(ctx context.Context, o Options) (*realGuests, error) {
 // real node, whose guest would not boot their images.
 func (g *realGuests) stackOptions(so *stack.Options) {
 	so.Nodes = []string{"node1", "node2", "node3", qemuNode}
-	so.LibvirtHosts = map[string]stack.LibvirtHost{qemuNode: {Socket: g.host.Socket, URI: g.host.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType}}
+	so.LibvirtHosts = map[string]stack.LibvirtHost{qemuNode: {Socket: g.host.Socket, URI: g.host.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType, ConsoleLocalDir: g.host.LibDir("qemu")}}
 	so.Labels = map[string]map[string]string{qemuNode: {hypervisorLabel: "qemu"}}
 	for _, n := range so.Nodes[:3] {
 		so.Labels[n] = map[string]string{hypervisorLabel: "test"}

@@ -158,6 +158,10 @@ type LibvirtHost struct {
 	// MigrationURI is where the other hosts' libvirtds reach this one's to
 	// migrate guests here; empty means the node receives none.
 	MigrationURI string
+	// ConsoleLocalDir is libvirt's QEMU directory, where the guests'
+	// console sockets are, as the agent sees it; empty means where
+	// libvirtd sees it.
+	ConsoleLocalDir string
 }
 
 // Stack is a running system.
@@ -698,6 +702,9 @@ func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 		}
 		if h.MigrationURI != "" {
 			args = append(args, "--migration-uri="+h.MigrationURI)
+		}
+		if h.ConsoleLocalDir != "" {
+			args = append(args, "--libvirt-console-local-dir="+h.ConsoleLocalDir)
 		}
 		return args, nil
 	}

@@ -1,0 +1,126 @@
+package guest
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// output collects what a process writes, for conditions to look at while it
+// runs.
+type output struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(p)
+}
+
+func (o *output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}
+
+// plugin is kubectl virtfleet as the cluster's administrator.
+func (g *suite) plugin(args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(g.ctx, g.s.Plugin(), append([]string{"--kubeconfig", g.s.ControlPlane.Kubeconfig, "-n", ns}, args...)...)
+	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+// console opens the guest's serial console through the API server with the
+// plugin, driven as a script would drive it: getty's prompt names the VM's
+// host, and a newline makes getty print it again.
+func (g *suite) console(name string) func(t *testing.T) {
+	return func(t *testing.T) {
+		cmd := g.plugin("console", name)
+		stdin, err := cmd.StdinPipe()
+		require.NoError(t, err)
+		var out output
+		cmd.Stdout = &out
+		require.NoError(t, cmd.Start())
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		defer func() {
+			_ = stdin.Close()
+			select {
+			case err := <-done:
+				assert.NoError(t, err, "the plugin leaves cleanly when its input ends")
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Error("the plugin did not leave when its input ended")
+			}
+		}()
+		prompt := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` login: `)
+		prompts := func() int { return len(prompt.FindAllString(out.String(), -1)) }
+		// getty prints its prompt once, at boot, before anyone listens:
+		// the first newline asks for it again.
+		var seen int
+		require.Eventually(t, func() bool {
+			if seen = prompts(); seen > 0 {
+				return true
+			}
+			_, _ = io.WriteString(stdin, "\r")
+			return false
+		}, 2*time.Minute, 2*time.Second, "getty's prompt with the VM's hostname on the console; got %q", out.String())
+		_, err = io.WriteString(stdin, "\r")
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return prompts() > seen }, 30*time.Second, 100*time.Millisecond,
+			"a newline makes getty print its prompt again; got %q", out.String())
+	}
+}
+
+// vnc opens the guest's display with the plugin's local port and reads the
+// RFB server's greeting there, as a VNC viewer would.
+func (g *suite) vnc(name string) func(t *testing.T) {
+	return func(t *testing.T) {
+		cmd := g.plugin("vnc", name, "--port", "0")
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		defer func() {
+			_ = cmd.Process.Signal(os.Interrupt)
+			_ = cmd.Wait()
+		}()
+		lines := bufio.NewScanner(stdout)
+		require.True(t, lines.Scan(), "the plugin says where it listens")
+		var addr string
+		for _, f := range strings.Fields(lines.Text()) {
+			if _, _, err := net.SplitHostPort(f); err == nil {
+				addr = f
+				break
+			}
+		}
+		require.NotEmpty(t, addr, "an address in %q", lines.Text())
+		conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+		require.NoError(t, err, "the plugin listens on %s (%q)", addr, lines.Text())
+		defer conn.Close() //nolint:errcheck // the test is over
+		require.NoError(t, conn.SetDeadline(time.Now().Add(30*time.Second)))
+		greeting := make([]byte, 12)
+		_, err = io.ReadFull(conn, greeting)
+		require.NoError(t, err)
+		assert.Equal(t, "RFB 003.008\n", string(greeting), "the guest's VNC server greets the viewer")
+		// The viewer's answer, and the server's security types after it.
+		_, err = conn.Write(greeting)
+		require.NoError(t, err)
+		n := make([]byte, 1)
+		_, err = io.ReadFull(conn, n)
+		require.NoError(t, err)
+		assert.NotZero(t, n[0], "the server offers at least one security type")
+	}
+}
