@@ -17,7 +17,7 @@ GENERATED := apis package/crds internal/testing/kubevirttest/testdata
 # with "context deadline exceeded" and no crasher (golang/go#75804, fixed in
 # Go 1.27; seen here on go1.26.8 in FuzzDecodeVolumeIntent). A count has no
 # deadline to race.
-FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzDecodeVolumeIntent FuzzDecodeVolumeReport FuzzParseKey FuzzNodeToken FuzzNodeFromToken
+FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzDecodeVolumeIntent FuzzDecodeVolumeReport FuzzParseKey FuzzNodeToken FuzzNodeFromToken FuzzDecodeConsoleOpen
 FUZZ_PKG := ./apis/wire/v1alpha1
 FUZZ_TIME ?= 30000x
 

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/testing/stack"
@@ -134,6 +135,22 @@ func TestSubresources(t *testing.T) {
 			assert.Contains(t, out, "forbidden", args)
 		}
 		assert.True(t, ptrValue(getIn(t, h, other, "sub").Spec.ForProvider.Running, true), "the other namespace's VM was not stopped")
+	})
+
+	t.Run("MigrateCreatesAMigration", func(t *testing.T) {
+		out, err := alice("migrate", "sub")
+		require.NoError(t, err, out)
+		l := &v1alpha1.VirtualMachineMigrationList{}
+		require.NoError(t, h.kube.List(ctx, l, client.InNamespace(ns)))
+		require.Len(t, l.Items, 1)
+		assert.Equal(t, v1alpha1.LocalName("sub"), l.Items[0].Spec.VMName)
+		assert.Contains(t, out, "VirtualMachineMigration "+l.Items[0].Name)
+	})
+
+	t.Run("CompletesVMNames", func(t *testing.T) {
+		out, err := alice("__complete", "console", "s")
+		require.NoError(t, err, out)
+		assert.Equal(t, "sub", strings.Split(out, "\n")[0], "the namespace's VMs that start so")
 	})
 
 	t.Run("NoSuchVM", func(t *testing.T) {

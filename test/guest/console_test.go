@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 )
 
 // output collects what a process writes, for conditions to look at while it
@@ -122,5 +124,40 @@ func (g *suite) vnc(name string) func(t *testing.T) {
 		_, err = io.ReadFull(conn, n)
 		require.NoError(t, err)
 		assert.NotZero(t, n[0], "the server offers at least one security type")
+	}
+}
+
+// pause pauses the guest with the plugin: its vCPUs stop (nothing answers
+// ssh), the VM shows Paused and stays so; unpause resumes the same boot,
+// and neither is a restart.
+func (g *suite) pause(name, bootID string) func(t *testing.T) {
+	return func(t *testing.T) {
+		ip := address(g.get(t, name))
+		out, err := g.plugin("pause", name).Output()
+		require.NoError(t, err, string(out))
+		g.waitVM(t, name, time.Minute, "Paused", func(v *v1alpha1.VirtualMachine) bool { return v.Status.AtProvider.Phase == v1alpha1.PhasePaused })
+		_, err = g.ssh(ip, "true")
+		assert.Error(t, err, "a paused guest answers nothing")
+		out, err = g.plugin("unpause", name).Output()
+		require.NoError(t, err, string(out))
+		g.waitVM(t, name, time.Minute, "Running", running)
+		f := g.facts(t, ip)
+		assert.Equal(t, bootID, f.bootID, "the same boot goes on after the pause")
+		assert.Zero(t, g.get(t, name).Status.AtProvider.RestartCount, "a pause is no restart")
+	}
+}
+
+// reset resets the guest with the plugin: a new boot at once, counted once.
+func (g *suite) reset(name string, bootID *string) func(t *testing.T) {
+	return func(t *testing.T) {
+		out, err := g.plugin("reset", name).Output()
+		require.NoError(t, err, string(out))
+		v := g.waitVM(t, name, bootTimeout, "restartCount 1, Running with an address", func(v *v1alpha1.VirtualMachine) bool {
+			return v.Status.AtProvider.RestartCount >= 1 && running(v) && address(v) != ""
+		})
+		f := g.facts(t, address(v))
+		assert.NotEqual(t, *bootID, f.bootID, "the guest booted again")
+		assert.EqualValues(t, 1, g.get(t, name).Status.AtProvider.RestartCount, "one reset, counted once")
+		*bootID = f.bootID
 	}
 }

@@ -92,8 +92,10 @@ func TestRealGuest(t *testing.T) {
 	t.Run("SwapIsActive", g.swap)
 	t.Run("SerialConsoleThroughTheAPI", g.console("g1"))
 	t.Run("VNCThroughTheAPI", g.vnc("g1"))
+	t.Run("PauseStopsTheGuestAndUnpauseResumesItsBoot", g.pause("g1", bootID))
 	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", func(t *testing.T) { bootID = g.stopStart(t, bootID) })
-	t.Run("RestartRebootsAndOnlyThenCounts", func(t *testing.T) { bootID = g.restart(t, "g1", bootID, 1) })
+	t.Run("ResetRebootsAtOnceAndCountsOnce", g.reset("g1", &bootID))
+	t.Run("RestartRebootsAndOnlyThenCounts", func(t *testing.T) { bootID = g.restart(t, "g1", bootID, 2) })
 	t.Run("SpecChangeIsRestartRequiredAndAppliesAtTheRestart", func(t *testing.T) { g.specChange(t, bootID) })
 	t.Run("DeleteRemovesDomainAndSeedKeepsVolumes", g.delete)
 	t.Run("UnbootableRequestFailsWithLibvirtsMessage", g.unbootable)
@@ -446,7 +448,7 @@ func (g *suite) specChange(t *testing.T, bootID string) {
 	assert.Equal(t, bootID, f.bootID, "a spec change does not touch the running guest")
 	assert.Equal(t, 1, f.cpus)
 
-	bootID = g.restart(t, "g1", bootID, 2)
+	bootID = g.restart(t, "g1", bootID, 3)
 	v := g.waitVM(t, "g1", time.Minute, "no restart required", func(v *v1alpha1.VirtualMachine) bool {
 		return !v.Status.AtProvider.RestartRequired
 	})
