@@ -75,9 +75,9 @@ type Cluster struct {
 	done    chan error
 }
 
-// Start starts the control plane with KubeVirt's CRDs, creates the namespace
-// and the Nodes, registers the subresource API (pause, unpause) and starts
-// the FakeVirtController. The API server can be stopped and started again
+// Start starts the control plane with KubeVirt's CRDs, creates the
+// namespace and the Nodes, registers the subresource API (pause, unpause,
+// console, vnc) and starts the FakeVirtController. The API server can be stopped and started again
 // (StopAPIServer, StartAPIServer).
 func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if o.Namespace == "" {

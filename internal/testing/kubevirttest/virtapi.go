@@ -8,8 +8,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync"
 	"time"
 
+	"github.com/gorilla/websocket"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,6 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/internal/testing/guestconsole"
 )
 
 // VirtAPINamespace holds the Service the subresource API is registered
@@ -28,12 +32,20 @@ import (
 const VirtAPINamespace = "kubevirt"
 
 // The messages virt-api refuses a pause or unpause with
-// (pkg/virt-api/rest/subresource.go).
+// (pkg/virt-api/rest/subresource.go), and a console or VNC connection.
 const (
 	msgNotRunning    = "VMI is not running"
 	msgAlreadyPaused = "VMI is already paused"
 	msgNotPaused     = "VMI is not paused"
+	msgFailed        = "VMI is in failed status"
+	msgNoSerial      = "No serial consoles are present."
+	msgNoGraphics    = "No graphics devices are present."
 )
+
+// StreamSubprotocol is the WebSocket subprotocol of virt-api's console and
+// VNC streams (kubecli's PlainStreamProtocolName): binary messages carry
+// the bytes as they are, both ways.
+const StreamSubprotocol = "plain.kubevirt.io"
 
 // The reason and message virt-handler gives the Paused condition of a VMI
 // the user paused.
@@ -52,13 +64,26 @@ const availableTimeout = 30 * time.Second
 // it is an aggregated API server: the API server proxies
 // /apis/subresources.kubevirt.io/v1/... to it through an APIService, so
 // clients reach it at the API server's address with their usual
-// credentials. It serves discovery and the PUT of
-// virtualmachineinstances/{name}/pause and /unpause, with virt-api's
-// checks and errors; it does not check who asks (the API server has
-// authorized the request against the subresource's RBAC already).
+// credentials. It serves discovery, the PUT of
+// virtualmachineinstances/{name}/pause and /unpause, and the GET of
+// /console and /vnc, WebSockets of the guest's serial console and
+// display, with virt-api's checks and errors; it does not check who asks
+// (the API server has authorized the request against the subresource's
+// RBAC already).
+//
+// Behind a console or VNC stream there is no guest but what one would
+// say: the serial console prompts for a login (guestconsole.LoginPrompt) when the
+// session opens and after each carriage return or line feed it receives,
+// and the display sends its ProtocolVersion (guestconsole.RFBVersion) and reads on.
 type virtAPI struct {
 	client client.Client
 	server *httptest.Server
+
+	mu sync.Mutex
+	// streams are the console and VNC sessions open; closed, when the
+	// server is, so none outlives it.
+	streams map[*websocket.Conn]struct{}
+	closed  bool
 }
 
 // startVirtAPI starts the subresource API on a port of the loopback and
@@ -67,7 +92,7 @@ type virtAPI struct {
 // resolves without cluster networking, and the APIService, whose
 // availability it waits for.
 func startVirtAPI(ctx context.Context, c client.Client) (*virtAPI, error) {
-	v := &virtAPI{client: c}
+	v := &virtAPI{client: c, streams: map[*websocket.Conn]struct{}{}}
 	mux := http.NewServeMux()
 	gv := kubevirtv1.SubresourceGroupName + "/" + kubevirtv1.ApiLatestVersion
 	mux.HandleFunc("GET /apis", v.groups)
@@ -76,6 +101,8 @@ func startVirtAPI(ctx context.Context, c client.Client) (*virtAPI, error) {
 	vmi := "/apis/" + gv + "/namespaces/{namespace}/virtualmachineinstances/{name}/"
 	mux.HandleFunc("PUT "+vmi+"pause", v.pause)
 	mux.HandleFunc("PUT "+vmi+"unpause", v.unpause)
+	mux.HandleFunc("GET "+vmi+"console", v.console)
+	mux.HandleFunc("GET "+vmi+"vnc", v.vnc)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot listen for the subresource API")
@@ -91,7 +118,17 @@ func startVirtAPI(ctx context.Context, c client.Client) (*virtAPI, error) {
 	return v, nil
 }
 
-func (v *virtAPI) close() { v.server.Close() }
+// close stops the server and ends the streams open on it, which a
+// server's Close leaves alone once they are upgraded.
+func (v *virtAPI) close() {
+	v.mu.Lock()
+	v.closed = true
+	for conn := range v.streams {
+		_ = conn.Close()
+	}
+	v.mu.Unlock()
+	v.server.Close()
+}
 
 // register makes the API server proxy the subresource API to port.
 func (v *virtAPI) register(ctx context.Context, port int) error {
@@ -165,7 +202,90 @@ func (v *virtAPI) resources(w http.ResponseWriter, _ *http.Request) {
 	for _, sub := range []string{"pause", "unpause"} {
 		list.APIResources = append(list.APIResources, metav1.APIResource{Name: "virtualmachineinstances/" + sub, Namespaced: true, Kind: "VirtualMachineInstance", Verbs: metav1.Verbs{"update"}})
 	}
+	for _, sub := range []string{"console", "vnc"} {
+		list.APIResources = append(list.APIResources, metav1.APIResource{Name: "virtualmachineinstances/" + sub, Namespaced: true, Kind: "VirtualMachineInstance", Verbs: metav1.Verbs{"get"}})
+	}
 	writeJSON(w, http.StatusOK, list)
+}
+
+// upgrader upgrades a stream as virt-api does (kubecli.NewUpgrader): the
+// origin is the API server's proxy, not a browser's.
+var upgrader = websocket.Upgrader{
+	Subprotocols: []string{StreamSubprotocol},
+	CheckOrigin:  func(*http.Request) bool { return true },
+}
+
+// console serves the VMI's serial console to a client, once virt-api's
+// checks pass: the VMI exists, has a serial console, has not failed, and
+// runs (a paused VMI runs).
+func (v *virtAPI) console(w http.ResponseWriter, r *http.Request) {
+	v.stream(w, r, func(vmi *kubevirtv1.VirtualMachineInstance) *kerrors.StatusError {
+		switch {
+		case vmi.Spec.Domain.Devices.AutoattachSerialConsole != nil && !*vmi.Spec.Domain.Devices.AutoattachSerialConsole:
+			return kerrors.NewBadRequest(msgNoSerial)
+		case vmi.Status.Phase == kubevirtv1.Failed:
+			return conflictError(vmi.Name, msgFailed)
+		case vmi.Status.Phase != kubevirtv1.Running:
+			return kerrors.NewBadRequest(msgNotRunning)
+		}
+		return nil
+	}, func(conn *websocket.Conn, vmi *kubevirtv1.VirtualMachineInstance) {
+		guestconsole.Serial(conn, vmi.Name)
+	})
+}
+
+// vnc serves the VMI's display to a client, once virt-api's checks pass:
+// the VMI exists, has a display and runs.
+func (v *virtAPI) vnc(w http.ResponseWriter, r *http.Request) {
+	v.stream(w, r, func(vmi *kubevirtv1.VirtualMachineInstance) *kerrors.StatusError {
+		switch {
+		case vmi.Spec.Domain.Devices.AutoattachGraphicsDevice != nil && !*vmi.Spec.Domain.Devices.AutoattachGraphicsDevice:
+			return kerrors.NewBadRequest(msgNoGraphics)
+		case vmi.Status.Phase != kubevirtv1.Running:
+			return kerrors.NewBadRequest(msgNotRunning)
+		}
+		return nil
+	}, func(conn *websocket.Conn, _ *kubevirtv1.VirtualMachineInstance) {
+		guestconsole.Display(conn)
+	})
+}
+
+// stream reads the VMI and checks it with validate, answering a refusal as
+// virt-api does (an API status, before any upgrade), then upgrades the
+// request and runs guest on the WebSocket until either side ends it.
+func (v *virtAPI) stream(w http.ResponseWriter, r *http.Request, validate func(*kubevirtv1.VirtualMachineInstance) *kerrors.StatusError, guest func(*websocket.Conn, *kubevirtv1.VirtualMachineInstance)) {
+	nn := types.NamespacedName{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	switch err := v.client.Get(r.Context(), nn, vmi); {
+	case kerrors.IsNotFound(err):
+		writeStatus(w, kerrors.NewNotFound(vmiResource, nn.Name))
+		return
+	case err != nil:
+		writeStatus(w, kerrors.NewInternalError(err))
+		return
+	}
+	if refused := validate(vmi); refused != nil {
+		writeStatus(w, refused)
+		return
+	}
+	conn, err := upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader answered
+	}
+	defer conn.Close() //nolint:errcheck // the session is over
+	v.mu.Lock()
+	if v.closed {
+		v.mu.Unlock()
+		return
+	}
+	v.streams[conn] = struct{}{}
+	v.mu.Unlock()
+	defer func() {
+		v.mu.Lock()
+		delete(v.streams, conn)
+		v.mu.Unlock()
+	}()
+	guest(conn, vmi)
 }
 
 // pause pauses a running VMI that is not paused: virt-handler pauses the

@@ -227,6 +227,7 @@ func (s *Server) routeCompute(mux *http.ServeMux) {
 		mux.HandleFunc(method+" "+ComputePath+p, s.compute(h))
 	}
 	s.routeMigrations(mux)
+	s.routeConsoles(mux)
 }
 
 // admin answers 403 to a member, as Nova's default policy does.

@@ -5,7 +5,8 @@
 // (BUILD → ACTIVE after Options.TransitionDelay, a live migration to its new
 // host, and so on), and lets a test inject faults (409, 413 with
 // Retry-After, 500), expire tokens, fail a live migration and force a
-// server into any status.
+// server into any status. Remote consoles come with console proxies of
+// their own (see consoles.go).
 //
 // It is deliberately not built from gophercloud's types: the wire shapes here
 // follow the API references, so a driver test against it checks gophercloud's
@@ -116,6 +117,8 @@ type Server struct {
 	migrationSeq int
 	// failMigration, when set, fails the next live migration with it.
 	failMigration string
+	// consoles are the console proxies and the consoles made for them.
+	consoles *consoleProxies
 }
 
 // Start starts a server on 127.0.0.1.
@@ -169,6 +172,7 @@ func Start(o Options) (*Server, error) {
 		subnets:   map[string]*subnet{},
 	}
 	s.seedFlavors()
+	s.consoles = s.startConsoleProxies()
 	mux := http.NewServeMux()
 	s.routeIdentity(mux)
 	s.routeCompute(mux)
@@ -203,8 +207,11 @@ func (s *Server) Options() Options { return s.opts }
 // ProjectID is the id of the one project.
 func (s *Server) ProjectID() string { return s.projectID }
 
-// Close stops the server.
-func (s *Server) Close() { s.http.Close() }
+// Close stops the server and its console proxies.
+func (s *Server) Close() {
+	s.http.Close()
+	s.consoles.close()
+}
 
 // statusRecorder remembers the status a handler answered with.
 type statusRecorder struct {
