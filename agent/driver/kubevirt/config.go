@@ -5,6 +5,20 @@ import corev1 "k8s.io/api/core/v1"
 // Config configures the kubevirt backend: the agent fronts one
 // namespace of a Kubernetes cluster running KubeVirt, and its guests are
 // KubeVirt VirtualMachines.
+//
+// The kubeconfig's account needs, in Namespace (a Role):
+//   - kubevirt.io virtualmachines: get, list, watch, create, patch, delete;
+//     virtualmachineinstances: get, list, watch, delete;
+//     virtualmachineinstancemigrations: get, list, create;
+//   - persistentvolumeclaims: get, create, delete; events: list (why a
+//     migration failed);
+//   - subresources.kubevirt.io virtualmachineinstances/pause and
+//     virtualmachineinstances/unpause: update (pausing a guest);
+//     virtualmachineinstances/console and virtualmachineinstances/vnc: get
+//     (the guest's serial console and display, see Driver.OpenConsole);
+//
+// and, cluster-wide (a ClusterRole), nodes: get, list, watch (capacity and
+// migration targets).
 type Config struct {
 	// Kubeconfig is the target cluster's kubeconfig; empty means the
 	// in-cluster configuration.

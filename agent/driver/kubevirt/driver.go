@@ -28,9 +28,12 @@
 // kubevirt.io/api has no reset of a VMI in place. A pause is the VMI's pause
 // subresource of that same API (subresources.kubevirt.io/v1, through the
 // API server, as virtctl pause does), which KubeVirt shows as the VMI's
-// condition Paused. Disks made from images need CDI and are refused as
-// terminal. MigrateHost moves a running guest to another node of the
-// cluster with a VirtualMachineInstanceMigration (see migrate.go).
+// condition Paused; the guest's serial console and display are the VMI's
+// console and vnc WebSocket subresources of it (see OpenConsole). What the
+// agent's account must be allowed is listed on Config. Disks made from
+// images need CDI and are refused as terminal. MigrateHost moves a running
+// guest to another node of the cluster with a
+// VirtualMachineInstanceMigration (see migrate.go).
 package kubevirt
 
 import (

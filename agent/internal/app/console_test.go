@@ -86,7 +86,7 @@ func TestConsoleRefusalsFollowTheDriversErrors(t *testing.T) {
 		var re *natswire.ConsoleRefusedError
 		require.ErrorAs(t, err, &re)
 		assert.Equal(t, wire.ConsoleUnavailable, re.Reason)
-		assert.Contains(t, re.Message, "the nova backend of this node serves no consoles")
+		assert.Contains(t, re.Message, "the test backend of this node serves no consoles")
 	})
 
 	t.Run("AnOpenConsoleIsTheDriversStream", func(t *testing.T) {
@@ -120,7 +120,7 @@ func serveConsoles(t *testing.T, srv *natstest.Server, id natswire.Identity, c d
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- natswire.ServeConsoles(ctx, nc, id.Name, natswire.ConsoleLimits{}, logging.NewNopLogger(), openConsole(c, driver.BackendNova))
+		done <- natswire.ServeConsoles(ctx, nc, id.Name, natswire.ConsoleLimits{}, logging.NewNopLogger(), openConsole(c, "test"))
 	}()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 	require.Eventually(t, func() bool { return nc.NumSubscriptions() > 0 }, 10*time.Second, 5*time.Millisecond)
