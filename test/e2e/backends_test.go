@@ -51,8 +51,9 @@ func testBackend(t *testing.T, backend string) {
 	// A real key: Nova fingerprints it and refuses anything else.
 	key := openstacktest.PublicKey("test@virtfleet")
 	h := startStack(t, "vf-"+backend+"-", stack.Options{
-		Nodes:    []string{"node1", node},
-		Backends: map[string]string{node: backend},
+		Nodes:        []string{"node1", node},
+		Backends:     map[string]string{node: backend},
+		Subresources: true,
 	})
 	h.create(t, &v1alpha1.VirtualNetwork{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net-db"},
@@ -109,6 +110,25 @@ func testBackend(t *testing.T, backend string) {
 		})
 		time.Sleep(3 * time.Second)
 		assert.Equal(t, before+1, h.get(t, "vm").Status.AtProvider.RestartCount, "one restart per annotation value")
+	})
+
+	t.Run("PauseAndConsoleThroughThePlugin", func(t *testing.T) {
+		admin := userPlugin(t, h, h.s.Plugin(), "system:admin", "system:masters")
+		out, err := admin("pause", "vm")
+		require.NoError(t, err, out)
+		h.wait(t, "vm", 60*time.Second, phase(v1alpha1.PhasePaused))
+		out, err = admin("unpause", "vm")
+		require.NoError(t, err, out)
+		h.wait(t, "vm", 60*time.Second, running)
+		if backend == driver.BackendNova {
+			// The real services' compute runs Nova's fake virt driver, with
+			// serial consoles off: Nova's own refusal reaches the user.
+			out, err := admin("console", "vm")
+			require.Error(t, err)
+			assert.Contains(t, out, "Unavailable console type serial")
+			return
+		}
+		assert.Contains(t, consolePrompt(t, h, "vm"), " login: ", "the VMI's serial console, through virt-api")
 	})
 
 	t.Run("SpecChangeWhileRunningSetsRestartRequired", func(t *testing.T) {

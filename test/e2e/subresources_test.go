@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -174,10 +175,11 @@ func TestSubresources(t *testing.T) {
 	})
 }
 
-// userPlugin runs the plugin as user, returning its output and error.
-func userPlugin(t *testing.T, h *hub, plugin, user string) func(args ...string) (string, error) {
+// userPlugin runs the plugin as user of groups, returning its output and
+// error.
+func userPlugin(t *testing.T, h *hub, plugin, user string, groups ...string) func(args ...string) (string, error) {
 	t.Helper()
-	kubeconfig, err := h.s.ControlPlane.AddUser(user)
+	kubeconfig, err := h.s.ControlPlane.AddUser(user, groups...)
 	require.NoError(t, err)
 	return func(args ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -202,4 +204,44 @@ func ptrValue(p *bool, def bool) bool {
 		return def
 	}
 	return *p
+}
+
+// consolePrompt opens VM name's serial console with the plugin, as the
+// cluster's administrator, and returns what it showed once a newline made
+// the guest prompt.
+func consolePrompt(t *testing.T, h *hub, name string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, h.s.Plugin(), "--kubeconfig", h.s.ControlPlane.Kubeconfig, "-n", ns, "console", name)
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	require.Eventually(t, func() bool {
+		_, _ = stdin.Write([]byte("\r"))
+		return strings.Count(out.String(), " login: ") >= 2
+	}, 30*time.Second, 500*time.Millisecond, "the console's prompt, and again after a newline; got %q", out.String())
+	require.NoError(t, stdin.Close())
+	require.NoError(t, cmd.Wait(), "the plugin leaves when its input ends: %s", out.String())
+	return out.String()
+}
+
+// syncBuffer is a bytes.Buffer a process writes while a test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
