@@ -5,15 +5,13 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/url"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/agent/driver/wsconsole"
+	"github.com/virtfleet/virtfleet/internal/wsconsole"
 )
 
 var _ driver.Consoler = (*Driver)(nil)
@@ -61,27 +59,12 @@ func (d *Driver) OpenConsole(ctx context.Context, uid string, kind driver.Consol
 
 // openStream opens the stream subresource sub of vmi.
 func (d *Driver) openStream(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, sub string) (io.ReadWriteCloser, error) {
-	u := d.subresources.Get().Namespace(vmi.Namespace).Resource("virtualmachineinstances").Name(vmi.Name).SubResource(sub).URL()
-	u.RawQuery = ""
-	switch u.Scheme {
-	case "http":
-		u.Scheme = "ws"
-	default:
-		u.Scheme = "wss"
-	}
-	tlsConfig, err := rest.TLSConfigFor(d.config)
+	u := wsconsole.KubeURL(d.subresources.Get().Namespace(vmi.Namespace).Resource("virtualmachineinstances").Name(vmi.Name).SubResource(sub).URL())
+	o, err := wsconsole.KubeOptions(d.config, u, streamSubprotocol)
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot configure TLS for the KubeVirt cluster")
+		return nil, errors.Wrap(err, "cannot reach the KubeVirt cluster")
 	}
-	header, err := authHeaders(d.config, u)
-	if err != nil {
-		return nil, err
-	}
-	proxy := d.config.Proxy
-	if proxy == nil {
-		proxy = http.ProxyFromEnvironment
-	}
-	s, err := wsconsole.Dial(ctx, u, wsconsole.Options{Subprotocol: streamSubprotocol, TLS: tlsConfig, Header: header, Proxy: proxy})
+	s, err := wsconsole.Dial(ctx, u, o)
 	var refused *wsconsole.RefusedError
 	switch {
 	case errors.As(err, &refused):
@@ -117,31 +100,3 @@ func streamRefused(vmi *kubevirtv1.VirtualMachineInstance, sub string, r *wscons
 	}
 	return fail(msg)
 }
-
-// authHeaders are the headers client-go authenticates a request to u with
-// (a bearer token, basic auth, an exec plugin's token, impersonation);
-// client certificates are in the TLS configuration.
-func authHeaders(cfg *rest.Config, u *url.URL) (http.Header, error) {
-	var got http.Header
-	rt, err := rest.HTTPWrappersForConfig(cfg, roundTripper(func(r *http.Request) (*http.Response, error) {
-		got = r.Header.Clone()
-		return &http.Response{StatusCode: http.StatusNoContent, Body: http.NoBody, Request: r}, nil
-	}))
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot configure authentication to the KubeVirt cluster")
-	}
-	req, err := http.NewRequest(http.MethodGet, u.String(), nil) //nolint:noctx // never sent
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot build the stream's request")
-	}
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot authenticate to the KubeVirt cluster")
-	}
-	_ = resp.Body.Close()
-	return got, nil
-}
-
-type roundTripper func(*http.Request) (*http.Response, error)
-
-func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -20,7 +20,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/agent/driver/wsconsole"
+	"github.com/virtfleet/virtfleet/internal/wsconsole"
 	"github.com/virtfleet/virtfleet/internal/testing/guestconsole"
 )
 

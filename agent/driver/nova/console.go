@@ -12,7 +12,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/remoteconsoles"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/agent/driver/wsconsole"
+	"github.com/virtfleet/virtfleet/internal/wsconsole"
 )
 
 var _ driver.Consoler = (*Driver)(nil)

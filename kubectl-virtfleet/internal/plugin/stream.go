@@ -4,20 +4,21 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
+
+	"github.com/virtfleet/virtfleet/internal/wsconsole"
 )
 
 // subprotocol is the stream's WebSocket subprotocol (binary messages carry
@@ -116,7 +117,7 @@ func (e *env) vncCommand() *cobra.Command {
 
 // dial opens the WebSocket of stream sub of VM name through the API
 // server, authenticated as the kubeconfig says.
-func (e *env) dial(ctx context.Context, name, sub string) (*websocket.Conn, error) {
+func (e *env) dial(ctx context.Context, name, sub string) (*wsconsole.Stream, error) {
 	cfg, ns, err := e.rest()
 	if err != nil {
 		return nil, err
@@ -125,110 +126,38 @@ func (e *env) dial(ctx context.Context, name, sub string) (*websocket.Conn, erro
 	if err != nil {
 		return nil, fmt.Errorf("cannot parse the API server's address: %w", err)
 	}
-	u.Scheme = map[string]string{"http": "ws", "https": "wss"}[u.Scheme]
-	if u.Scheme == "" {
-		u.Scheme = "wss"
-	}
-	u.Path = subresourcePath(ns, name, sub)
-	tlsConfig, err := rest.TLSConfigFor(cfg)
+	u.Path = strings.TrimSuffix(u.Path, "/") + subresourcePath(ns, name, sub)
+	u = wsconsole.KubeURL(u)
+	o, err := wsconsole.KubeOptions(cfg, u, subprotocol)
 	if err != nil {
 		return nil, err
 	}
-	headers, err := authHeaders(cfg, u)
-	if err != nil {
-		return nil, err
+	s, err := wsconsole.Dial(ctx, u, o)
+	var refused *wsconsole.RefusedError
+	if errors.As(err, &refused) {
+		// The API's reason (its Status message): not found, forbidden,
+		// not running.
+		st := &metav1.Status{}
+		if json.Unmarshal(refused.Body, st) == nil && st.Message != "" {
+			return nil, errors.New(st.Message)
+		}
 	}
-	d := websocket.Dialer{TLSClientConfig: tlsConfig, Subprotocols: []string{subprotocol}, Proxy: http.ProxyFromEnvironment}
-	conn, resp, err := d.DialContext(ctx, u.String(), headers)
-	if err != nil {
-		return nil, handshakeError(err, resp)
-	}
-	return conn, nil
+	return s, err
 }
 
-// authHeaders are the headers client-go would authenticate a request to u
-// with (a bearer token, basic auth, an exec plugin's token); client
-// certificates are in the TLS configuration.
-func authHeaders(cfg *rest.Config, u *url.URL) (http.Header, error) {
-	var got http.Header
-	rt, err := rest.HTTPWrappersForConfig(cfg, roundTripper(func(r *http.Request) (*http.Response, error) {
-		got = r.Header.Clone()
-		return &http.Response{StatusCode: http.StatusNoContent, Body: http.NoBody, Request: r}, nil
-	}))
-	if err != nil {
-		return nil, err
-	}
-	req, err := http.NewRequest(http.MethodGet, u.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	_ = resp.Body.Close()
-	return got, nil
-}
-
-type roundTripper func(*http.Request) (*http.Response, error)
-
-func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-// handshakeError is the API's reason for refusing the stream (its Status
-// message), or the dial error itself.
-func handshakeError(err error, resp *http.Response) error {
-	if resp == nil {
-		return err
-	}
-	defer resp.Body.Close() //nolint:errcheck // read once
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	st := &metav1.Status{}
-	if json.Unmarshal(body, st) == nil && st.Message != "" {
-		return fmt.Errorf("%s", st.Message)
-	}
-	return fmt.Errorf("%w (%s)", err, resp.Status)
-}
-
-// pipe copies in to the WebSocket and the WebSocket to out until the
-// stream ends or ctx does. When in ends first, the stream is closed and
-// what the server still sends before it closes is written out.
-func pipe(ctx context.Context, conn *websocket.Conn, in io.Reader, out io.Writer) error {
+// pipe copies in to the stream and the stream to out until the stream
+// ends or ctx does. When in ends first, the stream is half-closed and what
+// the server still sends before it closes is written out.
+func pipe(ctx context.Context, s *wsconsole.Stream, in io.Reader, out io.Writer) error {
 	received := make(chan error, 1)
 	go func() {
-		for {
-			_, data, err := conn.ReadMessage()
-			if err != nil {
-				if websocket.IsCloseError(err, websocket.CloseNormalClosure) {
-					err = nil
-				}
-				received <- err
-				return
-			}
-			if _, err := out.Write(data); err != nil {
-				received <- err
-				return
-			}
-		}
+		_, err := io.Copy(out, s)
+		received <- err
 	}()
 	sent := make(chan error, 1)
 	go func() {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := in.Read(buf)
-			if n > 0 {
-				if werr := conn.WriteMessage(websocket.BinaryMessage, buf[:n]); werr != nil {
-					sent <- werr
-					return
-				}
-			}
-			if err != nil {
-				if err == io.EOF { //nolint:errorlint // io.Reader's contract
-					err = nil
-				}
-				sent <- err
-				return
-			}
-		}
+		_, err := io.Copy(s, in)
+		sent <- err
 	}()
 	select {
 	case err := <-received:
@@ -237,7 +166,7 @@ func pipe(ctx context.Context, conn *websocket.Conn, in io.Reader, out io.Writer
 		return nil
 	case err := <-sent:
 		// The input ended: say goodbye; the server closes its side.
-		_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+		_ = s.CloseWrite()
 		select {
 		case rerr := <-received:
 			return cmp.Or(err, rerr)

@@ -154,6 +154,13 @@ func (s *Stream) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// CloseWrite sends the close message and leaves the stream open for
+// reading: what the peer sent before it closes in turn is still read, and
+// then Read returns io.EOF.
+func (s *Stream) CloseWrite() error {
+	return s.conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(closeTimeout))
+}
+
 // Close implements io.Closer. Closing again returns the first Close's
 // error.
 func (s *Stream) Close() error {

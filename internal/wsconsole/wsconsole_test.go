@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/virtfleet/virtfleet/agent/driver/wsconsole"
+	"github.com/virtfleet/virtfleet/internal/wsconsole"
 )
 
 const subprotocol = "plain.test"
