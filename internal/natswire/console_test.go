@@ -48,7 +48,7 @@ type consoleFleet struct {
 	agents map[string]natswire.Identity
 }
 
-func newConsoleFleet(t *testing.T) *consoleFleet {
+func newConsoleFleet(t testing.TB) *consoleFleet {
 	t.Helper()
 	hub, agents, users := natstest.Identities(t, "node1", "node2")
 	srv := natstest.New(t, users...)
@@ -86,7 +86,7 @@ func (b *backend) open(_ context.Context, o wire.ConsoleOpen) (io.ReadWriteClose
 }
 
 // next is the guest of the next console opened.
-func (b *backend) next(t *testing.T) *guest {
+func (b *backend) next(t testing.TB) *guest {
 	t.Helper()
 	select {
 	case g := <-b.opened:
@@ -112,7 +112,7 @@ func (r *recordClose) Close() error {
 // serve runs node's agent's console server on a connection of its own until
 // the test ends, and returns once it receives opens. stop ends it early; it
 // returns what ServeConsoles returned.
-func (f *consoleFleet) serve(t *testing.T, node string, limits natswire.ConsoleLimits, b *backend) (agent *nats.Conn, stop func() error) {
+func (f *consoleFleet) serve(t testing.TB, node string, limits natswire.ConsoleLimits, b *backend) (agent *nats.Conn, stop func() error) {
 	t.Helper()
 	nc, _ := natstest.Connect(t, f.srv, f.agents[node])
 	ctx, cancel := context.WithCancel(context.Background())
@@ -139,7 +139,7 @@ func (f *consoleFleet) serve(t *testing.T, node string, limits natswire.ConsoleL
 	return nc, stop
 }
 
-func (f *consoleFleet) dial(t *testing.T, nc *nats.Conn, node string, o wire.ConsoleOpen) io.ReadWriteCloser {
+func (f *consoleFleet) dial(t testing.TB, nc *nats.Conn, node string, o wire.ConsoleOpen) io.ReadWriteCloser {
 	t.Helper()
 	s, err := natswire.DialConsole(context.Background(), nc, node, o)
 	require.NoError(t, err)

@@ -20,8 +20,8 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/wsconsole"
 	"github.com/virtfleet/virtfleet/internal/testing/guestconsole"
+	"github.com/virtfleet/virtfleet/internal/wsconsole"
 )
 
 // readTimeout bounds a wait for what a console should say: the stream is

@@ -35,9 +35,9 @@ func TestPlan(t *testing.T) {
 		"StartSetsRunning": {action: "start", vm: vmState{running: ptr.To(false), phase: v1alpha1.PhaseStopped}, want: func(t *testing.T, vm *v1alpha1.VirtualMachine) {
 			assert.True(t, *vm.Spec.ForProvider.Running)
 		}},
-		"StartOfARunningVMConflicts":      {action: "start", vm: runningVM, conflict: "already running"},
-		"RunningDefaultsToTrue":           {action: "start", vm: vmState{phase: v1alpha1.PhaseStarting}, conflict: "already running"},
-		"StopOfAStoppedVMConflicts":       {action: "stop", vm: vmState{running: ptr.To(false)}, conflict: "already stopped"},
+		"StartOfARunningVMConflicts": {action: "start", vm: runningVM, conflict: "already running"},
+		"RunningDefaultsToTrue":      {action: "start", vm: vmState{phase: v1alpha1.PhaseStarting}, conflict: "already running"},
+		"StopOfAStoppedVMConflicts":  {action: "stop", vm: vmState{running: ptr.To(false)}, conflict: "already stopped"},
 		"StopClearsThePause": {action: "stop", vm: vmState{paused: true, phase: v1alpha1.PhasePaused}, want: func(t *testing.T, vm *v1alpha1.VirtualMachine) {
 			assert.False(t, *vm.Spec.ForProvider.Running)
 			assert.NotContains(t, vm.GetAnnotations(), v1alpha1.AnnotationPaused)
