@@ -77,15 +77,6 @@ func TestDriver(t *testing.T) {
 				assert.Equal(t, 2, d.Attempts("Delete", uid))
 			},
 		},
-		"ObserveOfAnAbsentGuestIsNotFound": {
-			run: func(d *Driver) error {
-				_, err := d.Observe(ctx, uid)
-				return err
-			},
-			want: func(t *testing.T, _ *Driver, err error) {
-				assert.True(t, driver.IsNotFound(err), "got %v", err)
-			},
-		},
 		"EnsureStopsAndDeleteRemoves": {
 			run: func(d *Driver) error {
 				stopped := running
@@ -102,24 +93,6 @@ func TestDriver(t *testing.T) {
 				require.NoError(t, err)
 				assert.Empty(t, l)
 				assert.Equal(t, []string{"Ensure", "Delete", "List"}, ops(d.Calls()))
-			},
-		},
-		"RestartOncePerNonce": {
-			run: func(d *Driver) error {
-				for _, n := range []string{"", "a", "a", "b"} {
-					m := running
-					m.RestartNonce = n
-					if _, err := d.Ensure(ctx, m); err != nil {
-						return err
-					}
-				}
-				return nil
-			},
-			want: func(t *testing.T, d *Driver, err error) {
-				require.NoError(t, err)
-				o, err := d.Observe(ctx, uid)
-				require.NoError(t, err)
-				assert.Equal(t, int32(2), o.RestartCount)
 			},
 		},
 		"DeleteVolumeRefusesAnAttachedDiskUntilTheGuestGoes": {
@@ -154,19 +127,6 @@ func TestDriver(t *testing.T) {
 			},
 			want: func(t *testing.T, _ *Driver, err error) {
 				require.ErrorIs(t, err, boom)
-			},
-		},
-		"CapacityCountsGuests": {
-			run: func(d *Driver) error {
-				_, err := d.Ensure(ctx, running)
-				return err
-			},
-			want: func(t *testing.T, d *Driver, err error) {
-				require.NoError(t, err)
-				c, err := d.Capacity(ctx)
-				require.NoError(t, err)
-				assert.Equal(t, int64(2), c.AllocatedVCPU)
-				assert.Equal(t, int64(1<<30), c.AllocatedMemoryBytes)
 			},
 		},
 	}
