@@ -36,8 +36,5 @@ func TestConformance(t *testing.T) {
 		},
 		// Every transition of the fake is made at once.
 		Wait: time.Second, Tick: time.Millisecond,
-		Unsupported: map[drivertest.Capability]string{
-			drivertest.Validate: "contract violation: Ensure does not call Machine.Validate, so a Machine no backend could run (vcpu 0, memory 0, no disks) is made into a Running guest instead of refused with a Terminal error",
-		},
 	})
 }

@@ -32,7 +32,7 @@ func TestSerialConsolePrompts(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			d := New("node-a")
-			_, err := d.Ensure(context.Background(), driver.Machine{UID: uid, Name: "web-1", Namespace: "team-a", VCPU: 1, MemoryBytes: 1 << 30, Running: true})
+			_, err := d.Ensure(context.Background(), driver.Machine{UID: uid, Name: "web-1", Namespace: "team-a", VCPU: 1, MemoryBytes: 1 << 30, Running: true, Disks: []driver.Disk{{Name: "root"}}})
 			require.NoError(t, err)
 			c, err := d.OpenConsole(context.Background(), uid, driver.ConsoleSerial)
 			require.NoError(t, err)
@@ -52,7 +52,7 @@ func TestSerialConsolePrompts(t *testing.T) {
 // The display speaks RFB: its ProtocolVersion, then nothing.
 func TestVNCConsoleSendsTheProtocolVersion(t *testing.T) {
 	d := New("node-a")
-	_, err := d.Ensure(context.Background(), driver.Machine{UID: uid, Name: "web-1", Namespace: "team-a", VCPU: 1, MemoryBytes: 1 << 30, Running: true})
+	_, err := d.Ensure(context.Background(), driver.Machine{UID: uid, Name: "web-1", Namespace: "team-a", VCPU: 1, MemoryBytes: 1 << 30, Running: true, Disks: []driver.Disk{{Name: "root"}}})
 	require.NoError(t, err)
 	c, err := d.OpenConsole(context.Background(), uid, driver.ConsoleVNC)
 	require.NoError(t, err)
@@ -82,7 +82,7 @@ func TestVNCConsoleSendsTheProtocolVersion(t *testing.T) {
 // OpenConsole follows driver.Consoler's contract.
 func TestOpenConsoleErrors(t *testing.T) {
 	ctx := context.Background()
-	running := driver.Machine{UID: uid, Name: "web-1", Namespace: "team-a", VCPU: 1, MemoryBytes: 1 << 30, Running: true}
+	running := driver.Machine{UID: uid, Name: "web-1", Namespace: "team-a", VCPU: 1, MemoryBytes: 1 << 30, Running: true, Disks: []driver.Disk{{Name: "root"}}}
 	cases := map[string]struct {
 		setUp    func(t *testing.T, d *Driver)
 		uid      string
@@ -137,7 +137,7 @@ func TestOpenConsoleErrors(t *testing.T) {
 // and other consoles, guests and drivers are apart.
 func TestConsoleSessionsOneAtATime(t *testing.T) {
 	ctx := context.Background()
-	m := driver.Machine{UID: uid, Name: "web-1", Namespace: "team-a", VCPU: 1, MemoryBytes: 1 << 30, Running: true}
+	m := driver.Machine{UID: uid, Name: "web-1", Namespace: "team-a", VCPU: 1, MemoryBytes: 1 << 30, Running: true, Disks: []driver.Disk{{Name: "root"}}}
 	d, other := New("node-a"), New("node-b")
 	for _, drv := range []*Driver{d, other} {
 		_, err := drv.Ensure(ctx, m)

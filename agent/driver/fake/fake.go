@@ -200,6 +200,9 @@ func (d *Driver) Ensure(_ context.Context, m driver.Machine) (driver.Observation
 	if err := d.take(Call{Op: "Ensure", UID: m.UID, Machine: m}, &d.NextEnsureErr); err != nil {
 		return driver.Observation{}, err
 	}
+	if err := m.Validate(); err != nil {
+		return driver.Observation{}, err
+	}
 	g, ok := d.guests[m.UID]
 	if !ok {
 		g = &guest{lastNonce: m.RestartNonce, lastReset: m.ResetNonce, obs: driver.Observation{UID: m.UID, ID: m.UID, Node: d.Node}}

@@ -16,7 +16,7 @@ const uid = "6f1c1f43-5c1e-4d43-9b4e-1f1a2b3c4d5e"
 func TestDriver(t *testing.T) {
 	ctx := context.Background()
 	boom := errors.New("boom")
-	running := driver.Machine{UID: uid, VCPU: 2, MemoryBytes: 1 << 30, Running: true}
+	running := driver.Machine{UID: uid, Namespace: "team-a", Name: "web-1", Disks: []driver.Disk{{Name: "root"}}, VCPU: 2, MemoryBytes: 1 << 30, Running: true}
 
 	cases := map[string]struct {
 		run  func(d *Driver) error
@@ -151,7 +151,7 @@ func ops(calls []Call) []string {
 func TestPauseAndReset(t *testing.T) {
 	ctx := context.Background()
 	d := New("node-a")
-	m := driver.Machine{UID: uid, VCPU: 2, MemoryBytes: 1 << 30, Running: true, ResetNonce: "r0"}
+	m := driver.Machine{UID: uid, Namespace: "team-a", Name: "web-1", Disks: []driver.Disk{{Name: "root"}}, VCPU: 2, MemoryBytes: 1 << 30, Running: true, ResetNonce: "r0"}
 	steps := []struct {
 		name            string
 		change          func(m *driver.Machine)

@@ -24,7 +24,7 @@ func TestHeartbeatNext(t *testing.T) {
 	ctx := context.Background()
 	drv := fake.New("n1")
 	drv.Host = driver.Capacity{VCPU: 16, MemoryBytes: 3 << 30}
-	_, err := drv.Ensure(ctx, driver.Machine{UID: "u1", VCPU: 3, MemoryBytes: 512 << 20, Running: true})
+	_, err := drv.Ensure(ctx, driver.Machine{UID: "u1", Namespace: "default", Name: "vm-1", Disks: []driver.Disk{{Name: "root"}}, VCPU: 3, MemoryBytes: 512 << 20, Running: true})
 	require.NoError(t, err)
 	cfg := Config{Node: "n1", Labels: map[string]string{"zone": "a"}, CPUAllocationRatio: 2.5, MemoryAllocationRatio: 1.5}
 	cfg.defaults()

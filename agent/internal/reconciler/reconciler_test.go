@@ -355,7 +355,7 @@ func TestReconciler(t *testing.T) {
 			require.Eventually(t, func() bool { return h.fake.Attempts("Ensure", "bad") > 2 }, 5*time.Second, 5*time.Millisecond, "the broken guest keeps being retried")
 		}},
 		{"guests without intents are deleted only after the intents are synced", func(t *testing.T, h *harness) {
-			_, err := h.fake.Ensure(context.Background(), driver.Machine{UID: "orphan", VCPU: 1, MemoryBytes: 1 << 20, Running: true})
+			_, err := h.fake.Ensure(context.Background(), driver.Machine{UID: "orphan", Namespace: "default", Name: "orphan", Disks: []driver.Disk{{Name: "root"}}, VCPU: 1, MemoryBytes: 1 << 20, Running: true})
 			require.NoError(t, err)
 			h.put(intent("a"))
 			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
