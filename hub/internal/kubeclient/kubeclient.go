@@ -405,10 +405,3 @@ func (s *Client) Remembers(uid types.UID) bool {
 	_, h := s.holds.Load(uid)
 	return w || h
 }
-
-// lastWritten is the resourceVersion uid's last write made, or "".
-func (s *Client) lastWritten(uid types.UID) string {
-	w, _ := s.written.Load(uid)
-	v, _ := w.(write)
-	return v.made
-}

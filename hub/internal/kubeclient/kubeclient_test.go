@@ -270,3 +270,10 @@ func TestAWriteThatReturnsAfterItsObjectWentIsNotRemembered(t *testing.T) {
 		})
 	}
 }
+
+// lastWritten is the resourceVersion uid's last write made, or "".
+func (s *Client) lastWritten(uid types.UID) string {
+	w, _ := s.written.Load(uid)
+	v, _ := w.(write)
+	return v.made
+}
