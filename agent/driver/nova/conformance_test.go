@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/testing/drivertest"
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
+	"github.com/virtfleet/virtfleet/internal/testing/drivertest"
 )
 
 // TestConformance runs the driver conformance suite against the test
