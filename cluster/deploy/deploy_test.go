@@ -156,7 +156,7 @@ func TestAgentHoldsNoKubernetesCredentials(t *testing.T) {
 	sc := c.SecurityContext
 	require.NotNil(t, sc)
 	assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop)
-	assert.Empty(t, sc.Capabilities.Add)
+	assert.Equal(t, []corev1.Capability{"DAC_OVERRIDE"}, sc.Capabilities.Add, "only what connecting to the guests' console sockets needs")
 	assert.False(t, sc.Privileged != nil && *sc.Privileged)
 	assert.False(t, *sc.AllowPrivilegeEscalation)
 }

@@ -138,6 +138,12 @@ func startSuite(ctx context.Context, t *testing.T, image string, hosts map[strin
 			// libvirtd's bridges, in the host's namespace, and the other
 			// host's libvirtd migrates guests to it over the underlay.
 			lh.TunnelAddress, lh.Netns, lh.MigrationURI = h.TunnelAddress, h.NetnsPath, h.MigrationURI
+		} else {
+			// The agent keeps only what cluster/deploy's DaemonSet gives
+			// it, so the console steps prove the deployed agent reaches
+			// the guests' sockets.
+			lh.Capabilities, err = stack.DeployedAgentCapabilities()
+			require.NoError(t, err)
 		}
 		libvirtHosts[n] = lh
 	}

@@ -162,6 +162,11 @@ type LibvirtHost struct {
 	// console sockets are, as the agent sees it; empty means where
 	// libvirtd sees it.
 	ConsoleLocalDir string
+	// Capabilities, when set, are all the agent's process keeps (Linux
+	// capability names, such as DAC_OVERRIDE), as cluster/deploy's
+	// DaemonSet runs it: uid 0, every other capability dropped. Nil runs
+	// it with the test's own.
+	Capabilities []string
 }
 
 // Stack is a running system.
@@ -546,11 +551,16 @@ func (s *Stack) build(ctx context.Context) error {
 
 // run starts one of the built binaries with its output in logs/name.log.
 func (s *Stack) run(name, binary string, env []string, args ...string) (*component, error) {
+	return s.runCommand(name, append([]string{filepath.Join(s.bin, binary)}, args...), env)
+}
+
+// runCommand starts argv with its output in logs/name.log.
+func (s *Stack) runCommand(name string, argv, env []string) (*component, error) {
 	f, err := os.OpenFile(s.LogPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, errors.Wrapf(err, "cannot open the log of %s", name)
 	}
-	cmd := exec.Command(filepath.Join(s.bin, binary), args...) //nolint:gosec // our own binaries
+	cmd := exec.Command(argv[0], argv[1:]...) //nolint:gosec // our own binaries
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
 	// Never outlive the stack, even if the test binary dies.
@@ -653,7 +663,17 @@ func (s *Stack) StartAgent(node string) error {
 	if s.opts.ResyncInterval > 0 {
 		args = append(args, "--resync-interval="+s.opts.ResyncInterval.String())
 	}
-	c, err := s.run("agent-"+node, "agent", nil, args...)
+	argv := append([]string{filepath.Join(s.bin, "agent")}, args...)
+	if h, ok := s.opts.LibvirtHosts[node]; ok && h.Capabilities != nil {
+		// uid 0 with the bounding set cut to Capabilities: what the
+		// agent's own process can do, as in cluster/deploy's DaemonSet.
+		bounding := "-all"
+		for _, c := range h.Capabilities {
+			bounding += ",+" + strings.ToLower(c)
+		}
+		argv = append([]string{"setpriv", "--bounding-set", bounding, "--inh-caps", "-all", "--"}, argv...)
+	}
+	c, err := s.runCommand("agent-"+node, argv, nil)
 	s.agents[node] = c
 	return err
 }

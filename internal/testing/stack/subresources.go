@@ -6,10 +6,12 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
@@ -91,3 +93,34 @@ func (s *Stack) SubresourcesPort() int { return s.apiPort }
 // Plugin is the path of the kubectl plugin (kubectl-virtfleet) built with
 // the hub and the agent.
 func (s *Stack) Plugin() string { return filepath.Join(s.bin, "kubectl-virtfleet") }
+
+// DeployedAgentCapabilities are the capabilities cluster/deploy's DaemonSet
+// gives the agent's container (all others dropped), for
+// LibvirtHost.Capabilities: a suite that runs its agent with them proves
+// the deployed agent can do what the suite asks of it.
+func DeployedAgentCapabilities() ([]string, error) {
+	objs, err := manifests.Load(filepath.Join(controlplane.RepoRoot(), "cluster", "deploy", "agent", "daemonset.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range objs {
+		if o.GetKind() != "DaemonSet" {
+			continue
+		}
+		ds := &appsv1.DaemonSet{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, ds); err != nil {
+			return nil, errors.Wrap(err, "cannot read the agent's DaemonSet")
+		}
+		caps := []string{}
+		for _, c := range ds.Spec.Template.Spec.Containers {
+			if c.Name != "agent" || c.SecurityContext == nil || c.SecurityContext.Capabilities == nil {
+				continue
+			}
+			for _, add := range c.SecurityContext.Capabilities.Add {
+				caps = append(caps, string(add))
+			}
+			return caps, nil
+		}
+	}
+	return nil, errors.New("cluster/deploy's DaemonSet has no container named agent with a security context")
+}
