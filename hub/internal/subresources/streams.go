@@ -2,8 +2,6 @@ package subresources
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,6 +18,7 @@ import (
 	v1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/wsconsole"
 )
 
 // Subprotocol is the WebSocket subprotocol of a console or VNC stream:
@@ -33,9 +32,8 @@ const ReasonConsoleOpened event.Reason = "ConsoleOpened"
 // How long the node has to answer, and the largest message a client may
 // send (a terminal's keystrokes and a VNC client's requests are small).
 const (
-	openTimeout     = 15 * time.Second
-	maxClientFrame  = 64 << 10
-	streamChunkSize = 32 << 10
+	openTimeout    = 15 * time.Second
+	maxClientFrame = 64 << 10
 )
 
 // streamKinds are the consoles the stream subresources open.
@@ -103,9 +101,7 @@ func (s *Server) open(ctx context.Context, vm *v1alpha1.VirtualMachine, sub stri
 	if node == "" || !f.Sealed(vm) {
 		return nil, conflict(vm, "is not placed on a node by virtfleet")
 	}
-	id := make([]byte, 16)
-	_, _ = rand.Read(id)
-	open := wire.ConsoleOpen{ProtocolVersion: wire.ProtocolVersion, Session: hex.EncodeToString(id), UID: string(vm.UID), Kind: streamKinds[sub]}
+	open := wire.ConsoleOpen{ProtocolVersion: wire.ProtocolVersion, Session: natswire.NewConsoleSession(), UID: string(vm.UID), Kind: streamKinds[sub]}
 	remote, err := f.OpenConsole(ctx, node, open)
 	var refused *natswire.ConsoleRefusedError
 	switch {
@@ -135,40 +131,21 @@ func refusal(vm *v1alpha1.VirtualMachine, sub string, r *natswire.ConsoleRefused
 // either ends, then ends both.
 func relay(conn *websocket.Conn, remote io.ReadWriteCloser) {
 	conn.SetReadLimit(maxClientFrame)
+	client := wsconsole.New(conn)
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
 			_ = remote.Close()
-			_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
-			_ = conn.Close()
+			_ = client.Close()
 		})
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer stop()
-		buf := make([]byte, streamChunkSize)
-		for {
-			n, err := remote.Read(buf)
-			if n > 0 {
-				if werr := conn.WriteMessage(websocket.BinaryMessage, buf[:n]); werr != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
+		_, _ = io.Copy(client, remote)
+		stop()
 	}()
-	for {
-		_, data, err := conn.ReadMessage()
-		if err != nil {
-			break
-		}
-		if _, err := remote.Write(data); err != nil {
-			break
-		}
-	}
+	_, _ = io.Copy(remote, client)
 	stop()
 	<-done
 }
