@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -213,35 +212,12 @@ func consolePrompt(t *testing.T, h *hub, name string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, h.s.Plugin(), "--kubeconfig", h.s.ControlPlane.Kubeconfig, "-n", ns, "console", name)
-	stdin, err := cmd.StdinPipe()
+	c, err := h.s.OpenConsole(ctx, ns, name)
 	require.NoError(t, err)
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start())
 	require.Eventually(t, func() bool {
-		_, _ = stdin.Write([]byte("\r"))
-		return strings.Count(out.String(), " login: ") >= 2
-	}, 30*time.Second, 500*time.Millisecond, "the console's prompt, and again after a newline; got %q", out.String())
-	require.NoError(t, stdin.Close())
-	require.NoError(t, cmd.Wait(), "the plugin leaves when its input ends: %s", out.String())
-	return out.String()
-}
-
-// syncBuffer is a bytes.Buffer a process writes while a test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+		_ = c.Send("\r")
+		return strings.Count(c.Output(), " login: ") >= 2
+	}, 30*time.Second, 500*time.Millisecond, "the console's prompt, and again after a newline; got %q", c.Output())
+	require.NoError(t, c.Leave(30*time.Second), "the plugin leaves when its input ends")
+	return c.Output()
 }

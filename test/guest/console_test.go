@@ -2,14 +2,12 @@ package guest
 
 import (
 	"bufio"
-	"bytes"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,25 +16,6 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 )
-
-// output collects what a process writes, for conditions to look at while it
-// runs.
-type output struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (o *output) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.buf.Write(p)
-}
-
-func (o *output) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.buf.String()
-}
 
 // plugin is kubectl virtfleet as the cluster's administrator.
 func (g *suite) plugin(args ...string) *exec.Cmd {
@@ -50,26 +29,11 @@ func (g *suite) plugin(args ...string) *exec.Cmd {
 // host, and a newline makes getty print it again.
 func (g *suite) console(name string) func(t *testing.T) {
 	return func(t *testing.T) {
-		cmd := g.plugin("console", name)
-		stdin, err := cmd.StdinPipe()
+		c, err := g.s.OpenConsole(g.ctx, ns, name)
 		require.NoError(t, err)
-		var out output
-		cmd.Stdout = &out
-		require.NoError(t, cmd.Start())
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		defer func() {
-			_ = stdin.Close()
-			select {
-			case err := <-done:
-				assert.NoError(t, err, "the plugin leaves cleanly when its input ends")
-			case <-time.After(30 * time.Second):
-				_ = cmd.Process.Kill()
-				t.Error("the plugin did not leave when its input ended")
-			}
-		}()
+		defer func() { assert.NoError(t, c.Leave(30*time.Second), "the plugin leaves cleanly when its input ends") }()
 		prompt := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` login: `)
-		prompts := func() int { return len(prompt.FindAllString(out.String(), -1)) }
+		prompts := func() int { return len(prompt.FindAllString(c.Output(), -1)) }
 		// getty prints its prompt once, at boot, before anyone listens:
 		// the first newline asks for it again.
 		var seen int
@@ -77,13 +41,12 @@ func (g *suite) console(name string) func(t *testing.T) {
 			if seen = prompts(); seen > 0 {
 				return true
 			}
-			_, _ = io.WriteString(stdin, "\r")
+			_ = c.Send("\r")
 			return false
-		}, 2*time.Minute, 2*time.Second, "getty's prompt with the VM's hostname on the console; got %q", out.String())
-		_, err = io.WriteString(stdin, "\r")
-		require.NoError(t, err)
+		}, 2*time.Minute, 2*time.Second, "getty's prompt with the VM's hostname on the console; got %q", c.Output())
+		require.NoError(t, c.Send("\r"))
 		require.Eventually(t, func() bool { return prompts() > seen }, 30*time.Second, 100*time.Millisecond,
-			"a newline makes getty print its prompt again; got %q", out.String())
+			"a newline makes getty print its prompt again; got %q", c.Output())
 	}
 }
 

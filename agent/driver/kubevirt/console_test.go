@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/stretchr/testify/assert"
@@ -24,10 +23,6 @@ import (
 	"github.com/virtfleet/virtfleet/internal/wsconsole"
 )
 
-// readTimeout bounds a wait for what a console should say: the stream is
-// closed then, which ends the read.
-const readTimeout = 20 * time.Second
-
 // openConsole opens console kind of uid, closed at the test's end.
 func (e *env) openConsole(uid string, kind driver.ConsoleKind) io.ReadWriteCloser {
 	e.t.Helper()
@@ -35,21 +30,6 @@ func (e *env) openConsole(uid string, kind driver.ConsoleKind) io.ReadWriteClose
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() { _ = s.Close() })
 	return s
-}
-
-// readUntil reads s until it has read as much as want, which it must be.
-func readUntil(t *testing.T, s io.ReadCloser, want string) {
-	t.Helper()
-	timer := time.AfterFunc(readTimeout, func() { _ = s.Close() })
-	defer timer.Stop()
-	got := ""
-	buf := make([]byte, 64)
-	for len(got) < len(want) {
-		n, err := s.Read(buf)
-		got += string(buf[:n])
-		require.NoError(t, err, "read so far: %q", got)
-	}
-	assert.Equal(t, want, got)
 }
 
 // TestConsoles opens a running guest's serial console and display through
@@ -63,23 +43,23 @@ func TestConsoles(t *testing.T) {
 
 	t.Run("TheSerialConsoleCarriesBytesBothWays", func(t *testing.T) {
 		s := e.openConsole(m.UID, driver.ConsoleSerial)
-		readUntil(t, s, prompt)
+		guestconsole.ReadUntil(t, s, prompt)
 		_, err := s.Write([]byte("root\r"))
 		require.NoError(t, err)
-		readUntil(t, s, prompt)
+		guestconsole.ReadUntil(t, s, prompt)
 		require.NoError(t, s.Close())
 	})
 
 	t.Run("TheDisplayIsAnRFBServer", func(t *testing.T) {
 		s := e.openConsole(m.UID, driver.ConsoleVNC)
-		readUntil(t, s, "RFB 003.008\n")
+		guestconsole.ReadUntil(t, s, "RFB 003.008\n")
 	})
 
 	t.Run("APausedGuestKeepsItsConsoles", func(t *testing.T) {
 		paused := m
 		paused.Paused = true
 		e.ensureUntil(paused, phaseIs(driver.PhasePaused))
-		readUntil(t, e.openConsole(m.UID, driver.ConsoleSerial), prompt)
+		guestconsole.ReadUntil(t, e.openConsole(m.UID, driver.ConsoleSerial), prompt)
 	})
 }
 

@@ -21,10 +21,6 @@ import (
 	"github.com/virtfleet/virtfleet/internal/testing/openstacktest"
 )
 
-// readTimeout bounds a wait for what a console should say: the stream is
-// closed then, which ends the read.
-const readTimeout = 20 * time.Second
-
 // openConsole opens console kind of uid, closed at the test's end.
 func openConsole(t *testing.T, d *nova.Driver, uid string, kind driver.ConsoleKind) io.ReadWriteCloser {
 	t.Helper()
@@ -32,21 +28,6 @@ func openConsole(t *testing.T, d *nova.Driver, uid string, kind driver.ConsoleKi
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
-}
-
-// readUntil reads s until it has read as much as want, which it must be.
-func readUntil(t *testing.T, s io.ReadCloser, want string) {
-	t.Helper()
-	timer := time.AfterFunc(readTimeout, func() { _ = s.Close() })
-	defer timer.Stop()
-	got := ""
-	buf := make([]byte, 64)
-	for len(got) < len(want) {
-		n, err := s.Read(buf)
-		got += string(buf[:n])
-		require.NoError(t, err, "read so far: %q", got)
-	}
-	assert.Equal(t, want, got)
 }
 
 // TestConsoles opens a server's serial console and display through Nova's
@@ -62,23 +43,23 @@ func TestConsoles(t *testing.T) {
 
 	t.Run("TheSerialConsoleCarriesBytesBothWays", func(t *testing.T) {
 		s := openConsole(t, d, m.UID, driver.ConsoleSerial)
-		readUntil(t, s, prompt)
+		guestconsole.ReadUntil(t, s, prompt)
 		_, err := s.Write([]byte("root\r"))
 		require.NoError(t, err)
-		readUntil(t, s, prompt)
+		guestconsole.ReadUntil(t, s, prompt)
 		require.NoError(t, s.Close())
 	})
 
 	t.Run("TheDisplayIsAnRFBServer", func(t *testing.T) {
-		readUntil(t, openConsole(t, d, m.UID, driver.ConsoleVNC), "RFB 003.008\n")
+		guestconsole.ReadUntil(t, openConsole(t, d, m.UID, driver.ConsoleVNC), "RFB 003.008\n")
 	})
 
 	t.Run("EachSessionHasAConsoleOfItsOwn", func(t *testing.T) {
 		before := len(c.ConsoleTokens())
 		first := openConsole(t, d, m.UID, driver.ConsoleSerial)
 		second := openConsole(t, d, m.UID, driver.ConsoleSerial)
-		readUntil(t, first, prompt)
-		readUntil(t, second, prompt)
+		guestconsole.ReadUntil(t, first, prompt)
+		guestconsole.ReadUntil(t, second, prompt)
 		assert.Len(t, c.ConsoleTokens(), before+2, "a token is good for one connection")
 	})
 
@@ -86,7 +67,7 @@ func TestConsoles(t *testing.T) {
 		paused := m
 		paused.Paused = true
 		ensure(t, d, paused, driver.PhasePaused)
-		readUntil(t, openConsole(t, d, m.UID, driver.ConsoleSerial), prompt)
+		guestconsole.ReadUntil(t, openConsole(t, d, m.UID, driver.ConsoleSerial), prompt)
 	})
 }
 
@@ -102,8 +83,8 @@ func TestConsoleOverTLS(t *testing.T) {
 	d := c.open(t)
 	m := machine("tls")
 	ensure(t, d, m, driver.PhaseRunning)
-	readUntil(t, openConsole(t, d, m.UID, driver.ConsoleVNC), "RFB 003.008\n")
-	readUntil(t, openConsole(t, d, m.UID, driver.ConsoleSerial), guestconsole.LoginPrompt(c.server(t, m.UID).Name))
+	guestconsole.ReadUntil(t, openConsole(t, d, m.UID, driver.ConsoleVNC), "RFB 003.008\n")
+	guestconsole.ReadUntil(t, openConsole(t, d, m.UID, driver.ConsoleSerial), guestconsole.LoginPrompt(c.server(t, m.UID).Name))
 }
 
 // TestConsoleRefusals pins what a console that cannot be had returns, each

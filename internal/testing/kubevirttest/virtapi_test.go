@@ -52,19 +52,6 @@ func dialStream(t *testing.T, c *Cluster, name, sub string) (*websocket.Conn, *h
 	return conn, resp, err
 }
 
-// readUntil reads messages until what they carried ends with want.
-func readUntil(t *testing.T, conn *websocket.Conn, want string) {
-	t.Helper()
-	got := ""
-	for len(got) < len(want) {
-		kind, data, err := conn.ReadMessage()
-		require.NoError(t, err, "read so far: %q", got)
-		assert.Equal(t, websocket.BinaryMessage, kind)
-		got += string(data)
-	}
-	assert.Equal(t, want, got)
-}
-
 // TestVirtAPIServesConsoles opens VMIs' serial consoles and displays
 // through the API server as virtctl console and vnc do, and pins virt-api's
 // refusals.
@@ -96,18 +83,18 @@ func TestVirtAPIServesConsoles(t *testing.T) {
 		assert.Equal(t, StreamSubprotocol, conn.Subprotocol())
 		prompt := guestconsole.LoginPrompt("running")
 		assert.Equal(t, "\r\nrunning login: ", prompt)
-		readUntil(t, conn, prompt)
+		guestconsole.ReadMessagesUntil(t, conn, prompt)
 		require.NoError(t, conn.WriteMessage(websocket.BinaryMessage, []byte("root\r")))
-		readUntil(t, conn, prompt)
+		guestconsole.ReadMessagesUntil(t, conn, prompt)
 		require.NoError(t, conn.WriteMessage(websocket.BinaryMessage, []byte("a\nb\r")))
-		readUntil(t, conn, prompt+prompt)
+		guestconsole.ReadMessagesUntil(t, conn, prompt+prompt)
 	})
 
 	t.Run("TheDisplaySendsItsProtocolVersion", func(t *testing.T) {
 		conn, _, err := dialStream(t, c, "running", "vnc")
 		require.NoError(t, err)
 		assert.Equal(t, StreamSubprotocol, conn.Subprotocol())
-		readUntil(t, conn, "RFB 003.008\n")
+		guestconsole.ReadMessagesUntil(t, conn, "RFB 003.008\n")
 	})
 
 	no := false

@@ -60,20 +60,6 @@ func dialConsole(t *testing.T, raw string) *websocket.Conn {
 	return conn
 }
 
-// readUntil reads messages until what they carried is as long as want,
-// and must be want.
-func readUntil(t *testing.T, conn *websocket.Conn, want string) {
-	t.Helper()
-	got := ""
-	for len(got) < len(want) {
-		kind, data, err := conn.ReadMessage()
-		require.NoError(t, err, "read so far: %q", got)
-		assert.Equal(t, websocket.BinaryMessage, kind)
-		got += string(data)
-	}
-	assert.Equal(t, want, got)
-}
-
 // dropped asserts the proxy dropped the connection without a word, as
 // Nova's does for a token it refuses.
 func dropped(t *testing.T, conn *websocket.Conn) {
@@ -120,11 +106,11 @@ func TestRemoteConsoles(t *testing.T) {
 
 		conn := dialConsole(t, serialURL)
 		assert.Equal(t, "binary", conn.Subprotocol(), "websockify's subprotocol")
-		readUntil(t, conn, prompt)
+		guestconsole.ReadMessagesUntil(t, conn, prompt)
 		require.NoError(t, conn.WriteMessage(websocket.BinaryMessage, []byte("root\r")))
-		readUntil(t, conn, prompt)
+		guestconsole.ReadMessagesUntil(t, conn, prompt)
 		require.NoError(t, conn.WriteMessage(websocket.BinaryMessage, []byte("a\nb\r")))
-		readUntil(t, conn, prompt+prompt)
+		guestconsole.ReadMessagesUntil(t, conn, prompt+prompt)
 	})
 
 	var vncURL string
@@ -134,7 +120,7 @@ func TestRemoteConsoles(t *testing.T) {
 		vncURL = rc["url"]
 		assert.Regexp(t, `^http://127\.0\.0\.1:\d+/vnc_auto\.html\?path=%3Ftoken%3D[0-9a-f-]{36}$`, vncURL)
 		conn := dialConsole(t, vncWebSocket(t, vncURL))
-		readUntil(t, conn, "RFB 003.008\n")
+		guestconsole.ReadMessagesUntil(t, conn, "RFB 003.008\n")
 	})
 
 	t.Run("TheProxiesRefuseAToken", func(t *testing.T) {
