@@ -90,9 +90,16 @@ func (s *Stack) AwaitSubresources(ctx context.Context) error {
 // 127.0.0.1 (Options.Subresources).
 func (s *Stack) SubresourcesPort() int { return s.apiPort }
 
-// Plugin is the path of the kubectl plugin (kubectl-virtfleet) built with
-// the hub and the agent.
-func (s *Stack) Plugin() string { return filepath.Join(s.bin, "kubectl-virtfleet") }
+// Plugin is the absolute path of the kubectl plugin (kubectl-virtfleet)
+// built with the hub and the agent, so a PATH made from it works from any
+// directory (make run gives its binaries as a relative path).
+func (s *Stack) Plugin() string {
+	p := filepath.Join(s.bin, "kubectl-virtfleet")
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
+}
 
 // DeployedAgentCapabilities are the capabilities cluster/deploy's DaemonSet
 // gives the agent's container (all others dropped), for
