@@ -53,15 +53,8 @@ func (r *Rejections) Count(reason string) uint64 {
 	return r.counts[reason]
 }
 
-// MismatchError is a value stored under a key that does not match its
-// content, e.g. a report for node2 under node1's key.
-type MismatchError struct {
-	Key, Want, Got string
-}
-
-func (e *MismatchError) Error() string {
-	return "value under key " + e.Key + " names " + e.Got + ", want " + e.Want
-}
+// MismatchError is a value stored under a key that is not its own.
+type MismatchError = wire.MismatchError
 
 // Reason classifies an error from decoding a bucket value.
 func Reason(err error) string {
