@@ -10,7 +10,8 @@
 // It and modbuild import only the standard library: on a fresh machine
 // `make run` compiles hack/envtest-assets first, before anything else is
 // in Go's build cache, and the errors package of crossplane-runtime alone
-// would add some 400 packages (apimachinery's among them) to that compile.
+// would pull apimachinery, and hundreds of packages with it, into that
+// compile.
 package envtestassets
 
 import (

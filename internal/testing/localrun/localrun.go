@@ -70,9 +70,9 @@ type crossplaneCore interface {
 
 // withCrossplane readies so for Crossplane's core and returns it; nil in a
 // bin/local built without the crossplane tag (see crossplane.go). Crossplane
-// core and the packages it installs compile some 500 packages of their own
-// (sigstore, cloud registries' credentials) into bin/local, which a fresh
-// machine's plain `make run` would compile for nothing.
+// core and the packages it installs bring a large dependency tree of their
+// own (sigstore, cloud registries' credentials) into bin/local, which a
+// fresh machine's plain `make run` would compile for nothing.
 var withCrossplane func(ctx context.Context, so stack.Options) (stack.Options, crossplaneCore, error)
 
 // Running is a started local system.

@@ -73,7 +73,8 @@ func NewResolver(kube client.Client) *Resolver {
 // mg's own earlier reconcile made, so it is tracked, and the next reconcile,
 // reading a cache that holds it, corrects its ProviderConfig if that changed.
 // Taken for an error, it would fail the VM's reconcile and cost a status
-// write, for a share of a burst's VMs (make bench shows it).
+// write, for every VM reconciled twice in such quick succession, as many of
+// a burst's are.
 func (r *Resolver) Resolve(ctx context.Context, mg resource.ModernManaged) (Config, error) {
 	if err := r.usage.Track(ctx, mg); err != nil && !kerrors.IsAlreadyExists(err) {
 		return Config{}, errors.Wrap(err, "cannot track ProviderConfig usage")

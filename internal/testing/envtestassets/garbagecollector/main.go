@@ -9,11 +9,11 @@
 // that appear later (Crossplane installs its CRDs after it starts).
 //
 // envtest runs no kube-controller-manager, and the Crossplane harness needs
-// only this controller of it; this command builds from about a third of
-// kube-controller-manager's packages. The build constraint keeps it out of
-// virtfleet's module, whose Kubernetes libraries are newer:
-// internal/testing/envtestassets embeds this file and builds it with
-// k8s.io/kubernetes KubernetesVersion through internal/testing/modbuild.
+// only this controller of it, so this command builds only the part of
+// kube-controller-manager's packages that controller needs. The build
+// constraint keeps it out of virtfleet's module, whose Kubernetes libraries
+// are newer: internal/testing/envtestassets embeds this file and builds it
+// with k8s.io/kubernetes KubernetesVersion through internal/testing/modbuild.
 package main
 
 import (
