@@ -16,8 +16,7 @@ import (
 // domainState is the libvirt state of the domain with UUID key.
 func domainState(t *testing.T, l *golibvirt.Libvirt, key string) golibvirt.DomainState {
 	t.Helper()
-	dom, err := l.DomainLookupByUUID(mustUUID(t, key))
-	require.NoError(t, err)
+	dom := domainOf(t, l, key)
 	s, _, err := l.DomainGetState(dom, 0)
 	require.NoError(t, err)
 	return golibvirt.DomainState(s)
@@ -125,8 +124,7 @@ func TestAnAdoptedDomainGoneIsMadeAgain(t *testing.T) {
 	next.UID = "0b5e3f1a-7c2d-4e8f-9a1b-bbbbbbbbbbbb"
 	require.NoError(t, d.Claim(ctx, next, driver.Ref{Orphan: old.UID}))
 
-	dom, err := l.DomainLookupByUUID(mustUUID(t, old.UID))
-	require.NoError(t, err)
+	dom := domainOf(t, l, old.UID)
 	require.NoError(t, l.DomainDestroy(dom))
 	require.NoError(t, l.DomainUndefine(dom))
 

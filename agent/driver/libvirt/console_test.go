@@ -252,8 +252,7 @@ func TestConsolesOnTheTestDriver(t *testing.T) {
 	_, err := d.Ensure(ctx, m)
 	require.NoError(t, err)
 
-	dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
-	require.NoError(t, err)
+	dom := domainOf(t, l, m.UID)
 	x, err := l.DomainGetXMLDesc(dom, 0)
 	require.NoError(t, err)
 	var def libvirtxml.Domain
@@ -347,8 +346,7 @@ func TestConsolesOfARealGuest(t *testing.T) {
 	o, err := d.Ensure(ctx, m)
 	require.NoError(t, err)
 	require.Equal(t, driver.PhaseRunning, o.Phase, o.Message)
-	dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
-	require.NoError(t, err)
+	dom := domainOf(t, l, m.UID)
 	// boots waits until the guest's firmware, starting, shows want on the
 	// session out reads, resetting the guest after wait and every 30 s
 	// from then on: QEMU takes a session when it gets to it, and what the

@@ -66,8 +66,7 @@ func TestCapacityFollowsChangesBehindTheDriversBack(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, int64(other.VCPU+m.VCPU), c.AllocatedVCPU, "read once, so the change is made to a definition already known")
 
-			dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
-			require.NoError(t, err)
+			dom := domainOf(t, l, m.UID)
 			tc.change(t, l, dom)
 			assert.EventuallyWithT(t, func(c *assert.CollectT) {
 				got, err := d.Capacity(ctx)

@@ -115,8 +115,7 @@ func TestLifecycle(t *testing.T) {
 			assert.Equal(t, s.restarts, o.RestartCount)
 			assert.Equal(t, s.restartRequired, o.RestartRequired, "restartRequired")
 			if s.liveVCPU > 0 {
-				dom, err := raw(t, node).DomainLookupByUUID(mustUUID(t, m.UID))
-				require.NoError(t, err)
+				dom := domainOf(t, raw(t, node), m.UID)
 				_, _, _, vcpus, _, err := raw(t, node).DomainGetInfo(dom)
 				require.NoError(t, err)
 				assert.Equal(t, uint16(s.liveVCPU), vcpus, "vCPUs of the running guest")
@@ -138,6 +137,14 @@ func mustUUID(t testing.TB, uid string) golibvirt.UUID {
 	u, err := parseUUID(uid)
 	require.NoError(t, err)
 	return u
+}
+
+// domainOf is the domain of guest uid on l, which must have it.
+func domainOf(t testing.TB, l *golibvirt.Libvirt, uid string) golibvirt.Domain {
+	t.Helper()
+	dom, err := l.DomainLookupByUUID(mustUUID(t, uid))
+	require.NoError(t, err)
+	return dom
 }
 
 func TestEnsureIsIdempotent(t *testing.T) {
@@ -336,8 +343,7 @@ func TestEventsNameTheGuest(t *testing.T) {
 	m := machine("loud")
 	_, err := d.Ensure(ctx, m)
 	require.NoError(t, err)
-	dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
-	require.NoError(t, err)
+	dom := domainOf(t, l, m.UID)
 	require.NoError(t, l.DomainDestroy(dom))
 	assert.Equal(t, driver.Event{UID: m.UID, Kind: driver.EventStopped}, next(t, d), "the first hint is the stop made outside, not Ensure's define or start")
 	require.NoError(t, l.DomainCreate(dom))
@@ -539,8 +545,7 @@ func TestAGuestTheHypervisorHaltedIsFailedNotResumed(t *testing.T) {
 	m := machine("halted")
 	_, err := d.Ensure(ctx, m)
 	require.NoError(t, err)
-	dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
-	require.NoError(t, err)
+	dom := domainOf(t, l, m.UID)
 	state := func() golibvirt.DomainState {
 		s, _, err := l.DomainGetState(dom, 0)
 		require.NoError(t, err)
@@ -640,8 +645,7 @@ func TestPauseAndReset(t *testing.T) {
 	m := machine("paused")
 	m.ResetNonce = "r0"
 	state := func() (golibvirt.DomainState, golibvirt.DomainPausedReason) {
-		dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
-		require.NoError(t, err)
+		dom := domainOf(t, l, m.UID)
 		s, r, err := l.DomainGetState(dom, 0)
 		require.NoError(t, err)
 		return golibvirt.DomainState(s), golibvirt.DomainPausedReason(r)
@@ -717,8 +721,7 @@ func TestAGuestTheHypervisorHaltedIsNotPaused(t *testing.T) {
 	m := machine("halted")
 	_, err := d.Ensure(ctx, m)
 	require.NoError(t, err)
-	dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
-	require.NoError(t, err)
+	dom := domainOf(t, l, m.UID)
 	require.NoError(t, l.DomainSuspend(dom))
 	d.intercept = func(a API) API { return haltAsKVMDoes{a} }
 
@@ -754,8 +757,7 @@ func TestTheDriversOwnPauseIsNoHint(t *testing.T) {
 	m.Paused = true
 	_, err = d.Ensure(ctx, m)
 	require.NoError(t, err)
-	dom, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
-	require.NoError(t, err)
+	dom := domainOf(t, l, m.UID)
 	require.NoError(t, l.DomainResume(dom))
 	assert.Equal(t, driver.Event{UID: m.UID, Kind: driver.EventResumed}, next(t, d), "the first hint is the resume by hand, not the driver's suspend")
 	m.Paused = false

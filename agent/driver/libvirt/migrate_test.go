@@ -127,8 +127,7 @@ func TestLiveMigration(t *testing.T) {
 	t.Run("ACancelledMigrationLeavesTheGuestWhereItWas", func(t *testing.T) {
 		require.NoError(t, b.PrepareIncoming(ctx, m))
 		// Slowed to a crawl, so that it still copies when it is cancelled.
-		dom, err := ha.l.DomainLookupByUUID(mustUUID(t, m.UID))
-		require.NoError(t, err)
+		dom := domainOf(t, ha.l, m.UID)
 		require.NoError(t, ha.l.DomainMigrateSetMaxSpeed(dom, 1, 0))
 		defer func() { require.NoError(t, ha.l.DomainMigrateSetMaxSpeed(dom, unlimitedMiBps, 0)) }()
 		to := driver.MigrationTarget{ID: "attempt-c", Node: "hv-b", URI: pair.B.MigrationURI}
@@ -346,8 +345,7 @@ func (h hostOfPair) reservation(t *testing.T, network, mac string) string {
 
 func (h hostOfPair) state(t *testing.T, m driver.Machine) golibvirt.DomainState {
 	t.Helper()
-	dom, err := h.l.DomainLookupByUUID(mustUUID(t, m.UID))
-	require.NoError(t, err)
+	dom := domainOf(t, h.l, m.UID)
 	state, _, err := h.l.DomainGetState(dom, 0)
 	require.NoError(t, err)
 	return golibvirt.DomainState(state)
@@ -356,8 +354,7 @@ func (h hostOfPair) state(t *testing.T, m driver.Machine) golibvirt.DomainState 
 // qemu names the QEMU process running m's domain: its domain id and pid.
 func (h hostOfPair) qemu(t *testing.T, m driver.Machine) string {
 	t.Helper()
-	dom, err := h.l.DomainLookupByUUID(mustUUID(t, m.UID))
-	require.NoError(t, err)
+	dom := domainOf(t, h.l, m.UID)
 	pid, err := os.ReadFile(filepath.Join(h.Dir, "run", "qemu", domainName(m)+".pid"))
 	require.NoError(t, err)
 	return "domain " + strconv.Itoa(int(dom.ID)) + ", pid " + strings.TrimSpace(string(pid))

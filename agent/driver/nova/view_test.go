@@ -12,12 +12,25 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver"
 )
 
+// viewOf is a driver of node1 whose view holds s as guest uid, and whose
+// clock ticks a second at every reading.
+func viewOf(uid string, s servers.Server) *Driver {
+	clock := time.Unix(0, 0)
+	return &Driver{
+		node:   "node1",
+		now:    func() time.Time { clock = clock.Add(time.Second); return clock },
+		events: make(chan driver.Event, 16),
+		view:   map[string]servers.Server{uid: s},
+		readAt: map[string]time.Time{},
+	}
+}
+
 // TestAListingOlderThanADeletionDoesNotBringTheServerBack pins the view
 // against listings in flight when the driver deletes or releases a server:
 // a poll or a full listing that read the server before it went must not put
-// it back (Observe said a deleted guest existed until the next poll: CI saw
-// TestEnsureRunsAServerBootedFromItsVolume fail so), and the driver forgets
-// the deletion once no listing that began before it is left.
+// it back (Observe would say a deleted guest exists until the next poll),
+// and the driver forgets the deletion once no listing that began before it
+// is left.
 func TestAListingOlderThanADeletionDoesNotBringTheServerBack(t *testing.T) {
 	const uid = "0b5bbd0e-42c4-4dc1-a1a3-6d1e29c3a9f1"
 	s := servers.Server{ID: "srv-1", Status: "ACTIVE", Metadata: map[string]string{MetaUID: uid, MetaNode: "node1"}}
@@ -65,14 +78,7 @@ func TestAListingOlderThanADeletionDoesNotBringTheServerBack(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			clock := time.Unix(0, 0)
-			d := &Driver{
-				node:   "node1",
-				now:    func() time.Time { clock = clock.Add(time.Second); return clock },
-				events: make(chan driver.Event, 16),
-				view:   map[string]servers.Server{uid: s},
-				readAt: map[string]time.Time{},
-			}
+			d := viewOf(uid, s)
 			starts := map[string]time.Time{}
 			for _, st := range tc.steps {
 				st(d, starts)
@@ -101,14 +107,7 @@ func TestAListingOlderThanAMigrationsReadKeepsTheNewHost(t *testing.T) {
 		"APollAndAList": func(d *Driver, start time.Time) { d.see(moving, start); d.replaceView([]servers.Server{moving}, start) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			clock := time.Unix(0, 0)
-			d := &Driver{
-				node:   "node1",
-				now:    func() time.Time { clock = clock.Add(time.Second); return clock },
-				events: make(chan driver.Event, 16),
-				view:   map[string]servers.Server{uid: moving},
-				readAt: map[string]time.Time{},
-			}
+			d := viewOf(uid, moving)
 			start := d.beginListing()
 			d.remember(uid, moved, d.now()) // MigrateHost's read, after the listing began
 			arrive(d, start)

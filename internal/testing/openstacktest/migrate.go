@@ -286,27 +286,49 @@ func (s *Server) advanceMigrations(now time.Time) {
 	}
 }
 
+// migrationRecordJSON is what GET /servers/{id}/migrations and GET
+// /os-migrations both show of a migration.
+type migrationRecordJSON struct {
+	ID            int     `json:"id"`
+	UUID          string  `json:"uuid,omitempty"`
+	SourceCompute string  `json:"source_compute"`
+	SourceNode    string  `json:"source_node"`
+	DestCompute   *string `json:"dest_compute"`
+	DestNode      *string `json:"dest_node"`
+	DestHost      *string `json:"dest_host"`
+	Status        string  `json:"status"`
+	CreatedAt     string  `json:"created_at"`
+	UpdatedAt     string  `json:"updated_at"`
+	UserID        string  `json:"user_id,omitempty"`
+	ProjectID     string  `json:"project_id,omitempty"`
+}
+
+// migrationRecord is m's record as microversion mv shows it.
+func (s *Server) migrationRecord(m *liveMigration, mv int) migrationRecordJSON {
+	out := migrationRecordJSON{
+		ID: m.ID, SourceCompute: m.Source, SourceNode: m.Source,
+		DestCompute: optional(m.Dest), DestNode: optional(m.Dest), Status: m.Status,
+		CreatedAt: m.Created.UTC().Format(novaTime), UpdatedAt: m.Updated.UTC().Format(novaTime),
+	}
+	if mv >= 59 {
+		out.UUID = m.UUID
+	}
+	if mv >= 80 {
+		out.UserID, out.ProjectID = s.userID, s.projectID
+	}
+	return out
+}
+
 // migrationJSON is a migration as GET /servers/{id}/migrations shows it.
 type migrationJSON struct {
-	ID                   int     `json:"id"`
-	UUID                 string  `json:"uuid,omitempty"`
-	ServerUUID           string  `json:"server_uuid"`
-	SourceCompute        string  `json:"source_compute"`
-	SourceNode           string  `json:"source_node"`
-	DestCompute          *string `json:"dest_compute"`
-	DestNode             *string `json:"dest_node"`
-	DestHost             *string `json:"dest_host"`
-	Status               string  `json:"status"`
-	MemoryTotalBytes     *int64  `json:"memory_total_bytes"`
-	MemoryProcessedBytes *int64  `json:"memory_processed_bytes"`
-	MemoryRemainingBytes *int64  `json:"memory_remaining_bytes"`
-	DiskTotalBytes       *int64  `json:"disk_total_bytes"`
-	DiskProcessedBytes   *int64  `json:"disk_processed_bytes"`
-	DiskRemainingBytes   *int64  `json:"disk_remaining_bytes"`
-	CreatedAt            string  `json:"created_at"`
-	UpdatedAt            string  `json:"updated_at"`
-	UserID               string  `json:"user_id,omitempty"`
-	ProjectID            string  `json:"project_id,omitempty"`
+	migrationRecordJSON
+	ServerUUID           string `json:"server_uuid"`
+	MemoryTotalBytes     *int64 `json:"memory_total_bytes"`
+	MemoryProcessedBytes *int64 `json:"memory_processed_bytes"`
+	MemoryRemainingBytes *int64 `json:"memory_remaining_bytes"`
+	DiskTotalBytes       *int64 `json:"disk_total_bytes"`
+	DiskProcessedBytes   *int64 `json:"disk_processed_bytes"`
+	DiskRemainingBytes   *int64 `json:"disk_remaining_bytes"`
 }
 
 func optional(s string) *string {
@@ -319,21 +341,12 @@ func optional(s string) *string {
 func (s *Server) renderServerMigration(m *liveMigration, mv int) migrationJSON {
 	zero := int64(0)
 	remaining := m.MemoryTotal - m.MemoryProcessed
-	out := migrationJSON{
-		ID: m.ID, ServerUUID: m.Server, SourceCompute: m.Source, SourceNode: m.Source,
-		DestCompute: optional(m.Dest), DestNode: optional(m.Dest), Status: m.Status,
+	return migrationJSON{
+		migrationRecordJSON: s.migrationRecord(m, mv), ServerUUID: m.Server,
 		MemoryTotalBytes: &m.MemoryTotal, MemoryProcessedBytes: &m.MemoryProcessed, MemoryRemainingBytes: &remaining,
 		// Booted from volumes: there are no local disks to copy.
 		DiskTotalBytes: &zero, DiskProcessedBytes: &zero, DiskRemainingBytes: &zero,
-		CreatedAt: m.Created.UTC().Format(novaTime), UpdatedAt: m.Updated.UTC().Format(novaTime),
 	}
-	if mv >= 59 {
-		out.UUID = m.UUID
-	}
-	if mv >= 80 {
-		out.UserID, out.ProjectID = s.userID, s.projectID
-	}
-	return out
 }
 
 // listServerMigrations answers GET /servers/{id}/migrations (from 2.23,
@@ -358,23 +371,12 @@ func (s *Server) listServerMigrations(w http.ResponseWriter, r *http.Request, mv
 
 // osMigrationJSON is a migration record as GET /os-migrations shows it.
 type osMigrationJSON struct {
-	ID                int     `json:"id"`
-	UUID              string  `json:"uuid,omitempty"`
-	InstanceUUID      string  `json:"instance_uuid"`
-	SourceCompute     string  `json:"source_compute"`
-	SourceNode        string  `json:"source_node"`
-	DestCompute       *string `json:"dest_compute"`
-	DestNode          *string `json:"dest_node"`
-	DestHost          *string `json:"dest_host"`
-	Status            string  `json:"status"`
-	OldInstanceTypeID int     `json:"old_instance_type_id"`
-	NewInstanceTypeID int     `json:"new_instance_type_id"`
-	MigrationType     string  `json:"migration_type,omitempty"`
-	Links             []link  `json:"links,omitempty"`
-	CreatedAt         string  `json:"created_at"`
-	UpdatedAt         string  `json:"updated_at"`
-	UserID            string  `json:"user_id,omitempty"`
-	ProjectID         string  `json:"project_id,omitempty"`
+	migrationRecordJSON
+	InstanceUUID      string `json:"instance_uuid"`
+	OldInstanceTypeID int    `json:"old_instance_type_id"`
+	NewInstanceTypeID int    `json:"new_instance_type_id"`
+	MigrationType     string `json:"migration_type,omitempty"`
+	Links             []link `json:"links,omitempty"`
 }
 
 // listMigrations answers GET /os-migrations (admins only) with Nova's
@@ -400,10 +402,8 @@ func (s *Server) listMigrations(w http.ResponseWriter, r *http.Request, mv int) 
 	out := []osMigrationJSON{}
 	for _, m := range list {
 		o := osMigrationJSON{
-			ID: m.ID, InstanceUUID: m.Server, SourceCompute: m.Source, SourceNode: m.Source,
-			DestCompute: optional(m.Dest), DestNode: optional(m.Dest), Status: m.Status,
+			migrationRecordJSON: s.migrationRecord(m, mv), InstanceUUID: m.Server,
 			OldInstanceTypeID: m.FlavorID, NewInstanceTypeID: m.FlavorID,
-			CreatedAt: m.Created.UTC().Format(novaTime), UpdatedAt: m.Updated.UTC().Format(novaTime),
 		}
 		if mv >= 23 {
 			o.MigrationType = "live-migration"
@@ -411,12 +411,6 @@ func (s *Server) listMigrations(w http.ResponseWriter, r *http.Request, mv int) 
 				href := fmt.Sprintf("%s%s/servers/%s/migrations/%d", s.http.URL, ComputePath, m.Server, m.ID)
 				o.Links = []link{{Href: href, Rel: "self"}, {Href: strings.Replace(href, "/v2.1", "", 1), Rel: "bookmark"}}
 			}
-		}
-		if mv >= 59 {
-			o.UUID = m.UUID
-		}
-		if mv >= 80 {
-			o.UserID, o.ProjectID = s.userID, s.projectID
 		}
 		out = append(out, o)
 	}
