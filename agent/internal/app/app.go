@@ -92,7 +92,7 @@ func Run(ctx context.Context, cfg Config) error {
 	wg.Go(func() {
 		// WatchIntents returns nil when ctx is done; anything else means the
 		// agent can no longer learn what to do, so it stops everything.
-		if err := b.WatchIntents(ctx, rec.HandleIntent); err != nil {
+		if err := b.WatchIntents(ctx, rec.Handlers()); err != nil {
 			watchErr = errors.Wrap(err, "cannot watch intents")
 			cancel()
 		}

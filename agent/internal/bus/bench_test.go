@@ -37,8 +37,8 @@ func BenchmarkIntentDelivery(b *testing.B) {
 			f.putIntent(b, "node1", uid, gen)
 		}
 		for range benchKeys {
-			ev := e.until(b, 10*time.Second, func(ev bus.IntentEvent) bool { return ev.Intent.Generation == gen })
-			last := ev[len(ev)-1]
+			ev := e.until(b, 10*time.Second, func(ev any) bool { g, ok := guest(ev); return ok && g.Value.Generation == gen })
+			last, _ := guest(ev[len(ev)-1])
 			latencies = append(latencies, time.Since(sent[last.UID]))
 		}
 	}
@@ -60,7 +60,8 @@ func BenchmarkReportWrites(b *testing.B) {
 	b.ResetTimer()
 	start := time.Now()
 	for n := range b.N {
-		_, err := agent.PutReport(ctx, wire.Report{UID: fmt.Sprintf("vm-%d", n%benchKeys), Message: fmt.Sprint(n)})
+		uid := fmt.Sprintf("vm-%d", n%benchKeys)
+		_, err := bus.PutReport(ctx, agent, wire.GuestReports, uid, wire.Report{UID: uid, Node: "node1", Message: fmt.Sprint(n)})
 		require.NoError(b, err)
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "writes/s")

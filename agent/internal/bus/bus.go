@@ -1,6 +1,7 @@
 // Package bus is the agent's side of the wire: it watches this node's intents
 // and writes this node's reports and heartbeat, over NATS JetStream (NATS) or
-// in memory (Fake).
+// in memory (Fake). It knows no kind of value: each is a wire.Kind, handled
+// through On (intents) and PutReport and DeleteReport (reports).
 package bus
 
 import (
@@ -13,82 +14,45 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
 
+// Reports is where an agent writes what it observes: this node's keys of the
+// reports bucket. PutReport and DeleteReport write a kind of report through
+// it.
+//
+// Writes are idempotent and compare-and-set: writing the value that is
+// already stored changes nothing and returns its revision; a value changed
+// by someone else since this agent last read it yields a *ConflictError (the
+// next write re-reads). A key that is not this node's yields a
+// *wire.KeyError before anything is sent. Other errors are transient: retry.
+type Reports interface {
+	// Node is the node whose keys these are.
+	Node() string
+	// Put stores value, which is never empty (that reads as absent), under
+	// key.
+	Put(ctx context.Context, key string, value []byte) (revision uint64, err error)
+	// Delete removes the value under key; deleting what is not there is
+	// harmless.
+	Delete(ctx context.Context, key string) error
+}
+
 // Bus is what an agent needs from the wire, scoped to one node.
 //
-// Writes are idempotent and compare-and-set: writing the report that is
-// already stored changes nothing and returns its revision; a report changed
-// by someone else since this agent last read it yields a *ConflictError (the
-// next write re-reads). A uid that is not key-safe yields a *wire.KeyError
-// before anything is sent. Other errors are transient: retry.
-//
 // WatchIntents blocks until ctx is done. It first delivers every intent of
-// this node, then an event with Synced set (from then on an absent intent
-// means "no such guest"), then every change. It survives reconnects and
-// server restarts and resumes after the last revision seen, so an intent may
-// be delivered again but its latest state is never missed; once a resumed
-// watch has caught up it sends Synced again, so the agent looks at every
-// guest at once instead of when retries that backed off through the outage
-// come due. An intent that
-// cannot be decoded, has a newer protocol version, or sits under a key that
-// does not match it is logged, counted (natswire.Rejections) and skipped: bad
-// input never stops the watch.
+// this node, of every kind, then calls Synced (from then on an absent intent
+// means "no such thing"), then delivers every change. Each intent goes to the
+// handler of its kind. It survives reconnects and server restarts and resumes
+// after the last revision seen, so an intent may be delivered again but its
+// latest state is never missed; once a resumed watch has caught up it calls
+// Synced again, so the agent looks at everything at once instead of when
+// retries that backed off through the outage come due. An intent that cannot
+// be decoded, has a newer protocol version, sits under a key that does not
+// match it or is of a kind no handler takes is logged, counted
+// (natswire.Rejections) and skipped: bad input never stops the watch.
 type Bus interface {
-	WatchIntents(ctx context.Context, fn func(IntentEvent)) error
-	// PutReport stores r as the report of guest r.UID on this node.
-	PutReport(ctx context.Context, r wire.Report) (revision uint64, err error)
-	// DeleteReport removes the report of guest uid, once the guest is gone.
-	DeleteReport(ctx context.Context, uid string) error
-	// PutVolumeReport stores r as the report of Volume r.UID on this node.
-	PutVolumeReport(ctx context.Context, r wire.VolumeReport) (revision uint64, err error)
-	// DeleteVolumeReport removes the report of Volume uid, once the hub has
-	// deleted its intent.
-	DeleteVolumeReport(ctx context.Context, uid string) error
-	// PutImageReport stores r as the report of image r.UID on this node.
-	PutImageReport(ctx context.Context, r wire.ImageReport) (revision uint64, err error)
-	// DeleteImageReport removes the report of image uid, once the image is
-	// gone from the node.
-	DeleteImageReport(ctx context.Context, uid string) error
+	Reports
+	WatchIntents(ctx context.Context, hs Handlers) error
 	// PutHeartbeat stores h as this node's heartbeat. It must be repeated
 	// well within the nodes bucket's TTL, or the hub declares the node lost.
 	PutHeartbeat(ctx context.Context, h wire.NodeHeartbeat) error
-}
-
-// IntentEvent is the state of one of this node's guest intents, of one of its
-// Volume intents (Volume set), or the marker that the initial state has been
-// delivered. Both kinds arrive on one watch of the node's keys, so that one
-// Synced marker covers them.
-type IntentEvent struct {
-	// Synced marks the end of the initial state; no other field is set.
-	Synced   bool
-	UID      string
-	Revision uint64
-	// Deleted means the hub removed the intent: delete the guest.
-	Deleted bool
-	Intent  wire.Intent
-	// Volume is set for a Volume's intent key ("<node>.volume.<uid>"); the
-	// fields above are then empty.
-	Volume *VolumeIntentEvent
-	// Fabric is set for the node's Fabric key (wire.FabricKey); the fields
-	// above are then empty.
-	Fabric *FabricEvent
-}
-
-// FabricEvent is the state of the node's Fabric: the other nodes' tunnel
-// addresses. Deleted means the hub knows no other node with one.
-type FabricEvent struct {
-	Revision uint64
-	Deleted  bool
-	Fabric   wire.Fabric
-}
-
-// VolumeIntentEvent is the state of one of this node's Volume intents.
-type VolumeIntentEvent struct {
-	UID      string
-	Revision uint64
-	// Deleted means the hub removed the intent, having seen the volume
-	// gone: delete the Volume's report.
-	Deleted bool
-	Intent  wire.VolumeIntent
 }
 
 // ConflictError means a report changed since this agent last read it.

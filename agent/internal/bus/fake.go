@@ -5,79 +5,101 @@ import (
 	"sync"
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // Fake is an in-memory Bus for unit tests of code above the bus. A test plays
-// the hub with SetIntent and reads what the agent wrote with Report and
-// Heartbeat.
+// the hub with SetIntent and DeleteIntent and reads what the agent wrote with
+// Written, Writes and Heartbeat. Intents reach the watch's handlers as they
+// do over NATS: encoded, under their keys, and dispatched by kind.
 type Fake struct {
+	node       string
+	rejections natswire.Rejections
+
 	mu        sync.Mutex
 	rev       uint64
-	intents   map[string]IntentEvent // by uid, or "volume.<uid>"
-	watchers  []func(IntentEvent)
-	reports   map[string]wire.Report
-	volumes   map[string]wire.VolumeReport
-	images    map[string]wire.ImageReport
+	intents   map[string]entry // by key
+	watchers  map[int]Handlers
+	watches   int
+	reports   map[string][]byte // by key
+	writes    map[string]int    // by key
 	heartbeat *wire.NodeHeartbeat
 }
 
 var _ Bus = &Fake{}
 
-// NewFake returns an empty Fake.
-func NewFake() *Fake {
-	return &Fake{intents: map[string]IntentEvent{}, reports: map[string]wire.Report{}, volumes: map[string]wire.VolumeReport{}, images: map[string]wire.ImageReport{}}
+// NewFake returns an empty Fake for node.
+func NewFake(node string) *Fake {
+	return &Fake{node: node, intents: map[string]entry{}, watchers: map[int]Handlers{}, reports: map[string][]byte{}, writes: map[string]int{}}
 }
 
-// SetIntent plays the hub writing (or, with ev.Deleted, removing) an intent.
-func (f *Fake) SetIntent(ev IntentEvent) {
-	f.setIntent(ev.UID, func(rev uint64) IntentEvent { ev.Revision = rev; return ev })
+// Rejections counts the intents the watches refused.
+func (f *Fake) Rejections() *natswire.Rejections { return &f.rejections }
+
+// SetIntent plays the hub writing v as the intent of kind k of uid.
+func SetIntent[V any](f *Fake, k wire.Kind[V], uid string, v V) error {
+	key, err := k.Key(f.node, uid)
+	if err != nil {
+		return err
+	}
+	value, err := k.Encode(v)
+	if err != nil {
+		return err
+	}
+	f.setIntent(entry{key: key, value: value})
+	return nil
 }
 
-// SetFabric plays the hub writing (or, with ev.Deleted, removing) the
-// node's Fabric.
-func (f *Fake) SetFabric(ev FabricEvent) {
-	f.setIntent("fabric.peers", func(rev uint64) IntentEvent { ev.Revision = rev; return IntentEvent{Fabric: &ev} })
+// DeleteIntent plays the hub removing the intent of kind k of uid.
+func DeleteIntent[V any](f *Fake, k wire.Kind[V], uid string) error {
+	key, err := k.Key(f.node, uid)
+	if err != nil {
+		return err
+	}
+	f.setIntent(entry{key: key, deleted: true})
+	return nil
 }
 
-// SetVolumeIntent plays the hub writing (or, with ev.Deleted, removing) a
-// Volume's intent.
-func (f *Fake) SetVolumeIntent(ev VolumeIntentEvent) {
-	f.setIntent("volume."+ev.UID, func(rev uint64) IntentEvent { ev.Revision = rev; return IntentEvent{Volume: &ev} })
-}
-
-func (f *Fake) setIntent(key string, at func(rev uint64) IntentEvent) {
+func (f *Fake) setIntent(e entry) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rev++
-	ev := at(f.rev)
-	f.intents[key] = ev
-	for _, fn := range f.watchers {
-		fn(ev)
+	e.revision = f.rev
+	f.intents[e.key] = e
+	for _, hs := range f.watchers {
+		f.deliver(hs, e)
 	}
 }
 
-// Report returns the report last written for uid.
-func (f *Fake) Report(uid string) (wire.Report, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	r, ok := f.reports[uid]
-	return r, ok
+// deliver hands e to hs as WatchIntents does. f.mu must be held.
+func (f *Fake) deliver(hs Handlers, e entry) {
+	if err := hs.deliver(f.node, e); err != nil {
+		f.rejections.Add(err)
+	}
 }
 
-// VolumeReport returns the report last written for Volume uid.
-func (f *Fake) VolumeReport(uid string) (wire.VolumeReport, bool) {
+// Written returns the report of kind k of uid last written, if any.
+func Written[V any](f *Fake, k wire.Kind[V], uid string) (V, bool) {
+	var v V
+	key, err := k.Key(f.node, uid)
+	if err != nil {
+		return v, false
+	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	r, ok := f.volumes[uid]
-	return r, ok
+	value, ok := f.reports[key]
+	f.mu.Unlock()
+	if !ok {
+		return v, false
+	}
+	v, err = k.Decode(value)
+	return v, err == nil
 }
 
-// ImageReport returns the report last written for image uid.
-func (f *Fake) ImageReport(uid string) (wire.ImageReport, bool) {
+// Writes returns how many times a value was put under key.
+func (f *Fake) Writes(key string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	r, ok := f.images[uid]
-	return r, ok
+	return f.writes[key]
 }
 
 // Heartbeat returns the heartbeat last written.
@@ -91,88 +113,47 @@ func (f *Fake) Heartbeat() (wire.NodeHeartbeat, bool) {
 }
 
 // WatchIntents implements Bus.
-func (f *Fake) WatchIntents(ctx context.Context, fn func(IntentEvent)) error {
+func (f *Fake) WatchIntents(ctx context.Context, hs Handlers) error {
 	f.mu.Lock()
-	for _, ev := range f.intents {
-		fn(ev)
+	for _, e := range f.intents {
+		f.deliver(hs, e)
 	}
-	fn(IntentEvent{Synced: true})
-	f.watchers = append(f.watchers, fn)
-	i := len(f.watchers) - 1
+	hs.synced()
+	i := f.watches
+	f.watches++
+	f.watchers[i] = hs
 	f.mu.Unlock()
 	<-ctx.Done()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.watchers[i] = func(IntentEvent) {}
+	delete(f.watchers, i)
 	return nil
 }
 
-// PutReport implements Bus.
-func (f *Fake) PutReport(_ context.Context, r wire.Report) (uint64, error) {
-	if err := wire.ValidateToken("uid", r.UID); err != nil {
+// Node implements Reports.
+func (f *Fake) Node() string { return f.node }
+
+// Put implements Reports.
+func (f *Fake) Put(_ context.Context, key string, value []byte) (uint64, error) {
+	if err := ownKey(f.node, key); err != nil {
 		return 0, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rev++
-	f.reports[r.UID] = r
+	f.reports[key] = value
+	f.writes[key]++
 	return f.rev, nil
 }
 
-// DeleteReport implements Bus.
-func (f *Fake) DeleteReport(_ context.Context, uid string) error {
-	if err := wire.ValidateToken("uid", uid); err != nil {
+// Delete implements Reports.
+func (f *Fake) Delete(_ context.Context, key string) error {
+	if err := ownKey(f.node, key); err != nil {
 		return err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.reports, uid)
-	return nil
-}
-
-// PutVolumeReport implements Bus.
-func (f *Fake) PutVolumeReport(_ context.Context, r wire.VolumeReport) (uint64, error) {
-	if err := wire.ValidateToken("uid", r.UID); err != nil {
-		return 0, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.rev++
-	f.volumes[r.UID] = r
-	return f.rev, nil
-}
-
-// DeleteVolumeReport implements Bus.
-func (f *Fake) DeleteVolumeReport(_ context.Context, uid string) error {
-	if err := wire.ValidateToken("uid", uid); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.volumes, uid)
-	return nil
-}
-
-// PutImageReport implements Bus.
-func (f *Fake) PutImageReport(_ context.Context, r wire.ImageReport) (uint64, error) {
-	if err := wire.ValidateToken("uid", r.UID); err != nil {
-		return 0, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.rev++
-	f.images[r.UID] = r
-	return f.rev, nil
-}
-
-// DeleteImageReport implements Bus.
-func (f *Fake) DeleteImageReport(_ context.Context, uid string) error {
-	if err := wire.ValidateToken("uid", uid); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.images, uid)
+	delete(f.reports, key)
 	return nil
 }
 

@@ -98,68 +98,23 @@ func New(nc *nats.Conn, cfg Config) (*NATS, error) {
 // Rejections counts the intents this bus's watches refused.
 func (n *NATS) Rejections() *natswire.Rejections { return n.cfg.Rejections }
 
-// PutReport implements Bus.
-func (n *NATS) PutReport(ctx context.Context, r wire.Report) (uint64, error) {
-	r.Node = n.cfg.Node
-	key, err := wire.ReportKey(n.cfg.Node, r.UID)
-	if err != nil {
+// Node implements Reports.
+func (n *NATS) Node() string { return n.cfg.Node }
+
+// Put implements Reports.
+func (n *NATS) Put(ctx context.Context, key string, value []byte) (uint64, error) {
+	if err := ownKey(n.cfg.Node, key); err != nil {
 		return 0, err
 	}
-	b, err := wire.EncodeReport(r)
-	if err != nil {
-		return 0, errors.Wrap(err, "cannot encode report")
-	}
-	return n.write(ctx, key, &nats.Msg{Data: b})
+	return n.write(ctx, key, &nats.Msg{Data: value})
 }
 
-// PutVolumeReport implements Bus.
-func (n *NATS) PutVolumeReport(ctx context.Context, r wire.VolumeReport) (uint64, error) {
-	key, err := wire.VolumeReportKey(n.cfg.Node, r.UID)
-	if err != nil {
-		return 0, err
-	}
-	b, err := wire.EncodeVolumeReport(r)
-	if err != nil {
-		return 0, errors.Wrap(err, "cannot encode volume report")
-	}
-	return n.write(ctx, key, &nats.Msg{Data: b})
-}
-
-// PutImageReport implements Bus.
-func (n *NATS) PutImageReport(ctx context.Context, r wire.ImageReport) (uint64, error) {
-	r.Node = n.cfg.Node
-	key, err := wire.ImageReportKey(n.cfg.Node, r.UID)
-	if err != nil {
-		return 0, err
-	}
-	b, err := wire.EncodeImageReport(r)
-	if err != nil {
-		return 0, errors.Wrap(err, "cannot encode image report")
-	}
-	return n.write(ctx, key, &nats.Msg{Data: b})
-}
-
-// DeleteReport implements Bus.
-func (n *NATS) DeleteReport(ctx context.Context, uid string) error {
-	return n.deleteReport(ctx, wire.ReportKey, uid)
-}
-
-// DeleteVolumeReport implements Bus.
-func (n *NATS) DeleteVolumeReport(ctx context.Context, uid string) error {
-	return n.deleteReport(ctx, wire.VolumeReportKey, uid)
-}
-
-// DeleteImageReport implements Bus.
-func (n *NATS) DeleteImageReport(ctx context.Context, uid string) error {
-	return n.deleteReport(ctx, wire.ImageReportKey, uid)
-}
-
-func (n *NATS) deleteReport(ctx context.Context, keyOf func(node, uid string) (string, error), uid string) error {
-	key, err := keyOf(n.cfg.Node, uid)
-	if err != nil {
+// Delete implements Reports.
+func (n *NATS) Delete(ctx context.Context, key string) error {
+	if err := ownKey(n.cfg.Node, key); err != nil {
 		return err
 	}
-	_, err = n.write(ctx, key, &nats.Msg{Header: nats.Header{hdrOperation: []string{opDelete}}})
+	_, err := n.write(ctx, key, &nats.Msg{Header: nats.Header{hdrOperation: []string{opDelete}}})
 	return err
 }
 
@@ -264,8 +219,8 @@ func (n *NATS) PutHeartbeat(ctx context.Context, h wire.NodeHeartbeat) error {
 }
 
 // WatchIntents implements Bus.
-func (n *NATS) WatchIntents(ctx context.Context, fn func(IntentEvent)) error {
-	w := &intentWatch{n: n, fn: fn}
+func (n *NATS) WatchIntents(ctx context.Context, hs Handlers) error {
+	w := &intentWatch{n: n, hs: hs}
 	// The ordered consumer would notice a lost server only after missing
 	// heartbeats for several seconds; resubscribing on reconnect resumes at once.
 	reconnected := n.nc.StatusChanged(nats.CONNECTED)
@@ -305,7 +260,7 @@ const intentHeartbeat = time.Second
 // starts after the last revision seen.
 type intentWatch struct {
 	n  *NATS
-	fn func(IntentEvent)
+	hs Handlers
 
 	mu     sync.Mutex
 	last   uint64
@@ -341,10 +296,9 @@ func (w *intentWatch) subscribe(ctx context.Context) (*nats.Subscription, <-chan
 		nats.BindStream(wire.Stream(wire.BucketIntents)), nats.OrderedConsumer(), nats.DeliverLastPerSubject(),
 		// The consumer lives on one server. When that server goes and the
 		// agent's connection stays on another, only missing heartbeats
-		// tell: nats.go checks every two intervals, so with its default of
-		// 5 s the consumer would be made again only after several times
-		// that (make chaos kills the JetStream meta leader to exercise
-		// it). One a second costs one small message.
+		// tell, and nats.go checks every two intervals: a short interval
+		// makes the consumer again within seconds, for one small message
+		// per interval.
 		nats.IdleHeartbeat(intentHeartbeat),
 	}
 	if last := w.lastRevision(); last > 0 {
@@ -366,12 +320,12 @@ func (w *intentWatch) subscribe(ctx context.Context) (*nats.Subscription, <-chan
 	return sub, closed, nil
 }
 
-// markSynced emits the Synced event once, and once more after each
-// reconnect. w.mu must be held.
+// markSynced calls Synced once, and once more after each reconnect. w.mu
+// must be held.
 func (w *intentWatch) markSynced() {
 	if !w.synced || w.catchingUp {
 		w.synced, w.catchingUp = true, false
-		w.fn(IntentEvent{Synced: true})
+		w.hs.synced()
 	}
 }
 
@@ -383,54 +337,19 @@ func (w *intentWatch) handle(m *nats.Msg) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.last = meta.Sequence.Stream
-	if ev, err := w.n.intentEvent(m, meta.Sequence.Stream); err != nil {
+	e := entry{
+		key:      strings.TrimPrefix(m.Subject, wire.Subject(wire.BucketIntents, "")),
+		revision: meta.Sequence.Stream,
+		deleted:  isDeletion(m.Header),
+		value:    m.Data,
+	}
+	if err := w.hs.deliver(w.n.cfg.Node, e); err != nil {
 		reason := w.n.cfg.Rejections.Add(err)
 		w.n.cfg.Log.Info("Rejected intent", "subject", m.Subject, "revision", meta.Sequence.Stream, "reason", reason, "error", err)
-	} else if ev != nil {
-		w.fn(*ev)
 	}
 	if meta.NumPending == 0 {
 		w.markSynced()
 	}
-}
-
-// intentEvent decodes a message: a guest's intent, a Volume's or the node's
-// Fabric. nil means it is for a kind of per-node intent this agent does not
-// handle yet.
-func (n *NATS) intentEvent(m *nats.Msg, rev uint64) (*IntentEvent, error) {
-	key := strings.TrimPrefix(m.Subject, wire.Subject(wire.BucketIntents, ""))
-	node, rest, err := wire.ParseKey(key)
-	if err != nil {
-		return nil, err
-	}
-	if node != n.cfg.Node {
-		return nil, &natswire.MismatchError{Key: key, Want: n.cfg.Node, Got: node}
-	}
-	deleted := isDeletion(m.Header)
-	if uid, ok := wire.ParseVolumeKey(rest); ok {
-		ev := &VolumeIntentEvent{UID: uid, Revision: rev, Deleted: deleted}
-		if ev.Intent, err = natswire.DecodeValue(key, uid, deleted, m.Data, wire.DecodeVolumeIntent, func(v wire.VolumeIntent) string { return v.UID }); err != nil {
-			return nil, err
-		}
-		return &IntentEvent{Volume: ev}, nil
-	}
-	if wire.IsFabricKey(rest) {
-		ev := &FabricEvent{Revision: rev, Deleted: deleted}
-		if !deleted {
-			if ev.Fabric, err = wire.DecodeFabric(m.Data); err != nil {
-				return nil, err
-			}
-		}
-		return &IntentEvent{Fabric: ev}, nil
-	}
-	if strings.Contains(rest, ".") {
-		return nil, nil
-	}
-	ev := &IntentEvent{UID: rest, Revision: rev, Deleted: deleted}
-	if ev.Intent, err = natswire.DecodeValue(key, rest, deleted, m.Data, wire.DecodeIntent, func(in wire.Intent) string { return in.UID }); err != nil {
-		return nil, err
-	}
-	return ev, nil
 }
 
 // isDeletion reports a KV delete or purge, or a server marker for a key that

@@ -24,14 +24,17 @@ func TestWatchIntentsDeliversStateThenChanges(t *testing.T) {
 	e := watch(t, b)
 	initial := e.until(t, 5*time.Second, synced)
 	require.Len(t, initial, 2, "one intent of node1, then the synced marker; none of node2")
-	assert.Equal(t, "vm-a", initial[0].UID)
+	first, ok := guest(initial[0])
+	require.True(t, ok, "the first event is a guest's intent: %+v", initial[0])
+	assert.Equal(t, "vm-a", first.UID)
 
 	f.putIntent(t, "node1", "vm-a", 2)
 	e.until(t, 5*time.Second, generation("vm-a", 2))
 
 	require.NoError(t, f.intents.Delete(context.Background(), "node1.vm-a"))
-	got := e.until(t, 5*time.Second, func(ev bus.IntentEvent) bool { return ev.Deleted })
-	assert.Equal(t, "vm-a", got[len(got)-1].UID)
+	got := e.until(t, 5*time.Second, func(ev any) bool { g, ok := guest(ev); return ok && g.Deleted })
+	deleted, _ := guest(got[len(got)-1])
+	assert.Equal(t, "vm-a", deleted.UID)
 	assert.False(t, async.WaitForViolation(0), "watching must need no permission the agent lacks")
 }
 
@@ -39,64 +42,107 @@ func TestPutReportIsCompareAndSetAndIdempotent(t *testing.T) {
 	f := newFleet(t)
 	b, _, async := f.agent(t, "node1")
 	ctx := context.Background()
-	r := wire.Report{UID: "vm-a", Phase: wire.PhaseRunning, ObservedAt: time.Unix(1, 0).UTC()}
+	r := wire.Report{UID: "vm-a", Node: "node1", Phase: wire.PhaseRunning, ObservedAt: time.Unix(1, 0).UTC()}
 
-	rev1, err := b.PutReport(ctx, r)
+	rev1, err := putReport(b, r)
 	require.NoError(t, err)
-	rev2, err := b.PutReport(ctx, r)
+	rev2, err := putReport(b, r)
 	require.NoError(t, err)
 	assert.Equal(t, rev1, rev2, "replaying the same report must not write")
 
 	// An agent restarted with no memory re-reads the revision it wrote.
 	restarted, _, _ := f.agent(t, "node1")
-	rev3, err := restarted.PutReport(ctx, r)
+	rev3, err := putReport(restarted, r)
 	require.NoError(t, err)
 	assert.Equal(t, rev1, rev3)
 
 	// The first agent's idea of the revision is now stale.
 	r.Phase = wire.PhaseStopped
-	_, err = restarted.PutReport(ctx, r)
+	_, err = putReport(restarted, r)
 	require.NoError(t, err)
 	r.Phase = wire.PhaseFailed
-	_, err = b.PutReport(ctx, r)
+	_, err = putReport(b, r)
 	var conflict *bus.ConflictError
 	require.ErrorAs(t, err, &conflict)
-	_, err = b.PutReport(ctx, r)
+	_, err = putReport(b, r)
 	require.NoError(t, err, "the write after a conflict re-reads and succeeds")
 
-	require.NoError(t, b.DeleteReport(ctx, "vm-a"))
-	require.NoError(t, b.DeleteReport(ctx, "vm-a"), "deleting twice is harmless")
+	require.NoError(t, bus.DeleteReport(ctx, b, wire.GuestReports, "vm-a"))
+	require.NoError(t, bus.DeleteReport(ctx, b, wire.GuestReports, "vm-a"), "deleting twice is harmless")
 	_, err = f.reports.Get(ctx, "node1.vm-a")
 	assert.Error(t, err)
 
-	_, err = b.PutReport(ctx, wire.Report{UID: "vm.a"})
+	_, err = putReport(b, wire.Report{UID: "vm.a", Node: "node1"})
 	var ke *wire.KeyError
 	assert.ErrorAs(t, err, &ke)
 	assert.False(t, async.WaitForViolation(0))
 }
 
+// putReport writes r as the report of its guest.
+func putReport(b bus.Reports, r wire.Report) (uint64, error) {
+	return bus.PutReport(context.Background(), b, wire.GuestReports, r.UID, r)
+}
+
+// TestPutRefusesWhatTheHubWouldRefuse: a report is checked as the hub
+// checks it, and written only under the node's own keys of the reports
+// bucket, before anything is sent.
+func TestPutRefusesWhatTheHubWouldRefuse(t *testing.T) {
+	f := newFleet(t)
+	b, _, async := f.agent(t, "node1")
+	ctx := context.Background()
+	var (
+		mismatch *wire.MismatchError
+		keyErr   *wire.KeyError
+	)
+	_, err := putReport(b, wire.Report{UID: "vm-a", Node: "node2"})
+	assert.ErrorAs(t, err, &mismatch, "a report naming another node")
+	_, err = bus.PutReport(ctx, b, wire.GuestReports, "vm-b", wire.Report{UID: "vm-a", Node: "node1"})
+	assert.ErrorAs(t, err, &mismatch, "a report of another uid than its key's")
+	_, err = bus.PutReport(ctx, b, wire.VolumeIntents, "vol-a", wire.VolumeIntent{UID: "vol-a", Disk: "d", Absent: true})
+	assert.Error(t, err, "an intent is no report")
+	_, err = b.Put(ctx, "node2.vm-a", []byte("{}"))
+	assert.ErrorAs(t, err, &keyErr, "another node's key")
+	assert.ErrorAs(t, b.Delete(ctx, "node2.vm-a"), &keyErr, "another node's key")
+
+	keys, err := f.reports.ListKeys(ctx)
+	require.NoError(t, err)
+	for k := range keys.Keys() {
+		t.Errorf("nothing may be written, but %s was", k)
+	}
+	assert.False(t, async.WaitForViolation(0), "nothing refused may reach the server")
+}
+
+// TestWatchIntentsRejectsBadInputAndCarriesOn: an intent that cannot be
+// decoded, is of a newer version, names another key or is of a kind no
+// handler takes is counted and skipped.
 func TestWatchIntentsRejectsBadInputAndCarriesOn(t *testing.T) {
 	f := newFleet(t)
 	b, _, _ := f.agent(t, "node1")
 	e := watch(t, b)
 	e.until(t, 5*time.Second, synced)
-	ctx := context.Background()
 
-	cases := map[string]struct {
-		key, value string
-		reason     string
-	}{
+	rejects(t, f, b, e, map[string]rejection{
 		"CorruptValue":       {key: "node1.vm-x", value: `{"protocolVersion":1,`, reason: natswire.ReasonDecode},
 		"NewerVersion":       {key: "node1.vm-y", value: `{"protocolVersion":99,"uid":"vm-y"}`, reason: natswire.ReasonVersion},
 		"UIDOfAnotherKey":    {key: "node1.vm-z", value: `{"protocolVersion":1,"uid":"vm-other"}`, reason: natswire.ReasonMismatch},
 		"UnsafeUIDInContent": {key: "node1.vm-w", value: `{"protocolVersion":1,"uid":"a b"}`, reason: natswire.ReasonKey},
-	}
+		"NoHandledKind":      {key: "node1.snapshot.snap-a", value: `{"uid":"snap-a"}`, reason: natswire.ReasonKey},
+	})
+}
+
+// rejection is a value the hub writes under key that the watch must refuse,
+// counting it under reason.
+type rejection struct{ key, value, reason string }
+
+// rejects writes each bad value as the hub does, then a good intent, which
+// proves the watch carried on, and checks the refusal was counted.
+func rejects(t *testing.T, f *fleet, b *bus.NATS, e *events, cases map[string]rejection) {
+	t.Helper()
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			before := b.Rejections().Count(tc.reason)
-			_, err := f.intents.Put(ctx, tc.key, []byte(tc.value))
+			_, err := f.intents.Put(context.Background(), tc.key, []byte(tc.value))
 			require.NoError(t, err)
-			// A good intent after the bad one proves the watch carried on.
 			f.putIntent(t, "node1", "vm-good", int64(len(name)))
 			e.until(t, 5*time.Second, generation("vm-good", int64(len(name))))
 			assert.Equal(t, before+1, b.Rejections().Count(tc.reason))
@@ -128,9 +174,11 @@ func TestSurvivesServerRestart(t *testing.T) {
 	f.putIntentEventually(t, "node1", "vm-new", 1)
 	seen := map[string]int64{}
 	resynced := false
-	e.until(t, 20*time.Second, func(ev bus.IntentEvent) bool {
-		resynced = resynced || ev.Synced
-		seen[ev.UID] = ev.Intent.Generation
+	e.until(t, 20*time.Second, func(ev any) bool {
+		resynced = resynced || synced(ev)
+		if g, ok := guest(ev); ok {
+			seen[g.UID] = g.Value.Generation
+		}
 		return seen["vm-0"] == 2 && seen["vm-new"] == 1 && resynced
 	})
 
@@ -139,17 +187,15 @@ func TestSurvivesServerRestart(t *testing.T) {
 		_, err := f.intents.Get(ctx, fmt.Sprintf("node1.vm-%d", i))
 		require.NoError(t, err, "intent written before the restart must survive it")
 	}
-	_, err := b.PutReport(ctx, wire.Report{UID: "vm-0", Phase: wire.PhaseRunning})
+	_, err := putReport(b, wire.Report{UID: "vm-0", Node: "node1", Phase: wire.PhaseRunning})
 	require.NoError(t, err, "the agent can write again after the restart")
 }
 
 // TestWatchIntentsRecoversALostConsumerWithinSeconds: when the server that
 // holds the watch's consumer goes, the agent's own connection may stay (in
 // a cluster, another server's stream leader is killed), and only missing
-// heartbeats tell the watch. It makes its consumer again within seconds;
-// with nats.go's default heartbeat (5 s, checked every 10 s) it took 10 to
-// 20 s, and make chaos saw a VM wait 25 s for a stop after the kill of the
-// JetStream meta leader.
+// heartbeats tell the watch. It makes its consumer again within seconds,
+// not after the several heartbeat intervals nats.go's default would wait.
 func TestWatchIntentsRecoversALostConsumerWithinSeconds(t *testing.T) {
 	f := newFleet(t)
 	b, _, _ := f.agent(t, "node1")
@@ -183,40 +229,33 @@ func TestWatchIntentsRoutesVolumeIntents(t *testing.T) {
 	e := watch(t, b)
 	initial := e.until(t, 5*time.Second, synced)
 	require.Len(t, initial, 3, "node1's volume and guest intents, then one synced marker; none of node2")
-	var volumes []bus.VolumeIntentEvent
+	var (
+		volumes []bus.Event[wire.VolumeIntent]
+		guests  []string
+	)
 	for _, ev := range initial {
-		if ev.Volume != nil {
-			assert.Empty(t, ev.UID, "a volume intent is not a guest intent")
-			volumes = append(volumes, *ev.Volume)
+		if v, ok := ev.(bus.Event[wire.VolumeIntent]); ok {
+			volumes = append(volumes, v)
+		}
+		if g, ok := guest(ev); ok {
+			guests = append(guests, g.UID)
 		}
 	}
 	require.Len(t, volumes, 1)
 	assert.Equal(t, "vol-a", volumes[0].UID)
-	assert.Equal(t, "ns_vol-a", volumes[0].Intent.Disk)
+	assert.Equal(t, "ns_vol-a", volumes[0].Value.Disk)
+	assert.Equal(t, []string{"vm-a"}, guests, "a volume intent is not a guest intent")
 
 	require.NoError(t, f.intents.Delete(ctx, "node1.volume.vol-a"))
-	got := e.until(t, 5*time.Second, func(ev bus.IntentEvent) bool { return ev.Volume != nil && ev.Volume.Deleted })
-	assert.Equal(t, "vol-a", got[len(got)-1].Volume.UID)
+	got := e.until(t, 5*time.Second, func(ev any) bool { v, ok := ev.(bus.Event[wire.VolumeIntent]); return ok && v.Deleted })
+	assert.Equal(t, "vol-a", got[len(got)-1].(bus.Event[wire.VolumeIntent]).UID)
 
-	cases := map[string]struct {
-		key, value string
-		reason     string
-	}{
+	rejects(t, f, b, e, map[string]rejection{
 		"CorruptVolumeIntent":       {key: "node1.volume.vol-x", value: `{"protocolVersion":1,`, reason: natswire.ReasonDecode},
 		"NewerVolumeIntent":         {key: "node1.volume.vol-y", value: `{"protocolVersion":2,"uid":"vol-y"}`, reason: natswire.ReasonVersion},
 		"VolumeIntentOfAnotherUID":  {key: "node1.volume.vol-z", value: `{"protocolVersion":1,"uid":"vol-o","disk":"d","absent":true}`, reason: natswire.ReasonMismatch},
 		"PresentVolumeIsNotDefined": {key: "node1.volume.vol-p", value: `{"protocolVersion":1,"uid":"vol-p","disk":"d"}`, reason: natswire.ReasonDecode},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			before := b.Rejections().Count(tc.reason)
-			_, err := f.intents.Put(ctx, tc.key, []byte(tc.value))
-			require.NoError(t, err)
-			f.putIntent(t, "node1", "vm-good", int64(len(name)))
-			e.until(t, 5*time.Second, generation("vm-good", int64(len(name))))
-			assert.Equal(t, before+1, b.Rejections().Count(tc.reason))
-		})
-	}
+	})
 	assert.False(t, async.WaitForViolation(0), "watching volume intents needs no permission the agent lacks")
 }
 
@@ -225,15 +264,16 @@ func TestPutVolumeReport(t *testing.T) {
 	b, _, async := f.agent(t, "node1")
 	ctx := context.Background()
 	r := wire.VolumeReport{UID: "vol-a", Message: "attached", ObservedAt: time.Unix(1, 0).UTC()}
+	put := func(r wire.VolumeReport) (uint64, error) { return bus.PutReport(ctx, b, wire.VolumeReports, r.UID, r) }
 
-	rev1, err := b.PutVolumeReport(ctx, r)
+	rev1, err := put(r)
 	require.NoError(t, err)
-	rev2, err := b.PutVolumeReport(ctx, r)
+	rev2, err := put(r)
 	require.NoError(t, err)
 	assert.Equal(t, rev1, rev2, "replaying the same report must not write")
 
 	r.Gone, r.Message = true, ""
-	_, err = b.PutVolumeReport(ctx, r)
+	_, err = put(r)
 	require.NoError(t, err)
 	e, err := f.reports.Get(ctx, "node1.volume.vol-a")
 	require.NoError(t, err, "the report lives under <node>.volume.<uid>")
@@ -242,16 +282,16 @@ func TestPutVolumeReport(t *testing.T) {
 	assert.True(t, got.Gone)
 
 	// A guest report of the same uid is another key.
-	_, err = b.PutReport(ctx, wire.Report{UID: "vol-a", Phase: wire.PhaseRunning})
+	_, err = putReport(b, wire.Report{UID: "vol-a", Node: "node1", Phase: wire.PhaseRunning})
 	require.NoError(t, err)
-	require.NoError(t, b.DeleteVolumeReport(ctx, "vol-a"))
-	require.NoError(t, b.DeleteVolumeReport(ctx, "vol-a"), "deleting twice is harmless")
+	require.NoError(t, bus.DeleteReport(ctx, b, wire.VolumeReports, "vol-a"))
+	require.NoError(t, bus.DeleteReport(ctx, b, wire.VolumeReports, "vol-a"), "deleting twice is harmless")
 	_, err = f.reports.Get(ctx, "node1.volume.vol-a")
 	assert.Error(t, err)
 	_, err = f.reports.Get(ctx, "node1.vol-a")
 	assert.NoError(t, err, "deleting the volume report leaves the guest report")
 
-	_, err = b.PutVolumeReport(ctx, wire.VolumeReport{UID: "vol.a"})
+	_, err = put(wire.VolumeReport{UID: "vol.a"})
 	var ke *wire.KeyError
 	assert.ErrorAs(t, err, &ke)
 	assert.False(t, async.WaitForViolation(0))
@@ -261,16 +301,17 @@ func TestPutImageReport(t *testing.T) {
 	f := newFleet(t)
 	b, _, async := f.agent(t, "node1")
 	ctx := context.Background()
-	r := wire.ImageReport{UID: "img-a", Name: "ubuntu", Phase: wire.ImagePhaseImporting, Message: "importing image ubuntu: 1 of 2 bytes", ObservedAt: time.Unix(1, 0).UTC()}
+	r := wire.ImageReport{UID: "img-a", Name: "ubuntu", Node: "node1", Phase: wire.ImagePhaseImporting, Message: "importing image ubuntu: 1 of 2 bytes", ObservedAt: time.Unix(1, 0).UTC()}
+	put := func(r wire.ImageReport) (uint64, error) { return bus.PutReport(ctx, b, wire.ImageReports, r.UID, r) }
 
-	rev1, err := b.PutImageReport(ctx, r)
+	rev1, err := put(r)
 	require.NoError(t, err)
-	rev2, err := b.PutImageReport(ctx, r)
+	rev2, err := put(r)
 	require.NoError(t, err)
 	assert.Equal(t, rev1, rev2, "replaying the same report must not write")
 
 	r.Phase, r.SizeBytes, r.Message = wire.ImagePhaseReady, 2, ""
-	_, err = b.PutImageReport(ctx, r)
+	_, err = put(r)
 	require.NoError(t, err)
 	e, err := f.reports.Get(ctx, "node1.image.img-a")
 	require.NoError(t, err, "the report lives under <node>.image.<uid>")
@@ -278,14 +319,14 @@ func TestPutImageReport(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, wire.ImagePhaseReady, got.Phase)
 	assert.Equal(t, int64(2), got.SizeBytes)
-	assert.Equal(t, "node1", got.Node, "the bus stamps its own node")
+	assert.Equal(t, "node1", got.Node)
 
-	require.NoError(t, b.DeleteImageReport(ctx, "img-a"))
-	require.NoError(t, b.DeleteImageReport(ctx, "img-a"), "deleting twice is harmless")
+	require.NoError(t, bus.DeleteReport(ctx, b, wire.ImageReports, "img-a"))
+	require.NoError(t, bus.DeleteReport(ctx, b, wire.ImageReports, "img-a"), "deleting twice is harmless")
 	_, err = f.reports.Get(ctx, "node1.image.img-a")
 	assert.Error(t, err)
 
-	_, err = b.PutImageReport(ctx, wire.ImageReport{UID: "img.a", Phase: wire.ImagePhaseReady})
+	_, err = put(wire.ImageReport{UID: "img.a", Node: "node1", Phase: wire.ImagePhaseReady})
 	var ke *wire.KeyError
 	assert.ErrorAs(t, err, &ke)
 	assert.False(t, async.WaitForViolation(0), "writing image reports needs no permission the agent lacks")

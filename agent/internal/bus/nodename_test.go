@@ -46,14 +46,14 @@ func TestADottedNodeNameIsItsOwnNode(t *testing.T) {
 	got := watch(t, b).until(t, 5*time.Second, synced)
 	var uids []string
 	for _, ev := range got {
-		if ev.UID != "" {
-			uids = append(uids, ev.UID)
+		if g, ok := guest(ev); ok {
+			uids = append(uids, g.UID)
 		}
 	}
 	assert.Equal(t, []string{"vm-of-node-1_rack-a"}, uids, "the node sees its own intents only")
 
 	require.NoError(t, b.PutHeartbeat(ctx, wire.NodeHeartbeat{Backend: "libvirt"}))
-	_, err = b.PutReport(ctx, wire.Report{UID: "vm-of-node-1_rack-a", Phase: wire.PhaseRunning})
+	_, err = putReport(b, wire.Report{UID: "vm-of-node-1_rack-a", Node: dotted, Phase: wire.PhaseRunning})
 	require.NoError(t, err)
 	reports, err := js.KeyValue(ctx, wire.BucketReports)
 	require.NoError(t, err)

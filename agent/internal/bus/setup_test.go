@@ -84,19 +84,39 @@ func (f *fleet) putIntentEventually(t testing.TB, node, uid string, generation i
 	require.NoError(t, err, "cannot put intent %s after the server restart", key)
 }
 
-// events collects watch events for assertions from the test goroutine.
+// syncedMarker is what a watch's Synced call records among the events.
+type syncedMarker struct{}
+
+// events collects what a watch delivers, for assertions from the test
+// goroutine: bus.Event values of each kind watched, and syncedMarker.
 type events struct {
-	ch chan bus.IntentEvent
+	ch chan any
 }
 
-func watch(t testing.TB, b bus.Bus) *events {
+// kind is a handler that sends the events of one kind to ch; into makes one.
+type kind func(ch chan<- any) bus.Handler
+
+func into[V any](k wire.Kind[V]) kind {
+	return func(ch chan<- any) bus.Handler { return bus.On(k, func(ev bus.Event[V]) { ch <- ev }) }
+}
+
+// watch watches b's intents of the given kinds, by default guests' and
+// Volumes'.
+func watch(t testing.TB, b bus.Bus, kinds ...kind) *events {
 	t.Helper()
+	if len(kinds) == 0 {
+		kinds = []kind{into(wire.GuestIntents), into(wire.VolumeIntents)}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	e := &events{ch: make(chan bus.IntentEvent, 4096)}
+	e := &events{ch: make(chan any, 4096)}
+	hs := bus.Handlers{Synced: func() { e.ch <- syncedMarker{} }}
+	for _, k := range kinds {
+		hs.Kinds = append(hs.Kinds, k(e.ch))
+	}
 	go func() {
 		defer close(done)
-		_ = b.WatchIntents(ctx, func(ev bus.IntentEvent) { e.ch <- ev })
+		_ = b.WatchIntents(ctx, hs)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return e
@@ -104,9 +124,9 @@ func watch(t testing.TB, b bus.Bus) *events {
 
 // until returns the events received until one satisfies stop, failing the
 // test after d.
-func (e *events) until(t testing.TB, d time.Duration, stop func(bus.IntentEvent) bool) []bus.IntentEvent {
+func (e *events) until(t testing.TB, d time.Duration, stop func(any) bool) []any {
 	t.Helper()
-	var got []bus.IntentEvent
+	var got []any
 	timeout := time.After(d)
 	for {
 		select {
@@ -121,8 +141,17 @@ func (e *events) until(t testing.TB, d time.Duration, stop func(bus.IntentEvent)
 	}
 }
 
-func synced(ev bus.IntentEvent) bool { return ev.Synced }
+func synced(ev any) bool { return ev == syncedMarker{} }
 
-func generation(uid string, g int64) func(bus.IntentEvent) bool {
-	return func(ev bus.IntentEvent) bool { return ev.UID == uid && ev.Intent.Generation == g }
+// guest is ev as a guest intent's event, if it is one.
+func guest(ev any) (bus.Event[wire.Intent], bool) {
+	g, ok := ev.(bus.Event[wire.Intent])
+	return g, ok
+}
+
+func generation(uid string, g int64) func(any) bool {
+	return func(ev any) bool {
+		in, ok := guest(ev)
+		return ok && in.UID == uid && in.Value.Generation == g
+	}
 }

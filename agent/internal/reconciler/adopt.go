@@ -76,13 +76,13 @@ func (r *Reconciler) refreshOrphans(ctx context.Context) error {
 func (r *Reconciler) orphaned(ctx context.Context, uid string) (bool, error) {
 	r.mu.Lock()
 	o, ok := r.orphans[uid]
-	released := r.written[uid].Released
 	r.mu.Unlock()
 	if !ok {
 		return false, nil
 	}
+	last, _ := r.reports.last(uid)
 	rep := orphanReport(o)
-	rep.Released = released
+	rep.Released = last.Released
 	return true, r.report(ctx, rep)
 }
 
@@ -155,14 +155,12 @@ func (r *Reconciler) clearOrphanReport(ctx context.Context, uid string) error {
 	if done {
 		return nil
 	}
-	if err := r.reports.DeleteReport(ctx, uid); err != nil {
+	if err := r.reports.delete(ctx, uid); err != nil {
 		return errors.Wrap(err, "cannot delete the adopted orphan's report")
 	}
 	r.mu.Lock()
 	r.cleared[uid] = true
 	delete(r.orphans, uid)
-	delete(r.written, uid)
-	r.countGuests()
 	r.mu.Unlock()
 	return nil
 }

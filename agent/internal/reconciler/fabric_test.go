@@ -15,12 +15,13 @@ func TestFabricReachesTheDriver(t *testing.T) {
 	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
 	cases := []struct {
 		name   string
-		events []bus.FabricEvent
+		events []bus.Event[wire.Fabric]
 		want   []netip.Addr
 	}{
-		{"PeersAreHandedOver", []bus.FabricEvent{{Fabric: wire.Fabric{Peers: []string{"192.0.2.1", "192.0.2.2"}}}}, []netip.Addr{a, b}},
-		{"TheLastFabricWins", []bus.FabricEvent{{Fabric: wire.Fabric{Peers: []string{"192.0.2.1", "192.0.2.2"}}}, {Fabric: wire.Fabric{Peers: []string{"192.0.2.2"}}}}, []netip.Addr{b}},
-		{"ADeletedFabricLeavesNoPeers", []bus.FabricEvent{{Fabric: wire.Fabric{Peers: []string{"192.0.2.1"}}}, {Deleted: true}}, nil},
+		{"PeersAreHandedOver", []bus.Event[wire.Fabric]{peers("192.0.2.1", "192.0.2.2")}, []netip.Addr{a, b}},
+		{"TheLastFabricWins", []bus.Event[wire.Fabric]{peers("192.0.2.1", "192.0.2.2"), peers("192.0.2.2")}, []netip.Addr{b}},
+		{"ADeletedFabricLeavesNoPeers", []bus.Event[wire.Fabric]{peers("192.0.2.1"), {UID: wire.FabricUID, Deleted: true}}, nil},
+		{"AFabricOfAnotherUIDIsNone", []bus.Event[wire.Fabric]{peers("192.0.2.1"), {UID: "other", Value: wire.Fabric{Peers: []string{"192.0.2.2"}}}}, []netip.Addr{a}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -28,7 +29,7 @@ func TestFabricReachesTheDriver(t *testing.T) {
 			h.fake.Tunnel = netip.MustParseAddr("192.0.2.9")
 			require.NoError(t, h.fake.SetPeers(t.Context(), []netip.Addr{netip.MustParseAddr("198.51.100.1")}))
 			for _, ev := range tc.events {
-				h.rec.HandleIntent(bus.IntentEvent{Fabric: &ev})
+				h.rec.fabric(ev)
 			}
 			require.Eventually(t, func() bool {
 				got := h.fake.Peers()
@@ -37,4 +38,8 @@ func TestFabricReachesTheDriver(t *testing.T) {
 			require.Equal(t, tc.want, h.fake.Peers())
 		})
 	}
+}
+
+func peers(addrs ...string) bus.Event[wire.Fabric] {
+	return bus.Event[wire.Fabric]{UID: wire.FabricUID, Value: wire.Fabric{Peers: addrs}}
 }

@@ -66,7 +66,6 @@ func (r *Reconciler) nudgeImages() {
 
 // syncImages writes the report of every image the driver has and deletes
 // those of images it no longer has. It reports whether an import runs.
-// Only the image loop calls it, so writtenImages needs no lock.
 func (r *Reconciler) syncImages(ctx context.Context) (bool, error) {
 	images, err := DriverCall(r.metrics, OpImages, func() ([]driver.ImageStatus, error) { return r.driver.Images(ctx) })
 	if err != nil {
@@ -96,11 +95,9 @@ func (r *Reconciler) syncImages(ctx context.Context) (bool, error) {
 	r.imageErrors.retain(func(uid string) bool { return seen[uid] })
 	gone := r.staleImageReports(seen)
 	for _, uid := range gone {
-		if err := r.reports.DeleteImageReport(ctx, uid); err != nil {
-			errs = append(errs, errors.Wrapf(err, "cannot delete the report of image %s", uid))
-			continue
+		if err := r.imageReports.delete(ctx, uid); err != nil {
+			errs = append(errs, err)
 		}
-		delete(r.writtenImages, uid)
 	}
 	return importing, errors.Join(errs...)
 }
@@ -111,7 +108,9 @@ func (r *Reconciler) syncImages(ctx context.Context) (bool, error) {
 // run of the agent left behind (the bus skips a key that does not exist).
 func (r *Reconciler) staleImageReports(seen map[string]bool) []string {
 	var gone []string
-	for uid := range r.writtenImages {
+	written := map[string]bool{}
+	for _, uid := range r.imageReports.uids() {
+		written[uid] = true
 		if !seen[uid] {
 			gone = append(gone, uid)
 		}
@@ -125,7 +124,7 @@ func (r *Reconciler) staleImageReports(seen map[string]bool) []string {
 	named := map[string]bool{}
 	for _, in := range r.intents {
 		for _, d := range in.Machine.Disks {
-			if d.Image != nil && !seen[d.Image.UID] && !named[d.Image.UID] && r.writtenImages[d.Image.UID].UID == "" {
+			if d.Image != nil && !seen[d.Image.UID] && !named[d.Image.UID] && !written[d.Image.UID] {
 				named[d.Image.UID] = true
 				gone = append(gone, d.Image.UID)
 			}
@@ -136,22 +135,8 @@ func (r *Reconciler) staleImageReports(seen map[string]bool) []string {
 
 // imageReport writes rep unless it says what the last one written said.
 func (r *Reconciler) imageReport(ctx context.Context, rep wire.ImageReport) error {
-	if last, ok := r.writtenImages[rep.UID]; ok && sameImageReport(last, rep) {
-		return nil
-	}
-	rep.ProtocolVersion = wire.ProtocolVersion
 	rep.ObservedAt = r.opts.Now().UTC()
-	if _, err := r.reports.PutImageReport(ctx, rep); err != nil {
-		return errors.Wrapf(err, "cannot put the report of image %s", rep.UID)
-	}
-	r.writtenImages[rep.UID] = rep
-	return nil
-}
-
-func sameImageReport(a, b wire.ImageReport) bool {
-	a.ObservedAt, b.ObservedAt = time.Time{}, time.Time{}
-	a.ProtocolVersion, b.ProtocolVersion = 0, 0
-	return a == b
+	return r.imageReports.put(ctx, rep.UID, rep)
 }
 
 // imageReport translates what the driver sees of an image for the wire.

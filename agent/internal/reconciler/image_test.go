@@ -11,47 +11,14 @@ import (
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/driver/fake"
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
-
-func (r *reports) PutImageReport(_ context.Context, rep wire.ImageReport) (uint64, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.images[rep.UID] = rep
-	r.imagePuts[rep.UID]++
-	return uint64(r.imagePuts[rep.UID]), nil
-}
-
-func (r *reports) DeleteImageReport(_ context.Context, uid string) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.images, uid)
-	return nil
-}
-
-func (r *reports) image(uid string) (wire.ImageReport, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rep, ok := r.images[uid]
-	return rep, ok
-}
-
-func (r *reports) imagePutCount(uid string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.imagePuts[uid]
-}
 
 // imageReport waits for the image's report to satisfy ok.
 func (h *harness) imageReport(uid string, ok func(wire.ImageReport) bool, what string) wire.ImageReport {
 	h.t.Helper()
-	var last wire.ImageReport
-	require.Eventually(h.t, func() bool {
-		r, found := h.reports.image(uid)
-		last = r
-		return found && ok(r)
-	}, 5*time.Second, 5*time.Millisecond, "%s; last image report %+v", what, last)
-	return last
+	return reported(h, wire.ImageReports, uid, ok, what)
 }
 
 func (h *harness) noImageReport(uid, what string) {
@@ -162,8 +129,8 @@ func TestImageReports(t *testing.T) {
 			run: func(t *testing.T, h *harness) {
 				// A previous run of the agent reported img-1, which was
 				// pruned while this one was starting.
-				_, _ = h.reports.PutImageReport(context.Background(), wire.ImageReport{UID: "img-1", Node: node, Phase: wire.ImagePhaseReady})
-				_, _ = h.reports.PutImageReport(context.Background(), wire.ImageReport{UID: "img-other", Node: node, Phase: wire.ImagePhaseReady})
+				_, _ = bus.PutReport(context.Background(), h.reports, wire.ImageReports, "img-1", wire.ImageReport{UID: "img-1", Node: node, Phase: wire.ImagePhaseReady})
+				_, _ = bus.PutReport(context.Background(), h.reports, wire.ImageReports, "img-other", wire.ImageReport{UID: "img-other", Node: node, Phase: wire.ImagePhaseReady})
 				h.put(intent("a", withImage))
 				time.Sleep(50 * time.Millisecond)
 				_, ok := h.reports.image("img-1")

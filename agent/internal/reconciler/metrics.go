@@ -62,14 +62,13 @@ func result(err error) string {
 }
 
 // countGuests sets the guest gauge from the reports last written, every
-// phase each time, so a phase no guest has any more drops to 0. r.mu must
-// be held.
-func (r *Reconciler) countGuests() {
+// phase each time, so a phase no guest has any more drops to 0.
+func (r *Reconciler) countGuests(written map[string]wire.Report) {
 	counts := make(map[wire.Phase]int, len(wire.Phases))
 	for _, p := range wire.Phases {
 		counts[p] = 0
 	}
-	for _, rep := range r.written {
+	for _, rep := range written {
 		counts[rep.Phase]++
 	}
 	for p, n := range counts {

@@ -129,9 +129,7 @@ func (r *Reconciler) sourceReport(ctx context.Context, in wire.Intent, st driver
 	case err == nil:
 		rep = report(in, obs)
 	case driver.IsNotFound(err):
-		r.mu.Lock()
-		rep = r.written[in.UID]
-		r.mu.Unlock()
+		rep, _ = r.reports.last(in.UID)
 		rep.UID, rep.ObservedGeneration = in.UID, in.Generation
 		if rep.Phase == "" {
 			rep.Phase = wire.PhaseUnknown

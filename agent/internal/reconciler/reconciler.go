@@ -1,15 +1,15 @@
 // Package reconciler is the agent's desired-vs-observed loop. Intents say what
 // the hub wants on this node; the Driver says what is there. For each guest
-// the reconciler compares the two, acts through the Driver, and writes a
-// report when what it would say has changed. It is level-triggered: intents,
-// driver events and a periodic resync only put a guest's uid on a work queue,
-// and the worker always starts from the current intent and observation.
+// (and Volume, and the node's Fabric) the reconciler compares the two, acts
+// through the Driver, and writes a report when what it would say has changed.
+// It is level-triggered: intents, driver events and a periodic resync only
+// put an item on a work queue, and the worker always starts from the current
+// intent and observation.
 package reconciler
 
 import (
 	"context"
 	"net/netip"
-	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -24,17 +24,6 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
-
-// Reports is where the reconciler writes what it observed: the report half of
-// bus.Bus.
-type Reports interface {
-	PutReport(ctx context.Context, r wire.Report) (uint64, error)
-	DeleteReport(ctx context.Context, uid string) error
-	PutVolumeReport(ctx context.Context, r wire.VolumeReport) (uint64, error)
-	DeleteVolumeReport(ctx context.Context, uid string) error
-	PutImageReport(ctx context.Context, r wire.ImageReport) (uint64, error)
-	DeleteImageReport(ctx context.Context, uid string) error
-}
 
 // Options tune a Reconciler. Zero values take the defaults.
 type Options struct {
@@ -94,32 +83,46 @@ func (o *Options) defaults() {
 	}
 }
 
+// The kinds of queue items: each has its own reconcile function.
+const (
+	kindGuest  = "guest"
+	kindVolume = "volume"
+	kindFabric = "fabric"
+)
+
+// item is what the queue holds: one thing to converge, of a kind.
+type item struct {
+	kind string
+	uid  string
+}
+
+func guest(uid string) item { return item{kind: kindGuest, uid: uid} }
+
 // Reconciler makes one node's guests match its intents.
 type Reconciler struct {
-	node    string
-	driver  driver.Driver
-	reports Reports
-	log     logging.Logger
-	opts    Options
-	metrics *metrics.AgentMetrics
-	queue   workqueue.TypedRateLimitingInterface[string]
+	node      string
+	driver    driver.Driver
+	log       logging.Logger
+	opts      Options
+	metrics   *metrics.AgentMetrics
+	queue     workqueue.TypedRateLimitingInterface[item]
+	reconcile map[string]func(ctx context.Context, uid string) (time.Duration, error)
+	// reports, volumeReports and imageReports write each kind of report
+	// when it changes; the guest gauge counts reports (countGuests).
+	reports       *writer[wire.Report]
+	volumeReports *writer[wire.VolumeReport]
+	imageReports  *writer[wire.ImageReport]
 	// guestErrors and imageErrors are the errors last logged per guest
 	// and per image, so each cause is logged once.
 	guestErrors, imageErrors errorLog
 
 	mu      sync.Mutex
 	intents map[string]wire.Intent
-	// volumes are the Volume intents, by Volume uid; on the queue as
-	// volumeKey(uid).
+	// volumes are the Volume intents, by Volume uid.
 	volumes map[string]wire.VolumeIntent
 	// synced is set once the bus delivered every intent; before that an
 	// absent intent may just not have arrived yet, so nothing is deleted.
 	synced bool
-	// written is the last report written per uid, to write only changes;
-	// the guest gauge counts it (countGuests) whenever it changes.
-	written map[string]wire.Report
-	// writtenVolumes is the last VolumeReport written per Volume uid.
-	writtenVolumes map[string]wire.VolumeReport
 	// orphans are the node's released guests, by the uid they were
 	// released under, as of the last resync or release.
 	orphans map[string]driver.Observation
@@ -129,79 +132,92 @@ type Reconciler struct {
 	// the node does not have were deleted (see staleImageReports).
 	imagesCleaned bool
 
-	// writtenImages is the last ImageReport written per image uid; only
-	// the image loop uses it.
-	writtenImages map[string]wire.ImageReport
 	// imports are when the last import counted per image uid finished;
 	// only the image loop uses it.
 	imports map[string]time.Time
 	// imagesNudge wakes the image loop.
 	imagesNudge chan struct{}
 	// peers are the other nodes' tunnel addresses, as the Fabric last
-	// said; on the queue as fabricKey.
+	// said.
 	peers []netip.Addr
 	// addressless are the running guests seen with an interface that has
 	// no address yet, by uid, with when that was first seen.
 	addressless map[string]time.Time
 }
 
-// New returns a Reconciler for node. Call HandleIntent from the bus's
-// intent watch and Run to start working.
-func New(node string, d driver.Driver, reports Reports, log logging.Logger, o Options) *Reconciler {
+// New returns a Reconciler for node that writes its reports to reports.
+// Watch the bus's intents with its Handlers and call Run to start working.
+func New(node string, d driver.Driver, reports bus.Reports, log logging.Logger, o Options) *Reconciler {
 	o.defaults()
 	r := &Reconciler{
 		node:    node,
 		driver:  d,
-		reports: reports,
 		log:     log.WithValues("node", node),
 		opts:    o,
 		metrics: o.Metrics,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](o.RetryBase, o.RetryMax),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "guests-" + node},
+			workqueue.NewTypedItemExponentialFailureRateLimiter[item](o.RetryBase, o.RetryMax),
+			workqueue.TypedRateLimitingQueueConfig[item]{Name: "guests-" + node},
 		),
-		intents:        map[string]wire.Intent{},
-		volumes:        map[string]wire.VolumeIntent{},
-		addressless:    map[string]time.Time{},
-		written:        map[string]wire.Report{},
-		writtenVolumes: map[string]wire.VolumeReport{},
-		writtenImages:  map[string]wire.ImageReport{},
-		imports:        map[string]time.Time{},
-		orphans:        map[string]driver.Observation{},
-		cleared:        map[string]bool{},
-		imagesNudge:    make(chan struct{}, 1),
+		intents:     map[string]wire.Intent{},
+		volumes:     map[string]wire.VolumeIntent{},
+		addressless: map[string]time.Time{},
+		imports:     map[string]time.Time{},
+		orphans:     map[string]driver.Observation{},
+		cleared:     map[string]bool{},
+		imagesNudge: make(chan struct{}, 1),
 	}
-	r.countGuests() // every phase at 0 from the start
+	r.reconcile = map[string]func(context.Context, string) (time.Duration, error){
+		kindGuest:  r.reconcileGuest,
+		kindVolume: r.reconcileVolume,
+		kindFabric: r.reconcileFabric,
+	}
+	// The guest gauge has every phase at 0 from the start.
+	r.reports = newWriter(wire.GuestReports, reports, r.countGuests)
+	r.volumeReports = newWriter(wire.VolumeReports, reports, nil)
+	r.imageReports = newWriter(wire.ImageReports, reports, nil)
 	return r
 }
 
-// HandleIntent records an intent event from the bus and queues its guest.
-// The Synced marker queues a full resync, which is what deletes guests whose
-// intents vanished while the agent was away.
-func (r *Reconciler) HandleIntent(ev bus.IntentEvent) {
-	if ev.Volume != nil {
-		r.handleVolumeIntent(*ev.Volume)
-		return
+// Handlers are the reconciler's handlers of the bus's intent watch: each kind
+// of intent is recorded and its item queued. Synced queues a full resync,
+// which is what deletes guests whose intents vanished while the agent was
+// away.
+func (r *Reconciler) Handlers() bus.Handlers {
+	return bus.Handlers{
+		Kinds: []bus.Handler{
+			bus.On(wire.GuestIntents, r.guestIntent),
+			bus.On(wire.VolumeIntents, r.volumeIntent),
+			bus.On(wire.Fabrics, r.fabric),
+		},
+		Synced: r.intentsSynced,
 	}
-	if ev.Fabric != nil {
-		r.handleFabric(*ev.Fabric)
-		return
-	}
+}
+
+func (r *Reconciler) guestIntent(ev bus.Event[wire.Intent]) { record(r, r.intents, kindGuest, ev) }
+
+func (r *Reconciler) volumeIntent(ev bus.Event[wire.VolumeIntent]) {
+	record(r, r.volumes, kindVolume, ev)
+}
+
+// record keeps the intent of ev in intents, or drops it once deleted, and
+// queues its item.
+func record[V any](r *Reconciler, intents map[string]V, kind string, ev bus.Event[V]) {
 	r.mu.Lock()
-	switch {
-	case ev.Synced:
-		r.synced = true
-	case ev.Deleted:
-		delete(r.intents, ev.UID)
-	default:
-		r.intents[ev.UID] = ev.Intent
+	if ev.Deleted {
+		delete(intents, ev.UID)
+	} else {
+		intents[ev.UID] = ev.Value
 	}
 	r.mu.Unlock()
-	if ev.Synced {
-		r.resync(context.Background())
-		return
-	}
-	r.queue.Add(ev.UID)
+	r.queue.Add(item{kind: kind, uid: ev.UID})
+}
+
+func (r *Reconciler) intentsSynced() {
+	r.mu.Lock()
+	r.synced = true
+	r.mu.Unlock()
+	r.resync(context.Background())
 }
 
 // Run works the queue until ctx is done: workers, driver events as triggers,
@@ -237,36 +253,36 @@ loop:
 				r.resync(ctx)
 				continue
 			}
-			r.queue.Add(ev.UID)
+			r.queue.Add(guest(ev.UID))
 		}
 	}
 	r.queue.ShutDown()
 	wg.Wait()
 }
 
-// resync queues every guest the node should have or has. Until the intents
-// are synced only the intents are queued: a guest without an intent might be
-// one whose intent has not arrived yet.
+// resync queues every guest the node should have or has, and every Volume.
+// Until the intents are synced only the intents are queued: a guest without
+// an intent might be one whose intent has not arrived yet.
 func (r *Reconciler) resync(ctx context.Context) {
 	r.mu.Lock()
-	uids := make([]string, 0, len(r.intents)+len(r.volumes))
+	items := make([]item, 0, len(r.intents)+len(r.volumes))
 	for uid := range r.intents {
-		uids = append(uids, uid)
+		items = append(items, guest(uid))
 	}
 	for uid := range r.volumes {
-		uids = append(uids, volumeKey(uid))
+		items = append(items, item{kind: kindVolume, uid: uid})
 	}
 	synced := r.synced
+	r.mu.Unlock()
 	if synced {
 		// A report whose guest went out of band (an orphan deleted by
 		// hand) is looked at, and deleted, too.
-		for uid := range r.written {
-			uids = append(uids, uid)
+		for _, uid := range r.reports.uids() {
+			items = append(items, guest(uid))
 		}
 	}
-	r.mu.Unlock()
-	for _, uid := range uids {
-		r.queue.Add(uid)
+	for _, it := range items {
+		r.queue.Add(it)
 	}
 	if !synced {
 		return
@@ -283,49 +299,39 @@ func (r *Reconciler) resync(ctx context.Context) {
 		return
 	}
 	for _, g := range guests {
-		r.queue.Add(g.UID)
+		r.queue.Add(guest(g.UID))
 	}
 	r.mu.Lock()
 	for uid := range r.orphans {
-		r.queue.Add(uid)
+		r.queue.Add(guest(uid))
 	}
 	r.mu.Unlock()
 }
 
 func (r *Reconciler) processNext(ctx context.Context) bool {
-	uid, shutdown := r.queue.Get()
+	it, shutdown := r.queue.Get()
 	if shutdown {
 		return false
 	}
-	defer r.queue.Done(uid)
+	defer r.queue.Done(it)
 
-	var (
-		requeueAfter time.Duration
-		err          error
-	)
-	if v, ok := volumeUID(uid); ok {
-		requeueAfter, err = r.reconcileVolume(ctx, v)
-	} else if uid == fabricKey {
-		err = r.reconcileFabric(ctx)
-	} else {
-		requeueAfter, err = r.reconcile(ctx, uid)
-	}
+	requeueAfter, err := r.reconcile[it.kind](ctx, it.uid)
 	switch {
 	case err != nil:
-		r.log.Debug("Cannot reconcile; backing off", "key", uid, "error", err)
-		r.queue.AddRateLimited(uid)
+		r.log.Debug("Cannot reconcile; backing off", "kind", it.kind, "uid", it.uid, "error", err)
+		r.queue.AddRateLimited(it)
 	default:
-		r.queue.Forget(uid)
+		r.queue.Forget(it)
 		if requeueAfter > 0 {
-			r.queue.AddAfter(uid, requeueAfter)
+			r.queue.AddAfter(it, requeueAfter)
 		}
 	}
 	return true
 }
 
-// reconcile converges one guest. It returns an error to be retried with
+// reconcileGuest converges one guest. It returns an error to be retried with
 // backoff, or how soon to look again when the guest is mid-transition.
-func (r *Reconciler) reconcile(ctx context.Context, uid string) (time.Duration, error) {
+func (r *Reconciler) reconcileGuest(ctx context.Context, uid string) (time.Duration, error) {
 	r.mu.Lock()
 	in, wanted := r.intents[uid]
 	synced := r.synced
@@ -441,55 +447,16 @@ func (r *Reconciler) remove(ctx context.Context, uid string) error {
 		return errors.Wrap(err, "cannot delete guest")
 	}
 	r.guestErrors.forget(uid)
-	if err := r.reports.DeleteReport(ctx, uid); err != nil {
-		return errors.Wrap(err, "cannot delete report")
-	}
-	r.mu.Lock()
-	delete(r.written, uid)
-	r.countGuests()
-	r.mu.Unlock()
-	return nil
+	return r.reports.delete(ctx, uid)
 }
 
-// report writes rep unless it says what the last written report said.
-// ObservedAt and the interfaces' LastSeen are not compared: they change on
-// every look and would turn each resync into a write per guest.
+// report writes rep, as this node's, unless it says what the last report
+// written said (wire.GuestReports' Equal: not when it was observed, which
+// changes on every look and would turn each resync into a write per guest).
 func (r *Reconciler) report(ctx context.Context, rep wire.Report) error {
-	r.mu.Lock()
-	last, ok := r.written[rep.UID]
-	r.mu.Unlock()
-	if ok && sameReport(last, rep) {
-		return nil
-	}
-	rep.ProtocolVersion = wire.ProtocolVersion
+	rep.Node = r.node
 	rep.ObservedAt = r.opts.Now().UTC()
-	if _, err := r.reports.PutReport(ctx, rep); err != nil {
-		return errors.Wrap(err, "cannot put report")
-	}
-	r.mu.Lock()
-	r.written[rep.UID] = rep
-	r.countGuests()
-	r.mu.Unlock()
-	return nil
-}
-
-func sameReport(a, b wire.Report) bool {
-	a.ObservedAt, b.ObservedAt = time.Time{}, time.Time{}
-	a.ProtocolVersion, b.ProtocolVersion = 0, 0
-	a.Interfaces, b.Interfaces = withoutLastSeen(a.Interfaces), withoutLastSeen(b.Interfaces)
-	return reflect.DeepEqual(a, b)
-}
-
-func withoutLastSeen(in []wire.Interface) []wire.Interface {
-	if in == nil {
-		return nil
-	}
-	out := make([]wire.Interface, len(in))
-	for i, iface := range in {
-		iface.LastSeen = time.Time{}
-		out[i] = iface
-	}
-	return out
+	return r.reports.put(ctx, rep.UID, rep)
 }
 
 func hasImage(m driver.Machine) bool {

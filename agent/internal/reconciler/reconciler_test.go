@@ -3,7 +3,6 @@ package reconciler
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,79 +20,41 @@ import (
 
 const node = "node1"
 
-// reports records what the reconciler writes.
-type reports struct {
-	mu      sync.Mutex
-	current map[string]wire.Report
-	puts    map[string]int
-	deletes map[string]int
-	volumes map[string]wire.VolumeReport
-	images  map[string]wire.ImageReport
-	// imagePuts counts image report writes per uid.
-	imagePuts map[string]int
+// reports is the bus the reconciler writes to, read as the hub would.
+type reports struct{ *bus.Fake }
+
+func newReports(node string) reports { return reports{bus.NewFake(node)} }
+
+func (r reports) get(uid string) (wire.Report, bool) {
+	return bus.Written(r.Fake, wire.GuestReports, uid)
 }
 
-func newReports() *reports {
-	return &reports{
-		current: map[string]wire.Report{}, puts: map[string]int{}, deletes: map[string]int{}, volumes: map[string]wire.VolumeReport{},
-		images: map[string]wire.ImageReport{}, imagePuts: map[string]int{},
+func (r reports) volume(uid string) (wire.VolumeReport, bool) {
+	return bus.Written(r.Fake, wire.VolumeReports, uid)
+}
+
+func (r reports) image(uid string) (wire.ImageReport, bool) {
+	return bus.Written(r.Fake, wire.ImageReports, uid)
+}
+
+// putCount is how many times the report of guest uid was written.
+func (r reports) putCount(uid string) int { return writes(r, wire.GuestReports, uid) }
+
+// imagePutCount is how many times the report of image uid was written.
+func (r reports) imagePutCount(uid string) int { return writes(r, wire.ImageReports, uid) }
+
+func writes[V any](r reports, k wire.Kind[V], uid string) int {
+	key, err := k.Key(r.Node(), uid)
+	if err != nil {
+		panic(err)
 	}
-}
-
-func (r *reports) PutVolumeReport(_ context.Context, rep wire.VolumeReport) (uint64, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.volumes[rep.UID] = rep
-	return 1, nil
-}
-
-func (r *reports) DeleteVolumeReport(_ context.Context, uid string) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.volumes, uid)
-	return nil
-}
-
-func (r *reports) volume(uid string) (wire.VolumeReport, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rep, ok := r.volumes[uid]
-	return rep, ok
-}
-
-func (r *reports) PutReport(_ context.Context, rep wire.Report) (uint64, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.current[rep.UID] = rep
-	r.puts[rep.UID]++
-	return uint64(r.puts[rep.UID]), nil
-}
-
-func (r *reports) DeleteReport(_ context.Context, uid string) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.current, uid)
-	r.deletes[uid]++
-	return nil
-}
-
-func (r *reports) get(uid string) (wire.Report, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rep, ok := r.current[uid]
-	return rep, ok
-}
-
-func (r *reports) putCount(uid string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.puts[uid]
+	return r.Writes(key)
 }
 
 type harness struct {
 	t       *testing.T
 	fake    *fake.Driver
-	reports *reports
+	reports reports
 	rec     *Reconciler
 }
 
@@ -119,7 +80,7 @@ func startLogged(t *testing.T, log logging.Logger, wrap func(*fake.Driver) drive
 func startOn(t *testing.T, node string, log logging.Logger, wrap func(*fake.Driver) driver.Driver, mods ...func(*Options)) *harness {
 	t.Helper()
 	f := fake.New(node)
-	rep := newReports()
+	rep := newReports(node)
 	o := Options{Workers: 4, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollTransitional: 10 * time.Millisecond, ImagePollEvery: 10 * time.Millisecond}
 	for _, m := range mods {
 		m(&o)
@@ -152,19 +113,27 @@ func intent(uid string, mods ...func(*wire.Intent)) wire.Intent {
 	return in
 }
 
-func (h *harness) put(in wire.Intent) { h.rec.HandleIntent(bus.IntentEvent{UID: in.UID, Intent: in}) }
-func (h *harness) del(uid string)     { h.rec.HandleIntent(bus.IntentEvent{UID: uid, Deleted: true}) }
-func (h *harness) synced()            { h.rec.HandleIntent(bus.IntentEvent{Synced: true}) }
+func (h *harness) put(in wire.Intent) {
+	h.rec.guestIntent(bus.Event[wire.Intent]{UID: in.UID, Value: in})
+}
+func (h *harness) del(uid string) { h.rec.guestIntent(bus.Event[wire.Intent]{UID: uid, Deleted: true}) }
+func (h *harness) synced()        { h.rec.intentsSynced() }
 
-// eventually waits for the report of uid to satisfy ok.
+// eventually waits for the report of guest uid to satisfy ok.
 func (h *harness) eventually(uid string, ok func(wire.Report) bool, what string) wire.Report {
 	h.t.Helper()
-	var last wire.Report
+	return reported(h, wire.GuestReports, uid, ok, what)
+}
+
+// reported waits for the report of kind k of uid to satisfy ok.
+func reported[V any](h *harness, k wire.Kind[V], uid string, ok func(V) bool, what string) V {
+	h.t.Helper()
+	var last V
 	require.Eventually(h.t, func() bool {
-		rep, found := h.reports.get(uid)
-		last = rep
-		return found && ok(rep)
-	}, 5*time.Second, 5*time.Millisecond, "%s; last report %+v", what, last)
+		v, found := bus.Written(h.reports.Fake, k, uid)
+		last = v
+		return found && ok(v)
+	}, 5*time.Second, 5*time.Millisecond, "%s; last %s %+v", what, k.Name, last)
 	return last
 }
 
@@ -452,7 +421,7 @@ func TestAddressPoll(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			now := t0
-			r := New(node, fake.New(node), newReports(), logging.NewNopLogger(), Options{PollTransitional: time.Second, ResyncEvery: time.Minute, Now: func() time.Time { return now }})
+			r := New(node, fake.New(node), newReports(node), logging.NewNopLogger(), Options{PollTransitional: time.Second, ResyncEvery: time.Minute, Now: func() time.Time { return now }})
 			for i, obs := range tc.looks {
 				now = t0.Add(tc.after[i])
 				assert.Equal(t, tc.want[i], r.addressPoll("u", obs), "look %d", i)

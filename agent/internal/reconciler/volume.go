@@ -3,35 +3,13 @@ package reconciler
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
-
-// A Volume's work shares the guests' queue under its own key: uids are key
-// tokens and never hold a "/".
-const volumeKeyPrefix = "volume/"
-
-func volumeKey(uid string) string { return volumeKeyPrefix + uid }
-
-func volumeUID(key string) (string, bool) { return strings.CutPrefix(key, volumeKeyPrefix) }
-
-// handleVolumeIntent records a Volume intent event and queues the Volume.
-func (r *Reconciler) handleVolumeIntent(ev bus.VolumeIntentEvent) {
-	r.mu.Lock()
-	if ev.Deleted {
-		delete(r.volumes, ev.UID)
-	} else {
-		r.volumes[ev.UID] = ev.Intent
-	}
-	r.mu.Unlock()
-	r.queue.Add(volumeKey(ev.UID))
-}
 
 // reconcileVolume deletes the volume of a VolumeIntent{Absent} and reports it
 // Gone; once the hub, having seen that, deletes the intent, it deletes the
@@ -44,13 +22,7 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, uid string) (time.Dura
 	in, wanted := r.volumes[uid]
 	r.mu.Unlock()
 	if !wanted {
-		if err := r.reports.DeleteVolumeReport(ctx, uid); err != nil {
-			return 0, errors.Wrap(err, "cannot delete volume report")
-		}
-		r.mu.Lock()
-		delete(r.writtenVolumes, uid)
-		r.mu.Unlock()
-		return 0, nil
+		return 0, r.volumeReports.delete(ctx, uid)
 	}
 	if !in.Absent {
 		return r.observeVolume(ctx, in)
@@ -123,20 +95,6 @@ func (r *Reconciler) attached(disk string) error {
 
 // volumeReport writes rep unless it says what the last one written said.
 func (r *Reconciler) volumeReport(ctx context.Context, rep wire.VolumeReport) error {
-	rep.ProtocolVersion = wire.ProtocolVersion
-	r.mu.Lock()
-	last, ok := r.writtenVolumes[rep.UID]
-	r.mu.Unlock()
-	last.ObservedAt = rep.ObservedAt
-	if ok && last == rep {
-		return nil
-	}
 	rep.ObservedAt = r.opts.Now().UTC()
-	if _, err := r.reports.PutVolumeReport(ctx, rep); err != nil {
-		return errors.Wrap(err, "cannot put volume report")
-	}
-	r.mu.Lock()
-	r.writtenVolumes[rep.UID] = rep
-	r.mu.Unlock()
-	return nil
+	return r.volumeReports.put(ctx, rep.UID, rep)
 }

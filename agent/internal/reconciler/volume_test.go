@@ -21,23 +21,17 @@ func volumeIntent(uid, name string) wire.VolumeIntent {
 }
 
 func (h *harness) putVolume(v wire.VolumeIntent) {
-	h.rec.HandleIntent(bus.IntentEvent{Volume: &bus.VolumeIntentEvent{UID: v.UID, Intent: v}})
+	h.rec.volumeIntent(bus.Event[wire.VolumeIntent]{UID: v.UID, Value: v})
 }
 
 func (h *harness) delVolume(uid string) {
-	h.rec.HandleIntent(bus.IntentEvent{Volume: &bus.VolumeIntentEvent{UID: uid, Deleted: true}})
+	h.rec.volumeIntent(bus.Event[wire.VolumeIntent]{UID: uid, Deleted: true})
 }
 
 // volumeReport waits for the Volume's report to satisfy ok.
 func (h *harness) volumeReport(uid string, ok func(wire.VolumeReport) bool) wire.VolumeReport {
 	h.t.Helper()
-	var last wire.VolumeReport
-	require.Eventually(h.t, func() bool {
-		r, found := h.reports.volume(uid)
-		last = r
-		return found && ok(r)
-	}, 5*time.Second, 5*time.Millisecond, "last volume report %+v", last)
-	return last
+	return reported(h, wire.VolumeReports, uid, ok, "the volume report")
 }
 
 func gone(r wire.VolumeReport) bool { return r.Gone }
@@ -199,18 +193,18 @@ func TestVolumeIntents(t *testing.T) {
 // hub asked for a Volume's deletion: the restarted agent's watch replays the
 // intent, and it deletes the volume and reports it gone.
 func TestVolumeIntentConvergesAfterRestart(t *testing.T) {
-	b := bus.NewFake()
-	b.SetVolumeIntent(bus.VolumeIntentEvent{UID: "vol-a", Intent: volumeIntent("vol-a", "data")})
+	b := bus.NewFake(node)
+	require.NoError(t, bus.SetIntent(b, wire.VolumeIntents, "vol-a", volumeIntent("vol-a", "data")))
 	f := fake.New(node)
 	rec := New(node, f, b, logging.NewNopLogger(), Options{Workers: 1, RetryBase: 5 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{}, 2)
 	go func() { rec.Run(ctx); done <- struct{}{} }()
-	go func() { _ = b.WatchIntents(ctx, rec.HandleIntent); done <- struct{}{} }()
+	go func() { _ = b.WatchIntents(ctx, rec.Handlers()); done <- struct{}{} }()
 	t.Cleanup(func() { cancel(); <-done; <-done })
 
-	require.Eventually(t, func() bool { r, ok := b.VolumeReport("vol-a"); return ok && r.Gone }, 5*time.Second, 5*time.Millisecond)
-	b.SetVolumeIntent(bus.VolumeIntentEvent{UID: "vol-a", Deleted: true})
-	require.Eventually(t, func() bool { _, ok := b.VolumeReport("vol-a"); return !ok }, 5*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { r, ok := bus.Written(b, wire.VolumeReports, "vol-a"); return ok && r.Gone }, 5*time.Second, 5*time.Millisecond)
+	require.NoError(t, bus.DeleteIntent(b, wire.VolumeIntents, "vol-a"))
+	require.Eventually(t, func() bool { _, ok := bus.Written(b, wire.VolumeReports, "vol-a"); return !ok }, 5*time.Second, 5*time.Millisecond,
 		"the report goes with the intent")
 }

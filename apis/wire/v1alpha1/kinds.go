@@ -107,8 +107,18 @@ func (k Kind[V]) UID(rest string) (string, bool) {
 // mismatch is a bug or a forgery and must not act.
 func (k Kind[V]) DecodeAt(key, node, uid string, value []byte) (V, error) {
 	v, err := k.Decode(value)
-	if err != nil || k.Identity == nil {
+	if err != nil {
 		return v, err
+	}
+	return v, k.Check(key, node, uid, v)
+}
+
+// Check refuses with a *MismatchError a value whose Identity is not that of
+// key, the key of uid on node: a writer checks before it writes what a
+// reader would refuse.
+func (k Kind[V]) Check(key, node, uid string, v V) error {
+	if k.Identity == nil {
+		return nil
 	}
 	gotNode, gotUID := k.Identity(v)
 	want, got := uid, gotUID
@@ -116,9 +126,9 @@ func (k Kind[V]) DecodeAt(key, node, uid string, value []byte) (V, error) {
 		want, got = node+"."+uid, gotNode+"."+gotUID
 	}
 	if got != want {
-		return v, &MismatchError{Key: key, Want: want, Got: got}
+		return &MismatchError{Key: key, Want: want, Got: got}
 	}
-	return v, nil
+	return nil
 }
 
 // Equal is whether a and b say the same (Same, or whole).
