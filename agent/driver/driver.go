@@ -113,16 +113,6 @@ type Driver interface {
 	// the image's PruneAfter.
 	DeleteVolume(ctx context.Context, d Disk) error
 
-	// Images reports the disk images this driver keeps on the node: every
-	// image present (Ready, with its size), every import running (Importing,
-	// with its progress in Message) and every import whose last attempt
-	// failed while the image is absent (Failed, with the reason). An image
-	// absent from the list is not on the node: pruned, or never imported.
-	// It only reads — no import starts, nothing is pruned — and is cheap
-	// enough to call every few seconds. A backend that keeps no images
-	// returns none.
-	Images(ctx context.Context) ([]ImageStatus, error)
-
 	// Capacity reports the host's resources and what this driver's guests
 	// have been allocated of them, orphans included (see Adopter): a
 	// released guest runs on and holds its share until someone deletes it.
@@ -470,6 +460,20 @@ type Capacity struct {
 
 	AllocatedVCPU        int64
 	AllocatedMemoryBytes int64
+}
+
+// ImageKeeper is a Driver that keeps disk images on the node, imported
+// once and shared by the disks made from them (Disk.Image). The agent
+// reports them so the hub can tell which nodes hold an image; a Driver that
+// is no ImageKeeper keeps none, and its node reports none.
+type ImageKeeper interface {
+	// Images reports every image present (Ready, with its size), every
+	// import running (Importing, with its progress in Message) and every
+	// import whose last attempt failed while the image is absent (Failed,
+	// with the reason). An image absent from the list is not on the node:
+	// pruned, or never imported. It only reads — no import starts, nothing
+	// is pruned — and is cheap enough to call every few seconds.
+	Images(ctx context.Context) ([]ImageStatus, error)
 }
 
 // Adopter is implemented by a Driver that lets a guest outlive its VM and

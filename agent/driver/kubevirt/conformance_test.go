@@ -38,5 +38,8 @@ func TestConformance(t *testing.T) {
 		// ensureUntil's pace: the stand-in controller and the driver's
 		// informers each take a round trip through the API server.
 		Wait: 20 * time.Second, Tick: 50 * time.Millisecond,
+		Unsupported: map[drivertest.Capability]string{
+			drivertest.Images: "the kubevirt driver keeps no images: a DiskImage is refused on kubevirt",
+		},
 	})
 }

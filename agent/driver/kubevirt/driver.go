@@ -942,10 +942,6 @@ func (d *Driver) guests(ctx context.Context, c client.Reader) ([]*kubevirtv1.Vir
 	return out, nil
 }
 
-// Images implements driver.Driver: disks made from images (CDI
-// DataVolumes) are refused on kubevirt, so the node keeps no images.
-func (d *Driver) Images(context.Context) ([]driver.ImageStatus, error) { return nil, nil }
-
 // Capacity implements driver.Driver: the allocatable CPUs and memory of the
 // Nodes KubeVirt can schedule on (not cordoned, Ready), and what the VMs
 // virtfleet made in the namespace ask for, running or not, orphans

@@ -468,10 +468,6 @@ func (d *Driver) observation(uid string, s servers.Server) driver.Observation {
 	return o
 }
 
-// Images implements driver.Driver: volumes from a DiskImage are refused on
-// nova (see ensureVolume), so the node keeps no images.
-func (d *Driver) Images(context.Context) ([]driver.ImageStatus, error) { return nil, nil }
-
 // Capacity implements driver.Driver: the cloud's hypervisors, less what
 // servers other than this agent's use, and this agent's servers' flavors.
 // A user Nova's policy does not show the hypervisors to (403, the default

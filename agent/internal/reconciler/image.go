@@ -19,8 +19,13 @@ import (
 // an import. It writes an ImageReport only when what it says changed, and
 // deletes the key of an image no longer on the node.
 
-// runImages reports the node's images until ctx is done.
+// runImages reports the node's images until ctx is done; a node whose
+// driver keeps none reports none.
 func (r *Reconciler) runImages(ctx context.Context) {
+	keeper, ok := r.driver.(driver.ImageKeeper)
+	if !ok {
+		return
+	}
 	t := time.NewTimer(0)
 	defer t.Stop()
 	importing := false
@@ -38,7 +43,7 @@ func (r *Reconciler) runImages(ctx context.Context) {
 		case <-nudged:
 		}
 		var err error
-		importing, err = r.syncImages(ctx)
+		importing, err = r.syncImages(ctx, keeper)
 		if err != nil && ctx.Err() == nil {
 			r.log.Debug("Cannot report the node's images; trying again", "error", err)
 		}
@@ -66,8 +71,8 @@ func (r *Reconciler) nudgeImages() {
 
 // syncImages writes the report of every image the driver has and deletes
 // those of images it no longer has. It reports whether an import runs.
-func (r *Reconciler) syncImages(ctx context.Context) (bool, error) {
-	images, err := DriverCall(r.metrics, OpImages, func() ([]driver.ImageStatus, error) { return r.driver.Images(ctx) })
+func (r *Reconciler) syncImages(ctx context.Context, keeper driver.ImageKeeper) (bool, error) {
+	images, err := DriverCall(r.metrics, OpImages, func() ([]driver.ImageStatus, error) { return keeper.Images(ctx) })
 	if err != nil {
 		return false, errors.Wrap(err, "cannot list the node's images")
 	}

@@ -46,7 +46,8 @@ const (
 	VolumeInUse Capability = "volume-in-use"
 	// CapacityAllocation is Capacity's allocation following the guests.
 	CapacityAllocation Capability = "capacity-allocation"
-	// Images is Images reporting none on a node that imported none.
+	// Images is a driver.ImageKeeper reporting none on a node that
+	// imported none.
 	Images Capability = "images"
 	// Events is Close closing the Events channel.
 	Events Capability = "events"
@@ -439,7 +440,9 @@ var cases = []conformanceCase{
 		needs: []Capability{Images},
 		run: func(t *testing.T, c *check) {
 			c.running()
-			images, err := c.d.Images(c.ctx)
+			keeper, ok := c.d.(driver.ImageKeeper)
+			require.True(t, ok, "the backend declares images but its driver is no driver.ImageKeeper")
+			images, err := keeper.Images(c.ctx)
 			require.NoError(t, err)
 			assert.Empty(t, images, "a guest of empty disks needs no image")
 		},
