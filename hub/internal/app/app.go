@@ -54,6 +54,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/hub/internal/subresources"
 	vfmetrics "github.com/virtfleet/virtfleet/internal/metrics"
@@ -165,8 +166,8 @@ func Run(ctx context.Context, c Config) error {
 		Scheme: scheme,
 		// The hub never reads managedFields (status writes are compared by
 		// status, updates leave them out and the API server keeps them):
-		// without them the caches, and the hub's peak RSS that make bench
-		// reports, are markedly smaller.
+		// stripping them shrinks every cached object, and with the caches
+		// the hub's memory.
 		Cache: cache.Options{SyncPeriod: &c.SyncInterval, DefaultTransform: cache.TransformStripManagedFields(), DefaultWatchErrorHandler: watchErrs.Handle},
 		// Secrets are read one by one, straight from the API server: a
 		// cached read would hold every Secret of the cluster in memory and
@@ -188,9 +189,9 @@ func Run(ctx context.Context, c Config) error {
 		// its lock held, and every other worker waits for that lock in
 		// Done. The manager then gives up only after its 30 s grace period,
 		// and a hub on Kubernetes is killed instead of releasing its Lease.
-		// Large bursts in make bench can hit it (the goroutines a SIGQUIT
-		// prints show the blocked workers). The classic workqueue has no
-		// such path; nothing here uses priorities.
+		// A hub stopped while a burst is still being reconciled can hit it.
+		// The classic workqueue has no such path; nothing here uses
+		// priorities.
 		Controller: config.Controller{UsePriorityQueue: ptr.To(false)},
 	})
 	if err != nil {
@@ -242,26 +243,33 @@ func Run(ctx context.Context, c Config) error {
 	// The aggregated API writes what a user asked for at once, through the
 	// plain client: the write economy below is for reconcilers.
 	plain := mgr.GetClient()
-	mgr = kubeclient.ForManager(mgr)
+	// What the hub remembers of each object goes with the object: every
+	// such memory is made from memory, which watches these kinds.
+	memory := perobject.NewOwner(mgr.GetCache(), &v1alpha1.VirtualMachine{}, &v1alpha1.Volume{}, &v1alpha1.DiskImage{},
+		&v1alpha1.VirtualNetwork{}, &v1alpha1.VirtualMachineMigration{}, &v1alpha1.HypervisorNode{})
+	if err := mgr.Add(memory); err != nil {
+		return errors.Wrap(err, "cannot add the owner of the hub's memory of objects")
+	}
+	mgr = kubeclient.ForManager(mgr, memory)
 	// The placement loop hears of every fleet the pool opens; the pool
 	// opens them only once the manager runs, after the loop is made below.
 	var scheduler *virtualmachine.Scheduler
-	notifier := fleet.NewNotifier()
-	volumes := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
-	images := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.DiskImage{} })
-	migrations := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.VirtualMachineMigration{} })
+	notifier := fleet.NewNotifier(memory)
+	volumes := fleet.NewNotifierFor(memory, func() client.Object { return &v1alpha1.Volume{} })
+	images := fleet.NewNotifierFor(memory, func() client.Object { return &v1alpha1.DiskImage{} })
+	migrations := fleet.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineMigration{} })
 	nodeChanges := hypervisornode.NewChanges()
 	leftovers := volume.NewLeftovers(mgr.GetClient(), mgr.GetAPIReader(), log)
 	if err := leftovers.Setup(ctx, mgr); err != nil {
 		return err
 	}
 	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
-		f.Subscribe(notifier.Notify)
-		f.Subscribe(migrations.Notify)
+		f.Guests.Subscribe(notifier.Notify)
+		f.Guests.Subscribe(migrations.Notify)
 		f.SubscribeNodes(func(node string) { scheduler.RetryUnplaced(node) })
 		f.SubscribeSynced(func() { scheduler.RetryUnplaced("") })
-		f.SubscribeVolumes(volumes.Notify)
-		f.SubscribeImages(images.Notify)
+		f.Volumes.Subscribe(volumes.Notify)
+		f.Images.Subscribe(images.Notify)
 		f.SubscribeNodeChanges(nodeChanges.Notify)
 		leftovers.Watch(f)
 		go fabric.New(f, f.Bus, log).Run(ctx, fabric.DefaultEvery)
@@ -273,6 +281,8 @@ func Run(ctx context.Context, c Config) error {
 	}
 	defer metrics.Registry.Unregister(fleetCensus)
 	placer := placement.New()
+	// A reservation held for a VM, or a migration's target, goes with it.
+	memory.OnForget(func(uid types.UID) { placer.Release(string(uid)) })
 	scheduler = virtualmachine.NewScheduler(kubeclient.Direct(mgr.GetClient()), mgr.GetCache(), pool, placer,
 		event.NewAPIRecorder(mgr.GetEventRecorderFor("virtualmachine-scheduler")), log, //nolint:staticcheck // crossplane-runtime still records through the old events API
 		o.Features.Enabled(feature.EnableBetaManagementPolicies))
@@ -283,7 +293,7 @@ func Run(ctx context.Context, c Config) error {
 		return errors.Wrap(err, "cannot make the address allocator's client")
 	}
 	addresses := ipam.New(direct, mgr.GetClient())
-	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, Addresses: addresses}
+	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, Addresses: addresses, Memory: memory}
 	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
 	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")

@@ -1,6 +1,11 @@
-// Package bus is the hub's side of the wire: it publishes intents and keeps
-// the hub informed of reports and node heartbeats, over NATS JetStream
-// key-value buckets (NATS) or in memory (Fake).
+// Package bus is the hub's side of the wire: it writes the values the hub
+// owns (intents, Fabrics) and keeps the hub informed of reports and node
+// heartbeats, over NATS JetStream key-value buckets (NATS) or in memory
+// (Fake).
+//
+// The Bus itself moves bytes under keys and knows no kind of value; Put and
+// Delete write a kind's values through its declaration (wire.Kind), which
+// gives them their keys and codec. A new kind of value needs no change here.
 package bus
 
 import (
@@ -8,47 +13,37 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
 
 // Bus is what the hub needs from the wire.
 //
-// Every method is idempotent: writing the intent that is already stored
-// changes nothing and returns its revision, deleting an absent intent
-// succeeds. Writes are compare-and-set against the revision read just before,
-// so a concurrent writer yields a *ConflictError (retry after re-reading)
-// rather than a lost update. Node names and uids that are not key-safe yield a
-// *wire.KeyError before anything is sent. Any other error is transient and
-// the caller retries.
+// Every write is idempotent: putting the value that is already stored
+// changes nothing and returns its revision (agents would otherwise see a
+// change that is not one), deleting an absent key succeeds. Writes are
+// compare-and-set against the revision read just before, so a concurrent
+// writer yields a *ConflictError (retry after re-reading) rather than a lost
+// update. Any other error is transient and the caller retries.
 //
 // The Watch methods block until ctx is done, first delivering the current
 // state of every key, then every change. They survive reconnects and server
 // restarts and resume from the last revision seen, so a watcher may see a key
-// again but never misses its latest state. A value that cannot be decoded, has
-// a newer protocol version, or is stored under a key that does not match its
-// content is logged, counted (natswire.Rejections), and skipped: bad input never stops
+// again but never misses its latest state. A value its handler refuses is
+// logged, counted (natswire.Rejections), and skipped: bad input never stops
 // a watch.
 type Bus interface {
-	// PutIntent makes in the stored intent of guest in.UID on node.
-	PutIntent(ctx context.Context, node string, in wire.Intent) (revision uint64, err error)
-	// DeleteIntent removes the intent of guest uid on node, which tells the
-	// node's agent to delete the guest.
-	DeleteIntent(ctx context.Context, node, uid string) error
-	// PutVolumeIntent makes v the stored intent of Volume v.UID on node.
-	PutVolumeIntent(ctx context.Context, node string, v wire.VolumeIntent) (revision uint64, err error)
-	// DeleteVolumeIntent removes the intent of Volume uid on node; the node's
-	// agent then removes the Volume's report.
-	DeleteVolumeIntent(ctx context.Context, node, uid string) error
-	// DeleteVolumeReport removes the report of Volume uid on node. The agent
-	// removes it itself when it sees the intent deleted; the hub does it
-	// only for a Volume that no longer exists, whose agent may have missed
-	// that (it was down when the intent went).
-	DeleteVolumeReport(ctx context.Context, node, uid string) error
-	// PutFabric makes f the stored Fabric of node.
-	PutFabric(ctx context.Context, node string, f wire.Fabric) (revision uint64, err error)
-	// WatchReports calls fn for every report change, of guests, of Volumes
-	// (ReportEvent.Volume) and of images on nodes (ReportEvent.Image).
-	WatchReports(ctx context.Context, fn func(ReportEvent)) error
+	// Put makes value the stored value of key in bucket.
+	Put(ctx context.Context, bucket, key string, value []byte) (revision uint64, err error)
+	// Delete removes key from bucket.
+	Delete(ctx context.Context, bucket, key string) error
+	// Watch calls fn for every entry of bucket, and with a Synced entry
+	// each time it has caught up with the bucket: once the entries present
+	// when it began are delivered, and again whenever it resumes after the
+	// connection to the server was lost. An error from fn rejects the
+	// entry.
+	Watch(ctx context.Context, bucket string, fn func(Entry) error) error
 	// WatchNodes calls fn for every heartbeat and every node lost.
 	WatchNodes(ctx context.Context, fn func(NodeEvent)) error
 	// OpenConsole opens a session to console open.Kind of guest open.UID
@@ -61,46 +56,48 @@ type Bus interface {
 	OpenConsole(ctx context.Context, node string, open wire.ConsoleOpen) (io.ReadWriteCloser, error)
 }
 
-// ReportEvent is the state of one guest's report key, or, with Volume set,
-// of one Volume's, or, with Image set, of one image's on one node.
-type ReportEvent struct {
-	// Synced marks the end of the reports that existed when the watch
-	// began; every other field is empty.
-	Synced    bool
-	Node, UID string
-	Revision  uint64
-	// Deleted is true when the agent removed the report (the guest is gone).
-	Deleted bool
-	// Report is set unless Deleted.
-	Report wire.Report
-	// Volume is set for a Volume's report key ("<node>.volume.<uid>"); the
-	// fields above are then empty.
-	Volume *VolumeReportEvent
-	// Image is set for an image's report key ("<node>.image.<uid>"); the
-	// fields above are then empty.
-	Image *ImageReportEvent
+// Put makes v the stored value of kind k of uid on node. A node or uid that
+// is not key-safe yields a *wire.KeyError, and a value whose identity is
+// not uid's on node a *wire.MismatchError, before anything is sent.
+func Put[V any](ctx context.Context, b Bus, k wire.Kind[V], node, uid string, v V) (revision uint64, err error) {
+	key, err := k.Key(node, uid)
+	if err != nil {
+		return 0, err
+	}
+	if err := k.Check(key, node, uid, v); err != nil {
+		return 0, err
+	}
+	value, err := k.Encode(v)
+	if err != nil {
+		return 0, errors.Wrapf(err, "cannot encode %s", k.Name)
+	}
+	return b.Put(ctx, k.Bucket, key, value)
 }
 
-// ImageReportEvent is the state of one image's report key on one node.
-type ImageReportEvent struct {
-	Node, UID string
-	Revision  uint64
-	// Deleted is true when the agent removed the report: the image is no
-	// longer on the node.
-	Deleted bool
-	// Report is set unless Deleted.
-	Report wire.ImageReport
+// Delete removes the value of kind k of uid on node. Deleting an intent
+// tells the node's agent to remove what it describes; the hub deletes a
+// node's report only when the node may have missed that (it was down when
+// the intent went). A node or uid that is not key-safe yields a
+// *wire.KeyError before anything is sent.
+func Delete[V any](ctx context.Context, b Bus, k wire.Kind[V], node, uid string) error {
+	key, err := k.Key(node, uid)
+	if err != nil {
+		return err
+	}
+	return b.Delete(ctx, k.Bucket, key)
 }
 
-// VolumeReportEvent is the state of one Volume's report key.
-type VolumeReportEvent struct {
-	Node, UID string
-	Revision  uint64
-	// Deleted is true when the agent removed the report, after the hub
-	// deleted the Volume's intent.
+// Entry is the state of one key of a watched bucket.
+type Entry struct {
+	// Synced marks the watch catching up with its bucket; every other
+	// field is then empty.
+	Synced   bool
+	Key      string
+	Revision uint64
+	// Deleted is true when the key was deleted or purged; Value is then
+	// empty.
 	Deleted bool
-	// Report is set unless Deleted.
-	Report wire.VolumeReport
+	Value   []byte
 }
 
 // NodeEvent is the state of one node's heartbeat key.
@@ -119,7 +116,7 @@ type ConflictError struct {
 }
 
 func (e *ConflictError) Error() string {
-	return fmt.Sprintf("intent %s was changed concurrently: %v", e.Key, e.Err)
+	return fmt.Sprintf("key %s was changed concurrently: %v", e.Key, e.Err)
 }
 
 func (e *ConflictError) Unwrap() error { return e.Err }

@@ -1,9 +1,12 @@
 package bus
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"io"
-	"reflect"
+	"maps"
+	"slices"
 	"sync"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -13,8 +16,9 @@ import (
 )
 
 // Fake is an in-memory Bus for unit tests of code above the bus. It keeps the
-// Bus contract (idempotent writes, key validation, current state first on
-// watch) and lets a test play the agents with SetReport and SetNode.
+// Bus contract (idempotent writes, current state first on watch, refused
+// entries counted) and lets a test play the agents with SetValue,
+// DeleteValue and SetNode, and read what the hub wrote with Stored.
 type Fake struct {
 	// Consoles plays the node's agent answering OpenConsole: it gets
 	// the node and the open (with its session and protocol version set)
@@ -22,17 +26,20 @@ type Fake struct {
 	// refuses every console. Set it before the Fake is in use.
 	Consoles func(node string, open wire.ConsoleOpen) (io.ReadWriteCloser, error)
 
-	mu       sync.Mutex
-	rev      uint64
-	intents  map[string]wire.Intent       // by "<node>.<uid>"
-	volumes  map[string]wire.VolumeIntent // by "<node>.volume.<uid>"
-	fabrics  map[string]wire.Fabric       // by FabricKey
-	reports  []func(ReportEvent)
+	mu  sync.Mutex
+	rev uint64
+	// puts counts the hub's writes, changing or not.
+	puts int
+	// kv holds every bucket's latest entry of each key, by bucket, then
+	// key; a deleted key's is its deletion, which a new watch delivers as
+	// a bucket's watch does.
+	kv       map[string]map[string]Entry
+	watchers map[string][]func(Entry) error
+	rej      natswire.Rejections
 	nodes    []func(NodeEvent)
-	reportKV map[string]ReportEvent
 	nodeKV   map[string]NodeEvent
-	// down, when set, is what every intent write returns: the server is
-	// away (SetDown).
+	// down, when set, is what every write returns: the server is away
+	// (SetDown).
 	down error
 }
 
@@ -40,29 +47,97 @@ var _ Bus = &Fake{}
 
 // NewFake returns an empty Fake.
 func NewFake() *Fake {
-	return &Fake{intents: map[string]wire.Intent{}, volumes: map[string]wire.VolumeIntent{}, fabrics: map[string]wire.Fabric{}, reportKV: map[string]ReportEvent{}, nodeKV: map[string]NodeEvent{}}
+	return &Fake{kv: map[string]map[string]Entry{}, watchers: map[string][]func(Entry) error{}, nodeKV: map[string]NodeEvent{}}
 }
 
-// Intent returns the stored intent of uid on node.
-func (f *Fake) Intent(node, uid string) (wire.Intent, bool) {
+// Stored returns the value of kind k of uid on node that f holds, if any.
+func Stored[V any](f *Fake, k wire.Kind[V], node, uid string) (V, bool) {
+	var v V
+	key, err := k.Key(node, uid)
+	if err != nil {
+		return v, false
+	}
+	f.mu.Lock()
+	e, ok := f.kv[k.Bucket][key]
+	f.mu.Unlock()
+	if !ok || e.Deleted {
+		return v, false
+	}
+	v, err = k.Decode(e.Value)
+	return v, err == nil
+}
+
+// SetValue plays node's agent writing v as its value of kind k of uid: a
+// new revision even when v says the same, as an agent's put is. It panics
+// on a key or a value k refuses, a mistake of the test.
+func SetValue[V any](f *Fake, k wire.Kind[V], node, uid string, v V) {
+	key, err := k.Key(node, uid)
+	if err != nil {
+		panic(err)
+	}
+	value, err := k.Encode(v)
+	if err != nil {
+		panic(err)
+	}
+	f.Set(k.Bucket, key, value)
+}
+
+// DeleteValue plays node's agent deleting its value of kind k of uid:
+// watchers see the deletion even of a value never written, as an agent's
+// delete is. It panics on a key k refuses, a mistake of the test.
+func DeleteValue[V any](f *Fake, k wire.Kind[V], node, uid string) {
+	key, err := k.Key(node, uid)
+	if err != nil {
+		panic(err)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	in, ok := f.intents[node+"."+uid]
-	return in, ok
+	f.write(k.Bucket, Entry{Key: key, Deleted: true})
 }
 
-// VolumeIntent returns the stored intent of Volume uid on node.
-func (f *Fake) VolumeIntent(node, uid string) (wire.VolumeIntent, bool) {
-	key, _ := wire.VolumeIntentKey(node, uid)
+// Set plays an agent writing value under key in bucket, whatever it holds.
+func (f *Fake) Set(bucket, key string, value []byte) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	v, ok := f.volumes[key]
-	return v, ok
+	f.write(bucket, Entry{Key: key, Value: value})
 }
 
-// SetDown plays the NATS server going away (err set: every intent write
-// fails with it) and coming back (nil: the report watches catch up again,
-// as a watch resumed after a reconnect does, and say Synced).
+// write stores e at the next revision and tells the bucket's watchers.
+// f.mu must be held.
+func (f *Fake) write(bucket string, e Entry) {
+	f.rev++
+	e.Revision = f.rev
+	if f.kv[bucket] == nil {
+		f.kv[bucket] = map[string]Entry{}
+	}
+	f.kv[bucket][e.Key] = e
+	for _, fn := range f.watchers[bucket] {
+		f.deliver(fn, e)
+	}
+}
+
+// deliver hands e to a watcher, counting it as refused if the watcher
+// says so. f.mu must be held.
+func (f *Fake) deliver(fn func(Entry) error, e Entry) {
+	if err := fn(e); err != nil {
+		f.rej.Add(err)
+	}
+}
+
+// Rejections counts the entries f's watchers refused.
+func (f *Fake) Rejections() *natswire.Rejections { return &f.rej }
+
+// Puts counts the hub's writes so far, including those that changed
+// nothing.
+func (f *Fake) Puts() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.puts
+}
+
+// SetDown plays the NATS server going away (err set: every write fails
+// with it) and coming back (nil: the watches catch up again, as a watch
+// resumed after a reconnect does, and say Synced).
 func (f *Fake) SetDown(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -70,166 +145,39 @@ func (f *Fake) SetDown(err error) {
 	if err != nil {
 		return
 	}
-	for _, fn := range f.reports {
-		fn(ReportEvent{Synced: true})
+	for _, fns := range f.watchers {
+		for _, fn := range fns {
+			f.deliver(fn, Entry{Synced: true})
+		}
 	}
 }
 
-func (f *Fake) isDown() error {
+// Put implements Bus.
+func (f *Fake) Put(_ context.Context, bucket, key string, value []byte) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.down
-}
-
-// PutIntent implements Bus.
-func (f *Fake) PutIntent(_ context.Context, node string, in wire.Intent) (uint64, error) {
-	if err := f.isDown(); err != nil {
-		return 0, err
+	if f.down != nil {
+		return 0, f.down
 	}
-	key, err := wire.IntentKey(node, in.UID)
-	if err != nil {
-		return 0, err
+	f.puts++
+	if cur, ok := f.kv[bucket][key]; ok && !cur.Deleted && bytes.Equal(cur.Value, value) {
+		return cur.Revision, nil
 	}
-	if err := in.Validate(); err != nil {
-		return 0, err
-	}
-	in.ProtocolVersion = wire.ProtocolVersion
-	return fakePut(f, f.intents, key, in)
-}
-
-// PutVolumeIntent implements Bus.
-func (f *Fake) PutVolumeIntent(_ context.Context, node string, v wire.VolumeIntent) (uint64, error) {
-	key, err := wire.VolumeIntentKey(node, v.UID)
-	if err != nil {
-		return 0, err
-	}
-	if err := v.Validate(); err != nil {
-		return 0, err
-	}
-	v.ProtocolVersion = wire.ProtocolVersion
-	return fakePut(f, f.volumes, key, v)
-}
-
-// PutFabric implements Bus.
-func (f *Fake) PutFabric(_ context.Context, node string, fab wire.Fabric) (uint64, error) {
-	if err := f.isDown(); err != nil {
-		return 0, err
-	}
-	key, err := wire.FabricKey(node)
-	if err != nil {
-		return 0, err
-	}
-	if err := fab.Validate(); err != nil {
-		return 0, err
-	}
-	fab.ProtocolVersion = wire.ProtocolVersion
-	return fakePut(f, f.fabrics, key, fab)
-}
-
-// Revision is the revision of the last write that changed something.
-func (f *Fake) Revision() uint64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.rev
-}
-
-// Fabric is the stored Fabric of node, if any.
-func (f *Fake) Fabric(node string) (wire.Fabric, bool) {
-	key, err := wire.FabricKey(node)
-	if err != nil {
-		return wire.Fabric{}, false
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	fab, ok := f.fabrics[key]
-	return fab, ok
-}
-
-// fakePut stores v under key unless it is stored already.
-func fakePut[V any](f *Fake, m map[string]V, key string, v V) (uint64, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if cur, ok := m[key]; ok && reflect.DeepEqual(cur, v) {
-		return f.rev, nil
-	}
-	f.rev++
-	m[key] = v
+	f.write(bucket, Entry{Key: key, Value: value})
 	return f.rev, nil
 }
 
-// DeleteIntent implements Bus.
-func (f *Fake) DeleteIntent(_ context.Context, node, uid string) error {
-	if err := f.isDown(); err != nil {
-		return err
-	}
-	key, err := wire.IntentKey(node, uid)
-	if err != nil {
-		return err
-	}
+// Delete implements Bus.
+func (f *Fake) Delete(_ context.Context, bucket, key string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.intents, key)
+	if f.down != nil {
+		return f.down
+	}
+	if cur, ok := f.kv[bucket][key]; ok && !cur.Deleted {
+		f.write(bucket, Entry{Key: key, Deleted: true})
+	}
 	return nil
-}
-
-// DeleteVolumeIntent implements Bus.
-func (f *Fake) DeleteVolumeIntent(_ context.Context, node, uid string) error {
-	key, err := wire.VolumeIntentKey(node, uid)
-	if err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.volumes, key)
-	return nil
-}
-
-// DeleteVolumeReport implements Bus: watchers see the report deleted.
-func (f *Fake) DeleteVolumeReport(_ context.Context, node, uid string) error {
-	key, err := wire.VolumeReportKey(node, uid)
-	if err != nil {
-		return err
-	}
-	f.mu.Lock()
-	cur, ok := f.reportKV[key]
-	f.mu.Unlock()
-	if !ok || cur.Volume == nil || cur.Volume.Deleted {
-		return nil
-	}
-	f.SetVolumeReport(VolumeReportEvent{Node: node, UID: uid, Deleted: true})
-	return nil
-}
-
-// SetReport plays node's agent writing (or, with deleted, removing) a report.
-func (f *Fake) SetReport(ev ReportEvent) {
-	f.setReport(ev.Node+"."+ev.UID, func(rev uint64) ReportEvent { ev.Revision = rev; return ev })
-}
-
-// SetVolumeReport plays node's agent writing (or, with deleted, removing) a
-// Volume's report.
-func (f *Fake) SetVolumeReport(ev VolumeReportEvent) {
-	key, _ := wire.VolumeReportKey(ev.Node, ev.UID)
-	f.setReport(key, func(rev uint64) ReportEvent { ev.Revision = rev; return ReportEvent{Volume: &ev} })
-}
-
-// SetImageReport plays node's agent writing (or, with deleted, removing) an
-// image's report.
-func (f *Fake) SetImageReport(ev ImageReportEvent) {
-	key, _ := wire.ImageReportKey(ev.Node, ev.UID)
-	f.setReport(key, func(rev uint64) ReportEvent { ev.Revision = rev; return ReportEvent{Image: &ev} })
-}
-
-// setReport stores the event at the next revision under key and tells the
-// watchers.
-func (f *Fake) setReport(key string, at func(rev uint64) ReportEvent) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.rev++
-	ev := at(f.rev)
-	f.reportKV[key] = ev
-	for _, fn := range f.reports {
-		fn(ev)
-	}
 }
 
 // SetNode plays a heartbeat, or with ev.Lost its expiry.
@@ -244,21 +192,52 @@ func (f *Fake) SetNode(ev NodeEvent) {
 	}
 }
 
-// WatchReports implements Bus.
-func (f *Fake) WatchReports(ctx context.Context, fn func(ReportEvent)) error {
-	return fakeWatch(ctx, &f.mu, f.reportKV, &f.reports, fn, &ReportEvent{Synced: true})
+// Watch implements Bus: it delivers the bucket's entries oldest first, as a
+// bucket's watch does. Callbacks run under f.mu, like a watch's single
+// goroutine.
+func (f *Fake) Watch(ctx context.Context, bucket string, fn func(Entry) error) error {
+	f.mu.Lock()
+	current := slices.SortedFunc(maps.Values(f.kv[bucket]), func(a, b Entry) int { return cmp.Compare(a.Revision, b.Revision) })
+	for _, e := range current {
+		f.deliver(fn, e)
+	}
+	f.deliver(fn, Entry{Synced: true})
+	f.watchers[bucket] = append(f.watchers[bucket], fn)
+	i := len(f.watchers[bucket]) - 1
+	f.mu.Unlock()
+	f.until(ctx, func() { f.watchers[bucket][i] = func(Entry) error { return nil } })
+	return nil
 }
 
 // WatchNodes implements Bus.
 func (f *Fake) WatchNodes(ctx context.Context, fn func(NodeEvent)) error {
-	return fakeWatch(ctx, &f.mu, f.nodeKV, &f.nodes, fn, nil)
+	f.mu.Lock()
+	for _, e := range f.nodeKV {
+		fn(e)
+	}
+	f.nodes = append(f.nodes, fn)
+	i := len(f.nodes) - 1
+	f.mu.Unlock()
+	f.until(ctx, func() { f.nodes[i] = func(NodeEvent) {} })
+	return nil
+}
+
+// until waits for ctx to be done, then stops a watch under f.mu.
+func (f *Fake) until(ctx context.Context, stop func()) {
+	<-ctx.Done()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	stop()
 }
 
 // OpenConsole implements Bus: it checks node and open as the NATS bus does,
 // then asks Consoles.
 func (f *Fake) OpenConsole(_ context.Context, node string, open wire.ConsoleOpen) (io.ReadWriteCloser, error) {
-	if err := f.isDown(); err != nil {
-		return nil, err
+	f.mu.Lock()
+	down := f.down
+	f.mu.Unlock()
+	if down != nil {
+		return nil, down
 	}
 	if open.Session == "" {
 		open.Session = natswire.NewConsoleSession()
@@ -274,24 +253,4 @@ func (f *Fake) OpenConsole(_ context.Context, node string, open wire.ConsoleOpen
 		return nil, errors.Errorf("node %s did not answer the console open: the fake bus has no Consoles", node)
 	}
 	return f.Consoles(node, open)
-}
-
-// fakeWatch delivers the current state, then synced if set, registers fn for changes until ctx is
-// done. Callbacks run under the lock, like a watch's single goroutine.
-func fakeWatch[E any](ctx context.Context, mu *sync.Mutex, state map[string]E, watchers *[]func(E), fn func(E), synced *E) error {
-	mu.Lock()
-	for _, e := range state {
-		fn(e)
-	}
-	if synced != nil {
-		fn(*synced)
-	}
-	*watchers = append(*watchers, fn)
-	i := len(*watchers) - 1
-	mu.Unlock()
-	<-ctx.Done()
-	mu.Lock()
-	defer mu.Unlock()
-	(*watchers)[i] = func(E) {}
-	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"strings"
 	"sync"
 	"time"
 
@@ -42,8 +41,8 @@ type Config struct {
 
 // NATS is the Bus over JetStream key-value buckets.
 type NATS struct {
-	nc                      *nats.Conn
-	intents, reports, nodes jetstream.KeyValue
+	nc      *nats.Conn
+	buckets map[string]jetstream.KeyValue
 
 	log     logging.Logger
 	rej     *natswire.Rejections
@@ -77,8 +76,9 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 	if n.timeout == 0 {
 		n.timeout = DefaultTimeout
 	}
-	for name, kv := range map[string]*jetstream.KeyValue{wire.BucketIntents: &n.intents, wire.BucketReports: &n.reports, wire.BucketNodes: &n.nodes} {
-		if *kv, err = js.KeyValue(ctx, name); err != nil {
+	n.buckets = map[string]jetstream.KeyValue{}
+	for _, name := range []string{wire.BucketIntents, wire.BucketReports, wire.BucketNodes} {
+		if n.buckets[name], err = js.KeyValue(ctx, name); err != nil {
 			return nil, errors.Wrapf(err, "cannot bind bucket %s", name)
 		}
 	}
@@ -136,105 +136,41 @@ func (n *NATS) request(ctx context.Context) (context.Context, context.CancelFunc
 // Rejections counts the values this bus's watches refused.
 func (n *NATS) Rejections() *natswire.Rejections { return n.rej }
 
-// PutIntent implements Bus.
-func (n *NATS) PutIntent(ctx context.Context, node string, in wire.Intent) (uint64, error) {
-	key, err := wire.IntentKey(node, in.UID)
+// Put implements Bus: it stores value under key, compare-and-set against
+// the revision read just before.
+func (n *NATS) Put(ctx context.Context, bucket, key string, value []byte) (uint64, error) {
+	kv, err := n.bucket(bucket)
 	if err != nil {
 		return 0, err
 	}
-	b, err := wire.EncodeIntent(in)
-	if err != nil {
-		return 0, errors.Wrap(err, "cannot encode intent")
-	}
-	return n.put(ctx, key, b)
-}
-
-// PutVolumeIntent implements Bus.
-func (n *NATS) PutVolumeIntent(ctx context.Context, node string, v wire.VolumeIntent) (uint64, error) {
-	key, err := wire.VolumeIntentKey(node, v.UID)
-	if err != nil {
-		return 0, err
-	}
-	b, err := wire.EncodeVolumeIntent(v)
-	if err != nil {
-		return 0, errors.Wrap(err, "cannot encode volume intent")
-	}
-	return n.put(ctx, key, b)
-}
-
-// PutFabric implements Bus.
-func (n *NATS) PutFabric(ctx context.Context, node string, f wire.Fabric) (uint64, error) {
-	key, err := wire.FabricKey(node)
-	if err != nil {
-		return 0, err
-	}
-	b, err := wire.EncodeFabric(f)
-	if err != nil {
-		return 0, errors.Wrap(err, "cannot encode fabric")
-	}
-	return n.put(ctx, key, b)
-}
-
-// put stores b under the intents key, compare-and-set against the revision
-// read just before.
-func (n *NATS) put(ctx context.Context, key string, b []byte) (uint64, error) {
 	ctx, done := n.request(ctx)
 	defer done()
-	cur, err := n.intents.Get(ctx, key)
+	cur, err := kv.Get(ctx, key)
 	var rev uint64
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
-		rev, err = n.intents.Create(ctx, key, b)
+		rev, err = kv.Create(ctx, key, value)
 	case err != nil:
-		return 0, errors.Wrap(err, "cannot get intent")
-	case bytes.Equal(cur.Value(), b):
-		// A replayed write must not bump the revision: agents would see a
-		// change that is not one.
+		return 0, errors.Wrapf(err, "cannot get %s", key)
+	case bytes.Equal(cur.Value(), value):
+		// A replayed write must not bump the revision: watchers would
+		// see a change that is not one.
 		return cur.Revision(), nil
 	default:
-		rev, err = n.intents.Update(ctx, key, b, cur.Revision())
+		rev, err = kv.Update(ctx, key, value, cur.Revision())
 	}
 	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return 0, &ConflictError{Key: key, Err: err}
 	}
-	return rev, errors.Wrap(err, "cannot put intent")
+	return rev, errors.Wrapf(err, "cannot put %s", key)
 }
 
-// DeleteIntent implements Bus.
-func (n *NATS) DeleteIntent(ctx context.Context, node, uid string) error {
-	key, err := wire.IntentKey(node, uid)
+// Delete implements Bus: it removes key if present, compare-and-set.
+func (n *NATS) Delete(ctx context.Context, bucket, key string) error {
+	kv, err := n.bucket(bucket)
 	if err != nil {
 		return err
 	}
-	return n.delete(ctx, key)
-}
-
-// DeleteVolumeIntent implements Bus.
-func (n *NATS) DeleteVolumeIntent(ctx context.Context, node, uid string) error {
-	key, err := wire.VolumeIntentKey(node, uid)
-	if err != nil {
-		return err
-	}
-	return n.delete(ctx, key)
-}
-
-// DeleteVolumeReport implements Bus.
-func (n *NATS) DeleteVolumeReport(ctx context.Context, node, uid string) error {
-	key, err := wire.VolumeReportKey(node, uid)
-	if err != nil {
-		return err
-	}
-	return n.deleteKey(ctx, n.reports, key, "report")
-}
-
-// delete removes the intents key if present, compare-and-set.
-func (n *NATS) delete(ctx context.Context, key string) error {
-	return n.deleteKey(ctx, n.intents, key, "intent")
-}
-
-// deleteKey removes key from kv if present, compare-and-set; what names the
-// kind of value in errors.
-func (n *NATS) deleteKey(ctx context.Context, kv jetstream.KeyValue, key, what string) error {
 	ctx, done := n.request(ctx)
 	defer done()
 	cur, err := kv.Get(ctx, key)
@@ -242,33 +178,37 @@ func (n *NATS) deleteKey(ctx context.Context, kv jetstream.KeyValue, key, what s
 		return nil
 	}
 	if err != nil {
-		return errors.Wrapf(err, "cannot get %s", what)
+		return errors.Wrapf(err, "cannot get %s", key)
 	}
 	err = kv.Delete(ctx, key, jetstream.LastRevision(cur.Revision()))
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return &ConflictError{Key: key, Err: err}
 	}
-	return errors.Wrapf(err, "cannot delete %s", what)
+	return errors.Wrapf(err, "cannot delete %s", key)
 }
 
-// WatchReports implements Bus.
-func (n *NATS) WatchReports(ctx context.Context, fn func(ReportEvent)) error {
-	return n.watch(ctx, n.reports, func(e jetstream.KeyValueEntry) error {
-		if e == nil {
-			fn(ReportEvent{Synced: true})
-			return nil
-		}
-		ev, err := reportEvent(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut, e.Value())
-		if err == nil {
-			fn(ev)
-		}
+// Watch implements Bus.
+func (n *NATS) Watch(ctx context.Context, bucket string, fn func(Entry) error) error {
+	kv, err := n.bucket(bucket)
+	if err != nil {
 		return err
+	}
+	return n.watch(ctx, kv, func(e jetstream.KeyValueEntry) error {
+		if e == nil {
+			return fn(Entry{Synced: true})
+		}
+		deleted := e.Operation() != jetstream.KeyValuePut
+		entry := Entry{Key: e.Key(), Revision: e.Revision(), Deleted: deleted}
+		if !deleted {
+			entry.Value = e.Value()
+		}
+		return fn(entry)
 	})
 }
 
 // WatchNodes implements Bus.
 func (n *NATS) WatchNodes(ctx context.Context, fn func(NodeEvent)) error {
-	return n.watch(ctx, n.nodes, func(e jetstream.KeyValueEntry) error {
+	return n.watch(ctx, n.buckets[wire.BucketNodes], func(e jetstream.KeyValueEntry) error {
 		if e == nil {
 			return nil
 		}
@@ -278,6 +218,15 @@ func (n *NATS) WatchNodes(ctx context.Context, fn func(NodeEvent)) error {
 		}
 		return err
 	})
+}
+
+// bucket is the bound bucket of that name.
+func (n *NATS) bucket(name string) (jetstream.KeyValue, error) {
+	kv, ok := n.buckets[name]
+	if !ok {
+		return nil, errors.Errorf("no bucket %s", name)
+	}
+	return kv, nil
 }
 
 // watch feeds every entry of kv to handle until ctx is done. The underlying
@@ -387,41 +336,6 @@ func (n *NATS) lastRevision(ctx context.Context, kv jetstream.KeyValue) uint64 {
 		return state.LastSeq
 	}
 	return 0
-}
-
-// reportEvent decodes a report key: a Volume's ("<node>.volume.<uid>"), an
-// image's ("<node>.image.<uid>") or a guest's ("<node>.<uid>"). Any other
-// kind of key is refused.
-func reportEvent(key string, rev uint64, deleted bool, value []byte) (ReportEvent, error) {
-	node, rest, err := wire.ParseKey(key)
-	if err != nil {
-		return ReportEvent{}, err
-	}
-	if uid, ok := wire.ParseVolumeKey(rest); ok {
-		ev := VolumeReportEvent{Node: node, UID: uid, Revision: rev, Deleted: deleted}
-		ev.Report, err = natswire.DecodeValue(key, uid, deleted, value, wire.DecodeVolumeReport, func(r wire.VolumeReport) string { return r.UID })
-		if err != nil {
-			return ReportEvent{}, err
-		}
-		return ReportEvent{Volume: &ev}, nil
-	}
-	if uid, ok := wire.ParseImageKey(rest); ok {
-		ev := ImageReportEvent{Node: node, UID: uid, Revision: rev, Deleted: deleted}
-		ev.Report, err = natswire.DecodeValue(key, node+"."+uid, deleted, value, wire.DecodeImageReport, func(r wire.ImageReport) string { return r.Node + "." + r.UID })
-		if err != nil {
-			return ReportEvent{}, err
-		}
-		return ReportEvent{Image: &ev}, nil
-	}
-	if strings.Contains(rest, ".") {
-		return ReportEvent{}, &wire.KeyError{What: "key", Value: key, Reason: "not a guest, volume or image report key"}
-	}
-	ev := ReportEvent{Node: node, UID: rest, Revision: rev, Deleted: deleted}
-	ev.Report, err = natswire.DecodeValue(key, node+"."+rest, deleted, value, wire.DecodeReport, func(r wire.Report) string { return r.Node + "." + r.UID })
-	if err != nil {
-		return ReportEvent{}, err
-	}
-	return ev, nil
 }
 
 func nodeEvent(key string, rev uint64, lost bool, value []byte) (NodeEvent, error) {

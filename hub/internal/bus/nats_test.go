@@ -57,30 +57,85 @@ func next[E any](t *testing.T, ch <-chan E, d time.Duration, ok func(E) bool) E 
 	}
 }
 
-func TestPutIntent(t *testing.T) {
+// watch collects the entries of b's watch of bucket until the test ends;
+// refuse, if set, says which to refuse and why.
+func watch(t *testing.T, b bus.Bus, bucket string, refuse func(bus.Entry) error) <-chan bus.Entry {
+	t.Helper()
+	return collect(t, func(ctx context.Context, fn func(bus.Entry)) error {
+		return b.Watch(ctx, bucket, func(e bus.Entry) error {
+			if refuse != nil {
+				if err := refuse(e); err != nil {
+					return err
+				}
+			}
+			fn(e)
+			return nil
+		})
+	})
+}
+
+func TestPut(t *testing.T) {
 	b, _, _, _ := newHub(t)
 	ctx := context.Background()
 	in := wire.Intent{UID: "vm-a", Name: "a", Generation: 1, Running: true}
 
-	rev1, err := b.PutIntent(ctx, "node1", in)
+	rev1, err := bus.Put(ctx, b, wire.GuestIntents, "node1", in.UID, in)
 	require.NoError(t, err)
-	rev2, err := b.PutIntent(ctx, "node1", in)
+	rev2, err := bus.Put(ctx, b, wire.GuestIntents, "node1", in.UID, in)
 	require.NoError(t, err)
 	assert.Equal(t, rev1, rev2, "replaying the same intent must not write")
 
 	in.Generation = 2
-	rev3, err := b.PutIntent(ctx, "node1", in)
+	rev3, err := bus.Put(ctx, b, wire.GuestIntents, "node1", in.UID, in)
 	require.NoError(t, err)
 	assert.Greater(t, rev3, rev2)
 
-	require.NoError(t, b.DeleteIntent(ctx, "node1", "vm-a"))
-	require.NoError(t, b.DeleteIntent(ctx, "node1", "vm-a"), "deleting an absent intent succeeds")
-	_, err = b.PutIntent(ctx, "node1", in)
+	require.NoError(t, bus.Delete(ctx, b, wire.GuestIntents, "node1", "vm-a"))
+	require.NoError(t, bus.Delete(ctx, b, wire.GuestIntents, "node1", "vm-a"), "deleting an absent intent succeeds")
+	_, err = bus.Put(ctx, b, wire.GuestIntents, "node1", in.UID, in)
 	require.NoError(t, err, "an intent can be recreated after a delete")
 
-	_, err = b.PutIntent(ctx, "", in)
 	var ke *wire.KeyError
-	assert.ErrorAs(t, err, &ke)
+	_, err = bus.Put(ctx, b, wire.GuestIntents, "", in.UID, in)
+	assert.ErrorAs(t, err, &ke, "a node that is no key token")
+	assert.ErrorAs(t, bus.Delete(ctx, b, wire.GuestIntents, "node1", "a.b"), &ke, "a uid that is no key token")
+	var me *wire.MismatchError
+	_, err = bus.Put(ctx, b, wire.GuestIntents, "node1", "vm-b", in)
+	assert.ErrorAs(t, err, &me, "an intent under another guest's key")
+}
+
+// TestPutKeysEachKind pins where each kind's values go: under
+// <node>.<token>.<uid>, apart from the node's other keys.
+func TestPutKeysEachKind(t *testing.T) {
+	b, js, _, _ := newHub(t)
+	ctx := context.Background()
+	intents, err := js.KeyValue(ctx, wire.BucketIntents)
+	require.NoError(t, err)
+	v := wire.VolumeIntent{UID: "vol-a", Namespace: "ns", Name: "a", Disk: "ns_a", Absent: true}
+
+	_, err = bus.Put(ctx, b, wire.VolumeIntents, "node1", v.UID, v)
+	require.NoError(t, err)
+	e, err := intents.Get(ctx, "node1.volume.vol-a")
+	require.NoError(t, err, "the volume intent lives under <node>.volume.<uid>")
+	got, err := wire.DecodeVolumeIntent(e.Value())
+	require.NoError(t, err)
+	assert.Equal(t, "ns_a", got.Disk)
+	_, err = intents.Get(ctx, "node1.vol-a")
+	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound, "a volume intent is not a guest intent")
+
+	_, err = bus.Put(ctx, b, wire.Fabrics, "node1", wire.FabricUID, wire.Fabric{Peers: []string{"192.0.2.1"}})
+	require.NoError(t, err)
+	_, err = intents.Get(ctx, "node1.fabric.peers")
+	require.NoError(t, err, "the fabric lives under <node>.fabric.peers")
+
+	require.NoError(t, bus.Delete(ctx, b, wire.VolumeIntents, "node1", "vol-a"))
+	_, err = intents.Get(ctx, "node1.volume.vol-a")
+	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound)
+
+	v.Absent = false
+	_, err = bus.Put(ctx, b, wire.VolumeIntents, "node1", v.UID, v)
+	var de *wire.DecodeError
+	assert.ErrorAs(t, err, &de, "a value its kind refuses is not sent")
 }
 
 // TestLostNodeIsPurged pins the expiry the hub's node-loss handling relies
@@ -104,40 +159,40 @@ func TestLostNodeIsPurged(t *testing.T) {
 	assert.InDelta(t, testNodeTTL.Seconds(), time.Since(lastPut).Seconds(), 1.5, "purge should follow the last put by about one TTL")
 }
 
-func TestWatchReportsRejectsBadInputAndCarriesOn(t *testing.T) {
+// TestWatchCountsRefusedEntriesAndCarriesOn: an entry the watch's handler
+// refuses is counted by the reason of the handler's error, and the entries
+// after it are delivered.
+func TestWatchCountsRefusedEntriesAndCarriesOn(t *testing.T) {
 	b, js, _, _ := newHub(t)
-	events := collect(t, b.WatchReports)
+	refusals := map[string]error{
+		"node1.decode":   &wire.DecodeError{Kind: "report", Err: assert.AnError},
+		"node1.version":  &wire.VersionError{Got: 2},
+		"node1.mismatch": &wire.MismatchError{Key: "node1.mismatch"},
+		"node1.key":      &wire.KeyError{What: "key", Value: "node1.key"},
+	}
+	entries := watch(t, b, wire.BucketReports, func(e bus.Entry) error { return refusals[e.Key] })
 	ctx := context.Background()
 	reports, err := js.KeyValue(ctx, wire.BucketReports)
 	require.NoError(t, err)
 
-	cases := map[string]struct {
-		key, value string
-		reason     string
-	}{
-		"CorruptValue":        {key: "node1.vm-x", value: `not json`, reason: natswire.ReasonDecode},
-		"NewerVersion":        {key: "node1.vm-y", value: `{"protocolVersion":2,"uid":"vm-y","node":"node1"}`, reason: natswire.ReasonVersion},
-		"ReportForOtherNode":  {key: "node1.vm-z", value: `{"protocolVersion":1,"uid":"vm-z","node":"node2"}`, reason: natswire.ReasonMismatch},
-		"KeyWithoutNodeToken": {key: "vm-q", value: `{"protocolVersion":1,"uid":"vm-q","node":"node1"}`, reason: natswire.ReasonKey},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			before := b.Rejections().Count(tc.reason)
-			_, err := reports.Put(ctx, tc.key, []byte(tc.value))
+	for key, refusal := range refusals {
+		t.Run(key, func(t *testing.T) {
+			reason := natswire.Reason(refusal)
+			before := b.Rejections().Count(reason)
+			_, err := reports.Put(ctx, key, []byte("refused"))
 			require.NoError(t, err)
-			good, err := wire.EncodeReport(wire.Report{UID: "vm-good", Node: "node1", Message: name})
+			_, err = reports.Put(ctx, "node1.good", []byte(key))
 			require.NoError(t, err)
-			_, err = reports.Put(ctx, "node1.vm-good", good)
-			require.NoError(t, err)
-			next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Report.Message == name })
-			assert.Equal(t, before+1, b.Rejections().Count(tc.reason))
+			e := next(t, entries, 5*time.Second, func(e bus.Entry) bool { return e.Key == "node1.good" && string(e.Value) == key })
+			assert.False(t, e.Deleted)
+			assert.Equal(t, before+1, b.Rejections().Count(reason))
 		})
 	}
 }
 
-func TestWatchReportsResumesAfterServerRestart(t *testing.T) {
+func TestWatchResumesAfterServerRestart(t *testing.T) {
 	b, js, srv, _ := newHub(t)
-	events := collect(t, b.WatchReports)
+	entries := watch(t, b, wire.BucketReports, nil)
 	ctx := context.Background()
 	put := func(uid string) {
 		v, err := wire.EncodeReport(wire.Report{UID: uid, Node: "node1"})
@@ -148,23 +203,24 @@ func TestWatchReportsResumesAfterServerRestart(t *testing.T) {
 		require.NoError(t, err)
 	}
 	put("before")
-	next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.UID == "before" })
+	next(t, entries, 5*time.Second, func(e bus.Entry) bool { return e.Key == "node1.before" })
 
 	srv.Shutdown()
 	require.NoError(t, srv.Restart())
 	require.Eventually(t, func() bool { _, err := js.AccountInfo(ctx); return err == nil }, 10*time.Second, 50*time.Millisecond)
 	put("after")
-	next(t, events, 10*time.Second, func(e bus.ReportEvent) bool { return e.UID == "after" })
+	next(t, entries, 10*time.Second, func(e bus.Entry) bool { return e.Key == "node1.after" })
 }
 
-// TestWatchReportsResumesAfterItsConsumerIsLost: when the server holding a
+// TestWatchResumesAfterItsConsumerIsLost: when the server holding a
 // watch's consumer goes and the hub's connection stays (in a cluster,
 // another server's stream leader is killed), the watch finds itself behind
-// its bucket and resumes within seconds, not after nats.go's 10-20 s.
-func TestWatchReportsResumesAfterItsConsumerIsLost(t *testing.T) {
+// its bucket and resumes within seconds, not once nats.go misses its
+// consumer's heartbeats.
+func TestWatchResumesAfterItsConsumerIsLost(t *testing.T) {
 	b, js, _, _ := newHub(t)
-	events := collect(t, b.WatchReports)
-	next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Synced })
+	entries := watch(t, b, wire.BucketReports, nil)
+	next(t, entries, 5*time.Second, func(e bus.Entry) bool { return e.Synced })
 	natstest.DeleteConsumers(t, js, wire.Stream(wire.BucketReports))
 	ctx := context.Background()
 
@@ -175,136 +231,8 @@ func TestWatchReportsResumesAfterItsConsumerIsLost(t *testing.T) {
 	start := time.Now()
 	_, err = kv.Put(ctx, "node1.after", v)
 	require.NoError(t, err)
-	next(t, events, 7*time.Second, func(e bus.ReportEvent) bool { return e.UID == "after" })
+	next(t, entries, 7*time.Second, func(e bus.Entry) bool { return e.Key == "node1.after" })
 	t.Logf("delivered %s after the consumer was lost", time.Since(start).Round(100*time.Millisecond))
-}
-
-func TestPutVolumeIntent(t *testing.T) {
-	b, js, _, _ := newHub(t)
-	ctx := context.Background()
-	intents, err := js.KeyValue(ctx, wire.BucketIntents)
-	require.NoError(t, err)
-	v := wire.VolumeIntent{UID: "vol-a", Namespace: "ns", Name: "a", Disk: "ns_a", Absent: true}
-
-	rev1, err := b.PutVolumeIntent(ctx, "node1", v)
-	require.NoError(t, err)
-	rev2, err := b.PutVolumeIntent(ctx, "node1", v)
-	require.NoError(t, err)
-	assert.Equal(t, rev1, rev2, "replaying the same volume intent must not write")
-
-	e, err := intents.Get(ctx, "node1.volume.vol-a")
-	require.NoError(t, err, "the volume intent lives under <node>.volume.<uid>")
-	got, err := wire.DecodeVolumeIntent(e.Value())
-	require.NoError(t, err)
-	assert.Equal(t, "ns_a", got.Disk)
-	_, err = intents.Get(ctx, "node1.vol-a")
-	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound, "a volume intent is not a guest intent")
-
-	require.NoError(t, b.DeleteVolumeIntent(ctx, "node1", "vol-a"))
-	require.NoError(t, b.DeleteVolumeIntent(ctx, "node1", "vol-a"), "deleting an absent volume intent succeeds")
-	_, err = intents.Get(ctx, "node1.volume.vol-a")
-	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound)
-
-	v.Absent = false
-	_, err = b.PutVolumeIntent(ctx, "node1", v)
-	var de *wire.DecodeError
-	assert.ErrorAs(t, err, &de, "a present volume intent is reserved")
-	_, err = b.PutVolumeIntent(ctx, "node1", wire.VolumeIntent{UID: "a.b", Disk: "d", Absent: true})
-	var ke *wire.KeyError
-	assert.ErrorAs(t, err, &ke)
-}
-
-func TestWatchReportsRoutesVolumeReports(t *testing.T) {
-	b, js, _, _ := newHub(t)
-	events := collect(t, b.WatchReports)
-	ctx := context.Background()
-	reports, err := js.KeyValue(ctx, wire.BucketReports)
-	require.NoError(t, err)
-
-	v, err := wire.EncodeVolumeReport(wire.VolumeReport{UID: "vol-a", Gone: true})
-	require.NoError(t, err)
-	_, err = reports.Put(ctx, "node1.volume.vol-a", v)
-	require.NoError(t, err)
-	ev := next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Volume != nil })
-	assert.Equal(t, bus.VolumeReportEvent{Node: "node1", UID: "vol-a", Revision: ev.Volume.Revision, Report: ev.Volume.Report}, *ev.Volume)
-	assert.True(t, ev.Volume.Report.Gone)
-	assert.Empty(t, ev.UID, "a volume report is not a guest report")
-
-	require.NoError(t, reports.Delete(ctx, "node1.volume.vol-a"))
-	ev = next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Volume != nil })
-	assert.True(t, ev.Volume.Deleted)
-	assert.Equal(t, "vol-a", ev.Volume.UID)
-
-	cases := map[string]struct {
-		key, value string
-		reason     string
-	}{
-		"CorruptVolumeReport":       {key: "node1.volume.vol-x", value: `not json`, reason: natswire.ReasonDecode},
-		"NewerVolumeReport":         {key: "node1.volume.vol-y", value: `{"protocolVersion":2,"uid":"vol-y"}`, reason: natswire.ReasonVersion},
-		"VolumeReportForOtherUID":   {key: "node1.volume.vol-z", value: `{"protocolVersion":1,"uid":"vol-other"}`, reason: natswire.ReasonMismatch},
-		"GuestReportUnderVolumeKey": {key: "node1.volume.vol-w", value: `{"protocolVersion":1,"node":"node1"}`, reason: natswire.ReasonKey},
-		"UnknownKindOfKey":          {key: "node1.network.net-a", value: `{"protocolVersion":1,"uid":"net-a","node":"node1"}`, reason: natswire.ReasonKey},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			before := b.Rejections().Count(tc.reason)
-			_, err := reports.Put(ctx, tc.key, []byte(tc.value))
-			require.NoError(t, err)
-			good, err := wire.EncodeVolumeReport(wire.VolumeReport{UID: "vol-good", Message: name})
-			require.NoError(t, err)
-			_, err = reports.Put(ctx, "node1.volume.vol-good", good)
-			require.NoError(t, err)
-			next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Volume != nil && e.Volume.Report.Message == name })
-			assert.Equal(t, before+1, b.Rejections().Count(tc.reason))
-		})
-	}
-}
-
-func TestWatchReportsRoutesImageReports(t *testing.T) {
-	b, js, _, _ := newHub(t)
-	events := collect(t, b.WatchReports)
-	ctx := context.Background()
-	reports, err := js.KeyValue(ctx, wire.BucketReports)
-	require.NoError(t, err)
-
-	v, err := wire.EncodeImageReport(wire.ImageReport{UID: "img-a", Node: "node1", Phase: wire.ImagePhaseReady, SizeBytes: 42})
-	require.NoError(t, err)
-	_, err = reports.Put(ctx, "node1.image.img-a", v)
-	require.NoError(t, err)
-	ev := next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Image != nil })
-	assert.Equal(t, bus.ImageReportEvent{Node: "node1", UID: "img-a", Revision: ev.Image.Revision, Report: ev.Image.Report}, *ev.Image)
-	assert.Equal(t, int64(42), ev.Image.Report.SizeBytes)
-	assert.Empty(t, ev.UID, "an image report is not a guest report")
-	assert.Nil(t, ev.Volume, "an image report is not a volume report")
-
-	require.NoError(t, reports.Delete(ctx, "node1.image.img-a"))
-	ev = next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Image != nil })
-	assert.True(t, ev.Image.Deleted)
-	assert.Equal(t, bus.ImageReportEvent{Node: "node1", UID: "img-a", Revision: ev.Image.Revision, Deleted: true}, *ev.Image)
-
-	cases := map[string]struct {
-		key, value string
-		reason     string
-	}{
-		"CorruptImageReport":          {key: "node1.image.img-x", value: `not json`, reason: natswire.ReasonDecode},
-		"NewerImageReport":            {key: "node1.image.img-y", value: `{"protocolVersion":2,"uid":"img-y"}`, reason: natswire.ReasonVersion},
-		"ImageReportForOtherUID":      {key: "node1.image.img-z", value: `{"protocolVersion":1,"uid":"img-other","node":"node1","phase":"Ready"}`, reason: natswire.ReasonMismatch},
-		"ImageReportOfAnotherNode":    {key: "node1.image.img-n", value: `{"protocolVersion":1,"uid":"img-n","node":"node2","phase":"Ready"}`, reason: natswire.ReasonMismatch},
-		"ImageReportWithUnknownPhase": {key: "node1.image.img-p", value: `{"protocolVersion":1,"uid":"img-p","node":"node1","phase":"Pruned"}`, reason: natswire.ReasonDecode},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			before := b.Rejections().Count(tc.reason)
-			_, err := reports.Put(ctx, tc.key, []byte(tc.value))
-			require.NoError(t, err)
-			good, err := wire.EncodeImageReport(wire.ImageReport{UID: "img-good", Node: "node1", Phase: wire.ImagePhaseImporting, Message: name})
-			require.NoError(t, err)
-			_, err = reports.Put(ctx, "node1.image.img-good", good)
-			require.NoError(t, err)
-			next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Image != nil && e.Image.Report.Message == name })
-			assert.Equal(t, before+1, b.Rejections().Count(tc.reason))
-		})
-	}
 }
 
 // swallowingDialer dials the server for real; once swallow is set, what the
@@ -356,7 +284,7 @@ func swallowingBus(t *testing.T, srv *natstest.Server, hub natswire.Identity, ti
 	t.Cleanup(nc.Close)
 	b, err := bus.New(context.Background(), nc, bus.Config{Timeout: timeout})
 	require.NoError(t, err)
-	_, err = b.PutIntent(context.Background(), "node1", wire.Intent{UID: "vm-a", Name: "a", Generation: 1})
+	_, err = bus.Put(context.Background(), b, wire.GuestIntents, "node1", "vm-a", wire.Intent{UID: "vm-a", Name: "a", Generation: 1})
 	require.NoError(t, err, "the bus works before the server stops answering")
 	dialer.swallow.Store(true)
 	return b, dialer
@@ -371,17 +299,11 @@ func TestAWriteTheServerNeverAnswersFails(t *testing.T) {
 	hub, _, users := natstest.Identities(t, "node1")
 	srv := natstest.New(t, users...)
 	ops := map[string]func(context.Context, *bus.NATS) error{
-		"PutIntent": func(ctx context.Context, b *bus.NATS) error {
-			_, err := b.PutIntent(ctx, "node1", wire.Intent{UID: "vm-a", Name: "a", Generation: 2})
+		"Put": func(ctx context.Context, b *bus.NATS) error {
+			_, err := b.Put(ctx, wire.BucketIntents, "node1.vm-a", []byte("changed"))
 			return err
 		},
-		"PutVolumeIntent": func(ctx context.Context, b *bus.NATS) error {
-			_, err := b.PutVolumeIntent(ctx, "node1", wire.VolumeIntent{UID: "vol-a", Namespace: "ns", Name: "a", Disk: "ns_a", Absent: true})
-			return err
-		},
-		"DeleteIntent":       func(ctx context.Context, b *bus.NATS) error { return b.DeleteIntent(ctx, "node1", "vm-a") },
-		"DeleteVolumeIntent": func(ctx context.Context, b *bus.NATS) error { return b.DeleteVolumeIntent(ctx, "node1", "vol-a") },
-		"DeleteVolumeReport": func(ctx context.Context, b *bus.NATS) error { return b.DeleteVolumeReport(ctx, "node1", "vol-a") },
+		"Delete": func(ctx context.Context, b *bus.NATS) error { return b.Delete(ctx, wire.BucketIntents, "node1.vm-a") },
 	}
 	const guard = 10 * time.Second
 	ways := map[string]struct {

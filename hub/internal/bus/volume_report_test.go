@@ -17,7 +17,7 @@ import (
 // harmless.
 func TestDeleteVolumeReport(t *testing.T) {
 	b, js, _, _ := newHub(t)
-	events := collect(t, b.WatchReports)
+	entries := watch(t, b, wire.BucketReports, nil)
 	ctx := context.Background()
 	reports, err := js.KeyValue(ctx, wire.BucketReports)
 	require.NoError(t, err)
@@ -25,15 +25,16 @@ func TestDeleteVolumeReport(t *testing.T) {
 	require.NoError(t, err)
 	_, err = reports.Put(ctx, "node1.volume.vol-a", v)
 	require.NoError(t, err)
-	next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Volume != nil && e.Volume.Report.Gone })
+	put := next(t, entries, 5*time.Second, func(e bus.Entry) bool { return e.Key == "node1.volume.vol-a" })
+	assert.Equal(t, v, put.Value)
 
-	require.NoError(t, b.DeleteVolumeReport(ctx, "node1", "vol-a"))
-	ev := next(t, events, 5*time.Second, func(e bus.ReportEvent) bool { return e.Volume != nil })
-	assert.True(t, ev.Volume.Deleted)
-	assert.Equal(t, bus.VolumeReportEvent{Node: "node1", UID: "vol-a", Revision: ev.Volume.Revision, Deleted: true}, *ev.Volume)
-	require.NoError(t, b.DeleteVolumeReport(ctx, "node1", "vol-a"), "deleting an absent report succeeds")
-	require.NoError(t, b.DeleteVolumeReport(ctx, "node1", "never"), "deleting a report never written succeeds")
+	require.NoError(t, bus.Delete(ctx, b, wire.VolumeReports, "node1", "vol-a"))
+	del := next(t, entries, 5*time.Second, func(e bus.Entry) bool { return e.Key == "node1.volume.vol-a" })
+	assert.Equal(t, bus.Entry{Key: "node1.volume.vol-a", Revision: del.Revision, Deleted: true}, del)
+	assert.Greater(t, del.Revision, put.Revision)
+	require.NoError(t, bus.Delete(ctx, b, wire.VolumeReports, "node1", "vol-a"), "deleting an absent report succeeds")
+	require.NoError(t, bus.Delete(ctx, b, wire.VolumeReports, "node1", "never"), "deleting a report never written succeeds")
 
 	var ke *wire.KeyError
-	assert.ErrorAs(t, b.DeleteVolumeReport(ctx, "node1", "a.b"), &ke, "an unsafe uid is refused before anything is sent")
+	assert.ErrorAs(t, bus.Delete(ctx, b, wire.VolumeReports, "node1", "a.b"), &ke, "an unsafe uid is refused before anything is sent")
 }

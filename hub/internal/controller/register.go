@@ -23,10 +23,11 @@ import (
 
 // SetupGated adds every controller, each once its CRD is established.
 // volumes and images are the Notifiers the Pool's fleets feed with Volume
-// and image report changes (Fleet.SubscribeVolumes, Fleet.SubscribeImages).
+// and image report changes (Fleet.Volumes.Subscribe, Fleet.Images.Subscribe).
 // nodes hears of the nodes whose heartbeats changed
 // (Fleet.SubscribeNodeChanges).
-// mo configures live migrations.
+// mo configures live migrations. vo.Memory owns what every controller
+// remembers of each object.
 func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, mo migration.Options, volumes, images *fleet.Notifier, nodes *hypervisornode.Changes) error {
 	if err := index.Setup(ctx, mgr); err != nil {
 		return err
@@ -40,10 +41,10 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 	if err := virtualmachine.SetupGated(mgr, o, vo); err != nil {
 		return err
 	}
-	if err := volume.SetupGated(mgr, o, vo.Pool, vo.FencingTimeout, volumes); err != nil {
+	if err := volume.SetupGated(mgr, o, vo.Pool, vo.FencingTimeout, volumes, vo.Memory); err != nil {
 		return err
 	}
-	if err := virtualnetwork.SetupGated(mgr, o, vo.Addresses); err != nil {
+	if err := virtualnetwork.SetupGated(mgr, o, vo.Addresses, vo.Memory); err != nil {
 		return err
 	}
 	if err := hypervisornode.SetupGated(mgr, o, vo.Pool.Fleets, nodes); err != nil {
@@ -52,5 +53,5 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 	if err := migration.SetupGated(mgr, o, mo); err != nil {
 		return err
 	}
-	return diskimage.SetupGated(mgr, o, vo.Pool, images)
+	return diskimage.SetupGated(mgr, o, vo.Pool, images, vo.Memory)
 }

@@ -67,7 +67,7 @@ func (w *Writer) Sync(ctx context.Context) {
 		if last, ok := w.written[node]; ok && slices.Equal(last.Peers, want.Peers) {
 			continue
 		}
-		if _, err := w.bus.PutFabric(ctx, node, want); err != nil {
+		if _, err := bus.Put(ctx, w.bus, wire.Fabrics, node, wire.FabricUID, want); err != nil {
 			w.log.Info("Cannot write the node's overlay peers; trying again", "node", node, "error", err)
 			continue
 		}

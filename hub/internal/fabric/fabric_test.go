@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 )
 
@@ -48,27 +49,28 @@ func TestSyncWritesOnlyChanges(t *testing.T) {
 	b := bus.NewFake()
 	src := addrs("192.0.2.1", "192.0.2.2")
 	w := New(src, b, logging.NewNopLogger())
+	stored := func(node string) (wire.Fabric, bool) { return bus.Stored(b, wire.Fabrics, node, wire.FabricUID) }
 
 	w.Sync(ctx)
-	fa, ok := b.Fabric("a")
+	fa, ok := stored("a")
 	require.True(t, ok)
 	assert.Equal(t, []string{"192.0.2.2"}, fa.Peers)
-	rev := b.Revision()
+	puts := b.Puts()
 	w.Sync(ctx)
-	assert.Equal(t, rev, b.Revision(), "nothing changed, nothing written")
+	assert.Equal(t, puts, b.Puts(), "nothing changed, nothing written")
 
 	src["c"] = netip.MustParseAddr("192.0.2.3")
 	w.Sync(ctx)
-	fa, _ = b.Fabric("a")
+	fa, _ = stored("a")
 	assert.Equal(t, []string{"192.0.2.2", "192.0.2.3"}, fa.Peers, "a node that joins is everyone's peer")
 
 	delete(src, "b")
 	b.SetDown(errors.New("nats is away"))
 	w.Sync(ctx)
 	b.SetDown(nil)
-	fa, _ = b.Fabric("a")
+	fa, _ = stored("a")
 	assert.Equal(t, []string{"192.0.2.2", "192.0.2.3"}, fa.Peers, "not written while the bus is down")
 	w.Sync(ctx)
-	fa, _ = b.Fabric("a")
+	fa, _ = stored("a")
 	assert.Equal(t, []string{"192.0.2.3"}, fa.Peers, "a node that is lost drops out once the bus is back")
 }

@@ -1,17 +1,23 @@
 // Package fleet is the hub's in-memory view of the nodes behind one NATS
-// server: the latest report of every guest and the latest heartbeat of every
-// node, kept current by the bus's watches. Reconcilers read it without waiting
-// on the network, and it tells them at once when a report or a node changes,
-// so status never waits for a poll interval.
+// server: the latest report of every kind (guests, Volumes, images) and the
+// latest heartbeat of every node, kept current by the bus's watches.
+// Reconcilers read it without waiting on the network, and it tells them at
+// once when a report or a node changes, so status never waits for a poll
+// interval.
+//
+// Each kind of report has its view, a Reports made by Watch from the kind's
+// declaration (wire.Kind); the report watch hands each entry to the view
+// whose kind its key is of. A new kind of report is a new Watch, not a new
+// branch here.
 //
 // A node speaks only for itself. Reports are kept per node and uid, and a
 // reconciler reads the report of the node its resource is placed on (the
 // node recorded on the resource), never "the" report of a uid: a report
 // another node wrote about the same uid can neither change what a user sees
-// nor hasten or hold up a deletion. Reconcilers hand the resource to
-// FlagForeign, which counts, logs and shows as a Warning event every report
-// about it from a node it is not placed on. A report whose uid belongs to
-// nothing placed on its node is kept and never read.
+// nor hasten or hold up a deletion. Reconcilers hand the resource to its
+// view's FlagForeign, which counts, logs and shows as a Warning event every
+// report about it from a node it is not placed on. A report whose uid
+// belongs to nothing placed on its node is kept and never read.
 package fleet
 
 import (
@@ -25,6 +31,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
@@ -41,18 +48,20 @@ type NodeStatus struct {
 	LostSince time.Time
 }
 
-// Report is a guest's latest report and when the hub received it.
-type Report struct {
-	bus.ReportEvent
-	// ReceivedAt is the hub's time of receipt, comparable with
-	// NodeStatus.LastSeen: a heartbeat seen after it counts the guest.
-	ReceivedAt time.Time
-}
-
 // Fleet is the view of one NATS server's buckets.
 type Fleet struct {
 	// Bus publishes intents to the nodes.
 	Bus bus.Bus
+	// Guests are the nodes' reports of their guests, by VM uid. Their
+	// subscribers also hear of every guest whose node was lost or came
+	// back.
+	Guests *Reports[wire.Report]
+	// Volumes are the nodes' reports of the Volumes bound to them.
+	Volumes *Reports[wire.VolumeReport]
+	// Images are the nodes' reports of the DiskImages they hold. A lost
+	// node's reports stay: it still holds its images, and its guests are
+	// not started elsewhere either.
+	Images *Reports[wire.ImageReport]
 
 	log     logging.Logger
 	now     func() time.Time
@@ -66,91 +75,44 @@ type Fleet struct {
 	// sealKey signs the hub's placements (Seal).
 	sealKey []byte
 
+	// mu guards the fleet and its views.
 	mu sync.RWMutex
-	// Every kind of report is kept by uid, then by the node that wrote it.
-	reports map[string]map[string]Report
+	// views are the kinds of report the report watch hands entries to.
+	views []view
 	// reportsSynced is set once the reports that existed when the watch
-	// began are all in reports.
+	// began are all in the views.
 	reportsSynced bool
-	// orphans are the keys of the reports in reports that carry an
-	// orphan, so Orphan, which the placement loop asks for every VM it
-	// places, reads them and not every report.
-	orphans       map[reportKey]struct{}
-	volumeReports map[string]map[string]VolumeReport
-	imageReports  map[string]map[string]ImageReport
-	// foreign are the reports already flagged by FlagForeign, so each is
-	// flagged once per revision, and the deletions of flagged reports,
-	// flagged at the next FlagForeign.
-	foreign    map[claim]foreignState
-	nodes      map[string]NodeStatus
-	subs       []func(uid string)
-	volumeSubs []func(uid string)
-	imageSubs  []func(uid string)
-	nodeSubs   []func(node string)
+	nodes         map[string]NodeStatus
+	nodeSubs      []func(node string)
 	// shownSubs hear of every change of what NodeStatuses shows.
 	shownSubs []func(node string)
 	syncSubs  []func()
 }
 
-// VolumeReport is a Volume's latest report and when the hub received it.
-type VolumeReport struct {
-	bus.VolumeReportEvent
-	ReceivedAt time.Time
-}
-
-// ImageReport is an image's latest report from one node and when the hub
-// received it.
-type ImageReport struct {
-	bus.ImageReportEvent
-	ReceivedAt time.Time
-}
-
 // New returns a view over b. Call Run to fill it.
 func New(b bus.Bus, log logging.Logger) *Fleet {
-	return &Fleet{
-		Bus:           b,
-		log:           log,
-		recorder:      event.NewNopRecorder(),
-		now:           time.Now,
-		started:       time.Now(),
-		unknownAfter:  natswire.DefaultNodeTTL,
-		reports:       map[string]map[string]Report{},
-		orphans:       map[reportKey]struct{}{},
-		volumeReports: map[string]map[string]VolumeReport{},
-		imageReports:  map[string]map[string]ImageReport{},
-		foreign:       map[claim]foreignState{},
-		nodes:         map[string]NodeStatus{},
+	f := &Fleet{
+		Bus:          b,
+		log:          log,
+		recorder:     event.NewNopRecorder(),
+		now:          time.Now,
+		started:      time.Now(),
+		unknownAfter: natswire.DefaultNodeTTL,
+		nodes:        map[string]NodeStatus{},
 	}
+	f.Guests = Watch(f, wire.GuestReports, v1alpha1.VirtualMachineKind)
+	// The placement loop asks Orphan for every VM it places: it reads the
+	// orphans' reports, not every report.
+	f.Guests.index = func(r wire.Report) bool { return r.Orphan != nil }
+	f.Volumes = Watch(f, wire.VolumeReports, v1alpha1.VolumeKind)
+	f.Images = Watch(f, wire.ImageReports, v1alpha1.DiskImageKind)
+	return f
 }
 
 // WithRecorder makes r show foreign reports as Warning events.
 func (f *Fleet) WithRecorder(r event.Recorder) *Fleet {
 	f.recorder = r
 	return f
-}
-
-// Subscribe registers fn to be called with the uid of every guest whose
-// report changed or whose node was lost or came back. fn must not block.
-func (f *Fleet) Subscribe(fn func(uid string)) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.subs = append(f.subs, fn)
-}
-
-// SubscribeVolumes registers fn to be called with the uid of every Volume
-// whose report changed. fn must not block.
-func (f *Fleet) SubscribeVolumes(fn func(uid string)) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.volumeSubs = append(f.volumeSubs, fn)
-}
-
-// SubscribeImages registers fn to be called with the uid of every image
-// whose report from any node changed. fn must not block.
-func (f *Fleet) SubscribeImages(fn func(uid string)) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.imageSubs = append(f.imageSubs, fn)
 }
 
 // SubscribeNodes registers fn to be called with the name of every node that
@@ -188,31 +150,23 @@ func (f *Fleet) SubscribeSynced(fn func()) {
 // Run keeps the view current until ctx is done.
 func (f *Fleet) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		if err := f.Bus.WatchReports(ctx, f.onReport); err != nil && ctx.Err() == nil {
+	wg.Go(func() {
+		if err := f.Bus.Watch(ctx, wire.BucketReports, f.onReport); err != nil && ctx.Err() == nil {
 			f.log.Info("Report watch ended", "error", err)
 		}
-	}()
-	go func() {
-		defer wg.Done()
+	})
+	wg.Go(func() {
 		if err := f.Bus.WatchNodes(ctx, f.onNode); err != nil && ctx.Err() == nil {
 			f.log.Info("Node watch ended", "error", err)
 		}
-	}()
+	})
 	wg.Wait()
 }
 
-func (f *Fleet) onReport(e bus.ReportEvent) {
-	if e.Volume != nil {
-		f.onVolumeReport(*e.Volume)
-		return
-	}
-	if e.Image != nil {
-		f.onImageReport(*e.Image)
-		return
-	}
+// onReport hands an entry of the reports bucket to the view whose kind its
+// key is of. A key of no kind the fleet watches is refused: nothing but
+// reports may be written there.
+func (f *Fleet) onReport(e bus.Entry) error {
 	if e.Synced {
 		f.mu.Lock()
 		f.reportsSynced = true
@@ -221,71 +175,21 @@ func (f *Fleet) onReport(e bus.ReportEvent) {
 		for _, fn := range subs {
 			fn()
 		}
-		return
+		return nil
 	}
-	f.mu.Lock()
-	store(f, f.reports, KindVM, e.Node, e.UID, e.Deleted, Report{ReportEvent: e, ReceivedAt: f.now()})
-	if k := (reportKey{uid: e.UID, node: e.Node}); !e.Deleted && e.Report.Orphan != nil {
-		f.orphans[k] = struct{}{}
-	} else {
-		delete(f.orphans, k)
+	node, rest, err := wire.ParseKey(e.Key)
+	if err != nil {
+		return err
 	}
-	subs := f.subs
-	f.mu.Unlock()
-	for _, fn := range subs {
-		fn(e.UID)
-	}
-}
-
-func (f *Fleet) onVolumeReport(e bus.VolumeReportEvent) {
-	f.mu.Lock()
-	store(f, f.volumeReports, KindVolume, e.Node, e.UID, e.Deleted, VolumeReport{VolumeReportEvent: e, ReceivedAt: f.now()})
-	subs := f.volumeSubs
-	f.mu.Unlock()
-	for _, fn := range subs {
-		fn(e.UID)
-	}
-}
-
-// onImageReport keeps the report whatever the node's liveness: a lost node
-// still holds its images, and its guests are not started elsewhere either.
-func (f *Fleet) onImageReport(e bus.ImageReportEvent) {
-	f.mu.Lock()
-	store(f, f.imageReports, KindImage, e.Node, e.UID, e.Deleted, ImageReport{ImageReportEvent: e, ReceivedAt: f.now()})
-	subs := f.imageSubs
-	f.mu.Unlock()
-	for _, fn := range subs {
-		fn(e.UID)
-	}
-}
-
-// store keeps r as node's report of uid, or forgets it when deleted. The
-// deletion of a report already flagged as foreign is remembered for
-// FlagForeign; any other deletion of a report the hub never held says
-// nothing and is not remembered (a node may delete its own keys at will).
-// f.mu must be held.
-func store[R any](f *Fleet, m map[string]map[string]R, kind ReportKind, node, uid string, deleted bool, r R) {
-	c := claim{kind: kind, uid: uid, node: node}
-	byNode := m[uid]
-	if deleted {
-		if _, held := byNode[node]; held {
-			if st, flagged := f.foreign[c]; flagged && !st.deleted {
-				f.foreign[c] = foreignState{deleted: true}
-			}
+	f.mu.RLock()
+	views := f.views
+	f.mu.RUnlock()
+	for _, v := range views {
+		if uid, ok := v.uid(rest); ok {
+			return v.apply(e, node, uid)
 		}
-		delete(byNode, node)
-		if len(byNode) == 0 {
-			delete(m, uid)
-		}
-		return
 	}
-	if byNode == nil {
-		byNode = map[string]R{}
-		m[uid] = byNode
-	}
-	byNode[node] = r
-	// A new revision is flagged anew.
-	delete(f.foreign, c)
+	return &wire.KeyError{What: "key", Value: e.Key, Reason: "not the key of a kind of report"}
 }
 
 func (f *Fleet) onNode(e bus.NodeEvent) {
@@ -303,13 +207,9 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 	// Guests care only when the node's liveness flips.
 	var affected []string
 	if !known || prev.Lost != s.Lost {
-		for uid, byNode := range f.reports {
-			if _, ok := byNode[e.Node]; ok {
-				affected = append(affected, uid)
-			}
-		}
+		affected = f.Guests.uidsOn(e.Node)
 	}
-	subs, nodeSubs, shownSubs := f.subs, f.nodeSubs, f.shownSubs
+	subs, nodeSubs, shownSubs := f.Guests.subs, f.nodeSubs, f.shownSubs
 	f.mu.Unlock()
 	if !known || prev.Lost != s.Lost || !sameContent(prev.Heartbeat, s.Heartbeat) {
 		for _, fn := range shownSubs {
@@ -355,71 +255,6 @@ func roomGrew(prev, cur wire.NodeHeartbeat) bool {
 	pc, pm := free(prev)
 	cc, cm := free(cur)
 	return cc > pc || cm > pm
-}
-
-// Report returns node's latest report of guest uid. Pass the node the guest
-// is placed on: what another node says of it is not its state.
-func (f *Fleet) Report(node, uid string) (Report, bool) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	r, ok := f.reports[uid][node]
-	return r, ok
-}
-
-// VolumeReport returns node's latest report of Volume uid. Pass the node
-// the Volume is bound to.
-func (f *Fleet) VolumeReport(node, uid string) (VolumeReport, bool) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	r, ok := f.volumeReports[uid][node]
-	return r, ok
-}
-
-// VolumeReports returns every node's report of Volume uid, sorted by node:
-// for cleaning up after a Volume that no longer exists, when no node is
-// recorded anywhere.
-func (f *Fleet) VolumeReports(uid string) []VolumeReport {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return sorted(f.volumeReports[uid], func(r VolumeReport) string { return r.Node })
-}
-
-// ImageReports returns the latest report of image uid from each of nodes
-// that has one, sorted by node: the nodes the image is placed on. A node
-// with no report does not have the image.
-func (f *Fleet) ImageReports(uid string, nodes ...string) []ImageReport {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	byNode := f.imageReports[uid]
-	out := make([]ImageReport, 0, len(nodes))
-	for _, n := range nodes {
-		if r, ok := byNode[n]; ok {
-			out = append(out, r)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
-	return out
-}
-
-// ImageReporters returns the nodes that report image uid, sorted.
-func (f *Fleet) ImageReporters(uid string) []string {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	out := make([]string, 0, len(f.imageReports[uid]))
-	for n := range f.imageReports[uid] {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
-func sorted[R any](byNode map[string]R, node func(R) string) []R {
-	out := make([]R, 0, len(byNode))
-	for _, r := range byNode {
-		out = append(out, r)
-	}
-	sort.Slice(out, func(i, j int) bool { return node(out[i]) < node(out[j]) })
-	return out
 }
 
 // Node returns what is known of node. A node the hub has never heard from

@@ -81,8 +81,8 @@ func newTestFleet(t *testing.T, b *bus.Fake) *testFleet {
 	f := New(b, logging.NewNopLogger())
 	f.now, f.started = c.now, t0
 	tf := &testFleet{Fleet: f, bus: b, clock: c, guests: &calls{}, volumes: &calls{}, node: &calls{}}
-	f.Subscribe(tf.guests.record)
-	f.SubscribeVolumes(tf.volumes.record)
+	f.Guests.Subscribe(tf.guests.record)
+	f.Volumes.Subscribe(tf.volumes.record)
 	f.SubscribeNodes(tf.node.record)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -92,7 +92,7 @@ func newTestFleet(t *testing.T, b *bus.Fake) *testFleet {
 	// Both fake watches deliver the current state when they start: a
 	// sentinel in each says they have.
 	b.SetNode(bus.NodeEvent{Node: "sentinel", Lost: true})
-	b.SetReport(bus.ReportEvent{Node: "sentinel", UID: "sentinel", Deleted: true})
+	bus.DeleteValue(b, wire.GuestReports, "sentinel", "sentinel")
 	require.Eventually(t, func() bool {
 		return f.Node("sentinel").Lost && tf.guests.count() > 0
 	}, 5*time.Second, time.Millisecond)
@@ -108,34 +108,75 @@ func heartbeat(node string, vcpu int64) bus.NodeEvent {
 	}}
 }
 
-func report(node, uid string, phase wire.Phase) bus.ReportEvent {
-	return bus.ReportEvent{Node: node, UID: uid, Report: wire.Report{UID: uid, Node: node, Phase: phase}}
+// report plays node's agent reporting guest uid in phase.
+func report(node, uid string, phase wire.Phase) func(*bus.Fake) {
+	return func(b *bus.Fake) {
+		bus.SetValue(b, wire.GuestReports, node, uid, wire.Report{UID: uid, Node: node, Phase: phase})
+	}
+}
+
+// unreport plays node's agent deleting its report of guest uid.
+func unreport(node, uid string) func(*bus.Fake) {
+	return func(b *bus.Fake) { bus.DeleteValue(b, wire.GuestReports, node, uid) }
+}
+
+// assertPhase asserts that node's report of guest uid says phase, or with
+// phase "" that there is none, and returns the report.
+func assertPhase(t *testing.T, f *testFleet, node, uid string, phase wire.Phase) (Report[wire.Report], bool) {
+	t.Helper()
+	r, ok := f.Guests.Report(node, uid)
+	if phase == "" {
+		assert.False(t, ok, "no report of %s from %s: %+v", uid, node, r)
+		return r, false
+	}
+	require.True(t, ok, "a report of %s from %s", uid, node)
+	assert.Equal(t, phase, r.Report.Phase)
+	return r, true
+}
+
+// entry is the entry of node's value v of kind k about uid, as the report
+// watch delivers it; with v nil, of its deletion.
+func entry[R any](k wire.Kind[R], node, uid string, v *R) bus.Entry {
+	key, err := k.Key(node, uid)
+	if err != nil {
+		panic(err)
+	}
+	if v == nil {
+		return bus.Entry{Key: key, Deleted: true}
+	}
+	value, err := k.Encode(*v)
+	if err != nil {
+		panic(err)
+	}
+	return bus.Entry{Key: key, Value: value}
 }
 
 func TestReports(t *testing.T) {
 	cases := map[string]struct {
-		events []bus.ReportEvent
+		events []func(*bus.Fake)
 		// wantPhase is the phase of guest "g" after; "" means no report.
 		wantPhase   wire.Phase
 		wantCalls   []string
 		wantVolumes []string
 	}{
 		"AReportIsKeptAndItsGuestNotified": {
-			events:    []bus.ReportEvent{report("node1", "g", "Running")},
+			events:    []func(*bus.Fake){report("node1", "g", "Running")},
 			wantPhase: "Running",
 			wantCalls: []string{"g"},
 		},
 		"TheLatestReportWins": {
-			events:    []bus.ReportEvent{report("node1", "g", "Starting"), report("node1", "g", "Running")},
+			events:    []func(*bus.Fake){report("node1", "g", "Starting"), report("node1", "g", "Running")},
 			wantPhase: "Running",
 			wantCalls: []string{"g", "g"},
 		},
 		"ADeletedReportIsForgottenAndItsGuestNotified": {
-			events:    []bus.ReportEvent{report("node1", "g", "Running"), {Node: "node1", UID: "g", Deleted: true}},
+			events:    []func(*bus.Fake){report("node1", "g", "Running"), unreport("node1", "g")},
 			wantCalls: []string{"g", "g"},
 		},
 		"AVolumeReportNotifiesVolumesOnly": {
-			events: []bus.ReportEvent{{Volume: &bus.VolumeReportEvent{Node: "node1", UID: "g", Report: wire.VolumeReport{UID: "g", Gone: true}}}},
+			events: []func(*bus.Fake){func(b *bus.Fake) {
+				bus.SetValue(b, wire.VolumeReports, "node1", "g", wire.VolumeReport{UID: "g", Gone: true})
+			}},
 			// A Volume's uid names no guest.
 			wantVolumes: []string{"g"},
 		},
@@ -143,16 +184,11 @@ func TestReports(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			f := newTestFleet(t, bus.NewFake())
-			for _, e := range tc.events {
-				f.bus.SetReport(e)
+			for _, play := range tc.events {
+				play(f.bus)
 			}
 
-			r, ok := f.Report("node1", "g")
-			if tc.wantPhase == "" {
-				assert.False(t, ok, "no report of g: %+v", r)
-			} else {
-				require.True(t, ok)
-				assert.Equal(t, tc.wantPhase, r.Report.Phase)
+			if r, ok := assertPhase(t, f, "node1", "g", tc.wantPhase); ok {
 				assert.Equal(t, "node1", r.Node)
 				assert.Equal(t, t0, r.ReceivedAt, "received at the fleet's time")
 			}
@@ -165,41 +201,41 @@ func TestReports(t *testing.T) {
 func TestVolumeReports(t *testing.T) {
 	f := newTestFleet(t, bus.NewFake())
 
-	f.bus.SetVolumeReport(bus.VolumeReportEvent{Node: "node1", UID: "v", Report: wire.VolumeReport{UID: "v", Message: "in use"}})
-	r, ok := f.VolumeReport("node1", "v")
+	bus.SetValue(f.bus, wire.VolumeReports, "node1", "v", wire.VolumeReport{UID: "v", Message: "in use"})
+	r, ok := f.Volumes.Report("node1", "v")
 	require.True(t, ok)
 	assert.Equal(t, "in use", r.Report.Message)
 	assert.False(t, r.Report.Gone)
 
 	f.clock.advance(time.Second)
-	f.bus.SetVolumeReport(bus.VolumeReportEvent{Node: "node1", UID: "v", Report: wire.VolumeReport{UID: "v", Gone: true}})
-	r, ok = f.VolumeReport("node1", "v")
+	bus.SetValue(f.bus, wire.VolumeReports, "node1", "v", wire.VolumeReport{UID: "v", Gone: true})
+	r, ok = f.Volumes.Report("node1", "v")
 	require.True(t, ok)
 	assert.True(t, r.Report.Gone, "the latest report wins")
 	assert.Equal(t, "node1", r.Node)
 	assert.Equal(t, t0.Add(time.Second), r.ReceivedAt)
 
-	f.bus.SetVolumeReport(bus.VolumeReportEvent{Node: "node1", UID: "v", Deleted: true})
-	_, ok = f.VolumeReport("node1", "v")
+	bus.DeleteValue(f.bus, wire.VolumeReports, "node1", "v")
+	_, ok = f.Volumes.Report("node1", "v")
 	assert.False(t, ok, "a deleted report is forgotten")
 
 	assert.Equal(t, []string{"v", "v", "v"}, f.volumes.take(), "every change notifies the Volume")
 	assert.Empty(t, f.guests.take(), "guests are not told about Volumes")
-	_, ok = f.Report("node1", "v")
+	_, ok = f.Guests.Report("node1", "v")
 	assert.False(t, ok, "a Volume report is no guest report")
 }
 
 func TestReportsPresentAtStartAreDelivered(t *testing.T) {
 	b := bus.NewFake()
-	b.SetReport(report("node1", "g", "Running"))
-	b.SetVolumeReport(bus.VolumeReportEvent{Node: "node1", UID: "v", Report: wire.VolumeReport{UID: "v", Gone: true}})
+	report("node1", "g", "Running")(b)
+	bus.SetValue(b, wire.VolumeReports, "node1", "v", wire.VolumeReport{UID: "v", Gone: true})
 	b.SetNode(heartbeat("node1", 4))
 
 	f := newTestFleet(t, b)
 
-	_, ok := f.Report("node1", "g")
+	_, ok := f.Guests.Report("node1", "g")
 	assert.True(t, ok, "a guest report stored before the hub started")
-	_, ok = f.VolumeReport("node1", "v")
+	_, ok = f.Volumes.Report("node1", "v")
 	assert.True(t, ok, "a Volume report stored before the hub started")
 	assert.Contains(t, f.volumes.take(), "v", "Volume subscribers hear of reports present at start")
 	assert.False(t, f.Node("node1").Lost)
@@ -207,8 +243,8 @@ func TestReportsPresentAtStartAreDelivered(t *testing.T) {
 
 func TestNodes(t *testing.T) {
 	f := newTestFleet(t, bus.NewFake())
-	f.bus.SetReport(report("node1", "on-1", "Running"))
-	f.bus.SetReport(report("node2", "on-2", "Running"))
+	report("node1", "on-1", "Running")(f.bus)
+	report("node2", "on-2", "Running")(f.bus)
 	f.guests.take()
 
 	t.Run("AHeartbeatMakesANodeLiveAndJoinsIt", func(t *testing.T) {

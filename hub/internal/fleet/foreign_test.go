@@ -6,7 +6,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -49,8 +48,8 @@ func (r *events) messages() []string {
 // hold up a deletion, and is counted and shown once per revision.
 func TestForeignReports(t *testing.T) {
 	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "web", UID: types.UID("g")}}
-	spoof := func(f *testFleet, phase wire.Phase) { f.bus.SetReport(report("node1", "g", phase)) }
-	unspoof := func(f *testFleet) { f.bus.SetReport(bus.ReportEvent{Node: "node1", UID: "g", Deleted: true}) }
+	spoof := func(f *testFleet, phase wire.Phase) { report("node1", "g", phase)(f.bus) }
+	unspoof := func(f *testFleet) { unreport("node1", "g")(f.bus) }
 	put := "Warning ForeignReport: node node1 sent a report of this VirtualMachine, which is placed on node node2; the hub ignores it"
 	del := "Warning ForeignReport: node node1 deleted its report of this VirtualMachine, which is placed on node node2; the hub ignores it"
 
@@ -63,14 +62,14 @@ func TestForeignReports(t *testing.T) {
 		wantDels  float64
 	}{
 		"TheNodeItIsPlacedOnIsRead": {
-			do:        func(f *testFleet) { f.bus.SetReport(report("node2", "g", "Running")) },
+			do:        func(f *testFleet) { report("node2", "g", "Running")(f.bus) },
 			wantPhase: "Running",
 		},
 		"AnotherNodesReportIsNotReadAndIsFlaggedOnce": {
 			do: func(f *testFleet) {
-				f.bus.SetReport(report("node2", "g", "Running"))
+				report("node2", "g", "Running")(f.bus)
 				spoof(f, "Failed")
-				f.FlagForeign(KindVM, vm, "node2")
+				f.Guests.FlagForeign(vm, "node2")
 			},
 			wantPhase: "Running",
 			wantFlags: []string{put},
@@ -79,7 +78,7 @@ func TestForeignReports(t *testing.T) {
 		"EachRevisionOfAForeignReportIsFlagged": {
 			do: func(f *testFleet) {
 				spoof(f, "Failed")
-				f.FlagForeign(KindVM, vm, "node2")
+				f.Guests.FlagForeign(vm, "node2")
 				spoof(f, "Stopped")
 			},
 			wantFlags: []string{put, put},
@@ -87,9 +86,9 @@ func TestForeignReports(t *testing.T) {
 		},
 		"AForeignDeleteCannotTakeThePlacedNodesReport": {
 			do: func(f *testFleet) {
-				f.bus.SetReport(report("node2", "g", "Running"))
+				report("node2", "g", "Running")(f.bus)
 				spoof(f, "Failed")
-				f.FlagForeign(KindVM, vm, "node2")
+				f.Guests.FlagForeign(vm, "node2")
 				unspoof(f)
 			},
 			wantPhase: "Running",
@@ -104,7 +103,7 @@ func TestForeignReports(t *testing.T) {
 		"NothingIsFlaggedBeforeItIsPlaced": {
 			do: func(f *testFleet) {
 				spoof(f, "Running")
-				f.FlagForeign(KindVM, vm)
+				f.Guests.FlagForeign(vm)
 			},
 			// Flagged once the VM is placed: the check below.
 			wantFlags: []string{put},
@@ -119,19 +118,13 @@ func TestForeignReports(t *testing.T) {
 			f.WithRecorder(rec)
 
 			tc.do(f)
-			f.FlagForeign(KindVM, vm, "node2")
+			f.Guests.FlagForeign(vm, "node2")
 
-			r, ok := f.Report("node2", "g")
-			if tc.wantPhase == "" {
-				assert.False(t, ok, "no report of g from node2: %+v", r)
-			} else {
-				require.True(t, ok)
-				assert.Equal(t, tc.wantPhase, r.Report.Phase)
-			}
+			assertPhase(t, f, "node2", "g", tc.wantPhase)
 			assert.Equal(t, tc.wantFlags, rec.messages())
 			assert.Equal(t, tc.wantPuts, testutil.ToFloat64(metrics.ForeignReports.WithLabelValues("VirtualMachine", "node1", OperationPut)))
 			assert.Equal(t, tc.wantDels, testutil.ToFloat64(metrics.ForeignReports.WithLabelValues("VirtualMachine", "node1", OperationDelete)))
-			f.FlagForeign(KindVM, vm, "node2")
+			f.Guests.FlagForeign(vm, "node2")
 			assert.Empty(t, rec.messages(), "each report is flagged once")
 		})
 	}
@@ -147,18 +140,16 @@ func TestForeignVolumeAndImageReports(t *testing.T) {
 	v := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "data", UID: types.UID("v")}}
 	img := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "ubuntu", UID: types.UID("i")}}
 
-	f.bus.SetVolumeReport(bus.VolumeReportEvent{Node: "node1", UID: "v", Report: wire.VolumeReport{UID: "v", Gone: true}})
-	f.FlagForeign(KindVolume, v, "node2")
-	_, ok := f.VolumeReport("node2", "v")
+	bus.SetValue(f.bus, wire.VolumeReports, "node1", "v", wire.VolumeReport{UID: "v", Gone: true})
+	f.Volumes.FlagForeign(v, "node2")
+	_, ok := f.Volumes.Report("node2", "v")
 	assert.False(t, ok, "node1 saying the volume is gone does not make it gone on node2")
 
 	for _, n := range []string{"node1", "node2", "node3"} {
-		f.bus.SetImageReport(bus.ImageReportEvent{Node: n, UID: "i", Report: wire.ImageReport{UID: "i", Node: n, Phase: wire.ImagePhaseReady}})
+		bus.SetValue(f.bus, wire.ImageReports, n, "i", wire.ImageReport{UID: "i", Node: n, Phase: wire.ImagePhaseReady})
 	}
-	f.FlagForeign(KindImage, img, "node2", "node3")
-	got := f.ImageReports("i", "node2", "node3")
-	require.Len(t, got, 2)
-	assert.Equal(t, []string{"node2", "node3"}, []string{got[0].Node, got[1].Node})
+	f.Images.FlagForeign(img, "node2", "node3")
+	assert.Equal(t, []string{"node1", "node2", "node3"}, f.Images.Reporters("i"), "every node's report is kept")
 
 	assert.Equal(t, []string{
 		"Warning ForeignReport: node node1 sent a report of this Volume, which is placed on node node2; the hub ignores it",

@@ -15,7 +15,7 @@ import (
 )
 
 // imageFleet runs a Fleet over a fake bus and records the image uids its
-// SubscribeImages hook is called with.
+// Images subscribers are called with.
 type imageFleet struct {
 	*Fleet
 	bus *bus.Fake
@@ -28,7 +28,7 @@ func startImageFleet(t *testing.T) *imageFleet {
 	t.Helper()
 	b := bus.NewFake()
 	f := &imageFleet{Fleet: New(b, logging.NewNopLogger()), bus: b}
-	f.SubscribeImages(func(uid string) {
+	f.Images.Subscribe(func(uid string) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.woken = append(f.woken, uid)
@@ -53,19 +53,19 @@ func (f *imageFleet) wokenFor(uid string) int {
 }
 
 func (f *imageFleet) report(node, uid string, phase wire.ImagePhase, size int64, msg string) {
-	f.bus.SetImageReport(bus.ImageReportEvent{Node: node, UID: uid, Report: wire.ImageReport{
-		ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: node, Phase: phase, SizeBytes: size, Message: msg,
-	}})
+	bus.SetValue(f.bus, wire.ImageReports, node, uid, wire.ImageReport{
+		UID: uid, Node: node, Phase: phase, SizeBytes: size, Message: msg,
+	})
 }
 
 func (f *imageFleet) gone(node, uid string) {
-	f.bus.SetImageReport(bus.ImageReportEvent{Node: node, UID: uid, Deleted: true})
+	bus.DeleteValue(f.bus, wire.ImageReports, node, uid)
 }
 
-// reported is the nodes and phases ImageReports returns for uid.
+// reported is the nodes and phases Images.All returns for uid.
 func (f *imageFleet) reported(uid string) map[string]wire.ImagePhase {
 	out := map[string]wire.ImagePhase{}
-	for _, r := range f.ImageReports(uid, allNodes...) {
+	for _, r := range f.Images.All(uid) {
 		out[r.Node] = r.Report.Phase
 	}
 	return out
@@ -77,8 +77,8 @@ func TestImageReports(t *testing.T) {
 			f.report("node2", "img-1", wire.ImagePhaseReady, 4, "")
 			f.report("node1", "img-1", wire.ImagePhaseImporting, 0, "importing image ubuntu: 1 of 4 bytes")
 			f.report("node1", "img-2", wire.ImagePhaseReady, 8, "")
-			require.Eventually(t, func() bool { return len(f.ImageReports("img-1", allNodes...)) == 2 }, 5*time.Second, 5*time.Millisecond)
-			got := f.ImageReports("img-1", allNodes...)
+			require.Eventually(t, func() bool { return len(f.Images.All("img-1")) == 2 }, 5*time.Second, 5*time.Millisecond)
+			got := f.Images.All("img-1")
 			assert.Equal(t, []string{"node1", "node2"}, []string{got[0].Node, got[1].Node})
 			assert.Equal(t, "importing image ubuntu: 1 of 4 bytes", got[0].Report.Message)
 			assert.Equal(t, int64(4), got[1].Report.SizeBytes)
@@ -89,17 +89,17 @@ func TestImageReports(t *testing.T) {
 			f.report("node1", "img-1", wire.ImagePhaseImporting, 0, "importing")
 			f.report("node1", "img-1", wire.ImagePhaseReady, 4, "")
 			require.Eventually(t, func() bool { return f.reported("img-1")["node1"] == wire.ImagePhaseReady }, 5*time.Second, 5*time.Millisecond)
-			assert.Len(t, f.ImageReports("img-1", allNodes...), 1)
+			assert.Len(t, f.Images.All("img-1"), 1)
 		},
 		"ADeletedReportTakesOnlyThatNodesCopy": func(t *testing.T, f *imageFleet) {
 			f.report("node1", "img-1", wire.ImagePhaseReady, 4, "")
 			f.report("node2", "img-1", wire.ImagePhaseReady, 4, "")
 			f.gone("node1", "img-1")
-			require.Eventually(t, func() bool { return len(f.ImageReports("img-1", allNodes...)) == 1 }, 5*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return len(f.Images.All("img-1")) == 1 }, 5*time.Second, 5*time.Millisecond)
 			assert.Equal(t, map[string]wire.ImagePhase{"node2": wire.ImagePhaseReady}, f.reported("img-1"))
 			f.gone("node2", "img-1")
-			require.Eventually(t, func() bool { return len(f.ImageReports("img-1", allNodes...)) == 0 }, 5*time.Second, 5*time.Millisecond)
-			assert.NotNil(t, f.ImageReports("img-1", allNodes...), "no reports is an empty list")
+			require.Eventually(t, func() bool { return len(f.Images.All("img-1")) == 0 }, 5*time.Second, 5*time.Millisecond)
+			assert.NotNil(t, f.Images.All("img-1"), "no reports is an empty list")
 		},
 		"EveryChangeWakesTheImagesSubscribers": func(t *testing.T, f *imageFleet) {
 			f.report("node1", "img-1", wire.ImagePhaseImporting, 0, "importing")
@@ -112,9 +112,9 @@ func TestImageReports(t *testing.T) {
 		},
 		"ImageReportsAreNotGuestOrVolumeReports": func(t *testing.T, f *imageFleet) {
 			f.report("node1", "img-1", wire.ImagePhaseReady, 4, "")
-			require.Eventually(t, func() bool { return len(f.ImageReports("img-1", allNodes...)) == 1 }, 5*time.Second, 5*time.Millisecond)
-			_, isGuest := f.Report("node1", "img-1")
-			_, isVolume := f.VolumeReport("node1", "img-1")
+			require.Eventually(t, func() bool { return len(f.Images.All("img-1")) == 1 }, 5*time.Second, 5*time.Millisecond)
+			_, isGuest := f.Guests.Report("node1", "img-1")
+			_, isVolume := f.Volumes.Report("node1", "img-1")
 			assert.False(t, isGuest)
 			assert.False(t, isVolume)
 		},
@@ -129,20 +129,16 @@ func TestImageReports(t *testing.T) {
 			// The fake's watch delivers the current state first, as a
 			// restarted hub reads the bucket.
 			b := bus.NewFake()
-			b.SetImageReport(bus.ImageReportEvent{Node: "node3", UID: "img-9", Report: wire.ImageReport{UID: "img-9", Node: "node3", Phase: wire.ImagePhaseReady}})
+			bus.SetValue(b, wire.ImageReports, "node3", "img-9", wire.ImageReport{UID: "img-9", Node: "node3", Phase: wire.ImagePhaseReady})
 			g := New(b, logging.NewNopLogger())
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() { g.Run(ctx); close(done) }()
 			defer func() { cancel(); <-done }()
-			require.Eventually(t, func() bool { return len(g.ImageReports("img-9", allNodes...)) == 1 }, 5*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return len(g.Images.All("img-9")) == 1 }, 5*time.Second, 5*time.Millisecond)
 		},
 	}
 	for name, run := range cases {
 		t.Run(name, func(t *testing.T) { run(t, startImageFleet(t)) })
 	}
 }
-
-// allNodes are every node the tests report from, for ImageReports to take
-// them all.
-var allNodes = []string{"node1", "node2", "node3"}

@@ -1,32 +1,32 @@
 package fleet
 
 import (
-	"context"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 )
 
-// Notifier turns "the report of guest uid changed" (Fleet.Subscribe) into a
-// reconcile of its VirtualMachine, so status follows the node at once instead of at the next
-// poll. It learns which VM a uid belongs to when the VM is reconciled; a
+// Notifier turns "the report of guest uid changed" (Fleet.Guests.Subscribe)
+// into a reconcile of its VirtualMachine, so status follows the node at once
+// instead of at the next poll. It learns which VM a uid belongs to when the VM is reconciled; a
 // report for a VM not reconciled since the hub started is picked up by the
 // reconcile every VM gets at start. NewNotifierFor makes one for another
 // kind whose objects nodes report on (Volumes).
 type Notifier struct {
 	newObject func() client.Object
-	keys      sync.Map // uid -> types.NamespacedName
-	pending   sync.Map // uid -> struct{}: a NotifyAfter timer is running
-	events    chan ctrlevent.GenericEvent
+	// keys name the object of each uid; their owner forgets an object's
+	// once it is gone.
+	keys    *perobject.Map[types.NamespacedName]
+	pending sync.Map // uid -> struct{}: a NotifyAfter timer is running
+	events  chan ctrlevent.GenericEvent
 	// onSync are the uids NotifyOnSync holds, by fleet, and subscribed the
 	// fleets it listens to.
 	onSync     sync.Map // syncWait -> struct{}
@@ -40,48 +40,26 @@ type syncWait struct {
 }
 
 // NewNotifier returns a Notifier of VirtualMachines with room for a burst of
-// changes.
-func NewNotifier() *Notifier {
-	return NewNotifierFor(func() client.Object { return &v1alpha1.VirtualMachine{} })
+// changes, whose memory memory owns.
+func NewNotifier(memory *perobject.Owner) *Notifier {
+	return NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachine{} })
 }
 
 // NewNotifierFor returns a Notifier of the kind newObject makes.
-func NewNotifierFor(newObject func() client.Object) *Notifier {
-	return &Notifier{newObject: newObject, events: make(chan ctrlevent.GenericEvent, 8192)}
+func NewNotifierFor(memory *perobject.Owner, newObject func() client.Object) *Notifier {
+	return &Notifier{newObject: newObject, keys: perobject.NewMap[types.NamespacedName](memory), events: make(chan ctrlevent.GenericEvent, 8192)}
 }
 
 // Remember records which object uid names; call it whenever o is reconciled.
 func (n *Notifier) Remember(o client.Object) {
-	n.keys.Store(string(o.GetUID()), types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()})
+	n.keys.Store(o.GetUID(), types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()})
 }
 
 // RememberAs records that reports about uid concern o, an object other than
-// the one of that uid (a migration of the VM uid).
+// the one of that uid (a migration of the VM uid). It is forgotten with the
+// object of uid.
 func (n *Notifier) RememberAs(uid string, o client.Object) {
-	n.keys.Store(uid, types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()})
-}
-
-// Forget drops what Remember recorded of uid; WhenGone calls it once the
-// object is gone, so the Notifier holds only objects that exist.
-func (n *Notifier) Forget(uid string) {
-	n.keys.Delete(uid)
-}
-
-// WhenGone is an event handler for a controller's own kind that calls each
-// of forget with the uid of an object once it leaves the informer cache
-// (its last finalizer removed, or a relist that no longer finds it), and
-// queues nothing. What a controller remembers by uid (a Notifier's keys,
-// the intent last published) would otherwise grow with every object the hub
-// ever reconciled; no reconcile can clean it up, since the next one finds
-// nothing to reconcile.
-func WhenGone(forget ...func(uid string)) handler.EventHandler {
-	return handler.Funcs{
-		DeleteFunc: func(_ context.Context, e ctrlevent.DeleteEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			for _, f := range forget {
-				f(string(e.Object.GetUID()))
-			}
-		},
-	}
+	n.keys.Store(types.UID(uid), types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()})
 }
 
 // Source is the controller source the notifications arrive on.
@@ -92,11 +70,10 @@ func (n *Notifier) Source() source.Source {
 // Notify queues a reconcile of the object of uid. It never blocks the watch that
 // calls it: when the queue is full the change waits for the next poll.
 func (n *Notifier) Notify(uid string) {
-	v, ok := n.keys.Load(uid)
+	key, ok := n.keys.Load(types.UID(uid))
 	if !ok {
 		return
 	}
-	key := v.(types.NamespacedName) //nolint:forcetypeassert // only Remember stores here
 	obj := n.newObject()
 	obj.SetNamespace(key.Namespace)
 	obj.SetName(key.Name)

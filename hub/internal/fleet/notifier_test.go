@@ -12,6 +12,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 )
 
 // TestNotifyOnSync: a VM whose write to the bus failed while the server was
@@ -19,7 +20,7 @@ import (
 // again, once, and not before.
 func TestNotifyOnSync(t *testing.T) {
 	f := newTestFleet(t, bus.NewFake())
-	n := NewNotifier()
+	n := NewNotifier(perobject.NewOwner(nil))
 	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "uid-web"}}
 	n.Remember(vm)
 	notified := func() []types.NamespacedName {

@@ -6,16 +6,15 @@ import (
 	"strings"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-)
 
-// reportKey is one node's report of one uid.
-type reportKey struct{ uid, node string }
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+)
 
 // Orphan is a guest a node keeps without a VM: released from the VM
 // Namespace/Name, reported under UID on Node.
 type Orphan struct {
 	Node, UID string
-	Report    Report
+	Report    Report[wire.Report]
 }
 
 // ErrReportsNotSynced is returned while the hub has not read every report
@@ -36,8 +35,8 @@ func (f *Fleet) Orphan(namespace, name string) (Orphan, bool, error) {
 		return Orphan{}, false, ErrReportsNotSynced
 	}
 	var found []Orphan
-	for k := range f.orphans {
-		r := f.reports[k.uid][k.node]
+	for k := range f.Guests.indexed {
+		r := f.Guests.byUID[k.uid][k.node]
 		o := r.Report.Orphan
 		if o.Namespace != namespace || o.Name != name || f.nodes[k.node].Lost ||
 			!hmac.Equal([]byte(o.Seal), []byte(f.OrphanSeal(k.uid, k.node, o.Namespace, o.Name))) {

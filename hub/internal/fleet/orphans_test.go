@@ -17,50 +17,51 @@ import (
 func TestOrphan(t *testing.T) {
 	// sealed is the orphan report of a release the hub sealed for
 	// sealedNode and sealedName (the fleets here have no key).
-	sealed := func(node, uid, name, sealedNode, sealedName string) bus.ReportEvent {
-		return bus.ReportEvent{Node: node, UID: uid, Report: wire.Report{
-			ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: node, Phase: wire.PhaseRunning,
+	sealed := func(node, uid, name, sealedNode, sealedName string) bus.Entry {
+		return entry(wire.GuestReports, node, uid, &wire.Report{
+			UID: uid, Node: node, Phase: wire.PhaseRunning,
 			Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: name, Seal: (&Fleet{}).OrphanSeal(uid, sealedNode, "default", sealedName)},
-		}}
+		})
 	}
-	orphanOf := func(node, uid, name string) bus.ReportEvent { return sealed(node, uid, name, node, name) }
-	unsealed := func(node, uid, name string) bus.ReportEvent {
-		e := orphanOf(node, uid, name)
-		e.Report.Orphan.Seal = ""
-		return e
+	orphanOf := func(node, uid, name string) bus.Entry { return sealed(node, uid, name, node, name) }
+	unsealed := func(node, uid, name string) bus.Entry {
+		return entry(wire.GuestReports, node, uid, &wire.Report{
+			UID: uid, Node: node, Phase: wire.PhaseRunning,
+			Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: name},
+		})
 	}
-	managedBy := func(node, uid string) bus.ReportEvent {
-		return bus.ReportEvent{Node: node, UID: uid, Report: wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: node, Phase: wire.PhaseRunning}}
+	managedBy := func(node, uid string) bus.Entry {
+		return entry(wire.GuestReports, node, uid, &wire.Report{UID: uid, Node: node, Phase: wire.PhaseRunning})
 	}
-	gone := func(node, uid string) bus.ReportEvent { return bus.ReportEvent{Node: node, UID: uid, Deleted: true} }
+	gone := func(node, uid string) bus.Entry { return entry[wire.Report](wire.GuestReports, node, uid, nil) }
 	cases := map[string]struct {
-		events   []bus.ReportEvent
+		events   []bus.Entry
 		lost     string
 		unsynced bool
 		want     *Orphan
 		wantErr  error
 	}{
-		"NoneBeforeTheReportsAreRead": {events: []bus.ReportEvent{orphanOf("n1", "a", "web")}, unsynced: true, wantErr: ErrReportsNotSynced},
-		"TheOrphanOfThatName":         {events: []bus.ReportEvent{orphanOf("n1", "a", "web"), orphanOf("n2", "b", "db")}, want: &Orphan{Node: "n1", UID: "a"}},
-		"OfSeveralTheLowestUID":       {events: []bus.ReportEvent{orphanOf("n2", "b", "web"), orphanOf("n1", "a", "web")}, want: &Orphan{Node: "n1", UID: "a"}},
-		"NoneOnALostNode":             {events: []bus.ReportEvent{orphanOf("n1", "a", "web")}, lost: "n1"},
-		"NoneOnceItsReportIsDeleted":  {events: []bus.ReportEvent{orphanOf("n1", "a", "web"), gone("n1", "a")}},
+		"NoneBeforeTheReportsAreRead": {events: []bus.Entry{orphanOf("n1", "a", "web")}, unsynced: true, wantErr: ErrReportsNotSynced},
+		"TheOrphanOfThatName":         {events: []bus.Entry{orphanOf("n1", "a", "web"), orphanOf("n2", "b", "db")}, want: &Orphan{Node: "n1", UID: "a"}},
+		"OfSeveralTheLowestUID":       {events: []bus.Entry{orphanOf("n2", "b", "web"), orphanOf("n1", "a", "web")}, want: &Orphan{Node: "n1", UID: "a"}},
+		"NoneOnALostNode":             {events: []bus.Entry{orphanOf("n1", "a", "web")}, lost: "n1"},
+		"NoneOnceItsReportIsDeleted":  {events: []bus.Entry{orphanOf("n1", "a", "web"), gone("n1", "a")}},
 		"NoneOnceTheGuestIsManagedAgain": {
-			events: []bus.ReportEvent{orphanOf("n1", "a", "web"), managedBy("n1", "a")},
+			events: []bus.Entry{orphanOf("n1", "a", "web"), managedBy("n1", "a")},
 		},
-		"AManagedGuestIsNone":                   {events: []bus.ReportEvent{managedBy("n1", "a")}},
-		"AnOrphanTheHubDidNotReleaseIsNone":     {events: []bus.ReportEvent{unsealed("n1", "a", "web")}},
-		"AnOrphanReleasedFromAnotherNameIsNone": {events: []bus.ReportEvent{sealed("n1", "a", "web", "n1", "db")}},
-		"AnOrphanReleasedOnAnotherNodeIsNone":   {events: []bus.ReportEvent{sealed("n1", "a", "web", "n2", "web")}},
+		"AManagedGuestIsNone":                   {events: []bus.Entry{managedBy("n1", "a")}},
+		"AnOrphanTheHubDidNotReleaseIsNone":     {events: []bus.Entry{unsealed("n1", "a", "web")}},
+		"AnOrphanReleasedFromAnotherNameIsNone": {events: []bus.Entry{sealed("n1", "a", "web", "n1", "db")}},
+		"AnOrphanReleasedOnAnotherNodeIsNone":   {events: []bus.Entry{sealed("n1", "a", "web", "n2", "web")}},
 		"AForgedOrphanDoesNotHideTheRealOne": {
-			events: []bus.ReportEvent{unsealed("n1", "a", "web"), orphanOf("n2", "b", "web")}, want: &Orphan{Node: "n2", UID: "b"},
+			events: []bus.Entry{unsealed("n1", "a", "web"), orphanOf("n2", "b", "web")}, want: &Orphan{Node: "n2", UID: "b"},
 		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			f := New(bus.NewFake(), logging.NewNopLogger())
 			if !tc.unsynced {
-				f.onReport(bus.ReportEvent{Synced: true})
+				require.NoError(t, f.onReport(bus.Entry{Synced: true}))
 			}
 			for _, n := range []string{"n1", "n2"} {
 				f.onNode(bus.NodeEvent{Node: n, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt"}})
@@ -69,7 +70,7 @@ func TestOrphan(t *testing.T) {
 				f.onNode(bus.NodeEvent{Node: tc.lost, Lost: true})
 			}
 			for _, e := range tc.events {
-				f.onReport(e)
+				require.NoError(t, f.onReport(e))
 			}
 
 			got, found, err := f.Orphan("default", "web")
@@ -100,8 +101,8 @@ func TestSyncedSubscribersHearEveryCatchUp(t *testing.T) {
 	_, _, err := f.Orphan("default", "web")
 	require.ErrorIs(t, err, ErrReportsNotSynced)
 
-	f.onReport(bus.ReportEvent{Synced: true})
-	f.onReport(bus.ReportEvent{Synced: true}) // a watch resumed after a reconnect
+	require.NoError(t, f.onReport(bus.Entry{Synced: true}))
+	require.NoError(t, f.onReport(bus.Entry{Synced: true})) // a watch resumed after a reconnect
 
 	assert.Equal(t, 2, syncs)
 	assert.Zero(t, nodes, "no node changed")

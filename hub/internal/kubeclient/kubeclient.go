@@ -1,15 +1,13 @@
 // Package kubeclient is the one place where the hub economises on API
-// writes. The hub's throughput is bounded by the API server's write rate
-// (make bench measures that limit in the same run), so every mechanism here
-// saves writes, and each says what it saves:
+// writes. The hub's throughput is bounded by the API server's write rate,
+// so every mechanism here saves writes, and each says what it saves:
 //
 //   - Unchanged status writes are skipped (Client.Status().Update).
 //     crossplane-runtime's managed reconciler ends every reconcile with a
 //     status update, changed or not; the API server answers an unchanged
 //     one without touching etcd, but it still counts against the client's
 //     rate limit and the server's load. In a burst most reconciles end
-//     with a status unchanged, so most of these updates are skipped here
-//     (bench -debug shows reconciles against status writes).
+//     with a status unchanged, so most of these updates are skipped here.
 //
 //   - Read your writes (awaitCache): after a write, the writer waits until
 //     the informer cache holds what it wrote. The cache-backed client
@@ -24,8 +22,7 @@
 //     is. The caller says by a comparison which content may be dropped; a
 //     status with anything else in it (a reconcile error) is written. It
 //     saves one status write per VM whose node reports within the hold,
-//     so the hold is sized to cover a node's report in a burst (make bench
-//     counts the status writes per VM; see bench/results).
+//     so the hold is sized to cover a node's report in a burst.
 //
 //   - Writes that can only conflict are not sent (superseded): a write
 //     from a copy of an object that this client has itself written over
@@ -33,10 +30,9 @@
 //     from) is refused here with the Conflict the API server would answer.
 //     That happens when the cache lags behind the hub's own writes by more
 //     than awaitCache waits, and the retry (ControllerRateLimiter: 50 ms,
-//     doubling) reads the same stale copy again. On a slow, loaded
-//     machine a large burst otherwise sends many such writes, each one a
-//     request the API server decodes only to answer 409 (make bench lists
-//     the 409s by request).
+//     doubling) reads the same stale copy again. When the cache lags, a
+//     burst otherwise sends many such writes, each one a request the API
+//     server decodes only to answer 409.
 //
 // And ControllerRateLimiter sets how soon a reconcile that lost a conflict
 // is retried.
@@ -45,26 +41,26 @@ package kubeclient
 import (
 	"context"
 	"math"
-	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 )
 
 // ForManager returns mgr with the Client of this package in place of its
-// own; GetClient returns a *Client.
-func ForManager(mgr ctrl.Manager) ctrl.Manager {
-	return &manager{Manager: mgr, client: NewClient(mgr.GetClient(), mgr.GetCache())}
+// own; GetClient returns a *Client whose memory of each object memory owns.
+func ForManager(mgr ctrl.Manager, memory *perobject.Owner) ctrl.Manager {
+	return &manager{Manager: mgr, client: NewClient(mgr.GetClient(), mgr.GetCache(), memory)}
 }
 
 type manager struct {
@@ -85,32 +81,21 @@ func (m *manager) GetClient() client.Client { return m.client }
 // status write produced (or it has made none), and the cache holds exactly
 // that version. Anything else is written, and a stale write fails with a
 // conflict as it would have anyway.
-func NewClient(c client.Client, cache client.Reader) *Client {
-	return &Client{Client: c, cache: cache}
+func NewClient(c client.Client, cache client.Reader, memory *perobject.Owner) *Client {
+	return &Client{Client: c, cache: cache, memory: memory, written: perobject.NewMap[write](memory), holds: perobject.NewMap[*hold](memory)}
 }
 
 // Client is a client.Client that spares the writes described in the
 // package's documentation.
 type Client struct {
 	client.Client
-	cache client.Reader
+	cache  client.Reader
+	memory *perobject.Owner
 	// written is each object's last write by this client (see write).
-	written sync.Map // types.UID -> write
+	written *perobject.Map[write]
 	// holds are the objects whose next status write may be dropped.
-	holds sync.Map // types.UID -> *hold
-
-	// gone are the objects forgotten in the last goneFor, so that a write
-	// that was in flight when its object went is not recorded after the
-	// object was forgotten: nothing would forget it again. mu orders such
-	// a record with Forget.
-	mu        sync.Mutex
-	gone      map[types.UID]time.Time
-	lastSweep time.Time
+	holds *perobject.Map[*hold]
 }
-
-// goneFor is how long a forgotten object's writes are not recorded: far
-// longer than a write takes.
-const goneFor = time.Minute
 
 // Direct is c without the wait for the cache, for writers that never read
 // their own writes back (the placement loop: a VM it bound leaves its
@@ -133,11 +118,11 @@ type direct struct {
 }
 
 // Update forgets an object whose last finalizer it removes: the object is
-// gone once the update lands, and the hub must not remember every object it
-// ever saw (Forget covers the objects that go without such a write).
+// gone once the update lands (the memory's owner forgets the objects that
+// go without such a write once its informer sees them go).
 func (d *direct) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
 	if obj.GetDeletionTimestamp() != nil && len(obj.GetFinalizers()) == 0 {
-		d.s.Forget(string(obj.GetUID()))
+		d.s.memory.Forget(obj.GetUID())
 		return d.Client.Update(ctx, obj, opts...)
 	}
 	if d.s.superseded(obj) {
@@ -167,12 +152,9 @@ type write struct{ from, made string }
 
 // wrote records a write of obj, which now holds the version it made, from
 // the version from.
+// A write that returns after its object went is not recorded (see
+// perobject.Map.Store).
 func (s *Client) wrote(obj client.Object, from string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, gone := s.gone[obj.GetUID()]; gone {
-		return
-	}
 	s.written.Store(obj.GetUID(), write{from: from, made: obj.GetResourceVersion()})
 }
 
@@ -187,12 +169,8 @@ func (s *Client) superseded(obj client.Object) bool {
 	if rv == "" {
 		return false
 	}
-	v, ok := s.written.Load(obj.GetUID())
-	if !ok {
-		return false
-	}
-	w := v.(write) //nolint:forcetypeassert // only wrote stores here
-	return w.from == rv && w.made != rv
+	w, ok := s.written.Load(obj.GetUID())
+	return ok && w.from == rv && w.made != rv
 }
 
 // conflict is the error the API server answers a write from a superseded
@@ -227,7 +205,7 @@ type hold struct {
 // Every such write is dropped, not only the first: a VM is reconciled again
 // before its node's report for other reasons (its Volume's binding), and
 // that reconcile would write the Scheduled status the first one had
-// dropped (make bench shows it for a few VMs of a burst).
+// dropped.
 func (s *Client) Hold(obj client.Object, d time.Duration, drop func(client.Object) bool) {
 	s.holds.Store(obj.GetUID(), &hold{until: time.Now().Add(d), drop: drop})
 }
@@ -235,15 +213,14 @@ func (s *Client) Hold(obj client.Object, d time.Duration, drop func(client.Objec
 // held reports whether the status write of obj is to be dropped; the hold
 // ends when it is not.
 func (s *Client) held(obj client.Object) bool {
-	v, ok := s.holds.Load(obj.GetUID())
+	h, ok := s.holds.Load(obj.GetUID())
 	if !ok {
 		return false
 	}
-	h := v.(*hold) //nolint:forcetypeassert // only Hold stores here
 	if time.Now().Before(h.until) && h.drop(obj) {
 		return true
 	}
-	s.holds.CompareAndDelete(obj.GetUID(), v)
+	s.holds.CompareAndDelete(obj.GetUID(), h)
 	return false
 }
 
@@ -310,14 +287,13 @@ func (s *Client) awaitCache(ctx context.Context, obj client.Object, before strin
 // each time up to 32 ms, until cacheWait. A look is a cache read and a deep
 // copy of the object. An idle cache is barely behind; a busy one falls much
 // further behind, and looking at the shortest interval throughout would
-// cost a noticeable share of the hub's CPU in a burst (a CPU profile of the
-// hub during one shows it).
+// cost a noticeable share of the hub's CPU in a burst.
 var cachePoll = wait.Backoff{Duration: 2 * time.Millisecond, Factor: 2, Cap: 32 * time.Millisecond, Steps: math.MaxInt32}
 
 // unchanged reports whether obj's status equals that of the version of obj
 // the cache holds, and that version is the newest this client knows of.
 func (s *Client) unchanged(ctx context.Context, obj client.Object) bool {
-	if w, ok := s.written.Load(obj.GetUID()); ok && w.(write).made != obj.GetResourceVersion() { //nolint:forcetypeassert // only wrote stores here
+	if w, ok := s.written.Load(obj.GetUID()); ok && w.made != obj.GetResourceVersion() {
 		return false
 	}
 	cached, ok := obj.DeepCopyObject().(client.Object)
@@ -362,46 +338,4 @@ func (s *Client) Patch(ctx context.Context, obj client.Object, patch client.Patc
 	}
 	s.awaitCache(ctx, obj, before)
 	return nil
-}
-
-// Forget drops what the client remembers of the object of uid: its last
-// write and a hold. Update forgets an object whose last finalizer it
-// removes; one that goes without such a write (a VM released while
-// --cascade=orphan's finalizer is still on it, a finalizer stripped by
-// hand) is forgotten here, from fleet.WhenGone, once it is gone.
-func (s *Client) Forget(uid string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.written.Delete(types.UID(uid))
-	s.holds.Delete(types.UID(uid))
-	now := time.Now()
-	if s.gone == nil {
-		s.gone = map[types.UID]time.Time{}
-	}
-	s.gone[types.UID(uid)] = now
-	if now.Sub(s.lastSweep) < goneFor/4 {
-		return
-	}
-	s.lastSweep = now
-	for u, at := range s.gone {
-		if now.Sub(at) > goneFor {
-			delete(s.gone, u)
-		}
-	}
-}
-
-// Forgetter is c's Forget, or a function that does nothing for a client
-// that is no *Client (a controller's tests may run on a plain one).
-func Forgetter(c client.Client) func(uid string) {
-	if k, ok := c.(*Client); ok {
-		return k.Forget
-	}
-	return func(string) {}
-}
-
-// Remembers reports whether the client holds anything of the object of uid.
-func (s *Client) Remembers(uid types.UID) bool {
-	_, w := s.written.Load(uid)
-	_, h := s.holds.Load(uid)
-	return w || h
 }

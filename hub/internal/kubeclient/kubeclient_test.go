@@ -2,7 +2,6 @@ package kubeclient
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 )
 
@@ -53,7 +53,7 @@ func TestSkipUnchangedStatus(t *testing.T) {
 	informers, ctx := cp.InformersForTest(t)
 
 	var sent atomic.Int32
-	c := NewClient(counting{Client: cp.Client, n: &sent}, informers)
+	c := NewClient(counting{Client: cp.Client, n: &sent}, informers, perobject.NewOwner(nil))
 
 	n := &v1alpha1.VirtualNetwork{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "net"},
@@ -224,7 +224,7 @@ func TestAwaitCacheReturnsOnceTheCacheHasTheWrite(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cache := &laggingCache{since: time.Now(), lag: tc.lag}
-			c := NewClient(nil, cache)
+			c := NewClient(nil, cache, perobject.NewOwner(nil))
 			written := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", ResourceVersion: "2"}}
 
 			start := time.Now()
@@ -243,37 +243,8 @@ func TestAwaitCacheReturnsOnceTheCacheHasTheWrite(t *testing.T) {
 	}
 }
 
-// TestAWriteThatReturnsAfterItsObjectWentIsNotRemembered pins that a write
-// in flight when its object went (its finalizer stripped, fleet.WhenGone
-// calling Forget) is not recorded once it returns: nothing would forget it
-// again, and the hub would remember the gone object for good.
-func TestAWriteThatReturnsAfterItsObjectWentIsNotRemembered(t *testing.T) {
-	c := NewClient(nil, nil)
-	cases := []struct {
-		name   string
-		forget bool
-		want   bool
-	}{
-		{name: "a write of an object not forgotten is remembered", want: true},
-		{name: "a write returning after its object was forgotten is not", forget: true},
-	}
-	for i, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			n := &v1alpha1.VirtualNetwork{ObjectMeta: metav1.ObjectMeta{UID: types.UID(fmt.Sprintf("uid-%d", i)), ResourceVersion: "2"}}
-			if tc.forget {
-				c.Forget(string(n.UID))
-			}
-			c.wrote(n, "1")
-			assert.Equal(t, tc.want, c.Remembers(n.UID))
-			c.Forget(string(n.UID))
-			assert.False(t, c.Remembers(n.UID), "forgotten")
-		})
-	}
-}
-
 // lastWritten is the resourceVersion uid's last write made, or "".
 func (s *Client) lastWritten(uid types.UID) string {
 	w, _ := s.written.Load(uid)
-	v, _ := w.(write)
-	return v.made
+	return w.made
 }

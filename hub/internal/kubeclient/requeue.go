@@ -24,7 +24,7 @@ const (
 // reconciler writes a VM several times while creating it, so the next
 // reconcile often reads a cache one write behind. With the default, a VM
 // whose report had arrived would wait a second or more for its status, and
-// a burst would take many times as long (make bench shows it). The cache
+// a burst would take many times as long. The cache
 // catches up far sooner than that, so the first retry comes almost at once;
 // real failures still back off.
 func ControllerRateLimiter() ratelimiter.ControllerRateLimiter {

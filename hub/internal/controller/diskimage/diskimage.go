@@ -42,18 +42,19 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 )
 
 // SetupGated adds the DiskImage controller once the CRD is established, with
 // the nodes' image reports (see NewKind).
-func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, notifier *fleet.Notifier) error {
-	return inuse.SetupGated(mgr, o, NewKind(mgr.GetClient(), pool, notifier))
+func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, notifier *fleet.Notifier, memory *perobject.Owner) error {
+	return inuse.SetupGated(mgr, o, NewKind(mgr.GetClient(), pool, notifier), memory)
 }
 
 // NewKind is Kind with the nodes' image reports: it reads them from the
 // fleets of pool, reached through each DiskImage's ProviderConfig, and is
 // woken by notifier, which the Pool's fleets must feed with
-// Fleet.SubscribeImages.
+// Fleet.Images.Subscribe.
 func NewKind(kube client.Client, pool *fleet.Pool, notifier *fleet.Notifier) inuse.Kind[*v1alpha1.DiskImage] {
 	r := &reports{configs: providerconfig.NewResolver(kube), pool: pool, notifier: notifier}
 	k := Kind
@@ -65,7 +66,6 @@ func NewKind(kube client.Client, pool *fleet.Pool, notifier *fleet.Notifier) inu
 		return observe(ctx, kube, img, users, got)
 	}
 	k.Sources = []source.Source{notifier.Source()}
-	k.Forget = notifier.Forget
 	return k
 }
 
@@ -99,11 +99,12 @@ func (r *reports) of(ctx context.Context, kube client.Reader, img *v1alpha1.Disk
 		return nil, err
 	}
 	placed := placedOn(ctx, kube, img, users)
-	f.FlagForeign(fleet.KindImage, img, placed...)
-	got := f.ImageReports(string(img.UID), placed...)
-	out := make([]wire.ImageReport, 0, len(got))
-	for _, rep := range got {
-		out = append(out, rep.Report)
+	f.Images.FlagForeign(img, placed...)
+	out := make([]wire.ImageReport, 0, len(placed))
+	for _, node := range placed {
+		if rep, ok := f.Images.Report(node, string(img.UID)); ok {
+			out = append(out, rep.Report)
+		}
 	}
 	return out, nil
 }

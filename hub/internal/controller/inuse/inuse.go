@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -40,8 +39,8 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
-	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 )
 
 // TypeInUse is True while other resources use the resource.
@@ -74,17 +73,13 @@ type Kind[T resource.ModernManaged] struct {
 	// Sources are further triggers of reconciles, such as a Notifier's for
 	// the nodes' reports Release waits on.
 	Sources []source.Source
-	// Forget, if set, drops what Observe and Release remember of an object
-	// by uid (a Notifier's keys); it is called once the object is gone.
-	Forget func(uid string)
 	// AwaitsBinding, if set, says that a new user of obj will bind it (write
 	// to it) soon, which reconciles it anyway: a user's creation then does
 	// not wake obj, and one status write shows both the user and the
 	// binding. A Volume that a VM's reconcile binds to the VM's node is one:
 	// in a burst the VM is placed well after its creation, so the user
 	// settle time cannot merge the two, and waking it at the creation
-	// would cost a second status write per VM (make bench counts Volume
-	// status writes per VM; see bench/results).
+	// would cost a second status write per VM.
 	AwaitsBinding func(obj T) bool
 }
 
@@ -151,20 +146,21 @@ func (u User) Users(ctx context.Context, kube client.Reader, namespace, name str
 }
 
 // SetupGated adds the controller once the CRD is established (safe-start).
-func SetupGated[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T]) error {
+func SetupGated[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T], memory *perobject.Owner) error {
 	o.Gate.Register(func() {
-		if err := Setup(mgr, o, k); err != nil {
+		if err := Setup(mgr, o, k, memory); err != nil {
 			panic(errors.Wrapf(err, "cannot set up the %s controller", k.GroupKind))
 		}
 	}, k.GroupVersionKind)
 	return nil
 }
 
-// Setup adds the controller of kind k.
-func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T]) error {
+// Setup adds the controller of kind k, whose memory of each object memory
+// owns.
+func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T], memory *perobject.Owner) error {
 	name := managed.ControllerName(k.GroupKind)
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime still records through the old events API
-	e := &external[T]{kube: mgr.GetClient(), kind: k, recorder: recorder}
+	e := &external[T]{kube: mgr.GetClient(), kind: k, recorder: recorder, released: perobject.NewMap[struct{}](memory)}
 	opts := []managed.ReconcilerOption{
 		managed.WithTypedExternalConnector[T](e),
 		managed.WithLogger(o.Logger.WithValues("controller", name)),
@@ -201,11 +197,6 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	for _, src := range k.Sources {
 		b = b.WatchesRawSource(src)
 	}
-	forget := []func(string){e.forget, kubeclient.Forgetter(mgr.GetClient())}
-	if k.Forget != nil {
-		forget = append(forget, k.Forget)
-	}
-	b = b.Watches(k.New(), fleet.WhenGone(forget...))
 	return b.Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
 }
 
@@ -286,15 +277,9 @@ type external[T resource.ModernManaged] struct {
 	kube     client.Client
 	kind     Kind[T]
 	recorder event.Recorder
-	// released holds the uids of resources being deleted whose Release
-	// succeeded. Losing it (a hub restart) only calls Release once more.
-	released sync.Map
-}
-
-// forget drops what e remembers of uid; fleet.WhenGone calls it once the
-// object is gone.
-func (e *external[T]) forget(uid string) {
-	e.released.Delete(types.UID(uid))
+	// released holds the resources being deleted whose Release succeeded.
+	// Losing it (a hub restart) only calls Release once more.
+	released *perobject.Map[struct{}]
 }
 
 func (e *external[T]) Connect(context.Context, T) (managed.TypedExternalClient[T], error) {

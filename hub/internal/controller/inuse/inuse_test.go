@@ -25,6 +25,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 )
 
 // usesVolumes is a VirtualMachine's use of Volumes, as the index package
@@ -86,7 +87,7 @@ func testExternal(t *testing.T, rel *release, users ...string) (*external[*v1alp
 		k.Release = rel.Release
 	}
 	rec := &fleettest.Recorder{}
-	return &external[*v1alpha1.Volume]{kube: kube, kind: k, recorder: rec}, rec
+	return &external[*v1alpha1.Volume]{kube: kube, kind: k, recorder: rec, released: perobject.NewMap[struct{}](perobject.NewOwner(nil))}, rec
 }
 
 // many is n user names, in the order Users sorts them.

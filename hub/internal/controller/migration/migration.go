@@ -83,7 +83,7 @@ type Options struct {
 	Pool   providerconfig.Fleets
 	Placer *placement.Placer
 	// Notifier wakes a migration when its VM's reports change; it must be
-	// subscribed to every fleet (Fleet.Subscribe).
+	// subscribed to every fleet (Fleet.Guests.Subscribe).
 	Notifier *fleet.Notifier
 	// PerFleet, PerNode and PerNamespace bound the migrations under way at
 	// once in a fleet, per node (as source or target) and per namespace;
@@ -138,8 +138,6 @@ func Setup(mgr ctrl.Manager, o controller.Options, mo Options) error {
 			return r.migrationsOf(ctx, vm.GetNamespace(), vm.GetName())
 		}), builder.WithPredicates(predicate.Funcs{UpdateFunc: func(e ctrlevent.UpdateEvent) bool { return movesOrRuns(e.ObjectOld, e.ObjectNew) }})).
 		WatchesRawSource(mo.Notifier.Source()).
-		// The Notifier knows migrations by their VM's uid.
-		Watches(&v1alpha1.VirtualMachine{}, fleet.WhenGone(mo.Notifier.Forget)).
 		Complete(r)
 }
 
@@ -427,14 +425,14 @@ func (l load) full(o Options, namespace, source string) string {
 func (r *Reconciler) follow(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, m virtualmachine.Migration) (reconcile.Result, error) {
 	uid, source := string(vm.UID), vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	var progress *wire.MigrationReport
-	if rep, ok := f.Report(source, uid); ok && rep.Report.Migration != nil && rep.Report.Migration.ID == m.ID {
+	if rep, ok := f.Guests.Report(source, uid); ok && rep.Report.Migration != nil && rep.Report.Migration.ID == m.ID {
 		progress = rep.Report.Migration
 	}
 	st := mig.Status
 	st.SourceNode, st.TargetNode = source, m.Target
 	withProgress(&st, progress)
 	arrived := false
-	if rep, ok := f.Report(m.Target, uid); ok && rep.Report.Incoming == m.ID && rep.Report.Phase == wire.PhaseRunning {
+	if rep, ok := f.Guests.Report(m.Target, uid); ok && rep.Report.Incoming == m.ID && rep.Report.Phase == wire.PhaseRunning {
 		arrived = true
 	}
 	switch {

@@ -32,6 +32,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
@@ -88,7 +89,7 @@ func newHarness(t *testing.T, grants ...apisv1alpha1.TenantGrant) *harness {
 	h := &harness{t: t, kube: kube, bus: b, f: f, rec: rec, r: &Reconciler{
 		kube:    kube,
 		configs: providerconfig.NewResolver(kube),
-		opts: Options{Pool: onePool{f}, Placer: placement.New(), Notifier: fleet.NewNotifierFor(func() client.Object { return &v1alpha1.VirtualMachineMigration{} }),
+		opts: Options{Pool: onePool{f}, Placer: placement.New(), Notifier: fleet.NewNotifierFor(perobject.NewOwner(nil), func() client.Object { return &v1alpha1.VirtualMachineMigration{} }),
 			PerFleet: DefaultPerFleet, PerNode: DefaultPerNode, PerNamespace: DefaultPerNamespace},
 		recorder: rec,
 	}}
@@ -113,9 +114,9 @@ func (h *harness) send(hb wire.NodeHeartbeat) {
 
 func (h *harness) report(node string, r wire.Report) {
 	r.ProtocolVersion, r.UID, r.Node = wire.ProtocolVersion, vmUID, node
-	h.bus.SetReport(bus.ReportEvent{Node: node, UID: vmUID, Report: r})
+	bus.SetValue(h.bus, wire.GuestReports, node, vmUID, r)
 	require.Eventually(h.t, func() bool {
-		got, ok := h.f.Report(node, vmUID)
+		got, ok := h.f.Guests.Report(node, vmUID)
 		return ok && got.Report.Phase == r.Phase && got.Report.Incoming == r.Incoming &&
 			(got.Report.Migration == nil) == (r.Migration == nil) && (r.Migration == nil || got.Report.Migration.Phase == r.Migration.Phase)
 	}, 5*time.Second, time.Millisecond)

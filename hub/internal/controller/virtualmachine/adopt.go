@@ -16,6 +16,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
 )
 
 // Event reasons of orphaning, adopting and importing.
@@ -52,30 +53,30 @@ func keepsGuest(vm *v1alpha1.VirtualMachine, policies bool) bool {
 // observeRelease replaces the intent of a deleted VM by a release marker and
 // reports the guest as existing until the node confirmed it released it;
 // then it deletes the marker, so nothing of the VM is left in NATS but the
-// node's report of its orphan. Only aroundObserve calls it, never Observe:
-// it publishes.
+// node's report of its orphan. Only the plain half of the reconcile calls
+// it, never Observe: it publishes.
 func (e *external) observeRelease(ctx context.Context, vm *v1alpha1.VirtualMachine, node string) (managed.ExternalObservation, error) {
 	if node == "" {
 		return managed.ExternalObservation{ResourceExists: false}, nil
 	}
 	uid := string(vm.UID)
-	if rep, ok := e.fleet.Report(node, uid); ok && rep.Report.Released {
-		if err := e.fleet.Bus.DeleteIntent(ctx, node, uid); err != nil {
+	if rep, ok := e.fleet.Guests.Report(node, uid); ok && rep.Report.Released {
+		if err := bus.Delete(ctx, e.fleet.Bus, wire.GuestIntents, node, uid); err != nil {
 			return managed.ExternalObservation{}, e.busFailed(uid, errors.Wrapf(err, "cannot delete the release marker on node %s", node))
 		}
-		e.state.published.Delete(uid)
-		e.state.deleted.Store(uid, struct{}{})
+		e.state.published.Delete(vm.UID)
+		e.state.deleted.Store(vm.UID, struct{}{})
 		e.opts.Placer.Release(uid)
 		e.recorder.Event(vm, event.Normal(ReasonOrphaned, fmt.Sprintf("The guest stays on node %s as it is, orphaned; a VirtualMachine %s/%s adopts it", node, vm.Namespace, vm.Name)))
 		return managed.ExternalObservation{ResourceExists: false}, nil
 	}
 	marker := wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: uid, Namespace: vm.Namespace, Name: vm.Name, Generation: vm.Generation, Release: true,
 		Seal: e.fleet.OrphanSeal(uid, node, vm.Namespace, vm.Name)}
-	if published, _ := e.state.published.Load(uid); published != fingerprint(marker) {
-		if _, err := e.fleet.Bus.PutIntent(ctx, node, marker); err != nil {
+	if published, _ := e.state.published.Load(vm.UID); published != fingerprint(marker) {
+		if _, err := bus.Put(ctx, e.fleet.Bus, wire.GuestIntents, node, marker.UID, marker); err != nil {
 			return managed.ExternalObservation{}, e.busFailed(uid, errors.Wrapf(err, "cannot publish the release marker to node %s", node))
 		}
-		e.state.published.Store(uid, fingerprint(marker))
+		e.state.published.Store(vm.UID, fingerprint(marker))
 	}
 	return managed.ExternalObservation{}, &ReleasingError{Node: node}
 }

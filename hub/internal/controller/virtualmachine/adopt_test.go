@@ -19,12 +19,13 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 )
 
 func TestObserveRelease(t *testing.T) {
 	b := bus.NewFake()
-	e := testExternal(t, b, event.NewNopRecorder(), fleet.NewNotifier())
+	e := testExternal(t, b, event.NewNopRecorder(), fleet.NewNotifier(perobject.NewOwner(nil)))
 	e.opts.Placer = placement.New()
 	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{
 		Namespace: "default", Name: "web", UID: types.UID(testUID),
@@ -35,21 +36,21 @@ func TestObserveRelease(t *testing.T) {
 	_, err := e.observeRelease(ctx, vm, testNode)
 	var releasing *ReleasingError
 	require.True(t, errors.As(err, &releasing), "waits for the node: %v", err)
-	in, ok := b.Intent(testNode, testUID)
+	in, ok := bus.Stored(b, wire.GuestIntents, testNode, testUID)
 	require.True(t, ok)
 	assert.True(t, in.Release, "the intent is replaced by a release marker")
 	assert.Equal(t, e.fleet.OrphanSeal(testUID, testNode, vm.Namespace, vm.Name), in.Seal, "sealed, for the node to report with its orphan")
 	assert.Empty(t, in.Machine.Disks)
 
-	b.SetReport(bus.ReportEvent{Node: testNode, UID: testUID, Report: wire.Report{
+	bus.SetValue(b, wire.GuestReports, testNode, testUID, wire.Report{
 		ProtocolVersion: wire.ProtocolVersion, UID: testUID, Node: testNode, Phase: wire.PhaseRunning,
 		Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: "web", Seal: in.Seal},
-	}})
-	require.Eventually(t, func() bool { r, ok := e.fleet.Report(testNode, testUID); return ok && r.Report.Released }, 5*time.Second, time.Millisecond)
+	})
+	require.Eventually(t, func() bool { r, ok := e.fleet.Guests.Report(testNode, testUID); return ok && r.Report.Released }, 5*time.Second, time.Millisecond)
 	obs, err := e.observeRelease(ctx, vm, testNode)
 	require.NoError(t, err)
 	assert.False(t, obs.ResourceExists, "released: the VM may go")
-	_, ok = b.Intent(testNode, testUID)
+	_, ok = bus.Stored(b, wire.GuestIntents, testNode, testUID)
 	assert.False(t, ok, "and nothing of it is left in NATS but the node's report")
 
 	o, found, err := e.fleet.Orphan("default", "web")

@@ -20,6 +20,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
 
@@ -101,10 +102,10 @@ func (e *external) plan(vm *v1alpha1.VirtualMachine, d dependencies, node string
 	target.Incoming = &wire.Incoming{ID: m.ID, SourceNode: node}
 	out[m.Target] = target
 	ready := false
-	if r, ok := e.fleet.Report(m.Target, uid); ok && r.Report.Incoming == m.ID {
+	if r, ok := e.fleet.Guests.Report(m.Target, uid); ok && r.Report.Incoming == m.ID {
 		ready = true
 	}
-	if r, ok := e.fleet.Report(node, uid); ok && r.Report.Migration != nil && r.Report.Migration.ID == m.ID {
+	if r, ok := e.fleet.Guests.Report(node, uid); ok && r.Report.Migration != nil && r.Report.Migration.ID == m.ID {
 		ready = true
 	}
 	if ready {
@@ -168,10 +169,10 @@ func (e *external) clearLeftovers(ctx context.Context, vm *v1alpha1.VirtualMachi
 	uid := string(vm.UID)
 	var keep []string
 	for _, n := range e.left(vm, node) {
-		if err := e.fleet.Bus.DeleteIntent(ctx, n, uid); err != nil {
+		if err := bus.Delete(ctx, e.fleet.Bus, wire.GuestIntents, n, uid); err != nil {
 			return e.busFailed(uid, errors.Wrapf(err, "cannot delete the intent on node %s, which the VM left", n))
 		}
-		if _, reported := e.fleet.Report(n, uid); reported {
+		if _, reported := e.fleet.Guests.Report(n, uid); reported {
 			keep = append(keep, n)
 		}
 	}
@@ -198,7 +199,7 @@ func (e *external) migratingCondition(vm *v1alpha1.VirtualMachine, node string) 
 		return
 	}
 	msg := fmt.Sprintf("moving live from node %s to node %s", node, m.Target)
-	if r, ok := e.fleet.Report(node, string(vm.UID)); ok && r.Report.Migration != nil && r.Report.Migration.ID == m.ID {
+	if r, ok := e.fleet.Guests.Report(node, string(vm.UID)); ok && r.Report.Migration != nil && r.Report.Migration.ID == m.ID {
 		if mr := r.Report.Migration; mr.TotalBytes > 0 {
 			msg += fmt.Sprintf(": %d of %d MiB copied", mr.ProcessedBytes>>20, mr.TotalBytes>>20)
 		}

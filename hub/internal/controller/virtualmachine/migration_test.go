@@ -17,6 +17,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 )
 
 // The intents a VM's nodes hold during a migration: the target is told to
@@ -65,13 +66,13 @@ func TestPlanDuringAMigration(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
-			e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier())
+			e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier(perobject.NewOwner(nil)))
 			b.SetNode(bus.NodeEvent{Node: target, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt", MigrationURI: uri}})
 			require.Eventually(t, func() bool { return e.fleet.Node(target).Heartbeat.MigrationURI == uri }, 5*time.Second, time.Millisecond)
 			for node, r := range tc.reports {
 				r.ProtocolVersion, r.UID, r.Node = wire.ProtocolVersion, testUID, node
-				b.SetReport(bus.ReportEvent{Node: node, UID: testUID, Report: r})
-				require.Eventually(t, func() bool { _, ok := e.fleet.Report(node, testUID); return ok }, 5*time.Second, time.Millisecond)
+				bus.SetValue(b, wire.GuestReports, node, testUID, r)
+				require.Eventually(t, func() bool { _, ok := e.fleet.Guests.Report(node, testUID); return ok }, 5*time.Second, time.Millisecond)
 			}
 			m := Migration{ID: "m1", Target: target}
 			if tc.within {
@@ -109,7 +110,7 @@ func TestPlanDuringAMigration(t *testing.T) {
 // target, whatever a tenant writes in the annotation.
 func TestLeftoversAreClearedButNeverTheVMsOwnNode(t *testing.T) {
 	b := bus.NewFake()
-	e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier())
+	e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier(perobject.NewOwner(nil)))
 	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: testUID, Annotations: map[string]string{
 		v1alpha1.AnnotationNode: testNode, v1alpha1.AnnotationLeftovers: testNode + ",node2",
 	}}}
@@ -118,23 +119,23 @@ func TestLeftoversAreClearedButNeverTheVMsOwnNode(t *testing.T) {
 	e.kube = fake.NewClientBuilder().WithScheme(scheme).WithObjects(vm).Build()
 	ctx := t.Context()
 	for _, n := range []string{testNode, "node2"} {
-		_, err := b.PutIntent(ctx, n, wire.Intent{UID: testUID})
+		_, err := bus.Put(ctx, b, wire.GuestIntents, n, testUID, wire.Intent{UID: testUID})
 		require.NoError(t, err)
 	}
-	b.SetReport(bus.ReportEvent{Node: "node2", UID: testUID, Report: wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: testUID, Node: "node2", Phase: wire.PhaseRunning}})
-	require.Eventually(t, func() bool { _, ok := e.fleet.Report("node2", testUID); return ok }, 5*time.Second, time.Millisecond)
+	bus.SetValue(b, wire.GuestReports, "node2", testUID, wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: testUID, Node: "node2", Phase: wire.PhaseRunning})
+	require.Eventually(t, func() bool { _, ok := e.fleet.Guests.Report("node2", testUID); return ok }, 5*time.Second, time.Millisecond)
 
 	require.NoError(t, e.clearLeftovers(ctx, vm, testNode))
-	_, kept := b.Intent(testNode, testUID)
+	_, kept := bus.Stored(b, wire.GuestIntents, testNode, testUID)
 	assert.True(t, kept, "the VM's own node keeps its intent")
-	_, gone := b.Intent("node2", testUID)
+	_, gone := bus.Stored(b, wire.GuestIntents, "node2", testUID)
 	assert.False(t, gone, "the node the VM left does not")
 	got := &v1alpha1.VirtualMachine{}
 	require.NoError(t, e.kube.Get(ctx, client.ObjectKeyFromObject(vm), got))
 	assert.Equal(t, []string{"node2"}, Leftovers(got), "node2 still reports the guest; the VM's own node was never a leftover")
 
-	b.SetReport(bus.ReportEvent{Node: "node2", UID: testUID, Deleted: true})
-	require.Eventually(t, func() bool { _, ok := e.fleet.Report("node2", testUID); return !ok }, 5*time.Second, time.Millisecond)
+	bus.DeleteValue(b, wire.GuestReports, "node2", testUID)
+	require.Eventually(t, func() bool { _, ok := e.fleet.Guests.Report("node2", testUID); return !ok }, 5*time.Second, time.Millisecond)
 	require.NoError(t, e.clearLeftovers(ctx, got, testNode))
 	require.NoError(t, e.kube.Get(ctx, client.ObjectKeyFromObject(vm), got))
 	assert.Empty(t, Leftovers(got), "nothing is left once node2's report is gone")

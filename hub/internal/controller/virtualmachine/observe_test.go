@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -25,6 +26,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 )
 
@@ -176,27 +178,27 @@ func TestObserveOnlyReads(t *testing.T) {
 			}
 			require.Eventually(t, func() bool { return f.Node(testNode).Lost == tc.lost }, 5*time.Second, time.Millisecond)
 			if tc.published {
-				_, err := b.PutIntent(context.Background(), testNode, wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: uid, Namespace: v.Namespace, Name: v.Name})
+				_, err := bus.Put(context.Background(), b, wire.GuestIntents, testNode, uid, wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: uid, Namespace: v.Namespace, Name: v.Name})
 				require.NoError(t, err)
 			}
 			if tc.orphan {
 				const orphanUID = "uid-orphan"
-				b.SetReport(bus.ReportEvent{Node: testNode, UID: orphanUID, Report: wire.Report{
+				bus.SetValue(b, wire.GuestReports, testNode, orphanUID, wire.Report{
 					ProtocolVersion: wire.ProtocolVersion, UID: orphanUID, Node: testNode, Phase: wire.PhaseRunning,
 					Released: true, Orphan: &wire.Orphan{Namespace: v.Namespace, Name: v.Name, Seal: f.OrphanSeal(orphanUID, testNode, v.Namespace, v.Name)},
-				}})
+				})
 				require.Eventually(t, func() bool { _, found, _ := f.Orphan(v.Namespace, v.Name); return found }, 5*time.Second, time.Millisecond)
 			}
 			for node, phase := range map[string]wire.Phase{testNode: tc.report, other: map[bool]wire.Phase{true: wire.PhaseRunning}[tc.foreign]} {
 				if phase == "" {
 					continue
 				}
-				b.SetReport(bus.ReportEvent{Node: node, UID: uid, Report: wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: node, Phase: phase}})
-				require.Eventually(t, func() bool { _, ok := f.Report(node, uid); return ok }, 5*time.Second, time.Millisecond)
+				bus.SetValue(b, wire.GuestReports, node, uid, wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: node, Phase: phase})
+				require.Eventually(t, func() bool { _, ok := f.Guests.Report(node, uid); return ok }, 5*time.Second, time.Millisecond)
 			}
-			n := fleet.NewNotifier()
+			n := fleet.NewNotifier(perobject.NewOwner(nil))
 			kube := writeless(t, &writes, unbound)
-			c := &connector{log: logging.NewNopLogger(), kube: kube, opts: Options{FencingTimeout: testFencing, Notifier: n, Placer: placer, Addresses: ipam.New(kube, kube)}, recorder: rec, state: &state{}, policies: true}
+			c := &connector{log: logging.NewNopLogger(), kube: kube, opts: Options{FencingTimeout: testFencing, Notifier: n, Placer: placer, Addresses: ipam.New(kube, kube)}, recorder: rec, state: newState(perobject.NewOwner(nil)), policies: true}
 			e := &external{connector: c, fleet: f, grant: trusted}
 			before := v.DeepCopy()
 
@@ -211,11 +213,15 @@ func TestObserveOnlyReads(t *testing.T) {
 			assert.Equal(t, before.GetFinalizers(), v.GetFinalizers(), "finalizers as they were")
 			assert.Equal(t, tc.wantExists, obs.ResourceExists, "exists")
 			assert.Zero(t, writes.Load(), "API writes")
-			assert.Empty(t, rec.Events(), "events")
-			in, published := b.Intent(testNode, uid)
+			for _, ev := range rec.Events() {
+				// Observe records what it saw change on the node, never
+				// an action of its own.
+				assert.Contains(t, []event.Reason{ReasonStarted, ReasonStopped, ReasonPaused, ReasonResumed, ReasonFailed, ReasonNodeLost, ReasonRestartRequired}, ev.Reason, "event %q", ev.Message)
+			}
+			in, published := bus.Stored(b, wire.GuestIntents, testNode, uid)
 			assert.Equal(t, tc.published, published, "the intent on the VM's node is as it was")
 			assert.False(t, in.Release, "no release marker")
-			_, elsewhere := b.Intent(other, uid)
+			_, elsewhere := bus.Stored(b, wire.GuestIntents, other, uid)
 			assert.False(t, elsewhere, "nothing published to another node")
 			_, reserved := placer.Reserved(uid)
 			assert.False(t, reserved, "nothing placed")

@@ -34,8 +34,7 @@ import (
 // message says why, node by node.
 const ReasonFailedScheduling event.Reason = "FailedScheduling"
 
-// Sizes of the placement loop, chosen with make bench's bursts (figures in
-// bench/results).
+// Sizes of the placement loop, for bursts of creates.
 const (
 	// schedulerBatch is the most VMs placed against one view of the fleet.
 	// A burst's VMs arrive in the queue faster than they can be written,
@@ -439,7 +438,7 @@ func (s *Scheduler) bind(ctx context.Context, b binding) {
 	}
 	meta.AddFinalizer(vm, managed.FinalizerName)
 	if keepsGuest(vm, s.policies) {
-		// Held until its node released the guest (see aroundObserve).
+		// Held until its node released the guest (see reconciler.release).
 		meta.AddFinalizer(vm, FinalizerKeep)
 	}
 	if err := s.kube.Update(ctx, vm); err != nil {

@@ -139,10 +139,10 @@ func TestSchedulerAdoptsOrphans(t *testing.T) {
 	b.SetNode(bus.NodeEvent{Node: testNode, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt", Capacity: wire.Resources{VCPU: 64, MemoryBytes: 64 << 30}}})
 	orphan := func(name string) string {
 		uid := "orphan-of-" + name
-		b.SetReport(bus.ReportEvent{Node: orphanNode, UID: uid, Report: wire.Report{
+		bus.SetValue(b, wire.GuestReports, orphanNode, uid, wire.Report{
 			ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: orphanNode, Phase: wire.PhaseRunning,
 			Released: true, Orphan: &wire.Orphan{Namespace: "default", Name: name, Seal: f.OrphanSeal(uid, orphanNode, "default", name)},
-		}})
+		})
 		require.Eventually(t, func() bool { _, found, _ := f.Orphan("default", name); return found }, 5*time.Second, time.Millisecond)
 		return uid
 	}

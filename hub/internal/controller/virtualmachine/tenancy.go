@@ -28,7 +28,7 @@ func admitNode(vm *v1alpha1.VirtualMachine, node string, g tenancy.Grant, f *fle
 	if f.Sealed(vm) {
 		return nil
 	}
-	if _, ok := f.Report(node, string(vm.UID)); ok {
+	if _, ok := f.Guests.Report(node, string(vm.UID)); ok {
 		return nil
 	}
 	return g.CheckNode("VirtualMachine", node)

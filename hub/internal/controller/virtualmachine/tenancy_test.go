@@ -41,8 +41,8 @@ func TestAdmitNode(t *testing.T) {
 		}}, mods...)...)
 	}
 	reported := onNode(func(v *v1alpha1.VirtualMachine) { v.UID = "uid-reported" })
-	b.SetReport(bus.ReportEvent{Node: testNode, UID: "uid-reported", Report: wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: "uid-reported", Node: testNode, Phase: wire.PhaseRunning}})
-	require.Eventually(t, func() bool { _, ok := f.Report(testNode, "uid-reported"); return ok }, 5*time.Second, time.Millisecond)
+	bus.SetValue(b, wire.GuestReports, testNode, "uid-reported", wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: "uid-reported", Node: testNode, Phase: wire.PhaseRunning})
+	require.Eventually(t, func() bool { _, ok := f.Guests.Report(testNode, "uid-reported"); return ok }, 5*time.Second, time.Millisecond)
 	imported := func(v *v1alpha1.VirtualMachine) { meta.SetExternalName(v, "vault-01") }
 	none := tenancy.Grant{Namespace: "default"}
 

@@ -1,12 +1,9 @@
 // Package virtualmachine reconciles VirtualMachines in two loops, the way
-// Kubernetes runs pods: the placement loop (Scheduler) binds each new VM to
-// a node, and the managed reconciler, crossplane-runtime's, acts only on
-// VMs so bound. Its Observe only reads (the node's report and the fleet's
-// view); Update publishes the VM's intent to its recorded node; Delete
-// removes it. The node's reports become status, conditions and events.
-// What must be written or published outside Observe, releasing the guest
-// of a VM deleted without the Delete policy above all, is done around the
-// managed reconciler by aroundObserve (release.go).
+// Kubernetes runs pods: the placement loop (Scheduler, scheduler.go) binds
+// each new VM to a node, and the VM controller acts only on VMs so bound.
+// The controller's reconcile of one VM reads top to bottom in reconcile.go;
+// this file sets it up and holds what it calls to publish and to turn
+// reports into status, conditions and events.
 package virtualmachine
 
 import (
@@ -15,13 +12,11 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -34,7 +29,6 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/feature"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
@@ -42,14 +36,16 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
-	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
@@ -90,6 +86,8 @@ type Options struct {
 	FencingTimeout time.Duration
 	// Addresses gives the VMs' interfaces their addresses.
 	Addresses *ipam.Allocator
+	// Memory owns what the controller remembers of each VM.
+	Memory *perobject.Owner
 }
 
 // scheduledHold is how long the status of a VM whose intent was just
@@ -97,11 +95,10 @@ type Options struct {
 // report's status replaces phase Scheduled anyway, so writing Scheduled
 // would only cost a write: with the hold, the VM goes from created to
 // Running in three API writes (the create, the node and finalizer, the
-// status) instead of four. Sized by make bench: a node answers almost at
-// once when idle, but in a burst on a loaded machine placed→Running takes
-// seconds (bench/results has the figures), and a hold much shorter than
-// that makes many VMs pay the fourth write. A node that never answers
-// shows phase Scheduled after the hold.
+// status) instead of four. A node answers almost at once when idle, but in
+// a burst on a loaded machine placed→Running can take seconds, and a hold
+// much shorter than that makes many VMs pay the fourth write. A node that
+// never answers shows phase Scheduled after the hold.
 const scheduledHold = 5 * time.Second
 
 // SetupGated adds the controller once the CRD is established (safe-start).
@@ -129,12 +126,16 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		configs:  providerconfig.NewResolver(mgr.GetClient()),
 		opts:     vo,
 		recorder: recorder,
-		state:    &state{},
+		state:    newState(vo.Memory),
 		policies: o.Features.Enabled(feature.EnableBetaManagementPolicies),
 	}
-	// With kubeclient's client, the status of a VM just published waits
-	// for the node's first report; with another, it is written at once.
-	c.holder, _ = mgr.GetClient().(*kubeclient.Client)
+	// The status of a VM just published waits for the node's first report
+	// (kubeclient's Hold), so the hub's manager must carry its client.
+	holder, ok := mgr.GetClient().(*kubeclient.Client)
+	if !ok {
+		return errors.New("the VirtualMachine controller needs the hub's client: make its manager with kubeclient.ForManager")
+	}
+	c.holder = holder
 	opts := []managed.ReconcilerOption{
 		managed.WithTypedExternalConnector[*v1alpha1.VirtualMachine](c),
 		managed.WithLogger(log),
@@ -150,15 +151,9 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		// was created.
 		managed.WithCreationGracePeriod(0),
 		// Safeguards turned off because each costs an API write per VM and
-		// guards nothing here (the hub's throughput is bounded by its API
-		// write rate; make bench counts the writes). No external-name
-		// annotation (the default initializer's write): a guest is found by
-		// the VM's uid, never by a name. No create-succeeded and
-		// create-failed annotations: they guard non-deterministic external
-		// names, and the one fact a create must not lose, the node, is
-		// recorded by the placement loop before anything is published. And
-		// the finalizer is recorded with the node, in the placement loop's
-		// one write, so the reconciler's AddFinalizer finds it there.
+		// guards nothing here (see the top of reconcile.go). The finalizer
+		// is recorded with the node, in the placement loop's one write, so
+		// the reconciler's AddFinalizer finds it there.
 		managed.WithInitializers(),
 		managed.WithCriticalAnnotationUpdater(skipCriticalAnnotations),
 	}
@@ -177,7 +172,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 	}
 	copts := o.ForControllerRuntime()
 	copts.RateLimiter = kubeclient.ControllerRateLimiter()
-	around := &aroundObserve{cache: mgr.GetClient(), managed: ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter), c: c}
+	rec := &reconciler{cache: mgr.GetClient(), managed: ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter), c: c}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		WithOptions(copts).
@@ -196,8 +191,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
 		WatchesRawSource(vo.Notifier.Source()).
-		Watches(&v1alpha1.VirtualMachine{}, fleet.WhenGone(c.state.forget, vo.Notifier.Forget, kubeclient.Forgetter(mgr.GetClient()))).
-		Complete(around)
+		Complete(rec)
 }
 
 // skipCriticalAnnotations writes nothing; see Setup.
@@ -214,223 +208,6 @@ func imageUsersOf(ctx context.Context, kube client.Reader, o client.Object) []re
 		out = append(out, index.Requests(ctx, kube, index.VolumeUsers, &l.Items[i])...)
 	}
 	return out
-}
-
-// state is what the controller remembers across reconciles. All of it can be
-// lost: after a restart each VM's intent is published again (writing the same
-// intent twice changes nothing) and a deletion deletes its intent again.
-type state struct {
-	published sync.Map // uid -> fingerprint of the last intent published
-	deleted   sync.Map // uid -> struct{}: the intent is gone
-	// after are what Observe found to record once the reconcile is over:
-	// events, and reports from nodes the VM is not on.
-	after sync.Map // types.NamespacedName -> []func()
-}
-
-// forget drops what the state holds of uid; fleet.WhenGone calls it once
-// the VM is gone.
-func (s *state) forget(uid string) {
-	s.published.Delete(uid)
-	s.deleted.Delete(uid)
-}
-
-type connector struct {
-	log  logging.Logger
-	kube client.Client
-	// reader reads from the API server, not the cache: a Volume whose
-	// cached copy was out of date when the hub bound it.
-	reader   client.Reader
-	configs  *providerconfig.Resolver
-	opts     Options
-	recorder event.Recorder
-	state    *state
-	// policies is whether management policies are enabled.
-	policies bool
-	// holder, if set, holds back the status write of a VM just published.
-	holder *kubeclient.Client
-}
-
-// later queues fn to run once the reconcile of vm is over.
-func (c *connector) later(vm *v1alpha1.VirtualMachine, fn func()) {
-	key := client.ObjectKeyFromObject(vm)
-	v, _ := c.state.after.Load(key)
-	fns, _ := v.([]func())
-	c.state.after.Store(key, append(fns, fn))
-}
-
-// flush runs what Observe queued for vm. A controller never reconciles one
-// VM twice at once, so nothing is queued for vm meanwhile.
-func (c *connector) flush(key types.NamespacedName) {
-	v, ok := c.state.after.LoadAndDelete(key)
-	if !ok {
-		return
-	}
-	for _, fn := range v.([]func()) { //nolint:forcetypeassert // only later stores here
-		fn()
-	}
-}
-
-// Connect finds the fleet the VM's ProviderConfig names.
-func (c *connector) Connect(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.TypedExternalClient[*v1alpha1.VirtualMachine], error) {
-	pc, err := c.configs.Resolve(ctx, vm)
-	if err != nil {
-		return nil, err
-	}
-	f, err := c.opts.Pool.Get(ctx, pc.Target)
-	if err != nil {
-		return nil, err
-	}
-	g, err := providerconfig.GrantOf(ctx, c.kube, vm.Namespace)
-	if err != nil {
-		return nil, err
-	}
-	c.opts.Notifier.Remember(vm)
-	return &external{connector: c, fleet: f, grant: g}, nil
-}
-
-type external struct {
-	*connector
-	fleet *fleet.Fleet
-	// grant is what the VM's namespace may reach beyond its own.
-	grant tenancy.Grant
-}
-
-// Observe answers from the fleet's in-memory view; it never waits on NATS,
-// and it only reads: no API write, no publish. What it finds worth an
-// event is recorded once the reconcile is over (see aroundObserve).
-//
-// The guest exists from the moment the placement loop recorded its node:
-// its identity is the VM's uid on that node, and Update publishes the
-// intent that makes it so (publishing is idempotent, so after a hub restart
-// it is simply published again). Observing it as not existing until its
-// node reports would send every new VM through Create, which costs the
-// create-pending annotation write per VM and adds nothing: the one fact a
-// create must not lose, the node, is already recorded.
-func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
-	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
-	if node != "" {
-		if err := admitNode(vm, node, e.grant, e.fleet); err != nil {
-			if meta.WasDeleted(vm) {
-				// Nothing was published to a node the VM was refused.
-				return managed.ExternalObservation{ResourceExists: false}, nil
-			}
-			vm.Status.AtProvider.Phase = v1alpha1.PhaseFailed
-			vm.SetConditions(notReady(v1alpha1.PhaseFailed, err.Error()))
-			return managed.ExternalObservation{}, err
-		}
-	}
-	if meta.WasDeleted(vm) {
-		if keepsGuest(vm, e.policies) && node != "" {
-			// aroundObserve releases such a guest and never hands its VM
-			// to the managed reconciler; were it handed one anyway, the
-			// guest must neither be deleted nor the VM let go.
-			return managed.ExternalObservation{}, &ReleasingError{Node: node}
-		}
-		return e.observeDeletion(vm, node), nil
-	}
-	if node == "" {
-		if ext := meta.GetExternalName(vm); ext != "" {
-			// An import names its guest's node; the placement loop never
-			// chooses one for it.
-			err := &ImportNodeError{ExternalName: ext}
-			vm.Status.AtProvider.Phase = v1alpha1.PhasePending
-			vm.SetConditions(notReady(v1alpha1.PhasePending, err.Error()))
-			return managed.ExternalObservation{}, err
-		}
-		// Only a VM the hub may not create gets here unplaced: the
-		// placement loop places the others, and adopts orphans, before
-		// this controller sees them.
-		return managed.ExternalObservation{ResourceExists: false}, nil
-	}
-
-	uid := string(vm.UID)
-	before := vm.Status.AtProvider
-	obs := before
-	e.flagForeign(vm, node)
-	if rep, ok := e.fleet.Report(node, uid); ok {
-		e.opts.Placer.Confirm(uid, rep.ReceivedAt)
-		obs = observation(rep.Report, vm.Spec.ForProvider.VirtualNetworks)
-	} else if obs.Phase == "" || obs.Phase == v1alpha1.PhasePending || obs.Phase == v1alpha1.PhaseUnknown {
-		obs.Phase, obs.Node = v1alpha1.PhaseScheduled, node
-	}
-	n := e.fleet.Node(node)
-	if n.Lost {
-		obs.Phase = v1alpha1.PhaseUnknown
-	}
-	vm.Status.AtProvider = obs
-	e.setConditions(vm, obs, node, n)
-	e.recordTransition(vm, before, obs, node)
-
-	e.migratingCondition(vm, node)
-
-	d, err := e.resolve(ctx, vm)
-	upToDate := err == nil && e.knownAddresses(vm, &d, n) && len(Leftovers(vm)) == 0
-	if upToDate {
-		published, _ := e.state.published.Load(uid)
-		upToDate = published == planFingerprint(e.plan(vm, d, node), node)
-	}
-	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, nil
-}
-
-// resolve reads what the VM refers to and admits it (dependencies.admit).
-// The VM itself was admitted to its node (admitNode), so a Volume bound to
-// that same node chooses nothing the VM does not have already, sealed or
-// not: one bound by a hub from before seals, say, whose VM runs on.
-func (e *external) resolve(ctx context.Context, vm *v1alpha1.VirtualMachine) (dependencies, error) {
-	d, err := resolve(ctx, e.kube, vm)
-	if err != nil {
-		return d, err
-	}
-	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
-	boundByHub := func(o metav1.Object) bool {
-		return e.fleet.Sealed(o) || (node != "" && o.GetAnnotations()[v1alpha1.AnnotationNode] == node)
-	}
-	return d, d.admit(e.grant, boundByHub)
-}
-
-// flagForeign has the fleet flag, once the reconcile is over, the reports
-// about vm from nodes other than node.
-func (e *external) flagForeign(vm *v1alpha1.VirtualMachine, node string) {
-	f := e.fleet
-	placed := e.placedOn(vm, node)
-	e.later(vm, func() { f.FlagForeign(fleet.KindVM, vm, placed...) })
-}
-
-// observeDeletion reports the guest as existing until its node confirmed the
-// deletion by removing the report, or, when the node is lost, until the
-// fencing timeout has passed: a delete never hangs forever.
-func (e *external) observeDeletion(vm *v1alpha1.VirtualMachine, node string) managed.ExternalObservation {
-	if node == "" {
-		return managed.ExternalObservation{ResourceExists: false}
-	}
-	uid := string(vm.UID)
-	vm.Status.AtProvider.Phase = v1alpha1.PhaseDeleting
-	vm.SetConditions(xpv2.Deleting())
-	if n := e.fleet.Node(node); n.Lost {
-		waited := time.Since(vm.DeletionTimestamp.Time)
-		if waited < e.opts.FencingTimeout {
-			// Come back when the timeout is up, not at the next backoff.
-			e.opts.Notifier.NotifyAfter(uid, e.opts.FencingTimeout-waited)
-		} else {
-			e.event(vm, event.Warning(ReasonNodeLost, errors.Errorf(
-				"node %s has been lost since %s; finalized after the fencing timeout (%s) without the node confirming that the guest is gone",
-				node, n.LostSince.UTC().Format(time.RFC3339), e.opts.FencingTimeout)))
-			return managed.ExternalObservation{ResourceExists: false}
-		}
-	}
-	e.flagForeign(vm, node)
-	_, reported := e.fleet.Report(node, uid)
-	_, deleted := e.state.deleted.Load(uid)
-	return managed.ExternalObservation{ResourceExists: reported || !deleted}
-}
-
-// errNotPlaced is Create's answer: a VM the hub may create is placed by the
-// placement loop before this controller sees it, and published by Update.
-var errNotPlaced = errors.New("the VM is on no node yet; the placement loop places it")
-
-// Create is never reached for a VM the hub may create (see Observe).
-func (e *external) Create(context.Context, *v1alpha1.VirtualMachine) (managed.ExternalCreation, error) {
-	return managed.ExternalCreation{}, errNotPlaced
 }
 
 // request is what placement needs to know of the VM; defaults is the
@@ -535,88 +312,14 @@ func (e *external) busFailed(uid string, err error) error {
 func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies, node string) error {
 	p := e.plan(vm, d, node)
 	for _, n := range slices.Sorted(maps.Keys(p)) {
-		if _, err := e.fleet.Bus.PutIntent(ctx, n, p[n]); err != nil {
+		if _, err := bus.Put(ctx, e.fleet.Bus, wire.GuestIntents, n, p[n].UID, p[n]); err != nil {
 			return e.busFailed(string(vm.UID), errors.Wrapf(err, "cannot publish the intent to node %s", n))
 		}
 	}
-	e.state.published.Store(string(vm.UID), planFingerprint(p, node))
-	e.state.deleted.Delete(string(vm.UID))
+	e.state.published.Store(vm.UID, planFingerprint(p, node))
+	e.state.deleted.Delete(vm.UID)
 	return e.clearLeftovers(ctx, vm, node)
 }
-
-// Update publishes the intent again after the spec or the restart
-// annotation changed, or when this hub has not published it yet (it just
-// started, or a publish failed). The node decides what a running guest can
-// take live; the rest shows up as RestartRequired.
-func (e *external) Update(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalUpdate, error) {
-	d, err := e.resolve(ctx, vm)
-	if err != nil {
-		return managed.ExternalUpdate{}, err
-	}
-	node, uid := vm.GetAnnotations()[v1alpha1.AnnotationNode], string(vm.UID)
-	if err := e.allocate(ctx, vm, &d, e.fleet.Node(node)); err != nil {
-		return managed.ExternalUpdate{}, err
-	}
-	if err := e.ensure(ctx, vm, d, node); err != nil {
-		return managed.ExternalUpdate{}, err
-	}
-	if e.holder != nil {
-		// The node's first report reconciles the VM; without one in time,
-		// the timer does, and the held status is written then. A report
-		// that came after Observe read none is held for too: this
-		// reconcile's Scheduled is already out of date, and the reconcile
-		// the report queued writes what it says (without this, even where
-		// nodes answer almost at once, some VMs of a burst would write
-		// Scheduled and then Running; make bench shows it).
-		f := e.fleet
-		e.holder.Hold(vm, scheduledHold, justPublished)
-		e.opts.Notifier.NotifyAfterIf(uid, scheduledHold, func() bool { _, reported := f.Report(node, uid); return !reported })
-	}
-	return managed.ExternalUpdate{}, nil
-}
-
-// justPublished is the status a Hold may drop: phase Scheduled, and the
-// reconcile that wrote it succeeded. Anything else, a reconcile error above
-// all, is written.
-func justPublished(o client.Object) bool {
-	vm, ok := o.(*v1alpha1.VirtualMachine)
-	return ok && vm.Status.AtProvider.Phase == v1alpha1.PhaseScheduled &&
-		vm.GetCondition(xpv2.TypeSynced).Status == corev1.ConditionTrue
-}
-
-// Delete removes the intent, which tells the node to delete the guest, and
-// releases the VM's addresses. The VM's Volumes and VirtualNetworks stay.
-func (e *external) Delete(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalDelete, error) {
-	node, uid := vm.GetAnnotations()[v1alpha1.AnnotationNode], string(vm.UID)
-	vm.Status.AtProvider.Phase = v1alpha1.PhaseDeleting
-	vm.SetConditions(xpv2.Deleting())
-	// The target of a migration under way and the nodes the VM left may
-	// hold it too.
-	for _, n := range e.placedOn(vm, node) {
-		if err := e.fleet.Bus.DeleteIntent(ctx, n, uid); err != nil {
-			return managed.ExternalDelete{}, e.busFailed(uid, errors.Wrapf(err, "cannot delete the intent on node %s", n))
-		}
-	}
-	// Freed as the guest goes: the allocator hands a released address out
-	// again only after the rest of the network's range, long after.
-	if err := e.opts.Addresses.Release(ctx, vm); err != nil {
-		return managed.ExternalDelete{}, errors.Wrap(err, "cannot release the VM's addresses")
-	}
-	e.state.deleted.Store(uid, struct{}{})
-	e.state.published.Delete(uid)
-	e.opts.Placer.Release(uid)
-	return managed.ExternalDelete{}, nil
-}
-
-// event records e on vm once the reconcile is over.
-func (e *external) event(vm *v1alpha1.VirtualMachine, ev event.Event) {
-	r := e.recorder
-	e.later(vm, func() { r.Event(vm, ev) })
-}
-
-// Disconnect implements managed.TypedExternalClient; the fleet's connection
-// outlives the reconcile.
-func (e *external) Disconnect(context.Context) error { return nil }
 
 // setConditions turns an observation into Ready, RestartRequired and NodeLost.
 func (e *external) setConditions(vm *v1alpha1.VirtualMachine, obs v1alpha1.VirtualMachineObservation, node string, n fleet.NodeStatus) {
@@ -659,7 +362,7 @@ func (e *external) recordTransition(vm *v1alpha1.VirtualMachine, before, after v
 			if firstStart(vm, before, after) {
 				backend := cmp.Or(e.fleet.Node(node).Heartbeat.Backend, metrics.BackendNone)
 				took := time.Since(vm.CreationTimestamp.Time).Seconds()
-				e.later(vm, func() { metrics.CreateToRunning.WithLabelValues(backend).Observe(took) })
+				metrics.CreateToRunning.WithLabelValues(backend).Observe(took)
 			}
 		case v1alpha1.PhaseStopped:
 			e.event(vm, event.Normal(ReasonStopped, fmt.Sprintf("Stopped on node %s", after.Node)))
@@ -667,10 +370,7 @@ func (e *external) recordTransition(vm *v1alpha1.VirtualMachine, before, after v
 			e.event(vm, event.Normal(ReasonPaused, fmt.Sprintf("Paused on node %s", after.Node)))
 		case v1alpha1.PhaseFailed:
 			msg := reportMessage(e.fleet, node, string(vm.UID))
-			log := e.log
-			e.later(vm, func() {
-				log.Info("VM failed on its node", "namespace", vm.Namespace, "name", vm.Name, "node", node, "message", msg)
-			})
+			e.log.Info("VM failed on its node", "namespace", vm.Namespace, "name", vm.Name, "node", node, "message", msg)
 			e.event(vm, event.Warning(ReasonFailed, errors.New(msg)))
 		case v1alpha1.PhaseUnknown:
 			e.event(vm, event.Warning(ReasonNodeLost, errors.Errorf("node %s sends no heartbeat; the VM's state is unknown", node)))
@@ -693,7 +393,7 @@ func firstStart(vm *v1alpha1.VirtualMachine, before, after v1alpha1.VirtualMachi
 }
 
 func reportMessage(f *fleet.Fleet, node, uid string) string {
-	if r, ok := f.Report(node, uid); ok && r.Report.Message != "" {
+	if r, ok := f.Guests.Report(node, uid); ok && r.Report.Message != "" {
 		return r.Report.Message
 	}
 	return ""

@@ -27,6 +27,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
 )
@@ -41,7 +42,7 @@ const (
 // b, recording its events in rec.
 func testExternal(t *testing.T, b *bus.Fake, rec event.Recorder, n *fleet.Notifier) *external {
 	t.Helper()
-	c := &connector{log: logging.NewNopLogger(), opts: Options{FencingTimeout: testFencing, Notifier: n}, recorder: rec, state: &state{}}
+	c := &connector{log: logging.NewNopLogger(), opts: Options{FencingTimeout: testFencing, Notifier: n}, recorder: rec, state: newState(perobject.NewOwner(nil))}
 	return &external{connector: c, fleet: fleettest.Start(t, b), grant: trusted}
 }
 
@@ -55,10 +56,10 @@ var trusted = tenancy.Grant{Import: true, ChooseNode: true}
 // the fleet to hold it.
 func report(t *testing.T, b *bus.Fake, f *fleet.Fleet, message string) {
 	t.Helper()
-	b.SetReport(bus.ReportEvent{Node: testNode, UID: testUID, Report: wire.Report{
+	bus.SetValue(b, wire.GuestReports, testNode, testUID, wire.Report{
 		ProtocolVersion: wire.ProtocolVersion, UID: testUID, Node: testNode, Phase: wire.PhaseFailed, Message: message,
-	}})
-	require.Eventually(t, func() bool { _, ok := f.Report(testNode, testUID); return ok }, 5*time.Second, time.Millisecond)
+	})
+	require.Eventually(t, func() bool { _, ok := f.Guests.Report(testNode, testUID); return ok }, 5*time.Second, time.Millisecond)
 }
 
 // setNode plays the node's heartbeat, lost or not, and waits for the fleet
@@ -81,6 +82,8 @@ func condition(vm *v1alpha1.VirtualMachine, ct xpv2.ConditionType) xpv2.Conditio
 
 func TestSetConditions(t *testing.T) {
 	lostSince := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	upToDate := xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate"}
+	heartbeatFresh := xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"}
 	cases := map[string]struct {
 		obs         v1alpha1.VirtualMachineObservation
 		node        fleet.NodeStatus
@@ -94,42 +97,42 @@ func TestSetConditions(t *testing.T) {
 		"ARunningVMIsReady": {
 			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseRunning},
 			wantReady:           xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionTrue, Reason: xpv2.ReasonAvailable},
-			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate"},
-			wantNodeLost:        xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"},
+			wantRestartRequired: upToDate,
+			wantNodeLost:        heartbeatFresh,
 		},
 		"AVMNotRunningIsNotReadyWithItsPhaseAsReasonAndTheNodesMessage": {
 			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseFailed},
 			message:             "cannot import image ubuntu: 404",
 			wantReady:           xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionFalse, Reason: "Failed", Message: "cannot import image ubuntu: 404"},
-			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate"},
-			wantNodeLost:        xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"},
+			wantRestartRequired: upToDate,
+			wantNodeLost:        heartbeatFresh,
 		},
 		"ASpecChangedWhileRunningRequiresARestartAndSaysHow": {
 			obs:       v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseRunning, RestartRequired: true},
 			wantReady: xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionTrue, Reason: xpv2.ReasonAvailable},
 			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionTrue, Reason: "SpecChanged",
 				Message: "the spec changed while the VM runs; the change applies at the next start (restart it with the compute.virtfleet.io/restart-requested-at annotation)"},
-			wantNodeLost: xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"},
+			wantNodeLost: heartbeatFresh,
 		},
 		"APausedVMIsNotReadyAndSaysHowToResumeIt": {
 			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhasePaused},
 			annotations:         map[string]string{v1alpha1.AnnotationPaused: "true"},
 			wantReady:           xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionFalse, Reason: "Paused", Message: "the guest is paused, as the compute.virtfleet.io/paused annotation asks; remove the annotation to resume it"},
-			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate"},
-			wantNodeLost:        xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"},
+			wantRestartRequired: upToDate,
+			wantNodeLost:        heartbeatFresh,
 		},
 		"AGuestPausedWithoutTheAnnotationIsNotReadyWithTheNodesMessage": {
 			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhasePaused},
 			message:             "resuming the guest",
 			wantReady:           xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionFalse, Reason: "Paused", Message: "resuming the guest"},
-			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate"},
-			wantNodeLost:        xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh"},
+			wantRestartRequired: upToDate,
+			wantNodeLost:        heartbeatFresh,
 		},
 		"ALostNodeMakesTheVMUnknownNodeLostAndNotStartedElsewhere": {
 			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseUnknown},
 			node:                fleet.NodeStatus{Lost: true, LostSince: lostSince},
 			wantReady:           xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionFalse, Reason: "Unknown"},
-			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionFalse, Reason: "UpToDate"},
+			wantRestartRequired: upToDate,
 			wantNodeLost: xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionTrue, Reason: "HeartbeatExpired",
 				Message: "node node1 has sent no heartbeat since 2026-11-23T12:00:00Z; the VM is not started elsewhere"},
 		},
@@ -137,7 +140,7 @@ func TestSetConditions(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
-			e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier())
+			e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier(perobject.NewOwner(nil)))
 			if tc.message != "" {
 				report(t, b, e.fleet, tc.message)
 			}
@@ -205,15 +208,13 @@ func TestRecordTransition(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
 			rec := &fleettest.Recorder{}
-			e := testExternal(t, b, rec, fleet.NewNotifier())
+			e := testExternal(t, b, rec, fleet.NewNotifier(perobject.NewOwner(nil)))
 			if tc.message != "" {
 				report(t, b, e.fleet, tc.message)
 			}
 			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", UID: testUID}}
 
 			e.recordTransition(vm, tc.before, tc.after, testNode)
-			assert.Empty(t, rec.Events(), "events are recorded once the reconcile is over")
-			e.flush(client.ObjectKeyFromObject(vm))
 
 			got := rec.Events()
 			for i := range got {
@@ -267,7 +268,7 @@ func TestObserveDeletion(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
 			rec := &fleettest.Recorder{}
-			n := fleet.NewNotifier()
+			n := fleet.NewNotifier(perobject.NewOwner(nil))
 			wakeUps := fleettest.WakeUps(t, n)
 			e := testExternal(t, b, rec, n)
 			setNode(t, b, e.fleet, tc.lost)
@@ -275,14 +276,13 @@ func TestObserveDeletion(t *testing.T) {
 				report(t, b, e.fleet, "")
 			}
 			if tc.intentDeleted {
-				e.state.deleted.Store(testUID, struct{}{})
+				e.state.deleted.Store(types.UID(testUID), struct{}{})
 			}
 			deleted := metav1.NewTime(time.Now().Add(-tc.waited))
 			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", UID: testUID, DeletionTimestamp: &deleted}}
 			n.Remember(vm)
 
 			obs := e.observeDeletion(vm, tc.node)
-			e.flush(client.ObjectKeyFromObject(vm))
 
 			assert.Equal(t, tc.wantExists, obs.ResourceExists, "exists")
 			if tc.node != "" {
@@ -314,7 +314,7 @@ func TestABusWriteThatFailedIsRetriedOnceTheServerIsBack(t *testing.T) {
 	for name, write := range cases {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
-			n := fleet.NewNotifier()
+			n := fleet.NewNotifier(perobject.NewOwner(nil))
 			wakeUps := fleettest.WakeUps(t, n)
 			e := testExternal(t, b, event.NewNopRecorder(), n)
 			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{
@@ -355,8 +355,8 @@ func TestTheStatusOfAVMJustPublishedWaitsForItsReport(t *testing.T) {
 			require.NoError(t, v1alpha1.AddToScheme(s))
 			stored := fake.NewClientBuilder().WithScheme(s).WithObjects(vm).WithStatusSubresource(vm).Build()
 			b := bus.NewFake()
-			e := testExternal(t, b, event.NewNopRecorder(), fleet.NewNotifier())
-			e.holder = kubeclient.NewClient(stored, stored)
+			e := testExternal(t, b, event.NewNopRecorder(), fleet.NewNotifier(perobject.NewOwner(nil)))
+			e.holder = kubeclient.NewClient(stored, stored, perobject.NewOwner(nil))
 			e.kube = e.holder
 
 			require.NoError(t, stored.Get(context.Background(), client.ObjectKeyFromObject(vm), vm))
@@ -367,7 +367,7 @@ func TestTheStatusOfAVMJustPublishedWaitsForItsReport(t *testing.T) {
 			}
 			_, err := e.Update(context.Background(), vm)
 			require.NoError(t, err)
-			_, published := b.Intent(testNode, testUID)
+			_, published := bus.Stored(b, wire.GuestIntents, testNode, testUID)
 			require.True(t, published)
 
 			require.NoError(t, e.holder.Status().Update(context.Background(), vm))

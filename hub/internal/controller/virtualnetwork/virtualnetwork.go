@@ -8,6 +8,7 @@ import (
 	"context"
 	"slices"
 
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 )
 
@@ -30,7 +32,6 @@ var Kind = inuse.Kind[*v1alpha1.VirtualNetwork]{
 	New:              func() *v1alpha1.VirtualNetwork { return &v1alpha1.VirtualNetwork{} },
 	User:             index.NetworkUsers,
 	Observe:          observe,
-	Forget:           vniAllocator.forget,
 }
 
 // observe shows the network's users, and why it is refused when it asks
@@ -89,13 +90,10 @@ func nodesOf(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork
 }
 
 // SetupGated adds the VirtualNetwork controller once the CRD is
-// established. What addresses remembers of a network goes with it, as its
-// VNI choice does.
-func SetupGated(mgr ctrl.Manager, o controller.Options, addresses *ipam.Allocator) error {
-	k := Kind
-	k.Forget = func(uid string) {
-		vniAllocator.forget(uid)
-		addresses.Forget(uid)
-	}
-	return inuse.SetupGated(mgr, o, k)
+// established. memory forgets what addresses and the VNI allocator
+// remember of a network once it is gone.
+func SetupGated(mgr ctrl.Manager, o controller.Options, addresses *ipam.Allocator, memory *perobject.Owner) error {
+	memory.OnForget(vniAllocator.forget)
+	memory.OnForget(func(uid types.UID) { addresses.Forget(string(uid)) })
+	return inuse.SetupGated(mgr, o, Kind, memory)
 }

@@ -65,8 +65,8 @@ func (v *vnis) of(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNe
 }
 
 // forget drops what was given to the network uid.
-func (v *vnis) forget(uid string) {
+func (v *vnis) forget(uid types.UID) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	delete(v.given, types.UID(uid))
+	delete(v.given, uid)
 }

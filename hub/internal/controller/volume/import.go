@@ -14,7 +14,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
 )
 
 // A Volume whose crossplane.io/external-name names an existing volume of
@@ -79,15 +79,15 @@ func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.
 	uid := string(v.UID)
 	if in := intentOf(v); !meta.WasDeleted(v) {
 		// A deleted Volume's intent is Release's.
-		if last, ok := r.published.Load(uid); !ok || last != in {
-			if _, err := f.Bus.PutVolumeIntent(ctx, node, in); err != nil {
+		if last, ok := r.published.Load(v.UID); !ok || last != in {
+			if _, err := bus.Put(ctx, f.Bus, wire.VolumeIntents, node, in.UID, in); err != nil {
 				return ready, errors.Wrapf(err, "cannot ask node %s to observe volume %s", node, ext)
 			}
-			r.published.Store(uid, in)
+			r.published.Store(v.UID, in)
 		}
 	}
-	f.FlagForeign(fleet.KindVolume, v, node)
-	rep, ok := f.VolumeReport(node, uid)
+	f.Volumes.FlagForeign(v, node)
+	rep, ok := f.Volumes.Report(node, uid)
 	switch {
 	case !ok || !rep.Report.Imported:
 		at.Phase = v1alpha1.PhasePending

@@ -36,7 +36,7 @@ func TestObserveImport(t *testing.T) {
 	report := func(r wire.VolumeReport) func(*bus.Fake) {
 		return func(b *bus.Fake) {
 			r.UID = "vol-uid"
-			b.SetVolumeReport(bus.VolumeReportEvent{Node: testNode, UID: "vol-uid", Report: r})
+			bus.SetValue(b, wire.VolumeReports, testNode, "vol-uid", r)
 		}
 	}
 	cases := map[string]struct {
@@ -148,7 +148,7 @@ func TestObserveImport(t *testing.T) {
 			assert.Equal(t, tc.wantMessage, ready.Message)
 			assert.Equal(t, tc.wantCapacity, at.Capacity)
 			assert.Equal(t, tc.wantID, at.ID)
-			in, ok := b.VolumeIntent(testNode, "vol-uid")
+			in, ok := bus.Stored(b, wire.VolumeIntents, testNode, "vol-uid")
 			if tc.wantIntent == nil {
 				assert.False(t, ok, "no intent: %+v", in)
 			} else {
@@ -170,12 +170,12 @@ func TestImportedVolumeIntents(t *testing.T) {
 
 	_, err := r.Observe(ctx, kube, v, nil)
 	require.NoError(t, err)
-	in, _ := b.VolumeIntent(testNode, "vol-uid")
+	in, _ := bus.Stored(b, wire.VolumeIntents, testNode, "vol-uid")
 	assert.False(t, in.Absent, "observed")
 
 	_, err = r.Release(ctx, v)
 	require.NoError(t, err)
-	in, _ = b.VolumeIntent(testNode, "vol-uid")
+	in, _ = bus.Stored(b, wire.VolumeIntents, testNode, "vol-uid")
 	want := wire.VolumeIntent{UID: "vol-uid", Namespace: "team", Name: "data", Disk: "legacy.qcow2", ExternalName: "legacy.qcow2", Absent: true, ProtocolVersion: wire.ProtocolVersion}
 	assert.Equal(t, want, in, "the node deletes the imported volume")
 
@@ -183,7 +183,7 @@ func TestImportedVolumeIntents(t *testing.T) {
 	v.DeletionTimestamp = &now
 	_, err = r.Observe(ctx, kube, v, nil)
 	require.NoError(t, err)
-	in, _ = b.VolumeIntent(testNode, "vol-uid")
+	in, _ = bus.Stored(b, wire.VolumeIntents, testNode, "vol-uid")
 	assert.Equal(t, want, in, "an Observe during the deletion does not take it back")
 }
 
@@ -202,7 +202,7 @@ func TestReleaseLeavesAVolumeAnotherVolumeImported(t *testing.T) {
 
 	require.NoError(t, err)
 	assert.True(t, released, "released at once")
-	in, ok := b.VolumeIntent(testNode, "vol-uid")
+	in, ok := bus.Stored(b, wire.VolumeIntents, testNode, "vol-uid")
 	assert.False(t, ok, "the node is never asked anything: %+v", in)
 }
 

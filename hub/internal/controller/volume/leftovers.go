@@ -14,6 +14,8 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 )
@@ -77,7 +79,7 @@ func (l *Leftovers) Watch(f *fleet.Fleet) {
 	l.mu.Lock()
 	l.fleets = append(l.fleets, f)
 	l.mu.Unlock()
-	f.SubscribeVolumes(func(uid string) { l.queue.Add(leftover{fleet: f, uid: uid}) })
+	f.Volumes.Subscribe(func(uid string) { l.queue.Add(leftover{fleet: f, uid: uid}) })
 }
 
 // Deleted makes l look at Volume uid's reports in every fleet: it was just
@@ -146,7 +148,7 @@ func (l *Leftovers) Start(ctx context.Context) error {
 // own leftovers cleaned, and no other's.
 func (l *Leftovers) Clean(ctx context.Context, f *fleet.Fleet, uid string) error {
 	var gone []string
-	for _, rep := range f.VolumeReports(uid) {
+	for _, rep := range f.Volumes.All(uid) {
 		if rep.Report.Gone || rep.Report.Imported {
 			gone = append(gone, rep.Node)
 		}
@@ -160,10 +162,10 @@ func (l *Leftovers) Clean(ctx context.Context, f *fleet.Fleet, uid string) error
 		return err
 	}
 	for _, node := range gone {
-		if err := f.Bus.DeleteVolumeIntent(ctx, node, uid); err != nil {
+		if err := bus.Delete(ctx, f.Bus, wire.VolumeIntents, node, uid); err != nil {
 			return errors.Wrapf(err, "cannot delete the intent of deleted Volume %s on node %s", uid, node)
 		}
-		if err := f.Bus.DeleteVolumeReport(ctx, node, uid); err != nil {
+		if err := bus.Delete(ctx, f.Bus, wire.VolumeReports, node, uid); err != nil {
 			return errors.Wrapf(err, "cannot delete the report of deleted Volume %s on node %s", uid, node)
 		}
 		l.log.Debug("Deleted the intent and report of a deleted Volume", "uid", uid, "node", node)

@@ -23,12 +23,12 @@ import (
 func TestLeftoversClean(t *testing.T) {
 	const uid = "vol-uid"
 	existing := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "data", UID: uid}}
-	gone := bus.VolumeReportEvent{Node: testNode, UID: uid, Report: wire.VolumeReport{UID: uid, Gone: true}}
-	cannot := bus.VolumeReportEvent{Node: testNode, UID: uid, Report: wire.VolumeReport{UID: uid, Message: "in use"}}
-	imported := bus.VolumeReportEvent{Node: testNode, UID: uid, Report: wire.VolumeReport{UID: uid, Imported: true, SizeBytes: 1 << 30}}
+	gone := wire.VolumeReport{UID: uid, Gone: true}
+	cannot := wire.VolumeReport{UID: uid, Message: "in use"}
+	imported := wire.VolumeReport{UID: uid, Imported: true, SizeBytes: 1 << 30}
 
 	cases := map[string]struct {
-		report *bus.VolumeReportEvent
+		report *wire.VolumeReport
 		// cached and api are the Volumes the cache and the API server hold.
 		cached, api []client.Object
 
@@ -64,18 +64,18 @@ func TestLeftoversClean(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
-			_, err := b.PutVolumeIntent(context.Background(), testNode, wire.VolumeIntent{UID: uid, Namespace: "team", Name: "data", Disk: "team_data", Absent: true})
+			_, err := bus.Put(context.Background(), b, wire.VolumeIntents, testNode, uid, wire.VolumeIntent{UID: uid, Namespace: "team", Name: "data", Disk: "team_data", Absent: true})
 			require.NoError(t, err)
 			f := fleettest.Start(t, b)
 			if tc.report != nil {
-				b.SetVolumeReport(*tc.report)
+				bus.SetValue(b, wire.VolumeReports, testNode, uid, *tc.report)
 			}
 			l := newTestLeftovers(t, tc.cached, tc.api)
 
 			require.NoError(t, l.Clean(context.Background(), f, uid))
 
-			_, intent := b.VolumeIntent(testNode, uid)
-			_, report := f.VolumeReport(testNode, uid)
+			_, intent := bus.Stored(b, wire.VolumeIntents, testNode, uid)
+			_, report := f.Volumes.Report(testNode, uid)
 			assert.Equal(t, !tc.wantCleaned, intent, "the volume intent is kept")
 			assert.Equal(t, !tc.wantCleaned && tc.report != nil, report, "the volume report is kept")
 		})
@@ -88,11 +88,11 @@ func TestLeftoversSweep(t *testing.T) {
 	ctx := context.Background()
 	b := bus.NewFake()
 	for _, uid := range []string{"old-1", "old-2", "late", "alive"} {
-		_, err := b.PutVolumeIntent(ctx, testNode, wire.VolumeIntent{UID: uid, Namespace: "team", Name: uid, Disk: "team_" + uid, Absent: true})
+		_, err := bus.Put(ctx, b, wire.VolumeIntents, testNode, uid, wire.VolumeIntent{UID: uid, Namespace: "team", Name: uid, Disk: "team_" + uid, Absent: true})
 		require.NoError(t, err)
 	}
 	for _, uid := range []string{"old-1", "old-2", "alive"} {
-		b.SetVolumeReport(bus.VolumeReportEvent{Node: testNode, UID: uid, Report: wire.VolumeReport{UID: uid, Gone: true}})
+		bus.SetValue(b, wire.VolumeReports, testNode, uid, wire.VolumeReport{UID: uid, Gone: true})
 	}
 	alive := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "alive", UID: "alive"}}
 	l := newTestLeftovers(t, []client.Object{alive}, []client.Object{alive})
@@ -104,18 +104,18 @@ func TestLeftoversSweep(t *testing.T) {
 	go func() { _ = l.Start(runCtx) }()
 
 	intent := func(uid string) func() bool {
-		return func() bool { _, ok := b.VolumeIntent(testNode, uid); return ok }
+		return func() bool { _, ok := bus.Stored(b, wire.VolumeIntents, testNode, uid); return ok }
 	}
 	for _, uid := range []string{"old-1", "old-2"} {
 		require.Eventually(t, func() bool { return !intent(uid)() }, 5*time.Second, 5*time.Millisecond, "leftover %s is swept at start", uid)
-		require.Eventually(t, func() bool { _, ok := f.VolumeReport(testNode, uid); return !ok }, 5*time.Second, 5*time.Millisecond, "report %s is deleted", uid)
+		require.Eventually(t, func() bool { _, ok := f.Volumes.Report(testNode, uid); return !ok }, 5*time.Second, 5*time.Millisecond, "report %s is deleted", uid)
 	}
 
-	b.SetVolumeReport(bus.VolumeReportEvent{Node: testNode, UID: "late", Report: wire.VolumeReport{UID: "late", Gone: true}})
+	bus.SetValue(b, wire.VolumeReports, testNode, "late", wire.VolumeReport{UID: "late", Gone: true})
 	require.Eventually(t, func() bool { return !intent("late")() }, 5*time.Second, 5*time.Millisecond, "a leftover reported later is cleaned")
 
 	assert.True(t, intent("alive")(), "an existing Volume's intent stays")
-	_, ok := f.VolumeReport(testNode, "alive")
+	_, ok := f.Volumes.Report(testNode, "alive")
 	assert.True(t, ok, "an existing Volume's report stays")
 }
 

@@ -10,7 +10,6 @@ package volume
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -25,10 +24,13 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 )
 
 // ReasonNodeLost is the event of a Volume let go without its node confirming
@@ -64,15 +66,14 @@ func observe(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users []str
 // external name imports that volume of its node. The Releaser reaches the
 // nodes through pool, gives up on a node lost for longer than fencing, and
 // is woken by notifier, which the pool's fleets must feed with
-// Fleet.SubscribeVolumes.
-func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencing time.Duration, notifier *fleet.Notifier) error {
+// Fleet.Volumes.Subscribe.
+func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencing time.Duration, notifier *fleet.Notifier, memory *perobject.Owner) error {
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(managed.ControllerName(v1alpha1.VolumeGroupKind))) //nolint:staticcheck // crossplane-runtime still records through the old events API
-	r := NewReleaser(mgr.GetClient(), pool, fencing, notifier, recorder)
+	r := NewReleaser(mgr.GetClient(), pool, fencing, notifier, recorder, memory)
 	k := Kind
 	k.Observe, k.Release = r.Observe, r.Release
 	k.Sources = []source.Source{notifier.Source()}
-	k.Forget = r.forget
-	return inuse.SetupGated(mgr, o, k)
+	return inuse.SetupGated(mgr, o, k, memory)
 }
 
 // Fleets finds the Fleet of a NATS server; *fleet.Pool is one.
@@ -90,23 +91,24 @@ type Releaser struct {
 	fencing  time.Duration
 	recorder event.Recorder
 	now      func() time.Time
-	// published holds, by Volume uid, the import intent last written.
-	published sync.Map
+	// published holds the import intent last written of each Volume.
+	published *perobject.Map[wire.VolumeIntent]
 }
 
 // NewReleaser returns a Releaser that reaches the nodes through the fleets of
 // pool, gives up on a node lost for longer than fencing (the VMs' fencing
 // timeout), and is woken by notifier, which the pool's fleets must feed with
-// Fleet.SubscribeVolumes.
-func NewReleaser(kube client.Client, pool Fleets, fencing time.Duration, notifier *fleet.Notifier, recorder event.Recorder) *Releaser {
+// Fleet.Volumes.Subscribe.
+func NewReleaser(kube client.Client, pool Fleets, fencing time.Duration, notifier *fleet.Notifier, recorder event.Recorder, memory *perobject.Owner) *Releaser {
 	return &Releaser{
-		kube:     kube,
-		configs:  providerconfig.NewResolver(kube),
-		pool:     pool,
-		notifier: notifier,
-		fencing:  fencing,
-		recorder: recorder,
-		now:      time.Now,
+		published: perobject.NewMap[wire.VolumeIntent](memory),
+		kube:      kube,
+		configs:   providerconfig.NewResolver(kube),
+		pool:      pool,
+		notifier:  notifier,
+		fencing:   fencing,
+		recorder:  recorder,
+		now:       time.Now,
 	}
 }
 
@@ -141,18 +143,18 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 	}
 	uid := string(v.UID)
 
-	f.FlagForeign(fleet.KindVolume, v, node)
-	rep, reported := f.VolumeReport(node, uid)
+	f.Volumes.FlagForeign(v, node)
+	rep, reported := f.Volumes.Report(node, uid)
 	if reported && rep.Report.Gone {
-		if err := f.Bus.DeleteVolumeIntent(ctx, node, uid); err != nil {
+		if err := bus.Delete(ctx, f.Bus, wire.VolumeIntents, node, uid); err != nil {
 			return false, errors.Wrapf(err, "cannot delete the volume intent on node %s", node)
 		}
 		return true, nil
 	}
 	in := intentOf(v)
 	in.Absent = true
-	r.published.Delete(uid)
-	if _, err := f.Bus.PutVolumeIntent(ctx, node, in); err != nil {
+	r.published.Delete(v.UID)
+	if _, err := bus.Put(ctx, f.Bus, wire.VolumeIntents, node, in.UID, in); err != nil {
 		return false, errors.Wrapf(err, "cannot ask node %s to delete the volume", node)
 	}
 	if n := f.Node(node); n.Lost {
@@ -170,12 +172,6 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 		return false, errors.New(fmt.Sprintf("node %s cannot delete the volume yet: %s", node, rep.Report.Message))
 	}
 	return false, nil
-}
-
-// forget drops what r remembers of the Volume uid, once it is gone.
-func (r *Releaser) forget(uid string) {
-	r.notifier.Forget(uid)
-	r.published.Delete(uid)
 }
 
 // fleetOf is the Fleet of v's ProviderConfig, whose reports about v now

@@ -21,9 +21,9 @@ import (
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
-	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 )
 
 const (
@@ -77,17 +77,10 @@ func testReleaser(t *testing.T, f *fleet.Fleet, objs ...client.Object) (*Release
 			Grants: []apisv1alpha1.TenantGrant{{Namespaces: []string{"team"}, Import: true}},
 		},
 	})...).Build()
-	notifier := fleet.NewNotifierFor(func() client.Object { return &v1alpha1.Volume{} })
+	memory := perobject.NewOwner(nil)
+	notifier := fleet.NewNotifierFor(memory, func() client.Object { return &v1alpha1.Volume{} })
 	rec := &fleettest.Recorder{}
-	return &Releaser{
-		kube:     kube,
-		configs:  providerconfig.NewResolver(kube),
-		pool:     oneFleet{f},
-		notifier: notifier,
-		fencing:  testFencing,
-		recorder: rec,
-		now:      time.Now,
-	}, rec, notifier, kube
+	return NewReleaser(kube, oneFleet{f}, testFencing, notifier, rec, memory), rec, notifier, kube
 }
 
 func TestRelease(t *testing.T) {
@@ -123,7 +116,7 @@ func TestRelease(t *testing.T) {
 			play: []func(*bus.Fake){
 				func(b *bus.Fake) { b.SetNode(alive) },
 				func(b *bus.Fake) {
-					b.SetVolumeReport(bus.VolumeReportEvent{Node: testNode, UID: "vol-uid", Report: wire.VolumeReport{UID: "vol-uid", Message: "volume team_data is still used by guest g"}})
+					bus.SetValue(b, wire.VolumeReports, testNode, "vol-uid", wire.VolumeReport{UID: "vol-uid", Message: "volume team_data is still used by guest g"})
 				},
 			},
 			wantErr:    "node node1 cannot delete the volume yet: volume team_data is still used by guest g",
@@ -133,9 +126,11 @@ func TestRelease(t *testing.T) {
 			node: testNode,
 			play: []func(*bus.Fake){
 				func(b *bus.Fake) { b.SetNode(alive) },
-				func(b *bus.Fake) { _, _ = b.PutVolumeIntent(context.Background(), testNode, absent) },
 				func(b *bus.Fake) {
-					b.SetVolumeReport(bus.VolumeReportEvent{Node: testNode, UID: "vol-uid", Report: wire.VolumeReport{UID: "vol-uid", Gone: true}})
+					_, _ = bus.Put(context.Background(), b, wire.VolumeIntents, testNode, absent.UID, absent)
+				},
+				func(b *bus.Fake) {
+					bus.SetValue(b, wire.VolumeReports, testNode, "vol-uid", wire.VolumeReport{UID: "vol-uid", Gone: true})
 				},
 			},
 			wantReleased: true,
@@ -145,7 +140,7 @@ func TestRelease(t *testing.T) {
 			play: []func(*bus.Fake){
 				func(b *bus.Fake) { b.SetNode(alive) },
 				func(b *bus.Fake) {
-					b.SetVolumeReport(bus.VolumeReportEvent{Node: "node2", UID: "vol-uid", Report: wire.VolumeReport{UID: "vol-uid", Gone: true}})
+					bus.SetValue(b, wire.VolumeReports, "node2", "vol-uid", wire.VolumeReport{UID: "vol-uid", Gone: true})
 				},
 			},
 			wantIntent: true,
@@ -183,7 +178,7 @@ func TestRelease(t *testing.T) {
 				require.NoError(t, err)
 			}
 			assert.Equal(t, tc.wantReleased, released, "released")
-			in, ok := b.VolumeIntent(testNode, "vol-uid")
+			in, ok := bus.Stored(b, wire.VolumeIntents, testNode, "vol-uid")
 			require.Equal(t, tc.wantIntent, ok, "a volume intent is stored: %+v", in)
 			if ok {
 				assert.Equal(t, absent, in, "the intent asks the node to delete the Volume's volume")

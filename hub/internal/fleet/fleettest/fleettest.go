@@ -18,6 +18,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
@@ -34,9 +35,9 @@ func Start(t *testing.T, b *bus.Fake) *fleet.Fleet {
 	// A lost node and a volume report of nobody's mark that both watches
 	// are in place.
 	b.SetNode(bus.NodeEvent{Node: "sentinel", Lost: true})
-	b.SetVolumeReport(bus.VolumeReportEvent{Node: "sentinel", UID: "sentinel"})
+	bus.SetValue(b, wire.VolumeReports, "sentinel", "sentinel", wire.VolumeReport{UID: "sentinel"})
 	require.Eventually(t, func() bool {
-		_, ok := f.VolumeReport("sentinel", "sentinel")
+		_, ok := f.Volumes.Report("sentinel", "sentinel")
 		return ok && f.Node("sentinel").Lost
 	}, 5*time.Second, time.Millisecond)
 	return f
