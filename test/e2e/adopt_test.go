@@ -155,7 +155,7 @@ func testOrphanAdoptImport(t *testing.T, backend string, gb guestBackend) {
 		assertSameGuests(t, guests, h.domains(t, node), "nothing changed")
 	})
 
-	external := gb.foreign(t, h, node, wire.NodeName(ns, "net-db"))
+	external := gb.foreign(t, h, node, wire.NameOnNode(ns, "net-db"))
 	guests = h.domains(t, node)
 	h.create(t, volume("seen-root"))
 	observed := on(vmWith("seen", "seen-root"))

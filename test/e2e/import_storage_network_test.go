@@ -102,7 +102,7 @@ func TestImportVolumeAndNetwork(t *testing.T) {
 		h.wait(t, "user", 90*time.Second, running)
 		h.delete(t, "user")
 		h.deleteObject(t, getInto(t, h, "own", &v1alpha1.Volume{}))
-		assert.True(t, h.nodeVolumeExists(t, node, wire.NodeName(ns, "own")), "the volume stays")
+		assert.True(t, h.nodeVolumeExists(t, node, wire.NameOnNode(ns, "own")), "the volume stays")
 	})
 
 	t.Run("AVMAttachesAnImportedVolumeAsItIs", func(t *testing.T) {
@@ -114,7 +114,7 @@ func TestImportVolumeAndNetwork(t *testing.T) {
 		vm.Spec.ForProvider.DiskAttachments = append(vm.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: "legacy-data"})
 		h.create(t, vm)
 		got := h.wait(t, "data-user", 90*time.Second, running)
-		assert.Equal(t, []string{wire.NodeName(ns, "data-user-root"), "legacy-data.img"}, h.domainVolumes(t, node, got.Status.AtProvider.ID))
+		assert.Equal(t, []string{wire.NameOnNode(ns, "data-user-root"), "legacy-data.img"}, h.domainVolumes(t, node, got.Status.AtProvider.ID))
 	})
 
 	t.Run("AVolumeThatOnlyObservesIsNeverAttached", func(t *testing.T) {

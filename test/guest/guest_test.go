@@ -322,7 +322,7 @@ func (g *suite) assertLeasedSince(t *testing.T, v *v1alpha1.VirtualMachine, ip s
 	l, err := g.host.Dial()
 	require.NoError(t, err)
 	defer func() { _ = l.Disconnect() }()
-	n, err := l.NetworkLookupByName(wire.NodeName(ns, "vfnet"))
+	n, err := l.NetworkLookupByName(wire.NameOnNode(ns, "vfnet"))
 	require.NoError(t, err)
 	leases, _, err := l.NetworkGetDhcpLeases(n, golibvirt.OptString{}, 1, 0)
 	require.NoError(t, err)
@@ -502,7 +502,7 @@ func (g *suite) delete(t *testing.T) {
 	for _, name := range vols {
 		assert.NotContains(t, name, string(v.UID), "the guest's own volumes (seed, swap) are gone")
 	}
-	assert.Contains(t, vols, wire.NodeName(ns, "g1-root"), "the Volume's disk stays")
+	assert.Contains(t, vols, wire.NameOnNode(ns, "g1-root"), "the Volume's disk stays")
 	require.NoError(t, g.kube.Get(g.ctx, types.NamespacedName{Namespace: ns, Name: "g1-root"}, &v1alpha1.Volume{}), "the Volume stays")
 }
 

@@ -174,7 +174,7 @@ func (g *suite) migrate(t *testing.T, name, ip, from, to, peer string) {
 	assert.Equal(t, name, after.hostname)
 	assert.False(t, src.domainExists(t, vm.UID), "no domain left on %s", from)
 	assert.True(t, dst.domainExists(t, vm.UID), "the domain is on %s", to)
-	disk := wire.NodeName(ns, name+"-root")
+	disk := wire.NameOnNode(ns, name+"-root")
 	require.Eventually(t, func() bool {
 		return !slices.Contains(src.poolVolumes(t), disk)
 	}, time.Minute, time.Second, "the disk's copy on %s goes", from)

@@ -62,7 +62,7 @@ const maxUserData = 2048
 func VMName(uid string) string { return "vf-" + uid }
 
 // ObjectName maps a node-side name of a disk or network, "<namespace>_<name>"
-// (reconciler.NodeName), to the Kubernetes name of its PVC or
+// (wire.NameOnNode), to the Kubernetes name of its PVC or
 // NetworkAttachmentDefinition in the target namespace: "<namespace>.<name>".
 // A namespace has no dots, so the first dot separates the two and the
 // mapping is one-to-one; NodeNameOf undoes it.

@@ -9,12 +9,6 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
 
-// NodeName is the name a namespaced resource (a Volume or VirtualNetwork)
-// gets on the node; the hub names volumes the same way in VolumeIntents.
-func NodeName(namespace, name string) string {
-	return wire.NodeName(namespace, name)
-}
-
 // machine turns an intent into the Driver's input. An intent the hub should
 // never have written (no disk, no memory) is refused as terminal, with a
 // message naming the field, rather than half-created.
@@ -68,7 +62,7 @@ func machine(in wire.Intent) (driver.Machine, error) {
 				PruneAfter: time.Duration(im.PruneAfterSeconds) * time.Second,
 			}
 			if src := im.SourceVolume; src != nil {
-				disk.Image.SourceVolume = NodeName(in.Namespace, src.Name)
+				disk.Image.SourceVolume = wire.NameOnNode(in.Namespace, src.Name)
 			}
 			for j, cidr := range im.AllowedSources {
 				p, err := netip.ParsePrefix(cidr)
@@ -125,12 +119,12 @@ func nodeNetwork(namespace string, n wire.Network) string {
 }
 
 // importedOr is the node's name of a Volume's or VirtualNetwork's storage or
-// network: the one it imports by external name, else NodeName's.
+// network: the one it imports by external name, else wire.NameOnNode's.
 func importedOr(externalName, namespace, name string) string {
 	if externalName != "" {
 		return externalName
 	}
-	return NodeName(namespace, name)
+	return wire.NameOnNode(namespace, name)
 }
 
 // report turns what the driver observed into the wire report for in.

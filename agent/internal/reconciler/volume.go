@@ -29,7 +29,7 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, uid string) (time.Dura
 	}
 	// An imported volume is named by its external name (wire validation
 	// holds Disk to it); any other is the Volume's own.
-	if want := NodeName(in.Namespace, in.Name); in.ExternalName == "" && in.Disk != want {
+	if want := wire.NameOnNode(in.Namespace, in.Name); in.ExternalName == "" && in.Disk != want {
 		return 0, r.volumeReport(ctx, wire.VolumeReport{UID: uid, Message: fmt.Sprintf(
 			"malformed volume intent: disk %q is not Volume %s/%s's volume %q; refusing to delete it", in.Disk, in.Namespace, in.Name, want)})
 	}

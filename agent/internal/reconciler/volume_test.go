@@ -17,7 +17,7 @@ import (
 )
 
 func volumeIntent(uid, name string) wire.VolumeIntent {
-	return wire.VolumeIntent{ProtocolVersion: wire.ProtocolVersion, UID: uid, Namespace: "default", Name: name, Disk: NodeName("default", name), Absent: true}
+	return wire.VolumeIntent{ProtocolVersion: wire.ProtocolVersion, UID: uid, Namespace: "default", Name: name, Disk: wire.NameOnNode("default", name), Absent: true}
 }
 
 func (h *harness) putVolume(v wire.VolumeIntent) {

@@ -77,7 +77,7 @@ func exampleVolumeIntent() VolumeIntent {
 		UID:             "9a3e0c1b-1111-4c2d-8e3f-000000000001",
 		Namespace:       "team-a",
 		Name:            "root",
-		Disk:            NodeName("team-a", "root"),
+		Disk:            NameOnNode("team-a", "root"),
 		Absent:          true,
 	}
 }

@@ -155,7 +155,7 @@ type Disk struct {
 	// external name (VolumeIntent.ExternalName): the disk is that volume,
 	// attached as it is and never created, resized or filled; SizeBytes is
 	// its size as the node reported it. Empty means the node's volume
-	// NodeName(Namespace, Name). The hub sends it only once the node
+	// NameOnNode(Namespace, Name). The hub sends it only once the node
 	// reported the import, and never with Image.
 	ExternalName string `json:"externalName,omitempty"`
 }
@@ -190,7 +190,7 @@ type ImageRef struct {
 }
 
 // SourceVolume is the Volume a cloned image copies. Volumes are named on the
-// node by namespace and name (NodeName), so the agent needs the name; the
+// node by namespace and name (NameOnNode), so the agent needs the name; the
 // uid says which incarnation of that name the hub meant.
 type SourceVolume struct {
 	// Name is the Volume's name, in the intent's namespace.
@@ -210,7 +210,7 @@ type Network struct {
 	// external name: the node's network of that name (a libvirt network,
 	// a Neutron network's name or id) is used as it is, never created,
 	// changed or deleted, and it must be what Mode, CIDR and Bridge say.
-	// Empty means the node's network NodeName(Namespace, Name), made from
+	// Empty means the node's network NameOnNode(Namespace, Name), made from
 	// Mode, CIDR and Bridge when missing.
 	ExternalName string `json:"externalName,omitempty"`
 	// Address is the interface's address, with the network's prefix length
@@ -403,11 +403,11 @@ type Resources struct {
 	StorageBytes int64 `json:"storageBytes,omitempty"`
 }
 
-// NodeName is the name a namespaced resource (a Volume or VirtualNetwork)
+// NameOnNode is the name a namespaced resource (a Volume or VirtualNetwork)
 // has on a node. Kubernetes names are DNS labels without "_", so the
 // separator keeps names from different namespaces apart, and they never clash
 // with the node's own volumes (images are "image_<uid>").
-func NodeName(namespace, name string) string {
+func NameOnNode(namespace, name string) string {
 	return namespace + "_" + name
 }
 
@@ -425,7 +425,7 @@ func NodeName(namespace, name string) string {
 // ExternalName deletes it. Any other present intent is refused as invalid.
 // An agent older than ExternalName refuses both as malformed (a present
 // intent was invalid, and an absent one names a Disk other than
-// NodeName(Namespace, Name)), so it never deletes a volume it does not know
+// NameOnNode(Namespace, Name)), so it never deletes a volume it does not know
 // it may.
 type VolumeIntent struct {
 	ProtocolVersion int `json:"protocolVersion"`
@@ -434,7 +434,7 @@ type VolumeIntent struct {
 	// Namespace and Name are the Volume's, for messages.
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
-	// Disk is the volume's name on the node: NodeName(Namespace, Name), or
+	// Disk is the volume's name on the node: NameOnNode(Namespace, Name), or
 	// ExternalName for an imported volume.
 	Disk string `json:"disk"`
 	// Pool is the storage pool holding it; empty means the node's default.
