@@ -9,7 +9,7 @@ SHELL := /usr/bin/env bash
 GO ?= go
 TOOLS := $(GO) tool -modfile=hack/tools/go.mod
 # Go packages whose files are written by generators.
-GENERATED := apis package/crds internal/testing/kubevirttest/testdata
+GENERATED := apis package/crds internal/harness/kubevirttest/testdata
 
 # Fuzz targets run for FUZZ_TIME each in `make test`; longer with `make fuzz FUZZ_TIME=5m`.
 # The default is a count of inputs (about 3 s each on two cores), not a
@@ -66,7 +66,7 @@ guest-image: ## Build the real-guest test image (Debian, QEMU) once per machine 
 
 .PHONY: generate
 generate: ## Regenerate deepcopy, managed-resource methods and CRDs (ours, and KubeVirt's for its tests).
-	$(GO) generate ./apis/... ./internal/testing/kubevirttest/...
+	$(GO) generate ./apis/... ./internal/harness/kubevirttest/...
 
 .PHONY: verify-generated
 verify-generated: ## Fail when `make generate` would change any generated file.
@@ -86,7 +86,7 @@ fmt-check: ## Fail on files gofmt would change.
 .PHONY: vet
 vet: ## go vet every package (the function is a module of its own), and make run's Crossplane mode.
 	$(GO) vet ./...
-	$(GO) vet -tags crossplane ./internal/testing/localrun/
+	$(GO) vet -tags crossplane ./cluster/local/internal/localrun/
 	cd function && $(GO) vet ./...
 
 .PHONY: build

@@ -19,7 +19,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/bench/benchmark"
 	"github.com/virtfleet/virtfleet/internal/flagenv"
-	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 )
 
 func main() {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/chaos/internal/chaos"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // TestShortChaosCatchesInjectedFaults shows the checks can fail: after the

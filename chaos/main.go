@@ -21,7 +21,7 @@ import (
 	"github.com/virtfleet/virtfleet/bench/benchmark"
 	"github.com/virtfleet/virtfleet/chaos/internal/chaos"
 	"github.com/virtfleet/virtfleet/internal/flagenv"
-	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 )
 
 func main() {

@@ -12,7 +12,7 @@
 #   test        make test: all of the above, Debian's own OpenStack Zed
 #               services (Keystone, Placement, Nova, Cinder, Neutron with
 #               MariaDB and RabbitMQ) that the Nova backend is tested against
-#               as plain processes (internal/testing/openstack), and
+#               as plain processes (internal/harness/openstack), and
 #               Prometheus's promtool, which checks the alert rules.
 # Run as root it installs what is missing; otherwise it prints the exact
 # command to run. The once-per-machine Go builds the profiles need build

@@ -20,14 +20,14 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/guesthost"
-	"github.com/virtfleet/virtfleet/internal/testing/guestimage"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
+	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // GuestBoot is one real guest's boot through the whole stack: a Debian
-// cloud image (internal/testing/guestimage) on a system libvirtd with QEMU
-// in a network namespace of the run's own (internal/testing/guesthost),
+// cloud image (internal/harness/guestimage) on a system libvirtd with QEMU
+// in a network namespace of the run's own (internal/harness/guesthost),
 // running its guests under TCG (guesthost.DomainType).
 type GuestBoot struct {
 	Node string `json:"node"`

@@ -13,9 +13,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/guesthost"
-	"github.com/virtfleet/virtfleet/internal/testing/guestimage"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
+	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // MigrationRun is the live migration of one idle real guest between two

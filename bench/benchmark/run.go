@@ -24,9 +24,9 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/bench/workload"
-	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
-	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // Options size the run.

@@ -24,7 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
-	"github.com/virtfleet/virtfleet/internal/testing/manifests"
+	"github.com/virtfleet/virtfleet/internal/harness/manifests"
 )
 
 // objects loads every manifest of the directory (the kustomization excluded)

@@ -1,5 +1,5 @@
 // Command local is `make run`: the whole virtfleet system on this machine
-// until Ctrl-C. See internal/testing/localrun.
+// until Ctrl-C. See cluster/local/internal/localrun.
 package main
 
 import (
@@ -11,8 +11,8 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/virtfleet/virtfleet/cluster/local/internal/localrun"
 	"github.com/virtfleet/virtfleet/internal/flagenv"
-	"github.com/virtfleet/virtfleet/internal/testing/localrun"
 )
 
 func main() {

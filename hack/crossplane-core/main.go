@@ -1,9 +1,9 @@
 // Command crossplane-core prints the path of Crossplane's core binary,
 // building it once per machine from the Go module proxy when needed (see
-// internal/testing/crossplanecore), together with Kubernetes' garbage
+// internal/harness/crossplanecore), together with Kubernetes' garbage
 // collector, which the Crossplane harness runs (Crossplane deletes composed
 // resources only through Kubernetes garbage collection; see
-// internal/testing/envtestassets). Progress
+// internal/harness/envtestassets). Progress
 // goes to stderr, the path to stdout.
 package main
 
@@ -13,8 +13,8 @@ import (
 	"os"
 	"os/signal"
 
-	"github.com/virtfleet/virtfleet/internal/testing/crossplanecore"
-	"github.com/virtfleet/virtfleet/internal/testing/envtestassets"
+	"github.com/virtfleet/virtfleet/internal/harness/crossplanecore"
+	"github.com/virtfleet/virtfleet/internal/harness/envtestassets"
 )
 
 func main() {

@@ -1,6 +1,6 @@
 // Command envtest-assets prints a directory holding kube-apiserver, etcd and
 // kubectl, building them once per machine when needed (see
-// internal/testing/envtestassets). Progress goes to stderr, the directory to stdout, so
+// internal/harness/envtestassets). Progress goes to stderr, the directory to stdout, so
 // a Makefile can write KUBEBUILDER_ASSETS="$(go run ./hack/envtest-assets)".
 package main
 
@@ -10,7 +10,7 @@ import (
 	"os"
 	"os/signal"
 
-	"github.com/virtfleet/virtfleet/internal/testing/envtestassets"
+	"github.com/virtfleet/virtfleet/internal/harness/envtestassets"
 )
 
 func main() {

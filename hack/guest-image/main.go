@@ -1,5 +1,5 @@
 // Command guest-image prints the path of the real-guest test image, building
-// it once per machine and recipe when needed (see internal/testing/guestimage).
+// it once per machine and recipe when needed (see internal/harness/guestimage).
 // Progress goes to stderr, the path to stdout, as hack/envtest-assets does.
 package main
 
@@ -9,7 +9,7 @@ import (
 	"os"
 	"os/signal"
 
-	"github.com/virtfleet/virtfleet/internal/testing/guestimage"
+	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
 )
 
 func main() {

@@ -4,7 +4,7 @@
 //
 // The model uses plain nkey users with per-user permissions, so it works on a
 // stock nats-server (an "authorization { users = [...] }" block) as well as on
-// the embedded one in internal/testing/natstest. An agent for node N may only:
+// the embedded one in internal/harness/natstest. An agent for node N may only:
 //   - create an ordered consumer on the intents stream whose filter is N's
 //     keys, and direct-get N's intents and reports by subject;
 //   - publish to its own report keys and its own heartbeat key;

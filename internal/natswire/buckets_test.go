@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/natswire"
-	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 )
 
 // hubJetStream starts a real nats-server and connects to it as the hub.

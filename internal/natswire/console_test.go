@@ -17,14 +17,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/natswire"
-	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 )
 
 // TestMain shortens the console timings once, before any session reads

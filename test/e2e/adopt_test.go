@@ -32,10 +32,10 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver/kubevirt"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/kubevirttest"
-	"github.com/virtfleet/virtfleet/internal/testing/natstest"
-	"github.com/virtfleet/virtfleet/internal/testing/openstack"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/kubevirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/natstest"
+	"github.com/virtfleet/virtfleet/internal/harness/openstack"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // guestBackend is what the orphan, adopt and import scenarios need of one

@@ -24,9 +24,9 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/openstack"
-	"github.com/virtfleet/virtfleet/internal/testing/openstacktest"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/openstack"
+	"github.com/virtfleet/virtfleet/internal/harness/openstacktest"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // TestBackends runs the hub's scenarios against one agent of each proxy

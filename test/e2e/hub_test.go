@@ -23,8 +23,8 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 const ns = "default"

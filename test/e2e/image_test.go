@@ -27,10 +27,10 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/diskimagetest"
-	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
-	"github.com/virtfleet/virtfleet/internal/testing/natstest"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/diskimagetest"
+	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/natstest"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // TestDiskImages runs the whole system on one node and boots VMs from

@@ -21,9 +21,9 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/diskimagetest"
-	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/diskimagetest"
+	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // TestImportKill kills an agent with SIGKILL in the middle of an image

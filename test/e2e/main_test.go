@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/virtfleet/virtfleet/internal/testing/openstack"
+	"github.com/virtfleet/virtfleet/internal/harness/openstack"
 )
 
 // TestMain stops the real OpenStack that TestBackends/nova starts, once,

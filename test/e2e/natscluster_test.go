@@ -14,7 +14,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // TestNATSClusterLosesAServer runs NATS as a cluster of three nats-server

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // TestAnOperatorSeesTheFleet drives a small fleet as an operator watches it:

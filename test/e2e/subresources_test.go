@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // TestSubresources drives a VM through the aggregated API with the kubectl

@@ -1,9 +1,9 @@
 // Package guest runs real guests through the whole stack: the API server,
 // NATS, the hub and an agent per libvirt node, each node a real hypervisor — a
 // system libvirtd with QEMU (TCG where there is no /dev/kvm) and a NAT network,
-// inside a network namespace of the suite's own (internal/testing/guesthost)
+// inside a network namespace of the suite's own (internal/harness/guesthost)
 // — booting the Debian cloud image built once per machine
-// (internal/testing/guestimage). Everything is driven through
+// (internal/harness/guestimage). Everything is driven through
 // VirtualMachine resources; what the guest really does is checked from inside
 // it over ssh, which runs inside its host's namespace. TestRealGuest runs one
 // hypervisor, TestTwoHostsOneNetwork two joined by an underlay.
@@ -39,9 +39,9 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/guesthost"
-	"github.com/virtfleet/virtfleet/internal/testing/guestimage"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
+	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 const (

@@ -19,7 +19,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/guestimage"
+	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
 )
 
 // migrationTimeout bounds one live migration of a guest with its disk

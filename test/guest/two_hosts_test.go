@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/guesthost"
+	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
 )
 
 // The two hypervisors of TestTwoHostsOneNetwork.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/testing/drivertest"
+	"github.com/virtfleet/virtfleet/internal/harness/drivertest"
 )
 
 // conformanceUIDs numbers the conformance suite's guests.

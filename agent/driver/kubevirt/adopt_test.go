@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/testing/kubevirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/kubevirttest"
 )
 
 // read reads the object named name of the test's namespace into obj, or

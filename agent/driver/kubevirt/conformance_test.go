@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
-	"github.com/virtfleet/virtfleet/internal/testing/drivertest"
+	"github.com/virtfleet/virtfleet/internal/harness/drivertest"
 )
 
 // TestConformance runs the driver conformance suite against the shared

@@ -19,7 +19,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/testing/guestconsole"
+	"github.com/virtfleet/virtfleet/internal/harness/guestconsole"
 	"github.com/virtfleet/virtfleet/internal/wsconsole"
 )
 

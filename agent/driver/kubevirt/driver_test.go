@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/testing/kubevirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/kubevirttest"
 )
 
 // env is one test's view of the shared cluster: a namespace of its own and

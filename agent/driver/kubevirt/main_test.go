@@ -7,7 +7,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/virtfleet/virtfleet/internal/testing/kubevirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/kubevirttest"
 )
 
 // cluster is the simulated KubeVirt cluster this package's tests share: one

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 )
 
 // TestRoundTrips holds the driver's common operations to a budget of libvirt

@@ -9,8 +9,8 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/testing/drivertest"
-	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/drivertest"
+	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 )
 
 // TestConformance runs the driver conformance suite against libvirt's test

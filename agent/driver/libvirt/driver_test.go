@@ -13,7 +13,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 )
 
 // testPool is the storage pool libvirt's test driver serves.

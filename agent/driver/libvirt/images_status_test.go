@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 )
 
 // imageStatus returns what Images says of uid, and whether it says anything.

@@ -22,7 +22,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/testing/guesthost"
+	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
 )
 
 // The underlay of TestNetworksOnARealHost: one end of a veth pair in the
@@ -42,7 +42,7 @@ const (
 )
 
 // TestNetworksOnARealHost runs the driver's networks on a real libvirtd
-// (internal/testing/guesthost), whose bridges, dnsmasq and VXLAN devices
+// (internal/harness/guesthost), whose bridges, dnsmasq and VXLAN devices
 // live in a network namespace of the test's own.
 func TestNetworksOnARealHost(t *testing.T) {
 	if m := guesthost.Missing(); len(m) > 0 {

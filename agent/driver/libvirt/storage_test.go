@@ -9,7 +9,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/testing/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 )
 
 // TestImportedVolumes observes volumes made by hand and by virtfleet, and

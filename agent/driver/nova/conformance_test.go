@@ -10,7 +10,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
-	"github.com/virtfleet/virtfleet/internal/testing/drivertest"
+	"github.com/virtfleet/virtfleet/internal/harness/drivertest"
 )
 
 // TestConformance runs the driver conformance suite against the test

@@ -17,8 +17,8 @@ import (
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
-	"github.com/virtfleet/virtfleet/internal/testing/guestconsole"
-	"github.com/virtfleet/virtfleet/internal/testing/openstacktest"
+	"github.com/virtfleet/virtfleet/internal/harness/guestconsole"
+	"github.com/virtfleet/virtfleet/internal/harness/openstacktest"
 )
 
 // openConsole opens console kind of uid, closed at the test's end.

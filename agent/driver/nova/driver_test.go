@@ -23,7 +23,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
-	"github.com/virtfleet/virtfleet/internal/testing/openstacktest"
+	"github.com/virtfleet/virtfleet/internal/harness/openstacktest"
 )
 
 const (

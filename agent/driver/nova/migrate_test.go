@@ -11,7 +11,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
-	"github.com/virtfleet/virtfleet/internal/testing/openstacktest"
+	"github.com/virtfleet/virtfleet/internal/harness/openstacktest"
 )
 
 // actions counts the server actions the cloud answered, os-migrateLive

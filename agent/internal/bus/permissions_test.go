@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/natswire"
-	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 )
 
 // A request the server refuses for lack of permission is never answered, so

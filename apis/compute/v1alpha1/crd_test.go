@@ -20,8 +20,8 @@ import (
 
 	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	pcv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
-	"github.com/virtfleet/virtfleet/internal/testing/manifests"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/manifests"
 )
 
 // TestCRDs installs the generated CRDs into a real kube-apiserver and pins

@@ -1,4 +1,4 @@
-// Package chaos runs the whole system (internal/testing/stack) under a churn of VMs
+// Package chaos runs the whole system (internal/harness/stack) under a churn of VMs
 // (create, stop, start, delete) and kills, in turn, an agent, the hub, the
 // NATS server (or, with NATS as a cluster, the server that is the JetStream
 // meta leader) and a libvirtd with SIGKILL, then starts each again. After
@@ -33,7 +33,7 @@ import (
 	vflibvirt "github.com/virtfleet/virtfleet/agent/driver/libvirt"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/stack"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // Fault kinds, in the order a round kills them.

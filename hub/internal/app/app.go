@@ -43,6 +43,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
 	"github.com/virtfleet/virtfleet/hub/internal/census"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
@@ -53,10 +54,10 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fabric"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
-	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/hub/internal/subresources"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 	vfmetrics "github.com/virtfleet/virtfleet/internal/metrics"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
@@ -250,14 +251,14 @@ func Run(ctx context.Context, c Config) error {
 	if err := mgr.Add(memory); err != nil {
 		return errors.Wrap(err, "cannot add the owner of the hub's memory of objects")
 	}
-	mgr = kubeclient.ForManager(mgr, memory)
+	mgr = apiwrites.ForManager(mgr, memory)
 	// The placement loop hears of every fleet the pool opens; the pool
 	// opens them only once the manager runs, after the loop is made below.
 	var scheduler *virtualmachine.Scheduler
-	notifier := fleet.NewNotifier(memory)
-	volumes := fleet.NewNotifierFor(memory, func() client.Object { return &v1alpha1.Volume{} })
-	images := fleet.NewNotifierFor(memory, func() client.Object { return &v1alpha1.DiskImage{} })
-	migrations := fleet.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineMigration{} })
+	notifier := wake.NewNotifier(memory)
+	volumes := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.Volume{} })
+	images := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.DiskImage{} })
+	migrations := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineMigration{} })
 	nodeChanges := hypervisornode.NewChanges()
 	leftovers := volume.NewLeftovers(mgr.GetClient(), mgr.GetAPIReader(), log)
 	if err := leftovers.Setup(ctx, mgr); err != nil {
@@ -283,7 +284,7 @@ func Run(ctx context.Context, c Config) error {
 	placer := placement.New()
 	// A reservation held for a VM, or a migration's target, goes with it.
 	memory.OnForget(func(uid types.UID) { placer.Release(string(uid)) })
-	scheduler = virtualmachine.NewScheduler(kubeclient.Direct(mgr.GetClient()), mgr.GetCache(), pool, placer,
+	scheduler = virtualmachine.NewScheduler(apiwrites.Direct(mgr.GetClient()), mgr.GetCache(), pool, placer,
 		event.NewAPIRecorder(mgr.GetEventRecorderFor("virtualmachine-scheduler")), log, //nolint:staticcheck // crossplane-runtime still records through the old events API
 		o.Features.Enabled(feature.EnableBetaManagementPolicies))
 	// The allocator reads through the cache, and asks the API server itself

@@ -14,8 +14,8 @@ import (
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/natswire"
-	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 )
 
 const testNodeTTL = 3 * time.Second

@@ -17,8 +17,8 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualnetwork"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
-	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
 // SetupGated adds every controller, each once its CRD is established.
@@ -28,7 +28,7 @@ import (
 // (Fleet.SubscribeNodeChanges).
 // mo configures live migrations. vo.Memory owns what every controller
 // remembers of each object.
-func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, mo migration.Options, volumes, images *fleet.Notifier, nodes *hypervisornode.Changes) error {
+func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, mo migration.Options, volumes, images *wake.Notifier, nodes *hypervisornode.Changes) error {
 	if err := index.Setup(ctx, mgr); err != nil {
 		return err
 	}

@@ -15,8 +15,8 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/natswire"
-	"github.com/virtfleet/virtfleet/internal/testing/natstest"
 )
 
 // snapshotReport is a kind of report the wire does not have: a node's view

@@ -23,7 +23,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 )
 
 // TestOnARealAPIServer runs Allocators against a real kube-apiserver, whose

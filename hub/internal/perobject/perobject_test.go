@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 )
 
 // TestForgetReachesEveryMapAndHoldsOffLateWrites pins the two halves of the

@@ -20,7 +20,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/internal/build/ociimage"
 	"github.com/virtfleet/virtfleet/internal/build/providerpackage"
-	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 )
 
 // hubImage stands in for the hub image: a small binary in the real image

@@ -43,11 +43,12 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
 // SetupGated adds the DiskImage controller once the CRD is established, with
 // the nodes' image reports (see NewKind).
-func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, notifier *fleet.Notifier, memory *perobject.Owner) error {
+func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, notifier *wake.Notifier, memory *perobject.Owner) error {
 	return inuse.SetupGated(mgr, o, NewKind(mgr.GetClient(), pool, notifier), memory)
 }
 
@@ -55,7 +56,7 @@ func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, notifi
 // fleets of pool, reached through each DiskImage's ProviderConfig, and is
 // woken by notifier, which the Pool's fleets must feed with
 // Fleet.Images.Subscribe.
-func NewKind(kube client.Client, pool *fleet.Pool, notifier *fleet.Notifier) inuse.Kind[*v1alpha1.DiskImage] {
+func NewKind(kube client.Client, pool *fleet.Pool, notifier *wake.Notifier) inuse.Kind[*v1alpha1.DiskImage] {
 	r := &reports{configs: providerconfig.NewResolver(kube), pool: pool, notifier: notifier}
 	k := Kind
 	k.Observe = func(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) (xpv2.Condition, error) {
@@ -73,7 +74,7 @@ func NewKind(kube client.Client, pool *fleet.Pool, notifier *fleet.Notifier) inu
 type reports struct {
 	configs  *providerconfig.Resolver
 	pool     *fleet.Pool
-	notifier *fleet.Notifier
+	notifier *wake.Notifier
 }
 
 // of returns the reports of img from the nodes it is placed on. A DiskImage

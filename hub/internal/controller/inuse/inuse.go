@@ -39,7 +39,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
-	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
+	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 )
 
@@ -184,7 +184,7 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	// rewrite the status of) every resource it uses, several times per VM
 	// start, which would make this the hub's largest source of API writes.
 	copts := o.ForControllerRuntime()
-	copts.RateLimiter = kubeclient.ControllerRateLimiter()
+	copts.RateLimiter = apiwrites.ControllerRateLimiter()
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		WithOptions(copts).

@@ -50,6 +50,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
@@ -84,7 +85,7 @@ type Options struct {
 	Placer *placement.Placer
 	// Notifier wakes a migration when its VM's reports change; it must be
 	// subscribed to every fleet (Fleet.Guests.Subscribe).
-	Notifier *fleet.Notifier
+	Notifier *wake.Notifier
 	// PerFleet, PerNode and PerNamespace bound the migrations under way at
 	// once in a fleet, per node (as source or target) and per namespace;
 	// zero takes the defaults.

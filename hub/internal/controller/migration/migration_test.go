@@ -34,6 +34,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
@@ -89,7 +90,7 @@ func newHarness(t *testing.T, grants ...apisv1alpha1.TenantGrant) *harness {
 	h := &harness{t: t, kube: kube, bus: b, f: f, rec: rec, r: &Reconciler{
 		kube:    kube,
 		configs: providerconfig.NewResolver(kube),
-		opts: Options{Pool: onePool{f}, Placer: placement.New(), Notifier: fleet.NewNotifierFor(perobject.NewOwner(nil), func() client.Object { return &v1alpha1.VirtualMachineMigration{} }),
+		opts: Options{Pool: onePool{f}, Placer: placement.New(), Notifier: wake.NewNotifierFor(perobject.NewOwner(nil), func() client.Object { return &v1alpha1.VirtualMachineMigration{} }),
 			PerFleet: DefaultPerFleet, PerNode: DefaultPerNode, PerNamespace: DefaultPerNamespace},
 		recorder: rec,
 	}}

@@ -18,14 +18,14 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
-	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
 func TestObserveRelease(t *testing.T) {
 	b := bus.NewFake()
-	e := testExternal(t, b, event.NewNopRecorder(), fleet.NewNotifier(perobject.NewOwner(nil)))
+	e := testExternal(t, b, event.NewNopRecorder(), wake.NewNotifier(perobject.NewOwner(nil)))
 	e.opts.Placer = placement.New()
 	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{
 		Namespace: "default", Name: "web", UID: types.UID(testUID),

@@ -18,6 +18,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
 // The intents a VM's nodes hold during a migration: the target is told to
@@ -66,7 +67,7 @@ func TestPlanDuringAMigration(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
-			e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier(perobject.NewOwner(nil)))
+			e := testExternal(t, b, &fleettest.Recorder{}, wake.NewNotifier(perobject.NewOwner(nil)))
 			b.SetNode(bus.NodeEvent{Node: target, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt", MigrationURI: uri}})
 			require.Eventually(t, func() bool { return e.fleet.Node(target).Heartbeat.MigrationURI == uri }, 5*time.Second, time.Millisecond)
 			for node, r := range tc.reports {
@@ -110,7 +111,7 @@ func TestPlanDuringAMigration(t *testing.T) {
 // target, whatever a tenant writes in the annotation.
 func TestLeftoversAreClearedButNeverTheVMsOwnNode(t *testing.T) {
 	b := bus.NewFake()
-	e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier(perobject.NewOwner(nil)))
+	e := testExternal(t, b, &fleettest.Recorder{}, wake.NewNotifier(perobject.NewOwner(nil)))
 	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: testUID, Annotations: map[string]string{
 		v1alpha1.AnnotationNode: testNode, v1alpha1.AnnotationLeftovers: testNode + ",node2",
 	}}}

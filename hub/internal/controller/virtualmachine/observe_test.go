@@ -23,11 +23,11 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
-	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
 var errWrite = errors.New("Observe must not write")
@@ -196,7 +196,7 @@ func TestObserveOnlyReads(t *testing.T) {
 				bus.SetValue(b, wire.GuestReports, node, uid, wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: node, Phase: phase})
 				require.Eventually(t, func() bool { _, ok := f.Guests.Report(node, uid); return ok }, 5*time.Second, time.Millisecond)
 			}
-			n := fleet.NewNotifier(perobject.NewOwner(nil))
+			n := wake.NewNotifier(perobject.NewOwner(nil))
 			kube := writeless(t, &writes, unbound)
 			c := &connector{log: logging.NewNopLogger(), kube: kube, opts: Options{FencingTimeout: testFencing, Notifier: n, Placer: placer, Addresses: ipam.New(kube, kube)}, recorder: rec, state: newState(perobject.NewOwner(nil)), policies: true}
 			e := &external{connector: c, fleet: f, grant: trusted}

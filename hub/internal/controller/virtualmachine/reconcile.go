@@ -52,10 +52,10 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
-	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 )
@@ -228,7 +228,7 @@ type connector struct {
 	// policies is whether management policies are enabled.
 	policies bool
 	// holder holds back the status write of a VM just published.
-	holder *kubeclient.Client
+	holder *apiwrites.Client
 }
 
 // Connect finds the fleet the VM's ProviderConfig names.

@@ -37,15 +37,16 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
-	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
@@ -80,7 +81,7 @@ type Options struct {
 	Scheduler *Scheduler
 	// Notifier turns report changes into reconciles; it must be the one the
 	// Pool's fleets report to.
-	Notifier *fleet.Notifier
+	Notifier *wake.Notifier
 	// FencingTimeout is how long a VM whose node is lost waits in deletion
 	// before it is finalized without the node confirming the guest is gone.
 	FencingTimeout time.Duration
@@ -91,7 +92,7 @@ type Options struct {
 }
 
 // scheduledHold is how long the status of a VM whose intent was just
-// published waits for its node's first report (kubeclient's Hold). The
+// published waits for its node's first report (apiwrites.Client.Hold). The
 // report's status replaces phase Scheduled anyway, so writing Scheduled
 // would only cost a write: with the hold, the VM goes from created to
 // Running in three API writes (the create, the node and finalizer, the
@@ -130,10 +131,10 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		policies: o.Features.Enabled(feature.EnableBetaManagementPolicies),
 	}
 	// The status of a VM just published waits for the node's first report
-	// (kubeclient's Hold), so the hub's manager must carry its client.
-	holder, ok := mgr.GetClient().(*kubeclient.Client)
+	// (apiwrites.Client.Hold), so the hub's manager must carry its client.
+	holder, ok := mgr.GetClient().(*apiwrites.Client)
 	if !ok {
-		return errors.New("the VirtualMachine controller needs the hub's client: make its manager with kubeclient.ForManager")
+		return errors.New("the VirtualMachine controller needs the hub's client: make its manager with apiwrites.ForManager")
 	}
 	c.holder = holder
 	opts := []managed.ReconcilerOption{
@@ -171,7 +172,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		})
 	}
 	copts := o.ForControllerRuntime()
-	copts.RateLimiter = kubeclient.ControllerRateLimiter()
+	copts.RateLimiter = apiwrites.ControllerRateLimiter()
 	rec := &reconciler{cache: mgr.GetClient(), managed: ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter), c: c}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
@@ -266,7 +267,7 @@ func (e *external) bindVolume(ctx context.Context, v *v1alpha1.Volume, node stri
 		// Without waiting for the cache to show the binding: this
 		// controller never reads it back to write it again, and in a
 		// burst the wait held a worker per VM.
-		err := kubeclient.Direct(e.kube).Patch(ctx, v, patch)
+		err := apiwrites.Direct(e.kube).Patch(ctx, v, patch)
 		if kerrors.IsConflict(err) {
 			fresh := &v1alpha1.Volume{}
 			if gerr := e.reader.Get(ctx, client.ObjectKeyFromObject(v), fresh); gerr != nil {

@@ -23,13 +23,14 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
-	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
-	"github.com/virtfleet/virtfleet/internal/testing/controlplane"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 )
 
 const (
@@ -40,7 +41,7 @@ const (
 
 // testExternal returns the VM controller's client over a fleet of the fake bus
 // b, recording its events in rec.
-func testExternal(t *testing.T, b *bus.Fake, rec event.Recorder, n *fleet.Notifier) *external {
+func testExternal(t *testing.T, b *bus.Fake, rec event.Recorder, n *wake.Notifier) *external {
 	t.Helper()
 	c := &connector{log: logging.NewNopLogger(), opts: Options{FencingTimeout: testFencing, Notifier: n}, recorder: rec, state: newState(perobject.NewOwner(nil))}
 	return &external{connector: c, fleet: fleettest.Start(t, b), grant: trusted}
@@ -140,7 +141,7 @@ func TestSetConditions(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
-			e := testExternal(t, b, &fleettest.Recorder{}, fleet.NewNotifier(perobject.NewOwner(nil)))
+			e := testExternal(t, b, &fleettest.Recorder{}, wake.NewNotifier(perobject.NewOwner(nil)))
 			if tc.message != "" {
 				report(t, b, e.fleet, tc.message)
 			}
@@ -208,7 +209,7 @@ func TestRecordTransition(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
 			rec := &fleettest.Recorder{}
-			e := testExternal(t, b, rec, fleet.NewNotifier(perobject.NewOwner(nil)))
+			e := testExternal(t, b, rec, wake.NewNotifier(perobject.NewOwner(nil)))
 			if tc.message != "" {
 				report(t, b, e.fleet, tc.message)
 			}
@@ -268,7 +269,7 @@ func TestObserveDeletion(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
 			rec := &fleettest.Recorder{}
-			n := fleet.NewNotifier(perobject.NewOwner(nil))
+			n := wake.NewNotifier(perobject.NewOwner(nil))
 			wakeUps := fleettest.WakeUps(t, n)
 			e := testExternal(t, b, rec, n)
 			setNode(t, b, e.fleet, tc.lost)
@@ -314,7 +315,7 @@ func TestABusWriteThatFailedIsRetriedOnceTheServerIsBack(t *testing.T) {
 	for name, write := range cases {
 		t.Run(name, func(t *testing.T) {
 			b := bus.NewFake()
-			n := fleet.NewNotifier(perobject.NewOwner(nil))
+			n := wake.NewNotifier(perobject.NewOwner(nil))
 			wakeUps := fleettest.WakeUps(t, n)
 			e := testExternal(t, b, event.NewNopRecorder(), n)
 			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{
@@ -355,8 +356,8 @@ func TestTheStatusOfAVMJustPublishedWaitsForItsReport(t *testing.T) {
 			require.NoError(t, v1alpha1.AddToScheme(s))
 			stored := fake.NewClientBuilder().WithScheme(s).WithObjects(vm).WithStatusSubresource(vm).Build()
 			b := bus.NewFake()
-			e := testExternal(t, b, event.NewNopRecorder(), fleet.NewNotifier(perobject.NewOwner(nil)))
-			e.holder = kubeclient.NewClient(stored, stored, perobject.NewOwner(nil))
+			e := testExternal(t, b, event.NewNopRecorder(), wake.NewNotifier(perobject.NewOwner(nil)))
+			e.holder = apiwrites.NewClient(stored, stored, perobject.NewOwner(nil))
 			e.kube = e.holder
 
 			require.NoError(t, stored.Get(context.Background(), client.ObjectKeyFromObject(vm), vm))

@@ -15,9 +15,9 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
-	"github.com/virtfleet/virtfleet/hub/internal/kubeclient"
 )
 
 // IndexUID indexes Volumes by metadata.uid, which the API server cannot
@@ -68,7 +68,7 @@ func NewLeftovers(cache, api client.Reader, log logging.Logger) *Leftovers {
 		api:   api,
 		log:   log,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[leftover](kubeclient.BaseDelay, kubeclient.MaxDelay),
+			workqueue.NewTypedItemExponentialFailureRateLimiter[leftover](apiwrites.BaseDelay, apiwrites.MaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[leftover]{Name: "volume-leftovers"}),
 	}
 }

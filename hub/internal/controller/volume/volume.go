@@ -31,6 +31,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
 // ReasonNodeLost is the event of a Volume let go without its node confirming
@@ -67,7 +68,7 @@ func observe(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users []str
 // nodes through pool, gives up on a node lost for longer than fencing, and
 // is woken by notifier, which the pool's fleets must feed with
 // Fleet.Volumes.Subscribe.
-func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencing time.Duration, notifier *fleet.Notifier, memory *perobject.Owner) error {
+func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencing time.Duration, notifier *wake.Notifier, memory *perobject.Owner) error {
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(managed.ControllerName(v1alpha1.VolumeGroupKind))) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	r := NewReleaser(mgr.GetClient(), pool, fencing, notifier, recorder, memory)
 	k := Kind
@@ -87,7 +88,7 @@ type Releaser struct {
 	kube     client.Reader
 	configs  *providerconfig.Resolver
 	pool     Fleets
-	notifier *fleet.Notifier
+	notifier *wake.Notifier
 	fencing  time.Duration
 	recorder event.Recorder
 	now      func() time.Time
@@ -99,7 +100,7 @@ type Releaser struct {
 // pool, gives up on a node lost for longer than fencing (the VMs' fencing
 // timeout), and is woken by notifier, which the pool's fleets must feed with
 // Fleet.Volumes.Subscribe.
-func NewReleaser(kube client.Client, pool Fleets, fencing time.Duration, notifier *fleet.Notifier, recorder event.Recorder, memory *perobject.Owner) *Releaser {
+func NewReleaser(kube client.Client, pool Fleets, fencing time.Duration, notifier *wake.Notifier, recorder event.Recorder, memory *perobject.Owner) *Releaser {
 	return &Releaser{
 		published: perobject.NewMap[wire.VolumeIntent](memory),
 		kube:      kube,

@@ -24,6 +24,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
 const (
@@ -65,7 +66,7 @@ func played(t *testing.T, play ...func(*bus.Fake)) (*bus.Fake, *fleet.Fleet) {
 
 // testReleaser is a Releaser reaching f, with a kube holding the default
 // ClusterProviderConfig and objs.
-func testReleaser(t *testing.T, f *fleet.Fleet, objs ...client.Object) (*Releaser, *fleettest.Recorder, *fleet.Notifier, client.Client) {
+func testReleaser(t *testing.T, f *fleet.Fleet, objs ...client.Object) (*Releaser, *fleettest.Recorder, *wake.Notifier, client.Client) {
 	t.Helper()
 	kube := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(append(objs, &apisv1alpha1.ClusterProviderConfig{
 		ObjectMeta: metav1.ObjectMeta{Name: "default"},
@@ -78,7 +79,7 @@ func testReleaser(t *testing.T, f *fleet.Fleet, objs ...client.Object) (*Release
 		},
 	})...).Build()
 	memory := perobject.NewOwner(nil)
-	notifier := fleet.NewNotifierFor(memory, func() client.Object { return &v1alpha1.Volume{} })
+	notifier := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.Volume{} })
 	rec := &fleettest.Recorder{}
 	return NewReleaser(kube, oneFleet{f}, testFencing, notifier, rec, memory), rec, notifier, kube
 }

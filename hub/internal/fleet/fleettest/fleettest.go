@@ -21,6 +21,7 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
 // Start runs a Fleet over b until the test ends, and returns it once its
@@ -102,7 +103,7 @@ func AssertWakeUp(t *testing.T, wakeUps <-chan reconcile.Request, want bool, key
 
 // WakeUps delivers the reconciles n asks for to the returned channel until
 // the test ends, as a controller watching n.Source would receive them.
-func WakeUps(t *testing.T, n *fleet.Notifier) <-chan reconcile.Request {
+func WakeUps(t *testing.T, n *wake.Notifier) <-chan reconcile.Request {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())

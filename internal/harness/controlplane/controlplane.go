@@ -1,0 +1,313 @@
+// Package controlplane starts a real Kubernetes control plane (etcd and
+// kube-apiserver from internal/harness/envtestassets) with virtfleet's CRDs installed,
+// or — for a simulated target cluster such as internal/harness/kubevirttest's — with
+// the CRDs and types its Options name. Tests use it through StartForTest;
+// `make run` through Start.
+package controlplane
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/apis"
+	"github.com/virtfleet/virtfleet/internal/harness/envtestassets"
+	"github.com/virtfleet/virtfleet/internal/harness/manifests"
+)
+
+// FieldOwner is the server-side apply field manager of objects applied here.
+const FieldOwner = "virtfleet-local"
+
+// ControlPlane is a running etcd + kube-apiserver with virtfleet's CRDs.
+type ControlPlane struct {
+	// Config reaches the API server as a cluster admin.
+	Config *rest.Config
+	// Client is a controller-runtime client with virtfleet's types registered.
+	Client client.Client
+	// Scheme has the Kubernetes types and those of Options.AddToScheme
+	// (virtfleet's by default).
+	Scheme *k8sruntime.Scheme
+	// Kubeconfig is the path of a kubeconfig file for the admin user.
+	Kubeconfig string
+	// Kubectl is the path of a kubectl binary matching the API server.
+	Kubectl string
+
+	env *envtest.Environment
+}
+
+// Options tune Start.
+type Options struct {
+	// Dir holds the kubeconfig. Required.
+	Dir string
+	// Progress receives messages while binaries are built for the first time.
+	Progress io.Writer
+	// Output, if set, receives the API server's and etcd's logs.
+	Output io.Writer
+	// EtcdDir, if set, is where etcd keeps its data, kept after Stop, so a
+	// later Start sees the same objects. Empty means a temporary directory.
+	EtcdDir string
+
+	// CRDDirs hold the CRDs to install. When neither CRDDirs nor CRDs is set,
+	// virtfleet's CRDs (CRDDir) are installed.
+	CRDDirs []string
+	// CRDs are installed besides those in CRDDirs.
+	CRDs []*apiextensionsv1.CustomResourceDefinition
+	// AddToScheme registers the types Client knows besides Kubernetes' own;
+	// nil means virtfleet's.
+	AddToScheme func(*k8sruntime.Scheme) error
+	// Restartable keeps the API server's serving certificates in Dir, so
+	// StopAPIServer and StartAPIServer bring it back on the same address
+	// with the same credentials, as a restarted real API server would be.
+	Restartable bool
+	// Aggregation lets the API server proxy to aggregated API servers
+	// (APIServices backed by a Service), with a front-proxy CA of its own.
+	Aggregation bool
+}
+
+// RepoRoot is the repository's root directory, found from this source file so
+// tests in any package can locate package/crds.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
+}
+
+// CRDDir is where `make generate` writes the CRDs.
+func CRDDir() string {
+	return filepath.Join(RepoRoot(), "package", "crds")
+}
+
+// Start starts etcd and kube-apiserver, installs the CRDs (virtfleet's from
+// package/crds unless opts say otherwise) and writes a kubeconfig into
+// opts.Dir.
+func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
+	if opts.Progress == nil {
+		opts.Progress = io.Discard
+	}
+	assets, err := envtestassets.Ensure(ctx, opts.Progress)
+	if err != nil {
+		return nil, err
+	}
+	scheme := k8sruntime.NewScheme()
+	for _, add := range []func(*k8sruntime.Scheme) error{clientgoscheme.AddToScheme, apiregistrationv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			return nil, errors.Wrap(err, "cannot register Kubernetes types")
+		}
+	}
+	addToScheme := opts.AddToScheme
+	if addToScheme == nil {
+		addToScheme = apis.AddToScheme
+	}
+	if err := addToScheme(scheme); err != nil {
+		return nil, errors.Wrap(err, "cannot register the API types")
+	}
+	crdDirs := opts.CRDDirs
+	if len(crdDirs) == 0 && len(opts.CRDs) == 0 {
+		crdDirs = []string{CRDDir()}
+	}
+
+	env := &envtest.Environment{
+		BinaryAssetsDirectory:    assets,
+		CRDDirectoryPaths:        crdDirs,
+		CRDs:                     opts.CRDs,
+		ErrorIfCRDPathMissing:    true,
+		Scheme:                   scheme,
+		ControlPlaneStartTimeout: 90 * time.Second,
+		ControlPlaneStopTimeout:  30 * time.Second,
+	}
+	env.ControlPlane.APIServer = &envtest.APIServer{Out: opts.Output, Err: opts.Output}
+	if opts.Restartable {
+		// envtest keeps the address and the client CA across a restart of
+		// the same APIServer, and regenerates the serving certificate only
+		// when its directory lost it; a directory of our own keeps it.
+		env.ControlPlane.APIServer.CertDir = filepath.Join(opts.Dir, "apiserver")
+		if err := os.MkdirAll(env.ControlPlane.APIServer.CertDir, 0o700); err != nil {
+			return nil, errors.Wrap(err, "cannot create the API server's certificate directory")
+		}
+		// A graceful stop waits for open watches (tens of seconds); an
+		// outage does not. envtest applies this to every component.
+		env.ControlPlaneStopTimeout = time.Second
+	}
+	if opts.Aggregation {
+		if err := enableAggregation(env.ControlPlane.APIServer, filepath.Join(opts.Dir, "front-proxy")); err != nil {
+			return nil, err
+		}
+	}
+	env.ControlPlane.Etcd = &envtest.Etcd{Out: opts.Output, Err: opts.Output, DataDir: opts.EtcdDir}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot start etcd and kube-apiserver")
+	}
+	cp := &ControlPlane{Config: cfg, Scheme: scheme, env: env, Kubectl: filepath.Join(assets, "kubectl")}
+
+	admin, err := env.AddUser(envtest.User{Name: "virtfleet-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		_ = cp.Stop()
+		return nil, errors.Wrap(err, "cannot create the admin user")
+	}
+	kubeconfig, err := admin.KubeConfig()
+	if err != nil {
+		_ = cp.Stop()
+		return nil, errors.Wrap(err, "cannot render the admin kubeconfig")
+	}
+	cp.Kubeconfig = filepath.Join(opts.Dir, "kubeconfig")
+	if err := os.WriteFile(cp.Kubeconfig, kubeconfig, 0o600); err != nil {
+		_ = cp.Stop()
+		return nil, errors.Wrap(err, "cannot write kubeconfig")
+	}
+	if cp.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		_ = cp.Stop()
+		return nil, errors.Wrap(err, "cannot create a client")
+	}
+	return cp, nil
+}
+
+// UserClient is a client of a new user name in groups, authenticated by a
+// client certificate: with no RoleBinding it may do nothing, so a test
+// acting as a tenant grants it exactly what a tenant gets.
+func (cp *ControlPlane) UserClient(name string, groups ...string) (client.Client, error) {
+	u, err := cp.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot create user %s", name)
+	}
+	c, err := client.New(u.Config(), client.Options{Scheme: cp.Scheme})
+	return c, errors.Wrapf(err, "cannot create a client for user %s", name)
+}
+
+// Stop stops kube-apiserver and etcd and removes their data.
+func (cp *ControlPlane) Stop() error {
+	return errors.Wrap(cp.env.Stop(), "cannot stop the control plane")
+}
+
+// StopAPIServer stops kube-apiserver alone, as an outage would; etcd keeps
+// the objects. Only a control plane started with Options.Restartable can be
+// brought back with StartAPIServer.
+func (cp *ControlPlane) StopAPIServer() error {
+	s := cp.env.ControlPlane.APIServer
+	// envtest kills it when it does not stop in time and reports that as an
+	// error; what matters is that its port is closed.
+	stopErr := s.Stop()
+	addr := net.JoinHostPort(s.SecureServing.Address, s.SecureServing.Port)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return nil
+		}
+		_ = c.Close()
+	}
+	return errors.Wrapf(stopErr, "kube-apiserver still serves on %s", addr)
+}
+
+// StartAPIServer starts kube-apiserver again after StopAPIServer, on the same
+// address, with the same certificates and users.
+func (cp *ControlPlane) StartAPIServer() error {
+	return errors.Wrap(cp.env.ControlPlane.APIServer.Start(), "cannot start kube-apiserver")
+}
+
+// StartForTest starts a control plane for one test (or one package, when
+// called from TestMain through a *testing.T of its own) and stops it at
+// cleanup. It fails the test when the binaries or the control plane cannot be
+// had: an integration test that silently did not run proves nothing.
+func StartForTest(t testing.TB) *ControlPlane {
+	t.Helper()
+	return StartForTestWith(t, Options{})
+}
+
+// StartForTestWith is StartForTest with opts; Dir and Progress are the
+// test's own unless set.
+func StartForTestWith(t testing.TB, opts Options) *ControlPlane {
+	t.Helper()
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	if opts.Progress == nil {
+		opts.Progress = testWriter{t}
+	}
+	cp, err := Start(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("cannot start the control plane: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := cp.Stop(); err != nil {
+			t.Errorf("cannot stop the control plane: %v", err)
+		}
+	})
+	return cp
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
+
+// Apply server-side applies every object in the YAML files below dirs (in
+// lexical path order), creating the namespaces they name first.
+func (cp *ControlPlane) Apply(ctx context.Context, dirs ...string) ([]*unstructured.Unstructured, error) {
+	objs, err := manifests.Load(dirs...)
+	if err != nil {
+		return nil, err
+	}
+	return objs, cp.ApplyObjects(ctx, objs)
+}
+
+// ApplyObjects server-side applies objs in order, creating the namespaces
+// they name first.
+func (cp *ControlPlane) ApplyObjects(ctx context.Context, objs []*unstructured.Unstructured) error {
+	for _, o := range objs {
+		if ns := o.GetNamespace(); ns != "" {
+			if err := cp.ensureNamespace(ctx, ns); err != nil {
+				return err
+			}
+		}
+		if err := cp.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+			return errors.Wrapf(err, "cannot apply %s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
+		}
+	}
+	return nil
+}
+
+func (cp *ControlPlane) ensureNamespace(ctx context.Context, name string) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := cp.Client.Create(ctx, ns); err != nil && !kerrors.IsAlreadyExists(err) {
+		return errors.Wrapf(err, "cannot create namespace %s", name)
+	}
+	return nil
+}
+
+// InformersForTest returns an informer cache over cp, synced and running
+// until the test ends, and the context that ends with the test.
+func (cp *ControlPlane) InformersForTest(t testing.TB) (cache.Cache, context.Context) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	informers, err := cache.New(cp.Config, cache.Options{Scheme: cp.Scheme})
+	if err != nil {
+		t.Fatalf("cannot create the informer cache: %v", err)
+	}
+	go func() { _ = informers.Start(ctx) }()
+	if !informers.WaitForCacheSync(ctx) {
+		t.Fatal("the informer cache did not sync")
+	}
+	return informers, ctx
+}
