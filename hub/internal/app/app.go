@@ -110,30 +110,27 @@ type Config struct {
 	APISessions int
 }
 
-// Limits of the hub, sized with make bench (figures in bench/results) on a
-// machine where the API server, etcd, the hub, NATS and every agent share
-// the cores, so they hold when the hub does not have a machine to itself.
+// Limits of the hub, sized for a machine where the API server, etcd, the
+// hub, NATS and every agent share the cores, so they hold when the hub
+// does not have a machine to itself.
 const (
 	// DefaultMaxReconcileRate: a VM created in a burst costs about five
 	// reconciles (the VM once bound to its node and once at its node's
 	// report, its Volume once bound and once or twice at reports). The
-	// goal is half the control-plane limit make bench measures (a plain
-	// client making the same writes per VM), and this rate is set above
-	// what the goal needs so that it never paces a burst; a lower one
-	// caps bursts well below the goal. The limit stays as a guard
-	// against a controller spinning.
+	// rate is set above what a burst at the control plane's own limit (a
+	// plain client making the same writes per VM) needs, so that it never
+	// paces a burst; it stays as a guard against a controller spinning.
 	DefaultMaxReconcileRate = 500
 	// DefaultWorkers: by Little's law, the reconciles in flight per busy
 	// controller are the goal's reconcile rate times how long a reconcile
 	// takes in a burst on a loaded machine (its writes, each waiting for
-	// the cache to show it; bench -debug shows both). Many more workers
+	// the cache to show it). Many more workers
 	// than that put hundreds of writes in flight at once: the API server
 	// answers 429 and conflicts grow.
 	DefaultWorkers = 64
-	// DefaultQPS: the hub's writes at the goal are about three per VM for
-	// the VM and three for its Volume; reads come from the cache. The
-	// limit is close to what the API server takes (make bench measures
-	// it), so asking for more only queues there.
+	// DefaultQPS: the hub's writes are about three per VM for the VM and
+	// three for its Volume; reads come from the cache. The limit is close
+	// to what the API server takes, so asking for more only queues there.
 	DefaultQPS = 600
 )
 
