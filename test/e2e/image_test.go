@@ -252,7 +252,7 @@ func TestVolumeDeletion(t *testing.T) {
 		uid := string(v.UID)
 		// The node's own identity reads its keys, as its agent would.
 		nc, _ := natstest.Connect(t, h.s.NATS, h.s.AgentIdentities["node1"])
-		intentKey, err := wire.VolumeIntentKey("node1", uid)
+		intentKey, err := wire.VolumeIntents.Key("node1", uid)
 		require.NoError(t, err)
 
 		h.s.KillAgent("node1")

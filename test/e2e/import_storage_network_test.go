@@ -80,7 +80,7 @@ func TestImportVolumeAndNetwork(t *testing.T) {
 	t.Run("DeletingTheObserverLeavesTheVolume", func(t *testing.T) {
 		h.deleteObject(t, seen)
 		assert.True(t, h.nodeVolumeExists(t, node, legacy))
-		key, err := wire.VolumeIntentKey(node, string(seen.UID))
+		key, err := wire.VolumeIntents.Key(node, string(seen.UID))
 		require.NoError(t, err)
 		require.Eventually(t, func() bool {
 			return !kvHas(t, nc, wire.BucketIntents, key) && !kvHas(t, nc, wire.BucketReports, key)

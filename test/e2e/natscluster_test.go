@@ -102,7 +102,7 @@ func TestNATSClusterLosesAServer(t *testing.T) {
 	for i := range vms {
 		vm := &v1alpha1.VirtualMachine{}
 		require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: name(i)}, vm))
-		key, err := wire.IntentKey(vm.Status.AtProvider.Node, string(vm.UID))
+		key, err := wire.GuestIntents.Key(vm.Status.AtProvider.Node, string(vm.UID))
 		require.NoError(t, err)
 		_, err = intents.Get(ctx, key)
 		assert.NoError(t, err, "the intent of %s is in the bucket", vm.Name)

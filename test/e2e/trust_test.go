@@ -84,14 +84,14 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 	evil := hostileNode(t, h, node1)
 	vmUID, volUID, imgUID := string(vm.UID), string(vol.UID), string(img.UID)
 	spoofVM := func(phase wire.Phase) {
-		spoof(t, evil, wire.ReportKey, vmUID, wire.EncodeReport, wire.Report{
+		spoof(t, evil, wire.GuestReports, vmUID, wire.Report{
 			ProtocolVersion: wire.ProtocolVersion, UID: vmUID, Node: node1, Phase: phase, ID: vmUID,
 			Message: "spoofed by node1", ObservedAt: time.Now(),
 			Interfaces: []wire.Interface{{Network: "net-db", MAC: "52:54:00:66:66:66", IPs: []string{"6.6.6.6"}, Source: wire.AddressSourceLease}},
 		})
 	}
 	spoofVolume := func(gone bool, msg string) {
-		spoof(t, evil, wire.VolumeReportKey, volUID, wire.EncodeVolumeReport, wire.VolumeReport{
+		spoof(t, evil, wire.VolumeReports, volUID, wire.VolumeReport{
 			ProtocolVersion: wire.ProtocolVersion, UID: volUID, Gone: gone, Message: msg, ObservedAt: time.Now(),
 		})
 	}
@@ -112,7 +112,7 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 	t.Run("SpoofedReportsChangeNothingAUserSeesAndAreFlagged", func(t *testing.T) {
 		spoofVM(wire.PhaseFailed)
 		spoofVolume(true, "")
-		spoof(t, evil, wire.ImageReportKey, imgUID, wire.EncodeImageReport, wire.ImageReport{
+		spoof(t, evil, wire.ImageReports, imgUID, wire.ImageReport{
 			ProtocolVersion: wire.ProtocolVersion, UID: imgUID, Node: node1, Phase: wire.ImagePhaseFailed, Message: "spoofed by node1",
 		})
 		require.Eventually(t, func() bool {
@@ -124,8 +124,8 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 	})
 
 	t.Run("SpoofedDeletesChangeNothingAUserSees", func(t *testing.T) {
-		evil.delete(t, wire.ReportKey, vmUID)
-		evil.delete(t, wire.ImageReportKey, imgUID)
+		evil.delete(t, wire.GuestReports.Key, vmUID)
+		evil.delete(t, wire.ImageReports.Key, imgUID)
 		require.Eventually(t, func() bool {
 			return foreignReports(t, h, "VirtualMachine", "delete") >= 1 && foreignReports(t, h, "DiskImage", "delete") >= 1
 		}, 30*time.Second, 100*time.Millisecond, "the hub counts node1's deletes")
@@ -138,7 +138,7 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 		require.NoError(t, h.s.StopAgent(node2))
 		require.NoError(t, h.kube.Delete(ctx, h.get(t, "victim")))
 		// node1 says the guest is gone: the VM must wait for node2 all the same.
-		evil.delete(t, wire.ReportKey, vmUID)
+		evil.delete(t, wire.GuestReports.Key, vmUID)
 		time.Sleep(3 * time.Second) // the window in which a hastened deletion would show
 		assert.Equal(t, v1alpha1.PhaseDeleting, h.get(t, "victim").Status.AtProvider.Phase, "the VM waits for its own node")
 		// node1 says the guest is still there: node2's word ends it.
@@ -182,11 +182,11 @@ func hostileNode(t *testing.T, h *hub, node string) *hostile {
 }
 
 // spoof puts v under node's own report key of uid.
-func spoof[V any](t *testing.T, e *hostile, keyOf func(node, uid string) (string, error), uid string, encode func(V) ([]byte, error), v V) {
+func spoof[V any](t *testing.T, e *hostile, k wire.Kind[V], uid string, v V) {
 	t.Helper()
-	key, err := keyOf(e.node, uid)
+	key, err := k.Key(e.node, uid)
 	require.NoError(t, err)
-	b, err := encode(v)
+	b, err := k.Encode(v)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -150,7 +150,7 @@ func vm(name string) wire.Intent {
 // put writes in as node's intent, as the hub does.
 func (f *fleet) put(t testing.TB, node string, in wire.Intent) {
 	t.Helper()
-	key, err := wire.IntentKey(node, in.UID)
+	key, err := wire.GuestIntents.Key(node, in.UID)
 	require.NoError(t, err)
 	b, err := wire.EncodeIntent(in)
 	require.NoError(t, err)
@@ -161,7 +161,7 @@ func (f *fleet) put(t testing.TB, node string, in wire.Intent) {
 // remove deletes node's intent for uid, as the hub does for a deleted VM.
 func (f *fleet) remove(t testing.TB, node, uid string) {
 	t.Helper()
-	key, err := wire.IntentKey(node, uid)
+	key, err := wire.GuestIntents.Key(node, uid)
 	require.NoError(t, err)
 	require.NoError(t, f.intents.Delete(context.Background(), key))
 }
@@ -169,7 +169,7 @@ func (f *fleet) remove(t testing.TB, node, uid string) {
 // report reads node's report for uid as the hub does; false if there is none.
 func (f *fleet) report(t testing.TB, node, uid string) (wire.Report, bool) {
 	t.Helper()
-	key, err := wire.ReportKey(node, uid)
+	key, err := wire.GuestReports.Key(node, uid)
 	require.NoError(t, err)
 	e, err := f.reports.Get(context.Background(), key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {

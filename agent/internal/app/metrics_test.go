@@ -90,7 +90,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	in := vm("scraped")
 	f.put(t, "metrics1", in)
 	f.waitReport(t, "metrics1", in.UID, "Running", running(1))
-	bad, err := wire.IntentKey("metrics1", "5d1c0e6a-0000-4000-8000-00000000bad1")
+	bad, err := wire.GuestIntents.Key("metrics1", "5d1c0e6a-0000-4000-8000-00000000bad1")
 	require.NoError(t, err)
 	_, err = f.intents.Put(context.Background(), bad, []byte("{not an intent"))
 	require.NoError(t, err)

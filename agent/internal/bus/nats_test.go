@@ -214,7 +214,7 @@ func TestWatchIntentsRoutesVolumeIntents(t *testing.T) {
 	f := newFleet(t)
 	ctx := context.Background()
 	put := func(node, uid string) {
-		key, err := wire.VolumeIntentKey(node, uid)
+		key, err := wire.VolumeIntents.Key(node, uid)
 		require.NoError(t, err)
 		b, err := wire.EncodeVolumeIntent(wire.VolumeIntent{UID: uid, Namespace: "ns", Name: uid, Disk: "ns_" + uid, Absent: true})
 		require.NoError(t, err)

@@ -31,7 +31,7 @@ func TestADottedNodeNameIsItsOwnNode(t *testing.T) {
 	intents, err := js.KeyValue(ctx, wire.BucketIntents)
 	require.NoError(t, err)
 	for _, n := range []string{dotted, prefix, lookalike} {
-		key, err := wire.IntentKey(n, "vm-of-"+wire.NodeToken(n))
+		key, err := wire.GuestIntents.Key(n, "vm-of-"+wire.NodeToken(n))
 		require.NoError(t, err)
 		b, err := wire.EncodeIntent(wire.Intent{UID: "vm-of-" + wire.NodeToken(n), Name: "vm", Generation: 1, Running: true})
 		require.NoError(t, err)
@@ -65,7 +65,7 @@ func TestADottedNodeNameIsItsOwnNode(t *testing.T) {
 	assert.False(t, async.WaitForViolation(100*time.Millisecond))
 
 	for _, other := range []string{prefix, lookalike} {
-		key, err := wire.ReportKey(other, "x")
+		key, err := wire.GuestReports.Key(other, "x")
 		require.NoError(t, err)
 		require.Error(t, publishAcked(nc, wire.Subject(wire.BucketReports, key)), "%s cannot write %s's report", dotted, other)
 		assert.True(t, async.WaitForViolation(time.Second))

@@ -54,7 +54,7 @@ func (f *fleet) agent(t testing.TB, node string) (*bus.NATS, *nats.Conn, *natste
 // putIntent writes an intent as the hub does.
 func (f *fleet) putIntent(t testing.TB, node, uid string, generation int64) uint64 {
 	t.Helper()
-	key, err := wire.IntentKey(node, uid)
+	key, err := wire.GuestIntents.Key(node, uid)
 	require.NoError(t, err)
 	b, err := wire.EncodeIntent(wire.Intent{UID: uid, Name: uid, Generation: generation, Running: true})
 	require.NoError(t, err)
@@ -67,7 +67,7 @@ func (f *fleet) putIntent(t testing.TB, node, uid string, generation int64) uint
 // restart: retrying until the connection and the stream are back.
 func (f *fleet) putIntentEventually(t testing.TB, node, uid string, generation int64) {
 	t.Helper()
-	key, err := wire.IntentKey(node, uid)
+	key, err := wire.GuestIntents.Key(node, uid)
 	require.NoError(t, err)
 	b, err := wire.EncodeIntent(wire.Intent{UID: uid, Name: uid, Generation: generation, Running: true})
 	require.NoError(t, err)

@@ -273,15 +273,3 @@ func TestDecodeFabric(t *testing.T) {
 		})
 	}
 }
-
-func TestFabricKey(t *testing.T) {
-	key, err := FabricKey("node-1.rack-a")
-	require.NoError(t, err)
-	node, rest, err := ParseKey(key)
-	require.NoError(t, err)
-	assert.Equal(t, "node-1.rack-a", node)
-	assert.True(t, IsFabricKey(rest))
-	_, isVolume := ParseVolumeKey(rest)
-	assert.False(t, isVolume)
-	assert.False(t, IsFabricKey("fabric"), "a guest uid is never the fabric key")
-}

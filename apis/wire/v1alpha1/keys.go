@@ -61,80 +61,18 @@ func NodeKeyPrefix(node string) (string, error) {
 	return NodeToken(node) + ".", nil
 }
 
-// IntentKey is the BucketIntents key of a guest: "<node>.<uid>".
-func IntentKey(node, uid string) (string, error) {
-	return joinKey(node, "", uid)
-}
-
-// ReportKey is the BucketReports key of a guest: "<node>.<uid>".
-func ReportKey(node, uid string) (string, error) {
-	return joinKey(node, "", uid)
-}
-
 // volumeToken is the key token that sets a node's volume keys apart from its
 // guest keys: "<node>.volume.<uid>" has two tokens after the node, a guest
 // key "<node>.<uid>" one, so a guest uid can never be mistaken for it.
 const volumeToken = "volume"
 
-// VolumeIntentKey is the BucketIntents key of a Volume on a node:
-// "<node>.volume.<uid>".
-func VolumeIntentKey(node, uid string) (string, error) {
-	return joinKey(node, volumeToken, uid)
-}
-
-// VolumeReportKey is the BucketReports key of a Volume on a node:
-// "<node>.volume.<uid>".
-func VolumeReportKey(node, uid string) (string, error) {
-	return joinKey(node, volumeToken, uid)
-}
-
-// ParseVolumeKey tells a volume key's rest (as ParseKey returns it) from a
-// guest key's: for "volume.<uid>" it returns the uid and true. ok is false
-// for a guest uid and for any other kind of per-node key.
-func ParseVolumeKey(rest string) (uid string, ok bool) {
-	uid, ok = strings.CutPrefix(rest, volumeToken+".")
-	if !ok || ValidateToken("uid", uid) != nil {
-		return "", false
-	}
-	return uid, true
-}
-
 // imageToken sets a node's image keys apart, as volumeToken does its volume
 // keys: "<node>.image.<uid>".
 const imageToken = "image"
 
-// ImageReportKey is the BucketReports key of a DiskImage on a node:
-// "<node>.image.<uid>".
-func ImageReportKey(node, uid string) (string, error) {
-	return joinKey(node, imageToken, uid)
-}
-
-// ParseImageKey tells an image key's rest (as ParseKey returns it) from the
-// others: for "image.<uid>" it returns the uid and true. ok is false for a
-// guest uid and for any other kind of per-node key.
-func ParseImageKey(rest string) (uid string, ok bool) {
-	uid, ok = strings.CutPrefix(rest, imageToken+".")
-	if !ok || ValidateToken("uid", uid) != nil {
-		return "", false
-	}
-	return uid, true
-}
-
 // fabricToken sets a node's Fabric key apart: "<node>.fabric.peers" has two
 // tokens after the node, so it is never a guest key.
 const fabricToken = "fabric"
-
-// FabricKey is the BucketIntents key of a node's Fabric:
-// "<node>.fabric.peers".
-func FabricKey(node string) (string, error) {
-	return joinKey(node, fabricToken, "peers")
-}
-
-// IsFabricKey says whether a key's rest (as ParseKey returns it) is the
-// node's Fabric.
-func IsFabricKey(rest string) bool {
-	return rest == fabricToken+".peers"
-}
 
 // NodeKey is the BucketNodes key of a node's heartbeat: "<node>".
 func NodeKey(node string) (string, error) {

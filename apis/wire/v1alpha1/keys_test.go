@@ -7,54 +7,35 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestIntentKey(t *testing.T) {
+func TestKindKey(t *testing.T) {
+	guest := testKind{GuestIntents.Name, GuestIntents.Key, GuestIntents.UID, GuestIntents.Bucket}
+	volume := testKind{VolumeReports.Name, VolumeReports.Key, VolumeReports.UID, VolumeReports.Bucket}
+	image := testKind{ImageReports.Name, ImageReports.Key, ImageReports.UID, ImageReports.Bucket}
 	cases := map[string]struct {
+		kind      testKind
 		node, uid string
 		want      string
 		wantErr   bool
 	}{
-		"JoinsNodeAndUID":            {node: "node1", uid: "6f1c2d9e-0b7a", want: "node1.6f1c2d9e-0b7a"},
-		"ADottedNodeNameIsOneToken":  {node: "node-1.rack-a.example.com", uid: "u", want: "node-1_rack-a_example_com.u"},
-		"AStarInANodeNameIsEscaped":  {node: "*", uid: "u", want: "_CK.u"},
-		"RefusesAFullWildcardUID":    {node: "node1", uid: ">", wantErr: true},
-		"ASpaceInANodeNameIsEscaped": {node: "node 1", uid: "u", want: "node_CA1.u"},
-		"RefusesAnEmptyNode":         {node: "", uid: "u", wantErr: true},
-		"RefusesAnEmptyUID":          {node: "node1", uid: "", wantErr: true},
-		"RefusesAnOverlongNodeName":  {node: string(make([]byte, MaxNodeNameLen+1)), uid: "u", wantErr: true},
+		"AGuestKeyJoinsNodeAndUID":       {kind: guest, node: "node1", uid: "6f1c2d9e-0b7a", want: "node1.6f1c2d9e-0b7a"},
+		"ADottedNodeNameIsOneToken":      {kind: guest, node: "node-1.rack-a.example.com", uid: "u", want: "node-1_rack-a_example_com.u"},
+		"AStarInANodeNameIsEscaped":      {kind: guest, node: "*", uid: "u", want: "_CK.u"},
+		"ASpaceInANodeNameIsEscaped":     {kind: guest, node: "node 1", uid: "u", want: "node_CA1.u"},
+		"RefusesAFullWildcardUID":        {kind: guest, node: "node1", uid: ">", wantErr: true},
+		"RefusesAnEmptyNode":             {kind: guest, node: "", uid: "u", wantErr: true},
+		"RefusesAnEmptyUID":              {kind: guest, node: "node1", uid: "", wantErr: true},
+		"RefusesAnOverlongNodeName":      {kind: guest, node: string(make([]byte, MaxNodeNameLen+1)), uid: "u", wantErr: true},
+		"AGuestUIDNeverHoldsAToken":      {kind: guest, node: "node1", uid: "volume.u", wantErr: true},
+		"AVolumeKeyNestsUnderTheNode":    {kind: volume, node: "node1", uid: "vol-1", want: "node1.volume.vol-1"},
+		"AVolumeKeyEscapesAWildcardNode": {kind: volume, node: ">", uid: "u", want: "_DO.volume.u"},
+		"AVolumeKeyRefusesADottedUID":    {kind: volume, node: "node1", uid: "a.b", wantErr: true},
+		"AVolumeKeyRefusesAWildcardUID":  {kind: volume, node: "node1", uid: "*", wantErr: true},
+		"AnImageKeyNestsUnderTheNode":    {kind: image, node: "node1.example.com", uid: "img-1", want: "node1_example_com.image.img-1"},
+		"AnImageKeyRefusesAnEmptyUID":    {kind: image, node: "node1", uid: "", wantErr: true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			got, err := IntentKey(tc.node, tc.uid)
-			if tc.wantErr {
-				var ke *KeyError
-				require.ErrorAs(t, err, &ke)
-				return
-			}
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, got)
-		})
-	}
-}
-
-func TestVolumeKeys(t *testing.T) {
-	cases := map[string]struct {
-		key     func(node, uid string) (string, error)
-		node    string
-		uid     string
-		want    string
-		wantErr bool
-	}{
-		"IntentKeyNestsUnderTheNode":      {key: VolumeIntentKey, node: "node1", uid: "vol-1", want: "node1.volume.vol-1"},
-		"ReportKeyNestsUnderTheNode":      {key: VolumeReportKey, node: "node1", uid: "vol-1", want: "node1.volume.vol-1"},
-		"IntentKeyRefusesADottedUID":      {key: VolumeIntentKey, node: "node1", uid: "a.b", wantErr: true},
-		"ReportKeyRefusesAWildcardUID":    {key: VolumeReportKey, node: "node1", uid: "*", wantErr: true},
-		"IntentKeyEscapesAWildcardNode":   {key: VolumeIntentKey, node: ">", uid: "u", want: "_DO.volume.u"},
-		"GuestIntentKeyStillRefusesADot":  {key: IntentKey, node: "node1", uid: "volume.u", wantErr: true},
-		"GuestReportKeyStillRefusesEmpty": {key: ReportKey, node: "node1", uid: "", wantErr: true},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			got, err := tc.key(tc.node, tc.uid)
+			got, err := tc.kind.key(tc.node, tc.uid)
 			if tc.wantErr {
 				var ke *KeyError
 				require.ErrorAs(t, err, &ke)
@@ -65,86 +46,40 @@ func TestVolumeKeys(t *testing.T) {
 			node, rest, err := ParseKey(got)
 			require.NoError(t, err)
 			assert.Equal(t, tc.node, node)
-			uid, ok := ParseVolumeKey(rest)
-			assert.True(t, ok)
+			uid, ok := tc.kind.uidOf(rest)
+			assert.True(t, ok, "the kind recognises its own key")
 			assert.Equal(t, tc.uid, uid)
 		})
 	}
 }
 
-func TestParseVolumeKey(t *testing.T) {
+// TestKindUID pins which rest of a per-node key each kind takes as its own.
+func TestKindUID(t *testing.T) {
+	uidOf := map[string]func(string) (string, bool){
+		"guest": GuestReports.UID, "volume": VolumeReports.UID, "image": ImageReports.UID, "fabric": Fabrics.UID,
+	}
 	cases := map[string]struct {
-		rest string
-		uid  string
-		ok   bool
+		kind, rest string
+		uid        string
+		ok         bool
 	}{
-		"AVolumeKey":                    {rest: "volume.vol-1", uid: "vol-1", ok: true},
-		"AGuestUIDIsNotAVolume":         {rest: "6f1c2d9e-0b7a"},
-		"AGuestNamedVolumeIsNotAVolume": {rest: "volume"},
-		"AnotherKindIsNotAVolume":       {rest: "network.net-1"},
-		"ADeeperKeyIsNotAVolume":        {rest: "volume.a.b"},
-		"AnEmptyUIDIsNotAVolume":        {rest: "volume."},
+		"AGuestUID":                     {kind: "guest", rest: "6f1c2d9e-0b7a", uid: "6f1c2d9e-0b7a", ok: true},
+		"AVolumeKeyIsNoGuest":           {kind: "guest", rest: "volume.vol-1"},
+		"AVolumeKey":                    {kind: "volume", rest: "volume.vol-1", uid: "vol-1", ok: true},
+		"AGuestUIDIsNotAVolume":         {kind: "volume", rest: "6f1c2d9e-0b7a"},
+		"AGuestNamedVolumeIsNotAVolume": {kind: "volume", rest: "volume"},
+		"AnotherKindIsNotAVolume":       {kind: "volume", rest: "network.net-1"},
+		"ADeeperKeyIsNotAVolume":        {kind: "volume", rest: "volume.a.b"},
+		"AnEmptyUIDIsNotAVolume":        {kind: "volume", rest: "volume."},
+		"AnImageKey":                    {kind: "image", rest: "image.img-1", uid: "img-1", ok: true},
+		"AVolumeKeyIsNotAnImage":        {kind: "image", rest: "volume.img-1"},
+		"AGuestNamedImageIsNotAnImage":  {kind: "image", rest: "image"},
+		"TheFabricKey":                  {kind: "fabric", rest: "fabric.peers", uid: FabricUID, ok: true},
+		"AGuestNamedFabricIsNoFabric":   {kind: "fabric", rest: "fabric"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			uid, ok := ParseVolumeKey(tc.rest)
-			assert.Equal(t, tc.ok, ok)
-			assert.Equal(t, tc.uid, uid)
-		})
-	}
-}
-
-func TestImageKeys(t *testing.T) {
-	cases := map[string]struct {
-		node, uid string
-		want      string
-		wantErr   bool
-	}{
-		"NestsUnderTheNode":    {node: "node1", uid: "img-1", want: "node1.image.img-1"},
-		"RefusesADottedUID":    {node: "node1", uid: "a.b", wantErr: true},
-		"RefusesAWildcardUID":  {node: "node1", uid: "*", wantErr: true},
-		"EscapesAWildcardNode": {node: ">", uid: "img-1", want: "_DO.image.img-1"},
-		"RefusesAnEmptyUID":    {node: "node1", uid: "", wantErr: true},
-		"TakesADottedNodeName": {node: "node1.example.com", uid: "img-1", want: "node1_example_com.image.img-1"},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			got, err := ImageReportKey(tc.node, tc.uid)
-			if tc.wantErr {
-				var ke *KeyError
-				require.ErrorAs(t, err, &ke)
-				return
-			}
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, got)
-			node, rest, err := ParseKey(got)
-			require.NoError(t, err)
-			assert.Equal(t, tc.node, node)
-			uid, ok := ParseImageKey(rest)
-			assert.True(t, ok)
-			assert.Equal(t, tc.uid, uid)
-			_, isVolume := ParseVolumeKey(rest)
-			assert.False(t, isVolume, "an image key is not a volume key")
-		})
-	}
-}
-
-func TestParseImageKey(t *testing.T) {
-	cases := map[string]struct {
-		rest string
-		uid  string
-		ok   bool
-	}{
-		"AnImageKey":                   {rest: "image.img-1", uid: "img-1", ok: true},
-		"AGuestUIDIsNotAnImage":        {rest: "6f1c2d9e-0b7a"},
-		"AGuestNamedImageIsNotAnImage": {rest: "image"},
-		"AVolumeKeyIsNotAnImage":       {rest: "volume.img-1"},
-		"ADeeperKeyIsNotAnImage":       {rest: "image.a.b"},
-		"AnEmptyUIDIsNotAnImage":       {rest: "image."},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			uid, ok := ParseImageKey(tc.rest)
+			uid, ok := uidOf[tc.kind](tc.rest)
 			assert.Equal(t, tc.ok, ok)
 			assert.Equal(t, tc.uid, uid)
 		})

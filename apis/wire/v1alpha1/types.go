@@ -8,7 +8,7 @@ import "time"
 const ProtocolVersion = 1
 
 // Intent is what the hub wants a node to make true for one guest. It lives in
-// BucketIntents under IntentKey(node, uid); deleting the key means "delete the
+// BucketIntents under GuestIntents.Key(node, uid); deleting the key means "delete the
 // guest". An Intent is complete state, never a delta: an agent that sees the
 // same Intent twice does nothing the second time.
 type Intent struct {
@@ -232,7 +232,7 @@ type Network struct {
 
 // Fabric is what a node needs to join the fleet's overlay: the tunnel
 // addresses of the other nodes. It lives in BucketIntents under
-// FabricKey(node), written by the hub whenever a node announces, changes or
+// Fabrics.Key(node, FabricUID), written by the hub whenever a node announces, changes or
 // loses its NodeHeartbeat.TunnelAddress. A node floods a network's
 // broadcasts to every peer, as a VXLAN zone with a peer list does; a peer
 // without the network drops them.
@@ -274,7 +274,7 @@ const (
 var Phases = []Phase{PhasePending, PhaseScheduled, PhaseProvisioning, PhaseStarting, PhaseRunning, PhasePaused, PhaseStopping, PhaseStopped, PhaseFailed, PhaseUnknown, PhaseDeleting}
 
 // Report is what a node's agent observes about one guest. It lives in
-// BucketReports under ReportKey(node, uid) and only that node's agent writes it.
+// BucketReports under GuestReports.Key(node, uid) and only that node's agent writes it.
 type Report struct {
 	ProtocolVersion    int    `json:"protocolVersion"`
 	UID                string `json:"uid"`
@@ -412,7 +412,7 @@ func NameOnNode(namespace, name string) string {
 }
 
 // VolumeIntent is what the hub wants a node to make true for one Volume. It
-// lives in BucketIntents under VolumeIntentKey(node, uid).
+// lives in BucketIntents under VolumeIntents.Key(node, uid).
 //
 // The hub writes one when the volume must be gone (Absent): volumes are
 // made by the guest intents that attach them. The hub deletes the key once
@@ -447,7 +447,7 @@ type VolumeIntent struct {
 }
 
 // VolumeReport is what a node's agent observed about one VolumeIntent. It
-// lives in BucketReports under VolumeReportKey(node, uid).
+// lives in BucketReports under VolumeReports.Key(node, uid).
 type VolumeReport struct {
 	ProtocolVersion int    `json:"protocolVersion"`
 	UID             string `json:"uid"`
@@ -484,7 +484,7 @@ const (
 )
 
 // ImageReport is what a node's agent observes of one DiskImage on the node.
-// It lives in BucketReports under ImageReportKey(node, uid); the agent
+// It lives in BucketReports under ImageReports.Key(node, uid); the agent
 // writes it when the image's state there changes and deletes the key once
 // the image is gone from the node (pruned after its pruneAfter).
 type ImageReport struct {
