@@ -401,27 +401,6 @@ func (a *Allocator) releaseIn(ctx context.Context, v *view, uid string, listed [
 	return nil
 }
 
-// Usage returns how many of network's addresses are given to VMs and how
-// many it can give, for the network's status. It lists the network's records
-// afresh, which also brings the Allocator's view up to date with what other
-// replicas did.
-func (a *Allocator) Usage(ctx context.Context, network *v1alpha1.VirtualNetwork) (allocated, total int, err error) {
-	s, err := parseSubnet(network)
-	if err != nil {
-		return 0, 0, err
-	}
-	v := a.view(network)
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := a.load(ctx, v, network, s); err != nil {
-		return 0, 0, err
-	}
-	if err := a.refresh(ctx, v); err != nil {
-		return 0, 0, err
-	}
-	return len(v.held), s.total(), nil
-}
-
 // Forget drops the view of the VirtualNetwork with this uid; it is called
 // once the network is gone, so the Allocator does not hold a view of every
 // network it ever served.

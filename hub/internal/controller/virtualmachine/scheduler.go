@@ -251,13 +251,6 @@ func (s *Scheduler) RetryUnplaced(string) {
 	})
 }
 
-// Unplaced is how many VMs wait for a node.
-func (s *Scheduler) Unplaced() int {
-	n := 0
-	s.unplaced.Range(func(any, any) bool { n++; return true })
-	return n
-}
-
 // next takes a batch from the queue, blocking for its first VM; it returns
 // nil once the queue shuts down.
 func (s *Scheduler) next() []types.NamespacedName {

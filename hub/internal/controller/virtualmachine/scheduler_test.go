@@ -201,3 +201,10 @@ func TestSchedulerAdoptsOrphans(t *testing.T) {
 	require.NoError(t, cp.Client.Get(ctx, client.ObjectKeyFromObject(imp), got))
 	assert.Empty(t, got.GetAnnotations()[v1alpha1.AnnotationNode], "an import is never placed by the loop")
 }
+
+// Unplaced is how many VMs wait for a node.
+func (s *Scheduler) Unplaced() int {
+	n := 0
+	s.unplaced.Range(func(any, any) bool { n++; return true })
+	return n
+}
