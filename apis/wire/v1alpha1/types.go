@@ -36,9 +36,13 @@ type Intent struct {
 	// or paused guest when the nonce differs from the one it last acted on,
 	// and counts it in Report.RestartCount. The nonce a guest is created or
 	// started with counts as handled.
-	ResetNonce string        `json:"resetNonce,omitempty"`
-	Machine    Machine       `json:"machine"`
-	Backend    BackendParams `json:"backend,omitempty"`
+	ResetNonce string `json:"resetNonce,omitempty"`
+	// Fence asks the node to destroy the guest when it loses its lease
+	// (NodeHeartbeat.FenceAfterMillis): the VM is to be restarted on another
+	// node when this one is lost, and two copies must never run.
+	Fence   bool          `json:"fence,omitempty"`
+	Machine Machine       `json:"machine"`
+	Backend BackendParams `json:"backend,omitempty"`
 	// Release is the release marker the hub writes in place of the intent
 	// of a VM deleted without the Delete management policy: the node stops
 	// managing the guest, leaves it exactly as it is and remembers it as
@@ -158,6 +162,11 @@ type Disk struct {
 	// NameOnNode(Namespace, Name). The hub sends it only once the node
 	// reported the import, and never with Image.
 	ExternalName string `json:"externalName,omitempty"`
+	// Pool is the shared storage pool (NodeHeartbeat.SharedPools) holding
+	// the volume; empty means the node's own default pool. A volume in a
+	// shared pool that another node made is opened as it is, never made
+	// again.
+	Pool string `json:"pool,omitempty"`
 }
 
 // ImageRef is a resolved DiskImage. The node imports it once, however many
@@ -392,8 +401,21 @@ type NodeHeartbeat struct {
 	// own hosts (a Nova cloud's compute hosts, a KubeVirt cluster's nodes),
 	// the guest staying on the node; it also says the agent understands
 	// Intent.Migration.
-	HostMigration bool      `json:"hostMigration,omitempty"`
-	SentAt        time.Time `json:"sentAt"`
+	HostMigration bool `json:"hostMigration,omitempty"`
+	// FenceAfterMillis is the node's lease: an agent that has not stored a
+	// heartbeat for this long destroys every guest whose intent sets Fence,
+	// and starts none of them again until it has read its intents afresh.
+	// The hub restarts such a guest on another node only once the node has
+	// been silent for longer than the lease and a margin, so the old copy
+	// is dead before the new one starts. 0 (an agent that does not fence
+	// itself) means the hub never restarts the node's guests elsewhere.
+	FenceAfterMillis int64 `json:"fenceAfterMillis,omitempty"`
+	// SharedPools are the storage pools on shared storage the node reaches
+	// (an administrator's pools, by name, the same on every node that
+	// reaches them): a disk in one of them can be opened by any of these
+	// nodes, so its guest can be restarted on any of them.
+	SharedPools []string  `json:"sharedPools,omitempty"`
+	SentAt      time.Time `json:"sentAt"`
 }
 
 // Resources is an amount of node capacity.
