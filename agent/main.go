@@ -68,6 +68,8 @@ func run() error {
 		kvAccessMode = fs.String("kubevirt-access-mode", "", "kubevirt: access mode of the PVCs made for disks; empty means ReadWriteOnce. KubeVirt migrates a VM live only when its PVCs are ReadWriteMany: set that where the storage class is shared.")
 		grace        = fs.Duration("shutdown-grace", 0, "How long a guest may take to shut down on ACPI before it is forced off; 0 means 2m.")
 		heartbeat    = fs.Duration("heartbeat-interval", 2*time.Second, "Interval between heartbeats; keep it well below the nodes bucket TTL (10s).")
+		fenceAfter   = fs.Duration("fence-after", app.DefaultFenceAfter, "The node's lease: when no heartbeat has been stored for this long, the node destroys its guests that are to be restarted elsewhere (availability Restart) and starts none of them until it has stored a heartbeat and read its intents afresh. At least twice --heartbeat-interval; 0 means the node never fences itself, and the hub then never restarts its guests elsewhere.")
+		sharedPools  = fs.String("shared-pools", "", "Storage pools on shared storage this node reaches (libvirt pools on NFS, say), comma-separated, each named the same on every node that reaches it; a Volume in one of them is not bound to one node.")
 		resync       = fs.Duration("resync-interval", 60*time.Second, "Interval between full resyncs of every guest.")
 		workers      = fs.Int("workers", 8, "Guests reconciled in parallel.")
 		cpuRatio     = fs.Float64("cpu-allocation-ratio", app.DefaultCPUAllocationRatio, "vCPUs offered to placement per host CPU.")
@@ -147,6 +149,8 @@ func run() error {
 			AccessMode: corev1.PersistentVolumeAccessMode(*kvAccessMode),
 		},
 		HeartbeatInterval:     *heartbeat,
+		FenceAfter:            *fenceAfter,
+		SharedPools:           app.ParseList(*sharedPools),
 		ResyncInterval:        *resync,
 		Workers:               *workers,
 		CPUAllocationRatio:    *cpuRatio,

@@ -46,6 +46,7 @@ type API interface {
 
 	StoragePoolLookupByName(Name string) (rPool golibvirt.StoragePool, err error)
 	StoragePoolGetInfo(Pool golibvirt.StoragePool) (rState uint8, rCapacity uint64, rAllocation uint64, rAvailable uint64, err error)
+	StoragePoolRefresh(Pool golibvirt.StoragePool, Flags uint32) (err error)
 	StorageVolLookupByName(Pool golibvirt.StoragePool, Name string) (rVol golibvirt.StorageVol, err error)
 	StorageVolCreateXML(Pool golibvirt.StoragePool, XML string, Flags golibvirt.StorageVolCreateFlags) (rVol golibvirt.StorageVol, err error)
 	StorageVolUpload(Vol golibvirt.StorageVol, outStream io.Reader, Offset uint64, Length uint64, Flags golibvirt.StorageVolUploadFlags) (err error)

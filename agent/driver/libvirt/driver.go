@@ -587,6 +587,10 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 			// A redefinition keeps what the old definition counted.
 			owner.LastNonce, owner.Restarts = info.owner.LastNonce, info.owner.Restarts
 		}
+		// Its disks are looked up, and made when absent, from here on.
+		if err := d.refreshDiskPools(api, m); err != nil {
+			return driver.Observation{}, err
+		}
 		d.images.inUse.RLock()
 		importing, err := d.prepareImages(api, m)
 		if err == nil && importing == "" {

@@ -208,6 +208,12 @@ func (d *Driver) prepareImages(api API, m driver.Machine) (string, error) {
 		if exists {
 			continue
 		}
+		if d.inSharedPool(disk.Pool) {
+			// It would be a copy of the image, made by the first node
+			// to use it; one left half-copied by a node that died
+			// would be found by the next and booted as it is.
+			return "", driver.Terminalf("volume %s in shared pool %s cannot be made from an image yet: make it without one, or in the node's own pool", disk.Name, disk.Pool)
+		}
 		msg, err := d.ensureImage(api, disk.Image)
 		if err != nil {
 			return "", err

@@ -174,6 +174,11 @@ func (d *Driver) checkPools(api API, m driver.Machine) ([]poolVolume, error) {
 			return nil, errors.Errorf("storage pool %q, which the guest's disks need, is not active on node %s", name, d.node)
 		}
 	}
+	// A disk in a shared pool is there already: it must be found, never
+	// copied over.
+	if err := d.refreshDiskPools(api, m); err != nil {
+		return nil, err
+	}
 	var absent []poolVolume
 	for _, disk := range m.Disks {
 		v := poolVolume{pool: cmp.Or(disk.Pool, d.pool), name: disk.Name}

@@ -91,6 +91,46 @@ func writeSeed(api API, pool, name string, iso []byte, uploadOptional bool) erro
 	return errors.Wrap(err, "cannot upload cloud-init seed")
 }
 
+// inSharedPool is whether pool is one other than the driver's own: a pool
+// on shared storage (a directory on NFS that every host of a group mounts,
+// declared by the administrator under the same name on each), which holds
+// volumes other hosts make.
+func (d *Driver) inSharedPool(pool string) bool { return pool != "" && pool != d.pool }
+
+// refreshShared has libvirtd re-read a shared pool (inSharedPool) before a
+// volume of it is looked up: libvirtd knows of a volume another host made
+// there only once it has, and without it such a volume would not be found
+// and would be made again over the other's. A pool that is not there is
+// left for the lookup to report.
+func (d *Driver) refreshShared(api API, pool string) error {
+	if !d.inSharedPool(pool) {
+		return nil
+	}
+	p, err := api.StoragePoolLookupByName(pool)
+	switch {
+	case isCode(err, golibvirt.ErrNoStoragePool):
+		return nil
+	case err != nil:
+		return errors.Wrapf(err, "cannot look up storage pool %s", pool)
+	}
+	return errors.Wrapf(api.StoragePoolRefresh(p, 0), "cannot refresh shared storage pool %s", pool)
+}
+
+// refreshDiskPools refreshes each shared pool m's disks are in, once.
+func (d *Driver) refreshDiskPools(api API, m driver.Machine) error {
+	var done []string
+	for _, disk := range m.Disks {
+		if slices.Contains(done, disk.Pool) {
+			continue
+		}
+		done = append(done, disk.Pool)
+		if err := d.refreshShared(api, disk.Pool); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // findVolume looks up volume name in pool. When either is missing it
 // returns a NotFound error that says which.
 func findVolume(api API, pool, name string) (golibvirt.StorageVol, error) {
@@ -129,6 +169,9 @@ func deleteVolume(api API, pool, name string) error {
 func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 	api, _, err := d.api()
 	if err != nil {
+		return err
+	}
+	if err := d.refreshShared(api, disk.Pool); err != nil {
 		return err
 	}
 	want := poolVolume{pool: cmp.Or(disk.Pool, d.pool), name: disk.Name}
@@ -197,6 +240,9 @@ func (d *Driver) ObserveVolume(_ context.Context, disk driver.Disk) (driver.Volu
 	}
 	api, _, err := d.api()
 	if err != nil {
+		return driver.VolumeObservation{}, err
+	}
+	if err := d.refreshShared(api, disk.Pool); err != nil {
 		return driver.VolumeObservation{}, err
 	}
 	v, err := findVolume(api, cmp.Or(disk.Pool, d.pool), disk.Name)

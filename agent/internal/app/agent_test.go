@@ -300,6 +300,9 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 		{name: "NovaCloudsFileMissing", change: novaBackend(nova.Config{CloudsFile: "/nonexistent/clouds.yaml", Cloud: "lab"}), message: "--openstack-clouds-file"},
 		{name: "NovaUnknownCloud", change: novaBackend(nova.Config{CloudsFile: clouds, Cloud: "elsewhere"}), message: `--openstack-cloud: no cloud "elsewhere"`},
 		{name: "MetricsAddressTaken", change: func(c *app.Config) { c.MetricsAddress = taken.Addr().String() }, message: "--metrics-bind-address"},
+		{name: "NegativeFenceAfter", change: func(c *app.Config) { c.FenceAfter = -time.Second }, message: "--fence-after must not be negative"},
+		{name: "FenceAfterWithinTwoHeartbeats", change: func(c *app.Config) { c.FenceAfter, c.HeartbeatInterval = 3*time.Second, 2*time.Second }, message: "--fence-after 3s is shorter than twice --heartbeat-interval 2s"},
+		{name: "SharedPoolNotAName", change: func(c *app.Config) { c.SharedPools = []string{"nfs-a", "nfs/b"} }, message: `--shared-pools: invalid pool "nfs/b"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

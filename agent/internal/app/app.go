@@ -26,6 +26,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver/libvirt"
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
+	"github.com/virtfleet/virtfleet/agent/internal/lease"
 	"github.com/virtfleet/virtfleet/agent/internal/reconciler"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/natswire"
@@ -81,7 +82,32 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return errors.Wrap(err, "cannot start bus")
 	}
-	rec := reconciler.New(cfg.Node, drv, b, log, reconciler.Options{Workers: cfg.Workers, ResyncEvery: cfg.ResyncInterval, Metrics: cfg.Metrics})
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	limits := natswire.ConsoleLimits{Sessions: cfg.ConsoleSessions, BytesPerSecond: cfg.ConsoleBytesPerSecond}
+	wg.Go(func() {
+		// Consoles are a convenience: without them the node still runs
+		// its guests, so a failure here stops nothing else.
+		if err := natswire.ServeConsoles(ctx, nc, cfg.Node, limits, log, openConsole(consolesOf(drv), cfg.Backend)); err != nil {
+			log.Info("Cannot serve consoles", "error", err)
+		}
+	})
+
+	log.Info("Agent started", "backend", cfg.Backend, "version", Version, "nats", nc.ConnectedUrlRedacted(), "fenceAfter", cfg.FenceAfter)
+	err = runNode(ctx, cfg, b, drv, log)
+	cancel()
+	wg.Wait()
+	log.Info("Agent stopped")
+	return err
+}
+
+// runNode runs the node's own work over b and drv until ctx is done: the
+// intent watch, the reconciler and the heartbeat, which renews the node's
+// lease. It returns an error only when the intent watch fails for good.
+func runNode(ctx context.Context, cfg Config, b bus.Bus, drv driver.Driver, log logging.Logger) error {
+	l := lease.New(cfg.FenceAfter, nil)
+	rec := reconciler.New(cfg.Node, drv, b, log, reconciler.Options{Workers: cfg.Workers, ResyncEvery: cfg.ResyncInterval, Metrics: cfg.Metrics, Lease: l})
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -97,23 +123,19 @@ func Run(ctx context.Context, cfg Config) error {
 			cancel()
 		}
 	})
-	limits := natswire.ConsoleLimits{Sessions: cfg.ConsoleSessions, BytesPerSecond: cfg.ConsoleBytesPerSecond}
-	wg.Go(func() {
-		// Consoles are a convenience: without them the node still runs
-		// its guests, so a failure here stops nothing else.
-		if err := natswire.ServeConsoles(ctx, nc, cfg.Node, limits, log, openConsole(consolesOf(drv), cfg.Backend)); err != nil {
-			log.Info("Cannot serve consoles", "error", err)
-		}
-	})
 	hb := &heartbeat{cfg: cfg, driver: drv, log: log}
+	stored := func(issued time.Time) {
+		// A lost lease is held again only after the intents are read
+		// afresh: have the watch resume, so it says when it has.
+		if l.Stored(issued) {
+			b.ResumeIntents()
+		}
+	}
 	wg.Go(func() {
-		bus.RunHeartbeat(ctx, b, cfg.HeartbeatInterval, log, func() wire.NodeHeartbeat { return hb.next(ctx) })
+		bus.RunHeartbeat(ctx, b, cfg.HeartbeatInterval, log, func() wire.NodeHeartbeat { return hb.next(ctx) }, stored)
 	})
-
-	log.Info("Agent started", "backend", cfg.Backend, "version", Version, "nats", nc.ConnectedUrlRedacted())
 	rec.Run(ctx)
 	wg.Wait()
-	log.Info("Agent stopped")
 	return watchErr
 }
 
@@ -208,6 +230,10 @@ func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 		Labels:       h.cfg.Labels,
 		AgentVersion: Version,
 		SentAt:       time.Now().UTC(),
+		// The lease the node keeps (lease.Lease): what lets the hub
+		// restart its guests elsewhere, and when.
+		FenceAfterMillis: h.cfg.FenceAfter.Milliseconds(),
+		SharedPools:      h.cfg.SharedPools,
 	}
 	if o, ok := h.driver.(driver.Overlay); ok && o.TunnelAddress().IsValid() {
 		hb.TunnelAddress = o.TunnelAddress().String()

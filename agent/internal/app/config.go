@@ -33,6 +33,11 @@ const (
 	DefaultMemoryAllocationRatio = 1.0
 )
 
+// DefaultFenceAfter is the lease --fence-after gives a node: ten heartbeats
+// at the default interval, so a node fences itself only after a real outage,
+// and the hub restarts its guests elsewhere within a minute of losing it.
+const DefaultFenceAfter = 20 * time.Second
+
 // Config of one agent. Zero values take the defaults documented per field.
 type Config struct {
 	// Node is the name of this hypervisor node, a single NATS subject token.
@@ -60,6 +65,19 @@ type Config struct {
 	// HeartbeatInterval between heartbeats; default 2 s. It must stay well
 	// within the nodes bucket's TTL (10 s by default).
 	HeartbeatInterval time.Duration
+	// FenceAfter is the node's lease, announced in its heartbeat: when no
+	// heartbeat put has succeeded for this long the node is fenced, and
+	// destroys every guest whose intent sets Fence and starts none until it
+	// has stored a heartbeat and read its intents afresh (package lease).
+	// 0 means the node never fences itself, and the hub then never restarts
+	// its guests elsewhere; otherwise it must be at least twice
+	// HeartbeatInterval, or one slow put would fence the node.
+	FenceAfter time.Duration
+	// SharedPools are the storage pools on shared storage this node reaches
+	// (libvirt pools on NFS, say), by their names, which are the same on
+	// every node that reaches them; announced in the heartbeat, so the hub
+	// places a guest with disks in one of them only on such nodes.
+	SharedPools []string
 	// ResyncInterval between full resyncs of every guest; default 60 s.
 	ResyncInterval time.Duration
 	// Workers reconcile different guests in parallel; default 8.
@@ -140,6 +158,17 @@ func (c *Config) validate() error {
 	if c.CPUAllocationRatio < 0 || c.MemoryAllocationRatio < 0 {
 		return errors.New("allocation ratios must be positive")
 	}
+	if c.FenceAfter < 0 {
+		return errors.Errorf("--fence-after must not be negative, got %s", c.FenceAfter)
+	}
+	if c.FenceAfter > 0 && c.FenceAfter < 2*c.HeartbeatInterval {
+		return errors.Errorf("--fence-after %s is shorter than twice --heartbeat-interval %s: one slow heartbeat would fence the node; raise it, or set 0 to never fence", c.FenceAfter, c.HeartbeatInterval)
+	}
+	for _, p := range c.SharedPools {
+		if err := wire.ValidateToken("pool", p); err != nil {
+			return errors.Wrap(err, "--shared-pools")
+		}
+	}
 	if c.ConsoleSessions < 0 {
 		return errors.Errorf("--console-sessions must not be negative, got %d", c.ConsoleSessions)
 	}
@@ -193,4 +222,16 @@ func ParseLabels(s string) (map[string]string, error) {
 		labels[k] = strings.TrimSpace(v)
 	}
 	return labels, nil
+}
+
+// ParseList parses "a,b": the entries, each trimmed of spaces, with empty
+// ones (a trailing comma) skipped. Empty input is no entries.
+func ParseList(s string) []string {
+	var out []string
+	for e := range strings.SplitSeq(s, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
 }

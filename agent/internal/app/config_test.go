@@ -56,6 +56,17 @@ func TestHeartbeatNext(t *testing.T) {
 	}
 }
 
+func TestParseList(t *testing.T) {
+	for in, want := range map[string][]string{
+		"":               nil,
+		"nfs-a":          {"nfs-a"},
+		" nfs-a , ceph,": {"nfs-a", "ceph"},
+		",,":             nil,
+	} {
+		assert.Equal(t, want, ParseList(in), "%q", in)
+	}
+}
+
 func TestDefaults(t *testing.T) {
 	var c Config
 	c.defaults()

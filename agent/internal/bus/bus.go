@@ -50,6 +50,11 @@ type Reports interface {
 type Bus interface {
 	Reports
 	WatchIntents(ctx context.Context, hs Handlers) error
+	// ResumeIntents has a running WatchIntents resume after the last
+	// revision it saw, as after a reconnect, and call Synced again once it
+	// has caught up: that Synced shows the intents as they are after this
+	// call. It returns at once.
+	ResumeIntents()
 	// PutHeartbeat stores h as this node's heartbeat. It must be repeated
 	// well within the nodes bucket's TTL, or the hub declares the node lost.
 	PutHeartbeat(ctx context.Context, h wire.NodeHeartbeat) error
@@ -69,13 +74,20 @@ func (e *ConflictError) Unwrap() error { return e.Err }
 
 // RunHeartbeat puts the heartbeat built by next every interval until ctx is
 // done. A failed put is logged and retried at the next tick: the TTL is
-// several intervals long so one miss does not lose the node.
-func RunHeartbeat(ctx context.Context, b Bus, interval time.Duration, log logging.Logger, next func() wire.NodeHeartbeat) {
+// several intervals long so one miss does not lose the node. After each put
+// that succeeded it calls stored, if set, with the time taken just before
+// the put was issued, which is never later than when the server stored it.
+func RunHeartbeat(ctx context.Context, b Bus, interval time.Duration, log logging.Logger, next func() wire.NodeHeartbeat, stored func(issued time.Time)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if err := b.PutHeartbeat(ctx, next()); err != nil && ctx.Err() == nil {
+		h := next()
+		issued := time.Now()
+		switch err := b.PutHeartbeat(ctx, h); {
+		case err != nil && ctx.Err() == nil:
 			log.Info("Cannot put heartbeat", "error", err)
+		case err == nil && stored != nil:
+			stored(issued)
 		}
 		select {
 		case <-ctx.Done():

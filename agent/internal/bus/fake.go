@@ -2,6 +2,8 @@ package bus
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sync"
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
@@ -24,6 +26,12 @@ type Fake struct {
 	reports   map[string][]byte // by key
 	writes    map[string]int    // by key
 	heartbeat *wire.NodeHeartbeat
+	// heartbeatErr fails every heartbeat put while set.
+	heartbeatErr error
+	// resumes counts ResumeIntents; a pending one has not had its Synced
+	// yet, held back while resumesPaused.
+	resumes                      int
+	resumePending, resumesPaused bool
 }
 
 var _ Bus = &Fake{}
@@ -161,6 +169,65 @@ func (f *Fake) Delete(_ context.Context, key string) error {
 func (f *Fake) PutHeartbeat(_ context.Context, h wire.NodeHeartbeat) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.heartbeatErr != nil {
+		return f.heartbeatErr
+	}
 	f.heartbeat = &h
 	return nil
+}
+
+// FailHeartbeats makes every heartbeat put fail with err, as when the node
+// is cut off from NATS; nil lets them succeed again.
+func (f *Fake) FailHeartbeats(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.heartbeatErr = err
+}
+
+// ResumeIntents implements Bus: every running watch, which has missed
+// nothing, calls Synced again; while resumes are paused, only once they
+// are not.
+func (f *Fake) ResumeIntents() {
+	f.mu.Lock()
+	f.resumes++
+	f.resumePending = true
+	paused := f.resumesPaused
+	f.mu.Unlock()
+	if !paused {
+		f.resume()
+	}
+}
+
+// PauseResumes holds back the Synced of ResumeIntents while paused is
+// true, as a watch that takes long to catch up would; false delivers the
+// Synced of any held back.
+func (f *Fake) PauseResumes(paused bool) {
+	f.mu.Lock()
+	f.resumesPaused = paused
+	f.mu.Unlock()
+	if !paused {
+		f.resume()
+	}
+}
+
+// resume has every watch call Synced if a resume is pending.
+func (f *Fake) resume() {
+	f.mu.Lock()
+	pending := f.resumePending
+	f.resumePending = false
+	watchers := slices.Collect(maps.Values(f.watchers))
+	f.mu.Unlock()
+	if !pending {
+		return
+	}
+	for _, hs := range watchers {
+		hs.synced()
+	}
+}
+
+// Resumes is how many times ResumeIntents was called.
+func (f *Fake) Resumes() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.resumes
 }

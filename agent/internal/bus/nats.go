@@ -54,6 +54,9 @@ type NATS struct {
 	js     jetstream.JetStream
 	legacy nats.JetStreamContext
 
+	// resume asks the running watch to resume (ResumeIntents).
+	resume chan struct{}
+
 	mu      sync.Mutex
 	reports map[string]stored // by key: what this agent last read or wrote
 }
@@ -92,7 +95,7 @@ func New(nc *nats.Conn, cfg Config) (*NATS, error) {
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot open JetStream")
 	}
-	return &NATS{cfg: cfg, nc: nc, js: js, legacy: legacy, reports: map[string]stored{}}, nil
+	return &NATS{cfg: cfg, nc: nc, js: js, legacy: legacy, resume: make(chan struct{}, 1), reports: map[string]stored{}}, nil
 }
 
 // Rejections counts the intents this bus's watches refused.
@@ -247,7 +250,21 @@ func (n *NATS) WatchIntents(ctx context.Context, hs Handlers) error {
 			n.cfg.Log.Debug("Reconnected; resuming intent watch", "revision", w.lastRevision())
 			_ = sub.Unsubscribe()
 			w.resumed()
+		case <-n.resume:
+			n.cfg.Log.Debug("Resuming intent watch on request", "revision", w.lastRevision())
+			_ = sub.Unsubscribe()
+			w.resumed()
 		}
+	}
+}
+
+// ResumeIntents implements Bus. A request made while the watch is not
+// subscribed (between attempts) is kept for when it is; requests made
+// before it acted are one.
+func (n *NATS) ResumeIntents() {
+	select {
+	case n.resume <- struct{}{}:
+	default:
 	}
 }
 

@@ -3,6 +3,7 @@ package bus_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -189,6 +190,26 @@ func TestSurvivesServerRestart(t *testing.T) {
 	}
 	_, err := putReport(b, wire.Report{UID: "vm-0", Node: "node1", Phase: wire.PhaseRunning})
 	require.NoError(t, err, "the agent can write again after the restart")
+}
+
+// TestResumeIntentsSaysSyncedAgain: the agent asks its watch to resume
+// (a lost lease renewed) and hears Synced again once the watch has caught
+// up with what was written before it asked, delivering nothing twice.
+func TestResumeIntentsSaysSyncedAgain(t *testing.T) {
+	f := newFleet(t)
+	f.putIntent(t, "node1", "vm-a", 1)
+	b, _, async := f.agent(t, "node1")
+	e := watch(t, b)
+	e.until(t, 5*time.Second, synced)
+
+	b.ResumeIntents()
+	assert.Len(t, e.until(t, 5*time.Second, synced), 1, "nothing was missed: Synced alone")
+
+	f.putIntent(t, "node1", "vm-a", 2)
+	b.ResumeIntents()
+	got := e.until(t, 5*time.Second, synced)
+	assert.True(t, slices.ContainsFunc(got, generation("vm-a", 2)), "Synced follows what was written before the resume: %+v", got)
+	assert.False(t, async.WaitForViolation(0), "resuming must need no permission the agent lacks")
 }
 
 // TestWatchIntentsRecoversALostConsumerWithinSeconds: when the server that

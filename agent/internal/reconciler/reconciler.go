@@ -21,6 +21,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
+	"github.com/virtfleet/virtfleet/agent/internal/lease"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
@@ -48,6 +49,10 @@ type Options struct {
 	ObserveEvery time.Duration
 	// Now replaces time.Now, for tests.
 	Now func() time.Time
+	// Lease is the node's lease; nil means the node never fences itself.
+	// While it is not held (lease.Lease.Fenced) every guest whose intent
+	// sets Fence is destroyed, and none is created or started: see fence.
+	Lease *lease.Lease
 	// Metrics are observed as the reconciler works; nil means the
 	// process's (metrics.DefaultAgent).
 	Metrics *metrics.AgentMetrics
@@ -213,7 +218,12 @@ func record[V any](r *Reconciler, intents map[string]V, kind string, ev bus.Even
 	r.queue.Add(item{kind: kind, uid: ev.UID})
 }
 
+// intentsSynced also tells the lease, first, so that the resync it queues
+// starts the guests that fence once the lease is held again.
 func (r *Reconciler) intentsSynced() {
+	if r.opts.Lease != nil {
+		r.opts.Lease.Synced()
+	}
 	r.mu.Lock()
 	r.synced = true
 	r.mu.Unlock()
@@ -221,7 +231,8 @@ func (r *Reconciler) intentsSynced() {
 }
 
 // Run works the queue until ctx is done: workers, driver events as triggers,
-// a full resync every Options.ResyncEvery, and the node's image reports.
+// a full resync every Options.ResyncEvery, the node's image reports, and
+// the watchdog of the node's lease (watchLease).
 func (r *Reconciler) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { r.runImages(ctx) })
@@ -236,6 +247,13 @@ func (r *Reconciler) Run(ctx context.Context) {
 
 	tick := time.NewTicker(r.opts.ResyncEvery)
 	defer tick.Stop()
+	var watchdog <-chan time.Time
+	if r.opts.Lease != nil && r.opts.Lease.After() > 0 {
+		t := time.NewTicker(r.opts.Lease.CheckEvery())
+		defer t.Stop()
+		watchdog = t.C
+	}
+	leaseState := lease.Held
 	events := r.driver.Events()
 loop:
 	for {
@@ -244,6 +262,8 @@ loop:
 			break loop
 		case <-tick.C:
 			r.resync(ctx)
+		case <-watchdog:
+			leaseState = r.watchLease(leaseState)
 		case ev, ok := <-events:
 			if !ok {
 				events = nil // driver closed; the resync still runs
@@ -351,6 +371,9 @@ func (r *Reconciler) reconcileGuest(ctx context.Context, uid string) (time.Durat
 	}
 	if in.Release {
 		return 0, r.release(ctx, in)
+	}
+	if in.Fence && r.opts.Lease.Fenced() {
+		return 0, r.fence(ctx, in)
 	}
 
 	var (

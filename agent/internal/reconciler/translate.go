@@ -44,7 +44,7 @@ func machine(in wire.Intent) (driver.Machine, error) {
 		if d.Name == "" {
 			return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].name is empty", i)
 		}
-		disk := driver.Disk{Name: nodeDisk(in.Namespace, d), SizeBytes: d.SizeBytes, Imported: d.ExternalName != ""}
+		disk := driver.Disk{Name: nodeDisk(in.Namespace, d), SizeBytes: d.SizeBytes, Imported: d.ExternalName != "", Pool: d.Pool}
 		if disk.Imported && d.Image != nil {
 			return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d] imports volume %q and has an image to fill it from", i, d.ExternalName)
 		}

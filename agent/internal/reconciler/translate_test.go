@@ -135,6 +135,18 @@ func TestImportedDisksHaveTheirVolumesName(t *testing.T) {
 	assert.EqualError(t, err, `malformed intent: machine.disks[1] imports volume "legacy.img" and has an image to fill it from`)
 }
 
+// TestDisksKeepTheirSharedPool: a disk in a shared pool reaches the driver
+// in that pool; one in none stays in the driver's default.
+func TestDisksKeepTheirSharedPool(t *testing.T) {
+	in := wire.Intent{UID: "a", Namespace: "team-a", Name: "vm", Machine: wire.Machine{
+		VCPU: 1, MemoryBytes: 1 << 20,
+		Disks: []wire.Disk{{Name: "root", SizeBytes: 1 << 30, Pool: "nfs-a"}, {Name: "scratch", SizeBytes: 1 << 30}},
+	}}
+	m, err := machine(in)
+	require.NoError(t, err)
+	assert.Equal(t, []driver.Disk{{Name: "team-a_root", SizeBytes: 1 << 30, Pool: "nfs-a"}, {Name: "team-a_scratch", SizeBytes: 1 << 30}}, m.Disks)
+}
+
 func TestWirePhaseKeepsKnownPhasesAndReportsOthersUnknown(t *testing.T) {
 	for _, p := range driver.Phases {
 		assert.Equal(t, string(p), string(wirePhase(p)), "a known phase keeps its name")

@@ -159,6 +159,11 @@ func (in Intent) Validate() error {
 		return &DecodeError{Kind: "intent", Err: errors.New("machine resources must not be negative")}
 	}
 	for i, d := range in.Machine.Disks {
+		if d.Pool != "" {
+			if err := ValidateToken(fmt.Sprintf("machine.disks[%d].pool", i), d.Pool); err != nil {
+				return err
+			}
+		}
 		if d.Image == nil {
 			continue
 		}
@@ -193,9 +198,21 @@ func (r Report) Validate() error {
 	return ValidateNodeName(r.Node)
 }
 
-// Validate reports whether the NodeHeartbeat can be keyed.
+// Validate reports whether the NodeHeartbeat can be keyed and read: a lease
+// is never negative, and every shared pool is named by a token.
 func (h NodeHeartbeat) Validate() error {
-	return ValidateNodeName(h.Node)
+	if err := ValidateNodeName(h.Node); err != nil {
+		return err
+	}
+	if h.FenceAfterMillis < 0 {
+		return &DecodeError{Kind: "node heartbeat", Err: fmt.Errorf("fenceAfterMillis must not be negative, got %d", h.FenceAfterMillis)}
+	}
+	for i, p := range h.SharedPools {
+		if err := ValidateToken(fmt.Sprintf("sharedPools[%d]", i), p); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Validate reports whether the VolumeIntent can be keyed and acted on: a
@@ -204,6 +221,11 @@ func (h NodeHeartbeat) Validate() error {
 func (v VolumeIntent) Validate() error {
 	if err := ValidateToken("uid", v.UID); err != nil {
 		return err
+	}
+	if v.Pool != "" {
+		if err := ValidateToken("pool", v.Pool); err != nil {
+			return err
+		}
 	}
 	switch {
 	case v.Disk == "":

@@ -61,6 +61,10 @@ func TestDecodeIntent(t *testing.T) {
 		"RefusesAChecksumOnAClone": {
 			in: mustJSON(t, withImage(exampleClonedIntent(), func(r *ImageRef) { r.Checksum = "ab" })), wantErr: &DecodeError{},
 		},
+		"RoundTripsADiskInASharedPool": {in: mustJSON(t, inPool(exampleIntent(), "nfs-a")), want: inPool(exampleIntent(), "nfs-a")},
+		"RefusesADiskPoolThatIsNotAToken": {
+			in: mustJSON(t, inPool(exampleIntent(), "../etc")), wantErr: &KeyError{},
+		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -82,20 +86,32 @@ func TestDecodeReportAndHeartbeat(t *testing.T) {
 		want    any
 		wantErr any
 	}{
-		"ReportRoundTrips":         {decode: decodeReport, in: mustJSON(t, exampleReport()), want: exampleReport()},
-		"ReportRefusesNewer":       {decode: decodeReport, in: withField(t, exampleReport(), "protocolVersion", 99), wantErr: &VersionError{}},
-		"ReportRefusesNoNode":      {decode: decodeReport, in: withField(t, exampleReport(), "node", ""), wantErr: &KeyError{}},
-		"ReportRoundTripsPaused":   {decode: decodeReport, in: withField(t, exampleReport(), "phase", "Paused"), want: withPhase(exampleReport(), PhasePaused)},
-		"HeartbeatRoundTrips":      {decode: decodeHeartbeat, in: mustJSON(t, exampleHeartbeat()), want: exampleHeartbeat()},
-		"HeartbeatIgnoresUnknowns": {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "gpus", 4), want: exampleHeartbeat()},
-		"HeartbeatRefusesNewer":    {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "protocolVersion", 2), wantErr: &VersionError{}},
-		"HeartbeatRefusesNoNode":   {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "node", ""), wantErr: &KeyError{}},
+		"ReportRoundTrips":          {decode: decodeReport, in: mustJSON(t, exampleReport()), want: exampleReport()},
+		"ReportRefusesNewer":        {decode: decodeReport, in: withField(t, exampleReport(), "protocolVersion", 99), wantErr: &VersionError{}},
+		"ReportRefusesNoNode":       {decode: decodeReport, in: withField(t, exampleReport(), "node", ""), wantErr: &KeyError{}},
+		"ReportRoundTripsPaused":    {decode: decodeReport, in: withField(t, exampleReport(), "phase", "Paused"), want: withPhase(exampleReport(), PhasePaused)},
+		"HeartbeatRoundTrips":       {decode: decodeHeartbeat, in: mustJSON(t, exampleHeartbeat()), want: exampleHeartbeat()},
+		"HeartbeatIgnoresUnknowns":  {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "gpus", 4), want: exampleHeartbeat()},
+		"HeartbeatRefusesNewer":     {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "protocolVersion", 2), wantErr: &VersionError{}},
+		"HeartbeatRefusesNoNode":    {decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "node", ""), wantErr: &KeyError{}},
+		"HeartbeatRoundTripsALease": {decode: decodeHeartbeat, in: mustJSON(t, withLease(exampleHeartbeat())), want: withLease(exampleHeartbeat())},
+		"HeartbeatRefusesANegativeLease": {
+			decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "fenceAfterMillis", -1), wantErr: &DecodeError{},
+		},
+		"HeartbeatRefusesASharedPoolThatIsNotAToken": {
+			decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "sharedPools", []string{"nfs-a", "nfs b"}), wantErr: &KeyError{},
+		},
+		"HeartbeatRefusesAnEmptySharedPool": {
+			decode: decodeHeartbeat, in: withField(t, exampleHeartbeat(), "sharedPools", []string{""}), wantErr: &KeyError{},
+		},
 
 		"VolumeIntentRoundTrips":        {decode: decodeVolumeIntent, in: mustJSON(t, exampleVolumeIntent()), want: exampleVolumeIntent()},
 		"VolumeIntentIgnoresUnknowns":   {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "snapshot", true), want: exampleVolumeIntent()},
 		"VolumeIntentRefusesNewer":      {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "protocolVersion", 2), wantErr: &VersionError{}},
 		"VolumeIntentRefusesUnsafeUID":  {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "uid", "a.>"), wantErr: &KeyError{}},
 		"VolumeIntentRefusesNoDisk":     {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "disk", ""), wantErr: &DecodeError{}},
+		"VolumeIntentRoundTripsAPool":   {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "pool", "nfs-a"), want: withVolumePool(exampleVolumeIntent(), "nfs-a")},
+		"VolumeIntentRefusesUnsafePool": {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "pool", "nfs/a"), wantErr: &KeyError{}},
 		"VolumeIntentRefusesPresent":    {decode: decodeVolumeIntent, in: withField(t, exampleVolumeIntent(), "absent", false), wantErr: &DecodeError{}},
 		"ImportIntentRoundTrips":        {decode: decodeVolumeIntent, in: mustJSON(t, exampleImportIntent()), want: exampleImportIntent()},
 		"ImportIntentDeletes":           {decode: decodeVolumeIntent, in: withField(t, exampleImportIntent(), "absent", true), want: withAbsent(exampleImportIntent())},
@@ -171,6 +187,25 @@ func TestImageRefNamesWhatIsWrong(t *testing.T) {
 	_, err := EncodeIntent(withImage(exampleClonedIntent(), func(r *ImageRef) { r.URL = "https://x/i.qcow2" }))
 	assert.EqualError(t, err, "cannot decode intent: machine.disks[0].image: set exactly one of url or sourceVolume, not both",
 		"an image with two sources must not be written")
+}
+
+// inPool is in with its first disk in the shared pool p.
+func inPool(in Intent, p string) Intent {
+	disks := append([]Disk(nil), in.Machine.Disks...)
+	disks[0].Pool = p
+	in.Machine.Disks = disks
+	return in
+}
+
+// withLease is h announcing a lease and shared pools.
+func withLease(h NodeHeartbeat) NodeHeartbeat {
+	h.FenceAfterMillis, h.SharedPools = 20000, []string{"nfs-a", "ceph_b"}
+	return h
+}
+
+func withVolumePool(v VolumeIntent, p string) VolumeIntent {
+	v.Pool = p
+	return v
 }
 
 // pausedAndReset is in asking for its guest paused and reset.
@@ -272,4 +307,18 @@ func TestDecodeFabric(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 		})
 	}
+}
+
+func TestPoolErrorsNameTheField(t *testing.T) {
+	_, err := EncodeIntent(inPool(exampleIntent(), "a.b"))
+	assert.EqualError(t, err, `invalid machine.disks[0].pool "a.b": contains '.'; only letters, digits, '-' and '_' are allowed`)
+
+	h := exampleHeartbeat()
+	h.SharedPools = []string{"nfs-a", "nfs*"}
+	_, err = EncodeNodeHeartbeat(h)
+	assert.EqualError(t, err, `invalid sharedPools[1] "nfs*": contains '*'; only letters, digits, '-' and '_' are allowed`)
+
+	h.SharedPools, h.FenceAfterMillis = nil, -5
+	_, err = EncodeNodeHeartbeat(h)
+	assert.EqualError(t, err, "cannot decode node heartbeat: fenceAfterMillis must not be negative, got -5")
 }
