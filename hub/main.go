@@ -16,6 +16,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/hub/internal/app"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/subresources"
 	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/natswire"
@@ -38,6 +39,7 @@ func main() {
 	flag.IntVar(&c.MigrationsPerNode, "migrations-per-node", migration.DefaultPerNode, "Live migrations under way at once from or to one node.")
 	flag.IntVar(&c.MigrationsPerNamespace, "migrations-per-namespace", migration.DefaultPerNamespace, "Live migrations under way at once in one namespace, so that no one tenant takes every slot of the fleet.")
 	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM deleted while its node is lost waits before it is finalized.")
+	flag.DurationVar(&c.FencingMargin, "fencing-margin", virtualmachine.DefaultFencingMargin, "What a VM with availability Restart waits, beyond its lost node's lease (the agent's --fence-after), before it is restarted on another node: at least the drift between the hub's and the nodes' clocks over a lease.")
 	flag.DurationVar(&c.NodeTTL, "node-ttl", natswire.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
 	flag.StringVar(&c.APIAddress, "api-bind-address", "0", "Address of the aggregated API (subresources.virtfleet.io: console, vnc, start, stop, restart, reset, pause, unpause, migrate); 0 disables it.")
 	flag.StringVar(&c.APITLSSecret, "api-tls-secret", "virtfleet-system/virtfleet-hub-api-tls", "Secret (namespace/name) with the aggregated API's serving certificate; the hub creates and renews it.")

@@ -66,6 +66,8 @@ func TestCRDs(t *testing.T) {
 		assert.True(t, *vm.Spec.ForProvider.Running)
 		require.NotNil(t, vm.Spec.ForProvider.Swap)
 		assert.True(t, vm.Spec.ForProvider.Swap.IsZero(), "swap defaults to 0, got %s", vm.Spec.ForProvider.Swap)
+		require.NotNil(t, vm.Spec.ForProvider.Availability)
+		assert.Equal(t, computev1alpha1.AvailabilityNone, *vm.Spec.ForProvider.Availability, "a lost node's VMs wait for it unless asked otherwise")
 		assert.Equal(t, []string{"*"}, managementPolicies(vm))
 	})
 
@@ -95,6 +97,33 @@ func TestCRDs(t *testing.T) {
 				}
 			})
 		}
+	})
+
+	t.Run("AVolumesStoragePoolCannotChange", func(t *testing.T) {
+		for name, fp := range map[string]map[string]any{
+			"pool-set":  {"size": "1Gi", "storagePool": "ceph"},
+			"pool-none": {"size": "1Gi"},
+		} {
+			require.NoError(t, cp.Client.Create(ctx, object("Volume", name, fp)), name)
+		}
+		for _, tc := range []struct{ name, pool string }{{"pool-set", "nfs"}, {"pool-set", ""}, {"pool-none", "ceph"}} {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(computev1alpha1.VolumeGroupVersionKind)
+			require.NoError(t, cp.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: tc.name}, u))
+			if tc.pool == "" {
+				delete(forProvider(u), "storagePool")
+			} else {
+				forProvider(u)["storagePool"] = tc.pool
+			}
+			err := cp.Client.Update(ctx, u)
+			require.Error(t, err, "%s: storagePool changed to %q", tc.name, tc.pool)
+			assert.Contains(t, err.Error(), "storagePool is immutable")
+		}
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(computev1alpha1.VolumeGroupVersionKind)
+		require.NoError(t, cp.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: "pool-set"}, u))
+		forProvider(u)["size"] = "2Gi"
+		require.NoError(t, cp.Client.Update(ctx, u), "the rest of a Volume in a pool may change")
 	})
 
 	t.Run("BoundsAreEnforcedAndEveryAcceptedValueDecodesInTheHub", func(t *testing.T) {
@@ -210,6 +239,7 @@ func invalidVMs() []invalidCase {
 		{"duplicate network names", set("virtualNetworks", []any{"net-db", "net-db"}), []string{"spec.forProvider.virtualNetworks[1]", "Duplicate value"}},
 		{"unknown backend", set("backend", "vmware"), []string{"spec.forProvider.backend", "Unsupported value"}},
 		{"unknown firmware", set("firmware", "efi"), []string{"spec.forProvider.firmware", "Unsupported value"}},
+		{"unknown availability", set("availability", "Always"), []string{"spec.forProvider.availability", "Unsupported value"}},
 		{"public key not OpenSSH", set("publicKey", "-----BEGIN RSA PRIVATE KEY-----"), []string{"spec.forProvider.publicKey", "OpenSSH public key"}},
 	}
 }

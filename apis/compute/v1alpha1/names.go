@@ -80,7 +80,14 @@ const (
 	// AnnotationLeftovers lists, comma-separated, the nodes that may still
 	// hold something of a VirtualMachine that no longer runs there: the
 	// source of a migration that succeeded, the target of one that
-	// failed. The hub deletes the VM's intent on each and drops the node
-	// from the list once its report is gone.
+	// failed, the lost node a VM was restarted away from. The hub deletes
+	// the VM's intent on each and drops the node from the list once its
+	// report is gone.
 	AnnotationLeftovers = Group + "/leftovers"
+
+	// AnnotationRestartedFrom records, on a VirtualMachine with
+	// availability Restart, the lost node the hub last restarted it away
+	// from and when ("<node>@<RFC 3339 time>"). It is the story's record
+	// only; the hub acts on AnnotationNode and AnnotationLeftovers.
+	AnnotationRestartedFrom = Group + "/restarted-from"
 )

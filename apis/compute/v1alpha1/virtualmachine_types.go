@@ -41,6 +41,20 @@ const (
 	EvictionNone        EvictionStrategy = "None"
 )
 
+// Availability is what the hub does with a VirtualMachine whose node is
+// lost.
+// +kubebuilder:validation:Enum=None;Restart
+type Availability string
+
+// Availabilities.
+const (
+	// AvailabilityNone waits for the lost node to come back.
+	AvailabilityNone Availability = "None"
+	// AvailabilityRestart starts the VM on another node once the lost one
+	// has fenced itself.
+	AvailabilityRestart Availability = "Restart"
+)
+
 // DiskAttachment attaches a Volume to a VirtualMachine.
 type DiskAttachment struct {
 	// Name of a Volume in the VirtualMachine's namespace.
@@ -134,6 +148,22 @@ type VirtualMachineParameters struct {
 	// +optional
 	EvictionStrategy *EvictionStrategy `json:"evictionStrategy,omitempty"`
 
+	// Availability is what the hub does when the VM's node is lost (its
+	// heartbeats stop). None, the default, waits for the node to come
+	// back; the VM shows Unknown meanwhile. Restart starts the VM on
+	// another node, with the same addresses, once the lost node has fenced
+	// itself: its agent destroys the guest when it cannot renew its lease,
+	// and the hub restarts the VM only after that lease and a margin have
+	// run out since the node's last heartbeat, so two copies never run.
+	// Restart needs every attached Volume in a shared storage pool (a
+	// Volume's storagePool) that the other node reaches, and nodes whose
+	// agents fence themselves; a VM on a node that does not, or with a
+	// Volume on its node's own storage, waits for its node as with None,
+	// and its events say why.
+	// +kubebuilder:default=None
+	// +optional
+	Availability *Availability `json:"availability,omitempty"`
+
 	// UserData is extra cloud-init user data, merged after virtfleet's own
 	// (SSH key, hostname, swap).
 	// +kubebuilder:validation:MaxLength=65536
@@ -153,6 +183,12 @@ type InterfaceAddress struct {
 	// +kubebuilder:validation:MaxLength=15
 	// +kubebuilder:validation:XValidation:rule="isIP(self) && ip(self).family() == 4",message="address must be an IPv4 address such as 10.10.120.10"
 	Address string `json:"address"`
+}
+
+// RestartsElsewhere is whether the VM is to be restarted on another node
+// when its node is lost (availability Restart).
+func (p *VirtualMachineParameters) RestartsElsewhere() bool {
+	return p.Availability != nil && *p.Availability == AvailabilityRestart
 }
 
 // IsRunning reports the desired power state; an unset field means running,

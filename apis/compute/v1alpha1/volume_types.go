@@ -29,6 +29,7 @@ type VolumeSource struct {
 }
 
 // VolumeParameters are the fields a user sets on a Volume.
+// +kubebuilder:validation:XValidation:rule="has(self.storagePool) == has(oldSelf.storagePool) && (!has(self.storagePool) || self.storagePool == oldSelf.storagePool)",message="storagePool is immutable: it cannot be set, changed or removed once the Volume exists"
 type VolumeParameters struct {
 	// Size of the volume, as a Kubernetes quantity (for example 10Gi). It
 	// must be greater than zero and at most 64Ti: more than a node's
@@ -47,6 +48,19 @@ type VolumeParameters struct {
 	// Source fills the volume when it is created. Unset means an empty volume.
 	// +optional
 	Source *VolumeSource `json:"source,omitempty"`
+
+	// StoragePool names a shared storage pool to hold the volume: one the
+	// cluster administrator set up on shared storage, and that the nodes
+	// reaching it announce by the same name. Any of those nodes can open
+	// the volume, so a VirtualMachine using it is placed only on nodes that
+	// reach every shared pool of its Volumes, and, with availability
+	// Restart, is restarted on another of them when its node is lost.
+	// Unset means the node's own storage: the volume lives on the one node
+	// it is bound to. It cannot be changed once the Volume exists.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	StoragePool string `json:"storagePool,omitempty"`
 }
 
 // VolumeObservation is what the node's agent observed.

@@ -706,6 +706,11 @@ func (in *VirtualMachineParameters) DeepCopyInto(out *VirtualMachineParameters) 
 		*out = new(EvictionStrategy)
 		**out = **in
 	}
+	if in.Availability != nil {
+		in, out := &in.Availability, &out.Availability
+		*out = new(Availability)
+		**out = **in
+	}
 	if in.Firmware != nil {
 		in, out := &in.Firmware, &out.Firmware
 		*out = new(Firmware)

@@ -93,6 +93,9 @@ type Config struct {
 	QPS int
 	// FencingTimeout finalizes a VM deleted while its node is lost.
 	FencingTimeout time.Duration
+	// FencingMargin is what a VM with availability Restart waits beyond
+	// its lost node's lease before it is restarted on another node.
+	FencingMargin time.Duration
 	// MigrationsPerFleet, MigrationsPerNode and MigrationsPerNamespace
 	// bound the live migrations under way at once in a fleet, from or to
 	// one node and in one namespace; zero takes migration's defaults.
@@ -136,6 +139,10 @@ const (
 
 // Run runs the hub until ctx is done.
 func Run(ctx context.Context, c Config) error {
+	if c.FencingMargin < 0 {
+		// A VM would start elsewhere before its old copy is fenced.
+		return errors.Errorf("--fencing-margin must not be negative, got %s", c.FencingMargin)
+	}
 	out := c.LogOutput
 	if out == nil {
 		out = os.Stderr
@@ -291,7 +298,7 @@ func Run(ctx context.Context, c Config) error {
 		return errors.Wrap(err, "cannot make the address allocator's client")
 	}
 	addresses := ipam.New(direct, mgr.GetClient())
-	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, Addresses: addresses, Memory: memory}
+	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, FencingMargin: c.FencingMargin, Addresses: addresses, Memory: memory}
 	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
 	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")

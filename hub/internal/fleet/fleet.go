@@ -281,12 +281,13 @@ func (f *Fleet) Nodes() []placement.Node {
 		}
 		hb := s.Heartbeat
 		out = append(out, placement.Node{
-			Name:      name,
-			Backend:   hb.Backend,
-			Labels:    hb.Labels,
-			Capacity:  placement.Resources{VCPU: hb.Capacity.VCPU, MemoryBytes: hb.Capacity.MemoryBytes},
-			Allocated: placement.Resources{VCPU: hb.Allocated.VCPU, MemoryBytes: hb.Allocated.MemoryBytes},
-			LastSeen:  s.LastSeen,
+			Name:        name,
+			Backend:     hb.Backend,
+			Labels:      hb.Labels,
+			Capacity:    placement.Resources{VCPU: hb.Capacity.VCPU, MemoryBytes: hb.Capacity.MemoryBytes},
+			Allocated:   placement.Resources{VCPU: hb.Allocated.VCPU, MemoryBytes: hb.Allocated.MemoryBytes},
+			LastSeen:    s.LastSeen,
+			SharedPools: hb.SharedPools,
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

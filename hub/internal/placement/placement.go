@@ -8,6 +8,7 @@ package placement
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -38,6 +39,9 @@ type Node struct {
 	// Unschedulable is set when the node is cordoned: it takes no new
 	// guest.
 	Unschedulable bool
+	// SharedPools are the shared storage pools the node reaches, as its
+	// heartbeat announces them.
+	SharedPools []string
 }
 
 // Request is one VirtualMachine to place.
@@ -52,6 +56,9 @@ type Request struct {
 	// RequiredNode, when set, is the only node the guest may run on: the
 	// node its node-local volumes are bound to.
 	RequiredNode string
+	// Pools are the shared storage pools the VM's Volumes live in: only a
+	// node that reaches every one of them can open its disks.
+	Pools []string
 }
 
 // Cause classifies why a node was passed over, in a few words an operator's
@@ -67,12 +74,13 @@ const (
 	CauseSelector   Cause = "selector"
 	CauseVCPU       Cause = "vcpu"
 	CauseMemory     Cause = "memory"
+	CausePool       Cause = "storage-pool"
 	// CauseNoNodes: no node has sent a heartbeat.
 	CauseNoNodes Cause = "no-nodes"
 )
 
 // Causes are every Cause.
-var Causes = []Cause{CauseCordoned, CauseVolumeNode, CauseStale, CauseBackend, CauseSelector, CauseVCPU, CauseMemory, CauseNoNodes}
+var Causes = []Cause{CauseCordoned, CauseVolumeNode, CauseStale, CauseBackend, CauseSelector, CausePool, CauseVCPU, CauseMemory, CauseNoNodes}
 
 // NoFitError says why no node can take a request, node by node, in a form a
 // user can act on from the VirtualMachine's conditions.
@@ -286,6 +294,11 @@ func (p *Placer) ineligible(n Node, req Request, reserved Resources, now time.Ti
 	for k, v := range req.NodeSelector {
 		if got, ok := n.Labels[k]; !ok || got != v {
 			return fmt.Sprintf("label %s=%s not present", k, v), CauseSelector
+		}
+	}
+	for _, pool := range req.Pools {
+		if !slices.Contains(n.SharedPools, pool) {
+			return fmt.Sprintf("does not reach shared storage pool %s", pool), CausePool
 		}
 	}
 	free := Resources{

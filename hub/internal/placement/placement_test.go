@@ -29,6 +29,11 @@ func node(name string, vcpu, memGiB, usedVCPU, usedGiB int64, mods ...func(*Node
 	return n
 }
 
+// pools makes a node announce the shared storage pools ps.
+func pools(ps ...string) func(*Node) {
+	return func(n *Node) { n.SharedPools = ps }
+}
+
 func small(uid string) Request {
 	return Request{UID: uid, Resources: Resources{VCPU: 1, MemoryBytes: gib}}
 }
@@ -130,6 +135,25 @@ func TestPlace(t *testing.T) {
 			req:        Request{UID: "a", Resources: Resources{VCPU: 1, MemoryBytes: gib}, RequiredNode: "node1", NodeSelector: map[string]string{"zone": "b"}},
 			wantNoFit:  map[string]string{"node1": "label zone=b not present", "node2": "bound to node1"},
 			wantCauses: []Cause{CauseSelector, CauseVolumeNode},
+		},
+		{
+			name:  "a VM on shared pools goes to a node that reaches them all, even a fuller one",
+			nodes: []Node{node("node1", 8, 16, 0, 0, pools("fast")), node("node2", 8, 16, 6, 12, pools("fast", "slow")), node("node3", 8, 16, 0, 0)},
+			req:   Request{UID: "a", Resources: Resources{VCPU: 1, MemoryBytes: gib}, Pools: []string{"fast", "slow"}},
+			want:  "node2",
+		},
+		{
+			name:       "no node reaching a shared pool names the pool missing, node by node",
+			nodes:      []Node{node("node1", 8, 16, 0, 0, pools("fast")), node("node2", 8, 16, 0, 0)},
+			req:        Request{UID: "a", Resources: Resources{VCPU: 1, MemoryBytes: gib}, Pools: []string{"fast", "slow"}},
+			wantNoFit:  map[string]string{"node1": "does not reach shared storage pool slow", "node2": "does not reach shared storage pool fast"},
+			wantCauses: []Cause{CausePool},
+		},
+		{
+			name:  "a VM on no shared pool goes anywhere, shared pools or not",
+			nodes: []Node{node("node1", 8, 16, 4, 8, pools("fast")), node("node2", 8, 16, 0, 0)},
+			req:   small("a"),
+			want:  "node2",
 		},
 	}
 	for _, tc := range cases {

@@ -23,6 +23,7 @@ package migration
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -355,17 +356,38 @@ func (r *Reconciler) target(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 		}
 		nodes = append(nodes, n)
 	}
+	pools, err := r.pools(ctx, vm)
+	if err != nil {
+		return "", err
+	}
 	fp := vm.Spec.ForProvider
 	req := placement.Request{
 		UID:          reservation(string(mig.UID)),
 		Resources:    placement.Resources{VCPU: int64(fp.Vcpu), MemoryBytes: fp.Memory.Value()},
 		NodeSelector: virtualmachine.NodeSelector(selector, fp.NodeSelector),
 		RequiredNode: mig.Spec.TargetNode,
+		Pools:        pools,
 	}
 	if fp.Backend != nil {
 		req.Backend = string(*fp.Backend)
 	}
 	return r.opts.Placer.Place(nodes, req)
+}
+
+// pools are the shared storage pools of the VM's Volumes: the target must
+// reach every one, or the guest finds no disk there.
+func (r *Reconciler) pools(ctx context.Context, vm *v1alpha1.VirtualMachine) ([]string, error) {
+	var out []string
+	for _, a := range vm.Spec.ForProvider.DiskAttachments {
+		v := &v1alpha1.Volume{}
+		if err := r.kube.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: string(a.Name)}, v); err != nil {
+			return nil, errors.Wrapf(err, "cannot get Volume %s", a.Name)
+		}
+		if p := v.Spec.ForProvider.StoragePool; p != "" && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
 
 // reservation is the placer's key of the room migration id holds on its

@@ -294,6 +294,14 @@ func TestMigrationRefusesOrWaits(t *testing.T) {
 			setup: func(h *harness) { h.running(ns, "node3", "node3", "a", "b") },
 			phase: v1alpha1.MigrationPending, message: "2 migrations run in namespace tenant",
 		},
+		"ATargetThatDoesNotReachTheVolumesSharedPool": {
+			setup: func(h *harness) {
+				v := h.volume()
+				v.Spec.ForProvider.StoragePool = "ceph"
+				require.NoError(t, h.kube.Update(context.Background(), v))
+			},
+			phase: v1alpha1.MigrationPending, message: "node2: does not reach shared storage pool ceph",
+		},
 		"ATargetAtItsLimitIsPassedOver": {
 			setup: func(h *harness) { h.running("other", "node3", "node2", "a", "b") },
 			phase: v1alpha1.MigrationPending, message: "no node can take the VM",

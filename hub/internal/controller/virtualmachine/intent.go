@@ -100,6 +100,41 @@ func (d dependencies) boundNode() (string, error) {
 	return node, nil
 }
 
+// pools are the shared storage pools of the VM's Volumes, sorted, each
+// once: a node must reach all of them to open its disks.
+func (d dependencies) pools() []string {
+	var out []string
+	for _, v := range d.volumes {
+		if p := v.Spec.ForProvider.StoragePool; p != "" && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// nodeLocal is the first of the VM's Volumes on its node's own storage
+// (no storagePool), if any: a VM with one cannot run on another node.
+func (d dependencies) nodeLocal() (string, bool) {
+	for _, v := range d.volumes {
+		if v.Spec.ForProvider.StoragePool == "" {
+			return v.Name, true
+		}
+	}
+	return "", false
+}
+
+// fences is whether the VM's node is asked to destroy the guest when it
+// loses its lease (wire.Intent.Fence): only a VM the hub would restart on
+// another node, one with availability Restart whose guest is virtfleet's
+// to make (neither imported nor only observed) and whose disks all live in
+// shared pools. Fencing any other guest would stop it for nothing.
+func fences(vm *v1alpha1.VirtualMachine, d dependencies) bool {
+	_, local := d.nodeLocal()
+	return vm.Spec.ForProvider.RestartsElsewhere() && !ObserveOnly(vm) && meta.GetExternalName(vm) == "" &&
+		len(d.volumes) > 0 && !local
+}
+
 // attachable says why a VM cannot attach the Volume v, which imports a
 // volume of its node, yet or at all: a guest writes to its disks, so the
 // Volume must let virtfleet change the volume (not Observe only), and the
@@ -275,7 +310,7 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 		m.Firmware = wire.Firmware(*fp.Firmware)
 	}
 	for _, v := range d.volumes {
-		disk := wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: v.Spec.ForProvider.Size.Value(), Image: d.imageRef(v)}
+		disk := wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: v.Spec.ForProvider.Size.Value(), Image: d.imageRef(v), Pool: v.Spec.ForProvider.StoragePool}
 		if ext := meta.GetExternalName(&v); ext != "" { // attachable: imported, at its real size
 			disk.ExternalName, disk.Image = ext, nil
 			if c := v.Status.AtProvider.Capacity; c != nil {
@@ -322,6 +357,7 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 		RestartNonce:    a[v1alpha1.AnnotationRestartRequestedAt],
 		Paused:          a[v1alpha1.AnnotationPaused] == "true",
 		ResetNonce:      a[v1alpha1.AnnotationResetRequestedAt],
+		Fence:           fences(vm, d),
 		Machine:         m,
 	}
 	if fp.Backend != nil {

@@ -266,6 +266,35 @@ func TestIntent(t *testing.T) {
 		}
 	})
 
+	t.Run("a VM restarted elsewhere is fenced, only when all its disks are on shared pools", func(t *testing.T) {
+		shared := func(v *v1alpha1.Volume) v1alpha1.Volume {
+			v.Spec.ForProvider.StoragePool = "ceph"
+			return *v
+		}
+		restart := func(v *v1alpha1.VirtualMachine) {
+			v.Spec.ForProvider.Availability = ptr.To(v1alpha1.AvailabilityRestart)
+		}
+		onShared := dependencies{volumes: []v1alpha1.Volume{shared(vol("root", "")), shared(vol("data", ""))}}
+		mixed := dependencies{volumes: []v1alpha1.Volume{shared(vol("root", "")), *vol("data", "")}}
+		for _, tc := range []struct {
+			name      string
+			vm        *v1alpha1.VirtualMachine
+			d         dependencies
+			wantFence bool
+		}{
+			{"restart on shared pools", vm(restart), onShared, true},
+			{"no availability", vm(), onShared, false},
+			{"availability None", vm(func(v *v1alpha1.VirtualMachine) { v.Spec.ForProvider.Availability = ptr.To(v1alpha1.AvailabilityNone) }), onShared, false},
+			{"a disk on the node's own storage", vm(restart), mixed, false},
+			{"an imported guest", vm(restart, func(v *v1alpha1.VirtualMachine) { meta.SetExternalName(v, "legacy") }), onShared, false},
+		} {
+			in := intent(tc.vm, tc.d)
+			assert.Equal(t, tc.wantFence, in.Fence, tc.name)
+			assert.Equal(t, "ceph", in.Machine.Disks[0].Pool, "%s: the disk names its shared pool", tc.name)
+		}
+		assert.Empty(t, intent(vm(restart), mixed).Machine.Disks[1].Pool, "a disk on the node's own storage names none")
+	})
+
 	t.Run("the fingerprint changes with the nonce and only then", func(t *testing.T) {
 		a, b := intent(vm(), d), intent(vm(), d)
 		assert.Equal(t, fingerprint(a), fingerprint(b))

@@ -109,11 +109,31 @@ func (a *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := a.c.keepFinalizer(ctx, vm); err != nil {
 		return reconcile.Result{}, err
 	}
+	if moved, err := a.restartElsewhere(ctx, vm); err != nil || moved {
+		// Moved: the write wakes this controller again, and the managed
+		// reconciler then publishes to the new node.
+		return reconcile.Result{}, err
+	}
 	res, err := a.managed.Reconcile(ctx, req)
 	if err != nil {
 		return res, err
 	}
 	return res, a.publishObserveOnly(ctx, vm)
+}
+
+// restartElsewhere moves a VM with availability Restart off its node once
+// the node is lost and fenced (restart.go); true when it did.
+func (a *reconciler) restartElsewhere(ctx context.Context, vm *v1alpha1.VirtualMachine) (bool, error) {
+	if meta.WasDeleted(vm) || vm.GetAnnotations()[v1alpha1.AnnotationNode] == "" || !vm.Spec.ForProvider.RestartsElsewhere() {
+		return false, nil
+	}
+	ext, err := a.c.connect(ctx, vm)
+	if err != nil {
+		// The managed reconciler's Connect fails the same way, and shows
+		// it in the VM's Synced condition.
+		return false, nil
+	}
+	return ext.restartElsewhere(ctx, vm)
 }
 
 // releases is whether vm is deleted and its guest outlives it, or it still
@@ -209,10 +229,13 @@ type state struct {
 	published *perobject.Map[string]
 	// deleted holds the VMs whose intents are deleted.
 	deleted *perobject.Map[struct{}]
+	// restarts are, for the VMs with availability Restart on a lost node,
+	// when they will be restarted elsewhere or why not (restart.go).
+	restarts *perobject.Map[string]
 }
 
 func newState(memory *perobject.Owner) *state {
-	return &state{published: perobject.NewMap[string](memory), deleted: perobject.NewMap[struct{}](memory)}
+	return &state{published: perobject.NewMap[string](memory), deleted: perobject.NewMap[struct{}](memory), restarts: perobject.NewMap[string](memory)}
 }
 
 type connector struct {
@@ -229,6 +252,8 @@ type connector struct {
 	policies bool
 	// holder holds back the status write of a VM just published.
 	holder *apiwrites.Client
+	// clock is the time; nil means time.Now.
+	clock func() time.Time
 }
 
 // Connect finds the fleet the VM's ProviderConfig names.
@@ -251,7 +276,7 @@ func (c *connector) connect(ctx context.Context, vm *v1alpha1.VirtualMachine) (*
 		return nil, err
 	}
 	c.opts.Notifier.Remember(vm)
-	return &external{connector: c, fleet: f, grant: g}, nil
+	return &external{connector: c, fleet: f, grant: g, defaults: pc.NodeSelector}, nil
 }
 
 type external struct {
@@ -259,6 +284,8 @@ type external struct {
 	fleet *fleet.Fleet
 	// grant is what the VM's namespace may reach beyond its own.
 	grant tenancy.Grant
+	// defaults is the node selector of the VM's ProviderConfig.
+	defaults map[string]string
 }
 
 // Observe answers from the fleet's in-memory view; it never waits on NATS,

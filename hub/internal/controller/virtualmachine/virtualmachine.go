@@ -85,6 +85,11 @@ type Options struct {
 	// FencingTimeout is how long a VM whose node is lost waits in deletion
 	// before it is finalized without the node confirming the guest is gone.
 	FencingTimeout time.Duration
+	// FencingMargin is what a VM with availability Restart waits, beyond
+	// its lost node's lease, before it is restarted on another node: the
+	// clocks of hub and node may drift apart by this much while the lease
+	// runs.
+	FencingMargin time.Duration
 	// Addresses gives the VMs' interfaces their addresses.
 	Addresses *ipam.Allocator
 	// Memory owns what the controller remembers of each VM.
@@ -218,24 +223,31 @@ func request(vm *v1alpha1.VirtualMachine, d dependencies, defaults map[string]st
 	if err != nil {
 		return placement.Request{}, err
 	}
+	return requestOn(vm, d, defaults, required), nil
+}
+
+// requestOn is what placement needs to know of the VM, bound to node
+// required if it is set.
+func requestOn(vm *v1alpha1.VirtualMachine, d dependencies, defaults map[string]string, required string) placement.Request {
 	fp := vm.Spec.ForProvider
 	req := placement.Request{
 		UID:          string(vm.UID),
 		Resources:    placement.Resources{VCPU: int64(fp.Vcpu), MemoryBytes: fp.Memory.Value()},
 		NodeSelector: NodeSelector(defaults, fp.NodeSelector),
 		RequiredNode: required,
+		Pools:        d.pools(),
 	}
 	if fp.Backend != nil {
 		req.Backend = string(*fp.Backend)
 	}
-	return req, nil
+	return req
 }
 
 // bindVolumes binds the VM's unbound node-local Volumes to its node, so the
 // next VM that uses them is placed there too.
 func (e *external) bindVolumes(ctx context.Context, d dependencies, node string) error {
 	for i := range d.volumes {
-		if err := e.bindVolume(ctx, d.volumes[i].DeepCopy(), node); err != nil {
+		if err := e.bindVolume(ctx, d.volumes[i].DeepCopy(), node, ""); err != nil {
 			return err
 		}
 	}
@@ -243,16 +255,19 @@ func (e *external) bindVolumes(ctx context.Context, d dependencies, node string)
 }
 
 // bindVolume binds v, read from the cache, to node, unless it is bound
-// already. The write is optimistic, since another VM's reconcile may bind
-// it at the same time; when it conflicts, v is read again from the API
-// server and bound if it still is not. The cached copy is often merely out
-// of date: the Volume's own controller wrote its status meanwhile. In a
-// large burst many bindings conflict this way, and giving up on each would
-// fail its VM's reconcile and cost a status write showing the error.
-func (e *external) bindVolume(ctx context.Context, v *v1alpha1.Volume, node string) error {
+// there already; one bound to node from, if set, is moved (a Volume on a
+// shared pool follows its VM off a lost node), and one bound to any other
+// node is an error. The write is optimistic, since another VM's reconcile
+// may bind it at the same time; when it conflicts, v is read again from
+// the API server and bound if it still is not. The cached copy is often
+// merely out of date: the Volume's own controller wrote its status
+// meanwhile. In a large burst many bindings conflict this way, and giving
+// up on each would fail its VM's reconcile and cost a status write showing
+// the error.
+func (e *external) bindVolume(ctx context.Context, v *v1alpha1.Volume, node, from string) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		switch bound := v.GetAnnotations()[v1alpha1.AnnotationNode]; bound {
-		case "":
+		case "", from:
 		case node:
 			return nil
 		default:
@@ -310,7 +325,13 @@ func (e *external) busFailed(uid string, err error) error {
 	return err
 }
 
+// publish deletes the VM's intents on the nodes it left before it puts the
+// new ones: a node restarted elsewhere while cut off reads its intents
+// afresh before it starts a fenced guest again, and finds this one gone.
 func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies, node string) error {
+	if err := e.clearLeftovers(ctx, vm, node); err != nil {
+		return err
+	}
 	p := e.plan(vm, d, node)
 	for _, n := range slices.Sorted(maps.Keys(p)) {
 		if _, err := bus.Put(ctx, e.fleet.Bus, wire.GuestIntents, n, p[n].UID, p[n]); err != nil {
@@ -319,7 +340,7 @@ func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d d
 	}
 	e.state.published.Store(vm.UID, planFingerprint(p, node))
 	e.state.deleted.Delete(vm.UID)
-	return e.clearLeftovers(ctx, vm, node)
+	return nil
 }
 
 // setConditions turns an observation into Ready, RestartRequired and NodeLost.
@@ -345,9 +366,19 @@ func (e *external) setConditions(vm *v1alpha1.VirtualMachine, obs v1alpha1.Virtu
 	nl := xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh", LastTransitionTime: now()}
 	if n.Lost {
 		nl.Status, nl.Reason = corev1.ConditionTrue, "HeartbeatExpired"
-		nl.Message = fmt.Sprintf("node %s has sent no heartbeat since %s; the VM is not started elsewhere", node, n.LostSince.UTC().Format(time.RFC3339))
+		nl.Message = fmt.Sprintf("node %s has sent no heartbeat since %s; %s", node, n.LostSince.UTC().Format(time.RFC3339), e.restartNote(vm))
 	}
 	vm.SetConditions(nl)
+}
+
+// restartNote says whether the VM on a lost node is restarted on another
+// node: when, or why not, as the plain half of the reconcile noted it
+// (restart.go); a VM without availability Restart is not.
+func (e *external) restartNote(vm *v1alpha1.VirtualMachine) string {
+	if note, ok := e.state.restarts.Load(vm.UID); ok && vm.Spec.ForProvider.RestartsElsewhere() {
+		return note
+	}
+	return "the VM is not started elsewhere"
 }
 
 // recordTransition emits the events a user follows in kubectl describe.

@@ -29,7 +29,7 @@ import (
 // intentOf is the VolumeIntent naming v's volume on its node: the one v
 // imports, or its own.
 func intentOf(v *v1alpha1.Volume) wire.VolumeIntent {
-	in := wire.VolumeIntent{UID: string(v.UID), Namespace: v.Namespace, Name: v.Name, Disk: wire.NameOnNode(v.Namespace, v.Name)}
+	in := wire.VolumeIntent{UID: string(v.UID), Namespace: v.Namespace, Name: v.Name, Disk: wire.NameOnNode(v.Namespace, v.Name), Pool: v.Spec.ForProvider.StoragePool}
 	if ext := meta.GetExternalName(v); ext != "" {
 		in.Disk, in.ExternalName = ext, ext
 	}

@@ -84,6 +84,15 @@ func testReleaser(t *testing.T, f *fleet.Fleet, objs ...client.Object) (*Release
 	return NewReleaser(kube, oneFleet{f}, testFencing, notifier, rec, memory), rec, notifier, kube
 }
 
+// A Volume in a shared pool is asked of its node in that pool.
+func TestTheVolumeIntentNamesTheSharedPool(t *testing.T) {
+	v := boundVolume(testNode)
+	assert.Empty(t, intentOf(v).Pool, "the node's own storage")
+	v.Spec.ForProvider.StoragePool = "ceph"
+	assert.Equal(t, "ceph", intentOf(v).Pool)
+	assert.Equal(t, "team_data", intentOf(v).Disk, "its name in the pool is the one it has on a node")
+}
+
 func TestRelease(t *testing.T) {
 	absent := wire.VolumeIntent{UID: "vol-uid", Namespace: "team", Name: "data", Disk: "team_data", Absent: true, ProtocolVersion: wire.ProtocolVersion}
 	alive := bus.NodeEvent{Node: testNode, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt"}}
