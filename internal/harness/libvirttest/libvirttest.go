@@ -37,6 +37,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
 )
 
 // URI is the libvirt connection URI every node serves.
@@ -68,6 +69,9 @@ type Node struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
 	keeper *libvirt.Libvirt
+	// pools are the pools DefinePool defined, by name, defined again on
+	// every start: the test driver starts from its fresh state.
+	pools map[string]string
 }
 
 // Start starts a node for a test and stops it when the test ends. It skips
@@ -227,6 +231,11 @@ func (n *Node) start(ctx context.Context) error {
 		return errors.Wrapf(err, "libvirtd did not become ready; its log:\n%s", n.Log())
 	}
 	n.keeper = keeper
+	for name, path := range n.pools {
+		if err := n.definePool(name, path); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -277,4 +286,37 @@ func daemonIDs() (int, int) {
 // String names the node and its socket.
 func (n *Node) String() string {
 	return fmt.Sprintf("node %s (%s)", n.Name, n.Socket)
+}
+
+// DefinePool defines and starts a directory pool named name at path on the
+// node, as an administrator declares a pool on shared storage on every host
+// that reaches it. The test driver keeps its volumes in memory, per daemon:
+// the pool has the shared pool's name and shape, not its files.
+// A restarted daemon has it again.
+func (n *Node) DefinePool(name, path string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.keeper == nil {
+		return errors.Errorf("libvirtd of %s is not running", n.Name)
+	}
+	if err := n.definePool(name, path); err != nil {
+		return err
+	}
+	if n.pools == nil {
+		n.pools = map[string]string{}
+	}
+	n.pools[name] = path
+	return nil
+}
+
+func (n *Node) definePool(name, path string) error {
+	xml, err := (&libvirtxml.StoragePool{Type: "dir", Name: name, Target: &libvirtxml.StoragePoolTarget{Path: path}}).Marshal()
+	if err != nil {
+		return errors.Wrap(err, "cannot describe the pool")
+	}
+	p, err := n.keeper.StoragePoolDefineXML(xml, 0)
+	if err != nil {
+		return errors.Wrapf(err, "cannot define pool %s", name)
+	}
+	return errors.Wrapf(n.keeper.StoragePoolCreate(p, 0), "cannot start pool %s", name)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/digitalocean/go-libvirt"
 	"github.com/google/uuid"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
@@ -45,6 +46,17 @@ func (s *Stack) Guests(ctx context.Context, node string) (map[string]int, error)
 	if b, ok := s.Backends[node]; ok {
 		return b.Guests(ctx)
 	}
+	return s.libvirtGuests(ctx, node, 0)
+}
+
+// RunningGuests counts a libvirt node's running guests by virtfleet uid,
+// behind virtfleet's back, as Guests does all of them.
+func (s *Stack) RunningGuests(ctx context.Context, node string) (map[string]int, error) {
+	return s.libvirtGuests(ctx, node, libvirt.ConnectListDomainsActive)
+}
+
+// libvirtGuests counts the guests of node's libvirtd that flags select.
+func (s *Stack) libvirtGuests(_ context.Context, node string, flags libvirt.ConnectListAllDomainsFlags) (map[string]int, error) {
 	n, ok := s.Nodes[node]
 	if !ok {
 		return nil, errors.Errorf("no node %s in this stack", node)
@@ -54,7 +66,7 @@ func (s *Stack) Guests(ctx context.Context, node string) (map[string]int, error)
 		return nil, err
 	}
 	defer func() { _ = l.Disconnect() }()
-	doms, _, err := l.ConnectListAllDomains(1, 0)
+	doms, _, err := l.ConnectListAllDomains(1, flags)
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot list domains")
 	}

@@ -123,6 +123,21 @@ type Options struct {
 	// (kubectl virtfleet console, vnc, start, stop, …): aggregation on, and
 	// cluster/deploy's APIService routed to the hub on this machine.
 	Subresources bool
+	// SharedPool, when set, is a pool of that name every private libvirtd
+	// of the stack defines (at Dir/shared) and every agent announces as
+	// shared storage (--shared-pools), as an administrator declares one
+	// on NFS. The test driver keeps each daemon's volumes in memory: the
+	// pool has the shared pool's name and role, not its files.
+	SharedPool string
+	// FenceAfter is the agents' lease (--fence-after); 0 means theirs.
+	FenceAfter time.Duration
+	// FencingMargin is what the hub adds to a lost node's lease before it
+	// restarts the node's VMs elsewhere (--fencing-margin); 0 means its.
+	FencingMargin time.Duration
+	// NATSProxies connects each agent to NATS through a proxy of its own,
+	// so that CutAgent can cut one node off NATS while its agent and its
+	// guests run on: a partition, not a crash. Not with NATSCluster.
+	NATSProxies bool
 }
 
 // DefaultGrants are what the stack's administrator grants when
@@ -204,6 +219,8 @@ type Stack struct {
 	// natsProcs are the nats-server processes when Options.NATSProcess or
 	// NATSCluster is set.
 	natsProcs []*natsProcess
+	// proxies are the agents' NATS proxies, by node (Options.NATSProxies).
+	proxies map[string]*natsProxy
 }
 
 // component is a running hub or agent process.
@@ -366,6 +383,11 @@ func (s *Stack) start(ctx context.Context) error {
 			return err
 		}
 		s.Nodes[n] = node
+		if o.SharedPool != "" {
+			if err := node.DefinePool(o.SharedPool, filepath.Join(o.Dir, "shared")); err != nil {
+				return err
+			}
+		}
 		// The daemon lives outside Dir; its log is found with the others.
 		if err := os.Symlink(s.Nodes[n].LogPath(), s.LogPath("libvirtd-"+n)); err != nil {
 			return errors.Wrap(err, "cannot link the libvirtd log into the log directory")
@@ -595,6 +617,9 @@ func (s *Stack) StartHub() error {
 	if s.opts.FencingTimeout > 0 {
 		args = append(args, "--fencing-timeout="+s.opts.FencingTimeout.String())
 	}
+	if s.opts.FencingMargin > 0 {
+		args = append(args, "--fencing-margin="+s.opts.FencingMargin.String())
+	}
 	if s.opts.Debug {
 		args = append(args, "--debug")
 	}
@@ -651,10 +676,14 @@ func (s *Stack) StartAgent(node string) error {
 	if err := os.WriteFile(creds, s.AgentIdentities[node].Seed, 0o600); err != nil {
 		return errors.Wrap(err, "cannot write the agent's credentials")
 	}
+	natsURL, err := s.agentNATSURL(node)
+	if err != nil {
+		return err
+	}
 	args := append([]string{
 		"--node=" + node,
 		"--labels=" + s.labels(node),
-		"--nats-url=" + s.NATSURL(),
+		"--nats-url=" + natsURL,
 		"--nats-credentials=" + creds,
 		"--backend=" + s.backend(node),
 		"--debug=" + strconv.FormatBool(s.opts.Debug),
@@ -662,6 +691,9 @@ func (s *Stack) StartAgent(node string) error {
 	}, backendArgs...)
 	if s.opts.ResyncInterval > 0 {
 		args = append(args, "--resync-interval="+s.opts.ResyncInterval.String())
+	}
+	if s.opts.FenceAfter > 0 {
+		args = append(args, "--fence-after="+s.opts.FenceAfter.String())
 	}
 	argv := append([]string{filepath.Join(s.bin, "agent")}, args...)
 	if h, ok := s.opts.LibvirtHosts[node]; ok && h.Capabilities != nil {
@@ -745,6 +777,9 @@ func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 	if s.opts.ImagePruneInterval > 0 {
 		args = append(args, "--image-prune-interval="+s.opts.ImagePruneInterval.String())
 	}
+	if s.opts.SharedPool != "" {
+		args = append(args, "--shared-pools="+s.opts.SharedPool)
+	}
 	return args, nil
 }
 
@@ -775,6 +810,9 @@ func (s *Stack) Stop() {
 	s.mu.Unlock()
 	for _, n := range nodes {
 		_ = s.StopAgent(n)
+	}
+	for _, p := range s.proxies {
+		p.cut()
 	}
 	_ = s.StopHub()
 	for _, n := range s.Nodes {
