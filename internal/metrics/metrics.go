@@ -89,9 +89,19 @@ var (
 		Help:    "How long the guest of a live migration that succeeded was paused to switch over, as the hypervisor reports it; not observed where the hypervisor does not tell (Nova, KubeVirt).",
 		Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5},
 	})
+	RestartsElsewhere = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_vm_restarts_elsewhere_total",
+		Help: "VirtualMachines with availability Restart the hub moved off a lost node, once the node's lease and the fencing margin ran out.",
+	})
+	LostToRestart = histogram(prometheus.HistogramOpts{
+		Name: "virtfleet_hub_vm_lost_to_restart_seconds",
+		Help: "From the last heartbeat the hub received from a lost node to the hub moving one of its VMs with availability Restart to another node: the node's lease, the margin and how long the hub took.",
+		// A lease of seconds to a minute, and a margin of seconds.
+		Buckets: []float64{5, 10, 15, 20, 30, 45, 60, 90, 120, 300},
+	})
 	PlacementRefusals = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_placement_refusals_total",
-		Help: "Placement attempts refused, by reason: one count per reason that kept some node from taking the VM (vcpu, memory, selector, backend, volume-node, stale-node, cordoned), no-nodes, forbidden (not granted to the namespace), waiting (for a Volume, network or image that does not exist yet), or other.",
+		Help: "Placement attempts refused, by reason: one count per reason that kept some node from taking the VM (vcpu, memory, selector, backend, volume-node, storage-pool, stale-node, cordoned), no-nodes, forbidden (not granted to the namespace), waiting (for a Volume, network or image that does not exist yet), or other.",
 	}, "reason")
 	ReportsIgnored = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_reports_ignored_total",
@@ -120,6 +130,7 @@ type AgentMetrics struct {
 	ImageImportBytes    *prometheus.CounterVec
 	ImageImportDuration *prometheus.HistogramVec
 	IntentsIgnored      *prometheus.CounterVec
+	FencedGuests        *prometheus.CounterVec
 }
 
 // NewAgentMetrics returns a new set of the agent's metrics, registered
@@ -157,17 +168,22 @@ func NewAgentMetrics() *AgentMetrics {
 			Name: "virtfleet_agent_intents_ignored_total",
 			Help: "Intents and fabric values the agent read from NATS and ignored, by reason (decode, protocol-version, key, key-content-mismatch).",
 		}, "reason"),
+		FencedGuests: counter(prometheus.CounterOpts{
+			Name: "virtfleet_agent_fenced_guests_total",
+			Help: "Guests the agent destroyed because it had stored no heartbeat for its lease (--fence-after): the hub may restart them on another node.",
+		}),
 	}
 	// The series without labels exist from the start, at 0, so a rate
 	// over them is defined before the first observation.
 	m.ResyncDuration.WithLabelValues()
 	m.ImageImportBytes.WithLabelValues()
+	m.FencedGuests.WithLabelValues()
 	return m
 }
 
 // Collectors are m's collectors, for the agent to register.
 func (m *AgentMetrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.DriverCalls, m.ResyncDuration, m.Guests, m.ImageImports, m.ImageImportBytes, m.ImageImportDuration, m.IntentsIgnored}
+	return []prometheus.Collector{m.DriverCalls, m.ResyncDuration, m.Guests, m.ImageImports, m.ImageImportBytes, m.ImageImportDuration, m.IntentsIgnored, m.FencedGuests}
 }
 
 var defaultAgent = NewAgentMetrics()
@@ -222,5 +238,5 @@ func histogram(o prometheus.HistogramOpts, labels ...string) *prometheus.Histogr
 // HubObserved are the hub's metrics observed as things happen, for the hub
 // to register; the scraped ones it serves from its own collector.
 func HubObserved() []prometheus.Collector {
-	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects, Migrations, MigrationDuration, MigrationDowntime}
+	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart}
 }

@@ -43,7 +43,9 @@ func TestHighAvailability(t *testing.T) {
 	h := startStack(t, "vf-ha-", stack.Options{
 		SharedPool: haPool, FenceAfter: haFenceAfter, FencingMargin: haMargin, NATSProxies: true,
 	})
-	const lost = "node2"
+	// node2 is lost twice: cut off with partitioned HA VMs on it, then
+	// killed with crashed.
+	const lost, partitioned, crashed = "node2", 5, 20
 	h.create(t, &v1alpha1.VirtualNetwork{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net-ha"},
 		Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{CIDR: "10.10.160.0/24"}},
@@ -51,7 +53,7 @@ func TestHighAvailability(t *testing.T) {
 	sampler := startSampler(t, h, "node1", "node2", "node3")
 
 	t.Run("APartitionedNodeFencesItselfBeforeItsVMsRunElsewhere", func(t *testing.T) {
-		ha := createHA(t, h, "part", 5, lost)
+		ha := createHA(t, h, "part", partitioned, lost)
 		plain := createPlain(t, h, "part-plain", 2, lost)
 		waitOn(t, h, append(ha, plain...), lost)
 		before := addresses(t, h, ha)
@@ -83,6 +85,7 @@ func TestHighAvailability(t *testing.T) {
 
 		require.NoError(t, h.s.HealAgent(lost))
 		waitOn(t, h, plain, lost)
+		assert.Equal(t, float64(len(ha)), scrape(t, h.s.AgentMetricsURL(lost)).value("virtfleet_agent_fenced_guests_total"), "node2's agent counts the guests it fenced")
 		// node2 read its intents afresh: the HA guests it fenced are not
 		// started there again.
 		require.Eventually(t, func() bool {
@@ -101,7 +104,7 @@ func TestHighAvailability(t *testing.T) {
 	})
 
 	t.Run("ACrashedNodesHAVMsRunElsewhereAndTheOthersStayUnknown", func(t *testing.T) {
-		ha := createHA(t, h, "crash", 20, lost)
+		ha := createHA(t, h, "crash", crashed, lost)
 		plain := createPlain(t, h, "crash-plain", 3, lost)
 		waitOn(t, h, append(ha, plain...), lost)
 
@@ -119,6 +122,7 @@ func TestHighAvailability(t *testing.T) {
 		slices.Sort(took)
 		t.Logf("node2 killed → each of %d HA VMs running elsewhere: p50 %s, p95 %s, max %s (lease %s, margin %s, node TTL 10s)",
 			len(took), took[len(took)/2], took[len(took)*95/100], took[len(took)-1], haFenceAfter, haMargin)
+		assert.Equal(t, float64(partitioned+crashed), scrape(t, h.s.HubMetricsURL()).value("virtfleet_hub_vm_restarts_elsewhere_total"), "the hub counts every VM it moved, in both parts")
 		for _, name := range plain {
 			h.wait(t, name, 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
 				return vm.Status.AtProvider.Phase == v1alpha1.PhaseUnknown && vm.Status.AtProvider.Node == lost

@@ -78,6 +78,7 @@ func (r *Reconciler) fence(ctx context.Context, in wire.Intent) error {
 	if err := r.call(OpDelete, func() error { return r.driver.Delete(ctx, in.UID) }); err != nil {
 		return errors.Wrap(err, "cannot destroy fenced guest")
 	}
+	r.metrics.FencedGuests.WithLabelValues().Inc()
 	r.log.Info("Destroyed guest: the node is fenced, it has not stored a heartbeat for its lease and may be restarted elsewhere",
 		"uid", in.UID, "namespace", in.Namespace, "name", in.Name)
 	return nil

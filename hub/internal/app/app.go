@@ -227,6 +227,7 @@ func Run(ctx context.Context, c Config) error {
 	for _, r := range []string{vfmetrics.ResultSucceeded, vfmetrics.ResultFailed} {
 		vfmetrics.Migrations.WithLabelValues(r)
 	}
+	vfmetrics.RestartsElsewhere.WithLabelValues()
 	mrMetrics := managed.NewMRMetricRecorder()
 	if err := metrics.Registry.Register(mrMetrics); err != nil {
 		log.Debug("Managed resource metrics already registered", "error", err)

@@ -46,6 +46,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
 // Event reasons of a restart on another node.
@@ -139,6 +140,8 @@ func (e *external) restartElsewhere(ctx context.Context, vm *v1alpha1.VirtualMac
 		return false, errors.Wrap(err, "cannot record the node the VM restarts on")
 	}
 	e.state.restarts.Delete(vm.UID)
+	metrics.RestartsElsewhere.WithLabelValues().Inc()
+	metrics.LostToRestart.WithLabelValues().Observe(now.Sub(n.LastSeen).Seconds())
 	e.log.Info("Restarted elsewhere: its node is lost and fenced", "namespace", vm.Namespace, "name", vm.Name, "from", node, "to", target)
 	e.event(vm, event.Warning(ReasonNodeLost, errors.Errorf("node %s lost at %s; its lease of %s ran out at %s: the guest there is fenced",
 		node, n.LostSince.UTC().Format(time.RFC3339), lease, fenced.UTC().Format(time.RFC3339))))
