@@ -98,6 +98,11 @@ func AgentPermissions(node string) (Permissions, error) {
 			"$JS.API.CONSUMER.CREATE." + intents + ".*." + ownIntents,
 			"$JS.API.DIRECT.GET." + intents + "." + ownIntents,
 			"$JS.API.DIRECT.GET." + reports + "." + ownReports,
+			// Listing its own reports, as an agent starting afresh does,
+			// is a consumer whose filter is its prefix, as for intents.
+			"$JS.API.CONSUMER.CREATE." + reports + ".*." + ownReports,
+			"$JS.API.CONSUMER.DELETE." + reports + ".*",
+			"$JS.FC." + reports + ".>",
 			// Lets the ordered consumer clean up after itself. Consumer names
 			// are random and agents cannot list them, so this does not let an
 			// agent disturb another's watch.

@@ -32,6 +32,11 @@ type Reports interface {
 	// Delete removes the value under key; deleting what is not there is
 	// harmless.
 	Delete(ctx context.Context, key string) error
+	// Keys are the keys of every value stored under this node's prefix,
+	// of every kind: what an agent that starts afresh finds its node
+	// reported before (a guest whose VM was deleted while the agent and
+	// the guest were gone).
+	Keys(ctx context.Context) ([]string, error)
 }
 
 // Bus is what an agent needs from the wire, scoped to one node.

@@ -165,6 +165,13 @@ func (f *Fake) Delete(_ context.Context, key string) error {
 	return nil
 }
 
+// Keys implements Reports.
+func (f *Fake) Keys(context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Sorted(maps.Keys(f.reports)), nil
+}
+
 // PutHeartbeat implements Bus.
 func (f *Fake) PutHeartbeat(_ context.Context, h wire.NodeHeartbeat) error {
 	f.mu.Lock()

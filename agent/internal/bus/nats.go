@@ -8,10 +8,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/natswire"
@@ -119,6 +120,45 @@ func (n *NATS) Delete(ctx context.Context, key string) error {
 	}
 	_, err := n.write(ctx, key, &nats.Msg{Header: nats.Header{hdrOperation: []string{opDelete}}})
 	return err
+}
+
+// Keys implements Reports: one look at the last message of each of this
+// node's report subjects, headers only, through a consumer whose filter is
+// the node's prefix (the only one its permissions let it make).
+func (n *NATS) Keys(ctx context.Context) ([]string, error) {
+	prefix, err := wire.NodeKeyPrefix(n.cfg.Node)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.Timeout)
+	defer cancel()
+	subjects := wire.Subject(wire.BucketReports, "")
+	sub, err := n.legacy.SubscribeSync(subjects+prefix+">",
+		nats.BindStream(wire.Stream(wire.BucketReports)), nats.OrderedConsumer(), nats.DeliverLastPerSubject(), nats.HeadersOnly())
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot list this node's reports")
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	pending, err := sub.InitialConsumerPending()
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot list this node's reports")
+	}
+	var keys []string
+	for pending > 0 {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot list this node's reports")
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot list this node's reports")
+		}
+		pending = meta.NumPending
+		if !isDeletion(m.Header) {
+			keys = append(keys, strings.TrimPrefix(m.Subject, subjects))
+		}
+	}
+	return keys, nil
 }
 
 // write publishes m to the report key, expecting the revision last seen. A

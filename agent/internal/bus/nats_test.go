@@ -79,6 +79,34 @@ func TestPutReportIsCompareAndSetAndIdempotent(t *testing.T) {
 	assert.False(t, async.WaitForViolation(0))
 }
 
+// TestKeysListsTheNodesOwnReports: an agent starting afresh finds what its
+// node reported before, of every kind, without what was deleted and
+// without another node's, under its own permissions.
+func TestKeysListsTheNodesOwnReports(t *testing.T) {
+	f := newFleet(t)
+	ctx := context.Background()
+	before, _, _ := f.agent(t, "node1")
+	other, _, _ := f.agent(t, "node2")
+	empty, err := before.Keys(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, empty, "a node that reported nothing")
+	for _, uid := range []string{"vm-a", "vm-b", "vm-gone"} {
+		_, err := putReport(before, wire.Report{UID: uid, Node: "node1", Phase: wire.PhaseRunning})
+		require.NoError(t, err)
+	}
+	_, err = bus.PutReport(ctx, before, wire.VolumeReports, "vol-a", wire.VolumeReport{UID: "vol-a"})
+	require.NoError(t, err)
+	require.NoError(t, bus.DeleteReport(ctx, before, wire.GuestReports, "vm-gone"))
+	_, err = putReport(other, wire.Report{UID: "vm-c", Node: "node2", Phase: wire.PhaseRunning})
+	require.NoError(t, err)
+
+	afresh, _, async := f.agent(t, "node1")
+	keys, err := afresh.Keys(ctx)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"node1.vm-a", "node1.vm-b", "node1.volume.vol-a"}, keys)
+	assert.False(t, async.WaitForViolation(0), "listing its own reports is within the agent's permissions")
+}
+
 // putReport writes r as the report of its guest.
 func putReport(b bus.Reports, r wire.Report) (uint64, error) {
 	return bus.PutReport(context.Background(), b, wire.GuestReports, r.UID, r)

@@ -105,11 +105,13 @@ func TestAgentPermissions(t *testing.T) {
 		ownIn, theirIn     = "virtfleet.console.node1.s1.in", "virtfleet.console.node2.s1.in"
 		ownOut, theirOut   = "virtfleet.console.node1.s1.out", "virtfleet.console.node2.s1.out"
 	)
-	consumer := func(filter string) map[string]any {
-		return map[string]any{"stream_name": "KV_intents", "config": map[string]any{
+	consumerOf := func(stream, filter string) map[string]any {
+		return map[string]any{"stream_name": stream, "config": map[string]any{
 			"filter_subject": filter, "deliver_policy": "last_per_subject", "ack_policy": "none", "deliver_subject": "_INBOX_node1.x",
 		}}
 	}
+	consumer := func(filter string) map[string]any { return consumerOf("KV_intents", filter) }
+	ownReports, theirReports := wire.Subject(wire.BucketReports, "node1.>"), wire.Subject(wire.BucketReports, "node2.>")
 
 	cases := map[string]struct {
 		op            func(nc *nats.Conn) error
@@ -122,6 +124,15 @@ func TestAgentPermissions(t *testing.T) {
 		}},
 		"GetsOwnIntent": {allowed: true, op: func(nc *nats.Conn) error {
 			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_intents.$KV.intents.node1.vm-a", nil))
+		}},
+		"ListsOwnReports": {allowed: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_reports.r1."+ownReports, consumerOf("KV_reports", ownReports)))
+		}},
+		"CannotListOtherNodesReports": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_reports.r2."+theirReports, consumerOf("KV_reports", theirReports)))
+		}},
+		"CannotSmuggleOtherReportsFilterInConsumerBody": {op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_reports.r3."+ownReports, consumerOf("KV_reports", theirReports)))
 		}},
 		"WritesOwnReport":    {allowed: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.reports.node1.vm-a") }},
 		"WritesOwnHeartbeat": {allowed: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.nodes.node1") }},

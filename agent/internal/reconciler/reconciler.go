@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/util/workqueue"
@@ -117,6 +118,10 @@ type Reconciler struct {
 	reports       *writer[wire.Report]
 	volumeReports *writer[wire.VolumeReport]
 	imageReports  *writer[wire.ImageReport]
+	// stored lists the node's reports on the bus; listed is set once the
+	// guests' reports an earlier agent left were looked at (reportedBefore).
+	stored bus.Reports
+	listed atomic.Bool
 	// guestErrors and imageErrors are the errors last logged per guest
 	// and per image, so each cause is logged once.
 	guestErrors, imageErrors errorLog
@@ -178,6 +183,7 @@ func New(node string, d driver.Driver, reports bus.Reports, log logging.Logger, 
 		kindFabric: r.reconcileFabric,
 	}
 	// The guest gauge has every phase at 0 from the start.
+	r.stored = reports
 	r.reports = newWriter(wire.GuestReports, reports, r.countGuests)
 	r.volumeReports = newWriter(wire.VolumeReports, reports, nil)
 	r.imageReports = newWriter(wire.ImageReports, reports, nil)
@@ -296,8 +302,9 @@ func (r *Reconciler) resync(ctx context.Context) {
 	r.mu.Unlock()
 	if synced {
 		// A report whose guest went out of band (an orphan deleted by
-		// hand) is looked at, and deleted, too.
-		for _, uid := range r.reports.uids() {
+		// hand) is looked at, and deleted, too; so is one an earlier
+		// agent of this node wrote.
+		for _, uid := range slices.Concat(r.reports.uids(), r.reportedBefore(ctx)) {
 			items = append(items, guest(uid))
 		}
 	}
@@ -326,6 +333,33 @@ func (r *Reconciler) resync(ctx context.Context) {
 		r.queue.Add(guest(uid))
 	}
 	r.mu.Unlock()
+}
+
+// reportedBefore are, once per agent, the guests this node reported before
+// the agent started. An agent that starts afresh remembers no report, and a
+// guest that went while no agent ran (its VM deleted while the node was
+// lost, and the hypervisor lost its guests too) has neither intent nor
+// guest to bring it up: without this its report would stay, and hold its
+// VM's deletion, for good.
+func (r *Reconciler) reportedBefore(ctx context.Context) []string {
+	if r.listed.Load() {
+		return nil
+	}
+	keys, err := r.stored.Keys(ctx)
+	if err != nil {
+		r.log.Info("Cannot list the reports this node wrote before; the next resync tries again", "error", err)
+		return nil
+	}
+	r.listed.Store(true)
+	var uids []string
+	for _, key := range keys {
+		if _, rest, err := wire.ParseKey(key); err == nil {
+			if uid, ok := wire.GuestReports.UID(rest); ok {
+				uids = append(uids, uid)
+			}
+		}
+	}
+	return uids
 }
 
 func (r *Reconciler) processNext(ctx context.Context) bool {

@@ -431,3 +431,23 @@ func TestAddressPoll(t *testing.T) {
 }
 
 func noInterfaces() driver.Observation { return driver.Observation{Phase: driver.PhaseRunning} }
+
+// TestAReportAnEarlierAgentLeftIsLookedAt: an agent starting afresh (its
+// node's hypervisor lost every guest too) finds the reports its node wrote
+// before; one whose guest has neither intent nor guest any more goes, so
+// its VM's deletion is not held for good, and one whose VM is still wanted
+// is made true again.
+func TestAReportAnEarlierAgentLeftIsLookedAt(t *testing.T) {
+	h := start(t)
+	ctx := context.Background()
+	for _, uid := range []string{"deleted-meanwhile", "still-wanted"} {
+		_, err := bus.PutReport(ctx, h.reports, wire.GuestReports, uid, wire.Report{UID: uid, Node: node, Phase: wire.PhaseRunning})
+		require.NoError(t, err)
+	}
+	h.put(intent("still-wanted"))
+	h.synced()
+
+	require.Eventually(t, func() bool { _, ok := h.reports.get("deleted-meanwhile"); return !ok }, 5*time.Second, 10*time.Millisecond,
+		"the report of a guest that went while no agent ran is deleted")
+	h.eventually("still-wanted", phase(wire.PhaseRunning), "the wanted guest is made again")
+}
