@@ -118,10 +118,11 @@ type Reconciler struct {
 	reports       *writer[wire.Report]
 	volumeReports *writer[wire.VolumeReport]
 	imageReports  *writer[wire.ImageReport]
-	// stored lists the node's reports on the bus; listed is set once the
-	// guests' reports an earlier agent left were looked at (reportedBefore).
-	stored bus.Reports
-	listed atomic.Bool
+	// stored lists the node's reports on the bus; listing is set once the
+	// reports an earlier agent left are being looked at
+	// (lookAtReportedBefore).
+	stored  bus.Reports
+	listing atomic.Bool
 	// guestErrors and imageErrors are the errors last logged per guest
 	// and per image, so each cause is logged once.
 	guestErrors, imageErrors errorLog
@@ -304,9 +305,10 @@ func (r *Reconciler) resync(ctx context.Context) {
 		// A report whose guest went out of band (an orphan deleted by
 		// hand) is looked at, and deleted, too; so is one an earlier
 		// agent of this node wrote.
-		for _, uid := range slices.Concat(r.reports.uids(), r.reportedBefore(ctx)) {
+		for _, uid := range r.reports.uids() {
 			items = append(items, guest(uid))
 		}
+		r.lookAtReportedBefore(ctx)
 	}
 	for _, it := range items {
 		r.queue.Add(it)
@@ -335,31 +337,32 @@ func (r *Reconciler) resync(ctx context.Context) {
 	r.mu.Unlock()
 }
 
-// reportedBefore are, once per agent, the guests this node reported before
-// the agent started. An agent that starts afresh remembers no report, and a
-// guest that went while no agent ran (its VM deleted while the node was
-// lost, and the hypervisor lost its guests too) has neither intent nor
-// guest to bring it up: without this its report would stay, and hold its
-// VM's deletion, for good.
-func (r *Reconciler) reportedBefore(ctx context.Context) []string {
-	if r.listed.Load() {
-		return nil
+// lookAtReportedBefore queues, once per agent, the guests this node
+// reported before the agent started. An agent that starts afresh remembers
+// no report, and a guest that went while no agent ran (its VM deleted while
+// the node was lost, and the hypervisor lost its guests too) has neither
+// intent nor guest to bring it up: without this its report would stay, and
+// hold its VM's deletion, for good. The listing runs apart from the resync,
+// which the bus may call with its own locks held.
+func (r *Reconciler) lookAtReportedBefore(ctx context.Context) {
+	if !r.listing.CompareAndSwap(false, true) {
+		return
 	}
-	keys, err := r.stored.Keys(ctx)
-	if err != nil {
-		r.log.Info("Cannot list the reports this node wrote before; the next resync tries again", "error", err)
-		return nil
-	}
-	r.listed.Store(true)
-	var uids []string
-	for _, key := range keys {
-		if _, rest, err := wire.ParseKey(key); err == nil {
-			if uid, ok := wire.GuestReports.UID(rest); ok {
-				uids = append(uids, uid)
+	go func() {
+		keys, err := r.stored.Keys(ctx)
+		if err != nil {
+			r.log.Info("Cannot list the reports this node wrote before; the next resync tries again", "error", err)
+			r.listing.Store(false)
+			return
+		}
+		for _, key := range keys {
+			if _, rest, err := wire.ParseKey(key); err == nil {
+				if uid, ok := wire.GuestReports.UID(rest); ok {
+					r.queue.Add(guest(uid))
+				}
 			}
 		}
-	}
-	return uids
+	}()
 }
 
 func (r *Reconciler) processNext(ctx context.Context) bool {
