@@ -79,11 +79,13 @@ func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.
 	uid := string(v.UID)
 	if in := intentOf(v); !meta.WasDeleted(v) {
 		// A deleted Volume's intent is Release's.
-		if last, ok := r.published.Load(v.UID); !ok || last != in {
+		// A Volume in a shared pool moves with its VM's restart: the
+		// node it is bound to now is asked too.
+		if last, ok := r.published.Load(v.UID); !ok || last != (publishedIntent{node: node, intent: in}) {
 			if _, err := bus.Put(ctx, f.Bus, wire.VolumeIntents, node, in.UID, in); err != nil {
 				return ready, errors.Wrapf(err, "cannot ask node %s to observe volume %s", node, ext)
 			}
-			r.published.Store(v.UID, in)
+			r.published.Store(v.UID, publishedIntent{node: node, intent: in})
 		}
 	}
 	f.Volumes.FlagForeign(v, node)

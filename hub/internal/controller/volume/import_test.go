@@ -173,6 +173,16 @@ func TestImportedVolumeIntents(t *testing.T) {
 	in, _ := bus.Stored(b, wire.VolumeIntents, testNode, "vol-uid")
 	assert.False(t, in.Absent, "observed")
 
+	// A restart elsewhere moves a shared Volume to another node: that
+	// node is asked too.
+	v.Annotations[v1alpha1.AnnotationNode] = "node-b"
+	_, err = r.Observe(ctx, kube, v, nil)
+	require.NoError(t, err)
+	moved, asked := bus.Stored(b, wire.VolumeIntents, "node-b", "vol-uid")
+	require.True(t, asked, "the node the Volume moved to is asked to observe it")
+	assert.Equal(t, in, moved)
+	v.Annotations[v1alpha1.AnnotationNode] = testNode
+
 	_, err = r.Release(ctx, v)
 	require.NoError(t, err)
 	in, _ = bus.Stored(b, wire.VolumeIntents, testNode, "vol-uid")

@@ -92,8 +92,15 @@ type Releaser struct {
 	fencing  time.Duration
 	recorder event.Recorder
 	now      func() time.Time
-	// published holds the import intent last written of each Volume.
-	published *perobject.Map[wire.VolumeIntent]
+	// published holds the import intent last written of each Volume, and
+	// the node it was written to.
+	published *perobject.Map[publishedIntent]
+}
+
+// publishedIntent is an import intent as written to one node.
+type publishedIntent struct {
+	node   string
+	intent wire.VolumeIntent
 }
 
 // NewReleaser returns a Releaser that reaches the nodes through the fleets of
@@ -102,7 +109,7 @@ type Releaser struct {
 // Fleet.Volumes.Subscribe.
 func NewReleaser(kube client.Client, pool Fleets, fencing time.Duration, notifier *wake.Notifier, recorder event.Recorder, memory *perobject.Owner) *Releaser {
 	return &Releaser{
-		published: perobject.NewMap[wire.VolumeIntent](memory),
+		published: perobject.NewMap[publishedIntent](memory),
 		kube:      kube,
 		configs:   providerconfig.NewResolver(kube),
 		pool:      pool,
