@@ -13,9 +13,11 @@ import (
 )
 
 // TestShortChaos is `make chaos` small enough for `make test`: a few dozen
-// VMs, one kill of each kind. It fails if a VM is lost, a guest duplicated
-// or orphaned, the fleet does not converge within 30 s of a restart, or a
-// node's loss does not show within 15 s.
+// VMs, a third of them HA, one fault of each kind (with one NATS server, so
+// the partition too). It fails if a VM is lost, a guest duplicated or
+// orphaned, a VM runs on two nodes at once, the fleet does not converge
+// within 30 s of a restart, a node's loss does not show within 15 s, or a
+// lost node's HA VMs do not run elsewhere within 60 s at p95.
 func TestShortChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
@@ -23,6 +25,9 @@ func TestShortChaos(t *testing.T) {
 	ctrl.SetLogger(logr.Discard())
 	o := chaos.Defaults()
 	o.VMs, o.OpsPerSecond = 24, 6
+	// With half of them stopped by the churn at any time, enough HA VMs
+	// that a node has some running to measure.
+	o.HAVMs = 8
 	o.Down, o.ChurnBetween = 2*time.Second, 3*time.Second
 	// The loss of a node must still show within 15 s; a shorter TTL only
 	// makes the agent's kill cost less of the test's time.

@@ -1,7 +1,9 @@
-// Command chaos kills, in turn, an agent, the hub, the NATS server and a
-// libvirtd while VMs churn, and checks that nothing was lost, duplicated or
-// orphaned and that everything converged in time; `make chaos` runs it. The
-// run lives in chaos/internal/chaos.
+// Command chaos kills, in turn, an agent, the hub, the NATS server, a
+// libvirtd, then a whole node (agent and libvirtd) and cuts a node off NATS
+// while VMs, some of them HA, churn, and checks that nothing was lost,
+// duplicated or orphaned, that no VM ran on two nodes at once, that a lost
+// node's HA VMs ran elsewhere in time and that everything converged in
+// time; `make chaos` runs it. The run lives in chaos/internal/chaos.
 package main
 
 import (
@@ -35,7 +37,11 @@ func run() error {
 	o := chaos.Defaults()
 	flag.IntVar(&o.VMs, "vms", o.VMs, "VMs churned (created, stopped, started, deleted).")
 	flag.IntVar(&o.Nodes, "nodes", o.Nodes, "Simulated nodes, each with its agent and libvirtd.")
-	flag.IntVar(&o.Rounds, "rounds", o.Rounds, "How many times each of the four components is killed.")
+	flag.IntVar(&o.Rounds, "rounds", o.Rounds, "How many times each fault is injected.")
+	flag.IntVar(&o.HAVMs, "ha-vms", o.HAVMs, "How many of the VMs are HA (availability Restart, Volumes in a shared pool); 0 means a fifth of them, -1 none and no node or partition fault.")
+	flag.DurationVar(&o.FenceAfter, "fence-after", o.FenceAfter, "The agents' lease (agent --fence-after).")
+	flag.DurationVar(&o.FencingMargin, "fencing-margin", o.FencingMargin, "What the hub waits beyond a lost node's lease before it restarts its HA VMs elsewhere (hub --fencing-margin).")
+	flag.DurationVar(&o.RestartWithin, "restart-within", o.RestartWithin, "Limit, at the 95th percentile, from a node's kill or partition to each of its HA VMs Running elsewhere.")
 	flag.Float64Var(&o.OpsPerSecond, "rate", o.OpsPerSecond, "Churn requests per second over all VMs.")
 	flag.DurationVar(&o.Down, "down", o.Down, "How long the hub, NATS and a libvirtd stay dead.")
 	flag.DurationVar(&o.ChurnBetween, "between", o.ChurnBetween, "Churn alone before each kill.")

@@ -1,12 +1,17 @@
 // Package chaos runs the whole system (internal/harness/stack) under a churn of VMs
 // (create, stop, start, delete) and kills, in turn, an agent, the hub, the
 // NATS server (or, with NATS as a cluster, the server that is the JetStream
-// meta leader) and a libvirtd with SIGKILL, then starts each again. After
+// meta leader) and a libvirtd with SIGKILL, then starts each again; then,
+// with HA VMs (availability Restart) among them, a whole node (its agent and
+// its libvirtd) and, with one NATS server, a node's partition (its agent cut
+// off NATS), each until the node's HA VMs run elsewhere (see ha.go). After
 // each restart it checks, against every node's libvirtd and the API, that no
 // VM was lost, no guest duplicated or orphaned, and every VM reached the
 // power state its spec asks for within the convergence limit; after an
 // agent's kill, that its node's loss showed in the API within the
-// node-loss limit. `make chaos` runs it through chaos/.
+// node-loss limit; after a node's kill or partition, that its HA VMs ran
+// elsewhere within the restart limit at the 95th percentile and that no VM
+// ever ran on two nodes at once. `make chaos` runs it through chaos/.
 package chaos
 
 import (
@@ -42,14 +47,29 @@ const (
 	FaultHub      = "hub"
 	FaultNATS     = "nats"
 	FaultLibvirtd = "libvirtd"
+	// FaultNode kills a node's agent and libvirtd, FaultPartition cuts its
+	// agent off NATS; both only with HA VMs.
+	FaultNode      = "node"
+	FaultPartition = "partition"
 )
 
 // Options size a run. Zero values take the defaults of Defaults.
 type Options struct {
 	VMs   int
 	Nodes int
-	// Rounds is how many times the four kills are repeated.
+	// Rounds is how many times the kills are repeated.
 	Rounds int
+	// HAVMs is how many of the VMs are HA: availability Restart, Volumes
+	// in the stack's shared pool. 0 means a fifth of them; below 0 none,
+	// and no node or partition fault.
+	HAVMs int
+	// FenceAfter is the agents' lease and FencingMargin what the hub
+	// waits beyond it before it restarts a lost node's HA VMs elsewhere.
+	FenceAfter    time.Duration
+	FencingMargin time.Duration
+	// RestartWithin is the limit, at the 95th percentile, from a node's
+	// kill or partition to each of its HA VMs Running elsewhere.
+	RestartWithin time.Duration
 	// OpsPerSecond is the churn's request rate over all VMs.
 	OpsPerSecond float64
 	// Down is how long the hub, NATS and a libvirtd stay dead. A killed
@@ -67,6 +87,8 @@ type Options struct {
 	// processes with replicated buckets when above 1; the NATS fault then
 	// kills the JetStream meta leader, one server of the cluster. 0 or 1
 	// runs one server, and the NATS fault kills it.
+	// The partition fault needs one server: the stack's NATS proxies,
+	// which cut an agent off, do not relay to a cluster.
 	NATSServers int
 	// Dir holds the stack; Keep keeps it (logs) after a passing run.
 	Dir  string
@@ -81,13 +103,17 @@ type Options struct {
 	BeforeCheck func(ctx context.Context, s *stack.Stack, fault FaultResult) error
 }
 
-// Defaults are the issue's: 200 VMs on 3 nodes, convergence within 30 s of
-// the restart, node loss visible within 15 s.
+// Defaults are the issues': 200 VMs on 3 nodes, convergence within 30 s of
+// the restart, node loss visible within 15 s, a lost node's HA VMs Running
+// elsewhere within 60 s at the 95th percentile. The lease is short, so a
+// run does not wait long, and long enough (five heartbeats) that the NATS
+// fault does not make every node fence itself.
 func Defaults() Options {
 	return Options{
 		VMs: 200, Nodes: 3, Rounds: 1, OpsPerSecond: 10,
 		Down: 5 * time.Second, ChurnBetween: 10 * time.Second,
 		ConvergeWithin: 30 * time.Second, NodeLossWithin: 15 * time.Second,
+		FenceAfter: 10 * time.Second, FencingMargin: 3 * time.Second, RestartWithin: 60 * time.Second,
 	}
 }
 
@@ -105,7 +131,15 @@ type FaultResult struct {
 	Converged time.Duration
 	// OpsDuring is how many churn requests were made while it was dead.
 	OpsDuring int64
-	Problems  []Problem
+	// Restarts are, for a node or partition fault, how long after the
+	// fault each HA VM that ran on the node was first seen Running on
+	// another node, sorted; NotRestarted how many were not seen so before
+	// the node came back. Samples is how many times the sampler read every
+	// node's running guests meanwhile.
+	Restarts     []time.Duration
+	NotRestarted int
+	Samples      int
+	Problems     []Problem
 	// Census is each node's domains, counted when the fleet did not
 	// converge in time (see Census).
 	Census []string
@@ -119,6 +153,10 @@ type Result struct {
 	Faults         []FaultResult
 	ConvergeWithin time.Duration
 	NodeLossWithin time.Duration
+	RestartWithin  time.Duration
+	// HAVMs, FenceAfter and FencingMargin are the run's.
+	HAVMs                     int
+	FenceAfter, FencingMargin time.Duration
 	// Failures are the limits broken and problems found; empty means pass.
 	Failures []string
 }
@@ -143,14 +181,20 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		nodes[i] = fmt.Sprintf("node%d", i+1)
 	}
 	progress("starting a stack of %d nodes (NATS as %d process(es) of its own) in %s", o.Nodes, max(o.NATSServers, 1), dir)
-	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, NATSProcess: true, NATSCluster: o.NATSServers, NodeTTL: o.NodeTTL, Debug: o.Debug,
+	so := stack.Options{Dir: dir, Nodes: nodes, NATSProcess: true, NATSCluster: o.NATSServers, NodeTTL: o.NodeTTL, Debug: o.Debug,
 		// While a node is lost, new VMs go to the others: leave room for
 		// all of them on one node fewer, also on agents started again.
-		CPUAllocationRatio: cpuRatio(o.VMs, o.Nodes), MemoryAllocationRatio: 16})
+		CPUAllocationRatio: cpuRatio(o.VMs, o.Nodes), MemoryAllocationRatio: 16}
+	if o.HAVMs > 0 {
+		so.SharedPool, so.FenceAfter, so.FencingMargin = sharedPool, o.FenceAfter, o.FencingMargin
+		so.NATSProxies = partitionable(o)
+	}
+	s, err := stack.Start(ctx, so)
 	if err != nil {
 		return nil, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)
 	}
-	r := &Result{VMs: o.VMs, Nodes: o.Nodes, ConvergeWithin: o.ConvergeWithin, NodeLossWithin: o.NodeLossWithin}
+	r := &Result{VMs: o.VMs, Nodes: o.Nodes, ConvergeWithin: o.ConvergeWithin, NodeLossWithin: o.NodeLossWithin,
+		RestartWithin: o.RestartWithin, HAVMs: max(o.HAVMs, 0), FenceAfter: o.FenceAfter, FencingMargin: o.FencingMargin}
 	defer func() {
 		s.Stop()
 		if len(r.Failures) > 0 || o.Keep {
@@ -176,10 +220,32 @@ func fillDefaults(o *Options) {
 	o.ChurnBetween = cmp.Or(o.ChurnBetween, d.ChurnBetween)
 	o.ConvergeWithin = cmp.Or(o.ConvergeWithin, d.ConvergeWithin)
 	o.NodeLossWithin = cmp.Or(o.NodeLossWithin, d.NodeLossWithin)
+	o.FenceAfter = cmp.Or(o.FenceAfter, d.FenceAfter)
+	o.FencingMargin = cmp.Or(o.FencingMargin, d.FencingMargin)
+	o.RestartWithin = cmp.Or(o.RestartWithin, d.RestartWithin)
+	if o.HAVMs == 0 {
+		o.HAVMs = (o.VMs + 4) / 5
+	}
+	o.HAVMs = min(o.HAVMs, o.VMs)
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
 	o.Dir = cmp.Or(o.Dir, os.TempDir())
+}
+
+// partitionable says whether the run has the partition fault: with HA VMs.
+func partitionable(o Options) bool { return o.HAVMs > 0 }
+
+// faults are the kinds a round injects, in order.
+func faults(o Options) []string {
+	kinds := []string{FaultAgent, FaultHub, FaultNATS, FaultLibvirtd}
+	if o.HAVMs > 0 {
+		kinds = append(kinds, FaultNode)
+	}
+	if partitionable(o) {
+		kinds = append(kinds, FaultPartition)
+	}
+	return kinds
 }
 
 // cpuRatio fits every VM (1 vCPU) on nodes-1 nodes of the test driver's 16
@@ -194,14 +260,15 @@ func run(ctx context.Context, s *stack.Stack, o Options, r *Result, progress fun
 	if err != nil {
 		return err
 	}
-	progress("creating the network and %d Volumes", o.VMs)
+	ha := max(o.HAVMs, 0)
+	progress("creating the network and %d Volumes, %d of them in the shared pool for HA VMs", o.VMs, ha)
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := fleet.Prepare(pctx, kube, o.VMs); err != nil {
+	if err := prepare(pctx, kube, o.VMs, ha); err != nil {
 		return errors.Wrap(err, "not every Volume was Ready within 2 minutes")
 	}
 	workers := max(1, min(o.VMs/4, 16))
-	c := newChurn(kube, o.VMs, workers, o.OpsPerSecond)
+	c := newChurn(kube, o.VMs, ha, workers, o.OpsPerSecond)
 	obs := &observer{kube: kube}
 	octx, stopObserving := context.WithCancel(ctx)
 	defer stopObserving()
@@ -228,7 +295,7 @@ func run(ctx context.Context, s *stack.Stack, o Options, r *Result, progress fun
 
 	nodes := sortedKeys(s.Nodes)
 	for round := range o.Rounds {
-		for _, kind := range []string{FaultAgent, FaultHub, FaultNATS, FaultLibvirtd} {
+		for i, kind := range faults(o) {
 			obs.setPhase("churn")
 			if err := sleep(ctx, o.ChurnBetween); err != nil {
 				return err
@@ -240,7 +307,14 @@ func run(ctx context.Context, s *stack.Stack, o Options, r *Result, progress fun
 			case FaultLibvirtd:
 				f.Target = nodes[(round+1)%len(nodes)]
 			}
-			if err := inject(ctx, s, o, c, obs, &f, progress); err != nil {
+			var pinned map[string]string
+			if haFault(kind) {
+				// The node with the most HA VMs running, to measure most.
+				if f.Target, pinned, err = c.pinHA(ctx, kube, nodes, round+i); err != nil {
+					return err
+				}
+			}
+			if err := inject(ctx, s, o, c, obs, &f, pinned, progress); err != nil {
 				return errors.Wrapf(err, "%s kill", kind)
 			}
 			r.Faults = append(r.Faults, f)
@@ -255,27 +329,47 @@ func run(ctx context.Context, s *stack.Stack, o Options, r *Result, progress fun
 }
 
 func judge(r *Result, o Options, f FaultResult) {
-	name := f.Kind
-	if f.Target != "" {
-		name += " " + f.Target
+	after := "after the " + f.name() + " kill: "
+	if f.Kind == FaultPartition {
+		after = "after the partition of " + f.Target + ": "
 	}
 	for _, p := range f.Problems {
-		r.Failures = append(r.Failures, fmt.Sprintf("after the %s kill: %s", name, p))
+		r.Failures = append(r.Failures, after+p.String())
 	}
 	if f.Converged == 0 {
-		r.Failures = append(r.Failures, fmt.Sprintf("after the %s kill: not converged within %s of the restart", name, o.ConvergeWithin))
+		r.Failures = append(r.Failures, fmt.Sprintf("%snot converged within %s of the restart", after, o.ConvergeWithin))
 		for _, line := range f.Census {
-			r.Failures = append(r.Failures, fmt.Sprintf("after the %s kill: %s", name, line))
+			r.Failures = append(r.Failures, after+line)
 		}
 	}
 	if f.Kind == FaultAgent && (f.NodeLost == 0 || f.NodeLost > o.NodeLossWithin) {
-		r.Failures = append(r.Failures, fmt.Sprintf("after the %s kill: node loss not visible within %s (seen after %s)", name, o.NodeLossWithin, f.NodeLost))
+		r.Failures = append(r.Failures, fmt.Sprintf("%snode loss not visible within %s (seen after %s)", after, o.NodeLossWithin, f.NodeLost))
+	}
+	if !haFault(f.Kind) {
+		return
+	}
+	if Percentile(f.Restarts, f.NotRestarted, 0.95) > o.RestartWithin && len(f.Restarts)+f.NotRestarted > 0 {
+		r.Failures = append(r.Failures, fmt.Sprintf("%sHA VMs Running elsewhere %s: beyond %s at p95", after, restartFigures(f.Restarts, f.NotRestarted), o.RestartWithin))
+	}
+	if f.Samples < 10 {
+		r.Failures = append(r.Failures, fmt.Sprintf("%sonly %d samples of the nodes' running guests: no check of double-running", after, f.Samples))
 	}
 }
 
+// name is the fault's kind and target.
+func (f FaultResult) name() string {
+	if f.Target == "" {
+		return f.Kind
+	}
+	return f.Kind + " " + f.Target
+}
+
 // inject kills one component, keeps it dead while the churn goes on,
-// starts it again, then pauses the churn and checks the fleet.
-func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *observer, f *FaultResult, progress func(string, ...any)) error {
+// starts it again, then pauses the churn and checks the fleet. For a node
+// or partition fault, pinned are the node's HA VMs (uids by name), frozen
+// by pinHA: the node stays down until they run elsewhere.
+func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *observer, f *FaultResult, pinned map[string]string, progress func(string, ...any)) error {
+	defer c.thaw()
 	// Of a NATS cluster, the server whose loss costs most: the meta leader.
 	natsServer := -1
 	if f.Kind == FaultNATS && s.NATSServers() > 1 {
@@ -285,14 +379,18 @@ func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *obser
 		}
 		f.Target = fmt.Sprintf("nats-server-%d (JetStream meta leader)", natsServer)
 	}
-	label := f.Kind
-	if f.Target != "" {
-		label += " " + f.Target
-	}
+	label := f.name()
 	obs.setPhase(label + " dead")
 	opsBefore := c.ops.Load()
 	killed := time.Now()
-	progress("kill -9 %s", label)
+	var sm *sampler
+	if haFault(f.Kind) {
+		sm = startSampler(ctx, s, obs.kube, killed)
+		defer sm.cancel()
+		progress("%s with %d HA VMs running on it", label, len(pinned))
+	} else {
+		progress("kill -9 %s", label)
+	}
 	var restart func() error
 	switch f.Kind {
 	case FaultAgent:
@@ -312,22 +410,48 @@ func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *obser
 	case FaultLibvirtd:
 		s.Nodes[f.Target].Kill()
 		restart = func() error { return s.Nodes[f.Target].Restart(ctx) }
-	}
-	// The agent stays dead until its node's loss shows, the others for Down.
-	until := killed.Add(o.Down)
-	if f.Kind == FaultAgent {
-		until = killed.Add(o.NodeLossWithin + 5*time.Second)
-	}
-	for time.Now().Before(until) {
-		if f.NodeLost == 0 {
-			if lost := obs.lostSince(killed); lost > 0 {
-				f.NodeLost = lost
-				progress("node loss visible in the API %s after the kill", lost.Round(100*time.Millisecond))
-				if f.Kind == FaultAgent {
-					break
-				}
+	case FaultNode:
+		s.KillAgent(f.Target)
+		s.Nodes[f.Target].Kill()
+		// A fresh libvirtd (the test driver's state is gone), then the
+		// agent, as a node that rebooted.
+		restart = func() error {
+			if err := s.Nodes[f.Target].Restart(ctx); err != nil {
+				return err
 			}
+			return s.StartAgent(f.Target)
 		}
+	case FaultPartition:
+		if err := s.CutAgent(f.Target); err != nil {
+			return err
+		}
+		restart = func() error { return s.HealAgent(f.Target) }
+	}
+	noteLost := func() {
+		if lost := obs.lostSince(killed); f.NodeLost == 0 && lost > 0 {
+			f.NodeLost = lost
+			progress("node loss visible in the API %s after the kill", lost.Round(100*time.Millisecond))
+		}
+	}
+	// The agent stays dead until its node's loss shows, a node until its
+	// HA VMs run elsewhere, the others for Down.
+	until := killed.Add(o.Down)
+	switch {
+	case f.Kind == FaultAgent:
+		until = killed.Add(o.NodeLossWithin + 5*time.Second)
+	case haFault(f.Kind) && len(pinned) > 0:
+		// Past the limit, so a slow restart is measured, not only failed.
+		until = killed.Add(o.RestartWithin + 30*time.Second)
+	}
+	if haFault(f.Kind) {
+		var err error
+		if f.Restarts, f.NotRestarted, err = awaitRestarts(ctx, obs.kube, pinned, f.Target, killed, until, noteLost); err != nil {
+			return err
+		}
+		progress("%s: HA VMs Running elsewhere %s", label, restartFigures(f.Restarts, f.NotRestarted))
+	}
+	for time.Now().Before(until) && !(f.Kind == FaultAgent && f.NodeLost > 0) && !haFault(f.Kind) {
+		noteLost()
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
 			return err
 		}
@@ -338,13 +462,22 @@ func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *obser
 	restarted := time.Now()
 	f.Down = restarted.Sub(killed)
 	f.OpsDuring = c.ops.Load() - opsBefore
-	progress("%s restarted after %s; %d churn requests meanwhile", label, f.Down.Round(100*time.Millisecond), f.OpsDuring)
+	back := "restarted"
+	if f.Kind == FaultPartition {
+		back = "healed"
+	}
+	progress("%s %s after %s; %d churn requests meanwhile", label, back, f.Down.Round(100*time.Millisecond), f.OpsDuring)
 
 	obs.setPhase(label + " converging")
 	c.pause()
 	defer c.resume()
 	if o.BeforeCheck != nil {
 		if err := o.BeforeCheck(ctx, s, *f); err != nil {
+			return err
+		}
+	}
+	if f.Kind == FaultPartition {
+		if err := awaitLeftovers(ctx, s, f.Target, pinned, restarted.Add(o.ConvergeWithin)); err != nil {
 			return err
 		}
 	}
@@ -365,6 +498,12 @@ func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *obser
 	}
 	if f.NodeLost == 0 && f.Kind == FaultAgent {
 		f.NodeLost = obs.lostSince(killed)
+	}
+	if sm != nil {
+		doubles, n := sm.stop()
+		f.Problems = append(f.Problems, doubles...)
+		f.Samples = n
+		progress("%d samples of every node's running guests since the fault: %d VMs seen running twice", n, len(doubles))
 	}
 	return nil
 }
@@ -598,13 +737,12 @@ func countTrue(m map[string]bool) int {
 // Summary is the run's result as text, one line per kill.
 func Summary(r *Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "chaos: %d VMs on %d nodes, %d churn requests (%v), %d failed requests retried\n", r.VMs, r.Nodes, r.Ops, r.OpsByKind, r.OpErrors)
+	fmt.Fprintf(&b, "chaos: %d VMs (%d HA) on %d nodes, %d churn requests (%v), %d failed requests retried\n", r.VMs, r.HAVMs, r.Nodes, r.Ops, r.OpsByKind, r.OpErrors)
 	fmt.Fprintf(&b, "%-16s %8s %12s %12s %8s\n", "kill -9", "down", "node lost", "converged", "ops")
+	restarts := map[string][]time.Duration{}
+	missing := map[string]int{}
 	for _, f := range r.Faults {
-		name := f.Kind
-		if f.Target != "" {
-			name += " " + f.Target
-		}
+		name := f.name()
 		lost, conv := "-", "FAILED"
 		if f.NodeLost > 0 {
 			lost = f.NodeLost.Round(100 * time.Millisecond).String()
@@ -613,10 +751,34 @@ func Summary(r *Result) string {
 			conv = f.Converged.Round(100 * time.Millisecond).String()
 		}
 		fmt.Fprintf(&b, "%-16s %8s %12s %12s %8d\n", name, f.Down.Round(100*time.Millisecond), lost, conv, f.OpsDuring)
+		if haFault(f.Kind) {
+			fmt.Fprintf(&b, "  HA VMs Running elsewhere: %s; %d samples of the nodes\n", restartFigures(f.Restarts, f.NotRestarted), f.Samples)
+			restarts[f.Kind] = append(restarts[f.Kind], f.Restarts...)
+			missing[f.Kind] += f.NotRestarted
+		}
 	}
-	fmt.Fprintf(&b, "limits: converged within %s of each restart; node loss visible within %s of an agent's kill\n", r.ConvergeWithin, r.NodeLossWithin)
+	fmt.Fprintf(&b, "limits: converged within %s of each restart; node loss visible within %s of an agent's kill", r.ConvergeWithin, r.NodeLossWithin)
+	if len(restarts) == 0 {
+		b.WriteString("\n")
+	} else {
+		fmt.Fprintf(&b, "; HA VMs Running elsewhere within %s of a node's kill or partition at p95, never on two nodes at once\n", r.RestartWithin)
+	}
+	for _, kind := range []string{FaultNode, FaultPartition} {
+		if d, ok := restarts[kind]; ok {
+			slices.Sort(d)
+			what := map[string]string{FaultNode: "node death", FaultPartition: "node partition"}[kind]
+			fmt.Fprintf(&b, "%s → Running elsewhere: %s (lease %s, fencing margin %s)\n", what, restartFigures(d, missing[kind]), r.FenceAfter, r.FencingMargin)
+		}
+	}
+	if len(restarts) > 0 {
+		b.WriteString("anchors, node death → running elsewhere: " + Anchors + "\n")
+	}
 	if len(r.Failures) == 0 {
-		b.WriteString("PASS: no VM lost, no guest duplicated or orphaned\n")
+		b.WriteString("PASS: no VM lost, no guest duplicated or orphaned")
+		if len(restarts) > 0 {
+			b.WriteString(", no VM running on two nodes at once")
+		}
+		b.WriteString("\n")
 	} else {
 		b.WriteString("FAIL:\n")
 		for _, f := range r.Failures {

@@ -40,7 +40,9 @@ type Domain struct {
 }
 
 // Kind sorts a problem: Lost, Duplicated and Orphaned are what a chaos run
-// must never leave behind; NotConverged is a state that is still on its way.
+// must never leave behind, DoubleRunning what must never happen at any
+// instant (a VM running on two nodes at once); NotConverged is a state that
+// is still on its way.
 type Kind string
 
 // Problem kinds.
@@ -49,6 +51,9 @@ const (
 	Duplicated   Kind = "duplicated"
 	Orphaned     Kind = "orphaned"
 	NotConverged Kind = "not-converged"
+	// DoubleRunning is a VM seen running on two nodes in one sample of
+	// every node's libvirtd (see sampler).
+	DoubleRunning Kind = "double-running"
 )
 
 // Problem is one way the fleet differs from what was asked of it.
@@ -131,7 +136,7 @@ func Check(want map[string]bool, vms []VM, domains map[string][]Domain) []Proble
 	}
 	for _, vm := range vms {
 		if !want[vm.Name] {
-			add(NotConverged, "VM %s was deleted but is still in the API (phase %s)", vm.Name, vm.Phase)
+			add(NotConverged, "VM %s was deleted but is still in the API (phase %s on %q); the hub says: %s", vm.Name, vm.Phase, vm.Node, vm.Why)
 		}
 	}
 	for _, uid := range sortedKeys(guests) {

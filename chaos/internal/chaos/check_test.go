@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 )
@@ -123,4 +124,20 @@ func TestCensus(t *testing.T) {
 		"n1: 3 domains (2 active): 1 of live VMs, 1 orphaned, 1 of no live VM",
 		"n2: 1 domains (0 active): 0 of live VMs, 0 orphaned, 1 of no live VM",
 	}, Census(vms, domains))
+}
+
+func TestPercentileCountsMissingRestartsAsNever(t *testing.T) {
+	s := func(n ...int) []time.Duration {
+		out := make([]time.Duration, len(n))
+		for i, v := range n {
+			out[i] = time.Duration(v) * time.Second
+		}
+		return out
+	}
+	assert.Equal(t, never, Percentile(nil, 0, 0.95), "nothing measured")
+	assert.Equal(t, 2*time.Second, Percentile(s(1, 2, 3), 0, 0.5))
+	assert.Equal(t, 3*time.Second, Percentile(s(1, 2, 3), 0, 0.95))
+	assert.Equal(t, 19*time.Second, Percentile(s(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20), 0, 0.95))
+	assert.Equal(t, never, Percentile(s(1, 2, 3), 1, 0.95), "one of four never restarted is beyond p95")
+	assert.Equal(t, 2*time.Second, Percentile(s(1, 2, 3), 1, 0.5))
 }

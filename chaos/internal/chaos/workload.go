@@ -10,6 +10,7 @@ import (
 	"time"
 
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,15 +27,42 @@ const namespace = "chaos"
 
 var fleet = workload.Fleet{Namespace: namespace, Network: "chaos-net", CIDR: "10.30.0.0/16", Creators: 16}
 
+// sharedPool is the stack's shared storage pool, where the HA VMs'
+// Volumes are.
+const sharedPool = "vfshared"
+
 // newVM is the i-th VM, booting from the i-th Volume. A VM that keeps its
 // guest has management policies without Delete: deleting it orphans the
-// guest, and the next VM of its name adopts it.
-func newVM(i int, keep bool) *v1alpha1.VirtualMachine {
+// guest, and the next VM of its name adopts it. An HA VM (its Volume in
+// the shared pool) is restarted on another node when its node is lost.
+func newVM(i int, keep, ha bool) *v1alpha1.VirtualMachine {
 	vm := fleet.VM(workload.VMName(i), workload.VolumeName(i))
 	if keep {
 		vm.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate, xpv2.ManagementActionLateInitialize})
 	}
+	if ha {
+		restart := v1alpha1.AvailabilityRestart
+		vm.Spec.ForProvider.Availability = &restart
+	}
 	return vm
+}
+
+// prepare is fleet.Prepare for vms Volumes of which the last ha are in the
+// shared pool, for the HA VMs. It does not wait for those: the VMs' first
+// convergence, before any fault, does.
+func prepare(ctx context.Context, kube client.Client, vms, ha int) error {
+	if err := fleet.Prepare(ctx, kube, vms-ha); err != nil {
+		return err
+	}
+	return workload.Parallel(ctx, ha, fleet.Creators, func(ctx context.Context, i int) error {
+		v := &v1alpha1.Volume{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: workload.VolumeName(vms - ha + i)},
+			Spec: v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{
+				Size: resource.MustParse(workload.VolumeSize), StoragePool: sharedPool,
+			}},
+		}
+		return errors.Wrapf(kube.Create(ctx, v), "cannot create Volume %s", v.Name)
+	})
 }
 
 // slot is one VM name the churn owns: what the churn last asked for.
@@ -45,6 +73,12 @@ type slot struct {
 	deleting bool
 	// keep is set when the VM's deletion orphans its guest.
 	keep bool
+	// ha is set on the slots whose VMs are restarted elsewhere when their
+	// node is lost; it never changes.
+	ha bool
+	// frozen holds the churn off the slot while a node fault measures its
+	// VM's restart elsewhere.
+	frozen atomic.Bool
 }
 
 // churn creates, stops, starts and deletes the VMs at a steady rate. Each
@@ -72,10 +106,11 @@ const (
 	opOrphan
 )
 
-func newChurn(kube client.Client, vms, workers int, opsPerSecond float64) *churn {
+// newChurn churns vms VMs, the last ha of them HA.
+func newChurn(kube client.Client, vms, ha, workers int, opsPerSecond float64) *churn {
 	c := &churn{kube: kube, workers: workers, every: time.Duration(float64(workers) / opsPerSecond * float64(time.Second))}
 	for i := range vms {
-		c.slots = append(c.slots, &slot{i: i})
+		c.slots = append(c.slots, &slot{i: i, ha: i >= vms-ha})
 	}
 	return c
 }
@@ -85,7 +120,7 @@ func (c *churn) createAll(ctx context.Context) error {
 	return workload.Parallel(ctx, len(c.slots), fleet.Creators, func(ctx context.Context, i int) error {
 		// Every third VM keeps its guest, so the churn orphans and adopts.
 		keep := i%3 == 0
-		if err := c.kube.Create(ctx, newVM(i, keep)); err != nil {
+		if err := c.kube.Create(ctx, newVM(i, keep, c.slots[i].ha)); err != nil {
 			return errors.Wrapf(err, "cannot create VirtualMachine %s", workload.VMName(i))
 		}
 		c.slots[i].exists, c.slots[i].running, c.slots[i].keep = true, true, keep
@@ -138,6 +173,9 @@ func (c *churn) want() map[string]bool {
 // is created, a deleted one is waited for, an existing one is stopped,
 // started or (one time in eight) deleted.
 func (c *churn) step(ctx context.Context, rng *rand.Rand, s *slot) {
+	if s.frozen.Load() {
+		return
+	}
 	key := types.NamespacedName{Namespace: namespace, Name: workload.VMName(s.i)}
 	var err error
 	op := -1
@@ -157,7 +195,7 @@ func (c *churn) step(ctx context.Context, rng *rand.Rand, s *slot) {
 	case !s.exists:
 		op = opCreate
 		keep := rng.IntN(3) == 0
-		if err = c.kube.Create(ctx, newVM(s.i, keep)); err == nil {
+		if err = c.kube.Create(ctx, newVM(s.i, keep, s.ha)); err == nil {
 			s.exists, s.running, s.keep = true, true, keep
 		}
 	case rng.IntN(8) == 0:

@@ -124,7 +124,7 @@ func (s *Stack) startNATSProcess(ctx context.Context, users []natswire.User) err
 			for _, q := range s.natsProcs {
 				routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats-route://127.0.0.1:%d", q.clusterPort)))
 			}
-			conf += fmt.Sprintf("http: \"127.0.0.1:%d\"\ncluster { name: \"vf-nats\", listen: \"127.0.0.1:%d\", routes: [%s] }\n",
+			conf += fmt.Sprintf("http: \"127.0.0.1:%d\"\ncluster { name: \"vf-nats\", listen: \"127.0.0.1:%d\", routes: [%s], no_advertise: true }\n",
 				p.monitorPort, p.clusterPort, strings.Join(routes, ", "))
 		}
 		conf += natswire.ServerConfig(users...)

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -14,21 +15,28 @@ import (
 // connection and stops listening (the agent's reconnects are refused, as
 // across a partition), heal listens again on the same address.
 type natsProxy struct {
-	target, addr string
+	// targets are the servers' host:port, tried in turn.
+	targets []string
+	addr    string
 
 	mu    sync.Mutex
 	ln    net.Listener
 	conns map[net.Conn]struct{}
 }
 
-// newNATSProxy relays to the NATS server at natsURL, from a free port of
-// the loopback.
-func newNATSProxy(natsURL string) (*natsProxy, error) {
-	u, err := url.Parse(natsURL)
-	if err != nil {
-		return nil, errors.Wrapf(err, "cannot parse the NATS URL %q", natsURL)
+// newNATSProxy relays to the NATS servers at natsURLs (comma-separated),
+// to the first that answers, from a free port of the loopback. A cluster's
+// servers must not advertise their own addresses to clients (no_advertise),
+// or the agent would reach them around the proxy.
+func newNATSProxy(natsURLs string) (*natsProxy, error) {
+	p := &natsProxy{conns: map[net.Conn]struct{}{}}
+	for _, s := range strings.Split(natsURLs, ",") {
+		u, err := url.Parse(s)
+		if err != nil {
+			return nil, errors.Wrapf(err, "cannot parse the NATS URL %q", s)
+		}
+		p.targets = append(p.targets, u.Host)
 	}
-	p := &natsProxy{target: u.Host, conns: map[net.Conn]struct{}{}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot listen for the NATS proxy")
@@ -59,7 +67,13 @@ func (p *natsProxy) serve(ln net.Listener) {
 // relay copies both ways between c and a new connection to the server
 // until either side closes or the proxy cuts them.
 func (p *natsProxy) relay(c net.Conn) {
-	s, err := net.Dial("tcp", p.target)
+	var s net.Conn
+	err := errors.New("no NATS server to relay to")
+	for _, target := range p.targets {
+		if s, err = net.Dial("tcp", target); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		_ = c.Close()
 		return

@@ -127,7 +127,8 @@ type Options struct {
 	// of the stack defines (at Dir/shared) and every agent announces as
 	// shared storage (--shared-pools), as an administrator declares one
 	// on NFS. The test driver keeps each daemon's volumes in memory: the
-	// pool has the shared pool's name and role, not its files.
+	// pool has the shared pool's name and role, not its files. The caller
+	// defines it on LibvirtHosts.
 	SharedPool string
 	// FenceAfter is the agents' lease (--fence-after); 0 means theirs.
 	FenceAfter time.Duration
@@ -136,7 +137,7 @@ type Options struct {
 	FencingMargin time.Duration
 	// NATSProxies connects each agent to NATS through a proxy of its own,
 	// so that CutAgent can cut one node off NATS while its agent and its
-	// guests run on: a partition, not a crash. Not with NATSCluster.
+	// guests run on: a partition, not a crash.
 	NATSProxies bool
 }
 
@@ -757,6 +758,9 @@ func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 		}
 		if h.ConsoleLocalDir != "" {
 			args = append(args, "--libvirt-console-local-dir="+h.ConsoleLocalDir)
+		}
+		if s.opts.SharedPool != "" {
+			args = append(args, "--shared-pools="+s.opts.SharedPool)
 		}
 		return args, nil
 	}

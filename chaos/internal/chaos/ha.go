@@ -1,0 +1,252 @@
+package chaos
+
+// The node and partition faults, with HA VMs (availability Restart, Volumes
+// in the stack's shared pool): a node whose agent and libvirtd are killed,
+// or whose agent is cut off NATS while it and its guests run on, stays so
+// until every HA VM that ran there runs on another node. Each of those VMs'
+// time from the kill (or cut) to Running elsewhere, as the API shows it, is
+// measured, and a sampler reads every node's libvirtd throughout, behind
+// virtfleet's back, to catch a VM running on two nodes at once.
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/bench/workload"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
+)
+
+// Anchors are what others take from a node's death to its VMs running
+// elsewhere, printed beside the run's figure.
+const Anchors = "Proxmox VE HA about 2 min end to end (watchdog self-fencing after 60 s); " +
+	"Harvester ~63 s at best; OpenShift with its remediation operators ≈545 s by default; " +
+	"KubeVirt alone never (kubevirt/kubevirt#10146)"
+
+// never stands for a restart that was not seen.
+const never = time.Duration(math.MaxInt64)
+
+// haFault says whether kind is a node fault that measures HA restarts.
+func haFault(kind string) bool { return kind == FaultNode || kind == FaultPartition }
+
+// pinHA picks the node, of nodes, with the most HA VMs running (the first
+// from start on a tie), and freezes the churn of those VMs, so that each
+// is wanted Running throughout the fault. It returns the node and its HA
+// VMs' uids by name.
+func (c *churn) pinHA(ctx context.Context, kube client.Client, nodes []string, start int) (string, map[string]string, error) {
+	c.pause()
+	defer c.resume()
+	vms, err := listVMs(ctx, kube)
+	if err != nil {
+		return "", nil, err
+	}
+	ha := map[string]*slot{}
+	for _, s := range c.slots {
+		if s.ha && s.exists && s.running && !s.deleting {
+			ha[workload.VMName(s.i)] = s
+		}
+	}
+	on := map[string]map[string]string{}
+	for _, vm := range vms {
+		if ha[vm.Name] != nil && !vm.Deleting && vm.Phase == string(v1alpha1.PhaseRunning) && vm.Node != "" {
+			if on[vm.Node] == nil {
+				on[vm.Node] = map[string]string{}
+			}
+			on[vm.Node][vm.Name] = vm.UID
+		}
+	}
+	target := nodes[start%len(nodes)]
+	for i := range nodes {
+		if n := nodes[(start+i)%len(nodes)]; len(on[n]) > len(on[target]) {
+			target = n
+		}
+	}
+	for name := range on[target] {
+		ha[name].frozen.Store(true)
+	}
+	return target, on[target], nil
+}
+
+// thaw lets the churn at every slot again.
+func (c *churn) thaw() {
+	for _, s := range c.slots {
+		s.frozen.Store(false)
+	}
+}
+
+// awaitRestarts lists the VMs until every one of pinned (uids by name) runs
+// on a node other than lost, or until ends; it returns how long after
+// since each was first seen so, sorted, and how many were not.
+func awaitRestarts(ctx context.Context, kube client.Client, pinned map[string]string, lost string, since, until time.Time, tick func()) ([]time.Duration, int, error) {
+	pending := maps.Clone(pinned)
+	var took []time.Duration
+	for len(pending) > 0 && time.Now().Before(until) {
+		vms, err := listVMs(ctx, kube)
+		if err == nil {
+			now := time.Now()
+			for _, vm := range vms {
+				if pending[vm.Name] == vm.UID && vm.Phase == string(v1alpha1.PhaseRunning) && vm.Node != "" && vm.Node != lost {
+					took = append(took, now.Sub(since))
+					delete(pending, vm.Name)
+				}
+			}
+		}
+		tick()
+		if err := sleep(ctx, observeEvery); err != nil {
+			return nil, 0, err
+		}
+	}
+	slices.Sort(took)
+	return took, len(pending), nil
+}
+
+// awaitLeftovers waits, until ends, for node to hold no guest of the VMs
+// whose uids are given: the copies it fenced while cut off, deleted once it
+// learns the VMs run elsewhere. Until then Check would count them twice.
+func awaitLeftovers(ctx context.Context, s *stack.Stack, node string, uids map[string]string, until time.Time) error {
+	gone := map[string]bool{}
+	for _, uid := range uids {
+		gone[uid] = true
+	}
+	for time.Now().Before(until) {
+		doms, err := listDomains(s)
+		if err == nil && !slices.ContainsFunc(doms[node], func(d Domain) bool { return gone[d.UUID] || gone[d.Owner] }) {
+			return nil
+		}
+		if err := sleep(ctx, observeEvery); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Percentile is the p-th percentile (nearest rank) of sorted durations and
+// missing ones that count as never; never when there are none.
+func Percentile(sorted []time.Duration, missing int, p float64) time.Duration {
+	n := len(sorted) + missing
+	if n == 0 {
+		return never
+	}
+	i := max(0, int(math.Ceil(p*float64(n)))-1)
+	if i >= len(sorted) {
+		return never
+	}
+	return sorted[i]
+}
+
+// restartFigures renders p50, p95 and max of restarts, n of them seen and
+// missing not.
+func restartFigures(sorted []time.Duration, missing int) string {
+	f := func(d time.Duration) string {
+		if d == never {
+			return "never"
+		}
+		return d.Round(100 * time.Millisecond).String()
+	}
+	out := fmt.Sprintf("p50 %s, p95 %s, max %s over %d HA VMs", f(Percentile(sorted, missing, 0.5)), f(Percentile(sorted, missing, 0.95)), f(Percentile(sorted, missing, 1)), len(sorted)+missing)
+	if missing > 0 {
+		out += fmt.Sprintf(" (%d never Running elsewhere)", missing)
+	}
+	return out
+}
+
+// sampler reads every node's running guests from its libvirtd, behind
+// virtfleet's back, as fast as it can, and remembers each VM it saw running
+// on two nodes in one sample. A guest counts for a VM when its UUID is the
+// VM's uid or the uid of the orphan the VM adopted; the test driver's own
+// domain, running on every node, is no VM's.
+type sampler struct {
+	s      *stack.Stack
+	kube   client.Client
+	since  time.Time
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu sync.Mutex
+	n  int
+	// owner is the VM uid (and name) of every guest uid seen in the API
+	// since the start, as the guest outlives an adopted annotation.
+	owner map[string][2]string
+	// double is, per VM uid, the first sample that showed it running
+	// twice.
+	double map[string]Problem
+}
+
+func startSampler(ctx context.Context, s *stack.Stack, kube client.Client, since time.Time) *sampler {
+	ctx, cancel := context.WithCancel(ctx)
+	sm := &sampler{s: s, kube: kube, since: since, cancel: cancel, done: make(chan struct{}), owner: map[string][2]string{}, double: map[string]Problem{}}
+	go sm.run(ctx)
+	return sm
+}
+
+func (sm *sampler) run(ctx context.Context) {
+	defer close(sm.done)
+	nodes := sortedKeys(sm.s.Nodes)
+	var listed time.Time
+	for ctx.Err() == nil {
+		if time.Since(listed) >= time.Second {
+			sm.learn(ctx)
+			listed = time.Now()
+		}
+		at := time.Now()
+		where := map[string][]string{}
+		for _, node := range nodes {
+			// A killed libvirtd runs nothing.
+			running, err := sm.s.RunningGuests(ctx, node)
+			if err != nil {
+				continue
+			}
+			for uid := range running {
+				if vm, ok := sm.owner[uid]; ok && !slices.Contains(where[vm[0]], node) {
+					where[vm[0]] = append(where[vm[0]], node)
+				}
+			}
+		}
+		sm.mu.Lock()
+		sm.n++
+		for uid, nodes := range where {
+			if _, seen := sm.double[uid]; len(nodes) > 1 && !seen {
+				sm.double[uid] = Problem{Kind: DoubleRunning, Message: fmt.Sprintf("VM %s (%s) seen running on %s in one sample, %s after the fault began",
+					sm.owner[uid][1], uid, strings.Join(nodes, " and "), at.Sub(sm.since).Round(time.Millisecond))}
+			}
+		}
+		sm.mu.Unlock()
+		_ = sleep(ctx, 50*time.Millisecond)
+	}
+}
+
+// learn records the guest uids of every VM in the API.
+func (sm *sampler) learn(ctx context.Context) {
+	l := &v1alpha1.VirtualMachineList{}
+	if err := sm.kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
+		return
+	}
+	for i := range l.Items {
+		vm := &l.Items[i]
+		id := [2]string{string(vm.UID), vm.Name}
+		sm.owner[string(vm.UID)] = id
+		if adopted := vm.GetAnnotations()[v1alpha1.AnnotationAdopted]; adopted != "" {
+			sm.owner[adopted] = id
+		}
+	}
+}
+
+// stop ends the sampling and returns the VMs seen running twice and how
+// many samples were taken.
+func (sm *sampler) stop() ([]Problem, int) {
+	sm.cancel()
+	<-sm.done
+	out := make([]Problem, 0, len(sm.double))
+	for _, uid := range sortedKeys(sm.double) {
+		out = append(out, sm.double[uid])
+	}
+	return out, sm.n
+}
