@@ -123,8 +123,8 @@ func ensureImage(ctx context.Context, t *testing.T) string {
 
 // startSuite runs the stack with a libvirt node on each of hosts (by node
 // name) and makes what the steps share: the ssh key, the image's server
-// and createCommon's resources.
-func startSuite(ctx context.Context, t *testing.T, image string, hosts map[string]*guesthost.Host) *suite {
+// and createCommon's resources. options change the stack's Options.
+func startSuite(ctx context.Context, t *testing.T, image string, hosts map[string]*guesthost.Host, options ...func(*stack.Options)) *suite {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "vf-guest-")
 	require.NoError(t, err)
@@ -159,7 +159,11 @@ func startSuite(ctx context.Context, t *testing.T, image string, hosts map[strin
 		}
 		_ = os.RemoveAll(dir)
 	})
-	s, err := stack.Start(ctx, stack.Options{Dir: dir, Nodes: nodes, Progress: os.Stderr, LibvirtHosts: libvirtHosts, Subresources: true})
+	o := stack.Options{Dir: dir, Nodes: nodes, Progress: os.Stderr, LibvirtHosts: libvirtHosts, Subresources: true}
+	for _, change := range options {
+		change(&o)
+	}
+	s, err := stack.Start(ctx, o)
 	require.NoError(t, err)
 	t.Cleanup(s.Stop)
 

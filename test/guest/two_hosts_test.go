@@ -16,6 +16,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
 // The two hypervisors of TestTwoHostsOneNetwork.
@@ -47,7 +48,10 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 	pair, err := guesthost.StartPair(ctx, "vfpair", os.Stderr)
 	require.NoError(t, err)
 	t.Cleanup(pair.Close)
-	g := startSuite(ctx, t, image, map[string]*guesthost.Host{nodeA: pair.A, nodeB: pair.B})
+	shared := sharedPool(t, pair)
+	g := startSuite(ctx, t, image, map[string]*guesthost.Host{nodeA: pair.A, nodeB: pair.B}, func(o *stack.Options) {
+		o.SharedPool, o.FenceAfter, o.FencingMargin = sharedPoolName, haFenceAfter, haMargin
+	})
 	a, b := g.on(nodeA), g.on(nodeB)
 
 	// Both are created before either is waited for, so they boot at once.
@@ -108,6 +112,10 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 	})
 	t.Run("ADrainMovesEveryVMOffItsNode", func(t *testing.T) {
 		g.drain(t, nodeB, nodeA, map[string]string{"g1": ipA, "g2": ipB})
+	})
+	// Last: host A is lost for good.
+	t.Run("AGuestOnASharedDiskRunsOnAfterItsHostDies", func(t *testing.T) {
+		g.failover(t, pair, image, shared)
 	})
 	t.Logf("suite took %s", time.Since(suiteStart).Round(time.Second))
 }

@@ -386,6 +386,17 @@ func (h *Host) Stop() {
 	}
 }
 
+// Crash kills the host as a power loss would: its libvirtd and every process
+// in its namespace (QEMU, dnsmasq) with SIGKILL, nothing shut down. Stop
+// still cleans up after it.
+func (h *Host) Crash() {
+	if h.cmd != nil && h.cmd.Process != nil {
+		_ = syscall.Kill(-h.cmd.Process.Pid, syscall.SIGKILL)
+		<-h.exited
+	}
+	h.killStragglers()
+}
+
 // killStragglers ends what is still running in the namespace: only processes
 // this host started live there.
 func (h *Host) killStragglers() {
