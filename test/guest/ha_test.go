@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
-	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
@@ -37,14 +36,7 @@ func sharedPool(t *testing.T, pair *guesthost.Pair) string {
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	require.NoError(t, os.Chmod(dir, 0o777)) //nolint:gosec // both hosts' QEMU write here, as on an NFS export
 	for _, h := range pair.Hosts() {
-		l, err := h.Dial()
-		require.NoError(t, err)
-		xml, err := (&libvirtxml.StoragePool{Type: "dir", Name: sharedPoolName, Target: &libvirtxml.StoragePoolTarget{Path: dir}}).Marshal()
-		require.NoError(t, err)
-		p, err := l.StoragePoolDefineXML(xml, 0)
-		require.NoError(t, err)
-		require.NoError(t, l.StoragePoolCreate(p, 0))
-		_ = l.Disconnect()
+		require.NoError(t, h.DefinePool(sharedPoolName, dir))
 	}
 	return dir
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
@@ -39,12 +38,7 @@ func TestASharedDiskRunsOnOneHostAtATime(t *testing.T) {
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	require.NoError(t, os.Chmod(dir, 0o777)) //nolint:gosec // both hosts' QEMU write here, as on an NFS export
 	for _, h := range pair.Hosts() {
-		l := dialHost(t, h)
-		xml, err := (&libvirtxml.StoragePool{Type: "dir", Name: "shared", Target: &libvirtxml.StoragePoolTarget{Path: dir}}).Marshal()
-		require.NoError(t, err)
-		p, err := l.StoragePoolDefineXML(xml, 0)
-		require.NoError(t, err)
-		require.NoError(t, l.StoragePoolCreate(p, 0))
+		require.NoError(t, h.DefinePool("shared", dir))
 	}
 
 	m := driver.Machine{

@@ -69,20 +69,18 @@ func TestDisksInASharedPool(t *testing.T) {
 	node := libvirttest.Start(t, "shared-pool")
 	d, l := open(t, node), raw(t, node)
 	// The administrator's pool, as defined on every host that mounts it.
-	x, err := (&libvirtxml.StoragePool{Type: "dir", Name: sharedPool, Target: &libvirtxml.StoragePoolTarget{Path: "/srv/nfs-a"}}).Marshal()
-	require.NoError(t, err)
-	p, err := l.StoragePoolDefineXML(x, 0)
-	require.NoError(t, err)
-	require.NoError(t, l.StoragePoolCreate(p, 0))
+	require.NoError(t, node.DefinePool(sharedPool, "/srv/nfs-a"))
 	stale := &staleSharedPool{hidden: map[string]bool{}}
 	d.intercept = stale.wrap
 
 	// Another host made the guest's root disk: larger than the guest asks
 	// for, which it keeps, as the user data on it.
-	x, err = (&libvirtxml.StorageVolume{
+	x, err := (&libvirtxml.StorageVolume{
 		Name: "team-a_db-root", Capacity: &libvirtxml.StorageVolumeSize{Value: 3 << 30, Unit: "B"},
 		Target: &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}},
 	}).Marshal()
+	require.NoError(t, err)
+	p, err := l.StoragePoolLookupByName(sharedPool)
 	require.NoError(t, err)
 	theirs, err := l.StorageVolCreateXML(p, x, 0)
 	require.NoError(t, err)

@@ -273,23 +273,37 @@ func (h *Host) prepare(l *libvirt.Libvirt) error {
 			return errors.Wrap(err, "cannot start the default network")
 		}
 	}
-	x, err := (&libvirtxml.StoragePool{
-		Type:   "dir",
-		Name:   Pool,
-		Target: &libvirtxml.StoragePoolTarget{Path: "/var/lib/libvirt/images"},
-	}).Marshal()
+	return ensurePool(l, Pool, "/var/lib/libvirt/images")
+}
+
+// DefinePool defines, unless it is, and starts a directory pool named name
+// at path, as an administrator declares a pool on shared storage on every
+// host that reaches it.
+func (h *Host) DefinePool(name, path string) error {
+	l, err := h.Dial()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = l.Disconnect() }()
+	return ensurePool(l, name, path)
+}
+
+// ensurePool defines, unless it is, and starts the directory pool name at
+// path.
+func ensurePool(l *libvirt.Libvirt, name, path string) error {
+	x, err := (&libvirtxml.StoragePool{Type: "dir", Name: name, Target: &libvirtxml.StoragePoolTarget{Path: path}}).Marshal()
 	if err != nil {
 		return errors.Wrap(err, "cannot marshal the pool")
 	}
-	p, err := l.StoragePoolLookupByName(Pool)
+	p, err := l.StoragePoolLookupByName(name)
 	if err != nil {
 		if p, err = l.StoragePoolDefineXML(x, 0); err != nil {
-			return errors.Wrap(err, "cannot define the default pool")
+			return errors.Wrapf(err, "cannot define pool %s", name)
 		}
 	}
 	if active, err := l.StoragePoolIsActive(p); err != nil || active == 0 {
 		if err := l.StoragePoolCreate(p, 0); err != nil {
-			return errors.Wrap(err, "cannot start the default pool")
+			return errors.Wrapf(err, "cannot start pool %s", name)
 		}
 	}
 	return nil
