@@ -7,6 +7,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/imageimport"
 )
 
 // A cloned image (driver.Image.SourceVolume) is a copy of a volume of this
@@ -48,7 +49,7 @@ func (d *Driver) hasImage(api API, img *driver.Image) (bool, error) {
 // source: elsewhere it fails, and is retried with the import backoff, since
 // the source's disk may still be on its way (made by the first guest that
 // uses it).
-func (d *Driver) cloneImage(img *driver.Image, job *importJob) error {
+func (d *Driver) cloneImage(img *driver.Image, job *imageimport.Job) error {
 	api, _, err := d.api()
 	if err != nil {
 		return err
@@ -72,7 +73,7 @@ func (d *Driver) cloneImage(img *driver.Image, job *importJob) error {
 	if err != nil {
 		return errors.Wrapf(err, "cannot read volume %s", img.SourceVolume)
 	}
-	job.total.Store(int64(capacity))
+	job.SetProgress(0, int64(capacity))
 
 	if err := d.startClone(api, p, img); err != nil {
 		return err
@@ -90,7 +91,7 @@ func (d *Driver) cloneImage(img *driver.Image, job *importJob) error {
 		_ = deleteVolume(api, d.pool, cloneMarker(img.UID))
 		return errors.Wrapf(err, "cannot clone image %s from volume %s", img.Name, img.SourceVolume)
 	}
-	job.read.Store(int64(capacity))
+	job.SetProgress(int64(capacity), int64(capacity))
 	return errors.Wrapf(deleteVolume(api, d.pool, cloneMarker(img.UID)), "cannot finish clone of image %s", img.Name)
 }
 

@@ -3,6 +3,8 @@ package libvirt
 import (
 	"net/netip"
 	"time"
+
+	"github.com/virtfleet/virtfleet/agent/driver/imageimport"
 )
 
 // Config configures the libvirt backend.
@@ -85,7 +87,7 @@ const DefaultConsoleDir = "/var/lib/libvirt/qemu"
 
 // Defaults of the image download limits.
 const (
-	DefaultImageMaxBytes        int64 = 64 << 30
-	DefaultImageDownloadTimeout       = time.Hour
-	DefaultImageDownloads             = 2
+	DefaultImageMaxBytes        = imageimport.DefaultMaxBytes
+	DefaultImageDownloadTimeout = imageimport.DefaultTimeout
+	DefaultImageDownloads       = imageimport.DefaultDownloads
 )

@@ -22,6 +22,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/imageimport"
 )
 
 // Defaults for an empty Config.
@@ -61,8 +62,16 @@ type Driver struct {
 	generation int
 
 	addresses *addressBook
-	images    *images
 	aliases   *aliases
+
+	// images are the image imports; imagesInUse is read-held from an image
+	// being found present until the disks made from it exist, and
+	// write-held while pruning, so an image is never pruned between the
+	// two; pruneClock says when an unused image goes.
+	images      *imageimport.Imports
+	imagesInUse sync.RWMutex
+	pruneClock  imageimport.PruneClock
+
 	// definitions are the domains' definitions Capacity reads.
 	definitions *definitions
 	// echoes are the events of the driver's own defines and starts.
@@ -155,7 +164,6 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		definitions: newDefinitions(),
 		echoes:      newEchoes(),
 		consoles:    newConsoles(cfg),
-		images:      newImages(cfg),
 		defining:    map[nic]int{},
 		tunnel:      cfg.TunnelAddress.Unmap(),
 		netns:       cfg.Netns,
@@ -170,7 +178,13 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		d.grace = DefaultShutdownGrace
 	}
 	d.testDriver = strings.HasPrefix(d.uri, "test:")
-	if err := writable(d.images.dir); err != nil {
+	d.images = d.newImports(imageimport.Config{
+		Dir:       cfg.ImageDir,
+		MaxBytes:  cfg.ImageMaxBytes,
+		Timeout:   cfg.ImageDownloadTimeout,
+		Downloads: cfg.ImageDownloads,
+	})
+	if err := writable(d.images.Dir()); err != nil {
 		return nil, err
 	}
 	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -182,7 +196,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	d.loops.Add(2)
 	// Images are pruned, and networks swept, until the driver is closed; a
 	// failed round is simply tried again at the next.
-	go d.every(d.images.pruneEvery, func() { _, _ = d.PruneImages(d.ctx) })
+	go d.every(cmp.Or(cfg.ImagePruneInterval, defaultPruneEvery), func() { _, _ = d.PruneImages(d.ctx) })
 	go d.every(networkSweepInterval, d.sweepNetworksNow)
 	return d, nil
 }
@@ -465,6 +479,7 @@ func (d *Driver) Close() error {
 	d.mu.Unlock()
 	<-d.done
 	d.loops.Wait()
+	d.images.Wait()
 	return errors.Wrap(err, "cannot disconnect from libvirtd")
 }
 
@@ -591,7 +606,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		if err := d.refreshDiskPools(api, m); err != nil {
 			return driver.Observation{}, err
 		}
-		d.images.inUse.RLock()
+		d.imagesInUse.RLock()
 		importing, err := d.prepareImages(api, m)
 		if err == nil && importing == "" {
 			dom, err = d.define(api, conn, key, owner, info.owner == nil)
@@ -599,7 +614,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 				d.leftNetworks(api, info.nics, nicsOf(key))
 			}
 		}
-		d.images.inUse.RUnlock()
+		d.imagesInUse.RUnlock()
 		switch {
 		case err != nil:
 			return driver.Observation{}, err

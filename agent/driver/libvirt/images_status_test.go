@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/imageimport"
 	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 )
 
@@ -32,7 +33,7 @@ func imageStatus(t *testing.T, d *Driver, uid string) (driver.ImageStatus, bool)
 func TestImagesReportsTheNodesImages(t *testing.T) {
 	node := libvirttest.Start(t, "img-status")
 	d := open(t, node)
-	d.images.dir = t.TempDir()
+	useImports(d, imageimport.Config{Dir: t.TempDir()})
 	now := time.Now()
 	d.now = func() time.Time { return now }
 	srv := serveImage(t, 1<<20)

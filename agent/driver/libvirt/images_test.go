@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -23,6 +22,8 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/imageimport"
+	"github.com/virtfleet/virtfleet/internal/harness/diskimagetest"
 	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 )
 
@@ -41,10 +42,7 @@ type imageServer struct {
 
 func serveImage(t *testing.T, size int) *imageServer {
 	t.Helper()
-	data := make([]byte, size)
-	_, _ = rand.Read(data)
-	copy(data, qcow2Header(t))
-	return serveData(t, data)
+	return serveData(t, diskimagetest.QCOW2(size))
 }
 
 // serveRawImage serves a generated raw image: random bytes, which no
@@ -118,6 +116,10 @@ func ensureUntil(t *testing.T, d *Driver, m driver.Machine) (driver.Observation,
 	}
 }
 
+// useImports gives d a new import store configured as cfg, on d's clock;
+// a test calls it before d imports anything.
+func useImports(d *Driver, cfg imageimport.Config) { d.images = d.newImports(cfg) }
+
 func volumeXML(t *testing.T, n *libvirttest.Node, name string) libvirtxml.StorageVolume {
 	t.Helper()
 	l := raw(t, n)
@@ -135,7 +137,7 @@ func volumeXML(t *testing.T, n *libvirttest.Node, name string) libvirtxml.Storag
 func TestImageIsImportedOncePerNode(t *testing.T) {
 	node := libvirttest.Start(t, "img-once")
 	d := open(t, node)
-	d.images.dir = t.TempDir()
+	useImports(d, imageimport.Config{Dir: t.TempDir()})
 	srv := serveImage(t, 4<<20)
 	release := srv.hold(t)
 	img := srv.image("5d1c0e6a-0000-4000-8000-000000000001")
@@ -177,7 +179,7 @@ func TestImageIsImportedOncePerNode(t *testing.T) {
 		assert.Equal(t, image.Target.Path, disk.BackingStore.Path)
 		assert.Equal(t, uint64(m.Disks[0].SizeBytes), disk.Capacity.Value)
 	}
-	left, _ := filepath.Glob(filepath.Join(d.images.dir, "*"))
+	left, _ := filepath.Glob(filepath.Join(d.images.Dir(), "*"))
 	assert.Empty(t, left, "the verified download is removed once imported")
 }
 
@@ -217,7 +219,7 @@ func TestImageImportFailures(t *testing.T) {
 	for name, tc := range cases {
 		i++
 		t.Run(name, func(t *testing.T) {
-			d.images.dir = t.TempDir()
+			useImports(d, imageimport.Config{Dir: t.TempDir()})
 			srv := serveImage(t, 1<<20)
 			img := srv.image(fmt.Sprintf("5d1c0e6a-0000-4000-8000-0000000001%02d", i))
 			tc.change(t, srv, img)
@@ -232,7 +234,7 @@ func TestImageImportFailures(t *testing.T) {
 			l := raw(t, node)
 			assert.False(t, volumeExists(t, l, imageVolume(img.UID)), "no half-written image in the pool")
 			assert.False(t, volumeExists(t, l, m.Disks[0].Name), "no disk without its image")
-			left, _ := filepath.Glob(filepath.Join(d.images.dir, "*"))
+			left, _ := filepath.Glob(filepath.Join(d.images.Dir(), "*"))
 			assert.Empty(t, left, "no download left behind")
 		})
 	}
@@ -259,8 +261,7 @@ func fillPool(t *testing.T, n *libvirttest.Node, free int64) {
 func TestFailedImportIsRetriedWithBackoff(t *testing.T) {
 	node := libvirttest.Start(t, "img-retry")
 	d := open(t, node)
-	d.images.dir = t.TempDir()
-	d.images.retryBase = 300 * time.Millisecond
+	useImports(d, imageimport.Config{Dir: t.TempDir(), RetryBase: 300 * time.Millisecond})
 	srv := serveImage(t, 1<<20)
 	srv.status.Store(http.StatusNotFound)
 	m := imageMachine("retry", srv.image("5d1c0e6a-0000-4000-8000-000000000201"))
@@ -283,13 +284,13 @@ func TestFailedImportIsRetriedWithBackoff(t *testing.T) {
 		return err == nil && o.Phase == driver.PhaseRunning
 	}, 10*time.Second, 50*time.Millisecond)
 	assert.Equal(t, int32(2), srv.requests.Load())
-	assert.GreaterOrEqual(t, time.Since(failedAt), d.images.retryBase, "retried only after the backoff")
+	assert.GreaterOrEqual(t, time.Since(failedAt), 300*time.Millisecond, "retried only after the backoff")
 }
 
 func TestUnusedImagesArePrunedAfterPruneAfter(t *testing.T) {
 	node := libvirttest.Start(t, "img-prune")
 	d := open(t, node)
-	d.images.dir = t.TempDir()
+	useImports(d, imageimport.Config{Dir: t.TempDir()})
 	now := time.Now()
 	d.now = func() time.Time { return now }
 	srv := serveImage(t, 1<<20)
@@ -376,7 +377,7 @@ func TestImportInterruptedByAStoppedAgent(t *testing.T) {
 	dir := t.TempDir()
 
 	first := open(t, node)
-	first.images.dir = dir
+	useImports(first, imageimport.Config{Dir: dir})
 	o, err := first.Ensure(context.Background(), m)
 	require.NoError(t, err)
 	require.Equal(t, driver.PhaseProvisioning, o.Phase)
@@ -395,23 +396,12 @@ func TestImportInterruptedByAStoppedAgent(t *testing.T) {
 
 	release()
 	second := open(t, node)
-	second.images.dir = dir
+	useImports(second, imageimport.Config{Dir: dir})
 	o, err = ensureUntil(t, second, m)
 	require.NoError(t, err)
 	assert.Equal(t, driver.PhaseRunning, o.Phase, "the restarted agent finishes the import")
 	assert.Equal(t, int32(2), srv.requests.Load(), "one download per attempt")
 	assert.Equal(t, uint64(len(srv.data)), volumeXML(t, node, imageVolume(img.UID)).Capacity.Value)
-}
-
-func TestStaleDownloadsOfAKilledAgentAreRemovedAtStart(t *testing.T) {
-	dir := t.TempDir()
-	stale := filepath.Join(dir, imageVolume("5d1c0e6a-0000-4000-8000-0000000000bb")+"-123.part")
-	other := filepath.Join(dir, "not-ours.txt")
-	require.NoError(t, os.WriteFile(stale, []byte("half an image"), 0o600))
-	require.NoError(t, os.WriteFile(other, []byte("keep"), 0o600))
-	newImages(Config{ImageDir: dir})
-	assert.NoFileExists(t, stale, "a killed agent's partial download goes")
-	assert.FileExists(t, other, "nothing else in the directory is touched")
 }
 
 // TestDeleteVolume deletes an image-backed disk as a deleted Volume does: it
@@ -421,7 +411,7 @@ func TestDeleteVolume(t *testing.T) {
 	ctx := context.Background()
 	node := libvirttest.Start(t, "vol-del")
 	d := open(t, node)
-	d.images.dir = t.TempDir()
+	useImports(d, imageimport.Config{Dir: t.TempDir()})
 	now := time.Now()
 	d.now = func() time.Time { return now }
 	img := serveImage(t, 1<<20).image("5d1c0e6a-0000-4000-8000-000000000401")
@@ -491,15 +481,13 @@ func TestDeleteVolume(t *testing.T) {
 func TestImagesTheNodeRefusesAreTerminal(t *testing.T) {
 	node := libvirttest.Start(t, "img-refuse")
 	d := open(t, node)
-	dir := t.TempDir()
-	qemuImg(t, dir, "create", "-f", "qcow2", "base.qcow2", "1M")
-	qemuImg(t, dir, "create", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2")
-	top, err := os.ReadFile(filepath.Join(dir, "top.qcow2")) //nolint:gosec // the test's own file
-	require.NoError(t, err)
+	top := diskimagetest.QCOW2(1 << 20)
+	top[15] = 1 // the offset of a backing file's name in the header
 
 	cases := map[string]struct {
 		serve    func(t *testing.T) *imageServer
 		change   func(img *driver.Image)
+		maxBytes int64
 		want     string
 		requests int32
 	}{
@@ -515,12 +503,9 @@ func TestImagesTheNodeRefusesAreTerminal(t *testing.T) {
 			requests: 1,
 		},
 		"AnImageOverTheSizeCap": {
-			serve: func(t *testing.T) *imageServer {
-				d.images.maxBytes = 1 << 19
-				t.Cleanup(func() { d.images.maxBytes = DefaultImageMaxBytes })
-				return serveImage(t, 1<<20)
-			},
+			serve:    func(t *testing.T) *imageServer { return serveImage(t, 1<<20) },
 			change:   func(*driver.Image) {},
+			maxBytes: 1 << 19,
 			want:     "cannot import image ubuntu: the image from 127.0.0.1 is 1048576 bytes, over this node's limit of 524288 bytes (512Ki): refused",
 			requests: 1,
 		},
@@ -529,7 +514,7 @@ func TestImagesTheNodeRefusesAreTerminal(t *testing.T) {
 	for name, tc := range cases {
 		i++
 		t.Run(name, func(t *testing.T) {
-			d.images.dir = t.TempDir()
+			useImports(d, imageimport.Config{Dir: t.TempDir(), MaxBytes: tc.maxBytes})
 			srv := tc.serve(t)
 			img := srv.image(fmt.Sprintf("5d1c0e6a-0000-4000-8000-0000000005%02d", i))
 			tc.change(img)
@@ -549,7 +534,7 @@ func TestImagesTheNodeRefusesAreTerminal(t *testing.T) {
 			l := raw(t, node)
 			assert.False(t, volumeExists(t, l, imageVolume(img.UID)), "no refused image in the pool")
 			assert.False(t, volumeExists(t, l, m.Disks[0].Name), "no disk without its image")
-			left, _ := filepath.Glob(filepath.Join(d.images.dir, "*"))
+			left, _ := filepath.Glob(filepath.Join(d.images.Dir(), "*"))
 			assert.Empty(t, left, "no download left behind")
 		})
 	}
@@ -561,8 +546,7 @@ func TestImagesTheNodeRefusesAreTerminal(t *testing.T) {
 func TestARefusedImageIsImportedOnceItsSourceIsAllowed(t *testing.T) {
 	node := libvirttest.Start(t, "img-granted")
 	d := open(t, node)
-	d.images.dir = t.TempDir()
-	d.images.retryBase = time.Hour
+	useImports(d, imageimport.Config{Dir: t.TempDir(), RetryBase: time.Hour})
 	srv := serveImage(t, 1<<20)
 	img := srv.image("5d1c0e6a-0000-4000-8000-000000000601")
 	img.AllowedSources = nil

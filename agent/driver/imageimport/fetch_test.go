@@ -1,4 +1,4 @@
-package libvirt
+package imageimport
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -62,27 +63,33 @@ func redirectTo(url string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, url, http.StatusFound) }
 }
 
-func newJob() *importJob {
-	j := &importJob{done: make(chan struct{})}
-	j.total.Store(-1)
-	return j
+// loopback is the allowed source of the images the tests serve.
+var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+
+// prefixes parses ps.
+func prefixes(ps ...string) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, netip.MustParsePrefix(p))
+	}
+	return out
 }
 
 // fetch runs one download of url by a store configured as cfg, and returns
 // what it wrote.
-func fetch(t *testing.T, cfg Config, url string, allowed ...string) ([]byte, *importJob, error) {
+func fetch(t *testing.T, cfg Config, url string, allowed ...string) ([]byte, *Job, error) {
 	t.Helper()
-	cfg.ImageDir = t.TempDir()
-	s := newImages(cfg)
-	img := &driver.Image{UID: "5d1c0e6a-0000-4000-8000-000000000901", Name: "ubuntu", URL: url, Format: "raw"}
-	for _, a := range allowed {
-		img.AllowedSources = append(img.AllowedSources, netip.MustParsePrefix(a))
-	}
-	job := newJob()
-	path, _, err := s.download(context.Background(), img, job)
+	cfg.Dir = t.TempDir()
+	s := New(cfg)
+	img := &driver.Image{UID: "5d1c0e6a-0000-4000-8000-000000000901", Name: "ubuntu", URL: url, Format: "raw", AllowedSources: prefixes(allowed...)}
+	job := s.newJob("", 0)
+	path, _, err := job.Download(context.Background(), img)
+	left, _ := filepath.Glob(filepath.Join(cfg.Dir, "*"))
 	if err != nil {
+		assert.Empty(t, left, "a failed download leaves nothing")
 		return nil, job, err
 	}
+	assert.Equal(t, []string{path}, left)
 	data, rerr := os.ReadFile(path) //nolint:gosec // the test's download
 	require.NoError(t, rerr)
 	return data, job, nil
@@ -127,7 +134,7 @@ func TestDownloadConnectsOnlyToAllowedAddresses(t *testing.T) {
 				return
 			}
 			require.EqualError(t, err, tc.wantErr)
-			assert.True(t, isRefusal(err), "no retry mends it")
+			assert.True(t, IsRefusal(err), "no retry mends it")
 			assert.Zero(t, requests.Load(), "the server never hears of the download")
 		})
 	}
@@ -184,7 +191,7 @@ func TestRedirectsAreCheckedHopByHop(t *testing.T) {
 				assert.Equal(t, data, got)
 			} else {
 				require.EqualError(t, err, tc.wantErr)
-				assert.True(t, isRefusal(err))
+				assert.True(t, IsRefusal(err))
 			}
 			assert.Equal(t, tc.firstN, firstN.Load(), "requests to the first server")
 			assert.Equal(t, tc.secondN, secondN.Load(), "requests to the second server")
@@ -197,7 +204,7 @@ func TestOnlyHTTPAndHTTPSAreFetched(t *testing.T) {
 		t.Run(url, func(t *testing.T) {
 			_, _, err := fetch(t, Config{}, url, "127.0.0.0/8")
 			require.ErrorContains(t, err, "is not http or https: refused")
-			assert.True(t, isRefusal(err))
+			assert.True(t, IsRefusal(err))
 		})
 	}
 }
@@ -225,7 +232,7 @@ func TestDownloadSizeCap(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			srv, _ := countingServer(t, "127.0.0.1:0", tc.handler)
-			got, job, err := fetch(t, Config{ImageMaxBytes: limit}, srv.URL+"/disk.img", "127.0.0.0/8")
+			got, job, err := fetch(t, Config{MaxBytes: limit}, srv.URL+"/disk.img", "127.0.0.0/8")
 			assert.LessOrEqual(t, job.read.Load(), tc.maxRead)
 			if tc.wantErr == "" {
 				require.NoError(t, err)
@@ -233,7 +240,7 @@ func TestDownloadSizeCap(t *testing.T) {
 				return
 			}
 			require.EqualError(t, err, tc.wantErr)
-			assert.True(t, isRefusal(err))
+			assert.True(t, IsRefusal(err))
 		})
 	}
 }
@@ -253,10 +260,10 @@ func TestDownloadTimeCap(t *testing.T) {
 	for name, h := range cases {
 		t.Run(name, func(t *testing.T) {
 			srv, _ := countingServer(t, "127.0.0.1:0", h)
-			_, _, err := fetch(t, Config{ImageDownloadTimeout: limit}, srv.URL+"/disk.img", "127.0.0.0/8")
+			_, _, err := fetch(t, Config{Timeout: limit}, srv.URL+"/disk.img", "127.0.0.0/8")
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), "the download did not finish within this node's limit of 200ms")
-			assert.False(t, isRefusal(err), "a slow server may be faster next time")
+			assert.False(t, IsRefusal(err), "a slow server may be faster next time")
 		})
 	}
 }
@@ -274,23 +281,23 @@ func TestDownloadsWaitForASlot(t *testing.T) {
 		<-gate
 		serveBytes([]byte("an image"))(w, r)
 	})
-	s := newImages(Config{ImageDir: t.TempDir(), ImageDownloads: 1})
+	s := New(Config{Dir: t.TempDir(), Downloads: 1})
 	img := func(uid string) *driver.Image {
 		return &driver.Image{UID: uid, Name: uid, URL: srv.URL + "/disk.img", Format: "raw", AllowedSources: loopback}
 	}
-	first, second := newJob(), newJob()
+	first, second := s.newJob("", 0), s.newJob("", 0)
 	errs := make(chan error, 2)
 	go func() {
-		_, _, err := s.download(context.Background(), img("first"), first)
+		_, _, err := first.Download(context.Background(), img("first"))
 		errs <- err
 	}()
 	require.Eventually(t, func() bool { return requests.Load() == 1 }, 5*time.Second, 10*time.Millisecond, "the first download is under way")
 	go func() {
-		_, _, err := s.download(context.Background(), img("second"), second)
+		_, _, err := second.Download(context.Background(), img("second"))
 		errs <- err
 	}()
 	require.Eventually(t, second.queued.Load, 5*time.Second, 10*time.Millisecond, "the second download waits")
-	assert.Equal(t, "importing image second: waiting for a download slot", second.progress(img("second")))
+	assert.Equal(t, "importing image second: waiting for a download slot", second.progress("second"))
 	assert.Equal(t, int32(1), requests.Load(), "one download at a time")
 	assert.False(t, first.queued.Load())
 
@@ -300,7 +307,7 @@ func TestDownloadsWaitForASlot(t *testing.T) {
 	}
 	assert.Equal(t, int32(2), requests.Load())
 	assert.False(t, second.queued.Load())
-	assert.True(t, strings.HasPrefix(second.progress(img("second")), "importing image second: 8 of 8 bytes"))
+	assert.True(t, strings.HasPrefix(second.progress("second"), "importing image second: 8 of 8 bytes"))
 }
 
 func TestAddressClass(t *testing.T) {
@@ -349,13 +356,6 @@ func TestAddressClass(t *testing.T) {
 }
 
 func TestAllowedAddress(t *testing.T) {
-	prefixes := func(ps ...string) []netip.Prefix {
-		out := make([]netip.Prefix, 0, len(ps))
-		for _, p := range ps {
-			out = append(out, netip.MustParsePrefix(p))
-		}
-		return out
-	}
 	cases := map[string]struct {
 		addr    string
 		allowed []netip.Prefix
@@ -386,6 +386,58 @@ func TestAllowedAddress(t *testing.T) {
 			var refused *AddressRefusedError
 			require.ErrorAs(t, err, &refused)
 			assert.NotEmpty(t, refused.Class)
+		})
+	}
+}
+
+// TestCheckSource checks URLs against the policy without fetching them:
+// the same refusals as a download's, from what the host resolves to here.
+func TestCheckSource(t *testing.T) {
+	cases := map[string]struct {
+		url     string
+		allowed []string
+		wantErr string
+		refusal bool
+	}{
+		"APublicAddressPasses":     {url: "https://8.8.8.8/disk.qcow2"},
+		"APublicIPv6AddressPasses": {url: "http://[2001:4860:4860::8888]:8080/disk.qcow2"},
+		"AnAllowedAddressPasses":   {url: "http://10.1.2.3/disk.qcow2", allowed: []string{"10.0.0.0/8"}},
+		"AnAllowedNamePasses":      {url: "http://localhost/disk.qcow2", allowed: []string{"127.0.0.0/8", "::1/128"}},
+		"LoopbackIsRefused": {
+			url:     "http://127.0.0.1:8080/disk.qcow2",
+			wantErr: "address 127.0.0.1 is loopback and not among the image's allowed sources: refused",
+			refusal: true,
+		},
+		"TheMetadataServiceIsRefused": {
+			url:     "http://169.254.169.254/latest/meta-data/",
+			allowed: []string{"10.0.0.0/8"},
+			wantErr: "address 169.254.169.254 is link-local and not among the image's allowed sources: refused",
+			refusal: true,
+		},
+		"ANameIsCheckedOnTheAddressesItResolvesTo": {
+			url:     "http://localhost/disk.qcow2",
+			allowed: []string{"10.0.0.0/8"},
+			wantErr: "host localhost resolves to a loopback address, not among the image's allowed sources: refused",
+			refusal: true,
+		},
+		"AnotherSchemeIsRefused": {
+			url:     "file:///etc/passwd",
+			allowed: []string{"127.0.0.0/8"},
+			wantErr: `scheme "file" is not http or https: refused`,
+			refusal: true,
+		},
+		"AURLWithoutHostIsBad": {url: "http:///disk.qcow2", wantErr: `URL "http:///disk.qcow2" names no host`},
+		"AnUnparsableURLIsBad": {url: "http://[::1/disk.qcow2", wantErr: `bad URL "http://[::1/disk.qcow2"`},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			err := CheckSource(context.Background(), tc.url, prefixes(tc.allowed...))
+			if tc.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tc.wantErr)
+			assert.Equal(t, tc.refusal, IsRefusal(err))
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package libvirt
+package imageimport
 
 import (
 	"context"
@@ -20,7 +20,9 @@ import (
 // metadata service, the cluster's private networks. So an image download
 // connects only to public addresses and to those in the image's
 // AllowedSources, checked on the address actually dialled (after DNS, at
-// every redirect), and is bounded in size, time and number.
+// every redirect), and is bounded in size, time and number. CheckSource
+// applies the same policy, as far as it can, to a URL another component
+// downloads.
 
 // maxRedirects is how many redirects one image download follows.
 const maxRedirects = 5
@@ -39,8 +41,10 @@ type refusal interface {
 	refused()
 }
 
-// isRefusal reports whether err, or any error it wraps, is a refusal.
-func isRefusal(err error) bool {
+// IsRefusal reports whether err, or any error it wraps, is one the node's
+// policy caused (an address, scheme, redirect or size it refuses, an unsafe
+// image): no retry mends it, only a changed image or grant.
+func IsRefusal(err error) bool {
 	return refusalOf(err) != nil
 }
 
@@ -192,6 +196,53 @@ func allowedAddress(a netip.Addr, allowed []netip.Prefix) error {
 func checkScheme(u *url.URL) error {
 	if s := strings.ToLower(u.Scheme); s != "http" && s != "https" {
 		return &SchemeRefusedError{Scheme: u.Scheme}
+	}
+	return nil
+}
+
+// parseSource parses the URL of an image and refuses one that is not http
+// or https.
+func parseSource(rawURL string) (*url.URL, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, errors.Errorf("bad URL %q: %v", rawURL, err)
+	}
+	return u, checkScheme(u)
+}
+
+// CheckSource checks rawURL against the download policy without fetching
+// it, for a backend whose images someone else downloads (KubeVirt's CDI,
+// say): it refuses a scheme other than http and https, and a host that is,
+// or resolves to, an address neither public nor inside allowed, with the
+// errors a download would return (IsRefusal). Every address the host
+// resolves to must pass, since the fetcher may connect to any.
+//
+// It checks only what it can see from here, once. The fetcher that comes
+// later resolves the host again, and may be answered differently (DNS
+// rebinding), and follows redirects this never sees: where it matters, that
+// fetcher must enforce the policy itself, or reach only what it may.
+func CheckSource(ctx context.Context, rawURL string, allowed []netip.Prefix) error {
+	u, err := parseSource(rawURL)
+	if err != nil {
+		return err
+	}
+	host := u.Hostname()
+	if host == "" {
+		return errors.Errorf("URL %q names no host", rawURL)
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		return allowedAddress(a, allowed)
+	}
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return errors.Wrapf(err, "cannot resolve host %s", host)
+	}
+	for _, a := range addrs {
+		var refused *AddressRefusedError
+		if errors.As(allowedAddress(a, allowed), &refused) {
+			refused.Host = host
+			return refused
+		}
 	}
 	return nil
 }

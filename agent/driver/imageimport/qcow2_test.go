@@ -1,4 +1,4 @@
-package libvirt
+package imageimport
 
 import (
 	"encoding/binary"
@@ -9,22 +9,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-)
 
-// qcow2Header is the start of a version 3 qcow2 image with 64 KiB clusters
-// that names no other file: the header and the end of its (no) extensions.
-func qcow2Header(t testing.TB) []byte {
-	t.Helper()
-	h := make([]byte, qcow2V3MinHeaderLength+8)
-	be := binary.BigEndian
-	copy(h, qcow2Magic)
-	be.PutUint32(h[qcow2VersionOffset:], 3)
-	be.PutUint32(h[qcow2ClusterBitsOffset:], 16)
-	be.PutUint64(h[24:], 1<<30) // virtual size
-	be.PutUint32(h[96:], 4)     // refcount_order
-	be.PutUint32(h[qcow2HeaderLengthOffset:], qcow2V3MinHeaderLength)
-	return h
-}
+	"github.com/virtfleet/virtfleet/internal/harness/diskimagetest"
+)
 
 // qemuImg runs qemu-img in dir, skipping the test where it is not installed.
 func qemuImg(t *testing.T, dir string, args ...string) {
@@ -64,13 +51,13 @@ func TestInspectImagesMadeByQemuImg(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			err := inspectImage(filepath.Join(dir, tc.file), tc.format)
+			err := Inspect(filepath.Join(dir, tc.file), tc.format)
 			if tc.wantErr == "" {
 				assert.NoError(t, err)
 				return
 			}
 			require.EqualError(t, err, tc.wantErr)
-			assert.True(t, isRefusal(err), "no retry mends it")
+			assert.True(t, IsRefusal(err), "no retry mends it")
 		})
 	}
 }
@@ -129,7 +116,7 @@ func TestInspectQcow2Headers(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			err := inspectHeader(tc.change(qcow2Header(t)), "qcow2")
+			err := inspectHeader(tc.change(diskimagetest.QCOW2Header()), "qcow2")
 			if tc.wantErr == "" {
 				assert.NoError(t, err)
 				return
@@ -145,8 +132,8 @@ func TestInspectImageReadsTheFile(t *testing.T) {
 	dir := t.TempDir()
 	short := filepath.Join(dir, "short")
 	require.NoError(t, os.WriteFile(short, qcow2Magic, 0o600))
-	assert.EqualError(t, inspectImage(short, "qcow2"), "qcow2 image header is truncated: refused")
+	assert.EqualError(t, Inspect(short, "qcow2"), "qcow2 image header is truncated: refused")
 	whole := filepath.Join(dir, "whole")
-	require.NoError(t, os.WriteFile(whole, qcow2Header(t), 0o600))
-	assert.NoError(t, inspectImage(whole, "qcow2"))
+	require.NoError(t, os.WriteFile(whole, diskimagetest.QCOW2Header(), 0o600))
+	assert.NoError(t, Inspect(whole, "qcow2"))
 }

@@ -1,4 +1,4 @@
-package libvirt
+package imageimport
 
 import (
 	"bytes"
@@ -51,12 +51,13 @@ func unsafeImage(format string, args ...any) error {
 	return &UnsafeImageError{Reason: fmt.Sprintf(format, args...)}
 }
 
-// inspectImage checks the downloaded image at path against its declared
-// format, qcow2 or raw.
-func inspectImage(path, format string) error {
-	f, err := os.Open(path) //nolint:gosec // our own download file
+// Inspect checks the image file at path against its declared format,
+// qcow2 or raw, and returns an UnsafeImageError for one the node must not
+// use (IsRefusal).
+func Inspect(path, format string) error {
+	f, err := os.Open(path) //nolint:gosec // the caller's image file
 	if err != nil {
-		return errors.Wrap(err, "cannot open the image download file")
+		return errors.Wrap(err, "cannot open the image file")
 	}
 	defer f.Close() //nolint:errcheck // read-only
 	// The header and its extensions lie within the first cluster, at most
@@ -64,7 +65,7 @@ func inspectImage(path, format string) error {
 	head := make([]byte, 1<<qcow2MaxClusterBits)
 	n, err := io.ReadFull(f, head)
 	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
-		return errors.Wrap(err, "cannot read the image download file")
+		return errors.Wrap(err, "cannot read the image file")
 	}
 	return inspectHeader(head[:n], format)
 }
