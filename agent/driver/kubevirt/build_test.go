@@ -52,7 +52,6 @@ func TestValidateRefusesWhatKubeVirtCannotRun(t *testing.T) {
 	}{
 		"NoVCPU":              {func(m *driver.Machine) { m.VCPU = 0 }, "vcpu"},
 		"NoDisk":              {func(m *driver.Machine) { m.Disks = nil }, "at least one disk"},
-		"ImagesNeedCDI":       {func(m *driver.Machine) { m.Disks[0].Image = &driver.Image{UID: "i", Name: "debian", URL: "http://x"} }, "CDI"},
 		"UIDNotAName":         {func(m *driver.Machine) { m.UID = "Not_A_UID" }, "cannot name"},
 		"DiskNotAName":        {func(m *driver.Machine) { m.Disks[0].Name = "team-a_DB" }, "cannot name a PVC"},
 		"NetworkNotAName":     {func(m *driver.Machine) { m.Networks[0].Name = "team-a_net db" }, "NetworkAttachmentDefinition"},
@@ -91,12 +90,16 @@ func TestValidateRefusesWhatKubeVirtCannotRun(t *testing.T) {
 		})
 	}
 	assert.NoError(t, validate(testMachine(uid)), "the test machine itself is valid")
+	withImage := testMachine(uid)
+	withImage.Disks[0].Image = &driver.Image{UID: "i", Name: "debian", URL: "http://x"}
+	assert.NoError(t, validate(withImage), "a disk from an image is a DataVolume's")
 }
 
 func TestNewVMMapsTheMachine(t *testing.T) {
 	m := testMachine("0e6e5d3c-7f6b-4f59-9d53-4d8f1c1d2a11")
 	m.Firmware = driver.FirmwareUEFI
-	m.Disks = append(m.Disks, driver.Disk{Name: "team-a_db-data", SizeBytes: 2 << 30})
+	m.Disks = append(m.Disks, driver.Disk{Name: "team-a_db-data", SizeBytes: 2 << 30},
+		driver.Disk{Name: "team-a_db-os", SizeBytes: 4 << 30, Image: &driver.Image{UID: "3f1c", Name: "debian", URL: "https://images.example/debian.qcow2"}})
 	m.Networks = append(m.Networks, driver.Network{Name: "team-a_net-backend"})
 	vm, err := newVM(m, "vms")
 	require.NoError(t, err)
@@ -110,13 +113,17 @@ func TestNewVMMapsTheMachine(t *testing.T) {
 	assert.Equal(t, uint32(2), spec.Domain.CPU.Cores)
 	assert.Equal(t, int64(1<<30), spec.Domain.Memory.Guest.Value())
 	assert.NotNil(t, spec.Domain.Firmware.Bootloader.EFI)
-	claims := []string{}
+	claims, dataVolumes := []string{}, []string{}
 	for _, v := range spec.Volumes {
 		if v.PersistentVolumeClaim != nil {
 			claims = append(claims, v.PersistentVolumeClaim.ClaimName)
 		}
+		if v.DataVolume != nil {
+			dataVolumes = append(dataVolumes, v.DataVolume.Name)
+		}
 	}
 	assert.Equal(t, []string{"team-a.db-root", "team-a.db-data"}, claims, "one PVC per disk, in order")
+	assert.Equal(t, []string{"team-a.db-os"}, dataVolumes, "a disk from an image is its DataVolume")
 	assert.Equal(t, uint(1), *spec.Domain.Devices.Disks[0].BootOrder, "the first disk boots")
 	require.Len(t, spec.Networks, 2)
 	assert.Equal(t, "team-a.net-db", spec.Networks[0].Multus.NetworkName)

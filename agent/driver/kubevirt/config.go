@@ -1,6 +1,10 @@
 package kubevirt
 
-import corev1 "k8s.io/api/core/v1"
+import (
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/virtfleet/virtfleet/agent/driver/imageimport"
+)
 
 // Config configures the kubevirt backend: the agent fronts one
 // namespace of a Kubernetes cluster running KubeVirt, and its guests are
@@ -12,6 +16,8 @@ import corev1 "k8s.io/api/core/v1"
 //     virtualmachineinstancemigrations: get, list, create;
 //   - persistentvolumeclaims: get, create, delete; events: list (why a
 //     migration failed);
+//   - cdi.kubevirt.io datavolumes: get, create, delete (disks made from
+//     images only);
 //   - subresources.kubevirt.io virtualmachineinstances/pause and
 //     virtualmachineinstances/unpause: update (pausing a guest);
 //     virtualmachineinstances/console and virtualmachineinstances/vnc: get
@@ -29,4 +35,7 @@ type Config struct {
 	// ReadWriteOnce. KubeVirt moves a guest live only when every PVC of it
 	// is ReadWriteMany, so set that where the storage class is shared.
 	AccessMode corev1.PersistentVolumeAccessMode
+	// Images are the limits of the downloads with which the agent checks
+	// an image's SHA256 before CDI imports it.
+	Images imageimport.Config
 }

@@ -39,7 +39,7 @@ func TestConformance(t *testing.T) {
 		// informers each take a round trip through the API server.
 		Wait: 20 * time.Second, Tick: 50 * time.Millisecond,
 		Unsupported: map[drivertest.Capability]string{
-			drivertest.Images: "the kubevirt driver keeps no images: a DiskImage is refused on kubevirt",
+			drivertest.Images: "the kubevirt driver keeps no images and is no driver.ImageKeeper: CDI imports each disk from an image into its own PVC",
 		},
 	})
 }

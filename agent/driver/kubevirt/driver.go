@@ -17,7 +17,8 @@
 //
 // Mapping (see newVM): vcpu → cores, memory → guest memory and its request,
 // each disk → a PVC named ObjectName(disk) (made with the disk's size when
-// missing, never deleted), each network → a Multus network of the same
+// missing, never deleted; a disk from an image → a DataVolume of that
+// name, below), each network → a Multus network of the same
 // ObjectName (the NetworkAttachmentDefinition is the site's to provide; the
 // first network is the default one), public key, swap and user data →
 // cloudInitNoCloud, the hub's addresses → a fixed MAC per interface and
@@ -30,10 +31,30 @@
 // API server, as virtctl pause does), which KubeVirt shows as the VMI's
 // condition Paused; the guest's serial console and display are the VMI's
 // console and vnc WebSocket subresources of it (see OpenConsole). What the
-// agent's account must be allowed is listed on Config. Disks made from
-// images need CDI and are refused as terminal. MigrateHost moves a running
-// guest to another node of the cluster with a
+// agent's account must be allowed is listed on Config. MigrateHost moves a
+// running guest to another node of the cluster with a
 // VirtualMachineInstanceMigration (see migrate.go).
+//
+// Disks from images (see datavolume.go) need CDI, the
+// containerized-data-importer, in the cluster: a missing disk with an Image
+// becomes a CDI DataVolume of the disk's ObjectName (cdi.kubevirt.io/v1beta1,
+// an http source with the image's URL, storage of the disk's size, labelled
+// managed-by virtfleet and LabelImageUID), which CDI fills into the PVC of
+// that name it makes and owns; the guest's volume for it is that
+// dataVolume. These DataVolumes are the only CDI objects the driver writes.
+// An existing PVC or DataVolume of the disk's name is never rewritten; the
+// node's source policy is checked (checkImageSource) only before a
+// DataVolume is made. The VM is created at once, as KubeVirt expects: it
+// makes the VMI and holds it Pending (printableStatus Provisioning) until
+// CDI has filled the PVC. While a disk of the guest is imported, Ensure
+// reports Provisioning with CDI's progress ("importing image <name>:
+// 45.00%"), and an IsFailing error with CDI's message while the import
+// fails (CDI retries by restarting its importer). CDI has no checksum for
+// an http source, so the agent downloads an image with a SHA256 and
+// verifies it before it makes the DataVolume (checkImageSource); an image
+// made from a volume is refused as terminal. The driver
+// keeps no images of its own: each disk is one import, and the driver is
+// no driver.ImageKeeper. DeleteVolume deletes the DataVolume and its PVC.
 package kubevirt
 
 import (
@@ -45,11 +66,13 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -64,12 +87,14 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/imageimport"
 )
 
 // DefaultNamespace is used when Config names none.
@@ -112,6 +137,12 @@ type Driver struct {
 	// migrations are the live migrations the driver saw, by guest and id.
 	migrations migrationLog
 
+	// verify checks images with a SHA256 before CDI imports them
+	// (checkImageSource); verified are the images it vouched for, by uid.
+	verify     *imageimport.Imports
+	verifiedMu sync.Mutex
+	verified   map[string]string
+
 	mu sync.Mutex
 	// conn reads from the current informers and writes to the API server.
 	conn *connection
@@ -148,6 +179,9 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	if err := kubevirtv1.AddToScheme(scheme); err != nil {
 		return nil, errors.Wrap(err, "cannot register KubeVirt types")
 	}
+	if err := cdiv1.AddToScheme(scheme); err != nil {
+		return nil, errors.Wrap(err, "cannot register CDI types")
+	}
 	live, err := client.New(rc, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot create a client for the KubeVirt cluster")
@@ -177,6 +211,8 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		events:       make(chan driver.Event, 256),
 		suspect:      make(chan struct{}, 1),
 		done:         make(chan struct{}),
+		verify:       imageimport.New(cfg.Images),
+		verified:     map[string]string{},
 	}
 	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if d.conn, err = d.connect(ctx); err != nil {
@@ -435,6 +471,7 @@ func (d *Driver) Close() error {
 func (d *Driver) close() {
 	d.cancel()
 	<-d.done
+	d.verify.Wait()
 	d.mu.Lock()
 	conn := d.conn
 	d.mu.Unlock()
@@ -549,7 +586,10 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		o, err = d.ensure(ctx, c, r, m, want)
 		return err
 	})
-	return o, err
+	if err != nil {
+		return o, err
+	}
+	return d.imports(ctx, m, o)
 }
 
 // ensure is one read-modify-write of Ensure: reads through reader, writes
@@ -569,11 +609,15 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 
 	next := vm.DeepCopy()
 	if !imported(vm) && shape(vm.Spec.Template) != shape(want.Spec.Template) {
-		// Takes effect when KubeVirt next creates the VMI.
-		if err := d.ensureClaims(ctx, c, m); err != nil {
+		// Takes effect when KubeVirt next creates the VMI; a new disk's
+		// image still being checked holds the new shape back until then.
+		progress, err := d.ensureVolumes(ctx, c, m)
+		if err != nil {
 			return driver.Observation{}, err
 		}
-		next.Spec.Template = want.Spec.Template
+		if progress == "" {
+			next.Spec.Template = want.Spec.Template
+		}
 	}
 	wasRunning := wantsRunning(vm, vmi)
 	if wasRunning != m.Running {
@@ -700,11 +744,12 @@ func (d *Driver) restartTarget(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.Vi
 	return nil, false
 }
 
-// create makes the guest's PVCs and VM. A VM that exists already (another
-// Ensure won the race) is read and ensured on the next call.
+// create makes the guest's PVCs and DataVolumes and its VM. A VM that
+// exists already (another Ensure won the race) is read and ensured on the
+// next call.
 func (d *Driver) create(ctx context.Context, c client.Client, m driver.Machine, vm *kubevirtv1.VirtualMachine) (driver.Observation, error) {
-	if err := d.ensureClaims(ctx, c, m); err != nil {
-		return driver.Observation{}, err
+	if progress, err := d.ensureVolumes(ctx, c, m); err != nil || progress != "" {
+		return driver.Observation{UID: m.UID, Phase: driver.PhaseProvisioning, Message: progress}, err
 	}
 	vm.Annotations[AnnotationRestartNonce] = m.RestartNonce
 	if m.ResetNonce != "" {
@@ -723,10 +768,23 @@ func (d *Driver) create(ctx context.Context, c client.Client, m driver.Machine, 
 	return observe(vm, nil, d.now()), nil
 }
 
-// ensureClaims creates the PVCs of the guest's disks that are missing,
-// empty, with the disk's size; existing ones are left as they are.
-func (d *Driver) ensureClaims(ctx context.Context, c client.Client, m driver.Machine) error {
+// ensureVolumes creates the guest's disks that are missing: a DataVolume
+// for one from an image (ensureDataVolume), else an empty PVC of the
+// disk's size; existing ones are left as they are. It returns the
+// progress of the source checks that hold a DataVolume back.
+func (d *Driver) ensureVolumes(ctx context.Context, c client.Client, m driver.Machine) (string, error) {
+	var waiting []string
 	for _, disk := range m.Disks {
+		if disk.Image != nil {
+			progress, err := d.ensureDataVolume(ctx, c, disk)
+			if err != nil {
+				return "", err
+			}
+			if progress != "" {
+				waiting = append(waiting, progress)
+			}
+			continue
+		}
 		if disk.SizeBytes <= 0 {
 			continue // must exist already: nothing to make it with
 		}
@@ -744,15 +802,16 @@ func (d *Driver) ensureClaims(ctx context.Context, c client.Client, m driver.Mac
 		switch {
 		case err == nil, kerrors.IsAlreadyExists(err):
 		case kerrors.IsInvalid(err):
-			return driver.Terminal(errors.Wrapf(err, "the KubeVirt cluster rejected PVC %s", pvc.Name))
+			return "", driver.Terminal(errors.Wrapf(err, "the KubeVirt cluster rejected PVC %s", pvc.Name))
 		default:
-			return errors.Wrapf(err, "cannot create PVC %s", pvc.Name)
+			return "", errors.Wrapf(err, "cannot create PVC %s", pvc.Name)
 		}
 	}
-	return nil
+	return strings.Join(waiting, "; "), nil
 }
 
-// The label on the PVCs the driver creates; it deletes only those.
+// The label on the PVCs and DataVolumes the driver creates (and so on the
+// PVCs CDI makes for those DataVolumes); it deletes only those.
 const (
 	labelManagedBy = "app.kubernetes.io/managed-by"
 	managedBy      = "virtfleet"
@@ -834,9 +893,14 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 	return errors.Errorf("waiting for KubeVirt to remove VirtualMachine %s/%s", d.namespace, vm.Name)
 }
 
-// DeleteVolume implements driver.Driver: it deletes the disk's PVC
-// once no VirtualMachine of this driver names it. A PVC virtfleet did not
-// create (no managed-by label) is left alone, as the site's own.
+// DeleteVolume implements driver.Driver: it deletes the disk's
+// DataVolume and PVC once no VirtualMachine of this driver names it, as a
+// persistentVolumeClaim or a dataVolume. A PVC or DataVolume virtfleet did
+// not create (no managed-by label) is left alone, as the site's own. The
+// PVC of a DataVolume is its garbage, which the cluster's garbage
+// collector deletes with it; the driver deletes it too, so the disk is
+// gone however CDI left it (a DataVolume CDI removed once it had
+// succeeded leaves its PVC behind, unowned).
 func (d *Driver) DeleteVolume(ctx context.Context, disk driver.Disk) error {
 	c, err := d.client()
 	if err != nil {
@@ -855,6 +919,22 @@ func (d *Driver) DeleteVolume(ctx context.Context, disk driver.Disk) error {
 			if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == name {
 				return driver.InUsef("PVC %s is used by KubeVirt VirtualMachine %s", name, vm.Name)
 			}
+			if v.DataVolume != nil && v.DataVolume.Name == name {
+				return driver.InUsef("DataVolume %s is used by KubeVirt VirtualMachine %s", name, vm.Name)
+			}
+		}
+	}
+	dv := &cdiv1.DataVolume{}
+	err = d.live.Get(ctx, types.NamespacedName{Namespace: d.namespace, Name: name}, dv)
+	switch {
+	case kerrors.IsNotFound(err), meta.IsNoMatchError(err):
+		// None; a cluster without CDI has none.
+	case err != nil:
+		return errors.Wrapf(err, "cannot get DataVolume %s", name)
+	case dv.Labels[labelManagedBy] == managedBy:
+		err := c.Delete(ctx, dv, client.Preconditions{UID: &dv.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
+		if err != nil && !kerrors.IsNotFound(err) {
+			return errors.Wrapf(err, "cannot delete DataVolume %s", name)
 		}
 	}
 	pvc := &corev1.PersistentVolumeClaim{}

@@ -137,7 +137,10 @@ func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstan
 		o.Phase, o.Message = driver.PhaseStopping, "waiting for KubeVirt to stop the VMI"
 	case !running:
 		o.Phase = driver.PhaseStopped
-	case vmi == nil && (vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusProvisioning || vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusWaitingForVolumeBinding):
+	case (vmi == nil || (vmi.DeletionTimestamp == nil && vmi.IsUnprocessed())) &&
+		(vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusProvisioning || vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusWaitingForVolumeBinding):
+		// KubeVirt makes the VMI of a VM whose DataVolumes are still
+		// being filled, and holds it Pending until they are.
 		o.Phase, o.Message = driver.PhaseProvisioning, fmt.Sprintf("KubeVirt reports %s", vm.Status.PrintableStatus)
 	case vmi == nil:
 		o.Phase = driver.PhaseStarting

@@ -94,9 +94,6 @@ func validate(m driver.Machine) error {
 		if d.Imported {
 			return driver.Terminalf("disk %s is an imported volume, which the kubevirt backend cannot attach yet", d.Name)
 		}
-		if d.Image != nil {
-			return driver.Terminalf("disk %s is made from image %s: the kubevirt backend needs CDI DataVolumes for images, which it does not support yet; use a volume without an image", d.Name, d.Image.Name)
-		}
 		if errs := validation.IsDNS1123Subdomain(ObjectName(d.Name)); d.Name == "" || len(errs) > 0 {
 			return driver.Terminalf("disk %q cannot name a PVC: %s", d.Name, strings.Join(errs, "; "))
 		}
@@ -146,9 +143,15 @@ func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, erro
 			disk.BootOrder = ptr(uint(1))
 		}
 		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, disk)
-		spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{Name: diskName(i), VolumeSource: kubevirtv1.VolumeSource{
+		source := kubevirtv1.VolumeSource{
 			PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: ObjectName(d.Name)}},
-		}})
+		}
+		if d.Image != nil {
+			// Its DataVolume's PVC, which KubeVirt attaches once CDI has
+			// filled it (or at once, where it is no DataVolume's).
+			source = kubevirtv1.VolumeSource{DataVolume: &kubevirtv1.DataVolumeSource{Name: ObjectName(d.Name)}}
+		}
+		spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{Name: diskName(i), VolumeSource: source})
 	}
 	// The network data is part of the spec and so of the shape hash: a
 	// changed address is a shape change, applied at the next restart.

@@ -58,7 +58,8 @@ type Options struct {
 	Namespace string
 	// Nodes default to DefaultNodes.
 	Nodes []Node
-	// StepInterval is how long each VMI phase lasts; default 100 ms.
+	// StepInterval is how long each VMI phase, and each step of a
+	// DataVolume's import, lasts; default 100 ms.
 	StepInterval time.Duration
 }
 
@@ -69,6 +70,9 @@ type Cluster struct {
 	Namespace string
 	// Controller plays KubeVirt; tests force failures through it.
 	Controller *FakeVirtController
+	// CDI plays CDI's DataVolume controller and importer; tests read what
+	// it imported through it.
+	CDI *FakeCDI
 
 	virtAPI *virtAPI
 	cancel  context.CancelFunc
@@ -77,8 +81,8 @@ type Cluster struct {
 
 // Start starts the control plane with KubeVirt's CRDs, creates the
 // namespace and the Nodes, registers the subresource API (pause, unpause,
-// console, vnc) and starts the FakeVirtController. The API server can be stopped and started again
-// (StopAPIServer, StartAPIServer).
+// console, vnc) and starts the FakeVirtController and the FakeCDI. The API
+// server can be stopped and started again (StopAPIServer, StartAPIServer).
 func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if o.Namespace == "" {
 		o.Namespace = DefaultNamespace
@@ -120,12 +124,16 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		c.virtAPI.close()
 		return nil, errors.Wrap(err, "cannot create the fake virt-controller's manager")
 	}
-	if c.Controller, err = setupController(mgr, o.StepInterval); err != nil {
+	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if c.Controller, err = setupController(mgr, o.StepInterval); err == nil {
+		c.CDI, err = setupCDI(mctx, mgr, o.StepInterval)
+	}
+	if err != nil {
+		cancel()
 		_ = cp.Stop()
 		c.virtAPI.close()
 		return nil, err
 	}
-	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
 	go func() { c.done <- mgr.Start(mctx) }()
 	return c, nil
@@ -166,7 +174,8 @@ func (c *Cluster) populate(ctx context.Context, o Options) error {
 	return nil
 }
 
-// Stop stops the FakeVirtController and the control plane. The API server
+// Stop stops the FakeVirtController, the FakeCDI (and its downloads) and the
+// control plane. The API server
 // is killed rather than drained, as StopAPIServer does.
 func (c *Cluster) Stop() error {
 	c.cancel()

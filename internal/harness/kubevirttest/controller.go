@@ -1,6 +1,7 @@
 package kubevirttest
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -65,6 +67,17 @@ type Failure struct {
 // VMI is gone. A VM whose PVCs are missing shows ErrorPvcNotFound. Fail
 // forces other failures. A running VMI is LiveMigratable unless a PVC it
 // uses is not ReadWriteMany (virt-handler's DisksNotLiveMigratable).
+//
+// A volume that is a dataVolume (one the VM names, not a
+// dataVolumeTemplate) is its DataVolume's PVC, as in KubeVirt: the VM
+// controller creates the VMI at once, and the VMI stays Pending, with no
+// node, until that PVC is populated (its DataVolume Succeeded or
+// PendingPopulation; a PVC no DataVolume controls counts as populated, as
+// CDI's IsSucceededOrPendingPopulation says). Meanwhile the VM shows
+// DataVolumeError while a DataVolume failed or its importer stopped on an
+// error (Running False, reason Error or ImagePullFailed), else Provisioning
+// while one is bound and not Succeeded, else Starting — and so does a
+// Halted VM, whose DataVolumes CDI fills all the same, before Stopped.
 //
 // It moves VMIs live as virt-controller and virt-handler do for a
 // VirtualMachineInstanceMigration, one phase per StepInterval: Pending
@@ -146,6 +159,7 @@ func setupController(mgr ctrl.Manager, step time.Duration) (*FakeVirtController,
 		For(&kubevirtv1.VirtualMachine{}).
 		Owns(&kubevirtv1.VirtualMachineInstance{}).
 		WatchesRawSource(source.Channel(c.wake, &handler.TypedEnqueueRequestForObject[*kubevirtv1.VirtualMachine]{})).
+		Watches(&cdiv1.DataVolume{}, handler.EnqueueRequestsFromMapFunc(c.vmsOfDataVolume)).
 		WithOptions(options).
 		Complete(c)
 	if err != nil {
@@ -242,7 +256,11 @@ func (c *FakeVirtController) Reconcile(ctx context.Context, req reconcile.Reques
 				c.deleteVMI(ctx, req.NamespacedName),
 				c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusStopping, vmi, nil))
 		}
-		return reconcile.Result{}, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusStopped, nil, nil)
+		printable, f, err := c.dataVolumeStatus(ctx, vm)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{}, c.setStatus(ctx, vm, cmp.Or(printable, kubevirtv1.VirtualMachineStatusStopped), nil, f)
 	default:
 		return reconcile.Result{}, nil
 	}
@@ -281,11 +299,22 @@ func (c *FakeVirtController) run(ctx context.Context, vm *kubevirtv1.VirtualMach
 		if err := c.client.Create(ctx, vmi); err != nil && !kerrors.IsAlreadyExists(err) {
 			return reconcile.Result{}, errors.Wrap(err, "cannot create the VMI")
 		}
-		return again, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusStarting, vmi, nil)
+		printable, f, err := c.dataVolumeStatus(ctx, vm)
+		return again, errors.Join(err, c.setStatus(ctx, vm, cmp.Or(printable, kubevirtv1.VirtualMachineStatusStarting), vmi, f))
 	}
 
 	switch vmi.Status.Phase {
 	case kubevirtv1.VmPhaseUnset, kubevirtv1.Pending:
+		ready, err := c.volumesReady(ctx, vmi)
+		if err != nil {
+			return again, err
+		}
+		if !ready {
+			// virt-controller makes no pod for the VMI until its volumes
+			// are populated.
+			printable, f, err := c.dataVolumeStatus(ctx, vm)
+			return again, errors.Join(err, c.setStatus(ctx, vm, cmp.Or(printable, kubevirtv1.VirtualMachineStatusStarting), vmi, f))
+		}
 		vmi.Status.Phase = kubevirtv1.Scheduling
 	case kubevirtv1.Scheduling:
 		node, err := c.schedule(ctx, vm.Name)
@@ -346,13 +375,14 @@ func (c *FakeVirtController) fail(ctx context.Context, vm *kubevirtv1.VirtualMac
 	return reconcile.Result{RequeueAfter: c.step}, errors.Join(err, c.setStatus(ctx, vm, f.Status, vmi, &f))
 }
 
-// missingClaim reports ErrorPvcNotFound when a PVC the VM names is absent.
+// missingClaim reports ErrorPvcNotFound when a PVC the VM names, as a
+// persistentVolumeClaim or a dataVolume, is absent.
 func (c *FakeVirtController) missingClaim(ctx context.Context, vm *kubevirtv1.VirtualMachine) (Failure, bool, error) {
 	for _, v := range vm.Spec.Template.Spec.Volumes {
-		if v.PersistentVolumeClaim == nil {
+		name := claimName(v)
+		if name == "" {
 			continue
 		}
-		name := v.PersistentVolumeClaim.ClaimName
 		err := c.client.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: name}, &corev1.PersistentVolumeClaim{})
 		if kerrors.IsNotFound(err) {
 			return Failure{Status: kubevirtv1.VirtualMachineStatusPvcNotFound, Message: fmt.Sprintf("PVC %s/%s does not exist", vm.Namespace, name)}, true, nil
@@ -364,6 +394,131 @@ func (c *FakeVirtController) missingClaim(ctx context.Context, vm *kubevirtv1.Vi
 	return Failure{}, false, nil
 }
 
+// claimName is the PVC a volume is (KubeVirt's PVCNameFromVirtVolume): a
+// dataVolume's is the DataVolume's own name. Empty for any other volume.
+func claimName(v kubevirtv1.Volume) string {
+	switch {
+	case v.PersistentVolumeClaim != nil:
+		return v.PersistentVolumeClaim.ClaimName
+	case v.DataVolume != nil:
+		return v.DataVolume.Name
+	}
+	return ""
+}
+
+// dataVolume reads the DataVolume named name in namespace; nil when there
+// is none.
+func (c *FakeVirtController) dataVolume(ctx context.Context, namespace, name string) (*cdiv1.DataVolume, error) {
+	dv := &cdiv1.DataVolume{}
+	switch err := c.client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, dv); {
+	case kerrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, errors.Wrap(err, "cannot get a DataVolume")
+	}
+	return dv, nil
+}
+
+// dataVolumeStatus is the printable status the VM's dataVolumes give it, as
+// virt-controller's isVirtualMachineStatusDataVolumeError and
+// isVirtualMachineStatusProvisioning (HasDataVolumeErrors,
+// HasDataVolumeProvisioning) decide it: DataVolumeError, with the failure
+// that explains it, else Provisioning, else none.
+func (c *FakeVirtController) dataVolumeStatus(ctx context.Context, vm *kubevirtv1.VirtualMachine) (kubevirtv1.VirtualMachinePrintableStatus, *Failure, error) {
+	provisioning := false
+	for _, v := range vm.Spec.Template.Spec.Volumes {
+		if v.DataVolume == nil {
+			continue
+		}
+		dv, err := c.dataVolume(ctx, vm.Namespace, v.DataVolume.Name)
+		if err != nil {
+			return "", nil, err
+		}
+		if dv == nil {
+			continue
+		}
+		running := findDataVolumeCondition(dv, cdiv1.DataVolumeRunning)
+		if dv.Status.Phase == cdiv1.Failed || (running != nil && running.Status == corev1.ConditionFalse && (running.Reason == "Error" || running.Reason == "ImagePullFailed")) {
+			// The VM's condition is the VMI's DataVolumesReady, which
+			// virt-controller aggregates over the VMI's DataVolumes.
+			return kubevirtv1.VirtualMachineStatusDataVolumeError, &Failure{Status: kubevirtv1.VirtualMachineStatusDataVolumeError, Message: "Not all of the VMI's DVs are ready"}, nil
+		}
+		if dv.Status.Phase == cdiv1.Succeeded || dv.Status.Phase == cdiv1.PendingPopulation {
+			continue
+		}
+		bound := findDataVolumeCondition(dv, cdiv1.DataVolumeBound)
+		if (bound != nil && bound.Status == corev1.ConditionTrue) || dv.Status.Phase != cdiv1.WaitForFirstConsumer {
+			provisioning = true
+		}
+	}
+	if provisioning {
+		return kubevirtv1.VirtualMachineStatusProvisioning, nil, nil
+	}
+	return "", nil, nil
+}
+
+func findDataVolumeCondition(dv *cdiv1.DataVolume, t cdiv1.DataVolumeConditionType) *cdiv1.DataVolumeCondition {
+	for i := range dv.Status.Conditions {
+		if dv.Status.Conditions[i].Type == t {
+			return &dv.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// volumesReady is whether every PVC the VMI uses is there and populated
+// (KubeVirt's VolumeReadyToAttachToNode): a PVC a DataVolume controls is
+// once that DataVolume has Succeeded or waits for its population, one no
+// DataVolume controls always is.
+func (c *FakeVirtController) volumesReady(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance) (bool, error) {
+	for _, v := range vmi.Spec.Volumes {
+		name := claimName(v)
+		if name == "" {
+			continue
+		}
+		pvc := &corev1.PersistentVolumeClaim{}
+		switch err := c.client.Get(ctx, types.NamespacedName{Namespace: vmi.Namespace, Name: name}, pvc); {
+		case kerrors.IsNotFound(err):
+			return false, nil
+		case err != nil:
+			return false, errors.Wrap(err, "cannot get a PVC")
+		}
+		ready, err := cdiv1.IsSucceededOrPendingPopulation(pvc, func(name, namespace string) (*cdiv1.DataVolume, error) {
+			dv, err := c.dataVolume(ctx, namespace, name)
+			if err == nil && dv == nil {
+				err = errors.Errorf("unable to find datavolume %s/%s", namespace, name)
+			}
+			return dv, err
+		})
+		if err != nil || !ready {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// vmsOfDataVolume are the VMs of the DataVolume's namespace with a volume
+// that is it.
+func (c *FakeVirtController) vmsOfDataVolume(ctx context.Context, o client.Object) []reconcile.Request {
+	vms := &kubevirtv1.VirtualMachineList{}
+	if err := c.client.List(ctx, vms, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, vm := range vms.Items {
+		if vm.Spec.Template == nil {
+			continue
+		}
+		for _, v := range vm.Spec.Template.Spec.Volumes {
+			if v.DataVolume != nil && v.DataVolume.Name == o.GetName() {
+				out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}})
+				break
+			}
+		}
+	}
+	return out
+}
+
 // failureCondition is the condition KubeVirt explains a printable status with.
 func failureCondition(f Failure) kubevirtv1.VirtualMachineCondition {
 	cond := kubevirtv1.VirtualMachineCondition{Type: kubevirtv1.VirtualMachineFailure, Status: corev1.ConditionTrue, Reason: string(f.Status), Message: f.Message}
@@ -371,7 +526,7 @@ func failureCondition(f Failure) kubevirtv1.VirtualMachineCondition {
 	case kubevirtv1.VirtualMachineStatusUnschedulable:
 		cond.Type, cond.Status, cond.Reason = kubevirtv1.VirtualMachineConditionType(corev1.PodScheduled), corev1.ConditionFalse, corev1.PodReasonUnschedulable
 	case kubevirtv1.VirtualMachineStatusDataVolumeError:
-		cond.Type, cond.Status = kubevirtv1.VirtualMachineConditionType(kubevirtv1.VirtualMachineInstanceDataVolumesReady), corev1.ConditionFalse
+		cond.Type, cond.Status, cond.Reason = kubevirtv1.VirtualMachineConditionType(kubevirtv1.VirtualMachineInstanceDataVolumesReady), corev1.ConditionFalse, kubevirtv1.VirtualMachineInstanceReasonNotAllDVsReady
 	}
 	return cond
 }

@@ -1,10 +1,12 @@
 // Package kubevirttest runs a simulated KubeVirt cluster for tests and the
 // test stack: a real kube-apiserver (internal/harness/controlplane) with KubeVirt's
 // VirtualMachine, VirtualMachineInstance and VirtualMachineInstanceMigration
-// CRDs, schedulable Nodes, FakeVirtController, an in-process stand-in for
-// virt-controller and virt-handler, and a stand-in for virt-api's
-// subresource API (pause and unpause), aggregated by the API server as
-// KubeVirt's is. No KubeVirt component runs: no pod, no QEMU, no CDI.
+// CRDs and CDI's DataVolume CRD, schedulable Nodes, FakeVirtController, an
+// in-process stand-in for virt-controller and virt-handler, a stand-in for
+// virt-api's subresource API (pause and unpause), aggregated by the API
+// server as KubeVirt's is, and FakeCDI, a stand-in for CDI's DataVolume
+// controller and importer. No KubeVirt or CDI component runs: no pod, no
+// QEMU.
 package kubevirttest
 
 import (
@@ -17,12 +19,14 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
 
-// CRDDir holds the CRDs `go generate` makes from kubevirt.io/api.
+// CRDDir holds the CRDs `go generate` makes from kubevirt.io/api and CDI's
+// API.
 func CRDDir() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "testdata", "crds")
@@ -33,7 +37,9 @@ func CRDDir() string {
 // generated schemas plus the operator's short names, and the status
 // subresource on VirtualMachine and VirtualMachineInstanceMigration only —
 // KubeVirt serves the VMI without one, so its status is written with the
-// object.
+// object — and CDI's DataVolume CRD as CDI's operator installs it, as
+// generated (its markers give its short names, categories and status
+// subresource).
 func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	shortNames := map[string][]string{
 		"virtualmachines.kubevirt.io":                  {"vm", "vms"},
@@ -42,17 +48,21 @@ func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	}
 	files, err := filepath.Glob(filepath.Join(CRDDir(), "*.yaml"))
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot list the KubeVirt CRDs")
+		return nil, errors.Wrap(err, "cannot list the KubeVirt and CDI CRDs")
 	}
 	crds := make([]*apiextensionsv1.CustomResourceDefinition, 0, len(files))
 	for _, f := range files {
 		b, err := os.ReadFile(f) //nolint:gosec // our own testdata
 		if err != nil {
-			return nil, errors.Wrap(err, "cannot read a KubeVirt CRD")
+			return nil, errors.Wrap(err, "cannot read a CRD")
 		}
 		crd := &apiextensionsv1.CustomResourceDefinition{}
 		if err := yaml.Unmarshal(b, crd); err != nil {
 			return nil, errors.Wrapf(err, "cannot decode %s", f)
+		}
+		if crd.Spec.Group == cdiv1.SchemeGroupVersion.Group {
+			crds = append(crds, crd)
+			continue
 		}
 		crd.Spec.Names.ShortNames = shortNames[crd.Name]
 		crd.Spec.Names.Categories = []string{"all"}
@@ -63,13 +73,13 @@ func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		}
 		crds = append(crds, crd)
 	}
-	if len(crds) != len(shortNames) {
-		return nil, errors.Errorf("found %d CRDs in %s, want %d: run make generate", len(crds), CRDDir(), len(shortNames))
+	if len(crds) != len(shortNames)+1 {
+		return nil, errors.Errorf("found %d CRDs in %s, want %d: run make generate", len(crds), CRDDir(), len(shortNames)+1)
 	}
 	return crds, nil
 }
 
-// AddToScheme registers the Kubernetes and KubeVirt types, and the
+// AddToScheme registers the Kubernetes, KubeVirt and CDI types, and the
 // APIService the subresource API is registered with.
 func AddToScheme(s *k8sruntime.Scheme) error {
 	if err := clientgoscheme.AddToScheme(s); err != nil {
@@ -78,5 +88,8 @@ func AddToScheme(s *k8sruntime.Scheme) error {
 	if err := apiregistrationv1.AddToScheme(s); err != nil {
 		return errors.Wrap(err, "cannot register the APIService type")
 	}
-	return errors.Wrap(kubevirtv1.AddToScheme(s), "cannot register KubeVirt types")
+	if err := kubevirtv1.AddToScheme(s); err != nil {
+		return errors.Wrap(err, "cannot register KubeVirt types")
+	}
+	return errors.Wrap(cdiv1.AddToScheme(s), "cannot register CDI types")
 }

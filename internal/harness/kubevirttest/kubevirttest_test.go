@@ -21,16 +21,25 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 )
 
-func TestCRDsAreKubeVirtsVMVMIAndMigration(t *testing.T) {
+func TestCRDsAreKubeVirtsVMVMIAndMigrationAndCDIsDataVolume(t *testing.T) {
 	crds, err := CRDs()
 	require.NoError(t, err)
-	byKind := map[string]bool{}
-	for _, c := range crds {
-		assert.Equal(t, "kubevirt.io", c.Spec.Group)
-		byKind[c.Spec.Names.Kind] = c.Spec.Versions[0].Subresources != nil && c.Spec.Versions[0].Subresources.Status != nil
+	type crd struct {
+		group      string
+		status     bool
+		shortNames []string
 	}
-	assert.Equal(t, map[string]bool{"VirtualMachine": true, "VirtualMachineInstance": false, "VirtualMachineInstanceMigration": true}, byKind,
-		"a status subresource on the VM and the migration, not the VMI, as virt-operator installs them")
+	byKind := map[string]crd{}
+	for _, c := range crds {
+		v := c.Spec.Versions[0]
+		byKind[c.Spec.Names.Kind] = crd{group: c.Spec.Group, status: v.Subresources != nil && v.Subresources.Status != nil, shortNames: c.Spec.Names.ShortNames}
+	}
+	assert.Equal(t, map[string]crd{
+		"VirtualMachine":                  {group: "kubevirt.io", status: true, shortNames: []string{"vm", "vms"}},
+		"VirtualMachineInstance":          {group: "kubevirt.io", status: false, shortNames: []string{"vmi", "vmis"}},
+		"VirtualMachineInstanceMigration": {group: "kubevirt.io", status: true, shortNames: []string{"vmim", "vmims"}},
+		"DataVolume":                      {group: "cdi.kubevirt.io", status: true, shortNames: []string{"dv", "dvs"}},
+	}, byKind, "a status subresource on the VM and the migration, not the VMI, as virt-operator installs them; CDI's DataVolume as generated")
 }
 
 func testVM(name string) *kubevirtv1.VirtualMachine {

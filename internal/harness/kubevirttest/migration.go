@@ -521,14 +521,15 @@ func migrating(vmi *kubevirtv1.VirtualMachineInstance) bool {
 
 // liveMigratable is the LiveMigratable condition virt-handler gives a
 // running VMI: false, with KubeVirt's reason and message, when a PVC it
-// uses cannot be attached to two nodes at once (not ReadWriteMany).
+// uses (a dataVolume's included) cannot be attached to two nodes at once
+// (not ReadWriteMany).
 func (c *FakeVirtController) liveMigratable(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance) (kubevirtv1.VirtualMachineInstanceCondition, error) {
 	cond := kubevirtv1.VirtualMachineInstanceCondition{Type: kubevirtv1.VirtualMachineInstanceIsMigratable, Status: corev1.ConditionTrue}
 	for _, v := range vmi.Spec.Volumes {
-		if v.PersistentVolumeClaim == nil {
+		name := claimName(v)
+		if name == "" {
 			continue
 		}
-		name := v.PersistentVolumeClaim.ClaimName
 		pvc := &corev1.PersistentVolumeClaim{}
 		if err := c.client.Get(ctx, types.NamespacedName{Namespace: vmi.Namespace, Name: name}, pvc); err != nil && !kerrors.IsNotFound(err) {
 			return cond, errors.Wrap(err, "cannot get a PVC")
