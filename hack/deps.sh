@@ -10,10 +10,13 @@
 #               extlinux, qemu-utils);
 #   crossplane  make run CROSSPLANE=1: Crossplane core, a Go build;
 #   test        make test: all of the above, Debian's own OpenStack Zed
-#               services (Keystone, Placement, Nova, Cinder, Neutron with
-#               MariaDB and RabbitMQ) that the Nova backend is tested against
-#               as plain processes (internal/harness/openstack), and
-#               Prometheus's promtool, which checks the alert rules.
+#               services (Keystone, Placement, Nova, Glance, Cinder, Neutron
+#               with MariaDB and RabbitMQ) that the Nova backend is tested
+#               against as plain processes (internal/harness/openstack):
+#               Glance holds the images the backend imports, which Cinder
+#               writes into volumes (qemu-img, from qemu-utils, a
+#               dependency of cinder-volume); and Prometheus's promtool,
+#               which checks the alert rules.
 # Run as root it installs what is missing; otherwise it prints the exact
 # command to run. The once-per-machine Go builds the profiles need build
 # beside apt (see below).
@@ -31,6 +34,7 @@ guests=(qemu-system-x86 qemu-utils dnsmasq-base iptables iproute2 openssh-client
 openstack=(mariadb-server python3-pymysql rabbitmq-server
 	keystone placement-api
 	nova-api nova-conductor nova-scheduler python3-nova
+	glance-api
 	cinder-api cinder-scheduler cinder-volume
 	neutron-server uwsgi-plugin-python3)
 monitoring=(prometheus)
@@ -80,7 +84,7 @@ fi
 # Keystone endpoints to configure; the test harness makes private ones of
 # each, so every such question is answered "no".
 {
-	for p in keystone placement-api nova-common cinder-common neutron-common; do
+	for p in keystone placement-api nova-common glance-common cinder-common neutron-common; do
 		echo "$p $p/configure_db boolean false"
 		echo "$p $p/dbconfig-install boolean false"
 		echo "$p $p/dbconfig-upgrade boolean false"
@@ -88,7 +92,7 @@ fi
 		echo "$p $p/configure_rabbit boolean false"
 		echo "$p $p/configure_ksat boolean false"
 	done
-	for p in keystone placement-api nova-api cinder-api neutron-server; do
+	for p in keystone placement-api nova-api glance-api cinder-api neutron-server; do
 		echo "$p $p/register-endpoint boolean false"
 	done
 	echo "keystone keystone/create-admin-tenant boolean false"

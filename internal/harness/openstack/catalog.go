@@ -22,6 +22,7 @@ type Clients struct {
 	Compute  *gophercloud.ServiceClient
 	Volume   *gophercloud.ServiceClient
 	Network  *gophercloud.ServiceClient
+	Image    *gophercloud.ServiceClient
 }
 
 // Clients authenticates as the cloud's admin. Endpoints missing from the
@@ -42,6 +43,7 @@ func (c *Cloud) Clients(ctx context.Context) (*Clients, error) {
 	cl.Compute, _ = gopenstack.NewComputeV2(pc, eo)
 	cl.Volume, _ = gopenstack.NewBlockStorageV3(pc, eo)
 	cl.Network, _ = gopenstack.NewNetworkV2(pc, eo)
+	cl.Image, _ = gopenstack.NewImageV2(pc, eo)
 	return cl, nil
 }
 
@@ -70,7 +72,7 @@ func (c *Cloud) registerCatalog(ctx context.Context) error {
 	if err != nil || len(admins) != 1 {
 		return errors.Errorf("no admin role after Keystone's bootstrap (%v)", err)
 	}
-	for _, name := range []string{"placement", "nova", "cinder", "neutron"} {
+	for _, name := range []string{"placement", "nova", "glance", "cinder", "neutron"} {
 		u, err := users.Create(ctx, id, users.CreateOpts{Name: name, Password: c.Password, DomainID: "default", DefaultProjectID: project.ID}).Extract()
 		if err != nil {
 			return errors.Wrapf(err, "cannot create user %s", name)
@@ -84,6 +86,7 @@ func (c *Cloud) registerCatalog(ctx context.Context) error {
 	for _, s := range []struct{ name, typ, url string }{
 		{"placement", "placement", fmt.Sprintf("http://127.0.0.1:%d", c.ports.placement)},
 		{"nova", "compute", fmt.Sprintf("http://127.0.0.1:%d/v2.1", c.ports.nova)},
+		{"glance", "image", c.glanceURL()},
 		{"cinderv3", "volumev3", fmt.Sprintf("http://127.0.0.1:%d/v3/%%(project_id)s", c.ports.cinder)},
 		{"neutron", "network", fmt.Sprintf("http://127.0.0.1:%d", c.ports.neutron)},
 	} {

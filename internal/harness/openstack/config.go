@@ -156,11 +156,10 @@ func (c *Cloud) novaConf() conf {
 		"placement":          c.serviceAuth("placement"),
 		"neutron":            c.serviceAuth("neutron"),
 		"cinder":             {{"os_region_name", c.Region}, {"catalog_info", "volumev3::publicURL"}},
-		// There is no Glance (servers boot from volumes), but Nova's compute
-		// builds an image URL for every instance's notification payload and
-		// fails the build without an image endpoint; one that is never
-		// called is enough.
-		"glance":                       {{"api_servers", fmt.Sprintf("http://127.0.0.1:%d", c.ports.glance)}},
+		// Nova's compute builds an image URL for every instance's
+		// notification payload, and fails the build without an image
+		// endpoint, even for a server that boots from a volume.
+		"glance":                       {{"api_servers", c.glanceURL()}},
 		"conductor":                    {{"workers", "1"}},
 		"scheduler":                    {{"workers", "1"}, {"discover_hosts_in_cells_interval", "2"}},
 		"quota":                        {{"instances", "-1"}, {"cores", "-1"}, {"ram", "-1"}, {"key_pairs", "-1"}},
@@ -188,8 +187,15 @@ func (c *Cloud) spareComputeConf() conf {
 	return cf
 }
 
-// cinderConf: one volume backend, fake, served by the FakeLoggingVolumeDriver
-// that ships in python3-cinder (volumes exist only in Cinder's database).
+// volumeBackend is the name of the cloud's one volume backend and of its
+// pool: the name it had when Cinder's FakeLoggingVolumeDriver served it,
+// kept so that volumes' hosts (vf-cinder@fake#fake) read as they did.
+const volumeBackend = "fake"
+
+// cinderConf: one volume backend, served by the harness's vffile driver
+// (python/vffile.py): every volume is a sparse raw file in the cloud's
+// volumes directory (VolumePath), and a volume made from an image holds
+// the image, fetched from the cloud's Glance and converted to raw.
 func (c *Cloud) cinderConf() conf {
 	return conf{
 		"DEFAULT": append(c.common("cinder"),
@@ -199,19 +205,60 @@ func (c *Cloud) cinderConf() conf {
 			[2]string{"osapi_volume_listen", "127.0.0.1"},
 			[2]string{"osapi_volume_listen_port", fmt.Sprint(c.ports.cinder)},
 			[2]string{"osapi_volume_workers", "1"},
-			[2]string{"enabled_backends", "fake"},
+			[2]string{"enabled_backends", volumeBackend},
+			// Glance by its URL rather than from the catalog a user's
+			// request carries: a context Cinder makes itself has none.
+			[2]string{"glance_api_servers", c.glanceURL()},
 			[2]string{"quota_volumes", "-1"},
 			[2]string{"quota_gigabytes", "-1"},
 			[2]string{"quota_snapshots", "-1"},
 			[2]string{"quota_backups", "-1"},
 			[2]string{"quota_backup_gigabytes", "-1"},
 		),
-		"database":                     {{"connection", c.database("cinder")}},
-		"keystone_authtoken":           c.authtoken("cinder"),
-		"service_user":                 append(section{{"send_service_user_token", "true"}}, c.serviceAuth("cinder")...),
-		"nova":                         append(section{{"interface", "public"}}, c.serviceAuth("cinder")...),
-		"fake":                         {{"volume_driver", "cinder.tests.fake_driver.FakeLoggingVolumeDriver"}, {"volume_backend_name", "fake"}},
+		"database":           {{"connection", c.database("cinder")}},
+		"keystone_authtoken": c.authtoken("cinder"),
+		"service_user":       append(section{{"send_service_user_token", "true"}}, c.serviceAuth("cinder")...),
+		"nova":               append(section{{"interface", "public"}}, c.serviceAuth("cinder")...),
+		volumeBackend: {
+			{"volume_driver", "vffile.FileDriver"},
+			{"volume_backend_name", volumeBackend},
+			{"vffile_directory", c.volumesDir()},
+		},
 		"oslo_concurrency":             c.lockPath("cinder"),
+		"oslo_messaging_notifications": {{"driver", "noop"}},
+		"oslo_policy":                  {{"enforce_scope", "false"}, {"enforce_new_defaults", "false"}},
+	}
+}
+
+// glanceConf: Glance's API with its file store in the cloud's directory,
+// for the formats of a virtfleet DiskImage. Images are uploaded (PUT
+// .../file); of the import methods only glance-direct is on, its staging
+// directory in the cloud's too (Glance empties it of strays at start, so
+// the default, /tmp/staging, is no place for it). One process: workers 0
+// serves from the parent.
+func (c *Cloud) glanceConf() conf {
+	state := filepath.Join(c.Dir, "state", "glance")
+	return conf{
+		"DEFAULT": {
+			{"debug", "false"},
+			{"use_stderr", "true"},
+			{"bind_host", "127.0.0.1"},
+			{"bind_port", fmt.Sprint(c.ports.glance)},
+			{"workers", "0"},
+			{"transport_url", c.transportURL()},
+			{"enabled_import_methods", "[glance-direct]"},
+			{"node_staging_uri", "file://" + filepath.Join(state, "staging") + "/"},
+		},
+		"database":           {{"connection", c.database("glance")}},
+		"keystone_authtoken": c.authtoken("glance"),
+		"paste_deploy":       {{"flavor", "keystone"}, {"config_file", "/etc/glance/glance-api-paste.ini"}},
+		"glance_store": {
+			{"stores", "file"},
+			{"default_store", "file"},
+			{"filesystem_store_datadir", filepath.Join(state, "images") + "/"},
+		},
+		"image_format":                 {{"disk_formats", "qcow2,raw"}, {"container_formats", "bare"}},
+		"oslo_concurrency":             c.lockPath("glance"),
 		"oslo_messaging_notifications": {{"driver", "noop"}},
 		"oslo_policy":                  {{"enforce_scope", "false"}, {"enforce_new_defaults", "false"}},
 	}

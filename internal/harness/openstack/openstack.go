@@ -2,14 +2,17 @@
 // packages) as plain processes for tests: Keystone and Placement under
 // uwsgi, Nova's API, conductor, scheduler and one compute host with Nova's
 // fake.FakeDriver (and a spare one, started when a test enables it to move
-// servers live between the two), Cinder's API, scheduler and volume
-// service with the FakeLoggingVolumeDriver, and Neutron's ML2 server with
-// a mechanism driver of the harness's own that binds every port (there
-// are no agents), on a private MariaDB (unix socket) and RabbitMQ
+// servers live between the two), Glance's API with a file store, Cinder's
+// API, scheduler and volume service with a volume driver of the harness's
+// own (vffile) whose volumes are sparse raw files, and Neutron's ML2 server
+// with a mechanism driver of the harness's own that binds every port
+// (there are no agents), on a private MariaDB (unix socket) and RabbitMQ
 // (127.0.0.1, random ports).
-// Servers and volumes exist only in the services' databases, which is all
-// the APIs show: the driver under test meets real Nova, Cinder, Neutron and
-// Keystone, their validation, state machines and asynchrony.
+// Servers exist only in Nova's database, which is all its API shows; a
+// volume is a file (VolumePath), and one made from a Glance image holds the
+// image's bytes as raw, as a hypervisor would boot it. The driver under
+// test meets real Nova, Cinder, Glance, Neutron and Keystone, their
+// validation, state machines and asynchrony.
 //
 // Nothing is shared with the machine: every service reads its own
 // configuration from the cloud's directory, listens on 127.0.0.1 ports
@@ -41,6 +44,7 @@ var Packages = []string{
 	"mariadb-server", "python3-pymysql", "rabbitmq-server",
 	"keystone", "placement-api",
 	"nova-api", "nova-conductor", "nova-scheduler", "python3-nova",
+	"glance-api",
 	"cinder-api", "cinder-scheduler", "cinder-volume",
 	"neutron-server", "uwsgi-plugin-python3",
 }
@@ -109,9 +113,7 @@ type Cloud struct {
 	SpareComputeHost string
 
 	ports struct {
-		keystone, placement, nova, cinder, neutron, amqp, dist, epmd int
-		// glance is free: nothing listens there.
-		glance int
+		keystone, placement, nova, glance, cinder, neutron, amqp, dist, epmd int
 	}
 	out      io.Writer
 	ownDir   bool
@@ -119,6 +121,9 @@ type Cloud struct {
 	procs    []*process
 	began    time.Time
 	stopOnce sync.Once
+
+	// glance is Glance's API, started as soon as its database is ready.
+	glance *process
 
 	// spare is the spare compute host's service, once started.
 	spareMu sync.Mutex
@@ -131,6 +136,14 @@ func (c *Cloud) AuthURL() string { return c.keystoneURL() }
 func (c *Cloud) keystoneURL() string { return fmt.Sprintf("http://127.0.0.1:%d/v3", c.ports.keystone) }
 
 func (c *Cloud) mysqlSocket() string { return filepath.Join(c.Dir, "mysql.sock") }
+
+func (c *Cloud) glanceURL() string { return fmt.Sprintf("http://127.0.0.1:%d", c.ports.glance) }
+
+func (c *Cloud) volumesDir() string { return filepath.Join(c.Dir, "volumes") }
+
+// VolumePath is the file that is the Cinder volume id: a sparse raw file of
+// the volume's size.
+func (c *Cloud) VolumePath(id string) string { return filepath.Join(c.volumesDir(), "volume-"+id) }
 
 func (c *Cloud) progress(format string, args ...any) {
 	fmt.Fprintf(c.out, "openstack: [%5.1fs] %s\n", time.Since(c.began).Seconds(), fmt.Sprintf(format, args...))
@@ -184,13 +197,19 @@ func Start(ctx context.Context, o Options) (_ *Cloud, err error) {
 	}
 	// MariaDB and RabbitMQ come first, then the databases (migrated, or
 	// loaded from the machine's template of a migration done before),
-	// Keystone and its catalog, then everything else.
+	// Keystone and its catalog, then everything else. Glance starts as
+	// soon as its database is there: it needs neither RabbitMQ nor Keystone
+	// to start, so its start overlaps theirs instead of adding to the
+	// services' (startServices waits for it).
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		if err := c.startMariaDB(gctx); err != nil {
 			return err
 		}
-		return c.databases(gctx)
+		if err := c.databases(gctx); err != nil {
+			return err
+		}
+		return c.startGlance()
 	})
 	g.Go(func() error { return c.startRabbitMQ(gctx) })
 	if err := g.Wait(); err != nil {
@@ -213,7 +232,8 @@ func Start(ctx context.Context, o Options) (_ *Cloud, err error) {
 func (c *Cloud) prepare() error {
 	for _, d := range []string{"logs", "etc", "home", "python", "mysql", "rabbitmq",
 		"state/keystone/fernet-keys", "state/keystone/credential-keys",
-		"state/nova/instances", "state/nova/lock", "state/cinder/lock", "state/neutron/lock"} {
+		"state/nova/instances", "state/nova/lock", "state/cinder/lock", "state/neutron/lock",
+		"state/glance/lock", "state/glance/images", "state/glance/staging", "volumes"} {
 		if err := os.MkdirAll(filepath.Join(c.Dir, d), 0o700); err != nil {
 			return errors.Wrap(err, "cannot create the cloud's directories")
 		}
@@ -226,7 +246,7 @@ func (c *Cloud) prepare() error {
 		}
 		*p = port
 	}
-	return c.writeMechanismDriver()
+	return c.writePython()
 }
 
 // Stop stops every service and removes the directory

@@ -22,32 +22,35 @@ import (
 //go:embed python
 var pythonFiles embed.FS
 
-// writeMechanismDriver puts vfbind on the services' PYTHONPATH with the
-// dist-info that makes it an entry point Neutron's ML2 finds by name.
-func (c *Cloud) writeMechanismDriver() error {
+// writePython puts the harness's drivers on the services' PYTHONPATH:
+// vfbind with the dist-info that makes it an entry point Neutron's ML2
+// finds by name, and vffile, which Cinder imports by its path
+// (vffile.FileDriver).
+func (c *Cloud) writePython() error {
 	dir := filepath.Join(c.Dir, "python")
 	info := filepath.Join(dir, "vfbind-1.0.dist-info")
 	if err := os.MkdirAll(info, 0o700); err != nil {
-		return errors.Wrap(err, "cannot create the mechanism driver's directory")
+		return errors.Wrap(err, "cannot create the drivers' directory")
 	}
 	for name, dest := range map[string]string{
 		"python/vfbind.py":        filepath.Join(dir, "vfbind.py"),
 		"python/METADATA":         filepath.Join(info, "METADATA"),
 		"python/entry_points.txt": filepath.Join(info, "entry_points.txt"),
+		"python/vffile.py":        filepath.Join(dir, "vffile.py"),
 	} {
 		b, err := pythonFiles.ReadFile(name)
 		if err != nil {
-			return errors.Wrap(err, "cannot read the embedded mechanism driver")
+			return errors.Wrapf(err, "cannot read the embedded %s", name)
 		}
 		if err := os.WriteFile(dest, b, 0o600); err != nil {
-			return errors.Wrap(err, "cannot write the mechanism driver")
+			return errors.Wrapf(err, "cannot write %s", dest)
 		}
 	}
 	return nil
 }
 
 // databases are the cloud's MariaDB databases.
-var databases = []string{"keystone", "placement", "nova_api", "nova", "nova_cell0", "cinder", "neutron"}
+var databases = []string{"keystone", "placement", "nova_api", "nova", "nova_cell0", "glance", "cinder", "neutron"}
 
 // startMariaDB initialises a datadir whose root has no password (it listens
 // on a unix socket in the cloud's directory only, no TCP), starts mariadbd
@@ -93,6 +96,9 @@ func (c *Cloud) migrate(ctx context.Context) error {
 	})
 	g.Go(func() error { return c.syncNova(gctx) })
 	g.Go(func() error {
+		return c.run(gctx, "glance-db-sync", "glance-manage", "--config-file", c.conf("glance-api.conf"), "db_sync")
+	})
+	g.Go(func() error {
 		return c.run(gctx, "cinder-db-sync", "cinder-manage", "--config-file", c.conf("cinder.conf"), "db", "sync")
 	})
 	g.Go(func() error {
@@ -106,12 +112,13 @@ func (c *Cloud) conf(name string) string { return filepath.Join(c.Dir, "etc", na
 // writeConfigs writes every service's configuration file.
 func (c *Cloud) writeConfigs() error {
 	for name, cf := range map[string]conf{
-		"keystone.conf":  c.keystoneConf(),
-		"placement.conf": c.placementConf(),
-		"nova.conf":      c.novaConf(),
-		spareComputeConf: c.spareComputeConf(),
-		"cinder.conf":    c.cinderConf(),
-		"neutron.conf":   c.neutronConf(),
+		"keystone.conf":   c.keystoneConf(),
+		"placement.conf":  c.placementConf(),
+		"nova.conf":       c.novaConf(),
+		spareComputeConf:  c.spareComputeConf(),
+		"glance-api.conf": c.glanceConf(),
+		"cinder.conf":     c.cinderConf(),
+		"neutron.conf":    c.neutronConf(),
 	} {
 		if _, err := c.write(name, cf); err != nil {
 			return err
@@ -302,9 +309,19 @@ func (c *Cloud) service(name, module, conf string) (*process, error) {
 		"--config-file", filepath.Join(c.Dir, "etc", conf))
 }
 
+// startGlance starts Glance's API; startServices waits for it.
+func (c *Cloud) startGlance() error {
+	p, err := c.service("glance-api", "glance.cmd.api", "glance-api.conf")
+	if err != nil {
+		return err
+	}
+	c.glance = p
+	return nil
+}
+
 // startServices starts Placement, then Nova's, Cinder's and Neutron's
-// services; the compute host last, once the conductor it reports through
-// runs.
+// services, and waits for them and for Glance (started before); the
+// compute host last, once the conductor it reports through runs.
 func (c *Cloud) startServices(ctx context.Context) error {
 	p, err := c.uwsgi("placement", "/usr/bin/placement-api", c.ports.placement,
 		"OS_PLACEMENT_CONFIG_DIR="+filepath.Join(c.Dir, "etc"))
@@ -317,7 +334,7 @@ func (c *Cloud) startServices(ctx context.Context) error {
 		return err
 	}
 	type svc struct{ name, module, conf string }
-	var api = map[string]*process{}
+	var api = map[string]*process{"glance-api": c.glance}
 	for _, s := range []svc{
 		{"nova-api", "nova.cmd.api", "nova.conf"},
 		{"nova-conductor", "nova.cmd.conductor", "nova.conf"},
@@ -338,6 +355,7 @@ func (c *Cloud) startServices(ctx context.Context) error {
 		"nova-api":       fmt.Sprintf("http://127.0.0.1:%d/", c.ports.nova),
 		"cinder-api":     fmt.Sprintf("http://127.0.0.1:%d/", c.ports.cinder),
 		"neutron-server": fmt.Sprintf("http://127.0.0.1:%d/", c.ports.neutron),
+		"glance-api":     c.glanceURL() + "/",
 	} {
 		if err := c.waitFor(ctx, name, api[name], serviceTimeout, func(ctx context.Context) bool { return answers(ctx, url) }); err != nil {
 			return err
@@ -363,6 +381,6 @@ func (c *Cloud) waitBackends(ctx context.Context, compute, volume *process) erro
 			return false
 		}
 		pools, err := schedulerstats.ExtractStoragePools(page)
-		return err == nil && len(pools) > 0 && strings.Contains(pools[0].Name, "fake")
+		return err == nil && len(pools) > 0 && strings.Contains(pools[0].Name, volumeBackend)
 	})
 }

@@ -20,7 +20,7 @@ import (
 // dump is per-cloud: Keystone's users, catalog and keys are made after it.
 
 // templateVersion changes when what the harness migrates changes.
-const templateVersion = "1"
+const templateVersion = "2"
 
 // templatePath is the dump of the migrated databases for the installed
 // packages, in $VIRTFLEET_CACHE_DIR or ~/.cache/virtfleet.
