@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/imageimport"
 	"github.com/virtfleet/virtfleet/agent/driver/kubevirt"
 	"github.com/virtfleet/virtfleet/agent/driver/libvirt"
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
@@ -56,9 +57,9 @@ func run() error {
 		netns        = fs.String("netns", "", "Path of the network namespace holding libvirtd's bridges (/run/netns/NAME), where the overlays' VXLAN devices are made; empty means the agent's own.")
 		imageDir     = fs.String("image-dir", "", "This agent's own directory for image downloads until they are verified; partial downloads of a killed agent are removed at start. Empty means the system's temporary directory, never cleaned.")
 		pruneEvery   = fs.Duration("image-prune-interval", 0, "How often images unused for their DiskImage's pruneAfter are removed from the node; 0 means 1m.")
-		maxImage     = resource.QuantityValue{Quantity: *resource.NewQuantity(libvirt.DefaultImageMaxBytes, resource.BinarySI)}
-		dlTimeout    = fs.Duration("image-download-timeout", libvirt.DefaultImageDownloadTimeout, "Longest one image download may take, from its first connection to its last byte.")
-		downloads    = fs.Int("image-downloads", libvirt.DefaultImageDownloads, "Image downloads the node runs at once; others wait for a slot.")
+		maxImage     = resource.QuantityValue{Quantity: *resource.NewQuantity(imageimport.DefaultMaxBytes, resource.BinarySI)}
+		dlTimeout    = fs.Duration("image-download-timeout", imageimport.DefaultTimeout, "Longest one image download may take, from its first connection to its last byte.")
+		downloads    = fs.Int("image-downloads", imageimport.DefaultDownloads, "Image downloads the node runs at once; others wait for a slot.")
 		clouds       = fs.String("openstack-clouds-file", "", "nova: clouds.yaml to read; empty means the standard locations, then the OS_* environment variables.")
 		cloud        = fs.String("openstack-cloud", "", "nova: the clouds.yaml entry to use; empty means OS_CLOUD.")
 		region       = fs.String("openstack-region", "", "nova: region, overriding the cloud's region_name.")
@@ -112,6 +113,10 @@ func run() error {
 		return err
 	}
 
+	// One node, one set of download limits, whichever backend stores the
+	// images.
+	images := imageimport.Config{Dir: *imageDir, MaxBytes: maxImage.Value(), Timeout: *dlTimeout, Downloads: *downloads}
+
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return app.Run(ctx, app.Config{
@@ -122,31 +127,31 @@ func run() error {
 		RequestTimeout: *timeout,
 		Backend:        *backend,
 		Libvirt: libvirt.Config{
-			Socket:               *socket,
-			URI:                  *uri,
-			Pool:                 *pool,
-			DomainType:           *domainType,
-			ImageDir:             *imageDir,
-			ImagePruneInterval:   *pruneEvery,
-			ImageMaxBytes:        maxImage.Value(),
-			ImageDownloadTimeout: *dlTimeout,
-			ImageDownloads:       *downloads,
-			ShutdownGrace:        *grace,
-			TunnelAddress:        tunnel,
-			Netns:                *netns,
-			ConsoleDir:           *consoleDir,
-			ConsoleLocalDir:      *consoleLocal,
+			Socket:             *socket,
+			URI:                *uri,
+			Pool:               *pool,
+			DomainType:         *domainType,
+			Images:             images,
+			ImagePruneInterval: *pruneEvery,
+			ShutdownGrace:      *grace,
+			TunnelAddress:      tunnel,
+			Netns:              *netns,
+			ConsoleDir:         *consoleDir,
+			ConsoleLocalDir:    *consoleLocal,
 		},
 		Nova: nova.Config{
-			CloudsFile:   *clouds,
-			Cloud:        *cloud,
-			Region:       *region,
-			PollInterval: *novaPoll,
+			CloudsFile:         *clouds,
+			Cloud:              *cloud,
+			Region:             *region,
+			PollInterval:       *novaPoll,
+			Images:             images,
+			ImagePruneInterval: *pruneEvery,
 		},
 		KubeVirt: kubevirt.Config{
 			Kubeconfig: *kvConfig,
 			Namespace:  *kvNamespace,
 			AccessMode: corev1.PersistentVolumeAccessMode(*kvAccessMode),
+			Images:     images,
 		},
 		HeartbeatInterval:     *heartbeat,
 		FenceAfter:            *fenceAfter,

@@ -16,6 +16,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/imageimport"
 )
 
 func TestDomainXMLRoundTrip(t *testing.T) {
@@ -327,7 +328,7 @@ func TestOpenRefusesWhereItCannotWrite(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("TMPDIR", tc.tmpdir)
-			_, err := Open(context.Background(), Config{Node: "n", Socket: "/nonexistent", URI: "test:///default", ImageDir: tc.imageDir})
+			_, err := Open(context.Background(), Config{Node: "n", Socket: "/nonexistent", URI: "test:///default", Images: imageimport.Config{Dir: tc.imageDir}})
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.NotContains(t, err.Error(), "libvirtd", "refused before it dials")

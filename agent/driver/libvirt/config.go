@@ -28,26 +28,14 @@ type Config struct {
 	// ShutdownGrace is how long a guest may take to shut down on ACPI before
 	// it is forced off; zero means two minutes.
 	ShutdownGrace time.Duration
-	// ImageDir holds image downloads until they are verified and imported.
-	// It belongs to this agent alone: at start, downloads an earlier agent
-	// left behind when it was killed are removed. Empty means a directory of
-	// the system's temporary directory, which is not cleaned.
-	ImageDir string
+	// Images are the limits of the node's image downloads and where they
+	// are kept until verified and imported (imageimport.Config); its Dir
+	// must be writable.
+	Images imageimport.Config
 	// ImagePruneInterval is how often unused images are looked for and
 	// pruned once past their PruneAfter; zero means one minute. An image
 	// thus goes at most one interval after its PruneAfter.
 	ImagePruneInterval time.Duration
-	// ImageMaxBytes is the largest image download the node accepts; a
-	// larger one is refused as soon as its size is known. Zero or less
-	// means DefaultImageMaxBytes.
-	ImageMaxBytes int64
-	// ImageDownloadTimeout bounds one image download, from its first
-	// connection to its last byte; zero or less means
-	// DefaultImageDownloadTimeout.
-	ImageDownloadTimeout time.Duration
-	// ImageDownloads is how many images the node downloads at once; the
-	// others wait for a slot. Zero or less means DefaultImageDownloads.
-	ImageDownloads int
 	// TunnelAddress is the node's address on the underlay its overlays
 	// (networks with a VNI) run over: the local end of their VXLAN
 	// devices. The link holding it, in Netns, gives their MTU. Invalid
@@ -84,10 +72,3 @@ type Config struct {
 // DefaultConsoleDir is libvirt's directory of its QEMU driver, which
 // libvirtd and QEMU (as its unprivileged user) can create sockets in.
 const DefaultConsoleDir = "/var/lib/libvirt/qemu"
-
-// Defaults of the image download limits.
-const (
-	DefaultImageMaxBytes        = imageimport.DefaultMaxBytes
-	DefaultImageDownloadTimeout = imageimport.DefaultTimeout
-	DefaultImageDownloads       = imageimport.DefaultDownloads
-)

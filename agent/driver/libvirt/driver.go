@@ -178,12 +178,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		d.grace = DefaultShutdownGrace
 	}
 	d.testDriver = strings.HasPrefix(d.uri, "test:")
-	d.images = d.newImports(imageimport.Config{
-		Dir:       cfg.ImageDir,
-		MaxBytes:  cfg.ImageMaxBytes,
-		Timeout:   cfg.ImageDownloadTimeout,
-		Downloads: cfg.ImageDownloads,
-	})
+	d.images = d.newImports(cfg.Images)
 	if err := writable(d.images.Dir()); err != nil {
 		return nil, err
 	}

@@ -46,7 +46,10 @@ type clients struct {
 	computeBase *gophercloud.ServiceClient
 	volume      *gophercloud.ServiceClient
 	network     *gophercloud.ServiceClient
-	projectID   string
+	// image is nil where the catalog has no image service: DiskImages
+	// are then refused.
+	image     *gophercloud.ServiceClient
+	projectID string
 }
 
 // connect authenticates as cfg says and finds the region's endpoints. The
@@ -76,6 +79,9 @@ func connect(ctx context.Context, cfg Config) (*clients, error) {
 	}
 	if c.network, err = openstack.NewNetworkV2(pc, eo); err != nil {
 		return nil, errors.Wrapf(err, "no network endpoint in region %q", eo.Region)
+	}
+	if c.image, err = openstack.NewImageV2(pc, eo); err != nil {
+		c.image = nil
 	}
 	if r, ok := pc.GetAuthResult().(tokens.CreateResult); ok {
 		if p, err := r.ExtractProject(); err == nil && p != nil {

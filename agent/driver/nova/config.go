@@ -1,6 +1,10 @@
 package nova
 
-import "time"
+import (
+	"time"
+
+	"github.com/virtfleet/virtfleet/agent/driver/imageimport"
+)
 
 // Config configures the nova backend: the agent fronts one region of an
 // OpenStack cloud, and its guests are Nova servers.
@@ -18,4 +22,10 @@ type Config struct {
 	Region string
 	// PollInterval between changes-since list calls; zero means 5 s.
 	PollInterval time.Duration
+	// Images are the limits of the node's image downloads, which the
+	// agent makes before uploading a verified image to Glance.
+	Images imageimport.Config
+	// ImagePruneInterval is how often images unused for their
+	// PruneAfter are deleted from Glance; zero means a minute.
+	ImagePruneInterval time.Duration
 }

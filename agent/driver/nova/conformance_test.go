@@ -42,8 +42,7 @@ func TestConformance(t *testing.T) {
 		},
 		Wait: waitFor, Tick: tick,
 		Unsupported: map[drivertest.Capability]string{
-			drivertest.Images: "the nova driver keeps no images: a DiskImage is refused on nova",
-			drivertest.Claim:  "the test cloud serves no PUT /servers/{id}, with which Claim renames the server (HTTP 405)",
+			drivertest.Claim: "the test cloud serves no PUT /servers/{id}, with which Claim renames the server (HTTP 405)",
 		},
 	})
 }

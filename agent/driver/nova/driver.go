@@ -44,6 +44,7 @@
 package nova
 
 import (
+	"cmp"
 	"context"
 	"maps"
 	"net/http"
@@ -58,6 +59,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/imageimport"
 )
 
 // DefaultPollInterval between changes-since list calls.
@@ -140,6 +142,17 @@ type Driver struct {
 	// was asked for, until the guest is deleted or released.
 	migrationsMu sync.Mutex
 	migrations   map[string]*hostMigration
+
+	// imports are the node's image imports into Glance (images.go), and
+	// pruneClock times the images no volume was made from.
+	imports    *imageimport.Imports
+	pruneClock imageimport.PruneClock
+	// imageUse is held for reading from an image being found active until
+	// the volume made from it exists, and for writing while images are
+	// pruned, so a prune never deletes an image a volume is about to name.
+	imageUse sync.RWMutex
+	// loops counts the driver's background loops, for Close.
+	loops sync.WaitGroup
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -172,6 +185,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		networkIDs: map[string]string{},
 		confirmed:  map[string]time.Time{},
 		migrations: map[string]*hostMigration{},
+		imports:    imageimport.New(cfg.Images),
 	}
 	if d.poll <= 0 {
 		d.poll = DefaultPollInterval
@@ -183,6 +197,8 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, err
 	}
 	go d.watch(start)
+	d.loops.Add(1)
+	go d.pruneEvery(cmp.Or(cfg.ImagePruneInterval, time.Minute))
 	return d, nil
 }
 
@@ -423,6 +439,8 @@ func (d *Driver) Events() <-chan driver.Event { return d.events }
 func (d *Driver) Close() error {
 	d.cancel()
 	<-d.done
+	d.loops.Wait()
+	d.imports.Wait()
 	return nil
 }
 

@@ -758,7 +758,7 @@ func TestBadInputIsTerminal(t *testing.T) {
 		{name: "BridgeNetworkMissing", change: func(m *driver.Machine) {
 			m.Networks = []driver.Network{{Name: "ns_br", Mode: driver.NetworkModeBridge}}
 		}, message: "provider network"},
-		{name: "DiskFromAnImage", change: func(m *driver.Machine) { m.Disks[0].Image = &driver.Image{UID: "i", URL: "http://x/i.qcow2"} }, message: "not supported on nova yet"},
+		{name: "DiskFromAnImageWithoutGlance", change: func(m *driver.Machine) { m.Disks[0].Image = &driver.Image{UID: "i", URL: "http://x/i.qcow2"} }, message: "no image service (Glance)"},
 		{name: "NoDisks", change: func(m *driver.Machine) { m.Disks = nil }, message: "at least one disk"},
 	}
 	for _, tc := range cases {

@@ -157,6 +157,9 @@ func (d *Driver) create(ctx context.Context, m driver.Machine) (driver.Observati
 	var boot *volumes.Volume
 	for i, disk := range m.Disks {
 		v, err := d.ensureVolume(ctx, disk)
+		if progress := importing(err); progress != "" {
+			return provisioning(progress)
+		}
 		if err != nil {
 			return driver.Observation{}, err
 		}
@@ -414,6 +417,9 @@ func (d *Driver) volumeID(ctx context.Context, disk driver.Disk) (id string, rea
 		return id, true, nil
 	}
 	v, err := d.ensureVolume(ctx, disk)
+	if importing(err) != "" {
+		return "", false, nil
+	}
 	if err != nil {
 		return "", false, err
 	}

@@ -207,8 +207,10 @@ func (d *Driver) findVolume(ctx context.Context, name string) (*volumes.Volume, 
 }
 
 // ensureVolume finds or creates the disk's volume; Pool, when set, is the
-// Cinder volume type. A volume is made empty: images are not served on
-// nova yet.
+// Cinder volume type. A disk with an Image is created from the image's
+// Glance copy, which it first makes present: while that import runs it
+// returns an imageWait with the progress (importing tells). Other volumes
+// are made empty.
 func (d *Driver) ensureVolume(ctx context.Context, disk driver.Disk) (*volumes.Volume, error) {
 	v, err := d.findVolume(ctx, disk.Name)
 	if err != nil || v != nil {
@@ -217,14 +219,19 @@ func (d *Driver) ensureVolume(ctx context.Context, disk driver.Disk) (*volumes.V
 	if disk.Imported {
 		return nil, errors.Errorf("disk %s is an imported volume, and Cinder has no volume of that name", disk.Name)
 	}
-	if disk.Image != nil {
-		return nil, driver.Terminalf("disk %s: volumes from a DiskImage are not supported on nova yet; create the volume in Cinder (or from a Glance image) and name it %s", disk.Name, disk.Name)
-	}
 	size := int((disk.SizeBytes + gib - 1) / gib)
 	if size < 1 {
 		return nil, driver.Terminalf("disk %s: size must be positive, got %d bytes", disk.Name, disk.SizeBytes)
 	}
-	v, err = volumes.Create(ctx, d.c.volume, volumes.CreateOpts{Name: disk.Name, Size: size, VolumeType: disk.Pool, Description: Description}, nil).Extract()
+	opts := volumes.CreateOpts{Name: disk.Name, Size: size, VolumeType: disk.Pool, Description: Description}
+	if disk.Image != nil {
+		d.imageUse.RLock()
+		defer d.imageUse.RUnlock()
+		if opts.ImageID, err = d.imageFor(ctx, disk.Image); err != nil {
+			return nil, err
+		}
+	}
+	v, err = volumes.Create(ctx, d.c.volume, opts, nil).Extract()
 	return v, classify(err, "cannot create volume "+disk.Name)
 }
 

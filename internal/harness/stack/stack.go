@@ -67,7 +67,7 @@ type Options struct {
 	// MemoryAllocationRatio of the agents; the test driver's host has only
 	// 3 GiB, so the default here is 8 (room for dozens of small VMs).
 	MemoryAllocationRatio float64
-	// ImagePruneInterval of the libvirt agents; 0 means theirs (1 m).
+	// ImagePruneInterval of the agents; 0 means theirs (1 m).
 	ImagePruneInterval time.Duration
 	// PollInterval of the hub's controllers; 0 means 30 s.
 	PollInterval time.Duration
@@ -732,7 +732,7 @@ func (s *Stack) backend(node string) string {
 // agentBackendArgs are the flags that point node's agent at its backend.
 func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 	if b, ok := s.Backends[node]; ok {
-		return b.AgentArgs(), nil
+		return append(b.AgentArgs(), s.imageArgs(filepath.Join(s.opts.Dir, "images-"+node))...), nil
 	}
 	if h, ok := s.opts.LibvirtHosts[node]; ok {
 		args := []string{
@@ -772,19 +772,26 @@ func (s *Stack) agentBackendArgs(node string) ([]string, error) {
 		"--libvirt-socket=" + n.Socket,
 		"--libvirt-uri=" + n.URI,
 		"--libvirt-pool=" + libvirttest.Pool,
-		"--image-dir=" + filepath.Join(n.Dir, "images"),
 		"--memory-allocation-ratio=" + strconv.FormatFloat(s.opts.MemoryAllocationRatio, 'f', -1, 64),
 	}
+	args = append(args, s.imageArgs(filepath.Join(n.Dir, "images"))...)
 	if s.opts.CPUAllocationRatio > 0 {
 		args = append(args, "--cpu-allocation-ratio="+strconv.FormatFloat(s.opts.CPUAllocationRatio, 'f', -1, 64))
-	}
-	if s.opts.ImagePruneInterval > 0 {
-		args = append(args, "--image-prune-interval="+s.opts.ImagePruneInterval.String())
 	}
 	if s.opts.SharedPool != "" {
 		args = append(args, "--shared-pools="+s.opts.SharedPool)
 	}
 	return args, nil
+}
+
+// imageArgs are the flags of an agent's image downloads, kept in dir,
+// whatever its backend.
+func (s *Stack) imageArgs(dir string) []string {
+	args := []string{"--image-dir=" + dir}
+	if s.opts.ImagePruneInterval > 0 {
+		args = append(args, "--image-prune-interval="+s.opts.ImagePruneInterval.String())
+	}
+	return args
 }
 
 // StopAgent stops node's agent cleanly; its guests keep running.
