@@ -54,6 +54,8 @@ func testBackend(t *testing.T, backend string) {
 		Nodes:        []string{"node1", node},
 		Backends:     map[string]string{node: backend},
 		Subresources: true,
+		// testBootFromImage sees a Glance image pruned after pruneAfter.
+		ImagePruneInterval: time.Second,
 	})
 	h.create(t, &v1alpha1.VirtualNetwork{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net-db"},
@@ -142,6 +144,8 @@ func testBackend(t *testing.T, backend string) {
 	if backend == driver.BackendNova {
 		testNovaShapeChanges(t, h)
 	}
+
+	testBootFromImage(t, h, backend, node, on)
 
 	t.Run("AgentKilledMidCreateLeavesExactlyOneGuest", func(t *testing.T) {
 		const n = 5

@@ -105,7 +105,7 @@ func TestDiskImages(t *testing.T) {
 	h.create(t, imageVM("img-b", "boot-b"))
 
 	t.Run("TheImageShowsItsImportInProgress", func(t *testing.T) {
-		img := h.waitImage(t, 30*time.Second, func(img *v1alpha1.DiskImage) bool {
+		img := h.waitImage(t, "ubuntu", 30*time.Second, func(img *v1alpha1.DiskImage) bool {
 			return img.Status.AtProvider.Phase == v1alpha1.ImagePhaseImporting
 		})
 		assert.Contains(t, img.Status.AtProvider.Message, "importing image ubuntu: 0 of ")
@@ -130,16 +130,16 @@ func TestDiskImages(t *testing.T) {
 		assert.Less(t, i, slices.Index(phases, v1alpha1.PhaseRunning), "Provisioning comes before Running")
 		assert.Equal(t, v1alpha1.PhasePending, phases[0])
 
-		img := h.waitImage(t, 30*time.Second, func(img *v1alpha1.DiskImage) bool {
+		img := h.waitImage(t, "ubuntu", 30*time.Second, func(img *v1alpha1.DiskImage) bool {
 			return img.Status.AtProvider.Phase == v1alpha1.ImagePhaseReady
 		})
 		assert.Equal(t, []string{"node1"}, img.Status.AtProvider.Nodes)
 		assert.Equal(t, corev1.ConditionTrue, img.GetCondition(xpv2.TypeReady).Status)
-		img = h.waitImage(t, 30*time.Second, func(img *v1alpha1.DiskImage) bool { return img.Status.AtProvider.Size != nil })
+		img = h.waitImage(t, "ubuntu", 30*time.Second, func(img *v1alpha1.DiskImage) bool { return img.Status.AtProvider.Size != nil })
 		assert.Equal(t, int64(len(data)), img.Status.AtProvider.Size.Value(), "the size is the node's copy of the image")
 	})
 
-	img := h.waitImage(t, 5*time.Second, func(*v1alpha1.DiskImage) bool { return true })
+	img := h.waitImage(t, "ubuntu", 5*time.Second, func(*v1alpha1.DiskImage) bool { return true })
 	require.True(t, h.nodeVolumeExists(t, "node1", imageNodeVolume(img)), "the image was imported to the node")
 	for _, name := range []string{"boot-a", "boot-b"} {
 		require.True(t, h.nodeVolumeExists(t, "node1", ns+"_"+name), "Volume %s was made on the node", name)
@@ -163,7 +163,7 @@ func TestDiskImages(t *testing.T) {
 	unused := time.Now()
 
 	t.Run("AnUnusedImageStaysListedOnItsNodeUntilPruned", func(t *testing.T) {
-		img := h.waitImage(t, 10*time.Second, func(img *v1alpha1.DiskImage) bool { return img.Status.AtProvider.Users == 0 })
+		img := h.waitImage(t, "ubuntu", 10*time.Second, func(img *v1alpha1.DiskImage) bool { return img.Status.AtProvider.Users == 0 })
 		require.True(t, h.nodeVolumeExists(t, "node1", imageNodeVolume(img)),
 			"the image must still be on the node %s after its last Volume went (pruneAfter %s)", time.Since(unused), imagePruneAfter)
 		assert.Equal(t, []string{"node1"}, img.Status.AtProvider.Nodes, "the node still has the image")
@@ -175,7 +175,7 @@ func TestDiskImages(t *testing.T) {
 			imagePruneAfter+15*time.Second, 100*time.Millisecond, "the image's node copy is pruned")
 		pruned := time.Now()
 		t.Logf("image pruned %s after its last Volume was deleted (pruneAfter %s)", pruned.Sub(unused), imagePruneAfter)
-		img := h.waitImage(t, 30*time.Second, func(img *v1alpha1.DiskImage) bool { return len(img.Status.AtProvider.Nodes) == 0 })
+		img := h.waitImage(t, "ubuntu", 30*time.Second, func(img *v1alpha1.DiskImage) bool { return len(img.Status.AtProvider.Nodes) == 0 })
 		t.Logf("node1 left status.nodes %s after the prune", time.Since(pruned))
 		require.NotNil(t, img.Status.AtProvider.Size, "the image keeps its size")
 		assert.Equal(t, int64(len(data)), img.Status.AtProvider.Size.Value())
@@ -183,13 +183,13 @@ func TestDiskImages(t *testing.T) {
 
 	t.Run("DeletingAReferencedImageIsRefusedThenAllowedOnceUnused", func(t *testing.T) {
 		h.create(t, imageVolume("boot-c", "ubuntu"))
-		h.waitImage(t, 10*time.Second, func(img *v1alpha1.DiskImage) bool { return img.Status.AtProvider.Users == 1 })
+		h.waitImage(t, "ubuntu", 10*time.Second, func(img *v1alpha1.DiskImage) bool { return img.Status.AtProvider.Users == 1 })
 		require.NoError(t, h.kube.Delete(ctx, &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ubuntu"}}))
 		require.Eventually(t, func() bool {
 			return h.hasEvent(t, "ubuntu", "DeletionBlocked", "DiskImage ubuntu is used by Volume boot-c")
 		},
 			30*time.Second, 100*time.Millisecond, "a refused deletion records an event")
-		img := h.waitImage(t, 5*time.Second, func(img *v1alpha1.DiskImage) bool { return img.DeletionTimestamp != nil })
+		img := h.waitImage(t, "ubuntu", 5*time.Second, func(img *v1alpha1.DiskImage) bool { return img.DeletionTimestamp != nil })
 		assert.Equal(t, corev1.ConditionTrue, img.GetCondition("InUse").Status)
 
 		require.NoError(t, h.kube.Delete(ctx, &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "boot-c"}}))
@@ -313,12 +313,12 @@ func (h *hub) nodeVolumeExists(t *testing.T, node, name string) bool {
 	return true
 }
 
-func (h *hub) waitImage(t *testing.T, timeout time.Duration, ok func(*v1alpha1.DiskImage) bool) *v1alpha1.DiskImage {
+func (h *hub) waitImage(t *testing.T, name string, timeout time.Duration, ok func(*v1alpha1.DiskImage) bool) *v1alpha1.DiskImage {
 	t.Helper()
 	img := &v1alpha1.DiskImage{}
 	require.Eventually(t, func() bool {
-		return h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "ubuntu"}, img) == nil && ok(img)
-	}, timeout, 50*time.Millisecond, "DiskImage ubuntu: last status %+v", &img.Status.AtProvider)
+		return h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, img) == nil && ok(img)
+	}, timeout, 50*time.Millisecond, "DiskImage %s: last status %+v", name, &img.Status.AtProvider)
 	return img
 }
 

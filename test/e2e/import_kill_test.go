@@ -78,7 +78,7 @@ func TestImportKill(t *testing.T) {
 	})
 	h.create(t, imageVolume("boot", "ubuntu"))
 	h.create(t, imageVM("killed", "boot"))
-	img := h.waitImage(t, 30*time.Second, func(img *v1alpha1.DiskImage) bool { return img.UID != "" })
+	img := h.waitImage(t, "ubuntu", 30*time.Second, func(img *v1alpha1.DiskImage) bool { return img.UID != "" })
 	imageVol := imageNodeVolume(img)
 	downloads := filepath.Join(h.s.Nodes[node].Dir, "images")
 

@@ -73,7 +73,7 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 	k := kubectl{t: t, path: h.s.ControlPlane.Kubectl, kubeconfig: h.s.ControlPlane.Kubeconfig}
 	assert.Regexp(t, `(?m)^victim\s+Running\s+0\s+\S+\s+`+regexp.QuoteMeta(node2)+`\s`, k.run("get", "vm", "victim", "-o", "wide"),
 		"NODE shows the node's real name")
-	img := h.waitImage(t, 30*time.Second, func(img *v1alpha1.DiskImage) bool {
+	img := h.waitImage(t, "ubuntu", 30*time.Second, func(img *v1alpha1.DiskImage) bool {
 		return img.Status.AtProvider.Phase == v1alpha1.ImagePhaseReady
 	})
 	require.Equal(t, []string{node2}, img.Status.AtProvider.Nodes)

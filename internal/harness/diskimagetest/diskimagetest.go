@@ -6,6 +6,10 @@ package diskimagetest
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 )
 
 // qcow2HeaderLength is the length of a qcow2 version 3 header without
@@ -33,4 +37,31 @@ func QCOW2(size int) []byte {
 	_, _ = rand.Read(b)
 	copy(b, QCOW2Header())
 	return b
+}
+
+// Marked is a real qcow2 image of a disk of size bytes that is all zeros
+// but for marker at offset, converted by qemu-img from the raw disk, so a
+// backend that reads images (Cinder's qemu-img convert, CDI) finds the
+// marker where a guest would. It needs qemu-img (qemu-utils) on the PATH.
+func Marked(dir string, size, offset int64, marker []byte) ([]byte, error) {
+	raw := filepath.Join(dir, "marked.raw")
+	qcow2 := filepath.Join(dir, "marked.qcow2")
+	f, err := os.Create(raw)
+	if err != nil {
+		return nil, err
+	}
+	_, err = f.WriteAt(marker, offset)
+	if err == nil {
+		err = f.Truncate(size)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	if out, err := exec.Command("qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow2).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("qemu-img convert: %w: %s", err, out)
+	}
+	return os.ReadFile(qcow2)
 }
