@@ -138,7 +138,7 @@ func migrateHost(t *testing.T, d *nova.Driver, m driver.Machine, id, host string
 
 // openDriver opens the nova driver on c as a node's agent does, from a
 // clouds.yaml.
-func openDriver(t *testing.T, c *openstack.Cloud) *nova.Driver {
+func openDriver(t *testing.T, c *openstack.Cloud, configure ...func(*nova.Config)) *nova.Driver {
 	t.Helper()
 	y, err := yaml.Marshal(map[string]any{"clouds": map[string]any{"test": map[string]any{
 		"auth": map[string]string{
@@ -151,7 +151,11 @@ func openDriver(t *testing.T, c *openstack.Cloud) *nova.Driver {
 	require.NoError(t, err)
 	path := filepath.Join(t.TempDir(), "clouds.yaml")
 	require.NoError(t, os.WriteFile(path, y, 0o600))
-	d, err := nova.Open(context.Background(), nova.Config{Node: "node-1", CloudsFile: path, Cloud: "test", PollInterval: 500 * time.Millisecond})
+	cfg := nova.Config{Node: "node-1", CloudsFile: path, Cloud: "test", PollInterval: 500 * time.Millisecond}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	d, err := nova.Open(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = d.Close() })
 	return d
