@@ -235,6 +235,12 @@ type Image struct {
 	// of the node (its name in the driver's default pool), taken when the
 	// node first needs the image. A node without the volume fails the image.
 	SourceVolume string
+	// ExternalName, instead of URL or SourceVolume, names an image the
+	// backend holds already, which the driver uses as it is: never
+	// imported, verified, pruned nor deleted, and not reported by Images.
+	// A missing one is an error a retry may mend; a backend that keeps no
+	// such images refuses it with a Terminal error.
+	ExternalName string
 	// SHA256 is the expected hex digest of the download; empty skips the check.
 	SHA256 string
 	// Format is qcow2 (disks become copy-on-write overlays of the image) or

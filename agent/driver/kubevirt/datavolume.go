@@ -95,6 +95,8 @@ func verifiedKey(img *driver.Image) string {
 func importable(disk driver.Disk) error {
 	img := disk.Image
 	switch {
+	case img.ExternalName != "":
+		return driver.Terminalf("disk %s is made from image %s, which imports %q by external name: the kubevirt backend imports images from http and https URLs only", disk.Name, img.Name, img.ExternalName)
 	case img.SourceVolume != "" || img.URL == "":
 		return driver.Terminalf("disk %s is made from image %s, which has no URL: the kubevirt backend imports images from http and https URLs only", disk.Name, img.Name)
 	case disk.SizeBytes < minDataVolumeBytes:

@@ -136,6 +136,7 @@ func TestImportsTheNodeRefuses(t *testing.T) {
 		"NotAURL":            {disk: func(d *driver.Disk) { d.Image.URL = "http://bad host/x" }, want: "bad host"},
 		"LoopbackNotAllowed": {disk: func(d *driver.Disk) { d.Image.AllowedSources = nil }, want: "loopback"},
 		"LinkLocal":          {disk: func(d *driver.Disk) { d.Image.URL = "http://169.254.169.254/latest/meta-data" }, want: "link-local"},
+		"ByExternalName":     {disk: func(d *driver.Disk) { d.Image.URL, d.Image.ExternalName = "", "golden" }, want: `imports "golden" by external name`},
 		"FromAVolume":        {disk: func(d *driver.Disk) { d.Image.URL, d.Image.SourceVolume = "", "default_golden" }, want: "imports images from http and https URLs only"},
 		"NoSize":             {disk: func(d *driver.Disk) { d.SizeBytes = 0 }, want: "needs a size of at least 1Mi"},
 		"SmallerThan1Mi":     {disk: func(d *driver.Disk) { d.SizeBytes = 512 << 10 }, want: "needs a size of at least 1Mi"},

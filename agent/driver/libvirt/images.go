@@ -52,6 +52,9 @@ func (d *Driver) prepareImages(api API, m driver.Machine) (string, error) {
 		if exists {
 			continue
 		}
+		if ext := disk.Image.ExternalName; ext != "" {
+			return "", driver.Terminalf("volume %s is made from image %s, which imports %q by external name: a libvirt node imports images from a url or a Volume; import an existing volume of the node as a Volume by external name instead", disk.Name, disk.Image.Name, ext)
+		}
 		if d.inSharedPool(disk.Pool) {
 			// It would be a copy of the image, made by the first node
 			// to use it; one left half-copied by a node that died

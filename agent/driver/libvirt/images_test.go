@@ -563,3 +563,21 @@ func TestARefusedImageIsImportedOnceItsSourceIsAllowed(t *testing.T) {
 	assert.Equal(t, driver.PhaseRunning, o.Phase)
 	assert.Equal(t, int32(1), srv.requests.Load())
 }
+
+// TestAnImageByExternalNameIsRefused: a libvirt node imports images from a
+// url or a Volume only; a DiskImage naming an image by external name is
+// Terminal, and nothing is made.
+func TestAnImageByExternalNameIsRefused(t *testing.T) {
+	node := libvirttest.Start(t, "img-ext")
+	d := open(t, node)
+	img := &driver.Image{UID: "5d1c0e6a-0000-4000-8000-000000000601", Name: "golden", ExternalName: "debian-12-golden"}
+	m := imageMachine("golden", img)
+	_, err := d.Ensure(context.Background(), m)
+	require.Error(t, err)
+	assert.True(t, driver.IsTerminal(err), "not retried: %v", err)
+	assert.ErrorContains(t, err, `imports "debian-12-golden" by external name`)
+	assert.False(t, volumeExists(t, raw(t, node), m.Disks[0].Name), "nothing made")
+	st, err := d.Images(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, st, "and nothing imported")
+}

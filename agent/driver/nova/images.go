@@ -94,6 +94,9 @@ func (d *Driver) imageFor(ctx context.Context, img *driver.Image) (string, error
 	if d.c.image == nil {
 		return "", driver.Terminalf("image %s: this cloud's catalog has no image service (Glance) to import it into", img.Name)
 	}
+	if img.ExternalName != "" {
+		return d.externalImage(ctx, img)
+	}
 	if img.SourceVolume != "" {
 		return "", driver.Terminalf("image %s is a copy of a volume, which the nova backend cannot make; give the DiskImage a url", img.Name)
 	}
@@ -118,6 +121,37 @@ func (d *Driver) imageFor(ctx context.Context, img *driver.Image) (string, error
 		return "", &imageWait{progress: progress}
 	}
 	return id, nil
+}
+
+// externalImage is the id of the active Glance image img.ExternalName
+// names, by id or else by name, among those the project sees. It is used
+// as it is: never uploaded, tagged, pruned nor deleted. None is an error a
+// retry may mend (its owner may upload it); a name several images share
+// is Terminal, as only an id says which.
+func (d *Driver) externalImage(ctx context.Context, img *driver.Image) (string, error) {
+	if im, err := images.Get(ctx, d.c.image, img.ExternalName).Extract(); err == nil {
+		if im.Status != images.ImageStatusActive {
+			return "", errors.Errorf("image %s: Glance image %s is %s, not active", img.Name, img.ExternalName, im.Status)
+		}
+		return im.ID, nil
+	} else if code := statusOf(err); code != http.StatusNotFound && code != http.StatusBadRequest {
+		return "", classify(err, "cannot read Glance image "+img.ExternalName)
+	}
+	page, err := images.List(d.c.image, images.ListOpts{Name: img.ExternalName, Status: images.ImageStatusActive}).AllPages(ctx)
+	if err != nil {
+		return "", classify(err, "cannot list images")
+	}
+	all, err := images.ExtractImages(page)
+	if err != nil {
+		return "", errors.Wrap(err, "cannot read images")
+	}
+	switch len(all) {
+	case 0:
+		return "", errors.Errorf("image %s: Glance has no active image with id or name %q to import", img.Name, img.ExternalName)
+	case 1:
+		return all[0].ID, nil
+	}
+	return "", driver.Terminalf("image %s: %d Glance images are named %q; name the one to import by its id", img.Name, len(all), img.ExternalName)
 }
 
 // importImage downloads, verifies and inspects img, then uploads it to

@@ -302,7 +302,7 @@ func TestReconciler(t *testing.T) {
 			h.synced()
 			h.put(intent("a", func(in *wire.Intent) { in.Machine.Disks[0].Image = &wire.ImageRef{Name: "ubuntu", UID: "img-1"} }))
 			rep := h.eventually("a", phase(wire.PhaseFailed), "guest should fail")
-			assert.Contains(t, rep.Message, "machine.disks[0].image needs a uid and a url")
+			assert.Contains(t, rep.Message, "machine.disks[0].image needs a uid and one of a url")
 		}},
 		{"a malformed intent fails naming the field without touching the driver", func(t *testing.T, h *harness) {
 			h.synced()

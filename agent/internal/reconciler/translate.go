@@ -50,16 +50,17 @@ func machine(in wire.Intent) (driver.Machine, error) {
 		}
 		if im := d.Image; im != nil {
 			if err := im.Validate(); im.UID == "" || err != nil {
-				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and a url or a sourceVolume, exactly one", i)
+				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and one of a url, a sourceVolume or an externalName", i)
 			}
 			disk.Format = im.Format
 			disk.Image = &driver.Image{
-				UID:        im.UID,
-				Name:       im.Name,
-				URL:        im.URL,
-				SHA256:     im.Checksum,
-				Format:     im.Format,
-				PruneAfter: time.Duration(im.PruneAfterSeconds) * time.Second,
+				UID:          im.UID,
+				Name:         im.Name,
+				URL:          im.URL,
+				ExternalName: im.ExternalName,
+				SHA256:       im.Checksum,
+				Format:       im.Format,
+				PruneAfter:   time.Duration(im.PruneAfterSeconds) * time.Second,
 			}
 			if src := im.SourceVolume; src != nil {
 				disk.Image.SourceVolume = wire.NameOnNode(in.Namespace, src.Name)

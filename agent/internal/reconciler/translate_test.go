@@ -40,11 +40,11 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 		},
 		"BothSourcesAreRefused": {
 			image:   wire.ImageRef{Name: "golden", UID: "img-2", URL: "http://127.0.0.1/u.qcow2", SourceVolume: base},
-			wantErr: "malformed intent: machine.disks[0].image needs a uid and a url or a sourceVolume, exactly one",
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume or an externalName",
 		},
 		"NoSourceIsRefused": {
 			image:   wire.ImageRef{Name: "golden", UID: "img-2"},
-			wantErr: "malformed intent: machine.disks[0].image needs a uid and a url or a sourceVolume, exactly one",
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume or an externalName",
 		},
 	}
 	for name, tc := range cases {

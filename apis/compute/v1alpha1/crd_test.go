@@ -259,7 +259,7 @@ func invalidOthers() []invalidObject {
 		{"nat network without cidr", obj("VirtualNetwork", "nocidr", map[string]any{"mode": "nat"}), []string{"spec.forProvider", "cidr is required"}},
 		{"bridge network without bridge", obj("VirtualNetwork", "nobridge", map[string]any{"mode": "bridge"}), []string{"spec.forProvider", "bridge is required"}},
 		{"vlan on a nat network", obj("VirtualNetwork", "natvlan", map[string]any{"cidr": "10.10.120.0/24", "vlan": 100}), []string{"spec.forProvider", "vlan is allowed only when mode is bridge"}},
-		{"image with url and volume", obj("DiskImage", "both", map[string]any{"source": map[string]any{"url": "https://images.example.com/a.qcow2", "volumeRef": map[string]any{"name": "v"}}}), []string{"spec.forProvider.source", "exactly one of url or volumeRef"}},
+		{"image with url and volume", obj("DiskImage", "both", map[string]any{"source": map[string]any{"url": "https://images.example.com/a.qcow2", "volumeRef": map[string]any{"name": "v"}}}), []string{"spec.forProvider.source", "one of url or volumeRef, not both"}},
 		{"image from ftp", obj("DiskImage", "ftp", map[string]any{"source": map[string]any{"url": "ftp://images.example.com/a.qcow2"}}), []string{"spec.forProvider.source.url", "http or https"}},
 		{"image with a short sha256", obj("DiskImage", "sha", map[string]any{"source": map[string]any{"url": "https://images.example.com/a.qcow2", "sha256": "abc"}}), []string{"spec.forProvider.source.sha256"}},
 		{"image prune after nonsense", obj("DiskImage", "prune", map[string]any{"source": map[string]any{"url": "https://images.example.com/a.qcow2"}, "pruneAfter": "tomorrow"}), []string{"pruneAfter"}},

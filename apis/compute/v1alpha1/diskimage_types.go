@@ -10,9 +10,12 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 )
 
-// DiskImageSource says where an image comes from: exactly one of url or
-// volumeRef.
-// +kubebuilder:validation:XValidation:rule="has(self.url) != has(self.volumeRef)",message="set exactly one of url or volumeRef"
+// DiskImageSource says where an image comes from: one of url or volumeRef.
+// With neither, the DiskImage imports the image of the node's backend its
+// crossplane.io/external-name annotation names (a Glance image's name or id
+// on nova), which virtfleet uses as it is and never deletes; the namespace
+// needs the import grant for that, as for any import.
+// +kubebuilder:validation:XValidation:rule="!(has(self.url) && has(self.volumeRef))",message="set one of url or volumeRef, not both"
 // +kubebuilder:validation:XValidation:rule="!has(self.sha256) || has(self.url)",message="sha256 verifies a download and goes with url"
 type DiskImageSource struct {
 	// URL is an http or https address the image is downloaded from.
@@ -34,8 +37,10 @@ type DiskImageSource struct {
 
 // DiskImageParameters are the fields a user sets on a DiskImage.
 type DiskImageParameters struct {
-	// Source of the image.
-	Source DiskImageSource `json:"source"`
+	// Source of the image; empty when the DiskImage imports an existing
+	// image by its crossplane.io/external-name annotation.
+	// +optional
+	Source DiskImageSource `json:"source,omitempty"`
 
 	// Format of the image file.
 	// +kubebuilder:default=qcow2

@@ -175,16 +175,23 @@ func (in Intent) Validate() error {
 }
 
 // Validate reports whether the node can tell where the image comes from:
-// exactly one of URL or SourceVolume, and a checksum only for a download.
+// exactly one of URL, SourceVolume or ExternalName, and a checksum only for
+// a download.
 func (r ImageRef) Validate() error {
+	sources := 0
+	for _, set := range []bool{r.URL != "", r.SourceVolume != nil, r.ExternalName != ""} {
+		if set {
+			sources++
+		}
+	}
 	switch {
-	case r.URL != "" && r.SourceVolume != nil:
-		return errors.New("set exactly one of url or sourceVolume, not both")
-	case r.URL == "" && r.SourceVolume == nil:
-		return errors.New("set exactly one of url or sourceVolume")
+	case sources > 1:
+		return errors.New("set exactly one of url, sourceVolume or externalName, not more")
+	case sources == 0:
+		return errors.New("set exactly one of url, sourceVolume or externalName")
 	case r.SourceVolume != nil && (r.SourceVolume.Name == "" || r.SourceVolume.UID == ""):
 		return errors.New("sourceVolume needs a name and a uid")
-	case r.SourceVolume != nil && r.Checksum != "":
+	case r.URL == "" && r.Checksum != "":
 		return errors.New("checksum verifies a download and goes with url")
 	}
 	return nil

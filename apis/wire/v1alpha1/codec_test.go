@@ -166,12 +166,15 @@ func TestImageRefNamesWhatIsWrong(t *testing.T) {
 		ref     ImageRef
 		wantErr string
 	}{
-		"ADownload":      {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", Checksum: "ab"}},
-		"AClone":         {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}},
-		"Both":           {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "set exactly one of url or sourceVolume, not both"},
-		"Neither":        {ref: ImageRef{UID: "i"}, wantErr: "set exactly one of url or sourceVolume"},
-		"ACloneNoName":   {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{UID: "v"}}, wantErr: "sourceVolume needs a name and a uid"},
-		"ACloneChecksum": {ref: ImageRef{UID: "i", Checksum: "ab", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "checksum verifies a download and goes with url"},
+		"ADownload":        {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", Checksum: "ab"}},
+		"AClone":           {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}},
+		"AnImport":         {ref: ImageRef{UID: "i", ExternalName: "debian-12"}},
+		"Both":             {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "set exactly one of url, sourceVolume or externalName, not more"},
+		"URLAndImport":     {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", ExternalName: "debian-12"}, wantErr: "set exactly one of url, sourceVolume or externalName, not more"},
+		"Neither":          {ref: ImageRef{UID: "i"}, wantErr: "set exactly one of url, sourceVolume or externalName"},
+		"AnImportChecksum": {ref: ImageRef{UID: "i", ExternalName: "debian-12", Checksum: "ab"}, wantErr: "checksum verifies a download and goes with url"},
+		"ACloneNoName":     {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{UID: "v"}}, wantErr: "sourceVolume needs a name and a uid"},
+		"ACloneChecksum":   {ref: ImageRef{UID: "i", Checksum: "ab", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "checksum verifies a download and goes with url"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -185,7 +188,7 @@ func TestImageRefNamesWhatIsWrong(t *testing.T) {
 	}
 
 	_, err := EncodeIntent(withImage(exampleClonedIntent(), func(r *ImageRef) { r.URL = "https://x/i.qcow2" }))
-	assert.EqualError(t, err, "cannot decode intent: machine.disks[0].image: set exactly one of url or sourceVolume, not both",
+	assert.EqualError(t, err, "cannot decode intent: machine.disks[0].image: set exactly one of url, sourceVolume or externalName, not more",
 		"an image with two sources must not be written")
 }
 

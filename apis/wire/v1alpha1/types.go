@@ -182,6 +182,12 @@ type ImageRef struct {
 	// taken when the node first needs the image. The hub sends it only to
 	// the node the Volume is bound to.
 	SourceVolume *SourceVolume `json:"sourceVolume,omitempty"`
+	// ExternalName, instead of URL or SourceVolume, is an image that exists
+	// on the node's backend already (a Glance image's name or id), which
+	// the DiskImage imports by its crossplane.io/external-name: the node
+	// uses it as it is and never deletes it. An agent older than
+	// ExternalName sees neither URL nor SourceVolume and refuses the image.
+	ExternalName string `json:"externalName,omitempty"`
 	// Checksum is the expected lowercase hex SHA-256 of the download; empty
 	// skips the check.
 	Checksum string `json:"checksum,omitempty"`

@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/volumes"
+	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/imagedata"
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -160,6 +161,40 @@ func TestNovaDriverImportsDiskImagesIntoGlance(t *testing.T) {
 		st, err := d.Images(ctx)
 		require.NoError(t, err)
 		assert.Empty(t, st)
+	})
+
+	t.Run("AGlanceImageIsImportedByNameOrIdAndNeverPruned", func(t *testing.T) {
+		// The cloud's own image, uploaded as an operator would.
+		golden, err := images.Create(ctx, cl.Image, images.CreateOpts{Name: "vf-test-golden-" + uuid.NewString()[:8], DiskFormat: "qcow2", ContainerFormat: "bare"}).Extract()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = images.Delete(ctx, cl.Image, golden.ID).ExtractErr() })
+		require.NoError(t, imagedata.Upload(ctx, cl.Image, golden.ID, bytes.NewReader(data)).ExtractErr())
+		for _, ref := range []string{golden.Name, golden.ID} {
+			m := machine("golden-" + ref[len(ref)-4:])
+			m.Disks[0].Image = &driver.Image{UID: uuid.NewString(), Name: "golden", ExternalName: ref, PruneAfter: time.Millisecond}
+			t.Cleanup(func() {
+				assert.Eventually(t, func() bool { return d.Delete(ctx, m.UID) == nil }, migrateTimeout, poll)
+				assert.Eventually(t, func() bool { return d.DeleteVolume(ctx, m.Disks[0]) == nil }, migrateTimeout, poll)
+			})
+			require.Eventually(t, func() bool {
+				o, err := d.Ensure(ctx, m)
+				require.NoError(t, err)
+				return o.Phase == driver.PhaseRunning
+			}, bootTimeout, poll)
+			v := cinderVolume(t, cl, m.Disks[0].Name)
+			assert.Equal(t, golden.ID, v.VolumeImageMetadata["image_id"], "the boot volume was made from the image %s names", ref)
+		}
+		before := requests.Load()
+		for range 2 {
+			_, err := d.PruneImages(ctx)
+			require.NoError(t, err)
+		}
+		_, err = images.Get(ctx, cl.Image, golden.ID).Extract()
+		assert.NoError(t, err, "an imported image is never pruned")
+		assert.Equal(t, before, requests.Load(), "nor downloaded")
+		st, err := d.Images(ctx)
+		require.NoError(t, err)
+		assert.Empty(t, st, "nor reported as the node's")
 	})
 
 	t.Run("ADownloadThatFailsItsChecksumLeavesNothing", func(t *testing.T) {

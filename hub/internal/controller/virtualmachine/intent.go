@@ -282,6 +282,11 @@ func (d dependencies) imageRef(v v1alpha1.Volume) *wire.ImageRef {
 		ref.URL, ref.Checksum = "", ""
 		ref.SourceVolume = &wire.SourceVolume{Name: src.Name, UID: string(src.UID)}
 	}
+	if ext := meta.GetExternalName(img); ext != "" && fp.Source.URL == "" && fp.Source.VolumeRef == nil {
+		// An image of the node's backend, used as it is (admit checked
+		// the namespace may import it).
+		ref.ExternalName = ext
+	}
 	if fp.Format != nil {
 		ref.Format = string(*fp.Format)
 	}

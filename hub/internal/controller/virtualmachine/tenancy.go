@@ -7,6 +7,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -35,8 +36,9 @@ func admitNode(vm *v1alpha1.VirtualMachine, node string, g tenancy.Grant, f *fle
 }
 
 // admit says whether the VM may use what it refers to: a Volume bound to a
-// node by hand (not boundByHub) or importing a node's volume, a
-// VirtualNetwork importing a node's network or joining a host bridge; each
+// node by hand (not boundByHub) or importing a node's volume, a DiskImage
+// importing an image of the node's backend, a VirtualNetwork importing a
+// node's network or joining a host bridge; each
 // is refused unless g, its namespace's grant, allows it. It gives the
 // images the sources g allows.
 func (d *dependencies) admit(g tenancy.Grant, boundByHub func(metav1.Object) bool) error {
@@ -57,6 +59,20 @@ func (d *dependencies) admit(g tenancy.Grant, boundByHub func(metav1.Object) boo
 	}
 	for _, image := range slices.Sorted(maps.Keys(d.sources)) {
 		if err := volume(d.sources[image]); err != nil {
+			return err
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(d.images)) {
+		img := d.images[name]
+		src := img.Spec.ForProvider.Source
+		if src.URL != "" || src.VolumeRef != nil {
+			continue
+		}
+		ext := meta.GetExternalName(img)
+		if ext == "" {
+			return errors.Errorf("DiskImage %s has no source: set spec.forProvider.source.url or source.volumeRef, or name an image of the node's backend in its %s annotation", name, meta.AnnotationKeyExternalName)
+		}
+		if err := g.CheckImport(fmt.Sprintf("DiskImage %s", name), ext); err != nil {
 			return err
 		}
 	}

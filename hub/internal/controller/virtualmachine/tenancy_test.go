@@ -101,6 +101,7 @@ func TestAdmit(t *testing.T) {
 	importedVol := vol("legacy", testNode)
 	meta.SetExternalName(importedVol, "legacy.qcow2")
 	none := tenancy.Grant{Namespace: "default", ImageSources: []string{"10.0.0.0/8"}}
+	importedImage := map[string]*v1alpha1.DiskImage{"golden": {ObjectMeta: metav1.ObjectMeta{Name: "golden", Annotations: map[string]string{meta.AnnotationKeyExternalName: "debian-12-golden"}}}}
 
 	cases := map[string]struct {
 		d       dependencies
@@ -115,6 +116,8 @@ func TestAdmit(t *testing.T) {
 		"AVolumeThatImports":                       {d: dependencies{volumes: []v1alpha1.Volume{*importedVol}}, grant: none, refused: `the Volume legacy imports "legacy.qcow2"`},
 		"AVolumeThatImportsWhereImportsAreGranted": {d: dependencies{volumes: []v1alpha1.Volume{*importedVol}}, grant: tenancy.Grant{Import: true}},
 		"ANetworkThatImports":                      {d: dependencies{networks: []v1alpha1.VirtualNetwork{importedNet}}, grant: none, refused: `the VirtualNetwork legacy imports "default"`},
+		"AnImageThatImports":                       {d: dependencies{images: importedImage}, grant: none, refused: `the DiskImage golden imports "debian-12-golden"`},
+		"AnImageThatImportsWhereImportsAreGranted": {d: dependencies{images: importedImage}, grant: tenancy.Grant{Import: true}},
 		"AHostBridgeNotGranted":                    {d: dependencies{networks: []v1alpha1.VirtualNetwork{bridge("mgmt", "br-mgmt")}}, grant: tenancy.Grant{HostBridges: []string{"br0"}}, refused: `joins host bridge "br-mgmt"`},
 		"AHostBridgeGranted":                       {d: dependencies{networks: []v1alpha1.VirtualNetwork{bridge("lan", "br0")}}, grant: tenancy.Grant{HostBridges: []string{"br0"}}},
 	}
@@ -147,6 +150,33 @@ func TestImagesCarryTheirNamespacesSources(t *testing.T) {
 
 	require.NoError(t, d.admit(tenancy.Grant{}, f.Sealed))
 	assert.Empty(t, intent(machine, d).Machine.Disks[0].Image.AllowedSources, "a namespace granted nothing may fetch from the public internet only")
+}
+
+// TestAnImageWithoutASourceImportsItsExternalName: a DiskImage with
+// neither url nor volumeRef sends the node the image its external-name
+// annotation names, to use as it is; without the annotation it has no
+// source, and the VM says which field to set.
+func TestAnImageWithoutASourceImportsItsExternalName(t *testing.T) {
+	machine := vm(func(v *v1alpha1.VirtualMachine) { v.Spec.ForProvider.VirtualNetworks = nil })
+	img := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "golden", UID: "uid-golden"}}
+	f := fleettest.Start(t, bus.NewFake())
+
+	d, err := resolve(context.Background(), kube(t, fromImage("root", "golden"), vol("data", ""), img.DeepCopy()), machine)
+	require.NoError(t, err)
+	err = d.admit(tenancy.Grant{Import: true}, f.Sealed)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "DiskImage golden has no source: set spec.forProvider.source.url")
+
+	meta.SetExternalName(img, "debian-12-golden")
+	d, err = resolve(context.Background(), kube(t, fromImage("root", "golden"), vol("data", ""), img), machine)
+	require.NoError(t, err)
+	require.NoError(t, d.admit(tenancy.Grant{Import: true, ImageSources: []string{"10.0.0.0/8"}}, f.Sealed))
+	ref := intent(machine, d).Machine.Disks[0].Image
+	require.NotNil(t, ref)
+	assert.Equal(t, "debian-12-golden", ref.ExternalName)
+	assert.Empty(t, ref.URL)
+	assert.Empty(t, ref.AllowedSources, "nothing is downloaded")
+	require.NoError(t, ref.Validate(), "the node can tell where the image comes from")
 }
 
 // TestAVolumeOnTheVMsOwnNodeNeedsNoSeal: once the VM is admitted to its
