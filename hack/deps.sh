@@ -15,7 +15,9 @@
 #               against as plain processes (internal/harness/openstack):
 #               Glance holds the images the backend imports, which Cinder
 #               writes into volumes (qemu-img, from qemu-utils, a
-#               dependency of cinder-volume); and Prometheus's promtool,
+#               dependency of cinder-volume), and a real nova-compute with
+#               Neutron's linuxbridge and DHCP agents boots the guest image
+#               from one; and Prometheus's promtool,
 #               which checks the alert rules.
 # Run as root it installs what is missing; otherwise it prints the exact
 # command to run. The once-per-machine Go builds the profiles need build
@@ -30,13 +32,21 @@ guests=(qemu-system-x86 qemu-utils dnsmasq-base iptables iproute2 openssh-client
 	mmdebstrap fdisk e2fsprogs mount extlinux)
 # nova-compute is left out on purpose: it pulls libvirt and QEMU for its own
 # service; the harness runs nova.cmd.compute from python3-nova with Nova's
-# fake.FakeDriver.
+# fake.FakeDriver, and, for the tests that boot a real guest, with its
+# libvirt driver on a libvirtd of the harness's own (libvirt and QEMU are in
+# run and guests). That real compute host needs python3-libvirt (the libvirt
+# driver's binding), genisoimage (Nova's config drive, which gives the
+# guest its key), and Neutron's linuxbridge and DHCP agents (the guests'
+# bridge, and dnsmasq in the network's namespace; they bring ebtables,
+# whose rules the linuxbridge agent only lists on the harness's networks,
+# made without port security, and dnsmasq-utils).
 openstack=(mariadb-server python3-pymysql rabbitmq-server
 	keystone placement-api
 	nova-api nova-conductor nova-scheduler python3-nova
 	glance-api
 	cinder-api cinder-scheduler cinder-volume
-	neutron-server uwsgi-plugin-python3)
+	neutron-server uwsgi-plugin-python3
+	python3-libvirt genisoimage neutron-linuxbridge-agent neutron-dhcp-agent)
 monitoring=(prometheus)
 
 # envtest's binaries serve every profile; Crossplane core only some.

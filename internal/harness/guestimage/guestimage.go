@@ -1,7 +1,7 @@
 // Package guestimage gives the real-guest tests and `make run GUESTS=qemu` a
 // bootable Debian cloud image: bookworm with Debian's cloud kernel,
-// cloud-init (NoCloud), openssh-server, qemu-guest-agent and
-// systemd-networkd DHCP, booted by extlinux from ext4. There is no internet
+// cloud-init (NoCloud, or an OpenStack config drive), openssh-server,
+// qemu-guest-agent and systemd-networkd DHCP, booted by extlinux from ext4. There is no internet
 // here to download a cloud image from, but Debian's apt mirror is reachable,
 // so the image is built from Debian packages with mmdebstrap, once per machine
 // and recipe, into a cache directory next to the envtest binaries. A build

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds virtfleet's real-guest test image: Debian bookworm with Debian's cloud
-# kernel, cloud-init (NoCloud), openssh-server, qemu-guest-agent and
+# kernel, cloud-init (NoCloud or ConfigDrive), openssh-server, qemu-guest-agent and
 # systemd-networkd doing DHCP on any interface, booted by extlinux from one
 # ext4 partition. Usage: recipe.sh WORKDIR OUT.qcow2
 # Every line of this file is part of the recipe hash: editing it rebuilds the image.
@@ -31,9 +31,10 @@ Type=ether
 DHCP=yes
 NET
 cat >"$root/etc/cloud/cloud.cfg.d/90-virtfleet.cfg" <<'CFG'
-# networkd above owns the network; the NoCloud seed is the only datasource.
+# networkd above owns the network; the NoCloud seed, or an OpenStack config
+# drive (Nova's, label config-2), is the datasource.
 network: {config: disabled}
-datasource_list: [NoCloud, None]
+datasource_list: [NoCloud, ConfigDrive, None]
 system_info:
   default_user:
     name: debian

@@ -223,6 +223,9 @@ func (c *Cloud) cinderConf() conf {
 			{"volume_driver", "vffile.FileDriver"},
 			{"volume_backend_name", volumeBackend},
 			{"vffile_directory", c.volumesDir()},
+			// The real compute host's QEMU opens a 'local' volume as a
+			// block device.
+			{"vffile_block_device_hosts", c.RealComputeHost},
 		},
 		"oslo_concurrency":             c.lockPath("cinder"),
 		"oslo_messaging_notifications": {{"driver", "noop"}},
@@ -264,9 +267,19 @@ func (c *Cloud) glanceConf() conf {
 	}
 }
 
-// neutronConf: ML2 with VXLAN tenant networks and no agents; the harness's
-// vfbind mechanism driver binds every port, so Nova sees it bound and
-// active. Neutron tells Nova nothing: Nova waits for no event.
+// neutronConf: ML2 with VXLAN tenant networks and no agents but the real
+// compute host's; the harness's vfbind mechanism driver binds every other
+// port, so Nova sees it bound and active. Neutron tells Nova when a port goes up or down (the events the
+// real compute host waits for before it starts a guest); the fake hosts
+// wait for none, and take one that comes as unexpected, which changes
+// nothing. Of a port's other changes it tells Nova nothing.
+//
+// For the real compute host (StartRealCompute) Neutron's own linuxbridge
+// mechanism driver comes first: it binds the ports of a host whose
+// linuxbridge agent runs, as bridge ports, and passes on every other
+// host's to vfbind. Networks of type local (a bridge on the host and
+// nothing else) are for the real host's guests; no network goes to the
+// DHCP agent unless asked (ServeDHCP), so the agent serves only those.
 func (c *Cloud) neutronConf() conf {
 	return conf{
 		"DEFAULT": append(c.common("neutron"),
@@ -278,12 +291,16 @@ func (c *Cloud) neutronConf() conf {
 			[2]string{"api_workers", "1"},
 			[2]string{"rpc_workers", "0"},
 			[2]string{"rpc_state_report_workers", "0"},
-			[2]string{"notify_nova_on_port_status_changes", "false"},
+			[2]string{"notify_nova_on_port_status_changes", "true"},
 			[2]string{"notify_nova_on_port_data_changes", "false"},
+			[2]string{"network_auto_schedule", "false"},
 		),
-		"database":                     {{"connection", c.database("neutron")}},
-		"keystone_authtoken":           c.authtoken("neutron"),
-		"ml2":                          {{"type_drivers", "flat,vxlan"}, {"tenant_network_types", "vxlan"}, {"mechanism_drivers", "vfbind"}, {"extension_drivers", "port_security"}},
+		"database":           {{"connection", c.database("neutron")}},
+		"keystone_authtoken": c.authtoken("neutron"),
+		"nova":               c.serviceAuth("neutron"),
+		"ml2":                {{"type_drivers", "flat,vxlan,local"}, {"tenant_network_types", "vxlan"}, {"mechanism_drivers", "linuxbridge,vfbind"}, {"extension_drivers", "port_security"}},
+		// Zed marks linuxbridge experimental: it refuses to load unless told.
+		"experimental":                 {{"linuxbridge", "true"}},
 		"ml2_type_vxlan":               {{"vni_ranges", "1:10000"}},
 		"oslo_concurrency":             c.lockPath("neutron"),
 		"oslo_messaging_notifications": {{"driver", "noop"}},

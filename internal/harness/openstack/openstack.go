@@ -6,13 +6,19 @@
 // API, scheduler and volume service with a volume driver of the harness's
 // own (vffile) whose volumes are sparse raw files, and Neutron's ML2 server
 // with a mechanism driver of the harness's own that binds every port
-// (there are no agents), on a private MariaDB (unix socket) and RabbitMQ
-// (127.0.0.1, random ports).
+// (there are no agents but the real compute host's, below), on a private
+// MariaDB (unix socket) and RabbitMQ (127.0.0.1, random ports).
 // Servers exist only in Nova's database, which is all its API shows; a
 // volume is a file (VolumePath), and one made from a Glance image holds the
 // image's bytes as raw, as a hypervisor would boot it. The driver under
 // test meets real Nova, Cinder, Glance, Neutron and Keystone, their
 // validation, state machines and asynchrony.
+//
+// A test that needs a server to be a real guest starts the real compute
+// host (StartRealCompute): a nova-compute with Nova's libvirt driver on a
+// libvirtd of the cloud's own, QEMU under TCG, with Neutron's linuxbridge
+// and DHCP agents for its guests' networks (see realcompute.go for how and
+// why).
 //
 // Nothing is shared with the machine: every service reads its own
 // configuration from the cloud's directory, listens on 127.0.0.1 ports
@@ -94,6 +100,10 @@ type Options struct {
 	// SpareComputeHost is the name of the second compute host; default
 	// vf-compute-2.
 	SpareComputeHost string
+	// RealComputeHost is the name of the compute host with Nova's libvirt
+	// driver, which runs once a test starts it (StartRealCompute); default
+	// vf-compute-real.
+	RealComputeHost string
 }
 
 // Cloud is a running OpenStack. Its user is the cloud's admin, in the
@@ -111,6 +121,10 @@ type Cloud struct {
 	// once a test enables it (SetSpareHostEnabled) to move servers live
 	// between the two.
 	SpareComputeHost string
+	// RealComputeHost is the name of the compute host whose servers are
+	// real QEMU guests, which runs once a test starts it
+	// (StartRealCompute).
+	RealComputeHost string
 
 	ports struct {
 		keystone, placement, nova, glance, cinder, neutron, amqp, dist, epmd int
@@ -128,6 +142,12 @@ type Cloud struct {
 	// spare is the spare compute host's service, once started.
 	spareMu sync.Mutex
 	spare   *process
+
+	// real is the real compute host, once started, and why its start
+	// failed, if it did.
+	realMu  sync.Mutex
+	real    *realCompute
+	realErr error
 }
 
 // AuthURL is Keystone's v3 endpoint.
@@ -159,7 +179,11 @@ func Start(ctx context.Context, o Options) (_ *Cloud, err error) {
 	}
 	c := &Cloud{
 		Dir: o.Dir, Region: DefaultRegion, Domain: domain, Username: adminUser, Project: adminProject,
-		ComputeHost: o.ComputeHost, SpareComputeHost: o.SpareComputeHost, out: o.Progress, began: time.Now(),
+		ComputeHost: o.ComputeHost, SpareComputeHost: o.SpareComputeHost, RealComputeHost: o.RealComputeHost,
+		out: o.Progress, began: time.Now(),
+	}
+	if c.RealComputeHost == "" {
+		c.RealComputeHost = DefaultRealComputeHost
 	}
 	if c.out == nil {
 		c.out = io.Discard
@@ -253,6 +277,13 @@ func (c *Cloud) prepare() error {
 // if Start made it. It may be called more than once.
 func (c *Cloud) Stop() {
 	c.stopOnce.Do(func() {
+		// The real host's guests first, while its libvirtd still runs.
+		c.realMu.Lock()
+		rc := c.real
+		c.realMu.Unlock()
+		if rc != nil {
+			rc.destroyGuests(c)
+		}
 		c.mu.Lock()
 		procs := c.procs
 		c.procs = nil
@@ -270,6 +301,9 @@ func (c *Cloud) Stop() {
 		wg.Wait()
 		if len(procs) > 0 {
 			c.progress("stopped %d processes", len(procs))
+		}
+		if rc != nil {
+			rc.cleanUp(c)
 		}
 		if c.ownDir {
 			_ = os.RemoveAll(c.Dir)

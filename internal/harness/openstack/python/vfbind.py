@@ -1,9 +1,11 @@
 """An ML2 mechanism driver that binds every port at once.
 
-The test cloud runs Neutron without agents, so no mechanism driver of
-Neutron's own would bind a port and Nova would fail the server's network.
-This one binds each port to its first segment as an OVS port and marks it
-ACTIVE; Nova's fake driver plugs nothing and waits for no event.
+The test cloud runs Neutron without agents for its fake compute hosts, so
+no mechanism driver of Neutron's own would bind their ports and Nova would
+fail the server's network. This one binds each port to its first segment
+as an OVS port and marks it ACTIVE; Nova's fake driver plugs nothing and
+waits for no event. It comes after Neutron's linuxbridge driver, which
+binds the ports of the real compute host, whose linuxbridge agent runs.
 """
 
 from neutron_lib.api.definitions import portbindings

@@ -7,10 +7,17 @@ volume's size, a snapshot the file snapshot-<id> beside it. An image is
 fetched from Glance and written into the file as raw by Cinder's own
 image_utils.fetch_to_raw (qemu-img convert). A connection hands the file
 over as a 'local' device, which is where os-brick and Nova's libvirt driver
-find a volume that is a path on the compute host.
+find a volume that is a path on the compute host: the file itself, or, for
+a host named in vffile_block_device_hosts, a loop device over it. Nova's
+libvirt driver makes a 'local' volume a block disk, which QEMU opens only
+if it is a block device; the hosts of Nova's fake driver open nothing and
+get the file. The loop device is made at the connection's start (once per
+file: a second connection gets the same one) and detached at its end, or
+when the volume goes.
 
-The commands run here (cp, qemu-img) work on the driver's own files and
-need no root: they run as the service's user, without Cinder's root helper.
+The commands run here (cp, qemu-img, losetup) run as the service's user,
+without Cinder's root helper: cp and qemu-img work on the driver's own
+files, and losetup needs root, which the test cloud's services are.
 Cinder's own flow runs qemu-img info on the downloaded image "as root"; the
 test cloud's services run as root, and oslo.concurrency puts the root
 helper (sudo cinder-rootwrap) before a command only for other users.
@@ -18,6 +25,7 @@ helper (sudo cinder-rootwrap) before a command only for other users.
 
 import os
 
+from oslo_concurrency import lockutils
 from oslo_config import cfg
 from oslo_utils import units
 
@@ -30,6 +38,9 @@ from cinder.volume import volume_utils
 file_opts = [
     cfg.StrOpt('vffile_directory',
                help='The directory that holds the volumes, as files.'),
+    cfg.ListOpt('vffile_block_device_hosts', default=[],
+                help='Compute hosts whose connections get a loop device '
+                     'over the volume\'s file rather than the file.'),
 ]
 
 
@@ -94,6 +105,7 @@ class FileDriver(driver.VolumeDriver):
     def delete_volume(self, volume):
         # A new volume is a new file: nothing of this one's data is left to
         # leak into it.
+        self._detach_loops(self.local_path(volume))
         self._remove(self.local_path(volume))
 
     def create_cloned_volume(self, volume, src_vref):
@@ -112,7 +124,11 @@ class FileDriver(driver.VolumeDriver):
                    volume.size)
 
     def extend_volume(self, volume, new_size):
-        self._resize(self.local_path(volume), new_size)
+        path = self.local_path(volume)
+        self._resize(path, new_size)
+        # A loop device keeps the size it had when it was made until told.
+        for loop in self._loops(path):
+            self._execute('losetup', '--set-capacity', loop)
 
     def copy_image_to_volume(self, context, volume, image_service, image_id):
         path = self.local_path(volume)
@@ -133,11 +149,36 @@ class FileDriver(driver.VolumeDriver):
         pass
 
     def initialize_connection(self, volume, connector, **kwargs):
+        path = self.local_path(volume)
+        hosts = self.configuration.vffile_block_device_hosts or []
+        if (connector or {}).get('host') in hosts:
+            path = self._loop(path)
         return {'driver_volume_type': 'local',
-                'data': {'device_path': self.local_path(volume)}}
+                'data': {'device_path': path}}
 
     def terminate_connection(self, volume, connector, **kwargs):
-        pass
+        hosts = self.configuration.vffile_block_device_hosts or []
+        # A force detach has no connector: whatever loop there is goes.
+        if connector is None or connector.get('host') in hosts:
+            self._detach_loops(self.local_path(volume))
+
+    def _loops(self, path):
+        """The loop devices over path (losetup -j: "/dev/loopN: ...")."""
+        out, _err = self._execute('losetup', '-j', path)
+        return [line.split(':', 1)[0] for line in out.splitlines() if line]
+
+    def _loop(self, path):
+        with lockutils.lock('vffile-loop-' + os.path.basename(path)):
+            loops = self._loops(path)
+            if loops:
+                return loops[0]
+            out, _err = self._execute('losetup', '--find', '--show', path)
+            return out.strip()
+
+    def _detach_loops(self, path):
+        with lockutils.lock('vffile-loop-' + os.path.basename(path)):
+            for loop in self._loops(path):
+                self._execute('losetup', '-d', loop)
 
     def _update_volume_stats(self):
         st = os.statvfs(self._directory)
