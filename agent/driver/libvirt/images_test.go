@@ -268,7 +268,12 @@ func TestFailedImportIsRetriedWithBackoff(t *testing.T) {
 
 	_, err := ensureUntil(t, d, m)
 	require.Error(t, err)
-	failedAt := time.Now()
+	// The backoff counts from when the import failed, which Ensure may
+	// tell a while after (a loaded machine).
+	st, ok := imageStatus(t, d, m.Disks[0].Image.UID)
+	require.True(t, ok)
+	failedAt := st.ImportFinished
+	require.False(t, failedAt.IsZero(), "the failed import says when it ended")
 	// Within the backoff Ensure answers with the failure and does not
 	// download again, however often it is called.
 	for range 5 {
