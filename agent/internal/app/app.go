@@ -64,6 +64,11 @@ func Run(ctx context.Context, cfg Config) error {
 	defer nc.Close()
 
 	drv, err := newDriver(ctx, cfg)
+	if err != nil && ctx.Err() != nil {
+		// Stopped while the backend was being reached: the stop ended the
+		// start, not the backend, and a stop is a clean exit.
+		return nil
+	}
 	if err != nil {
 		return errors.Wrap(err, "cannot start driver")
 	}
