@@ -5,26 +5,36 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/volumes"
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/driver/kubevirt"
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/diskimagetest"
+	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
 	"github.com/virtfleet/virtfleet/internal/harness/openstack"
 )
 
@@ -179,4 +189,93 @@ func (h *hub) diskImage(t *testing.T, name string) *v1alpha1.DiskImage {
 	img := &v1alpha1.DiskImage{}
 	require.NoError(t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, img))
 	return img
+}
+
+// testRealNovaGuest boots the example Debian image on the test cloud's
+// real compute host as a user would: a DiskImage at a URL, a Volume from
+// it, a VirtualNetwork importing the site's network, a VirtualMachine with
+// a public key. The hub places it on the nova node, whose agent imports
+// the image into Glance and boots the server from a volume made of it;
+// ssh with the VM's key reaches the guest at the VM's status address.
+func testRealNovaGuest(t *testing.T, h *hub, on func(*v1alpha1.VirtualMachine) *v1alpha1.VirtualMachine) {
+	t.Run("TheExampleImageBootsOnARealComputeHostAndAnswersSSH", func(t *testing.T) {
+		ctx := context.Background()
+		imagePath, err := guestimage.Ensure(ctx, io.Discard)
+		require.NoError(t, err, "the guest image")
+		cloud := openstack.ForTest(t)
+		start := time.Now()
+		host, err := cloud.StartRealCompute(ctx)
+		require.NoError(t, err, "logs in %s/logs", cloud.Dir)
+		t.Logf("the real compute host %s started in %s", host, time.Since(start).Round(time.Millisecond))
+		// Afterwards it takes no more servers: the other scenarios' VMs are
+		// on the suite's VXLAN network, which it does not carry.
+		t.Cleanup(func() { assert.NoError(t, cloud.SetHostEnabled(ctx, host, false, "only for the real-guest scenario")) })
+		// Nova's scheduler may choose only the real host meanwhile.
+		require.NoError(t, cloud.SetHostEnabled(ctx, cloud.ComputeHost, false, "a test boots on the real host"))
+		t.Cleanup(func() { assert.NoError(t, cloud.SetHostEnabled(ctx, cloud.ComputeHost, true, "")) })
+		const lan = "vf-e2e-lan"
+		lanID, err := cloud.GuestNetwork(ctx, lan, "10.253.0.0/24")
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			n := novaCloud(t)
+			assert.Eventually(t, func() bool {
+				err := networks.Delete(ctx, n.cl.Network, lanID).ExtractErr()
+				return err == nil || gophercloud.ResponseCodeIs(err, http.StatusNotFound)
+			}, 5*time.Minute, time.Second, "the guest network goes once the server is gone")
+		})
+
+		sum := sha256.New()
+		f, err := os.Open(imagePath) //nolint:gosec // the harness's image
+		require.NoError(t, err)
+		_, err = io.Copy(sum, f)
+		_ = f.Close()
+		require.NoError(t, err)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, imagePath) }))
+		t.Cleanup(srv.Close)
+		key := filepath.Join(t.TempDir(), "id_ed25519")
+		out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key).CombinedOutput()
+		require.NoError(t, err, "ssh-keygen: %s", out)
+		pub, err := os.ReadFile(key + ".pub") //nolint:gosec // the test's own key
+		require.NoError(t, err)
+
+		h.create(t, &v1alpha1.DiskImage{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "debian-12"},
+			Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+				Source: v1alpha1.DiskImageSource{URL: srv.URL + "/debian-12.qcow2", SHA256: hex.EncodeToString(sum.Sum(nil))},
+			}},
+		})
+		root := imageVolume("real-root", "debian-12")
+		root.Spec.ForProvider.Size = resource.MustParse("3Gi")
+		h.create(t, root)
+		h.create(t, &v1alpha1.VirtualNetwork{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lan", Annotations: map[string]string{meta.AnnotationKeyExternalName: lan}},
+			Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{CIDR: "10.253.0.0/24"}},
+		})
+		vm := vmWith("real", "real-root")
+		vm.Spec.ForProvider.VirtualNetworks = []v1alpha1.LocalName{"lan"}
+		vm.Spec.ForProvider.Memory = resource.MustParse("768Mi")
+		vm = on(vm)
+		vm.Spec.ForProvider.PublicKey = strings.TrimSpace(string(pub))
+		start = time.Now()
+		h.create(t, vm)
+		t.Cleanup(func() { h.delete(t, "real") })
+
+		got := h.wait(t, "real", 10*time.Minute, func(vm *v1alpha1.VirtualMachine) bool {
+			return running(vm) && len(vm.Status.AtProvider.Interfaces) == 1 && len(vm.Status.AtProvider.Interfaces[0].IPs) > 0
+		})
+		t.Logf("Running on %s %s after it was created", got.Status.AtProvider.Node, time.Since(start).Round(time.Millisecond))
+		require.Equal(t, host, got.Status.AtProvider.Node, "NODE is the real compute host")
+		ip := got.Status.AtProvider.Interfaces[0].IPs[0]
+		var answer []byte
+		require.Eventually(t, func() bool {
+			ssh := exec.Command("ip", "netns", "exec", "qdhcp-"+lanID, "ssh", "-i", key,
+				"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
+				"-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR",
+				guestimage.DefaultUser+"@"+ip, "ip -4 -o addr show scope global")
+			answer, err = ssh.CombinedOutput()
+			return err == nil
+		}, 10*time.Minute, 2*time.Second, "ssh into the guest at its status address %s", ip)
+		t.Logf("ssh into the guest %s after the VM was created: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(string(answer)))
+		assert.Contains(t, string(answer), ip+"/24", "the guest holds its status address")
+	})
 }

@@ -146,6 +146,9 @@ func testBackend(t *testing.T, backend string) {
 	}
 
 	testBootFromImage(t, h, backend, node, on)
+	if backend == driver.BackendNova {
+		testRealNovaGuest(t, h, on)
+	}
 
 	t.Run("AgentKilledMidCreateLeavesExactlyOneGuest", func(t *testing.T) {
 		const n = 5

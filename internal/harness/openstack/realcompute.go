@@ -15,7 +15,12 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/agents"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/portsecurity"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/provider"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 )
 
 // The real compute host: next to the fake ones, a nova-compute with Nova's
@@ -235,6 +240,33 @@ func (c *Cloud) agent(ctx context.Context, cl *Clients, typ string) (*agents.Age
 		}
 	}
 	return nil, errors.Errorf("no live %s on %s", typ, c.RealComputeHost)
+}
+
+// GuestNetwork makes a network for the real host's guests, named name,
+// with a DHCP subnet of cidr that the DHCP agent serves: type local, and
+// without port security, so that no agent writes firewall rules in the
+// machine's namespace. A test reaches its guests from the network's
+// namespace, qdhcp-<id>. It returns the network's id.
+func (c *Cloud) GuestNetwork(ctx context.Context, name, cidr string) (string, error) {
+	cl, err := c.Clients(ctx)
+	if err != nil {
+		return "", err
+	}
+	off, dhcp := false, true
+	n, err := networks.Create(ctx, cl.Network, portsecurity.NetworkCreateOptsExt{
+		CreateOptsBuilder: provider.CreateOptsExt{
+			CreateOptsBuilder: networks.CreateOpts{Name: name},
+			Segments:          []provider.Segment{{NetworkType: "local"}},
+		},
+		PortSecurityEnabled: &off,
+	}).Extract()
+	if err != nil {
+		return "", errors.Wrapf(err, "cannot create network %s", name)
+	}
+	if _, err := subnets.Create(ctx, cl.Network, subnets.CreateOpts{NetworkID: n.ID, Name: name, CIDR: cidr, IPVersion: gophercloud.IPv4, EnableDHCP: &dhcp}).Extract(); err != nil {
+		return n.ID, errors.Wrapf(err, "cannot create the subnet of network %s", name)
+	}
+	return n.ID, c.ServeDHCP(ctx, n.ID)
 }
 
 // ServeDHCP gives a network to the real compute host's DHCP agent, which

@@ -248,13 +248,13 @@ const spareComputeConf = "nova-compute-2.conf"
 func (c *Cloud) SetSpareHostEnabled(ctx context.Context, enabled bool) error {
 	c.spareMu.Lock()
 	defer c.spareMu.Unlock()
-	cl, err := c.Clients(ctx)
-	if err != nil {
-		return err
-	}
 	if c.spare == nil {
 		if !enabled {
 			return nil
+		}
+		cl, err := c.Clients(ctx)
+		if err != nil {
+			return err
 		}
 		// A new compute service starts enabled.
 		if c.spare, err = c.service("nova-compute-2", "nova.cmd.compute", spareComputeConf); err != nil {
@@ -262,25 +262,36 @@ func (c *Cloud) SetSpareHostEnabled(ctx context.Context, enabled bool) error {
 		}
 		return c.waitCompute(ctx, cl, c.SpareComputeHost, c.spare)
 	}
+	return c.SetHostEnabled(ctx, c.SpareComputeHost, enabled, "the test cloud's spare host, not in use")
+}
+
+// SetHostEnabled enables or disables the running compute service of host
+// in Nova, with why when it disables it: Nova's scheduler places nothing
+// on a disabled host, and what runs there stays.
+func (c *Cloud) SetHostEnabled(ctx context.Context, host string, enabled bool, why string) error {
+	cl, err := c.Clients(ctx)
+	if err != nil {
+		return err
+	}
 	compute := *cl.Compute
 	// Services are updated by id from 2.53 on.
 	compute.Microversion = "2.53"
-	page, err := services.List(&compute, services.ListOpts{Binary: "nova-compute", Host: c.SpareComputeHost}).AllPages(ctx)
+	page, err := services.List(&compute, services.ListOpts{Binary: "nova-compute", Host: host}).AllPages(ctx)
 	if err != nil {
 		return errors.Wrap(err, "cannot list the compute services")
 	}
 	all, err := services.ExtractServices(page)
 	if err != nil || len(all) != 1 {
-		return errors.Errorf("no compute service %s in Nova (%v)", c.SpareComputeHost, err)
+		return errors.Errorf("no compute service %s in Nova (%v)", host, err)
 	}
 	opts := services.UpdateOpts{Status: services.ServiceEnabled}
 	if !enabled {
-		opts = services.UpdateOpts{Status: services.ServiceDisabled, DisabledReason: "the test cloud's spare host, not in use"}
+		opts = services.UpdateOpts{Status: services.ServiceDisabled, DisabledReason: why}
 	}
 	if _, err := services.Update(ctx, &compute, all[0].ID, opts).Extract(); err != nil {
-		return errors.Wrapf(err, "cannot set compute service %s %s", c.SpareComputeHost, opts.Status)
+		return errors.Wrapf(err, "cannot set compute service %s %s", host, opts.Status)
 	}
-	c.progress("compute host %s %s", c.SpareComputeHost, opts.Status)
+	c.progress("compute host %s %s", host, opts.Status)
 	return nil
 }
 
