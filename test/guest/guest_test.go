@@ -118,6 +118,11 @@ func ensureImage(ctx context.Context, t *testing.T) string {
 	// On a fresh machine `make test` builds the image beside the other
 	// packages, and this waits for it: said apart from the suite's own time.
 	t.Logf("guest image ready after %s", time.Since(imageStart).Round(time.Second))
+	bootStart := time.Now()
+	release, err := guestimage.Boot(ctx, os.Stderr)
+	require.NoError(t, err)
+	t.Cleanup(release)
+	t.Logf("the machine's guests are this test's after %s", time.Since(bootStart).Round(time.Second))
 	return image
 }
 

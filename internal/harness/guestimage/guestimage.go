@@ -187,3 +187,22 @@ func removeBuild(work string) error {
 	}
 	return errors.Wrapf(os.RemoveAll(work), "cannot remove %s", work)
 }
+
+// Boot takes the machine-wide lock under which one test at a time boots
+// real guests from the image, and returns its release. Under TCG a booting
+// guest keeps a core busy, so two suites booting guests side by side on a
+// 2-core machine (test/guest and test/e2e's real Nova guest, run in
+// parallel by `go test ./...`) starve each other's guests past their
+// tests' patience. A caller that has to wait says so on progress.
+func Boot(ctx context.Context, progress io.Writer) (func(), error) {
+	path, err := Path()
+	if err != nil {
+		return nil, err
+	}
+	// Beside every recipe's directory, so one lock serves them all.
+	root := filepath.Dir(filepath.Dir(path))
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, errors.Wrap(err, "cannot create the guest image directory")
+	}
+	return modbuild.Lock(ctx, filepath.Join(root, "boot.lock"), progress)
+}

@@ -3,9 +3,11 @@ package guestimage
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -60,4 +62,20 @@ func TestTheRemainsOfAnInterruptedBuildAreRemoved(t *testing.T) {
 	mounts, err := os.ReadFile("/proc/self/mountinfo")
 	require.NoError(t, err)
 	assert.NotContains(t, string(mounts), dir, "no mount is left behind")
+}
+
+// TestBootIsOneTestAtATime: a second Boot waits until the first is
+// released, and gives up when its context ends.
+func TestBootIsOneTestAtATime(t *testing.T) {
+	t.Setenv(EnvCacheDir, t.TempDir())
+	release, err := Boot(context.Background(), io.Discard)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err = Boot(ctx, io.Discard)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the machine's guests are another test's")
+	release()
+	again, err := Boot(context.Background(), io.Discard)
+	require.NoError(t, err, "free once released")
+	again()
 }
