@@ -2,7 +2,8 @@
 // package imports a test server or harness. Production packages are hub/,
 // agent/, apis/ and the shared production code of internal/ (natswire,
 // flagenv), without the packages that exist only for tests (a name ending
-// in "test", and the driver's fake). The shipped hub and agent are built
+// in "test", the driver's fake, and the simulated nodes of scale tests
+// that run over it). The shipped hub and agent are built
 // from them alone.
 package harness_test
 
@@ -20,7 +21,7 @@ const module = "github.com/virtfleet/virtfleet"
 // testOnly is whether a virtfleet package exists only for tests.
 func testOnly(pkg string) bool {
 	return strings.HasPrefix(pkg, module+"/internal/harness/") || strings.HasPrefix(pkg, module+"/test/") ||
-		strings.HasSuffix(pkg, "test") || pkg == module+"/agent/driver/fake"
+		strings.HasSuffix(pkg, "test") || pkg == module+"/agent/driver/fake" || pkg == module+"/agent/simnodes"
 }
 
 // forbidden are test servers and test libraries by import path prefix.

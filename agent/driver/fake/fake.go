@@ -5,6 +5,8 @@ package fake
 
 import (
 	"context"
+	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -41,6 +43,11 @@ type Driver struct {
 
 	// Tunnel is what TunnelAddress reports; invalid by default.
 	Tunnel netip.Addr
+
+	// Unrecorded keeps no calls: a simulated node (agent/simnodes) runs
+	// for hours, and a record of every call would grow without end.
+	// Calls and Attempts then see nothing.
+	Unrecorded bool
 
 	mu sync.Mutex
 	// peers are what SetPeers was last given.
@@ -175,10 +182,17 @@ func (d *Driver) Attempts(op, uid string) int {
 	return n
 }
 
+// record keeps c, unless the driver is Unrecorded.
+func (d *Driver) record(c Call) {
+	if !d.Unrecorded {
+		d.calls = append(d.calls, c)
+	}
+}
+
 // take records a call and returns the error it must fail with: the one-shot
 // hook for its op, which it clears, else the guest's persistent one.
 func (d *Driver) take(c Call, next *error) error {
-	d.calls = append(d.calls, c)
+	d.record(c)
 	if err := *next; err != nil {
 		*next = nil
 		return err
@@ -215,10 +229,11 @@ func (d *Driver) Ensure(_ context.Context, m driver.Machine) (driver.Observation
 	running := g.obs.Phase == driver.PhaseRunning || g.obs.Phase == driver.PhasePaused
 	switch {
 	case !m.Running:
-		g.obs.Phase = driver.PhaseStopped
+		g.obs.Phase, g.obs.Interfaces = driver.PhaseStopped, nil
 	case !running:
 		g.obs.Phase, g.applied = driver.PhaseRunning, m
 		g.obs.VCPU, g.obs.MemoryBytes = m.VCPU, m.MemoryBytes
+		g.obs.Interfaces = interfacesOf(m)
 	case m.RestartNonce != "" && m.RestartNonce != g.lastNonce:
 		g.obs.RestartCount++
 		g.applied = m
@@ -235,6 +250,31 @@ func (d *Driver) Ensure(_ context.Context, m driver.Machine) (driver.Observation
 	g.machine = m
 	g.obs.RestartRequired = g.obs.Phase != driver.PhaseStopped && !sameShape(g.applied, m)
 	return g.obs, nil
+}
+
+// interfacesOf are the interfaces a guest started as m has on the networks
+// where the hub allocated it an address, each holding that address, as a
+// real backend's DHCP reservation hands it out. The fake reports no
+// interface on a network without one (an imported network): it has no
+// DHCP server that could give one, and an addressless interface would only
+// have the reconciler look for an address that never comes.
+func interfacesOf(m driver.Machine) []driver.Interface {
+	var out []driver.Interface
+	for i, n := range m.Networks {
+		if n.Address.IsValid() {
+			out = append(out, driver.Interface{Network: n.Name, MAC: macOf(m.UID, i), IPs: []string{n.Address.Addr().String()}, Source: driver.AddressSourceBackend})
+		}
+	}
+	return out
+}
+
+// macOf is the MAC of interface i of guest uid: locally administered, and
+// the same every time the guest starts.
+func macOf(uid string, i int) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(uid))
+	v := h.Sum32()
+	return fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", byte(v>>24), byte(v>>16), byte(v>>8), byte(v)+byte(i))
 }
 
 // sameShape compares what a guest is made of, not how it is asked to run
@@ -281,7 +321,7 @@ func (d *Driver) Peers() []netip.Addr {
 func (d *Driver) Release(_ context.Context, uid, seal string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.calls = append(d.calls, Call{Op: "Release", UID: uid})
+	d.record(Call{Op: "Release", UID: uid})
 	g, ok := d.guests[uid]
 	if !ok {
 		return nil
@@ -324,7 +364,7 @@ func (d *Driver) find(ref driver.Ref) (map[string]*guest, string, bool) {
 func (d *Driver) Claim(_ context.Context, m driver.Machine, ref driver.Ref) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.calls = append(d.calls, Call{Op: "Claim", UID: m.UID, Machine: m})
+	d.record(Call{Op: "Claim", UID: m.UID, Machine: m})
 	if _, ok := d.guests[m.UID]; ok {
 		return nil
 	}
@@ -349,7 +389,7 @@ func (d *Driver) Claim(_ context.Context, m driver.Machine, ref driver.Ref) erro
 func (d *Driver) ObserveRef(_ context.Context, ref driver.Ref) (driver.Observation, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.calls = append(d.calls, Call{Op: "ObserveRef"})
+	d.record(Call{Op: "ObserveRef"})
 	from, k, ok := d.find(ref)
 	if !ok {
 		return driver.Observation{}, driver.NotFoundf("no guest %s on node %s", ref, d.Node)
@@ -430,7 +470,7 @@ func (d *Driver) AddVolume(name string, o driver.VolumeObservation) {
 func (d *Driver) ObserveVolume(_ context.Context, disk driver.Disk) (driver.VolumeObservation, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.calls = append(d.calls, Call{Op: "ObserveVolume", Disk: disk})
+	d.record(Call{Op: "ObserveVolume", Disk: disk})
 	o, ok := d.volumes[disk.Name]
 	if !ok {
 		return o, driver.NotFoundf("no volume %s on node %s", disk.Name, d.Node)

@@ -2,6 +2,7 @@ package fake
 
 import (
 	"context"
+	"net/netip"
 	"testing"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -183,4 +184,42 @@ func TestPauseAndReset(t *testing.T) {
 			assert.Equal(t, s.restartRequired, o.RestartRequired, "restartRequired")
 		})
 	}
+}
+
+// TestGuestsHoldTheHubsAddresses pins what a simulated node reports: a
+// running guest has an interface on each network where the hub allocated
+// it an address, holding that address, the same MAC on every start, and
+// none while it is stopped; an Unrecorded driver keeps no calls.
+func TestGuestsHoldTheHubsAddresses(t *testing.T) {
+	ctx := context.Background()
+	m := driver.Machine{UID: uid, Namespace: "team-a", Name: "web-1", Disks: []driver.Disk{{Name: "root"}}, VCPU: 1, MemoryBytes: 64 << 20, Running: true,
+		Networks: []driver.Network{
+			{Name: "lan", CIDR: "10.0.0.0/24", Address: netip.MustParsePrefix("10.0.0.7/24")},
+			{Name: "site", Imported: true},
+			{Name: "db", CIDR: "10.1.0.0/24", Address: netip.MustParsePrefix("10.1.0.9/24")},
+		}}
+	d := New("n1")
+	d.Unrecorded = true
+
+	o, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	require.Len(t, o.Interfaces, 2, "no interface where the hub gave no address")
+	assert.Equal(t, []string{"10.0.0.7"}, o.Interfaces[0].IPs)
+	assert.Equal(t, "lan", o.Interfaces[0].Network)
+	assert.Equal(t, []string{"10.1.0.9"}, o.Interfaces[1].IPs)
+	assert.Equal(t, driver.AddressSourceBackend, o.Interfaces[0].Source)
+	assert.NotEqual(t, o.Interfaces[0].MAC, o.Interfaces[1].MAC)
+	mac := o.Interfaces[0].MAC
+
+	m.Running = false
+	o, err = d.Ensure(ctx, m)
+	require.NoError(t, err)
+	assert.Empty(t, o.Interfaces, "a stopped guest holds no address")
+
+	m.Running = true
+	o, err = d.Ensure(ctx, m)
+	require.NoError(t, err)
+	require.Len(t, o.Interfaces, 2)
+	assert.Equal(t, mac, o.Interfaces[0].MAC, "the same MAC on every start")
+	assert.Empty(t, d.Calls(), "an Unrecorded driver keeps no calls")
 }

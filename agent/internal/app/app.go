@@ -279,6 +279,9 @@ func scale(v int64, ratio float64) int64 {
 // newDriver is the one factory that turns the configured backend into a
 // Driver; the reconciler above it knows only driver.Driver.
 func newDriver(ctx context.Context, cfg Config) (driver.Driver, error) {
+	if cfg.Driver != nil {
+		return cfg.Driver, nil
+	}
 	switch cfg.Backend {
 	case driver.BackendLibvirt:
 		lc := cfg.Libvirt

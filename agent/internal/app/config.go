@@ -61,6 +61,11 @@ type Config struct {
 	Libvirt  libvirt.Config
 	Nova     nova.Config
 	KubeVirt kubevirt.Config
+	// Driver, when set, is the node's driver instead of one made from
+	// Backend's configuration: a simulated node of a scale test runs the
+	// real wire, credentials and reconciler over an in-memory driver
+	// (agent/simnodes). Run closes it when it stops.
+	Driver driver.Driver
 
 	// HeartbeatInterval between heartbeats; default 2 s. It must stay well
 	// within the nodes bucket's TTL (10 s by default).
