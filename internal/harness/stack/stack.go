@@ -139,6 +139,22 @@ type Options struct {
 	// so that CutAgent can cut one node off NATS while its agent and its
 	// guests run on: a partition, not a crash.
 	NATSProxies bool
+	// Simulated serves every node from one simnodes process (agent/
+	// simnodes) over the in-memory driver instead of an agent and a
+	// libvirtd each: the real wire, credentials and reconciler per node,
+	// for fleets larger than this machine runs agents for. Each node's
+	// host has SimulatedHost's CPUs and memory; the allocation ratios
+	// apply. Backends, LibvirtHosts, SharedPool and NATSProxies do not.
+	Simulated bool
+	// SimulatedHost is each simulated node's host; zero means 16 CPUs and
+	// 64 GiB.
+	SimulatedHost SimulatedHost
+}
+
+// SimulatedHost is the host a simulated node pretends to be.
+type SimulatedHost struct {
+	VCPUs       int64
+	MemoryBytes int64
 }
 
 // DefaultGrants are what the stack's administrator grants when
@@ -222,6 +238,8 @@ type Stack struct {
 	natsProcs []*natsProcess
 	// proxies are the agents' NATS proxies, by node (Options.NATSProxies).
 	proxies map[string]*natsProxy
+	// simulated is the process serving every node (Options.Simulated).
+	simulated *component
 }
 
 // component is a running hub or agent process.
@@ -356,6 +374,9 @@ func (s *Stack) start(ctx context.Context) error {
 	}
 	logf(o.Progress, "images", "%s (serves the examples' DiskImages)", s.images.url)
 	for _, n := range o.Nodes {
+		if o.Simulated {
+			break
+		}
 		if b := s.backend(n); b != driver.BackendLibvirt {
 			// Recorded only once started, as a libvirtd node: Stop after a
 			// failed start must not stop a nil backend and hide the error.
@@ -398,7 +419,16 @@ func (s *Stack) start(ctx context.Context) error {
 		return err
 	}
 	logf(o.Progress, "hub", "log: %s", s.LogPath("hub"))
+	if o.Simulated {
+		if err := s.startSimulated(); err != nil {
+			return err
+		}
+		logf(o.Progress, "simnodes", "%d simulated nodes, log: %s", len(o.Nodes), s.LogPath("simnodes"))
+	}
 	for _, n := range o.Nodes {
+		if o.Simulated {
+			break
+		}
 		if err := s.StartAgent(n); err != nil {
 			return err
 		}
@@ -564,7 +594,11 @@ func (s *Stack) build(ctx context.Context) error {
 		return nil
 	}
 	s.bin = filepath.Join(s.opts.Dir, "bin")
-	build := exec.CommandContext(ctx, "go", "build", "-o", s.bin+string(filepath.Separator), "./hub", "./agent", "./kubectl-virtfleet")
+	pkgs := []string{"./hub", "./agent", "./kubectl-virtfleet"}
+	if s.opts.Simulated {
+		pkgs = append(pkgs, "./agent/simnodes")
+	}
+	build := exec.CommandContext(ctx, "go", append([]string{"build", "-o", s.bin + string(filepath.Separator)}, pkgs...)...) //nolint:gosec // our own packages
 	build.Dir = controlplane.RepoRoot()
 	if out, err := build.CombinedOutput(); err != nil {
 		return errors.Errorf("cannot build the hub, the agent and the kubectl plugin: %v\n%s", err, out)
@@ -670,12 +704,9 @@ func (s *Stack) StartAgent(node string) error {
 		}
 		s.agentMetricsPorts[node] = port
 	}
-	creds := filepath.Join(s.opts.Dir, "credentials", node+".nk")
-	if err := os.MkdirAll(filepath.Dir(creds), 0o700); err != nil {
-		return errors.Wrap(err, "cannot create the credentials directory")
-	}
-	if err := os.WriteFile(creds, s.AgentIdentities[node].Seed, 0o600); err != nil {
-		return errors.Wrap(err, "cannot write the agent's credentials")
+	creds, err := s.writeCredentials(node)
+	if err != nil {
+		return err
 	}
 	natsURL, err := s.agentNATSURL(node)
 	if err != nil {
@@ -709,6 +740,19 @@ func (s *Stack) StartAgent(node string) error {
 	c, err := s.runCommand("agent-"+node, argv, nil)
 	s.agents[node] = c
 	return err
+}
+
+// writeCredentials writes node's nkey seed where its agent reads it,
+// Dir/credentials/<node>.nk, and returns that path.
+func (s *Stack) writeCredentials(node string) (string, error) {
+	creds := filepath.Join(s.opts.Dir, "credentials", node+".nk")
+	if err := os.MkdirAll(filepath.Dir(creds), 0o700); err != nil {
+		return "", errors.Wrap(err, "cannot create the credentials directory")
+	}
+	if err := os.WriteFile(creds, s.AgentIdentities[node].Seed, 0o600); err != nil {
+		return "", errors.Wrap(err, "cannot write the agent's credentials")
+	}
+	return creds, nil
 }
 
 // labels is the agent's --labels value for node.
@@ -822,6 +866,7 @@ func (s *Stack) Stop() {
 	for _, n := range nodes {
 		_ = s.StopAgent(n)
 	}
+	_ = s.StopSimulated()
 	for _, p := range s.proxies {
 		p.cut()
 	}
