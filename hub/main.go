@@ -14,6 +14,7 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
 	"github.com/virtfleet/virtfleet/hub/internal/app"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
@@ -35,6 +36,7 @@ func main() {
 	flag.IntVar(&c.MaxReconcileRate, "max-reconcile-rate", app.DefaultMaxReconcileRate, "Reconciles per second across all controllers; high enough for bursts of creates.")
 	flag.IntVar(&c.Workers, "workers", app.DefaultWorkers, "Reconciles each controller runs at once.")
 	flag.IntVar(&c.QPS, "qps", app.DefaultQPS, "Requests per second to the Kubernetes API server (burst: twice as many).")
+	flag.Float64Var(&c.NormalEventsPerSecond, "normal-events-per-second", apiwrites.DefaultNormalEventsPerSecond, "Normal events the hub records per second (bursts of ten times as many); more are dropped and counted, so a burst of creates does not cost a write per VM in events. Warning events are always recorded. Below 0 records every one.")
 	flag.IntVar(&c.MigrationsPerFleet, "migrations-per-fleet", migration.DefaultPerFleet, "Live migrations under way at once in one fleet (one NATS server's nodes).")
 	flag.IntVar(&c.MigrationsPerNode, "migrations-per-node", migration.DefaultPerNode, "Live migrations under way at once from or to one node.")
 	flag.IntVar(&c.MigrationsPerNamespace, "migrations-per-namespace", migration.DefaultPerNamespace, "Live migrations under way at once in one namespace, so that no one tenant takes every slot of the fleet.")

@@ -111,6 +111,10 @@ var (
 		Name: "virtfleet_hub_foreign_reports_total",
 		Help: "Reports about a VirtualMachine, Volume or DiskImage from a node it is not placed on; the hub ignores them.",
 	}, "kind", "node", "operation")
+	EventsDropped = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_events_dropped_total",
+		Help: "Normal Kubernetes events the hub did not record because they exceeded its budget of Normal events (--normal-events-per-second), by event reason; Warning events are never dropped.",
+	}, "reason")
 	UndecodableObjects = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_undecodable_objects_total",
 		Help: "Objects the API server holds that the hub cannot decode into its types, found when a watch failed, by kind.",
@@ -238,5 +242,5 @@ func histogram(o prometheus.HistogramOpts, labels ...string) *prometheus.Histogr
 // HubObserved are the hub's metrics observed as things happen, for the hub
 // to register; the scraped ones it serves from its own collector.
 func HubObserved() []prometheus.Collector {
-	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart}
+	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects, EventsDropped, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart}
 }

@@ -34,6 +34,10 @@
 //     burst otherwise sends many such writes, each one a request the API
 //     server decodes only to answer 409.
 //
+//   - Normal events within a budget (ForManager's events): a burst of
+//     creates would otherwise cost several event writes per VM, each
+//     saying what the VM's status says; Warnings are always recorded.
+//
 // And ControllerRateLimiter sets how soon a reconcile that lost a conflict
 // is retried.
 package apiwrites
@@ -48,6 +52,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/flowcontrol"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
@@ -59,16 +65,24 @@ import (
 
 // ForManager returns mgr with the Client of this package in place of its
 // own; GetClient returns a *Client whose memory of each object memory owns.
-func ForManager(mgr ctrl.Manager, memory *perobject.Owner) ctrl.Manager {
-	return &manager{Manager: mgr, client: NewClient(mgr.GetClient(), mgr.GetCache(), memory)}
+// When events is not nil, every event recorder the manager hands out
+// (GetEventRecorderFor) records Normal events only within that budget
+// (NewEventBudget), shared by all of them.
+func ForManager(mgr ctrl.Manager, memory *perobject.Owner, events flowcontrol.PassiveRateLimiter) ctrl.Manager {
+	return &manager{Manager: mgr, client: NewClient(mgr.GetClient(), mgr.GetCache(), memory), events: events}
 }
 
 type manager struct {
 	ctrl.Manager
 	client client.Client
+	events flowcontrol.PassiveRateLimiter
 }
 
 func (m *manager) GetClient() client.Client { return m.client }
+
+func (m *manager) GetEventRecorderFor(name string) record.EventRecorder {
+	return Budget(m.Manager.GetEventRecorderFor(name), m.events) //nolint:staticcheck // crossplane-runtime still records through the old events API
+}
 
 // NewClient wraps c so that Status().Update skips a write when cache holds
 // the object at the same resourceVersion with an equal status, or when the

@@ -20,6 +20,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/util/flowcontrol"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -91,6 +92,11 @@ type Config struct {
 	Workers int
 	// QPS bounds the API client's requests per second; Burst is twice it.
 	QPS int
+	// NormalEventsPerSecond is the budget of Normal events the hub records
+	// (apiwrites.EventBudget), with bursts of ten times as many; Warning
+	// events are always recorded. 0 means
+	// apiwrites.DefaultNormalEventsPerSecond; below 0 records every one.
+	NormalEventsPerSecond float64
 	// FencingTimeout finalizes a VM deleted while its node is lost.
 	FencingTimeout time.Duration
 	// FencingMargin is what a VM with availability Restart waits beyond
@@ -202,7 +208,12 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return errors.Wrap(err, "cannot create the controller manager")
 	}
-	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor("virtfleet-hub")) //nolint:staticcheck // crossplane-runtime still records through the old events API
+	// One budget of Normal events for every recorder of the hub.
+	var events flowcontrol.PassiveRateLimiter
+	if c.NormalEventsPerSecond >= 0 {
+		events = apiwrites.NewEventBudget(cmp.Or(c.NormalEventsPerSecond, apiwrites.DefaultNormalEventsPerSecond))
+	}
+	recorder := event.NewAPIRecorder(apiwrites.Budget(mgr.GetEventRecorderFor("virtfleet-hub"), events)) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	watchErrs.reader, watchErrs.recorder = mgr.GetAPIReader(), recorder
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return errors.Wrap(err, "cannot add the health check")
@@ -256,7 +267,7 @@ func Run(ctx context.Context, c Config) error {
 	if err := mgr.Add(memory); err != nil {
 		return errors.Wrap(err, "cannot add the owner of the hub's memory of objects")
 	}
-	mgr = apiwrites.ForManager(mgr, memory)
+	mgr = apiwrites.ForManager(mgr, memory, events)
 	// The placement loop hears of every fleet the pool opens; the pool
 	// opens them only once the manager runs, after the loop is made below.
 	var scheduler *virtualmachine.Scheduler
