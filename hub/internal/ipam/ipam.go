@@ -111,7 +111,9 @@ func Total(network *v1alpha1.VirtualNetwork) int {
 
 // An Allocator gives VirtualMachines addresses of their VirtualNetworks. It
 // is safe for concurrent use: allocations on one network are serialised (one
-// mutex per network), those on different networks proceed in parallel.
+// mutex per network) but for their API writes, which proceed in parallel,
+// each for an address reserved to it; those on different networks proceed
+// in parallel.
 //
 // Within a network's usable range it hands out addresses next-fit: a cursor
 // moves past each address it gives and wraps around at the end of the
@@ -605,7 +607,8 @@ func (a *Allocator) allocate(ctx context.Context, v *view, vm *v1alpha1.VirtualM
 // create records addr for vm and returns the record that holds addr
 // afterwards: the new one; the one that existed, which may be vm's own; or,
 // when an existing record could not be read, one with no VM that still marks
-// addr as held. The caller holds v.mu.
+// addr as held. The caller holds v.mu; create lets it go while it waits for
+// the API server (unlocked).
 func (a *Allocator) create(ctx context.Context, v *view, vm *v1alpha1.VirtualMachine, addr netip.Addr) (*record, error) {
 	na := &v1alpha1.NetworkAddress{
 		ObjectMeta: metav1.ObjectMeta{
@@ -622,7 +625,17 @@ func (a *Allocator) create(ctx context.Context, v *view, vm *v1alpha1.VirtualMac
 		},
 	}
 	now := time.Now()
-	err := a.c.Create(ctx, na)
+	var (
+		got  *record
+		gerr error
+	)
+	err := a.unlocked(v, na.Name, addr, func() error {
+		err := a.c.Create(ctx, na)
+		if kerrors.IsAlreadyExists(err) {
+			got, gerr = a.get(ctx, v, na.Name)
+		}
+		return err
+	})
 	if err == nil {
 		r := fromObject(na, v.name)
 		if r.created.IsZero() {
@@ -635,9 +648,8 @@ func (a *Allocator) create(ctx context.Context, v *view, vm *v1alpha1.VirtualMac
 	if !kerrors.IsAlreadyExists(err) {
 		return nil, errors.Wrapf(err, "cannot record address %s of network %s for VirtualMachine %s", addr, v.name, vm.Name)
 	}
-	got, err := a.get(ctx, v, na.Name)
-	if err != nil {
-		return nil, err
+	if gerr != nil {
+		return nil, gerr
 	}
 	if got == nil {
 		got = &record{name: na.Name, ns: v.namespace, addr: addr}
@@ -648,6 +660,35 @@ func (a *Allocator) create(ctx context.Context, v *view, vm *v1alpha1.VirtualMac
 		v.own[got.name] = ownWrite{rec: got, uid: got.uid, at: now}
 	}
 	return got, nil
+}
+
+// unlocked runs write, which asks the API server about the record name of
+// addr and touches nothing of v, with v.mu let go, so that the other
+// allocations on the network need not wait for the API server's answer:
+// with one network for a whole fleet, a lock held across every Create
+// would make a burst's VMs get their addresses one round trip at a time.
+// Meanwhile addr is held in v by a record of no VM, also across a refresh,
+// so no other allocation of this Allocator offers it (the API server would
+// refuse a second record of it anyway); unlocked removes that record once
+// it has v.mu again. The caller holds v.mu.
+func (a *Allocator) unlocked(v *view, name string, addr netip.Addr, write func() error) error {
+	reserved := &record{name: name, ns: v.namespace, addr: addr}
+	prior, hadPrior := v.own[name]
+	v.add(reserved)
+	v.own[name] = ownWrite{rec: reserved, at: time.Now()}
+	v.mu.Unlock()
+	err := write()
+	v.mu.Lock()
+	if w, ok := v.own[name]; ok && w.rec == reserved {
+		delete(v.own, name)
+		if hadPrior {
+			v.own[name] = prior
+		}
+	}
+	if v.records[name] == reserved {
+		v.remove(name)
+	}
+	return err
 }
 
 // get reads the record name from the reader and, when the reader does not

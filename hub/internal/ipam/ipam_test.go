@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -427,6 +428,56 @@ func TestEnsureIsSafeForConcurrentUse(t *testing.T) {
 	assert.Len(t, seen, 253)
 	_, err := a.Ensure(ctx, newVM("one-more"), net, "")
 	assert.True(t, errors.As(err, new(*ExhaustedError)), "%v", err)
+}
+
+// TestAllocationsOnOneNetworkDoNotWaitForEachOthersWrites pins that the
+// network's lock is not held while the API server records an address: the
+// client holds every Create until four are in flight at once, which only
+// happens if four allocations on one network write in parallel; each still
+// gets an address of its own.
+func TestAllocationsOnOneNetworkDoNotWaitForEachOthersWrites(t *testing.T) {
+	const vms = 4
+	ctx := context.Background()
+	s := k8sruntime.NewScheme()
+	require.NoError(t, v1alpha1.SchemeBuilder.AddToScheme(s))
+	var (
+		mu       sync.Mutex
+		inFlight int
+		all      = make(chan struct{})
+	)
+	c := fake.NewClientBuilder().WithScheme(s).WithInterceptorFuncs(interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
+			mu.Lock()
+			if inFlight++; inFlight == vms {
+				close(all)
+			}
+			mu.Unlock()
+			select {
+			case <-all:
+			case <-time.After(10 * time.Second):
+				return errors.New("the other allocations never wrote while this one did")
+			}
+			return c.Create(ctx, o, opts...)
+		},
+	}).Build()
+	a := New(c, c)
+	net := newNet("net-db", "10.10.120.0/24")
+	got := make([]netip.Prefix, vms)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() {
+			p, err := a.Ensure(ctx, newVM(fmt.Sprintf("vm-%d", i)), net, "")
+			assert.NoError(t, err)
+			got[i] = p
+		})
+	}
+	wg.Wait()
+	seen := map[netip.Prefix]bool{}
+	for _, p := range got {
+		assert.False(t, seen[p], "%s given twice", p)
+		seen[p] = true
+	}
+	assert.Len(t, records(t, c), vms)
 }
 
 func TestEnsureRefusesAVMWithoutUID(t *testing.T) {
