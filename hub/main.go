@@ -19,6 +19,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/subresources"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
@@ -33,6 +34,7 @@ func main() {
 	flag.StringVar(&c.PprofAddress, "pprof-bind-address", "", "Address of Go's /debug/pprof profiles, for finding where memory and CPU go; empty disables it.")
 	flag.DurationVar(&c.SyncInterval, "sync", time.Hour, "How often every resource is listed again.")
 	flag.DurationVar(&c.PollInterval, "poll", time.Minute, "How often each resource is checked for drift; reports update status at once regardless.")
+	flag.Float64Var(&c.PollsPerSecond, "polls-per-second", wake.DefaultPollsPerSecond, "Drift checks each kind's controller makes per second at most: with more resources than --poll times this, each is checked less often than --poll, so checks never crowd out new work.")
 	flag.IntVar(&c.MaxReconcileRate, "max-reconcile-rate", app.DefaultMaxReconcileRate, "Reconciles per second across all controllers; high enough for bursts of creates.")
 	flag.IntVar(&c.Workers, "workers", app.DefaultWorkers, "Reconciles each controller runs at once.")
 	flag.IntVar(&c.QPS, "qps", app.DefaultQPS, "Requests per second to the Kubernetes API server (burst: twice as many).")

@@ -92,6 +92,10 @@ type Config struct {
 	Workers int
 	// QPS bounds the API client's requests per second; Burst is twice it.
 	QPS int
+	// PollsPerSecond bounds each managed controller's drift polls
+	// (wake.Polls): with more objects than PollInterval times it, each is
+	// polled less often. 0 means wake.DefaultPollsPerSecond.
+	PollsPerSecond float64
 	// NormalEventsPerSecond is the budget of Normal events the hub records
 	// (apiwrites.EventBudget), with bursts of ten times as many; Warning
 	// events are always recorded. 0 means
@@ -310,7 +314,8 @@ func Run(ctx context.Context, c Config) error {
 		return errors.Wrap(err, "cannot make the address allocator's client")
 	}
 	addresses := ipam.New(direct, mgr.GetClient())
-	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, FencingMargin: c.FencingMargin, Addresses: addresses, Memory: memory}
+	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, FencingMargin: c.FencingMargin, Addresses: addresses, Memory: memory,
+		Polls: wake.NewPolls(mgr.GetCache(), cmp.Or(c.PollsPerSecond, wake.DefaultPollsPerSecond))}
 	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
 	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")

@@ -27,7 +27,8 @@ import (
 // nodes hears of the nodes whose heartbeats changed
 // (Fleet.SubscribeNodeChanges).
 // mo configures live migrations. vo.Memory owns what every controller
-// remembers of each object.
+// remembers of each object, and vo.Polls spreads every managed
+// controller's drift polls.
 func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, mo migration.Options, volumes, images *wake.Notifier, nodes *hypervisornode.Changes) error {
 	if err := index.Setup(ctx, mgr); err != nil {
 		return err
@@ -41,10 +42,10 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 	if err := virtualmachine.SetupGated(mgr, o, vo); err != nil {
 		return err
 	}
-	if err := volume.SetupGated(mgr, o, vo.Pool, vo.FencingTimeout, volumes, vo.Memory); err != nil {
+	if err := volume.SetupGated(mgr, o, vo.Pool, vo.FencingTimeout, volumes, vo.Memory, vo.Polls); err != nil {
 		return err
 	}
-	if err := virtualnetwork.SetupGated(mgr, o, vo.Addresses, vo.Memory); err != nil {
+	if err := virtualnetwork.SetupGated(mgr, o, vo.Addresses, vo.Memory, vo.Polls); err != nil {
 		return err
 	}
 	if err := hypervisornode.SetupGated(mgr, o, vo.Pool.Fleets, nodes); err != nil {
@@ -53,5 +54,5 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 	if err := migration.SetupGated(mgr, o, mo); err != nil {
 		return err
 	}
-	return diskimage.SetupGated(mgr, o, vo.Pool, images, vo.Memory)
+	return diskimage.SetupGated(mgr, o, vo.Pool, images, vo.Memory, vo.Polls)
 }

@@ -48,8 +48,8 @@ import (
 
 // SetupGated adds the DiskImage controller once the CRD is established, with
 // the nodes' image reports (see NewKind).
-func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, notifier *wake.Notifier, memory *perobject.Owner) error {
-	return inuse.SetupGated(mgr, o, NewKind(mgr.GetClient(), pool, notifier), memory)
+func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, notifier *wake.Notifier, memory *perobject.Owner, polls *wake.Polls) error {
+	return inuse.SetupGated(mgr, o, NewKind(mgr.GetClient(), pool, notifier), memory, polls)
 }
 
 // NewKind is Kind with the nodes' image reports: it reads them from the

@@ -41,6 +41,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
 // TypeInUse is True while other resources use the resource.
@@ -146,9 +147,9 @@ func (u User) Users(ctx context.Context, kube client.Reader, namespace, name str
 }
 
 // SetupGated adds the controller once the CRD is established (safe-start).
-func SetupGated[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T], memory *perobject.Owner) error {
+func SetupGated[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T], memory *perobject.Owner, polls *wake.Polls) error {
 	o.Gate.Register(func() {
-		if err := Setup(mgr, o, k, memory); err != nil {
+		if err := Setup(mgr, o, k, memory, polls); err != nil {
 			panic(errors.Wrapf(err, "cannot set up the %s controller", k.GroupKind))
 		}
 	}, k.GroupVersionKind)
@@ -156,8 +157,8 @@ func SetupGated[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options
 }
 
 // Setup adds the controller of kind k, whose memory of each object memory
-// owns.
-func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T], memory *perobject.Owner) error {
+// owns and whose drift polls polls spreads (nil: every PollInterval).
+func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T], memory *perobject.Owner, polls *wake.Polls) error {
 	name := managed.ControllerName(k.GroupKind)
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	e := &external[T]{kube: mgr.GetClient(), kind: k, recorder: recorder, released: perobject.NewMap[struct{}](memory)}
@@ -165,6 +166,7 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 		managed.WithTypedExternalConnector[T](e),
 		managed.WithLogger(o.Logger.WithValues("controller", name)),
 		managed.WithPollInterval(o.PollInterval),
+		managed.WithPollIntervalHook(polls.Hook(k.New())),
 		managed.WithRecorder(recorder),
 		// Nothing external to name or to lose track of: Create does
 		// nothing, so neither the external-name nor the create-succeeded

@@ -94,6 +94,9 @@ type Options struct {
 	Addresses *ipam.Allocator
 	// Memory owns what the controller remembers of each VM.
 	Memory *perobject.Owner
+	// Polls spreads the drift polls of this and the other managed
+	// controllers; nil polls each object every PollInterval.
+	Polls *wake.Polls
 }
 
 // scheduledHold is how long the status of a VM whose intent was just
@@ -146,6 +149,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		managed.WithTypedExternalConnector[*v1alpha1.VirtualMachine](c),
 		managed.WithLogger(log),
 		managed.WithPollInterval(o.PollInterval),
+		managed.WithPollIntervalHook(vo.Polls.Hook(&v1alpha1.VirtualMachine{})),
 		managed.WithRecorder(recorder),
 		// The guest's identity is the VM's uid on the node the placement
 		// loop recorded, and publishing an intent is idempotent, so a hub

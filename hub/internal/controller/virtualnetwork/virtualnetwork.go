@@ -23,6 +23,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
+	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
 // Kind is the VirtualNetwork kind for the inuse controller.
@@ -92,8 +93,8 @@ func nodesOf(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork
 // SetupGated adds the VirtualNetwork controller once the CRD is
 // established. memory forgets what addresses and the VNI allocator
 // remember of a network once it is gone.
-func SetupGated(mgr ctrl.Manager, o controller.Options, addresses *ipam.Allocator, memory *perobject.Owner) error {
+func SetupGated(mgr ctrl.Manager, o controller.Options, addresses *ipam.Allocator, memory *perobject.Owner, polls *wake.Polls) error {
 	memory.OnForget(vniAllocator.forget)
 	memory.OnForget(func(uid types.UID) { addresses.Forget(string(uid)) })
-	return inuse.SetupGated(mgr, o, Kind, memory)
+	return inuse.SetupGated(mgr, o, Kind, memory, polls)
 }

@@ -68,13 +68,13 @@ func observe(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users []str
 // nodes through pool, gives up on a node lost for longer than fencing, and
 // is woken by notifier, which the pool's fleets must feed with
 // Fleet.Volumes.Subscribe.
-func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencing time.Duration, notifier *wake.Notifier, memory *perobject.Owner) error {
+func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencing time.Duration, notifier *wake.Notifier, memory *perobject.Owner, polls *wake.Polls) error {
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(managed.ControllerName(v1alpha1.VolumeGroupKind))) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	r := NewReleaser(mgr.GetClient(), pool, fencing, notifier, recorder, memory)
 	k := Kind
 	k.Observe, k.Release = r.Observe, r.Release
 	k.Sources = []source.Source{notifier.Source()}
-	return inuse.SetupGated(mgr, o, k, memory)
+	return inuse.SetupGated(mgr, o, k, memory, polls)
 }
 
 // Fleets finds the Fleet of a NATS server; *fleet.Pool is one.
