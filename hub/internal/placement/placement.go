@@ -152,7 +152,7 @@ type Placer struct {
 	now            func() time.Time
 
 	mu           sync.Mutex
-	reservations map[string]reservation // by request UID
+	reservations *book
 }
 
 // Option configures a Placer.
@@ -173,7 +173,7 @@ func New(o ...Option) *Placer {
 		staleAfter:     DefaultStaleAfter,
 		reservationTTL: DefaultReservationTTL,
 		now:            time.Now,
-		reservations:   map[string]reservation{},
+		reservations:   newBook(),
 	}
 	for _, fn := range o {
 		fn(p)
@@ -193,32 +193,24 @@ func (p *Placer) Place(nodes []Node, req Request) (string, error) {
 	now := p.now()
 	p.expire(now)
 
-	if r, ok := p.reservations[req.UID]; ok {
+	if r, ok := p.reservations.get(req.UID); ok {
 		return r.node, nil
 	}
 	best, err := p.choose(nodes, req, now)
 	if err != nil {
 		return "", err
 	}
-	p.reservations[req.UID] = reservation{node: best, resources: req.Resources, at: now}
+	p.reservations.put(req.UID, reservation{node: best, resources: req.Resources, at: now})
 	return best, nil
 }
 
 // choose picks the least allocated eligible node, counting reservations
 // the nodes' heartbeats do not count yet.
 func (p *Placer) choose(nodes []Node, req Request, now time.Time) (string, error) {
-	lastSeen := make(map[string]time.Time, len(nodes))
 	for _, n := range nodes {
-		lastSeen[n.Name] = n.LastSeen
+		p.reservations.dropCounted(n.Name, n.LastSeen)
 	}
-	reserved := map[string]Resources{}
-	for uid, r := range p.reservations {
-		if !r.confirmedAt.IsZero() && lastSeen[r.node].After(r.confirmedAt) {
-			delete(p.reservations, uid)
-			continue
-		}
-		reserved[r.node] = reserved[r.node].add(r.resources)
-	}
+	reserved := p.reservations.sum
 	best, bestScore := "", 2.0
 	noFit := &NoFitError{Reasons: map[string]string{}, Causes: map[string]Cause{}}
 	for _, n := range nodes {
@@ -245,10 +237,7 @@ func (p *Placer) choose(nodes []Node, req Request, now time.Time) (string, error
 func (p *Placer) Confirm(uid string, at time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if r, ok := p.reservations[uid]; ok && r.confirmedAt.IsZero() {
-		r.confirmedAt = at
-		p.reservations[uid] = r
-	}
+	p.reservations.confirm(uid, at)
 }
 
 // Release drops the reservation of uid: its guest will not be created after
@@ -256,7 +245,7 @@ func (p *Placer) Confirm(uid string, at time.Time) {
 func (p *Placer) Release(uid string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.reservations, uid)
+	p.reservations.remove(uid)
 }
 
 // Reserved reports the node uid is reserved on, if any.
@@ -264,16 +253,12 @@ func (p *Placer) Reserved(uid string) (string, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.expire(p.now())
-	r, ok := p.reservations[uid]
+	r, ok := p.reservations.get(uid)
 	return r.node, ok
 }
 
 func (p *Placer) expire(now time.Time) {
-	for uid, r := range p.reservations {
-		if now.Sub(r.at) > p.reservationTTL {
-			delete(p.reservations, uid)
-		}
-	}
+	p.reservations.expire(now, p.reservationTTL)
 }
 
 // ineligible says why n cannot take req and its cause, or "" when it can.
