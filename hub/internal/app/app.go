@@ -22,11 +22,9 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/util/flowcontrol"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -197,17 +195,6 @@ func Run(ctx context.Context, c Config) error {
 		Metrics:                    metricsserver.Options{BindAddress: c.MetricsAddress},
 		HealthProbeBindAddress:     c.HealthAddress,
 		PprofBindAddress:           c.PprofAddress,
-		// controller-runtime 0.23's priority queue, its default, can
-		// deadlock at shutdown (kubernetes-sigs/controller-runtime#3538,
-		// fixed in 0.25 by #3540): a worker that returned on shutdown
-		// leaves a stale waiter, the queue blocks handing it an item with
-		// its lock held, and every other worker waits for that lock in
-		// Done. The manager then gives up only after its 30 s grace period,
-		// and a hub on Kubernetes is killed instead of releasing its Lease.
-		// A hub stopped while a burst is still being reconciled can hit it.
-		// The classic workqueue has no such path; nothing here uses
-		// priorities.
-		Controller: config.Controller{UsePriorityQueue: ptr.To(false)},
 	})
 	if err != nil {
 		return errors.Wrap(err, "cannot create the controller manager")

@@ -159,7 +159,6 @@ func setupCDI(ctx context.Context, mgr ctrl.Manager, step time.Duration) (*FakeC
 		WithOptions(controller.Options{
 			SkipNameValidation: ptr(true),
 			LogConstructor:     func(*reconcile.Request) logr.Logger { return logr.Discard() },
-			UsePriorityQueue:   ptr(false),
 			RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](10*time.Millisecond, time.Second),
 		}).
 		Complete(c)

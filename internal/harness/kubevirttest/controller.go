@@ -148,9 +148,6 @@ func setupController(mgr ctrl.Manager, step time.Duration) (*FakeVirtController,
 		// Several test clusters may run in one process.
 		SkipNameValidation: ptr(true),
 		LogConstructor:     func(*reconcile.Request) logr.Logger { return logr.Discard() },
-		// Its priority queue logs through controller-runtime's global
-		// logger, which a test harness has no business setting.
-		UsePriorityQueue: ptr(false),
 		// Come back quickly after a test stopped the API server.
 		RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](10*time.Millisecond, time.Second),
 	}
