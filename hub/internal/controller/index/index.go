@@ -110,10 +110,12 @@ func Setup(ctx context.Context, mgr ctrl.Manager) error {
 }
 
 // VirtualMachines lists the VirtualMachines in o's namespace whose field u
-// indexes names o; u is VolumeUsers or NetworkUsers.
+// indexes names o; u is VolumeUsers or NetworkUsers. Read from a cache, the
+// VMs are the cache's own, not copies (a network's users are every VM of
+// a fleet): the caller reads them and never changes them.
 func VirtualMachines(ctx context.Context, kube client.Reader, u inuse.User, o client.Object) ([]v1alpha1.VirtualMachine, error) {
 	l := &v1alpha1.VirtualMachineList{}
-	if err := kube.List(ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{u.Index: o.GetName()}); err != nil {
+	if err := kube.List(ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{u.Index: o.GetName()}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, errors.Wrap(err, "cannot list VirtualMachines")
 	}
 	return l.Items, nil

@@ -129,7 +129,9 @@ func naming(users []string) string {
 // Users lists the names of the objects in namespace whose u.Index names name.
 func (u User) Users(ctx context.Context, kube client.Reader, namespace, name string) ([]string, error) {
 	l := u.NewList()
-	if err := kube.List(ctx, l, client.InNamespace(namespace), client.MatchingFields{u.Index: name}); err != nil {
+	// Only the names are read: the cache need not copy every user, which
+	// for a VirtualNetwork of a whole fleet is every VM.
+	if err := kube.List(ctx, l, client.InNamespace(namespace), client.MatchingFields{u.Index: name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, errors.Wrapf(err, "cannot list %s users", u.Kind)
 	}
 	objs, err := apimeta.ExtractList(l)
