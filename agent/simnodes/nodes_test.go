@@ -32,13 +32,8 @@ const waitFor = 20 * time.Second
 // with its report when the intent goes.
 func TestSimulatedNodesAreAgentsOnTheRealWire(t *testing.T) {
 	nodes := []string{"sim1", "sim2", "sim3"}
-	hub, ids, users := natstest.Identities(t, nodes...)
-	srv := natstest.New(t, users...)
-	nc, _ := natstest.Connect(t, srv, hub)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	srv, js, ids := natstest.NewFleet(t, natswire.BucketConfig{}, nodes...)
 	ctx := context.Background()
-	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{}))
 	kv := func(name string) jetstream.KeyValue {
 		b, err := js.KeyValue(ctx, name)
 		require.NoError(t, err)

@@ -50,13 +50,9 @@ type fleet struct {
 // newFleet starts a fleet of the named nodes. nodeTTL 0 keeps the default.
 func newFleet(t testing.TB, nodeTTL time.Duration, nodes ...string) *fleet {
 	t.Helper()
-	hub, ids, users := natstest.Identities(t, nodes...)
-	srv := natstest.New(t, users...)
-	nc, _ := natstest.Connect(t, srv, hub)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	srv, js, ids := natstest.NewFleet(t, natswire.BucketConfig{NodeTTL: nodeTTL}, nodes...)
 	ctx := context.Background()
-	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeTTL: nodeTTL}))
+	var err error
 	f := &fleet{srv: srv, ids: ids, hosts: map[string]*libvirttest.Node{}}
 	for name, kv := range map[string]*jetstream.KeyValue{wire.BucketIntents: &f.intents, wire.BucketReports: &f.reports, wire.BucketNodes: &f.nodes} {
 		*kv, err = js.KeyValue(ctx, name)

@@ -410,22 +410,7 @@ func TestEnsureIsSafeForConcurrentUse(t *testing.T) {
 	c := newClient(t)
 	a := New(c, c)
 	net := newNet("net-db", "10.10.120.0/24")
-	got := make([]netip.Prefix, 253)
-	var wg sync.WaitGroup
-	for i := range got {
-		wg.Go(func() {
-			p, err := a.Ensure(ctx, newVM(fmt.Sprintf("vm-%d", i)), net, "")
-			assert.NoError(t, err)
-			got[i] = p
-		})
-	}
-	wg.Wait()
-	seen := map[netip.Prefix]bool{}
-	for _, p := range got {
-		assert.False(t, seen[p], "%s given twice", p)
-		seen[p] = true
-	}
-	assert.Len(t, seen, 253)
+	ensureDistinct(t, a, net, 253)
 	_, err := a.Ensure(ctx, newVM("one-more"), net, "")
 	assert.True(t, errors.As(err, new(*ExhaustedError)), "%v", err)
 }
@@ -437,7 +422,6 @@ func TestEnsureIsSafeForConcurrentUse(t *testing.T) {
 // gets an address of its own.
 func TestAllocationsOnOneNetworkDoNotWaitForEachOthersWrites(t *testing.T) {
 	const vms = 4
-	ctx := context.Background()
 	s := k8sruntime.NewScheme()
 	require.NoError(t, v1alpha1.SchemeBuilder.AddToScheme(s))
 	var (
@@ -460,13 +444,19 @@ func TestAllocationsOnOneNetworkDoNotWaitForEachOthersWrites(t *testing.T) {
 			return c.Create(ctx, o, opts...)
 		},
 	}).Build()
-	a := New(c, c)
-	net := newNet("net-db", "10.10.120.0/24")
-	got := make([]netip.Prefix, vms)
+	ensureDistinct(t, New(c, c), newNet("net-db", "10.10.120.0/24"), vms)
+	assert.Len(t, records(t, c), vms)
+}
+
+// ensureDistinct has a give addresses of net to n VMs at once and checks
+// that each got one of its own.
+func ensureDistinct(t *testing.T, a *Allocator, net *v1alpha1.VirtualNetwork, n int) {
+	t.Helper()
+	got := make([]netip.Prefix, n)
 	var wg sync.WaitGroup
 	for i := range got {
 		wg.Go(func() {
-			p, err := a.Ensure(ctx, newVM(fmt.Sprintf("vm-%d", i)), net, "")
+			p, err := a.Ensure(context.Background(), newVM(fmt.Sprintf("vm-%d", i)), net, "")
 			assert.NoError(t, err)
 			got[i] = p
 		})
@@ -477,7 +467,7 @@ func TestAllocationsOnOneNetworkDoNotWaitForEachOthersWrites(t *testing.T) {
 		assert.False(t, seen[p], "%s given twice", p)
 		seen[p] = true
 	}
-	assert.Len(t, records(t, c), vms)
+	assert.Len(t, seen, n)
 }
 
 func TestEnsureRefusesAVMWithoutUID(t *testing.T) {

@@ -5,6 +5,7 @@
 package natstest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
@@ -143,4 +145,23 @@ func Identities(t testing.TB, nodes ...string) (hub natswire.Identity, agents ma
 		users = append(users, id.User)
 	}
 	return hub, agents, users
+}
+
+// NewFleet starts a server for a test with a hub identity and one agent
+// identity per node, and creates the wire's buckets as the hub does (cfg),
+// over the hub's connection. It returns the server, the hub's JetStream
+// and the nodes' identities.
+func NewFleet(t testing.TB, cfg natswire.BucketConfig, nodes ...string) (*Server, jetstream.JetStream, map[string]natswire.Identity) {
+	t.Helper()
+	hub, agents, users := Identities(t, nodes...)
+	srv := New(t, users...)
+	nc, _ := Connect(t, srv, hub)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := natswire.EnsureBuckets(context.Background(), js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return srv, js, agents
 }
