@@ -7,7 +7,6 @@ import (
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
-	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 )
@@ -67,12 +66,67 @@ func (b *addressBook) forget(uid string) {
 // network names no lease time.
 const dnsmasqLeaseTime = time.Hour
 
+// networkView reads each network once for one look at the node's guests:
+// a full observe of a node whose guests share a network costs the
+// network's reads once, not once per guest. A failed read is not retried
+// within the view.
+type networkView struct {
+	api  API
+	nets map[string]*viewedNetwork
+}
+
+// viewedNetwork is what a networkView read of one network; err is the
+// lookup's or the read's failure.
+type viewedNetwork struct {
+	nw  network
+	err error
+	// leases are the network's DHCP leases once read (leasesRead); a
+	// network whose leases cannot be read has leasesErr.
+	leases     []golibvirt.NetworkDhcpLease
+	leasesErr  error
+	leasesRead bool
+}
+
+func newNetworkView(api API) *networkView {
+	return &networkView{api: api, nets: map[string]*viewedNetwork{}}
+}
+
+// network is the network called name, looked up and read once.
+func (v *networkView) network(name string) *viewedNetwork {
+	if n, ok := v.nets[name]; ok {
+		return n
+	}
+	n := &viewedNetwork{}
+	v.nets[name] = n
+	ref, err := v.api.NetworkLookupByName(name)
+	if err != nil {
+		n.err = err
+		return n
+	}
+	n.nw, n.err = readNetwork(v.api, ref)
+	n.nw.ref = ref
+	return n
+}
+
+// dhcpLeases are the DHCP leases of the network called name.
+func (v *networkView) dhcpLeases(name string) ([]golibvirt.NetworkDhcpLease, error) {
+	n := v.network(name)
+	if n.nw.ref.Name == "" {
+		return nil, n.err
+	}
+	if !n.leasesRead {
+		n.leasesRead = true
+		n.leases, _, n.leasesErr = v.api.NetworkGetDhcpLeases(n.nw.ref, golibvirt.OptString{}, 1, 0)
+	}
+	return n.leases, n.leasesErr
+}
+
 // staleLeases names the MACs of nics whose DHCP leases were all granted
 // before since: the guest has not asked for an address in this boot yet. A
 // lease is granted at its expiry minus the network's lease time. Networks
 // whose leases cannot be read (no DHCP on them, a driver without leases) name
 // none.
-func staleLeases(api API, nics []nic, since time.Time) map[string]bool {
+func staleLeases(nets *networkView, nics []nic, since time.Time) map[string]bool {
 	stale := map[string]bool{}
 	fresh := map[string]bool{}
 	done := map[string]bool{}
@@ -81,15 +135,11 @@ func staleLeases(api API, nics []nic, since time.Time) map[string]bool {
 			continue
 		}
 		done[n.network] = true
-		net, err := api.NetworkLookupByName(n.network)
+		leases, err := nets.dhcpLeases(n.network)
 		if err != nil {
 			continue
 		}
-		leaseTime := networkLeaseTime(api, net)
-		leases, _, err := api.NetworkGetDhcpLeases(net, golibvirt.OptString{}, 1, 0)
-		if err != nil {
-			continue
-		}
+		leaseTime := networkLeaseTime(nets.network(n.network))
 		for _, l := range leases {
 			if len(l.Mac) == 0 || l.Expirytime <= 0 {
 				continue
@@ -111,16 +161,11 @@ func staleLeases(api API, nics []nic, since time.Time) map[string]bool {
 }
 
 // networkLeaseTime is the lease time of the network's first DHCP range.
-func networkLeaseTime(api API, net golibvirt.Network) time.Duration {
-	x, err := api.NetworkGetXMLDesc(net, 0)
-	if err != nil {
+func networkLeaseTime(n *viewedNetwork) time.Duration {
+	if n.err != nil || n.nw.def == nil {
 		return dnsmasqLeaseTime
 	}
-	var n libvirtxml.Network
-	if err := n.Unmarshal(x); err != nil {
-		return dnsmasqLeaseTime
-	}
-	for _, ip := range n.IPs {
+	for _, ip := range n.nw.def.IPs {
 		if ip.DHCP == nil {
 			continue
 		}

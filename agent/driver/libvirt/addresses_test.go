@@ -136,7 +136,7 @@ func TestStaleLeasesAreThoseOfAnEarlierBoot(t *testing.T) {
 			if x == "" {
 				x = `<network><name>default</name></network>`
 			}
-			got := staleLeases(leaseAPI{networkXML: x, leases: tc.leases}, nics, started)
+			got := staleLeases(newNetworkView(leaseAPI{networkXML: x, leases: tc.leases}), nics, started)
 			assert.Equal(t, tc.want, got)
 		})
 	}

@@ -164,11 +164,11 @@ func (d *Driver) rewriteOwner(api API, dom golibvirt.Domain, defined domainInfo,
 
 // Orphans implements driver.Adopter.
 func (d *Driver) Orphans(_ context.Context) ([]driver.Observation, error) {
-	api, _, err := d.api()
+	api, conn, err := d.api()
 	if err != nil {
 		return nil, err
 	}
-	doms, infos, err := d.domains(api)
+	doms, infos, states, err := d.scan(api, conn.generation)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +178,7 @@ func (d *Driver) Orphans(_ context.Context) ([]driver.Observation, error) {
 			orphans, oinfos = append(orphans, dom), append(oinfos, infos[i])
 		}
 	}
-	return d.observeAll(api, orphans, oinfos)
+	return d.observeAll(api, conn.generation, orphans, oinfos, states)
 }
 
 // find looks up the domain ref names, with its definition.

@@ -14,6 +14,7 @@ type API interface {
 	NodeGetInfo() (rModel [32]int8, rMemory uint64, rCpus int32, rMhz int32, rNodes int32, rSockets int32, rCores int32, rThreads int32, err error)
 
 	ConnectListAllDomains(NeedResults int32, Flags golibvirt.ConnectListAllDomainsFlags) (rDomains []golibvirt.Domain, rRet uint32, err error)
+	ConnectGetAllDomainStats(Doms []golibvirt.Domain, Stats uint32, Flags uint32) (rRetStats []golibvirt.DomainStatsRecord, err error)
 	DomainLookupByUUID(UUID golibvirt.UUID) (rDom golibvirt.Domain, err error)
 	DomainLookupByName(Name string) (rDom golibvirt.Domain, err error)
 	DomainDefineXMLFlags(XML string, Flags golibvirt.DomainDefineFlags) (rDom golibvirt.Domain, err error)

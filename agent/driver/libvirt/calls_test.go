@@ -2,6 +2,7 @@ package libvirt
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -17,13 +18,9 @@ import (
 // profile), and the daemon's to answering them.
 func TestRoundTrips(t *testing.T) {
 	ctx := context.Background()
-	n := libvirttest.Start(t, "calls")
-	calls := n.CountCalls(t)
-	d, err := Open(ctx, Config{Node: n.Name, Socket: calls.Socket, URI: n.URI, Pool: testPool, ShutdownGrace: 50 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = d.Close() })
+	d, calls := openCounted(t, "calls")
 	// The first guest makes the network; the budgets are for the ones after.
-	_, err = d.Ensure(ctx, machine("first"))
+	_, err := d.Ensure(ctx, machine("first"))
 	require.NoError(t, err)
 	m := machine("counted")
 
@@ -45,4 +42,63 @@ func TestRoundTrips(t *testing.T) {
 			require.LessOrEqual(t, calls.Total(), tc.budget, "libvirt calls: %s", calls)
 		})
 	}
+}
+
+// TestAFullObserveCostsAFewRoundTrips holds what a resync and a heartbeat
+// ask of libvirt on a node where nothing changed to a budget that does not
+// grow with the node's guests: the states of all domains in one call, each
+// network the guests are on read once, and the definitions and the list of
+// domains kept from the last look.
+func TestAFullObserveCostsAFewRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	d, calls := openCounted(t, "observe-calls")
+	const guests = 12
+	for i := range guests {
+		m := machine(fmt.Sprintf("observed-%d", i))
+		m.Running = i%3 != 0
+		_, err := d.Ensure(ctx, m)
+		require.NoError(t, err)
+	}
+	// The first look reads every definition.
+	_, err := d.List(ctx)
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name   string
+		do     func() (int, error)
+		budget int
+	}{
+		{"every guest observed: the states in one call, the one network read once", func() (int, error) {
+			all, err := d.List(ctx)
+			return len(all), err
+		}, 3},
+		{"the orphans: the states in one call", func() (int, error) {
+			all, err := d.Orphans(ctx)
+			return guests - len(all), err
+		}, 1},
+		{"a heartbeat: nothing", func() (int, error) {
+			c, err := d.Capacity(ctx)
+			return int(c.AllocatedVCPU) / 2, err
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls.Reset()
+			got, err := tc.do()
+			require.NoError(t, err)
+			require.Equal(t, guests, got, "every guest counted")
+			require.LessOrEqual(t, calls.Total(), tc.budget, "libvirt calls: %s", calls)
+		})
+	}
+}
+
+// openCounted opens a driver on a node of its own, name, through a call
+// counter.
+func openCounted(t testing.TB, name string) (*Driver, *libvirttest.CallCounter) {
+	t.Helper()
+	n := libvirttest.Start(t, name)
+	calls := n.CountCalls(t)
+	d, err := Open(context.Background(), Config{Node: n.Name, Socket: calls.Socket, URI: n.URI, Pool: testPool, ShutdownGrace: 50 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	return d, calls
 }

@@ -127,9 +127,11 @@ type connection struct {
 	l       *golibvirt.Libvirt
 	events  <-chan golibvirt.DomainEventLifecycleMsg
 	reboots <-chan any
-	// changes are the events of metadata written, a definition's change
-	// without a lifecycle event that Capacity reads.
-	changes <-chan any
+	// changes are the events of metadata written and of devices added or
+	// removed: changes of a definition without a lifecycle event, which
+	// d.definitions must not outlive.
+	changes        <-chan any
+	added, removed <-chan any
 	// domainType is the domain type the host offers: kvm where it can,
 	// else qemu (TCG); test on libvirt's test driver.
 	domainType string
@@ -231,6 +233,16 @@ func (d *Driver) connection() (*connection, error) {
 		_ = l.Disconnect()
 		return nil, errors.Wrap(err, "cannot subscribe to metadata events")
 	}
+	added, err := l.SubscribeEvents(d.ctx, golibvirt.DomainEventIDDeviceAdded, golibvirt.OptDomain{})
+	if err != nil {
+		_ = l.Disconnect()
+		return nil, errors.Wrap(err, "cannot subscribe to device events")
+	}
+	removed, err := l.SubscribeEvents(d.ctx, golibvirt.DomainEventIDDeviceRemoved, golibvirt.OptDomain{})
+	if err != nil {
+		_ = l.Disconnect()
+		return nil, errors.Wrap(err, "cannot subscribe to device events")
+	}
 	_, mem, cpus, _, _, _, _, _, err := l.NodeGetInfo()
 	if err != nil {
 		_ = l.Disconnect()
@@ -238,7 +250,7 @@ func (d *Driver) connection() (*connection, error) {
 	}
 	d.generation++
 	d.echoes.reset()
-	d.conn = &connection{l: l, events: evs, reboots: reboots, changes: changes, domainType: domType, generation: d.generation, hostCPUs: int64(cpus), hostMemory: int64(mem) << 10}
+	d.conn = &connection{l: l, events: evs, reboots: reboots, changes: changes, added: added, removed: removed, domainType: domType, generation: d.generation, hostCPUs: int64(cpus), hostMemory: int64(mem) << 10}
 	return d.conn, nil
 }
 
@@ -311,10 +323,11 @@ func (d *Driver) api() (API, *connection, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	var api API = c.l
 	if d.intercept != nil {
-		return d.intercept(c.l), c, nil
+		api = d.intercept(api)
 	}
-	return c.l, c, nil
+	return forgetting{API: api, defs: d.definitions}, c, nil
 }
 
 // watch forwards lifecycle events and, after a lost connection, reconnects
@@ -351,10 +364,10 @@ func (d *Driver) watch() {
 	}
 }
 
-// drain handles a connection's events until both of its streams end.
+// drain handles a connection's events until all of its streams end.
 func (d *Driver) drain(c *connection) {
-	events, reboots, changes := c.events, c.reboots, c.changes
-	for events != nil || reboots != nil || changes != nil {
+	events, reboots, changes, added, removed := c.events, c.reboots, c.changes, c.added, c.removed
+	for events != nil || reboots != nil || changes != nil || added != nil || removed != nil {
 		select {
 		case e, ok := <-changes:
 			if !ok {
@@ -363,6 +376,22 @@ func (d *Driver) drain(c *connection) {
 			}
 			if m, ok := e.(*golibvirt.DomainEventCallbackMetadataChangeMsg); ok {
 				d.definitions.forget(formatUUID(m.Dom.UUID))
+			}
+		case e, ok := <-added:
+			if !ok {
+				added = nil
+				continue
+			}
+			if m, ok := e.(*golibvirt.DomainEventCallbackDeviceAddedMsg); ok {
+				d.definitions.forget(formatUUID(m.Dom.UUID))
+			}
+		case e, ok := <-removed:
+			if !ok {
+				removed = nil
+				continue
+			}
+			if m, ok := e.(*golibvirt.DomainEventCallbackDeviceRemovedMsg); ok {
+				d.definitions.forget(formatUUID(m.Msg.Dom.UUID))
 			}
 		case e, ok := <-events:
 			if !ok {
@@ -553,15 +582,23 @@ func (d *Driver) describeXML(api API, dom golibvirt.Domain, uid string, flags go
 	if err != nil {
 		return domainInfo{}, "", err
 	}
-	switch o := info.owner; {
-	case o == nil:
-		return domainInfo{}, "", driver.Terminalf("domain %s with uuid %s exists on the node but is not managed by virtfleet", dom.Name, uid)
-	case o.UID != uid:
-		return domainInfo{}, "", driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "is managed by VirtualMachine " + o.Namespace + "/" + o.Name + " now"})
-	case o.Orphaned:
-		return domainInfo{}, "", driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "was released and is orphaned"})
+	if err := ownedBy(dom, uid, info); err != nil {
+		return domainInfo{}, "", err
 	}
 	return info, x, nil
+}
+
+// ownedBy checks that info, a definition of dom, is the guest uid's.
+func ownedBy(dom golibvirt.Domain, uid string, info domainInfo) error {
+	switch o := info.owner; {
+	case o == nil:
+		return driver.Terminalf("domain %s with uuid %s exists on the node but is not managed by virtfleet", dom.Name, uid)
+	case o.UID != uid:
+		return driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "is managed by VirtualMachine " + o.Namespace + "/" + o.Name + " now"})
+	case o.Orphaned:
+		return driver.NotFound(&NotOursError{UID: uid, Domain: dom.Name, Why: "was released and is orphaned"})
+	}
+	return nil
 }
 
 // Ensure implements driver.Driver.
@@ -717,7 +754,6 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 	}
 	d.echoes.expect(formatUUID(key), golibvirt.DomainEventDefined, d.now())
 	dom, err = api.DomainDefineXMLFlags(x, 0)
-	d.definitions.forget(formatUUID(dom.UUID))
 	if err != nil {
 		d.echoes.withdraw(formatUUID(key), golibvirt.DomainEventDefined)
 	}
@@ -1010,7 +1046,6 @@ func (d *Driver) setOwnership(api API, dom golibvirt.Domain, o ownership, flags 
 		return err
 	}
 	err = api.DomainSetMetadata(dom, int32(golibvirt.DomainMetadataElement), golibvirt.OptString{x}, golibvirt.OptString{metadataKey}, golibvirt.OptString{Namespace}, flags)
-	d.definitions.forget(formatUUID(dom.UUID))
 	return errors.Wrap(err, "cannot write domain metadata")
 }
 
@@ -1096,13 +1131,46 @@ func (d *Driver) Observe(_ context.Context, uid string) (driver.Observation, err
 // info. definedHash is the spec hash of its next definition when the caller
 // knows it (Ensure, which just wrote or read it), else "" to read it.
 func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainInfo, definedHash string) (driver.Observation, error) {
-	state, reason, err := api.DomainGetState(dom, 0)
-	if err != nil {
-		return driver.Observation{}, errors.Wrap(err, "cannot read domain state")
+	return d.observeWith(look{api: api, nets: newNetworkView(api), definedHash: definedHash}, dom, uid, info)
+}
+
+// look is what one observation reads through, and what its caller read
+// for it already.
+type look struct {
+	api API
+	// definitions, when set, reads the next definition through
+	// d.definitions on connection generation; else it is read afresh.
+	definitions bool
+	generation  int
+	// nets reads the networks, shared by the observations of one List.
+	nets *networkView
+	// state is the domain's state when the caller read it; nil to read it.
+	state *powerState
+	// definedHash is the spec hash of the next definition when the caller
+	// knows it; "" to read it.
+	definedHash string
+}
+
+// look is a look at one of the node's guests in a full observe: the next
+// definitions through d.definitions, the networks through nets.
+func (d *Driver) look(api API, generation int, nets *networkView) look {
+	return look{api: api, definitions: true, generation: generation, nets: nets}
+}
+
+// observeWith is observe, reading what l does not know through l.
+func (d *Driver) observeWith(l look, dom golibvirt.Domain, uid string, info domainInfo) (driver.Observation, error) {
+	api := l.api
+	if l.state == nil {
+		state, reason, err := api.DomainGetState(dom, 0)
+		if err != nil {
+			return driver.Observation{}, errors.Wrap(err, "cannot read domain state")
+		}
+		l.state = &powerState{state: golibvirt.DomainState(state), reason: reason}
 	}
+	state, reason := l.state.state, l.state.reason
 	o := driver.Observation{UID: uid, ID: formatUUID(dom.UUID), Node: d.node, VCPU: int32(info.vcpu), MemoryBytes: info.memory}
-	o.Phase, o.Message = phaseOf(golibvirt.DomainState(state), reason)
-	switch s := golibvirt.DomainState(state); {
+	o.Phase, o.Message = phaseOf(state, reason)
+	switch s := state; {
 	case movedAway(s, reason):
 		// A guest is on one node at a time: this one runs elsewhere now.
 		return driver.Observation{}, driver.NotFoundf("guest %s moved to another node by live migration", uid)
@@ -1121,11 +1189,12 @@ func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainI
 	started, startKnown := d.startedAt[uid]
 	d.stateMu.Unlock()
 
+	definedHash := l.definedHash
 	if o.Phase != driver.PhaseStopped && o.Phase != driver.PhaseFailed && info.owner != nil {
 		// A running domain whose definition changed since it started runs
 		// the old shape until its next start.
 		if definedHash == "" {
-			defined, err := d.describe(api, dom, uid, golibvirt.DomainXMLInactive)
+			defined, err := d.nextDefinitionOf(l, dom, uid)
 			if err != nil && !driver.IsNotFound(err) {
 				return driver.Observation{}, err
 			}
@@ -1146,8 +1215,24 @@ func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainI
 	if startKnown {
 		since = &started
 	}
-	o.Interfaces = d.addresses.merge(uid, info.nics, d.sightings(api, dom, info.nics, since), d.now())
+	o.Interfaces = d.addresses.merge(uid, info.nics, d.sightings(l.nets, dom, info.nics, since), d.now())
 	return o, nil
+}
+
+// nextDefinitionOf is the next definition of dom, the guest uid's, as
+// describe checks it: through d.definitions when l says so.
+func (d *Driver) nextDefinitionOf(l look, dom golibvirt.Domain, uid string) (domainInfo, error) {
+	if !l.definitions {
+		return d.describe(l.api, dom, uid, golibvirt.DomainXMLInactive)
+	}
+	info, err := d.definitions.readAs(l.api, l.generation, dom, golibvirt.DomainXMLInactive)
+	if isCode(err, golibvirt.ErrNoDomain) {
+		return domainInfo{}, driver.NotFoundf("no domain with uuid %s", uid)
+	}
+	if err != nil {
+		return domainInfo{}, err
+	}
+	return info, ownedBy(dom, uid, info)
 }
 
 // addressSources in the order they are trusted: the DHCP server's leases,
@@ -1170,11 +1255,12 @@ var addressSources = []struct {
 // table) still show the previous boot's address while the guest is in its
 // firmware: an interface whose only lease was granted before since is
 // reported by the guest agent alone, which speaks for the running guest.
-func (d *Driver) sightings(api API, dom golibvirt.Domain, nics []nic, since *time.Time) map[string]sighting {
+func (d *Driver) sightings(nets *networkView, dom golibvirt.Domain, nics []nic, since *time.Time) map[string]sighting {
+	api := nets.api
 	seen := map[string]sighting{}
 	if d.testDriver {
 		var ours map[string]bool
-		seen, ours = reservedLeases(api, nics)
+		seen, ours = reservedLeases(nets, nics)
 		// On a network virtfleet did not make, with its DHCP range, the
 		// test driver's made-up address stands for a dynamic lease.
 		nics = slices.DeleteFunc(slices.Clone(nics), func(n nic) bool { return ours[n.network] })
@@ -1184,7 +1270,7 @@ func (d *Driver) sightings(api API, dom golibvirt.Domain, nics []nic, since *tim
 	}
 	stale := map[string]bool{}
 	if since != nil {
-		stale = staleLeases(api, nics, *since)
+		stale = staleLeases(nets, nics, *since)
 	}
 	wanted := len(seen) + len(nics)
 	asked := map[string]bool{}
@@ -1227,7 +1313,7 @@ func (d *Driver) sightings(api API, dom golibvirt.Domain, nics []nic, since *tim
 // DomainInterfaceAddresses makes up (from the domain's id, the same on
 // every node) are no guest's; a simulated guest takes the lease it is
 // offered.
-func reservedLeases(api API, nics []nic) (map[string]sighting, map[string]bool) {
+func reservedLeases(nets *networkView, nics []nic) (map[string]sighting, map[string]bool) {
 	seen, ours := map[string]sighting{}, map[string]bool{}
 	macs := map[string]bool{}
 	for _, n := range nics {
@@ -1239,16 +1325,12 @@ func reservedLeases(api API, nics []nic) (map[string]sighting, map[string]bool) 
 			continue
 		}
 		read[n.network] = true
-		ref, err := api.NetworkLookupByName(n.network)
-		if err != nil {
-			continue
-		}
-		nw, err := readNetwork(api, ref)
-		if err != nil || nw.mark == nil {
+		v := nets.network(n.network)
+		if v.err != nil || v.nw.mark == nil {
 			continue
 		}
 		ours[n.network] = true
-		for _, ip := range nw.def.IPs {
+		for _, ip := range v.nw.def.IPs {
 			for _, h := range dhcpHosts(ip) {
 				if mac := strings.ToLower(h.MAC); macs[mac] && h.IP != "" {
 					seen[mac] = sighting{ips: []string{h.IP}, source: driver.AddressSourceLease}
@@ -1316,24 +1398,41 @@ func (d *Driver) domains(api API) ([]golibvirt.Domain, []domainInfo, error) {
 	return d.listDomains(api, true)
 }
 
+// generationNow is the connection generation of the live connection, for
+// callers of the definitions that hold only an API. A read through an
+// earlier connection fails: that connection is closed.
+func (d *Driver) generationNow() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.generation
+}
+
 // listDomains lists the node's domains with their live definitions: with
-// known, only those with virtfleet's metadata.
+// known, only those with virtfleet's metadata. The list is read afresh (a
+// domain defined a moment ago is in it: the callers decide what is in use),
+// the definitions come from d.definitions when it keeps them.
 func (d *Driver) listDomains(api API, known bool) ([]golibvirt.Domain, []domainInfo, error) {
+	generation := d.generationNow()
+	seq, at := d.definitions.mark()
 	all, _, err := api.ConnectListAllDomains(1, 0)
 	if err != nil {
 		return nil, nil, errors.Wrap(err, "cannot list domains")
 	}
+	d.definitions.keepListing(generation, all, seq, at)
+	return d.described(api, generation, all, known)
+}
+
+// described pairs each of doms with its live definition, skipping those
+// gone since they were listed: with known, also those without virtfleet's
+// metadata.
+func (d *Driver) described(api API, generation int, all []golibvirt.Domain, known bool) ([]golibvirt.Domain, []domainInfo, error) {
 	var doms []golibvirt.Domain
 	var infos []domainInfo
 	for _, dom := range all {
-		x, err := api.DomainGetXMLDesc(dom, 0)
+		info, err := d.definitions.read(api, generation, dom)
 		if isCode(err, golibvirt.ErrNoDomain) {
 			continue // deleted since the list
 		}
-		if err != nil {
-			return nil, nil, errors.Wrap(err, "cannot read domain XML")
-		}
-		info, err := parseDomain(x)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -1346,15 +1445,65 @@ func (d *Driver) listDomains(api API, known bool) ([]golibvirt.Domain, []domainI
 	return doms, infos, nil
 }
 
+// powerState is a domain's state and its reason, as DomainGetState says.
+type powerState struct {
+	state  golibvirt.DomainState
+	reason int32
+}
+
+// scan lists virtfleet's domains, released ones included, with their live
+// definitions and their states: the states of all domains in one call
+// (ConnectGetAllDomainStats), the definitions from d.definitions. A daemon
+// without that call leaves states nil, and each domain's is read on its
+// own.
+func (d *Driver) scan(api API, generation int) ([]golibvirt.Domain, []domainInfo, map[string]powerState, error) {
+	seq, at := d.definitions.mark()
+	recs, err := api.ConnectGetAllDomainStats(nil, uint32(golibvirt.DomainStatsState), 0)
+	if isCode(err, golibvirt.ErrNoSupport) {
+		doms, infos, err := d.domains(api)
+		return doms, infos, nil, err
+	}
+	if err != nil {
+		return nil, nil, nil, errors.Wrap(err, "cannot read the domains' states")
+	}
+	all := make([]golibvirt.Domain, 0, len(recs))
+	states := make(map[string]powerState, len(recs))
+	for _, r := range recs {
+		all = append(all, r.Dom)
+		states[formatUUID(r.Dom.UUID)] = stateOf(r.Params)
+	}
+	d.definitions.keepListing(generation, all, seq, at)
+	doms, infos, err := d.described(api, generation, all, true)
+	return doms, infos, states, err
+}
+
+// stateOf reads a domain's state and reason from its "state" statistics.
+func stateOf(params []golibvirt.TypedParam) powerState {
+	var s powerState
+	for _, p := range params {
+		v, ok := p.Value.I.(int32)
+		if !ok {
+			continue
+		}
+		switch p.Field {
+		case "state.state":
+			s.state = golibvirt.DomainState(v)
+		case "state.reason":
+			s.reason = v
+		}
+	}
+	return s
+}
+
 // owned lists the domains virtfleet manages: not released ones, and only
 // those of the uid their metadata names (made for it, or claimed by it).
-func (d *Driver) owned(api API) ([]golibvirt.Domain, []domainInfo, error) {
+func (d *Driver) owned(api API, generation int) ([]golibvirt.Domain, []domainInfo, map[string]powerState, error) {
 	if err := d.aliases.load(d, api); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	all, infos, err := d.domains(api)
+	all, infos, states, err := d.scan(api, generation)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	doms, mine := all[:0], infos[:0]
 	for i, dom := range all {
@@ -1363,7 +1512,7 @@ func (d *Driver) owned(api API) ([]golibvirt.Domain, []domainInfo, error) {
 		}
 		doms, mine = append(doms, dom), append(mine, infos[i])
 	}
-	return doms, mine, nil
+	return doms, mine, states, nil
 }
 
 // owns says whether dom is virtfleet's guest: made for or claimed by the
@@ -1379,26 +1528,35 @@ func (d *Driver) owns(dom golibvirt.Domain, info domainInfo, orphans bool) bool 
 	return d.aliases.keyOf(o.UID) == formatUUID(dom.UUID)
 }
 
-// List implements driver.Driver.
+// List implements driver.Driver. It costs one call for the states of all
+// the node's domains, and one or two per network its guests are on;
+// definitions are read only for domains that changed (d.definitions).
 func (d *Driver) List(_ context.Context) ([]driver.Observation, error) {
-	api, _, err := d.api()
+	api, conn, err := d.api()
 	if err != nil {
 		return nil, err
 	}
-	doms, infos, err := d.owned(api)
+	doms, infos, states, err := d.owned(api, conn.generation)
 	if err != nil {
 		return nil, err
 	}
-	return d.observeAll(api, doms, infos)
+	return d.observeAll(api, conn.generation, doms, infos, states)
 }
 
 // observeAll observes each domain as its owner's guest, skipping those
-// gone since they were listed; an orphan gets OrphanOf.
-func (d *Driver) observeAll(api API, doms []golibvirt.Domain, infos []domainInfo) ([]driver.Observation, error) {
+// gone since they were listed; an orphan gets OrphanOf. states are the
+// domains' states by UUID, read with the listing; a domain without one has
+// its own read. The networks are read once for all of them.
+func (d *Driver) observeAll(api API, generation int, doms []golibvirt.Domain, infos []domainInfo, states map[string]powerState) ([]driver.Observation, error) {
 	out := make([]driver.Observation, 0, len(doms))
+	nets := newNetworkView(api)
 	for i, dom := range doms {
 		owner := infos[i].owner
-		o, err := d.observe(api, dom, owner.UID, infos[i], "")
+		look := d.look(api, generation, nets)
+		if s, ok := states[formatUUID(dom.UUID)]; ok {
+			look.state = &s
+		}
+		o, err := d.observeWith(look, dom, owner.UID, infos[i])
 		if isCode(err, golibvirt.ErrNoDomain) || driver.IsNotFound(err) {
 			continue // gone since the list, or moved to another node
 		}
@@ -1415,8 +1573,8 @@ func (d *Driver) observeAll(api API, doms []golibvirt.Domain, infos []domainInfo
 
 // Capacity implements driver.Driver. It counts virtfleet's guests, orphans
 // included: a released guest still holds its share of the host. It reads
-// the domains' definitions through d.definitions, so a heartbeat costs one
-// list of the domains once their definitions are known.
+// the list of domains and their definitions through d.definitions, so a
+// heartbeat on a node where nothing changed makes no call at all.
 func (d *Driver) Capacity(_ context.Context) (driver.Capacity, error) {
 	api, conn, err := d.api()
 	if err != nil {
@@ -1425,9 +1583,9 @@ func (d *Driver) Capacity(_ context.Context) (driver.Capacity, error) {
 	if err := d.aliases.load(d, api); err != nil {
 		return driver.Capacity{}, err
 	}
-	all, _, err := api.ConnectListAllDomains(1, 0)
+	all, err := d.definitions.domains(api, conn.generation)
 	if err != nil {
-		return driver.Capacity{}, errors.Wrap(err, "cannot list domains")
+		return driver.Capacity{}, err
 	}
 	c := driver.Capacity{VCPU: conn.hostCPUs, MemoryBytes: conn.hostMemory, Hypervisor: conn.domainType}
 	for _, dom := range all {
@@ -1443,7 +1601,6 @@ func (d *Driver) Capacity(_ context.Context) (driver.Capacity, error) {
 		c.AllocatedVCPU += info.vcpu
 		c.AllocatedMemoryBytes += info.memory
 	}
-	d.definitions.keepOnly(all)
 	return c, nil
 }
 

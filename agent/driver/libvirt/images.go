@@ -205,11 +205,20 @@ func (d *Driver) PruneImages(context.Context) ([]string, error) {
 	}
 	backing := map[string]bool{}
 	present := map[string]golibvirt.StorageVol{}
+	var others []golibvirt.StorageVol
 	for _, v := range vols {
 		if uid, ok := strings.CutPrefix(v.Name, imagePrefix); ok {
 			present[uid] = v
 			continue
 		}
+		others = append(others, v)
+	}
+	if len(present) == 0 {
+		// No image to keep: the volumes' backing files need no reading,
+		// which would cost a call per volume of the pool every round.
+		others = nil
+	}
+	for _, v := range others {
 		x, err := api.StorageVolGetXMLDesc(v, 0)
 		if isCode(err, golibvirt.ErrNoStorageVol) {
 			continue

@@ -547,6 +547,7 @@ func (d *Driver) perform(dom golibvirt.Domain, uri string, params []golibvirt.Ty
 	if d.intercept != nil {
 		api = d.intercept(l)
 	}
+	api = forgetting{API: api, defs: d.definitions}
 	stop := context.AfterFunc(d.ctx, func() { _ = l.Disconnect() })
 	defer func() {
 		if stop() {

@@ -518,7 +518,7 @@ func (d *Driver) interfacesInUse(api API) (map[nic]bool, error) {
 		used[k] = true
 	}
 	for i, dom := range doms {
-		next, err := nextDefinition(api, dom)
+		next, err := d.nextDefinition(api, dom)
 		if isCode(err, golibvirt.ErrNoDomain) {
 			continue
 		}

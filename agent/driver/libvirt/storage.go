@@ -184,7 +184,7 @@ func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 		return err
 	}
 	for i, dom := range doms {
-		nextInfo, err := nextDefinition(api, dom)
+		nextInfo, err := d.nextDefinition(api, dom)
 		if isCode(err, golibvirt.ErrNoDomain) {
 			continue
 		}
@@ -209,13 +209,9 @@ func (d *Driver) DeleteVolume(_ context.Context, disk driver.Disk) error {
 }
 
 // nextDefinition reads dom's next definition, the one its next start
-// runs; an error with ErrNoDomain when it is gone.
-func nextDefinition(api API, dom golibvirt.Domain) (domainInfo, error) {
-	x, err := api.DomainGetXMLDesc(dom, golibvirt.DomainXMLInactive)
-	if err != nil {
-		return domainInfo{}, errors.Wrap(err, "cannot read domain XML")
-	}
-	return parseDomain(x)
+// runs, through d.definitions; an error with ErrNoDomain when it is gone.
+func (d *Driver) nextDefinition(api API, dom golibvirt.Domain) (domainInfo, error) {
+	return d.definitions.readAs(api, d.generationNow(), dom, golibvirt.DomainXMLInactive)
 }
 
 // volumePath is the path of volume v, or "" when there is no such volume.
