@@ -154,6 +154,10 @@ type Reconciler struct {
 	// addressless are the running guests seen with an interface that has
 	// no address yet, by uid, with when that was first seen.
 	addressless map[string]time.Time
+	// settled are the guests last ensured settled, and listed the
+	// observations a periodic resync listed of them, by uid (settled.go).
+	settled map[string]settled
+	listed  map[string]listed
 }
 
 // New returns a Reconciler for node that writes its reports to reports.
@@ -173,6 +177,8 @@ func New(node string, d driver.Driver, reports bus.Reports, log logging.Logger, 
 		intents:     map[string]wire.Intent{},
 		volumes:     map[string]wire.VolumeIntent{},
 		addressless: map[string]time.Time{},
+		settled:     map[string]settled{},
+		listed:      map[string]listed{},
 		imports:     map[string]time.Time{},
 		orphans:     map[string]driver.Observation{},
 		cleared:     map[string]bool{},
@@ -268,7 +274,7 @@ loop:
 		case <-ctx.Done():
 			break loop
 		case <-tick.C:
-			r.resync(ctx)
+			r.sweep(ctx, true)
 		case <-watchdog:
 			leaseState = r.watchLease(leaseState)
 		case ev, ok := <-events:
@@ -280,6 +286,8 @@ loop:
 				r.resync(ctx)
 				continue
 			}
+			// Whatever the event says, the guest takes the full way.
+			r.forgetSettled(ev.UID)
 			r.queue.Add(guest(ev.UID))
 		}
 	}
@@ -287,10 +295,15 @@ loop:
 	wg.Wait()
 }
 
-// resync queues every guest the node should have or has, and every Volume.
-// Until the intents are synced only the intents are queued: a guest without
-// an intent might be one whose intent has not arrived yet.
-func (r *Reconciler) resync(ctx context.Context) {
+// resync queues every guest the node should have or has, and every Volume,
+// each guest to be ensured. Until the intents are synced only the intents
+// are queued: a guest without an intent might be one whose intent has not
+// arrived yet.
+func (r *Reconciler) resync(ctx context.Context) { r.sweep(ctx, false) }
+
+// sweep is resync; a periodic one takes what it lists of the guests that
+// were settled as their observation instead of ensuring them (settled.go).
+func (r *Reconciler) sweep(ctx context.Context, periodic bool) {
 	r.mu.Lock()
 	items := make([]item, 0, len(r.intents)+len(r.volumes))
 	for uid := range r.intents {
@@ -301,21 +314,22 @@ func (r *Reconciler) resync(ctx context.Context) {
 	}
 	synced := r.synced
 	r.mu.Unlock()
-	if synced {
-		// A report whose guest went out of band (an orphan deleted by
-		// hand) is looked at, and deleted, too; so is one an earlier
-		// agent of this node wrote.
-		for _, uid := range r.reports.uids() {
-			items = append(items, guest(uid))
+	// Queued once the listing is kept, so no guest is taken up before.
+	defer func() {
+		for _, it := range items {
+			r.queue.Add(it)
 		}
-		r.lookAtReportedBefore(ctx)
-	}
-	for _, it := range items {
-		r.queue.Add(it)
-	}
+	}()
 	if !synced {
 		return
 	}
+	// A report whose guest went out of band (an orphan deleted by hand) is
+	// looked at, and deleted, too; so is one an earlier agent of this node
+	// wrote.
+	for _, uid := range r.reports.uids() {
+		items = append(items, guest(uid))
+	}
+	r.lookAtReportedBefore(ctx)
 	start := time.Now()
 	defer func() { r.metrics.ResyncDuration.WithLabelValues().Observe(time.Since(start).Seconds()) }()
 	if err := r.refreshOrphans(ctx); err != nil {
@@ -327,12 +341,15 @@ func (r *Reconciler) resync(ctx context.Context) {
 		r.log.Info("Cannot list guests; the next resync tries again", "error", err)
 		return
 	}
+	if periodic {
+		r.keepListed(guests, start)
+	}
 	for _, g := range guests {
-		r.queue.Add(guest(g.UID))
+		items = append(items, guest(g.UID))
 	}
 	r.mu.Lock()
 	for uid := range r.orphans {
-		r.queue.Add(guest(uid))
+		items = append(items, guest(uid))
 	}
 	r.mu.Unlock()
 }
@@ -394,6 +411,8 @@ func (r *Reconciler) reconcileGuest(ctx context.Context, uid string) (time.Durat
 	synced := r.synced
 	if !wanted || in.Release {
 		delete(r.addressless, uid)
+		delete(r.settled, uid)
+		delete(r.listed, uid)
 	}
 	r.mu.Unlock()
 
@@ -432,9 +451,13 @@ func (r *Reconciler) reconcileGuest(ctx context.Context, uid string) (time.Durat
 	case in.Claim != nil:
 		obs, err = r.claim(ctx, in, m)
 	default:
-		obs, err = r.ensure(ctx, m)
+		var ok bool
+		if obs, ok = r.takeListed(in); !ok {
+			obs, err = r.ensure(ctx, m)
+		}
 	}
 	if err != nil {
+		r.forgetSettled(in.UID)
 		r.guestError(ctx, in.UID, in.Namespace, in.Name, err)
 	} else {
 		r.guestOK(in.UID, in.Namespace, in.Name)
@@ -455,8 +478,10 @@ func (r *Reconciler) reconcileGuest(ctx context.Context, uid string) (time.Durat
 		return 0, errors.Wrap(err, "cannot ensure guest")
 	}
 	if err := r.report(ctx, report(in, obs)); err != nil {
+		r.forgetSettled(in.UID)
 		return 0, err
 	}
+	r.recordSettled(in, obs, time.Now())
 	if obs.Phase == driver.PhaseProvisioning && hasImage(m) {
 		// Likely waiting for an import: let the image loop report it.
 		r.nudgeImages()
