@@ -163,7 +163,7 @@ package: images ## Build the Crossplane packages (.xpkg) in _output: provider (h
 # (a few minutes, plus the guest image's first build); -guests=false skips it.
 BENCH_FLAGS ?=
 .PHONY: bench
-bench: deps envtest-assets ## Benchmark on the real stack (density 100 VMs/3 nodes, bursts 10/100/1000 over 10 nodes and 5000 over 50, limits, one real guest, one live migration) into bench/results/.
+bench: deps envtest-assets ## Benchmark on the real stack (density 100 VMs/10 nodes, bursts 10/100/1000 over 10 nodes and 5000 over 50, limits, bursts of 1000 and 10,000 over simulated nodes, an idle node of 200 guests, one real guest, one live migration) into bench/results/.
 	@$(GO) build -o bin/bench ./bench
 	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" bin/bench $(BENCH_FLAGS)
 

@@ -40,8 +40,14 @@ func TestQuick(t *testing.T) {
 	assert.Positive(t, got.Machine.MemoryBytes)
 
 	require.NotNil(t, got.Density)
-	scenarios := append([]benchmark.Scenario{*got.Density}, got.Bursts...)
+	scenarios := append(append([]benchmark.Scenario{*got.Density}, got.Bursts...), got.Scale...)
 	require.Len(t, got.Bursts, len(o.Sizes))
+	require.Len(t, got.Scale, len(o.Scale))
+	for _, s := range got.Scale {
+		assert.Equal(t, s.VMs, s.AddressedVMs, "%s: every VM over simulated nodes shows the address the hub allocated", s.Name)
+		assert.Zero(t, s.DuplicateAddresses, s.Name)
+		assert.Nil(t, s.WholeFlow, "%s: no limits are measured over simulated nodes", s.Name)
+	}
 	for _, s := range scenarios {
 		t.Run(s.Name, func(t *testing.T) {
 			assert.Equal(t, s.VMs, s.Running, "every VM reached Running; notes: %v", s.Notes)
@@ -84,7 +90,7 @@ func TestQuick(t *testing.T) {
 	text := string(b)
 	assert.Equal(t, filepath.Dir(md), out)
 	assert.Equal(t, strings.TrimSuffix(md, ".md"), strings.TrimSuffix(js, ".json"), "the two files share a name")
-	for _, want := range []string{"## Targets", "## Density", "## Burst", "## API writes by request", got.Commit, "create→Running p99"} {
+	for _, want := range []string{"## Targets", "## Density", "## Burst", "## Scale", "## API writes by request", got.Commit, "create→Running p99"} {
 		assert.Contains(t, text, want)
 	}
 }

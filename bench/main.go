@@ -38,6 +38,7 @@ func run() error {
 		interval     = flag.Duration("interval", d.DensityInterval, "Time between creates in the density scenario.")
 		burst        = flag.Int("burst", 1000, "VMs created at once in the burst scenario; added to -sizes.")
 		sizes        = flag.String("sizes", "10,100,1000,5000", "Burst sizes, comma-separated, each on a fresh stack, so the cost's growth is visible.")
+		scale        = flag.String("scale", "1000,10000", "Burst sizes over simulated nodes (one simnodes process serving every node over an in-memory driver), comma-separated, each on a fresh stack; empty runs none.")
 		nodes        = flag.Int("nodes", d.Nodes, "Nodes of the burst scenarios, at least.")
 		perNode      = flag.Int("vms-per-node", d.VMsPerNode, "Most VMs a burst puts on one node; a larger burst gets more nodes than -nodes.")
 		limits       = flag.Bool("limits", true, "Measure raw libvirt and the control plane's limit after each burst.")
@@ -45,6 +46,7 @@ func run() error {
 		dir          = flag.String("dir", "", "Where the stacks keep their state and logs; empty means the system's temporary directory.")
 		keep         = flag.Bool("keep", false, "Keep every stack's directory and logs, not only those of failed scenarios.")
 		guests       = flag.Bool("guests", d.Guests, "Boot one real QEMU guest (TCG without KVM) through the whole stack and time create→Running, →address, →ssh, and migrate another live between two hosts; needs root and make deps.")
+		idle         = flag.Bool("idle", d.Idle, "Run the idle-node scenario: one node of 200 guests, its agent's full observe timed, then 100 of them idle for 5 minutes while the agent's CPU is counted.")
 		debug        = flag.Bool("debug", false, "Run the hub and agents at debug level (slower; for finding where time goes).")
 	)
 	if err := flagenv.ParseCommandLine(); err != nil {
@@ -57,14 +59,18 @@ func run() error {
 	} else {
 		s, err := parseSizes(*sizes)
 		if err != nil {
-			return err
+			return fmt.Errorf("-sizes: %w", err)
 		}
 		if *burst > 0 {
 			s = append(s, *burst)
 		}
 		o.Sizes = s
+		if o.Scale, err = parseSizes(*scale); err != nil {
+			return fmt.Errorf("-scale: %w", err)
+		}
 	}
 	o.Dir, o.Progress, o.Keep, o.Debug, o.Guests = *dir, os.Stderr, *keep, *debug, *guests && !*quick
+	o.Idle = *idle && !*quick
 	// The benchmark's own Kubernetes clients have nothing to say.
 	ctrl.SetLogger(logr.Discard())
 
@@ -91,7 +97,7 @@ func parseSizes(s string) ([]int, error) {
 		}
 		n, err := strconv.Atoi(f)
 		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("-sizes: %q is not a positive number", f)
+			return nil, fmt.Errorf("%q is not a positive number", f)
 		}
 		out = append(out, n)
 	}

@@ -22,11 +22,18 @@ type Result struct {
 	// Bursts are VMs created all at once, one scenario per size; the
 	// largest is the issue's burst.
 	Bursts []Scenario `json:"bursts"`
+	// Scale are bursts over simulated nodes (agent/simnodes), one per
+	// size: the hub and the control plane at fleet sizes this machine
+	// cannot run agents and libvirtds for.
+	Scale []Scenario `json:"scale,omitempty"`
 	// Guest is one real guest's boot, beside the test driver's figures.
 	Guest *GuestBoot `json:"guest,omitempty"`
 	// Migration is one real guest's live migration between two hosts.
 	Migration *MigrationRun `json:"migration,omitempty"`
-	Targets   []Target      `json:"targets"`
+	// Idle is one node of many guests: its full observe, and its agent's
+	// CPU while nothing changes (idle.go).
+	Idle    *Idle    `json:"idle,omitempty"`
+	Targets []Target `json:"targets"`
 }
 
 // Machine is where the run happened; the numbers mean little without it.

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -46,6 +47,9 @@ type Options struct {
 	VMsPerNode int
 	// Limits measures raw libvirt and the control plane after each burst.
 	Limits bool
+	// Scale are bursts over simulated nodes, VMsPerNode VMs per node, each
+	// on a fresh stack; no limits are measured after them.
+	Scale []int
 	// Dir holds each scenario's stack (logs are kept when one fails).
 	Dir string
 	// Quick marks the harness's own small run in the result.
@@ -57,19 +61,22 @@ type Options struct {
 	// Guests boots one real QEMU guest through the whole stack (guest.go),
 	// and another on two hosts that it migrates live (migration.go).
 	Guests bool
+	// Idle runs the idle-node scenario (idle.go).
+	Idle bool
 	// Progress receives a line per step.
 	Progress io.Writer
 }
 
-// Defaults are the issues' sizes: density 100 VMs 100 ms apart over 3
-// nodes; bursts of 10, 100 and 1000 over 10 nodes, and 5000 over 50.
+// Defaults are the issues' sizes: density 100 VMs 100 ms apart over 10
+// nodes; bursts of 10, 100 and 1000 over 10 nodes, and 5000 over 50; and
+// bursts of 1000 and 10,000 over 10 and 100 simulated nodes.
 func Defaults() Options {
-	return Options{Density: 100, DensityNodes: 3, DensityInterval: 100 * time.Millisecond, Sizes: []int{10, 100, 1000, 5000}, Nodes: 10, VMsPerNode: 100, Limits: true, Guests: true}
+	return Options{Density: 100, DensityNodes: 10, DensityInterval: 100 * time.Millisecond, Sizes: []int{10, 100, 1000, 5000}, Scale: []int{1000, 10000}, Nodes: 10, VMsPerNode: 100, Limits: true, Guests: true, Idle: true}
 }
 
 // Quick is small enough for a test of the harness on a busy 2-core machine.
 func Quick() Options {
-	return Options{Density: 5, DensityNodes: 2, DensityInterval: 100 * time.Millisecond, Sizes: []int{8}, Nodes: 2, Limits: true, Quick: true}
+	return Options{Density: 5, DensityNodes: 2, DensityInterval: 100 * time.Millisecond, Sizes: []int{8}, Scale: []int{8}, Nodes: 2, VMsPerNode: 4, Limits: true, Quick: true}
 }
 
 // The test driver's host as every node's libvirtd reports it, and the
@@ -117,6 +124,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		r.Bursts = append(r.Bursts, s)
 	}
+	scale := slices.Clone(o.Scale)
+	slices.Sort(scale)
+	for _, n := range slices.Compact(scale) {
+		nodes := max(1, (n+o.VMsPerNode-1)/max(o.VMsPerNode, 1))
+		s, err := runScenario(ctx, o, spec{name: fmt.Sprintf("simulated-%d", n), vms: n, nodes: nodes, simulated: true})
+		if err != nil {
+			return nil, errors.Wrapf(err, "burst of %d over simulated nodes", n)
+		}
+		r.Scale = append(r.Scale, s)
+	}
 	if o.Guests {
 		g, err := runGuest(ctx, o)
 		if err != nil {
@@ -129,6 +146,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		r.Migration = mg
 	}
+	if o.Idle {
+		idle, err := runIdle(ctx, o)
+		if err != nil {
+			return nil, errors.Wrap(err, "idle node")
+		}
+		r.Idle = idle
+	}
 	r.Targets = Targets(r)
 	return r, nil
 }
@@ -139,6 +163,9 @@ type spec struct {
 	nodes    int
 	interval time.Duration // 0: all at once
 	limits   bool
+	// simulated runs the nodes in one simnodes process, over the
+	// in-memory driver, instead of an agent and a libvirtd each.
+	simulated bool
 }
 
 // timeout bounds a scenario's wait for Running: generous, since a busy
@@ -179,10 +206,19 @@ func runScenario(ctx context.Context, o Options, sp spec) (Scenario, error) {
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("node%d", i+1)
 	}
-	// One warm-up VM per node besides the measured ones.
-	cpuRatio, memRatio, notes := allocationRatios(sp.vms+sp.nodes, sp.nodes)
-	sc.Notes = append(sc.Notes, notes...)
-	s, _, stop, err := startStack(ctx, o, "vf-bench-", stack.Options{Nodes: nodes, CPUAllocationRatio: cpuRatio, MemoryAllocationRatio: memRatio}, progress)
+	so := stack.Options{Nodes: nodes}
+	if sp.simulated {
+		// A simulated host as large as one VM per vCPU needs, at the
+		// default allocation ratios; one warm-up VM per node besides.
+		so.Simulated, so.CPUAllocationRatio, so.MemoryAllocationRatio = true, defaultCPURatio, 1
+		so.SimulatedHost = simulatedHost((sp.vms+sp.nodes+sp.nodes-1)/sp.nodes, defaultCPURatio)
+	} else {
+		// One warm-up VM per node besides the measured ones.
+		var notes []string
+		so.CPUAllocationRatio, so.MemoryAllocationRatio, notes = allocationRatios(sp.vms+sp.nodes, sp.nodes)
+		sc.Notes = append(sc.Notes, notes...)
+	}
+	s, _, stop, err := startStack(ctx, o, "vf-bench-", so, progress)
 	if err != nil {
 		return sc, err
 	}
@@ -219,7 +255,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	if err != nil {
 		return err
 	}
-	hubBefore, agentsBefore, err := usage(s, sp.nodes)
+	hubBefore, agentsBefore, err := usage(s, sp)
 	if err != nil {
 		return err
 	}
@@ -278,7 +314,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	if err != nil {
 		return err
 	}
-	hubAfter, agentsAfter, err := usage(s, sp.nodes)
+	hubAfter, agentsAfter, err := usage(s, sp)
 	if err != nil {
 		return err
 	}
@@ -303,7 +339,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	if sc.PerNode, sc.AddressedVMs, sc.DuplicateAddresses, err = spread(ctx, kube); err != nil {
 		return err
 	}
-	if !sp.limits || sc.Running == 0 {
+	if !sp.limits || sp.simulated || sc.Running == 0 {
 		return nil
 	}
 	return limits(ctx, s, sp, sc, progress)
@@ -415,14 +451,18 @@ func warmUp(ctx context.Context, kube client.Client, first, nodes int) error {
 }
 
 // usage reads the hub's and every agent's counters; agents are in node
-// order, node1 first.
-func usage(s *stack.Stack, nodes int) (ProcessUsage, []ProcessUsage, error) {
+// order, node1 first. Simulated nodes are one process, the one agent.
+func usage(s *stack.Stack, sp spec) (ProcessUsage, []ProcessUsage, error) {
 	hub, err := ReadProcessUsage(s.HubPID())
 	if err != nil {
 		return ProcessUsage{}, nil, errors.Wrap(err, "hub")
 	}
-	agents := make([]ProcessUsage, nodes)
-	for i := range nodes {
+	if sp.simulated {
+		sim, err := ReadProcessUsage(s.SimulatedPID())
+		return hub, []ProcessUsage{sim}, errors.Wrap(err, "simulated nodes")
+	}
+	agents := make([]ProcessUsage, sp.nodes)
+	for i := range sp.nodes {
 		if agents[i], err = ReadProcessUsage(s.AgentPID(fmt.Sprintf("node%d", i+1))); err != nil {
 			return ProcessUsage{}, nil, errors.Wrapf(err, "agent of node%d", i+1)
 		}
@@ -466,6 +506,19 @@ func allocationRatios(vms, nodes int) (cpu, memory float64, notes []string) {
 		notes = append(notes, fmt.Sprintf("agents' memory-allocation-ratio raised from %d to %.0f to fit %d VMs per node", defaultMemoryRatio, memory, perNode))
 	}
 	return cpu, memory, notes
+}
+
+// simulatedHost is a simulated node's host with room for perNode VMs of
+// the workload's size at cpuRatio vCPUs per host CPU and no memory
+// overcommit, and a tenth to spare: placement is least-allocated, not
+// perfectly even.
+func simulatedHost(perNode int, cpuRatio int) stack.SimulatedHost {
+	perNode += perNode/10 + 1
+	memory := resource.MustParse(workload.Memory)
+	return stack.SimulatedHost{
+		VCPUs:       int64((perNode*workload.VCPU + cpuRatio - 1) / cpuRatio),
+		MemoryBytes: int64(perNode) * memory.Value(),
+	}
 }
 
 // ThisMachine describes the machine a run is made on, its load included.

@@ -81,7 +81,10 @@ func (f Fleet) Prepare(ctx context.Context, kube client.Client, n int) error {
 	if err != nil {
 		return err
 	}
-	return WaitFor(ctx, 500*time.Millisecond, func() (bool, error) {
+	// Each look lists every Volume: look less often the more there are,
+	// or the looking itself would load the API server the hub works on.
+	every := max(500*time.Millisecond, time.Duration(n)*time.Millisecond/2)
+	return WaitFor(ctx, every, func() (bool, error) {
 		l := &v1alpha1.VolumeList{}
 		if err := kube.List(ctx, l, client.InNamespace(f.Namespace)); err != nil {
 			return false, errors.Wrap(err, "cannot list Volumes")

@@ -1,0 +1,422 @@
+package benchmark
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/bench/workload"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
+)
+
+// The idle node (issue 40): one node of idleObservedVMs guests on a real
+// libvirtd (the test driver), whose agent's full observe is timed by the
+// agent itself, then idleVMs of them left alone for idleWindow while the
+// agent's CPU time is counted. Idle nodes are most of a fleet, and what an
+// agent does while nothing changes (heartbeats, resyncs, watches) is paid
+// by every one of them the whole time.
+const (
+	idleNode        = "node1"
+	idleObservedVMs = 200
+	idleVMs         = 100
+	idleWindow      = 5 * time.Minute
+	// idleResyncs is how many of the agent's periodic resyncs of the
+	// idleObservedVMs guests are timed.
+	idleResyncs = 2
+	// agentResyncEvery is the agent's default resync interval, which the
+	// scenario keeps: the idle cost is the default agent's.
+	agentResyncEvery = time.Minute
+
+	targetFullObserveSeconds = 1.0
+	targetIdleCoreShare      = 0.01
+)
+
+// Idle is what the idle-node scenario measured.
+type Idle struct {
+	Node string `json:"node"`
+	// ObservedVMs are the node's guests while its full observe was timed.
+	ObservedVMs int `json:"observedVMs"`
+	// Resyncs is how many of the agent's periodic resyncs were timed, each
+	// a full observe of the node: the driver's listing of its orphans and
+	// guests, which the agent times; the guests the listing shows as their
+	// intents ask are then reported from it, with no driver call of their
+	// own (EnsuresPerResync counts the calls there were).
+	Resyncs int `json:"resyncs"`
+	// FullObserveSeconds is their mean, from the agent's
+	// virtfleet_agent_resync_duration_seconds; FullObserveAtMostSeconds
+	// the upper bound of the histogram's bucket the slowest fell in.
+	FullObserveSeconds       float64 `json:"fullObserveSeconds"`
+	FullObserveAtMostSeconds float64 `json:"fullObserveAtMostSeconds"`
+	// FullObserveRatio is FullObserveSeconds to the limit.
+	FullObserveRatio float64 `json:"fullObserveRatio"`
+	// EnsuresPerResync are the agent's Ensure calls meanwhile, per resync,
+	// whatever asked for them (a resync, an intent the hub wrote again, a
+	// driver event): the per-guest work left while nothing changes.
+	EnsuresPerResync float64 `json:"ensuresPerResync"`
+
+	// IdleVMs are the node's guests while it was idle: the others were
+	// deleted after the full observe was timed.
+	IdleVMs     int     `json:"idleVMs"`
+	IdleSeconds float64 `json:"idleSeconds"`
+	// AgentCPUSeconds is the agent's user and system time while idle;
+	// AgentCoreShare that over IdleSeconds, the share of one core.
+	AgentCPUSeconds float64 `json:"agentCPUSeconds"`
+	AgentCoreShare  float64 `json:"agentCoreShare"`
+	// IdleRatio is AgentCoreShare to the limit.
+	IdleRatio float64 `json:"idleRatio"`
+	// IdleResyncs and IdleEnsures are the agent's resyncs and Ensure calls
+	// while idle.
+	IdleResyncs int     `json:"idleResyncs"`
+	IdleEnsures float64 `json:"idleEnsures"`
+	// LoadAvg is the machine's load average at the end of the idle window:
+	// other work on the machine slows the agent's too.
+	LoadAvg string   `json:"loadAvg,omitempty"`
+	Notes   []string `json:"notes,omitempty"`
+}
+
+// agentSample is what the idle scenario reads of an agent's metrics at one
+// moment.
+type agentSample struct {
+	// resyncs and resyncSeconds are the resync histogram's count and sum;
+	// resyncBuckets its cumulative counts by upper bound.
+	resyncs       float64
+	resyncSeconds float64
+	resyncBuckets map[float64]float64
+	// ensures counts the agent's Ensure calls, whatever their result.
+	ensures float64
+}
+
+// The agent's series the idle scenario reads (internal/metrics).
+const (
+	resyncMetric      = "virtfleet_agent_resync_duration_seconds"
+	driverCallsMetric = "virtfleet_agent_driver_call_duration_seconds_count"
+)
+
+// parseAgentSample reads an agentSample out of the Prometheus text
+// exposition format.
+func parseAgentSample(r io.Reader) (agentSample, error) {
+	s := agentSample{resyncBuckets: map[float64]float64{}}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, rest, _ := strings.Cut(line, "{")
+		labels := map[string]string{}
+		if rest != "" {
+			var err error
+			if labels, rest, err = parseLabels(rest); err != nil {
+				return agentSample{}, errors.Wrapf(err, "cannot parse %q", line)
+			}
+		} else {
+			name, rest, _ = strings.Cut(line, " ")
+		}
+		var target *float64
+		switch {
+		case name == resyncMetric+"_count":
+			target = &s.resyncs
+		case name == resyncMetric+"_sum":
+			target = &s.resyncSeconds
+		case name == resyncMetric+"_bucket", name == driverCallsMetric && labels["operation"] == "ensure":
+		default:
+			continue
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			return agentSample{}, errors.Errorf("no value in %q", line)
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return agentSample{}, errors.Wrapf(err, "cannot parse the value of %q", line)
+		}
+		switch {
+		case target != nil:
+			*target = v
+		case name == driverCallsMetric:
+			s.ensures += v
+		default:
+			le, err := strconv.ParseFloat(labels["le"], 64)
+			if err != nil {
+				return agentSample{}, errors.Wrapf(err, "cannot parse the bucket of %q", line)
+			}
+			s.resyncBuckets[le] = v
+		}
+	}
+	return s, errors.Wrap(sc.Err(), "cannot read the agent's metrics")
+}
+
+// resyncsBetween are the resyncs between two samples: how many, their mean
+// duration, and the upper bound of the lowest bucket that holds every one
+// of them (+Inf when only that one does).
+func resyncsBetween(before, after agentSample) (n int, mean, atMost float64) {
+	d := after.resyncs - before.resyncs
+	if d <= 0 {
+		return 0, 0, 0
+	}
+	atMost = math.Inf(1)
+	for le, c := range after.resyncBuckets {
+		if c-before.resyncBuckets[le] >= d && le < atMost {
+			atMost = le
+		}
+	}
+	return int(d), (after.resyncSeconds - before.resyncSeconds) / d, atMost
+}
+
+// sampleAgent reads node's agent's metrics.
+func sampleAgent(ctx context.Context, s *stack.Stack, node string) (agentSample, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.AgentMetricsURL(node), nil)
+	if err != nil {
+		return agentSample{}, errors.Wrap(err, "cannot make the metrics request")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return agentSample{}, errors.Wrapf(err, "cannot read the metrics of %s's agent", node)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return agentSample{}, errors.Errorf("the metrics of %s's agent: %s", node, resp.Status)
+	}
+	return parseAgentSample(resp.Body)
+}
+
+// runIdle runs the idle-node scenario on a stack of its own.
+func runIdle(ctx context.Context, o Options) (*Idle, error) {
+	progress := func(format string, args ...any) {
+		fmt.Fprintf(o.Progress, "%s %-12s %s\n", time.Now().Format("15:04:05"), "idle", fmt.Sprintf(format, args...))
+	}
+	r := &Idle{Node: idleNode, ObservedVMs: idleObservedVMs, IdleVMs: idleVMs}
+	so := stack.Options{Nodes: []string{idleNode}}
+	so.CPUAllocationRatio, so.MemoryAllocationRatio, r.Notes = allocationRatios(idleObservedVMs, 1)
+	s, _, stop, err := startStack(ctx, o, "vf-bench-idle-", so, progress)
+	if err != nil {
+		return nil, err
+	}
+	failed := true
+	defer func() { stop(failed) }()
+	kube, err := newClient(s.ControlPlane.Config, s.ControlPlane.Client)
+	if err != nil {
+		return nil, err
+	}
+
+	progress("creating the network, %d Volumes and %d VMs", idleObservedVMs, idleObservedVMs)
+	if err := fleet.Prepare(ctx, kube, idleObservedVMs); err != nil {
+		return nil, err
+	}
+	if err := idleFleet(ctx, kube); err != nil {
+		return nil, err
+	}
+
+	progress("all %d Running; timing %d of the agent's resyncs (every %.0f s)", idleObservedVMs, idleResyncs, agentResyncEvery.Seconds())
+	before, err := sampleAgent(ctx, s, idleNode)
+	if err != nil {
+		return nil, err
+	}
+	after, err := awaitResyncs(ctx, s, before, idleResyncs)
+	if err != nil {
+		return nil, err
+	}
+	var n int
+	n, r.FullObserveSeconds, r.FullObserveAtMostSeconds = resyncsBetween(before, after)
+	r.Resyncs, r.FullObserveRatio = n, r.FullObserveSeconds/targetFullObserveSeconds
+	r.EnsuresPerResync = (after.ensures - before.ensures) / float64(n)
+	progress("full observe of %d guests: %.3f s mean over %d resyncs, each ≤ %g s; %.1f Ensure calls per resync", idleObservedVMs, r.FullObserveSeconds, n, r.FullObserveAtMostSeconds, r.EnsuresPerResync)
+
+	progress("deleting %d VMs", idleObservedVMs-idleVMs)
+	if err := deleteVMs(ctx, kube, idleVMs, idleObservedVMs); err != nil {
+		return nil, err
+	}
+	// The window starts after a resync that found the node as it stays.
+	settledAt, err := sampleAgent(ctx, s, idleNode)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := awaitResyncs(ctx, s, settledAt, 1); err != nil {
+		return nil, err
+	}
+
+	progress("idle with %d guests for %s", idleVMs, idleWindow)
+	if err := idleMeasure(ctx, s, r); err != nil {
+		return nil, err
+	}
+	progress("agent CPU %.3f s in %.0f s: %.3f%% of a core; %d resyncs, %.0f Ensure calls", r.AgentCPUSeconds, r.IdleSeconds, 100*r.AgentCoreShare, r.IdleResyncs, r.IdleEnsures)
+	failed = false
+	return r, nil
+}
+
+// idleFleet creates the scenario's VMs and waits until every one is
+// Running.
+func idleFleet(ctx context.Context, kube client.WithWatch) error {
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	t := newTracker(idleObservedVMs)
+	if err := watchRunning(wctx, kube, t); err != nil {
+		return err
+	}
+	err := workload.Parallel(ctx, idleObservedVMs, creators, func(ctx context.Context, i int) error {
+		vm := fleet.VM(workload.VMName(i), workload.VolumeName(i))
+		if err := kube.Create(ctx, vm); err != nil {
+			return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
+		}
+		t.markCreated(vm.Name, time.Now())
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	wait := spec{vms: idleObservedVMs}.timeout()
+	select {
+	case <-t.done:
+		return nil
+	case <-time.After(wait):
+		_, running := t.counts()
+		return errors.Errorf("%d of %d VMs Running after %s", running, idleObservedVMs, wait)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// awaitResyncs waits until node's agent made n resyncs since the sample
+// since, and returns the sample that shows them.
+func awaitResyncs(ctx context.Context, s *stack.Stack, since agentSample, n int) (agentSample, error) {
+	wctx, cancel := context.WithTimeout(ctx, time.Duration(n+1)*agentResyncEvery)
+	defer cancel()
+	var last agentSample
+	err := workload.WaitFor(wctx, time.Second, func() (bool, error) {
+		var err error
+		last, err = sampleAgent(wctx, s, idleNode)
+		return err == nil && last.resyncs-since.resyncs >= float64(n), err
+	})
+	return last, errors.Wrapf(err, "the agent made no %d resyncs", n)
+}
+
+// deleteVMs deletes the VMs numbered [from, to) and waits until they are
+// gone: their guests deleted on the node.
+func deleteVMs(ctx context.Context, kube client.Client, from, to int) error {
+	err := workload.Parallel(ctx, to-from, creators, func(ctx context.Context, i int) error {
+		vm := &v1alpha1.VirtualMachine{}
+		vm.Namespace, vm.Name = namespace, workload.VMName(from+i)
+		return errors.Wrapf(client.IgnoreNotFound(kube.Delete(ctx, vm)), "cannot delete VirtualMachine %s", vm.Name)
+	})
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, spec{vms: to - from}.timeout())
+	defer cancel()
+	return errors.Wrap(workload.WaitFor(wctx, time.Second, func() (bool, error) {
+		for i := from; i < to; i++ {
+			vm := &v1alpha1.VirtualMachine{}
+			err := kube.Get(wctx, client.ObjectKey{Namespace: namespace, Name: workload.VMName(i)}, vm)
+			switch {
+			case kerrors.IsNotFound(err):
+				continue
+			case err != nil:
+				return false, errors.Wrap(err, "cannot get a deleted VM")
+			}
+			return false, nil
+		}
+		return true, nil
+	}), "the deleted VMs are not gone")
+}
+
+// idleMeasure counts the agent's CPU time, resyncs and Ensure calls over
+// idleWindow into r. The window is the measurement, not a wait for
+// anything.
+func idleMeasure(ctx context.Context, s *stack.Stack, r *Idle) error {
+	pid := s.AgentPID(idleNode)
+	before, err := ReadProcessUsage(pid)
+	if err != nil {
+		return err
+	}
+	m0, err := sampleAgent(ctx, s, idleNode)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	select {
+	case <-time.After(idleWindow):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	after, err := ReadProcessUsage(pid)
+	if err != nil {
+		return err
+	}
+	r.IdleSeconds = time.Since(start).Seconds()
+	m1, err := sampleAgent(ctx, s, idleNode)
+	if err != nil {
+		return err
+	}
+	if pid != s.AgentPID(idleNode) {
+		return errors.New("the agent restarted during the idle window")
+	}
+	r.AgentCPUSeconds = after.CPUSeconds - before.CPUSeconds
+	r.AgentCoreShare = r.AgentCPUSeconds / r.IdleSeconds
+	r.IdleRatio = r.AgentCoreShare / targetIdleCoreShare
+	r.IdleResyncs = int(m1.resyncs - m0.resyncs)
+	r.IdleEnsures = m1.ensures - m0.ensures
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			r.LoadAvg = strings.Join(f[:3], " ")
+		}
+	}
+	return nil
+}
+
+// idleTargets are issue 40's targets for the idle node.
+func idleTargets(r *Idle) []Target {
+	if r == nil {
+		return nil
+	}
+	return []Target{{
+		Name:     fmt.Sprintf("one node of %d guests (test driver): a full observe (the agent's resync)", r.ObservedVMs),
+		Goal:     fmt.Sprintf("≤ %.0f s", targetFullObserveSeconds),
+		Measured: fmt.Sprintf("%.3f s, mean of %d, each ≤ %g s (%.3f× the limit)", r.FullObserveSeconds, r.Resyncs, r.FullObserveAtMostSeconds, r.FullObserveRatio),
+		Met:      r.Resyncs > 0 && r.FullObserveSeconds <= targetFullObserveSeconds && r.FullObserveAtMostSeconds <= targetFullObserveSeconds,
+	}, {
+		Name:     fmt.Sprintf("an idle agent with %d guests: CPU over %.0f min", r.IdleVMs, r.IdleSeconds/60),
+		Goal:     fmt.Sprintf("≤ %.0f %% of a core", 100*targetIdleCoreShare),
+		Measured: fmt.Sprintf("%.3f %% (%.2f× the limit)", 100*r.AgentCoreShare, r.IdleRatio),
+		Met:      r.IdleSeconds > 0 && r.AgentCoreShare <= targetIdleCoreShare,
+	}}
+}
+
+// idleMarkdown is the idle node's section of the report.
+func idleMarkdown(p func(string, ...any), r *Idle) {
+	if r == nil {
+		return
+	}
+	p("## Idle node")
+	p("")
+	p("One node (%s, its own libvirtd on the test driver, the agent's default 2 s heartbeat and %.0f s resync) with %d VMs Running. The agent times each resync itself (`%s`): a full observe of the node, the driver listing its orphans and guests; the guests the listing shows as their intents ask are then reported from it, with no driver call of their own (the Ensure calls per resync count those there were). Then %d of the VMs are deleted and the agent, left with %d guests, is idle for %.0f s while its CPU time is read from /proc.",
+		r.Node, agentResyncEvery.Seconds(), r.ObservedVMs, resyncMetric, r.ObservedVMs-r.IdleVMs, r.IdleVMs, r.IdleSeconds)
+	p("")
+	p("| measure | value | limit | ratio |")
+	p("| --- | --- | --- | --- |")
+	p("| full observe of %d guests (mean of %d resyncs; each ≤ %g s) | %.3f s | %.0f s | %.3f |", r.ObservedVMs, r.Resyncs, r.FullObserveAtMostSeconds, r.FullObserveSeconds, targetFullObserveSeconds, r.FullObserveRatio)
+	p("| Ensure calls per resync, any cause, with %d guests | %.1f | | |", r.ObservedVMs, r.EnsuresPerResync)
+	p("| agent CPU idle with %d guests | %.3f s in %.0f s = %.3f %% of a core | %.0f %% | %.3f |", r.IdleVMs, r.AgentCPUSeconds, r.IdleSeconds, 100*r.AgentCoreShare, 100*targetIdleCoreShare, r.IdleRatio)
+	p("| resyncs, Ensure calls while idle | %d, %.0f | | |", r.IdleResyncs, r.IdleEnsures)
+	if r.LoadAvg != "" {
+		p("| machine load average at the end | %s | | |", r.LoadAvg)
+	}
+	if len(r.Notes) > 0 {
+		p("")
+		notes(p, r.Notes)
+	}
+	p("")
+}
