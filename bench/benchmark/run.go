@@ -385,7 +385,7 @@ func limits(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progress
 		return errors.Wrap(err, "control plane")
 	}
 	sc.ControlPlane, sc.RatioToControlPlane = &cp, sc.VMsPerSecond/cp.VMsPerSecond
-	progress("whole flow: %d VMs × %d writes (VM, Volume, ProviderConfigUsage, event), no hub or agent", sp.vms, wholeFlowWrites)
+	progress("whole flow: %d VMs × %d writes (VM, Volume, ProviderConfigUsage, NetworkAddress), no hub or agent", sp.vms, wholeFlowWrites)
 	wf, err := wholeFlow(ctx, kube, namespace, sp.vms)
 	if err != nil {
 		return errors.Wrap(err, "whole flow")
