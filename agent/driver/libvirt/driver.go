@@ -127,11 +127,10 @@ type connection struct {
 	l       *golibvirt.Libvirt
 	events  <-chan golibvirt.DomainEventLifecycleMsg
 	reboots <-chan any
-	// changes are the events of metadata written and of devices added or
-	// removed: changes of a definition without a lifecycle event, which
-	// d.definitions must not outlive.
-	changes        <-chan any
-	added, removed <-chan any
+	// changes are the streams of definitionChanges: changes of a
+	// definition without a lifecycle event, which d.definitions must not
+	// outlive.
+	changes []<-chan any
 	// domainType is the domain type the host offers: kvm where it can,
 	// else qemu (TCG); test on libvirt's test driver.
 	domainType string
@@ -228,20 +227,14 @@ func (d *Driver) connection() (*connection, error) {
 		_ = l.Disconnect()
 		return nil, errors.Wrap(err, "cannot subscribe to reboot events")
 	}
-	changes, err := l.SubscribeEvents(d.ctx, golibvirt.DomainEventIDMetadataChange, golibvirt.OptDomain{})
-	if err != nil {
-		_ = l.Disconnect()
-		return nil, errors.Wrap(err, "cannot subscribe to metadata events")
-	}
-	added, err := l.SubscribeEvents(d.ctx, golibvirt.DomainEventIDDeviceAdded, golibvirt.OptDomain{})
-	if err != nil {
-		_ = l.Disconnect()
-		return nil, errors.Wrap(err, "cannot subscribe to device events")
-	}
-	removed, err := l.SubscribeEvents(d.ctx, golibvirt.DomainEventIDDeviceRemoved, golibvirt.OptDomain{})
-	if err != nil {
-		_ = l.Disconnect()
-		return nil, errors.Wrap(err, "cannot subscribe to device events")
+	changes := make([]<-chan any, 0, len(definitionChanges))
+	for _, id := range definitionChanges {
+		ch, err := l.SubscribeEvents(d.ctx, id, golibvirt.OptDomain{})
+		if err != nil {
+			_ = l.Disconnect()
+			return nil, errors.Wrapf(err, "cannot subscribe to domain events %d", id)
+		}
+		changes = append(changes, ch)
 	}
 	_, mem, cpus, _, _, _, _, _, err := l.NodeGetInfo()
 	if err != nil {
@@ -250,7 +243,7 @@ func (d *Driver) connection() (*connection, error) {
 	}
 	d.generation++
 	d.echoes.reset()
-	d.conn = &connection{l: l, events: evs, reboots: reboots, changes: changes, added: added, removed: removed, domainType: domType, generation: d.generation, hostCPUs: int64(cpus), hostMemory: int64(mem) << 10}
+	d.conn = &connection{l: l, events: evs, reboots: reboots, changes: changes, domainType: domType, generation: d.generation, hostCPUs: int64(cpus), hostMemory: int64(mem) << 10}
 	return d.conn, nil
 }
 
@@ -323,11 +316,16 @@ func (d *Driver) api() (API, *connection, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	var api API = c.l
+	return d.through(c.l), c, nil
+}
+
+// through is l as the driver calls it: through the test's intercept, if
+// any, and forgetting what d.definitions keeps of what it changes.
+func (d *Driver) through(l API) API {
 	if d.intercept != nil {
-		api = d.intercept(api)
+		l = d.intercept(l)
 	}
-	return forgetting{API: api, defs: d.definitions}, c, nil
+	return forgetting{API: l, defs: d.definitions}
 }
 
 // watch forwards lifecycle events and, after a lost connection, reconnects
@@ -364,35 +362,42 @@ func (d *Driver) watch() {
 	}
 }
 
-// drain handles a connection's events until all of its streams end.
+// definitionChanges are the events of a definition changed without a
+// lifecycle event: metadata written, a device added or removed.
+var definitionChanges = []golibvirt.DomainEventID{golibvirt.DomainEventIDMetadataChange, golibvirt.DomainEventIDDeviceAdded, golibvirt.DomainEventIDDeviceRemoved}
+
+// changedDomain is the UUID of the domain a definitionChanges event is
+// about.
+func changedDomain(e any) (string, bool) {
+	switch m := e.(type) {
+	case *golibvirt.DomainEventCallbackMetadataChangeMsg:
+		return formatUUID(m.Dom.UUID), true
+	case *golibvirt.DomainEventCallbackDeviceAddedMsg:
+		return formatUUID(m.Dom.UUID), true
+	case *golibvirt.DomainEventCallbackDeviceRemovedMsg:
+		return formatUUID(m.Msg.Dom.UUID), true
+	}
+	return "", false
+}
+
+// drain handles a connection's events until all of its streams end. The
+// definition changes only make d.definitions forget, whatever else happens
+// meanwhile, so each stream of them is drained on its own.
 func (d *Driver) drain(c *connection) {
-	events, reboots, changes, added, removed := c.events, c.reboots, c.changes, c.added, c.removed
-	for events != nil || reboots != nil || changes != nil || added != nil || removed != nil {
+	var wg sync.WaitGroup
+	for _, ch := range c.changes {
+		wg.Go(func() {
+			for e := range ch {
+				if uuid, ok := changedDomain(e); ok {
+					d.definitions.forget(uuid)
+				}
+			}
+		})
+	}
+	defer wg.Wait()
+	events, reboots := c.events, c.reboots
+	for events != nil || reboots != nil {
 		select {
-		case e, ok := <-changes:
-			if !ok {
-				changes = nil
-				continue
-			}
-			if m, ok := e.(*golibvirt.DomainEventCallbackMetadataChangeMsg); ok {
-				d.definitions.forget(formatUUID(m.Dom.UUID))
-			}
-		case e, ok := <-added:
-			if !ok {
-				added = nil
-				continue
-			}
-			if m, ok := e.(*golibvirt.DomainEventCallbackDeviceAddedMsg); ok {
-				d.definitions.forget(formatUUID(m.Dom.UUID))
-			}
-		case e, ok := <-removed:
-			if !ok {
-				removed = nil
-				continue
-			}
-			if m, ok := e.(*golibvirt.DomainEventCallbackDeviceRemovedMsg); ok {
-				d.definitions.forget(formatUUID(m.Msg.Dom.UUID))
-			}
 		case e, ok := <-events:
 			if !ok {
 				events = nil

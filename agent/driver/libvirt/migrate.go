@@ -543,11 +543,7 @@ func (d *Driver) perform(dom golibvirt.Domain, uri string, params []golibvirt.Ty
 	if err != nil {
 		return err
 	}
-	var api API = l
-	if d.intercept != nil {
-		api = d.intercept(l)
-	}
-	api = forgetting{API: api, defs: d.definitions}
+	api := d.through(l)
 	stop := context.AfterFunc(d.ctx, func() { _ = l.Disconnect() })
 	defer func() {
 		if stop() {
