@@ -1,14 +1,12 @@
 package benchmark
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/bench/workload"
@@ -99,65 +99,38 @@ type agentSample struct {
 	ensures float64
 }
 
-// The agent's series the idle scenario reads (internal/metrics).
+// The agent's histograms the idle scenario reads (internal/metrics).
 const (
 	resyncMetric      = "virtfleet_agent_resync_duration_seconds"
-	driverCallsMetric = "virtfleet_agent_driver_call_duration_seconds_count"
+	driverCallsMetric = "virtfleet_agent_driver_call_duration_seconds"
 )
 
 // parseAgentSample reads an agentSample out of the Prometheus text
 // exposition format.
 func parseAgentSample(r io.Reader) (agentSample, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return agentSample{}, errors.Wrap(err, "cannot read the agent's metrics")
+	}
 	s := agentSample{resyncBuckets: map[float64]float64{}}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
+	for _, m := range families[resyncMetric].GetMetric() {
+		h := m.GetHistogram()
+		s.resyncs, s.resyncSeconds = float64(h.GetSampleCount()), h.GetSampleSum()
+		for _, b := range h.GetBucket() {
+			s.resyncBuckets[b.GetUpperBound()] = float64(b.GetCumulativeCount())
 		}
-		name, rest, _ := strings.Cut(line, "{")
-		labels := map[string]string{}
-		if rest != "" {
-			var err error
-			if labels, rest, err = parseLabels(rest); err != nil {
-				return agentSample{}, errors.Wrapf(err, "cannot parse %q", line)
+		// The histogram's +Inf bucket is its count.
+		s.resyncBuckets[math.Inf(1)] = s.resyncs
+	}
+	for _, m := range families[driverCallsMetric].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "operation" && l.GetValue() == "ensure" {
+				s.ensures += float64(m.GetHistogram().GetSampleCount())
 			}
-		} else {
-			name, rest, _ = strings.Cut(line, " ")
-		}
-		var target *float64
-		switch {
-		case name == resyncMetric+"_count":
-			target = &s.resyncs
-		case name == resyncMetric+"_sum":
-			target = &s.resyncSeconds
-		case name == resyncMetric+"_bucket", name == driverCallsMetric && labels["operation"] == "ensure":
-		default:
-			continue
-		}
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			return agentSample{}, errors.Errorf("no value in %q", line)
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
-		if err != nil {
-			return agentSample{}, errors.Wrapf(err, "cannot parse the value of %q", line)
-		}
-		switch {
-		case target != nil:
-			*target = v
-		case name == driverCallsMetric:
-			s.ensures += v
-		default:
-			le, err := strconv.ParseFloat(labels["le"], 64)
-			if err != nil {
-				return agentSample{}, errors.Wrapf(err, "cannot parse the bucket of %q", line)
-			}
-			s.resyncBuckets[le] = v
 		}
 	}
-	return s, errors.Wrap(sc.Err(), "cannot read the agent's metrics")
+	return s, nil
 }
 
 // resyncsBetween are the resyncs between two samples: how many, their mean
@@ -267,15 +240,7 @@ func idleFleet(ctx context.Context, kube client.WithWatch) error {
 	if err := watchRunning(wctx, kube, t); err != nil {
 		return err
 	}
-	err := workload.Parallel(ctx, idleObservedVMs, creators, func(ctx context.Context, i int) error {
-		vm := fleet.VM(workload.VMName(i), workload.VolumeName(i))
-		if err := kube.Create(ctx, vm); err != nil {
-			return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
-		}
-		t.markCreated(vm.Name, time.Now())
-		return nil
-	})
-	if err != nil {
+	if err := workload.Parallel(ctx, idleObservedVMs, creators, createTracked(kube, t)); err != nil {
 		return err
 	}
 	wait := spec{vms: idleObservedVMs}.timeout()

@@ -20,9 +20,17 @@ virtfleet_agent_resync_duration_seconds_bucket{le="1"} 4
 virtfleet_agent_resync_duration_seconds_bucket{le="+Inf"} 4
 virtfleet_agent_resync_duration_seconds_sum 0.62
 virtfleet_agent_resync_duration_seconds_count 4
+# TYPE virtfleet_agent_driver_call_duration_seconds histogram
+virtfleet_agent_driver_call_duration_seconds_bucket{operation="ensure",result="success",le="+Inf"} 200
+virtfleet_agent_driver_call_duration_seconds_sum{operation="ensure",result="success"} 1.5
 virtfleet_agent_driver_call_duration_seconds_count{operation="ensure",result="success"} 200
+virtfleet_agent_driver_call_duration_seconds_bucket{operation="ensure",result="failure",le="+Inf"} 3
+virtfleet_agent_driver_call_duration_seconds_sum{operation="ensure",result="failure"} 0.1
 virtfleet_agent_driver_call_duration_seconds_count{operation="ensure",result="failure"} 3
+virtfleet_agent_driver_call_duration_seconds_bucket{operation="list",result="success",le="+Inf"} 4
+virtfleet_agent_driver_call_duration_seconds_sum{operation="list",result="success"} 0.2
 virtfleet_agent_driver_call_duration_seconds_count{operation="list",result="success"} 4
+# TYPE virtfleet_agent_guests gauge
 virtfleet_agent_guests{phase="Running"} 200
 `
 
@@ -38,9 +46,10 @@ func TestParseAgentSample(t *testing.T) {
 }
 
 func TestParseAgentSampleRefusesWhatItCannotRead(t *testing.T) {
+	const histogram = "# TYPE virtfleet_agent_resync_duration_seconds histogram\n"
 	for name, text := range map[string]string{
-		"AValueThatIsNoNumber": "virtfleet_agent_resync_duration_seconds_count many\n",
-		"ABucketWithoutABound": `virtfleet_agent_resync_duration_seconds_bucket{le="soon"} 1` + "\n",
+		"AValueThatIsNoNumber": histogram + "virtfleet_agent_resync_duration_seconds_count many\n",
+		"ABucketWithoutABound": histogram + `virtfleet_agent_resync_duration_seconds_bucket{le="soon"} 1` + "\n",
 		"AMissingValue":        `virtfleet_agent_driver_call_duration_seconds_count{operation="ensure",result="success"}` + "\n",
 	} {
 		t.Run(name, func(t *testing.T) {

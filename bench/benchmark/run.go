@@ -269,14 +269,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	pctx, stopProgress := context.WithCancel(ctx)
 	defer stopProgress()
 	go t.report(pctx, start, progressEvery, progress)
-	create := func(ctx context.Context, i int) error {
-		vm := fleet.VM(workload.VMName(i), workload.VolumeName(i))
-		if err := kube.Create(ctx, vm); err != nil {
-			return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
-		}
-		t.markCreated(vm.Name, time.Now())
-		return nil
-	}
+	create := createTracked(kube, t)
 	if sp.interval > 0 {
 		err = paced(ctx, sp.vms, sp.interval, create)
 	} else {
@@ -397,6 +390,19 @@ func limits(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progress
 	progress("virtfleet %.1f VMs/s; raw libvirt %.1f (%.0f%%); control plane %.1f (%.0f%%); whole flow %.1f (%.0f%%)",
 		sc.VMsPerSecond, raw.VMsPerSecond, 100*sc.RatioToRawLibvirt, cp.VMsPerSecond, 100*sc.RatioToControlPlane, wf.VMsPerSecond, 100*sc.RatioToWholeFlow)
 	return nil
+}
+
+// createTracked creates the fleet's VM i and tells t when its Create
+// returned, where latency is measured from.
+func createTracked(kube client.Client, t *tracker) func(ctx context.Context, i int) error {
+	return func(ctx context.Context, i int) error {
+		vm := fleet.VM(workload.VMName(i), workload.VolumeName(i))
+		if err := kube.Create(ctx, vm); err != nil {
+			return errors.Wrapf(err, "cannot create VirtualMachine %s", vm.Name)
+		}
+		t.markCreated(vm.Name, time.Now())
+		return nil
+	}
 }
 
 // paced starts do(i) every interval regardless of how long earlier calls
