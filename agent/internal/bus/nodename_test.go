@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -21,13 +20,8 @@ import (
 // (what its token would be if '_' were not escaped).
 func TestADottedNodeNameIsItsOwnNode(t *testing.T) {
 	const dotted, prefix, lookalike = "node-1.rack-a", "node-1", "node-1_rack-a"
-	hub, agents, users := natstest.Identities(t, dotted, prefix, lookalike)
-	srv := natstest.New(t, users...)
-	hc, _ := natstest.Connect(t, srv, hub)
-	js, err := jetstream.New(hc)
-	require.NoError(t, err)
+	srv, js, agents := natstest.NewFleet(t, natswire.BucketConfig{NodeTTL: 3 * time.Second}, dotted, prefix, lookalike)
 	ctx := context.Background()
-	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeTTL: 3 * time.Second}))
 	intents, err := js.KeyValue(ctx, wire.BucketIntents)
 	require.NoError(t, err)
 	for _, n := range []string{dotted, prefix, lookalike} {

@@ -27,14 +27,10 @@ type fleet struct {
 
 func newFleet(t testing.TB) *fleet {
 	t.Helper()
-	hub, agents, users := natstest.Identities(t, "node1", "node2")
-	srv := natstest.New(t, users...)
-	nc, _ := natstest.Connect(t, srv, hub)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	srv, js, agents := natstest.NewFleet(t, natswire.BucketConfig{NodeTTL: 3 * time.Second}, "node1", "node2")
 	ctx := context.Background()
-	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeTTL: 3 * time.Second}))
 	f := &fleet{srv: srv, js: js, agents: agents}
+	var err error
 	f.intents, err = js.KeyValue(ctx, wire.BucketIntents)
 	require.NoError(t, err)
 	f.reports, err = js.KeyValue(ctx, wire.BucketReports)
