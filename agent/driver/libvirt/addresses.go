@@ -108,6 +108,15 @@ func (v *networkView) network(name string) *viewedNetwork {
 	return n
 }
 
+// know takes nw, which the caller has just read and changed, as what the
+// view reads of it. A nil view knows nothing.
+func (v *networkView) know(nw network) {
+	if v == nil {
+		return
+	}
+	v.nets[nw.ref.Name] = &viewedNetwork{nw: nw}
+}
+
 // dhcpLeases are the DHCP leases of the network called name.
 func (v *networkView) dhcpLeases(name string) ([]golibvirt.NetworkDhcpLease, error) {
 	n := v.network(name)

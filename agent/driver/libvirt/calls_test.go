@@ -3,6 +3,8 @@ package libvirt
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,7 +31,7 @@ func TestRoundTrips(t *testing.T) {
 		do     func() (driver.Observation, error)
 		budget int
 	}{
-		{"a new guest: network and volumes checked, address reserved, root, swap and seed made, defined, started, observed", func() (driver.Observation, error) { return d.Ensure(ctx, m) }, 25},
+		{"a new guest: network and volumes checked, address reserved, root, swap and seed made, defined, started, observed", func() (driver.Observation, error) { return d.Ensure(ctx, m) }, 20},
 		{"a guest already as it should be (the resync)", func() (driver.Observation, error) { return d.Ensure(ctx, m) }, 10},
 		{"a running guest observed", func() (driver.Observation, error) { return d.Observe(ctx, m.UID) }, 8},
 	} {
@@ -101,4 +103,60 @@ func openCounted(t testing.TB, name string) (*Driver, *libvirttest.CallCounter) 
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = d.Close() })
 	return d, calls
+}
+
+// TestAReservationIsKnownAsLibvirtHoldsIt checks what an Ensure observes
+// its guest's network by instead of reading it again: the network as read
+// before, with the reservation changes applied locally. After each kind of
+// change (an address reserved, a MAC's address moved, an address taken
+// from a stale reservation) the local copy must equal what libvirt holds.
+func TestAReservationIsKnownAsLibvirtHoldsIt(t *testing.T) {
+	ctx := context.Background()
+	d, _ := openCounted(t, "reservations")
+	first := machine("holder")
+	_, err := d.Ensure(ctx, first)
+	require.NoError(t, err)
+	api, _, err := d.api()
+	require.NoError(t, err)
+	n := first.Networks[0]
+	at := func(last byte) driver.Network {
+		m := n
+		m.Address = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 10, 120, last}), 24)
+		return m
+	}
+
+	for _, tc := range []struct {
+		name string
+		net  driver.Network
+		mac  string
+	}{
+		{"an address reserved for a new MAC", at(200), "52:54:00:aa:00:01"},
+		{"the MAC's reservation moved to another address", at(201), "52:54:00:aa:00:01"},
+		{"an address whose reservation no guest holds taken over", at(201), "52:54:00:aa:00:02"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nets := newNetworkView(api)
+			d.networkMu.Lock()
+			err := d.ensureNetwork(api, tc.net, tc.mac, nets)
+			d.networkMu.Unlock()
+			require.NoError(t, err)
+			known := nets.nets[n.Name]
+			require.NotNil(t, known, "the view knows the network without reading it")
+			fresh := newNetworkView(api).network(n.Name)
+			require.NoError(t, fresh.err)
+			require.Equal(t, hostsOf(fresh.nw), hostsOf(known.nw))
+			require.Contains(t, hostsOf(known.nw), strings.ToLower(tc.mac)+"="+tc.net.Address.Addr().String())
+		})
+	}
+}
+
+// hostsOf lists nw's DHCP reservations as mac=ip, in order.
+func hostsOf(nw network) []string {
+	var out []string
+	for _, ip := range nw.def.IPs {
+		for _, h := range dhcpHosts(ip) {
+			out = append(out, strings.ToLower(h.MAC)+"="+h.IP)
+		}
+	}
+	return out
 }

@@ -623,6 +623,9 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		return driver.Observation{}, err
 	}
 	api = rememberPools(api)
+	// The networks a (re)definition makes ready are observed as it left
+	// them, without reading them again.
+	nets := newNetworkView(api)
 	dom, info, err := d.lookup(api, m.UID, golibvirt.DomainXMLInactive)
 	if err != nil && !driver.IsNotFound(err) {
 		return driver.Observation{}, err
@@ -646,7 +649,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		d.imagesInUse.RLock()
 		importing, err := d.prepareImages(api, m)
 		if err == nil && importing == "" {
-			dom, err = d.define(api, conn, key, owner, info.owner == nil)
+			dom, err = d.define(api, conn, key, owner, info.owner == nil, nets)
 			if err == nil && info.owner != nil {
 				d.leftNetworks(api, info.nics, nicsOf(key))
 			}
@@ -676,7 +679,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		return driver.Observation{}, err
 	}
 	// The next definition's hash is the one just written or read.
-	return d.observe(api, dom, m.UID, live, owner.SpecHash)
+	return d.observeWith(look{api: api, nets: nets, definedHash: owner.SpecHash}, dom, m.UID, live)
 }
 
 // define creates what the guest needs and (re)defines its domain. A running
@@ -685,7 +688,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 // For a new guest, a definition libvirt refuses for good (a machine or
 // domain type the host lacks, an unsupported configuration) leaves nothing
 // behind: the volumes made for it here are removed again.
-func (d *Driver) define(api API, conn *connection, m driver.Machine, owner ownership, fresh bool) (dom golibvirt.Domain, err error) {
+func (d *Driver) define(api API, conn *connection, m driver.Machine, owner ownership, fresh bool, nets *networkView) (dom golibvirt.Domain, err error) {
 	if int64(m.VCPU) > conn.hostCPUs {
 		return golibvirt.Domain{}, driver.Terminalf("vcpu %d is more than the %d CPUs of node %s", m.VCPU, conn.hostCPUs, d.node)
 	}
@@ -694,7 +697,7 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 			return golibvirt.Domain{}, err
 		}
 	}
-	release, err := d.ensureNetworks(api, m)
+	release, err := d.ensureNetworks(api, m, nets)
 	if err != nil {
 		return golibvirt.Domain{}, err
 	}

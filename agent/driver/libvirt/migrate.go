@@ -217,7 +217,7 @@ func (d *Driver) readyNetworks(api API, m driver.Machine, absent []poolVolume) e
 	d.hold(held, 1)
 	d.hold(old, -1)
 	for i, n := range m.Networks {
-		if err := d.ensureNetwork(api, n, macFor(m.UID, i)); err != nil {
+		if err := d.ensureNetwork(api, n, macFor(m.UID, i), nil); err != nil {
 			return err
 		}
 	}

@@ -53,6 +53,9 @@ type network struct {
 	def *libvirtxml.Network
 	// mark is nil on a network the driver did not make.
 	mark *networkMark
+	// active is set when the network is known to run, so a DHCP
+	// reservation changes its dnsmasq too without asking libvirt first.
+	active bool
 }
 
 // readNetwork reads a network's definition: the running one of an active
@@ -108,8 +111,10 @@ func (d *Driver) checkNetwork(n driver.Network) error {
 // interface with MAC mac: created from n when missing, its DHCP serving
 // n.Address to mac, its bridge joined to the overlay when n has a VNI, the
 // links of its VLAN there when it has one. An imported network is only
-// checked. The caller holds d.networkMu.
-func (d *Driver) ensureNetwork(api API, n driver.Network, mac string) error {
+// checked. The network as it is then is handed to nets (which may be nil),
+// so the guest's observation does not read it again. The caller holds
+// d.networkMu.
+func (d *Driver) ensureNetwork(api API, n driver.Network, mac string, nets *networkView) error {
 	if n.Imported {
 		return checkImported(api, n)
 	}
@@ -139,9 +144,11 @@ func (d *Driver) ensureNetwork(api API, n driver.Network, mac string) error {
 	if err != nil {
 		return err
 	}
+	cur.active = true
 	if err := d.reserve(api, cur, n, mac); err != nil {
 		return err
 	}
+	nets.know(cur)
 	if n.VNI == 0 {
 		return nil
 	}
@@ -273,22 +280,52 @@ func dhcpHosts(ip libvirtxml.NetworkIP) []libvirtxml.NetworkDHCPHost {
 
 // updateHost adds, modifies or deletes a DHCP reservation in the subnet
 // cur.def.IPs[index], in the network's definition and, when it runs, in its
-// dnsmasq.
+// dnsmasq; once libvirt took it, cur.def shows it as well.
 func updateHost(api API, cur network, command golibvirt.NetworkUpdateCommand, index int, h libvirtxml.NetworkDHCPHost) error {
 	x, err := h.Marshal()
 	if err != nil {
 		return errors.Wrap(err, "cannot marshal a DHCP reservation")
 	}
-	active, err := api.NetworkIsActive(cur.ref)
-	if err != nil {
-		return errors.Wrapf(err, "cannot read network %s", cur.ref.Name)
+	live := cur.active
+	if !live {
+		active, err := api.NetworkIsActive(cur.ref)
+		if err != nil {
+			return errors.Wrapf(err, "cannot read network %s", cur.ref.Name)
+		}
+		live = active == 1
 	}
 	flags := golibvirt.NetworkUpdateAffectConfig
-	if active == 1 {
+	if live {
 		flags |= golibvirt.NetworkUpdateAffectLive
 	}
 	err = api.NetworkUpdateCompat(cur.ref, command, golibvirt.NetworkSectionIPDhcpHost, int32(index), x, flags) //nolint:gosec // a network has a handful of subnets
-	return errors.Wrapf(err, "cannot update the DHCP reservation of %s for %s in network %s", h.IP, h.MAC, cur.ref.Name)
+	if err != nil {
+		return errors.Wrapf(err, "cannot update the DHCP reservation of %s for %s in network %s", h.IP, h.MAC, cur.ref.Name)
+	}
+	applyHost(&cur.def.IPs[index], command, h)
+	return nil
+}
+
+// applyHost makes ip's reservations what libvirt's NetworkUpdate of them
+// with command and h leaves: h added last, or the reservation of h's MAC
+// replaced by h or removed. The reservations are a new slice: callers
+// range over the old one while they update.
+func applyHost(ip *libvirtxml.NetworkIP, command golibvirt.NetworkUpdateCommand, h libvirtxml.NetworkDHCPHost) {
+	if ip.DHCP == nil {
+		ip.DHCP = &libvirtxml.NetworkDHCP{}
+	}
+	hosts := slices.Clone(ip.DHCP.Hosts)
+	i := slices.IndexFunc(hosts, func(o libvirtxml.NetworkDHCPHost) bool { return strings.EqualFold(o.MAC, h.MAC) })
+	switch {
+	case command == golibvirt.NetworkUpdateCommandAddLast:
+		hosts = append(hosts, h)
+	case i < 0:
+	case command == golibvirt.NetworkUpdateCommandModify:
+		hosts[i] = h
+	case command == golibvirt.NetworkUpdateCommandDelete:
+		hosts = slices.Delete(hosts, i, i+1)
+	}
+	ip.DHCP.Hosts = hosts
 }
 
 // checkImported says whether the network a VirtualNetwork imports can take
@@ -468,13 +505,13 @@ func marshalNetwork(def *libvirtxml.Network) (string, error) {
 // use until the returned release is called, once the domain is defined:
 // sweepNetworks, which sees only defined domains, would otherwise take a
 // new network or reservation away before its domain is there.
-func (d *Driver) ensureNetworks(api API, m driver.Machine) (release func(), err error) {
+func (d *Driver) ensureNetworks(api API, m driver.Machine, nets *networkView) (release func(), err error) {
 	held := nicsOf(m)
 	d.networkMu.Lock()
 	defer d.networkMu.Unlock()
 	d.hold(held, 1)
 	for i, n := range m.Networks {
-		if err := d.ensureNetwork(api, n, macFor(m.UID, i)); err != nil {
+		if err := d.ensureNetwork(api, n, macFor(m.UID, i), nets); err != nil {
 			d.hold(held, -1)
 			return nil, err
 		}

@@ -288,18 +288,40 @@ func ownVolume(name string) bool {
 	return strings.HasPrefix(name, imagePrefix) || strings.HasSuffix(name, seedSuffix) || strings.HasSuffix(name, swapSuffix)
 }
 
-// poolHandles remembers the storage pools one operation looked up: making a
-// guest's disk, swap and seed would otherwise look the same pool up five
-// times, a round trip to libvirtd each. A handle outlives its pool only for
-// the operation's few milliseconds, and a call made with it then fails as the
-// lookup would have.
+// poolHandles remembers the storage pools one operation looked up, and
+// their room: making a guest's disk, swap and seed would otherwise look the
+// same pool up five times and read its room three, a round trip to libvirtd
+// each. A handle outlives its pool only for the operation's few
+// milliseconds, and a call made with it then fails as the lookup would
+// have. The room is the pool's when the operation first asked: the volumes
+// it makes meanwhile are sparse (a seed's few hundred KiB are written), so
+// each is still checked against what the pool has free, as read once.
 type poolHandles struct {
 	API
 	pools map[string]golibvirt.StoragePool
+	rooms map[string]poolRoom
+}
+
+// poolRoom is what StoragePoolGetInfo says of a pool.
+type poolRoom struct {
+	state                           uint8
+	capacity, allocation, available uint64
 }
 
 func rememberPools(api API) API {
-	return &poolHandles{API: api, pools: map[string]golibvirt.StoragePool{}}
+	return &poolHandles{API: api, pools: map[string]golibvirt.StoragePool{}, rooms: map[string]poolRoom{}}
+}
+
+func (p *poolHandles) StoragePoolGetInfo(pool golibvirt.StoragePool) (uint8, uint64, uint64, uint64, error) {
+	r, ok := p.rooms[pool.Name]
+	if !ok {
+		var err error
+		if r.state, r.capacity, r.allocation, r.available, err = p.API.StoragePoolGetInfo(pool); err != nil {
+			return 0, 0, 0, 0, err
+		}
+		p.rooms[pool.Name] = r
+	}
+	return r.state, r.capacity, r.allocation, r.available, nil
 }
 
 func (p *poolHandles) StoragePoolLookupByName(name string) (golibvirt.StoragePool, error) {
