@@ -59,12 +59,13 @@ func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, notifi
 func NewKind(kube client.Client, pool *fleet.Pool, notifier *wake.Notifier) inuse.Kind[*v1alpha1.DiskImage] {
 	r := &reports{configs: providerconfig.NewResolver(kube), pool: pool, notifier: notifier}
 	k := Kind
-	k.Observe = func(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) (xpv2.Condition, error) {
-		got, err := r.of(ctx, kube, img, users)
+	k.Observe = func(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users inuse.Users) (xpv2.Condition, error) {
+		names := users.Names()
+		got, err := r.of(ctx, kube, img, names)
 		if err != nil {
 			return xpv2.Condition{}, err
 		}
-		return observe(ctx, kube, img, users, got)
+		return observe(ctx, kube, img, names, got)
 	}
 	k.Sources = []source.Source{notifier.Source()}
 	return k
@@ -169,8 +170,8 @@ type vmState struct {
 
 // Observe fills the image's status from the Volumes (users) made from it and
 // the VMs using those, and returns its Ready condition.
-func Observe(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) (xpv2.Condition, error) {
-	return observe(ctx, kube, img, users, nil)
+func Observe(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users inuse.Users) (xpv2.Condition, error) {
+	return observe(ctx, kube, img, users.Names(), nil)
 }
 
 // observe fills the image's status from the nodes' reports of it, or, when

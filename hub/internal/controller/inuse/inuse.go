@@ -10,6 +10,7 @@ package inuse
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -62,7 +63,7 @@ type Kind[T resource.ModernManaged] struct {
 	Related []Related
 	// Observe writes what is known into the object's status.atProvider and
 	// returns its Ready condition.
-	Observe func(ctx context.Context, kube client.Reader, obj T, users []string) (xpv2.Condition, error)
+	Observe func(ctx context.Context, kube client.Reader, obj T, users Users) (xpv2.Condition, error)
 	// Release, if set, removes what the resource stands for outside
 	// Kubernetes once nothing uses it. The deletion of a resource calls it
 	// until it returns released; only then is the finalizer removed. It must
@@ -113,7 +114,7 @@ type Related struct {
 const MaxNamed = 20
 
 // Named is the first MaxNamed of users, which are sorted.
-func Named(users []string) []string {
+func Named[S ~[]E, E any](users S) S {
 	return users[:min(len(users), MaxNamed)]
 }
 
@@ -126,11 +127,23 @@ func naming(users []string) string {
 	return s
 }
 
-// Users lists the names of the objects in namespace whose u.Index names name.
-func (u User) Users(ctx context.Context, kube client.Reader, namespace, name string) ([]string, error) {
+// Users are the objects that use a resource, sorted by name. They are the
+// cache's own, uncopied: the users of a VirtualNetwork of a whole fleet are
+// every VM, listed on each of its reconciles. Read them; never change them.
+type Users []client.Object
+
+// Names are the users' names, in order; none is an empty list, not nil.
+func (u Users) Names() []string {
+	names := make([]string, len(u))
+	for i, o := range u {
+		names[i] = o.GetName()
+	}
+	return names
+}
+
+// Users lists the objects in namespace whose u.Index names name.
+func (u User) Users(ctx context.Context, kube client.Reader, namespace, name string) (Users, error) {
 	l := u.NewList()
-	// Only the names are read: the cache need not copy every user, which
-	// for a VirtualNetwork of a whole fleet is every VM.
 	if err := kube.List(ctx, l, client.InNamespace(namespace), client.MatchingFields{u.Index: name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, errors.Wrapf(err, "cannot list %s users", u.Kind)
 	}
@@ -138,14 +151,14 @@ func (u User) Users(ctx context.Context, kube client.Reader, namespace, name str
 	if err != nil {
 		return nil, errors.Wrapf(err, "cannot read %s list", u.Kind)
 	}
-	names := make([]string, 0, len(objs))
+	users := make(Users, 0, len(objs))
 	for _, o := range objs {
 		if m, ok := o.(client.Object); ok {
-			names = append(names, m.GetName())
+			users = append(users, m)
 		}
 	}
-	sort.Strings(names)
-	return names, nil
+	sort.Slice(users, func(i, j int) bool { return users[i].GetName() < users[j].GetName() })
+	return users, nil
 }
 
 // SetupGated adds the controller once the CRD is established (safe-start).
@@ -192,7 +205,7 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		WithOptions(copts).
-		For(k.New()).
+		For(k.New(), builder.WithPredicates(beyondStatus)).
 		Watches(k.User.New(), enqueueAfter(userSettle, func(_ context.Context, o client.Object) []string { return k.User.Uses(o) }, k.bindingWakes(mgr.GetClient())),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{}))
 	for _, rel := range k.Related {
@@ -203,6 +216,18 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	}
 	return b.Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
 }
+
+// beyondStatus passes every event of a resource but an update of its status
+// alone: the controller's own status writes would otherwise reconcile each
+// resource once more for nothing, which for a VirtualNetwork of a whole fleet
+// lists every VM again. A change of its spec, labels, annotations (a
+// Volume's binding), finalizers or deletion passes; drift is still polled.
+var beyondStatus = predicate.Or(resource.DesiredStateChanged(), predicate.Funcs{
+	UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
+		return !slices.Equal(e.ObjectOld.GetFinalizers(), e.ObjectNew.GetFinalizers()) ||
+			!e.ObjectOld.GetDeletionTimestamp().Equal(e.ObjectNew.GetDeletionTimestamp())
+	},
+})
 
 // enqueue reconciles the resources names returns, in the changed object's
 // namespace.
@@ -290,7 +315,7 @@ func (e *external[T]) Connect(context.Context, T) (managed.TypedExternalClient[T
 	return e, nil
 }
 
-func (e *external[T]) users(ctx context.Context, obj T) ([]string, error) {
+func (e *external[T]) users(ctx context.Context, obj T) (Users, error) {
 	return e.kind.User.Users(ctx, e.kube, obj.GetNamespace(), obj.GetName())
 }
 
@@ -308,7 +333,7 @@ func (e *external[T]) Observe(ctx context.Context, obj T) (managed.ExternalObser
 	inUse := xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionFalse, Reason: "Unused", LastTransitionTime: metav1.Now()}
 	if len(users) > 0 {
 		inUse.Status, inUse.Reason = corev1.ConditionTrue, xpv2.ConditionReason("UsedBy"+e.kind.User.Kind+"s")
-		inUse.Message = "used by " + e.kind.User.Kind + " " + naming(users)
+		inUse.Message = "used by " + e.kind.User.Kind + " " + naming(users.Names())
 	}
 	obj.SetConditions(inUse)
 	if meta.WasDeleted(obj) {
@@ -341,7 +366,7 @@ func (e *external[T]) Delete(ctx context.Context, obj T) (managed.ExternalDelete
 	}
 	if len(users) > 0 {
 		err := errors.New(fmt.Sprintf("%s %s is used by %s %s: it is deleted once they no longer use it",
-			e.kind.GroupVersionKind.Kind, obj.GetName(), e.kind.User.Kind, naming(users)))
+			e.kind.GroupVersionKind.Kind, obj.GetName(), e.kind.User.Kind, naming(users.Names())))
 		e.recorder.Event(obj, event.Warning(ReasonDeletionBlocked, err))
 		return managed.ExternalDelete{}, err
 	}

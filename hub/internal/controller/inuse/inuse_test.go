@@ -78,8 +78,8 @@ func testExternal(t *testing.T, rel *release, users ...string) (*external[*v1alp
 		GroupVersionKind: v1alpha1.VolumeGroupVersionKind,
 		New:              func() *v1alpha1.Volume { return &v1alpha1.Volume{} },
 		User:             usesVolumes,
-		Observe: func(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users []string) (xpv2.Condition, error) {
-			v.Status.AtProvider.AttachedTo = users
+		Observe: func(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users Users) (xpv2.Condition, error) {
+			v.Status.AtProvider.AttachedTo = users.Names()
 			return xpv2.Available(), nil
 		},
 	}
@@ -315,4 +315,33 @@ func TestANewUserWakesWhatItWillNotBind(t *testing.T) {
 			assert.Equal(t, tc.woken, q.Len() == 1, "queued reconciles: %d", q.Len())
 		})
 	}
+}
+
+// TestOwnStatusWritesWakeNothing: a resource's controller is not woken by
+// its own status writes, and is by every other change of the resource.
+func TestOwnStatusWritesWakeNothing(t *testing.T) {
+	base := &v1alpha1.VirtualNetwork{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "db", Generation: 1, ResourceVersion: "1",
+		Finalizers: []string{"finalizer.managedresource.crossplane.io"}, Annotations: map[string]string{"a": "b"}}}
+	for _, tc := range []struct {
+		name   string
+		change func(*v1alpha1.VirtualNetwork)
+		wakes  bool
+	}{
+		{"its status written", func(n *v1alpha1.VirtualNetwork) { n.Status.AtProvider.AttachedCount = 7 }, false},
+		{"nothing changed (an informer's resync)", func(*v1alpha1.VirtualNetwork) {}, false},
+		{"its spec changed", func(n *v1alpha1.VirtualNetwork) { n.Generation = 2 }, true},
+		{"an annotation set (a Volume's binding)", func(n *v1alpha1.VirtualNetwork) { n.Annotations["virtfleet.io/node"] = "node1" }, true},
+		{"a label set", func(n *v1alpha1.VirtualNetwork) { n.Labels = map[string]string{"tier": "db"} }, true},
+		{"its finalizer removed", func(n *v1alpha1.VirtualNetwork) { n.Finalizers = nil }, true},
+		{"deleted", func(n *v1alpha1.VirtualNetwork) { now := metav1.Now(); n.DeletionTimestamp = &now }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			next := base.DeepCopy()
+			next.ResourceVersion = "2"
+			tc.change(next)
+			assert.Equal(t, tc.wakes, beyondStatus.Update(ctrlevent.UpdateEvent{ObjectOld: base, ObjectNew: next}))
+		})
+	}
+	assert.True(t, beyondStatus.Create(ctrlevent.CreateEvent{Object: base}), "a resource seen first is reconciled")
+	assert.True(t, beyondStatus.Delete(ctrlevent.DeleteEvent{Object: base}))
 }

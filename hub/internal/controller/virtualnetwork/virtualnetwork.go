@@ -6,6 +6,7 @@ package virtualnetwork
 
 import (
 	"context"
+	"maps"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -38,16 +39,13 @@ var Kind = inuse.Kind[*v1alpha1.VirtualNetwork]{
 // observe shows the network's users, and why it is refused when it asks
 // for what its namespace was not granted (an import, a host bridge); the
 // VMs on it are refused then too, and no node makes it for them.
-func observe(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork, users []string) (xpv2.Condition, error) {
-	n.Status.AtProvider.AttachedTo = inuse.Named(users)
+func observe(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork, users inuse.Users) (xpv2.Condition, error) {
+	n.Status.AtProvider.AttachedTo = inuse.Named(users).Names()
 	n.Status.AtProvider.AttachedCount = int32(len(users)) //nolint:gosec // far fewer VMs than 2^31
 	n.Status.AtProvider.Phase = v1alpha1.PhaseRunning
-	nodes, err := nodesOf(ctx, kube, n)
-	if err != nil {
-		return xpv2.Condition{}, err
-	}
-	n.Status.AtProvider.Nodes = nodes
+	n.Status.AtProvider.Nodes = nodesOf(users)
 	if ipam.Addressed(n) {
+		var err error
 		if n.Status.AtProvider.VNI, err = vniAllocator.of(ctx, kube, n); err != nil {
 			return xpv2.Condition{}, err
 		}
@@ -72,22 +70,19 @@ func observe(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork
 	return xpv2.Available(), nil
 }
 
-// nodesOf are the nodes n's VMs run on, sorted, each once. The VMs are read
-// from the cache uncopied: only their node is looked at, and a network may
-// have thousands.
-func nodesOf(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork) ([]string, error) {
-	l := &v1alpha1.VirtualMachineList{}
-	if err := kube.List(ctx, l, client.InNamespace(n.Namespace), client.MatchingFields{index.NetworkUsers.Index: n.Name}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, errors.Wrap(err, "cannot list the network's VirtualMachines")
-	}
-	var nodes []string
-	for i := range l.Items {
-		if node := l.Items[i].Status.AtProvider.Node; node != "" {
-			nodes = append(nodes, node)
+// nodesOf are the nodes the network's VMs, its users, run on, sorted, each
+// once.
+func nodesOf(users inuse.Users) []string {
+	seen := map[string]bool{}
+	for _, u := range users {
+		if vm, ok := u.(*v1alpha1.VirtualMachine); ok && vm.Status.AtProvider.Node != "" {
+			seen[vm.Status.AtProvider.Node] = true
 		}
 	}
-	slices.Sort(nodes)
-	return slices.Compact(nodes), nil
+	if len(seen) == 0 {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // SetupGated adds the VirtualNetwork controller once the CRD is

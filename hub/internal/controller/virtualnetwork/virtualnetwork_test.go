@@ -27,21 +27,21 @@ import (
 // stays small however many VMs attach to it: it names the first
 // inuse.MaxNamed and counts them all.
 func TestStatusNamesTheFirstUsersAndCountsThemAll(t *testing.T) {
-	names := func(n int) []string {
-		out := make([]string, n)
-		for i := range out {
-			out[i] = fmt.Sprintf("vm-%04d", i)
+	vms := func(n int) inuse.Users {
+		var out inuse.Users
+		for i := range n {
+			out = append(out, &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("vm-%04d", i)}})
 		}
 		return out
 	}
 	for _, tc := range []struct {
 		name      string
-		users     []string
+		users     inuse.Users
 		wantNamed []string
 	}{
-		{"none", nil, nil},
-		{"a few, all named", names(3), names(3)},
-		{"thousands, the first named", names(5000), names(inuse.MaxNamed)},
+		{"none", nil, []string{}},
+		{"a few, all named", vms(3), vms(3).Names()},
+		{"thousands, the first named", vms(5000), vms(inuse.MaxNamed).Names()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := &v1alpha1.VirtualNetwork{}
@@ -95,7 +95,10 @@ func TestStatusShowsTheFleetsView(t *testing.T) {
 	t.Cleanup(func() { vniAllocator = shared })
 
 	db := network("db", "10.3.0.0/29", 0)
-	_, err := observe(ctx, kube, db, []string{"pending", "web-1", "web-2", "web-3"})
+	users, err := Kind.User.Users(ctx, kube, "team-a", "db")
+	require.NoError(t, err)
+	require.Equal(t, []string{"pending", "web-1", "web-2", "web-3"}, users.Names(), "the network's VMs, sorted, not another network's")
+	_, err = observe(ctx, kube, db, users)
 	require.NoError(t, err)
 	assert.Equal(t, int32(2), db.Status.AtProvider.VNI, "the lowest VNI no network holds")
 	assert.Equal(t, []string{"node1", "node2"}, db.Status.AtProvider.Nodes)

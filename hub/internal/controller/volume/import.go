@@ -15,6 +15,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 )
 
 // A Volume whose crossplane.io/external-name names an existing volume of
@@ -38,7 +39,7 @@ func intentOf(v *v1alpha1.Volume) wire.VolumeIntent {
 
 // Observe is inuse.Kind.Observe for Volumes: a Volume that imports a volume
 // shows the volume as its node reports it.
-func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.Volume, users []string) (xpv2.Condition, error) {
+func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.Volume, users inuse.Users) (xpv2.Condition, error) {
 	ready, err := observe(ctx, kube, v, users)
 	ext := meta.GetExternalName(v)
 	if err != nil || ext == "" {

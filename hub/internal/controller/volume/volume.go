@@ -52,9 +52,9 @@ var Kind = inuse.Kind[*v1alpha1.Volume]{
 	AwaitsBinding: func(v *v1alpha1.Volume) bool { return v.GetAnnotations()[v1alpha1.AnnotationNode] == "" },
 }
 
-func observe(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users []string) (xpv2.Condition, error) {
+func observe(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users inuse.Users) (xpv2.Condition, error) {
 	node := v.GetAnnotations()[v1alpha1.AnnotationNode]
-	v.Status.AtProvider.Node, v.Status.AtProvider.AttachedTo = node, users
+	v.Status.AtProvider.Node, v.Status.AtProvider.AttachedTo = node, users.Names()
 	v.Status.AtProvider.Phase = v1alpha1.PhasePending
 	if node != "" {
 		v.Status.AtProvider.Phase = v1alpha1.PhaseRunning
