@@ -45,6 +45,7 @@ package apiwrites
 import (
 	"context"
 	"math"
+	"reflect"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -288,7 +289,9 @@ func (s *Client) awaitCache(ctx context.Context, obj client.Object, before strin
 	ctx, cancel := context.WithTimeout(ctx, cacheWait)
 	defer cancel()
 	_ = cachePoll.DelayFunc().Until(ctx, true, true, func(ctx context.Context) (bool, error) {
-		err := s.cache.Get(ctx, key, cached)
+		// Only the resourceVersion is read: the cache's object is not
+		// copied, cached merely shares it.
+		err := s.cache.Get(ctx, key, cached, client.UnsafeDisableDeepCopy)
 		if kerrors.IsNotFound(err) {
 			return true, nil
 		}
@@ -298,8 +301,8 @@ func (s *Client) awaitCache(ctx context.Context, obj client.Object, before strin
 }
 
 // cachePoll is how often awaitCache looks: after 2 ms, then twice as long
-// each time up to 32 ms, until cacheWait. A look is a cache read and a deep
-// copy of the object. An idle cache is barely behind; a busy one falls much
+// each time up to 32 ms, until cacheWait. A look is a cache read. An idle
+// cache is barely behind; a busy one falls much
 // further behind, and looking at the shortest interval throughout would
 // cost a noticeable share of the hub's CPU in a burst.
 var cachePoll = wait.Backoff{Duration: 2 * time.Millisecond, Factor: 2, Cap: 32 * time.Millisecond, Steps: math.MaxInt32}
@@ -311,7 +314,8 @@ func (s *Client) unchanged(ctx context.Context, obj client.Object) bool {
 		return false
 	}
 	cached, ok := obj.DeepCopyObject().(client.Object)
-	if !ok || s.cache.Get(ctx, client.ObjectKeyFromObject(obj), cached) != nil {
+	// Read, never changed: the cache's object is not copied.
+	if !ok || s.cache.Get(ctx, client.ObjectKeyFromObject(obj), cached, client.UnsafeDisableDeepCopy) != nil {
 		return false
 	}
 	if cached.GetResourceVersion() != obj.GetResourceVersion() || cached.GetUID() != obj.GetUID() {
@@ -320,16 +324,38 @@ func (s *Client) unchanged(ctx context.Context, obj client.Object) bool {
 	return equalStatus(obj, cached)
 }
 
+// equalStatus reports whether a and b, objects of one kind, have the same
+// status as the API server would store it: compared in their JSON form, so
+// times equal to the second are equal. Only the status is converted, not
+// the whole objects.
 func equalStatus(a, b runtime.Object) bool {
-	ua, err := runtime.DefaultUnstructuredConverter.ToUnstructured(a)
+	sa, sb := statusOf(a), statusOf(b)
+	if sa == nil || sb == nil {
+		return false
+	}
+	ua, err := runtime.DefaultUnstructuredConverter.ToUnstructured(sa)
 	if err != nil {
 		return false
 	}
-	ub, err := runtime.DefaultUnstructuredConverter.ToUnstructured(b)
+	ub, err := runtime.DefaultUnstructuredConverter.ToUnstructured(sb)
 	if err != nil {
 		return false
 	}
-	return equality.Semantic.DeepEqual(ua["status"], ub["status"])
+	return equality.Semantic.DeepEqual(ua, ub)
+}
+
+// statusOf is a pointer to the Status field of the struct o points to, or
+// nil when it has none.
+func statusOf(o runtime.Object) any {
+	v := reflect.ValueOf(o)
+	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	f := v.Elem().FieldByName("Status")
+	if !f.IsValid() || f.Kind() != reflect.Struct {
+		return nil
+	}
+	return f.Addr().Interface()
 }
 
 // Update is Direct's Update, then the wait for the cache to show the

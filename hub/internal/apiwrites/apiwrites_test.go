@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
@@ -247,4 +249,39 @@ func TestAwaitCacheReturnsOnceTheCacheHasTheWrite(t *testing.T) {
 func (s *Client) lastWritten(uid types.UID) string {
 	w, _ := s.written.Load(uid)
 	return w.made
+}
+
+// TestEqualStatusComparesTheStoredStatusOnly: two objects whose statuses the
+// API server would store alike are equal, whatever else differs.
+func TestEqualStatusComparesTheStoredStatusOnly(t *testing.T) {
+	at := time.Date(2026, 11, 26, 21, 0, 0, 0, time.UTC)
+	base := &v1alpha1.VirtualNetwork{ObjectMeta: metav1.ObjectMeta{Name: "net", ResourceVersion: "1"}}
+	base.Status.AtProvider.Phase = v1alpha1.PhaseRunning
+	base.Status.SetConditions(xpv2.Available().WithMessage("ready"))
+	base.Status.Conditions[0].LastTransitionTime = metav1.NewTime(at)
+	for _, tc := range []struct {
+		name  string
+		other func(*v1alpha1.VirtualNetwork)
+		equal bool
+	}{
+		{"the same", func(*v1alpha1.VirtualNetwork) {}, true},
+		{"another spec and metadata", func(n *v1alpha1.VirtualNetwork) {
+			n.Spec.ForProvider.CIDR, n.ResourceVersion, n.Labels = "10.9.0.0/24", "9", map[string]string{"a": "b"}
+		}, true},
+		{"a transition time within the same second, as stored", func(n *v1alpha1.VirtualNetwork) {
+			n.Status.Conditions[0].LastTransitionTime = metav1.NewTime(at.Add(400 * time.Millisecond))
+		}, true},
+		{"another phase", func(n *v1alpha1.VirtualNetwork) { n.Status.AtProvider.Phase = v1alpha1.PhaseFailed }, false},
+		{"another condition message", func(n *v1alpha1.VirtualNetwork) { n.Status.Conditions[0].Message = "not ready" }, false},
+		{"a transition time a second later", func(n *v1alpha1.VirtualNetwork) {
+			n.Status.Conditions[0].LastTransitionTime = metav1.NewTime(at.Add(time.Second))
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			other := base.DeepCopy()
+			tc.other(other)
+			assert.Equal(t, tc.equal, equalStatus(base, other))
+		})
+	}
+	assert.False(t, equalStatus(base, &metav1.Status{}), "an object without a status struct is never equal")
 }
