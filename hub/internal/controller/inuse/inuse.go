@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -176,7 +177,7 @@ func SetupGated[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options
 func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T], memory *perobject.Owner, polls *wake.Polls) error {
 	name := managed.ControllerName(k.GroupKind)
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime still records through the old events API
-	e := &external[T]{kube: mgr.GetClient(), kind: k, recorder: recorder, released: perobject.NewMap[struct{}](memory)}
+	e := &external[T]{kube: mgr.GetClient(), kind: k, recorder: recorder, released: perobject.NewMap[struct{}](memory), settles: &settles{}}
 	opts := []managed.ReconcilerOption{
 		managed.WithTypedExternalConnector[T](e),
 		managed.WithLogger(o.Logger.WithValues("controller", name)),
@@ -206,7 +207,7 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 		Named(name).
 		WithOptions(copts).
 		For(k.New(), builder.WithPredicates(beyondStatus)).
-		Watches(k.User.New(), enqueueAfter(userSettle, func(_ context.Context, o client.Object) []string { return k.User.Uses(o) }, k.bindingWakes(mgr.GetClient())),
+		Watches(k.User.New(), enqueueAfter(e.settles.of, func(_ context.Context, o client.Object) []string { return k.User.Uses(o) }, k.bindingWakes(mgr.GetClient())),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{}))
 	for _, rel := range k.Related {
 		b = b.Watches(rel.Object, enqueue(func(ctx context.Context, o client.Object) []string { return rel.Names(ctx, mgr.GetClient(), o) }))
@@ -253,6 +254,47 @@ func requests(ctx context.Context, names func(context.Context, client.Object) []
 // much later a deletion waiting for its last user proceeds.
 const userSettle = 500 * time.Millisecond
 
+// perUserSettle is how much longer than userSettle a resource with many
+// users waits, per user. Each reconcile of a resource lists its users, so
+// a VirtualNetwork of a whole fleet reconciled every userSettle through a
+// burst would cost the hub CPU that grows with the square of the fleet.
+// Waiting this long per user keeps the listing a small share of the time
+// waited (ten thousand users: 2 s between reconciles, its status that
+// much behind, a blocked deletion that much later).
+const perUserSettle = 200 * time.Microsecond
+
+// settleFor is how long a resource with users users waits after a change
+// of them.
+func settleFor(users int) time.Duration {
+	return max(userSettle, time.Duration(users)*perUserSettle)
+}
+
+// settles holds the resources whose users are so many that they wait
+// longer than userSettle (settleFor), as their last reconcile counted
+// them. Others are not held: the map stays as small as the number of such
+// resources, and a resource leaves it when its users drop, which a
+// resource being deleted does before it goes.
+type settles struct {
+	m sync.Map // types.NamespacedName to time.Duration
+}
+
+// record notes that the resource key has users users.
+func (s *settles) record(key types.NamespacedName, users int) {
+	if d := settleFor(users); d > userSettle {
+		s.m.Store(key, d)
+		return
+	}
+	s.m.Delete(key)
+}
+
+// of is how long the resource r waits after a change of its users.
+func (s *settles) of(r reconcile.Request) time.Duration {
+	if d, ok := s.m.Load(r.NamespacedName); ok {
+		return d.(time.Duration) //nolint:forcetypeassert // only record stores, and only durations
+	}
+	return userSettle
+}
+
 // bindingWakes reports whether the resource r, which a new user names,
 // will be woken by that user's binding of it (see Kind.AwaitsBinding), as
 // the cache of kube shows it now.
@@ -270,17 +312,17 @@ func (k Kind[T]) bindingWakes(kube client.Reader) func(context.Context, reconcil
 	}
 }
 
-// enqueueAfter is enqueue with every reconcile delayed by d: the workqueue
-// merges it with any the resource gets meanwhile. A created user does not
-// wake a resource for which bound is true: its binding will.
-func enqueueAfter(d time.Duration, names func(context.Context, client.Object) []string, bound func(context.Context, reconcile.Request) bool) handler.EventHandler {
+// enqueueAfter is enqueue with every reconcile delayed by settle: the
+// workqueue merges it with any the resource gets meanwhile. A created user
+// does not wake a resource for which bound is true: its binding will.
+func enqueueAfter(settle func(reconcile.Request) time.Duration, names func(context.Context, client.Object) []string, bound func(context.Context, reconcile.Request) bool) handler.EventHandler {
 	add := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request], created bool, objs ...client.Object) {
 		for _, o := range objs {
 			for _, r := range requests(ctx, names, o) {
 				if created && bound(ctx, r) {
 					continue
 				}
-				q.AddAfter(r, d)
+				q.AddAfter(r, settle(r))
 			}
 		}
 	}
@@ -309,6 +351,7 @@ type external[T resource.ModernManaged] struct {
 	// released holds the resources being deleted whose Release succeeded.
 	// Losing it (a hub restart) only calls Release once more.
 	released *perobject.Map[struct{}]
+	settles  *settles
 }
 
 func (e *external[T]) Connect(context.Context, T) (managed.TypedExternalClient[T], error) {
@@ -326,6 +369,7 @@ func (e *external[T]) Observe(ctx context.Context, obj T) (managed.ExternalObser
 	if err != nil {
 		return managed.ExternalObservation{}, err
 	}
+	e.settles.record(types.NamespacedName{Namespace: obj.GetNamespace(), Name: obj.GetName()}, len(users))
 	ready, err := e.kind.Observe(ctx, e.kube, obj, users)
 	if err != nil {
 		return managed.ExternalObservation{}, err

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -87,7 +88,7 @@ func testExternal(t *testing.T, rel *release, users ...string) (*external[*v1alp
 		k.Release = rel.Release
 	}
 	rec := &fleettest.Recorder{}
-	return &external[*v1alpha1.Volume]{kube: kube, kind: k, recorder: rec, released: perobject.NewMap[struct{}](perobject.NewOwner(nil))}, rec
+	return &external[*v1alpha1.Volume]{kube: kube, kind: k, recorder: rec, released: perobject.NewMap[struct{}](perobject.NewOwner(nil)), settles: &settles{}}, rec
 }
 
 // many is n user names, in the order Users sorts them.
@@ -253,7 +254,7 @@ func TestAUserChangeWakesWhatItUsedAndWhatItUses(t *testing.T) {
 	}
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
 	t.Cleanup(q.ShutDown)
-	h := enqueueAfter(userSettle, func(_ context.Context, o client.Object) []string { return usesVolumes.Uses(o) }, func(context.Context, reconcile.Request) bool { return true })
+	h := enqueueAfter((&settles{}).of, func(_ context.Context, o client.Object) []string { return usesVolumes.Uses(o) }, func(context.Context, reconcile.Request) bool { return true })
 
 	start := time.Now()
 	h.Update(context.Background(), ctrlevent.UpdateEvent{ObjectOld: vm("old"), ObjectNew: vm("new")}, q)
@@ -306,7 +307,7 @@ func TestANewUserWakesWhatItWillNotBind(t *testing.T) {
 			}
 			q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
 			t.Cleanup(q.ShutDown)
-			h := enqueueAfter(0, func(_ context.Context, o client.Object) []string { return usesVolumes.Uses(o) }, k.bindingWakes(b.Build()))
+			h := enqueueAfter(func(reconcile.Request) time.Duration { return 0 }, func(_ context.Context, o client.Object) []string { return usesVolumes.Uses(o) }, k.bindingWakes(b.Build()))
 
 			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "a"}}
 			vm.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "data"}}
@@ -344,4 +345,45 @@ func TestOwnStatusWritesWakeNothing(t *testing.T) {
 	}
 	assert.True(t, beyondStatus.Create(ctrlevent.CreateEvent{Object: base}), "a resource seen first is reconciled")
 	assert.True(t, beyondStatus.Delete(ctrlevent.DeleteEvent{Object: base}))
+}
+
+// TestAResourceWithManyUsersWaitsLonger: the wait after a change of a
+// resource's users grows with their number once listing them costs more
+// than userSettle is worth, and falls back when they go.
+func TestAResourceWithManyUsersWaitsLonger(t *testing.T) {
+	s := &settles{}
+	key := types.NamespacedName{Namespace: "team", Name: "fleet-net"}
+	other := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "data"}}
+	for _, tc := range []struct {
+		name  string
+		users int
+		want  time.Duration
+	}{
+		{"never reconciled", -1, userSettle},
+		{"a few users", 3, userSettle},
+		{"as many as userSettle covers", int(userSettle / perUserSettle), userSettle},
+		{"ten thousand", 10000, 10000 * perUserSettle},
+		{"down to a few again", 2, userSettle},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.users >= 0 {
+				s.record(key, tc.users)
+			}
+			assert.Equal(t, tc.want, s.of(reconcile.Request{NamespacedName: key}))
+			assert.Equal(t, userSettle, s.of(other), "another resource keeps its own wait")
+		})
+	}
+	n := 0
+	s.m.Range(func(any, any) bool { n++; return true })
+	assert.Zero(t, n, "nothing held once no resource has many users")
+}
+
+// TestObserveCountsTheUsersForTheWait: a reconcile notes how many users the
+// resource has, which sets how long it waits after their next change.
+func TestObserveCountsTheUsersForTheWait(t *testing.T) {
+	users := int(userSettle/perUserSettle) + 500
+	e, _ := testExternal(t, nil, many(users)...)
+	_, err := e.Observe(context.Background(), volume(false))
+	require.NoError(t, err)
+	assert.Equal(t, time.Duration(users)*perUserSettle, e.settles.of(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "data"}}))
 }
