@@ -27,6 +27,9 @@ func BenchmarkEnsureRunning(b *testing.B) {
 		m.Name = fmt.Sprintf("bench-%d", i)
 		m.Disks = []driver.Disk{{Name: m.Name + "-root", SizeBytes: 1 << 20}}
 		m.SwapBytes = 1 << 20 // the test pool holds 100 GiB
+		// Each guest its own address, as the hub's allocator gives them.
+		m.Networks = []driver.Network{{Name: "bench-net", CIDR: "10.30.0.0/16", Mode: driver.NetworkModeNAT,
+			Address: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 30, byte(1 + i/250), byte(2 + i%250)}), 16)}}
 		o, err := d.Ensure(ctx, m)
 		require.NoError(b, err)
 		require.Equal(b, driver.PhaseRunning, o.Phase)
