@@ -30,14 +30,26 @@ var VolumeUsers = vmUser("spec.forProvider.diskAttachments.name", func(vm *v1alp
 })
 
 // NetworkUsers are the VirtualMachines attached to a VirtualNetwork, through
-// spec.forProvider.virtualNetworks.
-var NetworkUsers = vmUser("spec.forProvider.virtualNetworks", func(vm *v1alpha1.VirtualMachine) []string {
+// spec.forProvider.virtualNetworks. A network shows the nodes its VMs run
+// on.
+var NetworkUsers = withNode(vmUser("spec.forProvider.virtualNetworks", func(vm *v1alpha1.VirtualMachine) []string {
 	names := make([]string, 0, len(vm.Spec.ForProvider.VirtualNetworks))
 	for _, n := range vm.Spec.ForProvider.VirtualNetworks {
 		names = append(names, string(n))
 	}
 	return names
+}), func(o client.Object) string {
+	if vm, ok := o.(*v1alpha1.VirtualMachine); ok {
+		return vm.Status.AtProvider.Node
+	}
+	return ""
 })
+
+// withNode is u whose objects are on the node node says.
+func withNode(u inuse.User, node func(client.Object) string) inuse.User {
+	u.Node = node
+	return u
+}
 
 // ImageUsers are the Volumes made from a DiskImage, through
 // spec.forProvider.source.diskImageRef.
@@ -53,6 +65,8 @@ var ImageUsers = inuse.User{
 		}
 		return []string{string(v.Spec.ForProvider.Source.DiskImageRef.Name)}
 	},
+	// An image is placed on the nodes its Volumes are bound to.
+	Node: func(o client.Object) string { return o.GetAnnotations()[v1alpha1.AnnotationNode] },
 }
 
 // NodeUsers are the VirtualMachines placed on a node (its HypervisorNode),

@@ -34,3 +34,29 @@ func TestUses(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeOfAUser: a network's VMs are on the node their status shows, an
+// image's Volumes on the node they are bound to; the other kinds of users
+// say no node.
+func TestNodeOfAUser(t *testing.T) {
+	vm := &v1alpha1.VirtualMachine{}
+	vm.Status.AtProvider.Node = "node2"
+	vm.SetAnnotations(map[string]string{v1alpha1.AnnotationNode: "node1"})
+	vol := &v1alpha1.Volume{}
+	vol.SetAnnotations(map[string]string{v1alpha1.AnnotationNode: "node3"})
+	for _, tc := range []struct {
+		name string
+		user inuse.User
+		obj  client.Object
+		want string
+	}{
+		{"a network's VM, where it runs", NetworkUsers, vm, "node2"},
+		{"an image's Volume, where it is bound", ImageUsers, vol, "node3"},
+		{"a network's user that is no VM", NetworkUsers, vol, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, tc.user.Node(tc.obj))
+		})
+	}
+	assert.Nil(t, VolumeUsers.Node, "a Volume shows its own binding, not its VMs' nodes")
+}

@@ -98,6 +98,24 @@ type User struct {
 	Index string
 	// Uses lists the names an object of the kind uses.
 	Uses func(client.Object) []string
+	// Node, if set, is the node an object of the kind is on, which the
+	// status of what it uses shows: a user that comes to a node or moves
+	// wakes what it uses, as a change of what it uses does.
+	Node func(client.Object) string
+}
+
+// changes passes the events of users that may change the status of what
+// they use: a creation, a deletion, a change of spec (of what is used) and,
+// when u says where its objects are, a change of node. Their other writes
+// (a VM's status, many per start) do not: they would reconcile every
+// resource used once more each.
+func (u User) changes() predicate.Predicate {
+	if u.Node == nil {
+		return predicate.GenerationChangedPredicate{}
+	}
+	return predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
+		UpdateFunc: func(e ctrlevent.UpdateEvent) bool { return u.Node(e.ObjectOld) != u.Node(e.ObjectNew) },
+	})
 }
 
 // Related is a kind whose changes may change the status of resources of
@@ -197,10 +215,11 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	}
 	r := managed.NewReconciler(mgr, resource.ManagedKind(k.GroupVersionKind), opts...)
 	// A user that starts or stops using the resource (created, deleted, or
-	// its spec changed) wakes it, so a blocked deletion proceeds. Only those
-	// changes: a user's status writes would otherwise reconcile (and
-	// rewrite the status of) every resource it uses, several times per VM
-	// start, which would make this the hub's largest source of API writes.
+	// its spec changed) wakes it, so a blocked deletion proceeds, and one
+	// that comes to a node (User.Node). Only those changes: a user's status
+	// writes would otherwise reconcile (and rewrite the status of) every
+	// resource it uses, several times per VM start, which would make this
+	// the hub's largest source of API writes.
 	copts := o.ForControllerRuntime()
 	copts.RateLimiter = apiwrites.ControllerRateLimiter()
 	b := ctrl.NewControllerManagedBy(mgr).
@@ -208,7 +227,7 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 		WithOptions(copts).
 		For(k.New(), builder.WithPredicates(beyondStatus)).
 		Watches(k.User.New(), enqueueAfter(e.settles.of, func(_ context.Context, o client.Object) []string { return k.User.Uses(o) }, k.bindingWakes(mgr.GetClient())),
-			builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+			builder.WithPredicates(k.User.changes()))
 	for _, rel := range k.Related {
 		b = b.Watches(rel.Object, enqueue(func(ctx context.Context, o client.Object) []string { return rel.Names(ctx, mgr.GetClient(), o) }))
 	}

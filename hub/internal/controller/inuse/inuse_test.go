@@ -387,3 +387,29 @@ func TestObserveCountsTheUsersForTheWait(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, time.Duration(users)*perUserSettle, e.settles.of(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "data"}}))
 }
+
+// TestAUserOnANodeWakesWhatItUses: a user's status writes wake nothing it
+// uses, except, for a kind that says where its objects are, a change of
+// node; a change of what it uses always does.
+func TestAUserOnANodeWakesWhatItUses(t *testing.T) {
+	onNode := usesVolumes
+	onNode.Node = func(o client.Object) string { return o.(*v1alpha1.VirtualMachine).Status.AtProvider.Node } //nolint:forcetypeassert // VMs only
+	base := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "a", Generation: 1}}
+	for _, tc := range []struct {
+		name                string
+		change              func(*v1alpha1.VirtualMachine)
+		withNode, withoutIt bool
+	}{
+		{"placed on its first node", func(vm *v1alpha1.VirtualMachine) { vm.Status.AtProvider.Node = "node1" }, true, false},
+		{"another status write", func(vm *v1alpha1.VirtualMachine) { vm.Status.AtProvider.Phase = v1alpha1.PhaseRunning }, false, false},
+		{"what it uses changed", func(vm *v1alpha1.VirtualMachine) { vm.Generation = 2 }, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			next := base.DeepCopy()
+			tc.change(next)
+			e := ctrlevent.UpdateEvent{ObjectOld: base, ObjectNew: next}
+			assert.Equal(t, tc.withNode, onNode.changes().Update(e), "a kind with Node")
+			assert.Equal(t, tc.withoutIt, usesVolumes.changes().Update(e), "a kind without")
+		})
+	}
+}
