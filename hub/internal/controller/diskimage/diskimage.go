@@ -32,7 +32,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
@@ -60,12 +59,11 @@ func NewKind(kube client.Client, pool *fleet.Pool, notifier *wake.Notifier) inus
 	r := &reports{configs: providerconfig.NewResolver(kube), pool: pool, notifier: notifier}
 	k := Kind
 	k.Observe = func(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users inuse.Users) (xpv2.Condition, error) {
-		names := users.Names()
-		got, err := r.of(ctx, kube, img, names)
+		got, err := r.of(ctx, kube, img, users)
 		if err != nil {
 			return xpv2.Condition{}, err
 		}
-		return observe(ctx, kube, img, names, got)
+		return observe(ctx, kube, img, users, got)
 	}
 	k.Sources = []source.Source{notifier.Source()}
 	return k
@@ -81,7 +79,7 @@ type reports struct {
 // of returns the reports of img from the nodes it is placed on. A DiskImage
 // being deleted whose ProviderConfig cannot be read gets none rather than an
 // error, so that its deletion never waits on it.
-func (r *reports) of(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) ([]wire.ImageReport, error) {
+func (r *reports) of(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users inuse.Users) ([]wire.ImageReport, error) {
 	r.notifier.Remember(img)
 	if img.GetProviderConfigReference() == nil {
 		return nil, nil
@@ -100,7 +98,7 @@ func (r *reports) of(ctx context.Context, kube client.Reader, img *v1alpha1.Disk
 		}
 		return nil, err
 	}
-	placed := placedOn(ctx, kube, img, users)
+	placed := placedOn(img, users)
 	f.Images.FlagForeign(img, placed...)
 	out := make([]wire.ImageReport, 0, len(placed))
 	for _, node := range placed {
@@ -116,13 +114,9 @@ func (r *reports) of(ctx context.Context, kube client.Reader, img *v1alpha1.Disk
 // lists, where it stays after its last Volume there went until the node
 // prunes it. A node can only ever join the list through a Volume bound to
 // it, so no node can place an image on itself by reporting it.
-func placedOn(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) []string {
+func placedOn(img *v1alpha1.DiskImage, users inuse.Users) []string {
 	nodes := append([]string(nil), img.Status.AtProvider.Nodes...)
-	for _, name := range users {
-		v := &v1alpha1.Volume{}
-		if err := kube.Get(ctx, types.NamespacedName{Namespace: img.Namespace, Name: name}, v); err != nil {
-			continue
-		}
+	for _, v := range users {
 		if n := v.GetAnnotations()[v1alpha1.AnnotationNode]; n != "" {
 			nodes = append(nodes, n)
 		}
@@ -171,12 +165,12 @@ type vmState struct {
 // Observe fills the image's status from the Volumes (users) made from it and
 // the VMs using those, and returns its Ready condition.
 func Observe(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users inuse.Users) (xpv2.Condition, error) {
-	return observe(ctx, kube, img, users.Names(), nil)
+	return observe(ctx, kube, img, users, nil)
 }
 
 // observe fills the image's status from the nodes' reports of it, or, when
 // no node reports it, from its Volumes and their VMs.
-func observe(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string, reports []wire.ImageReport) (xpv2.Condition, error) {
+func observe(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users inuse.Users, reports []wire.ImageReport) (xpv2.Condition, error) {
 	o := &img.Status.AtProvider
 	o.Users = int32(len(users)) //nolint:gosec // a namespace holds far fewer than 2^31 Volumes
 	if s, ok := fromReports(reports); ok {
@@ -233,14 +227,10 @@ func fromReports(reports []wire.ImageReport) (nodesSay, bool) {
 }
 
 // observeUsers fills the image's status from its Volumes and their VMs.
-func observeUsers(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users []string) (xpv2.Condition, error) {
+func observeUsers(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, users inuse.Users) (xpv2.Condition, error) {
 	nodes := map[string]bool{}
 	var states []vmState
-	for _, name := range users {
-		v := &v1alpha1.Volume{}
-		if err := kube.Get(ctx, types.NamespacedName{Namespace: img.Namespace, Name: name}, v); err != nil {
-			return xpv2.Condition{}, errors.Wrapf(err, "cannot get Volume %s", name)
-		}
+	for _, v := range users {
 		if n := v.GetAnnotations()[v1alpha1.AnnotationNode]; n != "" {
 			nodes[n] = true
 		}

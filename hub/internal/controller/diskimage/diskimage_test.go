@@ -7,11 +7,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 )
 
 func TestPhase(t *testing.T) {
@@ -119,7 +121,7 @@ func TestObserveFromReports(t *testing.T) {
 	img.Status.AtProvider = v1alpha1.DiskImageObservation{Phase: v1alpha1.ImagePhaseImporting, Nodes: []string{"stale"}}
 
 	// No kube reader: with reports nothing else is read.
-	c, err := observe(ctx, nil, img, []string{"boot-a"}, []wire.ImageReport{imageReport("node1", wire.ImagePhaseReady, 8<<20, "")})
+	c, err := observe(ctx, nil, img, inuse.Users{&v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: img.Namespace, Name: "boot-a"}}}, []wire.ImageReport{imageReport("node1", wire.ImagePhaseReady, 8<<20, "")})
 	require.NoError(t, err)
 	o := img.Status.AtProvider
 	assert.Equal(t, v1alpha1.ImagePhaseReady, o.Phase)

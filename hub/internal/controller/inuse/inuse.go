@@ -138,8 +138,8 @@ func Named[S ~[]E, E any](users S) S {
 }
 
 // naming lists users for a message: "a, b", or "a, b, ... and 980 more".
-func naming(users []string) string {
-	s := strings.Join(Named(users), ", ")
+func naming(users Users) string {
+	s := strings.Join(Named(users).Names(), ", ")
 	if more := len(users) - MaxNamed; more > 0 {
 		s += fmt.Sprintf(" and %d more", more)
 	}
@@ -396,7 +396,7 @@ func (e *external[T]) Observe(ctx context.Context, obj T) (managed.ExternalObser
 	inUse := xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionFalse, Reason: "Unused", LastTransitionTime: metav1.Now()}
 	if len(users) > 0 {
 		inUse.Status, inUse.Reason = corev1.ConditionTrue, xpv2.ConditionReason("UsedBy"+e.kind.User.Kind+"s")
-		inUse.Message = "used by " + e.kind.User.Kind + " " + naming(users.Names())
+		inUse.Message = "used by " + e.kind.User.Kind + " " + naming(users)
 	}
 	obj.SetConditions(inUse)
 	if meta.WasDeleted(obj) {
@@ -429,7 +429,7 @@ func (e *external[T]) Delete(ctx context.Context, obj T) (managed.ExternalDelete
 	}
 	if len(users) > 0 {
 		err := errors.New(fmt.Sprintf("%s %s is used by %s %s: it is deleted once they no longer use it",
-			e.kind.GroupVersionKind.Kind, obj.GetName(), e.kind.User.Kind, naming(users.Names())))
+			e.kind.GroupVersionKind.Kind, obj.GetName(), e.kind.User.Kind, naming(users)))
 		e.recorder.Event(obj, event.Warning(ReasonDeletionBlocked, err))
 		return managed.ExternalDelete{}, err
 	}
