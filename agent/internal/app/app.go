@@ -220,14 +220,51 @@ type heartbeat struct {
 	last driver.Capacity
 	// down is set while Capacity fails, so the failure is logged once.
 	down bool
+	// asking is a capacity read that outlasted its heartbeat, awaited by
+	// the next one instead of asking again.
+	asking chan capacityRead
+}
+
+// capacityRead is what one Capacity call returned.
+type capacityRead struct {
+	capacity driver.Capacity
+	err      error
+}
+
+// capacity reads the backend's capacity, waiting at most one heartbeat
+// interval: a backend that hangs (libvirtd stuck on a storage pool) must
+// not hold back the heartbeat, whose absence would fence the node and
+// restart its guests elsewhere while they still run. A read that takes
+// longer is waited for by the next heartbeat, never asked twice.
+func (h *heartbeat) capacity(ctx context.Context) (driver.Capacity, error) {
+	if h.asking == nil {
+		read := make(chan capacityRead, 1)
+		go func() {
+			c, err := reconciler.DriverCall(h.cfg.Metrics, reconciler.OpCapacity, func() (driver.Capacity, error) { return h.driver.Capacity(ctx) })
+			read <- capacityRead{capacity: c, err: err}
+		}()
+		h.asking = read
+	}
+	t := time.NewTimer(h.cfg.HeartbeatInterval)
+	defer t.Stop()
+	select {
+	case r := <-h.asking:
+		h.asking = nil
+		return r.capacity, r.err
+	case <-t.C:
+		return driver.Capacity{}, errors.Errorf("the backend has not answered within %s", h.cfg.HeartbeatInterval)
+	case <-ctx.Done():
+		return driver.Capacity{}, ctx.Err()
+	}
 }
 
 // next is called by bus.RunHeartbeat from one goroutine.
 //
-// When the backend cannot be asked (libvirtd restarting) the heartbeat still
-// goes out, so the hub does not declare the node and its guests lost, but it
-// offers no capacity, so nothing new is placed on a node that cannot create
-// guests right now. The allocation is the last one read.
+// When the backend cannot be asked (libvirtd restarting, or hanging) the
+// heartbeat still goes out, so the hub does not declare the node and its
+// guests lost, but it offers no capacity, so nothing new is placed on a
+// node that cannot create guests right now. The allocation is the last one
+// read.
 func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 	hb := wire.NodeHeartbeat{
 		Node:         h.cfg.Node,
@@ -247,7 +284,7 @@ func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 		hb.MigrationURI = h.cfg.MigrationURI
 	}
 	_, hb.HostMigration = h.driver.(driver.HostMigrator)
-	c, err := reconciler.DriverCall(h.cfg.Metrics, reconciler.OpCapacity, func() (driver.Capacity, error) { return h.driver.Capacity(ctx) })
+	c, err := h.capacity(ctx)
 	switch {
 	case err != nil:
 		if !h.down && ctx.Err() == nil {

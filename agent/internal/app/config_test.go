@@ -4,7 +4,9 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -54,6 +56,55 @@ func TestHeartbeatNext(t *testing.T) {
 			assert.False(t, hb.SentAt.IsZero())
 		})
 	}
+}
+
+// hangingCapacity is a backend whose capacity reads wait for release, as
+// libvirtd's do while it hangs on a storage pool.
+type hangingCapacity struct {
+	*fake.Driver
+	release chan struct{}
+	reads   atomic.Int32
+}
+
+func (h *hangingCapacity) Capacity(ctx context.Context) (driver.Capacity, error) {
+	h.reads.Add(1)
+	<-h.release
+	return h.Driver.Capacity(ctx)
+}
+
+// TestHeartbeatDoesNotWaitForAHangingBackend: a heartbeat goes out within
+// its interval while the backend hangs, offering nothing, and the read
+// under way is awaited by the next heartbeat rather than asked again.
+func TestHeartbeatDoesNotWaitForAHangingBackend(t *testing.T) {
+	ctx := context.Background()
+	drv := &hangingCapacity{Driver: fake.New("n1"), release: make(chan struct{})}
+	drv.Host = driver.Capacity{VCPU: 4, MemoryBytes: 1 << 30}
+	cfg := Config{Node: "n1", HeartbeatInterval: 20 * time.Millisecond}
+	cfg.defaults()
+	h := &heartbeat{cfg: cfg, driver: drv, log: logging.NewNopLogger()}
+	next := func() wire.NodeHeartbeat {
+		t.Helper()
+		out := make(chan wire.NodeHeartbeat, 1)
+		go func() { out <- h.next(ctx) }()
+		select {
+		case hb := <-out:
+			return hb
+		case <-time.After(time.Minute):
+			t.Fatal("the heartbeat waits for the backend")
+			return wire.NodeHeartbeat{}
+		}
+	}
+
+	for range 2 {
+		hb := next()
+		assert.Zero(t, hb.Capacity, "a backend that does not answer offers nothing")
+		assert.Equal(t, "n1", hb.Node)
+	}
+	assert.Equal(t, int32(1), drv.reads.Load(), "a read under way is asked again")
+	close(drv.release)
+	require.Eventually(t, func() bool { return next().Capacity.VCPU > 0 }, 10*time.Second, time.Millisecond,
+		"the backend answers and the heartbeat never offers its capacity")
+	assert.Equal(t, int32(1), drv.reads.Load(), "the heartbeat asked again instead of using the answer of the read under way")
 }
 
 func TestParseList(t *testing.T) {
