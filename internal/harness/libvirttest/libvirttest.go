@@ -146,6 +146,27 @@ func (n *Node) Log() string {
 	return string(b)
 }
 
+// State says whether the daemon runs and answers, for failure messages.
+func (n *Node) State() string {
+	n.mu.Lock()
+	exited := n.exited
+	n.mu.Unlock()
+	if exited == nil {
+		return "never started"
+	}
+	select {
+	case <-exited:
+		return "exited"
+	default:
+	}
+	l, err := n.Dial()
+	if err != nil {
+		return fmt.Sprintf("running, does not answer: %v", err)
+	}
+	_ = l.Disconnect()
+	return "running, answers"
+}
+
 // LogPath is the file the daemon writes its log to.
 func (n *Node) LogPath() string { return filepath.Join(n.Dir, "libvirtd.log") }
 

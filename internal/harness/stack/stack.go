@@ -247,7 +247,11 @@ type component struct {
 	name string
 	cmd  *exec.Cmd
 	done chan error
-	log  *os.File
+	// exited is closed once the process is gone, with its error in err;
+	// unlike done it can be asked any number of times.
+	exited chan struct{}
+	err    error
+	log    *os.File
 	// grace is how long it has to stop after SIGTERM; zero is stopGrace.
 	grace time.Duration
 }
@@ -465,7 +469,10 @@ func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	var last error // why the last look was not enough
+	var (
+		last    error  // why the last look was not enough
+		missing string // the node without a heartbeat in the last look
+	)
 	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		// A NATS cluster still electing its meta leader answers no request:
 		// each look gets a few seconds, not the whole minute.
@@ -482,16 +489,50 @@ func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 				return false, err
 			}
 			if _, err := kv.Get(ctx, key); err != nil {
+				if gone := s.serverOf(n).gone(); gone != nil {
+					// No heartbeat will come: say so now, not in a minute.
+					return false, gone
+				}
 				last = errors.Wrapf(err, "no heartbeat of %s", n)
+				missing = n
 				return false, nil
 			}
 		}
 		return true, nil
 	})
 	if err != nil {
-		return errors.Wrapf(errors.Join(err, last), "not every agent put a heartbeat within a minute")
+		err = errors.Wrapf(errors.Join(err, last), "not every agent put a heartbeat within a minute")
+		if missing != "" {
+			err = errors.Errorf("%v\n%s", err, s.describeNode(missing))
+		}
+		return err
 	}
 	return nil
+}
+
+// serverOf is the process that serves node: its agent, or the simulated
+// nodes' process.
+func (s *Stack) serverOf(node string) *component {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.simulated != nil {
+		return s.simulated
+	}
+	return s.agents[node]
+}
+
+// describeNode is what the logs of node's agent and libvirtd end with, for
+// an error that node's agent cannot be heard: the test's logs are gone
+// with the machine that ran it, its output is not.
+func (s *Stack) describeNode(node string) string {
+	var b strings.Builder
+	if c := s.serverOf(node); c != nil {
+		fmt.Fprintf(&b, "the end of the log of %s:\n%s\n", c.name, tail(c.log.Name(), 20))
+	}
+	if n := s.Nodes[node]; n != nil {
+		fmt.Fprintf(&b, "the end of the log of %s's libvirtd (%s):\n%s\n", node, n.State(), tail(n.LogPath(), 10))
+	}
+	return b.String()
 }
 
 // Heartbeat is node's last heartbeat, read as the hub reads it.
@@ -626,9 +667,34 @@ func (s *Stack) runCommand(name string, argv, env []string) (*component, error) 
 		_ = f.Close()
 		return nil, errors.Wrapf(err, "cannot start %s", name)
 	}
-	c := &component{name: name, cmd: cmd, done: make(chan error, 1), log: f}
-	go func() { c.done <- cmd.Wait() }()
+	c := &component{name: name, cmd: cmd, done: make(chan error, 1), exited: make(chan struct{}), log: f}
+	go func() {
+		c.err = cmd.Wait()
+		close(c.exited)
+		c.done <- c.err
+	}()
 	return c, nil
+}
+
+// gone says why c's process is no longer running, with the end of its
+// log, or returns nil while it runs.
+func (c *component) gone() error {
+	select {
+	case <-c.exited:
+		return errors.Errorf("%s exited (%v); the end of its log:\n%s", c.name, c.err, tail(c.log.Name(), 20))
+	default:
+		return nil
+	}
+}
+
+// tail is the last n lines of the file at path.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path) //nolint:gosec // the stack's own log
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
 }
 
 // StartHub starts the hub.
