@@ -79,6 +79,7 @@ func run() error {
 		consoles     = fs.Int("console-sessions", natswire.DefaultConsoleSessions, "Console sessions (serial or VNC, opened by the hub) the node serves at once; more are refused as busy.")
 		consoleRate  = fs.Int("console-bytes-per-second", natswire.DefaultConsoleBytesPerSecond, "Bytes per second each console session carries in each direction.")
 		metricsAddr  = fs.String("metrics-bind-address", ":8090", "Address the Prometheus metrics endpoint (/metrics) listens on; 0 serves none.")
+		pprofAddr    = fs.String("pprof-bind-address", "", "Address of Go's /debug/pprof profiles, for finding where memory and CPU go; empty disables it.")
 		debug        = fs.Bool("debug", false, "Log at debug level.")
 	)
 	fs.Var(&maxImage, "image-max-size", "Largest image download the node accepts, e.g. 64Gi; a larger one is refused.")
@@ -161,6 +162,7 @@ func run() error {
 		CPUAllocationRatio:    *cpuRatio,
 		MemoryAllocationRatio: *memoryRatio,
 		MetricsAddress:        *metricsAddr,
+		PprofAddress:          *pprofAddr,
 		MigrationURI:          *migrationURI,
 		ConsoleSessions:       *consoles,
 		ConsoleBytesPerSecond: *consoleRate,

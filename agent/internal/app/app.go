@@ -56,6 +56,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer stopMetrics()
+	stopPprof, err := servePprof(cfg.PprofAddress, log)
+	if err != nil {
+		return err
+	}
+	defer stopPprof()
 
 	nc, err := connect(cfg, log)
 	if err != nil {

@@ -98,6 +98,9 @@ type Config struct {
 	// MetricsAddress is the host:port the agent serves its Prometheus
 	// metrics on, at /metrics; empty or "0" serves none.
 	MetricsAddress string
+	// PprofAddress is the host:port the agent serves Go's profiles on, at
+	// /debug/pprof/; empty serves none.
+	PprofAddress string
 	// MigrationURI is where other nodes' hypervisors reach this node's to
 	// migrate a guest here live, announced in the heartbeat when the
 	// backend can receive one (driver.Migrator); empty announces none, and

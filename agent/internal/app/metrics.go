@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -40,26 +41,49 @@ func serveMetrics(addr string, m *metrics.AgentMetrics, log logging.Logger) (sto
 			return nil, errors.Wrap(err, "cannot register the agent's metrics")
 		}
 	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, errors.Wrap(err, "--metrics-bind-address")
-	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return serveHTTP(addr, "--metrics-bind-address", "/metrics", mux, log)
+}
+
+// servePprof serves Go's profiles under /debug/pprof/ on addr, as the hub's
+// --pprof-bind-address does, and returns the function that stops it. An
+// empty addr serves nothing, the default: the profiles show the agent's
+// insides to whoever reaches addr.
+func servePprof(addr string, log logging.Logger) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return serveHTTP(addr, "--pprof-bind-address", "/debug/pprof/", mux, log)
+}
+
+// serveHTTP serves h on addr, set by flag, until the returned function is
+// called.
+func serveHTTP(addr, flag, path string, h http.Handler, log logging.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, errors.Wrap(err, flag)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			log.Info("Metrics endpoint stopped", "error", err)
+			log.Info("HTTP endpoint stopped", "path", path, "error", err)
 		}
 	}()
-	log.Info("Serving metrics", "address", ln.Addr().String(), "path", "/metrics")
+	log.Info("Serving "+path, "address", ln.Addr().String())
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), metricsShutdown)
 		defer cancel()
 		if err := srv.Shutdown(ctx); err != nil {
-			log.Debug("Cannot stop the metrics endpoint cleanly", "error", err)
+			log.Debug("Cannot stop an HTTP endpoint cleanly", "path", path, "error", err)
 		}
 		<-done
 	}, nil

@@ -117,22 +117,44 @@ func TestMetricsEndpoint(t *testing.T) {
 	assert.Contains(t, families, "process_start_time_seconds", "the process's metrics")
 }
 
-// TestMetricsEndpointStopsWithTheAgent pins that a stopped agent frees its
-// metrics port.
-func TestMetricsEndpointStopsWithTheAgent(t *testing.T) {
+// TestEndpointsStopWithTheAgent pins that the agent serves its metrics
+// and, when asked, Go's profiles, and that a stopped agent frees both ports.
+func TestEndpointsStopWithTheAgent(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, 0, "metrics2")
 	cfg := f.config("metrics2")
-	cfg.MetricsAddress = freeAddress(t)
+	cfg.MetricsAddress, cfg.PprofAddress = freeAddress(t), freeAddress(t)
 	cfg.Metrics = metrics.NewAgentMetrics()
 	agent := f.start(t, cfg)
-	require.Eventually(t, func() bool {
-		_, err := scrape(cfg.MetricsAddress)
-		return err == nil
-	}, waitFor, 20*time.Millisecond, "the agent serves its metrics")
+	endpoints := []struct{ addr, path string }{
+		{cfg.MetricsAddress, "/metrics"},
+		{cfg.PprofAddress, "/debug/pprof/cmdline"},
+	}
+	for _, e := range endpoints {
+		require.Eventually(t, func() bool { return get(e.addr, e.path) == nil }, waitFor, 20*time.Millisecond, "the agent serves %s", e.path)
+	}
 
 	agent.stop(t)
-	ln, err := net.Listen("tcp", cfg.MetricsAddress)
-	require.NoError(t, err, "the stopped agent's port is free again")
-	require.NoError(t, ln.Close())
+	for _, e := range endpoints {
+		ln, err := net.Listen("tcp", e.addr)
+		require.NoError(t, err, "the stopped agent's port of %s is free again", e.path)
+		require.NoError(t, ln.Close())
+	}
+}
+
+// get asks for path at addr and says why it was not served.
+func get(addr, path string) error {
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://"+addr+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close() //nolint:errcheck // read-only body
+	if resp.StatusCode != http.StatusOK {
+		return errors.Errorf("GET %s answered %s", path, resp.Status)
+	}
+	return nil
 }
