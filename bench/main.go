@@ -48,6 +48,7 @@ func run() error {
 		guests       = flag.Bool("guests", d.Guests, "Boot one real QEMU guest (TCG without KVM) through the whole stack and time create→Running, →address, →ssh, and migrate another live between two hosts; needs root and make deps.")
 		idle         = flag.Bool("idle", d.Idle, "Run the idle-node scenario: one node of 200 guests, its agent's full observe timed, then 100 of them idle for 5 minutes while the agent's CPU is counted.")
 		debug        = flag.Bool("debug", false, "Run the hub and agents at debug level (slower; for finding where time goes).")
+		pprof        = flag.Bool("pprof", false, "Have the hub and agents serve Go's profiles, each on a port of its own, named in the progress.")
 	)
 	if err := flagenv.ParseCommandLine(); err != nil {
 		return err
@@ -69,7 +70,7 @@ func run() error {
 			return fmt.Errorf("-scale: %w", err)
 		}
 	}
-	o.Dir, o.Progress, o.Keep, o.Debug, o.Guests = *dir, os.Stderr, *keep, *debug, *guests && !*quick
+	o.Dir, o.Progress, o.Keep, o.Debug, o.Guests, o.Pprof = *dir, os.Stderr, *keep, *debug, *guests && !*quick, *pprof
 	o.Idle = *idle && !*quick
 	// The benchmark's own Kubernetes clients have nothing to say.
 	ctrl.SetLogger(logr.Discard())

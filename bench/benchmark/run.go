@@ -58,6 +58,9 @@ type Options struct {
 	Keep bool
 	// Debug makes the hub and agents log at debug level.
 	Debug bool
+	// Pprof makes the hub and agents of each stack serve Go's profiles,
+	// their addresses in the progress.
+	Pprof bool
 	// Guests boots one real QEMU guest through the whole stack (guest.go),
 	// and another on two hosts that it migrates live (migration.go).
 	Guests bool
@@ -182,7 +185,7 @@ func startStack(ctx context.Context, o Options, prefix string, so stack.Options,
 	if dir, err = os.MkdirTemp(o.Dir, prefix); err != nil {
 		return nil, "", nil, errors.Wrap(err, "cannot create the stack directory")
 	}
-	so.Dir, so.Debug = dir, o.Debug
+	so.Dir, so.Debug, so.Pprof = dir, o.Debug, o.Pprof
 	progress("starting a stack of %d nodes in %s", len(so.Nodes), dir)
 	if s, err = stack.Start(ctx, so); err != nil {
 		return nil, "", nil, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)

@@ -81,6 +81,9 @@ type Options struct {
 	Binaries string
 	// Debug makes the hub and agents log at debug level.
 	Debug bool
+	// Pprof makes the hub and each agent serve Go's profiles, each on a
+	// port of its own (PprofAddress).
+	Pprof bool
 	// Backends names the backend of a node's agent: libvirt (the default, on
 	// a private libvirtd), nova (Debian's real OpenStack services, the test
 	// binary's shared cloud of internal/harness/openstack; its TestMain must
@@ -228,7 +231,10 @@ type Stack struct {
 	apiPort                      int
 	apiService, apiServiceTarget string
 	agentMetricsPorts            map[string]int
-	images                       *imageServer
+	// pprofPorts are the components' profile ports (Options.Pprof), by
+	// component name, the same across restarts.
+	pprofPorts map[string]int
+	images     *imageServer
 
 	mu     sync.Mutex
 	hub    *component
@@ -437,6 +443,13 @@ func (s *Stack) start(ctx context.Context) error {
 			return err
 		}
 		logf(o.Progress, "agent "+n, "%s, log: %s", s.backend(n), s.LogPath("agent-"+n))
+	}
+	if o.Pprof {
+		s.mu.Lock()
+		for name, port := range s.pprofPorts {
+			logf(o.Progress, name, "profiles: http://127.0.0.1:%d/debug/pprof/", port)
+		}
+		s.mu.Unlock()
 	}
 	if o.Subresources {
 		if err := s.AwaitSubresources(ctx); err != nil {
@@ -712,6 +725,13 @@ func (s *Stack) StartHub() error {
 		s.metricsPort = port
 	}
 	args := []string{fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", s.metricsPort), "--health-probe-bind-address=0", "--poll=" + cmp.Or(s.opts.PollInterval, 30*time.Second).String()}
+	if s.opts.Pprof {
+		arg, err := s.pprofArg("hub")
+		if err != nil {
+			return err
+		}
+		args = append(args, arg)
+	}
 	if s.opts.NodeTTL > 0 {
 		args = append(args, "--node-ttl="+s.opts.NodeTTL.String())
 	}
@@ -790,6 +810,13 @@ func (s *Stack) StartAgent(node string) error {
 	if s.opts.ResyncInterval > 0 {
 		args = append(args, "--resync-interval="+s.opts.ResyncInterval.String())
 	}
+	if s.opts.Pprof {
+		arg, err := s.pprofArg("agent-" + node)
+		if err != nil {
+			return err
+		}
+		args = append(args, arg)
+	}
 	if s.opts.FenceAfter > 0 {
 		args = append(args, "--fence-after="+s.opts.FenceAfter.String())
 	}
@@ -806,6 +833,33 @@ func (s *Stack) StartAgent(node string) error {
 	c, err := s.runCommand("agent-"+node, argv, nil)
 	s.agents[node] = c
 	return err
+}
+
+// pprofArg is the --pprof-bind-address of the component name, on a port
+// kept for it across restarts; s.mu is held.
+func (s *Stack) pprofArg(name string) (string, error) {
+	if s.pprofPorts[name] == 0 {
+		port, err := freePort()
+		if err != nil {
+			return "", errors.Wrapf(err, "cannot pick a port for the profiles of %s", name)
+		}
+		if s.pprofPorts == nil {
+			s.pprofPorts = map[string]int{}
+		}
+		s.pprofPorts[name] = port
+	}
+	return fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", s.pprofPorts[name]), nil
+}
+
+// PprofAddress is where the component name (hub, agent-NODE) serves Go's
+// profiles under Options.Pprof, or empty.
+func (s *Stack) PprofAddress(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pprofPorts[name] == 0 {
+		return ""
+	}
+	return fmt.Sprintf("127.0.0.1:%d", s.pprofPorts[name])
 }
 
 // writeCredentials writes node's nkey seed where its agent reads it,
