@@ -79,7 +79,7 @@ func TestRealGuest(t *testing.T) {
 
 	host, err := guesthost.Start(ctx, "vfguest", os.Stderr)
 	require.NoError(t, err)
-	t.Cleanup(host.Stop)
+	host.StopWith(t)
 	g := startSuite(ctx, t, image, map[string]*guesthost.Host{node: host}).on(node)
 
 	t.Run("NodeHeartbeatsItsHypervisor", g.hypervisor)

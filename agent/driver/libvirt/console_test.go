@@ -325,7 +325,7 @@ func TestConsolesOfARealGuest(t *testing.T) {
 	defer cancel()
 	h, err := guesthost.Start(ctx, "vfcon", os.Stderr)
 	require.NoError(t, err)
-	t.Cleanup(h.Stop)
+	h.StopWith(t)
 	d, err := Open(ctx, Config{
 		Node: "real", Socket: h.Socket, URI: h.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType,
 		ShutdownGrace: time.Second, ConsoleLocalDir: h.LibDir("qemu"),

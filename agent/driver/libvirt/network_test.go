@@ -52,7 +52,7 @@ func TestNetworksOnARealHost(t *testing.T) {
 	defer cancel()
 	h, err := guesthost.Start(ctx, "vfnet", os.Stderr)
 	require.NoError(t, err)
-	t.Cleanup(h.Stop)
+	h.StopWith(t)
 	links := linksIn(t, h.Netns)
 	underlay := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: underlayName, MTU: underlayMTU}, PeerName: underlayName + "-end"}
 	require.NoError(t, links.LinkAdd(underlay))

@@ -364,6 +364,38 @@ func (h *Host) tail() string {
 	return string(b)
 }
 
+// Describe says whether the host's libvirtd still runs and answers, and
+// how its log ends, for a failed test's output: the log goes with Dir.
+func (h *Host) Describe() string {
+	state := "running, answers"
+	select {
+	case <-h.exited:
+		state = "exited"
+	default:
+		if l, err := h.Dial(); err != nil {
+			state = fmt.Sprintf("running, does not answer: %v", err)
+		} else {
+			_ = l.Disconnect()
+		}
+	}
+	return fmt.Sprintf("libvirtd of %s: %s; the end of its log:\n%s", h.Netns, state, h.tail())
+}
+
+// StopWith has the host stopped when t ends, after saying how its daemon
+// fared if t failed.
+func (h *Host) StopWith(t interface {
+	Cleanup(func())
+	Failed() bool
+	Log(...any)
+}) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(h.Describe())
+		}
+		h.Stop()
+	})
+}
+
 // Stop destroys the host's guests, stops its daemons and every process left
 // in its namespace (dnsmasq, QEMU), and removes the namespace and Dir.
 func (h *Host) Stop() {
