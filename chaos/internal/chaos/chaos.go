@@ -450,7 +450,9 @@ func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *obser
 		}
 		progress("%s: HA VMs Running elsewhere %s", label, restartFigures(f.Restarts, f.NotRestarted))
 	}
-	for time.Now().Before(until) && !(f.Kind == FaultAgent && f.NodeLost > 0) && !haFault(f.Kind) {
+	// A node without HA VMs stays down for Down too, so that the sampler
+	// still looks for guests running twice.
+	for time.Now().Before(until) && !(f.Kind == FaultAgent && f.NodeLost > 0) && !(haFault(f.Kind) && len(pinned) > 0) {
 		noteLost()
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
 			return err

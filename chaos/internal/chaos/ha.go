@@ -37,11 +37,30 @@ const never = time.Duration(math.MaxInt64)
 // haFault says whether kind is a node fault that measures HA restarts.
 func haFault(kind string) bool { return kind == FaultNode || kind == FaultPartition }
 
+// haWait is how long pinHA waits for the churn to leave an HA VM running
+// somewhere: a fault on a node without one measures no restart.
+const haWait = 30 * time.Second
+
 // pinHA picks the node, of nodes, with the most HA VMs running (the first
 // from start on a tie), and freezes the churn of those VMs, so that each
 // is wanted Running throughout the fault. It returns the node and its HA
-// VMs' uids by name.
+// VMs' uids by name. While no node runs an HA VM (the churn may have
+// stopped them all) it looks again, for up to haWait.
 func (c *churn) pinHA(ctx context.Context, kube client.Client, nodes []string, start int) (string, map[string]string, error) {
+	until := time.Now().Add(haWait)
+	for {
+		target, pinned, err := c.pinHAOnce(ctx, kube, nodes, start)
+		if err != nil || len(pinned) > 0 || time.Now().After(until) {
+			return target, pinned, err
+		}
+		if err := sleep(ctx, observeEvery); err != nil {
+			return "", nil, err
+		}
+	}
+}
+
+// pinHAOnce is one look of pinHA's.
+func (c *churn) pinHAOnce(ctx context.Context, kube client.Client, nodes []string, start int) (string, map[string]string, error) {
 	c.pause()
 	defer c.resume()
 	vms, err := listVMs(ctx, kube)
