@@ -190,6 +190,13 @@ func startStack(ctx context.Context, o Options, prefix string, so stack.Options,
 	if s, err = stack.Start(ctx, so); err != nil {
 		return nil, "", nil, errors.Wrapf(err, "cannot start the stack (logs in %s/logs)", dir)
 	}
+	if o.Pprof {
+		for _, name := range append([]string{"hub"}, prefixed("agent-", so.Nodes)...) {
+			if addr := s.PprofAddress(name); addr != "" {
+				progress("%s profiles: http://%s/debug/pprof/", name, addr)
+			}
+		}
+	}
 	return s, dir, func(failed bool) {
 		s.Stop()
 		if failed || o.Keep {
@@ -198,6 +205,15 @@ func startStack(ctx context.Context, o Options, prefix string, so stack.Options,
 		}
 		_ = os.RemoveAll(dir)
 	}, nil
+}
+
+// prefixed is each of names after prefix.
+func prefixed(prefix string, names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = prefix + n
+	}
+	return out
 }
 
 func runScenario(ctx context.Context, o Options, sp spec) (Scenario, error) {

@@ -82,7 +82,7 @@ type Options struct {
 	// Debug makes the hub and agents log at debug level.
 	Debug bool
 	// Pprof makes the hub and each agent serve Go's profiles, each on a
-	// port of its own (PprofAddress).
+	// port of its own: see PprofAddress.
 	Pprof bool
 	// Backends names the backend of a node's agent: libvirt (the default, on
 	// a private libvirtd), nova (Debian's real OpenStack services, the test
@@ -443,13 +443,6 @@ func (s *Stack) start(ctx context.Context) error {
 			return err
 		}
 		logf(o.Progress, "agent "+n, "%s, log: %s", s.backend(n), s.LogPath("agent-"+n))
-	}
-	if o.Pprof {
-		s.mu.Lock()
-		for name, port := range s.pprofPorts {
-			logf(o.Progress, name, "profiles: http://127.0.0.1:%d/debug/pprof/", port)
-		}
-		s.mu.Unlock()
 	}
 	if o.Subresources {
 		if err := s.AwaitSubresources(ctx); err != nil {
