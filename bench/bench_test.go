@@ -46,7 +46,9 @@ func TestQuick(t *testing.T) {
 	for _, s := range got.Scale {
 		assert.Equal(t, s.VMs, s.AddressedVMs, "%s: every VM over simulated nodes shows the address the hub allocated", s.Name)
 		assert.Zero(t, s.DuplicateAddresses, s.Name)
-		assert.Nil(t, s.WholeFlow, "%s: no limits are measured over simulated nodes", s.Name)
+		require.NotNil(t, s.WholeFlow, "%s: the whole-flow limit after a small burst over simulated nodes", s.Name)
+		assert.Nil(t, s.RawLibvirt, "%s: no libvirt under simulated nodes", s.Name)
+		assert.InDelta(t, s.VMsPerSecond/s.WholeFlow.VMsPerSecond, s.RatioToWholeFlow, 1e-9)
 	}
 	for _, s := range scenarios {
 		t.Run(s.Name, func(t *testing.T) {

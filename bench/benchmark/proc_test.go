@@ -103,9 +103,14 @@ func TestCPUPerVM(t *testing.T) {
 		s    Scenario
 		want string
 	}{
-		"BothMeasured": {
+		"TheControlPlaneAlone": {
 			s:    Scenario{Running: 1000, CPU: run, ControlPlane: limit},
-			want: "28.0 (13.5) core-ms / 6.0 (5.0) core-ms",
+			want: "28.0 (13.5) core-ms / 6.0 (5.0) core-ms / –",
+		},
+		// After a burst over simulated nodes.
+		"TheWholeFlowAlone": {
+			s:    Scenario{Running: 1000, CPU: run, WholeFlow: &Limit{VMs: 1000, CPU: &CPUShare{MachineSeconds: 12, ByCommand: map[string]float64{"kube-apiserver": 10}}}},
+			want: "28.0 (13.5) core-ms / – / 12.0 (10.0) core-ms",
 		},
 		"WithTheWholeFlow": {
 			s:    Scenario{Running: 1000, CPU: run, ControlPlane: limit, WholeFlow: &Limit{VMs: 1000, CPU: &CPUShare{MachineSeconds: 12, ByCommand: map[string]float64{"kube-apiserver": 10}}}},
