@@ -238,9 +238,11 @@ type capacityRead struct {
 
 // capacity reads the backend's capacity, waiting at most one heartbeat
 // interval: a backend that hangs (libvirtd stuck on a storage pool) must
-// not hold back the heartbeat, whose absence would fence the node and
-// restart its guests elsewhere while they still run. A read that takes
-// longer is waited for by the next heartbeat, never asked twice.
+// not hold back the heartbeat, whose absence would have the node fence
+// itself, destroying the guests the hub then restarts elsewhere, though
+// they ran. A read that takes longer is waited for by the next heartbeat,
+// never asked twice. (The libvirt driver answers from its caches while no
+// domain changed; a hang reaches the heartbeat once one has.)
 func (h *heartbeat) capacity(ctx context.Context) (driver.Capacity, error) {
 	if h.asking == nil {
 		read := make(chan capacityRead, 1)
