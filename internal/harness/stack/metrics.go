@@ -11,7 +11,7 @@ import "fmt"
 func (s *Stack) HubMetricsURL() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return fmt.Sprintf("http://127.0.0.1:%d/metrics", s.metricsPort)
+	return fmt.Sprintf("http://127.0.0.1:%d/metrics", s.portOf(metricsPort, "hub"))
 }
 
 // AgentMetricsURL is where node's agent serves its Prometheus metrics, the
@@ -19,10 +19,10 @@ func (s *Stack) HubMetricsURL() string {
 func (s *Stack) AgentMetricsURL(node string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.agentMetricsPorts[node] == 0 {
-		return ""
+	if port := s.portOf(metricsPort, "agent-"+node); port != 0 {
+		return fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
 	}
-	return fmt.Sprintf("http://127.0.0.1:%d/metrics", s.agentMetricsPorts[node])
+	return ""
 }
 
 // HubPID is the running hub's process id, or 0 when the hub is not running.

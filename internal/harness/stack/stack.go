@@ -222,19 +222,15 @@ type Stack struct {
 	hubKubeconfig string
 	nodeDirs      []string
 	bin           string
-	// metricsPort is the hub's metrics port, the same across its restarts;
-	// agentMetricsPorts the agents', by node.
-	metricsPort int
+	// ports are the components' ports, by what they serve and the
+	// component (keptPort).
+	ports map[string]int
 	// apiPort is the hub's aggregated API's port (Options.Subresources),
 	// apiService its APIService and apiServiceTarget the Service that
 	// routes to it, as cluster/deploy names them.
 	apiPort                      int
 	apiService, apiServiceTarget string
-	agentMetricsPorts            map[string]int
-	// pprofPorts are the components' profile ports (Options.Pprof), by
-	// component name, the same across restarts.
-	pprofPorts map[string]int
-	images     *imageServer
+	images                       *imageServer
 
 	mu     sync.Mutex
 	hub    *component
@@ -710,14 +706,11 @@ func (s *Stack) StartHub() error {
 	if s.hub != nil {
 		return errors.New("the hub is already running")
 	}
-	if s.metricsPort == 0 {
-		port, err := freePort()
-		if err != nil {
-			return errors.Wrap(err, "cannot pick a port for the hub's metrics")
-		}
-		s.metricsPort = port
+	metrics, err := s.keptPort(metricsPort, "hub")
+	if err != nil {
+		return err
 	}
-	args := []string{fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", s.metricsPort), "--health-probe-bind-address=0", "--poll=" + cmp.Or(s.opts.PollInterval, 30*time.Second).String()}
+	args := []string{fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics), "--health-probe-bind-address=0", "--poll=" + cmp.Or(s.opts.PollInterval, 30*time.Second).String()}
 	if s.opts.Pprof {
 		arg, err := s.pprofArg("hub")
 		if err != nil {
@@ -773,15 +766,9 @@ func (s *Stack) StartAgent(node string) error {
 	if err != nil {
 		return err
 	}
-	if s.agentMetricsPorts[node] == 0 {
-		port, err := freePort()
-		if err != nil {
-			return errors.Wrapf(err, "cannot pick a port for the metrics of %s's agent", node)
-		}
-		if s.agentMetricsPorts == nil {
-			s.agentMetricsPorts = map[string]int{}
-		}
-		s.agentMetricsPorts[node] = port
+	metrics, err := s.keptPort(metricsPort, "agent-"+node)
+	if err != nil {
+		return err
 	}
 	creds, err := s.writeCredentials(node)
 	if err != nil {
@@ -798,7 +785,7 @@ func (s *Stack) StartAgent(node string) error {
 		"--nats-credentials=" + creds,
 		"--backend=" + s.backend(node),
 		"--debug=" + strconv.FormatBool(s.opts.Debug),
-		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", s.agentMetricsPorts[node]),
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics),
 	}, backendArgs...)
 	if s.opts.ResyncInterval > 0 {
 		args = append(args, "--resync-interval="+s.opts.ResyncInterval.String())
@@ -828,31 +815,49 @@ func (s *Stack) StartAgent(node string) error {
 	return err
 }
 
-// pprofArg is the --pprof-bind-address of the component name, on a port
-// kept for it across restarts; s.mu is held.
-func (s *Stack) pprofArg(name string) (string, error) {
-	if s.pprofPorts[name] == 0 {
+// What a component's kept port serves (keptPort).
+const (
+	metricsPort = "metrics"
+	pprofPort   = "profiles"
+)
+
+// keptPort is component's (hub, agent-NODE) port for what, picked at its
+// first start and kept across its restarts, so that whatever reads it
+// finds it again; s.mu is held.
+func (s *Stack) keptPort(what, component string) (int, error) {
+	key := what + " " + component
+	if s.ports[key] == 0 {
 		port, err := freePort()
 		if err != nil {
-			return "", errors.Wrapf(err, "cannot pick a port for the profiles of %s", name)
+			return 0, errors.Wrapf(err, "cannot pick a port for the %s of %s", what, component)
 		}
-		if s.pprofPorts == nil {
-			s.pprofPorts = map[string]int{}
+		if s.ports == nil {
+			s.ports = map[string]int{}
 		}
-		s.pprofPorts[name] = port
+		s.ports[key] = port
 	}
-	return fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", s.pprofPorts[name]), nil
+	return s.ports[key], nil
 }
 
-// PprofAddress is where the component name (hub, agent-NODE) serves Go's
-// profiles under Options.Pprof, or empty.
-func (s *Stack) PprofAddress(name string) string {
+// portOf is the port keptPort picked for component's what, or 0 before
+// its first start; s.mu is held.
+func (s *Stack) portOf(what, component string) int { return s.ports[what+" "+component] }
+
+// pprofArg is the --pprof-bind-address of component; s.mu is held.
+func (s *Stack) pprofArg(component string) (string, error) {
+	port, err := s.keptPort(pprofPort, component)
+	return fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", port), err
+}
+
+// PprofAddress is where component (hub, agent-NODE) serves Go's profiles
+// under Options.Pprof, or empty.
+func (s *Stack) PprofAddress(component string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.pprofPorts[name] == 0 {
-		return ""
+	if port := s.portOf(pprofPort, component); port != 0 {
+		return fmt.Sprintf("127.0.0.1:%d", port)
 	}
-	return fmt.Sprintf("127.0.0.1:%d", s.pprofPorts[name])
+	return ""
 }
 
 // writeCredentials writes node's nkey seed where its agent reads it,
