@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
@@ -91,6 +92,29 @@ func TestAFullObserveCostsAFewRoundTrips(t *testing.T) {
 			require.LessOrEqual(t, calls.Total(), tc.budget, "libvirt calls: %s", calls)
 		})
 	}
+}
+
+// Procedures of remote_protocol.x a driver's Close may or must not call.
+const (
+	procConnectClose                  = 2   // REMOTE_PROC_CONNECT_CLOSE
+	procDomainEventCallbackDeregister = 317 // REMOTE_PROC_CONNECT_DOMAIN_EVENT_CALLBACK_DEREGISTER_ANY
+)
+
+// TestClosingLeavesTheEventCallbacksToTheDaemon holds Close to one call:
+// the connection's close. Its event callbacks go with the connection, in
+// libvirtd's own cleanup of it; a deregistration of each sent as the
+// connection closes races that cleanup in the daemon (libvirt 9.0 logs
+// callbacks it cannot find then, and was seen to read freed memory and
+// die).
+func TestClosingLeavesTheEventCallbacksToTheDaemon(t *testing.T) {
+	d, calls := openCounted(t, "close")
+	_, err := d.Ensure(context.Background(), machine("events"))
+	require.NoError(t, err)
+	calls.Reset()
+	require.NoError(t, d.Close())
+	// The counter reads what the client wrote on its own goroutine.
+	require.Eventually(t, func() bool { return calls.Calls(procConnectClose) == 1 }, 5*time.Second, 10*time.Millisecond, "the connection closed: %s", calls)
+	assert.Zero(t, calls.Calls(procDomainEventCallbackDeregister), "deregistrations sent on closing: %s", calls)
 }
 
 // openCounted opens a driver on a node of its own, name, through a call

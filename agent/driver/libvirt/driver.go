@@ -217,19 +217,25 @@ func (d *Driver) connection() (*connection, error) {
 		_ = l.Disconnect()
 		return nil, err
 	}
-	evs, err := l.LifecycleEvents(d.ctx)
+	// The subscriptions last as long as the connection: they end when it
+	// closes, and libvirtd drops their callbacks with it. Ending them
+	// first, with a context, sends one deregistration each that races the
+	// closing connection's own cleanup in libvirtd (libvirt 9.0 then logs
+	// callbacks it cannot find, and was seen to read freed memory and die).
+	subscribed := context.WithoutCancel(d.ctx)
+	evs, err := l.LifecycleEvents(subscribed)
 	if err != nil {
 		_ = l.Disconnect()
 		return nil, errors.Wrap(err, "cannot subscribe to domain events")
 	}
-	reboots, err := l.SubscribeEvents(d.ctx, golibvirt.DomainEventIDReboot, golibvirt.OptDomain{})
+	reboots, err := l.SubscribeEvents(subscribed, golibvirt.DomainEventIDReboot, golibvirt.OptDomain{})
 	if err != nil {
 		_ = l.Disconnect()
 		return nil, errors.Wrap(err, "cannot subscribe to reboot events")
 	}
 	changes := make([]<-chan any, 0, len(definitionChanges))
 	for _, id := range definitionChanges {
-		ch, err := l.SubscribeEvents(d.ctx, id, golibvirt.OptDomain{})
+		ch, err := l.SubscribeEvents(subscribed, id, golibvirt.OptDomain{})
 		if err != nil {
 			_ = l.Disconnect()
 			return nil, errors.Wrapf(err, "cannot subscribe to domain events %d", id)
@@ -497,13 +503,9 @@ func (d *Driver) Close() error {
 	d.mu.Lock()
 	var err error
 	if d.conn != nil && d.conn.l.IsConnected() {
+		// The event subscriptions end with the connection (see
+		// connection), so their callbacks go in libvirtd's one cleanup.
 		err = d.conn.l.Disconnect()
-		// The cancel above ends the event subscription, and the socket may
-		// close under the farewell call: it is closed either way, which is
-		// what Disconnect is for.
-		if errors.Is(err, golibvirt.ErrInterrupted) {
-			err = nil
-		}
 	}
 	d.mu.Unlock()
 	<-d.done

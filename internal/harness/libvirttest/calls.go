@@ -111,6 +111,14 @@ func (c *CallCounter) Total() int {
 	return n
 }
 
+// Calls is the number of calls of procedure proc (remote_protocol.x's
+// REMOTE_PROC_* value) counted since the last Reset.
+func (c *CallCounter) Calls(proc uint32) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[proc]
+}
+
 // Reset forgets the calls counted so far.
 func (c *CallCounter) Reset() {
 	c.mu.Lock()
