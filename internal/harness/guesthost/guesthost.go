@@ -365,18 +365,30 @@ func (h *Host) tail() string {
 }
 
 // Describe says whether the host's libvirtd still runs and answers, and
-// how its log ends, for a failed test's output: the log goes with Dir.
+// how its log ends, for a failed test's output: the log goes with Dir. A
+// daemon that does not answer is given a few seconds to be seen exiting, and
+// how it ended (a signal, a status) is said: a crashed daemon has closed its
+// socket before its parent can know it died.
 func (h *Host) Describe() string {
 	state := "running, answers"
 	select {
 	case <-h.exited:
-		state = "exited"
 	default:
-		if l, err := h.Dial(); err != nil {
-			state = fmt.Sprintf("running, does not answer: %v", err)
-		} else {
+		l, err := h.Dial()
+		if err == nil {
 			_ = l.Disconnect()
+			break
 		}
+		state = fmt.Sprintf("running, does not answer: %v", err)
+		select {
+		case <-h.exited:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	select {
+	case <-h.exited:
+		state = fmt.Sprintf("exited (%s)", h.cmd.ProcessState)
+	default:
 	}
 	return fmt.Sprintf("libvirtd of %s: %s; the end of its log:\n%s", h.Netns, state, h.tail())
 }

@@ -23,7 +23,8 @@ import (
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
 )
 
-// The host's bridge lives in its namespace only, and Stop leaves nothing
+// The host's bridge lives in its namespace only, Describe tells a running
+// daemon from a dead one, and Stop, after a crash too, leaves nothing
 // behind: no namespace, no directory.
 func TestHostKeepsItsNetworkInItsNamespace(t *testing.T) {
 	if m := guesthost.Missing(); len(m) > 0 {
@@ -53,6 +54,11 @@ func TestHostKeepsItsNetworkInItsNamespace(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, active)
 	require.NoError(t, l.Disconnect())
+
+	// What a failed test is told of the daemon, alive and after a crash.
+	assert.Contains(t, h.Describe(), "libvirtd of "+h.Netns+": running, answers")
+	h.Crash()
+	assert.Contains(t, h.Describe(), "libvirtd of "+h.Netns+": exited (signal: killed)")
 
 	h.Stop()
 	stopped = true
