@@ -42,6 +42,8 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/virtfleet/virtfleet/internal/harness/freeport"
 )
 
 // Packages are the Debian packages the cloud runs from; hack/deps.sh
@@ -264,7 +266,7 @@ func (c *Cloud) prepare() error {
 	}
 	for _, p := range []*int{&c.ports.keystone, &c.ports.placement, &c.ports.nova, &c.ports.cinder,
 		&c.ports.neutron, &c.ports.amqp, &c.ports.dist, &c.ports.epmd, &c.ports.glance} {
-		port, err := freePort()
+		port, err := freeport.Pick()
 		if err != nil {
 			return err
 		}

@@ -127,18 +127,6 @@ func tail(path string, n int) string {
 	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
 }
 
-// freePort asks the kernel for a free port on 127.0.0.1. It is free when
-// asked; a service binds it a moment later, which other tests listening on
-// :0 cannot take in between in practice.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, errors.Wrap(err, "cannot pick a port")
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // waitFor polls cond every half second until it holds, p exits, or timeout
 // passes.
 func (c *Cloud) waitFor(ctx context.Context, what string, p *process, timeout time.Duration, cond func(context.Context) bool) error {

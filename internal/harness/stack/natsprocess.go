@@ -27,6 +27,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/freeport"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
@@ -72,16 +73,6 @@ func (s *Stack) NATSPID() int {
 // NATSServers is how many nats-server processes the stack runs.
 func (s *Stack) NATSServers() int { return len(s.natsProcs) }
 
-// freePort picks a free port on 127.0.0.1.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, errors.Wrap(err, "cannot pick a port")
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func (s *Stack) startNATSProcess(ctx context.Context, users []natswire.User) error {
 	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(s.bin, "nats-server"), "github.com/nats-io/nats-server/v2")
 	build.Dir = controlplane.RepoRoot()
@@ -96,15 +87,15 @@ func (s *Stack) startNATSProcess(ctx context.Context, users []natswire.User) err
 		}
 		var err error
 		if p.port = s.opts.NATSPort; p.port == 0 || i > 0 {
-			if p.port, err = freePort(); err != nil {
+			if p.port, err = freeport.Pick(); err != nil {
 				return err
 			}
 		}
 		if n > 1 {
-			if p.clusterPort, err = freePort(); err != nil {
+			if p.clusterPort, err = freeport.Pick(); err != nil {
 				return err
 			}
-			if p.monitorPort, err = freePort(); err != nil {
+			if p.monitorPort, err = freeport.Pick(); err != nil {
 				return err
 			}
 		}

@@ -37,6 +37,7 @@ import (
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/freeport"
 	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/natswire"
@@ -827,7 +828,7 @@ const (
 func (s *Stack) keptPort(what, component string) (int, error) {
 	key := what + " " + component
 	if s.ports[key] == 0 {
-		port, err := freePort()
+		port, err := freeport.Pick()
 		if err != nil {
 			return 0, errors.Wrapf(err, "cannot pick a port for the %s of %s", what, component)
 		}

@@ -17,6 +17,7 @@ import (
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/freeport"
 	"github.com/virtfleet/virtfleet/internal/harness/manifests"
 )
 
@@ -26,7 +27,7 @@ import (
 // this machine; the hub's namespaced Role for its serving certificate; and
 // the tenant ClusterRoles tests bind.
 func (s *Stack) registerSubresources(ctx context.Context) error {
-	port, err := freePort()
+	port, err := freeport.Pick()
 	if err != nil {
 		return errors.Wrap(err, "cannot pick a port for the hub's aggregated API")
 	}
