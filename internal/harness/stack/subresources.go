@@ -67,10 +67,19 @@ func (s *Stack) registerSubresources(ctx context.Context) error {
 }
 
 // AwaitSubresources waits until the API server reaches the hub's aggregated
-// API (its APIService Available).
+// API (its APIService Available). It fails at once when the hub has
+// exited, with the end of its log.
 func (s *Stack) AwaitSubresources(ctx context.Context) error {
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		s.mu.Lock()
+		hub := s.hub
+		s.mu.Unlock()
+		if hub != nil {
+			if gone := hub.gone(); gone != nil {
+				return false, gone
+			}
+		}
 		svc := &apiregistrationv1.APIService{}
 		if err := s.ControlPlane.Client.Get(ctx, types.NamespacedName{Name: s.apiService}, svc); err != nil {
 			last = err.Error()
