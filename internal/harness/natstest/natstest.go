@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/virtfleet/virtfleet/internal/harness/freeport"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
@@ -45,18 +46,25 @@ func Start(o Options) (*Server, error) {
 	if len(o.Users) == 0 {
 		return nil, errors.New("natstest: at least one user is required; auth is always on")
 	}
+	if o.Port == 0 {
+		// Kept for a restart, which comes back where clients reconnect
+		// to: a port outside the ephemeral range stays free meanwhile.
+		p, err := freeport.Pick()
+		if err != nil {
+			return nil, err
+		}
+		o.Port = p
+	}
 	s := &Server{opts: o}
 	if err := s.start(); err != nil {
 		return nil, err
 	}
-	// Pin the port so a restart comes back where clients reconnect to.
-	s.opts.Port = s.srv.Addr().(*net.TCPAddr).Port
 	return s, nil
 }
 
 func (s *Server) start() error {
 	conf := fmt.Sprintf("listen: \"127.0.0.1:%d\"\njetstream { store_dir: %q }\n%s",
-		portOrRandom(s.opts.Port), s.opts.StoreDir, natswire.ServerConfig(s.opts.Users...))
+		s.opts.Port, s.opts.StoreDir, natswire.ServerConfig(s.opts.Users...))
 	path := filepath.Join(s.opts.StoreDir, "nats-server.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		return errors.Wrap(err, "cannot write nats-server configuration")
@@ -74,14 +82,12 @@ func (s *Server) start() error {
 	srv.Start()
 	if !srv.ReadyForConnections(readyWithin) {
 		srv.Shutdown()
-		// Its log is off; say whether the fixed port was the reason.
-		if s.opts.Port != 0 {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", s.opts.Port))
-			if err != nil {
-				return errors.Wrapf(err, "nats-server did not become ready within %s: port %d", readyWithin, s.opts.Port)
-			}
-			_ = l.Close()
+		// Its log is off; say whether its port was the reason.
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", s.opts.Port))
+		if err != nil {
+			return errors.Wrapf(err, "nats-server did not become ready within %s: port %d", readyWithin, s.opts.Port)
 		}
+		_ = l.Close()
 		return errors.Errorf("nats-server did not become ready within %s", readyWithin)
 	}
 	s.srv = srv
@@ -92,13 +98,6 @@ func (s *Server) start() error {
 // running the whole test suite in parallel, a JetStream start can take many
 // times as long as on an idle one.
 const readyWithin = 60 * time.Second
-
-func portOrRandom(p int) int {
-	if p == 0 {
-		return server.RANDOM_PORT
-	}
-	return p
-}
 
 // URL clients connect to.
 func (s *Server) URL() string { return s.srv.ClientURL() }
