@@ -71,7 +71,7 @@ func TestPickPassesOverPortsInUse(t *testing.T) {
 				held = append(held, l)
 			}
 		}
-		if len(held) < 3 {
+		if len(held) < 3 || !free(first+3) {
 			closeAll(held)
 			continue // another process holds one of them: try elsewhere
 		}
@@ -82,6 +82,22 @@ func TestPickPassesOverPortsInUse(t *testing.T) {
 		return
 	}
 	t.Fatal("found no four ports in a row free")
+}
+
+// free is whether port p could be listened on now, and was not given
+// before in this process.
+func free(p int) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	if picked[p] {
+		return false
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
 }
 
 func closeAll(ls []net.Listener) {
