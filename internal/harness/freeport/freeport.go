@@ -48,15 +48,20 @@ var (
 // Pick returns a port on 127.0.0.1 that is free now and outside the
 // kernel's ephemeral range.
 func Pick() (int, error) {
-	b, err := os.ReadFile(rangeFile)
-	if err != nil {
-		return 0, errors.Wrap(err, "cannot read the kernel's ephemeral port range")
-	}
-	lo, hi, err := outside(string(b))
+	lo, hi, err := pickRange()
 	if err != nil {
 		return 0, err
 	}
 	return pickIn(lo, hi)
+}
+
+// pickRange is the range [lo, hi) Pick picks from on this machine.
+func pickRange() (lo, hi int, err error) {
+	b, err := os.ReadFile(rangeFile)
+	if err != nil {
+		return 0, 0, errors.Wrap(err, "cannot read the kernel's ephemeral port range")
+	}
+	return outside(string(b))
 }
 
 // pickIn is Pick within [lo, hi).
@@ -65,19 +70,30 @@ func pickIn(lo, hi int) (int, error) {
 	defer mu.Unlock()
 	for range tries {
 		p := lo + rand.IntN(hi-lo) //nolint:gosec // spreading picks, not a secret
-		if picked[p] {
-			continue
+		if available(p) {
+			picked[p] = true
+			return p, nil
 		}
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-		if err != nil {
-			continue
-		}
-		_ = l.Close()
-		picked[p] = true
-		return p, nil
 	}
 	return 0, errors.Errorf("no free port in [%d, %d) after %d tries", lo, hi, tries)
 }
+
+// available is whether port p was not given before in this process and
+// can be listened on now; mu is held.
+func available(p int) bool {
+	if picked[p] {
+		return false
+	}
+	l, err := net.Listen("tcp", address(p))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
+}
+
+// address is port p on 127.0.0.1.
+func address(p int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p)) }
 
 // outside is the range [lo, hi) to pick from, given the kernel's ephemeral
 // range as rangeFile holds it: below it if that holds minPorts from lowest

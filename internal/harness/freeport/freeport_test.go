@@ -3,8 +3,6 @@ package freeport
 import (
 	"math/rand/v2"
 	"net"
-	"os"
-	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -39,9 +37,7 @@ func TestOutside(t *testing.T) {
 // The ports picked are this machine's: outside its ephemeral range, free,
 // and each another.
 func TestPickGivesFreePortsOutsideTheEphemeralRange(t *testing.T) {
-	b, err := os.ReadFile(rangeFile)
-	require.NoError(t, err)
-	lo, hi, err := outside(string(b))
+	lo, hi, err := pickRange()
 	require.NoError(t, err)
 	seen := map[int]bool{}
 	for range 50 {
@@ -50,7 +46,7 @@ func TestPickGivesFreePortsOutsideTheEphemeralRange(t *testing.T) {
 		require.False(t, seen[p], "port %d given twice", p)
 		seen[p] = true
 		require.True(t, p >= lo && p < hi, "port %d outside [%d, %d)", p, lo, hi)
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		l, err := net.Listen("tcp", address(p))
 		require.NoError(t, err, "port %d is not free", p)
 		require.NoError(t, l.Close())
 	}
@@ -59,15 +55,13 @@ func TestPickGivesFreePortsOutsideTheEphemeralRange(t *testing.T) {
 // A port a server holds is not given: of four ports, three held, the
 // fourth is (a hundred random tries miss it with a chance of 3e-13).
 func TestPickPassesOverPortsInUse(t *testing.T) {
-	b, err := os.ReadFile(rangeFile)
-	require.NoError(t, err)
-	lo, hi, err := outside(string(b))
+	lo, hi, err := pickRange()
 	require.NoError(t, err)
 	for range 20 {
 		first := lo + rand.IntN(hi-lo-4) //nolint:gosec // a test's spread
 		var held []net.Listener
 		for p := first; p < first+3; p++ {
-			if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
+			if l, err := net.Listen("tcp", address(p)); err == nil {
 				held = append(held, l)
 			}
 		}
@@ -84,20 +78,12 @@ func TestPickPassesOverPortsInUse(t *testing.T) {
 	t.Fatal("found no four ports in a row free")
 }
 
-// free is whether port p could be listened on now, and was not given
-// before in this process.
+// free is available for a test: whether port p was not given before and
+// can be listened on now.
 func free(p int) bool {
 	mu.Lock()
 	defer mu.Unlock()
-	if picked[p] {
-		return false
-	}
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-	if err != nil {
-		return false
-	}
-	_ = l.Close()
-	return true
+	return available(p)
 }
 
 func closeAll(ls []net.Listener) {
