@@ -371,19 +371,14 @@ func (h *Host) tail() string {
 // socket before its parent can know it died.
 func (h *Host) Describe() string {
 	state := "running, answers"
-	select {
-	case <-h.exited:
-	default:
-		l, err := h.Dial()
-		if err == nil {
-			_ = l.Disconnect()
-			break
-		}
+	if l, err := h.Dial(); err != nil {
 		state = fmt.Sprintf("running, does not answer: %v", err)
 		select {
 		case <-h.exited:
 		case <-time.After(5 * time.Second):
 		}
+	} else {
+		_ = l.Disconnect()
 	}
 	select {
 	case <-h.exited:
