@@ -90,4 +90,15 @@ const (
 	// from and when ("<node>@<RFC 3339 time>"). It is the story's record
 	// only; the hub acts on AnnotationNode and AnnotationLeftovers.
 	AnnotationRestartedFrom = Group + "/restarted-from"
+
+	// AnnotationRestore records, on a VirtualMachine being restored, the
+	// uid of its VirtualMachineRestore and of the snapshot it restores
+	// ("<restore uid>/<snapshot uid>"), sealed by AnnotationRestoreSeal.
+	// The hub writes it once the snapshot is ready on the VM's node, tells
+	// the node (wire.Restore), and removes it when the node reported the
+	// restore over. A restore written by hand is never acted on.
+	AnnotationRestore = Group + "/restore"
+
+	// AnnotationRestoreSeal is the hub's mark on AnnotationRestore.
+	AnnotationRestoreSeal = Group + "/restore-seal"
 )

@@ -155,6 +155,9 @@ func (in Intent) Validate() error {
 	if c := in.Claim; c != nil && (c.Orphan == "") == (c.ExternalName == "") {
 		return &DecodeError{Kind: "intent", Err: errors.New("claim needs exactly one of orphan or externalName")}
 	}
+	if err := in.Restore.validate(); err != nil {
+		return err
+	}
 	if in.Machine.VCPU < 0 || in.Machine.MemoryBytes < 0 || in.Machine.SwapBytes < 0 {
 		return &DecodeError{Kind: "intent", Err: errors.New("machine resources must not be negative")}
 	}
@@ -202,7 +205,10 @@ func (r Report) Validate() error {
 	if err := ValidateToken("uid", r.UID); err != nil {
 		return err
 	}
-	return ValidateNodeName(r.Node)
+	if err := ValidateNodeName(r.Node); err != nil {
+		return err
+	}
+	return r.Restore.validate()
 }
 
 // Validate reports whether the NodeHeartbeat can be keyed and read: a lease

@@ -29,6 +29,8 @@ func TestKindKeysAreDistinct(t *testing.T) {
 		{VolumeReports.Name, VolumeReports.Key, VolumeReports.UID, VolumeReports.Bucket},
 		{ImageReports.Name, ImageReports.Key, ImageReports.UID, ImageReports.Bucket},
 		{Fabrics.Name, Fabrics.Key, Fabrics.UID, Fabrics.Bucket},
+		{SnapshotIntents.Name, SnapshotIntents.Key, SnapshotIntents.UID, SnapshotIntents.Bucket},
+		{SnapshotReports.Name, SnapshotReports.Key, SnapshotReports.UID, SnapshotReports.Bucket},
 	}
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {

@@ -76,6 +76,10 @@ type Intent struct {
 	// plain intent (a target would boot a second copy), so the hub sends
 	// them only to nodes announcing NodeHeartbeat.MigrationURI.
 	Incoming *Incoming `json:"incoming,omitempty"`
+	// Restore asks the node to bring the guest back to one of its
+	// snapshots (see Restore). The hub sends it only to nodes announcing
+	// NodeHeartbeat.Snapshots.
+	Restore *Restore `json:"restore,omitempty"`
 }
 
 // Migration is a live migration the source node carries out.
@@ -328,6 +332,8 @@ type Report struct {
 	// is Pending until the guest arrives, and the guest's once it runs
 	// there.
 	Incoming string `json:"incoming,omitempty"`
+	// Restore is the progress of the restore Intent.Restore asked for.
+	Restore *RestoreReport `json:"restore,omitempty"`
 }
 
 // MigrationPhase is how far a live migration got on its source node.
@@ -420,8 +426,12 @@ type NodeHeartbeat struct {
 	// (an administrator's pools, by name, the same on every node that
 	// reaches them): a disk in one of them can be opened by any of these
 	// nodes, so its guest can be restarted on any of them.
-	SharedPools []string  `json:"sharedPools,omitempty"`
-	SentAt      time.Time `json:"sentAt"`
+	SharedPools []string `json:"sharedPools,omitempty"`
+	// Snapshots says the node's backend keeps snapshots of its guests and
+	// the agent understands SnapshotIntents and Intent.Restore; the hub
+	// sends neither to a node without it.
+	Snapshots bool      `json:"snapshots,omitempty"`
+	SentAt    time.Time `json:"sentAt"`
 }
 
 // Resources is an amount of node capacity.
