@@ -74,7 +74,7 @@ func Main(args []string, in io.Reader, out, errOut io.Writer) int {
 func newRoot(in io.Reader, out, errOut io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kubectl-virtfleet",
-		Short:         "Reach and power virtfleet VirtualMachines: console, vnc, start, stop, restart, reset, pause, unpause, migrate",
+		Short:         "Reach, power and keep virtfleet VirtualMachines: console, vnc, start, stop, restart, reset, pause, unpause, migrate, snapshot, restore",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl virtfleet"},
@@ -88,7 +88,7 @@ func newRoot(in io.Reader, out, errOut io.Writer) *cobra.Command {
 	clientcmd.BindOverrideFlags(overrides, root.PersistentFlags(), clientcmd.RecommendedConfigOverrideFlags(""))
 	e := &env{config: clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides), in: in, out: out, errOut: errOut, interactiveTTY: func() bool { return isTerminal(in) }}
 
-	root.AddCommand(e.consoleCommand(), e.vncCommand())
+	root.AddCommand(e.consoleCommand(), e.vncCommand(), e.snapshotCommand(), e.restoreCommand())
 	for _, a := range actions {
 		root.AddCommand(e.actionCommand(a.name, a.short))
 	}

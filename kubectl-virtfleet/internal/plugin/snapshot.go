@@ -1,0 +1,154 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+
+	v1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+)
+
+// The kinds snapshot and restore create; the user's own RBAC on them
+// decides, as it would for kubectl create.
+var (
+	snapshots = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinesnapshots")
+	restores  = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinerestores")
+)
+
+// waitPoll is how often --wait looks at the object it waits for.
+const waitPoll = time.Second
+
+// snapshotCommand creates a VirtualMachineSnapshot of a VM.
+func (e *env) snapshotCommand() *cobra.Command {
+	var name string
+	var memory bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:               "snapshot NAME",
+		Short:             "Snapshot a VirtualMachine's disks (and with --memory its running memory) as a VirtualMachineSnapshot",
+		Args:              exactlyOneVM,
+		ValidArgsFunction: e.completeVMs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s := &v1alpha1.VirtualMachineSnapshot{
+				TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.VirtualMachineSnapshotKind},
+				ObjectMeta: generated(name, args[0]),
+				Spec:       v1alpha1.VirtualMachineSnapshotSpec{VMName: v1alpha1.LocalName(args[0]), IncludeMemory: memory},
+			}
+			return e.createAndWait(cmd.Context(), snapshots, s, timeout, func(u *unstructured.Unstructured) (bool, error) {
+				got := &v1alpha1.VirtualMachineSnapshot{}
+				if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, got); err != nil {
+					return false, err
+				}
+				return outcome(got.Done(), got.Status.Phase == v1alpha1.SnapshotSucceeded, string(got.Status.Phase), got.Status.Message)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "Name of the VirtualMachineSnapshot (default: the VM's name and a random suffix)")
+	cmd.Flags().BoolVar(&memory, "memory", false, "Keep the running guest's memory, so a restore resumes it where it was")
+	cmd.Flags().DurationVar(&timeout, "wait", 0, "Wait this long for the snapshot to be taken (0: do not wait)")
+	return cmd
+}
+
+// restoreCommand creates a VirtualMachineRestore of a snapshot into its VM.
+func (e *env) restoreCommand() *cobra.Command {
+	var name, snapshot string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:               "restore NAME --snapshot SNAPSHOT",
+		Short:             "Bring a VirtualMachine back to one of its VirtualMachineSnapshots (a VirtualMachineRestore)",
+		Args:              exactlyOneVM,
+		ValidArgsFunction: e.completeVMs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r := &v1alpha1.VirtualMachineRestore{
+				TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.VirtualMachineRestoreKind},
+				ObjectMeta: generated(name, args[0]),
+				Spec:       v1alpha1.VirtualMachineRestoreSpec{SnapshotName: v1alpha1.LocalName(snapshot), VMName: v1alpha1.LocalName(args[0])},
+			}
+			return e.createAndWait(cmd.Context(), restores, r, timeout, func(u *unstructured.Unstructured) (bool, error) {
+				got := &v1alpha1.VirtualMachineRestore{}
+				if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, got); err != nil {
+					return false, err
+				}
+				return outcome(got.Done(), got.Status.Phase == v1alpha1.RestoreSucceeded, string(got.Status.Phase), got.Status.Message)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&snapshot, "snapshot", "", "The VirtualMachineSnapshot to restore (required)")
+	cmd.Flags().StringVar(&name, "name", "", "Name of the VirtualMachineRestore (default: the VM's name and a random suffix)")
+	cmd.Flags().DurationVar(&timeout, "wait", 0, "Wait this long for the restore to finish (0: do not wait)")
+	_ = cmd.MarkFlagRequired("snapshot")
+	return cmd
+}
+
+// generated is the metadata of an object named name, or named after the
+// VM with a suffix the API server chooses.
+func generated(name, vm string) metav1.ObjectMeta {
+	if name != "" {
+		return metav1.ObjectMeta{Name: name}
+	}
+	return metav1.ObjectMeta{GenerateName: vm + "-"}
+}
+
+// outcome is what --wait makes of an object's phase: done or not, and an
+// error naming the phase and message when it ended other than well.
+func outcome(done, succeeded bool, phase, msg string) (bool, error) {
+	switch {
+	case !done:
+		return false, nil
+	case succeeded:
+		return true, nil
+	default:
+		return true, fmt.Errorf("%s: %s", phase, msg)
+	}
+}
+
+// createAndWait creates obj in the namespace, says so, and, with a
+// timeout, waits until done says it is over.
+func (e *env) createAndWait(ctx context.Context, gvr schema.GroupVersionResource, obj runtime.Object, timeout time.Duration, done func(*unstructured.Unstructured) (bool, error)) error {
+	cfg, ns, err := e.rest()
+	if err != nil {
+		return err
+	}
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return err
+	}
+	made, err := dc.Resource(gvr).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: m}, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.out, "%s %s/%s created\n", made.GetKind(), ns, made.GetName())
+	if timeout <= 0 {
+		return nil
+	}
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, waitPoll, timeout, true, func(ctx context.Context) (bool, error) {
+		u, err := dc.Resource(gvr).Namespace(ns).Get(ctx, made.GetName(), metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		finished, err := done(u)
+		last = err
+		return finished, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s %s/%s is not done: %w", made.GetKind(), ns, made.GetName(), err)
+	}
+	if last != nil {
+		return fmt.Errorf("%s %s/%s %w", made.GetKind(), ns, made.GetName(), last)
+	}
+	fmt.Fprintf(e.out, "%s %s/%s succeeded\n", made.GetKind(), ns, made.GetName())
+	return nil
+}
