@@ -19,7 +19,8 @@ import (
 // Call is one recorded call.
 type Call struct {
 	// Op is the method name: Ensure, Delete, Observe, List, Capacity,
-	// DeleteVolume or ObserveVolume.
+	// DeleteVolume, ObserveVolume, TakeSnapshot, Snapshots, DeleteSnapshot,
+	// RevertSnapshot, ...
 	Op string
 	// UID is the guest the call was about; empty for List and Capacity.
 	UID string
@@ -27,6 +28,11 @@ type Call struct {
 	Machine driver.Machine
 	// Disk is DeleteVolume's and ObserveVolume's argument.
 	Disk driver.Disk
+	// Snapshot is TakeSnapshot's argument; DeleteSnapshot and
+	// RevertSnapshot set its ID.
+	Snapshot driver.SnapshotRequest
+	// Running is RevertSnapshot's running.
+	Running bool
 }
 
 // Driver is a recording in-memory driver. Guests become Running, Paused or
@@ -62,6 +68,10 @@ type Driver struct {
 	NextDeleteVolumeErr error
 	// NextImagesErr fails the next Images.
 	NextImagesErr error
+	// NextTakeSnapshotErr, NextSnapshotsErr, NextDeleteSnapshotErr and
+	// NextRevertSnapshotErr fail the next call of the Snapshotter's
+	// methods.
+	NextTakeSnapshotErr, NextSnapshotsErr, NextDeleteSnapshotErr, NextRevertSnapshotErr error
 
 	calls []Call
 	// failures are Fail's errors, by operation and uid.
@@ -89,6 +99,9 @@ type Driver struct {
 	reach      map[string]*Driver
 	incoming   map[string]driver.Machine
 	migrations map[string]driver.MigrationStatus
+	// snapshots are the guests' snapshots, oldest first, by guest uid
+	// (snapshot.go); they go with the guest's Delete.
+	snapshots map[string][]snapshot
 }
 
 type guest struct {
@@ -156,8 +169,8 @@ func (d *Driver) SetInterfaces(uid string, ifs []driver.Interface) {
 	}
 }
 
-// Fail makes every call of op (Ensure, Delete or Observe: the operations
-// about one guest) for guest uid return err, until Fail is called again with
+// Fail makes every call of op (Ensure, Delete, Observe, TakeSnapshot, ...:
+// the operations about one guest) for guest uid return err, until Fail is called again with
 // a nil err. A Next<Op>Err hook, when set, takes precedence once.
 func (d *Driver) Fail(op, uid string, err error) {
 	d.mu.Lock()
@@ -406,6 +419,7 @@ func (d *Driver) Delete(_ context.Context, uid string) error {
 	}
 	delete(d.guests, uid)
 	delete(d.incoming, uid)
+	delete(d.snapshots, uid)
 	return nil
 }
 
