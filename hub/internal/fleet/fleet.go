@@ -62,6 +62,11 @@ type Fleet struct {
 	// node's reports stay: it still holds its images, and its guests are
 	// not started elsewhere either.
 	Images *Reports[wire.ImageReport]
+	// Snapshots are the nodes' reports of the VirtualMachineSnapshots of
+	// their guests. Like the guests', their subscribers also hear of every
+	// snapshot whose node was lost or came back: a snapshot on a lost node
+	// cannot be restored.
+	Snapshots *Reports[wire.SnapshotReport]
 
 	log     logging.Logger
 	now     func() time.Time
@@ -104,8 +109,11 @@ func New(b bus.Bus, log logging.Logger) *Fleet {
 	// The placement loop asks Orphan for every VM it places: it reads the
 	// orphans' reports, not every report.
 	f.Guests.index = func(r wire.Report) bool { return r.Orphan != nil }
+	f.Guests.followsNodes = true
 	f.Volumes = Watch(f, wire.VolumeReports, v1alpha1.VolumeKind)
 	f.Images = Watch(f, wire.ImageReports, v1alpha1.DiskImageKind)
+	f.Snapshots = Watch(f, wire.SnapshotReports, v1alpha1.VirtualMachineSnapshotKind)
+	f.Snapshots.followsNodes = true
 	return f
 }
 
@@ -204,12 +212,18 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 		}
 	}
 	f.nodes[e.Node] = s
-	// Guests care only when the node's liveness flips.
-	var affected []string
+	// Guests and snapshots care only when the node's liveness flips.
+	var affected []func()
+	vms := 0
 	if !known || prev.Lost != s.Lost {
-		affected = f.Guests.uidsOn(e.Node)
+		vms = len(f.Guests.uidsOn(e.Node))
+		for _, v := range f.views {
+			if fn := v.nodeFlipped(e.Node); fn != nil {
+				affected = append(affected, fn)
+			}
+		}
 	}
-	subs, nodeSubs, shownSubs := f.Guests.subs, f.nodeSubs, f.shownSubs
+	nodeSubs, shownSubs := f.nodeSubs, f.shownSubs
 	f.mu.Unlock()
 	if !known || prev.Lost != s.Lost || !sameContent(prev.Heartbeat, s.Heartbeat) {
 		for _, fn := range shownSubs {
@@ -218,16 +232,14 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 	}
 	switch {
 	case s.Lost && known && !prev.Lost:
-		f.log.Info("Node lost: its heartbeat expired; its VMs show Unknown until it is back", "node", e.Node, "lastHeartbeat", prev.LastSeen.UTC().Format(time.RFC3339), "vms", len(affected))
+		f.log.Info("Node lost: its heartbeat expired; its VMs show Unknown until it is back", "node", e.Node, "lastHeartbeat", prev.LastSeen.UTC().Format(time.RFC3339), "vms", vms)
 	case !s.Lost && known && prev.Lost:
 		f.log.Info("Node back: its heartbeats arrive again", "node", e.Node, "lostFor", now.Sub(prev.LostSince).Round(time.Second).String())
 	case !known && !s.Lost:
 		f.log.Info("Node joined", "node", e.Node, "backend", s.Heartbeat.Backend, "agentVersion", s.Heartbeat.AgentVersion)
 	}
-	for _, uid := range affected {
-		for _, fn := range subs {
-			fn(uid)
-		}
+	for _, notify := range affected {
+		notify()
 	}
 	// A node whose heartbeats were late enough for placement to pass it
 	// over counts as back.

@@ -66,9 +66,9 @@ func (c *calls) take() []string {
 // of subscriber recorded.
 type testFleet struct {
 	*Fleet
-	bus                   *bus.Fake
-	clock                 *clock
-	guests, volumes, node *calls
+	bus                              *bus.Fake
+	clock                            *clock
+	guests, volumes, snapshots, node *calls
 }
 
 var t0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
@@ -80,9 +80,10 @@ func newTestFleet(t *testing.T, b *bus.Fake) *testFleet {
 	c := &clock{t: t0}
 	f := New(b, logging.NewNopLogger())
 	f.now, f.started = c.now, t0
-	tf := &testFleet{Fleet: f, bus: b, clock: c, guests: &calls{}, volumes: &calls{}, node: &calls{}}
+	tf := &testFleet{Fleet: f, bus: b, clock: c, guests: &calls{}, volumes: &calls{}, snapshots: &calls{}, node: &calls{}}
 	f.Guests.Subscribe(tf.guests.record)
 	f.Volumes.Subscribe(tf.volumes.record)
+	f.Snapshots.Subscribe(tf.snapshots.record)
 	f.SubscribeNodes(tf.node.record)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -245,7 +246,11 @@ func TestNodes(t *testing.T) {
 	f := newTestFleet(t, bus.NewFake())
 	report("node1", "on-1", "Running")(f.bus)
 	report("node2", "on-2", "Running")(f.bus)
+	bus.SetValue(f.bus, wire.SnapshotReports, "node1", "snap-1", wire.SnapshotReport{UID: "snap-1", Node: "node1", VM: "on-1", Phase: wire.SnapshotPhaseReady})
+	bus.SetValue(f.bus, wire.VolumeReports, "node1", "vol-1", wire.VolumeReport{UID: "vol-1"})
 	f.guests.take()
+	require.Equal(t, []string{"snap-1"}, f.snapshots.take())
+	f.volumes.take()
 
 	t.Run("AHeartbeatMakesANodeLiveAndJoinsIt", func(t *testing.T) {
 		f.bus.SetNode(heartbeat("node1", 4))
@@ -256,6 +261,7 @@ func TestNodes(t *testing.T) {
 		assert.Equal(t, int64(4), n.Heartbeat.Capacity.VCPU)
 		assert.Equal(t, []string{"node1", "node2"}, f.node.take(), "node subscribers hear of joins")
 		assert.ElementsMatch(t, []string{"on-1", "on-2"}, f.guests.take(), "guests hear that their node is known")
+		assert.Equal(t, []string{"snap-1"}, f.snapshots.take(), "so do snapshots")
 	})
 
 	t.Run("ARepeatedHeartbeatRefreshesButNotifiesNobody", func(t *testing.T) {
@@ -301,6 +307,8 @@ func TestNodes(t *testing.T) {
 		assert.Equal(t, lostAt, n.LostSince)
 		assert.Equal(t, int64(6), n.Heartbeat.Capacity.VCPU, "the last heartbeat is kept")
 		assert.Equal(t, []string{"on-1"}, f.guests.take(), "only the lost node's guests")
+		assert.Equal(t, []string{"snap-1"}, f.snapshots.take(), "and its snapshots, which cannot be restored while it is lost")
+		assert.Empty(t, f.volumes.take(), "a Volume's state does not follow its node's liveness")
 		assert.Empty(t, f.node.take(), "a lost node joins nothing")
 		assert.Len(t, f.Nodes(), 1)
 		assert.Equal(t, "node2", f.Nodes()[0].Name)
@@ -321,6 +329,7 @@ func TestNodes(t *testing.T) {
 		assert.True(t, n.LostSince.IsZero())
 		assert.Equal(t, []string{"node1"}, f.node.take(), "waiting guests may fit on it again")
 		assert.Equal(t, []string{"on-1"}, f.guests.take())
+		assert.Equal(t, []string{"snap-1"}, f.snapshots.take())
 	})
 }
 

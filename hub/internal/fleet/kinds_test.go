@@ -19,24 +19,24 @@ import (
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
-// snapshotReport is a kind of report the wire does not have: a node's view
-// of a snapshot.
-type snapshotReport struct {
+// backupReport is a kind of report the wire does not have: a node's view
+// of a backup.
+type backupReport struct {
 	UID       string `json:"uid"`
 	Node      string `json:"node"`
 	SizeBytes int64  `json:"sizeBytes"`
 }
 
-// snapshots declares it, and nothing else is needed for the hub to read it.
-var snapshots = wire.Kind[snapshotReport]{
-	Name: "snapshot report", Bucket: wire.BucketReports, Token: "snapshot",
-	Encode: func(r snapshotReport) ([]byte, error) { return json.Marshal(r) },
-	Decode: func(b []byte) (snapshotReport, error) {
-		var r snapshotReport
+// backups declares it, and nothing else is needed for the hub to read it.
+var backups = wire.Kind[backupReport]{
+	Name: "backup report", Bucket: wire.BucketReports, Token: "backup",
+	Encode: func(r backupReport) ([]byte, error) { return json.Marshal(r) },
+	Decode: func(b []byte) (backupReport, error) {
+		var r backupReport
 		err := json.Unmarshal(b, &r)
 		return r, err
 	},
-	Identity: func(r snapshotReport) (string, string) { return r.Node, r.UID },
+	Identity: func(r backupReport) (string, string) { return r.Node, r.UID },
 }
 
 // natsFleet is a Fleet over a real nats-server, not yet running, with what
@@ -91,9 +91,9 @@ func (f *natsFleet) run(t *testing.T) {
 }
 
 // publish plays node1's agent writing v under key.
-func (f *natsFleet) publish(t *testing.T, key string, v snapshotReport) {
+func (f *natsFleet) publish(t *testing.T, key string, v backupReport) {
 	t.Helper()
-	b, err := snapshots.Encode(v)
+	b, err := backups.Encode(v)
 	require.NoError(t, err)
 	_, err = f.agent.Publish(context.Background(), wire.Subject(wire.BucketReports, key), b)
 	require.NoError(t, err)
@@ -122,37 +122,37 @@ func await(t *testing.T, ch <-chan string, uid string) {
 	}
 }
 
-// TestAFourthKindNeedsNoChange: a kind declared outside bus and fleet is
+// TestAKindOfItsOwnNeedsNoChange: a kind declared outside bus and fleet is
 // read from a node, kept per node and uid and told to its subscribers, and
 // a value of it under another's key is refused as any other kind's is.
-func TestAFourthKindNeedsNoChange(t *testing.T) {
+func TestAKindOfItsOwnNeedsNoChange(t *testing.T) {
 	f := newNATSFleet(t)
-	snaps := fleet.Watch(f.Fleet, snapshots, "Snapshot")
+	snaps := fleet.Watch(f.Fleet, backups, "Backup")
 	changed := uids(snaps)
 	f.run(t)
 
-	f.publish(t, "node1.snapshot.snap-a", snapshotReport{UID: "snap-a", Node: "node1", SizeBytes: 42})
+	f.publish(t, "node1.backup.snap-a", backupReport{UID: "snap-a", Node: "node1", SizeBytes: 42})
 	await(t, changed, "snap-a")
 	r, ok := snaps.Report("node1", "snap-a")
 	require.True(t, ok)
-	assert.Equal(t, snapshotReport{UID: "snap-a", Node: "node1", SizeBytes: 42}, r.Report)
+	assert.Equal(t, backupReport{UID: "snap-a", Node: "node1", SizeBytes: 42}, r.Report)
 	assert.Equal(t, "node1", r.Node)
 	assert.NotZero(t, r.Revision)
 	assert.Equal(t, []string{"node1"}, snaps.Reporters("snap-a"))
 	_, isGuest := f.Guests.Report("node1", "snap-a")
-	assert.False(t, isGuest, "a snapshot report is no guest report")
+	assert.False(t, isGuest, "a backup report is no guest report")
 
 	before := f.bus.Rejections().Count(natswire.ReasonMismatch)
-	f.publish(t, "node1.snapshot.snap-b", snapshotReport{UID: "snap-c", Node: "node1"})
-	f.publish(t, "node1.snapshot.snap-d", snapshotReport{UID: "snap-d", Node: "node1"})
+	f.publish(t, "node1.backup.snap-b", backupReport{UID: "snap-c", Node: "node1"})
+	f.publish(t, "node1.backup.snap-d", backupReport{UID: "snap-d", Node: "node1"})
 	await(t, changed, "snap-d")
-	assert.Equal(t, before+1, f.bus.Rejections().Count(natswire.ReasonMismatch), "a snapshot under another's key")
+	assert.Equal(t, before+1, f.bus.Rejections().Count(natswire.ReasonMismatch), "a backup under another's key")
 	_, ok = snaps.Report("node1", "snap-b")
 	assert.False(t, ok)
 	_, ok = snaps.Report("node1", "snap-c")
 	assert.False(t, ok)
 
-	require.NoError(t, f.reports.Delete(context.Background(), "node1.snapshot.snap-a"))
+	require.NoError(t, f.reports.Delete(context.Background(), "node1.backup.snap-a"))
 	await(t, changed, "snap-a")
 	_, ok = snaps.Report("node1", "snap-a")
 	assert.False(t, ok, "a deleted report is forgotten")
@@ -184,7 +184,7 @@ func TestTheReportWatchRefusesBadReports(t *testing.T) {
 		"ImageReportForOtherUID":      {key: "node1.image.img-z", value: `{"protocolVersion":1,"uid":"img-other","node":"node1","phase":"Ready"}`, reason: natswire.ReasonMismatch},
 		"ImageReportOfAnotherNode":    {key: "node1.image.img-n", value: `{"protocolVersion":1,"uid":"img-n","node":"node2","phase":"Ready"}`, reason: natswire.ReasonMismatch},
 		"ImageReportWithUnknownPhase": {key: "node1.image.img-p", value: `{"protocolVersion":1,"uid":"img-p","node":"node1","phase":"Pruned"}`, reason: natswire.ReasonDecode},
-		"KindTheFleetDoesNotRead":     {key: "node1.snapshot.snap-a", value: `{"uid":"snap-a","node":"node1"}`, reason: natswire.ReasonKey},
+		"KindTheFleetDoesNotRead":     {key: "node1.backup.snap-a", value: `{"uid":"snap-a","node":"node1"}`, reason: natswire.ReasonKey},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -39,6 +39,10 @@ type Reports[R any] struct {
 	// asked often that only a few reports answer (Orphan).
 	index   func(R) bool
 	indexed map[claim]struct{}
+	// followsNodes has the subscribers also hear of every uid a node
+	// reports on when that node is lost or comes back: what they show
+	// depends on the node's liveness as much as on its reports.
+	followsNodes bool
 }
 
 // claim is one node's report about one uid.
@@ -51,6 +55,10 @@ type view interface {
 	uid(rest string) (string, bool)
 	// apply takes node's entry about uid.
 	apply(e bus.Entry, node, uid string) error
+	// nodeFlipped returns what to tell the subscribers now that node was
+	// lost or came back, to be called once fleet.mu is released; nil when
+	// the view does not follow its nodes. fleet.mu must be held.
+	nodeFlipped(node string) func()
 }
 
 // Watch makes f keep every node's latest report of kind k, whose values are
@@ -176,6 +184,20 @@ func (r *Reports[R]) store(deleted bool, rep Report[R]) {
 	}
 	// A new revision is flagged anew.
 	delete(r.foreign, c)
+}
+
+func (r *Reports[R]) nodeFlipped(node string) func() {
+	if !r.followsNodes {
+		return nil
+	}
+	uids, subs := r.uidsOn(node), r.subs
+	return func() {
+		for _, uid := range uids {
+			for _, fn := range subs {
+				fn(uid)
+			}
+		}
+	}
 }
 
 // uidsOn are the uids node reports on. fleet.mu must be held.
