@@ -32,6 +32,11 @@ type Reports interface {
 	// Delete removes the value under key; deleting what is not there is
 	// harmless.
 	Delete(ctx context.Context, key string) error
+	// Get is the value stored under key, nil when there is none: what
+	// this agent or an earlier one of its node last wrote there. An agent
+	// that starts afresh reads in it what was under way when the last one
+	// stopped (a restore it finished, a snapshot that failed).
+	Get(ctx context.Context, key string) ([]byte, error)
 	// Keys are the keys of every value stored under this node's prefix,
 	// of every kind: what an agent that starts afresh finds its node
 	// reported before (a guest whose VM was deleted while the agent and

@@ -165,6 +165,16 @@ func (f *Fake) Delete(_ context.Context, key string) error {
 	return nil
 }
 
+// Get implements Reports.
+func (f *Fake) Get(_ context.Context, key string) ([]byte, error) {
+	if err := ownKey(f.node, key); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reports[key], nil
+}
+
 // Keys implements Reports.
 func (f *Fake) Keys(context.Context) ([]string, error) {
 	f.mu.Lock()

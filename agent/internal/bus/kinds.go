@@ -107,6 +107,24 @@ func DeleteReport[V any](ctx context.Context, b Reports, k wire.Kind[V], uid str
 	return b.Delete(ctx, key)
 }
 
+// GetReport is the report of kind k of uid stored on b's node, and
+// whether there is one.
+func GetReport[V any](ctx context.Context, b Reports, k wire.Kind[V], uid string) (V, bool, error) {
+	var v V
+	key, err := reportKey(b, k, uid)
+	if err != nil {
+		return v, false, err
+	}
+	value, err := b.Get(ctx, key)
+	if err != nil || len(value) == 0 {
+		return v, false, err
+	}
+	if v, err = k.DecodeAt(key, b.Node(), uid, value); err != nil {
+		return v, false, errors.Wrapf(err, "cannot read %s %s", k.Name, uid)
+	}
+	return v, true, nil
+}
+
 func reportKey[V any](b Reports, k wire.Kind[V], uid string) (string, error) {
 	if k.Bucket != wire.BucketReports {
 		return "", errors.Errorf("a %s is not a report: it belongs in bucket %s", k.Name, k.Bucket)

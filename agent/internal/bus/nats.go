@@ -122,6 +122,16 @@ func (n *NATS) Delete(ctx context.Context, key string) error {
 	return err
 }
 
+// Get implements Reports, through the report this agent last read or
+// wrote: the bus reads a key at most once.
+func (n *NATS) Get(ctx context.Context, key string) ([]byte, error) {
+	if err := ownKey(n.cfg.Node, key); err != nil {
+		return nil, err
+	}
+	cur, err := n.lastReport(ctx, key)
+	return cur.value, err
+}
+
 // Keys implements Reports: one look at the last message of each of this
 // node's report subjects, headers only, through a consumer whose filter is
 // the node's prefix (the only one its permissions let it make).

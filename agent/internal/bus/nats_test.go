@@ -380,3 +380,57 @@ func TestPutImageReport(t *testing.T) {
 	assert.ErrorAs(t, err, &ke)
 	assert.False(t, async.WaitForViolation(0), "writing image reports needs no permission the agent lacks")
 }
+
+// TestSnapshotIntentsAndReports: under node1's real permissions, the hub's
+// snapshot intents for node1 (and none of node2's) reach the handler of
+// wire.SnapshotIntents; the agent's snapshot report lands under
+// <node>.snapshot.<uid>, where an agent started afresh reads it back; a
+// report naming another node is refused before anything is sent.
+func TestSnapshotIntentsAndReports(t *testing.T) {
+	f := newFleet(t)
+	ctx := context.Background()
+	put := func(node, uid string) {
+		key, err := wire.SnapshotIntents.Key(node, uid)
+		require.NoError(t, err)
+		b, err := wire.EncodeSnapshotIntent(wire.SnapshotIntent{UID: uid, Namespace: "ns", Name: uid, VM: "vm-a", Memory: true})
+		require.NoError(t, err)
+		_, err = f.intents.Put(ctx, key, b)
+		require.NoError(t, err)
+	}
+	put("node1", "snap-a")
+	put("node2", "snap-b")
+	b, _, async := f.agent(t, "node1")
+
+	e := watch(t, b, into(wire.GuestIntents), into(wire.SnapshotIntents))
+	initial := e.until(t, 5*time.Second, synced)
+	require.Len(t, initial, 2, "node1's snapshot intent, then Synced; none of node2")
+	got, ok := initial[0].(bus.Event[wire.SnapshotIntent])
+	require.True(t, ok, "delivered to the snapshot handler: %+v", initial[0])
+	assert.Equal(t, wire.SnapshotIntent{ProtocolVersion: wire.ProtocolVersion, UID: "snap-a", Namespace: "ns", Name: "snap-a", VM: "vm-a", Memory: true}, got.Value)
+
+	created := time.Unix(1700000000, 0).UTC()
+	r := wire.SnapshotReport{UID: "snap-a", Node: "node1", VM: "vm-a", Phase: wire.SnapshotPhaseReady, CreatedAt: &created, SizeBytes: 1 << 20, Online: true, Memory: true, ObservedAt: created}
+	_, err := bus.PutReport(ctx, b, wire.SnapshotReports, r.UID, r)
+	require.NoError(t, err)
+	stored, err := f.reports.Get(ctx, "node1.snapshot.snap-a")
+	require.NoError(t, err, "the report lives under <node>.snapshot.<uid>")
+	hub, err := wire.DecodeSnapshotReport(stored.Value())
+	require.NoError(t, err)
+	assert.Equal(t, wire.SnapshotPhaseReady, hub.Phase)
+
+	afresh, _, afreshAsync := f.agent(t, "node1")
+	back, found, err := bus.GetReport(ctx, afresh, wire.SnapshotReports, "snap-a")
+	require.NoError(t, err)
+	require.True(t, found, "an agent started afresh reads what its node reported")
+	assert.True(t, wire.SnapshotReports.Equal(r, back), "read back as written: %+v", back)
+	_, found, err = bus.GetReport(ctx, afresh, wire.SnapshotReports, "snap-none")
+	require.NoError(t, err)
+	assert.False(t, found, "no report, no error")
+
+	r.Node = "node2"
+	_, err = bus.PutReport(ctx, b, wire.SnapshotReports, r.UID, r)
+	var mismatch *wire.MismatchError
+	assert.ErrorAs(t, err, &mismatch, "a report of another node is refused before it is sent")
+	assert.False(t, async.WaitForViolation(0), "snapshot intents and reports need no permission the agent lacks")
+	assert.False(t, afreshAsync.WaitForViolation(0))
+}

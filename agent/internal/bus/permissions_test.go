@@ -155,6 +155,27 @@ func TestAgentPermissions(t *testing.T) {
 		"CannotGetOtherNodesImageReport": {wantViolation: true, op: func(nc *nats.Conn) error {
 			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_reports.$KV.reports.node2.image.img-a", nil))
 		}},
+		// And snapshot keys: an agent reports its own snapshots, reads back
+		// what it reported before a restart, and touches no other node's.
+		"WritesOwnSnapshotReport": {allowed: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.reports.node1.snapshot.snap-a") }},
+		"GetsOwnSnapshotReport": {allowed: true, op: func(nc *nats.Conn) error {
+			if err := publishAcked(nc, "$KV.reports.node1.snapshot.snap-b"); err != nil {
+				return err
+			}
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_reports.$KV.reports.node1.snapshot.snap-b", nil))
+		}},
+		"CannotWriteOtherNodesSnapshotReport": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return publishAcked(nc, "$KV.reports.node2.snapshot.snap-a")
+		}},
+		"CannotGetOtherNodesSnapshotReport": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_reports.$KV.reports.node2.snapshot.snap-a", nil))
+		}},
+		"CannotWriteOwnSnapshotIntent": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return publishAcked(nc, "$KV.intents.node1.snapshot.snap-a")
+		}},
+		"CannotGetOtherNodesSnapshotIntent": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_intents.$KV.intents.node2.snapshot.snap-b", nil))
+		}},
 		"CannotWriteAnImageIntent": {wantViolation: true, op: func(nc *nats.Conn) error {
 			return publishAcked(nc, "$KV.intents.node1.image.img-a")
 		}},
