@@ -93,8 +93,40 @@ var MigrationsOfVM = inuse.User{
 	},
 }
 
+// SnapshotsOfVM are the VirtualMachineSnapshots of a VirtualMachine,
+// through spec.vmName: a VM with snapshots on its node does not move, and
+// one being restored takes no snapshot.
+var SnapshotsOfVM = inuse.User{
+	Kind:    v1alpha1.VirtualMachineSnapshotKind,
+	New:     func() client.Object { return &v1alpha1.VirtualMachineSnapshot{} },
+	NewList: func() client.ObjectList { return &v1alpha1.VirtualMachineSnapshotList{} },
+	Index:   "spec.vmName",
+	Uses: func(o client.Object) []string {
+		if s, ok := o.(*v1alpha1.VirtualMachineSnapshot); ok {
+			return []string{string(s.Spec.VMName)}
+		}
+		return nil
+	},
+}
+
+// RestoresOfSnapshot are the VirtualMachineRestores restoring a
+// VirtualMachineSnapshot, through spec.snapshotName: a snapshot being
+// restored is not deleted until the restore is over.
+var RestoresOfSnapshot = inuse.User{
+	Kind:    v1alpha1.VirtualMachineRestoreKind,
+	New:     func() client.Object { return &v1alpha1.VirtualMachineRestore{} },
+	NewList: func() client.ObjectList { return &v1alpha1.VirtualMachineRestoreList{} },
+	Index:   "spec.snapshotName",
+	Uses: func(o client.Object) []string {
+		if r, ok := o.(*v1alpha1.VirtualMachineRestore); ok {
+			return []string{string(r.Spec.SnapshotName)}
+		}
+		return nil
+	},
+}
+
 // all are the indexes Setup registers.
-var all = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers, NodeUsers, MigrationsOfVM}
+var all = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers, NodeUsers, MigrationsOfVM, SnapshotsOfVM, RestoresOfSnapshot}
 
 // vmUser describes VirtualMachines as users of what index names.
 func vmUser(index string, uses func(*v1alpha1.VirtualMachine) []string) inuse.User {

@@ -16,6 +16,8 @@ func TestUses(t *testing.T) {
 	vm.Spec.ForProvider.VirtualNetworks = []v1alpha1.LocalName{"net-db", "net-backend"}
 	fromImage := &v1alpha1.Volume{}
 	fromImage.Spec.ForProvider.Source = &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: "debian"}}
+	snap := &v1alpha1.VirtualMachineSnapshot{Spec: v1alpha1.VirtualMachineSnapshotSpec{VMName: "web"}}
+	restore := &v1alpha1.VirtualMachineRestore{Spec: v1alpha1.VirtualMachineRestoreSpec{SnapshotName: "before-upgrade", VMName: "web"}}
 
 	cases := map[string]struct {
 		user inuse.User
@@ -27,6 +29,9 @@ func TestUses(t *testing.T) {
 		"AVolumeUsesTheImageItIsMadeFrom":  {user: ImageUsers, obj: fromImage, want: []string{"debian"}},
 		"AnEmptyVolumeUsesNoImage":         {user: ImageUsers, obj: &v1alpha1.Volume{}},
 		"AnObjectOfAnotherKindUsesNothing": {user: VolumeUsers, obj: &v1alpha1.Volume{}},
+		"ASnapshotIsOfItsVM":               {user: SnapshotsOfVM, obj: snap, want: []string{"web"}},
+		"ARestoreUsesItsSnapshot":          {user: RestoresOfSnapshot, obj: restore, want: []string{"before-upgrade"}},
+		"ARestoreIsNoSnapshotOfItsVM":      {user: SnapshotsOfVM, obj: restore},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

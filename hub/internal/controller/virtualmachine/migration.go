@@ -46,13 +46,26 @@ func MigrationSeal(f *fleet.Fleet, uid string, m Migration) string {
 // if the hub sealed it in f. A migration annotation written by hand is
 // never acted on.
 func MigrationOf(vm metav1.Object, f *fleet.Fleet) (Migration, bool) {
-	a := vm.GetAnnotations()
-	id, target, ok := strings.Cut(a[v1alpha1.AnnotationMigration], "/")
-	if !ok || id == "" || target == "" {
+	id, target, sealed := sealedPair(vm, v1alpha1.AnnotationMigration, v1alpha1.AnnotationMigrationSeal, func(id, target string) string {
+		return MigrationSeal(f, string(vm.GetUID()), Migration{ID: id, Target: target})
+	})
+	if id == "" {
 		return Migration{}, false
 	}
-	m := Migration{ID: id, Target: target}
-	return m, hmac.Equal([]byte(a[v1alpha1.AnnotationMigrationSeal]), []byte(MigrationSeal(f, string(vm.GetUID()), m)))
+	return Migration{ID: id, Target: target}, sealed
+}
+
+// sealedPair reads obj's annotation "<a>/<b>", the way the hub records an
+// act on a VM (a migration, a restore), and says whether its seal
+// annotation holds the mark seal makes of it. a and b are empty when the
+// annotation is absent or malformed; a malformed one is never sealed.
+func sealedPair(obj metav1.Object, annotation, sealAnnotation string, seal func(a, b string) string) (a, b string, sealed bool) {
+	v := obj.GetAnnotations()
+	a, b, ok := strings.Cut(v[annotation], "/")
+	if !ok || a == "" || b == "" {
+		return "", "", false
+	}
+	return a, b, hmac.Equal([]byte(v[sealAnnotation]), []byte(seal(a, b)))
 }
 
 // Leftovers are the nodes vm's AnnotationLeftovers lists.
@@ -86,6 +99,7 @@ func WithLeftover(a map[string]string, node string) {
 // not be told otherwise while the guest may be gone from it.
 func (e *external) plan(vm *v1alpha1.VirtualMachine, d dependencies, node string) map[string]wire.Intent {
 	in := intent(vm, d)
+	in.Restore = e.restore(vm, node)
 	out := map[string]wire.Intent{node: in}
 	m, ok := MigrationOf(vm, e.fleet)
 	switch {

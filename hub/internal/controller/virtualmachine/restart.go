@@ -34,6 +34,7 @@ package virtualmachine
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
@@ -119,6 +120,12 @@ func (e *external) restartElsewhere(ctx context.Context, vm *v1alpha1.VirtualMac
 		e.stays(vm, "the VM is restarted on another node as soon as one can take it: "+err.Error(), true)
 		return false, nil
 	}
+	// The guest must come back, so its snapshots, which stay with the
+	// lost node, do not hold it there; they are Lost, and said to be.
+	snapshots, err := SnapshotsOn(ctx, e.kube, vm, node)
+	if err != nil {
+		return false, err
+	}
 	for i := range d.volumes {
 		if err := e.bindVolume(ctx, d.volumes[i].DeepCopy(), target, node); err != nil {
 			return false, err
@@ -146,6 +153,10 @@ func (e *external) restartElsewhere(ctx context.Context, vm *v1alpha1.VirtualMac
 	e.event(vm, event.Warning(ReasonNodeLost, errors.Errorf("node %s lost at %s; its lease of %s ran out at %s: the guest there is fenced",
 		node, n.LostSince.UTC().Format(time.RFC3339), lease, fenced.UTC().Format(time.RFC3339))))
 	e.event(vm, event.Normal(ReasonRestartedElsewhere, "restarted on node "+target))
+	if len(snapshots) > 0 {
+		e.event(vm, event.Warning(ReasonSnapshotsLost, errors.Errorf("snapshots %s stayed on lost node %s and are lost: the VM runs on node %s without them",
+			strings.Join(snapshots, ", "), node, target)))
+	}
 	return true, nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
@@ -56,6 +57,9 @@ func TestRestartElsewhere(t *testing.T) {
 		observed int64
 		// migrating marks the VM as moving live to node2.
 		migrating bool
+		// snapshots are the VM's snapshots, by name, and the phase each
+		// shows; each is on the lost node.
+		snapshots map[string]v1alpha1.SnapshotPhase
 		// others are the live nodes besides the lost node1.
 		others map[string]wire.NodeHeartbeat
 		// after is how long after the deadline (last heartbeat + lease +
@@ -84,6 +88,15 @@ func TestRestartElsewhere(t *testing.T) {
 			after:      time.Second,
 			wantNode:   "node2",
 			wantEvents: []event.Reason{ReasonNodeLost, ReasonRestartedElsewhere},
+		},
+		"AVMWithSnapshotsComesBackAndItsSnapshotsAreSaidLost": {
+			fenceAfter: testLease,
+			snapshots:  map[string]v1alpha1.SnapshotPhase{"before": v1alpha1.SnapshotSucceeded, "nightly": v1alpha1.SnapshotSucceeded, "broken": v1alpha1.SnapshotFailed},
+			others:     map[string]wire.NodeHeartbeat{"node2": roomy(testPool)},
+			after:      time.Second,
+			wantNode:   "node2",
+			wantEvents: []event.Reason{ReasonNodeLost, ReasonRestartedElsewhere, ReasonSnapshotsLost},
+			wantNote:   "snapshots before, nightly stayed on lost node node1 and are lost",
 		},
 		"ANodeThatDoesNotReachTheSharedPoolIsPassedOver": {
 			fenceAfter: testLease,
@@ -175,7 +188,16 @@ func TestRestartElsewhere(t *testing.T) {
 			}
 			scheme := runtime.NewScheme()
 			require.NoError(t, v1alpha1.SchemeBuilder.AddToScheme(scheme))
-			kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vm, v).Build()
+			objs := []client.Object{vm, v}
+			for name, phase := range tc.snapshots {
+				objs = append(objs, &v1alpha1.VirtualMachineSnapshot{
+					ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+					Spec:       v1alpha1.VirtualMachineSnapshotSpec{VMName: "web"},
+					Status:     v1alpha1.VirtualMachineSnapshotStatus{Phase: phase, SourceUID: testUID, Node: testNode},
+				})
+			}
+			kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
+				WithIndex(&v1alpha1.VirtualMachineSnapshot{}, index.SnapshotsOfVM.Index, index.SnapshotsOfVM.Uses).Build()
 			e.kube, e.reader = kube, kube
 			require.NoError(t, kube.Get(t.Context(), client.ObjectKeyFromObject(vm), vm))
 			n.Remember(vm)
@@ -231,6 +253,10 @@ func TestRestartElsewhere(t *testing.T) {
 				assert.Contains(t, evs[0].Message, ": the guest there is fenced")
 				assert.Equal(t, event.TypeNormal, evs[1].Type)
 				assert.Equal(t, "restarted on node "+tc.wantNode, evs[1].Message)
+				if len(evs) > 2 {
+					assert.Equal(t, event.TypeWarning, evs[2].Type)
+					assert.Contains(t, evs[2].Message, tc.wantNote)
+				}
 			}
 
 			if tc.wantNode == "" {
