@@ -14,7 +14,9 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 )
 
 // LabelDrain marks the VirtualMachineMigrations a drain created with a hash
@@ -30,10 +32,12 @@ func drainLabel(node string) string {
 
 // drain moves the VMs of node away, one VirtualMachineMigration per VM,
 // and says how far it got. A VM that keeps its place (evictionStrategy
-// None) or whose drain migration failed blocks the drain until an
-// administrator acts: deleting the failed migration has the drain try
-// again.
-func (r *Reconciler) drain(ctx context.Context, node string, vms []v1alpha1.VirtualMachine) (*v1alpha1.DrainStatus, error) {
+// None), whose snapshots live on the node (they would not follow it), or
+// whose drain migration failed blocks the drain until someone acts:
+// deleting the snapshots, or the failed migration, has the drain try
+// again. A node that moves its VMs between its own hosts keeps their
+// snapshots wherever they run.
+func (r *Reconciler) drain(ctx context.Context, node string, hb wire.NodeHeartbeat, vms []v1alpha1.VirtualMachine) (*v1alpha1.DrainStatus, error) {
 	st := &v1alpha1.DrainStatus{Phase: v1alpha1.DrainDrained, Remaining: int32(len(vms))} //nolint:gosec // far fewer VMs than 2^31 on one node
 	var blocked []string
 	for i := range vms {
@@ -49,6 +53,16 @@ func (r *Reconciler) drain(ctx context.Context, node string, vms []v1alpha1.Virt
 		if slices.ContainsFunc(l.Items, func(m v1alpha1.VirtualMachineMigration) bool { return !m.Done() }) {
 			st.Migrating++
 			continue
+		}
+		if !hb.HostMigration {
+			snapshots, err := virtualmachine.SnapshotsOn(ctx, r.kube, vm, node)
+			if err != nil {
+				return nil, err
+			}
+			if len(snapshots) > 0 {
+				blocked = append(blocked, fmt.Sprintf("%s/%s: %s", vm.Namespace, vm.Name, virtualmachine.SnapshotsHold(snapshots, node)))
+				continue
+			}
 		}
 		name := drainMigrationName(vm.Name, node)
 		if i := slices.IndexFunc(l.Items, func(m v1alpha1.VirtualMachineMigration) bool { return m.Name == name }); i >= 0 && l.Items[i].Status.Phase == v1alpha1.MigrationFailed {

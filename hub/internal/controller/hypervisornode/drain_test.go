@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 )
@@ -58,4 +59,36 @@ func TestADrainMigratesEveryVMThatMayMove(t *testing.T) {
 	res = h.reconcile("node1")
 	assert.Equal(t, v1alpha1.DrainStatus{Phase: v1alpha1.DrainDrained}, *h.get("node1").Status.Drain)
 	assert.Equal(t, resyncEvery, res.RequeueAfter)
+}
+
+// A VM whose snapshots live on the node blocks its drain, which names
+// them and says what to do, and makes no migration the hub would only
+// refuse; once they are deleted, the drain moves it.
+func TestADrainIsBlockedByAVMWithSnapshots(t *testing.T) {
+	web := vmOn("web", "node1")
+	snap := &v1alpha1.VirtualMachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "before-upgrade"}, Spec: v1alpha1.VirtualMachineSnapshotSpec{VMName: "web"}}
+	snap.Status = v1alpha1.VirtualMachineSnapshotStatus{Phase: v1alpha1.SnapshotSucceeded, Node: "node1", SourceUID: string(web.UID)}
+	h := newHarness(t, web, snap)
+	h.heartbeat("node1", 2)
+	h.reconcile("node1")
+	n := h.get("node1")
+	n.Spec.Drain = true
+	require.NoError(t, h.kube.Update(context.Background(), n))
+
+	h.now = h.now.Add(MinInterval)
+	h.reconcile("node1")
+	d := h.get("node1").Status.Drain
+	require.NotNil(t, d)
+	assert.Equal(t, v1alpha1.DrainStatus{Phase: v1alpha1.DrainBlocked, Remaining: 1,
+		Message: "waiting for default/web: VM has snapshots before-upgrade on node node1 that cannot move with it: delete them first"}, *d)
+	migs := &v1alpha1.VirtualMachineMigrationList{}
+	require.NoError(t, h.kube.List(context.Background(), migs))
+	assert.Empty(t, migs.Items, "no migration the hub would refuse")
+
+	require.NoError(t, h.kube.Delete(context.Background(), snap))
+	h.now = h.now.Add(MinInterval)
+	h.reconcile("node1")
+	assert.Equal(t, v1alpha1.DrainDraining, h.get("node1").Status.Drain.Phase)
+	require.NoError(t, h.kube.List(context.Background(), migs))
+	assert.Len(t, migs.Items, 1)
 }

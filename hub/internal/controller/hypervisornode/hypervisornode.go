@@ -176,7 +176,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	want.Status.Drain = nil
 	next := resyncEvery
 	if n.Spec.Drain {
-		if want.Status.Drain, err = r.drain(ctx, name, vms.Items); err != nil {
+		if want.Status.Drain, err = r.drain(ctx, name, st.Heartbeat, vms.Items); err != nil {
 			return reconcile.Result{}, err
 		}
 		if want.Status.Drain.Phase != v1alpha1.DrainDrained {

@@ -43,6 +43,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 		WithStatusSubresource(&v1alpha1.HypervisorNode{}).
 		WithIndex(&v1alpha1.VirtualMachine{}, index.NodeUsers.Index, index.NodeUsers.Uses).
 		WithIndex(&v1alpha1.VirtualMachineMigration{}, index.MigrationsOfVM.Index, index.MigrationsOfVM.Uses).
+		WithIndex(&v1alpha1.VirtualMachineSnapshot{}, index.SnapshotsOfVM.Index, index.SnapshotsOfVM.Uses).
 		WithStatusSubresource(&v1alpha1.VirtualMachineMigration{}).
 		WithObjects(objs...).Build()
 	b := bus.NewFake()

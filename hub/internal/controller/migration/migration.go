@@ -248,6 +248,11 @@ func (r *Reconciler) schedule(ctx context.Context, mig *v1alpha1.VirtualMachineM
 	case !within && f.Node(source).Heartbeat.MigrationURI == "":
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, fmt.Sprintf("node %s takes no part in live migration: its agent announces no migration URI (--migration-uri), or its backend cannot migrate", source))
 	}
+	if !within {
+		if refused, err := r.refuseSnapshots(ctx, mig, vm, f, source); err != nil || refused {
+			return reconcile.Result{}, err
+		}
+	}
 	busy, err := r.running(ctx, f)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -267,6 +272,22 @@ func (r *Reconciler) schedule(ctx context.Context, mig *v1alpha1.VirtualMachineM
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, err.Error())
 	}
 	return r.record(ctx, mig, vm, f, source, target, fmt.Sprintf("node %s gets ready to receive the VM", target))
+}
+
+// refuseSnapshots fails the migration of a VM with snapshots on source,
+// which would not follow it to another node, and says so on the VM too:
+// its owner deletes the snapshots, or keeps the VM where it is.
+func (r *Reconciler) refuseSnapshots(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, source string) (bool, error) {
+	snapshots, err := virtualmachine.SnapshotsOn(ctx, r.kube, vm, source)
+	if err != nil || len(snapshots) == 0 {
+		return false, err
+	}
+	why := virtualmachine.SnapshotsHold(snapshots, source)
+	if err := r.fail(ctx, mig, vm, f, why); err != nil {
+		return true, err
+	}
+	r.recorder.Event(vm, event.Warning(ReasonFailed, errors.New(why)))
+	return true, nil
 }
 
 // deleted cancels the migration being deleted if it still runs, and lets

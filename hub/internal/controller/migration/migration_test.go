@@ -85,6 +85,7 @@ func newHarness(t *testing.T, grants ...apisv1alpha1.TenantGrant) *harness {
 	kube := fake.NewClientBuilder().WithScheme(scheme).
 		WithStatusSubresource(&v1alpha1.VirtualMachineMigration{}, &v1alpha1.VirtualMachine{}).
 		WithIndex(&v1alpha1.VirtualMachineMigration{}, index.MigrationsOfVM.Index, index.MigrationsOfVM.Uses).
+		WithIndex(&v1alpha1.VirtualMachineSnapshot{}, index.SnapshotsOfVM.Index, index.SnapshotsOfVM.Uses).
 		WithObjects(cpc, vm, vol).Build()
 	rec := &fleettest.Recorder{}
 	h := &harness{t: t, kube: kube, bus: b, f: f, rec: rec, r: &Reconciler{
@@ -450,6 +451,81 @@ func TestOnlyAVMsMovesOrRunsWakeItsMigrations(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			assert.Equal(t, tc.wake, movesOrRuns(tc.before, tc.after))
+		})
+	}
+}
+
+// A VM whose snapshots live on its node does not move: libvirt keeps them
+// in the node's qcow2 files, which the move would leave behind. The
+// migration fails naming them, and the VM says so too; snapshots that
+// hold nothing on the node do not hold the VM.
+func TestAMigrationOfAVMWithSnapshotsIsRefused(t *testing.T) {
+	type snap struct {
+		phase     v1alpha1.SnapshotPhase
+		node, uid string
+	}
+	cases := map[string]struct {
+		snapshots map[string]snap
+		phase     v1alpha1.MigrationPhase
+		message   string
+	}{
+		"TakenAndBeingTakenSnapshotsHoldIt": {
+			snapshots: map[string]snap{
+				"snap-b": {phase: v1alpha1.SnapshotSucceeded, node: "node1", uid: vmUID},
+				"snap-a": {phase: v1alpha1.SnapshotInProgress, node: "node1", uid: vmUID},
+			},
+			phase:   v1alpha1.MigrationFailed,
+			message: "VM has snapshots snap-a, snap-b on node node1 that cannot move with it: delete them first",
+		},
+		"ASnapshotNotYetTakenHoldsIt": {
+			snapshots: map[string]snap{"soon": {phase: v1alpha1.SnapshotPending}},
+			phase:     v1alpha1.MigrationFailed,
+			message:   "VM has snapshots soon on node node1 that cannot move with it: delete them first",
+		},
+		"FailedAndLostSnapshotsHoldNothing": {
+			snapshots: map[string]snap{
+				"failed": {phase: v1alpha1.SnapshotFailed, node: "node1", uid: vmUID},
+				"lost":   {phase: v1alpha1.SnapshotLost, node: "node1", uid: vmUID},
+			},
+			phase: v1alpha1.MigrationScheduled,
+		},
+		"ASnapshotOfAnEarlierVMOfTheSameNameHoldsNothing": {
+			snapshots: map[string]snap{"old": {phase: v1alpha1.SnapshotSucceeded, node: "node1", uid: "an-earlier-vm"}},
+			phase:     v1alpha1.MigrationScheduled,
+		},
+		"ASnapshotOnAnotherNodeHoldsNothing": {
+			snapshots: map[string]snap{"elsewhere": {phase: v1alpha1.SnapshotSucceeded, node: "node3", uid: vmUID}},
+			phase:     v1alpha1.MigrationScheduled,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t)
+			for sname, sn := range tc.snapshots {
+				s := &v1alpha1.VirtualMachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sname}, Spec: v1alpha1.VirtualMachineSnapshotSpec{VMName: "web"}}
+				s.Status = v1alpha1.VirtualMachineSnapshotStatus{Phase: sn.phase, Node: sn.node, SourceUID: sn.uid}
+				require.NoError(t, h.kube.Create(context.Background(), s))
+			}
+			h.create("move", "")
+
+			m := h.reconcile("move")
+
+			assert.Equal(t, tc.phase, m.Status.Phase, m.Status.Message)
+			assert.Contains(t, m.Status.Message, tc.message)
+			_, migrating := virtualmachine.MigrationOf(h.vm(), h.f)
+			assert.Equal(t, tc.phase == v1alpha1.MigrationScheduled, migrating, "only a scheduled migration marks the VM")
+			var warned []event.Reason
+			for _, e := range h.rec.Events() {
+				if e.Type == event.TypeWarning {
+					warned = append(warned, e.Reason)
+					assert.Equal(t, tc.message, e.Message)
+				}
+			}
+			if tc.phase == v1alpha1.MigrationFailed {
+				assert.Equal(t, []event.Reason{ReasonFailed, ReasonFailed}, warned, "on the migration and on its VM")
+			} else {
+				assert.Empty(t, warned)
+			}
 		})
 	}
 }
