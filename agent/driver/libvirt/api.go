@@ -33,6 +33,15 @@ type API interface {
 	DomainMigratePerform3Params(Dom golibvirt.Domain, Dconnuri golibvirt.OptString, Params []golibvirt.TypedParam, CookieIn []byte, Flags golibvirt.DomainMigrateFlags) (rCookieOut []byte, err error)
 	DomainGetJobStats(Dom golibvirt.Domain, Flags golibvirt.DomainGetJobStatsFlags) (rType int32, rParams []golibvirt.TypedParam, err error)
 	DomainAbortJob(Dom golibvirt.Domain) error
+	DomainFsfreeze(Dom golibvirt.Domain, Mountpoints []string, Flags uint32) (rFilesystems int32, err error)
+	DomainFsthaw(Dom golibvirt.Domain, Mountpoints []string, Flags uint32) (rFilesystems int32, err error)
+
+	DomainSnapshotCreateXML(Dom golibvirt.Domain, XMLDesc string, Flags uint32) (rSnap golibvirt.DomainSnapshot, err error)
+	DomainSnapshotLookupByName(Dom golibvirt.Domain, Name string, Flags uint32) (rSnap golibvirt.DomainSnapshot, err error)
+	DomainSnapshotGetXMLDesc(Snap golibvirt.DomainSnapshot, Flags uint32) (rXML string, err error)
+	DomainListAllSnapshots(Dom golibvirt.Domain, NeedResults int32, Flags uint32) (rSnapshots []golibvirt.DomainSnapshot, rRet int32, err error)
+	DomainSnapshotDelete(Snap golibvirt.DomainSnapshot, Flags golibvirt.DomainSnapshotDeleteFlags) (err error)
+	DomainRevertToSnapshot(Snap golibvirt.DomainSnapshot, Flags uint32) (err error)
 
 	NetworkLookupByName(Name string) (rNet golibvirt.Network, err error)
 	NetworkDefineXML(XML string) (rNet golibvirt.Network, err error)

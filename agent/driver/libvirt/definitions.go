@@ -219,3 +219,10 @@ func (f forgetting) DomainMigratePerform3Params(dom golibvirt.Domain, dconnuri g
 	defer f.defs.forget(formatUUID(dom.UUID))
 	return f.API.DomainMigratePerform3Params(dom, dconnuri, params, cookieIn, flags)
 }
+
+// DomainRevertToSnapshot: a revert brings back the definitions the
+// snapshot keeps.
+func (f forgetting) DomainRevertToSnapshot(snap golibvirt.DomainSnapshot, flags uint32) error {
+	defer f.defs.forget(formatUUID(snap.Dom.UUID))
+	return f.API.DomainRevertToSnapshot(snap, flags)
+}

@@ -475,7 +475,10 @@ func (d *Driver) handle(e golibvirt.DomainEventLifecycleMsg) {
 	case driver.EventStarted:
 		// A guest that arrived by live migration did not boot: its DHCP
 		// lease and its reboots are the same boot's as before it came.
-		if golibvirt.DomainEventStartedDetailType(e.Detail) != golibvirt.DomainEventStartedMigrated {
+		// Nor did one resumed from a snapshot (see reverted).
+		switch golibvirt.DomainEventStartedDetailType(e.Detail) {
+		case golibvirt.DomainEventStartedMigrated, golibvirt.DomainEventStartedFromSnapshot:
+		default:
 			d.started(uid, d.now())
 		}
 	}
