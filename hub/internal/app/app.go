@@ -48,6 +48,8 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/restore"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/snapshot"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
 	"github.com/virtfleet/virtfleet/hub/internal/fabric"
@@ -254,7 +256,8 @@ func Run(ctx context.Context, c Config) error {
 	// What the hub remembers of each object goes with the object: every
 	// such memory is made from memory, which watches these kinds.
 	memory := perobject.NewOwner(mgr.GetCache(), &v1alpha1.VirtualMachine{}, &v1alpha1.Volume{}, &v1alpha1.DiskImage{},
-		&v1alpha1.VirtualNetwork{}, &v1alpha1.VirtualMachineMigration{}, &v1alpha1.HypervisorNode{})
+		&v1alpha1.VirtualNetwork{}, &v1alpha1.VirtualMachineMigration{}, &v1alpha1.HypervisorNode{},
+		&v1alpha1.VirtualMachineSnapshot{}, &v1alpha1.VirtualMachineRestore{})
 	if err := mgr.Add(memory); err != nil {
 		return errors.Wrap(err, "cannot add the owner of the hub's memory of objects")
 	}
@@ -266,6 +269,8 @@ func Run(ctx context.Context, c Config) error {
 	volumes := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.Volume{} })
 	images := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.DiskImage{} })
 	migrations := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineMigration{} })
+	snapshots := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineSnapshot{} })
+	restores := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineRestore{} })
 	nodeChanges := hypervisornode.NewChanges()
 	leftovers := volume.NewLeftovers(mgr.GetClient(), mgr.GetAPIReader(), log)
 	if err := leftovers.Setup(ctx, mgr); err != nil {
@@ -274,6 +279,8 @@ func Run(ctx context.Context, c Config) error {
 	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
 		f.Guests.Subscribe(notifier.Notify)
 		f.Guests.Subscribe(migrations.Notify)
+		f.Guests.Subscribe(restores.Notify)
+		f.Snapshots.Subscribe(snapshots.Notify)
 		f.SubscribeNodes(func(node string) { scheduler.RetryUnplaced(node) })
 		f.SubscribeSynced(func() { scheduler.RetryUnplaced("") })
 		f.Volumes.Subscribe(volumes.Notify)
@@ -304,7 +311,9 @@ func Run(ctx context.Context, c Config) error {
 	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, FencingMargin: c.FencingMargin, Addresses: addresses, Memory: memory,
 		Polls: wake.NewPolls(mgr.GetCache(), cmp.Or(c.PollsPerSecond, wake.DefaultPollsPerSecond))}
 	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
-	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, volumes, images, nodeChanges); err != nil {
+	so := snapshot.Options{Pool: pool, Notifier: snapshots, FencingTimeout: c.FencingTimeout, Memory: memory}
+	ro := restore.Options{Pool: pool, Notifier: restores}
+	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, so, ro, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	if err := serveSubresources(mgr, plain, pool, c, log, recorder); err != nil {

@@ -14,6 +14,8 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/restore"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/snapshot"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualnetwork"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
@@ -26,10 +28,10 @@ import (
 // and image report changes (Fleet.Volumes.Subscribe, Fleet.Images.Subscribe).
 // nodes hears of the nodes whose heartbeats changed
 // (Fleet.SubscribeNodeChanges).
-// mo configures live migrations. vo.Memory owns what every controller
-// remembers of each object, and vo.Polls spreads every managed
-// controller's drift polls.
-func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, mo migration.Options, volumes, images *wake.Notifier, nodes *hypervisornode.Changes) error {
+// mo configures live migrations, so snapshots and ro restores. vo.Memory
+// owns what every controller remembers of each object, and vo.Polls
+// spreads every managed controller's drift polls.
+func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, mo migration.Options, so snapshot.Options, ro restore.Options, volumes, images *wake.Notifier, nodes *hypervisornode.Changes) error {
 	if err := index.Setup(ctx, mgr); err != nil {
 		return err
 	}
@@ -52,6 +54,12 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 		return err
 	}
 	if err := migration.SetupGated(mgr, o, mo); err != nil {
+		return err
+	}
+	if err := snapshot.SetupGated(mgr, o, so); err != nil {
+		return err
+	}
+	if err := restore.SetupGated(mgr, o, ro); err != nil {
 		return err
 	}
 	return diskimage.SetupGated(mgr, o, vo.Pool, images, vo.Memory, vo.Polls)

@@ -21,6 +21,15 @@ type Orphan struct {
 // yet, so it cannot tell whether an orphan is there.
 var ErrReportsNotSynced = errors.New("the hub has not read the nodes' reports yet")
 
+// Synced says whether the report watch has read every report that existed
+// when it began: until then, a report the fleet does not hold may yet
+// arrive, and its absence says nothing.
+func (f *Fleet) Synced() bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.reportsSynced
+}
+
 // Orphan returns an orphaned guest released from the VM namespace/name on a
 // live node, if there is one; of several, the one with the lowest uid, so
 // every reconcile picks the same. Only an orphan this hub released counts:

@@ -301,8 +301,8 @@ func (r *Reconciler) deleted(ctx context.Context, mig *v1alpha1.VirtualMachineMi
 		}
 	case mine:
 		if vm.GetAnnotations()[v1alpha1.AnnotationMigrationCancel] != m.ID {
-			if err := r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) {
-				vm.GetAnnotations()[v1alpha1.AnnotationMigrationCancel] = m.ID
+			if err := r.patchVM(ctx, vm, func(a map[string]string) {
+				a[v1alpha1.AnnotationMigrationCancel] = m.ID
 			}); err != nil {
 				return reconcile.Result{}, err
 			}
@@ -338,11 +338,9 @@ func (r *Reconciler) record(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 		return reconcile.Result{}, err
 	}
 	m := virtualmachine.Migration{ID: string(mig.UID), Target: target}
-	err := r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) {
-		meta.AddAnnotations(vm, map[string]string{
-			v1alpha1.AnnotationMigration:     m.String(),
-			v1alpha1.AnnotationMigrationSeal: virtualmachine.MigrationSeal(f, string(vm.UID), m),
-		})
+	err := r.patchVM(ctx, vm, func(a map[string]string) {
+		a[v1alpha1.AnnotationMigration] = m.String()
+		a[v1alpha1.AnnotationMigrationSeal] = virtualmachine.MigrationSeal(f, string(vm.UID), m)
 	})
 	if err != nil {
 		return reconcile.Result{}, err
@@ -552,15 +550,14 @@ func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	if m.Target == source {
 		r.recorder.Event(mig, event.Normal(ReasonSucceeded, fmt.Sprintf("Moved live between the hosts of node %s", source)))
 		r.opts.Placer.Release(reservation(m.ID))
-		return r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) { dropMigration(vm.GetAnnotations()) })
+		return r.patchVM(ctx, vm, dropMigration)
 	}
 	for _, a := range vm.Spec.ForProvider.DiskAttachments {
 		if err := r.rebind(ctx, vm.Namespace, string(a.Name), source, m.Target, f); err != nil {
 			return err
 		}
 	}
-	err := r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) {
-		a := vm.GetAnnotations()
+	err := r.patchVM(ctx, vm, func(a map[string]string) {
 		a[v1alpha1.AnnotationNode] = m.Target
 		a[v1alpha1.AnnotationSeal] = f.Seal(string(vm.UID), m.Target, a[v1alpha1.AnnotationAdopted])
 		dropMigration(a)
@@ -628,8 +625,7 @@ func (r *Reconciler) fail(ctx context.Context, mig *v1alpha1.VirtualMachineMigra
 // the leftovers, so whatever it got ready goes.
 func (r *Reconciler) abandon(ctx context.Context, vm *v1alpha1.VirtualMachine, m virtualmachine.Migration) error {
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
-	return r.patchVM(ctx, vm, func(vm *v1alpha1.VirtualMachine) {
-		a := vm.GetAnnotations()
+	return r.patchVM(ctx, vm, func(a map[string]string) {
 		dropMigration(a)
 		if m.Target != node {
 			virtualmachine.WithLeftover(a, m.Target)
@@ -660,12 +656,7 @@ func (r *Reconciler) setStatus(ctx context.Context, mig *v1alpha1.VirtualMachine
 	return errors.Wrap(r.kube.Status().Update(ctx, mig), "cannot update the migration's status")
 }
 
-// patchVM changes the VM's annotations with fn, under optimistic locking.
-func (r *Reconciler) patchVM(ctx context.Context, vm *v1alpha1.VirtualMachine, fn func(*v1alpha1.VirtualMachine)) error {
-	patch := client.MergeFromWithOptions(vm.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if vm.GetAnnotations() == nil {
-		vm.SetAnnotations(map[string]string{})
-	}
-	fn(vm)
-	return errors.Wrap(r.kube.Patch(ctx, vm, patch), "cannot record the migration on the VM")
+// patchVM changes the VM's annotations with fn (virtualmachine.Annotate).
+func (r *Reconciler) patchVM(ctx context.Context, vm *v1alpha1.VirtualMachine, fn func(a map[string]string)) error {
+	return errors.Wrap(virtualmachine.Annotate(ctx, r.kube, vm, fn), "cannot record the migration on the VM")
 }

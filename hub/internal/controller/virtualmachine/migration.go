@@ -92,6 +92,20 @@ func WithLeftover(a map[string]string, node string) {
 	a[v1alpha1.AnnotationLeftovers] = strings.Join(l, ",")
 }
 
+// Annotate changes vm's annotations with fn, under optimistic locking:
+// what another controller recorded on the VM meanwhile (a migration, a
+// restore, a move) is never overwritten with what this one read before.
+// A conflict is returned as such; the write that caused it wakes the
+// caller's controller again.
+func Annotate(ctx context.Context, kube client.Client, vm *v1alpha1.VirtualMachine, fn func(a map[string]string)) error {
+	patch := client.MergeFromWithOptions(vm.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if vm.GetAnnotations() == nil {
+		vm.SetAnnotations(map[string]string{})
+	}
+	fn(vm.GetAnnotations())
+	return kube.Patch(ctx, vm, patch)
+}
+
 // plan is every intent the VM's nodes must hold, by node: its own node's,
 // and during a migration the target's. The source is told to migrate once
 // the target said it is ready for this migration, and from then on for
