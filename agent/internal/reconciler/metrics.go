@@ -29,6 +29,11 @@ const (
 	OpClaim         = "claim"
 	OpObserveRef    = "observe-ref"
 	OpSetPeers      = "set-peers"
+	// The driver.Snapshotter's.
+	OpTakeSnapshot   = "take-snapshot"
+	OpSnapshots      = "snapshots"
+	OpDeleteSnapshot = "delete-snapshot"
+	OpRevertSnapshot = "revert-snapshot"
 )
 
 // DriverCall makes one call into the driver, f, and observes it in m as op:

@@ -57,6 +57,9 @@ type Options struct {
 	// Metrics are observed as the reconciler works; nil means the
 	// process's (metrics.DefaultAgent).
 	Metrics *metrics.AgentMetrics
+	// Backend names the node's backend (driver.BackendLibvirt, ...) in
+	// what the reconciler tells the user; empty leaves it unnamed.
+	Backend string
 }
 
 func (o *Options) defaults() {
@@ -91,9 +94,10 @@ func (o *Options) defaults() {
 
 // The kinds of queue items: each has its own reconcile function.
 const (
-	kindGuest  = "guest"
-	kindVolume = "volume"
-	kindFabric = "fabric"
+	kindGuest    = "guest"
+	kindVolume   = "volume"
+	kindFabric   = "fabric"
+	kindSnapshot = "snapshot"
 )
 
 // item is what the queue holds: one thing to converge, of a kind.
@@ -113,11 +117,13 @@ type Reconciler struct {
 	metrics   *metrics.AgentMetrics
 	queue     workqueue.TypedRateLimitingInterface[item]
 	reconcile map[string]func(ctx context.Context, uid string) (time.Duration, error)
-	// reports, volumeReports and imageReports write each kind of report
-	// when it changes; the guest gauge counts reports (countGuests).
-	reports       *writer[wire.Report]
-	volumeReports *writer[wire.VolumeReport]
-	imageReports  *writer[wire.ImageReport]
+	// reports, volumeReports, imageReports and snapshotReports write each
+	// kind of report when it changes; the guest gauge counts reports
+	// (countGuests).
+	reports         *writer[wire.Report]
+	volumeReports   *writer[wire.VolumeReport]
+	imageReports    *writer[wire.ImageReport]
+	snapshotReports *writer[wire.SnapshotReport]
 	// stored lists the node's reports on the bus; listing is set once the
 	// reports an earlier agent left are being looked at
 	// (lookAtReportedBefore).
@@ -126,11 +132,20 @@ type Reconciler struct {
 	// guestErrors and imageErrors are the errors last logged per guest
 	// and per image, so each cause is logged once.
 	guestErrors, imageErrors errorLog
+	// guestLocks keep the driver's work on one guest to one worker at a
+	// time, across the guest's item and its snapshots' (snapshot.go).
+	guestLocks guestLocks
 
 	mu      sync.Mutex
 	intents map[string]wire.Intent
 	// volumes are the Volume intents, by Volume uid.
 	volumes map[string]wire.VolumeIntent
+	// snapshots are the SnapshotIntents, by snapshot uid;
+	// snapshotsFailed those that failed for good, as they were then.
+	snapshots, snapshotsFailed map[string]wire.SnapshotIntent
+	// restores are the guests' restores this process began or found
+	// reported, by guest uid and restore ID (restore.go).
+	restores map[string]map[string]wire.RestoreReport
 	// synced is set once the bus delivered every intent; before that an
 	// absent intent may just not have arrived yet, so nothing is deleted.
 	synced bool
@@ -174,26 +189,31 @@ func New(node string, d driver.Driver, reports bus.Reports, log logging.Logger, 
 			workqueue.NewTypedItemExponentialFailureRateLimiter[item](o.RetryBase, o.RetryMax),
 			workqueue.TypedRateLimitingQueueConfig[item]{Name: "guests-" + node},
 		),
-		intents:     map[string]wire.Intent{},
-		volumes:     map[string]wire.VolumeIntent{},
-		addressless: map[string]time.Time{},
-		settled:     map[string]settled{},
-		listed:      map[string]listed{},
-		imports:     map[string]time.Time{},
-		orphans:     map[string]driver.Observation{},
-		cleared:     map[string]bool{},
-		imagesNudge: make(chan struct{}, 1),
+		intents:         map[string]wire.Intent{},
+		volumes:         map[string]wire.VolumeIntent{},
+		snapshots:       map[string]wire.SnapshotIntent{},
+		snapshotsFailed: map[string]wire.SnapshotIntent{},
+		restores:        map[string]map[string]wire.RestoreReport{},
+		addressless:     map[string]time.Time{},
+		settled:         map[string]settled{},
+		listed:          map[string]listed{},
+		imports:         map[string]time.Time{},
+		orphans:         map[string]driver.Observation{},
+		cleared:         map[string]bool{},
+		imagesNudge:     make(chan struct{}, 1),
 	}
 	r.reconcile = map[string]func(context.Context, string) (time.Duration, error){
-		kindGuest:  r.reconcileGuest,
-		kindVolume: r.reconcileVolume,
-		kindFabric: r.reconcileFabric,
+		kindGuest:    r.reconcileGuest,
+		kindVolume:   r.reconcileVolume,
+		kindFabric:   r.reconcileFabric,
+		kindSnapshot: r.reconcileSnapshot,
 	}
 	// The guest gauge has every phase at 0 from the start.
 	r.stored = reports
 	r.reports = newWriter(wire.GuestReports, reports, r.countGuests)
 	r.volumeReports = newWriter(wire.VolumeReports, reports, nil)
 	r.imageReports = newWriter(wire.ImageReports, reports, nil)
+	r.snapshotReports = newWriter(wire.SnapshotReports, reports, nil)
 	return r
 }
 
@@ -207,6 +227,7 @@ func (r *Reconciler) Handlers() bus.Handlers {
 			bus.On(wire.GuestIntents, r.guestIntent),
 			bus.On(wire.VolumeIntents, r.volumeIntent),
 			bus.On(wire.Fabrics, r.fabric),
+			bus.On(wire.SnapshotIntents, r.snapshotIntent),
 		},
 		Synced: r.intentsSynced,
 	}
@@ -295,22 +316,25 @@ loop:
 	wg.Wait()
 }
 
-// resync queues every guest the node should have or has, and every Volume,
-// each guest to be ensured. Until the intents are synced only the intents
-// are queued: a guest without an intent might be one whose intent has not
-// arrived yet.
+// resync queues every guest the node should have or has, every Volume and
+// every snapshot, each guest to be ensured. Until the intents are synced
+// only the intents are queued: a guest without an intent might be one whose
+// intent has not arrived yet.
 func (r *Reconciler) resync(ctx context.Context) { r.sweep(ctx, false) }
 
 // sweep is resync; a periodic one takes what it lists of the guests that
 // were settled as their observation instead of ensuring them (settled.go).
 func (r *Reconciler) sweep(ctx context.Context, periodic bool) {
 	r.mu.Lock()
-	items := make([]item, 0, len(r.intents)+len(r.volumes))
+	items := make([]item, 0, len(r.intents)+len(r.volumes)+len(r.snapshots))
 	for uid := range r.intents {
 		items = append(items, guest(uid))
 	}
 	for uid := range r.volumes {
 		items = append(items, item{kind: kindVolume, uid: uid})
+	}
+	for uid := range r.snapshots {
+		items = append(items, item{kind: kindSnapshot, uid: uid})
 	}
 	synced := r.synced
 	r.mu.Unlock()
@@ -328,6 +352,9 @@ func (r *Reconciler) sweep(ctx context.Context, periodic bool) {
 	// wrote.
 	for _, uid := range r.reports.uids() {
 		items = append(items, guest(uid))
+	}
+	for _, uid := range r.snapshotReports.uids() {
+		items = append(items, item{kind: kindSnapshot, uid: uid})
 	}
 	r.lookAtReportedBefore(ctx)
 	start := time.Now()
@@ -354,13 +381,14 @@ func (r *Reconciler) sweep(ctx context.Context, periodic bool) {
 	r.mu.Unlock()
 }
 
-// lookAtReportedBefore queues, once per agent, the guests this node
-// reported before the agent started. An agent that starts afresh remembers
-// no report, and a guest that went while no agent ran (its VM deleted while
-// the node was lost, and the hypervisor lost its guests too) has neither
-// intent nor guest to bring it up: without this its report would stay, and
-// hold its VM's deletion, for good. The listing runs apart from the resync,
-// which the bus may call with its own locks held.
+// lookAtReportedBefore queues, once per agent, the guests and snapshots this
+// node reported before the agent started. An agent that starts afresh
+// remembers no report, and a guest that went while no agent ran (its VM
+// deleted while the node was lost, and the hypervisor lost its guests too)
+// has neither intent nor guest to bring it up: without this its report
+// would stay, and hold its VM's deletion, for good. So would a snapshot's
+// whose intent the hub deleted while no agent ran. The listing runs apart
+// from the resync, which the bus may call with its own locks held.
 func (r *Reconciler) lookAtReportedBefore(ctx context.Context) {
 	if !r.listing.CompareAndSwap(false, true) {
 		return
@@ -376,6 +404,9 @@ func (r *Reconciler) lookAtReportedBefore(ctx context.Context) {
 			if _, rest, err := wire.ParseKey(key); err == nil {
 				if uid, ok := wire.GuestReports.UID(rest); ok {
 					r.queue.Add(guest(uid))
+				}
+				if uid, ok := wire.SnapshotReports.UID(rest); ok {
+					r.queue.Add(item{kind: kindSnapshot, uid: uid})
 				}
 			}
 		}
@@ -406,6 +437,8 @@ func (r *Reconciler) processNext(ctx context.Context) bool {
 // reconcileGuest converges one guest. It returns an error to be retried with
 // backoff, or how soon to look again when the guest is mid-transition.
 func (r *Reconciler) reconcileGuest(ctx context.Context, uid string) (time.Duration, error) {
+	// Not while a snapshot of the guest is taken (snapshot.go).
+	defer r.guestLocks.lock(uid)()
 	r.mu.Lock()
 	in, wanted := r.intents[uid]
 	synced := r.synced
@@ -413,6 +446,9 @@ func (r *Reconciler) reconcileGuest(ctx context.Context, uid string) (time.Durat
 		delete(r.addressless, uid)
 		delete(r.settled, uid)
 		delete(r.listed, uid)
+	}
+	if !wanted {
+		delete(r.restores, uid)
 	}
 	r.mu.Unlock()
 
@@ -448,6 +484,13 @@ func (r *Reconciler) reconcileGuest(ctx context.Context, uid string) (time.Durat
 		return r.incoming(ctx, in, m)
 	case in.Migration != nil:
 		return r.migrate(ctx, in, m)
+	}
+	// Past the migrations: a guest is never restored as it moves.
+	if err := r.restore(ctx, in); err != nil {
+		r.guestError(ctx, in.UID, in.Namespace, in.Name, err)
+		return 0, err
+	}
+	switch {
 	case in.Claim != nil:
 		obs, err = r.claim(ctx, in, m)
 	default:
@@ -538,9 +581,12 @@ func (r *Reconciler) remove(ctx context.Context, uid string) error {
 // report writes rep, as this node's, unless it says what the last report
 // written said (wire.GuestReports' Equal: not when it was observed, which
 // changes on every look and would turn each resync into a write per guest).
+// Whatever the path that wrote it, it carries the restore the guest's
+// intent asks for.
 func (r *Reconciler) report(ctx context.Context, rep wire.Report) error {
 	rep.Node = r.node
 	rep.ObservedAt = r.opts.Now().UTC()
+	rep.Restore = r.restoreOf(rep.UID)
 	return r.reports.put(ctx, rep.UID, rep)
 }
 

@@ -63,6 +63,34 @@ func (w *writer[R]) last(uid string) (R, bool) {
 	return v, ok
 }
 
+// lastOrStored is the report of uid this process last wrote or, when it
+// wrote none, the one stored on the bus (stored): what an earlier agent of
+// the node said. Zero when there is neither.
+func (w *writer[R]) lastOrStored(ctx context.Context, uid string) (v R, stored bool, err error) {
+	if v, ok := w.last(uid); ok {
+		return v, false, nil
+	}
+	v, stored, err = bus.GetReport(ctx, w.reports, w.kind, uid)
+	if unreadable(err) {
+		// A newer agent's, or a forgery: nothing to go by, and the next
+		// put replaces it.
+		var zero R
+		return zero, false, nil
+	}
+	return v, stored, errors.Wrapf(err, "cannot read the %s %s stored before", w.kind.Name, uid)
+}
+
+// unreadable says whether err refuses a value as it is, which no retry
+// mends.
+func unreadable(err error) bool {
+	var (
+		decode   *wire.DecodeError
+		version  *wire.VersionError
+		mismatch *wire.MismatchError
+	)
+	return errors.As(err, &decode) || errors.As(err, &version) || errors.As(err, &mismatch)
+}
+
 // uids are the uids of the reports written.
 func (w *writer[R]) uids() []string {
 	w.mu.Lock()

@@ -63,3 +63,58 @@ func TestGuestReportsAreTheNodesAndSayWhenObserved(t *testing.T) {
 	require.NoError(t, rec.report(t.Context(), withLastSeen))
 	assert.Equal(t, 2, reports.putCount("a"), "a new address's LastSeen alone is no change")
 }
+
+// TestWriterLastOrStored: what this process wrote is what it goes by;
+// before it wrote anything, what an earlier agent stored; and nothing for
+// a value it cannot read.
+func TestWriterLastOrStored(t *testing.T) {
+	ctx := t.Context()
+	earlier := wire.SnapshotReport{UID: "s1", Node: node, VM: "a", Phase: wire.SnapshotPhaseFailed, Message: "no room"}
+	cases := map[string]struct {
+		stored     []byte // as an earlier agent left it; nil for none
+		write      *wire.SnapshotReport
+		want       wire.SnapshotPhase
+		wantStored bool
+	}{
+		"NothingAnywhereIsNothing": {},
+		"AnEarlierAgentsReportIsRead": {
+			stored: mustEncode(t, earlier), want: wire.SnapshotPhaseFailed, wantStored: true,
+		},
+		"ThisProcesssWriteWins": {
+			stored: mustEncode(t, earlier), write: &wire.SnapshotReport{UID: "s1", VM: "a", Phase: wire.SnapshotPhaseReady}, want: wire.SnapshotPhaseReady,
+		},
+		"AReportOfANewerProtocolIsNothingToGoBy": {
+			stored: []byte(`{"protocolVersion":99,"uid":"s1","node":"node1","phase":"Ready"}`),
+		},
+		"AReportOfAnotherSnapshotIsNothingToGoBy": {
+			stored: mustEncode(t, wire.SnapshotReport{UID: "s2", Node: node, VM: "a", Phase: wire.SnapshotPhaseReady}),
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := newReports(node)
+			if tc.stored != nil {
+				key, err := wire.SnapshotReports.Key(node, "s1")
+				require.NoError(t, err)
+				_, err = r.Put(ctx, key, tc.stored)
+				require.NoError(t, err)
+			}
+			w := newWriter(wire.SnapshotReports, r, nil)
+			if tc.write != nil {
+				tc.write.Node = node
+				require.NoError(t, w.put(ctx, "s1", *tc.write))
+			}
+			got, stored, err := w.lastOrStored(ctx, "s1")
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got.Phase)
+			assert.Equal(t, tc.wantStored, stored)
+		})
+	}
+}
+
+func mustEncode(t *testing.T, r wire.SnapshotReport) []byte {
+	t.Helper()
+	b, err := wire.EncodeSnapshotReport(r)
+	require.NoError(t, err)
+	return b
+}
