@@ -228,7 +228,7 @@ func (d *Driver) TakeSnapshot(_ context.Context, uid string, r driver.SnapshotRe
 		return driver.Snapshot{}, err
 	}
 	record.SizeBytes, record.Complete = growth(before, after), true
-	s, err := completeSnapshot(api, *made, uid, record)
+	s, err := completeSnapshot(api, *made, record)
 	if err != nil {
 		return driver.Snapshot{}, err
 	}
@@ -446,7 +446,7 @@ func whileFrozen(api API, dom golibvirt.Domain, freeze bool, take func(frozen bo
 // completeSnapshot writes record, complete, in snapshot h's description
 // (a redefinition of it: libvirt changes nothing else of a snapshot it
 // has), and returns the snapshot as it is now.
-func completeSnapshot(api API, h golibvirt.DomainSnapshot, uid string, record snapshotRecord) (guestSnapshot, error) {
+func completeSnapshot(api API, h golibvirt.DomainSnapshot, record snapshotRecord) (guestSnapshot, error) {
 	// The secure XML: the redefinition replaces the definitions the
 	// snapshot keeps, and must not drop their secrets.
 	x, err := api.DomainSnapshotGetXMLDesc(h, uint32(golibvirt.DomainSnapshotXMLSecure))

@@ -220,6 +220,13 @@ func TestSnapshotsOfAGuest(t *testing.T) {
 			o, err := d.Observe(ctx, m.UID)
 			require.NoError(t, err)
 			assert.Equal(t, map[bool]driver.Phase{true: driver.PhaseRunning, false: driver.PhaseStopped}[s.state == golibvirt.DomainRunning], o.Phase)
+			if s.state == golibvirt.DomainRunning {
+				require.True(t, receive(t, d, driver.Event{UID: m.UID, Kind: driver.EventStarted}), "libvirt says the guest started from the snapshot")
+				d.stateMu.Lock()
+				_, known := d.startedAt[m.UID]
+				d.stateMu.Unlock()
+				assert.False(t, known, "no new boot began: no lease of the guest's is too old for it")
+			}
 		})
 	}
 
@@ -336,6 +343,38 @@ func TestARevertBringsBackTheSnapshotsShape(t *testing.T) {
 	assert.Equal(t, driver.PhaseRunning, o.Phase)
 	assert.False(t, o.RestartRequired)
 	assert.Equal(t, 4, int(definition(t, l, m).VCPU.Value), "started with the Machine's shape")
+}
+
+// TestAStartFromASnapshotIsNoBoot: libvirt announces a guest resumed from
+// a snapshot as started, and the driver may hear it after the revert
+// returned; it must not take it for a new boot, whose leases from before
+// would be too old.
+func TestAStartFromASnapshotIsNoBoot(t *testing.T) {
+	d := open(t, libvirttest.Start(t, "snapshot-start"))
+	m := snapshotMachine("started")
+	for _, tc := range []struct {
+		name   string
+		detail golibvirt.DomainEventStartedDetailType
+		boot   bool
+	}{
+		{name: "ABoot", detail: golibvirt.DomainEventStartedBooted, boot: true},
+		{name: "AStartFromASnapshot", detail: golibvirt.DomainEventStartedFromSnapshot},
+		{name: "AnArrivalByMigration", detail: golibvirt.DomainEventStartedMigrated},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d.stateMu.Lock()
+			delete(d.startedAt, m.UID)
+			d.stateMu.Unlock()
+			d.handle(golibvirt.DomainEventLifecycleMsg{
+				Dom:   golibvirt.Domain{Name: domainName(m), UUID: mustUUID(t, m.UID)},
+				Event: int32(golibvirt.DomainEventStarted), Detail: int32(tc.detail),
+			})
+			d.stateMu.Lock()
+			_, known := d.startedAt[m.UID]
+			d.stateMu.Unlock()
+			assert.Equal(t, tc.boot, known, "a boot began")
+		})
+	}
 }
 
 // TestSnapshotsRefused: what no snapshot can be taken of, or reverted to,
