@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -150,7 +149,7 @@ func (s guestSnapshot) holdsMemory() bool {
 }
 
 func (s guestSnapshot) report() driver.Snapshot {
-	out := driver.Snapshot{
+	return driver.Snapshot{
 		ID:        s.handle.Name,
 		CreatedAt: s.record.TakenAt,
 		SizeBytes: s.record.SizeBytes,
@@ -158,12 +157,6 @@ func (s guestSnapshot) report() driver.Snapshot {
 		Memory:    s.record.Memory,
 		Frozen:    s.record.Frozen,
 	}
-	if out.CreatedAt.IsZero() {
-		if sec, err := strconv.ParseInt(s.def.CreationTime, 10, 64); err == nil {
-			out.CreatedAt = time.Unix(sec, 0)
-		}
-	}
-	return out
 }
 
 // TakeSnapshot implements driver.Snapshotter.
@@ -350,11 +343,12 @@ func snapshotDisks(x, uid, key string) ([]libvirtxml.DomainSnapshotDisk, []poolV
 			// made afresh at every definition) or read-only media.
 			disks = append(disks, libvirtxml.DomainSnapshotDisk{Name: dev, Snapshot: "no"})
 			continue
-		case format == "qcow2":
-		case vol != nil && vol.Volume == swapVolume(key):
-			return nil, nil, driver.Terminalf("guest %s cannot be snapshotted: its swap disk (volume %s, %s) is %s, and libvirt keeps snapshots of qcow2 disks only (internal snapshots, the only ones libvirt 9.0 reverts); no snapshot was taken", uid, vol.Volume, dev, format)
-		default:
-			return nil, nil, driver.Terminalf("guest %s cannot be snapshotted: its disk %s (%s) is %s, and libvirt keeps snapshots of qcow2 disks only (internal snapshots, the only ones libvirt 9.0 reverts); no snapshot was taken", uid, diskName(disk), dev, format)
+		case format != "qcow2":
+			what := "disk"
+			if vol != nil && vol.Volume == swapVolume(key) {
+				what = "swap disk"
+			}
+			return nil, nil, driver.Terminalf("guest %s cannot be snapshotted: its %s %s (%s) is %s, and libvirt keeps snapshots of qcow2 disks only (internal snapshots, the only ones libvirt 9.0 reverts); no snapshot was taken", uid, what, diskName(disk), dev, format)
 		}
 		disks = append(disks, libvirtxml.DomainSnapshotDisk{Name: dev, Snapshot: "internal"})
 		if vol != nil {

@@ -389,12 +389,12 @@ func TestSnapshotsRefused(t *testing.T) {
 		name    string
 		machine string
 		change  func(m *driver.Machine)
-		says    string
+		says    func(m driver.Machine) string
 	}{
-		{name: "AGuestWithSwap", machine: "swapped", change: func(m *driver.Machine) { m.SwapBytes = 256 << 20 }, says: "swap disk (volume "},
+		{name: "AGuestWithSwap", machine: "swapped", change: func(m *driver.Machine) { m.SwapBytes = 256 << 20 }, says: func(m driver.Machine) string { return "swap disk volume " + swapVolume(m.UID) + " (vdb) is raw" }},
 		{name: "AGuestWithARawDataDisk", machine: "raw", change: func(m *driver.Machine) {
 			m.Disks = append(m.Disks, driver.Disk{Name: "raw-data", SizeBytes: 1 << 30, Format: "raw"})
-		}, says: "disk volume raw-data (vdb) is raw"},
+		}, says: func(driver.Machine) string { return "disk volume raw-data (vdb) is raw" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := snapshotMachine(tc.machine)
@@ -403,7 +403,7 @@ func TestSnapshotsRefused(t *testing.T) {
 			require.NoError(t, err)
 			_, err = d.TakeSnapshot(ctx, m.UID, driver.SnapshotRequest{ID: "refused", Memory: true})
 			assert.True(t, driver.IsTerminal(err), "%v", err)
-			assert.ErrorContains(t, err, tc.says)
+			assert.ErrorContains(t, err, tc.says(m))
 			assert.ErrorContains(t, err, "qcow2")
 			assert.False(t, hasSnapshot(t, l, m.UID, "refused"), "nothing taken")
 		})
