@@ -117,7 +117,7 @@ func Run(ctx context.Context, cfg Config) error {
 // lease. It returns an error only when the intent watch fails for good.
 func runNode(ctx context.Context, cfg Config, b bus.Bus, drv driver.Driver, log logging.Logger) error {
 	l := lease.New(cfg.FenceAfter, nil)
-	rec := reconciler.New(cfg.Node, drv, b, log, reconciler.Options{Workers: cfg.Workers, ResyncEvery: cfg.ResyncInterval, Metrics: cfg.Metrics, Lease: l})
+	rec := reconciler.New(cfg.Node, drv, b, log, reconciler.Options{Workers: cfg.Workers, ResyncEvery: cfg.ResyncInterval, Metrics: cfg.Metrics, Lease: l, Backend: cfg.Backend})
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -291,6 +291,9 @@ func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 		hb.MigrationURI = h.cfg.MigrationURI
 	}
 	_, hb.HostMigration = h.driver.(driver.HostMigrator)
+	// This agent understands snapshot intents and restores; the backend
+	// says whether it can keep snapshots.
+	_, hb.Snapshots = h.driver.(driver.Snapshotter)
 	c, err := h.capacity(ctx)
 	switch {
 	case err != nil:

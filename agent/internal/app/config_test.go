@@ -58,6 +58,27 @@ func TestHeartbeatNext(t *testing.T) {
 	}
 }
 
+// TestHeartbeatAnnouncesSnapshots: the hub sends snapshot intents and
+// restores only to a node whose heartbeat says its backend keeps
+// snapshots.
+func TestHeartbeatAnnouncesSnapshots(t *testing.T) {
+	cases := map[string]struct {
+		driver driver.Driver
+		want   bool
+	}{
+		"ABackendThatKeepsSnapshots":  {driver: fake.New("n1"), want: true},
+		"ABackendThatKeepsNoneSaysNo": {driver: struct{ driver.Driver }{fake.New("n1")}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			cfg := Config{Node: "n1"}
+			cfg.defaults()
+			h := &heartbeat{cfg: cfg, driver: tc.driver, log: logging.NewNopLogger()}
+			assert.Equal(t, tc.want, h.next(t.Context()).Snapshots)
+		})
+	}
+}
+
 // hangingCapacity is a backend whose capacity reads wait for release, as
 // libvirtd's do while it hangs on a storage pool.
 type hangingCapacity struct {

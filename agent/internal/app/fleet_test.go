@@ -50,6 +50,17 @@ type fleet struct {
 // newFleet starts a fleet of the named nodes. nodeTTL 0 keeps the default.
 func newFleet(t testing.TB, nodeTTL time.Duration, nodes ...string) *fleet {
 	t.Helper()
+	f := newWire(t, nodeTTL, nodes...)
+	for _, n := range nodes {
+		f.hosts[n] = libvirttest.Start(t, n)
+	}
+	return f
+}
+
+// newWire starts a fleet of the named nodes without a libvirtd: each
+// node's agent is given its driver (app.Config.Driver) by the test.
+func newWire(t testing.TB, nodeTTL time.Duration, nodes ...string) *fleet {
+	t.Helper()
 	srv, js, ids := natstest.NewFleet(t, natswire.BucketConfig{NodeTTL: nodeTTL}, nodes...)
 	ctx := context.Background()
 	var err error
@@ -58,26 +69,26 @@ func newFleet(t testing.TB, nodeTTL time.Duration, nodes ...string) *fleet {
 		*kv, err = js.KeyValue(ctx, name)
 		require.NoError(t, err)
 	}
-	for _, n := range nodes {
-		f.hosts[n] = libvirttest.Start(t, n)
-	}
 	return f
 }
 
 // config is an agent's configuration for node, tuned for tests: short
-// timeouts and heartbeats, and guests that stop at once.
+// timeouts and heartbeats, and guests that stop at once on the node's
+// libvirtd, where it has one.
 func (f *fleet) config(node string) app.Config {
-	h := f.hosts[node]
-	return app.Config{
+	cfg := app.Config{
 		Node:              node,
 		Labels:            map[string]string{"zone": "test"},
 		NATSURLs:          []string{f.srv.URL()},
 		Seed:              f.ids[node].Seed,
 		RequestTimeout:    500 * time.Millisecond,
-		Libvirt:           libvirt.Config{Socket: h.Socket, URI: h.URI, Pool: testPool, ShutdownGrace: 50 * time.Millisecond},
 		HeartbeatInterval: 250 * time.Millisecond,
 		Log:               testLog(),
 	}
+	if h, ok := f.hosts[node]; ok {
+		cfg.Libvirt = libvirt.Config{Socket: h.Socket, URI: h.URI, Pool: testPool, ShutdownGrace: 50 * time.Millisecond}
+	}
+	return cfg
 }
 
 // testLog discards logs unless VIRTFLEET_TEST_LOG is set.
@@ -146,9 +157,15 @@ func vm(name string) wire.Intent {
 // put writes in as node's intent, as the hub does.
 func (f *fleet) put(t testing.TB, node string, in wire.Intent) {
 	t.Helper()
-	key, err := wire.GuestIntents.Key(node, in.UID)
+	putIntent(t, f, wire.GuestIntents, node, in.UID, in)
+}
+
+// putIntent writes v as node's intent of kind k of uid, as the hub does.
+func putIntent[V any](t testing.TB, f *fleet, k wire.Kind[V], node, uid string, v V) {
+	t.Helper()
+	key, err := k.Key(node, uid)
 	require.NoError(t, err)
-	b, err := wire.EncodeIntent(in)
+	b, err := k.Encode(v)
 	require.NoError(t, err)
 	_, err = f.intents.Put(context.Background(), key, b)
 	require.NoError(t, err)
@@ -165,31 +182,46 @@ func (f *fleet) remove(t testing.TB, node, uid string) {
 // report reads node's report for uid as the hub does; false if there is none.
 func (f *fleet) report(t testing.TB, node, uid string) (wire.Report, bool) {
 	t.Helper()
-	key, err := wire.GuestReports.Key(node, uid)
+	return reportOf(t, f, wire.GuestReports, node, uid)
+}
+
+// reportOf reads node's report of kind k for uid as the hub does; false if
+// there is none.
+func reportOf[V any](t testing.TB, f *fleet, k wire.Kind[V], node, uid string) (V, bool) {
+	t.Helper()
+	var v V
+	key, err := k.Key(node, uid)
 	require.NoError(t, err)
 	e, err := f.reports.Get(context.Background(), key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-		return wire.Report{}, false
+		return v, false
 	}
 	require.NoError(t, err)
-	r, err := wire.DecodeReport(e.Value())
+	v, err = k.Decode(e.Value())
 	require.NoError(t, err)
-	return r, true
+	return v, true
 }
 
 // waitReport waits until node's report for uid satisfies ok and returns it.
 func (f *fleet) waitReport(t testing.TB, node, uid, what string, ok func(wire.Report) bool) wire.Report {
 	t.Helper()
-	var last wire.Report
+	return waitReportOf(t, f, wire.GuestReports, node, uid, what, ok)
+}
+
+// waitReportOf waits until node's report of kind k for uid satisfies ok and
+// returns it.
+func waitReportOf[V any](t testing.TB, f *fleet, k wire.Kind[V], node, uid, what string, ok func(V) bool) V {
+	t.Helper()
+	var last V
 	var found bool
 	deadline := time.Now().Add(waitFor)
 	for time.Now().Before(deadline) {
-		if last, found = f.report(t, node, uid); found && ok(last) {
+		if last, found = reportOf(t, f, k, node, uid); found && ok(last) {
 			return last
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("no report of %s on %s is %s within %s; last (found=%t): %+v", uid, node, what, waitFor, found, last)
+	t.Fatalf("no %s of %s on %s is %s within %s; last (found=%t): %+v", k.Name, uid, node, what, waitFor, found, last)
 	return last
 }
 
