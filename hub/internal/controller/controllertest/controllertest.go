@@ -1,0 +1,173 @@
+// Package controllertest runs the hub's controllers as the hub does, for
+// their tests: against a real kube-apiserver (internal/harness/controlplane)
+// with the hub's field indexes, and a fleet over a real nats-server whose
+// nodes' agents a test plays (NATS, Agent). Test code only.
+package controllertest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+)
+
+// NodeTTL is how long after its last heartbeat a node of an Env is lost.
+const NodeTTL = 3 * time.Second
+
+// Env is a control plane and a fleet, with controllers running against
+// both.
+type Env struct {
+	// Kube reaches the API server directly, not through a cache: what a
+	// test reads is what the server holds.
+	Kube client.Client
+	// Fleet is the one fleet every ProviderConfig names.
+	Fleet *NATS
+	// Pool hands out Fleet.
+	Pool Pool
+	// Ctx ends with the test.
+	Ctx context.Context
+}
+
+// Pool is a pool of one fleet, whatever the target.
+type Pool struct{ F *fleet.Fleet }
+
+// Get returns the fleet.
+func (p Pool) Get(context.Context, fleet.Target) (*fleet.Fleet, error) { return p.F, nil }
+
+// Fleets returns the fleet.
+func (p Pool) Fleets() []*fleet.Fleet { return []*fleet.Fleet{p.F} }
+
+// Start starts a control plane with virtfleet's CRDs and the
+// ClusterProviderConfig every VM names by default, a fleet of nodes, and a
+// manager with the hub's field indexes, to which setup adds the
+// controllers under test. It returns once the manager's cache has synced.
+func Start(t *testing.T, nodes []string, setup func(mgr ctrl.Manager, o controller.Options, e *Env) error) *Env {
+	t.Helper()
+	ctrl.SetLogger(logr.Discard())
+	cp := controlplane.StartForTest(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	f := StartNATS(t, NodeTTL, nodes...)
+	e := &Env{Kube: cp.Client, Fleet: f, Pool: Pool{F: f.Fleet}, Ctx: ctx}
+	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
+		ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: apisv1alpha1.ClusterProviderConfigSpec{ProviderConfigSpec: apisv1alpha1.ProviderConfigSpec{
+			NATSURL: f.URL, Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone},
+		}},
+	}))
+	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
+		Scheme:                 cp.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// Each test's manager runs the same controllers anew.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	require.NoError(t, err)
+	require.NoError(t, index.Setup(ctx, mgr))
+	o := controller.Options{
+		Logger:                  logging.NewNopLogger(),
+		MaxConcurrentReconciles: 4,
+		PollInterval:            time.Minute,
+		GlobalRateLimiter:       ratelimiter.NewGlobal(100),
+	}
+	require.NoError(t, setup(mgr, o, e))
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	require.True(t, mgr.GetCache().WaitForCacheSync(ctx), "the manager's cache syncs")
+	return e
+}
+
+// Namespace creates a namespace for one test case, named after it.
+func (e *Env) Namespace(t *testing.T) string {
+	t.Helper()
+	name := strings.ToLower(t.Name())
+	name = strings.NewReplacer("/", "-", "_", "-").Replace(name)
+	if len(name) > 63 {
+		name = strings.TrimRight(name[len(name)-63:], "-")
+	}
+	name = strings.TrimLeft(name, "-")
+	require.NoError(t, e.Kube.Create(e.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
+	return name
+}
+
+// VM creates VM name in namespace with phase as its status. With node set,
+// the VM is on that node, placed by the hub (sealed) if sealed, else by a
+// hand that wrote the annotation.
+func (e *Env) VM(t *testing.T, namespace, name, node string, sealed bool, phase v1alpha1.Phase) *v1alpha1.VirtualMachine {
+	t.Helper()
+	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	vm.Spec.ForProvider = v1alpha1.VirtualMachineParameters{Vcpu: 1, Memory: resource.MustParse("1Gi"), DiskAttachments: []v1alpha1.DiskAttachment{{Name: "root"}}}
+	require.NoError(t, e.Kube.Create(e.Ctx, vm))
+	if node != "" {
+		a := map[string]string{v1alpha1.AnnotationNode: node}
+		if sealed {
+			a[v1alpha1.AnnotationSeal] = e.Fleet.Seal(string(vm.UID), node, "")
+		}
+		vm.SetAnnotations(a)
+		require.NoError(t, e.Kube.Update(e.Ctx, vm))
+	}
+	vm.Status.AtProvider.Phase = phase
+	require.NoError(t, e.Kube.Status().Update(e.Ctx, vm))
+	return vm
+}
+
+// Get reads o (by its namespace and name) from the API server.
+func (e *Env) Get(t *testing.T, o client.Object) {
+	t.Helper()
+	require.NoError(t, e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(o), o))
+}
+
+// Events are the reasons of the events recorded on o so far, by type:
+// "Normal/SnapshotTaken".
+func (e *Env) Events(t *testing.T, o client.Object) []string {
+	t.Helper()
+	l := &corev1.EventList{}
+	require.NoError(t, e.Kube.List(e.Ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{"involvedObject.uid": string(o.GetUID())}))
+	out := make([]string, 0, len(l.Items))
+	for _, ev := range l.Items {
+		out = append(out, fmt.Sprintf("%s/%s", ev.Type, ev.Reason))
+	}
+	return out
+}
+
+// EventMessage is the message of the event of type and reason recorded on
+// o, or "" when there is none.
+func (e *Env) EventMessage(t *testing.T, o client.Object, typ string, reason event.Reason) string {
+	t.Helper()
+	l := &corev1.EventList{}
+	require.NoError(t, e.Kube.List(e.Ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{"involvedObject.uid": string(o.GetUID())}))
+	for _, ev := range l.Items {
+		if ev.Type == typ && ev.Reason == string(reason) {
+			return ev.Message
+		}
+	}
+	return ""
+}
