@@ -292,6 +292,9 @@ type domainSpec struct {
 	// consoleDir is where the guest's serial console socket goes, as
 	// libvirtd sees it (Config.ConsoleDir); empty means DefaultConsoleDir.
 	consoleDir string
+	// swapFormat is the format of the guest's swap volume as it is on the
+	// node; empty means swapFormat's default.
+	swapFormat string
 }
 
 // domainXML builds the domain definition.
@@ -335,7 +338,7 @@ func domainXML(s domainSpec) (string, error) {
 		d.Devices.Disks = append(d.Devices.Disks, dd)
 	}
 	if m.SwapBytes > 0 {
-		dd := volumeDisk(s.pool, swapVolume(m.UID), "raw", virtioDev(len(m.Disks)))
+		dd := volumeDisk(s.pool, swapVolume(m.UID), cmp.Or(s.swapFormat, swapFormat), virtioDev(len(m.Disks)))
 		dd.Serial = swapSerial
 		d.Devices.Disks = append(d.Devices.Disks, dd)
 	}
@@ -422,6 +425,12 @@ func volumeDisk(pool, vol, format, dev string) libvirtxml.DomainDisk {
 
 // defaultFormat is a disk's format when its intent names none.
 const defaultFormat = "qcow2"
+
+// swapFormat is the format a new swap volume is made in: qcow2, so that an
+// internal snapshot, which QEMU takes only when every writable disk can
+// keep one, can include a guest's swap with its memory. Swap volumes made
+// raw before keep their format (domainSpec.swapFormat).
+const swapFormat = "qcow2"
 
 // virtioDev names the i-th virtio disk: vda … vdz.
 func virtioDev(i int) string { return "vd" + string(rune('a'+i)) }

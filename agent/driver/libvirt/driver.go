@@ -738,10 +738,18 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 		}
 	}
 	made = append(made, poolVolume{pool: d.pool, name: seedVolume(m.UID)})
+	var swapFmt string
 	if m.SwapBytes > 0 {
 		made = append(made, poolVolume{pool: d.pool, name: swapVolume(m.UID)})
-		if _, err := ensureVolume(api, d.pool, swapVolume(m.UID), m.SwapBytes, "raw"); err != nil {
+		created, err := ensureVolume(api, d.pool, swapVolume(m.UID), m.SwapBytes, swapFormat)
+		if err != nil {
 			return golibvirt.Domain{}, err
+		}
+		// Only a swap volume made before may be in another format.
+		if !created {
+			if swapFmt, err = volumeFormat(api, d.pool, swapVolume(m.UID)); err != nil {
+				return golibvirt.Domain{}, err
+			}
 		}
 	}
 	iso, err := seedISO(m)
@@ -751,7 +759,7 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 	if err := writeSeed(api, d.pool, seedVolume(m.UID), iso, d.testDriver); err != nil {
 		return golibvirt.Domain{}, err
 	}
-	spec := domainSpec{machine: m, owner: owner, domainType: conn.domainType, pool: d.pool, consoleDir: d.consoles.dir}
+	spec := domainSpec{machine: m, owner: owner, domainType: conn.domainType, pool: d.pool, consoleDir: d.consoles.dir, swapFormat: swapFmt}
 	if slices.ContainsFunc(m.Networks, func(n driver.Network) bool { return n.VNI != 0 }) {
 		if spec.overlayMTU, err = d.overlayMTU(); err != nil {
 			return golibvirt.Domain{}, err

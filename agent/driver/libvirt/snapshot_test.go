@@ -58,11 +58,29 @@ func (s snapshotCalls) DomainSnapshotCreateXML(dom golibvirt.Domain, x string, f
 }
 
 // snapshotMachine is a guest whose disks all keep snapshots: its root
-// disk is qcow2, and it has no swap (a raw volume).
+// disk is qcow2, and so is the swap the driver makes it.
 func snapshotMachine(name string) driver.Machine {
-	m := machine(name)
-	m.SwapBytes = 0
-	return m
+	return machine(name)
+}
+
+// TestANewGuestsSwapKeepsSnapshots: QEMU takes an internal snapshot only
+// when every writable disk can keep one, so the swap a guest is given is
+// qcow2, and a snapshot with memory includes it.
+func TestANewGuestsSwapKeepsSnapshots(t *testing.T) {
+	ctx := context.Background()
+	node := libvirttest.Start(t, "snapshot-swap")
+	d := open(t, node)
+	l := raw(t, node)
+	m := snapshotMachine("swapping")
+	m.SwapBytes = 256 << 20
+	_, err := d.Ensure(ctx, m)
+	require.NoError(t, err)
+	f, err := volumeFormat(l, testPool, swapVolume(m.UID))
+	require.NoError(t, err)
+	assert.Equal(t, "qcow2", f)
+	s, err := d.TakeSnapshot(ctx, m.UID, driver.SnapshotRequest{ID: "with-swap", Memory: true})
+	require.NoError(t, err)
+	assert.True(t, s.Memory)
 }
 
 // watched opens a driver on node whose libvirt calls of interest land in
@@ -389,9 +407,16 @@ func TestSnapshotsRefused(t *testing.T) {
 		name    string
 		machine string
 		change  func(m *driver.Machine)
-		says    func(m driver.Machine) string
+		// before runs before the guest is made.
+		before func(t *testing.T, m driver.Machine)
+		says   func(m driver.Machine) string
 	}{
-		{name: "AGuestWithSwap", machine: "swapped", change: func(m *driver.Machine) { m.SwapBytes = 256 << 20 }, says: func(m driver.Machine) string { return "swap disk volume " + swapVolume(m.UID) + " (vdb) is raw" }},
+		{name: "AGuestWithSwapMadeRawBefore", machine: "swapped", change: func(m *driver.Machine) { m.SwapBytes = 256 << 20 }, before: func(t *testing.T, m driver.Machine) {
+			p, err := l.StoragePoolLookupByName(testPool)
+			require.NoError(t, err)
+			_, err = createVolume(l, p, swapVolume(m.UID), m.SwapBytes, "raw")
+			require.NoError(t, err, "a swap volume as the driver made them before they were qcow2")
+		}, says: func(m driver.Machine) string { return "swap disk volume " + swapVolume(m.UID) + " (vdb) is raw" }},
 		{name: "AGuestWithARawDataDisk", machine: "raw", change: func(m *driver.Machine) {
 			m.Disks = append(m.Disks, driver.Disk{Name: "raw-data", SizeBytes: 1 << 30, Format: "raw"})
 		}, says: func(driver.Machine) string { return "disk volume raw-data (vdb) is raw" }},
@@ -399,6 +424,9 @@ func TestSnapshotsRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := snapshotMachine(tc.machine)
 			tc.change(&m)
+			if tc.before != nil {
+				tc.before(t, m)
+			}
 			_, err := d.Ensure(ctx, m)
 			require.NoError(t, err)
 			_, err = d.TakeSnapshot(ctx, m.UID, driver.SnapshotRequest{ID: "refused", Memory: true})

@@ -261,10 +261,18 @@ func (d *Driver) importedFormat(api API, pool, name string) (string, error) {
 	if ownVolume(name) {
 		return "", driver.Terminalf("volume %s is one node %s keeps for itself (an image, or a guest's seed or swap); no guest can attach it as an imported volume", name, d.node)
 	}
-	v, err := findVolume(api, pool, name)
+	f, err := volumeFormat(api, pool, name)
 	if driver.IsNotFound(err) {
 		return "", errors.Errorf("the imported volume is not there: %v on node %s", err, d.node)
 	}
+	return f, err
+}
+
+// volumeFormat is the format of volume name of pool as the pool knows it
+// (raw when it does not say); an error satisfying driver.IsNotFound when
+// there is no such volume.
+func volumeFormat(api API, pool, name string) (string, error) {
+	v, err := findVolume(api, pool, name)
 	if err != nil {
 		return "", err
 	}
