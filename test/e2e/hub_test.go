@@ -145,6 +145,8 @@ func TestHub(t *testing.T) {
 		}
 	})
 
+	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, h) })
+
 	t.Run("NodeLossShowsUnknownAndRecovers", func(t *testing.T) {
 		node := h.get(t, "sample-vm").Status.AtProvider.Node
 		s.KillAgent(node)
