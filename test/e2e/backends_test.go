@@ -169,6 +169,20 @@ func testBackend(t *testing.T, backend string) {
 		assert.Equal(t, 1, guests[string(vm.UID)], "the first VM survived the agent's restart once")
 	})
 
+	t.Run("ASnapshotIsRefusedWithTheReason", func(t *testing.T) {
+		h.create(t, &v1alpha1.VirtualMachineSnapshot{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm-kept"},
+			Spec:       v1alpha1.VirtualMachineSnapshotSpec{VMName: "vm"},
+		})
+		s := &v1alpha1.VirtualMachineSnapshot{}
+		require.Eventually(t, func() bool {
+			return h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "vm-kept"}, s) == nil && s.Done()
+		}, 30*time.Second, 100*time.Millisecond, "snapshot: last status %+v", &s.Status)
+		assert.Equal(t, v1alpha1.SnapshotFailed, s.Status.Phase)
+		assert.False(t, s.Status.ReadyToUse)
+		assert.Contains(t, s.Status.Message, "(backend "+backend+") keeps no snapshots")
+	})
+
 	t.Run("AMigrationMovesTheGuestToAnotherHostOfTheBackend", func(t *testing.T) {
 		before := h.get(t, "vm").Status.AtProvider.Node
 		if backend == driver.BackendNova {
