@@ -75,7 +75,7 @@ type metric struct {
 // scraped are the hub's gauges computed when scraped, which are
 // descriptors rather than collectors.
 var scraped = []*prometheus.Desc{
-	metrics.VMs, metrics.DiskImages, metrics.NodeCapacity, metrics.NodeAllocated,
+	metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.NodeCapacity, metrics.NodeAllocated,
 	metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat,
 }
 

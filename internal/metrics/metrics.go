@@ -42,6 +42,9 @@ var (
 	DiskImages = desc("virtfleet_hub_diskimages",
 		"DiskImages by status phase.",
 		"phase")
+	VMSnapshots = desc("virtfleet_hub_vm_snapshots",
+		"VirtualMachineSnapshots by status phase.",
+		"phase")
 	NodeCapacity = desc("virtfleet_hub_node_capacity",
 		"What a node offers to guests, as its latest heartbeat says (resource vcpu in cores, memory and storage in bytes).",
 		"node", "backend", "resource", "unit")
@@ -109,7 +112,7 @@ var (
 	}, "reason")
 	ForeignReports = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_foreign_reports_total",
-		Help: "Reports about a VirtualMachine, Volume or DiskImage from a node it is not placed on; the hub ignores them.",
+		Help: "Reports about a VirtualMachine, Volume, DiskImage or VirtualMachineSnapshot from a node it is not placed on; the hub ignores them.",
 	}, "kind", "node", "operation")
 	EventsDropped = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_events_dropped_total",

@@ -1,12 +1,15 @@
 // Package census serves the hub's gauges of the fleet: VirtualMachines by
-// phase and backend, DiskImages by phase, and each node's capacity,
-// allocation, VMs and health. They are counted when Prometheus scrapes,
+// phase and backend, DiskImages and VirtualMachineSnapshots by phase, and
+// each node's capacity, allocation, VMs and health. They are counted when
+// Prometheus scrapes,
 // from the hub's cache and its view of the nodes' heartbeats, so they cost
 // nothing between scrapes and cannot drift from what kubectl shows.
 package census
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,7 +43,7 @@ func New(cache client.Reader, fleets func() []*fleet.Fleet, elected <-chan struc
 
 // Describe sends the descriptors of every gauge.
 func (c *Census) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{metrics.VMs, metrics.DiskImages, metrics.NodeCapacity, metrics.NodeAllocated, metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat} {
+	for _, d := range []*prometheus.Desc{metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.NodeCapacity, metrics.NodeAllocated, metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat} {
 		ch <- d
 	}
 }
@@ -61,7 +64,20 @@ func (c *Census) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	perNode := c.collectVMs(ctx, ch, nodes)
-	c.collectImages(ctx, ch)
+	collectPhases(ctx, c, ch, metrics.DiskImages, &v1alpha1.DiskImageList{}, func(l *v1alpha1.DiskImageList) []string {
+		out := make([]string, 0, len(l.Items))
+		for i := range l.Items {
+			out = append(out, cmp.Or(string(l.Items[i].Status.AtProvider.Phase), string(v1alpha1.ImagePhasePending)))
+		}
+		return out
+	})
+	collectPhases(ctx, c, ch, metrics.VMSnapshots, &v1alpha1.VirtualMachineSnapshotList{}, func(l *v1alpha1.VirtualMachineSnapshotList) []string {
+		out := make([]string, 0, len(l.Items))
+		for i := range l.Items {
+			out = append(out, cmp.Or(string(l.Items[i].Status.Phase), string(v1alpha1.SnapshotPending)))
+		}
+		return out
+	})
 	for name, s := range nodes {
 		hb := s.Heartbeat
 		for _, r := range []struct {
@@ -119,24 +135,20 @@ func (c *Census) collectVMs(ctx context.Context, ch chan<- prometheus.Metric, no
 	return perNode
 }
 
-// collectImages sends the DiskImages by phase, an image without one yet
-// counting as Pending.
-func (c *Census) collectImages(ctx context.Context, ch chan<- prometheus.Metric) {
-	images := &v1alpha1.DiskImageList{}
-	if err := c.cache.List(ctx, images, client.UnsafeDisableDeepCopy); err != nil {
-		c.log.Debug("Cannot count DiskImages", "error", err)
+// collectPhases sends d, the objects of a kind by phase: phases are those
+// of the objects list holds, one without a phase yet counting as Pending,
+// what its empty status means.
+func collectPhases[L client.ObjectList](ctx context.Context, c *Census, ch chan<- prometheus.Metric, d *prometheus.Desc, list L, phases func(L) []string) {
+	if err := c.cache.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+		c.log.Debug("Cannot count objects by phase", "kind", fmt.Sprintf("%T", list), "error", err)
 		return
 	}
 	counts := map[string]int{}
-	for i := range images.Items {
-		p := string(images.Items[i].Status.AtProvider.Phase)
-		if p == "" {
-			p = string(v1alpha1.ImagePhasePending)
-		}
+	for _, p := range phases(list) {
 		counts[p]++
 	}
 	for p, n := range counts {
-		ch <- gauge(metrics.DiskImages, float64(n), p)
+		ch <- gauge(d, float64(n), p)
 	}
 }
 

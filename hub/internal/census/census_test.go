@@ -32,6 +32,12 @@ func vm(name, node string, phase v1alpha1.Phase) *v1alpha1.VirtualMachine {
 	return v
 }
 
+func snapshot(name string, phase v1alpha1.SnapshotPhase) *v1alpha1.VirtualMachineSnapshot {
+	s := &v1alpha1.VirtualMachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
+	s.Status.Phase = phase
+	return s
+}
+
 func image(name string, phase v1alpha1.ImagePhase) *v1alpha1.DiskImage {
 	i := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
 	i.Status.AtProvider.Phase = phase
@@ -40,7 +46,7 @@ func image(name string, phase v1alpha1.ImagePhase) *v1alpha1.DiskImage {
 
 // TestCensus pins each gauge against a fleet and a cache whose answer is
 // known: VMs by phase and their node's backend (none before placement,
-// Pending without a phase), DiskImages by phase, and per node its
+// Pending without a phase), DiskImages and snapshots by phase, and per node its
 // resources, VMs, readiness and last heartbeat, a lost node included.
 func TestCensus(t *testing.T) {
 	scheme := runtime.NewScheme()
@@ -53,6 +59,9 @@ func TestCensus(t *testing.T) {
 		image("debian", v1alpha1.ImagePhaseReady),
 		image("broken", v1alpha1.ImagePhaseFailed),
 		image("new", ""),
+		snapshot("taken", v1alpha1.SnapshotSucceeded),
+		snapshot("also-taken", v1alpha1.SnapshotSucceeded),
+		snapshot("new", ""),
 	).Build()
 
 	b := bus.NewFake()
@@ -83,6 +92,10 @@ virtfleet_hub_vms{backend="none",phase="Pending"} 1
 virtfleet_hub_diskimages{phase="Failed"} 1
 virtfleet_hub_diskimages{phase="Pending"} 1
 virtfleet_hub_diskimages{phase="Ready"} 1
+# HELP virtfleet_hub_vm_snapshots VirtualMachineSnapshots by status phase.
+# TYPE virtfleet_hub_vm_snapshots gauge
+virtfleet_hub_vm_snapshots{phase="Pending"} 1
+virtfleet_hub_vm_snapshots{phase="Succeeded"} 2
 # HELP virtfleet_hub_node_vms VirtualMachines placed on a node.
 # TYPE virtfleet_hub_node_vms gauge
 virtfleet_hub_node_vms{node="node1"} 2
@@ -95,7 +108,7 @@ virtfleet_hub_node_ready{node="node2"} 0
 virtfleet_hub_node_ready{node="sentinel"} 0
 `
 	assert.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
-		"virtfleet_hub_vms", "virtfleet_hub_diskimages", "virtfleet_hub_node_vms", "virtfleet_hub_node_ready"))
+		"virtfleet_hub_vms", "virtfleet_hub_diskimages", "virtfleet_hub_vm_snapshots", "virtfleet_hub_node_vms", "virtfleet_hub_node_ready"))
 
 	// Resources, per node and kind, as the latest heartbeat said.
 	assert.Equal(t, 3*2*2+3*2, testutil.CollectAndCount(c, "virtfleet_hub_node_capacity", "virtfleet_hub_node_allocated"),
@@ -138,6 +151,6 @@ func TestCensusWithoutCRDs(t *testing.T) {
 	elected := make(chan struct{})
 	close(elected)
 	c := New(kube, func() []*fleet.Fleet { return []*fleet.Fleet{f} }, elected, logging.NewNopLogger())
-	assert.Equal(t, 0, testutil.CollectAndCount(c, "virtfleet_hub_vms", "virtfleet_hub_diskimages"))
+	assert.Equal(t, 0, testutil.CollectAndCount(c, "virtfleet_hub_vms", "virtfleet_hub_diskimages", "virtfleet_hub_vm_snapshots"))
 	assert.Equal(t, 1, testutil.CollectAndCount(c, "virtfleet_hub_node_ready"), "the sentinel node")
 }
