@@ -1,6 +1,6 @@
 // Command hub is virtfleet's Crossplane provider: it reconciles
-// VirtualMachines, Volumes, VirtualNetworks and DiskImages into intents for
-// the nodes' agents. See hub/internal/app. Every flag can also be set by its
+// VirtualMachines, Volumes, VirtualNetworks, DiskImages and the VMs'
+// snapshots and restores into intents for the nodes' agents. See hub/internal/app. Every flag can also be set by its
 // environment variable, VIRTFLEET_ and the flag's name
 // (--fencing-timeout: VIRTFLEET_FENCING_TIMEOUT), as for every virtfleet
 // command (internal/flagenv).
@@ -42,7 +42,7 @@ func main() {
 	flag.IntVar(&c.MigrationsPerFleet, "migrations-per-fleet", migration.DefaultPerFleet, "Live migrations under way at once in one fleet (one NATS server's nodes).")
 	flag.IntVar(&c.MigrationsPerNode, "migrations-per-node", migration.DefaultPerNode, "Live migrations under way at once from or to one node.")
 	flag.IntVar(&c.MigrationsPerNamespace, "migrations-per-namespace", migration.DefaultPerNamespace, "Live migrations under way at once in one namespace, so that no one tenant takes every slot of the fleet.")
-	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM deleted while its node is lost waits before it is finalized.")
+	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM, Volume or snapshot deleted while its node is lost waits before it is finalized.")
 	flag.DurationVar(&c.FencingMargin, "fencing-margin", virtualmachine.DefaultFencingMargin, "What a VM with availability Restart waits, beyond its lost node's lease (the agent's --fence-after), before it is restarted on another node: at least the drift between the hub's and the nodes' clocks over a lease.")
 	flag.DurationVar(&c.NodeTTL, "node-ttl", natswire.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
 	flag.StringVar(&c.APIAddress, "api-bind-address", "0", "Address of the aggregated API (subresources.virtfleet.io: console, vnc, start, stop, restart, reset, pause, unpause, migrate); 0 disables it.")

@@ -101,7 +101,8 @@ type Config struct {
 	// events are always recorded. 0 means
 	// apiwrites.DefaultNormalEventsPerSecond; below 0 records every one.
 	NormalEventsPerSecond float64
-	// FencingTimeout finalizes a VM deleted while its node is lost.
+	// FencingTimeout finalizes a VM, Volume or snapshot deleted while its
+	// node is lost.
 	FencingTimeout time.Duration
 	// FencingMargin is what a VM with availability Restart waits beyond
 	// its lost node's lease before it is restarted on another node.
