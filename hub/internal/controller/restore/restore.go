@@ -286,12 +286,8 @@ func (r *Reconciler) blocked(ctx context.Context, rs *v1alpha1.VirtualMachineRes
 	case node != snap.Status.Node:
 		return fmt.Sprintf("VirtualMachine %s is on node %s and snapshot %s on node %s: a snapshot is restored on its own node only", vm.Name, node, snap.Name, snap.Status.Node), true, nil
 	}
-	n := f.Node(node)
-	switch {
-	case n.Lost:
-		return fmt.Sprintf("node %s sends no heartbeat; the restore starts once it is back", node), false, nil
-	case !n.Heartbeat.Snapshots:
-		return fmt.Sprintf("node %s (backend %s) keeps no snapshots", node, n.Heartbeat.Backend), true, nil
+	if why, final := virtualmachine.KeepsSnapshots(f, node); why != "" {
+		return why, final, nil
 	}
 	taking, err := r.taking(ctx, vm)
 	if err != nil || taking == "" {

@@ -336,12 +336,8 @@ func (r *Reconciler) ready(ctx context.Context, vm *v1alpha1.VirtualMachine, f *
 	default:
 		return "", fmt.Sprintf("VirtualMachine %s is %s; a snapshot is taken of a guest that is Running, Paused or Stopped", vm.Name, phaseOrNone(p)), false, nil
 	}
-	n := f.Node(node)
-	switch {
-	case n.Lost:
-		return "", fmt.Sprintf("node %s sends no heartbeat; the snapshot is taken once it is back", node), false, nil
-	case !n.Heartbeat.Snapshots:
-		return "", fmt.Sprintf("node %s (backend %s) keeps no snapshots", node, n.Heartbeat.Backend), true, nil
+	if why, final := virtualmachine.KeepsSnapshots(f, node); why != "" {
+		return "", why, final, nil
 	}
 	return node, "", false, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
 
 // ReasonSnapshotsLost is the Warning event of a VM restarted away from its
@@ -44,6 +45,24 @@ func SnapshotsOn(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMa
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// KeepsSnapshots says why node cannot take or restore a snapshot now, and
+// whether that is final: its backend keeps none, which no wait changes.
+// A node lost, or not heard from since the hub started, may yet answer;
+// until its heartbeat is read, whether it keeps snapshots is not known.
+// It is "" when the node can.
+func KeepsSnapshots(f *fleet.Fleet, node string) (why string, final bool) {
+	n, heard := f.Heard(node)
+	switch {
+	case f.Node(node).Lost:
+		return fmt.Sprintf("node %s sends no heartbeat; waiting for it to be back", node), false
+	case !heard:
+		return fmt.Sprintf("waiting for the first heartbeat of node %s", node), false
+	case !n.Heartbeat.Snapshots:
+		return fmt.Sprintf("node %s (backend %s) keeps no snapshots", node, n.Heartbeat.Backend), true
+	}
+	return "", false
 }
 
 // SnapshotsHold says why vm, whose snapshots SnapshotsOn found on node,
