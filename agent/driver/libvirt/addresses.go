@@ -197,3 +197,109 @@ func leaseUnit(u string) time.Duration {
 		return time.Minute
 	}
 }
+
+// addressSources in the order they are trusted: the DHCP server's leases,
+// then the guest agent, then the host's ARP table.
+var addressSources = []struct {
+	src  golibvirt.DomainInterfaceAddressesSource
+	name driver.AddressSource
+}{
+	{golibvirt.DomainInterfaceAddressesSrcLease, driver.AddressSourceLease},
+	{golibvirt.DomainInterfaceAddressesSrcAgent, driver.AddressSourceGuestAgent},
+	{golibvirt.DomainInterfaceAddressesSrcArp, driver.AddressSourceARP},
+}
+
+// sightings asks each source in turn until every interface has addresses.
+// A source that fails (no guest agent, say) is skipped: addresses are best
+// effort and remembered across looks.
+//
+// since is when this boot of the guest began, if known. dnsmasq keeps a
+// lease for an hour, so right after a start the leases (and the host's ARP
+// table) still show the previous boot's address while the guest is in its
+// firmware: an interface whose only lease was granted before since is
+// reported by the guest agent alone, which speaks for the running guest.
+func (d *Driver) sightings(nets *networkView, dom golibvirt.Domain, nics []nic, since *time.Time) map[string]sighting {
+	api := nets.api
+	seen := map[string]sighting{}
+	if d.testDriver {
+		var ours map[string]bool
+		seen, ours = reservedLeases(nets, nics)
+		// On a network virtfleet did not make, with its DHCP range, the
+		// test driver's made-up address stands for a dynamic lease.
+		nics = slices.DeleteFunc(slices.Clone(nics), func(n nic) bool { return ours[n.network] })
+		if len(nics) == 0 {
+			return seen
+		}
+	}
+	stale := map[string]bool{}
+	if since != nil {
+		stale = staleLeases(nets, nics, *since)
+	}
+	wanted := len(seen) + len(nics)
+	asked := map[string]bool{}
+	for _, n := range nics {
+		asked[n.mac] = true
+	}
+	for _, s := range addressSources {
+		if len(seen) >= wanted {
+			break
+		}
+		ifaces, err := api.DomainInterfaceAddresses(dom, uint32(s.src), 0)
+		if err != nil {
+			continue
+		}
+		for _, i := range ifaces {
+			if len(i.Hwaddr) == 0 || len(i.Addrs) == 0 {
+				continue
+			}
+			mac := strings.ToLower(i.Hwaddr[0])
+			if _, ok := seen[mac]; ok || !asked[mac] {
+				continue
+			}
+			if stale[mac] && s.name != driver.AddressSourceGuestAgent {
+				continue
+			}
+			ips := make([]string, 0, len(i.Addrs))
+			for _, a := range i.Addrs {
+				ips = append(ips, a.Addr)
+			}
+			seen[mac] = sighting{ips: ips, source: s.name}
+		}
+	}
+	return seen
+}
+
+// reservedLeases are the addresses the DHCP reservations of the networks
+// virtfleet made give nics, as leases, and the names of those networks.
+// This is what a guest of libvirt's test driver holds there: the test driver
+// runs no dnsmasq and no guest, and the addresses its
+// DomainInterfaceAddresses makes up (from the domain's id, the same on
+// every node) are no guest's; a simulated guest takes the lease it is
+// offered.
+func reservedLeases(nets *networkView, nics []nic) (map[string]sighting, map[string]bool) {
+	seen, ours := map[string]sighting{}, map[string]bool{}
+	macs := map[string]bool{}
+	for _, n := range nics {
+		macs[n.mac] = true
+	}
+	read := map[string]bool{}
+	for _, n := range nics {
+		if read[n.network] {
+			continue
+		}
+		read[n.network] = true
+		v := nets.network(n.network)
+		if v.err != nil || v.nw.mark == nil {
+			continue
+		}
+		ours[n.network] = true
+		for _, ip := range v.nw.def.IPs {
+			for _, h := range dhcpHosts(ip) {
+				if mac := strings.ToLower(h.MAC); macs[mac] && h.IP != "" {
+					seen[mac] = sighting{ips: []string{h.IP}, source: driver.AddressSourceLease}
+				}
+			}
+		}
+	}
+	return seen, ours
+}
