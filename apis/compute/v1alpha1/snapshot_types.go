@@ -60,7 +60,9 @@ const (
 	// it was.
 	SnapshotFailed SnapshotPhase = "Failed"
 	// SnapshotLost: the snapshot was taken, but its node no longer has
-	// it (the node was lost, or its disks went).
+	// it, or no longer runs the VM (the node was lost, its disks went,
+	// or the VM was restarted elsewhere). A node that returns with the
+	// snapshot makes it Succeeded again.
 	SnapshotLost SnapshotPhase = "Lost"
 )
 
@@ -131,8 +133,13 @@ type VirtualMachineSnapshotStatus struct {
 // A VirtualMachineSnapshot keeps a VirtualMachine's disks (and, with
 // includeMemory, its running memory) at one moment, on the VM's node, as
 // KubeVirt's VirtualMachineSnapshot does. It is restored with a
-// VirtualMachineRestore. A VM with snapshots is not moved to another node
-// where its snapshots could not follow: the move is refused, naming them.
+// VirtualMachineRestore. A VM with snapshots is not migrated or drained to
+// another node where its snapshots could not follow: the move is refused,
+// naming them. A VM restarted elsewhere after its node was lost (HA) comes
+// back without them: they are Lost, and become usable again only if their
+// node returns with them. With vmDeletionPolicy Delete the snapshot is
+// owned by its VM, so the garbage collector deletes it where the hub may
+// not.
 // +kubebuilder:printcolumn:name="VM",type="string",JSONPath=".spec.vmName"
 // +kubebuilder:printcolumn:name="PHASE",type="string",JSONPath=".status.phase"
 // +kubebuilder:printcolumn:name="READY",type="boolean",JSONPath=".status.readyToUse"
