@@ -89,3 +89,12 @@ func isCode(err error, codes ...golibvirt.ErrorNumber) bool {
 	}
 	return false
 }
+
+// permanentCodes are libvirt errors no retry mends: the request itself is
+// wrong for this host (say "invalid argument: could not get preferred
+// machine for ... type=kvm", or "unsupported configuration: Emulator ...
+// does not support machine type ...").
+var permanentCodes = []golibvirt.ErrorNumber{
+	golibvirt.ErrXMLError, golibvirt.ErrXMLDetail, golibvirt.ErrConfigUnsupported,
+	golibvirt.ErrInvalidArg, golibvirt.ErrNoSupport,
+}

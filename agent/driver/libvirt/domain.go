@@ -57,6 +57,38 @@ func (o ownership) marshal() (string, error) {
 	return string(b), errors.Wrap(err, "cannot marshal virtfleet metadata")
 }
 
+// saveOwnership writes changed metadata to the definition and, for a running
+// domain, to its live state, which is what Observe reads. The live copy keeps
+// liveHash, the shape the domain was started with, so Observe can tell that
+// a newer definition waits for the next start.
+func (d *Driver) saveOwnership(api API, dom golibvirt.Domain, old, next ownership, liveHash string, active bool) error {
+	if old == next {
+		return nil
+	}
+	live := next
+	live.SpecHash = liveHash
+	if !active || live == next {
+		flags := golibvirt.DomainAffectConfig
+		if active {
+			flags |= golibvirt.DomainAffectLive
+		}
+		return d.setOwnership(api, dom, next, flags)
+	}
+	if err := d.setOwnership(api, dom, next, golibvirt.DomainAffectConfig); err != nil {
+		return err
+	}
+	return d.setOwnership(api, dom, live, golibvirt.DomainAffectLive)
+}
+
+func (d *Driver) setOwnership(api API, dom golibvirt.Domain, o ownership, flags golibvirt.DomainModificationImpact) error {
+	x, err := o.marshal()
+	if err != nil {
+		return err
+	}
+	err = api.DomainSetMetadata(dom, int32(golibvirt.DomainMetadataElement), golibvirt.OptString{x}, golibvirt.OptString{metadataKey}, golibvirt.OptString{Namespace}, flags)
+	return errors.Wrap(err, "cannot write domain metadata")
+}
+
 // domainInfo is what the driver reads back from a domain's XML.
 type domainInfo struct {
 	owner    *ownership

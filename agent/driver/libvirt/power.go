@@ -6,6 +6,8 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
+
+	"github.com/virtfleet/virtfleet/agent/driver"
 )
 
 // resetNamespace marks virtfleet's reset record in a domain's <metadata>.
@@ -107,4 +109,65 @@ func (d *Driver) reset(api API, dom golibvirt.Domain, uid string) error {
 		return errors.Wrap(err, "cannot reset domain")
 	}
 	return nil
+}
+
+// start starts the domain. libvirt refusing the start of a definition it
+// accepted (firmware the host lacks: "operation failed: Unable to find any
+// firmware to satisfy 'efi'") is shown to the user and retried with
+// backoff, since installing the missing piece on the host mends it.
+func (d *Driver) start(api API, dom golibvirt.Domain, uid string) error {
+	at := d.now()
+	d.echoes.expect(formatUUID(dom.UUID), golibvirt.DomainEventStarted, at)
+	err := api.DomainCreate(dom)
+	if err != nil {
+		d.echoes.withdraw(formatUUID(dom.UUID), golibvirt.DomainEventStarted)
+	}
+	if isCode(err, append(permanentCodes, golibvirt.ErrOperationFailed)...) {
+		return driver.Failing(errors.Wrap(err, "libvirt cannot start the guest"))
+	}
+	if err != nil {
+		return errors.Wrap(err, "cannot start domain")
+	}
+	d.started(uid, at)
+	return nil
+}
+
+// shutdown asks the guest to power off and forces it off once the grace
+// period has passed. It never waits: the caller comes back.
+func (d *Driver) shutdown(api API, dom golibvirt.Domain, uid string) error {
+	d.stateMu.Lock()
+	at, asked := d.shutdownAt[uid]
+	if !asked {
+		d.shutdownAt[uid] = d.now()
+	}
+	d.stateMu.Unlock()
+	if !asked {
+		return errors.Wrap(api.DomainShutdown(dom), "cannot shut domain down")
+	}
+	if d.now().Sub(at) < d.grace {
+		return nil
+	}
+	return d.forceOff(api, dom)
+}
+
+// forceOff powers the domain off at once (virsh destroy).
+func (d *Driver) forceOff(api API, dom golibvirt.Domain) error {
+	err := api.DomainDestroy(dom)
+	if isCode(err, golibvirt.ErrOperationInvalid) {
+		return nil // already off
+	}
+	return errors.Wrap(err, "cannot force domain off")
+}
+
+func (d *Driver) clearShutdown(uid string) {
+	d.stateMu.Lock()
+	delete(d.shutdownAt, uid)
+	d.stateMu.Unlock()
+}
+
+func (d *Driver) shuttingDown(uid string) bool {
+	d.stateMu.Lock()
+	defer d.stateMu.Unlock()
+	_, ok := d.shutdownAt[uid]
+	return ok
 }
