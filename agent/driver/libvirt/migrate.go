@@ -216,12 +216,7 @@ func (d *Driver) readyNetworks(api API, m driver.Machine, absent []poolVolume) e
 	d.migrateMu.Unlock()
 	d.hold(held, 1)
 	d.hold(old, -1)
-	for i, n := range m.Networks {
-		if err := d.ensureNetwork(api, n, macFor(m.UID, i), nil); err != nil {
-			return err
-		}
-	}
-	return nil
+	return d.ensureEachNetwork(api, m, nil)
 }
 
 // readySeed writes the guest's cloud-init seed, unless the one written for

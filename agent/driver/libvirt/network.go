@@ -510,17 +510,28 @@ func (d *Driver) ensureNetworks(api API, m driver.Machine, nets *networkView) (r
 	d.networkMu.Lock()
 	defer d.networkMu.Unlock()
 	d.hold(held, 1)
-	for i, n := range m.Networks {
-		if err := d.ensureNetwork(api, n, macFor(m.UID, i), nets); err != nil {
-			d.hold(held, -1)
-			return nil, err
-		}
+	if err := d.ensureEachNetwork(api, m, nets); err != nil {
+		d.hold(held, -1)
+		return nil, err
 	}
 	return func() {
 		d.networkMu.Lock()
 		defer d.networkMu.Unlock()
 		d.hold(held, -1)
 	}, nil
+}
+
+// ensureEachNetwork makes each of m's networks ready for the interface
+// m's domain has on it (ensureNetwork), in m's order, and stops at the
+// first that fails. nets, which may be nil, is handed to ensureNetwork.
+// The caller holds d.networkMu and holds m's interfaces (hold).
+func (d *Driver) ensureEachNetwork(api API, m driver.Machine, nets *networkView) error {
+	for i, n := range m.Networks {
+		if err := d.ensureNetwork(api, n, macFor(m.UID, i), nets); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // hold counts interfaces as being defined (by 1), or no longer (by -1).
