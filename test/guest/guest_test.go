@@ -93,6 +93,7 @@ func TestRealGuest(t *testing.T) {
 	t.Run("SerialConsoleThroughTheAPI", g.console("g1"))
 	t.Run("VNCThroughTheAPI", g.vnc("g1"))
 	t.Run("PauseStopsTheGuestAndUnpauseResumesItsBoot", g.pause("g1", bootID))
+	t.Run("SnapshotWithMemoryBringsBackTheRunningGuest", g.snapshotWithMemory("g1", bootID))
 	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", func(t *testing.T) { bootID = g.stopStart(t, bootID) })
 	t.Run("ResetRebootsAtOnceAndCountsOnce", g.reset("g1", &bootID))
 	t.Run("RestartRebootsAndOnlyThenCounts", func(t *testing.T) { bootID = g.restart(t, "g1", bootID, 2) })
