@@ -1,13 +1,19 @@
 package kubevirt
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 )
@@ -222,4 +228,72 @@ func interfaces(vmi *kubevirtv1.VirtualMachineInstance, now time.Time) []driver.
 		out = append(out, iface)
 	}
 	return out
+}
+
+// Observe implements driver.Driver.
+func (d *Driver) Observe(ctx context.Context, uid string) (driver.Observation, error) {
+	c, err := d.client()
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	vm, vmi, err := d.get(ctx, c, uid)
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	return observe(vm, vmi, d.now()), nil
+}
+
+// List implements driver.Driver.
+func (d *Driver) List(ctx context.Context) ([]driver.Observation, error) {
+	c, err := d.client()
+	if err != nil {
+		return nil, err
+	}
+	return d.observeAll(ctx, c, false)
+}
+
+// observeAll observes the VMs virtfleet manages (released false) or those
+// released (true), each under the uid on its label; an orphan gets
+// OrphanOf.
+func (d *Driver) observeAll(ctx context.Context, c client.Reader, released bool) ([]driver.Observation, error) {
+	all, err := d.guests(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	vms := slices.DeleteFunc(all, func(vm *kubevirtv1.VirtualMachine) bool { return orphaned(vm) != released })
+	vmis := &kubevirtv1.VirtualMachineInstanceList{}
+	if err := c.List(ctx, vmis, client.InNamespace(d.namespace)); err != nil {
+		return nil, errors.Wrap(err, "cannot list KubeVirt VirtualMachineInstances")
+	}
+	byName := map[string]*kubevirtv1.VirtualMachineInstance{}
+	for i := range vmis.Items {
+		byName[vmis.Items[i].Name] = &vmis.Items[i]
+	}
+	out := make([]driver.Observation, 0, len(vms))
+	for _, vm := range vms {
+		vmi := byName[vm.Name]
+		if vmi != nil && !metav1.IsControlledBy(vmi, vm) {
+			vmi = nil
+		}
+		o := observe(vm, vmi, d.now())
+		if orphaned(vm) {
+			o.OrphanOf = &driver.VMRef{Namespace: vm.Annotations[AnnotationNamespace], Name: vm.Annotations[AnnotationName], Seal: vm.Annotations[AnnotationSeal]}
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+// guests are the VMs labelled with a uid: those managed and those
+// released.
+func (d *Driver) guests(ctx context.Context, c client.Reader) ([]*kubevirtv1.VirtualMachine, error) {
+	vms := &kubevirtv1.VirtualMachineList{}
+	if err := c.List(ctx, vms, client.InNamespace(d.namespace), client.HasLabels{LabelUID}); err != nil {
+		return nil, errors.Wrap(err, "cannot list KubeVirt VirtualMachines")
+	}
+	out := make([]*kubevirtv1.VirtualMachine, 0, len(vms.Items))
+	for i := range vms.Items {
+		out = append(out, &vms.Items[i])
+	}
+	return out, nil
 }
