@@ -143,7 +143,7 @@ func (s *Imports) Wait() { s.running.Wait() }
 // image while it runs shares it.
 type Job struct {
 	s *Imports
-	// input is what the job imports (inputOf); a failed job is tried
+	// input is what the job imports (InputOf); a failed job is tried
 	// again at once when the image's source or policy changed.
 	input string
 	done  chan struct{}
@@ -195,9 +195,10 @@ func (j *Job) progress(name string) string {
 	return fmt.Sprintf("importing image %s: %d of %s bytes", name, j.read.Load(), total)
 }
 
-// inputOf is what of img an import depends on: a job for another input
-// says nothing about this one.
-func inputOf(img *driver.Image) string {
+// InputOf is what of img an import depends on: a job for another input
+// says nothing about this one. A driver that vouches for an image once
+// it is imported (or verified) keys what it vouched for with it too.
+func InputOf(img *driver.Image) string {
 	return fmt.Sprintf("%q %q %q %q %v", img.URL, img.SourceVolume, img.SHA256, img.Format, img.AllowedSources)
 }
 
@@ -237,7 +238,7 @@ func (s *Imports) Ensure(lifetime context.Context, img *driver.Image, present fu
 	case job == nil:
 		job = s.start(lifetime, img, 0, run)
 	case job.running():
-	case job.input != inputOf(img):
+	case job.input != InputOf(img):
 		// The image changed since it failed: its backoff is not this
 		// image's.
 		job = s.start(lifetime, img, 0, run)
@@ -255,7 +256,7 @@ func (s *Imports) Ensure(lifetime context.Context, img *driver.Image, present fu
 // start runs an import of img in the background under lifetime. The caller
 // holds s.mu.
 func (s *Imports) start(lifetime context.Context, img *driver.Image, failedBefore int, run func(context.Context, *driver.Image, *Job) error) *Job {
-	job := s.newJob(inputOf(img), failedBefore)
+	job := s.newJob(InputOf(img), failedBefore)
 	s.jobs[img.UID] = job
 	im := *img
 	s.running.Add(1)

@@ -65,7 +65,7 @@ func (d *Driver) checkImageSource(ctx context.Context, img *driver.Image) (strin
 		}
 		return "", errors.Wrapf(err, "cannot check the source of image %s", img.Name)
 	}
-	key := verifiedKey(img)
+	key := imageimport.InputOf(img)
 	present := func() (bool, error) {
 		d.verifiedMu.Lock()
 		defer d.verifiedMu.Unlock()
@@ -79,14 +79,9 @@ func (d *Driver) checkImageSource(ctx context.Context, img *driver.Image) (strin
 		_ = os.Remove(path)
 		d.verifiedMu.Lock()
 		defer d.verifiedMu.Unlock()
-		d.verified[img.UID] = verifiedKey(img)
+		d.verified[img.UID] = imageimport.InputOf(img)
 		return nil
 	})
-}
-
-// verifiedKey is what of an image its verification vouches for.
-func verifiedKey(img *driver.Image) string {
-	return fmt.Sprintf("%q %q %q %v", img.URL, img.SHA256, img.Format, img.AllowedSources)
 }
 
 // importable refuses, as terminal, a disk whose image CDI cannot import as

@@ -121,7 +121,8 @@ type Driver struct {
 	migrations migrationLog
 
 	// verify checks images with a SHA256 before CDI imports them
-	// (checkImageSource); verified are the images it vouched for, by uid.
+	// (checkImageSource); verified are the images it vouched for, by uid,
+	// each as imageimport.InputOf: a change of what was verified asks again.
 	verify     *imageimport.Imports
 	verifiedMu sync.Mutex
 	verified   map[string]string
