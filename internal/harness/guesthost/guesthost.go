@@ -69,7 +69,7 @@ const DomainType = "qemu"
 const startTimeout = 30 * time.Second
 
 // Required are the commands a host needs (hack/deps.sh installs them).
-var Required = []string{"ip", "libvirtd", "virtlogd", "qemu-system-x86_64", "dnsmasq", "iptables"}
+var Required = []string{"ip", "libvirtd", "virtlogd", "setpriv", "qemu-system-x86_64", "dnsmasq", "iptables"}
 
 // Host is a running hypervisor in its own network namespace.
 type Host struct {
@@ -156,10 +156,17 @@ func create(ctx context.Context, name string) (*Host, error) {
 	return h, nil
 }
 
-// daemonScript runs inside the namespace: private /run, libvirt's
-// directories from Dir, then virtlogd and libvirtd in the foreground, so
-// both stay in the process group Stop signals.
-const daemonScript = `set -e
+// DaemonScript runs a libvirtd of its own, with its virtlogd, in a mount
+// namespace of its own (ip netns exec gives one, as Start's hosts have;
+// unshare --mount makes one, as the OpenStack harness's real compute host
+// has): `bash -c DaemonScript libvirtd DIR [libvirtd's flags]`. In there
+// /run is a fresh tmpfs and libvirt's state, log, cache and configuration
+// directories are bind mounts of DIR's run, lib, log, cache and etc, so
+// the daemon shares nothing with the machine's libvirt. virtlogd and
+// libvirtd run in the foreground, so both stay in the process group the
+// caller signals to stop them; virtlogd dies with libvirtd (which the
+// script becomes), should libvirtd die first.
+const DaemonScript = `set -e
 d=$1
 mount -t tmpfs tmpfs /run
 mkdir -p /run/libvirt /run/lock
@@ -169,7 +176,7 @@ mount --bind "$d/log" /var/log/libvirt
 mount --bind "$d/cache" /var/cache/libvirt
 mount --bind "$d/etc" /etc/libvirt
 shift
-virtlogd &
+setpriv --pdeathsig KILL virtlogd &
 exec libvirtd "$@"
 `
 
@@ -210,7 +217,7 @@ func (h *Host) run(ctx context.Context, progress io.Writer, args ...string) erro
 		return errors.Wrap(err, "cannot create the daemon log")
 	}
 	h.log = log
-	h.cmd = exec.Command("ip", append([]string{"netns", "exec", h.Netns, "bash", "-c", daemonScript, "libvirtd", h.Dir}, args...)...) //nolint:gosec // our own script
+	h.cmd = exec.Command("ip", append([]string{"netns", "exec", h.Netns, "bash", "-c", DaemonScript, "libvirtd", h.Dir}, args...)...) //nolint:gosec // our own script
 	h.cmd.Stdout, h.cmd.Stderr = log, log
 	// ip execs the script, which execs libvirtd: the parent-death signal
 	// reaches the daemon if the test binary dies; Stop reaps the rest.

@@ -21,6 +21,8 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/provider"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
+
+	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
 )
 
 // The real compute host: next to the fake ones, a nova-compute with Nova's
@@ -111,24 +113,6 @@ type realCompute struct {
 
 func (r *realCompute) socket() string { return filepath.Join(r.dir, "run", "libvirt-sock") }
 
-// libvirtdScript runs in a mount namespace of its own: a private /run,
-// libvirt's directories from the cloud's, then virtlogd and libvirtd in
-// the foreground, in the process group Stop signals. virtlogd dies with
-// libvirtd (which the script becomes), and libvirtd with the test binary
-// (start's parent-death signal), should the binary die before Stop.
-const libvirtdScript = `set -e
-d=$1
-mount -t tmpfs tmpfs /run
-mkdir -p /run/libvirt /run/lock
-mount --bind "$d/run" /run/libvirt
-mount --bind "$d/lib" /var/lib/libvirt
-mount --bind "$d/log" /var/log/libvirt
-mount --bind "$d/cache" /var/cache/libvirt
-mount --bind "$d/etc" /etc/libvirt
-setpriv --pdeathsig KILL virtlogd &
-exec libvirtd
-`
-
 // StartRealCompute starts the real compute host, unless it runs, and
 // returns its name once Nova knows it. Stop stops it with the cloud, its
 // guests, their loop devices and the agents' namespaces included. A start
@@ -171,8 +155,12 @@ func (c *Cloud) startRealCompute(ctx context.Context) (string, error) {
 			return "", err
 		}
 	}
+	// guesthost's daemon, in a mount namespace of its own: virtlogd and
+	// libvirtd in the process group Stop signals, virtlogd dying with
+	// libvirtd, and libvirtd with the test binary (start's parent-death
+	// signal), should the binary die before Stop.
 	libvirtd, err := c.start("libvirtd", nil, "unshare", "--mount", "--propagation", "private",
-		"bash", "-c", libvirtdScript, "libvirtd", r.dir)
+		"bash", "-c", guesthost.DaemonScript, "libvirtd", r.dir)
 	if err != nil {
 		return "", err
 	}
