@@ -200,11 +200,8 @@ func bootGuest(ctx context.Context, kube client.Client, hostOf func(node string)
 	g.CreateToAddressSeconds = time.Since(created).Seconds()
 	progress("address %s after %.1f s; waiting for ssh", ip, g.CreateToAddressSeconds)
 
-	var out string
-	if err := poll(ctx, func() (bool, error) {
-		out, err = hostOf(vm.Status.AtProvider.Node).SSH(ctx, key, guestimage.DefaultUser, ip, "ip -4 -o addr show scope global")
-		return err == nil, nil
-	}); err != nil {
+	out, err := guesthost.SSHUntil(ctx, hostOf(vm.Status.AtProvider.Node).Netns, key, guestimage.DefaultUser, ip, "ip -4 -o addr show scope global", guestPoll, guestTimeout)
+	if err != nil {
 		g.Notes = append(g.Notes, fmt.Sprintf("no ssh to %s within %s: %v: %s", ip, guestTimeout, err, out))
 		return nil
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/diskimagetest"
+	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
 	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
 	"github.com/virtfleet/virtfleet/internal/harness/openstack"
 )
@@ -269,16 +270,11 @@ func testRealNovaGuest(t *testing.T, h *hub, on func(*v1alpha1.VirtualMachine) *
 		t.Logf("Running on %s %s after it was created", got.Status.AtProvider.Node, time.Since(start).Round(time.Millisecond))
 		require.Equal(t, host, got.Status.AtProvider.Node, "NODE is the real compute host")
 		ip := got.Status.AtProvider.Interfaces[0].IPs[0]
-		var answer []byte
-		require.Eventually(t, func() bool {
-			ssh := exec.Command("ip", "netns", "exec", "qdhcp-"+lanID, "ssh", "-i", key,
-				"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-				"-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR",
-				guestimage.DefaultUser+"@"+ip, "ip -4 -o addr show scope global")
-			answer, err = ssh.CombinedOutput()
-			return err == nil
-		}, 10*time.Minute, 2*time.Second, "ssh into the guest at its status address %s", ip)
-		t.Logf("ssh into the guest %s after the VM was created: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(string(answer)))
-		assert.Contains(t, string(answer), ip+"/24", "the guest holds its status address")
+		// From the network's DHCP namespace, the one place on the real
+		// host the guest's address is reachable from.
+		answer, err := guesthost.SSHUntil(ctx, "qdhcp-"+lanID, key, guestimage.DefaultUser, ip, "ip -4 -o addr show scope global", 2*time.Second, 10*time.Minute)
+		require.NoError(t, err, "ssh into the guest at its status address %s: %s", ip, answer)
+		t.Logf("ssh into the guest %s after the VM was created: %s", time.Since(start).Round(time.Millisecond), answer)
+		assert.Contains(t, answer, ip+"/24", "the guest holds its status address")
 	})
 }

@@ -298,12 +298,7 @@ func (g *suite) ssh(ip, command string) (string, error) {
 // guest on a busy machine can take long to answer even once it is up.
 func (g *suite) sshUntil(t *testing.T, ip, command string, timeout time.Duration) string {
 	t.Helper()
-	var out string
-	var err error
-	_ = wait.PollUntilContextTimeout(g.ctx, 2*time.Second, timeout, true, func(context.Context) (bool, error) {
-		out, err = g.ssh(ip, command)
-		return err == nil, nil
-	})
+	out, err := guesthost.SSHUntil(g.ctx, g.host.Netns, g.key, guestimage.DefaultUser, ip, command, 2*time.Second, timeout)
 	require.NoError(t, err, "ssh %s@%s %q for %s: %s", guestimage.DefaultUser, ip, command, timeout, out)
 	return out
 }

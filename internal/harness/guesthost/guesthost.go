@@ -332,20 +332,48 @@ func (h *Host) Dial() (*libvirt.Libvirt, error) {
 
 // Command runs name inside the host's network namespace (ssh to a guest, say).
 func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.Netns, name}, args...)...) //nolint:gosec // test commands
+	return inNetns(ctx, h.Netns, name, args...)
+}
+
+// inNetns runs name inside network namespace netns.
+func inNetns(ctx context.Context, netns, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", netns, name}, args...)...) //nolint:gosec // test commands
 }
 
 // SSH runs command in a guest as user, logging in with the private key in
 // file key, from inside the host's network namespace (the only place the
 // guest's address is reachable from). It gives up after 30 s.
 func (h *Host) SSH(ctx context.Context, key, user, ip, command string) (string, error) {
+	return SSHFrom(ctx, h.Netns, key, user, ip, command)
+}
+
+// SSHFrom runs command in a guest as Host.SSH does, from inside network
+// namespace netns: a Host's, or another place the guest's address is
+// reachable from only (a cloud's DHCP namespace of the guest's network).
+// It gives up after 30 s.
+func SSHFrom(ctx context.Context, netns, key, user, ip, command string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	out, err := h.Command(ctx, "ssh", "-i", key,
+	out, err := inNetns(ctx, netns, "ssh", "-i", key,
 		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
 		"-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
 		user+"@"+ip, command).CombinedOutput()
 	return strings.TrimSpace(string(out)), err
+}
+
+// SSHUntil runs command as SSHFrom does, at once and then every interval,
+// until the guest's sshd lets the key in and command succeeds, or until
+// timeout (or ctx) ends: an emulated guest on a busy machine can take long
+// to answer even once it is up. It returns the last output and the last
+// error of ssh, nil once it succeeded.
+func SSHUntil(ctx context.Context, netns, key, user, ip, command string, interval, timeout time.Duration) (string, error) {
+	var out string
+	var err error
+	_ = wait.PollUntilContextTimeout(ctx, interval, timeout, true, func(context.Context) (bool, error) {
+		out, err = SSHFrom(ctx, netns, key, user, ip, command)
+		return err == nil, nil
+	})
+	return out, err
 }
 
 // QEMULog is QEMU's log of a domain (/var/log/libvirt/qemu/<domain>.log inside).
