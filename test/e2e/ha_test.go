@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -132,17 +131,17 @@ func TestHighAvailability(t *testing.T) {
 	})
 
 	t.Run("NoVMRanTwiceAtAnyInstant", func(t *testing.T) {
-		sampler.stop()
+		sampler.Stop()
 		vms := &v1alpha1.VirtualMachineList{}
 		require.NoError(t, h.kube.List(context.Background(), vms))
 		require.NotEmpty(t, vms.Items)
-		doubles := sampler.doubles()
+		doubles := sampler.Doubles()
 		for _, vm := range vms.Items {
 			// The test driver's own guest "test" runs on every node; only
 			// the VMs' guests count.
-			assert.Empty(t, doubles[string(vm.UID)], "VM %s seen running on two nodes in one sample", vm.Name)
+			assert.Empty(t, doubles[string(vm.UID)].Nodes, "VM %s seen running on two nodes in one sample", vm.Name)
 		}
-		assert.Greater(t, sampler.samples(), 100, "the sampler looked often enough to mean something")
+		assert.Greater(t, sampler.Samples(), 100, "the sampler looked often enough to mean something")
 	})
 }
 
@@ -217,89 +216,18 @@ func addresses(t *testing.T, h *hub, names []string) map[string]string {
 	return out
 }
 
-// sampler reads every node's running guests from its libvirtd, behind
-// virtfleet's back, as fast as it can, and remembers when each VM ran where.
+// sampler is the stack's Sampler of the test's nodes, each guest counted
+// for the VM of its uid, read by VM name.
 type sampler struct {
-	h      *hub
-	nodes  []string
-	cancel context.CancelFunc
-	done   chan struct{}
-
-	mu sync.Mutex
-	n  int
-	// seen is, per VM uid and node, the first and last sample that showed
-	// it running there.
-	seen map[string]map[string][2]time.Time
-	// double are the uids seen running on two nodes in one sample.
-	double map[string][]string
+	*stack.Sampler
+	h *hub
 }
 
 func startSampler(t *testing.T, h *hub, nodes ...string) *sampler {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &sampler{h: h, nodes: nodes, cancel: cancel, done: make(chan struct{}), seen: map[string]map[string][2]time.Time{}, double: map[string][]string{}}
-	go s.run(ctx)
-	t.Cleanup(s.stop)
+	s := &sampler{Sampler: h.s.StartSampler(context.Background(), nodes, stack.SamplerOptions{}), h: h}
+	t.Cleanup(s.Stop)
 	return s
-}
-
-func (s *sampler) run(ctx context.Context) {
-	defer close(s.done)
-	for ctx.Err() == nil {
-		at := time.Now()
-		where := map[string][]string{}
-		for _, node := range s.nodes {
-			// A killed libvirtd runs nothing.
-			running, err := s.h.s.RunningGuests(ctx, node)
-			if err != nil {
-				continue
-			}
-			for uid := range running {
-				where[uid] = append(where[uid], node)
-			}
-		}
-		s.mu.Lock()
-		s.n++
-		for uid, nodes := range where {
-			if len(nodes) > 1 {
-				s.double[uid] = nodes
-			}
-			byNode := s.seen[uid]
-			if byNode == nil {
-				byNode = map[string][2]time.Time{}
-				s.seen[uid] = byNode
-			}
-			for _, node := range nodes {
-				w := byNode[node]
-				if w[0].IsZero() {
-					w[0] = at
-				}
-				w[1] = at
-				byNode[node] = w
-			}
-		}
-		s.mu.Unlock()
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func (s *sampler) stop() {
-	s.cancel()
-	<-s.done
-}
-
-// firstRunningElsewhere is the first sample after since that showed the
-// VM of uid running on a node other than lost, or zero.
-func (s *sampler) firstRunningElsewhere(uid, lost string, since time.Time) time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var first time.Time
-	for node, w := range s.seen[uid] {
-		if node != lost && w[0].After(since) && (first.IsZero() || w[0].Before(first)) {
-			first = w[0]
-		}
-	}
-	return first
 }
 
 // waitRunningElsewhere waits until a sample has shown VM name running on
@@ -310,7 +238,7 @@ func (s *sampler) waitRunningElsewhere(t *testing.T, name, lost string, since ti
 	uid := string(s.h.get(t, name).UID)
 	var first time.Time
 	require.Eventually(t, func() bool {
-		first = s.firstRunningElsewhere(uid, lost, since)
+		first = s.FirstRunningElsewhere(uid, lost, since)
 		return !first.IsZero()
 	}, 10*time.Second, 50*time.Millisecond, "%s never seen running elsewhere by the sampler", name)
 	return first
@@ -318,20 +246,5 @@ func (s *sampler) waitRunningElsewhere(t *testing.T, name, lost string, since ti
 
 // lastRunningOn is the last sample that showed VM name running on node.
 func (s *sampler) lastRunningOn(name, node string) time.Time {
-	uid := string(s.h.get(s.h.t, name).UID)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.seen[uid][node][1]
-}
-
-func (s *sampler) doubles() map[string][]string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.double
-}
-
-func (s *sampler) samples() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.n
+	return s.LastRunningOn(string(s.h.get(s.h.t, name).UID), node)
 }

@@ -386,7 +386,7 @@ func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *obser
 	var sm *sampler
 	if haFault(f.Kind) {
 		sm = startSampler(ctx, s, obs.kube, killed)
-		defer sm.cancel()
+		defer sm.Stop()
 		progress("%s with %d HA VMs running on it", label, len(pinned))
 	} else {
 		progress("kill -9 %s", label)

@@ -15,7 +15,6 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -177,69 +176,30 @@ func restartFigures(sorted []time.Duration, missing int) string {
 	return out
 }
 
-// sampler reads every node's running guests from its libvirtd, behind
-// virtfleet's back, as fast as it can, and remembers each VM it saw running
-// on two nodes in one sample. A guest counts for a VM when its UUID is the
-// VM's uid or the uid of the orphan the VM adopted; the test driver's own
-// domain, running on every node, is no VM's.
+// sampler is the stack's Sampler of every node, reading each node's
+// libvirtd behind virtfleet's back, a guest counted for a VM when its UUID
+// is the VM's uid or the uid of the orphan the VM adopted; the test
+// driver's own domain, running on every node, is no VM's.
 type sampler struct {
-	s      *stack.Stack
-	kube   client.Client
-	since  time.Time
-	cancel context.CancelFunc
-	done   chan struct{}
-
-	mu sync.Mutex
-	n  int
+	*stack.Sampler
+	kube  client.Client
+	since time.Time
 	// owner is the VM uid (and name) of every guest uid seen in the API
-	// since the start, as the guest outlives an adopted annotation.
+	// since the start, as the guest outlives an adopted annotation. Only
+	// the Sampler's goroutine touches it until Stop.
 	owner map[string][2]string
-	// double is, per VM uid, the first sample that showed it running
-	// twice.
-	double map[string]Problem
 }
 
 func startSampler(ctx context.Context, s *stack.Stack, kube client.Client, since time.Time) *sampler {
-	ctx, cancel := context.WithCancel(ctx)
-	sm := &sampler{s: s, kube: kube, since: since, cancel: cancel, done: make(chan struct{}), owner: map[string][2]string{}, double: map[string]Problem{}}
-	go sm.run(ctx)
+	sm := &sampler{kube: kube, since: since, owner: map[string][2]string{}}
+	sm.Sampler = s.StartSampler(ctx, sortedKeys(s.Nodes), stack.SamplerOptions{VMOf: sm.vmOf, Learn: sm.learn})
 	return sm
 }
 
-func (sm *sampler) run(ctx context.Context) {
-	defer close(sm.done)
-	nodes := sortedKeys(sm.s.Nodes)
-	var listed time.Time
-	for ctx.Err() == nil {
-		if time.Since(listed) >= time.Second {
-			sm.learn(ctx)
-			listed = time.Now()
-		}
-		at := time.Now()
-		where := map[string][]string{}
-		for _, node := range nodes {
-			// A killed libvirtd runs nothing.
-			running, err := sm.s.RunningGuests(ctx, node)
-			if err != nil {
-				continue
-			}
-			for uid := range running {
-				if vm, ok := sm.owner[uid]; ok && !slices.Contains(where[vm[0]], node) {
-					where[vm[0]] = append(where[vm[0]], node)
-				}
-			}
-		}
-		sm.mu.Lock()
-		sm.n++
-		for uid, nodes := range where {
-			if _, seen := sm.double[uid]; len(nodes) > 1 && !seen {
-				sm.double[uid] = Problem{Kind: DoubleRunning, Message: fmt.Sprintf("VM %s (%s) seen running on %s in one sample, %s after the fault began",
-					sm.owner[uid][1], uid, strings.Join(nodes, " and "), at.Sub(sm.since).Round(time.Millisecond))}
-			}
-		}
-		sm.mu.Unlock()
-		_ = sleep(ctx, 50*time.Millisecond)
-	}
+// vmOf is the uid of the VM whose guest has this uid.
+func (sm *sampler) vmOf(guest string) (string, bool) {
+	id, ok := sm.owner[guest]
+	return id[0], ok
 }
 
 // learn records the guest uids of every VM in the API.
@@ -261,11 +221,13 @@ func (sm *sampler) learn(ctx context.Context) {
 // stop ends the sampling and returns the VMs seen running twice and how
 // many samples were taken.
 func (sm *sampler) stop() ([]Problem, int) {
-	sm.cancel()
-	<-sm.done
-	out := make([]Problem, 0, len(sm.double))
-	for _, uid := range sortedKeys(sm.double) {
-		out = append(out, sm.double[uid])
+	sm.Stop()
+	doubles := sm.Doubles()
+	out := make([]Problem, 0, len(doubles))
+	for _, uid := range sortedKeys(doubles) {
+		d := doubles[uid]
+		out = append(out, Problem{Kind: DoubleRunning, Message: fmt.Sprintf("VM %s (%s) seen running on %s in one sample, %s after the fault began",
+			sm.owner[uid][1], uid, strings.Join(d.Nodes, " and "), d.At.Sub(sm.since).Round(time.Millisecond))})
 	}
-	return out, sm.n
+	return out, sm.Samples()
 }
