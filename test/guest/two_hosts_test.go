@@ -106,6 +106,9 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 		assert.Contains(t, addrs, " "+ipB+"/", "the guest holds it again")
 		a.sshUntil(t, ipA, ping(ipB, defaultPayload), reachTimeout)
 	})
+	t.Run("AFrozenSnapshotKeepsTheGuestFromMovingUntilDeleted", func(t *testing.T) {
+		g.snapshotHoldsTheGuest(t, "g1", ipA, nodeA, ipB, nodeB)
+	})
 	t.Run("ALiveMigrationMovesAGuestWithItsVolumeAndAddress", func(t *testing.T) {
 		g.migrate(t, "g1", ipA, nodeA, nodeB, ipB)
 		b.sshUntil(t, ipB, ping(ipA, defaultPayload), reachTimeout)
