@@ -168,7 +168,10 @@ func setupController(mgr ctrl.Manager, step time.Duration) (*FakeVirtController,
 		Watches(&kubevirtv1.VirtualMachineInstance{}, handler.EnqueueRequestsFromMapFunc(c.migrationsOf)).
 		WithOptions(options).
 		Complete(reconcile.Func(c.reconcileMigration))
-	return c, errors.Wrap(err, "cannot set up the fake virt-controller's migrations")
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot set up the fake virt-controller's migrations")
+	}
+	return c, c.setupSnapshots(mgr, options)
 }
 
 // Fail makes the VM named nn show f until Recover: its VMI (when f leaves
@@ -292,7 +295,12 @@ func (c *FakeVirtController) run(ctx context.Context, vm *kubevirtv1.VirtualMach
 		if f, missing, err := c.missingClaim(ctx, vm); err != nil || missing {
 			return again, errors.Join(err, c.setStatus(ctx, vm, f.Status, nil, &f))
 		}
+		revision, err := c.revision(ctx, vm)
+		if err != nil {
+			return again, err
+		}
 		vmi = newVMI(vm)
+		vmi.Status.VirtualMachineRevisionName = revision
 		if err := c.client.Create(ctx, vmi); err != nil && !kerrors.IsAlreadyExists(err) {
 			return reconcile.Result{}, errors.Wrap(err, "cannot create the VMI")
 		}

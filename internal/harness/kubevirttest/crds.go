@@ -19,6 +19,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	snapshotv1 "kubevirt.io/api/snapshot/v1beta1"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/yaml"
 
@@ -32,19 +33,22 @@ func CRDDir() string {
 	return filepath.Join(filepath.Dir(file), "testdata", "crds")
 }
 
-// CRDs are KubeVirt's VirtualMachine, VirtualMachineInstance and
-// VirtualMachineInstanceMigration CRDs as virt-operator installs them: the
-// generated schemas plus the operator's short names, and the status
-// subresource on VirtualMachine and VirtualMachineInstanceMigration only —
-// KubeVirt serves the VMI without one, so its status is written with the
-// object — and CDI's DataVolume CRD as CDI's operator installs it, as
-// generated (its markers give its short names, categories and status
-// subresource).
+// CRDs are KubeVirt's VirtualMachine, VirtualMachineInstance,
+// VirtualMachineInstanceMigration, VirtualMachineSnapshot,
+// VirtualMachineSnapshotContent and VirtualMachineRestore CRDs as
+// virt-operator installs them: the generated schemas plus the operator's
+// short names, and the status subresource on all but the VMI — KubeVirt
+// serves the VMI without one, so its status is written with the object —
+// and CDI's DataVolume CRD as CDI's operator installs it, as generated (its
+// markers give its short names, categories and status subresource).
 func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	shortNames := map[string][]string{
-		"virtualmachines.kubevirt.io":                  {"vm", "vms"},
-		"virtualmachineinstances.kubevirt.io":          {"vmi", "vmis"},
-		"virtualmachineinstancemigrations.kubevirt.io": {"vmim", "vmims"},
+		"virtualmachines.kubevirt.io":                         {"vm", "vms"},
+		"virtualmachineinstances.kubevirt.io":                 {"vmi", "vmis"},
+		"virtualmachineinstancemigrations.kubevirt.io":        {"vmim", "vmims"},
+		"virtualmachinesnapshots.snapshot.kubevirt.io":        {"vmsnapshot", "vmsnapshots"},
+		"virtualmachinesnapshotcontents.snapshot.kubevirt.io": {"vmsnapshotcontent", "vmsnapshotcontents"},
+		"virtualmachinerestores.snapshot.kubevirt.io":         {"vmrestore", "vmrestores"},
 	}
 	files, err := filepath.Glob(filepath.Join(CRDDir(), "*.yaml"))
 	if err != nil {
@@ -66,7 +70,7 @@ func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		}
 		crd.Spec.Names.ShortNames = shortNames[crd.Name]
 		crd.Spec.Names.Categories = []string{"all"}
-		if kind := crd.Spec.Names.Kind; kind == "VirtualMachine" || kind == "VirtualMachineInstanceMigration" {
+		if crd.Spec.Names.Kind != "VirtualMachineInstance" {
 			for i := range crd.Spec.Versions {
 				crd.Spec.Versions[i].Subresources = &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}}
 			}
@@ -79,7 +83,8 @@ func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	return crds, nil
 }
 
-// AddToScheme registers the Kubernetes, KubeVirt and CDI types, and the
+// AddToScheme registers the Kubernetes, KubeVirt (snapshots included) and
+// CDI types, and the
 // APIService the subresource API is registered with.
 func AddToScheme(s *k8sruntime.Scheme) error {
 	if err := clientgoscheme.AddToScheme(s); err != nil {
@@ -90,6 +95,9 @@ func AddToScheme(s *k8sruntime.Scheme) error {
 	}
 	if err := kubevirtv1.AddToScheme(s); err != nil {
 		return errors.Wrap(err, "cannot register KubeVirt types")
+	}
+	if err := snapshotv1.AddToScheme(s); err != nil {
+		return errors.Wrap(err, "cannot register KubeVirt's snapshot types")
 	}
 	return errors.Wrap(cdiv1.AddToScheme(s), "cannot register CDI types")
 }

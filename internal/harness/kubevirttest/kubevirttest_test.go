@@ -21,7 +21,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 )
 
-func TestCRDsAreKubeVirtsVMVMIAndMigrationAndCDIsDataVolume(t *testing.T) {
+func TestCRDsAreKubeVirtsVMVMIMigrationAndSnapshotsAndCDIsDataVolume(t *testing.T) {
 	crds, err := CRDs()
 	require.NoError(t, err)
 	type crd struct {
@@ -38,8 +38,11 @@ func TestCRDsAreKubeVirtsVMVMIAndMigrationAndCDIsDataVolume(t *testing.T) {
 		"VirtualMachine":                  {group: "kubevirt.io", status: true, shortNames: []string{"vm", "vms"}},
 		"VirtualMachineInstance":          {group: "kubevirt.io", status: false, shortNames: []string{"vmi", "vmis"}},
 		"VirtualMachineInstanceMigration": {group: "kubevirt.io", status: true, shortNames: []string{"vmim", "vmims"}},
+		"VirtualMachineSnapshot":          {group: "snapshot.kubevirt.io", status: true, shortNames: []string{"vmsnapshot", "vmsnapshots"}},
+		"VirtualMachineSnapshotContent":   {group: "snapshot.kubevirt.io", status: true, shortNames: []string{"vmsnapshotcontent", "vmsnapshotcontents"}},
+		"VirtualMachineRestore":           {group: "snapshot.kubevirt.io", status: true, shortNames: []string{"vmrestore", "vmrestores"}},
 		"DataVolume":                      {group: "cdi.kubevirt.io", status: true, shortNames: []string{"dv", "dvs"}},
-	}, byKind, "a status subresource on the VM and the migration, not the VMI, as virt-operator installs them; CDI's DataVolume as generated")
+	}, byKind, "a status subresource on all but the VMI, as virt-operator installs them; CDI's DataVolume as generated")
 }
 
 func testVM(name string) *kubevirtv1.VirtualMachine {

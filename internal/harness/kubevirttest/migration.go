@@ -497,15 +497,21 @@ func (c *FakeVirtController) setMigrationPhase(ctx context.Context, mig *kubevir
 // event records an event on the migration, as virt-controller's recorder
 // would.
 func (c *FakeVirtController) event(ctx context.Context, mig *kubevirtv1.VirtualMachineInstanceMigration, kind, reason, message string) error {
+	return c.recordEvent(ctx, corev1.ObjectReference{
+		APIVersion: kubevirtv1.SchemeGroupVersion.String(), Kind: "VirtualMachineInstanceMigration",
+		Namespace: mig.Namespace, Name: mig.Name, UID: mig.UID, ResourceVersion: mig.ResourceVersion,
+	}, kind, reason, message)
+}
+
+// recordEvent records an event on the object ref names, as
+// virt-controller's recorder would.
+func (c *FakeVirtController) recordEvent(ctx context.Context, ref corev1.ObjectReference, kind, reason, message string) error {
 	now := metav1.Now()
 	e := &corev1.Event{
 		// client-go's recorder names events so that they list in order.
-		ObjectMeta: metav1.ObjectMeta{Namespace: mig.Namespace, Name: fmt.Sprintf("%s.%x", mig.Name, now.UnixNano())},
-		InvolvedObject: corev1.ObjectReference{
-			APIVersion: kubevirtv1.SchemeGroupVersion.String(), Kind: "VirtualMachineInstanceMigration",
-			Namespace: mig.Namespace, Name: mig.Name, UID: mig.UID, ResourceVersion: mig.ResourceVersion,
-		},
-		Reason: reason, Message: message, Type: kind,
+		ObjectMeta:     metav1.ObjectMeta{Namespace: ref.Namespace, Name: fmt.Sprintf("%s.%x", ref.Name, now.UnixNano())},
+		InvolvedObject: ref,
+		Reason:         reason, Message: message, Type: kind,
 		Source:         corev1.EventSource{Component: eventSource},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 	}
