@@ -18,6 +18,9 @@ import (
 //     migration failed);
 //   - cdi.kubevirt.io datavolumes: get, create, delete (disks made from
 //     images only);
+//   - snapshot.kubevirt.io virtualmachinesnapshots: get, list, create,
+//     delete; virtualmachinerestores: get, create, delete (snapshots and
+//     reverts, see snapshot.go);
 //   - subresources.kubevirt.io virtualmachineinstances/pause and
 //     virtualmachineinstances/unpause: update (pausing a guest);
 //     virtualmachineinstances/console and virtualmachineinstances/vnc: get

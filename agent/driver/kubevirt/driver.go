@@ -33,7 +33,9 @@
 // console and vnc WebSocket subresources of it (see OpenConsole). What the
 // agent's account must be allowed is listed on Config. MigrateHost moves a
 // running guest to another node of the cluster with a
-// VirtualMachineInstanceMigration (see migrate.go).
+// VirtualMachineInstanceMigration (see migrate.go). Snapshots and reverts
+// are KubeVirt's VirtualMachineSnapshots and VirtualMachineRestores (see
+// snapshot.go).
 //
 // Disks from images (see datavolume.go) need CDI, the
 // containerized-data-importer, in the cluster: a missing disk with an Image
@@ -75,6 +77,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	snapshotv1 "kubevirt.io/api/snapshot/v1beta1"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -155,6 +158,9 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	if err := kubevirtv1.AddToScheme(scheme); err != nil {
 		return nil, errors.Wrap(err, "cannot register KubeVirt types")
+	}
+	if err := snapshotv1.AddToScheme(scheme); err != nil {
+		return nil, errors.Wrap(err, "cannot register KubeVirt's snapshot types")
 	}
 	if err := cdiv1.AddToScheme(scheme); err != nil {
 		return nil, errors.Wrap(err, "cannot register CDI types")

@@ -75,10 +75,8 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 	if wasRunning != m.Running {
 		next.Spec.RunStrategy, next.Spec.Running = want.Spec.RunStrategy, nil //nolint:staticcheck // KubeVirt takes one of the two
 	}
-	if !m.Running && runs(vmi) && pausedVMI(vmi) {
-		// Resumed, the guest shuts down cleanly when KubeVirt stops it;
-		// paused, it would be killed once its grace period is over.
-		if err := d.subresource(ctx, vmi, "unpause", &kubevirtv1.UnpauseOptions{}); err != nil {
+	if !m.Running {
+		if err := d.resumeToStop(ctx, vmi); err != nil {
 			return driver.Observation{}, err
 		}
 	}
@@ -148,6 +146,16 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 		}
 	}
 	return o, nil
+}
+
+// resumeToStop resumes vmi if it is paused, before KubeVirt stops it:
+// resumed, the guest shuts down cleanly; paused, it would be killed once
+// its grace period is over.
+func (d *Driver) resumeToStop(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance) error {
+	if !runs(vmi) || !pausedVMI(vmi) {
+		return nil
+	}
+	return d.subresource(ctx, vmi, "unpause", &kubevirtv1.UnpauseOptions{})
 }
 
 // runs is whether vmi is a VMI KubeVirt runs and keeps running: one that

@@ -46,7 +46,12 @@ var _ driver.HostMigrator = (*Driver)(nil)
 // with id: "vf-" and the id when that is a valid name, else "vf-" and a
 // hash of it. A repeated MigrateHost finds it by this name rather than
 // making a second.
-func MigrationName(id string) string {
+func MigrationName(id string) string { return idName(id) }
+
+// idName names the object of the act with id: "vf-" and the id when that
+// is a valid name, else "vf-" and a hash of it, so a repeated call finds
+// the object it made before.
+func idName(id string) string {
 	if name := "vf-" + id; len(validation.IsDNS1123Label(name)) == 0 {
 		return name
 	}
