@@ -169,18 +169,34 @@ func testBackend(t *testing.T, backend string) {
 		assert.Equal(t, 1, guests[string(vm.UID)], "the first VM survived the agent's restart once")
 	})
 
-	t.Run("ASnapshotIsRefusedWithTheReason", func(t *testing.T) {
-		h.create(t, &v1alpha1.VirtualMachineSnapshot{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm-kept"},
-			Spec:       v1alpha1.VirtualMachineSnapshotSpec{VMName: "vm"},
-		})
-		s := &v1alpha1.VirtualMachineSnapshot{}
-		require.Eventually(t, func() bool {
-			return h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "vm-kept"}, s) == nil && s.Done()
-		}, 30*time.Second, 100*time.Millisecond, "snapshot: last status %+v", &s.Status)
-		assert.Equal(t, v1alpha1.SnapshotFailed, s.Status.Phase)
-		assert.False(t, s.Status.ReadyToUse)
-		assert.Contains(t, s.Status.Message, "(backend "+backend+") keeps no snapshots")
+	t.Run("ASnapshotIsTakenWhereTheBackendKeepsOnesElseRefusedWithTheReason", func(t *testing.T) {
+		snapshot := func(name string, memory bool) *v1alpha1.VirtualMachineSnapshot {
+			t.Helper()
+			h.create(t, &v1alpha1.VirtualMachineSnapshot{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+				Spec:       v1alpha1.VirtualMachineSnapshotSpec{VMName: "vm", IncludeMemory: memory},
+			})
+			s := &v1alpha1.VirtualMachineSnapshot{}
+			require.Eventually(t, func() bool {
+				return h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, s) == nil && s.Done()
+			}, 30*time.Second, 100*time.Millisecond, "snapshot %s: last status %+v", name, &s.Status)
+			return s
+		}
+		if backend != driver.BackendKubeVirt {
+			s := snapshot("vm-kept", false)
+			assert.Equal(t, v1alpha1.SnapshotFailed, s.Status.Phase)
+			assert.False(t, s.Status.ReadyToUse)
+			assert.Contains(t, s.Status.Message, "(backend "+backend+") keeps no snapshots")
+			return
+		}
+		s := snapshot("vm-kept", false)
+		assert.Equal(t, v1alpha1.SnapshotSucceeded, s.Status.Phase, s.Status.Message)
+		assert.True(t, s.Status.ReadyToUse, "KubeVirt's VirtualMachineSnapshot of the guest")
+		h.deleteObject(t, s)
+		m := snapshot("vm-memory", true)
+		assert.Equal(t, v1alpha1.SnapshotFailed, m.Status.Phase)
+		assert.False(t, m.Status.ReadyToUse)
+		assert.Contains(t, m.Status.Message, "KubeVirt keeps no guest memory")
 	})
 
 	t.Run("AMigrationMovesTheGuestToAnotherHostOfTheBackend", func(t *testing.T) {
