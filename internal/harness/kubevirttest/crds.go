@@ -1,8 +1,10 @@
 // Package kubevirttest runs a simulated KubeVirt cluster for tests and the
 // test stack: a real kube-apiserver (internal/harness/controlplane) with KubeVirt's
 // VirtualMachine, VirtualMachineInstance and VirtualMachineInstanceMigration
-// CRDs and CDI's DataVolume CRD, schedulable Nodes, FakeVirtController, an
-// in-process stand-in for virt-controller and virt-handler, a stand-in for
+// CRDs, its snapshot.kubevirt.io CRDs and CDI's DataVolume CRD, schedulable
+// Nodes, FakeVirtController, an in-process stand-in for virt-controller
+// (its snapshot and restore controllers included) and virt-handler, a
+// stand-in for
 // virt-api's subresource API (pause and unpause), aggregated by the API
 // server as KubeVirt's is, and FakeCDI, a stand-in for CDI's DataVolume
 // controller and importer. No KubeVirt or CDI component runs: no pod, no
