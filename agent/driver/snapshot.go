@@ -46,16 +46,21 @@ type Snapshotter interface {
 	// is gone, succeeds.
 	DeleteSnapshot(ctx context.Context, uid, id string) error
 
-	// RevertSnapshot brings guest uid back to its snapshot id: the guest
-	// is stopped and its disks return to the snapshot's. A snapshot with
-	// memory, reverted with running set, leaves the guest running from
-	// the snapshot's moment (the same boot, its processes where they
+	// RevertSnapshot brings guest uid back to its snapshot r.Snapshot: the
+	// guest is stopped and its disks return to the snapshot's. A snapshot
+	// with memory, reverted with r.Running set, leaves the guest running
+	// from the snapshot's moment (the same boot, its processes where they
 	// were); any other revert leaves it stopped, for the next Ensure to
 	// start as Machine.Running says. What the driver recorded of the guest
 	// since (restart and reset nonces handled, who owns it) is kept, so a
 	// revert never replays an act. A snapshot the guest does not have is
 	// a Terminal error.
-	RevertSnapshot(ctx context.Context, uid, id string, running bool) error
+	//
+	// A revert named by r.Restore is made once: the driver records the
+	// last restore it made on the guest, and a call naming it again
+	// succeeds without reverting, so an agent that restarts between the
+	// revert and its report never throws away what the guest did since.
+	RevertSnapshot(ctx context.Context, uid string, r RevertRequest) error
 }
 
 // SnapshotRequest is a snapshot to take.
@@ -64,6 +69,17 @@ type SnapshotRequest struct {
 	ID string
 	// Memory asks for the running guest's memory with its disks.
 	Memory bool
+}
+
+// RevertRequest is a revert to make.
+type RevertRequest struct {
+	// Snapshot is the ID of the snapshot to go back to.
+	Snapshot string
+	// Restore names the revert (the VirtualMachineRestore's uid); empty
+	// reverts at every call.
+	Restore string
+	// Running asks that a snapshot with memory be resumed.
+	Running bool
 }
 
 // Snapshot is one snapshot of a guest, as the driver sees it.

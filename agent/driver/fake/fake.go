@@ -113,6 +113,8 @@ type guest struct {
 	lastNonce string
 	// lastReset is the last reset nonce handled.
 	lastReset string
+	// lastRestore is the last named revert made.
+	lastRestore string
 }
 
 type failure struct{ op, uid string }

@@ -105,10 +105,12 @@ func (d *Driver) DeleteSnapshot(_ context.Context, uid, id string) error {
 // snapshot with memory, with running set, runs on from the snapshot's
 // moment in the same boot: its RestartCount is not counted up, and its
 // shape is the one it ran with then. Any other revert leaves it Stopped.
-// The nonces it handled are kept, so the next Ensure replays none.
-func (d *Driver) RevertSnapshot(_ context.Context, uid, id string, running bool) error {
+// The nonces it handled are kept, so the next Ensure replays none, and a
+// named revert it made last is not made again.
+func (d *Driver) RevertSnapshot(_ context.Context, uid string, r driver.RevertRequest) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	id, running := r.Snapshot, r.Running
 	if err := d.take(Call{Op: "RevertSnapshot", UID: uid, Snapshot: driver.SnapshotRequest{ID: id}, Running: running}, &d.NextRevertSnapshotErr); err != nil {
 		return err
 	}
@@ -116,11 +118,15 @@ func (d *Driver) RevertSnapshot(_ context.Context, uid, id string, running bool)
 	if !ok {
 		return driver.NotFoundf("guest %s not found", uid)
 	}
+	if r.Restore != "" && r.Restore == g.lastRestore {
+		return nil
+	}
 	i := slices.IndexFunc(d.snapshots[uid], func(s snapshot) bool { return s.ID == id })
 	if i < 0 {
 		return driver.Terminalf("guest %s has no snapshot %s", uid, id)
 	}
 	s := d.snapshots[uid][i]
+	g.lastRestore = r.Restore
 	if s.Memory && running {
 		g.obs.Phase, g.obs.Interfaces = driver.PhaseRunning, slices.Clone(s.obs.Interfaces)
 		g.obs.VCPU, g.obs.MemoryBytes = s.obs.VCPU, s.obs.MemoryBytes

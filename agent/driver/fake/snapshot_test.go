@@ -55,7 +55,7 @@ func TestSnapshotter(t *testing.T) {
 		"AGuestNotOnTheNodeIsNotFoundAndHasNoSnapshots": func(t *testing.T, d *Driver) {
 			_, err := d.TakeSnapshot(ctx, "other", driver.SnapshotRequest{ID: "s1"})
 			assert.True(t, driver.IsNotFound(err), "take: %v", err)
-			assert.True(t, driver.IsNotFound(d.RevertSnapshot(ctx, "other", "s1", true)), "revert")
+			assert.True(t, driver.IsNotFound(d.RevertSnapshot(ctx, "other", driver.RevertRequest{Snapshot: "s1", Running: true})), "revert")
 			list, err := d.Snapshots(ctx, "other")
 			require.NoError(t, err)
 			assert.Empty(t, list)
@@ -98,7 +98,7 @@ func TestSnapshotter(t *testing.T) {
 			require.NoError(t, err)
 			_, err = d.Ensure(ctx, stopped)
 			require.NoError(t, err)
-			require.NoError(t, d.RevertSnapshot(ctx, uid, "s1", true))
+			require.NoError(t, d.RevertSnapshot(ctx, uid, driver.RevertRequest{Snapshot: "s1", Running: true}))
 			o, err := d.Observe(ctx, uid)
 			require.NoError(t, err)
 			assert.Equal(t, driver.PhaseRunning, o.Phase)
@@ -110,7 +110,7 @@ func TestSnapshotter(t *testing.T) {
 		"RevertingWithMemoryButNotRunningLeavesItStopped": func(t *testing.T, d *Driver) {
 			_, err := d.TakeSnapshot(ctx, uid, driver.SnapshotRequest{ID: "s1", Memory: true})
 			require.NoError(t, err)
-			require.NoError(t, d.RevertSnapshot(ctx, uid, "s1", false))
+			require.NoError(t, d.RevertSnapshot(ctx, uid, driver.RevertRequest{Snapshot: "s1", Running: false}))
 			o, err := d.Observe(ctx, uid)
 			require.NoError(t, err)
 			assert.Equal(t, driver.PhaseStopped, o.Phase)
@@ -118,7 +118,7 @@ func TestSnapshotter(t *testing.T) {
 		"RevertingToDisksAloneLeavesItStoppedForEnsureToStart": func(t *testing.T, d *Driver) {
 			_, err := d.TakeSnapshot(ctx, uid, driver.SnapshotRequest{ID: "s1"})
 			require.NoError(t, err)
-			require.NoError(t, d.RevertSnapshot(ctx, uid, "s1", true))
+			require.NoError(t, d.RevertSnapshot(ctx, uid, driver.RevertRequest{Snapshot: "s1", Running: true}))
 			o, err := d.Observe(ctx, uid)
 			require.NoError(t, err)
 			assert.Equal(t, driver.PhaseStopped, o.Phase)
@@ -127,8 +127,21 @@ func TestSnapshotter(t *testing.T) {
 			assert.Equal(t, driver.PhaseRunning, o.Phase)
 			assert.Zero(t, o.RestartCount)
 		},
+		"ANamedRevertIsMadeOnce": func(t *testing.T, d *Driver) {
+			_, err := d.TakeSnapshot(ctx, uid, driver.SnapshotRequest{ID: "s1"})
+			require.NoError(t, err)
+			r := driver.RevertRequest{Snapshot: "s1", Restore: "r1", Running: true}
+			require.NoError(t, d.RevertSnapshot(ctx, uid, r))
+			o, err := d.Ensure(ctx, guest)
+			require.NoError(t, err)
+			require.Equal(t, driver.PhaseRunning, o.Phase)
+			require.NoError(t, d.RevertSnapshot(ctx, uid, r), "asked again after a restart")
+			o, err = d.Observe(ctx, uid)
+			require.NoError(t, err)
+			assert.Equal(t, driver.PhaseRunning, o.Phase, "not reverted again: the guest runs on")
+		},
 		"RevertingToASnapshotTheGuestHasNotIsTerminal": func(t *testing.T, d *Driver) {
-			err := d.RevertSnapshot(ctx, uid, "s9", true)
+			err := d.RevertSnapshot(ctx, uid, driver.RevertRequest{Snapshot: "s9", Running: true})
 			assert.True(t, driver.IsTerminal(err), "got %v", err)
 		},
 		"NextHooksFailOneCallEachAndAreRecorded": func(t *testing.T, d *Driver) {
@@ -138,10 +151,10 @@ func TestSnapshotter(t *testing.T) {
 			_, err = d.Snapshots(ctx, uid)
 			require.ErrorIs(t, err, boom)
 			require.ErrorIs(t, d.DeleteSnapshot(ctx, uid, "s1"), boom)
-			require.ErrorIs(t, d.RevertSnapshot(ctx, uid, "s1", true), boom)
+			require.ErrorIs(t, d.RevertSnapshot(ctx, uid, driver.RevertRequest{Snapshot: "s1", Running: true}), boom)
 			_, err = d.TakeSnapshot(ctx, uid, driver.SnapshotRequest{ID: "s1"})
 			require.NoError(t, err, "cleared")
-			require.NoError(t, d.RevertSnapshot(ctx, uid, "s1", false))
+			require.NoError(t, d.RevertSnapshot(ctx, uid, driver.RevertRequest{Snapshot: "s1", Running: false}))
 			calls := d.Calls()
 			assert.Equal(t, []string{"Ensure", "TakeSnapshot", "Snapshots", "DeleteSnapshot", "RevertSnapshot", "TakeSnapshot", "RevertSnapshot"}, ops(calls))
 			last := calls[len(calls)-1]

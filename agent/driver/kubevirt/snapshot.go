@@ -50,6 +50,11 @@ var _ driver.Snapshotter = (*Driver)(nil)
 // VirtualMachineRestore the driver made, is the id of the snapshot.
 const AnnotationSnapshot = "virtfleet.io/snapshot"
 
+// AnnotationLastRestore, on a KubeVirt VirtualMachine, names the last named
+// revert made of it (driver.RevertRequest.Restore), which is never made
+// again.
+const AnnotationLastRestore = "virtfleet.io/last-restore"
+
 // snapshotPoll is how often TakeSnapshot and RevertSnapshot read what they
 // wait for: KubeVirt takes a snapshot in seconds.
 const snapshotPoll = 100 * time.Millisecond
@@ -302,8 +307,9 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, uid, id string) error {
 }
 
 // RevertSnapshot implements driver.Snapshotter. KubeVirt's snapshots hold
-// no memory, so the guest is left stopped whatever running says.
-func (d *Driver) RevertSnapshot(ctx context.Context, uid, id string, _ bool) error {
+// no memory, so the guest is left stopped whatever req.Running says.
+func (d *Driver) RevertSnapshot(ctx context.Context, uid string, req driver.RevertRequest) error {
+	id := req.Snapshot
 	c, err := d.client()
 	if err != nil {
 		return err
@@ -311,6 +317,9 @@ func (d *Driver) RevertSnapshot(ctx context.Context, uid, id string, _ bool) err
 	vm, _, err := d.get(ctx, c, uid)
 	if err != nil {
 		return err
+	}
+	if req.Restore != "" && vm.Annotations[AnnotationLastRestore] == req.Restore {
+		return nil
 	}
 	s, err := d.snapshot(ctx, uid, id)
 	switch {
@@ -346,6 +355,9 @@ func (d *Driver) RevertSnapshot(ctx context.Context, uid, id string, _ bool) err
 	}
 	if err := d.waitRestore(ctx, r); err != nil {
 		return err
+	}
+	if req.Restore != "" {
+		vm.Annotations = merged(vm.Annotations, map[string]string{AnnotationLastRestore: req.Restore})
 	}
 	if err := d.keepRecords(ctx, c, uid, vm); err != nil {
 		return err

@@ -132,7 +132,7 @@ func TestRevertSnapshotOfARunningGuestLeavesItStoppedWithTheSnapshotsSpec(t *tes
 	require.True(t, o.RestartRequired, "the new shape waits for the next start")
 	require.NotEqual(t, taken, e.vm(m.UID).Spec.Template.Spec.Domain.Memory.Guest.String())
 
-	require.NoError(t, e.d.RevertSnapshot(context.Background(), m.UID, id, true))
+	require.NoError(t, e.d.RevertSnapshot(context.Background(), m.UID, driver.RevertRequest{Snapshot: id, Running: true}))
 	vm := e.vm(m.UID)
 	assert.Equal(t, kubevirtv1.RunStrategyHalted, *vm.Spec.RunStrategy, "a revert without memory leaves the guest stopped")
 	err = e.kube.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: vm.Name}, &kubevirtv1.VirtualMachineInstance{})
@@ -151,8 +151,13 @@ func TestRevertSnapshotOfARunningGuestLeavesItStoppedWithTheSnapshotsSpec(t *tes
 	assert.Equal(t, int32(1), o.RestartCount, "the next Ensure starts it and replays no restart")
 	assert.False(t, o.RestartRequired, "it runs the shape it was started with")
 
-	require.NoError(t, e.d.RevertSnapshot(context.Background(), m.UID, id, false), "the same snapshot can be reverted to again")
+	require.NoError(t, e.d.RevertSnapshot(context.Background(), m.UID, driver.RevertRequest{Snapshot: id, Restore: "r1", Running: false}), "the same snapshot can be reverted to again")
 	assert.Equal(t, kubevirtv1.RunStrategyHalted, *e.vm(m.UID).Spec.RunStrategy)
+	assert.Equal(t, "r1", e.vm(m.UID).Annotations[AnnotationLastRestore])
+
+	e.ensureUntil(m, phaseIs(driver.PhaseRunning))
+	require.NoError(t, e.d.RevertSnapshot(context.Background(), m.UID, driver.RevertRequest{Snapshot: id, Restore: "r1", Running: false}), "asked again after a restart")
+	assert.NotEqual(t, kubevirtv1.RunStrategyHalted, *e.vm(m.UID).Spec.RunStrategy, "a named revert is made once: the guest was not stopped again")
 }
 
 func TestSnapshotCallsOfWhatIsNotThere(t *testing.T) {
@@ -171,11 +176,15 @@ func TestSnapshotCallsOfWhatIsNotThere(t *testing.T) {
 			check: driver.IsNotFound,
 		},
 		"RevertOfAnAbsentGuestIsNotFound": {
-			call:  func() error { return e.d.RevertSnapshot(context.Background(), absent, "s1", false) },
+			call: func() error {
+				return e.d.RevertSnapshot(context.Background(), absent, driver.RevertRequest{Snapshot: "s1", Running: false})
+			},
 			check: driver.IsNotFound,
 		},
 		"RevertToAnUnknownSnapshotIsTerminal": {
-			call:  func() error { return e.d.RevertSnapshot(context.Background(), m.UID, "unknown", false) },
+			call: func() error {
+				return e.d.RevertSnapshot(context.Background(), m.UID, driver.RevertRequest{Snapshot: "unknown", Running: false})
+			},
 			check: driver.IsTerminal,
 		},
 		"DeleteOfAnUnknownSnapshotSucceeds": {

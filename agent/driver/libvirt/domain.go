@@ -50,6 +50,9 @@ type ownership struct {
 	// Imported is set on a domain a VM took over that was not made for a
 	// VM of its name: its definition is never rewritten.
 	Imported bool `xml:"imported,omitempty"`
+	// LastRestore names the last named revert made (RevertRequest.Restore),
+	// which is never made again.
+	LastRestore string `xml:"lastRestore,omitempty"`
 }
 
 func (o ownership) marshal() (string, error) {

@@ -57,7 +57,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if driver.IsNotFound(err) || (!info.owner.Imported && info.owner.SpecHash != owner.SpecHash) {
 		if info.owner != nil {
 			// A redefinition keeps what the old definition counted.
-			owner.LastNonce, owner.Restarts = info.owner.LastNonce, info.owner.Restarts
+			owner.LastNonce, owner.Restarts, owner.LastRestore = info.owner.LastNonce, info.owner.Restarts, info.owner.LastRestore
 		}
 		// Its disks are looked up, and made when absent, from here on.
 		if err := d.refreshDiskPools(api, m); err != nil {

@@ -551,7 +551,8 @@ func (d *Driver) DeleteSnapshot(_ context.Context, uid, id string) error {
 // snapshot: it says what shape the definition it is in has, and the shape
 // is the snapshot's now, which the next Ensure changes as the Machine
 // says.
-func (d *Driver) RevertSnapshot(_ context.Context, uid, id string, running bool) error {
+func (d *Driver) RevertSnapshot(_ context.Context, uid string, r driver.RevertRequest) error {
+	id, running := r.Snapshot, r.Running
 	api, _, err := d.api()
 	if err != nil {
 		return err
@@ -571,6 +572,9 @@ func (d *Driver) RevertSnapshot(_ context.Context, uid, id string, running bool)
 	if err != nil {
 		return err
 	}
+	if r.Restore != "" && kept.owner.LastRestore == r.Restore {
+		return nil
+	}
 	resume := running && s.record.Memory && s.holdsMemory()
 	var flags golibvirt.DomainSnapshotRevertFlags
 	switch {
@@ -585,6 +589,12 @@ func (d *Driver) RevertSnapshot(_ context.Context, uid, id string, running bool)
 		flags = golibvirt.DomainSnapshotRevertPaused
 	}
 	err = api.DomainRevertToSnapshot(s.handle, uint32(flags))
+	if err == nil {
+		// The revert brought back the snapshot's record, which the
+		// record kept replaces at once: a crash in between is the one
+		// moment a named revert could be made twice.
+		kept.owner.LastRestore = cmp.Or(r.Restore, kept.owner.LastRestore)
+	}
 	switch {
 	case isCode(err, golibvirt.ErrNoDomain):
 		return driver.NotFoundf("no domain with uuid %s", uid)

@@ -86,7 +86,7 @@ func TestSnapshotsOfARealGuest(t *testing.T) {
 	})
 
 	t.Run("RevertedRunningItGoesOnFromTheSnapshotWithoutARestart", func(t *testing.T) {
-		require.NoError(t, d.RevertSnapshot(ctx, m.UID, "with-memory", true))
+		require.NoError(t, d.RevertSnapshot(ctx, m.UID, driver.RevertRequest{Snapshot: "with-memory", Running: true}))
 		s, reason := state(t)
 		assert.Equal(t, golibvirt.DomainRunning, s)
 		assert.Equal(t, golibvirt.DomainRunningFromSnapshot, golibvirt.DomainRunningReason(reason), "resumed, not booted")
@@ -108,7 +108,7 @@ func TestSnapshotsOfARealGuest(t *testing.T) {
 	})
 
 	t.Run("ADiskOnlySnapshotRevertedLeavesTheGuestOff", func(t *testing.T) {
-		require.NoError(t, d.RevertSnapshot(ctx, m.UID, "disks", true))
+		require.NoError(t, d.RevertSnapshot(ctx, m.UID, driver.RevertRequest{Snapshot: "disks", Running: true}))
 		s, _ := state(t)
 		assert.Equal(t, golibvirt.DomainShutoff, s)
 	})
@@ -133,7 +133,7 @@ func TestSnapshotsOfARealGuest(t *testing.T) {
 		require.NoError(t, err)
 		assert.False(t, got.Online)
 		assert.False(t, got.Memory)
-		require.NoError(t, d.RevertSnapshot(ctx, m.UID, "stopped", true))
+		require.NoError(t, d.RevertSnapshot(ctx, m.UID, driver.RevertRequest{Snapshot: "stopped", Running: true}))
 		s, _ := state(t)
 		assert.Equal(t, golibvirt.DomainShutoff, s)
 	})

@@ -208,7 +208,7 @@ func TestSnapshotsOfAGuest(t *testing.T) {
 		got, err := d.Snapshots(ctx, m.UID)
 		require.NoError(t, err)
 		assert.NotContains(t, ids(got), "by-hand", "not listed")
-		err = d.RevertSnapshot(ctx, m.UID, "by-hand", true)
+		err = d.RevertSnapshot(ctx, m.UID, driver.RevertRequest{Snapshot: "by-hand", Running: true})
 		assert.True(t, driver.IsTerminal(err), "not reverted: %v", err)
 		require.NoError(t, d.DeleteSnapshot(ctx, m.UID, "by-hand"))
 		assert.True(t, hasSnapshot(t, l, m.UID, "by-hand"), "not deleted")
@@ -232,7 +232,7 @@ func TestSnapshotsOfAGuest(t *testing.T) {
 			_, err := d.Ensure(ctx, m)
 			require.NoError(t, err)
 			*calls = nil
-			require.NoError(t, d.RevertSnapshot(ctx, m.UID, s.id, s.running))
+			require.NoError(t, d.RevertSnapshot(ctx, m.UID, driver.RevertRequest{Snapshot: s.id, Running: s.running}))
 			assert.Equal(t, s.calls, *calls, "revert and power calls")
 			assert.Equal(t, s.state, stateOfGuest(t, l, m.UID), "the domain's state behind the driver's back")
 			o, err := d.Observe(ctx, m.UID)
@@ -256,8 +256,21 @@ func TestSnapshotsOfAGuest(t *testing.T) {
 		assert.Equal(t, driver.PhaseRunning, o.Phase)
 	})
 
+	t.Run("ANamedRevertIsMadeOnce", func(t *testing.T) {
+		r := driver.RevertRequest{Snapshot: "s-memory", Restore: "restore-1", Running: true}
+		*calls = nil
+		require.NoError(t, d.RevertSnapshot(ctx, m.UID, r))
+		assert.Equal(t, []string{"revert running"}, *calls)
+		*calls = nil
+		require.NoError(t, d.RevertSnapshot(ctx, m.UID, r), "an agent that restarted before it reported the revert asks again")
+		assert.Empty(t, *calls, "the revert made is not made again")
+		r.Restore = "restore-2"
+		require.NoError(t, d.RevertSnapshot(ctx, m.UID, r))
+		assert.Equal(t, []string{"revert running"}, *calls, "another restore reverts again")
+	})
+
 	t.Run("AnUnknownSnapshotIsTerminal", func(t *testing.T) {
-		err := d.RevertSnapshot(ctx, m.UID, "never-taken", true)
+		err := d.RevertSnapshot(ctx, m.UID, driver.RevertRequest{Snapshot: "never-taken", Running: true})
 		assert.True(t, driver.IsTerminal(err), "%v", err)
 		assert.Equal(t, golibvirt.DomainRunning, stateOfGuest(t, l, m.UID), "the guest runs on")
 	})
@@ -321,7 +334,7 @@ func TestARevertKeepsWhatTheDriverRecorded(t *testing.T) {
 	} {
 		t.Run(s.name, func(t *testing.T) {
 			*calls = nil
-			require.NoError(t, d.RevertSnapshot(ctx, m.UID, s.id, true))
+			require.NoError(t, d.RevertSnapshot(ctx, m.UID, driver.RevertRequest{Snapshot: s.id, Running: true}))
 			o, err := d.Observe(ctx, m.UID)
 			require.NoError(t, err)
 			assert.Equal(t, int32(2), o.RestartCount, "the count does not go back, nor jump")
@@ -354,7 +367,7 @@ func TestARevertBringsBackTheSnapshotsShape(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, o.RestartRequired, "the new shape waits for the next start")
 
-	require.NoError(t, d.RevertSnapshot(ctx, m.UID, "two-vcpus", true))
+	require.NoError(t, d.RevertSnapshot(ctx, m.UID, driver.RevertRequest{Snapshot: "two-vcpus", Running: true}))
 	assert.Equal(t, 2, int(definition(t, l, m).VCPU.Value), "the snapshot's definition is back")
 	o, err = d.Ensure(ctx, m)
 	require.NoError(t, err)
@@ -443,7 +456,7 @@ func TestSnapshotsRefused(t *testing.T) {
 		assert.True(t, driver.IsNotFound(err), "%v", err)
 	})
 	t.Run("RevertingOneOfAnAbsentGuestIsNotFound", func(t *testing.T) {
-		err := d.RevertSnapshot(ctx, absent.UID, "s", true)
+		err := d.RevertSnapshot(ctx, absent.UID, driver.RevertRequest{Snapshot: "s", Running: true})
 		assert.True(t, driver.IsNotFound(err), "%v", err)
 	})
 	t.Run("AnAbsentGuestHasNone", func(t *testing.T) {

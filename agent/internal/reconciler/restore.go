@@ -52,7 +52,9 @@ func (r *Reconciler) restore(ctx context.Context, in wire.Intent) error {
 		return err
 	}
 	r.forgetSettled(in.UID)
-	err = r.call(OpRevertSnapshot, func() error { return s.RevertSnapshot(ctx, in.UID, in.Restore.Snapshot, in.Running) })
+	err = r.call(OpRevertSnapshot, func() error {
+		return s.RevertSnapshot(ctx, in.UID, driver.RevertRequest{Snapshot: in.Restore.Snapshot, Restore: in.Restore.ID, Running: in.Running})
+	})
 	switch {
 	case driver.IsNotFound(err):
 		err = r.notHere(in.UID)
