@@ -18,6 +18,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
@@ -58,12 +59,13 @@ func (c *Census) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), listTimeout)
 	defer cancel()
 	nodes := map[string]fleet.NodeStatus{}
+	nodeFleet := map[string]*fleet.Fleet{}
 	for _, f := range c.fleets() {
 		for name, s := range f.NodeStatuses() {
-			nodes[name] = s
+			nodes[name], nodeFleet[name] = s, f
 		}
 	}
-	perNode := c.collectVMs(ctx, ch, nodes)
+	perNode := c.collectVMs(ctx, ch, nodes, nodeFleet)
 	collectPhases(ctx, c, ch, metrics.DiskImages, &v1alpha1.DiskImageList{}, func(l *v1alpha1.DiskImageList) []string {
 		out := make([]string, 0, len(l.Items))
 		for i := range l.Items {
@@ -105,8 +107,11 @@ func (c *Census) Collect(ch chan<- prometheus.Metric) {
 
 // collectVMs sends the VMs by phase and backend and returns how many are
 // placed on each node. A VM without a phase yet counts as Pending, which is
-// what its empty STATUS means.
-func (c *Census) collectVMs(ctx context.Context, ch chan<- prometheus.Metric, nodes map[string]fleet.NodeStatus) map[string]int {
+// what its empty STATUS means. A VM is on a node only as the VM controller
+// admits it there in the node's fleet (nodeFleet; virtualmachine.IsOn),
+// as kubectl's count of the node's VMs has it: a node annotation a tenant
+// wrote by hand places nothing there.
+func (c *Census) collectVMs(ctx context.Context, ch chan<- prometheus.Metric, nodes map[string]fleet.NodeStatus, nodeFleet map[string]*fleet.Fleet) map[string]int {
 	vms := &v1alpha1.VirtualMachineList{}
 	if err := c.cache.List(ctx, vms, client.UnsafeDisableDeepCopy); err != nil {
 		c.log.Debug("Cannot count VirtualMachines", "error", err)
@@ -121,7 +126,7 @@ func (c *Census) collectVMs(ctx context.Context, ch chan<- prometheus.Metric, no
 		if k.phase == "" {
 			k.phase = string(v1alpha1.PhasePending)
 		}
-		if node := vm.GetAnnotations()[v1alpha1.AnnotationNode]; node != "" {
+		if node := vm.GetAnnotations()[v1alpha1.AnnotationNode]; c.isOn(ctx, vm, node, nodeFleet[node]) {
 			perNode[node]++
 			if b := nodes[node].Heartbeat.Backend; b != "" {
 				k.backend = b
@@ -133,6 +138,20 @@ func (c *Census) collectVMs(ctx context.Context, ch chan<- prometheus.Metric, no
 		ch <- gauge(metrics.VMs, float64(n), k.phase, k.backend)
 	}
 	return perNode
+}
+
+// isOn says whether vm is on node of fleet f; nil is a node no fleet
+// knows, whose gauges are not sent. A VM the cache cannot answer for
+// counts on no node this scrape.
+func (c *Census) isOn(ctx context.Context, vm *v1alpha1.VirtualMachine, node string, f *fleet.Fleet) bool {
+	if f == nil {
+		return false
+	}
+	on, err := virtualmachine.IsOn(ctx, c.cache, vm, node, []*fleet.Fleet{f})
+	if err != nil {
+		c.log.Debug("Cannot tell whether a VirtualMachine is on its node", "namespace", vm.Namespace, "name", vm.Name, "node", node, "error", err)
+	}
+	return on
 }
 
 // collectPhases sends d, the objects of a kind by phase: phases are those

@@ -23,10 +23,15 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 )
 
-func vm(name, node string, phase v1alpha1.Phase) *v1alpha1.VirtualMachine {
+// vm is a VM on node, placed there by the hub of f; with f nil, by a hand
+// that wrote the annotation.
+func vm(f *fleet.Fleet, name, node string, phase v1alpha1.Phase) *v1alpha1.VirtualMachine {
 	v := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
 	if node != "" {
 		v.SetAnnotations(map[string]string{v1alpha1.AnnotationNode: node})
+	}
+	if node != "" && f != nil {
+		v.Annotations[v1alpha1.AnnotationSeal] = f.Seal(string(v.UID), node, "")
 	}
 	v.Status.AtProvider.Phase = phase
 	return v
@@ -47,15 +52,20 @@ func image(name string, phase v1alpha1.ImagePhase) *v1alpha1.DiskImage {
 // TestCensus pins each gauge against a fleet and a cache whose answer is
 // known: VMs by phase and their node's backend (none before placement,
 // Pending without a phase), DiskImages and snapshots by phase, and per node its
-// resources, VMs, readiness and last heartbeat, a lost node included.
+// resources, VMs, readiness and last heartbeat, a lost node included. A VM
+// whose node annotation a tenant wrote by hand is on no node: it counts
+// on none, with no backend.
 func TestCensus(t *testing.T) {
 	scheme := runtime.NewScheme()
 	require.NoError(t, apis.AddToScheme(scheme))
+	b := bus.NewFake()
+	f := fleettest.Start(t, b)
 	kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
-		vm("a", "node1", v1alpha1.PhaseRunning),
-		vm("b", "node1", v1alpha1.PhaseRunning),
-		vm("c", "node2", v1alpha1.PhaseUnknown),
-		vm("d", "", ""),
+		vm(f, "a", "node1", v1alpha1.PhaseRunning),
+		vm(f, "b", "node1", v1alpha1.PhaseRunning),
+		vm(f, "c", "node2", v1alpha1.PhaseUnknown),
+		vm(f, "d", "", ""),
+		vm(nil, "by-hand", "node1", v1alpha1.PhaseRunning),
 		image("debian", v1alpha1.ImagePhaseReady),
 		image("broken", v1alpha1.ImagePhaseFailed),
 		image("new", ""),
@@ -64,8 +74,6 @@ func TestCensus(t *testing.T) {
 		snapshot("new", ""),
 	).Build()
 
-	b := bus.NewFake()
-	f := fleettest.Start(t, b)
 	for _, n := range []string{"node1", "node2"} {
 		b.SetNode(bus.NodeEvent{Node: n, Heartbeat: wire.NodeHeartbeat{
 			Node: n, Backend: "libvirt",
@@ -87,6 +95,7 @@ func TestCensus(t *testing.T) {
 virtfleet_hub_vms{backend="libvirt",phase="Running"} 2
 virtfleet_hub_vms{backend="libvirt",phase="Unknown"} 1
 virtfleet_hub_vms{backend="none",phase="Pending"} 1
+virtfleet_hub_vms{backend="none",phase="Running"} 1
 # HELP virtfleet_hub_diskimages DiskImages by status phase.
 # TYPE virtfleet_hub_diskimages gauge
 virtfleet_hub_diskimages{phase="Failed"} 1

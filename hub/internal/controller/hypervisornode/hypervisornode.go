@@ -33,6 +33,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
 
@@ -98,7 +99,8 @@ func Setup(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.Fleet,
 		Named("hypervisornode").
 		For(&v1alpha1.HypervisorNode{}).
 		// A VM placed on a node, or gone from it, changes its count; its
-		// status writes do not.
+		// status writes do not. A VM whose seal comes or goes may be
+		// admitted to its node or no longer: Reconcile decides.
 		Watches(&v1alpha1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			if node := o.GetAnnotations()[v1alpha1.AnnotationNode]; node != "" {
 				return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: node}}}
@@ -106,7 +108,8 @@ func Setup(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.Fleet,
 			return nil
 		}), builder.WithPredicates(predicate.Funcs{
 			UpdateFunc: func(e event.UpdateEvent) bool {
-				return e.ObjectOld.GetAnnotations()[v1alpha1.AnnotationNode] != e.ObjectNew.GetAnnotations()[v1alpha1.AnnotationNode]
+				old, now := e.ObjectOld.GetAnnotations(), e.ObjectNew.GetAnnotations()
+				return old[v1alpha1.AnnotationNode] != now[v1alpha1.AnnotationNode] || old[v1alpha1.AnnotationSeal] != now[v1alpha1.AnnotationSeal]
 			},
 		})).
 		// A drain follows its migrations; a migration that ends may also
@@ -136,7 +139,8 @@ func NewReconciler(kube client.Client, fleets func() []*fleet.Fleet, log logging
 // writes its status when what it shows changed.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	name := req.Name
-	st, known := r.node(name)
+	st, heardBy := r.node(name)
+	known := heardBy != nil
 	n := &v1alpha1.HypervisorNode{}
 	err := r.kube.Get(ctx, req.NamespacedName, n)
 	switch {
@@ -160,9 +164,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// node has had time to send a heartbeat.
 		return reconcile.Result{RequeueAfter: MinInterval}, nil
 	}
-	vms := &v1alpha1.VirtualMachineList{}
-	if err := r.kube.List(ctx, vms, client.MatchingFields{index.NodeUsers.Index: name}, client.UnsafeDisableDeepCopy); err != nil {
-		return reconcile.Result{}, errors.Wrapf(err, "cannot count the VMs on %s", name)
+	vms, err := r.vmsOn(ctx, name, heardBy)
+	if err != nil {
+		return reconcile.Result{}, err
 	}
 	want := n.DeepCopy()
 	if known {
@@ -171,12 +175,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	// What the heartbeats said before the hub started is not known now:
 	// an unheard node keeps what was shown, and only its VMs and
 	// readiness change.
-	want.Status.VirtualMachines = int32(len(vms.Items)) //nolint:gosec // far fewer VMs than 2^31 on one node
+	want.Status.VirtualMachines = int32(len(vms)) //nolint:gosec // far fewer VMs than 2^31 on one node
 	meta.SetStatusCondition(&want.Status.Conditions, ready(st))
 	want.Status.Drain = nil
 	next := resyncEvery
 	if n.Spec.Drain {
-		if want.Status.Drain, err = r.drain(ctx, name, st.Heartbeat, vms.Items); err != nil {
+		if want.Status.Drain, err = r.drain(ctx, name, st.Heartbeat, vms); err != nil {
 			return reconcile.Result{}, err
 		}
 		if want.Status.Drain.Phase != v1alpha1.DrainDrained {
@@ -236,20 +240,39 @@ func resources(vcpu, memory, storage int64) v1alpha1.NodeResources {
 	return r
 }
 
-// node is what the fleets know of node, and whether one heard from it
+// node is what the fleets know of node, and the fleet that heard from it
 // since the hub started; of a node none heard from, what the first fleet
-// says (lost once the hub has watched long enough, see Fleet.Node).
-func (r *Reconciler) node(name string) (fleet.NodeStatus, bool) {
+// says (lost once the hub has watched long enough, see Fleet.Node), and
+// no fleet.
+func (r *Reconciler) node(name string) (fleet.NodeStatus, *fleet.Fleet) {
 	fleets := r.fleets()
 	for _, f := range fleets {
 		if s, ok := f.Heard(name); ok {
-			return s, true
+			return s, f
 		}
 	}
 	if len(fleets) == 0 {
-		return fleet.NodeStatus{}, false
+		return fleet.NodeStatus{}, nil
 	}
-	return fleets[0].Node(name), false
+	return fleets[0].Node(name), nil
+}
+
+// vmsOn are the VMs on node, those the VM controller admits there
+// (virtualmachine.IsOn) in heardBy, the node's fleet; of a node no fleet
+// heard from, in any fleet. The index finds every VM whose annotation
+// names the node, but a tenant can write that annotation: a VM it refuses
+// has nothing on the node, so it is not counted, drained or waited for.
+func (r *Reconciler) vmsOn(ctx context.Context, node string, heardBy *fleet.Fleet) ([]v1alpha1.VirtualMachine, error) {
+	claim := &v1alpha1.VirtualMachineList{}
+	if err := r.kube.List(ctx, claim, client.MatchingFields{index.NodeUsers.Index: node}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, errors.Wrapf(err, "cannot count the VMs on %s", node)
+	}
+	fleets := r.fleets()
+	if heardBy != nil {
+		fleets = []*fleet.Fleet{heardBy}
+	}
+	vms, err := virtualmachine.AdmittedOn(ctx, r.kube, claim.Items, node, fleets)
+	return vms, errors.Wrapf(err, "cannot count the VMs on %s", node)
 }
 
 // wait is how long until node's status may be written again.

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	xpmeta "github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 
 	"github.com/virtfleet/virtfleet/apis"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -36,9 +37,18 @@ type harness struct {
 	now  time.Time
 }
 
+// newHarness serves objs; each VM among them that names a node is sealed
+// there, placed by the hub.
 func newHarness(t *testing.T, objs ...client.Object) *harness {
 	scheme := runtime.NewScheme()
 	require.NoError(t, apis.AddToScheme(scheme))
+	b := bus.NewFake()
+	f := fleettest.Start(t, b)
+	for _, o := range objs {
+		if node := o.GetAnnotations()[v1alpha1.AnnotationNode]; node != "" {
+			xpmeta.AddAnnotations(o, map[string]string{v1alpha1.AnnotationSeal: f.Seal(string(o.GetUID()), node, "")})
+		}
+	}
 	kube := fake.NewClientBuilder().WithScheme(scheme).
 		WithStatusSubresource(&v1alpha1.HypervisorNode{}).
 		WithIndex(&v1alpha1.VirtualMachine{}, index.NodeUsers.Index, index.NodeUsers.Uses).
@@ -46,8 +56,6 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 		WithIndex(&v1alpha1.VirtualMachineSnapshot{}, index.SnapshotsOfVM.Index, index.SnapshotsOfVM.Uses).
 		WithStatusSubresource(&v1alpha1.VirtualMachineMigration{}).
 		WithObjects(objs...).Build()
-	b := bus.NewFake()
-	f := fleettest.Start(t, b)
 	h := &harness{t: t, kube: kube, bus: b, f: f, now: time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)}
 	h.r = NewReconciler(kube, func() []*fleet.Fleet { return []*fleet.Fleet{f} }, logging.NewNopLogger())
 	h.r.now = func() time.Time { return h.now }

@@ -69,8 +69,12 @@ var ImageUsers = inuse.User{
 	Node: func(o client.Object) string { return o.GetAnnotations()[v1alpha1.AnnotationNode] },
 }
 
-// NodeUsers are the VirtualMachines placed on a node (its HypervisorNode),
-// through the node annotation the placement loop writes.
+// NodeUsers are the VirtualMachines whose node annotation names a node
+// (its HypervisorNode). A tenant can write that annotation, and an index
+// function knows neither the fleet's seal key nor the grants, which change
+// without the VM changing: these are the VMs that claim the node, and a
+// reader keeps those virtualmachine.IsOn the node before counting them,
+// draining them or waiting for them.
 var NodeUsers = vmUser("metadata.annotations.node", func(vm *v1alpha1.VirtualMachine) []string {
 	if node := vm.GetAnnotations()[v1alpha1.AnnotationNode]; node != "" {
 		return []string{node}

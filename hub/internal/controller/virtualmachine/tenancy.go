@@ -1,11 +1,13 @@
 package virtualmachine
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
@@ -33,6 +35,43 @@ func admitNode(vm *v1alpha1.VirtualMachine, node string, g tenancy.Grant, f *fle
 		return nil
 	}
 	return g.CheckNode("VirtualMachine", node)
+}
+
+// IsOn says whether vm is on node as AdmittedNode sees it in one of
+// fleets, those node may belong to. Whatever counts a node's VMs, drains
+// it or moves VMs off it asks this, never the node annotation alone: a
+// tenant writes that annotation, and a VM refused there has nothing on the
+// node, so it must count on no node and hold up no drain.
+func IsOn(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine, node string, fleets []*fleet.Fleet) (bool, error) {
+	if node == "" || vm.GetAnnotations()[v1alpha1.AnnotationNode] != node {
+		return false, nil
+	}
+	var refused *tenancy.RefusedError
+	for _, f := range fleets {
+		switch _, err := AdmittedNode(ctx, kube, vm, f); {
+		case err == nil:
+			return true, nil
+		case !errors.As(err, &refused):
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// AdmittedOn are those of vms that IsOn node. The result shares the VMs'
+// contents with vms, which may be a cache's own: read it, never change it.
+func AdmittedOn(ctx context.Context, kube client.Reader, vms []v1alpha1.VirtualMachine, node string, fleets []*fleet.Fleet) ([]v1alpha1.VirtualMachine, error) {
+	out := make([]v1alpha1.VirtualMachine, 0, len(vms))
+	for i := range vms {
+		on, err := IsOn(ctx, kube, &vms[i], node, fleets)
+		if err != nil {
+			return nil, errors.Wrapf(err, "cannot tell whether VirtualMachine %s/%s is on node %s", vms[i].Namespace, vms[i].Name, node)
+		}
+		if on {
+			out = append(out, vms[i])
+		}
+	}
+	return out, nil
 }
 
 // admit says whether the VM may use what it refers to: a Volume bound to a
