@@ -112,6 +112,15 @@ type TenantGrant struct {
 	// +listType=set
 	// +optional
 	ImageSources []string `json:"imageSources,omitempty"`
+
+	// BackupLocations are the BackupLocations these namespaces may back
+	// their VMs up to and restore from; "*" means any. Each namespace
+	// reads and deletes only its own backups there.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=253
+	// +listType=set
+	// +optional
+	BackupLocations []string `json:"backupLocations,omitempty"`
 }
 
 // ProviderConfigStatus is the status of a ProviderConfig.

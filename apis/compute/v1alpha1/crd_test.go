@@ -263,7 +263,39 @@ func invalidOthers() []invalidObject {
 		{"image from ftp", obj("DiskImage", "ftp", map[string]any{"source": map[string]any{"url": "ftp://images.example.com/a.qcow2"}}), []string{"spec.forProvider.source.url", "http or https"}},
 		{"image with a short sha256", obj("DiskImage", "sha", map[string]any{"source": map[string]any{"url": "https://images.example.com/a.qcow2", "sha256": "abc"}}), []string{"spec.forProvider.source.sha256"}},
 		{"image prune after nonsense", obj("DiskImage", "prune", map[string]any{"source": map[string]any{"url": "https://images.example.com/a.qcow2"}, "pruneAfter": "tomorrow"}), []string{"pruneAfter"}},
+		{"backup location with a scheme", location("scheme", map[string]any{"endpoint": "https://s3.example.com"}), []string{"spec.endpoint", "host:port, without a scheme"}},
+		{"backup location with a bucket of capitals", location("caps", map[string]any{"bucket": "Backups"}), []string{"spec.bucket"}},
+		{"backup location with a prefix not ending in a slash", location("prefix", map[string]any{"prefix": "team"}), []string{"spec.prefix"}},
+		{"backup without a location", backup("noloc", map[string]any{"location": ""}), []string{"spec.location"}},
+		{"backup that deletes on a whim", backup("policy", map[string]any{"deletionPolicy": "Sometimes"}), []string{"spec.deletionPolicy", "Unsupported value"}},
 	}
+}
+
+// location is a valid BackupLocation with spec fields set as edit says.
+func location(name string, edit map[string]any) *unstructured.Unstructured {
+	spec := map[string]any{"endpoint": "s3.example.com:443", "bucket": "backups", "credentialsSecretRef": map[string]any{"namespace": "virtfleet-system", "name": "s3"}}
+	for k, v := range edit {
+		spec[k] = v
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
+	u.SetAPIVersion(computev1alpha1.SchemeGroupVersion.String())
+	u.SetKind(computev1alpha1.BackupLocationKind)
+	u.SetName(name)
+	return u
+}
+
+// backup is a valid VirtualMachineBackup with spec fields set as edit says.
+func backup(name string, edit map[string]any) *unstructured.Unstructured {
+	spec := map[string]any{"vmName": "web", "location": "offsite"}
+	for k, v := range edit {
+		spec[k] = v
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
+	u.SetAPIVersion(computev1alpha1.SchemeGroupVersion.String())
+	u.SetKind(computev1alpha1.VirtualMachineBackupKind)
+	u.SetNamespace("default")
+	u.SetName(name)
+	return u
 }
 
 // boundCase sets one field of a valid object at or just past its bound.

@@ -31,6 +31,8 @@ func TestKindKeysAreDistinct(t *testing.T) {
 		{Fabrics.Name, Fabrics.Key, Fabrics.UID, Fabrics.Bucket},
 		{SnapshotIntents.Name, SnapshotIntents.Key, SnapshotIntents.UID, SnapshotIntents.Bucket},
 		{SnapshotReports.Name, SnapshotReports.Key, SnapshotReports.UID, SnapshotReports.Bucket},
+		{BackupIntents.Name, BackupIntents.Key, BackupIntents.UID, BackupIntents.Bucket},
+		{BackupReports.Name, BackupReports.Key, BackupReports.UID, BackupReports.Bucket},
 	}
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {

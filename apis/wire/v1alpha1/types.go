@@ -430,8 +430,12 @@ type NodeHeartbeat struct {
 	// Snapshots says the node's backend keeps snapshots of its guests and
 	// the agent understands SnapshotIntents and Intent.Restore; the hub
 	// sends neither to a node without it.
-	Snapshots bool      `json:"snapshots,omitempty"`
-	SentAt    time.Time `json:"sentAt"`
+	Snapshots bool `json:"snapshots,omitempty"`
+	// Backups says the node's backend can copy its guests' disks to a
+	// backup location and the agent understands BackupIntents; the hub
+	// sends none to a node without it.
+	Backups bool      `json:"backups,omitempty"`
+	SentAt  time.Time `json:"sentAt"`
 }
 
 // Resources is an amount of node capacity.
