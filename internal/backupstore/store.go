@@ -73,7 +73,7 @@ func Open(ctx context.Context, loc Location) (*Store, error) {
 		return nil, wrapS3(err, "cannot look up backup bucket "+loc.Bucket)
 	}
 	if !ok {
-		return nil, errors.Wrapf(ErrNoBucket, "backup bucket %s at %s", loc.Bucket, loc.Endpoint)
+		return nil, errors.Wrapf(ErrNoBucket, "cannot open bucket %s at %s", loc.Bucket, loc.Endpoint)
 	}
 	return newStore(&s3Objects{client: client, bucket: loc.Bucket}, loc.Prefix, loc.Key)
 }
