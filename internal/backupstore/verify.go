@@ -13,7 +13,8 @@ const verifyWorkers = 8
 
 // VerifyResult is what a Verify read.
 type VerifyResult struct {
-	// Chunks and Bytes are the distinct chunks read and their stored size.
+	// Chunks is how many distinct chunks were checked, missing ones
+	// included; Bytes is what was read of them as stored.
 	Chunks int
 	Bytes  int64
 	// Bad names each chunk that is missing or does not match, with why.
