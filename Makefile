@@ -49,6 +49,10 @@ envtest-assets: ## Build kube-apiserver, etcd and kubectl once per machine (or u
 crossplane-core: ## Build Crossplane core and the garbage collector once per machine (the Crossplane tests run them).
 	@$(GO) run ./hack/crossplane-core >/dev/null
 
+.PHONY: object-store
+object-store: ## Build SeaweedFS's weed once per machine (the S3 object store the backup tests run).
+	@$(GO) run ./hack/object-store >/dev/null
+
 # The one-time builds take minutes each on a fresh machine; they run side by
 # side so a fresh `make test` pays for the longest, not the sum. crossplane-core
 # builds Crossplane (1477 packages), then Kubernetes' garbage collector alone
@@ -57,8 +61,8 @@ crossplane-core: ## Build Crossplane core and the garbage collector once per mac
 # envtest-assets' lock and so finds all but about 60 of its packages already
 # compiled by kube-apiserver's build (measured: 11 s then).
 .PHONY: caches
-caches: ## Build every once-per-machine cache in parallel: envtest binaries, Crossplane core, the guest image.
-	@$(MAKE) --no-print-directory -j3 envtest-assets crossplane-core guest-image
+caches: ## Build every once-per-machine cache in parallel: envtest binaries, Crossplane core, SeaweedFS, the guest image.
+	@$(MAKE) --no-print-directory -j4 envtest-assets crossplane-core object-store guest-image
 
 .PHONY: guest-image
 guest-image: ## Build the real-guest test image (Debian, QEMU) once per machine and recipe.
