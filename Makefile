@@ -109,7 +109,7 @@ build: ## Build every package and command.
 test: deps ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then the fuzzers briefly.
 	@setsid $(GO) run ./hack/guest-image >/dev/null & image=$$!; \
 	trap 'kill -- -$$image 2>/dev/null || true' EXIT; \
-	$(MAKE) --no-print-directory -j2 envtest-assets crossplane-core; \
+	$(MAKE) --no-print-directory -j3 envtest-assets crossplane-core object-store; \
 	$(MAKE) --no-print-directory fmt-check vet verify-generated; \
 	KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" \
 		$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...; \

@@ -294,6 +294,7 @@ func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 	// This agent understands snapshot intents and restores; the backend
 	// says whether it can keep snapshots.
 	_, hb.Snapshots = h.driver.(driver.Snapshotter)
+	_, hb.Backups = h.driver.(driver.Backuper)
 	c, err := h.capacity(ctx)
 	switch {
 	case err != nil:

@@ -34,6 +34,10 @@ const (
 	OpSnapshots      = "snapshots"
 	OpDeleteSnapshot = "delete-snapshot"
 	OpRevertSnapshot = "revert-snapshot"
+	// The driver.Backuper's.
+	OpBackUp       = "back-up"
+	OpCommitBackup = "commit-backup"
+	OpRestoreDisks = "restore-disks"
 )
 
 // DriverCall makes one call into the driver, f, and observes it in m as op:

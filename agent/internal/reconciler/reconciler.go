@@ -38,6 +38,9 @@ type Options struct {
 	// (Provisioning, Starting, Stopping), which not every backend announces
 	// with an event. Default 1 s.
 	PollTransitional time.Duration
+	// BackupProgress is how often a backup's report shows its progress
+	// while it runs. Default 2 s.
+	BackupProgress time.Duration
 	// RetryBase and RetryMax bound the per-guest exponential backoff after a
 	// retryable error. Defaults 250 ms and 1 min.
 	RetryBase, RetryMax time.Duration
@@ -72,6 +75,9 @@ func (o *Options) defaults() {
 	if o.PollTransitional <= 0 {
 		o.PollTransitional = time.Second
 	}
+	if o.BackupProgress <= 0 {
+		o.BackupProgress = 2 * time.Second
+	}
 	if o.RetryBase <= 0 {
 		o.RetryBase = 250 * time.Millisecond
 	}
@@ -98,6 +104,7 @@ const (
 	kindVolume   = "volume"
 	kindFabric   = "fabric"
 	kindSnapshot = "snapshot"
+	kindBackup   = "backup"
 )
 
 // item is what the queue holds: one thing to converge, of a kind.
@@ -124,6 +131,7 @@ type Reconciler struct {
 	volumeReports   *writer[wire.VolumeReport]
 	imageReports    *writer[wire.ImageReport]
 	snapshotReports *writer[wire.SnapshotReport]
+	backupReports   *writer[wire.BackupReport]
 	// stored lists the node's reports on the bus; listing is set once the
 	// reports an earlier agent left are being looked at
 	// (lookAtReportedBefore).
@@ -143,6 +151,8 @@ type Reconciler struct {
 	// snapshots are the SnapshotIntents, by snapshot uid;
 	// snapshotsFailed those that failed for good, as they were then.
 	snapshots, snapshotsFailed map[string]wire.SnapshotIntent
+	// backups are the BackupIntents, by backup uid (backup.go).
+	backups map[string]wire.BackupIntent
 	// restores are the guests' restores this process began or found
 	// reported, by guest uid and restore ID (restore.go).
 	restores map[string]map[string]wire.RestoreReport
@@ -193,6 +203,7 @@ func New(node string, d driver.Driver, reports bus.Reports, log logging.Logger, 
 		volumes:         map[string]wire.VolumeIntent{},
 		snapshots:       map[string]wire.SnapshotIntent{},
 		snapshotsFailed: map[string]wire.SnapshotIntent{},
+		backups:         map[string]wire.BackupIntent{},
 		restores:        map[string]map[string]wire.RestoreReport{},
 		addressless:     map[string]time.Time{},
 		settled:         map[string]settled{},
@@ -207,6 +218,7 @@ func New(node string, d driver.Driver, reports bus.Reports, log logging.Logger, 
 		kindVolume:   r.reconcileVolume,
 		kindFabric:   r.reconcileFabric,
 		kindSnapshot: r.reconcileSnapshot,
+		kindBackup:   r.reconcileBackup,
 	}
 	// The guest gauge has every phase at 0 from the start.
 	r.stored = reports
@@ -214,6 +226,7 @@ func New(node string, d driver.Driver, reports bus.Reports, log logging.Logger, 
 	r.volumeReports = newWriter(wire.VolumeReports, reports, nil)
 	r.imageReports = newWriter(wire.ImageReports, reports, nil)
 	r.snapshotReports = newWriter(wire.SnapshotReports, reports, nil)
+	r.backupReports = newWriter(wire.BackupReports, reports, nil)
 	return r
 }
 
@@ -228,6 +241,7 @@ func (r *Reconciler) Handlers() bus.Handlers {
 			bus.On(wire.VolumeIntents, r.volumeIntent),
 			bus.On(wire.Fabrics, r.fabric),
 			bus.On(wire.SnapshotIntents, r.snapshotIntent),
+			bus.On(wire.BackupIntents, r.backupIntent),
 		},
 		Synced: r.intentsSynced,
 	}
@@ -336,6 +350,9 @@ func (r *Reconciler) sweep(ctx context.Context, periodic bool) {
 	for uid := range r.snapshots {
 		items = append(items, item{kind: kindSnapshot, uid: uid})
 	}
+	for uid := range r.backups {
+		items = append(items, item{kind: kindBackup, uid: uid})
+	}
 	synced := r.synced
 	r.mu.Unlock()
 	// Queued once the listing is kept, so no guest is taken up before.
@@ -355,6 +372,9 @@ func (r *Reconciler) sweep(ctx context.Context, periodic bool) {
 	}
 	for _, uid := range r.snapshotReports.uids() {
 		items = append(items, item{kind: kindSnapshot, uid: uid})
+	}
+	for _, uid := range r.backupReports.uids() {
+		items = append(items, item{kind: kindBackup, uid: uid})
 	}
 	r.lookAtReportedBefore(ctx)
 	start := time.Now()
@@ -407,6 +427,9 @@ func (r *Reconciler) lookAtReportedBefore(ctx context.Context) {
 				}
 				if uid, ok := wire.SnapshotReports.UID(rest); ok {
 					r.queue.Add(item{kind: kindSnapshot, uid: uid})
+				}
+				if uid, ok := wire.BackupReports.UID(rest); ok {
+					r.queue.Add(item{kind: kindBackup, uid: uid})
 				}
 			}
 		}

@@ -190,11 +190,7 @@ func (r *Reconciler) snapshotter() (driver.Snapshotter, error) {
 	if s, ok := r.driver.(driver.Snapshotter); ok {
 		return s, nil
 	}
-	backend := "backend"
-	if r.opts.Backend != "" {
-		backend = r.opts.Backend + " backend"
-	}
-	return nil, driver.Terminalf("the %s of node %s keeps no snapshots", backend, r.node)
+	return nil, driver.Terminalf("the %s of node %s keeps no snapshots", r.backendName(), r.node)
 }
 
 // notHere says that guest vm, whose snapshot or restore this node was
