@@ -45,6 +45,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
 	"github.com/virtfleet/virtfleet/hub/internal/census"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/backup"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
@@ -272,6 +273,7 @@ func Run(ctx context.Context, c Config) error {
 	migrations := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineMigration{} })
 	snapshots := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineSnapshot{} })
 	restores := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineRestore{} })
+	backups := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineBackup{} })
 	nodeChanges := hypervisornode.NewChanges()
 	leftovers := volume.NewLeftovers(mgr.GetClient(), mgr.GetAPIReader(), log)
 	if err := leftovers.Setup(ctx, mgr); err != nil {
@@ -282,6 +284,7 @@ func Run(ctx context.Context, c Config) error {
 		f.Guests.Subscribe(migrations.Notify)
 		f.Guests.Subscribe(restores.Notify)
 		f.Snapshots.Subscribe(snapshots.Notify)
+		f.Backups.Subscribe(backups.Notify)
 		f.SubscribeNodes(func(node string) { scheduler.RetryUnplaced(node) })
 		f.SubscribeSynced(func() { scheduler.RetryUnplaced("") })
 		f.Volumes.Subscribe(volumes.Notify)
@@ -314,7 +317,8 @@ func Run(ctx context.Context, c Config) error {
 	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
 	so := snapshot.Options{Pool: pool, Notifier: snapshots, FencingTimeout: c.FencingTimeout, Memory: memory}
 	ro := restore.Options{Pool: pool, Notifier: restores}
-	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, so, ro, volumes, images, nodeChanges); err != nil {
+	bo := backup.Options{Pool: pool, Notifier: backups, Memory: memory}
+	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, so, ro, bo, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	if err := serveSubresources(mgr, plain, pool, c, log, recorder); err != nil {

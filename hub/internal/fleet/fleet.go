@@ -22,6 +22,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"reflect"
 	"sort"
@@ -67,6 +68,9 @@ type Fleet struct {
 	// snapshot whose node was lost or came back: a snapshot on a lost node
 	// cannot be restored.
 	Snapshots *Reports[wire.SnapshotReport]
+	// Backups are the nodes' reports of the VirtualMachineBackups they
+	// take; their subscribers hear of nodes lost and back too.
+	Backups *Reports[wire.BackupReport]
 
 	log     logging.Logger
 	now     func() time.Time
@@ -114,6 +118,8 @@ func New(b bus.Bus, log logging.Logger) *Fleet {
 	f.Images = Watch(f, wire.ImageReports, v1alpha1.DiskImageKind)
 	f.Snapshots = Watch(f, wire.SnapshotReports, v1alpha1.VirtualMachineSnapshotKind)
 	f.Snapshots.followsNodes = true
+	f.Backups = Watch(f, wire.BackupReports, v1alpha1.VirtualMachineBackupKind)
+	f.Backups.followsNodes = true
 	return f
 }
 
@@ -340,4 +346,20 @@ func (f *Fleet) Tunnels() map[string]netip.Addr {
 		}
 	}
 	return out
+}
+
+// HearingFrom is the fleet of fleets that hears from node, for an object
+// whose own ProviderConfig no longer names one (its VM is gone). Of a
+// node no fleet has heard from, the first fleet's view says whether it
+// counts as lost.
+func HearingFrom(fleets []*Fleet, node string) (*Fleet, error) {
+	for _, f := range fleets {
+		if _, ok := f.Heard(node); ok {
+			return f, nil
+		}
+	}
+	if len(fleets) == 0 {
+		return nil, errors.New("the hub is connected to no NATS server yet")
+	}
+	return fleets[0], nil
 }

@@ -19,24 +19,24 @@ import (
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
-// backupReport is a kind of report the wire does not have: a node's view
-// of a backup.
-type backupReport struct {
+// archiveReport is a kind of report the wire does not have: a node's view
+// of an archive.
+type archiveReport struct {
 	UID       string `json:"uid"`
 	Node      string `json:"node"`
 	SizeBytes int64  `json:"sizeBytes"`
 }
 
-// backups declares it, and nothing else is needed for the hub to read it.
-var backups = wire.Kind[backupReport]{
-	Name: "backup report", Bucket: wire.BucketReports, Token: "backup",
-	Encode: func(r backupReport) ([]byte, error) { return json.Marshal(r) },
-	Decode: func(b []byte) (backupReport, error) {
-		var r backupReport
+// archives declares it, and nothing else is needed for the hub to read it.
+var archives = wire.Kind[archiveReport]{
+	Name: "archive report", Bucket: wire.BucketReports, Token: "archive",
+	Encode: func(r archiveReport) ([]byte, error) { return json.Marshal(r) },
+	Decode: func(b []byte) (archiveReport, error) {
+		var r archiveReport
 		err := json.Unmarshal(b, &r)
 		return r, err
 	},
-	Identity: func(r backupReport) (string, string) { return r.Node, r.UID },
+	Identity: func(r archiveReport) (string, string) { return r.Node, r.UID },
 }
 
 // natsFleet is a Fleet over a real nats-server, not yet running, with what
@@ -91,9 +91,9 @@ func (f *natsFleet) run(t *testing.T) {
 }
 
 // publish plays node1's agent writing v under key.
-func (f *natsFleet) publish(t *testing.T, key string, v backupReport) {
+func (f *natsFleet) publish(t *testing.T, key string, v archiveReport) {
 	t.Helper()
-	b, err := backups.Encode(v)
+	b, err := archives.Encode(v)
 	require.NoError(t, err)
 	_, err = f.agent.Publish(context.Background(), wire.Subject(wire.BucketReports, key), b)
 	require.NoError(t, err)
@@ -127,15 +127,15 @@ func await(t *testing.T, ch <-chan string, uid string) {
 // a value of it under another's key is refused as any other kind's is.
 func TestAKindOfItsOwnNeedsNoChange(t *testing.T) {
 	f := newNATSFleet(t)
-	snaps := fleet.Watch(f.Fleet, backups, "Backup")
+	snaps := fleet.Watch(f.Fleet, archives, "Backup")
 	changed := uids(snaps)
 	f.run(t)
 
-	f.publish(t, "node1.backup.snap-a", backupReport{UID: "snap-a", Node: "node1", SizeBytes: 42})
+	f.publish(t, "node1.archive.snap-a", archiveReport{UID: "snap-a", Node: "node1", SizeBytes: 42})
 	await(t, changed, "snap-a")
 	r, ok := snaps.Report("node1", "snap-a")
 	require.True(t, ok)
-	assert.Equal(t, backupReport{UID: "snap-a", Node: "node1", SizeBytes: 42}, r.Report)
+	assert.Equal(t, archiveReport{UID: "snap-a", Node: "node1", SizeBytes: 42}, r.Report)
 	assert.Equal(t, "node1", r.Node)
 	assert.NotZero(t, r.Revision)
 	assert.Equal(t, []string{"node1"}, snaps.Reporters("snap-a"))
@@ -143,8 +143,8 @@ func TestAKindOfItsOwnNeedsNoChange(t *testing.T) {
 	assert.False(t, isGuest, "a backup report is no guest report")
 
 	before := f.bus.Rejections().Count(natswire.ReasonMismatch)
-	f.publish(t, "node1.backup.snap-b", backupReport{UID: "snap-c", Node: "node1"})
-	f.publish(t, "node1.backup.snap-d", backupReport{UID: "snap-d", Node: "node1"})
+	f.publish(t, "node1.archive.snap-b", archiveReport{UID: "snap-c", Node: "node1"})
+	f.publish(t, "node1.archive.snap-d", archiveReport{UID: "snap-d", Node: "node1"})
 	await(t, changed, "snap-d")
 	assert.Equal(t, before+1, f.bus.Rejections().Count(natswire.ReasonMismatch), "a backup under another's key")
 	_, ok = snaps.Report("node1", "snap-b")
@@ -152,7 +152,7 @@ func TestAKindOfItsOwnNeedsNoChange(t *testing.T) {
 	_, ok = snaps.Report("node1", "snap-c")
 	assert.False(t, ok)
 
-	require.NoError(t, f.reports.Delete(context.Background(), "node1.backup.snap-a"))
+	require.NoError(t, f.reports.Delete(context.Background(), "node1.archive.snap-a"))
 	await(t, changed, "snap-a")
 	_, ok = snaps.Report("node1", "snap-a")
 	assert.False(t, ok, "a deleted report is forgotten")
@@ -184,7 +184,7 @@ func TestTheReportWatchRefusesBadReports(t *testing.T) {
 		"ImageReportForOtherUID":      {key: "node1.image.img-z", value: `{"protocolVersion":1,"uid":"img-other","node":"node1","phase":"Ready"}`, reason: natswire.ReasonMismatch},
 		"ImageReportOfAnotherNode":    {key: "node1.image.img-n", value: `{"protocolVersion":1,"uid":"img-n","node":"node2","phase":"Ready"}`, reason: natswire.ReasonMismatch},
 		"ImageReportWithUnknownPhase": {key: "node1.image.img-p", value: `{"protocolVersion":1,"uid":"img-p","node":"node1","phase":"Pruned"}`, reason: natswire.ReasonDecode},
-		"KindTheFleetDoesNotRead":     {key: "node1.backup.snap-a", value: `{"uid":"snap-a","node":"node1"}`, reason: natswire.ReasonKey},
+		"KindTheFleetDoesNotRead":     {key: "node1.archive.snap-a", value: `{"uid":"snap-a","node":"node1"}`, reason: natswire.ReasonKey},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -38,6 +38,9 @@ type Grant struct {
 	// ImageSources are the CIDRs outside the public internet its images
 	// may be downloaded from.
 	ImageSources []string
+	// BackupLocations the namespace may back up to and restore from; "*"
+	// is any.
+	BackupLocations []string
 }
 
 // For is what namespace was granted by the grants of every
@@ -53,6 +56,7 @@ func For(cpcs []apisv1alpha1.ClusterProviderConfig, namespace string) Grant {
 			g.ChooseNode = g.ChooseNode || tg.ChooseNode
 			g.HostBridges = appendNew(g.HostBridges, tg.HostBridges...)
 			g.ImageSources = appendNew(g.ImageSources, tg.ImageSources...)
+			g.BackupLocations = appendNew(g.BackupLocations, tg.BackupLocations...)
 		}
 	}
 	return g
@@ -137,4 +141,13 @@ func (g Grant) CheckBridge(bridge string) error {
 		return nil
 	}
 	return &RefusedError{What: fmt.Sprintf("the VirtualNetwork joins host bridge %q", bridge), Namespace: g.Namespace, Field: fmt.Sprintf("hostBridges: [%s]", bridge)}
+}
+
+// CheckBackupLocation says whether the namespace may back up to, and
+// restore from, the BackupLocation named location.
+func (g Grant) CheckBackupLocation(location string) error {
+	if slices.Contains(g.BackupLocations, location) || slices.Contains(g.BackupLocations, AllNamespaces) {
+		return nil
+	}
+	return &RefusedError{What: fmt.Sprintf("the backup names BackupLocation %q", location), Namespace: g.Namespace, Field: fmt.Sprintf("backupLocations: [%s]", location)}
 }

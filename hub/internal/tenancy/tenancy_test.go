@@ -52,8 +52,8 @@ func TestFor(t *testing.T) {
 
 func TestChecks(t *testing.T) {
 	none := Grant{Namespace: "tenant-a"}
-	all := Grant{Namespace: "ops", Import: true, ChooseNode: true, HostBridges: []string{"br0"}}
-	any := Grant{Namespace: "ops", HostBridges: []string{"*"}}
+	all := Grant{Namespace: "ops", Import: true, ChooseNode: true, HostBridges: []string{"br0"}, BackupLocations: []string{"offsite"}}
+	any := Grant{Namespace: "ops", HostBridges: []string{"*"}, BackupLocations: []string{"*"}}
 	cases := map[string]struct {
 		err     error
 		refused bool
@@ -67,6 +67,10 @@ func TestChecks(t *testing.T) {
 		"ABridgeListedIsAllowed":       {err: all.CheckBridge("br0")},
 		"AStarAllowsEveryBridge":       {err: any.CheckBridge("br-mgmt")},
 		"NoBridgesWithoutTheGrant":     {err: none.CheckBridge("br0"), refused: true, says: "(hostBridges: [br0])"},
+		"ALocationNotListedIsRefused":  {err: all.CheckBackupLocation("other"), refused: true, says: `names BackupLocation "other"`},
+		"ALocationListedIsAllowed":     {err: all.CheckBackupLocation("offsite")},
+		"AStarAllowsEveryLocation":     {err: any.CheckBackupLocation("other")},
+		"NoLocationWithoutTheGrant":    {err: none.CheckBackupLocation("offsite"), refused: true, says: "(backupLocations: [offsite])"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

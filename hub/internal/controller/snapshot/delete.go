@@ -60,19 +60,9 @@ func (r *Reconciler) deleteWithVM(ctx context.Context, s *v1alpha1.VirtualMachin
 }
 
 // fleetOfNode is the fleet that hears from node: with its VM gone, a
-// snapshot has no ProviderConfig to name it. Of a node no fleet has heard
-// from, the first fleet's view says whether it counts as lost.
+// snapshot has no ProviderConfig to name it.
 func (r *Reconciler) fleetOfNode(node string) (*fleet.Fleet, error) {
-	fleets := r.opts.Pool.Fleets()
-	for _, f := range fleets {
-		if _, ok := f.Heard(node); ok {
-			return f, nil
-		}
-	}
-	if len(fleets) == 0 {
-		return nil, errors.New("the hub is connected to no NATS server yet")
-	}
-	return fleets[0], nil
+	return fleet.HearingFrom(r.opts.Pool.Fleets(), node)
 }
 
 // deleted deletes the snapshot on its node, once no restore uses it, and

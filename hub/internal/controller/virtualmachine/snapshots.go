@@ -12,6 +12,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
@@ -53,14 +54,27 @@ func SnapshotsOn(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMa
 // until its heartbeat is read, whether it keeps snapshots is not known.
 // It is "" when the node can.
 func KeepsSnapshots(f *fleet.Fleet, node string) (why string, final bool) {
+	return offers(f, node, func(h wire.NodeHeartbeat) bool { return h.Snapshots }, "keeps no snapshots")
+}
+
+// TakesBackups says, as KeepsSnapshots does, why node cannot be asked for
+// a backup now, or ever (final).
+func TakesBackups(f *fleet.Fleet, node string) (why string, final bool) {
+	return offers(f, node, func(h wire.NodeHeartbeat) bool { return h.Backups }, "takes no backups")
+}
+
+// offers says why node cannot be asked for what its heartbeat announces
+// with has: it is lost or not heard from yet (wait), or it lacks it
+// (final).
+func offers(f *fleet.Fleet, node string, has func(wire.NodeHeartbeat) bool, lacks string) (why string, final bool) {
 	n, heard := f.Heard(node)
 	switch {
 	case f.Node(node).Lost:
 		return fmt.Sprintf("node %s sends no heartbeat; waiting for it to be back", node), false
 	case !heard:
 		return fmt.Sprintf("waiting for the first heartbeat of node %s", node), false
-	case !n.Heartbeat.Snapshots:
-		return fmt.Sprintf("node %s (backend %s) keeps no snapshots", node, n.Heartbeat.Backend), true
+	case !has(n.Heartbeat):
+		return fmt.Sprintf("node %s (backend %s) %s", node, n.Heartbeat.Backend, lacks), true
 	}
 	return "", false
 }
