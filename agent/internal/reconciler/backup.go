@@ -145,16 +145,22 @@ func (r *Reconciler) backupWriter(ctx context.Context, in wire.BackupIntent) (pa
 	if in.Since != "" {
 		m, err := store.Manifest(ctx, in.Namespace, in.Since)
 		switch {
-		case errors.Is(err, backupstore.ErrNotFound), errors.Is(err, backupstore.ErrWrongKey):
-			// Deleted, or written under another key: nothing to build
-			// on, so the backup is full.
+		case errors.Is(err, backupstore.ErrNotFound):
+			// Deleted: nothing to build on, so the backup is full.
 		case err != nil:
 			return parentedWriter{}, err
 		default:
 			parent = &m
 		}
 	}
-	w, err := store.NewWriter(ctx, backupstore.Manifest{ID: in.UID, Namespace: in.Namespace, VMName: in.VMName, VMUID: in.VM, Spec: in.Spec}, parent)
+	header := backupstore.Manifest{ID: in.UID, Namespace: in.Namespace, VMName: in.VMName, VMUID: in.VM, Spec: in.Spec}
+	w, err := store.NewWriter(ctx, header, parent)
+	if parent != nil && (errors.Is(err, backupstore.ErrWrongKey) || errors.Is(err, backupstore.ErrNotFound)) {
+		// The parent was written under another key, or deleted since it
+		// was read: the backup is full.
+		parent = nil
+		w, err = store.NewWriter(ctx, header, nil)
+	}
 	if err != nil {
 		return parentedWriter{}, err
 	}

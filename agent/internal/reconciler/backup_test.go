@@ -134,6 +134,19 @@ func TestBackupIntents(t *testing.T) {
 				assert.Empty(t, r.Parent)
 			},
 		},
+		"AParentUnderAnotherKeyMakesAFullBackup": {
+			run: func(t *testing.T, h *harness, bucket string) {
+				h.running("a")
+				h.synced()
+				h.putBackup(backupIntent(s, bucket, "b1", "a"))
+				h.backup("b1", wire.BackupPhaseSucceeded, "the first backup, unencrypted")
+				h.putBackup(backupIntent(s, bucket, "b2", "a", func(b *wire.BackupIntent) {
+					b.Since, b.Location.Credentials.EncryptionKey = "b1", bytes.Repeat([]byte{7}, backupstore.KeySize)
+				}))
+				r := h.backup("b2", wire.BackupPhaseSucceeded, "the backup under a new key is taken whole")
+				assert.True(t, r.Full)
+			},
+		},
 		"ABackendWithoutBackupsFailsItSayingSo": {
 			wrap: func(f *fake.Driver) driver.Driver { return noBackuper{f} },
 			run: func(t *testing.T, h *harness, bucket string) {
