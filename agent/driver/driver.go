@@ -8,6 +8,8 @@ import (
 	"context"
 	"net/netip"
 	"time"
+
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
 
 // Driver makes guests on one node match the Machines it is given, and reports
@@ -241,6 +243,11 @@ type Image struct {
 	// A missing one is an error a retry may mend; a backend that keeps no
 	// such images refuses it with a Terminal error.
 	ExternalName string
+	// Backup, instead of the others, makes the image from one disk of a
+	// backup in a backup location (Backuper's BackupWriter handed it):
+	// a raw image of that disk. A driver that cannot read backups says so
+	// with a Terminal error.
+	Backup *wire.ImageBackup
 	// SHA256 is the expected hex digest of the download; empty skips the check.
 	SHA256 string
 	// Format is qcow2 (disks become copy-on-write overlays of the image) or

@@ -184,14 +184,21 @@ func (b BackupIntent) Validate() error {
 			return err
 		}
 	}
-	l := b.Location
+	if err := validateLocation(b.Location); err != nil {
+		return &DecodeError{Kind: "backup intent", Err: err}
+	}
+	return nil
+}
+
+// validateLocation reports whether a location can be reached and read.
+func validateLocation(l BackupLocation) error {
 	switch {
 	case l.Endpoint == "", l.Bucket == "":
-		return &DecodeError{Kind: "backup intent", Err: errors.New("location.endpoint and location.bucket are required")}
+		return errors.New("location.endpoint and location.bucket are required")
 	case l.Credentials.AccessKeyID == "", l.Credentials.SecretAccessKey == "":
-		return &DecodeError{Kind: "backup intent", Err: errors.New("location.credentials are required")}
+		return errors.New("location.credentials are required")
 	case len(l.Credentials.EncryptionKey) != 0 && len(l.Credentials.EncryptionKey) != 32:
-		return &DecodeError{Kind: "backup intent", Err: fmt.Errorf("location.credentials.encryptionKey must be 32 bytes, got %d", len(l.Credentials.EncryptionKey))}
+		return fmt.Errorf("location.credentials.encryptionKey must be 32 bytes, got %d", len(l.Credentials.EncryptionKey))
 	}
 	return nil
 }

@@ -178,26 +178,38 @@ func (in Intent) Validate() error {
 }
 
 // Validate reports whether the node can tell where the image comes from:
-// exactly one of URL, SourceVolume or ExternalName, and a checksum only for
-// a download.
+// exactly one of URL, SourceVolume, ExternalName or Backup, and a checksum
+// only for a download.
 func (r ImageRef) Validate() error {
 	sources := 0
-	for _, set := range []bool{r.URL != "", r.SourceVolume != nil, r.ExternalName != ""} {
+	for _, set := range []bool{r.URL != "", r.SourceVolume != nil, r.ExternalName != "", r.Backup != nil} {
 		if set {
 			sources++
 		}
 	}
 	switch {
 	case sources > 1:
-		return errors.New("set exactly one of url, sourceVolume or externalName, not more")
+		return errors.New("set exactly one of url, sourceVolume, externalName or backup, not more")
 	case sources == 0:
-		return errors.New("set exactly one of url, sourceVolume or externalName")
+		return errors.New("set exactly one of url, sourceVolume, externalName or backup")
 	case r.SourceVolume != nil && (r.SourceVolume.Name == "" || r.SourceVolume.UID == ""):
 		return errors.New("sourceVolume needs a name and a uid")
 	case r.URL == "" && r.Checksum != "":
 		return errors.New("checksum verifies a download and goes with url")
+	case r.Backup != nil:
+		return r.Backup.validate()
 	}
 	return nil
+}
+
+// validate reports whether the node can find the backup and read it.
+func (b *ImageBackup) validate() error {
+	for _, f := range []struct{ what, v string }{{"backup.namespace", b.Namespace}, {"backup.id", b.ID}, {"backup.disk", b.Disk}} {
+		if err := ValidateToken(f.what, f.v); err != nil {
+			return err
+		}
+	}
+	return validateLocation(b.Location)
 }
 
 // Validate reports whether the Report can be keyed.

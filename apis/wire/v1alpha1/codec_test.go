@@ -169,12 +169,17 @@ func TestImageRefNamesWhatIsWrong(t *testing.T) {
 		"ADownload":        {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", Checksum: "ab"}},
 		"AClone":           {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}},
 		"AnImport":         {ref: ImageRef{UID: "i", ExternalName: "debian-12"}},
-		"Both":             {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "set exactly one of url, sourceVolume or externalName, not more"},
-		"URLAndImport":     {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", ExternalName: "debian-12"}, wantErr: "set exactly one of url, sourceVolume or externalName, not more"},
-		"Neither":          {ref: ImageRef{UID: "i"}, wantErr: "set exactly one of url, sourceVolume or externalName"},
+		"Both":             {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "set exactly one of url, sourceVolume, externalName or backup, not more"},
+		"URLAndImport":     {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", ExternalName: "debian-12"}, wantErr: "set exactly one of url, sourceVolume, externalName or backup, not more"},
+		"Neither":          {ref: ImageRef{UID: "i"}, wantErr: "set exactly one of url, sourceVolume, externalName or backup"},
 		"AnImportChecksum": {ref: ImageRef{UID: "i", ExternalName: "debian-12", Checksum: "ab"}, wantErr: "checksum verifies a download and goes with url"},
 		"ACloneNoName":     {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{UID: "v"}}, wantErr: "sourceVolume needs a name and a uid"},
 		"ACloneChecksum":   {ref: ImageRef{UID: "i", Checksum: "ab", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "checksum verifies a download and goes with url"},
+		"ABackup":          {ref: ImageRef{UID: "i", Backup: imageBackup(func(*ImageBackup) {})}},
+		"ABackupAndURL":    {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", Backup: imageBackup(func(*ImageBackup) {})}, wantErr: "set exactly one of url, sourceVolume, externalName or backup, not more"},
+		"ABackupNoID":      {ref: ImageRef{UID: "i", Backup: imageBackup(func(b *ImageBackup) { b.ID = "" })}, wantErr: `invalid backup.id "": must not be empty`},
+		"ABackupOfAPath":   {ref: ImageRef{UID: "i", Backup: imageBackup(func(b *ImageBackup) { b.Namespace = "../other" })}, wantErr: `invalid backup.namespace "../other": contains '.'; only letters, digits, '-' and '_' are allowed`},
+		"ABackupNoCreds":   {ref: ImageRef{UID: "i", Backup: imageBackup(func(b *ImageBackup) { b.Location.Credentials = BackupCredentials{} })}, wantErr: "location.credentials are required"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -188,7 +193,7 @@ func TestImageRefNamesWhatIsWrong(t *testing.T) {
 	}
 
 	_, err := EncodeIntent(withImage(exampleClonedIntent(), func(r *ImageRef) { r.URL = "https://x/i.qcow2" }))
-	assert.EqualError(t, err, "cannot decode intent: machine.disks[0].image: set exactly one of url, sourceVolume or externalName, not more",
+	assert.EqualError(t, err, "cannot decode intent: machine.disks[0].image: set exactly one of url, sourceVolume, externalName or backup, not more",
 		"an image with two sources must not be written")
 }
 
@@ -324,4 +329,11 @@ func TestPoolErrorsNameTheField(t *testing.T) {
 	h.SharedPools, h.FenceAfterMillis = nil, -5
 	_, err = EncodeNodeHeartbeat(h)
 	assert.EqualError(t, err, "cannot decode node heartbeat: fenceAfterMillis must not be negative, got -5")
+}
+
+// imageBackup is a valid ImageBackup as edit changes it.
+func imageBackup(edit func(*ImageBackup)) *ImageBackup {
+	b := &ImageBackup{Namespace: "team-a", ID: "b1", Disk: "root", Location: validBackupIntent().Location}
+	edit(b)
+	return b
 }

@@ -175,7 +175,8 @@ type Disk struct {
 
 // ImageRef is a resolved DiskImage. The node imports it once, however many
 // disks use it, and prunes it once no disk there has needed it for
-// PruneAfterSeconds. It comes from exactly one of URL or SourceVolume.
+// PruneAfterSeconds. It comes from exactly one of URL, SourceVolume,
+// ExternalName or Backup.
 type ImageRef struct {
 	Name string `json:"name"`
 	UID  string `json:"uid"`
@@ -192,6 +193,11 @@ type ImageRef struct {
 	// uses it as it is and never deletes it. An agent older than
 	// ExternalName sees neither URL nor SourceVolume and refuses the image.
 	ExternalName string `json:"externalName,omitempty"`
+	// Backup, instead of the others, makes the image from one disk of a
+	// backup in a backup location: a raw image of that disk as it was
+	// backed up. An agent older than Backup sees no source and refuses
+	// the image.
+	Backup *ImageBackup `json:"backup,omitempty"`
 	// Checksum is the expected lowercase hex SHA-256 of the download; empty
 	// skips the check.
 	Checksum string `json:"checksum,omitempty"`
@@ -215,6 +221,22 @@ type SourceVolume struct {
 	// Name is the Volume's name, in the intent's namespace.
 	Name string `json:"name"`
 	UID  string `json:"uid"`
+}
+
+// ImageBackup is one disk of a backup, and where the backup is.
+type ImageBackup struct {
+	// Location is the backup's location, with the credentials to read
+	// it; it travels only in the intents of the node that reads it.
+	Location BackupLocation `json:"location"`
+	// Namespace keeps the backup in its location: always the namespace
+	// of the DiskImage that reads it.
+	Namespace string `json:"namespace"`
+	// ID is the backup's: the uid of the VirtualMachineBackup that took
+	// it.
+	ID string `json:"id"`
+	// Disk is the disk of the backup the image is made of, "root" for
+	// the disk its VM booted from.
+	Disk string `json:"disk"`
 }
 
 // Network is a resolved VirtualNetwork attachment.
