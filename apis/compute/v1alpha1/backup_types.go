@@ -217,6 +217,7 @@ type VirtualMachineBackupStatus struct {
 // +kubebuilder:printcolumn:name="WRITTEN",type="integer",JSONPath=".status.bytesWritten"
 // +kubebuilder:printcolumn:name="NODE",type="string",JSONPath=".status.node",priority=1
 // +kubebuilder:printcolumn:name="READ",type="integer",JSONPath=".status.bytesRead",priority=1
+// +kubebuilder:printcolumn:name="ID",type="string",JSONPath=".metadata.uid",priority=1
 // +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
 // +kubebuilder:resource:scope=Namespaced,shortName={vmbackup,vmbackups},categories={virtfleet}
 type VirtualMachineBackup struct {

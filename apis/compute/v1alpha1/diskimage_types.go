@@ -10,12 +10,13 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 )
 
-// DiskImageSource says where an image comes from: one of url or volumeRef.
+// DiskImageSource says where an image comes from: one of url, volumeRef or
+// backup.
 // With neither, the DiskImage imports the image of the node's backend its
 // crossplane.io/external-name annotation names (a Glance image's name or id
 // on nova), which virtfleet uses as it is and never deletes; the namespace
 // needs the import grant for that, as for any import.
-// +kubebuilder:validation:XValidation:rule="!(has(self.url) && has(self.volumeRef))",message="set one of url or volumeRef, not both"
+// +kubebuilder:validation:XValidation:rule="[has(self.url), has(self.volumeRef), has(self.backup)].filter(x, x).size() <= 1",message="set one of url, volumeRef or backup, not more"
 // +kubebuilder:validation:XValidation:rule="!has(self.sha256) || has(self.url)",message="sha256 verifies a download and goes with url"
 type DiskImageSource struct {
 	// URL is an http or https address the image is downloaded from.
@@ -33,9 +34,39 @@ type DiskImageSource struct {
 	// VolumeRef clones an existing Volume in this namespace into the image.
 	// +optional
 	VolumeRef *LocalReference `json:"volumeRef,omitempty"`
+
+	// Backup makes the image from one disk of a VirtualMachineBackup of
+	// this namespace, as it was backed up: a raw image (format raw), from
+	// which Volumes, and so a VM, are made again on any node, after the
+	// backed-up VM, its node or its namespace are gone.
+	// +optional
+	Backup *DiskImageBackupSource `json:"backup,omitempty"`
+}
+
+// DiskImageBackupSource is one disk of a backup in a BackupLocation.
+type DiskImageBackupSource struct {
+	// Location is the BackupLocation the backup is in; the namespace must
+	// be granted it.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Location string `json:"location"`
+	// ID is the backup's: the metadata.uid of the VirtualMachineBackup
+	// that took it, in this namespace.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9_-]+$`
+	ID string `json:"id"`
+	// Disk is the disk of the backup: root (the default) for the disk the
+	// VM booted from, or an attached Volume's name.
+	// +optional
+	// +kubebuilder:default=root
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9_-]+$`
+	Disk string `json:"disk,omitempty"`
 }
 
 // DiskImageParameters are the fields a user sets on a DiskImage.
+// +kubebuilder:validation:XValidation:rule="!has(self.source) || !has(self.source.backup) || (has(self.format) && self.format == 'raw')",message="an image made from a backup is raw: set format: raw"
 type DiskImageParameters struct {
 	// Source of the image; empty when the DiskImage imports an existing
 	// image by its crossplane.io/external-name annotation.

@@ -24,7 +24,6 @@ import (
 	"slices"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -41,6 +40,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/backuplocation"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
@@ -249,45 +249,7 @@ func (r *Reconciler) location(ctx context.Context, b *v1alpha1.VirtualMachineBac
 	if err := grant.CheckBackupLocation(b.Spec.Location); err != nil {
 		return wire.BackupLocation{}, err.Error(), nil
 	}
-	return LocationOf(ctx, r.kube, b.Spec.Location)
-}
-
-// LocationOf is the BackupLocation name with its credentials, or why it
-// cannot be used yet: it or its Secret is missing, or the Secret lacks a
-// key. Only the hub reads the Secret, and only the node that takes or
-// restores a backup is handed what it holds.
-func LocationOf(ctx context.Context, kube client.Reader, name string) (wire.BackupLocation, string, error) {
-	l := &v1alpha1.BackupLocation{}
-	err := kube.Get(ctx, types.NamespacedName{Name: name}, l)
-	switch {
-	case kerrors.IsNotFound(err):
-		return wire.BackupLocation{}, fmt.Sprintf("BackupLocation %s does not exist", name), nil
-	case err != nil:
-		return wire.BackupLocation{}, "", errors.Wrapf(err, "cannot get BackupLocation %s", name)
-	}
-	ref := l.Spec.CredentialsSecretRef
-	s := &corev1.Secret{}
-	err = kube.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, s)
-	switch {
-	case kerrors.IsNotFound(err):
-		return wire.BackupLocation{}, fmt.Sprintf("Secret %s/%s of BackupLocation %s does not exist", ref.Namespace, ref.Name, name), nil
-	case err != nil:
-		return wire.BackupLocation{}, "", errors.Wrapf(err, "cannot get the Secret of BackupLocation %s", name)
-	}
-	c := wire.BackupCredentials{
-		AccessKeyID: string(s.Data[v1alpha1.BackupAccessKeyID]), SecretAccessKey: string(s.Data[v1alpha1.BackupSecretAccessKey]),
-		EncryptionKey: s.Data[v1alpha1.BackupEncryptionKey],
-	}
-	switch {
-	case c.AccessKeyID == "" || c.SecretAccessKey == "":
-		return wire.BackupLocation{}, fmt.Sprintf("Secret %s/%s of BackupLocation %s needs the keys %s and %s", ref.Namespace, ref.Name, name, v1alpha1.BackupAccessKeyID, v1alpha1.BackupSecretAccessKey), nil
-	case len(c.EncryptionKey) != 0 && len(c.EncryptionKey) != backupstore.KeySize:
-		return wire.BackupLocation{}, fmt.Sprintf("the %s of Secret %s/%s of BackupLocation %s must be %d bytes, not %d", v1alpha1.BackupEncryptionKey, ref.Namespace, ref.Name, name, backupstore.KeySize, len(c.EncryptionKey)), nil
-	}
-	return wire.BackupLocation{
-		Endpoint: l.Spec.Endpoint, Insecure: l.Spec.Insecure, Region: l.Spec.Region,
-		Bucket: l.Spec.Bucket, Prefix: l.Spec.Prefix, Credentials: c,
-	}, "", nil
+	return backuplocation.Resolve(ctx, r.kube, b.Spec.Location)
 }
 
 // intentOf is the intent that asks for b of vm, written to loc: the
@@ -516,7 +478,7 @@ func (r *Reconciler) deleted(ctx context.Context, b *v1alpha1.VirtualMachineBack
 
 // deleteData deletes b from its location.
 func (r *Reconciler) deleteData(ctx context.Context, b *v1alpha1.VirtualMachineBackup) error {
-	loc, why, err := LocationOf(ctx, r.kube, b.Spec.Location)
+	loc, why, err := backuplocation.Resolve(ctx, r.kube, b.Spec.Location)
 	if err != nil {
 		return err
 	}

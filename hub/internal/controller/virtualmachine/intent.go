@@ -1,6 +1,7 @@
 package virtualmachine
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/backuplocation"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 )
 
@@ -57,6 +59,9 @@ type dependencies struct {
 	// sources are the Volumes the cloned images among images copy, by
 	// image name; each is bound to a node.
 	sources map[string]*v1alpha1.Volume
+	// backups are the backups the images made from one are read from, with
+	// their locations' credentials, by image name (resolveBackups).
+	backups map[string]wire.ImageBackup
 	// imageSources are the addresses outside the public internet the
 	// namespace's images may be downloaded from (admit sets them).
 	imageSources []string
@@ -296,7 +301,42 @@ func (d dependencies) imageRef(v v1alpha1.Volume) *wire.ImageRef {
 	if ref.URL != "" {
 		ref.AllowedSources = d.imageSources
 	}
+	if b, ok := d.backups[img.Name]; ok {
+		ref.URL, ref.Checksum, ref.Format = "", "", string(v1alpha1.DiskFormatRaw)
+		ref.Backup = &b
+	}
 	return ref
+}
+
+// resolveBackups reads the location, with its credentials, of each image
+// made from a backup. The VM waits while a location or its Secret is
+// missing. It reads Secrets, so kube must not be a cache: only the VM's
+// own reconcile, which builds its intent, calls it, never placement.
+func (d *dependencies) resolveBackups(ctx context.Context, kube client.Reader) error {
+	var waiting []string
+	for _, name := range slices.Sorted(maps.Keys(d.images)) {
+		img := d.images[name]
+		b := img.Spec.ForProvider.Source.Backup
+		if b == nil {
+			continue
+		}
+		loc, why, err := backuplocation.Resolve(ctx, kube, b.Location)
+		switch {
+		case err != nil:
+			return errors.Wrapf(err, "cannot read the location of DiskImage %s", name)
+		case why != "":
+			waiting = append(waiting, fmt.Sprintf("DiskImage %s is made from a backup: %s", name, why))
+			continue
+		}
+		if d.backups == nil {
+			d.backups = map[string]wire.ImageBackup{}
+		}
+		d.backups[name] = wire.ImageBackup{Location: loc, Namespace: img.Namespace, ID: b.ID, Disk: cmp.Or(b.Disk, "root")}
+	}
+	if len(waiting) > 0 {
+		return errors.New(strings.Join(waiting, "; "))
+	}
+	return nil
 }
 
 // intent is what the VM's node must make true.

@@ -378,7 +378,10 @@ func (e *external) resolve(ctx context.Context, vm *v1alpha1.VirtualMachine) (de
 	boundByHub := func(o metav1.Object) bool {
 		return e.fleet.Sealed(o) || (node != "" && o.GetAnnotations()[v1alpha1.AnnotationNode] == node)
 	}
-	return d, d.admit(e.grant, boundByHub)
+	if err := d.admit(e.grant, boundByHub); err != nil {
+		return d, err
+	}
+	return d, d.resolveBackups(ctx, e.kube)
 }
 
 // flagForeign has the fleet flag the reports about vm from nodes other

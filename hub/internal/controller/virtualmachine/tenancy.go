@@ -104,12 +104,18 @@ func (d *dependencies) admit(g tenancy.Grant, boundByHub func(metav1.Object) boo
 	for _, name := range slices.Sorted(maps.Keys(d.images)) {
 		img := d.images[name]
 		src := img.Spec.ForProvider.Source
+		if b := src.Backup; b != nil {
+			if err := g.CheckBackupLocation(b.Location); err != nil {
+				return err
+			}
+			continue
+		}
 		if src.URL != "" || src.VolumeRef != nil {
 			continue
 		}
 		ext := meta.GetExternalName(img)
 		if ext == "" {
-			return errors.Errorf("DiskImage %s has no source: set spec.forProvider.source.url or source.volumeRef, or name an image of the node's backend in its %s annotation", name, meta.AnnotationKeyExternalName)
+			return errors.Errorf("DiskImage %s has no source: set spec.forProvider.source.url, source.volumeRef or source.backup, or name an image of the node's backend in its %s annotation", name, meta.AnnotationKeyExternalName)
 		}
 		if err := g.CheckImport(fmt.Sprintf("DiskImage %s", name), ext); err != nil {
 			return err

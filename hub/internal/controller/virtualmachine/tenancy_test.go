@@ -7,10 +7,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
@@ -211,4 +214,44 @@ func TestAVolumeOnTheVMsOwnNodeNeedsNoSeal(t *testing.T) {
 			assert.ErrorAs(t, err, &r)
 		})
 	}
+}
+
+// TestAnImageFromABackupCarriesItsLocation: a DiskImage made from a backup
+// needs its namespace granted the location, waits while the location or
+// its Secret is missing, and then hands the node the location with its
+// credentials and the backup of the image's own namespace, as a raw image.
+func TestAnImageFromABackupCarriesItsLocation(t *testing.T) {
+	machine := vm(func(v *v1alpha1.VirtualMachine) { v.Spec.ForProvider.VirtualNetworks = nil })
+	img := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "restored", UID: "uid-restored"}, Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+		Source: v1alpha1.DiskImageSource{Backup: &v1alpha1.DiskImageBackupSource{Location: "offsite", ID: "b-1", Disk: "root"}},
+	}}}
+	location := &v1alpha1.BackupLocation{ObjectMeta: metav1.ObjectMeta{Name: "offsite"}, Spec: v1alpha1.BackupLocationSpec{
+		Endpoint: "s3.example:9000", Bucket: "vms", CredentialsSecretRef: xpv2.SecretReference{Namespace: "ops", Name: "s3"},
+	}}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: "s3"}, Data: map[string][]byte{
+		v1alpha1.BackupAccessKeyID: []byte("AK"), v1alpha1.BackupSecretAccessKey: []byte("SK"),
+	}}
+	f := fleettest.Start(t, bus.NewFake())
+	objs := []client.Object{fromImage("root", "restored"), vol("data", ""), img}
+
+	d, err := resolve(context.Background(), kube(t, objs...), machine)
+	require.NoError(t, err)
+	var refused *tenancy.RefusedError
+	require.ErrorAs(t, d.admit(tenancy.Grant{}, f.Sealed), &refused, "a location is used only where granted")
+	require.NoError(t, d.admit(tenancy.Grant{BackupLocations: []string{"offsite"}}, f.Sealed))
+
+	err = d.resolveBackups(context.Background(), kube(t, append(objs, location)...))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "DiskImage restored is made from a backup: Secret ops/s3 of BackupLocation offsite does not exist")
+
+	require.NoError(t, d.resolveBackups(context.Background(), kube(t, append(objs, location, secret)...)))
+	ref := intent(machine, d).Machine.Disks[0].Image
+	require.NotNil(t, ref)
+	require.NotNil(t, ref.Backup)
+	assert.Equal(t, wire.ImageBackup{
+		Location:  wire.BackupLocation{Endpoint: "s3.example:9000", Bucket: "vms", Credentials: wire.BackupCredentials{AccessKeyID: "AK", SecretAccessKey: "SK"}},
+		Namespace: "default", ID: "b-1", Disk: "root",
+	}, *ref.Backup)
+	assert.Equal(t, "raw", ref.Format)
+	require.NoError(t, ref.Validate(), "the node can tell where the image comes from")
 }
