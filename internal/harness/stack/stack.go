@@ -24,6 +24,7 @@ import (
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 	"github.com/virtfleet/virtfleet/internal/harness/natstest"
+	"github.com/virtfleet/virtfleet/internal/harness/s3test"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
@@ -130,6 +131,9 @@ type Options struct {
 	// SimulatedHost is each simulated node's host; zero means 16 CPUs and
 	// 64 GiB.
 	SimulatedHost SimulatedHost
+	// ObjectStore starts a real S3 server (SeaweedFS, built once per
+	// machine) and declares it as the BackupLocation LocationName.
+	ObjectStore bool
 }
 
 // SimulatedHost is the host a simulated node pretends to be.
@@ -149,6 +153,8 @@ var DefaultGrants = []apisv1alpha1.TenantGrant{{
 	Import:       true,
 	ChooseNode:   true,
 	ImageSources: []string{"127.0.0.0/8"},
+	// The stack's own location, where Options.ObjectStore starts it.
+	BackupLocations: []string{LocationName},
 }}
 
 // LibvirtHost is a libvirtd the agent of a node talks to.
@@ -192,6 +198,9 @@ type Stack struct {
 	Backends map[string]Backend
 	// AgentIdentities are the nodes' NATS identities.
 	AgentIdentities map[string]natswire.Identity
+	// ObjectStore is the S3 server of the stack's backup location, when
+	// Options.ObjectStore started one.
+	ObjectStore *s3test.Server
 
 	opts  Options
 	hubID natswire.Identity
@@ -294,6 +303,11 @@ func (s *Stack) start(ctx context.Context) error {
 	}
 	if err := s.configureProvider(ctx); err != nil {
 		return err
+	}
+	if o.ObjectStore {
+		if err := s.startObjectStore(ctx); err != nil {
+			return err
+		}
 	}
 	if s.hubKubeconfig == "" {
 		if s.hubKubeconfig, err = s.hubIdentity(ctx); err != nil {
@@ -436,6 +450,9 @@ func (s *Stack) Stop() {
 		s.NATS.Shutdown()
 	}
 	s.stopNATSProcess()
+	if s.ObjectStore != nil {
+		s.ObjectStore.Stop()
+	}
 	if s.ControlPlane != nil {
 		_ = s.ControlPlane.Stop()
 	}

@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/backupstore"
+	"github.com/virtfleet/virtfleet/internal/harness/stack"
+)
+
+// TestBackups backs VMs up to a real S3 store (SeaweedFS) and makes a VM
+// again from a backup, through the Kubernetes API alone, on simulated
+// nodes: the real hub, NATS, agents' reconcilers and store, over the
+// in-memory driver (a real guest's disks: test/guest).
+func TestBackups(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the whole stack; skipped with -short")
+	}
+	h := startStack(t, "vf-backups-", stack.Options{Nodes: []string{"sim-1", "sim-2"}, Simulated: true, ObjectStore: true})
+	ctx := context.Background()
+	backupOf := func(name, vm string, edit ...func(*v1alpha1.VirtualMachineBackup)) *v1alpha1.VirtualMachineBackup {
+		b := &v1alpha1.VirtualMachineBackup{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: v1alpha1.VirtualMachineBackupSpec{VMName: v1alpha1.LocalName(vm), Location: stack.LocationName}}
+		for _, e := range edit {
+			e(b)
+		}
+		h.create(t, b)
+		return b
+	}
+	await := func(t *testing.T, name string, p v1alpha1.BackupPhase) *v1alpha1.VirtualMachineBackup {
+		t.Helper()
+		b := &v1alpha1.VirtualMachineBackup{}
+		require.Eventually(t, func() bool {
+			return h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, b) == nil && b.Status.Phase == p
+		}, time.Minute, 100*time.Millisecond, "backup %s reaches %s", name, p)
+		return b
+	}
+	vm := func(name, disk string) *v1alpha1.VirtualMachine {
+		v := vmWith(name, disk)
+		v.Spec.ForProvider.VirtualNetworks = nil
+		return v
+	}
+	h.create(t, volume("web-root"))
+	h.create(t, vm("web", "web-root"))
+	web := h.wait(t, "web", time.Minute, running)
+
+	var first *v1alpha1.VirtualMachineBackup
+	t.Run("TheFirstBackupIsFullAndTheNextReadsOnlyWhatChanged", func(t *testing.T) {
+		backupOf("web-1", "web")
+		first = await(t, "web-1", v1alpha1.BackupSucceeded)
+		assert.True(t, first.Status.Full)
+		assert.Equal(t, string(web.UID), first.Status.SourceUID)
+		assert.Equal(t, web.Status.AtProvider.Node, first.Status.Node)
+		assert.Positive(t, first.Status.BytesWritten)
+		assert.Positive(t, first.Status.ChunksWritten)
+		h.assertEvent(t, "web-1", "BackupTaken", "(full)")
+
+		backupOf("web-2", "web")
+		second := await(t, "web-2", v1alpha1.BackupSucceeded)
+		assert.False(t, second.Status.Full)
+		assert.Equal(t, string(first.UID), second.Status.Parent)
+		assert.Zero(t, second.Status.BytesRead, "nothing was written since the first")
+		assert.Zero(t, second.Status.BytesWritten)
+
+		store, err := backupstore.Open(ctx, backupstore.Location{Endpoint: h.s.ObjectStore.Endpoint, Region: h.s.ObjectStore.Region, Bucket: stack.LocationBucket, AccessKey: h.s.ObjectStore.AccessKey, SecretKey: h.s.ObjectStore.SecretKey})
+		require.NoError(t, err)
+		all, err := store.Backups(ctx, ns)
+		require.NoError(t, err)
+		assert.Len(t, all, 2, "both backups are whole in the store")
+		v, err := store.Verify(ctx, all[1])
+		require.NoError(t, err)
+		assert.Empty(t, v.Bad, "every chunk of the incremental backup reads back as named")
+	})
+
+	t.Run("AVMIsMadeAgainFromABackup", func(t *testing.T) {
+		require.NotNil(t, first)
+		format := v1alpha1.DiskFormatRaw
+		h.create(t, &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web-restored"}, Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+			Format: &format,
+			Source: v1alpha1.DiskImageSource{Backup: &v1alpha1.DiskImageBackupSource{Location: stack.LocationName, ID: string(first.UID)}},
+		}}})
+		h.create(t, &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web-again-root"}, Spec: v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{
+			Size: resource.MustParse("1Gi"), Source: &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: "web-restored"}},
+		}}})
+		h.create(t, vm("web-again", "web-again-root"))
+		h.wait(t, "web-again", time.Minute, running)
+	})
+
+	t.Run("ANamespaceNotGrantedTheLocationWaitsSayingSo", func(t *testing.T) {
+		const tenant = "tenant-b"
+		require.NoError(t, h.kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant}}))
+		vol := volume("db-root")
+		vol.Namespace = tenant
+		h.create(t, vol)
+		v := vm("db", "db-root")
+		v.Namespace = tenant
+		h.create(t, v)
+		b := &v1alpha1.VirtualMachineBackup{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "db-1"}, Spec: v1alpha1.VirtualMachineBackupSpec{VMName: "db", Location: stack.LocationName}}
+		h.create(t, b)
+		require.Eventually(t, func() bool {
+			err := h.kube.Get(ctx, types.NamespacedName{Namespace: tenant, Name: "db-1"}, b)
+			return err == nil && b.Status.Phase == v1alpha1.BackupPending && strings.Contains(b.Status.Message, "backupLocations: ["+stack.LocationName+"]")
+		}, time.Minute, 100*time.Millisecond, "the backup waits for a grant; last %+v", b.Status)
+	})
+}
