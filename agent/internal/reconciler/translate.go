@@ -50,7 +50,11 @@ func machine(in wire.Intent) (driver.Machine, error) {
 		}
 		if im := d.Image; im != nil {
 			if err := im.Validate(); im.UID == "" || err != nil {
-				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and one of a url, a sourceVolume or an externalName", i)
+				why := ""
+				if err != nil {
+					why = ": " + err.Error()
+				}
+				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and one of a url, a sourceVolume, an externalName or a backup%s", i, why)
 			}
 			disk.Format = im.Format
 			disk.Image = &driver.Image{
@@ -64,6 +68,10 @@ func machine(in wire.Intent) (driver.Machine, error) {
 			}
 			if src := im.SourceVolume; src != nil {
 				disk.Image.SourceVolume = wire.NameOnNode(in.Namespace, src.Name)
+			}
+			if b := im.Backup; b != nil {
+				b := *b
+				disk.Image.Backup = &b
 			}
 			for j, cidr := range im.AllowedSources {
 				p, err := netip.ParsePrefix(cidr)

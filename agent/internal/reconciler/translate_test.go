@@ -15,6 +15,12 @@ import (
 
 func TestMachineTranslatesTheImageSource(t *testing.T) {
 	base := &wire.SourceVolume{Name: "base", UID: "vol-1"}
+	backup := &wire.ImageBackup{
+		Location: wire.BackupLocation{Endpoint: "s3.example:9000", Bucket: "backups", Prefix: "site-a", Credentials: wire.BackupCredentials{
+			AccessKeyID: "AK", SecretAccessKey: "SK", EncryptionKey: make([]byte, 32),
+		}},
+		Namespace: "team-a", ID: "b-1", Disk: "root",
+	}
 	cases := map[string]struct {
 		image   wire.ImageRef
 		want    *driver.Image
@@ -40,11 +46,25 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 		},
 		"BothSourcesAreRefused": {
 			image:   wire.ImageRef{Name: "golden", UID: "img-2", URL: "http://127.0.0.1/u.qcow2", SourceVolume: base},
-			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume or an externalName",
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, an externalName or a backup: set exactly one of url, sourceVolume, externalName or backup, not more",
 		},
 		"NoSourceIsRefused": {
 			image:   wire.ImageRef{Name: "golden", UID: "img-2"},
-			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume or an externalName",
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, an externalName or a backup: set exactly one of url, sourceVolume, externalName or backup",
+		},
+		"NoUIDIsRefused": {
+			image:   wire.ImageRef{Name: "golden", URL: "http://127.0.0.1/u.qcow2"},
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, an externalName or a backup",
+		},
+		"ABackupKeepsWhereItIsAndWhichDisk": {
+			image: wire.ImageRef{Name: "restored", UID: "img-4", Format: "raw", Backup: backup},
+			want:  &driver.Image{UID: "img-4", Name: "restored", Format: "raw", Backup: backup},
+		},
+		"ABackupWithoutCredentialsIsRefused": {
+			image: wire.ImageRef{Name: "restored", UID: "img-4", Format: "raw", Backup: &wire.ImageBackup{
+				Location: wire.BackupLocation{Endpoint: "s3.example:9000", Bucket: "backups"}, Namespace: "team-a", ID: "b-1", Disk: "root",
+			}},
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, an externalName or a backup: location.credentials are required",
 		},
 	}
 	for name, tc := range cases {
