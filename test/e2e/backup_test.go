@@ -64,7 +64,9 @@ func TestBackups(t *testing.T) {
 		assert.Positive(t, first.Status.ChunksWritten)
 		h.assertEvent(t, "web-1", "BackupTaken", "(full)")
 
-		backupOf("web-2", "web")
+		out, err := h.plugin("backup", "web", "--location", stack.LocationName, "--name", "web-2", "--wait", "1m")
+		require.NoError(t, err, out)
+		assert.Contains(t, out, "VirtualMachineBackup "+ns+"/web-2 succeeded")
 		second := await(t, "web-2", v1alpha1.BackupSucceeded)
 		assert.False(t, second.Status.Full)
 		assert.Equal(t, string(first.UID), second.Status.Parent)

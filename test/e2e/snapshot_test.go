@@ -21,15 +21,7 @@ import (
 // API (real QEMU: test/guest). It shares TestHub's stack.
 func testSnapshots(t *testing.T, h *hub) {
 	ctx := context.Background()
-	plugin := func(args ...string) (string, error) {
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, h.s.Plugin(), append([]string{"--kubeconfig", h.s.ControlPlane.Kubeconfig, "-n", ns}, args...)...) //nolint:gosec // our own binary
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		return strings.TrimSpace(out.String()), err
-	}
+	plugin := h.plugin
 	h.create(t, volume("snap-root"))
 	h.create(t, vmWith("snap", "snap-root"))
 	vm := h.wait(t, "snap", time.Minute, running)
@@ -97,4 +89,16 @@ func testSnapshots(t *testing.T, h *hub) {
 	h.delete(t, "snap-other")
 	assert.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "cold"}, &v1alpha1.VirtualMachineSnapshot{}),
 		"a snapshot is kept when its VM is deleted (vmDeletionPolicy Retain)")
+}
+
+// plugin runs kubectl virtfleet in the tests' namespace with args and
+// returns what it printed.
+func (h *hub) plugin(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, h.s.Plugin(), append([]string{"--kubeconfig", h.s.ControlPlane.Kubeconfig, "-n", ns}, args...)...) //nolint:gosec // our own binary
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return strings.TrimSpace(out.String()), err
 }

@@ -16,11 +16,12 @@ import (
 	v1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 )
 
-// The kinds snapshot and restore create; the user's own RBAC on them
-// decides, as it would for kubectl create.
+// The kinds snapshot, restore and backup create; the user's own RBAC on
+// them decides, as it would for kubectl create.
 var (
 	snapshots = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinesnapshots")
 	restores  = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinerestores")
+	backups   = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinebackups")
 )
 
 // waitPoll is how often --wait looks at the object it waits for.
@@ -42,13 +43,9 @@ func (e *env) snapshotCommand() *cobra.Command {
 				ObjectMeta: generated(name, args[0]),
 				Spec:       v1alpha1.VirtualMachineSnapshotSpec{VMName: v1alpha1.LocalName(args[0]), IncludeMemory: memory},
 			}
-			return e.createAndWait(cmd.Context(), snapshots, s, timeout, func(u *unstructured.Unstructured) (bool, error) {
-				got := &v1alpha1.VirtualMachineSnapshot{}
-				if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, got); err != nil {
-					return false, err
-				}
-				return outcome(got.Done(), got.Status.Phase == v1alpha1.SnapshotSucceeded, string(got.Status.Phase), got.Status.Message)
-			})
+			return e.createAndWait(cmd.Context(), snapshots, s, timeout, finished(func(got *v1alpha1.VirtualMachineSnapshot) (bool, bool, string, string) {
+				return got.Done(), got.Status.Phase == v1alpha1.SnapshotSucceeded, string(got.Status.Phase), got.Status.Message
+			}))
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "Name of the VirtualMachineSnapshot (default: the VM's name and a random suffix)")
@@ -72,13 +69,9 @@ func (e *env) restoreCommand() *cobra.Command {
 				ObjectMeta: generated(name, args[0]),
 				Spec:       v1alpha1.VirtualMachineRestoreSpec{SnapshotName: v1alpha1.LocalName(snapshot), VMName: v1alpha1.LocalName(args[0])},
 			}
-			return e.createAndWait(cmd.Context(), restores, r, timeout, func(u *unstructured.Unstructured) (bool, error) {
-				got := &v1alpha1.VirtualMachineRestore{}
-				if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, got); err != nil {
-					return false, err
-				}
-				return outcome(got.Done(), got.Status.Phase == v1alpha1.RestoreSucceeded, string(got.Status.Phase), got.Status.Message)
-			})
+			return e.createAndWait(cmd.Context(), restores, r, timeout, finished(func(got *v1alpha1.VirtualMachineRestore) (bool, bool, string, string) {
+				return got.Done(), got.Status.Phase == v1alpha1.RestoreSucceeded, string(got.Status.Phase), got.Status.Message
+			}))
 		},
 	}
 	cmd.Flags().StringVar(&snapshot, "snapshot", "", "The VirtualMachineSnapshot to restore (required)")
@@ -86,6 +79,47 @@ func (e *env) restoreCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&timeout, "wait", 0, "Wait this long for the restore to finish (0: do not wait)")
 	_ = cmd.MarkFlagRequired("snapshot")
 	return cmd
+}
+
+// backupCommand creates a VirtualMachineBackup of a VM.
+func (e *env) backupCommand() *cobra.Command {
+	var name, location string
+	var full bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:               "backup NAME --location LOCATION",
+		Short:             "Back a VirtualMachine's disks up to a BackupLocation (a VirtualMachineBackup); only what changed since its last backup is read",
+		Args:              exactlyOneVM,
+		ValidArgsFunction: e.completeVMs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b := &v1alpha1.VirtualMachineBackup{
+				TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.VirtualMachineBackupKind},
+				ObjectMeta: generated(name, args[0]),
+				Spec:       v1alpha1.VirtualMachineBackupSpec{VMName: v1alpha1.LocalName(args[0]), Location: location, Full: full},
+			}
+			return e.createAndWait(cmd.Context(), backups, b, timeout, finished(func(got *v1alpha1.VirtualMachineBackup) (bool, bool, string, string) {
+				return got.Done(), got.Status.Phase == v1alpha1.BackupSucceeded, string(got.Status.Phase), got.Status.Message
+			}))
+		},
+	}
+	cmd.Flags().StringVar(&location, "location", "", "The BackupLocation to write to (required)")
+	cmd.Flags().StringVar(&name, "name", "", "Name of the VirtualMachineBackup (default: the VM's name and a random suffix)")
+	cmd.Flags().BoolVar(&full, "full", false, "Read every disk whole, not only what changed since the VM's last backup")
+	cmd.Flags().DurationVar(&timeout, "wait", 0, "Wait this long for the backup to finish (0: do not wait)")
+	_ = cmd.MarkFlagRequired("location")
+	return cmd
+}
+
+// finished is what --wait asks of an object of type T read back: whether
+// it is over, whether it went well, and its phase and message.
+func finished[T any](judge func(*T) (done, succeeded bool, phase, msg string)) func(*unstructured.Unstructured) (bool, error) {
+	return func(u *unstructured.Unstructured) (bool, error) {
+		got := new(T)
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, got); err != nil {
+			return false, err
+		}
+		return outcome(judge(got))
+	}
 }
 
 // generated is the metadata of an object named name, or named after the
