@@ -197,9 +197,16 @@ func (j *Job) progress(name string) string {
 
 // InputOf is what of img an import depends on: a job for another input
 // says nothing about this one. A driver that vouches for an image once
-// it is imported (or verified) keys what it vouched for with it too.
+// it is imported (or verified) keys what it vouched for with it too. Of a
+// backup it is where the backup is and which disk of it, never the
+// location's credentials.
 func InputOf(img *driver.Image) string {
-	return fmt.Sprintf("%q %q %q %q %v", img.URL, img.SourceVolume, img.SHA256, img.Format, img.AllowedSources)
+	in := fmt.Sprintf("%q %q %q %q %v", img.URL, img.SourceVolume, img.SHA256, img.Format, img.AllowedSources)
+	if b := img.Backup; b != nil {
+		l := b.Location
+		in += fmt.Sprintf(" backup %q %q %q %q/%q/%q", l.Endpoint, l.Bucket, l.Prefix, b.Namespace, b.ID, b.Disk)
+	}
+	return in
 }
 
 // Ensure returns "" when img is on the node, as present says; otherwise it
