@@ -81,13 +81,18 @@ func (d *Driver) ensureImage(api API, img *driver.Image) (string, error) {
 	return d.images.Ensure(d.ctx, img, func() (bool, error) { return d.hasImage(api, img) }, d.importImage)
 }
 
-// importImage downloads img (verified and inspected) and stores it as its
-// volume, or clones it from its source volume (clone.go).
+// importImage downloads img (verified and inspected), or makes it of a
+// disk of a backup (a raw file), and stores it as its volume; or clones it
+// from its source volume (clone.go).
 func (d *Driver) importImage(ctx context.Context, img *driver.Image, job *imageimport.Job) error {
 	if img.SourceVolume != "" {
 		return d.cloneImage(img, job)
 	}
-	path, size, err := job.Download(ctx, img)
+	fetch := job.Download
+	if img.Backup != nil {
+		fetch = job.FromBackup
+	}
+	path, size, err := fetch(ctx, img)
 	if err != nil {
 		return err
 	}
