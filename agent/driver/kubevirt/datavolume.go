@@ -85,11 +85,13 @@ func (d *Driver) checkImageSource(ctx context.Context, img *driver.Image) (strin
 }
 
 // importable refuses, as terminal, a disk whose image CDI cannot import as
-// the contract asks: from a volume rather than a URL, or into a volume
-// smaller than CDI takes.
+// the contract asks: from a volume or a backup rather than a URL, or into
+// a volume smaller than CDI takes.
 func importable(disk driver.Disk) error {
 	img := disk.Image
 	switch {
+	case img.Backup != nil:
+		return driver.Terminalf("disk %s is made from image %s, which is a disk of backup %s/%s: the kubevirt backend cannot make an image from a backup yet", disk.Name, img.Name, img.Backup.Namespace, img.Backup.ID)
 	case img.ExternalName != "":
 		return driver.Terminalf("disk %s is made from image %s, which imports %q by external name: the kubevirt backend imports images from http and https URLs only", disk.Name, img.Name, img.ExternalName)
 	case img.SourceVolume != "" || img.URL == "":

@@ -23,6 +23,7 @@ import (
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/kubevirttest"
 )
 
@@ -124,6 +125,7 @@ func TestNewDataVolumeImportsTheImageIntoTheDisk(t *testing.T) {
 // TestImportsTheNodeRefuses: what the node's source policy refuses and
 // what CDI cannot import as the contract asks are terminal.
 func TestImportsTheNodeRefuses(t *testing.T) {
+	backup := &wire.ImageBackup{Namespace: "team-a", ID: "b-1", Disk: "root"}
 	cases := map[string]struct {
 		disk func(*driver.Disk)
 		// want is in the refusal; empty for an import the node makes.
@@ -138,6 +140,7 @@ func TestImportsTheNodeRefuses(t *testing.T) {
 		"LinkLocal":          {disk: func(d *driver.Disk) { d.Image.URL = "http://169.254.169.254/latest/meta-data" }, want: "link-local"},
 		"ByExternalName":     {disk: func(d *driver.Disk) { d.Image.URL, d.Image.ExternalName = "", "golden" }, want: `imports "golden" by external name`},
 		"FromAVolume":        {disk: func(d *driver.Disk) { d.Image.URL, d.Image.SourceVolume = "", "default_golden" }, want: "imports images from http and https URLs only"},
+		"FromABackup":        {disk: func(d *driver.Disk) { d.Image.URL, d.Image.Backup = "", backup }, want: "backup team-a/b-1: the kubevirt backend cannot make an image from a backup yet"},
 		"NoSize":             {disk: func(d *driver.Disk) { d.SizeBytes = 0 }, want: "needs a size of at least 1Mi"},
 		"SmallerThan1Mi":     {disk: func(d *driver.Disk) { d.SizeBytes = 512 << 10 }, want: "needs a size of at least 1Mi"},
 		"UIDNotALabel":       {disk: func(d *driver.Disk) { d.Image.UID = "not a uid" }, want: "cannot label a DataVolume"},

@@ -91,6 +91,9 @@ func activeImage(all []images.Image, uid string) *images.Image {
 // The caller holds d.imageUse for reading until the volume made from the
 // image exists, so a prune never deletes the image in between.
 func (d *Driver) imageFor(ctx context.Context, img *driver.Image) (string, error) {
+	if b := img.Backup; b != nil {
+		return "", driver.Terminalf("image %s is a disk of backup %s/%s: the nova backend cannot make an image from a backup yet", img.Name, b.Namespace, b.ID)
+	}
 	if d.c.image == nil {
 		return "", driver.Terminalf("image %s: this cloud's catalog has no image service (Glance) to import it into", img.Name)
 	}
