@@ -17,7 +17,7 @@ GENERATED := apis package/crds internal/harness/kubevirttest/testdata
 # with "context deadline exceeded" and no crasher (golang/go#75804, fixed in
 # Go 1.27; seen here on go1.26.8 in FuzzDecodeVolumeIntent). A count has no
 # deadline to race.
-FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzDecodeVolumeIntent FuzzDecodeVolumeReport FuzzParseKey FuzzNodeToken FuzzNodeFromToken FuzzDecodeConsoleOpen
+FUZZ_TARGETS := FuzzDecodeIntent FuzzDecodeReport FuzzDecodeNodeHeartbeat FuzzDecodeVolumeIntent FuzzDecodeVolumeReport FuzzParseKey FuzzNodeToken FuzzNodeFromToken FuzzDecodeConsoleOpen FuzzDecodeBackupIntent FuzzDecodeBackupReport
 FUZZ_PKG := ./apis/wire/v1alpha1
 FUZZ_TIME ?= 30000x
 
@@ -133,7 +133,7 @@ RUN_PROFILES := run $(if $(GUESTS),guests) $(if $(CROSSPLANE),crossplane)
 .PHONY: run
 run: ## Start the whole system locally: control plane, NATS, hub, three agents on private libvirtds, examples.
 	@./hack/deps.sh $(RUN_PROFILES)
-	@$(MAKE) --no-print-directory -j2 envtest-assets $(if $(CROSSPLANE),crossplane-core)
+	@$(MAKE) --no-print-directory -j3 envtest-assets $(if $(CROSSPLANE),crossplane-core) $(if $(GUESTS),object-store)
 	@$(MAKE) --no-print-directory local
 	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" exec bin/local -binaries=bin $(RUN_FLAGS)
 

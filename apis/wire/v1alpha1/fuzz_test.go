@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"encoding/json"
 	"testing"
+	"time"
 )
 
 // The fuzz targets only assert that hostile bytes never panic and that what
@@ -65,6 +66,19 @@ func FuzzDecodeImageReport(f *testing.F) {
 	importing := exampleImageReport()
 	importing.Phase, importing.SizeBytes, importing.Message = ImagePhaseImporting, 0, "importing image debian-13: 10 of 20 bytes"
 	fuzzDecode(f, DecodeImageReport, EncodeImageReport, exampleImageReport(), importing)
+}
+
+func FuzzDecodeBackupIntent(f *testing.F) {
+	incremental := validBackupIntent()
+	incremental.Since, incremental.Spec = "b0", []byte(`{"vcpu":2}`)
+	fuzzDecode(f, DecodeBackupIntent, EncodeBackupIntent, validBackupIntent(), incremental)
+}
+
+func FuzzDecodeBackupReport(f *testing.F) {
+	at := time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
+	fuzzDecode(f, DecodeBackupReport, EncodeBackupReport,
+		BackupReport{UID: "b1", Node: "node-1", VM: "vm1", Phase: BackupPhaseRunning, StartedAt: &at, BytesRead: 1 << 20, ObservedAt: at},
+		BackupReport{UID: "b1", Node: "node-1", VM: "vm1", Phase: BackupPhaseFailed, Message: "access denied", ObservedAt: at})
 }
 
 func FuzzDecodeConsoleOpen(f *testing.F) {

@@ -62,6 +62,9 @@ func (g *realGuests) stackOptions(so *stack.Options) {
 		so.Labels[n] = map[string]string{hypervisorLabel: "test"}
 	}
 	so.DefaultNodeSelector = map[string]string{hypervisorLabel: "test"}
+	// The real guest can be backed up (libvirt's test driver has no
+	// backup API): the stack's own S3 store is its location.
+	so.ObjectStore = true
 }
 
 // createGuest serves the image, writes the guest's key pair into the run
