@@ -42,6 +42,10 @@ func createVolume(api API, p golibvirt.StoragePool, name string, size int64, for
 	}, nil)
 }
 
+// qcow2Compat is the qcow2 version the driver makes volumes in: 1.1 is
+// version 3, the one QEMU keeps dirty bitmaps (a backup's checkpoint) in.
+const qcow2Compat = "1.1"
+
 // createVolumeFrom creates v — as a copy of from, if set — once it is sure
 // the pool has room for v's capacity.
 func createVolumeFrom(api API, p golibvirt.StoragePool, v *libvirtxml.StorageVolume, from *golibvirt.StorageVol) (golibvirt.StorageVol, error) {
@@ -55,6 +59,12 @@ func createVolumeFrom(api API, p golibvirt.StoragePool, v *libvirtxml.StorageVol
 	}
 	if size > available {
 		return golibvirt.StorageVol{}, driver.Terminalf("volume %q needs %d bytes but storage pool %q has %d of %d bytes free", v.Name, size, p.Name, available, capacity)
+	}
+	if v.Target != nil && v.Target.Format != nil && v.Target.Format.Type == "qcow2" && v.Target.Compat == "" {
+		// libvirt 9.0 makes qcow2 version 2 (compat 0.10) unless told,
+		// and QEMU keeps no persistent dirty bitmap, so no checkpoint for
+		// an incremental backup, in a version 2 image.
+		v.Target.Compat = qcow2Compat
 	}
 	x, err := v.Marshal()
 	if err != nil {
