@@ -43,6 +43,14 @@ type API interface {
 	DomainSnapshotDelete(Snap golibvirt.DomainSnapshot, Flags golibvirt.DomainSnapshotDeleteFlags) (err error)
 	DomainRevertToSnapshot(Snap golibvirt.DomainSnapshot, Flags uint32) (err error)
 
+	DomainBackupBegin(Dom golibvirt.Domain, BackupXML string, CheckpointXML golibvirt.OptString, Flags golibvirt.DomainBackupBeginFlags) (err error)
+	DomainBackupGetXMLDesc(Dom golibvirt.Domain, Flags uint32) (rXML string, err error)
+	DomainGetBlockInfo(Dom golibvirt.Domain, Path string, Flags uint32) (rAllocation uint64, rCapacity uint64, rPhysical uint64, err error)
+	DomainCheckpointLookupByName(Dom golibvirt.Domain, Name string, Flags uint32) (rCheckpoint golibvirt.DomainCheckpoint, err error)
+	DomainCheckpointGetXMLDesc(Checkpoint golibvirt.DomainCheckpoint, Flags uint32) (rXML string, err error)
+	DomainListAllCheckpoints(Dom golibvirt.Domain, NeedResults int32, Flags uint32) (rCheckpoints []golibvirt.DomainCheckpoint, rRet int32, err error)
+	DomainCheckpointDelete(Checkpoint golibvirt.DomainCheckpoint, Flags golibvirt.DomainCheckpointDeleteFlags) (err error)
+
 	NetworkLookupByName(Name string) (rNet golibvirt.Network, err error)
 	NetworkDefineXML(XML string) (rNet golibvirt.Network, err error)
 	NetworkCreate(Net golibvirt.Network) (err error)

@@ -38,12 +38,20 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 				released = append(released, live.nics...)
 			}
 		}
+		if err := forgetCheckpoints(api, dom, uid); err != nil {
+			return err
+		}
 		if err := api.DomainDestroy(dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid, golibvirt.ErrNoDomain) {
 			return errors.Wrap(err, "cannot stop domain")
 		}
 		flags := golibvirt.DomainUndefineManagedSave | golibvirt.DomainUndefineSnapshotsMetadata
 		if info.firmware == driver.FirmwareUEFI {
 			flags |= golibvirt.DomainUndefineNvram
+		}
+		if !d.testDriver {
+			// What forgetCheckpoints could not delete (libvirt's test
+			// driver takes no such flag).
+			flags |= golibvirt.DomainUndefineCheckpointsMetadata
 		}
 		if err := api.DomainUndefineFlags(dom, flags); err != nil && !isCode(err, golibvirt.ErrNoDomain) {
 			return errors.Wrap(err, "cannot undefine domain")

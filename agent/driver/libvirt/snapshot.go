@@ -186,6 +186,13 @@ func (d *Driver) TakeSnapshot(_ context.Context, uid string, r driver.SnapshotRe
 			return driver.Snapshot{}, err
 		}
 	}
+	switch n, err := checkpointCount(api, dom); {
+	case err != nil:
+		return driver.Snapshot{}, err
+	case n > 0:
+		// See backup.go: QEMU refuses to revert it.
+		return driver.Snapshot{}, driver.Terminalf("guest %s cannot be snapshotted while it has backup checkpoints (%d): QEMU 7.2 refuses to revert an internal snapshot of a disk with dirty bitmaps (\"Device has active dirty bitmaps\"); forget them (commit a backup it does not have), after which its next backup is full", uid, n)
+	}
 	plan, err := d.planSnapshot(api, dom, uid, r)
 	if err != nil {
 		return driver.Snapshot{}, err
