@@ -50,6 +50,8 @@ import (
 //     each other: BackUp refuses a guest with snapshots, TakeSnapshot one
 //     with checkpoints.
 
+var _ driver.Backuper = (*Driver)(nil)
+
 const (
 	// backupSuffix ends the names of the scratch volumes backups copy
 	// into: <uid>-<target dev>-backup.qcow2, in the disk's pool. One an

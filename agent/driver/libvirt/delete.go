@@ -64,6 +64,13 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 			return err
 		}
 	}
+	var pools []string
+	for _, v := range info.volumes {
+		pools = append(pools, v.pool)
+	}
+	if err := d.sweepBackupVolumes(api, key, pools); err != nil {
+		return err
+	}
 	// A guest readied for a migration that did not come: what the
 	// migration made of it goes too, and its interfaces are no longer held.
 	if err := d.dropIncoming(ctx, uid, !found); err != nil {
