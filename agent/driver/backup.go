@@ -3,9 +3,10 @@ package driver
 import "context"
 
 // Backuper is implemented by a Driver that can copy its guests' disks off
-// the node for a backup, and make a new guest's disks from such a copy.
-// The store the copy goes to is not the driver's concern: the driver hands
-// a disk's ranges to a BackupWriter and reads them back from a DiskSource.
+// the node for a backup. The store the copy goes to is not the driver's
+// concern: the driver hands a disk's ranges to a BackupWriter. A backup is
+// restored through an image made from one of its disks (Image.Backup),
+// which a new guest's disk is made from as from any image.
 //
 // Changed-block tracking is the driver's: each backup leaves a checkpoint
 // of the guest named by the backup's ID (for libvirt, a domain checkpoint
@@ -44,14 +45,6 @@ type Backuper interface {
 	// Committing a checkpoint the guest does not have succeeds and forgets
 	// the others all the same: the next backup is then full.
 	CommitBackup(ctx context.Context, uid, id string) error
-
-	// RestoreDisks makes the disks of guest uid, which is not defined on
-	// the node yet, from sources: each names one of the disks a BackUp
-	// handed (BackupDisk.Name) and holds its content. A later Ensure of a
-	// Machine with that uid finds them and starts from them instead of
-	// its image. A disk that exists already is left as it is, so a
-	// restore that is repeated after it finished changes nothing.
-	RestoreDisks(ctx context.Context, uid string, sources []DiskSource) error
 }
 
 // BackupRequest is a backup to take.
@@ -96,7 +89,9 @@ type BackupWriter interface {
 	Zero(off, length int64) error
 }
 
-// DiskSource is the content of one disk to restore.
+// DiskSource is one disk of a backup as the store gives it back
+// (backupstore.Source): the disk whole, as it was at the backup's moment,
+// however little of it that backup's BackUp handed.
 type DiskSource interface {
 	// Disk names the disk and gives its size.
 	Disk() BackupDisk

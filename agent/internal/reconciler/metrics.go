@@ -37,7 +37,6 @@ const (
 	// The driver.Backuper's.
 	OpBackUp       = "back-up"
 	OpCommitBackup = "commit-backup"
-	OpRestoreDisks = "restore-disks"
 )
 
 // DriverCall makes one call into the driver, f, and observes it in m as op:
