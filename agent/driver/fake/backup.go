@@ -14,8 +14,8 @@ import (
 
 var _ driver.Backuper = (*Driver)(nil)
 
-// The fake's guests have a root disk with content, so that backups and
-// restores carry something a test can check. It is made of blocks of
+// The fake's guests have a root disk with content, so that backups carry
+// something a test can check. It is made of blocks of
 // BlockSize: imageBlocks of them at the start come from the disk's image
 // (the same for every guest of one image, as a cloned image is), and one
 // more, at identityOffset, from the guest's uid (what its first boot would
@@ -39,15 +39,10 @@ type checkpoint struct {
 	dirty map[int64]bool
 }
 
-// rootDisk is guest uid's root disk, made on first use: from the disk a
-// restore made for uid, or from the machine's image.
+// rootDisk is guest uid's root disk, made on first use from the machine's
+// image.
 func (d *Driver) rootDisk(uid string, g *guest) *disk {
 	if g.root != nil {
-		return g.root
-	}
-	if r, ok := d.restored[uid]; ok {
-		g.root = r
-		delete(d.restored, uid)
 		return g.root
 	}
 	size := int64(identityOffset + BlockSize)
@@ -108,27 +103,54 @@ func (d *Driver) WriteDisk(uid string, off int64, p []byte) error {
 	return nil
 }
 
-// DiskDigest is a digest of guest uid's root disk content, or of the disk
-// a restore made for uid before its guest is ensured: equal digests, equal
-// disks.
+// DiskDigest is a digest of guest uid's root disk content: equal digests,
+// equal disks. DigestOf gives the same of a backup's disk.
 func (d *Driver) DiskDigest(uid string) (string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	root, ok := d.restored[uid]
-	if g, exists := d.guests[uid]; exists {
-		root, ok = d.rootDisk(uid, g), true
-	}
+	g, ok := d.guests[uid]
 	if !ok {
 		return "", driver.NotFoundf("guest %s not found", uid)
 	}
+	return digest(d.rootDisk(uid, g).blocks), nil
+}
+
+// DigestOf is the digest DiskDigest gives of a disk with src's content, so
+// that a test can compare a backup read back from its store with a fake
+// guest's disk.
+func DigestOf(ctx context.Context, src driver.DiskSource) (string, error) {
+	blocks := map[int64][]byte{}
+	err := src.Extents(ctx, func(off int64, p []byte) error {
+		for len(p) > 0 {
+			block, at := off-off%BlockSize, off%BlockSize
+			b, ok := blocks[block]
+			if !ok {
+				b = make([]byte, BlockSize)
+				blocks[block] = b
+			}
+			n := copy(b[at:], p)
+			off, p = off+int64(n), p[n:]
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	maps.DeleteFunc(blocks, func(_ int64, b []byte) bool { return allZero(b) })
+	return digest(blocks), nil
+}
+
+// digest is a digest of a disk's blocks that are not all zeros, by
+// offset: sha256 over each block's offset and content, in offset order.
+func digest(blocks map[int64][]byte) string {
 	h := sha256.New()
 	var at [8]byte
-	for _, off := range slices.Sorted(maps.Keys(root.blocks)) {
+	for _, off := range slices.Sorted(maps.Keys(blocks)) {
 		binary.BigEndian.PutUint64(at[:], uint64(off)) //nolint:gosec // offsets are never negative
 		h.Write(at[:])
-		h.Write(root.blocks[off])
+		h.Write(blocks[off])
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // BackUp implements driver.Backuper: it hands the guest's root disk, whole
@@ -200,53 +222,6 @@ func (d *Driver) Checkpoints(uid string) []string {
 		out = append(out, c.id)
 	}
 	return out
-}
-
-// RestoreDisks implements driver.Backuper: the root source becomes the
-// root disk guest uid is ensured with. Only a guest not on the node yet
-// may be restored into; its disk is left as it is if made already.
-func (d *Driver) RestoreDisks(ctx context.Context, uid string, sources []driver.DiskSource) error {
-	d.mu.Lock()
-	if err := d.take(Call{Op: "RestoreDisks", UID: uid}, &d.NextRestoreDisksErr); err != nil {
-		d.mu.Unlock()
-		return err
-	}
-	_, exists := d.guests[uid]
-	_, made := d.restored[uid]
-	d.mu.Unlock()
-	if exists || made {
-		return nil
-	}
-	i := slices.IndexFunc(sources, func(s driver.DiskSource) bool { return s.Disk().Name == "root" })
-	if i < 0 {
-		return driver.Terminalf("the backup holds no root disk")
-	}
-	src := sources[i]
-	root := &disk{size: src.Disk().Size, blocks: map[int64][]byte{}}
-	err := src.Extents(ctx, func(off int64, p []byte) error {
-		for len(p) > 0 {
-			block, at := off-off%BlockSize, off%BlockSize
-			b, ok := root.blocks[block]
-			if !ok {
-				b = make([]byte, BlockSize)
-			}
-			n := copy(b[at:], p)
-			root.blocks[block] = b
-			off, p = off+int64(n), p[n:]
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	maps.DeleteFunc(root.blocks, func(_ int64, b []byte) bool { return allZero(b) })
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.restored == nil {
-		d.restored = map[string]*disk{}
-	}
-	d.restored[uid] = root
-	return nil
 }
 
 func allZero(p []byte) bool {

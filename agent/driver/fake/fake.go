@@ -72,9 +72,9 @@ type Driver struct {
 	// NextRevertSnapshotErr fail the next call of the Snapshotter's
 	// methods.
 	NextTakeSnapshotErr, NextSnapshotsErr, NextDeleteSnapshotErr, NextRevertSnapshotErr error
-	// NextBackUpErr, NextCommitBackupErr and NextRestoreDisksErr fail the
-	// next call of the Backuper's methods.
-	NextBackUpErr, NextCommitBackupErr, NextRestoreDisksErr error
+	// NextBackUpErr and NextCommitBackupErr fail the next call of the
+	// Backuper's methods.
+	NextBackUpErr, NextCommitBackupErr error
 
 	calls []Call
 	// failures are Fail's errors, by operation and uid.
@@ -105,9 +105,6 @@ type Driver struct {
 	// snapshots are the guests' snapshots, oldest first, by guest uid
 	// (snapshot.go); they go with the guest's Delete.
 	snapshots map[string][]snapshot
-	// restored are the root disks RestoreDisks made, by the uid of the
-	// guest not ensured yet that they are for (backup.go).
-	restored map[string]*disk
 }
 
 type guest struct {
