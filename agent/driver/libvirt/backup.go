@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"path"
+	"strings"
 	"sync"
 	"time"
 
@@ -506,10 +507,10 @@ func makeScratch(api API, dom golibvirt.Domain, uid string, disks []backupDisk) 
 }
 
 // makeSparse makes volume name of pool, of size bytes in format, empty and
-// sparse, in place of one of that name: a volume a backup or restore makes
-// for the while. It is not checked against the pool's room: it takes what
-// is written into it, and a pool that runs out fails the backup or
-// restore, never a guest.
+// sparse, in place of one of that name: a volume a backup makes for the
+// while. It is not checked against the pool's room: it takes what is
+// written into it, and a pool that runs out fails the backup, never a
+// guest.
 func makeSparse(api API, pool, name string, size int64, format string) (golibvirt.StorageVol, error) {
 	if err := deleteVolume(api, pool, name); err != nil {
 		return golibvirt.StorageVol{}, err
@@ -533,6 +534,38 @@ func makeSparse(api API, pool, name string, size int64, format string) (golibvir
 	}
 	v, err := api.StorageVolCreateXML(p, x, 0)
 	return v, errors.Wrapf(err, "cannot create volume %s", name)
+}
+
+// sweepBackupVolumes deletes the scratch volumes backups of the guest uid
+// left (an agent that stopped half-way) from the driver's pool and pools.
+func (d *Driver) sweepBackupVolumes(api API, uid string, pools []string) error {
+	done := map[string]bool{}
+	for _, pool := range append([]string{d.pool}, pools...) {
+		if done[pool] {
+			continue
+		}
+		done[pool] = true
+		p, err := api.StoragePoolLookupByName(pool)
+		if isCode(err, golibvirt.ErrNoStoragePool) {
+			continue
+		}
+		if err != nil {
+			return errors.Wrapf(err, "cannot look up storage pool %s", pool)
+		}
+		vols, _, err := api.StoragePoolListAllVolumes(p, 1, 0)
+		if err != nil {
+			return errors.Wrapf(err, "cannot list volumes of storage pool %s", pool)
+		}
+		for _, v := range vols {
+			if !strings.HasPrefix(v.Name, uid+"-") || !strings.HasSuffix(v.Name, backupSuffix) {
+				continue
+			}
+			if err := api.StorageVolDelete(v, 0); err != nil && !isCode(err, golibvirt.ErrNoStorageVol) {
+				return errors.Wrapf(err, "cannot delete volume %s", v.Name)
+			}
+		}
+	}
+	return nil
 }
 
 // beginBackup begins the backup of plan's disks into their scratch

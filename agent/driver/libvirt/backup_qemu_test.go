@@ -23,12 +23,13 @@ import (
 
 // TestBackupsOfARealGuest backs up a guest under QEMU (guesthost: libvirt
 // 9.0 and QEMU 7.2 under TCG), full and incremental, commits, fails and
-// cancels backups, restores what it read into a new guest and reads that
-// guest's disks back. The guest has no operating system (SeaBIOS finds
-// nothing to boot), so nothing writes to its disks but the test, through
-// QEMU's own qemu-io (the monitor's, a test's tool only); and it has no
-// guest agent, so nothing is frozen. It also records what libvirt 9.0
-// refuses of checkpoints beside snapshots, and of stopped guests.
+// cancels backups, and checks that each backup, read back, is the guest's
+// disks as QEMU wrote them into its volumes, read through libvirt. The
+// guest has no operating system (SeaBIOS finds nothing to boot), so
+// nothing writes to its disks but the test, through QEMU's own qemu-io
+// (the monitor's, a test's tool only); and it has no guest agent, so
+// nothing is frozen. It also records what libvirt 9.0 refuses of
+// checkpoints beside snapshots, of stopped guests, and of qcow2 version 2.
 func TestBackupsOfARealGuest(t *testing.T) {
 	if m := guesthost.Missing(); len(m) > 0 {
 		t.Skipf("needs %v (make deps, as root)", m)
@@ -65,6 +66,7 @@ func TestBackupsOfARealGuest(t *testing.T) {
 	// disk reads as zeros.
 	want := map[string][]byte{"root": make([]byte, 64<<20), "team-a_kept-data": make([]byte, 16<<20)}
 	devices := map[string]string{"root": "virtio-disk0", "team-a_kept-data": "virtio-disk1"}
+	volumes := map[string]string{"root": "team-a_kept-root", "team-a_kept-data": "team-a_kept-data"}
 	write := func(t *testing.T, disk string, off, n int64, pattern int) {
 		t.Helper()
 		cmd := fmt.Sprintf("write -P %#x %d %d", pattern, off, n)
@@ -85,6 +87,22 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		slices.Sort(names)
 		return names
 	}
+	// onDisk is what the guest's volumes hold, read back through libvirt
+	// over the driver's own download connection (download.go): the disks
+	// as QEMU wrote them, where want is what the test asked it to write.
+	// QEMU flushes first: until then the volumes lack the qcow2 tables it
+	// caches, and read as they were before.
+	onDisk := func(t *testing.T) map[string][]byte {
+		t.Helper()
+		out := map[string][]byte{}
+		for name, vol := range volumes {
+			qemuIO(t, l, dom, devices[name], "flush")
+			v, err := l.StorageVolLookupByName(pool, vol)
+			require.NoError(t, err)
+			out[name] = readVolume(t, h, v)
+		}
+		return out
+	}
 	noScratch := func(t *testing.T) {
 		t.Helper()
 		vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
@@ -94,8 +112,9 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		}
 	}
 
-	// restored is what the backups read, applied one after the other.
-	restored := map[string][]byte{}
+	// backedUp is what the backups read, applied one after the other: the
+	// disks as a store gives them back.
+	backedUp := map[string][]byte{}
 	t.Run("AFullBackupHandsWhatTheDisksHold", func(t *testing.T) {
 		write(t, "root", 4<<20, 1<<20, 0x5a)
 		write(t, "root", 63<<20, 1<<20, 0x5b)
@@ -111,8 +130,9 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		assert.Equal(t, []driver.BackupDisk{{Name: "root", Size: 64 << 20}, {Name: "team-a_kept-data", Size: 16 << 20}}, rec.names(), "the root disk and the volume; no swap, no seed")
 		assert.Equal(t, []handed{{4 << 20, 1 << 20, qcow2.Data}, {63 << 20, 1 << 20, qcow2.Data}}, rec.disk("root").ranges())
 		assert.Equal(t, []handed{{1 << 20, 64 << 10, qcow2.Data}}, rec.disk("team-a_kept-data").ranges())
-		rec.apply(t, restored)
-		assertSame(t, want, restored)
+		rec.apply(t, backedUp)
+		assertSame(t, want, backedUp)
+		assertSame(t, onDisk(t), backedUp)
 		assert.Equal(t, []string{"b1"}, checkpoints(t))
 		noScratch(t)
 	})
@@ -130,8 +150,9 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		assert.Equal(t, []handed{{4 << 20, 512 << 10, qcow2.Zero}, {20 << 20, 2 << 20, qcow2.Data}, {40 << 20, 64 << 10, qcow2.Data}}, rec.disk("root").ranges(),
 			"what was written since b1, in clusters of 64 KiB; a zeroed range as zeros")
 		assert.Empty(t, rec.disk("team-a_kept-data").ranges(), "nothing written")
-		rec.apply(t, restored)
-		assertSame(t, want, restored)
+		rec.apply(t, backedUp)
+		assertSame(t, want, backedUp)
+		assertSame(t, onDisk(t), backedUp)
 		assert.Equal(t, []string{"b1", "b2"}, checkpoints(t))
 		noScratch(t)
 	})
@@ -146,6 +167,7 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		full := map[string][]byte{}
 		rec.apply(t, full)
 		assertSame(t, want, full)
+		assertSame(t, onDisk(t), full)
 		require.NoError(t, d.CommitBackup(ctx, m.UID, "b2"))
 		assert.Equal(t, []string{"b2"}, checkpoints(t), "the newer checkpoint is forgotten too")
 	})
@@ -180,8 +202,9 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		assert.False(t, res.Full)
 		assert.Equal(t, []handed{{8 << 20, 48 << 20, qcow2.Data}}, rec.disk("root").ranges(), "what the failed (at 30 MiB) and the cancelled backups did not keep")
 		assert.Equal(t, []handed{{2 << 20, 12 << 20, qcow2.Data}}, rec.disk("team-a_kept-data").ranges())
-		rec.apply(t, restored)
-		assertSame(t, want, restored)
+		rec.apply(t, backedUp)
+		assertSame(t, want, backedUp)
+		assertSame(t, onDisk(t), backedUp)
 		require.NoError(t, d.CommitBackup(ctx, m.UID, "b4"))
 		assert.Equal(t, []string{"b4"}, checkpoints(t))
 	})
@@ -193,58 +216,10 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		assert.False(t, hasSnapshot(t, l, m.UID, "s1"), "nothing taken")
 	})
 
-	restoredUID := "8c0e4a6b-2d1f-4b3e-a5c7-9e1d3f5a7b9c"
-	restoredMachine := driver.Machine{
-		UID:         restoredUID,
-		Namespace:   "team-a",
-		Name:        "again",
-		Generation:  1,
-		VCPU:        1,
-		MemoryBytes: 128 << 20,
-		Disks: []driver.Disk{
-			// The image is never fetched: the restored disk is there.
-			{Name: "team-a_again-root", SizeBytes: 64 << 20, Image: &driver.Image{UID: "0d2c4e6a-8b1f-4c3d-9e5a-7b9d1f3a5c7e", Name: "unreachable", URL: "http://127.0.0.1:9/never.qcow2"}},
-			{Name: "team-a_again-data", SizeBytes: 16 << 20},
-		},
-	}
-	t.Run("RestoredDisksAreThoseANewGuestStartsFrom", func(t *testing.T) {
-		sources := []driver.DiskSource{
-			imageSource{disk: driver.BackupDisk{Name: "root", Size: 64 << 20}, image: restored["root"]},
-			imageSource{disk: driver.BackupDisk{Name: "team-a_again-data", Size: 16 << 20}, image: restored["team-a_kept-data"]},
-		}
-		began := time.Now()
-		require.NoError(t, d.RestoreDisks(ctx, restoredUID, sources))
-		t.Logf("restored %d MiB of data into 80 MiB of disks in %s", (dataOf(restored["root"])+dataOf(restored["team-a_kept-data"]))>>20, time.Since(began))
-		again := time.Now()
-		require.NoError(t, d.RestoreDisks(ctx, restoredUID, sources))
-		t.Logf("a restore made again in %s", time.Since(again))
-
-		began = time.Now()
-		o, err := d.Ensure(ctx, restoredMachine)
-		require.NoError(t, err)
-		t.Logf("ensured, its root disk copied from the restore, in %s", time.Since(began))
-		assert.Equal(t, driver.PhaseStopped, o.Phase, o.Message)
-		for name, disk := range map[string]string{"root": "team-a_again-root", "team-a_kept-data": "team-a_again-data"} {
-			v, err := l.StorageVolLookupByName(pool, disk)
-			require.NoError(t, err)
-			_, capacity, allocation, err := l.StorageVolGetInfo(v)
-			require.NoError(t, err)
-			assert.Equal(t, uint64(len(restored[name])), capacity)
-			assert.Less(t, allocation, uint64(dataOf(restored[name])+2<<20), "%s is sparse: it takes what its data takes", disk)
-			assert.Equal(t, restored[name], readVolume(t, h, v), "%s holds what was restored", disk)
-		}
-		vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
-		require.NoError(t, err)
-		for _, v := range vols {
-			assert.False(t, strings.HasSuffix(v.Name, restoreSuffix), "%s is left", v.Name)
-		}
-		require.NoError(t, d.RestoreDisks(ctx, restoredUID, sources), "once made, a restore changes nothing")
-	})
-
 	t.Run("DownloadsReadWhatTheVolumeHoldsWhenItsDataComesBeforeTheReply", func(t *testing.T) {
 		// Why the driver downloads over a connection of its own (see
 		// download.go): how often libvirtd's data comes first.
-		v, err := l.StorageVolLookupByName(pool, "team-a_again-data")
+		v, err := l.StorageVolLookupByName(pool, "team-a_kept-data")
 		require.NoError(t, err)
 		dl, err := dialDownloads(h.Socket, h.URI)
 		require.NoError(t, err)
@@ -320,14 +295,47 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		assert.ErrorContains(t, err, "Bitmap already exists: beside-a-snapshot")
 	})
 
+	t.Run("ADiskInQcow2Version2IsNotBackedUp", func(t *testing.T) {
+		// A disk made before the driver made qcow2 version 3, attached
+		// at the guest's restart.
+		x, err := (&libvirtxml.StorageVolume{
+			Name:     "team-a_kept-old",
+			Capacity: &libvirtxml.StorageVolumeSize{Value: 8 << 20},
+			Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}, Compat: "0.10"},
+		}).Marshal()
+		require.NoError(t, err)
+		_, err = l.StorageVolCreateXML(pool, x, 0)
+		require.NoError(t, err)
+		snap, err := l.DomainSnapshotLookupByName(dom, "beside-checkpoints", 0)
+		require.NoError(t, err)
+		require.NoError(t, l.DomainSnapshotDelete(snap, 0), "which BackUp would refuse first")
+		old := m
+		old.Disks = append(slices.Clone(m.Disks), driver.Disk{Name: "team-a_kept-old", SizeBytes: 8 << 20})
+		old.RestartNonce = "old-disk"
+		began := time.Now()
+		o, err := d.Ensure(ctx, old)
+		require.NoError(t, err)
+		require.Equal(t, driver.PhaseRunning, o.Phase, o.Message)
+		t.Logf("restarted with the old disk in %s", time.Since(began))
+
+		_, err = d.BackUp(ctx, m.UID, driver.BackupRequest{ID: "b6"}, &backupRecorder{})
+		assert.True(t, driver.IsTerminal(err), "%v", err)
+		assert.ErrorContains(t, err, "volume team-a_kept-old (vdc) is qcow2 version 2")
+		// libvirt's own refusal, had the driver asked.
+		cx, err := (&libvirtxml.DomainCheckpoint{Name: "v2", Disks: &libvirtxml.DomainCheckpointDisks{Disks: []libvirtxml.DomainCheckpointDisk{
+			{Name: "vda", Checkpoint: "no"}, {Name: "vdb", Checkpoint: "no"}, {Name: "vdc", Checkpoint: "bitmap"}, {Name: "vdd", Checkpoint: "no"}, {Name: "vde", Checkpoint: "no"},
+		}}}).Marshal()
+		require.NoError(t, err)
+		_, err = l.DomainCheckpointCreateXML(dom, cx, 0)
+		assert.ErrorContains(t, err, "Cannot store dirty bitmaps in qcow2 v2 files")
+	})
+
 	t.Run("ADeletedGuestTakesWhatBackupsLeft", func(t *testing.T) {
-		// As an agent that stopped half-way would leave them.
-		for _, name := range []string{backupScratch(m.UID, "vda"), restoreVolume(m.UID, "root"), restoreMarker(m.UID)} {
-			x, err := (&libvirtxml.StorageVolume{Name: name, Capacity: &libvirtxml.StorageVolumeSize{Value: 1 << 20}}).Marshal()
-			require.NoError(t, err)
-			_, err = l.StorageVolCreateXML(pool, x, 0)
-			require.NoError(t, err)
-		}
+		// As an agent that stopped half-way would leave it.
+		x, err := (&libvirtxml.StorageVolume{Name: backupScratch(m.UID, "vda"), Capacity: &libvirtxml.StorageVolumeSize{Value: 1 << 20}}).Marshal()
+		require.NoError(t, err)
+		_, err = l.StorageVolCreateXML(pool, x, 0)
+		require.NoError(t, err)
 		require.NoError(t, d.Delete(ctx, m.UID))
 		vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
 		require.NoError(t, err)
@@ -336,38 +344,6 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		}
 	})
 
-	t.Run("TheRestoredGuestRunsOnItsRestoredDisks", func(t *testing.T) {
-		// And a disk made before the driver made qcow2 version 3.
-		x, err := (&libvirtxml.StorageVolume{
-			Name:     "team-a_again-old",
-			Capacity: &libvirtxml.StorageVolumeSize{Value: 8 << 20},
-			Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}, Compat: "0.10"},
-		}).Marshal()
-		require.NoError(t, err)
-		_, err = l.StorageVolCreateXML(pool, x, 0)
-		require.NoError(t, err)
-		running := restoredMachine
-		running.Running = true
-		running.Disks = append(slices.Clone(running.Disks), driver.Disk{Name: "team-a_again-old", SizeBytes: 8 << 20})
-		o, err := d.Ensure(ctx, running)
-		require.NoError(t, err)
-		require.Equal(t, driver.PhaseRunning, o.Phase, o.Message)
-		again := domainOf(t, l, restoredUID)
-		qemuIO(t, l, again, "virtio-disk0", "read -P 0x5b 63M 1M")
-		qemuIO(t, l, again, "virtio-disk0", "read -P 0x7d 8M 8M")
-		qemuIO(t, l, again, "virtio-disk1", "read -P 0x7e 2M 12M")
-
-		_, err = d.BackUp(ctx, restoredUID, driver.BackupRequest{ID: "b1"}, &backupRecorder{})
-		assert.True(t, driver.IsTerminal(err), "%v", err)
-		assert.ErrorContains(t, err, "volume team-a_again-old (vdc) is qcow2 version 2")
-		// libvirt's own refusal, had the driver asked.
-		cx, err := (&libvirtxml.DomainCheckpoint{Name: "v2", Disks: &libvirtxml.DomainCheckpointDisks{Disks: []libvirtxml.DomainCheckpointDisk{
-			{Name: "vda", Checkpoint: "no"}, {Name: "vdb", Checkpoint: "no"}, {Name: "vdc", Checkpoint: "bitmap"}, {Name: "vdd", Checkpoint: "no"},
-		}}}).Marshal()
-		require.NoError(t, err)
-		_, err = l.DomainCheckpointCreateXML(again, cx, 0)
-		assert.ErrorContains(t, err, "Cannot store dirty bitmaps in qcow2 v2 files")
-	})
 }
 
 // qemuIO runs a qemu-io command on the disk of dom with the device id dev,
@@ -513,53 +489,6 @@ func assertSame(t *testing.T, want, got map[string][]byte) {
 			}
 		}
 	}
-}
-
-// dataOf is how many bytes of img are in 64 KiB blocks that are not all
-// zeros.
-func dataOf(img []byte) int {
-	n := 0
-	for off := 0; off < len(img); off += 64 << 10 {
-		if slices.ContainsFunc(img[off:off+64<<10], func(b byte) bool { return b != 0 }) {
-			n += 64 << 10
-		}
-	}
-	return n
-}
-
-// imageSource is a driver.DiskSource of an image in memory: its blocks of
-// 64 KiB that are not all zeros, in extents of up to 1 MiB, as a store of
-// chunks would hand them.
-type imageSource struct {
-	disk  driver.BackupDisk
-	image []byte
-}
-
-func (s imageSource) Disk() driver.BackupDisk { return s.disk }
-
-func (s imageSource) Extents(_ context.Context, fn func(off int64, p []byte) error) error {
-	const block = 64 << 10
-	start := -1
-	flush := func(end int) error {
-		if start < 0 {
-			return nil
-		}
-		err := fn(int64(start), s.image[start:end])
-		start = -1
-		return err
-	}
-	for off := 0; off < len(s.image); off += block {
-		zero := !slices.ContainsFunc(s.image[off:off+block], func(b byte) bool { return b != 0 })
-		if zero || (start >= 0 && off-start >= 1<<20) {
-			if err := flush(off); err != nil {
-				return err
-			}
-		}
-		if !zero && start < 0 {
-			start = off
-		}
-	}
-	return flush(len(s.image))
 }
 
 // readVolume reads a qcow2 volume back through libvirt, as the driver

@@ -32,7 +32,7 @@ func TestRoundTrips(t *testing.T) {
 		do     func() (driver.Observation, error)
 		budget int
 	}{
-		{"a new guest: network and volumes checked, a restored root looked for, address reserved, root, swap and seed made, defined, started, observed", func() (driver.Observation, error) { return d.Ensure(ctx, m) }, 21},
+		{"a new guest: network and volumes checked, address reserved, root, swap and seed made, defined, started, observed", func() (driver.Observation, error) { return d.Ensure(ctx, m) }, 20},
 		{"a guest already as it should be (the resync)", func() (driver.Observation, error) { return d.Ensure(ctx, m) }, 10},
 		{"a running guest observed", func() (driver.Observation, error) { return d.Observe(ctx, m.UID) }, 8},
 	} {

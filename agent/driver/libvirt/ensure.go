@@ -63,12 +63,6 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		if err := d.refreshDiskPools(api, m); err != nil {
 			return driver.Observation{}, err
 		}
-		if info.owner == nil {
-			// A new guest's root disk may be restored (RestoreDisks).
-			if err := d.takeRestoredRoot(api, m); err != nil {
-				return driver.Observation{}, err
-			}
-		}
 		d.imagesInUse.RLock()
 		importing, err := d.prepareImages(api, m)
 		if err == nil && importing == "" {

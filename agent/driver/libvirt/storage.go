@@ -301,11 +301,11 @@ func volumeFormat(api API, pool, name string) (string, error) {
 }
 
 // ownVolume is whether name is a volume the driver makes for itself: an
-// image, a guest's seed or swap, or what a backup or restore of a guest
-// makes for the while.
+// image, a guest's seed or swap, or what a backup of a guest makes for the
+// while.
 func ownVolume(name string) bool {
 	return strings.HasPrefix(name, imagePrefix) || strings.HasSuffix(name, seedSuffix) || strings.HasSuffix(name, swapSuffix) ||
-		strings.HasSuffix(name, backupSuffix) || strings.HasSuffix(name, restoreSuffix)
+		strings.HasSuffix(name, backupSuffix)
 }
 
 // poolHandles remembers the storage pools one operation looked up, and
