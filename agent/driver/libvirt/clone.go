@@ -2,6 +2,8 @@ package libvirt
 
 import (
 	"cmp"
+	"strings"
+
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
@@ -26,6 +28,10 @@ import (
 // the next clone of the image deletes the partial copy first, and until then
 // no disk is ever made from it. A partial copy of an image never asked for
 // again is pruned like any unused image.
+//
+// An image uploaded into its volume (storeImage: a download, or a disk of a
+// backup) is marked the same way, by uploading_<uid>: an upload cut short
+// leaves a volume of the right size that only holds part of the image.
 
 // clonePrefix starts the names of clone markers. Like image_, it cannot be a
 // <namespace>_<name> disk of a Volume, whose names are Kubernetes names.
@@ -33,15 +39,34 @@ const clonePrefix = "cloning_"
 
 func cloneMarker(uid string) string { return clonePrefix + uid }
 
+// markerOf is the marker that stands while img's volume is being made, and
+// what making it is called in errors.
+func markerOf(img *driver.Image) (marker, making string) {
+	if img.SourceVolume != "" {
+		return cloneMarker(img.UID), "clone"
+	}
+	return uploadMarker(img.UID), "upload"
+}
+
+// markedImage returns the uid of the image whose unfinished volume the
+// volume called name marks, if it is a marker.
+func markedImage(name string) (string, bool) {
+	if uid, ok := strings.CutPrefix(name, clonePrefix); ok {
+		return uid, true
+	}
+	return strings.CutPrefix(name, uploadPrefix)
+}
+
 // hasImage reports whether img is on the node, ready to make disks from: its
-// volume exists and, for a clone, no copy into it is unfinished.
+// volume exists and nothing is still being copied or uploaded into it.
 func (d *Driver) hasImage(api API, img *driver.Image) (bool, error) {
 	present, err := hasVolume(api, d.pool, imageVolume(img.UID))
-	if err != nil || !present || img.SourceVolume == "" {
+	if err != nil || !present {
 		return present, err
 	}
-	copying, err := hasVolume(api, d.pool, cloneMarker(img.UID))
-	return present && !copying, err
+	marker, _ := markerOf(img)
+	unfinished, err := hasVolume(api, d.pool, marker)
+	return !unfinished, err
 }
 
 // cloneImage copies the volume img.SourceVolume of the driver's pool into
@@ -75,7 +100,7 @@ func (d *Driver) cloneImage(img *driver.Image, job *imageimport.Job) error {
 	}
 	job.SetProgress(0, int64(capacity))
 
-	if err := d.startClone(api, p, img); err != nil {
+	if err := d.startImage(api, p, img); err != nil {
 		return err
 	}
 	_, err = createVolumeFrom(api, p, &libvirtxml.StorageVolume{
@@ -95,16 +120,18 @@ func (d *Driver) cloneImage(img *driver.Image, job *imageimport.Job) error {
 	return errors.Wrapf(deleteVolume(api, d.pool, cloneMarker(img.UID)), "cannot finish clone of image %s", img.Name)
 }
 
-// startClone puts the marker in place, after removing what an earlier,
-// unfinished copy left: while the marker stands, image_<uid> is not trusted.
-func (d *Driver) startClone(api API, p golibvirt.StoragePool, img *driver.Image) error {
-	stale, err := hasVolume(api, d.pool, cloneMarker(img.UID))
+// startImage puts img's marker in place, after removing what an earlier,
+// unfinished copy or upload left: while the marker stands, image_<uid> is
+// not trusted.
+func (d *Driver) startImage(api API, p golibvirt.StoragePool, img *driver.Image) error {
+	marker, making := markerOf(img)
+	stale, err := hasVolume(api, d.pool, marker)
 	if err != nil {
 		return err
 	}
 	if !stale {
 		x, err := (&libvirtxml.StorageVolume{
-			Name:     cloneMarker(img.UID),
+			Name:     marker,
 			Capacity: &libvirtxml.StorageVolumeSize{Value: 0, Unit: "B"},
 			Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}},
 		}).Marshal()
@@ -112,10 +139,10 @@ func (d *Driver) startClone(api API, p golibvirt.StoragePool, img *driver.Image)
 			return errors.Wrap(err, "cannot marshal volume XML")
 		}
 		if _, err := api.StorageVolCreateXML(p, x, 0); err != nil {
-			return errors.Wrapf(err, "cannot start the clone of image %s", img.Name)
+			return errors.Wrapf(err, "cannot start the %s of image %s", making, img.Name)
 		}
 	}
 	// A copy libvirtd is still making for a killed agent cannot be deleted
 	// yet; the import fails and is retried after its backoff.
-	return errors.Wrapf(deleteVolume(api, d.pool, imageVolume(img.UID)), "cannot remove the unfinished clone of image %s", img.Name)
+	return errors.Wrapf(deleteVolume(api, d.pool, imageVolume(img.UID)), "cannot remove the unfinished %s of image %s", making, img.Name)
 }

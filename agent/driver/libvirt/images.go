@@ -104,9 +104,11 @@ func (d *Driver) importImage(ctx context.Context, img *driver.Image, job *imagei
 	return d.storeImage(api, img, path, size)
 }
 
-// storeImage makes the verified file at path the image's volume. libvirt's
-// test driver cannot upload, so there the volume of the right size stands
-// for the file. A failed upload deletes the volume again.
+// storeImage makes the verified file at path the image's volume, marked
+// unfinished (uploadMarker, see clone.go) until all of it is there, so that
+// an agent or libvirtd killed mid-upload leaves nothing hasImage takes for
+// the image. libvirt's test driver cannot upload, so there the volume of the
+// right size stands for the file. A failed upload deletes the volume again.
 func (d *Driver) storeImage(api API, img *driver.Image, path string, size int64) error {
 	p, err := api.StoragePoolLookupByName(d.pool)
 	if err != nil {
@@ -119,6 +121,33 @@ func (d *Driver) storeImage(api API, img *driver.Image, path string, size int64)
 	if uint64(size) > available {
 		return errors.Errorf("cannot import image %s: it needs %d bytes but storage pool %q on node %s has %d of %d bytes free", img.Name, size, d.pool, d.node, available, capacity)
 	}
+	if err := d.startImage(api, p, img); err != nil {
+		return err
+	}
+	err = d.uploadImage(api, p, img, path, size)
+	if err != nil {
+		if derr := deleteVolume(api, d.pool, imageVolume(img.UID)); derr != nil {
+			// The marker stays: the next attempt deletes the volume.
+			return errors.Errorf("%w (and the partial image stays until the next attempt: %v)", err, derr)
+		}
+	}
+	marker, _ := markerOf(img)
+	if derr := deleteVolume(api, d.pool, marker); err == nil && derr != nil {
+		return errors.Wrapf(derr, "cannot finish the upload of image %s", img.Name)
+	}
+	return err
+}
+
+// uploadPrefix starts the names of the markers of image volumes being
+// uploaded (clone.go). Like image_, it cannot be a <namespace>_<name> disk
+// of a Volume, whose names are Kubernetes names.
+const uploadPrefix = "uploading_"
+
+func uploadMarker(uid string) string { return uploadPrefix + uid }
+
+// uploadImage creates img's volume and uploads the file at path, of size
+// bytes, into it.
+func (d *Driver) uploadImage(api API, p golibvirt.StoragePool, img *driver.Image, path string, size int64) error {
 	x, err := (&libvirtxml.StorageVolume{
 		Name:     imageVolume(img.UID),
 		Capacity: &libvirtxml.StorageVolumeSize{Value: uint64(size), Unit: "B"},
@@ -136,15 +165,10 @@ func (d *Driver) storeImage(api API, img *driver.Image, path string, size int64)
 	}
 	f, err := os.Open(path) //nolint:gosec // our own download file
 	if err != nil {
-		_ = api.StorageVolDelete(v, 0)
 		return errors.Wrap(err, "cannot open the image download file")
 	}
 	defer f.Close() //nolint:errcheck // read-only
-	if err := api.StorageVolUpload(v, f, 0, uint64(size), 0); err != nil {
-		_ = api.StorageVolDelete(v, 0)
-		return errors.Wrapf(err, "cannot upload image %s", img.Name)
-	}
-	return nil
+	return errors.Wrapf(api.StorageVolUpload(v, f, 0, uint64(size), 0), "cannot upload image %s", img.Name)
 }
 
 // ensureImageDisk creates a missing disk from its image: a qcow2 overlay
@@ -280,19 +304,26 @@ func (d *Driver) poolVolumes() (API, []golibvirt.StorageVol, error) {
 }
 
 // Images implements driver.Driver: the image volumes in the driver's pool,
-// and the imports running or failed. An image volume being uploaded is
-// still Importing; a failed import is reported until the next attempt
+// and the imports running or failed. An image volume being uploaded or
+// copied is still Importing, and one left unfinished (clone.go's markers)
+// is not on the node; a failed import is reported until the next attempt
 // starts or the image arrives.
 func (d *Driver) Images(context.Context) ([]driver.ImageStatus, error) {
 	api, vols, err := d.poolVolumes()
 	if err != nil {
 		return nil, err
 	}
+	unfinished := map[string]bool{}
+	for _, v := range vols {
+		if uid, ok := markedImage(v.Name); ok {
+			unfinished[uid] = true
+		}
+	}
 	present := map[string]int64{}
 	for _, v := range vols {
 		uid, ok := strings.CutPrefix(v.Name, imagePrefix)
-		if !ok {
-			continue
+		if !ok || unfinished[uid] {
+			continue // not an image, or one still being made
 		}
 		_, capacity, allocation, err := api.StorageVolGetInfo(v)
 		if isCode(err, golibvirt.ErrNoStorageVol) {
