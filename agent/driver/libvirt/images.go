@@ -3,12 +3,15 @@ package libvirt
 import (
 	"cmp"
 	"context"
+	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
+	"golang.org/x/sys/unix"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
@@ -146,12 +149,18 @@ const uploadPrefix = "uploading_"
 func uploadMarker(uid string) string { return uploadPrefix + uid }
 
 // uploadImage creates img's volume and uploads the file at path, of size
-// bytes, into it.
+// bytes, into it. The volume is made with no allocation, so that libvirt
+// leaves a raw one a sparse file of zeros rather than writing size bytes
+// first, and only the file's data is sent, one upload per range of it: its
+// holes read as zeros locally and in the volume alike, and a raw image of
+// a disk is mostly holes. Streaming them as zeros took several times as
+// long and allocated them all.
 func (d *Driver) uploadImage(api API, p golibvirt.StoragePool, img *driver.Image, path string, size int64) error {
 	x, err := (&libvirtxml.StorageVolume{
-		Name:     imageVolume(img.UID),
-		Capacity: &libvirtxml.StorageVolumeSize{Value: uint64(size), Unit: "B"},
-		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: cmp.Or(img.Format, defaultFormat)}},
+		Name:       imageVolume(img.UID),
+		Capacity:   &libvirtxml.StorageVolumeSize{Value: uint64(size), Unit: "B"},
+		Allocation: &libvirtxml.StorageVolumeSize{Value: 0, Unit: "B"},
+		Target:     &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: cmp.Or(img.Format, defaultFormat)}},
 	}).Marshal()
 	if err != nil {
 		return errors.Wrap(err, "cannot marshal volume XML")
@@ -163,12 +172,111 @@ func (d *Driver) uploadImage(api API, p golibvirt.StoragePool, img *driver.Image
 	if d.testDriver {
 		return nil
 	}
+	written, length, err := volumeBytes(api, v)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read the new volume of image %s", img.Name)
+	}
 	f, err := os.Open(path) //nolint:gosec // our own download file
 	if err != nil {
 		return errors.Wrap(err, "cannot open the image download file")
 	}
 	defer f.Close() //nolint:errcheck // read-only
-	return errors.Wrapf(api.StorageVolUpload(v, f, 0, uint64(size), 0), "cannot upload image %s", img.Name)
+	for _, r := range uploadRanges(dataRanges(f, size), size, written, length) {
+		n := r.end - r.off
+		if err := api.StorageVolUpload(v, io.NewSectionReader(f, r.off, n), uint64(r.off), uint64(n), 0); err != nil {
+			return errors.Wrapf(err, "cannot upload image %s", img.Name)
+		}
+	}
+	return nil
+}
+
+// volumeBytes returns how much of the start of a new volume v may hold
+// bytes other than zeros, and how long its file is. A raw volume made with
+// no allocation holds nothing; a qcow2 one starts with the header qemu-img
+// wrote (about 192 KiB), which the image's own bytes must overwrite even
+// where the image has a hole. Where libvirt does not say, all of it.
+func volumeBytes(api API, v golibvirt.StorageVol) (written, length int64, err error) {
+	x, err := api.StorageVolGetXMLDesc(v, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	var def libvirtxml.StorageVolume
+	if err := def.Unmarshal(x); err != nil {
+		return 0, 0, err
+	}
+	inBytes := func(s *libvirtxml.StorageVolumeSize) (int64, bool) {
+		if s == nil || (s.Unit != "bytes" && s.Unit != "B" && s.Unit != "") {
+			return 0, false
+		}
+		return int64(s.Value), true //nolint:gosec // volume sizes fit in int64
+	}
+	length, ok := inBytes(def.Physical)
+	allocated, known := inBytes(def.Allocation)
+	if !ok || !known {
+		return math.MaxInt64, 0, nil
+	}
+	if allocated == 0 {
+		return 0, length, nil
+	}
+	return length, length, nil
+}
+
+// byteRange is the bytes [off, end) of a file.
+type byteRange struct{ off, end int64 }
+
+// dataRanges returns the ranges of f, size bytes long, that hold data, in
+// order, as its file system tells them (SEEK_DATA and SEEK_HOLE): what lies
+// between them reads as zeros. A file system that cannot tell has all of f
+// as data.
+func dataRanges(f *os.File, size int64) []byteRange {
+	var out []byteRange
+	for off := int64(0); off < size; {
+		start, err := f.Seek(off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) || (err == nil && start >= size) {
+			break // nothing but a hole after off
+		}
+		if err != nil {
+			return []byteRange{{0, size}}
+		}
+		end, err := f.Seek(start, unix.SEEK_HOLE)
+		if err != nil {
+			return []byteRange{{0, size}}
+		}
+		end = min(end, size)
+		out = append(out, byteRange{start, end})
+		off = end
+	}
+	return out
+}
+
+// minSkippedHole is the shortest hole between two ranges of data that is
+// not uploaded as zeros: an upload costs a few milliseconds of its own,
+// about what sending a MiB does.
+const minSkippedHole = 1 << 20
+
+// uploadRanges returns the ranges to upload of a file of size bytes with
+// data in ranges, into a volume whose first written bytes may not be zeros
+// and whose file is length bytes long: the data; the first written bytes,
+// zeros of the file included, to overwrite what the volume holds; the last
+// byte, to make the volume's file as long as the image's; holes shorter
+// than minSkippedHole joined to the ranges around them.
+func uploadRanges(data []byteRange, size, written, length int64) []byteRange {
+	all := data
+	if written = min(written, size); written > 0 {
+		all = append([]byteRange{{0, written}}, all...)
+	}
+	if length < size && (len(all) == 0 || all[len(all)-1].end < size) {
+		all = append(all, byteRange{size - 1, size})
+	}
+	var out []byteRange
+	for _, r := range all {
+		if n := len(out); n > 0 && r.off-out[n-1].end < minSkippedHole {
+			out[n-1].end = max(out[n-1].end, r.end)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // ensureImageDisk creates a missing disk from its image: a qcow2 overlay

@@ -1,6 +1,8 @@
 package libvirt
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -52,4 +54,77 @@ func TestAnUnfinishedUploadIsNeverUsed(t *testing.T) {
 	st, listed := imageStatus(t, d, img.UID)
 	require.True(t, listed)
 	assert.Equal(t, driver.ImagePhaseReady, st.Phase)
+}
+
+func TestUploadRanges(t *testing.T) {
+	const mib = 1 << 20
+	for name, tc := range map[string]struct {
+		data            []byteRange
+		size            int64
+		written, length int64
+		want            []byteRange
+	}{
+		"a sparse raw volume gets the data alone": {
+			data: []byteRange{{0, 4 * mib}, {20 * mib, 24 * mib}}, size: 64 * mib, length: 64 * mib,
+			want: []byteRange{{0, 4 * mib}, {20 * mib, 24 * mib}},
+		},
+		"holes shorter than a MiB go as zeros": {
+			data: []byteRange{{0, 4096}, {mib, mib + 4096}, {3 * mib, 4 * mib}}, size: 8 * mib, length: 8 * mib,
+			want: []byteRange{{0, mib + 4096}, {3 * mib, 4 * mib}},
+		},
+		"a file of zeros sends nothing to a raw volume": {
+			size: 8 * mib, length: 8 * mib,
+		},
+		"what qemu-img wrote is overwritten, holes and all": {
+			data: []byteRange{{0, 4096}, {mib, 2 * mib}, {4 * mib, 5 * mib}}, size: 8 * mib, written: 196616, length: 196616,
+			want: []byteRange{{0, 2 * mib}, {4 * mib, 5 * mib}, {8*mib - 1, 8 * mib}},
+		},
+		"a short volume's file is made as long as the image's": {
+			data: []byteRange{{8 * mib, 9 * mib}}, size: 16 * mib, written: 196616, length: 196616,
+			want: []byteRange{{0, 196616}, {8 * mib, 9 * mib}, {16*mib - 1, 16 * mib}},
+		},
+		"a volume that may hold anything gets all of it": {
+			data: []byteRange{{mib, 2 * mib}}, size: 16 * mib, written: 1<<63 - 1,
+			want: []byteRange{{0, 16 * mib}},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.want, uploadRanges(tc.data, tc.size, tc.written, tc.length))
+		})
+	}
+}
+
+func TestDataRangesAreWhatTheFileHolds(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "sparse"))
+	require.NoError(t, err)
+	defer f.Close() //nolint:errcheck // test file
+	const size = 64 << 20
+	require.NoError(t, f.Truncate(size))
+	block := make([]byte, 1<<20)
+	block[0] = 1
+	for _, off := range []int64{0, 16 << 20, 40 << 20} {
+		_, err := f.WriteAt(block, off)
+		require.NoError(t, err)
+	}
+	got := dataRanges(f, size)
+	if len(got) == 1 && got[0] == (byteRange{0, size}) {
+		t.Skipf("the file system of %s tells no holes", f.Name())
+	}
+	// A file system may give its data in blocks larger than a write.
+	require.Len(t, got, 3, "%v", got)
+	for i, off := range []int64{0, 16 << 20, 40 << 20} {
+		assert.Equal(t, off, got[i].off)
+		assert.GreaterOrEqual(t, got[i].end, off+1<<20)
+		assert.Less(t, got[i].end, off+2<<20)
+	}
+
+	t.Run("a file that ends in data ends with it", func(t *testing.T) {
+		_, err := f.WriteAt(block, size-1<<20)
+		require.NoError(t, err)
+		got := dataRanges(f, size)
+		assert.Equal(t, byteRange{size - 1<<20, size}, got[len(got)-1])
+	})
+	t.Run("an empty file has none", func(t *testing.T) {
+		assert.Empty(t, dataRanges(f, 0))
+	})
 }
