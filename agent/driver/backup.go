@@ -15,7 +15,10 @@ import "context"
 // checkpoint is forgotten only through CommitBackup, which the caller
 // makes once a later backup is safe in the store, so a backup that fails
 // or is cut short (the agent killed half-way) never loses a change: the
-// next one, since the last committed checkpoint, reads it again.
+// next one, since the last committed checkpoint, reads it again. On a
+// backend whose snapshots cannot stand beside checkpoints (libvirt), a
+// snapshot forgets them too (see Snapshotter.TakeSnapshot), and the next
+// backup is full.
 //
 // Errors: IsNotFound(err) means the guest is not on the node; IsTerminal
 // means the request cannot succeed as given (a disk the backend cannot
@@ -37,6 +40,10 @@ type Backuper interface {
 	//
 	// When BackUp returns an error the checkpoint r.ID is removed again,
 	// where the driver still can.
+	//
+	// On a backend whose snapshots cannot stand beside checkpoints, a
+	// guest with snapshots is refused as Terminal: its snapshots are to be
+	// deleted first.
 	BackUp(ctx context.Context, uid string, r BackupRequest, w BackupWriter) (BackupResult, error)
 
 	// CommitBackup says that backup id of guest uid is safe in the store:

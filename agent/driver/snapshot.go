@@ -34,6 +34,14 @@ type Snapshotter interface {
 	// (Snapshot.Frozen), and where the guest has no agent that answers the
 	// disks are crash-consistent. A stopped guest's snapshot is of its
 	// disks alone, whatever r.Memory says.
+	//
+	// On a backend whose snapshots cannot stand beside backup checkpoints
+	// (libvirt: QEMU reverts no snapshot of a disk with dirty bitmaps), the
+	// guest's checkpoints are forgotten first, as a CommitBackup of a
+	// backup it does not have forgets them, and its next backup is full
+	// (also when the snapshot then fails). Where they cannot be forgotten (libvirt deletes checkpoints of
+	// running guests only), the snapshot is refused as Terminal, saying
+	// what would let it be taken.
 	TakeSnapshot(ctx context.Context, uid string, r SnapshotRequest) (Snapshot, error)
 
 	// Snapshots lists the snapshots of guest uid that this driver took,

@@ -47,9 +47,11 @@ import (
 //   - Checkpoints and internal snapshots can both be made on one guest, but
 //     QEMU refuses to revert an internal snapshot of a disk with bitmaps
 //     ("Device has active dirty bitmaps"); the revert of a running guest
-//     then stops it, and its bitmaps are left broken. So the two exclude
-//     each other: BackUp refuses a guest with snapshots, TakeSnapshot one
-//     with checkpoints.
+//     then stops it, and its bitmaps are left broken. So the two never
+//     stand together: TakeSnapshot of a running guest first deletes its
+//     checkpoints (its next backup is then full), and refuses a stopped
+//     guest with checkpoints, which libvirt cannot delete; BackUp refuses
+//     a guest with snapshots, which are the user's to delete first.
 
 var _ driver.Backuper = (*Driver)(nil)
 
@@ -224,8 +226,9 @@ func since(id string, incremental bool) string {
 }
 
 // planBackup plans the backup of dom, the guest uid's, as it runs now. It
-// refuses a guest that is not running, that has snapshots, or that has a
-// disk a checkpoint cannot keep a bitmap in.
+// refuses a guest that is not running, that has snapshots (to be deleted
+// first: see above), or that has a disk a checkpoint cannot keep a bitmap
+// in.
 func (d *Driver) planBackup(api API, dom golibvirt.Domain, uid string) (backupPlan, error) {
 	_, x, err := d.describeXML(api, dom, uid, 0)
 	if err != nil {
@@ -243,7 +246,7 @@ func (d *Driver) planBackup(api API, dom golibvirt.Domain, uid string) (backupPl
 		return backupPlan{}, errors.Wrap(err, "cannot count snapshots")
 	}
 	if snapshots > 0 {
-		return backupPlan{}, driver.Terminalf("guest %s cannot be backed up while it has snapshots (%d): a backup's checkpoint keeps a dirty bitmap in each disk, and QEMU 7.2 refuses to revert an internal snapshot of a disk with one (\"Device has active dirty bitmaps\"); delete its snapshots to back it up", uid, snapshots)
+		return backupPlan{}, driver.Terminalf("guest %s cannot be backed up while it has snapshots (%d): delete its snapshots first, then back it up. A backup's checkpoint keeps a dirty bitmap in each disk, and QEMU 7.2 refuses to revert an internal snapshot of a disk with one (\"Device has active dirty bitmaps\")", uid, snapshots)
 	}
 	var def libvirtxml.Domain
 	if err := def.Unmarshal(x); err != nil {
@@ -786,6 +789,14 @@ func (d *Driver) CommitBackup(_ context.Context, uid, id string) error {
 	if _, err := d.describe(api, dom, uid, golibvirt.DomainXMLInactive); err != nil {
 		return err
 	}
+	return forgetCheckpointsBut(api, dom, uid, id)
+}
+
+// forgetCheckpointsBut deletes the checkpoints the driver made of dom, the
+// guest uid's, but keep (none where keep is empty), the newest first.
+// libvirt 9.0 deletes checkpoints of running guests only: on a stopped
+// guest it fails.
+func forgetCheckpointsBut(api API, dom golibvirt.Domain, uid, keep string) error {
 	// Parents before children: deleted from the end, every checkpoint
 	// goes before the one it was made after.
 	all, _, err := api.DomainListAllCheckpoints(dom, 1, uint32(golibvirt.DomainCheckpointListTopological))
@@ -799,7 +810,7 @@ func (d *Driver) CommitBackup(_ context.Context, uid, id string) error {
 	}
 	for i := len(all) - 1; i >= 0; i-- {
 		c := all[i]
-		if c.Name == id {
+		if c.Name == keep {
 			continue
 		}
 		ours, err := madeByDriver(api, c, uid)
@@ -811,7 +822,7 @@ func (d *Driver) CommitBackup(_ context.Context, uid, id string) error {
 		}
 		if err := api.DomainCheckpointDelete(c, 0); err != nil && !isCode(err, golibvirt.ErrNoDomainCheckpoint) {
 			if state, _, serr := api.DomainGetState(dom, 0); serr == nil && !active(golibvirt.DomainState(state)) {
-				return errors.Wrapf(err, "cannot forget checkpoint %s of guest %s while it is stopped: libvirt 9.0 deletes checkpoints of running guests only; the commit is made once it runs", c.Name, uid)
+				return errors.Wrapf(err, "cannot forget checkpoint %s of guest %s while it is stopped: libvirt 9.0 deletes checkpoints of running guests only", c.Name, uid)
 			}
 			return errors.Wrapf(err, "cannot delete checkpoint %s of guest %s", c.Name, uid)
 		}

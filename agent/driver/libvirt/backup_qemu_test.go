@@ -23,13 +23,14 @@ import (
 
 // TestBackupsOfARealGuest backs up a guest under QEMU (guesthost: libvirt
 // 9.0 and QEMU 7.2 under TCG), full and incremental, commits, fails and
-// cancels backups, and checks that each backup, read back, is the guest's
-// disks as QEMU wrote them into its volumes, read through libvirt. The
-// guest has no operating system (SeaBIOS finds nothing to boot), so
-// nothing writes to its disks but the test, through QEMU's own qemu-io
-// (the monitor's, a test's tool only); and it has no guest agent, so
-// nothing is frozen. It also records what libvirt 9.0 refuses of
-// checkpoints beside snapshots, of stopped guests, and of qcow2 version 2.
+// cancels backups, snapshots the guest once it has a backup's checkpoint,
+// and checks that each backup, read back, is the guest's disks as QEMU
+// wrote them into its volumes, read through libvirt. The guest has no
+// operating system (SeaBIOS finds nothing to boot), so nothing writes to
+// its disks but the test, through QEMU's own qemu-io (the monitor's, a
+// test's tool only); and it has no guest agent, so nothing is frozen. It
+// also records what libvirt 9.0 refuses of checkpoints beside snapshots,
+// of stopped guests, and of qcow2 version 2.
 func TestBackupsOfARealGuest(t *testing.T) {
 	if m := guesthost.Missing(); len(m) > 0 {
 		t.Skipf("needs %v (make deps, as root)", m)
@@ -209,11 +210,36 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		assert.Equal(t, []string{"b4"}, checkpoints(t))
 	})
 
-	t.Run("ASnapshotIsRefusedWhileTheGuestHasCheckpoints", func(t *testing.T) {
-		_, err := d.TakeSnapshot(ctx, m.UID, driver.SnapshotRequest{ID: "s1"})
+	t.Run("ASnapshotDeletesTheCheckpointsAndTheNextBackupIsFull", func(t *testing.T) {
+		s, err := d.TakeSnapshot(ctx, m.UID, driver.SnapshotRequest{ID: "s1", Memory: true})
+		require.NoError(t, err, "a running guest with a committed backup's checkpoint is snapshotted")
+		assert.True(t, s.Online)
+		assert.True(t, hasSnapshot(t, l, m.UID, "s1"))
+		assert.Empty(t, checkpoints(t), "its checkpoints were deleted first")
+
+		// What they were deleted for: the snapshot reverts, which QEMU
+		// refuses beside checkpoints (see below).
+		require.NoError(t, d.RevertSnapshot(ctx, m.UID, driver.RevertRequest{Snapshot: "s1", Running: true}))
+		state, _, err := l.DomainGetState(dom, 0)
+		require.NoError(t, err)
+		assert.Equal(t, golibvirt.DomainRunning, golibvirt.DomainState(state), "resumed at the snapshot's moment")
+
+		_, err = d.BackUp(ctx, m.UID, driver.BackupRequest{ID: "b5", Since: "b4"}, &backupRecorder{})
 		assert.True(t, driver.IsTerminal(err), "%v", err)
-		assert.ErrorContains(t, err, "cannot be snapshotted while it has backup checkpoints (1)")
-		assert.False(t, hasSnapshot(t, l, m.UID, "s1"), "nothing taken")
+		assert.ErrorContains(t, err, "cannot be backed up while it has snapshots (1): delete its snapshots first")
+		assert.Empty(t, checkpoints(t), "no checkpoint made")
+
+		require.NoError(t, d.DeleteSnapshot(ctx, m.UID, "s1"))
+		rec := &backupRecorder{}
+		res, err := d.BackUp(ctx, m.UID, driver.BackupRequest{ID: "b5", Since: "b4"}, rec)
+		require.NoError(t, err)
+		assert.True(t, res.Full, "b4 went before the snapshot")
+		full := map[string][]byte{}
+		rec.apply(t, full)
+		assertSame(t, want, full)
+		assertSame(t, onDisk(t), full)
+		require.NoError(t, d.CommitBackup(ctx, m.UID, "b5"))
+		assert.Equal(t, []string{"b5"}, checkpoints(t))
 	})
 
 	t.Run("DownloadsReadWhatTheVolumeHoldsWhenItsDataComesBeforeTheReply", func(t *testing.T) {
@@ -241,7 +267,8 @@ func TestBackupsOfARealGuest(t *testing.T) {
 	})
 
 	t.Run("LibvirtSnapshotsAGuestWithCheckpointsButCannotRevertIt", func(t *testing.T) {
-		// Why BackUp and TakeSnapshot refuse each other's guests.
+		// Why TakeSnapshot deletes a guest's checkpoints first, and
+		// BackUp refuses a guest with snapshots.
 		x, err := (&libvirtxml.DomainSnapshot{
 			Name:   "beside-checkpoints",
 			Memory: &libvirtxml.DomainSnapshotMemory{Snapshot: "internal"},
@@ -253,10 +280,10 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		snap, err := l.DomainSnapshotCreateXML(dom, x, 0)
 		require.NoError(t, err, "libvirt 9.0 takes an internal snapshot of a guest with checkpoints")
 
-		_, err = d.BackUp(ctx, m.UID, driver.BackupRequest{ID: "b5", Since: "b4"}, &backupRecorder{})
+		_, err = d.BackUp(ctx, m.UID, driver.BackupRequest{ID: "b6", Since: "b5"}, &backupRecorder{})
 		assert.True(t, driver.IsTerminal(err), "%v", err)
 		assert.ErrorContains(t, err, "cannot be backed up while it has snapshots (1)")
-		assert.Equal(t, []string{"b4"}, checkpoints(t), "no checkpoint made")
+		assert.Equal(t, []string{"b5"}, checkpoints(t), "no checkpoint made")
 
 		cx, err := (&libvirtxml.DomainCheckpoint{Name: "beside-a-snapshot"}).Marshal()
 		require.NoError(t, err)
@@ -271,7 +298,7 @@ func TestBackupsOfARealGuest(t *testing.T) {
 	})
 
 	t.Run("AStoppedGuestIsNotBackedUp", func(t *testing.T) {
-		_, err := d.BackUp(ctx, m.UID, driver.BackupRequest{ID: "b5"}, &backupRecorder{})
+		_, err := d.BackUp(ctx, m.UID, driver.BackupRequest{ID: "b6"}, &backupRecorder{})
 		assert.True(t, driver.IsTerminal(err), "%v", err)
 		assert.ErrorContains(t, err, "libvirt 9.0 backs up only running guests")
 		bx, err := (&libvirtxml.DomainBackup{Push: &libvirtxml.DomainBackupPush{}}).Marshal()
@@ -279,8 +306,14 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		err = l.DomainBackupBegin(dom, bx, golibvirt.OptString{}, 0)
 		assert.ErrorContains(t, err, "cannot perform disk backup for inactive domain", "libvirt's own refusal")
 
-		err = d.CommitBackup(ctx, m.UID, "b5")
+		err = d.CommitBackup(ctx, m.UID, "b6")
 		assert.ErrorContains(t, err, "libvirt 9.0 deletes checkpoints of running guests only", "a commit waits until it runs")
+		assert.Equal(t, []string{"b5", "beside-a-snapshot"}, checkpoints(t))
+		_, err = d.TakeSnapshot(ctx, m.UID, driver.SnapshotRequest{ID: "s2"})
+		assert.True(t, driver.IsTerminal(err), "%v", err)
+		assert.ErrorContains(t, err, "is stopped and has backup checkpoints (2)")
+		assert.ErrorContains(t, err, "start the guest to snapshot it")
+		assert.False(t, hasSnapshot(t, l, m.UID, "s2"), "nor does a snapshot")
 		c, err := l.DomainCheckpointLookupByName(dom, "beside-a-snapshot", 0)
 		require.NoError(t, err)
 		assert.ErrorContains(t, l.DomainCheckpointDelete(c, 0), "cannot delete checkpoint for inactive domain")
@@ -318,7 +351,7 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		require.Equal(t, driver.PhaseRunning, o.Phase, o.Message)
 		t.Logf("restarted with the old disk in %s", time.Since(began))
 
-		_, err = d.BackUp(ctx, m.UID, driver.BackupRequest{ID: "b6"}, &backupRecorder{})
+		_, err = d.BackUp(ctx, m.UID, driver.BackupRequest{ID: "b7"}, &backupRecorder{})
 		assert.True(t, driver.IsTerminal(err), "%v", err)
 		assert.ErrorContains(t, err, "volume team-a_kept-old (vdc) is qcow2 version 2")
 		// libvirt's own refusal, had the driver asked.

@@ -186,15 +186,11 @@ func (d *Driver) TakeSnapshot(_ context.Context, uid string, r driver.SnapshotRe
 			return driver.Snapshot{}, err
 		}
 	}
-	switch n, err := checkpointCount(api, dom); {
-	case err != nil:
-		return driver.Snapshot{}, err
-	case n > 0:
-		// See backup.go: QEMU refuses to revert it.
-		return driver.Snapshot{}, driver.Terminalf("guest %s cannot be snapshotted while it has backup checkpoints (%d): QEMU 7.2 refuses to revert an internal snapshot of a disk with dirty bitmaps (\"Device has active dirty bitmaps\"); forget them (commit a backup it does not have), after which its next backup is full", uid, n)
-	}
 	plan, err := d.planSnapshot(api, dom, uid, r)
 	if err != nil {
+		return driver.Snapshot{}, err
+	}
+	if err := dropCheckpoints(api, dom, uid, plan.online); err != nil {
 		return driver.Snapshot{}, err
 	}
 	volumes, before, err := allocations(api, plan.vols)
@@ -235,6 +231,34 @@ func (d *Driver) TakeSnapshot(_ context.Context, uid string, r driver.SnapshotRe
 	taken = s.report()
 	taken.Duration = d.now().Sub(began)
 	return taken, nil
+}
+
+// dropCheckpoints deletes the backup checkpoints of dom, the guest uid's,
+// for a snapshot: QEMU 7.2 refuses to revert an internal snapshot of a
+// disk with dirty bitmaps (see backup.go). They go as a commit of a backup
+// the guest does not have would make them go, and the guest's next backup
+// is full. libvirt 9.0 deletes checkpoints of running guests only, so a
+// stopped guest with checkpoints is refused; so is one with checkpoints
+// virtfleet did not make, which it never deletes.
+func dropCheckpoints(api API, dom golibvirt.Domain, uid string, online bool) error {
+	switch n, err := checkpointCount(api, dom); {
+	case err != nil:
+		return err
+	case n == 0:
+		return nil
+	case !online:
+		return driver.Terminalf("guest %s is stopped and has backup checkpoints (%d), which libvirt 9.0 deletes on running guests only, and QEMU 7.2 refuses to revert an internal snapshot of a disk with dirty bitmaps (\"Device has active dirty bitmaps\"): start the guest to snapshot it; its checkpoints are then deleted first, and its next backup reads its disks whole", uid, n)
+	}
+	if err := forgetCheckpointsBut(api, dom, uid, ""); err != nil {
+		return err
+	}
+	switch n, err := checkpointCount(api, dom); {
+	case err != nil:
+		return err
+	case n > 0:
+		return driver.Terminalf("guest %s cannot be snapshotted while it has checkpoints virtfleet did not make (%d): QEMU 7.2 refuses to revert an internal snapshot of a disk with dirty bitmaps (\"Device has active dirty bitmaps\"); delete them to snapshot it", uid, n)
+	}
+	return nil
 }
 
 // snapshotPlan is how a guest is snapshotted as it is now.
