@@ -34,9 +34,19 @@ func TestBackupsOnTheTestDriver(t *testing.T) {
 	assert.True(t, driver.IsNotFound(err), "no such guest: %v", err)
 }
 
-// TestOwnVolumesOfBackups: what backups make for the while is the
-// driver's own, never a Volume's.
-func TestOwnVolumesOfBackups(t *testing.T) {
-	assert.True(t, ownVolume(backupScratch("5d1c3b2a-4e6f-4a8b-9c0d-1e2f3a4b5c6d", "vda")))
-	assert.False(t, ownVolume("team-a_backup"))
+// TestOwnVolumes: what the driver makes for itself (images and the
+// markers of images being made, seeds, swap, backups' scratch) is never a
+// Volume's to import, and a Volume's name is never the driver's.
+func TestOwnVolumes(t *testing.T) {
+	cases := map[string]bool{
+		backupScratch("5d1c3b2a-4e6f-4a8b-9c0d-1e2f3a4b5c6d", "vda"): true,
+		imageVolume("u1"):   true,
+		clonePrefix + "u1":  true,
+		uploadPrefix + "u1": true,
+		"team-a_backup":     false,
+		"team-a_web-root":   false,
+	}
+	for name, own := range cases {
+		assert.Equal(t, own, ownVolume(name), name)
+	}
 }

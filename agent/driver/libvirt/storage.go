@@ -301,11 +301,15 @@ func volumeFormat(api API, pool, name string) (string, error) {
 }
 
 // ownVolume is whether name is a volume the driver makes for itself: an
-// image, a guest's seed or swap, or what a backup of a guest makes for the
-// while.
+// image and the markers of one being made, a guest's seed or swap, or what
+// a backup of a guest makes for the while.
 func ownVolume(name string) bool {
-	return strings.HasPrefix(name, imagePrefix) || strings.HasSuffix(name, seedSuffix) || strings.HasSuffix(name, swapSuffix) ||
-		strings.HasSuffix(name, backupSuffix)
+	for _, prefix := range []string{imagePrefix, clonePrefix, uploadPrefix} {
+		if strings.HasPrefix(name, prefix) {
+			return true
+		}
+	}
+	return strings.HasSuffix(name, seedSuffix) || strings.HasSuffix(name, swapSuffix) || strings.HasSuffix(name, backupSuffix)
 }
 
 // poolHandles remembers the storage pools one operation looked up, and
