@@ -39,18 +39,23 @@ type GuestBoot struct {
 	// The DiskImage, its network, the boot Volume and the VM are created
 	// together, as a user would: a node imports an image when the first VM
 	// that needs it lands there, so the import (fetched from 127.0.0.1,
-	// checked, converted) is part of the first boot. Every time is from the
-	// VM's Create call returning to the first poll (every guestPoll)
-	// showing: the image on the node; phase Running; an address this boot's
-	// DHCP lease gave; and the first ssh login with the VM's key, from inside
-	// the namespace, that finds that address in the guest.
+	// checked, converted) is part of the first boot.
+	BootTimes
+	// Skipped says why no guest was booted (no hypervisor on this machine).
+	Skipped string   `json:"skipped,omitempty"`
+	Notes   []string `json:"notes,omitempty"`
+}
+
+// BootTimes time one real guest's boot. Every time is from the VM's Create
+// call returning to the first poll (every guestPoll) showing: its image on
+// the node; phase Running; an address this boot's DHCP lease gave; and the
+// first ssh login with the VM's key, from inside the namespace, that finds
+// that address in the guest.
+type BootTimes struct {
 	ImportSeconds          float64 `json:"importSeconds"`
 	CreateToRunningSeconds float64 `json:"createToRunningSeconds"`
 	CreateToAddressSeconds float64 `json:"createToAddressSeconds"`
 	CreateToSSHSeconds     float64 `json:"createToSSHSeconds"`
-	// Skipped says why no guest was booted (no hypervisor on this machine).
-	Skipped string   `json:"skipped,omitempty"`
-	Notes   []string `json:"notes,omitempty"`
 }
 
 const (
@@ -64,40 +69,50 @@ const (
 )
 
 // guestGrants let the guest's namespace download its image from this
-// machine's loopback, where guestimage.Serve listens: a tenant may not
+// machine's loopback, where guestimage.Serve listens, and back up to and
+// restore from the stack's backup location: a tenant may do neither
 // unless an administrator allowed it.
-var guestGrants = []apisv1alpha1.TenantGrant{{Namespaces: []string{guestNamespace}, ImageSources: []string{"127.0.0.0/8"}}}
+var guestGrants = []apisv1alpha1.TenantGrant{{
+	Namespaces: []string{guestNamespace}, ImageSources: []string{"127.0.0.0/8"},
+	BackupLocations: []string{stack.LocationName},
+}}
 
-// runGuest boots one real guest on a stack of its own and times it.
-func runGuest(ctx context.Context, o Options) (*GuestBoot, error) {
+// runGuest boots one real guest on a stack of its own and times it; with
+// o.Backups it then backs the guest up and restores it (backup.go), on the
+// same stack.
+func runGuest(ctx context.Context, o Options) (*GuestBoot, *GuestBackup, error) {
 	progress := func(format string, args ...any) {
 		fmt.Fprintf(o.Progress, "%s %-12s %s\n", time.Now().Format("15:04:05"), "guest", fmt.Sprintf(format, args...))
 	}
-	g := &GuestBoot{Node: guestNode, VCPU: 1, MemoryBytes: 1 << 30}
+	g := &GuestBoot{Node: guestNode, VCPU: guestVCPU, MemoryBytes: guestMemoryBytes}
 	if m := guesthost.Missing(); len(m) > 0 {
 		g.Skipped = fmt.Sprintf("a real hypervisor needs %v: run make deps as root", m)
 		progress("skipped: %s", g.Skipped)
-		return g, nil
+		var b *GuestBackup
+		if o.Backups {
+			b = &GuestBackup{Location: stack.LocationName, Skipped: g.Skipped}
+		}
+		return g, b, nil
 	}
 	progress("the guest image (built once per machine)")
 	image, err := guestimage.Ensure(ctx, o.Progress)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if fi, err := os.Stat(image); err == nil {
 		g.ImageBytes = fi.Size()
 	}
 	host, err := guesthost.Start(ctx, "vfbench", o.Progress)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer host.Stop()
 	s, dir, stop, err := startStack(ctx, o, "vf-bench-guest-", stack.Options{
-		Nodes: []string{guestNode}, Grants: guestGrants,
+		Nodes: []string{guestNode}, Grants: guestGrants, ObjectStore: o.Backups,
 		LibvirtHosts: map[string]stack.LibvirtHost{guestNode: {Socket: host.Socket, URI: host.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType}},
 	}, progress)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	failed := true
 	defer func() {
@@ -109,11 +124,24 @@ func runGuest(ctx context.Context, o Options) (*GuestBoot, error) {
 	if hb, err := s.Heartbeat(ctx, guestNode); err == nil {
 		g.Hypervisor = hb.Hypervisor
 	}
-	if err := bootGuest(ctx, s.ControlPlane.Client, func(string) *guesthost.Host { return host }, image, dir, g, progress); err != nil {
-		return nil, err
+	hostOf := func(string) *guesthost.Host { return host }
+	if err := bootGuest(ctx, s.ControlPlane.Client, hostOf, image, dir, g, progress); err != nil {
+		return nil, nil, err
 	}
 	failed = len(g.Notes) > 0
-	return g, nil
+	if !o.Backups {
+		return g, nil, nil
+	}
+	b := &GuestBackup{Location: stack.LocationName}
+	if failed {
+		b.Skipped = "the guest did not boot (see its section)"
+		return g, b, nil
+	}
+	if err := runBackups(ctx, s, hostOf, filepath.Join(dir, "id_ed25519"), b, o.Progress); err != nil {
+		return nil, nil, errors.Wrap(err, "backups")
+	}
+	failed = len(b.Notes) > 0
+	return g, b, nil
 }
 
 // bootGuest creates the guest's VM and what it needs, and times its boot;
@@ -136,17 +164,8 @@ func bootGuest(ctx context.Context, kube client.Client, hostOf func(node string)
 			Source: v1alpha1.DiskImageSource{URL: served.URL, SHA256: served.SHA256}, Format: &qcow2,
 		}},
 	}
-	vm := &v1alpha1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: "guest"},
-		Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
-			Running:         ptr.To(true),
-			Vcpu:            g.VCPU,
-			Memory:          *resource.NewQuantity(g.MemoryBytes, resource.BinarySI),
-			PublicKey:       pub,
-			VirtualNetworks: []v1alpha1.LocalName{"net"},
-			DiskAttachments: []v1alpha1.DiskAttachment{{Name: "guest-root"}},
-		}},
-	}
+	vm := guestVM(guestVMName, "guest-root", pub)
+	g.VCPU, g.MemoryBytes = vm.Spec.ForProvider.Vcpu, vm.Spec.ForProvider.Memory.Value()
 	progress("creating the %.0f MiB image, its network, the boot Volume and the VM", mib(g.ImageBytes))
 	for _, obj := range []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: guestNamespace}},
@@ -168,49 +187,85 @@ func bootGuest(ctx context.Context, kube client.Client, hostOf func(node string)
 			return errors.Wrapf(err, "cannot create %T %s", obj, obj.GetName())
 		}
 	}
-	created := time.Now()
-	var ip string
+	if _, note := timeBoot(ctx, kube, hostOf, key, di, vm, time.Now(), &g.BootTimes, progress); note != "" {
+		g.Notes = append(g.Notes, note)
+	}
+	return nil
+}
+
+// The size of every real guest the benchmark boots.
+const (
+	guestVCPU        = 1
+	guestMemoryBytes = 1 << 30
+)
+
+// guestVM is a real guest's VM, running, booting from Volume disk on the
+// network net, that lets key pub in.
+func guestVM(name, disk, pub string) *v1alpha1.VirtualMachine {
+	return &v1alpha1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: name},
+		Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
+			Running:         ptr.To(true),
+			Vcpu:            guestVCPU,
+			Memory:          *resource.NewQuantity(guestMemoryBytes, resource.BinarySI),
+			PublicKey:       pub,
+			VirtualNetworks: []v1alpha1.LocalName{"net"},
+			DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName(disk)}},
+		}},
+	}
+}
+
+// timeBoot times the boot of vm from image di, both created just before
+// created: it polls them until vm is Running with an address, then logs in
+// over ssh with key until the guest answers. It returns the address, or
+// what failed.
+func timeBoot(ctx context.Context, kube client.Client, hostOf func(node string) *guesthost.Host, key string, di *v1alpha1.DiskImage, vm *v1alpha1.VirtualMachine, created time.Time, t *BootTimes, progress func(string, ...any)) (ip, failed string) {
 	if err := poll(ctx, func() (bool, error) {
-		if g.ImportSeconds == 0 {
+		if t.ImportSeconds == 0 {
 			if err := kube.Get(ctx, client.ObjectKeyFromObject(di), di); err != nil {
 				return false, err
 			}
 			if slices.Contains(di.Status.AtProvider.Nodes, guestNode) {
-				g.ImportSeconds = time.Since(created).Seconds()
-				progress("image on the node after %.1f s", g.ImportSeconds)
+				t.ImportSeconds = time.Since(created).Seconds()
+				progress("image on the node after %.1f s", t.ImportSeconds)
 			}
 		}
 		if err := kube.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
 			return false, err
 		}
-		if g.CreateToRunningSeconds == 0 && vm.Status.AtProvider.Phase == v1alpha1.PhaseRunning {
-			g.CreateToRunningSeconds = time.Since(created).Seconds()
-			progress("Running after %.1f s", g.CreateToRunningSeconds)
+		if t.CreateToRunningSeconds == 0 && vm.Status.AtProvider.Phase == v1alpha1.PhaseRunning {
+			t.CreateToRunningSeconds = time.Since(created).Seconds()
+			progress("Running after %.1f s", t.CreateToRunningSeconds)
 		}
-		for _, i := range vm.Status.AtProvider.Interfaces {
-			if len(i.IPs) > 0 {
-				ip = i.IPs[0]
-			}
-		}
-		return g.CreateToRunningSeconds > 0 && ip != "", nil
+		ip = address(vm)
+		return t.CreateToRunningSeconds > 0 && ip != "", nil
 	}); err != nil {
-		g.Notes = append(g.Notes, fmt.Sprintf("no address within %s: phase %s, %s", guestTimeout, vm.Status.AtProvider.Phase, vm.GetCondition(xpv2.TypeReady).Message))
-		return nil
+		return "", fmt.Sprintf("no address within %s: phase %s, %s; image %s %s", guestTimeout, vm.Status.AtProvider.Phase, vm.GetCondition(xpv2.TypeReady).Message, di.Status.AtProvider.Phase, di.Status.AtProvider.Message)
 	}
-	g.CreateToAddressSeconds = time.Since(created).Seconds()
-	progress("address %s after %.1f s; waiting for ssh", ip, g.CreateToAddressSeconds)
+	t.CreateToAddressSeconds = time.Since(created).Seconds()
+	progress("address %s after %.1f s; waiting for ssh", ip, t.CreateToAddressSeconds)
 
 	out, err := guesthost.SSHUntil(ctx, hostOf(vm.Status.AtProvider.Node).Netns, key, guestimage.DefaultUser, ip, "ip -4 -o addr show scope global", guestPoll, guestTimeout)
 	if err != nil {
-		g.Notes = append(g.Notes, fmt.Sprintf("no ssh to %s within %s: %v: %s", ip, guestTimeout, err, out))
-		return nil
+		return ip, fmt.Sprintf("no ssh to %s within %s: %v: %s", ip, guestTimeout, err, out)
 	}
-	g.CreateToSSHSeconds = time.Since(created).Seconds()
-	progress("ssh after %.1f s", g.CreateToSSHSeconds)
+	t.CreateToSSHSeconds = time.Since(created).Seconds()
+	progress("ssh after %.1f s", t.CreateToSSHSeconds)
 	if !strings.Contains(out, " "+ip+"/") {
-		g.Notes = append(g.Notes, fmt.Sprintf("the guest does not hold the reported address %s: %s", ip, out))
+		return ip, fmt.Sprintf("the guest does not hold the reported address %s: %s", ip, out)
 	}
-	return nil
+	return ip, ""
+}
+
+// address is the first address vm's status shows, or "".
+func address(vm *v1alpha1.VirtualMachine) string {
+	var ip string
+	for _, i := range vm.Status.AtProvider.Interfaces {
+		if len(i.IPs) > 0 {
+			ip = i.IPs[0]
+		}
+	}
+	return ip
 }
 
 func poll(ctx context.Context, done func() (bool, error)) error {

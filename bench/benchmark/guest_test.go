@@ -15,11 +15,11 @@ func TestMarkdownShowsTheRealGuest(t *testing.T) {
 		wantNone bool
 	}{
 		"measured": {
-			guest: &GuestBoot{Hypervisor: "qemu", VCPU: 1, MemoryBytes: 1 << 30, ImageBytes: 426 << 20, ImportSeconds: 11.2, CreateToRunningSeconds: 3.4, CreateToAddressSeconds: 61.5, CreateToSSHSeconds: 80.25},
+			guest: &GuestBoot{Hypervisor: "qemu", VCPU: 1, MemoryBytes: 1 << 30, ImageBytes: 426 << 20, BootTimes: BootTimes{ImportSeconds: 11.2, CreateToRunningSeconds: 3.4, CreateToAddressSeconds: 61.5, CreateToSSHSeconds: 80.25}},
 			want:  []string{"## One real guest", "426 MiB", "`qemu`: TCG", "| create→Running | 3.4 s |", "| create→address | 61.5 s |", "| create→ssh | 80.2 s |"},
 		},
 		"no ssh": {
-			guest: &GuestBoot{Hypervisor: "kvm", CreateToRunningSeconds: 3, CreateToAddressSeconds: 20, Notes: []string{"no ssh to 10.0.0.2"}},
+			guest: &GuestBoot{Hypervisor: "kvm", BootTimes: BootTimes{CreateToRunningSeconds: 3, CreateToAddressSeconds: 20}, Notes: []string{"no ssh to 10.0.0.2"}},
 			want:  []string{"| create→ssh | – |", "- no ssh to 10.0.0.2"},
 		},
 		"skipped": {

@@ -39,8 +39,9 @@ const kubeVirtDensity = "p50 17–19 s, p95 27–29 s"
 // Targets compares r's scenarios with the issues' goals. The rate and CPU
 // targets are judged on the burst of targetBurstVMs (or the largest, when
 // there is none), memory on the burst of targetHubRSSAtVMs (or the
-// largest), writes per VM on every scenario, and the fleet's size on the
-// bursts over simulated nodes.
+// largest), writes per VM on every scenario, the fleet's size on the
+// bursts over simulated nodes, and the real guest's backups against a raw
+// upload to the same store.
 func Targets(r *Result) []Target {
 	var out []Target
 	if d := r.Density; d != nil {
@@ -81,6 +82,7 @@ func Targets(r *Result) []Target {
 		})
 	}
 	out = append(out, idleTargets(r.Idle)...)
+	out = append(out, backupTargets(r.Backup)...)
 	return append(out, scaleTargets(r.Scale)...)
 }
 
@@ -248,6 +250,7 @@ func Markdown(r *Result) string {
 	}
 
 	guestMarkdown(p, r.Guest)
+	backupMarkdown(p, r.Backup)
 	migrationMarkdown(p, r.Migration)
 	idleMarkdown(p, r.Idle)
 

@@ -28,6 +28,9 @@ type Result struct {
 	Scale []Scenario `json:"scale,omitempty"`
 	// Guest is one real guest's boot, beside the test driver's figures.
 	Guest *GuestBoot `json:"guest,omitempty"`
+	// Backup is that guest's backups, beside a raw upload to the same
+	// store, and a restore from them.
+	Backup *GuestBackup `json:"backup,omitempty"`
 	// Migration is one real guest's live migration between two hosts.
 	Migration *MigrationRun `json:"migration,omitempty"`
 	// Idle is one node of many guests: its full observe, and its agent's

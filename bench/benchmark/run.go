@@ -67,6 +67,13 @@ type Options struct {
 	// Guests boots one real QEMU guest through the whole stack (guest.go),
 	// and another on two hosts that it migrates live (migration.go).
 	Guests bool
+	// Backups, with Guests, backs the first guest up whole and then
+	// incrementally to an object store started with its stack, beside a
+	// raw upload to the same store, and restores it (backup.go).
+	Backups bool
+	// Migration, with Guests, runs the live migration; false runs only
+	// the first guest (and its backups).
+	Migration bool
 	// Idle runs the idle-node scenario (idle.go).
 	Idle bool
 	// Progress receives a line per step.
@@ -77,7 +84,7 @@ type Options struct {
 // nodes; bursts of 10, 100 and 1000 over 10 nodes, and 5000 over 50; and
 // bursts of 1000 and 10,000 over 10 and 100 simulated nodes.
 func Defaults() Options {
-	return Options{Density: 100, DensityNodes: 10, DensityInterval: 100 * time.Millisecond, Sizes: []int{10, 100, 1000, 5000}, Scale: []int{1000, 10000}, Nodes: 10, VMsPerNode: 100, Limits: true, Guests: true, Idle: true}
+	return Options{Density: 100, DensityNodes: 10, DensityInterval: 100 * time.Millisecond, Sizes: []int{10, 100, 1000, 5000}, Scale: []int{1000, 10000}, Nodes: 10, VMsPerNode: 100, Limits: true, Guests: true, Backups: true, Migration: true, Idle: true}
 }
 
 // Quick is small enough for a test of the harness on a busy 2-core machine.
@@ -146,11 +153,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		r.Scale = append(r.Scale, s)
 	}
 	if o.Guests {
-		g, err := runGuest(ctx, o)
+		g, b, err := runGuest(ctx, o)
 		if err != nil {
 			return nil, errors.Wrap(err, "real guest")
 		}
-		r.Guest = g
+		r.Guest, r.Backup = g, b
+	}
+	if o.Guests && o.Migration {
 		mg, err := runMigration(ctx, o)
 		if err != nil {
 			return nil, errors.Wrap(err, "live migration")
