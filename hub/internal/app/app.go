@@ -317,7 +317,7 @@ func Run(ctx context.Context, c Config) error {
 	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
 	so := snapshot.Options{Pool: pool, Notifier: snapshots, FencingTimeout: c.FencingTimeout, Memory: memory}
 	ro := restore.Options{Pool: pool, Notifier: restores}
-	bo := backup.Options{Pool: pool, Notifier: backups, Memory: memory}
+	bo := backup.Options{Pool: pool, Notifier: backups, Memory: memory, FencingTimeout: c.FencingTimeout}
 	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, so, ro, bo, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}

@@ -83,6 +83,9 @@ type Options struct {
 	Notifier *wake.Notifier
 	// Memory owns what the controller remembers of each backup.
 	Memory *perobject.Owner
+	// FencingTimeout is how long a backup whose node is lost waits for it
+	// before it fails: the VMs' own. 0 waits for the node for good.
+	FencingTimeout time.Duration
 }
 
 // Reconciler reconciles VirtualMachineBackups.
@@ -307,8 +310,9 @@ func (r *Reconciler) follow(ctx context.Context, b *v1alpha1.VirtualMachineBacku
 		return reconcile.Result{}, nil
 	}
 	st := observe(b.Status, rep.Report)
+	var again time.Duration
 	if n := f.Node(node); n.Lost && !rep.Report.Final() {
-		st.Message = fmt.Sprintf("node %s has sent no heartbeat since %s; the backup ends when it is back", node, n.LostSince.UTC().Format(time.RFC3339))
+		st, again = r.nodeLost(st, node, n.LostSince)
 	}
 	before := b.Status
 	if err := r.setStatus(ctx, b, st); err != nil {
@@ -318,7 +322,26 @@ func (r *Reconciler) follow(ctx context.Context, b *v1alpha1.VirtualMachineBacku
 	if b.Done() {
 		return reconcile.Result{}, r.unpublish(ctx, f, b)
 	}
-	return reconcile.Result{}, nil
+	return reconcile.Result{RequeueAfter: again}, nil
+}
+
+// nodeLost is status st of a backup whose node has been lost since: it
+// waits for the node, and fails once the node has been lost for longer
+// than the fencing timeout; again is when to look next while it waits.
+// What the node wrote may be in the store by then, but never the
+// backup's manifest: nothing of it can be restored.
+func (r *Reconciler) nodeLost(st v1alpha1.VirtualMachineBackupStatus, node string, since time.Time) (v1alpha1.VirtualMachineBackupStatus, time.Duration) {
+	at := since.UTC().Format(time.RFC3339)
+	st.Message = fmt.Sprintf("node %s has sent no heartbeat since %s; the backup ends when it is back", node, at)
+	if r.opts.FencingTimeout <= 0 {
+		return st, 0
+	}
+	if wait := r.opts.FencingTimeout - time.Since(since); wait > 0 {
+		return st, wait
+	}
+	st.Phase = v1alpha1.BackupFailed
+	st.Message = fmt.Sprintf("node %s was lost while it took the backup (no heartbeat since %s, longer than the fencing timeout %s); nothing of it can be restored", node, at, r.opts.FencingTimeout)
+	return st, 0
 }
 
 // observe is status st as the node's report rep shows it.

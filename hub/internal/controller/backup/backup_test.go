@@ -32,7 +32,11 @@ import (
 const (
 	nodeA = "node-a"
 	nova  = "nova-1"
+	lost  = "lost-1"
 )
+
+// fencing is the fencing timeout of the tests' hub.
+const fencing = time.Second
 
 // within bounds every wait for the hub.
 const within = 30 * time.Second
@@ -49,13 +53,15 @@ const (
 func startHub(t *testing.T) (*controllertest.Env, *s3test.Server) {
 	t.Helper()
 	s := s3test.New(t)
-	e := controllertest.Start(t, []string{nodeA, nova}, func(mgr ctrl.Manager, o controller.Options, e *controllertest.Env) error {
+	e := controllertest.Start(t, []string{nodeA, nova, lost}, func(mgr ctrl.Manager, o controller.Options, e *controllertest.Env) error {
 		memory := perobject.NewOwner(nil)
 		backups := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineBackup{} })
 		e.Fleet.Backups.Subscribe(backups.Notify)
-		return backup.Setup(mgr, o, backup.Options{Pool: e.Pool, Notifier: backups, Memory: memory})
+		return backup.Setup(mgr, o, backup.Options{Pool: e.Pool, Notifier: backups, Memory: memory, FencingTimeout: fencing})
 	})
-	e.Fleet.Agent(nodeA).Heartbeat(wire.NodeHeartbeat{Backend: "libvirt", Backups: true, Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30}})
+	for _, n := range []string{nodeA, lost} {
+		e.Fleet.Agent(n).Heartbeat(wire.NodeHeartbeat{Backend: "libvirt", Backups: true, Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30}})
+	}
 	e.Fleet.Agent(nova).Heartbeat(wire.NodeHeartbeat{Backend: "nova", Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30}})
 	require.NoError(t, s.MakeBucket(e.Ctx, bucket))
 	require.NoError(t, e.Kube.Create(e.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "virtfleet-system"}}))
@@ -203,6 +209,20 @@ func TestBackups(t *testing.T) {
 		e.VM(t, granted, "on-nova", nova, true, v1alpha1.PhaseRunning)
 		b := newBackup(t, e, granted, "on-nova", "on-nova")
 		await(t, e, b, inPhase(v1alpha1.BackupFailed, "takes no backups"))
+	})
+
+	t.Run("ABackupWhoseNodeIsLostFailsAfterTheFencingTimeout", func(t *testing.T) {
+		vm := e.VM(t, granted, "far", lost, true, v1alpha1.PhaseRunning)
+		b := newBackup(t, e, granted, "far-1", "far")
+		intentOn(t, e, lost, b)
+		start := time.Now()
+		controllertest.Report(t, e.Fleet.Agent(lost), wire.BackupReports, string(b.UID), wire.BackupReport{
+			UID: string(b.UID), Node: lost, VM: string(vm.UID), Phase: wire.BackupPhaseRunning, StartedAt: &start, ObservedAt: start,
+		})
+		await(t, e, b, inPhase(v1alpha1.BackupInProgress, "node "+lost))
+		e.Fleet.Agent(lost).Stop()
+		got := await(t, e, b, inPhase(v1alpha1.BackupFailed, "was lost while it took the backup"))
+		assert.Contains(t, got.Status.Message, "nothing of it can be restored")
 	})
 
 	t.Run("DeletionPolicyDeleteDeletesTheDataRetainKeepsIt", func(t *testing.T) {
