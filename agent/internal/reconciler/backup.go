@@ -82,17 +82,15 @@ func (r *Reconciler) takeBackup(ctx context.Context, in wire.BackupIntent, b dri
 	if err := r.backupReport(ctx, rep); err != nil {
 		return err
 	}
-	w, err := r.backupWriter(ctx, in)
+	// since is the parent the store still has: the driver reads the
+	// changes since it, or the disks whole when there is none.
+	w, since, err := r.backupWriter(ctx, in)
 	if err != nil {
 		return r.backupFailed(ctx, in, rep, err)
 	}
-	since := in.Since
-	if w.Parent == "" {
-		since = ""
-	}
-	progress := r.reportProgress(ctx, rep, w.Writer)
+	progress := r.reportProgress(ctx, rep, w)
 	res, err := DriverCall(r.metrics, OpBackUp, func() (driver.BackupResult, error) {
-		return b.BackUp(ctx, in.VM, driver.BackupRequest{ID: in.UID, Since: since}, w.Writer)
+		return b.BackUp(ctx, in.VM, driver.BackupRequest{ID: in.UID, Since: since}, w)
 	})
 	progress()
 	if err != nil {
@@ -128,18 +126,13 @@ func (r *Reconciler) takeBackup(ctx context.Context, in wire.BackupIntent, b dri
 	return r.backupReport(ctx, done)
 }
 
-// parentedWriter is a backup Writer and the backup it overlays, if any.
-type parentedWriter struct {
-	*backupstore.Writer
-	Parent string
-}
-
 // backupWriter opens in's location and starts the backup there, on the
-// backup in.Since names where the store still has it.
-func (r *Reconciler) backupWriter(ctx context.Context, in wire.BackupIntent) (parentedWriter, error) {
+// backup in.Since names where the store still has it, and returns that
+// parent's ID; empty when the backup is full.
+func (r *Reconciler) backupWriter(ctx context.Context, in wire.BackupIntent) (*backupstore.Writer, string, error) {
 	store, err := backupstore.Open(ctx, backupstore.LocationOf(in.Location))
 	if err != nil {
-		return parentedWriter{}, err
+		return nil, "", err
 	}
 	var parent *backupstore.Manifest
 	if in.Since != "" {
@@ -148,7 +141,7 @@ func (r *Reconciler) backupWriter(ctx context.Context, in wire.BackupIntent) (pa
 		case errors.Is(err, backupstore.ErrNotFound):
 			// Deleted: nothing to build on, so the backup is full.
 		case err != nil:
-			return parentedWriter{}, err
+			return nil, "", err
 		default:
 			parent = &m
 		}
@@ -162,13 +155,12 @@ func (r *Reconciler) backupWriter(ctx context.Context, in wire.BackupIntent) (pa
 		w, err = store.NewWriter(ctx, header, nil)
 	}
 	if err != nil {
-		return parentedWriter{}, err
+		return nil, "", err
 	}
-	pw := parentedWriter{Writer: w}
-	if parent != nil {
-		pw.Parent = parent.ID
+	if parent == nil {
+		return w, "", nil
 	}
-	return pw, nil
+	return w, parent.ID, nil
 }
 
 // reportProgress reports rep with w's figures every BackupProgress until

@@ -21,7 +21,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -437,7 +436,7 @@ func (r *Reconciler) setStatus(ctx context.Context, b *v1alpha1.VirtualMachineBa
 func (r *Reconciler) publish(ctx context.Context, f *fleet.Fleet, node string, in wire.BackupIntent) error {
 	uid := types.UID(in.UID)
 	p := publishedIntent{node: node, intent: in}
-	if last, ok := r.published.Load(uid); ok && samePublished(last, p) {
+	if last, ok := r.published.Load(uid); ok && last.node == p.node && equality.Semantic.DeepEqual(last.intent, p.intent) {
 		return nil
 	}
 	if _, err := bus.Put(ctx, f.Bus, wire.BackupIntents, node, in.UID, in); err != nil {
@@ -446,18 +445,6 @@ func (r *Reconciler) publish(ctx context.Context, f *fleet.Fleet, node string, i
 	}
 	r.published.Store(uid, p)
 	return nil
-}
-
-func samePublished(a, b publishedIntent) bool {
-	if a.node != b.node {
-		return false
-	}
-	x, y := a.intent, b.intent
-	if !slices.Equal(x.Spec, y.Spec) || !slices.Equal(x.Location.Credentials.EncryptionKey, y.Location.Credentials.EncryptionKey) {
-		return false
-	}
-	x.Spec, y.Spec, x.Location.Credentials.EncryptionKey, y.Location.Credentials.EncryptionKey = nil, nil, nil, nil
-	return equality.Semantic.DeepEqual(x, y)
 }
 
 // unpublish deletes the backup's intent from its node: the backup is over,
