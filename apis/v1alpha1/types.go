@@ -121,6 +121,17 @@ type TenantGrant struct {
 	// +listType=set
 	// +optional
 	BackupLocations []string `json:"backupLocations,omitempty"`
+
+	// RestoreFrom are other namespaces whose backups, in BackupLocations
+	// these namespaces are granted, these namespaces may make DiskImages
+	// of (a DiskImage's source.backup.namespace); "*" means any. It is how
+	// the backups of a namespace that is gone come back in another.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$`
+	// +listType=set
+	// +optional
+	RestoreFrom []string `json:"restoreFrom,omitempty"`
 }
 
 // ProviderConfigStatus is the status of a ProviderConfig.

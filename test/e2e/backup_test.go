@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/backupstore"
 	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
@@ -112,5 +114,47 @@ func TestBackups(t *testing.T) {
 			err := h.kube.Get(ctx, types.NamespacedName{Namespace: tenant, Name: "db-1"}, b)
 			return err == nil && b.Status.Phase == v1alpha1.BackupPending && strings.Contains(b.Status.Message, "backupLocations: ["+stack.LocationName+"]")
 		}, time.Minute, 100*time.Millisecond, "the backup waits for a grant; last %+v", b.Status)
+	})
+
+	t.Run("AnotherNamespacesBackupIsRestoredOnlyWhereGranted", func(t *testing.T) {
+		// A tenant granted the shared location, with another namespace's
+		// backup id in hand: naming that namespace is refused until an
+		// administrator grants restoreFrom (how a namespace that is gone
+		// comes back in another).
+		require.NotNil(t, first)
+		const tenant = "tenant-c"
+		require.NoError(t, h.kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant}}))
+		grant := func(g apisv1alpha1.TenantGrant) {
+			cpc := &apisv1alpha1.ClusterProviderConfig{}
+			require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Name: "default"}, cpc))
+			cpc.Spec.Grants = append(cpc.Spec.Grants, g)
+			require.NoError(t, h.kube.Update(ctx, cpc))
+		}
+		grant(apisv1alpha1.TenantGrant{Namespaces: []string{tenant}, BackupLocations: []string{stack.LocationName}})
+		format := v1alpha1.DiskFormatRaw
+		h.create(t, &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "theirs"}, Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+			Format: &format,
+			Source: v1alpha1.DiskImageSource{Backup: &v1alpha1.DiskImageBackupSource{Location: stack.LocationName, Namespace: ns, ID: string(first.UID)}},
+		}}})
+		h.create(t, &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "theirs-root"}, Spec: v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{
+			Size: resource.MustParse("1Gi"), Source: &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: "theirs"}},
+		}}})
+		v := vm("thief", "theirs-root")
+		v.Namespace = tenant
+		h.create(t, v)
+		get := func() *v1alpha1.VirtualMachine {
+			got := &v1alpha1.VirtualMachine{}
+			require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: tenant, Name: "thief"}, got))
+			return got
+		}
+		require.Eventually(t, func() bool {
+			return strings.Contains(get().GetCondition(xpv2.TypeSynced).Message, "refused: the DiskImage restores a backup of namespace \""+ns+"\"")
+		}, time.Minute, 100*time.Millisecond, "the VM is refused naming the grant")
+		got := get()
+		assert.Contains(t, got.GetCondition(xpv2.TypeSynced).Message, "(restoreFrom: ["+ns+"])")
+		assert.Empty(t, got.Status.AtProvider.Node, "nothing of it reached a node")
+
+		grant(apisv1alpha1.TenantGrant{Namespaces: []string{tenant}, RestoreFrom: []string{ns}})
+		require.Eventually(t, func() bool { return running(get()) }, time.Minute, 100*time.Millisecond, "the VM runs once the administrator granted it")
 	})
 }

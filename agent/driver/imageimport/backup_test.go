@@ -156,6 +156,19 @@ func TestFromBackup(t *testing.T) {
 		assertNoFiles(t, dir)
 	})
 
+	t.Run("another namespace's backup is not found under this one's", func(t *testing.T) {
+		// A tenant that learnt team-a's backup id names it from its own
+		// namespace: the hub sends the node the image's namespace, and
+		// the store keeps each namespace's backups under its own key.
+		dir := t.TempDir()
+		img := backupImage(loc, "b-1", "root")
+		img.Backup.Namespace = "team-b"
+		_, _, _, err := fromBackup(t, dir, img)
+		require.ErrorIs(t, err, backupstore.ErrNotFound)
+		assert.ErrorContains(t, err, "backup team-b/b-1")
+		assertNoFiles(t, dir)
+	})
+
 	t.Run("a missing disk says which", func(t *testing.T) {
 		dir := t.TempDir()
 		_, _, _, err := fromBackup(t, dir, backupImage(loc, "b-1", "data"))

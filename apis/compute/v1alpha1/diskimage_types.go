@@ -35,8 +35,8 @@ type DiskImageSource struct {
 	// +optional
 	VolumeRef *LocalReference `json:"volumeRef,omitempty"`
 
-	// Backup makes the image from one disk of a VirtualMachineBackup of
-	// this namespace, as it was backed up: a raw image (format raw), from
+	// Backup makes the image from one disk of a VirtualMachineBackup, as
+	// it was backed up: a raw image (format raw), from
 	// which Volumes, and so a VM, are made again on any node, after the
 	// backed-up VM, its node or its namespace are gone.
 	// +optional
@@ -50,8 +50,16 @@ type DiskImageBackupSource struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	Location string `json:"location"`
+	// Namespace is the namespace the backup was taken in; this
+	// DiskImage's own when empty. Another namespace's backups, such as
+	// those of a namespace that is gone, are restored only where a
+	// cluster administrator granted it (a grant's restoreFrom).
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
 	// ID is the backup's: the metadata.uid of the VirtualMachineBackup
-	// that took it, in this namespace.
+	// that took it, in the backup's namespace.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9_-]+$`

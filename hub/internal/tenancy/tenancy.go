@@ -41,6 +41,9 @@ type Grant struct {
 	// BackupLocations the namespace may back up to and restore from; "*"
 	// is any.
 	BackupLocations []string
+	// RestoreFrom are the other namespaces whose backups the namespace
+	// may restore; "*" is any.
+	RestoreFrom []string
 }
 
 // For is what namespace was granted by the grants of every
@@ -57,6 +60,7 @@ func For(cpcs []apisv1alpha1.ClusterProviderConfig, namespace string) Grant {
 			g.HostBridges = appendNew(g.HostBridges, tg.HostBridges...)
 			g.ImageSources = appendNew(g.ImageSources, tg.ImageSources...)
 			g.BackupLocations = appendNew(g.BackupLocations, tg.BackupLocations...)
+			g.RestoreFrom = appendNew(g.RestoreFrom, tg.RestoreFrom...)
 		}
 	}
 	return g
@@ -150,4 +154,13 @@ func (g Grant) CheckBackupLocation(location string) error {
 		return nil
 	}
 	return &RefusedError{What: fmt.Sprintf("the backup names BackupLocation %q", location), Namespace: g.Namespace, Field: fmt.Sprintf("backupLocations: [%s]", location)}
+}
+
+// CheckRestoreFrom says whether the namespace may make an image of a backup
+// taken in namespace: its own always, another only where granted.
+func (g Grant) CheckRestoreFrom(namespace string) error {
+	if namespace == g.Namespace || slices.Contains(g.RestoreFrom, namespace) || slices.Contains(g.RestoreFrom, AllNamespaces) {
+		return nil
+	}
+	return &RefusedError{What: fmt.Sprintf("the DiskImage restores a backup of namespace %q", namespace), Namespace: g.Namespace, Field: fmt.Sprintf("restoreFrom: [%s]", namespace)}
 }

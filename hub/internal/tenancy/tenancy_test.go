@@ -32,10 +32,10 @@ func TestFor(t *testing.T) {
 		"GrantsNamingTheNamespaceAddUpAcrossConfigs": {
 			cpcs: []apisv1alpha1.ClusterProviderConfig{
 				cpc(apisv1alpha1.TenantGrant{Namespaces: []string{"ops", "tenant-a"}, Import: true, HostBridges: []string{"br0"}}),
-				cpc(apisv1alpha1.TenantGrant{Namespaces: []string{"tenant-a"}, HostBridges: []string{"br0", "br1"}, ImageSources: []string{"10.0.0.0/8"}}),
+				cpc(apisv1alpha1.TenantGrant{Namespaces: []string{"tenant-a"}, HostBridges: []string{"br0", "br1"}, ImageSources: []string{"10.0.0.0/8"}, RestoreFrom: []string{"gone"}}),
 			},
 			namespace: "tenant-a",
-			want:      Grant{Namespace: "tenant-a", Import: true, HostBridges: []string{"br0", "br1"}, ImageSources: []string{"10.0.0.0/8"}},
+			want:      Grant{Namespace: "tenant-a", Import: true, HostBridges: []string{"br0", "br1"}, ImageSources: []string{"10.0.0.0/8"}, RestoreFrom: []string{"gone"}},
 		},
 		"AStarGrantsEveryNamespace": {
 			cpcs:      []apisv1alpha1.ClusterProviderConfig{cpc(apisv1alpha1.TenantGrant{Namespaces: []string{"*"}, ChooseNode: true})},
@@ -52,25 +52,30 @@ func TestFor(t *testing.T) {
 
 func TestChecks(t *testing.T) {
 	none := Grant{Namespace: "tenant-a"}
-	all := Grant{Namespace: "ops", Import: true, ChooseNode: true, HostBridges: []string{"br0"}, BackupLocations: []string{"offsite"}}
-	any := Grant{Namespace: "ops", HostBridges: []string{"*"}, BackupLocations: []string{"*"}}
+	all := Grant{Namespace: "ops", Import: true, ChooseNode: true, HostBridges: []string{"br0"}, BackupLocations: []string{"offsite"}, RestoreFrom: []string{"gone"}}
+	any := Grant{Namespace: "ops", HostBridges: []string{"*"}, BackupLocations: []string{"*"}, RestoreFrom: []string{"*"}}
 	cases := map[string]struct {
 		err     error
 		refused bool
 		says    string
 	}{
-		"ImportRefusedWithoutTheGrant": {err: none.CheckImport("VirtualMachine", "vault-01"), refused: true, says: `refused: the VirtualMachine imports "vault-01" by crossplane.io/external-name, which virtfleet did not make for it; namespace tenant-a may not reach what it does not own unless a cluster administrator grants it in a ClusterProviderConfig's spec.grants (import: true)`},
-		"ImportAllowedWithIt":          {err: all.CheckImport("VirtualMachine", "vault-01")},
-		"NodeRefusedWithoutTheGrant":   {err: none.CheckNode("VirtualMachine", "node1"), refused: true, says: "(chooseNode: true)"},
-		"NodeAllowedWithIt":            {err: all.CheckNode("VirtualMachine", "node1")},
-		"ABridgeNotListedIsRefused":    {err: all.CheckBridge("br-mgmt"), refused: true, says: `joins host bridge "br-mgmt"`},
-		"ABridgeListedIsAllowed":       {err: all.CheckBridge("br0")},
-		"AStarAllowsEveryBridge":       {err: any.CheckBridge("br-mgmt")},
-		"NoBridgesWithoutTheGrant":     {err: none.CheckBridge("br0"), refused: true, says: "(hostBridges: [br0])"},
-		"ALocationNotListedIsRefused":  {err: all.CheckBackupLocation("other"), refused: true, says: `names BackupLocation "other"`},
-		"ALocationListedIsAllowed":     {err: all.CheckBackupLocation("offsite")},
-		"AStarAllowsEveryLocation":     {err: any.CheckBackupLocation("other")},
-		"NoLocationWithoutTheGrant":    {err: none.CheckBackupLocation("offsite"), refused: true, says: "(backupLocations: [offsite])"},
+		"ImportRefusedWithoutTheGrant":   {err: none.CheckImport("VirtualMachine", "vault-01"), refused: true, says: `refused: the VirtualMachine imports "vault-01" by crossplane.io/external-name, which virtfleet did not make for it; namespace tenant-a may not reach what it does not own unless a cluster administrator grants it in a ClusterProviderConfig's spec.grants (import: true)`},
+		"ImportAllowedWithIt":            {err: all.CheckImport("VirtualMachine", "vault-01")},
+		"NodeRefusedWithoutTheGrant":     {err: none.CheckNode("VirtualMachine", "node1"), refused: true, says: "(chooseNode: true)"},
+		"NodeAllowedWithIt":              {err: all.CheckNode("VirtualMachine", "node1")},
+		"ABridgeNotListedIsRefused":      {err: all.CheckBridge("br-mgmt"), refused: true, says: `joins host bridge "br-mgmt"`},
+		"ABridgeListedIsAllowed":         {err: all.CheckBridge("br0")},
+		"AStarAllowsEveryBridge":         {err: any.CheckBridge("br-mgmt")},
+		"NoBridgesWithoutTheGrant":       {err: none.CheckBridge("br0"), refused: true, says: "(hostBridges: [br0])"},
+		"ALocationNotListedIsRefused":    {err: all.CheckBackupLocation("other"), refused: true, says: `names BackupLocation "other"`},
+		"ALocationListedIsAllowed":       {err: all.CheckBackupLocation("offsite")},
+		"AStarAllowsEveryLocation":       {err: any.CheckBackupLocation("other")},
+		"NoLocationWithoutTheGrant":      {err: none.CheckBackupLocation("offsite"), refused: true, says: "(backupLocations: [offsite])"},
+		"ItsOwnBackupsNeedNoGrant":       {err: none.CheckRestoreFrom("tenant-a")},
+		"AnotherNamespacesBackupsNeedIt": {err: none.CheckRestoreFrom("tenant-b"), refused: true, says: `restores a backup of namespace "tenant-b"`},
+		"ANamespaceListedMayBeRestored":  {err: all.CheckRestoreFrom("gone")},
+		"ANamespaceNotListedMayNot":      {err: all.CheckRestoreFrom("tenant-b"), refused: true, says: "(restoreFrom: [tenant-b])"},
+		"AStarAllowsEveryNamespace":      {err: any.CheckRestoreFrom("tenant-b")},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package virtualmachine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -106,6 +107,9 @@ func (d *dependencies) admit(g tenancy.Grant, boundByHub func(metav1.Object) boo
 		src := img.Spec.ForProvider.Source
 		if b := src.Backup; b != nil {
 			if err := g.CheckBackupLocation(b.Location); err != nil {
+				return err
+			}
+			if err := g.CheckRestoreFrom(cmp.Or(b.Namespace, img.Namespace)); err != nil {
 				return err
 			}
 			continue

@@ -238,7 +238,7 @@ func TestAnImageFromABackupCarriesItsLocation(t *testing.T) {
 	require.NoError(t, err)
 	var refused *tenancy.RefusedError
 	require.ErrorAs(t, d.admit(tenancy.Grant{}, f.Sealed), &refused, "a location is used only where granted")
-	require.NoError(t, d.admit(tenancy.Grant{BackupLocations: []string{"offsite"}}, f.Sealed))
+	require.NoError(t, d.admit(tenancy.Grant{Namespace: "default", BackupLocations: []string{"offsite"}}, f.Sealed))
 
 	err = d.resolveBackups(context.Background(), kube(t, append(objs, location)...))
 	require.Error(t, err)
@@ -254,4 +254,58 @@ func TestAnImageFromABackupCarriesItsLocation(t *testing.T) {
 	}, *ref.Backup)
 	assert.Equal(t, "raw", ref.Format)
 	require.NoError(t, ref.Validate(), "the node can tell where the image comes from")
+}
+
+func TestAnotherNamespacesBackupIsRestoredOnlyWhereGranted(t *testing.T) {
+	machine := vm(func(v *v1alpha1.VirtualMachine) { v.Spec.ForProvider.VirtualNetworks = nil })
+	location := &v1alpha1.BackupLocation{ObjectMeta: metav1.ObjectMeta{Name: "offsite"}, Spec: v1alpha1.BackupLocationSpec{
+		Endpoint: "s3.example:9000", Bucket: "vms", CredentialsSecretRef: xpv2.SecretReference{Namespace: "ops", Name: "s3"},
+	}}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: "s3"}, Data: map[string][]byte{
+		v1alpha1.BackupAccessKeyID: []byte("AK"), v1alpha1.BackupSecretAccessKey: []byte("SK"),
+	}}
+	located := tenancy.Grant{Namespace: "default", BackupLocations: []string{"offsite"}}
+	cases := map[string]struct {
+		from     string // the DiskImage's source.backup.namespace
+		grant    tenancy.Grant
+		refused  string // what the refusal names; empty when admitted
+		readFrom string // the namespace the node reads the backup from
+	}{
+		"ItsOwnNamespaceByDefault":          {grant: located, readFrom: "default"},
+		"ItsOwnNamespaceNamed":              {from: "default", grant: located, readFrom: "default"},
+		"AnotherNamespaceWithoutTheGrant":   {from: "team-a", grant: located, refused: "(restoreFrom: [team-a])"},
+		"AnotherNamespaceGrantedByName":     {from: "team-a", grant: withRestoreFrom(located, "team-a"), readFrom: "team-a"},
+		"AnotherNamespaceGrantedByStar":     {from: "team-a", grant: withRestoreFrom(located, "*"), readFrom: "team-a"},
+		"AThirdNamespaceNotTheOneGranted":   {from: "team-b", grant: withRestoreFrom(located, "team-a"), refused: "(restoreFrom: [team-b])"},
+		"TheNamespaceButNotTheLocationIsNo": {from: "team-a", grant: tenancy.Grant{Namespace: "default", RestoreFrom: []string{"team-a"}}, refused: "(backupLocations: [offsite])"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			img := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "restored", UID: "uid-restored"}, Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{
+				Source: v1alpha1.DiskImageSource{Backup: &v1alpha1.DiskImageBackupSource{Location: "offsite", Namespace: tc.from, ID: "b-1"}},
+			}}}
+			f := fleettest.Start(t, bus.NewFake())
+			objs := []client.Object{fromImage("root", "restored"), vol("data", ""), img, location, secret}
+			d, err := resolve(context.Background(), kube(t, objs...), machine)
+			require.NoError(t, err)
+			err = d.admit(tc.grant, f.Sealed)
+			if tc.refused != "" {
+				var refused *tenancy.RefusedError
+				require.ErrorAs(t, err, &refused)
+				assert.Contains(t, err.Error(), tc.refused)
+				return
+			}
+			require.NoError(t, err)
+			require.NoError(t, d.resolveBackups(context.Background(), kube(t, objs...)))
+			ref := intent(machine, d).Machine.Disks[0].Image
+			require.NotNil(t, ref)
+			require.NotNil(t, ref.Backup)
+			assert.Equal(t, tc.readFrom, ref.Backup.Namespace, "the node reads the backup under this namespace's key")
+		})
+	}
+}
+
+func withRestoreFrom(g tenancy.Grant, namespaces ...string) tenancy.Grant {
+	g.RestoreFrom = namespaces
+	return g
 }
