@@ -23,9 +23,12 @@ type Migrator interface {
 	// migration: everything the guest needs that the migration itself
 	// does not carry (its networks and the reservation of its addresses,
 	// its cloud-init seed, the storage pool its disks go to), never the
-	// guest nor its disks. What it makes stays while the migration may
-	// still come, and goes with Delete(m.UID) when it does not. It is
-	// idempotent, and succeeds at once when the guest already runs here.
+	// guest nor its disks' data: a backend may make the volumes the
+	// migration copies into, empty, where its own would not do (libvirt's
+	// are qcow2 version 2, without dirty bitmaps). What it makes stays
+	// while the migration may still come, and goes with Delete(m.UID)
+	// when it does not. It is idempotent, and succeeds at once when the
+	// guest already runs here.
 	PrepareIncoming(ctx context.Context, m Machine) error
 
 	// Migrate starts the live migration of the running guest m.UID to the

@@ -43,7 +43,8 @@ import (
 //     the next backup of that ID or the next commit.
 //   - Persistent bitmaps only in qcow2 version 3 disks ("Cannot store
 //     dirty bitmaps in qcow2 v2 files"): libvirt makes version 2 unless
-//     told, so the driver makes its qcow2 volumes version 3 (compat 1.1).
+//     told, so the driver makes its qcow2 volumes version 3 (compat 1.1),
+//     also those a live migration copies into (PrepareIncoming).
 //   - Checkpoints and internal snapshots can both be made on one guest, but
 //     QEMU refuses to revert an internal snapshot of a disk with bitmaps
 //     ("Device has active dirty bitmaps"); the revert of a running guest
@@ -353,7 +354,7 @@ func backupDiskOf(api API, dom golibvirt.Domain, uid string, disk libvirtxml.Dom
 	// libvirt says compat 1.1 of a version 3 image, and nothing of a
 	// version 2 one.
 	if def.Target == nil || def.Target.Compat == "" || def.Target.Compat == "0.10" {
-		return backupDisk{}, driver.Terminalf("guest %s cannot be backed up: its %s (%s) is qcow2 version 2 (compat 0.10), made before the driver made version 3 disks, and QEMU keeps no dirty bitmap in it (\"Cannot store dirty bitmaps in qcow2 v2 files\"); nothing was backed up", uid, diskName(disk), bd.dev)
+		return backupDisk{}, driver.Terminalf("guest %s cannot be backed up: its %s (%s) is qcow2 version 2 (compat 0.10), made before the driver made version 3 disks or by libvirt for a live migration to a node without the disk's image, and QEMU keeps no dirty bitmap in it (\"Cannot store dirty bitmaps in qcow2 v2 files\"); nothing was backed up", uid, diskName(disk), bd.dev)
 	}
 	if def.Capacity != nil {
 		bd.Size = bytesOfVolume(def.Capacity)
@@ -518,6 +519,13 @@ func makeSparse(api API, pool, name string, size int64, format string) (golibvir
 	if err := deleteVolume(api, pool, name); err != nil {
 		return golibvirt.StorageVol{}, err
 	}
+	return createSparse(api, pool, name, size, format)
+}
+
+// createSparse makes volume name of pool, of size bytes in format (qcow2
+// in version 3), empty and sparse, unchecked against the pool's room (see
+// makeSparse). A volume of that name is not replaced: libvirt refuses it.
+func createSparse(api API, pool, name string, size int64, format string) (golibvirt.StorageVol, error) {
 	p, err := api.StoragePoolLookupByName(pool)
 	if err != nil {
 		return golibvirt.StorageVol{}, errors.Wrapf(err, "cannot look up storage pool %s", pool)

@@ -29,6 +29,11 @@ import (
 // What the migration does not carry, PrepareIncoming makes on the target
 // first: the cloud-init seed (a read-only disk, which libvirt does not
 // copy) and the guest's networks with the DHCP reservations of its MACs.
+// It also makes the volumes of the guest's qcow2 disks, empty, where it
+// knows their size: libvirt 9.0 would make them in qcow2 version 2 (compat
+// 0.10), which keeps no dirty bitmap, and the guest's backups on the target
+// would fail (see backup.go). libvirt copies into a volume that is there
+// and makes only the missing ones.
 
 var _ driver.Migrator = (*Driver)(nil)
 
@@ -110,7 +115,58 @@ func (d *Driver) PrepareIncoming(_ context.Context, m driver.Machine) error {
 	if err := d.readyNetworks(api, m, absent); err != nil {
 		return err
 	}
+	if err := d.readyDisks(api, m, absent); err != nil {
+		return err
+	}
 	return d.readySeed(api, m)
+}
+
+// readyDisks makes the volumes of m's qcow2 disks among absent in qcow2
+// version 3, empty, of the size the guest's disk has on its node, for the
+// migration to copy into. That size is the Disk's, or its image's where the
+// image is larger (ensureImageDisk); a disk from an image the node does not
+// hold is left for libvirt to make, in version 2: a volume of another size
+// than the source's would fail the copy ("Source and target image have
+// different sizes"). The volumes are absent ones, which a failed migration
+// takes away again (dropIncoming).
+func (d *Driver) readyDisks(api API, m driver.Machine, absent []poolVolume) error {
+	for _, disk := range m.Disks {
+		v := poolVolume{pool: cmp.Or(disk.Pool, d.pool), name: disk.Name}
+		if cmp.Or(disk.Format, defaultFormat) != "qcow2" || !slices.Contains(absent, v) {
+			continue
+		}
+		size, known, err := d.incomingSize(api, disk)
+		if err != nil {
+			return err
+		}
+		if !known {
+			continue
+		}
+		if _, err := createSparse(api, v.pool, v.name, size, "qcow2"); err != nil {
+			return errors.Wrapf(err, "cannot make the volume of disk %s for the incoming guest", disk.Name)
+		}
+	}
+	return nil
+}
+
+// incomingSize is the size disk has on the node a guest comes from, as the
+// driver made it there, and whether this node can tell.
+func (d *Driver) incomingSize(api API, disk driver.Disk) (int64, bool, error) {
+	if disk.Image == nil {
+		return disk.SizeBytes, disk.SizeBytes > 0, nil
+	}
+	iv, err := findVolume(api, d.pool, imageVolume(disk.Image.UID))
+	switch {
+	case driver.IsNotFound(err):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, err
+	}
+	_, imageSize, _, err := api.StorageVolGetInfo(iv)
+	if err != nil {
+		return 0, false, errors.Wrapf(err, "cannot read image %s", disk.Image.Name)
+	}
+	return max(disk.SizeBytes, int64(imageSize)), true, nil //nolint:gosec // an image's size fits
 }
 
 // arrivedHere says whether the guest's domain is active on the node:

@@ -16,8 +16,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
+	"github.com/virtfleet/virtfleet/agent/driver/libvirt/qcow2"
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
 )
 
@@ -120,7 +122,7 @@ func TestLiveMigration(t *testing.T) {
 		st := migrateUntilOver(ctx, t, a, m, driver.MigrationTarget{ID: "attempt-1b", Node: "hv-b", URI: pair.B.MigrationURI})
 		assert.Equal(t, driver.MigrationFailed, st.Phase)
 		assert.Contains(t, st.Message, "no network with matching name", "libvirt's message")
-		assert.True(t, hb.hasVolume(t, m.Disks[0].Name), "libvirt made the disk's volume on the target, and left it there")
+		assert.True(t, hb.hasVolume(t, m.Disks[0].Name), "the disk's volume, made on the target before libvirt started, is left there")
 		stayed(t)
 	})
 
@@ -195,6 +197,36 @@ func TestLiveMigration(t *testing.T) {
 			require.Len(t, o.Interfaces, 1)
 			assert.Equal(t, driver.Interface{Network: m.Networks[0].Name, MAC: mac}, o.Interfaces[0],
 				"the guest, which has no operating system, never asked for its address")
+		})
+		t.Run("ItsDiskOnTheTargetKeepsDirtyBitmapsForBackups", func(t *testing.T) {
+			p, err := hb.l.StoragePoolLookupByName(guesthost.Pool)
+			require.NoError(t, err)
+			v, err := hb.l.StorageVolLookupByName(p, m.Disks[0].Name)
+			require.NoError(t, err)
+			x, err := hb.l.StorageVolGetXMLDesc(v, 0)
+			require.NoError(t, err)
+			var def libvirtxml.StorageVolume
+			require.NoError(t, def.Unmarshal(x))
+			require.NotNil(t, def.Target, x)
+			assert.Equal(t, qcow2Compat, def.Target.Compat, "qcow2 version 3, made before libvirt would make version 2: %s", x)
+			assert.EqualValues(t, m.Disks[0].SizeBytes, bytesOfVolume(def.Capacity), "the size of the source's disk")
+
+			dom := domainOf(t, hb.l, m.UID)
+			qemuIO(t, hb.l, dom, "virtio-disk0", "write -P 0x3c 1M 64k")
+			full := &backupRecorder{}
+			res, err := b.BackUp(ctx, m.UID, driver.BackupRequest{ID: "after-move"}, full)
+			require.NoError(t, err, "a backup of the moved guest on the target")
+			assert.True(t, res.Full, "the first on the target: its checkpoints stayed on the source")
+			assert.Equal(t, []handed{{1 << 20, 64 << 10, qcow2.Data}}, full.disk("root").ranges())
+			require.NoError(t, b.CommitBackup(ctx, m.UID, "after-move"))
+
+			qemuIO(t, hb.l, dom, "virtio-disk0", "write -P 0x3d 8M 64k")
+			incr := &backupRecorder{}
+			res, err = b.BackUp(ctx, m.UID, driver.BackupRequest{ID: "after-move-2", Since: "after-move"}, incr)
+			require.NoError(t, err, "an incremental backup since the checkpoint the target's disk keeps")
+			assert.False(t, res.Full, "only what was written since")
+			assert.Equal(t, []handed{{8 << 20, 64 << 10, qcow2.Data}}, incr.disk("root").ranges())
+			require.NoError(t, b.CommitBackup(ctx, m.UID, "after-move-2"))
 		})
 		t.Run("NothingOfItStaysOnTheSource", func(t *testing.T) {
 			ha.assertNothingOf(t, m)
