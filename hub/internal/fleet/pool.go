@@ -4,8 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"math"
 	"sync"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
@@ -26,6 +30,10 @@ type Target struct {
 	// Replicas of the buckets the hub creates; 0 means 1. It does not tell
 	// Targets apart: the first to connect creates the buckets.
 	Replicas int
+	// Namespace is the namespace of the ProviderConfig that names the
+	// server, empty for a ClusterProviderConfig. It does not tell Targets
+	// apart either: it bounds how many a namespace may open.
+	Namespace string
 }
 
 func (t Target) key() string {
@@ -33,9 +41,33 @@ func (t Target) key() string {
 	return t.URL + "#" + hex.EncodeToString(h[:8])
 }
 
+// FleetsPerNamespace is how many NATS connections the ProviderConfigs of
+// one namespace may have the hub open, besides those of
+// ClusterProviderConfigs: each holds a connection and watches for the
+// hub's lifetime.
+const FleetsPerNamespace = 4
+
+// How the pool connects: no attempt takes longer than connectTimeout, a
+// caller waits for one at most joinWait (one that takes longer is
+// finished in the background, and the caller is told to come back), and a
+// target that failed is tried again only after a backoff that grows with
+// each failure, up to a few minutes.
+const (
+	connectTimeout = 10 * time.Second
+	joinWait       = 500 * time.Millisecond
+)
+
+var retryBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: 3 * time.Minute}
+
 // Pool keeps one Fleet per Target for the hub's lifetime: many
 // ProviderConfigs usually name the same NATS server, and each Fleet holds
 // long-lived watches that must not be restarted per reconcile.
+//
+// Connecting to one target never delays another: the pool's lock is held
+// only to look a target up, and each target is connected by one attempt
+// of its own, which callers join for at most joinWait. A server that
+// accepts and never answers, or does not exist, costs its own callers
+// that wait once, and then, until its backoff ends, an error at once.
 type Pool struct {
 	ctx     context.Context
 	log     logging.Logger
@@ -43,64 +75,205 @@ type Pool struct {
 	onNew   func(*Fleet)
 	// recorder shows the fleets' foreign reports as events.
 	recorder event.Recorder
+	// connect opens a target's bus (dial), in at most timeout.
+	connect func(ctx context.Context, t Target) (bus.Bus, func(), error)
+	timeout time.Duration
 
-	mu     sync.Mutex
-	fleets map[string]*Fleet
+	mu      sync.Mutex
+	targets map[string]*target
+}
+
+// target is one Target's connection: a fleet once connected, else the
+// attempt under way (attempt not nil) or the last one's error.
+type target struct {
+	namespace string
+	fleet     *Fleet
+	attempt   chan struct{} // closed when the attempt under way ends
+	err       error
+	failures  int
+	retryAt   time.Time
 }
 
 // NewPool returns a Pool whose fleets live until ctx is done and record
 // events with recorder. onNew is called with each new Fleet before its
 // watches start, to subscribe to it.
 func NewPool(ctx context.Context, log logging.Logger, recorder event.Recorder, b natswire.BucketConfig, onNew func(*Fleet)) *Pool {
-	return &Pool{ctx: ctx, log: log, recorder: recorder, buckets: b, onNew: onNew, fleets: map[string]*Fleet{}}
+	p := &Pool{ctx: ctx, log: log, recorder: recorder, buckets: b, onNew: onNew, targets: map[string]*target{}}
+	p.connect, p.timeout = p.dial, connectTimeout
+	return p
 }
 
 // Fleets returns every Fleet opened so far.
 func (p *Pool) Fleets() []*Fleet {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make([]*Fleet, 0, len(p.fleets))
-	for _, f := range p.fleets {
-		out = append(out, f)
+	out := make([]*Fleet, 0, len(p.targets))
+	for _, t := range p.targets {
+		if t.fleet != nil {
+			out = append(out, t.fleet)
+		}
 	}
 	return out
 }
 
-// Get returns the Fleet of t, connecting and creating the buckets on first use.
+// ConnectingError is a target not connected yet: an attempt is under way,
+// or the last one failed and the next waits for its backoff. A retry
+// mends it.
+type ConnectingError struct {
+	URL string
+	// Last is the last attempt's error; nil while the first is under way.
+	Last error
+	// RetryIn is how long until the next attempt; 0 while one is under
+	// way.
+	RetryIn time.Duration
+}
+
+func (e *ConnectingError) Error() string {
+	if e.Last == nil {
+		return fmt.Sprintf("connecting to NATS at %s", e.URL)
+	}
+	return fmt.Sprintf("cannot connect to NATS at %s (next try in %s): %v", e.URL, e.RetryIn.Round(time.Second), e.Last)
+}
+
+func (e *ConnectingError) Unwrap() error { return e.Last }
+
+// TooManyError refuses a namespace another NATS connection.
+type TooManyError struct {
+	Namespace, URL string
+}
+
+func (e *TooManyError) Error() string {
+	return fmt.Sprintf("refused: the hub holds %d NATS connections for the ProviderConfigs of namespace %s, the most a namespace may have; NATS at %s is not connected (name a server the namespace already uses, or a ClusterProviderConfig)", FleetsPerNamespace, e.Namespace, e.URL)
+}
+
+// Get returns the Fleet of t, connecting and creating the buckets on first
+// use. While t is not connected it returns a *ConnectingError after
+// waiting at most joinWait (or until ctx is done) for the attempt under
+// way, and a *TooManyError when t's namespace already has
+// FleetsPerNamespace targets of its own.
 func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if f, ok := p.fleets[t.key()]; ok {
-		return f, nil
+	e, ok := p.targets[t.key()]
+	switch {
+	case ok && e.fleet != nil:
+		p.mu.Unlock()
+		return e.fleet, nil
+	case !ok:
+		if t.Namespace != "" && p.namespaceTargets(t.Namespace) >= FleetsPerNamespace {
+			p.mu.Unlock()
+			return nil, &TooManyError{Namespace: t.Namespace, URL: t.URL}
+		}
+		e = &target{namespace: t.Namespace}
+		p.targets[t.key()] = e
 	}
+	if e.attempt == nil {
+		if wait := time.Until(e.retryAt); wait > 0 {
+			err := &ConnectingError{URL: t.URL, Last: e.err, RetryIn: wait}
+			p.mu.Unlock()
+			return nil, err
+		}
+		e.attempt = make(chan struct{})
+		go p.attempt(e, t)
+	}
+	attempt := e.attempt
+	p.mu.Unlock()
+
+	timer := time.NewTimer(joinWait)
+	defer timer.Stop()
+	select {
+	case <-attempt:
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e.fleet != nil {
+		return e.fleet, nil
+	}
+	if e.attempt != nil {
+		return nil, &ConnectingError{URL: t.URL}
+	}
+	return nil, &ConnectingError{URL: t.URL, Last: e.err, RetryIn: time.Until(e.retryAt)}
+}
+
+// namespaceTargets counts the targets namespace opened. The caller holds
+// p.mu.
+func (p *Pool) namespaceTargets(namespace string) int {
+	n := 0
+	for _, e := range p.targets {
+		if e.namespace == namespace {
+			n++
+		}
+	}
+	return n
+}
+
+// attempt connects e, whatever became of the caller that started it, and
+// records the fleet or the error and when to try again.
+func (p *Pool) attempt(e *target, t Target) {
+	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
+	defer cancel()
+	b, closeConn, err := p.connect(ctx, t)
+	var f *Fleet
+	if err == nil {
+		f = New(b, p.log.WithValues("nats", t.URL)).WithRecorder(p.recorder).WithSealKey(sealKey(t))
+		if p.onNew != nil {
+			p.onNew(f)
+		}
+		go func() {
+			f.Run(p.ctx)
+			closeConn()
+		}()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	close(e.attempt)
+	e.attempt = nil
+	if err != nil {
+		e.failures++
+		delay := retryDelay(e.failures)
+		e.err, e.retryAt = err, time.Now().Add(delay)
+		p.log.Info("Cannot connect to NATS", "url", t.URL, "namespace", t.Namespace, "retryIn", delay.Round(time.Millisecond), "error", err)
+		return
+	}
+	e.fleet, e.err, e.failures = f, nil, 0
+}
+
+// retryDelay is how long a target that failed failures times in a row
+// waits for its next attempt.
+func retryDelay(failures int) time.Duration {
+	b := retryBackoff
+	var d time.Duration
+	for range failures {
+		d = b.Step()
+	}
+	return d
+}
+
+// dial connects to t's NATS servers and opens its buckets.
+func (p *Pool) dial(ctx context.Context, t Target) (bus.Bus, func(), error) {
 	opts := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond), nats.Name(natswire.HubName)}
+	if deadline, ok := ctx.Deadline(); ok {
+		opts = append(opts, nats.Timeout(time.Until(deadline)))
+	}
 	if len(t.Seed) > 0 {
 		id := natswire.Identity{User: natswire.User{Name: natswire.HubName}, InboxPrefix: natswire.InboxPrefix(natswire.HubName), Seed: t.Seed}
 		auth, err := id.ConnectOptions()
 		if err != nil {
-			return nil, errors.Wrap(err, "cannot use the hub's NATS credentials")
+			return nil, nil, errors.Wrap(err, "cannot use the hub's NATS credentials")
 		}
 		opts = append(opts, auth...)
 	}
 	nc, err := nats.Connect(t.URL, opts...)
 	if err != nil {
-		return nil, errors.Wrapf(err, "cannot connect to NATS at %s", t.URL)
+		return nil, nil, errors.Wrapf(err, "cannot connect to NATS at %s", t.URL)
 	}
 	buckets := p.buckets
 	buckets.Replicas = t.Replicas
 	b, err := bus.New(ctx, nc, bus.Config{Buckets: buckets, Log: p.log, Rejections: &natswire.Rejections{Counter: metrics.ReportsIgnored}})
 	if err != nil {
 		nc.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	f := New(b, p.log.WithValues("nats", t.URL)).WithRecorder(p.recorder).WithSealKey(sealKey(t))
-	if p.onNew != nil {
-		p.onNew(f)
-	}
-	go func() {
-		f.Run(p.ctx)
-		nc.Close()
-	}()
-	p.fleets[t.key()] = f
-	return f, nil
+	return b, nc.Close, nil
 }
