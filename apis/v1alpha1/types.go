@@ -122,6 +122,16 @@ type TenantGrant struct {
 	// +optional
 	BackupLocations []string `json:"backupLocations,omitempty"`
 
+	// NATSServers are NATS servers, as host:port, that these namespaces'
+	// ProviderConfigs may name besides those of ClusterProviderConfigs;
+	// "*" means any. Each is a connection the hub holds open for them.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=261
+	// +kubebuilder:validation:items:Pattern=`^(\*|[^\s,/]+:[0-9]{1,5})$`
+	// +listType=set
+	// +optional
+	NATSServers []string `json:"natsServers,omitempty"`
+
 	// RestoreFrom are other namespaces whose backups, in BackupLocations
 	// these namespaces are granted, these namespaces may make DiskImages
 	// of (a DiskImage's source.backup.namespace); "*" means any. It is how

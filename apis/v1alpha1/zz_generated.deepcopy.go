@@ -359,6 +359,11 @@ func (in *TenantGrant) DeepCopyInto(out *TenantGrant) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.NATSServers != nil {
+		in, out := &in.NATSServers, &out.NATSServers
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.RestoreFrom != nil {
 		in, out := &in.RestoreFrom, &out.RestoreFrom
 		*out = make([]string, len(*in))

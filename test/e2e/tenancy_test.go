@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
@@ -246,6 +249,50 @@ func TestHostileTenant(t *testing.T) {
 			return as.Get(ctx, client.ObjectKeyFromObject(vm), vm) == nil &&
 				strings.Contains(vm.GetCondition(xpv2.TypeReady).Message+vm.GetCondition(xpv2.TypeSynced).Message, "reads Secrets only in its own namespace "+tenant)
 		}, 60*time.Second, 100*time.Millisecond, "the VM says why it is refused")
+		assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationNode], "placed nowhere")
+	})
+
+	t.Run("AProviderConfigNamesOnlyTheServersAnAdministratorAllowed", func(t *testing.T) {
+		// The attacker: a ProviderConfig in its namespace naming an
+		// address of its choosing (here one that accepts and never
+		// answers), and VMs on it. The hub refuses to dial it at all.
+		hole, accepted := natstest.BlackHole(t)
+		create(&apisv1alpha1.ProviderConfig{
+			ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "hole"},
+			Spec:       apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://" + hole, Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}},
+		})
+		ownVolume("hole-root")
+		vm := vmOn("hole", "hole-root", func(vm *v1alpha1.VirtualMachine) {
+			vm.SetProviderConfigReference(&xpv2.ProviderConfigReference{Kind: apisv1alpha1.ProviderConfigKind, Name: "hole"})
+		})
+		refusedFor(t, vm, func() xpv2.Condition { return vm.GetCondition(xpv2.TypeSynced) }, "(natsServers: ["+hole+"])")
+		assert.Zero(t, accepted.Load(), "the hub never dialled the address")
+
+		// An administrator allowed the server, and it went bad: it still
+		// stalls no one else. The tenant's VMs say why they wait, while a
+		// VM of another namespace is placed and runs as ever.
+		cpc := &apisv1alpha1.ClusterProviderConfig{}
+		require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Name: "default"}, cpc))
+		cpc.Spec.Grants = append(cpc.Spec.Grants, apisv1alpha1.TenantGrant{Namespaces: []string{tenant}, NATSServers: []string{hole}})
+		require.NoError(t, h.kube.Update(ctx, cpc))
+		for i := range 4 {
+			name := fmt.Sprintf("hole-%d", i)
+			ownVolume(name + "-root")
+			vmOn(name, name+"-root", func(vm *v1alpha1.VirtualMachine) {
+				vm.SetProviderConfigReference(&xpv2.ProviderConfigReference{Kind: apisv1alpha1.ProviderConfigKind, Name: "hole"})
+			})
+		}
+		require.Eventually(t, func() bool { return accepted.Load() > 0 }, time.Minute, 100*time.Millisecond, "the hub dials the allowed server")
+		start := time.Now()
+		h.create(t, volume("bystander-root"))
+		bystander := vmWith("bystander", "bystander-root")
+		bystander.Spec.ForProvider.VirtualNetworks = nil
+		h.create(t, bystander)
+		h.wait(t, "bystander", time.Minute, running)
+		t.Logf("a VM of another namespace ran %s after it was created, while the tenant's server never answered", time.Since(start).Round(time.Millisecond))
+		require.Eventually(t, func() bool {
+			return as.Get(ctx, client.ObjectKeyFromObject(vm), vm) == nil && strings.Contains(vm.GetCondition(xpv2.TypeSynced).Message, "NATS at nats://"+hole)
+		}, time.Minute, 100*time.Millisecond, "the tenant's VM says which server it waits for")
 		assert.Empty(t, vm.GetAnnotations()[v1alpha1.AnnotationNode], "placed nowhere")
 	})
 }

@@ -44,6 +44,9 @@ type Grant struct {
 	// RestoreFrom are the other namespaces whose backups the namespace
 	// may restore; "*" is any.
 	RestoreFrom []string
+	// NATSServers (host:port) its ProviderConfigs may name besides the
+	// ClusterProviderConfigs'; "*" is any.
+	NATSServers []string
 }
 
 // For is what namespace was granted by the grants of every
@@ -61,6 +64,7 @@ func For(cpcs []apisv1alpha1.ClusterProviderConfig, namespace string) Grant {
 			g.ImageSources = appendNew(g.ImageSources, tg.ImageSources...)
 			g.BackupLocations = appendNew(g.BackupLocations, tg.BackupLocations...)
 			g.RestoreFrom = appendNew(g.RestoreFrom, tg.RestoreFrom...)
+			g.NATSServers = appendNew(g.NATSServers, tg.NATSServers...)
 		}
 	}
 	return g
@@ -163,4 +167,15 @@ func (g Grant) CheckRestoreFrom(namespace string) error {
 		return nil
 	}
 	return &RefusedError{What: fmt.Sprintf("the DiskImage restores a backup of namespace %q", namespace), Namespace: g.Namespace, Field: fmt.Sprintf("restoreFrom: [%s]", namespace)}
+}
+
+// CheckNATSServer says whether the namespace's ProviderConfigs may name the
+// NATS server (host:port): one of a ClusterProviderConfig (clusterServers),
+// which an administrator wrote, or one granted. Any other would have the
+// hub dial, and hold a connection to, whatever address a tenant wrote.
+func (g Grant) CheckNATSServer(server string, clusterServers []string) error {
+	if slices.Contains(clusterServers, server) || slices.Contains(g.NATSServers, server) || slices.Contains(g.NATSServers, AllNamespaces) {
+		return nil
+	}
+	return &RefusedError{What: fmt.Sprintf("the ProviderConfig names NATS server %s, which no ClusterProviderConfig names", server), Namespace: g.Namespace, Field: fmt.Sprintf("natsServers: [%s]", server)}
 }

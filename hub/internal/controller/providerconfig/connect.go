@@ -79,12 +79,13 @@ func (c *connector) Reconcile(ctx context.Context, req reconcile.Request) (recon
 	if meta.WasDeleted(pc) {
 		return reconcile.Result{}, nil
 	}
-	spec, err := OwnSecret(c.spec(pc), pc.GetNamespace())
+	spec, err := Tenanted(ctx, c.kube, c.spec(pc), pc.GetNamespace())
 	if err != nil {
 		c.log.Info("Cannot connect to NATS", "name", req.Name, "namespace", req.Namespace, "error", err)
 		return reconcile.Result{}, nil
 	}
 	t, err := TargetOf(ctx, c.kube, spec)
+	t.Namespace = pc.GetNamespace()
 	if err == nil {
 		_, err = c.pool.Get(ctx, t)
 	}

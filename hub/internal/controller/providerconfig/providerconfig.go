@@ -4,8 +4,12 @@
 package providerconfig
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"net"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -95,7 +99,7 @@ func (r *Resolver) Read(ctx context.Context, mg resource.ModernManaged) (Config,
 			return Config{}, errors.Wrapf(err, "cannot get ProviderConfig %s", ref.Name)
 		}
 		var err error
-		if spec, err = OwnSecret(pc.Spec, pc.Namespace); err != nil {
+		if spec, err = Tenanted(ctx, r.kube, pc.Spec, pc.Namespace); err != nil {
 			return Config{}, err
 		}
 	case apisv1alpha1.ClusterProviderConfigKind:
@@ -111,6 +115,9 @@ func (r *Resolver) Read(ctx context.Context, mg resource.ModernManaged) (Config,
 	if err != nil {
 		return Config{}, err
 	}
+	if ref.Kind == apisv1alpha1.ProviderConfigKind {
+		t.Namespace = mg.GetNamespace()
+	}
 	return Config{Target: t, NodeSelector: spec.NodeSelector}, nil
 }
 
@@ -123,6 +130,58 @@ func GrantOf(ctx context.Context, kube client.Reader, namespace string) (tenancy
 	}
 	return tenancy.For(cpcs.Items, namespace), nil
 }
+
+// Tenanted is what the namespaced ProviderConfig spec of namespace may
+// say: its credentials Secret in its own namespace (OwnSecret), and only
+// NATS servers an administrator named, in a ClusterProviderConfig or in
+// the namespace's grants (natsServers). namespace "" (a
+// ClusterProviderConfig) leaves spec as it is.
+func Tenanted(ctx context.Context, kube client.Reader, spec apisv1alpha1.ProviderConfigSpec, namespace string) (apisv1alpha1.ProviderConfigSpec, error) {
+	spec, err := OwnSecret(spec, namespace)
+	if err != nil || namespace == "" {
+		return spec, err
+	}
+	cpcs := &apisv1alpha1.ClusterProviderConfigList{}
+	if err := kube.List(ctx, cpcs); err != nil {
+		return apisv1alpha1.ProviderConfigSpec{}, errors.Wrap(err, "cannot list ClusterProviderConfigs for the NATS servers a namespace may name")
+	}
+	var cluster []string
+	for _, cpc := range cpcs.Items {
+		cluster = append(cluster, NATSServers(cpc.Spec.NATSURL)...)
+	}
+	g := tenancy.For(cpcs.Items, namespace)
+	for _, s := range NATSServers(spec.NATSURL) {
+		if err := g.CheckNATSServer(s, cluster); err != nil {
+			return apisv1alpha1.ProviderConfigSpec{}, err
+		}
+	}
+	return spec, nil
+}
+
+// NATSServers are the servers of a ProviderConfig's natsURL (one or more
+// URLs, comma separated) as host:port, lower case, with NATS's default
+// port where a URL has none: how grants name them.
+func NATSServers(urls string) []string {
+	var out []string
+	for _, raw := range strings.Split(urls, ",") {
+		raw = strings.TrimSpace(raw)
+		if raw == "" {
+			continue
+		}
+		if !strings.Contains(raw, "://") {
+			raw = "nats://" + raw
+		}
+		host, port := raw, ""
+		if u, err := url.Parse(raw); err == nil {
+			host, port = u.Hostname(), u.Port()
+		}
+		out = append(out, strings.ToLower(net.JoinHostPort(host, cmp.Or(port, natsDefaultPort))))
+	}
+	return out
+}
+
+// natsDefaultPort is the port a NATS URL without one means.
+const natsDefaultPort = "4222"
 
 // OwnSecret is spec with its credentials Secret in namespace, the
 // namespaced ProviderConfig's own: a tenant who may write ProviderConfigs
