@@ -96,9 +96,9 @@ func TestS3(t *testing.T) {
 		_, err = client.PutObject(ctx, "backups", key, bytes.NewReader(body), int64(len(body)), minio.PutObjectOptions{})
 		require.NoError(t, err)
 
-		res, err := s.Verify(ctx, m)
+		res, err := s.Verify(ctx, m, nil)
 		require.NoError(t, err)
-		assert.Equal(t, []string{bad + ": its content does not match its name"}, res.Bad)
+		assert.Equal(t, []BadChunk{{Chunk: bad, Reason: "its content does not match its name"}}, res.Bad)
 		assert.Equal(t, 5, res.Chunks)
 	})
 }

@@ -332,7 +332,7 @@ func TestIncrementalOutlivesItsParent(t *testing.T) {
 	assert.Equal(t, 1, res.Manifests)
 
 	assertImages(t, apply(apply(nil, parentOps), ops), restore(t, s.Store, child))
-	v, err := s.Verify(ctx, child)
+	v, err := s.Verify(ctx, child, nil)
 	require.NoError(t, err)
 	assert.Empty(t, v.Bad)
 }
@@ -413,7 +413,7 @@ func TestEncryptedStoreHoldsNoPlaintext(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			_, err := other.Source(m, "root")
 			assert.ErrorIs(t, err, ErrWrongKey)
-			_, err = other.Verify(ctx, m)
+			_, err = other.Verify(ctx, m, nil)
 			assert.ErrorIs(t, err, ErrWrongKey)
 			_, err = other.NewWriter(ctx, header("tenant", "vm", "next"), &m)
 			assert.ErrorIs(t, err, ErrWrongKey)
@@ -442,14 +442,31 @@ func TestVerifyReportsBadChunks(t *testing.T) {
 			// A sound chunk stored under another chunk's name.
 			s.objs.set(s.chunkKey(moved), s.objs.body(s.chunkKey(ext[1].Chunk)))
 
-			res, err := s.Verify(ctx, m)
+			var calls, lastChunks int
+			res, err := s.Verify(ctx, m, func(chunks int, _ int64) {
+				calls++
+				assert.Greater(t, chunks, lastChunks, "progress only grows")
+				lastChunks = chunks
+			})
 			require.NoError(t, err)
 			assert.Equal(t, 4, res.Chunks)
+			assert.Equal(t, 4, calls, "progress after each chunk")
 			require.Len(t, res.Bad, 3)
-			reasons := strings.Join(res.Bad, "\n")
-			assert.Contains(t, reasons, corrupt+": ")
-			assert.Contains(t, reasons, missing+": missing from the store")
-			assert.Contains(t, reasons, moved+": ")
+			reasons := map[string]string{}
+			for _, b := range res.Bad {
+				reasons[b.Chunk] = b.Reason
+			}
+			assert.Contains(t, reasons, corrupt)
+			assert.Equal(t, "missing from the store", reasons[missing])
+			assert.Contains(t, reasons, moved)
+
+			ranges := res.BadRanges(m)
+			require.Len(t, ranges, 3)
+			for i, want := range []Extent{ext[0], ext[2], ext[3]} {
+				assert.Equal(t, "root", ranges[i].Disk)
+				assert.Equal(t, want, ranges[i].Extent, "bad ranges in offset order")
+				assert.Equal(t, reasons[want.Chunk], ranges[i].Reason)
+			}
 
 			src, err := s.Source(m, "root")
 			require.NoError(t, err)

@@ -2,7 +2,8 @@ package backupstore
 
 import (
 	"context"
-	"sort"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -17,14 +18,52 @@ type VerifyResult struct {
 	// included; Bytes is what was read of them as stored.
 	Chunks int
 	Bytes  int64
-	// Bad names each chunk that is missing or does not match, with why.
-	Bad []string
+	// Bad names each chunk that is missing or does not match, with why,
+	// in chunk ID order.
+	Bad []BadChunk
 }
 
+// BadChunk is a chunk that is missing from the store or does not match
+// its name.
+type BadChunk struct {
+	Chunk  string
+	Reason string
+}
+
+// BadRange is a range of a backup's disk that a bad chunk holds.
+type BadRange struct {
+	Disk   string
+	Extent Extent
+	Reason string
+}
+
+// BadRanges are the ranges of m's disks that res's bad chunks hold, disk
+// by disk as m lists them, each in offset order.
+func (res VerifyResult) BadRanges(m Manifest) []BadRange {
+	why := make(map[string]string, len(res.Bad))
+	for _, b := range res.Bad {
+		why[b.Chunk] = b.Reason
+	}
+	var out []BadRange
+	for _, d := range m.Disks {
+		for _, e := range d.Extents {
+			if r, bad := why[e.Chunk]; bad {
+				out = append(out, BadRange{Disk: d.Name, Extent: e, Reason: r})
+			}
+		}
+	}
+	return out
+}
+
+// VerifyProgress is called as Verify goes, after each chunk, with the
+// chunks and bytes checked so far; never by two goroutines at once.
+type VerifyProgress func(chunks int, bytes int64)
+
 // Verify reads every chunk backup m references and checks it against its
-// name (and, encrypted, its seal). A bad chunk is reported in Bad; the
-// error is for what kept Verify from reading, ErrWrongKey among them.
-func (s *Store) Verify(ctx context.Context, m Manifest) (VerifyResult, error) {
+// name (and, encrypted, its seal), calling progress, if not nil, after
+// each. A bad chunk is reported in Bad; the error is for what kept Verify
+// from reading, ErrWrongKey among them.
+func (s *Store) Verify(ctx context.Context, m Manifest, progress VerifyProgress) (VerifyResult, error) {
 	var res VerifyResult
 	c, err := s.codec.forManifest(m)
 	if err != nil {
@@ -62,7 +101,10 @@ func (s *Store) Verify(ctx context.Context, m Manifest) (VerifyResult, error) {
 					res.Chunks++
 					res.Bytes += n
 					if bad != "" {
-						res.Bad = append(res.Bad, id+": "+bad)
+						res.Bad = append(res.Bad, BadChunk{Chunk: id, Reason: bad})
+					}
+					if progress != nil {
+						progress(res.Chunks, res.Bytes)
 					}
 				}
 				mu.Unlock()
@@ -83,7 +125,7 @@ func (s *Store) Verify(ctx context.Context, m Manifest) (VerifyResult, error) {
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	sort.Strings(res.Bad)
+	slices.SortFunc(res.Bad, func(a, b BadChunk) int { return strings.Compare(a.Chunk, b.Chunk) })
 	return res, nil
 }
 

@@ -80,7 +80,7 @@ func TestBackups(t *testing.T) {
 		all, err := store.Backups(ctx, ns)
 		require.NoError(t, err)
 		assert.Len(t, all, 2, "both backups are whole in the store")
-		v, err := store.Verify(ctx, all[1])
+		v, err := store.Verify(ctx, all[1], nil)
 		require.NoError(t, err)
 		assert.Empty(t, v.Bad, "every chunk of the incremental backup reads back as named")
 	})
