@@ -198,6 +198,10 @@ type VirtualMachineBackupStatus struct {
 	// Message says what the backup waits for, or why it failed.
 	// +optional
 	Message string `json:"message,omitempty"`
+	// LastVerification is what the latest VirtualMachineBackupVerification
+	// of the backup that read it whole found.
+	// +optional
+	LastVerification *LastVerification `json:"lastVerification,omitempty"`
 }
 
 // +kubebuilder:object:root=true
@@ -215,6 +219,7 @@ type VirtualMachineBackupStatus struct {
 // +kubebuilder:printcolumn:name="PHASE",type="string",JSONPath=".status.phase"
 // +kubebuilder:printcolumn:name="FULL",type="boolean",JSONPath=".status.full"
 // +kubebuilder:printcolumn:name="WRITTEN",type="integer",JSONPath=".status.bytesWritten"
+// +kubebuilder:printcolumn:name="VERIFIED",type="string",JSONPath=".status.lastVerification.result",priority=1
 // +kubebuilder:printcolumn:name="NODE",type="string",JSONPath=".status.node",priority=1
 // +kubebuilder:printcolumn:name="READ",type="integer",JSONPath=".status.bytesRead",priority=1
 // +kubebuilder:printcolumn:name="ID",type="string",JSONPath=".metadata.uid",priority=1

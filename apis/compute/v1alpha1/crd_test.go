@@ -271,6 +271,9 @@ func invalidOthers() []invalidObject {
 		{"backup location with a prefix not ending in a slash", location("prefix", map[string]any{"prefix": "team"}), []string{"spec.prefix"}},
 		{"backup without a location", backup("noloc", map[string]any{"location": ""}), []string{"spec.location"}},
 		{"backup that deletes on a whim", backup("policy", map[string]any{"deletionPolicy": "Sometimes"}), []string{"spec.deletionPolicy", "Unsupported value"}},
+		{"verification of no backup", namespaced(computev1alpha1.VirtualMachineBackupVerificationKind, "none", map[string]any{}), []string{"spec", "set one of backupName or backup"}},
+		{"verification of two backups", namespaced(computev1alpha1.VirtualMachineBackupVerificationKind, "two", map[string]any{"backupName": "web-1", "backup": map[string]any{"location": "offsite", "id": "b1"}}), []string{"spec", "set one of backupName or backup"}},
+		{"verification of a backup id that is a path", namespaced(computev1alpha1.VirtualMachineBackupVerificationKind, "path", map[string]any{"backup": map[string]any{"location": "offsite", "id": "../b1"}}), []string{"spec.backup.id"}},
 	}
 }
 
@@ -293,9 +296,14 @@ func backup(name string, edit map[string]any) *unstructured.Unstructured {
 	for k, v := range edit {
 		spec[k] = v
 	}
+	return namespaced(computev1alpha1.VirtualMachineBackupKind, name, spec)
+}
+
+// namespaced is an object of kind in namespace default with spec.
+func namespaced(kind, name string, spec map[string]any) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
 	u.SetAPIVersion(computev1alpha1.SchemeGroupVersion.String())
-	u.SetKind(computev1alpha1.VirtualMachineBackupKind)
+	u.SetKind(kind)
 	u.SetNamespace("default")
 	u.SetName(name)
 	return u
