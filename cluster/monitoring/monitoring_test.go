@@ -53,6 +53,8 @@ var requiredAlerts = []string{
 	"VirtfleetPlacementRefusing",
 	"VirtfleetImageImportFailing",
 	"VirtfleetReportsIgnored",
+	"VirtfleetBackupsFailing",
+	"VirtfleetBackupCorrupt",
 }
 
 // otherMetrics are the metrics not virtfleet's that a query may name:
@@ -75,7 +77,7 @@ type metric struct {
 // scraped are the hub's gauges computed when scraped, which are
 // descriptors rather than collectors.
 var scraped = []*prometheus.Desc{
-	metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.NodeCapacity, metrics.NodeAllocated,
+	metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.VMBackups, metrics.NodeCapacity, metrics.NodeAllocated,
 	metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat,
 }
 

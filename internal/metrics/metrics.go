@@ -27,6 +27,17 @@ const (
 	ResultSucceeded = "succeeded"
 	ResultFailed    = "failed"
 
+	// Results of a backup verification (BackupVerifications): every
+	// chunk read back as written, some did not, or the backup could not
+	// be read.
+	ResultIntact  = "intact"
+	ResultCorrupt = "corrupt"
+	ResultError   = "error"
+	// Outcomes of a backup's chunk (BackupChunks): new to the location,
+	// or there already.
+	ChunkWritten = "written"
+	ChunkReused  = "reused"
+
 	// ReasonForeignNode is the ReportsIgnored reason of a report from a
 	// node the resource is not placed on; the other reasons are
 	// natswire's.
@@ -44,6 +55,9 @@ var (
 		"phase")
 	VMSnapshots = desc("virtfleet_hub_vm_snapshots",
 		"VirtualMachineSnapshots by status phase.",
+		"phase")
+	VMBackups = desc("virtfleet_hub_vm_backups",
+		"VirtualMachineBackups by status phase.",
 		"phase")
 	NodeCapacity = desc("virtfleet_hub_node_capacity",
 		"What a node offers to guests, as its latest heartbeat says (resource vcpu in cores, memory and storage in bytes).",
@@ -118,11 +132,53 @@ var (
 		Name: "virtfleet_hub_events_dropped_total",
 		Help: "Normal Kubernetes events the hub did not record because they exceeded its budget of Normal events (--normal-events-per-second), by event reason; Warning events are never dropped.",
 	}, "reason")
+	Backups = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_backups_total",
+		Help: "VirtualMachineBackups that ended, by result: succeeded, or failed (nothing of it can be restored); counted by the hub when the node's final report reaches the backup's status.",
+	}, "result")
+	BackupReadBytes = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_backup_read_bytes_total",
+		Help: "Bytes nodes read of VMs' disks for backups that ended, succeeded or failed, as the node's final report says; counted when the backup ends.",
+	})
+	BackupWrittenBytes = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_backup_written_bytes_total",
+		Help: "Bytes of chunks new to their location that nodes wrote for backups that ended, succeeded or failed (sealed size where encrypted); counted when the backup ends.",
+	})
+	BackupChunks = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_backup_chunks_total",
+		Help: "Chunks of backups that ended, by outcome: written (new to the location) or reused (the location held them already: unchanged or shared data, not uploaded); counted when the backup ends.",
+	}, "outcome")
+	BackupVerifications = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_backup_verifications_total",
+		Help: "VirtualMachineBackupVerifications that ended, by result: intact (every chunk read back as written), corrupt (some chunk missing or not matching), or error (the backup could not be read).",
+	}, "result")
+	BackupVerificationCorruptChunks = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_backup_verification_corrupt_chunks_total",
+		Help: "Chunks that verifications found missing from their location or not matching their name.",
+	})
 	UndecodableObjects = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_undecodable_objects_total",
 		Help: "Objects the API server holds that the hub cannot decode into its types, found when a watch failed, by kind.",
 	}, "kind")
 )
+
+func init() {
+	// The backups' series exist from the start, at 0, so that increase()
+	// over them sees the first backup that fails and the first corrupt
+	// chunk (the alert rules rely on it).
+	BackupReadBytes.WithLabelValues()
+	BackupWrittenBytes.WithLabelValues()
+	BackupVerificationCorruptChunks.WithLabelValues()
+	for _, r := range []string{ResultSucceeded, ResultFailed} {
+		Backups.WithLabelValues(r)
+	}
+	for _, o := range []string{ChunkWritten, ChunkReused} {
+		BackupChunks.WithLabelValues(o)
+	}
+	for _, r := range []string{ResultIntact, ResultCorrupt, ResultError} {
+		BackupVerifications.WithLabelValues(r)
+	}
+}
 
 // AgentMetrics are one agent's metrics. A process runs one agent, which
 // observes into the package's (DefaultAgent, whose collectors are also the
@@ -245,5 +301,6 @@ func histogram(o prometheus.HistogramOpts, labels ...string) *prometheus.Histogr
 // HubObserved are the hub's metrics observed as things happen, for the hub
 // to register; the scraped ones it serves from its own collector.
 func HubObserved() []prometheus.Collector {
-	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects, EventsDropped, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart}
+	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects, EventsDropped, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart,
+		Backups, BackupReadBytes, BackupWrittenBytes, BackupChunks, BackupVerifications, BackupVerificationCorruptChunks}
 }

@@ -1,5 +1,6 @@
 // Package census serves the hub's gauges of the fleet: VirtualMachines by
-// phase and backend, DiskImages and VirtualMachineSnapshots by phase, and
+// phase and backend, DiskImages, VirtualMachineSnapshots and
+// VirtualMachineBackups by phase, and
 // each node's capacity, allocation, VMs and health. They are counted when
 // Prometheus scrapes,
 // from the hub's cache and its view of the nodes' heartbeats, so they cost
@@ -44,7 +45,7 @@ func New(cache client.Reader, fleets func() []*fleet.Fleet, elected <-chan struc
 
 // Describe sends the descriptors of every gauge.
 func (c *Census) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.NodeCapacity, metrics.NodeAllocated, metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat} {
+	for _, d := range []*prometheus.Desc{metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.VMBackups, metrics.NodeCapacity, metrics.NodeAllocated, metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat} {
 		ch <- d
 	}
 }
@@ -77,6 +78,13 @@ func (c *Census) Collect(ch chan<- prometheus.Metric) {
 		out := make([]string, 0, len(l.Items))
 		for i := range l.Items {
 			out = append(out, cmp.Or(string(l.Items[i].Status.Phase), string(v1alpha1.SnapshotPending)))
+		}
+		return out
+	})
+	collectPhases(ctx, c, ch, metrics.VMBackups, &v1alpha1.VirtualMachineBackupList{}, func(l *v1alpha1.VirtualMachineBackupList) []string {
+		out := make([]string, 0, len(l.Items))
+		for i := range l.Items {
+			out = append(out, cmp.Or(string(l.Items[i].Status.Phase), string(v1alpha1.BackupPending)))
 		}
 		return out
 	})

@@ -43,6 +43,12 @@ func snapshot(name string, phase v1alpha1.SnapshotPhase) *v1alpha1.VirtualMachin
 	return s
 }
 
+func backup(name string, phase v1alpha1.BackupPhase) *v1alpha1.VirtualMachineBackup {
+	b := &v1alpha1.VirtualMachineBackup{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
+	b.Status.Phase = phase
+	return b
+}
+
 func image(name string, phase v1alpha1.ImagePhase) *v1alpha1.DiskImage {
 	i := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
 	i.Status.AtProvider.Phase = phase
@@ -51,7 +57,7 @@ func image(name string, phase v1alpha1.ImagePhase) *v1alpha1.DiskImage {
 
 // TestCensus pins each gauge against a fleet and a cache whose answer is
 // known: VMs by phase and their node's backend (none before placement,
-// Pending without a phase), DiskImages and snapshots by phase, and per node its
+// Pending without a phase), DiskImages, snapshots and backups by phase, and per node its
 // resources, VMs, readiness and last heartbeat, a lost node included. A VM
 // whose node annotation a tenant wrote by hand is on no node: it counts
 // on none, with no backend.
@@ -72,6 +78,10 @@ func TestCensus(t *testing.T) {
 		snapshot("taken", v1alpha1.SnapshotSucceeded),
 		snapshot("also-taken", v1alpha1.SnapshotSucceeded),
 		snapshot("new", ""),
+		backup("nightly", v1alpha1.BackupSucceeded),
+		backup("broken", v1alpha1.BackupFailed),
+		backup("running", v1alpha1.BackupInProgress),
+		backup("new", ""),
 	).Build()
 
 	for _, n := range []string{"node1", "node2"} {
@@ -105,6 +115,12 @@ virtfleet_hub_diskimages{phase="Ready"} 1
 # TYPE virtfleet_hub_vm_snapshots gauge
 virtfleet_hub_vm_snapshots{phase="Pending"} 1
 virtfleet_hub_vm_snapshots{phase="Succeeded"} 2
+# HELP virtfleet_hub_vm_backups VirtualMachineBackups by status phase.
+# TYPE virtfleet_hub_vm_backups gauge
+virtfleet_hub_vm_backups{phase="Failed"} 1
+virtfleet_hub_vm_backups{phase="InProgress"} 1
+virtfleet_hub_vm_backups{phase="Pending"} 1
+virtfleet_hub_vm_backups{phase="Succeeded"} 1
 # HELP virtfleet_hub_node_vms VirtualMachines placed on a node.
 # TYPE virtfleet_hub_node_vms gauge
 virtfleet_hub_node_vms{node="node1"} 2
@@ -117,7 +133,7 @@ virtfleet_hub_node_ready{node="node2"} 0
 virtfleet_hub_node_ready{node="sentinel"} 0
 `
 	assert.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
-		"virtfleet_hub_vms", "virtfleet_hub_diskimages", "virtfleet_hub_vm_snapshots", "virtfleet_hub_node_vms", "virtfleet_hub_node_ready"))
+		"virtfleet_hub_vms", "virtfleet_hub_diskimages", "virtfleet_hub_vm_snapshots", "virtfleet_hub_vm_backups", "virtfleet_hub_node_vms", "virtfleet_hub_node_ready"))
 
 	// Resources, per node and kind, as the latest heartbeat said.
 	assert.Equal(t, 3*2*2+3*2, testutil.CollectAndCount(c, "virtfleet_hub_node_capacity", "virtfleet_hub_node_allocated"),
@@ -160,6 +176,6 @@ func TestCensusWithoutCRDs(t *testing.T) {
 	elected := make(chan struct{})
 	close(elected)
 	c := New(kube, func() []*fleet.Fleet { return []*fleet.Fleet{f} }, elected, logging.NewNopLogger())
-	assert.Equal(t, 0, testutil.CollectAndCount(c, "virtfleet_hub_vms", "virtfleet_hub_diskimages", "virtfleet_hub_vm_snapshots"))
+	assert.Equal(t, 0, testutil.CollectAndCount(c, "virtfleet_hub_vms", "virtfleet_hub_diskimages", "virtfleet_hub_vm_snapshots", "virtfleet_hub_vm_backups"))
 	assert.Equal(t, 1, testutil.CollectAndCount(c, "virtfleet_hub_node_ready"), "the sentinel node")
 }

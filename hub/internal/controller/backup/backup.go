@@ -47,6 +47,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
 	"github.com/virtfleet/virtfleet/internal/backupstore"
+	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
 // Finalizer holds a backup until its intent is gone from its node and,
@@ -395,11 +396,26 @@ func (r *Reconciler) recordTransition(ctx context.Context, b *v1alpha1.VirtualMa
 	default:
 		return
 	}
+	countEnded(after)
 	r.recorder.Event(b, e)
 	vm := &v1alpha1.VirtualMachine{}
 	if err := r.kube.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: string(b.Spec.VMName)}, vm); err == nil && string(vm.UID) == after.SourceUID {
 		r.recorder.Event(vm, e)
 	}
+}
+
+// countEnded counts a backup that ended with status st in the hub's
+// metrics: what its node read and wrote, as its final report says.
+func countEnded(st v1alpha1.VirtualMachineBackupStatus) {
+	result := metrics.ResultFailed
+	if st.Phase == v1alpha1.BackupSucceeded {
+		result = metrics.ResultSucceeded
+	}
+	metrics.Backups.WithLabelValues(result).Inc()
+	metrics.BackupReadBytes.WithLabelValues().Add(float64(st.BytesRead))
+	metrics.BackupWrittenBytes.WithLabelValues().Add(float64(st.BytesWritten))
+	metrics.BackupChunks.WithLabelValues(metrics.ChunkWritten).Add(float64(st.ChunksWritten))
+	metrics.BackupChunks.WithLabelValues(metrics.ChunkReused).Add(float64(st.ChunksReused))
 }
 
 // wait shows why the backup waits, and looks again later.
@@ -416,6 +432,7 @@ func (r *Reconciler) fail(ctx context.Context, b *v1alpha1.VirtualMachineBackup,
 	if err := r.setStatus(ctx, b, st); err != nil {
 		return err
 	}
+	countEnded(st)
 	e := event.Warning(ReasonFailed, errors.New(why))
 	r.recorder.Event(b, e)
 	r.recorder.Event(vm, e)
