@@ -359,6 +359,8 @@ func TestHubRBAC(t *testing.T) {
 		"WritesBackupStatus":          {cr.Rules, grant{"compute.virtfleet.io", "virtualmachinebackups/status", "update"}, true},
 		"ReadsBackupLocations":        {cr.Rules, grant{"compute.virtfleet.io", "backuplocations", "watch"}, true},
 		"NeverWritesBackupLocations":  {cr.Rules, grant{"compute.virtfleet.io", "backuplocations", "create"}, false},
+		"WritesVerificationStatus":    {cr.Rules, grant{"compute.virtfleet.io", "virtualmachinebackupverifications/status", "update"}, true},
+		"NeverHoldsVerifications":     {cr.Rules, grant{"compute.virtfleet.io", "virtualmachinebackupverifications", "update"}, false},
 		"TracksProviderConfigUsage":   {cr.Rules, grant{"virtfleet.io", "providerconfigusages", "create"}, true},
 		"ReadsClusterProviderConfigs": {cr.Rules, grant{"virtfleet.io", "clusterproviderconfigs", "watch"}, true},
 		"ReadsCredentials":            {cr.Rules, grant{"", "secrets", "get"}, true},

@@ -46,6 +46,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/census"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/backup"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/backupverification"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
@@ -259,7 +260,8 @@ func Run(ctx context.Context, c Config) error {
 	// such memory is made from memory, which watches these kinds.
 	memory := perobject.NewOwner(mgr.GetCache(), &v1alpha1.VirtualMachine{}, &v1alpha1.Volume{}, &v1alpha1.DiskImage{},
 		&v1alpha1.VirtualNetwork{}, &v1alpha1.VirtualMachineMigration{}, &v1alpha1.HypervisorNode{},
-		&v1alpha1.VirtualMachineSnapshot{}, &v1alpha1.VirtualMachineRestore{})
+		&v1alpha1.VirtualMachineSnapshot{}, &v1alpha1.VirtualMachineRestore{}, &v1alpha1.VirtualMachineBackup{},
+		&v1alpha1.VirtualMachineBackupVerification{})
 	if err := mgr.Add(memory); err != nil {
 		return errors.Wrap(err, "cannot add the owner of the hub's memory of objects")
 	}
@@ -274,6 +276,7 @@ func Run(ctx context.Context, c Config) error {
 	snapshots := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineSnapshot{} })
 	restores := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineRestore{} })
 	backups := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineBackup{} })
+	verifications := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineBackupVerification{} })
 	nodeChanges := hypervisornode.NewChanges()
 	leftovers := volume.NewLeftovers(mgr.GetClient(), mgr.GetAPIReader(), log)
 	if err := leftovers.Setup(ctx, mgr); err != nil {
@@ -318,7 +321,8 @@ func Run(ctx context.Context, c Config) error {
 	so := snapshot.Options{Pool: pool, Notifier: snapshots, FencingTimeout: c.FencingTimeout, Memory: memory}
 	ro := restore.Options{Pool: pool, Notifier: restores}
 	bo := backup.Options{Pool: pool, Notifier: backups, Memory: memory, FencingTimeout: c.FencingTimeout}
-	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, so, ro, bo, volumes, images, nodeChanges); err != nil {
+	bvo := backupverification.Options{Notifier: verifications, Memory: memory}
+	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, so, ro, bo, bvo, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	if err := serveSubresources(mgr, plain, pool, c, log, recorder); err != nil {

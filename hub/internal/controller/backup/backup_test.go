@@ -20,6 +20,7 @@ import (
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/backup"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/backupverification"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/controllertest"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
@@ -38,6 +39,9 @@ const (
 // fencing is the fencing timeout of the tests' hub.
 const fencing = time.Second
 
+// progress is how often the tests' hub writes a verification's progress.
+const progress = 500 * time.Millisecond
+
 // within bounds every wait for the hub.
 const within = 30 * time.Second
 
@@ -48,7 +52,7 @@ const (
 	bucket   = "backups"
 )
 
-// startHub runs the backup controller against a real API server, a fleet
+// startHub runs the backup and verification controllers against a real API server, a fleet
 // over a real nats-server, and a real S3 store the location names.
 func startHub(t *testing.T) (*controllertest.Env, *s3test.Server) {
 	t.Helper()
@@ -57,7 +61,11 @@ func startHub(t *testing.T) (*controllertest.Env, *s3test.Server) {
 		memory := perobject.NewOwner(nil)
 		backups := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineBackup{} })
 		e.Fleet.Backups.Subscribe(backups.Notify)
-		return backup.Setup(mgr, o, backup.Options{Pool: e.Pool, Notifier: backups, Memory: memory, FencingTimeout: fencing})
+		if err := backup.Setup(mgr, o, backup.Options{Pool: e.Pool, Notifier: backups, Memory: memory, FencingTimeout: fencing}); err != nil {
+			return err
+		}
+		verifications := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineBackupVerification{} })
+		return backupverification.Setup(mgr, o, backupverification.Options{Notifier: verifications, Memory: memory, Progress: progress})
 	})
 	for _, n := range []string{nodeA, lost} {
 		e.Fleet.Agent(n).Heartbeat(wire.NodeHeartbeat{Backend: "libvirt", Backups: true, Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30}})
@@ -227,8 +235,7 @@ func TestBackups(t *testing.T) {
 
 	t.Run("DeletionPolicyDeleteDeletesTheDataRetainKeepsIt", func(t *testing.T) {
 		vm := e.VM(t, granted, "kept", nodeA, true, v1alpha1.PhaseRunning)
-		store, err := backupstore.Open(e.Ctx, backupstore.Location{Endpoint: s.Endpoint, Region: s.Region, Bucket: bucket, AccessKey: s.AccessKey, SecretKey: s.SecretKey})
-		require.NoError(t, err)
+		store := openStore(t, s)
 		for _, tc := range []struct {
 			name   string
 			policy v1alpha1.BackupDeletionPolicy
