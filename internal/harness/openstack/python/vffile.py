@@ -5,7 +5,12 @@ must really hold the image, and a hypervisor must one day be able to open
 it. Each volume is the sparse file <vffile_directory>/volume-<id> of the
 volume's size, a snapshot the file snapshot-<id> beside it. An image is
 fetched from Glance and written into the file as raw by Cinder's own
-image_utils.fetch_to_raw (qemu-img convert). A connection hands the file
+image_utils.fetch_to_raw (qemu-img convert); a volume is uploaded to
+Glance (os-volume_upload_image) from its file in place, as LVM's driver
+uploads its logical volume. A snapshot is a sparse copy of the file:
+unlike an LVM snapshot it is not of one instant when the volume is
+written to while it is copied (ext4 has no reflinks), so a test that
+snapshots a guest's disk has the guest write nothing meanwhile. A connection hands the file
 over as a 'local' device, which is where os-brick and Nova's libvirt driver
 find a volume that is a path on the compute host: the file itself, or, for
 a host named in vffile_block_device_hosts, a loop device over it. Nova's
@@ -138,6 +143,12 @@ class FileDriver(driver.VolumeDriver):
         # qemu-img convert makes the file anew, as long as the image's
         # virtual size: the volume is its own size again.
         self._resize(path, volume.size)
+
+    def copy_volume_to_image(self, context, volume, image_service,
+                             image_meta):
+        volume_utils.upload_volume(context, image_service, image_meta,
+                                   self.local_path(volume), volume,
+                                   run_as_root=False)
 
     def ensure_export(self, context, volume):
         pass
