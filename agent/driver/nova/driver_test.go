@@ -760,9 +760,9 @@ func TestBadInputIsTerminal(t *testing.T) {
 			m.Networks = []driver.Network{{Name: "ns_br", Mode: driver.NetworkModeBridge}}
 		}, message: "provider network"},
 		{name: "DiskFromAnImageWithoutGlance", change: func(m *driver.Machine) { m.Disks[0].Image = &driver.Image{UID: "i", URL: "http://x/i.qcow2"} }, message: "no image service (Glance)"},
-		{name: "DiskFromABackup", change: func(m *driver.Machine) {
+		{name: "DiskFromABackupWithoutGlance", change: func(m *driver.Machine) {
 			m.Disks[0].Image = &driver.Image{UID: "i", Name: "restored", Format: "raw", Backup: &wire.ImageBackup{Namespace: "team-a", ID: "b-1", Disk: "root"}}
-		}, message: "image restored is a disk of backup team-a/b-1: the nova backend cannot make an image from a backup yet"},
+		}, message: "image restored: this cloud's catalog has no image service (Glance)"},
 		{name: "NoDisks", change: func(m *driver.Machine) { m.Disks = nil }, message: "at least one disk"},
 	}
 	for _, tc := range cases {

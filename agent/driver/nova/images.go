@@ -24,7 +24,9 @@ import (
 // in the cloud: the agent downloads the DiskImage's URL within the node's
 // policy (imageimport: allowed sources, size and time limits, SHA256,
 // inspection), then uploads the verified file to Glance, so Glance never
-// fetches a tenant's URL itself. A Volume from the image is a Cinder
+// fetches a tenant's URL itself. A DiskImage made from a disk of a backup
+// is read from its location into a raw file (imageimport's FromBackup)
+// and uploaded the same way, as raw. A Volume from the image is a Cinder
 // volume created from it (imageRef): Cinder writes the image into the
 // volume, marks it bootable and keeps the image's metadata on it, and the
 // volume no longer depends on the image. An image no virtfleet volume of
@@ -91,9 +93,6 @@ func activeImage(all []images.Image, uid string) *images.Image {
 // The caller holds d.imageUse for reading until the volume made from the
 // image exists, so a prune never deletes the image in between.
 func (d *Driver) imageFor(ctx context.Context, img *driver.Image) (string, error) {
-	if b := img.Backup; b != nil {
-		return "", driver.Terminalf("image %s is a disk of backup %s/%s: the nova backend cannot make an image from a backup yet", img.Name, b.Namespace, b.ID)
-	}
 	if d.c.image == nil {
 		return "", driver.Terminalf("image %s: this cloud's catalog has no image service (Glance) to import it into", img.Name)
 	}
@@ -157,15 +156,20 @@ func (d *Driver) externalImage(ctx context.Context, img *driver.Image) (string, 
 	return "", driver.Terminalf("image %s: %d Glance images are named %q; name the one to import by its id", img.Name, len(all), img.ExternalName)
 }
 
-// importImage downloads, verifies and inspects img, then uploads it to
-// Glance. Whatever an earlier import of this node left unfinished (an
+// importImage downloads, verifies and inspects img, or makes it of a disk
+// of a backup (a raw file, see imageimport's FromBackup), then uploads it
+// to Glance. Whatever an earlier import of this node left unfinished (an
 // agent killed mid-upload) is deleted first; an upload that fails is
 // deleted again, so only a complete image is ever active under its name.
 func (d *Driver) importImage(ctx context.Context, img *driver.Image, job *imageimport.Job) error {
 	if err := d.deleteUnfinished(ctx, img.UID); err != nil {
 		return err
 	}
-	path, size, err := job.Download(ctx, img)
+	fetch := job.Download
+	if img.Backup != nil {
+		fetch = job.FromBackup
+	}
+	path, size, err := fetch(ctx, img)
 	if err != nil {
 		return err
 	}
