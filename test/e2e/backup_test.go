@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/minio/minio-go/v7"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -55,6 +58,9 @@ func TestBackups(t *testing.T) {
 	h.create(t, vm("web", "web-root"))
 	web := h.wait(t, "web", time.Minute, running)
 
+	store, err := backupstore.Open(ctx, backupstore.Location{Endpoint: h.s.ObjectStore.Endpoint, Region: h.s.ObjectStore.Region, Bucket: stack.LocationBucket, AccessKey: h.s.ObjectStore.AccessKey, SecretKey: h.s.ObjectStore.SecretKey})
+	require.NoError(t, err)
+
 	var first *v1alpha1.VirtualMachineBackup
 	t.Run("TheFirstBackupIsFullAndTheNextReadsOnlyWhatChanged", func(t *testing.T) {
 		backupOf("web-1", "web")
@@ -75,8 +81,6 @@ func TestBackups(t *testing.T) {
 		assert.Zero(t, second.Status.BytesRead, "nothing was written since the first")
 		assert.Zero(t, second.Status.BytesWritten)
 
-		store, err := backupstore.Open(ctx, backupstore.Location{Endpoint: h.s.ObjectStore.Endpoint, Region: h.s.ObjectStore.Region, Bucket: stack.LocationBucket, AccessKey: h.s.ObjectStore.AccessKey, SecretKey: h.s.ObjectStore.SecretKey})
-		require.NoError(t, err)
 		all, err := store.Backups(ctx, ns)
 		require.NoError(t, err)
 		assert.Len(t, all, 2, "both backups are whole in the store")
@@ -156,5 +160,36 @@ func TestBackups(t *testing.T) {
 
 		grant(apisv1alpha1.TenantGrant{Namespaces: []string{tenant}, RestoreFrom: []string{ns}})
 		require.Eventually(t, func() bool { return running(get()) }, time.Minute, 100*time.Millisecond, "the VM runs once the administrator granted it")
+	})
+
+	// Last: it damages the store that the subtests above read.
+	t.Run("AVerificationFindsAChunkCorruptedInTheStore", func(t *testing.T) {
+		require.NotNil(t, first)
+		out, err := h.plugin("backup", "verify", "web-1", "--name", "web-1-clean", "--wait", "1m")
+		require.NoError(t, err, out)
+		assert.Contains(t, out, "VirtualMachineBackupVerification "+ns+"/web-1-clean succeeded")
+
+		m, err := store.Manifest(ctx, ns, string(first.UID))
+		require.NoError(t, err)
+		require.NotEmpty(t, m.Disks)
+		require.NotEmpty(t, m.Disks[0].Extents)
+		bad := m.Disks[0].Extents[0]
+		s3, err := h.s.ObjectStore.Client()
+		require.NoError(t, err)
+		// A chunk's object, as backupstore lays it out under the location's
+		// empty prefix, overwritten with other content.
+		key := "chunks/" + bad.Chunk[:4] + "/" + bad.Chunk
+		junk := []byte("not what was backed up")
+		_, err = s3.PutObject(ctx, stack.LocationBucket, key, bytes.NewReader(junk), int64(len(junk)), minio.PutObjectOptions{})
+		require.NoError(t, err)
+
+		out, err = h.plugin("backup", "verify", "web-1", "--name", "web-1-corrupt", "--wait", "1m")
+		require.Error(t, err, out)
+		assert.Contains(t, out+err.Error(), fmt.Sprintf("disk %s, bytes %d-%d (chunk %s): its content does not match its name", m.Disks[0].Name, bad.Offset, bad.Offset+bad.Length, bad.Chunk))
+		got := &v1alpha1.VirtualMachineBackup{}
+		require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "web-1"}, got))
+		require.NotNil(t, got.Status.LastVerification)
+		assert.Equal(t, v1alpha1.BackupCorrupt, got.Status.LastVerification.Result)
+		h.assertEvent(t, "web-1", "BackupCorrupt", "of backup "+string(first.UID))
 	})
 }

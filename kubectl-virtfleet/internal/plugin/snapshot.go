@@ -2,7 +2,9 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,12 +18,13 @@ import (
 	v1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 )
 
-// The kinds snapshot, restore and backup create; the user's own RBAC on
+// The kinds snapshot, restore, backup and backup verify create; the user's own RBAC on
 // them decides, as it would for kubectl create.
 var (
-	snapshots = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinesnapshots")
-	restores  = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinerestores")
-	backups   = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinebackups")
+	snapshots     = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinesnapshots")
+	restores      = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinerestores")
+	backups       = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinebackups")
+	verifications = v1alpha1.SchemeGroupVersion.WithResource("virtualmachinebackupverifications")
 )
 
 // waitPoll is how often --wait looks at the object it waits for.
@@ -107,7 +110,67 @@ func (e *env) backupCommand() *cobra.Command {
 	cmd.Flags().BoolVar(&full, "full", false, "Read every disk whole, not only what changed since the VM's last backup")
 	cmd.Flags().DurationVar(&timeout, "wait", 0, "Wait this long for the backup to finish (0: do not wait)")
 	_ = cmd.MarkFlagRequired("location")
+	cmd.AddCommand(e.verifyCommand())
 	return cmd
+}
+
+// listedRanges is how many corrupt ranges --wait prints of a verification
+// that found some; the object lists more.
+const listedRanges = 10
+
+// verifyCommand creates a VirtualMachineBackupVerification of a backup.
+func (e *env) verifyCommand() *cobra.Command {
+	var name, location, id string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "verify [BACKUP | --location LOCATION --id ID]",
+		Short: "Read a VirtualMachineBackup back from its BackupLocation and report every range whose chunk is missing or does not match (a VirtualMachineBackupVerification)",
+		Long: "Read a VirtualMachineBackup back from its BackupLocation and report every range whose chunk is missing or does not match (a VirtualMachineBackupVerification).\n\n" +
+			"Name the VirtualMachineBackup, or, for a backup whose object was deleted with deletionPolicy Retain, its location and ID (the object's uid). " +
+			"To back up a VM named verify, use kubectl create.",
+		Args: func(_ *cobra.Command, args []string) error {
+			switch {
+			case len(args) > 1:
+				return fmt.Errorf("name one VirtualMachineBackup, got %d arguments", len(args))
+			case len(args) == 1 && (id != "" || location != ""):
+				return errors.New("name the VirtualMachineBackup or give --location and --id, not both")
+			case len(args) == 0 && (id == "" || location == ""):
+				return errors.New("name a VirtualMachineBackup, or give --location and --id of a backup whose object is gone")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			v := &v1alpha1.VirtualMachineBackupVerification{
+				TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.VirtualMachineBackupVerificationKind},
+			}
+			if len(args) == 1 {
+				v.ObjectMeta = generated(name, args[0])
+				v.Spec.BackupName = v1alpha1.LocalName(args[0])
+			} else {
+				v.ObjectMeta = generated(name, "backup-"+strings.ToLower(id))
+				v.Spec.Backup = &v1alpha1.BackupInLocation{Location: location, ID: id}
+			}
+			return e.createAndWait(cmd.Context(), verifications, v, timeout, finished(func(got *v1alpha1.VirtualMachineBackupVerification) (bool, bool, string, string) {
+				return got.Done(), got.Status.Phase == v1alpha1.VerificationSucceeded, string(got.Status.Phase), verificationMessage(got.Status)
+			}))
+		},
+	}
+	cmd.Flags().StringVar(&location, "location", "", "The BackupLocation of a backup whose VirtualMachineBackup is gone (with --id)")
+	cmd.Flags().StringVar(&id, "id", "", "The ID of a backup whose VirtualMachineBackup is gone: the object's uid (with --location)")
+	cmd.Flags().StringVar(&name, "name", "", "Name of the VirtualMachineBackupVerification (default: the backup's name and a random suffix)")
+	cmd.Flags().DurationVar(&timeout, "wait", 0, "Wait this long for the verification to finish (0: do not wait)")
+	return cmd
+}
+
+// verificationMessage is the status's message and, of a verification that
+// found corrupt ranges, the first of them.
+func verificationMessage(st v1alpha1.VirtualMachineBackupVerificationStatus) string {
+	var b strings.Builder
+	b.WriteString(st.Message)
+	for _, r := range st.Corrupt[:min(len(st.Corrupt), listedRanges)] {
+		fmt.Fprintf(&b, "\n  disk %s, bytes %d-%d (chunk %s): %s", r.Disk, r.Offset, r.Offset+r.Length, r.Chunk, r.Reason)
+	}
+	return b.String()
 }
 
 // finished is what --wait asks of an object of type T read back: whether
