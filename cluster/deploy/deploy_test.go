@@ -358,6 +358,8 @@ func TestHubRBAC(t *testing.T) {
 		"HoldsBackups":                {cr.Rules, grant{"compute.virtfleet.io", "virtualmachinebackups", "update"}, true},
 		"WritesBackupStatus":          {cr.Rules, grant{"compute.virtfleet.io", "virtualmachinebackups/status", "update"}, true},
 		"ReadsBackupLocations":        {cr.Rules, grant{"compute.virtfleet.io", "backuplocations", "watch"}, true},
+		"ReadsPlacementGroups":        {cr.Rules, grant{"compute.virtfleet.io", "placementgroups", "watch"}, true},
+		"NeverWritesPlacementGroups":  {cr.Rules, grant{"compute.virtfleet.io", "placementgroups", "update"}, false},
 		"NeverWritesBackupLocations":  {cr.Rules, grant{"compute.virtfleet.io", "backuplocations", "create"}, false},
 		"WritesVerificationStatus":    {cr.Rules, grant{"compute.virtfleet.io", "virtualmachinebackupverifications/status", "update"}, true},
 		"NeverHoldsVerifications":     {cr.Rules, grant{"compute.virtfleet.io", "virtualmachinebackupverifications", "update"}, false},

@@ -43,6 +43,11 @@ const (
 )
 
 // VirtualMachineMigrationStatus is what the hub and the nodes observed.
+// MigrationNoTarget begins the message of a Pending migration that waits
+// because no node can take its VM (capacity, selectors, a placement
+// group's rule); a drain that needs the migration is Blocked meanwhile.
+const MigrationNoTarget = "no node can take the VM"
+
 type VirtualMachineMigrationStatus struct {
 	// Phase is how far the migration got.
 	// +optional

@@ -142,6 +142,13 @@ type VirtualMachineParameters struct {
 	// +optional
 	Backend *Backend `json:"backend,omitempty"`
 
+	// PlacementGroup names a PlacementGroup of the VM's namespace: the
+	// hub keeps the VMs that name it apart (anti-affinity) or together
+	// (affinity), as the group says, when it places them, moves them live
+	// and restarts them after a node loss.
+	// +optional
+	PlacementGroup *LocalName `json:"placementGroup,omitempty"`
+
 	// EvictionStrategy is what a drain of the VM's node does with it:
 	// LiveMigrate (the default) moves it live to another node; None keeps
 	// it where it is, and the drain waits for it (shown on the node).

@@ -18,6 +18,9 @@ import (
 type book struct {
 	byUID map[string]reservation
 	sum   map[string]Resources
+	// groups are the nodes of each placement group's reservations, by
+	// uid.
+	groups map[string]map[string]string
 	// confirmed are each node's confirmed reservations, earliest first.
 	confirmed map[string]*stamps
 	// made are every reservation, earliest first; reservations are made in
@@ -32,7 +35,7 @@ type stamp struct {
 }
 
 func newBook() *book {
-	return &book{byUID: map[string]reservation{}, sum: map[string]Resources{}, confirmed: map[string]*stamps{}}
+	return &book{byUID: map[string]reservation{}, sum: map[string]Resources{}, groups: map[string]map[string]string{}, confirmed: map[string]*stamps{}}
 }
 
 func (b *book) get(uid string) (reservation, bool) {
@@ -45,6 +48,12 @@ func (b *book) put(uid string, r reservation) {
 	b.remove(uid)
 	b.byUID[uid] = r
 	b.sum[r.node] = b.sum[r.node].add(r.resources)
+	if r.group != "" {
+		if b.groups[r.group] == nil {
+			b.groups[r.group] = map[string]string{}
+		}
+		b.groups[r.group][uid] = r.node
+	}
 	b.made = append(b.made, stamp{uid: uid, at: r.at})
 	if !r.confirmedAt.IsZero() {
 		b.pushConfirmed(uid, r)
@@ -58,12 +67,29 @@ func (b *book) remove(uid string) {
 		return
 	}
 	delete(b.byUID, uid)
+	if g := b.groups[r.group]; g != nil {
+		delete(g, uid)
+		if len(g) == 0 {
+			delete(b.groups, r.group)
+		}
+	}
 	s := b.sum[r.node].add(Resources{VCPU: -r.resources.VCPU, MemoryBytes: -r.resources.MemoryBytes})
 	if s == (Resources{}) {
 		delete(b.sum, r.node)
 	} else {
 		b.sum[r.node] = s
 	}
+}
+
+// groupNodes are the nodes of group's reservations but uid's.
+func (b *book) groupNodes(group, uid string) []string {
+	out := make([]string, 0, len(b.groups[group]))
+	for u, node := range b.groups[group] {
+		if u != uid {
+			out = append(out, node)
+		}
+	}
+	return out
 }
 
 // confirm records that uid's guest was reported at, once.

@@ -8,6 +8,8 @@ package placement
 
 import (
 	"fmt"
+	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -59,6 +61,48 @@ type Request struct {
 	// Pools are the shared storage pools the VM's Volumes live in: only a
 	// node that reaches every one of them can open its disks.
 	Pools []string
+	// Group is the placement group the VM belongs to, if any.
+	Group *Group
+}
+
+// Group is a placement group as one of its VMs is placed: its policy, and
+// the nodes its other VMs are on. The Placer adds the nodes of the group's
+// reservations, so VMs of one group placed in one burst obey it too.
+type Group struct {
+	// Key tells groups apart across requests (namespace/name); Name is
+	// how messages call it.
+	Key, Name string
+	// AntiAffinity spreads the group's VMs over topology domains; without
+	// it they are kept in one.
+	AntiAffinity bool
+	// Required makes the policy a rule; otherwise it only orders nodes.
+	Required bool
+	// TopologyKey is the node label that names a node's domain; empty, or
+	// a node without the label, makes the node its own domain.
+	TopologyKey string
+	// MemberNodes are the nodes the group's other VMs are bound to, one
+	// entry per VM.
+	MemberNodes []string
+}
+
+// domain is the topology domain of node n in g.
+func (g *Group) domain(n Node) string {
+	if v, ok := n.Labels[g.TopologyKey]; g.TopologyKey != "" && ok {
+		return g.TopologyKey + "=" + v
+	}
+	return "node " + n.Name
+}
+
+// policy names g's policy in messages.
+func (g *Group) policy() string {
+	p := "anti-affinity"
+	if !g.AntiAffinity {
+		p = "affinity"
+	}
+	if !g.Required {
+		p = "preferred " + p
+	}
+	return p
 }
 
 // Cause classifies why a node was passed over, in a few words an operator's
@@ -75,12 +119,13 @@ const (
 	CauseVCPU       Cause = "vcpu"
 	CauseMemory     Cause = "memory"
 	CausePool       Cause = "storage-pool"
+	CauseGroup      Cause = "placement-group"
 	// CauseNoNodes: no node has sent a heartbeat.
 	CauseNoNodes Cause = "no-nodes"
 )
 
 // Causes are every Cause.
-var Causes = []Cause{CauseCordoned, CauseVolumeNode, CauseStale, CauseBackend, CauseSelector, CausePool, CauseVCPU, CauseMemory, CauseNoNodes}
+var Causes = []Cause{CauseCordoned, CauseVolumeNode, CauseStale, CauseBackend, CauseSelector, CausePool, CauseGroup, CauseVCPU, CauseMemory, CauseNoNodes}
 
 // NoFitError says why no node can take a request, node by node, in a form a
 // user can act on from the VirtualMachine's conditions.
@@ -137,7 +182,9 @@ const (
 )
 
 type reservation struct {
-	node      string
+	node string
+	// group is the Key of the VM's placement group, if any.
+	group     string
 	resources Resources
 	at        time.Time
 	// confirmedAt is when the node reported the guest; the first
@@ -200,7 +247,11 @@ func (p *Placer) Place(nodes []Node, req Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	p.reservations.put(req.UID, reservation{node: best, resources: req.Resources, at: now})
+	r := reservation{node: best, resources: req.Resources, at: now}
+	if req.Group != nil {
+		r.group = req.Group.Key
+	}
+	p.reservations.put(req.UID, r)
 	return best, nil
 }
 
@@ -211,14 +262,20 @@ func (p *Placer) choose(nodes []Node, req Request, now time.Time) (string, error
 		p.reservations.dropCounted(n.Name, n.LastSeen)
 	}
 	reserved := p.reservations.sum
-	best, bestScore := "", 2.0
+	members := p.members(nodes, req)
+	best, bestScore := "", math.Inf(1)
 	noFit := &NoFitError{Reasons: map[string]string{}, Causes: map[string]Cause{}}
 	for _, n := range nodes {
-		if reason, cause := p.ineligible(n, req, reserved[n.Name], now); reason != "" {
+		reason, cause := p.ineligible(n, req, reserved[n.Name], now)
+		if reason == "" {
+			reason = members.refuses(n)
+			cause = CauseGroup
+		}
+		if reason != "" {
 			noFit.Reasons[n.Name], noFit.Causes[n.Name] = reason, cause
 			continue
 		}
-		score := allocatedFraction(n.Capacity, n.Allocated.add(reserved[n.Name]).add(req.Resources))
+		score := allocatedFraction(n.Capacity, n.Allocated.add(reserved[n.Name]).add(req.Resources)) + members.penalty(n)
 		if score < bestScore || (score == bestScore && n.Name < best) {
 			best, bestScore = n.Name, score
 		}
@@ -227,6 +284,68 @@ func (p *Placer) choose(nodes []Node, req Request, now time.Time) (string, error
 		return "", noFit
 	}
 	return best, nil
+}
+
+// groupMembers are the topology domains a request's group has VMs in,
+// with how many.
+type groupMembers struct {
+	group   *Group
+	domains map[string]int
+}
+
+// members are the domains of req's group's other VMs: those the hub knows
+// bound, and those reserved. A member on a node not among nodes (lost, or
+// passed over by the caller) is in that node's own domain.
+func (p *Placer) members(nodes []Node, req Request) groupMembers {
+	g := req.Group
+	if g == nil {
+		return groupMembers{}
+	}
+	byName := make(map[string]Node, len(nodes))
+	for _, n := range nodes {
+		byName[n.Name] = n
+	}
+	m := groupMembers{group: g, domains: map[string]int{}}
+	for _, node := range slices.Concat(g.MemberNodes, p.reservations.groupNodes(g.Key, req.UID)) {
+		n, ok := byName[node]
+		if !ok {
+			n = Node{Name: node}
+		}
+		m.domains[g.domain(n)]++
+	}
+	return m
+}
+
+// refuses says why a required policy keeps the VM off n, or "".
+func (m groupMembers) refuses(n Node) string {
+	g := m.group
+	if g == nil || !g.Required {
+		return ""
+	}
+	d := g.domain(n)
+	switch {
+	case g.AntiAffinity && m.domains[d] > 0:
+		return fmt.Sprintf("placement group %s (%s) has a VM in %s already", g.Name, g.policy(), d)
+	case !g.AntiAffinity && len(m.domains) > 0 && m.domains[d] == 0:
+		return fmt.Sprintf("placement group %s (%s) keeps its VMs in %s", g.Name, g.policy(), strings.Join(slices.Sorted(maps.Keys(m.domains)), ", "))
+	}
+	return ""
+}
+
+// penalty orders nodes by a preferred policy: each VM of the group in n's
+// domain counts as a whole node's worth of allocation, against n under
+// anti-affinity and for it under affinity, so the policy outweighs how
+// full the nodes are.
+func (m groupMembers) penalty(n Node) float64 {
+	g := m.group
+	if g == nil || g.Required {
+		return 0
+	}
+	count := float64(m.domains[g.domain(n)])
+	if g.AntiAffinity {
+		return count
+	}
+	return -count
 }
 
 // Confirm records that the node reported uid's guest at the given time

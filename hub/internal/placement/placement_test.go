@@ -269,3 +269,95 @@ func TestConfirmedReservationsLastUntilTheNextHeartbeat(t *testing.T) {
 	_, held := p.Reserved("a")
 	assert.False(t, held, "a is counted by node1's heartbeat now, not twice")
 }
+
+// rack puts a node in rack r.
+func rack(r string) func(*Node) {
+	return func(n *Node) { n.Labels["topology.example/rack"] = r }
+}
+
+func TestPlacementGroups(t *testing.T) {
+	three := []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 1, 1), node("node3", 8, 16, 2, 2)}
+	racks := []Node{
+		node("a1", 8, 16, 0, 0, rack("a")), node("a2", 8, 16, 0, 0, rack("a")),
+		node("b1", 8, 16, 4, 8, rack("b")), node("b2", 8, 16, 4, 8, rack("b")),
+	}
+	group := func(anti, required bool, key string, members ...string) *Group {
+		return &Group{Key: "team-a/web", Name: "web", AntiAffinity: anti, Required: required, TopologyKey: key, MemberNodes: members}
+	}
+	with := func(g *Group) Request {
+		r := small("vm")
+		r.Group = g
+		return r
+	}
+	cases := []struct {
+		name  string
+		nodes []Node
+		req   Request
+		want  string
+		// noFit is a substring of every node's reason when none fits.
+		noFit string
+	}{
+		{name: "required anti-affinity passes over the emptiest node when a member is there", nodes: three, req: with(group(true, true, "", "node1")), want: "node2"},
+		{name: "required anti-affinity with a member on every node fits nowhere", nodes: three, req: with(group(true, true, "", "node1", "node2", "node3")), noFit: "placement group web (anti-affinity) has a VM in node "},
+		{name: "preferred anti-affinity goes where fewest members are", nodes: three, req: with(group(true, false, "", "node1", "node2", "node3", "node1", "node2")), want: "node3"},
+		{name: "preferred anti-affinity outweighs how full a node is", nodes: three, req: with(group(true, false, "", "node1")), want: "node2"},
+		{name: "required affinity follows its members, however full their node", nodes: three, req: with(group(false, true, "", "node3")), want: "node3"},
+		{name: "required affinity with no member yet goes anywhere", nodes: three, req: with(group(false, true, "")), want: "node1"},
+		{name: "required affinity whose members' node cannot take the VM fits nowhere", nodes: []Node{node("node1", 8, 16, 0, 0), node("node2", 1, 1, 1, 1)}, req: with(group(false, true, "", "node2")), noFit: ""},
+		{name: "preferred affinity joins its members", nodes: three, req: with(group(false, false, "", "node2")), want: "node2"},
+		{name: "a topology key spreads over racks, not nodes", nodes: racks, req: with(group(true, true, "topology.example/rack", "a1")), want: "b1"},
+		{name: "a member on a node the caller left out still counts there", nodes: three, req: with(group(true, true, "", "lost-node", "node1")), want: "node2"},
+		{name: "affinity over racks stays in the members' rack", nodes: racks, req: with(group(false, true, "topology.example/rack", "b1")), want: "b1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := New(WithClock(func() time.Time { return t0 }))
+			got, err := p.Place(tc.nodes, tc.req)
+			if tc.want != "" {
+				require.NoError(t, err)
+				assert.Equal(t, tc.want, got)
+				return
+			}
+			var noFit *NoFitError
+			require.ErrorAs(t, err, &noFit)
+			for n, reason := range noFit.Reasons {
+				if tc.noFit != "" {
+					assert.Contains(t, reason, tc.noFit, "node %s", n)
+				}
+			}
+		})
+	}
+}
+
+// TestABurstOfOneGroupSpreads places a group's VMs one after the other
+// before the hub knows any bound: the Placer's own reservations keep
+// them apart, and once the nodes run out the next fits nowhere.
+func TestABurstOfOneGroupSpreads(t *testing.T) {
+	p := New(WithClock(func() time.Time { return t0 }))
+	nodes := []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 0, 0), node("node3", 8, 16, 0, 0)}
+	g := &Group{Key: "team-a/web", Name: "web", AntiAffinity: true, Required: true}
+	seen := map[string]bool{}
+	for i := range 3 {
+		req := small(fmt.Sprintf("vm-%d", i))
+		req.Group = g
+		got, err := p.Place(nodes, req)
+		require.NoError(t, err)
+		assert.False(t, seen[got], "vm-%d shares %s with another of its group", i, got)
+		seen[got] = true
+	}
+	req := small("vm-3")
+	req.Group = g
+	_, err := p.Place(nodes, req)
+	var noFit *NoFitError
+	require.ErrorAs(t, err, &noFit)
+	assert.Equal(t, []Cause{CauseGroup}, noFit.DistinctCauses())
+
+	other := small("other")
+	other.Group = &Group{Key: "team-b/web", Name: "web", AntiAffinity: true, Required: true}
+	_, err = p.Place(nodes, other)
+	require.NoError(t, err, "another namespace's group of the same name is another group")
+
+	p.Release("vm-0")
+	_, err = p.Place(nodes, req)
+	require.NoError(t, err, "a released member frees its node for the group")
+}

@@ -32,8 +32,10 @@ func drainLabel(node string) string {
 
 // drain moves the VMs of node away, one VirtualMachineMigration per VM,
 // and says how far it got. A VM that keeps its place (evictionStrategy
-// None), whose snapshots live on the node (they would not follow it), or
-// whose drain migration failed blocks the drain until someone acts:
+// None), whose snapshots live on the node (they would not follow it),
+// whose migration finds no node to go to (capacity, a placement group's
+// rule), or whose drain migration failed blocks the drain until someone
+// acts:
 // deleting the snapshots, or the failed migration, has the drain try
 // again. A node that moves its VMs between its own hosts keeps their
 // snapshots wherever they run.
@@ -50,7 +52,11 @@ func (r *Reconciler) drain(ctx context.Context, node string, hb wire.NodeHeartbe
 		if err := r.kube.List(ctx, l, client.InNamespace(vm.Namespace), client.MatchingFields{index.MigrationsOfVM.Index: vm.Name}); err != nil {
 			return nil, errors.Wrapf(err, "cannot list the migrations of VM %s/%s", vm.Namespace, vm.Name)
 		}
-		if slices.ContainsFunc(l.Items, func(m v1alpha1.VirtualMachineMigration) bool { return !m.Done() }) {
+		if i := slices.IndexFunc(l.Items, func(m v1alpha1.VirtualMachineMigration) bool { return !m.Done() }); i >= 0 {
+			if m := l.Items[i]; m.Status.Phase == v1alpha1.MigrationPending && strings.HasPrefix(m.Status.Message, v1alpha1.MigrationNoTarget) {
+				blocked = append(blocked, fmt.Sprintf("%s/%s: migration %s waits: %s", vm.Namespace, vm.Name, m.Name, m.Status.Message))
+				continue
+			}
 			st.Migrating++
 			continue
 		}

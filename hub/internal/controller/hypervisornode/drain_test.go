@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 )
@@ -91,4 +92,63 @@ func TestADrainIsBlockedByAVMWithSnapshots(t *testing.T) {
 	assert.Equal(t, v1alpha1.DrainDraining, h.get("node1").Status.Drain.Phase)
 	require.NoError(t, h.kube.List(context.Background(), migs))
 	assert.Len(t, migs.Items, 1)
+}
+
+// A drain whose migration finds no node to go to (a placement group's
+// rule, no room) is Blocked saying why, and Draining again once the
+// migration goes on.
+func TestADrainIsBlockedByAMigrationWithNowhereToGo(t *testing.T) {
+	h := newHarness(t, vmOn("web-0", "node1"))
+	h.heartbeat("node1", 2)
+	h.reconcile("node1")
+	n := h.get("node1")
+	n.Spec.Drain = true
+	require.NoError(t, h.kube.Update(context.Background(), n))
+	h.now = h.now.Add(MinInterval)
+	h.reconcile("node1")
+	migs := &v1alpha1.VirtualMachineMigrationList{}
+	require.NoError(t, h.kube.List(context.Background(), migs))
+	require.Len(t, migs.Items, 1)
+	m := migs.Items[0]
+
+	cases := []struct {
+		name    string
+		status  v1alpha1.VirtualMachineMigrationStatus
+		phase   v1alpha1.DrainPhase
+		message string
+	}{
+		{
+			name:    "NoNodeCanTakeTheVM",
+			status:  v1alpha1.VirtualMachineMigrationStatus{Phase: v1alpha1.MigrationPending, Message: v1alpha1.MigrationNoTarget + ": no node fits: node2: placement group web (anti-affinity) has a VM in node node2 already"},
+			phase:   v1alpha1.DrainBlocked,
+			message: "waiting for default/web-0: migration " + m.Name + " waits: no node can take the VM: no node fits: node2: placement group web (anti-affinity)",
+		},
+		{
+			name:   "WaitingForASlotIsStillDraining",
+			status: v1alpha1.VirtualMachineMigrationStatus{Phase: v1alpha1.MigrationPending, Message: "node node1 moves 2 VMs at once already"},
+			phase:  v1alpha1.DrainDraining,
+		},
+		{
+			name:   "MovingIsDraining",
+			status: v1alpha1.VirtualMachineMigrationStatus{Phase: v1alpha1.MigrationRunning, SourceNode: "node1", TargetNode: "node3"},
+			phase:  v1alpha1.DrainDraining,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.NoError(t, h.kube.Get(context.Background(), client.ObjectKeyFromObject(&m), &m))
+			m.Status = tc.status
+			require.NoError(t, h.kube.Status().Update(context.Background(), &m))
+			h.now = h.now.Add(MinInterval)
+			h.reconcile("node1")
+			d := h.get("node1").Status.Drain
+			require.NotNil(t, d)
+			assert.Equal(t, tc.phase, d.Phase)
+			if tc.message != "" {
+				assert.Contains(t, d.Message, tc.message)
+			} else {
+				assert.Empty(t, d.Message)
+			}
+		})
+	}
 }

@@ -82,6 +82,15 @@ var NodeUsers = vmUser("metadata.annotations.node", func(vm *v1alpha1.VirtualMac
 	return nil
 })
 
+// PlacementGroupMembers are the VirtualMachines in a PlacementGroup,
+// through spec.forProvider.placementGroup.
+var PlacementGroupMembers = vmUser("spec.forProvider.placementGroup", func(vm *v1alpha1.VirtualMachine) []string {
+	if g := vm.Spec.ForProvider.PlacementGroup; g != nil {
+		return []string{string(*g)}
+	}
+	return nil
+})
+
 // MigrationsOfVM are the VirtualMachineMigrations moving a VirtualMachine,
 // through spec.vmName.
 var MigrationsOfVM = inuse.User{
@@ -130,7 +139,7 @@ var RestoresOfSnapshot = inuse.User{
 }
 
 // all are the indexes Setup registers.
-var all = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers, NodeUsers, MigrationsOfVM, SnapshotsOfVM, RestoresOfSnapshot}
+var all = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers, NodeUsers, PlacementGroupMembers, MigrationsOfVM, SnapshotsOfVM, RestoresOfSnapshot}
 
 // vmUser describes VirtualMachines as users of what index names.
 func vmUser(index string, uses func(*v1alpha1.VirtualMachine) []string) inuse.User {
@@ -160,7 +169,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager) error {
 }
 
 // VirtualMachines lists the VirtualMachines in o's namespace whose field u
-// indexes names o; u is VolumeUsers or NetworkUsers. Read from a cache, the
+// indexes names o; u is VolumeUsers, NetworkUsers or PlacementGroupMembers. Read from a cache, the
 // VMs are the cache's own, not copies (a network's users are every VM of
 // a fleet): the caller reads them and never changes them.
 func VirtualMachines(ctx context.Context, kube client.Reader, u inuse.User, o client.Object) ([]v1alpha1.VirtualMachine, error) {

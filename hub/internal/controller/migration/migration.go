@@ -267,7 +267,7 @@ func (r *Reconciler) schedule(ctx context.Context, mig *v1alpha1.VirtualMachineM
 	if err != nil {
 		var noFit *placement.NoFitError
 		if errors.As(err, &noFit) {
-			return r.wait(ctx, mig, "no node can take the VM: "+noFit.Error())
+			return r.wait(ctx, mig, v1alpha1.MigrationNoTarget+": "+noFit.Error())
 		}
 		return reconcile.Result{}, r.fail(ctx, mig, vm, f, err.Error())
 	}
@@ -389,6 +389,9 @@ func (r *Reconciler) target(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	}
 	if fp.Backend != nil {
 		req.Backend = string(*fp.Backend)
+	}
+	if req.Group, err = virtualmachine.GroupOf(ctx, r.kube, vm, f); err != nil {
+		return "", err
 	}
 	return r.opts.Placer.Place(nodes, req)
 }

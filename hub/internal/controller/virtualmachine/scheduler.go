@@ -386,6 +386,9 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	if err != nil {
 		return binding{}, err
 	}
+	if req.Group, err = GroupOf(ctx, s.cache, vm, f); err != nil {
+		return binding{}, err
+	}
 	nodes, ok := b.nodes[f]
 	if !ok {
 		nodes = MarkCordoned(ctx, s.cache, f.Nodes())
