@@ -42,7 +42,7 @@ func (t Target) key() string {
 }
 
 // FleetsPerNamespace is how many NATS connections the ProviderConfigs of
-// one namespace may have the hub open, besides those of
+// one namespace may have the hub open or opening at once, besides those of
 // ClusterProviderConfigs: each holds a connection and watches for the
 // hub's lifetime.
 const FleetsPerNamespace = 4
@@ -159,12 +159,7 @@ func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
 		p.mu.Unlock()
 		return e.fleet, nil
 	case !ok:
-		if t.Namespace != "" && p.namespaceTargets(t.Namespace) >= FleetsPerNamespace {
-			p.mu.Unlock()
-			return nil, &TooManyError{Namespace: t.Namespace, URL: t.URL}
-		}
 		e = &target{namespace: t.Namespace}
-		p.targets[t.key()] = e
 	}
 	if e.attempt == nil {
 		if wait := time.Until(e.retryAt); wait > 0 {
@@ -172,6 +167,11 @@ func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
 			p.mu.Unlock()
 			return nil, err
 		}
+		if e.namespace != "" && p.namespaceTargets(e.namespace) >= FleetsPerNamespace {
+			p.mu.Unlock()
+			return nil, &TooManyError{Namespace: e.namespace, URL: t.URL}
+		}
+		p.targets[t.key()] = e
 		e.attempt = make(chan struct{})
 		go p.attempt(e, t)
 	}
@@ -196,12 +196,14 @@ func (p *Pool) Get(ctx context.Context, t Target) (*Fleet, error) {
 	return nil, &ConnectingError{URL: t.URL, Last: e.err, RetryIn: time.Until(e.retryAt)}
 }
 
-// namespaceTargets counts the targets namespace opened. The caller holds
-// p.mu.
+// namespaceTargets counts the targets namespace opened that are connected
+// or being connected: one that failed holds no connection until it is
+// tried again, so a namespace that named a wrong server is not held to it.
+// The caller holds p.mu.
 func (p *Pool) namespaceTargets(namespace string) int {
 	n := 0
 	for _, e := range p.targets {
-		if e.namespace == namespace {
+		if e.namespace == namespace && (e.fleet != nil || e.attempt != nil) {
 			n++
 		}
 	}

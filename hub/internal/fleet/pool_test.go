@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -121,13 +120,15 @@ func TestAFailingTargetBacksOff(t *testing.T) {
 
 func TestANamespaceOpensFewTargets(t *testing.T) {
 	srv, hub := natsServer(t)
-	p, _ := testPool(t, 2*time.Second)
+	p, _ := testPool(t, time.Minute)
 	ctx := context.Background()
+	// The namespace's slots held by servers that never answer: each
+	// attempt is under way for as long as the test.
 	for i := range FleetsPerNamespace {
-		_, err := p.Get(ctx, Target{URL: closedPort(t), Seed: []byte(fmt.Sprint(i)), Namespace: "tenant"})
-		require.Error(t, err)
-		var tooMany *TooManyError
-		require.False(t, errors.As(err, &tooMany), "target %d of %d is tried", i+1, FleetsPerNamespace)
+		addr, _ := natstest.BlackHole(t)
+		_, err := p.Get(ctx, Target{URL: "nats://" + addr, Namespace: "tenant"})
+		var connecting *ConnectingError
+		require.ErrorAs(t, err, &connecting, "target %d of %d is tried", i+1, FleetsPerNamespace)
 	}
 	// In order: the targets open stay open for the next cases.
 	cases := []struct {
@@ -151,5 +152,20 @@ func TestANamespaceOpensFewTargets(t *testing.T) {
 			}
 			require.NoError(t, err)
 		})
+	}
+}
+
+// A namespace whose servers failed is not held to them: a failed target
+// holds no connection, and the namespace may name others.
+func TestFailedTargetsHoldNoSlot(t *testing.T) {
+	p, _ := testPool(t, 2*time.Second)
+	ctx := context.Background()
+	for i := range FleetsPerNamespace + 2 {
+		url := closedPort(t)
+		require.Eventually(t, func() bool {
+			_, err := p.Get(ctx, Target{URL: url, Namespace: "tenant"})
+			var connecting *ConnectingError
+			return errors.As(err, &connecting) && connecting.Last != nil
+		}, 10*time.Second, 10*time.Millisecond, "target %d fails, and is not refused as one too many", i+1)
 	}
 }
