@@ -40,7 +40,7 @@ const (
 const fencing = time.Second
 
 // progress is how often the tests' hub writes a verification's progress.
-const progress = 500 * time.Millisecond
+const progress = 50 * time.Millisecond
 
 // within bounds every wait for the hub.
 const within = 30 * time.Second

@@ -3,7 +3,9 @@ package backup_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -224,6 +226,47 @@ func TestBackupVerifications(t *testing.T) {
 			}, within, 50*time.Millisecond)
 		})
 	}
+
+	t.Run("ProgressIsShownWhileItReads", func(t *testing.T) {
+		// A backup of many small chunks, so that reading it takes many
+		// progress intervals.
+		const chunks = 1500
+		b := newBackup(t, e, granted, "many", vm.Name, func(b *v1alpha1.VirtualMachineBackup) { b.Spec.Full = true })
+		intentOn(t, e, nodeA, b)
+		w, err := store.NewWriter(e.Ctx, backupstore.Manifest{ID: string(b.UID), Namespace: granted, VMName: vm.Name, VMUID: string(vm.UID)}, nil)
+		require.NoError(t, err)
+		require.NoError(t, w.Disk(driver.BackupDisk{Name: "root", Size: chunks * mib}))
+		for i := range int64(chunks) {
+			require.NoError(t, w.Data(i*mib, []byte(fmt.Sprintf("window %d", i))))
+		}
+		start := time.Now()
+		_, err = w.Commit(e.Ctx)
+		require.NoError(t, err)
+		t.Logf("wrote %d chunks in %s", chunks, time.Since(start))
+		succeed(t, e, nodeA, b, vm, true, "")
+		await(t, e, b, inPhase(v1alpha1.BackupSucceeded, ""))
+
+		start = time.Now()
+		v := newVerification(t, e, granted, "many", v1alpha1.VirtualMachineBackupVerificationSpec{BackupName: "many"})
+		var seen []int64
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			got := &v1alpha1.VirtualMachineBackupVerification{}
+			if !assert.NoError(c, e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(v), got)) {
+				return
+			}
+			if n := got.Status.ChunksChecked; len(seen) == 0 || seen[len(seen)-1] != n {
+				seen = append(seen, n)
+			}
+			assert.Equal(c, v1alpha1.VerificationSucceeded, got.Status.Phase)
+		}, within, 10*time.Millisecond)
+		took := time.Since(start)
+		t.Logf("verified %d chunks in %s, status showed %v", chunks, took, seen)
+		assert.Equal(t, int64(chunks), seen[len(seen)-1])
+		assert.True(t, slices.ContainsFunc(seen, func(n int64) bool { return n > 0 && n < chunks }), "the status showed the chunks checked on the way")
+		// Each value seen is one write at least: the start, one per
+		// interval, the end.
+		assert.LessOrEqual(t, len(seen), int(took/progress)+3, "progress is written at most every %s", progress)
+	})
 
 	t.Run("ABackupWhoseObjectIsGoneIsFoundByLocationAndID", func(t *testing.T) {
 		b, _ := takeBackup(t, e, store, vm, "retained", 200)

@@ -291,7 +291,16 @@ func (r *Reconciler) follow(ctx context.Context, v *v1alpha1.VirtualMachineBacku
 	st.ChunksTotal, st.ChunksChecked, st.BytesChecked = j.total.Load(), j.chunks.Load(), j.bytes.Load()
 	out, ended := j.outcome()
 	if !ended {
-		return reconcile.Result{RequeueAfter: r.opts.Progress}, r.setStatus(ctx, v, st)
+		// Each write wakes the verification again (its watch), so the
+		// interval is kept here, not only by the requeue.
+		if wait := r.opts.Progress - time.Since(time.Unix(0, j.written.Load())); wait > 0 {
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
+		if err := r.setStatus(ctx, v, st); err != nil {
+			return reconcile.Result{}, err
+		}
+		j.written.Store(time.Now().UnixNano())
+		return reconcile.Result{RequeueAfter: r.opts.Progress}, nil
 	}
 	now := metav1.Now()
 	st.CompletionTime = &now
@@ -394,9 +403,11 @@ func (r *Reconciler) setStatus(ctx context.Context, v *v1alpha1.VirtualMachineBa
 type job struct {
 	cancel               context.CancelFunc
 	total, chunks, bytes atomic.Int64
-	mu                   sync.Mutex
-	ended                bool
-	out                  outcome
+	// written is when its status was last written (Unix nanoseconds).
+	written atomic.Int64
+	mu      sync.Mutex
+	ended   bool
+	out     outcome
 }
 
 type outcome struct {
@@ -460,6 +471,7 @@ func (js *jobs) start(v *v1alpha1.VirtualMachineBackupVerification, read func(co
 	if js.stopped {
 		cancel()
 	}
+	j.written.Store(time.Now().UnixNano()) // the start, InProgress
 	js.running[v.UID] = j
 	go func() {
 		defer cancel()
