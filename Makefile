@@ -49,6 +49,10 @@ envtest-assets: ## Build kube-apiserver, etcd and kubectl once per machine (or u
 crossplane-core: ## Build Crossplane core and the garbage collector once per machine (the Crossplane tests run them).
 	@$(GO) run ./hack/crossplane-core >/dev/null
 
+.PHONY: kube-node
+kube-node: ## Build the kubelet and kube-proxy once per machine (the tests that run a real node start them).
+	@$(GO) run ./hack/kube-node >/dev/null
+
 .PHONY: object-store
 object-store: ## Build SeaweedFS's weed once per machine (the S3 object store the backup tests run).
 	@$(GO) run ./hack/object-store >/dev/null
@@ -59,10 +63,11 @@ object-store: ## Build SeaweedFS's weed once per machine (the S3 object store th
 # (869 packages, against kube-controller-manager's 2323; from an empty build
 # cache 9.4 CPU-minutes against 22.9, measured side by side), which waits for
 # envtest-assets' lock and so finds all but about 60 of its packages already
-# compiled by kube-apiserver's build (measured: 11 s then).
+# compiled by kube-apiserver's build (measured: 11 s then). kube-node waits
+# for that lock too, and so builds on kube-apiserver's packages.
 .PHONY: caches
-caches: ## Build every once-per-machine cache in parallel: envtest binaries, Crossplane core, SeaweedFS, the guest image.
-	@$(MAKE) --no-print-directory -j4 envtest-assets crossplane-core object-store guest-image
+caches: ## Build every once-per-machine cache in parallel: envtest and node binaries, Crossplane core, SeaweedFS, the guest image.
+	@$(MAKE) --no-print-directory -j5 envtest-assets kube-node crossplane-core object-store guest-image
 
 .PHONY: guest-image
 guest-image: ## Build the real-guest test image (Debian, QEMU) once per machine and recipe.
@@ -109,7 +114,7 @@ build: ## Build every package and command.
 test: deps ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then the fuzzers briefly.
 	@setsid $(GO) run ./hack/guest-image >/dev/null & image=$$!; \
 	trap 'kill -- -$$image 2>/dev/null || true' EXIT; \
-	$(MAKE) --no-print-directory -j3 envtest-assets crossplane-core object-store; \
+	$(MAKE) --no-print-directory -j4 envtest-assets kube-node crossplane-core object-store; \
 	$(MAKE) --no-print-directory fmt-check vet verify-generated; \
 	KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" \
 		$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...; \

@@ -9,6 +9,9 @@
 #               and what builds the guest image (mmdebstrap, fdisk, e2fsprogs,
 #               extlinux, qemu-utils);
 #   crossplane  make run CROSSPLANE=1: Crossplane core, a Go build;
+#   kubenode    the tests that run a real Kubernetes node
+#               (internal/harness/kubenode): containerd, runc and the CNI
+#               plugins, and the kubelet and kube-proxy, a Go build;
 #   test        make test: all of the above, Debian's own OpenStack Zed
 #               services (Keystone, Placement, Nova, Glance, Cinder, Neutron
 #               with MariaDB and RabbitMQ) that the Nova backend is tested
@@ -48,6 +51,7 @@ openstack=(mariadb-server python3-pymysql rabbitmq-server
 	neutron-server uwsgi-plugin-python3
 	python3-libvirt genisoimage neutron-linuxbridge-agent neutron-dhcp-agent)
 monitoring=(prometheus)
+kubenode=(containerd runc containernetworking-plugins)
 
 # envtest's binaries serve every profile; Crossplane core only some.
 packages=()
@@ -57,12 +61,16 @@ for p in "${profiles[@]}"; do
 	run) packages+=("${run[@]}") ;;
 	guests) packages+=("${run[@]}" "${guests[@]}") ;;
 	crossplane) builds+=(crossplane-core) ;;
+	kubenode)
+		packages+=("${kubenode[@]}")
+		builds+=(kube-node)
+		;;
 	test)
-		packages+=("${run[@]}" "${guests[@]}" "${openstack[@]}" "${monitoring[@]}")
-		builds+=(crossplane-core)
+		packages+=("${run[@]}" "${guests[@]}" "${openstack[@]}" "${monitoring[@]}" "${kubenode[@]}")
+		builds+=(crossplane-core kube-node)
 		;;
 	*)
-		echo "deps: unknown profile $p (run, guests, crossplane or test)" >&2
+		echo "deps: unknown profile $p (run, guests, crossplane, kubenode or test)" >&2
 		exit 2
 		;;
 	esac

@@ -1,5 +1,6 @@
 // Package envtestassets gives tests and `make run` the binaries of a real
-// control plane: kube-apiserver, etcd and kubectl.
+// control plane: kube-apiserver, etcd and kubectl; and, for the tests that
+// run a real node, the kubelet and kube-proxy of the same release.
 //
 // There is no internet here and no prebuilt binary to download, so when
 // KUBEBUILDER_ASSETS is not set the binaries are built from source fetched
@@ -151,28 +152,72 @@ func garbageCollectorTarget() modbuild.Target {
 // most of its packages with kube-apiserver, so a warm build cache spares
 // most of the work).
 func EnsureGarbageCollector(ctx context.Context, progress io.Writer) (string, error) {
-	cache, err := CacheDir()
+	paths, err := ensureInCache(ctx, progress, garbageCollectorTarget())
 	if err != nil {
 		return "", err
 	}
-	path := filepath.Join(cache, GarbageCollector)
-	if fi, err := os.Stat(path); err == nil && !fi.IsDir() {
-		return path, nil
+	return paths[0], nil
+}
+
+// NodeBinaries are the commands of a Kubernetes node: the kubelet, which
+// runs a node's pods through a container runtime, and kube-proxy, which
+// makes its Services reachable.
+var NodeBinaries = []string{"kubelet", "kube-proxy"}
+
+func nodeTargets() []modbuild.Target {
+	api := targets()[0]
+	ts := make([]modbuild.Target, 0, len(NodeBinaries))
+	for _, b := range NodeBinaries {
+		t := api
+		t.Binary, t.Package = b, "k8s.io/kubernetes/cmd/"+b
+		ts = append(ts, t)
+	}
+	return ts
+}
+
+// EnsureNode returns a directory holding the kubelet and kube-proxy of
+// KubernetesVersion, building them into CacheDir the first time. They are
+// not among Binaries: only the tests that start a node need them.
+func EnsureNode(ctx context.Context, progress io.Writer) (string, error) {
+	if _, err := ensureInCache(ctx, progress, nodeTargets()...); err != nil {
+		return "", err
+	}
+	return CacheDir()
+}
+
+// ensureInCache builds into CacheDir whichever of ts is not there yet,
+// under the cache's lock, and returns the paths of all of them.
+func ensureInCache(ctx context.Context, progress io.Writer, ts ...modbuild.Target) ([]string, error) {
+	cache, err := CacheDir()
+	if err != nil {
+		return nil, err
+	}
+	paths := make([]string, len(ts))
+	var missing []modbuild.Target
+	for i, t := range ts {
+		paths[i] = filepath.Join(cache, t.Binary)
+		if fi, err := os.Stat(paths[i]); err != nil || fi.IsDir() {
+			missing = append(missing, t)
+		}
+	}
+	if len(missing) == 0 {
+		return paths, nil
 	}
 	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return "", fmt.Errorf("cannot create asset directory: %w", err)
+		return nil, fmt.Errorf("cannot create asset directory: %w", err)
 	}
 	unlock, err := modbuild.Lock(ctx, filepath.Join(cache, ".lock"), progress)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer unlock()
-	if _, err := os.Stat(path); err == nil { // built while we waited for the lock
-		return path, nil
+	for _, t := range missing {
+		if _, err := os.Stat(filepath.Join(cache, t.Binary)); err == nil { // built while we waited for the lock
+			continue
+		}
+		if err := modbuild.Build(ctx, cache, t, modbuild.Prefixed(progress, "envtest: ")); err != nil {
+			return nil, fmt.Errorf("cannot build %s %s: %w", t.Binary, t.Version, err)
+		}
 	}
-	t := garbageCollectorTarget()
-	if err := modbuild.Build(ctx, cache, t, modbuild.Prefixed(progress, "envtest: ")); err != nil {
-		return "", fmt.Errorf("cannot build %s %s: %w", t.Binary, t.Version, err)
-	}
-	return path, nil
+	return paths, nil
 }

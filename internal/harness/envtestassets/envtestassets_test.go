@@ -111,3 +111,34 @@ func TestGarbageCollectorTarget(t *testing.T) {
 	assert.Contains(t, string(main), "\npackage main\n")
 	assert.Contains(t, string(main), `"k8s.io/kubernetes/pkg/controller/garbagecollector"`)
 }
+
+// TestNodeTargets guards the node binaries' recipe: the kubelet and
+// kube-proxy of the same release as kube-apiserver, with the same staging
+// modules, so that they share its build.
+func TestNodeTargets(t *testing.T) {
+	api := targets()[0]
+	got := nodeTargets()
+	require.Len(t, got, len(NodeBinaries))
+	for i, tg := range got {
+		assert.Equal(t, NodeBinaries[i], tg.Binary)
+		assert.Equal(t, "k8s.io/kubernetes/cmd/"+NodeBinaries[i], tg.Package)
+		assert.Equal(t, api.Module, tg.Module)
+		assert.Equal(t, api.Version, tg.Version)
+		assert.Equal(t, api.Replace, tg.Replace)
+	}
+}
+
+// TestEnsureNodeFindsABuiltCache: a cache holding the node binaries is
+// returned without building.
+func TestEnsureNodeFindsABuiltCache(t *testing.T) {
+	t.Setenv(EnvCacheDir, t.TempDir())
+	dir, err := CacheDir()
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	for _, b := range NodeBinaries {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, b), nil, 0o755))
+	}
+	got, err := EnsureNode(context.Background(), io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, dir, got)
+}
