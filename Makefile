@@ -51,7 +51,7 @@ crossplane-core: ## Build Crossplane core and the garbage collector once per mac
 
 .PHONY: kube-node
 kube-node: ## Build the kubelet and kube-proxy once per machine (the tests that run a real node start them).
-	@$(GO) run ./hack/kube-node >/dev/null
+	@$(GO) run ./hack/envtest-assets -node >/dev/null
 
 .PHONY: object-store
 object-store: ## Build SeaweedFS's weed once per machine (the S3 object store the backup tests run).

@@ -1,11 +1,13 @@
 // Command envtest-assets prints a directory holding kube-apiserver, etcd and
-// kubectl, building them once per machine when needed (see
-// internal/harness/envtestassets). Progress goes to stderr, the directory to stdout, so
-// a Makefile can write KUBEBUILDER_ASSETS="$(go run ./hack/envtest-assets)".
+// kubectl, or with -node the kubelet and kube-proxy, building them once per
+// machine when needed (see internal/harness/envtestassets). Progress goes to
+// stderr, the directory to stdout, so a Makefile can write
+// KUBEBUILDER_ASSETS="$(go run ./hack/envtest-assets)".
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -14,9 +16,15 @@ import (
 )
 
 func main() {
+	node := flag.Bool("node", false, "Print the directory of the kubelet and kube-proxy instead.")
+	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	dir, err := envtestassets.Ensure(ctx, os.Stderr)
+	ensure := envtestassets.Ensure
+	if *node {
+		ensure = envtestassets.EnsureNode
+	}
+	dir, err := ensure(ctx, os.Stderr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "envtest-assets:", err)
 		os.Exit(1)
