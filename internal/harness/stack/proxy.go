@@ -1,13 +1,13 @@
 package stack
 
 import (
-	"io"
 	"net"
 	"net/url"
 	"strings"
-	"sync"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/internal/harness/relay"
 )
 
 // natsProxy relays one agent's connections to NATS, so that the agent can
@@ -18,10 +18,7 @@ type natsProxy struct {
 	// targets are the servers' host:port, tried in turn.
 	targets []string
 	addr    string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
+	*relay.Relay
 }
 
 // newNATSProxy relays to the NATS servers at natsURLs (comma-separated),
@@ -29,7 +26,7 @@ type natsProxy struct {
 // servers must not advertise their own addresses to clients (no_advertise),
 // or the agent would reach them around the proxy.
 func newNATSProxy(natsURLs string) (*natsProxy, error) {
-	p := &natsProxy{conns: map[net.Conn]struct{}{}}
+	p := &natsProxy{}
 	for _, s := range strings.Split(natsURLs, ",") {
 		u, err := url.Parse(s)
 		if err != nil {
@@ -42,31 +39,16 @@ func newNATSProxy(natsURLs string) (*natsProxy, error) {
 		return nil, errors.Wrap(err, "cannot listen for the NATS proxy")
 	}
 	p.addr = ln.Addr().String()
-	p.serve(ln)
+	p.Relay = relay.New(p.dial)
+	p.Serve(ln)
 	return p, nil
 }
 
 // URL is the proxy's NATS URL, the same across cuts.
 func (p *natsProxy) URL() string { return "nats://" + p.addr }
 
-func (p *natsProxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go p.relay(c)
-		}
-	}()
-}
-
-// relay copies both ways between c and a new connection to the server
-// until either side closes or the proxy cuts them.
-func (p *natsProxy) relay(c net.Conn) {
+// dial connects to the first server that answers.
+func (p *natsProxy) dial() (net.Conn, error) {
 	var s net.Conn
 	err := errors.New("no NATS server to relay to")
 	for _, target := range p.targets {
@@ -74,77 +56,22 @@ func (p *natsProxy) relay(c net.Conn) {
 			break
 		}
 	}
-	if err != nil {
-		_ = c.Close()
-		return
-	}
-	if !p.track(c, s) {
-		return
-	}
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
-		done <- struct{}{}
-	}
-	go pipe(s, c)
-	go pipe(c, s)
-	<-done
-	p.untrack(c, s)
-}
-
-// track records a relayed pair, or closes it when the proxy was cut
-// meanwhile.
-func (p *natsProxy) track(conns ...net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln == nil {
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		return false
-	}
-	for _, c := range conns {
-		p.conns[c] = struct{}{}
-	}
-	return true
-}
-
-func (p *natsProxy) untrack(conns ...net.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range conns {
-		_ = c.Close()
-		delete(p.conns, c)
-	}
+	return s, err
 }
 
 // cut closes every relayed connection and stops listening.
-func (p *natsProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		_ = p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		_ = c.Close()
-		delete(p.conns, c)
-	}
-}
+func (p *natsProxy) cut() { p.Cut() }
 
 // heal listens on the proxy's address again.
 func (p *natsProxy) heal() error {
-	p.mu.Lock()
-	cut := p.ln == nil
-	p.mu.Unlock()
-	if !cut {
+	if p.Serving() {
 		return nil
 	}
 	ln, err := net.Listen("tcp", p.addr)
 	if err != nil {
 		return errors.Wrapf(err, "cannot listen on %s again", p.addr)
 	}
-	p.serve(ln)
+	p.Serve(ln)
 	return nil
 }
 
