@@ -102,14 +102,21 @@ type Host struct {
 // Missing names the required commands that are not installed, and whether
 // the caller lacks root, for a test to skip with a reason.
 func Missing() []string {
+	return MissingFrom(Required, "network namespaces, a system-mode libvirtd")
+}
+
+// MissingFrom names the commands of required that are not installed, and
+// root, needed for why, when the caller lacks it: what a harness that runs
+// daemons in namespaces of their own says it needs.
+func MissingFrom(required []string, why string) []string {
 	var out []string
-	for _, c := range Required {
+	for _, c := range required {
 		if _, err := exec.LookPath(c); err != nil {
 			out = append(out, c)
 		}
 	}
 	if os.Geteuid() != 0 {
-		out = append(out, "root (network namespaces, a system-mode libvirtd)")
+		out = append(out, "root ("+why+")")
 	}
 	return out
 }
@@ -454,13 +461,7 @@ func (h *Host) Stop() {
 			}
 			_ = l.Disconnect()
 		}
-		_ = syscall.Kill(-h.cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-h.exited:
-		case <-time.After(15 * time.Second):
-			_ = syscall.Kill(-h.cmd.Process.Pid, syscall.SIGKILL)
-			<-h.exited
-		}
+		StopGroup(h.cmd.Process.Pid, h.exited, 15*time.Second)
 	}
 	h.killStragglers()
 	if h.Netns != "" {
@@ -488,10 +489,15 @@ func (h *Host) Crash() {
 // killStragglers ends what is still running in the namespace: only processes
 // this host started live there.
 func (h *Host) killStragglers() {
-	if h.Netns == "" {
-		return
+	if h.Netns != "" {
+		KillNetns(h.Netns)
 	}
-	out, err := exec.Command("ip", "netns", "pids", h.Netns).Output()
+}
+
+// KillNetns kills every process in network namespace name, for a harness
+// whose namespace holds only processes it started.
+func KillNetns(name string) {
+	out, err := exec.Command("ip", "netns", "pids", name).Output()
 	if err != nil {
 		return
 	}
@@ -499,5 +505,18 @@ func (h *Host) killStragglers() {
 		if pid, err := strconv.Atoi(f); err == nil {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
+	}
+}
+
+// StopGroup stops process group pgid with SIGTERM, and with SIGKILL if its
+// leader has not exited within grace; exited is closed once the leader was
+// reaped.
+func StopGroup(pgid int, exited <-chan struct{}, grace time.Duration) {
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		<-exited
 	}
 }
