@@ -1,0 +1,136 @@
+package kubenode
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/internal/build/ociimage"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/crossplanetest"
+	"github.com/virtfleet/virtfleet/internal/harness/envtestassets"
+)
+
+// Pause is the image of the pause command (./pause): the node's sandbox
+// image, and a program for test pods.
+var Pause = ociimage.Spec{
+	Name:      "pause",
+	GoPackage: "./internal/harness/kubenode/pause",
+	Path:      "/pause",
+	// Kubernetes' pause image runs as this user too.
+	User: "65535:65535",
+}
+
+// PushPause builds the pause image and pushes it to reg, returning its
+// reference.
+func PushPause(ctx context.Context, reg *crossplanetest.Registry, dir string) (string, error) {
+	p := ociimage.Platform{OS: "linux", Arch: runtime.GOARCH}
+	bin := filepath.Join(dir, "pause")
+	if err := ociimage.BuildBinary(ctx, controlplane.RepoRoot(), Pause.GoPackage, bin, p); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(bin) //nolint:gosec // built just above
+	if err != nil {
+		return "", errors.Wrap(err, "cannot read the pause binary")
+	}
+	img, err := ociimage.Build(Pause, b, p, time.Unix(0, 0).UTC())
+	if err != nil {
+		return "", err
+	}
+	return reg.Push(ctx, "virtfleet/pause", "test", img)
+}
+
+// StartForTest starts node name for t: it builds the kubelet once per
+// machine, pushes the pause image to reg, gives the node an identity cp
+// authenticates (user system:node:<name>, bound to the system:node
+// ClusterRole, as envtest's API server authorizes by RBAC alone) and
+// stops it when t ends, saying how it fared if t failed. It returns the
+// node and the pause image's reference.
+func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanetest.Registry, name string) (*Node, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	progress := testWriter{t}
+	kubelet, err := envtestassets.EnsureNode(ctx, progress)
+	if err != nil {
+		t.Fatalf("cannot build the kubelet: %v", err)
+	}
+	pause, err := PushPause(ctx, reg, t.TempDir())
+	if err != nil {
+		t.Fatalf("cannot push the pause image: %v", err)
+	}
+	user := "system:node:" + name
+	kubeconfig, err := cp.AddUser(user, "system:nodes")
+	if err != nil {
+		t.Fatalf("cannot make the node's identity: %v", err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubenode:" + name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:node"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+	}
+	if err := cp.Client.Create(ctx, binding); err != nil {
+		t.Fatalf("cannot bind the node's role: %v", err)
+	}
+	ports, err := loopbackPorts(cp.Config.Host, "https://"+reg.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := Start(ctx, Options{
+		Name:         name,
+		Kubelet:      filepath.Join(kubelet, "kubelet"),
+		Kubeconfig:   kubeconfig,
+		Forward:      ports,
+		SandboxImage: pause,
+		Registries:   []string{reg.Host},
+		Progress:     progress,
+	})
+	if err != nil {
+		t.Fatalf("cannot start node %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(n.Describe())
+		}
+		n.Stop()
+	})
+	return n, pause
+}
+
+// loopbackPorts are the ports of URLs, which must name 127.0.0.1.
+func loopbackPorts(urls ...string) ([]int, error) {
+	ports := make([]int, 0, len(urls))
+	for _, s := range urls {
+		u, err := url.Parse(s)
+		if err != nil {
+			return nil, errors.Wrapf(err, "cannot parse %s", s)
+		}
+		if ip := net.ParseIP(u.Hostname()); ip == nil || !ip.IsLoopback() {
+			return nil, errors.Errorf("%s is not on loopback, which is all a node reaches", s)
+		}
+		p, err := strconv.Atoi(u.Port())
+		if err != nil {
+			return nil, errors.Wrapf(err, "%s names no port", s)
+		}
+		ports = append(ports, p)
+	}
+	return ports, nil
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}

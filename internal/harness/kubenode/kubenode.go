@@ -1,0 +1,417 @@
+// Package kubenode runs a real Kubernetes node for tests: a kubelet of
+// envtest's Kubernetes version (built once per machine by
+// internal/harness/envtestassets) with a containerd of its own (Debian's,
+// with runc and the bridge and host-local CNI plugins), registered with a
+// test's API server.
+//
+// Both run in a network namespace of their own, as guesthost's libvirtds
+// do: the pods' bridge and subnet, and the node's own address (the kubelet
+// refuses a loopback one), exist in there only. The API server and the
+// registry the node pulls from listen on the machine's loopback; the node
+// reaches them on the same ports of its own loopback, which the harness
+// forwards, so no traffic leaves loopback or the node's namespace.
+//
+// They also run in a mount namespace of their own (unshare, with nsenter
+// into the network namespace: `ip netns exec` would remount /sys and lose
+// the cgroup hierarchies), where /run is a fresh tmpfs (containerd's shim
+// sockets, the pods' network namespaces), /var/log is the node's directory
+// (the pods' logs), and the kernel tunables the kubelet insists on are
+// files of the node's (see kernelTunables). containerd's root, state and
+// socket, the kubelet's root directory and the CNI plugins' leases are in
+// the node's directory, so two nodes share nothing but the kernel.
+//
+// What cgroup v1 without systemd needs: cgroupDriver cgroupfs for the
+// kubelet and containerd's runc (SystemdCgroup false), failCgroupV1 false,
+// and a cgroup root of the node's own (cgroupRoot), made in every mounted
+// hierarchy before the kubelet starts (it refuses a root that does not
+// exist). The node's own processes (the kubelet, containerd, its shims)
+// sit in a child of it in the pids hierarchy, beside the pods' kubepods,
+// so that Stop, and the next Start after a killed run, find and kill
+// every process of the node, containers included, and remove its cgroups.
+package kubenode
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
+	"github.com/virtfleet/virtfleet/internal/harness/relay"
+)
+
+// Required are the commands a node needs (hack/deps.sh installs them) and
+// the CNI plugins it configures.
+var Required = []string{
+	"containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip", "nsenter", "unshare", "setpriv", "mount",
+	filepath.Join(cniBin, "bridge"), filepath.Join(cniBin, "host-local"), filepath.Join(cniBin, "loopback"),
+}
+
+// Missing names the required commands that are not installed, and whether
+// the caller lacks root, for a test to say what it needs.
+func Missing() []string {
+	return guesthost.MissingFrom(Required, "namespaces, cgroups, containerd")
+}
+
+// Options say what node Start runs.
+type Options struct {
+	// Name is the node's name, and its kubelet's hostname.
+	Name string
+	// Kubelet is the kubelet binary.
+	Kubelet string
+	// Kubeconfig reaches the API server as the node (user
+	// system:node:<Name> in group system:nodes) on 127.0.0.1.
+	Kubeconfig string
+	// Forward are ports of the machine's loopback the node reaches on its
+	// own: the API server's, the registry's.
+	Forward []int
+	// SandboxImage is the pods' sandbox image (containerd's sandbox_image).
+	SandboxImage string
+	// Registries are host:port registries containerd pulls from over
+	// plain HTTP.
+	Registries []string
+	// Progress gets a line per step.
+	Progress io.Writer
+}
+
+// Node is a running kubelet and its containerd.
+type Node struct {
+	// Name is the Node's name.
+	Name string
+	// Dir holds the node's configuration, state and logs.
+	Dir string
+	// Netns is the name of the node's network namespace.
+	Netns string
+	// NetnsPath is its path.
+	NetnsPath string
+	// Cgroup is the node's cgroup root (the kubelet's cgroupRoot), a
+	// directory of that name in every hierarchy.
+	Cgroup string
+	// ContainerdSocket is containerd's socket, reachable from here too.
+	ContainerdSocket string
+
+	rec      record
+	lock     *os.File
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	log      *os.File
+	forwards []*relay.Relay
+	stopped  sync.Once
+}
+
+// record is what a node leaves to clean up, in runDir, locked while the
+// node's test process lives: a record nobody locks is a killed run's.
+type record struct {
+	Dir    string `json:"dir"`
+	Netns  string `json:"netns"`
+	Cgroup string `json:"cgroup"`
+}
+
+// runDir holds the records of the machine's nodes.
+func runDir() string { return filepath.Join(os.TempDir(), "virtfleet-kubenode") }
+
+// startScript runs in the node's namespaces: `bash -c startScript kubenode
+// DIR PROCS KUBELET [kubelet's flags]`. It moves itself into the node's
+// cgroup (PROCS), makes the node's mounts, starts containerd beside, and
+// becomes the kubelet once containerd answers, so that containerd, which dies with the kubelet,
+// and the kubelet stay in the process group the harness signals.
+const startScript = `set -e
+d=$1 procs=$2
+shift 2
+echo $$ >"$procs"
+mkdir -p "$d/log"
+mount -t tmpfs tmpfs /run
+mount --bind "$d/log" /var/log
+cd "$d/sysctl"
+for f in $(find . -type f); do mount --bind "$d/sysctl/$f" "/proc/sys/$f"; done
+cd "$d"
+setpriv --pdeathsig KILL containerd --config "$d/containerd.toml" >"$d/containerd.log" 2>&1 &
+# The kubelet gives up at once on a runtime that does not answer yet.
+for i in $(seq 600); do
+	if ctr --address "$d/containerd.sock" version >/dev/null 2>&1; then break; fi
+	sleep 0.1
+done
+exec "$@"
+`
+
+// Start starts a node, first removing what killed runs left behind.
+func Start(ctx context.Context, opts Options) (*Node, error) {
+	if m := Missing(); len(m) > 0 {
+		return nil, errors.Errorf("cannot run a node without %s (run make deps as root)", strings.Join(m, ", "))
+	}
+	if opts.Progress == nil {
+		opts.Progress = io.Discard
+	}
+	if err := removeLeftovers(ctx, opts.Progress); err != nil {
+		return nil, err
+	}
+	// Not a test's TempDir: a unix socket path must stay under 108 bytes.
+	dir, err := os.MkdirTemp("", "vf-kn-")
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create the node directory")
+	}
+	id := strings.TrimPrefix(filepath.Base(dir), "vf-kn-")
+	n := &Node{
+		Name:             opts.Name,
+		Dir:              dir,
+		Netns:            "vfkn-" + id,
+		Cgroup:           "vfkn-" + id,
+		ContainerdSocket: filepath.Join(dir, "containerd.sock"),
+		exited:           make(chan struct{}),
+	}
+	n.NetnsPath = filepath.Join("/run/netns", n.Netns)
+	n.rec = record{Dir: n.Dir, Netns: n.Netns, Cgroup: n.Cgroup}
+	if err := n.start(ctx, opts); err != nil {
+		n.Stop()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) start(ctx context.Context, opts Options) error {
+	var err error
+	if n.lock, err = writeRecord(n.rec); err != nil {
+		return err
+	}
+	if err := n.writeConfig(opts.SandboxImage, opts.Registries); err != nil {
+		return err
+	}
+	procs, err := makeCgroups(n.Cgroup)
+	if err != nil {
+		return err
+	}
+	if err := n.makeNetns(ctx); err != nil {
+		return err
+	}
+	for _, p := range opts.Forward {
+		f, err := forward(n.NetnsPath, p)
+		if err != nil {
+			return err
+		}
+		n.forwards = append(n.forwards, f)
+	}
+	if n.log, err = os.Create(n.path("kubelet.log")); err != nil {
+		return errors.Wrap(err, "cannot create the kubelet's log")
+	}
+	args := []string{"--net=" + n.NetnsPath, "unshare", "--mount", "--propagation", "private",
+		"bash", "-c", startScript, "kubenode", n.Dir, procs,
+		opts.Kubelet,
+		"--config=" + n.path("kubelet.yaml"),
+		"--kubeconfig=" + opts.Kubeconfig,
+		"--root-dir=" + n.path("kubelet"),
+		"--hostname-override=" + n.Name,
+		"--node-ip=" + nodeIP,
+	}
+	n.cmd = exec.Command("nsenter", args...) //nolint:gosec // the harness's own command line
+	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	// The parent-death signal reaches the kubelet (nsenter, unshare and
+	// bash exec it) if the test binary dies, and containerd with it; the
+	// next Start removes the rest.
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := n.cmd.Start(); err != nil {
+		return errors.Wrap(err, "cannot start the kubelet")
+	}
+	go func() { _ = n.cmd.Wait(); close(n.exited) }()
+	fmt.Fprintf(opts.Progress, "kubenode: kubelet %s and containerd in network namespace %s, cgroup %s, directory %s\n", n.Name, n.Netns, n.Cgroup, n.Dir)
+	return nil
+}
+
+// makeNetns makes the node's network namespace: loopback up, with the
+// node's address besides 127.0.0.1 (the kernel here has no dummy links).
+func (n *Node) makeNetns(ctx context.Context) error {
+	steps := [][]string{
+		{"netns", "add", n.Netns},
+		{"-n", n.Netns, "link", "set", "lo", "up"},
+		{"-n", n.Netns, "addr", "add", nodeIP + "/32", "dev", "lo"},
+	}
+	for _, s := range steps {
+		if out, err := exec.CommandContext(ctx, "ip", s...).CombinedOutput(); err != nil {
+			return errors.Errorf("cannot make the node's network namespace: ip %s: %v: %s", strings.Join(s, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// Exited says whether the kubelet has stopped, and how.
+func (n *Node) Exited() error {
+	select {
+	case <-n.exited:
+		return errors.Errorf("the kubelet exited (%s)", n.cmd.ProcessState)
+	default:
+		return nil
+	}
+}
+
+// Describe says whether the kubelet runs and how its and containerd's logs
+// end, for a failed test's output: the logs go with Dir.
+func (n *Node) Describe() string {
+	state := "running"
+	if err := n.Exited(); err != nil {
+		state = err.Error()
+	}
+	return fmt.Sprintf("node %s: kubelet %s\nthe end of the kubelet's log:\n%s\nthe end of containerd's log:\n%s",
+		n.Name, state, tail(n.path("kubelet.log")), tail(n.path("containerd.log")))
+}
+
+func tail(path string) string {
+	b, _ := os.ReadFile(path) //nolint:gosec // the node's own log
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
+	}
+	return string(b)
+}
+
+// Stop stops the kubelet and containerd, kills every process left in the
+// node's cgroup (shims, containers) and namespace, and removes the
+// namespace, the cgroups, Dir and the node's record. It may be called
+// more than once.
+func (n *Node) Stop() { n.stopped.Do(n.stop) }
+
+func (n *Node) stop() {
+	if n.cmd != nil && n.cmd.Process != nil {
+		guesthost.StopGroup(n.cmd.Process.Pid, n.exited, 15*time.Second)
+	}
+	for _, f := range n.forwards {
+		f.Cut()
+	}
+	if n.log != nil {
+		_ = n.log.Close()
+	}
+	if err := remove(context.Background(), n.rec); err != nil {
+		fmt.Fprintf(os.Stderr, "kubenode: %v\n", err)
+	}
+	if n.lock != nil {
+		_ = os.Remove(recordPath(n.rec))
+		_ = n.lock.Close()
+	}
+}
+
+// writeRecord writes rec into runDir, under a lock held while the returned
+// file is open. The record is locked before it is renamed into place, so
+// that no Start takes a node being started for a killed run's.
+func writeRecord(rec record) (*os.File, error) {
+	if err := os.MkdirAll(runDir(), 0o755); err != nil {
+		return nil, errors.Wrap(err, "cannot create the nodes' record directory")
+	}
+	f, err := os.CreateTemp(runDir(), ".record-")
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create the node's record")
+	}
+	b, err := json.Marshal(rec)
+	if err == nil {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	}
+	if err == nil {
+		_, err = f.Write(b)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), recordPath(rec))
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		_ = f.Close()
+		return nil, errors.Wrap(err, "cannot write the node's record")
+	}
+	return f, nil
+}
+
+func recordPath(rec record) string { return filepath.Join(runDir(), rec.Netns+".json") }
+
+// removeLeftovers removes the nodes of runs that were killed before they
+// stopped them: those whose record nobody locks.
+func removeLeftovers(ctx context.Context, progress io.Writer) error {
+	paths, err := filepath.Glob(filepath.Join(runDir(), "*.json"))
+	if err != nil {
+		return errors.Wrap(err, "cannot list the nodes' records")
+	}
+	for _, p := range paths {
+		f, err := os.Open(p) //nolint:gosec // a record in our run directory
+		if err != nil {
+			continue // removed meanwhile
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+			_ = f.Close() // a live node's
+			continue
+		}
+		var rec record
+		err = json.NewDecoder(f).Decode(&rec)
+		if err == nil {
+			fmt.Fprintf(progress, "kubenode: removing node %s (directory %s) that a killed run left behind\n", rec.Netns, rec.Dir)
+			err = remove(ctx, rec)
+		}
+		if err == nil {
+			err = os.Remove(p)
+		}
+		_ = f.Close()
+		if err != nil {
+			return errors.Wrapf(err, "cannot remove the node of record %s", p)
+		}
+	}
+	return nil
+}
+
+// remove kills every process of rec's node, then removes its network
+// namespace, its cgroups and its directory.
+func remove(ctx context.Context, rec record) error {
+	if rec.Cgroup == "" || rec.Netns == "" || !strings.HasPrefix(filepath.Base(rec.Dir), "vf-kn-") {
+		return errors.Errorf("the node record %+v is not a node's", rec)
+	}
+	guesthost.KillNetns(rec.Netns)
+	if err := killCgroup(ctx, rec.Cgroup); err != nil {
+		return err
+	}
+	guesthost.KillNetns(rec.Netns) // what the cgroup did not hold, if anything
+	_ = exec.Command("ip", "netns", "del", rec.Netns).Run()
+	if err := removeCgroups(rec.Cgroup); err != nil {
+		return err
+	}
+	if os.Getenv("VIRTFLEET_KEEP_KUBE_NODE") != "" {
+		return nil
+	}
+	return errors.Wrapf(os.RemoveAll(rec.Dir), "cannot remove node directory %s", rec.Dir)
+}
+
+// killCgroup kills every process in cgroup name of the tracking hierarchy,
+// and in its children, until none is left.
+func killCgroup(ctx context.Context, name string) error {
+	root := filepath.Join(trackingHierarchy(), name)
+	var left []int
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		left = cgroupPids(root)
+		for _, pid := range left {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		return len(left) == 0, nil
+	})
+	return errors.Wrapf(err, "processes %v of cgroup %s did not die", left, root)
+}
+
+// cgroupPids are the processes in the cgroup at dir and its children.
+func cgroupPids(dir string) []int {
+	var pids []int
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+			return nil //nolint:nilerr // a cgroup removed meanwhile has no processes
+		}
+		b, _ := os.ReadFile(p) //nolint:gosec // cgroupfs
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		return nil
+	})
+	return pids
+}

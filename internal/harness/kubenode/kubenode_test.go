@@ -1,0 +1,118 @@
+package kubenode_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/crossplanetest"
+	"github.com/virtfleet/virtfleet/internal/harness/kubenode"
+)
+
+// A node registers and becomes Ready, runs pods of an image from the test's
+// registry to completion (their exit status, and on failure their log, come
+// back through the API server), and Stop leaves no process, cgroup,
+// namespace or directory behind.
+func TestNodeRunsPods(t *testing.T) {
+	if m := kubenode.Missing(); len(m) > 0 {
+		t.Skipf("needs %v (make deps, as root)", m)
+	}
+	cp := controlplane.StartForTest(t)
+	reg, err := crossplanetest.StartRegistry()
+	require.NoError(t, err)
+	t.Cleanup(reg.Stop)
+
+	start := time.Now()
+	n, pause := kubenode.StartForTest(t, cp, reg, "vf-node-a")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	var node corev1.Node
+	err = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := n.Exited(); err != nil {
+			return false, err
+		}
+		if err := cp.Client.Get(ctx, client.ObjectKey{Name: n.Name}, &node); err != nil {
+			return false, nil //nolint:nilerr // not registered yet
+		}
+		return ready(&node), nil
+	})
+	require.NoError(t, err, "node %s not Ready; its conditions: %+v", n.Name, node.Status.Conditions)
+	t.Logf("node %s Ready %s after it started", n.Name, time.Since(start).Round(time.Second))
+
+	cases := []struct {
+		name        string
+		exit        int
+		wantPhase   corev1.PodPhase
+		wantMessage string
+	}{
+		{name: "succeeds", exit: 0, wantPhase: corev1.PodSucceeded},
+		{name: "fails", exit: 3, wantPhase: corev1.PodFailed, wantMessage: "said by a failing pod\n"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "probe-" + tc.name, Namespace: "default"},
+				Spec: corev1.PodSpec{
+					NodeName:                     n.Name, // there is no scheduler
+					RestartPolicy:                corev1.RestartPolicyNever,
+					AutomountServiceAccountToken: ptr.To(false),
+					Containers: []corev1.Container{{
+						Name:  "probe",
+						Image: pause,
+						Args:  []string{"-exit", fmt.Sprint(tc.exit), "-say", "said by a failing pod"},
+						// On failure the kubelet reads the end of the
+						// container's log into its status.
+						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+					}},
+				},
+			}
+			require.NoError(t, cp.Client.Create(ctx, pod))
+			err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+				if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+					return false, err
+				}
+				return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, nil
+			})
+			require.NoError(t, err, "pod did not end; its status: %+v", pod.Status)
+			assert.Equal(t, tc.wantPhase, pod.Status.Phase)
+			require.Len(t, pod.Status.ContainerStatuses, 1)
+			term := pod.Status.ContainerStatuses[0].State.Terminated
+			require.NotNil(t, term, "container status: %+v", pod.Status.ContainerStatuses[0])
+			assert.EqualValues(t, tc.exit, term.ExitCode)
+			assert.Equal(t, tc.wantMessage, term.Message)
+		})
+	}
+
+	n.Stop()
+	ns, err := exec.Command("ip", "netns", "list").Output()
+	require.NoError(t, err)
+	assert.NotContains(t, string(ns), n.Netns)
+	_, err = os.Stat(n.Dir)
+	assert.True(t, os.IsNotExist(err), "%s is left", n.Dir)
+	cgroups, err := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", n.Cgroup))
+	require.NoError(t, err)
+	assert.Empty(t, cgroups, "cgroups are left")
+}
+
+func ready(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
