@@ -23,6 +23,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/virtfleet/virtfleet/internal/harness/modbuild"
 )
@@ -164,12 +165,22 @@ func EnsureGarbageCollector(ctx context.Context, progress io.Writer) (string, er
 // makes its Services reachable.
 var NodeBinaries = []string{"kubelet", "kube-proxy"}
 
+// nodeTargets build the node binaries with their release's version
+// stamped in, as Kubernetes' own release build does: the kubelet reports
+// it in its Node's status, where an unstamped build says v0.0.0-master.
 func nodeTargets() []modbuild.Target {
 	api := targets()[0]
+	major, minor, _ := strings.Cut(strings.TrimPrefix(KubernetesVersion, "v"), ".")
+	minor, _, _ = strings.Cut(minor, ".")
+	vars := []string{
+		"k8s.io/component-base/version.gitVersion=" + KubernetesVersion,
+		"k8s.io/component-base/version.gitMajor=" + major,
+		"k8s.io/component-base/version.gitMinor=" + minor,
+	}
 	ts := make([]modbuild.Target, 0, len(NodeBinaries))
 	for _, b := range NodeBinaries {
 		t := api
-		t.Binary, t.Package = b, "k8s.io/kubernetes/cmd/"+b
+		t.Binary, t.Package, t.Vars = b, "k8s.io/kubernetes/cmd/"+b, vars
 		ts = append(ts, t)
 	}
 	return ts

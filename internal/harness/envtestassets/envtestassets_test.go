@@ -125,6 +125,11 @@ func TestNodeTargets(t *testing.T) {
 		assert.Equal(t, api.Module, tg.Module)
 		assert.Equal(t, api.Version, tg.Version)
 		assert.Equal(t, api.Replace, tg.Replace)
+		assert.Equal(t, []string{
+			"k8s.io/component-base/version.gitVersion=" + KubernetesVersion,
+			"k8s.io/component-base/version.gitMajor=1",
+			"k8s.io/component-base/version.gitMinor=34",
+		}, tg.Vars)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 	"github.com/virtfleet/virtfleet/internal/harness/crossplanetest"
+	"github.com/virtfleet/virtfleet/internal/harness/envtestassets"
 	"github.com/virtfleet/virtfleet/internal/harness/kubenode"
 )
 
@@ -52,6 +53,8 @@ func TestNodeRunsPods(t *testing.T) {
 	})
 	require.NoError(t, err, "node %s not Ready; its conditions: %+v", n.Name, node.Status.Conditions)
 	t.Logf("node %s Ready %s after it started", n.Name, time.Since(start).Round(time.Second))
+	assert.Equal(t, envtestassets.KubernetesVersion, node.Status.NodeInfo.KubeletVersion)
+	assert.Contains(t, node.Status.NodeInfo.ContainerRuntimeVersion, "containerd://")
 
 	cases := []struct {
 		name        string
