@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -266,6 +267,39 @@ func TestBackupVerifications(t *testing.T) {
 		// Each value seen is one write at least: the start, one per
 		// interval, the end.
 		assert.LessOrEqual(t, len(seen), int(took/progress)+3, "progress is written at most every %s", progress)
+	})
+
+	t.Run("AtMostTwoReadAtOnce", func(t *testing.T) {
+		names := []string{"many-1", "many-2", "many-3"}
+		for _, n := range names {
+			newVerification(t, e, granted, n, v1alpha1.VirtualMachineBackupVerificationSpec{BackupName: "many"})
+		}
+		var waited bool
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			l := &v1alpha1.VirtualMachineBackupVerificationList{}
+			if !assert.NoError(c, e.Kube.List(e.Ctx, l, client.InNamespace(granted))) {
+				return
+			}
+			reading, done := 0, 0
+			for _, v := range l.Items {
+				if !slices.Contains(names, v.Name) {
+					continue
+				}
+				switch {
+				case v.Status.Phase == v1alpha1.VerificationInProgress:
+					reading++
+				case v.Status.Phase == v1alpha1.VerificationPending && strings.Contains(v.Status.Message, "2 verification slots"):
+					waited = true
+				case v.Status.Phase == v1alpha1.VerificationSucceeded:
+					done++
+				}
+			}
+			if !assert.LessOrEqual(t, reading, 2, "verifications reading at once") {
+				return
+			}
+			assert.Equal(c, len(names), done)
+		}, within, 10*time.Millisecond)
+		assert.True(t, waited, "one verification waited for a slot")
 	})
 
 	t.Run("ABackupWhoseObjectIsGoneIsFoundByLocationAndID", func(t *testing.T) {

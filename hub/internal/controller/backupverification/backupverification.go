@@ -6,8 +6,8 @@
 // A verification runs once, off the reconcile workers: a job goroutine
 // reads the chunks while the reconciler writes its progress to status at
 // most every Options.Progress, and its outcome once it ends. At most
-// Options.Slots verifications read at once; the others wait, Pending,
-// for a slot. The status says InProgress before a job starts, so a hub
+// Options.Slots verifications show InProgress at once; the others wait,
+// Pending, for a slot. The status says InProgress before a job starts, so a hub
 // that restarts (or a new leader) finds an InProgress verification no job
 // of its own reads and starts it again from the beginning: reading is
 // idempotent.
@@ -93,7 +93,6 @@ type Reconciler struct {
 	kube     client.Client
 	opts     Options
 	recorder event.Recorder
-	slots    chan struct{}
 	jobs     *jobs
 }
 
@@ -149,7 +148,7 @@ func (r *Reconciler) waitingFor(ctx context.Context, o client.Object) []reconcil
 func NewReconciler(kube client.Client, vo Options, recorder event.Recorder) *Reconciler {
 	vo.Slots = cmp.Or(vo.Slots, DefaultSlots)
 	vo.Progress = cmp.Or(vo.Progress, DefaultProgress)
-	return &Reconciler{kube: kube, opts: vo, recorder: recorder, slots: make(chan struct{}, vo.Slots), jobs: newJobs(vo.Memory)}
+	return &Reconciler{kube: kube, opts: vo, recorder: recorder, jobs: newJobs(vo.Memory, vo.Slots)}
 }
 
 // Reconcile implements reconcile.Reconciler.
@@ -201,10 +200,8 @@ func (r *Reconciler) start(ctx context.Context, v *v1alpha1.VirtualMachineBackup
 	case why != "":
 		return r.wait(ctx, v, why)
 	}
-	select {
-	case r.slots <- struct{}{}:
-	default:
-		return r.wait(ctx, v, fmt.Sprintf("waiting for one of the hub's %d verification slots", cap(r.slots)))
+	if !r.jobs.acquire() {
+		return r.wait(ctx, v, fmt.Sprintf("waiting for one of the hub's %d verification slots", r.opts.Slots))
 	}
 	now := metav1.Now()
 	st := v1alpha1.VirtualMachineBackupVerificationStatus{
@@ -212,11 +209,10 @@ func (r *Reconciler) start(ctx context.Context, v *v1alpha1.VirtualMachineBackup
 		Message: fmt.Sprintf("the hub is reading backup %s from BackupLocation %s", t.id, t.location),
 	}
 	if err := r.setStatus(ctx, v, st); err != nil {
-		<-r.slots
+		r.jobs.release()
 		return reconcile.Result{}, err
 	}
 	r.jobs.start(v, func(ctx context.Context, j *job) {
-		defer func() { <-r.slots }()
 		r.run(ctx, j, v.Namespace, t.id, loc)
 		r.opts.Notifier.Notify(string(v.UID))
 	})
@@ -432,27 +428,44 @@ func (j *job) outcome() (outcome, bool) {
 	return j.out, j.ended
 }
 
-// jobs are the verifications this hub reads, by uid. It is a memory of
-// objects that is no perobject.Map because forgetting a verification must
-// also stop its job.
+// jobs are the verifications this hub reads, by uid, each holding one of
+// its slots from before its status says InProgress until its outcome is
+// written or it is forgotten. It is a memory of objects that is no
+// perobject.Map because forgetting a verification must also stop its job
+// and free its slot.
 type jobs struct {
+	slots   chan struct{}
 	mu      sync.Mutex
 	running map[types.UID]*job
 	stopped bool
 }
 
-func newJobs(memory *perobject.Owner) *jobs {
-	js := &jobs{running: map[types.UID]*job{}}
+func newJobs(memory *perobject.Owner, slots int) *jobs {
+	js := &jobs{slots: make(chan struct{}, slots), running: map[types.UID]*job{}}
 	memory.OnForget(func(uid types.UID) {
 		js.mu.Lock()
 		defer js.mu.Unlock()
 		if j, ok := js.running[uid]; ok {
 			j.cancel()
 			delete(js.running, uid)
+			js.release()
 		}
 	})
 	return js
 }
+
+// acquire takes a slot for a job about to start, if one is free.
+func (js *jobs) acquire() bool {
+	select {
+	case js.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// release frees a slot acquire took.
+func (js *jobs) release() { <-js.slots }
 
 func (js *jobs) get(uid types.UID) (*job, bool) {
 	js.mu.Lock()
@@ -462,7 +475,7 @@ func (js *jobs) get(uid types.UID) (*job, bool) {
 }
 
 // start runs read for v in a goroutine of its own, until it returns or
-// the job is stopped.
+// the job is stopped; the job holds the slot the caller acquired.
 func (js *jobs) start(v *v1alpha1.VirtualMachineBackupVerification, read func(context.Context, *job)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	j := &job{cancel: cancel}
@@ -479,12 +492,14 @@ func (js *jobs) start(v *v1alpha1.VirtualMachineBackupVerification, read func(co
 	}()
 }
 
-// remove forgets j, the job of uid, once its outcome is written.
+// remove forgets j, the job of uid, once its outcome is written, and
+// frees its slot.
 func (js *jobs) remove(uid types.UID, j *job) {
 	js.mu.Lock()
 	defer js.mu.Unlock()
 	if js.running[uid] == j {
 		delete(js.running, uid)
+		js.release()
 	}
 }
 
