@@ -51,11 +51,55 @@ type BackupLocationSpec struct {
 	// credentials (accessKeyID, secretAccessKey) and, optionally, the
 	// encryptionKey of its chunks.
 	CredentialsSecretRef xpv2.SecretReference `json:"credentialsSecretRef"`
+	// GarbageCollectionInterval is how often the hub deletes the chunks
+	// no backup in the location references any longer, e.g. 24h (the
+	// default) or 30m; 0s never. A backup deleted with deletionPolicy
+	// Delete frees its space only then; the hub also collects soon after
+	// such a deletion.
+	// +optional
+	// +kubebuilder:default="24h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$')",message="garbageCollectionInterval must be a duration such as 24h, 90m or 0s"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') || duration(self) == duration('0s') || (duration(self) >= duration('1m') && duration(self) <= duration('8760h'))",message="garbageCollectionInterval must be 0s (never) or from 1m to 8760h"
+	GarbageCollectionInterval *metav1.Duration `json:"garbageCollectionInterval,omitempty"`
+}
+
+// GarbageCollection is what the hub's last garbage collection of a
+// location did.
+type GarbageCollection struct {
+	// Time the collection ended, or failed.
+	Time metav1.Time `json:"time"`
+	// Backups is how many backups, of every namespace, it kept the data
+	// of.
+	// +optional
+	Backups int64 `json:"backups,omitempty"`
+	// ChunksDeleted and BytesFreed are what it deleted; ChunksKept what
+	// it left (referenced, or too young to tell).
+	// +optional
+	ChunksDeleted int64 `json:"chunksDeleted,omitempty"`
+	// +optional
+	BytesFreed int64 `json:"bytesFreed,omitempty"`
+	// +optional
+	ChunksKept int64 `json:"chunksKept,omitempty"`
+	// Message says why it failed or was put off; empty when it ran.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // BackupLocationStatus is what the hub observed of the location.
 type BackupLocationStatus struct {
 	xpv2.ConditionedStatus `json:",inline"`
+	// LastGarbageCollection is the last collection that ran to its end.
+	// +optional
+	LastGarbageCollection *GarbageCollection `json:"lastGarbageCollection,omitempty"`
+	// LastGarbageCollectionAttempt is the last that failed or was put
+	// off, while that is newer than LastGarbageCollection.
+	// +optional
+	LastGarbageCollectionAttempt *GarbageCollection `json:"lastGarbageCollectionAttempt,omitempty"`
+	// BytesFreed counts what every collection the hub made deleted.
+	// +optional
+	BytesFreed int64 `json:"bytesFreed,omitempty"`
 }
 
 // +kubebuilder:object:root=true
@@ -70,6 +114,8 @@ type BackupLocationStatus struct {
 // +kubebuilder:printcolumn:name="ENDPOINT",type="string",JSONPath=".spec.endpoint"
 // +kubebuilder:printcolumn:name="BUCKET",type="string",JSONPath=".spec.bucket"
 // +kubebuilder:printcolumn:name="PREFIX",type="string",JSONPath=".spec.prefix"
+// +kubebuilder:printcolumn:name="LAST-GC",type="date",JSONPath=".status.lastGarbageCollection.time"
+// +kubebuilder:printcolumn:name="FREED",type="integer",JSONPath=".status.bytesFreed",priority=1
 // +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
 // +kubebuilder:resource:scope=Cluster,shortName={backuplocation,bkloc},categories={virtfleet}
 type BackupLocation struct {

@@ -274,6 +274,14 @@ func invalidOthers() []invalidObject {
 		{"verification of no backup", namespaced(computev1alpha1.VirtualMachineBackupVerificationKind, "none", map[string]any{}), []string{"spec", "set one of backupName or backup"}},
 		{"verification of two backups", namespaced(computev1alpha1.VirtualMachineBackupVerificationKind, "two", map[string]any{"backupName": "web-1", "backup": map[string]any{"location": "offsite", "id": "b1"}}), []string{"spec", "set one of backupName or backup"}},
 		{"verification of a backup id that is a path", namespaced(computev1alpha1.VirtualMachineBackupVerificationKind, "path", map[string]any{"backup": map[string]any{"location": "offsite", "id": "../b1"}}), []string{"spec.backup.id"}},
+		{"backup location collecting every second", location("gc-second", map[string]any{"garbageCollectionInterval": "1s"}), []string{"spec.garbageCollectionInterval", "0s (never) or from 1m to 8760h"}},
+		{"backup location collecting on a whim", location("gc-whim", map[string]any{"garbageCollectionInterval": "weekly"}), []string{"spec.garbageCollectionInterval", "a duration such as 24h"}},
+		{"schedule without a schedule", schedule("nocron", map[string]any{"schedule": ""}), []string{"spec.schedule"}},
+		{"schedule with its time zone inside", schedule("tz", map[string]any{"schedule": "TZ=UTC 0 3 * * *"}), []string{"spec.schedule", "set spec.timeZone instead"}},
+		{"schedule keeping minus one", schedule("minus", map[string]any{"retention": map[string]any{"daily": -1}}), []string{"spec.retention.daily", "greater than or equal to 0"}},
+		{"schedule that deletes on a whim", schedule("policy", map[string]any{"deletionPolicy": "Sometimes"}), []string{"spec.deletionPolicy", "Unsupported value"}},
+		{"schedule of a bad VM name", schedule("vm", map[string]any{"vmName": "Web_1"}), []string{"spec.vmName", "is not a valid name"}},
+		{"schedule with a long name", schedule(strings.Repeat("s", 64), nil), []string{"metadata.name must be at most 63 characters"}},
 	}
 }
 
@@ -297,6 +305,16 @@ func backup(name string, edit map[string]any) *unstructured.Unstructured {
 		spec[k] = v
 	}
 	return namespaced(computev1alpha1.VirtualMachineBackupKind, name, spec)
+}
+
+// schedule is a valid VirtualMachineBackupSchedule with spec fields set as
+// edit says.
+func schedule(name string, edit map[string]any) *unstructured.Unstructured {
+	spec := map[string]any{"vmName": "web", "location": "offsite", "schedule": "0 3 * * *"}
+	for k, v := range edit {
+		spec[k] = v
+	}
+	return namespaced(computev1alpha1.VirtualMachineBackupScheduleKind, name, spec)
 }
 
 // namespaced is an object of kind in namespace default with spec.
