@@ -86,6 +86,9 @@ type Options struct {
 	// FencingTimeout is how long a backup whose node is lost waits for it
 	// before it fails: the VMs' own. 0 waits for the node for good.
 	FencingTimeout time.Duration
+	// Collections holds a backup back while the hub collects the garbage
+	// of its location; nil holds none back.
+	Collections *backuplocation.Collections
 }
 
 // Reconciler reconciles VirtualMachineBackups.
@@ -203,6 +206,13 @@ func (r *Reconciler) start(ctx context.Context, b *v1alpha1.VirtualMachineBackup
 	case why != "":
 		return r.wait(ctx, b, why)
 	}
+	started, ok := r.opts.Collections.Starting(b.Spec.Location)
+	if !ok {
+		return r.wait(ctx, b, fmt.Sprintf("the hub is collecting the garbage of BackupLocation %s; the backup starts once that is over", b.Spec.Location))
+	}
+	// Until the status names the node and the intent is there, which
+	// the collection looks for.
+	defer started()
 	in, err := r.intentOf(ctx, b, vm, loc)
 	if err != nil {
 		return reconcile.Result{}, err
