@@ -14,10 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
-	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/backup"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/backupverification"
@@ -45,11 +43,12 @@ const progress = 50 * time.Millisecond
 // within bounds every wait for the hub.
 const within = 30 * time.Second
 
-// The location of the tests, its Secret, and the namespace granted it.
+// The location of the tests (and its bucket), and the namespace granted
+// it.
 const (
 	location = "offsite"
+	bucket   = location
 	granted  = "granted"
-	bucket   = "backups"
 )
 
 // startHub runs the backup and verification controllers against a real API server, a fleet
@@ -71,25 +70,7 @@ func startHub(t *testing.T) (*controllertest.Env, *s3test.Server) {
 		e.Fleet.Agent(n).Heartbeat(wire.NodeHeartbeat{Backend: "libvirt", Backups: true, Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30}})
 	}
 	e.Fleet.Agent(nova).Heartbeat(wire.NodeHeartbeat{Backend: "nova", Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30}})
-	require.NoError(t, s.MakeBucket(e.Ctx, bucket))
-	require.NoError(t, e.Kube.Create(e.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "virtfleet-system"}}))
-	require.NoError(t, e.Kube.Create(e.Ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "virtfleet-system", Name: "s3"},
-		Data:       map[string][]byte{v1alpha1.BackupAccessKeyID: []byte(s.AccessKey), v1alpha1.BackupSecretAccessKey: []byte(s.SecretKey)},
-	}))
-	l := &v1alpha1.BackupLocation{ObjectMeta: metav1.ObjectMeta{Name: location}, Spec: v1alpha1.BackupLocationSpec{
-		Endpoint: s.Endpoint, Insecure: true, Region: s.Region, Bucket: bucket,
-		CredentialsSecretRef: xpv2.SecretReference{Namespace: "virtfleet-system", Name: "s3"},
-	}}
-	require.NoError(t, e.Kube.Create(e.Ctx, l))
-	require.NoError(t, e.Kube.Create(e.Ctx, &apisv1alpha1.ClusterProviderConfig{
-		ObjectMeta: metav1.ObjectMeta{Name: "grants"},
-		Spec: apisv1alpha1.ClusterProviderConfigSpec{
-			ProviderConfigSpec: apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://nats.example:4222", Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}},
-			Grants:             []apisv1alpha1.TenantGrant{{Namespaces: []string{granted}, BackupLocations: []string{location}}},
-		},
-	}))
-	require.NoError(t, e.Kube.Create(e.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: granted}}))
+	e.BackupLocation(t, s, location, granted)
 	return e, s
 }
 

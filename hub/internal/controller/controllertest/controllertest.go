@@ -50,6 +50,8 @@ type Env struct {
 	Pool Pool
 	// Ctx ends with the test.
 	Ctx context.Context
+	// CP is the control plane, for clients of users RBAC restricts.
+	CP *controlplane.ControlPlane
 }
 
 // Pool is a pool of one fleet, whatever the target.
@@ -72,7 +74,7 @@ func Start(t *testing.T, nodes []string, setup func(mgr ctrl.Manager, o controll
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	f := StartNATS(t, NodeTTL, nodes...)
-	e := &Env{Kube: cp.Client, Fleet: f, Pool: Pool{F: f.Fleet}, Ctx: ctx}
+	e := &Env{Kube: cp.Client, Fleet: f, Pool: Pool{F: f.Fleet}, Ctx: ctx, CP: cp}
 	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
 		ObjectMeta: metav1.ObjectMeta{Name: "default"},
 		Spec: apisv1alpha1.ClusterProviderConfigSpec{ProviderConfigSpec: apisv1alpha1.ProviderConfigSpec{
