@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/util/flowcontrol"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -43,9 +44,12 @@ import (
 	"github.com/virtfleet/virtfleet/apis"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
+	"github.com/virtfleet/virtfleet/hub/internal/backuplocation"
 	"github.com/virtfleet/virtfleet/hub/internal/census"
 	hubcontroller "github.com/virtfleet/virtfleet/hub/internal/controller"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/backup"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/backupgc"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/backupschedule"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/backupverification"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
@@ -261,7 +265,7 @@ func Run(ctx context.Context, c Config) error {
 	memory := perobject.NewOwner(mgr.GetCache(), &v1alpha1.VirtualMachine{}, &v1alpha1.Volume{}, &v1alpha1.DiskImage{},
 		&v1alpha1.VirtualNetwork{}, &v1alpha1.VirtualMachineMigration{}, &v1alpha1.HypervisorNode{},
 		&v1alpha1.VirtualMachineSnapshot{}, &v1alpha1.VirtualMachineRestore{}, &v1alpha1.VirtualMachineBackup{},
-		&v1alpha1.VirtualMachineBackupVerification{})
+		&v1alpha1.VirtualMachineBackupVerification{}, &v1alpha1.VirtualMachineBackupSchedule{}, &v1alpha1.BackupLocation{})
 	if err := mgr.Add(memory); err != nil {
 		return errors.Wrap(err, "cannot add the owner of the hub's memory of objects")
 	}
@@ -320,9 +324,12 @@ func Run(ctx context.Context, c Config) error {
 	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
 	so := snapshot.Options{Pool: pool, Notifier: snapshots, FencingTimeout: c.FencingTimeout, Memory: memory}
 	ro := restore.Options{Pool: pool, Notifier: restores}
-	bo := backup.Options{Pool: pool, Notifier: backups, Memory: memory, FencingTimeout: c.FencingTimeout}
+	collections := backuplocation.NewCollections()
+	bo := backup.Options{Pool: pool, Notifier: backups, Memory: memory, FencingTimeout: c.FencingTimeout, Collections: collections}
 	bvo := backupverification.Options{Notifier: verifications, Memory: memory}
-	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, so, ro, bo, bvo, volumes, images, nodeChanges); err != nil {
+	bso := backupschedule.Options{Clock: clock.RealClock{}, Memory: memory}
+	gco := backupgc.Options{Clock: clock.RealClock{}, Memory: memory, Collections: collections, AfterDelete: backupgc.DefaultAfterDelete}
+	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, so, ro, bo, bvo, bso, gco, volumes, images, nodeChanges); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	if err := serveSubresources(mgr, plain, pool, c, log, recorder); err != nil {

@@ -10,6 +10,8 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 
 	"github.com/virtfleet/virtfleet/hub/internal/controller/backup"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/backupgc"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/backupschedule"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/backupverification"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/diskimage"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
@@ -30,11 +32,12 @@ import (
 // and image report changes (Fleet.Volumes.Subscribe, Fleet.Images.Subscribe).
 // nodes hears of the nodes whose heartbeats changed
 // (Fleet.SubscribeNodeChanges).
-// mo configures live migrations, so snapshots, ro restores, bo backups and
-// bvo their verifications. vo.Memory
+// mo configures live migrations, so snapshots, ro restores, bo backups,
+// bvo their verifications, bso backup schedules and gco the garbage
+// collection of backup locations. vo.Memory
 // owns what every controller remembers of each object, and vo.Polls
 // spreads every managed controller's drift polls.
-func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, mo migration.Options, so snapshot.Options, ro restore.Options, bo backup.Options, bvo backupverification.Options, volumes, images *wake.Notifier, nodes *hypervisornode.Changes) error {
+func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, mo migration.Options, so snapshot.Options, ro restore.Options, bo backup.Options, bvo backupverification.Options, bso backupschedule.Options, gco backupgc.Options, volumes, images *wake.Notifier, nodes *hypervisornode.Changes) error {
 	if err := index.Setup(ctx, mgr); err != nil {
 		return err
 	}
@@ -69,6 +72,12 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 		return err
 	}
 	if err := backupverification.SetupGated(mgr, o, bvo); err != nil {
+		return err
+	}
+	if err := backupschedule.SetupGated(mgr, o, bso); err != nil {
+		return err
+	}
+	if err := backupgc.SetupGated(mgr, o, gco); err != nil {
 		return err
 	}
 	return diskimage.SetupGated(mgr, o, vo.Pool, images, vo.Memory, vo.Polls)
