@@ -88,14 +88,7 @@ func newBackup(t *testing.T, e *controllertest.Env, namespace, name, vm string, 
 // await waits until backup b shows what check asserts.
 func await(t *testing.T, e *controllertest.Env, b *v1alpha1.VirtualMachineBackup, check func(c *assert.CollectT, b *v1alpha1.VirtualMachineBackup)) *v1alpha1.VirtualMachineBackup {
 	t.Helper()
-	got := &v1alpha1.VirtualMachineBackup{}
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		if !assert.NoError(c, e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(b), got)) {
-			return
-		}
-		check(c, got)
-	}, within, 10*time.Millisecond)
-	return got
+	return controllertest.Await(t, e, b, within, check)
 }
 
 func inPhase(p v1alpha1.BackupPhase, says string) func(c *assert.CollectT, b *v1alpha1.VirtualMachineBackup) {

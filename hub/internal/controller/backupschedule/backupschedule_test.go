@@ -85,18 +85,6 @@ func newSchedule(t *testing.T, e *controllertest.Env, name, vm, cron string, edi
 	return s
 }
 
-// awaitSchedule waits until schedule s shows what check asserts.
-func awaitSchedule(t *testing.T, e *controllertest.Env, s *v1alpha1.VirtualMachineBackupSchedule, check func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule)) *v1alpha1.VirtualMachineBackupSchedule {
-	t.Helper()
-	got := &v1alpha1.VirtualMachineBackupSchedule{}
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		if assert.NoError(c, e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(s), got)) {
-			check(c, got)
-		}
-	}, within, 10*time.Millisecond)
-	return got
-}
-
 // backupsOf lists the backups schedule s made, by name.
 func backupsOf(t *testing.T, e *controllertest.Env, s *v1alpha1.VirtualMachineBackupSchedule) map[string]v1alpha1.VirtualMachineBackup {
 	t.Helper()
@@ -151,7 +139,7 @@ func TestSchedules(t *testing.T) {
 		// Created a day before the clock's now: only the latest time
 		// missed is made up.
 		first := name(slot)
-		got := awaitSchedule(t, e, s, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
+		got := controllertest.Await(t, e, s, within, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
 			assert.Equal(c, first, s.Status.Active)
 		})
 		assert.True(t, got.Status.LastScheduleTime.Equal(ptr.To(metav1.NewTime(slot))), "last schedule %v", got.Status.LastScheduleTime)
@@ -166,7 +154,7 @@ func TestSchedules(t *testing.T) {
 
 		// The next time comes while the first still runs: skipped.
 		clock.SetTime(slot.Add(time.Hour + 30*time.Second))
-		awaitSchedule(t, e, s, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
+		controllertest.Await(t, e, s, within, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
 			assert.EqualValues(c, 1, s.Status.Skipped)
 			assert.Contains(c, s.Status.Message, "backup "+first+" still runs")
 		})
@@ -174,7 +162,7 @@ func TestSchedules(t *testing.T) {
 
 		kept := map[string]backupstore.Manifest{}
 		takeBackup(t, e, store, first, vm, true)
-		awaitSchedule(t, e, s, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
+		controllertest.Await(t, e, s, within, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
 			assert.Equal(c, first, s.Status.LastSuccessfulBackup)
 			assert.Empty(c, s.Status.Active)
 		})
@@ -182,7 +170,7 @@ func TestSchedules(t *testing.T) {
 		for i := 2; i <= 3; i++ {
 			at := slot.Add(time.Duration(i) * time.Hour)
 			clock.SetTime(at.Add(30 * time.Second))
-			awaitSchedule(t, e, s, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
+			controllertest.Await(t, e, s, within, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
 				assert.Equal(c, name(at), s.Status.Active)
 			})
 			if i == 2 {
@@ -199,12 +187,12 @@ func TestSchedules(t *testing.T) {
 					return err == nil
 				}, within, 10*time.Millisecond)
 				assert.Len(t, backupsOf(t, e, s), 2, "no second backup for one time")
-				awaitSchedule(t, e, s, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
+				controllertest.Await(t, e, s, within, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
 					assert.True(c, s.Status.LastScheduleTime.Equal(ptr.To(metav1.NewTime(at))), "last schedule %v", s.Status.LastScheduleTime)
 				})
 			}
 			kept[name(at)] = takeBackup(t, e, store, name(at), vm, false)
-			awaitSchedule(t, e, s, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
+			controllertest.Await(t, e, s, within, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
 				assert.Equal(c, name(at), s.Status.LastSuccessfulBackup)
 				assert.Empty(c, s.Status.Active)
 			})
@@ -212,7 +200,7 @@ func TestSchedules(t *testing.T) {
 
 		// Last 2 keeps the two newest: the first is pruned, its data
 		// deleted from the store, and its chunk freed by a collection.
-		awaitSchedule(t, e, s, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
+		controllertest.Await(t, e, s, within, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
 			assert.EqualValues(c, 1, s.Status.Pruned)
 			assert.EqualValues(c, 2, s.Status.Succeeded)
 			assert.Equal(c, name(slot.Add(3*time.Hour)), s.Status.LastSuccessfulBackup)
@@ -240,7 +228,7 @@ func TestSchedules(t *testing.T) {
 	t.Run("ASuspendedScheduleSkipsItsTimes", func(t *testing.T) {
 		e.VM(t, granted, "db", nodeA, true, v1alpha1.PhaseRunning)
 		s := newSchedule(t, e, "db", "db", "*/5 * * * *", func(s *v1alpha1.VirtualMachineBackupSchedule) { s.Spec.Suspend = true })
-		awaitSchedule(t, e, s, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
+		controllertest.Await(t, e, s, within, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
 			assert.Contains(c, s.Status.Message, "the schedule is suspended")
 			assert.EqualValues(c, 1, s.Status.Skipped)
 		})
@@ -278,7 +266,7 @@ func TestInvalidSchedulesAreRefusedNamingTheField(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			got := awaitSchedule(t, e, s, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
+			got := controllertest.Await(t, e, s, within, func(c *assert.CollectT, s *v1alpha1.VirtualMachineBackupSchedule) {
 				assert.Equal(c, corev1.ConditionFalse, s.Status.GetCondition(xpv2.TypeSynced).Status)
 			})
 			for _, w := range tc.wantStatus {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -172,4 +173,17 @@ func (e *Env) EventMessage(t *testing.T, o client.Object, typ string, reason eve
 		}
 	}
 	return ""
+}
+
+// Await waits until o, read again from the API server, shows what check
+// asserts, and returns what it read.
+func Await[T client.Object](t *testing.T, e *Env, o T, within time.Duration, check func(c *assert.CollectT, got T)) T {
+	t.Helper()
+	got := o.DeepCopyObject().(T) //nolint:forcetypeassert // a copy of a T is a T
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		if assert.NoError(c, e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(o), got)) {
+			check(c, got)
+		}
+	}, within, 10*time.Millisecond)
+	return got
 }
