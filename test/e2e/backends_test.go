@@ -56,6 +56,8 @@ func testBackend(t *testing.T, backend string) {
 		Subresources: true,
 		// testBootFromImage sees a Glance image pruned after pruneAfter.
 		ImagePruneInterval: time.Second,
+		// testRealNovaBackup backs the real guest up to it.
+		ObjectStore: backend == driver.BackendNova,
 	})
 	h.create(t, &v1alpha1.VirtualNetwork{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net-db"},
