@@ -11,7 +11,8 @@
 #   crossplane  make run CROSSPLANE=1: Crossplane core, a Go build;
 #   kubenode    the tests that run a real Kubernetes node
 #               (internal/harness/kubenode): containerd, runc and the CNI
-#               plugins, and the kubelet and kube-proxy, a Go build;
+#               plugins, and the kubelet, kube-proxy, scheduler and
+#               controller manager, a Go build;
 #   test        make test: all of the above, Debian's own OpenStack Zed
 #               services (Keystone, Placement, Nova, Glance, Cinder, Neutron
 #               with MariaDB and RabbitMQ) that the Nova backend is tested

@@ -1,7 +1,8 @@
 // Command envtest-assets prints a directory holding kube-apiserver, etcd and
-// kubectl, or with -node the kubelet and kube-proxy, building them once per
-// machine when needed (see internal/harness/envtestassets). Progress goes to
-// stderr, the directory to stdout, so a Makefile can write
+// kubectl, or with -node the node binaries (envtestassets.NodeBinaries),
+// building them once per machine when needed (see
+// internal/harness/envtestassets). Progress goes to stderr, the directory to
+// stdout, so a Makefile can write
 // KUBEBUILDER_ASSETS="$(go run ./hack/envtest-assets)".
 package main
 
@@ -16,7 +17,7 @@ import (
 )
 
 func main() {
-	node := flag.Bool("node", false, "Print the directory of the kubelet and kube-proxy instead.")
+	node := flag.Bool("node", false, "Print the directory of the node binaries (kubelet, kube-proxy, kube-scheduler, kube-controller-manager) instead.")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

@@ -1,6 +1,6 @@
 // Package envtestassets gives tests and `make run` the binaries of a real
 // control plane: kube-apiserver, etcd and kubectl; and, for the tests that
-// run a real node, the kubelet and kube-proxy of the same release.
+// run a real node, the node binaries of the same release (NodeBinaries).
 //
 // There is no internet here and no prebuilt binary to download, so when
 // KUBEBUILDER_ASSETS is not set the binaries are built from source fetched
@@ -160,10 +160,12 @@ func EnsureGarbageCollector(ctx context.Context, progress io.Writer) (string, er
 	return paths[0], nil
 }
 
-// NodeBinaries are the commands of a Kubernetes node: the kubelet, which
-// runs a node's pods through a container runtime, and kube-proxy, which
-// makes its Services reachable.
-var NodeBinaries = []string{"kubelet", "kube-proxy"}
+// NodeBinaries are the commands a cluster of real nodes needs besides
+// Binaries: the kubelet, which runs a node's pods through a container
+// runtime, kube-proxy, which makes its Services reachable, and the
+// scheduler and controller manager, which place pods (those of a
+// DaemonSet too) and make them from workloads.
+var NodeBinaries = []string{"kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager"}
 
 // nodeTargets build the node binaries with their release's version
 // stamped in, as Kubernetes' own release build does: the kubelet reports
@@ -186,7 +188,7 @@ func nodeTargets() []modbuild.Target {
 	return ts
 }
 
-// EnsureNode returns a directory holding the kubelet and kube-proxy of
+// EnsureNode returns a directory holding the NodeBinaries of
 // KubernetesVersion, building them into CacheDir the first time. They are
 // not among Binaries: only the tests that start a node need them.
 func EnsureNode(ctx context.Context, progress io.Writer) (string, error) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -25,8 +26,9 @@ import (
 
 // A node registers and becomes Ready, runs pods of an image from the test's
 // registry to completion (their exit status, and on failure their log, come
-// back through the API server), and Stop leaves no process, cgroup,
-// namespace or directory behind.
+// back through the API server) and a DaemonSet's pod, placed by a real
+// scheduler, and Stop leaves no process, cgroup, namespace or directory
+// behind.
 func TestNodeRunsPods(t *testing.T) {
 	if m := kubenode.Missing(); len(m) > 0 {
 		t.Skipf("needs %v (make deps, as root)", m)
@@ -99,6 +101,40 @@ func TestNodeRunsPods(t *testing.T) {
 			assert.Equal(t, tc.wantMessage, term.Message)
 		})
 	}
+
+	t.Run("a DaemonSet's pod runs on the node", func(t *testing.T) {
+		// The node lifecycle controller lifts the not-ready taint the
+		// kubelet registers its node with, which a DaemonSet's pods do
+		// not tolerate.
+		kubenode.StartSchedulingForTest(t, cp, "daemonset", "nodelifecycle")
+		labels := map[string]string{"app": "probe-daemon"}
+		ds := &appsv1.DaemonSet{
+			ObjectMeta: metav1.ObjectMeta{Name: "probe-daemon", Namespace: "default"},
+			Spec: appsv1.DaemonSetSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec: corev1.PodSpec{
+						AutomountServiceAccountToken: ptr.To(false),
+						Containers:                   []corev1.Container{{Name: "pause", Image: pause}},
+					},
+				},
+			},
+		}
+		require.NoError(t, cp.Client.Create(ctx, ds))
+		var pods corev1.PodList
+		err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+			if err := cp.Client.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels(labels)); err != nil {
+				return false, err
+			}
+			return len(pods.Items) == 1 && pods.Items[0].Status.Phase == corev1.PodRunning, nil
+		})
+		if err != nil {
+			_ = cp.Client.Get(ctx, client.ObjectKeyFromObject(ds), ds)
+		}
+		require.NoError(t, err, "the DaemonSet's pod does not run; its status: %+v; pods: %+v", ds.Status, pods.Items)
+		assert.Equal(t, n.Name, pods.Items[0].Spec.NodeName)
+	})
 
 	n.Stop()
 	ns, err := exec.Command("ip", "netns", "list").Output()
