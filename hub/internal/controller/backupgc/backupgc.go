@@ -157,6 +157,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, nil
 	}
+	if a := l.Status.LastGarbageCollectionAttempt; a != nil && now.Before(a.Time.Add(retry)) {
+		// Put off or failed a moment ago: the status write that said so
+		// is what woke this reconcile.
+		r.alarms.Set(l, a.Time.Add(retry))
+		return reconcile.Result{}, nil
+	}
 	gc, err := r.collect(ctx, l, now)
 	if err != nil {
 		return reconcile.Result{}, err
