@@ -33,10 +33,14 @@ const (
 // chunk.
 const backupSlack = 1.2
 
-// backedUp is what the second backup of backUpTwice holds.
+// backedUp is what the second backup of backUpTwice holds, and what the
+// first, full one added to the store.
 type backedUp struct {
 	id   string // the backup's uid, which a DiskImage names
 	sums string // sha256sum of the files written, as the guest printed it
+	// fullWritten is what the full backup wrote, as its status says;
+	// fullStored what the store grew by with it.
+	fullWritten, fullStored int64
 }
 
 // backUpTwice backs VM name, running at ip, up whole to the stack's
@@ -47,14 +51,19 @@ func (g *suite) backUpTwice(t *testing.T, name, ip string) backedUp {
 	bootID := g.facts(t, ip).bootID
 	g.sshUntil(t, ip, "echo 'kept by the full backup' | sudo tee "+backupMarker+" >/dev/null && sync", time.Minute)
 
+	before := g.storedBytes(t)
 	full := g.backUp(t, name+"-full", name)
+	fullStored := g.storedBytes(t) - before
 	assert.True(t, full.Status.Full, "the VM's first backup reads its disks whole")
 	assert.True(t, full.Status.Frozen, "the guest agent froze the filesystems for it")
-	t.Logf("full backup of %s: %d bytes read, %d written in %d ms", full.Status.Size, full.Status.BytesRead, full.Status.BytesWritten, full.Status.DurationMilliseconds)
+	t.Logf("full backup of %s: %d bytes read, %d written (store +%d) in %d ms", full.Status.Size, full.Status.BytesRead, full.Status.BytesWritten, fullStored, full.Status.DurationMilliseconds)
 
-	g.sshUntil(t, ip, "sudo dd if=/dev/urandom of="+backupData+" bs=1M count="+strconv.Itoa(newData)+" status=none && sync", 5*time.Minute)
+	// notrunc: a command sshUntil runs again (an ssh that took too long on
+	// a busy machine) writes the same blocks of the file again, not new
+	// ones the next backup would read as well.
+	g.sshUntil(t, ip, "sudo dd if=/dev/urandom of="+backupData+" bs=1M count="+strconv.Itoa(newData)+" conv=notrunc status=none && sync", 5*time.Minute)
 	sums := g.sshUntil(t, ip, "sha256sum "+backupMarker+" "+backupData, time.Minute)
-	before := g.storedBytes(t)
+	before = g.storedBytes(t)
 	incr := g.backUp(t, name+"-incr", name)
 	stored := g.storedBytes(t) - before
 	assert.False(t, incr.Status.Full, "the second reads only what changed")
@@ -66,7 +75,37 @@ func (g *suite) backUpTwice(t *testing.T, name, ip string) backedUp {
 	t.Logf("incremental backup after %d MiB written: %d bytes read, %d written (store +%d) in %d ms, %d chunks reused",
 		newData, incr.Status.BytesRead, incr.Status.BytesWritten, stored, incr.Status.DurationMilliseconds, incr.Status.ChunksReused)
 	assert.Equal(t, bootID, g.facts(t, ip).bootID, "the guest ran on through both backups")
-	return backedUp{id: string(incr.UID), sums: sums}
+	return backedUp{id: string(incr.UID), sums: sums, fullWritten: full.Status.BytesWritten, fullStored: fullStored}
+}
+
+// alikeShare is at most what the first backup of a VM made from the same
+// image as one backed up before adds to the location, as a share of what
+// that one's full backup added: the image's data is there already.
+const alikeShare = 0.10
+
+// backUpAlike backs VM name up for the first time, to the location VM
+// first's full backup went to, both made from the same image: the backup
+// reads the disks whole, yet adds at most alikeShare of what first's full
+// backup added, as its status says and as counted at the store.
+func (g *suite) backUpAlike(t *testing.T, name string, first backedUp) *v1alpha1.VirtualMachineBackup {
+	before := g.storedBytes(t)
+	b := g.backUp(t, name+"-full", name)
+	stored := g.storedBytes(t) - before
+	t.Logf("first backup of %s, from the same image: %d bytes read, %d written (%.1f%% of the first VM's %d), store +%d (%.1f%% of the first VM's +%d), %d chunks written, %d reused, in %d ms",
+		name, b.Status.BytesRead, b.Status.BytesWritten, percent(b.Status.BytesWritten, first.fullWritten), first.fullWritten,
+		stored, percent(stored, first.fullStored), first.fullStored, b.Status.ChunksWritten, b.Status.ChunksReused, b.Status.DurationMilliseconds)
+	assert.True(t, b.Status.Full, "the VM's first backup reads its disks whole")
+	assert.LessOrEqual(t, float64(b.Status.BytesWritten), alikeShare*float64(first.fullWritten), "written: at most %.0f%% of the first VM's full backup", 100*alikeShare)
+	assert.LessOrEqual(t, float64(stored), alikeShare*float64(first.fullStored), "the store grew by at most %.0f%% of what the first VM's full backup added", 100*alikeShare)
+	return b
+}
+
+// percent is part as a percentage of whole.
+func percent(part, whole int64) float64 {
+	if whole == 0 {
+		return 0
+	}
+	return 100 * float64(part) / float64(whole)
 }
 
 // backUp takes backup name of VM vm and waits for it to succeed.
@@ -129,4 +168,19 @@ func (g *suite) madeAgain(t *testing.T, b backedUp, node string) {
 	t.Logf("VM made from backup %s running with ssh on %s %s after the request", b.id, node, time.Since(created).Round(time.Second))
 	got := g.on(node).sshUntil(t, ip, "sha256sum "+backupMarker+" "+backupData, time.Minute)
 	assert.Equal(t, strings.TrimSpace(b.sums), strings.TrimSpace(got), "every file as it was at the backup")
+}
+
+// backedUpAfterTheMove backs VM name, running at ip, up on node, where a
+// live migration copied its disk: libvirt's copy would keep no dirty
+// bitmap (qcow2 version 2), the driver's does. The backup is full, its
+// checkpoints having stayed on the node it came from, and the guest runs
+// on.
+func (g *suite) backedUpAfterTheMove(t *testing.T, name, ip, node string) {
+	bootID := g.facts(t, ip).bootID
+	b := g.backUp(t, name+"-moved", name)
+	t.Logf("backup of %s on %s after its move: full %t, %d bytes read, %d written, %d chunks reused, in %d ms",
+		name, node, b.Status.Full, b.Status.BytesRead, b.Status.BytesWritten, b.Status.ChunksReused, b.Status.DurationMilliseconds)
+	assert.Equal(t, node, b.Status.Node)
+	assert.True(t, b.Status.Full, "its checkpoints stayed on the node it left")
+	assert.Equal(t, bootID, g.facts(t, ip).bootID, "the guest ran on through the backup")
 }

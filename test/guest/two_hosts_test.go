@@ -107,18 +107,37 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 		assert.Contains(t, addrs, " "+ipB+"/", "the guest holds it again")
 		a.sshUntil(t, ipA, ping(ipB, defaultPayload), reachTimeout)
 	})
-	// Before any move: a disk a live migration copied is one libvirt made,
-	// in qcow2 version 2, which keeps no dirty bitmap.
+	// Before the snapshot, which drops the VM's checkpoints.
 	var backup backedUp
 	backedUpTwice := t.Run("ABackupReadsOnlyWhatChangedSinceTheLast", func(t *testing.T) {
 		backup = a.backUpTwice(t, "g1", ipA)
 	})
+	var g2Full *v1alpha1.VirtualMachineBackup
+	t.Run("ASecondVMFromTheSameImageAddsLittleToTheStore", func(t *testing.T) {
+		if backup.fullWritten == 0 {
+			t.Skip("needs the full backup of the step before")
+		}
+		g2Full = b.backUpAlike(t, "g2", backup)
+	})
+	t.Run("AnAgentKilledMidBackupFailsItAndTheNextTwoRestore", func(t *testing.T) {
+		if g2Full == nil {
+			t.Skip("needs the VM's backup of the step before")
+		}
+		held := b.killedMidBackup(t, "g2", ipB, nodeB, g2Full)
+		b.restoredAsHeld(t, nodeB, held)
+	})
 	t.Run("AFrozenSnapshotKeepsTheGuestFromMovingUntilDeleted", func(t *testing.T) {
 		g.snapshotHoldsTheGuest(t, "g1", ipA, nodeA, ipB, nodeB)
 	})
-	t.Run("ALiveMigrationMovesAGuestWithItsVolumeAndAddress", func(t *testing.T) {
+	moved := t.Run("ALiveMigrationMovesAGuestWithItsVolumeAndAddress", func(t *testing.T) {
 		g.migrate(t, "g1", ipA, nodeA, nodeB, ipB)
 		b.sshUntil(t, ipB, ping(ipA, defaultPayload), reachTimeout)
+	})
+	t.Run("AVMIsBackedUpOnTheNodeItMovedTo", func(t *testing.T) {
+		if !moved {
+			t.Skip("needs the migration of the step before")
+		}
+		b.backedUpAfterTheMove(t, "g1", ipA, nodeB)
 	})
 	t.Run("ADrainMovesEveryVMOffItsNode", func(t *testing.T) {
 		g.drain(t, nodeB, nodeA, map[string]string{"g1": ipA, "g2": ipB})
@@ -217,7 +236,7 @@ func (g *suite) installPing(t *testing.T, ip string) {
 	t.Helper()
 	for path, script := range map[string]string{pingPath: pingScript, pingStreamPath: pingStreamScript} {
 		b64 := base64.StdEncoding.EncodeToString([]byte(script))
-		g.sshUntil(t, ip, fmt.Sprintf("echo %s | base64 -d | sudo tee %s >/dev/null && sudo chmod 755 %s", b64, path, path), time.Minute)
+		g.sshUntil(t, ip, fmt.Sprintf("echo %s | base64 -d | sudo tee %s >/dev/null && sudo chmod 755 %s", b64, path, path), 3*time.Minute)
 	}
 }
 
