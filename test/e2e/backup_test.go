@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -101,6 +102,32 @@ func TestBackups(t *testing.T) {
 		}}})
 		h.create(t, vm("web-again", "web-again-root"))
 		h.wait(t, "web-again", time.Minute, running)
+	})
+
+	t.Run("ThePluginMakesANewVMFromABackup", func(t *testing.T) {
+		require.NotNil(t, first)
+		out, err := h.plugin("restore", "web-copy", "--backup", "web-1", "--wait", "1m")
+		require.NoError(t, err, out)
+		for _, made := range []string{"DiskImage " + ns + "/web-copy-root created", "Volume " + ns + "/web-copy-root created", "VirtualMachine " + ns + "/web-copy created", "succeeded"} {
+			assert.Contains(t, out, made)
+		}
+		img := h.diskImage(t, "web-copy-root")
+		require.NotNil(t, img.Spec.ForProvider.Source.Backup)
+		assert.Equal(t, v1alpha1.DiskImageBackupSource{Location: stack.LocationName, ID: string(first.UID), Disk: "root"}, *img.Spec.ForProvider.Source.Backup)
+		copied := h.wait(t, "web-copy", time.Minute, running)
+		assert.Equal(t, []v1alpha1.DiskAttachment{{Name: "web-copy-root"}}, copied.Spec.ForProvider.DiskAttachments)
+		assert.Equal(t, web.Spec.ForProvider.Memory, copied.Spec.ForProvider.Memory, "the backed-up VM's shape")
+
+		for name, args := range map[string][]string{
+			"a backup that does not exist": {"restore", "nope", "--backup", "no-such-backup"},
+			"a snapshot and a backup":      {"restore", "nope", "--backup", "web-1", "--snapshot", "s"},
+			"a VM name taken":              {"restore", "web", "--backup", "web-1"},
+		} {
+			out, err := h.plugin(args...)
+			assert.Error(t, err, "%s: %s", name, out)
+		}
+		err = h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "web-root"}, &v1alpha1.DiskImage{})
+		assert.True(t, kerrors.IsNotFound(err), "a refused restore makes nothing: %v", err)
 	})
 
 	t.Run("ANamespaceNotGrantedTheLocationWaitsSayingSo", func(t *testing.T) {

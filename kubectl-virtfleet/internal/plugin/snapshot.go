@@ -57,16 +57,30 @@ func (e *env) snapshotCommand() *cobra.Command {
 	return cmd
 }
 
-// restoreCommand creates a VirtualMachineRestore of a snapshot into its VM.
+// restoreCommand creates a VirtualMachineRestore of a snapshot into its VM,
+// or makes a new VM from a backup.
 func (e *env) restoreCommand() *cobra.Command {
-	var name, snapshot string
+	var name, snapshot, backup string
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:               "restore NAME --snapshot SNAPSHOT",
-		Short:             "Bring a VirtualMachine back to one of its VirtualMachineSnapshots (a VirtualMachineRestore)",
+		Use:   "restore NAME (--snapshot SNAPSHOT | --backup BACKUP)",
+		Short: "Bring a VirtualMachine back to one of its VirtualMachineSnapshots (a VirtualMachineRestore), or make a new VirtualMachine NAME from a VirtualMachineBackup",
+		Long: "With --snapshot, bring VirtualMachine NAME back to one of its VirtualMachineSnapshots (a VirtualMachineRestore).\n\n" +
+			"With --backup, make a new VirtualMachine NAME from a VirtualMachineBackup, on any node: a DiskImage (NAME-root, NAME-VOLUME) of each of the backup's disks, " +
+			"a Volume of each as large as the backed-up VM's, and the VM with the backed-up VM's spec on them (its own addresses). The backed-up VM must still exist; " +
+			"for one that is gone, make them as the README's Backups section shows.",
 		Args:              exactlyOneVM,
 		ValidArgsFunction: e.completeVMs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case (snapshot == "") == (backup == ""):
+				return errors.New("give --snapshot or --backup, one of them")
+			case backup != "":
+				if name != "" {
+					return errors.New("--name names a VirtualMachineRestore; a restore from a backup makes VM NAME")
+				}
+				return e.restoreFromBackup(cmd.Context(), args[0], backup, timeout)
+			}
 			r := &v1alpha1.VirtualMachineRestore{
 				TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.VirtualMachineRestoreKind},
 				ObjectMeta: generated(name, args[0]),
@@ -77,10 +91,10 @@ func (e *env) restoreCommand() *cobra.Command {
 			}))
 		},
 	}
-	cmd.Flags().StringVar(&snapshot, "snapshot", "", "The VirtualMachineSnapshot to restore (required)")
+	cmd.Flags().StringVar(&snapshot, "snapshot", "", "The VirtualMachineSnapshot of VM NAME to restore")
+	cmd.Flags().StringVar(&backup, "backup", "", "The VirtualMachineBackup to make the new VM NAME from")
 	cmd.Flags().StringVar(&name, "name", "", "Name of the VirtualMachineRestore (default: the VM's name and a random suffix)")
-	cmd.Flags().DurationVar(&timeout, "wait", 0, "Wait this long for the restore to finish (0: do not wait)")
-	_ = cmd.MarkFlagRequired("snapshot")
+	cmd.Flags().DurationVar(&timeout, "wait", 0, "Wait this long for the restore to finish, or the new VM to run (0: do not wait)")
 	return cmd
 }
 
@@ -230,22 +244,30 @@ func (e *env) createAndWait(ctx context.Context, gvr schema.GroupVersionResource
 	if timeout <= 0 {
 		return nil
 	}
+	return e.waitFor(ctx, dc, gvr, ns, made.GetName(), timeout, done)
+}
+
+// waitFor waits at most timeout until done says object name is over, and
+// says how it ended.
+func (e *env) waitFor(ctx context.Context, dc dynamic.Interface, gvr schema.GroupVersionResource, ns, name string, timeout time.Duration, done func(*unstructured.Unstructured) (bool, error)) error {
 	var last error
-	err = wait.PollUntilContextTimeout(ctx, waitPoll, timeout, true, func(ctx context.Context) (bool, error) {
-		u, err := dc.Resource(gvr).Namespace(ns).Get(ctx, made.GetName(), metav1.GetOptions{})
+	kind := gvr.Resource
+	err := wait.PollUntilContextTimeout(ctx, waitPoll, timeout, true, func(ctx context.Context) (bool, error) {
+		u, err := dc.Resource(gvr).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
+		kind = u.GetKind()
 		finished, err := done(u)
 		last = err
 		return finished, nil
 	})
 	if err != nil {
-		return fmt.Errorf("%s %s/%s is not done: %w", made.GetKind(), ns, made.GetName(), err)
+		return fmt.Errorf("%s %s/%s is not done: %w", kind, ns, name, err)
 	}
 	if last != nil {
-		return fmt.Errorf("%s %s/%s %w", made.GetKind(), ns, made.GetName(), last)
+		return fmt.Errorf("%s %s/%s %w", kind, ns, name, last)
 	}
-	fmt.Fprintf(e.out, "%s %s/%s succeeded\n", made.GetKind(), ns, made.GetName())
+	fmt.Fprintf(e.out, "%s %s/%s succeeded\n", kind, ns, name)
 	return nil
 }
