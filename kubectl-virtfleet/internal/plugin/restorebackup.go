@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -40,7 +41,7 @@ func (f fromBackup) plan(ctx context.Context, backup string) ([]runtime.Object, 
 		return nil, err
 	}
 	if b.Status.Phase != v1alpha1.BackupSucceeded {
-		return nil, fmt.Errorf("VirtualMachineBackup %s/%s is %s, not Succeeded: only a whole backup is restored", f.namespace, backup, phaseOr(string(b.Status.Phase), "Pending"))
+		return nil, fmt.Errorf("VirtualMachineBackup %s/%s is %s, not Succeeded: only a whole backup is restored", f.namespace, backup, cmp.Or(string(b.Status.Phase), "Pending"))
 	}
 	src := &v1alpha1.VirtualMachine{}
 	switch err := f.get(ctx, vms, string(b.Spec.VMName), src); {
@@ -149,21 +150,10 @@ func (f fromBackup) get(ctx context.Context, gvr schema.GroupVersionResource, na
 	return runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into)
 }
 
-func phaseOr(phase, or string) string {
-	if phase == "" {
-		return or
-	}
-	return phase
-}
-
 // restoreFromBackup makes VM name again from backup, and with a timeout
 // waits until it runs.
 func (e *env) restoreFromBackup(ctx context.Context, name, backup string, timeout time.Duration) error {
-	cfg, ns, err := e.rest()
-	if err != nil {
-		return err
-	}
-	dc, err := dynamic.NewForConfig(cfg)
+	dc, ns, err := e.dynamic()
 	if err != nil {
 		return err
 	}

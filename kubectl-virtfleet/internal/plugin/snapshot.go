@@ -221,22 +221,29 @@ func outcome(done, succeeded bool, phase, msg string) (bool, error) {
 	}
 }
 
+// dynamic is a client of the API server the user's kubeconfig names, and
+// the namespace it names.
+func (e *env) dynamic() (dynamic.Interface, string, error) {
+	cfg, ns, err := e.rest()
+	if err != nil {
+		return nil, "", err
+	}
+	dc, err := dynamic.NewForConfig(cfg)
+	return dc, ns, err
+}
+
 // createAndWait creates obj in the namespace, says so, and, with a
 // timeout, waits until done says it is over.
 func (e *env) createAndWait(ctx context.Context, gvr schema.GroupVersionResource, obj runtime.Object, timeout time.Duration, done func(*unstructured.Unstructured) (bool, error)) error {
-	cfg, ns, err := e.rest()
+	dc, ns, err := e.dynamic()
 	if err != nil {
 		return err
 	}
-	dc, err := dynamic.NewForConfig(cfg)
+	u, err := toUnstructured(obj)
 	if err != nil {
 		return err
 	}
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-	if err != nil {
-		return err
-	}
-	made, err := dc.Resource(gvr).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: m}, metav1.CreateOptions{})
+	made, err := dc.Resource(gvr).Namespace(ns).Create(ctx, u, metav1.CreateOptions{})
 	if err != nil {
 		return err
 	}
