@@ -45,12 +45,14 @@ func run() error {
 		out          = flag.String("out", filepath.Join(controlplane.RepoRoot(), "bench", "results"), "Directory of the result files.")
 		dir          = flag.String("dir", "", "Where the stacks keep their state and logs; empty means the system's temporary directory.")
 		keep         = flag.Bool("keep", false, "Keep every stack's directory and logs, not only those of failed scenarios.")
-		guests       = flag.Bool("guests", d.Guests, "Boot one real QEMU guest (TCG without KVM) through the whole stack and time create→Running, →address, →ssh, back it up and restore it (-backups), and migrate another live between two hosts (-migration); needs root and make deps.")
+		guests       = flag.Bool("guests", d.Guests, "Boot one real QEMU guest (TCG without KVM) through the whole stack and time create→Running, →address, →ssh, snapshot it (-snapshots), back it up and restore it (-backups), and migrate another live between two hosts (-migration); needs root and make deps.")
+		snapshots    = flag.Bool("snapshots", d.Snapshots, "With -guests, snapshot the real guest disk-only and with its memory while a prober pings it every 10 ms, and restore the one with memory.")
 		backups      = flag.Bool("backups", d.Backups, "With -guests, back the real guest up whole and then incrementally to a SeaweedFS started with its stack, upload as many random bytes to the same store for comparison, and time a restore of it to ssh.")
 		migration    = flag.Bool("migration", d.Migration, "With -guests, migrate another real guest live between two hosts.")
 		idle         = flag.Bool("idle", d.Idle, "Run the idle-node scenario: one node of 200 guests, its agent's full observe timed, then 100 of them idle for 5 minutes while the agent's CPU is counted.")
 		debug        = flag.Bool("debug", false, "Run the hub and agents at debug level (slower; for finding where time goes).")
 		pprof        = flag.Bool("pprof", false, "Have the hub and agents serve Go's profiles, each on a port of its own, named in the progress.")
+		only         = flag.String("only", "", "Run only these scenarios, comma-separated, as the other flags size them: "+strings.Join(benchmark.Scenarios, ", ")+" (guest is the real guest with its snapshots and backups); empty runs them all.")
 	)
 	if err := flagenv.ParseCommandLine(); err != nil {
 		return err
@@ -74,7 +76,12 @@ func run() error {
 	}
 	o.Dir, o.Progress, o.Keep, o.Debug, o.Guests, o.Pprof = *dir, os.Stderr, *keep, *debug, *guests && !*quick, *pprof
 	o.Idle = *idle && !*quick
-	o.Backups, o.Migration = *backups, *migration
+	o.Snapshots, o.Backups, o.Migration = *snapshots, *backups, *migration && *guests && !*quick
+	if *only != "" {
+		if err := o.Only(strings.Split(*only, ",")); err != nil {
+			return fmt.Errorf("-only: %w", err)
+		}
+	}
 	// The benchmark's own Kubernetes clients have nothing to say.
 	ctrl.SetLogger(logr.Discard())
 

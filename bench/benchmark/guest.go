@@ -77,34 +77,42 @@ var guestGrants = []apisv1alpha1.TenantGrant{{
 	BackupLocations: []string{stack.LocationName},
 }}
 
-// runGuest boots one real guest on a stack of its own and times it; with
-// o.Backups it then backs the guest up and restores it (backup.go), on the
-// same stack.
-func runGuest(ctx context.Context, o Options) (*GuestBoot, *GuestBackup, error) {
+// runGuest boots one real guest on a stack of its own and times it into
+// r.Guest; with o.Snapshots it then snapshots the guest and restores it
+// (snapshot.go) into r.Snapshots, and with o.Backups backs it up and
+// restores that (backup.go) into r.Backup, on the same stack.
+func runGuest(ctx context.Context, o Options, r *Result) error {
 	progress := func(format string, args ...any) {
 		fmt.Fprintf(o.Progress, "%s %-12s %s\n", time.Now().Format("15:04:05"), "guest", fmt.Sprintf(format, args...))
 	}
 	g := &GuestBoot{Node: guestNode, VCPU: guestVCPU, MemoryBytes: guestMemoryBytes}
+	r.Guest = g
+	// skip says, in each section asked for, why it did not run.
+	skip := func(why string) {
+		if o.Snapshots {
+			r.Snapshots = &GuestSnapshots{Skipped: why}
+		}
+		if o.Backups {
+			r.Backup = &GuestBackup{Location: stack.LocationName, Skipped: why}
+		}
+	}
 	if m := guesthost.Missing(); len(m) > 0 {
 		g.Skipped = fmt.Sprintf("a real hypervisor needs %v: run make deps as root", m)
 		progress("skipped: %s", g.Skipped)
-		var b *GuestBackup
-		if o.Backups {
-			b = &GuestBackup{Location: stack.LocationName, Skipped: g.Skipped}
-		}
-		return g, b, nil
+		skip(g.Skipped)
+		return nil
 	}
 	progress("the guest image (built once per machine)")
 	image, err := guestimage.Ensure(ctx, o.Progress)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	if fi, err := os.Stat(image); err == nil {
 		g.ImageBytes = fi.Size()
 	}
 	host, err := guesthost.Start(ctx, "vfbench", o.Progress)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	defer host.Stop()
 	s, dir, stop, err := startStack(ctx, o, "vf-bench-guest-", stack.Options{
@@ -112,7 +120,7 @@ func runGuest(ctx context.Context, o Options) (*GuestBoot, *GuestBackup, error) 
 		LibvirtHosts: map[string]stack.LibvirtHost{guestNode: {Socket: host.Socket, URI: host.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType}},
 	}, progress)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	failed := true
 	defer func() {
@@ -126,22 +134,28 @@ func runGuest(ctx context.Context, o Options) (*GuestBoot, *GuestBackup, error) 
 	}
 	hostOf := func(string) *guesthost.Host { return host }
 	if err := bootGuest(ctx, s.ControlPlane.Client, hostOf, image, dir, g, progress); err != nil {
-		return nil, nil, err
+		return err
 	}
-	failed = len(g.Notes) > 0
-	if !o.Backups {
-		return g, nil, nil
+	if failed = len(g.Notes) > 0; failed {
+		skip("the guest did not boot (see its section)")
+		return nil
 	}
-	b := &GuestBackup{Location: stack.LocationName}
-	if failed {
-		b.Skipped = "the guest did not boot (see its section)"
-		return g, b, nil
+	key := filepath.Join(dir, "id_ed25519")
+	if o.Snapshots {
+		r.Snapshots = &GuestSnapshots{}
+		if err := runSnapshots(ctx, s.ControlPlane.Client, host, key, r.Snapshots, o.Progress); err != nil {
+			return errors.Wrap(err, "snapshots")
+		}
+		failed = len(r.Snapshots.Notes) > 0
 	}
-	if err := runBackups(ctx, s, hostOf, filepath.Join(dir, "id_ed25519"), b, o.Progress); err != nil {
-		return nil, nil, errors.Wrap(err, "backups")
+	if o.Backups {
+		r.Backup = &GuestBackup{Location: stack.LocationName}
+		if err := runBackups(ctx, s, hostOf, key, r.Backup, o.Progress); err != nil {
+			return errors.Wrap(err, "backups")
+		}
+		failed = failed || len(r.Backup.Notes) > 0
 	}
-	failed = len(b.Notes) > 0
-	return g, b, nil
+	return nil
 }
 
 // bootGuest creates the guest's VM and what it needs, and times its boot;

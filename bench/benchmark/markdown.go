@@ -82,6 +82,7 @@ func Targets(r *Result) []Target {
 		})
 	}
 	out = append(out, idleTargets(r.Idle)...)
+	out = append(out, snapshotTargets(r.Snapshots)...)
 	out = append(out, backupTargets(r.Backup)...)
 	return append(out, scaleTargets(r.Scale)...)
 }
@@ -193,6 +194,10 @@ func Markdown(r *Result) string {
 	p("Commit `%s`%s. Machine: %d CPUs, %.1f GiB memory, Linux %s, %s; load average before the run: %s.",
 		r.Commit, dirty, r.Machine.CPUs, float64(r.Machine.MemoryBytes)/(1<<30), r.Machine.Kernel, r.Machine.GoVersion, r.Machine.LoadAvgBefore)
 	p("")
+	if len(r.Scenarios) > 0 {
+		p("Scenarios run: %s.", strings.Join(r.Scenarios, "; "))
+		p("")
+	}
 	p("Everything runs on this one machine: etcd and kube-apiserver (envtest), an embedded NATS server, the hub and one agent per node as processes, one libvirtd (test driver) per node. Each scenario gets a fresh stack, and one warm-up VM per node is taken to Running before the measurement (the first guest on a node also creates its network). Latency is measured from the client's Create call returning to the first watch event showing phase Running.")
 	p("")
 
@@ -250,6 +255,7 @@ func Markdown(r *Result) string {
 	}
 
 	guestMarkdown(p, r.Guest)
+	snapshotMarkdown(p, r.Snapshots)
 	backupMarkdown(p, r.Backup)
 	migrationMarkdown(p, r.Migration)
 	idleMarkdown(p, r.Idle)

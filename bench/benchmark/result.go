@@ -17,6 +17,9 @@ type Result struct {
 	Machine Machine   `json:"machine"`
 	// Quick is true for the harness's own small run.
 	Quick bool `json:"quick"`
+	// Scenarios are those the run was asked for (Options.Only and the
+	// flags pick them).
+	Scenarios []string `json:"scenarios,omitempty"`
 	// Density is VMs created one by one at an interval.
 	Density *Scenario `json:"density,omitempty"`
 	// Bursts are VMs created all at once, one scenario per size; the
@@ -28,6 +31,9 @@ type Result struct {
 	Scale []Scenario `json:"scale,omitempty"`
 	// Guest is one real guest's boot, beside the test driver's figures.
 	Guest *GuestBoot `json:"guest,omitempty"`
+	// Snapshots are that guest's snapshots, disk-only and with memory,
+	// and a restore of the one with memory.
+	Snapshots *GuestSnapshots `json:"snapshots,omitempty"`
 	// Backup is that guest's backups, beside a raw upload to the same
 	// store, and a restore from them.
 	Backup *GuestBackup `json:"backup,omitempty"`

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -64,15 +65,17 @@ type Options struct {
 	// Pprof makes the hub and agents of each stack serve Go's profiles,
 	// their addresses in the progress.
 	Pprof bool
-	// Guests boots one real QEMU guest through the whole stack (guest.go),
-	// and another on two hosts that it migrates live (migration.go).
+	// Guests boots one real QEMU guest through the whole stack (guest.go).
 	Guests bool
+	// Snapshots, with Guests, snapshots that guest disk-only and with its
+	// memory and restores it, while a prober pings it (snapshot.go).
+	Snapshots bool
 	// Backups, with Guests, backs the first guest up whole and then
 	// incrementally to an object store started with its stack, beside a
 	// raw upload to the same store, and restores it (backup.go).
 	Backups bool
-	// Migration, with Guests, runs the live migration; false runs only
-	// the first guest (and its backups).
+	// Migration boots another real guest on two hosts and migrates it
+	// live (migration.go).
 	Migration bool
 	// Idle runs the idle-node scenario (idle.go).
 	Idle bool
@@ -84,7 +87,7 @@ type Options struct {
 // nodes; bursts of 10, 100 and 1000 over 10 nodes, and 5000 over 50; and
 // bursts of 1000 and 10,000 over 10 and 100 simulated nodes.
 func Defaults() Options {
-	return Options{Density: 100, DensityNodes: 10, DensityInterval: 100 * time.Millisecond, Sizes: []int{10, 100, 1000, 5000}, Scale: []int{1000, 10000}, Nodes: 10, VMsPerNode: 100, Limits: true, Guests: true, Backups: true, Migration: true, Idle: true}
+	return Options{Density: 100, DensityNodes: 10, DensityInterval: 100 * time.Millisecond, Sizes: []int{10, 100, 1000, 5000}, Scale: []int{1000, 10000}, Nodes: 10, VMsPerNode: 100, Limits: true, Guests: true, Snapshots: true, Backups: true, Migration: true, Idle: true}
 }
 
 // Quick is small enough for a test of the harness on a busy 2-core machine.
@@ -120,7 +123,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	r := &Result{Date: time.Now().UTC(), Quick: o.Quick, Machine: ThisMachine()}
+	r := &Result{Date: time.Now().UTC(), Quick: o.Quick, Machine: ThisMachine(), Scenarios: o.scenarios()}
 	r.Commit, r.Dirty = Commit()
 	if o.Density > 0 {
 		s, err := runScenario(ctx, o, spec{name: "density", vms: o.Density, nodes: o.DensityNodes, interval: o.DensityInterval})
@@ -153,13 +156,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		r.Scale = append(r.Scale, s)
 	}
 	if o.Guests {
-		g, b, err := runGuest(ctx, o)
-		if err != nil {
+		if err := runGuest(ctx, o, r); err != nil {
 			return nil, errors.Wrap(err, "real guest")
 		}
-		r.Guest, r.Backup = g, b
 	}
-	if o.Guests && o.Migration {
+	if o.Migration {
 		mg, err := runMigration(ctx, o)
 		if err != nil {
 			return nil, errors.Wrap(err, "live migration")
@@ -175,6 +176,76 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	r.Targets = Targets(r)
 	return r, nil
+}
+
+// Scenarios are the names Options.Only takes, in the order Run runs them.
+var Scenarios = []string{"density", "bursts", "scale", "guest", "migration", "idle"}
+
+// Only keeps the scenarios named, of Scenarios, as o sizes them, and
+// drops the others: `-only guest` runs the real guest alone, with its
+// snapshots and backups.
+func (o *Options) Only(names []string) error {
+	keep := map[string]bool{}
+	for _, n := range names {
+		n = strings.TrimSpace(n)
+		if !slices.Contains(Scenarios, n) {
+			return errors.Errorf("no scenario %q: the scenarios are %s", n, strings.Join(Scenarios, ", "))
+		}
+		keep[n] = true
+	}
+	if !keep["density"] {
+		o.Density = 0
+	}
+	if !keep["bursts"] {
+		o.Sizes = nil
+	}
+	if !keep["scale"] {
+		o.Scale = nil
+	}
+	o.Guests = o.Guests && keep["guest"]
+	o.Migration = o.Migration && keep["migration"]
+	o.Idle = o.Idle && keep["idle"]
+	return nil
+}
+
+// scenarios says which scenarios o runs, for the result: a run of some
+// of them says so.
+func (o Options) scenarios() []string {
+	var out []string
+	if o.Density > 0 {
+		out = append(out, fmt.Sprintf("density (%d VMs)", o.Density))
+	}
+	if len(o.Sizes) > 0 {
+		out = append(out, fmt.Sprintf("bursts (%s VMs)", joinInts(o.Sizes)))
+	}
+	if len(o.Scale) > 0 {
+		out = append(out, fmt.Sprintf("scale (%s VMs over simulated nodes)", joinInts(o.Scale)))
+	}
+	if o.Guests {
+		parts := []string{"boot"}
+		if o.Snapshots {
+			parts = append(parts, "snapshots")
+		}
+		if o.Backups {
+			parts = append(parts, "backups")
+		}
+		out = append(out, fmt.Sprintf("real guest (%s)", strings.Join(parts, ", ")))
+	}
+	if o.Migration {
+		out = append(out, "live migration")
+	}
+	if o.Idle {
+		out = append(out, "idle node")
+	}
+	return out
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ", ")
 }
 
 type spec struct {

@@ -2,13 +2,11 @@ package guesthost_test
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -116,7 +114,7 @@ func TestPairIsTwoHostsOnOneUnderlay(t *testing.T) {
 		for _, c := range []struct{ from, to *guesthost.Host }{{p.A, p.B}, {p.B, p.A}} {
 			assert.Equal(t, "qemu+tcp://"+c.to.TunnelAddress+"/system", c.to.MigrationURI)
 			var conn net.Conn
-			require.NoError(t, inNetns(c.from.NetnsPath, func() (err error) {
+			require.NoError(t, guesthost.Within(c.from.NetnsPath, func() (err error) {
 				conn, err = net.DialTimeout("tcp", net.JoinHostPort(c.to.TunnelAddress, libvirtdTCPPort), 5*time.Second)
 				return err
 			}), "from %s to %s's daemon", c.from.Netns, c.to.Netns)
@@ -129,7 +127,7 @@ func TestPairIsTwoHostsOnOneUnderlay(t *testing.T) {
 			require.NoError(t, caps.Unmarshal(x))
 			assert.Equal(t, c.to.UUID, caps.Host.UUID, "the daemon there is %s's", c.to.Netns)
 
-			err = inNetns(c.to.NetnsPath, func() error {
+			err = guesthost.Within(c.to.NetnsPath, func() error {
 				conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", libvirtdTCPPort), 5*time.Second)
 				if err == nil {
 					_ = conn.Close()
@@ -186,7 +184,7 @@ const libvirtdTCPPort = "16509"
 func reach(t *testing.T, from, to *guesthost.Host, addr string) {
 	t.Helper()
 	var l net.Listener
-	require.NoError(t, inNetns(to.NetnsPath, func() (err error) {
+	require.NoError(t, guesthost.Within(to.NetnsPath, func() (err error) {
 		l, err = net.Listen("tcp", net.JoinHostPort(addr, "0"))
 		return err
 	}))
@@ -198,7 +196,7 @@ func reach(t *testing.T, from, to *guesthost.Host, addr string) {
 		}
 	}()
 	var got []byte
-	require.NoError(t, inNetns(from.NetnsPath, func() error {
+	require.NoError(t, guesthost.Within(from.NetnsPath, func() error {
 		c, err := net.DialTimeout("tcp", l.Addr().String(), 5*time.Second)
 		if err != nil {
 			return err
@@ -209,47 +207,6 @@ func reach(t *testing.T, from, to *guesthost.Host, addr string) {
 		return err
 	}), "from %s to %s in %s", from.Netns, l.Addr(), to.Netns)
 	assert.Equal(t, "hello from "+to.Netns, string(got))
-}
-
-// inNetns runs f on a thread moved into the network namespace at path, and
-// moves the thread back afterwards: a socket f makes belongs to that
-// namespace wherever it is used later. A thread left there could make the
-// test process count as one of the namespace's (when it is the main
-// thread, which never exits), and Stop kills those.
-func inNetns(path string, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		back, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer func() { _ = unix.Close(back) }()
-		target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer func() { _ = unix.Close(target) }()
-		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		err = f()
-		if berr := unix.Setns(back, unix.CLONE_NEWNET); berr != nil {
-			// Left locked: the runtime ends the thread with this goroutine
-			// instead of running others in the wrong namespace.
-			errc <- errors.Join(err, berr)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	return <-errc
 }
 
 func assertNotInMachinesNamespace(t *testing.T, link string) {
