@@ -115,11 +115,43 @@ func KeyValueConfigs(cfg BucketConfig) []jetstream.KeyValueConfig {
 // the hub's next start). It is safe to call on every start. Lowering a limit
 // below what a bucket holds deletes nothing: KV buckets discard new values,
 // so only later writes are refused until it shrinks.
+//
+// It also forbids roll-ups in the intents and the reports bucket (see
+// forbidRollups).
 func EnsureBuckets(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) error {
 	for _, c := range KeyValueConfigs(cfg) {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
 			return errors.Wrapf(err, "cannot create bucket %s", c.Bucket)
 		}
+		if c.Bucket == wire.BucketNodes {
+			continue
+		}
+		if err := forbidRollups(ctx, js, c.Bucket); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// forbidRollups makes bucket's stream refuse messages with a Nats-Rollup
+// header. nats.go makes every bucket allow them, for its Purge, which
+// virtfleet never uses; but the header is no part of a subject, so no
+// permission can keep it from a node, and "Nats-Rollup: all" on a node's
+// own report key would remove every other node's reports. The nodes bucket
+// keeps them: its expiry markers (LimitMarkerTTL) need them, and a
+// heartbeat removed so is written again at the node's next beat.
+func forbidRollups(ctx context.Context, js jetstream.JetStream, bucket string) error {
+	s, err := js.Stream(ctx, wire.Stream(bucket))
+	if err != nil {
+		return errors.Wrapf(err, "cannot read bucket %s", bucket)
+	}
+	c := s.CachedInfo().Config
+	if !c.AllowRollup {
+		return nil
+	}
+	c.AllowRollup = false
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		return errors.Wrapf(err, "cannot forbid roll-ups in bucket %s", bucket)
 	}
 	return nil
 }

@@ -61,6 +61,7 @@ func TestEnsureBucketsLimitsEveryBucket(t *testing.T) {
 				assert.Equal(t, want, c.MaxBytes, "MaxBytes of %s", bucket)
 				assert.Equal(t, tc.wantMaxValueSize, c.MaxMsgSize, "MaxValueSize of %s", bucket)
 				assert.Equal(t, jetstream.DiscardNew, c.Discard, "a full %s bucket must refuse new values, not drop old ones", bucket)
+				assert.Equal(t, bucket == wire.BucketNodes, c.AllowRollup, "roll-ups in %s: only the nodes bucket's expiry markers need them", bucket)
 			}
 		})
 	}
@@ -106,7 +107,8 @@ func TestBucketRefusesWritesOverItsLimits(t *testing.T) {
 }
 
 // TestEnsureBucketsLimitsExistingBuckets brings buckets made without limits
-// (as before the limits existed) to the configured ones at the next start,
+// and with roll-ups allowed (as before the limits existed) to the configured
+// ones at the next start,
 // keeping their values, the way it brings them to the configured replicas.
 func TestEnsureBucketsLimitsExistingBuckets(t *testing.T) {
 	ctx := context.Background()
@@ -127,6 +129,7 @@ func TestEnsureBucketsLimitsExistingBuckets(t *testing.T) {
 		c := streamConfig(t, js, bucket)
 		assert.Positive(t, c.MaxBytes, "MaxBytes of %s", bucket)
 		assert.Equal(t, natswire.DefaultMaxValueSize, c.MaxMsgSize, "MaxValueSize of %s", bucket)
+		assert.Equal(t, bucket == wire.BucketNodes, c.AllowRollup, "roll-ups in %s", bucket)
 	}
 	e, err := kv.Get(ctx, "node1.vm")
 	require.NoError(t, err)

@@ -360,3 +360,42 @@ func TestHubConsolePermissions(t *testing.T) {
 		})
 	}
 }
+
+// TestANodeCannotRemoveAnotherNodesKeys plays a stolen node credential
+// against the shared reports bucket through the headers of its own
+// permitted writes, which no subject permission sees. The attacker holds
+// node1's seed and publishes to node1's own report key with "Nats-Rollup:
+// all" (which would purge every message of the stream), and with
+// "Nats-Rollup: sub" alone and with KV's purge marker (each of which would
+// purge that one key). Each is refused, and node2's report and node1's own
+// earlier one survive.
+func TestANodeCannotRemoveAnotherNodesKeys(t *testing.T) {
+	ctx := context.Background()
+	cases := map[string]nats.Header{
+		"RollupOfTheWholeBucket": {jetstream.MsgRollup: []string{jetstream.MsgRollupAll}},
+		"RollupOfItsOwnKey":      {jetstream.MsgRollup: []string{jetstream.MsgRollupSubject}},
+		"PurgeMarkerOfItsOwnKey": {"KV-Operation": []string{"PURGE"}, jetstream.MsgRollup: []string{jetstream.MsgRollupSubject}},
+	}
+	for name, hdr := range cases {
+		t.Run(name, func(t *testing.T) {
+			f := newFleet(t)
+			theirs, err := f.reports.Put(ctx, "node2.vm-b", []byte(`{"uid":"vm-b"}`))
+			require.NoError(t, err)
+			_, err = f.reports.Put(ctx, "node1.vm-old", []byte(`{"uid":"vm-old"}`))
+			require.NoError(t, err)
+
+			nc, _ := natstest.Connect(t, f.srv, f.agents["node1"])
+			js, err := jetstream.New(nc)
+			require.NoError(t, err)
+			_, err = js.PublishMsg(ctx, &nats.Msg{Subject: "$KV.reports.node1.vm-a", Data: []byte(`{}`), Header: hdr})
+			require.Error(t, err, "the bucket must refuse a roll-up")
+			t.Logf("refused: %v", err)
+
+			e, err := f.reports.Get(ctx, "node2.vm-b")
+			require.NoError(t, err, "another node's report is gone")
+			assert.Equal(t, theirs, e.Revision())
+			_, err = f.reports.Get(ctx, "node1.vm-old")
+			require.NoError(t, err, "the node's own earlier report is gone")
+		})
+	}
+}
