@@ -43,13 +43,15 @@ type Owner struct {
 	gone      map[types.UID]time.Time
 	lastSweep time.Time
 	now       func() time.Time
+	// watching is closed once Start watches every kind.
+	watching chan struct{}
 }
 
 // NewOwner returns an Owner of the memory of objects of kinds, which it
 // forgets once c's informer sees them deleted, from Start on. With a nil
 // cache it forgets only what Forget is told (unit tests).
 func NewOwner(c cache.Cache, kinds ...client.Object) *Owner {
-	return &Owner{cache: c, kinds: kinds, gone: map[types.UID]time.Time{}, now: time.Now}
+	return &Owner{cache: c, kinds: kinds, gone: map[types.UID]time.Time{}, now: time.Now, watching: make(chan struct{})}
 }
 
 // Map is one component's memory of objects, by uid. Its zero value is not
@@ -141,14 +143,16 @@ func (o *Owner) Forget(uid types.UID) {
 // it deleted (its last finalizer removed, or a relist that no longer finds
 // it), until ctx is done. It is a manager.Runnable, and runs on every
 // replica: a replica that is not the leader remembers nothing, and one that
-// was must forget.
+// was must forget. It watches each kind without waiting for its informer to
+// sync, so no deletion can fall between an informer's start and the watch.
 func (o *Owner) Start(ctx context.Context) error {
 	if o.cache == nil {
+		close(o.watching)
 		<-ctx.Done()
 		return nil
 	}
 	for _, k := range o.kinds {
-		inf, err := o.cache.GetInformer(ctx, k)
+		inf, err := o.cache.GetInformer(ctx, k, cache.BlockUntilSynced(false))
 		if err != nil {
 			return errors.Wrapf(err, "cannot watch %T to forget what the hub remembers of them", k)
 		}
@@ -156,9 +160,14 @@ func (o *Owner) Start(ctx context.Context) error {
 			return errors.Wrapf(err, "cannot watch %T to forget what the hub remembers of them", k)
 		}
 	}
+	close(o.watching)
 	<-ctx.Done()
 	return nil
 }
+
+// Watching is closed once Start watches every kind: from then on, no
+// deletion of an object of them goes unseen.
+func (o *Owner) Watching() <-chan struct{} { return o.watching }
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable: see Start.
 func (o *Owner) NeedLeaderElection() bool { return false }

@@ -79,6 +79,11 @@ func TestAnObjectsMemoryGoesWithIt(t *testing.T) {
 	go func() { _ = c.Start(ctx) }()
 	started := make(chan error, 1)
 	go func() { started <- o.Start(ctx) }()
+	select {
+	case <-o.Watching():
+	case err := <-started:
+		require.NoError(t, err, "the owner stopped before it watched")
+	}
 	require.True(t, c.WaitForCacheSync(ctx))
 
 	cases := []struct {
