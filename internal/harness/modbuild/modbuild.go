@@ -89,7 +89,14 @@ type Target struct {
 // dir/t.Binary. The binary is written under a temporary name and renamed, so
 // an interrupted build never leaves a truncated binary that later calls would
 // take as complete. Progress names the build and its duration.
+//
+// The caller holds the lock of dir (Lock), so a build directory of the same
+// binary left in dir is one a killed build left behind: it is removed.
 func Build(ctx context.Context, dir string, t Target, progress io.Writer) error {
+	stale, _ := filepath.Glob(filepath.Join(dir, "build-"+t.Binary+"-*")) // the pattern is valid
+	for _, s := range stale {
+		_ = os.RemoveAll(s)
+	}
 	work, err := os.MkdirTemp(dir, "build-"+t.Binary+"-")
 	if err != nil {
 		return fmt.Errorf("cannot create build directory: %w", err)
@@ -182,6 +189,10 @@ func goCommand(ctx context.Context, dir string, args ...string) ([]byte, error) 
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+	// A test that times out is killed, not cancelled: without this its
+	// build ran on, orphaned, competing for the cores with the next
+	// caller's build of the same binary, and its result was never used.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var stderr []byte
 	out, err := cmd.Output()
 	if ee, ok := err.(*exec.ExitError); ok { //nolint:errorlint // exec returns it unwrapped

@@ -357,10 +357,14 @@ func (s *Server) Stop() {
 }
 
 // New starts a server for a test in a temporary directory and stops it when
-// the test ends. It skips the test only when weed is not built and cannot
-// be built here, for want of the go command.
+// the test ends. It skips the test with -short, which promises no real
+// servers (and no build of weed), and when weed is not built and cannot be
+// built here, for want of the go command.
 func New(t testing.TB) *Server {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a real S3 server (SeaweedFS); skipped with -short")
+	}
 	ensure(t)
 	s, err := Start(context.Background(), t.TempDir(), testWriter{t})
 	if err != nil {
