@@ -63,11 +63,20 @@ const (
 	backupStepTimeout = time.Hour
 )
 
+// serverDisk is a volume attached to a server, named as a backup or
+// snapshot names it.
+type serverDisk struct {
+	driver.BackupDisk
+	volumeID string
+	// imageMeta is the volume's image metadata, which for the boot volume
+	// is the server's image properties (its guest agent among them).
+	imageMeta map[string]string
+}
+
 // backupDisk is a volume of the server and the temporaries it is read
 // through.
 type backupDisk struct {
-	driver.BackupDisk
-	volumeID string
+	serverDisk
 	// temp names the temporaries: the snapshot, the volume made of it and
 	// the image uploaded of that.
 	temp                      string
@@ -108,7 +117,7 @@ func (d *Driver) BackUp(ctx context.Context, uid string, r driver.BackupRequest,
 		}
 	}
 	for i := range disks {
-		if err := d.awaitSnapshot(ctx, &disks[i]); err != nil {
+		if err := d.awaitSnapshot(ctx, disks[i].snapshot, disks[i].Name); err != nil {
 			return res, err
 		}
 	}
@@ -128,37 +137,51 @@ func (d *Driver) BackUp(ctx context.Context, uid string, r driver.BackupRequest,
 // and leaves no checkpoint to forget.
 func (d *Driver) CommitBackup(context.Context, string, string) error { return nil }
 
-// backupDisks are the volumes attached to server id, the guest uid's: the
-// boot volume first, named root, then the others by name. Whatever
-// temporaries an earlier backup of the guest left are deleted.
+// backupDisks are the volumes attached to server id, the guest uid's, as
+// serverDisks names them. Whatever temporaries an earlier backup of the
+// guest left are deleted.
 func (d *Driver) backupDisks(ctx context.Context, uid, id string) ([]backupDisk, error) {
-	s, err := servers.Get(ctx, d.c.compute, id).Extract()
-	switch {
-	case statusOf(err) == http.StatusNotFound:
-		return nil, driver.NotFoundf("no server with %s %s", MetaUID, uid)
-	case err != nil:
-		return nil, classify(err, "cannot read server "+id)
+	_, attached, err := d.serverDisks(ctx, uid, id)
+	if err != nil {
+		return nil, err
 	}
-	var disks []backupDisk
-	for _, a := range s.AttachedVolumes {
-		v, err := volumes.Get(ctx, d.c.volume, a.ID).Extract()
-		if err != nil {
-			return nil, classify(err, "cannot read volume "+a.ID+" of server "+id)
-		}
-		name := cmp.Or(v.Name, v.ID)
-		if name == s.Metadata[MetaBoot] {
-			name = rootDiskName
-		}
-		disk := backupDisk{BackupDisk: driver.BackupDisk{Name: name, Size: int64(v.Size) * gib}, volumeID: v.ID, temp: backupTemp(uid, name)}
+	disks := make([]backupDisk, 0, len(attached))
+	for _, a := range attached {
+		disk := backupDisk{serverDisk: a, temp: backupTemp(uid, a.Name)}
 		if err := d.dropLeftovers(ctx, disk.temp); err != nil {
 			return nil, err
 		}
 		disks = append(disks, disk)
 	}
-	if len(disks) == 0 {
-		return nil, driver.Terminalf("guest %s cannot be backed up: server %s has no volume attached", uid, id)
+	return disks, nil
+}
+
+// serverDisks reads server id, the guest uid's, and the volumes attached
+// to it: the boot volume first, named root, then the others by name.
+func (d *Driver) serverDisks(ctx context.Context, uid, id string) (*servers.Server, []serverDisk, error) {
+	s, err := servers.Get(ctx, d.c.compute, id).Extract()
+	switch {
+	case statusOf(err) == http.StatusNotFound:
+		return nil, nil, driver.NotFoundf("no server with %s %s", MetaUID, uid)
+	case err != nil:
+		return nil, nil, classify(err, "cannot read server "+id)
 	}
-	slices.SortFunc(disks, func(a, b backupDisk) int {
+	var disks []serverDisk
+	for _, a := range s.AttachedVolumes {
+		v, err := volumes.Get(ctx, d.c.volume, a.ID).Extract()
+		if err != nil {
+			return nil, nil, classify(err, "cannot read volume "+a.ID+" of server "+id)
+		}
+		name := cmp.Or(v.Name, v.ID)
+		if name == s.Metadata[MetaBoot] {
+			name = rootDiskName
+		}
+		disks = append(disks, serverDisk{BackupDisk: driver.BackupDisk{Name: name, Size: int64(v.Size) * gib}, volumeID: v.ID, imageMeta: v.VolumeImageMetadata})
+	}
+	if len(disks) == 0 {
+		return nil, nil, driver.Terminalf("guest %s has no disk Cinder can snapshot: server %s has no volume attached", uid, id)
+	}
+	slices.SortFunc(disks, func(a, b serverDisk) int {
 		if (a.Name == rootDiskName) != (b.Name == rootDiskName) {
 			if a.Name == rootDiskName {
 				return -1
@@ -167,7 +190,7 @@ func (d *Driver) backupDisks(ctx context.Context, uid, id string) ([]backupDisk,
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
-	return disks, nil
+	return s, disks, nil
 }
 
 // snapshotDisk asks Cinder for a snapshot of the disk's volume, forced as
@@ -183,12 +206,12 @@ func (d *Driver) snapshotDisk(ctx context.Context, disk *backupDisk) error {
 	return nil
 }
 
-// awaitSnapshot waits for the disk's snapshot to be available.
-func (d *Driver) awaitSnapshot(ctx context.Context, disk *backupDisk) error {
-	return awaitStatus(ctx, "snapshot "+disk.snapshot+" of disk "+disk.Name, "available", func(ctx context.Context) (string, error) {
-		s, err := snapshots.Get(ctx, d.c.volume, disk.snapshot).Extract()
+// awaitSnapshot waits for snapshot id of disk to be available.
+func (d *Driver) awaitSnapshot(ctx context.Context, id, disk string) error {
+	return awaitStatus(ctx, "snapshot "+id+" of disk "+disk, "available", func(ctx context.Context) (string, error) {
+		s, err := snapshots.Get(ctx, d.c.volume, id).Extract()
 		if err != nil {
-			return "", classify(err, "cannot read snapshot "+disk.snapshot)
+			return "", classify(err, "cannot read snapshot "+id)
 		}
 		return s.Status, nil
 	})

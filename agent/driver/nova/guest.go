@@ -208,7 +208,7 @@ func (d *Driver) create(ctx context.Context, m driver.Machine) (driver.Observati
 		Networks:  "none",
 		Metadata: map[string]string{
 			MetaUID: m.UID, MetaNode: d.node, MetaNamespace: m.Namespace, MetaName: m.Name, MetaBoot: m.Disks[0].Name,
-			MetaShape: shapeHash(m), MetaLive: shapeHash(m), MetaNonce: m.RestartNonce, MetaRestarts: "0",
+			MetaShape: shapeHash(m), MetaLive: shapeHash(m), MetaNonce: m.RestartNonce, MetaRestarts: restartsAfterRevert(boot, m.UID),
 		},
 		BlockDevice: []servers.BlockDevice{{
 			SourceType: servers.SourceVolume, DestinationType: servers.DestinationVolume, UUID: boot.ID, BootIndex: 0,

@@ -320,6 +320,9 @@ func (d *Driver) DeleteVolume(ctx context.Context, disk driver.Disk) error {
 	if v.Status == "in-use" || len(v.Attachments) > 0 {
 		return driver.InUsef("volume %s is attached to a server", disk.Name)
 	}
+	if err := d.unsnapshotted(ctx, v.ID, disk.Name); err != nil {
+		return err
+	}
 	err = volumes.Delete(ctx, d.c.volume, v.ID, volumes.DeleteOpts{}).ExtractErr()
 	if err != nil && statusOf(err) != http.StatusNotFound {
 		return classify(err, "cannot delete volume "+disk.Name)

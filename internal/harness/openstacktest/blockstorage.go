@@ -108,6 +108,11 @@ func (s *Server) routeVolumes(mux *http.ServeMux) {
 		"GET /volumes/{id}":         s.getVolume,
 		"DELETE /volumes/{id}":      s.deleteVolume,
 		"POST /volumes/{id}/action": s.volumeAction,
+		// The stand-in takes no snapshots (the real services' tests do):
+		// a volume it serves has none.
+		"GET /snapshots/detail": func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusOK, map[string]any{"snapshots": []any{}})
+		},
 	} {
 		method, p, _ := strings.Cut(pattern, " ")
 		mux.HandleFunc(method+" "+VolumePath+"/{project}"+p, s.volume(h))
