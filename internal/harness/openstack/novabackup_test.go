@@ -57,28 +57,8 @@ func TestNovaDriverBacksUpAndRestoresThroughCinderAndGlance(t *testing.T) {
 		cfg.ImagePruneInterval = time.Hour
 	})
 
-	host := 10
-	machine := func(name string, disks ...driver.Disk) driver.Machine {
-		host++
-		return driver.Machine{
-			UID: uuid.NewString(), Namespace: "ns", Name: name, Generation: 1,
-			VCPU: 1, MemoryBytes: 256 << 20, Running: true, Disks: disks,
-			Networks: []driver.Network{{Name: "ns_backups-net", CIDR: "10.79.0.0/24", Address: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 79, 0, byte(host)}), 24)}},
-		}
-	}
-	run := func(t *testing.T, m driver.Machine) {
-		t.Helper()
-		t.Cleanup(func() {
-			assert.Eventually(t, func() bool { return d.Delete(ctx, m.UID) == nil }, migrateTimeout, poll)
-			for _, disk := range m.Disks {
-				assert.Eventually(t, func() bool { return d.DeleteVolume(ctx, disk) == nil }, migrateTimeout, poll)
-			}
-		})
-		require.Eventually(t, func() bool {
-			o, err := d.Ensure(ctx, m)
-			return err == nil && o.Phase == driver.PhaseRunning && attachedVolumes(t, cl, o.ID) == len(m.Disks)
-		}, bootTimeout, poll, "guest %s runs with its %d volumes attached", m.Name, len(m.Disks))
-	}
+	g := &guests{d: d, cl: cl, network: "ns_backups-net", subnet: [3]byte{10, 79, 0}}
+	machine, run := g.machine, g.run
 
 	const size = 1 << 30
 	vm := machine("backed-up", driver.Disk{Name: "ns_backed-up-root", SizeBytes: size}, driver.Disk{Name: "ns_backed-up-data", SizeBytes: size})
@@ -180,6 +160,52 @@ func TestNovaDriverBacksUpAndRestoresThroughCinderAndGlance(t *testing.T) {
 			})
 		}
 	})
+}
+
+// guests are the Machines of one test of the nova driver d, on a network
+// of the test's own: each gets the next address of its /24 subnet, as the
+// hub gives them.
+type guests struct {
+	d       *nova.Driver
+	cl      *openstack.Clients
+	network string
+	subnet  [3]byte
+	host    byte
+}
+
+func (g *guests) machine(name string, disks ...driver.Disk) driver.Machine {
+	g.host++
+	return driver.Machine{
+		UID: uuid.NewString(), Namespace: "ns", Name: name, Generation: 1,
+		VCPU: 1, MemoryBytes: 256 << 20, Running: true, Disks: disks,
+		Networks: []driver.Network{{
+			Name: g.network, CIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{g.subnet[0], g.subnet[1], g.subnet[2], 0}), 24).String(),
+			Address: netip.PrefixFrom(netip.AddrFrom4([4]byte{g.subnet[0], g.subnet[1], g.subnet[2], 10 + g.host}), 24),
+		}},
+	}
+}
+
+// run ensures m until it runs with its volumes attached; the test's
+// cleanup deletes it and its volumes.
+func (g *guests) run(t *testing.T, m driver.Machine) {
+	t.Helper()
+	ctx := context.Background()
+	t.Cleanup(func() {
+		assert.Eventually(t, func() bool { return g.d.Delete(ctx, m.UID) == nil }, migrateTimeout, poll)
+		for _, disk := range m.Disks {
+			assert.Eventually(t, func() bool { return g.d.DeleteVolume(ctx, disk) == nil }, migrateTimeout, poll)
+		}
+	})
+	g.ensureRunning(t, m)
+}
+
+// ensureRunning ensures m until it runs with its volumes attached.
+func (g *guests) ensureRunning(t *testing.T, m driver.Machine) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		o, err := g.d.Ensure(context.Background(), m)
+		return err == nil && o.Phase == driver.PhaseRunning && attachedVolumes(t, g.cl, o.ID) == len(m.Disks)
+	}, bootTimeout, poll, "guest %s runs with its %d volumes attached", m.Name, len(m.Disks))
 }
 
 // attachedVolumes counts the volumes attached to server id.

@@ -128,6 +128,13 @@ class FileDriver(driver.VolumeDriver):
         self._copy(self._snapshot_path(snapshot), self.local_path(volume),
                    volume.size)
 
+    def revert_to_snapshot(self, context, volume, snapshot):
+        # As LVM's driver merges its snapshot back: the volume's file holds
+        # the snapshot's again, in place (cp keeps the inode, so a loop
+        # device over it reads the new content), and the snapshot stays.
+        self._copy(self._snapshot_path(snapshot), self.local_path(volume),
+                   volume.size)
+
     def extend_volume(self, volume, new_size):
         path = self.local_path(volume)
         self._resize(path, new_size)
