@@ -419,8 +419,8 @@ func (d *Driver) revertable(ctx context.Context, set []snapshots.Snapshot) error
 
 // unsnapshotted fails while volume id, of disk, has snapshots, which
 // Cinder deletes no volume with: a VM's snapshots are the user's to
-// delete (Failing: shown, and retried until they are gone), a backup's
-// temporary goes by itself.
+// delete (Failing: shown, and retried until they are gone); one being
+// deleted, or a backup's temporary, goes by itself.
 func (d *Driver) unsnapshotted(ctx context.Context, id, disk string) error {
 	snaps, err := d.listSnapshots(ctx, snapshots.ListOpts{VolumeID: id}, func(s snapshots.Snapshot) bool { return s.VolumeID == id })
 	if err != nil {
@@ -428,7 +428,7 @@ func (d *Driver) unsnapshotted(ctx context.Context, id, disk string) error {
 	}
 	var kept []string
 	for _, s := range snaps {
-		if strings.HasPrefix(s.Name, novaSnapshotPrefix+Prefix) {
+		if strings.HasPrefix(s.Name, novaSnapshotPrefix+Prefix) && s.Status != "deleting" {
 			kept = append(kept, cmp.Or(s.Metadata[metaSnapshot], s.Name))
 		}
 	}
@@ -437,7 +437,7 @@ func (d *Driver) unsnapshotted(ctx context.Context, id, disk string) error {
 		slices.Sort(kept)
 		return driver.Failingf("volume %s has snapshots of its VM (%s): Cinder deletes it once they are deleted", disk, strings.Join(kept, ", "))
 	case len(snaps) > 0:
-		return errors.Errorf("volume %s has a temporary snapshot of a backup, which goes when the backup ends", disk)
+		return errors.Errorf("volume %s has snapshots Cinder is deleting or a backup's temporary one, which go by themselves", disk)
 	}
 	return nil
 }
