@@ -3,6 +3,7 @@ package virtualmachine
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -277,6 +278,31 @@ type binding struct {
 	orphan string
 	// seal is the fleet's Seal of node and orphan for the VM.
 	seal string
+	// rebound is set when node already runs the VM's guest (guestNode).
+	rebound bool
+}
+
+// guestNode is the node of f that reports vm's own guest, for a VM that is
+// bound to no node: one whose binding was removed by hand (kubectl
+// annotate vm x compute.virtfleet.io/node-). Its guest runs on where it
+// ran, so the VM is bound there again rather than placed anew, which would
+// start a second guest beside the first. Guests of the VM on several nodes (a binding
+// removed during a migration) are an error no placement mends.
+func guestNode(f *fleet.Fleet, vm *v1alpha1.VirtualMachine) (string, bool, error) {
+	var nodes []string
+	for _, r := range f.Guests.All(string(vm.UID)) {
+		if r.Report.Orphan == nil {
+			nodes = append(nodes, r.Node)
+		}
+	}
+	switch len(nodes) {
+	case 0:
+		return "", false, nil
+	case 1:
+		return nodes[0], true, nil
+	default:
+		return "", false, errors.Errorf("guests of the VM run on nodes %s, and its binding was removed: delete the VM, or bind it to one of them by hand as an administrator", strings.Join(nodes, ", "))
+	}
 }
 
 // placeBatch places one batch and records it; false once the queue shut
@@ -361,6 +387,9 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	f, err := s.pool.Get(ctx, pc.Target)
 	if err != nil {
 		return binding{}, err
+	}
+	if node, found, err := guestNode(f, vm); err != nil || found {
+		return binding{vm: vm, node: node, seal: f.Seal(string(vm.UID), node, ""), rebound: true}, err
 	}
 	o, found, err := f.Orphan(vm.Namespace, vm.Name)
 	switch {
@@ -454,6 +483,11 @@ func (s *Scheduler) bind(ctx context.Context, b binding) {
 	if b.orphan != "" {
 		s.log.Debug("Adopting", "namespace", key.Namespace, "name", key.Name, "node", b.node, "orphan", b.orphan)
 		s.recorder.Event(vm, event.Normal(ReasonAdopted, fmt.Sprintf("Adopting the guest orphaned from %s/%s on node %s", vm.Namespace, vm.Name, b.node)))
+		return
+	}
+	if b.rebound {
+		s.log.Info("Bound again to the node its guest runs on: its binding was removed by hand", "namespace", key.Namespace, "name", key.Name, "node", b.node)
+		s.recorder.Event(vm, event.Warning(ReasonRebound, errors.Errorf("Bound again to node %s, where its guest runs: the VM's binding was removed by hand", b.node)))
 		return
 	}
 	metrics.PlacementDuration.WithLabelValues().Observe(time.Since(vm.CreationTimestamp.Time).Seconds())

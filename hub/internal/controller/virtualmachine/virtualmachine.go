@@ -70,6 +70,9 @@ const (
 	ReasonRestartRequired event.Reason = "RestartRequired"
 	ReasonNodeLost        event.Reason = "NodeLost"
 	ReasonWaiting         event.Reason = "WaitingForDependencies"
+	// ReasonRebound: a VM whose binding was removed by hand is bound again
+	// to the node its guest runs on.
+	ReasonRebound event.Reason = "Rebound"
 )
 
 // Options of the VirtualMachine controller.
