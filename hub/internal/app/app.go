@@ -264,7 +264,7 @@ func Run(ctx context.Context, c Config) error {
 	// such memory is made from memory, which watches these kinds.
 	memory := perobject.NewOwner(mgr.GetCache(), &v1alpha1.VirtualMachine{}, &v1alpha1.Volume{}, &v1alpha1.DiskImage{},
 		&v1alpha1.VirtualNetwork{}, &v1alpha1.VirtualMachineMigration{}, &v1alpha1.HypervisorNode{},
-		&v1alpha1.VirtualMachineSnapshot{}, &v1alpha1.VirtualMachineRestore{}, &v1alpha1.VirtualMachineBackup{},
+		&v1alpha1.VirtualMachineSnapshot{}, &v1alpha1.VirtualMachineRestore{}, &v1alpha1.VirtualMachineClone{}, &v1alpha1.VirtualMachineBackup{},
 		&v1alpha1.VirtualMachineBackupVerification{}, &v1alpha1.VirtualMachineBackupSchedule{}, &v1alpha1.BackupLocation{})
 	if err := mgr.Add(memory); err != nil {
 		return errors.Wrap(err, "cannot add the owner of the hub's memory of objects")

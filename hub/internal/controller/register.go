@@ -13,6 +13,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/backupgc"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/backupschedule"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/backupverification"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/clone"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/diskimage"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
@@ -66,6 +67,9 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 		return err
 	}
 	if err := restore.SetupGated(mgr, o, ro); err != nil {
+		return err
+	}
+	if err := clone.SetupGated(mgr, o, clone.Options{Pool: vo.Pool}); err != nil {
 		return err
 	}
 	if err := backup.SetupGated(mgr, o, bo); err != nil {
