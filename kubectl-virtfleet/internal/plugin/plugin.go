@@ -88,7 +88,7 @@ func newRoot(in io.Reader, out, errOut io.Writer) *cobra.Command {
 	clientcmd.BindOverrideFlags(overrides, root.PersistentFlags(), clientcmd.RecommendedConfigOverrideFlags(""))
 	e := &env{config: clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides), in: in, out: out, errOut: errOut, interactiveTTY: func() bool { return isTerminal(in) }}
 
-	root.AddCommand(e.consoleCommand(), e.vncCommand(), e.snapshotCommand(), e.restoreCommand(), e.backupCommand())
+	root.AddCommand(e.consoleCommand(), e.vncCommand(), e.snapshotCommand(), e.restoreCommand(), e.cloneCommand(), e.backupCommand())
 	for _, a := range actions {
 		root.AddCommand(e.actionCommand(a.name, a.short))
 	}
