@@ -62,6 +62,8 @@ type DiskAttachment struct {
 }
 
 // VirtualMachineParameters are the fields a user sets on a VirtualMachine.
+// +kubebuilder:validation:XValidation:rule="!has(self.instancetype) || (!has(self.vcpu) && !has(self.memory))",message="instancetype sets vcpu and memory: name an instancetype or set vcpu and memory, not both"
+// +kubebuilder:validation:XValidation:rule="has(self.instancetype) || (has(self.vcpu) && has(self.memory))",message="vcpu and memory are required unless the VM names an instancetype"
 type VirtualMachineParameters struct {
 	// Running is the desired power state. true starts the guest; false shuts
 	// it down (ACPI first, forced off after a grace period).
@@ -69,10 +71,26 @@ type VirtualMachineParameters struct {
 	// +optional
 	Running *bool `json:"running,omitempty"`
 
-	// Vcpu is the number of virtual CPUs.
+	// Instancetype names the instance type the VM takes its vCPUs and
+	// memory from, instead of setting vcpu and memory itself. The hub
+	// records the type's spec when it places the VM
+	// (status.instancetypeRef); later edits of the type leave the VM as it
+	// is until it is asked to move (the annotation
+	// compute.virtfleet.io/instancetype-update-requested-at).
+	// +optional
+	Instancetype *InstancetypeRef `json:"instancetype,omitempty"`
+
+	// Preference names the preference the VM takes what it does not set
+	// itself from (firmware), recorded as instancetype is.
+	// +optional
+	Preference *PreferenceRef `json:"preference,omitempty"`
+
+	// Vcpu is the number of virtual CPUs; required unless the VM names an
+	// instancetype.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1024
-	Vcpu int32 `json:"vcpu"`
+	// +optional
+	Vcpu int32 `json:"vcpu,omitempty"`
 
 	// Memory is the guest's RAM, as a Kubernetes quantity (for example 500Mi
 	// or 4Gi). It must be greater than zero and at most 16Ti: more RAM than
@@ -81,7 +99,8 @@ type VirtualMachineParameters struct {
 	// int64) exact.
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",messageExpression="'memory must be greater than 0, got ' + string(self)"
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isGreaterThan(quantity('16Ti'))",messageExpression="'memory must be at most 16Ti, got ' + string(self)"
-	Memory resource.Quantity `json:"memory"`
+	// +optional
+	Memory resource.Quantity `json:"memory,omitzero"`
 
 	// Swap is the size of a swap disk added to the guest and enabled by
 	// cloud-init; 0 means no swap. It is at most 64Ti, the largest Volume
@@ -315,6 +334,13 @@ type VirtualMachineSpec struct {
 type VirtualMachineStatus struct {
 	xpv2.ManagedResourceStatus `json:",inline"`
 	AtProvider                 VirtualMachineObservation `json:"atProvider,omitempty"`
+	// InstancetypeRef is the instance type the VM's shape was recorded
+	// from, with the spec recorded: the shape the hub places and runs.
+	// +optional
+	InstancetypeRef *InstancetypeRevision `json:"instancetypeRef,omitempty"`
+	// PreferenceRef is the preference recorded for the VM, likewise.
+	// +optional
+	PreferenceRef *PreferenceRevision `json:"preferenceRef,omitempty"`
 }
 
 // +kubebuilder:object:root=true

@@ -382,7 +382,7 @@ func (r *Reconciler) target(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	fp := vm.Spec.ForProvider
 	req := placement.Request{
 		UID:          reservation(string(mig.UID)),
-		Resources:    placement.Resources{VCPU: int64(fp.Vcpu), MemoryBytes: fp.Memory.Value()},
+		Resources:    virtualmachine.Resources(vm),
 		NodeSelector: virtualmachine.NodeSelector(selector, fp.NodeSelector),
 		RequiredNode: mig.Spec.TargetNode,
 		Pools:        pools,

@@ -342,17 +342,18 @@ func (d *dependencies) resolveBackups(ctx context.Context, kube client.Reader) e
 // intent is what the VM's node must make true.
 func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 	fp := vm.Spec.ForProvider
+	vcpu, memory, _ := vm.Shape()
 	m := wire.Machine{
-		VCPU:        fp.Vcpu,
-		MemoryBytes: fp.Memory.Value(),
+		VCPU:        vcpu,
+		MemoryBytes: memory.Value(),
 		PublicKey:   fp.PublicKey,
 		UserData:    fp.UserData,
 	}
 	if fp.Swap != nil {
 		m.SwapBytes = fp.Swap.Value()
 	}
-	if fp.Firmware != nil {
-		m.Firmware = wire.Firmware(*fp.Firmware)
+	if f := vm.BootFirmware(); f != nil {
+		m.Firmware = wire.Firmware(*f)
 	}
 	for _, v := range d.volumes {
 		disk := wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: v.Spec.ForProvider.Size.Value(), Image: d.imageRef(v), Pool: v.Spec.ForProvider.StoragePool}

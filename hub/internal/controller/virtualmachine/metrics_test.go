@@ -53,6 +53,7 @@ func TestRefusalReasons(t *testing.T) {
 		{name: "no nodes", cause: &placement.NoFitError{}, want: []string{"no-nodes"}},
 		{name: "not granted", cause: &tenancy.RefusedError{What: "node node1", Namespace: "t", Field: "nodes"}, want: []string{"forbidden"}},
 		{name: "waits for a Volume", cause: &MissingError{Volumes: []string{"disk"}}, want: []string{"waiting"}},
+		{name: "waits for an instance type", cause: &MissingTemplateError{Kind: "VirtualMachineClusterInstancetype", Name: "small"}, want: []string{"waiting"}},
 		{name: "anything else", cause: errors.New("cannot connect to NATS"), want: []string{"other"}},
 	}
 	for _, tc := range cases {

@@ -109,6 +109,11 @@ func (a *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := a.c.keepFinalizer(ctx, vm); err != nil {
 		return reconcile.Result{}, err
 	}
+	if wrote, err := a.c.recordShape(ctx, vm); err != nil || wrote {
+		// The status write passes no event filter of this controller
+		// (it watches desired state): come back to publish the new shape.
+		return reconcile.Result{Requeue: wrote}, err
+	}
 	if moved, err := a.restartElsewhere(ctx, vm); err != nil || moved {
 		// Moved: the write wakes this controller again, and the managed
 		// reconciler then publishes to the new node.

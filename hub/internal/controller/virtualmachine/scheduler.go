@@ -154,6 +154,10 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		{&v1alpha1.Volume{}, s.onDependency()},
 		{&v1alpha1.VirtualNetwork{}, s.onDependency()},
 		{&v1alpha1.DiskImage{}, s.onDependency()},
+		{&v1alpha1.VirtualMachineInstancetype{}, s.onDependency()},
+		{&v1alpha1.VirtualMachineClusterInstancetype{}, s.onDependency()},
+		{&v1alpha1.VirtualMachinePreference{}, s.onDependency()},
+		{&v1alpha1.VirtualMachineClusterPreference{}, s.onDependency()},
 		{&v1alpha1.HypervisorNode{}, s.onCordon()},
 	}
 	for _, f := range feeds {
@@ -206,8 +210,9 @@ func (s *Scheduler) onVM() toolscache.ResourceEventHandler {
 	}
 }
 
-// onDependency is the handler of the informers of Volumes, VirtualNetworks
-// and DiskImages: a VM waiting for one may be placed now.
+// onDependency is the handler of the informers of Volumes, VirtualNetworks,
+// DiskImages, instance types and preferences: a VM waiting for one may be
+// placed now.
 func (s *Scheduler) onDependency() toolscache.ResourceEventHandler {
 	return toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.RetryUnplaced("") },
@@ -400,6 +405,9 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	case !managed.NewManagementPoliciesResolver(s.policies, vm.GetManagementPolicies()).ShouldCreate():
 		return binding{}, errNothingToPlace
 	}
+	if err := s.recordShape(ctx, vm); err != nil {
+		return binding{}, err
+	}
 	d, err := resolve(ctx, s.cache, vm)
 	if err != nil {
 		return binding{}, err
@@ -425,6 +433,18 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	}
 	node, err := s.placer.Place(nodes, req)
 	return binding{vm: vm, node: node, seal: f.Seal(string(vm.UID), node, "")}, errors.Wrap(err, "cannot place the VM")
+}
+
+// recordShape records vm's shape from its instance type and preference
+// (instancetype.go) before it is placed, so its node is chosen for the
+// shape it will run with. The status write leaves vm with the new
+// resourceVersion, so the batch's write of its node follows from it.
+func (s *Scheduler) recordShape(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
+	changed, err := recordShape(ctx, s.cache, vm)
+	if err != nil || !changed {
+		return err
+	}
+	return errors.Wrap(s.kube.Status().Update(ctx, vm), "cannot record the VM's shape")
 }
 
 // MarkCordoned marks the nodes whose HypervisorNode is unschedulable or
@@ -543,9 +563,10 @@ func RefusalReasons() []string {
 // granted, waiting for what does not exist yet, other for the rest.
 func refusalReasons(cause error) []string {
 	var (
-		noFit   *placement.NoFitError
-		refused *tenancy.RefusedError
-		missing *MissingError
+		noFit    *placement.NoFitError
+		refused  *tenancy.RefusedError
+		missing  *MissingError
+		template *MissingTemplateError
 	)
 	switch {
 	case errors.As(cause, &noFit):
@@ -557,7 +578,7 @@ func refusalReasons(cause error) []string {
 		return out
 	case errors.As(cause, &refused):
 		return []string{refusalForbidden}
-	case errors.As(cause, &missing):
+	case errors.As(cause, &missing), errors.As(cause, &template):
 		return []string{refusalWaiting}
 	default:
 		return []string{refusalOther}

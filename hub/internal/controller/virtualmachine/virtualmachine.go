@@ -239,7 +239,7 @@ func requestOn(vm *v1alpha1.VirtualMachine, d dependencies, defaults map[string]
 	fp := vm.Spec.ForProvider
 	req := placement.Request{
 		UID:          string(vm.UID),
-		Resources:    placement.Resources{VCPU: int64(fp.Vcpu), MemoryBytes: fp.Memory.Value()},
+		Resources:    Resources(vm),
 		NodeSelector: NodeSelector(defaults, fp.NodeSelector),
 		RequiredNode: required,
 		Pools:        d.pools(),
@@ -248,6 +248,13 @@ func requestOn(vm *v1alpha1.VirtualMachine, d dependencies, defaults map[string]
 		req.Backend = string(*fp.Backend)
 	}
 	return req
+}
+
+// Resources is what vm takes of a node: its shape (VirtualMachine.Shape),
+// which for a VM of an instance type is the one recorded from the type.
+func Resources(vm *v1alpha1.VirtualMachine) placement.Resources {
+	vcpu, memory, _ := vm.Shape()
+	return placement.Resources{VCPU: int64(vcpu), MemoryBytes: memory.Value()}
 }
 
 // bindVolumes binds the VM's unbound node-local Volumes to its node, so the
