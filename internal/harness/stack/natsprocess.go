@@ -73,8 +73,13 @@ func (s *Stack) NATSPID() int {
 // NATSServers is how many nats-server processes the stack runs.
 func (s *Stack) NATSServers() int { return len(s.natsProcs) }
 
+// natsServer is the nats-server binary: under Dir, not beside
+// Options.Binaries, which stacks running at once may share, and one must
+// not overwrite a binary another runs.
+func (s *Stack) natsServer() string { return filepath.Join(s.opts.Dir, "bin", "nats-server") }
+
 func (s *Stack) startNATSProcess(ctx context.Context, users []natswire.User) error {
-	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(s.bin, "nats-server"), "github.com/nats-io/nats-server/v2")
+	build := exec.CommandContext(ctx, "go", "build", "-o", s.natsServer(), "github.com/nats-io/nats-server/v2")
 	build.Dir = controlplane.RepoRoot()
 	if out, err := build.CombinedOutput(); err != nil {
 		return errors.Errorf("cannot build nats-server: %v\n%s", err, out)
@@ -148,7 +153,7 @@ func (s *Stack) StartNATSServer(i int) error {
 	if p.proc != nil {
 		return errors.Errorf("%s is already running", p.name)
 	}
-	c, err := s.run(p.name, "nats-server", nil, "-c", p.conf)
+	c, err := s.runCommand(p.name, []string{s.natsServer(), "-c", p.conf}, nil)
 	if err != nil {
 		return err
 	}

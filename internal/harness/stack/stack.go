@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -398,22 +399,37 @@ func (s *Stack) LogPath(name string) string {
 	return filepath.Join(s.opts.Dir, "logs", name+".log")
 }
 
-// build compiles the hub and the agent from this tree into Dir/bin, in one
-// go command, which compiles what they share once and links both at once.
+// build compiles the commands the stack runs into Dir/bin, unless
+// Options.Binaries holds them.
 func (s *Stack) build(ctx context.Context) error {
 	if s.opts.Binaries != "" {
 		s.bin = s.opts.Binaries
 		return nil
 	}
 	s.bin = filepath.Join(s.opts.Dir, "bin")
-	pkgs := []string{"./hub", "./agent", "./kubectl-virtfleet"}
+	pkgs := commands[:len(commands)-1]
 	if s.opts.Simulated {
-		pkgs = append(pkgs, "./agent/simnodes")
+		pkgs = commands
 	}
-	build := exec.CommandContext(ctx, "go", append([]string{"build", "-o", s.bin + string(filepath.Separator)}, pkgs...)...) //nolint:gosec // our own packages
-	build.Dir = controlplane.RepoRoot()
-	if out, err := build.CombinedOutput(); err != nil {
-		return errors.Errorf("cannot build the hub, the agent and the kubectl plugin: %v\n%s", err, out)
+	return build(ctx, s.bin, pkgs)
+}
+
+// commands are what a stack runs, built from this tree; simnodes, last,
+// only with Options.Simulated.
+var commands = []string{"./hub", "./agent", "./kubectl-virtfleet", "./agent/simnodes"}
+
+// Build compiles every command a stack may run into dir, for
+// Options.Binaries: a test binary that starts many stacks links them
+// once instead of once per stack.
+func Build(ctx context.Context, dir string) error { return build(ctx, dir, commands) }
+
+// build runs one go command, which compiles what the packages share once
+// and links them side by side.
+func build(ctx context.Context, dir string, pkgs []string) error {
+	cmd := exec.CommandContext(ctx, "go", append([]string{"build", "-o", dir + string(filepath.Separator)}, pkgs...)...) //nolint:gosec // our own packages
+	cmd.Dir = controlplane.RepoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return errors.Errorf("cannot build %s: %v\n%s", strings.Join(pkgs, " "), err, out)
 	}
 	return nil
 }
