@@ -89,11 +89,8 @@ func TestHub(t *testing.T) {
 		h.wait(t, "sample-vm", 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool { return vm.Status.AtProvider.RestartCount == 1 })
 		// The hub's polls and the agent's resyncs of the same annotation
 		// value must not restart again: watch several of each go by.
-		assert.Never(t, func() bool {
-			vm := &v1alpha1.VirtualMachine{}
-			err := h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "sample-vm"}, vm)
-			return err != nil || vm.Status.AtProvider.RestartCount != 1
-		}, 4*resyncEvery, 200*time.Millisecond, "a poll or resync restarted the VM again (or the VM could not be read)")
+		h.never(t, "sample-vm", 4*resyncEvery, func(vm *v1alpha1.VirtualMachine) bool { return vm.Status.AtProvider.RestartCount != 1 },
+			"a poll or resync restarted the VM again")
 	})
 
 	t.Run("SpecChangeWhileRunningSetsRestartRequired", func(t *testing.T) {
@@ -253,6 +250,18 @@ func getInto[T client.Object](t *testing.T, h *hub, name string, o T) T {
 	t.Helper()
 	require.NoError(t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, o))
 	return o
+}
+
+// never reads VM name for d and fails t if bad holds at any read, or the VM
+// cannot be read: what must not happen is watched for all of d, not
+// looked for once at its end.
+func (h *hub) never(t *testing.T, name string, d time.Duration, bad func(*v1alpha1.VirtualMachine) bool, msg string) {
+	t.Helper()
+	assert.Never(t, func() bool {
+		vm := &v1alpha1.VirtualMachine{}
+		err := h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, vm)
+		return err != nil || bad(vm)
+	}, d, 100*time.Millisecond, "%s (or VM %s could not be read)", msg, name)
 }
 
 // wait polls the API, as kubectl get -w would, until ok holds.

@@ -231,8 +231,7 @@ func TestVolumeDeletion(t *testing.T) {
 
 		require.NoError(t, h.s.StopAgent("node1"))
 		require.NoError(t, h.kube.Delete(ctx, volume("data")))
-		time.Sleep(3 * time.Second)
-		assert.False(t, gone("data")(), "the Volume stays while its node has not deleted the volume")
+		assert.Never(t, gone("data"), 3*time.Second, 50*time.Millisecond, "the Volume stays while its node has not deleted the volume")
 		assert.True(t, h.nodeVolumeExists(t, "node1", ns+"_data"))
 
 		start := time.Now()

@@ -139,7 +139,10 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 		require.NoError(t, h.kube.Delete(ctx, h.get(t, "victim")))
 		// node1 says the guest is gone: the VM must wait for node2 all the same.
 		evil.delete(t, wire.GuestReports.Key, vmUID)
-		time.Sleep(3 * time.Second) // the window in which a hastened deletion would show
+		// The window in which a hastened deletion would show.
+		assert.Never(t, func() bool {
+			return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "victim"}, &v1alpha1.VirtualMachine{}))
+		}, 3*time.Second, 100*time.Millisecond, "node1's word hastened the VM's deletion")
 		assert.Equal(t, v1alpha1.PhaseDeleting, h.get(t, "victim").Status.AtProvider.Phase, "the VM waits for its own node")
 		// node1 says the guest is still there: node2's word ends it.
 		spoofVM(wire.PhaseRunning)
@@ -153,7 +156,9 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 		require.NoError(t, h.s.StopAgent(node2))
 		require.NoError(t, h.kube.Delete(ctx, vol))
 		spoofVolume(true, "") // "gone": would hasten
-		time.Sleep(3 * time.Second)
+		assert.Never(t, func() bool {
+			return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "victim-disk"}, &v1alpha1.Volume{}))
+		}, 3*time.Second, 100*time.Millisecond, "node1's word hastened the Volume's deletion")
 		require.NoError(t, h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "victim-disk"}, &v1alpha1.Volume{}), "the Volume waits for its own node")
 		spoofVolume(false, "spoofed by node1: still attached") // would block
 		require.NoError(t, h.s.StartAgent(node2))
