@@ -64,6 +64,7 @@ func TestOrphanAdoptImport(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	for _, backend := range []string{driver.BackendLibvirt, driver.BackendNova, driver.BackendKubeVirt} {
 		t.Run(backend, func(t *testing.T) {
 			gb, ok := guestBackends[backend]

@@ -38,6 +38,7 @@ func TestBackends(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	for _, backend := range []string{driver.BackendNova, driver.BackendKubeVirt} {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()

@@ -32,6 +32,7 @@ func TestBackups(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	h := startStack(t, "vf-backups-", stack.Options{Nodes: []string{"sim-1", "sim-2"}, Simulated: true, ObjectStore: true})
 	ctx := context.Background()
 	backupOf := func(name, vm string, edit ...func(*v1alpha1.VirtualMachineBackup)) *v1alpha1.VirtualMachineBackup {

@@ -27,6 +27,7 @@ func TestClone(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	h := startStack(t, "vf-clone-", stack.Options{Nodes: []string{"node1", "node2"}})
 	ctx := context.Background()
 

@@ -34,6 +34,7 @@ func TestCrossplane(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Crossplane core and the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	ctx := context.Background()
 	var xp *crossplanetest.Crossplane
 	o, err := crossplanetest.StackOptions(ctx, stack.Options{Progress: testLog{t}}, &xp)

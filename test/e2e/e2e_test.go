@@ -35,6 +35,8 @@ func TestQuickStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs make run and the whole stack; skipped with -short")
 	}
+	t.Parallel()
+	takeSlot(t) // make run's stack, not startStack's
 	dir := runDir(t, "vf-e2e-")
 	port := freePort(t)
 	run := makeRun(t, dir, port)

@@ -22,6 +22,7 @@ func TestAFreshInstallComesUpByItself(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	const vms = 30
 	nodes := []string{"node-1.rack-a.example.com", "node-2.rack-a.example.com", "node-3.rack-b.example.com"}
 	start := time.Now()

@@ -39,6 +39,7 @@ func TestHighAvailability(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	h := startStack(t, "vf-ha-", stack.Options{
 		SharedPool: haPool, FenceAfter: haFenceAfter, FencingMargin: haMargin, NATSProxies: true,
 	})

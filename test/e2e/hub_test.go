@@ -40,6 +40,7 @@ func TestHub(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	// Short poll and resync intervals, so that RestartAnnotationRestartsOnce
 	// can watch several of each go by.
 	h := startStack(t, "vf-hub-", stack.Options{FencingTimeout: 5 * time.Second, PollInterval: resyncEvery, ResyncInterval: resyncEvery})
@@ -209,7 +210,15 @@ func TestHub(t *testing.T) {
 // at the end. VIRTFLEET_DEBUG=1 makes the hub and agents log at debug level.
 func startStack(t *testing.T, prefix string, o stack.Options) *hub {
 	t.Helper()
+	if usesCloud(o) {
+		holdCloud(t)
+	} else {
+		takeSlot(t)
+	}
 	o.Dir, o.Debug = runDir(t, prefix), os.Getenv("VIRTFLEET_DEBUG") != ""
+	if o.Binaries == "" {
+		o.Binaries = sharedBinaries(t)
+	}
 	s, err := stack.Start(context.Background(), o)
 	require.NoError(t, err)
 	// Cleanups run last first: the stack stops before its directory goes.

@@ -39,6 +39,7 @@ func TestDiskImages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	// Images are pruned within a second of their pruneAfter, so that the
 	// test sees an image leave the node once its last Volume went.
 	h := startStack(t, "vf-img-", stack.Options{Nodes: []string{"node1"}, ImagePruneInterval: time.Second})
@@ -208,6 +209,7 @@ func TestVolumeDeletion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	h := startStack(t, "vf-vol-", stack.Options{Nodes: []string{"node1"}, FencingTimeout: 2 * time.Second})
 	ctx := context.Background()
 	gone := func(name string) func() bool {

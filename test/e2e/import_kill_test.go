@@ -34,6 +34,7 @@ func TestImportKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	const node = "node1"
 	h := startStack(t, "vf-kill-", stack.Options{Nodes: []string{node}})
 

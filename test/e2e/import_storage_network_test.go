@@ -39,6 +39,7 @@ func TestImportVolumeAndNetwork(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	const (
 		node   = "import-volume"
 		legacy = "legacy.qcow2"

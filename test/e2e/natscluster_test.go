@@ -28,6 +28,7 @@ func TestNATSClusterLosesAServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	const vms = 100
 	start := time.Now()
 	h := startStack(t, "vf-natsc-", stack.Options{NATSCluster: 3, MemoryAllocationRatio: 16})

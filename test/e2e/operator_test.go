@@ -29,6 +29,7 @@ func TestAnOperatorSeesTheFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	h := startStack(t, "vf-ops-", stack.Options{})
 	s := h.s
 	k := kubectl{t: t, path: s.ControlPlane.Kubectl, kubeconfig: s.ControlPlane.Kubeconfig}

@@ -27,6 +27,7 @@ func TestPlacementGroups(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	h := startStack(t, "vf-groups-", stack.Options{Nodes: []string{"sim-1", "sim-2", "sim-3"}, Simulated: true, SimulatedHost: stack.SimulatedHost{VCPUs: 16, MemoryBytes: 8 << 30}})
 	// Half of sim-2 and sim-3 are taken, so that placement by how full
 	// the nodes are alone would put every replica on sim-1.

@@ -32,6 +32,7 @@ func TestSubresources(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	const other = "tenant-b"
 	h := startStack(t, "vf-sub-", stack.Options{Nodes: []string{"node1"}, Subresources: true, ResyncInterval: 2 * time.Second})
 	ctx := context.Background()

@@ -42,6 +42,7 @@ func TestHostileTenant(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	const (
 		node   = "host"
 		tenant = "tenant-a"

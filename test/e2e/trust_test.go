@@ -47,6 +47,7 @@ func TestANodeSpeaksOnlyForItself(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	start := time.Now()
 	h := startStack(t, "vf-trust-", stack.Options{Nodes: []string{node1, node2}, FencingTimeout: 5 * time.Minute})
 	ctx := context.Background()
