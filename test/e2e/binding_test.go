@@ -28,6 +28,7 @@ func TestAVMStrippedOfItsBinding(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	nodes := []string{"node1", "node2"}
 	h := startStack(t, "vf-binding-", stack.Options{Nodes: nodes})
 	cases := []struct {
