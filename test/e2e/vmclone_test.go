@@ -25,6 +25,7 @@ func TestVirtualMachineClone(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
+	t.Parallel()
 	h := startStack(t, "vf-vmclone-", stack.Options{Nodes: []string{"node1", "node2"}})
 	ctx := context.Background()
 	h.create(t, &v1alpha1.VirtualNetwork{
