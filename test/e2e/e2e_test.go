@@ -207,7 +207,10 @@ func TestQuickStart(t *testing.T) {
 		bad.Name, bad.Spec.ForProvider.Vcpu = "bad-vcpu", 0
 		out, err := k.apply(bad)
 		require.Error(t, err, out)
-		assert.Contains(t, out, "spec.forProvider.vcpu")
+		// vcpu 0 is vcpu unset (omitempty): the rule that a VM names an
+		// instancetype or sets vcpu and memory refuses it, on spec.forProvider.
+		assert.Contains(t, out, "spec.forProvider")
+		assert.Contains(t, out, "vcpu and memory are required unless the VM names an instancetype")
 		bad.Name, bad.Spec.ForProvider.Vcpu, bad.Spec.ForProvider.VirtualNetworks = "bad-net", 1, []v1alpha1.LocalName{"Not_A_Name"}
 		out, err = k.apply(bad)
 		require.Error(t, err, out)
