@@ -291,8 +291,8 @@ type binding struct {
 // bound to no node: one whose binding was removed by hand (kubectl
 // annotate vm x compute.virtfleet.io/node-). Its guest runs on where it
 // ran, so the VM is bound there again rather than placed anew, which would
-// start a second guest beside the first. Guests of the VM on several nodes (a binding
-// removed during a migration) are an error no placement mends.
+// start a second guest beside the first. Guests of the VM on several nodes
+// (a binding removed during a migration) are an error no placement mends.
 func guestNode(f *fleet.Fleet, vm *v1alpha1.VirtualMachine) (string, bool, error) {
 	var nodes []string
 	for _, r := range f.Guests.All(string(vm.UID)) {
