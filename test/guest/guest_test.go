@@ -476,7 +476,17 @@ func (g *suite) poolVolumes(t *testing.T) []string {
 	defer func() { _ = l.Disconnect() }()
 	p, err := l.StoragePoolLookupByName(guesthost.Pool)
 	require.NoError(t, err)
-	require.NoError(t, l.StoragePoolRefresh(p, 0))
+	// libvirtd refuses to refresh a pool while one of its volumes is
+	// being uploaded or downloaded (an image being written, a backup
+	// being read): wait for that to end rather than list a stale pool.
+	err = wait.PollUntilContextTimeout(g.ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		err := l.StoragePoolRefresh(p, 0)
+		if err != nil && strings.Contains(err.Error(), "asynchronous jobs running") {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	require.NoError(t, err, "refresh of pool %s", guesthost.Pool)
 	vols, _, err := l.StoragePoolListAllVolumes(p, 1, 0)
 	require.NoError(t, err)
 	names := make([]string, 0, len(vols))

@@ -155,9 +155,13 @@ func (g *suite) migrate(t *testing.T, name, ip, from, to, peer string) {
 	assert.Equal(t, to, m.Status.TargetNode, "the only other node")
 	assert.Positive(t, m.Status.TransferredBytes)
 
-	v := g.waitVM(t, name, time.Minute, "on node "+to, func(v *v1alpha1.VirtualMachine) bool {
-		return v.Status.AtProvider.Node == to && running(v) && v.GetAnnotations()[v1alpha1.AnnotationLeftovers] == ""
+	// The target's agent reports an address once one of its own sources
+	// (its guest agent channel, its ARP table) sees the guest hold it:
+	// under load that can be some seconds after the switch-over.
+	v := g.waitVM(t, name, time.Minute, "on node "+to+" with an address", func(v *v1alpha1.VirtualMachine) bool {
+		return v.Status.AtProvider.Node == to && running(v) && v.GetAnnotations()[v1alpha1.AnnotationLeftovers] == "" && address(v) != ""
 	})
+	t.Logf("%s: its address reported from %s %s after the switch-over", name, to, time.Since(m.Status.EndTime.Time).Round(time.Second))
 	assert.Equal(t, to, v.GetAnnotations()[v1alpha1.AnnotationNode])
 	assert.Equal(t, ip, address(v), "the VM keeps its address")
 	assert.Equal(t, restarts, v.Status.AtProvider.RestartCount, "a migration is no restart")
