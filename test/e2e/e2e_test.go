@@ -208,9 +208,9 @@ func TestQuickStart(t *testing.T) {
 		out, err := k.apply(bad)
 		require.Error(t, err, out)
 		// vcpu 0 is vcpu unset (omitempty): the rule that a VM names an
-		// instancetype or sets vcpu and memory refuses it, on spec.forProvider.
-		assert.Contains(t, out, "spec.forProvider")
-		assert.Contains(t, out, "vcpu and memory are required unless the VM names an instancetype")
+		// instancetype or sets vcpu refuses it, naming the field.
+		assert.Contains(t, out, "spec.forProvider.vcpu")
+		assert.Contains(t, out, "vcpu is required unless the VM names an instancetype")
 		bad.Name, bad.Spec.ForProvider.Vcpu, bad.Spec.ForProvider.VirtualNetworks = "bad-net", 1, []v1alpha1.LocalName{"Not_A_Name"}
 		out, err = k.apply(bad)
 		require.Error(t, err, out)

@@ -51,14 +51,13 @@ func TestInstancetypeCRDs(t *testing.T) {
 		fp["instancetype"] = map[string]any{"name": "small"}
 	}
 	both := "instancetype sets vcpu and memory: name an instancetype or set vcpu and memory, not both"
-	neither := "vcpu and memory are required unless the VM names an instancetype"
 
 	t.Run("InvalidVirtualMachinesAreRejectedNamingTheField", func(t *testing.T) {
 		for _, tc := range []invalidCase{
-			{"instancetype and vcpu", func(fp map[string]any) { typed(fp); fp["vcpu"] = 2 }, []string{"spec.forProvider", both}},
-			{"instancetype and memory", func(fp map[string]any) { typed(fp); fp["memory"] = "1Gi" }, []string{"spec.forProvider", both}},
-			{"neither instancetype nor vcpu", unset("vcpu"), []string{"spec.forProvider", neither}},
-			{"neither instancetype nor memory", unset("memory"), []string{"spec.forProvider", neither}},
+			{"instancetype and vcpu", func(fp map[string]any) { typed(fp); fp["vcpu"] = 2 }, []string{"spec.forProvider.vcpu", both}},
+			{"instancetype and memory", func(fp map[string]any) { typed(fp); fp["memory"] = "1Gi" }, []string{"spec.forProvider.memory", both}},
+			{"neither instancetype nor vcpu", unset("vcpu"), []string{"spec.forProvider.vcpu: Required value", "vcpu is required unless the VM names an instancetype"}},
+			{"neither instancetype nor memory", unset("memory"), []string{"spec.forProvider.memory: Required value", "memory is required unless the VM names an instancetype"}},
 			{"instancetype of an unknown kind", func(fp map[string]any) {
 				typed(fp)
 				fp["instancetype"] = map[string]any{"kind": "VirtualMachineInstancetypo", "name": "small"}

@@ -62,8 +62,10 @@ type DiskAttachment struct {
 }
 
 // VirtualMachineParameters are the fields a user sets on a VirtualMachine.
-// +kubebuilder:validation:XValidation:rule="!has(self.instancetype) || (!has(self.vcpu) && !has(self.memory))",message="instancetype sets vcpu and memory: name an instancetype or set vcpu and memory, not both"
-// +kubebuilder:validation:XValidation:rule="has(self.instancetype) || (has(self.vcpu) && has(self.memory))",message="vcpu and memory are required unless the VM names an instancetype"
+// +kubebuilder:validation:XValidation:rule="!has(self.instancetype) || !has(self.vcpu)",fieldPath=".vcpu",message="instancetype sets vcpu and memory: name an instancetype or set vcpu and memory, not both"
+// +kubebuilder:validation:XValidation:rule="!has(self.instancetype) || !has(self.memory)",fieldPath=".memory",message="instancetype sets vcpu and memory: name an instancetype or set vcpu and memory, not both"
+// +kubebuilder:validation:XValidation:rule="has(self.instancetype) || has(self.vcpu)",fieldPath=".vcpu",reason="FieldValueRequired",message="vcpu is required unless the VM names an instancetype"
+// +kubebuilder:validation:XValidation:rule="has(self.instancetype) || has(self.memory)",fieldPath=".memory",reason="FieldValueRequired",message="memory is required unless the VM names an instancetype"
 type VirtualMachineParameters struct {
 	// Running is the desired power state. true starts the guest; false shuts
 	// it down (ACPI first, forced off after a grace period).
