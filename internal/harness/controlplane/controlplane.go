@@ -7,11 +7,15 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,6 +37,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis"
 	"github.com/virtfleet/virtfleet/internal/harness/envtestassets"
 	"github.com/virtfleet/virtfleet/internal/harness/manifests"
+	"github.com/virtfleet/virtfleet/internal/harness/procs"
 )
 
 // FieldOwner is the server-side apply field manager of objects applied here.
@@ -105,6 +110,9 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 	}
 	assets, err := envtestassets.Ensure(ctx, opts.Progress)
 	if err != nil {
+		return nil, err
+	}
+	if err := killOrphans(assets, opts.Progress); err != nil {
 		return nil, err
 	}
 	scheme := k8sruntime.NewScheme()
@@ -310,4 +318,32 @@ func (cp *ControlPlane) InformersForTest(t testing.TB) (cache.Cache, context.Con
 		t.Fatal("the informer cache did not sync")
 	}
 	return informers, ctx
+}
+
+// killOrphans kills the etcd and kube-apiserver of assets that killed runs
+// left running. envtest starts them without tying them to its test
+// binary's life, so a binary killed by go test's timeout (or by hand)
+// leaves them holding memory and ports; re-parented to init, they are no
+// live run's. Progress says what was killed.
+func killOrphans(assets string, progress io.Writer) error {
+	pids, err := procs.Orphans(assets)
+	if err != nil {
+		return err
+	}
+	for _, pid := range pids {
+		fmt.Fprintf(progress, "controlplane: killing %s (pid %d) that a killed run left behind\n", orphanName(pid), pid)
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return errors.Wrapf(err, "cannot kill process %d that a killed run left behind", pid)
+		}
+	}
+	return nil
+}
+
+// orphanName is the command name of process pid, for progress.
+func orphanName(pid int) string {
+	comm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm")) //nolint:gosec // /proc
+	if err != nil {
+		return "a process"
+	}
+	return strings.TrimSpace(string(comm))
 }

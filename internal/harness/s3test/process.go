@@ -16,6 +16,8 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/virtfleet/virtfleet/internal/harness/procs"
 )
 
 // process is one weed, in a process group of its own.
@@ -70,8 +72,10 @@ func launch(bin, dir, runDir string, p ports, attempt int) (*process, error) {
 	}()
 	proc.rec = record{PID: cmd.Process.Pid, Owner: os.Getpid(), Dir: dir, Sockets: p.sockets()}
 	var errs [2]error
-	proc.rec.Start, _, errs[0] = procStat(proc.rec.PID)
-	proc.rec.OwnerStart, _, errs[1] = procStat(proc.rec.Owner)
+	var stats [2]procs.Stat
+	stats[0], errs[0] = procs.Read(proc.rec.PID)
+	stats[1], errs[1] = procs.Read(proc.rec.Owner)
+	proc.rec.Start, proc.rec.OwnerStart = stats[0].Start, stats[1].Start
 	if err := errors.Join(errs[:]...); err != nil {
 		proc.stop()
 		return nil, err
@@ -154,7 +158,7 @@ func killLeftovers(ctx context.Context, runDir string, progress io.Writer) error
 		case errors.Is(err, os.ErrNotExist): // stopped meanwhile
 		case err != nil:
 			return err
-		case alive(rec.Owner, rec.OwnerStart):
+		case procs.Alive(rec.Owner, rec.OwnerStart):
 			for _, s := range rec.Sockets {
 				inUse[s] = true
 			}
@@ -181,7 +185,7 @@ func killLeftovers(ctx context.Context, runDir string, progress io.Writer) error
 // killLeftover kills rec's weed, if it still runs, and waits until it is
 // gone.
 func killLeftover(ctx context.Context, rec record, progress io.Writer) error {
-	if !alive(rec.PID, rec.Start) {
+	if !procs.Alive(rec.PID, rec.Start) {
 		return nil
 	}
 	fmt.Fprintf(progress, "seaweedfs: killing weed (pid %d, dir %s) that a killed run left behind\n", rec.PID, rec.Dir)
@@ -189,7 +193,7 @@ func killLeftover(ctx context.Context, rec record, progress io.Writer) error {
 		return errors.Wrapf(err, "cannot kill weed (pid %d) that a killed run left behind", rec.PID)
 	}
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return !alive(rec.PID, rec.Start), nil
+		return !procs.Alive(rec.PID, rec.Start), nil
 	})
 	return errors.Wrapf(err, "weed (pid %d) that a killed run left behind did not die", rec.PID)
 }
@@ -201,43 +205,6 @@ func readRecord(path string) (record, error) {
 		return rec, errors.Wrap(err, "cannot read weed's record")
 	}
 	return rec, errors.Wrapf(json.Unmarshal(b, &rec), "cannot parse weed's record %s", path)
-}
-
-// alive reports whether process pid, started at start, still runs: a
-// zombie has stopped running, and a process started at another time is
-// another process given the same pid.
-func alive(pid int, start uint64) bool {
-	s, state, err := procStat(pid)
-	return err == nil && s == start && state != 'Z' && state != 'X'
-}
-
-// procStat is a process's start time and state from /proc.
-func procStat(pid int) (start uint64, state byte, err error) {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat")) //nolint:gosec // /proc
-	if err != nil {
-		return 0, 0, errors.Wrapf(err, "cannot read the state of process %d", pid)
-	}
-	return parseStat(b)
-}
-
-// parseStat reads proc(5)'s /proc/pid/stat: after the command name in
-// parentheses (which can hold anything, parentheses too) come the state,
-// field 3, and the start time, field 22.
-func parseStat(b []byte) (start uint64, state byte, err error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, 0, errors.Errorf("cannot parse process state %q", b)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	const stateField, startField = 3, 22
-	if len(f) <= startField-stateField || len(f[0]) != 1 {
-		return 0, 0, errors.Errorf("cannot parse process state %q", b)
-	}
-	start, err = strconv.ParseUint(f[startField-stateField], 10, 64)
-	if err != nil {
-		return 0, 0, errors.Wrapf(err, "cannot parse process state %q", b)
-	}
-	return start, f[0][0], nil
 }
 
 // removeAll removes files that need not exist.

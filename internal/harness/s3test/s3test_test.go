@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/virtfleet/virtfleet/internal/harness/freeport"
+	"github.com/virtfleet/virtfleet/internal/harness/procs"
 )
 
 // envLeftover makes the test binary a run that starts a server in the
@@ -129,14 +130,14 @@ func TestStartKillsALeftover(t *testing.T) {
 	path = strings.TrimSpace(path)
 	rec, err := readRecord(path)
 	require.NoError(t, err)
-	require.True(t, alive(rec.PID, rec.Start))
+	require.True(t, procs.Alive(rec.PID, rec.Start))
 
 	require.NoError(t, run.Process.Kill())
 	_ = run.Wait()
-	require.True(t, alive(rec.PID, rec.Start), "weed outlives the run that started it")
+	require.True(t, procs.Alive(rec.PID, rec.Start), "weed outlives the run that started it")
 
 	s := New(t)
-	assert.False(t, alive(rec.PID, rec.Start), "Start kills the leftover")
+	assert.False(t, procs.Alive(rec.PID, rec.Start), "Start kills the leftover")
 	assert.NoFileExists(t, path, "and removes its record")
 	for _, sock := range rec.Sockets {
 		assert.NoFileExists(t, sock, "and its sockets")
@@ -181,64 +182,6 @@ func TestStartRetriesOnATakenPort(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(log), "=== start 2:")
 	require.NoError(t, s.MakeBucket(context.Background(), "retried"))
-}
-
-func TestParseStat(t *testing.T) {
-	for _, tc := range []struct {
-		name, stat string
-		start      uint64
-		state      byte
-		err        bool
-	}{
-		{
-			name:  "a running process",
-			stat:  "4242 (weed) S 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 9 0 987654 123 45 18446744073709551615",
-			start: 987654, state: 'S',
-		},
-		{
-			name:  "a command name with spaces and parentheses",
-			stat:  "7 (a (b) c) Z 1 7 7 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 55 0 0",
-			start: 55, state: 'Z',
-		},
-		{name: "no command name", stat: "4242 weed S 1", err: true},
-		{name: "too few fields", stat: "4242 (weed) S 1 2 3", err: true},
-		{name: "a start time that is no number", stat: "1 (x) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 soon", err: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			start, state, err := parseStat([]byte(tc.stat))
-			if tc.err {
-				assert.Error(t, err)
-				return
-			}
-			require.NoError(t, err)
-			assert.Equal(t, tc.start, start)
-			assert.Equal(t, tc.state, state)
-		})
-	}
-}
-
-func TestAlive(t *testing.T) {
-	self := os.Getpid()
-	start, _, err := procStat(self)
-	require.NoError(t, err)
-
-	done := exec.Command("true")
-	require.NoError(t, done.Run())
-
-	for _, tc := range []struct {
-		name  string
-		pid   int
-		start uint64
-		want  bool
-	}{
-		{name: "this process", pid: self, start: start, want: true},
-		{name: "another process given this pid", pid: self, start: start + 1},
-		{name: "a process that exited", pid: done.Process.Pid, start: start},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, alive(tc.pid, tc.start))
-		})
-	}
 }
 
 func TestWriteIdentities(t *testing.T) {
