@@ -142,6 +142,7 @@ func create(ctx context.Context, name string) (*Host, error) {
 	if m := Missing(); len(m) > 0 {
 		return nil, errors.Errorf("cannot run a guest host without %s (run make deps as root)", strings.Join(m, ", "))
 	}
+	removeLeftovers(name, os.Stderr)
 	// Not a test's TempDir: a unix socket path must stay under 108 bytes.
 	dir, err := os.MkdirTemp("", "vf-"+name+"-")
 	if err != nil {
@@ -491,6 +492,49 @@ func (h *Host) Crash() {
 func (h *Host) killStragglers() {
 	if h.Netns != "" {
 		KillNetns(h.Netns)
+	}
+}
+
+// leftover matches the namespace of a host named name that create made:
+// name, the pid of the process that made it, and its directory's suffix.
+func leftover(name, netns string) (pid int, dir string, ok bool) {
+	rest, found := strings.CutPrefix(netns, name+"-")
+	if !found {
+		return 0, "", false
+	}
+	p, suffix, found := strings.Cut(rest, "-")
+	if !found || suffix == "" || strings.Contains(suffix, "-") {
+		return 0, "", false
+	}
+	pid, err := strconv.Atoi(p)
+	if err != nil {
+		return 0, "", false
+	}
+	return pid, filepath.Join(os.TempDir(), "vf-"+name+"-"+suffix), true
+}
+
+// removeLeftovers removes the hosts named name that killed runs left: a
+// namespace whose maker no longer runs, with its libvirtd, QEMU and dnsmasq
+// (libvirtd outlives its test binary's death only by a moment, its guests
+// and dnsmasq for good), and the host's directory. Hosts of running
+// processes are theirs.
+func removeLeftovers(name string, progress io.Writer) {
+	entries, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		pid, dir, ok := leftover(name, e.Name())
+		if err := syscall.Kill(pid, 0); !ok || err == nil || errors.Is(err, syscall.EPERM) {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, "libvirtd.log")); err != nil {
+			continue // not a directory of ours: the namespace is someone else's
+		}
+		fmt.Fprintf(progress, "guesthost: removing host %s (directory %s) that a killed run left behind\n", e.Name(), dir)
+		KillNetns(e.Name())
+		_ = exec.Command("ip", "netns", "del", e.Name()).Run()
+		_ = os.RemoveAll(dir)
 	}
 }
 

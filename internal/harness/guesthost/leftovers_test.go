@@ -1,0 +1,81 @@
+package guesthost
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestLeftover(t *testing.T) {
+	for _, tc := range []struct {
+		name, netns string
+		pid         int
+		dir         string
+		ok          bool
+	}{
+		{name: "vfpaira", netns: "vfpaira-4242-123456", pid: 4242, dir: "vf-vfpaira-123456", ok: true},
+		{name: "vf-x", netns: "vf-x-7-1", pid: 7, dir: "vf-vf-x-1", ok: true},
+		{name: "vfpaira", netns: "vfpairb-4242-123456"},
+		{name: "vfpaira", netns: "vfpaira-notapid-123456"},
+		{name: "vfpaira", netns: "vfpaira-4242"},
+		{name: "vfpaira", netns: "vfpaira-4242-"},
+		{name: "vfpaira", netns: "vfpaira-4242-12-34"},
+	} {
+		t.Run(tc.netns, func(t *testing.T) {
+			pid, dir, ok := leftover(tc.name, tc.netns)
+			assert.Equal(t, tc.ok, ok)
+			if tc.ok {
+				assert.Equal(t, tc.pid, pid)
+				assert.Equal(t, filepath.Join(os.TempDir(), tc.dir), dir)
+			}
+		})
+	}
+}
+
+// A killed run's host (its maker gone, a process still in its namespace)
+// is removed by the next start of a host of that name; a living run's is
+// not.
+func TestAKilledRunsHostIsRemovedAtTheNextStart(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("makes network namespaces: needs root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2's ip")
+	}
+	const name = "vfleftover"
+	host := func(pid int) (netns, dir string) {
+		dir, err := os.MkdirTemp("", "vf-"+name+"-")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = os.RemoveAll(dir) })
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "libvirtd.log"), nil, 0o600))
+		netns = name + "-" + strconv.Itoa(pid) + "-" + strings.TrimPrefix(filepath.Base(dir), "vf-"+name+"-")
+		out, err := exec.Command("ip", "netns", "add", netns).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		t.Cleanup(func() { KillNetns(netns); _ = exec.Command("ip", "netns", "del", netns).Run() })
+		return netns, dir
+	}
+	gone := exec.Command("true")
+	require.NoError(t, gone.Run())
+	killed, killedDir := host(gone.Process.Pid)
+	straggler := exec.Command("ip", "netns", "exec", killed, "sleep", "600")
+	require.NoError(t, straggler.Start())
+	waited := make(chan error, 1)
+	go func() { waited <- straggler.Wait() }()
+	living, livingDir := host(os.Getpid())
+
+	var progress bytes.Buffer
+	removeLeftovers(name, &progress)
+	assert.Contains(t, progress.String(), "removing host "+killed)
+	assert.Error(t, <-waited, "what ran in the killed run's namespace is killed")
+	assert.NoFileExists(t, filepath.Join("/run/netns", killed))
+	assert.NoDirExists(t, killedDir)
+	assert.FileExists(t, filepath.Join("/run/netns", living), "the living run's namespace stays")
+	assert.DirExists(t, livingDir)
+}
