@@ -45,6 +45,8 @@ func main() {
 	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM, Volume or snapshot deleted while its node is lost waits before it is finalized.")
 	flag.DurationVar(&c.FencingMargin, "fencing-margin", virtualmachine.DefaultFencingMargin, "What a VM with availability Restart waits, beyond its lost node's lease (the agent's --fence-after), before it is restarted on another node: at least the drift between the hub's and the nodes' clocks over a lease.")
 	flag.DurationVar(&c.NodeTTL, "node-ttl", natswire.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
+	flag.Int64Var(&c.BucketMaxBytes, "nats-bucket-max-bytes", natswire.DefaultMaxBytes, "Bytes the intents bucket and the reports bucket may each store (on every server holding a replica); past it NATS refuses their writes. The hub applies it at every start.")
+	flag.Int64Var(&c.NodesBucketMaxBytes, "nats-nodes-bucket-max-bytes", natswire.DefaultNodesMaxBytes, "Bytes the nodes bucket (heartbeats) may store; applied as --nats-bucket-max-bytes is.")
 	flag.StringVar(&c.APIAddress, "api-bind-address", "0", "Address of the aggregated API (subresources.virtfleet.io: console, vnc, start, stop, restart, reset, pause, unpause, migrate); 0 disables it.")
 	flag.StringVar(&c.APITLSSecret, "api-tls-secret", "virtfleet-system/virtfleet-hub-api-tls", "Secret (namespace/name) with the aggregated API's serving certificate; the hub creates and renews it.")
 	flag.IntVar(&c.APISessions, "api-console-sessions", subresources.DefaultSessions, "Console and VNC sessions one hub replica relays at once.")

@@ -55,6 +55,7 @@ var requiredAlerts = []string{
 	"VirtfleetReportsIgnored",
 	"VirtfleetBackupsFailing",
 	"VirtfleetBackupCorrupt",
+	"VirtfleetBucketNearlyFull",
 }
 
 // otherMetrics are the metrics not virtfleet's that a query may name:
@@ -79,6 +80,7 @@ type metric struct {
 var scraped = []*prometheus.Desc{
 	metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.VMBackups, metrics.NodeCapacity, metrics.NodeAllocated,
 	metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat,
+	metrics.BucketBytes, metrics.BucketMaxBytes, metrics.BucketValues,
 }
 
 // declared are the metrics internal/metrics declares, by name, with their

@@ -74,6 +74,15 @@ var (
 	NodeLastHeartbeat = desc("virtfleet_hub_node_last_heartbeat_timestamp_seconds",
 		"When the hub last received a node's heartbeat, in seconds since the epoch.",
 		"node")
+	BucketBytes = desc("virtfleet_hub_nats_bucket_bytes",
+		"Bytes a JetStream bucket of the wire (intents, reports, nodes) stores, by the NATS servers holding it (their cluster's name, or the server's).",
+		"nats", "bucket")
+	BucketMaxBytes = desc("virtfleet_hub_nats_bucket_max_bytes",
+		"A bucket's limit in bytes: past it JetStream refuses new values (intents and reports cannot be written).",
+		"nats", "bucket")
+	BucketValues = desc("virtfleet_hub_nats_bucket_values",
+		"Messages a bucket stores: current values and the markers of deleted and expired ones.",
+		"nats", "bucket")
 )
 
 // Hub metrics observed as things happen.

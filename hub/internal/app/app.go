@@ -119,6 +119,9 @@ type Config struct {
 	MigrationsPerFleet, MigrationsPerNode, MigrationsPerNamespace int
 	// NodeTTL is the heartbeat bucket's TTL when the hub creates it.
 	NodeTTL time.Duration
+	// BucketMaxBytes bounds the intents and the reports bucket each, and
+	// NodesBucketMaxBytes the nodes bucket; 0 means natswire's defaults.
+	BucketMaxBytes, NodesBucketMaxBytes int64
 
 	// APIAddress serves the aggregated API (hub/internal/subresources);
 	// empty or "0" serves none.
@@ -286,7 +289,7 @@ func Run(ctx context.Context, c Config) error {
 	if err := leftovers.Setup(ctx, mgr); err != nil {
 		return err
 	}
-	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL}, func(f *fleet.Fleet) {
+	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL, MaxBytes: c.BucketMaxBytes, NodesMaxBytes: c.NodesBucketMaxBytes}, func(f *fleet.Fleet) {
 		f.Guests.Subscribe(notifier.Notify)
 		f.Guests.Subscribe(migrations.Notify)
 		f.Guests.Subscribe(restores.Notify)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -359,4 +361,40 @@ func nodeEvent(key string, rev uint64, lost bool, value []byte) (NodeEvent, erro
 // OpenConsole implements Bus over the bus's own connection.
 func (n *NATS) OpenConsole(ctx context.Context, node string, open wire.ConsoleOpen) (io.ReadWriteCloser, error) {
 	return natswire.DialConsole(ctx, n.nc, node, open)
+}
+
+// BucketUsage is how full one of the buckets is.
+type BucketUsage struct {
+	// NATS names the servers holding the bucket: their JetStream
+	// cluster's name, or the server's own when it is not clustered.
+	NATS   string
+	Bucket string
+	// Bytes are what the bucket's stream stores; MaxBytes its limit (0 or
+	// less: none). Past the limit JetStream refuses new values.
+	Bytes, MaxBytes int64
+	// Values are the messages it stores: current values, and the deletes'
+	// and expiries' markers.
+	Values uint64
+}
+
+// BucketUsage reads how full each bucket is, as its stream says now.
+func (n *NATS) BucketUsage(ctx context.Context) ([]BucketUsage, error) {
+	out := make([]BucketUsage, 0, len(n.buckets))
+	for _, name := range slices.Sorted(maps.Keys(n.buckets)) {
+		st, err := n.buckets[name].Status(ctx)
+		if err != nil {
+			return nil, errors.Wrapf(err, "cannot read the state of bucket %s", name)
+		}
+		bs, ok := st.(*jetstream.KeyValueBucketStatus)
+		if !ok {
+			return nil, errors.Errorf("bucket %s has no stream to read", name)
+		}
+		info := bs.StreamInfo()
+		servers := n.nc.ConnectedServerName()
+		if info.Cluster != nil && info.Cluster.Name != "" {
+			servers = info.Cluster.Name
+		}
+		out = append(out, BucketUsage{NATS: servers, Bucket: name, Bytes: int64(info.State.Bytes), MaxBytes: info.Config.MaxBytes, Values: info.State.Msgs}) //nolint:gosec // a stream's bytes fit
+	}
+	return out, nil
 }

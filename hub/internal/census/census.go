@@ -19,6 +19,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/internal/metrics"
@@ -45,7 +46,7 @@ func New(cache client.Reader, fleets func() []*fleet.Fleet, elected <-chan struc
 
 // Describe sends the descriptors of every gauge.
 func (c *Census) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.VMBackups, metrics.NodeCapacity, metrics.NodeAllocated, metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat} {
+	for _, d := range []*prometheus.Desc{metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.VMBackups, metrics.NodeCapacity, metrics.NodeAllocated, metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat, metrics.BucketBytes, metrics.BucketMaxBytes, metrics.BucketValues} {
 		ch <- d
 	}
 }
@@ -66,6 +67,7 @@ func (c *Census) Collect(ch chan<- prometheus.Metric) {
 			nodes[name], nodeFleet[name] = s, f
 		}
 	}
+	c.collectBuckets(ctx, ch)
 	perNode := c.collectVMs(ctx, ch, nodes, nodeFleet)
 	collectPhases(ctx, c, ch, metrics.DiskImages, &v1alpha1.DiskImageList{}, func(l *v1alpha1.DiskImageList) []string {
 		out := make([]string, 0, len(l.Items))
@@ -109,6 +111,38 @@ func (c *Census) Collect(ch chan<- prometheus.Metric) {
 		ch <- gauge(metrics.NodeVMs, float64(perNode[name]), name)
 		if !s.LastSeen.IsZero() {
 			ch <- gauge(metrics.NodeLastHeartbeat, float64(s.LastSeen.UnixMilli())/1000, name)
+		}
+	}
+}
+
+// bucketReader is a fleet's bus that tells how full its buckets are
+// (*bus.NATS).
+type bucketReader interface {
+	BucketUsage(ctx context.Context) ([]bus.BucketUsage, error)
+}
+
+// collectBuckets sends how full each fleet's buckets are, so that an alert
+// can warn before a bucket refuses writes. Fleets on the same servers send
+// them once; a fleet whose servers do not answer sends none.
+func (c *Census) collectBuckets(ctx context.Context, ch chan<- prometheus.Metric) {
+	sent := map[[2]string]bool{}
+	for _, f := range c.fleets() {
+		r, ok := f.Bus.(bucketReader)
+		if !ok {
+			continue
+		}
+		usage, err := r.BucketUsage(ctx)
+		if err != nil {
+			c.log.Debug("Cannot read the buckets' usage", "error", err)
+			continue
+		}
+		for _, u := range usage {
+			if k := [2]string{u.NATS, u.Bucket}; !sent[k] {
+				sent[k] = true
+				ch <- gauge(metrics.BucketBytes, float64(u.Bytes), u.NATS, u.Bucket)
+				ch <- gauge(metrics.BucketMaxBytes, float64(u.MaxBytes), u.NATS, u.Bucket)
+				ch <- gauge(metrics.BucketValues, float64(u.Values), u.NATS, u.Bucket)
+			}
 		}
 	}
 }
