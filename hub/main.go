@@ -44,6 +44,7 @@ func main() {
 	flag.IntVar(&c.MigrationsPerNamespace, "migrations-per-namespace", migration.DefaultPerNamespace, "Live migrations under way at once in one namespace, so that no one tenant takes every slot of the fleet.")
 	flag.DurationVar(&c.FencingTimeout, "fencing-timeout", 60*time.Second, "How long a VM, Volume or snapshot deleted while its node is lost waits before it is finalized.")
 	flag.DurationVar(&c.FencingMargin, "fencing-margin", virtualmachine.DefaultFencingMargin, "What a VM with availability Restart waits, beyond its lost node's lease (the agent's --fence-after), before it is restarted on another node: at least the drift between the hub's and the nodes' clocks over a lease.")
+	flag.DurationVar(&c.StraySweep, "stray-sweep-interval", virtualmachine.DefaultStraySweep, "How often the hub deletes the intents no VirtualMachine binds to their node (a VM whose finalizer was removed by hand, a binding edited by hand), and so their guests.")
 	flag.DurationVar(&c.NodeTTL, "node-ttl", natswire.DefaultNodeTTL, "TTL of node heartbeats when the hub creates the buckets.")
 	flag.Int64Var(&c.BucketMaxBytes, "nats-bucket-max-bytes", natswire.DefaultMaxBytes, "Bytes the intents bucket and the reports bucket may each store (on every server holding a replica); past it NATS refuses their writes. The hub applies it at every start.")
 	flag.Int64Var(&c.NodesBucketMaxBytes, "nats-nodes-bucket-max-bytes", natswire.DefaultNodesMaxBytes, "Bytes the nodes bucket (heartbeats) may store; applied as --nats-bucket-max-bytes is.")

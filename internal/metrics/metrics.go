@@ -42,6 +42,11 @@ const (
 	// node the resource is not placed on; the other reasons are
 	// natswire's.
 	ReasonForeignNode = "foreign-node"
+
+	// Reasons the sweep deleted a stray intent (StrayIntentsDeleted): no
+	// VirtualMachine has its uid, or the one that has binds it elsewhere.
+	ReasonVMGone   = "vm-gone"
+	ReasonNotBound = "not-bound"
 )
 
 // Hub metrics computed when scraped, from the hub's cache and its view of
@@ -125,6 +130,10 @@ var (
 		// A lease of seconds to a minute, and a margin of seconds.
 		Buckets: []float64{5, 10, 15, 20, 30, 45, 60, 90, 120, 300},
 	})
+	StrayIntentsDeleted = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_stray_intents_deleted_total",
+		Help: "Guest intents the hub's periodic sweep deleted, and with them their guests, because no VirtualMachine binds them to their node, by reason: vm-gone (no VirtualMachine has the uid) or not-bound (the VM is bound to another node or to none).",
+	}, "reason")
 	PlacementRefusals = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_placement_refusals_total",
 		Help: "Placement attempts refused, by reason: one count per reason that kept some node from taking the VM (vcpu, memory, selector, backend, volume-node, storage-pool, stale-node, cordoned), no-nodes, forbidden (not granted to the namespace), waiting (for a Volume, network or image that does not exist yet), or other.",
@@ -310,6 +319,6 @@ func histogram(o prometheus.HistogramOpts, labels ...string) *prometheus.Histogr
 // HubObserved are the hub's metrics observed as things happen, for the hub
 // to register; the scraped ones it serves from its own collector.
 func HubObserved() []prometheus.Collector {
-	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects, EventsDropped, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart,
+	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects, EventsDropped, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart, StrayIntentsDeleted,
 		Backups, BackupReadBytes, BackupWrittenBytes, BackupChunks, BackupVerifications, BackupVerificationCorruptChunks}
 }

@@ -122,6 +122,9 @@ type Config struct {
 	// BucketMaxBytes bounds the intents and the reports bucket each, and
 	// NodesBucketMaxBytes the nodes bucket; 0 means natswire's defaults.
 	BucketMaxBytes, NodesBucketMaxBytes int64
+	// StraySweep is how often the hub deletes the intents no VM binds
+	// (virtualmachine.Strays); 0 means virtualmachine.DefaultStraySweep.
+	StraySweep time.Duration
 
 	// APIAddress serves the aggregated API (hub/internal/subresources);
 	// empty or "0" serves none.
@@ -242,6 +245,9 @@ func Run(ctx context.Context, c Config) error {
 		vfmetrics.Migrations.WithLabelValues(r)
 	}
 	vfmetrics.RestartsElsewhere.WithLabelValues()
+	for _, r := range []string{vfmetrics.ReasonVMGone, vfmetrics.ReasonNotBound} {
+		vfmetrics.StrayIntentsDeleted.WithLabelValues(r)
+	}
 	mrMetrics := managed.NewMRMetricRecorder()
 	if err := metrics.Registry.Register(mrMetrics); err != nil {
 		log.Debug("Managed resource metrics already registered", "error", err)
@@ -322,7 +328,7 @@ func Run(ctx context.Context, c Config) error {
 		return errors.Wrap(err, "cannot make the address allocator's client")
 	}
 	addresses := ipam.New(direct, mgr.GetClient())
-	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, FencingMargin: c.FencingMargin, Addresses: addresses, Memory: memory,
+	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, FencingMargin: c.FencingMargin, Addresses: addresses, Memory: memory, StraySweep: c.StraySweep,
 		Polls: wake.NewPolls(mgr.GetCache(), cmp.Or(c.PollsPerSecond, wake.DefaultPollsPerSecond))}
 	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
 	so := snapshot.Options{Pool: pool, Notifier: snapshots, FencingTimeout: c.FencingTimeout, Memory: memory}

@@ -38,6 +38,13 @@ type Bus interface {
 	Put(ctx context.Context, bucket, key string, value []byte) (revision uint64, err error)
 	// Delete removes key from bucket.
 	Delete(ctx context.Context, bucket, key string) error
+	// DeleteAt removes key from bucket only if its revision is still
+	// revision: what was read as stale is never confused with what was
+	// written since. A key changed meanwhile yields a *ConflictError.
+	DeleteAt(ctx context.Context, bucket, key string, revision uint64) error
+	// List returns the keys bucket holds, each with its revision and
+	// without its value.
+	List(ctx context.Context, bucket string) ([]Entry, error)
 	// Watch calls fn for every entry of bucket, and with a Synced entry
 	// each time it has caught up with the bucket: once the entries present
 	// when it began are delivered, and again whenever it resumes after the

@@ -180,6 +180,41 @@ func (f *Fake) Delete(_ context.Context, bucket, key string) error {
 	return nil
 }
 
+// DeleteAt implements Bus.
+func (f *Fake) DeleteAt(_ context.Context, bucket, key string, revision uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down != nil {
+		return f.down
+	}
+	cur, ok := f.kv[bucket][key]
+	switch {
+	case !ok || cur.Deleted:
+		return nil
+	case cur.Revision != revision:
+		return &ConflictError{Key: key, Err: errors.Errorf("revision %d, not %d", cur.Revision, revision)}
+	}
+	f.write(bucket, Entry{Key: key, Deleted: true})
+	return nil
+}
+
+// List implements Bus.
+func (f *Fake) List(_ context.Context, bucket string) ([]Entry, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down != nil {
+		return nil, f.down
+	}
+	var out []Entry
+	for _, e := range f.kv[bucket] {
+		if !e.Deleted {
+			out = append(out, Entry{Key: e.Key, Revision: e.Revision})
+		}
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.Revision, b.Revision) })
+	return out, nil
+}
+
 // SetNode plays a heartbeat, or with ev.Lost its expiry.
 func (f *Fake) SetNode(ev NodeEvent) {
 	f.mu.Lock()

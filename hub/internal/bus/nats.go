@@ -173,20 +173,62 @@ func (n *NATS) Delete(ctx context.Context, bucket, key string) error {
 	if err != nil {
 		return err
 	}
-	ctx, done := n.request(ctx)
-	defer done()
-	cur, err := kv.Get(ctx, key)
+	rctx, done := n.request(ctx)
+	cur, err := kv.Get(rctx, key)
+	done()
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil
 	}
 	if err != nil {
 		return errors.Wrapf(err, "cannot get %s", key)
 	}
-	err = kv.Delete(ctx, key, jetstream.LastRevision(cur.Revision()))
+	return n.DeleteAt(ctx, bucket, key, cur.Revision())
+}
+
+// DeleteAt implements Bus.
+func (n *NATS) DeleteAt(ctx context.Context, bucket, key string, revision uint64) error {
+	kv, err := n.bucket(bucket)
+	if err != nil {
+		return err
+	}
+	ctx, done := n.request(ctx)
+	defer done()
+	err = kv.Delete(ctx, key, jetstream.LastRevision(revision))
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return &ConflictError{Key: key, Err: err}
 	}
 	return errors.Wrapf(err, "cannot delete %s", key)
+}
+
+// List implements Bus: a watch of the bucket's metadata, stopped once it
+// delivered the keys present when it began.
+func (n *NATS) List(ctx context.Context, bucket string) ([]Entry, error) {
+	kv, err := n.bucket(bucket)
+	if err != nil {
+		return nil, err
+	}
+	ctx, done := n.request(ctx)
+	defer done()
+	w, err := kv.WatchAll(ctx, jetstream.MetaOnly(), jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot list bucket %s", bucket)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []Entry
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, errors.Wrapf(ctx.Err(), "cannot list bucket %s", bucket)
+		case e, ok := <-w.Updates():
+			switch {
+			case !ok:
+				return nil, errors.Errorf("cannot list bucket %s: the watch closed", bucket)
+			case e == nil:
+				return out, nil
+			}
+			out = append(out, Entry{Key: e.Key(), Revision: e.Revision()})
+		}
+	}
 }
 
 // Watch implements Bus.

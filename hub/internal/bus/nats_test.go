@@ -339,3 +339,44 @@ func TestAWriteTheServerNeverAnswersFails(t *testing.T) {
 		}
 	}
 }
+
+// TestListAndDeleteAt pins what the sweep of stray intents relies on, for
+// the NATS bus and the Fake alike: List shows every key present with its
+// revision and none deleted, and DeleteAt deletes a key only at the
+// revision it was listed at.
+func TestListAndDeleteAt(t *testing.T) {
+	cases := []struct {
+		name string
+		bus  func(t *testing.T) bus.Bus
+	}{
+		{name: "NATS", bus: func(t *testing.T) bus.Bus { b, _, _, _ := newHub(t); return b }},
+		{name: "Fake", bus: func(*testing.T) bus.Bus { return bus.NewFake() }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := tc.bus(t)
+			ctx := context.Background()
+			put := func(uid string, generation int64) uint64 {
+				rev, err := bus.Put(ctx, b, wire.GuestIntents, "node1", uid, wire.Intent{UID: uid, Generation: generation})
+				require.NoError(t, err)
+				return rev
+			}
+			revA, revB := put("vm-a", 1), put("vm-b", 1)
+			put("vm-c", 1)
+			require.NoError(t, bus.Delete(ctx, b, wire.GuestIntents, "node1", "vm-c"))
+
+			got, err := b.List(ctx, wire.BucketIntents)
+			require.NoError(t, err)
+			assert.ElementsMatch(t, []bus.Entry{{Key: "node1.vm-a", Revision: revA}, {Key: "node1.vm-b", Revision: revB}}, got, "the keys present, with their revisions, without values")
+
+			put("vm-a", 2)
+			var conflict *bus.ConflictError
+			require.ErrorAs(t, b.DeleteAt(ctx, wire.BucketIntents, "node1.vm-a", revA), &conflict, "a key written since it was listed stays")
+			require.NoError(t, b.DeleteAt(ctx, wire.BucketIntents, "node1.vm-b", revB))
+			got, err = b.List(ctx, wire.BucketIntents)
+			require.NoError(t, err)
+			require.Len(t, got, 1)
+			assert.Equal(t, "node1.vm-a", got[0].Key)
+		})
+	}
+}

@@ -100,6 +100,9 @@ type Options struct {
 	// Polls spreads the drift polls of this and the other managed
 	// controllers; nil polls each object every PollInterval.
 	Polls *wake.Polls
+	// StraySweep is how often the intents no VM binds are swept (Strays);
+	// 0 means DefaultStraySweep.
+	StraySweep time.Duration
 }
 
 // scheduledHold is how long the status of a VM whose intent was just
@@ -121,6 +124,10 @@ func SetupGated(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		}
 		if err := mgr.Add(vo.Scheduler); err != nil {
 			panic(errors.Wrap(err, "cannot set up the placement loop"))
+		}
+		strays := NewStrays(mgr.GetCache(), mgr.GetAPIReader(), vo.Pool.Fleets, cmp.Or(vo.StraySweep, DefaultStraySweep), o.Logger.WithValues("sweep", "stray-intents"))
+		if err := mgr.Add(strays); err != nil {
+			panic(errors.Wrap(err, "cannot set up the sweep of stray intents"))
 		}
 	}, v1alpha1.VirtualMachineGroupVersionKind, v1alpha1.HypervisorNodeGroupVersionKind)
 	return nil

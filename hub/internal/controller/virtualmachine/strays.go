@@ -1,0 +1,172 @@
+package virtualmachine
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
+	"github.com/virtfleet/virtfleet/internal/metrics"
+)
+
+// DefaultStraySweep is how often Strays sweeps when the hub is not told
+// otherwise: a stray guest is a leak, not an emergency, and each sweep
+// lists every intent of every fleet.
+const DefaultStraySweep = 5 * time.Minute
+
+// Strays deletes every guest intent that no VirtualMachine binds to its
+// node, and with it, through the node's agent, its guest. The VM
+// controller deletes what it published whenever a VM it reconciles moves
+// or goes; what it never reconciles again stays without this sweep: the
+// intent of a VM whose finalizer was removed by hand while the hub was
+// stopped (or whose namespace went that way), the old node's intent of a
+// VM whose binding was edited by hand, an intent written into the bucket
+// with the hub's credentials by mistake or replayed from an earlier
+// binding.
+//
+// An intent is bound, and kept, when a VirtualMachine of its uid is on its
+// node as the VM controller acts on it (AdmittedNode), or the node is the
+// target of the VM's sealed migration, or one of the VM's leftovers, which
+// the VM controller deletes itself once it has seen them go. Anything else
+// is stray. Each sweep reads the VMs from the cache, once; a stray is
+// confirmed by reading its VM from the API server, uncached, since the
+// cache may be behind a binding just written, and deleted only at the
+// revision listed, so an intent published after the listing stays.
+type Strays struct {
+	// cache answers the sweep; api confirms a stray, uncached.
+	cache, api client.Reader
+	fleets     func() []*fleet.Fleet
+	every      time.Duration
+	log        logging.Logger
+}
+
+// NewStrays returns a sweep of the intents of fleets every period.
+func NewStrays(cache, api client.Reader, fleets func() []*fleet.Fleet, every time.Duration, log logging.Logger) *Strays {
+	return &Strays{cache: cache, api: api, fleets: fleets, every: every, log: log}
+}
+
+// Start implements manager.Runnable: it sweeps every period until ctx is
+// done, on the leader only (two hubs sweeping would race each other's
+// placements).
+func (s *Strays) Start(ctx context.Context) error {
+	tick := time.NewTicker(s.every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			for _, f := range s.fleets() {
+				if err := s.Sweep(ctx, f); err != nil {
+					s.log.Info("Cannot sweep the intents for strays; the next sweep tries again", "error", err)
+				}
+			}
+		}
+	}
+}
+
+// Sweep deletes the stray guest intents of f once.
+func (s *Strays) Sweep(ctx context.Context, f *fleet.Fleet) error {
+	entries, err := f.Bus.List(ctx, wire.BucketIntents)
+	if err != nil {
+		return err
+	}
+	l := &v1alpha1.VirtualMachineList{}
+	if err := s.cache.List(ctx, l); err != nil {
+		return errors.Wrap(err, "cannot list VirtualMachines")
+	}
+	cached := make(map[types.UID]*v1alpha1.VirtualMachine, len(l.Items))
+	for i := range l.Items {
+		cached[l.Items[i].UID] = &l.Items[i]
+	}
+	var fresh map[types.UID]*v1alpha1.VirtualMachine
+	for _, e := range entries {
+		node, rest, err := wire.ParseKey(e.Key)
+		if err != nil {
+			continue
+		}
+		uid, ok := wire.GuestIntents.UID(rest)
+		if !ok {
+			continue
+		}
+		if vm, ok := cached[types.UID(uid)]; ok {
+			if bound, err := s.binds(ctx, f, vm, node); err != nil || bound {
+				continue
+			}
+		}
+		if fresh == nil {
+			if fresh, err = s.current(ctx); err != nil {
+				return err
+			}
+		}
+		reason := metrics.ReasonVMGone
+		if vm, ok := fresh[types.UID(uid)]; ok {
+			if bound, err := s.binds(ctx, f, vm, node); err != nil || bound {
+				continue
+			}
+			reason = metrics.ReasonNotBound
+		}
+		s.delete(ctx, f, e, node, uid, reason)
+	}
+	return nil
+}
+
+// delete deletes the stray intent e of guest uid on node, unless it
+// changed since it was listed.
+func (s *Strays) delete(ctx context.Context, f *fleet.Fleet, e bus.Entry, node, uid, reason string) {
+	var conflict *bus.ConflictError
+	switch err := f.Bus.DeleteAt(ctx, wire.BucketIntents, e.Key, e.Revision); {
+	case errors.As(err, &conflict):
+		s.log.Debug("A stray intent changed since it was listed; left to the next sweep", "node", node, "uid", uid)
+	case err != nil:
+		s.log.Info("Cannot delete a stray intent; the next sweep tries again", "node", node, "uid", uid, "error", err)
+	default:
+		metrics.StrayIntentsDeleted.WithLabelValues(reason).Inc()
+		s.log.Info("Deleted an intent no VirtualMachine binds, and so its guest", "node", node, "uid", uid, "reason", reason)
+	}
+}
+
+// current are the VirtualMachines the API server holds, by uid: those the
+// cache does not show may be merely not seen yet.
+func (s *Strays) current(ctx context.Context) (map[types.UID]*v1alpha1.VirtualMachine, error) {
+	l := &v1alpha1.VirtualMachineList{}
+	if err := s.api.List(ctx, l); err != nil {
+		return nil, errors.Wrap(err, "cannot list VirtualMachines from the API server")
+	}
+	out := make(map[types.UID]*v1alpha1.VirtualMachine, len(l.Items))
+	for i := range l.Items {
+		out[l.Items[i].UID] = &l.Items[i]
+	}
+	return out, nil
+}
+
+// binds says whether vm binds its guest to node in f (see Strays). An
+// error says nothing either way: the intent stays until a sweep can tell.
+func (s *Strays) binds(ctx context.Context, f *fleet.Fleet, vm *v1alpha1.VirtualMachine, node string) (bool, error) {
+	if slices.Contains(Leftovers(vm), node) {
+		return true, nil
+	}
+	if m, ok := MigrationOf(vm, f); ok && m.Target == node {
+		return true, nil
+	}
+	bound, err := AdmittedNode(ctx, s.cache, vm, f)
+	var refused *tenancy.RefusedError
+	switch {
+	case errors.As(err, &refused):
+		return false, nil
+	case err != nil:
+		s.log.Info("Cannot tell whether a VirtualMachine binds its intent; kept", "namespace", vm.Namespace, "name", vm.Name, "node", node, "error", err)
+		return false, err
+	}
+	return bound == node, nil
+}
