@@ -48,14 +48,7 @@ func run(ctx context.Context, out, registry, version string, p ociimage.Platform
 	for _, spec := range ociimage.Virtfleet(version) {
 		start := time.Now()
 		bin := filepath.Join(out, "bin", p.OS+"_"+p.Arch, spec.Name)
-		if err := ociimage.BuildBinary(ctx, filepath.Join(".", spec.Module), spec.GoPackage, bin, p); err != nil {
-			return err
-		}
-		b, err := os.ReadFile(bin) //nolint:gosec // written just above
-		if err != nil {
-			return err
-		}
-		img, err := ociimage.Build(spec, b, p, created)
+		img, err := ociimage.BuildFromSource(ctx, ".", spec, bin, p, created)
 		if err != nil {
 			return err
 		}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -146,4 +147,17 @@ func BuildBinary(ctx context.Context, dir, pkg, out string, p Platform) error {
 		return errors.Wrapf(err, "cannot build %s: %s", pkg, strings.TrimSpace(string(b)))
 	}
 	return nil
+}
+
+// BuildFromSource compiles spec's binary from the repository at root (its
+// Module below root) into out and returns the image holding it.
+func BuildFromSource(ctx context.Context, root string, spec Spec, out string, p Platform, created time.Time) (v1.Image, error) {
+	if err := BuildBinary(ctx, filepath.Join(root, spec.Module), spec.GoPackage, out, p); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(out) //nolint:gosec // written just above
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot read the %s binary", spec.Name)
+	}
+	return Build(spec, b, p, created)
 }

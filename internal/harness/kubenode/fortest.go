@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -36,15 +35,7 @@ var Pause = ociimage.Spec{
 // reference.
 func PushPause(ctx context.Context, reg *crossplanetest.Registry, dir string) (string, error) {
 	p := ociimage.Platform{OS: "linux", Arch: runtime.GOARCH}
-	bin := filepath.Join(dir, "pause")
-	if err := ociimage.BuildBinary(ctx, controlplane.RepoRoot(), Pause.GoPackage, bin, p); err != nil {
-		return "", err
-	}
-	b, err := os.ReadFile(bin) //nolint:gosec // built just above
-	if err != nil {
-		return "", errors.Wrap(err, "cannot read the pause binary")
-	}
-	img, err := ociimage.Build(Pause, b, p, time.Unix(0, 0).UTC())
+	img, err := ociimage.BuildFromSource(ctx, controlplane.RepoRoot(), Pause, filepath.Join(dir, "pause"), p, time.Unix(0, 0).UTC())
 	if err != nil {
 		return "", err
 	}
@@ -55,9 +46,10 @@ func PushPause(ctx context.Context, reg *crossplanetest.Registry, dir string) (s
 // machine, pushes the pause image to reg, gives the node an identity cp
 // authenticates (user system:node:<name>, bound to the system:node
 // ClusterRole, as envtest's API server authorizes by RBAC alone) and
-// stops it when t ends, saying how it fared if t failed. It returns the
+// stops it when t ends, saying how it fared if t failed. Each of set may
+// add to the node's Options (ports to forward, host paths). It returns the
 // node and the pause image's reference.
-func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanetest.Registry, name string) (*Node, string) {
+func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanetest.Registry, name string, set ...func(*Options)) (*Node, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -87,7 +79,7 @@ func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanete
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := Start(ctx, Options{
+	opts := Options{
 		Name:         name,
 		Kubelet:      filepath.Join(kubelet, "kubelet"),
 		Kubeconfig:   kubeconfig,
@@ -95,7 +87,11 @@ func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanete
 		SandboxImage: pause,
 		Registries:   []string{reg.Host},
 		Progress:     progress,
-	})
+	}
+	for _, s := range set {
+		s(&opts)
+	}
+	n, err := Start(ctx, opts)
 	if err != nil {
 		t.Fatalf("cannot start node %s: %v", name, err)
 	}
