@@ -17,9 +17,10 @@ import (
 // The node's addresses, inside its network namespace only: the kubelet
 // refuses a loopback node IP, so the node has an address of its own on its
 // loopback link, and its pods a bridge and a subnet. No other namespace sees
-// either, so every node of a machine may use the same.
+// either, so every node of a machine may use the same. NodeIP is where the
+// node's pods reach the ports Options.Forward forwards.
 const (
-	nodeIP    = "10.251.0.1"
+	NodeIP    = "10.251.0.1"
 	podSubnet = "10.251.1.0/24"
 	// cniBin is where Debian's containernetworking-plugins installs the
 	// bridge, host-local and loopback plugins.
@@ -117,10 +118,13 @@ type cniConfList struct {
 }
 
 type cniPlugin struct {
-	Type      string   `json:"type"`
-	Bridge    string   `json:"bridge,omitempty"`
-	IsGateway bool     `json:"isGateway,omitempty"`
-	IPAM      *cniIPAM `json:"ipam,omitempty"`
+	Type      string `json:"type"`
+	Bridge    string `json:"bridge,omitempty"`
+	IsGateway bool   `json:"isGateway,omitempty"`
+	// IsDefaultGateway gives pods a default route through the bridge:
+	// without it they reach their subnet only, not NodeIP.
+	IsDefaultGateway bool     `json:"isDefaultGateway,omitempty"`
+	IPAM             *cniIPAM `json:"ipam,omitempty"`
 }
 
 type cniIPAM struct {
@@ -160,7 +164,7 @@ func (n *Node) writeConfig(sandboxImage string, registries []string) error {
 		return err
 	}
 
-	bridge := cniPlugin{Type: "bridge", Bridge: "cni0", IsGateway: true, IPAM: &cniIPAM{
+	bridge := cniPlugin{Type: "bridge", Bridge: "cni0", IsGateway: true, IsDefaultGateway: true, IPAM: &cniIPAM{
 		Type: "host-local", DataDir: n.path("cni", "ipam"), Ranges: [][]cniRange{{{Subnet: podSubnet}}},
 	}}
 	if b, err = json.Marshal(cniConfList{CNIVersion: "1.0.0", Name: "kubenode", Plugins: []cniPlugin{bridge}}); err != nil {
@@ -193,7 +197,7 @@ func (n *Node) kubeletConfig() *kubeletv1beta1.KubeletConfiguration {
 		// Reachable inside the node's namespace only; the API server
 		// does not reach it (logs come back in terminated containers'
 		// messages instead).
-		Address:            nodeIP,
+		Address:            NodeIP,
 		HealthzBindAddress: "127.0.0.1",
 		Authentication: kubeletv1beta1.KubeletAuthentication{
 			Anonymous: kubeletv1beta1.KubeletAnonymousAuthentication{Enabled: ptr.To(true)},

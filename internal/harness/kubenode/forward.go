@@ -13,13 +13,14 @@ import (
 )
 
 // forward makes 127.0.0.1:port of the machine reachable on the same port
-// of the loopback of the network namespace at nsPath: what runs in the node
-// (the kubelet, containerd) reaches the API server and the registry at the
-// addresses their URLs and image references name, and no traffic leaves
-// loopback. Cut stops it.
+// of every address of the network namespace at nsPath: what runs in the
+// node (the kubelet, containerd) reaches the API server and the registry at
+// the loopback addresses their URLs and image references name, its pods
+// (which have a loopback of their own) reach them at NodeIP, and no traffic
+// leaves loopback or the node's namespace. Cut stops it.
 func forward(nsPath string, port int) (*relay.Relay, error) {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	l, err := listenIn(nsPath, addr)
+	l, err := listenIn(nsPath, net.JoinHostPort("", strconv.Itoa(port)))
 	if err != nil {
 		return nil, err
 	}

@@ -75,8 +75,16 @@ type Options struct {
 	// system:node:<Name> in group system:nodes) on 127.0.0.1.
 	Kubeconfig string
 	// Forward are ports of the machine's loopback the node reaches on its
-	// own: the API server's, the registry's.
+	// own loopback, and its pods at NodeIP: the API server's, the
+	// registry's, a NATS server's.
 	Forward []int
+	// HostPaths are files and directories of the machine (values) that
+	// show at paths of the node (keys) in the node's mount namespace only,
+	// as a node's provisioning would have put them there: a libvirtd's
+	// socket, an agent's credentials. A path of the node is under /run
+	// (the node's own tmpfs) or /etc (the machine's, with the node's
+	// changes on top in Dir), so the machine's files are never written.
+	HostPaths map[string]string
 	// SandboxImage is the pods' sandbox image (containerd's sandbox_image).
 	SandboxImage string
 	// Registries are host:port registries containerd pulls from over
@@ -134,6 +142,13 @@ echo $$ >"$procs"
 mkdir -p "$d/log"
 mount -t tmpfs tmpfs /run
 mount --bind "$d/log" /var/log
+# The node's /etc is the machine's with the node's own changes on top.
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$d/etc/upper,workdir=$d/etc/work" /etc
+while read -r src dst; do
+	mkdir -p "$(dirname "$dst")"
+	if [ -d "$src" ]; then mkdir -p "$dst"; else touch "$dst"; fi
+	mount --bind "$src" "$dst"
+done <"$d/hostpaths"
 cd "$d/sysctl"
 for f in $(find . -type f); do mount --bind "$d/sysctl/$f" "/proc/sys/$f"; done
 cd "$d"
@@ -188,6 +203,9 @@ func (n *Node) start(ctx context.Context, opts Options) error {
 	if err := n.writeConfig(opts.SandboxImage, opts.Registries); err != nil {
 		return err
 	}
+	if err := n.writeHostPaths(opts.HostPaths); err != nil {
+		return err
+	}
 	procs, err := makeCgroups(n.Cgroup)
 	if err != nil {
 		return err
@@ -212,7 +230,7 @@ func (n *Node) start(ctx context.Context, opts Options) error {
 		"--kubeconfig=" + opts.Kubeconfig,
 		"--root-dir=" + n.path("kubelet"),
 		"--hostname-override=" + n.Name,
-		"--node-ip=" + nodeIP,
+		"--node-ip=" + NodeIP,
 	}
 	n.cmd = exec.Command("nsenter", args...) //nolint:gosec // the harness's own command line
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
@@ -228,13 +246,37 @@ func (n *Node) start(ctx context.Context, opts Options) error {
 	return nil
 }
 
+// writeHostPaths writes what startScript binds into the node's mount
+// namespace, and the directories of the node's /etc.
+func (n *Node) writeHostPaths(paths map[string]string) error {
+	for _, d := range []string{n.path("etc", "upper"), n.path("etc", "work")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return errors.Wrap(err, "cannot create the node's /etc")
+		}
+	}
+	var lines strings.Builder
+	for dst, src := range paths {
+		if !strings.HasPrefix(dst, "/run/") && !strings.HasPrefix(dst, "/etc/") {
+			return errors.Errorf("host path %s of the node is neither under /run nor under /etc", dst)
+		}
+		if strings.ContainsAny(dst+src, " \t\n") {
+			return errors.Errorf("host path %s or %s has white space", dst, src)
+		}
+		if _, err := os.Stat(src); err != nil {
+			return errors.Wrapf(err, "cannot show %s at the node's %s", src, dst)
+		}
+		fmt.Fprintf(&lines, "%s %s\n", src, dst)
+	}
+	return n.write([]byte(lines.String()), "hostpaths")
+}
+
 // makeNetns makes the node's network namespace: loopback up, with the
 // node's address besides 127.0.0.1 (the kernel here has no dummy links).
 func (n *Node) makeNetns(ctx context.Context) error {
 	steps := [][]string{
 		{"netns", "add", n.Netns},
 		{"-n", n.Netns, "link", "set", "lo", "up"},
-		{"-n", n.Netns, "addr", "add", nodeIP + "/32", "dev", "lo"},
+		{"-n", n.Netns, "addr", "add", NodeIP + "/32", "dev", "lo"},
 	}
 	for _, s := range steps {
 		if out, err := exec.CommandContext(ctx, "ip", s...).CombinedOutput(); err != nil {
