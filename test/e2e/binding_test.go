@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -89,4 +90,40 @@ func TestAVMStrippedOfItsBinding(t *testing.T) {
 			assert.Empty(t, guests(), "the VM is deleted and a guest of it runs on")
 		})
 	}
+}
+
+// TestAVMGoneWhileTheHubWasStopped settles what issue 51 asked of a guest
+// whose VM goes without the hub. The hub is stopped (a rollout, a crash);
+// an operator, tired of a VM stuck in deletion, removes its finalizer and
+// deletes it (kubectl patch vm x --type=merge -p
+// '{"metadata":{"finalizers":null}}'; kubectl delete vm x), as deleting
+// its namespace so would. The hub comes back and never reconciles the VM
+// again: its intent stayed, and its guest ran on, for good. The hub's
+// periodic sweep deletes the intent no VM binds, and the node's agent the
+// guest, within a sweep's period.
+func TestAVMGoneWhileTheHubWasStopped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the whole stack; skipped with -short")
+	}
+	t.Parallel()
+	const sweep = 2 * time.Second
+	h := startStack(t, "vf-strays-", stack.Options{Nodes: []string{"node1"}, StraySweep: sweep})
+	h.create(t, volume("gone-root"))
+	vm := vmWith("gone", "gone-root")
+	vm.Spec.ForProvider.VirtualNetworks = nil
+	h.create(t, vm)
+	vm = h.wait(t, "gone", time.Minute, running)
+	uid, node := string(vm.UID), vm.Status.AtProvider.Node
+	require.Equal(t, 1, h.domains(t, node)[uid], "the VM's guest runs")
+
+	require.NoError(t, h.s.StopHub())
+	h.patch(t, "gone", func(vm *v1alpha1.VirtualMachine) { vm.Finalizers = nil })
+	require.NoError(t, h.kube.Delete(context.Background(), vm))
+	require.Eventually(t, func() bool {
+		return kerrors.IsNotFound(h.kube.Get(context.Background(), client.ObjectKeyFromObject(vm), &v1alpha1.VirtualMachine{}))
+	}, 10*time.Second, 50*time.Millisecond, "the VM is gone without the hub")
+	require.NoError(t, h.s.StartHub())
+
+	assert.Eventually(t, func() bool { return h.domains(t, node)[uid] == 0 }, 5*sweep+30*time.Second, 100*time.Millisecond,
+		"the guest of a VM that went while the hub was stopped still runs on %s", node)
 }

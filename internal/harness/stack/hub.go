@@ -56,6 +56,9 @@ func (s *Stack) StartHub() error {
 	if s.opts.FencingMargin > 0 {
 		args = append(args, "--fencing-margin="+s.opts.FencingMargin.String())
 	}
+	if s.opts.StraySweep > 0 {
+		args = append(args, "--stray-sweep-interval="+s.opts.StraySweep.String())
+	}
 	if s.opts.Debug {
 		args = append(args, "--debug")
 	}

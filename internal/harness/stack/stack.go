@@ -118,6 +118,9 @@ type Options struct {
 	// FencingMargin is what the hub adds to a lost node's lease before it
 	// restarts the node's VMs elsewhere (--fencing-margin); 0 means its.
 	FencingMargin time.Duration
+	// StraySweep is how often the hub deletes the intents no VM binds
+	// (--stray-sweep-interval); 0 means its.
+	StraySweep time.Duration
 	// NATSProxies connects each agent to NATS through a proxy of its own,
 	// so that CutAgent can cut one node off NATS while its agent and its
 	// guests run on: a partition, not a crash.
