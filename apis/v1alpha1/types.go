@@ -113,6 +113,22 @@ type TenantGrant struct {
 	// +optional
 	ImageSources []string `json:"imageSources,omitempty"`
 
+	// NetworkCIDRs are the address blocks, as CIDRs such as 10.20.0.0/16,
+	// that the cidr of these namespaces' nat and isolated VirtualNetworks
+	// must lie in. A namespace no grant gives networkCIDRs may use any
+	// cidr no other VirtualNetwork overlaps; once a grant naming it (or
+	// "*") gives some, it may use only theirs, so an administrator
+	// confines every namespace with one grant to "*" and widens single
+	// namespaces with grants of their own. Whatever the grants, a
+	// network's cidr overlaps no other VirtualNetwork's, and a node
+	// refuses to make one that overlaps a route it has.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=43
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="networkCIDRs must be CIDRs such as 10.20.0.0/16"
+	// +listType=set
+	// +optional
+	NetworkCIDRs []string `json:"networkCIDRs,omitempty"`
+
 	// BackupLocations are the BackupLocations these namespaces may back
 	// their VMs up to and restore from; "*" means any. Each namespace
 	// reads and deletes only its own backups there.

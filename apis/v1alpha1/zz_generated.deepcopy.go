@@ -354,6 +354,11 @@ func (in *TenantGrant) DeepCopyInto(out *TenantGrant) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.NetworkCIDRs != nil {
+		in, out := &in.NetworkCIDRs, &out.NetworkCIDRs
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.BackupLocations != nil {
 		in, out := &in.BackupLocations, &out.BackupLocations
 		*out = make([]string, len(*in))

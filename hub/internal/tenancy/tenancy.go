@@ -13,7 +13,9 @@ package tenancy
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 
@@ -38,6 +40,8 @@ type Grant struct {
 	// ImageSources are the CIDRs outside the public internet its images
 	// may be downloaded from.
 	ImageSources []string
+	// NetworkCIDRs its networks' cidrs must lie in; none means any.
+	NetworkCIDRs []string
 	// BackupLocations the namespace may back up to and restore from; "*"
 	// is any.
 	BackupLocations []string
@@ -62,6 +66,7 @@ func For(cpcs []apisv1alpha1.ClusterProviderConfig, namespace string) Grant {
 			g.ChooseNode = g.ChooseNode || tg.ChooseNode
 			g.HostBridges = appendNew(g.HostBridges, tg.HostBridges...)
 			g.ImageSources = appendNew(g.ImageSources, tg.ImageSources...)
+			g.NetworkCIDRs = appendNew(g.NetworkCIDRs, tg.NetworkCIDRs...)
 			g.BackupLocations = appendNew(g.BackupLocations, tg.BackupLocations...)
 			g.RestoreFrom = appendNew(g.RestoreFrom, tg.RestoreFrom...)
 			g.NATSServers = appendNew(g.NATSServers, tg.NATSServers...)
@@ -124,22 +129,51 @@ func (g Grant) CheckTargetNode(node string) error {
 
 // CheckNetwork says whether the namespace may have the VirtualNetwork n:
 // one that imports a node's network needs the import grant, one in bridge
-// mode its host bridge granted.
+// mode its host bridge granted, one virtfleet makes from a cidr that cidr
+// inside the namespace's networkCIDRs, where it has any.
 func (g Grant) CheckNetwork(n *v1alpha1.VirtualNetwork) error {
-	if ext := meta.GetExternalName(n); ext != "" {
+	ext := meta.GetExternalName(n)
+	if ext != "" {
 		if err := g.CheckImport(fmt.Sprintf("VirtualNetwork %s", n.Name), ext); err != nil {
 			return err
 		}
 	}
-	if fp := n.Spec.ForProvider; fp.Mode == v1alpha1.NetworkModeBridge {
+	switch fp := n.Spec.ForProvider; {
+	case fp.Mode == v1alpha1.NetworkModeBridge:
 		return g.CheckBridge(fp.Bridge)
+	case ext == "" && fp.CIDR != "":
+		return g.CheckCIDR(n.Name, fp.CIDR)
 	}
 	return nil
 }
 
-// NeedsGrant is whether n asks for anything a namespace owns only by grant.
+// NeedsGrant is whether n asks for anything a namespace owns only by
+// grant, or that its grants may confine (a cidr).
 func NeedsGrant(n *v1alpha1.VirtualNetwork) bool {
-	return meta.GetExternalName(n) != "" || n.Spec.ForProvider.Mode == v1alpha1.NetworkModeBridge
+	return meta.GetExternalName(n) != "" || n.Spec.ForProvider.Mode == v1alpha1.NetworkModeBridge || n.Spec.ForProvider.CIDR != ""
+}
+
+// CheckCIDR says whether the namespace's VirtualNetwork network may serve
+// cidr: any cidr while no grant confines the namespace, else only one that
+// lies inside a granted range.
+func (g Grant) CheckCIDR(network, cidr string) error {
+	if len(g.NetworkCIDRs) == 0 {
+		return nil
+	}
+	p, err := netip.ParsePrefix(cidr)
+	if err == nil {
+		p = p.Masked()
+		for _, s := range g.NetworkCIDRs {
+			if r, err := netip.ParsePrefix(s); err == nil && r.Bits() <= p.Bits() && r.Masked().Contains(p.Addr()) {
+				return nil
+			}
+		}
+	}
+	return &RefusedError{
+		What:      fmt.Sprintf("the VirtualNetwork %s's spec.forProvider.cidr %s lies outside the ranges granted to the namespace (%s)", network, cidr, strings.Join(g.NetworkCIDRs, ", ")),
+		Namespace: g.Namespace,
+		Field:     fmt.Sprintf("networkCIDRs: [%s]", cidr),
+	}
 }
 
 // CheckBridge says whether the namespace's bridge-mode networks may join the

@@ -32,10 +32,11 @@ func TestFor(t *testing.T) {
 		"GrantsNamingTheNamespaceAddUpAcrossConfigs": {
 			cpcs: []apisv1alpha1.ClusterProviderConfig{
 				cpc(apisv1alpha1.TenantGrant{Namespaces: []string{"ops", "tenant-a"}, Import: true, HostBridges: []string{"br0"}}),
-				cpc(apisv1alpha1.TenantGrant{Namespaces: []string{"tenant-a"}, HostBridges: []string{"br0", "br1"}, ImageSources: []string{"10.0.0.0/8"}, RestoreFrom: []string{"gone"}}),
+				cpc(apisv1alpha1.TenantGrant{Namespaces: []string{"tenant-a"}, HostBridges: []string{"br0", "br1"}, ImageSources: []string{"10.0.0.0/8"}, RestoreFrom: []string{"gone"}, NetworkCIDRs: []string{"10.20.0.0/16"}}),
+				cpc(apisv1alpha1.TenantGrant{Namespaces: []string{"*"}, NetworkCIDRs: []string{"10.30.0.0/16"}}),
 			},
 			namespace: "tenant-a",
-			want:      Grant{Namespace: "tenant-a", Import: true, HostBridges: []string{"br0", "br1"}, ImageSources: []string{"10.0.0.0/8"}, RestoreFrom: []string{"gone"}},
+			want:      Grant{Namespace: "tenant-a", Import: true, HostBridges: []string{"br0", "br1"}, ImageSources: []string{"10.0.0.0/8"}, RestoreFrom: []string{"gone"}, NetworkCIDRs: []string{"10.20.0.0/16", "10.30.0.0/16"}},
 		},
 		"AStarGrantsEveryNamespace": {
 			cpcs:      []apisv1alpha1.ClusterProviderConfig{cpc(apisv1alpha1.TenantGrant{Namespaces: []string{"*"}, ChooseNode: true})},
@@ -54,6 +55,7 @@ func TestChecks(t *testing.T) {
 	none := Grant{Namespace: "tenant-a"}
 	all := Grant{Namespace: "ops", Import: true, ChooseNode: true, HostBridges: []string{"br0"}, BackupLocations: []string{"offsite"}, RestoreFrom: []string{"gone"}}
 	any := Grant{Namespace: "ops", HostBridges: []string{"*"}, BackupLocations: []string{"*"}, RestoreFrom: []string{"*"}}
+	confined := Grant{Namespace: "tenant-a", NetworkCIDRs: []string{"10.20.0.0/16", "192.168.7.0/24"}}
 	cases := map[string]struct {
 		err     error
 		refused bool
@@ -76,6 +78,12 @@ func TestChecks(t *testing.T) {
 		"ANamespaceListedMayBeRestored":  {err: all.CheckRestoreFrom("gone")},
 		"ANamespaceNotListedMayNot":      {err: all.CheckRestoreFrom("tenant-b"), refused: true, says: "(restoreFrom: [tenant-b])"},
 		"AStarAllowsEveryNamespace":      {err: any.CheckRestoreFrom("tenant-b")},
+		"AnyCIDRWhileNothingConfines":    {err: none.CheckCIDR("db", "172.31.0.0/16")},
+		"ACIDRInsideAGrantedRange":       {err: confined.CheckCIDR("db", "10.20.4.0/24")},
+		"AGrantedRangeItself":            {err: confined.CheckCIDR("db", "192.168.7.0/24")},
+		"ACIDRWiderThanTheRange":         {err: confined.CheckCIDR("db", "10.0.0.0/8"), refused: true, says: "spec.forProvider.cidr 10.0.0.0/8 lies outside the ranges granted to the namespace (10.20.0.0/16, 192.168.7.0/24)"},
+		"ACIDRAcrossTwoRanges":           {err: confined.CheckCIDR("db", "192.168.6.0/23"), refused: true, says: "(networkCIDRs: [192.168.6.0/23])"},
+		"ACIDRElsewhere":                 {err: confined.CheckCIDR("db", "10.96.0.0/24"), refused: true, says: "VirtualNetwork db's spec.forProvider.cidr 10.96.0.0/24"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

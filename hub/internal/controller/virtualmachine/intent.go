@@ -24,6 +24,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/backuplocation"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualnetwork"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 )
 
@@ -215,6 +216,9 @@ func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachin
 	}
 	if len(missing.Volumes)+len(missing.Networks)+len(missing.Images) > 0 {
 		return d, missing
+	}
+	if err := virtualnetwork.CheckOverlaps(ctx, kube, d.networks...); err != nil {
+		return d, err
 	}
 	return d, d.resolveSources(ctx, kube)
 }

@@ -22,6 +22,7 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 )
@@ -85,7 +86,15 @@ func kube(t *testing.T, objs ...client.Object) client.Client {
 	s := runtime.NewScheme()
 	require.NoError(t, v1alpha1.AddToScheme(s))
 	require.NoError(t, corev1.AddToScheme(s))
+	require.NoError(t, apisv1alpha1.AddToScheme(s))
 	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
+}
+
+// createdIn is n in namespace, created ago.
+func createdIn(n *v1alpha1.VirtualNetwork, namespace string, ago time.Duration) *v1alpha1.VirtualNetwork {
+	n.Namespace, n.UID = namespace, types.UID(namespace+"-"+string(n.UID))
+	n.CreationTimestamp = metav1.NewTime(time.Now().Add(-ago))
+	return n
 }
 
 func TestResolve(t *testing.T) {
@@ -120,6 +129,11 @@ func TestResolve(t *testing.T) {
 			name:     "an imported volume the node reported is attached, and pins its node",
 			objs:     []client.Object{vol("root", ""), importedBy(vol("data", "node2"), "legacy.qcow2"), vnet("net-db")},
 			wantNode: "node2",
+		},
+		{
+			name:    "a network whose cidr another namespace's network had first is refused, so no node makes it",
+			objs:    []client.Object{vol("root", ""), vol("data", ""), createdIn(vnet("net-db"), "default", time.Minute), createdIn(vnet("other"), "team-b", time.Hour)},
+			wantErr: "refused: VirtualNetwork net-db's spec.forProvider.cidr 10.10.120.0/24 overlaps 10.10.120.0/24 of a VirtualNetwork of another namespace, which came first; no two networks the fleet makes may overlap, since a node may host VMs of both: choose another cidr",
 		},
 		{
 			name:    "an imported volume waits for the node's report",

@@ -37,7 +37,8 @@ var Kind = inuse.Kind[*v1alpha1.VirtualNetwork]{
 }
 
 // observe shows the network's users, and why it is refused when it asks
-// for what its namespace was not granted (an import, a host bridge); the
+// for what its namespace was not granted (an import, a host bridge, a cidr
+// outside its networkCIDRs) or its cidr overlaps an earlier network's; the
 // VMs on it are refused then too, and no node makes it for them.
 func observe(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork, users inuse.Users) (xpv2.Condition, error) {
 	n.Status.AtProvider.AttachedTo = inuse.Named(users).Names()
@@ -63,7 +64,14 @@ func observe(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork
 	if err != nil {
 		return xpv2.Condition{}, err
 	}
-	if err := g.CheckNetwork(n); err != nil {
+	err = g.CheckNetwork(n)
+	if err == nil {
+		var overlap *ipam.OverlapError
+		if err = CheckOverlaps(ctx, kube, *n); err != nil && !errors.As(err, &overlap) {
+			return xpv2.Condition{}, err
+		}
+	}
+	if err != nil {
 		n.Status.AtProvider.Phase = v1alpha1.PhaseFailed
 		return xpv2.Unavailable().WithMessage(err.Error()), nil
 	}
