@@ -12,6 +12,8 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
@@ -120,6 +122,9 @@ func (d *Driver) ensureNetwork(api API, n driver.Network, mac string, nets *netw
 	}
 	ref, err := api.NetworkLookupByName(n.Name)
 	if isCode(err, golibvirt.ErrNoNetwork) {
+		if err := d.checkRoutes(n); err != nil {
+			return err
+		}
 		if ref, err = d.defineNetwork(api, n, mac); err != nil {
 			return err
 		}
@@ -133,6 +138,9 @@ func (d *Driver) ensureNetwork(api API, n driver.Network, mac string, nets *netw
 		return errors.Wrapf(err, "cannot read network %s", n.Name)
 	}
 	if active != 1 {
+		if err := d.checkRoutes(n); err != nil {
+			return err
+		}
 		if err := api.NetworkCreate(ref); err != nil {
 			return errors.Wrapf(err, "cannot start network %s", n.Name)
 		}
@@ -162,6 +170,57 @@ func (d *Driver) ensureNetwork(api API, n driver.Network, mac string, nets *netw
 		return errors.Errorf("network %s is active and has no bridge to join to the overlay", n.Name)
 	}
 	return d.joinOverlay(cur.def.Bridge.Name, n.VNI)
+}
+
+// checkRoutes refuses, as Terminal, to make or start n's network when its
+// cidr overlaps a route the node has where libvirtd makes its bridges
+// (Config.Netns), in any routing table: the underlay's, the one to NATS,
+// the cluster's pod and service ranges, the node's own addresses, another
+// network's bridge. libvirt itself refuses only a route to exactly the same
+// subnet, so a more specific cidr would take the node's traffic for those
+// addresses, and a wider one would hide them from its guests. The default
+// route claims no addresses of its own and counts for none. The network's
+// own bridge has no route yet: it is checked only while not running. The
+// test driver makes no bridge, so its networks route nothing.
+func (d *Driver) checkRoutes(n driver.Network) error {
+	if d.testDriver || n.Imported || n.Mode == driver.NetworkModeBridge || n.CIDR == "" {
+		return nil
+	}
+	cidr, err := netip.ParsePrefix(n.CIDR)
+	if err != nil {
+		return driver.Terminalf("network %q: cidr %q is not a subnet such as 10.10.120.0/24", n.Name, n.CIDR)
+	}
+	cidr = cidr.Masked()
+	h, err := d.linkHandle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	family := netlink.FAMILY_V4
+	if cidr.Addr().Is6() {
+		family = netlink.FAMILY_V6
+	}
+	routes, err := h.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return errors.Wrapf(err, "cannot list the node's routes to check network %s against them", n.Name)
+	}
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		addr, ok := netip.AddrFromSlice(r.Dst.IP)
+		bits, _ := r.Dst.Mask.Size()
+		dst := netip.PrefixFrom(addr.Unmap(), bits)
+		if !ok || bits == 0 || !dst.Overlaps(cidr) {
+			continue
+		}
+		via := ""
+		if l, err := h.LinkByIndex(r.LinkIndex); err == nil {
+			via = " on " + l.Attrs().Name
+		}
+		return driver.Terminalf("network %q: cidr %s overlaps the node's route to %s%s; a network there would take the node's traffic to those addresses: choose a cidr the node does not route", n.Name, cidr, dst, via)
+	}
+	return nil
 }
 
 // ensureMarkedVLAN makes again, under the names its mark records, the

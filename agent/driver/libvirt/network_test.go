@@ -79,6 +79,7 @@ func TestNetworksOnARealHost(t *testing.T) {
 	t.Run("AnOlderAgentsNetworkKeepsWorking", func(t *testing.T) { testOlderAgentsNetwork(ctx, t, host, openOn(t, tunnelAddress)) })
 	t.Run("AVLANOfASiteBridgeGetsABridgeOfItsOwn", func(t *testing.T) { testVLAN(ctx, t, host, openOn(t, netip.Addr{})) })
 	t.Run("ANetworkNoNodeCouldServeIsTerminal", func(t *testing.T) { testRefusedNetworks(ctx, t, host, openOn(t, netip.Addr{})) })
+	t.Run("ANetworkTakesNoRouteOfTheNode", func(t *testing.T) { testNodeRoutes(ctx, t, host, openOn(t, tunnelAddress)) })
 }
 
 // realHost is the host with the connections the checks look through.
@@ -375,6 +376,75 @@ func testRefusedNetworks(ctx context.Context, t *testing.T, h realHost, d *Drive
 			assert.Error(t, err, "no domain was defined")
 		})
 	}
+}
+
+// testNodeRoutes plays a hub that lets any cidr through (one from before
+// the hub checked, or an administrator's grant wider than meant) and a
+// tenant who wants a node's traffic. The node routes the cluster's pods,
+// 10.80.0.0/16, over its underlay (192.0.2.0/24, where its tunnel address
+// is). The attacker's steps: a VirtualNetwork with a cidr more specific
+// than the pods' route (10.80.5.0/24), so that the node would send its
+// traffic for those pods to the guests' bridge; one inside the underlay's
+// subnet (192.0.2.128/25, the peers' addresses among them); one wider than
+// the pods' route (10.0.0.0/8); and a VM on each, which the hub places and
+// publishes. The node refuses each as Terminal before anything is made,
+// and its routes are as they were. A cidr the node does not route is made
+// as ever.
+func testNodeRoutes(ctx context.Context, t *testing.T, h realHost, d *Driver) {
+	const network = "vf-routes"
+	under, err := h.links.LinkByName(underlayName)
+	require.NoError(t, err)
+	pods := &netlink.Route{LinkIndex: under.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4(10, 80, 0, 0).To4(), Mask: net.CIDRMask(16, 32)}, Gw: peerA.AsSlice()}
+	require.NoError(t, h.links.RouteAdd(pods))
+	t.Cleanup(func() { _ = h.links.RouteDel(pods) })
+	routes := func() []string {
+		l, err := h.links.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+		require.NoError(t, err)
+		out := make([]string, 0, len(l))
+		for _, r := range l {
+			out = append(out, r.String())
+		}
+		slices.Sort(out)
+		return out
+	}
+	before := routes()
+	for name, tc := range map[string]struct {
+		cidr, address, says string
+	}{
+		"MoreSpecificThanThePodsRoute": {"10.80.5.0/24", "10.80.5.30/24", "cidr 10.80.5.0/24 overlaps the node's route to 10.80.0.0/16 on " + underlayName},
+		"InsideTheUnderlay":            {"192.0.2.128/25", "192.0.2.130/25", "overlaps the node's route to 192.0.2.0/24 on " + underlayName},
+		"WiderThanThePodsRoute":        {"10.0.0.0/8", "10.1.0.30/8", "cidr 10.0.0.0/8 overlaps the node's route to 10.80.0.0/16"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := addressed("route-thief", network, "", tc.address)
+			m.Networks[0].CIDR = tc.cidr
+			_, err := d.Ensure(ctx, m)
+			require.Error(t, err)
+			assert.True(t, driver.IsTerminal(err), "terminal: %v", err)
+			assert.Contains(t, err.Error(), tc.says)
+			_, err = h.l.NetworkLookupByName(network)
+			assert.True(t, isCode(err, golibvirt.ErrNoNetwork), "nothing was made: %v", err)
+			_, err = h.l.DomainLookupByName(domainName(m))
+			assert.Error(t, err, "no domain was defined")
+			assert.Equal(t, before, routes(), "the node's routes are as they were")
+		})
+	}
+	t.Run("ACIDRTheNodeDoesNotRoute", func(t *testing.T) {
+		m := addressed("route-keeper", network, "", "10.81.0.30/24")
+		m.Networks[0].CIDR = "10.81.0.0/24"
+		_, err := d.Ensure(ctx, m)
+		require.NoError(t, err)
+		bridge := h.network(t, network).Bridge.Name
+		dnsmasq := h.dnsmasqPid(t, network)
+		br, err := h.links.LinkByName(bridge)
+		require.NoError(t, err)
+		own, err := h.links.RouteList(br, netlink.FAMILY_V4)
+		require.NoError(t, err)
+		require.NotEmpty(t, own)
+		assert.Equal(t, "10.81.0.0/24", own[0].Dst.String(), "the network's bridge routes its own cidr")
+		require.NoError(t, d.Delete(ctx, m.UID))
+		h.assertGone(t, network, bridge, dnsmasq, 0)
+	})
 }
 
 // The site's trunk is a host bridge virtfleet did not make; a VLAN of it
