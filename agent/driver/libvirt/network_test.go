@@ -141,6 +141,20 @@ func (h realHost) dnsmasqPid(t *testing.T, network string) int {
 	return pid
 }
 
+// assertRefused checks that d refuses m as Terminal, saying says, before
+// it made anything: neither m's network nor its domain.
+func (h realHost) assertRefused(ctx context.Context, t *testing.T, d *Driver, m driver.Machine, says string) {
+	t.Helper()
+	_, err := d.Ensure(ctx, m)
+	require.Error(t, err)
+	assert.True(t, driver.IsTerminal(err), "terminal: %v", err)
+	assert.Contains(t, err.Error(), says)
+	_, err = h.l.NetworkLookupByName(m.Networks[0].Name)
+	assert.True(t, isCode(err, golibvirt.ErrNoNetwork), "nothing was made: %v", err)
+	_, err = h.l.DomainLookupByName(domainName(m))
+	assert.Error(t, err, "no domain was defined")
+}
+
 // assertGone checks that nothing of network is left: no libvirt network,
 // no bridge, no dnsmasq, no VXLAN device.
 func (h realHost) assertGone(t *testing.T, network, bridge string, dnsmasq int, vni int32) {
@@ -366,14 +380,7 @@ func testRefusedNetworks(ctx context.Context, t *testing.T, h realHost, d *Drive
 		t.Run(name, func(t *testing.T) {
 			m := addressed("refused", network, "", "10.77.0.30/24")
 			tc.change(&m.Networks[0])
-			_, err := d.Ensure(ctx, m)
-			require.Error(t, err)
-			assert.True(t, driver.IsTerminal(err), "terminal: %v", err)
-			assert.Contains(t, err.Error(), tc.want)
-			_, err = h.l.NetworkLookupByName(network)
-			assert.True(t, isCode(err, golibvirt.ErrNoNetwork), "nothing was made: %v", err)
-			_, err = h.l.DomainLookupByName(domainName(m))
-			assert.Error(t, err, "no domain was defined")
+			h.assertRefused(ctx, t, d, m, tc.want)
 		})
 	}
 }
@@ -418,14 +425,7 @@ func testNodeRoutes(ctx context.Context, t *testing.T, h realHost, d *Driver) {
 		t.Run(name, func(t *testing.T) {
 			m := addressed("route-thief", network, "", tc.address)
 			m.Networks[0].CIDR = tc.cidr
-			_, err := d.Ensure(ctx, m)
-			require.Error(t, err)
-			assert.True(t, driver.IsTerminal(err), "terminal: %v", err)
-			assert.Contains(t, err.Error(), tc.says)
-			_, err = h.l.NetworkLookupByName(network)
-			assert.True(t, isCode(err, golibvirt.ErrNoNetwork), "nothing was made: %v", err)
-			_, err = h.l.DomainLookupByName(domainName(m))
-			assert.Error(t, err, "no domain was defined")
+			h.assertRefused(ctx, t, d, m, tc.says)
 			assert.Equal(t, before, routes(), "the node's routes are as they were")
 		})
 	}
