@@ -1,5 +1,6 @@
 // Package v1alpha1 holds the virtfleet.io provider configuration types:
-// ProviderConfig (namespaced), ClusterProviderConfig and their usages.
+// ProviderConfig (namespaced), ClusterProviderConfig and their usages, and
+// what only an administrator sets for a namespace: TenantQuota.
 // +kubebuilder:object:generate=true
 // +groupName=virtfleet.io
 // +versionName=v1alpha1
@@ -59,9 +60,16 @@ var (
 	ClusterProviderConfigUsageListGroupVersionKind = SchemeGroupVersion.WithKind(ClusterProviderConfigUsageListKind)
 )
 
+// TenantQuota type metadata.
+var (
+	TenantQuotaKind             = reflect.TypeOf(TenantQuota{}).Name()
+	TenantQuotaGroupVersionKind = SchemeGroupVersion.WithKind(TenantQuotaKind)
+)
+
 func init() {
 	SchemeBuilder.Register(&ProviderConfig{}, &ProviderConfigList{})
 	SchemeBuilder.Register(&ProviderConfigUsage{}, &ProviderConfigUsageList{})
 	SchemeBuilder.Register(&ClusterProviderConfig{}, &ClusterProviderConfigList{})
 	SchemeBuilder.Register(&ClusterProviderConfigUsage{}, &ClusterProviderConfigUsageList{})
+	SchemeBuilder.Register(&TenantQuota{}, &TenantQuotaList{})
 }

@@ -63,6 +63,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/quota"
 	"github.com/virtfleet/virtfleet/hub/internal/subresources"
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
 	vfmetrics "github.com/virtfleet/virtfleet/internal/metrics"
@@ -318,7 +319,10 @@ func Run(ctx context.Context, c Config) error {
 	placer := placement.New()
 	// A reservation held for a VM, or a migration's target, goes with it.
 	memory.OnForget(func(uid types.UID) { placer.Release(string(uid)) })
-	scheduler = virtualmachine.NewScheduler(apiwrites.Direct(mgr.GetClient()), mgr.GetCache(), pool, placer,
+	quotas := quota.NewCounter(mgr.GetCache(), pool.Fleets)
+	// So is a quota admission of a VM that went before it was bound.
+	memory.OnForget(quotas.Forget)
+	scheduler = virtualmachine.NewScheduler(apiwrites.Direct(mgr.GetClient()), mgr.GetCache(), pool, placer, quotas,
 		event.NewAPIRecorder(mgr.GetEventRecorderFor("virtualmachine-scheduler")), log, //nolint:staticcheck // crossplane-runtime still records through the old events API
 		o.Features.Enabled(feature.EnableBetaManagementPolicies))
 	// The allocator reads through the cache, and asks the API server itself
@@ -328,7 +332,7 @@ func Run(ctx context.Context, c Config) error {
 		return errors.Wrap(err, "cannot make the address allocator's client")
 	}
 	addresses := ipam.New(direct, mgr.GetClient())
-	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Notifier: notifier, FencingTimeout: c.FencingTimeout, FencingMargin: c.FencingMargin, Addresses: addresses, Memory: memory, StraySweep: c.StraySweep,
+	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Quotas: quotas, Notifier: notifier, FencingTimeout: c.FencingTimeout, FencingMargin: c.FencingMargin, Addresses: addresses, Memory: memory, StraySweep: c.StraySweep,
 		Polls: wake.NewPolls(mgr.GetCache(), cmp.Or(c.PollsPerSecond, wake.DefaultPollsPerSecond))}
 	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
 	so := snapshot.Options{Pool: pool, Notifier: snapshots, FencingTimeout: c.FencingTimeout, Memory: memory}

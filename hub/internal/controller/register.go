@@ -21,6 +21,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/restore"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/snapshot"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/tenantquota"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualnetwork"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
@@ -55,6 +56,9 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 		return err
 	}
 	if err := virtualnetwork.SetupGated(mgr, o, vo.Addresses, vo.Memory, vo.Polls); err != nil {
+		return err
+	}
+	if err := tenantquota.SetupGated(mgr, o, vo.Quotas); err != nil {
 		return err
 	}
 	if err := hypervisornode.SetupGated(mgr, o, vo.Pool.Fleets, nodes); err != nil {

@@ -38,23 +38,40 @@ func (f *Fleet) Synced() bool {
 // orphan of its name. Until the reports are read it returns
 // ErrReportsNotSynced.
 func (f *Fleet) Orphan(namespace, name string) (Orphan, bool, error) {
+	found, err := f.orphans(func(node string, o *wire.Orphan) bool {
+		return o.Namespace == namespace && o.Name == name && !f.nodes[node].Lost
+	})
+	if err != nil || len(found) == 0 {
+		return Orphan{}, false, err
+	}
+	return slices.MinFunc(found, func(a, b Orphan) int { return strings.Compare(a.UID, b.UID) }), true, nil
+}
+
+// Orphans are the orphaned guests released from VMs of namespace, which
+// hold their share of the namespace's quota until they are deleted: those
+// of a lost node too, since losing its heartbeat does not delete a guest.
+// Only those this hub released count, as for Orphan. Until the reports are
+// read it returns ErrReportsNotSynced.
+func (f *Fleet) Orphans(namespace string) ([]Orphan, error) {
+	return f.orphans(func(_ string, o *wire.Orphan) bool { return o.Namespace == namespace })
+}
+
+// orphans are the sealed orphans that match; match runs with f.mu held.
+func (f *Fleet) orphans(match func(node string, o *wire.Orphan) bool) ([]Orphan, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if !f.reportsSynced {
-		return Orphan{}, false, ErrReportsNotSynced
+		return nil, ErrReportsNotSynced
 	}
 	var found []Orphan
 	for k := range f.Guests.indexed {
 		r := f.Guests.byUID[k.uid][k.node]
 		o := r.Report.Orphan
-		if o.Namespace != namespace || o.Name != name || f.nodes[k.node].Lost ||
+		if !match(k.node, o) ||
 			!hmac.Equal([]byte(o.Seal), []byte(f.OrphanSeal(k.uid, k.node, o.Namespace, o.Name))) {
 			continue
 		}
 		found = append(found, Orphan{Node: k.node, UID: k.uid, Report: r})
 	}
-	if len(found) == 0 {
-		return Orphan{}, false, nil
-	}
-	return slices.MinFunc(found, func(a, b Orphan) int { return strings.Compare(a.UID, b.UID) }), true, nil
+	return found, nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/quota"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
@@ -70,17 +71,21 @@ const (
 // guest by external name is never bound here: its node is the user's to
 // name.
 //
-// A VM that no node can take stays Pending with the reason in its Ready
-// condition and a FailedScheduling event, and is placed again as soon as
-// the fleet changes: a node joins, comes back or has more room (RetryUnplaced
-// from the fleet), a VM is deleted, or one of the Volumes, VirtualNetworks
-// and DiskImages it may wait for changes.
+// A VM that no node can take, or that would take its namespace past a
+// TenantQuota (the quota package), stays Pending with the reason in its
+// Ready condition and a FailedScheduling event, and is placed again as soon
+// as the fleet changes: a node joins, comes back or has more room
+// (RetryUnplaced from the fleet), a VM is deleted, a TenantQuota changes, or
+// one of the Volumes, VirtualNetworks and DiskImages it may wait for
+// changes. A VM adopting an orphan or bound again to its own guest passes
+// no quota check: its guest is counted already.
 type Scheduler struct {
 	kube     client.Client
 	cache    cache.Cache
 	configs  *providerconfig.Resolver
 	pool     providerconfig.Fleets
 	placer   *placement.Placer
+	quotas   *quota.Counter
 	recorder event.Recorder
 	log      logging.Logger
 	policies bool
@@ -100,13 +105,15 @@ const (
 )
 
 // NewScheduler returns the placement loop; add it to mgr with SetupScheduler.
-func NewScheduler(kube client.Client, informers cache.Cache, pool providerconfig.Fleets, placer *placement.Placer, recorder event.Recorder, log logging.Logger, policies bool) *Scheduler {
+// It admits each VM it places past quotas first.
+func NewScheduler(kube client.Client, informers cache.Cache, pool providerconfig.Fleets, placer *placement.Placer, quotas *quota.Counter, recorder event.Recorder, log logging.Logger, policies bool) *Scheduler {
 	return (&Scheduler{
 		kube:     kube,
 		cache:    informers,
 		configs:  providerconfig.NewResolver(kube),
 		pool:     pool,
 		placer:   placer,
+		quotas:   quotas,
 		recorder: recorder,
 		log:      log.WithValues("controller", "virtualmachine-scheduler"),
 		policies: policies,
@@ -159,6 +166,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		{&v1alpha1.VirtualMachinePreference{}, s.onDependency()},
 		{&v1alpha1.VirtualMachineClusterPreference{}, s.onDependency()},
 		{&v1alpha1.HypervisorNode{}, s.onCordon()},
+		{&apisv1alpha1.TenantQuota{}, s.onQuota()},
 	}
 	for _, f := range feeds {
 		i, err := s.cache.GetInformer(ctx, f.obj)
@@ -205,8 +213,20 @@ func (s *Scheduler) onVM() toolscache.ResourceEventHandler {
 		DeleteFunc: func(o any) {
 			if vm, ok := o.(*v1alpha1.VirtualMachine); ok {
 				s.forget(vm)
+				// Its namespace holds less now: a VM over its quota
+				// may fit.
+				s.retryNamespace(vm.Namespace)
 			}
 		},
+	}
+}
+
+// onQuota is the TenantQuota informer's handler: a VM over a limit may fit
+// one raised or removed.
+func (s *Scheduler) onQuota() toolscache.ResourceEventHandler {
+	return toolscache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(any, any) { s.RetryUnplaced("") },
+		DeleteFunc: func(any) { s.RetryUnplaced("") },
 	}
 }
 
@@ -253,6 +273,16 @@ func (s *Scheduler) forget(vm *v1alpha1.VirtualMachine) {
 func (s *Scheduler) RetryUnplaced(string) {
 	s.unplaced.Range(func(k, _ any) bool {
 		s.queue.Add(k.(types.NamespacedName)) //nolint:forcetypeassert // only keys are stored
+		return true
+	})
+}
+
+// retryNamespace queues every VM of namespace that found no node.
+func (s *Scheduler) retryNamespace(namespace string) {
+	s.unplaced.Range(func(k, _ any) bool {
+		if key := k.(types.NamespacedName); key.Namespace == namespace { //nolint:forcetypeassert // only keys are stored
+			s.queue.Add(key)
+		}
 		return true
 	})
 }
@@ -426,13 +456,20 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	if req.Group, err = GroupOf(ctx, s.cache, vm, f); err != nil {
 		return binding{}, err
 	}
+	if err := s.quotas.Admit(ctx, vm); err != nil {
+		return binding{}, err
+	}
 	nodes, ok := b.nodes[f]
 	if !ok {
 		nodes = MarkCordoned(ctx, s.cache, f.Nodes())
 		b.nodes[f] = nodes
 	}
 	node, err := s.placer.Place(nodes, req)
-	return binding{vm: vm, node: node, seal: f.Seal(string(vm.UID), node, "")}, errors.Wrap(err, "cannot place the VM")
+	if err != nil {
+		s.quotas.Forget(vm.UID)
+		return binding{}, errors.Wrap(err, "cannot place the VM")
+	}
+	return binding{vm: vm, node: node, seal: f.Seal(string(vm.UID), node, "")}, nil
 }
 
 // recordShape records vm's shape from its instance type and preference
@@ -493,6 +530,7 @@ func (s *Scheduler) bind(ctx context.Context, b binding) {
 		// the same node.
 		if !kerrors.IsConflict(err) {
 			s.placer.Release(uid)
+			s.quotas.Forget(b.vm.UID)
 			s.log.Info("Cannot record the chosen node", "namespace", key.Namespace, "name", key.Name, "node", b.node, "error", err)
 		}
 		s.queue.AddRateLimited(key)
@@ -544,6 +582,7 @@ func (s *Scheduler) unplaceable(ctx context.Context, vm *v1alpha1.VirtualMachine
 // Reasons of the placement-refusals metric beside placement's causes.
 const (
 	refusalForbidden = "forbidden"
+	refusalQuota     = "quota"
 	refusalWaiting   = "waiting"
 	refusalOther     = "other"
 )
@@ -551,7 +590,7 @@ const (
 // RefusalReasons are every reason the placement-refusals metric counts, for
 // its series to start at zero.
 func RefusalReasons() []string {
-	out := []string{refusalForbidden, refusalWaiting, refusalOther}
+	out := []string{refusalForbidden, refusalQuota, refusalWaiting, refusalOther}
 	for _, c := range placement.Causes {
 		out = append(out, string(c))
 	}
@@ -560,11 +599,13 @@ func RefusalReasons() []string {
 
 // refusalReasons are the placement-refusals metric's reasons for cause: the
 // distinct causes of a NoFitError, forbidden for what the namespace was not
-// granted, waiting for what does not exist yet, other for the rest.
+// granted, quota for a limit of its TenantQuotas, waiting for what does not
+// exist yet, other for the rest.
 func refusalReasons(cause error) []string {
 	var (
 		noFit    *placement.NoFitError
 		refused  *tenancy.RefusedError
+		exceeded *quota.ExceededError
 		missing  *MissingError
 		template *MissingTemplateError
 	)
@@ -578,6 +619,8 @@ func refusalReasons(cause error) []string {
 		return out
 	case errors.As(cause, &refused):
 		return []string{refusalForbidden}
+	case errors.As(cause, &exceeded):
+		return []string{refusalQuota}
 	case errors.As(cause, &missing), errors.As(cause, &template):
 		return []string{refusalWaiting}
 	default:

@@ -26,6 +26,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/quota"
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 )
 
@@ -58,7 +59,7 @@ func startScheduler(t *testing.T, policies bool, backoff workqueue.TypedRateLimi
 	b := bus.NewFake()
 	f := fleettest.Start(t, b)
 	rec := &fleettest.Recorder{}
-	s := NewScheduler(cp.Client, informers, oneFleet{f}, placement.New(), rec, logging.NewNopLogger(), policies)
+	s := NewScheduler(cp.Client, informers, oneFleet{f}, placement.New(), quota.NewCounter(informers, func() []*fleet.Fleet { return []*fleet.Fleet{f} }), rec, logging.NewNopLogger(), policies)
 	if backoff != nil {
 		s = s.withBackoff(backoff)
 	}

@@ -46,6 +46,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/quota"
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
@@ -82,6 +83,9 @@ type Options struct {
 	// Scheduler is the placement loop; SetupGated starts it with the
 	// controller.
 	Scheduler *Scheduler
+	// Quotas counts what each namespace holds, for the Scheduler and the
+	// TenantQuotas' status.
+	Quotas *quota.Counter
 	// Notifier turns report changes into reconciles; it must be the one the
 	// Pool's fleets report to.
 	Notifier *wake.Notifier
