@@ -29,6 +29,11 @@ func (g *suite) plugin(args ...string) *exec.Cmd {
 // host, and a newline makes getty print it again.
 func (g *suite) console(name string) func(t *testing.T) {
 	return func(t *testing.T) {
+		// getty starts on the serial port only after cloud-init's config
+		// stage (systemd-user-sessions), which under TCG on a busy machine
+		// can end minutes after sshd answers: there is no prompt to ask
+		// for until it runs.
+		g.sshUntil(t, address(g.get(t, name)), "systemctl is-active serial-getty@ttyS0.service", bootTimeout)
 		c, err := g.s.OpenConsole(g.ctx, ns, name)
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, c.Leave(30*time.Second), "the plugin leaves cleanly when its input ends") }()
