@@ -57,8 +57,11 @@ func TestRestore(t *testing.T) {
 				h.snapshotted("a", "s1")
 				h.fake.Fail("RevertSnapshot", "a", errors.New("libvirtd is busy"))
 				h.put(intent("a", restoring("r1", "s1", 2)))
-				r := h.eventually("a", restorePhase(wire.RestoreRunning), "the restore runs")
-				assert.Equal(t, "libvirtd is busy", r.Restore.Message, "a failure a retry may mend shows on the running restore")
+				// Each attempt is reported as it begins, before the driver
+				// fails it: the failure shows on a later report.
+				r := h.eventually("a", func(r wire.Report) bool {
+					return restorePhase(wire.RestoreRunning)(r) && r.Restore.Message == "libvirtd is busy"
+				}, "a failure a retry may mend shows on the running restore")
 				require.NotNil(t, r.Restore.StartedAt)
 				assert.Nil(t, r.Restore.FinishedAt)
 				started := *r.Restore.StartedAt
