@@ -32,11 +32,6 @@ RUN_FLAGS ?= $(if $(KEEP),-keep) $(if $(GUESTS),-guests=$(GUESTS)) $(if $(CROSSP
 # for the guest image, which `make test` builds beside the other tests).
 TEST_TIMEOUT ?= 60m
 GO_TEST_FLAGS ?= -count=1
-# go test runs the packages it is given in that order, two at a time on two
-# cores: the two longest (the real guests' and the end-to-end suites) go
-# first, so the short ones fill the other slot instead of leaving both long
-# ones to start last.
-TEST_PACKAGES ?= ./test/guest/ ./test/e2e/ ./...
 
 .PHONY: help
 help: ## Show the targets.
@@ -122,7 +117,7 @@ test: deps ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then th
 	$(MAKE) --no-print-directory -j4 envtest-assets kube-node crossplane-core object-store; \
 	$(MAKE) --no-print-directory fmt-check vet verify-generated; \
 	KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" \
-		$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) $(TEST_PACKAGES); \
+		$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...; \
 	wait $$image || echo "guest-image: the background build failed (test/guest said why)" >&2
 	cd function && $(GO) test $(GO_TEST_FLAGS) ./...
 	@$(MAKE) --no-print-directory fuzz
