@@ -186,21 +186,16 @@ func (d *Driver) checkRoutes(n driver.Network) error {
 	if d.testDriver || n.Imported || n.Mode == driver.NetworkModeBridge || n.CIDR == "" {
 		return nil
 	}
-	cidr, err := netip.ParsePrefix(n.CIDR)
+	cidr, err := n.Subnet()
 	if err != nil {
-		return driver.Terminalf("network %q: cidr %q is not a subnet such as 10.10.120.0/24", n.Name, n.CIDR)
+		return err
 	}
-	cidr = cidr.Masked()
 	h, err := d.linkHandle()
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	family := netlink.FAMILY_V4
-	if cidr.Addr().Is6() {
-		family = netlink.FAMILY_V6
-	}
-	routes, err := h.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return errors.Wrapf(err, "cannot list the node's routes to check network %s against them", n.Name)
 	}
