@@ -368,18 +368,27 @@ func (n *NATS) drain(ctx context.Context, kv jetstream.KeyValue, w jetstream.Key
 func (n *NATS) lastRevision(ctx context.Context, kv jetstream.KeyValue) uint64 {
 	ctx, cancel := context.WithTimeout(ctx, watchCheckEvery)
 	defer cancel()
-	st, err := kv.Status(ctx)
+	info, err := streamInfo(ctx, kv)
 	if err != nil {
 		return 0
 	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok {
-		return 0
-	}
-	if state := bs.StreamInfo().State; state.Msgs > 0 {
+	if state := info.State; state.Msgs > 0 {
 		return state.LastSeq
 	}
 	return 0
+}
+
+// streamInfo is what the stream holding kv says of itself now.
+func streamInfo(ctx context.Context, kv jetstream.KeyValue) (*jetstream.StreamInfo, error) {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot read the state of bucket %s", kv.Bucket())
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return nil, errors.Errorf("bucket %s has no stream to read", kv.Bucket())
+	}
+	return bs.StreamInfo(), nil
 }
 
 func nodeEvent(key string, rev uint64, lost bool, value []byte) (NodeEvent, error) {
@@ -422,17 +431,13 @@ type BucketUsage struct {
 // BucketUsage reads how full each bucket is, as its stream says now.
 func (n *NATS) BucketUsage(ctx context.Context) ([]BucketUsage, error) {
 	out := make([]BucketUsage, 0, len(n.buckets))
+	server := n.nc.ConnectedServerName()
 	for _, name := range slices.Sorted(maps.Keys(n.buckets)) {
-		st, err := n.buckets[name].Status(ctx)
+		info, err := streamInfo(ctx, n.buckets[name])
 		if err != nil {
-			return nil, errors.Wrapf(err, "cannot read the state of bucket %s", name)
+			return nil, err
 		}
-		bs, ok := st.(*jetstream.KeyValueBucketStatus)
-		if !ok {
-			return nil, errors.Errorf("bucket %s has no stream to read", name)
-		}
-		info := bs.StreamInfo()
-		servers := n.nc.ConnectedServerName()
+		servers := server
 		if info.Cluster != nil && info.Cluster.Name != "" {
 			servers = info.Cluster.Name
 		}
