@@ -13,8 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -341,9 +339,9 @@ func killOrphans(assets string, progress io.Writer) error {
 
 // orphanName is the command name of process pid, for progress.
 func orphanName(pid int) string {
-	comm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm")) //nolint:gosec // /proc
+	comm, err := procs.Command(pid)
 	if err != nil {
 		return "a process"
 	}
-	return strings.TrimSpace(string(comm))
+	return comm
 }

@@ -60,6 +60,15 @@ func Parse(b []byte) (Stat, error) {
 	return Stat{State: f[0][0], PPID: ppid, Start: start}, nil
 }
 
+// Command is process pid's command name (comm, as ps shows it).
+func Command(pid int) (string, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm")) //nolint:gosec // /proc
+	if err != nil {
+		return "", errors.Wrapf(err, "cannot read the command of process %d", pid)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
 // Alive reports whether process pid, started at start, still runs: a
 // zombie has stopped running, and a process started at another time is
 // another process given the same pid.

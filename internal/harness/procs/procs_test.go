@@ -116,6 +116,6 @@ func TestOrphans(t *testing.T) {
 // shellRuns reports whether process pid is a shell (the one that started
 // the orphan, before it exits).
 func shellRuns(pid int) bool {
-	comm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm")) //nolint:gosec // /proc
-	return err == nil && strings.TrimSpace(string(comm)) == "sh"
+	comm, err := Command(pid)
+	return err == nil && comm == "sh"
 }
