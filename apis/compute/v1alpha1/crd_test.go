@@ -126,6 +126,36 @@ func TestCRDs(t *testing.T) {
 		require.NoError(t, cp.Client.Update(ctx, u), "the rest of a Volume in a pool may change")
 	})
 
+	t.Run("AVolumeGrowsButNeverShrinks", func(t *testing.T) {
+		require.NoError(t, cp.Client.Create(ctx, object("Volume", "growing", map[string]any{"size": "2Gi"})))
+		for _, tc := range []struct {
+			name, size string
+			refused    bool
+		}{
+			{"shrinking is refused naming both sizes", "1Gi", true},
+			{"shrinking by one byte is refused", "2147483647", true},
+			{"the same size in other units is no change", "2048Mi", false},
+			{"growing is accepted", "3Gi", false},
+			{"shrinking after a grow is refused", "2Gi", true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				u := &unstructured.Unstructured{}
+				u.SetGroupVersionKind(computev1alpha1.VolumeGroupVersionKind)
+				require.NoError(t, cp.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: "growing"}, u))
+				old := forProvider(u)["size"]
+				forProvider(u)["size"] = tc.size
+				err := cp.Client.Update(ctx, u)
+				if !tc.refused {
+					require.NoError(t, err)
+					return
+				}
+				require.Error(t, err, "size changed from %v to %s", old, tc.size)
+				assert.Contains(t, err.Error(), "spec.forProvider.size")
+				assert.Contains(t, err.Error(), fmt.Sprintf("size can only grow: %s is smaller than %v", tc.size, old))
+			})
+		}
+	})
+
 	t.Run("BoundsAreEnforcedAndEveryAcceptedValueDecodesInTheHub", func(t *testing.T) {
 		for i, tc := range boundCases() {
 			t.Run(tc.name, func(t *testing.T) {

@@ -35,8 +35,12 @@ type VolumeParameters struct {
 	// must be greater than zero and at most 64Ti: more than a node's
 	// storage pool, a Cinder quota or a PVC gives one disk, so the bound
 	// refuses only typos and abuse, and it keeps the byte count the hub
-	// sends to the node (an int64) exact.
+	// sends to the node (an int64) exact. It may grow, which the node
+	// applies to the volume in place (to a running guest's disk live),
+	// but never shrink: no backend shrinks a disk without losing what the
+	// guest wrote past the new end.
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",messageExpression="'size must be greater than 0, got ' + string(self)"
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(oldSelf)).isGreaterThan(quantity(string(self)))",messageExpression="'size can only grow: ' + string(self) + ' is smaller than ' + string(oldSelf)"
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isGreaterThan(quantity('64Ti'))",messageExpression="'size must be at most 64Ti, got ' + string(self)"
 	Size resource.Quantity `json:"size"`
 
