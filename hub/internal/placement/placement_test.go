@@ -361,3 +361,45 @@ func TestABurstOfOneGroupSpreads(t *testing.T) {
 	_, err = p.Place(nodes, req)
 	require.NoError(t, err, "a released member frees its node for the group")
 }
+
+// TestABurstOfOneGroupObeysItsPolicy places four VMs of one group on three
+// empty nodes one after the other, before the hub knows any of them bound:
+// only the Placer's reservations tell each where the others went.
+func TestABurstOfOneGroupObeysItsPolicy(t *testing.T) {
+	cases := []struct {
+		name           string
+		anti, required bool
+		// nodes is how many distinct nodes the placed VMs use; placed how
+		// many of the four found one.
+		nodes, placed int
+	}{
+		{name: "required anti-affinity: one per node, the fourth fits nowhere", anti: true, required: true, nodes: 3, placed: 3},
+		{name: "preferred anti-affinity: one per node, then the fourth doubles up", anti: true, nodes: 3, placed: 4},
+		{name: "required affinity: all on the first one's node", required: true, nodes: 1, placed: 4},
+		{name: "preferred affinity: all on the first one's node, emptier nodes or not", nodes: 1, placed: 4},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := New(WithClock(func() time.Time { return t0 }))
+			nodes := []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 0, 0), node("node3", 8, 16, 0, 0)}
+			g := &Group{Key: "team-a/web", Name: "web", AntiAffinity: tc.anti, Required: tc.required}
+			used := map[string]bool{}
+			placed := 0
+			for i := range 4 {
+				req := small(fmt.Sprintf("vm-%d", i))
+				req.Group = g
+				got, err := p.Place(nodes, req)
+				if err != nil {
+					var noFit *NoFitError
+					require.ErrorAs(t, err, &noFit)
+					assert.Equal(t, []Cause{CauseGroup}, noFit.DistinctCauses())
+					continue
+				}
+				placed++
+				used[got] = true
+			}
+			assert.Equal(t, tc.placed, placed)
+			assert.Len(t, used, tc.nodes)
+		})
+	}
+}

@@ -160,8 +160,14 @@ func vmUser(index string, uses func(*v1alpha1.VirtualMachine) []string) inuse.Us
 // Setup registers every index. They serve several controllers, so they must
 // exist before any of them starts, whatever order their gates open in.
 func Setup(ctx context.Context, mgr ctrl.Manager) error {
+	return Register(ctx, mgr.GetFieldIndexer())
+}
+
+// Register registers every index with indexer, a manager's or a bare
+// informer cache's.
+func Register(ctx context.Context, indexer client.FieldIndexer) error {
 	for _, u := range all {
-		if err := mgr.GetFieldIndexer().IndexField(ctx, u.New(), u.Index, u.Uses); err != nil {
+		if err := indexer.IndexField(ctx, u.New(), u.Index, u.Uses); err != nil {
 			return errors.Wrapf(err, "cannot index %ss by %s", u.Kind, u.Index)
 		}
 	}
@@ -169,9 +175,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager) error {
 }
 
 // VirtualMachines lists the VirtualMachines in o's namespace whose field u
-// indexes names o; u is VolumeUsers, NetworkUsers or PlacementGroupMembers. Read from a cache, the
-// VMs are the cache's own, not copies (a network's users are every VM of
-// a fleet): the caller reads them and never changes them.
+// indexes names o; u is VolumeUsers, NetworkUsers or
+// PlacementGroupMembers. Read from a cache, the VMs are the cache's own,
+// not copies (a network's users are every VM of a fleet): the caller reads
+// them and never changes them.
 func VirtualMachines(ctx context.Context, kube client.Reader, u inuse.User, o client.Object) ([]v1alpha1.VirtualMachine, error) {
 	l := &v1alpha1.VirtualMachineList{}
 	if err := kube.List(ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{u.Index: o.GetName()}, client.UnsafeDisableDeepCopy); err != nil {

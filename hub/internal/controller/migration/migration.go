@@ -390,7 +390,7 @@ func (r *Reconciler) target(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	if fp.Backend != nil {
 		req.Backend = string(*fp.Backend)
 	}
-	if req.Group, err = virtualmachine.GroupOf(ctx, r.kube, vm, f); err != nil {
+	if req.Group, err = virtualmachine.MovedGroupOf(ctx, r.kube, vm, f); err != nil {
 		return "", err
 	}
 	return r.opts.Placer.Place(nodes, req)

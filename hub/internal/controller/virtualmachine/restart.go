@@ -209,7 +209,7 @@ func (e *external) restartTarget(ctx context.Context, vm *v1alpha1.VirtualMachin
 	}
 	req, uid := requestOn(vm, d, e.defaults, required), string(vm.UID)
 	var err error
-	if req.Group, err = GroupOf(ctx, e.kube, vm, e.fleet); err != nil {
+	if req.Group, err = MovedGroupOf(ctx, e.kube, vm, e.fleet); err != nil {
 		return "", err
 	}
 	if r, ok := e.opts.Placer.Reserved(uid); ok && r == lost {

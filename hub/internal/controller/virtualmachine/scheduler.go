@@ -76,9 +76,9 @@ const (
 // Ready condition and a FailedScheduling event, and is placed again as soon
 // as the fleet changes: a node joins, comes back or has more room
 // (RetryUnplaced from the fleet), a VM is deleted, a TenantQuota changes, or
-// one of the Volumes, VirtualNetworks and DiskImages it may wait for
-// changes. A VM adopting an orphan or bound again to its own guest passes
-// no quota check: its guest is counted already.
+// one of the Volumes, VirtualNetworks, DiskImages and PlacementGroups it
+// may wait for changes. A VM adopting an orphan or bound again to its own
+// guest passes no quota check: its guest is counted already.
 type Scheduler struct {
 	kube     client.Client
 	cache    cache.Cache
@@ -165,6 +165,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		{&v1alpha1.VirtualMachineClusterInstancetype{}, s.onDependency()},
 		{&v1alpha1.VirtualMachinePreference{}, s.onDependency()},
 		{&v1alpha1.VirtualMachineClusterPreference{}, s.onDependency()},
+		{&v1alpha1.PlacementGroup{}, s.onDependency()},
 		{&v1alpha1.HypervisorNode{}, s.onCordon()},
 		{&apisv1alpha1.TenantQuota{}, s.onQuota()},
 	}
@@ -231,8 +232,9 @@ func (s *Scheduler) onQuota() toolscache.ResourceEventHandler {
 }
 
 // onDependency is the handler of the informers of Volumes, VirtualNetworks,
-// DiskImages, instance types and preferences: a VM waiting for one may be
-// placed now.
+// DiskImages, instance types, preferences and PlacementGroups: a VM
+// waiting for one may be placed now, and one a group's required rule kept
+// Pending may fit the rule made a preference.
 func (s *Scheduler) onDependency() toolscache.ResourceEventHandler {
 	return toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.RetryUnplaced("") },
@@ -608,6 +610,7 @@ func refusalReasons(cause error) []string {
 		exceeded *quota.ExceededError
 		missing  *MissingError
 		template *MissingTemplateError
+		group    *MissingGroupError
 	)
 	switch {
 	case errors.As(cause, &noFit):
@@ -621,7 +624,7 @@ func refusalReasons(cause error) []string {
 		return []string{refusalForbidden}
 	case errors.As(cause, &exceeded):
 		return []string{refusalQuota}
-	case errors.As(cause, &missing), errors.As(cause, &template):
+	case errors.As(cause, &missing), errors.As(cause, &template), errors.As(cause, &group):
 		return []string{refusalWaiting}
 	default:
 		return []string{refusalOther}

@@ -23,6 +23,7 @@ import (
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
@@ -52,6 +53,7 @@ func startScheduler(t *testing.T, policies bool, backoff workqueue.TypedRateLimi
 	t.Helper()
 	cp := controlplane.StartForTest(t)
 	informers, ctx := cp.InformersForTest(t)
+	require.NoError(t, index.Register(ctx, informers), "the hub's field indexes, as its manager has them")
 	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
 		ObjectMeta: metav1.ObjectMeta{Name: "default"},
 		Spec:       apisv1alpha1.ClusterProviderConfigSpec{ProviderConfigSpec: apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://unused", Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}}},
