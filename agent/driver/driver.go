@@ -36,6 +36,18 @@ type Driver interface {
 	// A change of vcpu, memory, swap, disks or networks on a running guest is
 	// not applied live; it takes effect at the guest's next start.
 	//
+	// A disk's size is the exception: a disk whose volume holds less than
+	// its SizeBytes is grown to it, on a running guest live (the guest sees
+	// the larger disk without a restart), so a size alone never makes a
+	// guest RestartRequired. A disk is never shrunk: a volume larger than
+	// SizeBytes (made from a larger image, or grown before) is left as it
+	// is, without an error, since the API refuses a smaller size and a
+	// larger volume is what the guest already uses. An Imported disk is
+	// never resized. A grow the backend refuses or cannot do (a pool
+	// without room, a backend without online resize) leaves the guest
+	// running as it is and says why in the Observation's Message; the next
+	// Ensure tries again.
+	//
 	// Restarts are folded into Ensure: a running guest is restarted once when
 	// m.RestartNonce is non-empty and differs from the last nonce it handled.
 	// The nonce a guest is created or started with counts as handled, so a

@@ -88,6 +88,8 @@ type Driver struct {
 	foreign map[string]*guest
 	// volumes are the volumes AddVolume put on the node, by name.
 	volumes map[string]driver.VolumeObservation
+	// capacities are the sizes the guests' disks were grown to, by name.
+	capacities map[string]int64
 	// images are what Images reports, as SetImage left them; imagesCalls
 	// counts Images calls, which are not in calls: the reconciler polls
 	// them on a timer, and tests counting calls must not see that.
@@ -135,15 +137,16 @@ var (
 // New returns an empty fake driver for node.
 func New(node string) *Driver {
 	return &Driver{
-		Node:     node,
-		Host:     driver.Capacity{VCPU: 16, MemoryBytes: 64 << 30},
-		failures: map[failure]error{},
-		guests:   map[string]*guest{},
-		orphans:  map[string]*guest{},
-		foreign:  map[string]*guest{},
-		volumes:  map[string]driver.VolumeObservation{},
-		images:   map[string]driver.ImageStatus{},
-		events:   make(chan driver.Event, 64),
+		Node:       node,
+		Host:       driver.Capacity{VCPU: 16, MemoryBytes: 64 << 30},
+		failures:   map[failure]error{},
+		guests:     map[string]*guest{},
+		orphans:    map[string]*guest{},
+		foreign:    map[string]*guest{},
+		volumes:    map[string]driver.VolumeObservation{},
+		capacities: map[string]int64{},
+		images:     map[string]driver.ImageStatus{},
+		events:     make(chan driver.Event, 64),
 	}
 }
 
@@ -270,6 +273,7 @@ func (d *Driver) Ensure(_ context.Context, m driver.Machine) (driver.Observation
 		}
 	}
 	g.machine = m
+	d.grow(m)
 	g.obs.RestartRequired = g.obs.Phase != driver.PhaseStopped && !sameShape(g.applied, m)
 	return g.obs, nil
 }
@@ -305,10 +309,33 @@ func sameShape(a, b driver.Machine) bool {
 	return reflect.DeepEqual(shapeOf(a), shapeOf(b))
 }
 
-// shapeOf is m without how it is asked to run nor which VM owns it.
+// shapeOf is m without how it is asked to run nor which VM owns it, and
+// without its disks' sizes, which Ensure grows live.
 func shapeOf(m driver.Machine) driver.Machine {
 	m.Running, m.Paused, m.RestartNonce, m.ResetNonce, m.Generation, m.UID = false, false, "", "", 0, ""
+	m.Disks = slices.Clone(m.Disks)
+	for i := range m.Disks {
+		m.Disks[i].SizeBytes = 0
+	}
 	return m
+}
+
+// grow grows the fake's volumes of m's disks to their sizes, live, as the
+// contract asks; it never shrinks one nor resizes an imported one.
+func (d *Driver) grow(m driver.Machine) {
+	for _, disk := range m.Disks {
+		if !disk.Imported {
+			d.capacities[disk.Name] = max(d.capacities[disk.Name], disk.SizeBytes)
+		}
+	}
+}
+
+// DiskCapacity is the size of the volume name as the fake's guests' Ensures
+// left it: the largest size asked of it.
+func (d *Driver) DiskCapacity(name string) int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.capacities[name]
 }
 
 // AddForeign puts a guest virtfleet never made on the node, running with

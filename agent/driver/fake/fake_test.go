@@ -152,15 +152,19 @@ func ops(calls []Call) []string {
 func TestPauseAndReset(t *testing.T) {
 	ctx := context.Background()
 	d := New("node-a")
-	m := driver.Machine{UID: uid, Namespace: "team-a", Name: "web-1", Disks: []driver.Disk{{Name: "root"}}, VCPU: 2, MemoryBytes: 1 << 30, Running: true, ResetNonce: "r0"}
+	m := driver.Machine{UID: uid, Namespace: "team-a", Name: "web-1", Disks: []driver.Disk{{Name: "root", SizeBytes: 1 << 30}}, VCPU: 2, MemoryBytes: 1 << 30, Running: true, ResetNonce: "r0"}
 	steps := []struct {
 		name            string
 		change          func(m *driver.Machine)
 		phase           driver.Phase
 		restarts        int32
 		restartRequired bool
+		// capacity is the root volume's; zero means as the step before left it.
+		capacity int64
 	}{
 		{name: "TheNonceANewGuestStartsWithIsHandled", change: func(*driver.Machine) {}, phase: driver.PhaseRunning},
+		{name: "ALargerDiskIsGrownLiveWithoutARestart", change: func(m *driver.Machine) { m.Disks[0].SizeBytes = 2 << 30 }, phase: driver.PhaseRunning, capacity: 2 << 30},
+		{name: "ASmallerDiskIsNeverShrunk", change: func(m *driver.Machine) { m.Disks[0].SizeBytes = 1 << 30 }, phase: driver.PhaseRunning, capacity: 2 << 30},
 		{name: "PausedPausesIt", change: func(m *driver.Machine) { m.Paused = true }, phase: driver.PhasePaused},
 		{name: "ItStaysPaused", change: func(*driver.Machine) {}, phase: driver.PhasePaused},
 		{name: "ANewResetNonceResetsItOnceAndItStaysPaused", change: func(m *driver.Machine) { m.ResetNonce = "r1" }, phase: driver.PhasePaused, restarts: 1},
@@ -182,6 +186,9 @@ func TestPauseAndReset(t *testing.T) {
 			assert.Equal(t, s.phase, o.Phase)
 			assert.Equal(t, s.restarts, o.RestartCount)
 			assert.Equal(t, s.restartRequired, o.RestartRequired, "restartRequired")
+			if s.capacity != 0 {
+				assert.Equal(t, s.capacity, d.DiskCapacity("root"))
+			}
 		})
 	}
 }

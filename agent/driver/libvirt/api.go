@@ -34,6 +34,7 @@ type API interface {
 	DomainGetJobStats(Dom golibvirt.Domain, Flags golibvirt.DomainGetJobStatsFlags) (rType int32, rParams []golibvirt.TypedParam, err error)
 	DomainAbortJob(Dom golibvirt.Domain) error
 	DomainFsfreeze(Dom golibvirt.Domain, Mountpoints []string, Flags uint32) (rFilesystems int32, err error)
+	DomainBlockResize(Dom golibvirt.Domain, Disk string, Size uint64, Flags golibvirt.DomainBlockResizeFlags) (err error)
 	DomainFsthaw(Dom golibvirt.Domain, Mountpoints []string, Flags uint32) (rFilesystems int32, err error)
 
 	DomainSnapshotCreateXML(Dom golibvirt.Domain, XMLDesc string, Flags uint32) (rSnap golibvirt.DomainSnapshot, err error)
@@ -70,6 +71,7 @@ type API interface {
 	StorageVolUpload(Vol golibvirt.StorageVol, outStream io.Reader, Offset uint64, Length uint64, Flags golibvirt.StorageVolUploadFlags) (err error)
 	StorageVolDelete(Vol golibvirt.StorageVol, Flags golibvirt.StorageVolDeleteFlags) (err error)
 	StorageVolCreateXMLFrom(Pool golibvirt.StoragePool, XML string, Clonevol golibvirt.StorageVol, Flags golibvirt.StorageVolCreateFlags) (rVol golibvirt.StorageVol, err error)
+	StorageVolResize(Vol golibvirt.StorageVol, Capacity uint64, Flags golibvirt.StorageVolResizeFlags) (err error)
 	StorageVolGetPath(Vol golibvirt.StorageVol) (rName string, err error)
 	StorageVolGetInfo(Vol golibvirt.StorageVol) (rType int8, rCapacity uint64, rAllocation uint64, err error)
 	StorageVolGetXMLDesc(Vol golibvirt.StorageVol, Flags uint32) (rXML string, err error)

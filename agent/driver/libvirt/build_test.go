@@ -100,6 +100,7 @@ func TestSpecHash(t *testing.T) {
 		"ResetNonceDoesNotChangeTheDefinition":   {change: func(m *driver.Machine) { m.ResetNonce = "x" }, same: true},
 		"VCPUChangesTheDefinition":               {change: func(m *driver.Machine) { m.VCPU++ }},
 		"PublicKeyChangesTheDefinition":          {change: func(m *driver.Machine) { m.PublicKey = "ssh-ed25519 BBBB" }},
+		"DiskSizeDoesNotChangeTheDefinition":     {change: func(m *driver.Machine) { m.Disks[0].SizeBytes *= 2 }, same: true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

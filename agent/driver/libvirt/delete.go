@@ -81,6 +81,7 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 	d.clearShutdown(uid)
 	d.stateMu.Lock()
 	delete(d.startedAt, uid)
+	delete(d.grown, uid)
 	delete(d.reboots, uid)
 	delete(d.crashes, uid)
 	d.stateMu.Unlock()

@@ -254,15 +254,30 @@ func bytesOf(v uint, unit string) int64 {
 const definitionLayout = 2
 
 // specHash identifies the parts of m that shape the domain definition (not
-// its power state, restart nonce or generation), and the definitionLayout
-// it is made with.
+// its power state, restart nonce or generation, nor its disks' sizes, which
+// growDisks applies live), and the definitionLayout it is made with.
 func specHash(m driver.Machine) string {
+	return hashShape(m, false)
+}
+
+// sizedSpecHash is specHash as it was before disks grew live, with the
+// disks' sizes: a domain defined then carries it, and is as it should be
+// while it matches, so an agent that learned to grow disks redefines no
+// guest (and makes none RestartRequired) for that alone.
+func sizedSpecHash(m driver.Machine) string {
+	return hashShape(m, true)
+}
+
+func hashShape(m driver.Machine, sizes bool) string {
 	shape := m
 	shape.Running, shape.RestartNonce, shape.Generation = false, "", 0
 	// An image only fills a disk once; changing it changes no guest.
 	shape.Disks = make([]driver.Disk, len(m.Disks))
 	for i, disk := range m.Disks {
 		disk.Image = nil
+		if !sizes {
+			disk.SizeBytes = 0
+		}
 		shape.Disks[i] = disk
 	}
 	b, _ := json.Marshal(struct {

@@ -118,6 +118,9 @@ type Driver struct {
 	// startedAt is when the guest last started or rebooted, per uid: a DHCP
 	// lease granted before it belongs to an earlier boot.
 	startedAt map[string]time.Time
+	// grown are the disk sizes (diskSizes) growDisks last found in place,
+	// per uid.
+	grown map[string]string
 }
 
 type connection struct {
@@ -169,6 +172,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		crashes:     map[string]int32{},
 		reboots:     map[string]int32{},
 		startedAt:   map[string]time.Time{},
+		grown:       map[string]string{},
 		migrations:  map[string]*migration{},
 		incoming:    map[string]*incoming{},
 	}

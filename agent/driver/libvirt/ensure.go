@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"strings"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -54,7 +55,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		key.UID = formatUUID(dom.UUID)
 	}
 	owner := ownership{UID: m.UID, Namespace: m.Namespace, Name: m.Name, Generation: m.Generation, SpecHash: specHash(key), LastNonce: m.RestartNonce}
-	if driver.IsNotFound(err) || (!info.owner.Imported && info.owner.SpecHash != owner.SpecHash) {
+	if driver.IsNotFound(err) || (!info.owner.Imported && info.owner.SpecHash != owner.SpecHash && info.owner.SpecHash != sizedSpecHash(key)) {
 		if info.owner != nil {
 			// A redefinition keeps what the old definition counted.
 			owner.LastNonce, owner.Restarts, owner.LastRestore = info.owner.LastNonce, info.owner.Restarts, info.owner.LastRestore
@@ -91,12 +92,18 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if err := d.converge(api, dom, m, owner); err != nil {
 		return driver.Observation{}, err
 	}
+	// After converge: a guest it started is grown live.
+	unGrown := d.growDisks(api, dom, m)
 	live, err := d.describe(api, dom, m.UID, 0)
 	if err != nil {
 		return driver.Observation{}, err
 	}
 	// The next definition's hash is the one just written or read.
-	return d.observeWith(look{api: api, nets: nets, definedHash: owner.SpecHash}, dom, m.UID, live)
+	o, err := d.observeWith(look{api: api, nets: nets, definedHash: owner.SpecHash}, dom, m.UID, live)
+	if unGrown != "" {
+		o.Message = strings.TrimPrefix(o.Message+"; "+unGrown, "; ")
+	}
+	return o, err
 }
 
 // define creates what the guest needs and (re)defines its domain. A running
@@ -128,6 +135,9 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 		}
 	}()
 	m.Disks = slices.Clone(m.Disks) // imported disks get their format below
+	// A new guest whose disks are all made here has them at their size
+	// (or an image's larger one): growDisks need not read them.
+	grown := fresh
 	for i, disk := range m.Disks {
 		pool := cmp.Or(disk.Pool, d.pool)
 		if disk.Imported {
@@ -148,6 +158,7 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 		if created {
 			made = append(made, poolVolume{pool: pool, name: disk.Name})
 		}
+		grown = grown && created
 	}
 	made = append(made, poolVolume{pool: d.pool, name: seedVolume(m.UID)})
 	var swapFmt string
@@ -192,6 +203,11 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 	}
 	if isCode(err, permanentCodes...) {
 		return dom, driver.Terminal(errors.Wrap(err, "libvirt rejected the guest's definition"))
+	}
+	if err == nil && grown {
+		d.stateMu.Lock()
+		d.grown[m.UID] = diskSizes(m)
+		d.stateMu.Unlock()
 	}
 	return dom, errors.Wrap(err, "cannot define domain")
 }
