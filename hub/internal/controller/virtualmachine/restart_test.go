@@ -2,6 +2,7 @@ package virtualmachine
 
 import (
 	"cmp"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -62,6 +64,11 @@ func TestRestartElsewhere(t *testing.T) {
 		snapshots map[string]v1alpha1.SnapshotPhase
 		// others are the live nodes besides the lost node1.
 		others map[string]wire.NodeHeartbeat
+		// group is the PlacementGroup the VM names, made unless
+		// groupGone; groupMembers the nodes of its other VMs.
+		group        *v1alpha1.PlacementGroupSpec
+		groupGone    bool
+		groupMembers []string
 		// after is how long after the deadline (last heartbeat + lease +
 		// margin) the reconcile runs; negative is before.
 		after time.Duration
@@ -134,6 +141,34 @@ func TestRestartElsewhere(t *testing.T) {
 			wantEvents: []event.Reason{ReasonNotRestarted},
 			wantNote:   "the VM is restarted on another node as soon as one can take it: no node fits: node2: ",
 		},
+		"ARequiredSpreadGroupPassesOverTheNodeOfAnotherMember": {
+			fenceAfter:   testLease,
+			others:       map[string]wire.NodeHeartbeat{"node2": roomy(testPool), "node3": roomy(testPool)},
+			group:        &v1alpha1.PlacementGroupSpec{Policy: v1alpha1.PlacementAntiAffinity},
+			groupMembers: []string{"node2"},
+			after:        time.Second,
+			wantNode:     "node3",
+			wantEvents:   []event.Reason{ReasonNodeLost, ReasonRestartedElsewhere},
+		},
+		"ARequiredSpreadGroupWithAMemberOnEveryLiveNodeKeepsTheVMDown": {
+			fenceAfter:   testLease,
+			others:       map[string]wire.NodeHeartbeat{"node2": roomy(testPool)},
+			group:        &v1alpha1.PlacementGroupSpec{Policy: v1alpha1.PlacementAntiAffinity},
+			groupMembers: []string{"node2"},
+			after:        time.Second,
+			wantEvents:   []event.Reason{ReasonNotRestarted},
+			wantNote:     "no node fits: node2: placement group web (anti-affinity) has a VM in node node2 already",
+		},
+		"AGroupDeletedSinceBindsTheVMNoMore": {
+			fenceAfter:   testLease,
+			others:       map[string]wire.NodeHeartbeat{"node2": roomy(testPool)},
+			group:        &v1alpha1.PlacementGroupSpec{Policy: v1alpha1.PlacementAntiAffinity},
+			groupGone:    true,
+			groupMembers: []string{"node2"},
+			after:        time.Second,
+			wantNode:     "node2",
+			wantEvents:   []event.Reason{ReasonNodeLost, ReasonRestartedElsewhere},
+		},
 		"AVMWithoutAvailabilityStays": {
 			noAvailability: true,
 			fenceAfter:     testLease,
@@ -189,6 +224,20 @@ func TestRestartElsewhere(t *testing.T) {
 			scheme := runtime.NewScheme()
 			require.NoError(t, v1alpha1.SchemeBuilder.AddToScheme(scheme))
 			objs := []client.Object{vm, v}
+			if tc.group != nil {
+				vm.Spec.ForProvider.PlacementGroup = ptr.To(v1alpha1.LocalName("web"))
+				if !tc.groupGone {
+					objs = append(objs, &v1alpha1.PlacementGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"}, Spec: *tc.group})
+				}
+				for i, node := range tc.groupMembers {
+					uid := fmt.Sprintf("member-%d", i)
+					m := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: uid, UID: types.UID(uid), Annotations: map[string]string{
+						v1alpha1.AnnotationNode: node, v1alpha1.AnnotationSeal: f.Seal(uid, node, ""),
+					}}}
+					m.Spec.ForProvider.PlacementGroup = vm.Spec.ForProvider.PlacementGroup
+					objs = append(objs, m)
+				}
+			}
 			for name, phase := range tc.snapshots {
 				objs = append(objs, &v1alpha1.VirtualMachineSnapshot{
 					ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
@@ -197,7 +246,8 @@ func TestRestartElsewhere(t *testing.T) {
 				})
 			}
 			kube := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
-				WithIndex(&v1alpha1.VirtualMachineSnapshot{}, index.SnapshotsOfVM.Index, index.SnapshotsOfVM.Uses).Build()
+				WithIndex(&v1alpha1.VirtualMachineSnapshot{}, index.SnapshotsOfVM.Index, index.SnapshotsOfVM.Uses).
+				WithIndex(&v1alpha1.VirtualMachine{}, index.PlacementGroupMembers.Index, index.PlacementGroupMembers.Uses).Build()
 			e.kube, e.reader = kube, kube
 			require.NoError(t, kube.Get(t.Context(), client.ObjectKeyFromObject(vm), vm))
 			n.Remember(vm)
