@@ -81,15 +81,10 @@ func (b *book) remove(uid string) {
 	}
 }
 
-// groupNodes are the nodes of group's reservations but uid's.
-func (b *book) groupNodes(group, uid string) []string {
-	out := make([]string, 0, len(b.groups[group]))
-	for u, node := range b.groups[group] {
-		if u != uid {
-			out = append(out, node)
-		}
-	}
-	return out
+// groupMembers are the nodes of group's reservations, by uid; the caller
+// only reads them.
+func (b *book) groupMembers(group string) map[string]string {
+	return b.groups[group]
 }
 
 // confirm records that uid's guest was reported at, once.

@@ -80,9 +80,9 @@ type Group struct {
 	// TopologyKey is the node label that names a node's domain; empty, or
 	// a node without the label, makes the node its own domain.
 	TopologyKey string
-	// MemberNodes are the nodes the group's other VMs are bound to, one
-	// entry per VM.
-	MemberNodes []string
+	// Members are the nodes the group's other VMs are bound to, by VM
+	// uid.
+	Members map[string]string
 }
 
 // domain is the topology domain of node n in g.
@@ -294,7 +294,12 @@ type groupMembers struct {
 }
 
 // members are the domains of req's group's other VMs: those the hub knows
-// bound, and those reserved. A member on a node not among nodes (lost, or
+// bound, and those reserved. A VM both bound and still reserved counts
+// once, where it is bound: counted twice, it would weigh double in a
+// preferred policy until its node's next heartbeat. A live migration's
+// reservation is not the VM's own (another uid), so a moving VM counts on
+// both its nodes until it lands: neither may take another member of a
+// spread group meanwhile. A member on a node not among nodes (lost, or
 // passed over by the caller) is in that node's own domain.
 func (p *Placer) members(nodes []Node, req Request) groupMembers {
 	g := req.Group
@@ -306,12 +311,20 @@ func (p *Placer) members(nodes []Node, req Request) groupMembers {
 		byName[n.Name] = n
 	}
 	m := groupMembers{group: g, domains: map[string]int{}}
-	for _, node := range slices.Concat(g.MemberNodes, p.reservations.groupNodes(g.Key, req.UID)) {
+	count := func(node string) {
 		n, ok := byName[node]
 		if !ok {
 			n = Node{Name: node}
 		}
 		m.domains[g.domain(n)]++
+	}
+	for _, node := range g.Members {
+		count(node)
+	}
+	for uid, node := range p.reservations.groupMembers(g.Key) {
+		if _, bound := g.Members[uid]; !bound && uid != req.UID {
+			count(node)
+		}
 	}
 	return m
 }

@@ -282,7 +282,11 @@ func TestPlacementGroups(t *testing.T) {
 		node("b1", 8, 16, 4, 8, rack("b")), node("b2", 8, 16, 4, 8, rack("b")),
 	}
 	group := func(anti, required bool, key string, members ...string) *Group {
-		return &Group{Key: "team-a/web", Name: "web", AntiAffinity: anti, Required: required, TopologyKey: key, MemberNodes: members}
+		g := &Group{Key: "team-a/web", Name: "web", AntiAffinity: anti, Required: required, TopologyKey: key, Members: map[string]string{}}
+		for i, n := range members {
+			g.Members[fmt.Sprintf("member-%d", i)] = n
+		}
+		return g
 	}
 	with := func(g *Group) Request {
 		r := small("vm")
@@ -402,4 +406,28 @@ func TestABurstOfOneGroupObeysItsPolicy(t *testing.T) {
 			assert.Len(t, used, tc.nodes)
 		})
 	}
+}
+
+// TestAMemberBoundAndStillReservedCountsOnce places a VM of a preferred
+// spread group, then the next once the hub knows the first bound, before
+// any heartbeat counts it: the first weighs on its node once, not as
+// bound and again as reserved, so the emptier node still wins the tie of
+// one member each.
+func TestAMemberBoundAndStillReservedCountsOnce(t *testing.T) {
+	p := New(WithClock(func() time.Time { return t0 }))
+	nodes := []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 4, 8)}
+	g := func(members map[string]string) *Group {
+		return &Group{Key: "team-a/web", Name: "web", AntiAffinity: true, Members: members}
+	}
+	first := small("web-0")
+	first.Group = g(map[string]string{"web-old": "node2"})
+	got, err := p.Place(nodes, first)
+	require.NoError(t, err)
+	require.Equal(t, "node1", got, "away from the old member")
+
+	next := small("web-1")
+	next.Group = g(map[string]string{"web-old": "node2", "web-0": "node1"})
+	got, err = p.Place(nodes, next)
+	require.NoError(t, err)
+	assert.Equal(t, "node1", got, "one member on each node: the emptier node wins")
 }

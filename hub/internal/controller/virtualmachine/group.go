@@ -69,7 +69,10 @@ func GroupOf(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachin
 			return nil, errors.Wrapf(err, "cannot tell where VM %s of PlacementGroup %s is", m.Name, pg.Name)
 		}
 		if on {
-			g.MemberNodes = append(g.MemberNodes, node)
+			if g.Members == nil {
+				g.Members = map[string]string{}
+			}
+			g.Members[string(m.UID)] = node
 		}
 	}
 	return g, nil
