@@ -81,10 +81,10 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 	d.clearShutdown(uid)
 	d.stateMu.Lock()
 	delete(d.startedAt, uid)
-	delete(d.grown, uid)
 	delete(d.reboots, uid)
 	delete(d.crashes, uid)
 	d.stateMu.Unlock()
+	d.grown.Forget(uid)
 	// Also when the domain was gone already: a sweep cut short before
 	// is finished.
 	return d.sweepNetworks(api, append(released, d.releaseIncoming(uid)...))

@@ -118,9 +118,8 @@ type Driver struct {
 	// startedAt is when the guest last started or rebooted, per uid: a DHCP
 	// lease granted before it belongs to an earlier boot.
 	startedAt map[string]time.Time
-	// grown are the disk sizes (diskSizes) growDisks last found in place,
-	// per uid.
-	grown map[string]string
+	// grown are the disk sizes growDisks last found in place.
+	grown *driver.GrownDisks
 }
 
 type connection struct {
@@ -172,7 +171,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		crashes:     map[string]int32{},
 		reboots:     map[string]int32{},
 		startedAt:   map[string]time.Time{},
-		grown:       map[string]string{},
+		grown:       driver.NewGrownDisks(),
 		migrations:  map[string]*migration{},
 		incoming:    map[string]*incoming{},
 	}

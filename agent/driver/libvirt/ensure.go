@@ -205,9 +205,7 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 		return dom, driver.Terminal(errors.Wrap(err, "libvirt rejected the guest's definition"))
 	}
 	if err == nil && grown {
-		d.stateMu.Lock()
-		d.grown[m.UID] = diskSizes(m)
-		d.stateMu.Unlock()
+		d.grown.Found(m)
 	}
 	return dom, errors.Wrap(err, "cannot define domain")
 }

@@ -3,7 +3,6 @@ package libvirt
 import (
 	"cmp"
 	"fmt"
-	"strings"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -15,46 +14,16 @@ import (
 // SizeBytes (driver.Driver's Ensure): the volume itself while the domain is
 // off, else through the domain, which has QEMU grow the disk under the
 // running guest; resizing the file of a disk a QEMU has open would leave
-// QEMU and the guest at the old size. It never shrinks a volume and never
-// resizes an imported one. It returns why a disk could not be grown, for
-// the Observation's message, and remembers sizes it found in place so that
-// a resync asks libvirt nothing; a disk it could not grow is tried again
-// at the next Ensure.
+// QEMU and the guest at the old size. It never shrinks a volume. It
+// returns why a disk could not be grown, for the Observation's message.
 func (d *Driver) growDisks(api API, dom golibvirt.Domain, m driver.Machine) string {
-	want := diskSizes(m)
-	d.stateMu.Lock()
-	done := d.grown[m.UID] == want
-	d.stateMu.Unlock()
-	if done {
-		return ""
-	}
 	g := grower{api: api, dom: dom, pool: d.pool}
-	var failed []string
-	for _, disk := range m.Disks {
-		if disk.Imported || disk.SizeBytes <= 0 {
-			continue
-		}
+	return d.grown.Grow(m, func(disk driver.Disk) string {
 		if err := g.grow(disk); err != nil {
-			failed = append(failed, fmt.Sprintf("cannot grow disk %s to %d bytes: %v", disk.Name, disk.SizeBytes, err))
+			return fmt.Sprintf("cannot grow disk %s to %d bytes: %v", disk.Name, disk.SizeBytes, err)
 		}
-	}
-	if len(failed) > 0 {
-		return strings.Join(failed, "; ")
-	}
-	d.stateMu.Lock()
-	d.grown[m.UID] = want
-	d.stateMu.Unlock()
-	return ""
-}
-
-// diskSizes names the sizes of m's disks, to tell whether they changed
-// since growDisks last found them in place.
-func diskSizes(m driver.Machine) string {
-	var b strings.Builder
-	for _, disk := range m.Disks {
-		fmt.Fprintf(&b, "%s/%s=%d;", disk.Pool, disk.Name, disk.SizeBytes)
-	}
-	return b.String()
+		return ""
+	})
 }
 
 // grower grows the volumes of one domain's disks; it reads the domain's

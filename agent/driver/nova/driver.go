@@ -133,6 +133,8 @@ type Driver struct {
 	// volumeIDs and networkIDs remember names resolved once.
 	volumeIDs  map[string]string
 	networkIDs map[string]string
+	// grown are the disk sizes growDisks last found in place.
+	grown *driver.GrownDisks
 
 	// confirmed are the servers whose resize the driver confirmed, and
 	// when, until it sees them leave VERIFY_RESIZE.
@@ -183,6 +185,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		locks:      map[string]*uidLock{},
 		volumeIDs:  map[string]string{},
 		networkIDs: map[string]string{},
+		grown:      driver.NewGrownDisks(),
 		confirmed:  map[string]time.Time{},
 		migrations: map[string]*hostMigration{},
 		imports:    imageimport.New(cfg.Images),
@@ -410,6 +413,7 @@ func (d *Driver) remember(uid string, s servers.Server, readAt time.Time) {
 // forget drops uid from the view, seen gone now: listings in flight,
 // which may have read it before it went, do not bring it back.
 func (d *Driver) forget(uid string) {
+	d.grown.Forget(uid)
 	d.viewMu.Lock()
 	defer d.viewMu.Unlock()
 	delete(d.view, uid)

@@ -131,7 +131,15 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if boot := s.Metadata[MetaBoot]; boot != "" && boot != m.Disks[0].Name {
 		return driver.Observation{}, driver.Terminalf("the boot disk of server %s is %s and cannot be changed to %s on nova; delete and recreate the VirtualMachine", s.ID, boot, m.Disks[0].Name)
 	}
-	return d.converge(ctx, m, s)
+	o, err := d.converge(ctx, m, s)
+	if err != nil || imported(s.Metadata) {
+		// An imported server keeps its own volumes.
+		return o, err
+	}
+	if msg := d.growDisks(ctx, m); msg != "" {
+		o.Message = strings.TrimPrefix(o.Message+"; "+msg, "; ")
+	}
+	return o, nil
 }
 
 // create makes what the server needs, then the server. Volumes still being
