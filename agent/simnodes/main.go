@@ -50,6 +50,8 @@ func run() error {
 		heartbeat   = fs.Duration("heartbeat-interval", 2*time.Second, "Interval between each node's heartbeats.")
 		resync      = fs.Duration("resync-interval", 60*time.Second, "Interval between each node's full resyncs.")
 		workers     = fs.Int("workers", 8, "Guests each node reconciles in parallel.")
+		metricsAddr = fs.String("metrics-bind-address", "", "Address the Prometheus metrics endpoint (/metrics) of the one node listens on, as the agent's; only with a single node, whose counts it then are; empty serves none.")
+		pprofAddr   = fs.String("pprof-bind-address", "", "Address of Go's /debug/pprof profiles of the whole process, for finding where memory and CPU go; empty disables it.")
 		debug       = fs.Bool("debug", false, "Log at debug level.")
 	)
 	fs.Var(&hostMemory, "host-memory", "Host memory of each simulated node, e.g. 64Gi.")
@@ -69,6 +71,8 @@ func run() error {
 		Labels:         common,
 		HostVCPUs:      *vcpus,
 		HostMemory:     hostMemory.Value(),
+		MetricsAddress: *metricsAddr,
+		PprofAddress:   *pprofAddr,
 		Node: app.Config{
 			HeartbeatInterval:     *heartbeat,
 			ResyncInterval:        *resync,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"maps"
 	"path/filepath"
@@ -30,6 +31,13 @@ type fleet struct {
 	Labels map[string]string
 	// HostVCPUs and HostMemory are each simulated host's.
 	HostVCPUs, HostMemory int64
+	// MetricsAddress serves the metrics of the one node, as an agent's
+	// --metrics-bind-address does; empty serves none. Several nodes' counts
+	// would mix on one port, so it takes a single node.
+	MetricsAddress string
+	// PprofAddress serves Go's profiles of the whole process; empty serves
+	// none.
+	PprofAddress string
 	// Node is the settings every node's agent shares; serve fills in the
 	// rest per node.
 	Node app.Config
@@ -47,6 +55,9 @@ func serve(ctx context.Context, f fleet) error {
 	if f.CredentialsDir == "" {
 		return errors.New("--credentials-dir is required")
 	}
+	if f.MetricsAddress != "" && len(f.Nodes) > 1 {
+		return errors.Errorf("--metrics-bind-address serves one node's metrics, and %d nodes are named", len(f.Nodes))
+	}
 	cfgs := make([]app.Config, 0, len(f.Nodes))
 	for _, n := range f.Nodes {
 		cfg, err := f.config(n)
@@ -55,6 +66,8 @@ func serve(ctx context.Context, f fleet) error {
 		}
 		cfgs = append(cfgs, cfg)
 	}
+	// The profiles are the process's, whichever node serves them.
+	cfgs[0].PprofAddress = f.PprofAddress
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -76,9 +89,9 @@ func serve(ctx context.Context, f fleet) error {
 }
 
 // config is node's agent configuration: the shared settings, the node's own
-// name, labels and credentials, metrics of its own (served by no endpoint:
-// a hundred nodes on one port would mix their counts), and an empty
-// in-memory host.
+// name, labels and credentials, metrics of its own (served by no endpoint
+// but MetricsAddress, which only a single node has: a hundred nodes on one
+// port would mix their counts), and an empty in-memory host.
 func (f fleet) config(node string) (app.Config, error) {
 	seed, err := app.ReadSeed(filepath.Join(f.CredentialsDir, node+".nk"))
 	if err != nil {
@@ -91,7 +104,7 @@ func (f fleet) config(node string) (app.Config, error) {
 		cfg.Labels = map[string]string{}
 	}
 	cfg.Labels[hostnameLabel] = node
-	cfg.MetricsAddress = "0"
+	cfg.MetricsAddress = cmp.Or(f.MetricsAddress, "0")
 	cfg.Metrics = metrics.NewAgentMetrics()
 	cfg.Log = f.Log
 	d := fake.New(node)

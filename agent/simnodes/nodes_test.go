@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/agent/internal/app"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/harness/freeport"
 	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
@@ -147,6 +151,7 @@ func TestServeRefusesWhatCannotStart(t *testing.T) {
 		{name: "NoNodes", f: fleet{CredentialsDir: dir}, want: "--nodes"},
 		{name: "NoCredentialsDir", f: fleet{Nodes: []string{"sim1"}}, want: "--credentials-dir"},
 		{name: "ANodeWithoutItsSeed", f: fleet{Nodes: []string{"sim1", "sim2"}, CredentialsDir: dir}, want: "node sim2"},
+		{name: "MetricsOfSeveralNodes", f: fleet{Nodes: []string{"sim1", "sim1b"}, CredentialsDir: dir, MetricsAddress: "127.0.0.1:0"}, want: "--metrics-bind-address"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -156,4 +161,42 @@ func TestServeRefusesWhatCannotStart(t *testing.T) {
 			assert.Contains(t, err.Error(), c.want)
 		})
 	}
+}
+
+// TestOneSimulatedNodeServesItsMetrics runs a single simulated node with a
+// metrics address and reads its agent's metrics there, as the benchmark
+// reads a real agent's.
+func TestOneSimulatedNodeServesItsMetrics(t *testing.T) {
+	srv, _, ids := natstest.NewFleet(t, natswire.BucketConfig{}, "sim1")
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "sim1.nk"), ids["sim1"].Seed, 0o600))
+	port, err := freeport.Pick()
+	require.NoError(t, err)
+	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, fleet{
+			Nodes: []string{"sim1"}, CredentialsDir: dir, NATSURLs: []string{srv.URL()},
+			HostVCPUs: 8, HostMemory: 16 << 30, MetricsAddress: fmt.Sprintf("127.0.0.1:%d", port),
+			Node: app.Config{HeartbeatInterval: 200 * time.Millisecond, RequestTimeout: time.Second},
+			Log:  logging.NewNopLogger(),
+		})
+	}()
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
+	var body string
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(url) //nolint:noctx // bounded by Eventually
+		if err != nil {
+			return false
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, err := io.ReadAll(resp.Body)
+		body = string(b)
+		return err == nil && resp.StatusCode == http.StatusOK
+	}, waitFor, 50*time.Millisecond)
+	assert.Contains(t, body, "virtfleet_agent_resync_duration_seconds")
 }

@@ -42,6 +42,22 @@ func (s *Stack) startSimulated() error {
 	if s.opts.ResyncInterval > 0 {
 		args = append(args, "--resync-interval="+s.opts.ResyncInterval.String())
 	}
+	// A single node is one agent: its metrics and profiles are served as
+	// a real agent's are (AgentMetricsURL, PprofAddress of agent-NODE).
+	if len(s.opts.Nodes) == 1 {
+		port, err := s.keptPort(metricsPort, "agent-"+s.opts.Nodes[0])
+		if err != nil {
+			return err
+		}
+		args = append(args, "--metrics-bind-address=127.0.0.1:"+strconv.Itoa(port))
+		if s.opts.Pprof {
+			arg, err := s.pprofArg("agent-" + s.opts.Nodes[0])
+			if err != nil {
+				return err
+			}
+			args = append(args, arg)
+		}
+	}
 	c, err := s.run("simnodes", "simnodes", nil, args...)
 	s.simulated = c
 	return err

@@ -131,6 +131,9 @@ type Options struct {
 	// for fleets larger than this machine runs agents for. Each node's
 	// host has SimulatedHost's CPUs and memory; the allocation ratios
 	// apply. Backends, LibvirtHosts, SharedPool and NATSProxies do not.
+	// A single simulated node serves its agent's metrics at
+	// AgentMetricsURL, and under Pprof its profiles, as a real agent does;
+	// its process is SimulatedPID.
 	Simulated bool
 	// SimulatedHost is each simulated node's host; zero means 16 CPUs and
 	// 64 GiB.
