@@ -173,7 +173,7 @@ package: images ## Build the Crossplane packages (.xpkg) in _output: provider (h
 # it up; -guests=false skips it. BENCH_FLAGS='-only guest' runs that guest alone.
 BENCH_FLAGS ?=
 .PHONY: bench
-bench: deps envtest-assets ## Benchmark on the real stack (density 100 VMs/10 nodes, bursts 10/100/1000 over 10 nodes and 5000 over 50, limits, bursts of 1000 and 10,000 over simulated nodes, an idle node of 200 guests, one real guest with its snapshots and backups, one live migration) into bench/results/.
+bench: deps envtest-assets ## Benchmark on the real stack (density 100 VMs/10 nodes, bursts 10/100/1000 over 10 nodes and 5000 over 50, limits, bursts of 1000 and 10,000 over simulated nodes, an idle node of 200 guests, dense nodes of 1000 simulated guests and 500 test-driver domains, one real guest with its snapshots and backups, one live migration) into bench/results/.
 	@$(GO) build -o bin/bench ./bench
 	@KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" bin/bench $(BENCH_FLAGS)
 

@@ -50,6 +50,7 @@ func run() error {
 		backups      = flag.Bool("backups", d.Backups, "With -guests, back the real guest up whole and then incrementally to a SeaweedFS started with its stack, upload as many random bytes to the same store for comparison, and time a restore of it to ssh.")
 		migration    = flag.Bool("migration", d.Migration, "With -guests, migrate another real guest live between two hosts.")
 		idle         = flag.Bool("idle", d.Idle, "Run the idle-node scenario: one node of 200 guests, its agent's full observe timed, then 100 of them idle for 5 minutes while the agent's CPU is counted.")
+		dense        = flag.Bool("dense", d.DenseSimulated, "Run the dense-node scenarios: one simulated node of 1,000 guests (dense-simulated), its agent's full observe timed and then its CPU counted idle for 5 minutes, and one node of 500 domains on the test driver (dense-libvirt), its resyncs and idle CPU the same way for 3 minutes.")
 		debug        = flag.Bool("debug", false, "Run the hub and agents at debug level (slower; for finding where time goes).")
 		pprof        = flag.Bool("pprof", false, "Have the hub and agents serve Go's profiles, each on a port of its own, named in the progress.")
 		only         = flag.String("only", "", "Run only these scenarios, comma-separated, as the other flags size them: "+strings.Join(benchmark.Scenarios, ", ")+" (guest is the real guest with its snapshots and backups); empty runs them all.")
@@ -76,6 +77,7 @@ func run() error {
 	}
 	o.Dir, o.Progress, o.Keep, o.Debug, o.Guests, o.Pprof = *dir, os.Stderr, *keep, *debug, *guests && !*quick, *pprof
 	o.Idle = *idle && !*quick
+	o.DenseSimulated, o.DenseLibvirt = *dense && !*quick, *dense && !*quick
 	o.Snapshots, o.Backups, o.Migration = *snapshots, *backups, *migration && *guests && !*quick
 	if *only != "" {
 		if err := o.Only(strings.Split(*only, ",")); err != nil {

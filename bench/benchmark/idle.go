@@ -1,6 +1,7 @@
 package benchmark
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -22,19 +23,17 @@ import (
 	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
-// The idle node (issue 40): one node of idleObservedVMs guests on a real
-// libvirtd (the test driver), whose agent's full observe is timed by the
-// agent itself, then idleVMs of them left alone for idleWindow while the
-// agent's CPU time is counted. Idle nodes are most of a fleet, and what an
-// agent does while nothing changes (heartbeats, resyncs, watches) is paid
-// by every one of them the whole time.
+// The idle node (issue 40) and the dense nodes (issue 57): one node of many
+// guests, whose agent's full observe is timed by the agent itself, then
+// some of them left alone for a window while the agent's CPU time is
+// counted. Idle nodes are most of a fleet, and what an agent does while
+// nothing changes (heartbeats, resyncs, watches) is paid by every one of
+// them the whole time; a dense node is where that cost grows with the
+// guests.
 const (
-	idleNode        = "node1"
-	idleObservedVMs = 200
-	idleVMs         = 100
-	idleWindow      = 5 * time.Minute
+	idleNode = "node1"
 	// idleResyncs is how many of the agent's periodic resyncs of the
-	// idleObservedVMs guests are timed.
+	// observed guests are timed.
 	idleResyncs = 2
 	// agentResyncEvery is the agent's default resync interval, which the
 	// scenario keeps: the idle cost is the default agent's.
@@ -44,9 +43,54 @@ const (
 	targetIdleCoreShare      = 0.01
 )
 
-// Idle is what the idle-node scenario measured.
+// nodeSpec is one node of many guests as a scenario measures it.
+type nodeSpec struct {
+	// name is the scenario's (Scenarios, the progress).
+	name string
+	// simulated serves the node from simnodes over the in-memory driver
+	// (agent/driver/fake), as the bursts over simulated nodes do; else it
+	// is an agent on the real libvirt driver over its own libvirtd on the
+	// test driver.
+	simulated bool
+	// observed guests are Running while the resyncs are timed; idle of
+	// them are left for the window, the others deleted first.
+	observed, idle int
+	window         time.Duration
+}
+
+// The node scenarios: issue 40's idle node, and issue 57's 1,000 guests on
+// a simulated node and 500 domains on the test driver.
+var (
+	idleSpec           = nodeSpec{name: "idle", observed: 200, idle: 100, window: 5 * time.Minute}
+	denseSimulatedSpec = nodeSpec{name: "dense-simulated", simulated: true, observed: 1000, idle: 1000, window: 5 * time.Minute}
+	denseLibvirtSpec   = nodeSpec{name: "dense-libvirt", observed: 500, idle: 500, window: 3 * time.Minute}
+	denseSpecs         = []nodeSpec{denseSimulatedSpec, denseLibvirtSpec}
+)
+
+// driverName says which driver a node of sp runs, for the report.
+func (sp nodeSpec) driverName() string {
+	if sp.simulated {
+		return driverSimulated
+	}
+	return driverTest
+}
+
+// The drivers a node scenario's agent runs, as Idle.Driver names them.
+const (
+	driverSimulated = "simulated"
+	driverTest      = "test driver"
+)
+
+// Idle is what a node scenario (the idle node, a dense node) measured.
 type Idle struct {
-	Node string `json:"node"`
+	// Scenario is the scenario's name; empty in results from before
+	// there was more than the idle node.
+	Scenario string `json:"scenario,omitempty"`
+	// Driver is what the agent's guests ran on: driverSimulated (simnodes
+	// over the in-memory driver) or driverTest (the real libvirt driver
+	// over libvirtd's test driver); empty means the test driver.
+	Driver string `json:"driver,omitempty"`
+	Node   string `json:"node"`
 	// ObservedVMs are the node's guests while its full observe was timed.
 	ObservedVMs int `json:"observedVMs"`
 	// Resyncs is how many of the agent's periodic resyncs were timed, each
@@ -66,6 +110,16 @@ type Idle struct {
 	// whatever asked for them (a resync, an intent the hub wrote again, a
 	// driver event): the per-guest work left while nothing changes.
 	EnsuresPerResync float64 `json:"ensuresPerResync"`
+	// ResyncWindowSeconds is the time the resyncs were timed over, from
+	// the first sample to the one that showed the last; the agent spent
+	// ResyncWindowCPUSeconds of CPU then (its heartbeats, the Ensure
+	// calls, the reports and the benchmark's scrapes of its metrics, once
+	// a second, included).
+	ResyncWindowSeconds    float64 `json:"resyncWindowSeconds,omitempty"`
+	ResyncWindowCPUSeconds float64 `json:"resyncWindowCPUSeconds,omitempty"`
+	// AgentPeakRSSBytes is the agent process's peak resident memory by
+	// the end of the idle window.
+	AgentPeakRSSBytes int64 `json:"agentPeakRSSBytes,omitempty"`
 
 	// IdleVMs are the node's guests while it was idle: the others were
 	// deleted after the full observe was timed.
@@ -167,15 +221,20 @@ func sampleAgent(ctx context.Context, s *stack.Stack, node string) (agentSample,
 	return parseAgentSample(resp.Body)
 }
 
-// runIdle runs the idle-node scenario on a stack of its own.
-func runIdle(ctx context.Context, o Options) (*Idle, error) {
+// runNode runs the node scenario sp on a stack of its own.
+func runNode(ctx context.Context, o Options, sp nodeSpec) (*Idle, error) {
 	progress := func(format string, args ...any) {
-		fmt.Fprintf(o.Progress, "%s %-12s %s\n", time.Now().Format("15:04:05"), "idle", fmt.Sprintf(format, args...))
+		fmt.Fprintf(o.Progress, "%s %-12s %s\n", time.Now().Format("15:04:05"), sp.name, fmt.Sprintf(format, args...))
 	}
-	r := &Idle{Node: idleNode, ObservedVMs: idleObservedVMs, IdleVMs: idleVMs}
+	r := &Idle{Scenario: sp.name, Driver: sp.driverName(), Node: idleNode, ObservedVMs: sp.observed, IdleVMs: sp.idle}
 	so := stack.Options{Nodes: []string{idleNode}}
-	so.CPUAllocationRatio, so.MemoryAllocationRatio, r.Notes = allocationRatios(idleObservedVMs, 1)
-	s, _, stop, err := startStack(ctx, o, "vf-bench-idle-", so, progress)
+	if sp.simulated {
+		so.Simulated, so.CPUAllocationRatio, so.MemoryAllocationRatio = true, defaultCPURatio, 1
+		so.SimulatedHost = simulatedHost(sp.observed, defaultCPURatio)
+	} else {
+		so.CPUAllocationRatio, so.MemoryAllocationRatio, r.Notes = allocationRatios(sp.observed, 1)
+	}
+	s, _, stop, err := startStack(ctx, o, "vf-bench-"+sp.name+"-", so, progress)
 	if err != nil {
 		return nil, err
 	}
@@ -186,44 +245,58 @@ func runIdle(ctx context.Context, o Options) (*Idle, error) {
 		return nil, err
 	}
 
-	progress("creating the network, %d Volumes and %d VMs", idleObservedVMs, idleObservedVMs)
-	if err := fleet.Prepare(ctx, kube, idleObservedVMs); err != nil {
+	progress("creating the network, %d Volumes and %d VMs", sp.observed, sp.observed)
+	if err := fleet.Prepare(ctx, kube, sp.observed); err != nil {
 		return nil, err
 	}
-	if err := idleFleet(ctx, kube); err != nil {
+	if err := idleFleet(ctx, kube, sp.observed); err != nil {
 		return nil, err
 	}
 
-	progress("all %d Running; timing %d of the agent's resyncs (every %.0f s)", idleObservedVMs, idleResyncs, agentResyncEvery.Seconds())
+	progress("all %d Running; timing %d of the agent's resyncs (every %.0f s)", sp.observed, idleResyncs, agentResyncEvery.Seconds())
+	pid := agentPID(s, sp)
+	cpuBefore, err := ReadProcessUsage(pid)
+	if err != nil {
+		return nil, err
+	}
 	before, err := sampleAgent(ctx, s, idleNode)
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	after, err := awaitResyncs(ctx, s, before, idleResyncs)
 	if err != nil {
 		return nil, err
 	}
+	cpuAfter, err := ReadProcessUsage(pid)
+	if err != nil {
+		return nil, err
+	}
+	r.ResyncWindowSeconds, r.ResyncWindowCPUSeconds = time.Since(start).Seconds(), cpuAfter.CPUSeconds-cpuBefore.CPUSeconds
 	var n int
 	n, r.FullObserveSeconds, r.FullObserveAtMostSeconds = resyncsBetween(before, after)
 	r.Resyncs, r.FullObserveRatio = n, r.FullObserveSeconds/targetFullObserveSeconds
 	r.EnsuresPerResync = (after.ensures - before.ensures) / float64(n)
-	progress("full observe of %d guests: %.3f s mean over %d resyncs, each ≤ %g s; %.1f Ensure calls per resync", idleObservedVMs, r.FullObserveSeconds, n, r.FullObserveAtMostSeconds, r.EnsuresPerResync)
+	progress("full observe of %d guests: %.3f s mean over %d resyncs, each ≤ %g s; %.1f Ensure calls per resync; agent CPU %.3f s in %.0f s", sp.observed, r.FullObserveSeconds, n, r.FullObserveAtMostSeconds, r.EnsuresPerResync, r.ResyncWindowCPUSeconds, r.ResyncWindowSeconds)
 
-	progress("deleting %d VMs", idleObservedVMs-idleVMs)
-	if err := deleteVMs(ctx, kube, idleVMs, idleObservedVMs); err != nil {
-		return nil, err
-	}
-	// The window starts after a resync that found the node as it stays.
-	settledAt, err := sampleAgent(ctx, s, idleNode)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := awaitResyncs(ctx, s, settledAt, 1); err != nil {
-		return nil, err
+	if sp.idle < sp.observed {
+		progress("deleting %d VMs", sp.observed-sp.idle)
+		if err := deleteVMs(ctx, kube, sp.idle, sp.observed); err != nil {
+			return nil, err
+		}
+		// The window starts after a resync that found the node as it
+		// stays.
+		settledAt, err := sampleAgent(ctx, s, idleNode)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := awaitResyncs(ctx, s, settledAt, 1); err != nil {
+			return nil, err
+		}
 	}
 
-	progress("idle with %d guests for %s", idleVMs, idleWindow)
-	if err := idleMeasure(ctx, s, r); err != nil {
+	progress("idle with %d guests for %s", sp.idle, sp.window)
+	if err := idleMeasure(ctx, s, sp, r); err != nil {
 		return nil, err
 	}
 	progress("agent CPU %.3f s in %.0f s: %.3f%% of a core; %d resyncs, %.0f Ensure calls", r.AgentCPUSeconds, r.IdleSeconds, 100*r.AgentCoreShare, r.IdleResyncs, r.IdleEnsures)
@@ -231,25 +304,34 @@ func runIdle(ctx context.Context, o Options) (*Idle, error) {
 	return r, nil
 }
 
+// agentPID is the process of the node's agent: simnodes, serving the one
+// node, when it is simulated.
+func agentPID(s *stack.Stack, sp nodeSpec) int {
+	if sp.simulated {
+		return s.SimulatedPID()
+	}
+	return s.AgentPID(idleNode)
+}
+
 // idleFleet creates the scenario's VMs and waits until every one is
 // Running.
-func idleFleet(ctx context.Context, kube client.WithWatch) error {
+func idleFleet(ctx context.Context, kube client.WithWatch, vms int) error {
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	t := newTracker(idleObservedVMs)
+	t := newTracker(vms)
 	if err := watchRunning(wctx, kube, t); err != nil {
 		return err
 	}
-	if err := workload.Parallel(ctx, idleObservedVMs, creators, createTracked(kube, t)); err != nil {
+	if err := workload.Parallel(ctx, vms, creators, createTracked(kube, t)); err != nil {
 		return err
 	}
-	wait := spec{vms: idleObservedVMs}.timeout()
+	wait := spec{vms: vms}.timeout()
 	select {
 	case <-t.done:
 		return nil
 	case <-time.After(wait):
 		_, running := t.counts()
-		return errors.Errorf("%d of %d VMs Running after %s", running, idleObservedVMs, wait)
+		return errors.Errorf("%d of %d VMs Running after %s", running, vms, wait)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -299,10 +381,10 @@ func deleteVMs(ctx context.Context, kube client.Client, from, to int) error {
 }
 
 // idleMeasure counts the agent's CPU time, resyncs and Ensure calls over
-// idleWindow into r. The window is the measurement, not a wait for
+// sp's window into r. The window is the measurement, not a wait for
 // anything.
-func idleMeasure(ctx context.Context, s *stack.Stack, r *Idle) error {
-	pid := s.AgentPID(idleNode)
+func idleMeasure(ctx context.Context, s *stack.Stack, sp nodeSpec, r *Idle) error {
+	pid := agentPID(s, sp)
 	before, err := ReadProcessUsage(pid)
 	if err != nil {
 		return err
@@ -313,7 +395,7 @@ func idleMeasure(ctx context.Context, s *stack.Stack, r *Idle) error {
 	}
 	start := time.Now()
 	select {
-	case <-time.After(idleWindow):
+	case <-time.After(sp.window):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -326,9 +408,10 @@ func idleMeasure(ctx context.Context, s *stack.Stack, r *Idle) error {
 	if err != nil {
 		return err
 	}
-	if pid != s.AgentPID(idleNode) {
+	if pid != agentPID(s, sp) {
 		return errors.New("the agent restarted during the idle window")
 	}
+	r.AgentPeakRSSBytes = after.PeakRSSBytes
 	r.AgentCPUSeconds = after.CPUSeconds - before.CPUSeconds
 	r.AgentCoreShare = r.AgentCPUSeconds / r.IdleSeconds
 	r.IdleRatio = r.AgentCoreShare / targetIdleCoreShare
@@ -342,40 +425,74 @@ func idleMeasure(ctx context.Context, s *stack.Stack, r *Idle) error {
 	return nil
 }
 
-// idleTargets are issue 40's targets for the idle node.
+// idleTargets are the targets of a node scenario: issue 40's and issue 57's
+// full observe and idle CPU, or for the dense node on the test driver issue
+// 57's "all Running, the resync's cost reported", with the same limits'
+// ratios beside.
 func idleTargets(r *Idle) []Target {
 	if r == nil {
 		return nil
 	}
+	driver := cmp.Or(r.Driver, driverTest)
+	observe := fmt.Sprintf("%.3f s, mean of %d, each ≤ %g s (%.3f× the limit)", r.FullObserveSeconds, r.Resyncs, r.FullObserveAtMostSeconds, r.FullObserveRatio)
+	idle := fmt.Sprintf("%.3f %% (%.2f× the limit)", 100*r.AgentCoreShare, r.IdleRatio)
+	if r.Scenario == denseLibvirtSpec.name {
+		return []Target{{
+			Name: fmt.Sprintf("a real node's density: %d domains on one node (%s): all Running, the agent's resync cost", r.ObservedVMs, driver),
+			Goal: "all Running; reported",
+			Measured: fmt.Sprintf("%d of %d Running; full observe %s; idle agent with %d, %s of a core; peak RSS %.1f MiB",
+				r.ObservedVMs, r.ObservedVMs, observe, r.IdleVMs, idle, mib(r.AgentPeakRSSBytes)),
+			Met: r.Resyncs > 0 && r.IdleSeconds > 0,
+		}}
+	}
 	return []Target{{
-		Name:     fmt.Sprintf("one node of %d guests (test driver): a full observe (the agent's resync)", r.ObservedVMs),
+		Name:     fmt.Sprintf("one node of %d guests (%s): a full observe (the agent's resync)", r.ObservedVMs, driver),
 		Goal:     fmt.Sprintf("≤ %.0f s", targetFullObserveSeconds),
-		Measured: fmt.Sprintf("%.3f s, mean of %d, each ≤ %g s (%.3f× the limit)", r.FullObserveSeconds, r.Resyncs, r.FullObserveAtMostSeconds, r.FullObserveRatio),
+		Measured: observe,
 		Met:      r.Resyncs > 0 && r.FullObserveSeconds <= targetFullObserveSeconds && r.FullObserveAtMostSeconds <= targetFullObserveSeconds,
 	}, {
-		Name:     fmt.Sprintf("an idle agent with %d guests: CPU over %.0f min", r.IdleVMs, r.IdleSeconds/60),
+		Name:     fmt.Sprintf("an idle agent with %d guests (%s): CPU over %.0f min", r.IdleVMs, driver, r.IdleSeconds/60),
 		Goal:     fmt.Sprintf("≤ %.0f %% of a core", 100*targetIdleCoreShare),
-		Measured: fmt.Sprintf("%.3f %% (%.2f× the limit)", 100*r.AgentCoreShare, r.IdleRatio),
+		Measured: idle,
 		Met:      r.IdleSeconds > 0 && r.AgentCoreShare <= targetIdleCoreShare,
 	}}
 }
 
-// idleMarkdown is the idle node's section of the report.
+// idleMarkdown is a node scenario's section of the report.
 func idleMarkdown(p func(string, ...any), r *Idle) {
 	if r == nil {
 		return
 	}
-	p("## Idle node")
+	node := fmt.Sprintf("its agent on the real libvirt driver over its own libvirtd on the test driver, with the agent's default 2 s heartbeat and %.0f s resync", agentResyncEvery.Seconds())
+	if r.Driver == driverSimulated {
+		node = fmt.Sprintf("served alone by simnodes, as the bursts over simulated nodes are: a whole agent (the real wire, reconciler, heartbeat and lease) over the in-memory driver, agent/driver/fake, with the agent's default 2 s heartbeat and %.0f s resync; the agent's CPU and memory are the simnodes process's", agentResyncEvery.Seconds())
+	}
+	if r.Scenario == "" || r.Scenario == idleSpec.name {
+		p("## Idle node")
+	} else {
+		p("## Dense node: %d guests (%s)", r.ObservedVMs, cmp.Or(r.Driver, driverTest))
+	}
 	p("")
-	p("One node (%s, its own libvirtd on the test driver, the agent's default 2 s heartbeat and %.0f s resync) with %d VMs Running. The agent times each resync itself (`%s`): a full observe of the node, the driver listing its orphans and guests; the guests the listing shows as their intents ask are then reported from it, with no driver call of their own (the Ensure calls per resync count those there were). Then %d of the VMs are deleted and the agent, left with %d guests, is idle for %.0f s while its CPU time is read from /proc.",
-		r.Node, agentResyncEvery.Seconds(), r.ObservedVMs, resyncMetric, r.ObservedVMs-r.IdleVMs, r.IdleVMs, r.IdleSeconds)
+	p("One node (%s, %s) with %d VMs Running. The agent times each resync itself (`%s`): a full observe of the node, the driver listing its orphans and guests; the guests the listing shows as their intents ask are then reported from it, with no driver call of their own (the Ensure calls per resync count those there were).",
+		r.Node, node, r.ObservedVMs, resyncMetric)
+	if r.IdleVMs < r.ObservedVMs {
+		p("Then %d of the VMs are deleted and the agent, left with %d guests, is idle for %.0f s while its CPU time is read from /proc.", r.ObservedVMs-r.IdleVMs, r.IdleVMs, r.IdleSeconds)
+	} else {
+		p("Then the agent, with the same guests, is idle for %.0f s while its CPU time is read from /proc.", r.IdleSeconds)
+	}
 	p("")
 	p("| measure | value | limit | ratio |")
 	p("| --- | --- | --- | --- |")
 	p("| full observe of %d guests (mean of %d resyncs; each ≤ %g s) | %.3f s | %.0f s | %.3f |", r.ObservedVMs, r.Resyncs, r.FullObserveAtMostSeconds, r.FullObserveSeconds, targetFullObserveSeconds, r.FullObserveRatio)
 	p("| Ensure calls per resync, any cause, with %d guests | %.1f | | |", r.ObservedVMs, r.EnsuresPerResync)
+	if r.ResyncWindowSeconds > 0 {
+		p("| agent CPU while the resyncs were timed (heartbeats, Ensure calls, reports and the benchmark's scrapes included) | %.3f s in %.0f s = %.3f %% of a core | | |", r.ResyncWindowCPUSeconds, r.ResyncWindowSeconds, 100*r.ResyncWindowCPUSeconds/r.ResyncWindowSeconds)
+	}
 	p("| agent CPU idle with %d guests | %.3f s in %.0f s = %.3f %% of a core | %.0f %% | %.3f |", r.IdleVMs, r.AgentCPUSeconds, r.IdleSeconds, 100*r.AgentCoreShare, 100*targetIdleCoreShare, r.IdleRatio)
 	p("| resyncs, Ensure calls while idle | %d, %.0f | | |", r.IdleResyncs, r.IdleEnsures)
+	if r.AgentPeakRSSBytes > 0 {
+		p("| agent peak RSS | %.1f MiB | | |", mib(r.AgentPeakRSSBytes))
+	}
 	if r.LoadAvg != "" {
 		p("| machine load average at the end | %s | | |", r.LoadAvg)
 	}

@@ -95,20 +95,28 @@ func TestResyncsBetween(t *testing.T) {
 
 func TestIdleTargets(t *testing.T) {
 	met := Idle{ObservedVMs: 200, Resyncs: 2, FullObserveSeconds: 0.02, FullObserveAtMostSeconds: 0.05, IdleVMs: 100, IdleSeconds: 300, AgentCoreShare: 0.002}
+	dense := Idle{Scenario: denseLibvirtSpec.name, Driver: driverTest, ObservedVMs: 500, Resyncs: 2, FullObserveSeconds: 3, FullObserveAtMostSeconds: 5, IdleVMs: 500, IdleSeconds: 180, AgentCoreShare: 0.05}
 	cases := []struct {
 		name   string
+		base   Idle
 		change func(r *Idle)
 		want   []bool
 	}{
-		{"both within their limits", func(*Idle) {}, []bool{true, true}},
-		{"a mean within the limit with one resync above it", func(r *Idle) { r.FullObserveAtMostSeconds = 2.5 }, []bool{false, true}},
-		{"no resync timed", func(r *Idle) { r.Resyncs = 0 }, []bool{false, true}},
-		{"an agent busier than a hundredth of a core", func(r *Idle) { r.AgentCoreShare = 0.011 }, []bool{true, false}},
-		{"no idle window", func(r *Idle) { r.IdleSeconds = 0 }, []bool{true, false}},
+		{"both within their limits", met, func(*Idle) {}, []bool{true, true}},
+		{"a mean within the limit with one resync above it", met, func(r *Idle) { r.FullObserveAtMostSeconds = 2.5 }, []bool{false, true}},
+		{"no resync timed", met, func(r *Idle) { r.Resyncs = 0 }, []bool{false, true}},
+		{"an agent busier than a hundredth of a core", met, func(r *Idle) { r.AgentCoreShare = 0.011 }, []bool{true, false}},
+		{"no idle window", met, func(r *Idle) { r.IdleSeconds = 0 }, []bool{true, false}},
+		{"a simulated node is held to the same limits", met, func(r *Idle) {
+			r.Scenario, r.Driver, r.FullObserveSeconds = denseSimulatedSpec.name, driverSimulated, 1.5
+		}, []bool{false, true}},
+		{"the dense node on the test driver is reported, whatever its figures", dense, func(*Idle) {}, []bool{true}},
+		{"the dense node on the test driver without a resync timed", dense, func(r *Idle) { r.Resyncs = 0 }, []bool{false}},
+		{"the dense node on the test driver without an idle window", dense, func(r *Idle) { r.IdleSeconds = 0 }, []bool{false}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := met
+			r := tc.base
 			tc.change(&r)
 			got := idleTargets(&r)
 			require.Len(t, got, len(tc.want))
@@ -129,9 +137,24 @@ func TestIdleMarkdown(t *testing.T) {
 		Notes: []string{"a note"},
 	})
 	md := b.String()
+	assert.Contains(t, md, "## Idle node\n")
+	assert.Contains(t, md, "on the test driver")
+	assert.Contains(t, md, "Then 100 of the VMs are deleted")
 	assert.Contains(t, md, "| full observe of 200 guests (mean of 2 resyncs; each ≤ 0.05 s) | 0.020 s | 1 s | 0.020 |")
 	assert.Contains(t, md, "| agent CPU idle with 100 guests | 0.600 s in 300 s = 0.200 % of a core | 1 % | 0.200 |")
 	assert.Contains(t, md, "|\n\n- a note\n", "the notes stand apart from the table")
+
+	b.Reset()
+	idleMarkdown(p, &Idle{
+		Scenario: denseSimulatedSpec.name, Driver: driverSimulated, Node: "node1", ObservedVMs: 1000, Resyncs: 2,
+		ResyncWindowSeconds: 120, ResyncWindowCPUSeconds: 1.2, IdleVMs: 1000, IdleSeconds: 300, AgentPeakRSSBytes: 64 << 20,
+	})
+	md = b.String()
+	assert.Contains(t, md, "## Dense node: 1000 guests (simulated)\n")
+	assert.Contains(t, md, "agent/driver/fake")
+	assert.Contains(t, md, "Then the agent, with the same guests, is idle for 300 s")
+	assert.Contains(t, md, "| 1.200 s in 120 s = 1.000 % of a core | | |")
+	assert.Contains(t, md, "| agent peak RSS | 64.0 MiB | | |")
 
 	b.Reset()
 	idleMarkdown(p, nil)

@@ -82,6 +82,9 @@ func Targets(r *Result) []Target {
 		})
 	}
 	out = append(out, idleTargets(r.Idle)...)
+	for i := range r.DenseNodes {
+		out = append(out, idleTargets(&r.DenseNodes[i])...)
+	}
 	out = append(out, snapshotTargets(r.Snapshots)...)
 	out = append(out, backupTargets(r.Backup)...)
 	return append(out, scaleTargets(r.Scale)...)
@@ -259,6 +262,9 @@ func Markdown(r *Result) string {
 	backupMarkdown(p, r.Backup)
 	migrationMarkdown(p, r.Migration)
 	idleMarkdown(p, r.Idle)
+	for i := range r.DenseNodes {
+		idleMarkdown(p, &r.DenseNodes[i])
+	}
 
 	p("## API writes by request")
 	p("")

@@ -41,8 +41,11 @@ type Result struct {
 	Migration *MigrationRun `json:"migration,omitempty"`
 	// Idle is one node of many guests: its full observe, and its agent's
 	// CPU while nothing changes (idle.go).
-	Idle    *Idle    `json:"idle,omitempty"`
-	Targets []Target `json:"targets"`
+	Idle *Idle `json:"idle,omitempty"`
+	// DenseNodes are single nodes of the most guests: a simulated one and
+	// one on the test driver, each as Idle measures it (idle.go).
+	DenseNodes []Idle   `json:"denseNodes,omitempty"`
+	Targets    []Target `json:"targets"`
 }
 
 // Machine is where the run happened; the numbers mean little without it.

@@ -79,6 +79,11 @@ type Options struct {
 	Migration bool
 	// Idle runs the idle-node scenario (idle.go).
 	Idle bool
+	// DenseSimulated and DenseLibvirt run the dense nodes (idle.go): one
+	// simulated node of 1,000 guests, and one of 500 domains on the test
+	// driver.
+	DenseSimulated bool
+	DenseLibvirt   bool
 	// Progress receives a line per step.
 	Progress io.Writer
 }
@@ -87,7 +92,7 @@ type Options struct {
 // nodes; bursts of 10, 100 and 1000 over 10 nodes, and 5000 over 50; and
 // bursts of 1000 and 10,000 over 10 and 100 simulated nodes.
 func Defaults() Options {
-	return Options{Density: 100, DensityNodes: 10, DensityInterval: 100 * time.Millisecond, Sizes: []int{10, 100, 1000, 5000}, Scale: []int{1000, 10000}, Nodes: 10, VMsPerNode: 100, Limits: true, Guests: true, Snapshots: true, Backups: true, Migration: true, Idle: true}
+	return Options{Density: 100, DensityNodes: 10, DensityInterval: 100 * time.Millisecond, Sizes: []int{10, 100, 1000, 5000}, Scale: []int{1000, 10000}, Nodes: 10, VMsPerNode: 100, Limits: true, Guests: true, Snapshots: true, Backups: true, Migration: true, Idle: true, DenseSimulated: true, DenseLibvirt: true}
 }
 
 // Quick is small enough for a test of the harness on a busy 2-core machine.
@@ -168,18 +173,28 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		r.Migration = mg
 	}
 	if o.Idle {
-		idle, err := runIdle(ctx, o)
+		idle, err := runNode(ctx, o, idleSpec)
 		if err != nil {
 			return nil, errors.Wrap(err, "idle node")
 		}
 		r.Idle = idle
+	}
+	for _, sp := range denseSpecs {
+		if !o.runsNode(sp) {
+			continue
+		}
+		dense, err := runNode(ctx, o, sp)
+		if err != nil {
+			return nil, errors.Wrapf(err, "dense node %s", sp.name)
+		}
+		r.DenseNodes = append(r.DenseNodes, *dense)
 	}
 	r.Targets = Targets(r)
 	return r, nil
 }
 
 // Scenarios are the names Options.Only takes, in the order Run runs them.
-var Scenarios = []string{"density", "bursts", "scale", "guest", "migration", "idle"}
+var Scenarios = []string{"density", "bursts", "scale", "guest", "migration", "idle", denseSimulatedSpec.name, denseLibvirtSpec.name}
 
 // Only keeps the scenarios named, of Scenarios, as o sizes them, and
 // drops the others: `-only guest` runs the real guest alone, with its
@@ -205,7 +220,20 @@ func (o *Options) Only(names []string) error {
 	o.Guests = o.Guests && keep["guest"]
 	o.Migration = o.Migration && keep["migration"]
 	o.Idle = o.Idle && keep["idle"]
+	o.DenseSimulated = o.DenseSimulated && keep[denseSimulatedSpec.name]
+	o.DenseLibvirt = o.DenseLibvirt && keep[denseLibvirtSpec.name]
 	return nil
+}
+
+// runsNode says whether o runs the dense node sp.
+func (o Options) runsNode(sp nodeSpec) bool {
+	switch sp.name {
+	case denseSimulatedSpec.name:
+		return o.DenseSimulated
+	case denseLibvirtSpec.name:
+		return o.DenseLibvirt
+	}
+	return false
 }
 
 // scenarios says which scenarios o runs, for the result: a run of some
@@ -236,6 +264,11 @@ func (o Options) scenarios() []string {
 	}
 	if o.Idle {
 		out = append(out, "idle node")
+	}
+	for _, sp := range denseSpecs {
+		if o.runsNode(sp) {
+			out = append(out, fmt.Sprintf("dense node (%d guests, %s)", sp.observed, sp.driverName()))
+		}
 	}
 	return out
 }

@@ -133,7 +133,12 @@ func TestOnlyKeepsTheScenariosNamed(t *testing.T) {
 		"every one": {
 			only: Scenarios,
 			want: []string{"density (100 VMs)", "bursts (10, 100, 1000, 5000 VMs)", "scale (1000, 10000 VMs over simulated nodes)",
-				"real guest (boot, snapshots, backups)", "live migration", "idle node"},
+				"real guest (boot, snapshots, backups)", "live migration", "idle node",
+				"dense node (1000 guests, simulated)", "dense node (500 guests, test driver)"},
+		},
+		"one dense node": {
+			only: []string{"dense-libvirt"},
+			want: []string{"dense node (500 guests, test driver)"},
 		},
 		"an unknown name": {only: []string{"guests"}, err: true},
 	}
