@@ -355,10 +355,17 @@ func (r *Reconciler) sweep(ctx context.Context, periodic bool) {
 	}
 	synced := r.synced
 	r.mu.Unlock()
-	// Queued once the listing is kept, so no guest is taken up before.
+	// Queued once the listing is kept, so no guest is taken up before,
+	// and each once: a guest is there by its intent, its report and the
+	// listing at once, and a worker that took it up between two adds would
+	// reconcile it again, through Ensure, the listing's observation taken.
 	defer func() {
+		queued := make(map[item]bool, len(items))
 		for _, it := range items {
-			r.queue.Add(it)
+			if !queued[it] {
+				queued[it] = true
+				r.queue.Add(it)
+			}
 		}
 	}()
 	if !synced {

@@ -2,16 +2,20 @@ package reconciler
 
 import (
 	"context"
+	"maps"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/agent/driver/fake"
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
 
@@ -129,4 +133,54 @@ func TestAGuestGoneIsNoLongerRemembered(t *testing.T) {
 	h.del("a")
 	require.Eventually(t, func() bool { return h.calls("Delete", "a") > 0 }, 5*time.Second, 5*time.Millisecond)
 	assert.False(t, remembered())
+}
+
+// countingQueue counts what is added to a reconciler's queue.
+type countingQueue struct {
+	workqueue.TypedRateLimitingInterface[item]
+	mu    sync.Mutex
+	added map[item]int
+}
+
+func (q *countingQueue) Add(it item) {
+	q.mu.Lock()
+	q.added[it]++
+	q.mu.Unlock()
+	q.TypedRateLimitingInterface.Add(it)
+}
+
+func (q *countingQueue) counts() map[item]int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return maps.Clone(q.added)
+}
+
+// TestASweepQueuesEachItemOnce: a guest is the node's by its intent and by
+// the listing at once, and a sweep queues it once. Queued twice, a worker
+// that takes it up between the two adds reconciles it again once the
+// listing's observation is taken, and a settled guest goes through Ensure
+// at every periodic resync.
+func TestASweepQueuesEachItemOnce(t *testing.T) {
+	ctx := context.Background()
+	f := fake.New(node)
+	rec := New(node, f, newReports(node), logging.NewNopLogger(), Options{})
+	q := &countingQueue{TypedRateLimitingInterface: rec.queue, added: map[item]int{}}
+	rec.queue = q
+	t.Cleanup(q.ShutDown)
+	for _, uid := range []string{"a", "b"} {
+		in := intent(uid)
+		m, err := machine(in)
+		require.NoError(t, err)
+		_, err = f.Ensure(ctx, m)
+		require.NoError(t, err)
+		rec.guestIntent(bus.Event[wire.Intent]{UID: uid, Value: in})
+	}
+	rec.intentsSynced()
+	before := q.counts()
+
+	rec.sweep(ctx, true)
+	after := q.counts()
+	for _, uid := range []string{"a", "b"} {
+		assert.Equal(t, 1, after[guest(uid)]-before[guest(uid)], "guest %s is queued once by the sweep", uid)
+	}
 }
