@@ -372,7 +372,11 @@ func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d d
 func (e *external) setConditions(vm *v1alpha1.VirtualMachine, obs v1alpha1.VirtualMachineObservation, node string, n fleet.NodeStatus) {
 	switch {
 	case obs.Phase == v1alpha1.PhaseRunning:
-		vm.SetConditions(xpv2.Available())
+		// A running guest's node may still have something to say: what it
+		// could not apply live (a disk it could not grow, and why).
+		ready := xpv2.Available()
+		ready.Message = reportMessage(e.fleet, node, string(vm.UID))
+		vm.SetConditions(ready)
 	case obs.Phase == v1alpha1.PhasePaused && vm.GetAnnotations()[v1alpha1.AnnotationPaused] == "true":
 		// A paused guest runs no instruction and so answers nothing, on
 		// its network or its console, until it is resumed: it is not

@@ -101,6 +101,13 @@ func TestSetConditions(t *testing.T) {
 			wantRestartRequired: upToDate,
 			wantNodeLost:        heartbeatFresh,
 		},
+		"ARunningVMIsReadyWithWhatItsNodeCouldNotApplyLive": {
+			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseRunning},
+			message:             "cannot grow disk default_root to 1099511627776 bytes: storage pool default has 1073741824 bytes free, the disk needs 1098437885952 more",
+			wantReady:           xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionTrue, Reason: xpv2.ReasonAvailable, Message: "cannot grow disk default_root to 1099511627776 bytes: storage pool default has 1073741824 bytes free, the disk needs 1098437885952 more"},
+			wantRestartRequired: upToDate,
+			wantNodeLost:        heartbeatFresh,
+		},
 		"AVMNotRunningIsNotReadyWithItsPhaseAsReasonAndTheNodesMessage": {
 			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseFailed},
 			message:             "cannot import image ubuntu: 404",
