@@ -26,6 +26,7 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 	if err != nil {
 		return err
 	}
+	d.grown.Forget(uid)
 	// Read from the API server, not the informers, and delete only the
 	// version read: a VM released a moment ago may still look managed in
 	// the informers, and deleting it would destroy the orphan.

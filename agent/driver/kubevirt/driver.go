@@ -123,6 +123,9 @@ type Driver struct {
 	// migrations are the live migrations the driver saw, by guest and id.
 	migrations migrationLog
 
+	// grown are the disk sizes growDisks last found in place.
+	grown *driver.GrownDisks
+
 	// verify checks images with a SHA256 before CDI imports them
 	// (checkImageSource); verified are the images it vouched for, by uid,
 	// each as imageimport.InputOf: a change of what was verified asks again.
@@ -188,6 +191,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		config:       rc,
 		scheme:       scheme,
 		live:         live,
+		grown:        driver.NewGrownDisks(),
 		probe:        httpClient,
 		subresources: subresources,
 		now:          time.Now,

@@ -41,7 +41,13 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if err != nil {
 		return o, err
 	}
-	return d.imports(ctx, m, o)
+	if o, err = d.imports(ctx, m, o); err != nil {
+		return o, err
+	}
+	if msg := d.growDisks(ctx, c, m); msg != "" {
+		o.Message = strings.TrimPrefix(o.Message+"; "+msg, "; ")
+	}
+	return o, nil
 }
 
 // ensure is one read-modify-write of Ensure: reads through reader, writes
