@@ -9,16 +9,11 @@ import (
 // GrownDisks is how a driver grows its guests' disks in Ensure (see the
 // Driver contract) without asking the backend anything at a resync: it
 // remembers, per guest, the disk sizes last found in place. It is safe for
-// concurrent use; make one with NewGrownDisks.
+// concurrent use, and its zero value remembers nothing yet: each guest's
+// disks are looked at once after the driver starts.
 type GrownDisks struct {
 	mu    sync.Mutex
 	sizes map[string]string
-}
-
-// NewGrownDisks returns a GrownDisks that remembers nothing yet: each
-// guest's disks are looked at once after the driver starts.
-func NewGrownDisks() *GrownDisks {
-	return &GrownDisks{sizes: map[string]string{}}
 }
 
 // Grow calls grow for each disk of m that is not Imported, unless m's disk
@@ -53,6 +48,9 @@ func (g *GrownDisks) Grow(m Machine, grow func(Disk) string) string {
 func (g *GrownDisks) Found(m Machine) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.sizes == nil {
+		g.sizes = map[string]string{}
+	}
 	g.sizes[m.UID] = diskSizes(m)
 }
 

@@ -9,7 +9,7 @@ import (
 // TestGrownDisks walks one guest's disks through Grow: each step pins the
 // disks grow is asked about and what Grow says.
 func TestGrownDisks(t *testing.T) {
-	g := NewGrownDisks()
+	var g GrownDisks
 	m := Machine{UID: "u1", Disks: []Disk{{Name: "root", SizeBytes: 1 << 30}, {Name: "imported", Imported: true}, {Name: "data", SizeBytes: 2 << 30}}}
 	steps := []struct {
 		name   string

@@ -124,7 +124,7 @@ type Driver struct {
 	migrations migrationLog
 
 	// grown are the disk sizes growDisks last found in place.
-	grown *driver.GrownDisks
+	grown driver.GrownDisks
 
 	// verify checks images with a SHA256 before CDI imports them
 	// (checkImageSource); verified are the images it vouched for, by uid,
@@ -191,7 +191,6 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		config:       rc,
 		scheme:       scheme,
 		live:         live,
-		grown:        driver.NewGrownDisks(),
 		probe:        httpClient,
 		subresources: subresources,
 		now:          time.Now,

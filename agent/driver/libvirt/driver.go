@@ -119,7 +119,7 @@ type Driver struct {
 	// lease granted before it belongs to an earlier boot.
 	startedAt map[string]time.Time
 	// grown are the disk sizes growDisks last found in place.
-	grown *driver.GrownDisks
+	grown driver.GrownDisks
 }
 
 type connection struct {
@@ -171,7 +171,6 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		crashes:     map[string]int32{},
 		reboots:     map[string]int32{},
 		startedAt:   map[string]time.Time{},
-		grown:       driver.NewGrownDisks(),
 		migrations:  map[string]*migration{},
 		incoming:    map[string]*incoming{},
 	}

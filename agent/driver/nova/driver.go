@@ -134,7 +134,7 @@ type Driver struct {
 	volumeIDs  map[string]string
 	networkIDs map[string]string
 	// grown are the disk sizes growDisks last found in place.
-	grown *driver.GrownDisks
+	grown driver.GrownDisks
 
 	// confirmed are the servers whose resize the driver confirmed, and
 	// when, until it sees them leave VERIFY_RESIZE.
@@ -185,7 +185,6 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		locks:      map[string]*uidLock{},
 		volumeIDs:  map[string]string{},
 		networkIDs: map[string]string{},
-		grown:      driver.NewGrownDisks(),
 		confirmed:  map[string]time.Time{},
 		migrations: map[string]*hostMigration{},
 		imports:    imageimport.New(cfg.Images),
