@@ -125,6 +125,8 @@ func TestIdleTargets(t *testing.T) {
 			}
 		})
 	}
+	assert.Equal(t, "500 of 500 Running; full observe 3.000 s, mean of 2, each ≤ 5 s (3.000× the 1 s limit); agent CPU idle with 500, 5.000 % of a core (5.00× the 1 % limit); peak RSS 0.0 MiB",
+		idleTargets(&Idle{Scenario: denseLibvirtSpec.name, ObservedVMs: 500, Resyncs: 2, FullObserveSeconds: 3, FullObserveAtMostSeconds: 5, FullObserveRatio: 3, IdleVMs: 500, AgentCoreShare: 0.05, IdleRatio: 5})[0].Measured)
 	assert.Empty(t, idleTargets(nil), "no scenario, no targets")
 }
 
