@@ -264,9 +264,9 @@ const extendMicroversion = 42
 func (s *Server) extendVolume(w http.ResponseWriter, r *http.Request, v *volume, newSize int) {
 	switch {
 	case newSize <= v.Size:
-		badRequest(w, fmt.Sprintf("Invalid input received: New size for extend must be greater than current size. (current: %d, extended: %d).", v.Size, newSize))
+		badRequest(w, "Invalid input received: New size for extend must be greater than current size. (current: %d, extended: %d).", v.Size, newSize)
 	case v.Status == "in-use" && volumeMinor(r) < extendMicroversion, v.Status != "in-use" && v.Status != "available":
-		badRequest(w, fmt.Sprintf("Invalid volume: Volume %s status must be available or in-use (microversion 3.42), but current status is: %s.", v.ID, v.Status))
+		badRequest(w, "Invalid volume: Volume %s status must be available or in-use (microversion 3.42), but current status is: %s.", v.ID, v.Status)
 	default:
 		v.Size, v.Updated = newSize, time.Now()
 		w.WriteHeader(http.StatusAccepted)
