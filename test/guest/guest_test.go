@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
@@ -92,6 +93,7 @@ func TestRealGuest(t *testing.T) {
 	t.Run("SwapIsActive", g.swap)
 	t.Run("SerialConsoleThroughTheAPI", g.console("g1"))
 	t.Run("VNCThroughTheAPI", g.vnc("g1"))
+	t.Run("TheRootVolumeGrowsWhileTheGuestRuns", g.grow("g1", bootID))
 	t.Run("PauseStopsTheGuestAndUnpauseResumesItsBoot", g.pause("g1", bootID))
 	t.Run("SnapshotWithMemoryBringsBackTheRunningGuest", g.snapshotWithMemory("g1", bootID))
 	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", func(t *testing.T) { bootID = g.stopStart(t, bootID) })
@@ -391,6 +393,35 @@ func (g *suite) swap(t *testing.T) {
 	out := g.sshUntil(t, ip, "/sbin/swapon --show=SIZE --bytes --noheadings", 3*time.Minute)
 	// The swap disk's first page is mkswap's header.
 	assert.Equal(t, strconv.Itoa(256<<20-4096), strings.TrimSpace(out), "the swap disk is formatted and active")
+}
+
+// grow raises the size of the VM's root Volume while its guest runs: the
+// guest sees the larger disk in the same boot, and the VM neither stops nor
+// asks for a restart. It runs before any snapshot: QEMU grows no qcow2 disk
+// that holds internal snapshots.
+func (g *suite) grow(name, bootID string) func(t *testing.T) {
+	return func(t *testing.T) {
+		ip := address(g.get(t, name))
+		const grown = 5 << 30
+		root := &v1alpha1.Volume{}
+		require.NoError(t, g.kube.Get(g.ctx, types.NamespacedName{Namespace: ns, Name: name + "-root"}, root))
+		require.Less(t, root.Spec.ForProvider.Size.Value(), int64(grown), "the step grows the disk")
+		root.Spec.ForProvider.Size = *resource.NewQuantity(grown, resource.BinarySI)
+		require.NoError(t, g.kube.Update(g.ctx, root))
+		start := time.Now()
+		var size string
+		require.NoError(t, wait.PollUntilContextTimeout(g.ctx, 2*time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+			out, err := g.ssh(ip, "lsblk -b -dn -o SIZE /dev/vda")
+			size = strings.TrimSpace(out)
+			return err == nil && size == strconv.Itoa(grown), nil
+		}), "the guest sees its disk at %d bytes; it last said %q", grown, size)
+		t.Logf("%s: the guest saw its disk grown %s after the Volume changed", name, time.Since(start).Round(time.Second))
+		v := g.waitVM(t, name, time.Minute, "Running, Ready with nothing to say", func(v *v1alpha1.VirtualMachine) bool {
+			return running(v) && v.GetCondition(xpv2.TypeReady).Message == ""
+		})
+		assert.False(t, v.Status.AtProvider.RestartRequired, "a larger disk asks for no restart")
+		assert.Equal(t, bootID, g.facts(t, ip).bootID, "the same boot: the disk grew under the running guest")
+	}
 }
 
 func (g *suite) domainName(t *testing.T, name string) string {
