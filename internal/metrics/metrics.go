@@ -142,6 +142,10 @@ var (
 		Name: "virtfleet_hub_reports_ignored_total",
 		Help: "Reports and heartbeats the hub read from NATS and ignored, by reason (decode, protocol-version, key, key-content-mismatch, foreign-node).",
 	}, "reason")
+	NodeClaimsRefused = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_node_claims_refused_total",
+		Help: "Claims of a node's heartbeat the hub ignores because its HypervisorNode does not allow them, by claim (label, shared-pool, tunnel-address, migration-uri); counted once each time a refusal begins.",
+	}, "claim")
 	ForeignReports = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_foreign_reports_total",
 		Help: "Reports about a VirtualMachine, Volume, DiskImage or VirtualMachineSnapshot from a node it is not placed on; the hub ignores them.",
@@ -319,6 +323,6 @@ func histogram(o prometheus.HistogramOpts, labels ...string) *prometheus.Histogr
 // HubObserved are the hub's metrics observed as things happen, for the hub
 // to register; the scraped ones it serves from its own collector.
 func HubObserved() []prometheus.Collector {
-	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, ForeignReports, UndecodableObjects, EventsDropped, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart, StrayIntentsDeleted,
+	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, NodeClaimsRefused, ForeignReports, UndecodableObjects, EventsDropped, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart, StrayIntentsDeleted,
 		Backups, BackupReadBytes, BackupWrittenBytes, BackupChunks, BackupVerifications, BackupVerificationCorruptChunks}
 }

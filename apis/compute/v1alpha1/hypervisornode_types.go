@@ -23,6 +23,51 @@ type HypervisorNodeSpec struct {
 	// the drain; migrations already running finish.
 	// +optional
 	Drain bool `json:"drain,omitempty"`
+	// Labels are the node's labels as the administrator sets them. They
+	// win over the labels the node's heartbeats claim, and a label under
+	// ReservedLabelPrefix counts only from here: a node that claims one
+	// is not believed (as a kubelet may not set
+	// node-restriction.kubernetes.io/ labels on its own Node).
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// Claims bounds what else the node's heartbeats may claim: the shared
+	// storage pools it reaches, its overlay tunnel address and the
+	// address other nodes migrate guests to. Unset, or a field of it
+	// unset, leaves that claim as the node makes it.
+	// +optional
+	Claims *NodeClaims `json:"claims,omitempty"`
+}
+
+// ReservedLabelPrefix starts the labels only a HypervisorNode's
+// spec.labels sets: the hub ignores a heartbeat's claim of one. Select on
+// such labels to keep VMs on the nodes an administrator chose.
+const ReservedLabelPrefix = "node-restriction.virtfleet.io/"
+
+// NodeClaims are what a node may claim in its heartbeats. A list that is
+// set, even empty, is the whole of what the node may claim; a claim
+// outside it is ignored and shown in the node's ClaimsAllowed condition.
+type NodeClaims struct {
+	// SharedPools are the shared storage pools the node may claim to
+	// reach; VMs whose Volumes live in a pool are placed only on nodes
+	// that reach it.
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	SharedPools *[]string `json:"sharedPools,omitempty"`
+	// TunnelCIDRs are where the node's overlay tunnel address must lie;
+	// the other nodes send it their networks' frames.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=43
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 10.0.0.0/24"
+	TunnelCIDRs *[]string `json:"tunnelCIDRs,omitempty"`
+	// MigrationCIDRs are where the host of the node's migration URI must
+	// lie, as an address: a guest's memory and disks are streamed there.
+	// A URI whose host is a name is refused once this is set.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=43
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 10.0.0.0/24"
+	MigrationCIDRs *[]string `json:"migrationCIDRs,omitempty"`
 }
 
 // DrainPhase is how far a drain got.
@@ -74,7 +119,8 @@ type HypervisorNodeStatus struct {
 	// AgentVersion is the version of the node's agent.
 	// +optional
 	AgentVersion string `json:"agentVersion,omitempty"`
-	// Labels are the node's labels, which nodeSelectors match.
+	// Labels are the node's labels, which nodeSelectors match: the
+	// administrator's spec.labels and what the heartbeats claim besides.
 	// +optional
 	Labels map[string]string `json:"labels,omitempty"`
 	// Capacity is what the node offers to guests.
@@ -107,6 +153,15 @@ const (
 	NodeReasonHeartbeating = "Heartbeating"
 	// NodeReasonLost: the node's heartbeat expired.
 	NodeReasonLost = "NodeLost"
+
+	// NodeConditionClaimsAllowed is False while the hub ignores some of
+	// what the node's heartbeats claim (spec.labels, spec.claims); its
+	// message names each claim refused.
+	NodeConditionClaimsAllowed = "ClaimsAllowed"
+	// NodeReasonClaimsAllowed: every claim counts.
+	NodeReasonClaimsAllowed = "Allowed"
+	// NodeReasonClaimsRefused: some claims are ignored.
+	NodeReasonClaimsRefused = "ClaimsRefused"
 )
 
 // +kubebuilder:object:root=true

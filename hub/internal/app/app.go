@@ -292,11 +292,15 @@ func Run(ctx context.Context, c Config) error {
 	backups := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineBackup{} })
 	verifications := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineBackupVerification{} })
 	nodeChanges := hypervisornode.NewChanges()
+	// What each node's heartbeat claims counts as its HypervisorNode
+	// allows; the fleets read no heartbeat before they know it.
+	allowances := fleet.NewAllowances()
 	leftovers := volume.NewLeftovers(mgr.GetClient(), mgr.GetAPIReader(), log)
 	if err := leftovers.Setup(ctx, mgr); err != nil {
 		return err
 	}
 	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL, MaxBytes: c.BucketMaxBytes, NodesMaxBytes: c.NodesBucketMaxBytes}, func(f *fleet.Fleet) {
+		f.WithAllowances(allowances)
 		f.Guests.Subscribe(notifier.Notify)
 		f.Guests.Subscribe(migrations.Notify)
 		f.Guests.Subscribe(restores.Notify)
@@ -342,7 +346,7 @@ func Run(ctx context.Context, c Config) error {
 	bvo := backupverification.Options{Notifier: verifications, Memory: memory}
 	bso := backupschedule.Options{Clock: clock.RealClock{}, Memory: memory}
 	gco := backupgc.Options{Clock: clock.RealClock{}, Memory: memory, Collections: collections, AfterDelete: backupgc.DefaultAfterDelete}
-	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, so, ro, bo, bvo, bso, gco, volumes, images, nodeChanges); err != nil {
+	if err := hubcontroller.SetupGated(ctx, mgr, o, vo, mo, so, ro, bo, bvo, bso, gco, volumes, images, nodeChanges, allowances); err != nil {
 		return errors.Wrap(err, "cannot set up the controllers")
 	}
 	if err := serveSubresources(mgr, plain, pool, c, log, recorder); err != nil {

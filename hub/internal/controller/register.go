@@ -25,6 +25,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualnetwork"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
@@ -39,7 +40,7 @@ import (
 // collection of backup locations. vo.Memory
 // owns what every controller remembers of each object, and vo.Polls
 // spreads every managed controller's drift polls.
-func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, mo migration.Options, so snapshot.Options, ro restore.Options, bo backup.Options, bvo backupverification.Options, bso backupschedule.Options, gco backupgc.Options, volumes, images *wake.Notifier, nodes *hypervisornode.Changes) error {
+func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo virtualmachine.Options, mo migration.Options, so snapshot.Options, ro restore.Options, bo backup.Options, bvo backupverification.Options, bso backupschedule.Options, gco backupgc.Options, volumes, images *wake.Notifier, nodes *hypervisornode.Changes, allowances *fleet.Allowances) error {
 	if err := index.Setup(ctx, mgr); err != nil {
 		return err
 	}
@@ -61,7 +62,7 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 	if err := tenantquota.SetupGated(mgr, o, vo.Quotas); err != nil {
 		return err
 	}
-	if err := hypervisornode.SetupGated(mgr, o, vo.Pool.Fleets, nodes); err != nil {
+	if err := hypervisornode.SetupGated(mgr, o, vo.Pool.Fleets, nodes, allowances); err != nil {
 		return err
 	}
 	if err := migration.SetupGated(mgr, o, mo); err != nil {

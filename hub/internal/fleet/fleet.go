@@ -41,7 +41,13 @@ import (
 
 // NodeStatus is what the hub knows of one node.
 type NodeStatus struct {
+	// Heartbeat is the node's latest heartbeat as far as it counts: what
+	// its HypervisorNode allows of Claimed (Admit).
 	Heartbeat wire.NodeHeartbeat
+	// Claimed is the heartbeat as the node sent it, Refused what of it
+	// does not count.
+	Claimed wire.NodeHeartbeat
+	Refused []Refusal
 	// LastSeen is when the hub last received the node's heartbeat.
 	LastSeen time.Time
 	// Lost is set when the heartbeat expired; LostSince says when.
@@ -83,6 +89,9 @@ type Fleet struct {
 	recorder event.Recorder
 	// sealKey signs the hub's placements (Seal).
 	sealKey []byte
+	// allowances bound what the nodes' heartbeats claim; nil applies
+	// Admit with no administrator's word.
+	allowances *Allowances
 
 	// mu guards the fleet and its views.
 	mu sync.RWMutex
@@ -170,6 +179,9 @@ func (f *Fleet) Run(ctx context.Context) {
 		}
 	})
 	wg.Go(func() {
+		if !f.awaitAllowances(ctx) {
+			return
+		}
 		if err := f.Bus.WatchNodes(ctx, f.onNode); err != nil && ctx.Err() == nil {
 			f.log.Info("Node watch ended", "error", err)
 		}
@@ -210,7 +222,8 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 	now := f.now()
 	f.mu.Lock()
 	prev, known := f.nodes[e.Node]
-	s := NodeStatus{Heartbeat: e.Heartbeat, LastSeen: now}
+	s := NodeStatus{Claimed: e.Heartbeat, LastSeen: now}
+	s.Heartbeat, s.Refused = f.admit(e.Node, e.Heartbeat)
 	if e.Lost {
 		s = prev
 		if !prev.Lost {
@@ -231,7 +244,8 @@ func (f *Fleet) onNode(e bus.NodeEvent) {
 	}
 	nodeSubs, shownSubs := f.nodeSubs, f.shownSubs
 	f.mu.Unlock()
-	if !known || prev.Lost != s.Lost || !sameContent(prev.Heartbeat, s.Heartbeat) {
+	countRefusals(prev.Refused, s.Refused)
+	if !known || prev.Lost != s.Lost || !sameContent(prev.Claimed, s.Claimed) {
 		for _, fn := range shownSubs {
 			fn(e.Node)
 		}
@@ -282,8 +296,11 @@ func (f *Fleet) Node(name string) NodeStatus {
 	if s, ok := f.Heard(name); ok {
 		return s
 	}
-	if f.now().Sub(f.started) > f.unknownAfter {
-		return NodeStatus{Lost: true, LostSince: f.started.Add(f.unknownAfter)}
+	f.mu.RLock()
+	started := f.started
+	f.mu.RUnlock()
+	if f.now().Sub(started) > f.unknownAfter {
+		return NodeStatus{Lost: true, LostSince: started.Add(f.unknownAfter)}
 	}
 	return NodeStatus{}
 }

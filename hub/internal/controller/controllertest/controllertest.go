@@ -70,11 +70,19 @@ func (p Pool) Fleets() []*fleet.Fleet { return []*fleet.Fleet{p.F} }
 // controllers under test. It returns once the manager's cache has synced.
 func Start(t *testing.T, nodes []string, setup func(mgr ctrl.Manager, o controller.Options, e *Env) error) *Env {
 	t.Helper()
+	return StartAllowing(t, nodes, nil, setup)
+}
+
+// StartAllowing is Start with a fleet that counts of each node's
+// heartbeat what allowances allow (fleet.Fleet.WithAllowances) and hears
+// no node before setup's controllers keep them (hypervisornode.Setup).
+func StartAllowing(t *testing.T, nodes []string, allowances *fleet.Allowances, setup func(mgr ctrl.Manager, o controller.Options, e *Env) error) *Env {
+	t.Helper()
 	ctrl.SetLogger(logr.Discard())
 	cp := controlplane.StartForTest(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	f := StartNATS(t, NodeTTL, nodes...)
+	f := startNATS(t, NodeTTL, allowances, nodes)
 	e := &Env{Kube: cp.Client, Fleet: f, Pool: Pool{F: f.Fleet}, Ctx: ctx, CP: cp}
 	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
 		ObjectMeta: metav1.ObjectMeta{Name: "default"},

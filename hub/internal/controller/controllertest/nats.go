@@ -42,6 +42,12 @@ type NATS struct {
 // about ttl later. It returns once the fleet has read the reports.
 func StartNATS(t *testing.T, ttl time.Duration, nodes ...string) *NATS {
 	t.Helper()
+	return startNATS(t, ttl, nil, nodes)
+}
+
+// startNATS is StartNATS with a fleet bounded by allowances, when not nil.
+func startNATS(t *testing.T, ttl time.Duration, allowances *fleet.Allowances, nodes []string) *NATS {
+	t.Helper()
 	hub, ids, users := natstest.Identities(t, nodes...)
 	srv := natstest.New(t, users...)
 	ctx := context.Background()
@@ -51,6 +57,9 @@ func StartNATS(t *testing.T, ttl time.Duration, nodes ...string) *NATS {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	n := &NATS{Fleet: fleet.New(b, logging.NewNopLogger()).WithSealKey([]byte("fleettest")), URL: srv.URL(), t: t, kv: map[string]jetstream.KeyValue{}, agents: map[string]*Agent{}}
+	if allowances != nil {
+		n.WithAllowances(allowances)
+	}
 	for _, bucket := range []string{wire.BucketIntents, wire.BucketReports} {
 		n.kv[bucket], err = js.KeyValue(ctx, bucket)
 		require.NoError(t, err)
@@ -127,7 +136,7 @@ func (a *Agent) Heartbeat(hb wire.NodeHeartbeat) {
 	a.mu.Unlock()
 	require.Eventually(a.n.t, func() bool {
 		s, ok := a.n.Heard(a.node)
-		return ok && !s.Lost && s.Heartbeat.Backend == hb.Backend && s.Heartbeat.Snapshots == hb.Snapshots && s.Heartbeat.MigrationURI == hb.MigrationURI
+		return ok && !s.Lost && s.Claimed.Backend == hb.Backend && s.Claimed.Snapshots == hb.Snapshots && s.Claimed.MigrationURI == hb.MigrationURI
 	}, 10*time.Second, 5*time.Millisecond, "the fleet hears node %s", a.node)
 }
 

@@ -54,7 +54,7 @@ func TestARequiredSpreadGroupHoldsAtPlacementAndDrain(t *testing.T) {
 		}
 		changes := hypervisornode.NewChanges()
 		e.Fleet.SubscribeNodeChanges(changes.Notify)
-		return hypervisornode.Setup(mgr, o, e.Pool.Fleets, changes)
+		return hypervisornode.Setup(mgr, o, e.Pool.Fleets, changes, nil)
 	})
 	for i, n := range nodes {
 		// node-a is all but empty, the others half full: placement by room

@@ -9,6 +9,7 @@ package hypervisornode
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,6 +50,10 @@ const (
 	drainEvery = 10 * time.Second
 )
 
+// maxRefusalsShown is how many refused claims the ClaimsAllowed condition
+// names.
+const maxRefusalsShown = 10
+
 // Changes hears of nodes whose heartbeats changed (Fleet.SubscribeNodeChanges)
 // and hands them to the controller.
 type Changes struct {
@@ -83,17 +88,23 @@ type Reconciler struct {
 }
 
 // SetupGated adds the controller once the HypervisorNode CRD is established.
-func SetupGated(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.Fleet, changes *Changes) error {
+func SetupGated(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.Fleet, changes *Changes, allowances *fleet.Allowances) error {
 	o.Gate.Register(func() {
-		if err := Setup(mgr, o, fleets, changes); err != nil {
+		if err := Setup(mgr, o, fleets, changes, allowances); err != nil {
 			panic(errors.Wrap(err, "cannot set up the HypervisorNode controller"))
 		}
 	}, v1alpha1.HypervisorNodeGroupVersionKind, v1alpha1.VirtualMachineGroupVersionKind, v1alpha1.VirtualMachineMigrationGroupVersionKind)
 	return nil
 }
 
-// Setup adds the controller.
-func Setup(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.Fleet, changes *Changes) error {
+// Setup adds the controller, and keeps allowances (when not nil) as the
+// HypervisorNodes' specs say.
+func Setup(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.Fleet, changes *Changes, allowances *fleet.Allowances) error {
+	if allowances != nil {
+		if err := mgr.Add(&allowanceWatch{cache: mgr.GetCache(), allowances: allowances}); err != nil {
+			return errors.Wrap(err, "cannot watch what HypervisorNodes allow")
+		}
+	}
 	r := NewReconciler(mgr.GetClient(), fleets, o.Logger.WithValues("controller", "hypervisornode"))
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("hypervisornode").
@@ -177,6 +188,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	// readiness change.
 	want.Status.VirtualMachines = int32(len(vms)) //nolint:gosec // far fewer VMs than 2^31 on one node
 	meta.SetStatusCondition(&want.Status.Conditions, ready(st))
+	if known {
+		meta.SetStatusCondition(&want.Status.Conditions, claimsAllowed(st.Refused))
+	}
 	want.Status.Drain = nil
 	next := resyncEvery
 	if n.Spec.Drain {
@@ -230,6 +244,26 @@ func ready(st fleet.NodeStatus) metav1.Condition {
 		c.Message = "No heartbeat since " + st.LastSeen.UTC().Format(time.RFC3339)
 	}
 	return c
+}
+
+// claimsAllowed is the ClaimsAllowed condition of a node whose heartbeat's
+// refused claims are refused.
+func claimsAllowed(refused []fleet.Refusal) metav1.Condition {
+	if len(refused) == 0 {
+		return metav1.Condition{Type: v1alpha1.NodeConditionClaimsAllowed, Status: metav1.ConditionTrue, Reason: v1alpha1.NodeReasonClaimsAllowed,
+			Message: "Every label, shared pool and address the node claims counts"}
+	}
+	each := make([]string, 0, min(len(refused), maxRefusalsShown)+1)
+	for _, r := range refused[:min(len(refused), maxRefusalsShown)] {
+		each = append(each, r.String())
+	}
+	if len(refused) > maxRefusalsShown {
+		// A node's claims are bounded only by its heartbeat's size; the
+		// condition must still fit in a write.
+		each = append(each, fmt.Sprintf("and %d more", len(refused)-maxRefusalsShown))
+	}
+	return metav1.Condition{Type: v1alpha1.NodeConditionClaimsAllowed, Status: metav1.ConditionFalse, Reason: v1alpha1.NodeReasonClaimsRefused,
+		Message: "The hub ignores what the node claims of " + strings.Join(each, "; ")}
 }
 
 func resources(vcpu, memory, storage int64) v1alpha1.NodeResources {

@@ -49,7 +49,7 @@ func TestAHandWrittenNodeAnnotationNeitherCountsNorBlocksADrain(t *testing.T) {
 	e := controllertest.Start(t, []string{nodeA, nodeB}, func(mgr ctrl.Manager, o controller.Options, e *controllertest.Env) error {
 		changes := hypervisornode.NewChanges()
 		e.Fleet.SubscribeNodeChanges(changes.Notify)
-		return hypervisornode.Setup(mgr, o, e.Pool.Fleets, changes)
+		return hypervisornode.Setup(mgr, o, e.Pool.Fleets, changes, nil)
 	})
 	for _, n := range []string{nodeA, nodeB} {
 		e.Fleet.Agent(n).Heartbeat(wire.NodeHeartbeat{Backend: "libvirt", Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30}})
