@@ -206,6 +206,7 @@ func countRefusals(before, now []Refusal) {
 // pinned node's claims would count.
 func (f *Fleet) WithAllowances(a *Allowances) *Fleet {
 	f.allowances = a
+	f.waiting = true
 	a.subscribe(f.reconsider)
 	return f
 }
@@ -232,7 +233,7 @@ func (f *Fleet) awaitAllowances(ctx context.Context) bool {
 	case <-f.allowances.Synced():
 	}
 	f.mu.Lock()
-	f.started = f.now()
+	f.started, f.waiting = f.now(), false
 	f.mu.Unlock()
 	return true
 }

@@ -92,6 +92,9 @@ type Fleet struct {
 	// allowances bound what the nodes' heartbeats claim; nil applies
 	// Admit with no administrator's word.
 	allowances *Allowances
+	// waiting is set while f waits for its allowances: no node can have
+	// been heard yet, so none counts as lost.
+	waiting bool
 
 	// mu guards the fleet and its views.
 	mu sync.RWMutex
@@ -297,9 +300,9 @@ func (f *Fleet) Node(name string) NodeStatus {
 		return s
 	}
 	f.mu.RLock()
-	started := f.started
+	started, waiting := f.started, f.waiting
 	f.mu.RUnlock()
-	if f.now().Sub(started) > f.unknownAfter {
+	if f.now().Sub(started) > f.unknownAfter && !waiting {
 		return NodeStatus{Lost: true, LostSince: started.Add(f.unknownAfter)}
 	}
 	return NodeStatus{}
