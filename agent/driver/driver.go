@@ -33,8 +33,20 @@ type Driver interface {
 	// m.Running: it starts a stopped guest, and shuts a running one down
 	// gracefully, forcing it off once the backend's grace period has passed.
 	//
-	// A change of vcpu, memory, swap, disks or networks on a running guest is
-	// not applied live; it takes effect at the guest's next start.
+	// A change of swap, disks or networks on a running guest, or of its
+	// MaxVCPU or MaxMemoryBytes, is not applied live; it takes effect at
+	// the guest's next start.
+	//
+	// VCPU and MemoryBytes are applied live where the backend can, within
+	// the maximum the guest was started with (MaxVCPU, MaxMemoryBytes): a
+	// change within it never makes a guest RestartRequired. A guest asked
+	// for more than its maximum runs on as it is, RestartRequired, with
+	// the field and its maximum in the Observation's Message, and starts
+	// with the new shape (and a maximum that holds it) next time. Memory
+	// given back by a balloon is the guest's to release: Observation's
+	// MemoryBytes is what the guest holds, which may stay above a smaller
+	// MemoryBytes. A backend without live resize (Nova, KubeVirt here)
+	// reports any change of VCPU or MemoryBytes as RestartRequired.
 	//
 	// A disk's size is the exception: a disk whose volume holds less than
 	// its SizeBytes is grown to it, on a running guest live (the guest sees
@@ -147,6 +159,14 @@ type Machine struct {
 
 	VCPU        int32
 	MemoryBytes int64
+	// MaxVCPU and MaxMemoryBytes are the most VCPU and MemoryBytes may
+	// become while the guest runs (see Ensure); 0 leaves each to the
+	// driver: DefaultMaxRatio times VCPU or MemoryBytes when the guest
+	// starts, at most the host's. They are left out of the JSON when 0,
+	// so a driver's hash of a Machine without them is what it was before
+	// they existed.
+	MaxVCPU        int32 `json:",omitempty"`
+	MaxMemoryBytes int64 `json:",omitempty"`
 	// SwapBytes is the size of a swap disk set up by cloud-init; 0 means none.
 	SwapBytes int64
 	// PublicKey is an OpenSSH public key line authorized in the guest.
@@ -187,6 +207,10 @@ func (m Machine) Validate() error {
 		return Terminalf("vcpu must be at least 1, got %d", m.VCPU)
 	case m.MemoryBytes <= 0:
 		return Terminalf("memory must be greater than 0, got %d bytes", m.MemoryBytes)
+	case m.MaxVCPU != 0 && m.MaxVCPU < m.VCPU:
+		return Terminalf("vcpu %d is more than maxVcpu %d", m.VCPU, m.MaxVCPU)
+	case m.MaxMemoryBytes != 0 && m.MaxMemoryBytes < m.MemoryBytes:
+		return Terminalf("memory of %d bytes is more than maxMemory of %d bytes", m.MemoryBytes, m.MaxMemoryBytes)
 	case m.SwapBytes < 0:
 		return Terminalf("swap must not be negative, got %d bytes", m.SwapBytes)
 	case len(m.Disks) == 0:
@@ -203,6 +227,11 @@ func (m Machine) Validate() error {
 	}
 	return nil
 }
+
+// DefaultMaxRatio is how many times its VCPU and MemoryBytes a guest can
+// grow to live when its Machine sets no maximum: KubeVirt's
+// MaxHotplugRatio.
+const DefaultMaxRatio = 4
 
 // Firmware the guest boots with.
 type Firmware string
@@ -412,16 +441,21 @@ type Observation struct {
 	// RestartCount counts restarts the driver performed plus guest reboots
 	// and crashes it observed.
 	RestartCount int32
-	// RestartRequired is set when the guest runs an older shape (vcpu,
-	// memory, swap, disks, networks, cloud-init) than the last Ensure asked
-	// for; the new shape takes effect at its next start or restart.
+	// RestartRequired is set when the guest runs an older shape (swap,
+	// disks, networks, cloud-init, the maximum vCPUs and memory, or vCPUs
+	// or memory beyond that maximum) than the last Ensure asked for; the
+	// new shape takes effect at its next start or restart.
 	RestartRequired bool
 	// Message explains Phase when there is something to explain.
 	Message string
-	// VCPU and MemoryBytes are the guest's shape as the backend defines
-	// it; 0 when the driver does not tell.
+	// VCPU and MemoryBytes are the guest's shape as it runs (as the
+	// backend defines it when it is off); 0 when the driver does not tell.
 	VCPU        int32
 	MemoryBytes int64
+	// MaxVCPU and MaxMemoryBytes are the most the running guest can grow
+	// to live; 0 when the driver does not tell or cannot grow it.
+	MaxVCPU        int32
+	MaxMemoryBytes int64
 	// OrphanOf is set by Adopter.Orphans: the VM the guest was released
 	// from.
 	OrphanOf *VMRef

@@ -275,7 +275,7 @@ func (d *Driver) ObserveRef(_ context.Context, ref driver.Ref) (driver.Observati
 		return driver.Observation{}, err
 	}
 	key := formatUUID(dom.UUID)
-	return d.observe(api, dom, key, live, "")
+	return d.observe(api, dom, key, live)
 }
 
 // Owner is who manages a domain, as its virtfleet metadata says.

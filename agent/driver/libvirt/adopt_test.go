@@ -90,7 +90,7 @@ func TestReleaseAndAdopt(t *testing.T) {
 	})
 	t.Run("ADifferentSpecShowsRestartRequired", func(t *testing.T) {
 		changed := next
-		changed.VCPU = 3
+		changed.SwapBytes *= 2
 		o, err := d.Ensure(ctx, changed)
 		require.NoError(t, err)
 		assert.True(t, o.RestartRequired)

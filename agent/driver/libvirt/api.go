@@ -34,6 +34,8 @@ type API interface {
 	DomainGetJobStats(Dom golibvirt.Domain, Flags golibvirt.DomainGetJobStatsFlags) (rType int32, rParams []golibvirt.TypedParam, err error)
 	DomainAbortJob(Dom golibvirt.Domain) error
 	DomainFsfreeze(Dom golibvirt.Domain, Mountpoints []string, Flags uint32) (rFilesystems int32, err error)
+	DomainSetVcpusFlags(Dom golibvirt.Domain, Nvcpus uint32, Flags uint32) (err error)
+	DomainSetMemoryFlags(Dom golibvirt.Domain, Memory uint64, Flags uint32) (err error)
 	DomainBlockResize(Dom golibvirt.Domain, Disk string, Size uint64, Flags golibvirt.DomainBlockResizeFlags) (err error)
 	DomainFsthaw(Dom golibvirt.Domain, Mountpoints []string, Flags uint32) (rFilesystems int32, err error)
 

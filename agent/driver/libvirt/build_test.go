@@ -22,14 +22,16 @@ import (
 func TestDomainXMLRoundTrip(t *testing.T) {
 	m := machine("round")
 	owner := ownership{UID: m.UID, Namespace: m.Namespace, Name: m.Name, Generation: 3, SpecHash: specHash(m), LastNonce: "n", Restarts: 2}
-	x, err := domainXML(domainSpec{machine: m, owner: owner, domainType: "kvm", pool: "default"})
+	x, err := domainXML(domainSpec{machine: m, owner: owner, domainType: "kvm", pool: "default", maxVCPU: 8, maxMemory: 2 << 30})
 	require.NoError(t, err)
 
 	info, err := parseDomain(x)
 	require.NoError(t, err)
 	assert.Equal(t, &owner, info.owner, "the metadata carries ownership")
 	assert.Equal(t, int64(2), info.vcpu)
+	assert.Equal(t, int64(8), info.maxVCPU)
 	assert.Equal(t, int64(512<<20), info.memory)
+	assert.Equal(t, int64(2<<30), info.maxMemory)
 	assert.Equal(t, []nic{{network: "net-db", mac: macFor(m.UID, 0)}}, info.nics)
 
 	var d libvirtxml.Domain
@@ -47,6 +49,45 @@ func TestDomainXMLRoundTrip(t *testing.T) {
 	assert.NotNil(t, d.Features.ACPI)
 	assert.NotNil(t, d.Features.APIC)
 	assert.Equal(t, "kvm", d.Type)
+	require.NotNil(t, d.Devices.MemBalloon, "memory changes live through the balloon")
+	assert.Equal(t, "virtio", d.Devices.MemBalloon.Model)
+}
+
+// TestMaxima pins the most a guest can grow to live: its own maxima, else
+// DefaultMaxRatio times its shape within the host's, and a maximum beyond
+// the host's is refused naming the field.
+func TestMaxima(t *testing.T) {
+	const hostCPUs, hostMemory = 16, 8 << 30
+	cases := map[string]struct {
+		vcpu, maxVCPU     int32
+		memory, maxMemory int64
+		wantVCPU          int64
+		wantMemory        int64
+		wantErr           string
+	}{
+		"OwnMaximaAreKept":                  {vcpu: 2, maxVCPU: 3, memory: 1 << 30, maxMemory: 3 << 30, wantVCPU: 3, wantMemory: 3 << 30},
+		"DefaultIsFourTimesTheShape":        {vcpu: 2, memory: 1 << 30, wantVCPU: 8, wantMemory: 4 << 30},
+		"DefaultStopsAtTheHost":             {vcpu: 6, memory: 3 << 30, wantVCPU: 16, wantMemory: 8 << 30},
+		"DefaultIsNeverBelowTheShape":       {vcpu: 16, memory: 8 << 30, wantVCPU: 16, wantMemory: 8 << 30},
+		"MaxVCPUBeyondTheHostIsRefused":     {vcpu: 2, maxVCPU: 17, memory: 1 << 30, wantErr: "maxVcpu 17 is more than the 16 CPUs of node n"},
+		"MaxMemoryBeyondTheHostIsRefused":   {vcpu: 2, memory: 1 << 30, maxMemory: 9 << 30, wantErr: "maxMemory of 9663676416 bytes is more than the 8589934592 bytes of node n"},
+		"OneMaximumLeavesTheOtherToDefault": {vcpu: 1, maxVCPU: 1, memory: 1 << 30, wantVCPU: 1, wantMemory: 4 << 30},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := driver.Machine{VCPU: tc.vcpu, MaxVCPU: tc.maxVCPU, MemoryBytes: tc.memory, MaxMemoryBytes: tc.maxMemory}
+			vcpu, memory, err := maxima(m, hostCPUs, hostMemory, "n")
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.True(t, driver.IsTerminal(err))
+				assert.Equal(t, tc.wantErr, err.Error())
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantVCPU, vcpu)
+			assert.Equal(t, tc.wantMemory, memory)
+		})
+	}
 }
 
 func TestDomainTypeComesFromTheHostsCapabilities(t *testing.T) {
@@ -98,7 +139,11 @@ func TestSpecHash(t *testing.T) {
 		"GenerationDoesNotChangeTheDefinition":   {change: func(m *driver.Machine) { m.Generation++ }, same: true},
 		"PausedDoesNotChangeTheDefinition":       {change: func(m *driver.Machine) { m.Paused = true }, same: true},
 		"ResetNonceDoesNotChangeTheDefinition":   {change: func(m *driver.Machine) { m.ResetNonce = "x" }, same: true},
-		"VCPUChangesTheDefinition":               {change: func(m *driver.Machine) { m.VCPU++ }},
+		"VCPUDoesNotChangeTheDefinition":         {change: func(m *driver.Machine) { m.VCPU++ }, same: true},
+		"MemoryDoesNotChangeTheDefinition":       {change: func(m *driver.Machine) { m.MemoryBytes *= 2 }, same: true},
+		"MaxVCPUChangesTheDefinition":            {change: func(m *driver.Machine) { m.MaxVCPU = 8 }},
+		"MaxMemoryChangesTheDefinition":          {change: func(m *driver.Machine) { m.MaxMemoryBytes = 2 << 30 }},
+		"SwapChangesTheDefinition":               {change: func(m *driver.Machine) { m.SwapBytes *= 2 }},
 		"PublicKeyChangesTheDefinition":          {change: func(m *driver.Machine) { m.PublicKey = "ssh-ed25519 BBBB" }},
 		"DiskSizeDoesNotChangeTheDefinition":     {change: func(m *driver.Machine) { m.Disks[0].SizeBytes *= 2 }, same: true},
 	}

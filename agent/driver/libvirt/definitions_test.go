@@ -76,7 +76,7 @@ func redefineVCPU(t *testing.T, l *golibvirt.Libvirt, dom golibvirt.Domain, vcpu
 	require.NoError(t, err)
 	var def libvirtxml.Domain
 	require.NoError(t, def.Unmarshal(x))
-	def.VCPU.Value = vcpu
+	def.VCPU.Value, def.VCPU.Current = vcpu, vcpu
 	x, err = def.Marshal()
 	require.NoError(t, err)
 	_, err = l.DomainDefineXMLFlags(x, 0)

@@ -94,11 +94,14 @@ func (d *Driver) setOwnership(api API, dom golibvirt.Domain, o ownership, flags 
 
 // domainInfo is what the driver reads back from a domain's XML.
 type domainInfo struct {
-	owner    *ownership
-	vcpu     int64
-	memory   int64
-	nics     []nic
-	firmware driver.Firmware
+	owner *ownership
+	// vcpu and memory are what the guest has (as the definition read
+	// says: running or next), maxVCPU and maxMemory the most it can grow
+	// to without a restart.
+	vcpu, maxVCPU     int64
+	memory, maxMemory int64
+	nics              []nic
+	firmware          driver.Firmware
 	// volumes are the pool volumes the domain's disks are on, and files
 	// the paths of the disks given as files.
 	volumes []poolVolume
@@ -137,10 +140,16 @@ func parseDomain(x string) (domainInfo, error) {
 		info.owner = o
 	}
 	if d.VCPU != nil {
-		info.vcpu = int64(d.VCPU.Value)
+		// libvirt leaves current out when it is the maximum.
+		info.maxVCPU = int64(d.VCPU.Value)
+		info.vcpu = int64(cmp.Or(d.VCPU.Current, d.VCPU.Value))
 	}
 	if d.Memory != nil {
-		info.memory = bytesOf(d.Memory.Value, d.Memory.Unit)
+		info.maxMemory = bytesOf(d.Memory.Value, d.Memory.Unit)
+		info.memory = info.maxMemory
+	}
+	if d.CurrentMemory != nil {
+		info.memory = bytesOf(d.CurrentMemory.Value, d.CurrentMemory.Unit)
 	}
 	if d.OS != nil && d.OS.Firmware == "efi" {
 		info.firmware = driver.FirmwareUEFI
@@ -250,40 +259,88 @@ func bytesOf(v uint, unit string) int64 {
 // Machine itself. Raising it changes every spec hash, so every guest is
 // redefined at its next Ensure and gets the new devices (a running one
 // reports RestartRequired until its next start, which applies them): 2 gave
-// guests their console and VNC sockets.
-const definitionLayout = 2
+// guests their console and VNC sockets; 3 a maximum of vCPUs and memory
+// and a balloon, so both change live.
+const definitionLayout = 3
 
 // specHash identifies the parts of m that shape the domain definition (not
 // its power state, restart nonce or generation, nor its disks' sizes, which
-// growDisks applies live), and the definitionLayout it is made with.
+// growDisks applies live, nor its vCPUs and memory, which resize applies
+// live within their maximum), and the definitionLayout it is made with.
 func specHash(m driver.Machine) string {
-	return hashShape(m, false)
+	return hashShape(m, hashLive)
 }
 
-// sizedSpecHash is specHash as it was before disks grew live, with the
-// disks' sizes: a domain defined then carries it, and is as it should be
-// while it matches, so an agent that learned to grow disks redefines no
-// guest (and makes none RestartRequired) for that alone.
-func sizedSpecHash(m driver.Machine) string {
-	return hashShape(m, true)
+// upToDate is whether a domain whose definition carries hash, and can
+// grow to maxVCPU and maxMemory, is what m asks for, so Ensure need not
+// define it again. A hash an earlier agent wrote counts while it matches,
+// so an upgraded agent redefines no guest (and makes none
+// RestartRequired) for what it learned to apply live.
+func upToDate(hash string, m driver.Machine, defined domainInfo) bool {
+	if beyond(m, defined) {
+		// Only a new definition holds it: its next start gets it.
+		return false
+	}
+	if hash == specHash(m) {
+		return true
+	}
+	// An earlier agent defined the guest with its shape as the maximum
+	// and hashed that shape; resize moves the guest within it.
+	was := m
+	was.VCPU = int32(defined.maxVCPU)
+	if kib(m.MemoryBytes) != kib(defined.maxMemory) {
+		was.MemoryBytes = defined.maxMemory
+	}
+	return hash == hashShape(was, hashFixed) || hash == hashShape(was, hashSized)
 }
 
-func hashShape(m driver.Machine, sizes bool) string {
+// beyond is whether m asks for more vCPUs or memory than the definition
+// info can grow to.
+func beyond(m driver.Machine, info domainInfo) bool {
+	return int64(m.VCPU) > info.maxVCPU || m.MemoryBytes > info.maxMemory
+}
+
+// kib is libvirt's unit of memory: a size in bytes, rounded up to it.
+func kib(b int64) uint64 { return uint64((b + 1023) / 1024) }
+
+// hashEra is what a spec hash covered when it was written.
+type hashEra int
+
+const (
+	// hashSized is the hash from before disks grew live: with the disks'
+	// sizes, the vCPUs and memory, and layout 2.
+	hashSized hashEra = iota
+	// hashFixed is the hash from before vCPUs and memory changed live:
+	// with them, and layout 2.
+	hashFixed
+	// hashLive is today's.
+	hashLive
+)
+
+func hashShape(m driver.Machine, era hashEra) string {
 	shape := m
 	shape.Running, shape.RestartNonce, shape.Generation = false, "", 0
 	// An image only fills a disk once; changing it changes no guest.
 	shape.Disks = make([]driver.Disk, len(m.Disks))
 	for i, disk := range m.Disks {
 		disk.Image = nil
-		if !sizes {
+		if era != hashSized {
 			disk.SizeBytes = 0
 		}
 		shape.Disks[i] = disk
 	}
+	layout := definitionLayout
+	if era == hashLive {
+		shape.VCPU, shape.MemoryBytes = 0, 0
+	} else {
+		// A maximum of 0 is left out of the JSON: the Machine hashes as
+		// it did before maxima existed.
+		layout = 2
+	}
 	b, _ := json.Marshal(struct {
 		Machine driver.Machine
 		Layout  int
-	}{shape, definitionLayout}) //nolint:errchkjson // plain struct of strings and numbers
+	}{shape, layout}) //nolint:errchkjson // plain struct of strings and numbers
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:8])
 }
@@ -345,6 +402,31 @@ type domainSpec struct {
 	// swapFormat is the format of the guest's swap volume as it is on the
 	// node; empty means swapFormat's default.
 	swapFormat string
+	// maxVCPU and maxMemory are the most the guest can grow to live
+	// (maxima); at least the machine's VCPU and MemoryBytes.
+	maxVCPU   int64
+	maxMemory int64
+}
+
+// maxima are the most vCPUs and memory a guest of m defined on a host with
+// hostCPUs and hostMemory can grow to live: m's own maxima, else
+// driver.DefaultMaxRatio times its shape within the host's, never less
+// than its shape. A maximum beyond the host's is Terminal, as vcpu is.
+func maxima(m driver.Machine, hostCPUs, hostMemory int64, node string) (vcpu, memory int64, err error) {
+	if int64(m.MaxVCPU) > hostCPUs {
+		return 0, 0, driver.Terminalf("maxVcpu %d is more than the %d CPUs of node %s", m.MaxVCPU, hostCPUs, node)
+	}
+	if m.MaxMemoryBytes > hostMemory {
+		return 0, 0, driver.Terminalf("maxMemory of %d bytes is more than the %d bytes of node %s", m.MaxMemoryBytes, hostMemory, node)
+	}
+	vcpu, memory = int64(m.MaxVCPU), m.MaxMemoryBytes
+	if vcpu == 0 {
+		vcpu = max(int64(m.VCPU), min(driver.DefaultMaxRatio*int64(m.VCPU), hostCPUs))
+	}
+	if memory == 0 {
+		memory = max(m.MemoryBytes, min(driver.DefaultMaxRatio*m.MemoryBytes, hostMemory))
+	}
+	return vcpu, memory, nil
 }
 
 // domainXML builds the domain definition.
@@ -355,13 +437,16 @@ func domainXML(s domainSpec) (string, error) {
 		return "", err
 	}
 	d := &libvirtxml.Domain{
-		Type:          s.domainType,
-		Name:          domainName(m),
-		UUID:          m.UID,
-		Metadata:      &libvirtxml.DomainMetadata{XML: meta},
-		Memory:        &libvirtxml.DomainMemory{Value: uint(m.MemoryBytes), Unit: "b"},
+		Type:     s.domainType,
+		Name:     domainName(m),
+		UUID:     m.UID,
+		Metadata: &libvirtxml.DomainMetadata{XML: meta},
+		// The guest starts with its maximum of memory and of vCPUs, the
+		// balloon holding what it is not to have, and the vCPUs beyond
+		// VCPU hot-pluggable: resize moves both within it, live.
+		Memory:        &libvirtxml.DomainMemory{Value: uint(max(s.maxMemory, m.MemoryBytes)), Unit: "b"},
 		CurrentMemory: &libvirtxml.DomainCurrentMemory{Value: uint(m.MemoryBytes), Unit: "b"},
-		VCPU:          &libvirtxml.DomainVCPU{Value: uint(m.VCPU)},
+		VCPU:          &libvirtxml.DomainVCPU{Value: uint(max(s.maxVCPU, int64(m.VCPU))), Current: uint(m.VCPU)},
 		OS:            &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Type: "hvm"}},
 		OnPoweroff:    "destroy",
 		OnReboot:      "restart",
@@ -442,6 +527,10 @@ func domainXML(s domainSpec) (string, error) {
 		Listeners: []libvirtxml.DomainGraphicListener{{Socket: &libvirtxml.DomainGraphicListenerSocket{}}},
 	}}}
 	d.Devices.Videos = []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}}}
+	// The balloon is how a running guest's memory changes: inflated, it
+	// takes memory from the guest (MemTotal falls), deflated it gives it
+	// back, up to the maximum. Every stock kernel has its driver.
+	d.Devices.MemBalloon = &libvirtxml.DomainMemBalloon{Model: "virtio"}
 	// The guest agent channel lets DomainInterfaceAddresses ask the guest.
 	d.Devices.Channels = []libvirtxml.DomainChannel{{
 		Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind"}},

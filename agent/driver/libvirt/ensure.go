@@ -55,7 +55,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		key.UID = formatUUID(dom.UUID)
 	}
 	owner := ownership{UID: m.UID, Namespace: m.Namespace, Name: m.Name, Generation: m.Generation, SpecHash: specHash(key), LastNonce: m.RestartNonce}
-	if driver.IsNotFound(err) || (!info.owner.Imported && info.owner.SpecHash != owner.SpecHash && info.owner.SpecHash != sizedSpecHash(key)) {
+	if driver.IsNotFound(err) || (!info.owner.Imported && !upToDate(info.owner.SpecHash, key, info)) {
 		if info.owner != nil {
 			// A redefinition keeps what the old definition counted.
 			owner.LastNonce, owner.Restarts, owner.LastRestore = info.owner.LastNonce, info.owner.Restarts, info.owner.LastRestore
@@ -67,9 +67,12 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		d.imagesInUse.RLock()
 		importing, err := d.prepareImages(api, m)
 		if err == nil && importing == "" {
-			dom, err = d.define(api, conn, key, owner, info.owner == nil, nets)
-			if err == nil && info.owner != nil {
-				d.leftNetworks(api, info.nics, nicsOf(key))
+			old := info
+			// info becomes the new definition: what resize and observe
+			// compare the guest with.
+			dom, info, err = d.define(api, conn, key, owner, info.owner == nil, nets)
+			if err == nil && old.owner != nil {
+				d.leftNetworks(api, old.nics, nicsOf(key))
 			}
 		}
 		d.imagesInUse.RUnlock()
@@ -98,32 +101,50 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if err != nil {
 		return driver.Observation{}, err
 	}
-	// The next definition's hash is the one just written or read.
-	o, err := d.observeWith(look{api: api, nets: nets, definedHash: owner.SpecHash}, dom, m.UID, live)
-	if unGrown != "" {
-		o.Message = strings.TrimPrefix(o.Message+"; "+unGrown, "; ")
+	var unResized string
+	if !owner.Imported {
+		var tried bool
+		if unResized, tried = d.resize(api, dom, m, &info, live); tried {
+			if live, err = d.describe(api, dom, m.UID, 0); err != nil {
+				return driver.Observation{}, err
+			}
+		}
+	}
+	// The next definition is the one just written or read, and its hash
+	// the one converge kept.
+	info.owner = &owner
+	o, err := d.observeWith(look{api: api, nets: nets, defined: &info}, dom, m.UID, live)
+	for _, why := range []string{unGrown, unResized} {
+		if why != "" {
+			o.Message = strings.TrimPrefix(o.Message+"; "+why, "; ")
+		}
 	}
 	return o, err
 }
 
-// define creates what the guest needs and (re)defines its domain. A running
-// domain keeps running on its old definition until its next start.
+// define creates what the guest needs and (re)defines its domain, and
+// returns it with the definition as written. A running domain keeps
+// running on its old definition until its next start.
 //
 // For a new guest, a definition libvirt refuses for good (a machine or
 // domain type the host lacks, an unsupported configuration) leaves nothing
 // behind: the volumes made for it here are removed again.
-func (d *Driver) define(api API, conn *connection, m driver.Machine, owner ownership, fresh bool, nets *networkView) (dom golibvirt.Domain, err error) {
+func (d *Driver) define(api API, conn *connection, m driver.Machine, owner ownership, fresh bool, nets *networkView) (dom golibvirt.Domain, info domainInfo, err error) {
 	if int64(m.VCPU) > conn.hostCPUs {
-		return golibvirt.Domain{}, driver.Terminalf("vcpu %d is more than the %d CPUs of node %s", m.VCPU, conn.hostCPUs, d.node)
+		return golibvirt.Domain{}, domainInfo{}, driver.Terminalf("vcpu %d is more than the %d CPUs of node %s", m.VCPU, conn.hostCPUs, d.node)
+	}
+	maxVCPU, maxMemory, err := maxima(m, conn.hostCPUs, conn.hostMemory, d.node)
+	if err != nil {
+		return golibvirt.Domain{}, domainInfo{}, err
 	}
 	for _, n := range m.Networks {
 		if err := d.checkNetwork(n); err != nil {
-			return golibvirt.Domain{}, err
+			return golibvirt.Domain{}, domainInfo{}, err
 		}
 	}
 	release, err := d.ensureNetworks(api, m, nets)
 	if err != nil {
-		return golibvirt.Domain{}, err
+		return golibvirt.Domain{}, domainInfo{}, err
 	}
 	defer release()
 	var made []poolVolume
@@ -142,7 +163,7 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 		pool := cmp.Or(disk.Pool, d.pool)
 		if disk.Imported {
 			if m.Disks[i].Format, err = d.importedFormat(api, pool, disk.Name); err != nil {
-				return golibvirt.Domain{}, err
+				return golibvirt.Domain{}, domainInfo{}, err
 			}
 			continue
 		}
@@ -153,7 +174,7 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 			created, err = ensureVolume(api, pool, disk.Name, disk.SizeBytes, cmp.Or(disk.Format, defaultFormat))
 		}
 		if err != nil {
-			return golibvirt.Domain{}, err
+			return golibvirt.Domain{}, domainInfo{}, err
 		}
 		if created {
 			made = append(made, poolVolume{pool: pool, name: disk.Name})
@@ -166,35 +187,38 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 		made = append(made, poolVolume{pool: d.pool, name: swapVolume(m.UID)})
 		created, err := ensureVolume(api, d.pool, swapVolume(m.UID), m.SwapBytes, swapFormat)
 		if err != nil {
-			return golibvirt.Domain{}, err
+			return golibvirt.Domain{}, domainInfo{}, err
 		}
 		// Only a swap volume made before may be in another format.
 		if !created {
 			if swapFmt, err = volumeFormat(api, d.pool, swapVolume(m.UID)); err != nil {
-				return golibvirt.Domain{}, err
+				return golibvirt.Domain{}, domainInfo{}, err
 			}
 		}
 	}
 	iso, err := seedISO(m)
 	if err != nil {
-		return golibvirt.Domain{}, err
+		return golibvirt.Domain{}, domainInfo{}, err
 	}
 	if err := writeSeed(api, d.pool, seedVolume(m.UID), iso, d.testDriver); err != nil {
-		return golibvirt.Domain{}, err
+		return golibvirt.Domain{}, domainInfo{}, err
 	}
-	spec := domainSpec{machine: m, owner: owner, domainType: conn.domainType, pool: d.pool, consoleDir: d.consoles.dir, swapFormat: swapFmt}
+	spec := domainSpec{machine: m, owner: owner, domainType: conn.domainType, pool: d.pool, consoleDir: d.consoles.dir, swapFormat: swapFmt, maxVCPU: maxVCPU, maxMemory: maxMemory}
 	if slices.ContainsFunc(m.Networks, func(n driver.Network) bool { return n.VNI != 0 }) {
 		if spec.overlayMTU, err = d.overlayMTU(); err != nil {
-			return golibvirt.Domain{}, err
+			return golibvirt.Domain{}, domainInfo{}, err
 		}
 	}
 	x, err := domainXML(spec)
 	if err != nil {
-		return golibvirt.Domain{}, err
+		return golibvirt.Domain{}, domainInfo{}, err
+	}
+	if info, err = parseDomain(x); err != nil {
+		return golibvirt.Domain{}, domainInfo{}, err
 	}
 	key, err := parseUUID(m.UID)
 	if err != nil {
-		return golibvirt.Domain{}, driver.Terminal(errors.Wrap(err, "the guest's uid is no UUID"))
+		return golibvirt.Domain{}, domainInfo{}, driver.Terminal(errors.Wrap(err, "the guest's uid is no UUID"))
 	}
 	d.echoes.expect(formatUUID(key), golibvirt.DomainEventDefined, d.now())
 	dom, err = api.DomainDefineXMLFlags(x, 0)
@@ -202,12 +226,12 @@ func (d *Driver) define(api API, conn *connection, m driver.Machine, owner owner
 		d.echoes.withdraw(formatUUID(key), golibvirt.DomainEventDefined)
 	}
 	if isCode(err, permanentCodes...) {
-		return dom, driver.Terminal(errors.Wrap(err, "libvirt rejected the guest's definition"))
+		return dom, info, driver.Terminal(errors.Wrap(err, "libvirt rejected the guest's definition"))
 	}
 	if err == nil && grown {
 		d.grown.Found(m)
 	}
-	return dom, errors.Wrap(err, "cannot define domain")
+	return dom, info, errors.Wrap(err, "cannot define domain")
 }
 
 // converge drives the domain's power state towards m.Running and m.Paused
@@ -238,12 +262,16 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 	paused := s == golibvirt.DomainPaused && !halted
 	active := s != golibvirt.DomainShutoff && s != golibvirt.DomainCrashed && s != golibvirt.DomainNostate
 	liveHash, lastReset := owner.SpecHash, ""
+	// stale is whether the running guest is of an older shape than m, one
+	// only a start gives it.
+	stale := false
 	if active {
 		live, x, err := d.describeXML(api, dom, m.UID, 0)
 		if err != nil {
 			return err
 		}
 		liveHash = live.owner.SpecHash
+		stale = liveHash != owner.SpecHash || beyond(m, live)
 		if lastReset, err = resetOf(x); err != nil {
 			return err
 		}
@@ -284,7 +312,7 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 			return err
 		}
 		return d.startAs(api, dom, m)
-	case restart && (halted || paused || m.Paused || s == golibvirt.DomainRunning && liveHash != owner.SpecHash), reset && halted:
+	case restart && (halted || paused || m.Paused || s == golibvirt.DomainRunning && stale), reset && halted:
 		// A guest the hypervisor halted is only ever started afresh: a
 		// resume runs the failing instruction again, a reboot is not
 		// delivered, and a reset in place finds the same fault. Nor is a

@@ -120,22 +120,17 @@ func TestAGuestHashedWithItsDiskSizesIsNotRedefined(t *testing.T) {
 	node := libvirttest.Start(t, "sized-hash")
 	d := open(t, node)
 	m := machine("sized")
+	m.Running = false
 	_, err := d.Ensure(ctx, m)
 	require.NoError(t, err)
-	l := raw(t, node)
-	dom := domainOf(t, l, m.UID)
-	x, err := l.DomainGetXMLDesc(dom, golibvirt.DomainXMLInactive)
-	require.NoError(t, err)
-	info, err := parseDomain(x)
-	require.NoError(t, err)
-	old := *info.owner
-	old.SpecHash = sizedSpecHash(m)
-	require.NoError(t, d.setOwnership(l, dom, old, golibvirt.DomainAffectConfig|golibvirt.DomainAffectLive))
+	defineAsBefore(t, d, raw(t, node), m, hashSized)
 
 	var n int
 	d.intercept = func(a API) API { return defines{API: a, n: &n} }
+	m.Running = true
 	o, err := d.Ensure(ctx, m)
 	require.NoError(t, err)
 	assert.Zero(t, n, "no definition written")
+	assert.Equal(t, driver.PhaseRunning, o.Phase)
 	assert.False(t, o.RestartRequired)
 }

@@ -2,6 +2,7 @@ package libvirt
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -20,14 +21,13 @@ func (d *Driver) Observe(_ context.Context, uid string) (driver.Observation, err
 	if err != nil {
 		return driver.Observation{}, err
 	}
-	return d.observe(api, dom, uid, info, "")
+	return d.observe(api, dom, uid, info)
 }
 
 // observe reports the guest uid of domain dom, whose running definition is
-// info. definedHash is the spec hash of its next definition when the caller
-// knows it (Ensure, which just wrote or read it), else "" to read it.
-func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainInfo, definedHash string) (driver.Observation, error) {
-	return d.observeWith(look{api: api, nets: newNetworkView(api), definedHash: definedHash}, dom, uid, info)
+// info.
+func (d *Driver) observe(api API, dom golibvirt.Domain, uid string, info domainInfo) (driver.Observation, error) {
+	return d.observeWith(look{api: api, nets: newNetworkView(api)}, dom, uid, info)
 }
 
 // look is what one observation reads through, and what its caller read
@@ -42,9 +42,9 @@ type look struct {
 	nets *networkView
 	// state is the domain's state when the caller read it; nil to read it.
 	state *powerState
-	// definedHash is the spec hash of the next definition when the caller
-	// knows it; "" to read it.
-	definedHash string
+	// defined is the next definition when the caller knows it (Ensure,
+	// which just wrote or read it); nil to read it.
+	defined *domainInfo
 }
 
 // look is a look at one of the node's guests in a full observe: the next
@@ -64,7 +64,7 @@ func (d *Driver) observeWith(l look, dom golibvirt.Domain, uid string, info doma
 		l.state = &powerState{state: golibvirt.DomainState(state), reason: reason}
 	}
 	state, reason := l.state.state, l.state.reason
-	o := driver.Observation{UID: uid, ID: formatUUID(dom.UUID), Node: d.node, VCPU: int32(info.vcpu), MemoryBytes: info.memory}
+	o := driver.Observation{UID: uid, ID: formatUUID(dom.UUID), Node: d.node, VCPU: int32(info.vcpu), MemoryBytes: info.memory, MaxVCPU: int32(info.maxVCPU), MaxMemoryBytes: info.maxMemory}
 	o.Phase, o.Message = phaseOf(state, reason)
 	switch s := state; {
 	case movedAway(s, reason):
@@ -85,20 +85,27 @@ func (d *Driver) observeWith(l look, dom golibvirt.Domain, uid string, info doma
 	started, startKnown := d.startedAt[uid]
 	d.stateMu.Unlock()
 
-	definedHash := l.definedHash
 	if o.Phase != driver.PhaseStopped && o.Phase != driver.PhaseFailed && info.owner != nil {
 		// A running domain whose definition changed since it started runs
-		// the old shape until its next start.
-		if definedHash == "" {
-			defined, err := d.nextDefinitionOf(l, dom, uid)
+		// the old shape until its next start; so does one asked for more
+		// vCPUs or memory than it can grow to.
+		defined := l.defined
+		if defined == nil {
+			next, err := d.nextDefinitionOf(l, dom, uid)
 			if err != nil && !driver.IsNotFound(err) {
 				return driver.Observation{}, err
 			}
 			if err == nil {
-				definedHash = defined.owner.SpecHash
+				defined = &next
 			}
 		}
-		o.RestartRequired = definedHash != "" && definedHash != info.owner.SpecHash
+		if defined != nil {
+			note, beyond := shapeNote(info, *defined)
+			o.RestartRequired = beyond || defined.owner.SpecHash != info.owner.SpecHash
+			if note != "" && !info.owner.Imported {
+				o.Message = strings.TrimPrefix(o.Message+"; "+note, "; ")
+			}
+		}
 	}
 	if o.Phase != driver.PhaseRunning && o.Phase != driver.PhaseStopping && o.Phase != driver.PhasePaused {
 		// A paused guest keeps its addresses: its memory, and so its

@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"cmp"
 	"context"
 	"testing"
 
@@ -362,18 +363,26 @@ func TestARevertBringsBackTheSnapshotsShape(t *testing.T) {
 	require.NoError(t, err)
 	_, err = d.TakeSnapshot(ctx, m.UID, driver.SnapshotRequest{ID: "two-vcpus"})
 	require.NoError(t, err)
-	m.VCPU = 4
+	// A new maximum waits for the next start; the vCPUs within the one
+	// the guest runs with do not.
+	m.VCPU, m.MaxVCPU = 4, 4
 	o, err := d.Ensure(ctx, m)
 	require.NoError(t, err)
 	require.True(t, o.RestartRequired, "the new shape waits for the next start")
 
 	require.NoError(t, d.RevertSnapshot(ctx, m.UID, driver.RevertRequest{Snapshot: "two-vcpus", Running: true}))
-	assert.Equal(t, 2, int(definition(t, l, m).VCPU.Value), "the snapshot's definition is back")
+	vcpus := func() (current, maximum uint) {
+		v := definition(t, l, m).VCPU
+		return cmp.Or(v.Current, v.Value), v.Value
+	}
+	current, _ := vcpus()
+	assert.Equal(t, uint(2), current, "the snapshot's definition is back")
 	o, err = d.Ensure(ctx, m)
 	require.NoError(t, err)
 	assert.Equal(t, driver.PhaseRunning, o.Phase)
 	assert.False(t, o.RestartRequired)
-	assert.Equal(t, 4, int(definition(t, l, m).VCPU.Value), "started with the Machine's shape")
+	current, maximum := vcpus()
+	assert.Equal(t, [2]uint{4, 4}, [2]uint{current, maximum}, "started with the Machine's shape and maximum")
 }
 
 // TestAStartFromASnapshotIsNoBoot: libvirt announces a guest resumed from

@@ -25,20 +25,22 @@ func machine(in wire.Intent) (driver.Machine, error) {
 		return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks is empty, need a boot disk")
 	}
 	m := driver.Machine{
-		UID:          in.UID,
-		Namespace:    in.Namespace,
-		Name:         in.Name,
-		Generation:   in.Generation,
-		VCPU:         spec.VCPU,
-		MemoryBytes:  spec.MemoryBytes,
-		SwapBytes:    spec.SwapBytes,
-		PublicKey:    spec.PublicKey,
-		UserData:     spec.UserData,
-		Firmware:     driver.Firmware(spec.Firmware),
-		Running:      in.Running,
-		RestartNonce: in.RestartNonce,
-		Paused:       in.Paused,
-		ResetNonce:   in.ResetNonce,
+		UID:            in.UID,
+		Namespace:      in.Namespace,
+		Name:           in.Name,
+		Generation:     in.Generation,
+		VCPU:           spec.VCPU,
+		MemoryBytes:    spec.MemoryBytes,
+		MaxVCPU:        spec.MaxVCPU,
+		MaxMemoryBytes: spec.MaxMemoryBytes,
+		SwapBytes:      spec.SwapBytes,
+		PublicKey:      spec.PublicKey,
+		UserData:       spec.UserData,
+		Firmware:       driver.Firmware(spec.Firmware),
+		Running:        in.Running,
+		RestartNonce:   in.RestartNonce,
+		Paused:         in.Paused,
+		ResetNonce:     in.ResetNonce,
 	}
 	for i, d := range spec.Disks {
 		if d.Name == "" {
@@ -154,6 +156,8 @@ func report(in wire.Intent, obs driver.Observation) wire.Report {
 		Message:            obs.Message,
 		VCPU:               obs.VCPU,
 		MemoryBytes:        obs.MemoryBytes,
+		MaxVCPU:            obs.MaxVCPU,
+		MaxMemoryBytes:     obs.MaxMemoryBytes,
 	}
 	for _, i := range obs.Interfaces {
 		network := i.Network

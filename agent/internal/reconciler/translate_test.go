@@ -203,3 +203,19 @@ func TestMachineCarriesThePowerRequests(t *testing.T) {
 	assert.Equal(t, "t1", m.RestartNonce)
 	assert.Equal(t, "r1", m.ResetNonce)
 }
+
+// TestTheShapeAndItsMaximaTravelBothWays: the maxima the hub asks for
+// reach the driver, and the shape the guest runs with, maxima included,
+// reaches the report.
+func TestTheShapeAndItsMaximaTravelBothWays(t *testing.T) {
+	in := wire.Intent{UID: "a", Namespace: "team-a", Name: "vm", Running: true, Machine: wire.Machine{
+		VCPU: 2, MaxVCPU: 6, MemoryBytes: 1 << 30, MaxMemoryBytes: 3 << 30,
+		Disks: []wire.Disk{{Name: "root", SizeBytes: 1 << 30}},
+	}}
+	m, err := machine(in)
+	require.NoError(t, err)
+	assert.Equal(t, [4]int64{2, 6, 1 << 30, 3 << 30}, [4]int64{int64(m.VCPU), int64(m.MaxVCPU), m.MemoryBytes, m.MaxMemoryBytes})
+
+	r := report(in, driver.Observation{VCPU: 3, MaxVCPU: 6, MemoryBytes: 2 << 30, MaxMemoryBytes: 3 << 30})
+	assert.Equal(t, [4]int64{3, 6, 2 << 30, 3 << 30}, [4]int64{int64(r.VCPU), int64(r.MaxVCPU), r.MemoryBytes, r.MaxMemoryBytes})
+}

@@ -32,6 +32,11 @@ func size(vcpu any, memory any) map[string]any {
 	return map[string]any{"cpu": map[string]any{"guest": vcpu}, "memory": map[string]any{"guest": memory}}
 }
 
+// maxed is an instance type's spec with maxima.
+func maxed(vcpu, maxVcpu any, memory, maxMemory any) map[string]any {
+	return map[string]any{"cpu": map[string]any{"guest": vcpu, "maxGuest": maxVcpu}, "memory": map[string]any{"guest": memory, "maxGuest": maxMemory}}
+}
+
 // TestInstancetypeCRDs pins what users see of instance types and
 // preferences: a VM names a type or gives vcpu and memory, never both and
 // never neither; the types' bounds and enums; kubectl's columns and short
@@ -56,6 +61,8 @@ func TestInstancetypeCRDs(t *testing.T) {
 		for _, tc := range []invalidCase{
 			{"instancetype and vcpu", func(fp map[string]any) { typed(fp); fp["vcpu"] = 2 }, []string{"spec.forProvider.vcpu", both}},
 			{"instancetype and memory", func(fp map[string]any) { typed(fp); fp["memory"] = "1Gi" }, []string{"spec.forProvider.memory", both}},
+			{"instancetype and maxVcpu", func(fp map[string]any) { typed(fp); fp["maxVcpu"] = 8 }, []string{"spec.forProvider.maxVcpu", "instancetype sets the maximum vcpu (cpu.maxGuest)"}},
+			{"instancetype and maxMemory", func(fp map[string]any) { typed(fp); fp["maxMemory"] = "8Gi" }, []string{"spec.forProvider.maxMemory", "instancetype sets the maximum memory (memory.maxGuest)"}},
 			{"neither instancetype nor vcpu", unset("vcpu"), []string{"spec.forProvider.vcpu: Required value", "vcpu is required unless the VM names an instancetype"}},
 			{"neither instancetype nor memory", unset("memory"), []string{"spec.forProvider.memory: Required value", "memory is required unless the VM names an instancetype"}},
 			{"instancetype of an unknown kind", func(fp map[string]any) {
@@ -101,6 +108,35 @@ func TestInstancetypeCRDs(t *testing.T) {
 		require.NoError(t, cp.Client.Update(ctx, vm))
 	})
 
+	t.Run("AVMWithMaximaReadsBackWithThem", func(t *testing.T) {
+		u := validVM("maxed")
+		fp := forProvider(u)
+		fp["vcpu"], fp["maxVcpu"], fp["memory"], fp["maxMemory"] = 2, 2, "1Gi", "1024Mi"
+		require.NoError(t, cp.Client.Create(ctx, u), "maxima equal to the shape are allowed, in any unit")
+		vm := &computev1alpha1.VirtualMachine{}
+		require.NoError(t, cp.Client.Get(ctx, client.ObjectKeyFromObject(u), vm))
+		vcpu, memory := vm.MaxShape()
+		assert.Equal(t, int32(2), vcpu)
+		require.NotNil(t, memory)
+		assert.Equal(t, int64(1<<30), memory.Value())
+	})
+
+	t.Run("AVMOfATypeTakesTheTypesMaxima", func(t *testing.T) {
+		require.NoError(t, cp.Client.Create(ctx, template("VirtualMachineClusterInstancetype", "growable", true, maxed(2, 8, "1Gi", "4Gi"))))
+		it := &computev1alpha1.VirtualMachineClusterInstancetype{}
+		require.NoError(t, cp.Client.Get(ctx, client.ObjectKey{Name: "growable"}, it))
+		vm := &computev1alpha1.VirtualMachine{}
+		vm.Spec.ForProvider.Instancetype = &computev1alpha1.InstancetypeRef{Name: "growable"}
+		vcpu, memory := vm.MaxShape()
+		assert.Zero(t, vcpu, "nothing before the hub records the type")
+		assert.Nil(t, memory)
+		vm.Status.InstancetypeRef = &computev1alpha1.InstancetypeRevision{Name: "growable", Spec: it.Spec}
+		vcpu, memory = vm.MaxShape()
+		assert.Equal(t, int32(8), vcpu)
+		require.NotNil(t, memory)
+		assert.Equal(t, "4Gi", memory.String())
+	})
+
 	t.Run("InvalidTemplatesAreRejectedNamingTheField", func(t *testing.T) {
 		for _, tc := range []invalidObject{
 			{"no vcpu", template("VirtualMachineClusterInstancetype", "novcpu", true, size(0, "1Gi")), []string{"spec.cpu.guest", "greater than or equal to 1"}},
@@ -109,6 +145,9 @@ func TestInstancetypeCRDs(t *testing.T) {
 			{"memory past 16Ti", template("VirtualMachineClusterInstancetype", "hugemem", true, size(1, "17Ti")), []string{"spec.memory.guest", "memory.guest must be at most 16Ti"}},
 			{"memory missing", template("VirtualMachineClusterInstancetype", "nomemory", true, map[string]any{"cpu": map[string]any{"guest": 1}}), []string{"spec.memory", "Required value"}},
 			{"unknown firmware", template("VirtualMachineClusterPreference", "efi", true, map[string]any{"preferredFirmware": "efi"}), []string{"spec.preferredFirmware", "Unsupported value"}},
+			{"cpu.maxGuest below cpu.guest", template("VirtualMachineClusterInstancetype", "fewer", true, maxed(4, 2, "1Gi", "1Gi")), []string{"spec.cpu.maxGuest", "cpu.maxGuest must be at least cpu.guest"}},
+			{"memory.maxGuest below memory.guest", template("VirtualMachineInstancetype", "less", false, maxed(1, 1, "2Gi", "1Gi")), []string{"spec.memory.maxGuest", "memory.maxGuest must be at least memory.guest"}},
+			{"memory.maxGuest past 16Ti", template("VirtualMachineInstancetype", "huge", false, maxed(1, 1, "1Gi", "17Ti")), []string{"spec.memory.maxGuest", "memory.maxGuest must be at most 16Ti"}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				err := cp.Client.Create(ctx, tc.obj)

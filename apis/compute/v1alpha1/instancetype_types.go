@@ -69,19 +69,32 @@ type PreferenceRef struct {
 }
 
 // InstancetypeCPU is an instance type's processors.
+// +kubebuilder:validation:XValidation:rule="!has(self.maxGuest) || self.maxGuest >= self.guest",fieldPath=".maxGuest",message="cpu.maxGuest must be at least cpu.guest"
 type InstancetypeCPU struct {
 	// Guest is the number of virtual CPUs.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1024
 	Guest int32 `json:"guest"`
+	// MaxGuest is the most vCPUs a running VM of the type can be given
+	// without a restart, as a VirtualMachine's maxVcpu.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1024
+	// +optional
+	MaxGuest *int32 `json:"maxGuest,omitempty"`
 }
 
 // InstancetypeMemory is an instance type's memory.
+// +kubebuilder:validation:XValidation:rule="!has(self.maxGuest) || !quantity(string(self.maxGuest)).isLessThan(quantity(string(self.guest)))",fieldPath=".maxGuest",message="memory.maxGuest must be at least memory.guest"
 type InstancetypeMemory struct {
 	// Guest is the guest's RAM, bounded as a VirtualMachine's memory is.
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",messageExpression="'memory.guest must be greater than 0, got ' + string(self)"
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isGreaterThan(quantity('16Ti'))",messageExpression="'memory.guest must be at most 16Ti, got ' + string(self)"
 	Guest resource.Quantity `json:"guest"`
+	// MaxGuest is the most memory a running VM of the type can be given
+	// without a restart, as a VirtualMachine's maxMemory.
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isGreaterThan(quantity('16Ti'))",messageExpression="'memory.maxGuest must be at most 16Ti, got ' + string(self)"
+	// +optional
+	MaxGuest *resource.Quantity `json:"maxGuest,omitempty"`
 }
 
 // InstancetypeSpec is what a VM of the type gets. Hugepages and dedicated
@@ -152,6 +165,27 @@ func (vm *VirtualMachine) Shape() (vcpu int32, memory resource.Quantity, ok bool
 		return 0, resource.Quantity{}, false
 	}
 	return r.Spec.CPU.Guest, r.Spec.Memory.Guest, true
+}
+
+// MaxShape is the most vCPUs and memory vm may grow to while it runs: its
+// own maxVcpu and maxMemory, or those recorded from its instance type; 0
+// and nil where it leaves them to the node.
+func (vm *VirtualMachine) MaxShape() (vcpu int32, memory *resource.Quantity) {
+	fp := &vm.Spec.ForProvider
+	if fp.Instancetype == nil {
+		if fp.MaxVcpu != nil {
+			vcpu = *fp.MaxVcpu
+		}
+		return vcpu, fp.MaxMemory
+	}
+	r := vm.Status.InstancetypeRef
+	if r == nil {
+		return 0, nil
+	}
+	if r.Spec.CPU.MaxGuest != nil {
+		vcpu = *r.Spec.CPU.MaxGuest
+	}
+	return vcpu, r.Spec.Memory.MaxGuest
 }
 
 // BootFirmware is the firmware vm boots with: its own, else its recorded

@@ -66,6 +66,10 @@ type DiskAttachment struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.instancetype) || !has(self.memory)",fieldPath=".memory",message="instancetype sets vcpu and memory: name an instancetype or set vcpu and memory, not both"
 // +kubebuilder:validation:XValidation:rule="has(self.instancetype) || has(self.vcpu)",fieldPath=".vcpu",reason="FieldValueRequired",message="vcpu is required unless the VM names an instancetype"
 // +kubebuilder:validation:XValidation:rule="has(self.instancetype) || has(self.memory)",fieldPath=".memory",reason="FieldValueRequired",message="memory is required unless the VM names an instancetype"
+// +kubebuilder:validation:XValidation:rule="!has(self.instancetype) || !has(self.maxVcpu)",fieldPath=".maxVcpu",message="instancetype sets the maximum vcpu (cpu.maxGuest): name an instancetype or set maxVcpu, not both"
+// +kubebuilder:validation:XValidation:rule="!has(self.instancetype) || !has(self.maxMemory)",fieldPath=".maxMemory",message="instancetype sets the maximum memory (memory.maxGuest): name an instancetype or set maxMemory, not both"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxVcpu) || !has(self.vcpu) || self.maxVcpu >= self.vcpu",fieldPath=".maxVcpu",message="maxVcpu must be at least vcpu"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxMemory) || !has(self.memory) || !quantity(string(self.maxMemory)).isLessThan(quantity(string(self.memory)))",fieldPath=".maxMemory",message="maxMemory must be at least memory"
 type VirtualMachineParameters struct {
 	// Running is the desired power state. true starts the guest; false shuts
 	// it down (ACPI first, forced off after a grace period).
@@ -103,6 +107,26 @@ type VirtualMachineParameters struct {
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isGreaterThan(quantity('16Ti'))",messageExpression="'memory must be at most 16Ti, got ' + string(self)"
 	// +optional
 	Memory resource.Quantity `json:"memory,omitzero"`
+
+	// MaxVcpu is the most vCPUs the running guest can be given without a
+	// restart: vcpu changes live up to it (and down), where the backend
+	// can (libvirt). It is set when the guest starts: changing it, or
+	// raising vcpu above the maximum the guest started with, applies at
+	// the next start (RestartRequired). Unset means 4 times vcpu, within
+	// the node's CPUs (KubeVirt's MaxHotplugRatio). At least vcpu.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1024
+	// +optional
+	MaxVcpu *int32 `json:"maxVcpu,omitempty"`
+
+	// MaxMemory is the most memory the running guest can be given without
+	// a restart, as maxVcpu is for vcpu; the guest's balloon gives memory
+	// back as far as the guest allows. Unset means 4 times memory, within
+	// the node's. At least memory, at most 16Ti.
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",messageExpression="'maxMemory must be greater than 0, got ' + string(self)"
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isGreaterThan(quantity('16Ti'))",messageExpression="'maxMemory must be at most 16Ti, got ' + string(self)"
+	// +optional
+	MaxMemory *resource.Quantity `json:"maxMemory,omitempty"`
 
 	// Swap is the size of a swap disk added to the guest and enabled by
 	// cloud-init; 0 means no swap. It is at most 64Ti, the largest Volume
@@ -314,16 +338,46 @@ type VirtualMachineObservation struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// RestartRequired is true when the spec changed in a way that takes
-	// effect only at the next start (vcpu, memory, swap, disks, networks).
+	// effect only at the next start (swap, disks, networks, the maxima, a
+	// vcpu or memory beyond the maximum the guest runs with, and any vcpu
+	// or memory on a backend without live resize); the Ready condition's
+	// message names what waits.
 	// +optional
 	RestartRequired bool `json:"restartRequired,omitempty"`
 
-	// Vcpu and Memory are the guest's real shape as its backend defines
-	// it; an imported or only observed guest may differ from the spec.
+	// Vcpu and Memory are the guest's real shape as it runs (as its
+	// backend defines it when it is off); an imported or only observed
+	// guest may differ from the spec.
 	// +optional
 	Vcpu int32 `json:"vcpu,omitempty"`
 	// +optional
 	Memory *resource.Quantity `json:"memory,omitempty"`
+	// MaxVcpu and MaxMemory are the most the running guest can be given
+	// without a restart; unset where the backend cannot resize it live.
+	// +optional
+	MaxVcpu int32 `json:"maxVcpu,omitempty"`
+	// +optional
+	MaxMemory *resource.Quantity `json:"maxMemory,omitempty"`
+
+	// Declared is the shape the VM asks for: its own, or its instance
+	// type's as recorded. Beside vcpu and memory, what the guest runs, it
+	// shows whether the guest runs what it asks.
+	// +optional
+	Declared *Shape `json:"declared,omitempty"`
+}
+
+// Shape is a VM's vCPUs and memory, and the most it may grow to live.
+type Shape struct {
+	// +optional
+	Vcpu int32 `json:"vcpu,omitempty"`
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+	// MaxVcpu and MaxMemory are unset when the VM leaves them to the
+	// node.
+	// +optional
+	MaxVcpu int32 `json:"maxVcpu,omitempty"`
+	// +optional
+	MaxMemory *resource.Quantity `json:"maxMemory,omitempty"`
 }
 
 // VirtualMachineSpec defines the desired state of a VirtualMachine.

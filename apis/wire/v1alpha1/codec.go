@@ -158,7 +158,7 @@ func (in Intent) Validate() error {
 	if err := in.Restore.validate(); err != nil {
 		return err
 	}
-	if in.Machine.VCPU < 0 || in.Machine.MemoryBytes < 0 || in.Machine.SwapBytes < 0 {
+	if mc := in.Machine; mc.VCPU < 0 || mc.MemoryBytes < 0 || mc.SwapBytes < 0 || mc.MaxVCPU < 0 || mc.MaxMemoryBytes < 0 {
 		return &DecodeError{Kind: "intent", Err: errors.New("machine resources must not be negative")}
 	}
 	for i, d := range in.Machine.Disks {

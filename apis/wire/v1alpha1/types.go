@@ -133,14 +133,18 @@ type Orphan struct {
 // Machine is the guest's shape with every reference already resolved by the
 // hub, so the agent never needs to read the Kubernetes API.
 type Machine struct {
-	VCPU        int32     `json:"vcpu"`
-	MemoryBytes int64     `json:"memoryBytes"`
-	SwapBytes   int64     `json:"swapBytes,omitempty"`
-	PublicKey   string    `json:"publicKey,omitempty"`
-	UserData    string    `json:"userData,omitempty"`
-	Firmware    Firmware  `json:"firmware,omitempty"`
-	Disks       []Disk    `json:"disks,omitempty"`
-	Networks    []Network `json:"networks,omitempty"`
+	VCPU        int32 `json:"vcpu"`
+	MemoryBytes int64 `json:"memoryBytes"`
+	// MaxVCPU and MaxMemoryBytes are the most VCPU and MemoryBytes may
+	// grow to on the running guest; 0 leaves it to the node.
+	MaxVCPU        int32     `json:"maxVcpu,omitempty"`
+	MaxMemoryBytes int64     `json:"maxMemoryBytes,omitempty"`
+	SwapBytes      int64     `json:"swapBytes,omitempty"`
+	PublicKey      string    `json:"publicKey,omitempty"`
+	UserData       string    `json:"userData,omitempty"`
+	Firmware       Firmware  `json:"firmware,omitempty"`
+	Disks          []Disk    `json:"disks,omitempty"`
+	Networks       []Network `json:"networks,omitempty"`
 }
 
 // Firmware the guest boots with.
@@ -339,6 +343,10 @@ type Report struct {
 	// defines it; 0 when the backend does not tell.
 	VCPU        int32 `json:"vcpu,omitempty"`
 	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// MaxVCPU and MaxMemoryBytes are the most the running guest can grow
+	// to without a restart; 0 when the backend cannot grow it live.
+	MaxVCPU        int32 `json:"maxVcpu,omitempty"`
+	MaxMemoryBytes int64 `json:"maxMemoryBytes,omitempty"`
 	// Released confirms a release marker: the node no longer manages the
 	// guest and left it as it was.
 	Released bool `json:"released,omitempty"`

@@ -380,10 +380,12 @@ var cases = []conformanceCase{
 		needs: []Capability{Validate},
 		run: func(t *testing.T, c *check) {
 			for name, change := range map[string]func(m *driver.Machine){
-				"NoVCPU":       func(m *driver.Machine) { m.VCPU = 0 },
-				"NoMemory":     func(m *driver.Machine) { m.MemoryBytes = 0 },
-				"NegativeSwap": func(m *driver.Machine) { m.SwapBytes = -1 },
-				"NoDisks":      func(m *driver.Machine) { m.Disks = nil },
+				"NoVCPU":               func(m *driver.Machine) { m.VCPU = 0 },
+				"NoMemory":             func(m *driver.Machine) { m.MemoryBytes = 0 },
+				"NegativeSwap":         func(m *driver.Machine) { m.SwapBytes = -1 },
+				"NoDisks":              func(m *driver.Machine) { m.Disks = nil },
+				"MaxVCPUBelowVCPU":     func(m *driver.Machine) { m.VCPU, m.MaxVCPU = 2, 1 },
+				"MaxMemoryBelowMemory": func(m *driver.Machine) { m.MaxMemoryBytes = m.MemoryBytes - 1 },
 			} {
 				t.Run(name, func(t *testing.T) {
 					m := c.b.Machine()

@@ -353,6 +353,11 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 		PublicKey:   fp.PublicKey,
 		UserData:    fp.UserData,
 	}
+	maxVCPU, maxMemory := vm.MaxShape()
+	m.MaxVCPU = maxVCPU
+	if maxMemory != nil {
+		m.MaxMemoryBytes = maxMemory.Value()
+	}
 	if fp.Swap != nil {
 		m.SwapBytes = fp.Swap.Value()
 	}

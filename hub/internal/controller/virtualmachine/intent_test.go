@@ -201,6 +201,39 @@ func TestIntent(t *testing.T) {
 			},
 		},
 		{
+			name: "without maxima the node chooses them",
+			vm:   vm(),
+			check: func(t *testing.T, in wire.Intent) {
+				assert.Zero(t, in.Machine.MaxVCPU)
+				assert.Zero(t, in.Machine.MaxMemoryBytes)
+			},
+		},
+		{
+			name: "the VM's maxima reach the node",
+			vm: vm(func(v *v1alpha1.VirtualMachine) {
+				v.Spec.ForProvider.MaxVcpu = ptr.To[int32](6)
+				v.Spec.ForProvider.MaxMemory = ptr.To(resource.MustParse("2Gi"))
+			}),
+			check: func(t *testing.T, in wire.Intent) {
+				assert.Equal(t, int32(6), in.Machine.MaxVCPU)
+				assert.Equal(t, int64(2<<30), in.Machine.MaxMemoryBytes)
+			},
+		},
+		{
+			name: "a VM of an instance type has the maxima recorded from it",
+			vm: vm(func(v *v1alpha1.VirtualMachine) {
+				v.Spec.ForProvider.Vcpu, v.Spec.ForProvider.Memory = 0, resource.Quantity{}
+				v.Spec.ForProvider.Instancetype = &v1alpha1.InstancetypeRef{Name: "growable"}
+				v.Status.InstancetypeRef = &v1alpha1.InstancetypeRevision{Name: "growable", Spec: v1alpha1.InstancetypeSpec{
+					CPU:    v1alpha1.InstancetypeCPU{Guest: 2, MaxGuest: ptr.To[int32](8)},
+					Memory: v1alpha1.InstancetypeMemory{Guest: resource.MustParse("1Gi"), MaxGuest: ptr.To(resource.MustParse("4Gi"))},
+				}}
+			}),
+			check: func(t *testing.T, in wire.Intent) {
+				assert.Equal(t, [4]int64{2, 8, 1 << 30, 4 << 30}, [4]int64{int64(in.Machine.VCPU), int64(in.Machine.MaxVCPU), in.Machine.MemoryBytes, in.Machine.MaxMemoryBytes})
+			},
+		},
+		{
 			name: "running false and the restart annotation reach the node",
 			vm: vm(func(v *v1alpha1.VirtualMachine) {
 				v.Spec.ForProvider.Running = new(bool)

@@ -36,9 +36,13 @@ func observation(r wire.Report, networks []v1alpha1.LocalName) v1alpha1.VirtualM
 		ObservedGeneration: r.ObservedGeneration,
 		RestartRequired:    r.RestartRequired,
 		Vcpu:               r.VCPU,
+		MaxVcpu:            r.MaxVCPU,
 	}
 	if r.MemoryBytes > 0 {
 		o.Memory = resource.NewQuantity(r.MemoryBytes, resource.BinarySI)
+	}
+	if r.MaxMemoryBytes > 0 {
+		o.MaxMemory = resource.NewQuantity(r.MaxMemoryBytes, resource.BinarySI)
 	}
 	for _, i := range r.Interfaces {
 		s := v1alpha1.InterfaceStatus{
@@ -85,4 +89,21 @@ func preferredIP(ips []string) string {
 		return ips[0]
 	}
 	return ""
+}
+
+// declared is the shape vm asks for (status.atProvider.declared); nil for
+// a VM whose instance type is not recorded yet.
+func declared(vm *v1alpha1.VirtualMachine) *v1alpha1.Shape {
+	vcpu, memory, ok := vm.Shape()
+	if !ok {
+		return nil
+	}
+	maxVCPU, maxMemory := vm.MaxShape()
+	memory = memory.DeepCopy()
+	s := &v1alpha1.Shape{Vcpu: vcpu, Memory: &memory, MaxVcpu: maxVCPU}
+	if maxMemory != nil {
+		m := maxMemory.DeepCopy()
+		s.MaxMemory = &m
+	}
+	return s
 }

@@ -355,6 +355,7 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	if n.Lost {
 		obs.Phase = v1alpha1.PhaseUnknown
 	}
+	obs.Declared = declared(vm)
 	vm.Status.AtProvider = obs
 	e.setConditions(vm, obs, node, n)
 	e.recordTransition(vm, before, obs, node)
