@@ -380,6 +380,24 @@ func (p *Placer) Release(uid string) {
 	p.reservations.remove(uid)
 }
 
+// Free is what n has for a guest of it to grow into: its capacity less
+// what its heartbeat counts and what is reserved on it for guests on their
+// way there. It reads only.
+func (p *Placer) Free(n Node) Resources {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return free(n, p.reservations.sum[n.Name])
+}
+
+// free is what n has left once its heartbeat's allocation and reserved
+// are taken.
+func free(n Node, reserved Resources) Resources {
+	return Resources{
+		VCPU:        n.Capacity.VCPU - n.Allocated.VCPU - reserved.VCPU,
+		MemoryBytes: n.Capacity.MemoryBytes - n.Allocated.MemoryBytes - reserved.MemoryBytes,
+	}
+}
+
 // Reserved reports the node uid is reserved on, if any.
 func (p *Placer) Reserved(uid string) (string, bool) {
 	p.mu.Lock()
@@ -418,10 +436,7 @@ func (p *Placer) ineligible(n Node, req Request, reserved Resources, now time.Ti
 			return fmt.Sprintf("does not reach shared storage pool %s", pool), CausePool
 		}
 	}
-	free := Resources{
-		VCPU:        n.Capacity.VCPU - n.Allocated.VCPU - reserved.VCPU,
-		MemoryBytes: n.Capacity.MemoryBytes - n.Allocated.MemoryBytes - reserved.MemoryBytes,
-	}
+	free := free(n, reserved)
 	if req.Resources.VCPU > free.VCPU {
 		return fmt.Sprintf("%d vCPU free, %d requested", max(free.VCPU, 0), req.Resources.VCPU), CauseVCPU
 	}

@@ -113,6 +113,7 @@ func Annotate(ctx context.Context, kube client.Client, vm *v1alpha1.VirtualMachi
 // not be told otherwise while the guest may be gone from it.
 func (e *external) plan(vm *v1alpha1.VirtualMachine, d dependencies, node string) map[string]wire.Intent {
 	in := intent(vm, d)
+	e.holdGrowth(vm, node, &in.Machine)
 	in.Restore = e.restore(vm, node)
 	out := map[string]wire.Intent{node: in}
 	m, ok := MigrationOf(vm, e.fleet)

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -376,6 +377,13 @@ func (e *external) setConditions(vm *v1alpha1.VirtualMachine, obs v1alpha1.Virtu
 		// could not apply live (a disk it could not grow, and why).
 		ready := xpv2.Available()
 		ready.Message = reportMessage(e.fleet, node, string(vm.UID))
+		// Nor can the node always take a larger shape: the guest runs on
+		// as it is, and the message says which field waits and why.
+		var m wire.Machine
+		m.VCPU, m.MemoryBytes = declaredShape(vm)
+		if held := e.holdGrowth(vm, node, &m); held != "" {
+			ready.Message = strings.TrimPrefix(ready.Message+"; "+held, "; ")
+		}
 		vm.SetConditions(ready)
 	case obs.Phase == v1alpha1.PhasePaused && vm.GetAnnotations()[v1alpha1.AnnotationPaused] == "true":
 		// A paused guest runs no instruction and so answers nothing, on

@@ -1,0 +1,62 @@
+package virtualmachine
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/placement"
+)
+
+// holdGrowth keeps m, the machine the hub is about to send vm's node, from
+// growing the guest past what the node has free: a node resizes a running
+// guest live, so a larger vcpu or memory takes room on the node at once,
+// and placement checked only the shape the VM was placed with. The growth
+// is what m asks beyond what the node reported the guest to have (and
+// counts in its heartbeat's allocation); a part of it the node has no room
+// for keeps the reported size, and the guest runs on as it was. It says
+// why, for the VM's Ready condition; "" when m goes as declared. A guest
+// not reported yet, or reported without its shape, is left as placement
+// chose: there is no growth to tell.
+func (e *external) holdGrowth(vm *v1alpha1.VirtualMachine, node string, m *wire.Machine) string {
+	rep, ok := e.fleet.Guests.Report(node, string(vm.UID))
+	if !ok || rep.Report.VCPU == 0 || rep.Report.MemoryBytes == 0 {
+		return ""
+	}
+	has := placement.Resources{VCPU: int64(rep.Report.VCPU), MemoryBytes: rep.Report.MemoryBytes}
+	if int64(m.VCPU) <= has.VCPU && m.MemoryBytes <= has.MemoryBytes {
+		return ""
+	}
+	for _, n := range e.fleet.Nodes() {
+		if n.Name == node {
+			return holdBeyond(m, has, e.opts.Placer.Free(n), node)
+		}
+	}
+	return holdBeyond(m, has, placement.Resources{}, node)
+}
+
+// holdBeyond keeps each of m's vcpu and memory that grows past has by more
+// than free at has, and says so naming the field.
+func holdBeyond(m *wire.Machine, has, free placement.Resources, node string) string {
+	var held []string
+	if grow := int64(m.VCPU) - has.VCPU; grow > free.VCPU && grow > 0 {
+		held = append(held, fmt.Sprintf("vcpu %d needs %d vCPUs more than the guest has and node %s has %d free: the guest keeps %d", m.VCPU, grow, node, max(free.VCPU, 0), has.VCPU))
+		m.VCPU = int32(has.VCPU)
+	}
+	if grow := m.MemoryBytes - has.MemoryBytes; grow > free.MemoryBytes && grow > 0 {
+		held = append(held, fmt.Sprintf("memory of %d bytes needs %d bytes more than the guest has and node %s has %d free: the guest keeps %d", m.MemoryBytes, grow, node, max(free.MemoryBytes, 0), has.MemoryBytes))
+		m.MemoryBytes = has.MemoryBytes
+	}
+	if len(held) == 0 {
+		return ""
+	}
+	return strings.Join(held, "; ") + " (it grows once the node has room, or at a restart on another node)"
+}
+
+// declaredShape is the vcpu and memory vm asks for, as its intent carries
+// them.
+func declaredShape(vm *v1alpha1.VirtualMachine) (int32, int64) {
+	vcpu, memory, _ := vm.Shape()
+	return vcpu, memory.Value()
+}
