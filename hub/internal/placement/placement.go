@@ -423,18 +423,9 @@ func (p *Placer) ineligible(n Node, req Request, reserved Resources, now time.Ti
 		// is shown in the VM's status, which is written only when the
 		// reason changes.
 		return fmt.Sprintf("no heartbeat since %s (more than %s ago)", n.LastSeen.UTC().Format(time.RFC3339), p.staleAfter), CauseStale
-	case req.Backend != "" && n.Backend != req.Backend:
-		return fmt.Sprintf("backend %s, %s requested", n.Backend, req.Backend), CauseBackend
 	}
-	for k, v := range req.NodeSelector {
-		if got, ok := n.Labels[k]; !ok || got != v {
-			return fmt.Sprintf("label %s=%s not present", k, v), CauseSelector
-		}
-	}
-	for _, pool := range req.Pools {
-		if !slices.Contains(n.SharedPools, pool) {
-			return fmt.Sprintf("does not reach shared storage pool %s", pool), CausePool
-		}
+	if reason, cause := Unmet(n, req); reason != "" {
+		return reason, cause
 	}
 	free := free(n, reserved)
 	if req.Resources.VCPU > free.VCPU {
@@ -442,6 +433,30 @@ func (p *Placer) ineligible(n Node, req Request, reserved Resources, now time.Ti
 	}
 	if req.Resources.MemoryBytes > free.MemoryBytes {
 		return fmt.Sprintf("%d MiB memory free, %d MiB requested", max(free.MemoryBytes, 0)>>20, req.Resources.MemoryBytes>>20), CauseMemory
+	}
+	return "", ""
+}
+
+// Unmet says what of req the node n does not offer, and its cause, or ""
+// when it offers all of it: the backend, node selector and shared storage
+// pools of a VM. Unlike the rest of what placement checks (room, cordon,
+// a fresh heartbeat), these must still hold of a VM's node after it was
+// placed there, whenever its intent changes: a guest whose node lacks its
+// backend or its pools cannot be made as asked, and one whose selector no
+// longer matches would run where its owner now says it must not.
+func Unmet(n Node, req Request) (string, Cause) {
+	if req.Backend != "" && n.Backend != req.Backend {
+		return fmt.Sprintf("backend %s, %s requested", n.Backend, req.Backend), CauseBackend
+	}
+	for _, k := range slices.Sorted(maps.Keys(req.NodeSelector)) {
+		if got, ok := n.Labels[k]; !ok || got != req.NodeSelector[k] {
+			return fmt.Sprintf("label %s=%s not present", k, req.NodeSelector[k]), CauseSelector
+		}
+	}
+	for _, pool := range req.Pools {
+		if !slices.Contains(n.SharedPools, pool) {
+			return fmt.Sprintf("does not reach shared storage pool %s", pool), CausePool
+		}
 	}
 	return "", ""
 }

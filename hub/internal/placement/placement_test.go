@@ -431,3 +431,33 @@ func TestAMemberBoundAndStillReservedCountsOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "node1", got, "one member on each node: the emptier node wins")
 }
+
+// TestUnmet pins what a bound node must go on offering a VM whenever its
+// intent changes: its backend, every label of its selector and every
+// shared pool of its Volumes; and nothing else placement checks, so a full
+// or cordoned node keeps the guests it has.
+func TestUnmet(t *testing.T) {
+	bound := node("node1", 4, 8, 4, 8, func(n *Node) {
+		n.Labels["zone"] = "a"
+		n.SharedPools = []string{"ceph"}
+		n.Unschedulable = true
+	})
+	cases := map[string]struct {
+		req        Request
+		wantReason string
+		wantCause  Cause
+	}{
+		"AllStillOffered":          {req: Request{Backend: "libvirt", NodeSelector: map[string]string{"zone": "a"}, Pools: []string{"ceph"}, Resources: Resources{VCPU: 4}}},
+		"ASelectorLabelGone":       {req: Request{NodeSelector: map[string]string{"zone": "a", "disk": "ssd"}}, wantReason: "label disk=ssd not present", wantCause: CauseSelector},
+		"ASelectorLabelOfNewValue": {req: Request{NodeSelector: map[string]string{"zone": "b"}}, wantReason: "label zone=b not present", wantCause: CauseSelector},
+		"APoolNotReached":          {req: Request{Pools: []string{"ceph", "nfs"}}, wantReason: "does not reach shared storage pool nfs", wantCause: CausePool},
+		"AnotherBackend":           {req: Request{Backend: "nova"}, wantReason: "backend libvirt, nova requested", wantCause: CauseBackend},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			reason, cause := Unmet(bound, tc.req)
+			assert.Equal(t, tc.wantReason, reason)
+			assert.Equal(t, tc.wantCause, cause)
+		})
+	}
+}

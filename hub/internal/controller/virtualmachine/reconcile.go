@@ -436,13 +436,18 @@ func (e *external) Create(context.Context, *v1alpha1.VirtualMachine) (managed.Ex
 // Update publishes the intent again after the spec or the restart
 // annotation changed, or when this hub has not published it yet (it just
 // started, or a publish failed). The node decides what a running guest can
-// take live; the rest shows up as RestartRequired.
+// take live; the rest shows up as RestartRequired. What placement checked
+// of the node is checked again first (UnmetError): a spec its node no
+// longer fits is not published.
 func (e *external) Update(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalUpdate, error) {
 	d, err := e.resolve(ctx, vm)
 	if err != nil {
 		return managed.ExternalUpdate{}, err
 	}
 	node, uid := vm.GetAnnotations()[v1alpha1.AnnotationNode], string(vm.UID)
+	if err := e.unmet(vm, d, node); err != nil {
+		return managed.ExternalUpdate{}, err
+	}
 	if err := e.allocate(ctx, vm, &d, e.fleet.Node(node)); err != nil {
 		return managed.ExternalUpdate{}, err
 	}
