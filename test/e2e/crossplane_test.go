@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
@@ -91,15 +92,21 @@ func TestCrossplane(t *testing.T) {
 		})
 	})
 
-	t.Run("ResizingTheClaimRestartsIntoTheNewShape", func(t *testing.T) {
+	t.Run("ResizingTheClaimReshapesTheRunningGuestWithinItsMaximum", func(t *testing.T) {
 		assert.Equal(t, shape{VCPU: 1, Memory: "1Gi"}, h.domainShape(t, "db-xp"), "the guest is small")
+		restarts := h.get(t, "db-xp").Status.AtProvider.RestartCount
+		// The small guest was defined able to grow to 4 vCPUs, and to the
+		// test driver's 3Gi of memory: medium's 2 vCPUs apply live, its 4Gi
+		// at the next start.
 		setSpec(t, h, claim, "size", "medium")
 		vm := h.wait(t, "db-xp", time.Minute, func(vm *v1alpha1.VirtualMachine) bool {
-			return vm.Spec.ForProvider.Vcpu == 2 && vm.Status.AtProvider.RestartRequired
+			return vm.Spec.ForProvider.Vcpu == 2 && vm.Status.AtProvider.Vcpu == 2 && vm.Status.AtProvider.RestartRequired
 		})
 		assert.Equal(t, "4Gi", vm.Spec.ForProvider.Memory.String(), "medium")
+		assert.Contains(t, vm.GetCondition(xpv2.TypeReady).Message, "memory of 4294967296 bytes is more than the 3221225472 bytes the running guest can have", "Ready names the field that waits")
 		waitPlatform(t, h, claim, time.Minute, func(st map[string]any) bool { return st["restartRequired"] == true })
-		assert.Equal(t, shape{VCPU: 1, Memory: "1Gi"}, h.domainShape(t, "db-xp"), "the running guest keeps its shape until the restart")
+		assert.Equal(t, shape{VCPU: 2, Memory: "1Gi"}, h.domainShape(t, "db-xp"), "the vCPUs changed live, the memory waits")
+		assert.Equal(t, restarts, h.get(t, "db-xp").Status.AtProvider.RestartCount, "no restart yet")
 
 		setSpec(t, h, claim, "restartRequestedAt", time.Now().UTC().Format(time.RFC3339))
 		h.wait(t, "db-xp", 2*time.Minute, func(vm *v1alpha1.VirtualMachine) bool {
@@ -113,8 +120,8 @@ func TestCrossplane(t *testing.T) {
 
 	t.Run("SizesAreDefinedInOnePlace", func(t *testing.T) {
 		// The platform team makes medium bigger in the EnvironmentConfig
-		// both Compositions require: the medium claim follows (at its next
-		// restart), the small composite does not.
+		// both Compositions require: the medium claim follows (live, within
+		// its guest's maximum), the small composite does not.
 		sizes := &unstructured.Unstructured{}
 		sizes.SetAPIVersion("apiextensions.crossplane.io/v1beta1")
 		sizes.SetKind("EnvironmentConfig")
@@ -123,7 +130,7 @@ func TestCrossplane(t *testing.T) {
 		require.NoError(t, unstructured.SetNestedField(sizes.Object, int64(3), "data", "sizes", "medium", "vcpu"))
 		require.NoError(t, h.kube.Patch(ctx, sizes, p))
 		h.wait(t, "db-xp", time.Minute, func(vm *v1alpha1.VirtualMachine) bool {
-			return vm.Spec.ForProvider.Vcpu == 3 && vm.Status.AtProvider.RestartRequired
+			return vm.Spec.ForProvider.Vcpu == 3 && vm.Status.AtProvider.Vcpu == 3
 		})
 		waitPlatform(t, h, claim, time.Minute, func(st map[string]any) bool { return st["vcpu"] == int64(3) })
 		assert.Equal(t, int32(1), h.get(t, "web-xp").Spec.ForProvider.Vcpu, "small is unchanged")
@@ -168,9 +175,10 @@ func (h *hub) domainShape(t *testing.T, name string) shape {
 	defer func() { _ = l.Disconnect() }()
 	d, err := l.DomainLookupByUUID(golibvirt.UUID(uuid.MustParse(string(vm.UID))))
 	require.NoError(t, err)
-	_, maxMemKiB, _, vcpus, _, err := l.DomainGetInfo(d)
+	// The current memory and vCPUs, not the maximum the guest may grow to.
+	_, _, memKiB, vcpus, _, err := l.DomainGetInfo(d)
 	require.NoError(t, err)
-	return shape{VCPU: vcpus, Memory: resource.NewQuantity(int64(maxMemKiB)<<10, resource.BinarySI).String()}
+	return shape{VCPU: vcpus, Memory: resource.NewQuantity(int64(memKiB)<<10, resource.BinarySI).String()}
 }
 
 // platformObject is a platform.virtfleet.io request in the test namespace.

@@ -79,7 +79,9 @@ func TestQuickStart(t *testing.T) {
 	})
 
 	t.Run("SpecChangeWhileRunningIsRestartRequired", func(t *testing.T) {
-		k.run("patch", "vm", "sample-vm", "--type=merge", "-p", `{"spec":{"forProvider":{"vcpu":4}}}`)
+		// A swap disk is added only at a start: vCPUs and memory within the
+		// guest's maximum would change live.
+		k.run("patch", "vm", "sample-vm", "--type=merge", "-p", `{"spec":{"forProvider":{"swap":"512Mi"}}}`)
 		k.wait("vm/sample-vm", "condition=RestartRequired", 30*time.Second)
 		assert.Equal(t, "Running", k.run("get", "vm", "sample-vm", "-o", "jsonpath={.status.atProvider.phase}"))
 	})
