@@ -99,7 +99,7 @@ func TestRealGuest(t *testing.T) {
 	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", func(t *testing.T) { bootID = g.stopStart(t, bootID) })
 	t.Run("ResetRebootsAtOnceAndCountsOnce", g.reset("g1", &bootID))
 	t.Run("RestartRebootsAndOnlyThenCounts", func(t *testing.T) { bootID = g.restart(t, "g1", bootID, 2) })
-	t.Run("SpecChangeIsRestartRequiredAndAppliesAtTheRestart", func(t *testing.T) { g.specChange(t, bootID) })
+	t.Run("VCPUsAndMemoryChangeLiveAndSwapAtTheRestart", func(t *testing.T) { bootID = g.reshape(t, bootID) })
 	t.Run("DeleteRemovesDomainAndSeedKeepsVolumes", g.delete)
 	t.Run("UnbootableRequestFailsWithLibvirtsMessage", g.unbootable)
 	t.Logf("suite took %s", time.Since(suiteStart).Round(time.Second))
@@ -480,23 +480,52 @@ func (g *suite) restart(t *testing.T, name, bootID string, want int32) string {
 	return f.bootID
 }
 
-func (g *suite) specChange(t *testing.T, bootID string) {
-	g.patch(t, "g1", func(v *v1alpha1.VirtualMachine) { v.Spec.ForProvider.Vcpu = 2 })
+// reshape changes the running guest's vCPUs and memory within the maximum
+// it was defined with, which it takes live, and then its swap, which
+// applies only at a restart.
+func (g *suite) reshape(t *testing.T, bootID string) string {
+	ip := address(g.get(t, "g1"))
+	memTotal := func() int64 {
+		out := g.sshUntil(t, ip, "awk '/^MemTotal:/ {print $2}' /proc/meminfo", time.Minute)
+		kib, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+		require.NoError(t, err, out)
+		return kib << 10
+	}
+	before := memTotal()
+	g.patch(t, "g1", func(v *v1alpha1.VirtualMachine) {
+		v.Spec.ForProvider.Vcpu = 2
+		v.Spec.ForProvider.Memory = resource.MustParse("1536Mi")
+	})
+	v := g.waitVM(t, "g1", 2*time.Minute, "running with 2 vCPUs, no restart required", func(v *v1alpha1.VirtualMachine) bool {
+		return running(v) && v.Status.AtProvider.Vcpu == 2 && !v.Status.AtProvider.RestartRequired && v.Status.AtProvider.ObservedGeneration == v.Generation
+	})
+	var cpus string
+	require.NoError(t, wait.PollUntilContextTimeout(g.ctx, 2*time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
+		out, err := g.ssh(ip, "nproc")
+		cpus = strings.TrimSpace(out)
+		return err == nil && cpus == "2", nil
+	}), "the guest brings its added vCPU online; nproc said %q", cpus)
+	var after int64
+	require.NoError(t, wait.PollUntilContextTimeout(g.ctx, 2*time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
+		after = memTotal()
+		return after-before >= 448<<20, nil
+	}), "the balloon gives the guest its 512 MiB more: MemTotal went from %d to %d bytes", before, after)
+	assert.Equal(t, bootID, g.facts(t, ip).bootID, "the same boot: vCPUs and memory changed under the running guest")
+
+	g.patch(t, "g1", func(v *v1alpha1.VirtualMachine) { v.Spec.ForProvider.Swap = ptr.To(resource.MustParse("512Mi")) })
 	g.waitVM(t, "g1", time.Minute, "restartRequired", func(v *v1alpha1.VirtualMachine) bool {
 		return v.Status.AtProvider.RestartRequired
 	})
-	ip := address(g.get(t, "g1"))
-	f := g.facts(t, ip)
-	assert.Equal(t, bootID, f.bootID, "a spec change does not touch the running guest")
-	assert.Equal(t, 1, f.cpus)
+	assert.Equal(t, bootID, g.facts(t, ip).bootID, "a swap change does not touch the running guest")
 
 	bootID = g.restart(t, "g1", bootID, 3)
-	v := g.waitVM(t, "g1", time.Minute, "no restart required", func(v *v1alpha1.VirtualMachine) bool {
+	v = g.waitVM(t, "g1", time.Minute, "no restart required", func(v *v1alpha1.VirtualMachine) bool {
 		return !v.Status.AtProvider.RestartRequired
 	})
-	f = g.facts(t, address(v))
+	f := g.facts(t, address(v))
 	assert.Equal(t, bootID, f.bootID)
-	assert.Equal(t, 2, f.cpus, "the new vcpu count applies at the restart")
+	assert.Equal(t, 2, f.cpus, "the vCPUs given live are the guest's after its restart")
+	return bootID
 }
 
 // poolVolumes lists the names of the volumes in the host's pool.

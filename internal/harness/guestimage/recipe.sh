@@ -58,6 +58,12 @@ ssh:
   emit_keys_to_console: false
 no_ssh_fingerprints: true
 CFG
+# A vCPU added to the running guest comes online at once, as on distributions
+# that ship this rule (Debian's udev does not): live resize adds vCPUs.
+mkdir -p "$root/etc/udev/rules.d"
+cat >"$root/etc/udev/rules.d/80-virtfleet-cpu-hotplug.rules" <<'RULES'
+SUBSYSTEM=="cpu", ACTION=="add", TEST=="online", ATTR{online}=="0", ATTR{online}="1"
+RULES
 # No fsck at boot: ext4 replays its journal at mount, and a check costs a
 # guest under TCG many seconds.
 echo 'LABEL=root / ext4 defaults,errors=remount-ro 0 0' >"$root/etc/fstab"
