@@ -95,7 +95,9 @@ func TestHub(t *testing.T) {
 	})
 
 	t.Run("SpecChangeWhileRunningSetsRestartRequired", func(t *testing.T) {
-		h.patch(t, "sample-vm", func(vm *v1alpha1.VirtualMachine) { vm.Spec.ForProvider.Vcpu = 2 })
+		// A swap disk is added only at a start: vCPUs and memory within the
+		// guest's maximum would change live.
+		h.patch(t, "sample-vm", func(vm *v1alpha1.VirtualMachine) { vm.Spec.ForProvider.Swap = ptr(resource.MustParse("512Mi")) })
 		vm := h.wait(t, "sample-vm", 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
 			return vm.GetCondition("RestartRequired").Status == corev1.ConditionTrue
 		})
