@@ -317,19 +317,36 @@ func (f *Fleet) Nodes() []placement.Node {
 		if s.Lost {
 			continue
 		}
-		hb := s.Heartbeat
-		out = append(out, placement.Node{
-			Name:        name,
-			Backend:     hb.Backend,
-			Labels:      hb.Labels,
-			Capacity:    placement.Resources{VCPU: hb.Capacity.VCPU, MemoryBytes: hb.Capacity.MemoryBytes},
-			Allocated:   placement.Resources{VCPU: hb.Allocated.VCPU, MemoryBytes: hb.Allocated.MemoryBytes},
-			LastSeen:    s.LastSeen,
-			SharedPools: hb.SharedPools,
-		})
+		out = append(out, placementNode(name, s))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// Placeable is the live node name as Nodes lists it, and false when it has
+// sent no heartbeat since the hub started or is lost.
+func (f *Fleet) Placeable(name string) (placement.Node, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	s, ok := f.nodes[name]
+	if !ok || s.Lost {
+		return placement.Node{}, false
+	}
+	return placementNode(name, s), true
+}
+
+// placementNode is what placement knows of node name from s.
+func placementNode(name string, s NodeStatus) placement.Node {
+	hb := s.Heartbeat
+	return placement.Node{
+		Name:        name,
+		Backend:     hb.Backend,
+		Labels:      hb.Labels,
+		Capacity:    placement.Resources{VCPU: hb.Capacity.VCPU, MemoryBytes: hb.Capacity.MemoryBytes},
+		Allocated:   placement.Resources{VCPU: hb.Allocated.VCPU, MemoryBytes: hb.Allocated.MemoryBytes},
+		LastSeen:    s.LastSeen,
+		SharedPools: hb.SharedPools,
+	}
 }
 
 // Heard returns what is known of node, and whether it has sent a

@@ -28,12 +28,11 @@ func (e *external) holdGrowth(vm *v1alpha1.VirtualMachine, node string, m *wire.
 	if int64(m.VCPU) <= has.VCPU && m.MemoryBytes <= has.MemoryBytes {
 		return ""
 	}
-	for _, n := range e.fleet.Nodes() {
-		if n.Name == node {
-			return holdBeyond(m, has, e.opts.Placer.Free(n), node)
-		}
+	free := placement.Resources{}
+	if n, ok := e.fleet.Placeable(node); ok {
+		free = e.opts.Placer.Free(n)
 	}
-	return holdBeyond(m, has, placement.Resources{}, node)
+	return holdBeyond(m, has, free, node)
 }
 
 // holdBeyond keeps each of m's vcpu and memory that grows past has by more

@@ -47,12 +47,10 @@ func (e *external) unmet(vm *v1alpha1.VirtualMachine, d dependencies, node strin
 	if _, ok := MigrationOf(vm, e.fleet); ok {
 		return nil
 	}
-	s, ok := e.fleet.Heard(node)
-	if !ok || s.Lost {
+	n, ok := e.fleet.Placeable(node)
+	if !ok {
 		return nil
 	}
-	hb := s.Heartbeat
-	n := placement.Node{Name: node, Backend: hb.Backend, Labels: hb.Labels, SharedPools: hb.SharedPools}
 	req := requestOn(vm, d, e.defaults, "")
 	reason, cause := placement.Unmet(n, req)
 	if reason == "" {
