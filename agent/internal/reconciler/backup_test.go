@@ -3,6 +3,7 @@ package reconciler
 import (
 	"bytes"
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -122,6 +123,50 @@ func TestBackupIntents(t *testing.T) {
 				assert.Equal(t, wire.PhaseRunning, h.eventually("a", phase(wire.PhaseRunning), "the guest runs").Phase)
 			},
 		},
+		"AnUnreachableStoreFailsTheBackupSayingWhy": {
+			run: func(t *testing.T, h *harness, bucket string) {
+				h.running("a")
+				h.synced()
+				h.putBackup(backupIntent(s, bucket, "b1", "a", func(b *wire.BackupIntent) { b.Location.Endpoint = closedEndpoint(t) }))
+				r := h.backup("b1", wire.BackupPhaseFailed, "nothing answers at the endpoint")
+				assert.Contains(t, r.Message, "connection refused")
+				assert.Equal(t, wire.PhaseRunning, h.eventually("a", phase(wire.PhaseRunning), "the guest runs").Phase)
+			},
+		},
+		"ABucketGoneFailsTheBackupAndTheNextStillReadsOnlyWhatChanged": {
+			run: func(t *testing.T, h *harness, bucket string) {
+				h.running("a")
+				h.synced()
+				h.putBackup(backupIntent(s, bucket, "b1", "a"))
+				h.backup("b1", wire.BackupPhaseSucceeded, "the first backup")
+				require.NoError(t, h.fake.WriteDisk("a", 0, bytes.Repeat([]byte{0x6b}, fake.BlockSize)))
+				// An administrator deletes the location's bucket and makes
+				// another: the backup in between fails.
+				gone := bucket + "-gone"
+				require.NoError(t, s.MakeBucket(t.Context(), gone))
+				c, err := s.Client()
+				require.NoError(t, err)
+				require.NoError(t, c.RemoveBucket(t.Context(), gone))
+				h.putBackup(backupIntent(s, bucket, "b2", "a", func(b *wire.BackupIntent) { b.Since, b.Location.Bucket = "b1", gone }))
+				r := h.backup("b2", wire.BackupPhaseFailed, "the bucket is gone")
+				assert.Contains(t, r.Message, backupstore.ErrNoBucket.Error())
+				assert.Equal(t, []string{"b1"}, h.fake.Checkpoints("a"), "what changed since b1 is not forgotten before it is safe in the store")
+
+				h.putBackup(backupIntent(s, bucket, "b3", "a", func(b *wire.BackupIntent) { b.Since = "b1" }))
+				third := h.backup("b3", wire.BackupPhaseSucceeded, "the next backup, into the bucket that is there")
+				assert.False(t, third.Full)
+				assert.Equal(t, int64(fake.BlockSize), third.BytesRead, "the block written before the failed backup")
+				m, err := store(t, bucket).Manifest(t.Context(), "default", "b3")
+				require.NoError(t, err)
+				src, err := store(t, bucket).Source(m, "root")
+				require.NoError(t, err)
+				want, err := h.fake.DiskDigest("a")
+				require.NoError(t, err)
+				got, err := fake.DigestOf(t.Context(), src)
+				require.NoError(t, err)
+				assert.Equal(t, want, got, "the backup after the failed one is the disk as it is now")
+			},
+		},
 		"AParentGoneFromTheStoreMakesAFullBackup": {
 			run: func(t *testing.T, h *harness, bucket string) {
 				h.running("a")
@@ -182,4 +227,14 @@ func TestBackupIntents(t *testing.T) {
 			tc.run(t, startWith(t, wrap), bucket)
 		})
 	}
+}
+
+// closedEndpoint is a host:port on which nothing listens any more.
+func closedEndpoint(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
 }
