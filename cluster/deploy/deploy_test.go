@@ -156,9 +156,23 @@ func TestAgentHoldsNoKubernetesCredentials(t *testing.T) {
 	sc := c.SecurityContext
 	require.NotNil(t, sc)
 	assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop)
-	assert.Equal(t, []corev1.Capability{"DAC_OVERRIDE"}, sc.Capabilities.Add, "only what connecting to the guests' console sockets needs")
+	assert.ElementsMatch(t, []corev1.Capability{"DAC_OVERRIDE", "NET_ADMIN"}, sc.Capabilities.Add,
+		"only what connecting to the guests' console sockets and making the overlays' devices need")
 	assert.False(t, sc.Privileged != nil && *sc.Privileged)
 	assert.False(t, *sc.AllowPrivilegeEscalation)
+}
+
+// TestAgentRunsOnTheHostsNetwork pins that the agent's overlay devices
+// land where libvirtd's bridges are: the host's network namespace, with no
+// --netns, while its NATS URL still resolves through the cluster's DNS.
+func TestAgentRunsOnTheHostsNetwork(t *testing.T) {
+	pod := one[appsv1.DaemonSet](t, objects(t), "DaemonSet", "virtfleet-agent").Spec.Template.Spec
+	assert.True(t, pod.HostNetwork, "the VXLAN devices join bridges of the host's namespace")
+	assert.Equal(t, corev1.DNSClusterFirstWithHostNet, pod.DNSPolicy, "nats.virtfleet-system.svc resolves from the host's network")
+	require.Len(t, pod.Containers, 1)
+	for _, e := range pod.Containers[0].Env {
+		assert.NotEqual(t, "VIRTFLEET_NETNS", e.Name, "the agent's own namespace is the host's")
+	}
 }
 
 // TestHub pins the hub's Deployment: probes on the health endpoint,

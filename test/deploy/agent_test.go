@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,6 +119,7 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	t.Logf("node %s Ready (heartbeat) %s after its agent pod ran, %s after the DaemonSet was applied",
 		node, time.Since(running).Round(100*time.Millisecond), time.Since(start).Round(100*time.Millisecond))
 	assert.Equal(t, node, pod.Spec.NodeName)
+	assertInNodeNetns(t, n, pod)
 
 	start = time.Now()
 	require.NoError(t, cp.Client.Delete(ctx, pod))
@@ -126,6 +128,30 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	awaitHeartbeat(ctx, t, hub, rev)
 	t.Logf("killed agent pod replaced by %s, Running after %s, heartbeat %s later",
 		again.Name, running.Sub(start).Round(100*time.Millisecond), time.Since(running).Round(100*time.Millisecond))
+}
+
+// assertInNodeNetns checks that pod's agent process is in n's network
+// namespace, where libvirtd's bridges and the node's addresses are, and
+// not in a namespace of the pod's own: the kernel's word for it, the
+// namespace's inode, found through the process containerd says it runs.
+func assertInNodeNetns(t *testing.T, n *kubenode.Node, pod *corev1.Pod) {
+	t.Helper()
+	require.Len(t, pod.Status.ContainerStatuses, 1)
+	id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	out, err := exec.Command("ctr", "--address", n.ContainerdSocket, "--namespace", "k8s.io", "task", "ls").Output()
+	require.NoError(t, err)
+	pid := ""
+	for line := range strings.Lines(string(out)) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == id {
+			pid = f[1]
+		}
+	}
+	require.NotEmpty(t, pid, "containerd runs no task %s: %s", id, out)
+	agent, err := os.Stat(filepath.Join("/proc", pid, "ns", "net"))
+	require.NoError(t, err)
+	nodeNs, err := os.Stat(n.NetnsPath)
+	require.NoError(t, err)
+	assert.True(t, os.SameFile(nodeNs, agent), "the agent (pid %s) runs in a network namespace other than its node's", pid)
 }
 
 // logAgents logs the end of each agent container's log on n, which goes
