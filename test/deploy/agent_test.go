@@ -9,27 +9,31 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net/url"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/go-logr/logr/testr"
+	reference "github.com/google/go-containerregistry/pkg/name"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
@@ -46,20 +50,35 @@ import (
 // does, through the DaemonSet's spec.nodeName to the agent's NATS identity.
 const node = "hv-1.deploy.test"
 
-// The agent DaemonSet of cluster/deploy, as `kubectl apply -k` of an
-// overlay a user would write applies it (the image from the user's
-// registry, the NATS URL and the libvirt URI through the documented
-// environment), runs the agent image cluster/images builds on a kubelet
-// node labelled as a hypervisor; the agent connects to NATS with the
-// node's own credentials (the file the DaemonSet mounts from the host)
-// and to the node's libvirtd (its socket, mounted from the host), and
-// its heartbeat, which is what makes a node eligible to a hub, appears.
-// Killed, its pod comes back through the DaemonSet controller and so does
-// the heartbeat. NATS runs on the machine's loopback here (in-process, a
-// real nats-server): cluster/deploy's NATS StatefulSet is not applied.
+// natsStore is where the node keeps the NATS server's store: the path of
+// the PersistentVolume an administrator makes for the StatefulSet's claim
+// on a cluster without a dynamic provisioner.
+const natsStore = "/run/virtfleet-nats"
+
+// cluster/deploy as `kubectl apply -k` of an overlay a user would write
+// applies it (the images from the user's registry, the agents' NATS URL
+// and libvirt URI through the documented environment) runs on a kubelet
+// node labelled as a hypervisor, with images built here as cluster/images
+// builds them.
+//
+// NATS's StatefulSet comes up first: its store on a PersistentVolume made
+// for its claim, its users from the nats-auth Secret (README, step 4), and
+// it answers the test, which stands in for the hub, only with credentials.
+// The hub makes the buckets; then the agent's DaemonSet runs: the agent,
+// on the node's own network, connects to that NATS with the node's own
+// credentials (the file the DaemonSet mounts from the host) and to the
+// node's libvirtd (its socket, mounted from the host), and its heartbeat,
+// which is what makes a node eligible to a hub, appears. Killed, its pod
+// comes back through the DaemonSet controller and so does the heartbeat.
+//
+// The node has no cluster DNS and no kube-proxy, so the NATS Service's
+// name resolves nowhere: the agent is given the NATS pod's IP, which the
+// node routes to, and the test reaches that IP through the node's
+// namespace (kubenode.Node.Expose), as a hub in a pod of another node
+// would reach the Service.
 func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the agent image and runs a kubelet; skipped with -short")
+		t.Skip("builds the agent and NATS images and runs a kubelet; skipped with -short")
 	}
 	if m := kubenode.Missing(); len(m) > 0 {
 		t.Skipf("needs %v (make deps, as root)", m)
@@ -67,50 +86,75 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("needs kubectl, which renders the kustomization as a user's `kubectl apply -k` does")
 	}
+	// The API server's warnings about what is applied, in the test's log.
+	log.SetLogger(testr.New(t))
 	cp := controlplane.StartForTest(t)
 	reg, err := crossplanetest.StartRegistry()
 	require.NoError(t, err)
 	t.Cleanup(reg.Stop)
 
-	// A cold build of the agent is minutes on a loaded small machine; the
-	// go build cache makes the next one seconds.
+	// A cold build of the agent or nats-server is minutes on a loaded
+	// small machine; the go build cache makes the next one seconds.
 	buildCtx, cancelBuild := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancelBuild()
 	start := time.Now()
-	image := pushAgentImage(buildCtx, t, reg)
-	t.Logf("agent image %s built and pushed in %s", image, time.Since(start).Round(100*time.Millisecond))
+	images := map[string]string{
+		"ghcr.io/virtfleet/virtfleet-agent": pushImage(buildCtx, t, reg, agentSpec(t), "virtfleet/virtfleet-agent"),
+		"docker.io/library/nats":            pushImage(buildCtx, t, reg, ociimage.NATS, "virtfleet/nats"),
+	}
+	t.Logf("agent and NATS images %v built and pushed in %s", images, time.Since(start).Round(100*time.Millisecond))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	srv, hub, agents := natstest.NewFleet(t, natswire.BucketConfig{}, node)
-	natsURL, err := url.Parse(srv.URL())
-	require.NoError(t, err)
-	natsPort, err := strconv.Atoi(natsURL.Port())
-	require.NoError(t, err)
+	hubID, agents, users := natstest.Identities(t, node)
 	// What `go run ./hack/mint-agent-credentials NODE` writes and the
 	// node's provisioning puts at /etc/virtfleet/agent.nk.
 	seed := filepath.Join(t.TempDir(), "agent.nk")
 	require.NoError(t, os.WriteFile(seed, agents[node].Seed, 0o600))
+	store := filepath.Join(t.TempDir(), "nats")
+	require.NoError(t, os.Mkdir(store, 0o755)) //nolint:gosec // the node's disk, as a local volume's
 	lv := libvirttest.Start(t, node)
 
-	kubenode.StartSchedulingForTest(t, cp, "daemonset", "nodelifecycle")
+	kubenode.StartSchedulingForTest(t, cp, "daemonset", "nodelifecycle", "statefulset", "persistentvolume-binder", "serviceaccount")
 	n, _ := kubenode.StartForTest(t, cp, reg, node, func(o *kubenode.Options) {
-		o.Forward = append(o.Forward, natsPort)
 		o.HostPaths = map[string]string{
 			"/run/libvirt/libvirt-sock": lv.Socket,
 			"/etc/virtfleet/agent.nk":   seed,
+			natsStore:                   store,
 		}
 	})
 	labelHypervisor(ctx, t, cp, n)
 	t.Cleanup(func() {
 		if t.Failed() {
-			logAgents(t, n)
+			logPods(t, n, "nats-0", "virtfleet-agent-*")
 		}
 	})
 
 	start = time.Now()
-	for _, obj := range agentObjects(t, image, "nats://"+kubenode.NodeIP+":"+natsURL.Port(), lv.URI) {
+	objs := deployObjects(t, images, nil)
+	for _, obj := range []client.Object{objs["Namespace/virtfleet-system"], natsAuth(users), natsVolume(), objs["ConfigMap/nats-config"],
+		objs["Service/nats"], objs["Service/nats-headless"], objs["StatefulSet/nats"]} {
 		require.NoError(t, cp.Client.Create(ctx, obj), "%T %s", obj, obj.GetName())
+	}
+	nats := readyPod(ctx, t, cp, "nats-0")
+	t.Logf("NATS pod %s (%s) Ready %s after its StatefulSet was applied", nats.Name, nats.Status.PodIP, time.Since(start).Round(100*time.Millisecond))
+	natsAddr := net.JoinHostPort(nats.Status.PodIP, "4222")
+	exposed, err := n.Expose(natsAddr)
+	require.NoError(t, err)
+
+	_, err = natsgo.Connect("nats://" + exposed)
+	require.Error(t, err, "NATS lets in a client without credentials: the nats-auth Secret's users are not in force")
+	hub := hubJetStream(ctx, t, "nats://"+exposed, hubID)
+	assert.DirExists(t, filepath.Join(store, "jetstream"), "NATS keeps its streams on its claim's volume")
+
+	start = time.Now()
+	objs = deployObjects(t, images, map[string]string{
+		"VIRTFLEET_NATS_URL":     "nats://" + natsAddr,
+		"VIRTFLEET_LIBVIRT_URI":  lv.URI,
+		"VIRTFLEET_LIBVIRT_POOL": libvirttest.Pool,
+	})
+	for _, key := range []string{"ServiceAccount/virtfleet-agent", "DaemonSet/virtfleet-agent"} {
+		require.NoError(t, cp.Client.Create(ctx, objs[key]), key)
 	}
 	pod := runningPod(ctx, t, cp, "")
 	running := time.Now()
@@ -128,6 +172,66 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	awaitHeartbeat(ctx, t, hub, rev)
 	t.Logf("killed agent pod replaced by %s, Running after %s, heartbeat %s later",
 		again.Name, running.Sub(start).Round(100*time.Millisecond), time.Since(running).Round(100*time.Millisecond))
+}
+
+// natsAuth is the nats-auth Secret of the README's step 4: the users
+// entries `go run ./hack/mint-agent-credentials` prints, in auth.conf.
+func natsAuth(users []natswire.User) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "virtfleet-system", Name: "nats-auth"},
+		StringData: map[string]string{"auth.conf": natswire.ServerConfig(users...)},
+	}
+}
+
+// natsVolume is the PersistentVolume an administrator makes for NATS's
+// claim where no provisioner does: a local volume of the node.
+func natsVolume() *corev1.PersistentVolume {
+	return &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "nats-store"},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: natsStore}},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
+			}}}},
+		},
+	}
+}
+
+// hubJetStream connects to NATS at url as the hub and makes the wire's
+// buckets, as the hub does once it has a ProviderConfig.
+func hubJetStream(ctx context.Context, t *testing.T, url string, id natswire.Identity) jetstream.JetStream {
+	t.Helper()
+	opts, err := id.ConnectOptions()
+	require.NoError(t, err)
+	nc, err := natsgo.Connect(url, opts...)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{}))
+	return js
+}
+
+// readyPod waits until pod name of virtfleet-system is Ready, and returns it.
+func readyPod(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, name string) *corev1.Pod {
+	t.Helper()
+	var pod corev1.Pod
+	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: "virtfleet-system", Name: name}, &pod); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	require.NoError(t, err, "pod %s is not Ready: %+v", name, pod.Status)
+	return &pod
 }
 
 // assertInNodeNetns checks that pod's agent process is in n's network
@@ -154,37 +258,43 @@ func assertInNodeNetns(t *testing.T, n *kubenode.Node, pod *corev1.Pod) {
 	assert.True(t, os.SameFile(nodeNs, agent), "the agent (pid %s) runs in a network namespace other than its node's", pid)
 }
 
-// logAgents logs the end of each agent container's log on n, which goes
-// with the node.
-func logAgents(t *testing.T, n *kubenode.Node) {
-	logs, _ := filepath.Glob(filepath.Join(n.Dir, "log", "pods", "virtfleet-system_virtfleet-agent-*", "agent", "*.log"))
-	for _, l := range logs {
-		b, _ := os.ReadFile(l) //nolint:gosec // the node's own log
-		if len(b) > 6000 {
-			b = append(b[:3000:3000], append([]byte("\n...\n"), b[len(b)-3000:]...)...)
+// logPods logs the end of each container's log of the pods of
+// virtfleet-system matching names on n, which go with the node.
+func logPods(t *testing.T, n *kubenode.Node, names ...string) {
+	for _, name := range names {
+		logs, _ := filepath.Glob(filepath.Join(n.Dir, "log", "pods", "virtfleet-system_"+name+"_*", "*", "*.log"))
+		for _, l := range logs {
+			b, _ := os.ReadFile(l) //nolint:gosec // the node's own log
+			if len(b) > 6000 {
+				b = append(b[:3000:3000], append([]byte("\n...\n"), b[len(b)-3000:]...)...)
+			}
+			t.Logf("%s:\n%s", l, b)
 		}
-		t.Logf("%s:\n%s", l, b)
 	}
 }
 
-// pushAgentImage builds the agent's image as cluster/images does and pushes
-// it to reg, returning its reference.
-func pushAgentImage(ctx context.Context, t *testing.T, reg *crossplanetest.Registry) string {
+// agentSpec is the agent's image as cluster/images builds it.
+func agentSpec(t *testing.T) ociimage.Spec {
 	t.Helper()
-	const version = "test"
-	for _, spec := range ociimage.Virtfleet(version) {
-		if spec.Name != ociimage.Agent.Name {
-			continue
+	for _, spec := range ociimage.Virtfleet("test") {
+		if spec.Name == ociimage.Agent.Name {
+			return spec
 		}
-		p := ociimage.Platform{OS: "linux", Arch: runtime.GOARCH}
-		img, err := ociimage.BuildFromSource(ctx, controlplane.RepoRoot(), spec, filepath.Join(t.TempDir(), spec.Name), p, time.Unix(0, 0).UTC())
-		require.NoError(t, err)
-		ref, err := reg.Push(ctx, "virtfleet/virtfleet-"+spec.Name, version, img)
-		require.NoError(t, err)
-		return ref
 	}
 	require.FailNow(t, "cluster/images builds no agent image")
-	return ""
+	return ociimage.Spec{}
+}
+
+// pushImage builds spec's image as cluster/images does and pushes it to
+// reg as repo:test, returning its reference.
+func pushImage(ctx context.Context, t *testing.T, reg *crossplanetest.Registry, spec ociimage.Spec, repo string) string {
+	t.Helper()
+	p := ociimage.Platform{OS: "linux", Arch: runtime.GOARCH}
+	img, err := ociimage.BuildFromSource(ctx, controlplane.RepoRoot(), spec, filepath.Join(t.TempDir(), spec.Name), p, time.Unix(0, 0).UTC())
+	require.NoError(t, err)
+	ref, err := reg.Push(ctx, repo, "test", img)
+	require.NoError(t, err)
+	return ref
 }
 
 // labelHypervisor labels n as a hypervisor once it has registered, as an
@@ -204,25 +314,33 @@ func labelHypervisor(ctx context.Context, t *testing.T, cp *controlplane.Control
 	require.NoError(t, cp.Client.Patch(ctx, &obj, patch))
 }
 
-// agentObjects renders an overlay of cluster/deploy with kubectl kustomize
-// and returns the objects the agent needs: its namespace, ServiceAccount
-// and DaemonSet, decoded by client-go's deserializer.
-func agentObjects(t *testing.T, image, natsURL, libvirtURI string) []client.Object {
+// deployObjects renders an overlay of cluster/deploy with kubectl
+// kustomize, the images replaced by images (name to reference) and the
+// agents' environment variables agentEnv set; it returns the objects
+// client-go knows, by kind/name, decoded by client-go's deserializer.
+func deployObjects(t *testing.T, images, agentEnv map[string]string) map[string]client.Object {
 	t.Helper()
-	ref, err := name.NewTag(image)
-	require.NoError(t, err)
 	dir := t.TempDir()
 	base, err := filepath.Rel(dir, filepath.Join(controlplane.RepoRoot(), "cluster", "deploy"))
 	require.NoError(t, err)
-	env := func(key, value string) map[string]any { return map[string]any{"name": key, "value": value} }
 	overlay := map[string]any{
 		"apiVersion": "kustomize.config.k8s.io/v1beta1",
 		"kind":       "Kustomization",
 		"resources":  []string{base},
-		"images": []map[string]any{{
-			"name": "ghcr.io/virtfleet/virtfleet-agent", "newName": ref.Context().Name(), "newTag": ref.TagStr(),
-		}},
-		"patches": []map[string]any{{
+	}
+	var replace []map[string]any
+	for name, image := range images {
+		ref, err := reference.NewTag(image)
+		require.NoError(t, err)
+		replace = append(replace, map[string]any{"name": name, "newName": ref.Context().Name(), "newTag": ref.TagStr()})
+	}
+	overlay["images"] = replace
+	if len(agentEnv) > 0 {
+		var env []map[string]any
+		for k, v := range agentEnv {
+			env = append(env, map[string]any{"name": k, "value": v})
+		}
+		overlay["patches"] = []map[string]any{{
 			"target": map[string]any{"kind": "DaemonSet", "name": "virtfleet-agent"},
 			"patch": mustYAML(t, map[string]any{
 				"apiVersion": "apps/v1",
@@ -231,15 +349,11 @@ func agentObjects(t *testing.T, image, natsURL, libvirtURI string) []client.Obje
 				"spec": map[string]any{"template": map[string]any{"spec": map[string]any{
 					"containers": []map[string]any{{
 						"name": "agent",
-						"env": []map[string]any{
-							env("VIRTFLEET_NATS_URL", natsURL),
-							env("VIRTFLEET_LIBVIRT_URI", libvirtURI),
-							env("VIRTFLEET_LIBVIRT_POOL", libvirttest.Pool),
-						},
+						"env":  env,
 					}},
 				}}},
 			}),
-		}},
+		}}
 	}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(mustYAML(t, overlay)), 0o600))
 	out, err := exec.Command("kubectl", "kustomize", dir).Output()
@@ -249,8 +363,7 @@ func agentObjects(t *testing.T, image, natsURL, libvirtURI string) []client.Obje
 	}
 	require.NoError(t, err)
 
-	want := map[string]bool{"Namespace/virtfleet-system": true, "ServiceAccount/virtfleet-agent": true, "DaemonSet/virtfleet-agent": true}
-	var objs []client.Object
+	objs := map[string]client.Object{}
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
 	for {
 		doc, err := r.Read()
@@ -264,11 +377,12 @@ func agentObjects(t *testing.T, image, natsURL, libvirtURI string) []client.Obje
 		}
 		obj, ok := o.(client.Object)
 		require.True(t, ok, "%s", gvk)
-		if want[gvk.Kind+"/"+obj.GetName()] {
-			objs = append(objs, obj)
-		}
+		objs[gvk.Kind+"/"+obj.GetName()] = obj
 	}
-	require.Len(t, objs, len(want), "the rendered manifests lack some of %v", want)
+	for _, want := range []string{"Namespace/virtfleet-system", "ServiceAccount/virtfleet-agent", "DaemonSet/virtfleet-agent",
+		"ConfigMap/nats-config", "Service/nats", "Service/nats-headless", "StatefulSet/nats"} {
+		require.Contains(t, objs, want, "the rendered manifests lack it")
+	}
 	return objs
 }
 

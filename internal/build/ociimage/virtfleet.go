@@ -39,6 +39,18 @@ var Function = Spec{
 	User:      NonRootUser,
 }
 
+// NATS is an image of nats-server, the version go.mod requires, for
+// clusters that pull from their own registry only, and for the tests'
+// kubelets: cluster/deploy's StatefulSet runs it as it runs the official
+// image (its arguments name the configuration file), under the user the
+// StatefulSet sets.
+var NATS = Spec{
+	Name:      "nats",
+	GoPackage: "github.com/nats-io/nats-server/v2",
+	Path:      "/usr/local/bin/nats-server",
+	User:      NonRootUser,
+}
+
 // Virtfleet are virtfleet's images, labelled with the source and version.
 func Virtfleet(version string) []Spec {
 	specs := []Spec{Hub, Agent, Function}

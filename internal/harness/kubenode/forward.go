@@ -29,10 +29,53 @@ func forward(nsPath string, port int) (*relay.Relay, error) {
 	return r, nil
 }
 
-// listenIn listens on addr inside the network namespace at nsPath. The
-// listening socket stays in that namespace; the goroutine's thread is
-// switched there and back, and given up if it cannot be switched back.
+// Expose makes addr, an address inside the node's network namespace (a
+// pod's IP and port), reachable on a port of the machine's loopback,
+// which it returns as host:port, until the node stops: what a test dials
+// where it stands in for a workload of another node (the hub, reaching
+// NATS). On a real cluster that workload reaches a Service through the
+// cluster's DNS and kube-proxy; a node here has neither, and the API
+// server cannot reach the kubelet's streaming server for a port-forward.
+func (n *Node) Expose(addr string) (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", errors.Wrap(err, "cannot listen on the machine's loopback")
+	}
+	r := relay.New(func() (net.Conn, error) {
+		var c net.Conn
+		err := inNetns(n.NetnsPath, func() (err error) {
+			c, err = net.Dial("tcp", addr)
+			return errors.Wrapf(err, "cannot dial %s in %s", addr, n.NetnsPath)
+		})
+		if err != nil && c != nil {
+			_ = c.Close() // made in the namespace, but the thread is lost
+		}
+		return c, err
+	})
+	r.Serve(l)
+	n.forwardsMu.Lock()
+	defer n.forwardsMu.Unlock()
+	n.forwards = append(n.forwards, r)
+	return l.Addr().String(), nil
+}
+
+// listenIn listens on addr inside the network namespace at nsPath.
 func listenIn(nsPath, addr string) (net.Listener, error) {
+	var l net.Listener
+	err := inNetns(nsPath, func() (err error) {
+		l, err = net.Listen("tcp", addr)
+		return errors.Wrapf(err, "cannot listen on %s in %s", addr, nsPath)
+	})
+	if err != nil && l != nil {
+		_ = l.Close() // made in the namespace, but the thread is lost
+	}
+	return l, err
+}
+
+// inNetns calls f on a thread switched into the network namespace at
+// nsPath: the sockets f makes stay in that namespace. The thread is
+// switched back, and given up if it cannot be.
+func inNetns(nsPath string, f func() error) error {
 	runtime.LockOSThread()
 	restored := false
 	defer func() {
@@ -43,26 +86,23 @@ func listenIn(nsPath, addr string) (net.Listener, error) {
 	here, err := netns.Get()
 	if err != nil {
 		restored = true
-		return nil, errors.Wrap(err, "cannot open this thread's network namespace")
+		return errors.Wrap(err, "cannot open this thread's network namespace")
 	}
 	defer func() { _ = here.Close() }()
 	there, err := netns.GetFromPath(nsPath)
 	if err != nil {
 		restored = true
-		return nil, errors.Wrapf(err, "cannot open network namespace %s", nsPath)
+		return errors.Wrapf(err, "cannot open network namespace %s", nsPath)
 	}
 	defer func() { _ = there.Close() }()
 	if err := netns.Set(there); err != nil {
 		restored = true
-		return nil, errors.Wrapf(err, "cannot enter network namespace %s", nsPath)
+		return errors.Wrapf(err, "cannot enter network namespace %s", nsPath)
 	}
-	l, lerr := net.Listen("tcp", addr)
+	ferr := f()
 	if err := netns.Set(here); err != nil {
-		if l != nil {
-			_ = l.Close()
-		}
-		return nil, errors.Wrap(err, "cannot return to this thread's network namespace")
+		return errors.Wrap(err, "cannot return to this thread's network namespace")
 	}
 	restored = true
-	return l, errors.Wrapf(lerr, "cannot listen on %s in %s", addr, nsPath)
+	return ferr
 }

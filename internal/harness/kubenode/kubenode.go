@@ -110,13 +110,15 @@ type Node struct {
 	// ContainerdSocket is containerd's socket, reachable from here too.
 	ContainerdSocket string
 
-	rec      record
-	lock     *os.File
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	log      *os.File
-	forwards []*relay.Relay
-	stopped  sync.Once
+	rec    record
+	lock   *os.File
+	cmd    *exec.Cmd
+	exited chan struct{}
+	log    *os.File
+	// forwards are Options.Forward's relays and Expose's.
+	forwardsMu sync.Mutex
+	forwards   []*relay.Relay
+	stopped    sync.Once
 }
 
 // record is what a node leaves to clean up, in runDir, locked while the
@@ -325,9 +327,11 @@ func (n *Node) stop() {
 	if n.cmd != nil && n.cmd.Process != nil {
 		guesthost.StopGroup(n.cmd.Process.Pid, n.exited, 15*time.Second)
 	}
+	n.forwardsMu.Lock()
 	for _, f := range n.forwards {
 		f.Cut()
 	}
+	n.forwardsMu.Unlock()
 	if n.log != nil {
 		_ = n.log.Close()
 	}
