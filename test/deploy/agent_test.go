@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -163,7 +164,7 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	t.Logf("node %s Ready (heartbeat) %s after its agent pod ran, %s after the DaemonSet was applied",
 		node, time.Since(running).Round(100*time.Millisecond), time.Since(start).Round(100*time.Millisecond))
 	assert.Equal(t, node, pod.Spec.NodeName)
-	assertInNodeNetns(t, n, pod)
+	assertAgentProcess(t, n, pod)
 
 	start = time.Now()
 	require.NoError(t, cp.Client.Delete(ctx, pod))
@@ -234,11 +235,12 @@ func readyPod(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, 
 	return &pod
 }
 
-// assertInNodeNetns checks that pod's agent process is in n's network
-// namespace, where libvirtd's bridges and the node's addresses are, and
-// not in a namespace of the pod's own: the kernel's word for it, the
-// namespace's inode, found through the process containerd says it runs.
-func assertInNodeNetns(t *testing.T, n *kubenode.Node, pod *corev1.Pod) {
+// assertAgentProcess checks, with the kernel's word for it, what the
+// DaemonSet gives pod's agent process (the one containerd says it runs):
+// n's network namespace, where libvirtd's bridges and the node's
+// addresses are, not one of the pod's own; and exactly the capabilities
+// the manifest adds, NET_ADMIN for the overlays' devices among them.
+func assertAgentProcess(t *testing.T, n *kubenode.Node, pod *corev1.Pod) {
 	t.Helper()
 	require.Len(t, pod.Status.ContainerStatuses, 1)
 	id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
@@ -256,6 +258,19 @@ func assertInNodeNetns(t *testing.T, n *kubenode.Node, pod *corev1.Pod) {
 	nodeNs, err := os.Stat(n.NetnsPath)
 	require.NoError(t, err)
 	assert.True(t, os.SameFile(nodeNs, agent), "the agent (pid %s) runs in a network namespace other than its node's", pid)
+
+	status, err := os.ReadFile(filepath.Join("/proc", pid, "status")) //nolint:gosec // the agent's
+	require.NoError(t, err)
+	var effective uint64
+	for line := range strings.Lines(string(status)) {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			effective, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			require.NoError(t, err)
+		}
+	}
+	const dacOverride, netAdmin = 1, 12 // linux/capability.h
+	assert.Equal(t, uint64(1)<<dacOverride|uint64(1)<<netAdmin, effective,
+		"the agent's effective capabilities (%#x) are not exactly DAC_OVERRIDE and NET_ADMIN", effective)
 }
 
 // logPods logs the end of each container's log of the pods of
