@@ -24,6 +24,33 @@ type QuotaAmounts struct {
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",messageExpression="'memory must not be negative, got ' + string(self)"
 	// +optional
 	Memory *resource.Quantity `json:"memory,omitempty"`
+
+	// Storage is the size of the namespace's Volumes on a node or shared
+	// pool plus what its snapshots hold there: a snapshot taken counts its
+	// reported size, one being taken the size of its VM's disks (and
+	// memory, with includeMemory), which it may grow to. Backups are not
+	// counted: they leave the fleet for an object store.
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",messageExpression="'storage must not be negative, got ' + string(self)"
+	// +optional
+	Storage *resource.Quantity `json:"storage,omitempty"`
+
+	// Volumes is the number of Volumes bound to a node (made there, or
+	// imported).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Volumes *int64 `json:"volumes,omitempty"`
+
+	// Snapshots is the number of VirtualMachineSnapshots a node was asked
+	// to take and that did not fail.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Snapshots *int64 `json:"snapshots,omitempty"`
+
+	// Addresses is the number of addresses the hub gave the namespace's
+	// VMs on its VirtualNetworks (NetworkAddresses).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Addresses *int64 `json:"addresses,omitempty"`
 }
 
 // TenantQuotaSpec is what an administrator allows one namespace.
@@ -35,8 +62,10 @@ type TenantQuotaSpec struct {
 	Namespace string `json:"namespace"`
 
 	// Hard are the limits. A VirtualMachine whose placement would take
-	// the namespace past one stays Pending, saying which, and is placed
-	// once the namespace holds less or the limit is raised.
+	// the namespace past one (with the Volumes and addresses it would be
+	// given) stays Pending, saying which, and is placed once the namespace
+	// holds less or the limit is raised. A snapshot that would pass one
+	// fails before any node is asked for it.
 	Hard QuotaAmounts `json:"hard"`
 }
 
@@ -54,8 +83,8 @@ type TenantQuotaStatus struct {
 
 // +kubebuilder:object:root=true
 
-// A TenantQuota limits what one namespace may hold of the fleet: VMs, vCPU
-// and memory. It is cluster-scoped, so a tenant with edit rights in its
+// A TenantQuota limits what one namespace may hold of the fleet: VMs, vCPU,
+// memory, storage, Volumes, snapshots and addresses. It is cluster-scoped, so a tenant with edit rights in its
 // namespace cannot raise its own limits. Several TenantQuotas of one
 // namespace all apply.
 // +kubebuilder:printcolumn:name="NAMESPACE",type="string",JSONPath=".spec.namespace"

@@ -339,7 +339,7 @@ func Run(ctx context.Context, c Config) error {
 	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Quotas: quotas, Notifier: notifier, FencingTimeout: c.FencingTimeout, FencingMargin: c.FencingMargin, Addresses: addresses, Memory: memory, StraySweep: c.StraySweep,
 		Polls: wake.NewPolls(mgr.GetCache(), cmp.Or(c.PollsPerSecond, wake.DefaultPollsPerSecond))}
 	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
-	so := snapshot.Options{Pool: pool, Notifier: snapshots, FencingTimeout: c.FencingTimeout, Memory: memory}
+	so := snapshot.Options{Pool: pool, Notifier: snapshots, FencingTimeout: c.FencingTimeout, Memory: memory, Quotas: quotas}
 	ro := restore.Options{Pool: pool, Notifier: restores}
 	collections := backuplocation.NewCollections()
 	bo := backup.Options{Pool: pool, Notifier: backups, Memory: memory, FencingTimeout: c.FencingTimeout, Collections: collections}

@@ -16,7 +16,7 @@ func tq(name string, hard apisv1alpha1.QuotaAmounts) apisv1alpha1.TenantQuota {
 }
 
 func TestCheck(t *testing.T) {
-	oneVM := Amounts{VMs: 1, VCPU: 2, MemoryBytes: 1 << 30}
+	oneVM := Amounts{VMs: 1, VCPU: 2, MemoryBytes: 1 << 30, StorageBytes: 4 << 30, Volumes: 2, Addresses: 2}
 	cases := map[string]struct {
 		quotas []apisv1alpha1.TenantQuota
 		used   Amounts
@@ -26,7 +26,7 @@ func TestCheck(t *testing.T) {
 		"NoQuotaLimitsNothing": {used: Amounts{VMs: 1000, VCPU: 1000, MemoryBytes: 1 << 50}},
 		"AnUnsetLimitIsUnlimited": {
 			quotas: []apisv1alpha1.TenantQuota{tq("q", apisv1alpha1.QuotaAmounts{VMs: ptr.To[int64](5)})},
-			used:   Amounts{VMs: 1, VCPU: 1000, MemoryBytes: 1 << 50},
+			used:   Amounts{VMs: 1, VCPU: 1000, MemoryBytes: 1 << 50, StorageBytes: 1 << 50, Volumes: 1000, Snapshots: 1000, Addresses: 1000},
 		},
 		"ReachingALimitExactlyFits": {
 			quotas: []apisv1alpha1.TenantQuota{tq("q", apisv1alpha1.QuotaAmounts{VMs: ptr.To[int64](2), VCPU: ptr.To[int64](4), Memory: ptr.To(resource.MustParse("2Gi"))})},
@@ -55,6 +55,25 @@ func TestCheck(t *testing.T) {
 			used:    oneVM,
 			refused: "quota of namespace t1 exceeded: vms would be 2 of 1 (TenantQuota tight; 1 in use, this VM 1)",
 		},
+		"PassingStorageIsRefused": {
+			quotas:  []apisv1alpha1.TenantQuota{tq("q", apisv1alpha1.QuotaAmounts{Storage: ptr.To(resource.MustParse("10Gi"))})},
+			used:    Amounts{StorageBytes: 8 << 30},
+			refused: "quota of namespace t1 exceeded: storage would be 12Gi of 10Gi (TenantQuota q; 8Gi in use, this VM 4Gi)",
+		},
+		"PassingVolumesIsRefused": {
+			quotas:  []apisv1alpha1.TenantQuota{tq("q", apisv1alpha1.QuotaAmounts{Volumes: ptr.To[int64](1)})},
+			used:    Amounts{Volumes: 1},
+			refused: "quota of namespace t1 exceeded: volumes would be 3 of 1 (TenantQuota q; 1 in use, this VM 2)",
+		},
+		"PassingAddressesIsRefused": {
+			quotas:  []apisv1alpha1.TenantQuota{tq("q", apisv1alpha1.QuotaAmounts{Addresses: ptr.To[int64](2)})},
+			used:    Amounts{Addresses: 1},
+			refused: "quota of namespace t1 exceeded: addresses would be 3 of 2 (TenantQuota q; 1 in use, this VM 2)",
+		},
+		"ASnapshotLimitDoesNotRefuseAVM": {
+			quotas: []apisv1alpha1.TenantQuota{tq("q", apisv1alpha1.QuotaAmounts{Snapshots: ptr.To[int64](0)})},
+			used:   Amounts{Snapshots: 3},
+		},
 		"AZeroLimitRefusesTheFirst": {
 			quotas:  []apisv1alpha1.TenantQuota{tq("q", apisv1alpha1.QuotaAmounts{VMs: ptr.To[int64](0)})},
 			refused: "quota of namespace t1 exceeded: vms would be 1 of 0 (TenantQuota q; 0 in use, this VM 1)",
@@ -62,7 +81,7 @@ func TestCheck(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			err := Check(tc.quotas, tc.used, oneVM)
+			err := Check(tc.quotas, tc.used, oneVM, "this VM")
 			if tc.refused == "" {
 				assert.NoError(t, err)
 				return
@@ -76,8 +95,10 @@ func TestCheck(t *testing.T) {
 
 func TestSummary(t *testing.T) {
 	used := Amounts{VMs: 2, VCPU: 6, MemoryBytes: 4 << 30}
+	stored := Amounts{VMs: 2, VCPU: 6, MemoryBytes: 4 << 30, StorageBytes: 20 << 30, Volumes: 3, Snapshots: 1, Addresses: 2}
 	cases := map[string]struct {
 		hard apisv1alpha1.QuotaAmounts
+		used *Amounts
 		want string
 	}{
 		"EveryLimitSet": {
@@ -88,11 +109,24 @@ func TestSummary(t *testing.T) {
 			hard: apisv1alpha1.QuotaAmounts{VCPU: ptr.To[int64](8)},
 			want: "vms: 2, vcpu: 6/8, memory: 4Gi",
 		},
+		"StorageVolumesSnapshotsAndAddressesShowWhenLimited": {
+			hard: apisv1alpha1.QuotaAmounts{Storage: ptr.To(resource.MustParse("50Gi")), Addresses: ptr.To[int64](10)},
+			want: "vms: 2, vcpu: 6, memory: 4Gi, storage: 0/50Gi, addresses: 0/10",
+		},
+		"StorageVolumesSnapshotsAndAddressesShowWhenHeld": {
+			hard: apisv1alpha1.QuotaAmounts{Snapshots: ptr.To[int64](5)},
+			used: &stored,
+			want: "vms: 2, vcpu: 6, memory: 4Gi, storage: 20Gi, volumes: 3, snapshots: 1/5, addresses: 2",
+		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			q := tq("q", tc.hard)
-			assert.Equal(t, tc.want, Summary(&q, used))
+			u := used
+			if tc.used != nil {
+				u = *tc.used
+			}
+			assert.Equal(t, tc.want, Summary(&q, u))
 		})
 	}
 }

@@ -47,6 +47,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
+	"github.com/virtfleet/virtfleet/hub/internal/quota"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
@@ -93,6 +94,9 @@ type Options struct {
 	FencingTimeout time.Duration
 	// Memory owns what the controller remembers of each snapshot.
 	Memory *perobject.Owner
+	// Quotas admits each snapshot before its node is asked for it; nil
+	// admits every one.
+	Quotas *quota.Counter
 }
 
 // Reconciler reconciles VirtualMachineSnapshots.
@@ -279,6 +283,9 @@ func (r *Reconciler) hold(ctx context.Context, s *v1alpha1.VirtualMachineSnapsho
 // snapshot can be taken: placed, admitted there, its guest made, not
 // moving or being restored, on a live node that keeps snapshots. A node
 // that keeps none fails the snapshot at once: no wait would change that.
+// Nor would a wait mend a snapshot past its namespace's quota, which the
+// tenant asked for knowing the limit: it fails before any node is asked,
+// as Kubernetes refuses an object past a ResourceQuota.
 func (r *Reconciler) take(ctx context.Context, s *v1alpha1.VirtualMachineSnapshot, vm *v1alpha1.VirtualMachine, f *fleet.Fleet) (reconcile.Result, error) {
 	if s.Done() {
 		return reconcile.Result{}, nil
@@ -298,10 +305,24 @@ func (r *Reconciler) take(ctx context.Context, s *v1alpha1.VirtualMachineSnapsho
 		st.Phase, st.Message = v1alpha1.SnapshotPending, why
 		return reconcile.Result{RequeueAfter: waitRetry}, r.setStatus(ctx, s, st)
 	}
+	// Admitted last, when nothing but the quota stands between the
+	// snapshot and its node: one that waits holds nothing of the quota.
+	if r.opts.Quotas != nil {
+		var exceeded *quota.ExceededError
+		switch err := r.opts.Quotas.AdmitSnapshot(ctx, s, vm); {
+		case errors.As(err, &exceeded):
+			return reconcile.Result{}, r.fail(ctx, s, vm, st, err.Error())
+		case err != nil:
+			return reconcile.Result{}, err
+		}
+	}
 	// The spec as it is at the moment the node is asked.
 	st.VM = vm.Spec.ForProvider.DeepCopy()
 	st.Node, st.Phase, st.Message = node, v1alpha1.SnapshotInProgress, fmt.Sprintf("node %s is taking the snapshot", node)
 	if err := r.setStatus(ctx, s, st); err != nil {
+		if r.opts.Quotas != nil {
+			r.opts.Quotas.Forget(s.UID)
+		}
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{}, r.publish(ctx, f, node, intentOf(s, vm.UID))

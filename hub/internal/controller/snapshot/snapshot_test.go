@@ -1,6 +1,7 @@
 package snapshot_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,12 +12,14 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/controllertest"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
@@ -24,6 +27,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/quota"
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 )
@@ -53,7 +57,8 @@ func startHub(t *testing.T) *controllertest.Env {
 		memory := perobject.NewOwner(nil)
 		snapshots := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineSnapshot{} })
 		e.Fleet.Snapshots.Subscribe(snapshots.Notify)
-		if err := snapshot.Setup(mgr, o, snapshot.Options{Pool: e.Pool, Notifier: snapshots, FencingTimeout: fencing, Memory: memory}); err != nil {
+		quotas := quota.NewCounter(mgr.GetCache(), e.Pool.Fleets)
+		if err := snapshot.Setup(mgr, o, snapshot.Options{Pool: e.Pool, Notifier: snapshots, FencingTimeout: fencing, Memory: memory, Quotas: quotas}); err != nil {
 			return err
 		}
 		migrations := wake.NewNotifierFor(memory, func() client.Object { return &v1alpha1.VirtualMachineMigration{} })
@@ -398,4 +403,100 @@ func TestSnapshots(t *testing.T) {
 		in, ok := intent(t, e, lost, s)
 		assert.True(t, ok && in.Absent, "the node deletes it when its agent is back")
 	})
+}
+
+// TestSnapshotsPastTheQuotaFailBeforeAnyNodeIsAsked plays a tenant that
+// asks for many snapshots at once, to fill its VM's node with more
+// snapshots, or more storage, than the administrator's TenantQuota allows.
+//
+// Attacker's steps, for each limit: with a VM running on node-a and its
+// 4Gi root Volume there, `kubectl -n t1 apply` several
+// VirtualMachineSnapshots of it in one go. Before these limits, node-a was
+// asked for every one. Now as many are asked for as fit (a snapshot being
+// taken counts the size of the VM's disks, which it may grow to); the
+// others are Failed before any node is asked, naming namespace, limit, use
+// and what they would add. Once its node reports a snapshot's real size,
+// that is what counts, and a new snapshot fits again.
+func TestSnapshotsPastTheQuotaFailBeforeAnyNodeIsAsked(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver and a nats-server; skipped with -short")
+	}
+	e := startHub(t)
+	cases := map[string]struct {
+		hard apisv1alpha1.QuotaAmounts
+		// snapshots are how many the tenant asks for at once, fit how
+		// many the quota takes.
+		snapshots, fit int
+		// refused is why the others failed, after "quota of namespace
+		// <ns> exceeded: ", with %s the quota's name.
+		refused string
+	}{
+		"Snapshots": {
+			hard: apisv1alpha1.QuotaAmounts{Snapshots: ptr.To[int64](2)}, snapshots: 4, fit: 2,
+			refused: "snapshots would be 3 of 2 (TenantQuota %s; 2 in use, this snapshot 1)",
+		},
+		"Storage": {
+			hard: apisv1alpha1.QuotaAmounts{Storage: ptr.To(resource.MustParse("10Gi"))}, snapshots: 3, fit: 1,
+			refused: "storage would be 12Gi of 10Gi (TenantQuota %s; 8Gi in use, this snapshot 4Gi)",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			ns := e.Namespace(t)
+			q := &apisv1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: ns}, Spec: apisv1alpha1.TenantQuotaSpec{Namespace: ns, Hard: tc.hard}}
+			require.NoError(t, e.Kube.Create(e.Ctx, q))
+			require.NoError(t, e.Kube.Create(e.Ctx, &v1alpha1.Volume{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "root", Annotations: map[string]string{v1alpha1.AnnotationNode: nodeA}},
+				Spec:       v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{Size: resource.MustParse("4Gi")}},
+			}))
+			vm := e.VM(t, ns, "web", nodeA, true, v1alpha1.PhaseRunning)
+			snaps := make([]*v1alpha1.VirtualMachineSnapshot, tc.snapshots)
+			for i := range snaps {
+				snaps[i] = newSnapshot(t, e, ns, fmt.Sprintf("s-%d", i), "web")
+			}
+
+			want := fmt.Sprintf("quota of namespace %s exceeded: "+tc.refused, ns, q.Name)
+			var taking []*v1alpha1.VirtualMachineSnapshot
+			require.EventuallyWithT(t, func(c *assert.CollectT) {
+				taking = nil
+				refused, other := 0, []string{}
+				for _, s := range snaps {
+					got := &v1alpha1.VirtualMachineSnapshot{}
+					if !assert.NoError(c, e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(s), got)) {
+						return
+					}
+					switch {
+					case got.Status.Phase == v1alpha1.SnapshotInProgress:
+						taking = append(taking, got)
+					case got.Status.Phase == v1alpha1.SnapshotFailed && got.Status.Message == want && got.Status.Node == "":
+						refused++
+					default:
+						other = append(other, string(got.Status.Phase)+": "+got.Status.Message)
+					}
+				}
+				assert.Len(c, taking, tc.fit, "as many are asked of the node as the quota takes; others say %q", other)
+				assert.Equal(c, tc.snapshots-tc.fit, refused, "the others failed, naming the limit")
+			}, within, 50*time.Millisecond)
+			for _, s := range snaps {
+				got := &v1alpha1.VirtualMachineSnapshot{}
+				require.NoError(t, e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(s), got))
+				if got.Status.Phase == v1alpha1.SnapshotFailed {
+					_, asked := intent(t, e, nodeA, got)
+					assert.False(t, asked, "no node is asked for a snapshot past the quota")
+				}
+			}
+
+			// Its node reports each snapshot's real size, which counts from
+			// then on: room for one more.
+			for _, s := range taking {
+				created := time.Now().Truncate(time.Second)
+				report(t, e, nodeA, s, vm, wire.SnapshotReport{Phase: wire.SnapshotPhaseReady, CreatedAt: &created, SizeBytes: 1 << 20})
+				await(t, e, s, inPhase(v1alpha1.SnapshotSucceeded))
+			}
+			if tc.hard.Storage != nil {
+				another := newSnapshot(t, e, ns, "another", "web")
+				await(t, e, another, inPhase(v1alpha1.SnapshotInProgress))
+			}
+		})
+	}
 }

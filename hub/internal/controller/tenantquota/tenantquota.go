@@ -41,7 +41,8 @@ func SetupGated(mgr ctrl.Manager, o controller.Options, quotas *quota.Counter) e
 		if err := Setup(mgr, o, quotas); err != nil {
 			panic(errors.Wrap(err, "cannot set up the TenantQuota controller"))
 		}
-	}, apisv1alpha1.TenantQuotaGroupVersionKind, v1alpha1.VirtualMachineGroupVersionKind)
+	}, apisv1alpha1.TenantQuotaGroupVersionKind, v1alpha1.VirtualMachineGroupVersionKind, v1alpha1.VolumeGroupVersionKind,
+		v1alpha1.VirtualMachineSnapshotGroupVersionKind, v1alpha1.NetworkAddressGroupVersionKind)
 	return nil
 }
 
@@ -52,6 +53,9 @@ func Setup(mgr ctrl.Manager, o controller.Options, quotas *quota.Counter) error 
 		Named("tenantquota").
 		For(&apisv1alpha1.TenantQuota{}).
 		Watches(&v1alpha1.VirtualMachine{}, r.namespaceChanged()).
+		Watches(&v1alpha1.Volume{}, r.namespaceChanged()).
+		Watches(&v1alpha1.VirtualMachineSnapshot{}, r.namespaceChanged()).
+		Watches(&v1alpha1.NetworkAddress{}, r.namespaceChanged()).
 		WithOptions(o.ForControllerRuntime()).
 		Complete(r)
 }
@@ -86,19 +90,25 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{RequeueAfter: recount}, nil
 }
 
-// counted is what of o a quota counts: whether it is bound, the orphan it
-// adopted and its shape. Status writes of its phase change none of them.
+// counted is what of o a quota counts: of a VM whether it is bound, the
+// orphan it adopted and its shape; of a Volume whether it is bound and its
+// size; of a snapshot its node, phase and size. Status writes of a VM's or
+// Volume's phase change none of them. A NetworkAddress counts as it is.
 func counted(o client.Object) [3]any {
-	vm, ok := o.(*v1alpha1.VirtualMachine)
-	if !ok {
-		return [3]any{}
+	switch o := o.(type) {
+	case *v1alpha1.VirtualMachine:
+		a := o.GetAnnotations()
+		return [3]any{a[v1alpha1.AnnotationNode], a[v1alpha1.AnnotationAdopted], quota.Of(o)}
+	case *v1alpha1.Volume:
+		return [3]any{o.GetAnnotations()[v1alpha1.AnnotationNode], quota.OfVolume(o)}
+	case *v1alpha1.VirtualMachineSnapshot:
+		return [3]any{o.Status.Node, o.Status.Phase, o.Status.Size.String()}
 	}
-	a := vm.GetAnnotations()
-	return [3]any{a[v1alpha1.AnnotationNode], a[v1alpha1.AnnotationAdopted], quota.Of(vm)}
+	return [3]any{}
 }
 
 // namespaceChanged queues, settle later, the TenantQuotas of the namespace
-// of a VM that was created, changed or deleted.
+// of an object counted that was created, changed or deleted.
 func (r *Reconciler) namespaceChanged() handler.EventHandler {
 	later := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		qs, err := quota.For(ctx, r.kube, o.GetNamespace())

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
@@ -137,22 +138,22 @@ func TestAVMOverItsNamespacesQuotaStaysPending(t *testing.T) {
 		"VMs": {
 			hard: apisv1alpha1.QuotaAmounts{VMs: ptr.To[int64](2)}, shape: shape(1, "1Gi"), fit: 2,
 			refused: "vms would be 3 of 2 (TenantQuota %s; 2 in use, this VM 1)",
-			summary: "vms: 2/2, vcpu: 2, memory: 2Gi",
+			summary: "vms: 2/2, vcpu: 2, memory: 2Gi, storage: 1Gi, volumes: 1",
 		},
 		"VCPU": {
 			hard: apisv1alpha1.QuotaAmounts{VCPU: ptr.To[int64](3)}, shape: shape(2, "1Gi"), fit: 1,
 			refused: "vcpu would be 4 of 3 (TenantQuota %s; 2 in use, this VM 2)",
-			summary: "vms: 1, vcpu: 2/3, memory: 1Gi",
+			summary: "vms: 1, vcpu: 2/3, memory: 1Gi, storage: 1Gi, volumes: 1",
 		},
 		"VCPUOfAnInstanceType": {
 			hard: apisv1alpha1.QuotaAmounts{VCPU: ptr.To[int64](3)}, shape: ofType("two-cpus"), fit: 1,
 			refused: "vcpu would be 4 of 3 (TenantQuota %s; 2 in use, this VM 2)",
-			summary: "vms: 1, vcpu: 2/3, memory: 1Gi",
+			summary: "vms: 1, vcpu: 2/3, memory: 1Gi, storage: 1Gi, volumes: 1",
 		},
 		"Memory": {
 			hard: apisv1alpha1.QuotaAmounts{Memory: ptr.To(resource.MustParse("1536Mi"))}, shape: shape(1, "1Gi"), fit: 1,
 			refused: "memory would be 2Gi of 1536Mi (TenantQuota %s; 1Gi in use, this VM 1Gi)",
-			summary: "vms: 1, vcpu: 1, memory: 1Gi/1536Mi",
+			summary: "vms: 1, vcpu: 1, memory: 1Gi/1536Mi, storage: 1Gi, volumes: 1",
 		},
 	}
 	for name, tc := range cases {
@@ -219,4 +220,107 @@ func TestAnOrphanedGuestCountsUntilDeleted(t *testing.T) {
 	})
 	e.Get(t, over)
 	assert.Empty(t, over.GetAnnotations()[v1alpha1.AnnotationNode], "the namespace is still at its quota")
+}
+
+// TestObjectsPlacedAtOnceStayWithinTheirQuota plays a tenant that creates
+// many VMs at once, each bringing a Volume of its own not on any node yet
+// and an address on a VirtualNetwork of the hub's, to have the fleet make
+// more storage, Volumes or addresses than the administrator allowed: the
+// placement loop takes them in one batch, and the cache shows none of the
+// first ones bound when the last ones are admitted.
+//
+// Attacker's steps, for each limit: `kubectl -n t1 apply` in one go a
+// VirtualNetwork with a cidr, then several Volumes and a VM on each, so
+// that together they pass the limit. Before these limits, every VM was
+// placed and every Volume made on its node. Now exactly as many are
+// placed as fit; the others stay Pending, on no node, their Ready
+// condition naming namespace, limit, use and what they would add; and the
+// quota's status shows the limit reached, not passed.
+func TestObjectsPlacedAtOnceStayWithinTheirQuota(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver and a nats-server; skipped with -short")
+	}
+	e := start(t)
+	cases := map[string]struct {
+		hard apisv1alpha1.QuotaAmounts
+		// size is each VM's Volume's.
+		size string
+		// cidr is the VirtualNetwork's: no two namespaces' overlap.
+		cidr string
+		// vms are how many the tenant creates at once, fit how many the
+		// quota takes.
+		vms, fit int
+		// refused is the reason the others are Pending, after "quota of
+		// namespace <ns> exceeded: ", with %s the quota's name.
+		refused string
+		// summary is what the quota's status shows then.
+		summary string
+	}{
+		"Storage": {
+			hard: apisv1alpha1.QuotaAmounts{Storage: ptr.To(resource.MustParse("5Gi"))}, size: "2Gi", cidr: "10.77.1.0/24", vms: 5, fit: 2,
+			refused: "storage would be 6Gi of 5Gi (TenantQuota %s; 4Gi in use, this VM 2Gi)",
+			summary: "vms: 2, vcpu: 2, memory: 2Gi, storage: 4Gi/5Gi, volumes: 2, addresses: 2",
+		},
+		"Volumes": {
+			hard: apisv1alpha1.QuotaAmounts{Volumes: ptr.To[int64](3)}, size: "1Gi", cidr: "10.77.2.0/24", vms: 5, fit: 3,
+			refused: "volumes would be 4 of 3 (TenantQuota %s; 3 in use, this VM 1)",
+			summary: "vms: 3, vcpu: 3, memory: 3Gi, storage: 3Gi, volumes: 3/3, addresses: 3",
+		},
+		"Addresses": {
+			hard: apisv1alpha1.QuotaAmounts{Addresses: ptr.To[int64](2)}, size: "1Gi", cidr: "10.77.3.0/24", vms: 5, fit: 2,
+			refused: "addresses would be 3 of 2 (TenantQuota %s; 2 in use, this VM 1)",
+			summary: "vms: 2, vcpu: 2, memory: 2Gi, storage: 2Gi, volumes: 2, addresses: 2/2",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			ns := e.Namespace(t)
+			q := &apisv1alpha1.TenantQuota{ObjectMeta: metav1.ObjectMeta{Name: ns}, Spec: apisv1alpha1.TenantQuotaSpec{Namespace: ns, Hard: tc.hard}}
+			require.NoError(t, e.Kube.Create(e.Ctx, q))
+			require.NoError(t, e.Kube.Create(e.Ctx, &v1alpha1.VirtualNetwork{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "net"},
+				Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{CIDR: tc.cidr}},
+			}))
+			vms := make([]*v1alpha1.VirtualMachine, tc.vms)
+			for i := range vms {
+				name := fmt.Sprintf("vm-%d", i)
+				require.NoError(t, e.Kube.Create(e.Ctx, &v1alpha1.Volume{
+					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+					Spec:       v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{Size: resource.MustParse(tc.size)}},
+				}))
+				vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+				vm.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName(name)}}
+				vm.Spec.ForProvider.VirtualNetworks = []v1alpha1.LocalName{"net"}
+				shape(1, "1Gi")(vm)
+				vms[i] = vm
+			}
+			for _, vm := range vms {
+				require.NoError(t, e.Kube.Create(e.Ctx, vm))
+			}
+
+			want := fmt.Sprintf("quota of namespace %s exceeded: "+tc.refused, ns, q.Name)
+			require.EventuallyWithT(t, func(c *assert.CollectT) {
+				placed, refused, other := 0, 0, []string{}
+				for _, vm := range vms {
+					got := &v1alpha1.VirtualMachine{}
+					if !assert.NoError(c, e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(vm), got)) {
+						return
+					}
+					switch {
+					case got.GetAnnotations()[v1alpha1.AnnotationNode] != "":
+						placed++
+					case got.GetCondition(xpv2.TypeReady).Message == want:
+						refused++
+					default:
+						other = append(other, got.GetCondition(xpv2.TypeReady).Message)
+					}
+				}
+				assert.Equal(c, tc.fit, placed, "as many VMs are placed as the quota takes; others say %q", other)
+				assert.Equal(c, tc.vms-tc.fit, refused, "the others are Pending, naming the limit")
+			}, within, 100*time.Millisecond)
+			controllertest.Await(t, e, q, within, func(c *assert.CollectT, got *apisv1alpha1.TenantQuota) {
+				assert.Equal(c, tc.summary, got.Status.Summary, "kubectl get tenantquota shows the limit reached, not passed")
+			})
+		})
+	}
 }

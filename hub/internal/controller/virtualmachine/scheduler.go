@@ -26,6 +26,7 @@ import (
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/hub/internal/quota"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
@@ -458,7 +459,7 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	if req.Group, err = GroupOf(ctx, s.cache, vm, f); err != nil {
 		return binding{}, err
 	}
-	if err := s.quotas.Admit(ctx, vm); err != nil {
+	if err := s.quotas.Admit(ctx, vm, quota.Placement{Volumes: d.volumes, Addresses: addressesOf(vm, d)}); err != nil {
 		return binding{}, err
 	}
 	nodes, ok := b.nodes[f]
@@ -472,6 +473,22 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 		return binding{}, errors.Wrap(err, "cannot place the VM")
 	}
 	return binding{vm: vm, node: node, seal: f.Seal(string(vm.UID), node, "")}, nil
+}
+
+// addressesOf is how many addresses the hub is to give vm: one on each of
+// its networks whose addresses are the hub's, none for a guest imported by
+// its external name, which keeps its own.
+func addressesOf(vm *v1alpha1.VirtualMachine, d dependencies) int64 {
+	if meta.GetExternalName(vm) != "" {
+		return 0
+	}
+	var n int64
+	for i := range d.networks {
+		if ipam.Addressed(&d.networks[i]) {
+			n++
+		}
+	}
+	return n
 }
 
 // recordShape records vm's shape from its instance type and preference

@@ -1,0 +1,307 @@
+package quota
+
+import (
+	"context"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+)
+
+// Counter counts what namespaces hold. It is safe for concurrent use.
+type Counter struct {
+	kube   client.Reader
+	fleets func() []*fleet.Fleet
+
+	mu sync.Mutex
+	// admitted is what Admit and AdmitSnapshot let in that the cache does
+	// not count yet.
+	admitted map[key]admission
+}
+
+// key names one admission: of a VM, of a Volume a VM's placement makes,
+// of the addresses a VM is to be given (by the VM's uid), or of a
+// snapshot.
+type key struct {
+	kind string
+	uid  types.UID
+}
+
+// Kinds of admission.
+const (
+	admittedVM        = "vm"
+	admittedVolume    = "volume"
+	admittedAddresses = "addresses"
+	admittedSnapshot  = "snapshot"
+)
+
+type admission struct {
+	namespace string
+	amounts   Amounts
+	// by is the uid of the object whose admission let this in: the VM
+	// that brings a Volume and its addresses, the snapshot itself.
+	by types.UID
+}
+
+// NewCounter returns a Counter reading VMs, Volumes, snapshots,
+// NetworkAddresses and TenantQuotas from kube (the informer cache) and
+// orphans from the fleets.
+func NewCounter(kube client.Reader, fleets func() []*fleet.Fleet) *Counter {
+	return &Counter{kube: kube, fleets: fleets, admitted: map[key]admission{}}
+}
+
+// Used is what namespace holds.
+func (c *Counter) Used(ctx context.Context, namespace string) (Amounts, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, err := c.tally(ctx, namespace, "")
+	return t.used, err
+}
+
+// tally is what a namespace holds, with what an admission needs to know of
+// it.
+type tally struct {
+	used Amounts
+	// volumes are the namespace's Volumes, by name.
+	volumes map[string]*v1alpha1.Volume
+	// addresses are how many addresses each VM holds, by the VM's uid.
+	addresses map[types.UID]int64
+}
+
+// tally counts what namespace holds, but what the admission of except let
+// in, with c.mu held. The admissions the cache counts now are dropped.
+func (c *Counter) tally(ctx context.Context, namespace string, except types.UID) (tally, error) {
+	t := tally{volumes: map[string]*v1alpha1.Volume{}, addresses: map[types.UID]int64{}}
+	vms := &v1alpha1.VirtualMachineList{}
+	if err := c.kube.List(ctx, vms, client.InNamespace(namespace)); err != nil {
+		return tally{}, errors.Wrap(err, "cannot list the namespace's VirtualMachines")
+	}
+	memory := map[types.UID]int64{}
+	adopted := map[string]bool{}
+	for i := range vms.Items {
+		vm := &vms.Items[i]
+		memory[vm.UID] = Of(vm).MemoryBytes
+		if vm.GetAnnotations()[v1alpha1.AnnotationNode] == "" {
+			continue
+		}
+		delete(c.admitted, key{admittedVM, vm.UID})
+		if o := vm.GetAnnotations()[v1alpha1.AnnotationAdopted]; o != "" {
+			adopted[o] = true
+		}
+		if vm.UID != except {
+			t.used = t.used.add(Of(vm))
+		}
+	}
+	if err := c.countVolumes(ctx, namespace, &t); err != nil {
+		return tally{}, err
+	}
+	if err := c.countSnapshots(ctx, namespace, memory, &t); err != nil {
+		return tally{}, err
+	}
+	if err := c.countAddresses(ctx, namespace, &t); err != nil {
+		return tally{}, err
+	}
+	for _, a := range c.admitted {
+		if a.namespace == namespace && a.by != except {
+			t.used = t.used.add(a.amounts)
+		}
+	}
+	for _, f := range c.fleets() {
+		orphans, err := f.Orphans(namespace)
+		if err != nil {
+			return tally{}, err
+		}
+		for _, o := range orphans {
+			// An orphan a VM adopted is counted as that VM.
+			if !adopted[o.UID] {
+				t.used = t.used.add(Amounts{VMs: 1, VCPU: int64(o.Report.Report.VCPU), MemoryBytes: o.Report.Report.MemoryBytes})
+			}
+		}
+	}
+	return t, nil
+}
+
+// countVolumes counts the namespace's Volumes on a node into t.
+func (c *Counter) countVolumes(ctx context.Context, namespace string, t *tally) error {
+	l := &v1alpha1.VolumeList{}
+	if err := c.kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
+		return errors.Wrap(err, "cannot list the namespace's Volumes")
+	}
+	for i := range l.Items {
+		v := &l.Items[i]
+		t.volumes[v.Name] = v
+		if v.GetAnnotations()[v1alpha1.AnnotationNode] == "" {
+			continue
+		}
+		delete(c.admitted, key{admittedVolume, v.UID})
+		t.used = t.used.add(OfVolume(v))
+	}
+	return nil
+}
+
+// countSnapshots counts into t the namespace's snapshots a node was asked
+// for that did not fail; memory is the memory of the namespace's VMs, by
+// uid.
+func (c *Counter) countSnapshots(ctx context.Context, namespace string, memory map[types.UID]int64, t *tally) error {
+	l := &v1alpha1.VirtualMachineSnapshotList{}
+	if err := c.kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
+		return errors.Wrap(err, "cannot list the namespace's VirtualMachineSnapshots")
+	}
+	for i := range l.Items {
+		s := &l.Items[i]
+		if s.Status.Node != "" || s.Status.Phase == v1alpha1.SnapshotFailed {
+			delete(c.admitted, key{admittedSnapshot, s.UID})
+		}
+		if s.Status.Node == "" || s.Status.Phase == v1alpha1.SnapshotFailed {
+			continue
+		}
+		size := int64(0)
+		switch {
+		case s.Status.Size != nil:
+			size = s.Status.Size.Value()
+		case s.Status.CreationTime == nil && s.Status.VM != nil:
+			// Being taken: it may grow to what its disks and memory hold.
+			size = reserve(s.Status.VM.DiskAttachments, s.Spec.IncludeMemory, memory[types.UID(s.Status.SourceUID)], t.volumes)
+		}
+		t.used = t.used.add(Amounts{Snapshots: 1, StorageBytes: size})
+	}
+	return nil
+}
+
+// reserve is what a snapshot being taken of a VM with disks and memory
+// may hold: every disk, whose blocks the guest may all overwrite while the
+// snapshot keeps the old ones, and its memory if it keeps that.
+func reserve(disks []v1alpha1.DiskAttachment, withMemory bool, memory int64, volumes map[string]*v1alpha1.Volume) int64 {
+	var sum int64
+	for _, d := range disks {
+		if v, ok := volumes[string(d.Name)]; ok {
+			sum += v.Spec.ForProvider.Size.Value()
+		}
+	}
+	if withMemory {
+		sum += memory
+	}
+	return sum
+}
+
+// countAddresses counts into t the addresses the hub gave the namespace's
+// VMs.
+func (c *Counter) countAddresses(ctx context.Context, namespace string, t *tally) error {
+	l := &v1alpha1.NetworkAddressList{}
+	if err := c.kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
+		return errors.Wrap(err, "cannot list the namespace's NetworkAddresses")
+	}
+	for i := range l.Items {
+		t.addresses[types.UID(l.Items[i].Spec.VirtualMachineUID)]++
+	}
+	t.used.Addresses += int64(len(l.Items))
+	for uid, n := range t.addresses {
+		k := key{admittedAddresses, uid}
+		if a, ok := c.admitted[k]; ok && n >= a.amounts.Addresses {
+			delete(c.admitted, k)
+		}
+	}
+	return nil
+}
+
+// Placement is what placing a VM makes besides its guest.
+type Placement struct {
+	// Volumes are the VM's Volumes: those on no node yet are made with
+	// the guest, on its node.
+	Volumes []v1alpha1.Volume
+	// Addresses is how many addresses the hub is to give the VM, one on
+	// each of its networks whose addresses are the hub's.
+	Addresses int64
+}
+
+// Admit says whether vm, which is on no node yet, fits in every TenantQuota
+// of its namespace with what p makes (nil, or an ExceededError), and if it
+// does counts it until the cache shows it bound, its Volumes bound and its
+// addresses recorded, or Forget is told of it. A VM admitted again (its
+// binding's write was retried) is counted once, and so is a Volume two VMs
+// bring.
+func (c *Counter) Admit(ctx context.Context, vm *v1alpha1.VirtualMachine, p Placement) error {
+	qs, err := For(ctx, c.kube, vm.Namespace)
+	if err != nil || len(qs) == 0 {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, err := c.tally(ctx, vm.Namespace, vm.UID)
+	if err != nil {
+		return err
+	}
+	want := Of(vm)
+	var volumes []*v1alpha1.Volume
+	for i := range p.Volumes {
+		v := &p.Volumes[i]
+		if a, ok := c.admitted[key{admittedVolume, v.UID}]; v.GetAnnotations()[v1alpha1.AnnotationNode] != "" || (ok && a.by != vm.UID) {
+			continue
+		}
+		volumes = append(volumes, v)
+		want = want.add(OfVolume(v))
+	}
+	addresses := max(p.Addresses-t.addresses[vm.UID], 0)
+	want.Addresses = addresses
+	if err := Check(qs, t.used, want, "this VM"); err != nil {
+		c.forget(vm.UID)
+		return err
+	}
+	c.admitted[key{admittedVM, vm.UID}] = admission{namespace: vm.Namespace, amounts: Of(vm), by: vm.UID}
+	for _, v := range volumes {
+		c.admitted[key{admittedVolume, v.UID}] = admission{namespace: vm.Namespace, amounts: OfVolume(v), by: vm.UID}
+	}
+	if addresses > 0 {
+		// Recorded once the VM holds as many as it was admitted with.
+		c.admitted[key{admittedAddresses, vm.UID}] = admission{namespace: vm.Namespace, amounts: Amounts{Addresses: t.addresses[vm.UID] + addresses}, by: vm.UID}
+	}
+	return nil
+}
+
+// AdmitSnapshot says whether s, a snapshot of vm no node was asked for
+// yet, fits in every TenantQuota of its namespace (nil, or an
+// ExceededError), and if it does counts it until the cache shows its node
+// or Forget is told of it. Until its node reports its size, a snapshot
+// counts what it may grow to: the size of its VM's disks, and its memory
+// if it keeps that.
+func (c *Counter) AdmitSnapshot(ctx context.Context, s *v1alpha1.VirtualMachineSnapshot, vm *v1alpha1.VirtualMachine) error {
+	qs, err := For(ctx, c.kube, s.Namespace)
+	if err != nil || len(qs) == 0 {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, err := c.tally(ctx, s.Namespace, s.UID)
+	if err != nil {
+		return err
+	}
+	want := Amounts{Snapshots: 1, StorageBytes: reserve(vm.Spec.ForProvider.DiskAttachments, s.Spec.IncludeMemory, Of(vm).MemoryBytes, t.volumes)}
+	if err := Check(qs, t.used, want, "this snapshot"); err != nil {
+		c.forget(s.UID)
+		return err
+	}
+	c.admitted[key{admittedSnapshot, s.UID}] = admission{namespace: s.Namespace, amounts: want, by: s.UID}
+	return nil
+}
+
+// Forget stops counting what the admission of uid let in: its VM or
+// snapshot is gone, or was not bound after all. A Volume gone before it
+// was bound is forgotten by its own uid.
+func (c *Counter) Forget(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forget(uid)
+}
+
+func (c *Counter) forget(uid types.UID) {
+	for k, a := range c.admitted {
+		if k.uid == uid || a.by == uid {
+			delete(c.admitted, k)
+		}
+	}
+}
