@@ -198,7 +198,8 @@ func (h *hub) diskImage(t *testing.T, name string) *v1alpha1.DiskImage {
 // a public key. The hub places it on the nova node, whose agent imports
 // the image into Glance and boots the server from a volume made of it;
 // ssh with the VM's key reaches the guest at the VM's status address.
-// Then the guest is backed up and a new VM made from its backup
+// Then a snapshot of the guest is restored into it (testRealNovaSnapshot),
+// and the guest is backed up and a new VM made from its backup
 // (testRealNovaBackup), on the same host.
 func testRealNovaGuest(t *testing.T, h *hub, on func(*v1alpha1.VirtualMachine) *v1alpha1.VirtualMachine) {
 	t.Run("TheExampleImageBootsOnARealComputeHostAndAnswersSSH", func(t *testing.T) {
@@ -279,6 +280,7 @@ func testRealNovaGuest(t *testing.T, h *hub, on func(*v1alpha1.VirtualMachine) *
 		t.Logf("ssh into the guest %s after the VM was created: %s", time.Since(start).Round(time.Millisecond), answer)
 		assert.Contains(t, answer, ip+"/24", "the guest holds its status address")
 
-		testRealNovaBackup(t, h, on, realGuest{vm: "real", ip: ip, netns: "qdhcp-" + lanID, key: key, pub: vm.Spec.ForProvider.PublicKey})
+		g := testRealNovaSnapshot(t, h, realGuest{vm: "real", ip: ip, netns: "qdhcp-" + lanID, key: key, pub: vm.Spec.ForProvider.PublicKey})
+		testRealNovaBackup(t, h, on, g)
 	})
 }

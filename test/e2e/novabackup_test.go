@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -48,9 +47,7 @@ func testRealNovaBackup(t *testing.T, h *hub, on func(*v1alpha1.VirtualMachine) 
 		// Synced before the backup: Cinder's snapshot is of the disk.
 		out, err := g.ssh(ctx, g.ip, "head -c 16M /dev/urandom > backed-up && sync && sha256sum backed-up")
 		require.NoError(t, err, "ssh: %s", out)
-		fields := strings.Fields(out)
-		require.Len(t, fields, 2, "sha256sum says: %s", out)
-		sum = fields[0]
+		sum = sha(t, out, "backed-up")
 
 		h.create(t, &v1alpha1.VirtualMachineBackup{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: g.vm + "-1"},
@@ -101,6 +98,6 @@ func testRealNovaBackup(t *testing.T, h *hub, on func(*v1alpha1.VirtualMachine) 
 		out, err := g.ssh(ctx, ip, "sha256sum backed-up")
 		require.NoError(t, err, "ssh into the VM from the backup at %s: %s", ip, out)
 		t.Logf("ssh into the VM from the backup %s after it was created: %s", time.Since(start).Round(time.Millisecond), out)
-		assert.Equal(t, sum+"  backed-up", out, "the file written before the backup")
+		assert.Equal(t, sum, sha(t, out, "backed-up"), "the file written before the backup")
 	})
 }
