@@ -9,7 +9,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,6 +31,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -37,12 +40,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
+	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/build/ociimage"
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 	"github.com/virtfleet/virtfleet/internal/harness/crossplanetest"
 	"github.com/virtfleet/virtfleet/internal/harness/kubenode"
 	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
+	"github.com/virtfleet/virtfleet/internal/harness/manifests"
 	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
@@ -72,11 +77,20 @@ const natsStore = "/run/virtfleet-nats"
 // which is what makes a node eligible to a hub, appears. Killed, its pod
 // comes back through the DaemonSet controller and so does the heartbeat.
 //
+// Last the hub's Deployment (two replicas, leader election, its RBAC)
+// runs on the node against the test's API server, with its
+// ServiceAccount's token, and a VirtualMachine the test applies is
+// placed on the node, its intent applied by the agent pod (libvirt's test
+// driver) and reported Running.
+//
 // The node has no cluster DNS and no kube-proxy, so the NATS Service's
-// name resolves nowhere: the agent is given the NATS pod's IP, which the
-// node routes to, and the test reaches that IP through the node's
-// namespace (kubenode.Node.Expose), as a hub in a pod of another node
-// would reach the Service.
+// name resolves nowhere: the agent and the hub are given the NATS pod's
+// IP, which the node routes to, and the test reaches that IP through the
+// node's namespace (kubenode.Node.Expose). Nor does the kubernetes
+// Service reach the API server: the hub's pods are told its host and
+// port (KUBERNETES_SERVICE_HOST and _PORT, as the kubelet would set them
+// from that Service) and find the node's address under the name the API
+// server's certificate gives (a host alias).
 func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the agent and NATS images and runs a kubelet; skipped with -short")
@@ -89,7 +103,7 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	}
 	// The API server's warnings about what is applied, in the test's log.
 	log.SetLogger(testr.New(t))
-	cp := controlplane.StartForTest(t)
+	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterName: inClusterName})
 	reg, err := crossplanetest.StartRegistry()
 	require.NoError(t, err)
 	t.Cleanup(reg.Stop)
@@ -100,10 +114,11 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	defer cancelBuild()
 	start := time.Now()
 	images := map[string]string{
-		"ghcr.io/virtfleet/virtfleet-agent": pushImage(buildCtx, t, reg, agentSpec(t), "virtfleet/virtfleet-agent"),
+		"ghcr.io/virtfleet/virtfleet-agent": pushImage(buildCtx, t, reg, virtfleetSpec(t, ociimage.Agent.Name), "virtfleet/virtfleet-agent"),
+		"ghcr.io/virtfleet/virtfleet-hub":   pushImage(buildCtx, t, reg, virtfleetSpec(t, ociimage.Hub.Name), "virtfleet/virtfleet-hub"),
 		"docker.io/library/nats":            pushImage(buildCtx, t, reg, ociimage.NATS, "virtfleet/nats"),
 	}
-	t.Logf("agent and NATS images %v built and pushed in %s", images, time.Since(start).Round(100*time.Millisecond))
+	t.Logf("agent, hub and NATS images %v built and pushed in %s", images, time.Since(start).Round(100*time.Millisecond))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -116,7 +131,8 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	require.NoError(t, os.Mkdir(store, 0o755)) //nolint:gosec // the node's disk, as a local volume's
 	lv := libvirttest.Start(t, node)
 
-	kubenode.StartSchedulingForTest(t, cp, "daemonset", "nodelifecycle", "statefulset", "persistentvolume-binder", "serviceaccount")
+	kubenode.StartSchedulingForTest(t, cp, "daemonset", "nodelifecycle", "statefulset", "persistentvolume-binder", "serviceaccount",
+		"deployment", "replicaset", "root-ca-cert-publisher")
 	n, _ := kubenode.StartForTest(t, cp, reg, node, func(o *kubenode.Options) {
 		o.HostPaths = map[string]string{
 			"/run/libvirt/libvirt-sock": lv.Socket,
@@ -127,16 +143,26 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	labelHypervisor(ctx, t, cp, n)
 	t.Cleanup(func() {
 		if t.Failed() {
-			logPods(t, n, "nats-0", "virtfleet-agent-*")
+			logPods(t, n, "nats-0", "virtfleet-agent-*", "virtfleet-hub-*")
 		}
 	})
 
 	start = time.Now()
-	objs := deployObjects(t, images, nil)
-	for _, obj := range []client.Object{objs["Namespace/virtfleet-system"], natsAuth(users), natsVolume(), objs["ConfigMap/nats-config"],
-		objs["Service/nats"], objs["Service/nats-headless"], objs["StatefulSet/nats"]} {
-		require.NoError(t, cp.Client.Create(ctx, obj), "%T %s", obj, obj.GetName())
+	// What is applied of cluster/deploy so far, by kind/name: it comes up
+	// in three steps (NATS, the agents, the hub).
+	created := map[string]bool{}
+	apply := func(objs map[string]client.Object, keys ...string) {
+		t.Helper()
+		for _, key := range keys {
+			require.NoError(t, cp.Client.Create(ctx, objs[key]), key)
+			created[key] = true
+		}
 	}
+	objs := deployObjects(t, images)
+	apply(objs, "Namespace/virtfleet-system")
+	require.NoError(t, cp.Client.Create(ctx, natsAuth(users)))
+	require.NoError(t, cp.Client.Create(ctx, natsVolume()))
+	apply(objs, "ConfigMap/nats-config", "Service/nats", "Service/nats-headless", "StatefulSet/nats")
 	nats := readyPod(ctx, t, cp, "nats-0")
 	t.Logf("NATS pod %s (%s) Ready %s after its StatefulSet was applied", nats.Name, nats.Status.PodIP, time.Since(start).Round(100*time.Millisecond))
 	natsAddr := net.JoinHostPort(nats.Status.PodIP, "4222")
@@ -149,14 +175,13 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	assert.DirExists(t, filepath.Join(store, "jetstream"), "NATS keeps its streams on its claim's volume")
 
 	start = time.Now()
-	objs = deployObjects(t, images, map[string]string{
+	agentPatch := podPatch(t, "DaemonSet", "virtfleet-agent", "agent", map[string]string{
 		"VIRTFLEET_NATS_URL":     "nats://" + natsAddr,
 		"VIRTFLEET_LIBVIRT_URI":  lv.URI,
 		"VIRTFLEET_LIBVIRT_POOL": libvirttest.Pool,
-	})
-	for _, key := range []string{"ServiceAccount/virtfleet-agent", "DaemonSet/virtfleet-agent"} {
-		require.NoError(t, cp.Client.Create(ctx, objs[key]), key)
-	}
+	}, nil)
+	objs = deployObjects(t, images, agentPatch)
+	apply(objs, "ServiceAccount/virtfleet-agent", "DaemonSet/virtfleet-agent")
 	pod := runningPod(ctx, t, cp, "")
 	running := time.Now()
 	t.Logf("agent pod %s Running %s after the DaemonSet was applied", pod.Name, running.Sub(start).Round(100*time.Millisecond))
@@ -173,7 +198,62 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	awaitHeartbeat(ctx, t, hub, rev)
 	t.Logf("killed agent pod replaced by %s, Running after %s, heartbeat %s later",
 		again.Name, running.Sub(start).Round(100*time.Millisecond), time.Since(running).Round(100*time.Millisecond))
+
+	// The hub's Deployment, against the test's API server: it reaches the
+	// API server by inClusterName (the node's address, as a host alias, in
+	// place of the kubernetes Service no proxy serves here), with its
+	// ServiceAccount's token, and NATS with the hub's seed from its Secret.
+	ctx, cancel = context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	start = time.Now()
+	api, err := url.Parse(cp.Config.Host)
+	require.NoError(t, err)
+	hubPatch := podPatch(t, "Deployment", "virtfleet-hub", "hub", map[string]string{
+		"KUBERNETES_SERVICE_HOST": inClusterName,
+		"KUBERNETES_SERVICE_PORT": api.Port(),
+	}, map[string]any{"hostAliases": []map[string]any{{"ip": kubenode.NodeIP, "hostnames": []string{inClusterName}}}})
+	require.NoError(t, cp.Client.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "virtfleet-system", Name: "hub-nats-credentials"},
+		StringData: map[string]string{"hub.nk": string(hubID.Seed)},
+	}))
+	objs = deployObjects(t, images, agentPatch, hubPatch)
+	for key := range objs {
+		if !created[key] {
+			apply(objs, key)
+		}
+	}
+	cpc, err := manifests.Load(filepath.Join(controlplane.RepoRoot(), "examples", "providerconfig", "clusterproviderconfig.yaml"))
+	require.NoError(t, err)
+	require.Len(t, cpc, 1)
+	require.NoError(t, unstructured.SetNestedField(cpc[0].Object, "nats://"+natsAddr, "spec", "natsURL"))
+	require.NoError(t, cp.Client.Create(ctx, cpc[0]))
+
+	require.NoError(t, cp.Client.Create(ctx, &computev1alpha1.Volume{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-root"},
+		Spec:       computev1alpha1.VolumeSpec{ForProvider: computev1alpha1.VolumeParameters{Size: resource.MustParse("1Gi")}},
+	}))
+	vm := &computev1alpha1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm"},
+		Spec: computev1alpha1.VirtualMachineSpec{ForProvider: computev1alpha1.VirtualMachineParameters{
+			Vcpu:            1,
+			Memory:          resource.MustParse("128Mi"),
+			DiskAttachments: []computev1alpha1.DiskAttachment{{Name: "vm-root"}},
+		}},
+	}
+	require.NoError(t, cp.Client.Create(ctx, vm))
+	err = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
+			return false, err
+		}
+		return vm.Status.AtProvider.Phase == computev1alpha1.PhaseRunning, nil
+	})
+	require.NoError(t, err, "the VM is not Running: %+v", vm.Status)
+	assert.Equal(t, node, vm.Status.AtProvider.Node)
+	t.Logf("VM Running on %s %s after the hub's Deployment was applied", vm.Status.AtProvider.Node, time.Since(start).Round(100*time.Millisecond))
 }
+
+// inClusterName is the name the hub's pods reach the API server by.
+const inClusterName = "kubernetes.default.svc"
 
 // natsAuth is the nats-auth Secret of the README's step 4: the users
 // entries `go run ./hack/mint-agent-credentials` prints, in auth.conf.
@@ -288,15 +368,15 @@ func logPods(t *testing.T, n *kubenode.Node, names ...string) {
 	}
 }
 
-// agentSpec is the agent's image as cluster/images builds it.
-func agentSpec(t *testing.T) ociimage.Spec {
+// virtfleetSpec is virtfleet's image name as cluster/images builds it.
+func virtfleetSpec(t *testing.T, name string) ociimage.Spec {
 	t.Helper()
 	for _, spec := range ociimage.Virtfleet("test") {
-		if spec.Name == ociimage.Agent.Name {
+		if spec.Name == name {
 			return spec
 		}
 	}
-	require.FailNow(t, "cluster/images builds no agent image")
+	require.FailNow(t, "cluster/images builds no such image", name)
 	return ociimage.Spec{}
 }
 
@@ -330,10 +410,10 @@ func labelHypervisor(ctx context.Context, t *testing.T, cp *controlplane.Control
 }
 
 // deployObjects renders an overlay of cluster/deploy with kubectl
-// kustomize, the images replaced by images (name to reference) and the
-// agents' environment variables agentEnv set; it returns the objects
-// client-go knows, by kind/name, decoded by client-go's deserializer.
-func deployObjects(t *testing.T, images, agentEnv map[string]string) map[string]client.Object {
+// kustomize, the images replaced by images (name to reference) and
+// patches applied; it returns the objects client-go knows, by kind/name,
+// decoded by client-go's deserializer.
+func deployObjects(t *testing.T, images map[string]string, patches ...map[string]any) map[string]client.Object {
 	t.Helper()
 	dir := t.TempDir()
 	base, err := filepath.Rel(dir, filepath.Join(controlplane.RepoRoot(), "cluster", "deploy"))
@@ -350,25 +430,8 @@ func deployObjects(t *testing.T, images, agentEnv map[string]string) map[string]
 		replace = append(replace, map[string]any{"name": name, "newName": ref.Context().Name(), "newTag": ref.TagStr()})
 	}
 	overlay["images"] = replace
-	if len(agentEnv) > 0 {
-		var env []map[string]any
-		for k, v := range agentEnv {
-			env = append(env, map[string]any{"name": k, "value": v})
-		}
-		overlay["patches"] = []map[string]any{{
-			"target": map[string]any{"kind": "DaemonSet", "name": "virtfleet-agent"},
-			"patch": mustYAML(t, map[string]any{
-				"apiVersion": "apps/v1",
-				"kind":       "DaemonSet",
-				"metadata":   map[string]any{"name": "virtfleet-agent"},
-				"spec": map[string]any{"template": map[string]any{"spec": map[string]any{
-					"containers": []map[string]any{{
-						"name": "agent",
-						"env":  env,
-					}},
-				}}},
-			}),
-		}}
+	if len(patches) > 0 {
+		overlay["patches"] = patches
 	}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(mustYAML(t, overlay)), 0o600))
 	out, err := exec.Command("kubectl", "kustomize", dir).Output()
@@ -399,6 +462,27 @@ func deployObjects(t *testing.T, images, agentEnv map[string]string) map[string]
 		require.Contains(t, objs, want, "the rendered manifests lack it")
 	}
 	return objs
+}
+
+// podPatch is a kustomize patch of the pod template of workload kind
+// name: env set in its container, and pod merged into its pod spec.
+func podPatch(t *testing.T, kind, name, container string, env map[string]string, pod map[string]any) map[string]any {
+	t.Helper()
+	vars := make([]map[string]any, 0, len(env))
+	for k, v := range env {
+		vars = append(vars, map[string]any{"name": k, "value": v})
+	}
+	spec := map[string]any{"containers": []map[string]any{{"name": container, "env": vars}}}
+	maps.Copy(spec, pod)
+	return map[string]any{
+		"target": map[string]any{"kind": kind, "name": name},
+		"patch": mustYAML(t, map[string]any{
+			"apiVersion": "apps/v1",
+			"kind":       kind,
+			"metadata":   map[string]any{"name": name},
+			"spec":       map[string]any{"template": map[string]any{"spec": spec}},
+		}),
+	}
 }
 
 // runningPod waits until the agent DaemonSet's pod other than the one

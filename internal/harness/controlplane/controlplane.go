@@ -7,6 +7,7 @@ package controlplane
 
 import (
 	"context"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
@@ -25,6 +26,7 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	certutil "k8s.io/client-go/util/cert"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -54,6 +56,9 @@ type ControlPlane struct {
 	Kubeconfig string
 	// Kubectl is the path of a kubectl binary matching the API server.
 	Kubectl string
+	// InClusterCA is the file of the CA that signed the certificate the
+	// API server shows as Options.InClusterName; empty without one.
+	InClusterCA string
 
 	env *envtest.Environment
 }
@@ -85,6 +90,18 @@ type Options struct {
 	// Aggregation lets the API server proxy to aggregated API servers
 	// (APIServices backed by a Service), with a front-proxy CA of its own.
 	Aggregation bool
+	// InClusterName, if set, is a host name the API server also answers
+	// to, with a certificate of a CA of its own (ControlPlane.InClusterCA)
+	// that it picks by the name a client asks for (SNI): pods, which
+	// cannot reach the loopback address its own certificate names, reach
+	// it by that name (a kubenode's pods, through a host alias of the
+	// node's address) and verify it with that CA, which
+	// kube-controller-manager publishes to every namespace as
+	// kube-root-ca.crt, as a cluster's does. The ServiceAccount admission
+	// is on with it, which gives pods their tokens and refuses a pod whose
+	// account does not exist (the serviceaccount controller makes each
+	// namespace's default).
+	InClusterName string
 }
 
 // RepoRoot is the repository's root directory, found from this source file so
@@ -158,12 +175,24 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 			return nil, err
 		}
 	}
+	var inClusterCA string
+	if opts.InClusterName != "" {
+		sni, ca, err := writeInClusterCert(filepath.Join(opts.Dir, "in-cluster"), opts.InClusterName)
+		if err != nil {
+			return nil, err
+		}
+		// envtest turns the ServiceAccount admission off, as no
+		// controller manager makes the namespaces' default accounts;
+		// without it no pod is given its account's token.
+		env.ControlPlane.APIServer.Configure().Append("tls-sni-cert-key", sni).Disable("disable-admission-plugins")
+		inClusterCA = ca
+	}
 	env.ControlPlane.Etcd = &envtest.Etcd{Out: opts.Output, Err: opts.Output, DataDir: opts.EtcdDir}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot start etcd and kube-apiserver")
 	}
-	cp := &ControlPlane{Config: cfg, Scheme: scheme, env: env, Kubectl: filepath.Join(assets, "kubectl")}
+	cp := &ControlPlane{Config: cfg, Scheme: scheme, env: env, Kubectl: filepath.Join(assets, "kubectl"), InClusterCA: inClusterCA}
 
 	admin, err := env.AddUser(envtest.User{Name: "virtfleet-admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
@@ -344,4 +373,26 @@ func orphanName(pid int) string {
 		return "a process"
 	}
 	return comm
+}
+
+// writeInClusterCert writes into dir a certificate for name, signed by a
+// CA of its own, and that CA, and returns the API server's
+// --tls-sni-cert-key value for it and the CA's file.
+func writeInClusterCert(dir, name string) (sni, caFile string, err error) {
+	chain, key, err := certutil.GenerateSelfSignedCertKey(name, nil, []string{name})
+	if err != nil {
+		return "", "", errors.Wrapf(err, "cannot make a certificate for %s", name)
+	}
+	// The chain is the certificate, then the CA that signed it.
+	_, ca := pem.Decode(chain)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", "", errors.Wrap(err, "cannot create the in-cluster certificate's directory")
+	}
+	certFile, keyFile, caFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")
+	for file, b := range map[string][]byte{certFile: chain, keyFile: key, caFile: ca} {
+		if err := os.WriteFile(file, b, 0o600); err != nil {
+			return "", "", errors.Wrapf(err, "cannot write %s", file)
+		}
+	}
+	return certFile + "," + keyFile + ":" + name, caFile, nil
 }

@@ -31,10 +31,15 @@ func StartSchedulingForTest(t testing.TB, cp *controlplane.ControlPlane, control
 		t.Fatalf("cannot build the scheduler and controller manager: %v", err)
 	}
 	common := []string{"--kubeconfig=" + cp.Kubeconfig, "--leader-elect=false", "--secure-port=0"}
-	ctrls := "--controllers=" + strings.Join(controllers, ",")
+	kcm := append(append([]string{}, common...), "--controllers="+strings.Join(controllers, ","))
+	if cp.InClusterCA != "" {
+		// What root-ca-cert-publisher publishes as kube-root-ca.crt, the
+		// CA a pod's service account volume gives it.
+		kcm = append(kcm, "--root-ca-file="+cp.InClusterCA)
+	}
 	for name, args := range map[string][]string{
 		"kube-scheduler":          common,
-		"kube-controller-manager": append(append([]string{}, common...), ctrls),
+		"kube-controller-manager": kcm,
 	} {
 		startComponent(t, filepath.Join(bin, name), args)
 	}
