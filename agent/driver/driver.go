@@ -442,9 +442,12 @@ type Observation struct {
 	// and crashes it observed.
 	RestartCount int32
 	// RestartRequired is set when the guest runs an older shape (swap,
-	// disks, networks, cloud-init, the maximum vCPUs and memory, or vCPUs
-	// or memory beyond that maximum) than the last Ensure asked for; the
-	// new shape takes effect at its next start or restart.
+	// its boot disk or the order of its disks, networks, cloud-init, the
+	// maximum vCPUs and memory, or vCPUs or memory beyond that maximum;
+	// a data disk added or removed where the backend cannot attach or
+	// detach it live, or which the guest has not released) than the last
+	// Ensure asked for; the new shape takes effect at its next start or
+	// restart. Message names what waits.
 	RestartRequired bool
 	// Message explains Phase when there is something to explain.
 	Message string

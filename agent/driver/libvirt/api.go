@@ -36,6 +36,8 @@ type API interface {
 	DomainFsfreeze(Dom golibvirt.Domain, Mountpoints []string, Flags uint32) (rFilesystems int32, err error)
 	DomainSetVcpusFlags(Dom golibvirt.Domain, Nvcpus uint32, Flags uint32) (err error)
 	DomainSetMemoryFlags(Dom golibvirt.Domain, Memory uint64, Flags uint32) (err error)
+	DomainAttachDeviceFlags(Dom golibvirt.Domain, XML string, Flags uint32) (err error)
+	DomainDetachDeviceFlags(Dom golibvirt.Domain, XML string, Flags uint32) (err error)
 	DomainBlockResize(Dom golibvirt.Domain, Disk string, Size uint64, Flags golibvirt.DomainBlockResizeFlags) (err error)
 	DomainFsthaw(Dom golibvirt.Domain, Mountpoints []string, Flags uint32) (rFilesystems int32, err error)
 

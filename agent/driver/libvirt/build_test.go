@@ -146,6 +146,8 @@ func TestSpecHash(t *testing.T) {
 		"SwapChangesTheDefinition":               {change: func(m *driver.Machine) { m.SwapBytes *= 2 }},
 		"PublicKeyChangesTheDefinition":          {change: func(m *driver.Machine) { m.PublicKey = "ssh-ed25519 BBBB" }},
 		"DiskSizeDoesNotChangeTheDefinition":     {change: func(m *driver.Machine) { m.Disks[0].SizeBytes *= 2 }, same: true},
+		"DataDisksDoNotChangeTheDefinition":      {change: func(m *driver.Machine) { m.Disks = append(m.Disks, driver.Disk{Name: "data"}) }, same: true},
+		"TheBootDiskChangesTheDefinition":        {change: func(m *driver.Machine) { m.Disks[0].Name = "other" }},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

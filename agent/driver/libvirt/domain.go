@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -106,6 +107,9 @@ type domainInfo struct {
 	// the paths of the disks given as files.
 	volumes []poolVolume
 	files   []string
+	// disks are the disks on pool volumes with their targets, in target
+	// order: what hot-plug compares and picks free targets from.
+	disks []domainDisk
 	// serialSocket and vncSocket are the unix sockets the first serial
 	// port and the VNC display listen on, as libvirtd sees them; empty
 	// when the domain has no such socket (a definition from before the
@@ -117,6 +121,12 @@ type domainInfo struct {
 
 // poolVolume is a volume in a storage pool.
 type poolVolume struct{ pool, name string }
+
+// domainDisk is a disk of a domain on a pool volume, and its target.
+type domainDisk struct {
+	poolVolume
+	dev string
+}
 
 // nic is an interface as defined, keyed by MAC.
 type nic struct {
@@ -159,7 +169,13 @@ func parseDomain(x string) (domainInfo, error) {
 			switch {
 			case disk.Source == nil:
 			case disk.Source.Volume != nil:
-				info.volumes = append(info.volumes, poolVolume{pool: disk.Source.Volume.Pool, name: disk.Source.Volume.Volume})
+				v := poolVolume{pool: disk.Source.Volume.Pool, name: disk.Source.Volume.Volume}
+				info.volumes = append(info.volumes, v)
+				dd := domainDisk{poolVolume: v}
+				if disk.Target != nil {
+					dd.dev = disk.Target.Dev
+				}
+				info.disks = append(info.disks, dd)
 			case disk.Source.File != nil:
 				info.files = append(info.files, disk.Source.File.File)
 			}
@@ -176,6 +192,9 @@ func parseDomain(x string) (domainInfo, error) {
 		}
 		info.serialSocket, info.vncSocket = consoleSockets(d.Devices)
 	}
+	// libvirt keeps disks in target order; a domain defined elsewhere
+	// need not.
+	slices.SortStableFunc(info.disks, func(a, b domainDisk) int { return cmp.Compare(diskIndex(a.dev), diskIndex(b.dev)) })
 	return info, nil
 }
 
@@ -266,22 +285,28 @@ const definitionLayout = 3
 // specHash identifies the parts of m that shape the domain definition (not
 // its power state, restart nonce or generation, nor its disks' sizes, which
 // growDisks applies live, nor its vCPUs and memory, which resize applies
-// live within their maximum), and the definitionLayout it is made with.
+// live within their maximum, nor its data disks, which plugDisks attaches
+// and detaches live), and the definitionLayout it is made with.
 func specHash(m driver.Machine) string {
-	return hashShape(m, hashLive)
+	return hashShape(m, hashPlugged)
 }
 
 // upToDate is whether a domain whose definition carries hash, and can
 // grow to maxVCPU and maxMemory, is what m asks for, so Ensure need not
-// define it again. A hash an earlier agent wrote counts while it matches,
+// define it again: its data disks (of the default pool) may differ from
+// m's by disks added at the end or removed, which plugDisks does. A hash an earlier agent wrote counts while it matches,
 // so an upgraded agent redefines no guest (and makes none
 // RestartRequired) for what it learned to apply live.
-func upToDate(hash string, m driver.Machine, defined domainInfo) bool {
+func upToDate(hash string, m driver.Machine, defined domainInfo, pool string) bool {
 	if beyond(m, defined) {
 		// Only a new definition holds it: its next start gets it.
 		return false
 	}
-	if hash == specHash(m) {
+	if !disksFollow(defined, m, pool) {
+		// Data disks reordered: only a new definition holds them.
+		return false
+	}
+	if hash == specHash(m) || hash == hashShape(m, hashLive) {
 		return true
 	}
 	// An earlier agent defined the guest with its shape as the maximum
@@ -313,16 +338,23 @@ const (
 	// hashFixed is the hash from before vCPUs and memory changed live:
 	// with them, and layout 2.
 	hashFixed
-	// hashLive is today's.
+	// hashLive is the hash from before data disks were attached live:
+	// with all disks.
 	hashLive
+	// hashPlugged is today's: with the boot disk only.
+	hashPlugged
 )
 
 func hashShape(m driver.Machine, era hashEra) string {
 	shape := m
 	shape.Running, shape.RestartNonce, shape.Generation = false, "", 0
 	// An image only fills a disk once; changing it changes no guest.
-	shape.Disks = make([]driver.Disk, len(m.Disks))
-	for i, disk := range m.Disks {
+	disks := m.Disks
+	if era == hashPlugged && len(disks) > 1 {
+		disks = disks[:1]
+	}
+	shape.Disks = make([]driver.Disk, len(disks))
+	for i, disk := range disks {
 		disk.Image = nil
 		if era != hashSized {
 			disk.SizeBytes = 0
@@ -330,7 +362,7 @@ func hashShape(m driver.Machine, era hashEra) string {
 		shape.Disks[i] = disk
 	}
 	layout := definitionLayout
-	if era == hashLive {
+	if era >= hashLive {
 		shape.VCPU, shape.MemoryBytes = 0, 0
 	} else {
 		// A maximum of 0 is left out of the JSON: the Machine hashes as
@@ -571,5 +603,27 @@ const defaultFormat = "qcow2"
 // raw before keep their format (domainSpec.swapFormat).
 const swapFormat = "qcow2"
 
-// virtioDev names the i-th virtio disk: vda … vdz.
-func virtioDev(i int) string { return "vd" + string(rune('a'+i)) }
+// virtioDev names the i-th virtio disk as libvirt does: vda … vdz, vdaa …
+func virtioDev(i int) string {
+	name := ""
+	for i++; i > 0; i = (i - 1) / 26 {
+		name = string(rune('a'+(i-1)%26)) + name
+	}
+	return "vd" + name
+}
+
+// diskIndex is the index virtioDev names dev by; -1 for another name.
+func diskIndex(dev string) int {
+	letters, ok := strings.CutPrefix(dev, "vd")
+	if !ok || letters == "" {
+		return -1
+	}
+	i := 0
+	for _, r := range letters {
+		if r < 'a' || r > 'z' {
+			return -1
+		}
+		i = i*26 + int(r-'a') + 1
+	}
+	return i - 1
+}

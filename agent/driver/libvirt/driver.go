@@ -47,6 +47,9 @@ type Driver struct {
 	// intercept, when set, wraps every connection's API: the seam tests
 	// inject libvirt failures through.
 	intercept func(API) API
+	// detachWait bounds the wait for a guest to release a detached disk;
+	// zero means defaultDetachWait.
+	detachWait time.Duration
 
 	ctx    context.Context
 	cancel context.CancelFunc

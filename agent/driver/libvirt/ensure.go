@@ -55,7 +55,10 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 		key.UID = formatUUID(dom.UUID)
 	}
 	owner := ownership{UID: m.UID, Namespace: m.Namespace, Name: m.Name, Generation: m.Generation, SpecHash: specHash(key), LastNonce: m.RestartNonce}
-	if driver.IsNotFound(err) || (!info.owner.Imported && !upToDate(info.owner.SpecHash, key, info)) {
+	// libvirt's test driver attaches and detaches no device: a new
+	// definition gives its guests their disks, at their next start.
+	plugs := !d.testDriver
+	if driver.IsNotFound(err) || (!info.owner.Imported && (!upToDate(info.owner.SpecHash, key, info, d.pool) || !plugs && !sameDisks(info, key, d.pool))) {
 		if info.owner != nil {
 			// A redefinition keeps what the old definition counted.
 			owner.LastNonce, owner.Restarts, owner.LastRestore = info.owner.LastNonce, info.owner.Restarts, info.owner.LastRestore
@@ -95,12 +98,25 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if err := d.converge(api, dom, m, owner); err != nil {
 		return driver.Observation{}, err
 	}
-	// After converge: a guest it started is grown live.
-	unGrown := d.growDisks(api, dom, m)
 	live, err := d.describe(api, dom, m.UID, 0)
 	if err != nil {
 		return driver.Observation{}, err
 	}
+	var unPlugged string
+	if plugs && !owner.Imported {
+		var plugged bool
+		if unPlugged, plugged = d.plugDisks(api, dom, key, info, live); plugged {
+			if info, err = d.describe(api, dom, m.UID, golibvirt.DomainXMLInactive); err != nil {
+				return driver.Observation{}, err
+			}
+			if live, err = d.describe(api, dom, m.UID, 0); err != nil {
+				return driver.Observation{}, err
+			}
+		}
+	}
+	// After converge and plugDisks: a guest it started is grown live,
+	// with the disks it has now.
+	unGrown := d.growDisks(api, dom, m)
 	var unResized string
 	if !owner.Imported {
 		var tried bool
@@ -114,7 +130,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	// the one converge kept.
 	info.owner = &owner
 	o, err := d.observeWith(look{api: api, nets: nets, defined: &info}, dom, m.UID, live)
-	for _, why := range []string{unGrown, unResized} {
+	for _, why := range []string{unPlugged, unGrown, unResized} {
 		if why != "" {
 			o.Message = strings.TrimPrefix(o.Message+"; "+why, "; ")
 		}
@@ -271,7 +287,11 @@ func (d *Driver) converge(api API, dom golibvirt.Domain, m driver.Machine, owner
 			return err
 		}
 		liveHash = live.owner.SpecHash
-		stale = liveHash != owner.SpecHash || beyond(m, live)
+		// Data disks are not in the hash: a guest that holds others
+		// than m's (not attached or detached live) gets them at a start.
+		key := m
+		key.UID = formatUUID(dom.UUID)
+		stale = liveHash != owner.SpecHash || beyond(m, live) || !owner.Imported && !sameDisks(live, key, d.pool)
 		if lastReset, err = resetOf(x); err != nil {
 			return err
 		}

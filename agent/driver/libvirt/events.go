@@ -71,8 +71,16 @@ func (d *Driver) drain(c *connection) {
 	for _, ch := range c.changes {
 		wg.Go(func() {
 			for e := range ch {
-				if uuid, ok := changedDomain(e); ok {
-					d.definitions.forget(uuid)
+				uuid, ok := changedDomain(e)
+				if !ok {
+					continue
+				}
+				d.definitions.forget(uuid)
+				if _, removed := e.(*golibvirt.DomainEventCallbackDeviceRemovedMsg); removed {
+					// A guest that releases a detached disk after
+					// Ensure stopped waiting for it: its report no
+					// longer names the disk as held.
+					d.emit(driver.Event{UID: d.aliases.ownerOf(uuid), Kind: driver.EventChanged})
 				}
 			}
 		})

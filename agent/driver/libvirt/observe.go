@@ -101,9 +101,12 @@ func (d *Driver) observeWith(l look, dom golibvirt.Domain, uid string, info doma
 		}
 		if defined != nil {
 			note, beyond := shapeNote(info, *defined)
-			o.RestartRequired = beyond || defined.owner.SpecHash != info.owner.SpecHash
-			if note != "" && !info.owner.Imported {
-				o.Message = strings.TrimPrefix(o.Message+"; "+note, "; ")
+			disks, moved := diskNote(info, *defined, formatUUID(dom.UUID), !d.testDriver)
+			o.RestartRequired = beyond || moved || defined.owner.SpecHash != info.owner.SpecHash
+			for _, n := range []string{note, disks} {
+				if n != "" && !info.owner.Imported {
+					o.Message = strings.TrimPrefix(o.Message+"; "+n, "; ")
+				}
 			}
 		}
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 )
 
-// shapeCalls records the definitions and the vCPU and memory changes the
-// driver asks of libvirt, which it passes on to the test driver.
+// shapeCalls records the definitions and the vCPU, memory and disk
+// changes the driver asks of libvirt, which it passes on to libvirt.
 type shapeCalls struct {
 	API
 	calls *[]string
@@ -34,6 +34,16 @@ func (c shapeCalls) DomainSetVcpusFlags(dom golibvirt.Domain, n uint32, flags ui
 func (c shapeCalls) DomainSetMemoryFlags(dom golibvirt.Domain, kib uint64, flags uint32) error {
 	*c.calls = append(*c.calls, fmt.Sprintf("memory %dMiB%s", kib>>10, impact(flags&uint32(golibvirt.DomainMemLive) != 0, flags&uint32(golibvirt.DomainMemConfig) != 0)))
 	return c.API.DomainSetMemoryFlags(dom, kib, flags)
+}
+
+func (c shapeCalls) DomainAttachDeviceFlags(dom golibvirt.Domain, x string, flags uint32) error {
+	*c.calls = append(*c.calls, "attach "+deviceCall(x, flags))
+	return c.API.DomainAttachDeviceFlags(dom, x, flags)
+}
+
+func (c shapeCalls) DomainDetachDeviceFlags(dom golibvirt.Domain, x string, flags uint32) error {
+	*c.calls = append(*c.calls, "detach "+deviceCall(x, flags))
+	return c.API.DomainDetachDeviceFlags(dom, x, flags)
 }
 
 func impact(live, config bool) string {
