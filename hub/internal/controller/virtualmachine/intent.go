@@ -106,6 +106,18 @@ func (d dependencies) boundNode() (string, error) {
 	return node, nil
 }
 
+// volumesOn names the VM's Volumes bound to node, in diskAttachments
+// order.
+func (d dependencies) volumesOn(node string) []string {
+	var out []string
+	for _, v := range d.volumes {
+		if v.GetAnnotations()[v1alpha1.AnnotationNode] == node {
+			out = append(out, v.Name)
+		}
+	}
+	return out
+}
+
 // pools are the shared storage pools of the VM's Volumes, sorted, each
 // once: a node must reach all of them to open its disks.
 func (d dependencies) pools() []string {

@@ -334,8 +334,14 @@ func (e *external) ensure(ctx context.Context, vm *v1alpha1.VirtualMachine, d de
 		// are bound to the target just before the VM moves there.
 		return e.publish(ctx, vm, d, node)
 	}
+	if bound != "" && bound != node && len(d.volumesOn(bound)) == 0 {
+		return errors.Errorf("the VM is on node %s but a cloned image of its volumes is on node %s; delete and re-create the VM to place it there", node, bound)
+	}
 	if bound != "" && bound != node {
-		return errors.Errorf("the VM is on node %s but its volumes are on node %s; delete and re-create the VM to place it there", node, bound)
+		// Most often a Volume of another node added to a placed VM's
+		// diskAttachments: never attached (no other node's disk is
+		// reachable from here), and the guest runs on as last published.
+		return errors.Errorf("Volume %s is on node %s and the VM runs on node %s: a VM attaches only volumes of its own node; remove it from spec.forProvider.diskAttachments, or delete and re-create the VM to place it on node %s", strings.Join(d.volumesOn(bound), ", "), bound, node, bound)
 	}
 	if err := e.bindVolumes(ctx, d, node); err != nil {
 		return err

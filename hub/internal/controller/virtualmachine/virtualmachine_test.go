@@ -441,3 +441,38 @@ func TestBindingAVolumeWhoseCachedCopyIsOutOfDate(t *testing.T) {
 		})
 	}
 }
+
+// A Volume added to a placed VM's diskAttachments is attached only when
+// it is on the VM's node (or on no node yet, when the VM's node takes it):
+// one another node holds is refused, named, and nothing is published, so
+// the guest runs on with the disks it has.
+func TestAVolumeOfAnotherNodeIsNeverAttached(t *testing.T) {
+	cases := map[string]struct {
+		volumes []*v1alpha1.Volume
+		wantErr string
+	}{
+		"AVolumeOfAnotherNodeNextToSharedOnes": {
+			volumes: []*v1alpha1.Volume{vol("root", ""), vol("data", "node2")},
+			wantErr: "Volume data is on node node2 and the VM runs on node node1: a VM attaches only volumes of its own node; remove it from spec.forProvider.diskAttachments, or delete and re-create the VM to place it on node node2",
+		},
+		"AVolumeOfAnotherNodeNextToOnesOfItsOwn": {
+			volumes: []*v1alpha1.Volume{vol("root", testNode), vol("data", "node2")},
+			wantErr: "volumes root (on node1) and data (on node2) live on different nodes; a VM can only use volumes of one node",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := bus.NewFake()
+			e := testExternal(t, b, event.NewNopRecorder(), wake.NewNotifier(perobject.NewOwner(nil)))
+			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm", UID: testUID}}
+			var d dependencies
+			for _, v := range tc.volumes {
+				d.volumes = append(d.volumes, *v)
+			}
+			err := e.ensure(context.Background(), vm, d, testNode)
+			require.Error(t, err)
+			assert.Equal(t, tc.wantErr, err.Error())
+			assert.Zero(t, b.Puts(), "nothing published")
+		})
+	}
+}
