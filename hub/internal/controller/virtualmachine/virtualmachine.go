@@ -404,6 +404,11 @@ func (e *external) setConditions(vm *v1alpha1.VirtualMachine, obs v1alpha1.Virtu
 	if obs.RestartRequired {
 		rr.Status, rr.Reason = corev1.ConditionTrue, "SpecChanged"
 		rr.Message = "the spec changed while the VM runs; the change applies at the next start (restart it with the compute.virtfleet.io/restart-requested-at annotation)"
+		if msg := reportMessage(e.fleet, node, string(vm.UID)); msg != "" {
+			// What waits, as the node names it: a disk the guest has
+			// not released, a maximum it cannot grow beyond.
+			rr.Message += ": " + msg
+		}
 	}
 	vm.SetConditions(rr)
 	nl := xpv2.Condition{Type: TypeNodeLost, Status: corev1.ConditionFalse, Reason: "HeartbeatFresh", LastTransitionTime: now()}

@@ -122,6 +122,14 @@ func TestSetConditions(t *testing.T) {
 				Message: "the spec changed while the VM runs; the change applies at the next start (restart it with the compute.virtfleet.io/restart-requested-at annotation)"},
 			wantNodeLost: heartbeatFresh,
 		},
+		"ARestartRequiredNamesWhatWaitsAsTheNodeSaysIt": {
+			obs:       v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhaseRunning, RestartRequired: true},
+			message:   "disk default_data is still attached to the running guest, which has not released it since it was detached; it is gone at the next start",
+			wantReady: xpv2.Condition{Type: xpv2.TypeReady, Status: corev1.ConditionTrue, Reason: xpv2.ReasonAvailable, Message: "disk default_data is still attached to the running guest, which has not released it since it was detached; it is gone at the next start"},
+			wantRestartRequired: xpv2.Condition{Type: TypeRestartRequired, Status: corev1.ConditionTrue, Reason: "SpecChanged",
+				Message: "the spec changed while the VM runs; the change applies at the next start (restart it with the compute.virtfleet.io/restart-requested-at annotation): disk default_data is still attached to the running guest, which has not released it since it was detached; it is gone at the next start"},
+			wantNodeLost: heartbeatFresh,
+		},
 		"APausedVMIsNotReadyAndSaysHowToResumeIt": {
 			obs:                 v1alpha1.VirtualMachineObservation{Phase: v1alpha1.PhasePaused},
 			annotations:         map[string]string{v1alpha1.AnnotationPaused: "true"},
