@@ -165,6 +165,9 @@ func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstan
 	}
 	if vmi != nil && (o.Phase == driver.PhaseRunning || o.Phase == driver.PhaseStarting || o.Phase == driver.PhasePaused) {
 		o.RestartRequired = restartRequired(vm, vmi)
+		if note := volumeNote(vm, vmi); o.RestartRequired && note != "" {
+			o.Message = strings.TrimPrefix(o.Message+"; "+note, "; ")
+		}
 	}
 	if vmi != nil && (o.Phase == driver.PhaseRunning || o.Phase == driver.PhasePaused) {
 		// A paused guest keeps its addresses; virt-handler keeps them on
@@ -172,6 +175,51 @@ func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstan
 		o.Interfaces = interfaces(vmi, now)
 	}
 	return o
+}
+
+// volumeNote names the volumes (their claims) the VM's template and its
+// running VMI differ by, which wait for the next start, and why.
+func volumeNote(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) string {
+	if vm.Spec.Template == nil {
+		return ""
+	}
+	want, have := claimsOf(vm.Spec.Template.Spec.Volumes), claimsOf(vmi.Spec.Volumes)
+	var notes []string
+	if added := without(want, have); len(added) > 0 {
+		notes = append(notes, fmt.Sprintf("volume %s is attached at the next start", strings.Join(added, ", ")))
+	}
+	if removed := without(have, want); len(removed) > 0 {
+		notes = append(notes, fmt.Sprintf("volume %s is detached at the next start", strings.Join(removed, ", ")))
+	}
+	if len(notes) == 0 {
+		return ""
+	}
+	return strings.Join(notes, "; ") + " (KubeVirt hot-plugs volumes through its addvolume and removevolume subresources, which this node does not use)"
+}
+
+// claimsOf are the PVCs and DataVolumes of volumes, in their order.
+func claimsOf(volumes []kubevirtv1.Volume) []string {
+	var out []string
+	for _, v := range volumes {
+		switch {
+		case v.PersistentVolumeClaim != nil:
+			out = append(out, v.PersistentVolumeClaim.ClaimName)
+		case v.DataVolume != nil:
+			out = append(out, v.DataVolume.Name)
+		}
+	}
+	return out
+}
+
+// without is a without the elements of b.
+func without(a, b []string) []string {
+	var out []string
+	for _, s := range a {
+		if !slices.Contains(b, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // pausedVMI is whether the VMI has the condition Paused, which
