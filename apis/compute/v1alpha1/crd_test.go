@@ -317,7 +317,21 @@ func invalidOthers() []invalidObject {
 		{"schedule that deletes on a whim", schedule("policy", map[string]any{"deletionPolicy": "Sometimes"}), []string{"spec.deletionPolicy", "Unsupported value"}},
 		{"schedule of a bad VM name", schedule("vm", map[string]any{"vmName": "Web_1"}), []string{"spec.vmName", "is not a valid name"}},
 		{"schedule with a long name", schedule(strings.Repeat("s", 64), nil), []string{"metadata.name must be at most 63 characters"}},
+		{"quota of negative storage", tenantQuota("neg-storage", map[string]any{"storage": "-1Gi"}), []string{"spec.hard.storage", "storage must not be negative, got -1Gi"}},
+		{"quota of negative volumes", tenantQuota("neg-volumes", map[string]any{"volumes": -1}), []string{"spec.hard.volumes", "greater than or equal to 0"}},
+		{"quota of negative snapshots", tenantQuota("neg-snapshots", map[string]any{"snapshots": -1}), []string{"spec.hard.snapshots", "greater than or equal to 0"}},
+		{"quota of negative addresses", tenantQuota("neg-addresses", map[string]any{"addresses": -1}), []string{"spec.hard.addresses", "greater than or equal to 0"}},
+		{"quota of storage that is no quantity", tenantQuota("word-storage", map[string]any{"storage": "lots"}), []string{"spec.hard.storage"}},
 	}
+}
+
+// tenantQuota is a TenantQuota of namespace t1 with hard.
+func tenantQuota(name string, hard map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"namespace": "t1", "hard": hard}}}
+	u.SetAPIVersion(pcv1alpha1.SchemeGroupVersion.String())
+	u.SetKind(pcv1alpha1.TenantQuotaKind)
+	u.SetName(name)
+	return u
 }
 
 // location is a valid BackupLocation with spec fields set as edit says.

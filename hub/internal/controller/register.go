@@ -53,7 +53,7 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 	if err := virtualmachine.SetupGated(mgr, o, vo); err != nil {
 		return err
 	}
-	if err := volume.SetupGated(mgr, o, vo.Pool, vo.FencingTimeout, volumes, vo.Memory, vo.Polls); err != nil {
+	if err := volume.SetupGated(mgr, o, vo.Pool, vo.FencingTimeout, volumes, vo.Memory, vo.Polls, vo.Quotas); err != nil {
 		return err
 	}
 	if err := virtualnetwork.SetupGated(mgr, o, vo.Addresses, vo.Memory, vo.Polls); err != nil {

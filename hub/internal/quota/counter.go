@@ -25,7 +25,7 @@ type Counter struct {
 }
 
 // key names one admission: of a VM, of a Volume a VM's placement makes,
-// of the addresses a VM is to be given (by the VM's uid), or of a
+// of the addresses a VM is to hold in all (by the VM's uid), or of a
 // snapshot.
 type key struct {
 	kind string
@@ -73,8 +73,8 @@ type tally struct {
 	addresses map[types.UID]int64
 }
 
-// tally counts what namespace holds, but what the admission of except let
-// in, with c.mu held. The admissions the cache counts now are dropped.
+// tally counts what namespace holds, but except and what its admission
+// let in, with c.mu held. The admissions the cache counts now are dropped.
 func (c *Counter) tally(ctx context.Context, namespace string, except types.UID) (tally, error) {
 	t := tally{volumes: map[string]*v1alpha1.Volume{}, addresses: map[types.UID]int64{}}
 	vms := &v1alpha1.VirtualMachineList{}
@@ -106,10 +106,17 @@ func (c *Counter) tally(ctx context.Context, namespace string, except types.UID)
 	if err := c.countAddresses(ctx, namespace, &t); err != nil {
 		return tally{}, err
 	}
-	for _, a := range c.admitted {
-		if a.namespace == namespace && a.by != except {
-			t.used = t.used.add(a.amounts)
+	for k, a := range c.admitted {
+		if a.namespace != namespace || a.by == except || k.uid == except {
+			continue
 		}
+		if k.kind == admittedAddresses {
+			// Of the addresses a VM is to hold, those recorded count
+			// as records already.
+			t.used.Addresses += max(a.amounts.Addresses-t.addresses[k.uid], 0)
+			continue
+		}
+		t.used = t.used.add(a.amounts)
 	}
 	for _, f := range c.fleets() {
 		orphans, err := f.Orphans(namespace)
@@ -286,6 +293,56 @@ func (c *Counter) AdmitSnapshot(ctx context.Context, s *v1alpha1.VirtualMachineS
 		return err
 	}
 	c.admitted[key{admittedSnapshot, s.UID}] = admission{namespace: s.Namespace, amounts: want, by: s.UID}
+	return nil
+}
+
+// FitsVolume says whether v, on no node yet, would fit in every
+// TenantQuota of its namespace if it were made now: nil, or an
+// ExceededError. It admits nothing: a Volume is made with the first VM
+// that uses it, and admitted with that VM (Admit); this lets the Volume
+// itself say why it is made nowhere.
+func (c *Counter) FitsVolume(ctx context.Context, v *v1alpha1.Volume) error {
+	qs, err := For(ctx, c.kube, v.Namespace)
+	if err != nil || len(qs) == 0 {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, err := c.tally(ctx, v.Namespace, v.UID)
+	if err != nil {
+		return err
+	}
+	return Check(qs, t.used, OfVolume(v), "this Volume")
+}
+
+// AdmitAddresses says whether vm, which is to hold one address on each of
+// networks of its networks whose addresses are the hub's, may be given
+// those it does not hold yet (nil, or an ExceededError), and if so counts
+// them until the cache shows them recorded or Forget is told of it. It is
+// asked just before the hub gives addresses, so that a placed VM given
+// another network gets no address past the quota.
+func (c *Counter) AdmitAddresses(ctx context.Context, vm *v1alpha1.VirtualMachine, networks int64) error {
+	qs, err := For(ctx, c.kube, vm.Namespace)
+	if err != nil || len(qs) == 0 {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// What the VM's own admissions let in is left out, and only the
+	// addresses it would add are checked, so its earlier admission of
+	// the same addresses is not counted twice.
+	t, err := c.tally(ctx, vm.Namespace, vm.UID)
+	if err != nil {
+		return err
+	}
+	want := max(networks-t.addresses[vm.UID], 0)
+	if want == 0 {
+		return nil
+	}
+	if err := Check(qs, t.used, Amounts{Addresses: want}, "this VM"); err != nil {
+		return err
+	}
+	c.admitted[key{admittedAddresses, vm.UID}] = admission{namespace: vm.Namespace, amounts: Amounts{Addresses: networks}, by: vm.UID}
 	return nil
 }
 

@@ -67,6 +67,13 @@ func (e *external) allocate(ctx context.Context, vm *v1alpha1.VirtualMachine, d 
 			return errors.Wrap(err, "cannot hand the adopted guest's addresses to the VM")
 		}
 	}
+	// Placement admitted the addresses of the networks the VM had then;
+	// one given a network since is admitted here, before any is given.
+	if e.opts.Quotas != nil {
+		if err := e.opts.Quotas.AdmitAddresses(ctx, vm, addressesOf(vm, *d)); err != nil {
+			return errors.Wrap(err, "cannot give the VM its addresses")
+		}
+	}
 	for i := range d.networks {
 		n := &d.networks[i]
 		if !ipam.Addressed(n) {

@@ -16,6 +16,7 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
+	"github.com/virtfleet/virtfleet/hub/internal/quota"
 )
 
 // A Volume whose crossplane.io/external-name names an existing volume of
@@ -42,6 +43,9 @@ func intentOf(v *v1alpha1.Volume) wire.VolumeIntent {
 func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.Volume, users inuse.Users) (xpv2.Condition, error) {
 	ready, err := observe(ctx, kube, v, users)
 	ext := meta.GetExternalName(v)
+	if err == nil && ext == "" && v.Status.AtProvider.Node == "" && r.quotas != nil {
+		return r.admissible(ctx, v, ready)
+	}
 	if err != nil || ext == "" {
 		return ready, err
 	}
@@ -100,6 +104,20 @@ func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.
 		return xpv2.Unavailable().WithMessage(rep.Report.Message), nil
 	}
 	at.ID, at.Capacity = rep.Report.ID, resource.NewQuantity(rep.Report.SizeBytes, resource.BinarySI)
+	return ready, nil
+}
+
+// admissible is ready of v, on no node, unless making it now would pass
+// its namespace's quota: then it is Unavailable, saying which limit. The
+// VM that would make it stays Pending for the same reason.
+func (r *Releaser) admissible(ctx context.Context, v *v1alpha1.Volume, ready xpv2.Condition) (xpv2.Condition, error) {
+	var exceeded *quota.ExceededError
+	switch err := r.quotas.FitsVolume(ctx, v); {
+	case errors.As(err, &exceeded):
+		return xpv2.Unavailable().WithMessage("made on no node: " + err.Error()), nil
+	case err != nil:
+		return ready, err
+	}
 	return ready, nil
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
+	"github.com/virtfleet/virtfleet/hub/internal/quota"
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
@@ -68,9 +69,10 @@ func observe(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users inuse
 // nodes through pool, gives up on a node lost for longer than fencing, and
 // is woken by notifier, which the pool's fleets must feed with
 // Fleet.Volumes.Subscribe.
-func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencing time.Duration, notifier *wake.Notifier, memory *perobject.Owner, polls *wake.Polls) error {
+func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencing time.Duration, notifier *wake.Notifier, memory *perobject.Owner, polls *wake.Polls, quotas *quota.Counter) error {
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(managed.ControllerName(v1alpha1.VolumeGroupKind))) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	r := NewReleaser(mgr.GetClient(), pool, fencing, notifier, recorder, memory)
+	r.quotas = quotas
 	k := Kind
 	k.Observe, k.Release = r.Observe, r.Release
 	k.Sources = []source.Source{notifier.Source()}
@@ -92,6 +94,9 @@ type Releaser struct {
 	fencing  time.Duration
 	recorder event.Recorder
 	now      func() time.Time
+	// quotas, if set, let a Volume on no node say that its namespace's
+	// quota keeps it from being made.
+	quotas *quota.Counter
 	// published holds the import intent last written of each Volume, and
 	// the node it was written to.
 	published *perobject.Map[publishedIntent]
