@@ -177,3 +177,57 @@ func TestWhatWasAdmittedCountsUntilTheCacheShowsIt(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), used.Addresses, "a forgotten VM's admission counts no more")
 }
+
+// TestSnapshotsCountWhileANodeHoldsThem pins what each snapshot phase
+// counts: one taken counts the size its node reported, one being taken
+// what it may grow to, one that failed or was never asked of a node
+// nothing.
+func TestSnapshotsCountWhileANodeHoldsThem(t *testing.T) {
+	root := volumeOf("root", "10Gi")
+	root.Annotations = map[string]string{v1alpha1.AnnotationNode: "n1"}
+	vm := vmOf(1)
+	vm.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "root"}}
+	snap := func(name string, st v1alpha1.VirtualMachineSnapshotStatus, memory bool) *v1alpha1.VirtualMachineSnapshot {
+		s := &v1alpha1.VirtualMachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: "t1", Name: name}, Status: st}
+		s.Spec.IncludeMemory = memory
+		s.Status.SourceUID, s.Status.VM = string(vm.UID), vm.Spec.ForProvider.DeepCopy()
+		return s
+	}
+	taken := metav1.Now()
+	cases := map[string]struct {
+		snapshot *v1alpha1.VirtualMachineSnapshot
+		want     Amounts
+	}{
+		"TakenCountsItsReportedSize": {
+			snapshot: snap("taken", v1alpha1.VirtualMachineSnapshotStatus{Phase: v1alpha1.SnapshotSucceeded, Node: "n1", CreationTime: &taken, Size: ptr.To(resource.MustParse("3Gi"))}, false),
+			want:     Amounts{Snapshots: 1, StorageBytes: 3 << 30},
+		},
+		"LostStillCountsItsSize": {
+			snapshot: snap("lost", v1alpha1.VirtualMachineSnapshotStatus{Phase: v1alpha1.SnapshotLost, Node: "n1", CreationTime: &taken, Size: ptr.To(resource.MustParse("3Gi"))}, false),
+			want:     Amounts{Snapshots: 1, StorageBytes: 3 << 30},
+		},
+		"BeingTakenCountsItsDisks": {
+			snapshot: snap("taking", v1alpha1.VirtualMachineSnapshotStatus{Phase: v1alpha1.SnapshotInProgress, Node: "n1"}, false),
+			want:     Amounts{Snapshots: 1, StorageBytes: 10 << 30},
+		},
+		"BeingTakenWithMemoryCountsItsDisksAndMemory": {
+			snapshot: snap("taking-memory", v1alpha1.VirtualMachineSnapshotStatus{Phase: v1alpha1.SnapshotInProgress, Node: "n1"}, true),
+			want:     Amounts{Snapshots: 1, StorageBytes: 11 << 30},
+		},
+		"FailedCountsNothing": {
+			snapshot: snap("failed", v1alpha1.VirtualMachineSnapshotStatus{Phase: v1alpha1.SnapshotFailed, Node: "n1"}, false),
+		},
+		"PendingCountsNothing": {
+			snapshot: snap("pending", v1alpha1.VirtualMachineSnapshotStatus{Phase: v1alpha1.SnapshotPending}, false),
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := counterOf(t, root.DeepCopy(), vm.DeepCopy(), tc.snapshot)
+			used, err := c.Used(context.Background(), "t1")
+			require.NoError(t, err)
+			want := Amounts{Volumes: 1, StorageBytes: 10 << 30}.add(tc.want)
+			assert.Equal(t, want, used)
+		})
+	}
+}
