@@ -278,6 +278,12 @@ type Image struct {
 	// of the node (its name in the driver's default pool), taken when the
 	// node first needs the image. A node without the volume fails the image.
 	SourceVolume string
+	// SourceSnapshot, with SourceVolume, makes the image a copy of that
+	// volume as it was in this snapshot of its guest (the
+	// VirtualMachineSnapshot's uid, as TakeSnapshot named it), not as it
+	// is now; the guest runs on. A driver whose disks hold no snapshot it
+	// can read refuses it with a Terminal error.
+	SourceSnapshot string
 	// ExternalName, instead of URL or SourceVolume, names an image the
 	// backend holds already, which the driver uses as it is: never
 	// imported, verified, pruned nor deleted, and not reported by Images.

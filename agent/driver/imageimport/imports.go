@@ -202,6 +202,9 @@ func (j *Job) progress(name string) string {
 // location's credentials.
 func InputOf(img *driver.Image) string {
 	in := fmt.Sprintf("%q %q %q %q %v", img.URL, img.SourceVolume, img.SHA256, img.Format, img.AllowedSources)
+	if img.SourceSnapshot != "" {
+		in += fmt.Sprintf(" snapshot %q", img.SourceSnapshot)
+	}
 	if b := img.Backup; b != nil {
 		l := b.Location
 		in += fmt.Sprintf(" backup %q %q %q %q/%q/%q", l.Endpoint, l.Bucket, l.Prefix, b.Namespace, b.ID, b.Disk)

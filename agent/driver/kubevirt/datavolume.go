@@ -94,6 +94,9 @@ func importable(disk driver.Disk) error {
 		return driver.Terminalf("disk %s is made from image %s, which is a disk of backup %s/%s: the kubevirt backend cannot make an image from a backup yet", disk.Name, img.Name, img.Backup.Namespace, img.Backup.ID)
 	case img.ExternalName != "":
 		return driver.Terminalf("disk %s is made from image %s, which imports %q by external name: the kubevirt backend imports images from http and https URLs only", disk.Name, img.Name, img.ExternalName)
+	case img.SourceSnapshot != "":
+		return driver.Terminalf("disk %s is made from image %s, a copy of volume %s as it was in snapshot %s: the kubevirt backend keeps that snapshot as KubeVirt's own and makes no DataVolume of one; "+
+			"restore the snapshot into its VM (VirtualMachineRestore) instead", disk.Name, img.Name, img.SourceVolume, img.SourceSnapshot)
 	case img.SourceVolume != "" || img.URL == "":
 		return driver.Terminalf("disk %s is made from image %s, which has no URL: the kubevirt backend imports images from http and https URLs only", disk.Name, img.Name)
 	case disk.SizeBytes < minDataVolumeBytes:

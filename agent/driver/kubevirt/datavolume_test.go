@@ -140,11 +140,14 @@ func TestImportsTheNodeRefuses(t *testing.T) {
 		"LinkLocal":          {disk: func(d *driver.Disk) { d.Image.URL = "http://169.254.169.254/latest/meta-data" }, want: "link-local"},
 		"ByExternalName":     {disk: func(d *driver.Disk) { d.Image.URL, d.Image.ExternalName = "", "golden" }, want: `imports "golden" by external name`},
 		"FromAVolume":        {disk: func(d *driver.Disk) { d.Image.URL, d.Image.SourceVolume = "", "default_golden" }, want: "imports images from http and https URLs only"},
-		"FromABackup":        {disk: func(d *driver.Disk) { d.Image.URL, d.Image.Backup = "", backup }, want: "backup team-a/b-1: the kubevirt backend cannot make an image from a backup yet"},
-		"NoSize":             {disk: func(d *driver.Disk) { d.SizeBytes = 0 }, want: "needs a size of at least 1Mi"},
-		"SmallerThan1Mi":     {disk: func(d *driver.Disk) { d.SizeBytes = 512 << 10 }, want: "needs a size of at least 1Mi"},
-		"UIDNotALabel":       {disk: func(d *driver.Disk) { d.Image.UID = "not a uid" }, want: "cannot label a DataVolume"},
-		"UIDMissing":         {disk: func(d *driver.Disk) { d.Image.UID = "" }, want: "cannot label a DataVolume"},
+		"FromASnapshot": {disk: func(d *driver.Disk) {
+			d.Image.URL, d.Image.SourceVolume, d.Image.SourceSnapshot = "", "team-a_web-root", "5e2a"
+		}, want: "copy of volume team-a_web-root as it was in snapshot 5e2a: the kubevirt backend keeps that snapshot as KubeVirt's own"},
+		"FromABackup":    {disk: func(d *driver.Disk) { d.Image.URL, d.Image.Backup = "", backup }, want: "backup team-a/b-1: the kubevirt backend cannot make an image from a backup yet"},
+		"NoSize":         {disk: func(d *driver.Disk) { d.SizeBytes = 0 }, want: "needs a size of at least 1Mi"},
+		"SmallerThan1Mi": {disk: func(d *driver.Disk) { d.SizeBytes = 512 << 10 }, want: "needs a size of at least 1Mi"},
+		"UIDNotALabel":   {disk: func(d *driver.Disk) { d.Image.UID = "not a uid" }, want: "cannot label a DataVolume"},
+		"UIDMissing":     {disk: func(d *driver.Disk) { d.Image.UID = "" }, want: "cannot label a DataVolume"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -77,6 +77,7 @@ type API interface {
 	StorageVolCreateXMLFrom(Pool golibvirt.StoragePool, XML string, Clonevol golibvirt.StorageVol, Flags golibvirt.StorageVolCreateFlags) (rVol golibvirt.StorageVol, err error)
 	StorageVolResize(Vol golibvirt.StorageVol, Capacity uint64, Flags golibvirt.StorageVolResizeFlags) (err error)
 	StorageVolGetPath(Vol golibvirt.StorageVol) (rName string, err error)
+	StorageVolLookupByPath(Path string) (rVol golibvirt.StorageVol, err error)
 	StorageVolGetInfo(Vol golibvirt.StorageVol) (rType int8, rCapacity uint64, rAllocation uint64, err error)
 	StorageVolGetXMLDesc(Vol golibvirt.StorageVol, Flags uint32) (rXML string, err error)
 	StoragePoolListAllVolumes(Pool golibvirt.StoragePool, NeedResults int32, Flags uint32) (rVols []golibvirt.StorageVol, rRet uint32, err error)

@@ -75,24 +75,9 @@ func (d *Driver) hasImage(api API, img *driver.Image) (bool, error) {
 // the source's disk may still be on its way (made by the first guest that
 // uses it).
 func (d *Driver) cloneImage(img *driver.Image, job *imageimport.Job) error {
-	api, _, err := d.api()
+	api, p, src, err := d.sourceOf(img)
 	if err != nil {
 		return err
-	}
-	p, err := api.StoragePoolLookupByName(d.pool)
-	if isCode(err, golibvirt.ErrNoStoragePool) {
-		return driver.Terminalf("storage pool %q does not exist on this node", d.pool)
-	}
-	if err != nil {
-		return errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
-	}
-	src, err := api.StorageVolLookupByName(p, img.SourceVolume)
-	if isCode(err, golibvirt.ErrNoStorageVol) {
-		return errors.Errorf("cannot clone image %s: volume %s is not on node %s (pool %q); the image can only be made on the node that holds the volume it copies",
-			img.Name, img.SourceVolume, d.node, d.pool)
-	}
-	if err != nil {
-		return errors.Wrapf(err, "cannot look up volume %s", img.SourceVolume)
 	}
 	_, capacity, _, err := api.StorageVolGetInfo(src)
 	if err != nil {
@@ -118,6 +103,31 @@ func (d *Driver) cloneImage(img *driver.Image, job *imageimport.Job) error {
 	}
 	job.SetProgress(int64(capacity), int64(capacity))
 	return errors.Wrapf(deleteVolume(api, d.pool, cloneMarker(img.UID)), "cannot finish clone of image %s", img.Name)
+}
+
+// sourceOf looks up the volume img copies, in the driver's pool.
+func (d *Driver) sourceOf(img *driver.Image) (API, golibvirt.StoragePool, golibvirt.StorageVol, error) {
+	var none golibvirt.StorageVol
+	api, _, err := d.api()
+	if err != nil {
+		return nil, golibvirt.StoragePool{}, none, err
+	}
+	p, err := api.StoragePoolLookupByName(d.pool)
+	if isCode(err, golibvirt.ErrNoStoragePool) {
+		return nil, p, none, driver.Terminalf("storage pool %q does not exist on this node", d.pool)
+	}
+	if err != nil {
+		return nil, p, none, errors.Wrapf(err, "cannot look up storage pool %s", d.pool)
+	}
+	src, err := api.StorageVolLookupByName(p, img.SourceVolume)
+	if isCode(err, golibvirt.ErrNoStorageVol) {
+		return nil, p, none, errors.Errorf("cannot clone image %s: volume %s is not on node %s (pool %q); the image can only be made on the node that holds the volume it copies",
+			img.Name, img.SourceVolume, d.node, d.pool)
+	}
+	if err != nil {
+		return nil, p, none, errors.Wrapf(err, "cannot look up volume %s", img.SourceVolume)
+	}
+	return api, p, src, nil
 }
 
 // startImage puts img's marker in place, after removing what an earlier,

@@ -86,8 +86,12 @@ func (d *Driver) ensureImage(api API, img *driver.Image) (string, error) {
 
 // importImage downloads img (verified and inspected), or makes it of a
 // disk of a backup (a raw file), and stores it as its volume; or clones it
-// from its source volume (clone.go).
+// from its source volume (clone.go), as it is or as it was in a snapshot
+// (snapshotcopy.go).
 func (d *Driver) importImage(ctx context.Context, img *driver.Image, job *imageimport.Job) error {
+	if img.SourceSnapshot != "" {
+		return d.snapshotImage(ctx, img, job)
+	}
 	if img.SourceVolume != "" {
 		return d.cloneImage(img, job)
 	}

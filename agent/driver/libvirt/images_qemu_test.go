@@ -25,26 +25,8 @@ import (
 // has the file, into the directory pool of a real libvirtd (guesthost,
 // libvirt 9.0 on Debian 12), and reads them back.
 func TestImagesUploadedToARealNode(t *testing.T) {
-	if m := guesthost.Missing(); len(m) > 0 {
-		t.Skipf("needs %v (make deps, as root)", m)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	h, err := guesthost.Start(ctx, "vfimg", os.Stderr)
-	require.NoError(t, err)
-	h.StopWith(t)
-	d, err := Open(ctx, Config{Node: "real", Socket: h.Socket, URI: h.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType, ShutdownGrace: time.Second})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = d.Close() })
-	api, _, err := d.api()
-	require.NoError(t, err)
-	l := dialHost(t, h)
-	exists := func(t *testing.T, name string) bool {
-		t.Helper()
-		ok, err := hasVolume(api, guesthost.Pool, name)
-		require.NoError(t, err)
-		return ok
-	}
+	n := startRealNode(t, "vfimg")
+	d, api, l, exists := n.d, n.api, n.l, n.exists
 
 	t.Run("ASparseRawImageTakesNoMoreThanItsDataAndReadsBackTheSame", func(t *testing.T) {
 		const size, chunk = 1 << 30, 4 << 20
@@ -126,6 +108,42 @@ func TestImagesUploadedToARealNode(t *testing.T) {
 		assert.False(t, exists(t, imageVolume(img.UID)), "the partial image is deleted")
 		assert.False(t, exists(t, uploadMarker(img.UID)), "and its marker")
 	})
+}
+
+// realNode is a driver on a real libvirtd (guesthost) of its own.
+type realNode struct {
+	h   *guesthost.Host
+	d   *Driver
+	api API
+	l   *golibvirt.Libvirt
+}
+
+// startRealNode starts a real libvirtd called name and opens a driver on
+// it, skipping the test where the machine cannot run one.
+func startRealNode(t *testing.T, name string) *realNode {
+	t.Helper()
+	if m := guesthost.Missing(); len(m) > 0 {
+		t.Skipf("needs %v (make deps, as root)", m)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	h, err := guesthost.Start(ctx, name, os.Stderr)
+	require.NoError(t, err)
+	h.StopWith(t)
+	d, err := Open(context.Background(), Config{Node: "real", Socket: h.Socket, URI: h.URI, Pool: guesthost.Pool, DomainType: guesthost.DomainType, ShutdownGrace: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	api, _, err := d.api()
+	require.NoError(t, err)
+	return &realNode{h: h, d: d, api: api, l: dialHost(t, h)}
+}
+
+// exists says whether the node's pool has a volume called name.
+func (n *realNode) exists(t *testing.T, name string) bool {
+	t.Helper()
+	ok, err := hasVolume(n.api, guesthost.Pool, name)
+	require.NoError(t, err)
+	return ok
 }
 
 // sparseFile is a file of size bytes, holes but for chunk bytes of random

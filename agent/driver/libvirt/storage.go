@@ -294,10 +294,16 @@ func volumeFormat(api API, pool, name string) (string, error) {
 	if err := def.Unmarshal(x); err != nil {
 		return "", errors.Wrapf(err, "cannot parse the definition of volume %s", name)
 	}
+	return formatOf(def), nil
+}
+
+// formatOf is the format of the volume def describes (raw when it does
+// not say).
+func formatOf(def *libvirtxml.StorageVolume) string {
 	if def.Target != nil && def.Target.Format != nil && def.Target.Format.Type != "" {
-		return def.Target.Format.Type, nil
+		return def.Target.Format.Type
 	}
-	return "raw", nil
+	return "raw"
 }
 
 // ownVolume is whether name is a volume the driver makes for itself: an

@@ -56,7 +56,7 @@ func machine(in wire.Intent) (driver.Machine, error) {
 				if err != nil {
 					why = ": " + err.Error()
 				}
-				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and one of a url, a sourceVolume, an externalName or a backup%s", i, why)
+				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and one of a url, a sourceVolume, a sourceSnapshot, an externalName or a backup%s", i, why)
 			}
 			disk.Format = im.Format
 			disk.Image = &driver.Image{
@@ -70,6 +70,10 @@ func machine(in wire.Intent) (driver.Machine, error) {
 			}
 			if src := im.SourceVolume; src != nil {
 				disk.Image.SourceVolume = wire.NameOnNode(in.Namespace, src.Name)
+			}
+			if src := im.SourceSnapshot; src != nil {
+				disk.Image.SourceVolume = wire.NameOnNode(in.Namespace, src.Volume.Name)
+				disk.Image.SourceSnapshot = src.Snapshot
 			}
 			if b := im.Backup; b != nil {
 				b := *b

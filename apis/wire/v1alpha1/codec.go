@@ -178,26 +178,32 @@ func (in Intent) Validate() error {
 }
 
 // Validate reports whether the node can tell where the image comes from:
-// exactly one of URL, SourceVolume, ExternalName or Backup, and a checksum
-// only for a download.
+// exactly one of URL, SourceVolume, SourceSnapshot, ExternalName or Backup,
+// and a checksum only for a download.
 func (r ImageRef) Validate() error {
 	sources := 0
-	for _, set := range []bool{r.URL != "", r.SourceVolume != nil, r.ExternalName != "", r.Backup != nil} {
+	for _, set := range []bool{r.URL != "", r.SourceVolume != nil, r.SourceSnapshot != nil, r.ExternalName != "", r.Backup != nil} {
 		if set {
 			sources++
 		}
 	}
 	switch {
 	case sources > 1:
-		return errors.New("set exactly one of url, sourceVolume, externalName or backup, not more")
+		return errors.New("set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup, not more")
 	case sources == 0:
-		return errors.New("set exactly one of url, sourceVolume, externalName or backup")
+		return errors.New("set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup")
 	case r.SourceVolume != nil && (r.SourceVolume.Name == "" || r.SourceVolume.UID == ""):
 		return errors.New("sourceVolume needs a name and a uid")
+	case r.SourceSnapshot != nil && (r.SourceSnapshot.Volume.Name == "" || r.SourceSnapshot.Volume.UID == ""):
+		return errors.New("sourceSnapshot needs a volume's name and uid")
 	case r.URL == "" && r.Checksum != "":
 		return errors.New("checksum verifies a download and goes with url")
 	case r.Backup != nil:
 		return r.Backup.validate()
+	case r.SourceSnapshot != nil:
+		// The name goes into a node's tools' options (qemu-img's
+		// snapshot.name=), where a comma would start another option.
+		return ValidateToken("sourceSnapshot.snapshot", r.SourceSnapshot.Snapshot)
 	}
 	return nil
 }

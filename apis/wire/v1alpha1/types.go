@@ -180,7 +180,7 @@ type Disk struct {
 // ImageRef is a resolved DiskImage. The node imports it once, however many
 // disks use it, and prunes it once no disk there has needed it for
 // PruneAfterSeconds. It comes from exactly one of URL, SourceVolume,
-// ExternalName or Backup.
+// SourceSnapshot, ExternalName or Backup.
 type ImageRef struct {
 	Name string `json:"name"`
 	UID  string `json:"uid"`
@@ -191,6 +191,12 @@ type ImageRef struct {
 	// taken when the node first needs the image. The hub sends it only to
 	// the node the Volume is bound to.
 	SourceVolume *SourceVolume `json:"sourceVolume,omitempty"`
+	// SourceSnapshot, instead of SourceVolume, makes the image a copy of
+	// a Volume's disk as it was in one of its VM's snapshots, which the
+	// disk holds. It is a field of its own, not one more of SourceVolume:
+	// an agent older than it sees no source and refuses the image rather
+	// than copy the disk as it is now.
+	SourceSnapshot *SourceSnapshot `json:"sourceSnapshot,omitempty"`
 	// ExternalName, instead of URL or SourceVolume, is an image that exists
 	// on the node's backend already (a Glance image's name or id), which
 	// the DiskImage imports by its crossplane.io/external-name: the node
@@ -225,6 +231,15 @@ type SourceVolume struct {
 	// Name is the Volume's name, in the intent's namespace.
 	Name string `json:"name"`
 	UID  string `json:"uid"`
+}
+
+// SourceSnapshot is a Volume's disk as it was in a snapshot of its VM.
+type SourceSnapshot struct {
+	// Volume is the Volume whose disk holds the snapshot.
+	Volume SourceVolume `json:"volume"`
+	// Snapshot is the VirtualMachineSnapshot's uid, which names the
+	// snapshot on the node (SnapshotIntent.UID).
+	Snapshot string `json:"snapshot"`
 }
 
 // ImageBackup is one disk of a backup, and where the backup is.
