@@ -91,7 +91,8 @@ type VirtualMachineCloneStatus struct {
 	// Phase is how far the clone got.
 	// +optional
 	Phase ClonePhase `json:"phase,omitempty"`
-	// SourceUID is the uid of the source VM.
+	// SourceUID is the uid of the source VM (a snapshot's, that of the VM
+	// it was taken of).
 	// +optional
 	SourceUID string `json:"sourceUID,omitempty"`
 	// TargetUID is the uid of the new VM: a new object, so a new identity.
@@ -107,7 +108,8 @@ type VirtualMachineCloneStatus struct {
 	Disks []CloneDisk `json:"disks,omitempty"`
 	// Indications name what the copy is: Online when the source ran
 	// while its disks were copied (crash-consistent, as after a power
-	// cut).
+	// cut); from a snapshot, the snapshot's own but Memory (a clone
+	// boots).
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=8
@@ -147,9 +149,14 @@ type VirtualMachineCloneStatus struct {
 // own pool. A running source is copied as its disks are at that moment:
 // crash-consistent, and shown as Online.
 //
-// A snapshot as the source is refused (Failed, naming why): its disks are
-// internal snapshots inside its VM's volumes, from which no node makes a
-// disk of its own yet; restore the snapshot into its VM, or clone the VM.
+// A VirtualMachineSnapshot as the source makes the new VM from the spec
+// the snapshot kept, each disk a copy of its Volume as the snapshot holds
+// it (DiskImage source.volumeRef with source.snapshotRef), made on the
+// snapshot's node while its VM runs on, or after the VM is gone: the
+// snapshot lives in its Volumes. The clone waits for a snapshot that is
+// not ReadyToUse and fails on one that Failed or is being deleted. Only
+// libvirt nodes read a disk's snapshot; on others the clone fails, naming
+// why.
 //
 // Everything a clone reads and makes is in its own namespace: it never
 // names another namespace's VM or snapshot. The new VM is made by the hub,

@@ -18,6 +18,7 @@ import (
 // needs the import grant for that, as for any import.
 // +kubebuilder:validation:XValidation:rule="[has(self.url), has(self.volumeRef), has(self.backup)].filter(x, x).size() <= 1",message="set one of url, volumeRef or backup, not more"
 // +kubebuilder:validation:XValidation:rule="!has(self.sha256) || has(self.url)",message="sha256 verifies a download and goes with url"
+// +kubebuilder:validation:XValidation:rule="!has(self.snapshotRef) || has(self.volumeRef)",message="snapshotRef names the VirtualMachineSnapshot of volumeRef to copy and goes with volumeRef"
 type DiskImageSource struct {
 	// URL is an http or https address the image is downloaded from.
 	// +kubebuilder:validation:MaxLength=2048
@@ -34,6 +35,15 @@ type DiskImageSource struct {
 	// VolumeRef clones an existing Volume in this namespace into the image.
 	// +optional
 	VolumeRef *LocalReference `json:"volumeRef,omitempty"`
+
+	// SnapshotRef, with volumeRef, copies that Volume as it was in this
+	// VirtualMachineSnapshot of its VM, in this namespace, rather than as
+	// it is now: the snapshot lives inside the Volume, on its node, and
+	// the copy is made there while the VM runs on. The snapshot must be
+	// ReadyToUse and hold the Volume; a backend that cannot read a disk's
+	// snapshot fails the image, naming why.
+	// +optional
+	SnapshotRef *LocalReference `json:"snapshotRef,omitempty"`
 
 	// Backup makes the image from one disk of a VirtualMachineBackup, as
 	// it was backed up: a raw image (format raw), from

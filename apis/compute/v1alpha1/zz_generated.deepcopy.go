@@ -369,6 +369,11 @@ func (in *DiskImageSource) DeepCopyInto(out *DiskImageSource) {
 		*out = new(LocalReference)
 		**out = **in
 	}
+	if in.SnapshotRef != nil {
+		in, out := &in.SnapshotRef, &out.SnapshotRef
+		*out = new(LocalReference)
+		**out = **in
+	}
 	if in.Backup != nil {
 		in, out := &in.Backup, &out.Backup
 		*out = new(DiskImageBackupSource)

@@ -26,7 +26,9 @@ func (e *env) cloneCommand() *cobra.Command {
 		Long: "Make a new VirtualMachine NEW from VirtualMachine SOURCE (a VirtualMachineClone): a copy of each of its disks (Volumes NEW-VOLUME, " +
 			"made from DiskImages of the same names) and its spec, with an identity of its own: uid, MACs, addresses, hostname and cloud-init instance id. " +
 			"The copy is made on the node that holds SOURCE's disks, and NEW runs there; to make a VM on another node, back SOURCE up and " +
-			"`restore NEW --backup BACKUP`. A running SOURCE is copied as its disks are at that moment (crash-consistent).",
+			"`restore NEW --backup BACKUP`. A running SOURCE is copied as its disks are at that moment (crash-consistent). " +
+			"With --snapshot, SOURCE is a VirtualMachineSnapshot: NEW gets the spec the snapshot kept and its VM's disks as the snapshot holds them, " +
+			"while that VM runs on (libvirt nodes only).",
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 2 {
 				return fmt.Errorf("name the source VirtualMachine and the new one, got %d arguments", len(args))
@@ -54,7 +56,7 @@ func (e *env) cloneCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "Name of the VirtualMachineClone (default: the new VM's name and a random suffix)")
-	cmd.Flags().BoolVar(&snapshot, "snapshot", false, "SOURCE is a VirtualMachineSnapshot (refused for now, saying why)")
+	cmd.Flags().BoolVar(&snapshot, "snapshot", false, "SOURCE is a VirtualMachineSnapshot: copy its VM as the snapshot kept it")
 	cmd.Flags().StringArrayVar(&filters, "label-filter", nil, `Copy the source's labels this pattern matches ("*" any characters; "!pattern" removes); repeatable, later ones win`)
 	cmd.Flags().DurationVar(&timeout, "wait", 0, "Wait this long for the new VM to run (0: do not wait)")
 	return cmd

@@ -5,7 +5,10 @@
 // VM, with the source's spec.forProvider on those Volumes. Placement puts
 // the new VM where its images can be made, the source's node (node-local
 // disks are copied where they are), and the node copies each disk when it
-// first needs it, while the source runs on.
+// first needs it, while the source runs on. From a VirtualMachineSnapshot,
+// the VM's spec is the one the snapshot kept and each DiskImage names the
+// snapshot too (source.snapshotRef): the node copies the Volume as the
+// snapshot holds it.
 //
 // It writes in an order a restarted hub picks up anywhere: Volumes, then
 // their DiskImages, then the VM, each created only if missing and marked
@@ -180,7 +183,7 @@ func (r *Reconciler) clone(ctx context.Context, c *v1alpha1.VirtualMachineClone)
 		return err
 	}
 	for i, d := range disks {
-		if err := r.makeDisk(ctx, c, d, src.Volumes[i]); err != nil {
+		if err := r.makeDisk(ctx, c, d, src.Volumes[i], src.snapshotName()); err != nil {
 			return err
 		}
 	}
@@ -188,11 +191,8 @@ func (r *Reconciler) clone(ctx context.Context, c *v1alpha1.VirtualMachineClone)
 	// after the VM was made follows it with them.
 	st := c.Status
 	st.Phase, st.SourceUID, st.Node, st.Disks = v1alpha1.CloneInProgress, string(src.VM.UID), node, disks
-	st.Indications = nil
-	if src.VM.Status.AtProvider.Phase == v1alpha1.PhaseRunning {
-		st.Indications = []string{v1alpha1.IndicationOnline}
-	}
-	st.Message = fmt.Sprintf("node %s copies the disks of VirtualMachine %s: a clone is made on the node that holds its source's disks", node, src.VM.Name)
+	st.Indications = src.indications()
+	st.Message = fmt.Sprintf("node %s copies the disks of %s: a clone is made on the node that holds its source's disks", node, src)
 	if err := r.setStatus(ctx, c, st); err != nil {
 		return err
 	}
@@ -206,15 +206,109 @@ func (r *Reconciler) clone(ctx context.Context, c *v1alpha1.VirtualMachineClone)
 	if err := r.setStatus(ctx, c, st); err != nil {
 		return err
 	}
-	r.recorder.Event(c, event.Normal(ReasonStarted, fmt.Sprintf("Cloning VM %s into VM %s on node %s, where %s's disks are", src.VM.Name, vm.Name, node, src.VM.Name)))
+	r.recorder.Event(c, event.Normal(ReasonStarted, fmt.Sprintf("Cloning %s into VM %s on node %s, where its disks are", src, vm.Name, node)))
 	return nil
 }
 
 // source is the VM a clone copies, with its Volumes in the order of its
-// disks.
+// disks; or, from a snapshot, the VM as the snapshot kept it.
 type source struct {
 	VM      *v1alpha1.VirtualMachine
 	Volumes []*v1alpha1.Volume
+	// Snapshot, when set, holds the disks as they are copied.
+	Snapshot *v1alpha1.VirtualMachineSnapshot
+}
+
+// String names the source in messages.
+func (s *source) String() string {
+	if s.Snapshot != nil {
+		return fmt.Sprintf("VirtualMachineSnapshot %s of VirtualMachine %s", s.Snapshot.Name, s.VM.Name)
+	}
+	return "VirtualMachine " + s.VM.Name
+}
+
+// indications are what the copy of src is: as consistent as the snapshot
+// (without its memory: a clone boots), or Online when the source runs
+// while its disks are copied.
+func (s *source) indications() []string {
+	var out []string
+	switch {
+	case s.Snapshot != nil:
+		for _, i := range s.Snapshot.Status.Indications {
+			if i != v1alpha1.IndicationMemory {
+				out = append(out, i)
+			}
+		}
+	case s.VM.Status.AtProvider.Phase == v1alpha1.PhaseRunning:
+		out = []string{v1alpha1.IndicationOnline}
+	}
+	return out
+}
+
+// snapshotName is the name of the snapshot the disks are copied as they
+// were in, if any.
+func (s *source) snapshotName() string {
+	if s.Snapshot == nil {
+		return ""
+	}
+	return s.Snapshot.Name
+}
+
+// fromSnapshot reads the snapshot c copies, in c's namespace only, and
+// the Volumes that hold it. The new VM gets the spec the snapshot kept,
+// on copies of its disks as the snapshot holds them, which the node makes
+// while the snapshot's VM runs on; the VM itself may be gone, since the
+// snapshot lives in its Volumes.
+func (r *Reconciler) fromSnapshot(ctx context.Context, c *v1alpha1.VirtualMachineClone) (*source, error) {
+	name := string(c.Spec.Source.Name)
+	s := &v1alpha1.VirtualMachineSnapshot{}
+	err := r.kube.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: name}, s)
+	switch {
+	case kerrors.IsNotFound(err):
+		return nil, wait("VirtualMachineSnapshot %s does not exist in namespace %s", name, c.Namespace)
+	case err != nil:
+		return nil, errors.Wrap(err, "cannot get the source snapshot")
+	case meta.WasDeleted(s):
+		return nil, refuse("VirtualMachineSnapshot %s is being deleted", name)
+	case s.Status.Phase == v1alpha1.SnapshotFailed:
+		return nil, refuse("VirtualMachineSnapshot %s failed, and holds nothing to copy: %s", name, s.Status.Message)
+	case !s.Status.ReadyToUse:
+		return nil, wait("VirtualMachineSnapshot %s is not ready to use (it is %s); the clone waits for it", name, orNone(string(s.Status.Phase)))
+	case s.Status.VM == nil:
+		return nil, refuse("VirtualMachineSnapshot %s kept no spec of VirtualMachine %s to make the new VM from", name, s.Spec.VMName)
+	}
+	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{
+		Namespace: c.Namespace, Name: string(s.Spec.VMName), UID: types.UID(s.Status.SourceUID),
+		Annotations: map[string]string{v1alpha1.AnnotationNode: s.Status.Node},
+	}}
+	live := &v1alpha1.VirtualMachine{}
+	err = r.kube.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: vm.Name}, live)
+	switch {
+	case err == nil && live.UID == vm.UID:
+		// Its labels and what of its spec the snapshot does not keep
+		// (its ProviderConfig, management policies) are the VM's now.
+		vm.Labels = live.Labels
+		live.Spec.DeepCopyInto(&vm.Spec)
+	case err != nil && !kerrors.IsNotFound(err):
+		return nil, errors.Wrap(err, "cannot get the snapshot's VM")
+	}
+	s.Status.VM.DeepCopyInto(&vm.Spec.ForProvider)
+	out := &source{VM: vm, Snapshot: s}
+	for _, d := range vm.Spec.ForProvider.DiskAttachments {
+		v := &v1alpha1.Volume{}
+		err := r.kube.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: string(d.Name)}, v)
+		switch {
+		case kerrors.IsNotFound(err):
+			return nil, refuse("Volume %s is gone, and with it the disk VirtualMachineSnapshot %s kept in it", d.Name, name)
+		case err != nil:
+			return nil, errors.Wrapf(err, "cannot get Volume %s", d.Name)
+		}
+		out.Volumes = append(out.Volumes, v)
+	}
+	if vm.Spec.ProviderConfigReference == nil && len(out.Volumes) > 0 {
+		vm.Spec.ProviderConfigReference = out.Volumes[0].Spec.ProviderConfigReference
+	}
+	return out, nil
 }
 
 // source reads what c copies, in c's namespace only: a name in a clone
@@ -222,16 +316,7 @@ type source struct {
 func (r *Reconciler) source(ctx context.Context, c *v1alpha1.VirtualMachineClone) (*source, error) {
 	name := string(c.Spec.Source.Name)
 	if c.Spec.Source.Kind == v1alpha1.CloneFromVirtualMachineSnapshot {
-		s := &v1alpha1.VirtualMachineSnapshot{}
-		err := r.kube.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: name}, s)
-		switch {
-		case kerrors.IsNotFound(err):
-			return nil, wait("VirtualMachineSnapshot %s does not exist in namespace %s", name, c.Namespace)
-		case err != nil:
-			return nil, errors.Wrap(err, "cannot get the source snapshot")
-		}
-		return nil, refuse("cannot clone from VirtualMachineSnapshot %s: its disks are internal snapshots inside the volumes of VirtualMachine %s on node %s, "+
-			"and no node makes a disk of its own from one yet; restore the snapshot into its VM (VirtualMachineRestore), or clone the VM", name, s.Spec.VMName, orNone(s.Status.Node))
+		return r.fromSnapshot(ctx, c)
 	}
 	vm := &v1alpha1.VirtualMachine{}
 	err := r.kube.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: name}, vm)
@@ -306,9 +391,9 @@ func (r *Reconciler) copiesVolumes(ctx context.Context, vm *v1alpha1.VirtualMach
 }
 
 // makeDisk makes the new VM's Volume of d and the DiskImage it is made
-// from, a copy of the source's Volume src, unless they exist already from
-// an earlier attempt of this clone.
-func (r *Reconciler) makeDisk(ctx context.Context, c *v1alpha1.VirtualMachineClone, d v1alpha1.CloneDisk, src *v1alpha1.Volume) error {
+// from, a copy of the source's Volume src (as it was in snapshot, if
+// set), unless they exist already from an earlier attempt of this clone.
+func (r *Reconciler) makeDisk(ctx context.Context, c *v1alpha1.VirtualMachineClone, d v1alpha1.CloneDisk, src *v1alpha1.Volume, snapshot string) error {
 	v := &v1alpha1.Volume{ObjectMeta: objectMeta(c, d.Volume)}
 	v.Spec.ForProvider = v1alpha1.VolumeParameters{
 		Size:   src.Spec.ForProvider.Size,
@@ -321,6 +406,9 @@ func (r *Reconciler) makeDisk(ctx context.Context, c *v1alpha1.VirtualMachineClo
 	}
 	img := &v1alpha1.DiskImage{ObjectMeta: objectMeta(c, d.Image)}
 	img.Spec.ForProvider.Source.VolumeRef = &v1alpha1.LocalReference{Name: v1alpha1.LocalName(d.Source)}
+	if snapshot != "" {
+		img.Spec.ForProvider.Source.SnapshotRef = &v1alpha1.LocalReference{Name: v1alpha1.LocalName(snapshot)}
+	}
 	img.Spec.ProviderConfigReference = src.Spec.ProviderConfigReference
 	// The image goes with the Volume made from it: deleting the new VM's
 	// disk leaves no copy of the source's behind. No blockOwnerDeletion:

@@ -87,6 +87,27 @@ func newClone(t *testing.T, e *controllertest.Env, namespace, name string, kind 
 	return c
 }
 
+// snapshotOf makes snapshot name of vm, in phase, with the spec vm has
+// now; a Succeeded one is ready to use on vm's node.
+func snapshotOf(t *testing.T, e *controllertest.Env, vm *v1alpha1.VirtualMachine, name string, phase v1alpha1.SnapshotPhase) *v1alpha1.VirtualMachineSnapshot {
+	t.Helper()
+	s := &v1alpha1.VirtualMachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: name}, Spec: v1alpha1.VirtualMachineSnapshotSpec{VMName: v1alpha1.LocalName(vm.Name)}}
+	require.NoError(t, e.Kube.Create(e.Ctx, s))
+	setSnapshot(t, e, s, vm, phase)
+	return s
+}
+
+// setSnapshot shows s in phase, as the hub's snapshot controller would.
+func setSnapshot(t *testing.T, e *controllertest.Env, s *v1alpha1.VirtualMachineSnapshot, vm *v1alpha1.VirtualMachine, phase v1alpha1.SnapshotPhase) {
+	t.Helper()
+	s.Status = v1alpha1.VirtualMachineSnapshotStatus{Phase: phase, SourceUID: string(vm.UID), Node: vm.Annotations[v1alpha1.AnnotationNode], Message: "why not"}
+	if phase == v1alpha1.SnapshotSucceeded {
+		s.Status.ReadyToUse, s.Status.VM, s.Status.Message = true, vm.Spec.ForProvider.DeepCopy(), ""
+		s.Status.Indications = []string{v1alpha1.IndicationOnline, v1alpha1.IndicationMemory, v1alpha1.IndicationNoGuestAgent}
+	}
+	require.NoError(t, e.Kube.Status().Update(e.Ctx, s))
+}
+
 // await waits until the clone c is in phase, and returns it.
 func await(t *testing.T, e *controllertest.Env, c *v1alpha1.VirtualMachineClone, phase v1alpha1.ClonePhase) *v1alpha1.VirtualMachineClone {
 	t.Helper()
@@ -162,6 +183,70 @@ func TestClones(t *testing.T) {
 		assert.Equal(t, v1alpha1.PhaseRunning, src.Status.AtProvider.Phase, "the source is untouched")
 	})
 
+	t.Run("MakesANewVMFromASnapshotAsItWas", func(t *testing.T) {
+		ns := e.Namespace(t)
+		src := sourceVM(t, e, ns, "web", nodeA, nil)
+		snap := snapshotOf(t, e, src, "nightly", v1alpha1.SnapshotInProgress)
+		// After the snapshot the VM grows: the clone is of the VM as the
+		// snapshot kept it.
+		kept := src.Spec.ForProvider.DeepCopy()
+		src.Spec.ForProvider.Vcpu, src.Spec.ForProvider.UserData = 4, "#cloud-config\nlater: true\n"
+		require.NoError(t, e.Kube.Update(e.Ctx, src))
+		c := newClone(t, e, ns, "copy", v1alpha1.CloneFromVirtualMachineSnapshot, "nightly", "web2", "*")
+
+		got := await(t, e, c, v1alpha1.ClonePending)
+		assert.Equal(t, "VirtualMachineSnapshot nightly is not ready to use (it is InProgress); the clone waits for it", got.Status.Message)
+		assert.True(t, absent(t, e, ns, "web2-web-root", &v1alpha1.DiskImage{}), "nothing is copied from a snapshot not taken yet")
+
+		e.Get(t, src)
+		live := src.Spec.ForProvider.DeepCopy()
+		src.Spec.ForProvider = *kept
+		setSnapshot(t, e, snap, src, v1alpha1.SnapshotSucceeded)
+		got = await(t, e, c, v1alpha1.CloneInProgress)
+		assert.Equal(t, nodeA, got.Status.Node, "where the snapshot is")
+		assert.Equal(t, string(src.UID), got.Status.SourceUID)
+		assert.Equal(t, []string{v1alpha1.IndicationOnline, v1alpha1.IndicationNoGuestAgent}, got.Status.Indications, "as consistent as the snapshot, without its memory")
+		assert.Contains(t, got.Status.Message, "node node-a copies the disks of VirtualMachineSnapshot nightly of VirtualMachine web")
+
+		img := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web2-web-root"}}
+		e.Get(t, img)
+		assert.Equal(t, &v1alpha1.LocalReference{Name: "web-root"}, img.Spec.ForProvider.Source.VolumeRef)
+		assert.Equal(t, &v1alpha1.LocalReference{Name: "nightly"}, img.Spec.ForProvider.Source.SnapshotRef, "the Volume as the snapshot holds it")
+		vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web2"}}
+		require.EventuallyWithT(t, func(ct *assert.CollectT) {
+			assert.NoError(ct, e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(vm), vm))
+		}, within, 50*time.Millisecond)
+		assert.Equal(t, kept.Vcpu, vm.Spec.ForProvider.Vcpu, "the snapshot's spec, not the VM's now (%d)", live.Vcpu)
+		assert.Equal(t, kept.UserData, vm.Spec.ForProvider.UserData)
+		assert.Equal(t, []v1alpha1.DiskAttachment{{Name: "web2-web-root"}}, vm.Spec.ForProvider.DiskAttachments)
+		assert.Empty(t, vm.Spec.ForProvider.Addresses, "the source's fixed address is its own")
+		assert.Nil(t, vm.Spec.WriteConnectionSecretToReference)
+		assert.Equal(t, map[string]string{"app": "web", "tier": "front", "secret": "x", clone.LabelClone: "copy"}, vm.Labels, "the labels of the snapshot's VM")
+		assert.NotEqual(t, src.UID, vm.UID)
+
+		vm.Status.AtProvider.Phase, vm.Status.AtProvider.Node = v1alpha1.PhaseRunning, nodeA
+		require.NoError(t, e.Kube.Status().Update(e.Ctx, vm))
+		await(t, e, c, v1alpha1.CloneSucceeded)
+		e.Get(t, src)
+		assert.Equal(t, v1alpha1.PhaseRunning, src.Status.AtProvider.Phase, "the source is untouched")
+	})
+
+	t.Run("MakesANewVMFromASnapshotWhoseVMIsGone", func(t *testing.T) {
+		ns := e.Namespace(t)
+		src := sourceVM(t, e, ns, "web", nodeA, nil)
+		snapshotOf(t, e, src, "nightly", v1alpha1.SnapshotSucceeded)
+		require.NoError(t, e.Kube.Delete(e.Ctx, src))
+		c := newClone(t, e, ns, "copy", v1alpha1.CloneFromVirtualMachineSnapshot, "nightly", "web2")
+		got := await(t, e, c, v1alpha1.CloneInProgress)
+		assert.Equal(t, nodeA, got.Status.Node)
+		vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web2"}}
+		require.EventuallyWithT(t, func(ct *assert.CollectT) {
+			assert.NoError(ct, e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(vm), vm))
+		}, within, 50*time.Millisecond)
+		assert.Equal(t, src.Spec.ForProvider.Vcpu, vm.Spec.ForProvider.Vcpu)
+		assert.Equal(t, map[string]string{clone.LabelClone: "copy"}, vm.Labels, "no VM to copy labels of")
+	})
+
 	t.Run("WaitsForTheSourceToBePlaced", func(t *testing.T) {
 		ns := e.Namespace(t)
 		sourceVM(t, e, ns, "web", "", nil)
@@ -179,6 +264,13 @@ func TestClones(t *testing.T) {
 	})
 
 	t.Run("Refuses", func(t *testing.T) {
+		// sourceOf is the source VM sourceVM made in ns.
+		sourceOf := func(t *testing.T, ns string) *v1alpha1.VirtualMachine {
+			t.Helper()
+			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}}
+			e.Get(t, vm)
+			return vm
+		}
 		cases := map[string]struct {
 			kind    v1alpha1.CloneSourceKind
 			node    string
@@ -217,12 +309,38 @@ func TestClones(t *testing.T) {
 				target:  "web",
 				message: "VirtualMachine web exists already and is not this clone's",
 			},
-			"ASnapshot": {
+			"AFailedSnapshot": {
 				kind: v1alpha1.CloneFromVirtualMachineSnapshot,
 				before: func(t *testing.T, ns string) {
-					require.NoError(t, e.Kube.Create(e.Ctx, &v1alpha1.VirtualMachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: v1alpha1.VirtualMachineSnapshotSpec{VMName: "web"}}))
+					snapshotOf(t, e, sourceOf(t, ns), "web", v1alpha1.SnapshotFailed)
 				},
-				message: "cannot clone from VirtualMachineSnapshot web: its disks are internal snapshots inside the volumes of VirtualMachine web",
+				message: "VirtualMachineSnapshot web failed, and holds nothing to copy: why not",
+			},
+			"ASnapshotBeingDeleted": {
+				kind: v1alpha1.CloneFromVirtualMachineSnapshot,
+				before: func(t *testing.T, ns string) {
+					s := snapshotOf(t, e, sourceOf(t, ns), "web", v1alpha1.SnapshotSucceeded)
+					s.Finalizers = []string{"test.virtfleet.io/keep"}
+					require.NoError(t, e.Kube.Update(e.Ctx, s))
+					require.NoError(t, e.Kube.Delete(e.Ctx, s))
+				},
+				message: "VirtualMachineSnapshot web is being deleted",
+			},
+			"ASnapshotWhoseVolumeIsGone": {
+				kind: v1alpha1.CloneFromVirtualMachineSnapshot,
+				before: func(t *testing.T, ns string) {
+					snapshotOf(t, e, sourceOf(t, ns), "web", v1alpha1.SnapshotSucceeded)
+					require.NoError(t, e.Kube.Delete(e.Ctx, &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web-root"}}))
+				},
+				message: "Volume web-root is gone, and with it the disk VirtualMachineSnapshot web kept in it",
+			},
+			"ASnapshotOnANodeThatCannotCopyVolumes": {
+				kind: v1alpha1.CloneFromVirtualMachineSnapshot,
+				node: nodeB,
+				before: func(t *testing.T, ns string) {
+					snapshotOf(t, e, sourceOf(t, ns), "web", v1alpha1.SnapshotSucceeded)
+				},
+				message: "VirtualMachine web is on node node-b, a nova node: only libvirt nodes copy a Volume into a DiskImage",
 			},
 		}
 		for name, tc := range cases {

@@ -60,6 +60,10 @@ type dependencies struct {
 	// sources are the Volumes the cloned images among images copy, by
 	// image name; each is bound to a node.
 	sources map[string]*v1alpha1.Volume
+	// snapshots are the uids of the VirtualMachineSnapshots the images
+	// among sources copy their Volume as it was in (source.snapshotRef),
+	// by image name; each is ReadyToUse and holds its image's Volume.
+	snapshots map[string]string
 	// backups are the backups the images made from one are read from, with
 	// their locations' credentials, by image name (resolveBackups).
 	backups map[string]wire.ImageBackup
@@ -258,6 +262,20 @@ func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader) e
 		case src.GetAnnotations()[v1alpha1.AnnotationNode] == "":
 			waiting = append(waiting, fmt.Sprintf("DiskImage %s clones Volume %s, which is on no node yet; the VM waits until a VM using %s is placed", name, ref.Name, ref.Name))
 		default:
+			if ref := img.Spec.ForProvider.Source.SnapshotRef; ref != nil {
+				uid, why, err := snapshotOf(ctx, kube, img, src)
+				if err != nil {
+					return err
+				}
+				if why != "" {
+					waiting = append(waiting, why)
+					continue
+				}
+				if d.snapshots == nil {
+					d.snapshots = map[string]string{}
+				}
+				d.snapshots[name] = uid
+			}
 			if d.sources == nil {
 				d.sources = map[string]*v1alpha1.Volume{}
 			}
@@ -268,6 +286,30 @@ func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader) e
 		return errors.New(strings.Join(waiting, "; "))
 	}
 	return nil
+}
+
+// snapshotOf reads the VirtualMachineSnapshot img copies its source
+// Volume src as it was in, in img's namespace only, and returns its uid,
+// which names it on the node; or why the VM waits for it.
+func snapshotOf(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage, src *v1alpha1.Volume) (uid, why string, err error) {
+	name := string(img.Spec.ForProvider.Source.SnapshotRef.Name)
+	s := &v1alpha1.VirtualMachineSnapshot{}
+	err = kube.Get(ctx, types.NamespacedName{Namespace: img.Namespace, Name: name}, s)
+	switch {
+	case kerrors.IsNotFound(err):
+		return "", fmt.Sprintf("DiskImage %s copies VirtualMachineSnapshot %s, which does not exist", img.Name, name), nil
+	case err != nil:
+		return "", "", errors.Wrapf(err, "cannot get VirtualMachineSnapshot %s, the source of DiskImage %s", name, img.Name)
+	case s.DeletionTimestamp != nil:
+		return "", fmt.Sprintf("DiskImage %s copies VirtualMachineSnapshot %s, which is being deleted", img.Name, name), nil
+	case !s.Status.ReadyToUse:
+		return "", fmt.Sprintf("DiskImage %s copies VirtualMachineSnapshot %s, which is not ready to use (it is %s)", img.Name, name, cmp.Or(string(s.Status.Phase), "not taken yet")), nil
+	case s.Status.VM == nil || !slices.ContainsFunc(s.Status.VM.DiskAttachments, func(a v1alpha1.DiskAttachment) bool { return string(a.Name) == src.Name }):
+		return "", fmt.Sprintf("DiskImage %s copies Volume %s as it was in VirtualMachineSnapshot %s, which does not hold it: that snapshot is of VirtualMachine %s's disks", img.Name, src.Name, name, s.Spec.VMName), nil
+	case s.Status.Node != src.GetAnnotations()[v1alpha1.AnnotationNode]:
+		return "", fmt.Sprintf("DiskImage %s copies Volume %s, on node %s, as it was in VirtualMachineSnapshot %s, which is on node %s", img.Name, src.Name, src.GetAnnotations()[v1alpha1.AnnotationNode], name, s.Status.Node), nil
+	}
+	return string(s.UID), "", nil
 }
 
 // cloneUsersOf lists the VMs to wake when the Volume o changes because a
@@ -302,6 +344,10 @@ func (d dependencies) imageRef(v v1alpha1.Volume) *wire.ImageRef {
 	if src, ok := d.sources[img.Name]; ok {
 		ref.URL, ref.Checksum = "", ""
 		ref.SourceVolume = &wire.SourceVolume{Name: src.Name, UID: string(src.UID)}
+		if snap, ok := d.snapshots[img.Name]; ok {
+			ref.SourceSnapshot = &wire.SourceSnapshot{Volume: *ref.SourceVolume, Snapshot: snap}
+			ref.SourceVolume = nil
+		}
 	}
 	if ext := meta.GetExternalName(img); ext != "" && fp.Source.URL == "" && fp.Source.VolumeRef == nil {
 		// An image of the node's backend, used as it is (admit checked

@@ -3,6 +3,7 @@ package virtualmachine
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -481,6 +482,104 @@ func TestResolveClonedImages(t *testing.T) {
 		}, in.Machine.Disks[0].Image)
 		assert.NoError(t, in.Machine.Disks[0].Image.Validate(), "the node accepts it")
 		assert.Nil(t, in.Machine.Disks[1].Image)
+	})
+}
+
+// snapshotImage is a DiskImage copying the Volume source as it was in the
+// VirtualMachineSnapshot snapshot.
+func snapshotImage(name, source, snapshot string) *v1alpha1.DiskImage {
+	img := cloneImage(name, source)
+	img.Spec.ForProvider.Source.SnapshotRef = &v1alpha1.LocalReference{Name: v1alpha1.LocalName(snapshot)}
+	return img
+}
+
+// vmSnapshot is a VirtualMachineSnapshot of VM web, whose disks are
+// volumes, on node, in namespace; ready unless changed.
+func vmSnapshot(namespace, name, node string, volumes []string, change ...func(*v1alpha1.VirtualMachineSnapshot)) *v1alpha1.VirtualMachineSnapshot {
+	s := &v1alpha1.VirtualMachineSnapshot{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: types.UID("uid-" + name)},
+		Spec:       v1alpha1.VirtualMachineSnapshotSpec{VMName: "web"},
+		Status: v1alpha1.VirtualMachineSnapshotStatus{
+			Phase: v1alpha1.SnapshotSucceeded, ReadyToUse: true, Node: node, SourceUID: "uid-web",
+			VM: &v1alpha1.VirtualMachineParameters{},
+		},
+	}
+	for _, v := range volumes {
+		s.Status.VM.DiskAttachments = append(s.Status.VM.DiskAttachments, v1alpha1.DiskAttachment{Name: v1alpha1.LocalName(v)})
+	}
+	for _, c := range change {
+		c(s)
+	}
+	return s
+}
+
+func TestResolveImagesOfASnapshot(t *testing.T) {
+	machine := vm(func(m *v1alpha1.VirtualMachine) { m.Spec.ForProvider.VirtualNetworks = nil })
+	now := metav1.Now()
+	base := []client.Object{volFrom("root", "", "golden"), vol("data", ""), snapshotImage("golden", "base", "monday"), vol("base", "node2")}
+	cases := []struct {
+		name    string
+		objs    []client.Object
+		wantErr string // from resolve: the VM waits
+	}{
+		{
+			name:    "a missing snapshot keeps the VM waiting",
+			wantErr: "DiskImage golden copies VirtualMachineSnapshot monday, which does not exist",
+		},
+		{
+			// Attacker: a tenant of namespace team-b names, in its own
+			// DiskImage, the snapshot "monday" that exists only in
+			// namespace default; the snapshot is read from the image's
+			// namespace alone and is not found there.
+			name:    "a snapshot of another namespace is never read",
+			objs:    []client.Object{vmSnapshot("team-b", "monday", "node2", []string{"base"})},
+			wantErr: "DiskImage golden copies VirtualMachineSnapshot monday, which does not exist",
+		},
+		{
+			name: "a snapshot not ready to use keeps the VM waiting",
+			objs: []client.Object{vmSnapshot("default", "monday", "node2", []string{"base"}, func(s *v1alpha1.VirtualMachineSnapshot) {
+				s.Status.Phase, s.Status.ReadyToUse = v1alpha1.SnapshotInProgress, false
+			})},
+			wantErr: "DiskImage golden copies VirtualMachineSnapshot monday, which is not ready to use (it is InProgress)",
+		},
+		{
+			name: "a snapshot being deleted keeps the VM waiting",
+			objs: []client.Object{vmSnapshot("default", "monday", "node2", []string{"base"}, func(s *v1alpha1.VirtualMachineSnapshot) {
+				s.DeletionTimestamp, s.Finalizers = &now, []string{"keep"}
+			})},
+			wantErr: "DiskImage golden copies VirtualMachineSnapshot monday, which is being deleted",
+		},
+		{
+			name:    "a snapshot of other disks is not copied from",
+			objs:    []client.Object{vmSnapshot("default", "monday", "node2", []string{"web-root"})},
+			wantErr: "DiskImage golden copies Volume base as it was in VirtualMachineSnapshot monday, which does not hold it: that snapshot is of VirtualMachine web's disks",
+		},
+		{
+			name:    "a snapshot on another node than its Volume is not copied from",
+			objs:    []client.Object{vmSnapshot("default", "monday", "node1", []string{"base"})},
+			wantErr: "DiskImage golden copies Volume base, on node node2, as it was in VirtualMachineSnapshot monday, which is on node node1",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := resolve(context.Background(), kube(t, append(slices.Clone(base), tc.objs...)...), machine)
+			assert.EqualError(t, err, tc.wantErr)
+		})
+	}
+
+	t.Run("the intent carries the Volume and the snapshot's uid, and no sourceVolume", func(t *testing.T) {
+		objs := append(slices.Clone(base), vmSnapshot("default", "monday", "node2", []string{"base"}))
+		d, err := resolve(context.Background(), kube(t, objs...), machine)
+		require.NoError(t, err)
+		node, err := d.boundNode()
+		require.NoError(t, err)
+		assert.Equal(t, "node2", node, "the image is made where the snapshot is")
+		in := intent(machine, d)
+		assert.Equal(t, &wire.ImageRef{
+			Name: "golden", UID: "uid-golden", Format: "qcow2",
+			SourceSnapshot: &wire.SourceSnapshot{Volume: wire.SourceVolume{Name: "base", UID: "uid-base"}, Snapshot: "uid-monday"},
+		}, in.Machine.Disks[0].Image)
+		assert.NoError(t, in.Machine.Disks[0].Image.Validate(), "the node accepts it")
 	})
 }
 
