@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -20,7 +21,8 @@ import (
 // running VM with kubectl virtfleet clone: the new VM runs on the source's
 // node (where its disks are, though the other node is emptier) with a MAC
 // and an address of its own, while the source runs on untouched. A tenant
-// of another namespace naming the source gets nothing.
+// of another namespace naming the source gets nothing. A clone of a
+// snapshot of the VM is the VM as the snapshot kept it.
 func TestVirtualMachineClone(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
@@ -75,6 +77,30 @@ func TestVirtualMachineClone(t *testing.T) {
 		assert.Equal(t, src.Status.AtProvider.Interfaces, now.Status.AtProvider.Interfaces, "and kept its MAC and address")
 		assert.Equal(t, 1, h.domains(t, dup.Status.AtProvider.Node)[string(dup.UID)], "the clone is a guest of its own")
 		assert.Equal(t, 1, h.domains(t, src.Status.AtProvider.Node)[string(src.UID)])
+	})
+
+	t.Run("ACloneOfASnapshotIsItsVMAsItWas", func(t *testing.T) {
+		out, err := h.plugin("snapshot", "src", "--name", "kept", "--wait", "1m")
+		require.NoError(t, err, out)
+		// After the snapshot the VM gets a swap disk: the clone is of the
+		// VM as the snapshot kept it, without one.
+		h.patch(t, "src", func(vm *v1alpha1.VirtualMachine) { vm.Spec.ForProvider.Swap = ptr(resource.MustParse("64Mi")) })
+
+		out, err = h.plugin("clone", "kept", "dup2", "--snapshot", "--name", "dup2", "--wait", "100s")
+		require.NoError(t, err, out)
+		assert.Contains(t, out, "VirtualMachineClone "+ns+"/dup2 succeeded")
+		c := getInto(t, h, "dup2", &v1alpha1.VirtualMachineClone{})
+		dup := h.wait(t, "dup2", 30*time.Second, addressed)
+		assert.Equal(t, src.Status.AtProvider.Node, dup.Status.AtProvider.Node, "the clone runs where the snapshot is")
+		assert.NotContains(t, c.Status.Indications, v1alpha1.IndicationMemory, "a clone boots")
+		require.NotNil(t, dup.Spec.ForProvider.Swap, "the API server defaults it")
+		assert.True(t, dup.Spec.ForProvider.Swap.IsZero(), "the spec the snapshot kept, not %s", dup.Spec.ForProvider.Swap)
+		img := getInto(t, h, "dup2-src-root", &v1alpha1.DiskImage{})
+		assert.Equal(t, &v1alpha1.LocalReference{Name: "src-root"}, img.Spec.ForProvider.Source.VolumeRef)
+		assert.Equal(t, &v1alpha1.LocalReference{Name: "kept"}, img.Spec.ForProvider.Source.SnapshotRef)
+		assert.NotEqual(t, src.Status.AtProvider.Interfaces[0].MAC, dup.Status.AtProvider.Interfaces[0].MAC, "a MAC of its own")
+		assert.True(t, running(h.get(t, "src")), "the snapshot's VM runs on")
+		assert.Equal(t, 1, h.domains(t, dup.Status.AtProvider.Node)[string(dup.UID)], "the clone is a guest of its own")
 	})
 
 	t.Run("AnotherNamespaceCannotNameTheSource", func(t *testing.T) {
