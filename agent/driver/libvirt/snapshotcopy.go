@@ -32,8 +32,9 @@ import (
 // libvirt's test driver keeps no files: there the image is made as a
 // clone of the volume is (a volume of the right size stands for it).
 
-// qemuImg is the qemu-img the node runs (Debian: qemu-utils, which a
-// libvirt node with QEMU has).
+// qemuImg is the qemu-img the agent runs, from its PATH (Debian:
+// qemu-utils, which a libvirt node with QEMU has; the agent's container
+// image, one static binary, has not).
 const qemuImg = "qemu-img"
 
 // snapshotImage makes img from the volume img.SourceVolume as it was in
@@ -151,7 +152,8 @@ func runQemuImg(ctx context.Context, args ...string) error {
 	out, err := exec.CommandContext(ctx, qemuImg, args...).CombinedOutput() //nolint:gosec // fixed tool, our own arguments
 	switch {
 	case errors.Is(err, exec.ErrNotFound):
-		return driver.Terminalf("this node has no %s (Debian: qemu-utils), which reads a disk's snapshot", qemuImg)
+		// The agent's container image is one static binary: it has none.
+		return driver.Terminalf("the agent finds no %s on its PATH (Debian: qemu-utils), which reads a disk's snapshot: run the agent where it has one", qemuImg)
 	case err != nil:
 		return errors.Errorf("qemu-img %s: %v: %s", args[0], err, strings.TrimSpace(string(out)))
 	}
