@@ -10,6 +10,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
 
@@ -233,41 +234,33 @@ type Placement struct {
 // binding's write was retried) is counted once, and so is a Volume two VMs
 // bring.
 func (c *Counter) Admit(ctx context.Context, vm *v1alpha1.VirtualMachine, p Placement) error {
-	qs, err := For(ctx, c.kube, vm.Namespace)
-	if err != nil || len(qs) == 0 {
-		return err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t, err := c.tally(ctx, vm.Namespace, vm.UID)
-	if err != nil {
-		return err
-	}
-	want := Of(vm)
-	var volumes []*v1alpha1.Volume
-	for i := range p.Volumes {
-		v := &p.Volumes[i]
-		if a, ok := c.admitted[key{admittedVolume, v.UID}]; v.GetAnnotations()[v1alpha1.AnnotationNode] != "" || (ok && a.by != vm.UID) {
-			continue
+	return c.under(ctx, vm.Namespace, vm.UID, func(qs []apisv1alpha1.TenantQuota, t tally) error {
+		want := Of(vm)
+		var volumes []*v1alpha1.Volume
+		for i := range p.Volumes {
+			v := &p.Volumes[i]
+			if a, ok := c.admitted[key{admittedVolume, v.UID}]; v.GetAnnotations()[v1alpha1.AnnotationNode] != "" || (ok && a.by != vm.UID) {
+				continue
+			}
+			volumes = append(volumes, v)
+			want = want.add(OfVolume(v))
 		}
-		volumes = append(volumes, v)
-		want = want.add(OfVolume(v))
-	}
-	addresses := max(p.Addresses-t.addresses[vm.UID], 0)
-	want.Addresses = addresses
-	if err := Check(qs, t.used, want, "this VM"); err != nil {
-		c.forget(vm.UID)
-		return err
-	}
-	c.admitted[key{admittedVM, vm.UID}] = admission{namespace: vm.Namespace, amounts: Of(vm), by: vm.UID}
-	for _, v := range volumes {
-		c.admitted[key{admittedVolume, v.UID}] = admission{namespace: vm.Namespace, amounts: OfVolume(v), by: vm.UID}
-	}
-	if addresses > 0 {
-		// Recorded once the VM holds as many as it was admitted with.
-		c.admitted[key{admittedAddresses, vm.UID}] = admission{namespace: vm.Namespace, amounts: Amounts{Addresses: t.addresses[vm.UID] + addresses}, by: vm.UID}
-	}
-	return nil
+		addresses := max(p.Addresses-t.addresses[vm.UID], 0)
+		want.Addresses = addresses
+		if err := Check(qs, t.used, want, "this VM"); err != nil {
+			c.forget(vm.UID)
+			return err
+		}
+		c.admitted[key{admittedVM, vm.UID}] = admission{namespace: vm.Namespace, amounts: Of(vm), by: vm.UID}
+		for _, v := range volumes {
+			c.admitted[key{admittedVolume, v.UID}] = admission{namespace: vm.Namespace, amounts: OfVolume(v), by: vm.UID}
+		}
+		if addresses > 0 {
+			// Recorded once the VM holds as many as it was admitted with.
+			c.admitted[key{admittedAddresses, vm.UID}] = admission{namespace: vm.Namespace, amounts: Amounts{Addresses: t.addresses[vm.UID] + addresses}, by: vm.UID}
+		}
+		return nil
+	})
 }
 
 // AdmitSnapshot says whether s, a snapshot of vm no node was asked for
@@ -277,23 +270,15 @@ func (c *Counter) Admit(ctx context.Context, vm *v1alpha1.VirtualMachine, p Plac
 // counts what it may grow to: the size of its VM's disks, and its memory
 // if it keeps that.
 func (c *Counter) AdmitSnapshot(ctx context.Context, s *v1alpha1.VirtualMachineSnapshot, vm *v1alpha1.VirtualMachine) error {
-	qs, err := For(ctx, c.kube, s.Namespace)
-	if err != nil || len(qs) == 0 {
-		return err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t, err := c.tally(ctx, s.Namespace, s.UID)
-	if err != nil {
-		return err
-	}
-	want := Amounts{Snapshots: 1, StorageBytes: reserve(vm.Spec.ForProvider.DiskAttachments, s.Spec.IncludeMemory, Of(vm).MemoryBytes, t.volumes)}
-	if err := Check(qs, t.used, want, "this snapshot"); err != nil {
-		c.forget(s.UID)
-		return err
-	}
-	c.admitted[key{admittedSnapshot, s.UID}] = admission{namespace: s.Namespace, amounts: want, by: s.UID}
-	return nil
+	return c.under(ctx, s.Namespace, s.UID, func(qs []apisv1alpha1.TenantQuota, t tally) error {
+		want := Amounts{Snapshots: 1, StorageBytes: reserve(vm.Spec.ForProvider.DiskAttachments, s.Spec.IncludeMemory, Of(vm).MemoryBytes, t.volumes)}
+		if err := Check(qs, t.used, want, "this snapshot"); err != nil {
+			c.forget(s.UID)
+			return err
+		}
+		c.admitted[key{admittedSnapshot, s.UID}] = admission{namespace: s.Namespace, amounts: want, by: s.UID}
+		return nil
+	})
 }
 
 // FitsVolume says whether v, on no node yet, would fit in every
@@ -302,17 +287,9 @@ func (c *Counter) AdmitSnapshot(ctx context.Context, s *v1alpha1.VirtualMachineS
 // that uses it, and admitted with that VM (Admit); this lets the Volume
 // itself say why it is made nowhere.
 func (c *Counter) FitsVolume(ctx context.Context, v *v1alpha1.Volume) error {
-	qs, err := For(ctx, c.kube, v.Namespace)
-	if err != nil || len(qs) == 0 {
-		return err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t, err := c.tally(ctx, v.Namespace, v.UID)
-	if err != nil {
-		return err
-	}
-	return Check(qs, t.used, OfVolume(v), "this Volume")
+	return c.under(ctx, v.Namespace, v.UID, func(qs []apisv1alpha1.TenantQuota, t tally) error {
+		return Check(qs, t.used, OfVolume(v), "this Volume")
+	})
 }
 
 // AdmitAddresses says whether vm, which is to hold one address on each of
@@ -322,28 +299,37 @@ func (c *Counter) FitsVolume(ctx context.Context, v *v1alpha1.Volume) error {
 // asked just before the hub gives addresses, so that a placed VM given
 // another network gets no address past the quota.
 func (c *Counter) AdmitAddresses(ctx context.Context, vm *v1alpha1.VirtualMachine, networks int64) error {
-	qs, err := For(ctx, c.kube, vm.Namespace)
+	// What the VM's own admissions let in is left out, and only the
+	// addresses it would add are checked, so its earlier admission of
+	// the same addresses is not counted twice.
+	return c.under(ctx, vm.Namespace, vm.UID, func(qs []apisv1alpha1.TenantQuota, t tally) error {
+		want := max(networks-t.addresses[vm.UID], 0)
+		if want == 0 {
+			return nil
+		}
+		if err := Check(qs, t.used, Amounts{Addresses: want}, "this VM"); err != nil {
+			return err
+		}
+		c.admitted[key{admittedAddresses, vm.UID}] = admission{namespace: vm.Namespace, amounts: Amounts{Addresses: networks}, by: vm.UID}
+		return nil
+	})
+}
+
+// under calls admit, with c.mu held, with the TenantQuotas of namespace
+// and what it holds but except and what except's admission let in; a
+// namespace without quotas admits everything.
+func (c *Counter) under(ctx context.Context, namespace string, except types.UID, admit func(qs []apisv1alpha1.TenantQuota, t tally) error) error {
+	qs, err := For(ctx, c.kube, namespace)
 	if err != nil || len(qs) == 0 {
 		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// What the VM's own admissions let in is left out, and only the
-	// addresses it would add are checked, so its earlier admission of
-	// the same addresses is not counted twice.
-	t, err := c.tally(ctx, vm.Namespace, vm.UID)
+	t, err := c.tally(ctx, namespace, except)
 	if err != nil {
 		return err
 	}
-	want := max(networks-t.addresses[vm.UID], 0)
-	if want == 0 {
-		return nil
-	}
-	if err := Check(qs, t.used, Amounts{Addresses: want}, "this VM"); err != nil {
-		return err
-	}
-	c.admitted[key{admittedAddresses, vm.UID}] = admission{namespace: vm.Namespace, amounts: Amounts{Addresses: networks}, by: vm.UID}
-	return nil
+	return admit(qs, t)
 }
 
 // Forget stops counting what the admission of uid let in: its VM or
