@@ -54,6 +54,22 @@ func (h *harness) backup(uid string, p wire.BackupPhase, what string) wire.Backu
 	return last
 }
 
+// backupIsDisk reads backup id of guest vm back from st and asserts its
+// root disk is the guest's disk as it is now; it returns the manifest.
+func (h *harness) backupIsDisk(st *backupstore.Store, id, vm, what string) backupstore.Manifest {
+	h.t.Helper()
+	m, err := st.Manifest(h.t.Context(), "default", id)
+	require.NoError(h.t, err)
+	src, err := st.Source(m, "root")
+	require.NoError(h.t, err)
+	want, err := h.fake.DiskDigest(vm)
+	require.NoError(h.t, err)
+	got, err := fake.DigestOf(h.t.Context(), src)
+	require.NoError(h.t, err)
+	assert.Equal(h.t, want, got, "%s, read back from the store, is the disk as it is now", what)
+	return m
+}
+
 // TestBackupIntents takes backups of the fake's guests into a real S3
 // store (SeaweedFS), one bucket per case.
 func TestBackupIntents(t *testing.T) {
@@ -87,16 +103,8 @@ func TestBackupIntents(t *testing.T) {
 				assert.Equal(t, int64(fake.BlockSize), second.BytesRead, "only the block written since")
 				assert.Equal(t, []string{"b2"}, h.fake.Checkpoints("a"), "b1's checkpoint is forgotten once b2 is safe")
 
-				m, err := store(t, bucket).Manifest(t.Context(), "default", "b2")
-				require.NoError(t, err)
+				m := h.backupIsDisk(store(t, bucket), "b2", "a", "the incremental backup")
 				assert.JSONEq(t, `{"vcpu":2}`, string(m.Spec), "the VM's spec is kept with its disks")
-				src, err := store(t, bucket).Source(m, "root")
-				require.NoError(t, err)
-				want, err := h.fake.DiskDigest("a")
-				require.NoError(t, err)
-				got, err := fake.DigestOf(t.Context(), src)
-				require.NoError(t, err)
-				assert.Equal(t, want, got, "the incremental backup, read back from the store, is the disk as it is now")
 			},
 		},
 		"ABackupAnEarlierAgentWasTakingIsFailedNeverComplete": {
@@ -156,15 +164,7 @@ func TestBackupIntents(t *testing.T) {
 				third := h.backup("b3", wire.BackupPhaseSucceeded, "the next backup, into the bucket that is there")
 				assert.False(t, third.Full)
 				assert.Equal(t, int64(fake.BlockSize), third.BytesRead, "the block written before the failed backup")
-				m, err := store(t, bucket).Manifest(t.Context(), "default", "b3")
-				require.NoError(t, err)
-				src, err := store(t, bucket).Source(m, "root")
-				require.NoError(t, err)
-				want, err := h.fake.DiskDigest("a")
-				require.NoError(t, err)
-				got, err := fake.DigestOf(t.Context(), src)
-				require.NoError(t, err)
-				assert.Equal(t, want, got, "the backup after the failed one is the disk as it is now")
+				h.backupIsDisk(store(t, bucket), "b3", "a", "the backup after the failed one")
 			},
 		},
 		"AParentGoneFromTheStoreMakesAFullBackup": {
