@@ -465,6 +465,11 @@ type Observation struct {
 	// to live; 0 when the driver does not tell or cannot grow it.
 	MaxVCPU        int32
 	MaxMemoryBytes int64
+	// Disks are the volumes (as Disk.Name names them) attached to the
+	// guest as it runs (as the backend defines it when it is off), the
+	// boot disk first; nil when the driver does not tell. A disk detached
+	// but not yet released by the guest is still among them.
+	Disks []string
 	// OrphanOf is set by Adopter.Orphans: the VM the guest was released
 	// from.
 	OrphanOf *VMRef

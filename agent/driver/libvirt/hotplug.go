@@ -33,6 +33,18 @@ func dataDisks(info domainInfo, uid string) []domainDisk {
 	return data
 }
 
+// attachedVolumes names the volumes of the Machine's disks in info, a
+// domain of the guest uid: all but the driver's own swap and seed.
+func attachedVolumes(info domainInfo, uid string) []string {
+	var out []string
+	for _, disk := range info.disks {
+		if disk.name != seedVolume(uid) && disk.name != swapVolume(uid) {
+			out = append(out, disk.name)
+		}
+	}
+	return out
+}
+
 // wantedDisks are m's data disks as volumes, in the order m names them;
 // pool is the driver's default pool.
 func wantedDisks(m driver.Machine, pool string) []poolVolume {

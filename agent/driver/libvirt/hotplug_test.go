@@ -3,6 +3,7 @@ package libvirt
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -129,6 +130,14 @@ func walkPlugSteps(ctx context.Context, t *testing.T, d *Driver, l *golibvirt.Li
 				next = s.live
 			}
 			assert.Equal(t, next, disksOf(t, l, *m, golibvirt.DomainXMLInactive), "the disks of its next start")
+			var attached []string
+			for _, disk := range s.live {
+				name, _, _ := strings.Cut(disk, " ")
+				if name != seedVolume(m.UID) && name != swapVolume(m.UID) {
+					attached = append(attached, name)
+				}
+			}
+			assert.Equal(t, attached, o.Disks, "the disks reported: those the guest has")
 			assert.Equal(t, s.restart, o.RestartRequired)
 			if s.message == "" {
 				assert.Empty(t, o.Message)

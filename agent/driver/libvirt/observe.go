@@ -66,6 +66,7 @@ func (d *Driver) observeWith(l look, dom golibvirt.Domain, uid string, info doma
 	state, reason := l.state.state, l.state.reason
 	o := driver.Observation{UID: uid, ID: formatUUID(dom.UUID), Node: d.node, VCPU: int32(info.vcpu), MemoryBytes: info.memory, MaxVCPU: int32(info.maxVCPU), MaxMemoryBytes: info.maxMemory}
 	o.Phase, o.Message = phaseOf(state, reason)
+	o.Disks = attachedVolumes(info, formatUUID(dom.UUID))
 	switch s := state; {
 	case movedAway(s, reason):
 		// A guest is on one node at a time: this one runs elsewhere now.

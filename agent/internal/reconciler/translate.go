@@ -163,6 +163,17 @@ func report(in wire.Intent, obs driver.Observation) wire.Report {
 		MaxVCPU:            obs.MaxVCPU,
 		MaxMemoryBytes:     obs.MaxMemoryBytes,
 	}
+	if len(obs.Disks) > 0 {
+		volume := map[string]string{}
+		for _, d := range in.Machine.Disks {
+			volume[nodeDisk(in.Namespace, d)] = d.Name
+		}
+		for _, name := range obs.Disks {
+			if v, ok := volume[name]; ok {
+				r.Disks = append(r.Disks, v)
+			}
+		}
+	}
 	for _, i := range obs.Interfaces {
 		network := i.Network
 		if n, ok := userName[network]; ok {

@@ -223,3 +223,29 @@ func TestTheShapeAndItsMaximaTravelBothWays(t *testing.T) {
 	r := report(in, driver.Observation{VCPU: 3, MaxVCPU: 6, MemoryBytes: 2 << 30, MaxMemoryBytes: 3 << 30})
 	assert.Equal(t, [4]int64{3, 6, 2 << 30, 3 << 30}, [4]int64{int64(r.VCPU), int64(r.MaxVCPU), r.MemoryBytes, r.MaxMemoryBytes})
 }
+
+// The disks a guest has are reported under the Volume names the intent
+// gives them, the node's names (an imported volume's own) turned back; a
+// disk no Volume of the intent names (one the guest still holds after
+// its Volume left the spec) is left out rather than misnamed.
+func TestTheAttachedDisksAreReportedByVolumeName(t *testing.T) {
+	in := wire.Intent{UID: "a", Namespace: "team-a", Name: "vm", Running: true, Machine: wire.Machine{
+		VCPU: 1, MemoryBytes: 1 << 30,
+		Disks: []wire.Disk{{Name: "root", SizeBytes: 1 << 30}, {Name: "legacy", ExternalName: "legacy.img"}, {Name: "data", SizeBytes: 1 << 30}},
+	}}
+	m, err := machine(in)
+	require.NoError(t, err)
+	cases := map[string]struct {
+		attached []string
+		want     []string
+	}{
+		"EachDiskByItsVolume":           {attached: []string{m.Disks[0].Name, m.Disks[1].Name, m.Disks[2].Name}, want: []string{"root", "legacy", "data"}},
+		"ADiskNoVolumeNamesIsLeftOut":   {attached: []string{m.Disks[0].Name, "team-a_gone", m.Disks[2].Name}, want: []string{"root", "data"}},
+		"ADriverThatDoesNotTellSaysNil": {},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.want, report(in, driver.Observation{Disks: tc.attached}).Disks)
+		})
+	}
+}

@@ -359,6 +359,15 @@ type VirtualMachineObservation struct {
 	// +optional
 	MaxMemory *resource.Quantity `json:"maxMemory,omitempty"`
 
+	// Disks are the Volumes attached to the guest as it runs (as it is
+	// defined when it is off), the boot disk first: a Volume added to
+	// diskAttachments shows here once it is attached, and a removed one
+	// stays until the guest has released it. Unset where the backend
+	// does not tell.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	Disks []string `json:"disks,omitempty"`
+
 	// Declared is the shape the VM asks for: its own, or its instance
 	// type's as recorded. Beside vcpu and memory, what the guest runs, it
 	// shows whether the guest runs what it asks.

@@ -1813,6 +1813,11 @@ func (in *VirtualMachineObservation) DeepCopyInto(out *VirtualMachineObservation
 		x := (*in).DeepCopy()
 		*out = &x
 	}
+	if in.Disks != nil {
+		in, out := &in.Disks, &out.Disks
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.Declared != nil {
 		in, out := &in.Declared, &out.Declared
 		*out = new(Shape)

@@ -362,6 +362,10 @@ type Report struct {
 	// to without a restart; 0 when the backend cannot grow it live.
 	MaxVCPU        int32 `json:"maxVcpu,omitempty"`
 	MaxMemoryBytes int64 `json:"maxMemoryBytes,omitempty"`
+	// Disks name the Volumes (Disk.Name) attached to the guest as it
+	// runs, the boot disk first; a disk no Volume of the intent names is
+	// left out. Nil when the backend does not tell.
+	Disks []string `json:"disks,omitempty"`
 	// Released confirms a release marker: the node no longer manages the
 	// guest and left it as it was.
 	Released bool `json:"released,omitempty"`

@@ -41,6 +41,7 @@ func observation(r wire.Report, networks []v1alpha1.LocalName) v1alpha1.VirtualM
 	if r.MemoryBytes > 0 {
 		o.Memory = resource.NewQuantity(r.MemoryBytes, resource.BinarySI)
 	}
+	o.Disks = append([]string(nil), r.Disks...)
 	if r.MaxMemoryBytes > 0 {
 		o.MaxMemory = resource.NewQuantity(r.MaxMemoryBytes, resource.BinarySI)
 	}

@@ -71,6 +71,7 @@ func TestObservationCarriesTheReport(t *testing.T) {
 		UID: "u1", ObservedGeneration: 4, Phase: wire.PhaseRunning, ID: "u1", Node: "node2",
 		RestartCount: 2, RestartRequired: true,
 		VCPU: 3, MaxVCPU: 8, MemoryBytes: 768 << 20, MaxMemoryBytes: 2 << 30,
+		Disks:      []string{"root", "data"},
 		Interfaces: []wire.Interface{{Network: "net-db", MAC: "52:54:00:00:00:01", IPs: []string{"10.10.120.21"}, Source: wire.AddressSourceGuestAgent, LastSeen: seen}},
 	}
 	o := observation(r, []v1alpha1.LocalName{"net-db"})
@@ -83,6 +84,7 @@ func TestObservationCarriesTheReport(t *testing.T) {
 	assert.Equal(t, "net-db(10.10.120.21)", o.IP)
 	assert.Equal(t, int32(3), o.Vcpu, "the running shape")
 	assert.Equal(t, int32(8), o.MaxVcpu)
+	assert.Equal(t, []string{"root", "data"}, o.Disks, "the disks the guest has")
 	if assert.NotNil(t, o.Memory) && assert.NotNil(t, o.MaxMemory) {
 		assert.Equal(t, "768Mi", o.Memory.String())
 		assert.Equal(t, "2Gi", o.MaxMemory.String())
