@@ -138,16 +138,7 @@ func walkPlugSteps(ctx context.Context, t *testing.T, d *Driver, l *golibvirt.Li
 				}
 			}
 			assert.Equal(t, attached, o.Disks, "the disks reported: those the guest has")
-			assert.Equal(t, s.restart, o.RestartRequired)
-			if s.message == "" {
-				assert.Empty(t, o.Message)
-			} else {
-				assert.Contains(t, o.Message, s.message)
-			}
-			seen, err := d.Observe(ctx, m.UID)
-			require.NoError(t, err)
-			assert.Equal(t, o.RestartRequired, seen.RestartRequired, "Observe says what Ensure said")
-			assert.Equal(t, o.Message, seen.Message)
+			assertRestartRequired(ctx, t, d, m.UID, o, s.restart, s.message)
 		})
 	}
 }

@@ -125,16 +125,7 @@ func TestVCPUsAndMemoryChangeLiveWithinTheMaximum(t *testing.T) {
 			assert.Equal(t, s.vcpu, o.VCPU, "running vCPUs")
 			assert.Equal(t, s.memory, o.MemoryBytes, "running memory")
 			assert.Equal(t, s.max, o.MaxVCPU)
-			assert.Equal(t, s.restart, o.RestartRequired)
-			if s.message == "" {
-				assert.Empty(t, o.Message)
-			} else {
-				assert.Contains(t, o.Message, s.message)
-			}
-			seen, err := d.Observe(ctx, m.UID)
-			require.NoError(t, err)
-			assert.Equal(t, o.RestartRequired, seen.RestartRequired, "Observe says what Ensure said")
-			assert.Equal(t, o.Message, seen.Message)
+			assertRestartRequired(ctx, t, d, m.UID, o, s.restart, s.message)
 		})
 	}
 }
@@ -249,4 +240,21 @@ func TestAGuestDefinedBeforeLiveResizeIsNotRedefined(t *testing.T) {
 			assert.Contains(t, o.Message, "vcpu 3 is more than the 2 the running guest can have")
 		})
 	}
+}
+
+// assertRestartRequired asserts what Ensure returned, o, says whether the
+// guest uid needs a restart and, unless message is empty, contains
+// message; and that Observe says the same.
+func assertRestartRequired(ctx context.Context, t *testing.T, d *Driver, uid string, o driver.Observation, restart bool, message string) {
+	t.Helper()
+	assert.Equal(t, restart, o.RestartRequired)
+	if message == "" {
+		assert.Empty(t, o.Message)
+	} else {
+		assert.Contains(t, o.Message, message)
+	}
+	seen, err := d.Observe(ctx, uid)
+	require.NoError(t, err)
+	assert.Equal(t, o.RestartRequired, seen.RestartRequired, "Observe says what Ensure said")
+	assert.Equal(t, o.Message, seen.Message)
 }
