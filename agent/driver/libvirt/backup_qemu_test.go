@@ -351,13 +351,27 @@ func TestBackupsOfARealGuest(t *testing.T) {
 		require.Equal(t, driver.PhaseRunning, o.Phase, o.Message)
 		t.Logf("restarted with the old disk in %s", time.Since(began))
 
+		// The disk's target is the one the running guest gave it.
+		x, err = l.DomainGetXMLDesc(dom, 0)
+		require.NoError(t, err)
+		var live libvirtxml.Domain
+		require.NoError(t, live.Unmarshal(x))
+		var target string
+		var disks []libvirtxml.DomainCheckpointDisk
+		for _, disk := range live.Devices.Disks {
+			c := libvirtxml.DomainCheckpointDisk{Name: disk.Target.Dev, Checkpoint: "no"}
+			if disk.Source != nil && disk.Source.Volume != nil && disk.Source.Volume.Volume == "team-a_kept-old" {
+				target, c.Checkpoint = disk.Target.Dev, "bitmap"
+			}
+			disks = append(disks, c)
+		}
+		require.NotEmpty(t, target, "the old disk is attached: %s", x)
+
 		_, err = d.BackUp(ctx, m.UID, driver.BackupRequest{ID: "b7"}, &backupRecorder{})
 		assert.True(t, driver.IsTerminal(err), "%v", err)
-		assert.ErrorContains(t, err, "volume team-a_kept-old (vdc) is qcow2 version 2")
+		assert.ErrorContains(t, err, "volume team-a_kept-old ("+target+") is qcow2 version 2")
 		// libvirt's own refusal, had the driver asked.
-		cx, err := (&libvirtxml.DomainCheckpoint{Name: "v2", Disks: &libvirtxml.DomainCheckpointDisks{Disks: []libvirtxml.DomainCheckpointDisk{
-			{Name: "vda", Checkpoint: "no"}, {Name: "vdb", Checkpoint: "no"}, {Name: "vdc", Checkpoint: "bitmap"}, {Name: "vdd", Checkpoint: "no"}, {Name: "vde", Checkpoint: "no"},
-		}}}).Marshal()
+		cx, err := (&libvirtxml.DomainCheckpoint{Name: "v2", Disks: &libvirtxml.DomainCheckpointDisks{Disks: disks}}).Marshal()
 		require.NoError(t, err)
 		_, err = l.DomainCheckpointCreateXML(dom, cx, 0)
 		assert.ErrorContains(t, err, "Cannot store dirty bitmaps in qcow2 v2 files")
