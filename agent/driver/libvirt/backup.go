@@ -343,13 +343,9 @@ func backupDiskOf(api API, dom golibvirt.Domain, uid string, disk libvirtxml.Dom
 	if err != nil {
 		return backupDisk{}, errors.Wrapf(err, "cannot find disk %s to back up", bd.dev)
 	}
-	x, err := api.StorageVolGetXMLDesc(v, 0)
+	def, err := volumeDef(api, v)
 	if err != nil {
-		return backupDisk{}, errors.Wrapf(err, "cannot read volume %s", vol.Volume)
-	}
-	var def libvirtxml.StorageVolume
-	if err := def.Unmarshal(x); err != nil {
-		return backupDisk{}, errors.Wrapf(err, "cannot parse volume %s", vol.Volume)
+		return backupDisk{}, err
 	}
 	// libvirt says compat 1.1 of a version 3 image, and nothing of a
 	// version 2 one.

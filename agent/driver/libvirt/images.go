@@ -360,16 +360,12 @@ func (d *Driver) PruneImages(context.Context) ([]string, error) {
 		others = nil
 	}
 	for _, v := range others {
-		x, err := api.StorageVolGetXMLDesc(v, 0)
+		def, err := volumeDef(api, v)
 		if isCode(err, golibvirt.ErrNoStorageVol) {
 			continue
 		}
 		if err != nil {
-			return nil, errors.Wrapf(err, "cannot read volume %s", v.Name)
-		}
-		var def libvirtxml.StorageVolume
-		if err := def.Unmarshal(x); err != nil {
-			return nil, errors.Wrapf(err, "cannot parse volume %s", v.Name)
+			return nil, err
 		}
 		if def.BackingStore != nil {
 			backing[def.BackingStore.Path] = true

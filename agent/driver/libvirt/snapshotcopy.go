@@ -47,15 +47,11 @@ func (d *Driver) snapshotImage(ctx context.Context, img *driver.Image, job *imag
 	if err != nil {
 		return err
 	}
-	x, err := api.StorageVolGetXMLDesc(src, 0)
+	def, err := volumeDef(api, src)
 	if err != nil {
-		return errors.Wrapf(err, "cannot read volume %s", img.SourceVolume)
+		return err
 	}
-	var def libvirtxml.StorageVolume
-	if err := def.Unmarshal(x); err != nil {
-		return errors.Wrapf(err, "cannot parse volume %s", img.SourceVolume)
-	}
-	if f := formatOf(&def); f != "qcow2" {
+	if f := formatOf(def); f != "qcow2" {
 		return driver.Terminalf("cannot make image %s: volume %s is %s, and only a qcow2 disk holds snapshots", img.Name, img.SourceVolume, f)
 	}
 	if def.Capacity != nil {
@@ -114,13 +110,9 @@ func (d *Driver) localBacking(ctx context.Context, api API, dl *downloads, img *
 	if vol.Pool != d.pool {
 		return driver.Terminalf("cannot make image %s: volume %s is made from %s, which is not in storage pool %q", img.Name, img.SourceVolume, b.Path, d.pool)
 	}
-	x, err := api.StorageVolGetXMLDesc(vol, 0)
+	def, err := volumeDef(api, vol)
 	if err != nil {
-		return errors.Wrapf(err, "cannot read volume %s", vol.Name)
-	}
-	var def libvirtxml.StorageVolume
-	if err := def.Unmarshal(x); err != nil {
-		return errors.Wrapf(err, "cannot parse volume %s", vol.Name)
+		return err
 	}
 	if def.BackingStore != nil && def.BackingStore.Path != "" {
 		return driver.Terminalf("cannot make image %s: volume %s is made from %s, which is itself made from %s; only one level is read", img.Name, img.SourceVolume, vol.Name, def.BackingStore.Path)
@@ -131,7 +123,7 @@ func (d *Driver) localBacking(ctx context.Context, api API, dl *downloads, img *
 	}
 	// An unsafe rebase rewrites only the header's backing file name: the
 	// copy is the same file, overlaid on the same data.
-	return runQemuImg(ctx, "rebase", "-u", "-f", "qcow2", "-b", backing, "-F", formatOf(&def), source)
+	return runQemuImg(ctx, "rebase", "-u", "-f", "qcow2", "-b", backing, "-F", formatOf(def), source)
 }
 
 // downloadVolume writes all of vol to a new file at path.

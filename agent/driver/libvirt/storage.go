@@ -286,15 +286,24 @@ func volumeFormat(api API, pool, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	def, err := volumeDef(api, v)
+	if err != nil {
+		return "", err
+	}
+	return formatOf(def), nil
+}
+
+// volumeDef is the definition of volume v as libvirt has it now.
+func volumeDef(api API, v golibvirt.StorageVol) (*libvirtxml.StorageVolume, error) {
 	x, err := api.StorageVolGetXMLDesc(v, 0)
 	if err != nil {
-		return "", errors.Wrapf(err, "cannot read volume %s", name)
+		return nil, errors.Wrapf(err, "cannot read volume %s", v.Name)
 	}
 	def := &libvirtxml.StorageVolume{}
 	if err := def.Unmarshal(x); err != nil {
-		return "", errors.Wrapf(err, "cannot parse the definition of volume %s", name)
+		return nil, errors.Wrapf(err, "cannot parse volume %s", v.Name)
 	}
-	return formatOf(def), nil
+	return def, nil
 }
 
 // formatOf is the format of the volume def describes (raw when it does
