@@ -51,6 +51,7 @@ func main() {
 	flag.StringVar(&c.APIAddress, "api-bind-address", "0", "Address of the aggregated API (subresources.virtfleet.io: console, vnc, start, stop, restart, reset, pause, unpause, migrate); 0 disables it.")
 	flag.StringVar(&c.APITLSSecret, "api-tls-secret", "virtfleet-system/virtfleet-hub-api-tls", "Secret (namespace/name) with the aggregated API's serving certificate; the hub creates and renews it.")
 	flag.IntVar(&c.APISessions, "api-console-sessions", subresources.DefaultSessions, "Console and VNC sessions one hub replica relays at once.")
+	flag.IntVar(&c.APISessionsPerNamespace, "api-console-sessions-per-namespace", subresources.DefaultSessionsPerNamespace, "Console and VNC sessions one hub replica relays at once for the VMs of one namespace, so that no one tenant takes every session.")
 	// The names Crossplane providers read besides (provider-template's
 	// LEADER_ELECTION), and the downward-API namespace cluster/deploy sets.
 	also := map[string][]string{"leader-election": {"LEADER_ELECTION"}, "leader-election-namespace": {"POD_NAMESPACE"}}

@@ -135,6 +135,9 @@ type Config struct {
 	// APISessions bounds the console sessions it relays at once; 0 means
 	// subresources.DefaultSessions.
 	APISessions int
+	// APISessionsPerNamespace bounds those of one namespace among them;
+	// 0 means subresources.DefaultSessionsPerNamespace.
+	APISessionsPerNamespace int
 }
 
 // Limits of the hub, sized for a machine where the API server, etcd, the
@@ -379,7 +382,7 @@ func serveSubresources(mgr ctrl.Manager, kube client.Client, pool *fleet.Pool, c
 		}
 		return pool.Get(ctx, pc.Target)
 	}
-	o := subresources.Options{Address: c.APIAddress, TLSSecret: types.NamespacedName{Namespace: ns, Name: name}, Sessions: c.APISessions}
+	o := subresources.Options{Address: c.APIAddress, TLSSecret: types.NamespacedName{Namespace: ns, Name: name}, Sessions: c.APISessions, SessionsPerNamespace: c.APISessionsPerNamespace}
 	srv := subresources.New(o, kube, mgr.GetAPIReader(), fleets, log.WithValues("server", "subresources"), recorder)
 	return errors.Wrap(mgr.Add(srv), "cannot add the aggregated API server")
 }

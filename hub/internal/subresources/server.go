@@ -46,6 +46,11 @@ const (
 // relays at once.
 const DefaultSessions = 64
 
+// DefaultSessionsPerNamespace is how many of them the VMs of one namespace
+// may hold: a quarter, so that one tenant holding every console it may
+// still leaves the hub to the others.
+const DefaultSessionsPerNamespace = DefaultSessions / 4
+
 // Options configure the Server.
 type Options struct {
 	// Address the server listens on (host:port).
@@ -61,6 +66,9 @@ type Options struct {
 	// Sessions bounds the console and VNC sessions relayed at once; 0
 	// means DefaultSessions.
 	Sessions int
+	// SessionsPerNamespace bounds the sessions of the VMs of one namespace
+	// among them; 0 means DefaultSessionsPerNamespace.
+	SessionsPerNamespace int
 	// Refresh is how often the certificate, the APIService's caBundle and
 	// the front proxy's CA are checked; 0 means a minute.
 	Refresh time.Duration
@@ -84,7 +92,7 @@ type Server struct {
 
 	cert     atomic.Pointer[tls.Certificate]
 	front    atomic.Pointer[frontProxy]
-	sessions chan struct{}
+	sessions *sessionSlots
 }
 
 // New returns a Server; Start runs it.
@@ -92,13 +100,16 @@ func New(o Options, kube client.Client, direct client.Reader, fleets Fleets, log
 	if o.Sessions <= 0 {
 		o.Sessions = DefaultSessions
 	}
+	if o.SessionsPerNamespace <= 0 {
+		o.SessionsPerNamespace = DefaultSessionsPerNamespace
+	}
 	if o.Refresh <= 0 {
 		o.Refresh = time.Minute
 	}
 	if o.APIService == "" {
 		o.APIService = APIServiceName
 	}
-	return &Server{opts: o, kube: kube, direct: direct, fleets: fleets, log: log, recorder: recorder, sessions: make(chan struct{}, o.Sessions)}
+	return &Server{opts: o, kube: kube, direct: direct, fleets: fleets, log: log, recorder: recorder, sessions: newSessionSlots(o.Sessions, o.SessionsPerNamespace)}
 }
 
 // NeedLeaderElection is false: every replica serves, as the APIService's

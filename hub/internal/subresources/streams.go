@@ -61,13 +61,12 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, u user) {
 		writeStatus(w, apiError(err, nn.Name))
 		return
 	}
-	select {
-	case s.sessions <- struct{}{}:
-		defer func() { <-s.sessions }()
-	default:
-		writeStatus(w, kerrors.NewTooManyRequests(fmt.Sprintf("this hub relays %d console sessions already: try again later", cap(s.sessions)), 5))
+	release, err := s.sessions.take(vm.Namespace)
+	if err != nil {
+		writeStatus(w, err)
 		return
 	}
+	defer release()
 	ctx, cancel := context.WithTimeout(r.Context(), openTimeout)
 	remote, err := s.open(ctx, vm, sub)
 	cancel()
@@ -83,6 +82,48 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, u user) {
 	defer conn.Close() //nolint:errcheck // as above
 	s.recorder.Event(vm, event.Normal(ReasonConsoleOpened, fmt.Sprintf("%s opened by %s", sub, u.Name)))
 	relay(conn, remote)
+}
+
+// sessionSlots are the console sessions a hub replica relays: a fleet's
+// worth, and a share of them for each namespace. Without the share, one
+// tenant that opens and holds sessions would leave every other tenant's
+// console refused until it let go.
+type sessionSlots struct {
+	mu           sync.Mutex
+	limit        int
+	perNamespace int
+	total        int
+	namespaces   map[string]int
+}
+
+func newSessionSlots(limit, perNamespace int) *sessionSlots {
+	return &sessionSlots{limit: limit, perNamespace: perNamespace, namespaces: map[string]int{}}
+}
+
+// take holds a slot for a session of a VM of namespace until release is
+// called, or returns the API error (429) that names the limit reached.
+func (s *sessionSlots) take(namespace string) (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.namespaces[namespace] >= s.perNamespace:
+		return nil, kerrors.NewTooManyRequests(fmt.Sprintf("namespace %s holds %d console sessions on this hub, the most one namespace may (--api-console-sessions-per-namespace): close one or try again later", namespace, s.perNamespace), 5)
+	case s.total >= s.limit:
+		return nil, kerrors.NewTooManyRequests(fmt.Sprintf("this hub relays %d console sessions already (--api-console-sessions): try again later", s.limit), 5)
+	}
+	s.total++
+	s.namespaces[namespace]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.total--
+			if s.namespaces[namespace]--; s.namespaces[namespace] == 0 {
+				delete(s.namespaces, namespace)
+			}
+		})
+	}, nil
 }
 
 // open asks the agent of vm's node for the console of stream subresource
