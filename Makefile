@@ -103,22 +103,32 @@ build: ## Build every package and command.
 	$(GO) build ./...
 
 # The guest image takes 4 to 20 minutes to build once per machine (the
-# Debian mirror and the load decide) and only test/guest needs it, which
-# runs among the last packages. So `make test` starts it first and lets it run beside the other
-# builds and the tests rather than before them: test/guest's
-# guestimage.Ensure waits for this build's lock and finds the image made (or
-# builds it itself if this build failed, and says why). A fresh machine then
-# pays for the tests, not the image plus the tests. The build, in a process
-# group of its own, is stopped with the recipe (trap) on any failure.
+# Debian mirror and the load decide) and only test/guest needs it. So `make
+# test` starts it first and lets it run beside the other builds and the
+# tests rather than before them: test/guest's guestimage.Ensure waits for
+# this build's lock and finds the image made (or builds it itself if this
+# build failed, and says why). A fresh machine then pays for the tests, not
+# the image plus the tests. The build, in a process group of its own, is
+# stopped with the recipe (trap) on any failure.
+#
+# test/guest and test/e2e are the two longest packages by far, and wait on
+# TCG guests more than they use the cores: test/guest runs in a go test of
+# its own from the start, and go test, which starts packages in the order
+# they are named, starts test/e2e first among the rest (two at a time).
 .PHONY: test
 test: deps ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then the fuzzers briefly.
 	@setsid $(GO) run ./hack/guest-image >/dev/null & image=$$!; \
 	trap 'kill -- -$$image 2>/dev/null || true' EXIT; \
 	$(MAKE) --no-print-directory -j4 envtest-assets kube-node crossplane-core object-store; \
 	$(MAKE) --no-print-directory fmt-check vet verify-generated; \
-	KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)" \
-		$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./...; \
-	wait $$image || echo "guest-image: the background build failed (test/guest said why)" >&2
+	export KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)"; \
+	setsid $(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./test/guest/ & guest=$$!; \
+	trap 'kill -- -$$image -$$guest 2>/dev/null || true' EXIT; \
+	rc=0; \
+	$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./test/e2e/ $$($(GO) list ./... | grep -v '/test/guest$$') || rc=$$?; \
+	wait $$guest || rc=$$?; \
+	wait $$image || echo "guest-image: the background build failed (test/guest said why)" >&2; \
+	exit $$rc
 	cd function && $(GO) test $(GO_TEST_FLAGS) ./...
 	@$(MAKE) --no-print-directory fuzz
 

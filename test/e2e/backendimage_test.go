@@ -201,14 +201,12 @@ func (h *hub) diskImage(t *testing.T, name string) *v1alpha1.DiskImage {
 // Then a snapshot of the guest is restored into it (testRealNovaSnapshot),
 // and the guest is backed up and a new VM made from its backup
 // (testRealNovaBackup), on the same host.
+// Each boot holds the machine's guest boot lock (guestimage.HoldBoot).
 func testRealNovaGuest(t *testing.T, h *hub, on func(*v1alpha1.VirtualMachine) *v1alpha1.VirtualMachine) {
 	t.Run("TheExampleImageBootsOnARealComputeHostAndAnswersSSH", func(t *testing.T) {
 		ctx := context.Background()
 		imagePath, err := guestimage.Ensure(ctx, io.Discard)
 		require.NoError(t, err, "the guest image")
-		release, err := guestimage.Boot(ctx, os.Stderr)
-		require.NoError(t, err)
-		t.Cleanup(release)
 		cloud := openstack.ForTest(t)
 		start := time.Now()
 		host, err := cloud.StartRealCompute(ctx)
@@ -263,6 +261,7 @@ func testRealNovaGuest(t *testing.T, h *hub, on func(*v1alpha1.VirtualMachine) *
 		vm.Spec.ForProvider.Memory = resource.MustParse("768Mi")
 		vm = on(vm)
 		vm.Spec.ForProvider.PublicKey = strings.TrimSpace(string(pub))
+		booted := guestimage.HoldBoot(ctx, t)
 		start = time.Now()
 		h.create(t, vm)
 		t.Cleanup(func() { h.delete(t, "real") })
@@ -279,6 +278,7 @@ func testRealNovaGuest(t *testing.T, h *hub, on func(*v1alpha1.VirtualMachine) *
 		require.NoError(t, err, "ssh into the guest at its status address %s: %s", ip, answer)
 		t.Logf("ssh into the guest %s after the VM was created: %s", time.Since(start).Round(time.Millisecond), answer)
 		assert.Contains(t, answer, ip+"/24", "the guest holds its status address")
+		booted()
 
 		g := testRealNovaSnapshot(t, h, realGuest{vm: "real", ip: ip, netns: "qdhcp-" + lanID, key: key, pub: vm.Spec.ForProvider.PublicKey})
 		testRealNovaBackup(t, h, on, g)

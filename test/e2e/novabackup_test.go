@@ -86,6 +86,7 @@ func testRealNovaBackup(t *testing.T, h *hub, on func(*v1alpha1.VirtualMachine) 
 		vm.Spec.ForProvider.Memory = resource.MustParse("768Mi")
 		vm = on(vm)
 		vm.Spec.ForProvider.PublicKey = g.pub
+		defer guestimage.HoldBoot(ctx, t)()
 		start := time.Now()
 		h.create(t, vm)
 		t.Cleanup(func() { h.delete(t, g.vm+"-again") })

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
 )
 
 // testRealNovaSnapshot keeps the real guest's disk in a snapshot (Cinder's,
@@ -58,6 +59,8 @@ func testRealNovaSnapshot(t *testing.T, h *hub, g realGuest) realGuest {
 		require.NotEmpty(t, before, "the snapshot was taken")
 		vm := h.get(t, g.vm)
 		name := g.vm + "-back"
+		// The restore boots a new server.
+		defer guestimage.HoldBoot(ctx, t)()
 		h.create(t, &v1alpha1.VirtualMachineRestore{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Spec:       v1alpha1.VirtualMachineRestoreSpec{SnapshotName: v1alpha1.LocalName(snapshot.Name)},

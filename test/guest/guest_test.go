@@ -84,6 +84,9 @@ func TestRealGuest(t *testing.T) {
 	g := startSuite(ctx, t, image, map[string]*guesthost.Host{node: host}).on(node)
 
 	t.Run("NodeHeartbeatsItsHypervisor", g.hypervisor)
+	// The first boot ends when getty is on the serial console (see
+	// console), after sshd answers.
+	booted := guestimage.HoldBoot(ctx, t)
 	created := time.Now()
 	g.create(vm("g1", g.pub, 1))
 	var bootID string
@@ -92,14 +95,15 @@ func TestRealGuest(t *testing.T) {
 	}
 	t.Run("SwapIsActive", g.swap)
 	t.Run("SerialConsoleThroughTheAPI", g.console("g1"))
+	booted()
 	t.Run("VNCThroughTheAPI", g.vnc("g1"))
 	t.Run("TheRootVolumeGrowsWhileTheGuestRuns", g.grow("g1", bootID))
 	t.Run("PauseStopsTheGuestAndUnpauseResumesItsBoot", g.pause("g1", bootID))
 	t.Run("SnapshotWithMemoryBringsBackTheRunningGuest", g.snapshotWithMemory("g1", bootID))
-	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", func(t *testing.T) { bootID = g.stopStart(t, bootID) })
-	t.Run("ResetRebootsAtOnceAndCountsOnce", g.reset("g1", &bootID))
-	t.Run("RestartRebootsAndOnlyThenCounts", func(t *testing.T) { bootID = g.restart(t, "g1", bootID, 2) })
-	t.Run("VCPUsAndMemoryChangeLiveAndSwapAtTheRestart", func(t *testing.T) { bootID = g.reshape(t, bootID) })
+	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", booting(ctx, func(t *testing.T) { bootID = g.stopStart(t, bootID) }))
+	t.Run("ResetRebootsAtOnceAndCountsOnce", booting(ctx, g.reset("g1", &bootID)))
+	t.Run("RestartRebootsAndOnlyThenCounts", booting(ctx, func(t *testing.T) { bootID = g.restart(t, "g1", bootID, 2) }))
+	t.Run("VCPUsAndMemoryChangeLiveAndSwapAtTheRestart", booting(ctx, func(t *testing.T) { bootID = g.reshape(t, bootID) }))
 	t.Run("DeleteRemovesDomainAndSeedKeepsVolumes", g.delete)
 	t.Run("UnbootableRequestFailsWithLibvirtsMessage", g.unbootable)
 	t.Logf("suite took %s", time.Since(suiteStart).Round(time.Second))
@@ -121,12 +125,17 @@ func ensureImage(ctx context.Context, t *testing.T) string {
 	// On a fresh machine `make test` builds the image beside the other
 	// packages, and this waits for it: said apart from the suite's own time.
 	t.Logf("guest image ready after %s", time.Since(imageStart).Round(time.Second))
-	bootStart := time.Now()
-	release, err := guestimage.Boot(ctx, os.Stderr)
-	require.NoError(t, err)
-	t.Cleanup(release)
-	t.Logf("the machine's guests are this test's after %s", time.Since(bootStart).Round(time.Second))
 	return image
+}
+
+// booting is step holding the machine's guest boot lock
+// (guestimage.HoldBoot): a step that boots a guest takes it, and the
+// steps between leave it to the other suites' boots.
+func booting(ctx context.Context, step func(*testing.T)) func(*testing.T) {
+	return func(t *testing.T) {
+		defer guestimage.HoldBoot(ctx, t)()
+		step(t)
+	}
 }
 
 // startSuite runs the stack with a libvirt node on each of hosts (by node

@@ -16,6 +16,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
+	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
 	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
@@ -55,7 +56,9 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 	})
 	a, b := g.on(nodeA), g.on(nodeB)
 
-	// Both are created before either is waited for, so they boot at once.
+	// Both are created before either is waited for, so they boot at once,
+	// under one hold of the machine's boot lock.
+	booted := guestimage.HoldBoot(ctx, t)
 	created := time.Now()
 	for name, node := range map[string]string{"g1": nodeA, "g2": nodeB} {
 		v := vm(name, g.pub, 1)
@@ -75,6 +78,7 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 	}) {
 		return // every later step needs both guests running
 	}
+	booted()
 
 	t.Run("AReachesBAcrossTheHosts", func(t *testing.T) {
 		a.sshUntil(t, ipA, ping(ipB, defaultPayload), reachTimeout)
@@ -100,13 +104,13 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 			c.g.sshUntil(t, c.ip, ping(c.peer, want-ipv4ICMPHeaders), reachTimeout)
 		}
 	})
-	t.Run("BKeepsItsAddressAcrossARestart", func(t *testing.T) {
+	t.Run("BKeepsItsAddressAcrossARestart", booting(ctx, func(t *testing.T) {
 		b.restart(t, "g2", b.facts(t, ipB).bootID, 1)
 		assert.Equal(t, ipB, address(b.get(t, "g2")), "the address is the VM's, not the boot's")
 		addrs := b.sshUntil(t, ipB, "ip -4 -o addr show scope global", bootTimeout)
 		assert.Contains(t, addrs, " "+ipB+"/", "the guest holds it again")
 		a.sshUntil(t, ipA, ping(ipB, defaultPayload), reachTimeout)
-	})
+	}))
 	// Before the snapshot, which drops the VM's checkpoints.
 	var backup backedUp
 	backedUpTwice := t.Run("ABackupReadsOnlyWhatChangedSinceTheLast", func(t *testing.T) {
@@ -119,13 +123,13 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 		}
 		g2Full = b.backUpAlike(t, "g2", backup)
 	})
-	t.Run("AnAgentKilledMidBackupFailsItAndTheNextTwoRestore", func(t *testing.T) {
+	t.Run("AnAgentKilledMidBackupFailsItAndTheNextTwoRestore", booting(ctx, func(t *testing.T) {
 		if g2Full == nil {
 			t.Skip("needs the VM's backup of the step before")
 		}
 		held := b.killedMidBackup(t, "g2", ipB, nodeB, g2Full)
 		b.restoredAsHeld(t, nodeB, held)
-	})
+	}))
 	t.Run("AFrozenSnapshotKeepsTheGuestFromMovingUntilDeleted", func(t *testing.T) {
 		g.snapshotHoldsTheGuest(t, "g1", ipA, nodeA, ipB, nodeB)
 	})
@@ -143,15 +147,15 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 		g.drain(t, nodeB, nodeA, map[string]string{"g1": ipA, "g2": ipB})
 	})
 	// Last: host A is lost for good.
-	t.Run("AGuestOnASharedDiskRunsOnAfterItsHostDies", func(t *testing.T) {
+	t.Run("AGuestOnASharedDiskRunsOnAfterItsHostDies", booting(ctx, func(t *testing.T) {
 		g.failover(t, pair, image, shared)
-	})
-	t.Run("ABackupIsMadeAgainOnTheOtherHostOnceItsHostIsGone", func(t *testing.T) {
+	}))
+	t.Run("ABackupIsMadeAgainOnTheOtherHostOnceItsHostIsGone", booting(ctx, func(t *testing.T) {
 		if !backedUpTwice {
 			t.Skip("needs the backups of the step before")
 		}
 		g.madeAgain(t, backup, nodeB)
-	})
+	}))
 	t.Logf("suite took %s", time.Since(suiteStart).Round(time.Second))
 }
 

@@ -23,6 +23,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"testing"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -188,12 +190,14 @@ func removeBuild(work string) error {
 	return errors.Wrapf(os.RemoveAll(work), "cannot remove %s", work)
 }
 
-// Boot takes the machine-wide lock under which one test at a time boots
-// real guests from the image, and returns its release. Under TCG a booting
-// guest keeps a core busy, so two suites booting guests side by side on a
-// 2-core machine (test/guest and test/e2e's real Nova guest, run in
-// parallel by `go test ./...`) starve each other's guests past their
-// tests' patience. A caller that has to wait says so on progress.
+// Boot takes the machine-wide lock under which one guest at a time boots
+// from the image, and returns its release. Under TCG a booting guest keeps
+// a core busy, so two suites booting guests side by side on a 2-core
+// machine (test/guest and test/e2e's real Nova guest, run in parallel by
+// `make test`) starve each other's guests past their tests' patience. A
+// guest that is up costs little, so the lock is held while a guest boots,
+// not while a suite runs: the other suite boots between one's boots. A
+// caller that has to wait says so on progress.
 func Boot(ctx context.Context, progress io.Writer) (func(), error) {
 	path, err := Path()
 	if err != nil {
@@ -205,4 +209,23 @@ func Boot(ctx context.Context, progress io.Writer) (func(), error) {
 		return nil, errors.Wrap(err, "cannot create the guest image directory")
 	}
 	return modbuild.Lock(ctx, filepath.Join(root, "boot.lock"), progress)
+}
+
+// HoldBoot is Boot for a test: it fails t when the lock cannot be taken,
+// logs a wait, and returns the release, which is also t's cleanup and may
+// be called early, once the guests t boots are up.
+func HoldBoot(ctx context.Context, t testing.TB) func() {
+	t.Helper()
+	start := time.Now()
+	release, err := Boot(ctx, os.Stderr)
+	if err != nil {
+		t.Fatalf("cannot take the machine's guest boot lock: %v", err)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Logf("waited %s for the machine's guest boot lock", waited.Round(time.Second))
+	}
+	var once sync.Once
+	r := func() { once.Do(release) }
+	t.Cleanup(r)
+	return r
 }

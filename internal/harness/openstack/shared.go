@@ -2,11 +2,8 @@ package openstack
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -14,18 +11,15 @@ import (
 
 // The cloud of one test binary: started by the first test that asks,
 // stopped by Main after the last test. Two test binaries (go test runs
-// packages side by side) would each start one, twice the memory of the
-// machine's largest harness: a file lock makes the second wait for the
-// first to stop.
+// packages side by side: this package's and test/e2e) each start one;
+// clouds share nothing but the machine (ports, directories, RabbitMQ
+// nodes and hosts' names are each cloud's own), and two fit its memory
+// easily, so neither waits for the other.
 var shared struct {
 	sync.Mutex
 	cloud *Cloud
 	err   error
-	lock  *os.File
 }
-
-// lockPath is machine-wide on purpose.
-var lockPath = filepath.Join(os.TempDir(), "virtfleet-openstack.lock")
 
 // Shared returns the test binary's cloud, starting it on the first call
 // (progress on stderr). A start that failed fails every later call the
@@ -40,25 +34,7 @@ func Shared(ctx context.Context) (*Cloud, error) {
 		shared.err = errors.Errorf("the Debian packages of the test OpenStack are not installed: %v; run `make deps` as root", missing)
 		return nil, shared.err
 	}
-	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600) //nolint:gosec // a fixed lock file
-	if err != nil {
-		shared.err = errors.Wrap(err, "cannot open the test OpenStack's lock")
-		return nil, shared.err
-	}
-	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
-		fmt.Fprintf(os.Stderr, "openstack: waiting for another test binary's cloud to stop (%s)\n", lockPath)
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-			_ = f.Close()
-			shared.err = errors.Wrap(err, "cannot lock the test OpenStack")
-			return nil, shared.err
-		}
-	}
-	shared.lock = f
 	shared.cloud, shared.err = Start(ctx, Options{Progress: os.Stderr})
-	if shared.err != nil {
-		_ = f.Close()
-		shared.lock = nil
-	}
 	return shared.cloud, shared.err
 }
 
@@ -83,10 +59,6 @@ func Main(m *testing.M) int {
 	if shared.cloud != nil {
 		shared.cloud.Stop()
 		shared.cloud = nil
-	}
-	if shared.lock != nil {
-		_ = shared.lock.Close()
-		shared.lock = nil
 	}
 	return code
 }
