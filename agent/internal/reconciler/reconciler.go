@@ -429,18 +429,29 @@ func (r *Reconciler) lookAtReportedBefore(ctx context.Context) {
 		}
 		for _, key := range keys {
 			if _, rest, err := wire.ParseKey(key); err == nil {
-				if uid, ok := wire.GuestReports.UID(rest); ok {
+				if uid, ok := wire.GuestReports.UID(rest); ok && !intended(r, r.intents, uid) {
 					r.queue.Add(guest(uid))
 				}
-				if uid, ok := wire.SnapshotReports.UID(rest); ok {
+				if uid, ok := wire.SnapshotReports.UID(rest); ok && !intended(r, r.snapshots, uid) {
 					r.queue.Add(item{kind: kindSnapshot, uid: uid})
 				}
-				if uid, ok := wire.BackupReports.UID(rest); ok {
+				if uid, ok := wire.BackupReports.UID(rest); ok && !intended(r, r.backups, uid) {
 					r.queue.Add(item{kind: kindBackup, uid: uid})
 				}
 			}
 		}
 	}()
+}
+
+// intended says whether intents holds uid. The listing of earlier reports
+// passes over what has an intent: the intent's own events queue it, and the
+// listing, which may end after this agent reported on it, would make it
+// taken up once more for nothing (a Terminal failure tried again).
+func intended[V any](r *Reconciler, intents map[string]V, uid string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := intents[uid]
+	return ok
 }
 
 func (r *Reconciler) processNext(ctx context.Context) bool {
