@@ -272,6 +272,10 @@ type Image struct {
 	UID string
 	// Name is the DiskImage's name, for messages.
 	Name string
+	// Namespace is the namespace whose VM or Volume asked for the image
+	// (its intent's): a node shares its import slots out by it, so one
+	// tenant's imports never hold them all while another's wait.
+	Namespace string
 	// URL is the http or https address the image is downloaded from.
 	URL string
 	// SourceVolume, instead of URL, makes the image a copy of this volume

@@ -35,7 +35,7 @@ func (j *Job) FromBackup(ctx context.Context, img *driver.Image) (string, int64,
 		return "", 0, driver.Terminalf("cannot import image %s from %s: a disk of a backup is a raw image, but the image says its format is %q", img.Name, what, cmp.Or(img.Format, defaultFormat))
 	}
 	s := j.s
-	release, err := s.acquire(ctx, j)
+	release, err := s.acquire(ctx, j, img.Namespace)
 	if err != nil {
 		return "", 0, errors.Wrapf(err, "cannot import image %s", img.Name)
 	}

@@ -60,7 +60,9 @@ type Config struct {
 	// byte; zero or less means DefaultTimeout.
 	Timeout time.Duration
 	// Downloads is how many downloads run at once; the others wait for a
-	// slot. Zero or less means DefaultDownloads.
+	// slot. Zero or less means DefaultDownloads. The images of one
+	// namespace (driver.Image.Namespace) hold all but one of them at
+	// most, and one where there is only one.
 	Downloads int
 	// RetryBase is the wait after an image's first failed import, doubled
 	// after each further one up to RetryMax; zero or less means
@@ -74,9 +76,8 @@ type Config struct {
 // failed one of each image, and the last that succeeded, for Status.
 type Imports struct {
 	cfg Config
-	// slots holds a token per download running; its capacity is how many
-	// may run at once.
-	slots chan struct{}
+	// slots are the downloads running, in all and by namespace.
+	slots *downloadSlots
 	// running counts the imports running in the background, for Wait.
 	running sync.WaitGroup
 
@@ -108,7 +109,7 @@ func New(cfg Config) *Imports {
 	}
 	return &Imports{
 		cfg:      cfg,
-		slots:    make(chan struct{}, cfg.Downloads),
+		slots:    newDownloadSlots(cfg.Downloads),
 		jobs:     map[string]*Job{},
 		names:    map[string]string{},
 		imported: map[string]*Job{},
@@ -352,22 +353,70 @@ func (s *Imports) Forget(uid string) {
 	delete(s.imported, uid)
 }
 
-// acquire waits for a download slot, marking job queued meanwhile, and
-// returns the function that frees it.
-func (s *Imports) acquire(ctx context.Context, job *Job) (release func(), err error) {
-	release = func() { <-s.slots }
-	select {
-	case s.slots <- struct{}{}:
-		return release, nil
-	default:
+// downloadSlots share a node's downloads out among namespaces. They are
+// bounded here, where the downloads run, not where the hub publishes
+// intents: only the node knows which of its imports still wait, and an
+// image several namespaces' disks need is one import here, whichever
+// intents name it. A namespace holds all but one slot at most, so that
+// however many images one tenant asks a node for, another tenant's import
+// finds a slot no later than one of the first tenant's imports ends.
+type downloadSlots struct {
+	mu           sync.Mutex
+	limit        int
+	perNamespace int
+	running      int
+	namespaces   map[string]int
+	// freed is closed, and made anew, whenever a slot is freed, so
+	// every waiter looks again.
+	freed chan struct{}
+}
+
+func newDownloadSlots(limit int) *downloadSlots {
+	return &downloadSlots{limit: limit, perNamespace: max(1, limit-1), namespaces: map[string]int{}, freed: make(chan struct{})}
+}
+
+// take holds a slot for namespace if one is free to it, or returns what is
+// closed when one is freed.
+func (d *downloadSlots) take(namespace string) (freed <-chan struct{}, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.running >= d.limit || d.namespaces[namespace] >= d.perNamespace {
+		return d.freed, false
 	}
-	job.queued.Store(true)
-	defer job.queued.Store(false)
-	select {
-	case s.slots <- struct{}{}:
-		return release, nil
-	case <-ctx.Done():
-		return nil, errors.Wrap(ctx.Err(), "stopped waiting for a download slot")
+	d.running++
+	d.namespaces[namespace]++
+	return nil, true
+}
+
+func (d *downloadSlots) release(namespace string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.running--
+	if d.namespaces[namespace]--; d.namespaces[namespace] == 0 {
+		delete(d.namespaces, namespace)
+	}
+	close(d.freed)
+	d.freed = make(chan struct{})
+}
+
+// acquire waits for a download slot free to namespace, marking job queued
+// meanwhile, and returns the function that frees it.
+func (s *Imports) acquire(ctx context.Context, job *Job, namespace string) (release func(), err error) {
+	var once sync.Once
+	release = func() { once.Do(func() { s.slots.release(namespace) }) }
+	for {
+		freed, ok := s.slots.take(namespace)
+		if ok {
+			job.queued.Store(false)
+			return release, nil
+		}
+		job.queued.Store(true)
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			job.queued.Store(false)
+			return nil, errors.Wrap(ctx.Err(), "stopped waiting for a download slot")
+		}
 	}
 }
 
@@ -392,7 +441,7 @@ func (j *Job) Download(ctx context.Context, img *driver.Image) (string, int64, e
 	if err != nil {
 		return "", 0, errors.Errorf("cannot import image %s: %w", img.Name, err)
 	}
-	release, err := s.acquire(ctx, j)
+	release, err := s.acquire(ctx, j, img.Namespace)
 	if err != nil {
 		return "", 0, errors.Wrapf(err, "cannot import image %s", img.Name)
 	}

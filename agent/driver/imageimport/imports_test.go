@@ -341,3 +341,79 @@ func TestStaleDownloadsOfAKilledAgentAreRemovedAtStart(t *testing.T) {
 	assert.NoFileExists(t, stale, "a killed agent's partial download goes")
 	assert.FileExists(t, other, "nothing else in the directory is touched")
 }
+
+// TestOneNamespaceCannotHoldEveryDownloadSlot is an attack by a tenant that
+// may create DiskImages and Volumes in its own namespace, against a real
+// HTTP server the images come from:
+//
+//  1. mallory, in tenant-a, points three DiskImages at a server of hers
+//     that answers slowly (here: not until the test lets it), and asks
+//     one node for all three;
+//  2. alice, in tenant-b, then asks the same node for an image of hers.
+//
+// Before the share, mallory's first two imports held both of the node's
+// download slots for as long as her server kept them (up to the import
+// timeout, an hour), and alice's import waited behind them. Now mallory's
+// imports hold all but one slot, and alice's download starts at once.
+func TestOneNamespaceCannotHoldEveryDownloadSlot(t *testing.T) {
+	hold := make(chan struct{})
+	requested := make(chan string, 8)
+	srv, _ := countingServer(t, "127.0.0.1:0", func(w http.ResponseWriter, r *http.Request) {
+		requested <- r.URL.Path
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+			return
+		}
+		serveBytes(diskimagetest.QCOW2Header())(w, r)
+	})
+	lifetime, stop := context.WithCancel(context.Background())
+	s := New(Config{Dir: t.TempDir(), Downloads: 2})
+	t.Cleanup(func() { stop(); s.Wait() })
+	b := newBackend()
+	run := func(ctx context.Context, img *driver.Image, job *Job) error {
+		path, _, err := job.Download(ctx, img)
+		if err != nil {
+			return err
+		}
+		_ = os.Remove(path)
+		return b.run(ctx, img, job)
+	}
+	image := func(namespace, name string) *driver.Image {
+		return &driver.Image{UID: namespace + "-" + name, Name: name, Namespace: namespace, URL: srv.URL + "/" + name, Format: "qcow2", AllowedSources: loopback}
+	}
+	ensure := func(img *driver.Image) string {
+		msg, err := s.Ensure(lifetime, img, b.has(img.UID), run)
+		require.NoError(t, err)
+		return msg
+	}
+	// seen waits for the server to be asked for path, and fails on any
+	// other download first.
+	seen := func(path string) {
+		t.Helper()
+		select {
+		case got := <-requested:
+			require.Equal(t, path, got)
+		case <-time.After(10 * time.Second):
+			require.Failf(t, "no download started", "want %s", path)
+		}
+	}
+
+	mallory := []*driver.Image{image("tenant-a", "m1"), image("tenant-a", "m2"), image("tenant-a", "m3")}
+	ensure(mallory[0])
+	seen("/m1")
+	ensure(mallory[1])
+	ensure(mallory[2])
+	require.Eventually(t, func() bool { return ensure(mallory[1]) == "importing image m2: waiting for a download slot" }, 10*time.Second, 10*time.Millisecond,
+		"tenant-a's second import waits while its first holds all it may")
+
+	alice := image("tenant-b", "a1")
+	ensure(alice)
+	seen("/a1")
+	assert.Equal(t, "importing image m3: waiting for a download slot", ensure(mallory[2]))
+
+	close(hold)
+	for _, img := range append(mallory, alice) {
+		require.Eventually(t, func() bool { return ensure(img) == "" }, 10*time.Second, 10*time.Millisecond, "%s is imported once slots are freed", img.Name)
+	}
+}

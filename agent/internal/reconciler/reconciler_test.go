@@ -295,7 +295,7 @@ func TestReconciler(t *testing.T) {
 			}))
 			h.eventually("a", phase(wire.PhaseRunning), "guest should run")
 			d := h.lastEnsure("a").Disks[0]
-			assert.Equal(t, &driver.Image{UID: "img-1", Name: "ubuntu", URL: "http://127.0.0.1/u.qcow2", SHA256: "ab", Format: "raw", PruneAfter: 90 * time.Second}, d.Image)
+			assert.Equal(t, &driver.Image{UID: "img-1", Name: "ubuntu", Namespace: "default", URL: "http://127.0.0.1/u.qcow2", SHA256: "ab", Format: "raw", PruneAfter: 90 * time.Second}, d.Image)
 			assert.Equal(t, "raw", d.Format, "the disk takes its image's format")
 		}},
 		{"an image without a url fails naming the field", func(t *testing.T, h *harness) {

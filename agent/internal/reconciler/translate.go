@@ -62,6 +62,7 @@ func machine(in wire.Intent) (driver.Machine, error) {
 			disk.Image = &driver.Image{
 				UID:          im.UID,
 				Name:         im.Name,
+				Namespace:    in.Namespace,
 				URL:          im.URL,
 				ExternalName: im.ExternalName,
 				SHA256:       im.Checksum,

@@ -28,19 +28,19 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 	}{
 		"ADownloadKeepsItsURL": {
 			image: wire.ImageRef{Name: "ubuntu", UID: "img-1", URL: "http://127.0.0.1/u.qcow2", Checksum: "ab", PruneAfterSeconds: 60},
-			want:  &driver.Image{UID: "img-1", Name: "ubuntu", URL: "http://127.0.0.1/u.qcow2", SHA256: "ab", PruneAfter: time.Minute},
+			want:  &driver.Image{UID: "img-1", Namespace: "team-a", Name: "ubuntu", URL: "http://127.0.0.1/u.qcow2", SHA256: "ab", PruneAfter: time.Minute},
 		},
 		"ACloneNamesItsSourceAsTheNodeNamesIt": {
 			image: wire.ImageRef{Name: "golden", UID: "img-2", Format: "qcow2", SourceVolume: base},
-			want:  &driver.Image{UID: "img-2", Name: "golden", Format: "qcow2", SourceVolume: "team-a_base"},
+			want:  &driver.Image{UID: "img-2", Namespace: "team-a", Name: "golden", Format: "qcow2", SourceVolume: "team-a_base"},
 		},
 		"ASnapshotCopyNamesItsVolumeAndTheSnapshot": {
 			image: wire.ImageRef{Name: "golden", UID: "img-4", Format: "qcow2", SourceSnapshot: &wire.SourceSnapshot{Volume: *base, Snapshot: "snap-1"}},
-			want:  &driver.Image{UID: "img-4", Name: "golden", Format: "qcow2", SourceVolume: "team-a_base", SourceSnapshot: "snap-1"},
+			want:  &driver.Image{UID: "img-4", Namespace: "team-a", Name: "golden", Format: "qcow2", SourceVolume: "team-a_base", SourceSnapshot: "snap-1"},
 		},
 		"AllowedSourcesBecomePrefixes": {
 			image: wire.ImageRef{Name: "ubuntu", UID: "img-3", URL: "http://10.1.2.3/u.qcow2", AllowedSources: []string{"10.0.0.0/8", "fd00::/8", "192.168.7.9/24"}},
-			want: &driver.Image{UID: "img-3", Name: "ubuntu", URL: "http://10.1.2.3/u.qcow2", AllowedSources: []netip.Prefix{
+			want: &driver.Image{UID: "img-3", Namespace: "team-a", Name: "ubuntu", URL: "http://10.1.2.3/u.qcow2", AllowedSources: []netip.Prefix{
 				netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("192.168.7.0/24"),
 			}},
 		},
@@ -62,7 +62,7 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 		},
 		"ABackupKeepsWhereItIsAndWhichDisk": {
 			image: wire.ImageRef{Name: "restored", UID: "img-4", Format: "raw", Backup: backup},
-			want:  &driver.Image{UID: "img-4", Name: "restored", Format: "raw", Backup: backup},
+			want:  &driver.Image{UID: "img-4", Namespace: "team-a", Name: "restored", Format: "raw", Backup: backup},
 		},
 		"ABackupWithoutCredentialsIsRefused": {
 			image: wire.ImageRef{Name: "restored", UID: "img-4", Format: "raw", Backup: &wire.ImageBackup{
