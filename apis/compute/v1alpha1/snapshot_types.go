@@ -161,6 +161,15 @@ func (s *VirtualMachineSnapshot) Done() bool {
 	return s.Status.Phase == SnapshotSucceeded || s.Status.Phase == SnapshotFailed || s.Status.Phase == SnapshotLost
 }
 
+// Serves says whether s still serves o, a clone or a DiskImage that reads
+// it: always while s is not being deleted; once it is, only o made before
+// its deletion was asked for. The deletion waits for those to finish
+// reading it, as Kubernetes keeps a PersistentVolumeClaim a pod uses; one
+// made after would hold a snapshot already on its way out.
+func (s *VirtualMachineSnapshot) Serves(o metav1.Object) bool {
+	return s.DeletionTimestamp == nil || !o.GetCreationTimestamp().After(s.DeletionTimestamp.Time)
+}
+
 // +kubebuilder:object:root=true
 
 // VirtualMachineSnapshotList contains a list of VirtualMachineSnapshot.

@@ -268,7 +268,9 @@ func (r *Reconciler) fromSnapshot(ctx context.Context, c *v1alpha1.VirtualMachin
 		return nil, wait("VirtualMachineSnapshot %s does not exist in namespace %s", name, c.Namespace)
 	case err != nil:
 		return nil, errors.Wrap(err, "cannot get the source snapshot")
-	case meta.WasDeleted(s):
+	case meta.WasDeleted(s) && (!s.Serves(c) || !s.Status.ReadyToUse):
+		// One not ready to use never becomes so: a deleted snapshot is
+		// no longer followed.
 		return nil, refuse("VirtualMachineSnapshot %s is being deleted", name)
 	case s.Status.Phase == v1alpha1.SnapshotFailed:
 		return nil, refuse("VirtualMachineSnapshot %s failed, and holds nothing to copy: %s", name, s.Status.Message)

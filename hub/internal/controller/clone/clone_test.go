@@ -247,6 +247,24 @@ func TestClones(t *testing.T) {
 		assert.Equal(t, map[string]string{clone.LabelClone: "copy"}, vm.Labels, "no VM to copy labels of")
 	})
 
+	// A clone waits for a snapshot being taken; the user deletes the
+	// snapshot, which is then never taken: the clone fails, and so no
+	// longer holds the snapshot's deletion.
+	t.Run("FailsWhenTheSnapshotItWaitsForIsDeleted", func(t *testing.T) {
+		ns := e.Namespace(t)
+		src := sourceVM(t, e, ns, "web", nodeA, nil)
+		snap := snapshotOf(t, e, src, "nightly", v1alpha1.SnapshotInProgress)
+		snap.Finalizers = []string{"test.virtfleet.io/keep"}
+		require.NoError(t, e.Kube.Update(e.Ctx, snap))
+		c := newClone(t, e, ns, "copy", v1alpha1.CloneFromVirtualMachineSnapshot, "nightly", "web2")
+		await(t, e, c, v1alpha1.ClonePending)
+
+		require.NoError(t, e.Kube.Delete(e.Ctx, snap))
+		got := await(t, e, c, v1alpha1.CloneFailed)
+		assert.Equal(t, "VirtualMachineSnapshot nightly is being deleted", got.Status.Message)
+		assert.True(t, absent(t, e, ns, "web2-web-root", &v1alpha1.DiskImage{}), "nothing copied")
+	})
+
 	t.Run("WaitsForTheSourceToBePlaced", func(t *testing.T) {
 		ns := e.Namespace(t)
 		sourceVM(t, e, ns, "web", "", nil)
@@ -323,6 +341,11 @@ func TestClones(t *testing.T) {
 					s.Finalizers = []string{"test.virtfleet.io/keep"}
 					require.NoError(t, e.Kube.Update(e.Ctx, s))
 					require.NoError(t, e.Kube.Delete(e.Ctx, s))
+					e.Get(t, s)
+					// A clone made within the second of the deletion
+					// counts as made before it (timestamps are whole
+					// seconds), which the deletion would wait for.
+					require.Eventually(t, func() bool { return time.Now().After(s.DeletionTimestamp.Add(time.Second)) }, within, 50*time.Millisecond)
 				},
 				message: "VirtualMachineSnapshot web is being deleted",
 			},

@@ -138,8 +138,42 @@ var RestoresOfSnapshot = inuse.User{
 	},
 }
 
+// ClonesOfSnapshot are the VirtualMachineClones copying a
+// VirtualMachineSnapshot, through spec.source.name where spec.source.kind
+// is VirtualMachineSnapshot: the snapshot is not deleted until the clone
+// is over.
+var ClonesOfSnapshot = inuse.User{
+	Kind:    v1alpha1.VirtualMachineCloneKind,
+	New:     func() client.Object { return &v1alpha1.VirtualMachineClone{} },
+	NewList: func() client.ObjectList { return &v1alpha1.VirtualMachineCloneList{} },
+	Index:   "spec.source.snapshotName",
+	Uses: func(o client.Object) []string {
+		if c, ok := o.(*v1alpha1.VirtualMachineClone); ok && c.Spec.Source.Kind == v1alpha1.CloneFromVirtualMachineSnapshot {
+			return []string{string(c.Spec.Source.Name)}
+		}
+		return nil
+	},
+}
+
+// ImagesOfSnapshot are the DiskImages copying a Volume as a
+// VirtualMachineSnapshot holds it, through
+// spec.forProvider.source.snapshotRef: the snapshot is not deleted until
+// the image is made.
+var ImagesOfSnapshot = inuse.User{
+	Kind:    v1alpha1.DiskImageKind,
+	New:     func() client.Object { return &v1alpha1.DiskImage{} },
+	NewList: func() client.ObjectList { return &v1alpha1.DiskImageList{} },
+	Index:   "spec.forProvider.source.snapshotRef.name",
+	Uses: func(o client.Object) []string {
+		if img, ok := o.(*v1alpha1.DiskImage); ok && img.Spec.ForProvider.Source.SnapshotRef != nil {
+			return []string{string(img.Spec.ForProvider.Source.SnapshotRef.Name)}
+		}
+		return nil
+	},
+}
+
 // all are the indexes Setup registers.
-var all = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers, NodeUsers, PlacementGroupMembers, MigrationsOfVM, SnapshotsOfVM, RestoresOfSnapshot}
+var all = []inuse.User{VolumeUsers, NetworkUsers, ImageUsers, NodeUsers, PlacementGroupMembers, MigrationsOfVM, SnapshotsOfVM, RestoresOfSnapshot, ClonesOfSnapshot, ImagesOfSnapshot}
 
 // vmUser describes VirtualMachines as users of what index names.
 func vmUser(index string, uses func(*v1alpha1.VirtualMachine) []string) inuse.User {

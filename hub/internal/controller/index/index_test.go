@@ -18,6 +18,12 @@ func TestUses(t *testing.T) {
 	fromImage.Spec.ForProvider.Source = &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: "debian"}}
 	snap := &v1alpha1.VirtualMachineSnapshot{Spec: v1alpha1.VirtualMachineSnapshotSpec{VMName: "web"}}
 	restore := &v1alpha1.VirtualMachineRestore{Spec: v1alpha1.VirtualMachineRestoreSpec{SnapshotName: "before-upgrade", VMName: "web"}}
+	cloneOfSnap := &v1alpha1.VirtualMachineClone{Spec: v1alpha1.VirtualMachineCloneSpec{Source: v1alpha1.CloneSource{Kind: v1alpha1.CloneFromVirtualMachineSnapshot, Name: "monday"}}}
+	cloneOfVM := &v1alpha1.VirtualMachineClone{Spec: v1alpha1.VirtualMachineCloneSpec{Source: v1alpha1.CloneSource{Kind: v1alpha1.CloneFromVirtualMachine, Name: "monday"}}}
+	imageOfSnap := &v1alpha1.DiskImage{}
+	imageOfSnap.Spec.ForProvider.Source = v1alpha1.DiskImageSource{VolumeRef: &v1alpha1.LocalReference{Name: "root"}, SnapshotRef: &v1alpha1.LocalReference{Name: "monday"}}
+	imageOfVolume := &v1alpha1.DiskImage{}
+	imageOfVolume.Spec.ForProvider.Source = v1alpha1.DiskImageSource{VolumeRef: &v1alpha1.LocalReference{Name: "monday"}}
 
 	cases := map[string]struct {
 		user inuse.User
@@ -32,6 +38,10 @@ func TestUses(t *testing.T) {
 		"ASnapshotIsOfItsVM":               {user: SnapshotsOfVM, obj: snap, want: []string{"web"}},
 		"ARestoreUsesItsSnapshot":          {user: RestoresOfSnapshot, obj: restore, want: []string{"before-upgrade"}},
 		"ARestoreIsNoSnapshotOfItsVM":      {user: SnapshotsOfVM, obj: restore},
+		"ACloneOfASnapshotUsesIt":          {user: ClonesOfSnapshot, obj: cloneOfSnap, want: []string{"monday"}},
+		"ACloneOfAVMUsesNoSnapshot":        {user: ClonesOfSnapshot, obj: cloneOfVM},
+		"AnImageOfASnapshotUsesIt":         {user: ImagesOfSnapshot, obj: imageOfSnap, want: []string{"monday"}},
+		"AnImageOfAVolumeUsesNoSnapshot":   {user: ImagesOfSnapshot, obj: imageOfVolume},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

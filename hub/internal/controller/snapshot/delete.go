@@ -65,21 +65,21 @@ func (r *Reconciler) fleetOfNode(node string) (*fleet.Fleet, error) {
 	return fleet.HearingFrom(r.opts.Pool.Fleets(), node)
 }
 
-// deleted deletes the snapshot on its node, once no restore uses it, and
-// lets it go once the node reports it gone, or once the node has been
-// lost for longer than the fencing timeout: a deletion never hangs
-// forever.
+// deleted deletes the snapshot on its node, once no restore, clone or
+// DiskImage reads it, and lets it go once the node reports it gone, or
+// once the node has been lost for longer than the fencing timeout: a
+// deletion never hangs forever.
 func (r *Reconciler) deleted(ctx context.Context, s *v1alpha1.VirtualMachineSnapshot, vm *v1alpha1.VirtualMachine) (reconcile.Result, error) {
 	if !meta.FinalizerExists(s, Finalizer) {
 		return reconcile.Result{}, nil
 	}
-	restore, err := r.restoredBy(ctx, s)
+	why, err := r.heldBy(ctx, s)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if restore != "" {
+	if why != "" {
 		st := s.Status
-		st.Message = fmt.Sprintf("VirtualMachineRestore %s restores from the snapshot; it is deleted once the restore is over", restore)
+		st.Message = why
 		return reconcile.Result{}, r.setStatus(ctx, s, st)
 	}
 	node := s.Status.Node
@@ -104,25 +104,65 @@ func (r *Reconciler) deleted(ctx context.Context, s *v1alpha1.VirtualMachineSnap
 	return reconcile.Result{}, r.release(ctx, s)
 }
 
-// restoredBy is the name of a restore from s not over yet, or "". A
-// pending one counts too: it may start at any moment, and then fails
-// seeing the snapshot deleted. So does one over that has not let go of
-// its VM yet: the snapshot names the VM it drops its mark from.
-func (r *Reconciler) restoredBy(ctx context.Context, s *v1alpha1.VirtualMachineSnapshot) (string, error) {
-	l := &v1alpha1.VirtualMachineRestoreList{}
-	if err := r.kube.List(ctx, l, client.InNamespace(s.Namespace), client.MatchingFields{index.RestoresOfSnapshot.Index: s.Name}); err != nil {
+// heldBy says what reads s and holds its deletion, or "". A restore
+// holds it until it is over; a pending one counts too: it may start at
+// any moment, and then fails seeing the snapshot deleted. So does one
+// over that has not let go of its VM yet: the snapshot names the VM it
+// drops its mark from. A clone made before the deletion holds it until it
+// is over, and a DiskImage made before it until a node made the image
+// (or failed to), while the snapshot is ready to use: the node reads the
+// snapshot only then. One made after is refused the snapshot (Serves) and
+// holds nothing.
+func (r *Reconciler) heldBy(ctx context.Context, s *v1alpha1.VirtualMachineSnapshot) (string, error) {
+	restores := &v1alpha1.VirtualMachineRestoreList{}
+	if err := r.kube.List(ctx, restores, client.InNamespace(s.Namespace), client.MatchingFields{index.RestoresOfSnapshot.Index: s.Name}); err != nil {
 		return "", errors.Wrap(err, "cannot list the restores of the snapshot")
 	}
 	var names []string
-	for i := range l.Items {
-		if !l.Items[i].Done() || meta.FinalizerExists(&l.Items[i], restore.Finalizer) {
-			names = append(names, l.Items[i].Name)
+	for i := range restores.Items {
+		if !restores.Items[i].Done() || meta.FinalizerExists(&restores.Items[i], restore.Finalizer) {
+			names = append(names, restores.Items[i].Name)
 		}
 	}
-	if len(names) == 0 {
+	if len(names) > 0 {
+		return fmt.Sprintf("VirtualMachineRestore %s restores from the snapshot; it is deleted once the restore is over", slices.Min(names)), nil
+	}
+	if !s.Status.ReadyToUse {
+		// Clones and images wait for a snapshot ready to use, and a
+		// deleted one is no longer followed to become so: they are
+		// refused it.
 		return "", nil
 	}
-	return slices.Min(names), nil
+	clones := &v1alpha1.VirtualMachineCloneList{}
+	if err := r.kube.List(ctx, clones, client.InNamespace(s.Namespace), client.MatchingFields{index.ClonesOfSnapshot.Index: s.Name}); err != nil {
+		return "", errors.Wrap(err, "cannot list the clones of the snapshot")
+	}
+	for i := range clones.Items {
+		if c := &clones.Items[i]; !c.Done() && s.Serves(c) {
+			names = append(names, c.Name)
+		}
+	}
+	if len(names) > 0 {
+		return fmt.Sprintf("VirtualMachineClone %s copies the snapshot; it is deleted once the clone is over", slices.Min(names)), nil
+	}
+	images := &v1alpha1.DiskImageList{}
+	if err := r.kube.List(ctx, images, client.InNamespace(s.Namespace), client.MatchingFields{index.ImagesOfSnapshot.Index: s.Name}); err != nil {
+		return "", errors.Wrap(err, "cannot list the DiskImages of the snapshot")
+	}
+	for i := range images.Items {
+		img := &images.Items[i]
+		switch img.Status.AtProvider.Phase {
+		case v1alpha1.ImagePhaseReady, v1alpha1.ImagePhaseFailed:
+			continue
+		}
+		if !meta.WasDeleted(img) && s.Serves(img) {
+			names = append(names, img.Name)
+		}
+	}
+	if len(names) > 0 {
+		return fmt.Sprintf("DiskImage %s copies a disk as the snapshot holds it; it is deleted once the image is made", slices.Min(names)), nil
+	}
+	return "", nil
 }
 
 // deleteOnNode asks the snapshot's node to delete it and says whether it

@@ -43,6 +43,7 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualmachine"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
@@ -123,7 +124,8 @@ func SetupGated(mgr ctrl.Manager, o controller.Options, so Options) error {
 		if err := Setup(mgr, o, so); err != nil {
 			panic(errors.Wrap(err, "cannot set up the VirtualMachineSnapshot controller"))
 		}
-	}, v1alpha1.VirtualMachineSnapshotGroupVersionKind, v1alpha1.VirtualMachineGroupVersionKind, v1alpha1.VirtualMachineRestoreGroupVersionKind)
+	}, v1alpha1.VirtualMachineSnapshotGroupVersionKind, v1alpha1.VirtualMachineGroupVersionKind, v1alpha1.VirtualMachineRestoreGroupVersionKind,
+		v1alpha1.VirtualMachineCloneGroupVersionKind, v1alpha1.DiskImageGroupVersionKind)
 	return nil
 }
 
@@ -146,8 +148,22 @@ func Setup(mgr ctrl.Manager, o controller.Options, so Options) error {
 			}
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: rs.Namespace, Name: string(rs.Spec.SnapshotName)}}}
 		})).
+		// So does a clone that ends, or an image made from it.
+		Watches(&v1alpha1.VirtualMachineClone{}, handler.EnqueueRequestsFromMapFunc(snapshotsUsedBy(index.ClonesOfSnapshot))).
+		Watches(&v1alpha1.DiskImage{}, handler.EnqueueRequestsFromMapFunc(snapshotsUsedBy(index.ImagesOfSnapshot))).
 		WatchesRawSource(so.Notifier.Source()).
 		Complete(r)
+}
+
+// snapshotsUsedBy maps an object of u's kind to the snapshots it reads.
+func snapshotsUsedBy(u inuse.User) handler.MapFunc {
+	return func(_ context.Context, o client.Object) []reconcile.Request {
+		var out []reconcile.Request
+		for _, name := range u.Uses(o) {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}})
+		}
+		return out
+	}
 }
 
 // NewReconciler returns a Reconciler writing with kube.

@@ -249,10 +249,7 @@ func TestSnapshots(t *testing.T) {
 		s := ready(t, e, nodeA, newSnapshot(t, e, ns, "old", "web"), vm)
 
 		require.NoError(t, e.Kube.Delete(e.Ctx, s))
-		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			in, ok := intent(t, e, nodeA, s)
-			assert.True(c, ok && in.Absent, "the node is asked to delete it")
-		}, within, 10*time.Millisecond)
+		askedToDelete(t, e, nodeA, s, "the node is asked to delete it")
 		e.Get(t, s)
 		assert.NotNil(t, s.DeletionTimestamp, "held until the node says it is gone")
 		assert.Contains(t, s.Finalizers, snapshot.Finalizer)
@@ -283,10 +280,88 @@ func TestSnapshots(t *testing.T) {
 
 		rs.Status = v1alpha1.VirtualMachineRestoreStatus{Phase: v1alpha1.RestoreSucceeded, Complete: true}
 		require.NoError(t, e.Kube.Status().Update(e.Ctx, rs))
-		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			in, ok := intent(t, e, nodeA, s)
-			assert.True(c, ok && in.Absent, "deleted once the restore is over")
-		}, within, 10*time.Millisecond)
+		askedToDelete(t, e, nodeA, s, "deleted once the restore is over")
+	})
+
+	// A user clones a VM from its snapshot (or makes a DiskImage of a
+	// disk as the snapshot holds it), then deletes the snapshot before
+	// the copy is made. The deletion waits, and the snapshot says for
+	// what; its node keeps it until the clone is over (the image made),
+	// then is asked to delete it.
+	t.Run("AClonesReadersHoldItsDeletionUntilTheyAreDone", func(t *testing.T) {
+		cases := map[string]struct {
+			// read makes what reads the snapshot, under way, in ns.
+			read func(t *testing.T, ns, snapshot string) client.Object
+			// finish ends it.
+			finish  func(t *testing.T, o client.Object)
+			message string
+		}{
+			"AClone": {
+				read: func(t *testing.T, ns, snapshot string) client.Object {
+					return clone(t, e, ns, "copy", snapshot, v1alpha1.CloneInProgress)
+				},
+				finish: func(t *testing.T, o client.Object) {
+					c := o.(*v1alpha1.VirtualMachineClone)
+					c.Status.Phase = v1alpha1.CloneSucceeded
+					require.NoError(t, e.Kube.Status().Update(e.Ctx, c))
+				},
+				message: "VirtualMachineClone copy copies the snapshot; it is deleted once the clone is over",
+			},
+			"ADiskImage": {
+				read: func(t *testing.T, ns, snapshot string) client.Object {
+					return image(t, e, ns, "copy", snapshot, v1alpha1.ImagePhaseImporting)
+				},
+				finish: func(t *testing.T, o client.Object) {
+					img := o.(*v1alpha1.DiskImage)
+					img.Status.AtProvider.Phase = v1alpha1.ImagePhaseReady
+					require.NoError(t, e.Kube.Status().Update(e.Ctx, img))
+				},
+				message: "DiskImage copy copies a disk as the snapshot holds it; it is deleted once the image is made",
+			},
+		}
+		for name, tc := range cases {
+			t.Run(name, func(t *testing.T) {
+				ns := e.Namespace(t)
+				vm := e.VM(t, ns, "web", nodeA, true, v1alpha1.PhaseRunning)
+				s := ready(t, e, nodeA, newSnapshot(t, e, ns, "golden", "web"), vm)
+				reader := tc.read(t, ns, "golden")
+
+				require.NoError(t, e.Kube.Delete(e.Ctx, s))
+				got := await(t, e, s, func(c *assert.CollectT, s *v1alpha1.VirtualMachineSnapshot) {
+					assert.Equal(c, tc.message, s.Status.Message)
+				})
+				assert.True(t, got.Status.ReadyToUse, "still read from")
+				in, _ := intent(t, e, nodeA, s)
+				assert.False(t, in.Absent, "the node keeps it while it is copied")
+
+				tc.finish(t, reader)
+				askedToDelete(t, e, nodeA, s, "deleted once the copy is made")
+			})
+		}
+	})
+
+	// A clone holds the snapshot's deletion; the user then makes a
+	// DiskImage of it, and a clone that fails: neither holds it, and once
+	// the first clone is over the snapshot goes.
+	t.Run("ReadersMadeAfterTheDeletionOrOverHoldNothing", func(t *testing.T) {
+		ns := e.Namespace(t)
+		vm := e.VM(t, ns, "web", nodeA, true, v1alpha1.PhaseRunning)
+		s := ready(t, e, nodeA, newSnapshot(t, e, ns, "golden", "web"), vm)
+		first := clone(t, e, ns, "first", "golden", v1alpha1.ClonePending)
+		clone(t, e, ns, "failed", "golden", v1alpha1.CloneFailed)
+		require.NoError(t, e.Kube.Delete(e.Ctx, s))
+		e.Get(t, s)
+		// Timestamps are whole seconds: an image made within the second
+		// of the deletion counts as made before it.
+		require.Eventually(t, func() bool { return time.Now().After(s.DeletionTimestamp.Add(time.Second)) }, within, 10*time.Millisecond)
+		image(t, e, ns, "late", "golden", v1alpha1.ImagePhasePending)
+		await(t, e, s, func(c *assert.CollectT, s *v1alpha1.VirtualMachineSnapshot) {
+			assert.Equal(c, "VirtualMachineClone first copies the snapshot; it is deleted once the clone is over", s.Status.Message)
+		})
+
+		first.Status.Phase = v1alpha1.CloneFailed
+		require.NoError(t, e.Kube.Status().Update(e.Ctx, first))
+		askedToDelete(t, e, nodeA, s, "deleted: the late image holds nothing")
 	})
 
 	t.Run("AReportGoneAfterReadyIsLost", func(t *testing.T) {
@@ -311,10 +386,7 @@ func TestSnapshots(t *testing.T) {
 		report(t, e, nodeA, s, vm, wire.SnapshotReport{Phase: wire.SnapshotPhaseFailed, Message: "disk vdb cannot be snapshotted"})
 		got := await(t, e, s, inPhase(v1alpha1.SnapshotFailed))
 		assert.Equal(t, "node node-a could not take the snapshot: disk vdb cannot be snapshotted", got.Status.Message)
-		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			in, ok := intent(t, e, nodeA, s)
-			assert.True(c, ok && in.Absent, "the node deletes what it left")
-		}, within, 10*time.Millisecond)
+		askedToDelete(t, e, nodeA, s, "the node deletes what it left")
 		report(t, e, nodeA, s, vm, wire.SnapshotReport{Phase: wire.SnapshotPhaseGone})
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			_, ok := intent(t, e, nodeA, s)
@@ -351,10 +423,7 @@ func TestSnapshots(t *testing.T) {
 					assert.True(t, got.Status.ReadyToUse, "its node still has it")
 					return
 				}
-				require.EventuallyWithT(t, func(c *assert.CollectT) {
-					in, ok := intent(t, e, nodeA, s)
-					assert.True(c, ok && in.Absent, "the node is asked to delete it")
-				}, within, 10*time.Millisecond)
+				askedToDelete(t, e, nodeA, s, "the node is asked to delete it")
 				report(t, e, nodeA, s, vm, wire.SnapshotReport{Phase: wire.SnapshotPhaseGone})
 				require.Eventually(t, func() bool {
 					return kerrors.IsNotFound(e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(s), &v1alpha1.VirtualMachineSnapshot{}))
@@ -499,4 +568,40 @@ func TestSnapshotsPastTheQuotaFailBeforeAnyNodeIsAsked(t *testing.T) {
 			}
 		})
 	}
+}
+
+// clone makes a clone named name of snapshot in namespace, in phase, as
+// the clone controller (not run here) would show it.
+func clone(t *testing.T, e *controllertest.Env, namespace, name, snapshot string, phase v1alpha1.ClonePhase) *v1alpha1.VirtualMachineClone {
+	t.Helper()
+	c := &v1alpha1.VirtualMachineClone{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	c.Spec.Source = v1alpha1.CloneSource{Kind: v1alpha1.CloneFromVirtualMachineSnapshot, Name: v1alpha1.LocalName(snapshot)}
+	c.Spec.Target.Name = v1alpha1.LocalName(name + "-vm")
+	require.NoError(t, e.Kube.Create(e.Ctx, c))
+	c.Status.Phase = phase
+	require.NoError(t, e.Kube.Status().Update(e.Ctx, c))
+	return c
+}
+
+// image makes a DiskImage named name copying Volume web-root as snapshot
+// holds it, in namespace, in phase, as the nodes' reports would show it.
+func image(t *testing.T, e *controllertest.Env, namespace, name, snapshot string, phase v1alpha1.ImagePhase) *v1alpha1.DiskImage {
+	t.Helper()
+	img := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	img.Spec.ForProvider.Source = v1alpha1.DiskImageSource{
+		VolumeRef: &v1alpha1.LocalReference{Name: "web-root"}, SnapshotRef: &v1alpha1.LocalReference{Name: v1alpha1.LocalName(snapshot)},
+	}
+	require.NoError(t, e.Kube.Create(e.Ctx, img))
+	img.Status.AtProvider.Phase = phase
+	require.NoError(t, e.Kube.Status().Update(e.Ctx, img))
+	return img
+}
+
+// askedToDelete waits until node is asked to delete s.
+func askedToDelete(t *testing.T, e *controllertest.Env, node string, s *v1alpha1.VirtualMachineSnapshot, why string) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		in, ok := intent(t, e, node, s)
+		assert.True(c, ok && in.Absent, why)
+	}, within, 10*time.Millisecond)
 }

@@ -300,7 +300,8 @@ func snapshotOf(ctx context.Context, kube client.Reader, img *v1alpha1.DiskImage
 		return "", fmt.Sprintf("DiskImage %s copies VirtualMachineSnapshot %s, which does not exist", img.Name, name), nil
 	case err != nil:
 		return "", "", errors.Wrapf(err, "cannot get VirtualMachineSnapshot %s, the source of DiskImage %s", name, img.Name)
-	case s.DeletionTimestamp != nil:
+	case !s.Serves(img):
+		// An image made before the deletion holds it until made.
 		return "", fmt.Sprintf("DiskImage %s copies VirtualMachineSnapshot %s, which is being deleted", img.Name, name), nil
 	case !s.Status.ReadyToUse:
 		return "", fmt.Sprintf("DiskImage %s copies VirtualMachineSnapshot %s, which is not ready to use (it is %s)", img.Name, name, cmp.Or(string(s.Status.Phase), "not taken yet")), nil

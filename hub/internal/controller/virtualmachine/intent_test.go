@@ -515,12 +515,14 @@ func vmSnapshot(namespace, name, node string, volumes []string, change ...func(*
 
 func TestResolveImagesOfASnapshot(t *testing.T) {
 	machine := vm(func(m *v1alpha1.VirtualMachine) { m.Spec.ForProvider.VirtualNetworks = nil })
-	now := metav1.Now()
-	base := []client.Object{volFrom("root", "", "golden"), vol("data", ""), snapshotImage("golden", "base", "monday"), vol("base", "node2")}
+	made := metav1.NewTime(time.Now().Truncate(time.Second))
+	image := snapshotImage("golden", "base", "monday")
+	image.CreationTimestamp = made
+	base := []client.Object{volFrom("root", "", "golden"), vol("data", ""), image, vol("base", "node2")}
 	cases := []struct {
 		name    string
 		objs    []client.Object
-		wantErr string // from resolve: the VM waits
+		wantErr string // from resolve: the VM waits; empty: it does not
 	}{
 		{
 			name:    "a missing snapshot keeps the VM waiting",
@@ -543,11 +545,19 @@ func TestResolveImagesOfASnapshot(t *testing.T) {
 			wantErr: "DiskImage golden copies VirtualMachineSnapshot monday, which is not ready to use (it is InProgress)",
 		},
 		{
-			name: "a snapshot being deleted keeps the VM waiting",
+			name: "a snapshot deleted before the image was made keeps the VM waiting",
 			objs: []client.Object{vmSnapshot("default", "monday", "node2", []string{"base"}, func(s *v1alpha1.VirtualMachineSnapshot) {
-				s.DeletionTimestamp, s.Finalizers = &now, []string{"keep"}
+				s.DeletionTimestamp, s.Finalizers = ptr.To(metav1.NewTime(made.Add(-time.Hour))), []string{"keep"}
 			})},
 			wantErr: "DiskImage golden copies VirtualMachineSnapshot monday, which is being deleted",
+		},
+		{
+			// Its deletion waits for the image (the snapshot
+			// controller's hold), so the image is made from it.
+			name: "a snapshot deleted after the image was made is still copied from",
+			objs: []client.Object{vmSnapshot("default", "monday", "node2", []string{"base"}, func(s *v1alpha1.VirtualMachineSnapshot) {
+				s.DeletionTimestamp, s.Finalizers = ptr.To(metav1.NewTime(made.Add(time.Second))), []string{"keep"}
+			})},
 		},
 		{
 			name:    "a snapshot of other disks is not copied from",
@@ -563,6 +573,10 @@ func TestResolveImagesOfASnapshot(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := resolve(context.Background(), kube(t, append(slices.Clone(base), tc.objs...)...), machine)
+			if tc.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
 			assert.EqualError(t, err, tc.wantErr)
 		})
 	}
