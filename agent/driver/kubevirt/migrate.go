@@ -117,6 +117,15 @@ func (d *Driver) MigrateHost(ctx context.Context, m driver.Machine, id, host str
 	case mig.Annotations[AnnotationMigration] != id || mig.Spec.VMIName != vm.Name:
 		return driver.MigrationStatus{}, driver.Terminalf("KubeVirt VirtualMachineInstanceMigration %s/%s is not the one of migration %s of VirtualMachine %s", mig.Namespace, mig.Name, id, vm.Name)
 	}
+	if mig.Status.Phase == kubevirtv1.MigrationFailed || mig.Status.Phase == kubevirtv1.MigrationSucceeded {
+		// KubeVirt writes the VMI's migration state (the failure's
+		// reason, the target) before it ends the migration, and the cache
+		// may not show it yet: a final status, which is kept, is made from
+		// the VMI as the API server has it.
+		if vmi, err = d.instance(ctx, d.live, vm); err != nil {
+			return driver.MigrationStatus{}, err
+		}
+	}
 	var warnings []string
 	if mig.Status.Phase == kubevirtv1.MigrationFailed && failureReason(stateOf(mig, vmi)) == "" {
 		// A courtesy: without the right to read events the failure is
