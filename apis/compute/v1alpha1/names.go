@@ -59,6 +59,12 @@ const (
 	// namespace to choose nodes (TenantGrant.ChooseNode) or to import.
 	AnnotationSeal = Group + "/seal"
 
+	// AnnotationBindingEpoch records when the hub made a VirtualMachine's
+	// binding (Unix nanoseconds, never less than the epoch before it);
+	// AnnotationSeal covers it, so a seal copied from an earlier binding
+	// is told from the current one (VirtualMachineObservation.Binding).
+	AnnotationBindingEpoch = Group + "/binding-epoch"
+
 	// AnnotationMigration records, on a VirtualMachine being migrated, the
 	// uid of its VirtualMachineMigration and the node it moves to
 	// ("<uid>/<node>"), sealed by AnnotationMigrationSeal. The hub writes

@@ -373,6 +373,22 @@ type VirtualMachineObservation struct {
 	// shows whether the guest runs what it asks.
 	// +optional
 	Declared *Shape `json:"declared,omitempty"`
+
+	// Binding is the newest sealed binding the hub saw on the VM. A
+	// binding sealed for an earlier epoch is a replay (its annotations
+	// copied back by hand) and is refused: the hub restores this one.
+	// +optional
+	Binding *Binding `json:"binding,omitempty"`
+}
+
+// Binding is a sealed placement of a VM: the node, the orphan it adopted
+// and the epoch the hub sealed it at (AnnotationBindingEpoch).
+type Binding struct {
+	Node string `json:"node"`
+	// +optional
+	Adopted string `json:"adopted,omitempty"`
+	// +optional
+	Epoch int64 `json:"epoch,omitempty"`
 }
 
 // Shape is a VM's vCPUs and memory, and the most it may grow to live.

@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"strconv"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -50,10 +51,105 @@ func (f *Fleet) OrphanSeal(uid, node, namespace, name string) string {
 	return f.Seal(uid, node, "orphan of "+namespace+"/"+name)
 }
 
-// Sealed says whether obj's node (and adopted orphan) annotations are the
-// hub's own placement.
-func (f *Fleet) Sealed(obj metav1.Object) bool {
+// BindingSeal is the hub's mark on a VirtualMachine's binding made at
+// epoch: Seal, with the epoch too, so that the mark of one binding never
+// stands for a later one. Epoch 0 is a binding sealed before epochs.
+func (f *Fleet) BindingSeal(uid, node, adopted string, epoch int64) string {
+	if epoch == 0 {
+		return f.Seal(uid, node, adopted)
+	}
+	return f.Seal(uid, node, adopted+"\x00epoch "+strconv.FormatInt(epoch, 10))
+}
+
+// Bind records in a, vm's annotations, the binding of vm to node (and the
+// orphan adopted) the hub makes now: sealed, at an epoch past every one
+// vm held, so none of their seals is taken for it.
+func (f *Fleet) Bind(vm *v1alpha1.VirtualMachine, a map[string]string, node, adopted string) {
+	epoch := f.now().UnixNano()
+	if b := vm.Status.AtProvider.Binding; b != nil && epoch <= b.Epoch {
+		epoch = b.Epoch + 1
+	}
+	if e, err := bindingEpoch(a); err == nil && epoch <= e {
+		epoch = e + 1
+	}
+	a[v1alpha1.AnnotationNode] = node
+	a[v1alpha1.AnnotationBindingEpoch] = strconv.FormatInt(epoch, 10)
+	a[v1alpha1.AnnotationSeal] = f.BindingSeal(string(vm.UID), node, adopted, epoch)
+	if adopted == "" {
+		delete(a, v1alpha1.AnnotationAdopted)
+	} else {
+		a[v1alpha1.AnnotationAdopted] = adopted
+	}
+}
+
+// bindingEpoch is the epoch the annotations a record; 0 where none.
+func bindingEpoch(a map[string]string) (int64, error) {
+	v, ok := a[v1alpha1.AnnotationBindingEpoch]
+	if !ok {
+		return 0, nil
+	}
+	return strconv.ParseInt(v, 10, 64)
+}
+
+// sealedBinding says whether obj's node (and adopted orphan) annotations
+// carry the hub's seal, and at which epoch.
+func (f *Fleet) sealedBinding(obj metav1.Object) (int64, bool) {
 	a := obj.GetAnnotations()
-	want := f.Seal(string(obj.GetUID()), a[v1alpha1.AnnotationNode], a[v1alpha1.AnnotationAdopted])
-	return hmac.Equal([]byte(a[v1alpha1.AnnotationSeal]), []byte(want))
+	epoch, err := bindingEpoch(a)
+	if err != nil {
+		return 0, false
+	}
+	want := f.BindingSeal(string(obj.GetUID()), a[v1alpha1.AnnotationNode], a[v1alpha1.AnnotationAdopted], epoch)
+	return epoch, hmac.Equal([]byte(a[v1alpha1.AnnotationSeal]), []byte(want))
+}
+
+// Sealed says whether obj's node (and adopted orphan) annotations are the
+// hub's own placement. A VirtualMachine's is so only if it is its newest
+// (Replayed): a tenant who copies back the annotations of an earlier
+// binding copies a true seal, of a binding the VM no longer holds.
+func (f *Fleet) Sealed(obj metav1.Object) bool {
+	_, ok := f.sealedBinding(obj)
+	return ok && !f.Replayed(obj)
+}
+
+// Replayed says whether obj is a VirtualMachine whose annotations carry
+// the seal of a binding older than the newest it held
+// (VirtualMachineObservation.Binding), one copied back by hand.
+func (f *Fleet) Replayed(obj metav1.Object) bool {
+	vm, ok := obj.(*v1alpha1.VirtualMachine)
+	if !ok || vm.Status.AtProvider.Binding == nil {
+		return false
+	}
+	epoch, sealed := f.sealedBinding(obj)
+	b := vm.Status.AtProvider.Binding
+	a := obj.GetAnnotations()
+	return sealed && (epoch < b.Epoch || (epoch == b.Epoch && (a[v1alpha1.AnnotationNode] != b.Node || a[v1alpha1.AnnotationAdopted] != b.Adopted)))
+}
+
+// Binding is the sealed binding vm's annotations hold, to record as
+// VirtualMachineObservation.Binding; nil unless Sealed.
+func (f *Fleet) Binding(vm *v1alpha1.VirtualMachine) *v1alpha1.Binding {
+	epoch, sealed := f.sealedBinding(vm)
+	if !sealed || f.Replayed(vm) {
+		return nil
+	}
+	a := vm.GetAnnotations()
+	return &v1alpha1.Binding{Node: a[v1alpha1.AnnotationNode], Adopted: a[v1alpha1.AnnotationAdopted], Epoch: epoch}
+}
+
+// Restore records in a, vm's annotations, the binding b it held, sealed
+// again.
+func (f *Fleet) Restore(vm *v1alpha1.VirtualMachine, a map[string]string, b v1alpha1.Binding) {
+	a[v1alpha1.AnnotationNode] = b.Node
+	a[v1alpha1.AnnotationSeal] = f.BindingSeal(string(vm.UID), b.Node, b.Adopted, b.Epoch)
+	if b.Epoch == 0 {
+		delete(a, v1alpha1.AnnotationBindingEpoch)
+	} else {
+		a[v1alpha1.AnnotationBindingEpoch] = strconv.FormatInt(b.Epoch, 10)
+	}
+	if b.Adopted == "" {
+		delete(a, v1alpha1.AnnotationAdopted)
+	} else {
+		a[v1alpha1.AnnotationAdopted] = b.Adopted
+	}
 }

@@ -561,8 +561,7 @@ func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 		}
 	}
 	err := r.patchVM(ctx, vm, func(a map[string]string) {
-		a[v1alpha1.AnnotationNode] = m.Target
-		a[v1alpha1.AnnotationSeal] = f.Seal(string(vm.UID), m.Target, a[v1alpha1.AnnotationAdopted])
+		f.Bind(vm, a, m.Target, a[v1alpha1.AnnotationAdopted])
 		dropMigration(a)
 		virtualmachine.WithLeftover(a, source)
 	})

@@ -180,7 +180,7 @@ func NewReconciler(kube client.Client, so Options, recorder event.Recorder) *Rec
 
 // vmAnnotations are the VM's annotations its snapshots act on.
 var vmAnnotations = []string{
-	v1alpha1.AnnotationNode, v1alpha1.AnnotationSeal,
+	v1alpha1.AnnotationNode, v1alpha1.AnnotationSeal, v1alpha1.AnnotationBindingEpoch,
 	v1alpha1.AnnotationMigration, v1alpha1.AnnotationMigrationSeal,
 	v1alpha1.AnnotationRestore, v1alpha1.AnnotationRestoreSeal,
 }

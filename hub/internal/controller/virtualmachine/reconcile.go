@@ -34,6 +34,7 @@ package virtualmachine
 // reports as they change: there is no eventual consistency to wait out).
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -305,6 +306,9 @@ type external struct {
 // create-pending annotation write per VM and adds nothing: the one fact a
 // create must not lose, the node, is already recorded.
 func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
+	if e.fleet.Replayed(vm) {
+		return managed.ExternalObservation{}, e.restoreBinding(ctx, vm)
+	}
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	if node != "" {
 		if err := admitNode(vm, node, e.grant, e.fleet); err != nil {
@@ -356,6 +360,7 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 		obs.Phase = v1alpha1.PhaseUnknown
 	}
 	obs.Declared = declared(vm)
+	obs.Binding = cmp.Or(e.fleet.Binding(vm), before.Binding)
 	vm.Status.AtProvider = obs
 	e.setConditions(vm, obs, node, n)
 	e.recordTransition(vm, before, obs, node)

@@ -133,11 +133,9 @@ func (e *external) restartElsewhere(ctx context.Context, vm *v1alpha1.VirtualMac
 	}
 	patch := client.MergeFromWithOptions(vm.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	a := vm.GetAnnotations()
-	a[v1alpha1.AnnotationNode] = target
 	// The guest it adopted stays on the lost node, fenced: the target
 	// makes a new one.
-	delete(a, v1alpha1.AnnotationAdopted)
-	a[v1alpha1.AnnotationSeal] = e.fleet.Seal(uid, target, "")
+	e.fleet.Bind(vm, a, target, "")
 	WithLeftover(a, node)
 	a[v1alpha1.AnnotationRestartedFrom] = node + "@" + now.UTC().Format(time.RFC3339)
 	if err := e.kube.Patch(ctx, vm, patch); err != nil {

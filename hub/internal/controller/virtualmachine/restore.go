@@ -66,8 +66,14 @@ func (e *external) restore(vm *v1alpha1.VirtualMachine, node string) *wire.Resto
 // placed it, or its namespace may choose nodes, or the node runs this very
 // guest). It is "" for a VM on no node, and an error for a node annotation
 // the VM may not have, one written by hand above all: nothing is
-// published to such a node, so nothing of the VM is there to act on.
+// published to such a node, so nothing of the VM is there to act on. A VM
+// whose annotations were rewound to an earlier sealed binding is on the
+// node of the binding it holds (Fleet.Replayed): its guest runs there
+// until the hub restores the annotations.
 func AdmittedNode(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine, f *fleet.Fleet) (string, error) {
+	if f.Replayed(vm) {
+		return vm.Status.AtProvider.Binding.Node, nil
+	}
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	if node == "" || f.Sealed(vm) {
 		return node, nil

@@ -314,8 +314,8 @@ type binding struct {
 	node string
 	// orphan is the uid of the guest on node the VM adopts, if any.
 	orphan string
-	// seal is the fleet's Seal of node and orphan for the VM.
-	seal string
+	// fleet seals the binding (Fleet.Bind).
+	fleet *fleet.Fleet
 	// rebound is set when node already runs the VM's guest (guestNode).
 	rebound bool
 }
@@ -427,14 +427,14 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 		return binding{}, err
 	}
 	if node, found, err := guestNode(f, vm); err != nil || found {
-		return binding{vm: vm, node: node, seal: f.Seal(string(vm.UID), node, ""), rebound: true}, err
+		return binding{vm: vm, node: node, fleet: f, rebound: true}, err
 	}
 	o, found, err := f.Orphan(vm.Namespace, vm.Name)
 	switch {
 	case err != nil:
 		return binding{}, err
 	case found:
-		return binding{vm: vm, node: o.Node, orphan: o.UID, seal: f.Seal(string(vm.UID), o.Node, o.UID)}, nil
+		return binding{vm: vm, node: o.Node, orphan: o.UID, fleet: f}, nil
 	case !managed.NewManagementPoliciesResolver(s.policies, vm.GetManagementPolicies()).ShouldCreate():
 		return binding{}, errNothingToPlace
 	}
@@ -472,7 +472,7 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 		s.quotas.Forget(vm.UID)
 		return binding{}, errors.Wrap(err, "cannot place the VM")
 	}
-	return binding{vm: vm, node: node, seal: f.Seal(string(vm.UID), node, "")}, nil
+	return binding{vm: vm, node: node, fleet: f}, nil
 }
 
 // addressesOf is how many addresses the hub is to give vm: one on each of
@@ -533,10 +533,12 @@ func (s *Scheduler) record(ctx context.Context, bound []binding) {
 
 func (s *Scheduler) bind(ctx context.Context, b binding) {
 	vm, key, uid := b.vm, client.ObjectKeyFromObject(b.vm), string(b.vm.UID)
-	meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationNode: b.node, v1alpha1.AnnotationSeal: b.seal})
-	if b.orphan != "" {
-		meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationAdopted: b.orphan})
+	a := vm.GetAnnotations()
+	if a == nil {
+		a = map[string]string{}
 	}
+	b.fleet.Bind(vm, a, b.node, b.orphan)
+	vm.SetAnnotations(a)
 	meta.AddFinalizer(vm, managed.FinalizerName)
 	if keepsGuest(vm, s.policies) {
 		// Held until its node released the guest (see reconciler.release).
