@@ -16,15 +16,17 @@
 // all of its servers and serves Observe and List from what it saw; it GETs a
 // single server only after acting on it.
 //
-// Shape changes: the Machine's flavor shape and extra disks are hashed into
-// the server's metadata (MetaShape); the shape the server last started with
-// is MetaLive. While they differ a running server reports RestartRequired;
-// at its next start the driver resizes it (resize, then confirmResize, while
-// it is SHUTOFF), attaches and detaches extra volumes, then starts it. A
-// restart requested while a shape change waits is done as stop, apply,
-// start. A pause is Nova's pause action (the server shows PAUSED), a reset
-// its hard reboot, after which a server that should stay paused is paused
-// again. Network, key and user-data changes are not applied to an existing
+// Shape changes: the Machine's flavor shape is hashed into the server's
+// metadata (MetaShape); the shape the server last started with is MetaLive.
+// While they differ a running server reports RestartRequired; at its next
+// start the driver resizes it (resize, then confirmResize, while it is
+// SHUTOFF), then starts it. A restart requested while a shape change waits
+// is done as stop, apply, start. Extra disks need no restart: a disk added
+// to or removed from the Machine is attached to or detached from the
+// running server (volume hot-plug), or to the stopped one before it
+// starts. A pause is Nova's pause action (the server shows PAUSED), a
+// reset its hard reboot, after which a server that should stay paused is
+// paused again. Network, key and user-data changes are not applied to an existing
 // server (Nova would need a rebuild).
 //
 // Live migration between the cloud's compute hosts (MigrateHost) is Nova's

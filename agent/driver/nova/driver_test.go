@@ -1047,14 +1047,7 @@ func TestAConfirmUnderWayIsNotAnError(t *testing.T) {
 	require.NoError(t, d.Close())
 
 	// The first agent's confirm, sent just before it stopped.
-	o := c.Options()
-	pc, err := openstack.AuthenticatedClient(context.Background(), gophercloud.AuthOptions{
-		IdentityEndpoint: c.AuthURL(), Username: o.Username, Password: password, DomainName: o.Domain, TenantName: o.Project,
-	})
-	require.NoError(t, err)
-	compute, err := openstack.NewComputeV2(pc, gophercloud.EndpointOpts{Region: o.Region})
-	require.NoError(t, err)
-	require.NoError(t, servers.ConfirmResize(context.Background(), compute, c.server(t, m.UID).ID).ExtractErr())
+	require.NoError(t, servers.ConfirmResize(context.Background(), c.compute(t), c.server(t, m.UID).ID).ExtractErr())
 
 	restarted := c.open(t)
 	o2, err := restarted.Ensure(context.Background(), m)
@@ -1063,6 +1056,20 @@ func TestAConfirmUnderWayIsNotAnError(t *testing.T) {
 	assert.Equal(t, 1, c.CountRequests(http.MethodPost, openstacktest.ComputePath+"/servers/*/action")-countAccepted(c), "the new agent's confirm was refused, and that was fine")
 	ensure(t, restarted, m, driver.PhaseRunning)
 	assert.Equal(t, 2, c.server(t, m.UID).VCPUs)
+}
+
+// compute is a compute client of the cloud's user, acting as an operator
+// in OpenStack would, beside the driver.
+func (c *cloud) compute(t *testing.T) *gophercloud.ServiceClient {
+	t.Helper()
+	o := c.Options()
+	pc, err := openstack.AuthenticatedClient(context.Background(), gophercloud.AuthOptions{
+		IdentityEndpoint: c.AuthURL(), Username: o.Username, Password: password, DomainName: o.Domain, TenantName: o.Project,
+	})
+	require.NoError(t, err)
+	compute, err := openstack.NewComputeV2(pc, gophercloud.EndpointOpts{Region: o.Region})
+	require.NoError(t, err)
+	return compute
 }
 
 // countAccepted counts the server actions the test server accepted.

@@ -41,16 +41,18 @@ func validate(m driver.Machine) error {
 	return nil
 }
 
-// shapeHash identifies what a start applies: the flavor's shape and the
-// extra disks, in order.
-func shapeHash(m driver.Machine) string {
-	names := make([]string, 0, len(m.Disks)-1)
-	for _, disk := range m.Disks[1:] {
-		names = append(names, disk.Name)
-	}
-	sh := shapeOf(m)
-	sum := sha256.Sum256(fmt.Appendf(nil, "%d/%d/%d|%s", sh.VCPU, sh.RAMMiB, sh.SwapMiB, strings.Join(names, "\x00")))
-	return hex.EncodeToString(sum[:8])
+// shapeHash identifies what only a start applies: the flavor's shape.
+// Extra disks are attached and detached while the server runs, so they
+// are not part of it. The hash is prefixed with shapeVersion: a MetaLive
+// without it was written when the hash covered the extra disks too.
+func shapeHash(m driver.Machine) string { return hashShape(shapeOf(m)) }
+
+// shapeVersion marks a shape hash that covers the flavor alone.
+const shapeVersion = "f1-"
+
+func hashShape(sh shape) string {
+	sum := sha256.Sum256(fmt.Appendf(nil, "%d/%d/%d", sh.VCPU, sh.RAMMiB, sh.SwapMiB))
+	return shapeVersion + hex.EncodeToString(sum[:8])
 }
 
 // flavorShape is the shape a server runs with, from the flavor it embeds.
@@ -270,6 +272,13 @@ func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Serve
 	if md[MetaShape] != want {
 		before[MetaShape] = want
 	}
+	if live := md[MetaLive]; !imported(md) && live != "" && !strings.HasPrefix(live, shapeVersion) {
+		// Hashed with the disks by an older agent: the shape the server
+		// runs with is its flavor's, which it embeds.
+		md = maps.Clone(md)
+		md[MetaLive] = hashShape(flavorShape(s))
+		before[MetaLive] = md[MetaLive]
+	}
 	newNonce := m.RestartNonce != md[MetaNonce]
 	restart := newNonce && m.RestartNonce != ""
 	reset := m.ResetNonce != "" && m.ResetNonce != md[MetaReset]
@@ -347,10 +356,12 @@ func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Serve
 	case s.Status == "ACTIVE" && m.Paused:
 		// Extra disks still to attach are attached once it is unpaused.
 		act = pause
-	case s.Status == "ACTIVE" && want == md[MetaLive] && !imported(md):
-		// Extra disks are attached once the server has booted.
+	case s.Status == "ACTIVE" && !imported(md):
+		// Extra disks are attached once the server has booted, and
+		// attached and detached live from then on, also while a new
+		// flavor waits for a restart.
 		var err error
-		if changed, err = d.attach(ctx, m, s, false); err != nil {
+		if changed, err = d.attach(ctx, m, s); err != nil {
 			return driver.Observation{}, err
 		}
 	case s.Status == "SHUTOFF" && !m.Running:
@@ -378,7 +389,7 @@ func (d *Driver) converge(ctx context.Context, m driver.Machine, s servers.Serve
 			act = func() error { return classify(servers.Start(ctx, c, s.ID).ExtractErr(), "cannot start server") }
 			break
 		}
-		if _, err := d.attach(ctx, m, s, true); err != nil {
+		if _, err := d.attach(ctx, m, s); err != nil {
 			return driver.Observation{}, err
 		}
 		before[MetaLive], before[MetaNonce] = want, m.RestartNonce
@@ -438,11 +449,21 @@ func (d *Driver) volumeID(ctx context.Context, disk driver.Disk) (id string, rea
 	return v.ID, true, nil
 }
 
-// attach attaches the Machine's extra disks the server lacks and, when
-// detach is set (the server is off, about to start), detaches volumes the
-// Machine no longer names. It needs no call when nothing is missing, and
-// reports whether it changed anything.
-func (d *Driver) attach(ctx context.Context, m driver.Machine, s servers.Server, detach bool) (bool, error) {
+// attach attaches the Machine's extra disks the server lacks and detaches
+// the volumes it no longer names, through Nova's os-volume_attachments:
+// the hypervisor plugs them into a running guest as into a stopped one. It
+// needs no call when nothing differs, and reports whether it changed
+// anything.
+//
+// Nova gives a guest no serial of the driver's choosing: the disk's serial
+// is its Cinder volume id, which stays with the volume (and so with the
+// Volume) across restarts and migrations.
+//
+// A detach is asynchronous: until the guest released the disk the volume
+// stays attached, in Cinder's "detaching", and is not asked again (Nova
+// refuses a second detach). A guest that never releases it makes Nova give
+// up and the volume "in-use" again, and the next call asks again.
+func (d *Driver) attach(ctx context.Context, m driver.Machine, s servers.Server) (bool, error) {
 	changed := false
 	attached := map[string]bool{}
 	for _, v := range s.AttachedVolumes {
@@ -467,11 +488,17 @@ func (d *Driver) attach(ctx context.Context, m driver.Machine, s servers.Server,
 			changed = true
 		}
 	}
-	if !detach {
-		return changed, nil
-	}
-	for id := range attached {
+	for _, id := range slices.Sorted(maps.Keys(attached)) {
 		if wanted[id] {
+			continue
+		}
+		v, err := volumes.Get(ctx, d.c.volume, id).Extract()
+		switch {
+		case statusOf(err) == http.StatusNotFound:
+			continue
+		case err != nil:
+			return changed, classify(err, "cannot read volume "+id+" to detach it")
+		case v.Status == "detaching":
 			continue
 		}
 		if err := volumeattach.Delete(ctx, d.c.compute, s.ID, id).ExtractErr(); err != nil && statusOf(err) != http.StatusNotFound {
