@@ -25,6 +25,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -97,7 +98,11 @@ const (
 // ConsoleLimits bound what consoles may take of a node.
 type ConsoleLimits struct {
 	// Sessions open at once on the node; 0 means DefaultConsoleSessions.
-	// An open beyond them is refused with wire.ConsoleBusy.
+	// An open beyond them is refused with wire.ConsoleBusy, and so is one
+	// beyond half of them (one, at the least) for the VMs of one
+	// namespace (wire.ConsoleOpen.Namespace): the hub bounds a
+	// namespace's sessions across the fleet, but that share could still
+	// be every session of one node.
 	Sessions int
 	// BytesPerSecond of each session in each direction; 0 means
 	// DefaultConsoleBytesPerSecond.
@@ -174,7 +179,7 @@ func ServeConsoles(ctx context.Context, nc *nats.Conn, node string, limits Conso
 	if log == nil {
 		log = logging.NewNopLogger()
 	}
-	s := &consoleServer{nc: nc, node: node, limits: limits.withDefaults(), log: log, open: open, active: map[string]*consoleLink{}}
+	s := &consoleServer{nc: nc, node: node, limits: limits.withDefaults(), log: log, open: open, active: map[string]*consoleLink{}, namespaces: map[string]int{}}
 	sub, err := nc.Subscribe(subject, s.handleOpen)
 	if err != nil {
 		return errors.Wrapf(err, "cannot subscribe to %s", subject)
@@ -208,9 +213,12 @@ type consoleServer struct {
 	mu sync.Mutex
 	// active are the sessions that hold a slot, by session id, from the
 	// open until their stream is closed.
-	active  map[string]*consoleLink
-	stopped bool
-	wg      sync.WaitGroup
+	active map[string]*consoleLink
+	// namespaces counts the active sessions by the namespace they opened
+	// for.
+	namespaces map[string]int
+	stopped    bool
+	wg         sync.WaitGroup
 }
 
 // handleOpen runs on the open subscription's goroutine: it never waits for
@@ -256,9 +264,15 @@ func (s *consoleServer) handleOpen(m *nats.Msg) {
 		log.Info("Refusing a console session: the node's limit is reached", "sessions", s.limits.Sessions)
 		s.refuse(o.Session, wire.ConsoleBusy, "the node has "+strconv.Itoa(s.limits.Sessions)+" console sessions open, as many as it allows")
 		return
+	case s.namespaces[o.Namespace] >= s.perNamespace():
+		s.mu.Unlock()
+		log.Info("Refusing a console session: the namespace's share of the node is reached", "namespace", o.Namespace, "sessions", s.perNamespace())
+		s.refuse(o.Session, wire.ConsoleBusy, fmt.Sprintf("namespace %s has %d console sessions open on the node, as many as one namespace may", o.Namespace, s.perNamespace()))
+		return
 	}
 	l := newConsoleLink(s.nc, out, "hub", s.limits.BytesPerSecond)
 	s.active[o.Session] = l
+	s.namespaces[o.Namespace]++
 	s.wg.Add(1)
 	s.mu.Unlock()
 
@@ -268,7 +282,7 @@ func (s *consoleServer) handleOpen(m *nats.Msg) {
 	if err != nil {
 		l.end(errors.Wrapf(err, "cannot subscribe to %s", in), false)
 		s.refuse(o.Session, wire.ConsoleFailed, "the agent cannot receive the session's input")
-		s.release(o.Session)
+		s.release(o)
 		return
 	}
 	l.subscribed(sub)
@@ -290,16 +304,22 @@ func (s *consoleServer) refuse(session string, reason wire.ConsoleRefusal, msg s
 	}
 }
 
-func (s *consoleServer) release(session string) {
+// perNamespace is how many sessions the VMs of one namespace may hold.
+func (s *consoleServer) perNamespace() int { return max(1, s.limits.Sessions/2) }
+
+func (s *consoleServer) release(o wire.ConsoleOpen) {
 	s.mu.Lock()
-	delete(s.active, session)
+	delete(s.active, o.Session)
+	if s.namespaces[o.Namespace]--; s.namespaces[o.Namespace] == 0 {
+		delete(s.namespaces, o.Namespace)
+	}
 	s.mu.Unlock()
 	s.wg.Done()
 }
 
 // serve opens the console and carries the session until it ends.
 func (s *consoleServer) serve(o wire.ConsoleOpen, l *consoleLink, log logging.Logger) {
-	defer s.release(o.Session)
+	defer s.release(o)
 	ctx, cancel := context.WithTimeout(l.ctx, l.openTimeout)
 	stream, err := s.open(ctx, o)
 	cancel()

@@ -150,6 +150,12 @@ func (f *consoleFleet) dial(t testing.TB, nc *nats.Conn, node string, o wire.Con
 
 func vnc(uid string) wire.ConsoleOpen { return wire.ConsoleOpen{UID: uid, Kind: wire.ConsoleVNC} }
 
+func vncIn(namespace, uid string) wire.ConsoleOpen {
+	open := vnc(uid)
+	open.Namespace = namespace
+	return open
+}
+
 // readN reads exactly n bytes of r, or fails the test after waitFor.
 func readN(t *testing.T, r io.Reader, n int) []byte {
 	t.Helper()
@@ -350,12 +356,12 @@ func TestConsoleSessionLimit(t *testing.T) {
 	b := newBackend()
 	f.serve(t, "node1", natswire.ConsoleLimits{Sessions: 2}, b)
 
-	first := f.dial(t, f.hub, "node1", vnc("vm-a"))
+	first := f.dial(t, f.hub, "node1", vncIn("team-a", "vm-a"))
 	g := b.next(t)
-	f.dial(t, f.hub, "node1", vnc("vm-b"))
+	f.dial(t, f.hub, "node1", vncIn("team-b", "vm-b"))
 	b.next(t)
 
-	_, err := natswire.DialConsole(context.Background(), f.hub, "node1", vnc("vm-c"))
+	_, err := natswire.DialConsole(context.Background(), f.hub, "node1", vncIn("team-c", "vm-c"))
 	var re *natswire.ConsoleRefusedError
 	require.ErrorAs(t, err, &re)
 	assert.Equal(t, wire.ConsoleBusy, re.Reason)
@@ -366,13 +372,46 @@ func TestConsoleSessionLimit(t *testing.T) {
 	// The slot is free once the agent is done with the session, just after
 	// it closed the stream.
 	require.Eventually(t, func() bool {
-		s, err := natswire.DialConsole(context.Background(), f.hub, "node1", vnc("vm-c"))
+		s, err := natswire.DialConsole(context.Background(), f.hub, "node1", vncIn("team-c", "vm-c"))
 		if err != nil {
 			return false
 		}
 		t.Cleanup(func() { _ = s.Close() })
 		return true
 	}, waitFor, 10*time.Millisecond)
+}
+
+// TestConsoleSessionsOfOneNamespaceLeaveTheNodeToOthers is an attack by a
+// tenant with the console verb in its own namespace, through the hub (which
+// names each open's namespace) to a node's agent on a real nats-server:
+//
+//  1. mallory, in tenant-a, has VMs on node1 and opens their consoles one
+//     after another, holding each open;
+//  2. alice, in tenant-b, opens the console of her VM on node1.
+//
+// The hub's share per namespace spans the fleet, so without a share of
+// each node mallory's sessions took all of node1's, and alice's open was
+// refused as Busy. Now the node refuses mallory's beyond half of its
+// sessions, naming her namespace, and alice's opens.
+func TestConsoleSessionsOfOneNamespaceLeaveTheNodeToOthers(t *testing.T) {
+	f := newConsoleFleet(t)
+	b := newBackend()
+	f.serve(t, "node1", natswire.ConsoleLimits{Sessions: 4}, b)
+
+	for _, uid := range []string{"vm-m1", "vm-m2"} {
+		f.dial(t, f.hub, "node1", vncIn("tenant-a", uid))
+		b.next(t)
+	}
+	for _, uid := range []string{"vm-m3", "vm-m4"} {
+		_, err := natswire.DialConsole(context.Background(), f.hub, "node1", vncIn("tenant-a", uid))
+		var re *natswire.ConsoleRefusedError
+		require.ErrorAs(t, err, &re, "tenant-a's session beyond its share of the node")
+		assert.Equal(t, wire.ConsoleBusy, re.Reason)
+		assert.Equal(t, "namespace tenant-a has 2 console sessions open on the node, as many as one namespace may", re.Message)
+	}
+	f.dial(t, f.hub, "node1", vncIn("tenant-b", "vm-alice"))
+	b.next(t)
+	assert.Equal(t, int32(3), b.opens.Load(), "a refused session never reaches the backend")
 }
 
 func TestConsoleEnds(t *testing.T) {

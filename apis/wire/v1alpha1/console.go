@@ -41,6 +41,10 @@ type ConsoleOpen struct {
 	// UID is the guest's.
 	UID  string      `json:"uid"`
 	Kind ConsoleKind `json:"kind"`
+	// Namespace is the VM's: the node shares its sessions out by it, so
+	// that one tenant's consoles never hold them all. An older hub names
+	// none, and its opens share one namespace.
+	Namespace string `json:"namespace,omitempty"`
 }
 
 // ConsoleRefusal is why a node's agent did not open a console.

@@ -142,7 +142,7 @@ func (s *Server) open(ctx context.Context, vm *v1alpha1.VirtualMachine, sub stri
 	if node == "" || !f.Sealed(vm) {
 		return nil, conflict(vm, "is not placed on a node by virtfleet")
 	}
-	open := wire.ConsoleOpen{ProtocolVersion: wire.ProtocolVersion, Session: natswire.NewConsoleSession(), UID: string(vm.UID), Kind: streamKinds[sub]}
+	open := wire.ConsoleOpen{ProtocolVersion: wire.ProtocolVersion, Session: natswire.NewConsoleSession(), UID: string(vm.UID), Kind: streamKinds[sub], Namespace: vm.Namespace}
 	remote, err := f.OpenConsole(ctx, node, open)
 	var refused *natswire.ConsoleRefusedError
 	switch {
