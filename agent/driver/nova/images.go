@@ -100,8 +100,7 @@ func (d *Driver) imageFor(ctx context.Context, img *driver.Image) (string, error
 		return d.externalImage(ctx, img)
 	}
 	if img.SourceSnapshot != "" {
-		return "", driver.Terminalf("image %s is a copy of volume %s as it was in snapshot %s: the nova backend keeps that snapshot as Cinder snapshots and makes no image of one; "+
-			"restore the snapshot into its VM (VirtualMachineRestore) instead", img.Name, img.SourceVolume, img.SourceSnapshot)
+		return "", driver.Terminalf("image %s is a copy of volume %s as it was in snapshot %s: the nova backend makes a volume of that volume's Cinder snapshot, never a Glance image of one", img.Name, img.SourceVolume, img.SourceSnapshot)
 	}
 	if img.SourceVolume != "" {
 		return "", driver.Terminalf("image %s is a copy of a volume, which the nova backend cannot make; give the DiskImage a url", img.Name)

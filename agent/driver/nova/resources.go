@@ -209,8 +209,10 @@ func (d *Driver) findVolume(ctx context.Context, name string) (*volumes.Volume, 
 // ensureVolume finds or creates the disk's volume; Pool, when set, is the
 // Cinder volume type. A disk with an Image is created from the image's
 // Glance copy, which it first makes present: while that import runs it
-// returns an imageWait with the progress (importing tells). Other volumes
-// are made empty.
+// returns an imageWait with the progress (importing tells). A disk whose
+// Image copies a volume as a snapshot holds it is made from that volume's
+// Cinder snapshot instead (volumeSnapshot): no image in between. Other
+// volumes are made empty.
 func (d *Driver) ensureVolume(ctx context.Context, disk driver.Disk) (*volumes.Volume, error) {
 	v, err := d.findVolume(ctx, disk.Name)
 	if err != nil || v != nil {
@@ -224,7 +226,15 @@ func (d *Driver) ensureVolume(ctx context.Context, disk driver.Disk) (*volumes.V
 		return nil, driver.Terminalf("disk %s: size must be positive, got %d bytes", disk.Name, disk.SizeBytes)
 	}
 	opts := volumes.CreateOpts{Name: disk.Name, Size: size, VolumeType: disk.Pool, Description: Description}
-	if disk.Image != nil {
+	switch {
+	case disk.Image != nil && disk.Image.SourceSnapshot != "":
+		sn, err := d.volumeSnapshot(ctx, disk.Image)
+		if err != nil {
+			return nil, err
+		}
+		// Cinder makes no volume smaller than its snapshot.
+		opts.SnapshotID, opts.Size = sn.ID, max(size, sn.Size)
+	case disk.Image != nil:
 		d.imageUse.RLock()
 		defer d.imageUse.RUnlock()
 		if opts.ImageID, err = d.imageFor(ctx, disk.Image); err != nil {

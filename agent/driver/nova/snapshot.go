@@ -198,6 +198,31 @@ func osloBool(s string) bool {
 	return false
 }
 
+// volumeSnapshot is the Cinder snapshot of img.SourceVolume that snapshot
+// img.SourceSnapshot took, which a new volume is made from: Cinder copies
+// it, bootable flag and image metadata too, and the new volume no longer
+// depends on it once made. Only a snapshot taken whole (tagged) is read;
+// one that holds no such volume is Terminal, as no wait would give it one.
+func (d *Driver) volumeSnapshot(ctx context.Context, img *driver.Image) (snapshots.Snapshot, error) {
+	src, err := d.findVolume(ctx, img.SourceVolume)
+	if err != nil {
+		return snapshots.Snapshot{}, err
+	}
+	if src == nil {
+		return snapshots.Snapshot{}, driver.Terminalf("image %s copies volume %s as snapshot %s holds it, and Cinder has no volume of that name", img.Name, img.SourceVolume, img.SourceSnapshot)
+	}
+	set, err := d.snapshotSet(ctx, img.SourceSnapshot)
+	if err != nil {
+		return snapshots.Snapshot{}, err
+	}
+	for _, s := range set {
+		if s.VolumeID == src.ID && s.Metadata[metaSnapshot] == img.SourceSnapshot && s.Status == "available" {
+			return s, nil
+		}
+	}
+	return snapshots.Snapshot{}, driver.Terminalf("image %s copies volume %s as snapshot %s holds it, and that snapshot holds no Cinder snapshot of it", img.Name, img.SourceVolume, img.SourceSnapshot)
+}
+
 // snapshotSet lists the Cinder snapshots of snapshot id, tagged or not.
 func (d *Driver) snapshotSet(ctx context.Context, id string) ([]snapshots.Snapshot, error) {
 	return d.listSnapshots(ctx, snapshots.ListOpts{Name: snapshotName(id)}, func(s snapshots.Snapshot) bool {

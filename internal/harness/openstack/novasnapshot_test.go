@@ -247,3 +247,71 @@ func assertNoSnapshotsLeft(t *testing.T, cl *openstack.Clients, uid string) {
 	var last []string
 	assert.Eventually(t, func() bool { last = left(); return len(last) == 0 }, migrateTimeout, poll, "left: %v", &last)
 }
+
+// TestNovaDriverMakesAVolumeOfASnapshot runs a clone from a snapshot on
+// the nova driver against the real services. Steps: a server runs on a
+// root volume; a marker is written into the volume's file where a guest
+// would have; the driver snapshots the server (Cinder snapshots); the
+// marker is overwritten; a new server is ensured whose root disk is an
+// image copying the first root volume as the snapshot holds it. Its new
+// volume is made from the Cinder snapshot, holds the marker, not the
+// overwrite, and Glance gains no image. An image naming a snapshot that
+// holds no snapshot of its volume is refused, Terminal, naming why.
+func TestNovaDriverMakesAVolumeOfASnapshot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Debian's OpenStack services; skipped with -short")
+	}
+	ctx := context.Background()
+	c := openstack.ForTest(t)
+	cl, err := c.Clients(ctx)
+	require.NoError(t, err)
+	d := openDriver(t, c, func(cfg *nova.Config) { cfg.Node = "node-snapclone" })
+	g := &guests{d: d, cl: cl, network: "ns_snapclone-net", subnet: [3]byte{10, 78, 0}}
+
+	const size = 1 << 30
+	src := g.machine("origin", driver.Disk{Name: "ns_origin-root", SizeBytes: size})
+	g.run(t, src)
+	t.Cleanup(func() {
+		for _, s := range snapshotsOf(t, d, src.UID) {
+			assert.NoError(t, d.DeleteSnapshot(ctx, src.UID, s.ID))
+		}
+	})
+	path := c.VolumePath(cinderVolume(t, cl, "ns_origin-root").ID)
+	writeRandom(t, path, 5<<20, 1<<20)
+	marker := fileSum(t, path)
+	_, err = d.TakeSnapshot(ctx, src.UID, driver.SnapshotRequest{ID: "s-origin"})
+	require.NoError(t, err)
+	writeRandom(t, path, 5<<20, 1<<20+1)
+	require.NotEqual(t, marker, fileSum(t, path))
+
+	t.Run("TheNewVolumeIsTheSnapshotsCopy", func(t *testing.T) {
+		image := &driver.Image{Name: "copy", UID: uuid.NewString(), SourceVolume: "ns_origin-root", SourceSnapshot: "s-origin"}
+		clone := g.machine("copy", driver.Disk{Name: "ns_copy-root", SizeBytes: size, Image: image})
+		g.run(t, clone)
+		v := cinderVolume(t, cl, "ns_copy-root")
+		set := cinderSnapshots(t, cl, "snapshot for vf-snapshot-s-origin")
+		require.Len(t, set, 1)
+		assert.Equal(t, set[0].ID, v.SnapshotID, "made of the Cinder snapshot the snapshot took")
+		assert.Equal(t, marker, fileSum(t, c.VolumePath(v.ID)), "the volume as the snapshot holds it")
+		assert.Empty(t, glanceImages(t, cl, nova.ImageName(image.UID)), "no image in between")
+	})
+
+	t.Run("ASnapshotWithoutTheVolumeIsRefused", func(t *testing.T) {
+		cases := map[string]driver.Image{
+			"AnotherSnapshot": {Name: "none", SourceVolume: "ns_origin-root", SourceSnapshot: "s-none"},
+			"AnotherVolume":   {Name: "gone", SourceVolume: "ns_nobody-root", SourceSnapshot: "s-origin"},
+		}
+		for name, image := range cases {
+			t.Run(name, func(t *testing.T) {
+				image.UID = uuid.NewString()
+				m := g.machine("refused", driver.Disk{Name: "ns_refused-" + image.Name, SizeBytes: size, Image: &image})
+				_, err := d.Ensure(ctx, m)
+				require.Error(t, err)
+				assert.True(t, driver.IsTerminal(err), "%v", err)
+				assert.ErrorContains(t, err, "volume "+image.SourceVolume)
+				assert.Empty(t, cinderVolumes(t, cl, m.Disks[0].Name), "no volume made")
+				assert.NoError(t, d.Delete(ctx, m.UID))
+			})
+		}
+	})
+}
