@@ -91,6 +91,10 @@ const (
 	// report is gone.
 	AnnotationLeftovers = Group + "/leftovers"
 
+	// AnnotationLeftoversSeal is the hub's mark on AnnotationLeftovers: a
+	// list written by hand keeps no intent and counts no guest anywhere.
+	AnnotationLeftoversSeal = Group + "/leftovers-seal"
+
 	// AnnotationRestartedFrom records, on a VirtualMachine with
 	// availability Restart, the lost node the hub last restarted it away
 	// from and when ("<node>@<RFC 3339 time>"). It is the story's record

@@ -547,7 +547,7 @@ func withProgress(st *v1alpha1.VirtualMachineMigrationStatus, p *wire.MigrationR
 // Volumes first, then the VM itself, with the source among its leftovers.
 func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMigration, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, m virtualmachine.Migration) error {
 	if mig.Status.Phase == v1alpha1.MigrationFailed {
-		return r.abandon(ctx, vm, m)
+		return r.abandon(ctx, vm, f, m)
 	}
 	source := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	if m.Target == source {
@@ -563,7 +563,7 @@ func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	err := r.patchVM(ctx, vm, func(a map[string]string) {
 		f.Bind(vm, a, m.Target, a[v1alpha1.AnnotationAdopted])
 		dropMigration(a)
-		virtualmachine.WithLeftover(a, source)
+		virtualmachine.WithLeftover(f, string(vm.UID), a, source)
 	})
 	if err != nil {
 		return err
@@ -620,17 +620,17 @@ func (r *Reconciler) fail(ctx context.Context, mig *v1alpha1.VirtualMachineMigra
 		return nil
 	}
 	r.recorder.Event(vm, event.Warning(ReasonFailed, errors.New(why)))
-	return r.abandon(ctx, vm, m)
+	return r.abandon(ctx, vm, f, m)
 }
 
 // abandon drops the failed migration m from the VM; its target goes among
 // the leftovers, so whatever it got ready goes.
-func (r *Reconciler) abandon(ctx context.Context, vm *v1alpha1.VirtualMachine, m virtualmachine.Migration) error {
+func (r *Reconciler) abandon(ctx context.Context, vm *v1alpha1.VirtualMachine, f *fleet.Fleet, m virtualmachine.Migration) error {
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	return r.patchVM(ctx, vm, func(a map[string]string) {
 		dropMigration(a)
 		if m.Target != node {
-			virtualmachine.WithLeftover(a, m.Target)
+			virtualmachine.WithLeftover(f, string(vm.UID), a, m.Target)
 		}
 	})
 }

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -68,9 +67,33 @@ func sealedPair(obj metav1.Object, annotation, sealAnnotation string, seal func(
 	return a, b, hmac.Equal([]byte(v[sealAnnotation]), []byte(seal(a, b)))
 }
 
-// Leftovers are the nodes vm's AnnotationLeftovers lists.
+// Leftovers are the nodes vm's AnnotationLeftovers lists, sealed or not:
+// what the hub wrote. The hub acts on SealedLeftovers only.
 func Leftovers(vm metav1.Object) []string {
 	return leftovers(vm.GetAnnotations())
+}
+
+// SealedLeftovers are the nodes vm's AnnotationLeftovers lists, if the hub
+// sealed the list in f (LeftoversSeal); none if not. A tenant can write
+// the annotation, and the stray sweep keeps the VM's intents on the nodes
+// it names.
+func SealedLeftovers(vm metav1.Object, f *fleet.Fleet) []string {
+	return sealedLeftovers(f, string(vm.GetUID()), vm.GetAnnotations())
+}
+
+// LeftoversSeal is the hub's mark on the leftovers list of the VM uid.
+func LeftoversSeal(f *fleet.Fleet, uid, list string) string {
+	return f.Seal(uid, list, "leftovers")
+}
+
+// sealedLeftovers are the nodes the annotations a of the VM uid list as
+// left, if the hub sealed the list.
+func sealedLeftovers(f *fleet.Fleet, uid string, a map[string]string) []string {
+	l := a[v1alpha1.AnnotationLeftovers]
+	if l == "" || !hmac.Equal([]byte(a[v1alpha1.AnnotationLeftoversSeal]), []byte(LeftoversSeal(f, uid, l))) {
+		return nil
+	}
+	return strings.Split(l, ",")
 }
 
 // leftovers are the nodes the annotations a list as left.
@@ -82,14 +105,28 @@ func leftovers(a map[string]string) []string {
 	return strings.Split(v, ",")
 }
 
-// WithLeftover adds node to the leftovers of the annotations a.
-func WithLeftover(a map[string]string, node string) {
-	l := leftovers(a)
+// WithLeftover adds node to the sealed leftovers of the annotations a of
+// the VM uid, and seals the list again; nodes listed by hand are dropped.
+func WithLeftover(f *fleet.Fleet, uid string, a map[string]string, node string) {
+	l := sealedLeftovers(f, uid, a)
 	if !slices.Contains(l, node) {
 		l = append(l, node)
 	}
 	slices.Sort(l)
-	a[v1alpha1.AnnotationLeftovers] = strings.Join(l, ",")
+	setLeftovers(f, uid, a, l)
+}
+
+// setLeftovers records l, sealed, as the leftovers in the annotations a of
+// the VM uid.
+func setLeftovers(f *fleet.Fleet, uid string, a map[string]string, l []string) {
+	if len(l) == 0 {
+		delete(a, v1alpha1.AnnotationLeftovers)
+		delete(a, v1alpha1.AnnotationLeftoversSeal)
+		return
+	}
+	v := strings.Join(l, ",")
+	a[v1alpha1.AnnotationLeftovers] = v
+	a[v1alpha1.AnnotationLeftoversSeal] = LeftoversSeal(f, uid, v)
 }
 
 // Annotate changes vm's annotations with fn, under optimistic locking:
@@ -173,13 +210,13 @@ func (e *external) placedOn(vm *v1alpha1.VirtualMachine, node string) []string {
 	return append(out, e.left(vm, node)...)
 }
 
-// left are the nodes the VM left, as AnnotationLeftovers lists them, but
-// never its node nor the target of its migration: a tenant can write the
-// annotation, and the hub deletes the VM's intent on each node it names.
+// left are the nodes the VM left, as its sealed AnnotationLeftovers lists
+// them, but never its node nor the target of its migration: the hub
+// deletes the VM's intent on each node it names.
 func (e *external) left(vm *v1alpha1.VirtualMachine, node string) []string {
 	m, _ := MigrationOf(vm, e.fleet)
 	var out []string
-	for _, n := range Leftovers(vm) {
+	for _, n := range SealedLeftovers(vm, e.fleet) {
 		if n != node && n != m.Target {
 			out = append(out, n)
 		}
@@ -191,7 +228,7 @@ func (e *external) left(vm *v1alpha1.VirtualMachine, node string) []string {
 // from the annotation the nodes whose report is gone (they hold nothing of
 // the VM any more) and those it may not name.
 func (e *external) clearLeftovers(ctx context.Context, vm *v1alpha1.VirtualMachine, node string) error {
-	all := Leftovers(vm)
+	all := SealedLeftovers(vm, e.fleet)
 	if len(all) == 0 {
 		return nil
 	}
@@ -208,13 +245,7 @@ func (e *external) clearLeftovers(ctx context.Context, vm *v1alpha1.VirtualMachi
 	if len(keep) == len(all) {
 		return nil
 	}
-	patch := client.MergeFromWithOptions(vm.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if len(keep) == 0 {
-		meta.RemoveAnnotations(vm, v1alpha1.AnnotationLeftovers)
-	} else {
-		meta.AddAnnotations(vm, map[string]string{v1alpha1.AnnotationLeftovers: strings.Join(keep, ",")})
-	}
-	return errors.Wrap(e.kube.Patch(ctx, vm, patch), "cannot record the nodes the VM left")
+	return errors.Wrap(Annotate(ctx, e.kube, vm, func(a map[string]string) { setLeftovers(e.fleet, uid, a, keep) }), "cannot record the nodes the VM left")
 }
 
 // migratingCondition shows a migration in progress, and that it is over

@@ -114,6 +114,7 @@ func TestLeftoversAreClearedButNeverTheVMsOwnNode(t *testing.T) {
 	e := testExternal(t, b, &fleettest.Recorder{}, wake.NewNotifier(perobject.NewOwner(nil)))
 	vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: testUID, Annotations: map[string]string{
 		v1alpha1.AnnotationNode: testNode, v1alpha1.AnnotationLeftovers: testNode + ",node2",
+		v1alpha1.AnnotationLeftoversSeal: LeftoversSeal(e.fleet, testUID, testNode+",node2"),
 	}}}
 	scheme := runtime.NewScheme()
 	require.NoError(t, v1alpha1.SchemeBuilder.AddToScheme(scheme))

@@ -368,7 +368,7 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	e.migratingCondition(vm, node)
 
 	d, err := e.resolve(ctx, vm)
-	upToDate := err == nil && e.knownAddresses(vm, &d, n) && len(Leftovers(vm)) == 0
+	upToDate := err == nil && e.knownAddresses(vm, &d, n) && len(SealedLeftovers(vm, e.fleet)) == 0
 	if upToDate {
 		published, _ := e.state.published.Load(vm.UID)
 		upToDate = published == planFingerprint(e.plan(vm, d, node), node)

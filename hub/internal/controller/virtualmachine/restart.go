@@ -136,7 +136,7 @@ func (e *external) restartElsewhere(ctx context.Context, vm *v1alpha1.VirtualMac
 	// The guest it adopted stays on the lost node, fenced: the target
 	// makes a new one.
 	e.fleet.Bind(vm, a, target, "")
-	WithLeftover(a, node)
+	WithLeftover(e.fleet, uid, a, node)
 	a[v1alpha1.AnnotationRestartedFrom] = node + "@" + now.UTC().Format(time.RFC3339)
 	if err := e.kube.Patch(ctx, vm, patch); err != nil {
 		if kerrors.IsConflict(err) {

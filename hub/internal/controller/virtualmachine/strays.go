@@ -153,7 +153,7 @@ func (s *Strays) current(ctx context.Context) (map[types.UID]*v1alpha1.VirtualMa
 // binds says whether vm binds its guest to node in f (see Strays). An
 // error says nothing either way: the intent stays until a sweep can tell.
 func (s *Strays) binds(ctx context.Context, f *fleet.Fleet, vm *v1alpha1.VirtualMachine, node string) (bool, error) {
-	if slices.Contains(Leftovers(vm), node) {
+	if slices.Contains(SealedLeftovers(vm, f), node) {
 		return true, nil
 	}
 	if m, ok := MigrationOf(vm, f); ok && m.Target == node {

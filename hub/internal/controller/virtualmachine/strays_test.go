@@ -46,6 +46,12 @@ const straySweep = 200 * time.Millisecond
 //     intent for a uid no VM has (nats kv put intents node1.<uid> ...).
 //   - IntentReplayedFromAnEarlierBinding: the same writes back the intent
 //     a VM had on node1 before it moved to node2.
+//   - LeftoversWrittenByHand: a hub stopped half-way through a move left
+//     a running VM's intent on node3; a tenant with edit rights, to keep
+//     that second guest, lists node3 among the nodes the VM left
+//     (kubectl annotate vm x compute.virtfleet.io/leftovers=node3). The
+//     list carries no seal, so it keeps nothing; before leftovers were
+//     sealed, the sweep kept that intent for good.
 //
 // Before the sweep, each stray intent stayed, and its guest ran, for
 // good.
@@ -88,7 +94,7 @@ func TestStraysAreSwept(t *testing.T) {
 	m := Migration{ID: "m1", Target: "node2"}
 	annotate(moving, map[string]string{
 		v1alpha1.AnnotationMigration: m.String(), v1alpha1.AnnotationMigrationSeal: MigrationSeal(f.Fleet, string(moving.UID), m),
-		v1alpha1.AnnotationLeftovers: "node3",
+		v1alpha1.AnnotationLeftovers: "node3", v1alpha1.AnnotationLeftoversSeal: LeftoversSeal(f.Fleet, string(moving.UID), "node3"),
 	})
 	kept = append(kept, intent{"node1", string(placed.UID)}, intent{"node1", string(moving.UID)}, intent{"node2", string(moving.UID)}, intent{"node3", string(moving.UID)})
 	for _, in := range kept {
@@ -114,10 +120,16 @@ func TestStraysAreSwept(t *testing.T) {
 	put("node2", string(moved.UID))
 	kept = append(kept, intent{"node2", string(moved.UID)})
 	put("node1", string(moved.UID))
+	// LeftoversWrittenByHand.
+	lingering := env.VM(t, ns, "lingering", "node1", true, v1alpha1.PhaseRunning)
+	put("node1", string(lingering.UID))
+	kept = append(kept, intent{"node1", string(lingering.UID)})
+	put("node3", string(lingering.UID))
+	annotate(lingering, map[string]string{v1alpha1.AnnotationLeftovers: "node3"})
 	// IntentOfNoVM.
 	nobody := string(uuid.NewUUID())
 	put("node3", nobody)
-	stray = append(stray, intent{"node1", string(gone.UID)}, intent{"node1", string(edited.UID)}, intent{"node1", string(moved.UID)}, intent{"node3", nobody})
+	stray = append(stray, intent{"node1", string(gone.UID)}, intent{"node1", string(edited.UID)}, intent{"node1", string(moved.UID)}, intent{"node3", string(lingering.UID)}, intent{"node3", nobody})
 
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		for _, in := range stray {
