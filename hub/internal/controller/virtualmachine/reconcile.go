@@ -312,6 +312,11 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	if node != "" {
 		if err := admitNode(vm, node, e.grant, e.fleet); err != nil {
+			if vm.Status.AtProvider.Binding != nil {
+				// The guest runs on under the sealed binding the VM
+				// holds: neither Failed nor gone.
+				return managed.ExternalObservation{}, e.restoreBinding(ctx, vm)
+			}
 			if meta.WasDeleted(vm) {
 				// Nothing was published to a node the VM was refused.
 				return managed.ExternalObservation{ResourceExists: false}, nil

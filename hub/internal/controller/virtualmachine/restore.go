@@ -67,9 +67,10 @@ func (e *external) restore(vm *v1alpha1.VirtualMachine, node string) *wire.Resto
 // guest). It is "" for a VM on no node, and an error for a node annotation
 // the VM may not have, one written by hand above all: nothing is
 // published to such a node, so nothing of the VM is there to act on. A VM
-// whose annotations were rewound to an earlier sealed binding is on the
-// node of the binding it holds (Fleet.Replayed): its guest runs there
-// until the hub restores the annotations.
+// whose annotations were rewound to an earlier sealed binding
+// (Fleet.Replayed), or changed to a node it may not have, while it held a
+// sealed binding is on that binding's node: its guest runs there until
+// the hub restores the annotations.
 func AdmittedNode(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine, f *fleet.Fleet) (string, error) {
 	if f.Replayed(vm) {
 		return vm.Status.AtProvider.Binding.Node, nil
@@ -83,6 +84,11 @@ func AdmittedNode(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualM
 		return "", err
 	}
 	if err := admitNode(vm, node, g, f); err != nil {
+		if b := vm.Status.AtProvider.Binding; b != nil {
+			// Its annotation was changed by hand; its guest runs on
+			// under the binding it holds until the hub writes it back.
+			return b.Node, nil
+		}
 		return "", errors.Wrapf(err, "VirtualMachine %s is not admitted to node %s", vm.Name, node)
 	}
 	return node, nil

@@ -44,7 +44,7 @@ func admitNode(vm *v1alpha1.VirtualMachine, node string, g tenancy.Grant, f *fle
 // tenant writes that annotation, and a VM refused there has nothing on the
 // node, so it must count on no node and hold up no drain.
 func IsOn(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine, node string, fleets []*fleet.Fleet) (bool, error) {
-	// A VM rewound to an earlier binding is on its recorded node
+	// A VM whose binding was changed by hand is on its recorded node
 	// (AdmittedNode), which its annotation no longer names.
 	b := vm.Status.AtProvider.Binding
 	if node == "" || (vm.GetAnnotations()[v1alpha1.AnnotationNode] != node && (b == nil || b.Node != node)) {
@@ -137,24 +137,24 @@ func (d *dependencies) admit(g tenancy.Grant, boundByHub func(metav1.Object) boo
 	return nil
 }
 
-// ReplayedBindingError is returned for a VM whose annotations were
-// rewound to an earlier sealed binding: the hub restored the binding it
-// holds.
-type ReplayedBindingError struct {
+// RestoredBindingError is returned for a VM whose binding annotations
+// were changed by hand, to an earlier sealed binding or to a node without
+// a seal, while it held a sealed binding: the hub wrote that one back.
+type RestoredBindingError struct {
 	// Node is the node of the binding restored.
 	Node string
 }
 
-func (e *ReplayedBindingError) Error() string {
-	return fmt.Sprintf("the VM's binding annotations carry the seal of an earlier binding, copied back by hand; restored its binding to node %s", e.Node)
+func (e *RestoredBindingError) Error() string {
+	return fmt.Sprintf("the VM's binding annotations were changed by hand; its guest runs on node %s, whose binding the hub restored", e.Node)
 }
 
-// restoreBinding writes back the binding vm holds over the earlier one its
-// annotations were rewound to, so the VM stays where its guest runs.
+// restoreBinding writes back the binding vm holds over what its
+// annotations were changed to, so the VM stays where its guest runs.
 func (e *external) restoreBinding(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
 	b := *vm.Status.AtProvider.Binding
 	if err := Annotate(ctx, e.kube, vm, func(a map[string]string) { e.fleet.Restore(vm, a, b) }); err != nil {
 		return errors.Wrap(err, "cannot restore the VM's binding")
 	}
-	return &ReplayedBindingError{Node: b.Node}
+	return &RestoredBindingError{Node: b.Node}
 }
