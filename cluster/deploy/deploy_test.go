@@ -379,6 +379,7 @@ func TestHubRBAC(t *testing.T) {
 		"ReadsBackupLocations":        {cr.Rules, grant{"compute.virtfleet.io", "backuplocations", "watch"}, true},
 		"ReadsPlacementGroups":        {cr.Rules, grant{"compute.virtfleet.io", "placementgroups", "watch"}, true},
 		"NeverWritesPlacementGroups":  {cr.Rules, grant{"compute.virtfleet.io", "placementgroups", "update"}, false},
+		"WritesPlacementGroupStatus":  {cr.Rules, grant{"compute.virtfleet.io", "placementgroups/status", "update"}, true},
 		"ReadsInstancetypes":          {cr.Rules, grant{"compute.virtfleet.io", "virtualmachineclusterinstancetypes", "watch"}, true},
 		"ReadsPreferences":            {cr.Rules, grant{"compute.virtfleet.io", "virtualmachinepreferences", "watch"}, true},
 		"NeverWritesInstancetypes":    {cr.Rules, grant{"compute.virtfleet.io", "virtualmachineinstancetypes", "update"}, false},

@@ -18,6 +18,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/hypervisornode"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/migration"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/placementgroup"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/restore"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/snapshot"
@@ -63,6 +64,9 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 		return err
 	}
 	if err := hypervisornode.SetupGated(mgr, o, vo.Pool.Fleets, nodes, allowances); err != nil {
+		return err
+	}
+	if err := placementgroup.SetupGated(mgr, o, vo.Pool.Fleets); err != nil {
 		return err
 	}
 	if err := migration.SetupGated(mgr, o, mo); err != nil {

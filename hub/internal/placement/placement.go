@@ -85,8 +85,8 @@ type Group struct {
 	Members map[string]string
 }
 
-// domain is the topology domain of node n in g.
-func (g *Group) domain(n Node) string {
+// Domain is the topology domain of node n in g.
+func (g *Group) Domain(n Node) string {
 	if v, ok := n.Labels[g.TopologyKey]; g.TopologyKey != "" && ok {
 		return g.TopologyKey + "=" + v
 	}
@@ -316,7 +316,7 @@ func (p *Placer) members(nodes []Node, req Request) groupMembers {
 		if !ok {
 			n = Node{Name: node}
 		}
-		m.domains[g.domain(n)]++
+		m.domains[g.Domain(n)]++
 	}
 	for _, node := range g.Members {
 		count(node)
@@ -335,7 +335,7 @@ func (m groupMembers) refuses(n Node) string {
 	if g == nil || !g.Required {
 		return ""
 	}
-	d := g.domain(n)
+	d := g.Domain(n)
 	switch {
 	case g.AntiAffinity && m.domains[d] > 0:
 		return fmt.Sprintf("placement group %s (%s) has a VM in %s already", g.Name, g.policy(), d)
@@ -354,7 +354,7 @@ func (m groupMembers) penalty(n Node) float64 {
 	if g == nil || g.Required {
 		return 0
 	}
-	count := float64(m.domains[g.domain(n)])
+	count := float64(m.domains[g.Domain(n)])
 	if g.AntiAffinity {
 		return count
 	}
