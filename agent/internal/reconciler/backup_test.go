@@ -112,8 +112,10 @@ func TestBackupIntents(t *testing.T) {
 				h.running("a")
 				_, err := bus.PutReport(t.Context(), h.reports.Fake, wire.BackupReports, "b1", wire.BackupReport{UID: "b1", Node: node, VM: "a", Phase: wire.BackupPhaseRunning})
 				require.NoError(t, err)
-				h.synced()
+				// As the bus gives a starting agent the intents that
+				// exist, before it says they are synced.
 				h.putBackup(backupIntent(s, bucket, "b1", "a"))
+				h.synced()
 				r := h.backup("b1", wire.BackupPhaseFailed, "the backup cut short is failed")
 				assert.Contains(t, r.Message, "stopped while it took the backup")
 				assert.Zero(t, h.calls("BackUp", "a"), "not taken again under the same name")
