@@ -60,8 +60,8 @@ func Setup(mgr ctrl.Manager, o controller.Options, fleets func() []*fleet.Fleet)
 		Complete(r)
 }
 
-// groupOf requests the group a VM names. A VM that leaves a group is seen
-// by the recount.
+// groupOf requests the group a VM names; an update maps the VM as it was
+// too, so the group a VM leaves is requested as well.
 func groupOf(_ context.Context, o client.Object) []reconcile.Request {
 	vm, ok := o.(*v1alpha1.VirtualMachine)
 	if !ok || vm.Spec.ForProvider.PlacementGroup == nil {
