@@ -36,13 +36,12 @@ import (
 // guest uploads no chunk. A new server's boot volume made from the
 // backup's root disk holds the same bytes.
 func TestNovaDriverBacksUpAndRestoresThroughCinderAndGlance(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Debian's OpenStack services; skipped with -short")
-	}
 	ctx := context.Background()
-	c := openstack.ForTest(t)
-	cl, err := c.Clients(ctx)
-	require.NoError(t, err)
+	c, cl, d := cloudTest(t, func(cfg *nova.Config) {
+		cfg.Node = "node-backups"
+		cfg.Images.Dir = t.TempDir()
+		cfg.ImagePruneInterval = time.Hour
+	})
 	srv := s3test.New(t)
 	require.NoError(t, srv.MakeBucket(ctx, "backups"))
 	loc := wire.BackupLocation{
@@ -51,11 +50,6 @@ func TestNovaDriverBacksUpAndRestoresThroughCinderAndGlance(t *testing.T) {
 	}
 	store, err := backupstore.Open(ctx, backupstore.LocationOf(loc))
 	require.NoError(t, err)
-	d := openDriver(t, c, func(cfg *nova.Config) {
-		cfg.Node = "node-backups"
-		cfg.Images.Dir = t.TempDir()
-		cfg.ImagePruneInterval = time.Hour
-	})
 
 	g := &guests{d: d, cl: cl, network: "ns_backups-net", subnet: [3]byte{10, 79, 0}}
 	machine, run := g.machine, g.run

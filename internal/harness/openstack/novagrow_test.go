@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/harness/openstack"
 )
 
 // TestAnAttachedVolumeGrowsThroughTheNovaDriver raises the size of a
@@ -19,14 +18,9 @@ import (
 // (attached, so at microversion 3.42), the volume's file grows, and the
 // server runs on without needing a restart.
 func TestAnAttachedVolumeGrowsThroughTheNovaDriver(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Debian's OpenStack services; skipped with -short")
-	}
 	ctx := context.Background()
-	c := openstack.ForTest(t)
-	cl, err := c.Clients(ctx)
-	require.NoError(t, err)
-	d := openDriver(t, c)
+	c, cl, d := cloudTest(t)
+	var err error
 	m := driver.Machine{
 		UID: uuid.NewString(), Namespace: "ns", Name: "grower", Generation: 1,
 		VCPU: 1, MemoryBytes: 256 << 20, Running: true,

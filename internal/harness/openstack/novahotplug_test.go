@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
-	"github.com/virtfleet/virtfleet/internal/harness/openstack"
 )
 
 // TestAVolumeHotPlugsThroughTheNovaDriver adds a disk to a running
@@ -20,14 +19,8 @@ import (
 // detaches the Cinder volume through Nova while the server runs, never
 // asking for or making a restart.
 func TestAVolumeHotPlugsThroughTheNovaDriver(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Debian's OpenStack services; skipped with -short")
-	}
 	ctx := context.Background()
-	c := openstack.ForTest(t)
-	cl, err := c.Clients(ctx)
-	require.NoError(t, err)
-	d := openDriver(t, c)
+	_, cl, d := cloudTest(t)
 	m := driver.Machine{
 		UID: uuid.NewString(), Namespace: "ns", Name: "plugger", Generation: 1,
 		VCPU: 1, MemoryBytes: 256 << 20, Running: true,

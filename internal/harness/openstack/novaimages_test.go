@@ -35,14 +35,8 @@ import (
 // download that fails its checksum leaves nothing in Glance. An image no
 // volume was made from goes once unused for its PruneAfter, not before.
 func TestNovaDriverImportsDiskImagesIntoGlance(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Debian's OpenStack services; skipped with -short")
-	}
 	ctx := context.Background()
-	c := openstack.ForTest(t)
-	cl, err := c.Clients(ctx)
-	require.NoError(t, err)
-	d := openDriver(t, c, func(cfg *nova.Config) {
+	c, cl, d := cloudTest(t, func(cfg *nova.Config) {
 		cfg.Node = "node-images"
 		cfg.Images.Dir = t.TempDir()
 		// PruneImages is called by the test.

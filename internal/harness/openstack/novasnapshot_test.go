@@ -27,14 +27,8 @@ import (
 // older snapshot is refused before the guest is touched; deleting the
 // snapshots leaves none in Cinder.
 func TestNovaDriverSnapshotsThroughCinder(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Debian's OpenStack services; skipped with -short")
-	}
 	ctx := context.Background()
-	c := openstack.ForTest(t)
-	cl, err := c.Clients(ctx)
-	require.NoError(t, err)
-	d := openDriver(t, c, func(cfg *nova.Config) { cfg.Node = "node-snapshots" })
+	c, cl, d := cloudTest(t, func(cfg *nova.Config) { cfg.Node = "node-snapshots" })
 	g := &guests{d: d, cl: cl, network: "ns_snapshots-net", subnet: [3]byte{10, 77, 0}}
 
 	const size = 1 << 30
@@ -258,14 +252,8 @@ func assertNoSnapshotsLeft(t *testing.T, cl *openstack.Clients, uid string) {
 // overwrite, and Glance gains no image. An image naming a snapshot that
 // holds no snapshot of its volume is refused, Terminal, naming why.
 func TestNovaDriverMakesAVolumeOfASnapshot(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Debian's OpenStack services; skipped with -short")
-	}
 	ctx := context.Background()
-	c := openstack.ForTest(t)
-	cl, err := c.Clients(ctx)
-	require.NoError(t, err)
-	d := openDriver(t, c, func(cfg *nova.Config) { cfg.Node = "node-snapclone" })
+	c, cl, d := cloudTest(t, func(cfg *nova.Config) { cfg.Node = "node-snapclone" })
 	g := &guests{d: d, cl: cl, network: "ns_snapclone-net", subnet: [3]byte{10, 78, 0}}
 
 	const size = 1 << 30
@@ -276,6 +264,7 @@ func TestNovaDriverMakesAVolumeOfASnapshot(t *testing.T) {
 			assert.NoError(t, d.DeleteSnapshot(ctx, src.UID, s.ID))
 		}
 	})
+	var err error
 	path := c.VolumePath(cinderVolume(t, cl, "ns_origin-root").ID)
 	writeRandom(t, path, 5<<20, 1<<20)
 	marker := fileSum(t, path)

@@ -136,6 +136,19 @@ func migrateHost(t *testing.T, d *nova.Driver, m driver.Machine, id, host string
 	return st
 }
 
+// cloudTest skips under -short, and returns the test binary's cloud, its
+// clients and a nova driver of it (openDriver, configured).
+func cloudTest(t *testing.T, configure ...func(*nova.Config)) (*openstack.Cloud, *openstack.Clients, *nova.Driver) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts Debian's OpenStack services; skipped with -short")
+	}
+	c := openstack.ForTest(t)
+	cl, err := c.Clients(context.Background())
+	require.NoError(t, err)
+	return c, cl, openDriver(t, c, configure...)
+}
+
 // openDriver opens the nova driver on c as a node's agent does, from a
 // clouds.yaml.
 func openDriver(t *testing.T, c *openstack.Cloud, configure ...func(*nova.Config)) *nova.Driver {
