@@ -252,9 +252,9 @@ func testBackend(t *testing.T, backend string) {
 }
 
 // testNovaShapeChanges changes vm's vcpus (SpecChangeWhileRunning set
-// them to 2) and adds a disk, each applied at the next start as real Nova
-// allows: a resize of the stopped server, confirmed once, and a volume
-// attachment.
+// them to 2) and adds a disk, each as real Nova allows: the vCPUs by a
+// resize of the stopped server at the next start, confirmed once; the disk
+// by a volume attachment to the running server.
 func testNovaShapeChanges(t *testing.T, h *hub) {
 	t.Run("VcpuChangeResizesAtTheNextStartConfirmedOnce", func(t *testing.T) {
 		h.patch(t, "vm", func(vm *v1alpha1.VirtualMachine) { vm.Spec.ForProvider.Running = ptr(false) })
@@ -269,22 +269,21 @@ func testNovaShapeChanges(t *testing.T, h *hub) {
 		assert.Equal(t, 1, n.actions(t, s.ID)["confirmResize"], "confirmed once, though Nova confirms asynchronously")
 	})
 
-	t.Run("ExtraDiskAttachedAtTheNextStart", func(t *testing.T) {
+	t.Run("ExtraDiskAttachesWhileTheServerRuns", func(t *testing.T) {
+		before := h.get(t, "vm")
 		h.create(t, volume("vm-data"))
 		h.patch(t, "vm", func(vm *v1alpha1.VirtualMachine) {
 			vm.Spec.ForProvider.DiskAttachments = append(vm.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: "vm-data"})
 		})
-		h.wait(t, "vm", 60*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
-			return vm.GetCondition("RestartRequired").Status == corev1.ConditionTrue
-		})
-		h.patch(t, "vm", func(vm *v1alpha1.VirtualMachine) {
-			vm.SetAnnotations(merge(vm.GetAnnotations(), v1alpha1.AnnotationRestartRequestedAt, time.Now().Format(time.RFC3339)))
-		})
-		vm := h.wait(t, "vm", 90*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
-			return running(vm) && vm.GetCondition("RestartRequired").Status != corev1.ConditionTrue
-		})
-		s := novaCloud(t).server(t, vm.Status.AtProvider.ID)
-		assert.Len(t, s.AttachedVolumes, 2, "boot volume and vm-data")
+		n := novaCloud(t)
+		require.Eventually(t, func() bool {
+			return len(n.server(t, before.Status.AtProvider.ID).AttachedVolumes) == 2
+		}, 90*time.Second, time.Second, "Nova attaches vm-data beside the boot volume")
+		vm := h.get(t, "vm")
+		assert.True(t, running(vm))
+		assert.NotEqual(t, corev1.ConditionTrue, vm.GetCondition("RestartRequired").Status, "a disk added needs no restart")
+		assert.Equal(t, before.Status.AtProvider.ID, vm.Status.AtProvider.ID, "the same server")
+		assert.Equal(t, before.Status.AtProvider.RestartCount, vm.Status.AtProvider.RestartCount, "not restarted")
 	})
 }
 
