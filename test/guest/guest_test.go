@@ -51,8 +51,9 @@ const (
 	// netCIDR is the VirtualNetwork's subnet: it exists only in the
 	// suite's network namespace.
 	netCIDR = "10.231.7.0/24"
-	// bootTimeout covers an image import and a TCG boot on a busy machine.
-	bootTimeout = 8 * time.Minute
+	// bootTimeout covers an image import and a TCG boot on a busy machine:
+	// make test starts this package beside test/e2e's busiest minutes.
+	bootTimeout = 12 * time.Minute
 	// grace is the agent's ACPI shutdown grace: a clean poweroff must come
 	// well before it.
 	grace = 3 * time.Minute
