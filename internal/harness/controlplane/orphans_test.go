@@ -60,7 +60,7 @@ func TestAKilledRunsEtcdIsKilledAtTheNextStart(t *testing.T) {
 	require.Eventually(t, func() bool {
 		got, err := procs.Read(orphan)
 		reaper = got.PPID
-		return err == nil && (got.PPID == 1 || ancestor(t, got.PPID))
+		return err == nil && (got.PPID == 1 || ancestor(got.PPID))
 	}, 10*time.Second, 10*time.Millisecond, "the killed run's etcd is re-parented to init")
 	if reaper != 1 {
 		t.Skipf("this test binary runs under a child subreaper (pid %d, as under hack/cputime), which takes the orphan instead of init; only init's orphans are a killed run's", reaper)
@@ -77,8 +77,7 @@ func TestAKilledRunsEtcdIsKilledAtTheNextStart(t *testing.T) {
 
 // ancestor says whether pid is this process's parent or one of its
 // parent's ancestors.
-func ancestor(t *testing.T, pid int) bool {
-	t.Helper()
+func ancestor(pid int) bool {
 	for p := os.Getppid(); p > 1; {
 		if p == pid {
 			return true
