@@ -23,6 +23,8 @@ import (
 //     reverts, see snapshot.go);
 //   - subresources.kubevirt.io virtualmachineinstances/pause and
 //     virtualmachineinstances/unpause: update (pausing a guest);
+//     virtualmachines/addvolume and virtualmachines/removevolume: update
+//     (data disks of a running guest, see hotplug.go);
 //     virtualmachineinstances/console and virtualmachineinstances/vnc: get
 //     (the guest's serial console and display, see Driver.OpenConsole);
 //

@@ -30,7 +30,10 @@
 // subresource of that same API (subresources.kubevirt.io/v1, through the
 // API server, as virtctl pause does), which KubeVirt shows as the VMI's
 // condition Paused; the guest's serial console and display are the VMI's
-// console and vnc WebSocket subresources of it (see OpenConsole). What the
+// console and vnc WebSocket subresources of it (see OpenConsole). Data
+// disks are hotpluggable volumes, attached to and detached from a running
+// guest through the VM's addvolume and removevolume subresources (see
+// hotplug.go). What the
 // agent's account must be allowed is listed on Config. MigrateHost moves a
 // running guest to another node of the cluster with a
 // VirtualMachineInstanceMigration (see migrate.go). Snapshots and reverts

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -66,9 +67,13 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 	}
 
 	next := vm.DeepCopy()
-	if !imported(vm) && shape(vm.Spec.Template) != shape(want.Spec.Template) {
+	live := vmi != nil && vmi.DeletionTimestamp == nil && !vmi.IsFinal()
+	reshaped := shape(vm.Spec.Template) != shape(want.Spec.Template)
+	if !imported(vm) && (reshaped || (!live && !slices.Equal(dataClaims(vm.Spec.Template), dataClaims(want.Spec.Template)))) {
 		// Takes effect when KubeVirt next creates the VMI; a new disk's
 		// image still being checked holds the new shape back until then.
+		// Data disks of a guest without a VMI go with it; those of a
+		// running guest are hot-plugged below.
 		progress, err := d.ensureVolumes(ctx, c, m)
 		if err != nil {
 			return driver.Observation{}, err
@@ -76,6 +81,10 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 		if progress == "" {
 			next.Spec.Template = want.Spec.Template
 		}
+	}
+	hotplug := !imported(vm) && live && !reshaped
+	if hotplug {
+		dropUnpluggable(next.Spec.Template, want.Spec.Template)
 	}
 	wasRunning := wantsRunning(vm, vmi)
 	if wasRunning != m.Running {
@@ -114,6 +123,12 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 			return driver.Observation{}, errors.Wrap(err, "cannot update the KubeVirt VirtualMachine")
 		}
 	}
+	var note string
+	if hotplug && restart == nil && m.Running && wasRunning {
+		if note, err = d.hotplug(ctx, c, m, next, want); err != nil {
+			return driver.Observation{}, err
+		}
+	}
 	if restart != nil {
 		// Only that VMI: never a replacement KubeVirt made meanwhile. A
 		// reset gives the guest no time to shut down.
@@ -128,6 +143,9 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 		vmi = nil
 	}
 	o := observe(next, vmi, d.now())
+	if note != "" {
+		o.Message = strings.TrimPrefix(o.Message+"; "+note, "; ")
+	}
 	if !m.Running || !wasRunning || !runs(vmi) {
 		// A VMI that is not running yet (a new one after a start or a
 		// restart) is paused by a later call, once it runs.
@@ -176,17 +194,23 @@ func runs(vmi *kubevirtv1.VirtualMachineInstance) bool {
 // state does not allow (not running, already paused, not paused): the
 // informers were behind, and the caller comes back.
 func (d *Driver) subresource(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, sub string, opts any) error {
+	return d.put(ctx, "virtualmachineinstances", "VMI", vmi.Namespace, vmi.Name, sub, opts)
+}
+
+// put asks virt-api for subresource sub of the object of resource (kind,
+// for messages) namespace/name, with opts.
+func (d *Driver) put(ctx context.Context, resource, kind, namespace, name, sub string, opts any) error {
 	body, err := json.Marshal(opts)
 	if err != nil {
 		return errors.Wrapf(err, "cannot encode the options of %s", sub)
 	}
-	err = d.subresources.Put().Namespace(vmi.Namespace).Resource("virtualmachineinstances").Name(vmi.Name).SubResource(sub).Body(body).Do(ctx).Error()
+	err = d.subresources.Put().Namespace(namespace).Resource(resource).Name(name).SubResource(sub).Body(body).Do(ctx).Error()
 	if kerrors.IsNotFound(err) && kerrors.HasStatusCause(err, metav1.CauseTypeUnexpectedServerResponse) {
-		// Not virt-api's answer, a Status naming the VMI, but the API
+		// Not virt-api's answer, a Status naming the object, but the API
 		// server's plain 404 for a path it serves no API at.
-		return errors.Wrapf(err, "cannot %s VMI %s/%s: the cluster serves no %s/%s API (KubeVirt's virt-api serves it)", sub, vmi.Namespace, vmi.Name, kubevirtv1.SubresourceGroupName, kubevirtv1.ApiLatestVersion)
+		return errors.Wrapf(err, "cannot %s %s %s/%s: the cluster serves no %s/%s API (KubeVirt's virt-api serves it)", sub, kind, namespace, name, kubevirtv1.SubresourceGroupName, kubevirtv1.ApiLatestVersion)
 	}
-	return errors.Wrapf(err, "cannot %s VMI %s/%s", sub, vmi.Namespace, vmi.Name)
+	return errors.Wrapf(err, "cannot %s %s %s/%s", sub, kind, namespace, name)
 }
 
 // restartTarget is the VMI to delete to restart the guest, if any: on a new
@@ -295,7 +319,8 @@ func merged(into, from map[string]string) map[string]string {
 
 func equalVM(a, b *kubevirtv1.VirtualMachine) bool {
 	return reflect.DeepEqual(a.Spec.RunStrategy, b.Spec.RunStrategy) && reflect.DeepEqual(a.Spec.Running, b.Spec.Running) && //nolint:staticcheck // an imported VM may use it
-		maps(a.Annotations, b.Annotations) && shape(a.Spec.Template) == shape(b.Spec.Template)
+		maps(a.Annotations, b.Annotations) && shape(a.Spec.Template) == shape(b.Spec.Template) &&
+		slices.Equal(dataClaims(a.Spec.Template), dataClaims(b.Spec.Template))
 }
 
 // shape is the shape hash a template was made with; empty for none.

@@ -131,8 +131,10 @@ func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstan
 	case vmi != nil:
 		o.Node = vmi.Status.NodeName
 		o.VCPU, o.MemoryBytes = size(&vmi.Spec)
+		o.Disks = attached(vmi)
 	case vm.Spec.Template != nil:
 		o.VCPU, o.MemoryBytes = size(&vm.Spec.Template.Spec)
+		o.Disks = nodeNames(claimsOf(vm.Spec.Template.Spec.Volumes))
 	}
 	switch {
 	case vm.DeletionTimestamp != nil:
@@ -194,7 +196,41 @@ func volumeNote(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineIns
 	if len(notes) == 0 {
 		return ""
 	}
-	return strings.Join(notes, "; ") + " (KubeVirt hot-plugs volumes through its addvolume and removevolume subresources, which this node does not use)"
+	return strings.Join(notes, "; ")
+}
+
+// attached are the disks of the VMI, under their node-side names, in its
+// order: each volume of its spec but a hotpluggable one virt-handler has
+// not reported Ready yet, then those that left its spec and that
+// virt-handler still reports (it has not detached them yet).
+func attached(vmi *kubevirtv1.VirtualMachineInstance) []string {
+	status := map[string]kubevirtv1.VolumeStatus{}
+	for _, s := range vmi.Status.VolumeStatus {
+		status[s.Name] = s
+	}
+	var claims []string
+	for _, v := range vmi.Spec.Volumes {
+		if s, ok := status[v.Name]; hotpluggable(v) && (!ok || s.Phase != kubevirtv1.VolumeReady) {
+			continue
+		}
+		if claim := claimOf(v); claim != "" {
+			claims = append(claims, claim)
+		}
+	}
+	for _, s := range vmi.Status.VolumeStatus {
+		if s.PersistentVolumeClaimInfo != nil && !slices.ContainsFunc(vmi.Spec.Volumes, func(v kubevirtv1.Volume) bool { return v.Name == s.Name }) {
+			claims = append(claims, s.PersistentVolumeClaimInfo.ClaimName)
+		}
+	}
+	return nodeNames(claims)
+}
+
+func nodeNames(claims []string) []string {
+	out := make([]string, 0, len(claims))
+	for _, c := range claims {
+		out = append(out, NodeNameOf(c))
+	}
+	return out
 }
 
 // claimsOf are the PVCs and DataVolumes of volumes, in their order.
@@ -234,7 +270,8 @@ func pausedVMI(vmi *kubevirtv1.VirtualMachineInstance) bool {
 }
 
 // restartRequired is KubeVirt's RestartRequired condition, or a VMI made
-// from an older template than the VM's (the shape hashes differ).
+// from an older template than the VM's (the shape hashes differ), or one
+// whose volumes that are not hotpluggable differ from the template's.
 func restartRequired(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) bool {
 	for _, c := range vm.Status.Conditions {
 		if c.Type == kubevirtv1.VirtualMachineRestartRequired && c.Status == corev1.ConditionTrue {
@@ -244,7 +281,13 @@ func restartRequired(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachi
 	if vm.Spec.Template == nil {
 		return false
 	}
-	return vmi.Annotations[AnnotationShape] != vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape]
+	// A volume that is not hotpluggable is attached and detached only
+	// when KubeVirt makes a VMI.
+	unpluggable := func(volumes []kubevirtv1.Volume) []string {
+		return claimsOf(slices.DeleteFunc(slices.Clone(volumes), hotpluggable))
+	}
+	return vmi.Annotations[AnnotationShape] != vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape] ||
+		!slices.Equal(unpluggable(vmi.Spec.Volumes), unpluggable(vm.Spec.Template.Spec.Volumes))
 }
 
 // interfaces are the VMI's, each under the node-side name of the network

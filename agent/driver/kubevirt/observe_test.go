@@ -25,9 +25,9 @@ func TestVolumeNote(t *testing.T) {
 		want              string
 	}{
 		"TheSameVolumesAreNothingToSay":  {template: []kubevirtv1.Volume{dv("disk0"), pvc("disk1"), cloudInit}, running: []kubevirtv1.Volume{dv("disk0"), pvc("disk1"), cloudInit}},
-		"AnAddedVolumeWaitsForTheStart":  {template: []kubevirtv1.Volume{dv("disk0"), pvc("disk1"), cloudInit}, running: []kubevirtv1.Volume{dv("disk0"), cloudInit}, want: "volume claim-disk1 is attached at the next start (KubeVirt hot-plugs volumes through its addvolume and removevolume subresources, which this node does not use)"},
-		"ARemovedVolumeWaitsForTheStart": {template: []kubevirtv1.Volume{dv("disk0"), cloudInit}, running: []kubevirtv1.Volume{dv("disk0"), pvc("disk1"), cloudInit}, want: "volume claim-disk1 is detached at the next start (KubeVirt hot-plugs volumes through its addvolume and removevolume subresources, which this node does not use)"},
-		"BothAreNamed":                   {template: []kubevirtv1.Volume{dv("disk0"), pvc("disk2")}, running: []kubevirtv1.Volume{dv("disk0"), pvc("disk1")}, want: "volume claim-disk2 is attached at the next start; volume claim-disk1 is detached at the next start (KubeVirt hot-plugs volumes through its addvolume and removevolume subresources, which this node does not use)"},
+		"AnAddedVolumeWaitsForTheStart":  {template: []kubevirtv1.Volume{dv("disk0"), pvc("disk1"), cloudInit}, running: []kubevirtv1.Volume{dv("disk0"), cloudInit}, want: "volume claim-disk1 is attached at the next start"},
+		"ARemovedVolumeWaitsForTheStart": {template: []kubevirtv1.Volume{dv("disk0"), cloudInit}, running: []kubevirtv1.Volume{dv("disk0"), pvc("disk1"), cloudInit}, want: "volume claim-disk1 is detached at the next start"},
+		"BothAreNamed":                   {template: []kubevirtv1.Volume{dv("disk0"), pvc("disk2")}, running: []kubevirtv1.Volume{dv("disk0"), pvc("disk1")}, want: "volume claim-disk2 is attached at the next start; volume claim-disk1 is detached at the next start"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -32,9 +32,10 @@ const (
 	// reported with it.
 	AnnotationSeal = "virtfleet.io/seal"
 	// AnnotationShape, on the VM's template and so on each VMI, is a hash of
-	// the shape (vcpu, memory, swap, disks, networks and their addresses,
-	// cloud-init, firmware) the template was made from: a VMI whose hash
-	// differs from the template's runs an older shape and needs a restart.
+	// the shape (vcpu, memory, swap, boot disk, networks and their
+	// addresses, cloud-init, firmware) the template was made from: a VMI
+	// whose hash differs from the template's runs an older shape and needs
+	// a restart. Data disks are hot-plugged, so they are not in it.
 	AnnotationShape = "virtfleet.io/shape"
 	// AnnotationRestartNonce is the last restart nonce handled.
 	AnnotationRestartNonce = "virtfleet.io/restart-nonce"
@@ -79,6 +80,19 @@ func NodeNameOf(objectName string) string {
 // position, since the objects' own names may not be DNS labels.
 func diskName(i int) string    { return fmt.Sprintf("disk%d", i) }
 func networkName(i int) string { return fmt.Sprintf("net%d", i) }
+
+// dataDiskName names a data disk's disk and volume in the VM spec after its
+// claim: a DNS label whatever the claim's name.
+func dataDiskName(claim string) string {
+	sum := sha256.Sum256([]byte(claim))
+	return "data-" + hex.EncodeToString(sum[:6])
+}
+
+// hotplugDisk is the disk of a hotpluggable volume: on the SCSI bus, the
+// only one KubeVirt hot-plugs a disk on.
+func hotplugDisk(name string) kubevirtv1.Disk {
+	return kubevirtv1.Disk{Name: name, DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusSCSI}}}
+}
 
 const cloudInitName = "cloudinit"
 
@@ -137,12 +151,8 @@ func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, erro
 	if m.Firmware == driver.FirmwareUEFI {
 		spec.Domain.Firmware = &kubevirtv1.Firmware{Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{SecureBoot: ptr(false)}}}
 	}
+	var data []kubevirtv1.Volume
 	for i, d := range m.Disks {
-		disk := kubevirtv1.Disk{Name: diskName(i), DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}
-		if i == 0 {
-			disk.BootOrder = ptr(uint(1))
-		}
-		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, disk)
 		source := kubevirtv1.VolumeSource{
 			PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: ObjectName(d.Name)}},
 		}
@@ -151,7 +161,22 @@ func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, erro
 			// filled it (or at once, where it is no DataVolume's).
 			source = kubevirtv1.VolumeSource{DataVolume: &kubevirtv1.DataVolumeSource{Name: ObjectName(d.Name)}}
 		}
-		spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{Name: diskName(i), VolumeSource: source})
+		if i == 0 {
+			spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, kubevirtv1.Disk{
+				Name: diskName(0), BootOrder: ptr(uint(1)), DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}},
+			})
+			spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{Name: diskName(0), VolumeSource: source})
+			continue
+		}
+		// A data disk is hotpluggable, so it can be attached and detached
+		// while the guest runs (see hotplug), and is named after its claim:
+		// its name stays when another disk comes or goes.
+		if source.PersistentVolumeClaim != nil {
+			source.PersistentVolumeClaim.Hotpluggable = true
+		} else {
+			source.DataVolume.Hotpluggable = true
+		}
+		data = append(data, kubevirtv1.Volume{Name: dataDiskName(ObjectName(d.Name)), VolumeSource: source})
 	}
 	// The network data is part of the spec and so of the shape hash: a
 	// changed address is a shape change, applied at the next restart.
@@ -184,9 +209,14 @@ func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, erro
 		spec.Domain.Devices.AutoattachPodInterface = ptr(false)
 	}
 
+	// The data disks are not shape: they are hot-plugged.
 	hash, err := shapeHash(spec)
 	if err != nil {
 		return nil, err
+	}
+	for _, v := range data {
+		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, hotplugDisk(v.Name))
+		spec.Volumes = append(spec.Volumes, v)
 	}
 	labels := map[string]string{LabelUID: m.UID}
 	return &kubevirtv1.VirtualMachine{

@@ -97,6 +97,10 @@ type Failure struct {
 // (FailNextMigration); a target pod that fits no node fails the migration
 // after DefaultUnschedulableTimeout. Deleting a migration that has not
 // finished aborts it.
+//
+// It hot-plugs volumes as virt-controller and virt-handler do for the
+// volume requests virt-api's addvolume and removevolume record on a VM
+// (see hotplug.go).
 type FakeVirtController struct {
 	client client.Client
 	// live reads the API server: a migration's steps must not act on what
@@ -246,6 +250,9 @@ func (c *FakeVirtController) Reconcile(ctx context.Context, req reconcile.Reques
 	if controllerutil.AddFinalizer(vm, Finalizer) {
 		return reconcile.Result{}, c.client.Update(ctx, vm)
 	}
+	if len(vm.Status.VolumeRequests) > 0 && vm.Spec.Template != nil {
+		return reconcile.Result{RequeueAfter: c.step}, c.volumeRequests(ctx, vm, vmi)
+	}
 
 	switch strategy(vm) {
 	case kubevirtv1.RunStrategyAlways, kubevirtv1.RunStrategyRerunOnFailure:
@@ -338,8 +345,16 @@ func (c *FakeVirtController) run(ctx context.Context, vm *kubevirtv1.VirtualMach
 		}
 		vmi.Status.Phase = kubevirtv1.Running
 		vmi.Status.Interfaces = c.interfaces(vm, vmi)
+		vmi.Status.VolumeStatus, _ = volumeStatus(vmi, true)
 		vmi.Status.Conditions = []kubevirtv1.VirtualMachineInstanceCondition{{Type: kubevirtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue}, migratable}
 	case kubevirtv1.Running:
+		if status, changed := volumeStatus(vmi, false); changed {
+			vmi.Status.VolumeStatus = status
+			if err := c.client.Update(ctx, vmi); err != nil {
+				return reconcile.Result{}, errors.Wrap(err, "cannot update the VMI's volume status")
+			}
+			return again, nil
+		}
 		switch {
 		case migrating(vmi):
 			return reconcile.Result{}, c.setStatus(ctx, vm, kubevirtv1.VirtualMachineStatusMigrating, vmi, nil)

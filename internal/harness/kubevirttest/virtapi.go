@@ -65,7 +65,9 @@ const availableTimeout = 30 * time.Second
 // /apis/subresources.kubevirt.io/v1/... to it through an APIService, so
 // clients reach it at the API server's address with their usual
 // credentials. It serves discovery, the PUT of
-// virtualmachineinstances/{name}/pause and /unpause, and the GET of
+// virtualmachineinstances/{name}/pause and /unpause and of
+// virtualmachines/{name}/addvolume and /removevolume (see addVolume), and
+// the GET of
 // /console and /vnc, WebSockets of the guest's serial console and
 // display, with virt-api's checks and errors; it does not check who asks
 // (the API server has authorized the request against the subresource's
@@ -103,6 +105,9 @@ func startVirtAPI(ctx context.Context, c client.Client) (*virtAPI, error) {
 	mux.HandleFunc("PUT "+vmi+"unpause", v.unpause)
 	mux.HandleFunc("GET "+vmi+"console", v.console)
 	mux.HandleFunc("GET "+vmi+"vnc", v.vnc)
+	vm := "/apis/" + gv + "/namespaces/{namespace}/virtualmachines/{name}/"
+	mux.HandleFunc("PUT "+vm+"addvolume", v.addVolume)
+	mux.HandleFunc("PUT "+vm+"removevolume", v.removeVolume)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot listen for the subresource API")
@@ -201,6 +206,9 @@ func (v *virtAPI) resources(w http.ResponseWriter, _ *http.Request) {
 	}
 	for _, sub := range []string{"pause", "unpause"} {
 		list.APIResources = append(list.APIResources, metav1.APIResource{Name: "virtualmachineinstances/" + sub, Namespaced: true, Kind: "VirtualMachineInstance", Verbs: metav1.Verbs{"update"}})
+	}
+	for _, sub := range []string{"addvolume", "removevolume"} {
+		list.APIResources = append(list.APIResources, metav1.APIResource{Name: "virtualmachines/" + sub, Namespaced: true, Kind: "VirtualMachine", Verbs: metav1.Verbs{"update"}})
 	}
 	for _, sub := range []string{"console", "vnc"} {
 		list.APIResources = append(list.APIResources, metav1.APIResource{Name: "virtualmachineinstances/" + sub, Namespaced: true, Kind: "VirtualMachineInstance", Verbs: metav1.Verbs{"get"}})
