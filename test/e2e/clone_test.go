@@ -9,6 +9,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -75,6 +76,25 @@ func TestClone(t *testing.T) {
 			}
 		}
 	})
+
+	// The clone's disk is made: its source may go, VM and Volume, and the
+	// clone is the hub's to change as any VM.
+	t.Run("TheCloneRunsOnWithoutItsSource", func(t *testing.T) {
+		h.delete(t, "a")
+		h.deleteObject(t, &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "a-root"}})
+		h.changesWithoutItsSource(t, "b")
+	})
+}
+
+// changesWithoutItsSource checks that the clone name, whose source is gone,
+// is still the hub's to change: stopping it stops its guest, and it stays
+// Synced.
+func (h *hub) changesWithoutItsSource(t *testing.T, name string) {
+	t.Helper()
+	h.patch(t, name, func(vm *v1alpha1.VirtualMachine) { vm.Spec.ForProvider.Running = ptr(false) })
+	vm := h.wait(t, name, time.Minute, phase(v1alpha1.PhaseStopped))
+	synced := vm.GetCondition(xpv2.TypeSynced)
+	assert.Equal(t, corev1.ConditionTrue, synced.Status, synced.Message)
 }
 
 // cloneTestVM is a small VM without networks that boots from disk.

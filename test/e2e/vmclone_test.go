@@ -103,6 +103,13 @@ func TestVirtualMachineClone(t *testing.T) {
 		assert.Equal(t, 1, h.domains(t, dup.Status.AtProvider.Node)[string(dup.UID)], "the clone is a guest of its own")
 	})
 
+	// The snapshot held its deletion until the clone was over; then it
+	// goes, and the clone is the hub's to change as any VM.
+	t.Run("ACloneOfASnapshotRunsOnWithoutIt", func(t *testing.T) {
+		h.deleteObject(t, &v1alpha1.VirtualMachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kept"}})
+		h.changesWithoutItsSource(t, "dup2")
+	})
+
 	t.Run("AnotherNamespaceCannotNameTheSource", func(t *testing.T) {
 		const attacker = "vmclone-attacker"
 		h.create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: attacker}})

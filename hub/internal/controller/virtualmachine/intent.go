@@ -241,7 +241,11 @@ func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachin
 
 // resolveSources reads the source Volume of each cloned image. The VM waits
 // while a source is on no node: until a VM using it is placed, no node has
-// what the image copies.
+// what the image copies. A source is needed only until the image is made
+// where the VM's disks are (madeForVM): the node makes them of the image
+// then, so a source gone, being deleted or no longer holding its snapshot
+// keeps no VM waiting. One still there is read all the same, so the node
+// is told what the image was made of for as long as the hub knows it.
 func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader) error {
 	var waiting []string
 	for _, name := range slices.Sorted(maps.Keys(d.images)) {
@@ -252,40 +256,66 @@ func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader) e
 		}
 		src := &v1alpha1.Volume{}
 		err := kube.Get(ctx, types.NamespacedName{Namespace: img.Namespace, Name: string(ref.Name)}, src)
+		var why string
 		switch {
 		case kerrors.IsNotFound(err):
-			waiting = append(waiting, fmt.Sprintf("DiskImage %s clones Volume %s, which does not exist", name, ref.Name))
+			why = fmt.Sprintf("DiskImage %s clones Volume %s, which does not exist", name, ref.Name)
 		case err != nil:
 			return errors.Wrapf(err, "cannot get Volume %s, the source of DiskImage %s", ref.Name, name)
 		case src.DeletionTimestamp != nil:
-			waiting = append(waiting, fmt.Sprintf("DiskImage %s clones Volume %s, which is being deleted", name, ref.Name))
+			why = fmt.Sprintf("DiskImage %s clones Volume %s, which is being deleted", name, ref.Name)
 		case src.GetAnnotations()[v1alpha1.AnnotationNode] == "":
-			waiting = append(waiting, fmt.Sprintf("DiskImage %s clones Volume %s, which is on no node yet; the VM waits until a VM using %s is placed", name, ref.Name, ref.Name))
-		default:
-			if ref := img.Spec.ForProvider.Source.SnapshotRef; ref != nil {
-				uid, why, err := snapshotOf(ctx, kube, img, src)
-				if err != nil {
-					return err
-				}
-				if why != "" {
-					waiting = append(waiting, why)
-					continue
-				}
+			why = fmt.Sprintf("DiskImage %s clones Volume %s, which is on no node yet; the VM waits until a VM using %s is placed", name, ref.Name, ref.Name)
+		case img.Spec.ForProvider.Source.SnapshotRef != nil:
+			var uid string
+			if uid, why, err = snapshotOf(ctx, kube, img, src); err != nil {
+				return err
+			}
+			if why == "" {
 				if d.snapshots == nil {
 					d.snapshots = map[string]string{}
 				}
 				d.snapshots[name] = uid
 			}
+		}
+		switch {
+		case why == "":
 			if d.sources == nil {
 				d.sources = map[string]*v1alpha1.Volume{}
 			}
 			d.sources[name] = src
+		case !d.madeForVM(img):
+			waiting = append(waiting, why)
 		}
 	}
 	if len(waiting) > 0 {
 		return errors.New(strings.Join(waiting, "; "))
 	}
 	return nil
+}
+
+// madeForVM says whether the cloned image img is made on the node of each
+// of the VM's Volumes made from it: Ready, and its status lists that node
+// (the node's report of the image, or, where the node reports none, as
+// when nova makes the disk of a Cinder snapshot directly, the VM that got
+// past provisioning there). It is the same record a snapshot's deletion
+// waits for (the snapshot controller's hold), so a source may go once it
+// is true.
+func (d dependencies) madeForVM(img *v1alpha1.DiskImage) bool {
+	at := img.Status.AtProvider
+	if at.Phase != v1alpha1.ImagePhaseReady {
+		return false
+	}
+	for _, v := range d.volumes {
+		src := v.Spec.ForProvider.Source
+		if src == nil || src.DiskImageRef == nil || string(src.DiskImageRef.Name) != img.Name {
+			continue
+		}
+		if n := v.GetAnnotations()[v1alpha1.AnnotationNode]; n == "" || !slices.Contains(at.Nodes, n) {
+			return false
+		}
+	}
+	return true
 }
 
 // snapshotOf reads the VirtualMachineSnapshot img copies its source
@@ -341,6 +371,12 @@ func (d dependencies) imageRef(v v1alpha1.Volume) *wire.ImageRef {
 		return nil
 	}
 	fp := img.Spec.ForProvider
+	if _, ok := d.sources[img.Name]; !ok && fp.Source.VolumeRef != nil {
+		// Made on the node already, of a source that is gone
+		// (resolveSources): the node made the disk of it, and nothing
+		// names what the image copied any more.
+		return nil
+	}
 	ref := &wire.ImageRef{Name: img.Name, UID: string(img.UID), URL: fp.Source.URL, Checksum: fp.Source.SHA256, Format: string(v1alpha1.DiskFormatQCOW2)}
 	if src, ok := d.sources[img.Name]; ok {
 		ref.URL, ref.Checksum = "", ""

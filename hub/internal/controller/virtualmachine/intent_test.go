@@ -485,6 +485,79 @@ func TestResolveClonedImages(t *testing.T) {
 	})
 }
 
+// madeOn is img made on nodes, as the nodes' reports show it.
+func madeOn(img *v1alpha1.DiskImage, nodes ...string) *v1alpha1.DiskImage {
+	img.Status.AtProvider.Phase, img.Status.AtProvider.Nodes = v1alpha1.ImagePhaseReady, nodes
+	return img
+}
+
+// A clone needs its source only until its image is made where its disks
+// are: then the source may go, and the VM goes on without it.
+func TestResolveClonesMadeWithoutTheirSource(t *testing.T) {
+	machine := vm(func(m *v1alpha1.VirtualMachine) { m.Spec.ForProvider.VirtualNetworks = nil })
+	deleting := vol("base", "node2")
+	now := metav1.Now()
+	deleting.DeletionTimestamp, deleting.Finalizers = &now, []string{"keep"}
+	ownVolumes := []client.Object{volFrom("root", "node2", "golden"), vol("data", "node2")}
+	cases := []struct {
+		name      string
+		objs      []client.Object
+		wantErr   string // from resolve: the VM waits; empty: it does not
+		wantImage *wire.ImageRef
+	}{
+		{
+			name: "a made image whose source is gone",
+			objs: []client.Object{madeOn(cloneImage("golden", "base"), "node2")},
+		},
+		{
+			name: "a made image whose source is being deleted",
+			objs: []client.Object{madeOn(cloneImage("golden", "base"), "node2"), deleting},
+		},
+		{
+			name: "a made image whose snapshot is gone",
+			objs: []client.Object{madeOn(snapshotImage("golden", "base", "monday"), "node2"), vol("base", "node2")},
+		},
+		{
+			name: "a made image whose source is there still names it",
+			objs: []client.Object{madeOn(cloneImage("golden", "base"), "node2"), vol("base", "node2")},
+			wantImage: &wire.ImageRef{
+				Name: "golden", UID: "uid-golden", Format: "qcow2",
+				SourceVolume: &wire.SourceVolume{Name: "base", UID: "uid-base"},
+			},
+		},
+		{
+			name:    "an image made on another node than the VM's disk waits for its source",
+			objs:    []client.Object{madeOn(cloneImage("golden", "base"), "node1")},
+			wantErr: "DiskImage golden clones Volume base, which does not exist",
+		},
+		{
+			name: "an image not made yet waits for its source",
+			objs: []client.Object{func() *v1alpha1.DiskImage {
+				img := cloneImage("golden", "base")
+				img.Status.AtProvider.Phase, img.Status.AtProvider.Nodes = v1alpha1.ImagePhaseImporting, []string{"node2"}
+				return img
+			}()},
+			wantErr: "DiskImage golden clones Volume base, which does not exist",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := resolve(context.Background(), kube(t, append(slices.Clone(ownVolumes), tc.objs...)...), machine)
+			if tc.wantErr != "" {
+				assert.EqualError(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			node, err := d.boundNode()
+			require.NoError(t, err)
+			assert.Equal(t, "node2", node, "where its disks are")
+			in := intent(machine, d)
+			require.Len(t, in.Machine.Disks, 2)
+			assert.Equal(t, tc.wantImage, in.Machine.Disks[0].Image)
+		})
+	}
+}
+
 // snapshotImage is a DiskImage copying the Volume source as it was in the
 // VirtualMachineSnapshot snapshot.
 func snapshotImage(name, source, snapshot string) *v1alpha1.DiskImage {
