@@ -28,7 +28,7 @@ func (e *env) cloneCommand() *cobra.Command {
 			"The copy is made on the node that holds SOURCE's disks, and NEW runs there; to make a VM on another node, back SOURCE up and " +
 			"`restore NEW --backup BACKUP`. A running SOURCE is copied as its disks are at that moment (crash-consistent). " +
 			"With --snapshot, SOURCE is a VirtualMachineSnapshot: NEW gets the spec the snapshot kept and its VM's disks as the snapshot holds them, " +
-			"while that VM runs on (libvirt nodes only).",
+			"while that VM runs on. Libvirt nodes copy both; nova nodes only a snapshot, making the disks of its Cinder snapshots.",
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 2 {
 				return fmt.Errorf("name the source VirtualMachine and the new one, got %d arguments", len(args))

@@ -179,7 +179,7 @@ func (r *Reconciler) clone(ctx context.Context, c *v1alpha1.VirtualMachineClone)
 	if err != nil {
 		return err
 	}
-	if err := r.copiesVolumes(ctx, src.VM, node); err != nil {
+	if err := r.copiesVolumes(ctx, src, node); err != nil {
 		return err
 	}
 	for i, d := range disks {
@@ -373,11 +373,14 @@ func (r *Reconciler) disks(ctx context.Context, c *v1alpha1.VirtualMachineClone,
 }
 
 // copiesVolumes refuses a source whose node cannot make a Volume from a
-// DiskImage cloning another: only libvirt nodes do (nova refuses such an
-// image, KubeVirt makes no DataVolume from one). A node not heard from yet
-// is not refused: its images say what it does.
-func (r *Reconciler) copiesVolumes(ctx context.Context, vm *v1alpha1.VirtualMachine, node string) error {
-	pc, err := r.configs.Read(ctx, vm)
+// DiskImage copying src's disks: libvirt nodes copy a Volume as it is or
+// as a snapshot holds it; nova nodes only as a snapshot holds it (Cinder
+// makes a volume of the Cinder snapshot the VirtualMachineSnapshot took,
+// and nova refuses an image of a Volume as it is); KubeVirt makes no
+// DataVolume of either. A node not heard from yet is not refused: its
+// images say what it does.
+func (r *Reconciler) copiesVolumes(ctx context.Context, src *source, node string) error {
+	pc, err := r.configs.Read(ctx, src.VM)
 	if err != nil {
 		return err
 	}
@@ -385,9 +388,15 @@ func (r *Reconciler) copiesVolumes(ctx context.Context, vm *v1alpha1.VirtualMach
 	if err != nil {
 		return err
 	}
-	if b := f.Node(node).Heartbeat.Backend; b != "" && b != string(v1alpha1.BackendLibvirt) {
-		return refuse("VirtualMachine %s is on node %s, a %s node: only libvirt nodes copy a Volume into a DiskImage; "+
-			"back the VM up and make the new VM from the backup instead", vm.Name, node, b)
+	switch b := f.Node(node).Heartbeat.Backend; {
+	case b == "" || b == string(v1alpha1.BackendLibvirt):
+	case b == string(v1alpha1.BackendNova) && src.Snapshot != nil:
+	case b == string(v1alpha1.BackendNova):
+		return refuse("VirtualMachine %s is on node %s, a nova node: only libvirt nodes copy a Volume into a DiskImage; "+
+			"snapshot the VM and clone the snapshot, or back the VM up and make the new VM from the backup instead", src.VM.Name, node)
+	default:
+		return refuse("VirtualMachine %s is on node %s, a %s node: only libvirt nodes copy a Volume into a DiskImage, and nova nodes a snapshot of one; "+
+			"back the VM up and make the new VM from the backup instead", src.VM.Name, node, b)
 	}
 	return nil
 }
