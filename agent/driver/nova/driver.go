@@ -488,7 +488,33 @@ func (d *Driver) observation(uid string, s servers.Server) driver.Observation {
 	o.Interfaces = interfaces(s, d.now())
 	fs := flavorShape(s)
 	o.VCPU, o.MemoryBytes = int32(fs.VCPU), int64(fs.RAMMiB)*mib
+	o.Disks = d.disks(s)
 	return o
+}
+
+// disks are the volumes attached to s (one still detaching among them), as
+// the Machine's disks name them, the boot disk first; nil while one of
+// them is a volume whose name the driver has not resolved (after a start,
+// before the guest's first Ensure): a partial list would show a disk gone.
+func (d *Driver) disks(s servers.Server) []string {
+	d.cacheMu.Lock()
+	names := make(map[string]string, len(d.volumeIDs))
+	for name, id := range d.volumeIDs {
+		names[id] = name
+	}
+	d.cacheMu.Unlock()
+	out := make([]string, 0, len(s.AttachedVolumes))
+	for _, v := range s.AttachedVolumes {
+		name, ok := names[v.ID]
+		if !ok {
+			return nil
+		}
+		out = append(out, name)
+	}
+	if i := slices.Index(out, s.Metadata[MetaBoot]); i > 0 {
+		out = slices.Insert(slices.Delete(out, i, i+1), 0, s.Metadata[MetaBoot])
+	}
+	return out
 }
 
 // Capacity implements driver.Driver: the cloud's hypervisors, less what

@@ -15,8 +15,9 @@ import (
 )
 
 // TestDisksHotPlugIntoARunningServer pins extra disks as attached and
-// detached while the server runs: a disk change alone never asks for a
-// restart, and one made beside a new flavor asks only for the flavor's.
+// detached while the server runs, and reported as attached: a disk change
+// alone never asks for a restart, and one made beside a new flavor asks
+// only for the flavor's.
 func TestDisksHotPlugIntoARunningServer(t *testing.T) {
 	t.Parallel()
 	c := newCloud(t, password)
@@ -62,8 +63,8 @@ func TestDisksHotPlugIntoARunningServer(t *testing.T) {
 					require.False(t, driver.IsTerminal(err), "%v", err)
 					return false
 				}
-				return assert.ObjectsAreEqual(want, names())
-			}, waitFor, tick, "attached: %v", names())
+				return assert.ObjectsAreEqual(want, names()) && assert.ObjectsAreEqual(want, o.Disks)
+			}, waitFor, tick, "attached: %v, reported: %v", names(), o.Disks)
 			assert.Equal(t, driver.PhaseRunning, o.Phase)
 			assert.Equal(t, tc.restart, o.RestartRequired)
 			assert.Zero(t, o.RestartCount, "never restarted")
