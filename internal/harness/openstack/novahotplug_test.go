@@ -17,7 +17,7 @@ import (
 // TestAVolumeHotPlugsThroughTheNovaDriver adds a disk to a running
 // server's Machine and then removes it: the nova driver attaches and
 // detaches the Cinder volume through Nova while the server runs, never
-// asking for or making a restart.
+// asking for or making a restart, and reports the disks attached.
 func TestAVolumeHotPlugsThroughTheNovaDriver(t *testing.T) {
 	ctx := context.Background()
 	_, cl, d := cloudTest(t)
@@ -34,8 +34,9 @@ func TestAVolumeHotPlugsThroughTheNovaDriver(t *testing.T) {
 			require.Eventually(t, func() bool { return d.DeleteVolume(ctx, disk) == nil }, migrateTimeout, poll, "volume %s is never deleted", disk.Name)
 		}
 	})
-	// converge ensures m, running, until done says so; the server must
-	// run throughout, with no restart asked for or made.
+	// converge ensures m, running, until done says so of the server and
+	// the driver reports the disks m asks for; the server must run
+	// throughout, with no restart asked for or made.
 	converge := func(what string, done func() bool) {
 		t.Helper()
 		var o driver.Observation
@@ -50,7 +51,7 @@ func TestAVolumeHotPlugsThroughTheNovaDriver(t *testing.T) {
 			require.Equal(t, driver.PhaseRunning, o.Phase, "%s: the server runs on", what)
 			require.False(t, o.RestartRequired, "%s: a disk change needs no restart", what)
 			require.Zero(t, o.RestartCount, "%s: the server is not restarted", what)
-			return done()
+			return done() && slices.Equal(o.Disks, names(m.Disks))
 		}, migrateTimeout, poll, "%s never happened: %+v %v", what, o, err)
 	}
 	require.Eventually(t, func() bool {
@@ -92,4 +93,12 @@ func TestAVolumeHotPlugsThroughTheNovaDriver(t *testing.T) {
 	as = attachments()
 	require.Len(t, as, 1)
 	assert.Equal(t, volume(m.Disks[0].Name).ID, as[0].VolumeID, "the boot volume stays")
+}
+
+func names(disks []driver.Disk) []string {
+	out := make([]string, 0, len(disks))
+	for _, d := range disks {
+		out = append(out, d.Name)
+	}
+	return out
 }
