@@ -374,9 +374,11 @@ type VirtualMachineObservation struct {
 	// +optional
 	Declared *Shape `json:"declared,omitempty"`
 
-	// Binding is the newest sealed binding the hub saw on the VM. A
-	// binding sealed for an earlier epoch is a replay (its annotations
-	// copied back by hand) and is refused: the hub restores this one.
+	// Binding is the newest sealed binding the hub recorded for the VM,
+	// shown for users. A binding sealed for an earlier epoch is a replay
+	// (its annotations copied back by hand) and is refused: the hub
+	// restores the newest. The hub keeps its own record of it, which
+	// tenants cannot write, and never reads this field back.
 	// +optional
 	Binding *Binding `json:"binding,omitempty"`
 }

@@ -89,6 +89,8 @@ type Fleet struct {
 	recorder event.Recorder
 	// sealKey signs the hub's placements (Seal).
 	sealKey []byte
+	// bindings are the hub's records of the VMs' bindings (Held).
+	bindings bindings
 	// allowances bound what the nodes' heartbeats claim; nil applies
 	// Admit with no administrator's word.
 	allowances *Allowances
@@ -179,6 +181,14 @@ func (f *Fleet) Run(ctx context.Context) {
 	wg.Go(func() {
 		if err := f.Bus.Watch(ctx, wire.BucketReports, f.onReport); err != nil && ctx.Err() == nil {
 			f.log.Info("Report watch ended", "error", err)
+		}
+	})
+	wg.Go(func() {
+		// The watch hands back every intent the hub writes as well; the
+		// binding records share the bucket so that nothing but the hub
+		// can write them (see wire.BindingRecord).
+		if err := f.Bus.Watch(ctx, wire.BucketIntents, f.onIntent); err != nil && ctx.Err() == nil {
+			f.log.Info("Binding record watch ended", "error", err)
 		}
 	})
 	wg.Go(func() {

@@ -66,7 +66,7 @@ func (f *Fleet) BindingSeal(uid, node, adopted string, epoch int64) string {
 // vm held, so none of their seals is taken for it.
 func (f *Fleet) Bind(vm *v1alpha1.VirtualMachine, a map[string]string, node, adopted string) {
 	epoch := f.now().UnixNano()
-	if b := vm.Status.AtProvider.Binding; b != nil && epoch <= b.Epoch {
+	if b := f.held(string(vm.UID)); b != nil && epoch <= b.Epoch {
 		epoch = b.Epoch + 1
 	}
 	if e, err := bindingEpoch(a); err == nil && epoch <= e {
@@ -113,21 +113,24 @@ func (f *Fleet) Sealed(obj metav1.Object) bool {
 }
 
 // Replayed says whether obj is a VirtualMachine whose annotations carry
-// the seal of a binding older than the newest it held
-// (VirtualMachineObservation.Binding), one copied back by hand.
+// the seal of a binding older than the newest the hub recorded for it
+// (Held), one copied back by hand. Until the records are read it says
+// false: what acts on a binding asks Held first.
 func (f *Fleet) Replayed(obj metav1.Object) bool {
-	vm, ok := obj.(*v1alpha1.VirtualMachine)
-	if !ok || vm.Status.AtProvider.Binding == nil {
+	if _, ok := obj.(*v1alpha1.VirtualMachine); !ok {
+		return false
+	}
+	b := f.held(string(obj.GetUID()))
+	if b == nil {
 		return false
 	}
 	epoch, sealed := f.sealedBinding(obj)
-	b := vm.Status.AtProvider.Binding
 	a := obj.GetAnnotations()
 	return sealed && (epoch < b.Epoch || (epoch == b.Epoch && (a[v1alpha1.AnnotationNode] != b.Node || a[v1alpha1.AnnotationAdopted] != b.Adopted)))
 }
 
-// Binding is the sealed binding vm's annotations hold, to record as
-// VirtualMachineObservation.Binding; nil unless Sealed.
+// Binding is the sealed binding vm's annotations hold, to Record;
+// nil unless Sealed.
 func (f *Fleet) Binding(vm *v1alpha1.VirtualMachine) *v1alpha1.Binding {
 	epoch, sealed := f.sealedBinding(vm)
 	if !sealed || f.Replayed(vm) {

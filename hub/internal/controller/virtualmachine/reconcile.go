@@ -306,16 +306,20 @@ type external struct {
 // create-pending annotation write per VM and adds nothing: the one fact a
 // create must not lose, the node, is already recorded.
 func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
+	held, err := e.fleet.Held(string(vm.UID))
+	if err != nil {
+		return managed.ExternalObservation{}, err
+	}
 	if e.fleet.Replayed(vm) {
-		return managed.ExternalObservation{}, e.restoreBinding(ctx, vm)
+		return managed.ExternalObservation{}, e.restoreBinding(ctx, vm, *held)
 	}
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	if node != "" {
 		if err := admitNode(vm, node, e.grant, e.fleet); err != nil {
-			if vm.Status.AtProvider.Binding != nil {
+			if held != nil {
 				// The guest runs on under the sealed binding the VM
 				// holds: neither Failed nor gone.
-				return managed.ExternalObservation{}, e.restoreBinding(ctx, vm)
+				return managed.ExternalObservation{}, e.restoreBinding(ctx, vm, *held)
 			}
 			if meta.WasDeleted(vm) {
 				// Nothing was published to a node the VM was refused.
@@ -365,7 +369,8 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 		obs.Phase = v1alpha1.PhaseUnknown
 	}
 	obs.Declared = declared(vm)
-	obs.Binding = cmp.Or(e.fleet.Binding(vm), before.Binding)
+	// Shown, never read back: the hub holds its own record (Fleet.Held).
+	obs.Binding = cmp.Or(e.fleet.Binding(vm), held)
 	vm.Status.AtProvider = obs
 	e.setConditions(vm, obs, node, n)
 	e.recordTransition(vm, before, obs, node)
@@ -373,7 +378,7 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	e.migratingCondition(vm, node)
 
 	d, err := e.resolve(ctx, vm)
-	upToDate := err == nil && e.knownAddresses(vm, &d, n) && len(SealedLeftovers(vm, e.fleet)) == 0
+	upToDate := err == nil && e.knownAddresses(vm, &d, n) && len(SealedLeftovers(vm, e.fleet)) == 0 && recordedAsShown(obs.Binding, held)
 	if upToDate {
 		published, _ := e.state.published.Load(vm.UID)
 		upToDate = published == planFingerprint(e.plan(vm, d, node), node)
@@ -496,6 +501,9 @@ func (e *external) Delete(ctx context.Context, vm *v1alpha1.VirtualMachine) (man
 		if err := bus.Delete(ctx, e.fleet.Bus, wire.GuestIntents, n, uid); err != nil {
 			return managed.ExternalDelete{}, e.busFailed(uid, errors.Wrapf(err, "cannot delete the intent on node %s", n))
 		}
+	}
+	if err := e.fleet.Unrecord(ctx, uid); err != nil {
+		return managed.ExternalDelete{}, e.busFailed(uid, err)
 	}
 	// Freed as the guest goes: the allocator hands a released address out
 	// again only after the rest of the network's range, long after.

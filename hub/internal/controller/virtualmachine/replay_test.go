@@ -8,7 +8,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	rbacv1 "k8s.io/api/rbac/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -68,10 +72,7 @@ func TestABindingChangedByHandMovesNoGuest(t *testing.T) {
 			// the binding, and its Observe records it in the VM's status.
 			bind := func(node string) {
 				t.Helper()
-				require.NoError(t, Annotate(env.Ctx, env.Kube, vm, func(a map[string]string) { f.Bind(vm, a, node, "") }))
-				vm.Status.AtProvider.Binding = f.Binding(vm)
-				require.NotNil(t, vm.Status.AtProvider.Binding, "the hub's binding is sealed")
-				require.NoError(t, env.Kube.Status().Update(env.Ctx, vm))
+				hubBinds(t, env, vm, node)
 			}
 			bind("node1")
 			earlier := maps.Clone(vm.GetAnnotations())
@@ -105,6 +106,161 @@ func TestABindingChangedByHandMovesNoGuest(t *testing.T) {
 			env.Get(t, vm)
 			assert.Equal(t, "node2", vm.GetAnnotations()[v1alpha1.AnnotationNode], "the hub wrote back the binding the VM holds")
 			assert.True(t, f.Sealed(vm), "the binding written back is sealed")
+		})
+	}
+}
+
+// hubBinds does what the hub does on a placement or a move of vm to node:
+// it seals the binding in vm's annotations, records it before it
+// publishes (Fleet.Record), and its Observe shows it in vm's status.
+func hubBinds(t *testing.T, env *controllertest.Env, vm *v1alpha1.VirtualMachine, node string) {
+	t.Helper()
+	f := env.Fleet
+	require.NoError(t, Annotate(env.Ctx, env.Kube, vm, func(a map[string]string) { f.Bind(vm, a, node, "") }))
+	b := f.Binding(vm)
+	require.NotNil(t, b, "the hub's binding is sealed")
+	require.NoError(t, f.Record(env.Ctx, string(vm.UID), *b))
+	vm.Status.AtProvider.Binding = b
+	require.NoError(t, env.Kube.Status().Update(env.Ctx, vm))
+}
+
+// tenantClient is a client of a user with what Crossplane's RBAC manager
+// grants a namespace's editors on a provider's kinds: its
+// crossplane:provider:...:aggregate-to-edit ClusterRole, "*" on every
+// resource of the provider's groups, subresources (status) included. The
+// control plane runs no aggregation controller, so the user is bound to
+// that role itself rather than to edit.
+func tenantClient(t *testing.T, env *controllertest.Env, ns string) client.Client {
+	t.Helper()
+	role := "crossplane:provider:virtfleet:aggregate-to-edit"
+	err := env.Kube.Create(env.Ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: role, Labels: map[string]string{"rbac.authorization.k8s.io/aggregate-to-edit": "true"}},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.Group}, Resources: []string{"*"}, Verbs: []string{"*"}}},
+	})
+	if !kerrors.IsAlreadyExists(err) {
+		require.NoError(t, err)
+	}
+	user := "tenant-of-" + ns
+	require.NoError(t, env.Kube.Create(env.Ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	}))
+	kube, err := env.CP.UserClient(user)
+	require.NoError(t, err)
+	return kube
+}
+
+// TestATenantWritingStatusRewindsNoBinding pins that the binding a VM's
+// status shows is a mirror: the hub trusts only its own record of it, in
+// the intents bucket no tenant can write, so a tenant who writes the
+// status moves no guest and gets no binding sealed.
+//
+// The attacks, by a tenant with Crossplane's aggregated edit rights in its
+// namespace, on a VM the hub moved from node1 to node2 (a live migration,
+// an HA restart), whose guest now runs on node2:
+//   - AnEarlierBindingWithItsSeal: while the VM ran on node1 the tenant
+//     kept its annotations and status (kubectl get vm x -o yaml). Now it
+//     writes the old binding back into status (kubectl edit vm x
+//     --subresource=status: status.atProvider.binding = {node: node1,
+//     epoch: <kept>}), then the old annotations (kubectl annotate vm x
+//     --overwrite compute.virtfleet.io/node=node1
+//     compute.virtfleet.io/binding-epoch=<kept>
+//     compute.virtfleet.io/seal=<kept>). Before, status and annotations
+//     agreed on a true seal of the older epoch: the hub took the VM for
+//     bound to node1, counted it there, and its stray sweep deleted the
+//     intent on node2 and so the running guest.
+//   - ANewerBindingWithoutASeal: the tenant writes status.atProvider.binding
+//     = {node: node1, epoch: <kept>+10^15}, a binding newer than any, and
+//     annotates compute.virtfleet.io/node=node1 with no seal. Before, the
+//     hub "restored" the binding of status: it sealed node1 itself, and the
+//     VM was moved there by the hub's own hand.
+func TestATenantWritingStatusRewindsNoBinding(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a kube-apiserver and a nats-server; skipped with -short")
+	}
+	env := controllertest.Start(t, []string{"node1", "node2"}, func(ctrl.Manager, controller.Options, *controllertest.Env) error { return nil })
+	f := env.Fleet
+	fleets := []*fleet.Fleet{f.Fleet}
+	keys := []string{v1alpha1.AnnotationNode, v1alpha1.AnnotationBindingEpoch, v1alpha1.AnnotationSeal}
+
+	cases := map[string]struct {
+		// forge is the binding the tenant writes into status, from the
+		// one the VM held on node1.
+		forge func(earlier v1alpha1.Binding) v1alpha1.Binding
+		// annotate is what the tenant writes over the VM's annotations,
+		// from those of its binding to node1.
+		annotate func(earlier, a map[string]string)
+	}{
+		"AnEarlierBindingWithItsSeal": {
+			forge: func(earlier v1alpha1.Binding) v1alpha1.Binding { return earlier },
+			annotate: func(earlier, a map[string]string) {
+				for _, k := range keys {
+					a[k] = earlier[k]
+				}
+			},
+		},
+		"ANewerBindingWithoutASeal": {
+			forge: func(earlier v1alpha1.Binding) v1alpha1.Binding {
+				earlier.Epoch += 1_000_000_000_000_000
+				return earlier
+			},
+			annotate: func(_, a map[string]string) {
+				a[v1alpha1.AnnotationNode] = "node1"
+				delete(a, v1alpha1.AnnotationSeal)
+			},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			ns := env.Namespace(t)
+			tenant := tenantClient(t, env, ns)
+			vm := env.VM(t, ns, "moved", "", false, v1alpha1.PhaseRunning)
+			hubBinds(t, env, vm, "node1")
+			earlier := maps.Clone(vm.GetAnnotations())
+			earlierBinding := *vm.Status.AtProvider.Binding
+			hubBinds(t, env, vm, "node2")
+			_, err := bus.Put(env.Ctx, f.Bus, wire.GuestIntents, "node2", string(vm.UID), wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: string(vm.UID), Namespace: ns, Name: vm.Name, Running: true})
+			require.NoError(t, err)
+
+			// The tenant's steps, with its own rights.
+			mine := &v1alpha1.VirtualMachine{}
+			require.NoError(t, tenant.Get(env.Ctx, client.ObjectKeyFromObject(vm), mine))
+			forged := tc.forge(earlierBinding)
+			mine.Status.AtProvider.Binding = &forged
+			require.NoError(t, tenant.Status().Update(env.Ctx, mine), "the tenant may write the VM's status")
+			a := maps.Clone(mine.GetAnnotations())
+			tc.annotate(earlier, a)
+			mine.SetAnnotations(a)
+			require.NoError(t, tenant.Update(env.Ctx, mine), "the tenant may write the VM's annotations")
+			env.Get(t, vm)
+			require.Equal(t, forged, *vm.Status.AtProvider.Binding)
+			require.Equal(t, "node1", vm.GetAnnotations()[v1alpha1.AnnotationNode])
+
+			assert.False(t, f.Sealed(vm), "what the tenant wrote seals no binding")
+			for node, want := range map[string]bool{"node1": false, "node2": true} {
+				on, err := IsOn(env.Ctx, env.Kube, vm, node, fleets)
+				require.NoError(t, err)
+				assert.Equal(t, want, on, "the VM counts on %s", node)
+			}
+			s := NewStrays(env.Kube, env.Kube, func() []*fleet.Fleet { return fleets }, time.Hour, logging.NewNopLogger())
+			require.NoError(t, s.Sweep(env.Ctx, f.Fleet))
+			_, ok := controllertest.Stored(t, f, wire.GuestIntents, "node2", string(vm.UID))
+			assert.True(t, ok, "the intent of the binding the VM holds is kept, and its guest runs on")
+
+			g, err := providerconfig.GrantOf(env.Ctx, env.Kube, ns)
+			require.NoError(t, err)
+			e := &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube}, fleet: f.Fleet, grant: g}
+			_, err = e.Observe(context.Background(), vm)
+			var restored *RestoredBindingError
+			require.ErrorAs(t, err, &restored)
+			assert.Equal(t, "node2", restored.Node, "the hub restores the binding it recorded, not the one in status")
+			env.Get(t, vm)
+			assert.Equal(t, "node2", vm.GetAnnotations()[v1alpha1.AnnotationNode], "the hub wrote back the binding the VM holds")
+			assert.True(t, f.Sealed(vm), "the binding written back is sealed")
+			held, err := f.Held(string(vm.UID))
+			require.NoError(t, err)
+			assert.Equal(t, "node2", held.Node, "the hub's record is untouched")
 		})
 	}
 }

@@ -72,8 +72,12 @@ func (e *external) restore(vm *v1alpha1.VirtualMachine, node string) *wire.Resto
 // sealed binding is on that binding's node: its guest runs there until
 // the hub restores the annotations.
 func AdmittedNode(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine, f *fleet.Fleet) (string, error) {
+	held, err := f.Held(string(vm.UID))
+	if err != nil {
+		return "", err
+	}
 	if f.Replayed(vm) {
-		return vm.Status.AtProvider.Binding.Node, nil
+		return held.Node, nil
 	}
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	if node == "" || f.Sealed(vm) {
@@ -84,10 +88,10 @@ func AdmittedNode(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualM
 		return "", err
 	}
 	if err := admitNode(vm, node, g, f); err != nil {
-		if b := vm.Status.AtProvider.Binding; b != nil {
+		if held != nil {
 			// Its annotation was changed by hand; its guest runs on
 			// under the binding it holds until the hub writes it back.
-			return b.Node, nil
+			return held.Node, nil
 		}
 		return "", errors.Wrapf(err, "VirtualMachine %s is not admitted to node %s", vm.Name, node)
 	}

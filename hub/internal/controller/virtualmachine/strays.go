@@ -91,6 +91,12 @@ func (s *Strays) Sweep(ctx context.Context, f *fleet.Fleet) error {
 	}
 	var fresh map[types.UID]*v1alpha1.VirtualMachine
 	for _, e := range entries {
+		if uid, ok := wire.BindingUID(e.Key); ok {
+			if err := s.sweepRecord(ctx, f, e, uid, cached, &fresh); err != nil {
+				return err
+			}
+			continue
+		}
 		node, rest, err := wire.ParseKey(e.Key)
 		if err != nil {
 			continue
@@ -117,6 +123,28 @@ func (s *Strays) Sweep(ctx context.Context, f *fleet.Fleet) error {
 			reason = metrics.ReasonNotBound
 		}
 		s.delete(ctx, f, e, node, uid, reason)
+	}
+	return nil
+}
+
+// sweepRecord deletes e, the binding record of the VM of uid, once no
+// such VM exists: one deleted without its guest (released as an orphan)
+// leaves its record behind.
+func (s *Strays) sweepRecord(ctx context.Context, f *fleet.Fleet, e bus.Entry, uid string, cached map[types.UID]*v1alpha1.VirtualMachine, fresh *map[types.UID]*v1alpha1.VirtualMachine) error {
+	if _, ok := cached[types.UID(uid)]; ok {
+		return nil
+	}
+	if *fresh == nil {
+		var err error
+		if *fresh, err = s.current(ctx); err != nil {
+			return err
+		}
+	}
+	if _, ok := (*fresh)[types.UID(uid)]; ok {
+		return nil
+	}
+	if err := f.Bus.DeleteAt(ctx, wire.BucketIntents, e.Key, e.Revision); err != nil {
+		s.log.Debug("Cannot delete the binding record of a VM gone; the next sweep tries again", "uid", uid, "error", err)
 	}
 	return nil
 }

@@ -46,7 +46,14 @@ func admitNode(vm *v1alpha1.VirtualMachine, node string, g tenancy.Grant, f *fle
 func IsOn(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine, node string, fleets []*fleet.Fleet) (bool, error) {
 	// A VM whose binding was changed by hand is on its recorded node
 	// (AdmittedNode), which its annotation no longer names.
-	b := vm.Status.AtProvider.Binding
+	var b *v1alpha1.Binding
+	for _, f := range fleets {
+		held, err := f.Held(string(vm.UID))
+		if err != nil {
+			return false, err
+		}
+		b = cmp.Or(b, held)
+	}
 	if node == "" || (vm.GetAnnotations()[v1alpha1.AnnotationNode] != node && (b == nil || b.Node != node)) {
 		return false, nil
 	}
@@ -76,6 +83,13 @@ func AdmittedOn(ctx context.Context, kube client.Reader, vms []v1alpha1.VirtualM
 		}
 	}
 	return out, nil
+}
+
+// recordedAsShown says whether the hub's record of the VM's binding (held)
+// is the binding the VM shows: one the hub sealed and has not recorded
+// yet makes the VM out of date, so that its next publish records it.
+func recordedAsShown(shown, held *v1alpha1.Binding) bool {
+	return shown == nil || (held != nil && *shown == *held)
 }
 
 // admit says whether the VM may use what it refers to: a Volume bound to a
@@ -149,10 +163,10 @@ func (e *RestoredBindingError) Error() string {
 	return fmt.Sprintf("the VM's binding annotations were changed by hand; its guest runs on node %s, whose binding the hub restored", e.Node)
 }
 
-// restoreBinding writes back the binding vm holds over what its
-// annotations were changed to, so the VM stays where its guest runs.
-func (e *external) restoreBinding(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
-	b := *vm.Status.AtProvider.Binding
+// restoreBinding writes back b, the binding the hub recorded for vm, over
+// what its annotations were changed to, so the VM stays where its guest
+// runs.
+func (e *external) restoreBinding(ctx context.Context, vm *v1alpha1.VirtualMachine, b v1alpha1.Binding) error {
 	if err := Annotate(ctx, e.kube, vm, func(a map[string]string) { e.fleet.Restore(vm, a, b) }); err != nil {
 		return errors.Wrap(err, "cannot restore the VM's binding")
 	}

@@ -364,6 +364,11 @@ func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d d
 	if err := e.clearLeftovers(ctx, vm, node); err != nil {
 		return err
 	}
+	if b := e.fleet.Binding(vm); b != nil {
+		if err := e.fleet.Record(ctx, string(vm.UID), *b); err != nil {
+			return e.busFailed(string(vm.UID), err)
+		}
+	}
 	p := e.plan(vm, d, node)
 	for _, n := range slices.Sorted(maps.Keys(p)) {
 		if _, err := bus.Put(ctx, e.fleet.Bus, wire.GuestIntents, n, p[n].UID, p[n]); err != nil {

@@ -1,0 +1,135 @@
+package fleet
+
+import (
+	"context"
+	"sync"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/bus"
+)
+
+// ErrBindingsNotSynced is returned while the hub has not read its records
+// of the VMs' bindings: until then it cannot tell a replayed binding from
+// the newest one.
+var ErrBindingsNotSynced = errors.New("the hub has not read its records of the VMs' bindings yet")
+
+// bindings is the hub's record of the newest binding it sealed for each
+// VirtualMachine, kept in the intents bucket (wire.BindingRecord). A
+// VM's status shows its binding as well, but a tenant who may edit the VM
+// may write its status too (Crossplane's aggregated edit role grants
+// */status): a binding in status is for users to read, and the hub never
+// takes one from there.
+type bindings struct {
+	mu     sync.RWMutex
+	held   map[string]v1alpha1.Binding
+	synced bool
+}
+
+// onIntent takes the binding records among the intents bucket's entries;
+// the intents themselves are the hub's own writes, and pass.
+func (f *Fleet) onIntent(e bus.Entry) error {
+	b := &f.bindings
+	if e.Synced {
+		b.mu.Lock()
+		b.synced = true
+		b.mu.Unlock()
+		return nil
+	}
+	uid, ok := wire.BindingUID(e.Key)
+	if !ok {
+		return nil
+	}
+	if e.Deleted {
+		b.mu.Lock()
+		delete(b.held, uid)
+		b.mu.Unlock()
+		return nil
+	}
+	r, err := wire.DecodeBindingRecord(e.Value)
+	if err != nil {
+		return err
+	}
+	if r.UID != uid {
+		return &wire.KeyError{What: "binding record", Value: e.Key, Reason: "holds the binding of uid " + r.UID}
+	}
+	f.keep(uid, v1alpha1.Binding{Node: r.Node, Adopted: r.Adopted, Epoch: r.Epoch})
+	return nil
+}
+
+// keep remembers bd as uid's binding unless a newer one is remembered: a
+// record read back from the watch may be older than one just written.
+func (f *Fleet) keep(uid string, bd v1alpha1.Binding) {
+	b := &f.bindings
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if cur, ok := b.held[uid]; ok && cur.Epoch > bd.Epoch {
+		return
+	}
+	if b.held == nil {
+		b.held = map[string]v1alpha1.Binding{}
+	}
+	b.held[uid] = bd
+}
+
+// Held is the newest binding the hub recorded for the VM of uid, nil for a
+// VM it recorded none for; ErrBindingsNotSynced until the records are read.
+func (f *Fleet) Held(uid string) (*v1alpha1.Binding, error) {
+	b := &f.bindings
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if !b.synced {
+		return nil, ErrBindingsNotSynced
+	}
+	bd, ok := b.held[uid]
+	if !ok {
+		return nil, nil
+	}
+	return &bd, nil
+}
+
+// held is Held without the error: nil also while the records are unread.
+// Whatever acts on a binding asks Held first (see Replayed).
+func (f *Fleet) held(uid string) *v1alpha1.Binding {
+	bd, _ := f.Held(uid)
+	return bd
+}
+
+// Record makes bd the binding the hub holds for the VM of uid, unless it
+// holds a newer one. It is written before anything is published to bd's
+// node, so a binding the hub acted on is always one it can restore.
+func (f *Fleet) Record(ctx context.Context, uid string, bd v1alpha1.Binding) error {
+	if cur := f.held(uid); cur != nil && (cur.Epoch > bd.Epoch || *cur == bd) {
+		return nil
+	}
+	key, err := wire.BindingKey(uid)
+	if err != nil {
+		return err
+	}
+	v, err := wire.EncodeBindingRecord(wire.BindingRecord{UID: uid, Node: bd.Node, Adopted: bd.Adopted, Epoch: bd.Epoch})
+	if err != nil {
+		return err
+	}
+	if _, err := f.Bus.Put(ctx, wire.BucketIntents, key, v); err != nil {
+		return errors.Wrapf(err, "cannot record the binding of VM %s", uid)
+	}
+	f.keep(uid, bd)
+	return nil
+}
+
+// Unrecord removes the record of the VM of uid, once its guest is deleted.
+func (f *Fleet) Unrecord(ctx context.Context, uid string) error {
+	key, err := wire.BindingKey(uid)
+	if err != nil {
+		return err
+	}
+	if err := f.Bus.Delete(ctx, wire.BucketIntents, key); err != nil {
+		return errors.Wrapf(err, "cannot remove the binding record of VM %s", uid)
+	}
+	f.bindings.mu.Lock()
+	delete(f.bindings.held, uid)
+	f.bindings.mu.Unlock()
+	return nil
+}
