@@ -14,6 +14,7 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/volumes"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
@@ -199,6 +200,10 @@ func testBackend(t *testing.T, backend string) {
 		}[backend])
 	})
 
+	if backend == driver.BackendNova {
+		testNovaCloneOfASnapshot(t, h, node)
+	}
+
 	t.Run("AMigrationMovesTheGuestToAnotherHostOfTheBackend", func(t *testing.T) {
 		before := h.get(t, "vm").Status.AtProvider.Node
 		if backend == driver.BackendNova {
@@ -249,6 +254,40 @@ func testBackend(t *testing.T, backend string) {
 			assert.Empty(t, n.flavors(t))
 		})
 	}
+}
+
+// testNovaCloneOfASnapshot clones a snapshot of vm on the nova node, as
+// a user would: kubectl virtfleet snapshot, then clone --snapshot. Cinder
+// makes the new VM's volume of the snapshot's Cinder snapshot; the new VM
+// runs on the nova node and its DiskImage is Ready. Everything made is
+// deleted again, so that vm moves on without a snapshot.
+func testNovaCloneOfASnapshot(t *testing.T, h *hub, node string) {
+	t.Run("ACloneOfASnapshotRunsOnTheNovaNode", func(t *testing.T) {
+		out, err := h.plugin("snapshot", "vm", "--name", "vm-golden", "--wait", "2m")
+		require.NoError(t, err, out)
+		out, err = h.plugin("clone", "vm-golden", "vm-copy", "--snapshot", "--name", "vm-copy", "--wait", "5m")
+		require.NoError(t, err, out)
+		assert.Contains(t, out, "VirtualMachineClone "+ns+"/vm-copy succeeded")
+		vm := h.wait(t, "vm-copy", time.Minute, running)
+		assert.Equal(t, node, vm.GetAnnotations()[v1alpha1.AnnotationNode], "where the snapshot is")
+		assert.Contains(t, novaCloud(t).volumes(t), ns+"_vm-copy-vm-root", "Cinder made the volume of the snapshot")
+		img := &v1alpha1.DiskImage{}
+		require.Eventually(t, func() bool {
+			return h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "vm-copy-vm-root"}, img) == nil &&
+				img.Status.AtProvider.Phase == v1alpha1.ImagePhaseReady
+		}, time.Minute, 100*time.Millisecond, "the DiskImage is Ready; last status %+v", &img.Status.AtProvider)
+
+		h.delete(t, "vm-copy")
+		for _, o := range []client.Object{
+			&v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm-copy-vm-root"}},
+			&v1alpha1.VirtualMachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm-golden"}},
+		} {
+			require.NoError(t, h.kube.Delete(context.Background(), o))
+			require.Eventually(t, func() bool {
+				return kerrors.IsNotFound(h.kube.Get(context.Background(), client.ObjectKeyFromObject(o), o))
+			}, 2*time.Minute, 100*time.Millisecond, "%T %s was not finalized", o, o.GetName())
+		}
+	})
 }
 
 // testNovaShapeChanges changes vm's vcpus (SpecChangeWhileRunning set
