@@ -174,8 +174,26 @@ func create(ctx context.Context, name string) (*Host, error) {
 // libvirtd run in the foreground, so both stay in the process group the
 // caller signals to stop them; virtlogd dies with libvirtd (which the
 // script becomes), should libvirtd die first.
+//
+// Guests come first on the machine: libvirt starts each QEMU in a session
+// of its own, which the kernel schedules as one autogroup against every
+// other session's (the tests', the daemons'), so a guest booting under TCG
+// beside a busy suite got a small share of a core and took minutes more to
+// boot. The daemon's qemu hook gives each QEMU's autogroup nice -10 when
+// the guest starts: a booting guest runs as on an idle machine, and, as
+// only one guest boots at a time (guestimage.HoldBoot) and an idle guest
+// uses next to nothing, the rest of the machine keeps at least a core.
 const DaemonScript = `set -e
 d=$1
+mkdir -p "$d/etc/hooks"
+cat >"$d/etc/hooks/qemu" <<'HOOK'
+#!/bin/sh
+[ "$2" = started ] || exit 0
+pid=$(cat "/run/libvirt/qemu/$1.pid") || exit 0
+[ "$(ps -o sid= -p "$pid")" != "$(ps -o sid= -p "$PPID")" ] && echo -10 >"/proc/$pid/autogroup"
+exit 0
+HOOK
+chmod 755 "$d/etc/hooks/qemu"
 mount -t tmpfs tmpfs /run
 mkdir -p /run/libvirt /run/lock
 mount --bind "$d/run" /run/libvirt

@@ -2,10 +2,12 @@ package guesthost_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -53,6 +55,8 @@ func TestHostKeepsItsNetworkInItsNamespace(t *testing.T) {
 	require.EqualValues(t, 1, active)
 	require.NoError(t, l.Disconnect())
 
+	t.Run("AGuestsQEMUComesFirstOnTheMachine", func(t *testing.T) { guestComesFirst(t, h) })
+
 	// What a failed test is told of the daemon, alive and after a crash.
 	assert.Contains(t, h.Describe(), "libvirtd of "+h.Netns+": running, answers")
 	h.Crash()
@@ -65,6 +69,40 @@ func TestHostKeepsItsNetworkInItsNamespace(t *testing.T) {
 	require.NotContains(t, string(ns), h.Netns)
 	_, err = os.Stat(h.Dir)
 	require.True(t, os.IsNotExist(err), "host directory %s is left", h.Dir)
+}
+
+// guestComesFirst starts a guest with no disk (its firmware finds nothing
+// to boot and waits) and checks that its QEMU leads a session of its own,
+// whose autogroup the daemon's hook gave nice -10 (see DaemonScript).
+func guestComesFirst(t *testing.T, h *guesthost.Host) {
+	l, err := h.Dial()
+	require.NoError(t, err)
+	defer func() { _ = l.Disconnect() }()
+	x, err := (&libvirtxml.Domain{
+		Type:   guesthost.DomainType,
+		Name:   "vfgh-first",
+		Memory: &libvirtxml.DomainMemory{Value: 32, Unit: "MiB"},
+		OS:     &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Arch: "x86_64", Type: "hvm"}},
+	}).Marshal()
+	require.NoError(t, err)
+	d, err := l.DomainCreateXML(x, 0)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, l.DomainDestroy(d)) }()
+	pidFile, err := os.ReadFile(filepath.Join(h.Dir, "run", "qemu", d.Name+".pid"))
+	require.NoError(t, err)
+	pid := strings.TrimSpace(string(pidFile))
+	session := func(pid string) string {
+		out, err := exec.Command("ps", "-o", "sid=", "-p", pid).Output()
+		require.NoError(t, err)
+		return strings.TrimSpace(string(out))
+	}
+	assert.NotEqual(t, session(strconv.Itoa(os.Getpid())), session(pid), "QEMU is in a session, so an autogroup, of its own")
+	var group string
+	assert.Eventually(t, func() bool {
+		b, err := os.ReadFile(filepath.Join("/proc", pid, "autogroup"))
+		group = fmt.Sprint(string(b), err)
+		return err == nil && strings.HasSuffix(strings.TrimSpace(string(b)), " nice -10")
+	}, 10*time.Second, 100*time.Millisecond, "QEMU's autogroup: %s", group)
 }
 
 // A pair is two hypervisors to libvirt (each its own host UUID) joined by an
