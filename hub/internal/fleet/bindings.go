@@ -23,8 +23,11 @@ var ErrBindingsNotSynced = errors.New("the hub has not read its records of the V
 // */status): a binding in status is for users to read, and the hub never
 // takes one from there.
 type bindings struct {
-	mu     sync.RWMutex
-	held   map[string]v1alpha1.Binding
+	mu   sync.RWMutex
+	held map[string]v1alpha1.Binding
+	// sizes are the sizes in effect of Volumes, by uid
+	// (wire.VolumeSizeRecord).
+	sizes  map[string]int64
 	synced bool
 }
 
@@ -37,6 +40,9 @@ func (f *Fleet) onIntent(e bus.Entry) error {
 		b.synced = true
 		b.mu.Unlock()
 		return nil
+	}
+	if uid, ok := wire.SizeUID(e.Key); ok {
+		return f.onSize(e, uid)
 	}
 	uid, ok := wire.BindingUID(e.Key)
 	if !ok {
@@ -125,11 +131,97 @@ func (f *Fleet) Unrecord(ctx context.Context, uid string) error {
 	if err != nil {
 		return err
 	}
+	return f.unrecord(ctx, key, func(b *bindings) { delete(b.held, uid) })
+}
+
+// UnrecordSize removes the size record of the Volume of uid, once its
+// disk is deleted.
+func (f *Fleet) UnrecordSize(ctx context.Context, uid string) error {
+	key, err := wire.SizeKey(uid)
+	if err != nil {
+		return err
+	}
+	return f.unrecord(ctx, key, func(b *bindings) { delete(b.sizes, uid) })
+}
+
+// unrecord deletes the record under key, then forgets it.
+func (f *Fleet) unrecord(ctx context.Context, key string, forget func(b *bindings)) error {
 	if err := f.Bus.Delete(ctx, wire.BucketIntents, key); err != nil {
-		return errors.Wrapf(err, "cannot remove the binding record of VM %s", uid)
+		return errors.Wrapf(err, "cannot remove the hub's record %s", key)
 	}
 	f.bindings.mu.Lock()
-	delete(f.bindings.held, uid)
+	forget(&f.bindings)
 	f.bindings.mu.Unlock()
+	return nil
+}
+
+// onSize takes e, the entry of the size record of the Volume of uid.
+func (f *Fleet) onSize(e bus.Entry, uid string) error {
+	b := &f.bindings
+	if e.Deleted {
+		b.mu.Lock()
+		delete(b.sizes, uid)
+		b.mu.Unlock()
+		return nil
+	}
+	r, err := wire.DecodeVolumeSizeRecord(e.Value)
+	if err != nil {
+		return err
+	}
+	if r.UID != uid {
+		return &wire.KeyError{What: "volume size record", Value: e.Key, Reason: "holds the size of uid " + r.UID}
+	}
+	f.keepSize(uid, r.SizeBytes)
+	return nil
+}
+
+// keepSize remembers size as the Volume of uid's unless a larger one is
+// remembered: a Volume only grows.
+func (f *Fleet) keepSize(uid string, size int64) {
+	b := &f.bindings
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.sizes[uid] >= size {
+		return
+	}
+	if b.sizes == nil {
+		b.sizes = map[string]int64{}
+	}
+	b.sizes[uid] = size
+}
+
+// SizeInEffect is the size the hub recorded for the Volume of uid
+// (RecordSize), and whether it recorded one; ErrBindingsNotSynced until
+// the records are read.
+func (f *Fleet) SizeInEffect(uid string) (int64, bool, error) {
+	b := &f.bindings
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if !b.synced {
+		return 0, false, ErrBindingsNotSynced
+	}
+	size, ok := b.sizes[uid]
+	return size, ok, nil
+}
+
+// RecordSize makes size the size in effect of the Volume of uid, unless a
+// larger one is: the hub records a size once it admitted it against the
+// namespace's quota, before it sends it to a node.
+func (f *Fleet) RecordSize(ctx context.Context, uid string, size int64) error {
+	if cur, ok, _ := f.SizeInEffect(uid); ok && cur >= size {
+		return nil
+	}
+	key, err := wire.SizeKey(uid)
+	if err != nil {
+		return err
+	}
+	v, err := wire.EncodeVolumeSizeRecord(wire.VolumeSizeRecord{UID: uid, SizeBytes: size})
+	if err != nil {
+		return err
+	}
+	if _, err := f.Bus.Put(ctx, wire.BucketIntents, key, v); err != nil {
+		return errors.Wrapf(err, "cannot record the size of Volume %s", uid)
+	}
+	f.keepSize(uid, size)
 	return nil
 }

@@ -147,9 +147,32 @@ func (c *Counter) countVolumes(ctx context.Context, namespace string, t *tally) 
 			continue
 		}
 		delete(c.admitted, key{admittedVolume, v.UID})
-		t.used = t.used.add(OfVolume(v))
+		a := OfVolume(v)
+		size, err := c.sizeInEffect(v)
+		if err != nil {
+			return err
+		}
+		a.StorageBytes = size
+		t.used = t.used.add(a)
 	}
 	return nil
+}
+
+// sizeInEffect is the size v holds on its node: the one the hub recorded
+// (fleet.Fleet.RecordSize), its spec's where none is. A growth past the
+// quota is never recorded, and so never counted.
+func (c *Counter) sizeInEffect(v *v1alpha1.Volume) (int64, error) {
+	want := v.Spec.ForProvider.Size.Value()
+	for _, f := range c.fleets() {
+		size, ok, err := f.SizeInEffect(string(v.UID))
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			return min(size, want), nil
+		}
+	}
+	return want, nil
 }
 
 // countSnapshots counts into t the namespace's snapshots a node was asked
@@ -289,6 +312,16 @@ func (c *Counter) AdmitSnapshot(ctx context.Context, s *v1alpha1.VirtualMachineS
 func (c *Counter) FitsVolume(ctx context.Context, v *v1alpha1.Volume) error {
 	return c.under(ctx, v.Namespace, v.UID, func(qs []apisv1alpha1.TenantQuota, t tally) error {
 		return Check(qs, t.used, OfVolume(v), "this Volume")
+	})
+}
+
+// FitsGrowth says whether v, on a node at size, may grow to its spec's
+// size within every TenantQuota of its namespace: nil, or an
+// ExceededError naming the limit. The hub records the size before it sends
+// it, and the record is what counts from then on.
+func (c *Counter) FitsGrowth(ctx context.Context, v *v1alpha1.Volume, size int64) error {
+	return c.under(ctx, v.Namespace, "", func(qs []apisv1alpha1.TenantQuota, t tally) error {
+		return Check(qs, t.used, Amounts{StorageBytes: v.Spec.ForProvider.Size.Value() - size}, "this Volume's growth")
 	})
 }
 

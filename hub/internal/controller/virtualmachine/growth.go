@@ -1,12 +1,22 @@
 package virtualmachine
 
 import (
+	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/quota"
 )
 
 // holdGrowth keeps m, the machine the hub is about to send vm's node, from
@@ -58,4 +68,58 @@ func holdBeyond(m *wire.Machine, has, free placement.Resources, node string) str
 func declaredShape(vm *v1alpha1.VirtualMachine) (int32, int64) {
 	vcpu, memory, _ := vm.Shape()
 	return vcpu, memory.Value()
+}
+
+// sizeVolumes sets d's sizes, grows and heldGrowth: a Volume grows on its
+// node only once the hub admitted the growth against its namespace's
+// storage quota and recorded the new size (Fleet.RecordSize), where no
+// tenant can write; one past the quota keeps the size in effect and says
+// why. A Volume without a record yet was admitted with its VM's placement
+// (quota.Counter.Admit), and its size is recorded as it is.
+func (e *external) sizeVolumes(ctx context.Context, d *dependencies) error {
+	d.sizes, d.grows, d.heldGrowth = map[types.UID]int64{}, map[types.UID]int64{}, nil
+	for i := range d.volumes {
+		v := &d.volumes[i]
+		if meta.GetExternalName(v) != "" {
+			// Attached at the size its node reports; never grown.
+			continue
+		}
+		want := v.Spec.ForProvider.Size.Value()
+		size, ok, err := e.fleet.SizeInEffect(string(v.UID))
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			d.grows[v.UID] = want
+			continue
+		case want <= size:
+			continue
+		}
+		d.sizes[v.UID] = size
+		if e.opts.Quotas != nil {
+			err := e.opts.Quotas.FitsGrowth(ctx, v, size)
+			var exceeded *quota.ExceededError
+			if errors.As(err, &exceeded) {
+				d.heldGrowth = append(d.heldGrowth, fmt.Sprintf("Volume %s keeps its size of %s: %v", v.Name, resource.NewQuantity(size, resource.BinarySI), err))
+				continue
+			}
+			if err != nil {
+				return err
+			}
+		}
+		d.grows[v.UID] = want
+	}
+	return nil
+}
+
+// recordGrowth records the sizes d's Volumes grow to, before the intent
+// that sends them is published.
+func (e *external) recordGrowth(ctx context.Context, d *dependencies) error {
+	for _, uid := range slices.Sorted(maps.Keys(d.grows)) {
+		if err := e.fleet.RecordSize(ctx, string(uid), d.grows[uid]); err != nil {
+			return e.busFailed(string(uid), err)
+		}
+		delete(d.sizes, uid)
+	}
+	return nil
 }

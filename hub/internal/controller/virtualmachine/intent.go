@@ -76,6 +76,23 @@ type dependencies struct {
 	// overlay is set when the VM's node has a tunnel address: the networks
 	// spanning nodes are joined to the overlay there by their VNIs.
 	overlay bool
+	// sizes are the sizes in effect of the Volumes whose spec asks for
+	// more (sizeVolumes), by uid; the others are sent at their spec's.
+	sizes map[types.UID]int64
+	// grows are the sizes to record before the next publish, by uid: the
+	// growths the namespace's quota admits, and the sizes of Volumes
+	// without a record yet.
+	grows map[types.UID]int64
+	// heldGrowth says why each Volume past the quota keeps its size.
+	heldGrowth []string
+}
+
+// sizeOf is the size v's node is sent: its size in effect.
+func (d dependencies) sizeOf(v *v1alpha1.Volume) int64 {
+	if size, ok := d.sizes[v.UID]; ok {
+		return size
+	}
+	return v.Spec.ForProvider.Size.Value()
 }
 
 // boundNode is the node the VM's node-local volumes are bound to, if any, or
@@ -460,7 +477,7 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 		m.Firmware = wire.Firmware(*f)
 	}
 	for _, v := range d.volumes {
-		disk := wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: v.Spec.ForProvider.Size.Value(), Image: d.imageRef(v), Pool: v.Spec.ForProvider.StoragePool}
+		disk := wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: d.sizeOf(&v), Image: d.imageRef(v), Pool: v.Spec.ForProvider.StoragePool}
 		if ext := meta.GetExternalName(&v); ext != "" { // attachable: imported, at its real size
 			disk.ExternalName, disk.Image = ext, nil
 			if c := v.Status.AtProvider.Capacity; c != nil {

@@ -378,7 +378,10 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	e.migratingCondition(vm, node)
 
 	d, err := e.resolve(ctx, vm)
-	upToDate := err == nil && e.knownAddresses(vm, &d, n) && len(SealedLeftovers(vm, e.fleet)) == 0 && recordedAsShown(obs.Binding, held)
+	if len(d.heldGrowth) > 0 {
+		e.sayHeldGrowth(vm, d.heldGrowth)
+	}
+	upToDate := err == nil && e.knownAddresses(vm, &d, n) && len(SealedLeftovers(vm, e.fleet)) == 0 && recordedAsShown(obs.Binding, held) && len(d.grows) == 0
 	if upToDate {
 		published, _ := e.state.published.Load(vm.UID)
 		upToDate = published == planFingerprint(e.plan(vm, d, node), node)
@@ -400,6 +403,9 @@ func (e *external) resolve(ctx context.Context, vm *v1alpha1.VirtualMachine) (de
 		return e.fleet.Sealed(o) || (node != "" && o.GetAnnotations()[v1alpha1.AnnotationNode] == node)
 	}
 	if err := d.admit(e.grant, boundByHub); err != nil {
+		return d, err
+	}
+	if err := e.sizeVolumes(ctx, &d); err != nil {
 		return d, err
 	}
 	return d, d.resolveBackups(ctx, e.kube)

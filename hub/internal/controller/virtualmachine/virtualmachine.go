@@ -369,6 +369,9 @@ func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d d
 			return e.busFailed(string(vm.UID), err)
 		}
 	}
+	if err := e.recordGrowth(ctx, &d); err != nil {
+		return err
+	}
 	p := e.plan(vm, d, node)
 	for _, n := range slices.Sorted(maps.Keys(p)) {
 		if _, err := bus.Put(ctx, e.fleet.Bus, wire.GuestIntents, n, p[n].UID, p[n]); err != nil {
@@ -378,6 +381,14 @@ func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d d
 	e.state.published.Store(vm.UID, planFingerprint(p, node))
 	e.state.deleted.Delete(vm.UID)
 	return nil
+}
+
+// sayHeldGrowth adds to vm's Ready message why its Volumes in held keep
+// their size.
+func (e *external) sayHeldGrowth(vm *v1alpha1.VirtualMachine, held []string) {
+	ready := vm.GetCondition(xpv2.TypeReady)
+	ready.Message = strings.TrimPrefix(ready.Message+"; "+strings.Join(held, "; "), "; ")
+	vm.SetConditions(ready)
 }
 
 // setConditions turns an observation into Ready, RestartRequired and NodeLost.

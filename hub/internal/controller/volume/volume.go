@@ -162,6 +162,10 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 		if err := bus.Delete(ctx, f.Bus, wire.VolumeIntents, node, uid); err != nil {
 			return false, errors.Wrapf(err, "cannot delete the volume intent on node %s", node)
 		}
+		// The size the hub admitted goes with the disk.
+		if err := f.UnrecordSize(ctx, uid); err != nil {
+			return false, err
+		}
 		return true, nil
 	}
 	in := intentOf(v)
