@@ -55,8 +55,9 @@ func (d *Driver) hotplug(ctx context.Context, c client.Client, m driver.Machine,
 		}
 	}
 	for _, v := range adding {
+		i := slices.IndexFunc(want.Spec.Template.Spec.Domain.Devices.Disks, func(d kubevirtv1.Disk) bool { return d.Name == v.Name })
 		opts := &kubevirtv1.AddVolumeOptions{
-			Name: v.Name, Disk: ptr(hotplugDisk(v.Name)),
+			Name: v.Name, Disk: &want.Spec.Template.Spec.Domain.Devices.Disks[i],
 			VolumeSource: &kubevirtv1.HotplugVolumeSource{PersistentVolumeClaim: v.PersistentVolumeClaim, DataVolume: v.DataVolume},
 		}
 		if err := d.put(ctx, "virtualmachines", "VM", vm.Namespace, vm.Name, "addvolume", opts); err != nil {

@@ -42,6 +42,11 @@ func TestDataDisksArePluggedIntoTheRunningGuest(t *testing.T) {
 	}
 	require.NotNil(t, hotplug, "virt-handler reports the volume: %+v", vmi.Status.VolumeStatus)
 	assert.NotNil(t, hotplug.HotplugVolume, "attached as a hotplug volume")
+	i := slices.IndexFunc(vmi.Spec.Domain.Devices.Disks, func(d kubevirtv1.Disk) bool { return d.Name == name })
+	require.GreaterOrEqual(t, i, 0)
+	disk := vmi.Spec.Domain.Devices.Disks[i]
+	assert.Equal(t, driver.DiskSerial(data.Name), disk.Serial, "the guest finds it by the serial it has on every backend")
+	assert.Equal(t, kubevirtv1.DiskBusSCSI, disk.Disk.Bus, "the bus KubeVirt hot-plugs on")
 	assert.Equal(t, []string{ObjectName(root), ObjectName(data.Name)}, claimsOf(e.vm(m.UID).Spec.Template.Spec.Volumes),
 		"KubeVirt keeps the disk in the template: it stays across restarts")
 	assert.Empty(t, e.vm(m.UID).Status.VolumeRequests, "every request was carried out")

@@ -88,10 +88,11 @@ func dataDiskName(claim string) string {
 	return "data-" + hex.EncodeToString(sum[:6])
 }
 
-// hotplugDisk is the disk of a hotpluggable volume: on the SCSI bus, the
-// only one KubeVirt hot-plugs a disk on.
-func hotplugDisk(name string) kubevirtv1.Disk {
-	return kubevirtv1.Disk{Name: name, DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusSCSI}}}
+// hotplugDisk is the disk name of a hotpluggable volume, the node's volume
+// vol: on the SCSI bus, the only one KubeVirt hot-plugs a disk on, with
+// the serial the guest finds it by on every backend (driver.DiskSerial).
+func hotplugDisk(name, vol string) kubevirtv1.Disk {
+	return kubevirtv1.Disk{Name: name, Serial: driver.DiskSerial(vol), DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusSCSI}}}
 }
 
 const cloudInitName = "cloudinit"
@@ -152,6 +153,7 @@ func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, erro
 		spec.Domain.Firmware = &kubevirtv1.Firmware{Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{SecureBoot: ptr(false)}}}
 	}
 	var data []kubevirtv1.Volume
+	var dataDisks []kubevirtv1.Disk
 	for i, d := range m.Disks {
 		source := kubevirtv1.VolumeSource{
 			PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: ObjectName(d.Name)}},
@@ -176,7 +178,9 @@ func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, erro
 		} else {
 			source.DataVolume.Hotpluggable = true
 		}
-		data = append(data, kubevirtv1.Volume{Name: dataDiskName(ObjectName(d.Name)), VolumeSource: source})
+		name := dataDiskName(ObjectName(d.Name))
+		data = append(data, kubevirtv1.Volume{Name: name, VolumeSource: source})
+		dataDisks = append(dataDisks, hotplugDisk(name, d.Name))
 	}
 	// The network data is part of the spec and so of the shape hash: a
 	// changed address is a shape change, applied at the next restart.
@@ -214,10 +218,8 @@ func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, erro
 	if err != nil {
 		return nil, err
 	}
-	for _, v := range data {
-		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, hotplugDisk(v.Name))
-		spec.Volumes = append(spec.Volumes, v)
-	}
+	spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, dataDisks...)
+	spec.Volumes = append(spec.Volumes, data...)
 	labels := map[string]string{LabelUID: m.UID}
 	return &kubevirtv1.VirtualMachine{
 		ObjectMeta: metav1.ObjectMeta{

@@ -11,8 +11,6 @@ import (
 	"path"
 	"slices"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -588,50 +586,20 @@ func serialSocket(dir, uid string) string {
 const maxSocketPath = 107
 
 // volumeDisk is the disk of volume vol of pool under target dev, with the
-// serial diskSerial gives the volume.
+// serial driver.DiskSerial gives the volume.
 func volumeDisk(pool, vol, format, dev string) libvirtxml.DomainDisk {
 	return libvirtxml.DomainDisk{
 		Device: "disk",
 		Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: format},
 		Source: &libvirtxml.DomainDiskSource{Volume: &libvirtxml.DomainDiskSourceVolume{Pool: pool, Volume: vol}},
 		Target: &libvirtxml.DomainDiskTarget{Dev: dev, Bus: "virtio"},
-		Serial: diskSerial(vol),
+		Serial: driver.DiskSerial(vol),
 	}
 }
 
-// maxSerial is the longest serial a virtio-blk disk has (the virtio spec's
-// VIRTIO_BLK_ID_BYTES): QEMU cuts a longer one, so two long names sharing
-// their first 20 bytes would show the guest one serial.
-const maxSerial = 20
-
-// diskSerial is the serial of the disk on volume vol, which the guest sees
-// as /dev/disk/by-id/virtio-<serial>: the volume's name, which is the
-// Volume's (namespace_name) and so the same at every definition, start,
-// hot-plug and migration. A name too long, or with a character libvirt
-// refuses in a serial (an imported volume's may have any), keeps its start,
-// those characters made '_', and ends with a hash of the whole, so
-// different Volumes keep different serials.
-//
-// Guests defined before serials were given get theirs at their next
-// definition (a spec change): adding one to every guest at once would make
-// every running guest RestartRequired.
-func diskSerial(vol string) string {
-	safe := func(r rune) bool {
-		return r < utf8.RuneSelf && (unicode.IsLetter(r) || unicode.IsDigit(r) || strings.ContainsRune("-_.+", r))
-	}
-	if len(vol) <= maxSerial && strings.IndexFunc(vol, func(r rune) bool { return !safe(r) }) < 0 {
-		return vol
-	}
-	sum := sha256.Sum256([]byte(vol))
-	tail := hex.EncodeToString(sum[:4])
-	head := []rune(strings.Map(func(r rune) rune {
-		if safe(r) {
-			return r
-		}
-		return '_'
-	}, vol))
-	return string(head[:min(len(head), maxSerial-len(tail)-1)]) + "-" + tail
-}
+// Guests defined before serials were given get theirs (driver.DiskSerial)
+// at their next definition (a spec change): adding one to every guest at
+// once would make every running guest RestartRequired.
 
 // defaultFormat is a disk's format when its intent names none.
 const defaultFormat = "qcow2"

@@ -2,7 +2,6 @@ package libvirt
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,34 +13,6 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 )
-
-// TestDiskSerialsFitVirtioAndTellVolumesApart pins the serials disks get
-// from their volumes' names.
-func TestDiskSerialsFitVirtioAndTellVolumesApart(t *testing.T) {
-	long := "team-a_database-replica-data"
-	for _, tc := range []struct {
-		name, vol string
-		// prefix is how the serial starts; whole says it is the name.
-		prefix string
-		whole  bool
-	}{
-		{name: "a short name is the serial", vol: "team-a_web-data", prefix: "team-a_web-data", whole: true},
-		{name: "twenty bytes are the serial", vol: "team-a_web-data-0001", prefix: "team-a_web-data-0001", whole: true},
-		{name: "a longer name keeps its start", vol: long + "-1", prefix: "team-a_data"},
-		{name: "another one sharing its first twenty bytes", vol: long + "-2", prefix: "team-a_data"},
-		{name: "characters libvirt refuses become underscores", vol: "pool/vol@snap", prefix: "pool_vol_sn"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := diskSerial(tc.vol)
-			assert.LessOrEqual(t, len(got), maxSerial)
-			assert.True(t, strings.HasPrefix(got, tc.prefix), "%q from %q", got, tc.vol)
-			assert.Equal(t, tc.whole, got == tc.vol)
-			assert.Equal(t, got, diskSerial(tc.vol), "the same every time")
-			assert.Regexp(t, `^[A-Za-z0-9_.+-]+$`, got, "only what libvirt accepts")
-		})
-	}
-	assert.NotEqual(t, diskSerial(long+"-1"), diskSerial(long+"-2"), "two Volumes, two serials")
-}
 
 // TestDiskSerialsStayAcrossRestartsAndDefinitions reads, behind the
 // driver's back, the serial of each of a guest's disks as it runs: the
@@ -80,7 +51,7 @@ func TestDiskSerialsStayAcrossRestartsAndDefinitions(t *testing.T) {
 	first := serials()
 	want := map[string]string{
 		m.Disks[0].Name:   m.Disks[0].Name,
-		data.Name:         diskSerial(data.Name),
+		data.Name:         driver.DiskSerial(data.Name),
 		swapVolume(m.UID): swapSerial,
 		seedVolume(m.UID): seedSerial,
 	}
@@ -103,5 +74,5 @@ func TestDiskSerialsStayAcrossRestartsAndDefinitions(t *testing.T) {
 	assert.Equal(t, want, serials(), "a new definition keeps the others' and gives the new disk its own")
 	x, err := l.DomainGetXMLDesc(domainOf(t, l, m.UID), golibvirt.DomainXMLInactive)
 	require.NoError(t, err)
-	assert.Contains(t, x, "<serial>"+diskSerial(data.Name)+"</serial>", "so does the definition of the next start")
+	assert.Contains(t, x, "<serial>"+driver.DiskSerial(data.Name)+"</serial>", "so does the definition of the next start")
 }
