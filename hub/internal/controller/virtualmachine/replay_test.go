@@ -51,7 +51,6 @@ func TestABindingChangedByHandMovesNoGuest(t *testing.T) {
 	}
 	env := controllertest.Start(t, []string{"node1", "node2"}, func(ctrl.Manager, controller.Options, *controllertest.Env) error { return nil })
 	f := env.Fleet
-	fleets := []*fleet.Fleet{f.Fleet}
 	keys := []string{v1alpha1.AnnotationNode, v1alpha1.AnnotationBindingEpoch, v1alpha1.AnnotationSeal}
 
 	cases := map[string]struct {
@@ -84,24 +83,7 @@ func TestABindingChangedByHandMovesNoGuest(t *testing.T) {
 			env.Get(t, vm)
 			require.Equal(t, "node1", vm.GetAnnotations()[v1alpha1.AnnotationNode])
 
-			assert.False(t, f.Sealed(vm), "what the tenant wrote seals no binding")
-			for node, want := range map[string]bool{"node1": false, "node2": true} {
-				on, err := IsOn(env.Ctx, env.Kube, vm, node, fleets)
-				require.NoError(t, err)
-				assert.Equal(t, want, on, "the VM counts on %s", node)
-			}
-			s := NewStrays(env.Kube, env.Kube, func() []*fleet.Fleet { return fleets }, time.Hour, logging.NewNopLogger())
-			require.NoError(t, s.Sweep(env.Ctx, f.Fleet))
-			_, ok := controllertest.Stored(t, f, wire.GuestIntents, "node2", string(vm.UID))
-			assert.True(t, ok, "the intent of the binding the VM holds is kept, and its guest runs on")
-
-			g, err := providerconfig.GrantOf(env.Ctx, env.Kube, ns)
-			require.NoError(t, err)
-			e := &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube}, fleet: f.Fleet, grant: g}
-			_, err = e.Observe(context.Background(), vm)
-			var restored *RestoredBindingError
-			require.ErrorAs(t, err, &restored)
-			assert.Equal(t, "node2", restored.Node)
+			assertHeldOnNode2(t, env, vm, ns)
 			assert.NotEqual(t, v1alpha1.PhaseFailed, vm.Status.AtProvider.Phase, "a VM whose guest runs is not shown Failed")
 			env.Get(t, vm)
 			assert.Equal(t, "node2", vm.GetAnnotations()[v1alpha1.AnnotationNode], "the hub wrote back the binding the VM holds")
@@ -181,7 +163,6 @@ func TestATenantWritingStatusRewindsNoBinding(t *testing.T) {
 	}
 	env := controllertest.Start(t, []string{"node1", "node2"}, func(ctrl.Manager, controller.Options, *controllertest.Env) error { return nil })
 	f := env.Fleet
-	fleets := []*fleet.Fleet{f.Fleet}
 	keys := []string{v1alpha1.AnnotationNode, v1alpha1.AnnotationBindingEpoch, v1alpha1.AnnotationSeal}
 
 	cases := map[string]struct {
@@ -237,24 +218,7 @@ func TestATenantWritingStatusRewindsNoBinding(t *testing.T) {
 			require.Equal(t, forged, *vm.Status.AtProvider.Binding)
 			require.Equal(t, "node1", vm.GetAnnotations()[v1alpha1.AnnotationNode])
 
-			assert.False(t, f.Sealed(vm), "what the tenant wrote seals no binding")
-			for node, want := range map[string]bool{"node1": false, "node2": true} {
-				on, err := IsOn(env.Ctx, env.Kube, vm, node, fleets)
-				require.NoError(t, err)
-				assert.Equal(t, want, on, "the VM counts on %s", node)
-			}
-			s := NewStrays(env.Kube, env.Kube, func() []*fleet.Fleet { return fleets }, time.Hour, logging.NewNopLogger())
-			require.NoError(t, s.Sweep(env.Ctx, f.Fleet))
-			_, ok := controllertest.Stored(t, f, wire.GuestIntents, "node2", string(vm.UID))
-			assert.True(t, ok, "the intent of the binding the VM holds is kept, and its guest runs on")
-
-			g, err := providerconfig.GrantOf(env.Ctx, env.Kube, ns)
-			require.NoError(t, err)
-			e := &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube}, fleet: f.Fleet, grant: g}
-			_, err = e.Observe(context.Background(), vm)
-			var restored *RestoredBindingError
-			require.ErrorAs(t, err, &restored)
-			assert.Equal(t, "node2", restored.Node, "the hub restores the binding it recorded, not the one in status")
+			assertHeldOnNode2(t, env, vm, ns)
 			env.Get(t, vm)
 			assert.Equal(t, "node2", vm.GetAnnotations()[v1alpha1.AnnotationNode], "the hub wrote back the binding the VM holds")
 			assert.True(t, f.Sealed(vm), "the binding written back is sealed")
@@ -263,4 +227,32 @@ func TestATenantWritingStatusRewindsNoBinding(t *testing.T) {
 			assert.Equal(t, "node2", held.Node, "the hub's record is untouched")
 		})
 	}
+}
+
+// assertHeldOnNode2 checks that what a tenant wrote left the VM bound where
+// the hub bound it last, node2: no seal of the tenant's, counted on node2
+// alone, the intent there kept by the stray sweep, and Observe restoring
+// the binding the hub recorded.
+func assertHeldOnNode2(t *testing.T, env *controllertest.Env, vm *v1alpha1.VirtualMachine, ns string) {
+	t.Helper()
+	f := env.Fleet
+	fleets := []*fleet.Fleet{f.Fleet}
+	assert.False(t, f.Sealed(vm), "what the tenant wrote seals no binding")
+	for node, want := range map[string]bool{"node1": false, "node2": true} {
+		on, err := IsOn(env.Ctx, env.Kube, vm, node, fleets)
+		require.NoError(t, err)
+		assert.Equal(t, want, on, "the VM counts on %s", node)
+	}
+	s := NewStrays(env.Kube, env.Kube, func() []*fleet.Fleet { return fleets }, time.Hour, logging.NewNopLogger())
+	require.NoError(t, s.Sweep(env.Ctx, f.Fleet))
+	_, ok := controllertest.Stored(t, f, wire.GuestIntents, "node2", string(vm.UID))
+	assert.True(t, ok, "the intent of the binding the VM holds is kept, and its guest runs on")
+
+	g, err := providerconfig.GrantOf(env.Ctx, env.Kube, ns)
+	require.NoError(t, err)
+	e := &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube}, fleet: f.Fleet, grant: g}
+	_, err = e.Observe(context.Background(), vm)
+	var restored *RestoredBindingError
+	require.ErrorAs(t, err, &restored)
+	assert.Equal(t, "node2", restored.Node, "the hub restores the binding it recorded, not the one in status")
 }
