@@ -179,10 +179,14 @@ func create(ctx context.Context, name string) (*Host, error) {
 // of its own, which the kernel schedules as one autogroup against every
 // other session's (the tests', the daemons'), so a guest booting under TCG
 // beside a busy suite got a small share of a core and took minutes more to
-// boot. The daemon's qemu hook gives each QEMU's autogroup nice -10 when
-// the guest starts: a booting guest runs as on an idle machine, and, as
-// only one guest boots at a time (guestimage.HoldBoot) and an idle guest
-// uses next to nothing, the rest of the machine keeps at least a core.
+// boot. The daemon's qemu hook gives each QEMU's autogroup nice -5 when
+// the guest starts, three times the weight of a session at nice 0: against
+// the two sessions of a busy make test a booting guest gets about a core,
+// as on an idle machine. One guest boots at a time (guestimage.HoldBoot)
+// and an idle guest uses next to nothing, so the rest keeps the other core;
+// where a step boots two guests at once (two hosts), nice -10 left the
+// rest too little for a daemon to answer in its seconds, -5 leaves it half
+// a core.
 const DaemonScript = `set -e
 d=$1
 mkdir -p "$d/etc/hooks"
@@ -190,7 +194,7 @@ cat >"$d/etc/hooks/qemu" <<'HOOK'
 #!/bin/sh
 [ "$2" = started ] || exit 0
 pid=$(cat "/run/libvirt/qemu/$1.pid") || exit 0
-[ "$(ps -o sid= -p "$pid")" != "$(ps -o sid= -p "$PPID")" ] && echo -10 >"/proc/$pid/autogroup"
+[ "$(ps -o sid= -p "$pid")" != "$(ps -o sid= -p "$PPID")" ] && echo -5 >"/proc/$pid/autogroup"
 exit 0
 HOOK
 chmod 755 "$d/etc/hooks/qemu"

@@ -73,7 +73,7 @@ func TestHostKeepsItsNetworkInItsNamespace(t *testing.T) {
 
 // guestComesFirst starts a guest with no disk (its firmware finds nothing
 // to boot and waits) and checks that its QEMU leads a session of its own,
-// whose autogroup the daemon's hook gave nice -10 (see DaemonScript).
+// whose autogroup the daemon's hook gave nice -5 (see DaemonScript).
 func guestComesFirst(t *testing.T, h *guesthost.Host) {
 	l, err := h.Dial()
 	require.NoError(t, err)
@@ -101,7 +101,7 @@ func guestComesFirst(t *testing.T, h *guesthost.Host) {
 	assert.Eventually(t, func() bool {
 		b, err := os.ReadFile(filepath.Join("/proc", pid, "autogroup"))
 		group = fmt.Sprint(string(b), err)
-		return err == nil && strings.HasSuffix(strings.TrimSpace(string(b)), " nice -10")
+		return err == nil && strings.HasSuffix(strings.TrimSpace(string(b)), " nice -5")
 	}, 10*time.Second, 100*time.Millisecond, "QEMU's autogroup: %s", group)
 }
 
