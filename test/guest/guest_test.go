@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,6 +39,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/virtfleet/virtfleet/agent/driver"
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
@@ -99,6 +101,7 @@ func TestRealGuest(t *testing.T) {
 	booted()
 	t.Run("VNCThroughTheAPI", g.vnc("g1"))
 	t.Run("TheRootVolumeGrowsWhileTheGuestRuns", g.grow("g1", bootID))
+	t.Run("ADiskPlugsInAndOutWhileTheGuestRuns", g.hotplug("g1", bootID))
 	t.Run("PauseStopsTheGuestAndUnpauseResumesItsBoot", g.pause("g1", bootID))
 	t.Run("SnapshotWithMemoryBringsBackTheRunningGuest", g.snapshotWithMemory("g1", bootID))
 	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", booting(ctx, func(t *testing.T) { bootID = g.stopStart(t, bootID) }))
@@ -431,6 +434,76 @@ func (g *suite) grow(name, bootID string) func(t *testing.T) {
 		})
 		assert.False(t, v.Status.AtProvider.RestartRequired, "a larger disk asks for no restart")
 		assert.Equal(t, bootID, g.facts(t, ip).bootID, "the same boot: the disk grew under the running guest")
+	}
+}
+
+// hotplug attaches a blank Volume to the running guest and detaches it
+// again: the guest sees the disk come by the serial the node gives it
+// (driver.DiskSerial of its name on the node) and go, the VM's status
+// follows, and the guest never reboots.
+func (g *suite) hotplug(name, bootID string) func(t *testing.T) {
+	return func(t *testing.T) {
+		ip := address(g.get(t, name))
+		const size = 128 << 20
+		data := &v1alpha1.Volume{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-data"},
+			Spec:       v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{Size: *resource.NewQuantity(size, resource.BinarySI)}},
+		}
+		g.create(data)
+		serial := driver.DiskSerial(wire.NameOnNode(ns, data.Name))
+		// lsblk's SERIAL is udev's ID_SERIAL, the virtio disk's serial. An
+		// ssh that fails says neither: the poll asks again.
+		var last string
+		seen := func() (ok bool, err error) {
+			last, err = g.ssh(ip, "lsblk -b -dn -o NAME,SERIAL,SIZE")
+			if err != nil {
+				return false, err
+			}
+			for _, line := range strings.Split(last, "\n") {
+				if f := strings.Fields(line); len(f) == 3 && f[1] == serial {
+					last = line
+					return true, nil
+				}
+			}
+			return false, nil
+		}
+		attached := time.Now()
+		g.patch(t, name, func(v *v1alpha1.VirtualMachine) {
+			v.Spec.ForProvider.DiskAttachments = append(v.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: v1alpha1.LocalName(data.Name)})
+		})
+		err := wait.PollUntilContextTimeout(g.ctx, 2*time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+			ok, err := seen()
+			return err == nil && ok, nil
+		})
+		require.NoError(t, err, "the guest sees a disk with serial %s; lsblk last said %q", serial, last)
+		t.Logf("%s: the guest saw the disk %s after it was attached", name, time.Since(attached).Round(time.Second))
+		assert.Equal(t, strconv.Itoa(size), strings.Fields(last)[2], "the guest's disk is the Volume's size")
+		v := g.waitVM(t, name, time.Minute, "Running with the disk in its status", func(v *v1alpha1.VirtualMachine) bool {
+			return running(v) && slices.Contains(v.Status.AtProvider.Disks, data.Name) && v.Status.AtProvider.ObservedGeneration == v.Generation
+		})
+		assert.Equal(t, []string{name + "-root", data.Name}, v.Status.AtProvider.Disks, "the boot disk, then the one plugged in")
+		assert.False(t, v.Status.AtProvider.RestartRequired, "a disk added at the end asks for no restart: %s", v.GetCondition(xpv2.TypeReady).Message)
+
+		detached := time.Now()
+		g.patch(t, name, func(v *v1alpha1.VirtualMachine) {
+			v.Spec.ForProvider.DiskAttachments = slices.DeleteFunc(v.Spec.ForProvider.DiskAttachments, func(a v1alpha1.DiskAttachment) bool { return string(a.Name) == data.Name })
+		})
+		err = wait.PollUntilContextTimeout(g.ctx, 2*time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+			ok, err := seen()
+			return err == nil && !ok, nil
+		})
+		require.NoError(t, err, "the guest releases the disk with serial %s; lsblk last said %q", serial, last)
+		t.Logf("%s: the guest let the disk go %s after it was detached", name, time.Since(detached).Round(time.Second))
+		// A disk the running guest still holds keeps it RestartRequired,
+		// named, until it lets the disk go.
+		v = g.waitVM(t, name, time.Minute, "Running without the disk, nothing waiting for a restart", func(v *v1alpha1.VirtualMachine) bool {
+			return running(v) && !v.Status.AtProvider.RestartRequired && v.Status.AtProvider.ObservedGeneration == v.Generation
+		})
+		assert.Equal(t, []string{name + "-root"}, v.Status.AtProvider.Disks)
+		assert.Equal(t, bootID, g.facts(t, ip).bootID, "the same boot: the disk came and went under the running guest")
+
+		g.deleteAndWait(t, data)
+		assert.NotContains(t, g.poolVolumes(t), wire.NameOnNode(ns, data.Name), "the deleted Volume's disk is gone from the pool")
 	}
 }
 
