@@ -22,6 +22,9 @@ import (
 // node TTL a test gives StartNATS.
 const Heartbeats = 250 * time.Millisecond
 
+// sealKey is what a NATS's fleets seal placements with.
+const sealKey = "fleettest"
+
 // NATS is a Fleet over a real nats-server, as the hub has it, with each
 // node's agent played by an Agent through that node's own credentials: a
 // node can write only what its agent may.
@@ -56,7 +59,7 @@ func startNATS(t *testing.T, ttl time.Duration, allowances *fleet.Allowances, no
 	require.NoError(t, err)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	n := &NATS{Fleet: fleet.New(b, logging.NewNopLogger()).WithSealKey([]byte("fleettest")), URL: srv.URL(), t: t, kv: map[string]jetstream.KeyValue{}, agents: map[string]*Agent{}}
+	n := &NATS{Fleet: fleet.New(b, logging.NewNopLogger()).WithSealKey([]byte(sealKey)), URL: srv.URL(), t: t, kv: map[string]jetstream.KeyValue{}, agents: map[string]*Agent{}}
 	if allowances != nil {
 		n.WithAllowances(allowances)
 	}
@@ -107,6 +110,24 @@ func Stored[V any](t *testing.T, n *NATS, k wire.Kind[V], node, uid string) (V, 
 	v, err = k.Decode(e.Value())
 	require.NoError(t, err)
 	return v, true
+}
+
+// Restarted is the fleet a hub restarted now holds: a new one over the
+// same server and seal key, with nothing in memory but what it read back
+// from the buckets. It runs until the test ends, and is returned once it
+// has read the reports and the hub's records.
+func (n *NATS) Restarted(t *testing.T) *fleet.Fleet {
+	t.Helper()
+	f := fleet.New(n.Bus, logging.NewNopLogger()).WithSealKey([]byte(sealKey))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	require.Eventually(t, func() bool {
+		_, err := f.Held("any")
+		return f.Synced() && err == nil
+	}, 10*time.Second, 5*time.Millisecond, "the restarted fleet reads the reports and the hub's records")
+	return f
 }
 
 // Agent is one node's agent, as far as the hub sees it: its heartbeat and

@@ -83,6 +83,8 @@ const releaseRetry = 5 * time.Second
 //     bind (an import whose node the user named, an Observe-only VM) gets
 //     FinalizerKeep and the managed finalizer in one write first; one the
 //     placement loop bound has them.
+//   - A placed VM the hub holds no record of the binding of (one placed by
+//     a hub from before the records) has its sealed binding recorded.
 //   - The managed reconciler: Connect, Observe, then Update or Delete.
 //   - An Observe-only VM with a guest to claim has its intent published:
 //     the managed reconciler never calls Update for it.
@@ -110,6 +112,9 @@ func (a *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := a.c.keepFinalizer(ctx, vm); err != nil {
 		return reconcile.Result{}, err
 	}
+	if err := a.recordBinding(ctx, vm); err != nil {
+		return reconcile.Result{}, err
+	}
 	if wrote, err := a.c.recordShape(ctx, vm); err != nil || wrote {
 		// The status write passes no event filter of this controller
 		// (it watches desired state): come back to publish the new shape.
@@ -125,6 +130,28 @@ func (a *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return res, err
 	}
 	return res, a.publishObserveOnly(ctx, vm)
+}
+
+// recordBinding has the hub record the binding of a placed VM it holds no
+// record of (external.recordBinding). Most VMs have one: only those
+// without are connected for it.
+func (a *reconciler) recordBinding(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
+	if meta.WasDeleted(vm) || vm.GetAnnotations()[v1alpha1.AnnotationNode] == "" {
+		return nil
+	}
+	for _, f := range a.c.opts.Pool.Fleets() {
+		if held, err := f.Held(string(vm.UID)); err != nil || held != nil {
+			// Unread records fail Observe, which comes back for them.
+			return nil
+		}
+	}
+	ext, err := a.c.connect(ctx, vm)
+	if err != nil {
+		// The managed reconciler's Connect fails the same way, and shows
+		// it in the VM's Synced condition.
+		return nil
+	}
+	return ext.recordBinding(ctx, vm)
 }
 
 // restartElsewhere moves a VM with availability Restart off its node once

@@ -83,7 +83,7 @@ func TestABindingChangedByHandMovesNoGuest(t *testing.T) {
 			env.Get(t, vm)
 			require.Equal(t, "node1", vm.GetAnnotations()[v1alpha1.AnnotationNode])
 
-			assertHeldOnNode2(t, env, vm, ns)
+			assertHeldOnNode2(t, env, f.Fleet, vm, ns)
 			assert.NotEqual(t, v1alpha1.PhaseFailed, vm.Status.AtProvider.Phase, "a VM whose guest runs is not shown Failed")
 			env.Get(t, vm)
 			assert.Equal(t, "node2", vm.GetAnnotations()[v1alpha1.AnnotationNode], "the hub wrote back the binding the VM holds")
@@ -163,62 +163,14 @@ func TestATenantWritingStatusRewindsNoBinding(t *testing.T) {
 	}
 	env := controllertest.Start(t, []string{"node1", "node2"}, func(ctrl.Manager, controller.Options, *controllertest.Env) error { return nil })
 	f := env.Fleet
-	keys := []string{v1alpha1.AnnotationNode, v1alpha1.AnnotationBindingEpoch, v1alpha1.AnnotationSeal}
-
-	cases := map[string]struct {
-		// forge is the binding the tenant writes into status, from the
-		// one the VM held on node1.
-		forge func(earlier v1alpha1.Binding) v1alpha1.Binding
-		// annotate is what the tenant writes over the VM's annotations,
-		// from those of its binding to node1.
-		annotate func(earlier, a map[string]string)
-	}{
-		"AnEarlierBindingWithItsSeal": {
-			forge: func(earlier v1alpha1.Binding) v1alpha1.Binding { return earlier },
-			annotate: func(earlier, a map[string]string) {
-				for _, k := range keys {
-					a[k] = earlier[k]
-				}
-			},
-		},
-		"ANewerBindingWithoutASeal": {
-			forge: func(earlier v1alpha1.Binding) v1alpha1.Binding {
-				earlier.Epoch += 1_000_000_000_000_000
-				return earlier
-			},
-			annotate: func(_, a map[string]string) {
-				a[v1alpha1.AnnotationNode] = "node1"
-				delete(a, v1alpha1.AnnotationSeal)
-			},
-		},
-	}
-	for name, tc := range cases {
+	for name, tc := range statusRewinds {
 		t.Run(name, func(t *testing.T) {
 			ns := env.Namespace(t)
-			tenant := tenantClient(t, env, ns)
-			vm := env.VM(t, ns, "moved", "", false, v1alpha1.PhaseRunning)
-			hubBinds(t, env, vm, "node1")
-			earlier := maps.Clone(vm.GetAnnotations())
-			earlierBinding := *vm.Status.AtProvider.Binding
-			hubBinds(t, env, vm, "node2")
-			_, err := bus.Put(env.Ctx, f.Bus, wire.GuestIntents, "node2", string(vm.UID), wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: string(vm.UID), Namespace: ns, Name: vm.Name, Running: true})
-			require.NoError(t, err)
+			vm, before := movedToNode2(t, env, ns)
 
-			// The tenant's steps, with its own rights.
-			mine := &v1alpha1.VirtualMachine{}
-			require.NoError(t, tenant.Get(env.Ctx, client.ObjectKeyFromObject(vm), mine))
-			forged := tc.forge(earlierBinding)
-			mine.Status.AtProvider.Binding = &forged
-			require.NoError(t, tenant.Status().Update(env.Ctx, mine), "the tenant may write the VM's status")
-			a := maps.Clone(mine.GetAnnotations())
-			tc.annotate(earlier, a)
-			mine.SetAnnotations(a)
-			require.NoError(t, tenant.Update(env.Ctx, mine), "the tenant may write the VM's annotations")
-			env.Get(t, vm)
-			require.Equal(t, forged, *vm.Status.AtProvider.Binding)
-			require.Equal(t, "node1", vm.GetAnnotations()[v1alpha1.AnnotationNode])
+			tc.rewind(t, env, vm, before)
 
-			assertHeldOnNode2(t, env, vm, ns)
+			assertHeldOnNode2(t, env, f.Fleet, vm, ns)
 			env.Get(t, vm)
 			assert.Equal(t, "node2", vm.GetAnnotations()[v1alpha1.AnnotationNode], "the hub wrote back the binding the VM holds")
 			assert.True(t, f.Sealed(vm), "the binding written back is sealed")
@@ -229,14 +181,135 @@ func TestATenantWritingStatusRewindsNoBinding(t *testing.T) {
 	}
 }
 
+// TestAVMPlacedBeforeTheRecordsIsRecordedOnStart pins that a VM placed by
+// a hub from before the binding records (wire.BindingRecord) is as safe
+// from a tenant who writes its status and annotations as any other, from
+// the hub's first reconcile of it after an upgrade: the hub records the
+// binding sealed in its annotations, the one it trusted until then,
+// without publishing the intent again.
+//
+// The attacker's steps are TestATenantWritingStatusRewindsNoBinding's, on
+// a VM the older hub moved from node1 to node2 and left without a record,
+// once the upgraded hub started. Before, the upgraded hub recorded the
+// binding only with the VM's next publish, and until then took the
+// earlier seal the tenant wrote back for the VM's own: it counted the VM
+// on node1 and its stray sweep deleted the intent on node2, and so the
+// running guest.
+func TestAVMPlacedBeforeTheRecordsIsRecordedOnStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a kube-apiserver and a nats-server; skipped with -short")
+	}
+	env := controllertest.Start(t, []string{"node1", "node2"}, func(ctrl.Manager, controller.Options, *controllertest.Env) error { return nil })
+	for name, tc := range statusRewinds {
+		t.Run(name, func(t *testing.T) {
+			ns := env.Namespace(t)
+			vm, before := movedToNode2(t, env, ns)
+			published, ok := controllertest.Stored(t, env.Fleet, wire.GuestIntents, "node2", string(vm.UID))
+			require.True(t, ok)
+			// What a hub from before the records leaves: no record.
+			key, err := wire.BindingKey(string(vm.UID))
+			require.NoError(t, err)
+			require.NoError(t, env.Fleet.Bus.Delete(env.Ctx, wire.BucketIntents, key))
+
+			f := env.Fleet.Restarted(t)
+			held, err := f.Held(string(vm.UID))
+			require.NoError(t, err)
+			require.Nil(t, held, "the upgraded hub finds no record")
+			g, err := providerconfig.GrantOf(env.Ctx, env.Kube, ns)
+			require.NoError(t, err)
+			e := &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube}, fleet: f, grant: g}
+			require.NoError(t, e.recordBinding(env.Ctx, vm), "the VM's first reconcile")
+			held, err = f.Held(string(vm.UID))
+			require.NoError(t, err)
+			require.NotNil(t, held, "the record is back")
+			assert.Equal(t, *vm.Status.AtProvider.Binding, *held, "the record is the binding the VM held")
+			again, ok := controllertest.Stored(t, env.Fleet, wire.GuestIntents, "node2", string(vm.UID))
+			require.True(t, ok)
+			assert.Equal(t, published, again, "the intent is not published again")
+
+			tc.rewind(t, env, vm, before)
+
+			assertHeldOnNode2(t, env, f, vm, ns)
+		})
+	}
+}
+
+// movedToNode2 makes VM "moved" in ns and has the hub bind it to node1,
+// then move it to node2 and publish its intent there. It returns the VM
+// and what the VM was while on node1.
+func movedToNode2(t *testing.T, env *controllertest.Env, ns string) (*v1alpha1.VirtualMachine, *v1alpha1.VirtualMachine) {
+	t.Helper()
+	vm := env.VM(t, ns, "moved", "", false, v1alpha1.PhaseRunning)
+	hubBinds(t, env, vm, "node1")
+	before := vm.DeepCopy()
+	hubBinds(t, env, vm, "node2")
+	_, err := bus.Put(env.Ctx, env.Fleet.Bus, wire.GuestIntents, "node2", string(vm.UID), wire.Intent{ProtocolVersion: wire.ProtocolVersion, UID: string(vm.UID), Namespace: ns, Name: vm.Name, Running: true})
+	require.NoError(t, err)
+	return vm, before
+}
+
+// statusRewind is one way a tenant with Crossplane's aggregated edit
+// rights in its namespace tries to rewind a VM, kept as it was on an
+// earlier binding (before), to that binding, writing the VM's status and
+// annotations.
+type statusRewind struct {
+	// forge is the binding the tenant writes into status, from the one
+	// the VM held before.
+	forge func(earlier v1alpha1.Binding) v1alpha1.Binding
+	// annotate is what the tenant writes over the VM's annotations, from
+	// those it had before.
+	annotate func(earlier, a map[string]string)
+}
+
+// statusRewinds are the attacks TestATenantWritingStatusRewindsNoBinding
+// describes, by name.
+var statusRewinds = map[string]statusRewind{
+	"AnEarlierBindingWithItsSeal": {
+		forge: func(earlier v1alpha1.Binding) v1alpha1.Binding { return earlier },
+		annotate: func(earlier, a map[string]string) {
+			for _, k := range []string{v1alpha1.AnnotationNode, v1alpha1.AnnotationBindingEpoch, v1alpha1.AnnotationSeal} {
+				a[k] = earlier[k]
+			}
+		},
+	},
+	"ANewerBindingWithoutASeal": {
+		forge: func(earlier v1alpha1.Binding) v1alpha1.Binding {
+			earlier.Epoch += 1_000_000_000_000_000
+			return earlier
+		},
+		annotate: func(_, a map[string]string) {
+			a[v1alpha1.AnnotationNode] = "node1"
+			delete(a, v1alpha1.AnnotationSeal)
+		},
+	},
+}
+
+// rewind takes the tenant's steps, with its own rights, on vm, and reads
+// vm back.
+func (r statusRewind) rewind(t *testing.T, env *controllertest.Env, vm, before *v1alpha1.VirtualMachine) {
+	t.Helper()
+	tenant := tenantClient(t, env, vm.Namespace)
+	mine := &v1alpha1.VirtualMachine{}
+	require.NoError(t, tenant.Get(env.Ctx, client.ObjectKeyFromObject(vm), mine))
+	forged := r.forge(*before.Status.AtProvider.Binding)
+	mine.Status.AtProvider.Binding = &forged
+	require.NoError(t, tenant.Status().Update(env.Ctx, mine), "the tenant may write the VM's status")
+	a := maps.Clone(mine.GetAnnotations())
+	r.annotate(before.GetAnnotations(), a)
+	mine.SetAnnotations(a)
+	require.NoError(t, tenant.Update(env.Ctx, mine), "the tenant may write the VM's annotations")
+	env.Get(t, vm)
+	require.Equal(t, forged, *vm.Status.AtProvider.Binding)
+	require.Equal(t, "node1", vm.GetAnnotations()[v1alpha1.AnnotationNode])
+}
+
 // assertHeldOnNode2 checks that what a tenant wrote left the VM bound where
 // the hub bound it last, node2: no seal of the tenant's, counted on node2
 // alone, the intent there kept by the stray sweep, and Observe restoring
 // the binding the hub recorded.
-func assertHeldOnNode2(t *testing.T, env *controllertest.Env, vm *v1alpha1.VirtualMachine, ns string) {
+func assertHeldOnNode2(t *testing.T, env *controllertest.Env, f *fleet.Fleet, vm *v1alpha1.VirtualMachine, ns string) {
 	t.Helper()
-	f := env.Fleet
-	fleets := []*fleet.Fleet{f.Fleet}
+	fleets := []*fleet.Fleet{f}
 	assert.False(t, f.Sealed(vm), "what the tenant wrote seals no binding")
 	for node, want := range map[string]bool{"node1": false, "node2": true} {
 		on, err := IsOn(env.Ctx, env.Kube, vm, node, fleets)
@@ -244,13 +317,13 @@ func assertHeldOnNode2(t *testing.T, env *controllertest.Env, vm *v1alpha1.Virtu
 		assert.Equal(t, want, on, "the VM counts on %s", node)
 	}
 	s := NewStrays(env.Kube, env.Kube, func() []*fleet.Fleet { return fleets }, time.Hour, logging.NewNopLogger())
-	require.NoError(t, s.Sweep(env.Ctx, f.Fleet))
-	_, ok := controllertest.Stored(t, f, wire.GuestIntents, "node2", string(vm.UID))
+	require.NoError(t, s.Sweep(env.Ctx, f))
+	_, ok := controllertest.Stored(t, env.Fleet, wire.GuestIntents, "node2", string(vm.UID))
 	assert.True(t, ok, "the intent of the binding the VM holds is kept, and its guest runs on")
 
 	g, err := providerconfig.GrantOf(env.Ctx, env.Kube, ns)
 	require.NoError(t, err)
-	e := &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube}, fleet: f.Fleet, grant: g}
+	e := &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube}, fleet: f, grant: g}
 	_, err = e.Observe(context.Background(), vm)
 	var restored *RestoredBindingError
 	require.ErrorAs(t, err, &restored)

@@ -85,6 +85,29 @@ func AdmittedOn(ctx context.Context, kube client.Reader, vms []v1alpha1.VirtualM
 	return out, nil
 }
 
+// recordBinding records the sealed binding of vm, a placed VM, where the
+// hub holds no record of it: a VM placed by a hub from before the records
+// (Fleet.Record) has none until its intent is next published, and that
+// may be never (an Observe-only VM, a spec its node no longer fits), while
+// without a record an earlier binding's seal copied back by hand passes
+// for the VM's own. The binding sealed in its annotations is the one the
+// hub trusted until now, so it is recorded as it is, on the VM's first
+// reconcile after the hub starts; the intent is left as published.
+func (e *external) recordBinding(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
+	held, err := e.fleet.Held(string(vm.UID))
+	if err != nil || held != nil {
+		return err
+	}
+	b := e.fleet.Binding(vm)
+	if b == nil {
+		return nil
+	}
+	if err := e.fleet.Record(ctx, string(vm.UID), *b); err != nil {
+		return e.busFailed(string(vm.UID), err)
+	}
+	return nil
+}
+
 // recordedAsShown says whether the hub's record of the VM's binding (held)
 // is the binding the VM shows: one the hub sealed and has not recorded
 // yet makes the VM out of date, so that its next publish records it.
