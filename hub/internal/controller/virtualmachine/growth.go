@@ -15,6 +15,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/hub/internal/quota"
 )
@@ -74,8 +75,9 @@ func declaredShape(vm *v1alpha1.VirtualMachine) (int32, int64) {
 // node only once the hub admitted the growth against its namespace's
 // storage quota and recorded the new size (Fleet.RecordSize), where no
 // tenant can write; one past the quota keeps the size in effect and says
-// why. A Volume without a record yet was admitted with its VM's placement
-// (quota.Counter.Admit), and its size is recorded as it is.
+// why. The placement that makes a Volume records the size it admitted
+// (recordAdmittedSizes); one without a record was bound by a hub from
+// before the records, and its size is recorded as it is.
 func (e *external) sizeVolumes(ctx context.Context, d *dependencies) error {
 	d.sizes, d.grows, d.heldGrowth = map[types.UID]int64{}, map[types.UID]int64{}, nil
 	for i := range d.volumes {
@@ -108,6 +110,24 @@ func (e *external) sizeVolumes(ctx context.Context, d *dependencies) error {
 			}
 		}
 		d.grows[v.UID] = want
+	}
+	return nil
+}
+
+// recordAdmittedSizes records the size of each of volumes that a VM's
+// placement makes, those on no node yet, as the namespace's quota admitted
+// it (quota.Counter.Admit): a size raised between the placement and the
+// first publish is then a growth like any other (sizeVolumes), not a size
+// first recorded unchecked.
+func recordAdmittedSizes(ctx context.Context, f *fleet.Fleet, volumes []v1alpha1.Volume) error {
+	for i := range volumes {
+		v := &volumes[i]
+		if v.GetAnnotations()[v1alpha1.AnnotationNode] != "" || meta.GetExternalName(v) != "" {
+			continue
+		}
+		if err := f.RecordSize(ctx, string(v.UID), v.Spec.ForProvider.Size.Value()); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -472,6 +472,11 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 		s.quotas.Forget(vm.UID)
 		return binding{}, errors.Wrap(err, "cannot place the VM")
 	}
+	if err := recordAdmittedSizes(ctx, f, d.volumes); err != nil {
+		s.placer.Release(string(vm.UID))
+		s.quotas.Forget(vm.UID)
+		return binding{}, err
+	}
 	return binding{vm: vm, node: node, fleet: f}, nil
 }
 

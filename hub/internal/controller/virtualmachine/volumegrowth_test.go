@@ -3,6 +3,7 @@ package virtualmachine
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,9 +17,12 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/controllertest"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/hub/internal/quota"
 )
 
@@ -26,22 +30,36 @@ import (
 // against its namespace's storage quota: the node is sent the larger size
 // only once the hub admitted it, and a growth past the quota leaves the
 // Volume at its size in effect, counted at that size, with the limit named
-// in the VM's Ready message.
+// in the VM's Ready message. It holds from the moment the placement loop
+// admitted the Volume with its VM, before anything was published.
 //
 // Attacker's steps, a tenant whose namespace has a TenantQuota of 10Gi of
-// storage and an 8Gi Volume on node1 attached to its running VM:
-// `kubectl -n team patch volume root --type merge -p
-// '{"spec":{"forProvider":{"size":"100Gi"}}}'`. Before, the hub sent node1
-// the new size at once, the guest's disk grew to 100Gi, and no quota ever
-// said no.
+// storage and an 8Gi Volume attached to its VM:
+//   - AfterTheFirstPublish: the Volume is on node1 and the VM runs; `kubectl
+//     -n team patch volume root --type merge -p
+//     '{"spec":{"forProvider":{"size":"100Gi"}}}'`. Before, the hub sent
+//     node1 the new size at once, the guest's disk grew to 100Gi, and no
+//     quota ever said no.
+//   - BeforeTheFirstPublish: the same patch the moment the placement loop
+//     placed the VM (kubectl get vm web -w shows its node), before the hub
+//     first published its intent. Before, the placement loop admitted the
+//     Volume at 8Gi, the first publish recorded whatever size the spec then
+//     had, unchecked, and node1 made a 100Gi disk.
 func TestAVolumeGrowsOnlyWithinQuota(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs a kube-apiserver and a nats-server; skipped with -short")
 	}
-	env := controllertest.Start(t, []string{"node1"}, func(ctrl.Manager, controller.Options, *controllertest.Env) error { return nil })
+	var counter *quota.Counter
+	env := controllertest.Start(t, []string{"node1"}, func(mgr ctrl.Manager, _ controller.Options, e *controllertest.Env) error {
+		counter = quota.NewCounter(e.Kube, func() []*fleet.Fleet { return []*fleet.Fleet{e.Fleet.Fleet} })
+		return mgr.Add(NewScheduler(mgr.GetClient(), mgr.GetCache(), e.Pool, placement.New(), counter, &fleettest.Recorder{}, logging.NewNopLogger(), false))
+	})
 	f := env.Fleet
-	counter := quota.NewCounter(env.Kube, func() []*fleet.Fleet { return []*fleet.Fleet{f.Fleet} })
+	f.Agent("node1").Heartbeat(wire.NodeHeartbeat{Backend: "libvirt", Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30}})
 
+	// published is whether the hub published the VM's intent, with its
+	// Volume at 8Gi, before the tenant's step.
+	published := map[string]bool{"AfterTheFirstPublish": true, "BeforeTheFirstPublish": false}
 	cases := map[string]struct {
 		grow string
 		// want is the size node1 is sent once the hub recorded what it
@@ -52,52 +70,62 @@ func TestAVolumeGrowsOnlyWithinQuota(t *testing.T) {
 		"PastTheQuota": {grow: "100Gi", want: "8Gi",
 			held: "Volume root keeps its size of 8Gi: quota of namespace %s exceeded: storage would be 100Gi of 10Gi (TenantQuota %s; 8Gi in use, this Volume's growth 92Gi)"},
 	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			ns := env.Namespace(t)
-			require.NoError(t, env.Kube.Create(env.Ctx, &apisv1alpha1.TenantQuota{
-				ObjectMeta: metav1.ObjectMeta{Name: ns},
-				Spec:       apisv1alpha1.TenantQuotaSpec{Namespace: ns, Hard: apisv1alpha1.QuotaAmounts{Storage: ptr.To(resource.MustParse("10Gi"))}},
-			}))
-			root := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "root"}}
-			root.Spec.ForProvider.Size = resource.MustParse("8Gi")
-			require.NoError(t, env.Kube.Create(env.Ctx, root))
-			root.SetAnnotations(map[string]string{v1alpha1.AnnotationNode: "node1", v1alpha1.AnnotationSeal: f.Seal(string(root.UID), "node1", "")})
-			require.NoError(t, env.Kube.Update(env.Ctx, root))
-			vm := env.VM(t, ns, "web", "node1", true, v1alpha1.PhaseRunning)
-			// Placement admitted the Volume at 8Gi, and the hub recorded
-			// that size with its first intent.
-			require.NoError(t, f.RecordSize(env.Ctx, string(root.UID), 8<<30))
+	for when, first := range published {
+		for name, tc := range cases {
+			t.Run(when+"/"+name, func(t *testing.T) {
+				ns := env.Namespace(t)
+				require.NoError(t, env.Kube.Create(env.Ctx, &apisv1alpha1.TenantQuota{
+					ObjectMeta: metav1.ObjectMeta{Name: ns},
+					Spec:       apisv1alpha1.TenantQuotaSpec{Namespace: ns, Hard: apisv1alpha1.QuotaAmounts{Storage: ptr.To(resource.MustParse("10Gi"))}},
+				}))
+				root := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "root"}}
+				root.Spec.ForProvider.Size = resource.MustParse("8Gi")
+				require.NoError(t, env.Kube.Create(env.Ctx, root))
+				vm := controllertest.Await(t, env, env.VM(t, ns, "web", "", false, ""), 30*time.Second, func(c *assert.CollectT, got *v1alpha1.VirtualMachine) {
+					assert.Equal(c, "node1", got.GetAnnotations()[v1alpha1.AnnotationNode], "the placement loop placed the VM")
+				})
+				g, err := providerconfig.GrantOf(env.Ctx, env.Kube, ns)
+				require.NoError(t, err)
+				e := &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube, reader: env.Kube, opts: Options{Quotas: counter}}, fleet: f.Fleet, grant: g}
+				// publish does what Update does before it publishes: bind
+				// the VM's Volumes to its node and record their sizes.
+				publish := func() dependencies {
+					t.Helper()
+					d, err := e.resolve(env.Ctx, vm)
+					require.NoError(t, err)
+					require.NoError(t, e.bindVolumes(env.Ctx, d, "node1"))
+					require.NoError(t, e.recordGrowth(env.Ctx, &d))
+					return d
+				}
+				if first {
+					publish()
+				}
 
-			// The tenant's step.
-			root.Spec.ForProvider.Size = resource.MustParse(tc.grow)
-			require.NoError(t, env.Kube.Update(env.Ctx, root))
+				// The tenant's step.
+				env.Get(t, root)
+				root.Spec.ForProvider.Size = resource.MustParse(tc.grow)
+				require.NoError(t, env.Kube.Update(env.Ctx, root))
 
-			want := resource.MustParse(tc.want)
-			g, err := providerconfig.GrantOf(env.Ctx, env.Kube, ns)
-			require.NoError(t, err)
-			e := &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube, opts: Options{Quotas: counter}}, fleet: f.Fleet, grant: g}
-			d, err := e.resolve(env.Ctx, vm)
-			require.NoError(t, err)
-			// What Update does before it publishes.
-			require.NoError(t, e.recordGrowth(env.Ctx, &d))
-			sent := e.plan(vm, d, "node1")["node1"].Machine.Disks
-			require.Len(t, sent, 1)
-			assert.Equal(t, want.Value(), sent[0].SizeBytes, "the size node1 is sent")
-			if tc.held == "" {
-				assert.Empty(t, d.heldGrowth)
-			} else {
-				assert.Equal(t, []string{fmt.Sprintf(tc.held, ns, ns)}, d.heldGrowth)
-			}
-			used, err := counter.Used(env.Ctx, ns)
-			require.NoError(t, err)
-			assert.Equal(t, want.Value(), used.StorageBytes, "the namespace holds the size in effect")
+				want := resource.MustParse(tc.want)
+				d := publish()
+				sent := e.plan(vm, d, "node1")["node1"].Machine.Disks
+				require.Len(t, sent, 1)
+				assert.Equal(t, want.Value(), sent[0].SizeBytes, "the size node1 is sent")
+				if tc.held == "" {
+					assert.Empty(t, d.heldGrowth)
+				} else {
+					assert.Equal(t, []string{fmt.Sprintf(tc.held, ns, ns)}, d.heldGrowth)
+				}
+				used, err := counter.Used(env.Ctx, ns)
+				require.NoError(t, err)
+				assert.Equal(t, want.Value(), used.StorageBytes, "the namespace holds the size in effect")
 
-			// The hub, reconciling again, sends what it sent.
-			d, err = e.resolve(env.Ctx, vm)
-			require.NoError(t, err)
-			assert.Empty(t, d.grows, "nothing more to admit")
-			assert.Equal(t, want.Value(), e.plan(vm, d, "node1")["node1"].Machine.Disks[0].SizeBytes)
-		})
+				// The hub, reconciling again, sends what it sent.
+				d, err = e.resolve(env.Ctx, vm)
+				require.NoError(t, err)
+				assert.Empty(t, d.grows, "nothing more to admit")
+				assert.Equal(t, want.Value(), e.plan(vm, d, "node1")["node1"].Machine.Disks[0].SizeBytes)
+			})
+		}
 	}
 }
