@@ -325,6 +325,19 @@ func (c *Counter) FitsGrowth(ctx context.Context, v *v1alpha1.Volume, size int64
 	})
 }
 
+// HeldGrowth says why v, on a node, keeps a size smaller than its spec's:
+// the size in effect, and the ExceededError of its growth. It is nil when
+// v holds its spec's size, or grows within every TenantQuota of its
+// namespace (the hub sends the growth with its VM's next intent). The
+// tenant edits the Volume, not its VM, so the Volume says so too.
+func (c *Counter) HeldGrowth(ctx context.Context, v *v1alpha1.Volume) (int64, error) {
+	size, err := c.sizeInEffect(v)
+	if err != nil || size >= v.Spec.ForProvider.Size.Value() {
+		return size, err
+	}
+	return size, c.FitsGrowth(ctx, v, size)
+}
+
 // AdmitAddresses says whether vm, which is to hold one address on each of
 // networks of its networks whose addresses are the hub's, may be given
 // those it does not hold yet (nil, or an ExceededError), and if so counts

@@ -150,6 +150,25 @@ func (e *Env) VM(t *testing.T, namespace, name, node string, sealed bool, phase 
 	return vm
 }
 
+// StorageQuota gives namespace a TenantQuota, named after it, of storage
+// alone.
+func (e *Env) StorageQuota(t *testing.T, namespace, storage string) {
+	t.Helper()
+	require.NoError(t, e.Kube.Create(e.Ctx, &apisv1alpha1.TenantQuota{
+		ObjectMeta: metav1.ObjectMeta{Name: namespace},
+		Spec:       apisv1alpha1.TenantQuotaSpec{Namespace: namespace, Hard: apisv1alpha1.QuotaAmounts{Storage: ptr.To(resource.MustParse(storage))}},
+	}))
+}
+
+// Volume creates Volume name of size in namespace, on no node.
+func (e *Env) Volume(t *testing.T, namespace, name, size string) *v1alpha1.Volume {
+	t.Helper()
+	v := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	v.Spec.ForProvider.Size = resource.MustParse(size)
+	require.NoError(t, e.Kube.Create(e.Ctx, v))
+	return v
+}
+
 // Get reads o (by its namespace and name) from the API server.
 func (e *Env) Get(t *testing.T, o client.Object) {
 	t.Helper()

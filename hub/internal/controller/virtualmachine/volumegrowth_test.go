@@ -8,15 +8,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/controllertest"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
@@ -74,13 +71,8 @@ func TestAVolumeGrowsOnlyWithinQuota(t *testing.T) {
 		for name, tc := range cases {
 			t.Run(when+"/"+name, func(t *testing.T) {
 				ns := env.Namespace(t)
-				require.NoError(t, env.Kube.Create(env.Ctx, &apisv1alpha1.TenantQuota{
-					ObjectMeta: metav1.ObjectMeta{Name: ns},
-					Spec:       apisv1alpha1.TenantQuotaSpec{Namespace: ns, Hard: apisv1alpha1.QuotaAmounts{Storage: ptr.To(resource.MustParse("10Gi"))}},
-				}))
-				root := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "root"}}
-				root.Spec.ForProvider.Size = resource.MustParse("8Gi")
-				require.NoError(t, env.Kube.Create(env.Ctx, root))
+				env.StorageQuota(t, ns, "10Gi")
+				root := env.Volume(t, ns, "root", "8Gi")
 				vm := controllertest.Await(t, env, env.VM(t, ns, "web", "", false, ""), 30*time.Second, func(c *assert.CollectT, got *v1alpha1.VirtualMachine) {
 					assert.Equal(c, "node1", got.GetAnnotations()[v1alpha1.AnnotationNode], "the placement loop placed the VM")
 				})

@@ -43,7 +43,10 @@ func intentOf(v *v1alpha1.Volume) wire.VolumeIntent {
 func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.Volume, users inuse.Users) (xpv2.Condition, error) {
 	ready, err := observe(ctx, kube, v, users)
 	ext := meta.GetExternalName(v)
-	if err == nil && ext == "" && v.Status.AtProvider.Node == "" && r.quotas != nil {
+	if err == nil && ext == "" && r.quotas != nil {
+		if v.Status.AtProvider.Node != "" {
+			return r.growable(ctx, v, ready)
+		}
 		return r.admissible(ctx, v, ready)
 	}
 	if err != nil || ext == "" {
@@ -115,6 +118,20 @@ func (r *Releaser) admissible(ctx context.Context, v *v1alpha1.Volume, ready xpv
 	switch err := r.quotas.FitsVolume(ctx, v); {
 	case errors.As(err, &exceeded):
 		return xpv2.Unavailable().WithMessage("made on no node: " + err.Error()), nil
+	case err != nil:
+		return ready, err
+	}
+	return ready, nil
+}
+
+// growable is ready, v's Ready condition, saying why v keeps its size when
+// its namespace's quota holds its growth: Available still, at the size it
+// has, naming the limit.
+func (r *Releaser) growable(ctx context.Context, v *v1alpha1.Volume, ready xpv2.Condition) (xpv2.Condition, error) {
+	var exceeded *quota.ExceededError
+	switch size, err := r.quotas.HeldGrowth(ctx, v); {
+	case errors.As(err, &exceeded):
+		return ready.WithMessage(fmt.Sprintf("keeps its size of %s: %v", resource.NewQuantity(size, resource.BinarySI), err)), nil
 	case err != nil:
 		return ready, err
 	}
