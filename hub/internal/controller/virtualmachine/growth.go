@@ -76,8 +76,8 @@ func declaredShape(vm *v1alpha1.VirtualMachine) (int32, int64) {
 // storage quota and recorded the new size (Fleet.RecordSize), where no
 // tenant can write; one past the quota keeps the size in effect and says
 // why. The placement that makes a Volume records the size it admitted
-// (recordAdmittedSizes); one without a record was bound by a hub from
-// before the records, and its size is recorded as it is.
+// (recordAdmittedSizes); one without a record is admitted whole
+// (admitAttached) and its size recorded as it is.
 func (e *external) sizeVolumes(ctx context.Context, d *dependencies) error {
 	d.sizes, d.grows, d.heldGrowth = map[types.UID]int64{}, map[types.UID]int64{}, nil
 	for i := range d.volumes {
@@ -92,6 +92,9 @@ func (e *external) sizeVolumes(ctx context.Context, d *dependencies) error {
 		case err != nil:
 			return err
 		case !ok:
+			if err := e.admitAttached(ctx, v); err != nil {
+				return err
+			}
 			d.grows[v.UID] = want
 			continue
 		case want <= size:
@@ -112,6 +115,19 @@ func (e *external) sizeVolumes(ctx context.Context, d *dependencies) error {
 		d.grows[v.UID] = want
 	}
 	return nil
+}
+
+// admitAttached says whether v, which has no size recorded, may be made at
+// its spec's size (an error naming the limit if not). The placement that
+// makes a Volume records its size (recordAdmittedSizes), so one on no node
+// without a record was attached to its VM after the VM was placed, and
+// nothing admitted it yet. One on a node without a record was bound by a
+// hub from before the records, and is there.
+func (e *external) admitAttached(ctx context.Context, v *v1alpha1.Volume) error {
+	if v.GetAnnotations()[v1alpha1.AnnotationNode] != "" || e.opts.Quotas == nil {
+		return nil
+	}
+	return errors.Wrapf(e.opts.Quotas.FitsVolume(ctx, v), "cannot make Volume %s", v.Name)
 }
 
 // recordAdmittedSizes records the size of each of volumes that a VM's
