@@ -77,3 +77,35 @@ func TestAVolumeWhoseGrowthIsHeldSaysSo(t *testing.T) {
 		})
 	}
 }
+
+// TestAVolumeDeletedOnNoNodeLeavesNoSizeRecord pins that the size a VM's
+// placement recorded for a Volume goes with the Volume when the VM went
+// before it bound the Volume: nothing else would remove it from the
+// intents bucket.
+func TestAVolumeDeletedOnNoNodeLeavesNoSizeRecord(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a kube-apiserver and a nats-server; skipped with -short")
+	}
+	env := controllertest.Start(t, []string{"node1"}, func(ctrl.Manager, controller.Options, *controllertest.Env) error { return nil })
+	f := env.Fleet
+
+	for name, placed := range map[string]bool{"RecordedByAPlacement": true, "NeverPlaced": false} {
+		t.Run(name, func(t *testing.T) {
+			root := env.Volume(t, env.Namespace(t), "root", "8Gi")
+			if placed {
+				require.NoError(t, f.RecordSize(env.Ctx, string(root.UID), 8<<30))
+			}
+
+			r := NewReleaser(env.Kube, env.Pool, time.Minute, wake.NewNotifier(perobject.NewOwner(nil)), event.NewNopRecorder(), perobject.NewOwner(nil))
+			// As the Volume controller reads it: with its kind, which the
+			// ProviderConfigUsage of it names.
+			root.SetGroupVersionKind(v1alpha1.VolumeGroupVersionKind)
+			released, err := r.Release(env.Ctx, root)
+			require.NoError(t, err)
+			assert.True(t, released, "a Volume on no node goes at once")
+			_, ok, err := f.Restarted(t).SizeInEffect(string(root.UID))
+			require.NoError(t, err)
+			assert.False(t, ok, "the intents bucket holds no size of the Volume")
+		})
+	}
+}

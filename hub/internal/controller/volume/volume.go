@@ -137,7 +137,7 @@ func NewReleaser(kube client.Client, pool Fleets, fencing time.Duration, notifie
 func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error) {
 	node := v.GetAnnotations()[v1alpha1.AnnotationNode]
 	if node == "" {
-		return true, nil
+		return r.forgetSize(ctx, v)
 	}
 	if ext := meta.GetExternalName(v); ext != "" {
 		// A volume the namespace may not import was never asked of the
@@ -189,6 +189,25 @@ func (r *Releaser) Release(ctx context.Context, v *v1alpha1.Volume) (bool, error
 		return false, errors.New(fmt.Sprintf("node %s cannot delete the volume yet: %s", node, rep.Report.Message))
 	}
 	return false, nil
+}
+
+// forgetSize removes the size the placement of a VM recorded for v, a
+// Volume on no node, if it recorded one: the VM went before it bound v,
+// and the record goes with v. v is released all the same when its
+// ProviderConfig cannot be read: it never was on a node.
+func (r *Releaser) forgetSize(ctx context.Context, v *v1alpha1.Volume) (bool, error) {
+	f, err := r.fleetOf(ctx, v)
+	if err != nil {
+		// Nothing of v is on a node to wait for.
+		return true, nil
+	}
+	if _, ok, err := f.SizeInEffect(string(v.UID)); err != nil || !ok {
+		return err == nil, err
+	}
+	if err := f.UnrecordSize(ctx, string(v.UID)); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // fleetOf is the Fleet of v's ProviderConfig, whose reports about v now
