@@ -132,13 +132,21 @@ type direct struct {
 	s *Client
 }
 
-// Update forgets an object whose last finalizer it removes: the object is
-// gone once the update lands (the memory's owner forgets the objects that
-// go without such a write once its informer sees them go).
+// Update forgets an object whose last finalizer it removes, once the
+// update landed: the object is gone then (the memory's owner forgets the
+// objects that go without such a write once its informer sees them go).
+// One that did not land leaves the object as it was, and what the hub
+// remembers of it stands: forgotten, the object could not be recorded
+// again within perobject.GoneFor, and a deletion whose progress is
+// remembered (a VM's deleted guest) would wait that long.
 func (d *direct) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
 	if obj.GetDeletionTimestamp() != nil && len(obj.GetFinalizers()) == 0 {
-		d.s.memory.Forget(obj.GetUID())
-		return d.Client.Update(ctx, obj, opts...)
+		uid := obj.GetUID()
+		err := d.Client.Update(ctx, obj, opts...)
+		if err == nil || kerrors.IsNotFound(err) {
+			d.s.memory.Forget(uid)
+		}
+		return err
 	}
 	if d.s.superseded(obj) {
 		return d.s.conflict(obj)

@@ -285,3 +285,63 @@ func TestEqualStatusComparesTheStoredStatusOnly(t *testing.T) {
 	}
 	assert.False(t, equalStatus(base, &metav1.Status{}), "an object without a status struct is never equal")
 }
+
+// TestRemovingTheLastFinalizerForgetsTheObjectOnceItIsGone runs against a
+// real API server. A finalizer removal that conflicts leaves the object,
+// and what the hub remembers of it, as they were: forgotten, the memory
+// would refuse to record it again for perobject.GoneFor, and a VM whose
+// deletion the hub remembers would wait that long for its finalizer.
+func TestRemovingTheLastFinalizerForgetsTheObjectOnceItIsGone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver; skipped with -short")
+	}
+	cp := controlplane.StartForTest(t)
+	informers, ctx := cp.InformersForTest(t)
+	owner := perobject.NewOwner(nil)
+	memory := perobject.NewMap[string](owner)
+	c := NewClient(cp.Client, informers, owner)
+
+	n := &v1alpha1.VirtualNetwork{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "going", Finalizers: []string{"test.virtfleet.io/hold"}},
+		Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{CIDR: "10.0.0.0/24"}},
+	}
+	require.NoError(t, cp.Client.Create(ctx, n))
+	stale := n.DeepCopy()
+	require.NoError(t, cp.Client.Delete(ctx, n))
+	current := &v1alpha1.VirtualNetwork{}
+	require.NoError(t, cp.Client.Get(ctx, client.ObjectKeyFromObject(n), current))
+	require.NotNil(t, current.DeletionTimestamp)
+	memory.Store(n.UID, "deleting")
+
+	steps := []struct {
+		name string
+		obj  *v1alpha1.VirtualNetwork
+		// wantErr is nil for an update that lands.
+		wantErr func(error) bool
+		// remembered is what the memory holds after the update, and
+		// recordable whether it may record the object again.
+		remembered, recordable bool
+	}{
+		{name: "AConflictingRemovalLeavesTheMemory", obj: stale, wantErr: kerrors.IsConflict, remembered: true, recordable: true},
+		{name: "ARemovalThatLandsForgetsTheObject", obj: current, remembered: false, recordable: false},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			o := s.obj.DeepCopy()
+			o.DeletionTimestamp = current.DeletionTimestamp
+			o.Finalizers = nil
+			err := c.Update(ctx, o)
+			if s.wantErr != nil {
+				require.Error(t, err)
+				assert.True(t, s.wantErr(err), "unexpected error: %v", err)
+			} else {
+				require.NoError(t, err)
+			}
+			_, ok := memory.Load(n.UID)
+			assert.Equal(t, s.remembered, ok, "whether the memory still holds the object")
+			memory.Store(n.UID, "again")
+			_, ok = memory.Load(n.UID)
+			assert.Equal(t, s.recordable, ok, "whether the object may be recorded again")
+		})
+	}
+}
