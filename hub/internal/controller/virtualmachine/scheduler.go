@@ -318,6 +318,10 @@ type binding struct {
 	fleet *fleet.Fleet
 	// rebound is set when node already runs the VM's guest (guestNode).
 	rebound bool
+	// volumes are the VM's Volumes as placement admitted them: those on
+	// no node have their sizes recorded before the binding is written
+	// (recordAdmittedSizes).
+	volumes []v1alpha1.Volume
 }
 
 // guestNode is the node of f that reports vm's own guest, for a VM that is
@@ -472,12 +476,7 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 		s.quotas.Forget(vm.UID)
 		return binding{}, errors.Wrap(err, "cannot place the VM")
 	}
-	if err := recordAdmittedSizes(ctx, f, d.volumes); err != nil {
-		s.placer.Release(string(vm.UID))
-		s.quotas.Forget(vm.UID)
-		return binding{}, err
-	}
-	return binding{vm: vm, node: node, fleet: f}, nil
+	return binding{vm: vm, node: node, fleet: f, volumes: d.volumes}, nil
 }
 
 // addressesOf is how many addresses the hub is to give vm: one on each of
@@ -521,7 +520,8 @@ func MarkCordoned(ctx context.Context, cache client.Reader, nodes []placement.No
 }
 
 // record writes the node, the orphan adopted and the finalizers of each
-// binding, up to schedulerWriters at once.
+// binding, after the sizes of the Volumes it makes, up to
+// schedulerWriters at once.
 func (s *Scheduler) record(ctx context.Context, bound []binding) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, schedulerWriters)
@@ -538,6 +538,13 @@ func (s *Scheduler) record(ctx context.Context, bound []binding) {
 
 func (s *Scheduler) bind(ctx context.Context, b binding) {
 	vm, key, uid := b.vm, client.ObjectKeyFromObject(b.vm), string(b.vm.UID)
+	if err := recordAdmittedSizes(ctx, b.fleet, b.volumes); err != nil {
+		s.placer.Release(uid)
+		s.quotas.Forget(b.vm.UID)
+		s.log.Info("Cannot record the sizes of the Volumes admitted", "namespace", key.Namespace, "name", key.Name, "error", err)
+		s.queue.AddRateLimited(key)
+		return
+	}
 	a := vm.GetAnnotations()
 	if a == nil {
 		a = map[string]string{}
