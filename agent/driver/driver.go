@@ -299,6 +299,11 @@ type Image struct {
 	// a raw image of that disk. A driver that cannot read backups says so
 	// with a Terminal error.
 	Backup *wire.ImageBackup
+	// Held, instead of the others, is an image whose source is gone: the
+	// node makes disks of it only from the copy it holds, and a node that
+	// holds none fails the disk with a Terminal error, as nothing is left
+	// to make the image of.
+	Held bool
 	// SHA256 is the expected hex digest of the download; empty skips the check.
 	SHA256 string
 	// Format is qcow2 (disks become copy-on-write overlays of the image) or

@@ -229,7 +229,8 @@ func InputOf(img *driver.Image) string {
 // of the call that started the import, which returns long before it ends.
 // An error of run is Failing: shown to the user, and retried after the
 // backoff. A refusal (IsRefusal) is Terminal as well, as is any error run
-// made Terminal: the caller need not retry before img changes.
+// made Terminal: the caller need not retry before img changes. A Held
+// image the node lacks is Terminal at once: nothing is left to import.
 func (s *Imports) Ensure(lifetime context.Context, img *driver.Image, present func() (bool, error), run func(ctx context.Context, img *driver.Image, job *Job) error) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -243,6 +244,11 @@ func (s *Imports) Ensure(lifetime context.Context, img *driver.Image, present fu
 		if ok {
 			delete(s.jobs, img.UID)
 			return "", nil
+		}
+		if img.Held {
+			// A disk made empty would boot as nothing, or be a guest's
+			// data disk without the data: fail it, naming what is gone.
+			return "", driver.Terminalf("image %s is not on this node, and nothing is left to make it of: its source, the volume or snapshot it copies, is gone; only a node that holds the image can make a disk of it", img.Name)
 		}
 	}
 	switch {

@@ -54,6 +54,31 @@ func TestImageClonedFromAVolume(t *testing.T) {
 		require.NoError(t, err, "the image is on the node; its source is no longer needed")
 		assert.Equal(t, driver.PhaseRunning, o.Phase)
 	})
+
+	// The hub names an image whose source is gone Held: a disk of it is
+	// made of the node's copy, or not at all, never empty.
+	held := func(uid string) *driver.Image {
+		return &driver.Image{UID: uid, Name: "golden", Held: true, Format: "qcow2", PruneAfter: time.Hour}
+	}
+	t.Run("AHeldImageMakesADiskOfTheNodesCopy", func(t *testing.T) {
+		e := imageMachine("e", held(img.UID))
+		o, err := ensureUntil(t, d, e)
+		require.NoError(t, err)
+		assert.Equal(t, driver.PhaseRunning, o.Phase, o.Message)
+		disk := volumeXML(t, node, e.Disks[0].Name)
+		require.NotNil(t, disk.BackingStore, "made of the image")
+		assert.Equal(t, image.Target.Path, disk.BackingStore.Path)
+	})
+	t.Run("AHeldImageTheNodeLacksMakesNoDisk", func(t *testing.T) {
+		lacking := held("5d1c0e6a-0000-4000-8000-000000000c02")
+		f := imageMachine("f", lacking)
+		_, err := ensureUntil(t, d, f)
+		require.Error(t, err)
+		assert.True(t, driver.IsTerminal(err), "nothing can mend it but a source: %v", err)
+		assert.Contains(t, err.Error(), "image golden is not on this node, and nothing is left to make it of")
+		assert.False(t, volumeExists(t, l, f.Disks[0].Name), "no empty disk")
+		assert.False(t, volumeExists(t, l, imageVolume(lacking.UID)), "no image either")
+	})
 }
 
 func TestImageCloneFailures(t *testing.T) {

@@ -56,7 +56,7 @@ func machine(in wire.Intent) (driver.Machine, error) {
 				if err != nil {
 					why = ": " + err.Error()
 				}
-				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and one of a url, a sourceVolume, a sourceSnapshot, an externalName or a backup%s", i, why)
+				return driver.Machine{}, driver.Terminalf("malformed intent: machine.disks[%d].image needs a uid and one of a url, a sourceVolume, a sourceSnapshot, an externalName, a backup or held%s", i, why)
 			}
 			disk.Format = im.Format
 			disk.Image = &driver.Image{
@@ -68,6 +68,7 @@ func machine(in wire.Intent) (driver.Machine, error) {
 				SHA256:       im.Checksum,
 				Format:       im.Format,
 				PruneAfter:   time.Duration(im.PruneAfterSeconds) * time.Second,
+				Held:         im.Held,
 			}
 			if src := im.SourceVolume; src != nil {
 				disk.Image.SourceVolume = wire.NameOnNode(in.Namespace, src.Name)

@@ -38,6 +38,10 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 			image: wire.ImageRef{Name: "golden", UID: "img-4", Format: "qcow2", SourceSnapshot: &wire.SourceSnapshot{Volume: *base, Snapshot: "snap-1"}},
 			want:  &driver.Image{UID: "img-4", Namespace: "team-a", Name: "golden", Format: "qcow2", SourceVolume: "team-a_base", SourceSnapshot: "snap-1"},
 		},
+		"AHeldImageNamesNothingToMakeItOf": {
+			image: wire.ImageRef{Name: "golden", UID: "img-5", Format: "qcow2", Held: true},
+			want:  &driver.Image{UID: "img-5", Namespace: "team-a", Name: "golden", Format: "qcow2", Held: true},
+		},
 		"AllowedSourcesBecomePrefixes": {
 			image: wire.ImageRef{Name: "ubuntu", UID: "img-3", URL: "http://10.1.2.3/u.qcow2", AllowedSources: []string{"10.0.0.0/8", "fd00::/8", "192.168.7.9/24"}},
 			want: &driver.Image{UID: "img-3", Namespace: "team-a", Name: "ubuntu", URL: "http://10.1.2.3/u.qcow2", AllowedSources: []netip.Prefix{
@@ -50,15 +54,15 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 		},
 		"BothSourcesAreRefused": {
 			image:   wire.ImageRef{Name: "golden", UID: "img-2", URL: "http://127.0.0.1/u.qcow2", SourceVolume: base},
-			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, a sourceSnapshot, an externalName or a backup: set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup, not more",
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, a sourceSnapshot, an externalName, a backup or held: set exactly one of url, sourceVolume, sourceSnapshot, externalName, backup or held, not more",
 		},
 		"NoSourceIsRefused": {
 			image:   wire.ImageRef{Name: "golden", UID: "img-2"},
-			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, a sourceSnapshot, an externalName or a backup: set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup",
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, a sourceSnapshot, an externalName, a backup or held: set exactly one of url, sourceVolume, sourceSnapshot, externalName, backup or held",
 		},
 		"NoUIDIsRefused": {
 			image:   wire.ImageRef{Name: "golden", URL: "http://127.0.0.1/u.qcow2"},
-			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, a sourceSnapshot, an externalName or a backup",
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, a sourceSnapshot, an externalName, a backup or held",
 		},
 		"ABackupKeepsWhereItIsAndWhichDisk": {
 			image: wire.ImageRef{Name: "restored", UID: "img-4", Format: "raw", Backup: backup},
@@ -68,7 +72,7 @@ func TestMachineTranslatesTheImageSource(t *testing.T) {
 			image: wire.ImageRef{Name: "restored", UID: "img-4", Format: "raw", Backup: &wire.ImageBackup{
 				Location: wire.BackupLocation{Endpoint: "s3.example:9000", Bucket: "backups"}, Namespace: "team-a", ID: "b-1", Disk: "root",
 			}},
-			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, a sourceSnapshot, an externalName or a backup: location.credentials are required",
+			wantErr: "malformed intent: machine.disks[0].image needs a uid and one of a url, a sourceVolume, a sourceSnapshot, an externalName, a backup or held: location.credentials are required",
 		},
 	}
 	for name, tc := range cases {

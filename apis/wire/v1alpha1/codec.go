@@ -178,20 +178,20 @@ func (in Intent) Validate() error {
 }
 
 // Validate reports whether the node can tell where the image comes from:
-// exactly one of URL, SourceVolume, SourceSnapshot, ExternalName or Backup,
-// and a checksum only for a download.
+// exactly one of URL, SourceVolume, SourceSnapshot, ExternalName or
+// Backup, or Held, and a checksum only for a download.
 func (r ImageRef) Validate() error {
 	sources := 0
-	for _, set := range []bool{r.URL != "", r.SourceVolume != nil, r.SourceSnapshot != nil, r.ExternalName != "", r.Backup != nil} {
+	for _, set := range []bool{r.URL != "", r.SourceVolume != nil, r.SourceSnapshot != nil, r.ExternalName != "", r.Backup != nil, r.Held} {
 		if set {
 			sources++
 		}
 	}
 	switch {
 	case sources > 1:
-		return errors.New("set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup, not more")
+		return errors.New("set exactly one of url, sourceVolume, sourceSnapshot, externalName, backup or held, not more")
 	case sources == 0:
-		return errors.New("set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup")
+		return errors.New("set exactly one of url, sourceVolume, sourceSnapshot, externalName, backup or held")
 	case r.SourceVolume != nil && (r.SourceVolume.Name == "" || r.SourceVolume.UID == ""):
 		return errors.New("sourceVolume needs a name and a uid")
 	case r.SourceSnapshot != nil && (r.SourceSnapshot.Volume.Name == "" || r.SourceSnapshot.Volume.UID == ""):

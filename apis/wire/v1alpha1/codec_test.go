@@ -169,19 +169,21 @@ func TestImageRefNamesWhatIsWrong(t *testing.T) {
 		"ADownload":               {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", Checksum: "ab"}},
 		"AClone":                  {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}},
 		"AnImport":                {ref: ImageRef{UID: "i", ExternalName: "debian-12"}},
-		"Both":                    {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup, not more"},
-		"URLAndImport":            {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", ExternalName: "debian-12"}, wantErr: "set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup, not more"},
-		"Neither":                 {ref: ImageRef{UID: "i"}, wantErr: "set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup"},
+		"AHeldImage":              {ref: ImageRef{UID: "i", Held: true}},
+		"AHeldImageAndAClone":     {ref: ImageRef{UID: "i", Held: true, SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "set exactly one of url, sourceVolume, sourceSnapshot, externalName, backup or held, not more"},
+		"Both":                    {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "set exactly one of url, sourceVolume, sourceSnapshot, externalName, backup or held, not more"},
+		"URLAndImport":            {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", ExternalName: "debian-12"}, wantErr: "set exactly one of url, sourceVolume, sourceSnapshot, externalName, backup or held, not more"},
+		"Neither":                 {ref: ImageRef{UID: "i"}, wantErr: "set exactly one of url, sourceVolume, sourceSnapshot, externalName, backup or held"},
 		"AnImportChecksum":        {ref: ImageRef{UID: "i", ExternalName: "debian-12", Checksum: "ab"}, wantErr: "checksum verifies a download and goes with url"},
 		"ACloneNoName":            {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{UID: "v"}}, wantErr: "sourceVolume needs a name and a uid"},
 		"ASnapshotCopy":           {ref: ImageRef{UID: "i", SourceSnapshot: &SourceSnapshot{Volume: SourceVolume{Name: "base", UID: "v"}, Snapshot: "s"}}},
 		"ASnapshotCopyNoSnapshot": {ref: ImageRef{UID: "i", SourceSnapshot: &SourceSnapshot{Volume: SourceVolume{Name: "base", UID: "v"}}}, wantErr: `invalid sourceSnapshot.snapshot "": must not be empty`},
 		// A snapshot name smuggling another option into qemu-img's -l.
 		"ASnapshotCopyOfAnOption": {ref: ImageRef{UID: "i", SourceSnapshot: &SourceSnapshot{Volume: SourceVolume{Name: "base", UID: "v"}, Snapshot: "s,file.filename=/etc/shadow"}}, wantErr: `invalid sourceSnapshot.snapshot "s,file.filename=/etc/shadow": contains ','; only letters, digits, '-' and '_' are allowed`},
-		"ASnapshotCopyAndAClone":  {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{Name: "base", UID: "v"}, SourceSnapshot: &SourceSnapshot{Volume: SourceVolume{Name: "base", UID: "v"}, Snapshot: "s"}}, wantErr: "set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup, not more"},
+		"ASnapshotCopyAndAClone":  {ref: ImageRef{UID: "i", SourceVolume: &SourceVolume{Name: "base", UID: "v"}, SourceSnapshot: &SourceSnapshot{Volume: SourceVolume{Name: "base", UID: "v"}, Snapshot: "s"}}, wantErr: "set exactly one of url, sourceVolume, sourceSnapshot, externalName, backup or held, not more"},
 		"ACloneChecksum":          {ref: ImageRef{UID: "i", Checksum: "ab", SourceVolume: &SourceVolume{Name: "base", UID: "v"}}, wantErr: "checksum verifies a download and goes with url"},
 		"ABackup":                 {ref: ImageRef{UID: "i", Backup: imageBackup(func(*ImageBackup) {})}},
-		"ABackupAndURL":           {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", Backup: imageBackup(func(*ImageBackup) {})}, wantErr: "set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup, not more"},
+		"ABackupAndURL":           {ref: ImageRef{UID: "i", URL: "https://x/i.qcow2", Backup: imageBackup(func(*ImageBackup) {})}, wantErr: "set exactly one of url, sourceVolume, sourceSnapshot, externalName, backup or held, not more"},
 		"ABackupNoID":             {ref: ImageRef{UID: "i", Backup: imageBackup(func(b *ImageBackup) { b.ID = "" })}, wantErr: `invalid backup.id "": must not be empty`},
 		"ABackupOfAPath":          {ref: ImageRef{UID: "i", Backup: imageBackup(func(b *ImageBackup) { b.Namespace = "../other" })}, wantErr: `invalid backup.namespace "../other": contains '.'; only letters, digits, '-' and '_' are allowed`},
 		"ABackupNoCreds":          {ref: ImageRef{UID: "i", Backup: imageBackup(func(b *ImageBackup) { b.Location.Credentials = BackupCredentials{} })}, wantErr: "location.credentials are required"},
@@ -198,7 +200,7 @@ func TestImageRefNamesWhatIsWrong(t *testing.T) {
 	}
 
 	_, err := EncodeIntent(withImage(exampleClonedIntent(), func(r *ImageRef) { r.URL = "https://x/i.qcow2" }))
-	assert.EqualError(t, err, "cannot decode intent: machine.disks[0].image: set exactly one of url, sourceVolume, sourceSnapshot, externalName or backup, not more",
+	assert.EqualError(t, err, "cannot decode intent: machine.disks[0].image: set exactly one of url, sourceVolume, sourceSnapshot, externalName, backup or held, not more",
 		"an image with two sources must not be written")
 }
 

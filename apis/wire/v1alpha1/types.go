@@ -180,7 +180,7 @@ type Disk struct {
 // ImageRef is a resolved DiskImage. The node imports it once, however many
 // disks use it, and prunes it once no disk there has needed it for
 // PruneAfterSeconds. It comes from exactly one of URL, SourceVolume,
-// SourceSnapshot, ExternalName or Backup.
+// SourceSnapshot, ExternalName or Backup, or is Held.
 type ImageRef struct {
 	Name string `json:"name"`
 	UID  string `json:"uid"`
@@ -208,6 +208,13 @@ type ImageRef struct {
 	// backed up. An agent older than Backup sees no source and refuses
 	// the image.
 	Backup *ImageBackup `json:"backup,omitempty"`
+	// Held, instead of the others, is an image cloned from a source that
+	// is gone: nothing is left to make it of, so the node makes a disk of
+	// it only from the copy it holds, and fails one it cannot (never an
+	// empty disk). The hub sends it only for a disk the node made already
+	// or to a node that reported the image Ready. An agent older than Held
+	// sees no source and refuses the image.
+	Held bool `json:"held,omitempty"`
 	// Checksum is the expected lowercase hex SHA-256 of the download; empty
 	// skips the check.
 	Checksum string `json:"checksum,omitempty"`

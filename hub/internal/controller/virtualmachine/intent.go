@@ -25,6 +25,7 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/backuplocation"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualnetwork"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 )
 
@@ -194,8 +195,24 @@ func attachable(v *v1alpha1.Volume) error {
 	return nil
 }
 
-// resolve reads what the VM refers to from the manager's cache.
-func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine) (dependencies, error) {
+// holders says whether node holds the DiskImage of uid, Ready to make
+// disks of: the node's own report of it, never the DiskImage's status,
+// which falls back to what VMs say where a node reports no images (nova
+// makes a clone's disk straight from a Cinder snapshot and keeps no copy).
+// Nil: no node is known to hold any.
+type holders func(node, uid string) bool
+
+// heldIn is holders as the nodes' image reports in images say.
+func heldIn(images *fleet.Reports[wire.ImageReport]) holders {
+	return func(node, uid string) bool {
+		rep, ok := images.Report(node, uid)
+		return ok && rep.Report.Phase == wire.ImagePhaseReady
+	}
+}
+
+// resolve reads what the VM refers to from the manager's cache; held says
+// which nodes hold which images (resolveSources).
+func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine, held holders) (dependencies, error) {
 	var d dependencies
 	missing := &MissingError{Namespace: vm.Namespace}
 	for _, a := range vm.Spec.ForProvider.DiskAttachments {
@@ -253,17 +270,18 @@ func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachin
 	if err := virtualnetwork.CheckOverlaps(ctx, kube, d.networks...); err != nil {
 		return d, err
 	}
-	return d, d.resolveSources(ctx, kube)
+	return d, d.resolveSources(ctx, kube, vm, held)
 }
 
 // resolveSources reads the source Volume of each cloned image. The VM waits
 // while a source is on no node: until a VM using it is placed, no node has
-// what the image copies. A source is needed only until the image is made
-// where the VM's disks are (madeForVM): the node makes them of the image
-// then, so a source gone, being deleted or no longer holding its snapshot
-// keeps no VM waiting. One still there is read all the same, so the node
-// is told what the image was made of for as long as the hub knows it.
-func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader) error {
+// what the image copies. A source is needed only by the VM's Volumes of the
+// image whose disks are not made yet (needSource): once the source is gone,
+// being deleted or no longer holds its snapshot, the image is sent Held,
+// and the VM waits only while one of those disks is on a node that does
+// not hold the image. One still there is read all the same, so the node is
+// told what the image was made of for as long as the hub knows it.
+func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine, held holders) error {
 	var waiting []string
 	for _, name := range slices.Sorted(maps.Keys(d.images)) {
 		img := d.images[name]
@@ -295,14 +313,15 @@ func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader) e
 				d.snapshots[name] = uid
 			}
 		}
-		switch {
-		case why == "":
+		if why == "" {
 			if d.sources == nil {
 				d.sources = map[string]*v1alpha1.Volume{}
 			}
 			d.sources[name] = src
-		case !d.madeForVM(img):
-			waiting = append(waiting, why)
+			continue
+		}
+		if needs, notes := d.needSource(vm, img, held); needs {
+			waiting = append(waiting, strings.Join(append([]string{why}, notes...), "; "))
 		}
 	}
 	if len(waiting) > 0 {
@@ -311,28 +330,33 @@ func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader) e
 	return nil
 }
 
-// madeForVM says whether the cloned image img is made on the node of each
-// of the VM's Volumes made from it: Ready, and its status lists that node
-// (the node's report of the image, or, where the node reports none, as
-// when nova makes the disk of a Cinder snapshot directly, the VM that got
-// past provisioning there). It is the same record a snapshot's deletion
-// waits for (the snapshot controller's hold), so a source may go once it
-// is true.
-func (d dependencies) madeForVM(img *v1alpha1.DiskImage) bool {
-	at := img.Status.AtProvider
-	if at.Phase != v1alpha1.ImagePhaseReady {
-		return false
-	}
+// needSource says whether one of the VM's Volumes made from the cloned
+// image img needs img's source: its disk is not made, and its node does
+// not hold img to make it of; notes say so of each such Volume bound to a
+// node (one on no node waits for the source as any first clone does). A
+// disk is made when the node's report of the VM lists it
+// (status.atProvider.disks: the guest is defined with it, so the node made
+// it), from the node the Volume is bound to. That the image is Ready on
+// the node is not that record: another VM's new Volume of the image is on
+// the same node and has no disk yet.
+func (d dependencies) needSource(vm *v1alpha1.VirtualMachine, img *v1alpha1.DiskImage, held holders) (needs bool, notes []string) {
 	for _, v := range d.volumes {
 		src := v.Spec.ForProvider.Source
 		if src == nil || src.DiskImageRef == nil || string(src.DiskImageRef.Name) != img.Name {
 			continue
 		}
-		if n := v.GetAnnotations()[v1alpha1.AnnotationNode]; n == "" || !slices.Contains(at.Nodes, n) {
-			return false
+		node := v.GetAnnotations()[v1alpha1.AnnotationNode]
+		switch {
+		case node == "":
+			needs = true
+		case node == vm.GetAnnotations()[v1alpha1.AnnotationNode] && slices.Contains(vm.Status.AtProvider.Disks, v.Name):
+		case held != nil && held(node, string(img.UID)):
+		default:
+			needs = true
+			notes = append(notes, fmt.Sprintf("Volume %s is not made yet and its node %s does not hold DiskImage %s to make it of", v.Name, node, img.Name))
 		}
 	}
-	return true
+	return needs, notes
 }
 
 // snapshotOf reads the VirtualMachineSnapshot img copies its source
@@ -388,12 +412,6 @@ func (d dependencies) imageRef(v v1alpha1.Volume) *wire.ImageRef {
 		return nil
 	}
 	fp := img.Spec.ForProvider
-	if _, ok := d.sources[img.Name]; !ok && fp.Source.VolumeRef != nil {
-		// Made on the node already, of a source that is gone
-		// (resolveSources): the node made the disk of it, and nothing
-		// names what the image copied any more.
-		return nil
-	}
 	ref := &wire.ImageRef{Name: img.Name, UID: string(img.UID), URL: fp.Source.URL, Checksum: fp.Source.SHA256, Format: string(v1alpha1.DiskFormatQCOW2)}
 	if src, ok := d.sources[img.Name]; ok {
 		ref.URL, ref.Checksum = "", ""
@@ -402,6 +420,11 @@ func (d dependencies) imageRef(v v1alpha1.Volume) *wire.ImageRef {
 			ref.SourceSnapshot = &wire.SourceSnapshot{Volume: *ref.SourceVolume, Snapshot: snap}
 			ref.SourceVolume = nil
 		}
+	} else if fp.Source.VolumeRef != nil {
+		// Its source is gone (resolveSources): the disk is made, or the
+		// node holds the image. Still named, so that a disk missing
+		// after all is made of the node's copy or fails, never empty.
+		ref.URL, ref.Checksum, ref.Held = "", "", true
 	}
 	if ext := meta.GetExternalName(img); ext != "" && fp.Source.URL == "" && fp.Source.VolumeRef == nil {
 		// An image of the node's backend, used as it is (admit checked

@@ -150,7 +150,7 @@ func TestResolve(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := resolve(context.Background(), kube(t, tc.objs...), vm())
+			d, err := resolve(context.Background(), kube(t, tc.objs...), vm(), nil)
 			if tc.wantErr != "" {
 				require.EqualError(t, err, tc.wantErr)
 				return
@@ -453,7 +453,7 @@ func TestResolveClonedImages(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := resolve(context.Background(), kube(t, tc.objs...), machine)
+			d, err := resolve(context.Background(), kube(t, tc.objs...), machine, nil)
 			if tc.wantErr != "" {
 				assert.EqualError(t, err, tc.wantErr)
 				return
@@ -472,7 +472,7 @@ func TestResolveClonedImages(t *testing.T) {
 	t.Run("the intent carries the source Volume's name and uid instead of a url", func(t *testing.T) {
 		golden := cloneImage("golden", "base")
 		golden.Spec.ForProvider.PruneAfter = &metav1.Duration{Duration: time.Hour}
-		d, err := resolve(context.Background(), kube(t, volFrom("root", "", "golden"), vol("data", ""), golden, vol("base", "node2")), machine)
+		d, err := resolve(context.Background(), kube(t, volFrom("root", "", "golden"), vol("data", ""), golden, vol("base", "node2")), machine, nil)
 		require.NoError(t, err)
 		in := intent(machine, d)
 		require.Len(t, in.Machine.Disks, 2)
@@ -485,64 +485,113 @@ func TestResolveClonedImages(t *testing.T) {
 	})
 }
 
-// madeOn is img made on nodes, as the nodes' reports show it.
+// madeOn is img Ready on nodes as its status says it: what the nodes
+// reported, or, where none reports images (nova), what VMs said.
 func madeOn(img *v1alpha1.DiskImage, nodes ...string) *v1alpha1.DiskImage {
 	img.Status.AtProvider.Phase, img.Status.AtProvider.Nodes = v1alpha1.ImagePhaseReady, nodes
 	return img
 }
 
-// A clone needs its source only until its image is made where its disks
-// are: then the source may go, and the VM goes on without it.
+// heldBy says node holds the DiskImage of uid, as its own image report would.
+func heldBy(node, uid string) holders {
+	return func(n, u string) bool { return n == node && u == uid }
+}
+
+// A clone needs its source only until its disk is made: then the source
+// may go, and the VM goes on without it. A disk not made yet is made of
+// the node's copy of the image, or waits: never made empty.
 func TestResolveClonesMadeWithoutTheirSource(t *testing.T) {
-	machine := vm(func(m *v1alpha1.VirtualMachine) { m.Spec.ForProvider.VirtualNetworks = nil })
+	onNode2 := func(disks ...string) *v1alpha1.VirtualMachine {
+		return vm(func(m *v1alpha1.VirtualMachine) {
+			m.Spec.ForProvider.VirtualNetworks = nil
+			m.Annotations = map[string]string{v1alpha1.AnnotationNode: "node2"}
+			m.Status.AtProvider.Disks = disks
+		})
+	}
+	made, unmade := onNode2("root", "data"), onNode2()
 	deleting := vol("base", "node2")
 	now := metav1.Now()
 	deleting.DeletionTimestamp, deleting.Finalizers = &now, []string{"keep"}
 	ownVolumes := []client.Object{volFrom("root", "node2", "golden"), vol("data", "node2")}
+	held := &wire.ImageRef{Name: "golden", UID: "uid-golden", Format: "qcow2", Held: true}
+	const waits = "DiskImage golden clones Volume base, which does not exist; Volume root is not made yet and its node node2 does not hold DiskImage golden to make it of"
 	cases := []struct {
 		name      string
+		machine   *v1alpha1.VirtualMachine
+		held      holders
 		objs      []client.Object
 		wantErr   string // from resolve: the VM waits; empty: it does not
 		wantImage *wire.ImageRef
 	}{
 		{
-			name: "a made image whose source is gone",
-			objs: []client.Object{madeOn(cloneImage("golden", "base"), "node2")},
+			name:      "a made disk whose source is gone",
+			machine:   made,
+			objs:      []client.Object{madeOn(cloneImage("golden", "base"), "node2")},
+			wantImage: held,
 		},
 		{
-			name: "a made image whose source is being deleted",
-			objs: []client.Object{madeOn(cloneImage("golden", "base"), "node2"), deleting},
+			name:      "a made disk whose source is being deleted",
+			machine:   made,
+			objs:      []client.Object{madeOn(cloneImage("golden", "base"), "node2"), deleting},
+			wantImage: held,
 		},
 		{
-			name: "a made image whose snapshot is gone",
-			objs: []client.Object{madeOn(snapshotImage("golden", "base", "monday"), "node2"), vol("base", "node2")},
+			name:      "a made disk whose snapshot is gone",
+			machine:   made,
+			objs:      []client.Object{madeOn(snapshotImage("golden", "base", "monday"), "node2"), vol("base", "node2")},
+			wantImage: held,
 		},
 		{
-			name: "a made image whose source is there still names it",
-			objs: []client.Object{madeOn(cloneImage("golden", "base"), "node2"), vol("base", "node2")},
+			name:    "a made disk whose source is there still names it",
+			machine: made,
+			objs:    []client.Object{madeOn(cloneImage("golden", "base"), "node2"), vol("base", "node2")},
 			wantImage: &wire.ImageRef{
 				Name: "golden", UID: "uid-golden", Format: "qcow2",
 				SourceVolume: &wire.SourceVolume{Name: "base", UID: "uid-base"},
 			},
 		},
 		{
-			name:    "an image made on another node than the VM's disk waits for its source",
-			objs:    []client.Object{madeOn(cloneImage("golden", "base"), "node1")},
-			wantErr: "DiskImage golden clones Volume base, which does not exist",
+			name:      "a new disk whose source is gone is made of the image its node holds",
+			machine:   unmade,
+			held:      heldBy("node2", "uid-golden"),
+			objs:      []client.Object{cloneImage("golden", "base")},
+			wantImage: held,
 		},
 		{
-			name: "an image not made yet waits for its source",
-			objs: []client.Object{func() *v1alpha1.DiskImage {
-				img := cloneImage("golden", "base")
-				img.Status.AtProvider.Phase, img.Status.AtProvider.Nodes = v1alpha1.ImagePhaseImporting, []string{"node2"}
-				return img
-			}()},
-			wantErr: "DiskImage golden clones Volume base, which does not exist",
+			// The hole: the image is on the node for another VM's disk,
+			// and this VM's new disk was sent no image at all.
+			name:    "a new disk whose image is Ready on its node only by the image's status waits",
+			machine: unmade,
+			objs:    []client.Object{madeOn(cloneImage("golden", "base"), "node2")},
+			wantErr: waits,
+		},
+		{
+			name:    "a new disk whose snapshot is gone waits",
+			machine: unmade,
+			objs:    []client.Object{madeOn(snapshotImage("golden", "base", "monday"), "node2"), vol("base", "node2")},
+			wantErr: "DiskImage golden copies VirtualMachineSnapshot monday, which does not exist; Volume root is not made yet and its node node2 does not hold DiskImage golden to make it of",
+		},
+		{
+			name:    "a new disk whose image another node holds waits",
+			machine: unmade,
+			held:    heldBy("node1", "uid-golden"),
+			objs:    []client.Object{madeOn(cloneImage("golden", "base"), "node1")},
+			wantErr: waits,
+		},
+		{
+			name: "a disk another node's report lists is not made on the Volume's node",
+			machine: vm(func(m *v1alpha1.VirtualMachine) {
+				m.Spec.ForProvider.VirtualNetworks = nil
+				m.Annotations = map[string]string{v1alpha1.AnnotationNode: "node1"}
+				m.Status.AtProvider.Disks = []string{"root", "data"}
+			}),
+			objs:    []client.Object{madeOn(cloneImage("golden", "base"), "node2")},
+			wantErr: waits,
 		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := resolve(context.Background(), kube(t, append(slices.Clone(ownVolumes), tc.objs...)...), machine)
+			d, err := resolve(context.Background(), kube(t, append(slices.Clone(ownVolumes), tc.objs...)...), tc.machine, tc.held)
 			if tc.wantErr != "" {
 				assert.EqualError(t, err, tc.wantErr)
 				return
@@ -551,9 +600,10 @@ func TestResolveClonesMadeWithoutTheirSource(t *testing.T) {
 			node, err := d.boundNode()
 			require.NoError(t, err)
 			assert.Equal(t, "node2", node, "where its disks are")
-			in := intent(machine, d)
+			in := intent(tc.machine, d)
 			require.Len(t, in.Machine.Disks, 2)
 			assert.Equal(t, tc.wantImage, in.Machine.Disks[0].Image)
+			require.NoError(t, in.Machine.Disks[0].Image.Validate(), "a ref the node takes")
 		})
 	}
 }
@@ -645,7 +695,7 @@ func TestResolveImagesOfASnapshot(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := resolve(context.Background(), kube(t, append(slices.Clone(base), tc.objs...)...), machine)
+			_, err := resolve(context.Background(), kube(t, append(slices.Clone(base), tc.objs...)...), machine, nil)
 			if tc.wantErr == "" {
 				assert.NoError(t, err)
 				return
@@ -656,7 +706,7 @@ func TestResolveImagesOfASnapshot(t *testing.T) {
 
 	t.Run("the intent carries the Volume and the snapshot's uid, and no sourceVolume", func(t *testing.T) {
 		objs := append(slices.Clone(base), vmSnapshot("default", "monday", "node2", []string{"base"}))
-		d, err := resolve(context.Background(), kube(t, objs...), machine)
+		d, err := resolve(context.Background(), kube(t, objs...), machine, nil)
 		require.NoError(t, err)
 		node, err := d.boundNode()
 		require.NoError(t, err)

@@ -421,7 +421,7 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 // that same node chooses nothing the VM does not have already, sealed or
 // not: one bound by a hub from before seals, say, whose VM runs on.
 func (e *external) resolve(ctx context.Context, vm *v1alpha1.VirtualMachine) (dependencies, error) {
-	d, err := resolve(ctx, e.kube, vm)
+	d, err := resolve(ctx, e.kube, vm, heldIn(e.fleet.Images))
 	if err != nil {
 		return d, err
 	}

@@ -445,7 +445,7 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	if err := s.recordShape(ctx, vm); err != nil {
 		return binding{}, err
 	}
-	d, err := resolve(ctx, s.cache, vm)
+	d, err := resolve(ctx, s.cache, vm, heldIn(f.Images))
 	if err != nil {
 		return binding{}, err
 	}

@@ -144,7 +144,7 @@ func TestAdmit(t *testing.T) {
 func TestImagesCarryTheirNamespacesSources(t *testing.T) {
 	machine := vm(func(v *v1alpha1.VirtualMachine) { v.Spec.ForProvider.VirtualNetworks = nil })
 	img := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ubuntu", UID: "uid-ubuntu"}, Spec: v1alpha1.DiskImageSpec{ForProvider: v1alpha1.DiskImageParameters{Source: v1alpha1.DiskImageSource{URL: "http://10.1.2.3/ubuntu.qcow2"}}}}
-	d, err := resolve(context.Background(), kube(t, fromImage("root", "ubuntu"), vol("data", ""), img), machine)
+	d, err := resolve(context.Background(), kube(t, fromImage("root", "ubuntu"), vol("data", ""), img), machine, nil)
 	require.NoError(t, err)
 	f := fleettest.Start(t, bus.NewFake())
 
@@ -164,14 +164,14 @@ func TestAnImageWithoutASourceImportsItsExternalName(t *testing.T) {
 	img := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "golden", UID: "uid-golden"}}
 	f := fleettest.Start(t, bus.NewFake())
 
-	d, err := resolve(context.Background(), kube(t, fromImage("root", "golden"), vol("data", ""), img.DeepCopy()), machine)
+	d, err := resolve(context.Background(), kube(t, fromImage("root", "golden"), vol("data", ""), img.DeepCopy()), machine, nil)
 	require.NoError(t, err)
 	err = d.admit(tenancy.Grant{Import: true}, f.Sealed)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "DiskImage golden has no source: set spec.forProvider.source.url")
 
 	meta.SetExternalName(img, "debian-12-golden")
-	d, err = resolve(context.Background(), kube(t, fromImage("root", "golden"), vol("data", ""), img), machine)
+	d, err = resolve(context.Background(), kube(t, fromImage("root", "golden"), vol("data", ""), img), machine, nil)
 	require.NoError(t, err)
 	require.NoError(t, d.admit(tenancy.Grant{Import: true, ImageSources: []string{"10.0.0.0/8"}}, f.Sealed))
 	ref := intent(machine, d).Machine.Disks[0].Image
@@ -234,7 +234,7 @@ func TestAnImageFromABackupCarriesItsLocation(t *testing.T) {
 	f := fleettest.Start(t, bus.NewFake())
 	objs := []client.Object{fromImage("root", "restored"), vol("data", ""), img}
 
-	d, err := resolve(context.Background(), kube(t, objs...), machine)
+	d, err := resolve(context.Background(), kube(t, objs...), machine, nil)
 	require.NoError(t, err)
 	var refused *tenancy.RefusedError
 	require.ErrorAs(t, d.admit(tenancy.Grant{}, f.Sealed), &refused, "a location is used only where granted")
@@ -286,7 +286,7 @@ func TestAnotherNamespacesBackupIsRestoredOnlyWhereGranted(t *testing.T) {
 			}}}
 			f := fleettest.Start(t, bus.NewFake())
 			objs := []client.Object{fromImage("root", "restored"), vol("data", ""), img, location, secret}
-			d, err := resolve(context.Background(), kube(t, objs...), machine)
+			d, err := resolve(context.Background(), kube(t, objs...), machine, nil)
 			require.NoError(t, err)
 			err = d.admit(tc.grant, f.Sealed)
 			if tc.refused != "" {
