@@ -1,6 +1,9 @@
 package v1alpha1
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // ProtocolVersion is the newest wire version this package understands.
 // Writers stamp it on every message; readers refuse anything newer, because a
@@ -370,8 +373,11 @@ type Report struct {
 	MaxVCPU        int32 `json:"maxVcpu,omitempty"`
 	MaxMemoryBytes int64 `json:"maxMemoryBytes,omitempty"`
 	// Disks name the Volumes (Disk.Name) attached to the guest as it
-	// runs, the boot disk first; a disk no Volume of the intent names is
-	// left out. Nil when the backend does not tell.
+	// runs, the boot disk first, in the order the backend has them. A
+	// Volume removed from the intent stays until the guest has released
+	// it, named by NameFromNode; a disk no Volume of the intent's
+	// namespace names that way is left out. Nil when the backend does not
+	// tell.
 	Disks []string `json:"disks,omitempty"`
 	// Released confirms a release marker: the node no longer manages the
 	// guest and left it as it was.
@@ -507,6 +513,39 @@ type Resources struct {
 // with the node's own volumes (images are "image_<uid>").
 func NameOnNode(namespace, name string) string {
 	return namespace + "_" + name
+}
+
+// NameFromNode is the inverse of NameOnNode for one namespace: the name of
+// the resource of namespace that has onNode on a node. It is false for a
+// name of another namespace and for one NameOnNode cannot have made (a
+// name that is no DNS subdomain, an imported volume's own name), so a
+// caller never puts a wrong name on what it found on the node.
+func NameFromNode(namespace, onNode string) (string, bool) {
+	name, ok := strings.CutPrefix(onNode, namespace+"_")
+	if namespace == "" || !ok || !isDNSSubdomain(name) {
+		return "", false
+	}
+	return name, true
+}
+
+// isDNSSubdomain tells whether s can be a Kubernetes object's name: at most
+// 253 characters, dot-separated labels of lowercase letters, digits and
+// '-', each starting and ending with a letter or digit.
+func isDNSSubdomain(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for label := range strings.SplitSeq(s, ".") {
+		if label == "" || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			if !keptInToken(label[i]) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // VolumeIntent is what the hub wants a node to make true for one Volume. It
