@@ -275,6 +275,17 @@ func (d *Driver) Ensure(_ context.Context, m driver.Machine) (driver.Observation
 	g.machine = m
 	d.grow(m)
 	g.obs.RestartRequired = g.obs.Phase != driver.PhaseStopped && !sameShape(g.applied, m)
+	// Like libvirt's test driver, the fake plugs no disk in or out of a
+	// running guest: it has the disks it started with, and a disk removed
+	// since stays until its next start.
+	has := m
+	if g.obs.Phase != driver.PhaseStopped {
+		has = g.applied
+	}
+	g.obs.Disks = nil
+	for _, disk := range has.Disks {
+		g.obs.Disks = append(g.obs.Disks, disk.Name)
+	}
 	return g.obs, nil
 }
 

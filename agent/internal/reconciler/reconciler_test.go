@@ -257,6 +257,28 @@ func TestReconciler(t *testing.T) {
 			assert.Equal(t, wire.PhaseRunning, rep.Phase, "the guest keeps running")
 			assert.Equal(t, int32(0), rep.RestartCount, "the guest was not restarted")
 		}},
+		{"a disk removed is reported while the guest has it and dropped once it does not", func(t *testing.T, h *harness) {
+			h.synced()
+			withData := func(in *wire.Intent) {
+				in.Machine.Disks = append(in.Machine.Disks, wire.Disk{Name: "data", VolumeUID: "vol-data", SizeBytes: 1 << 30})
+			}
+			h.put(intent("a", withData))
+			rep := h.eventually("a", phase(wire.PhaseRunning), "guest should run")
+			assert.Equal(t, []string{"root", "data"}, rep.Disks)
+			// The fake, like libvirt's test driver, detaches no disk from
+			// a running guest: the guest holds it until its next start.
+			h.put(intent("a", func(in *wire.Intent) { in.Generation = 2 }))
+			rep = h.eventually("a", func(r wire.Report) bool { return r.ObservedGeneration == 2 }, "the removal should be observed")
+			assert.Equal(t, []string{"root", "data"}, rep.Disks, "the guest still holds the disk")
+			assert.True(t, rep.RestartRequired)
+			obs, err := h.fake.Observe(context.Background(), "a")
+			require.NoError(t, err)
+			assert.Equal(t, []string{"default_root", "default_data"}, obs.Disks, "the driver has the disk, by its name on the node")
+			h.put(intent("a", func(in *wire.Intent) { in.Generation = 3; in.RestartNonce = "r1" }))
+			rep = h.eventually("a", func(r wire.Report) bool { return r.ObservedGeneration == 3 }, "the restart should be observed")
+			assert.Equal(t, []string{"root"}, rep.Disks, "the guest let the disk go")
+			assert.False(t, rep.RestartRequired)
+		}},
 		{"retryable errors are retried with backoff until they pass", func(t *testing.T, h *harness) {
 			h.synced()
 			h.fake.Fail("Ensure", "a", errors.New("libvirtd is busy"))

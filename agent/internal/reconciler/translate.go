@@ -171,7 +171,16 @@ func report(in wire.Intent, obs driver.Observation) wire.Report {
 			volume[nodeDisk(in.Namespace, d)] = d.Name
 		}
 		for _, name := range obs.Disks {
-			if v, ok := volume[name]; ok {
+			v, ok := volume[name]
+			if !ok {
+				// A Volume removed from the intent whose detach the guest
+				// has not acknowledged yet is still attached, so it is
+				// reported until the guest lets it go. One the name does
+				// not tell (another namespace's, an imported volume's
+				// own) is left out rather than misnamed.
+				v, ok = wire.NameFromNode(in.Namespace, name)
+			}
+			if ok {
 				r.Disks = append(r.Disks, v)
 			}
 		}

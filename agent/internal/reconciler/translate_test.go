@@ -243,9 +243,13 @@ func TestTheAttachedDisksAreReportedByVolumeName(t *testing.T) {
 		attached []string
 		want     []string
 	}{
-		"EachDiskByItsVolume":           {attached: []string{m.Disks[0].Name, m.Disks[1].Name, m.Disks[2].Name}, want: []string{"root", "legacy", "data"}},
-		"ADiskNoVolumeNamesIsLeftOut":   {attached: []string{m.Disks[0].Name, "team-a_gone", m.Disks[2].Name}, want: []string{"root", "data"}},
-		"ADriverThatDoesNotTellSaysNil": {},
+		"EachDiskByItsVolume": {attached: []string{m.Disks[0].Name, m.Disks[1].Name, m.Disks[2].Name}, want: []string{"root", "legacy", "data"}},
+		// The guest has not released a disk whose Volume left the intent.
+		"ADetachingDiskStaysInItsPlace":    {attached: []string{m.Disks[0].Name, "team-a_gone", m.Disks[2].Name}, want: []string{"root", "gone", "data"}},
+		"ADiskOfAnotherNamespaceIsLeftOut": {attached: []string{m.Disks[0].Name, "team-b_gone", m.Disks[2].Name}, want: []string{"root", "data"}},
+		"ADiskNoVolumeNameMadeIsLeftOut":   {attached: []string{m.Disks[0].Name, "other.img", "team-a_Bad", m.Disks[2].Name}, want: []string{"root", "data"}},
+		"TheDriversOrderIsKept":            {attached: []string{m.Disks[0].Name, m.Disks[2].Name, "team-a_gone", m.Disks[1].Name}, want: []string{"root", "data", "gone", "legacy"}},
+		"ADriverThatDoesNotTellSaysNil":    {},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
