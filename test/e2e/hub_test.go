@@ -105,6 +105,32 @@ func TestHub(t *testing.T) {
 		assert.True(t, vm.Status.AtProvider.RestartRequired)
 	})
 
+	t.Run("ADetachedDiskStaysInStatusUntilTheGuestLetsItGo", func(t *testing.T) {
+		// libvirt's test driver detaches no disk from a running guest: the
+		// guest holds a removed disk until its next start.
+		h.create(t, volume("holder-root"))
+		h.create(t, volume("holder-data"))
+		vm := vmWith("holder", "holder-root")
+		vm.Spec.ForProvider.DiskAttachments = append(vm.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: "holder-data"})
+		h.create(t, vm)
+		vm = h.wait(t, "holder", 30*time.Second, running)
+		assert.Equal(t, []string{"holder-root", "holder-data"}, vm.Status.AtProvider.Disks)
+		h.patch(t, "holder", func(vm *v1alpha1.VirtualMachine) {
+			vm.Spec.ForProvider.DiskAttachments = vm.Spec.ForProvider.DiskAttachments[:1]
+		})
+		vm = h.wait(t, "holder", 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
+			return vm.Status.AtProvider.ObservedGeneration == vm.Generation && vm.Status.AtProvider.RestartRequired
+		})
+		assert.Equal(t, []string{"holder-root", "holder-data"}, vm.Status.AtProvider.Disks, "the guest still holds the disk")
+		h.patch(t, "holder", func(vm *v1alpha1.VirtualMachine) {
+			vm.SetAnnotations(merge(vm.GetAnnotations(), v1alpha1.AnnotationRestartRequestedAt, time.Now().Format(time.RFC3339)))
+		})
+		vm = h.wait(t, "holder", 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
+			return vm.Status.AtProvider.RestartCount == 1 && running(vm) && !vm.Status.AtProvider.RestartRequired
+		})
+		assert.Equal(t, []string{"holder-root"}, vm.Status.AtProvider.Disks, "the restart let the disk go")
+	})
+
 	t.Run("MissingVolumeWaitsThenRuns", func(t *testing.T) {
 		h.create(t, vmWith("waits", "late-disk"))
 		vm := h.wait(t, "waits", 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
