@@ -123,6 +123,9 @@ type Config struct {
 	// BucketMaxBytes bounds the intents and the reports bucket each, and
 	// NodesBucketMaxBytes the nodes bucket; 0 means natswire's defaults.
 	BucketMaxBytes, NodesBucketMaxBytes int64
+	// IntentBytesPerNamespace bounds what the intents of one namespace's
+	// VMs take of the intents bucket; 0 means a quarter of BucketMaxBytes.
+	IntentBytesPerNamespace int64
 	// StraySweep is how often the hub deletes the intents no VM binds
 	// (virtualmachine.Strays); 0 means virtualmachine.DefaultStraySweep.
 	StraySweep time.Duration
@@ -340,7 +343,8 @@ func Run(ctx context.Context, c Config) error {
 	}
 	addresses := ipam.New(direct, mgr.GetClient())
 	vo := virtualmachine.Options{Pool: pool, Placer: placer, Scheduler: scheduler, Quotas: quotas, Notifier: notifier, FencingTimeout: c.FencingTimeout, FencingMargin: c.FencingMargin, Addresses: addresses, Memory: memory, StraySweep: c.StraySweep,
-		Polls: wake.NewPolls(mgr.GetCache(), cmp.Or(c.PollsPerSecond, wake.DefaultPollsPerSecond))}
+		IntentBytesPerNamespace: cmp.Or(c.IntentBytesPerNamespace, cmp.Or(c.BucketMaxBytes, natswire.DefaultMaxBytes)/4),
+		Polls:                   wake.NewPolls(mgr.GetCache(), cmp.Or(c.PollsPerSecond, wake.DefaultPollsPerSecond))}
 	mo := migration.Options{Pool: pool, Placer: placer, Notifier: migrations, PerFleet: c.MigrationsPerFleet, PerNode: c.MigrationsPerNode, PerNamespace: c.MigrationsPerNamespace}
 	so := snapshot.Options{Pool: pool, Notifier: snapshots, FencingTimeout: c.FencingTimeout, Memory: memory, Quotas: quotas}
 	ro := restore.Options{Pool: pool, Notifier: restores}

@@ -65,6 +65,7 @@ func (e *external) observeRelease(ctx context.Context, vm *v1alpha1.VirtualMachi
 			return managed.ExternalObservation{}, e.busFailed(uid, errors.Wrapf(err, "cannot delete the release marker on node %s", node))
 		}
 		e.state.published.Delete(vm.UID)
+		e.state.intentBytes.free(vm.UID)
 		e.state.deleted.Store(vm.UID, struct{}{})
 		e.opts.Placer.Release(uid)
 		e.recorder.Event(vm, event.Normal(ReasonOrphaned, fmt.Sprintf("The guest stays on node %s as it is, orphaned; a VirtualMachine %s/%s adopts it", node, vm.Namespace, vm.Name)))

@@ -265,10 +265,13 @@ type state struct {
 	// restarts are, for the VMs with availability Restart on a lost node,
 	// when they will be restarted elsewhere or why not (restart.go).
 	restarts *perobject.Map[string]
+	// intentBytes is what each VM's intents take of its namespace's share
+	// of the intents bucket.
+	intentBytes *intentBytes
 }
 
 func newState(memory *perobject.Owner) *state {
-	return &state{published: perobject.NewMap[string](memory), deleted: perobject.NewMap[struct{}](memory), restarts: perobject.NewMap[string](memory)}
+	return &state{published: perobject.NewMap[string](memory), deleted: perobject.NewMap[struct{}](memory), restarts: perobject.NewMap[string](memory), intentBytes: newIntentBytes(memory)}
 }
 
 type connector struct {
@@ -545,6 +548,7 @@ func (e *external) Delete(ctx context.Context, vm *v1alpha1.VirtualMachine) (man
 	}
 	e.state.deleted.Store(vm.UID, struct{}{})
 	e.state.published.Delete(vm.UID)
+	e.state.intentBytes.free(vm.UID)
 	e.opts.Placer.Release(uid)
 	return managed.ExternalDelete{}, nil
 }

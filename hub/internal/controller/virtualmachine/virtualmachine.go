@@ -108,6 +108,10 @@ type Options struct {
 	// StraySweep is how often the intents no VM binds are swept (Strays);
 	// 0 means DefaultStraySweep.
 	StraySweep time.Duration
+	// IntentBytesPerNamespace bounds the bytes the intents of one
+	// namespace's VMs take of the intents bucket, so that no one tenant
+	// fills it; 0 bounds nothing.
+	IntentBytesPerNamespace int64
 }
 
 // scheduledHold is how long the status of a VM whose intent was just
@@ -373,11 +377,16 @@ func (e *external) publish(ctx context.Context, vm *v1alpha1.VirtualMachine, d d
 		return err
 	}
 	p := e.plan(vm, d, node)
+	size, err := e.state.intentBytes.reserve(vm.UID, vm.Namespace, p, e.opts.IntentBytesPerNamespace)
+	if err != nil {
+		return err
+	}
 	for _, n := range slices.Sorted(maps.Keys(p)) {
 		if _, err := bus.Put(ctx, e.fleet.Bus, wire.GuestIntents, n, p[n].UID, p[n]); err != nil {
 			return e.busFailed(string(vm.UID), errors.Wrapf(err, "cannot publish the intent to node %s", n))
 		}
 	}
+	e.state.intentBytes.settle(vm.UID, vm.Namespace, size)
 	e.state.published.Store(vm.UID, planFingerprint(p, node))
 	e.state.deleted.Delete(vm.UID)
 	return nil

@@ -1,0 +1,81 @@
+package virtualmachine
+
+import (
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
+)
+
+// intentSize is what a VM's intents take of the intents bucket, and whose
+// share they take it from.
+type intentSize struct {
+	namespace string
+	bytes     int64
+}
+
+// intentBytes shares the intents bucket out among namespaces: one
+// namespace's VMs with large intents (many disks and networks, long
+// cloud-init user data) would otherwise fill the bucket, and every other
+// namespace's publishes would fail. It counts what this hub published, so
+// after a restart each VM counts again once its intent is published again.
+type intentBytes struct {
+	// mu makes a publish's check and its reservation one step, so two
+	// VMs of a namespace published at once cannot both take its last
+	// bytes.
+	mu    sync.Mutex
+	sizes *perobject.Map[intentSize]
+}
+
+func newIntentBytes(memory *perobject.Owner) *intentBytes {
+	return &intentBytes{sizes: perobject.NewMap[intentSize](memory)}
+}
+
+// reserve counts intents, to be published for the VM of uid in namespace,
+// against the namespace's share of limit bytes (none when limit is 0), in
+// place of what the VM's intents took before. Until the publish is known
+// to have landed (settle), the VM counts the larger of both.
+func (b *intentBytes) reserve(uid types.UID, namespace string, intents map[string]wire.Intent, limit int64) (int64, error) {
+	var size int64
+	for _, in := range intents {
+		v, err := wire.GuestIntents.Encode(in)
+		if err != nil {
+			return 0, errors.Wrap(err, "cannot encode the intent")
+		}
+		size += int64(len(v))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	before, _ := b.sizes.Load(uid)
+	var others int64
+	b.sizes.Range(func(u types.UID, s intentSize) bool {
+		if u != uid && s.namespace == namespace {
+			others += s.bytes
+		}
+		return true
+	})
+	if limit > 0 && size > before.bytes && others+size > limit {
+		return 0, errors.Errorf("namespace %s holds %d bytes of intents and this VM's take %d more, past its share of %d bytes (--intent-bytes-per-namespace); it is published once the namespace's other VMs shrink or go",
+			namespace, others+before.bytes, size-before.bytes, limit)
+	}
+	b.sizes.Store(uid, intentSize{namespace: namespace, bytes: max(size, before.bytes)})
+	return size, nil
+}
+
+// settle counts size, the VM's intents just published, for the VM of uid.
+func (b *intentBytes) settle(uid types.UID, namespace string, size int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.sizes.Store(uid, intentSize{namespace: namespace, bytes: size})
+}
+
+// free stops counting the VM of uid, whose intents are deleted.
+func (b *intentBytes) free(uid types.UID) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.sizes.Delete(uid)
+}
