@@ -23,16 +23,25 @@ type intentSize struct {
 // cloud-init user data) would otherwise fill the bucket, and every other
 // namespace's publishes would fail. It counts what this hub published, so
 // after a restart each VM counts again once its intent is published again.
+//
+// Each namespace's total is kept as the VMs' sizes change, so a publish
+// costs the same however many VMs the hub holds. The memory's owner frees
+// a VM that goes without a Delete of this hub (free, through OnForget);
+// nothing records one after that, for only Update publishes, never for a
+// VM that is gone.
 type intentBytes struct {
 	// mu makes a publish's check and its reservation one step, so two
 	// VMs of a namespace published at once cannot both take its last
 	// bytes.
-	mu    sync.Mutex
-	sizes *perobject.Map[intentSize]
+	mu     sync.Mutex
+	sizes  map[types.UID]intentSize
+	totals map[string]int64
 }
 
 func newIntentBytes(memory *perobject.Owner) *intentBytes {
-	return &intentBytes{sizes: perobject.NewMap[intentSize](memory)}
+	b := &intentBytes{sizes: map[types.UID]intentSize{}, totals: map[string]int64{}}
+	memory.OnForget(b.free)
+	return b
 }
 
 // reserve counts intents, to be published for the VM of uid in namespace,
@@ -50,19 +59,16 @@ func (b *intentBytes) reserve(uid types.UID, namespace string, intents map[strin
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	before, _ := b.sizes.Load(uid)
-	var others int64
-	b.sizes.Range(func(u types.UID, s intentSize) bool {
-		if u != uid && s.namespace == namespace {
-			others += s.bytes
-		}
-		return true
-	})
+	before := b.sizes[uid]
+	if before.namespace != namespace {
+		before = intentSize{}
+	}
+	others := b.totals[namespace] - before.bytes
 	if limit > 0 && size > before.bytes && others+size > limit {
 		return 0, errors.Errorf("namespace %s holds %d bytes of intents and this VM's take %d more, past its share of %d bytes (--intent-bytes-per-namespace); it is published once the namespace's other VMs shrink or go",
 			namespace, others+before.bytes, size-before.bytes, limit)
 	}
-	b.sizes.Store(uid, intentSize{namespace: namespace, bytes: max(size, before.bytes)})
+	b.set(uid, intentSize{namespace: namespace, bytes: max(size, before.bytes)})
 	return size, nil
 }
 
@@ -70,12 +76,35 @@ func (b *intentBytes) reserve(uid types.UID, namespace string, intents map[strin
 func (b *intentBytes) settle(uid types.UID, namespace string, size int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.sizes.Store(uid, intentSize{namespace: namespace, bytes: size})
+	b.set(uid, intentSize{namespace: namespace, bytes: size})
 }
 
 // free stops counting the VM of uid, whose intents are deleted.
 func (b *intentBytes) free(uid types.UID) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.sizes.Delete(uid)
+	b.set(uid, intentSize{})
+}
+
+// held is what the VMs of namespace take.
+func (b *intentBytes) held(namespace string) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.totals[namespace]
+}
+
+// set makes s what the VM of uid takes (nothing, when zero), and keeps the
+// totals. b.mu must be held.
+func (b *intentBytes) set(uid types.UID, s intentSize) {
+	if old, ok := b.sizes[uid]; ok {
+		if b.totals[old.namespace] -= old.bytes; b.totals[old.namespace] == 0 {
+			delete(b.totals, old.namespace)
+		}
+		delete(b.sizes, uid)
+	}
+	if s == (intentSize{}) {
+		return
+	}
+	b.sizes[uid] = s
+	b.totals[s.namespace] += s.bytes
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
@@ -90,4 +91,73 @@ func TestOneNamespaceCannotFillTheIntentsBucket(t *testing.T) {
 	assert.False(t, published(a1))
 	require.NoError(t, e.publish(env.Ctx, a3, dependencies{}, "node1"))
 	assert.True(t, published(a3))
+}
+
+// TestIntentBytesKeepEachNamespacesTotal follows the counter through what
+// a VM's intents go through: reserved, published (settled), grown,
+// refused, deleted (freed) and forgotten with the VM. Each namespace's
+// total is kept as they change, never summed over the VMs.
+func TestIntentBytesKeepEachNamespacesTotal(t *testing.T) {
+	owner := perobject.NewOwner(nil)
+	b := newIntentBytes(owner)
+	intent := func(userData int) map[string]wire.Intent {
+		in := wire.Intent{UID: "u", Name: "vm", Namespace: "a"}
+		in.Machine.UserData = strings.Repeat("x", userData)
+		return map[string]wire.Intent{"node1": in}
+	}
+	size := func(userData int) int64 {
+		v, err := wire.GuestIntents.Encode(intent(userData)["node1"])
+		require.NoError(t, err)
+		return int64(len(v))
+	}
+	small, big := size(100), size(1000)
+	limit := big + small/2
+
+	steps := []struct {
+		name string
+		do   func() error
+		// wantErr is set for a reserve the share refuses.
+		wantErr bool
+		a, b    int64
+	}{
+		{name: "AFirstVMIsReserved", do: func() error { _, err := b.reserve("vm1", "a", intent(100), limit); return err }, a: small},
+		{name: "AndSettled", do: func() error { b.settle("vm1", "a", small); return nil }, a: small},
+		{name: "ASecondFits", do: func() error { _, err := b.reserve("vm2", "a", intent(100), limit); return err }, a: 2 * small},
+		{name: "TheSameIntentAgainCountsNothingMore", do: func() error { _, err := b.reserve("vm2", "a", intent(100), limit); return err }, a: 2 * small},
+		{name: "AGrowthPastTheShareIsRefusedAndCountsNothing", do: func() error { _, err := b.reserve("vm2", "a", intent(1000), limit); return err }, wantErr: true, a: 2 * small},
+		{name: "AnotherNamespaceIsNotHeldBack", do: func() error { _, err := b.reserve("vm3", "b", intent(1000), limit); return err }, a: 2 * small, b: big},
+		{name: "AFreedVMLeavesRoom", do: func() error { b.free("vm1"); return nil }, a: small, b: big},
+		{name: "SoTheGrowthFitsNow", do: func() error { _, err := b.reserve("vm2", "a", intent(1000), limit); return err }, a: big, b: big},
+		{name: "AShrinkCountsTheLargerUntilSettled", do: func() error { _, err := b.reserve("vm2", "a", intent(100), limit); return err }, a: big, b: big},
+		{name: "ThenTheSmaller", do: func() error { b.settle("vm2", "a", small); return nil }, a: small, b: big},
+		{name: "AVMForgottenWithItsObjectIsFreed", do: func() error { owner.Forget("vm3"); return nil }, a: small},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			err := s.do()
+			if s.wantErr {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "namespace a holds")
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, s.a, b.held("a"), "namespace a")
+			assert.Equal(t, s.b, b.held("b"), "namespace b")
+		})
+	}
+}
+
+// BenchmarkIntentBytesReserve is a publish's check against its namespace's
+// share with 100,000 VMs counted: it costs the same as with one.
+func BenchmarkIntentBytesReserve(b *testing.B) {
+	bytes := newIntentBytes(perobject.NewOwner(nil))
+	for i := range 100_000 {
+		bytes.settle(types.UID("vm-"+strconv.Itoa(i)), "ns-"+strconv.Itoa(i%100), 2048)
+	}
+	intents := map[string]wire.Intent{"node1": {UID: "vm-0", Name: "vm-0", Namespace: "ns-0"}}
+	for b.Loop() {
+		if _, err := bytes.reserve("vm-0", "ns-0", intents, 1<<30); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
