@@ -85,16 +85,22 @@ func TestFakeVirtControllerSnapshotsAndRestores(t *testing.T) {
 
 	t.Run("ASnapshotOfNoVMStaysInProgressUntilItsDeadline", func(t *testing.T) {
 		s := snapshotOf("orphan", "absent")
-		s.Spec.FailureDeadline = &metav1.Duration{Duration: time.Second}
+		// The controller's first look must come before the deadline for
+		// the snapshot to be seen InProgress at all. The deadline counts
+		// from the creation timestamp, which has whole seconds: a deadline
+		// of a second could end a moment after the create, and on a
+		// loaded machine the snapshot went straight to Failed.
+		const deadline = 5 * time.Second
+		s.Spec.FailureDeadline = &metav1.Duration{Duration: deadline}
 		require.NoError(t, c.Client.Create(ctx, s))
 		require.Eventually(t, func() bool {
 			return c.Client.Get(ctx, key("orphan"), s) == nil && s.Status != nil && s.Status.Phase == snapshotv1.InProgress
-		}, 5*time.Second, 20*time.Millisecond)
+		}, deadline, 20*time.Millisecond)
 		assert.Contains(t, s.Status.Conditions, snapshotv1.Condition{Type: snapshotv1.ConditionProgressing, Status: corev1.ConditionFalse, Reason: MsgSourceMissing,
 			LastTransitionTime: findSnapshotCondition(s.Status.Conditions, snapshotv1.ConditionProgressing).LastTransitionTime})
 		require.Eventually(t, func() bool {
 			return c.Client.Get(ctx, key("orphan"), s) == nil && s.Status.Phase == snapshotv1.Failed
-		}, 10*time.Second, 50*time.Millisecond)
+		}, deadline+10*time.Second, 50*time.Millisecond)
 		failure := findSnapshotCondition(s.Status.Conditions, snapshotv1.ConditionFailure)
 		require.NotNil(t, failure)
 		assert.Equal(t, MsgDeadlineExceeded, failure.Reason)
