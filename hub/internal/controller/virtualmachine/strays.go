@@ -90,9 +90,29 @@ func (s *Strays) Sweep(ctx context.Context, f *fleet.Fleet) error {
 		cached[l.Items[i].UID] = &l.Items[i]
 	}
 	var fresh map[types.UID]*v1alpha1.VirtualMachine
+	vms := &objects{
+		cached: func(context.Context) (map[types.UID]bool, error) { return uidsOf(cached), nil },
+		current: func(ctx context.Context) (map[types.UID]bool, error) {
+			var err error
+			if fresh == nil {
+				fresh, err = s.current(ctx)
+			}
+			return uidsOf(fresh), err
+		},
+	}
+	volumes := &objects{
+		cached:  func(ctx context.Context) (map[types.UID]bool, error) { return volumeUIDs(ctx, s.cache) },
+		current: func(ctx context.Context) (map[types.UID]bool, error) { return volumeUIDs(ctx, s.api) },
+	}
 	for _, e := range entries {
 		if uid, ok := wire.BindingUID(e.Key); ok {
-			if err := s.sweepRecord(ctx, f, e, uid, cached, &fresh); err != nil {
+			if err := s.sweepRecord(ctx, f, e, uid, vms); err != nil {
+				return err
+			}
+			continue
+		}
+		if uid, ok := wire.SizeUID(e.Key); ok {
+			if err := s.sweepRecord(ctx, f, e, uid, volumes); err != nil {
 				return err
 			}
 			continue
@@ -127,26 +147,67 @@ func (s *Strays) Sweep(ctx context.Context, f *fleet.Fleet) error {
 	return nil
 }
 
-// sweepRecord deletes e, the binding record of the VM of uid, once no
-// such VM exists: one deleted without its guest (released as an orphan)
-// leaves its record behind.
-func (s *Strays) sweepRecord(ctx context.Context, f *fleet.Fleet, e bus.Entry, uid string, cached map[types.UID]*v1alpha1.VirtualMachine, fresh *map[types.UID]*v1alpha1.VirtualMachine) error {
-	if _, ok := cached[types.UID(uid)]; ok {
-		return nil
-	}
-	if *fresh == nil {
-		var err error
-		if *fresh, err = s.current(ctx); err != nil {
-			return err
+// objects answers whether an object of one kind exists: from the cache
+// when it shows it, else from the API server, since the cache may be behind
+// an object just made. Each is listed at most once a sweep, and only when
+// a record asks.
+type objects struct {
+	cached, current func(ctx context.Context) (map[types.UID]bool, error)
+	inCache, listed map[types.UID]bool
+}
+
+func (o *objects) has(ctx context.Context, uid types.UID) (bool, error) {
+	var err error
+	if o.inCache == nil {
+		if o.inCache, err = o.cached(ctx); err != nil {
+			return false, err
 		}
 	}
-	if _, ok := (*fresh)[types.UID(uid)]; ok {
-		return nil
+	if o.inCache[uid] {
+		return true, nil
+	}
+	if o.listed == nil {
+		if o.listed, err = o.current(ctx); err != nil {
+			return false, err
+		}
+	}
+	return o.listed[uid], nil
+}
+
+// sweepRecord deletes e, the hub's record of the object of uid in the
+// intents bucket (a VM's binding, a Volume's size), once no such object
+// exists: a VM deleted without its guest (released as an orphan), or a
+// Volume deleted without its disk, leaves its record behind.
+func (s *Strays) sweepRecord(ctx context.Context, f *fleet.Fleet, e bus.Entry, uid string, of *objects) error {
+	if ok, err := of.has(ctx, types.UID(uid)); err != nil || ok {
+		return err
 	}
 	if err := f.Bus.DeleteAt(ctx, wire.BucketIntents, e.Key, e.Revision); err != nil {
-		s.log.Debug("Cannot delete the binding record of a VM gone; the next sweep tries again", "uid", uid, "error", err)
+		s.log.Debug("Cannot delete the record of an object gone; the next sweep tries again", "key", e.Key, "error", err)
 	}
 	return nil
+}
+
+// volumeUIDs are the uids of the Volumes r holds.
+func volumeUIDs(ctx context.Context, r client.Reader) (map[types.UID]bool, error) {
+	l := &v1alpha1.VolumeList{}
+	if err := r.List(ctx, l); err != nil {
+		return nil, errors.Wrap(err, "cannot list Volumes")
+	}
+	out := make(map[types.UID]bool, len(l.Items))
+	for i := range l.Items {
+		out[l.Items[i].UID] = true
+	}
+	return out, nil
+}
+
+// uidsOf are the uids of vms.
+func uidsOf(vms map[types.UID]*v1alpha1.VirtualMachine) map[types.UID]bool {
+	out := make(map[types.UID]bool, len(vms))
+	for uid := range vms {
+		out[uid] = true
+	}
+	return out
 }
 
 // delete deletes the stray intent e of guest uid on node, unless it

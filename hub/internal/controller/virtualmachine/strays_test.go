@@ -2,6 +2,7 @@ package virtualmachine
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -104,6 +105,15 @@ func TestStraysAreSwept(t *testing.T) {
 	_, err := bus.Put(env.Ctx, f.Bus, wire.VolumeIntents, "node1", volumeUID, wire.VolumeIntent{ProtocolVersion: wire.ProtocolVersion, UID: volumeUID, Disk: "root", Absent: true})
 	require.NoError(t, err)
 
+	// The size the hub recorded of a Volume that exists is kept; that of
+	// a Volume gone without its disk (deleted without the Delete
+	// management policy, or while its ProviderConfig could not be read)
+	// goes.
+	sized := env.Volume(t, ns, "sized", "1Gi")
+	require.NoError(t, f.RecordSize(env.Ctx, string(sized.UID), 1<<30))
+	unsized := string(uuid.NewUUID())
+	require.NoError(t, f.RecordSize(env.Ctx, unsized, 1<<30))
+
 	goneBefore := testutil.ToFloat64(metrics.StrayIntentsDeleted.WithLabelValues(metrics.ReasonVMGone))
 	unboundBefore := testutil.ToFloat64(metrics.StrayIntentsDeleted.WithLabelValues(metrics.ReasonNotBound))
 
@@ -145,6 +155,16 @@ func TestStraysAreSwept(t *testing.T) {
 	}
 	_, ok := controllertest.Stored(t, f, wire.VolumeIntents, "node1", volumeUID)
 	assert.True(t, ok, "a Volume's intent is no guest's, and is kept")
+	sizeRecorded := func(uid string) bool {
+		key, err := wire.SizeKey(uid)
+		require.NoError(t, err)
+		entries, err := f.Bus.List(env.Ctx, wire.BucketIntents)
+		require.NoError(t, err)
+		return slices.ContainsFunc(entries, func(e bus.Entry) bool { return e.Key == key })
+	}
+	assert.True(t, sizeRecorded(string(sized.UID)), "the size record of a Volume that exists is kept")
+	assert.Eventually(t, func() bool { return !sizeRecorded(unsized) }, 10*straySweep+5*time.Second, 10*time.Millisecond,
+		"the size record of a Volume gone is swept")
 	assert.GreaterOrEqual(t, testutil.ToFloat64(metrics.StrayIntentsDeleted.WithLabelValues(metrics.ReasonVMGone))-goneBefore, 2.0, "the intents of no VM are counted")
 	assert.GreaterOrEqual(t, testutil.ToFloat64(metrics.StrayIntentsDeleted.WithLabelValues(metrics.ReasonNotBound))-unboundBefore, 2.0, "the intents of VMs bound elsewhere are counted")
 }
