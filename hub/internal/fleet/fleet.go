@@ -89,8 +89,9 @@ type Fleet struct {
 	recorder event.Recorder
 	// sealKey signs the hub's placements (Seal).
 	sealKey []byte
-	// bindings are the hub's records of the VMs' bindings (Held).
-	bindings bindings
+	// records are the hub's own records in the intents bucket: the VMs'
+	// bindings (Held) and the Volumes' sizes in effect (SizeInEffect).
+	records records
 	// allowances bound what the nodes' heartbeats claim; nil applies
 	// Admit with no administrator's word.
 	allowances *Allowances
@@ -185,10 +186,10 @@ func (f *Fleet) Run(ctx context.Context) {
 	})
 	wg.Go(func() {
 		// The watch hands back every intent the hub writes as well; the
-		// binding records share the bucket so that nothing but the hub
-		// can write them (see wire.BindingRecord).
+		// hub's records share the bucket so that nothing but the hub can
+		// write them (see wire.BindingRecord, wire.VolumeSizeRecord).
 		if err := f.Bus.Watch(ctx, wire.BucketIntents, f.onIntent); err != nil && ctx.Err() == nil {
-			f.log.Info("Binding record watch ended", "error", err)
+			f.log.Info("Record watch ended", "error", err)
 		}
 	})
 	wg.Go(func() {

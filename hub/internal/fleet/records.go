@@ -11,30 +11,32 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 )
 
-// ErrBindingsNotSynced is returned while the hub has not read its records
-// of the VMs' bindings: until then it cannot tell a replayed binding from
-// the newest one.
-var ErrBindingsNotSynced = errors.New("the hub has not read its records of the VMs' bindings yet")
+// ErrRecordsNotSynced is returned while the hub has not read its own
+// records in the intents bucket: until then it cannot tell a replayed
+// binding from the newest one, nor a Volume's size in effect.
+var ErrRecordsNotSynced = errors.New("the hub has not read its records in the intents bucket yet")
 
-// bindings is the hub's record of the newest binding it sealed for each
-// VirtualMachine, kept in the intents bucket (wire.BindingRecord). A
-// VM's status shows its binding as well, but a tenant who may edit the VM
-// may write its status too (Crossplane's aggregated edit role grants
-// */status): a binding in status is for users to read, and the hub never
-// takes one from there.
-type bindings struct {
-	mu   sync.RWMutex
+// records are the hub's own records, kept in the intents bucket, where
+// only the hub writes: the newest binding it sealed for each
+// VirtualMachine (wire.BindingRecord) and the size in effect of each
+// Volume it sized (wire.VolumeSizeRecord). A VM's status shows its
+// binding as well, and a Volume's its size, but a tenant who may edit an
+// object may write its status too (Crossplane's aggregated edit role
+// grants */status): what status says is for users to read, and the hub
+// never takes it from there.
+type records struct {
+	mu sync.RWMutex
+	// held are the VMs' bindings, by uid.
 	held map[string]v1alpha1.Binding
-	// sizes are the sizes in effect of Volumes, by uid
-	// (wire.VolumeSizeRecord).
+	// sizes are the sizes in effect of Volumes, by uid.
 	sizes  map[string]int64
 	synced bool
 }
 
-// onIntent takes the binding records among the intents bucket's entries;
+// onIntent takes the hub's records among the intents bucket's entries;
 // the intents themselves are the hub's own writes, and pass.
 func (f *Fleet) onIntent(e bus.Entry) error {
-	b := &f.bindings
+	b := &f.records
 	if e.Synced {
 		b.mu.Lock()
 		b.synced = true
@@ -68,7 +70,7 @@ func (f *Fleet) onIntent(e bus.Entry) error {
 // keep remembers bd as uid's binding unless a newer one is remembered: a
 // record read back from the watch may be older than one just written.
 func (f *Fleet) keep(uid string, bd v1alpha1.Binding) {
-	b := &f.bindings
+	b := &f.records
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if cur, ok := b.held[uid]; ok && cur.Epoch > bd.Epoch {
@@ -81,13 +83,13 @@ func (f *Fleet) keep(uid string, bd v1alpha1.Binding) {
 }
 
 // Held is the newest binding the hub recorded for the VM of uid, nil for a
-// VM it recorded none for; ErrBindingsNotSynced until the records are read.
+// VM it recorded none for; ErrRecordsNotSynced until the records are read.
 func (f *Fleet) Held(uid string) (*v1alpha1.Binding, error) {
-	b := &f.bindings
+	b := &f.records
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if !b.synced {
-		return nil, ErrBindingsNotSynced
+		return nil, ErrRecordsNotSynced
 	}
 	bd, ok := b.held[uid]
 	if !ok {
@@ -131,7 +133,7 @@ func (f *Fleet) Unrecord(ctx context.Context, uid string) error {
 	if err != nil {
 		return err
 	}
-	return f.unrecord(ctx, key, func(b *bindings) { delete(b.held, uid) })
+	return f.unrecord(ctx, key, func(b *records) { delete(b.held, uid) })
 }
 
 // UnrecordSize removes the size record of the Volume of uid, once its
@@ -141,23 +143,23 @@ func (f *Fleet) UnrecordSize(ctx context.Context, uid string) error {
 	if err != nil {
 		return err
 	}
-	return f.unrecord(ctx, key, func(b *bindings) { delete(b.sizes, uid) })
+	return f.unrecord(ctx, key, func(b *records) { delete(b.sizes, uid) })
 }
 
 // unrecord deletes the record under key, then forgets it.
-func (f *Fleet) unrecord(ctx context.Context, key string, forget func(b *bindings)) error {
+func (f *Fleet) unrecord(ctx context.Context, key string, forget func(b *records)) error {
 	if err := f.Bus.Delete(ctx, wire.BucketIntents, key); err != nil {
 		return errors.Wrapf(err, "cannot remove the hub's record %s", key)
 	}
-	f.bindings.mu.Lock()
-	forget(&f.bindings)
-	f.bindings.mu.Unlock()
+	f.records.mu.Lock()
+	forget(&f.records)
+	f.records.mu.Unlock()
 	return nil
 }
 
 // onSize takes e, the entry of the size record of the Volume of uid.
 func (f *Fleet) onSize(e bus.Entry, uid string) error {
-	b := &f.bindings
+	b := &f.records
 	if e.Deleted {
 		b.mu.Lock()
 		delete(b.sizes, uid)
@@ -178,7 +180,7 @@ func (f *Fleet) onSize(e bus.Entry, uid string) error {
 // keepSize remembers size as the Volume of uid's unless a larger one is
 // remembered: a Volume only grows.
 func (f *Fleet) keepSize(uid string, size int64) {
-	b := &f.bindings
+	b := &f.records
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.sizes[uid] >= size {
@@ -191,14 +193,14 @@ func (f *Fleet) keepSize(uid string, size int64) {
 }
 
 // SizeInEffect is the size the hub recorded for the Volume of uid
-// (RecordSize), and whether it recorded one; ErrBindingsNotSynced until
+// (RecordSize), and whether it recorded one; ErrRecordsNotSynced until
 // the records are read.
 func (f *Fleet) SizeInEffect(uid string) (int64, bool, error) {
-	b := &f.bindings
+	b := &f.records
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if !b.synced {
-		return 0, false, ErrBindingsNotSynced
+		return 0, false, ErrRecordsNotSynced
 	}
 	size, ok := b.sizes[uid]
 	return size, ok, nil
