@@ -20,14 +20,15 @@ type Counter struct {
 	fleets func() []*fleet.Fleet
 
 	mu sync.Mutex
-	// admitted is what Admit and AdmitSnapshot let in that the cache does
-	// not count yet.
+	// admitted is what Admit, AdmitSnapshot, AdmitAddresses and
+	// AdmitGrowth let in that the cache or the hub's records do not count
+	// yet.
 	admitted map[key]admission
 }
 
 // key names one admission: of a VM, of a Volume a VM's placement makes,
-// of the addresses a VM is to hold in all (by the VM's uid), or of a
-// snapshot.
+// of the addresses a VM is to hold in all (by the VM's uid), of a
+// snapshot, or of a Volume's growth (by the Volume's uid).
 type key struct {
 	kind string
 	uid  types.UID
@@ -39,14 +40,19 @@ const (
 	admittedVolume    = "volume"
 	admittedAddresses = "addresses"
 	admittedSnapshot  = "snapshot"
+	admittedGrowth    = "growth"
 )
 
 type admission struct {
 	namespace string
 	amounts   Amounts
 	// by is the uid of the object whose admission let this in: the VM
-	// that brings a Volume and its addresses, the snapshot itself.
+	// that brings a Volume and its addresses, the snapshot itself, the
+	// Volume that grows.
 	by types.UID
+	// size is, of a growth, the size the Volume grows to: it counts
+	// until the cache shows the Volume on a node at that size in effect.
+	size int64
 }
 
 // NewCounter returns a Counter reading VMs, Volumes, snapshots,
@@ -151,6 +157,10 @@ func (c *Counter) countVolumes(ctx context.Context, namespace string, t *tally) 
 		size, err := c.sizeInEffect(v)
 		if err != nil {
 			return err
+		}
+		if g, ok := c.admitted[key{admittedGrowth, v.UID}]; ok && size >= g.size {
+			// The size record landed: it counts the growth now.
+			delete(c.admitted, key{admittedGrowth, v.UID})
 		}
 		a.StorageBytes = size
 		t.used = t.used.add(a)
@@ -315,21 +325,69 @@ func (c *Counter) FitsVolume(ctx context.Context, v *v1alpha1.Volume) error {
 	})
 }
 
-// FitsGrowth says whether v, on a node at size, may grow to its spec's
-// size within every TenantQuota of its namespace: nil, or an
-// ExceededError naming the limit. The hub records the size before it sends
-// it, and the record is what counts from then on.
+// FitsGrowth says whether v, at size, may grow to its spec's size within
+// every TenantQuota of its namespace, beside the other growths admitted:
+// nil, or an ExceededError naming the limit. It admits nothing: it says
+// what the Volume and its VM's Ready condition tell the tenant, and a
+// growth of v admitted already is not counted against itself.
 func (c *Counter) FitsGrowth(ctx context.Context, v *v1alpha1.Volume, size int64) error {
-	return c.under(ctx, v.Namespace, "", func(qs []apisv1alpha1.TenantQuota, t tally) error {
-		return Check(qs, t.used, Amounts{StorageBytes: v.Spec.ForProvider.Size.Value() - size}, "this Volume's growth")
+	return c.underGrowth(ctx, v, func(qs []apisv1alpha1.TenantQuota, used Amounts) error {
+		return Check(qs, used, growth(v, size), "this Volume's growth")
 	})
+}
+
+// AdmitGrowth says whether v, at size, may grow to its spec's size within
+// every TenantQuota of its namespace (nil, or an ExceededError naming the
+// limit), and if it may counts the growth until the cache shows v on a
+// node at that size in effect, or ForgetGrowth or Forget is told of it.
+// The hub admits a growth just before it records the size
+// (fleet.Fleet.RecordSize), and the record is what counts from then on:
+// two growths checked before either record landed can never both pass a
+// quota that takes one. A growth of v admitted again replaces the first.
+func (c *Counter) AdmitGrowth(ctx context.Context, v *v1alpha1.Volume, size int64) error {
+	return c.underGrowth(ctx, v, func(qs []apisv1alpha1.TenantQuota, used Amounts) error {
+		want := growth(v, size)
+		if err := Check(qs, used, want, "this Volume's growth"); err != nil {
+			delete(c.admitted, key{admittedGrowth, v.UID})
+			return err
+		}
+		c.admitted[key{admittedGrowth, v.UID}] = admission{namespace: v.Namespace, amounts: want, by: v.UID, size: v.Spec.ForProvider.Size.Value()}
+		return nil
+	})
+}
+
+// ForgetGrowth stops counting the growth of the Volume of uid that
+// AdmitGrowth let in: its size was not recorded after all.
+func (c *Counter) ForgetGrowth(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.admitted, key{admittedGrowth, uid})
+}
+
+// underGrowth calls fits, with c.mu held, with the TenantQuotas of v's
+// namespace and what it holds but the growth of v admitted already: a
+// growth asked about again is not counted against itself. Nothing else of
+// v is left out: until the cache shows v on a node, the admission of the
+// VM that makes it counts its size.
+func (c *Counter) underGrowth(ctx context.Context, v *v1alpha1.Volume, fits func(qs []apisv1alpha1.TenantQuota, used Amounts) error) error {
+	return c.under(ctx, v.Namespace, "", func(qs []apisv1alpha1.TenantQuota, t tally) error {
+		used := t.used
+		used.StorageBytes -= c.admitted[key{admittedGrowth, v.UID}].amounts.StorageBytes
+		return fits(qs, used)
+	})
+}
+
+// growth is what v adds growing from size to its spec's size.
+func growth(v *v1alpha1.Volume, size int64) Amounts {
+	return Amounts{StorageBytes: v.Spec.ForProvider.Size.Value() - size}
 }
 
 // HeldGrowth says why v, on a node, keeps a size smaller than its spec's:
 // the size in effect, and the ExceededError of its growth. It is nil when
 // v holds its spec's size, or grows within every TenantQuota of its
-// namespace (the hub sends the growth with its VM's next intent). The
-// tenant edits the Volume, not its VM, so the Volume says so too.
+// namespace beside the other growths admitted (the hub sends the growth
+// with its VM's next intent). The tenant edits the Volume, not its VM, so
+// the Volume says so too.
 func (c *Counter) HeldGrowth(ctx context.Context, v *v1alpha1.Volume) (int64, error) {
 	size, err := c.sizeInEffect(v)
 	if err != nil || size >= v.Spec.ForProvider.Size.Value() {

@@ -73,11 +73,13 @@ func declaredShape(vm *v1alpha1.VirtualMachine) (int32, int64) {
 
 // sizeVolumes sets d's sizes, grows and heldGrowth: a Volume grows on its
 // node only once the hub admitted the growth against its namespace's
-// storage quota and recorded the new size (Fleet.RecordSize), where no
+// storage quota and recorded the new size (recordGrowth), where no
 // tenant can write; one past the quota keeps the size in effect and says
-// why. The placement that makes a Volume records the size it admitted
-// (recordAdmittedSizes); one without a record is admitted whole
-// (admitAttached) and its size recorded as it is.
+// why. It only asks the quota (quota.Counter.FitsGrowth), as Observe
+// must; a growth is admitted as it is recorded. The placement that makes
+// a Volume records the size it admitted (recordAdmittedSizes); one
+// without a record is admitted whole (admitAttached) and its size
+// recorded as it is.
 func (e *external) sizeVolumes(ctx context.Context, d *dependencies) error {
 	d.sizes, d.grows, d.heldGrowth = map[types.UID]int64{}, map[types.UID]int64{}, nil
 	for i := range d.volumes {
@@ -101,18 +103,12 @@ func (e *external) sizeVolumes(ctx context.Context, d *dependencies) error {
 			continue
 		}
 		d.sizes[v.UID] = size
+		d.grows[v.UID] = want
 		if e.opts.Quotas != nil {
-			err := e.opts.Quotas.FitsGrowth(ctx, v, size)
-			var exceeded *quota.ExceededError
-			if errors.As(err, &exceeded) {
-				d.heldGrowth = append(d.heldGrowth, fmt.Sprintf("Volume %s keeps its size of %s: %v", v.Name, resource.NewQuantity(size, resource.BinarySI), err))
-				continue
-			}
-			if err != nil {
+			if err := d.holdPastQuota(v, size, e.opts.Quotas.FitsGrowth(ctx, v, size)); err != nil {
 				return err
 			}
 		}
-		d.grows[v.UID] = want
 	}
 	return nil
 }
@@ -149,13 +145,68 @@ func recordAdmittedSizes(ctx context.Context, f *fleet.Fleet, volumes []v1alpha1
 }
 
 // recordGrowth records the sizes d's Volumes grow to, before the intent
-// that sends them is published.
+// that sends them is published. Each growth is admitted against the
+// namespace's quota just before its record is written (admitGrowth), and
+// forgotten if the write fails: sizeVolumes only asked whether each
+// growth fits beside those admitted, and two growths asked about at once,
+// by one VM or by two, may each fit alone and not together.
 func (e *external) recordGrowth(ctx context.Context, d *dependencies) error {
 	for _, uid := range slices.Sorted(maps.Keys(d.grows)) {
-		if err := e.fleet.RecordSize(ctx, string(uid), d.grows[uid]); err != nil {
+		if err := e.admitGrowth(ctx, d, uid); err != nil {
+			return err
+		}
+		size, ok := d.grows[uid]
+		if !ok {
+			// Held: the node is sent the size in effect.
+			continue
+		}
+		if err := e.fleet.RecordSize(ctx, string(uid), size); err != nil {
+			if e.opts.Quotas != nil {
+				e.opts.Quotas.ForgetGrowth(uid)
+			}
 			return e.busFailed(string(uid), err)
 		}
 		delete(d.sizes, uid)
+	}
+	return nil
+}
+
+// admitGrowth admits the growth of d's Volume of uid, one with a size in
+// effect (d.sizes): the quota then counts it until its record lands. One
+// past the quota is taken out of d.grows and said in d.heldGrowth, as
+// sizeVolumes says it. The others, Volumes without a record yet, were
+// admitted whole (admitAttached).
+func (e *external) admitGrowth(ctx context.Context, d *dependencies, uid types.UID) error {
+	size, ok := d.sizes[uid]
+	if !ok || e.opts.Quotas == nil {
+		return nil
+	}
+	v := d.volume(uid)
+	if v == nil {
+		return nil
+	}
+	return d.holdPastQuota(v, size, e.opts.Quotas.AdmitGrowth(ctx, v, size))
+}
+
+// holdPastQuota takes err, the quota's answer about v's growth from size:
+// an ExceededError holds the growth, said in d.heldGrowth, and is no
+// error of the reconcile; any other error is returned.
+func (d *dependencies) holdPastQuota(v *v1alpha1.Volume, size int64, err error) error {
+	var exceeded *quota.ExceededError
+	if !errors.As(err, &exceeded) {
+		return err
+	}
+	delete(d.grows, v.UID)
+	d.heldGrowth = append(d.heldGrowth, fmt.Sprintf("Volume %s keeps its size of %s: %v", v.Name, resource.NewQuantity(size, resource.BinarySI), err))
+	return nil
+}
+
+// volume is d's Volume of uid, nil if it has none.
+func (d *dependencies) volume(uid types.UID) *v1alpha1.Volume {
+	for i := range d.volumes {
+		if d.volumes[i].UID == uid {
+			return &d.volumes[i]
+		}
 	}
 	return nil
 }

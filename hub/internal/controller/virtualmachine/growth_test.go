@@ -1,6 +1,8 @@
 package virtualmachine
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -8,16 +10,22 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
+	"github.com/virtfleet/virtfleet/hub/internal/quota"
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
 
@@ -100,4 +108,46 @@ func TestAGrowTheNodeCannotHoldKeepsTheRunningShape(t *testing.T) {
 	m = sent()
 	assert.Equal(t, [2]int64{4, 2 << 30}, [2]int64{int64(m.VCPU), m.MemoryBytes}, "a shape the node runs is no growth")
 	assert.Empty(t, ready().Message)
+}
+
+// TestAGrowthWhoseRecordFailsIsForgotten pins that a growth admitted
+// against the namespace's quota stops counting when its size record
+// cannot be written: the node is sent nothing larger, so nothing larger
+// may hold the quota, and another Volume's growth that fits without it is
+// admitted. Once the record is written, the record counts it.
+func TestAGrowthWhoseRecordFailsIsForgotten(t *testing.T) {
+	ctx := context.Background()
+	b := bus.NewFake()
+	e := testExternal(t, b, &fleettest.Recorder{}, wake.NewNotifier(perobject.NewOwner(nil)))
+	// Two 8Gi Volumes on the node, both asking for 12Gi, under a quota of
+	// 20Gi: one growth fits.
+	var volumes []v1alpha1.Volume
+	objs := []client.Object{&apisv1alpha1.TenantQuota{
+		ObjectMeta: metav1.ObjectMeta{Name: "q"},
+		Spec:       apisv1alpha1.TenantQuotaSpec{Namespace: "default", Hard: apisv1alpha1.QuotaAmounts{Storage: ptr.To(resource.MustParse("20Gi"))}},
+	}}
+	for _, name := range []string{"a", "b"} {
+		v := v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + name), Annotations: map[string]string{v1alpha1.AnnotationNode: testNode}}}
+		v.Spec.ForProvider.Size = resource.MustParse("12Gi")
+		require.NoError(t, e.fleet.RecordSize(ctx, string(v.UID), 8<<30))
+		volumes = append(volumes, v)
+		objs = append(objs, &v)
+	}
+	counter := quota.NewCounter(kube(t, objs...), func() []*fleet.Fleet { return []*fleet.Fleet{e.fleet} })
+	e.opts.Quotas = counter
+	a, other := volumes[0], &volumes[1]
+	d := dependencies{volumes: []v1alpha1.Volume{a}, sizes: map[types.UID]int64{a.UID: 8 << 30}, grows: map[types.UID]int64{a.UID: 12 << 30}}
+
+	b.SetDown(errors.New("nats: connection closed"))
+	require.Error(t, e.recordGrowth(ctx, &d), "the record is not written")
+	require.NoError(t, counter.FitsGrowth(ctx, other, 8<<30), "a's growth no longer counts")
+
+	b.SetDown(nil)
+	d = dependencies{volumes: []v1alpha1.Volume{a}, sizes: map[types.UID]int64{a.UID: 8 << 30}, grows: map[types.UID]int64{a.UID: 12 << 30}}
+	require.NoError(t, e.recordGrowth(ctx, &d))
+	var exceeded *quota.ExceededError
+	require.ErrorAs(t, counter.FitsGrowth(ctx, other, 8<<30), &exceeded, "a's record counts its growth")
+	used, err := counter.Used(ctx, "default")
+	require.NoError(t, err)
+	assert.Equal(t, int64(20<<30), used.StorageBytes, "the record, not the record and the admission")
 }

@@ -2,12 +2,16 @@ package virtualmachine
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
@@ -101,6 +105,118 @@ func TestAVolumeGrowsOnlyWithinQuota(t *testing.T) {
 	}
 }
 
+// TestGrowthsAtOnceGrowOnlyWhatTheQuotaTakes pins that Volumes of one
+// namespace grown at the same moment pass its storage quota together, not
+// each alone: the hub reconciles the VMs that use them side by side (or one
+// VM with both), and asks about every growth before any size record lands.
+// Exactly one grows; the other keeps its size, and its Volume and its VM
+// say which limit holds it.
+//
+// Attacker's steps, a tenant whose namespace has a TenantQuota of 20Gi of
+// storage and two 8Gi Volumes a and b on node1 (attached to VMs web-a and
+// web-b, or both to VM web), all running: `kubectl -n team patch volume a
+// --type merge -p '{"spec":{"forProvider":{"size":"12Gi"}}}'` and the same
+// for b, in one go. Before, each growth of 4Gi was checked against the
+// 16Gi recorded, each fit alone, and node1 was sent both: 24Gi.
+func TestGrowthsAtOnceGrowOnlyWhatTheQuotaTakes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a kube-apiserver and a nats-server; skipped with -short")
+	}
+	env, counter := placementEnv(t)
+
+	cases := map[string]struct {
+		// vms are the VMs of the namespace, by name, with the Volumes
+		// each attaches.
+		vms map[string][]string
+	}{
+		"TwoVMsReconciledAtOnce": {vms: map[string][]string{"web-a": {"a"}, "web-b": {"b"}}},
+		"OneVMWithBoth":          {vms: map[string][]string{"web": {"a", "b"}}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			ns := env.Namespace(t)
+			env.StorageQuota(t, ns, "20Gi")
+			volumes := map[string]*v1alpha1.Volume{"a": env.Volume(t, ns, "a", "8Gi"), "b": env.Volume(t, ns, "b", "8Gi")}
+			e := hubClient(t, env, counter, ns)
+			var vms []*v1alpha1.VirtualMachine
+			for _, n := range slices.Sorted(maps.Keys(tc.vms)) {
+				vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: n}}
+				vm.Spec.ForProvider = v1alpha1.VirtualMachineParameters{Vcpu: 1, Memory: resource.MustParse("1Gi")}
+				for _, v := range tc.vms[n] {
+					vm.Spec.ForProvider.DiskAttachments = append(vm.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: v1alpha1.LocalName(v)})
+				}
+				require.NoError(t, env.Kube.Create(env.Ctx, vm))
+				vm = awaitPlaced(t, env, vm)
+				_, err := publishSteps(env, e, vm)
+				require.NoError(t, err, "the first publish, at 8Gi")
+				vms = append(vms, vm)
+			}
+
+			// The tenant's steps.
+			for _, v := range volumes {
+				env.Get(t, v)
+				v.Spec.ForProvider.Size = resource.MustParse("12Gi")
+				require.NoError(t, env.Kube.Update(env.Ctx, v))
+			}
+
+			// The hub's workers each resolve their VM, and then, side by
+			// side, record what they found.
+			ds := make([]dependencies, len(vms))
+			for i, vm := range vms {
+				var err error
+				ds[i], err = e.resolve(env.Ctx, vm)
+				require.NoError(t, err)
+				require.Len(t, ds[i].grows, len(tc.vms[vm.Name]), "each growth fits alone")
+			}
+			errs := make([]error, len(vms))
+			var wg sync.WaitGroup
+			for i := range vms {
+				wg.Go(func() { errs[i] = recordSteps(env, e, &ds[i]) })
+			}
+			wg.Wait()
+			for _, err := range errs {
+				require.NoError(t, err)
+			}
+
+			sent := map[string]int64{}
+			var heldGrowth []string
+			for i, vm := range vms {
+				for _, disk := range e.plan(vm, ds[i], "node1")["node1"].Machine.Disks {
+					sent[disk.Name] = disk.SizeBytes
+				}
+				heldGrowth = append(heldGrowth, ds[i].heldGrowth...)
+			}
+			var grown []string
+			for n, size := range sent {
+				if size == 12<<30 {
+					grown = append(grown, n)
+				}
+			}
+			require.Len(t, grown, 1, "exactly one Volume grows; node1 is sent %v", sent)
+			heldName := map[string]string{"a": "b", "b": "a"}[grown[0]]
+			assert.Equal(t, int64(8<<30), sent[heldName], "the other keeps its size")
+			exceeded := fmt.Sprintf("quota of namespace %s exceeded: storage would be 24Gi of 20Gi (TenantQuota %s; 20Gi in use, this Volume's growth 4Gi)", ns, ns)
+			assert.Equal(t, []string{fmt.Sprintf("Volume %s keeps its size of 8Gi: %s", heldName, exceeded)}, heldGrowth, "what the VM's Ready says")
+
+			held := volumes[heldName]
+			env.Get(t, held)
+			size, err := counter.HeldGrowth(env.Ctx, held)
+			assert.Equal(t, int64(8<<30), size)
+			require.EqualError(t, err, exceeded, "what the held Volume says")
+			used, err := counter.Used(env.Ctx, ns)
+			require.NoError(t, err)
+			assert.Equal(t, int64(20<<30), used.StorageBytes, "the namespace holds its quota, not more")
+
+			// The hub, reconciling again, holds it still.
+			for _, vm := range vms {
+				d, err := e.resolve(env.Ctx, vm)
+				require.NoError(t, err)
+				assert.Empty(t, d.grows, "nothing more to admit")
+			}
+		})
+	}
+}
+
 // TestAVolumeAttachedToAPlacedVMIsAdmitted pins that a Volume attached to
 // a VM after its placement counts against its namespace's storage quota
 // before its node makes it: placement admitted only the Volumes the VM had
@@ -181,12 +297,25 @@ func placedWeb(t *testing.T, env *controllertest.Env, counter *quota.Counter, ns
 	t.Helper()
 	env.StorageQuota(t, ns, "10Gi")
 	root := env.Volume(t, ns, "root", "8Gi")
-	vm := controllertest.Await(t, env, env.VM(t, ns, "web", "", false, ""), 30*time.Second, func(c *assert.CollectT, got *v1alpha1.VirtualMachine) {
+	vm := awaitPlaced(t, env, env.VM(t, ns, "web", "", false, ""))
+	return vm, root, hubClient(t, env, counter, ns)
+}
+
+// awaitPlaced returns vm once the placement loop placed it on node1.
+func awaitPlaced(t *testing.T, env *controllertest.Env, vm *v1alpha1.VirtualMachine) *v1alpha1.VirtualMachine {
+	t.Helper()
+	return controllertest.Await(t, env, vm, 30*time.Second, func(c *assert.CollectT, got *v1alpha1.VirtualMachine) {
 		assert.Equal(c, "node1", got.GetAnnotations()[v1alpha1.AnnotationNode], "the placement loop placed the VM")
 	})
+}
+
+// hubClient is the hub's client of ns's VMs, its quotas counted by
+// counter.
+func hubClient(t *testing.T, env *controllertest.Env, counter *quota.Counter, ns string) *external {
+	t.Helper()
 	g, err := providerconfig.GrantOf(env.Ctx, env.Kube, ns)
 	require.NoError(t, err)
-	return vm, root, &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube, reader: env.Kube, opts: Options{Quotas: counter}}, fleet: env.Fleet.Fleet, grant: g}
+	return &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube, reader: env.Kube, opts: Options{Quotas: counter}}, fleet: env.Fleet.Fleet, grant: g}
 }
 
 // publishSteps does what Update does before it publishes vm's intent:
@@ -197,8 +326,14 @@ func publishSteps(env *controllertest.Env, e *external, vm *v1alpha1.VirtualMach
 	if err != nil {
 		return d, err
 	}
-	if err := e.bindVolumes(env.Ctx, d, "node1"); err != nil {
-		return d, err
+	return d, recordSteps(env, e, &d)
+}
+
+// recordSteps is the second half of publishSteps: what Update does with d,
+// resolved, before it publishes.
+func recordSteps(env *controllertest.Env, e *external, d *dependencies) error {
+	if err := e.bindVolumes(env.Ctx, *d, "node1"); err != nil {
+		return err
 	}
-	return d, e.recordGrowth(env.Ctx, &d)
+	return e.recordGrowth(env.Ctx, d)
 }
