@@ -20,16 +20,18 @@ import (
 	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
-// TestClone runs the whole system on two nodes and boots a VM from a
+// TestClone runs the whole system on three nodes and boots a VM from a
 // DiskImage cloned from another VM's root Volume. Placement alone would put
-// the second VM on the emptier node, where the source is not: it must land
-// on the source's node.
+// the second VM on an emptier node, where the source is not: it must land
+// on the source's node. Once the source is gone, a third VM from the image
+// must land where the image is held.
 func TestClone(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
 	}
 	t.Parallel()
-	h := startStack(t, "vf-clone-", stack.Options{Nodes: []string{"node1", "node2"}})
+	nodes := []string{"node1", "node2", "node3"}
+	h := startStack(t, "vf-clone-", stack.Options{Nodes: nodes})
 	ctx := context.Background()
 
 	h.create(t, volume("a-root"))
@@ -54,9 +56,13 @@ func TestClone(t *testing.T) {
 
 	var node string
 	t.Run("TheSourceVMRuns", func(t *testing.T) {
-		h.create(t, cloneTestVM("a", "a-root"))
+		// On node2: the first name, which wins a tie between empty
+		// nodes, would be the source's node by chance.
+		a := cloneTestVM("a", "a-root")
+		a.Spec.ForProvider.NodeSelector = map[string]string{"kubernetes.io/hostname": "node2"}
+		h.create(t, a)
 		node = h.wait(t, "a", 60*time.Second, running).Status.AtProvider.Node
-		require.NotEmpty(t, node)
+		require.Equal(t, "node2", node)
 	})
 
 	t.Run("TheCloneVMRunsOnTheSourcesNode", func(t *testing.T) {
@@ -70,7 +76,7 @@ func TestClone(t *testing.T) {
 		assert.True(t, h.cloneNodeHas(t, node, "image_"+string(img.UID)), "the image was cloned on the node")
 		assert.True(t, h.cloneNodeHas(t, node, ns+"_b-root"), "b-root was made from it")
 		assert.False(t, h.cloneNodeHas(t, node, "cloning_"+string(img.UID)), "the clone finished")
-		for _, other := range []string{"node1", "node2"} {
+		for _, other := range nodes {
 			if other != node {
 				assert.False(t, h.cloneNodeHas(t, other, "image_"+string(img.UID)), "no copy on %s", other)
 			}
@@ -83,6 +89,19 @@ func TestClone(t *testing.T) {
 		h.delete(t, "a")
 		h.deleteObject(t, &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "a-root"}})
 		h.changesWithoutItsSource(t, "b")
+	})
+
+	// Its source gone, a new disk of the image can be made only of the copy
+	// node holds: a new VM from it is placed there, though the other nodes
+	// are emptier, and its disk is made of that copy.
+	t.Run("ANewCloneWithoutItsSourceRunsWhereTheImageIsHeld", func(t *testing.T) {
+		cRoot := volume("c-root")
+		cRoot.Spec.ForProvider.Source = &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: "a-golden"}}
+		h.create(t, cRoot)
+		h.create(t, cloneTestVM("c", "c-root"))
+		vm := h.wait(t, "c", 90*time.Second, running)
+		assert.Equal(t, node, vm.Status.AtProvider.Node, "only node %s holds a-golden", node)
+		assert.True(t, h.cloneNodeHas(t, node, ns+"_c-root"), "c-root was made of the node's copy")
 	})
 }
 

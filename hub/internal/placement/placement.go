@@ -61,8 +61,30 @@ type Request struct {
 	// Pools are the shared storage pools the VM's Volumes live in: only a
 	// node that reaches every one of them can open its disks.
 	Pools []string
+	// HeldImages are the images the VM's new disks can be made of only
+	// where a node holds a copy already (a clone whose source is gone), as
+	// RequiredNode is for disks made already: a node must hold every one.
+	HeldImages []HeldImage
 	// Group is the placement group the VM belongs to, if any.
 	Group *Group
+}
+
+// HeldImage is an image that only the nodes holding it can make disks of,
+// and those nodes.
+type HeldImage struct {
+	// Name is how messages call it (the DiskImage's name).
+	Name  string
+	Nodes []string
+}
+
+// unheld is the first of req's HeldImages that n does not hold, or "".
+func (req Request) unheld(n Node) string {
+	for _, img := range req.HeldImages {
+		if !slices.Contains(img.Nodes, n.Name) {
+			return img.Name
+		}
+	}
+	return ""
 }
 
 // Group is a placement group as one of its VMs is placed: its policy, and
@@ -113,6 +135,7 @@ type Cause string
 const (
 	CauseCordoned   Cause = "cordoned"
 	CauseVolumeNode Cause = "volume-node"
+	CauseImageNode  Cause = "image-node"
 	CauseStale      Cause = "stale-node"
 	CauseBackend    Cause = "backend"
 	CauseSelector   Cause = "selector"
@@ -125,7 +148,7 @@ const (
 )
 
 // Causes are every Cause.
-var Causes = []Cause{CauseCordoned, CauseVolumeNode, CauseStale, CauseBackend, CauseSelector, CausePool, CauseGroup, CauseVCPU, CauseMemory, CauseNoNodes}
+var Causes = []Cause{CauseCordoned, CauseVolumeNode, CauseImageNode, CauseStale, CauseBackend, CauseSelector, CausePool, CauseGroup, CauseVCPU, CauseMemory, CauseNoNodes}
 
 // NoFitError says why no node can take a request, node by node, in a form a
 // user can act on from the VirtualMachine's conditions.
@@ -416,6 +439,8 @@ func (p *Placer) ineligible(n Node, req Request, reserved Resources, now time.Ti
 	switch {
 	case req.RequiredNode != "" && n.Name != req.RequiredNode:
 		return "the VM's volumes are bound to " + req.RequiredNode, CauseVolumeNode
+	case req.unheld(n) != "":
+		return fmt.Sprintf("does not hold DiskImage %s, and the VM's new disks of it can only be made of a copy a node holds (the image's source is gone)", req.unheld(n)), CauseImageNode
 	case n.Unschedulable:
 		return "cordoned (spec.unschedulable of its HypervisorNode)", CauseCordoned
 	case now.Sub(n.LastSeen) > p.staleAfter:

@@ -38,6 +38,14 @@ func small(uid string) Request {
 	return Request{UID: uid, Resources: Resources{VCPU: 1, MemoryBytes: gib}}
 }
 
+// held is a small request whose new disks are of the images imgs, which
+// only the nodes holding them can make disks of.
+func held(imgs ...HeldImage) Request {
+	r := small("a")
+	r.HeldImages = imgs
+	return r
+}
+
 func TestPlace(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -154,6 +162,49 @@ func TestPlace(t *testing.T) {
 			nodes: []Node{node("node1", 8, 16, 4, 8, pools("fast")), node("node2", 8, 16, 0, 0)},
 			req:   small("a"),
 			want:  "node2",
+		},
+		{
+			name:  "a VM whose new disk is of a held image goes to the least allocated node holding it, even a fuller one",
+			nodes: []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 6, 12), node("node3", 8, 16, 4, 8)},
+			req:   held(HeldImage{Name: "golden", Nodes: []string{"node2", "node3"}}),
+			want:  "node3",
+		},
+		{
+			name:  "a holder without a fresh heartbeat is passed over for another holder",
+			nodes: []Node{node("node1", 8, 16, 0, 0, func(n *Node) { n.LastSeen = t0.Add(-30 * time.Second) }), node("node2", 8, 16, 6, 12), node("node3", 8, 16, 0, 0)},
+			req:   held(HeldImage{Name: "golden", Nodes: []string{"node1", "node2"}}),
+			want:  "node2",
+		},
+		{
+			name:  "a node must hold every held image",
+			nodes: []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 6, 12), node("node3", 8, 16, 0, 0)},
+			req:   held(HeldImage{Name: "golden", Nodes: []string{"node1", "node2"}}, HeldImage{Name: "data", Nodes: []string{"node2", "node3"}}),
+			want:  "node2",
+		},
+		{
+			name:       "no node holding the image names it, node by node",
+			nodes:      []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 0, 0)},
+			req:        held(HeldImage{Name: "golden"}),
+			wantNoFit:  map[string]string{"node1": "does not hold DiskImage golden", "node2": "does not hold DiskImage golden"},
+			wantCauses: []Cause{CauseImageNode},
+		},
+		{
+			name:       "a holder that is cordoned takes no new guest",
+			nodes:      []Node{node("node1", 8, 16, 0, 0, func(n *Node) { n.Unschedulable = true }), node("node2", 8, 16, 0, 0)},
+			req:        held(HeldImage{Name: "golden", Nodes: []string{"node1"}}),
+			wantNoFit:  map[string]string{"node1": "cordoned", "node2": "does not hold DiskImage golden"},
+			wantCauses: []Cause{CauseCordoned, CauseImageNode},
+		},
+		{
+			name:  "a VM bound to one node by its volumes and to another by a held image fits nowhere",
+			nodes: []Node{node("node1", 8, 16, 0, 0), node("node2", 8, 16, 0, 0)},
+			req: func() Request {
+				r := held(HeldImage{Name: "golden", Nodes: []string{"node2"}})
+				r.RequiredNode = "node1"
+				return r
+			}(),
+			wantNoFit:  map[string]string{"node1": "does not hold DiskImage golden", "node2": "bound to node1"},
+			wantCauses: []Cause{CauseImageNode, CauseVolumeNode},
 		},
 	}
 	for _, tc := range cases {

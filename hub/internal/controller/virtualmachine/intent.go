@@ -27,6 +27,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/virtualnetwork"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
+	"github.com/virtfleet/virtfleet/hub/internal/placement"
 )
 
 // MissingError names the Volumes and VirtualNetworks a VirtualMachine waits
@@ -61,6 +62,11 @@ type dependencies struct {
 	// sources are the Volumes the cloned images among images copy, by
 	// image name; each is bound to a node.
 	sources map[string]*v1alpha1.Volume
+	// heldOnly are the nodes holding each cloned image among images whose
+	// source is gone, by image name, for a VM on no node with a Volume of
+	// it on no node: only those nodes can make that Volume's disk
+	// (needSource).
+	heldOnly map[string][]string
 	// snapshots are the uids of the VirtualMachineSnapshots the images
 	// among sources copy their Volume as it was in (source.snapshotRef),
 	// by image name; each is ReadyToUse and holds its image's Volume.
@@ -195,19 +201,29 @@ func attachable(v *v1alpha1.Volume) error {
 	return nil
 }
 
-// holders says whether node holds the DiskImage of uid, Ready to make
-// disks of: the node's own report of it, never the DiskImage's status,
+// holders are the nodes that hold the DiskImage of uid, Ready to make
+// disks of, sorted: their own reports of it, never the DiskImage's status,
 // which falls back to what VMs say where a node reports no images (nova
 // makes a clone's disk straight from a Cinder snapshot and keeps no copy).
 // Nil: no node is known to hold any.
-type holders func(node, uid string) bool
+type holders func(uid string) []string
 
 // heldIn is holders as the nodes' image reports in images say.
 func heldIn(images *fleet.Reports[wire.ImageReport]) holders {
-	return func(node, uid string) bool {
-		rep, ok := images.Report(node, uid)
-		return ok && rep.Report.Phase == wire.ImagePhaseReady
+	return func(uid string) []string {
+		var nodes []string
+		for _, rep := range images.All(uid) {
+			if rep.Report.Phase == wire.ImagePhaseReady {
+				nodes = append(nodes, rep.Node)
+			}
+		}
+		return nodes
 	}
+}
+
+// holds says whether node holds the DiskImage of uid as held says.
+func (held holders) holds(node, uid string) bool {
+	return held != nil && slices.Contains(held(uid), node)
 }
 
 // resolve reads what the VM refers to from the manager's cache; held says
@@ -332,31 +348,59 @@ func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader, v
 
 // needSource says whether one of the VM's Volumes made from the cloned
 // image img needs img's source: its disk is not made, and its node does
-// not hold img to make it of; notes say so of each such Volume bound to a
-// node (one on no node waits for the source as any first clone does). A
-// disk is made when the node's report of the VM lists it
-// (status.atProvider.disks: the guest is defined with it, so the node made
-// it), from the node the Volume is bound to. That the image is Ready on
-// the node is not that record: another VM's new Volume of the image is on
-// the same node and has no disk yet.
-func (d dependencies) needSource(vm *v1alpha1.VirtualMachine, img *v1alpha1.DiskImage, held holders) (needs bool, notes []string) {
+// not hold img to make it of; notes say so of each such Volume. A disk is
+// made when the node's report of the VM lists it (status.atProvider.disks:
+// the guest is defined with it, so the node made it), from the node the
+// Volume is bound to. That the image is Ready on the node is not that
+// record: another VM's new Volume of the image is on the same node and has
+// no disk yet. A Volume on no node goes where its VM is, and where neither
+// is on a node yet, placement puts the VM on a node that holds img
+// (heldOnly): it needs the source only when no node holds img.
+//
+// No holder is a wait, not a Terminal error, though the source is gone:
+// a holder may yet report (a node lost and back, an agent or hub
+// restarted and reading its reports again), and the user may create the
+// source again. A Crossplane managed resource whose reference does not
+// resolve, or a KubeVirt DataVolume whose clone source is missing, waits
+// the same way, saying for what, and goes on by itself.
+func (d *dependencies) needSource(vm *v1alpha1.VirtualMachine, img *v1alpha1.DiskImage, held holders) (needs bool, notes []string) {
+	vmNode := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	for _, v := range d.volumes {
 		src := v.Spec.ForProvider.Source
 		if src == nil || src.DiskImageRef == nil || string(src.DiskImageRef.Name) != img.Name {
 			continue
 		}
-		node := v.GetAnnotations()[v1alpha1.AnnotationNode]
+		node := cmp.Or(v.GetAnnotations()[v1alpha1.AnnotationNode], vmNode)
 		switch {
+		case node == "" && held != nil && len(held(string(img.UID))) > 0:
+			if d.heldOnly == nil {
+				d.heldOnly = map[string][]string{}
+			}
+			d.heldOnly[img.Name] = held(string(img.UID))
 		case node == "":
+			// A first clone waits for its source alone (why says it);
+			// one of an image made before waits for a node that made it.
 			needs = true
-		case node == vm.GetAnnotations()[v1alpha1.AnnotationNode] && slices.Contains(vm.Status.AtProvider.Disks, v.Name):
-		case held != nil && held(node, string(img.UID)):
+			if made := img.Status.AtProvider.Nodes; len(made) > 0 {
+				notes = append(notes, fmt.Sprintf("Volume %s is not made yet and no node holds DiskImage %s to make it of: the VM waits for %s, where it was made, to report it", v.Name, img.Name, strings.Join(made, ", ")))
+			}
+		case node == vmNode && slices.Contains(vm.Status.AtProvider.Disks, v.Name):
+		case held.holds(node, string(img.UID)):
 		default:
 			needs = true
 			notes = append(notes, fmt.Sprintf("Volume %s is not made yet and its node %s does not hold DiskImage %s to make it of", v.Name, node, img.Name))
 		}
 	}
 	return needs, notes
+}
+
+// heldImages are what placement needs of heldOnly, by image name.
+func (d dependencies) heldImages() []placement.HeldImage {
+	var out []placement.HeldImage
+	for _, name := range slices.Sorted(maps.Keys(d.heldOnly)) {
+		out = append(out, placement.HeldImage{Name: name, Nodes: d.heldOnly[name]})
+	}
+	return out
 }
 
 // snapshotOf reads the VirtualMachineSnapshot img copies its source

@@ -26,6 +26,7 @@ import (
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/index"
+	"github.com/virtfleet/virtfleet/hub/internal/placement"
 )
 
 func vm(mods ...func(*v1alpha1.VirtualMachine)) *v1alpha1.VirtualMachine {
@@ -494,7 +495,12 @@ func madeOn(img *v1alpha1.DiskImage, nodes ...string) *v1alpha1.DiskImage {
 
 // heldBy says node holds the DiskImage of uid, as its own image report would.
 func heldBy(node, uid string) holders {
-	return func(n, u string) bool { return n == node && u == uid }
+	return func(u string) []string {
+		if u != uid {
+			return nil
+		}
+		return []string{node}
+	}
 }
 
 // A clone needs its source only until its disk is made: then the source
@@ -604,6 +610,87 @@ func TestResolveClonesMadeWithoutTheirSource(t *testing.T) {
 			require.Len(t, in.Machine.Disks, 2)
 			assert.Equal(t, tc.wantImage, in.Machine.Disks[0].Image)
 			require.NoError(t, in.Machine.Disks[0].Image.Validate(), "a ref the node takes")
+		})
+	}
+}
+
+// A VM on no node whose new Volume is of a cloned image whose source is
+// gone is placed only where the image is held: placement is told the
+// holders, as it is told the node of bound Volumes, and the VM waits,
+// naming the image, only while no node holds it.
+func TestAnUnplacedCloneOfAnImageWhoseSourceIsGone(t *testing.T) {
+	unplaced := vm(func(m *v1alpha1.VirtualMachine) { m.Spec.ForProvider.VirtualNetworks = nil })
+	onNode2 := vm(func(m *v1alpha1.VirtualMachine) {
+		m.Spec.ForProvider.VirtualNetworks = nil
+		m.Annotations = map[string]string{v1alpha1.AnnotationNode: "node2"}
+	})
+	twoHolders := func(u string) []string {
+		if u != "uid-golden" {
+			return nil
+		}
+		return []string{"node2", "node3"}
+	}
+	newRoot := []client.Object{volFrom("root", "", "golden"), vol("data", "")}
+	cases := []struct {
+		name     string
+		machine  *v1alpha1.VirtualMachine
+		volumes  []client.Object
+		held     holders
+		wantErr  string
+		wantHeld []placement.HeldImage
+		// wantNode is the node the VM's Volumes bind it to.
+		wantNode string
+	}{
+		{
+			name:     "it is placed among the nodes holding the image",
+			machine:  unplaced,
+			volumes:  newRoot,
+			held:     twoHolders,
+			wantHeld: []placement.HeldImage{{Name: "golden", Nodes: []string{"node2", "node3"}}},
+		},
+		{
+			name:    "no node holding the image keeps it waiting for the nodes that made it",
+			machine: unplaced,
+			volumes: newRoot,
+			held:    heldBy("node1", "uid-other"),
+			wantErr: "DiskImage golden clones Volume base, which does not exist; Volume root is not made yet and no node holds DiskImage golden to make it of: the VM waits for node1, node3, where it was made, to report it",
+		},
+		{
+			name:     "a Volume bound to a holder binds the VM there, as any bound Volume does",
+			machine:  unplaced,
+			volumes:  []client.Object{volFrom("root", "node3", "golden"), vol("data", "")},
+			held:     twoHolders,
+			wantNode: "node3",
+		},
+		{
+			name:    "placed on a holder, its Volume on no node yet is made there",
+			machine: onNode2,
+			volumes: newRoot,
+			held:    twoHolders,
+		},
+		{
+			name:    "placed on a node holding no copy, its Volume on no node yet waits",
+			machine: onNode2,
+			volumes: newRoot,
+			held:    heldBy("node1", "uid-golden"),
+			wantErr: "DiskImage golden clones Volume base, which does not exist; Volume root is not made yet and its node node2 does not hold DiskImage golden to make it of",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := append(slices.Clone(tc.volumes), madeOn(cloneImage("golden", "base"), "node1", "node3"))
+			d, err := resolve(context.Background(), kube(t, objs...), tc.machine, tc.held)
+			if tc.wantErr != "" {
+				assert.EqualError(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			req, err := request(tc.machine, d, nil)
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantHeld, req.HeldImages, "the nodes placement may choose for the image")
+			assert.Equal(t, tc.wantNode, req.RequiredNode)
+			in := intent(tc.machine, d)
+			assert.Equal(t, &wire.ImageRef{Name: "golden", UID: "uid-golden", Format: "qcow2", Held: true}, in.Machine.Disks[0].Image, "made of the node's copy, never empty")
 		})
 	}
 }

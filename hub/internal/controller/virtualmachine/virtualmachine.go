@@ -259,6 +259,7 @@ func requestOn(vm *v1alpha1.VirtualMachine, d dependencies, defaults map[string]
 		NodeSelector: NodeSelector(defaults, fp.NodeSelector),
 		RequiredNode: required,
 		Pools:        d.pools(),
+		HeldImages:   d.heldImages(),
 	}
 	if fp.Backend != nil {
 		req.Backend = string(*fp.Backend)
