@@ -258,6 +258,9 @@ func (c *FakeVirtController) Reconcile(ctx context.Context, req reconcile.Reques
 	case kubevirtv1.RunStrategyAlways, kubevirtv1.RunStrategyRerunOnFailure:
 		return c.run(ctx, vm, vmi)
 	case kubevirtv1.RunStrategyHalted:
+		if err := c.cleanupRestartRequired(ctx, vm); err != nil {
+			return reconcile.Result{}, err
+		}
 		if vmi != nil {
 			return reconcile.Result{RequeueAfter: c.step}, errors.Join(
 				c.deleteVMI(ctx, req.NamespacedName),
@@ -306,6 +309,10 @@ func (c *FakeVirtController) run(ctx context.Context, vm *kubevirtv1.VirtualMach
 		if err != nil {
 			return again, err
 		}
+		// A new VMI runs the template as it is now.
+		if err := c.cleanupRestartRequired(ctx, vm); err != nil {
+			return again, err
+		}
 		vmi = newVMI(vm)
 		vmi.Status.VirtualMachineRevisionName = revision
 		if err := c.client.Create(ctx, vmi); err != nil && !kerrors.IsAlreadyExists(err) {
@@ -352,6 +359,24 @@ func (c *FakeVirtController) run(ctx context.Context, vm *kubevirtv1.VirtualMach
 			vmi.Status.VolumeStatus = status
 			if err := c.client.Update(ctx, vmi); err != nil {
 				return reconcile.Result{}, errors.Wrap(err, "cannot update the VMI's volume status")
+			}
+			return again, nil
+		}
+		// A hot-plug made on an earlier pass completes before the next
+		// one is looked at.
+		patched := finishHotplug(vmi)
+		if !patched {
+			started, err := c.startedShape(ctx, vmi)
+			if err != nil {
+				return again, err
+			}
+			if patched, err = hotplugShape(started, vm, vmi); errors.Is(err, errHotplugBusy) {
+				return again, nil
+			}
+		}
+		if patched {
+			if err := c.client.Update(ctx, vmi); err != nil {
+				return reconcile.Result{}, errors.Wrap(err, "cannot update the VMI's CPU or memory")
 			}
 			return again, nil
 		}
@@ -564,6 +589,10 @@ func (c *FakeVirtController) setStatus(ctx context.Context, vm *kubevirtv1.Virtu
 		ready.Status = corev1.ConditionTrue
 	}
 	want.Conditions = []kubevirtv1.VirtualMachineCondition{ready}
+	if restart := findCondition(vm.Status.Conditions, kubevirtv1.VirtualMachineRestartRequired); restart != nil && vmi != nil {
+		// Until the next VMI (see hotplugShape).
+		want.Conditions = append(want.Conditions, *restart)
+	}
 	if f != nil {
 		want.Conditions = append(want.Conditions, failureCondition(*f))
 	} else {
@@ -621,6 +650,7 @@ func newVMI(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachineInstance {
 		Spec: *t.Spec.DeepCopy(),
 	}
 	vmi.Status.Phase = kubevirtv1.Pending
+	defaultHotplug(vmi)
 	return vmi
 }
 

@@ -132,7 +132,10 @@ func TestFakeVirtController(t *testing.T) {
 		assert.Equal(t, InfoSource, v.Status.Interfaces[0].InfoSource)
 		assert.Equal(t, "1", v.Annotations["shape"], "the template's metadata is copied")
 		assert.Equal(t, "vm1", v.OwnerReferences[0].Name)
-		assert.JSONEq(t, jsonOf(t, vm.Spec.Template.Spec), jsonOf(t, v.Spec), "the VMI round-trips too")
+		// KubeVirt's VMI defaults give 1Gi of guest memory a maximum.
+		defaulted := vm.Spec.Template.Spec.DeepCopy()
+		defaulted.Domain.Memory.MaxGuest = ptr(resource.MustParse("4Gi"))
+		assert.JSONEq(t, jsonOf(t, defaulted), jsonOf(t, v.Spec), "the VMI round-trips too")
 		got := &kubevirtv1.VirtualMachine{}
 		require.Eventually(t, func() bool {
 			require.NoError(t, kube.Get(ctx, nn, got))
