@@ -45,8 +45,10 @@ type Driver interface {
 	// with the new shape (and a maximum that holds it) next time. Memory
 	// given back by a balloon is the guest's to release: Observation's
 	// MemoryBytes is what the guest holds, which may stay above a smaller
-	// MemoryBytes. A backend without live resize (Nova, KubeVirt here)
-	// reports any change of VCPU or MemoryBytes as RestartRequired.
+	// MemoryBytes. A backend without live resize (Nova) reports any
+	// change of VCPU or MemoryBytes as RestartRequired; one whose own
+	// rules refuse some changes live (KubeVirt: fewer vCPUs, memory of a
+	// guest it cannot migrate) reports RestartRequired where they do.
 	//
 	// A disk's size is the exception: a disk whose volume holds less than
 	// its SizeBytes is grown to it, on a running guest live (the guest sees

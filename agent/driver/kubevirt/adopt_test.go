@@ -154,10 +154,11 @@ func TestReleaseAndAdopt(t *testing.T) {
 		// with the new shape.
 		e.ensureUntil(next, phaseIs(driver.PhaseRunning))
 		changed := next
-		changed.VCPU = 3
+		changed.SwapBytes = 1 << 30
+		before := e.instanceOf(name)
 		o := e.ensureUntil(changed, phaseIs(driver.PhaseRunning))
 		assert.True(t, o.RestartRequired)
-		assert.Equal(t, int32(2), o.VCPU, "the running guest is untouched")
+		assert.Equal(t, before.Spec.Volumes, e.instanceOf(name).Spec.Volumes, "the running guest is untouched")
 	})
 	t.Run("DeleteOfTheNewOwnerDeletesIt", func(t *testing.T) {
 		require.Eventually(t, func() bool { return e.d.Delete(ctx, next.UID) == nil }, 10*time.Second, 50*time.Millisecond)

@@ -1,9 +1,11 @@
 package kubevirt
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -82,7 +84,7 @@ func TestValidateRefusesWhatKubeVirtCannotRun(t *testing.T) {
 			tc.mutate(&m)
 			err := validate(m)
 			if err == nil {
-				_, err = newVM(m, "ns")
+				_, err = newVM(m, "ns", nil)
 			}
 			require.Error(t, err)
 			assert.True(t, driver.IsTerminal(err), "terminal: %v", err)
@@ -101,7 +103,7 @@ func TestNewVMMapsTheMachine(t *testing.T) {
 	m.Disks = append(m.Disks, driver.Disk{Name: "team-a_db-data", SizeBytes: 2 << 30},
 		driver.Disk{Name: "team-a_db-os", SizeBytes: 4 << 30, Image: &driver.Image{UID: "3f1c", Name: "debian", URL: "https://images.example/debian.qcow2"}})
 	m.Networks = append(m.Networks, driver.Network{Name: "team-a_net-backend"})
-	vm, err := newVM(m, "vms")
+	vm, err := newVM(m, "vms", nil)
 	require.NoError(t, err)
 
 	assert.Equal(t, "vf-"+m.UID, vm.Name)
@@ -110,8 +112,11 @@ func TestNewVMMapsTheMachine(t *testing.T) {
 	assert.Equal(t, m.UID, vm.Spec.Template.ObjectMeta.Labels[LabelUID], "VMIs carry the label too")
 	assert.Equal(t, kubevirtv1.RunStrategyAlways, *vm.Spec.RunStrategy)
 	spec := vm.Spec.Template.Spec
-	assert.Equal(t, uint32(2), spec.Domain.CPU.Cores)
+	assert.Equal(t, kubevirtv1.CPU{Sockets: 2, Cores: 1, Threads: 1, MaxSockets: 2 * driver.DefaultMaxRatio}, *spec.Domain.CPU,
+		"vCPUs are sockets, which KubeVirt hot-plugs up to maxSockets")
 	assert.Equal(t, int64(1<<30), spec.Domain.Memory.Guest.Value())
+	assert.Equal(t, int64(driver.DefaultMaxRatio<<30), spec.Domain.Memory.MaxGuest.Value())
+	assert.Empty(t, spec.Domain.Resources.Requests, "a request would make a memory change a restart")
 	assert.NotNil(t, spec.Domain.Firmware.Bootloader.EFI)
 	claims, dataVolumes := []string{}, []string{}
 	for _, v := range spec.Volumes {
@@ -132,14 +137,94 @@ func TestNewVMMapsTheMachine(t *testing.T) {
 	assert.Len(t, spec.Domain.Devices.Interfaces, 2)
 
 	m.Running = false
-	stopped, err := newVM(m, "vms")
+	stopped, err := newVM(m, "vms", nil)
 	require.NoError(t, err)
 	assert.Equal(t, kubevirtv1.RunStrategyHalted, *stopped.Spec.RunStrategy)
 	assert.Equal(t, vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape], stopped.Spec.Template.ObjectMeta.Annotations[AnnotationShape], "power state is not shape")
-	m.VCPU = 4
-	bigger, err := newVM(m, "vms")
+	shape := func(vm *kubevirtv1.VirtualMachine) string {
+		return vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape]
+	}
+	m.VCPU, m.MemoryBytes = 4, 2<<30
+	bigger, err := newVM(m, "vms", vm.Spec.Template)
 	require.NoError(t, err)
-	assert.NotEqual(t, vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape], bigger.Spec.Template.ObjectMeta.Annotations[AnnotationShape], "vcpu is shape")
+	assert.Equal(t, shape(vm), shape(bigger), "vcpu and memory within the maxima are live updates, not shape")
+	m.VCPU = 9
+	beyond, err := newVM(m, "vms", vm.Spec.Template)
+	require.NoError(t, err)
+	assert.NotEqual(t, shape(vm), shape(beyond), "a maximum that grows is shape")
+	assert.Equal(t, uint32(9*driver.DefaultMaxRatio), beyond.Spec.Template.Spec.Domain.CPU.MaxSockets)
+}
+
+// TestMaximaAreTheMachinesOrKeptOrTheRatio pins the maxSockets and
+// maxGuest of a VM's template: KubeVirt's webhook refuses a maxGuest it
+// cannot hot-plug, and a maximum that moves with every live change would
+// make each one a restart.
+func TestMaximaAreTheMachinesOrKeptOrTheRatio(t *testing.T) {
+	prev := func(sockets uint32, guest string) *kubevirtv1.VirtualMachineInstanceTemplateSpec {
+		q := resource.MustParse(guest)
+		return &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{Domain: kubevirtv1.DomainSpec{
+			CPU: &kubevirtv1.CPU{MaxSockets: sockets}, Memory: &kubevirtv1.Memory{MaxGuest: &q},
+		}}}
+	}
+	cases := map[string]struct {
+		vcpu, maxVCPU  int32
+		memory, maxMem int64
+		prev           *kubevirtv1.VirtualMachineInstanceTemplateSpec
+		sockets        uint32
+		guest          int64 // 0: no maxGuest
+	}{
+		"TheRatioForANewVM":                   {vcpu: 2, memory: 1 << 30, sockets: 8, guest: 4 << 30},
+		"TheMachinesOwn":                      {vcpu: 2, maxVCPU: 3, memory: 1 << 30, maxMem: 3 << 30, prev: prev(8, "4Gi"), sockets: 3, guest: 3 << 30},
+		"KeptWhileTheyHoldTheShape":           {vcpu: 5, memory: 2 << 30, prev: prev(8, "4Gi"), sockets: 8, guest: 4 << 30},
+		"TheRatioOnceTheShapeOutgrowsThem":    {vcpu: 9, memory: 5 << 30, prev: prev(8, "4Gi"), sockets: 36, guest: 20 << 30},
+		"AtMost512VCPUsByRatio":               {vcpu: 200, memory: 1 << 30, sockets: 512, guest: 4 << 30},
+		"MaxGuestRoundedDownToKubeVirtsBlock": {vcpu: 1, memory: 1 << 30, maxMem: 1<<30 + 3<<20, sockets: 4, guest: 1<<30 + 2<<20},
+		"NoMaxGuestBelow1Gi":                  {vcpu: 1, memory: 512 << 20, sockets: 4},
+		"NoMaxGuestForUnalignedMemory":        {vcpu: 1, memory: 1<<30 + 1<<20, sockets: 4},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			m := driver.Machine{VCPU: tc.vcpu, MaxVCPU: tc.maxVCPU, MemoryBytes: tc.memory, MaxMemoryBytes: tc.maxMem}
+			sockets, guest := maxima(m, tc.prev)
+			assert.Equal(t, tc.sockets, sockets)
+			if tc.guest == 0 {
+				assert.Nil(t, guest)
+				return
+			}
+			require.NotNil(t, guest)
+			assert.Equal(t, tc.guest, guest.Value())
+		})
+	}
+}
+
+// TestAVMOfAnAgentBeforeLiveResizeKeepsItsShape pins legacyShape against
+// a VM the agent made before live resize (testdata, written by that
+// agent's newVM): for the same Machine it is no new shape.
+func TestAVMOfAnAgentBeforeLiveResizeKeepsItsShape(t *testing.T) {
+	old := legacyVM(t)
+	m := testMachine(old.Labels[LabelUID])
+	want, err := newVM(m, old.Namespace, old.Spec.Template)
+	require.NoError(t, err)
+	reshaped, err := reshapedFor(m, old, want)
+	require.NoError(t, err)
+	assert.False(t, reshaped, "the same Machine")
+	m.VCPU++
+	want, err = newVM(m, old.Namespace, old.Spec.Template)
+	require.NoError(t, err)
+	reshaped, err = reshapedFor(m, old, want)
+	require.NoError(t, err)
+	assert.True(t, reshaped, "its vCPUs are cores, which KubeVirt does not hot-plug")
+}
+
+// legacyVM is the VM an agent from before live resize made for
+// testMachine.
+func legacyVM(t *testing.T) *kubevirtv1.VirtualMachine {
+	t.Helper()
+	raw, err := os.ReadFile("testdata/vm-before-live-resize.json")
+	require.NoError(t, err)
+	vm := &kubevirtv1.VirtualMachine{}
+	require.NoError(t, json.Unmarshal(raw, vm))
+	return vm
 }
 
 // TestNewVMConfiguresTheHubsAddresses checks the MACs and the cloud-init
@@ -181,7 +266,7 @@ func TestNewVMConfiguresTheHubsAddresses(t *testing.T) {
 			m := testMachine(uid)
 			m.Networks = tc.networks
 			require.NoError(t, validate(m))
-			vm, err := newVM(m, "vms")
+			vm, err := newVM(m, "vms", nil)
 			require.NoError(t, err)
 			spec := vm.Spec.Template.Spec
 			var noCloud *kubevirtv1.CloudInitNoCloudSource
@@ -209,7 +294,7 @@ func TestNewVMConfiguresTheHubsAddresses(t *testing.T) {
 				require.NoError(t, err)
 				assert.Equal(t, byte(0x02), hw[0]&0x03, "locally administered unicast: %s", hw)
 			}
-			again, err := newVM(m, "vms")
+			again, err := newVM(m, "vms", nil)
 			require.NoError(t, err)
 			assert.Equal(t, vm.Spec.Template, again.Spec.Template, "the same Machine makes the same template")
 		})
@@ -224,7 +309,7 @@ func TestAddressesAreShape(t *testing.T) {
 		if address != "" {
 			m.Networks[0].Address = netip.MustParsePrefix(address)
 		}
-		vm, err := newVM(m, "vms")
+		vm, err := newVM(m, "vms", nil)
 		require.NoError(t, err)
 		return vm.Spec.Template.ObjectMeta.Annotations[AnnotationShape]
 	}

@@ -119,7 +119,7 @@ func TestCreateRunsTheGuestOnKubeVirt(t *testing.T) {
 	assert.Zero(t, o.RestartCount)
 	assert.False(t, o.RestartRequired)
 
-	want, err := newVM(m, e.ns)
+	want, err := newVM(m, e.ns, nil)
 	require.NoError(t, err)
 	wantJSON, err := json.Marshal(want.Spec)
 	require.NoError(t, err)
@@ -310,16 +310,18 @@ func TestShapeChangeNeedsARestart(t *testing.T) {
 	m := e.machine()
 	e.ensureUntil(m, phaseIs(driver.PhaseRunning))
 
-	m.VCPU = 4
+	m.SwapBytes = 1 << 30
 	o, err := e.d.Ensure(context.Background(), m)
 	require.NoError(t, err)
 	assert.Equal(t, driver.PhaseRunning, o.Phase, "the running guest is left alone")
 	assert.True(t, o.RestartRequired)
-	assert.Equal(t, uint32(2), e.vmi(m.UID).Spec.Domain.CPU.Cores, "the VMI keeps its shape")
+	before := e.vmi(m.UID)
 
 	m.RestartNonce = "apply"
 	o = e.ensureUntil(m, func(o driver.Observation) bool { return o.Phase == driver.PhaseRunning && !o.RestartRequired })
-	assert.Equal(t, uint32(4), e.vmi(m.UID).Spec.Domain.CPU.Cores, "the restart applied the new shape")
+	after := e.vmi(m.UID)
+	assert.NotEqual(t, before.UID, after.UID, "restarted")
+	assert.Equal(t, e.vm(m.UID).Spec.Template.Spec.Volumes, after.Spec.Volumes, "the restart applied the new shape")
 	assert.Equal(t, int32(1), o.RestartCount)
 }
 

@@ -26,7 +26,7 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if err := validate(m); err != nil {
 		return driver.Observation{}, err
 	}
-	want, err := newVM(m, d.namespace)
+	want, err := newVM(m, d.namespace, nil)
 	if err != nil {
 		return driver.Observation{}, err
 	}
@@ -66,9 +66,23 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 		return driver.Observation{}, err
 	}
 
+	if !imported(vm) {
+		// Keeping the maxima the VM has while they hold m's shape.
+		if want, err = newVM(m, d.namespace, vm.Spec.Template); err != nil {
+			return driver.Observation{}, err
+		}
+	}
 	next := vm.DeepCopy()
 	live := vmi != nil && vmi.DeletionTimestamp == nil && !vmi.IsFinal()
-	reshaped := shape(vm.Spec.Template) != shape(want.Spec.Template)
+	reshaped, err := reshapedFor(m, vm, want)
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	if !imported(vm) && !reshaped && shape(vm.Spec.Template) == shape(want.Spec.Template) {
+		// vCPUs and memory within the maxima: KubeVirt hot-plugs them
+		// into a running VMI, and a stopped guest starts with them.
+		resize(next.Spec.Template, want.Spec.Template)
+	}
 	if !imported(vm) && (reshaped || (!live && !slices.Equal(dataClaims(vm.Spec.Template), dataClaims(want.Spec.Template)))) {
 		// Takes effect when KubeVirt next creates the VMI; a new disk's
 		// image still being checked holds the new shape back until then.
@@ -320,7 +334,40 @@ func merged(into, from map[string]string) map[string]string {
 func equalVM(a, b *kubevirtv1.VirtualMachine) bool {
 	return reflect.DeepEqual(a.Spec.RunStrategy, b.Spec.RunStrategy) && reflect.DeepEqual(a.Spec.Running, b.Spec.Running) && //nolint:staticcheck // an imported VM may use it
 		maps(a.Annotations, b.Annotations) && shape(a.Spec.Template) == shape(b.Spec.Template) &&
-		slices.Equal(dataClaims(a.Spec.Template), dataClaims(b.Spec.Template))
+		slices.Equal(dataClaims(a.Spec.Template), dataClaims(b.Spec.Template)) && sameSize(a.Spec.Template, b.Spec.Template)
+}
+
+// reshapedFor is whether vm's template is of another shape than want, the
+// template for m: its shape hash is neither want's nor the one an agent
+// from before live resize gave m (legacyShape), which an imported VM
+// (whose shape is its own) never is.
+func reshapedFor(m driver.Machine, vm, want *kubevirtv1.VirtualMachine) (bool, error) {
+	have := shape(vm.Spec.Template)
+	if have == shape(want.Spec.Template) || imported(vm) {
+		return false, nil
+	}
+	legacy, err := legacyShape(m, want.Spec.Template)
+	return have != legacy, err
+}
+
+// resize gives template next the vCPUs (sockets) and guest memory of
+// want.
+func resize(next, want *kubevirtv1.VirtualMachineInstanceTemplateSpec) {
+	if next.Spec.Domain.CPU == nil || next.Spec.Domain.Memory == nil {
+		return
+	}
+	next.Spec.Domain.CPU.Sockets = want.Spec.Domain.CPU.Sockets
+	next.Spec.Domain.Memory.Guest = want.Spec.Domain.Memory.Guest
+}
+
+// sameSize is whether two templates give the same vCPUs and memory.
+func sameSize(a, b *kubevirtv1.VirtualMachineInstanceTemplateSpec) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	av, am := size(&a.Spec)
+	bv, bm := size(&b.Spec)
+	return av == bv && am == bm
 }
 
 // shape is the shape hash a template was made with; empty for none.

@@ -29,6 +29,15 @@ var otherNode = map[string]string{"kv-node-a": "kv-node-b", "kv-node-b": "kv-nod
 func (e *env) migratable() (driver.Machine, driver.Observation) {
 	e.t.Helper()
 	m := e.machine()
+	e.sharedRoot(m)
+	return m, e.ensureUntil(m, phaseIs(driver.PhaseRunning))
+}
+
+// sharedRoot makes m's root PVC ReadWriteMany before the driver would make
+// it ReadWriteOnce, so KubeVirt can migrate the guest live (and so
+// hot-plug its CPUs and memory).
+func (e *env) sharedRoot(m driver.Machine) {
+	e.t.Helper()
 	require.NoError(e.t, e.kube.Create(context.Background(), &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: ObjectName(m.Disks[0].Name)},
 		Spec: corev1.PersistentVolumeClaimSpec{
@@ -36,7 +45,6 @@ func (e *env) migratable() (driver.Machine, driver.Observation) {
 			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
 		},
 	}))
-	return m, e.ensureUntil(m, phaseIs(driver.PhaseRunning))
 }
 
 // migrateUntilFinal calls MigrateHost as the reconciler would until the

@@ -130,10 +130,12 @@ func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstan
 	switch {
 	case vmi != nil:
 		o.Node = vmi.Status.NodeName
-		o.VCPU, o.MemoryBytes = size(&vmi.Spec)
+		o.VCPU, o.MemoryBytes = runningSize(vmi)
+		o.MaxVCPU, o.MaxMemoryBytes = maxSize(vm, &vmi.Spec)
 		o.Disks = attached(vmi)
 	case vm.Spec.Template != nil:
 		o.VCPU, o.MemoryBytes = size(&vm.Spec.Template.Spec)
+		o.MaxVCPU, o.MaxMemoryBytes = maxSize(vm, &vm.Spec.Template.Spec)
 		o.Disks = nodeNames(claimsOf(vm.Spec.Template.Spec.Volumes))
 	}
 	switch {
@@ -167,7 +169,11 @@ func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstan
 	}
 	if vmi != nil && (o.Phase == driver.PhaseRunning || o.Phase == driver.PhaseStarting || o.Phase == driver.PhasePaused) {
 		o.RestartRequired = restartRequired(vm, vmi)
-		if note := volumeNote(vm, vmi); o.RestartRequired && note != "" {
+		note := resizeNote(vm, vmi, o.RestartRequired)
+		if o.RestartRequired {
+			note = strings.Trim(note+"; "+volumeNote(vm, vmi), "; ")
+		}
+		if note != "" {
 			o.Message = strings.TrimPrefix(o.Message+"; "+note, "; ")
 		}
 	}
@@ -177,6 +183,80 @@ func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstan
 		o.Interfaces = interfaces(vmi, now)
 	}
 	return o
+}
+
+// runningSize is the vCPUs and memory the VMI's guest has: KubeVirt's
+// status.currentCPUTopology and status.memory.guestCurrent, which a
+// hot-plug changes once the guest has it, else its spec's.
+func runningSize(vmi *kubevirtv1.VirtualMachineInstance) (int32, int64) {
+	vcpu, memory := size(&vmi.Spec)
+	if t := vmi.Status.CurrentCPUTopology; t != nil {
+		vcpu = int32(max(t.Sockets, 1) * max(t.Cores, 1) * max(t.Threads, 1)) //nolint:gosec // a few hundred at most
+	}
+	if s := vmi.Status.Memory; s != nil && s.GuestCurrent != nil {
+		memory = s.GuestCurrent.Value()
+	}
+	return vcpu, memory
+}
+
+// maxSize is the most vCPUs and memory KubeVirt hot-plugs into the guest
+// of spec, a VMI's or the template's; each 0 where the template made
+// without a maximum (an older agent's, an imported VM) cannot be resized
+// live by the driver.
+func maxSize(vm *kubevirtv1.VirtualMachine, spec *kubevirtv1.VirtualMachineInstanceSpec) (vcpu int32, memory int64) {
+	t := vm.Spec.Template
+	if t == nil {
+		return 0, 0
+	}
+	if cpu := spec.Domain.CPU; cpu != nil && cpu.MaxSockets != 0 && t.Spec.Domain.CPU != nil && t.Spec.Domain.CPU.MaxSockets != 0 {
+		vcpu = int32(cpu.MaxSockets * max(cpu.Cores, 1) * max(cpu.Threads, 1)) //nolint:gosec // as in runningSize
+	}
+	if mem := spec.Domain.Memory; mem != nil && mem.MaxGuest != nil && t.Spec.Domain.Memory != nil && t.Spec.Domain.Memory.MaxGuest != nil {
+		memory = mem.MaxGuest.Value()
+	}
+	return vcpu, memory
+}
+
+// resizeNote says how the vCPUs and memory the template asks for differ
+// from the running VMI's: for a guest that needs a restart (restart), the
+// field beyond the maximum the guest runs with and KubeVirt's reason;
+// otherwise a hot-plug the guest has not finished yet.
+func resizeNote(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance, restart bool) string {
+	if vm.Spec.Template == nil {
+		return ""
+	}
+	wantVCPU, wantMemory := size(&vm.Spec.Template.Spec)
+	vcpu, memory := runningSize(vmi)
+	maxVCPU, maxMemory := maxSize(vm, &vmi.Spec)
+	var notes []string
+	if restart {
+		if maxVCPU != 0 && wantVCPU > maxVCPU {
+			notes = append(notes, fmt.Sprintf("vcpu %d is more than the %d the running guest can have (its maximum); it applies at the next start", wantVCPU, maxVCPU))
+		}
+		if maxMemory != 0 && wantMemory > maxMemory {
+			notes = append(notes, fmt.Sprintf("memory of %d bytes is more than the %d bytes the running guest can have (its maximum); it applies at the next start", wantMemory, maxMemory))
+		}
+		if c := findVMCondition(vm, kubevirtv1.VirtualMachineRestartRequired); c != nil && c.Status == corev1.ConditionTrue && c.Message != "" {
+			notes = append(notes, "KubeVirt: "+c.Message)
+		}
+		return strings.Join(notes, "; ")
+	}
+	if vcpu != wantVCPU {
+		notes = append(notes, fmt.Sprintf("the guest runs %d vCPUs of the %d asked; KubeVirt is hot-plugging them", vcpu, wantVCPU))
+	}
+	if memory != wantMemory {
+		notes = append(notes, fmt.Sprintf("the guest runs %d bytes of memory of the %d asked; KubeVirt is hot-plugging it", memory, wantMemory))
+	}
+	return strings.Join(notes, "; ")
+}
+
+func findVMCondition(vm *kubevirtv1.VirtualMachine, t kubevirtv1.VirtualMachineConditionType) *kubevirtv1.VirtualMachineCondition {
+	for i := range vm.Status.Conditions {
+		if vm.Status.Conditions[i].Type == t {
+			return &vm.Status.Conditions[i]
+		}
+	}
+	return nil
 }
 
 // volumeNote names the volumes (their claims) the VM's template and its

@@ -121,23 +121,23 @@ func TestRevertSnapshotOfARunningGuestLeavesItStoppedWithTheSnapshotsSpec(t *tes
 	m := e.running()
 	m.RestartNonce = "handled"
 	e.ensureUntil(m, func(o driver.Observation) bool { return o.Phase == driver.PhaseRunning && o.RestartCount == 1 })
-	taken := e.vm(m.UID).Spec.Template.Spec.Domain.Memory.Guest.String()
+	taken := e.vm(m.UID).Spec.Template.Spec.Volumes
 	id := string(uuid.NewUUID())
 	_, err := e.d.TakeSnapshot(context.Background(), m.UID, driver.SnapshotRequest{ID: id})
 	require.NoError(t, err)
 	bigger := m
-	bigger.MemoryBytes *= 2
+	bigger.SwapBytes = 1 << 30
 	o, err := e.d.Ensure(context.Background(), bigger)
 	require.NoError(t, err)
 	require.True(t, o.RestartRequired, "the new shape waits for the next start")
-	require.NotEqual(t, taken, e.vm(m.UID).Spec.Template.Spec.Domain.Memory.Guest.String())
+	require.NotEqual(t, taken, e.vm(m.UID).Spec.Template.Spec.Volumes)
 
 	require.NoError(t, e.d.RevertSnapshot(context.Background(), m.UID, driver.RevertRequest{Snapshot: id, Running: true}))
 	vm := e.vm(m.UID)
 	assert.Equal(t, kubevirtv1.RunStrategyHalted, *vm.Spec.RunStrategy, "a revert without memory leaves the guest stopped")
 	err = e.kube.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: vm.Name}, &kubevirtv1.VirtualMachineInstance{})
 	assert.True(t, kerrors.IsNotFound(err), "no VMI: %v", err)
-	assert.Equal(t, taken, vm.Spec.Template.Spec.Domain.Memory.Guest.String(), "the VM's spec is the snapshot's again")
+	assert.Equal(t, taken, vm.Spec.Template.Spec.Volumes, "the VM's spec is the snapshot's again")
 	assert.Equal(t, "handled", vm.Annotations[AnnotationRestartNonce], "the nonce handled is still recorded")
 	assert.Equal(t, "1", vm.Annotations[AnnotationRestarts])
 	assert.Equal(t, m.UID, vm.Labels[LabelUID])

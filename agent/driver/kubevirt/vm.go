@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,10 +33,13 @@ const (
 	// reported with it.
 	AnnotationSeal = "virtfleet.io/seal"
 	// AnnotationShape, on the VM's template and so on each VMI, is a hash of
-	// the shape (vcpu, memory, swap, boot disk, networks and their
-	// addresses, cloud-init, firmware) the template was made from: a VMI
-	// whose hash differs from the template's runs an older shape and needs
-	// a restart. Data disks are hot-plugged, so they are not in it.
+	// the shape (the maximum vCPUs and memory, swap, boot disk, networks
+	// and their addresses, cloud-init, firmware) the template was made
+	// from: a VMI whose hash differs from the template's runs an older
+	// shape and needs a restart. Data disks are hot-plugged, and the vCPUs
+	// (CPU sockets) and guest memory within their maximum are live updates
+	// (see liveShape), so they are not in it; in a template an older
+	// agent made they are (legacyShape).
 	AnnotationShape = "virtfleet.io/shape"
 	// AnnotationRestartNonce is the last restart nonce handled.
 	AnnotationRestartNonce = "virtfleet.io/restart-nonce"
@@ -130,8 +134,16 @@ func validate(m driver.Machine) error {
 }
 
 // newVM is the KubeVirt VirtualMachine for m in namespace. Its template
-// carries the shape hash; the caller sets the restart bookkeeping.
-func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, error) {
+// carries the shape hash; the caller sets the restart bookkeeping. prev is
+// the template of the VM as it is (nil for a new one), whose maxima hold
+// while m sets none and they hold m's shape (see maxima).
+//
+// The vCPUs are sockets of one core and one thread each, and the memory is
+// the guest's with no request beside it: KubeVirt's LiveUpdate rollout
+// hot-plugs a change of spec.template.spec.domain.cpu.sockets up to
+// cpu.maxSockets, and of memory.guest up to memory.maxGuest, into the
+// running VMI, and would call a changed request a restart.
+func newVM(m driver.Machine, namespace string, prev *kubevirtv1.VirtualMachineInstanceTemplateSpec) (*kubevirtv1.VirtualMachine, error) {
 	userData, err := userData(m)
 	if err != nil {
 		return nil, err
@@ -139,14 +151,11 @@ func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, erro
 	if len(userData) > maxUserData {
 		return nil, driver.Terminalf("cloud-init user data is %d bytes with virtfleet's own; KubeVirt takes at most %d inline", len(userData), maxUserData)
 	}
-	memory := resource.NewQuantity(m.MemoryBytes, resource.BinarySI)
+	maxSockets, maxGuest := maxima(m, prev)
 	spec := kubevirtv1.VirtualMachineInstanceSpec{
 		Domain: kubevirtv1.DomainSpec{
-			CPU:    &kubevirtv1.CPU{Cores: uint32(m.VCPU), Sockets: 1, Threads: 1}, //nolint:gosec // validated ≥ 1
-			Memory: &kubevirtv1.Memory{Guest: memory},
-			Resources: kubevirtv1.ResourceRequirements{
-				Requests: corev1.ResourceList{corev1.ResourceMemory: *memory},
-			},
+			CPU:    &kubevirtv1.CPU{Sockets: uint32(m.VCPU), Cores: 1, Threads: 1, MaxSockets: maxSockets}, //nolint:gosec // validated ≥ 1
+			Memory: &kubevirtv1.Memory{Guest: resource.NewQuantity(m.MemoryBytes, resource.BinarySI), MaxGuest: maxGuest},
 		},
 	}
 	if m.Firmware == driver.FirmwareUEFI {
@@ -214,7 +223,7 @@ func newVM(m driver.Machine, namespace string) (*kubevirtv1.VirtualMachine, erro
 	}
 
 	// The data disks are not shape: they are hot-plugged.
-	hash, err := shapeHash(spec)
+	hash, err := shapeHash(liveShape(spec))
 	if err != nil {
 		return nil, err
 	}
@@ -243,6 +252,76 @@ func runStrategy(running bool) kubevirtv1.VirtualMachineRunStrategy {
 		return kubevirtv1.RunStrategyAlways
 	}
 	return kubevirtv1.RunStrategyHalted
+}
+
+// KubeVirt's limits on what it hot-plugs: memory in blocks of
+// HotplugBlockAlignmentBytes, and only into a guest with at least 1Gi
+// (ValidateLiveUpdateMemory, which its VM admission refuses a maxGuest
+// beyond); at most maxVCPUs where it computes maxSockets itself.
+const (
+	hotplugBlock     = 2 << 20
+	minHotplugMemory = 1 << 30
+	maxVCPUs         = 512
+)
+
+// maxima are the maxSockets and maxGuest of m's template: m's own
+// maximum, else the one of the template as it is (prev) while it holds
+// m's shape, so a live change keeps it, else driver.DefaultMaxRatio times
+// m's shape (within maxVCPUs), as KubeVirt would compute it. maxGuest is
+// rounded down to KubeVirt's block, and nil where KubeVirt cannot
+// hot-plug the guest's memory: the guest memory then changes only at a
+// restart.
+func maxima(m driver.Machine, prev *kubevirtv1.VirtualMachineInstanceTemplateSpec) (uint32, *resource.Quantity) {
+	sockets := int64(m.MaxVCPU)
+	if sockets == 0 && prev != nil && prev.Spec.Domain.CPU != nil && int64(prev.Spec.Domain.CPU.MaxSockets) >= int64(m.VCPU) {
+		sockets = int64(prev.Spec.Domain.CPU.MaxSockets)
+	}
+	if sockets == 0 {
+		sockets = max(int64(m.VCPU), min(driver.DefaultMaxRatio*int64(m.VCPU), maxVCPUs))
+	}
+	memory := m.MaxMemoryBytes
+	if memory == 0 && prev != nil && prev.Spec.Domain.Memory != nil && prev.Spec.Domain.Memory.MaxGuest != nil && prev.Spec.Domain.Memory.MaxGuest.Value() >= m.MemoryBytes {
+		memory = prev.Spec.Domain.Memory.MaxGuest.Value()
+	}
+	if memory == 0 {
+		memory = driver.DefaultMaxRatio * m.MemoryBytes
+	}
+	memory -= memory % hotplugBlock
+	if m.MemoryBytes%hotplugBlock != 0 || m.MemoryBytes < minHotplugMemory || memory < m.MemoryBytes {
+		return uint32(sockets), nil //nolint:gosec // at most 1024 (the API's bound) or maxVCPUs
+	}
+	return uint32(sockets), resource.NewQuantity(memory, resource.BinarySI) //nolint:gosec // as above
+}
+
+// liveShape is spec without what KubeVirt changes in a running guest: its
+// vCPUs (sockets) and guest memory, each within a maximum that is shape.
+func liveShape(spec kubevirtv1.VirtualMachineInstanceSpec) kubevirtv1.VirtualMachineInstanceSpec {
+	out := *spec.DeepCopy()
+	out.Domain.CPU.Sockets = 0
+	out.Domain.Memory.Guest = nil
+	return out
+}
+
+// legacyShape is the shape hash an agent from before live resize gave a
+// VM for m, whose template want (made by newVM for m) is now: its vCPUs
+// were cores of one socket, and its memory was requested as well as
+// given, without maxima, and all of it was shape. A template carrying it
+// is what m asks for, so an upgraded agent neither rewrites it nor
+// makes its guest RestartRequired.
+func legacyShape(m driver.Machine, want *kubevirtv1.VirtualMachineInstanceTemplateSpec) (string, error) {
+	spec := want.Spec.DeepCopy()
+	data := dataVolumes(want)
+	spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v kubevirtv1.Volume) bool {
+		return slices.ContainsFunc(data, func(d kubevirtv1.Volume) bool { return d.Name == v.Name })
+	})
+	spec.Domain.Devices.Disks = slices.DeleteFunc(spec.Domain.Devices.Disks, func(d kubevirtv1.Disk) bool {
+		return slices.ContainsFunc(data, func(v kubevirtv1.Volume) bool { return v.Name == d.Name })
+	})
+	memory := resource.NewQuantity(m.MemoryBytes, resource.BinarySI)
+	spec.Domain.CPU = &kubevirtv1.CPU{Cores: uint32(m.VCPU), Sockets: 1, Threads: 1} //nolint:gosec // validated ≥ 1
+	spec.Domain.Memory = &kubevirtv1.Memory{Guest: memory}
+	spec.Domain.Resources = kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: *memory}}
+	return shapeHash(*spec)
 }
 
 // shapeHash identifies a VMI spec: a template and a VMI made from it carry

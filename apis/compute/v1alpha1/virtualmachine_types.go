@@ -110,9 +110,9 @@ type VirtualMachineParameters struct {
 
 	// MaxVcpu is the most vCPUs the running guest can be given without a
 	// restart: vcpu changes live up to it (and down), where the backend
-	// can (libvirt). It is set when the guest starts: changing it, or
-	// raising vcpu above the maximum the guest started with, applies at
-	// the next start (RestartRequired). Unset means 4 times vcpu, within
+	// can (libvirt; KubeVirt up only). It is set when the guest starts:
+	// changing it, or raising vcpu above the maximum the guest started
+	// with, applies at the next start (RestartRequired). Unset means 4 times vcpu, within
 	// the node's CPUs (KubeVirt's MaxHotplugRatio). At least vcpu.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1024
@@ -339,9 +339,10 @@ type VirtualMachineObservation struct {
 
 	// RestartRequired is true when the spec changed in a way that takes
 	// effect only at the next start (swap, disks, networks, the maxima, a
-	// vcpu or memory beyond the maximum the guest runs with, and any vcpu
-	// or memory on a backend without live resize); the Ready condition's
-	// message names what waits.
+	// vcpu or memory beyond the maximum the guest runs with, any vcpu
+	// or memory on a backend without live resize, and what the backend's
+	// own rules refuse live, as KubeVirt's RestartRequired says); the
+	// Ready condition's message names what waits.
 	// +optional
 	RestartRequired bool `json:"restartRequired,omitempty"`
 
