@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -137,8 +138,29 @@ func testBackend(t *testing.T, backend string) {
 		assert.Contains(t, consolePrompt(t, h, "vm"), " login: ", "the VMI's serial console, through virt-api")
 	})
 
+	if backend == driver.BackendKubeVirt {
+		t.Run("VcpuWithinTheMaximumAppliesLive", func(t *testing.T) {
+			before := h.get(t, "vm")
+			h.patch(t, "vm", func(vm *v1alpha1.VirtualMachine) { vm.Spec.ForProvider.Vcpu = 2 })
+			vm := h.wait(t, "vm", 60*time.Second, func(vm *v1alpha1.VirtualMachine) bool { return vm.Status.AtProvider.Vcpu == 2 })
+			assert.NotEqual(t, corev1.ConditionTrue, vm.GetCondition("RestartRequired").Status, "KubeVirt hot-plugs it")
+			assert.True(t, running(vm))
+			assert.Equal(t, before.Status.AtProvider.ID, vm.Status.AtProvider.ID)
+			assert.Equal(t, before.Status.AtProvider.RestartCount, vm.Status.AtProvider.RestartCount, "not restarted")
+			assert.EqualValues(t, 4, vm.Status.AtProvider.MaxVcpu, "the maximum it started with")
+		})
+	}
+
 	t.Run("SpecChangeWhileRunningSetsRestartRequired", func(t *testing.T) {
-		h.patch(t, "vm", func(vm *v1alpha1.VirtualMachine) { vm.Spec.ForProvider.Vcpu = 2 })
+		h.patch(t, "vm", func(vm *v1alpha1.VirtualMachine) {
+			if backend == driver.BackendKubeVirt {
+				// KubeVirt hot-plugs memory only into a guest of 1Gi
+				// or more.
+				vm.Spec.ForProvider.Memory = resource.MustParse("256Mi")
+				return
+			}
+			vm.Spec.ForProvider.Vcpu = 2
+		})
 		vm := h.wait(t, "vm", 60*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
 			return vm.GetCondition("RestartRequired").Status == corev1.ConditionTrue
 		})
