@@ -2,10 +2,12 @@
 // (internal/harness/controlplane) as processes of the binary
 // internal/harness/crossplanecore builds: `crossplane core init`, then `core
 // start` with the External package runtime (the package manager installs
-// packages, their CRDs and revisions; someone else runs them) and `rbac
-// start`. Packages come from an OCI registry in this process on 127.0.0.1.
+// packages, their CRDs and revisions; someone else runs them), or with the
+// Deployment runtime for a test with kubelets (internal/harness/kubenode),
+// and `rbac start`. Packages come from an OCI registry in this process on
+// 127.0.0.1.
 //
-// The harness is also the External runtime: it runs the composition
+// Under the External runtime the harness is the runtime: it runs the composition
 // function as a process serving mTLS with a certificate from Crossplane's own
 // CA and tells Crossplane where it listens (the FunctionRevision's
 // status.endpoint, which the Deployment runtime would point at a Service),
@@ -55,6 +57,13 @@ type Options struct {
 	Dir string
 	// Progress receives a line per step, and the first build's progress.
 	Progress io.Writer
+	// DeploymentRuntime runs packages as Crossplane's Helm chart does,
+	// with its default Deployment runtime: the package manager makes each
+	// provider's and function's Deployment, ServiceAccount, Service and TLS
+	// Secrets, and something (kubelets) must run them. Without it the
+	// runtime is External and the harness runs packages itself (Install,
+	// RunFunction, ProviderIdentity).
+	DeploymentRuntime bool
 }
 
 // Crossplane is a running Crossplane core with its registry.
@@ -64,11 +73,13 @@ type Crossplane struct {
 	// Crossplane's package types.
 	Client client.Client
 
-	cp    *controlplane.ControlPlane
-	core  crossplanecore.Core
-	dir   string
-	prog  io.Writer
-	procs []*process
+	cp   *controlplane.ControlPlane
+	core crossplanecore.Core
+	dir  string
+	prog io.Writer
+	// runtime is the package runtime, External or Deployment.
+	runtime string
+	procs   []*process
 	// unlock releases the RBAC manager's metrics port to other runs.
 	unlock func()
 }
@@ -104,7 +115,11 @@ func Start(ctx context.Context, cp *controlplane.ControlPlane, o Options) (*Cros
 	if err := os.MkdirAll(filepath.Join(o.Dir, "logs"), 0o755); err != nil {
 		return nil, errors.Wrap(err, "cannot create Crossplane's log directory")
 	}
-	x := &Crossplane{Client: kube, cp: cp, core: core, dir: o.Dir, prog: o.Progress}
+	runtime := "External"
+	if o.DeploymentRuntime {
+		runtime = "Deployment"
+	}
+	x := &Crossplane{Client: kube, cp: cp, core: core, dir: o.Dir, prog: o.Progress, runtime: runtime}
 	if err := x.start(ctx); err != nil {
 		x.Stop()
 		return nil, err
@@ -179,7 +194,7 @@ func (x *Crossplane) start(ctx context.Context) error {
 		"TLS_CLIENT_CERTS_DIR=" + certs,
 		"XPKG_CACHE_DIR=" + cache,
 	}, "core", "start",
-		"--package-runtime=External",
+		"--package-runtime="+x.runtime,
 		"--metrics-port=0",
 		"--health-probe-port=0",
 		// Composites notice their composed resources' changes at once
@@ -188,7 +203,7 @@ func (x *Crossplane) start(ctx context.Context) error {
 	); err != nil {
 		return err
 	}
-	fmt.Fprintf(x.prog, "  %-14s %s (External package runtime), logs in %s\n", "crossplane", crossplanecore.Version, filepath.Join(x.dir, "logs"))
+	fmt.Fprintf(x.prog, "  %-14s %s (%s package runtime), logs in %s\n", "crossplane", crossplanecore.Version, x.runtime, filepath.Join(x.dir, "logs"))
 	return nil
 }
 
