@@ -10,8 +10,6 @@ import (
 	"errors"
 	"io"
 	"maps"
-	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	reference "github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -31,7 +30,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -40,26 +38,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
-	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/build/ociimage"
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 	"github.com/virtfleet/virtfleet/internal/harness/crossplanetest"
 	"github.com/virtfleet/virtfleet/internal/harness/kubenode"
-	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
-	"github.com/virtfleet/virtfleet/internal/harness/manifests"
-	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
-
-// node is the kubelet node's name; its dots take the way a real host name
-// does, through the DaemonSet's spec.nodeName to the agent's NATS identity.
-const node = "hv-1.deploy.test"
-
-// natsStore is where the node keeps the NATS server's store: the path of
-// the PersistentVolume an administrator makes for the StatefulSet's claim
-// on a cluster without a dynamic provisioner.
-const natsStore = "/run/virtfleet-nats"
 
 // cluster/deploy as `kubectl apply -k` of an overlay a user would write
 // applies it (the images from the user's registry, the agents' NATS URL
@@ -92,15 +77,7 @@ const natsStore = "/run/virtfleet-nats"
 // from that Service) and find the node's address under the name the API
 // server's certificate gives (a host alias).
 func TestAgentDaemonSetOnKubelet(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the agent and NATS images and runs a kubelet; skipped with -short")
-	}
-	if m := kubenode.Missing(); len(m) > 0 {
-		t.Skipf("needs %v (make deps, as root)", m)
-	}
-	if _, err := exec.LookPath("kubectl"); err != nil {
-		t.Skip("needs kubectl, which renders the kustomization as a user's `kubectl apply -k` does")
-	}
+	skipWithoutKubelet(t)
 	// The API server's warnings about what is applied, in the test's log.
 	log.SetLogger(testr.New(t))
 	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterName: inClusterName})
@@ -120,135 +97,36 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	}
 	t.Logf("agent, hub and NATS images %v built and pushed in %s", images, time.Since(start).Round(100*time.Millisecond))
 
+	f := startFleet(t, cp, reg, images, "virtfleet-system_virtfleet-hub-*")
+
+	// Killed, the agent's pod comes back through the DaemonSet controller,
+	// and so does the heartbeat.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	hubID, agents, users := natstest.Identities(t, node)
-	// What `go run ./hack/mint-agent-credentials NODE` writes and the
-	// node's provisioning puts at /etc/virtfleet/agent.nk.
-	seed := filepath.Join(t.TempDir(), "agent.nk")
-	require.NoError(t, os.WriteFile(seed, agents[node].Seed, 0o600))
-	store := filepath.Join(t.TempDir(), "nats")
-	require.NoError(t, os.Mkdir(store, 0o755)) //nolint:gosec // the node's disk, as a local volume's
-	lv := libvirttest.Start(t, node)
-
-	kubenode.StartSchedulingForTest(t, cp, "daemonset", "nodelifecycle", "statefulset", "persistentvolume-binder", "serviceaccount",
-		"deployment", "replicaset", "root-ca-cert-publisher")
-	n, _ := kubenode.StartForTest(t, cp, reg, node, func(o *kubenode.Options) {
-		o.HostPaths = map[string]string{
-			"/run/libvirt/libvirt-sock": lv.Socket,
-			"/etc/virtfleet/agent.nk":   seed,
-			natsStore:                   store,
-		}
-	})
-	labelHypervisor(ctx, t, cp, n)
-	t.Cleanup(func() {
-		if t.Failed() {
-			logPods(t, n, "nats-0", "virtfleet-agent-*", "virtfleet-hub-*")
-		}
-	})
-
 	start = time.Now()
-	// What is applied of cluster/deploy so far, by kind/name: it comes up
-	// in three steps (NATS, the agents, the hub).
-	created := map[string]bool{}
-	apply := func(objs map[string]client.Object, keys ...string) {
-		t.Helper()
-		for _, key := range keys {
-			require.NoError(t, cp.Client.Create(ctx, objs[key]), key)
-			created[key] = true
-		}
-	}
-	objs := deployObjects(t, images)
-	apply(objs, "Namespace/virtfleet-system")
-	require.NoError(t, cp.Client.Create(ctx, natsAuth(users)))
-	require.NoError(t, cp.Client.Create(ctx, natsVolume()))
-	apply(objs, "ConfigMap/nats-config", "Service/nats", "Service/nats-headless", "StatefulSet/nats")
-	nats := readyPod(ctx, t, cp, "nats-0")
-	t.Logf("NATS pod %s (%s) Ready %s after its StatefulSet was applied", nats.Name, nats.Status.PodIP, time.Since(start).Round(100*time.Millisecond))
-	natsAddr := net.JoinHostPort(nats.Status.PodIP, "4222")
-	exposed, err := n.Expose(natsAddr)
-	require.NoError(t, err)
-
-	_, err = natsgo.Connect("nats://" + exposed)
-	require.Error(t, err, "NATS lets in a client without credentials: the nats-auth Secret's users are not in force")
-	hub := hubJetStream(ctx, t, "nats://"+exposed, hubID)
-	assert.DirExists(t, filepath.Join(store, "jetstream"), "NATS keeps its streams on its claim's volume")
-
-	start = time.Now()
-	agentPatch := podPatch(t, "DaemonSet", "virtfleet-agent", "agent", map[string]string{
-		"VIRTFLEET_NATS_URL":     "nats://" + natsAddr,
-		"VIRTFLEET_LIBVIRT_URI":  lv.URI,
-		"VIRTFLEET_LIBVIRT_POOL": libvirttest.Pool,
-	}, nil)
-	objs = deployObjects(t, images, agentPatch)
-	apply(objs, "ServiceAccount/virtfleet-agent", "DaemonSet/virtfleet-agent")
-	pod := runningPod(ctx, t, cp, "")
+	require.NoError(t, cp.Client.Delete(ctx, f.agent))
+	again := runningPod(ctx, t, cp, f.agent.UID)
 	running := time.Now()
-	t.Logf("agent pod %s Running %s after the DaemonSet was applied", pod.Name, running.Sub(start).Round(100*time.Millisecond))
-	rev := awaitHeartbeat(ctx, t, hub, 0)
-	t.Logf("node %s Ready (heartbeat) %s after its agent pod ran, %s after the DaemonSet was applied",
-		node, time.Since(running).Round(100*time.Millisecond), time.Since(start).Round(100*time.Millisecond))
-	assert.Equal(t, node, pod.Spec.NodeName)
-	assertAgentProcess(t, n, pod)
-
-	start = time.Now()
-	require.NoError(t, cp.Client.Delete(ctx, pod))
-	again := runningPod(ctx, t, cp, pod.UID)
-	running = time.Now()
-	awaitHeartbeat(ctx, t, hub, rev)
+	awaitHeartbeat(ctx, t, f.hub, f.heartbeat)
 	t.Logf("killed agent pod replaced by %s, Running after %s, heartbeat %s later",
 		again.Name, running.Sub(start).Round(100*time.Millisecond), time.Since(running).Round(100*time.Millisecond))
 
-	// The hub's Deployment, against the test's API server: it reaches the
-	// API server by inClusterName (the node's address, as a host alias, in
-	// place of the kubernetes Service no proxy serves here), with its
+	// The hub's Deployment, against the test's API server, with its
 	// ServiceAccount's token, and NATS with the hub's seed from its Secret.
 	ctx, cancel = context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	start = time.Now()
-	api, err := url.Parse(cp.Config.Host)
-	require.NoError(t, err)
-	hubPatch := podPatch(t, "Deployment", "virtfleet-hub", "hub", map[string]string{
-		"KUBERNETES_SERVICE_HOST": inClusterName,
-		"KUBERNETES_SERVICE_PORT": api.Port(),
-	}, map[string]any{"hostAliases": []map[string]any{{"ip": kubenode.NodeIP, "hostnames": []string{inClusterName}}}})
-	require.NoError(t, cp.Client.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "virtfleet-system", Name: "hub-nats-credentials"},
-		StringData: map[string]string{"hub.nk": string(hubID.Seed)},
-	}))
-	objs = deployObjects(t, images, agentPatch, hubPatch)
+	env, aliases := f.inCluster(t)
+	hubPatch := podPatch(t, "Deployment", "virtfleet-hub", "hub", env, map[string]any{"hostAliases": aliases})
+	f.hubCredentials(ctx, t)
+	objs := deployObjects(t, images, f.agentPatch, hubPatch)
 	for key := range objs {
-		if !created[key] {
-			apply(objs, key)
+		if !f.created[key] {
+			f.apply(ctx, t, objs, key)
 		}
 	}
-	cpc, err := manifests.Load(filepath.Join(controlplane.RepoRoot(), "examples", "providerconfig", "clusterproviderconfig.yaml"))
-	require.NoError(t, err)
-	require.Len(t, cpc, 1)
-	require.NoError(t, unstructured.SetNestedField(cpc[0].Object, "nats://"+natsAddr, "spec", "natsURL"))
-	require.NoError(t, cp.Client.Create(ctx, cpc[0]))
-
-	require.NoError(t, cp.Client.Create(ctx, &computev1alpha1.Volume{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-root"},
-		Spec:       computev1alpha1.VolumeSpec{ForProvider: computev1alpha1.VolumeParameters{Size: resource.MustParse("1Gi")}},
-	}))
-	vm := &computev1alpha1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm"},
-		Spec: computev1alpha1.VirtualMachineSpec{ForProvider: computev1alpha1.VirtualMachineParameters{
-			Vcpu:            1,
-			Memory:          resource.MustParse("128Mi"),
-			DiskAttachments: []computev1alpha1.DiskAttachment{{Name: "vm-root"}},
-		}},
-	}
-	require.NoError(t, cp.Client.Create(ctx, vm))
-	err = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
-		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
-			return false, err
-		}
-		return vm.Status.AtProvider.Phase == computev1alpha1.PhaseRunning, nil
-	})
-	require.NoError(t, err, "the VM is not Running: %+v", vm.Status)
-	assert.Equal(t, node, vm.Status.AtProvider.Node)
+	f.applyProviderConfig(ctx, t)
+	vm := f.runVM(ctx, t)
 	t.Logf("VM Running on %s %s after the hub's Deployment was applied", vm.Status.AtProvider.Node, time.Since(start).Round(100*time.Millisecond))
 }
 
@@ -353,11 +231,11 @@ func assertAgentProcess(t *testing.T, n *kubenode.Node, pod *corev1.Pod) {
 		"the agent's effective capabilities (%#x) are not exactly DAC_OVERRIDE and NET_ADMIN", effective)
 }
 
-// logPods logs the end of each container's log of the pods of
-// virtfleet-system matching names on n, which go with the node.
-func logPods(t *testing.T, n *kubenode.Node, names ...string) {
-	for _, name := range names {
-		logs, _ := filepath.Glob(filepath.Join(n.Dir, "log", "pods", "virtfleet-system_"+name+"_*", "*", "*.log"))
+// logPods logs the end of each container's log of the pods on n matching
+// pods (namespace_name globs), which go with the node.
+func logPods(t *testing.T, n *kubenode.Node, pods ...string) {
+	for _, pod := range pods {
+		logs, _ := filepath.Glob(filepath.Join(n.Dir, "log", "pods", pod+"_*", "*", "*.log"))
 		for _, l := range logs {
 			b, _ := os.ReadFile(l) //nolint:gosec // the node's own log
 			if len(b) > 6000 {
@@ -384,12 +262,25 @@ func virtfleetSpec(t *testing.T, name string) ociimage.Spec {
 // reg as repo:test, returning its reference.
 func pushImage(ctx context.Context, t *testing.T, reg *crossplanetest.Registry, spec ociimage.Spec, repo string) string {
 	t.Helper()
+	ref, err := reg.Push(ctx, repo, "test", buildImage(ctx, t, spec))
+	require.NoError(t, err)
+	return ref
+}
+
+// buildImage builds spec's image as cluster/images does.
+func buildImage(ctx context.Context, t *testing.T, spec ociimage.Spec) v1.Image {
+	t.Helper()
 	p := ociimage.Platform{OS: "linux", Arch: runtime.GOARCH}
 	img, err := ociimage.BuildFromSource(ctx, controlplane.RepoRoot(), spec, filepath.Join(t.TempDir(), spec.Name), p, time.Unix(0, 0).UTC())
 	require.NoError(t, err)
-	ref, err := reg.Push(ctx, repo, "test", img)
-	require.NoError(t, err)
-	return ref
+	return img
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
 }
 
 // labelHypervisor labels n as a hypervisor once it has registered, as an

@@ -1,0 +1,171 @@
+package deploy_test
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	pkgv1 "github.com/crossplane/crossplane/apis/v2/pkg/v1"
+	pkgv1beta1 "github.com/crossplane/crossplane/apis/v2/pkg/v1beta1"
+
+	"github.com/virtfleet/virtfleet/internal/build/ociimage"
+	"github.com/virtfleet/virtfleet/internal/build/providerpackage"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+	"github.com/virtfleet/virtfleet/internal/harness/crossplanecore"
+	"github.com/virtfleet/virtfleet/internal/harness/crossplanetest"
+	"github.com/virtfleet/virtfleet/internal/harness/manifests"
+)
+
+// The hub installed as the README's "With Crossplane's package manager"
+// tells a user: virtfleet's provider package, built from package/ on the
+// hub's image as `make package` builds it and pushed to the registry the
+// kubelet pulls from, installed by package/install.yaml's Provider and
+// DeploymentRuntimeConfig into a Crossplane core with its default
+// Deployment runtime. Crossplane's package manager installs the CRDs,
+// makes the provider's Deployment, ServiceAccount, Service and TLS Secrets,
+// and its RBAC manager binds the provider's ClusterRole to that
+// ServiceAccount; the kubelet runs the hub's two replicas, one of which
+// becomes leader, and a VirtualMachine the test applies is placed on the
+// node, its intent applied by the agent pod and reported Running.
+//
+// Crossplane's core and RBAC manager run as processes against the test's
+// API server (internal/harness/crossplanetest), not as its Deployment.
+// The DeploymentRuntimeConfig is install.yaml's plus what this node lacks
+// (see TestAgentDaemonSetOnKubelet): the API server's address and name.
+func TestProviderPackageOnKubelet(t *testing.T) {
+	skipWithoutKubelet(t)
+	log.SetLogger(testr.New(t))
+	buildCtx, cancelBuild := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancelBuild()
+	core, err := crossplanecore.Ensure(buildCtx, testWriter{t})
+	require.NoError(t, err)
+	// The API server starts with Crossplane's CRDs alone: virtfleet's come
+	// with its package.
+	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterName: inClusterName, CRDDirs: []string{core.CRDs}})
+	x, err := crossplanetest.Start(buildCtx, cp, crossplanetest.Options{Dir: t.TempDir(), Progress: testWriter{t}, DeploymentRuntime: true})
+	require.NoError(t, err)
+	t.Cleanup(x.Stop)
+
+	start := time.Now()
+	images := map[string]string{
+		"ghcr.io/virtfleet/virtfleet-agent": pushImage(buildCtx, t, x.Registry, virtfleetSpec(t, ociimage.Agent.Name), "virtfleet/virtfleet-agent"),
+		"docker.io/library/nats":            pushImage(buildCtx, t, x.Registry, ociimage.NATS, "virtfleet/nats"),
+	}
+	pkg, _, err := providerpackage.Build(buildCtx, filepath.Join(controlplane.RepoRoot(), "package"), buildImage(buildCtx, t, virtfleetSpec(t, ociimage.Hub.Name)))
+	require.NoError(t, err)
+	source, err := x.Registry.Push(buildCtx, "virtfleet/"+crossplanetest.Provider, "test", pkg)
+	require.NoError(t, err)
+	t.Logf("agent and NATS images %v and provider package %s built and pushed in %s", images, source, time.Since(start).Round(100*time.Millisecond))
+
+	f := startFleet(t, cp, x.Registry, images, crossplanetest.Namespace+"_"+crossplanetest.Provider+"-*")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	start = time.Now()
+	f.hubCredentials(ctx, t)
+	for _, obj := range installObjects(t, f, source) {
+		require.NoError(t, cp.Client.Create(ctx, obj), "%s %s", obj.GetKind(), obj.GetName())
+	}
+	require.NoError(t, x.WaitPackage(ctx, pkgv1.ProviderKind, crossplanetest.Provider, pkgv1.TypeHealthy, 5*time.Minute))
+	t.Logf("Provider %s Healthy %s after it was applied", crossplanetest.Provider, time.Since(start).Round(100*time.Millisecond))
+	hubs := hubPods(ctx, t, cp)
+	require.Len(t, hubs, 2, "the DeploymentRuntimeConfig asks for two replicas of the hub")
+	for _, p := range hubs {
+		assert.Equal(t, node, p.Spec.NodeName)
+		assert.Equal(t, corev1.PodRunning, p.Status.Phase, p.Name)
+	}
+	leader := awaitLeader(ctx, t, cp)
+	assert.True(t, slices.ContainsFunc(hubs, func(p corev1.Pod) bool { return p.Name == leader }),
+		"the hub's Lease is held by %s, none of the provider's pods", leader)
+	t.Logf("hub %s leader %s after the Provider was applied", leader, time.Since(start).Round(100*time.Millisecond))
+
+	f.applyProviderConfig(ctx, t)
+	vm := f.runVM(ctx, t)
+	t.Logf("VM Running on %s %s after the Provider was applied", vm.Status.AtProvider.Node, time.Since(start).Round(100*time.Millisecond))
+}
+
+// installObjects are package/install.yaml's Provider, with source for its
+// package, and its DeploymentRuntimeConfig, with what the hub's pods need
+// on this node to reach the API server (fleet.inCluster); the Function
+// and Configuration, which this test does not run, are left out.
+func installObjects(t *testing.T, f *fleet, source string) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := manifests.Load(filepath.Join(controlplane.RepoRoot(), "package", "install.yaml"))
+	require.NoError(t, err)
+	var out []*unstructured.Unstructured
+	for _, o := range objs {
+		switch o.GetKind() {
+		case pkgv1.ProviderKind:
+			require.NoError(t, unstructured.SetNestedField(o.Object, source, "spec", "package"))
+		case pkgv1beta1.DeploymentRuntimeConfigKind:
+			var drc pkgv1beta1.DeploymentRuntimeConfig
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &drc))
+			tmpl := drc.Spec.DeploymentTemplate
+			require.NotNil(t, tmpl, "the DeploymentRuntimeConfig has no deploymentTemplate")
+			require.NotNil(t, tmpl.Spec, "the DeploymentRuntimeConfig's deploymentTemplate has no spec")
+			pod := &tmpl.Spec.Template.Spec
+			require.Len(t, pod.Containers, 1)
+			env, aliases := f.inCluster(t)
+			for k, v := range env {
+				pod.Containers[0].Env = append(pod.Containers[0].Env, corev1.EnvVar{Name: k, Value: v})
+			}
+			pod.HostAliases = append(pod.HostAliases, aliases...)
+			u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&drc)
+			require.NoError(t, err)
+			o = &unstructured.Unstructured{Object: u}
+		default:
+			continue
+		}
+		out = append(out, o)
+	}
+	require.Len(t, out, 2, "package/install.yaml lacks the Provider or its DeploymentRuntimeConfig")
+	return out
+}
+
+// hubPods are the provider's pods, which Crossplane's Deployment runtime
+// labels with the provider's name.
+func hubPods(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) []corev1.Pod {
+	t.Helper()
+	var pods corev1.PodList
+	require.NoError(t, cp.Client.List(ctx, &pods, client.InNamespace(crossplanetest.Namespace),
+		client.MatchingLabels{"pkg.crossplane.io/provider": crossplanetest.Provider}))
+	return slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return p.DeletionTimestamp != nil })
+}
+
+// awaitLeader waits until a hub holds the leader election Lease, which is
+// in the hub's namespace (Crossplane's, from POD_NAMESPACE), and returns
+// the holder's pod name.
+func awaitLeader(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) string {
+	t.Helper()
+	var lease coordinationv1.Lease
+	holder := ""
+	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: crossplanetest.Namespace, Name: "virtfleet-hub"}, &lease); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		if lease.Spec.HolderIdentity == nil {
+			return false, nil
+		}
+		holder = *lease.Spec.HolderIdentity
+		return holder != "", nil
+	})
+	require.NoError(t, err, "no hub became leader: %+v", lease.Spec)
+	// controller-runtime's identity is the host name (the pod's) and a
+	// suffix of its own.
+	name, _, _ := strings.Cut(holder, "_")
+	return name
+}
