@@ -82,15 +82,17 @@ func TestProviderPackageOnKubelet(t *testing.T) {
 	}
 	require.NoError(t, x.WaitPackage(ctx, pkgv1.ProviderKind, crossplanetest.Provider, pkgv1.TypeHealthy, 5*time.Minute))
 	t.Logf("Provider %s Healthy %s after it was applied", crossplanetest.Provider, time.Since(start).Round(100*time.Millisecond))
-	hubs := hubPods(ctx, t, cp)
-	require.Len(t, hubs, 2, "the DeploymentRuntimeConfig asks for two replicas of the hub")
-	for _, p := range hubs {
-		assert.Equal(t, node, p.Spec.NodeName)
-		assert.Equal(t, corev1.PodRunning, p.Status.Phase, p.Name)
+	hubs := map[string]corev1.PodPhase{}
+	for _, p := range hubPods(ctx, t, cp) {
+		hubs[p.Name] = p.Status.Phase
+		assert.Equal(t, node, p.Spec.NodeName, p.Name)
+	}
+	require.Len(t, hubs, 2, "the DeploymentRuntimeConfig asks for two replicas of the hub: %v", hubs)
+	for name, phase := range hubs {
+		assert.Equal(t, corev1.PodRunning, phase, name)
 	}
 	leader := awaitLeader(ctx, t, cp)
-	assert.True(t, slices.ContainsFunc(hubs, func(p corev1.Pod) bool { return p.Name == leader }),
-		"the hub's Lease is held by %s, none of the provider's pods", leader)
+	assert.Contains(t, hubs, leader, "the hub's Lease is held by none of the provider's pods")
 	t.Logf("hub %s leader %s after the Provider was applied", leader, time.Since(start).Round(100*time.Millisecond))
 
 	f.applyProviderConfig(ctx, t)
