@@ -187,6 +187,60 @@ func TestQuickStart(t *testing.T) {
 		k.run("get", "virtualnetwork", "net-frontend", "net-backend")
 	})
 
+	t.Run("ATenantTourOnMakeRun", func(t *testing.T) {
+		// The README's "Try it: a tenant on make run", command for
+		// command: alice, with rights in team-a alone, attacks the fleet
+		// three ways and each fails as the README says.
+		file := func(name string) string {
+			return filepath.Join(controlplane.RepoRoot(), "cluster", "local", "tenant", name)
+		}
+		alice := func(args ...string) string {
+			return k.in("team-a").run(append([]string{"--as", "alice"}, args...)...)
+		}
+		k.in("team-a").run("apply", "-f", file("access.yaml"))
+		out, err := k.command("--as", "alice", "get", "hvnode").CombinedOutput()
+		require.Error(t, err, "alice reads nothing outside team-a: %s", out)
+		assert.Contains(t, string(out), "forbidden")
+
+		alice("apply", "-f", file("hostile.yaml"))
+		require.Eventually(t, func() bool {
+			return strings.Contains(alice("get", "vm", "hostile", "-o", `jsonpath={.status.conditions[?(@.type=="Synced")].message}`),
+				"refused: the ProviderConfig names NATS server 127.0.0.1:9, which no ClusterProviderConfig names")
+		}, 30*time.Second, 500*time.Millisecond, "alice's VM says its server is refused")
+		start := time.Now()
+		k.run("apply", "-f", file("bystander.yaml"))
+		k.run("wait", "vm/bystander", "--for=jsonpath={.status.atProvider.phase}=Running", "--timeout=60s")
+		t.Logf("bystander Running %s after it was applied, beside alice's hostile ProviderConfig", time.Since(start).Round(100*time.Millisecond))
+		assert.Empty(t, alice("get", "vm", "hostile", "-o", "jsonpath={.status.atProvider.node}"), "alice's VM is placed nowhere")
+
+		alice("apply", "-f", file("web.yaml"))
+		alice("wait", "vm/web", "--for=jsonpath={.status.atProvider.phase}=Running", "--timeout=60s")
+		node := alice("get", "vm", "web", "-o", "jsonpath={.status.atProvider.node}")
+		uid := alice("get", "vm", "web", "-o", "jsonpath={.metadata.uid}")
+		alice("annotate", "vm", "web", v1alpha1.AnnotationNode+"-", v1alpha1.AnnotationSeal+"-")
+		require.Eventually(t, func() bool {
+			return alice("get", "vm", "web", "-o", "jsonpath={.metadata.annotations.compute\\.virtfleet\\.io/node}") == node &&
+				alice("get", "events", "--field-selector", "reason=Rebound,involvedObject.name=web", "-o", "name") != ""
+		}, 30*time.Second, 500*time.Millisecond, "web is bound again to %s, with a Rebound event", node)
+		assert.Equal(t, "Running", alice("get", "vm", "web", "-o", "jsonpath={.status.atProvider.phase}"))
+		alice("delete", "vm", "web", "--timeout=60s")
+		for _, n := range []string{"node1", "node2", "node3"} {
+			assert.Zero(t, domainsWithUUID(t, findAgent(t, dir, n).socket, uid), "a guest of the deleted VM is left on %s", n)
+		}
+
+		alice("apply", "-f", file("big.yaml"))
+		require.Eventually(t, func() bool {
+			return strings.Contains(alice("get", "vm", "big", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`),
+				"quota of namespace team-a exceeded: vcpu would be 32 of 16 (TenantQuota team-a;")
+		}, 30*time.Second, 500*time.Millisecond, "big is refused by team-a's quota")
+		assert.Empty(t, alice("get", "vm", "big", "-o", "jsonpath={.status.atProvider.node}"), "big is placed nowhere")
+
+		for _, f := range []string{"big.yaml", "hostile.yaml", "web.yaml"} {
+			alice("delete", "-f", file(f), "--ignore-not-found", "--timeout=60s")
+		}
+		k.run("delete", "-f", file("bystander.yaml"), "--timeout=60s")
+	})
+
 	t.Run("KilledAgentShowsUnknownThenRecoversWithoutDuplicates", func(t *testing.T) {
 		node := k.run("get", "vm", "sample-vm", "-o", "jsonpath={.status.atProvider.node}")
 		uid := k.run("get", "vm", "sample-vm", "-o", "jsonpath={.metadata.uid}")
@@ -315,10 +369,22 @@ type kubectl struct {
 	t          *testing.T
 	path       string
 	kubeconfig string
+	// namespace is the one kubectl is told; empty is default.
+	namespace string
+}
+
+// in is k in namespace ns.
+func (k kubectl) in(ns string) kubectl {
+	k.namespace = ns
+	return k
 }
 
 func (k kubectl) command(args ...string) *exec.Cmd {
-	cmd := exec.Command(k.path, append([]string{"-n", "default"}, args...)...)
+	ns := k.namespace
+	if ns == "" {
+		ns = "default"
+	}
+	cmd := exec.Command(k.path, append([]string{"-n", ns}, args...)...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+k.kubeconfig)
 	return cmd
 }
