@@ -195,7 +195,8 @@ func SetupGated[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options
 func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k Kind[T], memory *perobject.Owner, polls *wake.Polls) error {
 	name := managed.ControllerName(k.GroupKind)
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime still records through the old events API
-	e := &external[T]{kube: mgr.GetClient(), kind: k, recorder: recorder, released: perobject.NewMap[struct{}](memory), settles: &settles{}}
+	finalize := make(chan ctrlevent.GenericEvent, finalizeBuffer)
+	e := &external[T]{kube: mgr.GetClient(), kind: k, recorder: recorder, released: perobject.NewMap[struct{}](memory), settles: &settles{}, finalize: finalize}
 	opts := []managed.ReconcilerOption{
 		managed.WithTypedExternalConnector[T](e),
 		managed.WithLogger(o.Logger.WithValues("controller", name)),
@@ -234,6 +235,7 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	for _, src := range k.Sources {
 		b = b.WatchesRawSource(src)
 	}
+	b = b.WatchesRawSource(source.Channel(finalize, &handler.EnqueueRequestForObject{}))
 	return b.Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
 }
 
@@ -371,7 +373,14 @@ type external[T resource.ModernManaged] struct {
 	// Losing it (a hub restart) only calls Release once more.
 	released *perobject.Map[struct{}]
 	settles  *settles
+	// finalize reconciles a released resource again at once (see
+	// Delete).
+	finalize chan ctrlevent.GenericEvent
 }
+
+// finalizeBuffer is how many released resources may wait to be reconciled
+// again at once; past it, one waits for its backoff instead.
+const finalizeBuffer = 1024
 
 func (e *external[T]) Connect(context.Context, T) (managed.TypedExternalClient[T], error) {
 	return e, nil
@@ -443,6 +452,17 @@ func (e *external[T]) Delete(ctx context.Context, obj T) (managed.ExternalDelete
 	}
 	if released {
 		e.released.Store(obj.GetUID(), struct{}{})
+		// The managed reconciler finalizes it at its next reconcile, which
+		// it requeues with backoff: a deletion refused while users held
+		// the resource has grown that up to apiwrites.MaxDelay. Nothing is
+		// left to wait for, so come back now.
+		again := e.kind.New()
+		again.SetNamespace(obj.GetNamespace())
+		again.SetName(obj.GetName())
+		select {
+		case e.finalize <- ctrlevent.GenericEvent{Object: again}:
+		default:
+		}
 	}
 	return managed.ExternalDelete{}, nil
 }

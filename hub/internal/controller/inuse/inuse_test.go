@@ -88,7 +88,8 @@ func testExternal(t *testing.T, rel *release, users ...string) (*external[*v1alp
 		k.Release = rel.Release
 	}
 	rec := &fleettest.Recorder{}
-	return &external[*v1alpha1.Volume]{kube: kube, kind: k, recorder: rec, released: perobject.NewMap[struct{}](perobject.NewOwner(nil)), settles: &settles{}}, rec
+	return &external[*v1alpha1.Volume]{kube: kube, kind: k, recorder: rec, released: perobject.NewMap[struct{}](perobject.NewOwner(nil)), settles: &settles{},
+		finalize: make(chan ctrlevent.GenericEvent, 1)}, rec
 }
 
 // many is n user names, in the order Users sorts them.
@@ -194,7 +195,9 @@ func TestDelete(t *testing.T) {
 		wantErr          string
 		wantEvent        event.Reason
 		wantReleaseCalls int
-		wantReleased     bool
+		// wantReleased is also whether the resource is reconciled again at
+		// once, to be finalized.
+		wantReleased bool
 	}{
 		"AUsedResourceIsRefusedWithAWarningNamingItsUsers": {
 			users: []string{"a"}, rel: &release{released: true},
@@ -240,6 +243,13 @@ func TestDelete(t *testing.T) {
 			}
 			_, released := e.released.Load(v.GetUID())
 			assert.Equal(t, tc.wantReleased, released, "remembered as released")
+			if !tc.wantReleased {
+				assert.Empty(t, e.finalize, "no reconcile to finalize what is not released")
+				return
+			}
+			require.Len(t, e.finalize, 1, "a released resource is reconciled again at once, not after its backoff")
+			again := <-e.finalize
+			assert.Equal(t, client.ObjectKeyFromObject(v), client.ObjectKeyFromObject(again.Object))
 		})
 	}
 }
