@@ -105,17 +105,31 @@ type User struct {
 }
 
 // changes passes the events of users that may change the status of what
-// they use: a creation, a deletion, a change of spec (of what is used) and,
-// when u says where its objects are, a change of node. Their other writes
-// (a VM's status, many per start) do not: they would reconcile every
-// resource used once more each.
+// they use: a creation, a deletion, a change of spec, a change of what is
+// used (which a user's status may say: a VM whose guest lets a removed
+// disk go) and, when u says where its objects are, a change of node. Their
+// other writes (a VM's status, many per start) do not: they would
+// reconcile every resource used once more each.
 func (u User) changes() predicate.Predicate {
-	if u.Node == nil {
-		return predicate.GenerationChangedPredicate{}
-	}
 	return predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
-		UpdateFunc: func(e ctrlevent.UpdateEvent) bool { return u.Node(e.ObjectOld) != u.Node(e.ObjectNew) },
+		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
+			return !sameNames(u.Uses(e.ObjectOld), u.Uses(e.ObjectNew)) ||
+				(u.Node != nil && u.Node(e.ObjectOld) != u.Node(e.ObjectNew))
+		},
 	})
+}
+
+// sameNames says whether a and b hold the same names, in any order: a
+// user's status may list what it uses in another order than before
+// without using anything else.
+func sameNames(a, b []string) bool {
+	if slices.Equal(a, b) {
+		return true
+	}
+	if len(a) != len(b) {
+		return false
+	}
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
 
 // Related is a kind whose changes may change the status of resources of
@@ -215,12 +229,13 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 		opts = append(opts, managed.WithManagementPolicies())
 	}
 	r := managed.NewReconciler(mgr, resource.ManagedKind(k.GroupVersionKind), opts...)
-	// A user that starts or stops using the resource (created, deleted, or
-	// its spec changed) wakes it, so a blocked deletion proceeds, and one
-	// that comes to a node (User.Node). Only those changes: a user's status
-	// writes would otherwise reconcile (and rewrite the status of) every
-	// resource it uses, several times per VM start, which would make this
-	// the hub's largest source of API writes.
+	// A user that starts or stops using the resource (created, deleted, its
+	// spec changed, or its status no longer holding it) wakes it, so a
+	// blocked deletion proceeds, and one that comes to a node (User.Node).
+	// Only those changes: a user's other status writes would otherwise
+	// reconcile (and rewrite the status of) every resource it uses, several
+	// times per VM start, which would make this the hub's largest source of
+	// API writes.
 	copts := o.ForControllerRuntime()
 	copts.RateLimiter = apiwrites.ControllerRateLimiter()
 	b := ctrl.NewControllerManagedBy(mgr).

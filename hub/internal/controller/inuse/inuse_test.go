@@ -3,6 +3,7 @@ package inuse
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,16 +31,23 @@ import (
 )
 
 // usesVolumes is a VirtualMachine's use of Volumes, as the index package
-// describes it (which imports this one, so cannot serve here).
+// describes it (which imports this one, so cannot serve here): those it
+// attaches, then those its guest still holds.
 var usesVolumes = User{
 	Kind:    v1alpha1.VirtualMachineKind,
 	New:     func() client.Object { return &v1alpha1.VirtualMachine{} },
 	NewList: func() client.ObjectList { return &v1alpha1.VirtualMachineList{} },
-	Index:   "spec.forProvider.diskAttachments.name",
+	Index:   "spec.forProvider.diskAttachments.name+status.atProvider.disks",
 	Uses: func(o client.Object) []string {
+		vm := o.(*v1alpha1.VirtualMachine) //nolint:forcetypeassert // indexed type
 		var out []string
-		for _, a := range o.(*v1alpha1.VirtualMachine).Spec.ForProvider.DiskAttachments { //nolint:forcetypeassert // indexed type
+		for _, a := range vm.Spec.ForProvider.DiskAttachments {
 			out = append(out, string(a.Name))
+		}
+		for _, d := range vm.Status.AtProvider.Disks {
+			if !slices.Contains(out, d) {
+				out = append(out, d)
+			}
 		}
 		return out
 	},
@@ -404,7 +412,10 @@ func TestObserveCountsTheUsersForTheWait(t *testing.T) {
 func TestAUserOnANodeWakesWhatItUses(t *testing.T) {
 	onNode := usesVolumes
 	onNode.Node = func(o client.Object) string { return o.(*v1alpha1.VirtualMachine).Status.AtProvider.Node } //nolint:forcetypeassert // VMs only
+	// Its guest still holds data, which its spec no longer attaches.
 	base := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "a", Generation: 1}}
+	base.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "root"}}
+	base.Status.AtProvider.Disks = []string{"root", "data"}
 	for _, tc := range []struct {
 		name                string
 		change              func(*v1alpha1.VirtualMachine)
@@ -413,6 +424,8 @@ func TestAUserOnANodeWakesWhatItUses(t *testing.T) {
 		{"placed on its first node", func(vm *v1alpha1.VirtualMachine) { vm.Status.AtProvider.Node = "node1" }, true, false},
 		{"another status write", func(vm *v1alpha1.VirtualMachine) { vm.Status.AtProvider.Phase = v1alpha1.PhaseRunning }, false, false},
 		{"what it uses changed", func(vm *v1alpha1.VirtualMachine) { vm.Generation = 2 }, true, true},
+		{"its guest let a disk go (a status write)", func(vm *v1alpha1.VirtualMachine) { vm.Status.AtProvider.Disks = []string{"root"} }, true, true},
+		{"its status lists its disks in another order", func(vm *v1alpha1.VirtualMachine) { vm.Status.AtProvider.Disks = []string{"data", "root"} }, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			next := base.DeepCopy()
