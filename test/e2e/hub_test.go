@@ -122,6 +122,20 @@ func TestHub(t *testing.T) {
 			return vm.Status.AtProvider.ObservedGeneration == vm.Generation && vm.Status.AtProvider.RestartRequired
 		})
 		assert.Equal(t, []string{"holder-root", "holder-data"}, vm.Status.AtProvider.Disks, "the guest still holds the disk")
+
+		// The disk the guest holds is not deleted under it: its Volume
+		// stays, in use by the VM, until the guest lets it go.
+		data := h.waitVolume(t, "holder-data", 30*time.Second, func(v *v1alpha1.Volume) bool { return v.Status.AtProvider.Node != "" })
+		disk, node := ns+"_holder-data", data.Status.AtProvider.Node
+		require.NoError(t, h.kube.Delete(context.Background(), data))
+		h.waitVolume(t, "holder-data", 30*time.Second, func(v *v1alpha1.Volume) bool {
+			return v.DeletionTimestamp != nil && v.GetCondition("InUse").Message == "used by VirtualMachine holder"
+		})
+		assert.Eventually(t, func() bool {
+			return h.hasEvent(t, "holder-data", "DeletionBlocked", "Volume holder-data is used by VirtualMachine holder")
+		}, 10*time.Second, 50*time.Millisecond, "the deletion is refused naming the VM")
+		assert.True(t, h.nodeVolumeExists(t, node, disk), "the guest's disk is still on its node")
+
 		h.patch(t, "holder", func(vm *v1alpha1.VirtualMachine) {
 			vm.SetAnnotations(merge(vm.GetAnnotations(), v1alpha1.AnnotationRestartRequestedAt, time.Now().Format(time.RFC3339)))
 		})
@@ -129,6 +143,10 @@ func TestHub(t *testing.T) {
 			return vm.Status.AtProvider.RestartCount == 1 && running(vm) && !vm.Status.AtProvider.RestartRequired
 		})
 		assert.Equal(t, []string{"holder-root"}, vm.Status.AtProvider.Disks, "the restart let the disk go")
+		require.Eventually(t, func() bool {
+			return kerrors.IsNotFound(h.kube.Get(context.Background(), client.ObjectKeyFromObject(data), &v1alpha1.Volume{}))
+		}, 30*time.Second, 100*time.Millisecond, "the Volume goes once the guest let its disk go")
+		assert.False(t, h.nodeVolumeExists(t, node, disk), "with its disk")
 	})
 
 	t.Run("MissingVolumeWaitsThenRuns", func(t *testing.T) {

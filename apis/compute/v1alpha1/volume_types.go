@@ -87,7 +87,9 @@ type VolumeObservation struct {
 	// +optional
 	Capacity *resource.Quantity `json:"capacity,omitempty"`
 
-	// AttachedTo are the VirtualMachines using the volume.
+	// AttachedTo are the VirtualMachines using the volume: those attaching
+	// it, and those whose guest still holds it after it was removed from
+	// their diskAttachments. The Volume cannot be deleted while any does.
 	// +optional
 	AttachedTo []string `json:"attachedTo,omitempty"`
 }

@@ -192,14 +192,21 @@ func (e *Env) Events(t *testing.T, o client.Object) []string {
 // o, or "" when there is none.
 func (e *Env) EventMessage(t *testing.T, o client.Object, typ string, reason event.Reason) string {
 	t.Helper()
+	return e.Event(t, o, typ, reason).Message
+}
+
+// Event is the event of type and reason recorded on o, whose Count says
+// how many times it was; the zero Event when there is none.
+func (e *Env) Event(t *testing.T, o client.Object, typ string, reason event.Reason) corev1.Event {
+	t.Helper()
 	l := &corev1.EventList{}
 	require.NoError(t, e.Kube.List(e.Ctx, l, client.InNamespace(o.GetNamespace()), client.MatchingFields{"involvedObject.uid": string(o.GetUID())}))
 	for _, ev := range l.Items {
 		if ev.Type == typ && ev.Reason == string(reason) {
-			return ev.Message
+			return ev
 		}
 	}
-	return ""
+	return corev1.Event{}
 }
 
 // Await waits until o, read again from the API server, shows what check

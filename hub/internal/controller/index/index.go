@@ -8,6 +8,7 @@ package index
 
 import (
 	"context"
+	"slices"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,12 +20,22 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 )
 
-// VolumeUsers are the VirtualMachines attaching a Volume, through
-// spec.forProvider.diskAttachments.
-var VolumeUsers = vmUser("spec.forProvider.diskAttachments.name", func(vm *v1alpha1.VirtualMachine) []string {
+// VolumeUsers are the VirtualMachines using a Volume: those attaching it,
+// through spec.forProvider.diskAttachments, and those whose guest still
+// holds it, through status.atProvider.disks. A disk removed from the spec
+// stays on the guest until it releases it (a detach the guest has not
+// acknowledged, or one only a restart makes): until then the Volume is in
+// use, and deleting it would delete the disk under the guest. Each name is
+// listed once, the spec's first, in its order.
+var VolumeUsers = vmUser("spec.forProvider.diskAttachments.name+status.atProvider.disks", func(vm *v1alpha1.VirtualMachine) []string {
 	names := make([]string, 0, len(vm.Spec.ForProvider.DiskAttachments))
 	for _, a := range vm.Spec.ForProvider.DiskAttachments {
 		names = append(names, string(a.Name))
+	}
+	for _, d := range vm.Status.AtProvider.Disks {
+		if !slices.Contains(names, d) {
+			names = append(names, d)
+		}
 	}
 	return names
 })

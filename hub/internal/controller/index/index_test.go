@@ -22,6 +22,13 @@ func TestUses(t *testing.T) {
 	cloneOfVM := &v1alpha1.VirtualMachineClone{Spec: v1alpha1.VirtualMachineCloneSpec{Source: v1alpha1.CloneSource{Kind: v1alpha1.CloneFromVirtualMachine, Name: "monday"}}}
 	imageOfSnap := &v1alpha1.DiskImage{}
 	imageOfSnap.Spec.ForProvider.Source = v1alpha1.DiskImageSource{VolumeRef: &v1alpha1.LocalReference{Name: "root"}, SnapshotRef: &v1alpha1.LocalReference{Name: "monday"}}
+	detaching := vm.DeepCopy()
+	detaching.Spec.ForProvider.DiskAttachments = detaching.Spec.ForProvider.DiskAttachments[:1]
+	detaching.Status.AtProvider.Disks = []string{"root", "data"}
+	attaching := vm.DeepCopy()
+	attaching.Status.AtProvider.Disks = []string{"root"}
+	reordered := vm.DeepCopy()
+	reordered.Status.AtProvider.Disks = []string{"data", "root"}
 	imageOfVolume := &v1alpha1.DiskImage{}
 	imageOfVolume.Spec.ForProvider.Source = v1alpha1.DiskImageSource{VolumeRef: &v1alpha1.LocalReference{Name: "monday"}}
 
@@ -31,6 +38,9 @@ func TestUses(t *testing.T) {
 		want []string
 	}{
 		"AVMUsesItsDisksVolumesInOrder":    {user: VolumeUsers, obj: vm, want: []string{"root", "data"}},
+		"AVMUsesADiskItsGuestStillHolds":   {user: VolumeUsers, obj: detaching, want: []string{"root", "data"}},
+		"AVMUsesADiskNotAttachedYet":       {user: VolumeUsers, obj: attaching, want: []string{"root", "data"}},
+		"AVMUsesEachDiskOnceInSpecOrder":   {user: VolumeUsers, obj: reordered, want: []string{"root", "data"}},
 		"AVMUsesItsNetworksInOrder":        {user: NetworkUsers, obj: vm, want: []string{"net-db", "net-backend"}},
 		"AVolumeUsesTheImageItIsMadeFrom":  {user: ImageUsers, obj: fromImage, want: []string{"debian"}},
 		"AnEmptyVolumeUsesNoImage":         {user: ImageUsers, obj: &v1alpha1.Volume{}},

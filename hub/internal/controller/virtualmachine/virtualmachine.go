@@ -207,10 +207,11 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		WithOptions(copts).
 		WithEventFilter(resource.DesiredStateChanged()).
 		For(&v1alpha1.VirtualMachine{}).
-		// A Volume wakes the VMs attaching it when it is created, deleted or
-		// changed in spec, not when it is bound to the node of a VM that
-		// attaches it; and on any change the VMs booting from a DiskImage
-		// that clones it, which wait for it to be bound.
+		// A Volume wakes the VMs using it (attaching it, or whose guest
+		// still holds it) when it is created, deleted or changed in spec,
+		// not when it is bound to the node of a VM that attaches it; and on
+		// any change the VMs booting from a DiskImage that clones it, which
+		// wait for it to be bound.
 		Watches(&v1alpha1.Volume{}, waiting(index.VolumeUsers), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1alpha1.Volume{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return cloneUsersOf(ctx, mgr.GetClient(), o)

@@ -1,8 +1,9 @@
 // Package volume reconciles Volumes with the inuse controller: a Volume's
-// users are the VirtualMachines attaching it, and its deletion is held while
-// they do. It also removes a deleted Volume's storage from its node: then
-// Releaser.Release asks the Volume's node to delete the volume, with a
-// VolumeIntent{Absent}, and lets the Volume go once the node reports it gone.
+// users are the VirtualMachines attaching it or whose guest still holds it
+// (index.VolumeUsers), and its deletion is held while they do. It also
+// removes a deleted Volume's storage from its node: then Releaser.Release
+// asks the Volume's node to delete the volume, with a VolumeIntent{Absent},
+// and lets the Volume go once the node reports it gone.
 // The image the volume was made from is then pruned by the node after its
 // DiskImage's pruneAfter.
 package volume
@@ -69,14 +70,26 @@ func observe(_ context.Context, _ client.Reader, v *v1alpha1.Volume, users inuse
 // nodes through pool, gives up on a node lost for longer than fencing, and
 // is woken by notifier, which the pool's fleets must feed with
 // Fleet.Volumes.Subscribe.
-func SetupGated(mgr ctrl.Manager, o controller.Options, pool *fleet.Pool, fencing time.Duration, notifier *wake.Notifier, memory *perobject.Owner, polls *wake.Polls, quotas *quota.Counter) error {
+func SetupGated(mgr ctrl.Manager, o controller.Options, pool Fleets, fencing time.Duration, notifier *wake.Notifier, memory *perobject.Owner, polls *wake.Polls, quotas *quota.Counter) error {
+	return inuse.SetupGated(mgr, o, releasing(mgr, pool, fencing, notifier, memory, quotas), memory, polls)
+}
+
+// Setup is SetupGated without waiting for the CRD, for a manager that
+// has it already.
+func Setup(mgr ctrl.Manager, o controller.Options, pool Fleets, fencing time.Duration, notifier *wake.Notifier, memory *perobject.Owner, polls *wake.Polls, quotas *quota.Counter) error {
+	return inuse.Setup(mgr, o, releasing(mgr, pool, fencing, notifier, memory, quotas), memory, polls)
+}
+
+// releasing is Kind with a Releaser's release of the volume on its node and
+// import of an existing one.
+func releasing(mgr ctrl.Manager, pool Fleets, fencing time.Duration, notifier *wake.Notifier, memory *perobject.Owner, quotas *quota.Counter) inuse.Kind[*v1alpha1.Volume] {
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(managed.ControllerName(v1alpha1.VolumeGroupKind))) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	r := NewReleaser(mgr.GetClient(), pool, fencing, notifier, recorder, memory)
 	r.quotas = quotas
 	k := Kind
 	k.Observe, k.Release = r.Observe, r.Release
 	k.Sources = []source.Source{notifier.Source()}
-	return inuse.SetupGated(mgr, o, k, memory, polls)
+	return k
 }
 
 // Fleets finds the Fleet of a NATS server; *fleet.Pool is one.
