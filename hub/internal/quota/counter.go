@@ -20,14 +20,14 @@ type Counter struct {
 	fleets func() []*fleet.Fleet
 
 	mu sync.Mutex
-	// admitted is what Admit, AdmitSnapshot, AdmitAddresses and
-	// AdmitGrowth let in that the cache or the hub's records do not count
-	// yet.
+	// admitted is what Admit, AdmitVolume, AdmitSnapshot, AdmitAddresses
+	// and AdmitGrowth let in that the cache or the hub's records do not
+	// count yet.
 	admitted map[key]admission
 }
 
-// key names one admission: of a VM, of a Volume a VM's placement makes,
-// of the addresses a VM is to hold in all (by the VM's uid), of a
+// key names one admission: of a VM, of a Volume a VM's placement makes
+// or a placed VM is given (by the Volume's uid), of the addresses a VM is to hold in all (by the VM's uid), of a
 // snapshot, or of a Volume's growth (by the Volume's uid).
 type key struct {
 	kind string
@@ -47,7 +47,7 @@ type admission struct {
 	namespace string
 	amounts   Amounts
 	// by is the uid of the object whose admission let this in: the VM
-	// that brings a Volume and its addresses, the snapshot itself, the
+	// that brings or is given a Volume, and its addresses, the snapshot itself, the
 	// Volume that grows.
 	by types.UID
 	// size is, of a growth, the size the Volume grows to: it counts
@@ -305,20 +305,45 @@ func (c *Counter) Admit(ctx context.Context, vm *v1alpha1.VirtualMachine, p Plac
 func (c *Counter) AdmitSnapshot(ctx context.Context, s *v1alpha1.VirtualMachineSnapshot, vm *v1alpha1.VirtualMachine) error {
 	return c.under(ctx, s.Namespace, s.UID, func(qs []apisv1alpha1.TenantQuota, t tally) error {
 		want := Amounts{Snapshots: 1, StorageBytes: reserve(vm.Spec.ForProvider.DiskAttachments, s.Spec.IncludeMemory, Of(vm).MemoryBytes, t.volumes)}
-		if err := Check(qs, t.used, want, "this snapshot"); err != nil {
-			c.forget(s.UID)
-			return err
-		}
-		c.admitted[key{admittedSnapshot, s.UID}] = admission{namespace: s.Namespace, amounts: want, by: s.UID}
-		return nil
+		return c.admit(qs, t.used, key{admittedSnapshot, s.UID}, admission{namespace: s.Namespace, amounts: want, by: s.UID}, "this snapshot")
 	})
 }
 
+// AdmitVolume says whether v, on no node yet, given to vm after vm was
+// placed, fits in every TenantQuota of its namespace (nil, or an
+// ExceededError), and if it does counts it until the cache shows it bound,
+// or ForgetVolume or Forget (of v or of vm) is told of it. The hub admits
+// such a Volume just before it binds it to vm's node: two Volumes given at
+// once, to two VMs or to one, can never both pass a quota that takes one.
+// A Volume admitted already with another VM (Admit, or AdmitVolume) is
+// counted once, as that VM's.
+func (c *Counter) AdmitVolume(ctx context.Context, vm *v1alpha1.VirtualMachine, v *v1alpha1.Volume) error {
+	return c.under(ctx, v.Namespace, v.UID, func(qs []apisv1alpha1.TenantQuota, t tally) error {
+		k := key{admittedVolume, v.UID}
+		if a, ok := c.admitted[k]; ok && a.by != vm.UID {
+			return nil
+		}
+		return c.admit(qs, t.used, k, admission{namespace: v.Namespace, amounts: OfVolume(v), by: vm.UID}, "this Volume")
+	})
+}
+
+// ForgetVolume stops counting the Volume of uid that AdmitVolume let in
+// for the VM of vm: it was not bound after all. One another VM brings
+// counts on.
+func (c *Counter) ForgetVolume(uid, vm types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if a := c.admitted[key{admittedVolume, uid}]; a.by == vm {
+		delete(c.admitted, key{admittedVolume, uid})
+	}
+}
+
 // FitsVolume says whether v, on no node yet, would fit in every
-// TenantQuota of its namespace if it were made now: nil, or an
-// ExceededError. It admits nothing: a Volume is made with the first VM
-// that uses it, and admitted with that VM (Admit); this lets the Volume
-// itself say why it is made nowhere.
+// TenantQuota of its namespace if it were made now, beside what was
+// admitted but v itself: nil, or an ExceededError. It admits nothing: a
+// Volume is made with the first VM that uses it, and admitted with that VM
+// (Admit, or AdmitVolume for a VM placed already); this lets the Volume
+// itself say why it is made nowhere, and a VM's Observe ask.
 func (c *Counter) FitsVolume(ctx context.Context, v *v1alpha1.Volume) error {
 	return c.under(ctx, v.Namespace, v.UID, func(qs []apisv1alpha1.TenantQuota, t tally) error {
 		return Check(qs, t.used, OfVolume(v), "this Volume")
@@ -346,13 +371,8 @@ func (c *Counter) FitsGrowth(ctx context.Context, v *v1alpha1.Volume, size int64
 // quota that takes one. A growth of v admitted again replaces the first.
 func (c *Counter) AdmitGrowth(ctx context.Context, v *v1alpha1.Volume, size int64) error {
 	return c.underGrowth(ctx, v, func(qs []apisv1alpha1.TenantQuota, used Amounts) error {
-		want := growth(v, size)
-		if err := Check(qs, used, want, "this Volume's growth"); err != nil {
-			delete(c.admitted, key{admittedGrowth, v.UID})
-			return err
-		}
-		c.admitted[key{admittedGrowth, v.UID}] = admission{namespace: v.Namespace, amounts: want, by: v.UID, size: v.Spec.ForProvider.Size.Value()}
-		return nil
+		a := admission{namespace: v.Namespace, amounts: growth(v, size), by: v.UID, size: v.Spec.ForProvider.Size.Value()}
+		return c.admit(qs, used, key{admittedGrowth, v.UID}, a, "this Volume's growth")
 	})
 }
 
@@ -434,6 +454,18 @@ func (c *Counter) under(ctx context.Context, namespace string, except types.UID,
 		return err
 	}
 	return admit(qs, t)
+}
+
+// admit, with c.mu held, says whether a, what the object named what adds,
+// fits in qs beside used (nil, or an ExceededError), and if it does counts
+// it as k; if it does not, k, admitted before, counts no more.
+func (c *Counter) admit(qs []apisv1alpha1.TenantQuota, used Amounts, k key, a admission, what string) error {
+	if err := Check(qs, used, a.amounts, what); err != nil {
+		delete(c.admitted, k)
+		return err
+	}
+	c.admitted[k] = a
+	return nil
 }
 
 // Forget stops counting what the admission of uid let in: its VM or
