@@ -78,10 +78,10 @@ func declaredShape(vm *v1alpha1.VirtualMachine) (int32, int64) {
 // why. It only asks the quota (quota.Counter.FitsGrowth), as Observe
 // must; a growth is admitted as it is recorded. The placement that makes
 // a Volume records the size it admitted (recordAdmittedSizes); one
-// without a record is admitted whole (admitAttached) and its size
-// recorded as it is.
+// without a record is admitted whole as it is bound (admitAttached) and
+// its size recorded as it is.
 func (e *external) sizeVolumes(ctx context.Context, d *dependencies) error {
-	d.sizes, d.grows, d.heldGrowth = map[types.UID]int64{}, map[types.UID]int64{}, nil
+	d.sizes, d.grows, d.heldGrowth, d.attached = map[types.UID]int64{}, map[types.UID]int64{}, nil, map[types.UID]bool{}
 	for i := range d.volumes {
 		v := &d.volumes[i]
 		if meta.GetExternalName(v) != "" {
@@ -94,8 +94,11 @@ func (e *external) sizeVolumes(ctx context.Context, d *dependencies) error {
 		case err != nil:
 			return err
 		case !ok:
-			if err := e.admitAttached(ctx, v); err != nil {
+			if err := e.fitsAttached(ctx, v); err != nil {
 				return err
+			}
+			if v.GetAnnotations()[v1alpha1.AnnotationNode] == "" {
+				d.attached[v.UID] = true
 			}
 			d.grows[v.UID] = want
 			continue
@@ -113,17 +116,30 @@ func (e *external) sizeVolumes(ctx context.Context, d *dependencies) error {
 	return nil
 }
 
-// admitAttached says whether v, which has no size recorded, may be made at
+// fitsAttached says whether v, which has no size recorded, may be made at
 // its spec's size (an error naming the limit if not). The placement that
 // makes a Volume records its size (recordAdmittedSizes), so one on no node
 // without a record was attached to its VM after the VM was placed, and
 // nothing admitted it yet. One on a node without a record was bound by a
-// hub from before the records, and is there.
-func (e *external) admitAttached(ctx context.Context, v *v1alpha1.Volume) error {
+// hub from before the records, and is there. It only asks, as Observe
+// must: the Volume is admitted just before it is bound (admitAttached).
+func (e *external) fitsAttached(ctx context.Context, v *v1alpha1.Volume) error {
 	if v.GetAnnotations()[v1alpha1.AnnotationNode] != "" || e.opts.Quotas == nil {
 		return nil
 	}
 	return errors.Wrapf(e.opts.Quotas.FitsVolume(ctx, v), "cannot make Volume %s", v.Name)
+}
+
+// admitAttached admits v, one of d.attached, to vm's namespace's quota
+// just before it is bound to vm's node: the quota counts it until the
+// cache shows it bound. sizeVolumes only asked whether it fits beside what
+// was admitted, and two Volumes asked about at once, given to one VM or
+// to two, may each fit alone and not together.
+func (e *external) admitAttached(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies, v *v1alpha1.Volume) error {
+	if !d.attached[v.UID] || e.opts.Quotas == nil {
+		return nil
+	}
+	return errors.Wrapf(e.opts.Quotas.AdmitVolume(ctx, vm, v), "cannot make Volume %s", v.Name)
 }
 
 // recordAdmittedSizes records the size of each of volumes that a VM's
@@ -175,7 +191,7 @@ func (e *external) recordGrowth(ctx context.Context, d *dependencies) error {
 // effect (d.sizes): the quota then counts it until its record lands. One
 // past the quota is taken out of d.grows and said in d.heldGrowth, as
 // sizeVolumes says it. The others, Volumes without a record yet, were
-// admitted whole (admitAttached).
+// admitted whole as they were bound (admitAttached).
 func (e *external) admitGrowth(ctx context.Context, d *dependencies, uid types.UID) error {
 	size, ok := d.sizes[uid]
 	if !ok || e.opts.Quotas == nil {

@@ -92,6 +92,9 @@ type dependencies struct {
 	grows map[types.UID]int64
 	// heldGrowth says why each Volume past the quota keeps its size.
 	heldGrowth []string
+	// attached are the Volumes on no node given to the VM after its
+	// placement, by uid: admitted as they are bound (bindVolumes).
+	attached map[types.UID]bool
 }
 
 // sizeOf is the size v's node is sent: its size in effect.

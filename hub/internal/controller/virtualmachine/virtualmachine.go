@@ -275,11 +275,20 @@ func Resources(vm *v1alpha1.VirtualMachine) placement.Resources {
 	return placement.Resources{VCPU: int64(vcpu), MemoryBytes: memory.Value()}
 }
 
-// bindVolumes binds the VM's unbound node-local Volumes to its node, so the
-// next VM that uses them is placed there too.
-func (e *external) bindVolumes(ctx context.Context, d dependencies, node string) error {
+// bindVolumes binds vm's unbound node-local Volumes to its node, so the
+// next VM that uses them is placed there too. One given to vm after its
+// placement is admitted to the namespace's quota first (admitAttached),
+// and forgotten if its binding fails.
+func (e *external) bindVolumes(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies, node string) error {
 	for i := range d.volumes {
-		if err := e.bindVolume(ctx, d.volumes[i].DeepCopy(), node, ""); err != nil {
+		v := &d.volumes[i]
+		if err := e.admitAttached(ctx, vm, d, v); err != nil {
+			return err
+		}
+		if err := e.bindVolume(ctx, v.DeepCopy(), node, ""); err != nil {
+			if d.attached[v.UID] && e.opts.Quotas != nil {
+				e.opts.Quotas.ForgetVolume(v.UID, vm.UID)
+			}
 			return err
 		}
 	}
@@ -349,7 +358,7 @@ func (e *external) ensure(ctx context.Context, vm *v1alpha1.VirtualMachine, d de
 		// reachable from here), and the guest runs on as last published.
 		return errors.Errorf("Volume %s is on node %s and the VM runs on node %s: a VM attaches only volumes of its own node; remove it from spec.forProvider.diskAttachments, or delete and re-create the VM to place it on node %s", strings.Join(d.volumesOn(bound), ", "), bound, node, bound)
 	}
-	if err := e.bindVolumes(ctx, d, node); err != nil {
+	if err := e.bindVolumes(ctx, vm, d, node); err != nil {
 		return err
 	}
 	return e.publish(ctx, vm, d, node)

@@ -436,7 +436,7 @@ func TestBindingAVolumeWhoseCachedCopyIsOutOfDate(t *testing.T) {
 			cached := v.DeepCopy()
 			tc.meanwhile(v.DeepCopy())
 
-			err := e.bindVolumes(ctx, dependencies{volumes: []v1alpha1.Volume{*cached}}, testNode)
+			err := e.bindVolumes(ctx, &v1alpha1.VirtualMachine{}, dependencies{volumes: []v1alpha1.Volume{*cached}}, testNode)
 			if tc.wantErr != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tc.wantErr)

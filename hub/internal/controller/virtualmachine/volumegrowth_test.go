@@ -12,12 +12,14 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/controllertest"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
@@ -171,7 +173,7 @@ func TestGrowthsAtOnceGrowOnlyWhatTheQuotaTakes(t *testing.T) {
 			errs := make([]error, len(vms))
 			var wg sync.WaitGroup
 			for i := range vms {
-				wg.Go(func() { errs[i] = recordSteps(env, e, &ds[i]) })
+				wg.Go(func() { errs[i] = recordSteps(env, e, vms[i], &ds[i]) })
 			}
 			wg.Wait()
 			for _, err := range errs {
@@ -277,6 +279,134 @@ func TestAVolumeAttachedToAPlacedVMIsAdmitted(t *testing.T) {
 	}
 }
 
+// TestVolumesAttachedAtOnceMakeOnlyWhatTheQuotaTakes pins that Volumes
+// given to placed VMs of one namespace at the same moment pass its quota
+// together, not each alone: the hub reconciles the VMs side by side (or
+// one VM given both), and asks about every Volume before the cache shows
+// any of them bound. Exactly one is made; the VM of the other waits, its
+// update (Synced) saying which limit holds the Volume back.
+//
+// Attacker's steps, a tenant whose namespace has a TenantQuota of 10Gi of
+// storage (or of as many volumes as it holds and one) and placed VMs
+// web-a and web-b with a 2Gi Volume each (or one VM web): `kubectl -n team
+// apply` Volumes data-a and data-b of 5Gi, then, in one go, patch web-a to
+// attach data-a and web-b to attach data-b (or web to attach both).
+// Before, each Volume was checked alone against what the cache held, each
+// fit, and node1 made both: 14Gi under a 10Gi quota.
+func TestVolumesAttachedAtOnceMakeOnlyWhatTheQuotaTakes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a kube-apiserver and a nats-server; skipped with -short")
+	}
+	env, counter := placementEnv(t)
+
+	vmsOf := map[string]map[string][]string{
+		"TwoVMsReconciledAtOnce": {"web-a": {"data-a"}, "web-b": {"data-b"}},
+		"OneVMGivenBoth":         {"web": {"data-a", "data-b"}},
+	}
+	limits := map[string]struct {
+		// hard is the quota, given how many VMs (each with its root) the
+		// namespace holds.
+		hard func(vms int64) apisv1alpha1.QuotaAmounts
+		// exceeded is what the refused Volume is told, given how many VMs
+		// the namespace holds.
+		exceeded func(vms int64) string
+	}{
+		"Storage": {
+			hard: func(int64) apisv1alpha1.QuotaAmounts {
+				return apisv1alpha1.QuotaAmounts{Storage: ptr.To(resource.MustParse("10Gi"))}
+			},
+			exceeded: func(vms int64) string {
+				return fmt.Sprintf("storage would be %dGi of 10Gi (TenantQuota %%s; %dGi in use, this Volume 5Gi)", 2*vms+10, 2*vms+5)
+			},
+		},
+		"Volumes": {
+			hard: func(vms int64) apisv1alpha1.QuotaAmounts { return apisv1alpha1.QuotaAmounts{Volumes: ptr.To(vms + 1)} },
+			exceeded: func(vms int64) string {
+				return fmt.Sprintf("volumes would be %d of %d (TenantQuota %%s; %d in use, this Volume 1)", vms+2, vms+1, vms+1)
+			},
+		},
+	}
+	for shape, attach := range vmsOf {
+		for limit, l := range limits {
+			t.Run(shape+"/"+limit, func(t *testing.T) {
+				ns := env.Namespace(t)
+				n := int64(len(attach))
+				require.NoError(t, env.Kube.Create(env.Ctx, &apisv1alpha1.TenantQuota{
+					ObjectMeta: metav1.ObjectMeta{Name: ns},
+					Spec:       apisv1alpha1.TenantQuotaSpec{Namespace: ns, Hard: l.hard(n)},
+				}))
+				e := hubClient(t, env, counter, ns)
+				var vms []*v1alpha1.VirtualMachine
+				for _, name := range slices.Sorted(maps.Keys(attach)) {
+					env.Volume(t, ns, "root-"+name, "2Gi")
+					vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+					vm.Spec.ForProvider = v1alpha1.VirtualMachineParameters{Vcpu: 1, Memory: resource.MustParse("1Gi"), DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName("root-" + name)}}}
+					require.NoError(t, env.Kube.Create(env.Ctx, vm))
+					vm = awaitPlaced(t, env, vm)
+					_, err := publishSteps(env, e, vm)
+					require.NoError(t, err, "the first publish, with its root")
+					vms = append(vms, vm)
+				}
+
+				// The tenant's steps.
+				data := map[string]*v1alpha1.Volume{"data-a": env.Volume(t, ns, "data-a", "5Gi"), "data-b": env.Volume(t, ns, "data-b", "5Gi")}
+				for _, vm := range vms {
+					for _, v := range attach[vm.Name] {
+						vm.Spec.ForProvider.DiskAttachments = append(vm.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: v1alpha1.LocalName(v)})
+					}
+					require.NoError(t, env.Kube.Update(env.Ctx, vm))
+				}
+
+				// The hub's workers each resolve their VM, and then, side
+				// by side, bind and record what they found.
+				ds := make([]dependencies, len(vms))
+				for i, vm := range vms {
+					var err error
+					ds[i], err = e.resolve(env.Ctx, vm)
+					require.NoError(t, err, "each Volume fits alone")
+				}
+				errs := make([]error, len(vms))
+				var wg sync.WaitGroup
+				for i := range vms {
+					wg.Go(func() { errs[i] = recordSteps(env, e, vms[i], &ds[i]) })
+				}
+				wg.Wait()
+
+				var made []string
+				for name, v := range data {
+					env.Get(t, v)
+					if v.GetAnnotations()[v1alpha1.AnnotationNode] == "node1" {
+						made = append(made, name)
+					}
+				}
+				require.Len(t, made, 1, "exactly one Volume is made")
+				refused := map[string]string{"data-a": "data-b", "data-b": "data-a"}[made[0]]
+				want := fmt.Sprintf("cannot make Volume %s: quota of namespace %s exceeded: "+l.exceeded(n), refused, ns, ns)
+				var got []string
+				for _, err := range errs {
+					if err != nil {
+						got = append(got, err.Error())
+					}
+				}
+				assert.Equal(t, []string{want}, got, "what the refused VM's Synced says")
+				used, err := counter.Used(env.Ctx, ns)
+				require.NoError(t, err)
+				assert.Equal(t, 2*n<<30+5<<30, used.StorageBytes, "the roots and the Volume made")
+				assert.Equal(t, n+1, used.Volumes)
+
+				// The refused VM, reconciled again, is refused again.
+				for _, vm := range vms {
+					if !slices.Contains(attach[vm.Name], refused) {
+						continue
+					}
+					_, err := publishSteps(env, e, vm)
+					require.EqualError(t, err, want)
+				}
+			})
+		}
+	}
+}
+
 // placementEnv starts a control plane and a fleet of node1 with the
 // placement loop running, its quotas counted by the Counter returned.
 func placementEnv(t *testing.T) (*controllertest.Env, *quota.Counter) {
@@ -326,13 +456,13 @@ func publishSteps(env *controllertest.Env, e *external, vm *v1alpha1.VirtualMach
 	if err != nil {
 		return d, err
 	}
-	return d, recordSteps(env, e, &d)
+	return d, recordSteps(env, e, vm, &d)
 }
 
 // recordSteps is the second half of publishSteps: what Update does with d,
-// resolved, before it publishes.
-func recordSteps(env *controllertest.Env, e *external, d *dependencies) error {
-	if err := e.bindVolumes(env.Ctx, *d, "node1"); err != nil {
+// resolved for vm, before it publishes.
+func recordSteps(env *controllertest.Env, e *external, vm *v1alpha1.VirtualMachine, d *dependencies) error {
+	if err := e.bindVolumes(env.Ctx, vm, *d, "node1"); err != nil {
 		return err
 	}
 	return e.recordGrowth(env.Ctx, d)
