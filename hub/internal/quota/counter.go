@@ -27,8 +27,9 @@ type Counter struct {
 }
 
 // key names one admission: of a VM, of a Volume a VM's placement makes
-// or a placed VM is given (by the Volume's uid), of the addresses a VM is to hold in all (by the VM's uid), of a
-// snapshot, or of a Volume's growth (by the Volume's uid).
+// or a placed VM is given (by the Volume's uid), of the addresses a VM is
+// to hold in all (by the VM's uid), of a snapshot, or of a Volume's growth
+// (by the Volume's uid).
 type key struct {
 	kind string
 	uid  types.UID
@@ -47,8 +48,8 @@ type admission struct {
 	namespace string
 	amounts   Amounts
 	// by is the uid of the object whose admission let this in: the VM
-	// that brings or is given a Volume, and its addresses, the snapshot itself, the
-	// Volume that grows.
+	// that brings or is given a Volume, and its addresses; the snapshot
+	// itself; the Volume that grows.
 	by types.UID
 	// size is, of a growth, the size the Volume grows to: it counts
 	// until the cache shows the Volume on a node at that size in effect.
