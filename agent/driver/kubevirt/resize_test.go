@@ -3,6 +3,7 @@ package kubevirt
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -56,9 +57,12 @@ func TestVCPUsAndMemoryChangeLiveWithinTheMaxima(t *testing.T) {
 			if !s.restartRequire {
 				assert.Empty(t, o.Message, "the guest has all it asked for")
 			}
-			seen, err := e.d.Observe(context.Background(), m.UID)
-			require.NoError(t, err)
-			assert.Equal(t, o.RestartRequired, seen.RestartRequired, "Observe says what Ensure said")
+			// Observe reads the driver's informer cache, which may not
+			// hold yet the VM Ensure just wrote or read past it.
+			assert.Eventually(t, func() bool {
+				seen, err := e.d.Observe(context.Background(), m.UID)
+				return err == nil && seen.RestartRequired == o.RestartRequired
+			}, 10*time.Second, 20*time.Millisecond, "Observe says what Ensure said")
 			vmi := e.vmi(m.UID)
 			assert.Equal(t, first.UID, vmi.UID, "the same VMI")
 			assert.Equal(t, first.CreationTimestamp, vmi.CreationTimestamp)
