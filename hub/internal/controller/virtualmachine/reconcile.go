@@ -290,6 +290,8 @@ type connector struct {
 	holder *apiwrites.Client
 	// clock is the time; nil means time.Now.
 	clock func() time.Time
+	// held are the VMs whose Volumes' growth a quota holds.
+	held heldGrowths
 }
 
 // Connect finds the fleet the VM's ProviderConfig names.
@@ -411,6 +413,7 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	if len(d.heldGrowth) > 0 {
 		e.sayHeldGrowth(vm, d.heldGrowth)
 	}
+	e.held.note(vm, len(d.heldGrowth) > 0)
 	upToDate := err == nil && e.knownAddresses(vm, &d, n) && len(SealedLeftovers(vm, e.fleet)) == 0 && recordedAsShown(obs.Binding, held) && len(d.grows) == 0
 	if upToDate {
 		published, _ := e.state.published.Load(vm.UID)

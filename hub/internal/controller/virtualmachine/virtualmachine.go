@@ -37,6 +37,7 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
@@ -220,6 +221,10 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		Watches(&v1alpha1.DiskImage{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return imageUsersOf(ctx, mgr.GetClient(), o)
 		})).
+		// A namespace with room again grows the Volumes a quota held: its
+		// TenantQuota changed or gone, or one of its Volumes gone.
+		Watches(&apisv1alpha1.TenantQuota{}, c.held.onQuota(mgr.GetClient())).
+		Watches(&v1alpha1.Volume{}, c.held.onVolumeGone(mgr.GetClient())).
 		WatchesRawSource(vo.Notifier.Source()).
 		Complete(rec)
 }
