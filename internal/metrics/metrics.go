@@ -136,7 +136,7 @@ var (
 	}, "reason")
 	PlacementRefusals = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_placement_refusals_total",
-		Help: "Placement attempts refused, by reason: one count per reason that kept some node from taking the VM (vcpu, memory, selector, backend, volume-node, image-node, storage-pool, stale-node, cordoned), no-nodes, forbidden (not granted to the namespace), waiting (for a Volume, network or image that does not exist yet), or other.",
+		Help: "Placement attempts refused, by reason: one count per reason that kept some node from taking the VM (vcpu, memory, selector, backend, volume-node, image-node, storage-pool, stale-node, cordoned), no-nodes, forbidden (not granted to the namespace), waiting (for a Volume, network or image that does not exist yet, or a cloned image's source or holder), or other.",
 	}, "reason")
 	ReportsIgnored = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_reports_ignored_total",

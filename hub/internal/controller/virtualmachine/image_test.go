@@ -9,17 +9,22 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/controllertest"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/hub/internal/quota"
 )
 
@@ -147,4 +152,56 @@ func TestANewDiskOfAClonedImageIsNeverMadeEmpty(t *testing.T) {
 			assert.Equal(t, step.wantImage, sent[0].Image, "what node1 makes the disk of")
 		})
 	}
+}
+
+// TestAVMWaitingForAHolderIsPlacedWhenOneReports pins that a VM on no node
+// whose new disk is of a cloned DiskImage whose source is gone, and that
+// no node holds, waits, counted as waiting, and is placed on the first
+// node to report the image Ready the moment it does: the placement loop's
+// backoff here is an hour, and no DiskImage controller runs, so nothing
+// but the report wakes it. In the hub the image's status need not change
+// either: a node that made the image and reports it again is listed there
+// already.
+func TestAVMWaitingForAHolderIsPlacedWhenOneReports(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a kube-apiserver and a nats-server; skipped with -short")
+	}
+	env := controllertest.Start(t, []string{"node1", "node2"}, func(mgr ctrl.Manager, _ controller.Options, e *controllertest.Env) error {
+		s := NewScheduler(mgr.GetClient(), mgr.GetCache(), e.Pool, placement.New(), quota.NewCounter(e.Kube, e.Pool.Fleets), &fleettest.Recorder{}, logging.NewNopLogger(), false).
+			withBackoff(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](time.Hour, time.Hour))
+		// As the hub wires each fleet to its placement loop.
+		e.Fleet.SubscribeNodes(s.RetryUnplaced)
+		e.Fleet.Images.Subscribe(s.RetryImage)
+		return mgr.Add(s)
+	})
+	for _, n := range []string{"node1", "node2"} {
+		env.Fleet.Agent(n).Heartbeat(wire.NodeHeartbeat{Backend: "libvirt", Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30}})
+	}
+	ns := env.Namespace(t)
+
+	// DiskImage golden cloned Volume base, which is gone; node1 made it,
+	// and no node reports holding it now.
+	golden := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "golden"}}
+	golden.Spec.ForProvider.Source.VolumeRef = &v1alpha1.LocalReference{Name: "base"}
+	require.NoError(t, env.Kube.Create(env.Ctx, golden))
+	golden.Status.AtProvider.Phase, golden.Status.AtProvider.Nodes = v1alpha1.ImagePhaseReady, []string{"node1"}
+	require.NoError(t, env.Kube.Status().Update(env.Ctx, golden))
+	root := fromImage("root", "golden")
+	root.Namespace = ns
+	require.NoError(t, env.Kube.Create(env.Ctx, root))
+	vm := env.VM(t, ns, "web", "", false, "")
+
+	controllertest.Await(t, env, vm, 30*time.Second, func(c *assert.CollectT, got *v1alpha1.VirtualMachine) {
+		assert.Equal(c, v1alpha1.PhasePending, got.Status.AtProvider.Phase)
+		assert.Contains(c, got.GetCondition(xpv2.TypeReady).Message, "no node holds DiskImage golden to make it of: the VM waits for node1, where it was made, to report it")
+	})
+	_, err := resolve(env.Ctx, env.Kube, vm, heldIn(env.Fleet.Images))
+	assert.Equal(t, []string{refusalWaiting}, refusalReasons(err), "counted as waiting")
+
+	controllertest.Report(t, env.Fleet.Agent("node2"), wire.ImageReports, string(golden.UID), wire.ImageReport{
+		UID: string(golden.UID), Name: "golden", Node: "node2", Phase: wire.ImagePhaseReady, SizeBytes: 1 << 30, ObservedAt: time.Now(),
+	})
+	controllertest.Await(t, env, vm, 10*time.Second, func(c *assert.CollectT, got *v1alpha1.VirtualMachine) {
+		assert.Equal(c, "node2", got.GetAnnotations()[v1alpha1.AnnotationNode], "placed on the holder when it reports, not after the hour's backoff")
+	})
 }

@@ -54,6 +54,20 @@ func (e *MissingError) Error() string {
 	return fmt.Sprintf("waiting for %s in namespace %s: create them and the VM goes on by itself", strings.Join(parts, " and "), e.Namespace)
 }
 
+// SourceWaitError says why a VM waits for what the cloned DiskImages of
+// its new disks copy (resolveSources): a source on no node yet, a snapshot
+// not ready, or an image whose source is gone that no node holds. It is a
+// wait, counted as one, not a failure: the VM goes on by itself.
+type SourceWaitError struct {
+	Reasons []string
+	// Unheld are the uids of the images whose source is gone and that no
+	// node holds: a node's report that it holds one may let the VM go on
+	// (Scheduler.RetryImage).
+	Unheld []string
+}
+
+func (e *SourceWaitError) Error() string { return strings.Join(e.Reasons, "; ") }
+
 // dependencies are the resolved Volumes and VirtualNetworks of a VM.
 type dependencies struct {
 	volumes  []v1alpha1.Volume         // in diskAttachments order
@@ -301,7 +315,7 @@ func resolve(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachin
 // not hold the image. One still there is read all the same, so the node is
 // told what the image was made of for as long as the hub knows it.
 func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader, vm *v1alpha1.VirtualMachine, held holders) error {
-	var waiting []string
+	wait := &SourceWaitError{}
 	for _, name := range slices.Sorted(maps.Keys(d.images)) {
 		img := d.images[name]
 		ref := img.Spec.ForProvider.Source.VolumeRef
@@ -339,19 +353,23 @@ func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader, v
 			d.sources[name] = src
 			continue
 		}
-		if needs, notes := d.needSource(vm, img, held); needs {
-			waiting = append(waiting, strings.Join(append([]string{why}, notes...), "; "))
+		if needs, unheld, notes := d.needSource(vm, img, held); needs {
+			wait.Reasons = append(wait.Reasons, strings.Join(append([]string{why}, notes...), "; "))
+			if unheld {
+				wait.Unheld = append(wait.Unheld, string(img.UID))
+			}
 		}
 	}
-	if len(waiting) > 0 {
-		return errors.New(strings.Join(waiting, "; "))
+	if len(wait.Reasons) > 0 {
+		return wait
 	}
 	return nil
 }
 
 // needSource says whether one of the VM's Volumes made from the cloned
 // image img needs img's source: its disk is not made, and its node does
-// not hold img to make it of; notes say so of each such Volume. A disk is
+// not hold img to make it of; notes say so of each such Volume, and unheld
+// whether one of them is on no node, which a holder of img would end. A disk is
 // made when the node's report of the VM lists it (status.atProvider.disks:
 // the guest is defined with it, so the node made it), from the node the
 // Volume is bound to. That the image is Ready on the node is not that
@@ -366,7 +384,7 @@ func (d *dependencies) resolveSources(ctx context.Context, kube client.Reader, v
 // source again. A Crossplane managed resource whose reference does not
 // resolve, or a KubeVirt DataVolume whose clone source is missing, waits
 // the same way, saying for what, and goes on by itself.
-func (d *dependencies) needSource(vm *v1alpha1.VirtualMachine, img *v1alpha1.DiskImage, held holders) (needs bool, notes []string) {
+func (d *dependencies) needSource(vm *v1alpha1.VirtualMachine, img *v1alpha1.DiskImage, held holders) (needs, unheld bool, notes []string) {
 	vmNode := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	for _, v := range d.volumes {
 		src := v.Spec.ForProvider.Source
@@ -383,7 +401,7 @@ func (d *dependencies) needSource(vm *v1alpha1.VirtualMachine, img *v1alpha1.Dis
 		case node == "":
 			// A first clone waits for its source alone (why says it);
 			// one of an image made before waits for a node that made it.
-			needs = true
+			needs, unheld = true, true
 			if made := img.Status.AtProvider.Nodes; len(made) > 0 {
 				notes = append(notes, fmt.Sprintf("Volume %s is not made yet and no node holds DiskImage %s to make it of: the VM waits for %s, where it was made, to report it", v.Name, img.Name, strings.Join(made, ", ")))
 			}
@@ -394,7 +412,7 @@ func (d *dependencies) needSource(vm *v1alpha1.VirtualMachine, img *v1alpha1.Dis
 			notes = append(notes, fmt.Sprintf("Volume %s is not made yet and its node %s does not hold DiskImage %s to make it of", v.Name, node, img.Name))
 		}
 	}
-	return needs, notes
+	return needs, unheld, notes
 }
 
 // heldImages are what placement needs of heldOnly, by image name.

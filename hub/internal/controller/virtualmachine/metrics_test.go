@@ -54,6 +54,7 @@ func TestRefusalReasons(t *testing.T) {
 		{name: "not granted", cause: &tenancy.RefusedError{What: "node node1", Namespace: "t", Field: "nodes"}, want: []string{"forbidden"}},
 		{name: "waits for a Volume", cause: &MissingError{Volumes: []string{"disk"}}, want: []string{"waiting"}},
 		{name: "waits for an instance type", cause: &MissingTemplateError{Kind: "VirtualMachineClusterInstancetype", Name: "small"}, want: []string{"waiting"}},
+		{name: "waits for a holder of a cloned image", cause: &SourceWaitError{Reasons: []string{"no node holds DiskImage golden"}, Unheld: []string{"uid-golden"}}, want: []string{"waiting"}},
 		{name: "anything else", cause: errors.New("cannot connect to NATS"), want: []string{"other"}},
 	}
 	for _, tc := range cases {

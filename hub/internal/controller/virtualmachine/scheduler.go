@@ -3,6 +3,7 @@ package virtualmachine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -93,8 +94,9 @@ type Scheduler struct {
 
 	queue workqueue.TypedRateLimitingInterface[types.NamespacedName]
 	// unplaced are the VMs that found no node, placed again by
-	// RetryUnplaced.
-	unplaced sync.Map // types.NamespacedName -> struct{}
+	// RetryUnplaced, with the uids of the images they wait for a holder
+	// of (SourceWaitError.Unheld), placed again by RetryImage too.
+	unplaced sync.Map // types.NamespacedName -> []string
 }
 
 // Placement failures back off from 50 ms (a lost conflict) to 30 s, the
@@ -280,6 +282,20 @@ func (s *Scheduler) RetryUnplaced(string) {
 	})
 }
 
+// RetryImage queues every VM that found no node because no node held the
+// DiskImage of uid; the fleet calls it when a node's report of the image
+// changes. The DiskImage's status may not change when a node reports the
+// image Ready again (it lists the nodes that made it), so its informer
+// does not wake such a VM.
+func (s *Scheduler) RetryImage(uid string) {
+	s.unplaced.Range(func(k, v any) bool {
+		if unheld, _ := v.([]string); slices.Contains(unheld, uid) {
+			s.queue.Add(k.(types.NamespacedName)) //nolint:forcetypeassert // only keys are stored
+		}
+		return true
+	})
+}
+
 // retryNamespace queues every VM of namespace that found no node.
 func (s *Scheduler) retryNamespace(namespace string) {
 	s.unplaced.Range(func(k, _ any) bool {
@@ -380,7 +396,7 @@ func (s *Scheduler) placeBatch(ctx context.Context) bool {
 			// status write. RetryUnplaced runs once the fleet has read
 			// the reports (Fleet.SubscribeSynced), however long its
 			// backoff has grown.
-			s.unplaced.Store(key, struct{}{})
+			s.unplaced.Store(key, []string(nil))
 			s.queue.AddRateLimited(key)
 		case err != nil:
 			s.unplaceable(ctx, vm, err)
@@ -591,7 +607,12 @@ func (s *Scheduler) bind(ctx context.Context, b binding) {
 // RetryUnplaced, with a backoff as the safety net.
 func (s *Scheduler) unplaceable(ctx context.Context, vm *v1alpha1.VirtualMachine, cause error) {
 	key := client.ObjectKeyFromObject(vm)
-	s.unplaced.Store(key, struct{}{})
+	var wait *SourceWaitError
+	var unheld []string
+	if errors.As(cause, &wait) {
+		unheld = wait.Unheld
+	}
+	s.unplaced.Store(key, unheld)
 	s.queue.AddRateLimited(key)
 	s.log.Debug("Cannot place", "namespace", key.Namespace, "name", key.Name, "reason", cause.Error())
 	for _, r := range refusalReasons(cause) {
@@ -633,7 +654,8 @@ func RefusalReasons() []string {
 // refusalReasons are the placement-refusals metric's reasons for cause: the
 // distinct causes of a NoFitError, forbidden for what the namespace was not
 // granted, quota for a limit of its TenantQuotas, waiting for what does not
-// exist yet, other for the rest.
+// exist yet (or a cloned image's source, or a node holding the image), other
+// for the rest.
 func refusalReasons(cause error) []string {
 	var (
 		noFit    *placement.NoFitError
@@ -642,6 +664,7 @@ func refusalReasons(cause error) []string {
 		missing  *MissingError
 		template *MissingTemplateError
 		group    *MissingGroupError
+		source   *SourceWaitError
 	)
 	switch {
 	case errors.As(cause, &noFit):
@@ -655,7 +678,7 @@ func refusalReasons(cause error) []string {
 		return []string{refusalForbidden}
 	case errors.As(cause, &exceeded):
 		return []string{refusalQuota}
-	case errors.As(cause, &missing), errors.As(cause, &template), errors.As(cause, &group):
+	case errors.As(cause, &missing), errors.As(cause, &template), errors.As(cause, &group), errors.As(cause, &source):
 		return []string{refusalWaiting}
 	default:
 		return []string{refusalOther}
