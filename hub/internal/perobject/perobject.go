@@ -116,6 +116,14 @@ func (m *Map[V]) LoadAndDelete(uid types.UID) (V, bool) {
 // Delete drops the entry of uid; the object may be recorded again.
 func (m *Map[V]) Delete(uid types.UID) { m.m.Delete(uid) }
 
+// Range calls f with every entry, as sync.Map.Range does, until f returns
+// false: to find the objects of one namespace among few, say.
+func (m *Map[V]) Range(f func(uid types.UID, v V) bool) {
+	m.m.Range(func(k, v any) bool {
+		return f(k.(types.UID), v.(V)) //nolint:forcetypeassert // only Store stores in a Map
+	})
+}
+
 // Forget drops what every Map holds of uid, and refuses to record it again
 // within GoneFor. The Owner calls it when an object leaves the cache; a
 // writer that knows its write ends an object (removing its last finalizer)

@@ -16,6 +16,7 @@ import (
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/controllertest"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 )
 
 // TestANamespaceWithRoomAgainWakesTheVMWhoseGrowthItHeld pins that a VM
@@ -37,7 +38,7 @@ func TestANamespaceWithRoomAgainWakesTheVMWhoseGrowthItHeld(t *testing.T) {
 	env, counter := placementEnv(t)
 
 	// wake hands the change that made room to the VM controller's handler.
-	type wake func(h *heldGrowths, queue workqueue.TypedRateLimitingInterface[reconcile.Request])
+	type wake func(h heldGrowths, queue workqueue.TypedRateLimitingInterface[reconcile.Request])
 	// Each case makes room in the namespace of q, where Volume spare is
 	// on node1, and returns its wake.
 	cases := map[string]func(t *testing.T, env *controllertest.Env, q *apisv1alpha1.TenantQuota, spare *v1alpha1.Volume) wake{
@@ -45,20 +46,20 @@ func TestANamespaceWithRoomAgainWakesTheVMWhoseGrowthItHeld(t *testing.T) {
 			old := q.DeepCopy()
 			q.Spec.Hard.Storage = ptr.To(resource.MustParse("200Gi"))
 			require.NoError(t, env.Kube.Update(env.Ctx, q))
-			return func(h *heldGrowths, queue workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-				h.onQuota(env.Kube).Update(env.Ctx, ctrlevent.UpdateEvent{ObjectOld: old, ObjectNew: q}, queue)
+			return func(h heldGrowths, queue workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				h.onQuota().Update(env.Ctx, ctrlevent.UpdateEvent{ObjectOld: old, ObjectNew: q}, queue)
 			}
 		},
 		"QuotaDeleted": func(t *testing.T, env *controllertest.Env, q *apisv1alpha1.TenantQuota, _ *v1alpha1.Volume) wake {
 			require.NoError(t, env.Kube.Delete(env.Ctx, q))
-			return func(h *heldGrowths, queue workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-				h.onQuota(env.Kube).Delete(env.Ctx, ctrlevent.DeleteEvent{Object: q}, queue)
+			return func(h heldGrowths, queue workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				h.onQuota().Delete(env.Ctx, ctrlevent.DeleteEvent{Object: q}, queue)
 			}
 		},
 		"AnotherVolumeDeleted": func(t *testing.T, env *controllertest.Env, _ *apisv1alpha1.TenantQuota, spare *v1alpha1.Volume) wake {
 			require.NoError(t, env.Kube.Delete(env.Ctx, spare))
-			return func(h *heldGrowths, queue workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-				h.onVolumeGone(env.Kube).Delete(env.Ctx, ctrlevent.DeleteEvent{Object: spare}, queue)
+			return func(h heldGrowths, queue workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				h.onVolumeGone().Delete(env.Ctx, ctrlevent.DeleteEvent{Object: spare}, queue)
 			}
 		},
 	}
@@ -66,6 +67,7 @@ func TestANamespaceWithRoomAgainWakesTheVMWhoseGrowthItHeld(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ns := env.Namespace(t)
 			vm, root, e := placedWeb(t, env, counter, ns)
+			e.state = newState(perobject.NewOwner(nil))
 			_, err := publishSteps(env, e, vm)
 			require.NoError(t, err)
 
@@ -81,20 +83,20 @@ func TestANamespaceWithRoomAgainWakesTheVMWhoseGrowthItHeld(t *testing.T) {
 			d, err := publishSteps(env, e, vm)
 			require.NoError(t, err)
 			require.NotEmpty(t, d.heldGrowth, "the quota holds the growth")
-			e.held.note(vm, len(d.heldGrowth) > 0) // as Observe notes it
+			e.state.held.note(vm, len(d.heldGrowth) > 0) // as Observe notes it
 
 			// A held VM of another namespace, which the room made here
 			// must not wake.
 			other := vm.DeepCopy()
-			other.Namespace = ns + "-other"
-			e.held.note(other, true)
+			other.Namespace, other.UID = ns+"-other", vm.UID+"-other"
+			e.state.held.note(other, true)
 
 			q := &apisv1alpha1.TenantQuota{}
 			require.NoError(t, env.Kube.Get(env.Ctx, client.ObjectKey{Name: ns}, q))
 			woken := makeRoom(t, env, q, spare)
 			queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
 			t.Cleanup(queue.ShutDown)
-			woken(&e.held, queue)
+			woken(e.state.held, queue)
 			require.Equal(t, 1, queue.Len(), "only the VM whose growth the quota held is woken")
 			got, _ := queue.Get()
 			assert.Equal(t, client.ObjectKeyFromObject(vm), got.NamespacedName)

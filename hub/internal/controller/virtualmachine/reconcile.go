@@ -41,6 +41,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -268,10 +269,13 @@ type state struct {
 	// intentBytes is what each VM's intents take of its namespace's share
 	// of the intents bucket.
 	intentBytes *intentBytes
+	// held are the VMs whose Volumes' growth a quota holds.
+	held heldGrowths
 }
 
 func newState(memory *perobject.Owner) *state {
-	return &state{published: perobject.NewMap[string](memory), deleted: perobject.NewMap[struct{}](memory), restarts: perobject.NewMap[string](memory), intentBytes: newIntentBytes(memory)}
+	return &state{published: perobject.NewMap[string](memory), deleted: perobject.NewMap[struct{}](memory), restarts: perobject.NewMap[string](memory), intentBytes: newIntentBytes(memory),
+		held: heldGrowths{vms: perobject.NewMap[types.NamespacedName](memory)}}
 }
 
 type connector struct {
@@ -290,8 +294,6 @@ type connector struct {
 	holder *apiwrites.Client
 	// clock is the time; nil means time.Now.
 	clock func() time.Time
-	// held are the VMs whose Volumes' growth a quota holds.
-	held heldGrowths
 }
 
 // Connect finds the fleet the VM's ProviderConfig names.
@@ -413,7 +415,7 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	if len(d.heldGrowth) > 0 {
 		e.sayHeldGrowth(vm, d.heldGrowth)
 	}
-	e.held.note(vm, len(d.heldGrowth) > 0)
+	e.state.held.note(vm, len(d.heldGrowth) > 0)
 	upToDate := err == nil && e.knownAddresses(vm, &d, n) && len(SealedLeftovers(vm, e.fleet)) == 0 && recordedAsShown(obs.Binding, held) && len(d.grows) == 0
 	if upToDate {
 		published, _ := e.state.published.Load(vm.UID)

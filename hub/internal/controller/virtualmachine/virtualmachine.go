@@ -223,8 +223,8 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		})).
 		// A namespace with room again grows the Volumes a quota held: its
 		// TenantQuota changed or gone, or one of its Volumes gone.
-		Watches(&apisv1alpha1.TenantQuota{}, c.held.onQuota(mgr.GetClient())).
-		Watches(&v1alpha1.Volume{}, c.held.onVolumeGone(mgr.GetClient())).
+		Watches(&apisv1alpha1.TenantQuota{}, c.state.held.onQuota()).
+		Watches(&v1alpha1.Volume{}, c.state.held.onVolumeGone()).
 		WatchesRawSource(vo.Notifier.Source()).
 		Complete(rec)
 }
