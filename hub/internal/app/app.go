@@ -316,7 +316,7 @@ func Run(ctx context.Context, c Config) error {
 		f.SubscribeSynced(func() { scheduler.RetryUnplaced("") })
 		f.Volumes.Subscribe(volumes.Notify)
 		f.Images.Subscribe(images.Notify)
-		f.Images.Subscribe(func(uid string) { scheduler.RetryImage(uid) })
+		f.Images.Subscribe(scheduler.RetryImage)
 		f.SubscribeNodeChanges(nodeChanges.Notify)
 		leftovers.Watch(f)
 		go fabric.New(f, f.Bus, log).Run(ctx, fabric.DefaultEvery)
