@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -61,6 +62,9 @@ type ControlPlane struct {
 	InClusterCA string
 
 	env *envtest.Environment
+	// egress is the API server's way into the cluster's network
+	// (Options.ClusterEgress); nil without it.
+	egress *egress
 }
 
 // Options tune Start.
@@ -102,6 +106,15 @@ type Options struct {
 	// account does not exist (the serviceaccount controller makes each
 	// namespace's default).
 	InClusterName string
+	// ClusterEgress sends what the API server dials in the cluster (an
+	// APIService's endpoints, kubelets) through a proxy of this process,
+	// which reaches the networks routed to it with RouteCluster (a
+	// kubenode's, whose pods the API server's machine has no route to) and
+	// everything else from this machine: the egress selector's HTTP CONNECT
+	// a konnectivity server answers on a cluster whose control plane is off
+	// the pod network. With it the API server reaches an APIService through
+	// its Service's endpoints, as no Service proxy runs here.
+	ClusterEgress bool
 }
 
 // RepoRoot is the repository's root directory, found from this source file so
@@ -175,6 +188,12 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 			return nil, err
 		}
 	}
+	var egress *egress
+	if opts.ClusterEgress {
+		if egress, err = startEgress(env.ControlPlane.APIServer, filepath.Join(opts.Dir, "egress")); err != nil {
+			return nil, err
+		}
+	}
 	var inClusterCA string
 	if opts.InClusterName != "" {
 		sni, ca, err := writeInClusterCert(filepath.Join(opts.Dir, "in-cluster"), opts.InClusterName)
@@ -192,7 +211,7 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot start etcd and kube-apiserver")
 	}
-	cp := &ControlPlane{Config: cfg, Scheme: scheme, env: env, Kubectl: filepath.Join(assets, "kubectl"), InClusterCA: inClusterCA}
+	cp := &ControlPlane{Config: cfg, Scheme: scheme, env: env, Kubectl: filepath.Join(assets, "kubectl"), InClusterCA: inClusterCA, egress: egress}
 
 	admin, err := env.AddUser(envtest.User{Name: "virtfleet-admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
@@ -230,7 +249,23 @@ func (cp *ControlPlane) UserClient(name string, groups ...string) (client.Client
 
 // Stop stops kube-apiserver and etcd and removes their data.
 func (cp *ControlPlane) Stop() error {
-	return errors.Wrap(cp.env.Stop(), "cannot stop the control plane")
+	err := cp.env.Stop()
+	if cp.egress != nil {
+		cp.egress.relay.Cut()
+	}
+	return errors.Wrap(err, "cannot stop the control plane")
+}
+
+// RouteCluster makes the API server reach the addresses of prefixes
+// through dial, until the returned function is called, when it was started
+// with Options.ClusterEgress; without it the API server dials from this
+// machine and RouteCluster does nothing. A prefix that overlaps one routed
+// already is an error.
+func (cp *ControlPlane) RouteCluster(dial Dialer, prefixes ...netip.Prefix) (func(), error) {
+	if cp.egress == nil {
+		return func() {}, nil
+	}
+	return cp.egress.route(dial, prefixes...)
 }
 
 // StopAPIServer stops kube-apiserver alone, as an outage would; etcd keeps

@@ -3,6 +3,7 @@ package kubenode
 import (
 	"context"
 	"net"
+	"net/netip"
 	"net/url"
 	"path/filepath"
 	"runtime"
@@ -101,6 +102,15 @@ func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanete
 		}
 		n.Stop()
 	})
+	// The API server reaches the node's pods and its kubelet, when it
+	// routes the cluster's network (controlplane.Options.ClusterEgress),
+	// through the node's namespace, as a real API server reaches them over
+	// the cluster's network.
+	unroute, err := cp.RouteCluster(n.Dial, netip.MustParsePrefix(podSubnet), netip.PrefixFrom(netip.MustParseAddr(NodeIP), 32))
+	if err != nil {
+		t.Fatalf("cannot route the API server to node %s: %v", name, err)
+	}
+	t.Cleanup(unroute)
 	return n, pause
 }
 

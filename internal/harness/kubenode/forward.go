@@ -41,22 +41,26 @@ func (n *Node) Expose(addr string) (string, error) {
 	if err != nil {
 		return "", errors.Wrap(err, "cannot listen on the machine's loopback")
 	}
-	r := relay.New(func() (net.Conn, error) {
-		var c net.Conn
-		err := inNetns(n.NetnsPath, func() (err error) {
-			c, err = net.Dial("tcp", addr)
-			return errors.Wrapf(err, "cannot dial %s in %s", addr, n.NetnsPath)
-		})
-		if err != nil && c != nil {
-			_ = c.Close() // made in the namespace, but the thread is lost
-		}
-		return c, err
-	})
+	r := relay.New(func() (net.Conn, error) { return n.Dial(addr) })
 	r.Serve(l)
 	n.forwardsMu.Lock()
 	defer n.forwardsMu.Unlock()
 	n.forwards = append(n.forwards, r)
 	return l.Addr().String(), nil
+}
+
+// Dial connects to addr (host:port) from inside the node's network
+// namespace, where its pods' addresses are.
+func (n *Node) Dial(addr string) (net.Conn, error) {
+	var c net.Conn
+	err := inNetns(n.NetnsPath, func() (err error) {
+		c, err = net.Dial("tcp", addr)
+		return errors.Wrapf(err, "cannot dial %s in %s", addr, n.NetnsPath)
+	})
+	if err != nil && c != nil {
+		_ = c.Close() // made in the namespace, but the thread is lost
+	}
+	return c, err
 }
 
 // listenIn listens on addr inside the network namespace at nsPath.

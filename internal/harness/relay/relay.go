@@ -13,7 +13,7 @@ import (
 // Relay copies both ways between each connection its listener accepts and
 // a connection it dials for it.
 type Relay struct {
-	dial func() (net.Conn, error)
+	open func(net.Conn) (net.Conn, error)
 
 	mu    sync.Mutex
 	ln    net.Listener
@@ -23,7 +23,14 @@ type Relay struct {
 // New returns a relay that reaches its server with dial; it relays nothing
 // until Serve.
 func New(dial func() (net.Conn, error)) *Relay {
-	return &Relay{dial: dial, conns: map[net.Conn]struct{}{}}
+	return NewTunnel(func(net.Conn) (net.Conn, error) { return dial() })
+}
+
+// NewTunnel returns a relay that reaches the server for each accepted
+// connection with open, which may first talk with the client on it (a
+// proxy's handshake naming the server); it relays nothing until Serve.
+func NewTunnel(open func(client net.Conn) (net.Conn, error)) *Relay {
+	return &Relay{open: open, conns: map[net.Conn]struct{}{}}
 }
 
 // Serve relays every connection ln accepts until Cut.
@@ -53,7 +60,7 @@ func (r *Relay) Serving() bool {
 // relay copies both ways between c and a new connection to the server
 // until either side closes or the relay is cut.
 func (r *Relay) relay(c net.Conn) {
-	s, err := r.dial()
+	s, err := r.open(c)
 	if err != nil {
 		_ = c.Close()
 		return
