@@ -54,30 +54,66 @@ func one[T any](t *testing.T, byKind map[string][]*unstructured.Unstructured, ki
 }
 
 // TestKustomizationListsEveryManifest pins that `kubectl apply -k` applies
-// every file in the directory, and that each listed file exists.
+// every file of each kustomization a user applies (cluster/deploy, and
+// package/api beside the provider package), and that each listed file
+// exists.
 func TestKustomizationListsEveryManifest(t *testing.T) {
-	b, err := os.ReadFile("kustomization.yaml")
+	cases := map[string]string{
+		"cluster/deploy": ".",
+		"package/api":    filepath.Join("..", "..", "package", "api"),
+	}
+	for name, dir := range cases {
+		t.Run(name, func(t *testing.T) {
+			assertListsEveryManifest(t, dir)
+			if _, err := exec.LookPath("kubectl"); err != nil {
+				t.Log("kubectl not found; the kustomization is not rendered")
+				return
+			}
+			out, err := exec.Command("kubectl", "kustomize", dir).CombinedOutput()
+			require.NoError(t, err, string(out))
+		})
+	}
+}
+
+// assertListsEveryManifest checks that dir's kustomization lists every
+// .yaml file below dir, each directory it lists being a kustomization
+// that does the same for the files below it.
+func assertListsEveryManifest(t *testing.T, dir string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml")) //nolint:gosec // the repository's
 	require.NoError(t, err)
 	var k struct {
 		Resources []string `json:"resources"`
 	}
 	require.NoError(t, yaml.Unmarshal(b, &k))
-	var files []string
-	require.NoError(t, filepath.WalkDir(".", func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && filepath.Ext(p) == ".yaml" && p != "kustomization.yaml" {
-			files = append(files, p)
+	var files, dirs []string
+	require.NoError(t, filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
 		}
-		return err
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir() && rel != "." && slices.Contains(k.Resources, rel):
+			dirs = append(dirs, rel)
+			return filepath.SkipDir
+		case !d.IsDir() && filepath.Ext(p) == ".yaml" && rel != "kustomization.yaml":
+			files = append(files, rel)
+		}
+		return nil
 	}))
-	assert.ElementsMatch(t, files, k.Resources)
-
-	if _, err := exec.LookPath("kubectl"); err != nil {
-		t.Log("kubectl not found; the kustomization is not rendered")
-		return
+	var listed []string
+	for _, r := range k.Resources {
+		if !slices.Contains(dirs, r) && !strings.HasPrefix(r, "..") {
+			listed = append(listed, r)
+		}
 	}
-	out, err := exec.Command("kubectl", "kustomize", ".").CombinedOutput()
-	require.NoError(t, err, string(out))
-	assert.Contains(t, string(out), "namespace: virtfleet-system")
+	assert.ElementsMatch(t, files, listed, "the files of %s", dir)
+	for _, d := range dirs {
+		assertListsEveryManifest(t, filepath.Join(dir, d))
+	}
 }
 
 // TestAgentHoldsNoKubernetesCredentials pins the agent's DaemonSet.
@@ -335,8 +371,9 @@ func providerRuntime(t *testing.T) corev1.PodSpec {
 func TestHubRBAC(t *testing.T) {
 	byKind := objects(t)
 	cr := one[rbacv1.ClusterRole](t, byKind, "ClusterRole", "virtfleet-hub")
+	api := one[rbacv1.ClusterRole](t, byKind, "ClusterRole", "virtfleet-hub-api")
 	role := one[rbacv1.Role](t, byKind, "Role", "virtfleet-hub-leader-election")
-	for _, r := range append(slices.Clone(cr.Rules), role.Rules...) {
+	for _, r := range slices.Concat(cr.Rules, api.Rules, role.Rules) {
 		for _, list := range [][]string{r.Verbs, r.Resources, r.APIGroups} {
 			assert.NotContains(t, list, "*", "wildcard in %+v", r)
 		}
@@ -346,7 +383,7 @@ func TestHubRBAC(t *testing.T) {
 	}
 	// Every rule the aggregated API needs on a shared kind names the one
 	// object it is for.
-	for _, r := range cr.Rules {
+	for _, r := range slices.Concat(cr.Rules, api.Rules) {
 		if slices.Contains(r.Resources, "apiservices") || slices.Contains(r.Resources, "configmaps") {
 			assert.Len(t, r.ResourceNames, 1, "%+v names its one object", r)
 		}
@@ -409,10 +446,10 @@ func TestHubRBAC(t *testing.T) {
 		"HoldsNoClusterWideLeases":    {cr.Rules, grant{"coordination.k8s.io", "leases", "update"}, false},
 		"NeverTouchesPods":            {cr.Rules, grant{"", "pods", "get"}, false},
 		"NeverTouchesRBAC":            {cr.Rules, grant{"rbac.authorization.k8s.io", "clusterroles", "get"}, false},
-		"KeepsItsAPIServicesCABundle": {cr.Rules, grant{"apiregistration.k8s.io", "apiservices", "update"}, true},
-		"NeverCreatesAPIServices":     {cr.Rules, grant{"apiregistration.k8s.io", "apiservices", "create"}, false},
-		"ReadsTheFrontProxysCA":       {cr.Rules, grant{"", "configmaps", "get"}, true},
-		"NeverListsConfigMaps":        {cr.Rules, grant{"", "configmaps", "list"}, false},
+		"KeepsItsAPIServicesCABundle": {api.Rules, grant{"apiregistration.k8s.io", "apiservices", "update"}, true},
+		"NeverCreatesAPIServices":     {slices.Concat(cr.Rules, api.Rules), grant{"apiregistration.k8s.io", "apiservices", "create"}, false},
+		"ReadsTheFrontProxysCA":       {api.Rules, grant{"", "configmaps", "get"}, true},
+		"NeverListsConfigMaps":        {slices.Concat(cr.Rules, api.Rules), grant{"", "configmaps", "list"}, false},
 		"MakesItsCertificateAtHome":   {role.Rules, grant{"", "secrets", "create"}, true},
 	}
 	for name, tc := range cases {

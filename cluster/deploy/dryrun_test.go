@@ -33,8 +33,9 @@ const crossplaneModule = "github.com/crossplane/crossplane/v2@v2.4.0"
 const dryRunOwner = "virtfleet-dryrun"
 
 // TestManifestsPassServerSideDryRun server-side applies, with dryRun=All,
-// every manifest a user applies: cluster/deploy as `kubectl apply -k` renders
-// it, examples/, package/examples/, package/install.yaml and sizes.yaml. The
+// every manifest a user applies: cluster/deploy and package/api as `kubectl
+// apply -k` renders them, examples/, package/examples/, package/install.yaml
+// and sizes.yaml. The
 // API server validates each object
 // against its built-in or CRD schema (including CEL rules) and runs
 // admission, but stores nothing. Kinds whose CRDs are not served here are
@@ -53,6 +54,7 @@ func TestManifestsPassServerSideDryRun(t *testing.T) {
 	}
 
 	deploy := kustomize(t, cp.Kubectl, filepath.Join(root, "cluster", "deploy"))
+	pkgAPI := kustomize(t, cp.Kubectl, filepath.Join(root, "package", "api"))
 	examples, err := manifests.Load(filepath.Join(root, "examples"))
 	require.NoError(t, err)
 	pkgExamples, err := manifests.Load(filepath.Join(root, "package", "examples"))
@@ -67,6 +69,7 @@ func TestManifestsPassServerSideDryRun(t *testing.T) {
 		"package/examples":      pkgExamples,
 		"package/configuration": pkgConfiguration,
 		"package/install":       pkgInstall,
+		"package/api":           pkgAPI,
 	}
 	for name, objs := range sets {
 		require.NotEmpty(t, objs, "%s has no manifests", name)
@@ -86,7 +89,7 @@ func TestManifestsPassServerSideDryRun(t *testing.T) {
 	}
 
 	var applied, skipped int
-	for _, name := range []string{"cluster/deploy", "examples", "package/configuration", "package/examples", "package/install"} {
+	for _, name := range []string{"cluster/deploy", "examples", "package/configuration", "package/examples", "package/install", "package/api"} {
 		t.Run(name, func(t *testing.T) {
 			for _, o := range sets[name] {
 				id := o.GetAPIVersion() + " " + o.GetKind() + " " + strings.TrimPrefix(o.GetNamespace()+"/"+o.GetName(), "/")

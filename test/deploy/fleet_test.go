@@ -110,7 +110,7 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 	lv := libvirttest.Start(t, node)
 
 	kubenode.StartSchedulingForTest(t, cp, "daemonset", "nodelifecycle", "statefulset", "persistentvolume-binder",
-		"serviceaccount", "deployment", "replicaset", "root-ca-cert-publisher")
+		"serviceaccount", "deployment", "replicaset", "root-ca-cert-publisher", "endpointslice")
 	n, _ := kubenode.StartForTest(t, cp, reg, node, func(o *kubenode.Options) {
 		o.HostPaths = map[string]string{
 			"/run/libvirt/libvirt-sock": lv.Socket,

@@ -2,6 +2,8 @@ package deploy_test
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,12 +18,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	pkgv1 "github.com/crossplane/crossplane/apis/v2/pkg/v1"
 	pkgv1beta1 "github.com/crossplane/crossplane/apis/v2/pkg/v1beta1"
 
+	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/build/ociimage"
 	"github.com/virtfleet/virtfleet/internal/build/providerpackage"
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
@@ -42,10 +46,22 @@ import (
 // becomes leader, and a VirtualMachine the test applies is placed on the
 // node, its intent applied by the agent pod and reported Running.
 //
+// kubectl virtfleet then works as the README says once package/api is
+// applied beside install.yaml: the API server routes the aggregated API to
+// the hub's pods through the Service there, the hub keeps the APIService's
+// caBundle with the grants package/api binds to the provider's
+// ServiceAccount, and `kubectl virtfleet stop` through the API server
+// stops the VM.
+//
 // Crossplane's core and RBAC manager run as processes against the test's
 // API server (internal/harness/crossplanetest), not as its Deployment.
 // The DeploymentRuntimeConfig is install.yaml's plus what this node lacks
 // (see TestAgentDaemonSetOnKubelet): the API server's address and name.
+// Nor does the API server's machine route to the node's pods, as no
+// Service proxy runs there: the API server reaches the Service's endpoints
+// through the harness's egress proxy into the node's network
+// (controlplane.Options.ClusterEgress), as a control plane off the pod
+// network reaches them through a konnectivity server.
 func TestProviderPackageOnKubelet(t *testing.T) {
 	skipWithoutKubelet(t)
 	log.SetLogger(testr.New(t))
@@ -55,7 +71,7 @@ func TestProviderPackageOnKubelet(t *testing.T) {
 	require.NoError(t, err)
 	// The API server starts with Crossplane's CRDs alone: virtfleet's come
 	// with its package.
-	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterName: inClusterName, CRDDirs: []string{core.CRDs}})
+	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterName: inClusterName, CRDDirs: []string{core.CRDs}, Aggregation: true, ClusterEgress: true})
 	x, err := crossplanetest.Start(buildCtx, cp, crossplanetest.Options{Dir: t.TempDir(), Progress: testWriter{t}, DeploymentRuntime: true})
 	require.NoError(t, err)
 	t.Cleanup(x.Stop)
@@ -80,6 +96,8 @@ func TestProviderPackageOnKubelet(t *testing.T) {
 	for _, obj := range installObjects(t, f, source) {
 		require.NoError(t, cp.Client.Create(ctx, obj), "%s %s", obj.GetKind(), obj.GetName())
 	}
+	kubectl := userKubectl(ctx, t, cp)
+	kubectl("apply", "-k", filepath.Join("package", "api"))
 	require.NoError(t, x.WaitPackage(ctx, pkgv1.ProviderKind, crossplanetest.Provider, pkgv1.TypeHealthy, 5*time.Minute))
 	t.Logf("Provider %s Healthy %s after it was applied", crossplanetest.Provider, time.Since(start).Round(100*time.Millisecond))
 	hubs := map[string]corev1.PodPhase{}
@@ -98,6 +116,62 @@ func TestProviderPackageOnKubelet(t *testing.T) {
 	f.applyProviderConfig(ctx, t)
 	vm := f.runVM(ctx, t)
 	t.Logf("VM Running on %s %s after the Provider was applied", vm.Status.AtProvider.Node, time.Since(start).Round(100*time.Millisecond))
+
+	awaitAPIService(ctx, t, cp)
+	t.Logf("aggregated API available %s after the Provider was applied", time.Since(start).Round(100*time.Millisecond))
+	out := kubectl("virtfleet", "-n", vm.Namespace, "stop", vm.Name)
+	assert.Contains(t, out, "stop requested by virtfleet-admin")
+	err = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
+			return false, err
+		}
+		return vm.Status.AtProvider.Phase == computev1alpha1.PhaseStopped, nil
+	})
+	require.NoError(t, err, "kubectl virtfleet stop did not stop the VM: %+v", vm.Status)
+	t.Logf("VM stopped through the aggregated API %s after the Provider was applied", time.Since(start).Round(100*time.Millisecond))
+}
+
+// userKubectl returns what runs the machine's kubectl with args as the
+// test's administrator, from the repository's root, as the README's
+// commands are run, with kubectl-virtfleet, built from this tree, on its
+// PATH as a user installs the plugin; each run returns its output.
+func userKubectl(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) func(args ...string) string {
+	t.Helper()
+	bin := t.TempDir()
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin+string(filepath.Separator), "./kubectl-virtfleet")
+	build.Dir = controlplane.RepoRoot()
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "cannot build kubectl-virtfleet: %s", out)
+	return func(args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, "kubectl", args...)
+		cmd.Dir = controlplane.RepoRoot()
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+cp.Kubeconfig, "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "kubectl %s: %s", strings.Join(args, " "), out)
+		return string(out)
+	}
+}
+
+// awaitAPIService waits until the API server reaches the hub's aggregated
+// API: its APIService Available, which the API server says only once the
+// Service has ready endpoints at the port it targets and the hub answered
+// there with a certificate of the APIService's caBundle.
+func awaitAPIService(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) {
+	t.Helper()
+	var svc apiregistrationv1.APIService
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := cp.Client.Get(ctx, client.ObjectKey{Name: "v1alpha1.subresources.virtfleet.io"}, &svc); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		for _, c := range svc.Status.Conditions {
+			if c.Type == apiregistrationv1.Available {
+				return c.Status == apiregistrationv1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	})
+	require.NoError(t, err, "the aggregated API is not available: %+v", svc.Status.Conditions)
 }
 
 // installObjects are package/install.yaml's Provider, with source for its

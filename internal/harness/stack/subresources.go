@@ -24,16 +24,19 @@ import (
 // registerSubresources routes the aggregated API to the hub this stack
 // runs on this machine: cluster/deploy's APIService, its Service an
 // ExternalName for localhost (there are no pods to select), on a port of
-// this machine; the hub's namespaced Role for its serving certificate; and
-// the tenant ClusterRoles tests bind.
+// this machine; the hub's grants for it (bound by cluster/deploy's
+// ClusterRoleBindings, which hubIdentity applies) and its namespaced Role
+// for its serving certificate; and the tenant ClusterRoles tests bind.
 func (s *Stack) registerSubresources(ctx context.Context) error {
 	port, err := freeport.Pick()
 	if err != nil {
 		return errors.Wrap(err, "cannot pick a port for the hub's aggregated API")
 	}
 	s.apiPort = port
-	dir := filepath.Join(controlplane.RepoRoot(), "cluster", "deploy", "hub")
-	objs, err := manifests.Load(filepath.Join(dir, "role.yaml"), filepath.Join(dir, "rolebinding.yaml"), filepath.Join(dir, "tenant-clusterroles.yaml"), filepath.Join(dir, "apiservice.yaml"))
+	hub := filepath.Join(controlplane.RepoRoot(), "cluster", "deploy", "hub")
+	api := filepath.Join(controlplane.RepoRoot(), "cluster", "deploy", "api")
+	objs, err := manifests.Load(filepath.Join(hub, "role.yaml"), filepath.Join(hub, "rolebinding.yaml"),
+		filepath.Join(api, "clusterrole.yaml"), filepath.Join(api, "tenant-clusterroles.yaml"), filepath.Join(api, "apiservice.yaml"))
 	if err != nil {
 		return err
 	}
