@@ -20,6 +20,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver/nova"
 	"github.com/virtfleet/virtfleet/agent/internal/app"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/version"
 )
 
 // TestIntentLifecycle walks one guest through what a user does to a
@@ -235,7 +236,7 @@ func TestHeartbeat(t *testing.T) {
 	assert.Equal(t, "libvirt", hb.Backend)
 	assert.Equal(t, "test", hb.Hypervisor, "the domain type guests get on this host")
 	assert.Equal(t, map[string]string{"zone": "test"}, hb.Labels)
-	assert.Equal(t, app.Version, hb.AgentVersion)
+	assert.Equal(t, version.Get(), hb.AgentVersion, "the agent reports its own version")
 	assert.Equal(t, wire.ProtocolVersion, hb.ProtocolVersion)
 
 	agent.stop(t)

@@ -30,6 +30,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/internal/reconciler"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/version"
 )
 
 // reconnectWait is the pause between attempts to reach a NATS server. The
@@ -104,7 +105,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	})
 
-	log.Info("Agent started", "backend", cfg.Backend, "version", Version, "nats", nc.ConnectedUrlRedacted(), "fenceAfter", cfg.FenceAfter)
+	log.Info("Agent started", "backend", cfg.Backend, "version", version.Get(), "nats", nc.ConnectedUrlRedacted(), "fenceAfter", cfg.FenceAfter)
 	err = runNode(ctx, cfg, b, drv, log)
 	cancel()
 	wg.Wait()
@@ -277,7 +278,7 @@ func (h *heartbeat) next(ctx context.Context) wire.NodeHeartbeat {
 		Node:         h.cfg.Node,
 		Backend:      h.cfg.Backend,
 		Labels:       h.cfg.Labels,
-		AgentVersion: Version,
+		AgentVersion: version.Get(),
 		SentAt:       time.Now().UTC(),
 		// The lease the node keeps (lease.Lease): what lets the hub
 		// restart its guests elsewhere, and when.

@@ -19,10 +19,6 @@ import (
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
-// Version is the agent's version, reported in its heartbeat. Release builds
-// set it with -ldflags "-X github.com/virtfleet/virtfleet/agent/internal/app.Version=v1.2.3".
-var Version = "dev"
-
 // Default overcommit. vCPUs are time-shared, so a node offers four per host
 // CPU (OpenStack Nova's historic default is higher, 16; four keeps latency
 // sane for general workloads). Memory is not overcommitted by default: a

@@ -18,6 +18,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/driver/fake"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/version"
 )
 
 // TestHeartbeatNext pins what the hub's placement is offered, including while
@@ -52,7 +53,7 @@ func TestHeartbeatNext(t *testing.T) {
 			assert.Equal(t, "n1", hb.Node)
 			assert.Equal(t, driver.BackendLibvirt, hb.Backend)
 			assert.Equal(t, map[string]string{"zone": "a"}, hb.Labels)
-			assert.Equal(t, Version, hb.AgentVersion)
+			assert.Equal(t, version.Get(), hb.AgentVersion, "the agent reports its own version")
 			assert.False(t, hb.SentAt.IsZero())
 		})
 	}

@@ -68,6 +68,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
 	vfmetrics "github.com/virtfleet/virtfleet/internal/metrics"
 	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/version"
 )
 
 // Config of the hub.
@@ -365,7 +366,7 @@ func Run(ctx context.Context, c Config) error {
 	if err := providerconfig.SetupConnectors(mgr, o, pool); err != nil {
 		return errors.Wrap(err, "cannot set up the NATS connectors")
 	}
-	log.Info("Hub starting", "leaderElection", c.LeaderElection, "maxReconcileRate", c.MaxReconcileRate, "workers", c.Workers, "qps", c.QPS)
+	log.Info("Hub starting", "version", version.Get(), "leaderElection", c.LeaderElection, "maxReconcileRate", c.MaxReconcileRate, "workers", c.Workers, "qps", c.QPS)
 	return errors.Wrap(mgr.Start(ctx), "controller manager stopped")
 }
 

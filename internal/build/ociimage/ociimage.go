@@ -26,6 +26,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	buildversion "github.com/virtfleet/virtfleet/internal/version"
 )
 
 // Spec describes one single-binary image.
@@ -44,6 +46,9 @@ type Spec struct {
 	User string
 	// Labels are OCI labels on the image config.
 	Labels map[string]string
+	// Version, when set, is stamped into the binary as the version it
+	// reports (internal/version).
+	Version string
 }
 
 // Platform is the platform an image is built for.
@@ -138,9 +143,15 @@ func ReadTarball(file, ref string) (v1.Image, error) {
 // BuildBinary compiles the main package pkg (relative to dir, the module
 // root) into out as a static, reproducible binary for p: no cgo, so it runs
 // on an empty base; -trimpath and an empty build id, so two builds of the
-// same sources are byte for byte the same.
-func BuildBinary(ctx context.Context, dir, pkg, out string, p Platform) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w -buildid=", "-o", out, pkg) //nolint:gosec // the package comes from the image table, not from a user
+// same sources are byte for byte the same. A version, when not empty, is
+// stamped into internal/version; the linker ignores it in a binary without
+// that package (the composition function's, of a module of its own).
+func BuildBinary(ctx context.Context, dir, pkg, out string, p Platform, version string) error {
+	ldflags := "-s -w -buildid="
+	if version != "" {
+		ldflags += " -X " + buildversion.Symbol + "=" + version
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags="+ldflags, "-o", out, pkg) //nolint:gosec // the package comes from the image table, not from a user
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.OS, "GOARCH="+p.Arch)
 	if b, err := cmd.CombinedOutput(); err != nil {
@@ -152,7 +163,7 @@ func BuildBinary(ctx context.Context, dir, pkg, out string, p Platform) error {
 // BuildFromSource compiles spec's binary from the repository at root (its
 // Module below root) into out and returns the image holding it.
 func BuildFromSource(ctx context.Context, root string, spec Spec, out string, p Platform, created time.Time) (v1.Image, error) {
-	if err := BuildBinary(ctx, filepath.Join(root, spec.Module), spec.GoPackage, out, p); err != nil {
+	if err := BuildBinary(ctx, filepath.Join(root, spec.Module), spec.GoPackage, out, p, spec.Version); err != nil {
 		return nil, err
 	}
 	b, err := os.ReadFile(out) //nolint:gosec // written just above

@@ -5,8 +5,10 @@ import (
 	"context"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,10 +32,42 @@ func buildTinyBinary(t *testing.T) []byte {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module tiny\n\ngo 1.22\n"), 0o600))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(tinyMain), 0o600))
 	out := filepath.Join(dir, "tiny")
-	require.NoError(t, ociimage.BuildBinary(context.Background(), dir, ".", out, ociimage.Platform{OS: "linux", Arch: runtime.GOARCH}))
+	require.NoError(t, ociimage.BuildBinary(context.Background(), dir, ".", out, ociimage.Platform{OS: "linux", Arch: runtime.GOARCH}, "v0.0.0-test"))
 	b, err := os.ReadFile(out)
 	require.NoError(t, err)
 	return b
+}
+
+// TestBinariesReportTheVersionTheyWereBuiltAs builds a program of this
+// module that prints what internal/version says, as the image builds
+// build the hub and the agent: with a version, it reports that version;
+// without, not that one.
+func TestBinariesReportTheVersionTheyWereBuiltAs(t *testing.T) {
+	cases := map[string]struct {
+		version string
+		want    func(t *testing.T, got string)
+	}{
+		"Stamped":   {version: "v9.8.7-test", want: func(t *testing.T, got string) { assert.Equal(t, "v9.8.7-test", got) }},
+		"Unstamped": {want: func(t *testing.T, got string) { assert.NotEqual(t, "v9.8.7-test", got); assert.NotEmpty(t, got) }},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "printversion")
+			require.NoError(t, ociimage.BuildBinary(context.Background(), repoRoot(t), "./internal/version/testdata/printversion", out,
+				ociimage.Platform{OS: runtime.GOOS, Arch: runtime.GOARCH}, tc.version))
+			got, err := exec.Command(out).Output() //nolint:gosec // built just above
+			require.NoError(t, err)
+			tc.want(t, strings.TrimSpace(string(got)))
+		})
+	}
+}
+
+// repoRoot is the module's root, two directories above this package.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
+	require.NoError(t, err)
+	return root
 }
 
 // TestImages builds each virtfleet image around a real static binary, writes

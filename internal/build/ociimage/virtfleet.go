@@ -51,10 +51,12 @@ var NATS = Spec{
 	User:      NonRootUser,
 }
 
-// Virtfleet are virtfleet's images, labelled with the source and version.
+// Virtfleet are virtfleet's images, labelled with the source and version,
+// whose binaries report that version.
 func Virtfleet(version string) []Spec {
 	specs := []Spec{Hub, Agent, Function}
 	for i := range specs {
+		specs[i].Version = version
 		specs[i].Labels = map[string]string{
 			"org.opencontainers.image.source":   "https://github.com/virtfleet/virtfleet",
 			"org.opencontainers.image.version":  version,
