@@ -10,10 +10,13 @@
 package metrics
 
 import (
+	"runtime"
 	"sort"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/virtfleet/virtfleet/internal/version"
 )
 
 // Values of the labels below that are not taken from the API.
@@ -182,9 +185,17 @@ var (
 		Name: "virtfleet_hub_undecodable_objects_total",
 		Help: "Objects the API server holds that the hub cannot decode into its types, found when a watch failed, by kind.",
 	}, "kind")
+	// HubBuildInfo is the hub's build, as Prometheus's own *_build_info:
+	// one series of value 1, whose labels change as an upgrade replaces
+	// the replicas.
+	HubBuildInfo = gauge(prometheus.GaugeOpts{
+		Name: "virtfleet_hub_build_info",
+		Help: "Always 1; version is the hub's version (a release build's, or the Go module version it was built from), goversion the Go it was built with.",
+	}, "version", "goversion")
 )
 
 func init() {
+	HubBuildInfo.WithLabelValues(version.Get(), runtime.Version()).Set(1)
 	// The backups' series exist from the start, at 0, so that increase()
 	// over them sees the first backup that fails and the first corrupt
 	// chunk (the alert rules rely on it).
@@ -216,6 +227,8 @@ type AgentMetrics struct {
 	ImageImportDuration *prometheus.HistogramVec
 	IntentsIgnored      *prometheus.CounterVec
 	FencedGuests        *prometheus.CounterVec
+	// BuildInfo is the agent's build, as HubBuildInfo is the hub's.
+	BuildInfo *prometheus.GaugeVec
 }
 
 // NewAgentMetrics returns a new set of the agent's metrics, registered
@@ -257,7 +270,12 @@ func NewAgentMetrics() *AgentMetrics {
 			Name: "virtfleet_agent_fenced_guests_total",
 			Help: "Guests the agent destroyed because it had stored no heartbeat for its lease (--fence-after): the hub may restart them on another node.",
 		}),
+		BuildInfo: gauge(prometheus.GaugeOpts{
+			Name: "virtfleet_agent_build_info",
+			Help: "Always 1; version is the agent's version, the one its heartbeat reports, goversion the Go it was built with.",
+		}, "version", "goversion"),
 	}
+	m.BuildInfo.WithLabelValues(version.Get(), runtime.Version()).Set(1)
 	// The series without labels exist from the start, at 0, so a rate
 	// over them is defined before the first observation.
 	m.ResyncDuration.WithLabelValues()
@@ -268,7 +286,7 @@ func NewAgentMetrics() *AgentMetrics {
 
 // Collectors are m's collectors, for the agent to register.
 func (m *AgentMetrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.DriverCalls, m.ResyncDuration, m.Guests, m.ImageImports, m.ImageImportBytes, m.ImageImportDuration, m.IntentsIgnored, m.FencedGuests}
+	return []prometheus.Collector{m.DriverCalls, m.ResyncDuration, m.Guests, m.ImageImports, m.ImageImportBytes, m.ImageImportDuration, m.IntentsIgnored, m.FencedGuests, m.BuildInfo}
 }
 
 var defaultAgent = NewAgentMetrics()
@@ -324,5 +342,5 @@ func histogram(o prometheus.HistogramOpts, labels ...string) *prometheus.Histogr
 // to register; the scraped ones it serves from its own collector.
 func HubObserved() []prometheus.Collector {
 	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, NodeClaimsRefused, ForeignReports, UndecodableObjects, EventsDropped, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart, StrayIntentsDeleted,
-		Backups, BackupReadBytes, BackupWrittenBytes, BackupChunks, BackupVerifications, BackupVerificationCorruptChunks}
+		Backups, BackupReadBytes, BackupWrittenBytes, BackupChunks, BackupVerifications, BackupVerificationCorruptChunks, HubBuildInfo}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"runtime"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 	"github.com/virtfleet/virtfleet/internal/natswire"
+	"github.com/virtfleet/virtfleet/internal/version"
 )
 
 // freeAddress is a loopback address nothing listens on right now.
@@ -115,6 +117,8 @@ func TestMetricsEndpoint(t *testing.T) {
 	assert.Equal(t, 1.0, ignored[0].GetCounter().GetValue())
 	assert.Contains(t, families, "go_goroutines", "the Go runtime's metrics")
 	assert.Contains(t, families, "process_start_time_seconds", "the process's metrics")
+	assert.Equal(t, 1.0, gauge(families, "virtfleet_agent_build_info", map[string]string{"version": version.Get(), "goversion": runtime.Version()}),
+		"the agent's version, the one its heartbeat reports")
 }
 
 // TestEndpointsStopWithTheAgent pins that the agent serves its metrics
