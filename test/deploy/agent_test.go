@@ -246,10 +246,14 @@ func logPods(t *testing.T, n *kubenode.Node, pods ...string) {
 	}
 }
 
+// imageVersion is the version virtfleet's images are built as, which
+// their binaries report.
+const imageVersion = "v0.0.0-deploy-test"
+
 // virtfleetSpec is virtfleet's image name as cluster/images builds it.
 func virtfleetSpec(t *testing.T, name string) ociimage.Spec {
 	t.Helper()
-	for _, spec := range ociimage.Virtfleet("test") {
+	for _, spec := range ociimage.Virtfleet(imageVersion) {
 		if spec.Name == name {
 			return spec
 		}
@@ -431,6 +435,7 @@ func awaitHeartbeat(ctx context.Context, t *testing.T, hub jetstream.JetStream, 
 	assert.Equal(t, node, hb.Node)
 	assert.Equal(t, "libvirt", hb.Backend)
 	assert.Positive(t, hb.Capacity.VCPU, "the agent reads the node's libvirtd")
+	assert.Equal(t, imageVersion, hb.AgentVersion, "the agent reports the version its image was built as")
 	return entry.Revision()
 }
 

@@ -2,6 +2,8 @@ package deploy_test
 
 import (
 	"context"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -117,6 +121,16 @@ func TestProviderPackageOnKubelet(t *testing.T) {
 	vm := f.runVM(ctx, t)
 	t.Logf("VM Running on %s %s after the Provider was applied", vm.Status.AtProvider.Node, time.Since(start).Round(100*time.Millisecond))
 
+	// What runs where, as an upgrade needs to tell: the node's agent
+	// version, from its heartbeat, in its HypervisorNode, and each hub's
+	// own in its metrics.
+	var hn computev1alpha1.HypervisorNode
+	require.NoError(t, cp.Client.Get(ctx, client.ObjectKey{Name: node}, &hn))
+	assert.Equal(t, imageVersion, hn.Status.AgentVersion, "the HypervisorNode shows its agent's version")
+	for _, p := range hubPods(ctx, t, cp) {
+		assert.Equal(t, []string{imageVersion}, f.hubBuildVersions(t, &p), "hub %s reports the version its image was built as", p.Name)
+	}
+
 	awaitAPIService(ctx, t, cp)
 	t.Logf("aggregated API available %s after the Provider was applied", time.Since(start).Round(100*time.Millisecond))
 	out := kubectl("virtfleet", "-n", vm.Namespace, "stop", vm.Name)
@@ -210,6 +224,33 @@ func installObjects(t *testing.T, f *fleet, source string) []*unstructured.Unstr
 	}
 	require.Len(t, out, 2, "package/install.yaml lacks the Provider or its DeploymentRuntimeConfig")
 	return out
+}
+
+// hubBuildVersions are the versions the hub of pod reports in its
+// virtfleet_hub_build_info, scraped from its metrics port (8080, which
+// Crossplane names metrics) through the node.
+func (f *fleet) hubBuildVersions(t *testing.T, pod *corev1.Pod) []string {
+	t.Helper()
+	addr, err := f.node.Expose(net.JoinHostPort(pod.Status.PodIP, "8080"))
+	require.NoError(t, err)
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://"+addr+"/metrics", nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close() //nolint:errcheck // read-only body
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	var versions []string
+	for _, m := range families["virtfleet_hub_build_info"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "version" && m.GetGauge().GetValue() == 1 {
+				versions = append(versions, l.GetValue())
+			}
+		}
+	}
+	return versions
 }
 
 // hubPods are the provider's pods, which Crossplane's Deployment runtime
