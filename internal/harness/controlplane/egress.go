@@ -84,7 +84,8 @@ func startEgress(s *envtest.APIServer, dir string) (*egress, error) {
 }
 
 // open answers the API server's CONNECT with a connection to the address it
-// names.
+// names. The API server's client refuses bytes that arrive with the answer,
+// so a server that spoke first could fail it; those it dials (TLS) do not.
 func (e *egress) open(c net.Conn) (net.Conn, error) {
 	br := bufio.NewReader(c)
 	req, err := http.ReadRequest(br)
