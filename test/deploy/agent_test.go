@@ -30,10 +30,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
@@ -66,7 +70,9 @@ import (
 // runs on the node against the test's API server, with its
 // ServiceAccount's token, and a VirtualMachine the test applies is
 // placed on the node, its intent applied by the agent pod (libvirt's test
-// driver) and reported Running.
+// driver) and reported Running; `kubectl virtfleet stop` then stops it
+// through the API server and the aggregated API cluster/deploy/api routes
+// to the hub's pods.
 //
 // The node has no cluster DNS and no kube-proxy, so the NATS Service's
 // name resolves nowhere: the agent and the hub are given the NATS pod's
@@ -75,12 +81,14 @@ import (
 // Service reach the API server: the hub's pods are told its host and
 // port (KUBERNETES_SERVICE_HOST and _PORT, as the kubelet would set them
 // from that Service) and find the node's address under the name the API
-// server's certificate gives (a host alias).
+// server's certificate gives (a host alias); and the API server reaches
+// the aggregated API's endpoints through the node
+// (controlplane.Options.ClusterEgress).
 func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	skipWithoutKubelet(t)
 	// The API server's warnings about what is applied, in the test's log.
 	log.SetLogger(testr.New(t))
-	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterName: inClusterName})
+	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterName: inClusterName, Aggregation: true, ClusterEgress: true})
 	reg, err := crossplanetest.StartRegistry()
 	require.NoError(t, err)
 	t.Cleanup(reg.Stop)
@@ -128,6 +136,8 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	f.applyProviderConfig(ctx, t)
 	vm := f.runVM(ctx, t)
 	t.Logf("VM Running on %s %s after the hub's Deployment was applied", vm.Status.AtProvider.Node, time.Since(start).Round(100*time.Millisecond))
+	f.stopThroughAPI(ctx, t, userKubectl(ctx, t, cp), vm)
+	t.Logf("VM stopped through the aggregated API %s after the hub's Deployment was applied", time.Since(start).Round(100*time.Millisecond))
 }
 
 // inClusterName is the name the hub's pods reach the API server by.
@@ -306,8 +316,8 @@ func labelHypervisor(ctx context.Context, t *testing.T, cp *controlplane.Control
 
 // deployObjects renders an overlay of cluster/deploy with kubectl
 // kustomize, the images replaced by images (name to reference) and
-// patches applied; it returns the objects client-go knows, by kind/name,
-// decoded by client-go's deserializer.
+// patches applied; it returns the objects, by kind/name, decoded as
+// client-go's and the aggregator's types.
 func deployObjects(t *testing.T, images map[string]string, patches ...map[string]any) map[string]client.Object {
 	t.Helper()
 	dir := t.TempDir()
@@ -344,10 +354,8 @@ func deployObjects(t *testing.T, images map[string]string, patches ...map[string
 			break
 		}
 		require.NoError(t, err)
-		o, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			continue // a kind client-go does not know: an APIService, say
-		}
+		o, gvk, err := deployCodecs.UniversalDeserializer().Decode(doc, nil, nil)
+		require.NoError(t, err)
 		obj, ok := o.(client.Object)
 		require.True(t, ok, "%s", gvk)
 		objs[gvk.Kind+"/"+obj.GetName()] = obj
@@ -358,6 +366,14 @@ func deployObjects(t *testing.T, images map[string]string, patches ...map[string
 	}
 	return objs
 }
+
+// deployCodecs decode every kind cluster/deploy holds.
+var deployCodecs = func() serializer.CodecFactory {
+	s := k8sruntime.NewScheme()
+	utilruntime.Must(scheme.AddToScheme(s))
+	utilruntime.Must(apiregistrationv1.AddToScheme(s))
+	return serializer.NewCodecFactory(s)
+}()
 
 // podPatch is a kustomize patch of the pod template of workload kind
 // name: env set in its container, and pod merged into its pod spec.

@@ -205,6 +205,23 @@ func (f *fleet) applyProviderConfig(ctx context.Context, t *testing.T) {
 	require.NoError(t, f.cp.Client.Create(ctx, cpc[0]))
 }
 
+// stopThroughAPI waits until the API server reaches the hub's aggregated
+// API, then stops vm with `kubectl virtfleet stop` through it, and waits
+// until the VM is Stopped.
+func (f *fleet) stopThroughAPI(ctx context.Context, t *testing.T, kubectl func(args ...string) string, vm *computev1alpha1.VirtualMachine) {
+	t.Helper()
+	awaitAPIService(ctx, t, f.cp)
+	out := kubectl("virtfleet", "-n", vm.Namespace, "stop", vm.Name)
+	assert.Contains(t, out, "stop requested by virtfleet-admin")
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := f.cp.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
+			return false, err
+		}
+		return vm.Status.AtProvider.Phase == computev1alpha1.PhaseStopped, nil
+	})
+	require.NoError(t, err, "kubectl virtfleet stop did not stop the VM: %+v", vm.Status)
+}
+
 // runVM applies a VirtualMachine with a boot Volume of its own and waits
 // until the hub has placed it on the node and the agent reports it
 // Running, and returns it.

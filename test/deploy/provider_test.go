@@ -131,17 +131,7 @@ func TestProviderPackageOnKubelet(t *testing.T) {
 		assert.Equal(t, []string{imageVersion}, f.hubBuildVersions(t, &p), "hub %s reports the version its image was built as", p.Name)
 	}
 
-	awaitAPIService(ctx, t, cp)
-	t.Logf("aggregated API available %s after the Provider was applied", time.Since(start).Round(100*time.Millisecond))
-	out := kubectl("virtfleet", "-n", vm.Namespace, "stop", vm.Name)
-	assert.Contains(t, out, "stop requested by virtfleet-admin")
-	err = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
-		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
-			return false, err
-		}
-		return vm.Status.AtProvider.Phase == computev1alpha1.PhaseStopped, nil
-	})
-	require.NoError(t, err, "kubectl virtfleet stop did not stop the VM: %+v", vm.Status)
+	f.stopThroughAPI(ctx, t, kubectl, vm)
 	t.Logf("VM stopped through the aggregated API %s after the Provider was applied", time.Since(start).Round(100*time.Millisecond))
 }
 
