@@ -58,19 +58,20 @@ func one[T any](t *testing.T, byKind map[string][]*unstructured.Unstructured, ki
 // package/api beside the provider package), and that each listed file
 // exists.
 func TestKustomizationListsEveryManifest(t *testing.T) {
-	cases := map[string]string{
-		"cluster/deploy": ".",
-		"package/api":    filepath.Join("..", "..", "package", "api"),
+	cases := map[string]struct{ dir, namespace string }{
+		"cluster/deploy": {dir: ".", namespace: "virtfleet-system"},
+		"package/api":    {dir: filepath.Join("..", "..", "package", "api"), namespace: "crossplane-system"},
 	}
-	for name, dir := range cases {
+	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			assertListsEveryManifest(t, dir)
+			assertListsEveryManifest(t, tc.dir)
 			if _, err := exec.LookPath("kubectl"); err != nil {
 				t.Log("kubectl not found; the kustomization is not rendered")
 				return
 			}
-			out, err := exec.Command("kubectl", "kustomize", dir).CombinedOutput()
+			out, err := exec.Command("kubectl", "kustomize", tc.dir).CombinedOutput()
 			require.NoError(t, err, string(out))
+			assert.Contains(t, string(out), "namespace: "+tc.namespace)
 		})
 	}
 }
