@@ -81,6 +81,7 @@ var scraped = []*prometheus.Desc{
 	metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.VMBackups, metrics.NodeCapacity, metrics.NodeAllocated,
 	metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat,
 	metrics.BucketBytes, metrics.BucketMaxBytes, metrics.BucketValues,
+	metrics.NodeReportValues, metrics.NodeReportMaxValues, metrics.NodeReportBytes, metrics.NodeReportMaxBytes,
 }
 
 // declared are the metrics internal/metrics declares, by name, with their

@@ -91,6 +91,18 @@ var (
 	BucketValues = desc("virtfleet_hub_nats_bucket_values",
 		"Messages a bucket stores: current values and the markers of deleted and expired ones.",
 		"nats", "bucket")
+	NodeReportValues = desc("virtfleet_hub_node_reports_values",
+		"Report keys a node's own reports stream holds: its reports and the markers of deleted ones.",
+		"nats", "node")
+	NodeReportMaxValues = desc("virtfleet_hub_node_reports_max_values",
+		"The keys a node's reports may hold: past it the node's new reports are refused, and no other node's.",
+		"nats", "node")
+	NodeReportBytes = desc("virtfleet_hub_node_reports_bytes",
+		"Bytes a node's own reports stream stores.",
+		"nats", "node")
+	NodeReportMaxBytes = desc("virtfleet_hub_node_reports_max_bytes",
+		"The bytes a node's reports may take: past it the node's new reports are refused, and no other node's.",
+		"nats", "node")
 )
 
 // Hub metrics observed as things happen.

@@ -86,7 +86,9 @@ func AgentPermissions(node string) (Permissions, error) {
 	if err != nil {
 		return Permissions{}, err
 	}
-	intents, reports := wire.Stream(wire.BucketIntents), wire.Stream(wire.BucketReports)
+	// The agent reads its reports from its own stream, which holds
+	// nothing else, and never from the bucket that sources every node's.
+	intents, reports := wire.Stream(wire.BucketIntents), NodeReportsStream(wire.NodeToken(node))
 	ownIntents := wire.Subject(wire.BucketIntents, prefix+">")
 	ownReports := wire.Subject(wire.BucketReports, prefix+">")
 	ownHeartbeat := wire.Subject(wire.BucketNodes, heartbeat)

@@ -1,8 +1,10 @@
 // Package natswire is the wire protocol's NATS binding, the one piece of
 // production code the hub and the agent share besides apis/wire: the
-// JetStream key-value buckets and how they are created (buckets.go), the
-// counting of rejected wire messages (rejections.go), and the permission model
-// with the nkey identities that enforce it (auth.go).
+// JetStream key-value buckets and how they are created (buckets.go), each
+// node's own bounded reports stream, which the reports bucket sources
+// (nodereports.go), the counting of rejected wire messages (rejections.go),
+// and the permission model with the nkey identities that enforce it
+// (auth.go).
 //
 // The hub creates the buckets at start; tests of either side create them the
 // same way, so no test runs against a bucket shaped differently from
@@ -34,7 +36,7 @@ const (
 // node would look lost. A bucket at its limit refuses new values (KV buckets
 // discard new, never old), so the fleet's existing state stays intact and
 // only the writes over the limit fail, with an error the hub reports on the
-// resource.
+// resource. The reports are bounded per node instead (nodereports.go).
 //
 //   - DefaultMaxValueSize is 1 MiB, nats-server's default max_payload. The
 //     largest value the wire protocol makes is an intent whose strings are
@@ -43,16 +45,17 @@ const (
 //     even if JSON escaped every character to six bytes. So no value the
 //     API accepts is refused, and the limit holds also on a server
 //     configured with a larger max_payload.
-//   - DefaultMaxBytes, 256 MiB, bounds the intents and the reports bucket
-//     each: a VM's intent or report is a few KiB with ordinary userData, so
-//     it holds tens of thousands of VMs with their volumes and images.
+//   - DefaultMaxBytes, 256 MiB, bounds the intents bucket: a VM's intent is
+//     a few KiB with ordinary userData, so it holds tens of thousands of
+//     VMs with their volumes and images.
 //   - DefaultNodesMaxBytes, 64 MiB, bounds the nodes bucket, one heartbeat
 //     of under a few KiB per node.
 //
 // JetStream reserves a stream's MaxBytes on each server that holds a replica
-// and refuses a stream that does not fit its max_file_store; the three
-// together reserve 576 MiB, which fits the 1 GiB store of
-// cluster/deploy/nats with room to spare.
+// and refuses a stream that does not fit its max_file_store; the two
+// together reserve 320 MiB, and each node's reports DefaultNodeReportBytes
+// more, which fits the 1 GiB store of cluster/deploy/nats with room for
+// dozens of nodes.
 const (
 	DefaultMaxValueSize  int32 = 1 << 20
 	DefaultMaxBytes      int64 = 256 << 20
@@ -66,9 +69,13 @@ type BucketConfig struct {
 	// NodeTTL is how long a heartbeat lives unrefreshed; 0 means
 	// DefaultNodeTTL. Tests shorten it to observe expiry quickly.
 	NodeTTL time.Duration
-	// MaxBytes bounds the storage of the intents and of the reports bucket,
-	// each; 0 means DefaultMaxBytes.
+	// MaxBytes bounds the storage of the intents bucket; 0 means
+	// DefaultMaxBytes.
 	MaxBytes int64
+	// NodeReportKeys and NodeReportBytes bound the reports of each node
+	// (EnsureNodeReports); 0 means DefaultNodeReportKeys and
+	// DefaultNodeReportBytes.
+	NodeReportKeys, NodeReportBytes int64
 	// NodesMaxBytes bounds the storage of the nodes bucket; 0 means
 	// DefaultNodesMaxBytes.
 	NodesMaxBytes int64
@@ -77,7 +84,9 @@ type BucketConfig struct {
 	MaxValueSize int32
 }
 
-// KeyValueConfigs are the bucket configurations for cfg.
+// KeyValueConfigs are the configurations of the buckets made as KV buckets
+// for cfg: all but the reports bucket, whose stream sources the nodes'
+// (reportsConfig).
 func KeyValueConfigs(cfg BucketConfig) []jetstream.KeyValueConfig {
 	replicas := cfg.Replicas
 	if replicas == 0 {
@@ -93,10 +102,6 @@ func KeyValueConfigs(cfg BucketConfig) []jetstream.KeyValueConfig {
 	return []jetstream.KeyValueConfig{
 		{
 			Bucket: wire.BucketIntents, Description: "hub → agent: desired state per <node>.<uid>", Storage: jetstream.FileStorage, Replicas: replicas,
-			MaxBytes: maxBytes, MaxValueSize: maxValue,
-		},
-		{
-			Bucket: wire.BucketReports, Description: "agent → hub: observed state per <node>.<uid>", Storage: jetstream.FileStorage, Replicas: replicas,
 			MaxBytes: maxBytes, MaxValueSize: maxValue,
 		},
 		{
@@ -116,8 +121,8 @@ func KeyValueConfigs(cfg BucketConfig) []jetstream.KeyValueConfig {
 // below what a bucket holds deletes nothing: KV buckets discard new values,
 // so only later writes are refused until it shrinks.
 //
-// It also forbids roll-ups in the intents and the reports bucket (see
-// forbidRollups).
+// It also forbids roll-ups in the intents bucket (see forbidRollups); the
+// reports' streams never allow them.
 func EnsureBuckets(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) error {
 	for _, c := range KeyValueConfigs(cfg) {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
@@ -130,14 +135,15 @@ func EnsureBuckets(ctx context.Context, js jetstream.JetStream, cfg BucketConfig
 			return err
 		}
 	}
-	return nil
+	return ensureReports(ctx, js, cfg)
 }
 
 // forbidRollups makes bucket's stream refuse messages with a Nats-Rollup
 // header. nats.go makes every bucket allow them, for its Purge, which
 // virtfleet never uses; but the header is no part of a subject, so no
-// permission can keep it from a node, and "Nats-Rollup: all" on a node's
-// own report key would remove every other node's reports. The nodes bucket
+// permission can keep it from a writer, and "Nats-Rollup: all" on one key
+// would remove every other key (the reports' streams, which nodes write,
+// never allow them). The nodes bucket
 // keeps them: its expiry markers (LimitMarkerTTL) need them, and a
 // heartbeat removed so is written again at the node's next beat.
 func forbidRollups(ctx context.Context, js jetstream.JetStream, bucket string) error {

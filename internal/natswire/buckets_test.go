@@ -40,29 +40,45 @@ func streamConfig(t *testing.T, js jetstream.JetStream, bucket string) jetstream
 // streams, with the defaults and with a configuration that sets them.
 func TestEnsureBucketsLimitsEveryBucket(t *testing.T) {
 	cases := map[string]struct {
-		cfg                             natswire.BucketConfig
-		wantMaxBytes, wantNodesMaxBytes int64
-		wantMaxValueSize                int32
+		cfg                                     natswire.BucketConfig
+		wantMaxBytes, wantNodesMaxBytes         int64
+		wantMaxValueSize                        int32
+		wantNodeReportKeys, wantNodeReportBytes int64
 	}{
 		"Defaults": {
 			wantMaxBytes: natswire.DefaultMaxBytes, wantNodesMaxBytes: natswire.DefaultNodesMaxBytes, wantMaxValueSize: natswire.DefaultMaxValueSize,
+			wantNodeReportKeys: natswire.DefaultNodeReportKeys, wantNodeReportBytes: natswire.DefaultNodeReportBytes,
 		},
 		"Configured": {
-			cfg:          natswire.BucketConfig{MaxBytes: 8 << 20, NodesMaxBytes: 2 << 20, MaxValueSize: 64 << 10},
+			cfg:          natswire.BucketConfig{MaxBytes: 8 << 20, NodesMaxBytes: 2 << 20, MaxValueSize: 64 << 10, NodeReportKeys: 100, NodeReportBytes: 1 << 20},
 			wantMaxBytes: 8 << 20, wantNodesMaxBytes: 2 << 20, wantMaxValueSize: 64 << 10,
+			wantNodeReportKeys: 100, wantNodeReportBytes: 1 << 20,
 		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			js := hubJetStream(t)
 			require.NoError(t, natswire.EnsureBuckets(context.Background(), js, tc.cfg))
-			for bucket, want := range map[string]int64{wire.BucketIntents: tc.wantMaxBytes, wire.BucketReports: tc.wantMaxBytes, wire.BucketNodes: tc.wantNodesMaxBytes} {
+			require.NoError(t, natswire.EnsureNodeReports(context.Background(), js, tc.cfg, "node1"))
+			// The reports bucket has no limit of its own: its sources,
+			// the nodes' streams, bound it.
+			for bucket, want := range map[string]int64{wire.BucketIntents: tc.wantMaxBytes, wire.BucketReports: -1, wire.BucketNodes: tc.wantNodesMaxBytes} {
 				c := streamConfig(t, js, bucket)
 				assert.Equal(t, want, c.MaxBytes, "MaxBytes of %s", bucket)
 				assert.Equal(t, tc.wantMaxValueSize, c.MaxMsgSize, "MaxValueSize of %s", bucket)
 				assert.Equal(t, jetstream.DiscardNew, c.Discard, "a full %s bucket must refuse new values, not drop old ones", bucket)
 				assert.Equal(t, bucket == wire.BucketNodes, c.AllowRollup, "roll-ups in %s: only the nodes bucket's expiry markers need them", bucket)
 			}
+			reports := streamConfig(t, js, wire.BucketReports)
+			assert.Empty(t, reports.Subjects, "the reports bucket takes no write: only what it sources")
+			own := nodeReportsConfig(t, js, "node1")
+			assert.Equal(t, []string{"$KV.reports.node1.>"}, own.Subjects)
+			assert.Equal(t, tc.wantNodeReportKeys, own.MaxMsgs, "keys of a node's reports")
+			assert.Equal(t, tc.wantNodeReportBytes, own.MaxBytes, "bytes of a node's reports")
+			assert.Equal(t, tc.wantMaxValueSize, own.MaxMsgSize)
+			assert.Equal(t, jetstream.DiscardNew, own.Discard, "a node at its bound must be refused, not drop its own old reports")
+			assert.False(t, own.AllowRollup, "a node must not roll up its own stream")
+			assert.Contains(t, sourceNames(reports), natswire.NodeReportsStream("node1"))
 		})
 	}
 }
@@ -113,7 +129,8 @@ func TestBucketRefusesWritesOverItsLimits(t *testing.T) {
 func TestEnsureBucketsLimitsExistingBuckets(t *testing.T) {
 	ctx := context.Background()
 	js := hubJetStream(t)
-	for _, c := range natswire.KeyValueConfigs(natswire.BucketConfig{}) {
+	old := append(natswire.KeyValueConfigs(natswire.BucketConfig{}), jetstream.KeyValueConfig{Bucket: wire.BucketReports})
+	for _, c := range old {
 		c.MaxBytes, c.MaxValueSize = 0, 0
 		_, err := js.CreateKeyValue(ctx, c)
 		require.NoError(t, err)
@@ -123,15 +140,60 @@ func TestEnsureBucketsLimitsExistingBuckets(t *testing.T) {
 	require.NoError(t, err)
 	_, err = kv.Put(ctx, "node1.vm", []byte("intent"))
 	require.NoError(t, err)
+	reports, err := js.KeyValue(ctx, wire.BucketReports)
+	require.NoError(t, err)
+	_, err = reports.Put(ctx, "node1.vm", []byte("report"))
+	require.NoError(t, err)
 
 	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{}))
-	for _, bucket := range []string{wire.BucketIntents, wire.BucketReports, wire.BucketNodes} {
+	for _, bucket := range []string{wire.BucketIntents, wire.BucketNodes} {
 		c := streamConfig(t, js, bucket)
 		assert.Positive(t, c.MaxBytes, "MaxBytes of %s", bucket)
 		assert.Equal(t, natswire.DefaultMaxValueSize, c.MaxMsgSize, "MaxValueSize of %s", bucket)
 		assert.Equal(t, bucket == wire.BucketNodes, c.AllowRollup, "roll-ups in %s", bucket)
 	}
+	assert.False(t, streamConfig(t, js, wire.BucketReports).AllowRollup, "roll-ups in %s", wire.BucketReports)
 	e, err := kv.Get(ctx, "node1.vm")
 	require.NoError(t, err)
 	assert.Equal(t, []byte("intent"), e.Value())
+
+	// The old reports bucket gave up its subjects, so the node's own
+	// stream can take them, and what it held stays readable.
+	require.NoError(t, natswire.EnsureNodeReports(ctx, js, natswire.BucketConfig{}, "node1"))
+	e, err = reports.Get(ctx, "node1.vm")
+	require.NoError(t, err)
+	assert.Equal(t, []byte("report"), e.Value())
+}
+
+// nodeReportsConfig is the configuration the server holds for node's own
+// reports stream.
+func nodeReportsConfig(t *testing.T, js jetstream.JetStream, node string) jetstream.StreamConfig {
+	t.Helper()
+	s, err := js.Stream(context.Background(), natswire.NodeReportsStream(wire.NodeToken(node)))
+	require.NoError(t, err)
+	return s.CachedInfo().Config
+}
+
+func sourceNames(c jetstream.StreamConfig) []string {
+	var out []string
+	for _, s := range c.Sources {
+		out = append(out, s.Name)
+	}
+	return out
+}
+
+// TestEnsureNodeReportsIsIdempotent: the hub makes a node's stream at each
+// start for every node it heard from, and the bucket sources each once.
+func TestEnsureNodeReportsIsIdempotent(t *testing.T) {
+	ctx := context.Background()
+	js := hubJetStream(t)
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{}))
+	for range 2 {
+		for _, node := range []string{"node1", "node-2.rack-a"} {
+			require.NoError(t, natswire.EnsureNodeReports(ctx, js, natswire.BucketConfig{}, node))
+		}
+	}
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeReportKeys: 10}))
+	assert.ElementsMatch(t, []string{"REPORTS_node1", "REPORTS_node-2_rack-a"}, sourceNames(streamConfig(t, js, wire.BucketReports)))
+	assert.Equal(t, int64(10), nodeReportsConfig(t, js, "node1").MaxMsgs, "a changed bound reaches the nodes' streams at the hub's next start")
 }

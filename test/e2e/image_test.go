@@ -31,6 +31,7 @@ import (
 	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/harness/stack"
+	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
 // TestDiskImages runs the whole system on one node and boots VMs from
@@ -275,7 +276,15 @@ func TestVolumeDeletion(t *testing.T) {
 // kvHas reads key of bucket through JetStream's direct get, as an agent does.
 func kvHas(t *testing.T, nc *nats.Conn, bucket, key string) bool {
 	t.Helper()
-	m, err := nc.Request("$JS.API.DIRECT.GET."+wire.Stream(bucket)+"."+wire.Subject(bucket, key), nil, 5*time.Second)
+	stream := wire.Stream(bucket)
+	if bucket == wire.BucketReports {
+		// A node reads its reports in its own stream, not in the bucket
+		// that sources every node's.
+		var err error
+		stream, err = natswire.NodeReportsStreamOfKey(key)
+		require.NoError(t, err)
+	}
+	m, err := nc.Request("$JS.API.DIRECT.GET."+stream+"."+wire.Subject(bucket, key), nil, 5*time.Second)
 	require.NoError(t, err)
 	switch m.Header.Get("Status") {
 	case "":

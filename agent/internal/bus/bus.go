@@ -106,3 +106,20 @@ func RunHeartbeat(ctx context.Context, b Bus, interval time.Duration, log loggin
 		}
 	}
 }
+
+// BoundError means the node's reports are at their bound
+// (natswire.EnsureNodeReports): a new key was refused, while the keys the
+// node holds still take new values and deleting one frees its room once its
+// marker expires (natswire.ReportDeletedTTL). It says the node reports on
+// more guests, volumes and images than the fleet lets one node hold.
+type BoundError struct {
+	Node string
+	Key  string
+	Err  error
+}
+
+func (e *BoundError) Error() string {
+	return fmt.Sprintf("node %s holds as many reports as a node may; report %s was refused: %v", e.Node, e.Key, e.Err)
+}
+
+func (e *BoundError) Unwrap() error { return e.Err }

@@ -58,6 +58,10 @@ type NATS struct {
 	// resume asks the running watch to resume (ResumeIntents).
 	resume chan struct{}
 
+	// reportsStream is the node's own reports stream
+	// (natswire.NodeReportsStream).
+	reportsStream string
+
 	mu      sync.Mutex
 	reports map[string]stored // by key: what this agent last read or wrote
 }
@@ -96,7 +100,10 @@ func New(nc *nats.Conn, cfg Config) (*NATS, error) {
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot open JetStream")
 	}
-	return &NATS{cfg: cfg, nc: nc, js: js, legacy: legacy, resume: make(chan struct{}, 1), reports: map[string]stored{}}, nil
+	return &NATS{
+		cfg: cfg, nc: nc, js: js, legacy: legacy, resume: make(chan struct{}, 1),
+		reportsStream: natswire.NodeReportsStream(wire.NodeToken(cfg.Node)), reports: map[string]stored{},
+	}, nil
 }
 
 // Rejections counts the intents this bus's watches refused.
@@ -118,7 +125,12 @@ func (n *NATS) Delete(ctx context.Context, key string) error {
 	if err := ownKey(n.cfg.Node, key); err != nil {
 		return err
 	}
-	_, err := n.write(ctx, key, &nats.Msg{Header: nats.Header{hdrOperation: []string{opDelete}}})
+	// The marker expires: it holds one of the node's keys (see
+	// natswire.ReportDeletedTTL).
+	_, err := n.write(ctx, key, &nats.Msg{Header: nats.Header{
+		hdrOperation:       []string{opDelete},
+		natswire.HeaderTTL: []string{natswire.ReportDeletedTTL.String()},
+	}})
 	return err
 }
 
@@ -133,8 +145,9 @@ func (n *NATS) Get(ctx context.Context, key string) ([]byte, error) {
 }
 
 // Keys implements Reports: one look at the last message of each of this
-// node's report subjects, headers only, through a consumer whose filter is
-// the node's prefix (the only one its permissions let it make).
+// node's report subjects, headers only, through a consumer of the node's
+// own reports stream whose filter is the node's prefix (the only one its
+// permissions let it make).
 func (n *NATS) Keys(ctx context.Context) ([]string, error) {
 	prefix, err := wire.NodeKeyPrefix(n.cfg.Node)
 	if err != nil {
@@ -144,7 +157,7 @@ func (n *NATS) Keys(ctx context.Context) ([]string, error) {
 	defer cancel()
 	subjects := wire.Subject(wire.BucketReports, "")
 	sub, err := n.legacy.SubscribeSync(subjects+prefix+">",
-		nats.BindStream(wire.Stream(wire.BucketReports)), nats.OrderedConsumer(), nats.DeliverLastPerSubject(), nats.HeadersOnly())
+		nats.BindStream(n.reportsStream), nats.OrderedConsumer(), nats.DeliverLastPerSubject(), nats.HeadersOnly())
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot list this node's reports")
 	}
@@ -191,6 +204,9 @@ func (n *NATS) write(ctx context.Context, key string, m *nats.Msg) (uint64, erro
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
 			return 0, &ConflictError{Key: key, Err: err}
 		}
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeStoreFailed && atBound(apiErr.Description) {
+			return 0, &BoundError{Node: n.cfg.Node, Key: key, Err: err}
+		}
 		return 0, errors.Wrap(err, "cannot put report")
 	}
 	n.remember(key, stored{revision: ack.Sequence, value: m.Data})
@@ -206,7 +222,9 @@ func (n *NATS) lastReport(ctx context.Context, key string) (stored, error) {
 	if ok {
 		return cur, nil
 	}
-	m, err := n.directGet(ctx, wire.BucketReports, key)
+	// From the node's own stream: the revisions the agent compares and
+	// sets against are that stream's, not the bucket's that sources it.
+	m, err := n.directGet(ctx, n.reportsStream, wire.Subject(wire.BucketReports, key))
 	if err != nil {
 		return stored{}, errors.Wrap(err, "cannot get report")
 	}
@@ -235,11 +253,12 @@ func (n *NATS) forget(key string) {
 	delete(n.reports, key)
 }
 
-// directGet reads the last message of a key, or nil if there is none.
-func (n *NATS) directGet(ctx context.Context, bucket, key string) (*nats.Msg, error) {
+// directGet reads the last message of stream on subject, or nil if there
+// is none.
+func (n *NATS) directGet(ctx context.Context, stream, subject string) (*nats.Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Timeout)
 	defer cancel()
-	subj := "$JS.API.DIRECT.GET." + wire.Stream(bucket) + "." + wire.Subject(bucket, key)
+	subj := "$JS.API.DIRECT.GET." + stream + "." + subject
 	m, err := n.nc.RequestWithContext(ctx, subj, nil)
 	if err != nil {
 		return nil, err
@@ -417,6 +436,17 @@ func (w *intentWatch) handle(m *nats.Msg) {
 	if meta.NumPending == 0 {
 		w.markSynced()
 	}
+}
+
+// jsErrCodeStoreFailed is nats-server's JSStreamStoreFailedF, which it
+// answers a message past a stream's limits with; nats.go names no constant
+// for it.
+const jsErrCodeStoreFailed jetstream.ErrorCode = 10077
+
+// atBound says whether a store failure's description is a stream's limit
+// on messages or bytes (nats-server's ErrMaxMsgs and ErrMaxBytes).
+func atBound(description string) bool {
+	return strings.Contains(description, "maximum messages exceeded") || strings.Contains(description, "maximum bytes exceeded")
 }
 
 // isDeletion reports a KV delete or purge, or a server marker for a key that

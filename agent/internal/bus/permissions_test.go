@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/natstest"
 	"github.com/virtfleet/virtfleet/internal/natswire"
@@ -126,13 +128,21 @@ func TestAgentPermissions(t *testing.T) {
 			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_intents.$KV.intents.node1.vm-a", nil))
 		}},
 		"ListsOwnReports": {allowed: true, op: func(nc *nats.Conn) error {
-			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_reports.r1."+ownReports, consumerOf("KV_reports", ownReports)))
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.REPORTS_node1.r1."+ownReports, consumerOf("REPORTS_node1", ownReports)))
 		}},
 		"CannotListOtherNodesReports": {wantViolation: true, op: func(nc *nats.Conn) error {
-			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_reports.r2."+theirReports, consumerOf("KV_reports", theirReports)))
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.REPORTS_node2.r2."+theirReports, consumerOf("REPORTS_node2", theirReports)))
+		}},
+		// The bucket the hub watches sources every node's reports: an agent
+		// reads only its own stream.
+		"CannotListReportsFromTheBucket": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_reports.r4."+ownReports, consumerOf("KV_reports", ownReports)))
+		}},
+		"CannotGetReportsFromTheBucket": {wantViolation: true, op: func(nc *nats.Conn) error {
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_reports.$KV.reports.node1.vm-a", nil))
 		}},
 		"CannotSmuggleOtherReportsFilterInConsumerBody": {op: func(nc *nats.Conn) error {
-			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.KV_reports.r3."+ownReports, consumerOf("KV_reports", theirReports)))
+			return apiOK(request(nc, "$JS.API.CONSUMER.CREATE.REPORTS_node1.r3."+ownReports, consumerOf("REPORTS_node1", theirReports)))
 		}},
 		"WritesOwnReport":    {allowed: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.reports.node1.vm-a") }},
 		"WritesOwnHeartbeat": {allowed: true, op: func(nc *nats.Conn) error { return publishAcked(nc, "$KV.nodes.node1") }},
@@ -147,13 +157,13 @@ func TestAgentPermissions(t *testing.T) {
 			if err := publishAcked(nc, "$KV.reports.node1.image.img-b"); err != nil {
 				return err
 			}
-			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_reports.$KV.reports.node1.image.img-b", nil))
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.REPORTS_node1.$KV.reports.node1.image.img-b", nil))
 		}},
 		"CannotWriteOtherNodesImageReport": {wantViolation: true, op: func(nc *nats.Conn) error {
 			return publishAcked(nc, "$KV.reports.node2.image.img-a")
 		}},
 		"CannotGetOtherNodesImageReport": {wantViolation: true, op: func(nc *nats.Conn) error {
-			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_reports.$KV.reports.node2.image.img-a", nil))
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.REPORTS_node2.$KV.reports.node2.image.img-a", nil))
 		}},
 		// And snapshot keys: an agent reports its own snapshots, reads back
 		// what it reported before a restart, and touches no other node's.
@@ -162,13 +172,13 @@ func TestAgentPermissions(t *testing.T) {
 			if err := publishAcked(nc, "$KV.reports.node1.snapshot.snap-b"); err != nil {
 				return err
 			}
-			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_reports.$KV.reports.node1.snapshot.snap-b", nil))
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.REPORTS_node1.$KV.reports.node1.snapshot.snap-b", nil))
 		}},
 		"CannotWriteOtherNodesSnapshotReport": {wantViolation: true, op: func(nc *nats.Conn) error {
 			return publishAcked(nc, "$KV.reports.node2.snapshot.snap-a")
 		}},
 		"CannotGetOtherNodesSnapshotReport": {wantViolation: true, op: func(nc *nats.Conn) error {
-			return apiOK(request(nc, "$JS.API.DIRECT.GET.KV_reports.$KV.reports.node2.snapshot.snap-a", nil))
+			return apiOK(request(nc, "$JS.API.DIRECT.GET.REPORTS_node2.$KV.reports.node2.snapshot.snap-a", nil))
 		}},
 		"CannotWriteOwnSnapshotIntent": {wantViolation: true, op: func(nc *nats.Conn) error {
 			return publishAcked(nc, "$KV.intents.node1.snapshot.snap-a")
@@ -276,7 +286,7 @@ func TestAgentPermissions(t *testing.T) {
 			return apiOK(request(nc, "$JS.API.STREAM.PURGE.KV_nodes", nil))
 		}},
 		"CannotPurgeOwnKeys": {wantViolation: true, op: func(nc *nats.Conn) error {
-			return apiOK(request(nc, "$JS.API.STREAM.PURGE.KV_reports", map[string]any{"filter": "$KV.reports.node1.>"}))
+			return apiOK(request(nc, "$JS.API.STREAM.PURGE.REPORTS_node1", map[string]any{"filter": "$KV.reports.node1.>"}))
 		}},
 		"CannotCreateStream": {wantViolation: true, op: func(nc *nats.Conn) error {
 			return apiOK(request(nc, "$JS.API.STREAM.CREATE.KV_evil", map[string]any{"name": "KV_evil", "subjects": []string{"$KV.intents.>"}}))
@@ -398,4 +408,74 @@ func TestANodeCannotRemoveAnotherNodesKeys(t *testing.T) {
 			require.NoError(t, err, "the node's own earlier report is gone")
 		})
 	}
+}
+
+// TestANodeCannotFillTheReportsBucket plays a stolen node credential
+// against the reports bucket every node shares. The attacker holds node1's
+// seed and publishes new report keys under node1's own prefix, which its
+// permissions allow, as fast as the server acks them: with small values
+// until the node's bound in keys, with large ones until its bound in bytes.
+// Its writes past the bound are refused, the keys it holds still take new
+// values, and node2's agent still writes new reports, which reach the
+// bucket the hub watches.
+func TestANodeCannotFillTheReportsBucket(t *testing.T) {
+	ctx := context.Background()
+	const keys, bytes = 64, 64 << 10
+	cases := map[string]struct {
+		value    int
+		maxTaken int // the bound the attacker meets first
+	}{
+		"NewKeysUntilTheKeyBound":      {value: 16, maxTaken: keys},
+		"LargeValuesUntilTheByteBound": {value: 8 << 10, maxTaken: bytes / (8 << 10)},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			srv, js, agents := natstest.NewFleet(t, natswire.BucketConfig{NodeReportKeys: keys, NodeReportBytes: bytes}, "node1", "node2")
+			bucket, err := js.KeyValue(ctx, wire.BucketReports)
+			require.NoError(t, err)
+
+			nc, _ := natstest.Connect(t, srv, agents["node1"])
+			attacker, err := jetstream.New(nc)
+			require.NoError(t, err)
+			junk := []byte(strings.Repeat("x", tc.value))
+			taken := 0
+			for ; taken <= 2*keys; taken++ {
+				if _, err = attacker.Publish(ctx, fmt.Sprintf("$KV.reports.node1.junk-%d", taken), junk); err != nil {
+					break
+				}
+			}
+			require.Error(t, err, "the node's reports must be bounded")
+			t.Logf("refused after %d keys: %v", taken, err)
+			assert.LessOrEqual(t, taken, tc.maxTaken, "the node holds no more than its bound")
+			_, err = attacker.Publish(ctx, "$KV.reports.node1.junk-0", []byte("{}"))
+			require.NoError(t, err, "a key the node holds takes a new value at its bound")
+
+			node2, _, _ := (&fleet{srv: srv, agents: agents}).agent(t, "node2")
+			for _, uid := range []string{"vm-b", "vm-c"} {
+				_, err = putReport(node2, wire.Report{UID: uid, Node: "node2", Phase: wire.PhaseRunning})
+				require.NoError(t, err, "another node's reports are taken")
+				require.Eventually(t, func() bool {
+					_, err := bucket.Get(ctx, "node2."+uid)
+					return err == nil
+				}, 5*time.Second, 10*time.Millisecond, "another node's report reaches the bucket the hub watches")
+			}
+		})
+	}
+}
+
+// TestAnAgentIsToldItsReportsAreAtTheirBound: the agent's own bus names
+// the refusal, so what it logs says why.
+func TestAnAgentIsToldItsReportsAreAtTheirBound(t *testing.T) {
+	srv, _, agents := natstest.NewFleet(t, natswire.BucketConfig{NodeReportKeys: 2}, "node1")
+	b, _, _ := (&fleet{srv: srv, agents: agents}).agent(t, "node1")
+	for _, uid := range []string{"vm-a", "vm-b"} {
+		_, err := putReport(b, wire.Report{UID: uid, Node: "node1"})
+		require.NoError(t, err)
+	}
+	_, err := putReport(b, wire.Report{UID: "vm-c", Node: "node1"})
+	var bound *bus.BoundError
+	require.ErrorAs(t, err, &bound)
+	assert.Equal(t, "node1.vm-c", bound.Key)
+	_, err = putReport(b, wire.Report{UID: "vm-a", Node: "node1", Phase: wire.PhaseRunning})
+	require.NoError(t, err, "a report the node holds is still updated")
 }

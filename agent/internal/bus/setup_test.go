@@ -2,6 +2,8 @@ package bus_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,8 +23,71 @@ type fleet struct {
 	srv     *natstest.Server
 	js      jetstream.JetStream // the hub's
 	intents jetstream.KeyValue  // written as the hub
-	reports jetstream.KeyValue
-	agents  map[string]natswire.Identity
+	// reports are the report keys where the agents write them.
+	reports nodeReports
+	// bucket is the reports bucket the hub watches, which sources them.
+	bucket jetstream.KeyValue
+	agents map[string]natswire.Identity
+}
+
+// nodeReports reads and writes report keys in their node's own stream
+// (natswire.NodeReportsStream), whose revisions are those the agent
+// compares and sets against. The bucket that sources it follows a moment
+// later.
+type nodeReports struct{ js jetstream.JetStream }
+
+// reportEntry is a report key's last value in its node's stream.
+type reportEntry struct{ m *jetstream.RawStreamMsg }
+
+func (e reportEntry) Key() string {
+	return strings.TrimPrefix(e.m.Subject, wire.Subject(wire.BucketReports, ""))
+}
+func (e reportEntry) Value() []byte    { return e.m.Data }
+func (e reportEntry) Revision() uint64 { return e.m.Sequence }
+
+// Get is key's value, or jetstream.ErrKeyNotFound if it has none or was
+// deleted.
+func (r nodeReports) Get(ctx context.Context, key string) (reportEntry, error) {
+	name, err := natswire.NodeReportsStreamOfKey(key)
+	if err != nil {
+		return reportEntry{}, err
+	}
+	s, err := r.js.Stream(ctx, name)
+	if err != nil {
+		return reportEntry{}, err
+	}
+	m, err := s.GetLastMsgForSubject(ctx, wire.Subject(wire.BucketReports, key))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return reportEntry{}, jetstream.ErrKeyNotFound
+	case err != nil:
+		return reportEntry{}, err
+	case m.Header.Get("KV-Operation") != "":
+		return reportEntry{}, jetstream.ErrKeyNotFound
+	}
+	return reportEntry{m: m}, nil
+}
+
+// Put writes key as its node's agent would, unconditionally.
+func (r nodeReports) Put(ctx context.Context, key string, value []byte) (uint64, error) {
+	ack, err := r.js.Publish(ctx, wire.Subject(wire.BucketReports, key), value)
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// Count is how many messages node's stream holds.
+func (r nodeReports) Count(ctx context.Context, node string) (uint64, error) {
+	s, err := r.js.Stream(ctx, natswire.NodeReportsStream(wire.NodeToken(node)))
+	if err != nil {
+		return 0, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.Msgs, nil
 }
 
 func newFleet(t testing.TB) *fleet {
@@ -33,7 +98,8 @@ func newFleet(t testing.TB) *fleet {
 	var err error
 	f.intents, err = js.KeyValue(ctx, wire.BucketIntents)
 	require.NoError(t, err)
-	f.reports, err = js.KeyValue(ctx, wire.BucketReports)
+	f.reports = nodeReports{js: js}
+	f.bucket, err = js.KeyValue(ctx, wire.BucketReports)
 	require.NoError(t, err)
 	return f
 }

@@ -121,9 +121,11 @@ type Config struct {
 	MigrationsPerFleet, MigrationsPerNode, MigrationsPerNamespace int
 	// NodeTTL is the heartbeat bucket's TTL when the hub creates it.
 	NodeTTL time.Duration
-	// BucketMaxBytes bounds the intents and the reports bucket each, and
-	// NodesBucketMaxBytes the nodes bucket; 0 means natswire's defaults.
+	// BucketMaxBytes bounds the intents bucket, NodesBucketMaxBytes the
+	// nodes bucket, and NodeReportKeys and NodeReportBytes the reports of
+	// each node; 0 means natswire's defaults.
 	BucketMaxBytes, NodesBucketMaxBytes int64
+	NodeReportKeys, NodeReportBytes     int64
 	// IntentBytesPerNamespace bounds what the intents of one namespace's
 	// VMs take of the intents bucket; 0 means a quarter of BucketMaxBytes.
 	IntentBytesPerNamespace int64
@@ -306,7 +308,10 @@ func Run(ctx context.Context, c Config) error {
 	if err := leftovers.Setup(ctx, mgr); err != nil {
 		return err
 	}
-	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{NodeTTL: c.NodeTTL, MaxBytes: c.BucketMaxBytes, NodesMaxBytes: c.NodesBucketMaxBytes}, func(f *fleet.Fleet) {
+	pool := fleet.NewPool(ctx, log, recorder, natswire.BucketConfig{
+		NodeTTL: c.NodeTTL, MaxBytes: c.BucketMaxBytes, NodesMaxBytes: c.NodesBucketMaxBytes,
+		NodeReportKeys: c.NodeReportKeys, NodeReportBytes: c.NodeReportBytes,
+	}, func(f *fleet.Fleet) {
 		f.WithAllowances(allowances)
 		f.Guests.Subscribe(notifier.Notify)
 		f.Guests.Subscribe(migrations.Notify)

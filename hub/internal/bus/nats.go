@@ -6,6 +6,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,7 +45,13 @@ type Config struct {
 // NATS is the Bus over JetStream key-value buckets.
 type NATS struct {
 	nc      *nats.Conn
+	js      jetstream.JetStream
+	cfg     natswire.BucketConfig
 	buckets map[string]jetstream.KeyValue
+
+	// reporting are the nodes whose own reports stream the reports bucket
+	// sources (natswire.EnsureNodeReports), by stream name.
+	reporting sync.Map
 
 	log     logging.Logger
 	rej     *natswire.Rejections
@@ -65,7 +72,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 	if err := natswire.EnsureBuckets(ctx, js, cfg.Buckets); err != nil {
 		return nil, err
 	}
-	n := &NATS{nc: nc, log: cfg.Log, rej: cfg.Rejections, retry: cfg.RetryInterval, timeout: cfg.Timeout, conn: watchConnection(nc)}
+	n := &NATS{nc: nc, js: js, cfg: cfg.Buckets, log: cfg.Log, rej: cfg.Rejections, retry: cfg.RetryInterval, timeout: cfg.Timeout, conn: watchConnection(nc)}
 	if n.log == nil {
 		n.log = logging.NewNopLogger()
 	}
@@ -83,6 +90,13 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 		if n.buckets[name], err = js.KeyValue(ctx, name); err != nil {
 			return nil, errors.Wrapf(err, "cannot bind bucket %s", name)
 		}
+	}
+	reports, err := js.Stream(ctx, wire.Stream(wire.BucketReports))
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot read bucket %s", wire.BucketReports)
+	}
+	for _, src := range reports.CachedInfo().Config.Sources {
+		n.reporting.Store(src.Name, true)
 	}
 	return n, nil
 }
@@ -141,6 +155,9 @@ func (n *NATS) Rejections() *natswire.Rejections { return n.rej }
 // Put implements Bus: it stores value under key, compare-and-set against
 // the revision read just before.
 func (n *NATS) Put(ctx context.Context, bucket, key string, value []byte) (uint64, error) {
+	if bucket == wire.BucketReports {
+		return 0, errReportsAreTheNodes
+	}
 	kv, err := n.bucket(bucket)
 	if err != nil {
 		return 0, err
@@ -167,8 +184,16 @@ func (n *NATS) Put(ctx context.Context, bucket, key string, value []byte) (uint6
 	return rev, errors.Wrapf(err, "cannot put %s", key)
 }
 
+// errReportsAreTheNodes refuses a write of a report by revision: the
+// reports bucket's revisions are not those of the node's stream a write
+// lands in (natswire.EnsureNodeReports), and the hub writes no report.
+var errReportsAreTheNodes = errors.New("the hub writes no report and deletes one only by key: the bucket's revisions are not its node's stream's")
+
 // Delete implements Bus: it removes key if present, compare-and-set.
 func (n *NATS) Delete(ctx context.Context, bucket, key string) error {
+	if bucket == wire.BucketReports {
+		return n.deleteReport(ctx, key)
+	}
 	kv, err := n.bucket(bucket)
 	if err != nil {
 		return err
@@ -185,8 +210,49 @@ func (n *NATS) Delete(ctx context.Context, bucket, key string) error {
 	return n.DeleteAt(ctx, bucket, key, cur.Revision())
 }
 
+// deleteReport removes the report key if present, compare-and-set in the
+// node's own stream, where the key lives; its marker expires as the
+// agent's do (natswire.ReportDeletedTTL).
+func (n *NATS) deleteReport(ctx context.Context, key string) error {
+	stream, err := natswire.NodeReportsStreamOfKey(key)
+	if err != nil {
+		return err
+	}
+	ctx, done := n.request(ctx)
+	defer done()
+	s, err := n.js.Stream(ctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil // the node never reported
+	}
+	if err != nil {
+		return errors.Wrapf(err, "cannot get %s", key)
+	}
+	subject := wire.Subject(wire.BucketReports, key)
+	m, err := s.GetLastMsgForSubject(ctx, subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil
+	case err != nil:
+		return errors.Wrapf(err, "cannot get %s", key)
+	case m.Header.Get("KV-Operation") != "":
+		return nil // deleted already
+	}
+	_, err = n.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: nats.Header{
+		"KV-Operation":     []string{"DEL"},
+		natswire.HeaderTTL: []string{natswire.ReportDeletedTTL.String()},
+	}}, jetstream.WithExpectLastSequencePerSubject(m.Sequence))
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return &ConflictError{Key: key, Err: err}
+	}
+	return errors.Wrapf(err, "cannot delete %s", key)
+}
+
 // DeleteAt implements Bus.
 func (n *NATS) DeleteAt(ctx context.Context, bucket, key string, revision uint64) error {
+	if bucket == wire.BucketReports {
+		return errReportsAreTheNodes
+	}
 	kv, err := n.bucket(bucket)
 	if err != nil {
 		return err
@@ -250,18 +316,43 @@ func (n *NATS) Watch(ctx context.Context, bucket string, fn func(Entry) error) e
 	})
 }
 
-// WatchNodes implements Bus.
+// WatchNodes implements Bus. A node's first heartbeat gives it its own
+// reports stream before the node is told of (natswire.EnsureNodeReports):
+// nothing is placed on a node the hub has not heard from, so its reports
+// are taken by the time it has any.
 func (n *NATS) WatchNodes(ctx context.Context, fn func(NodeEvent)) error {
 	return n.watch(ctx, n.buckets[wire.BucketNodes], func(e jetstream.KeyValueEntry) error {
 		if e == nil {
 			return nil
 		}
 		ev, err := nodeEvent(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut, e.Value())
-		if err == nil {
-			fn(ev)
+		if err != nil {
+			return err
 		}
-		return err
+		if !ev.Lost {
+			if err := n.ensureReporting(ctx, ev.Node); err != nil {
+				n.log.Info("Cannot take the node's reports yet", "node", ev.Node, "error", err)
+			}
+		}
+		fn(ev)
+		return nil
 	})
+}
+
+// ensureReporting gives node its own reports stream, once; a failure is
+// tried again at its next heartbeat.
+func (n *NATS) ensureReporting(ctx context.Context, node string) error {
+	stream := natswire.NodeReportsStream(wire.NodeToken(node))
+	if _, ok := n.reporting.Load(stream); ok {
+		return nil
+	}
+	ctx, done := n.request(ctx)
+	defer done()
+	if err := natswire.EnsureNodeReports(ctx, n.js, n.cfg, node); err != nil {
+		return err
+	}
+	n.reporting.Store(stream, true)
+	return nil
 }
 
 // bucket is the bound bucket of that name.
@@ -442,6 +533,50 @@ func (n *NATS) BucketUsage(ctx context.Context) ([]BucketUsage, error) {
 			servers = info.Cluster.Name
 		}
 		out = append(out, BucketUsage{NATS: servers, Bucket: name, Bytes: int64(info.State.Bytes), MaxBytes: info.Config.MaxBytes, Values: info.State.Msgs}) //nolint:gosec // a stream's bytes fit
+	}
+	return out, nil
+}
+
+// NodeReportUsage is how full one node's own reports stream is
+// (natswire.EnsureNodeReports).
+type NodeReportUsage struct {
+	// NATS names the servers holding the stream, as BucketUsage does.
+	NATS string
+	Node string
+	// Values are the report keys the node holds (values and the markers
+	// of deleted ones), Bytes what they take; past either Max the node's
+	// new reports are refused.
+	Values, MaxValues int64
+	Bytes, MaxBytes   int64
+}
+
+// NodeReportUsage reads how full each node's reports are, in one listing
+// of the streams that take reports.
+func (n *NATS) NodeReportUsage(ctx context.Context) ([]NodeReportUsage, error) {
+	server := n.nc.ConnectedServerName()
+	var out []NodeReportUsage
+	list := n.js.ListStreams(ctx, jetstream.WithStreamListSubject(wire.Subject(wire.BucketReports, ">")))
+	for info := range list.Info() {
+		if len(info.Config.Subjects) != 1 || !strings.HasPrefix(info.Config.Name, "REPORTS_") {
+			continue
+		}
+		token := strings.TrimSuffix(strings.TrimPrefix(info.Config.Subjects[0], wire.Subject(wire.BucketReports, "")), ".>")
+		node, err := wire.NodeFromToken(token)
+		if err != nil {
+			continue
+		}
+		servers := server
+		if info.Cluster != nil && info.Cluster.Name != "" {
+			servers = info.Cluster.Name
+		}
+		out = append(out, NodeReportUsage{
+			NATS: servers, Node: node,
+			Values: int64(info.State.Msgs), MaxValues: info.Config.MaxMsgs, //nolint:gosec // a stream's messages fit
+			Bytes: int64(info.State.Bytes), MaxBytes: info.Config.MaxBytes, //nolint:gosec // a stream's bytes fit
+		})
+	}
+	if err := list.Err(); err != nil {
+		return nil, errors.Wrap(err, "cannot list the nodes' reports")
 	}
 	return out, nil
 }

@@ -22,13 +22,16 @@ const testNodeTTL = 3 * time.Second
 
 func newHub(t *testing.T) (*bus.NATS, jetstream.JetStream, *natstest.Server, map[string]natswire.Identity) {
 	t.Helper()
-	hub, agents, users := natstest.Identities(t, "node1")
+	hub, agents, users := natstest.Identities(t, "node1", "node2")
 	srv := natstest.New(t, users...)
 	nc, _ := natstest.Connect(t, srv, hub)
 	b, err := bus.New(context.Background(), nc, bus.Config{Buckets: natswire.BucketConfig{NodeTTL: testNodeTTL}, RetryInterval: 100 * time.Millisecond})
 	require.NoError(t, err)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
+	// As the hub does at node1's first heartbeat, which these tests'
+	// node1 may never send.
+	require.NoError(t, natswire.EnsureNodeReports(context.Background(), js, natswire.BucketConfig{}, "node1"))
 	return b, js, srv, agents
 }
 
@@ -157,6 +160,34 @@ func TestLostNodeIsPurged(t *testing.T) {
 
 	next(t, events, 3*testNodeTTL, func(e bus.NodeEvent) bool { return e.Lost && e.Node == "node1" })
 	assert.InDelta(t, testNodeTTL.Seconds(), time.Since(lastPut).Seconds(), 1.5, "purge should follow the last put by about one TTL")
+}
+
+// TestANodesFirstHeartbeatMakesRoomForItsReports: a node the hub never
+// heard from has nowhere to report to; its first heartbeat gives it its own
+// reports stream before the hub's fleet hears of the node, and what it
+// reports then reaches the bucket the hub watches.
+func TestANodesFirstHeartbeatMakesRoomForItsReports(t *testing.T) {
+	b, _, srv, agents := newHub(t)
+	events := collect(t, b.WatchNodes)
+	entries := watch(t, b, wire.BucketReports, nil)
+	nc, _ := natstest.Connect(t, srv, agents["node2"])
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	report, err := wire.EncodeReport(wire.Report{UID: "vm-a", Node: "node2"})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "$KV.reports.node2.vm-a", report)
+	require.Error(t, err, "no stream takes the reports of a node never heard from")
+
+	hb, err := wire.EncodeNodeHeartbeat(wire.NodeHeartbeat{Node: "node2", Backend: "libvirt"})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "$KV.nodes.node2", hb)
+	require.NoError(t, err)
+	next(t, events, 5*time.Second, func(e bus.NodeEvent) bool { return !e.Lost && e.Node == "node2" })
+	_, err = js.Publish(ctx, "$KV.reports.node2.vm-a", report)
+	require.NoError(t, err, "the node's reports are taken once the hub heard from it")
+	got := next(t, entries, 5*time.Second, func(e bus.Entry) bool { return e.Key == "node2.vm-a" })
+	assert.Equal(t, report, got.Value)
 }
 
 // TestWatchCountsRefusedEntriesAndCarriesOn: an entry the watch's handler

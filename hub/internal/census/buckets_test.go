@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -66,6 +67,52 @@ func TestBucketGauges(t *testing.T) {
 		"# TYPE virtfleet_hub_nats_bucket_max_bytes gauge\n" +
 		`virtfleet_hub_nats_bucket_max_bytes{bucket="intents",nats="` + intents.NATS + `"} 1.048576e+06` + "\n" +
 		`virtfleet_hub_nats_bucket_max_bytes{bucket="nodes",nats="` + intents.NATS + `"} 524288` + "\n" +
-		`virtfleet_hub_nats_bucket_max_bytes{bucket="reports",nats="` + intents.NATS + `"} 1.048576e+06` + "\n"
+		`virtfleet_hub_nats_bucket_max_bytes{bucket="reports",nats="` + intents.NATS + `"} -1` + "\n"
 	assert.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "virtfleet_hub_nats_bucket_max_bytes"))
+}
+
+// TestNodeReportGauges: each node's reports are shown against their bound,
+// once per server, so a node at its bound is seen.
+func TestNodeReportGauges(t *testing.T) {
+	hub, agents, users := natstest.Identities(t, "node1", "node-2.rack-a")
+	srv := natstest.New(t, users...)
+	ctx := context.Background()
+	cfg := natswire.BucketConfig{NodeReportKeys: 2, NodeReportBytes: 1 << 20}
+	fleets := make([]*fleet.Fleet, 2)
+	for i := range fleets {
+		nc, _ := natstest.Connect(t, srv, hub)
+		b, err := bus.New(ctx, nc, bus.Config{Buckets: cfg})
+		require.NoError(t, err)
+		fleets[i] = fleet.New(b, logging.NewNopLogger())
+		js, err := jetstream.New(nc)
+		require.NoError(t, err)
+		for node := range agents {
+			require.NoError(t, natswire.EnsureNodeReports(ctx, js, cfg, node))
+		}
+	}
+	nc, _ := natstest.Connect(t, srv, agents["node1"])
+	node1, err := jetstream.New(nc)
+	require.NoError(t, err)
+	for _, key := range []string{"a", "b", "c"} {
+		_, err = node1.Publish(ctx, "$KV.reports.node1."+key, []byte("{}"))
+	}
+	require.Error(t, err, "node1 is at its bound")
+
+	elected := make(chan struct{})
+	close(elected)
+	kube := fake.NewClientBuilder().WithScheme(runtime.NewScheme()).Build()
+	c := New(kube, func() []*fleet.Fleet { return fleets }, elected, logging.NewNopLogger())
+	usage, err := fleets[0].Bus.(*bus.NATS).NodeReportUsage(ctx)
+	require.NoError(t, err)
+	require.Len(t, usage, 2)
+	server := usage[0].NATS
+	want := "# HELP virtfleet_hub_node_reports_values Report keys a node's own reports stream holds: its reports and the markers of deleted ones.\n" +
+		"# TYPE virtfleet_hub_node_reports_values gauge\n" +
+		`virtfleet_hub_node_reports_values{nats="` + server + `",node="node-2.rack-a"} 0` + "\n" +
+		`virtfleet_hub_node_reports_values{nats="` + server + `",node="node1"} 2` + "\n" +
+		"# HELP virtfleet_hub_node_reports_max_values The keys a node's reports may hold: past it the node's new reports are refused, and no other node's.\n" +
+		"# TYPE virtfleet_hub_node_reports_max_values gauge\n" +
+		`virtfleet_hub_node_reports_max_values{nats="` + server + `",node="node-2.rack-a"} 2` + "\n" +
+		`virtfleet_hub_node_reports_max_values{nats="` + server + `",node="node1"} 2` + "\n"
+	assert.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "virtfleet_hub_node_reports_values", "virtfleet_hub_node_reports_max_values"))
 }

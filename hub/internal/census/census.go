@@ -46,7 +46,7 @@ func New(cache client.Reader, fleets func() []*fleet.Fleet, elected <-chan struc
 
 // Describe sends the descriptors of every gauge.
 func (c *Census) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.VMBackups, metrics.NodeCapacity, metrics.NodeAllocated, metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat, metrics.BucketBytes, metrics.BucketMaxBytes, metrics.BucketValues} {
+	for _, d := range []*prometheus.Desc{metrics.VMs, metrics.DiskImages, metrics.VMSnapshots, metrics.VMBackups, metrics.NodeCapacity, metrics.NodeAllocated, metrics.NodeVMs, metrics.NodeReady, metrics.NodeLastHeartbeat, metrics.BucketBytes, metrics.BucketMaxBytes, metrics.BucketValues, metrics.NodeReportValues, metrics.NodeReportMaxValues, metrics.NodeReportBytes, metrics.NodeReportMaxBytes} {
 		ch <- d
 	}
 }
@@ -119,10 +119,12 @@ func (c *Census) Collect(ch chan<- prometheus.Metric) {
 // (*bus.NATS).
 type bucketReader interface {
 	BucketUsage(ctx context.Context) ([]bus.BucketUsage, error)
+	NodeReportUsage(ctx context.Context) ([]bus.NodeReportUsage, error)
 }
 
-// collectBuckets sends how full each fleet's buckets are, so that an alert
-// can warn before a bucket refuses writes. Fleets on the same servers send
+// collectBuckets sends how full each fleet's buckets are, and each node's
+// reports, so that an alert can warn before a bucket refuses writes and
+// show a node at its bound. Fleets on the same servers send
 // them once; a fleet whose servers do not answer sends none.
 func (c *Census) collectBuckets(ctx context.Context, ch chan<- prometheus.Metric) {
 	sent := map[[2]string]bool{}
@@ -142,6 +144,20 @@ func (c *Census) collectBuckets(ctx context.Context, ch chan<- prometheus.Metric
 				ch <- gauge(metrics.BucketBytes, float64(u.Bytes), u.NATS, u.Bucket)
 				ch <- gauge(metrics.BucketMaxBytes, float64(u.MaxBytes), u.NATS, u.Bucket)
 				ch <- gauge(metrics.BucketValues, float64(u.Values), u.NATS, u.Bucket)
+			}
+		}
+		nodes, err := r.NodeReportUsage(ctx)
+		if err != nil {
+			c.log.Debug("Cannot read the nodes' reports usage", "error", err)
+			continue
+		}
+		for _, u := range nodes {
+			if k := [2]string{u.NATS, "node " + u.Node}; !sent[k] {
+				sent[k] = true
+				ch <- gauge(metrics.NodeReportValues, float64(u.Values), u.NATS, u.Node)
+				ch <- gauge(metrics.NodeReportMaxValues, float64(u.MaxValues), u.NATS, u.Node)
+				ch <- gauge(metrics.NodeReportBytes, float64(u.Bytes), u.NATS, u.Node)
+				ch <- gauge(metrics.NodeReportMaxBytes, float64(u.MaxBytes), u.NATS, u.Node)
 			}
 		}
 	}

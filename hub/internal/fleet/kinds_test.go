@@ -60,6 +60,7 @@ func newNATSFleet(t *testing.T) *natsFleet {
 	require.NoError(t, err)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
+	require.NoError(t, natswire.EnsureNodeReports(ctx, js, natswire.BucketConfig{}, "node1"))
 	reports, err := js.KeyValue(ctx, wire.BucketReports)
 	require.NoError(t, err)
 	anc, _ := natstest.Connect(t, srv, agents["node1"])
@@ -174,7 +175,6 @@ func TestTheReportWatchRefusesBadReports(t *testing.T) {
 		"CorruptReport":               {key: "node1.vm-x", value: `not json`, reason: natswire.ReasonDecode},
 		"NewerReport":                 {key: "node1.vm-y", value: `{"protocolVersion":2,"uid":"vm-y","node":"node1"}`, reason: natswire.ReasonVersion},
 		"ReportForOtherNode":          {key: "node1.vm-z", value: `{"protocolVersion":1,"uid":"vm-z","node":"node2"}`, reason: natswire.ReasonMismatch},
-		"KeyWithoutNodeToken":         {key: "vm-q", value: `{"protocolVersion":1,"uid":"vm-q","node":"node1"}`, reason: natswire.ReasonKey},
 		"CorruptVolumeReport":         {key: "node1.volume.vol-x", value: `not json`, reason: natswire.ReasonDecode},
 		"NewerVolumeReport":           {key: "node1.volume.vol-y", value: `{"protocolVersion":2,"uid":"vol-y"}`, reason: natswire.ReasonVersion},
 		"VolumeReportForOtherUID":     {key: "node1.volume.vol-z", value: `{"protocolVersion":1,"uid":"vol-other"}`, reason: natswire.ReasonMismatch},
@@ -202,4 +202,8 @@ func TestTheReportWatchRefusesBadReports(t *testing.T) {
 			assert.Equal(t, before+1, f.bus.Rejections().Count(tc.reason))
 		})
 	}
+	// A key without a node token is refused by the watch too (ReasonKey),
+	// but it cannot even be written: no node's reports stream takes it.
+	_, err := f.reports.Put(ctx, "vm-q", []byte(`{"protocolVersion":1,"uid":"vm-q","node":"node1"}`))
+	require.Error(t, err, "a report key outside every node's prefix")
 }

@@ -148,7 +148,8 @@ func Identities(t testing.TB, nodes ...string) (hub natswire.Identity, agents ma
 
 // NewFleet starts a server for a test with a hub identity and one agent
 // identity per node, and creates the wire's buckets as the hub does (cfg),
-// over the hub's connection. It returns the server, the hub's JetStream
+// over the hub's connection, with each node's reports stream as the hub
+// makes it at the node's first heartbeat. It returns the server, the hub's JetStream
 // and the nodes' identities.
 func NewFleet(t testing.TB, cfg natswire.BucketConfig, nodes ...string) (*Server, jetstream.JetStream, map[string]natswire.Identity) {
 	t.Helper()
@@ -161,6 +162,11 @@ func NewFleet(t testing.TB, cfg natswire.BucketConfig, nodes ...string) (*Server
 	}
 	if err := natswire.EnsureBuckets(context.Background(), js, cfg); err != nil {
 		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if err := natswire.EnsureNodeReports(context.Background(), js, cfg, n); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return srv, js, agents
 }

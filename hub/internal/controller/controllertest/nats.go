@@ -68,6 +68,9 @@ func startNATS(t *testing.T, ttl time.Duration, allowances *fleet.Allowances, no
 		require.NoError(t, err)
 	}
 	for _, node := range nodes {
+		// As the hub does at the node's first heartbeat, which a test's
+		// agent may never send.
+		require.NoError(t, natswire.EnsureNodeReports(ctx, js, natswire.BucketConfig{}, node))
 		anc, _ := natstest.Connect(t, srv, ids[node])
 		ajs, err := jetstream.New(anc)
 		require.NoError(t, err)
