@@ -350,8 +350,14 @@ func (e *external) ensure(ctx context.Context, vm *v1alpha1.VirtualMachine, d de
 		return err
 	}
 	if m, ok := MigrationOf(vm, e.fleet); ok && (bound == node || bound == m.Target) {
-		// A placed VM's volumes are bound already; during a migration they
-		// are bound to the target just before the VM moves there.
+		// During a migration the VM's Volumes are bound to the target just
+		// before the VM moves there. A Volume given to the VM meanwhile is
+		// admitted and bound beside them, as on a VM that stays: published
+		// unbound, it would pass only the quota's question, and two given
+		// at once could both pass a quota that takes one.
+		if err := e.bindVolumes(ctx, vm, d, bound); err != nil {
+			return err
+		}
 		return e.publish(ctx, vm, d, node)
 	}
 	if bound != "" && bound != node && len(d.volumesOn(bound)) == 0 {

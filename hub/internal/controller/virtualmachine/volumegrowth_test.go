@@ -25,6 +25,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/providerconfig"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet/fleettest"
+	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
 	"github.com/virtfleet/virtfleet/hub/internal/quota"
 )
@@ -284,7 +285,8 @@ func TestAVolumeAttachedToAPlacedVMIsAdmitted(t *testing.T) {
 // together, not each alone: the hub reconciles the VMs side by side (or
 // one VM given both), and asks about every Volume before the cache shows
 // any of them bound. Exactly one is made; the VM of the other waits, its
-// update (Synced) saying which limit holds the Volume back.
+// update (Synced) saying which limit holds the Volume back. The same holds
+// while the VMs migrate.
 //
 // Attacker's steps, a tenant whose namespace has a TenantQuota of 10Gi of
 // storage (or of as many volumes as it holds and one) and placed VMs
@@ -292,7 +294,10 @@ func TestAVolumeAttachedToAPlacedVMIsAdmitted(t *testing.T) {
 // apply` Volumes data-a and data-b of 5Gi, then, in one go, patch web-a to
 // attach data-a and web-b to attach data-b (or web to attach both).
 // Before, each Volume was checked alone against what the cache held, each
-// fit, and node1 made both: 14Gi under a 10Gi quota.
+// fit, and node1 made both: 14Gi under a 10Gi quota. Migrating: the same
+// steps once a VirtualMachineMigration moves each VM to node2. Before, the
+// migration's path published the Volumes without admitting them, and
+// node1 and node2 were sent both.
 func TestVolumesAttachedAtOnceMakeOnlyWhatTheQuotaTakes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs a kube-apiserver and a nats-server; skipped with -short")
@@ -326,97 +331,110 @@ func TestVolumesAttachedAtOnceMakeOnlyWhatTheQuotaTakes(t *testing.T) {
 			},
 		},
 	}
+	moves := map[string]bool{"Staying": false, "Migrating": true}
 	for shape, attach := range vmsOf {
 		for limit, l := range limits {
-			t.Run(shape+"/"+limit, func(t *testing.T) {
-				ns := env.Namespace(t)
-				n := int64(len(attach))
-				require.NoError(t, env.Kube.Create(env.Ctx, &apisv1alpha1.TenantQuota{
-					ObjectMeta: metav1.ObjectMeta{Name: ns},
-					Spec:       apisv1alpha1.TenantQuotaSpec{Namespace: ns, Hard: l.hard(n)},
-				}))
-				e := hubClient(t, env, counter, ns)
-				var vms []*v1alpha1.VirtualMachine
-				for _, name := range slices.Sorted(maps.Keys(attach)) {
-					env.Volume(t, ns, "root-"+name, "2Gi")
-					vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
-					vm.Spec.ForProvider = v1alpha1.VirtualMachineParameters{Vcpu: 1, Memory: resource.MustParse("1Gi"), DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName("root-" + name)}}}
-					require.NoError(t, env.Kube.Create(env.Ctx, vm))
-					vm = awaitPlaced(t, env, vm)
-					_, err := publishSteps(env, e, vm)
-					require.NoError(t, err, "the first publish, with its root")
-					vms = append(vms, vm)
-				}
-
-				// The tenant's steps.
-				data := map[string]*v1alpha1.Volume{"data-a": env.Volume(t, ns, "data-a", "5Gi"), "data-b": env.Volume(t, ns, "data-b", "5Gi")}
-				for _, vm := range vms {
-					for _, v := range attach[vm.Name] {
-						vm.Spec.ForProvider.DiskAttachments = append(vm.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: v1alpha1.LocalName(v)})
+			for move, migrating := range moves {
+				t.Run(shape+"/"+limit+"/"+move, func(t *testing.T) {
+					ns := env.Namespace(t)
+					n := int64(len(attach))
+					require.NoError(t, env.Kube.Create(env.Ctx, &apisv1alpha1.TenantQuota{
+						ObjectMeta: metav1.ObjectMeta{Name: ns},
+						Spec:       apisv1alpha1.TenantQuotaSpec{Namespace: ns, Hard: l.hard(n)},
+					}))
+					e := hubClient(t, env, counter, ns)
+					var vms []*v1alpha1.VirtualMachine
+					for _, name := range slices.Sorted(maps.Keys(attach)) {
+						env.Volume(t, ns, "root-"+name, "2Gi")
+						vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+						vm.Spec.ForProvider = v1alpha1.VirtualMachineParameters{Vcpu: 1, Memory: resource.MustParse("1Gi"), DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName("root-" + name)}}}
+						require.NoError(t, env.Kube.Create(env.Ctx, vm))
+						vm = awaitPlaced(t, env, vm)
+						require.NoError(t, updateSteps(env, e, vm), "the first publish, with its root")
+						if migrating {
+							// As the migration controller records a
+							// migration it started.
+							m := Migration{ID: "move-" + name, Target: "node2"}
+							require.NoError(t, Annotate(env.Ctx, env.Kube, vm, func(a map[string]string) {
+								a[v1alpha1.AnnotationMigration] = m.String()
+								a[v1alpha1.AnnotationMigrationSeal] = MigrationSeal(e.fleet, string(vm.UID), m)
+							}))
+						}
+						vms = append(vms, vm)
 					}
-					require.NoError(t, env.Kube.Update(env.Ctx, vm))
-				}
 
-				// The hub's workers each resolve their VM, and then, side
-				// by side, bind and record what they found.
-				ds := make([]dependencies, len(vms))
-				for i, vm := range vms {
-					var err error
-					ds[i], err = e.resolve(env.Ctx, vm)
-					require.NoError(t, err, "each Volume fits alone")
-				}
-				errs := make([]error, len(vms))
-				var wg sync.WaitGroup
-				for i := range vms {
-					wg.Go(func() { errs[i] = recordSteps(env, e, vms[i], &ds[i]) })
-				}
-				wg.Wait()
+					// The tenant's steps.
+					data := map[string]*v1alpha1.Volume{"data-a": env.Volume(t, ns, "data-a", "5Gi"), "data-b": env.Volume(t, ns, "data-b", "5Gi")}
+					for _, vm := range vms {
+						for _, v := range attach[vm.Name] {
+							vm.Spec.ForProvider.DiskAttachments = append(vm.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: v1alpha1.LocalName(v)})
+						}
+						require.NoError(t, env.Kube.Update(env.Ctx, vm))
+					}
 
-				var made []string
-				for name, v := range data {
-					env.Get(t, v)
-					if v.GetAnnotations()[v1alpha1.AnnotationNode] == "node1" {
-						made = append(made, name)
+					// The hub's workers each resolve their VM, and then, side
+					// by side, bind and publish what they found.
+					ds := make([]dependencies, len(vms))
+					for i, vm := range vms {
+						var err error
+						ds[i], err = e.resolve(env.Ctx, vm)
+						require.NoError(t, err, "each Volume fits alone")
 					}
-				}
-				require.Len(t, made, 1, "exactly one Volume is made")
-				refused := map[string]string{"data-a": "data-b", "data-b": "data-a"}[made[0]]
-				want := fmt.Sprintf("cannot make Volume %s: quota of namespace %s exceeded: "+l.exceeded(n), refused, ns, ns)
-				var got []string
-				for _, err := range errs {
-					if err != nil {
-						got = append(got, err.Error())
+					errs := make([]error, len(vms))
+					var wg sync.WaitGroup
+					for i := range vms {
+						wg.Go(func() { errs[i] = e.ensure(env.Ctx, vms[i], ds[i], "node1") })
 					}
-				}
-				assert.Equal(t, []string{want}, got, "what the refused VM's Synced says")
-				used, err := counter.Used(env.Ctx, ns)
-				require.NoError(t, err)
-				assert.Equal(t, 2*n<<30+5<<30, used.StorageBytes, "the roots and the Volume made")
-				assert.Equal(t, n+1, used.Volumes)
+					wg.Wait()
 
-				// The refused VM, reconciled again, is refused again.
-				for _, vm := range vms {
-					if !slices.Contains(attach[vm.Name], refused) {
-						continue
+					var made []string
+					for name, v := range data {
+						env.Get(t, v)
+						if v.GetAnnotations()[v1alpha1.AnnotationNode] == "node1" {
+							made = append(made, name)
+						}
 					}
-					_, err := publishSteps(env, e, vm)
-					require.EqualError(t, err, want)
-				}
-			})
+					require.Len(t, made, 1, "exactly one Volume is made")
+					refused := map[string]string{"data-a": "data-b", "data-b": "data-a"}[made[0]]
+					want := fmt.Sprintf("cannot make Volume %s: quota of namespace %s exceeded: "+l.exceeded(n), refused, ns, ns)
+					var got []string
+					for _, err := range errs {
+						if err != nil {
+							got = append(got, err.Error())
+						}
+					}
+					assert.Equal(t, []string{want}, got, "what the refused VM's Synced says")
+					used, err := counter.Used(env.Ctx, ns)
+					require.NoError(t, err)
+					assert.Equal(t, 2*n<<30+5<<30, used.StorageBytes, "the roots and the Volume made")
+					assert.Equal(t, n+1, used.Volumes)
+
+					// The refused VM, reconciled again, is refused again.
+					for _, vm := range vms {
+						if !slices.Contains(attach[vm.Name], refused) {
+							continue
+						}
+						require.EqualError(t, updateSteps(env, e, vm), want)
+					}
+				})
+			}
 		}
 	}
 }
 
-// placementEnv starts a control plane and a fleet of node1 with the
-// placement loop running, its quotas counted by the Counter returned.
+// placementEnv starts a control plane and a fleet of node1 and node2 with
+// the placement loop running, its quotas counted by the Counter returned.
 func placementEnv(t *testing.T) (*controllertest.Env, *quota.Counter) {
 	t.Helper()
 	var counter *quota.Counter
-	env := controllertest.Start(t, []string{"node1"}, func(mgr ctrl.Manager, _ controller.Options, e *controllertest.Env) error {
+	// node2 sends no heartbeat, so nothing is placed there: it is only
+	// the target of migrations.
+	env := controllertest.Start(t, []string{"node1", "node2"}, func(mgr ctrl.Manager, _ controller.Options, e *controllertest.Env) error {
 		counter = quota.NewCounter(e.Kube, func() []*fleet.Fleet { return []*fleet.Fleet{e.Fleet.Fleet} })
 		return mgr.Add(NewScheduler(mgr.GetClient(), mgr.GetCache(), e.Pool, placement.New(), counter, &fleettest.Recorder{}, logging.NewNopLogger(), false))
 	})
-	env.Fleet.Agent("node1").Heartbeat(wire.NodeHeartbeat{Backend: "libvirt", Capacity: wire.Resources{VCPU: 8, MemoryBytes: 16 << 30}})
+	// Room for every VM the tests of one run place there.
+	env.Fleet.Agent("node1").Heartbeat(wire.NodeHeartbeat{Backend: "libvirt", Capacity: wire.Resources{VCPU: 64, MemoryBytes: 64 << 30}})
 	return env, counter
 }
 
@@ -445,7 +463,17 @@ func hubClient(t *testing.T, env *controllertest.Env, counter *quota.Counter, ns
 	t.Helper()
 	g, err := providerconfig.GrantOf(env.Ctx, env.Kube, ns)
 	require.NoError(t, err)
-	return &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube, reader: env.Kube, opts: Options{Quotas: counter}}, fleet: env.Fleet.Fleet, grant: g}
+	return &external{connector: &connector{log: logging.NewNopLogger(), kube: env.Kube, reader: env.Kube, opts: Options{Quotas: counter}, state: newState(perobject.NewOwner(nil))}, fleet: env.Fleet.Fleet, grant: g}
+}
+
+// updateSteps does what Update does with vm on node1: resolve what the VM
+// refers to, then bind its Volumes and publish its intent (ensure).
+func updateSteps(env *controllertest.Env, e *external, vm *v1alpha1.VirtualMachine) error {
+	d, err := e.resolve(env.Ctx, vm)
+	if err != nil {
+		return err
+	}
+	return e.ensure(env.Ctx, vm, d, "node1")
 }
 
 // publishSteps does what Update does before it publishes vm's intent:
