@@ -1,11 +1,15 @@
 // Package guestimage gives the real-guest tests and `make run GUESTS=qemu` a
 // bootable Debian cloud image: bookworm with Debian's cloud kernel,
 // cloud-init (NoCloud, or an OpenStack config drive), openssh-server,
-// qemu-guest-agent and systemd-networkd DHCP, booted by extlinux from ext4. There is no internet
-// here to download a cloud image from, but Debian's apt mirror is reachable,
-// so the image is built from Debian packages with mmdebstrap, once per machine
-// and recipe, into a cache directory next to the envtest binaries. A build
-// is slow; every later call returns at once.
+// qemu-guest-agent and systemd-networkd DHCP, booted by extlinux from ext4.
+// It is trimmed to boot fast where guests run under TCG, leaving out nothing
+// a small cloud image is used for: an initramfs of the few drivers that
+// find the root, the TSC as the clock, no kvm module loaded unasked, and
+// cloud-init's config stage run within its final one (recipe.sh says why).
+// There is no internet here to download a cloud image from, but Debian's apt
+// mirror is reachable, so the image is built from Debian packages with
+// mmdebstrap, once per machine and recipe, into a cache directory next to
+// the envtest binaries. A build is slow; every later call returns at once.
 //
 // The image's default user is "debian" (cloud-init's default_user), which
 // receives the VM's publicKey.
