@@ -99,9 +99,9 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	defer cancelBuild()
 	start := time.Now()
 	images := map[string]string{
-		"ghcr.io/virtfleet/virtfleet-agent": pushImage(buildCtx, t, reg, virtfleetSpec(t, ociimage.Agent.Name), "virtfleet/virtfleet-agent"),
-		"ghcr.io/virtfleet/virtfleet-hub":   pushImage(buildCtx, t, reg, virtfleetSpec(t, ociimage.Hub.Name), "virtfleet/virtfleet-hub"),
-		"docker.io/library/nats":            pushImage(buildCtx, t, reg, ociimage.NATS, "virtfleet/nats"),
+		"ghcr.io/virtfleet/virtfleet-agent": pushImage(buildCtx, t, reg, virtfleetSpec(t, ociimage.Agent.Name, imageVersion), "virtfleet/virtfleet-agent", "test"),
+		"ghcr.io/virtfleet/virtfleet-hub":   pushImage(buildCtx, t, reg, virtfleetSpec(t, ociimage.Hub.Name, imageVersion), "virtfleet/virtfleet-hub", "test"),
+		"docker.io/library/nats":            pushImage(buildCtx, t, reg, ociimage.NATS, "virtfleet/nats", "test"),
 	}
 	t.Logf("agent, hub and NATS images %v built and pushed in %s", images, time.Since(start).Round(100*time.Millisecond))
 
@@ -134,7 +134,7 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 		}
 	}
 	f.applyProviderConfig(ctx, t)
-	vm := f.runVM(ctx, t)
+	vm := f.runVM(ctx, t, "vm")
 	t.Logf("VM Running on %s %s after the hub's Deployment was applied", vm.Status.AtProvider.Node, time.Since(start).Round(100*time.Millisecond))
 	f.stopThroughAPI(ctx, t, userKubectl(ctx, t, cp), vm)
 	t.Logf("VM stopped through the aggregated API %s after the hub's Deployment was applied", time.Since(start).Round(100*time.Millisecond))
@@ -260,10 +260,11 @@ func logPods(t *testing.T, n *kubenode.Node, pods ...string) {
 // their binaries report.
 const imageVersion = "v0.0.0-deploy-test"
 
-// virtfleetSpec is virtfleet's image name as cluster/images builds it.
-func virtfleetSpec(t *testing.T, name string) ociimage.Spec {
+// virtfleetSpec is virtfleet's image name as cluster/images builds it
+// for version.
+func virtfleetSpec(t *testing.T, name, version string) ociimage.Spec {
 	t.Helper()
-	for _, spec := range ociimage.Virtfleet(imageVersion) {
+	for _, spec := range ociimage.Virtfleet(version) {
 		if spec.Name == name {
 			return spec
 		}
@@ -273,10 +274,10 @@ func virtfleetSpec(t *testing.T, name string) ociimage.Spec {
 }
 
 // pushImage builds spec's image as cluster/images does and pushes it to
-// reg as repo:test, returning its reference.
-func pushImage(ctx context.Context, t *testing.T, reg *crossplanetest.Registry, spec ociimage.Spec, repo string) string {
+// reg as repo:tag, returning its reference.
+func pushImage(ctx context.Context, t *testing.T, reg *crossplanetest.Registry, spec ociimage.Spec, repo, tag string) string {
 	t.Helper()
-	ref, err := reg.Push(ctx, repo, "test", buildImage(ctx, t, spec))
+	ref, err := reg.Push(ctx, repo, tag, buildImage(ctx, t, spec))
 	require.NoError(t, err)
 	return ref
 }

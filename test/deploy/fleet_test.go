@@ -61,6 +61,9 @@ func skipWithoutKubelet(t *testing.T) {
 type fleet struct {
 	cp   *controlplane.ControlPlane
 	node *kubenode.Node
+	// libvirt is the node's libvirtd, outside the agent's pod, as a
+	// hypervisor's is: its guests are the node's, not the pod's.
+	libvirt *libvirttest.Node
 	// images are the references cluster/deploy's image names are replaced
 	// by (deployObjects).
 	images map[string]string
@@ -124,7 +127,7 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 			logPods(t, n, "virtfleet-system_nats-0", "virtfleet-system_virtfleet-agent-*", hubPods)
 		}
 	})
-	f := &fleet{cp: cp, node: n, images: images, hubID: hubID, created: map[string]bool{}}
+	f := &fleet{cp: cp, node: n, libvirt: lv, images: images, hubID: hubID, created: map[string]bool{}}
 
 	start := time.Now()
 	objs := deployObjects(t, images)
@@ -213,40 +216,48 @@ func (f *fleet) stopThroughAPI(ctx context.Context, t *testing.T, kubectl func(a
 	awaitAPIService(ctx, t, f.cp)
 	out := kubectl("virtfleet", "-n", vm.Namespace, "stop", vm.Name)
 	assert.Contains(t, out, "stop requested by virtfleet-admin")
-	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
-		if err := f.cp.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
-			return false, err
-		}
-		return vm.Status.AtProvider.Phase == computev1alpha1.PhaseStopped, nil
-	})
-	require.NoError(t, err, "kubectl virtfleet stop did not stop the VM: %+v", vm.Status)
+	f.awaitPhase(ctx, t, vm, computev1alpha1.PhaseStopped)
 }
 
-// runVM applies a VirtualMachine with a boot Volume of its own and waits
-// until the hub has placed it on the node and the agent reports it
+// runVM applies a VirtualMachine name with a boot Volume of its own and
+// waits until the hub has placed it on the node and the agent reports it
 // Running, and returns it.
-func (f *fleet) runVM(ctx context.Context, t *testing.T) *computev1alpha1.VirtualMachine {
+func (f *fleet) runVM(ctx context.Context, t *testing.T, name string) *computev1alpha1.VirtualMachine {
+	t.Helper()
+	vm := f.createVM(ctx, t, name)
+	f.awaitPhase(ctx, t, vm, computev1alpha1.PhaseRunning)
+	assert.Equal(t, node, vm.Status.AtProvider.Node)
+	return vm
+}
+
+// createVM applies a VirtualMachine name with a boot Volume of its own,
+// name-root, and returns it.
+func (f *fleet) createVM(ctx context.Context, t *testing.T, name string) *computev1alpha1.VirtualMachine {
 	t.Helper()
 	require.NoError(t, f.cp.Client.Create(ctx, &computev1alpha1.Volume{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-root"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name + "-root"},
 		Spec:       computev1alpha1.VolumeSpec{ForProvider: computev1alpha1.VolumeParameters{Size: resource.MustParse("1Gi")}},
 	}))
 	vm := &computev1alpha1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
 		Spec: computev1alpha1.VirtualMachineSpec{ForProvider: computev1alpha1.VirtualMachineParameters{
 			Vcpu:            1,
 			Memory:          resource.MustParse("128Mi"),
-			DiskAttachments: []computev1alpha1.DiskAttachment{{Name: "vm-root"}},
+			DiskAttachments: []computev1alpha1.DiskAttachment{{Name: computev1alpha1.LocalName(name + "-root")}},
 		}},
 	}
 	require.NoError(t, f.cp.Client.Create(ctx, vm))
+	return vm
+}
+
+// awaitPhase waits until vm's status says phase, and leaves vm as read.
+func (f *fleet) awaitPhase(ctx context.Context, t *testing.T, vm *computev1alpha1.VirtualMachine, phase computev1alpha1.Phase) {
+	t.Helper()
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := f.cp.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
 			return false, err
 		}
-		return vm.Status.AtProvider.Phase == computev1alpha1.PhaseRunning, nil
+		return vm.Status.AtProvider.Phase == phase, nil
 	})
-	require.NoError(t, err, "the VM is not Running: %+v", vm.Status)
-	assert.Equal(t, node, vm.Status.AtProvider.Node)
-	return vm
+	require.NoError(t, err, "VM %s is not %s: %+v", vm.Name, phase, vm.Status)
 }

@@ -68,6 +68,54 @@ import (
 // network reaches them through a konnectivity server.
 func TestProviderPackageOnKubelet(t *testing.T) {
 	skipWithoutKubelet(t)
+	inst := installPackage(t, imageVersion)
+	f, cp := inst.fleet, inst.cp
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	vm := f.runVM(ctx, t, "vm")
+	t.Logf("VM Running on %s %s after the Provider was applied", vm.Status.AtProvider.Node, time.Since(inst.applied).Round(100*time.Millisecond))
+
+	// What runs where, as an upgrade needs to tell: the node's agent
+	// version, from its heartbeat, in its HypervisorNode, and each hub's
+	// own in its metrics.
+	var hn computev1alpha1.HypervisorNode
+	require.NoError(t, cp.Client.Get(ctx, client.ObjectKey{Name: node}, &hn))
+	assert.Equal(t, imageVersion, hn.Status.AgentVersion, "the HypervisorNode shows its agent's version")
+	for _, p := range hubPods(ctx, t, cp) {
+		assert.Equal(t, []string{imageVersion}, f.hubBuildVersions(t, &p), "hub %s reports the version its image was built as", p.Name)
+	}
+
+	f.stopThroughAPI(ctx, t, inst.kubectl, vm)
+	t.Logf("VM stopped through the aggregated API %s after the Provider was applied", time.Since(inst.applied).Round(100*time.Millisecond))
+}
+
+// packageInstall is virtfleet installed from its provider package as the
+// README says, the hub's two replicas running and one of them leading.
+type packageInstall struct {
+	*fleet
+	x *crossplanetest.Crossplane
+	// releases are what was built and pushed of each version installPackage
+	// was given, the first installed.
+	releases map[string]release
+	// kubectl runs kubectl as the README's commands are run (userKubectl).
+	kubectl func(args ...string) string
+	// applied is when the Provider was applied.
+	applied time.Time
+}
+
+// release is one version of virtfleet as a user pulls it: the agent's
+// image and the provider package, by reference.
+type release struct {
+	agent, provider string
+}
+
+// installPackage builds and pushes each of versions' agent image and
+// provider package, installs the first as the README's "With Crossplane's
+// package manager" says (install.yaml, package/api, then the fleet's NATS
+// and agents and the ClusterProviderConfig), and waits until the Provider
+// is Healthy, both hub replicas run on the node and one holds the Lease.
+func installPackage(t *testing.T, versions ...string) *packageInstall {
+	t.Helper()
 	log.SetLogger(testr.New(t))
 	buildCtx, cancelBuild := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancelBuild()
@@ -81,58 +129,46 @@ func TestProviderPackageOnKubelet(t *testing.T) {
 	t.Cleanup(x.Stop)
 
 	start := time.Now()
-	images := map[string]string{
-		"ghcr.io/virtfleet/virtfleet-agent": pushImage(buildCtx, t, x.Registry, virtfleetSpec(t, ociimage.Agent.Name), "virtfleet/virtfleet-agent"),
-		"docker.io/library/nats":            pushImage(buildCtx, t, x.Registry, ociimage.NATS, "virtfleet/nats"),
+	releases := map[string]release{}
+	for _, v := range versions {
+		pkg, _, err := providerpackage.Build(buildCtx, filepath.Join(controlplane.RepoRoot(), "package"), buildImage(buildCtx, t, virtfleetSpec(t, ociimage.Hub.Name, v)))
+		require.NoError(t, err)
+		source, err := x.Registry.Push(buildCtx, "virtfleet/"+crossplanetest.Provider, v, pkg)
+		require.NoError(t, err)
+		releases[v] = release{
+			agent:    pushImage(buildCtx, t, x.Registry, virtfleetSpec(t, ociimage.Agent.Name, v), "virtfleet/virtfleet-agent", v),
+			provider: source,
+		}
 	}
-	pkg, _, err := providerpackage.Build(buildCtx, filepath.Join(controlplane.RepoRoot(), "package"), buildImage(buildCtx, t, virtfleetSpec(t, ociimage.Hub.Name)))
-	require.NoError(t, err)
-	source, err := x.Registry.Push(buildCtx, "virtfleet/"+crossplanetest.Provider, "test", pkg)
-	require.NoError(t, err)
-	t.Logf("agent and NATS images %v and provider package %s built and pushed in %s", images, source, time.Since(start).Round(100*time.Millisecond))
+	images := map[string]string{
+		"ghcr.io/virtfleet/virtfleet-agent": releases[versions[0]].agent,
+		"docker.io/library/nats":            pushImage(buildCtx, t, x.Registry, ociimage.NATS, "virtfleet/nats", "test"),
+	}
+	t.Logf("releases %v and NATS image built and pushed in %s", releases, time.Since(start).Round(100*time.Millisecond))
 
 	f := startFleet(t, cp, x.Registry, images, crossplanetest.Namespace+"_"+crossplanetest.Provider+"-*")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	start = time.Now()
+	inst := &packageInstall{fleet: f, x: x, releases: releases, applied: time.Now()}
 	f.hubCredentials(ctx, t)
-	for _, obj := range installObjects(t, f, source) {
+	for _, obj := range installObjects(t, f, releases[versions[0]].provider) {
 		require.NoError(t, cp.Client.Create(ctx, obj), "%s %s", obj.GetKind(), obj.GetName())
 	}
-	kubectl := userKubectl(ctx, t, cp)
-	kubectl("apply", "-k", filepath.Join("package", "api"))
+	inst.kubectl = userKubectl(t.Context(), t, cp)
+	inst.kubectl("apply", "-k", filepath.Join("package", "api"))
 	require.NoError(t, x.WaitPackage(ctx, pkgv1.ProviderKind, crossplanetest.Provider, pkgv1.TypeHealthy, 5*time.Minute))
-	t.Logf("Provider %s Healthy %s after it was applied", crossplanetest.Provider, time.Since(start).Round(100*time.Millisecond))
-	hubs := map[string]corev1.PodPhase{}
-	for _, p := range hubPods(ctx, t, cp) {
-		hubs[p.Name] = p.Status.Phase
-		assert.Equal(t, node, p.Spec.NodeName, p.Name)
-	}
+	t.Logf("Provider %s Healthy %s after it was applied", crossplanetest.Provider, time.Since(inst.applied).Round(100*time.Millisecond))
+	hubs := hubPods(ctx, t, cp)
 	require.Len(t, hubs, 2, "the DeploymentRuntimeConfig asks for two replicas of the hub: %v", hubs)
-	for name, phase := range hubs {
-		assert.Equal(t, corev1.PodRunning, phase, name)
+	for _, p := range hubs {
+		assert.Equal(t, node, p.Spec.NodeName, p.Name)
+		assert.Equal(t, corev1.PodRunning, p.Status.Phase, p.Name)
 	}
-	leader := awaitLeader(ctx, t, cp)
-	assert.Contains(t, hubs, leader, "the hub's Lease is held by none of the provider's pods")
-	t.Logf("hub %s leader %s after the Provider was applied", leader, time.Since(start).Round(100*time.Millisecond))
-
+	leader := awaitLeader(ctx, t, cp, hubs)
+	t.Logf("hub %s leader %s after the Provider was applied", leader, time.Since(inst.applied).Round(100*time.Millisecond))
 	f.applyProviderConfig(ctx, t)
-	vm := f.runVM(ctx, t)
-	t.Logf("VM Running on %s %s after the Provider was applied", vm.Status.AtProvider.Node, time.Since(start).Round(100*time.Millisecond))
-
-	// What runs where, as an upgrade needs to tell: the node's agent
-	// version, from its heartbeat, in its HypervisorNode, and each hub's
-	// own in its metrics.
-	var hn computev1alpha1.HypervisorNode
-	require.NoError(t, cp.Client.Get(ctx, client.ObjectKey{Name: node}, &hn))
-	assert.Equal(t, imageVersion, hn.Status.AgentVersion, "the HypervisorNode shows its agent's version")
-	for _, p := range hubPods(ctx, t, cp) {
-		assert.Equal(t, []string{imageVersion}, f.hubBuildVersions(t, &p), "hub %s reports the version its image was built as", p.Name)
-	}
-
-	f.stopThroughAPI(ctx, t, kubectl, vm)
-	t.Logf("VM stopped through the aggregated API %s after the Provider was applied", time.Since(start).Round(100*time.Millisecond))
+	return inst
 }
 
 // userKubectl returns what runs the machine's kubectl with args as the
@@ -253,10 +289,10 @@ func hubPods(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) [
 	return slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return p.DeletionTimestamp != nil })
 }
 
-// awaitLeader waits until a hub holds the leader election Lease, which is
-// in the hub's namespace (Crossplane's, from POD_NAMESPACE), and returns
-// the holder's pod name.
-func awaitLeader(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) string {
+// awaitLeader waits until one of pods holds the hub's leader election
+// Lease, which is in the hub's namespace (Crossplane's, from
+// POD_NAMESPACE), and returns the holder's pod name.
+func awaitLeader(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, pods []corev1.Pod) string {
 	t.Helper()
 	var lease coordinationv1.Lease
 	holder := ""
@@ -267,12 +303,11 @@ func awaitLeader(ctx context.Context, t *testing.T, cp *controlplane.ControlPlan
 		if lease.Spec.HolderIdentity == nil {
 			return false, nil
 		}
-		holder = *lease.Spec.HolderIdentity
-		return holder != "", nil
+		// controller-runtime's identity is the host name (the pod's) and a
+		// suffix of its own.
+		holder, _, _ = strings.Cut(*lease.Spec.HolderIdentity, "_")
+		return slices.ContainsFunc(pods, func(p corev1.Pod) bool { return p.Name == holder }), nil
 	})
-	require.NoError(t, err, "no hub became leader: %+v", lease.Spec)
-	// controller-runtime's identity is the host name (the pod's) and a
-	// suffix of its own.
-	name, _, _ := strings.Cut(holder, "_")
-	return name
+	require.NoError(t, err, "none of the hub's pods became leader: %+v", lease.Spec)
+	return holder
 }
