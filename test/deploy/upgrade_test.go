@@ -1,0 +1,347 @@
+package deploy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/google/uuid"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	pkgv1 "github.com/crossplane/crossplane/apis/v2/pkg/v1"
+
+	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/harness/crossplanetest"
+)
+
+// virtfleet upgraded as the README's "Upgrading" tells a user, from
+// v0.0.0-deploy-test to v0.0.0-deploy-test-2 (builds of this tree that
+// differ in the version they are stamped with): first the Provider's
+// package, which makes Crossplane create a new ProviderRevision and its
+// Deployment and delete the old one's, then the agent DaemonSet's image,
+// which the DaemonSet controller rolls node by node.
+//
+// The guests are the node's libvirtd's, outside the agent's pod (its
+// socket is mounted from the host): each guest's domain, by UUID and by
+// the id libvirtd gave it when it started, is the same before and after,
+// and its VM's restartCount unchanged. On a real node the libvirtd is the
+// host's and QEMU its child, neither the pod's, so the same holds; here
+// it is libvirt's test driver, which has no QEMU process to compare.
+//
+// Throughout, at most one hub leads (by each hub pod's
+// leader_election_master_status, sampled with the Lease's holder), and
+// none that does not lead reconciles; a VM created while the hub rolls
+// (a hub of v2 with agents of v1) and one created while the agents roll
+// come up Running; a stop issued afterwards works. At the end every hub
+// reports v2 in its build info and the HypervisorNode the agent's v2.
+func TestUpgradeTouchesNoGuest(t *testing.T) {
+	skipWithoutKubelet(t)
+	const v1, v2 = imageVersion, imageVersion + "-2"
+	inst := installPackage(t, v1, v2)
+	f, cp := inst.fleet, inst.cp
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	vms := []*computev1alpha1.VirtualMachine{f.runVM(ctx, t, "vm-a"), f.runVM(ctx, t, "vm-b")}
+	guests := map[string]guest{}
+	restarts := map[string]int32{}
+	for _, vm := range vms {
+		guests[vm.Name] = f.guestOf(t, vm)
+		restarts[vm.Name] = vm.Status.AtProvider.RestartCount
+	}
+	var provider pkgv1.Provider
+	require.NoError(t, inst.x.Client.Get(ctx, client.ObjectKey{Name: crossplanetest.Provider}, &provider))
+	oldRev := provider.Status.CurrentRevision
+	require.NotEmpty(t, oldRev)
+
+	w := f.watchUpgrade(t)
+
+	// The hub: the Provider's package to v2.
+	start := time.Now()
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"package": inst.releases[v2].provider}})
+	require.NoError(t, err)
+	inst.kubectl("patch", "provider.pkg.crossplane.io/"+crossplanetest.Provider, "--type", "merge", "-p", string(patch))
+	duringHub := f.createVM(ctx, t, "vm-during-hub")
+	newRev := inst.awaitRevision(ctx, t, oldRev)
+	// awaitRevision saw only the new revision's pods.
+	leader := awaitLeader(ctx, t, cp, hubPods(ctx, t, cp))
+	hubDone := time.Since(start)
+	t.Logf("revision %s Healthy and its hub %s leading %s after the Provider's package was changed; %s Inactive",
+		newRev, leader, hubDone.Round(100*time.Millisecond), oldRev)
+	for _, p := range hubPods(ctx, t, cp) {
+		assert.Equal(t, []string{v2}, f.hubBuildVersions(t, &p), "hub %s", p.Name)
+	}
+	// A hub of v2 with the agents still at v1.
+	f.awaitPhase(ctx, t, duringHub, computev1alpha1.PhaseRunning)
+	assert.Equal(t, v1, f.agentVersion(ctx, t), "the agents rolled before the DaemonSet was changed")
+	t.Logf("VM created as the hub rolled Running %s after the Provider's package was changed", time.Since(start).Round(100*time.Millisecond))
+
+	// The agents: the DaemonSet's image to v2, rolled by its controller.
+	agentStart := time.Now()
+	inst.kubectl("-n", "virtfleet-system", "set", "image", "daemonset/virtfleet-agent", "agent="+inst.releases[v2].agent)
+	duringAgents := f.createVM(ctx, t, "vm-during-agents")
+	inst.kubectl("-n", "virtfleet-system", "rollout", "status", "daemonset/virtfleet-agent", "--timeout=5m")
+	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		return f.agentVersion(ctx, t) == v2, nil
+	})
+	require.NoError(t, err, "the HypervisorNode does not show the agent's new version")
+	agentsDone := time.Since(agentStart)
+	t.Logf("agents rolled to %s in %s; upgrade (Provider applied to the new hub leading and every agent at %s) took %s",
+		v2, agentsDone.Round(100*time.Millisecond), v2, (hubDone + agentsDone).Round(100*time.Millisecond))
+	f.awaitPhase(ctx, t, duringAgents, computev1alpha1.PhaseRunning)
+	t.Logf("VM created as the agents rolled Running %s after the DaemonSet's image was changed", time.Since(agentStart).Round(100*time.Millisecond))
+
+	s := w.stop()
+	t.Logf("no hub leading for %s; no heartbeat for %s at most; Lease holders %v",
+		s.leaderless.Round(100*time.Millisecond), s.heartbeatGap.Round(100*time.Millisecond), s.holders)
+	assert.Empty(t, s.violations, "hubs reconciled at once")
+	assert.GreaterOrEqual(t, s.leaders, 2, "the watch saw no hand-over: every sample missed a leader")
+
+	for _, vm := range vms {
+		require.NoError(t, cp.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm))
+		assert.Equal(t, computev1alpha1.PhaseRunning, vm.Status.AtProvider.Phase, vm.Name)
+		assert.Equal(t, restarts[vm.Name], vm.Status.AtProvider.RestartCount, "VM %s restarted", vm.Name)
+		assert.Equal(t, guests[vm.Name], f.guestOf(t, vm), "VM %s's domain was recreated or restarted", vm.Name)
+	}
+	f.stopThroughAPI(ctx, t, inst.kubectl, vms[0])
+}
+
+// guest is what the node's libvirtd knows a guest by: its domain's UUID
+// (the VM's uid), and the id it gave the domain when it last started,
+// which a restart or a new definition changes.
+type guest struct {
+	uuid libvirt.UUID
+	id   int32
+}
+
+// guestOf is vm's guest on the node's libvirtd, which must run it.
+func (f *fleet) guestOf(t *testing.T, vm *computev1alpha1.VirtualMachine) guest {
+	t.Helper()
+	u, err := uuid.Parse(string(vm.UID))
+	require.NoError(t, err)
+	l, err := f.libvirt.Dial()
+	require.NoError(t, err)
+	defer l.Disconnect() //nolint:errcheck // read-only
+	dom, err := l.DomainLookupByUUID(libvirt.UUID(u))
+	require.NoError(t, err, "the node's libvirtd has no domain for VM %s", vm.Name)
+	state, _, err := l.DomainGetState(dom, 0)
+	require.NoError(t, err)
+	require.Equal(t, int32(libvirt.DomainRunning), state, "VM %s's domain is not running", vm.Name)
+	return guest{uuid: dom.UUID, id: dom.ID}
+}
+
+// agentVersion is the node's agent's version as its HypervisorNode shows it.
+func (f *fleet) agentVersion(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	var hn computev1alpha1.HypervisorNode
+	require.NoError(t, f.cp.Client.Get(ctx, client.ObjectKey{Name: node}, &hn))
+	return hn.Status.AgentVersion
+}
+
+// awaitRevision waits until the Provider's current revision is another
+// than old, Healthy, with old Inactive, and only the new revision's hub
+// pods, both of them, running; it returns the new revision's name.
+func (inst *packageInstall) awaitRevision(ctx context.Context, t *testing.T, old string) string {
+	t.Helper()
+	var (
+		revs  pkgv1.ProviderRevisionList
+		state string
+		rev   string
+	)
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		var p pkgv1.Provider
+		if err := inst.x.Client.Get(ctx, client.ObjectKey{Name: crossplanetest.Provider}, &p); err != nil {
+			return false, err
+		}
+		rev = p.Status.CurrentRevision
+		if err := inst.x.Client.List(ctx, &revs, client.MatchingLabels{pkgv1.LabelParentPackage: crossplanetest.Provider}); err != nil {
+			return false, err
+		}
+		states := map[string]revisionState{}
+		for _, r := range revs.Items {
+			states[r.Name] = revisionState{r.Spec.DesiredState, r.GetCondition(pkgv1.TypeRevisionHealthy).Status}
+		}
+		state = fmt.Sprint(states)
+		if rev == old || states[rev] != (revisionState{pkgv1.PackageRevisionActive, corev1.ConditionTrue}) ||
+			states[old].desired != pkgv1.PackageRevisionInactive {
+			return false, nil
+		}
+		pods := hubPods(ctx, t, inst.cp)
+		for _, p := range pods {
+			if p.Labels[pkgv1.LabelRevision] != rev || p.Status.Phase != corev1.PodRunning {
+				return false, nil
+			}
+		}
+		return len(pods) == 2, nil
+	})
+	require.NoError(t, err, "the Provider did not move from revision %s to a Healthy one running alone: current %s, revisions %s", old, rev, state)
+	return rev
+}
+
+// revisionState is a ProviderRevision's desired state and whether it is
+// Healthy.
+type revisionState struct {
+	desired pkgv1.PackageRevisionDesiredState
+	healthy corev1.ConditionStatus
+}
+
+// upgradeWatch samples, while an upgrade runs, who leads among the hubs
+// and whether the agent heartbeats.
+type upgradeWatch struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu sync.Mutex
+	s  upgradeSummary
+}
+
+// upgradeSummary is what an upgradeWatch saw.
+type upgradeSummary struct {
+	// violations are samples where two hubs led, or a hub that did not
+	// lead reconciled.
+	violations []string
+	// leaders is how many hub pods were seen leading.
+	leaders int
+	// holders are the Lease's holders in turn.
+	holders []string
+	// leaderless is the longest time no hub pod said it led.
+	leaderless time.Duration
+	// heartbeatGap is the longest time between two of the agent's heartbeats.
+	heartbeatGap time.Duration
+}
+
+// hubSample is one hub pod's word, from its metrics.
+type hubSample struct {
+	leading    bool
+	reconciles float64
+}
+
+// watchUpgrade starts sampling every half second until stop.
+func (f *fleet) watchUpgrade(t *testing.T) *upgradeWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &upgradeWatch{cancel: cancel, done: make(chan struct{})}
+	t.Cleanup(func() { w.stop() })
+	key, err := wire.NodeKey(node)
+	require.NoError(t, err)
+	kv, err := f.hub.KeyValue(ctx, wire.BucketNodes)
+	require.NoError(t, err)
+	scrape := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext: func(_ context.Context, _, addr string) (net.Conn, error) { return f.node.Dial(addr) },
+	}}
+	go func() {
+		defer close(w.done)
+		prev := map[string]hubSample{}
+		everLed := map[string]bool{}
+		now := time.Now()
+		lastLeader, lastBeat := now, now
+		var beat uint64
+		_ = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			now := time.Now()
+			var lease coordinationv1.Lease
+			holder := ""
+			if f.cp.Client.Get(ctx, client.ObjectKey{Namespace: crossplanetest.Namespace, Name: "virtfleet-hub"}, &lease) == nil && lease.Spec.HolderIdentity != nil {
+				holder = *lease.Spec.HolderIdentity
+			}
+			var pods corev1.PodList
+			_ = f.cp.Client.List(ctx, &pods, client.InNamespace(crossplanetest.Namespace),
+				client.MatchingLabels{"pkg.crossplane.io/provider": crossplanetest.Provider})
+			cur := map[string]hubSample{}
+			var leading []string
+			for _, p := range pods.Items {
+				if p.Status.PodIP == "" {
+					continue
+				}
+				s, err := scrapeHub(ctx, scrape, p.Status.PodIP)
+				if err != nil {
+					continue // not serving yet, or gone
+				}
+				cur[p.Name] = s
+				if s.leading {
+					leading = append(leading, p.Name)
+					everLed[p.Name] = true
+				}
+			}
+			if e, err := kv.Get(ctx, key); err == nil && e.Revision() != beat {
+				beat = e.Revision()
+				lastBeat = now
+			}
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if n := len(w.s.holders); holder != "" && (n == 0 || w.s.holders[n-1] != holder) {
+				w.s.holders = append(w.s.holders, holder)
+			}
+			if len(leading) > 1 {
+				w.s.violations = append(w.s.violations, fmt.Sprintf("%s: %v all lead", now.Format(time.RFC3339Nano), leading))
+			}
+			for name, s := range cur {
+				if p, ok := prev[name]; ok && !p.leading && !s.leading && s.reconciles > p.reconciles {
+					w.s.violations = append(w.s.violations, fmt.Sprintf("%s: %s reconciled %v times without leading", now.Format(time.RFC3339Nano), name, s.reconciles-p.reconciles))
+				}
+			}
+			prev = cur
+			w.s.leaders = len(everLed)
+			if len(leading) > 0 {
+				lastLeader = now
+			}
+			w.s.leaderless = max(w.s.leaderless, now.Sub(lastLeader))
+			w.s.heartbeatGap = max(w.s.heartbeatGap, now.Sub(lastBeat))
+			return false, nil
+		})
+	}()
+	return w
+}
+
+// stop ends the watch and returns what it saw.
+func (w *upgradeWatch) stop() upgradeSummary {
+	w.cancel()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.s
+}
+
+// scrapeHub reads whether the hub at ip leads (controller-runtime's
+// leader_election_master_status) and how often it reconciled
+// (controller_runtime_reconcile_total), from its metrics port.
+func scrapeHub(ctx context.Context, c *http.Client, ip string) (hubSample, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(ip, "8080")+"/metrics", nil)
+	if err != nil {
+		return hubSample{}, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return hubSample{}, err
+	}
+	defer resp.Body.Close() //nolint:errcheck // read-only body
+	if resp.StatusCode != http.StatusOK {
+		return hubSample{}, fmt.Errorf("metrics: %s", resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return hubSample{}, err
+	}
+	var s hubSample
+	for _, m := range families["leader_election_master_status"].GetMetric() {
+		s.leading = s.leading || m.GetGauge().GetValue() == 1
+	}
+	for _, m := range families["controller_runtime_reconcile_total"].GetMetric() {
+		s.reconciles += m.GetCounter().GetValue()
+	}
+	return s, nil
+}
