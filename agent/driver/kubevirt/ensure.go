@@ -26,17 +26,13 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 	if err := validate(m); err != nil {
 		return driver.Observation{}, err
 	}
-	want, err := newVM(m, d.namespace, nil)
-	if err != nil {
-		return driver.Observation{}, err
-	}
 	c, err := d.client()
 	if err != nil {
 		return driver.Observation{}, err
 	}
 	var o driver.Observation
 	err = d.retry(c, func(r client.Reader) (err error) {
-		o, err = d.ensure(ctx, c, r, m, want)
+		o, err = d.ensure(ctx, c, r, m)
 		return err
 	})
 	if err != nil {
@@ -54,23 +50,27 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 // ensure is one read-modify-write of Ensure: reads through reader, writes
 // through c. An imported guest's definition is its own: only its power
 // state and restarts are driven.
-func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Reader, m driver.Machine, want *kubevirtv1.VirtualMachine) (driver.Observation, error) {
+func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Reader, m driver.Machine) (driver.Observation, error) {
 	vm, vmi, err := d.get(ctx, reader, m.UID)
 	var notOurs *NotOursError
 	switch {
 	case errors.As(err, &notOurs):
 		return driver.Observation{}, driver.Terminal(err)
-	case driver.IsNotFound(err):
-		return d.create(ctx, c, m, want.DeepCopy())
-	case err != nil:
+	case err != nil && !driver.IsNotFound(err):
 		return driver.Observation{}, err
 	}
-
-	if !imported(vm) {
-		// Keeping the maxima the VM has while they hold m's shape.
-		if want, err = newVM(m, d.namespace, vm.Spec.Template); err != nil {
-			return driver.Observation{}, err
-		}
+	// A VM that exists keeps the maxima it has while they hold m's shape;
+	// an imported one's definition is its own and only read from want.
+	var prev *kubevirtv1.VirtualMachineInstanceTemplateSpec
+	if vm != nil && !imported(vm) {
+		prev = vm.Spec.Template
+	}
+	want, err := newVM(m, d.namespace, prev)
+	if err != nil {
+		return driver.Observation{}, err
+	}
+	if vm == nil {
+		return d.create(ctx, c, m, want)
 	}
 	next := vm.DeepCopy()
 	live := vmi != nil && vmi.DeletionTimestamp == nil && !vmi.IsFinal()
