@@ -106,7 +106,7 @@ func TestRealGuest(t *testing.T) {
 	t.Run("SnapshotWithMemoryBringsBackTheRunningGuest", g.snapshotWithMemory("g1", bootID))
 	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", booting(ctx, func(t *testing.T) { bootID = g.stopStart(t, bootID) }))
 	t.Run("ResetRebootsAtOnceAndCountsOnce", booting(ctx, g.reset("g1", &bootID)))
-	t.Run("VCPUsAndMemoryChangeLive", func(t *testing.T) { g.resize(t, bootID) })
+	t.Run("VCPUsAndMemoryChangeLive", func(t *testing.T) { g.resize(t, "g1", bootID, 2, resource.MustParse("1536Mi")) })
 	t.Run("RestartRebootsOnlyThenCountsAndAppliesTheSwap", booting(ctx, func(t *testing.T) { bootID = g.swapAtRestart(t, bootID) }))
 	t.Run("DeleteRemovesDomainAndSeedKeepsVolumes", g.delete)
 	t.Run("UnbootableRequestFailsWithLibvirtsMessage", g.unbootable)
@@ -563,36 +563,51 @@ func (g *suite) restart(t *testing.T, name, bootID string, want int32) string {
 	return f.bootID
 }
 
-// resize changes the running guest's vCPUs and memory within the maximum
-// it was defined with, which it takes live.
-func (g *suite) resize(t *testing.T, bootID string) {
-	ip := address(g.get(t, "g1"))
-	memTotal := func() int64 {
-		out := g.sshUntil(t, ip, "awk '/^MemTotal:/ {print $2}' /proc/meminfo", time.Minute)
-		kib, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
-		require.NoError(t, err, out)
-		return kib << 10
-	}
-	before := memTotal()
-	g.patch(t, "g1", func(v *v1alpha1.VirtualMachine) {
-		v.Spec.ForProvider.Vcpu = 2
-		v.Spec.ForProvider.Memory = resource.MustParse("1536Mi")
+// shape is a guest's vCPUs and memory as the guest itself counts them.
+type shape struct {
+	cpus int
+	// memTotal is /proc/meminfo's MemTotal in bytes: what the kernel was
+	// given less what it keeps for itself, so less than the VM's memory.
+	memTotal int64
+}
+
+// shape reads the vCPUs and memory of the guest at ip.
+func (g *suite) shape(t *testing.T, ip string) shape {
+	t.Helper()
+	out := g.sshUntil(t, ip, "nproc; awk '/^MemTotal:/ {print $2}' /proc/meminfo", time.Minute)
+	f := strings.Fields(out)
+	require.Len(t, f, 2, out)
+	cpus, err := strconv.Atoi(f[0])
+	require.NoError(t, err, out)
+	kib, err := strconv.ParseInt(f[1], 10, 64)
+	require.NoError(t, err, out)
+	return shape{cpus: cpus, memTotal: kib << 10}
+}
+
+// resize gives the running guest name vcpus and memory within the maximum
+// it was defined with, which it takes live, and returns the shape the
+// guest then has.
+func (g *suite) resize(t *testing.T, name, bootID string, vcpus int32, memory resource.Quantity) shape {
+	v := g.get(t, name)
+	ip := address(v)
+	before := g.shape(t, ip)
+	// The balloon gives the guest all of the added memory but what the
+	// kernel takes to map it.
+	grown := memory.Value() - v.Spec.ForProvider.Memory.Value() - 64<<20
+	g.patch(t, name, func(v *v1alpha1.VirtualMachine) {
+		v.Spec.ForProvider.Vcpu = vcpus
+		v.Spec.ForProvider.Memory = memory
 	})
-	g.waitVM(t, "g1", 2*time.Minute, "running with 2 vCPUs, no restart required", func(v *v1alpha1.VirtualMachine) bool {
-		return running(v) && v.Status.AtProvider.Vcpu == 2 && !v.Status.AtProvider.RestartRequired && v.Status.AtProvider.ObservedGeneration == v.Generation
+	g.waitVM(t, name, 2*time.Minute, fmt.Sprintf("running with %d vCPUs, no restart required", vcpus), func(v *v1alpha1.VirtualMachine) bool {
+		return running(v) && v.Status.AtProvider.Vcpu == vcpus && !v.Status.AtProvider.RestartRequired && v.Status.AtProvider.ObservedGeneration == v.Generation
 	})
-	var cpus string
+	var after shape
 	require.NoError(t, wait.PollUntilContextTimeout(g.ctx, 2*time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
-		out, err := g.ssh(ip, "nproc")
-		cpus = strings.TrimSpace(out)
-		return err == nil && cpus == "2", nil
-	}), "the guest brings its added vCPU online; nproc said %q", cpus)
-	var after int64
-	require.NoError(t, wait.PollUntilContextTimeout(g.ctx, 2*time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
-		after = memTotal()
-		return after-before >= 448<<20, nil
-	}), "the balloon gives the guest its 512 MiB more: MemTotal went from %d to %d bytes", before, after)
+		after = g.shape(t, ip)
+		return after.cpus == int(vcpus) && after.memTotal-before.memTotal >= grown, nil
+	}), "the guest brings its added vCPUs online and the balloon gives it the memory added: from %+v to %+v", before, after)
 	assert.Equal(t, bootID, g.facts(t, ip).bootID, "the same boot: vCPUs and memory changed under the running guest")
+	return after
 }
 
 // swapAtRestart changes the running guest's swap, which applies only at a

@@ -72,6 +72,9 @@ func (g *suite) failover(t *testing.T, pair *guesthost.Pair, image, shared strin
 	created := time.Now()
 	g.create(v)
 	_, ip := a.waitRunningWithAddress(t, "ha", created)
+	// Reshaped live before its host dies: the VM restarts elsewhere with
+	// the shape it had, not the one it was created with.
+	resized := a.resize(t, "ha", a.facts(t, ip).bootID, 2, resource.MustParse("1Gi"))
 	mark := "written on " + nodeA + " at " + time.Now().UTC().Format(time.RFC3339Nano)
 	a.sshUntil(t, ip, "echo '"+mark+"' | sudo tee /var/tmp/vf-ha >/dev/null && sync", time.Minute)
 
@@ -99,4 +102,11 @@ func (g *suite) failover(t *testing.T, pair *guesthost.Pair, image, shared strin
 	assert.Equal(t, mark, got, "host B booted the disk host A wrote")
 	assert.Equal(t, ip, address(b.get(t, "ha")), "the VM keeps its address")
 	assert.Contains(t, moved.GetAnnotations()[v1alpha1.AnnotationRestartedFrom], nodeA+"@")
+	again := b.shape(t, ip)
+	assert.Equal(t, resized.cpus, again.cpus, "the vCPUs given live before the host died")
+	// Not equal: the guest boots with its maximum, which is a multiple of
+	// the VM's memory (domain.go), and its kernel keeps page structures
+	// for all of it, so a larger maximum leaves a few MiB less in
+	// MemTotal. The 512 MiB it was created with would be far outside.
+	assert.InDelta(t, resized.memTotal, again.memTotal, 128<<20, "the memory given live before the host died")
 }

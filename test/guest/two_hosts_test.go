@@ -13,6 +13,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
@@ -133,9 +134,19 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 	t.Run("AFrozenSnapshotKeepsTheGuestFromMovingUntilDeleted", func(t *testing.T) {
 		g.snapshotHoldsTheGuest(t, "g1", ipA, nodeA, ipB, nodeB)
 	})
+	// Reshaped live, then moved: the target runs the guest as it is now,
+	// not as it booted.
+	var resized *shape
+	t.Run("VCPUsAndMemoryChangeLiveBeforeTheMove", func(t *testing.T) {
+		s := a.resize(t, "g1", a.facts(t, ipA).bootID, 2, resource.MustParse("1536Mi"))
+		resized = &s
+	})
 	moved := t.Run("ALiveMigrationMovesAGuestWithItsVolumeAndAddress", func(t *testing.T) {
 		g.migrate(t, "g1", ipA, nodeA, nodeB, ipB)
 		b.sshUntil(t, ipB, ping(ipA, defaultPayload), reachTimeout)
+		if resized != nil {
+			assert.Equal(t, *resized, b.shape(t, ipA), "the vCPUs and memory given live before the move")
+		}
 	})
 	t.Run("AVMIsBackedUpOnTheNodeItMovedTo", func(t *testing.T) {
 		if !moved {
