@@ -323,6 +323,8 @@ func testOverlay(ctx context.Context, t *testing.T, h realHost, d *Driver) {
 		assert.Equal(t, uint(underlayMTU-50), dom.Devices.Interfaces[0].MTU.Size)
 	})
 
+	t.Run("DHCPNeverCrossesTheOverlay", func(t *testing.T) { testDHCPStaysOnItsNode(t, h, bridge) })
+
 	for _, step := range []struct {
 		name  string
 		peers []netip.Addr // nil: SetPeers is not called

@@ -44,7 +44,7 @@ func vxlanOverhead(tunnel netip.Addr) int {
 
 // vxlanName names the VXLAN device of the overlay vni: at most 11
 // characters, within a link name's 15.
-func vxlanName(vni int32) string { return fmt.Sprintf("vfx%d", vni) }
+func vxlanName(vni int32) string { return fmt.Sprintf(vxlanPrefix+"%d", vni) }
 
 // floodMAC is the FDB address whose entries say where to flood to.
 var floodMAC = net.HardwareAddr{0, 0, 0, 0, 0, 0}
@@ -205,6 +205,10 @@ func (d *Driver) joinOverlay(bridge string, vni int32) error {
 		if err := h.LinkSetMaster(l, br); err != nil {
 			return errors.Wrapf(err, "cannot attach %s to bridge %s", want.Name, bridge)
 		}
+	}
+	// Before the device is up: no DHCP frame crosses it.
+	if err := d.keepDHCPLocal(); err != nil {
+		return err
 	}
 	if l.Attrs().Flags&net.FlagUp == 0 {
 		if err := h.LinkSetUp(l); err != nil {
