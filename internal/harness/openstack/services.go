@@ -24,8 +24,8 @@ var pythonFiles embed.FS
 
 // writePython puts the harness's drivers on the services' PYTHONPATH:
 // vfbind with the dist-info that makes it an entry point Neutron's ML2
-// finds by name, and vffile, which Cinder imports by its path
-// (vffile.FileDriver).
+// finds by name, vffile, which Cinder imports by its path
+// (vffile.FileDriver), and vflauncher, which service patches in.
 func (c *Cloud) writePython() error {
 	dir := filepath.Join(c.Dir, "python")
 	info := filepath.Join(dir, "vfbind-1.0.dist-info")
@@ -37,6 +37,7 @@ func (c *Cloud) writePython() error {
 		"python/METADATA":         filepath.Join(info, "METADATA"),
 		"python/entry_points.txt": filepath.Join(info, "entry_points.txt"),
 		"python/vffile.py":        filepath.Join(dir, "vffile.py"),
+		"python/vflauncher.py":    filepath.Join(dir, "vflauncher.py"),
 	} {
 		b, err := pythonFiles.ReadFile(name)
 		if err != nil {
@@ -314,9 +315,10 @@ func (c *Cloud) syncNova(ctx context.Context) error {
 // service runs an OpenStack service's main function from Debian's
 // python3-<project> with the cloud's configuration file: Debian ships some
 // services only as WSGI scripts for uwsgi or as init scripts, but every
-// main is in the library.
+// main is in the library. Their worker launchers first check their
+// workers less often (python/vflauncher.py says why).
 func (c *Cloud) service(name, module, conf string) (*process, error) {
-	return c.start(name, nil, python, "-c", "import sys; from "+module+" import main; sys.exit(main())",
+	return c.start(name, nil, python, "-c", "import sys, vflauncher; vflauncher.patch(); from "+module+" import main; sys.exit(main())",
 		"--config-file", filepath.Join(c.Dir, "etc", conf))
 }
 
