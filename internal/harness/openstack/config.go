@@ -114,6 +114,12 @@ func (c *Cloud) keystoneConf() conf {
 		// make deps' debconf answers on a fresh machine).
 		"fernet_receipts": {{"key_repository", filepath.Join(c.Dir, "state", "keystone", "fernet-keys")}},
 		"credential":      {{"key_repository", filepath.Join(c.Dir, "state", "keystone", "credential-keys")}},
+		// Every password authentication (each service's, each agent's,
+		// each test client's) checks a bcrypt hash, at bcrypt's default
+		// cost most of what Keystone spends on it. The cloud's passwords
+		// are random and never leave the machine, so a hash that is hard
+		// to reverse protects nothing: the cost bcrypt allows least.
+		"identity": {{"password_hash_rounds", "4"}},
 	}
 }
 
@@ -159,8 +165,11 @@ func (c *Cloud) novaConf() conf {
 		// Nova's compute builds an image URL for every instance's
 		// notification payload, and fails the build without an image
 		// endpoint, even for a server that boots from a volume.
-		"glance":                       {{"api_servers", c.glanceURL()}},
-		"conductor":                    {{"workers", "1"}},
+		"glance":    {{"api_servers", c.glanceURL()}},
+		"conductor": {{"workers", "1"}},
+		// The scheduler's discovery maps a new compute host to its cell:
+		// until then Nova's API lists no hypervisor of it, which is what
+		// waitCompute waits for.
 		"scheduler":                    {{"workers", "1"}, {"discover_hosts_in_cells_interval", "2"}},
 		"quota":                        {{"instances", "-1"}, {"cores", "-1"}, {"ram", "-1"}, {"key_pairs", "-1"}},
 		"wsgi":                         {{"api_paste_config", "/etc/nova/api-paste.ini"}},
