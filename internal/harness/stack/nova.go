@@ -17,8 +17,13 @@ import (
 // cloudName is the clouds.yaml entry the nova node's agent uses.
 const cloudName = "virtfleet-test"
 
-// novaPollInterval is short so the hub scenarios' waits stay short.
-const novaPollInterval = "500ms"
+// novaPollInterval is shorter than the agent's default so that what the
+// scenarios change in Nova shows soon, but not so short that the polls
+// are most of what the cloud does: each is a changes-since list that
+// costs Nova's API more than anything else a test does as often. A guest
+// in transition does not wait for it: the agent's reconciler re-examines
+// it every second, and the driver reads a transitional server itself.
+const novaPollInterval = "2s"
 
 // novaBackend is a nova node's cloud: the test binary's shared real
 // OpenStack (started at the first nova node, stopped by openstack.Main),
