@@ -170,6 +170,10 @@ const (
 	DefaultQPS = 600
 )
 
+// ShutdownTimeout bounds how long a stopping hub waits for its controllers
+// and servers before it releases the leader election Lease and exits.
+const ShutdownTimeout = 10 * time.Second
+
 // Run runs the hub until ctx is done.
 func Run(ctx context.Context, c Config) error {
 	if c.FencingMargin < 0 {
@@ -196,6 +200,11 @@ func Run(ctx context.Context, c Config) error {
 	}
 	watchErrs := newWatchErrors(log, scheme)
 	lease, renew := 60*time.Second, 50*time.Second
+	// A stopping hub gives up the Lease once its runnables stopped, so the
+	// next hub leads at once instead of after the Lease expires; waiting
+	// for the runnables is bounded well inside a pod's termination grace
+	// (30 s by default), or the kubelet kills the hub before it releases.
+	shutdown := ShutdownTimeout
 	c.MaxReconcileRate = cmp.Or(c.MaxReconcileRate, DefaultMaxReconcileRate)
 	c.Workers, c.QPS = cmp.Or(c.Workers, DefaultWorkers), cmp.Or(c.QPS, DefaultQPS)
 	rest := ratelimiter.LimitRESTConfig(c.Rest, c.MaxReconcileRate)
@@ -210,16 +219,18 @@ func Run(ctx context.Context, c Config) error {
 		// Secrets are read one by one, straight from the API server: a
 		// cached read would hold every Secret of the cluster in memory and
 		// need list and watch on all of them.
-		Client:                     client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
-		LeaderElection:             c.LeaderElection,
-		LeaderElectionID:           "virtfleet-hub",
-		LeaderElectionNamespace:    c.LeaderElectionNamespace,
-		LeaderElectionResourceLock: resourcelock.LeasesResourceLock,
-		LeaseDuration:              &lease,
-		RenewDeadline:              &renew,
-		Metrics:                    metricsserver.Options{BindAddress: c.MetricsAddress},
-		HealthProbeBindAddress:     c.HealthAddress,
-		PprofBindAddress:           c.PprofAddress,
+		Client:                        client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
+		LeaderElection:                c.LeaderElection,
+		LeaderElectionID:              "virtfleet-hub",
+		LeaderElectionNamespace:       c.LeaderElectionNamespace,
+		LeaderElectionResourceLock:    resourcelock.LeasesResourceLock,
+		LeaseDuration:                 &lease,
+		RenewDeadline:                 &renew,
+		LeaderElectionReleaseOnCancel: true,
+		GracefulShutdownTimeout:       &shutdown,
+		Metrics:                       metricsserver.Options{BindAddress: c.MetricsAddress},
+		HealthProbeBindAddress:        c.HealthAddress,
+		PprofBindAddress:              c.PprofAddress,
 	})
 	if err != nil {
 		return errors.Wrap(err, "cannot create the controller manager")

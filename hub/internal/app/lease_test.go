@@ -1,0 +1,122 @@
+package app_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtfleet/virtfleet/hub/internal/app"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+)
+
+// leaseKey is the hub's leader election Lease, in the namespace the tests
+// give it.
+var leaseKey = client.ObjectKey{Namespace: "default", Name: "virtfleet-hub"}
+
+// A hub that stops (its pod's SIGTERM) gives up the leader election Lease
+// before it exits, well inside a pod's termination grace, so that the next
+// hub leads at once rather than when the Lease expires.
+func TestAStoppingHubReleasesTheLease(t *testing.T) {
+	cp := controlplane.StartForTest(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := startHub(ctx, t, cp)
+	holder := awaitHolder(ctx, t, cp, time.Minute)
+	require.NotEmpty(t, holder)
+
+	stop := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(2 * app.ShutdownTimeout):
+		t.Fatalf("the hub did not stop within %s", 2*app.ShutdownTimeout)
+	}
+	t.Logf("hub stopped %s after its context was cancelled", time.Since(stop).Round(time.Millisecond))
+	var lease coordinationv1.Lease
+	require.NoError(t, cp.Client.Get(context.Background(), leaseKey, &lease))
+	assert.Empty(t, ptr.Deref(lease.Spec.HolderIdentity, ""), "the stopped hub still holds the Lease")
+}
+
+// A hub that was killed releases nothing: the next one takes its Lease
+// once it expired, and not before. A candidate counts the Lease's duration
+// from when it first saw the Lease, not from its renewTime (clocks differ),
+// so a hub started next to the killed one's Lease waits a whole duration.
+func TestAHubTakesAKilledHubsLeaseWhenItExpires(t *testing.T) {
+	cp := controlplane.StartForTest(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const duration = 60 * time.Second
+	now := metav1.NowMicro()
+	require.NoError(t, cp.Client.Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: leaseKey.Namespace, Name: leaseKey.Name},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity:       ptr.To("killed-hub"),
+			LeaseDurationSeconds: ptr.To(int32(duration / time.Second)),
+			AcquireTime:          &now,
+			RenewTime:            &now,
+		},
+	}))
+	started := time.Now()
+	done := startHub(ctx, t, cp)
+	defer func() {
+		cancel()
+		<-done
+	}()
+	awaitHolder(ctx, t, cp, duration+30*time.Second, "killed-hub")
+	took := time.Since(started)
+	assert.GreaterOrEqual(t, took, duration, "the hub took the killed hub's Lease before it expired")
+	t.Logf("hub took the killed hub's Lease %s after it started", took.Round(time.Millisecond))
+}
+
+// startHub runs a hub with leader election on cp until ctx is done; Run's
+// error comes on the channel.
+func startHub(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		done <- app.Run(ctx, app.Config{
+			Rest: cp.Config, LeaderElection: true, LeaderElectionNamespace: leaseKey.Namespace,
+			MetricsAddress: "0", HealthAddress: "0", LogOutput: testLog{t},
+		})
+	}()
+	return done
+}
+
+// awaitHolder waits up to timeout until the Lease has a holder other than
+// those in not, and returns it.
+func awaitHolder(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, timeout time.Duration, not ...string) string {
+	t.Helper()
+	var holder string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		var lease coordinationv1.Lease
+		if err := cp.Client.Get(ctx, leaseKey, &lease); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		holder = ptr.Deref(lease.Spec.HolderIdentity, "")
+		for _, n := range not {
+			if holder == n {
+				return false, nil
+			}
+		}
+		return holder != "", nil
+	})
+	require.NoError(t, err, "no hub took the Lease: held by %q", holder)
+	return holder
+}
+
+// testLog is the hub's log in the test's.
+type testLog struct{ t *testing.T }
+
+func (w testLog) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
