@@ -43,8 +43,9 @@ import (
 // it is libvirt's test driver, which has no QEMU process to compare.
 //
 // Throughout, at most one hub leads (by each hub pod's
-// leader_election_master_status, sampled with the Lease's holder), and
-// none that does not lead reconciles; a VM created while the hub rolls
+// leader_election_master_status, sampled with the Lease's holder), none
+// that does not lead reconciles, and the old leader releases the Lease as
+// it stops, so that no hub leads only briefly; a VM created while the hub rolls
 // (a hub of v2 with agents of v1) and one created while the agents roll
 // come up Running; a stop issued afterwards works. At the end every hub
 // reports v2 in its build info and the HypervisorNode the agent's v2.
@@ -109,6 +110,9 @@ func TestUpgradeTouchesNoGuest(t *testing.T) {
 	t.Logf("no hub leading for %s; no heartbeat for %s at most; Lease holders %v",
 		s.leaderless.Round(100*time.Millisecond), s.heartbeatGap.Round(100*time.Millisecond), s.holders)
 	assert.Empty(t, s.violations, "hubs reconciled at once")
+	// The old leader releases the Lease as it stops, so a new hub leads
+	// long before the Lease would have expired.
+	assert.Less(t, s.leaderless, maxLeaderless, "no hub led for that long: the stopping hub did not release the Lease")
 	assert.GreaterOrEqual(t, s.leaders, 2, "the watch saw no hand-over: every sample missed a leader")
 
 	for _, vm := range vms {
@@ -119,6 +123,13 @@ func TestUpgradeTouchesNoGuest(t *testing.T) {
 	}
 	f.stopThroughAPI(ctx, t, inst.kubectl, vms[0])
 }
+
+// maxLeaderless bounds the time no hub leads while the hub rolls, a third
+// of the Lease's 60 s: Crossplane deletes the old revision's Deployment
+// before the new one's pods run, so it is the old leader's shutdown
+// (app.ShutdownTimeout at most), the new pods' start and a new hub's first
+// try for the released Lease.
+const maxLeaderless = 20 * time.Second
 
 // guest is what the node's libvirtd knows a guest by: its domain's UUID
 // (the VM's uid), and the id it gave the domain when it last started,
