@@ -62,6 +62,15 @@ const (
 	DefaultNodesMaxBytes int64 = 64 << 20
 )
 
+// DefaultIntentConsumers bounds the consumers of the intents bucket. Every
+// agent watches its own intents through one, so nats-server's default of
+// 1,000 a stream (default_max_consumers) refuses the watch of a fleet's
+// thousandth node ("maximum consumers limit reached"), and those nodes'
+// retries then load the server until it takes no heartbeat either. A bound
+// stays, for an agent may create consumers on the stream: a sixteenth of
+// it would serve a thousand nodes.
+const DefaultIntentConsumers = 16384
+
 // BucketConfig shapes the buckets.
 type BucketConfig struct {
 	// Replicas of each bucket; 0 means 1.
@@ -82,6 +91,9 @@ type BucketConfig struct {
 	// MaxValueSize bounds each value in every bucket; 0 means
 	// DefaultMaxValueSize.
 	MaxValueSize int32
+	// IntentConsumers bounds the consumers of the intents bucket; 0 means
+	// DefaultIntentConsumers.
+	IntentConsumers int
 }
 
 // KeyValueConfigs are the configurations of the buckets made as KV buckets
@@ -121,8 +133,9 @@ func KeyValueConfigs(cfg BucketConfig) []jetstream.KeyValueConfig {
 // below what a bucket holds deletes nothing: KV buckets discard new values,
 // so only later writes are refused until it shrinks.
 //
-// It also forbids roll-ups in the intents bucket (see forbidRollups); the
-// reports' streams never allow them.
+// It also forbids roll-ups in the intents bucket and bounds its consumers
+// (see shapeIntents), which a KV bucket's configuration cannot say; the
+// reports' streams never allow roll-ups.
 func EnsureBuckets(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) error {
 	for _, c := range KeyValueConfigs(cfg) {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
@@ -131,33 +144,35 @@ func EnsureBuckets(ctx context.Context, js jetstream.JetStream, cfg BucketConfig
 		if c.Bucket == wire.BucketNodes {
 			continue
 		}
-		if err := forbidRollups(ctx, js, c.Bucket); err != nil {
+		if err := shapeIntents(ctx, js, c.Bucket, cmp.Or(cfg.IntentConsumers, DefaultIntentConsumers)); err != nil {
 			return err
 		}
 	}
 	return ensureReports(ctx, js, cfg)
 }
 
-// forbidRollups makes bucket's stream refuse messages with a Nats-Rollup
-// header. nats.go makes every bucket allow them, for its Purge, which
-// virtfleet never uses; but the header is no part of a subject, so no
-// permission can keep it from a writer, and "Nats-Rollup: all" on one key
-// would remove every other key (the reports' streams, which nodes write,
-// never allow them). The nodes bucket
-// keeps them: its expiry markers (LimitMarkerTTL) need them, and a
-// heartbeat removed so is written again at the node's next beat.
-func forbidRollups(ctx context.Context, js jetstream.JetStream, bucket string) error {
+// shapeIntents sets what the intents bucket's stream needs that a KV
+// bucket's configuration cannot say: at most maxConsumers consumers (see
+// DefaultIntentConsumers), and no roll-ups. nats.go makes every bucket
+// allow messages with a Nats-Rollup header, for its Purge, which virtfleet
+// never uses; but the header is no part of a subject, so no permission can
+// keep it from a writer, and "Nats-Rollup: all" on one key would remove
+// every other key (the reports' streams, which nodes write, never allow
+// them). The nodes bucket keeps them: its expiry markers (LimitMarkerTTL)
+// need them, and a heartbeat removed so is written again at the node's
+// next beat.
+func shapeIntents(ctx context.Context, js jetstream.JetStream, bucket string, maxConsumers int) error {
 	s, err := js.Stream(ctx, wire.Stream(bucket))
 	if err != nil {
 		return errors.Wrapf(err, "cannot read bucket %s", bucket)
 	}
 	c := s.CachedInfo().Config
-	if !c.AllowRollup {
+	if !c.AllowRollup && c.MaxConsumers == maxConsumers {
 		return nil
 	}
-	c.AllowRollup = false
+	c.AllowRollup, c.MaxConsumers = false, maxConsumers
 	if _, err := js.UpdateStream(ctx, c); err != nil {
-		return errors.Wrapf(err, "cannot forbid roll-ups in bucket %s", bucket)
+		return errors.Wrapf(err, "cannot forbid roll-ups in bucket %s and bound its consumers", bucket)
 	}
 	return nil
 }

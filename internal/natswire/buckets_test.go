@@ -197,3 +197,32 @@ func TestEnsureNodeReportsIsIdempotent(t *testing.T) {
 	assert.ElementsMatch(t, []string{"REPORTS_node1", "REPORTS_node-2_rack-a"}, sourceNames(streamConfig(t, js, wire.BucketReports)))
 	assert.Equal(t, int64(10), nodeReportsConfig(t, js, "node1").MaxMsgs, "a changed bound reaches the nodes' streams at the hub's next start")
 }
+
+// TestTheIntentsBucketTakesAWatchPerNodePastTheServersDefault: every agent
+// watches its own intents with an ordered consumer (an ephemeral one,
+// filtered on its prefix, made here as nats.go makes it at the watch's
+// first read), and nats-server allows 1,000 consumers a stream unless the
+// stream says otherwise, so the watch of a fleet's node 1,001 was refused.
+// The bucket bounds its consumers itself, higher, and still bounds them.
+func TestTheIntentsBucketTakesAWatchPerNodePastTheServersDefault(t *testing.T) {
+	ctx := context.Background()
+	js := hubJetStream(t)
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{}))
+	assert.Equal(t, natswire.DefaultIntentConsumers, streamConfig(t, js, wire.BucketIntents).MaxConsumers)
+	watch := func(node string) error {
+		_, err := js.CreateConsumer(ctx, "KV_"+wire.BucketIntents, jetstream.ConsumerConfig{
+			FilterSubject: fmt.Sprintf("$KV.%s.%s.>", wire.BucketIntents, node),
+			AckPolicy:     jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		})
+		return err
+	}
+
+	const nodes = 1001
+	for i := range nodes {
+		require.NoError(t, watch(fmt.Sprintf("node%d", i)), "the watch of node %d", i)
+	}
+
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{IntentConsumers: nodes + 1}))
+	require.NoError(t, watch("extra1"), "one more, up to the bound")
+	require.Error(t, watch("extra2"), "none past the bound")
+}
