@@ -35,6 +35,19 @@ func fromImage(name, image string) *v1alpha1.Volume {
 	return v
 }
 
+// goldenCloneOfAGoneVolume makes DiskImage golden in namespace ns, a clone
+// of Volume base (which does not exist), its status Ready and made on
+// node1.
+func goldenCloneOfAGoneVolume(t *testing.T, env *controllertest.Env, ns string) *v1alpha1.DiskImage {
+	t.Helper()
+	golden := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "golden"}}
+	golden.Spec.ForProvider.Source.VolumeRef = &v1alpha1.LocalReference{Name: "base"}
+	require.NoError(t, env.Kube.Create(env.Ctx, golden))
+	golden.Status.AtProvider.Phase, golden.Status.AtProvider.Nodes = v1alpha1.ImagePhaseReady, []string{"node1"}
+	require.NoError(t, env.Kube.Status().Update(env.Ctx, golden))
+	return golden
+}
+
 func TestResolveImages(t *testing.T) {
 	raw := v1alpha1.DiskFormatRaw
 	img := &v1alpha1.DiskImage{
@@ -84,11 +97,7 @@ func TestANewDiskOfAClonedImageIsNeverMadeEmpty(t *testing.T) {
 
 	// DiskImage golden cloned Volume base, which is gone now; its status
 	// says Ready on node1, where the first clone's disk was made of it.
-	golden := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "golden"}}
-	golden.Spec.ForProvider.Source.VolumeRef = &v1alpha1.LocalReference{Name: "base"}
-	require.NoError(t, env.Kube.Create(env.Ctx, golden))
-	golden.Status.AtProvider.Phase, golden.Status.AtProvider.Nodes = v1alpha1.ImagePhaseReady, []string{"node1"}
-	require.NoError(t, env.Kube.Status().Update(env.Ctx, golden))
+	golden := goldenCloneOfAGoneVolume(t, env, ns)
 	onNode1 := func(name string) {
 		v := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 		v.Spec.ForProvider.Size = resource.MustParse("1Gi")
@@ -181,11 +190,7 @@ func TestAVMWaitingForAHolderIsPlacedWhenOneReports(t *testing.T) {
 
 	// DiskImage golden cloned Volume base, which is gone; node1 made it,
 	// and no node reports holding it now.
-	golden := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "golden"}}
-	golden.Spec.ForProvider.Source.VolumeRef = &v1alpha1.LocalReference{Name: "base"}
-	require.NoError(t, env.Kube.Create(env.Ctx, golden))
-	golden.Status.AtProvider.Phase, golden.Status.AtProvider.Nodes = v1alpha1.ImagePhaseReady, []string{"node1"}
-	require.NoError(t, env.Kube.Status().Update(env.Ctx, golden))
+	golden := goldenCloneOfAGoneVolume(t, env, ns)
 	root := fromImage("root", "golden")
 	root.Namespace = ns
 	require.NoError(t, env.Kube.Create(env.Ctx, root))
