@@ -561,14 +561,18 @@ func removeLeftovers(name string, progress io.Writer) {
 }
 
 // KillNetns kills every process in network namespace name, for a harness
-// whose namespace holds only processes it started.
+// whose namespace holds only processes it started, but never the calling
+// process: ip counts a process as the namespace's when its main thread is
+// there, and the main thread of a Go program runs any goroutine, among
+// them those that enter the namespace for a moment (Within, a forwarder's
+// dial) while another stops the host.
 func KillNetns(name string) {
 	out, err := exec.Command("ip", "netns", "pids", name).Output()
 	if err != nil {
 		return
 	}
 	for _, f := range strings.Fields(string(out)) {
-		if pid, err := strconv.Atoi(f); err == nil {
+		if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}

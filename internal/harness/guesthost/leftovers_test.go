@@ -79,3 +79,38 @@ func TestAKilledRunsHostIsRemovedAtTheNextStart(t *testing.T) {
 	assert.FileExists(t, filepath.Join("/run/netns", living), "the living run's namespace stays")
 	assert.DirExists(t, livingDir)
 }
+
+// killNetnsChild names the namespace in which TestKillNetnsSparesItsCaller's
+// child, the test binary run again inside it, calls KillNetns.
+const killNetnsChild = "VIRTFLEET_KILLNETNS_CHILD"
+
+// KillNetns kills what runs in the namespace but not its caller, even when
+// the caller's main thread is there too (here the whole child is).
+func TestKillNetnsSparesItsCaller(t *testing.T) {
+	if ns := os.Getenv(killNetnsChild); ns != "" {
+		KillNetns(ns)
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("makes network namespaces: needs root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2's ip")
+	}
+	ns := "vfkillnetns-" + strconv.Itoa(os.Getpid())
+	out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	t.Cleanup(func() { KillNetns(ns); _ = exec.Command("ip", "netns", "del", ns).Run() })
+	sleeper := exec.Command("ip", "netns", "exec", ns, "sleep", "600")
+	require.NoError(t, sleeper.Start())
+	waited := make(chan error, 1)
+	go func() { waited <- sleeper.Wait() }()
+
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	child := exec.Command("ip", "netns", "exec", ns, exe, "-test.run=^TestKillNetnsSparesItsCaller$") //nolint:gosec // the test binary itself
+	child.Env = append(os.Environ(), killNetnsChild+"="+ns)
+	out, err = child.CombinedOutput()
+	require.NoError(t, err, "the caller survives its own KillNetns: %s", out)
+	assert.Error(t, <-waited, "the namespace's other process is killed")
+}
