@@ -32,7 +32,6 @@ package kubenode
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -49,6 +48,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
+	"github.com/virtfleet/virtfleet/internal/harness/procs"
 	"github.com/virtfleet/virtfleet/internal/harness/relay"
 )
 
@@ -111,7 +111,7 @@ type Node struct {
 	ContainerdSocket string
 
 	rec    record
-	lock   *os.File
+	lock   *procs.Record
 	cmd    *exec.Cmd
 	exited chan struct{}
 	log    *os.File
@@ -199,7 +199,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 
 func (n *Node) start(ctx context.Context, opts Options) error {
 	var err error
-	if n.lock, err = writeRecord(n.rec); err != nil {
+	if n.lock, err = procs.WriteRecord(runDir(), n.rec.Netns, n.rec); err != nil {
 		return err
 	}
 	if err := n.writeConfig(opts.SandboxImage, opts.Registries); err != nil {
@@ -339,73 +339,17 @@ func (n *Node) stop() {
 		fmt.Fprintf(os.Stderr, "kubenode: %v\n", err)
 	}
 	if n.lock != nil {
-		_ = os.Remove(recordPath(n.rec))
-		_ = n.lock.Close()
+		n.lock.Remove()
 	}
 }
-
-// writeRecord writes rec into runDir, under a lock held while the returned
-// file is open. The record is locked before it is renamed into place, so
-// that no Start takes a node being started for a killed run's.
-func writeRecord(rec record) (*os.File, error) {
-	if err := os.MkdirAll(runDir(), 0o755); err != nil {
-		return nil, errors.Wrap(err, "cannot create the nodes' record directory")
-	}
-	f, err := os.CreateTemp(runDir(), ".record-")
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot create the node's record")
-	}
-	b, err := json.Marshal(rec)
-	if err == nil {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-	}
-	if err == nil {
-		_, err = f.Write(b)
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), recordPath(rec))
-	}
-	if err != nil {
-		_ = os.Remove(f.Name())
-		_ = f.Close()
-		return nil, errors.Wrap(err, "cannot write the node's record")
-	}
-	return f, nil
-}
-
-func recordPath(rec record) string { return filepath.Join(runDir(), rec.Netns+".json") }
 
 // removeLeftovers removes the nodes of runs that were killed before they
 // stopped them: those whose record nobody locks.
 func removeLeftovers(ctx context.Context, progress io.Writer) error {
-	paths, err := filepath.Glob(filepath.Join(runDir(), "*.json"))
-	if err != nil {
-		return errors.Wrap(err, "cannot list the nodes' records")
-	}
-	for _, p := range paths {
-		f, err := os.Open(p) //nolint:gosec // a record in our run directory
-		if err != nil {
-			continue // removed meanwhile
-		}
-		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
-			_ = f.Close() // a live node's
-			continue
-		}
-		var rec record
-		err = json.NewDecoder(f).Decode(&rec)
-		if err == nil {
-			fmt.Fprintf(progress, "kubenode: removing node %s (directory %s) that a killed run left behind\n", rec.Netns, rec.Dir)
-			err = remove(ctx, rec)
-		}
-		if err == nil {
-			err = os.Remove(p)
-		}
-		_ = f.Close()
-		if err != nil {
-			return errors.Wrapf(err, "cannot remove the node of record %s", p)
-		}
-	}
-	return nil
+	return procs.RemoveAbandoned(runDir(), func(rec record) error {
+		fmt.Fprintf(progress, "kubenode: removing node %s (directory %s) that a killed run left behind\n", rec.Netns, rec.Dir)
+		return remove(ctx, rec)
+	})
 }
 
 // remove kills every process of rec's node, then removes its network

@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/virtfleet/virtfleet/internal/harness/procs"
 )
 
 // What a killed run's node left (a process in its cgroup and network
@@ -32,7 +34,7 @@ func TestRemoveLeftovers(t *testing.T) {
 	killed := &Node{Dir: dir, Netns: "vfkn-" + id, Cgroup: "vfkn-" + id}
 	killed.rec = record{Dir: killed.Dir, Netns: killed.Netns, Cgroup: killed.Cgroup}
 	t.Cleanup(func() { _ = remove(context.Background(), killed.rec) })
-	procs, err := makeCgroups(killed.Cgroup)
+	cgroupProcs, err := makeCgroups(killed.Cgroup)
 	require.NoError(t, err)
 	require.NoError(t, killed.makeNetns(ctx))
 	sleeper := exec.Command("ip", "netns", "exec", killed.Netns, "sleep", "600")
@@ -40,15 +42,15 @@ func TestRemoveLeftovers(t *testing.T) {
 	require.NoError(t, sleeper.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- sleeper.Wait() }()
-	require.NoError(t, os.WriteFile(procs, []byte(strconv.Itoa(sleeper.Process.Pid)), 0o644))
-	f, err := writeRecord(killed.rec)
+	require.NoError(t, os.WriteFile(cgroupProcs, []byte(strconv.Itoa(sleeper.Process.Pid)), 0o644))
+	killedRec, err := procs.WriteRecord(runDir(), killed.Netns, killed.rec)
 	require.NoError(t, err)
-	require.NoError(t, f.Close()) // as its test process's death would
+	killedRec.Abandon()
 
 	live := record{Dir: filepath.Join(os.TempDir(), "vf-kn-live"+id), Netns: "vfkn-live" + id, Cgroup: "vfkn-live" + id}
-	lock, err := writeRecord(live)
+	liveRec, err := procs.WriteRecord(runDir(), live.Netns, live)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.Remove(recordPath(live)); _ = lock.Close() })
+	t.Cleanup(liveRec.Remove)
 
 	require.NoError(t, removeLeftovers(ctx, io.Discard))
 
@@ -64,10 +66,10 @@ func TestRemoveLeftovers(t *testing.T) {
 	cgroups, err := filepath.Glob(filepath.Join(cgroupRoot, "*", killed.Cgroup))
 	require.NoError(t, err)
 	assert.Empty(t, cgroups, "cgroups are left")
-	for _, p := range []string{killed.Dir, recordPath(killed.rec)} {
+	for _, p := range []string{killed.Dir, killedRec.Path()} {
 		_, err = os.Stat(p)
 		assert.True(t, os.IsNotExist(err), "%s is left", p)
 	}
-	_, err = os.Stat(recordPath(live))
+	_, err = os.Stat(liveRec.Path())
 	assert.NoError(t, err, "a live node's record was removed")
 }
