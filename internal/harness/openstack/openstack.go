@@ -22,9 +22,10 @@
 //
 // Nothing is shared with the machine: every service reads its own
 // configuration from the cloud's directory, listens on 127.0.0.1 ports
-// picked at start, and is stopped (its whole process group) by Stop. The
-// packages are installed by `make deps` (hack/deps.sh); Missing says which
-// are absent.
+// picked at start, and is stopped (its whole process group) by Stop; what
+// a killed test binary's cloud leaves, the next Start removes
+// (leftovers.go). The packages are installed by `make deps`
+// (hack/deps.sh); Missing says which are absent.
 package openstack
 
 import (
@@ -44,6 +45,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/virtfleet/virtfleet/internal/harness/freeport"
+	"github.com/virtfleet/virtfleet/internal/harness/procs"
 )
 
 // Packages are the Debian packages the cloud runs from; hack/deps.sh
@@ -131,8 +133,11 @@ type Cloud struct {
 	ports struct {
 		keystone, placement, nova, glance, cinder, neutron, amqp, dist, epmd int
 	}
-	out      io.Writer
-	ownDir   bool
+	out    io.Writer
+	ownDir bool
+	// rec records the cloud for the next Start, should this test binary
+	// be killed before Stop.
+	rec      *procs.Record
 	mu       sync.Mutex
 	procs    []*process
 	began    time.Time
@@ -196,11 +201,21 @@ func Start(ctx context.Context, o Options) (_ *Cloud, err error) {
 	if c.SpareComputeHost == "" {
 		c.SpareComputeHost = DefaultSpareComputeHost
 	}
+	if err := removeLeftovers(ctx, c.out); err != nil {
+		// The new cloud shares nothing with theirs; the next Start retries.
+		c.progress("%v", err)
+	}
 	if c.Dir == "" {
-		if c.Dir, err = os.MkdirTemp("", "virtfleet-openstack-"); err != nil {
+		if c.Dir, err = os.MkdirTemp("", dirPrefix); err != nil {
 			return nil, errors.Wrap(err, "cannot create the cloud's directory")
 		}
 		c.ownDir = true
+	}
+	if c.rec, err = procs.WriteRecord(runDir(), recordName(c.Dir), record{Dir: c.Dir, Keep: !c.ownDir, Owner: os.Getpid()}); err != nil {
+		if c.ownDir {
+			_ = os.RemoveAll(c.Dir)
+		}
+		return nil, err
 	}
 	var secret [16]byte
 	_, _ = rand.Read(secret[:])
@@ -287,13 +302,13 @@ func (c *Cloud) Stop() {
 			rc.destroyGuests(c)
 		}
 		c.mu.Lock()
-		procs := c.procs
+		running := c.procs
 		c.procs = nil
 		c.mu.Unlock()
 		// All at once: each may take its grace period, and they no longer
 		// need each other.
 		var wg sync.WaitGroup
-		for _, p := range procs {
+		for _, p := range running {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -301,14 +316,26 @@ func (c *Cloud) Stop() {
 			}()
 		}
 		wg.Wait()
-		if len(procs) > 0 {
-			c.progress("stopped %d processes", len(procs))
+		if len(running) > 0 {
+			c.progress("stopped %d processes", len(running))
+		}
+		// What left its service's process group (Erlang's helpers, QEMU,
+		// dnsmasq) and did not end with it.
+		killed, err := killCloud(context.Background(), c.Dir)
+		if len(killed) > 0 {
+			c.progress("killed %d processes left: %s", len(killed), strings.Join(killed, ", "))
+		}
+		if err != nil {
+			c.progress("%v", err)
 		}
 		if rc != nil {
 			rc.cleanUp(c)
 		}
 		if c.ownDir {
 			_ = os.RemoveAll(c.Dir)
+		}
+		if c.rec != nil {
+			c.rec.Remove()
 		}
 	})
 }

@@ -46,7 +46,8 @@ func (c *Cloud) start(name string, env []string, argv ...string) (*process, erro
 	cmd.Dir = c.Dir
 	cmd.Stdout, cmd.Stderr = log, log
 	// A test binary killed before its TestMain stops the cloud takes the
-	// services' parents with it (their workers follow them).
+	// services' parents with it; what they started and outlives them, the
+	// next Start removes (leftovers.go).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		_ = log.Close()

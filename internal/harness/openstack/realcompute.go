@@ -429,28 +429,7 @@ func (r *realCompute) cleanUp(c *Cloud) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	nets, _ := filepath.Glob(filepath.Join(c.Dir, "state", "neutron", "dhcp", "*"))
-	ids := slices.Clone(r.networks)
-	for _, n := range nets {
-		if fi, err := os.Stat(n); err == nil && fi.IsDir() {
-			ids = append(ids, filepath.Base(n))
-		}
-	}
-	slices.Sort(ids)
-	for _, id := range slices.Compact(ids) {
-		_ = exec.Command("ip", "netns", "delete", "qdhcp-"+id).Run()
-		// The bridge Neutron's linuxbridge agent and Nova's os-vif name
-		// after the network.
-		_ = exec.Command("ip", "link", "delete", "brq"+id[:min(11, len(id))]).Run()
-	}
-	out, err := exec.Command("losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE").Output()
-	if err == nil {
-		for _, line := range strings.Split(string(out), "\n") {
-			f := strings.Fields(line)
-			if len(f) == 2 && strings.HasPrefix(f[1], c.volumesDir()+"/") {
-				_ = exec.Command("losetup", "-d", f[0]).Run()
-			}
-		}
-	}
+	removeNetworks(c.Dir, r.networks)
+	detachLoops(c.volumesDir())
 	c.progress("real compute host cleaned up")
 }
