@@ -1,6 +1,7 @@
 package openstack
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"os"
@@ -163,4 +164,71 @@ func TestRemoveLeftovers(t *testing.T) {
 		assert.Contains(t, progress.String(), said)
 	}
 	assert.NotContains(t, progress.String(), live.dir)
+}
+
+// killedRunEnv makes the test binary the killed run of
+// TestAKilledRunsCloudIsRemoved.
+const killedRunEnv = "VIRTFLEET_OPENSTACK_KILLED_RUN"
+
+// A real cloud's test binary killed while the cloud starts, once MariaDB
+// and RabbitMQ run, leaves processes behind (RabbitMQ's beam.smp); the
+// next start removes them and the cloud's directory.
+func TestAKilledRunsCloudIsRemoved(t *testing.T) {
+	if os.Getenv(killedRunEnv) != "" {
+		_, err := Start(context.Background(), Options{Progress: os.Stderr})
+		t.Fatalf("this run was to be killed while its cloud started: %v", err)
+	}
+	if testing.Short() {
+		t.Skip("starts Debian's MariaDB and RabbitMQ; skipped with -short")
+	}
+	if m := Missing(); len(m) > 0 {
+		t.Fatalf("the Debian packages of the test OpenStack are not installed: %v; run `make deps` as root", m)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	run := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestAKilledRunsCloudIsRemoved$") //nolint:gosec // this test binary
+	run.Env = append(os.Environ(), killedRunEnv+"=1")
+	stderr, err := run.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, run.Start())
+	var dir string
+	var said []string
+	ready := map[string]bool{}
+	lines := bufio.NewScanner(stderr)
+	for !ready["MariaDB"] || !ready["RabbitMQ"] {
+		require.True(t, lines.Scan(), "the run ended before MariaDB and RabbitMQ ran:\n%s", strings.Join(said, "\n"))
+		said = append(said, lines.Text())
+		if _, d, ok := strings.Cut(lines.Text(), "state in "); ok {
+			dir = d
+		}
+		for _, s := range []string{"MariaDB", "RabbitMQ"} {
+			ready[s] = ready[s] || strings.Contains(lines.Text(), s+" ready")
+		}
+	}
+	require.NoError(t, run.Process.Kill())
+	require.Error(t, run.Wait())
+	require.NotEmpty(t, dir, "the run did not say where its cloud is:\n%s", strings.Join(said, "\n"))
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+
+	left := func() []string {
+		var names []string
+		require.NoError(t, eachProcess(dir, func(pid, _ int) {
+			comm, _ := procs.Command(pid)
+			names = append(names, comm)
+		}))
+		return names
+	}
+	before := left()
+	require.NotEmpty(t, before, "the killed run left nothing behind: nothing to remove")
+	t.Logf("the killed run left %v", before)
+
+	var progress bytes.Buffer
+	require.NoError(t, removeLeftovers(ctx, &progress))
+	t.Log(progress.String())
+	assert.Empty(t, left(), "processes of the killed run's cloud still run")
+	_, err = os.Stat(dir)
+	assert.True(t, os.IsNotExist(err), "%s is left", dir)
+	_, err = os.Stat(filepath.Join(runDir(), recordName(dir)+".json"))
+	assert.True(t, os.IsNotExist(err), "the record of %s is left", dir)
+	assert.Contains(t, progress.String(), "removed "+dir)
 }
