@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -196,6 +197,53 @@ func TestEnsureNodeReportsIsIdempotent(t *testing.T) {
 	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeReportKeys: 10}))
 	assert.ElementsMatch(t, []string{"REPORTS_node1", "REPORTS_node-2_rack-a"}, sourceNames(streamConfig(t, js, wire.BucketReports)))
 	assert.Equal(t, int64(10), nodeReportsConfig(t, js, "node1").MaxMsgs, "a changed bound reaches the nodes' streams at the hub's next start")
+}
+
+// TestCheckNodeReportsDropsTheSourcesOfLostStreams: a node's stream lost
+// behind the hub's back is not taken, and the bucket stops sourcing it
+// (JetStream would not source a stream made anew under its name) while it
+// goes on sourcing the other nodes; EnsureNodeReports then adds it afresh.
+func TestCheckNodeReportsDropsTheSourcesOfLostStreams(t *testing.T) {
+	cases := map[string]struct {
+		nodes, lost []string
+	}{
+		"OneOfTwoLost":   {nodes: []string{"node1", "node2"}, lost: []string{"node2"}},
+		"TheOnlyOneLost": {nodes: []string{"node1"}, lost: []string{"node1"}},
+		"NoneLost":       {nodes: []string{"node1", "node2"}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			js := hubJetStream(t)
+			require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{}))
+			for _, node := range tc.nodes {
+				require.NoError(t, natswire.EnsureNodeReports(ctx, js, natswire.BucketConfig{}, node))
+			}
+			for _, node := range tc.lost {
+				require.NoError(t, js.DeleteStream(ctx, natswire.NodeReportsStream(wire.NodeToken(node))))
+			}
+
+			taken, err := natswire.CheckNodeReports(ctx, js)
+			require.NoError(t, err)
+			var stay []string
+			for _, node := range tc.nodes {
+				stream := natswire.NodeReportsStream(wire.NodeToken(node))
+				lost := slices.Contains(tc.lost, node)
+				assert.Equal(t, !lost, taken[stream], "whether %s is taken", stream)
+				if !lost {
+					stay = append(stay, stream)
+				}
+			}
+			assert.ElementsMatch(t, stay, sourceNames(streamConfig(t, js, wire.BucketReports)))
+
+			for _, node := range tc.lost {
+				require.NoError(t, natswire.EnsureNodeReports(ctx, js, natswire.BucketConfig{}, node))
+			}
+			taken, err = natswire.CheckNodeReports(ctx, js)
+			require.NoError(t, err)
+			assert.Len(t, taken, len(tc.nodes), "every node's stream is taken once made again")
+		})
+	}
 }
 
 // TestTheIntentsBucketTakesAWatchPerNodePastTheServersDefault: every agent

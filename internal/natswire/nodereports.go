@@ -186,3 +186,43 @@ func EnsureNodeReports(ctx context.Context, js jetstream.JetStream, cfg BucketCo
 	}
 	return errors.Errorf("cannot add the reports of node %s to bucket %s: its sources keep changing", node, wire.BucketReports)
 }
+
+// CheckNodeReports returns the nodes' reports streams, by name, that exist
+// and that the reports bucket sources: those whose node's reports are taken
+// and reach the bucket. It costs a read of the bucket's stream and a
+// listing of the streams' names however many nodes there are, so a hub can
+// check what it believes of every node at once.
+//
+// The bucket stops sourcing the streams that are gone: JetStream does not
+// take a source up again from a stream made anew under its name, so the
+// node's reports would reach that stream and never the bucket.
+// EnsureNodeReports then makes the stream and adds its source afresh.
+func CheckNodeReports(ctx context.Context, js jetstream.JetStream) (map[string]bool, error) {
+	s, err := js.Stream(ctx, wire.Stream(wire.BucketReports))
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot read bucket %s", wire.BucketReports)
+	}
+	exist := map[string]bool{}
+	names := js.StreamNames(ctx, jetstream.WithStreamListSubject(wire.Subject(wire.BucketReports, ">")))
+	for name := range names.Name() {
+		exist[name] = true
+	}
+	if err := names.Err(); err != nil {
+		return nil, errors.Wrap(err, "cannot list the nodes' reports streams")
+	}
+	c := s.CachedInfo().Config
+	taken := map[string]bool{}
+	gone := false
+	for _, src := range c.Sources {
+		taken[src.Name] = exist[src.Name]
+		gone = gone || !exist[src.Name]
+	}
+	if !gone {
+		return taken, nil
+	}
+	c.Sources = slices.DeleteFunc(c.Sources, func(src *jetstream.StreamSource) bool { return !exist[src.Name] })
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		return nil, errors.Wrapf(err, "cannot stop bucket %s sourcing lost streams", wire.BucketReports)
+	}
+	return taken, nil
+}
