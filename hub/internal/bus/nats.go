@@ -2,6 +2,7 @@ package bus
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"io"
 	"maps"
@@ -40,7 +41,17 @@ type Config struct {
 	Rejections *natswire.Rejections
 	// RetryInterval between attempts to re-establish a failed watch; 0 means 1s.
 	RetryInterval time.Duration
+	// ReportingRecheck is how old what the hub knows of the nodes' reports
+	// streams may grow before a heartbeat has it checked again; 0 means
+	// DefaultReportingRecheck.
+	ReportingRecheck time.Duration
 }
+
+// DefaultReportingRecheck bounds how long a node's reports are refused
+// after its reports stream was lost (deleted, or a JetStream store wiped)
+// while the hub went on believing it there: the next heartbeat after that
+// makes it again.
+const DefaultReportingRecheck = time.Minute
 
 // NATS is the Bus over JetStream key-value buckets.
 type NATS struct {
@@ -50,8 +61,13 @@ type NATS struct {
 	buckets map[string]jetstream.KeyValue
 
 	// reporting are the nodes whose own reports stream the reports bucket
-	// sources (natswire.EnsureNodeReports), by stream name.
+	// sources (natswire.EnsureNodeReports), by stream name, as last seen.
 	reporting sync.Map
+	// recheck is how often reporting is checked against JetStream;
+	// checked is when it was last.
+	recheck time.Duration
+	checkMu sync.Mutex
+	checked time.Time
 
 	log     logging.Logger
 	rej     *natswire.Rejections
@@ -73,6 +89,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 		return nil, err
 	}
 	n := &NATS{nc: nc, js: js, cfg: cfg.Buckets, log: cfg.Log, rej: cfg.Rejections, retry: cfg.RetryInterval, timeout: cfg.Timeout, conn: watchConnection(nc)}
+	n.recheck = cmp.Or(cfg.ReportingRecheck, DefaultReportingRecheck)
 	if n.log == nil {
 		n.log = logging.NewNopLogger()
 	}
@@ -98,6 +115,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*NATS, error) {
 	for _, src := range reports.CachedInfo().Config.Sources {
 		n.reporting.Store(src.Name, true)
 	}
+	n.checked = time.Now()
 	return n, nil
 }
 
@@ -330,6 +348,7 @@ func (n *NATS) WatchNodes(ctx context.Context, fn func(NodeEvent)) error {
 			return err
 		}
 		if !ev.Lost {
+			n.recheckReporting(ctx)
 			if err := n.ensureReporting(ctx, ev.Node); err != nil {
 				n.log.Info("Cannot take the node's reports yet", "node", ev.Node, "error", err)
 			}
@@ -353,6 +372,37 @@ func (n *NATS) ensureReporting(ctx context.Context, node string) error {
 	}
 	n.reporting.Store(stream, true)
 	return nil
+}
+
+// recheckReporting forgets the nodes' reports streams that are no longer
+// there or no longer sourced, once their cached fact is older than
+// n.recheck, so that each node's next heartbeat makes its stream again. A
+// stream can be lost behind the hub's back: deleted by an operator, or gone
+// with a JetStream store wiped or a server restarted without it. Asking
+// JetStream at each heartbeat would cost a request per node per heartbeat;
+// this costs one listing per period for the whole fleet. A failed check is
+// tried again at the next heartbeat.
+func (n *NATS) recheckReporting(ctx context.Context) {
+	n.checkMu.Lock()
+	defer n.checkMu.Unlock()
+	if time.Since(n.checked) < n.recheck {
+		return
+	}
+	ctx, done := n.request(ctx)
+	defer done()
+	taken, err := natswire.CheckNodeReports(ctx, n.js)
+	if err != nil {
+		n.log.Info("Cannot check that the nodes' reports are taken", "error", err)
+		return
+	}
+	n.checked = time.Now()
+	n.reporting.Range(func(stream, _ any) bool {
+		if name, _ := stream.(string); !taken[name] {
+			n.reporting.Delete(stream)
+			n.log.Info("A node's reports stream was lost; its next heartbeat makes it again", "stream", stream)
+		}
+		return true
+	})
 }
 
 // bucket is the bound bucket of that name.

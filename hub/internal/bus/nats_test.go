@@ -2,7 +2,9 @@ package bus_test
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,10 +24,17 @@ const testNodeTTL = 3 * time.Second
 
 func newHub(t *testing.T) (*bus.NATS, jetstream.JetStream, *natstest.Server, map[string]natswire.Identity) {
 	t.Helper()
+	return newHubWith(t, bus.Config{})
+}
+
+// newHubWith is newHub with cfg, its buckets' TTL and retry as newHub's.
+func newHubWith(t *testing.T, cfg bus.Config) (*bus.NATS, jetstream.JetStream, *natstest.Server, map[string]natswire.Identity) {
+	t.Helper()
 	hub, agents, users := natstest.Identities(t, "node1", "node2")
 	srv := natstest.New(t, users...)
 	nc, _ := natstest.Connect(t, srv, hub)
-	b, err := bus.New(context.Background(), nc, bus.Config{Buckets: natswire.BucketConfig{NodeTTL: testNodeTTL}, RetryInterval: 100 * time.Millisecond})
+	cfg.Buckets.NodeTTL, cfg.RetryInterval = testNodeTTL, 100*time.Millisecond
+	b, err := bus.New(context.Background(), nc, cfg)
 	require.NoError(t, err)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
@@ -188,6 +197,89 @@ func TestANodesFirstHeartbeatMakesRoomForItsReports(t *testing.T) {
 	require.NoError(t, err, "the node's reports are taken once the hub heard from it")
 	got := next(t, entries, 5*time.Second, func(e bus.Entry) bool { return e.Key == "node2.vm-a" })
 	assert.Equal(t, report, got.Value)
+}
+
+// TestALostReportsStreamIsMadeAgain: a node's reports stream lost behind
+// the hub's back after the hub made it (deleted, or no longer sourced by
+// the bucket) is made again at one of the node's heartbeats once the
+// hub's check of it is due, and the node's reports reach the bucket again
+// without a hub restart.
+func TestALostReportsStreamIsMadeAgain(t *testing.T) {
+	stream := natswire.NodeReportsStream(wire.NodeToken("node2"))
+	cases := map[string]func(t *testing.T, js jetstream.JetStream){
+		"StreamDeleted": func(t *testing.T, js jetstream.JetStream) {
+			require.NoError(t, js.DeleteStream(context.Background(), stream))
+		},
+		"NoLongerSourced": func(t *testing.T, js jetstream.JetStream) {
+			s, err := js.Stream(context.Background(), wire.Stream(wire.BucketReports))
+			require.NoError(t, err)
+			c := s.CachedInfo().Config
+			c.Sources = slices.DeleteFunc(c.Sources, func(src *jetstream.StreamSource) bool { return src.Name == stream })
+			_, err = js.UpdateStream(context.Background(), c)
+			require.NoError(t, err)
+		},
+	}
+	for name, lose := range cases {
+		t.Run(name, func(t *testing.T) {
+			b, hubJS, srv, agents := newHubWith(t, bus.Config{ReportingRecheck: 200 * time.Millisecond})
+			events := collect(t, b.WatchNodes)
+			entries := watch(t, b, wire.BucketReports, nil)
+			nc, _ := natstest.Connect(t, srv, agents["node2"])
+			js, err := jetstream.New(nc)
+			require.NoError(t, err)
+			ctx := context.Background()
+			hb, err := wire.EncodeNodeHeartbeat(wire.NodeHeartbeat{Node: "node2", Backend: "libvirt"})
+			require.NoError(t, err)
+			heartbeat := func() {
+				_, err := js.Publish(ctx, "$KV.nodes.node2", hb)
+				require.NoError(t, err)
+			}
+			report := func(uid string) error {
+				r, err := wire.EncodeReport(wire.Report{UID: uid, Node: "node2"})
+				require.NoError(t, err)
+				_, err = js.Publish(ctx, "$KV.reports.node2."+uid, r)
+				return err
+			}
+
+			heartbeat()
+			next(t, events, 5*time.Second, func(e bus.NodeEvent) bool { return !e.Lost && e.Node == "node2" })
+			// Several reports, so that the lost stream had got further
+			// than the one made again will have when the node reports.
+			for _, uid := range []string{"vm-a", "vm-b", "vm-c"} {
+				require.NoError(t, report(uid))
+			}
+			next(t, entries, 5*time.Second, func(e bus.Entry) bool { return e.Key == "node2.vm-c" })
+
+			lose(t, hubJS)
+
+			// The node heartbeats on and reports anew until one of its
+			// new reports reaches the hub.
+			var sent []string
+			reached := func() bool {
+				for {
+					select {
+					case e := <-entries:
+						if slices.Contains(sent, e.Key) {
+							return true
+						}
+					default:
+						return false
+					}
+				}
+			}
+			require.Eventually(t, func() bool {
+				if reached() {
+					return true
+				}
+				heartbeat()
+				uid := fmt.Sprintf("vm-new-%d", len(sent))
+				if report(uid) == nil {
+					sent = append(sent, "node2."+uid)
+				}
+				return false
+			}, 10*time.Second, 100*time.Millisecond, "the node's reports reach the bucket again")
+		})
+	}
 }
 
 // TestWatchCountsRefusedEntriesAndCarriesOn: an entry the watch's handler
