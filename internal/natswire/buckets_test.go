@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -244,6 +245,38 @@ func TestCheckNodeReportsDropsTheSourcesOfLostStreams(t *testing.T) {
 			assert.Len(t, taken, len(tc.nodes), "every node's stream is taken once made again")
 		})
 	}
+}
+
+// TestAStreamLostWhileTheHubWasDownIsSourcedAfresh: the hub's start does
+// not make again a node's stream lost meanwhile under the bucket's stale
+// source of it (JetStream would not source the new one); the node's next
+// heartbeat makes it and its source afresh, and its reports reach the
+// bucket.
+func TestAStreamLostWhileTheHubWasDownIsSourcedAfresh(t *testing.T) {
+	ctx := context.Background()
+	js := hubJetStream(t)
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{}))
+	require.NoError(t, natswire.EnsureNodeReports(ctx, js, natswire.BucketConfig{}, "node1"))
+	reports, err := js.KeyValue(ctx, wire.BucketReports)
+	require.NoError(t, err)
+	reached := func(key, value string) func() bool {
+		return func() bool {
+			e, err := reports.Get(ctx, key)
+			return err == nil && string(e.Value()) == value
+		}
+	}
+	_, err = reports.Put(ctx, "node1.vm-a", []byte("before"))
+	require.NoError(t, err)
+	require.Eventually(t, reached("node1.vm-a", "before"), 5*time.Second, 50*time.Millisecond)
+	require.NoError(t, js.DeleteStream(ctx, natswire.NodeReportsStream(wire.NodeToken("node1"))))
+
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{}))
+	assert.Empty(t, sourceNames(streamConfig(t, js, wire.BucketReports)), "the lost stream is no longer sourced")
+	require.NoError(t, natswire.EnsureNodeReports(ctx, js, natswire.BucketConfig{}, "node1"))
+	_, err = reports.Put(ctx, "node1.vm-b", []byte("after"))
+	require.NoError(t, err)
+	require.Eventually(t, reached("node1.vm-b", "after"), 5*time.Second, 50*time.Millisecond, "the node's reports reach the bucket again")
+	assert.True(t, reached("node1.vm-a", "before")(), "what the bucket had sourced stays")
 }
 
 // TestTheIntentsBucketTakesAWatchPerNodePastTheServersDefault: every agent

@@ -143,9 +143,16 @@ func ensureReports(ctx context.Context, js jetstream.JetStream, cfg BucketConfig
 	if _, err := js.CreateOrUpdateStream(ctx, reportsConfig(cfg, sources)); err != nil {
 		return errors.Wrapf(err, "cannot create bucket %s", wire.BucketReports)
 	}
+	// A node's stream lost meanwhile is not made here under the bucket's
+	// stale source of it, which would never source it: the node's next
+	// heartbeat makes both afresh (EnsureNodeReports).
+	taken, err := CheckNodeReports(ctx, js)
+	if err != nil {
+		return err
+	}
 	for _, src := range sources {
 		token, ok := strings.CutPrefix(src.Name, "REPORTS_")
-		if !ok {
+		if !ok || !taken[src.Name] {
 			continue
 		}
 		if _, err := js.CreateOrUpdateStream(ctx, nodeReportsConfig(cfg, token)); err != nil {
