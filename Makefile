@@ -112,9 +112,14 @@ build: ## Build every package and command.
 # stopped with the recipe (trap) on any failure.
 #
 # test/guest and test/e2e are the two longest packages by far, and wait on
-# TCG guests more than they use the cores: test/guest runs in a go test of
-# its own from the start, and go test, which starts packages in the order
-# they are named, starts test/e2e first among the rest (two at a time).
+# TCG guests more than they use the cores. Three go tests start at once, so
+# that no package waits for a slot a long one holds: test/guest alone;
+# test/e2e and internal/harness/openstack; and every other package, two at
+# a time, the longest of those (SLOW_PACKAGES) first, as go test starts
+# packages in the order they are named. The other packages mostly wait on
+# the daemons they start, so they fit beside the long ones instead of after.
+SEPARATE_PACKAGES := ./test/guest/ ./test/e2e/ ./internal/harness/openstack/
+SLOW_PACKAGES := ./hub/internal/controller/virtualmachine/ ./test/deploy/ ./agent/driver/libvirt/ ./bench/ ./chaos/ ./internal/harness/kubevirttest/ ./hub/internal/app/ ./agent/driver/kubevirt/
 .PHONY: test
 test: deps ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then the fuzzers briefly.
 	@setsid $(GO) run ./hack/guest-image >/dev/null & image=$$!; \
@@ -122,11 +127,14 @@ test: deps ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then th
 	$(MAKE) --no-print-directory -j4 envtest-assets kube-node crossplane-core object-store; \
 	$(MAKE) --no-print-directory fmt-check vet verify-generated; \
 	export KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)"; \
+	rest=$$($(GO) list ./... | grep -vxF -f <($(GO) list $(SEPARATE_PACKAGES) $(SLOW_PACKAGES))); \
 	setsid $(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./test/guest/ & guest=$$!; \
-	trap 'kill -- -$$image -$$guest 2>/dev/null || true' EXIT; \
+	setsid $(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) -p 2 $(SLOW_PACKAGES) $$rest & others=$$!; \
+	trap 'kill -- -$$image -$$guest -$$others 2>/dev/null || true' EXIT; \
 	rc=0; \
-	$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./test/e2e/ ./internal/harness/openstack/ $$($(GO) list ./... | grep -v -e '/test/guest$$' -e '/test/e2e$$' -e '/internal/harness/openstack$$') || rc=$$?; \
+	$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./test/e2e/ ./internal/harness/openstack/ || rc=$$?; \
 	wait $$guest || rc=$$?; \
+	wait $$others || rc=$$?; \
 	wait $$image || echo "guest-image: the background build failed (test/guest said why)" >&2; \
 	exit $$rc
 	cd function && $(GO) test $(GO_TEST_FLAGS) ./...
