@@ -75,7 +75,12 @@ type suite struct {
 	pub   string // authorized_keys line
 }
 
+// TestRealGuest and TestTwoHostsOneNetwork run side by side, each on a
+// stack and hosts of its own: their guests' boots take turns under the
+// machine's boot lock (booting), and the rest of each, mostly waiting on
+// a guest, overlaps the other's.
 func TestRealGuest(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
 	image := ensureImage(ctx, t)

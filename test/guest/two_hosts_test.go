@@ -42,6 +42,7 @@ const reachTimeout = 2 * time.Minute
 // host, with an MTU that leaves room for the encapsulation; a restarted
 // guest keeps its address.
 func TestTwoHostsOneNetwork(t *testing.T) {
+	t.Parallel() // beside TestRealGuest
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
 	image := ensureImage(ctx, t)
