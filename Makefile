@@ -114,7 +114,7 @@ build: ## Build every package and command.
 # test/guest and test/e2e are the two longest packages by far, and wait on
 # TCG guests more than they use the cores. Three go tests start at once, so
 # that no package waits for a slot a long one holds: test/guest alone;
-# test/e2e and internal/harness/openstack; and every other package, two at
+# test/e2e and internal/harness/openstack; and every other package, three at
 # a time, the longest of those (SLOW_PACKAGES) first, as go test starts
 # packages in the order they are named. The other packages mostly wait on
 # the daemons they start, so they fit beside the long ones instead of after.
@@ -129,7 +129,7 @@ test: deps ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then th
 	export KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)"; \
 	rest=$$($(GO) list ./... | grep -vxF -f <($(GO) list $(SEPARATE_PACKAGES) $(SLOW_PACKAGES))); \
 	setsid $(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./test/guest/ & guest=$$!; \
-	setsid $(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) -p 2 $(SLOW_PACKAGES) $$rest & others=$$!; \
+	setsid $(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) -p 3 $(SLOW_PACKAGES) $$rest & others=$$!; \
 	trap 'kill -- -$$image -$$guest -$$others 2>/dev/null || true' EXIT; \
 	rc=0; \
 	$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./test/e2e/ ./internal/harness/openstack/ || rc=$$?; \
