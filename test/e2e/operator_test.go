@@ -124,7 +124,7 @@ func TestAnOperatorSeesTheFleet(t *testing.T) {
 		require.Eventually(t, func() bool {
 			return logHas(t, s, "hub", "Cannot decode an object", `"name":"undecodable"`, `"kind":"VirtualMachine"`)
 		}, 60*time.Second, 500*time.Millisecond, "the hub's log names the object it cannot decode")
-		assert.True(t, hasEventOn(t, h, "VirtualMachine", "undecodable", "Undecodable", "cannot decode"), "and so does an event on it")
+		assertEventOn(t, h, "VirtualMachine", "undecodable", "Undecodable", "cannot decode") // and so does an event on it
 		assert.Positive(t, scrape(t, s.HubMetricsURL()).value("virtfleet_hub_undecodable_objects_total", "kind", "VirtualMachine"))
 
 		// Deleted, the hub sees VirtualMachines again.
