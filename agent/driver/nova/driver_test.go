@@ -841,7 +841,10 @@ func TestObserveReadsTheViewAndPollingIsOneListCall(t *testing.T) {
 	elapsed := time.Since(start)
 	assert.Equal(t, gets, single(), "no GET of a single server")
 	polls := c.CountRequests(http.MethodGet, openstacktest.ComputePath+"/servers/detail") - lists
-	assert.InDelta(t, float64(elapsed/(50*time.Millisecond)), float64(polls), 3, "one list call per poll interval")
+	// At most one list per interval, however many calls; a loaded
+	// machine may tick fewer times, never more.
+	assert.Positive(t, polls, "the servers are polled")
+	assert.LessOrEqual(t, polls, int(elapsed/(50*time.Millisecond))+2, "one list call per poll interval")
 	for _, r := range c.Requests()[len(c.Requests())-polls:] {
 		if r.Path == openstacktest.ComputePath+"/servers/detail" {
 			assert.Contains(t, r.Query, "changes-since=")
