@@ -44,6 +44,18 @@ func newHubWith(t *testing.T, cfg bus.Config) (*bus.NATS, jetstream.JetStream, *
 	return b, js, srv, agents
 }
 
+// asAgent is the JetStream of node's agent, with its credentials, and the
+// bytes of a heartbeat of node, for a test to publish what the agent would.
+func asAgent(t *testing.T, srv *natstest.Server, agents map[string]natswire.Identity, node string) (jetstream.JetStream, []byte) {
+	t.Helper()
+	nc, _ := natstest.Connect(t, srv, agents[node])
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	hb, err := wire.EncodeNodeHeartbeat(wire.NodeHeartbeat{Node: node, Backend: "libvirt"})
+	require.NoError(t, err)
+	return js, hb
+}
+
 func collect[E any](t *testing.T, watch func(context.Context, func(E)) error) <-chan E {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -156,13 +168,9 @@ func TestPutKeysEachKind(t *testing.T) {
 func TestLostNodeIsPurged(t *testing.T) {
 	b, _, srv, agents := newHub(t)
 	events := collect(t, b.WatchNodes)
-	nc, _ := natstest.Connect(t, srv, agents["node1"])
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	hb, err := wire.EncodeNodeHeartbeat(wire.NodeHeartbeat{Node: "node1", Backend: "libvirt"})
-	require.NoError(t, err)
+	js, hb := asAgent(t, srv, agents, "node1")
 
-	_, err = js.Publish(context.Background(), "$KV.nodes.node1", hb)
+	_, err := js.Publish(context.Background(), "$KV.nodes.node1", hb)
 	require.NoError(t, err)
 	lastPut := time.Now()
 	next(t, events, 5*time.Second, func(e bus.NodeEvent) bool { return !e.Lost && e.Node == "node1" })
@@ -179,17 +187,13 @@ func TestANodesFirstHeartbeatMakesRoomForItsReports(t *testing.T) {
 	b, _, srv, agents := newHub(t)
 	events := collect(t, b.WatchNodes)
 	entries := watch(t, b, wire.BucketReports, nil)
-	nc, _ := natstest.Connect(t, srv, agents["node2"])
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	js, hb := asAgent(t, srv, agents, "node2")
 	ctx := context.Background()
 	report, err := wire.EncodeReport(wire.Report{UID: "vm-a", Node: "node2"})
 	require.NoError(t, err)
 	_, err = js.Publish(ctx, "$KV.reports.node2.vm-a", report)
 	require.Error(t, err, "no stream takes the reports of a node never heard from")
 
-	hb, err := wire.EncodeNodeHeartbeat(wire.NodeHeartbeat{Node: "node2", Backend: "libvirt"})
-	require.NoError(t, err)
 	_, err = js.Publish(ctx, "$KV.nodes.node2", hb)
 	require.NoError(t, err)
 	next(t, events, 5*time.Second, func(e bus.NodeEvent) bool { return !e.Lost && e.Node == "node2" })
@@ -224,12 +228,8 @@ func TestALostReportsStreamIsMadeAgain(t *testing.T) {
 			b, hubJS, srv, agents := newHubWith(t, bus.Config{ReportingRecheck: 200 * time.Millisecond})
 			events := collect(t, b.WatchNodes)
 			entries := watch(t, b, wire.BucketReports, nil)
-			nc, _ := natstest.Connect(t, srv, agents["node2"])
-			js, err := jetstream.New(nc)
-			require.NoError(t, err)
+			js, hb := asAgent(t, srv, agents, "node2")
 			ctx := context.Background()
-			hb, err := wire.EncodeNodeHeartbeat(wire.NodeHeartbeat{Node: "node2", Backend: "libvirt"})
-			require.NoError(t, err)
 			heartbeat := func() {
 				_, err := js.Publish(ctx, "$KV.nodes.node2", hb)
 				require.NoError(t, err)
