@@ -8,9 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -413,22 +411,11 @@ func (r *realCompute) destroyGuests(c *Cloud) {
 	}
 }
 
-// cleanUp removes what outlives the real host's processes: QEMU processes
-// left (libvirtd gone before it could destroy them), the DHCP agent's
-// dnsmasq (a daemon of its own) and namespaces, the networks' bridges, and
-// the loop devices over the cloud's volumes.
+// cleanUp removes what outlives the real host's processes once Stop has
+// killed every process of the cloud (killCloud: QEMU and the DHCP agent's
+// dnsmasq among them): the DHCP agent's namespaces, the networks' bridges,
+// and the loop devices over the cloud's volumes.
 func (r *realCompute) cleanUp(c *Cloud) {
-	pids, _ := filepath.Glob(filepath.Join(r.dir, "run", "qemu", "*.pid"))
-	pids2, _ := filepath.Glob(filepath.Join(c.Dir, "state", "neutron", "dhcp", "*", "pid"))
-	for _, f := range append(pids, pids2...) {
-		b, err := os.ReadFile(f) //nolint:gosec // the cloud's own pid files
-		if err != nil {
-			continue
-		}
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 1 {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
 	removeNetworks(c.Dir, r.networks)
 	detachLoops(c.volumesDir())
 	c.progress("real compute host cleaned up")
