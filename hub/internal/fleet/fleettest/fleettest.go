@@ -33,13 +33,15 @@ func Start(t *testing.T, b *bus.Fake) *fleet.Fleet {
 	done := make(chan struct{})
 	go func() { defer close(done); f.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	// A lost node and a volume report of nobody's mark that both watches
-	// are in place.
+	// A lost node and a volume report of nobody's mark that the node and
+	// report watches are in place; the hub's records answer once the
+	// intents bucket was read.
 	b.SetNode(bus.NodeEvent{Node: "sentinel", Lost: true})
 	bus.SetValue(b, wire.VolumeReports, "sentinel", "sentinel", wire.VolumeReport{UID: "sentinel"})
 	require.Eventually(t, func() bool {
 		_, ok := f.Volumes.Report("sentinel", "sentinel")
-		return ok && f.Node("sentinel").Lost
+		_, err := f.Held("sentinel")
+		return ok && f.Node("sentinel").Lost && err == nil
 	}, 5*time.Second, time.Millisecond)
 	return f
 }
