@@ -100,7 +100,9 @@ type Failure struct {
 //
 // It hot-plugs volumes as virt-controller and virt-handler do for the
 // volume requests virt-api's addvolume and removevolume record on a VM
-// (see hotplug.go).
+// (see hotplug.go), and CPU sockets and guest memory under the LiveUpdate
+// rollout strategy (liveupdate.go), which a migration of the workload
+// updater completes (workloadupdate.go).
 type FakeVirtController struct {
 	client client.Client
 	// live reads the API server: a migration's steps must not act on what
@@ -124,6 +126,8 @@ type FakeVirtController struct {
 	targets map[types.UID]string
 	// warned are the migrations already said to be unschedulable.
 	warned map[types.UID]bool
+	// backedOff are the migrations already said to be held in backoff.
+	backedOff map[types.UID]bool
 	// entered is when each migration running entered its phase.
 	entered map[types.UID]phaseEntered
 }
@@ -136,17 +140,18 @@ type addressPool struct {
 // setupController registers the FakeVirtController with mgr.
 func setupController(mgr ctrl.Manager, step time.Duration) (*FakeVirtController, error) {
 	c := &FakeVirtController{
-		client:   mgr.GetClient(),
-		live:     mgr.GetAPIReader(),
-		step:     step,
-		failures: map[types.NamespacedName]Failure{},
-		pools:    map[string]*addressPool{},
-		leases:   map[string]netip.Addr{},
-		failNext: map[types.NamespacedName]string{},
-		targets:  map[types.UID]string{},
-		warned:   map[types.UID]bool{},
-		entered:  map[types.UID]phaseEntered{},
-		wake:     make(chan event.TypedGenericEvent[*kubevirtv1.VirtualMachine], 64),
+		client:    mgr.GetClient(),
+		live:      mgr.GetAPIReader(),
+		step:      step,
+		failures:  map[types.NamespacedName]Failure{},
+		pools:     map[string]*addressPool{},
+		leases:    map[string]netip.Addr{},
+		failNext:  map[types.NamespacedName]string{},
+		targets:   map[types.UID]string{},
+		warned:    map[types.UID]bool{},
+		backedOff: map[types.UID]bool{},
+		entered:   map[types.UID]phaseEntered{},
+		wake:      make(chan event.TypedGenericEvent[*kubevirtv1.VirtualMachine], 64),
 	}
 	options := controller.Options{
 		// Several test clusters may run in one process.
@@ -174,6 +179,15 @@ func setupController(mgr ctrl.Manager, step time.Duration) (*FakeVirtController,
 		Complete(reconcile.Func(c.reconcileMigration))
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot set up the fake virt-controller's migrations")
+	}
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("fake-virt-workload-updater").
+		For(&kubevirtv1.VirtualMachineInstance{}).
+		Watches(&kubevirtv1.VirtualMachineInstanceMigration{}, handler.EnqueueRequestsFromMapFunc(vmisOfMigration)).
+		WithOptions(options).
+		Complete(reconcile.Func(c.reconcileWorkloadUpdate))
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot set up the fake virt-controller's workload updater")
 	}
 	return c, c.setupSnapshots(mgr, options)
 }
@@ -362,17 +376,14 @@ func (c *FakeVirtController) run(ctx context.Context, vm *kubevirtv1.VirtualMach
 			}
 			return again, nil
 		}
-		// A hot-plug made on an earlier pass completes before the next
-		// one is looked at.
-		patched := finishHotplug(vmi)
-		if !patched {
-			started, err := c.startedShape(ctx, vmi)
-			if err != nil {
-				return again, err
-			}
-			if patched, err = hotplugShape(started, vm, vmi); errors.Is(err, errHotplugBusy) {
-				return again, nil
-			}
+		// A hot-plug completes with a migration (see workloadupdate.go).
+		started, err := c.startedShape(ctx, vmi)
+		if err != nil {
+			return again, err
+		}
+		patched, err := hotplugShape(started, vm, vmi)
+		if errors.Is(err, errHotplugBusy) {
+			return again, nil
 		}
 		if patched {
 			if err := c.client.Update(ctx, vmi); err != nil {

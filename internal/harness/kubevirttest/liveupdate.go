@@ -31,10 +31,8 @@ import (
 // sets the VM's RestartRequired condition instead, which holds until the
 // VM's next VMI and stops any further live change meanwhile. KubeVirt
 // moves the VMI into a larger pod by a live migration of its workload
-// updater, which only a LiveMigratable VMI gets; the stand-in, whose VMIs
-// have no pods, completes a migratable VMI's change in place on its next
-// pass, as virt-handler does on the target: status.currentCPUTopology,
-// status.memory.guestRequested and guestCurrent, condition removed.
+// updater (workloadupdate.go), which only a LiveMigratable VMI gets, and
+// the target's virt-handler completes the change (finishHotplug).
 // virt-controller also sets RestartRequired for any other field of the
 // template that changed since the VMI started, against the VM revision
 // the VMI started from (addRestartRequiredIfNeeded); the stand-in
@@ -284,27 +282,22 @@ func hotplugMemory(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachine
 	return true, nil
 }
 
-// finishHotplug is virt-handler applying a hot-plug on the migration
-// target (which only a LiveMigratable VMI gets): the VMI's status takes
-// its spec's topology and memory, and the conditions go. It reports
-// whether it changed vmi.
-func finishHotplug(vmi *kubevirtv1.VirtualMachineInstance) bool {
-	if vmiCondition(vmi, kubevirtv1.VirtualMachineInstanceIsMigratable) != corev1.ConditionTrue {
-		return false
-	}
-	changed := false
-	if cpu := vmi.Spec.Domain.CPU; cpu != nil && vmiCondition(vmi, kubevirtv1.VirtualMachineInstanceVCPUChange) == corev1.ConditionTrue {
+// finishHotplug is the target's virt-handler finalizing a migration that
+// succeeded (pkg/virt-handler/migration-target.go, hotplugCPU and
+// hotplugMemory), whichever made it: the VMI's status takes its spec's
+// topology and guest memory, and the conditions go. virt-handler sets
+// guestCurrent later, from the memory the guest reports; the stand-in's
+// guest takes all of it at once.
+func finishHotplug(vmi *kubevirtv1.VirtualMachineInstance) {
+	if cpu := vmi.Spec.Domain.CPU; cpu != nil && vmiCondition(vmi, kubevirtv1.VirtualMachineInstanceVCPUChange) != "" {
 		vmi.Status.CurrentCPUTopology = &kubevirtv1.CPUTopology{Sockets: cpu.Sockets, Cores: cpu.Cores, Threads: cpu.Threads}
 		removeVMICondition(vmi, kubevirtv1.VirtualMachineInstanceVCPUChange)
-		changed = true
 	}
 	if mem := vmi.Spec.Domain.Memory; mem != nil && mem.Guest != nil && vmi.Status.Memory != nil && vmiCondition(vmi, kubevirtv1.VirtualMachineInstanceMemoryChange) == corev1.ConditionTrue {
 		vmi.Status.Memory.GuestRequested = ptr(mem.Guest.DeepCopy())
 		vmi.Status.Memory.GuestCurrent = ptr(mem.Guest.DeepCopy())
 		removeVMICondition(vmi, kubevirtv1.VirtualMachineInstanceMemoryChange)
-		changed = true
 	}
-	return changed
 }
 
 // grow adds delta to list's name, as virt-controller's patches of a

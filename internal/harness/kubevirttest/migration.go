@@ -147,6 +147,9 @@ func (c *FakeVirtController) reconcileMigration(ctx context.Context, req reconci
 			// run (yet).
 			return again, nil
 		}
+		if wait, err := c.backoff(ctx, mig); err != nil || wait > 0 {
+			return reconcile.Result{RequeueAfter: wait}, errors.Join(err, c.backingOff(ctx, mig, vmi))
+		}
 		return again, c.setMigrationPhase(ctx, mig, kubevirtv1.MigrationScheduling)
 	case kubevirtv1.MigrationScheduling:
 		target, err := c.migrationTarget(ctx, mig, vmi)
@@ -212,9 +215,12 @@ func (c *FakeVirtController) reconcileMigration(ctx context.Context, req reconci
 		if reason, fail := c.takeMigrationFailure(types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}); fail {
 			state.Failed, state.FailureReason = true, reason
 		} else {
-			// The guest runs on the target: the VMI is there now.
+			// The guest runs on the target: the VMI is there now, and
+			// the target's virt-handler applies a hot-plug that waited
+			// for the move before it calls the migration complete.
 			state.TargetNodeDomainDetected, state.TargetNodeDomainReadyTimestamp = true, &now
 			vmi.Status.NodeName = state.TargetNode
+			finishHotplug(vmi)
 		}
 		if err := c.client.Update(ctx, vmi); err != nil {
 			return reconcile.Result{}, errors.Wrap(err, "cannot complete the migration on the VMI")
@@ -227,6 +233,19 @@ func (c *FakeVirtController) reconcileMigration(ctx context.Context, req reconci
 		return reconcile.Result{}, errors.Wrap(err, "cannot update the VMI's migration state")
 	}
 	return again, c.setMigrationPhase(ctx, mig, next)
+}
+
+// backingOff says once per migration, as a warning event on its VMI, that
+// the migration controller holds it in its backoff.
+func (c *FakeVirtController) backingOff(ctx context.Context, mig *kubevirtv1.VirtualMachineInstanceMigration, vmi *kubevirtv1.VirtualMachineInstance) error {
+	c.mu.Lock()
+	said := c.backedOff[mig.UID]
+	c.backedOff[mig.UID] = true
+	c.mu.Unlock()
+	if said {
+		return nil
+	}
+	return c.vmiEvent(ctx, vmi, corev1.EventTypeWarning, ReasonMigrationBackoff, fmt.Sprintf("backoff migrating vmi %s/%s", vmi.Namespace, vmi.Name))
 }
 
 // completeMigration ends a migration as the VMI's migration state says it
@@ -473,6 +492,7 @@ func (c *FakeVirtController) forget(uid types.UID) {
 	defer c.mu.Unlock()
 	delete(c.targets, uid)
 	delete(c.warned, uid)
+	delete(c.backedOff, uid)
 	delete(c.entered, uid)
 }
 
