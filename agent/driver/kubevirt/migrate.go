@@ -83,8 +83,9 @@ func idName(id string) string {
 // the guest runs on are Terminal. KubeVirt moves only guests whose PVCs
 // are ReadWriteMany: those the driver makes are ReadWriteOnce, so a guest
 // migrates where its disks' PVCs were made ReadWriteMany beforehand.
-// While another migration of the VMI runs (KubeVirt runs one at a time)
-// the error is retryable.
+// While another migration of the VMI runs (KubeVirt runs one at a time),
+// KubeVirt's own for a CPU or memory hot-plug included, the error is
+// retryable.
 //
 // Migrations are read from the API server, not from informers: they are
 // read once per call, and a create must not miss one made a moment ago.
@@ -169,14 +170,8 @@ func (d *Driver) startMigration(ctx context.Context, c client.Client, m driver.M
 		}
 		selector = map[string]string{corev1.LabelHostname: cmp.Or(node.Labels[corev1.LabelHostname], host)}
 	}
-	migs := &kubevirtv1.VirtualMachineInstanceMigrationList{}
-	if err := d.live.List(ctx, migs, client.InNamespace(d.namespace)); err != nil {
-		return driver.MigrationStatus{}, errors.Wrap(err, "cannot list KubeVirt VirtualMachineInstanceMigrations")
-	}
-	for _, other := range migs.Items {
-		if other.Spec.VMIName == vmi.Name && !other.IsFinal() {
-			return driver.MigrationStatus{}, errors.Errorf("KubeVirt runs one migration of a guest at a time, and its migration %s has not finished", other.Name)
-		}
+	if err := d.inFlight(ctx, vmi.Name); err != nil {
+		return driver.MigrationStatus{}, err
 	}
 	mig := &kubevirtv1.VirtualMachineInstanceMigration{
 		ObjectMeta: metav1.ObjectMeta{
@@ -197,12 +192,39 @@ func (d *Driver) startMigration(ctx context.Context, c client.Client, m driver.M
 		st := driver.MigrationStatus{ID: id, Phase: driver.MigrationRunning, StartedAt: d.now(), Message: progress[kubevirtv1.MigrationPhaseUnset]("", "")}
 		return d.migrations.record(m.UID, id, st), nil
 	case kerrors.IsInvalid(err) || kerrors.IsBadRequest(err) || kerrors.IsForbidden(err):
-		// virt-api's admission refuses what KubeVirt cannot migrate.
+		// virt-api's admission refuses what KubeVirt cannot migrate, and
+		// a second migration of a VMI (ensureNoMigrationConflict), which
+		// KubeVirt itself may have begun since the check above: that one
+		// waits for the other to finish.
+		if busy := d.inFlight(ctx, vmi.Name); busy != nil {
+			return driver.MigrationStatus{}, busy
+		}
 		return driver.MigrationStatus{}, driver.Terminal(errors.Wrap(err, "KubeVirt refused the migration"))
 	case err != nil:
 		return driver.MigrationStatus{}, errors.Wrap(err, "cannot create the KubeVirt VirtualMachineInstanceMigration")
 	}
 	return d.migrations.record(m.UID, id, migrationStatus(id, mig, vmi, nil, d.now())), nil
+}
+
+// inFlight is a retryable error naming the migration of the VMI named vmi
+// that has not finished, if one has not: KubeVirt runs one at a time. Its
+// workload updater makes one of its own to complete a CPU or memory
+// hot-plug (it moves the guest into a pod of the new shape).
+func (d *Driver) inFlight(ctx context.Context, vmi string) error {
+	migs := &kubevirtv1.VirtualMachineInstanceMigrationList{}
+	if err := d.live.List(ctx, migs, client.InNamespace(d.namespace)); err != nil {
+		return errors.Wrap(err, "cannot list KubeVirt VirtualMachineInstanceMigrations")
+	}
+	for _, other := range migs.Items {
+		if other.Spec.VMIName != vmi || other.IsFinal() {
+			continue
+		}
+		if _, ok := other.Annotations[kubevirtv1.WorkloadUpdateMigrationAnnotation]; ok {
+			return errors.Errorf("KubeVirt runs one migration of a guest at a time, and its own migration %s, which applies a CPU or memory hot-plug, has not finished", other.Name)
+		}
+		return errors.Errorf("KubeVirt runs one migration of a guest at a time, and its migration %s has not finished", other.Name)
+	}
+	return nil
 }
 
 // stateOf is the migration state KubeVirt keeps of mig: on it, or, until it
@@ -218,10 +240,19 @@ func stateOf(mig *kubevirtv1.VirtualMachineInstanceMigration, vmi *kubevirtv1.Vi
 }
 
 // settled reports whether the VMI the driver sees shows where a succeeded
-// migration moved it: the VMI it moved is gone, or runs on the target.
+// migration moved it: the VMI it moved is gone, or runs on the target, or
+// a later migration has moved it on since (KubeVirt's workload updater
+// makes one for a CPU or memory hot-plug): its migration state names one
+// that started once this one ended. An older state, of a VMI read before
+// this migration reached it, does not count.
 func settled(mig *kubevirtv1.VirtualMachineInstanceMigration, vmi *kubevirtv1.VirtualMachineInstance) bool {
 	s := stateOf(mig, vmi)
-	return s == nil || vmi == nil || string(vmi.UID) != mig.Annotations[AnnotationMigratedVMI] || vmi.Status.NodeName == s.TargetNode
+	if s == nil || vmi == nil || string(vmi.UID) != mig.Annotations[AnnotationMigratedVMI] || vmi.Status.NodeName == s.TargetNode {
+		return true
+	}
+	later := vmi.Status.MigrationState
+	return later != nil && later.MigrationUID != mig.UID && later.StartTimestamp != nil && s.EndTimestamp != nil &&
+		!later.StartTimestamp.Before(s.EndTimestamp)
 }
 
 // progress says what KubeVirt does in each phase of a migration that

@@ -64,6 +64,19 @@ func (e *env) migrateUntilFinal(m driver.Machine, id, host string) []driver.Migr
 	return seen
 }
 
+// workloadUpdates are the migrations KubeVirt's workload updater made in
+// the test's namespace, by uid.
+func (e *env) workloadUpdates() map[types.UID]kubevirtv1.VirtualMachineInstanceMigration {
+	e.t.Helper()
+	out := map[types.UID]kubevirtv1.VirtualMachineInstanceMigration{}
+	for _, mig := range e.migrations() {
+		if _, ok := mig.Annotations[kubevirtv1.WorkloadUpdateMigrationAnnotation]; ok {
+			out[mig.UID] = mig
+		}
+	}
+	return out
+}
+
 func (e *env) migrations() []kubevirtv1.VirtualMachineInstanceMigration {
 	e.t.Helper()
 	migs := &kubevirtv1.VirtualMachineInstanceMigrationList{}
@@ -372,4 +385,83 @@ func TestMigrationLogIsBounded(t *testing.T) {
 	_, kept := l.final("uid", "first")
 	assert.False(t, kept, "the oldest goes first")
 	assert.Len(t, l.status, maxMigrations)
+}
+
+// TestMigrateHostWaitsForKubeVirtsHotPlugMigration asks for a migration
+// while KubeVirt's workload updater moves the guest to apply a CPU
+// hot-plug (its retry, held in KubeVirt's backoff after the first failed):
+// the driver waits for it with a retryable error that says so, and then
+// moves the guest itself, with the new shape.
+func TestMigrateHostWaitsForKubeVirtsHotPlugMigration(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	m, o := e.migratable()
+	cluster.Controller.FailNextMigration(types.NamespacedName{Namespace: e.ns, Name: VMName(m.UID)}, "Live migration failed: injected by the test")
+	m.VCPU++
+	var held kubevirtv1.VirtualMachineInstanceMigration
+	require.Eventually(t, func() bool {
+		_, err := e.d.Ensure(ctx, m)
+		require.NoError(t, err)
+		failed := false
+		held = kubevirtv1.VirtualMachineInstanceMigration{}
+		for _, mig := range e.workloadUpdates() {
+			switch mig.Status.Phase {
+			case kubevirtv1.MigrationFailed:
+				failed = true
+			case kubevirtv1.MigrationPending:
+				held = mig
+			}
+		}
+		return failed && held.Name != ""
+	}, 20*time.Second, 50*time.Millisecond, "KubeVirt's second attempt, held in its backoff")
+
+	id := string(uuid.NewUUID())
+	_, err := e.d.MigrateHost(ctx, m, id, "")
+	require.Error(t, err)
+	assert.False(t, driver.IsTerminal(err) || driver.IsNotFound(err), "retried: %v", err)
+	assert.Contains(t, err.Error(), "its own migration "+held.Name+", which applies a CPU or memory hot-plug, has not finished")
+
+	// KubeVirt's own tests skip its backoff so.
+	held.Annotations[kubevirtv1.FuncTestForceIgnoreMigrationBackoffAnnotation] = ""
+	require.NoError(t, e.kube.Update(ctx, &held))
+	seen := e.migrateUntilFinal(m, id, "")
+	require.Equal(t, driver.MigrationSucceeded, seen[len(seen)-1].Phase, "last %+v", seen[len(seen)-1])
+	got, err := e.d.Observe(ctx, m.UID)
+	require.NoError(t, err)
+	assert.Equal(t, driver.PhaseRunning, got.Phase)
+	assert.Equal(t, m.VCPU, got.VCPU, "the hot-plug done first")
+	assert.Equal(t, o.Node, got.Node, "moved by KubeVirt, then back by the driver")
+	assert.False(t, got.RestartRequired)
+}
+
+// TestMigrateHostSucceededThenMovedOnForAHotPlug lets KubeVirt move the
+// guest on for a CPU hot-plug after the driver's migration succeeded and
+// before the driver asked again: the driver's migration still reports
+// Succeeded, and Observe the node the guest runs on now.
+func TestMigrateHostSucceededThenMovedOnForAHotPlug(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	m, o := e.migratable()
+	id := string(uuid.NewUUID())
+	st, err := e.d.MigrateHost(ctx, m, id, "")
+	require.NoError(t, err)
+	require.Equal(t, driver.MigrationRunning, st.Phase)
+	mig := &kubevirtv1.VirtualMachineInstanceMigration{}
+	require.Eventually(t, func() bool {
+		return e.kube.Get(ctx, types.NamespacedName{Namespace: e.ns, Name: MigrationName(id)}, mig) == nil && mig.Status.Phase == kubevirtv1.MigrationSucceeded
+	}, 20*time.Second, 20*time.Millisecond)
+
+	m.VCPU++
+	resized := e.ensureUntil(m, func(o driver.Observation) bool { return o.VCPU == m.VCPU })
+	assert.Equal(t, o.Node, resized.Node, "KubeVirt moved it back to apply the hot-plug")
+	assert.Len(t, e.workloadUpdates(), 1)
+
+	st, err = e.d.MigrateHost(ctx, m, id, "")
+	require.NoError(t, err)
+	assert.Equal(t, driver.MigrationSucceeded, st.Phase, "%+v", st)
+	assert.Contains(t, st.Message, "from node "+o.Node+" to node "+otherNode[o.Node])
+	got, err := e.d.Observe(ctx, m.UID)
+	require.NoError(t, err)
+	assert.Equal(t, o.Node, got.Node)
+	assert.Equal(t, driver.PhaseRunning, got.Phase)
 }

@@ -239,6 +239,9 @@ func resizeNote(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineIns
 		if c := findVMCondition(vm, kubevirtv1.VirtualMachineRestartRequired); c != nil && c.Status == corev1.ConditionTrue && c.Message != "" {
 			notes = append(notes, "KubeVirt: "+c.Message)
 		}
+		if stuck := stuckHotplug(vmi); stuck != "" {
+			notes = append(notes, stuck)
+		}
 		return strings.Join(notes, "; ")
 	}
 	if vcpu != wantVCPU {
@@ -349,14 +352,37 @@ func pausedVMI(vmi *kubevirtv1.VirtualMachineInstance) bool {
 	return false
 }
 
-// restartRequired is KubeVirt's RestartRequired condition, or a VMI made
-// from an older template than the VM's (the shape hashes differ), or one
-// whose volumes that are not hotpluggable differ from the template's.
+// stuckHotplug says why KubeVirt will not finish the VMI's CPU hot-plug,
+// or is empty: its workload updater completes one only by migrating the
+// VMI live into a pod of the new shape, which it does not for a VMI that
+// is not LiveMigratable; KubeVirt sets no RestartRequired for that (it
+// does for memory), and the VMI's HotVCPUChange stays until the next one.
+func stuckHotplug(vmi *kubevirtv1.VirtualMachineInstance) string {
+	if !slices.ContainsFunc(vmi.Status.Conditions, func(c kubevirtv1.VirtualMachineInstanceCondition) bool {
+		return c.Type == kubevirtv1.VirtualMachineInstanceVCPUChange
+	}) {
+		return ""
+	}
+	for _, c := range vmi.Status.Conditions {
+		if c.Type == kubevirtv1.VirtualMachineInstanceIsMigratable && c.Status == corev1.ConditionFalse {
+			return fmt.Sprintf("KubeVirt adds vCPUs to a running guest only by migrating it live, and cannot migrate it (%s: %s); they apply at the next start", c.Reason, c.Message)
+		}
+	}
+	return ""
+}
+
+// restartRequired is KubeVirt's RestartRequired condition, or a CPU
+// hot-plug KubeVirt will not finish (stuckHotplug), or a VMI made from an
+// older template than the VM's (the shape hashes differ), or one whose
+// volumes that are not hotpluggable differ from the template's.
 func restartRequired(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) bool {
 	for _, c := range vm.Status.Conditions {
 		if c.Type == kubevirtv1.VirtualMachineRestartRequired && c.Status == corev1.ConditionTrue {
 			return true
 		}
+	}
+	if stuckHotplug(vmi) != "" {
+		return true
 	}
 	if vm.Spec.Template == nil {
 		return false

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtfleet/virtfleet/agent/driver"
@@ -15,9 +16,11 @@ import (
 // TestVCPUsAndMemoryChangeLiveWithinTheMaxima walks one running guest
 // through changes of its vCPUs and memory on the stand-in's LiveUpdate
 // rollout: within the maxima the VM was made with they reach the running
-// VMI (the same VMI, never restarted) and the report; beyond, or where
-// KubeVirt refuses them live, the guest runs on as it is, RestartRequired
-// exactly while KubeVirt says so, with the field and its maximum named.
+// VMI (the same VMI, never restarted) and the report, each through one
+// migration KubeVirt's workload updater makes, which moves the guest to
+// the other node; beyond, or where KubeVirt refuses them live, the guest
+// runs on as it is, RestartRequired exactly while KubeVirt says so, with
+// the field and its maximum named.
 func TestVCPUsAndMemoryChangeLiveWithinTheMaxima(t *testing.T) {
 	e := newEnv(t)
 	m := e.machine()
@@ -27,6 +30,7 @@ func TestVCPUsAndMemoryChangeLiveWithinTheMaxima(t *testing.T) {
 	assert.Equal(t, int32(driver.DefaultMaxRatio), o.MaxVCPU, "the maximum set when it started")
 	assert.Equal(t, int64(driver.DefaultMaxRatio<<30), o.MaxMemoryBytes)
 	first := e.vmi(m.UID)
+	node, moved := o.Node, map[types.UID]bool{}
 
 	steps := []struct {
 		name           string
@@ -67,6 +71,20 @@ func TestVCPUsAndMemoryChangeLiveWithinTheMaxima(t *testing.T) {
 			assert.Equal(t, first.UID, vmi.UID, "the same VMI")
 			assert.Equal(t, first.CreationTimestamp, vmi.CreationTimestamp)
 			assert.Zero(t, o.RestartCount, "never restarted")
+			updates := e.workloadUpdates()
+			if s.restartRequire {
+				assert.Len(t, updates, len(moved), "no migration for what waits for a restart")
+				return
+			}
+			require.Len(t, updates, len(moved)+1, "one migration per hot-plug")
+			last, ok := updates[vmi.Status.MigrationState.MigrationUID]
+			require.True(t, ok, "the shape came with a migration of the workload updater")
+			assert.False(t, moved[last.UID], "a new one")
+			moved[last.UID] = true
+			assert.Equal(t, kubevirtv1.MigrationSucceeded, last.Status.Phase)
+			assert.Equal(t, vmi.Status.NodeName, o.Node, "the node it moved the guest to")
+			assert.Equal(t, otherNode[node], o.Node)
+			node = o.Node
 		})
 	}
 
@@ -95,6 +113,10 @@ func TestWhatKubeVirtDoesNotHotPlugWaitsForARestart(t *testing.T) {
 			kubevirtSays: "KubeVirt: memory updated in template spec to a value lower than what the VM started with"},
 		"MemoryOfAGuestKubeVirtCannotMigrate": {vcpu: 2, memory: 3 << 30,
 			kubevirtSays: "KubeVirt: memory updated in template spec. Memory-hotplug is only available for migratable VMs"},
+		// KubeVirt takes the sockets into the VMI and never moves it into
+		// a pod that has them.
+		"VCPUsOfAGuestKubeVirtCannotMigrate": {vcpu: 3, memory: 2 << 30,
+			kubevirtSays: "KubeVirt adds vCPUs to a running guest only by migrating it live, and cannot migrate it (DisksNotLiveMigratable: "},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
