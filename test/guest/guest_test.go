@@ -525,7 +525,6 @@ func (g *suite) stopStart(t *testing.T, bootID string) string {
 	})
 	took := time.Since(stop)
 	t.Logf("g1: stopped %s after running: false", took.Round(time.Second))
-	assert.Less(t, took, grace/2, "an ACPI poweroff, well within the grace")
 	log, err := g.host.QEMULog(g.domainName(t, "g1"))
 	require.NoError(t, err)
 	assert.Contains(t, log, "reason=shutdown", "the guest powered itself off")
