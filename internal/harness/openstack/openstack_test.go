@@ -3,7 +3,9 @@ package openstack_test
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,6 +38,12 @@ func TestCloudStarts(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, hs, 1)
 	require.Equal(t, c.ComputeHost, hs[0].Service.Host)
+
+	// Its MariaDB's temporary tables are its own: another cloud's MariaDB
+	// starting would remove them from a shared tmpdir.
+	out, err := exec.Command("mariadb", "--no-defaults", "--socket="+filepath.Join(c.Dir, "mysql.sock"), "-uroot", "-N", "-e", "SELECT @@tmpdir").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Equal(t, filepath.Join(c.Dir, "mysql-tmp"), strings.TrimSpace(string(out)), "MariaDB's tmpdir")
 }
 
 // Real Nova's first build on a loaded 2-core machine is slow: its services

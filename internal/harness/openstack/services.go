@@ -56,13 +56,22 @@ var databases = []string{"keystone", "placement", "nova_api", "nova", "nova_cell
 // startMariaDB initialises a datadir whose root has no password (it listens
 // on a unix socket in the cloud's directory only, no TCP), starts mariadbd
 // and creates the databases.
+//
+// Each cloud's MariaDB keeps its temporary tables in a directory of its
+// own: a MariaDB server that starts removes every #sql file of its tmpdir
+// (mysql_rm_tmp_tables), so with the shared /tmp one cloud's start, or
+// another's bootstrap, deleted the temporary tables a bootstrap was using
+// and it failed ("Could not remove temporary table").
 func (c *Cloud) startMariaDB(ctx context.Context) error {
-	data := filepath.Join(c.Dir, "mysql")
-	if err := c.run(ctx, "mariadb-install-db", "mariadb-install-db", "--no-defaults", "--datadir="+data, "--user=root",
+	data, tmp := filepath.Join(c.Dir, "mysql"), filepath.Join(c.Dir, "mysql-tmp")
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return errors.Wrap(err, "cannot make MariaDB's tmpdir")
+	}
+	if err := c.run(ctx, "mariadb-install-db", "mariadb-install-db", "--no-defaults", "--datadir="+data, "--tmpdir="+tmp, "--user=root",
 		"--auth-root-authentication-method=normal", "--skip-test-db"); err != nil {
 		return err
 	}
-	p, err := c.start("mariadb", nil, "/usr/sbin/mariadbd", "--no-defaults", "--datadir="+data, "--socket="+c.mysqlSocket(),
+	p, err := c.start("mariadb", nil, "/usr/sbin/mariadbd", "--no-defaults", "--datadir="+data, "--tmpdir="+tmp, "--socket="+c.mysqlSocket(),
 		"--skip-networking", "--user=root", "--pid-file="+filepath.Join(c.Dir, "mysql.pid"), "--skip-log-bin",
 		"--innodb-buffer-pool-size=64M", "--performance-schema=OFF", "--max-connections=1000",
 		"--character-set-server=utf8mb3", "--collation-server=utf8mb3_general_ci")
