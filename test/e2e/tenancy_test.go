@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
@@ -74,6 +75,9 @@ func TestHostileTenant(t *testing.T) {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "virtfleet-tenant"},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "tenant-a-user"}},
 	}))
+	require.NoError(t, h.s.ControlPlane.AwaitAllowed(ctx, "tenant-a-user",
+		authorizationv1.ResourceAttributes{Namespace: tenant, Verb: "create", Group: v1alpha1.Group, Resource: "virtualmachines"},
+		authorizationv1.ResourceAttributes{Namespace: tenant, Verb: "create", Group: apisv1alpha1.Group, Resource: "providerconfigs"}))
 	as, err := h.s.ControlPlane.UserClient("tenant-a-user")
 	require.NoError(t, err)
 	create := func(o client.Object) { t.Helper(); require.NoError(t, as.Create(ctx, o)) }

@@ -19,12 +19,14 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	certutil "k8s.io/client-go/util/cert"
@@ -245,6 +247,27 @@ func (cp *ControlPlane) UserClient(name string, groups ...string) (client.Client
 	}
 	c, err := client.New(u.Config(), client.Options{Scheme: cp.Scheme})
 	return c, errors.Wrapf(err, "cannot create a client for user %s", name)
+}
+
+// AwaitAllowed waits until the API server's authorizer lets user do each
+// of what. A Role or binding takes effect once the authorizer's informers
+// hold it, a moment after it is written and longer on a loaded machine,
+// so a test that grants a user rights and then acts as that user asks
+// here first: a refusal after that is the test's finding.
+func (cp *ControlPlane) AwaitAllowed(ctx context.Context, user string, what ...authorizationv1.ResourceAttributes) error {
+	for _, attrs := range what {
+		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: user, ResourceAttributes: &attrs}}
+			if err := cp.Client.Create(ctx, review); err != nil {
+				return false, err
+			}
+			return review.Status.Allowed, nil
+		})
+		if err != nil {
+			return errors.Wrapf(err, "user %s may still not %s %s %s in namespace %q", user, attrs.Verb, attrs.Resource, attrs.Subresource, attrs.Namespace)
+		}
+	}
+	return nil
 }
 
 // Stop stops kube-apiserver and etcd and removes their data.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
@@ -300,6 +301,7 @@ func TestAHubThatMayNotDeleteSaysSo(t *testing.T) {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
 	}))
+	require.NoError(t, e.CP.AwaitAllowed(e.Ctx, user, authorizationv1.ResourceAttributes{Namespace: granted, Verb: "create", Group: v1alpha1.Group, Resource: "virtualmachinebackups"}))
 	kube, err := e.CP.UserClient(user)
 	require.NoError(t, err)
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -128,6 +129,9 @@ func tenantClient(t *testing.T, env *controllertest.Env, ns string) client.Clien
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
 	}))
+	require.NoError(t, env.CP.AwaitAllowed(env.Ctx, user,
+		authorizationv1.ResourceAttributes{Namespace: ns, Verb: "get", Group: v1alpha1.Group, Resource: "virtualmachines"},
+		authorizationv1.ResourceAttributes{Namespace: ns, Verb: "update", Group: v1alpha1.Group, Resource: "virtualmachines", Subresource: "status"}))
 	kube, err := env.CP.UserClient(user)
 	require.NoError(t, err)
 	return kube
