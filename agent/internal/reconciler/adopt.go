@@ -43,10 +43,12 @@ func (r *Reconciler) release(ctx context.Context, in wire.Intent) error {
 	r.mu.Lock()
 	o, orphaned := r.orphans[in.UID]
 	r.mu.Unlock()
+	rep.Released = true
 	if orphaned {
 		rep = orphanReport(o)
+		rep.Released = true
+		return r.reportOrphan(ctx, rep)
 	}
-	rep.Released = true
 	return r.report(ctx, rep)
 }
 
@@ -83,7 +85,24 @@ func (r *Reconciler) orphaned(ctx context.Context, uid string) (bool, error) {
 	last, _ := r.reports.last(uid)
 	rep := orphanReport(o)
 	rep.Released = last.Released
-	return true, r.report(ctx, rep)
+	return true, r.reportOrphan(ctx, rep)
+}
+
+// reportOrphan writes the report of an orphan, from a listing that may be
+// older than an adoption another worker just made: an orphan adopted
+// meanwhile (clearOrphanReport marks it before it deletes the report) has
+// the report deleted again, so it never outlives the adoption.
+func (r *Reconciler) reportOrphan(ctx context.Context, rep wire.Report) error {
+	if err := r.report(ctx, rep); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	adopted := r.cleared[rep.UID]
+	r.mu.Unlock()
+	if !adopted {
+		return nil
+	}
+	return errors.Wrap(r.reports.delete(ctx, rep.UID), "cannot delete the adopted orphan's report")
 }
 
 // claim takes over, or with ObserveOnly only looks at, the guest the intent
@@ -147,19 +166,25 @@ func (r *Reconciler) mayAdopt(in wire.Intent) (known bool, err error) {
 }
 
 // clearOrphanReport deletes the report of an orphan just adopted, once per
-// agent run: after a restart the report may still be there.
+// agent run: after a restart the report may still be there. The orphan is
+// marked adopted before the delete: a report of it written meanwhile from
+// an older listing either lands before the delete or sees the mark
+// (reportOrphan).
 func (r *Reconciler) clearOrphanReport(ctx context.Context, uid string) error {
 	r.mu.Lock()
 	done := r.cleared[uid]
+	r.cleared[uid] = true
 	r.mu.Unlock()
 	if done {
 		return nil
 	}
 	if err := r.reports.delete(ctx, uid); err != nil {
+		r.mu.Lock()
+		delete(r.cleared, uid)
+		r.mu.Unlock()
 		return errors.Wrap(err, "cannot delete the adopted orphan's report")
 	}
 	r.mu.Lock()
-	r.cleared[uid] = true
 	delete(r.orphans, uid)
 	r.mu.Unlock()
 	return nil
