@@ -449,6 +449,18 @@ func inject(ctx context.Context, s *stack.Stack, o Options, c *churn, obs *obser
 			return err
 		}
 		progress("%s: HA VMs Running elsewhere %s", label, restartFigures(f.Restarts, f.NotRestarted))
+		if f.NotRestarted > 0 {
+			// The hub says in NodeLost why a VM stays.
+			vms, err := listVMs(ctx, obs.kube)
+			if err != nil {
+				return err
+			}
+			for _, vm := range vms {
+				if pinned[vm.Name] == vm.UID && (vm.Node == f.Target || vm.Phase != string(v1alpha1.PhaseRunning)) {
+					progress("%s not Running elsewhere: phase %s on %s; %s", vm.Name, vm.Phase, vm.Node, vm.NodeLost)
+				}
+			}
+		}
 	}
 	// A node without HA VMs stays down for Down too, so that the sampler
 	// still looks for guests running twice.
@@ -575,6 +587,10 @@ func why(c xpv2.Condition) string {
 	return string(c.Reason) + ": " + c.Message
 }
 
+// typeNodeLost is the hub's condition of a VM whose node is lost
+// (hub/internal/controller/virtualmachine.TypeNodeLost, out of reach here).
+const typeNodeLost xpv2.ConditionType = "NodeLost"
+
 func listVMs(ctx context.Context, kube client.Client) ([]VM, error) {
 	l := &v1alpha1.VirtualMachineList{}
 	if err := kube.List(ctx, l, client.InNamespace(namespace)); err != nil {
@@ -591,6 +607,8 @@ func listVMs(ctx context.Context, kube client.Client) ([]VM, error) {
 			Phase:       string(vm.Status.AtProvider.Phase),
 			Node:        vm.Status.AtProvider.Node,
 			Why:         why(vm.GetCondition(xpv2.TypeReady)),
+			Confirmed:   vm.Status.AtProvider.ObservedGeneration >= vm.Generation,
+			NodeLost:    why(vm.GetCondition(typeNodeLost)),
 		})
 	}
 	return out, nil

@@ -24,6 +24,13 @@ type VM struct {
 	// Why is the hub's reason for the VM's state: its Ready condition's
 	// reason and message (a VM on no node says why no node fits).
 	Why string
+	// Confirmed is whether the node acted on the VM's current spec (its
+	// status' observedGeneration): the hub restarts a VM elsewhere only
+	// then, as only then does it know the guest there fences itself.
+	Confirmed bool
+	// NodeLost is the VM's NodeLost condition's reason and message: when
+	// or why not it is restarted elsewhere.
+	NodeLost string
 }
 
 // Domain is one libvirt domain as the node's daemon lists it.

@@ -74,7 +74,10 @@ func (c *churn) pinHAOnce(ctx context.Context, kube client.Client, nodes []strin
 	}
 	on := map[string]map[string]string{}
 	for _, vm := range vms {
-		if ha[vm.Name] != nil && !vm.Deleting && vm.Phase == string(v1alpha1.PhaseRunning) && vm.Node != "" {
+		// A VM whose node has not confirmed its current spec (started a
+		// moment ago, say) is not restarted elsewhere by design: the hub
+		// cannot know the guest there fences itself.
+		if ha[vm.Name] != nil && !vm.Deleting && vm.Phase == string(v1alpha1.PhaseRunning) && vm.Node != "" && vm.Confirmed {
 			if on[vm.Node] == nil {
 				on[vm.Node] = map[string]string{}
 			}
