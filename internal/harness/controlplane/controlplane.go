@@ -171,6 +171,9 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 		Scheme:                   scheme,
 		ControlPlaneStartTimeout: 90 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
+		// envtest waits 10 s by default for the CRDs to be served; an API
+		// server among many starting at once on two cores can take longer.
+		CRDInstallOptions: envtest.CRDInstallOptions{MaxTime: 90 * time.Second},
 	}
 	env.ControlPlane.APIServer = &envtest.APIServer{Out: opts.Output, Err: opts.Output}
 	if opts.Restartable {
