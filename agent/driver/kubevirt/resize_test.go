@@ -81,7 +81,11 @@ func TestVCPUsAndMemoryChangeLiveWithinTheMaxima(t *testing.T) {
 			require.True(t, ok, "the shape came with a migration of the workload updater")
 			assert.False(t, moved[last.UID], "a new one")
 			moved[last.UID] = true
-			assert.Equal(t, kubevirtv1.MigrationSucceeded, last.Status.Phase)
+			// KubeVirt marks the migration Succeeded after the target
+			// applied the shape, in a write of its own.
+			assert.Eventually(t, func() bool {
+				return e.workloadUpdates()[last.UID].Status.Phase == kubevirtv1.MigrationSucceeded
+			}, 30*time.Second, 20*time.Millisecond, "the workload update migration succeeds")
 			assert.Equal(t, vmi.Status.NodeName, o.Node, "the node it moved the guest to")
 			assert.Equal(t, otherNode[node], o.Node)
 			node = o.Node
