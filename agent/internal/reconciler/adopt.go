@@ -43,13 +43,12 @@ func (r *Reconciler) release(ctx context.Context, in wire.Intent) error {
 	r.mu.Lock()
 	o, orphaned := r.orphans[in.UID]
 	r.mu.Unlock()
-	rep.Released = true
+	write := r.report
 	if orphaned {
-		rep = orphanReport(o)
-		rep.Released = true
-		return r.reportOrphan(ctx, rep)
+		rep, write = orphanReport(o), r.reportOrphan
 	}
-	return r.report(ctx, rep)
+	rep.Released = true
+	return write(ctx, rep)
 }
 
 // refreshOrphans re-reads the node's orphans.
