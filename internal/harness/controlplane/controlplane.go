@@ -214,6 +214,9 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 	env.ControlPlane.Etcd = &envtest.Etcd{Out: opts.Output, Err: opts.Output, DataDir: opts.EtcdDir}
 	cfg, err := env.Start()
 	if err != nil {
+		// envtest leaves etcd and kube-apiserver running when it fails
+		// after starting them (waiting for the CRDs, say).
+		_ = env.Stop()
 		return nil, errors.Wrap(err, "cannot start etcd and kube-apiserver")
 	}
 	cp := &ControlPlane{Config: cfg, Scheme: scheme, env: env, Kubectl: filepath.Join(assets, "kubectl"), InClusterCA: inClusterCA, egress: egress}
