@@ -15,8 +15,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -138,16 +140,37 @@ func (e *Env) VM(t *testing.T, namespace, name, node string, sealed bool, phase 
 	vm.Spec.ForProvider = v1alpha1.VirtualMachineParameters{Vcpu: 1, Memory: resource.MustParse("1Gi"), DiskAttachments: []v1alpha1.DiskAttachment{{Name: "root"}}}
 	require.NoError(t, e.Kube.Create(e.Ctx, vm))
 	if node != "" {
-		a := map[string]string{v1alpha1.AnnotationNode: node}
-		if sealed {
-			a[v1alpha1.AnnotationSeal] = e.Fleet.Seal(string(vm.UID), node, "")
-		}
-		vm.SetAnnotations(a)
-		require.NoError(t, e.Kube.Update(e.Ctx, vm))
+		e.change(t, vm, func() error { return e.Kube.Update(e.Ctx, vm) }, func() {
+			a := vm.GetAnnotations()
+			if a == nil {
+				a = map[string]string{}
+			}
+			a[v1alpha1.AnnotationNode] = node
+			if sealed {
+				a[v1alpha1.AnnotationSeal] = e.Fleet.Seal(string(vm.UID), node, "")
+			}
+			vm.SetAnnotations(a)
+		})
 	}
-	vm.Status.AtProvider.Phase = phase
-	require.NoError(t, e.Kube.Status().Update(e.Ctx, vm))
+	e.change(t, vm, func() error { return e.Kube.Status().Update(e.Ctx, vm) }, func() { vm.Status.AtProvider.Phase = phase })
 	return vm
+}
+
+// change applies mutate to o and has write write it, reading o again and
+// applying mutate anew whenever a controller of the test wrote o first (a
+// scheduler may place a VM between its creation and a test's next write).
+func (e *Env) change(t *testing.T, o client.Object, write func() error, mutate func()) {
+	t.Helper()
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		mutate()
+		err := write()
+		if apierrors.IsConflict(err) {
+			if gerr := e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(o), o); gerr != nil {
+				return gerr
+			}
+		}
+		return err
+	}))
 }
 
 // StorageQuota gives namespace a TenantQuota, named after it, of storage
