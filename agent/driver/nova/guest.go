@@ -453,7 +453,7 @@ func (d *Driver) volumeID(ctx context.Context, disk driver.Disk) (id string, rea
 // the volumes it no longer names, through Nova's os-volume_attachments:
 // the hypervisor plugs them into a running guest as into a stopped one. It
 // needs no call when nothing differs, and reports whether it changed
-// anything.
+// anything or found the driver's view of s behind Cinder's.
 //
 // Nova gives a guest no serial of the driver's choosing: the disk's serial
 // is its Cinder volume id, which stays with the volume (and so with the
@@ -462,7 +462,10 @@ func (d *Driver) volumeID(ctx context.Context, disk driver.Disk) (id string, rea
 // A detach is asynchronous: until the guest released the disk the volume
 // stays attached, in Cinder's "detaching", and is not asked again (Nova
 // refuses a second detach). A guest that never releases it makes Nova give
-// up and the volume "in-use" again, and the next call asks again.
+// up and the volume "in-use" again, and the next call asks again. Cinder
+// detaches only an "in-use" volume: one still attaching is detached by a
+// later call (a transient error says which), and one Cinder already calls
+// "available" is one whose detach Nova is finishing, never asked again.
 func (d *Driver) attach(ctx context.Context, m driver.Machine, s servers.Server) (bool, error) {
 	changed := false
 	attached := map[string]bool{}
@@ -488,6 +491,7 @@ func (d *Driver) attach(ctx context.Context, m driver.Machine, s servers.Server)
 			changed = true
 		}
 	}
+	var unsettled []string
 	for _, id := range slices.Sorted(maps.Keys(attached)) {
 		if wanted[id] {
 			continue
@@ -500,11 +504,29 @@ func (d *Driver) attach(ctx context.Context, m driver.Machine, s servers.Server)
 			return changed, classify(err, "cannot read volume "+id+" to detach it")
 		case v.Status == "detaching":
 			continue
+		case v.Status == "available":
+			// Detached in Cinder, and gone from the server once Nova
+			// finished: the view of the server is read again.
+			changed = true
+			continue
+		case v.Status != "in-use":
+			unsettled = append(unsettled, id+" is "+v.Status)
+			continue
 		}
-		if err := volumeattach.Delete(ctx, d.c.compute, s.ID, id).ExtractErr(); err != nil && statusOf(err) != http.StatusNotFound {
+		err = volumeattach.Delete(ctx, d.c.compute, s.ID, id).ExtractErr()
+		switch {
+		case statusOf(err) == http.StatusBadRequest:
+			// The volume left "in-use" since it was read: the driver
+			// asked nothing a retry cannot mend.
+			unsettled = append(unsettled, id+" is no longer in-use: "+describe(err))
+		case err != nil && statusOf(err) != http.StatusNotFound:
 			return changed, classify(err, "cannot detach volume "+id)
+		default:
+			changed = true
 		}
-		changed = true
+	}
+	if len(unsettled) > 0 {
+		return changed, errors.Errorf("waiting to detach volumes until Cinder has them in-use: %s", strings.Join(unsettled, "; "))
 	}
 	return changed, nil
 }

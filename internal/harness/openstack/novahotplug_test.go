@@ -34,26 +34,6 @@ func TestAVolumeHotPlugsThroughTheNovaDriver(t *testing.T) {
 			require.Eventually(t, func() bool { return d.DeleteVolume(ctx, disk) == nil }, migrateTimeout, poll, "volume %s is never deleted", disk.Name)
 		}
 	})
-	// converge ensures m, running, until done says so of the server and
-	// the driver reports the disks m asks for; the server must run
-	// throughout, with no restart asked for or made.
-	converge := func(what string, done func() bool) {
-		t.Helper()
-		var o driver.Observation
-		var err error
-		require.Eventually(t, func() bool {
-			o, err = d.Ensure(ctx, m)
-			if err != nil {
-				// A volume Cinder is still creating is waited for.
-				require.False(t, driver.IsTerminal(err), "%v", err)
-				return false
-			}
-			require.Equal(t, driver.PhaseRunning, o.Phase, "%s: the server runs on", what)
-			require.False(t, o.RestartRequired, "%s: a disk change needs no restart", what)
-			require.Zero(t, o.RestartCount, "%s: the server is not restarted", what)
-			return done() && slices.Equal(o.Disks, names(m.Disks))
-		}, migrateTimeout, poll, "%s never happened: %+v %v", what, o, err)
-	}
 	require.Eventually(t, func() bool {
 		o, err := d.Ensure(ctx, m)
 		require.NoError(t, err)
@@ -79,6 +59,30 @@ func TestAVolumeHotPlugsThroughTheNovaDriver(t *testing.T) {
 		require.Len(t, vs, 1, "volume %s", name)
 		return vs[0]
 	}
+	// converge ensures m, running, until done says so of the server and
+	// the driver reports the disks m asks for; the server must run
+	// throughout, with no restart asked for or made.
+	converge := func(what string, done func() bool) {
+		t.Helper()
+		var o driver.Observation
+		var err error
+		ok := assert.Eventually(t, func() bool {
+			o, err = d.Ensure(ctx, m)
+			if err != nil {
+				// A volume Cinder is still creating is waited for.
+				require.False(t, driver.IsTerminal(err), "%v", err)
+				return false
+			}
+			require.Equal(t, driver.PhaseRunning, o.Phase, "%s: the server runs on", what)
+			require.False(t, o.RestartRequired, "%s: a disk change needs no restart", what)
+			require.Zero(t, o.RestartCount, "%s: the server is not restarted", what)
+			return done() && slices.Equal(o.Disks, names(m.Disks))
+		}, migrateTimeout, poll, "%s never happened", what)
+		if !ok {
+			t.Fatalf("%s: the driver last observed %+v, with error %v; volume %s is %+v; the server's attachments are %+v",
+				what, o, err, data.Name, volumes.Get(ctx, cl.Volume, volume(data.Name).ID).Body, attachments())
+		}
+	}
 	require.Len(t, attachments(), 1, "booted with its root disk only")
 
 	m.Disks = append(m.Disks, data)
@@ -93,6 +97,16 @@ func TestAVolumeHotPlugsThroughTheNovaDriver(t *testing.T) {
 	as = attachments()
 	require.Len(t, as, 1)
 	assert.Equal(t, volume(m.Disks[0].Name).ID, as[0].VolumeID, "the boot volume stays")
+
+	// A user who takes a disk back at once: the detach is asked while
+	// Cinder still attaches the volume, which it refuses to detach.
+	m.Disks = append(m.Disks, data)
+	_, err := d.Ensure(ctx, m)
+	require.NoError(t, err, "the attach is asked")
+	require.NotEqual(t, "in-use", volume(data.Name).Status, "the detach below must meet the attach unsettled")
+	m.Disks = m.Disks[:1]
+	converge("the detach during the attach", func() bool { return volume(data.Name).Status == "available" })
+	require.Len(t, attachments(), 1)
 }
 
 func names(disks []driver.Disk) []string {
