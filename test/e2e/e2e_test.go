@@ -56,6 +56,14 @@ func TestQuickStart(t *testing.T) {
 		assert.Regexp(t, `^sample-vm\s+Running\s+0\s+\S+\s+node[123]\s+net-db\(10\.10\.120\.\d+\), net-backend\(10\.10\.150\.\d+\), net-frontend\(10\.10\.110\.\d+\)\s+True\s+True$`, lines[1])
 	})
 
+	t.Run("TheWebExamplesTakeTheirShapeFromAnInstanceType", func(t *testing.T) {
+		k.wait("vm/web-1", "{.status.atProvider.phase}=Running", 90*time.Second)
+		assert.Equal(t, "tiny 1 256Mi", k.run("get", "vm", "web-1", "-o", "jsonpath={.status.instancetypeRef.name} {.status.atProvider.declared.vcpu} {.status.atProvider.declared.memory}"),
+			"web-1 names the instance type tiny and asks for its shape")
+		assert.Equal(t, "1 256Mi", k.run("get", "vm", "web-1", "-o", "jsonpath={.status.atProvider.vcpu} {.status.atProvider.memory}"), "the guest runs the shape")
+		assert.Regexp(t, `^tiny\s+1\s+256Mi\s`, k.lines("get", "vmcit", "tiny")[1])
+	})
+
 	t.Run("DescribeShowsEvents", func(t *testing.T) {
 		out := k.run("describe", "vm", "sample-vm")
 		assert.Contains(t, out, "Scheduled")
@@ -198,6 +206,12 @@ func TestQuickStart(t *testing.T) {
 			return k.in("team-a").run(append([]string{"--as", "alice"}, args...)...)
 		}
 		k.in("team-a").run("apply", "-f", file("access.yaml"))
+		// The apiserver's authorizer sees a new RoleBinding a moment after
+		// the write; until then alice may do nothing.
+		require.Eventually(t, func() bool {
+			out, _ := k.in("team-a").command("--as", "alice", "auth", "can-i", "create", "virtualmachines.compute.virtfleet.io").Output()
+			return strings.TrimSpace(string(out)) == "yes"
+		}, 30*time.Second, 200*time.Millisecond, "alice is never allowed what access.yaml grants")
 		out, err := k.command("--as", "alice", "get", "hvnode").CombinedOutput()
 		require.Error(t, err, "alice reads nothing outside team-a: %s", out)
 		assert.Contains(t, string(out), "forbidden")
