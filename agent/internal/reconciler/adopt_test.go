@@ -34,7 +34,7 @@ func TestReleaseAndAdopt(t *testing.T) {
 	h.put(intent("b", func(in *wire.Intent) { in.Name = "vm-a"; in.Claim = &wire.Claim{Orphan: "a"} }))
 	rep = h.eventually("b", phase(wire.PhaseRunning), "the new VM adopts the orphan")
 	assert.Equal(t, "a", rep.ID, "the same guest")
-	require.Eventually(t, func() bool { _, ok := h.reports.get("a"); return !ok }, time.Second, 5*time.Millisecond, "the orphan's report goes")
+	require.Eventually(t, func() bool { _, ok := h.reports.get("a"); return !ok }, 10*time.Second, 5*time.Millisecond, "the orphan's report goes")
 	list, err := h.fake.List(t.Context())
 	require.NoError(t, err)
 	assert.Len(t, list, 1, "exactly one guest")
