@@ -197,6 +197,25 @@ type Machine struct {
 	Disks []Disk
 	// Networks get one interface each, in order.
 	Networks []Network
+
+	// Instancetype is the instance type VCPU, MemoryBytes and their
+	// maxima came from; nil when the VM sets them itself. A backend with
+	// instance types of its own (KubeVirt) runs the guest through one;
+	// the others ignore it. It says where the shape came from, not what
+	// it is, so it is left out of the JSON a driver may hash (see Paused):
+	// a guest defined before the field existed, or whose type is
+	// unchanged, keeps its hash.
+	Instancetype *Instancetype `json:"-"`
+}
+
+// Instancetype names one recorded revision of an instance type.
+type Instancetype struct {
+	// Cluster is set for a VirtualMachineClusterInstancetype; otherwise it
+	// is a VirtualMachineInstancetype of the Machine's Namespace.
+	Cluster bool
+	Name    string
+	// Revision is the type's generation the shape was recorded at.
+	Revision int64
 }
 
 // Validate returns a Terminal error for a Machine no backend could run:

@@ -148,6 +148,14 @@ func TestSpecHash(t *testing.T) {
 		"DiskSizeDoesNotChangeTheDefinition":     {change: func(m *driver.Machine) { m.Disks[0].SizeBytes *= 2 }, same: true},
 		"DataDisksDoNotChangeTheDefinition":      {change: func(m *driver.Machine) { m.Disks = append(m.Disks, driver.Disk{Name: "data"}) }, same: true},
 		"TheBootDiskChangesTheDefinition":        {change: func(m *driver.Machine) { m.Disks[0].Name = "other" }},
+		// A guest defined before Machine had an instance type, or whose
+		// type only got a new revision, is not redefined for it.
+		"AnInstancetypeDoesNotChangeTheDefinition": {change: func(m *driver.Machine) {
+			m.Instancetype = &driver.Instancetype{Cluster: true, Name: "u1.small", Revision: 1}
+		}, same: true},
+		"AnInstancetypeRevisionDoesNotChangeTheDefinition": {change: func(m *driver.Machine) {
+			m.Instancetype = &driver.Instancetype{Name: "u1.small", Revision: 7}
+		}, same: true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

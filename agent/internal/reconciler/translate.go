@@ -120,6 +120,12 @@ func machine(in wire.Intent) (driver.Machine, error) {
 		}
 		m.Networks = append(m.Networks, net)
 	}
+	if it := spec.Instancetype; it != nil {
+		if (it.Kind != wire.ClusterInstancetypeKind && it.Kind != wire.InstancetypeKind) || it.Name == "" || it.Revision < 1 {
+			return driver.Machine{}, driver.Terminalf("malformed intent: machine.instancetype needs a kind (%s or %s), a name and a revision of at least 1", wire.ClusterInstancetypeKind, wire.InstancetypeKind)
+		}
+		m.Instancetype = &driver.Instancetype{Cluster: it.Kind == wire.ClusterInstancetypeKind, Name: it.Name, Revision: it.Revision}
+	}
 	return m, nil
 }
 

@@ -257,3 +257,36 @@ func TestTheAttachedDisksAreReportedByVolumeName(t *testing.T) {
 		})
 	}
 }
+
+// TestMachineNamesItsInstancetype: the revision of the instance type the
+// shape came from reaches the driver, a malformed one is refused naming
+// the field, and an intent without one gives a Machine without one.
+func TestMachineNamesItsInstancetype(t *testing.T) {
+	cases := map[string]struct {
+		it      *wire.InstancetypeRevision
+		want    *driver.Instancetype
+		wantErr bool
+	}{
+		"None":        {},
+		"Cluster":     {it: &wire.InstancetypeRevision{Kind: wire.ClusterInstancetypeKind, Name: "u1.small", Revision: 3}, want: &driver.Instancetype{Cluster: true, Name: "u1.small", Revision: 3}},
+		"Namespaced":  {it: &wire.InstancetypeRevision{Kind: wire.InstancetypeKind, Name: "small", Revision: 1}, want: &driver.Instancetype{Name: "small", Revision: 1}},
+		"UnknownKind": {it: &wire.InstancetypeRevision{Kind: "Flavor", Name: "small", Revision: 1}, wantErr: true},
+		"NoRevision":  {it: &wire.InstancetypeRevision{Kind: wire.InstancetypeKind, Name: "small"}, wantErr: true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			in := wire.Intent{UID: "a", Namespace: "team-a", Name: "vm", Machine: wire.Machine{
+				VCPU: 1, MemoryBytes: 1 << 20, Instancetype: tc.it,
+				Disks: []wire.Disk{{Name: "root", SizeBytes: 1 << 30}},
+			}}
+			m, err := machine(in)
+			if tc.wantErr {
+				require.ErrorContains(t, err, "machine.instancetype")
+				assert.True(t, driver.IsTerminal(err))
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, m.Instancetype)
+		})
+	}
+}

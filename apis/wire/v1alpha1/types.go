@@ -148,7 +148,30 @@ type Machine struct {
 	Firmware       Firmware  `json:"firmware,omitempty"`
 	Disks          []Disk    `json:"disks,omitempty"`
 	Networks       []Network `json:"networks,omitempty"`
+	// Instancetype is the instance type VCPU, MemoryBytes and their
+	// maxima came from, as the hub recorded it; nil for a VM that sets
+	// them itself. It adds nothing to the shape: a backend with instance
+	// types of its own (KubeVirt) runs the guest through one, and an
+	// agent that does not know the field runs the same shape without it.
+	Instancetype *InstancetypeRevision `json:"instancetype,omitempty"`
 }
+
+// InstancetypeRevision names one recorded revision of an instance type.
+type InstancetypeRevision struct {
+	// Kind is VirtualMachineClusterInstancetype or
+	// VirtualMachineInstancetype (of the VM's namespace).
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+	// Revision is the type's generation the shape was recorded at: a
+	// new revision may be another shape under the same name.
+	Revision int64 `json:"revision"`
+}
+
+// The kinds of instance type.
+const (
+	ClusterInstancetypeKind = "VirtualMachineClusterInstancetype"
+	InstancetypeKind        = "VirtualMachineInstancetype"
+)
 
 // Firmware the guest boots with.
 type Firmware string

@@ -281,6 +281,8 @@ func TestInstancetypesOnARealAPIServer(t *testing.T) {
 		require.NoError(t, err)
 		assert.False(t, wrote, "an edit of the type is no reason to record anew")
 		assert.Equal(t, int32(2), intent(web, dependencies{}).Machine.VCPU)
+		assert.Equal(t, &wire.InstancetypeRevision{Kind: wire.ClusterInstancetypeKind, Name: "small", Revision: 1}, intent(web, dependencies{}).Machine.Instancetype,
+			"the intent names the revision the shape came from")
 
 		meta.AddAnnotations(web, map[string]string{v1alpha1.AnnotationInstancetypeUpdateRequestedAt: "t1"})
 		require.NoError(t, cp.Client.Update(ctx, web))
@@ -293,6 +295,7 @@ func TestInstancetypesOnARealAPIServer(t *testing.T) {
 		m := intent(got, dependencies{}).Machine
 		assert.Equal(t, int32(4), m.VCPU, "the intent carries the new revision")
 		assert.Equal(t, int64(2<<30), m.MemoryBytes)
+		assert.Equal(t, &wire.InstancetypeRevision{Kind: wire.ClusterInstancetypeKind, Name: "small", Revision: 2}, m.Instancetype)
 
 		require.NoError(t, cp.Client.Delete(ctx, it))
 		meta.AddAnnotations(got, map[string]string{v1alpha1.AnnotationInstancetypeUpdateRequestedAt: "t2"})

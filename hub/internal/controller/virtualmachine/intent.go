@@ -564,6 +564,9 @@ func intent(vm *v1alpha1.VirtualMachine, d dependencies) wire.Intent {
 	if f := vm.BootFirmware(); f != nil {
 		m.Firmware = wire.Firmware(*f)
 	}
+	if r := vm.Status.InstancetypeRef; r != nil && fp.Instancetype != nil {
+		m.Instancetype = &wire.InstancetypeRevision{Kind: string(r.Kind), Name: r.Name, Revision: r.Revision}
+	}
 	for _, v := range d.volumes {
 		disk := wire.Disk{Name: v.Name, VolumeUID: string(v.UID), SizeBytes: d.sizeOf(&v), Image: d.imageRef(v), Pool: v.Spec.ForProvider.StoragePool}
 		if ext := meta.GetExternalName(&v); ext != "" { // attachable: imported, at its real size
