@@ -264,6 +264,9 @@ func (c *FakeVirtController) Reconcile(ctx context.Context, req reconcile.Reques
 	if controllerutil.AddFinalizer(vm, Finalizer) {
 		return reconcile.Result{}, c.client.Update(ctx, vm)
 	}
+	if wrote, err := c.syncInstancetype(ctx, vm); err != nil || wrote {
+		return reconcile.Result{RequeueAfter: c.step}, err
+	}
 	if len(vm.Status.VolumeRequests) > 0 && vm.Spec.Template != nil {
 		return reconcile.Result{RequeueAfter: c.step}, c.volumeRequests(ctx, vm, vmi)
 	}
@@ -301,10 +304,15 @@ func strategy(vm *kubevirtv1.VirtualMachine) kubevirtv1.VirtualMachineRunStrateg
 	}
 }
 
-// run drives a VM that should run one step towards Running.
+// run drives a VM that should run one step towards Running. A VM with
+// an instance type runs it expanded (see instancetype.go).
 func (c *FakeVirtController) run(ctx context.Context, vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) (reconcile.Result, error) {
 	nn := types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}
 	again := reconcile.Result{RequeueAfter: c.step}
+	vm, err := c.expanded(ctx, vm)
+	if err != nil {
+		return again, err
+	}
 	switch {
 	case vmi != nil && vmi.DeletionTimestamp != nil:
 		return again, nil

@@ -1,12 +1,14 @@
 // Package kubevirttest runs a simulated KubeVirt cluster for tests and the
 // test stack: a real kube-apiserver (internal/harness/controlplane) with KubeVirt's
 // VirtualMachine, VirtualMachineInstance and VirtualMachineInstanceMigration
-// CRDs, its snapshot.kubevirt.io CRDs and CDI's DataVolume CRD, schedulable
+// CRDs, its snapshot.kubevirt.io and instancetype.kubevirt.io CRDs and
+// CDI's DataVolume CRD, schedulable
 // Nodes, FakeVirtController, an in-process stand-in for virt-controller
 // (its snapshot and restore controllers included) and virt-handler, a
 // stand-in for
 // virt-api's subresource API (pause and unpause), aggregated by the API
-// server as KubeVirt's is, and FakeCDI, a stand-in for CDI's DataVolume
+// server as KubeVirt's is, with virt-api's VM admission as far as
+// instance types go (instancetype.go), and FakeCDI, a stand-in for CDI's DataVolume
 // controller and importer. No KubeVirt or CDI component runs: no pod, no
 // QEMU.
 package kubevirttest
@@ -21,6 +23,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
 	snapshotv1 "kubevirt.io/api/snapshot/v1beta1"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/yaml"
@@ -37,20 +40,24 @@ func CRDDir() string {
 
 // CRDs are KubeVirt's VirtualMachine, VirtualMachineInstance,
 // VirtualMachineInstanceMigration, VirtualMachineSnapshot,
-// VirtualMachineSnapshotContent and VirtualMachineRestore CRDs as
+// VirtualMachineSnapshotContent, VirtualMachineRestore,
+// VirtualMachineInstancetype and VirtualMachineClusterInstancetype CRDs as
 // virt-operator installs them: the generated schemas plus the operator's
-// short names, and the status subresource on all but the VMI — KubeVirt
-// serves the VMI without one, so its status is written with the object —
+// short names, and the status subresource on all but the VMI and the
+// instance types — KubeVirt serves the VMI without one, so its status is
+// written with the object, and an instance type has no status —
 // and CDI's DataVolume CRD as CDI's operator installs it, as generated (its
 // markers give its short names, categories and status subresource).
 func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	shortNames := map[string][]string{
-		"virtualmachines.kubevirt.io":                         {"vm", "vms"},
-		"virtualmachineinstances.kubevirt.io":                 {"vmi", "vmis"},
-		"virtualmachineinstancemigrations.kubevirt.io":        {"vmim", "vmims"},
-		"virtualmachinesnapshots.snapshot.kubevirt.io":        {"vmsnapshot", "vmsnapshots"},
-		"virtualmachinesnapshotcontents.snapshot.kubevirt.io": {"vmsnapshotcontent", "vmsnapshotcontents"},
-		"virtualmachinerestores.snapshot.kubevirt.io":         {"vmrestore", "vmrestores"},
+		"virtualmachines.kubevirt.io":                                 {"vm", "vms"},
+		"virtualmachineinstances.kubevirt.io":                         {"vmi", "vmis"},
+		"virtualmachineinstancemigrations.kubevirt.io":                {"vmim", "vmims"},
+		"virtualmachinesnapshots.snapshot.kubevirt.io":                {"vmsnapshot", "vmsnapshots"},
+		"virtualmachinesnapshotcontents.snapshot.kubevirt.io":         {"vmsnapshotcontent", "vmsnapshotcontents"},
+		"virtualmachinerestores.snapshot.kubevirt.io":                 {"vmrestore", "vmrestores"},
+		"virtualmachineinstancetypes.instancetype.kubevirt.io":        {"vminstancetype", "vminstancetypes", "vmf", "vmfs"},
+		"virtualmachineclusterinstancetypes.instancetype.kubevirt.io": {"vmclusterinstancetype", "vmclusterinstancetypes", "vmcf", "vmcfs"},
 	}
 	files, err := filepath.Glob(filepath.Join(CRDDir(), "*.yaml"))
 	if err != nil {
@@ -71,8 +78,13 @@ func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 			continue
 		}
 		crd.Spec.Names.ShortNames = shortNames[crd.Name]
+		if crd.Spec.Names.Kind == kindClusterInstancetype {
+			// Its +genclient:nonNamespaced marker is client-gen's, which
+			// controller-gen does not read; virt-operator sets the scope.
+			crd.Spec.Scope = apiextensionsv1.ClusterScoped
+		}
 		crd.Spec.Names.Categories = []string{"all"}
-		if crd.Spec.Names.Kind != "VirtualMachineInstance" {
+		if crd.Spec.Names.Kind != "VirtualMachineInstance" && crd.Spec.Group != instancetypev1beta1.SchemeGroupVersion.Group {
 			for i := range crd.Spec.Versions {
 				crd.Spec.Versions[i].Subresources = &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}}
 			}
@@ -100,6 +112,9 @@ func AddToScheme(s *k8sruntime.Scheme) error {
 	}
 	if err := snapshotv1.AddToScheme(s); err != nil {
 		return errors.Wrap(err, "cannot register KubeVirt's snapshot types")
+	}
+	if err := instancetypev1beta1.AddToScheme(s); err != nil {
+		return errors.Wrap(err, "cannot register KubeVirt's instance types")
 	}
 	return errors.Wrap(cdiv1.AddToScheme(s), "cannot register CDI types")
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,18 +22,19 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 )
 
-func TestCRDsAreKubeVirtsVMVMIMigrationAndSnapshotsAndCDIsDataVolume(t *testing.T) {
+func TestCRDsAreKubeVirtsVMVMIMigrationSnapshotsAndInstancetypesAndCDIsDataVolume(t *testing.T) {
 	crds, err := CRDs()
 	require.NoError(t, err)
 	type crd struct {
 		group      string
 		status     bool
+		cluster    bool
 		shortNames []string
 	}
 	byKind := map[string]crd{}
 	for _, c := range crds {
 		v := c.Spec.Versions[0]
-		byKind[c.Spec.Names.Kind] = crd{group: c.Spec.Group, status: v.Subresources != nil && v.Subresources.Status != nil, shortNames: c.Spec.Names.ShortNames}
+		byKind[c.Spec.Names.Kind] = crd{group: c.Spec.Group, status: v.Subresources != nil && v.Subresources.Status != nil, cluster: c.Spec.Scope == apiextensionsv1.ClusterScoped, shortNames: c.Spec.Names.ShortNames}
 	}
 	assert.Equal(t, map[string]crd{
 		"VirtualMachine":                  {group: "kubevirt.io", status: true, shortNames: []string{"vm", "vms"}},
@@ -42,7 +44,11 @@ func TestCRDsAreKubeVirtsVMVMIMigrationAndSnapshotsAndCDIsDataVolume(t *testing.
 		"VirtualMachineSnapshotContent":   {group: "snapshot.kubevirt.io", status: true, shortNames: []string{"vmsnapshotcontent", "vmsnapshotcontents"}},
 		"VirtualMachineRestore":           {group: "snapshot.kubevirt.io", status: true, shortNames: []string{"vmrestore", "vmrestores"}},
 		"DataVolume":                      {group: "cdi.kubevirt.io", status: true, shortNames: []string{"dv", "dvs"}},
-	}, byKind, "a status subresource on all but the VMI, as virt-operator installs them; CDI's DataVolume as generated")
+		"VirtualMachineInstancetype":      {group: "instancetype.kubevirt.io", shortNames: []string{"vminstancetype", "vminstancetypes", "vmf", "vmfs"}},
+		"VirtualMachineClusterInstancetype": {
+			group: "instancetype.kubevirt.io", cluster: true, shortNames: []string{"vmclusterinstancetype", "vmclusterinstancetypes", "vmcf", "vmcfs"},
+		},
+	}, byKind, "a status subresource on all but the VMI and the instance types, as virt-operator installs them; CDI's DataVolume as generated")
 }
 
 func testVM(name string) *kubevirtv1.VirtualMachine {

@@ -108,6 +108,7 @@ func startVirtAPI(ctx context.Context, c client.Client) (*virtAPI, error) {
 	vm := "/apis/" + gv + "/namespaces/{namespace}/virtualmachines/{name}/"
 	mux.HandleFunc("PUT "+vm+"addvolume", v.addVolume)
 	mux.HandleFunc("PUT "+vm+"removevolume", v.removeVolume)
+	mux.HandleFunc("POST "+vmValidatePath, v.validateVM)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot listen for the subresource API")
@@ -117,6 +118,10 @@ func startVirtAPI(ctx context.Context, c client.Client) (*virtAPI, error) {
 	v.server.Listener = l
 	v.server.StartTLS()
 	if err := v.register(ctx, l.Addr().(*net.TCPAddr).Port); err != nil { //nolint:forcetypeassert // a TCP listener
+		v.server.Close()
+		return nil, err
+	}
+	if err := v.registerWebhook(ctx); err != nil {
 		v.server.Close()
 		return nil, err
 	}
