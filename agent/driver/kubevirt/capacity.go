@@ -39,7 +39,7 @@ func (d *Driver) Capacity(ctx context.Context) (driver.Capacity, error) {
 		if vm.Spec.Template == nil {
 			continue
 		}
-		vcpu, memory := size(&vm.Spec.Template.Spec)
+		vcpu, memory := size(&template(vm).Spec)
 		cp.AllocatedVCPU += int64(vcpu)
 		cp.AllocatedMemoryBytes += memory
 	}

@@ -18,6 +18,8 @@ import (
 //     migration failed);
 //   - cdi.kubevirt.io datavolumes: get, create, delete (disks made from
 //     images only);
+//   - instancetype.kubevirt.io virtualmachineinstancetypes: list, create,
+//     delete (VMs of an instance type, see instancetype.go);
 //   - snapshot.kubevirt.io virtualmachinesnapshots: get, list, create,
 //     delete; virtualmachinerestores: get, create, delete (snapshots and
 //     reverts, see snapshot.go);

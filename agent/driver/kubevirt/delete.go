@@ -33,7 +33,8 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 	vm, err := d.lookup(ctx, d.live, uid)
 	switch {
 	case driver.IsNotFound(err): // also a *NotOursError
-		return nil
+		// Gone, maybe since the last call: so may be its instance type.
+		return d.pruneInstancetypes(ctx, c)
 	case err != nil:
 		return err
 	}
@@ -52,7 +53,8 @@ func (d *Driver) Delete(ctx context.Context, uid string) error {
 	err = d.live.Get(ctx, client.ObjectKeyFromObject(vm), left)
 	switch {
 	case kerrors.IsNotFound(err), err == nil && left.UID != vm.UID:
-		return nil
+		// Its instance type, if no other VM names it, goes with it.
+		return d.pruneInstancetypes(ctx, c)
 	case err != nil:
 		return errors.Wrap(err, "cannot get the KubeVirt VirtualMachine")
 	}

@@ -15,8 +15,10 @@
 // the API server goes away every call fails with a retryable error until it
 // is back; then the driver starts fresh informers and sends EventResync.
 //
-// Mapping (see newVM): vcpu → cores, memory → guest memory and its request,
-// each disk → a PVC named ObjectName(disk) (made with the disk's size when
+// Mapping (see newVM): vcpu → CPU sockets, memory → guest memory, each
+// up to a maximum (maxSockets, maxGuest), in the template or, for a
+// Machine of an instance type, in a VirtualMachineInstancetype the VM
+// names (see instancetype.go); each disk → a PVC named ObjectName(disk) (made with the disk's size when
 // missing, never deleted; a disk from an image → a DataVolume of that
 // name, below), each network → a Multus network of the same
 // ObjectName (the NetworkAttachmentDefinition is the site's to provide; the
@@ -80,6 +82,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
 	snapshotv1 "kubevirt.io/api/snapshot/v1beta1"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -167,6 +170,9 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	if err := snapshotv1.AddToScheme(scheme); err != nil {
 		return nil, errors.Wrap(err, "cannot register KubeVirt's snapshot types")
+	}
+	if err := instancetypev1beta1.AddToScheme(scheme); err != nil {
+		return nil, errors.Wrap(err, "cannot register KubeVirt's instance types")
 	}
 	if err := cdiv1.AddToScheme(scheme); err != nil {
 		return nil, errors.Wrap(err, "cannot register CDI types")

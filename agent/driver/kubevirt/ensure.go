@@ -63,27 +63,40 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 	// an imported one's definition is its own and only read from want.
 	var prev *kubevirtv1.VirtualMachineInstanceTemplateSpec
 	if vm != nil && !imported(vm) {
-		prev = vm.Spec.Template
+		prev = template(vm)
 	}
 	want, err := newVM(m, d.namespace, prev)
 	if err != nil {
 		return driver.Observation{}, err
 	}
+	live := vmi != nil && vmi.DeletionTimestamp == nil && !vmi.IsFinal()
+	// A guest running inline (made before the agent knew of instance
+	// types) keeps running so; it takes its type at its next start.
+	if m.Instancetype != nil && (vm == nil || (!imported(vm) && (!live || vm.Spec.Instancetype != nil))) {
+		if err := typed(m, want); err != nil {
+			return driver.Observation{}, err
+		}
+	}
 	if vm == nil {
 		return d.create(ctx, c, m, want)
 	}
 	next := vm.DeepCopy()
-	live := vmi != nil && vmi.DeletionTimestamp == nil && !vmi.IsFinal()
 	reshaped, err := reshapedFor(m, vm, want)
 	if err != nil {
 		return driver.Observation{}, err
 	}
+	// A VM that leaves its type for a shape of its own changes at its
+	// next start, as KubeVirt would have it.
+	retyped := !imported(vm) && (vm.Spec.Instancetype == nil) != (want.Spec.Instancetype == nil)
+	reshaped = reshaped || (retyped && vm.Spec.Instancetype != nil)
 	if !imported(vm) && !reshaped && shape(vm.Spec.Template) == shape(want.Spec.Template) {
 		// vCPUs and memory within the maxima: KubeVirt hot-plugs them
-		// into a running VMI, and a stopped guest starts with them.
+		// into a running VMI, and a stopped guest starts with them;
+		// those of a type come with another type (another revision).
 		resize(next.Spec.Template, want.Spec.Template)
+		rename(next, want)
 	}
-	if !imported(vm) && (reshaped || (!live && !slices.Equal(dataClaims(vm.Spec.Template), dataClaims(want.Spec.Template)))) {
+	if !imported(vm) && (reshaped || (!live && (retyped || !slices.Equal(dataClaims(vm.Spec.Template), dataClaims(want.Spec.Template))))) {
 		// Takes effect when KubeVirt next creates the VMI; a new disk's
 		// image still being checked holds the new shape back until then.
 		// Data disks of a guest without a VMI go with it; those of a
@@ -94,6 +107,12 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 		}
 		if progress == "" {
 			next.Spec.Template = want.Spec.Template
+			if !sameInstancetype(next, want) {
+				next.Spec.Instancetype = want.Spec.Instancetype
+			}
+			if want.Spec.Instancetype == nil {
+				delete(next.Annotations, AnnotationInstancetypeShape)
+			}
 		}
 	}
 	hotplug := !imported(vm) && live && !reshaped
@@ -133,8 +152,19 @@ func (d *Driver) ensure(ctx context.Context, c client.Client, reader client.Read
 	}
 	next.Annotations[AnnotationRestarts] = strconv.Itoa(int(count))
 	if !equalVM(vm, next) {
+		moved := !sameInstancetype(vm, next)
+		if moved {
+			if err := d.ensureInstancetype(ctx, c, next); err != nil {
+				return driver.Observation{}, err
+			}
+		}
 		if err := patch(ctx, c, vm, next); err != nil {
 			return driver.Observation{}, errors.Wrap(err, "cannot update the KubeVirt VirtualMachine")
+		}
+		if moved && vm.Spec.Instancetype != nil {
+			if err := d.pruneInstancetypes(ctx, c); err != nil {
+				return driver.Observation{}, err
+			}
 		}
 	}
 	var note string
@@ -260,9 +290,15 @@ func (d *Driver) create(ctx context.Context, c client.Client, m driver.Machine, 
 		vm.Annotations[AnnotationResetNonce] = m.ResetNonce
 	}
 	vm.Annotations[AnnotationRestarts] = "0"
+	if err := d.ensureInstancetype(ctx, c, vm); err != nil {
+		return driver.Observation{}, err
+	}
 	if err := c.Create(ctx, vm); err != nil {
-		if kerrors.IsAlreadyExists(err) {
+		switch {
+		case kerrors.IsAlreadyExists(err):
 			return driver.Observation{}, errors.New("the KubeVirt VirtualMachine was created concurrently; ensuring it again")
+		case missingInstancetype(err):
+			return driver.Observation{}, errors.Wrap(err, "the instance type went while the VM was being created; ensuring it again")
 		}
 		if kerrors.IsInvalid(err) || kerrors.IsBadRequest(err) {
 			return driver.Observation{}, driver.Terminal(errors.Wrap(err, "KubeVirt rejected the VirtualMachine"))
@@ -333,6 +369,7 @@ func merged(into, from map[string]string) map[string]string {
 
 func equalVM(a, b *kubevirtv1.VirtualMachine) bool {
 	return reflect.DeepEqual(a.Spec.RunStrategy, b.Spec.RunStrategy) && reflect.DeepEqual(a.Spec.Running, b.Spec.Running) && //nolint:staticcheck // an imported VM may use it
+		reflect.DeepEqual(a.Spec.Instancetype, b.Spec.Instancetype) &&
 		maps(a.Annotations, b.Annotations) && shape(a.Spec.Template) == shape(b.Spec.Template) &&
 		slices.Equal(dataClaims(a.Spec.Template), dataClaims(b.Spec.Template)) && sameSize(a.Spec.Template, b.Spec.Template)
 }
@@ -353,11 +390,35 @@ func reshapedFor(m driver.Machine, vm, want *kubevirtv1.VirtualMachine) (bool, e
 // resize gives template next the vCPUs (sockets) and guest memory of
 // want.
 func resize(next, want *kubevirtv1.VirtualMachineInstanceTemplateSpec) {
-	if next.Spec.Domain.CPU == nil || next.Spec.Domain.Memory == nil {
+	// A template naming an instance type has neither: that type's are
+	// the ones to change (rename).
+	if next.Spec.Domain.CPU == nil || next.Spec.Domain.Memory == nil || want.Spec.Domain.CPU == nil || want.Spec.Domain.Memory == nil {
 		return
 	}
 	next.Spec.Domain.CPU.Sockets = want.Spec.Domain.CPU.Sockets
 	next.Spec.Domain.Memory.Guest = want.Spec.Domain.Memory.Guest
+}
+
+// rename makes next name the instance type want names, keeping the
+// revision KubeVirt recorded while it is the same type; another type
+// (another revision of virtfleet's) is recorded anew, and under
+// LiveUpdate hot-plugged into a running guest.
+func rename(next, want *kubevirtv1.VirtualMachine) {
+	w := want.Spec.Instancetype
+	if w == nil || next.Spec.Instancetype == nil || sameInstancetype(next, want) {
+		return
+	}
+	next.Spec.Instancetype = w.DeepCopy()
+}
+
+// sameInstancetype is whether a and b name the same instance type, or
+// both none.
+func sameInstancetype(a, b *kubevirtv1.VirtualMachine) bool {
+	x, y := a.Spec.Instancetype, b.Spec.Instancetype
+	if x == nil || y == nil {
+		return x == y
+	}
+	return x.Name == y.Name && strings.EqualFold(x.Kind, y.Kind)
 }
 
 // sameSize is whether two templates give the same vCPUs and memory.

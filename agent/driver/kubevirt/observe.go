@@ -134,8 +134,9 @@ func observe(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstan
 		o.MaxVCPU, o.MaxMemoryBytes = maxSize(vm, &vmi.Spec)
 		o.Disks = attached(vmi)
 	case vm.Spec.Template != nil:
-		o.VCPU, o.MemoryBytes = size(&vm.Spec.Template.Spec)
-		o.MaxVCPU, o.MaxMemoryBytes = maxSize(vm, &vm.Spec.Template.Spec)
+		t := template(vm)
+		o.VCPU, o.MemoryBytes = size(&t.Spec)
+		o.MaxVCPU, o.MaxMemoryBytes = maxSize(vm, &t.Spec)
 		o.Disks = nodeNames(claimsOf(vm.Spec.Template.Spec.Volumes))
 	}
 	switch {
@@ -204,7 +205,7 @@ func runningSize(vmi *kubevirtv1.VirtualMachineInstance) (int32, int64) {
 // without a maximum (an older agent's, an imported VM) cannot be resized
 // live by the driver.
 func maxSize(vm *kubevirtv1.VirtualMachine, spec *kubevirtv1.VirtualMachineInstanceSpec) (vcpu int32, memory int64) {
-	t := vm.Spec.Template
+	t := template(vm)
 	if t == nil {
 		return 0, 0
 	}
@@ -225,7 +226,7 @@ func resizeNote(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineIns
 	if vm.Spec.Template == nil {
 		return ""
 	}
-	wantVCPU, wantMemory := size(&vm.Spec.Template.Spec)
+	wantVCPU, wantMemory := size(&template(vm).Spec)
 	vcpu, memory := runningSize(vmi)
 	maxVCPU, maxMemory := maxSize(vm, &vmi.Spec)
 	var notes []string
