@@ -89,6 +89,21 @@ func TestATypedMachineRunsThroughAKubeVirtInstancetype(t *testing.T) {
 	assert.Equal(t, second, its[0].Name)
 	assert.Equal(t, kubevirtv1.CPU{Sockets: 2, Cores: 1, Threads: 1, MaxSockets: driver.DefaultMaxRatio}, *e.vmi(m.UID).Spec.Domain.CPU)
 
+	// A revision beyond the maxima the guest runs with waits for its
+	// restart, as a change of the template's would.
+	m.VCPU, m.Instancetype.Revision = 5, 3
+	o = e.ensureUntil(m, func(o driver.Observation) bool { return o.RestartRequired })
+	assert.Equal(t, int32(2), o.VCPU, "the guest runs as it was")
+	assert.Contains(t, o.Message, "vcpu 5 is more than the 4 the running guest can have")
+	m.RestartNonce = "grow"
+	o = e.ensureUntil(m, func(o driver.Observation) bool {
+		return o.Phase == driver.PhaseRunning && !o.RestartRequired && o.RestartCount == 1
+	})
+	assert.Equal(t, [2]int32{5, 5 * driver.DefaultMaxRatio}, [2]int32{o.VCPU, o.MaxVCPU})
+	third := e.vm(m.UID).Spec.Instancetype.Name
+	assert.True(t, strings.HasPrefix(third, "vfc.u1.small.r3-"), third)
+	assert.Len(t, e.instancetypes(), 1)
+
 	require.Eventually(t, func() bool { return e.d.Delete(context.Background(), m.UID) == nil }, 20*time.Second, 50*time.Millisecond)
 	assert.Empty(t, e.instancetypes(), "the type goes with its last VM")
 }

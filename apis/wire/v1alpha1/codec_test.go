@@ -62,6 +62,7 @@ func TestDecodeIntent(t *testing.T) {
 			in: mustJSON(t, withImage(exampleClonedIntent(), func(r *ImageRef) { r.Checksum = "ab" })), wantErr: &DecodeError{},
 		},
 		"RoundTripsADiskInASharedPool": {in: mustJSON(t, inPool(exampleIntent(), "nfs-a")), want: inPool(exampleIntent(), "nfs-a")},
+		"RoundTripsAnInstancetype":     {in: mustJSON(t, typedIntent()), want: typedIntent()},
 		"RefusesADiskPoolThatIsNotAToken": {
 			in: mustJSON(t, inPool(exampleIntent(), "../etc")), wantErr: &KeyError{},
 		},
@@ -343,4 +344,23 @@ func imageBackup(edit func(*ImageBackup)) *ImageBackup {
 	b := &ImageBackup{Namespace: "team-a", ID: "b1", Disk: "root", Location: validBackupIntent().Location}
 	edit(b)
 	return b
+}
+
+func typedIntent() Intent {
+	in := exampleIntent()
+	in.Machine.Instancetype = &InstancetypeRevision{Kind: ClusterInstancetypeKind, Name: "u1.small", Revision: 2}
+	return in
+}
+
+// TestAnUntypedIntentIsEncodedAsBefore: the instance type is left out of
+// an intent without one, so such intents are the bytes they were before
+// the field existed (nothing is republished for it), and an agent that
+// predates it reads a typed one as the shape alone (see
+// IgnoresFieldsFromTheFuture).
+func TestAnUntypedIntentIsEncodedAsBefore(t *testing.T) {
+	m := map[string]any{}
+	require.NoError(t, json.Unmarshal(mustJSON(t, exampleIntent().Machine), &m))
+	assert.NotContains(t, m, "instancetype")
+	require.NoError(t, json.Unmarshal(mustJSON(t, typedIntent().Machine), &m))
+	assert.Equal(t, map[string]any{"kind": ClusterInstancetypeKind, "name": "u1.small", "revision": float64(2)}, m["instancetype"])
 }

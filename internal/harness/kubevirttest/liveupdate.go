@@ -327,8 +327,15 @@ func setRestartRequired(vm *kubevirtv1.VirtualMachine, message string) {
 func (c *FakeVirtController) cleanupRestartRequired(ctx context.Context, vm *kubevirtv1.VirtualMachine) error {
 	for i, cond := range vm.Status.Conditions {
 		if cond.Type == kubevirtv1.VirtualMachineRestartRequired {
-			vm.Status.Conditions = append(vm.Status.Conditions[:i:i], vm.Status.Conditions[i+1:]...)
-			return errors.Wrap(c.client.Status().Update(ctx, vm), "cannot clear the VM's RestartRequired")
+			// Written from a copy: the answer is the VM as stored, and vm
+			// may be one with its instance type applied (expanded).
+			written := vm.DeepCopy()
+			written.Status.Conditions = append(vm.Status.Conditions[:i:i], vm.Status.Conditions[i+1:]...)
+			if err := c.client.Status().Update(ctx, written); err != nil {
+				return errors.Wrap(err, "cannot clear the VM's RestartRequired")
+			}
+			vm.Status, vm.ResourceVersion = written.Status, written.ResourceVersion
+			return nil
 		}
 	}
 	return nil
