@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"github.com/stretchr/testify/assert"
@@ -75,6 +76,52 @@ func TestDisksHotPlugIntoARunningServer(t *testing.T) {
 					assert.Equal(t, "available", v.Status, "volume %s is released", v.Name)
 				}
 			}
+		})
+	}
+}
+
+// TestADiskTakenBackAtOnceIsDetachedOnceAttached pins the detach of a
+// volume Nova is still attaching, which Cinder refuses (HTTP 400) until it
+// is in-use, and of one Cinder has released while the server still lists
+// it: neither is the user's error, and the disk goes once Nova is done.
+func TestADiskTakenBackAtOnceIsDetachedOnceAttached(t *testing.T) {
+	t.Parallel()
+	// Nova attaches for a second: the detach asked at once meets it
+	// unsettled, on a loaded machine too.
+	c := newCloudWith(t, openstacktest.Options{TransitionDelay: time.Second}, func(*openstacktest.Server, *cloudYAML) {}, password)
+	d := c.open(t)
+	m := machine("fickle")
+	ensure(t, d, m, driver.PhaseRunning)
+	root := m.Disks[0]
+	for _, tc := range []struct {
+		name  string
+		disks []driver.Disk
+	}{
+		{name: "attached and taken back", disks: []driver.Disk{root, {Name: "ns_fickle-data", SizeBytes: 1 << 30}}},
+		{name: "attached again and taken back", disks: []driver.Disk{root, {Name: "ns_fickle-data", SizeBytes: 1 << 30}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m.Disks = tc.disks
+			require.Eventually(t, func() bool {
+				_, err := d.Ensure(context.Background(), m)
+				require.False(t, driver.IsTerminal(err), "%v", err)
+				return len(c.server(t, m.UID).Volumes) == 2
+			}, waitFor, tick, "the attach is asked")
+			m.Disks = []driver.Disk{root}
+			var o driver.Observation
+			var errs []string
+			require.Eventually(t, func() bool {
+				var err error
+				o, err = d.Ensure(context.Background(), m)
+				if err != nil {
+					require.False(t, driver.IsTerminal(err), "%v", err)
+					errs = append(errs, err.Error())
+					return false
+				}
+				return len(c.server(t, m.UID).Volumes) == 1 && assert.ObjectsAreEqual([]string{root.Name}, o.Disks)
+			}, waitFor, tick, "the disk is never detached")
+			assert.Contains(t, strings.Join(errs, "\n"), "waiting to detach volumes until Cinder has them in-use", "the detach met the attach unsettled")
+			assert.Zero(t, o.RestartCount)
 		})
 	}
 }

@@ -114,7 +114,9 @@ func TestMigrateHost(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			c := newCloud(t, password)
+			// Long enough that the guest is still where it was when the
+			// test looks right after asking, on a loaded machine too.
+			c := newCloudWith(t, openstacktest.Options{TransitionDelay: 500 * time.Millisecond}, func(*openstacktest.Server, *cloudYAML) {}, password)
 			d := c.open(t)
 			m := machine("moving")
 			ensure(t, d, m, driver.PhaseRunning)
@@ -178,7 +180,9 @@ func TestMigrateHost(t *testing.T) {
 // copies the guest's memory.
 func TestMigrateHostReportsProgress(t *testing.T) {
 	t.Parallel()
-	c := newCloudWith(t, openstacktest.Options{TransitionDelay: 400 * time.Millisecond}, func(*openstacktest.Server, *cloudYAML) {}, password)
+	// The copy runs for a quarter of the delay: long enough for several
+	// looks on a loaded machine.
+	c := newCloudWith(t, openstacktest.Options{TransitionDelay: 2 * time.Second}, func(*openstacktest.Server, *cloudYAML) {}, password)
 	d := c.open(t)
 	m := machine("progress")
 	ensure(t, d, m, driver.PhaseRunning)

@@ -28,7 +28,10 @@ func (s *Server) listAttachments(w http.ResponseWriter, r *http.Request, _ int) 
 	}
 }
 
-// attachVolume attaches an available volume to an active or stopped server.
+// attachVolume attaches an available volume to an active or stopped server
+// as Nova does with Cinder's attachments: the server lists it at once, and
+// Cinder has it "attaching" until the compute host finished, a transition
+// delay later, and "in-use" from then on.
 func (s *Server) attachVolume(w http.ResponseWriter, r *http.Request, _ int) {
 	sv := s.lookupServer(w, r.PathValue("id"))
 	if sv == nil {
@@ -47,6 +50,9 @@ func (s *Server) attachVolume(w http.ResponseWriter, r *http.Request, _ int) {
 	case !ok:
 		writeError(w, http.StatusNotFound, "itemNotFound", fmt.Sprintf("Volume %s could not be found.", req.VolumeAttachment.VolumeID))
 		return
+	case slices.Contains(sv.Volumes, v.ID):
+		badRequest(w, "Invalid volume: volume %s already attached", v.ID)
+		return
 	case v.Status != "available":
 		badRequest(w, "Invalid volume: volume %s status must be available, but current status is: %s.", v.ID, v.Status)
 		return
@@ -54,14 +60,19 @@ func (s *Server) attachVolume(w http.ResponseWriter, r *http.Request, _ int) {
 		conflict(w, sv, "attach_volume")
 		return
 	}
-	v.attach(sv.ID)
+	v.Status, v.Server, v.Updated = "attaching", sv.ID, time.Now()
+	v.pending = &volumeStep{at: time.Now().Add(s.opts.TransitionDelay), then: func(v *volume) { v.attach(sv.ID) }}
 	sv.Volumes = append(sv.Volumes, v.ID)
 	sv.Updated = time.Now()
 	all := attachments(sv)
 	writeJSON(w, http.StatusOK, map[string]any{"volumeAttachment": all[len(all)-1]})
 }
 
-// detachVolume detaches a volume that is not the root device.
+// detachVolume detaches a volume that is not the root device, in Nova's
+// steps: Cinder must have it "in-use" (attached), as begin_detaching asks,
+// and has it "detaching" until the compute host released it, a transition
+// delay later; Cinder then has it "available" while the server still lists
+// it, for another transition delay, before Nova drops it.
 func (s *Server) detachVolume(w http.ResponseWriter, r *http.Request, _ int) {
 	sv := s.lookupServer(w, r.PathValue("id"))
 	if sv == nil {
@@ -77,8 +88,21 @@ func (s *Server) detachVolume(w http.ResponseWriter, r *http.Request, _ int) {
 		badRequest(w, "Cannot detach a root device volume")
 		return
 	}
-	sv.Volumes = slices.Delete(sv.Volumes, i, i+1)
-	sv.Updated = time.Now()
-	s.volumes[id].detach()
+	v := s.volumes[id]
+	if v.Status != "in-use" {
+		badRequest(w, "Invalid volume: Unable to detach volume. Volume status must be 'in-use' and attach_status must be 'attached' to detach.")
+		return
+	}
+	v.Status, v.Updated = "detaching", time.Now()
+	delay := s.opts.TransitionDelay
+	v.pending = &volumeStep{at: time.Now().Add(delay), then: func(v *volume) {
+		v.detach()
+		v.pending = &volumeStep{at: time.Now().Add(delay), then: func(*volume) {
+			if i := slices.Index(sv.Volumes, id); i > 0 {
+				sv.Volumes = slices.Delete(sv.Volumes, i, i+1)
+				sv.Updated = time.Now()
+			}
+		}}
+	}}
 	w.WriteHeader(http.StatusAccepted)
 }

@@ -24,14 +24,23 @@ type volume struct {
 	Bootable              bool
 	Created, Updated      time.Time
 	readyAt               time.Time
+	// pending is the next step of a hot-plug attach or detach, which
+	// Nova's compute host finishes after the API answered.
+	pending *volumeStep
+}
+
+// volumeStep is a change to a volume due at a time, applied by advance.
+type volumeStep struct {
+	at   time.Time
+	then func(*volume)
 }
 
 func (v *volume) attach(server string) {
-	v.Status, v.Server, v.Updated = "in-use", server, time.Now()
+	v.Status, v.Server, v.Updated, v.pending = "in-use", server, time.Now(), nil
 }
 
 func (v *volume) detach() {
-	v.Status, v.Server, v.Updated = "available", "", time.Now()
+	v.Status, v.Server, v.Updated, v.pending = "available", "", time.Now(), nil
 }
 
 // cinderTime is how Cinder renders timestamps: microseconds, no zone.
@@ -199,7 +208,7 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 	if v == nil {
 		return
 	}
-	if v.Status == "in-use" || v.Status == "creating" {
+	if v.Status != "available" && v.Status != "error" {
 		badRequest(w, "Invalid volume: Volume status must be available or error or error_restoring or error_extending or error_managing and must not be migrating, attached, belong to a group, have snapshots or be disassociated from snapshots after volume transfer.")
 		return
 	}

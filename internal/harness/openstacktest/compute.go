@@ -76,6 +76,11 @@ func (s *Server) advance() {
 			v.Status = "available"
 			v.Updated = now
 		}
+		if p := v.pending; p != nil && !now.Before(p.at) {
+			v.pending = nil
+			p.then(v)
+			v.Updated = now
+		}
 	}
 }
 
