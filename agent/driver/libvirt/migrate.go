@@ -548,6 +548,9 @@ func (d *Driver) progress(mg *migration) driver.MigrationStatus {
 		return st // not started yet, or just over
 	}
 	total, processed := paramBytes(params, jobDataTotal), paramBytes(params, jobDataProcessed)
+	if total == 0 {
+		return st // started, with nothing counted yet
+	}
 	d.migrateMu.Lock()
 	defer d.migrateMu.Unlock()
 	if mg.status.Phase == driver.MigrationRunning && !mg.moved {
