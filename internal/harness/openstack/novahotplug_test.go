@@ -99,11 +99,14 @@ func TestAVolumeHotPlugsThroughTheNovaDriver(t *testing.T) {
 	assert.Equal(t, volume(m.Disks[0].Name).ID, as[0].VolumeID, "the boot volume stays")
 
 	// A user who takes a disk back at once: the detach is asked while
-	// Cinder still attaches the volume, which it refuses to detach.
+	// Cinder may still attach the volume, which it refuses to detach
+	// (this cloud is often done first; the nova driver's
+	// TestADiskTakenBackAtOnceIsDetachedOnceAttached, on openstacktest,
+	// always meets it).
 	m.Disks = append(m.Disks, data)
 	_, err := d.Ensure(ctx, m)
 	require.NoError(t, err, "the attach is asked")
-	require.NotEqual(t, "in-use", volume(data.Name).Status, "the detach below must meet the attach unsettled")
+	t.Logf("the data volume is %s when it is taken back", volume(data.Name).Status)
 	m.Disks = m.Disks[:1]
 	converge("the detach during the attach", func() bool { return volume(data.Name).Status == "available" })
 	require.Len(t, attachments(), 1)
