@@ -328,7 +328,15 @@ func (g *suite) sshUntil(t *testing.T, ip, command string, timeout time.Duration
 // that is after since.
 func (g *suite) waitRunningWithAddress(t *testing.T, name string, since time.Time) (*v1alpha1.VirtualMachine, string) {
 	t.Helper()
-	v := g.waitVM(t, name, bootTimeout, "Running with an address", func(v *v1alpha1.VirtualMachine) bool {
+	var v *v1alpha1.VirtualMachine
+	defer func() {
+		if v == nil {
+			// The wait failed: what the guest's serial console last said
+			// tells a boot that hung from an address never reported.
+			t.Logf("%s: the end of its serial console:\n%s", name, g.consoleTail(t, name))
+		}
+	}()
+	v = g.waitVM(t, name, bootTimeout, "Running with an address", func(v *v1alpha1.VirtualMachine) bool {
 		return running(v) && address(v) != ""
 	})
 	t.Logf("%s: Running with address %s %s after the request", name, address(v), time.Since(since).Round(time.Second))
@@ -338,6 +346,16 @@ func (g *suite) waitRunningWithAddress(t *testing.T, name string, since time.Tim
 	assert.Contains(t, addrs, " "+ip+"/", "the reported address is one the guest holds")
 	g.assertLeasedSince(t, v, ip, since)
 	return v, ip
+}
+
+// consoleTail is the last 4 KiB of the serial console log of VM name's
+// domain on the guest host.
+func (g *suite) consoleTail(t *testing.T, name string) string {
+	b, err := os.ReadFile(filepath.Join(g.host.Dir, "log", "qemu", g.domainName(t, name)+"-console.log"))
+	if err != nil {
+		return err.Error()
+	}
+	return string(b[max(0, len(b)-4096):])
 }
 
 // assertLeasedSince checks the address's DHCP lease was granted after since,
@@ -558,7 +576,15 @@ func (g *suite) restart(t *testing.T, name, bootID string, want int32) string {
 	if out, err := g.ssh(ip, "cat /proc/sys/kernel/random/boot_id"); err == nil {
 		assert.NotEqual(t, bootID, out, "restartCount went up while the guest still ran its old boot")
 	}
-	v := g.waitVM(t, name, bootTimeout, "Running with an address", func(v *v1alpha1.VirtualMachine) bool {
+	var v *v1alpha1.VirtualMachine
+	defer func() {
+		if v == nil {
+			// The wait failed: what the guest's serial console last said
+			// tells a boot that hung from an address never reported.
+			t.Logf("%s: the end of its serial console:\n%s", name, g.consoleTail(t, name))
+		}
+	}()
+	v = g.waitVM(t, name, bootTimeout, "Running with an address", func(v *v1alpha1.VirtualMachine) bool {
 		return running(v) && address(v) != ""
 	})
 	assert.Equal(t, want, v.Status.AtProvider.RestartCount, "one restart, counted once")
