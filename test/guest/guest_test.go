@@ -417,6 +417,10 @@ func (g *suite) firstBoot(t *testing.T, created time.Time) string {
 	f := g.facts(t, ip)
 	assert.Equal(t, "g1", f.hostname, "the guest's hostname is the VM's name")
 	assert.Equal(t, 1, f.cpus)
+	cmdline, err := g.ssh(ip, "cat /proc/cmdline")
+	require.NoError(t, err, cmdline)
+	assert.Contains(t, strings.Fields(cmdline), "no_timer_check",
+		"the image's kernel skips the boot-time timer check a loaded TCG host can fail")
 	out, err := exec.CommandContext(g.ctx, g.s.ControlPlane.Kubectl, "--kubeconfig", g.s.ControlPlane.Kubeconfig, "-n", ns, "get", "vm", "g1", "-o", "wide").CombinedOutput()
 	require.NoError(t, err, string(out))
 	assert.Regexp(t, `(?m)^g1\s+Running\s+0\s+\S+\s+`+node+`\s+vfnet\(`+strings.ReplaceAll(ip, ".", `\.`)+`\)\s+True\s+True$`, string(out))
