@@ -81,8 +81,9 @@ func idName(id string) string {
 // A guest without a running VMI, one KubeVirt says is not LiveMigratable
 // (with its reason), a host that is no schedulable Ready node or the one
 // the guest runs on are Terminal. KubeVirt moves only guests whose PVCs
-// are ReadWriteMany: those the driver makes are ReadWriteOnce, so a guest
-// migrates where its disks' PVCs were made ReadWriteMany beforehand.
+// are ReadWriteMany: the driver makes its PVCs with Config.AccessMode
+// (ReadWriteOnce unless the agent is told otherwise), so a guest migrates
+// where that is ReadWriteMany or its PVCs were made so beforehand.
 // While another migration of the VMI runs (KubeVirt runs one at a time),
 // KubeVirt's own for a CPU or memory hot-plug included, the error is
 // retryable.
