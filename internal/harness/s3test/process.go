@@ -3,9 +3,9 @@ package s3test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,20 +27,18 @@ type process struct {
 	from   int64 // where this start's part of the log begins
 	done   chan struct{}
 	err    error
-	record string // its record's file in RunDir
+	record *procs.Record // in RunDir, held for as long as p runs
 	rec    record
 }
 
-// record names a running weed and the process that started it, in RunDir.
-// Start times (in clock ticks since boot, as /proc has them) tell a
-// process from a later one that was given the same pid.
+// record names a running weed in RunDir (a procs.Record, which the run
+// that started weed holds). Its start time (in clock ticks since boot, as
+// /proc has it) tells the process from a later one given the same pid.
 type record struct {
-	PID        int      `json:"pid"`
-	Start      uint64   `json:"start"`
-	Owner      int      `json:"owner"`
-	OwnerStart uint64   `json:"ownerStart"`
-	Dir        string   `json:"dir"`
-	Sockets    []string `json:"sockets"`
+	PID     int      `json:"pid"`
+	Start   uint64   `json:"start"`
+	Dir     string   `json:"dir"`
+	Sockets []string `json:"sockets"`
 }
 
 // launch starts weed with ports p in dir, its output appended to dir's log,
@@ -70,44 +68,18 @@ func launch(bin, dir, runDir string, p ports, attempt int) (*process, error) {
 		proc.err = cmd.Wait()
 		close(proc.done)
 	}()
-	proc.rec = record{PID: cmd.Process.Pid, Owner: os.Getpid(), Dir: dir, Sockets: p.sockets()}
-	var errs [2]error
-	var stats [2]procs.Stat
-	stats[0], errs[0] = procs.Read(proc.rec.PID)
-	stats[1], errs[1] = procs.Read(proc.rec.Owner)
-	proc.rec.Start, proc.rec.OwnerStart = stats[0].Start, stats[1].Start
-	if err := errors.Join(errs[:]...); err != nil {
+	proc.rec = record{PID: cmd.Process.Pid, Dir: dir, Sockets: p.sockets()}
+	st, err := procs.Read(proc.rec.PID)
+	if err != nil {
 		proc.stop()
 		return nil, err
 	}
-	proc.record = filepath.Join(runDir, strconv.Itoa(proc.rec.PID)+".json")
-	if err := writeRecord(proc.record, proc.rec); err != nil {
+	proc.rec.Start = st.Start
+	if proc.record, err = procs.WriteRecord(runDir, strconv.Itoa(proc.rec.PID), proc.rec); err != nil {
 		proc.stop()
 		return nil, err
 	}
 	return proc, nil
-}
-
-// writeRecord writes rec to path through a temporary file renamed at the
-// end, so that a concurrent Start never reads half a record.
-func writeRecord(path string, rec record) error {
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return errors.Wrap(err, "cannot encode weed's record")
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".record-")
-	if err != nil {
-		return errors.Wrap(err, "cannot create weed's record")
-	}
-	_, err = f.Write(b)
-	if err = errors.Join(err, f.Close()); err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		_ = os.Remove(f.Name())
-		return errors.Wrap(err, "cannot write weed's record")
-	}
-	return nil
 }
 
 // stop kills p's process group and removes what it leaves. SIGKILL at
@@ -120,8 +92,8 @@ func (p *process) stop() {
 	<-p.done
 	_ = p.log.Close()
 	removeAll(p.rec.Sockets)
-	if p.record != "" {
-		_ = os.Remove(p.record)
+	if p.record != nil {
+		p.record.Remove()
 	}
 }
 
@@ -142,44 +114,31 @@ func (p *process) exited() error {
 	}
 }
 
-// killLeftovers kills every weed recorded in runDir whose starter is gone,
-// a test binary that was killed before it stopped its servers, and removes
-// what those weed processes left.
+// killLeftovers kills every weed recorded in runDir by a run that is
+// gone, a test binary killed before it stopped its servers, and removes
+// the sockets those weed processes left once nothing answers on them: a
+// killed weed's threads may hold them a moment after its main thread is
+// gone, and a running weed may have been given one of the same ports
+// since, and so have a socket of the same name, which stays.
 func killLeftovers(ctx context.Context, runDir string, progress io.Writer) error {
-	paths, err := filepath.Glob(filepath.Join(runDir, "*.json"))
-	if err != nil {
-		return errors.Wrap(err, "cannot list weed's records")
-	}
-	inUse := map[string]bool{}
-	left := map[string]record{}
-	for _, path := range paths {
-		rec, err := readRecord(path)
-		switch {
-		case errors.Is(err, os.ErrNotExist): // stopped meanwhile
-		case err != nil:
-			return err
-		case procs.Alive(rec.Owner, rec.OwnerStart):
-			for _, s := range rec.Sockets {
-				inUse[s] = true
-			}
-		default:
-			left[path] = rec
-		}
-	}
-	for path, rec := range left {
+	return procs.RemoveAbandoned(runDir, func(rec record) error {
 		if err := killLeftover(ctx, rec, progress); err != nil {
 			return err
 		}
-		// A running weed may have been given one of its ports, and
-		// so have a socket of the same name.
 		for _, s := range rec.Sockets {
-			if !inUse[s] {
+			err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+				c, err := net.Dial("unix", s)
+				if err == nil {
+					_ = c.Close()
+				}
+				return err != nil, nil
+			})
+			if err == nil {
 				_ = os.Remove(s)
 			}
 		}
-		_ = os.Remove(path)
-	}
-	return nil
+		return nil
+	})
 }
 
 // killLeftover kills rec's weed, if it still runs, and waits until it is
@@ -196,15 +155,6 @@ func killLeftover(ctx context.Context, rec record, progress io.Writer) error {
 		return !procs.Alive(rec.PID, rec.Start), nil
 	})
 	return errors.Wrapf(err, "weed (pid %d) that a killed run left behind did not die", rec.PID)
-}
-
-func readRecord(path string) (record, error) {
-	var rec record
-	b, err := os.ReadFile(path) //nolint:gosec // a record in our run directory
-	if err != nil {
-		return rec, errors.Wrap(err, "cannot read weed's record")
-	}
-	return rec, errors.Wrapf(json.Unmarshal(b, &rec), "cannot parse weed's record %s", path)
 }
 
 // removeAll removes files that need not exist.

@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		fmt.Println(s.proc.record)
+		fmt.Println(s.proc.record.Path())
 		select {}
 	}
 	os.Exit(m.Run())
@@ -128,8 +128,10 @@ func TestStartKillsALeftover(t *testing.T) {
 	path, err := bufio.NewReader(stdout).ReadString('\n')
 	require.NoError(t, err, "the run never started its server")
 	path = strings.TrimSpace(path)
-	rec, err := readRecord(path)
+	b, err := os.ReadFile(path) //nolint:gosec // the record the run printed
 	require.NoError(t, err)
+	var rec record
+	require.NoError(t, json.Unmarshal(b, &rec))
 	require.True(t, procs.Alive(rec.PID, rec.Start))
 
 	require.NoError(t, run.Process.Kill())
@@ -145,7 +147,7 @@ func TestStartKillsALeftover(t *testing.T) {
 	require.NoError(t, s.MakeBucket(context.Background(), "after"))
 
 	s.Stop()
-	assert.NoFileExists(t, s.proc.record, "Stop removes the record")
+	assert.NoFileExists(t, s.proc.record.Path(), "Stop removes the record")
 	for _, sock := range s.proc.rec.Sockets {
 		assert.NoFileExists(t, sock, "and the sockets")
 	}
