@@ -88,8 +88,13 @@ func (s *Server) detachVolume(w http.ResponseWriter, r *http.Request, _ int) {
 		badRequest(w, "Cannot detach a root device volume")
 		return
 	}
-	v := s.volumes[id]
-	if v.Status != "in-use" {
+	v, ok := s.volumes[id]
+	switch {
+	case !ok:
+		// Deleted while Nova still listed it, after Cinder released it.
+		writeError(w, http.StatusNotFound, "itemNotFound", fmt.Sprintf("Volume %s could not be found.", id))
+		return
+	case v.Status != "in-use":
 		badRequest(w, "Invalid volume: Unable to detach volume. Volume status must be 'in-use' and attach_status must be 'attached' to detach.")
 		return
 	}

@@ -212,6 +212,11 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "Invalid volume: Volume status must be available or error or error_restoring or error_extending or error_managing and must not be migrating, attached, belong to a group, have snapshots or be disassociated from snapshots after volume transfer.")
 		return
 	}
+	if v.pending != nil {
+		// Released by Cinder, still listed by Nova: Nova's last step of
+		// the detach would never run for a volume no longer kept.
+		v.pending.then(v)
+	}
 	delete(s.volumes, v.ID)
 	w.WriteHeader(http.StatusAccepted)
 }
