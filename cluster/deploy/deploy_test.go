@@ -6,6 +6,8 @@ package deploy_test
 
 import (
 	"cmp"
+	"context"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -22,8 +24,10 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/virtfleet/virtfleet/internal/harness/envtestassets"
 	"github.com/virtfleet/virtfleet/internal/harness/manifests"
 )
 
@@ -458,6 +462,38 @@ func TestHubRBAC(t *testing.T) {
 			assert.Equal(t, tc.want, allows(tc.rules, tc.grant.group, tc.grant.resource, tc.grant.verb))
 		})
 	}
+}
+
+// TestThePackageGrantsTheHubOnlyItsOwnRole pins what package/api adds to
+// Crossplane's grants for the hub it runs: each rule of
+// virtfleet-hub-package is one the hub's own ClusterRole lists (where the
+// code needing it is named), bound to the ServiceAccount the provider's
+// pods run as. test/deploy's TestProviderPackageOnKubelet checks, against
+// Crossplane's RBAC manager, that together they grant the whole role.
+func TestThePackageGrantsTheHubOnlyItsOwnRole(t *testing.T) {
+	hub := one[rbacv1.ClusterRole](t, objects(t), "ClusterRole", "virtfleet-hub")
+	assets, err := envtestassets.Ensure(context.Background(), io.Discard)
+	require.NoError(t, err)
+	pkgAPI := kustomize(t, filepath.Join(assets, "kubectl"), filepath.Join("..", "..", "package", "api"))
+	extra := rendered[rbacv1.ClusterRole](t, pkgAPI, "ClusterRole", "virtfleet-hub-package")
+	require.NotEmpty(t, extra.Rules)
+	for _, r := range extra.Rules {
+		assert.Empty(t, r.ResourceNames, "%+v", r)
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					assert.True(t, allows(hub.Rules, g, res, v), "package/api grants %s on %s.%s, which virtfleet-hub does not", v, res, g)
+				}
+			}
+		}
+	}
+	crb := rendered[rbacv1.ClusterRoleBinding](t, pkgAPI, "ClusterRoleBinding", "virtfleet-hub-package")
+	assert.Equal(t, rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: extra.Name}, crb.RoleRef)
+	drc := providerRuntimeConfig(t)
+	require.NotNil(t, drc.Spec.ServiceAccountTemplate)
+	require.NotNil(t, drc.Spec.ServiceAccountTemplate.Metadata)
+	sa := ptr.Deref(drc.Spec.ServiceAccountTemplate.Metadata.Name, "")
+	assert.Equal(t, []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: "crossplane-system"}}, crb.Subjects)
 }
 
 func allows(rules []rbacv1.PolicyRule, group, resource, verb string) bool {

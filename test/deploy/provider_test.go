@@ -17,8 +17,10 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -72,6 +74,7 @@ func TestProviderPackageOnKubelet(t *testing.T) {
 	f, cp := inst.fleet, inst.cp
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
+	assertHubRoleGranted(ctx, t, cp, hubPods(ctx, t, cp)[0])
 	vm := f.runVM(ctx, t, "vm")
 	t.Logf("VM Running on %s %s after the Provider was applied", vm.Status.AtProvider.Node, time.Since(inst.applied).Round(100*time.Millisecond))
 
@@ -87,6 +90,35 @@ func TestProviderPackageOnKubelet(t *testing.T) {
 
 	f.stopThroughAPI(ctx, t, inst.kubectl, vm)
 	t.Logf("VM stopped through the aggregated API %s after the Provider was applied", time.Since(inst.applied).Round(100*time.Millisecond))
+}
+
+// assertHubRoleGranted asserts that the ServiceAccount the hub of pod runs
+// as may do everything cluster/deploy's ClusterRole virtfleet-hub lists,
+// in a tenant's namespace: Crossplane's RBAC manager grants a provider its
+// own kinds without delete, and package/api must grant the rest.
+func assertHubRoleGranted(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, pod corev1.Pod) {
+	t.Helper()
+	objs, err := manifests.Load(filepath.Join(controlplane.RepoRoot(), "cluster", "deploy", "hub", "clusterrole.yaml"))
+	require.NoError(t, err)
+	require.Len(t, objs, 1)
+	var role rbacv1.ClusterRole
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(objs[0].Object, &role))
+	var what []authorizationv1.ResourceAttributes
+	for _, r := range role.Rules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				resource, sub, _ := strings.Cut(res, "/")
+				for _, v := range r.Verbs {
+					what = append(what, authorizationv1.ResourceAttributes{Namespace: "tenant", Group: g, Resource: resource, Subresource: sub, Verb: v})
+				}
+			}
+		}
+	}
+	require.NotEmpty(t, what)
+	user := "system:serviceaccount:" + pod.Namespace + ":" + pod.Spec.ServiceAccountName
+	wait, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	require.NoError(t, cp.AwaitAllowed(wait, user, what...), "the hub installed from its package may not do what its ClusterRole lists")
 }
 
 // packageInstall is virtfleet installed from its provider package as the

@@ -211,10 +211,11 @@ func (a *Allocator) delete(ctx context.Context, v *view, r *record) error {
 	err := a.c.Delete(ctx, na, opts...)
 	switch {
 	case kerrors.IsForbidden(err):
-		// A hub installed by Crossplane's package manager may not delete
-		// its own kinds (its RBAC manager grants providers no delete). The
-		// record stays held, by its VM, until Kubernetes' garbage collector
-		// follows its owner reference once the VM is gone.
+		// A hub installed by Crossplane's package manager without
+		// package/api's grants may not delete its own kinds (the RBAC
+		// manager grants providers no delete). The record stays held, by
+		// its VM, until Kubernetes' garbage collector follows its owner
+		// reference once the VM is gone.
 		return nil
 	case kerrors.IsConflict(err):
 		if v != nil {

@@ -337,7 +337,7 @@ func (r *Reconciler) prune(ctx context.Context, s *v1alpha1.VirtualMachineBackup
 		case kerrors.IsNotFound(err) || kerrors.IsConflict(err):
 			continue
 		case kerrors.IsForbidden(err):
-			err = errors.Wrapf(err, "cannot prune backup %s, which the schedule's retention no longer keeps: the hub may not delete VirtualMachineBackups; grant its ServiceAccount delete on virtualmachinebackups.%s (cluster/deploy/hub/clusterrole.yaml)", b.Name, v1alpha1.Group)
+			err = errors.Wrapf(err, "cannot prune backup %s, which the schedule's retention no longer keeps: the hub may not delete VirtualMachineBackups; grant its ServiceAccount delete on virtualmachinebackups.%s (cluster/deploy/hub/clusterrole.yaml, or package/api for the provider package)", b.Name, v1alpha1.Group)
 			r.recorder.Event(s, event.Warning(ReasonCannotPrune, err))
 			return err
 		case err != nil:

@@ -48,9 +48,9 @@ func (r *Reconciler) vmGone(ctx context.Context, s *v1alpha1.VirtualMachineSnaps
 }
 
 // deleteWithVM deletes s, whose VM was deleted. A hub that may not delete
-// its own kinds (Crossplane's RBAC manager grants a provider none) leaves
-// it to the garbage collector, which follows the owner reference hold
-// gave it.
+// its own kinds (Crossplane's RBAC manager grants a provider none, and
+// package/api was not applied) leaves it to the garbage collector, which
+// follows the owner reference hold gave it.
 func (r *Reconciler) deleteWithVM(ctx context.Context, s *v1alpha1.VirtualMachineSnapshot) error {
 	err := r.kube.Delete(ctx, s, client.Preconditions{UID: &s.UID})
 	if kerrors.IsForbidden(err) || kerrors.IsConflict(err) {
