@@ -419,6 +419,8 @@ func TestHubRBAC(t *testing.T) {
 		"HoldsBackups":                {cr.Rules, grant{"compute.virtfleet.io", "virtualmachinebackups", "update"}, true},
 		"WritesBackupStatus":          {cr.Rules, grant{"compute.virtfleet.io", "virtualmachinebackups/status", "update"}, true},
 		"ReadsBackupLocations":        {cr.Rules, grant{"compute.virtfleet.io", "backuplocations", "watch"}, true},
+		"HoldsRemovedNodes":           {cr.Rules, grant{"compute.virtfleet.io", "hypervisornodes", "update"}, true},
+		"NeverDeletesNodes":           {cr.Rules, grant{"compute.virtfleet.io", "hypervisornodes", "delete"}, false},
 		"ReadsPlacementGroups":        {cr.Rules, grant{"compute.virtfleet.io", "placementgroups", "watch"}, true},
 		"NeverWritesPlacementGroups":  {cr.Rules, grant{"compute.virtfleet.io", "placementgroups", "update"}, false},
 		"WritesPlacementGroupStatus":  {cr.Rules, grant{"compute.virtfleet.io", "placementgroups/status", "update"}, true},

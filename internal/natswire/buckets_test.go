@@ -247,6 +247,37 @@ func TestCheckNodeReportsDropsTheSourcesOfLostStreams(t *testing.T) {
 	}
 }
 
+// TestDropNodeReportsFreesTheNodesBound: a node removed for good leaves no
+// stream behind to hold its bound of the JetStream store, and no source in
+// the bucket; the other node's stays, and the dropped node heard from
+// again is taken afresh.
+func TestDropNodeReportsFreesTheNodesBound(t *testing.T) {
+	ctx := context.Background()
+	js := hubJetStream(t)
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{}))
+	for _, node := range []string{"node1", "node2"} {
+		require.NoError(t, natswire.EnsureNodeReports(ctx, js, natswire.BucketConfig{}, node))
+	}
+	reserved := func() uint64 {
+		info, err := js.AccountInfo(ctx)
+		require.NoError(t, err)
+		return info.ReservedStore
+	}
+	before := reserved()
+
+	require.NoError(t, natswire.DropNodeReports(ctx, js, "node2"))
+	_, err := js.Stream(ctx, natswire.NodeReportsStream(wire.NodeToken("node2")))
+	require.ErrorIs(t, err, jetstream.ErrStreamNotFound)
+	assert.Equal(t, []string{natswire.NodeReportsStream(wire.NodeToken("node1"))}, sourceNames(streamConfig(t, js, wire.BucketReports)))
+	assert.Equal(t, before-uint64(natswire.DefaultNodeReportBytes), reserved(), "the dropped node's bound is no longer reserved")
+	require.NoError(t, natswire.DropNodeReports(ctx, js, "node2"), "dropping it again finds nothing to do")
+
+	require.NoError(t, natswire.EnsureNodeReports(ctx, js, natswire.BucketConfig{}, "node2"))
+	taken, err := natswire.CheckNodeReports(ctx, js)
+	require.NoError(t, err)
+	assert.Len(t, taken, 2, "the node heard from again is taken afresh")
+}
+
 // TestAStreamLostWhileTheHubWasDownIsSourcedAfresh: the hub's start does
 // not make again a node's stream lost meanwhile under the bucket's stale
 // source of it (JetStream would not source the new one); the node's next

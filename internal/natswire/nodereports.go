@@ -194,6 +194,24 @@ func EnsureNodeReports(ctx context.Context, js jetstream.JetStream, cfg BucketCo
 	return errors.Errorf("cannot add the reports of node %s to bucket %s: its sources keep changing", node, wire.BucketReports)
 }
 
+// DropNodeReports deletes node's own reports stream and has the reports
+// bucket stop sourcing it: what a node removed for good leaves behind, each
+// stream holding its bound of the JetStream store. The node's keys in the
+// bucket stay as they are: delete them first (their markers reach the
+// bucket through the stream). A node heard from again gets its stream
+// afresh (EnsureNodeReports).
+func DropNodeReports(ctx context.Context, js jetstream.JetStream, node string) error {
+	if err := wire.ValidateNodeName(node); err != nil {
+		return err
+	}
+	err := js.DeleteStream(ctx, NodeReportsStream(wire.NodeToken(node)))
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return errors.Wrapf(err, "cannot delete the reports stream of node %s", node)
+	}
+	_, err = CheckNodeReports(ctx, js)
+	return err
+}
+
 // CheckNodeReports returns the nodes' reports streams, by name, that exist
 // and that the reports bucket sources: those whose node's reports are taken
 // and reach the bucket. It costs a read of the bucket's stream and a

@@ -53,6 +53,11 @@ type Bus interface {
 	Watch(ctx context.Context, bucket string, fn func(Entry) error) error
 	// WatchNodes calls fn for every heartbeat and every node lost.
 	WatchNodes(ctx context.Context, fn func(NodeEvent)) error
+	// DropNode removes what the bus keeps for node beyond its keys (NATS:
+	// its own reports stream, natswire.DropNodeReports), for a node
+	// removed for good once its keys are deleted. A node heard from again
+	// is taken afresh.
+	DropNode(ctx context.Context, node string) error
 	// OpenConsole opens a session to console open.Kind of guest open.UID
 	// on node, through that node's agent, and returns its stream (see
 	// natswire.DialConsole): reads yield the guest's output, writes reach

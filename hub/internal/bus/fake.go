@@ -38,6 +38,8 @@ type Fake struct {
 	rej      natswire.Rejections
 	nodes    []func(NodeEvent)
 	nodeKV   map[string]NodeEvent
+	// dropped are the nodes DropNode was called for, in order.
+	dropped []string
 	// down, when set, is what every write returns: the server is away
 	// (SetDown).
 	down error
@@ -255,6 +257,24 @@ func (f *Fake) WatchNodes(ctx context.Context, fn func(NodeEvent)) error {
 	f.mu.Unlock()
 	f.until(ctx, func() { f.nodes[i] = func(NodeEvent) {} })
 	return nil
+}
+
+// DropNode implements Bus: it records node (Dropped).
+func (f *Fake) DropNode(_ context.Context, node string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down != nil {
+		return f.down
+	}
+	f.dropped = append(f.dropped, node)
+	return nil
+}
+
+// Dropped returns the nodes DropNode was called for, in order.
+func (f *Fake) Dropped() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.dropped)
 }
 
 // until waits for ctx to be done, then stops a watch under f.mu.

@@ -374,6 +374,17 @@ func (n *NATS) ensureReporting(ctx context.Context, node string) error {
 	return nil
 }
 
+// DropNode implements Bus.
+func (n *NATS) DropNode(ctx context.Context, node string) error {
+	ctx, done := n.request(ctx)
+	defer done()
+	if err := natswire.DropNodeReports(ctx, n.js, node); err != nil {
+		return err
+	}
+	n.reporting.Delete(natswire.NodeReportsStream(wire.NodeToken(node)))
+	return nil
+}
+
 // recheckReporting forgets the nodes' reports streams that are no longer
 // there or no longer sourced, once their cached fact is older than
 // n.recheck, so that each node's next heartbeat makes its stream again. A

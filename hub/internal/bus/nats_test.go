@@ -203,6 +203,45 @@ func TestANodesFirstHeartbeatMakesRoomForItsReports(t *testing.T) {
 	assert.Equal(t, report, got.Value)
 }
 
+// TestADroppedNodeIsTakenAfresh: a node removed for good (its keys deleted,
+// then DropNode) leaves no reports stream, so its reports are refused; if
+// it is heard from again, its next heartbeat makes the stream afresh and
+// its reports reach the bucket, without waiting for the hub's periodic
+// check of the streams.
+func TestADroppedNodeIsTakenAfresh(t *testing.T) {
+	b, hubJS, srv, agents := newHubWith(t, bus.Config{})
+	events := collect(t, b.WatchNodes)
+	entries := watch(t, b, wire.BucketReports, nil)
+	js, hb := asAgent(t, srv, agents, "node2")
+	ctx := context.Background()
+	heartbeat := func() {
+		_, err := js.Publish(ctx, "$KV.nodes.node2", hb)
+		require.NoError(t, err)
+	}
+	report := func(uid string) error {
+		r, err := wire.EncodeReport(wire.Report{UID: uid, Node: "node2"})
+		require.NoError(t, err)
+		_, err = js.Publish(ctx, "$KV.reports.node2."+uid, r)
+		return err
+	}
+
+	heartbeat()
+	next(t, events, 5*time.Second, func(e bus.NodeEvent) bool { return !e.Lost && e.Node == "node2" })
+	require.NoError(t, report("vm-a"))
+	next(t, entries, 5*time.Second, func(e bus.Entry) bool { return e.Key == "node2.vm-a" && !e.Deleted })
+	require.NoError(t, b.Delete(ctx, wire.BucketReports, "node2.vm-a"))
+	next(t, entries, 5*time.Second, func(e bus.Entry) bool { return e.Key == "node2.vm-a" && e.Deleted })
+
+	require.NoError(t, b.DropNode(ctx, "node2"))
+	_, err := hubJS.Stream(ctx, natswire.NodeReportsStream(wire.NodeToken("node2")))
+	require.ErrorIs(t, err, jetstream.ErrStreamNotFound)
+	require.Error(t, report("vm-b"), "no stream takes a dropped node's reports")
+
+	heartbeat()
+	require.Eventually(t, func() bool { return report("vm-c") == nil }, 10*time.Second, 100*time.Millisecond, "the node heard from again reports again")
+	next(t, entries, 5*time.Second, func(e bus.Entry) bool { return e.Key == "node2.vm-c" && !e.Deleted })
+}
+
 // TestALostReportsStreamIsMadeAgain: a node's reports stream lost behind
 // the hub's back after the hub made it (deleted, or no longer sourced by
 // the bucket) is made again at one of the node's heartbeats once the

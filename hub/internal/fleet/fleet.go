@@ -411,3 +411,16 @@ func HearingFrom(fleets []*Fleet, node string) (*Fleet, error) {
 	}
 	return fleets[0], nil
 }
+
+// Forget drops what f knows of node's heartbeats, for a node removed for
+// good: it is then one never heard from, and one heard from later joins
+// as new.
+func (f *Fleet) Forget(node string) {
+	f.mu.Lock()
+	delete(f.nodes, node)
+	subs := f.shownSubs
+	f.mu.Unlock()
+	for _, fn := range subs {
+		fn(node)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -163,12 +164,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, nil
 		}
 		n.SetName(name)
+		n.SetFinalizers([]string{Finalizer})
 		if err := r.kube.Create(ctx, n); err != nil {
 			return reconcile.Result{}, errors.Wrapf(err, "cannot create HypervisorNode %s", name)
 		}
 		r.log.Info("Created the HypervisorNode of a node that sends heartbeats", "node", name)
 	case err != nil:
 		return reconcile.Result{}, errors.Wrapf(err, "cannot get HypervisorNode %s", name)
+	case !n.DeletionTimestamp.IsZero():
+		return r.removed(ctx, n, st, heardBy)
+	case !controllerutil.ContainsFinalizer(n, Finalizer):
+		// Made before the hub held HypervisorNodes, or by hand.
+		controllerutil.AddFinalizer(n, Finalizer)
+		if err := r.kube.Update(ctx, n); err != nil {
+			return reconcile.Result{}, errors.Wrapf(err, "cannot hold HypervisorNode %s", name)
+		}
 	}
 	if !known && !st.Lost {
 		// Not heard from since the hub started: shown lost once every live
