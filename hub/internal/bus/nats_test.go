@@ -56,6 +56,24 @@ func asAgent(t *testing.T, srv *natstest.Server, agents map[string]natswire.Iden
 	return js, hb
 }
 
+// reportingAgent connects as node's agent and returns what puts its
+// heartbeat and what puts its report of uid (the server's answer).
+func reportingAgent(t *testing.T, srv *natstest.Server, agents map[string]natswire.Identity, node string) (heartbeat func(), report func(uid string) error) {
+	t.Helper()
+	js, hb := asAgent(t, srv, agents, node)
+	heartbeat = func() {
+		_, err := js.Publish(context.Background(), "$KV.nodes."+node, hb)
+		require.NoError(t, err)
+	}
+	report = func(uid string) error {
+		r, err := wire.EncodeReport(wire.Report{UID: uid, Node: node})
+		require.NoError(t, err)
+		_, err = js.Publish(context.Background(), "$KV.reports."+node+"."+uid, r)
+		return err
+	}
+	return heartbeat, report
+}
+
 func collect[E any](t *testing.T, watch func(context.Context, func(E)) error) <-chan E {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -212,18 +230,8 @@ func TestADroppedNodeIsTakenAfresh(t *testing.T) {
 	b, hubJS, srv, agents := newHubWith(t, bus.Config{})
 	events := collect(t, b.WatchNodes)
 	entries := watch(t, b, wire.BucketReports, nil)
-	js, hb := asAgent(t, srv, agents, "node2")
+	heartbeat, report := reportingAgent(t, srv, agents, "node2")
 	ctx := context.Background()
-	heartbeat := func() {
-		_, err := js.Publish(ctx, "$KV.nodes.node2", hb)
-		require.NoError(t, err)
-	}
-	report := func(uid string) error {
-		r, err := wire.EncodeReport(wire.Report{UID: uid, Node: "node2"})
-		require.NoError(t, err)
-		_, err = js.Publish(ctx, "$KV.reports.node2."+uid, r)
-		return err
-	}
 
 	heartbeat()
 	next(t, events, 5*time.Second, func(e bus.NodeEvent) bool { return !e.Lost && e.Node == "node2" })
@@ -267,18 +275,7 @@ func TestALostReportsStreamIsMadeAgain(t *testing.T) {
 			b, hubJS, srv, agents := newHubWith(t, bus.Config{ReportingRecheck: 200 * time.Millisecond})
 			events := collect(t, b.WatchNodes)
 			entries := watch(t, b, wire.BucketReports, nil)
-			js, hb := asAgent(t, srv, agents, "node2")
-			ctx := context.Background()
-			heartbeat := func() {
-				_, err := js.Publish(ctx, "$KV.nodes.node2", hb)
-				require.NoError(t, err)
-			}
-			report := func(uid string) error {
-				r, err := wire.EncodeReport(wire.Report{UID: uid, Node: "node2"})
-				require.NoError(t, err)
-				_, err = js.Publish(ctx, "$KV.reports.node2."+uid, r)
-				return err
-			}
+			heartbeat, report := reportingAgent(t, srv, agents, "node2")
 
 			heartbeat()
 			next(t, events, 5*time.Second, func(e bus.NodeEvent) bool { return !e.Lost && e.Node == "node2" })
