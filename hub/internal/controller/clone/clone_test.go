@@ -261,6 +261,7 @@ func TestClones(t *testing.T) {
 		src := sourceVM(t, e, ns, "web", nodeA, nil)
 		snapshotOf(t, e, src, "nightly", v1alpha1.SnapshotSucceeded)
 		require.NoError(t, e.Kube.Delete(e.Ctx, src))
+		e.AwaitCachedGone(t, src)
 		c := newClone(t, e, ns, "copy", v1alpha1.CloneFromVirtualMachineSnapshot, "nightly", "web2")
 		got := await(t, e, c, v1alpha1.CloneInProgress)
 		assert.Equal(t, nodeA, got.Status.Node)
@@ -378,7 +379,11 @@ func TestClones(t *testing.T) {
 				kind: v1alpha1.CloneFromVirtualMachineSnapshot,
 				before: func(t *testing.T, ns string) {
 					snapshotOf(t, e, sourceOf(t, ns), "web", v1alpha1.SnapshotSucceeded)
-					require.NoError(t, e.Kube.Delete(e.Ctx, &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web-root"}}))
+					v := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web-root"}}
+					require.NoError(t, e.Kube.Delete(e.Ctx, v))
+					// A clone that read the Volume before its deletion
+					// reached the hub copies it, as it should.
+					e.AwaitCachedGone(t, v)
 				},
 				message: "Volume web-root is gone, and with it the disk VirtualMachineSnapshot web kept in it",
 			},

@@ -47,6 +47,8 @@ type Env struct {
 	// Kube reaches the API server directly, not through a cache: what a
 	// test reads is what the server holds.
 	Kube client.Client
+	// Cache is the controllers' view of the API server (AwaitCachedGone).
+	Cache client.Reader
 	// Fleet is the one fleet every ProviderConfig names.
 	Fleet *NATS
 	// Pool hands out Fleet.
@@ -101,6 +103,7 @@ func StartAllowing(t *testing.T, nodes []string, allowances *fleet.Allowances, s
 	})
 	require.NoError(t, err)
 	require.NoError(t, index.Setup(ctx, mgr))
+	e.Cache = mgr.GetCache()
 	o := controller.Options{
 		Logger:                  logging.NewNopLogger(),
 		MaxConcurrentReconciles: 4,
@@ -230,6 +233,18 @@ func (e *Env) Event(t *testing.T, o client.Object, typ string, reason event.Reas
 		}
 	}
 	return corev1.Event{}
+}
+
+// AwaitCachedGone waits until the controllers' cache no longer holds o,
+// deleted by the test: a controller whose next read must not find o (the
+// source of a refusal under test) otherwise may, for the cache learns of
+// the deletion a moment after the API server made it.
+func (e *Env) AwaitCachedGone(t *testing.T, o client.Object) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		err := e.Cache.Get(e.Ctx, client.ObjectKeyFromObject(o), o.DeepCopyObject().(client.Object)) //nolint:forcetypeassert // a copy of an Object is one
+		return apierrors.IsNotFound(err)
+	}, 30*time.Second, 10*time.Millisecond, "the controllers' cache still holds %T %s", o, client.ObjectKeyFromObject(o))
 }
 
 // Await waits until o, read again from the API server, shows what check
