@@ -2,7 +2,6 @@ package hypervisornode
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"time"
 
@@ -121,7 +120,7 @@ func forgetKeys(ctx context.Context, b bus.Bus, node string) (reported bool, err
 			}
 			reported = reported || bucket == wire.BucketReports
 			if err := b.Delete(ctx, bucket, e.Key); err != nil {
-				return false, errors.Wrap(err, fmt.Sprintf("cannot delete %s of node %s", e.Key, node))
+				return false, errors.Wrapf(err, "cannot delete %s of node %s", e.Key, node)
 			}
 		}
 	}
