@@ -95,7 +95,9 @@ type Options struct {
 
 // Reconciler reconciles VirtualMachineMigrations.
 type Reconciler struct {
-	kube     client.Client
+	kube client.Client
+	// api reads from the API server itself, past the cache.
+	api      client.Reader
 	configs  *providerconfig.Resolver
 	opts     Options
 	recorder event.Recorder
@@ -125,6 +127,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, mo Options) error {
 	name := "virtualmachinemigration"
 	r := &Reconciler{
 		kube:     mgr.GetClient(),
+		api:      mgr.GetAPIReader(),
 		configs:  providerconfig.NewResolver(mgr.GetClient()),
 		opts:     mo,
 		recorder: event.NewAPIRecorder(mgr.GetEventRecorderFor(name)), //nolint:staticcheck // as the other controllers
@@ -555,10 +558,8 @@ func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 		r.opts.Placer.Release(reservation(m.ID))
 		return r.patchVM(ctx, vm, dropMigration)
 	}
-	for _, a := range vm.Spec.ForProvider.DiskAttachments {
-		if err := r.rebind(ctx, vm.Namespace, string(a.Name), source, m.Target, f); err != nil {
-			return err
-		}
+	if err := r.rebindAll(ctx, vm, source, m.Target, f); err != nil {
+		return err
 	}
 	err := r.patchVM(ctx, vm, func(a map[string]string) {
 		f.Bind(vm, a, m.Target, a[v1alpha1.AnnotationAdopted])
@@ -566,6 +567,13 @@ func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 		virtualmachine.WithLeftover(f, string(vm.UID), a, source)
 	})
 	if err != nil {
+		return err
+	}
+	// A Volume given to the VM meanwhile may have been bound to the source
+	// by a VM reconcile that read the VM before this moved it. The VM
+	// controller reads the VM again after such a binding and moves what
+	// it bound after this; what it bound before, this moves now.
+	if err := r.rebindAll(ctx, vm, source, m.Target, f); err != nil {
 		return err
 	}
 	msg := fmt.Sprintf("Moved live from node %s to node %s", source, m.Target)
@@ -578,11 +586,24 @@ func (r *Reconciler) finish(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	return nil
 }
 
-// rebind binds the Volume namespace/name, bound to from, to node to.
+// rebindAll binds the Volumes vm attaches that are bound to from to node
+// to.
+func (r *Reconciler) rebindAll(ctx context.Context, vm *v1alpha1.VirtualMachine, from, to string, f *fleet.Fleet) error {
+	for _, a := range vm.Spec.ForProvider.DiskAttachments {
+		if err := r.rebind(ctx, vm.Namespace, string(a.Name), from, to, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rebind binds the Volume namespace/name, bound to from, to node to. It
+// reads the Volume from the API server: a binding the cache has not shown
+// yet must not be missed.
 func (r *Reconciler) rebind(ctx context.Context, namespace, name, from, to string, f *fleet.Fleet) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		v := &v1alpha1.Volume{}
-		if err := r.kube.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, v); err != nil {
+		if err := r.api.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, v); err != nil {
 			return err
 		}
 		if v.GetAnnotations()[v1alpha1.AnnotationNode] != from {

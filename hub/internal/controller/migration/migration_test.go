@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
@@ -90,6 +91,7 @@ func newHarness(t *testing.T, grants ...apisv1alpha1.TenantGrant) *harness {
 	rec := &fleettest.Recorder{}
 	h := &harness{t: t, kube: kube, bus: b, f: f, rec: rec, r: &Reconciler{
 		kube:    kube,
+		api:     kube,
 		configs: providerconfig.NewResolver(kube),
 		opts: Options{Pool: onePool{f}, Placer: placement.New(), Notifier: wake.NewNotifierFor(perobject.NewOwner(nil), func() client.Object { return &v1alpha1.VirtualMachineMigration{} }),
 			PerFleet: DefaultPerFleet, PerNode: DefaultPerNode, PerNamespace: DefaultPerNamespace},
@@ -215,6 +217,60 @@ func TestMigrationMovesTheVMOnceItRunsOnTheTarget(t *testing.T) {
 	m = h.reconcile("move")
 	assert.Equal(t, v1alpha1.MigrationSucceeded, m.Status.Phase, "a finished migration stays as it ended")
 	assert.NotContains(t, m.Finalizers, Finalizer, "and is no longer held")
+}
+
+// A Volume given to the VM as its migration ends follows it to the target,
+// even when the VM controller binds it to the source between the moment
+// the migration bound the VM's Volumes and the moment it moved the VM
+// (the VM controller's read of the VM was from before the move).
+func TestAVolumeBoundToTheSourceAsTheVMMovesFollowsIt(t *testing.T) {
+	h := newHarness(t)
+	h.create("move", "")
+	h.reconcile("move")
+
+	// The tenant attaches a new, unbound Volume while the VM migrates.
+	const dataUID = "33333333-3333-3333-3333-333333333333"
+	require.NoError(t, h.kube.Create(context.Background(), &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "data", UID: dataUID}}))
+	vm := h.vm()
+	vm.Spec.ForProvider.DiskAttachments = append(vm.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: "data"})
+	require.NoError(t, h.kube.Update(context.Background(), vm))
+
+	// The VM controller's binding lands just before the VM's move.
+	bindAsTheVMControllerDid := func(ctx context.Context, c client.WithWatch) error {
+		v := &v1alpha1.Volume{}
+		if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "data"}, v); err != nil {
+			return err
+		}
+		if v.GetAnnotations()[v1alpha1.AnnotationNode] != "" {
+			return nil
+		}
+		v.SetAnnotations(map[string]string{v1alpha1.AnnotationNode: "node1", v1alpha1.AnnotationSeal: h.f.Seal(dataUID, "node1", "")})
+		return c.Update(ctx, v)
+	}
+	h.r.kube = interceptor.NewClient(h.kube.(client.WithWatch), interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if moving, ok := obj.(*v1alpha1.VirtualMachine); ok && moving.GetAnnotations()[v1alpha1.AnnotationNode] == "node2" {
+				if err := bindAsTheVMControllerDid(ctx, c); err != nil {
+					return err
+				}
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+
+	started := time.Date(2026, 12, 6, 1, 0, 0, 0, time.UTC)
+	finished := started.Add(5 * time.Second)
+	h.report("node1", wire.Report{Phase: wire.PhaseRunning, Migration: &wire.MigrationReport{ID: "mig-move", Phase: wire.MigrationSucceeded, StartedAt: &started, FinishedAt: &finished}})
+	h.report("node2", wire.Report{Phase: wire.PhaseRunning, Incoming: "mig-move"})
+	m := h.reconcile("move")
+	require.Equal(t, v1alpha1.MigrationSucceeded, m.Status.Phase)
+	require.Equal(t, "node2", h.vm().GetAnnotations()[v1alpha1.AnnotationNode])
+
+	data := &v1alpha1.Volume{}
+	require.NoError(t, h.kube.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "data"}, data))
+	assert.Equal(t, "node2", data.GetAnnotations()[v1alpha1.AnnotationNode], "the Volume bound to the source as the VM moved follows it")
+	assert.True(t, h.f.Sealed(data), "bound by the hub")
+	assert.Equal(t, "node2", h.volume().GetAnnotations()[v1alpha1.AnnotationNode])
 }
 
 // A migration the source reports failed ends Failed; the VM stays where it

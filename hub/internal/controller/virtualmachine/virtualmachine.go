@@ -300,6 +300,46 @@ func (e *external) bindVolumes(ctx context.Context, vm *v1alpha1.VirtualMachine,
 	return nil
 }
 
+// followMove moves the Volumes bindVolumes just bound to node from during
+// a migration to the VM's node, if the migration ended meanwhile, and then
+// fails the reconcile so that the next one reads the VM as it is now. The
+// migration controller binds the VM's Volumes to the target and then moves
+// the VM; a Volume given to the VM at that moment may be bound here, from
+// a read of the VM taken before the move, to the source the guest left.
+// Two objects cannot be written at once, so each side reads the other's
+// object after its own write: the migration controller binds the VM's
+// Volumes again once it moved the VM, and this reads the VM from the API
+// server once it bound them. One of the two sees the other's write.
+func (e *external) followMove(ctx context.Context, vm *v1alpha1.VirtualMachine, d dependencies, from string) error {
+	var bound []*v1alpha1.Volume
+	for i := range d.volumes {
+		if d.volumes[i].GetAnnotations()[v1alpha1.AnnotationNode] == "" {
+			bound = append(bound, d.volumes[i].DeepCopy())
+		}
+	}
+	if len(bound) == 0 {
+		return nil
+	}
+	now := &v1alpha1.VirtualMachine{}
+	if err := e.reader.Get(ctx, client.ObjectKeyFromObject(vm), now); err != nil {
+		return errors.Wrap(err, "cannot read the VM again after binding its Volumes")
+	}
+	node := now.GetAnnotations()[v1alpha1.AnnotationNode]
+	if node == from || node == "" || !e.fleet.Sealed(now) {
+		return nil
+	}
+	names := make([]string, len(bound))
+	for i, v := range bound {
+		// v is as read before the binding: the write conflicts, and
+		// bindVolume reads it again, bound to from.
+		if err := e.bindVolume(ctx, v, node, from); err != nil {
+			return err
+		}
+		names[i] = v.Name
+	}
+	return errors.Errorf("the VM moved to node %s while Volumes %s were bound to node %s; they follow it", node, strings.Join(names, ", "), from)
+}
+
 // bindVolume binds v, read from the cache, to node, unless it is bound
 // there already; one bound to node from, if set, is moved (a Volume on a
 // shared pool follows its VM off a lost node), and one bound to any other
@@ -356,6 +396,9 @@ func (e *external) ensure(ctx context.Context, vm *v1alpha1.VirtualMachine, d de
 		// unbound, it would pass only the quota's question, and two given
 		// at once could both pass a quota that takes one.
 		if err := e.bindVolumes(ctx, vm, d, bound); err != nil {
+			return err
+		}
+		if err := e.followMove(ctx, vm, d, bound); err != nil {
 			return err
 		}
 		return e.publish(ctx, vm, d, node)

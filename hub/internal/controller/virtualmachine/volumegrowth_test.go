@@ -17,6 +17,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
@@ -420,6 +421,55 @@ func TestVolumesAttachedAtOnceMakeOnlyWhatTheQuotaTakes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A Volume given to a migrating VM follows the VM to the target when the
+// migration ends between the VM controller's read of the VM and its
+// binding of the Volume: bound to the source from that read, the Volume
+// would stay on the node the guest left. (The migration controller's half,
+// a binding made just before it moves the VM, is migration's
+// TestAVolumeBoundToTheSourceAsTheVMMovesFollowsIt.)
+func TestAVolumeBoundAsTheMigrationEndsFollowsTheVM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs a kube-apiserver and a nats-server; skipped with -short")
+	}
+	env, counter := placementEnv(t)
+	ns := env.Namespace(t)
+	vm, root, e := placedWeb(t, env, counter, ns)
+	require.NoError(t, updateSteps(env, e, vm), "the first publish binds root to node1")
+	m := Migration{ID: "move-web", Target: "node2"}
+	require.NoError(t, Annotate(env.Ctx, env.Kube, vm, func(a map[string]string) {
+		a[v1alpha1.AnnotationMigration] = m.String()
+		a[v1alpha1.AnnotationMigrationSeal] = MigrationSeal(e.fleet, string(vm.UID), m)
+	}))
+
+	// The tenant attaches a new Volume; a VM reconcile reads the VM, still
+	// migrating from node1.
+	data := env.Volume(t, ns, "data", "1Gi")
+	vm.Spec.ForProvider.DiskAttachments = append(vm.Spec.ForProvider.DiskAttachments, v1alpha1.DiskAttachment{Name: "data"})
+	require.NoError(t, env.Kube.Update(env.Ctx, vm))
+	d, err := e.resolve(env.Ctx, vm)
+	require.NoError(t, err)
+	read := vm.DeepCopy()
+
+	// The migration ends, as its controller ends it: root to node2, then
+	// the VM, with node1 among its leftovers.
+	env.Get(t, root)
+	meta.AddAnnotations(root, map[string]string{v1alpha1.AnnotationNode: "node2", v1alpha1.AnnotationSeal: e.fleet.Seal(string(root.UID), "node2", "")})
+	require.NoError(t, env.Kube.Update(env.Ctx, root))
+	require.NoError(t, Annotate(env.Ctx, env.Kube, vm, func(a map[string]string) {
+		e.fleet.Bind(vm, a, "node2", "")
+		delete(a, v1alpha1.AnnotationMigration)
+		delete(a, v1alpha1.AnnotationMigrationSeal)
+		WithLeftover(e.fleet, string(vm.UID), a, "node1")
+	}))
+
+	// The reconcile goes on from its read.
+	err = e.ensure(env.Ctx, read, d, "node1")
+	require.ErrorContains(t, err, "the VM moved to node node2 while Volumes data were bound to node node1", "the reconcile ends, to read the VM as it is")
+	env.Get(t, data)
+	assert.Equal(t, "node2", data.GetAnnotations()[v1alpha1.AnnotationNode], "the Volume follows the VM")
+	assert.True(t, e.fleet.Sealed(data), "bound by the hub")
 }
 
 // placementEnv starts a control plane and a fleet of node1 and node2 with
