@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/stack"
@@ -34,7 +36,9 @@ const (
 // sampler reading every libvirtd (behind virtfleet's back) checks that at
 // no instant two nodes run the same VM. Healed, node2 starts none of them
 // again. Then a crash: node2's agent and libvirtd killed with 20 HA VMs on
-// it; every one runs on another node, timed.
+// it; every one runs on another node, timed. Last, the administrator
+// removes the dead node2 for good: its VMs without availability Restart
+// then run elsewhere too, but for those whose disks were on node2 itself.
 func TestHighAvailability(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the whole stack; skipped with -short")
@@ -105,10 +109,14 @@ func TestHighAvailability(t *testing.T) {
 		waitElsewhere(t, h, ha, lost, 5*time.Second)
 	})
 
+	// What the crash leaves on node2: VMs on its own disks, and VMs on
+	// shared disks without availability Restart.
+	var plain, shared []string
 	t.Run("ACrashedNodesHAVMsRunElsewhereAndTheOthersStayUnknown", func(t *testing.T) {
 		ha := createHA(t, h, "crash", crashed, lost)
-		plain := createPlain(t, h, "crash-plain", 3, lost)
-		waitOn(t, h, append(ha, plain...), lost)
+		plain = createPlain(t, h, "crash-plain", 3, lost)
+		shared = createShared(t, h, "crash-shared", 2, lost, nil)
+		waitOn(t, h, slices.Concat(ha, plain, shared), lost)
 
 		killed := time.Now()
 		h.s.KillAgent(lost)
@@ -124,11 +132,30 @@ func TestHighAvailability(t *testing.T) {
 		t.Logf("node2 killed → each of %d HA VMs running elsewhere: p50 %s, p95 %s, max %s (lease %s, margin %s, node TTL 10s)",
 			len(took), took[len(took)/2], took[len(took)*95/100], took[len(took)-1], haFenceAfter, haMargin)
 		assert.Equal(t, float64(partitioned+crashed), scrape(t, h.s.HubMetricsURL()).value("virtfleet_hub_vm_restarts_elsewhere_total"), "the hub counts every VM it moved, in both parts")
-		for _, name := range plain {
+		for _, name := range slices.Concat(plain, shared) {
 			h.wait(t, name, 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
 				return vm.Status.AtProvider.Phase == v1alpha1.PhaseUnknown && vm.Status.AtProvider.Node == lost
 			})
 		}
+	})
+
+	t.Run("ANodeRemovedForGoodHasItsVMsRunElsewhere", func(t *testing.T) {
+		require.NotEmpty(t, shared, "the crash left VMs on node2")
+		hv := &v1alpha1.HypervisorNode{}
+		require.NoError(t, h.kube.Get(context.Background(), client.ObjectKey{Name: lost}, hv))
+		require.NoError(t, h.kube.Delete(context.Background(), hv))
+		moved := waitElsewhere(t, h, shared, lost, 60*time.Second)
+		for _, name := range shared {
+			h.assertEvent(t, name, "RestartedElsewhere", "restarted on node "+moved[name])
+		}
+		for _, name := range plain {
+			h.wait(t, name, 30*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
+				return strings.Contains(vm.GetCondition("NodeLost").Message, "is on node node2's own storage")
+			})
+			assert.Equal(t, lost, h.get(t, name).Status.AtProvider.Node, "%s's disk is on node2: it stays", name)
+		}
+		require.NoError(t, h.kube.Get(context.Background(), client.ObjectKey{Name: lost}, hv), "node2 is forgotten only once no VM is bound to it")
+		assert.NotNil(t, hv.DeletionTimestamp)
 	})
 
 	t.Run("NoVMRanTwiceAtAnyInstant", func(t *testing.T) {
@@ -150,6 +177,13 @@ func TestHighAvailability(t *testing.T) {
 // from a Volume of its own in the shared pool.
 func createHA(t *testing.T, h *hub, prefix string, n int, node string) []string {
 	t.Helper()
+	return createShared(t, h, prefix, n, node, ptr(v1alpha1.AvailabilityRestart))
+}
+
+// createShared creates n VMs of the given availability on node, each
+// booting from a Volume of its own in the shared pool.
+func createShared(t *testing.T, h *hub, prefix string, n int, node string, availability *v1alpha1.Availability) []string {
+	t.Helper()
 	names := make([]string, 0, n)
 	for i := range n {
 		name := fmt.Sprintf("%s-%d", prefix, i)
@@ -158,7 +192,7 @@ func createHA(t *testing.T, h *hub, prefix string, n int, node string) []string 
 		h.create(t, v)
 		vm := vmWith(name, name+"-root")
 		vm.Spec.ForProvider.VirtualNetworks = []v1alpha1.LocalName{"net-ha"}
-		vm.Spec.ForProvider.Availability = ptr(v1alpha1.AvailabilityRestart)
+		vm.Spec.ForProvider.Availability = availability
 		vm.Annotations = map[string]string{v1alpha1.AnnotationNode: node}
 		h.create(t, vm)
 		names = append(names, name)

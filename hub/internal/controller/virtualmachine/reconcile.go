@@ -156,10 +156,17 @@ func (a *reconciler) recordBinding(ctx context.Context, vm *v1alpha1.VirtualMach
 }
 
 // restartElsewhere moves a VM with availability Restart off its node once
-// the node is lost and fenced (restart.go); true when it did.
+// the node is lost and fenced, and any VM off a lost node removed for good
+// (restart.go); true when it did.
 func (a *reconciler) restartElsewhere(ctx context.Context, vm *v1alpha1.VirtualMachine) (bool, error) {
-	if meta.WasDeleted(vm) || vm.GetAnnotations()[v1alpha1.AnnotationNode] == "" || !vm.Spec.ForProvider.RestartsElsewhere() {
+	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
+	if meta.WasDeleted(vm) || node == "" {
 		return false, nil
+	}
+	if !vm.Spec.ForProvider.RestartsElsewhere() {
+		if removed, err := removedForGood(ctx, a.cache, node); err != nil || !removed {
+			return false, err
+		}
 	}
 	ext, err := a.c.connect(ctx, vm)
 	if err != nil {

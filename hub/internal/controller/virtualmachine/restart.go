@@ -16,6 +16,15 @@ package virtualmachine
 // from an intent without Fence), or a VM with a Volume on its node's own
 // storage stays where it is, and says why.
 //
+// An administrator who deletes a lost node's HypervisorNode removes the
+// node for good (hypervisornode's removed forgets it once no VM is bound
+// to it). That is taken as the administrator's word that the node's
+// guests are gone, as Kubernetes takes a deleted Node's pods to be: the
+// node's VMs are restarted elsewhere at once, whatever their availability
+// and whether or not the node could fence itself. A VM with a Volume on
+// the node's own storage, or one that imports or only observes its guest,
+// still stays, and says why.
+//
 // The restart is a few writes, in an order a hub restarted between any two
 // of them resumes from: each Volume's node and seal moved to the target
 // (as a migration that succeeded moves them), then the VM in one write:
@@ -38,6 +47,7 @@ import (
 	"time"
 
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -74,13 +84,21 @@ const restartRetry = 10 * time.Second
 func (e *external) restartElsewhere(ctx context.Context, vm *v1alpha1.VirtualMachine) (bool, error) {
 	node := vm.GetAnnotations()[v1alpha1.AnnotationNode]
 	n := e.fleet.Node(node)
-	if meta.WasDeleted(vm) || node == "" || !vm.Spec.ForProvider.RestartsElsewhere() || !n.Lost {
+	if meta.WasDeleted(vm) || node == "" || !n.Lost {
+		e.state.restarts.Delete(vm.UID)
+		return false, nil
+	}
+	removed, err := removedForGood(ctx, e.kube, node)
+	if err != nil {
+		return false, err
+	}
+	if !removed && !vm.Spec.ForProvider.RestartsElsewhere() {
 		e.state.restarts.Delete(vm.UID)
 		return false, nil
 	}
 	uid, now := string(vm.UID), e.current()
 	lease := time.Duration(n.Heartbeat.FenceAfterMillis) * time.Millisecond
-	if why := e.unrestartable(vm, node, lease); why != "" {
+	if why := e.unrestartable(vm, node, lease, removed); why != "" {
 		e.stays(vm, why, true)
 		return false, nil
 	}
@@ -94,7 +112,7 @@ func (e *external) restartElsewhere(ctx context.Context, vm *v1alpha1.VirtualMac
 	}
 	fenced := n.LastSeen.Add(lease)
 	deadline := fenced.Add(e.opts.FencingMargin)
-	if wait := deadline.Sub(now); wait > 0 {
+	if wait := deadline.Sub(now); wait > 0 && !removed {
 		e.opts.Notifier.NotifyAfter(uid, wait)
 		e.stays(vm, fmt.Sprintf("the VM is restarted on another node at %s, once the node's lease of %s and a margin of %s have run out since its last heartbeat",
 			deadline.UTC().Format(time.RFC3339), lease, e.opts.FencingMargin), false)
@@ -148,8 +166,13 @@ func (e *external) restartElsewhere(ctx context.Context, vm *v1alpha1.VirtualMac
 	metrics.RestartsElsewhere.WithLabelValues().Inc()
 	metrics.LostToRestart.WithLabelValues().Observe(now.Sub(n.LastSeen).Seconds())
 	e.log.Info("Restarted elsewhere: its node is lost and fenced", "namespace", vm.Namespace, "name", vm.Name, "from", node, "to", target)
-	e.event(vm, event.Warning(ReasonNodeLost, errors.Errorf("node %s lost at %s; its lease of %s ran out at %s: the guest there is fenced",
-		node, n.LostSince.UTC().Format(time.RFC3339), lease, fenced.UTC().Format(time.RFC3339))))
+	if removed {
+		e.event(vm, event.Warning(ReasonNodeLost, errors.Errorf("node %s lost at %s and removed for good (its HypervisorNode deleted): the guest there is taken to be gone",
+			node, n.LostSince.UTC().Format(time.RFC3339))))
+	} else {
+		e.event(vm, event.Warning(ReasonNodeLost, errors.Errorf("node %s lost at %s; its lease of %s ran out at %s: the guest there is fenced",
+			node, n.LostSince.UTC().Format(time.RFC3339), lease, fenced.UTC().Format(time.RFC3339))))
+	}
 	e.event(vm, event.Normal(ReasonRestartedElsewhere, "restarted on node "+target))
 	if len(snapshots) > 0 {
 		e.event(vm, event.Warning(ReasonSnapshotsLost, errors.Errorf("snapshots %s stayed on lost node %s and are lost: the VM runs on node %s without them",
@@ -158,18 +181,36 @@ func (e *external) restartElsewhere(ctx context.Context, vm *v1alpha1.VirtualMac
 	return true, nil
 }
 
+// removedForGood says whether an administrator deleted node's
+// HypervisorNode, the way to remove a node for good.
+func removedForGood(ctx context.Context, kube client.Reader, node string) (bool, error) {
+	n := &v1alpha1.HypervisorNode{}
+	err := kube.Get(ctx, types.NamespacedName{Name: node}, n)
+	if kerrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, errors.Wrapf(err, "cannot read HypervisorNode %s", node)
+	}
+	return meta.WasDeleted(n), nil
+}
+
 // unrestartable says why the VM on the lost node must not be restarted
 // elsewhere at all while the node stays lost, or "" when it may be once
-// the node's lease has run out.
-func (e *external) unrestartable(vm *v1alpha1.VirtualMachine, node string, lease time.Duration) string {
+// the node's lease has run out, or at once when the node was removed for
+// good: the administrator's word stands for the node's own fencing.
+func (e *external) unrestartable(vm *v1alpha1.VirtualMachine, node string, lease time.Duration, removed bool) string {
+	if ext := meta.GetExternalName(vm); ext != "" || ObserveOnly(vm) {
+		return "the VM imports or only observes its guest, which is not virtfleet's to make on another node; the VM is not restarted elsewhere"
+	}
+	if removed {
+		return ""
+	}
 	if _, heard := e.fleet.Heard(node); !heard {
 		return fmt.Sprintf("the hub has not heard from node %s since it started, so it does not know the node's lease; the VM is not restarted elsewhere", node)
 	}
 	if lease <= 0 {
 		return fmt.Sprintf("node %s does not fence itself (FenceAfter 0); the VM is not restarted elsewhere", node)
-	}
-	if ext := meta.GetExternalName(vm); ext != "" || ObserveOnly(vm) {
-		return "the VM imports or only observes its guest, which is not virtfleet's to make on another node; the VM is not restarted elsewhere"
 	}
 	// The node fences the guest only if the intent it acted on set Fence,
 	// which the VM's spec decides: it must have confirmed the spec the VM

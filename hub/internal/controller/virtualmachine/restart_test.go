@@ -59,6 +59,9 @@ func TestRestartElsewhere(t *testing.T) {
 		observed int64
 		// migrating marks the VM as moving live to node2.
 		migrating bool
+		// removed deletes the lost node's HypervisorNode, an
+		// administrator's removal of the node for good.
+		removed bool
 		// snapshots are the VM's snapshots, by name, and the phase each
 		// shows; each is on the lost node.
 		snapshots map[string]v1alpha1.SnapshotPhase
@@ -81,6 +84,9 @@ func TestRestartElsewhere(t *testing.T) {
 		// wantNote is part of what the NodeLost condition says after.
 		wantNote   string
 		wantWakeUp bool
+		// wantLost is part of the NodeLost event of a VM that moved; the
+		// lease's run out when empty.
+		wantLost string
 	}{
 		"BeforeTheDeadlineNothingMovesAndTheVMIsWokenAtIt": {
 			fenceAfter: testLease,
@@ -183,6 +189,25 @@ func TestRestartElsewhere(t *testing.T) {
 			wantEvents: []event.Reason{ReasonNotRestarted},
 			wantNote:   "node node1 never confirmed the VM's current spec (generation 2; it acted on 1)",
 		},
+		"ANodeRemovedForGoodHasAnyOfItsVMsRestartedAtOnce": {
+			removed:        true,
+			noAvailability: true,
+			observed:       1,
+			others:         map[string]wire.NodeHeartbeat{"node2": roomy(testPool)},
+			after:          -time.Minute,
+			wantNode:       "node2",
+			wantEvents:     []event.Reason{ReasonNodeLost, ReasonRestartedElsewhere},
+			wantLost:       "removed for good (its HypervisorNode deleted): the guest there is taken to be gone",
+		},
+		"ANodeRemovedForGoodKeepsAVMWhoseVolumeIsOnItsOwnStorage": {
+			removed:        true,
+			noAvailability: true,
+			local:          true,
+			others:         map[string]wire.NodeHeartbeat{"node2": roomy(testPool)},
+			after:          -time.Minute,
+			wantEvents:     []event.Reason{ReasonNotRestarted},
+			wantNote:       "cannot restart elsewhere: Volume root is on node node1's own storage",
+		},
 		"AVMMovingLiveIsTheMigrationsToEnd": {
 			fenceAfter: testLease,
 			migrating:  true,
@@ -237,6 +262,11 @@ func TestRestartElsewhere(t *testing.T) {
 					m.Spec.ForProvider.PlacementGroup = vm.Spec.ForProvider.PlacementGroup
 					objs = append(objs, m)
 				}
+			}
+			if tc.removed {
+				objs = append(objs, &v1alpha1.HypervisorNode{ObjectMeta: metav1.ObjectMeta{
+					Name: testNode, DeletionTimestamp: &metav1.Time{Time: time.Now()}, Finalizers: []string{"compute.virtfleet.io/hypervisornode"},
+				}})
 			}
 			for name, phase := range tc.snapshots {
 				objs = append(objs, &v1alpha1.VirtualMachineSnapshot{
@@ -299,8 +329,12 @@ func TestRestartElsewhere(t *testing.T) {
 			if tc.wantNode != "" {
 				evs := rec.Events()
 				assert.Equal(t, event.TypeWarning, evs[0].Type)
-				assert.Contains(t, evs[0].Message, "its lease of 20s ran out at ")
-				assert.Contains(t, evs[0].Message, ": the guest there is fenced")
+				if tc.wantLost != "" {
+					assert.Contains(t, evs[0].Message, tc.wantLost)
+				} else {
+					assert.Contains(t, evs[0].Message, "its lease of 20s ran out at ")
+					assert.Contains(t, evs[0].Message, ": the guest there is fenced")
+				}
 				assert.Equal(t, event.TypeNormal, evs[1].Type)
 				assert.Equal(t, "restarted on node "+tc.wantNode, evs[1].Message)
 				if len(evs) > 2 {

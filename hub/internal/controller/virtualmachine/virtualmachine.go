@@ -22,6 +22,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -225,8 +226,21 @@ func Setup(mgr ctrl.Manager, o controller.Options, vo Options) error {
 		// TenantQuota changed or gone, or one of its Volumes gone.
 		Watches(&apisv1alpha1.TenantQuota{}, c.state.held.onQuota()).
 		Watches(&v1alpha1.Volume{}, c.state.held.onVolumeGone()).
+		// A node an administrator removes for good wakes the VMs bound to
+		// it, which restart elsewhere once it is lost (restart.go).
+		Watches(&v1alpha1.HypervisorNode{}, waiting(index.NodeUsers), builder.WithPredicates(removalStarted)).
 		WatchesRawSource(vo.Notifier.Source()).
 		Complete(rec)
+}
+
+// removalStarted passes the update that marks an object deleted.
+var removalStarted = predicate.Funcs{
+	CreateFunc:  func(ctrlevent.CreateEvent) bool { return false },
+	DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return false },
+	GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
+	UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
+		return e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil
+	},
 }
 
 // skipCriticalAnnotations writes nothing; see Setup.
@@ -511,9 +525,10 @@ func (e *external) setConditions(vm *v1alpha1.VirtualMachine, obs v1alpha1.Virtu
 
 // restartNote says whether the VM on a lost node is restarted on another
 // node: when, or why not, as the plain half of the reconcile noted it
-// (restart.go); a VM without availability Restart is not.
+// (restart.go), which notes nothing of a VM without availability Restart
+// on a node not removed for good: it is not.
 func (e *external) restartNote(vm *v1alpha1.VirtualMachine) string {
-	if note, ok := e.state.restarts.Load(vm.UID); ok && vm.Spec.ForProvider.RestartsElsewhere() {
+	if note, ok := e.state.restarts.Load(vm.UID); ok {
 		return note
 	}
 	return "the VM is not started elsewhere"
