@@ -247,7 +247,10 @@ func (r *Reconciler) Handlers() bus.Handlers {
 	}
 }
 
-func (r *Reconciler) guestIntent(ev bus.Event[wire.Intent]) { record(r, r.intents, kindGuest, ev) }
+func (r *Reconciler) guestIntent(ev bus.Event[wire.Intent]) {
+	r.log.Debug("Guest intent", "uid", ev.UID, "revision", ev.Revision, "deleted", ev.Deleted, "generation", ev.Value.Generation, "running", ev.Value.Running)
+	record(r, r.intents, kindGuest, ev)
+}
 
 func (r *Reconciler) volumeIntent(ev bus.Event[wire.VolumeIntent]) {
 	record(r, r.volumes, kindVolume, ev)

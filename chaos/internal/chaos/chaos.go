@@ -196,6 +196,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	r := &Result{VMs: o.VMs, Nodes: o.Nodes, ConvergeWithin: o.ConvergeWithin, NodeLossWithin: o.NodeLossWithin,
 		RestartWithin: o.RestartWithin, HAVMs: max(o.HAVMs, 0), FenceAfter: o.FenceAfter, FencingMargin: o.FencingMargin}
 	defer func() {
+		if len(r.Failures) > 0 {
+			s.Dump()
+		}
 		s.Stop()
 		if len(r.Failures) > 0 || o.Keep {
 			progress("logs kept in %s/logs", dir)

@@ -2,8 +2,10 @@ package stack
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -176,6 +178,19 @@ func (s *Stack) StopAgent(node string) error { return s.stopAgent(node, syscall.
 
 // KillAgent kills node's agent with SIGKILL, as a crash would.
 func (s *Stack) KillAgent(node string) { _ = s.stopAgent(node, syscall.SIGKILL) }
+
+// Dump stops every agent and the hub with SIGQUIT, on which the Go runtime
+// writes the stack of every goroutine into each one's log before it exits:
+// where each was waiting, for a run that failed.
+func (s *Stack) Dump() {
+	s.mu.Lock()
+	nodes := slices.Collect(maps.Keys(s.agents))
+	s.mu.Unlock()
+	for _, n := range nodes {
+		_ = s.stopAgent(n, syscall.SIGQUIT)
+	}
+	_ = s.stopHub(syscall.SIGQUIT)
+}
 
 func (s *Stack) stopAgent(node string, sig syscall.Signal) error {
 	s.mu.Lock()
