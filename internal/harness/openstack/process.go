@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/prometheus/procfs"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -121,6 +122,20 @@ func (p *process) exited() error {
 	}
 }
 
+// cpu is the CPU time p's process has used (its own, not its children's),
+// or zero when /proc cannot say.
+func (p *process) cpu() time.Duration {
+	proc, err := procfs.NewProc(p.cmd.Process.Pid)
+	if err != nil {
+		return 0
+	}
+	st, err := proc.Stat()
+	if err != nil {
+		return 0
+	}
+	return time.Duration(st.CPUTime() * float64(time.Second))
+}
+
 // tail is the last n lines of a file.
 func tail(path string, n int) string {
 	b, _ := os.ReadFile(path) //nolint:gosec // the harness's own log
@@ -128,24 +143,50 @@ func tail(path string, n int) string {
 	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
 }
 
-// waitFor polls cond every half second until it holds, p exits, or timeout
-// passes.
+// wallFactor bounds a wait for a process by wall time too: timeout times
+// this, for one that waits on something else without using its CPU.
+const wallFactor = 4
+
+// waitFor polls cond every half second until it holds or p exits. With a
+// process it gives up once p has used timeout of its own CPU time, or after
+// wallFactor times timeout: on a loaded machine an OpenStack service takes
+// minutes of wall time to import its modules (eight of them start at once,
+// beside the rest of the suite) while needing only seconds of CPU, so a wall
+// timeout alone fails a service that is merely slow. Without a process,
+// timeout is of wall time.
 func (c *Cloud) waitFor(ctx context.Context, what string, p *process, timeout time.Duration, cond func(context.Context) bool) error {
+	wall := timeout
+	if p != nil {
+		wall = wallFactor * timeout
+	}
+	return c.waitWithin(ctx, what, p, timeout, wall, cond)
+}
+
+// waitWithin is waitFor with the wall bound given.
+func (c *Cloud) waitWithin(ctx context.Context, what string, p *process, timeout, wall time.Duration, cond func(context.Context) bool) error {
 	start := time.Now()
-	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		if p != nil {
-			if err := p.exited(); err != nil {
-				return false, err
-			}
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, wall, true, func(ctx context.Context) (bool, error) {
+		if p == nil {
+			return cond(ctx), nil
 		}
-		return cond(ctx), nil
+		if err := p.exited(); err != nil {
+			return false, err
+		}
+		if cond(ctx) {
+			return true, nil
+		}
+		if used := p.cpu(); used > timeout {
+			return false, errors.Errorf("%s not ready after %s of its own CPU time", what, used.Round(time.Second))
+		}
+		return false, nil
 	})
 	if err != nil {
 		if p != nil {
 			if perr := p.exited(); perr != nil {
 				return perr
 			}
-			return errors.Errorf("%s not ready after %s; the end of %s:\n%s", what, timeout, p.log.Name(), tail(p.log.Name(), 20))
+			return errors.Errorf("%s not ready after %s (%s of its own CPU time; %v); the end of %s:\n%s",
+				what, time.Since(start).Round(time.Second), p.cpu().Round(time.Second), err, p.log.Name(), tail(p.log.Name(), 20))
 		}
 		return errors.Wrapf(err, "%s not ready after %s", what, timeout)
 	}
