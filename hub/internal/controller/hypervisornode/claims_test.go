@@ -237,7 +237,7 @@ func TestAStolenNodeCredentialAttractsNoMigration(t *testing.T) {
 	mig.Spec.VMName = v1alpha1.LocalName(vm.Name)
 	require.NoError(t, e.Kube.Create(e.Ctx, mig))
 	got := controllertest.Await(t, e, mig, within, func(c *assert.CollectT, got *v1alpha1.VirtualMachineMigration) {
-		assert.NotEmpty(c, got.Status.TargetNode)
+		assert.NotEmpty(c, got.Status.TargetNode, "the migration is %q: %s", got.Status.Phase, got.Status.Message)
 	})
 	assert.Equal(t, honestC, got.Status.TargetNode, "not node-b, whose migration URI does not count")
 	var moving virtualmachine.Migration
