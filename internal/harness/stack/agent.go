@@ -183,13 +183,17 @@ func (s *Stack) KillAgent(node string) { _ = s.stopAgent(node, syscall.SIGKILL) 
 // writes the stack of every goroutine into each one's log before it exits:
 // where each was waiting, for a run that failed.
 func (s *Stack) Dump() {
-	s.mu.Lock()
-	nodes := slices.Collect(maps.Keys(s.agents))
-	s.mu.Unlock()
-	for _, n := range nodes {
+	for _, n := range s.agentNodes() {
 		_ = s.stopAgent(n, syscall.SIGQUIT)
 	}
 	_ = s.stopHub(syscall.SIGQUIT)
+}
+
+// agentNodes are the nodes whose agent runs.
+func (s *Stack) agentNodes() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Collect(maps.Keys(s.agents))
 }
 
 func (s *Stack) stopAgent(node string, sig syscall.Signal) error {

@@ -442,13 +442,7 @@ func build(ctx context.Context, dir string, pkgs []string) error {
 
 // Stop stops everything; state under Dir stays for inspection.
 func (s *Stack) Stop() {
-	s.mu.Lock()
-	nodes := make([]string, 0, len(s.agents))
-	for n := range s.agents {
-		nodes = append(nodes, n)
-	}
-	s.mu.Unlock()
-	for _, n := range nodes {
+	for _, n := range s.agentNodes() {
 		_ = s.StopAgent(n)
 	}
 	_ = s.StopSimulated()
