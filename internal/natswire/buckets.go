@@ -23,8 +23,9 @@ import (
 )
 
 // Defaults from the design: an agent refreshes its heartbeat every 2 s, and a
-// node whose heartbeat is 10 s old is purged from the nodes bucket, which is
-// how the hub learns it is lost.
+// node that has stored no heartbeat for 10 s is lost: its heartbeat expires
+// from the nodes bucket, and the hub, finding no newer one there, takes the
+// node for lost.
 const (
 	DefaultNodeTTL           = 10 * time.Second
 	DefaultHeartbeatInterval = 2 * time.Second
@@ -120,9 +121,12 @@ func KeyValueConfigs(cfg BucketConfig) []jetstream.KeyValueConfig {
 			Bucket: wire.BucketNodes, Description: "agent heartbeats per <node>", Storage: jetstream.FileStorage, Replicas: replicas,
 			MaxBytes: nodesMaxBytes, MaxValueSize: maxValue,
 			// Per-key TTLs are fixed at Create and a Put cannot refresh them,
-			// so expiry is the bucket's max age; the limit marker turns the
-			// expiry into a purge that watchers see.
-			TTL: ttl, LimitMarkerTTL: ttl,
+			// so expiry is the bucket's max age. It leaves no marker: markers
+			// need roll-ups, and a roll-up a node may send (see
+			// forbidRollups) would purge every node's heartbeat. The hub
+			// asks the bucket once a node's heartbeat is a TTL old instead
+			// (hub/internal/bus).
+			TTL: ttl,
 		},
 	}
 }
@@ -133,46 +137,75 @@ func KeyValueConfigs(cfg BucketConfig) []jetstream.KeyValueConfig {
 // below what a bucket holds deletes nothing: KV buckets discard new values,
 // so only later writes are refused until it shrinks.
 //
-// It also forbids roll-ups in the intents bucket and bounds its consumers
-// (see shapeIntents), which a KV bucket's configuration cannot say; the
-// reports' streams never allow roll-ups.
+// It also forbids roll-ups in the KV buckets and bounds the intents
+// bucket's consumers (see forbidRollups), which a KV bucket's configuration
+// cannot say; the reports' streams never allow roll-ups.
 func EnsureBuckets(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) error {
 	for _, c := range KeyValueConfigs(cfg) {
-		if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
-			return errors.Wrapf(err, "cannot create bucket %s", c.Bucket)
+		if err := ensureKeyValue(ctx, js, c); err != nil {
+			return err
 		}
-		if c.Bucket == wire.BucketNodes {
-			continue
+		consumers := 0
+		if c.Bucket == wire.BucketIntents {
+			consumers = cmp.Or(cfg.IntentConsumers, DefaultIntentConsumers)
 		}
-		if err := shapeIntents(ctx, js, c.Bucket, cmp.Or(cfg.IntentConsumers, DefaultIntentConsumers)); err != nil {
+		if err := forbidRollups(ctx, js, c.Bucket, consumers); err != nil {
 			return err
 		}
 	}
 	return ensureReports(ctx, js, cfg)
 }
 
-// shapeIntents sets what the intents bucket's stream needs that a KV
-// bucket's configuration cannot say: at most maxConsumers consumers (see
-// DefaultIntentConsumers), and no roll-ups. nats.go makes every bucket
-// allow messages with a Nats-Rollup header, for its Purge, which virtfleet
-// never uses; but the header is no part of a subject, so no permission can
-// keep it from a writer, and "Nats-Rollup: all" on one key would remove
-// every other key (the reports' streams, which nodes write, never allow
-// them). The nodes bucket keeps them: its expiry markers (LimitMarkerTTL)
-// need them, and a heartbeat removed so is written again at the node's
-// next beat.
-func shapeIntents(ctx context.Context, js jetstream.JetStream, bucket string, maxConsumers int) error {
+// ensureKeyValue creates the bucket c or brings it to c. A nodes bucket
+// made when expiry markers told the hub of a lost node allows per-message
+// TTLs, which nats-server never lets an update turn off, and an update
+// through the KV API would: its stream is brought to c directly, its
+// markers, and the roll-ups they need, turned off.
+func ensureKeyValue(ctx context.Context, js jetstream.JetStream, c jetstream.KeyValueConfig) error {
+	s, err := js.Stream(ctx, wire.Stream(c.Bucket))
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+	case err != nil:
+		return errors.Wrapf(err, "cannot read bucket %s", c.Bucket)
+	case s.CachedInfo().Config.AllowMsgTTL:
+		sc := s.CachedInfo().Config
+		sc.Description, sc.Replicas, sc.MaxAge, sc.MaxBytes, sc.MaxMsgSize = c.Description, c.Replicas, c.TTL, c.MaxBytes, c.MaxValueSize
+		sc.SubjectDeleteMarkerTTL, sc.AllowRollup = 0, false
+		if _, err := js.UpdateStream(ctx, sc); err != nil {
+			return errors.Wrapf(err, "cannot update bucket %s", c.Bucket)
+		}
+		return nil
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
+		return errors.Wrapf(err, "cannot create bucket %s", c.Bucket)
+	}
+	return nil
+}
+
+// forbidRollups sets what a KV bucket's stream needs that its configuration
+// cannot say: no roll-ups, and at most maxConsumers consumers when it is not
+// 0 (see DefaultIntentConsumers). nats.go makes every bucket allow messages
+// with a Nats-Rollup header, for its Purge, which virtfleet never uses; but
+// the header is no part of a subject, so no permission can keep it from a
+// writer, and "Nats-Rollup: all" on one key would remove every other key:
+// a node, which may write its own heartbeat, would purge every other
+// node's (the reports' streams, which nodes write, never allow them
+// either).
+func forbidRollups(ctx context.Context, js jetstream.JetStream, bucket string, maxConsumers int) error {
 	s, err := js.Stream(ctx, wire.Stream(bucket))
 	if err != nil {
 		return errors.Wrapf(err, "cannot read bucket %s", bucket)
 	}
 	c := s.CachedInfo().Config
-	if !c.AllowRollup && c.MaxConsumers == maxConsumers {
+	if !c.AllowRollup && (maxConsumers == 0 || c.MaxConsumers == maxConsumers) {
 		return nil
 	}
-	c.AllowRollup, c.MaxConsumers = false, maxConsumers
+	c.AllowRollup = false
+	if maxConsumers != 0 {
+		c.MaxConsumers = maxConsumers
+	}
 	if _, err := js.UpdateStream(ctx, c); err != nil {
-		return errors.Wrapf(err, "cannot forbid roll-ups in bucket %s and bound its consumers", bucket)
+		return errors.Wrapf(err, "cannot forbid roll-ups in bucket %s", bucket)
 	}
 	return nil
 }

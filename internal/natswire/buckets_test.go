@@ -69,7 +69,8 @@ func TestEnsureBucketsLimitsEveryBucket(t *testing.T) {
 				assert.Equal(t, want, c.MaxBytes, "MaxBytes of %s", bucket)
 				assert.Equal(t, tc.wantMaxValueSize, c.MaxMsgSize, "MaxValueSize of %s", bucket)
 				assert.Equal(t, jetstream.DiscardNew, c.Discard, "a full %s bucket must refuse new values, not drop old ones", bucket)
-				assert.Equal(t, bucket == wire.BucketNodes, c.AllowRollup, "roll-ups in %s: only the nodes bucket's expiry markers need them", bucket)
+				assert.False(t, c.AllowRollup, "roll-ups in %s", bucket)
+				assert.Zero(t, c.SubjectDeleteMarkerTTL, "markers in %s: they need roll-ups", bucket)
 			}
 			reports := streamConfig(t, js, wire.BucketReports)
 			assert.Empty(t, reports.Subjects, "the reports bucket takes no write: only what it sources")
@@ -125,15 +126,19 @@ func TestBucketRefusesWritesOverItsLimits(t *testing.T) {
 }
 
 // TestEnsureBucketsLimitsExistingBuckets brings buckets made without limits
-// and with roll-ups allowed (as before the limits existed) to the configured
-// ones at the next start,
-// keeping their values, the way it brings them to the configured replicas.
+// and with roll-ups allowed (as before the limits existed), and a nodes
+// bucket with expiry markers (as before the hub judged a node's loss
+// itself), to the configured ones at the next start, keeping their values,
+// the way it brings them to the configured replicas.
 func TestEnsureBucketsLimitsExistingBuckets(t *testing.T) {
 	ctx := context.Background()
 	js := hubJetStream(t)
 	old := append(natswire.KeyValueConfigs(natswire.BucketConfig{}), jetstream.KeyValueConfig{Bucket: wire.BucketReports})
 	for _, c := range old {
 		c.MaxBytes, c.MaxValueSize = 0, 0
+		if c.Bucket == wire.BucketNodes {
+			c.LimitMarkerTTL = c.TTL
+		}
 		_, err := js.CreateKeyValue(ctx, c)
 		require.NoError(t, err)
 		require.Equal(t, int64(-1), streamConfig(t, js, c.Bucket).MaxBytes, "the old bucket %s is unlimited", c.Bucket)
@@ -146,16 +151,25 @@ func TestEnsureBucketsLimitsExistingBuckets(t *testing.T) {
 	require.NoError(t, err)
 	_, err = reports.Put(ctx, "node1.vm", []byte("report"))
 	require.NoError(t, err)
+	nodes, err := js.KeyValue(ctx, wire.BucketNodes)
+	require.NoError(t, err)
+	_, err = nodes.Put(ctx, "node1", []byte("heartbeat"))
+	require.NoError(t, err)
 
 	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{}))
 	for _, bucket := range []string{wire.BucketIntents, wire.BucketNodes} {
 		c := streamConfig(t, js, bucket)
 		assert.Positive(t, c.MaxBytes, "MaxBytes of %s", bucket)
 		assert.Equal(t, natswire.DefaultMaxValueSize, c.MaxMsgSize, "MaxValueSize of %s", bucket)
-		assert.Equal(t, bucket == wire.BucketNodes, c.AllowRollup, "roll-ups in %s", bucket)
+		assert.False(t, c.AllowRollup, "roll-ups in %s", bucket)
+		assert.Zero(t, c.SubjectDeleteMarkerTTL, "markers in %s", bucket)
 	}
+	assert.Equal(t, natswire.DefaultNodeTTL, streamConfig(t, js, wire.BucketNodes).MaxAge)
+	e, err := nodes.Get(ctx, "node1")
+	require.NoError(t, err)
+	assert.Equal(t, []byte("heartbeat"), e.Value())
 	assert.False(t, streamConfig(t, js, wire.BucketReports).AllowRollup, "roll-ups in %s", wire.BucketReports)
-	e, err := kv.Get(ctx, "node1.vm")
+	e, err = kv.Get(ctx, "node1.vm")
 	require.NoError(t, err)
 	assert.Equal(t, []byte("intent"), e.Value())
 

@@ -372,42 +372,87 @@ func TestHubConsolePermissions(t *testing.T) {
 }
 
 // TestANodeCannotRemoveAnotherNodesKeys plays a stolen node credential
-// against the shared reports bucket through the headers of its own
-// permitted writes, which no subject permission sees. The attacker holds
-// node1's seed and publishes to node1's own report key with "Nats-Rollup:
-// all" (which would purge every message of the stream), and with
-// "Nats-Rollup: sub" alone and with KV's purge marker (each of which would
-// purge that one key). Each is refused, and node2's report and node1's own
-// earlier one survive.
+// against the shared buckets a node writes, the reports and the
+// heartbeats, through the headers of its own permitted writes, which no
+// subject permission sees. The attacker holds node1's seed and publishes to
+// node1's own key with "Nats-Rollup: all" (which would purge every message
+// of the stream: every node's reports, or every node's heartbeat, so that
+// the hub would stop hearing from the others), and with "Nats-Rollup: sub"
+// alone and with KV's purge marker (each of which would purge that one
+// key). Each is refused, and node2's key and node1's own earlier one
+// survive.
 func TestANodeCannotRemoveAnotherNodesKeys(t *testing.T) {
 	ctx := context.Background()
-	cases := map[string]nats.Header{
+	headers := map[string]nats.Header{
 		"RollupOfTheWholeBucket": {jetstream.MsgRollup: []string{jetstream.MsgRollupAll}},
 		"RollupOfItsOwnKey":      {jetstream.MsgRollup: []string{jetstream.MsgRollupSubject}},
 		"PurgeMarkerOfItsOwnKey": {"KV-Operation": []string{"PURGE"}, jetstream.MsgRollup: []string{jetstream.MsgRollupSubject}},
 	}
-	for name, hdr := range cases {
-		t.Run(name, func(t *testing.T) {
-			f := newFleet(t)
-			theirs, err := f.reports.Put(ctx, "node2.vm-b", []byte(`{"uid":"vm-b"}`))
-			require.NoError(t, err)
-			_, err = f.reports.Put(ctx, "node1.vm-old", []byte(`{"uid":"vm-old"}`))
-			require.NoError(t, err)
-
-			nc, _ := natstest.Connect(t, f.srv, f.agents["node1"])
-			js, err := jetstream.New(nc)
-			require.NoError(t, err)
-			_, err = js.PublishMsg(ctx, &nats.Msg{Subject: "$KV.reports.node1.vm-a", Data: []byte(`{}`), Header: hdr})
-			require.Error(t, err, "the bucket must refuse a roll-up")
-			t.Logf("refused: %v", err)
-
-			e, err := f.reports.Get(ctx, "node2.vm-b")
-			require.NoError(t, err, "another node's report is gone")
-			assert.Equal(t, theirs, e.Revision())
-			_, err = f.reports.Get(ctx, "node1.vm-old")
-			require.NoError(t, err, "the node's own earlier report is gone")
-		})
+	buckets := map[string]struct {
+		bucket string
+		// theirs is node2's key, ours node1's earlier one, and target the
+		// key node1 writes with the headers.
+		theirs, ours, target string
+		keys                 func(t *testing.T, f *fleet) keys
+	}{
+		"Reports": {bucket: wire.BucketReports, theirs: "node2.vm-b", ours: "node1.vm-old", target: "node1.vm-a",
+			keys: func(_ *testing.T, f *fleet) keys { return reportKeys{f.reports} }},
+		"Heartbeats": {bucket: wire.BucketNodes, theirs: "node2", ours: "node1", target: "node1",
+			keys: func(t *testing.T, f *fleet) keys {
+				kv, err := f.js.KeyValue(ctx, wire.BucketNodes)
+				require.NoError(t, err)
+				return kvKeys{kv}
+			}},
 	}
+	for bucketName, b := range buckets {
+		for name, hdr := range headers {
+			t.Run(bucketName+"/"+name, func(t *testing.T) {
+				f := newFleet(t)
+				keys := b.keys(t, f)
+				theirs, err := keys.Put(ctx, b.theirs, []byte(`{"uid":"theirs"}`))
+				require.NoError(t, err)
+				ours, err := keys.Put(ctx, b.ours, []byte(`{"uid":"ours"}`))
+				require.NoError(t, err)
+
+				nc, _ := natstest.Connect(t, f.srv, f.agents["node1"])
+				js, err := jetstream.New(nc)
+				require.NoError(t, err)
+				_, err = js.PublishMsg(ctx, &nats.Msg{Subject: wire.Subject(b.bucket, b.target), Data: []byte(`{}`), Header: hdr})
+				require.Error(t, err, "the bucket must refuse a roll-up")
+				t.Logf("refused: %v", err)
+
+				rev, err := keys.Revision(ctx, b.theirs)
+				require.NoError(t, err, "another node's key is gone")
+				assert.Equal(t, theirs, rev)
+				rev, err = keys.Revision(ctx, b.ours)
+				require.NoError(t, err, "the node's own earlier key is gone")
+				assert.Equal(t, ours, rev)
+			})
+		}
+	}
+}
+
+// keys writes a bucket's keys and reads their revisions.
+type keys interface {
+	Put(ctx context.Context, key string, value []byte) (uint64, error)
+	Revision(ctx context.Context, key string) (uint64, error)
+}
+
+type reportKeys struct{ nodeReports }
+
+func (r reportKeys) Revision(ctx context.Context, key string) (uint64, error) {
+	e, err := r.Get(ctx, key)
+	return e.Revision(), err
+}
+
+type kvKeys struct{ jetstream.KeyValue }
+
+func (k kvKeys) Revision(ctx context.Context, key string) (uint64, error) {
+	e, err := k.Get(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	return e.Revision(), nil
 }
 
 // TestANodeCannotFillTheReportsBucket plays a stolen node credential

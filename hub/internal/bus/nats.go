@@ -334,30 +334,6 @@ func (n *NATS) Watch(ctx context.Context, bucket string, fn func(Entry) error) e
 	})
 }
 
-// WatchNodes implements Bus. A node's first heartbeat gives it its own
-// reports stream before the node is told of (natswire.EnsureNodeReports):
-// nothing is placed on a node the hub has not heard from, so its reports
-// are taken by the time it has any.
-func (n *NATS) WatchNodes(ctx context.Context, fn func(NodeEvent)) error {
-	return n.watch(ctx, n.buckets[wire.BucketNodes], func(e jetstream.KeyValueEntry) error {
-		if e == nil {
-			return nil
-		}
-		ev, err := nodeEvent(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut, e.Value())
-		if err != nil {
-			return err
-		}
-		if !ev.Lost {
-			n.recheckReporting(ctx)
-			if err := n.ensureReporting(ctx, ev.Node); err != nil {
-				n.log.Info("Cannot take the node's reports yet", "node", ev.Node, "error", err)
-			}
-		}
-		fn(ev)
-		return nil
-	})
-}
-
 // ensureReporting gives node its own reports stream, once; a failure is
 // tried again at its next heartbeat.
 func (n *NATS) ensureReporting(ctx context.Context, node string) error {
@@ -515,8 +491,7 @@ func (n *NATS) drain(ctx context.Context, kv jetstream.KeyValue, w jetstream.Key
 // or cannot be read within a check's interval (the server is away: the
 // connection's own status then resumes the watch). It is asked from the
 // watch's loop, so it waits no longer than that. A bucket's entries expire
-// oldest first (purge markers have the bucket's own TTL, see
-// natswire.EnsureBuckets), so while it holds any, it holds its newest.
+// oldest first, so while it holds any, it holds its newest.
 func (n *NATS) lastRevision(ctx context.Context, kv jetstream.KeyValue) uint64 {
 	ctx, cancel := context.WithTimeout(ctx, watchCheckEvery)
 	defer cancel()

@@ -180,10 +180,10 @@ func TestPutKeysEachKind(t *testing.T) {
 	assert.ErrorAs(t, err, &de, "a value its kind refuses is not sent")
 }
 
-// TestLostNodeIsPurged pins the expiry the hub's node-loss handling relies
-// on: a heartbeat that is not refreshed turns into a purge within about one
-// TTL of the last put.
-func TestLostNodeIsPurged(t *testing.T) {
+// TestALostNodeIsSeenATTLAfterItsLastHeartbeat pins the expiry the hub's
+// node-loss handling relies on: a node that stores no heartbeat for the
+// bucket's TTL is passed on as lost about one TTL after its last one.
+func TestALostNodeIsSeenATTLAfterItsLastHeartbeat(t *testing.T) {
 	b, _, srv, agents := newHub(t)
 	events := collect(t, b.WatchNodes)
 	js, hb := asAgent(t, srv, agents, "node1")
@@ -194,7 +194,50 @@ func TestLostNodeIsPurged(t *testing.T) {
 	next(t, events, 5*time.Second, func(e bus.NodeEvent) bool { return !e.Lost && e.Node == "node1" })
 
 	next(t, events, 3*testNodeTTL, func(e bus.NodeEvent) bool { return e.Lost && e.Node == "node1" })
-	assert.InDelta(t, testNodeTTL.Seconds(), time.Since(lastPut).Seconds(), 1.5, "purge should follow the last put by about one TTL")
+	assert.InDelta(t, testNodeTTL.Seconds(), time.Since(lastPut).Seconds(), 1.5, "the loss should follow the last put by about one TTL")
+}
+
+// TestALaggingWatchTakesNoLiveNodeForLost: the hub's watch of the
+// heartbeats stops delivering for longer than a TTL (its consumer is lost
+// again and again, as when the servers holding it are killed one after
+// another) while the node goes on storing heartbeats. The node is never
+// passed on as lost, for the bucket holds newer heartbeats than the watch
+// delivered; once it stops, it is.
+func TestALaggingWatchTakesNoLiveNodeForLost(t *testing.T) {
+	b, js, srv, agents := newHub(t)
+	events := collect(t, b.WatchNodes)
+	heartbeat, _ := reportingAgent(t, srv, agents, "node2")
+	heartbeat()
+	next(t, events, 5*time.Second, func(e bus.NodeEvent) bool { return !e.Lost && e.Node == "node2" })
+
+	ctx := context.Background()
+	stream, err := js.Stream(ctx, wire.Stream(wire.BucketNodes))
+	require.NoError(t, err)
+	beat := time.NewTicker(300 * time.Millisecond)
+	defer beat.Stop()
+	cut := time.NewTicker(50 * time.Millisecond)
+	defer cut.Stop()
+	for end := time.After(3 * testNodeTTL); ; {
+		select {
+		case <-beat.C:
+			heartbeat()
+			continue
+		case <-cut.C:
+			for c := range stream.ListConsumers(ctx).Info() {
+				_ = stream.DeleteConsumer(ctx, c.Name) // the watch may be making it anew
+			}
+			continue
+		case e := <-events:
+			require.False(t, e.Lost, "node %s passed on as lost while it stores heartbeats", e.Node)
+			continue
+		case <-end:
+		}
+		break
+	}
+
+	lastPut := time.Now()
+	next(t, events, 3*testNodeTTL, func(e bus.NodeEvent) bool { return e.Lost && e.Node == "node2" })
+	t.Logf("lost %s after its last heartbeat", time.Since(lastPut).Round(100*time.Millisecond))
 }
 
 // TestANodesFirstHeartbeatMakesRoomForItsReports: a node the hub never
