@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -212,9 +212,12 @@ func (c *churn) step(ctx context.Context, rng *rand.Rand, s *slot) {
 		if s.running {
 			op = opStop
 		}
-		patch := fmt.Sprintf(`{"spec":{"forProvider":{"running":%t}}}`, !s.running)
-		vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: key.Name}}
-		if err = c.kube.Patch(ctx, vm, client.RawPatch(types.MergePatchType, []byte(patch))); err == nil {
+		// A merge patch of the power state alone, without reading the VM.
+		before := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: key.Name}}
+		before.Spec.ForProvider.Running = ptr.To(s.running)
+		vm := before.DeepCopy()
+		vm.Spec.ForProvider.Running = ptr.To(!s.running)
+		if err = c.kube.Patch(ctx, vm, client.MergeFrom(before)); err == nil {
 			s.running = !s.running
 		}
 	}
