@@ -8,18 +8,22 @@
 // and the server's bind, another process can be given the same port, and
 // the server fails with "address already in use" (test packages run in
 // parallel, each starting dozens of servers and connections). Ports here
-// come from outside that range, where the kernel gives out none, at random
-// so that test processes picking at the same time rarely meet, and never
-// the same one twice in a process.
+// come from outside that range, where the kernel gives out none, at random,
+// and each is reserved for the process that picked it (see reserve), so
+// that two test processes picking at the same time never take the same
+// one: a test cloud names its services' ports minutes before the last of
+// them binds.
 package freeport
 
 import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
@@ -38,11 +42,15 @@ const (
 // rangeFile holds the kernel's ephemeral range: its lowest and highest port.
 const rangeFile = "/proc/sys/net/ipv4/ip_local_port_range"
 
+// reservations is the directory of the ports' lock files (see reserve).
+var reservations = filepath.Join(os.TempDir(), "virtfleet-ports")
+
 var (
 	mu sync.Mutex
-	// picked are the ports this process was given: each is free when
-	// picked, and stays free until its server binds it.
-	picked = map[int]bool{}
+	// picked are the ports this process was given, with their
+	// reservations: each is free when picked, and stays free until its
+	// server binds it.
+	picked = map[int]*os.File{}
 )
 
 // Pick returns a port on 127.0.0.1 that is free now and outside the
@@ -70,20 +78,51 @@ func pickIn(lo, hi int) (int, error) {
 	defer mu.Unlock()
 	for range tries {
 		p := lo + rand.IntN(hi-lo) //nolint:gosec // spreading picks, not a secret
-		if available(p) {
-			picked[p] = true
-			return p, nil
+		if _, ok := picked[p]; ok {
+			continue
 		}
+		lock, err := reserve(p)
+		if err != nil {
+			return 0, err
+		}
+		if lock == nil {
+			continue // another process's
+		}
+		if !free(p) {
+			_ = lock.Close()
+			continue
+		}
+		picked[p] = lock
+		return p, nil
 	}
 	return 0, errors.Errorf("no free port in [%d, %d) after %d tries", lo, hi, tries)
 }
 
-// available is whether port p was not given before in this process and
-// can be listened on now; mu is held.
-func available(p int) bool {
-	if picked[p] {
-		return false
+// reserve locks port p's file in reservations (flock) and returns it, or
+// nil when another process holds it. The lock is held for as long as the
+// file is open: for the life of the process that picked p, which the
+// kernel ends however the process does, so a killed run's reservations
+// are gone with it.
+func reserve(p int) (*os.File, error) {
+	if err := os.MkdirAll(reservations, 0o700); err != nil {
+		return nil, errors.Wrap(err, "cannot create the ports' reservations directory")
 	}
+	f, err := os.OpenFile(filepath.Join(reservations, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot reserve port %d", p)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, nil
+		}
+		return nil, errors.Wrapf(err, "cannot reserve port %d", p)
+	}
+	return f, nil
+}
+
+// free is whether port p can be listened on now.
+func free(p int) bool {
 	l, err := net.Listen("tcp", address(p))
 	if err != nil {
 		return false

@@ -65,7 +65,7 @@ func TestPickPassesOverPortsInUse(t *testing.T) {
 				held = append(held, l)
 			}
 		}
-		if len(held) < 3 || !free(first+3) {
+		if len(held) < 3 || !unpicked(first+3) {
 			closeAll(held)
 			continue // another process holds one of them: try elsewhere
 		}
@@ -78,12 +78,42 @@ func TestPickPassesOverPortsInUse(t *testing.T) {
 	t.Fatal("found no four ports in a row free")
 }
 
-// free is available for a test: whether port p was not given before and
-// can be listened on now.
-func free(p int) bool {
+// A port another process reserved is not given though nothing listens on
+// it yet: that process picked it, and its server has yet to bind. The
+// other process is played by a second open file of the port's
+// reservation, whose lock conflicts with this process's as another
+// process's would.
+func TestPickPassesOverPortsAnotherProcessReserved(t *testing.T) {
+	lo, hi, err := pickRange()
+	require.NoError(t, err)
+	for range 20 {
+		p := lo + rand.IntN(hi-lo) //nolint:gosec // a test's spread
+		if !unpicked(p) {
+			continue
+		}
+		theirs, err := reserve(p)
+		require.NoError(t, err)
+		if theirs == nil {
+			continue // a real other process's: try elsewhere
+		}
+		_, err = pickIn(p, p+1)
+		require.Error(t, err, "port %d, reserved by another process, was given", p)
+		require.NoError(t, theirs.Close())
+		got, err := pickIn(p, p+1)
+		require.NoError(t, err, "port %d, released, was not given", p)
+		assert.Equal(t, p, got)
+		return
+	}
+	t.Fatal("found no free port to reserve")
+}
+
+// unpicked is whether port p was not given before in this process and can
+// be listened on now.
+func unpicked(p int) bool {
 	mu.Lock()
 	defer mu.Unlock()
-	return available(p)
+	_, given := picked[p]
+	return !given && free(p)
 }
 
 func closeAll(ls []net.Listener) {
