@@ -43,6 +43,12 @@ func (a *AsyncErrors) WaitForViolation(d time.Duration) bool {
 	}
 }
 
+// connectTimeout bounds the dial of a connection and the server's first
+// answer. nats.go's default, 2 s, is shorter than a test process can go
+// unscheduled on a machine whose cores the parallel test packages share:
+// a dial to a server that listens timed out so.
+const connectTimeout = 30 * time.Second
+
 // Connect connects to s as id, reconnecting forever, and closes the
 // connection when the test ends.
 func Connect(t testing.TB, s *Server, id natswire.Identity) (*nats.Conn, *AsyncErrors) {
@@ -52,7 +58,7 @@ func Connect(t testing.TB, s *Server, id natswire.Identity) (*nats.Conn, *AsyncE
 		t.Fatal(err)
 	}
 	async := &AsyncErrors{}
-	opts = append(opts, nats.ErrorHandler(async.handle), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	opts = append(opts, nats.ErrorHandler(async.handle), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.Timeout(connectTimeout))
 	nc, err := nats.Connect(s.URL(), opts...)
 	if err != nil {
 		t.Fatal(err)
