@@ -264,6 +264,8 @@ func takeSnapshot(ctx context.Context, kube client.Client, p *prober, disk, name
 // and checks over ssh that the guest kept its boot. It returns what
 // failed.
 func restoreSnapshot(ctx context.Context, kube client.Client, host *guesthost.Host, key, ip, bootID string, p *prober, r *SnapshotRestore) (failed string, err error) {
+	// The guest comes back knowing no connection made since the snapshot.
+	guesthost.SSHDisconnect(ctx, host.Netns, key, guestimage.DefaultUser, ip)
 	rs := &v1alpha1.VirtualMachineRestore{
 		ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: snapshotRestore},
 		Spec:       v1alpha1.VirtualMachineRestoreSpec{SnapshotName: memorySnapshot},

@@ -102,6 +102,7 @@ func TestRealGuest(t *testing.T) {
 		return // every later step needs a running guest
 	}
 	t.Run("SwapIsActive", g.swap)
+	t.Run("CommandsShareOneSSHConnection", g.sharedSSH("g1"))
 	t.Run("SerialConsoleThroughTheAPI", g.console("g1"))
 	booted()
 	t.Run("VNCThroughTheAPI", g.vnc("g1"))
@@ -312,6 +313,19 @@ func running(v *v1alpha1.VirtualMachine) bool {
 // the suite's network namespace.
 func (g *suite) ssh(ip, command string) (string, error) {
 	return g.host.SSH(g.ctx, g.key, guestimage.DefaultUser, ip, command)
+}
+
+// sharedSSH checks that two commands in the guest name came on one
+// connection, its client's port the same (guesthost.SSHCommand): the
+// steps' many commands cost the emulated guest one login, not one each.
+func (g *suite) sharedSSH(name string) func(*testing.T) {
+	return func(t *testing.T) {
+		ip := address(g.get(t, name))
+		first := g.sshUntil(t, ip, "echo $SSH_CONNECTION", time.Minute)
+		second := g.sshUntil(t, ip, "echo $SSH_CONNECTION", time.Minute)
+		assert.Len(t, strings.Fields(first), 4, "client address and port, server address and port")
+		assert.Equal(t, first, second, "one connection")
+	}
 }
 
 // sshUntil retries ssh until the guest's sshd lets the key in. An emulated

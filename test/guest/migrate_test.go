@@ -19,6 +19,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
 	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
 )
 
@@ -44,10 +45,7 @@ type reply struct {
 func (g *suite) pingStream(t *testing.T, from, to string) (last func() time.Time, stop func() []reply) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(g.ctx)
-	cmd := g.host.Command(ctx, "ssh", "-i", g.key,
-		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-		"-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-		guestimage.DefaultUser+"@"+from, fmt.Sprintf("sudo %s %s %d", pingStreamPath, to, defaultPayload))
+	cmd := guesthost.SSHCommand(ctx, g.host.Netns, g.key, guestimage.DefaultUser, from, fmt.Sprintf("sudo %s %s %d", pingStreamPath, to, defaultPayload))
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())

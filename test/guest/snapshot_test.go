@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
+	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
 )
 
 // counter counts in memory only (/dev/shm is a tmpfs): what it holds after
@@ -48,6 +50,9 @@ func (g *suite) snapshotWithMemory(name, bootID string) func(t *testing.T) {
 		g.sshUntil(t, ip, "echo after > marker && sync", time.Minute)
 		past := g.count(t, ip, taken+40) // twenty seconds on: more than an ssh after the restore takes
 
+		// The guest comes back knowing no connection made since the
+		// snapshot.
+		guesthost.SSHDisconnect(g.ctx, g.host.Netns, g.key, guestimage.DefaultUser, ip)
 		g.create(&v1alpha1.VirtualMachineRestore{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-back"},
 			Spec:       v1alpha1.VirtualMachineRestoreSpec{SnapshotName: v1alpha1.LocalName(name + "-mem")},

@@ -30,6 +30,8 @@ package guesthost
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -384,11 +386,53 @@ func (h *Host) SSH(ctx context.Context, key, user, ip, command string) (string, 
 func SSHFrom(ctx context.Context, netns, key, user, ip, command string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	out, err := inNetns(ctx, netns, "ssh", "-i", key,
+	out, err := SSHCommand(ctx, netns, key, user, ip, command).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// SSHCommand is the ssh, run inside network namespace netns, of command in
+// the guest at ip as user with the private key in file key, for a caller
+// that reads its output as it comes.
+//
+// Every ssh to one guest from one place shares a connection (OpenSSH's
+// ControlMaster): a new connection costs the guest an sshd re-exec, a key
+// exchange and a PAM session, seconds of CPU under TCG on a busy machine,
+// where a shared one costs a channel. The connection ends once idle for
+// ControlPersist, or once the guest has not answered for ServerAliveInterval
+// times ServerAliveCountMax (rebooted, paused, stopped), and the next ssh
+// opens a new one. A guest brought back to an earlier state of its memory
+// knows nothing of a connection made since: SSHDisconnect ends it first.
+func SSHCommand(ctx context.Context, netns, key, user, ip, command string) *exec.Cmd {
+	// Without its directory, ssh would run each command on a connection
+	// of its own.
+	_ = os.MkdirAll(sshControlDir, 0o700)
+	return inNetns(ctx, netns, "ssh", append(sshOptions(netns, key, user, ip),
+		"-o", "ControlMaster=auto", "-o", "ControlPersist=30", "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
+		user+"@"+ip, command)...)
+}
+
+// SSHDisconnect ends the connection SSHCommand's ssh to the guest at ip
+// share, if one is open.
+func SSHDisconnect(ctx context.Context, netns, key, user, ip string) {
+	_ = inNetns(ctx, netns, "ssh", append(sshOptions(netns, key, user, ip), "-O", "exit", user+"@"+ip)...).Run()
+}
+
+// sshControlDir holds the sockets of the shared connections to guests.
+var sshControlDir = filepath.Join(os.TempDir(), "vf-ssh")
+
+// sshOptions are the options every ssh to a test guest takes: no host key
+// check (each guest makes its keys at its first boot), the key alone, no
+// prompt, and the path of the connection to the guest from netns as user
+// with key. The path is a hash of the four, in a short directory (a
+// socket's path has at most 107 bytes): two namespaces can each reach a
+// guest of their own at one address.
+func sshOptions(netns, key, user, ip string) []string {
+	sum := sha256.Sum256([]byte(strings.Join([]string{netns, key, user, ip}, "\x00")))
+	return []string{"-i", key,
 		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
 		"-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-		user+"@"+ip, command).CombinedOutput()
-	return strings.TrimSpace(string(out)), err
+		"-o", "ControlPath=" + filepath.Join(sshControlDir, hex.EncodeToString(sum[:12])),
+	}
 }
 
 // SSHUntil runs command as SSHFrom does, at once and then every interval,
