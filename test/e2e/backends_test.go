@@ -324,7 +324,10 @@ func testNovaShapeChanges(t *testing.T, h *hub) {
 		h.patch(t, "vm", func(vm *v1alpha1.VirtualMachine) { vm.Spec.ForProvider.Running = ptr(false) })
 		h.wait(t, "vm", 60*time.Second, phase(v1alpha1.PhaseStopped))
 		h.patch(t, "vm", func(vm *v1alpha1.VirtualMachine) { vm.Spec.ForProvider.Running = ptr(true) })
-		vm := h.wait(t, "vm", 90*time.Second, func(vm *v1alpha1.VirtualMachine) bool {
+		// A resize, its confirmation and a start, each a round of real
+		// Nova's services over RabbitMQ: on a loaded 2-core machine, as
+		// slow as a first build.
+		vm := h.wait(t, "vm", 3*time.Minute, func(vm *v1alpha1.VirtualMachine) bool {
 			return running(vm) && vm.GetCondition("RestartRequired").Status != corev1.ConditionTrue
 		})
 		n := novaCloud(t)
