@@ -318,10 +318,32 @@ type run struct {
 	drained chan struct{}   // closed when stdout reached EOF
 }
 
+// runBuild is `make local`, the build `make run` starts with, done once.
+var runBuild struct {
+	once sync.Once
+	out  []byte
+	err  error
+}
+
+// buildForRun builds what `make run` runs, so that makeRun's bound on the
+// start is the start's alone: beside the whole suite on two cores,
+// compiling the commands takes minutes, and make run's own build then
+// finds them up to date.
+func buildForRun(t *testing.T) {
+	t.Helper()
+	runBuild.once.Do(func() {
+		cmd := exec.Command("make", "--no-print-directory", "local")
+		cmd.Dir = controlplane.RepoRoot()
+		runBuild.out, runBuild.err = cmd.CombinedOutput()
+	})
+	require.NoError(t, runBuild.err, "make local: %s", runBuild.out)
+}
+
 // makeRun starts `make run` on dir and reads its output until it says how to
 // use it, as a user would.
 func makeRun(t *testing.T, dir string, port int, extra ...string) *run {
 	t.Helper()
+	buildForRun(t)
 	flags := append([]string{"-dir", dir, "-nats-port", strconv.Itoa(port)}, extra...)
 	cmd := exec.Command("make", "run", "RUN_FLAGS="+strings.Join(flags, " "))
 	cmd.Dir = controlplane.RepoRoot()
