@@ -32,6 +32,10 @@ RUN_FLAGS ?= $(if $(KEEP),-keep) $(if $(GUESTS),-guests=$(GUESTS)) $(if $(CROSSP
 # for the guest image, which `make test` builds beside the other tests).
 TEST_TIMEOUT ?= 60m
 GO_TEST_FLAGS ?= -count=1
+# go test links every test binary again in each run, and their debug
+# information (DWARF) is much of a link's work and read by no one there:
+# without it, a panic still names its functions and lines.
+TEST_LINK := -ldflags=-w
 
 .PHONY: help
 help: ## Show the targets.
@@ -128,16 +132,16 @@ test: deps ## Unit, integration (envtest, NATS, libvirtd) and e2e tests, then th
 	$(MAKE) --no-print-directory fmt-check vet verify-generated; \
 	export KUBEBUILDER_ASSETS="$$($(GO) run ./hack/envtest-assets)"; \
 	rest=$$($(GO) list ./... | grep -vxF -f <($(GO) list $(SEPARATE_PACKAGES) $(SLOW_PACKAGES))); \
-	setsid $(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./test/guest/ & guest=$$!; \
-	setsid $(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) -p 3 $(SLOW_PACKAGES) $$rest & others=$$!; \
+	setsid $(GO) test $(GO_TEST_FLAGS) $(TEST_LINK) -timeout $(TEST_TIMEOUT) ./test/guest/ & guest=$$!; \
+	setsid $(GO) test $(GO_TEST_FLAGS) $(TEST_LINK) -timeout $(TEST_TIMEOUT) -p 3 $(SLOW_PACKAGES) $$rest & others=$$!; \
 	trap 'kill -- -$$image -$$guest -$$others 2>/dev/null || true' EXIT; \
 	rc=0; \
-	$(GO) test $(GO_TEST_FLAGS) -timeout $(TEST_TIMEOUT) ./test/e2e/ ./internal/harness/openstack/ || rc=$$?; \
+	$(GO) test $(GO_TEST_FLAGS) $(TEST_LINK) -timeout $(TEST_TIMEOUT) ./test/e2e/ ./internal/harness/openstack/ || rc=$$?; \
 	wait $$guest || rc=$$?; \
 	wait $$others || rc=$$?; \
 	wait $$image || echo "guest-image: the background build failed (test/guest said why)" >&2; \
 	exit $$rc
-	cd function && $(GO) test $(GO_TEST_FLAGS) ./...
+	cd function && $(GO) test $(GO_TEST_FLAGS) $(TEST_LINK) ./...
 	@$(MAKE) --no-print-directory fuzz
 
 .PHONY: fuzz
