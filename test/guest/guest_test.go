@@ -111,8 +111,13 @@ func TestRealGuest(t *testing.T) {
 	t.Run("PauseStopsTheGuestAndUnpauseResumesItsBoot", g.pause("g1", bootID))
 	t.Run("SnapshotWithMemoryBringsBackTheRunningGuest", g.snapshotWithMemory("g1", bootID))
 	t.Run("StopIsAnACPIPoweroffAndStartBootsAgain", booting(ctx, func(t *testing.T) { bootID = g.stopStart(t, bootID) }))
-	t.Run("ResetRebootsAtOnceAndCountsOnce", booting(ctx, g.reset("g1", &bootID)))
+	// Right after the start, in a QEMU process that has run one boot:
+	// QEMU 7.2's TCG aborts at a vCPU hot-plug once its running vCPUs
+	// have taken every region of its translation cache (an assertion in
+	// tcg/region.c), which a reset and a second boot in one process came
+	// near enough to crash the guest in CI. KVM has no such cache.
 	t.Run("VCPUsAndMemoryChangeLive", func(t *testing.T) { g.resize(t, "g1", bootID, 2, resource.MustParse("1536Mi")) })
+	t.Run("ResetRebootsAtOnceAndCountsOnce", booting(ctx, g.reset("g1", &bootID)))
 	t.Run("RestartRebootsOnlyThenCountsAndAppliesTheSwap", booting(ctx, func(t *testing.T) { bootID = g.swapAtRestart(t, bootID) }))
 	t.Run("DeleteRemovesDomainAndSeedKeepsVolumes", g.delete)
 	t.Run("UnbootableRequestFailsWithLibvirtsMessage", g.unbootable)
