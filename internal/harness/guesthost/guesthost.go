@@ -405,7 +405,7 @@ func SSHFrom(ctx context.Context, netns, key, user, ip, command string) (string,
 func SSHCommand(ctx context.Context, netns, key, user, ip, command string) *exec.Cmd {
 	// Without its directory, ssh would run each command on a connection
 	// of its own.
-	_ = os.MkdirAll(sshControlDir, 0o700)
+	_ = os.MkdirAll(filepath.Join(sshControlDir, netns), 0o700)
 	return inNetns(ctx, netns, "ssh", append(sshOptions(netns, key, user, ip),
 		"-o", "ControlMaster=auto", "-o", "ControlPersist=30", "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
 		user+"@"+ip, command)...)
@@ -423,15 +423,15 @@ var sshControlDir = filepath.Join(os.TempDir(), "vf-ssh")
 // sshOptions are the options every ssh to a test guest takes: no host key
 // check (each guest makes its keys at its first boot), the key alone, no
 // prompt, and the path of the connection to the guest from netns as user
-// with key. The path is a hash of the four, in a short directory (a
-// socket's path has at most 107 bytes): two namespaces can each reach a
-// guest of their own at one address.
+// with key: a hash of the three in a directory of netns's (two namespaces
+// can each reach a guest of their own at one address), short enough for a
+// socket's path (at most 107 bytes), which a Host's Stop removes.
 func sshOptions(netns, key, user, ip string) []string {
-	sum := sha256.Sum256([]byte(strings.Join([]string{netns, key, user, ip}, "\x00")))
+	sum := sha256.Sum256([]byte(strings.Join([]string{key, user, ip}, "\x00")))
 	return []string{"-i", key,
 		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
 		"-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-		"-o", "ControlPath=" + filepath.Join(sshControlDir, hex.EncodeToString(sum[:12])),
+		"-o", "ControlPath=" + filepath.Join(sshControlDir, netns, hex.EncodeToString(sum[:12])),
 	}
 }
 
@@ -533,6 +533,8 @@ func (h *Host) Stop() {
 	h.killStragglers()
 	if h.Netns != "" {
 		_ = exec.Command("ip", "netns", "del", h.Netns).Run()
+		// The sockets of the ssh connections killStragglers ended.
+		_ = os.RemoveAll(filepath.Join(sshControlDir, h.Netns))
 	}
 	if h.log != nil {
 		_ = h.log.Close()
