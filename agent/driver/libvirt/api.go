@@ -40,6 +40,8 @@ type API interface {
 	DomainDetachDeviceFlags(Dom golibvirt.Domain, XML string, Flags uint32) (err error)
 	DomainBlockResize(Dom golibvirt.Domain, Disk string, Size uint64, Flags golibvirt.DomainBlockResizeFlags) (err error)
 	DomainFsthaw(Dom golibvirt.Domain, Mountpoints []string, Flags uint32) (rFilesystems int32, err error)
+	// QEMUDomainMonitorCommand runs a QMP command (snapshotlive.go).
+	QEMUDomainMonitorCommand(Dom golibvirt.Domain, Cmd string, Flags uint32) (rResult string, err error)
 
 	DomainSnapshotCreateXML(Dom golibvirt.Domain, XMLDesc string, Flags uint32) (rSnap golibvirt.DomainSnapshot, err error)
 	DomainSnapshotLookupByName(Dom golibvirt.Domain, Name string, Flags uint32) (rSnap golibvirt.DomainSnapshot, err error)

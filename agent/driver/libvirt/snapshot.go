@@ -22,15 +22,14 @@ import (
 // them, the guest's memory and device state (QEMU's savevm). A stopped
 // guest's disks are snapshotted by qemu-img, through libvirt.
 //
-// libvirt 9.0 refuses an internal snapshot of a running guest without its
-// memory ("internal snapshot of a running VM must include the memory
-// state"), and only its internal snapshots can be reverted, so a running
-// guest's disk-only snapshot is taken with its memory all the same: the
-// filesystems frozen through the guest agent while it is taken, the memory
-// marked as not asked for (snapshotRecord.Memory), and never resumed. Its
-// revert stops the guest at the snapshot's moment and powers it off, so its
-// disks are the snapshot's and its next start boots them cold: what a
-// disk-only snapshot promises.
+// A running guest's disk-only snapshot is taken by QEMU while the guest
+// runs on, and recorded in libvirt as a snapshot of its disks alone
+// (snapshotlive.go): libvirt 9.0 would take it only with the guest's memory,
+// stopping the guest while the memory is written. Its revert powers the
+// guest off and brings its disks back, so its next start boots them cold:
+// what a disk-only snapshot promises. On libvirt's test driver, which has
+// no QEMU, it is taken as libvirt takes it, with the memory, marked as not
+// asked for (snapshotRecord.Memory) and never resumed.
 
 var _ driver.Snapshotter = (*Driver)(nil)
 
@@ -50,10 +49,13 @@ type snapshotRecord struct {
 	// (whole seconds), so that snapshots taken in one second are listed in
 	// the order they were taken.
 	TakenAt time.Time `json:"takenAt"`
-	// Memory: it was asked for with the running guest's memory. A
-	// snapshot of a running guest holds the memory either way (see above);
-	// only one with Memory is ever resumed.
+	// Memory: it was asked for with the running guest's memory. Only
+	// one with Memory is ever resumed: on the test driver a disk-only
+	// snapshot of a running guest holds the memory too (see above).
 	Memory bool `json:"memory"`
+	// Online: the guest ran. libvirt's own account says so of the
+	// snapshots it took, not of those QEMU took (snapshotlive.go).
+	Online bool `json:"online,omitempty"`
 	Frozen bool `json:"frozen"`
 	// SizeBytes is how much the guest's disks grew when it was taken (see
 	// growth).
@@ -153,7 +155,7 @@ func (s guestSnapshot) report() driver.Snapshot {
 		ID:        s.handle.Name,
 		CreatedAt: s.record.TakenAt,
 		SizeBytes: s.record.SizeBytes,
-		Online:    s.def.State != "shutoff",
+		Online:    s.def.State != "shutoff" || s.record.Online,
 		Memory:    s.record.Memory,
 		Frozen:    s.record.Frozen,
 	}
@@ -197,7 +199,7 @@ func (d *Driver) TakeSnapshot(_ context.Context, uid string, r driver.SnapshotRe
 	if err != nil {
 		return driver.Snapshot{}, err
 	}
-	record := snapshotRecord{VM: uid, Memory: r.Memory && plan.online}
+	record := snapshotRecord{VM: uid, Memory: r.Memory && plan.online, Online: plan.online}
 	began := d.now()
 	var made *golibvirt.DomainSnapshot
 	defer func() {
@@ -207,9 +209,22 @@ func (d *Driver) TakeSnapshot(_ context.Context, uid string, r driver.SnapshotRe
 			_ = deleteSnapshot(api, *made)
 		}
 	}()
+	if plan.live {
+		// Recorded before QEMU takes it, so that libvirt can delete
+		// what an agent stopped midway left (snapshotlive.go).
+		record.TakenAt = d.now().UTC().Round(0)
+		h, err := defineLiveSnapshot(api, dom, uid, plan, record)
+		if err != nil {
+			return driver.Snapshot{}, err
+		}
+		made = &h
+	}
 	err = whileFrozen(api, dom, plan.freeze, func(frozen bool) error {
 		// In UTC without a monotonic reading: as it reads back.
 		record.Frozen, record.TakenAt = frozen, d.now().UTC().Round(0)
+		if plan.live {
+			return takeInternalSnapshots(api, dom, r.ID, plan)
+		}
 		h, err := createSnapshot(api, dom, uid, plan, record)
 		if err == nil {
 			made = &h
@@ -268,7 +283,11 @@ type snapshotPlan struct {
 	// vols are the pool volumes it keeps.
 	vols []poolVolume
 	// online: the guest runs. freeze: its filesystems are to be frozen.
-	online, freeze bool
+	// live: QEMU takes its disks alone while it runs (snapshotlive.go).
+	online, freeze, live bool
+	// aliases name, for a live snapshot, each disk target's device in
+	// the running definition.
+	aliases map[string]string
 }
 
 // planSnapshot plans snapshot r of dom, the guest uid's, as the guest is
@@ -289,8 +308,14 @@ func (d *Driver) planSnapshot(api API, dom golibvirt.Domain, uid string, r drive
 		return snapshotPlan{}, err
 	}
 	p.vols = vols
+	p.live = p.online && !r.Memory && !d.testDriver
 	memory := "no"
-	if p.online {
+	switch {
+	case p.live:
+		if p.aliases, err = diskAliases(x); err != nil {
+			return snapshotPlan{}, err
+		}
+	case p.online:
 		memory = "internal"
 	}
 	p.def = libvirtxml.DomainSnapshot{
@@ -387,6 +412,25 @@ func snapshotDisks(x, uid, key string) ([]libvirtxml.DomainSnapshotDisk, []poolV
 		}
 	}
 	return disks, vols, nil
+}
+
+// diskAliases maps each disk target of the domain definition x to
+// libvirt's alias of its device.
+func diskAliases(x string) (map[string]string, error) {
+	var def libvirtxml.Domain
+	if err := def.Unmarshal(x); err != nil {
+		return nil, errors.Wrap(err, "cannot parse domain XML")
+	}
+	aliases := map[string]string{}
+	if def.Devices == nil {
+		return aliases, nil
+	}
+	for _, disk := range def.Devices.Disks {
+		if disk.Target != nil && disk.Alias != nil {
+			aliases[disk.Target.Dev] = disk.Alias.Name
+		}
+	}
+	return aliases, nil
 }
 
 // diskName is what a user knows a disk by: its volume, or its file.

@@ -2,7 +2,10 @@ package libvirt
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -54,8 +57,9 @@ func TestSnapshotsOfARealGuest(t *testing.T) {
 	}
 
 	t.Run("LibvirtRefusesADiskOnlyInternalSnapshotOfARunningGuest", func(t *testing.T) {
-		// Why a disk-only snapshot of a running guest keeps its memory:
-		// should a later libvirt take this, the driver can stop doing so.
+		// Why QEMU takes a disk-only snapshot of a running guest itself
+		// (snapshotlive.go): should a later libvirt take this, the
+		// driver can leave it to libvirt.
 		x, err := (&libvirtxml.DomainSnapshot{
 			Name:   "disks-alone",
 			Memory: &libvirtxml.DomainSnapshotMemory{Snapshot: "no"},
@@ -96,21 +100,64 @@ func TestSnapshotsOfARealGuest(t *testing.T) {
 		assert.Equal(t, restarts, o.RestartCount, "no reboot counted")
 	})
 
-	t.Run("ItsDisksAloneAreTakenUnfrozenWithoutAGuestAgent", func(t *testing.T) {
+	root := filepath.Join(h.LibDir("images"), "kept-root")
+	t.Run("ItsDisksAloneAreTakenUnfrozenWithoutAGuestAgentWhileItRuns", func(t *testing.T) {
+		writeLive(t, l, m.UID, 0xaa)
+		_, before := state(t)
 		got, err := d.TakeSnapshot(ctx, m.UID, driver.SnapshotRequest{ID: "disks"})
 		require.NoError(t, err)
+		writeLive(t, l, m.UID, 0xbb)
 		assert.True(t, got.Online)
-		assert.False(t, got.Memory, "libvirt kept the memory; it was not asked for")
+		assert.False(t, got.Memory)
 		assert.False(t, got.Frozen, "no agent answered: crash-consistent")
 		t.Logf("taken in %s, %d bytes", got.Duration, got.SizeBytes)
-		s, _ := state(t)
+		s, after := state(t)
 		assert.Equal(t, golibvirt.DomainRunning, s, "it runs on")
+		// A guest libvirt paused for a snapshot runs again "unpaused".
+		assert.Equal(t, golibvirt.DomainRunningReason(before), golibvirt.DomainRunningReason(after), "never paused")
+		sizes := vmStateSizes(t, root)
+		assert.Zero(t, sizes["disks"], "no memory was written for it")
+		assert.Positive(t, sizes["with-memory"], "as it was for the snapshot with the memory")
+		listed, err := d.Snapshots(ctx, m.UID)
+		require.NoError(t, err)
+		got.Duration = 0
+		assert.Contains(t, listed, got, "listed as taken")
+	})
+
+	t.Run("ALiveSnapshotCutShortIsTakenAgainWhole", func(t *testing.T) {
+		// As an agent stopped after QEMU took it, before its record
+		// was complete, leaves it.
+		dom := domainOf(t, l, m.UID)
+		req := driver.SnapshotRequest{ID: "cut"}
+		plan, err := d.planSnapshot(l, dom, m.UID, req)
+		require.NoError(t, err)
+		require.True(t, plan.live)
+		_, err = defineLiveSnapshot(l, dom, m.UID, plan, snapshotRecord{VM: m.UID, Online: true, TakenAt: time.Now().UTC()})
+		require.NoError(t, err)
+		require.NoError(t, takeInternalSnapshots(l, dom, req.ID, plan))
+		listed, err := d.Snapshots(ctx, m.UID)
+		require.NoError(t, err)
+		assert.NotContains(t, ids(listed), req.ID, "not taken until its record is complete")
+
+		_, err = d.TakeSnapshot(ctx, m.UID, req)
+		require.NoError(t, err, "QEMU refuses a second snapshot of one name: the first was deleted")
+		var cut int
+		for _, s := range qcow2Snapshots(t, root) {
+			if s.Name == req.ID {
+				cut++
+			}
+		}
+		assert.Equal(t, 1, cut, "one snapshot of that name in the disk")
+		require.NoError(t, d.DeleteSnapshot(ctx, m.UID, req.ID))
+		assert.NotContains(t, vmStateSizes(t, root), req.ID, "deleted from the disk of the running guest")
 	})
 
 	t.Run("ADiskOnlySnapshotRevertedLeavesTheGuestOff", func(t *testing.T) {
 		require.NoError(t, d.RevertSnapshot(ctx, m.UID, driver.RevertRequest{Snapshot: "disks", Running: true}))
 		s, _ := state(t)
 		assert.Equal(t, golibvirt.DomainShutoff, s)
+		// qemu-io fails a read whose data is not the pattern.
+		qemuTool(t, "qemu-io", "-r", "-U", "-f", "qcow2", "-c", "read -P 0xaa "+markedAt, root)
 	})
 
 	t.Run("TheNextEnsureStartsIt", func(t *testing.T) {
@@ -162,4 +209,50 @@ func TestSnapshotsOfARealGuest(t *testing.T) {
 		_, err := l.DomainLookupByUUID(mustUUID(t, m.UID))
 		assert.True(t, isCode(err, golibvirt.ErrNoDomain), "undefined: %v", err)
 	})
+}
+
+// qcow2Snapshot is an internal snapshot of a qcow2 image, as qemu-img
+// lists it.
+type qcow2Snapshot struct {
+	Name string `json:"name"`
+	// VMStateSize is how much of the guest's memory and device state it
+	// holds.
+	VMStateSize int64 `json:"vm-state-size"`
+}
+
+// qcow2Snapshots lists the internal snapshots of the qcow2 image at path.
+func qcow2Snapshots(t *testing.T, path string) []qcow2Snapshot {
+	t.Helper()
+	var info struct {
+		Snapshots []qcow2Snapshot `json:"snapshots"`
+	}
+	// -U: the running guest holds the image.
+	require.NoError(t, json.Unmarshal(qemuTool(t, "qemu-img", "info", "-U", "--output=json", path), &info))
+	return info.Snapshots
+}
+
+// vmStateSizes is how much of the guest's state each internal snapshot of
+// the qcow2 image at path holds, by name.
+func vmStateSizes(t *testing.T, path string) map[string]int64 {
+	t.Helper()
+	sizes := map[string]int64{}
+	for _, s := range qcow2Snapshots(t, path) {
+		sizes[s.Name] = s.VMStateSize
+	}
+	return sizes
+}
+
+// markedAt is the range of the disk writeLive writes: past what SeaBIOS
+// reads, and all of one qcow2 cluster.
+const markedAt = "1M 64k"
+
+// writeLive has the QEMU of the running guest uid write pattern over
+// markedAt of its first disk, as the guest would (HMP's qemu-io).
+func writeLive(t *testing.T, l *golibvirt.Libvirt, uid string, pattern byte) {
+	t.Helper()
+	// The guest's device: its block backend is the one with write access.
+	cmd := fmt.Sprintf(`qemu-io -d /machine/peripheral/virtio-disk0/virtio-backend "write -P %#x %s"`, pattern, markedAt)
+	var out string
+	require.NoError(t, monitor(l, domainOf(t, l, uid), "human-monitor-command", map[string]string{"command-line": cmd}, &out))
+	require.NotContains(t, out, "rror", "qemu-io: %s", out)
 }
