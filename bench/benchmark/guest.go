@@ -61,8 +61,10 @@ type BootTimes struct {
 const (
 	guestNode      = "guest1"
 	guestNamespace = "bench-guest"
-	guestCIDR      = "10.231.11.0/24"
-	guestPoll      = 250 * time.Millisecond
+	// guestRoot is the first guest's root Volume.
+	guestRoot = "guest-root"
+	guestCIDR = "10.231.11.0/24"
+	guestPoll = 250 * time.Millisecond
 	// guestTimeout bounds each wait: an import or a TCG boot on a busy
 	// 2-core machine takes minutes.
 	guestTimeout = 10 * time.Minute
@@ -178,7 +180,7 @@ func bootGuest(ctx context.Context, kube client.Client, hostOf func(node string)
 			Source: v1alpha1.DiskImageSource{URL: served.URL, SHA256: served.SHA256}, Format: &qcow2,
 		}},
 	}
-	vm := guestVM(guestVMName, "guest-root", pub)
+	vm := guestVM(guestVMName, guestRoot, pub)
 	g.VCPU, g.MemoryBytes = vm.Spec.ForProvider.Vcpu, vm.Spec.ForProvider.Memory.Value()
 	progress("creating the %.0f MiB image, its network, the boot Volume and the VM", mib(g.ImageBytes))
 	for _, obj := range []client.Object{
@@ -189,7 +191,7 @@ func bootGuest(ctx context.Context, kube client.Client, hostOf func(node string)
 		},
 		di,
 		&v1alpha1.Volume{
-			ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: "guest-root"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: guestRoot},
 			Spec: v1alpha1.VolumeSpec{ForProvider: v1alpha1.VolumeParameters{
 				Size:   resource.MustParse("4Gi"),
 				Source: &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: v1alpha1.LocalName(di.Name)}},

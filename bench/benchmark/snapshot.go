@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
 	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
 )
@@ -149,7 +150,7 @@ func runSnapshots(ctx context.Context, kube client.Client, host *guesthost.Host,
 		note("cannot read the guest's boot id: %v: %s", err, bootID)
 		return nil
 	}
-	disk, err := rootDisk(ctx, kube, host)
+	disk, err := rootDisk(host)
 	if err != nil {
 		note("the root disk's file is not read: %v", err)
 	}
@@ -335,18 +336,11 @@ func deleteSnapshots(ctx context.Context, kube client.Client) error {
 }
 
 // rootDisk is the file of the guest's root Volume as this machine sees it:
-// its libvirt key is its path in the daemon's mount namespace, where
-// /var/lib/libvirt is the host's LibDir.
-func rootDisk(ctx context.Context, kube client.Client, host *guesthost.Host) (string, error) {
-	vol := &v1alpha1.Volume{}
-	if err := kube.Get(ctx, client.ObjectKey{Namespace: guestNamespace, Name: "guest-root"}, vol); err != nil {
-		return "", errors.Wrap(err, "cannot get the guest's root Volume")
-	}
-	rel, ok := strings.CutPrefix(vol.Status.AtProvider.ID, "/var/lib/libvirt/")
-	if !ok {
-		return "", errors.Errorf("the root Volume's key %q is not under /var/lib/libvirt", vol.Status.AtProvider.ID)
-	}
-	path := host.LibDir(filepath.Clean(rel))
+// the volume of that name in the host's pool, whose directory is
+// /var/lib/libvirt/images in the daemon's mount namespace, the host's
+// LibDir("images") here.
+func rootDisk(host *guesthost.Host) (string, error) {
+	path := host.LibDir(filepath.Join("images", wire.NameOnNode(guestNamespace, guestRoot)))
 	_, err := os.Stat(path)
 	return path, errors.Wrap(err, "cannot read the root disk's file")
 }
