@@ -305,3 +305,16 @@ func init() {
 	SchemeBuilder.Register(&BackupLocation{}, &BackupLocationList{})
 	SchemeBuilder.Register(&VirtualMachineBackup{}, &VirtualMachineBackupList{})
 }
+
+// BackupRootDisk is what a backup calls the disk its VM boots from, the
+// first of its diskAttachments; the others go by their Volumes' names.
+const BackupRootDisk = "root"
+
+// BackupDiskName is what a backup of a VM calls the disk attached at index
+// i of its diskAttachments, the Volume volume.
+func BackupDiskName(i int, volume LocalName) string {
+	if i == 0 {
+		return BackupRootDisk
+	}
+	return string(volume)
+}

@@ -36,6 +36,7 @@ type CloneTarget struct {
 
 // VirtualMachineCloneSpec says what to copy and into what.
 // +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a clone's spec is immutable: create another clone"
+// +kubebuilder:validation:XValidation:rule="!has(self.backupLocation) || !has(self.source.kind) || self.source.kind == 'VirtualMachine'",message="backupLocation copies a VirtualMachine: a snapshot lives in its VM's disks, on their node, and no backup reads it"
 type VirtualMachineCloneSpec struct {
 	// Source is the VirtualMachine (or snapshot) to copy.
 	Source CloneSource `json:"source"`
@@ -51,6 +52,16 @@ type VirtualMachineCloneSpec struct {
 	// +kubebuilder:validation:MaxItems=32
 	// +kubebuilder:validation:items:MaxLength=320
 	LabelFilters []string `json:"labelFilters,omitempty"`
+	// BackupLocation, when set, copies the source's disks through a full
+	// VirtualMachineBackup into this BackupLocation (the namespace must be
+	// granted it) instead of on the source's node: any node can make a
+	// disk of a backup, so the new VM runs wherever placement puts it, and
+	// a source on shared storage can be cloned. The backup is the
+	// clone's, named after it, and stays (deletionPolicy Retain) for the
+	// user to keep or delete.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	BackupLocation string `json:"backupLocation,omitempty"`
 }
 
 // ClonePhase is how far a VirtualMachineClone got.
@@ -78,7 +89,8 @@ type CloneDisk struct {
 	// Source is the source VM's Volume.
 	// +kubebuilder:validation:MaxLength=63
 	Source string `json:"source"`
-	// Image is the DiskImage copying it, on the source's node.
+	// Image is the DiskImage copying it: on the source's node, or from
+	// the clone's backup.
 	// +kubebuilder:validation:MaxLength=63
 	Image string `json:"image"`
 	// Volume is the new VM's Volume made from the image.
@@ -99,9 +111,15 @@ type VirtualMachineCloneStatus struct {
 	// +optional
 	TargetUID string `json:"targetUID,omitempty"`
 	// Node is where the copy is made and the new VM runs: the source's
-	// node, which holds its disks.
+	// node, which holds its disks; through a backup, the node the new VM
+	// was placed on, once it runs.
 	// +optional
 	Node string `json:"node,omitempty"`
+	// Backup is the VirtualMachineBackup the disks are copied through,
+	// with spec.backupLocation.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Backup string `json:"backup,omitempty"`
 	// Disks are the source's disks and what the clone made of each.
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
@@ -141,13 +159,16 @@ type VirtualMachineCloneStatus struct {
 // images belong to the new Volumes (owner references) and go with them.
 // Node-local disks are copied on the node that holds them, so the new VM
 // lands on its source's node, and status.node and an event say so. A
-// clone never crosses nodes: to make a copy on another node, back the
-// source up (VirtualMachineBackup) and make the VM from the backup
-// (DiskImage source.backup, `kubectl virtfleet restore NEW --backup B`),
-// which any node can restore. A source whose disks are on a shared
-// storage pool is refused for the same reason: the copy reads the node's
-// own pool. A running source is copied as its disks are at that moment:
-// crash-consistent, and shown as Online.
+// source whose disks are on a shared storage pool is refused: the copy
+// reads the node's own pool. With spec.backupLocation the disks are
+// copied through a backup instead (the clone takes a full
+// VirtualMachineBackup of the source, and each DiskImage is made of one
+// of its disks, source.backup), which any node can make a disk of: the
+// new VM runs on any node placement allows, its disks on that node's own
+// storage. A running source is copied as its disks are at that moment:
+// crash-consistent, and shown as Online (through a backup, with its
+// filesystems frozen while the backup starts, where its guest agent
+// answers).
 //
 // A VirtualMachineSnapshot as the source makes the new VM from the spec
 // the snapshot kept, each disk a copy of its Volume as the snapshot holds

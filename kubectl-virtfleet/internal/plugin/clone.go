@@ -18,6 +18,7 @@ var clones = v1alpha1.SchemeGroupVersion.WithResource("virtualmachineclones")
 func (e *env) cloneCommand() *cobra.Command {
 	var name string
 	var snapshot bool
+	var location string
 	var filters []string
 	var timeout time.Duration
 	cmd := &cobra.Command{
@@ -25,8 +26,8 @@ func (e *env) cloneCommand() *cobra.Command {
 		Short: "Make a new VirtualMachine NEW from VirtualMachine SOURCE while it runs on (a VirtualMachineClone)",
 		Long: "Make a new VirtualMachine NEW from VirtualMachine SOURCE (a VirtualMachineClone): a copy of each of its disks (Volumes NEW-VOLUME, " +
 			"made from DiskImages of the same names) and its spec, with an identity of its own: uid, MACs, addresses, hostname and cloud-init instance id. " +
-			"The copy is made on the node that holds SOURCE's disks, and NEW runs there; to make a VM on another node, back SOURCE up and " +
-			"`restore NEW --backup BACKUP`. A running SOURCE is copied as its disks are at that moment (crash-consistent). " +
+			"The copy is made on the node that holds SOURCE's disks, and NEW runs there; with --backup-location, the copy goes through a full backup " +
+			"of SOURCE into that BackupLocation, and NEW runs on any node. A running SOURCE is copied as its disks are at that moment (crash-consistent). " +
 			"With --snapshot, SOURCE is a VirtualMachineSnapshot: NEW gets the spec the snapshot kept and its VM's disks as the snapshot holds them, " +
 			"while that VM runs on. Libvirt nodes copy both; nova nodes only a snapshot, making the disks of its Cinder snapshots.",
 		Args: func(_ *cobra.Command, args []string) error {
@@ -45,9 +46,10 @@ func (e *env) cloneCommand() *cobra.Command {
 				TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.VirtualMachineCloneKind},
 				ObjectMeta: generated(name, args[1]),
 				Spec: v1alpha1.VirtualMachineCloneSpec{
-					Source:       v1alpha1.CloneSource{Kind: kind, Name: v1alpha1.LocalName(args[0])},
-					Target:       v1alpha1.CloneTarget{Name: v1alpha1.LocalName(args[1])},
-					LabelFilters: filters,
+					Source:         v1alpha1.CloneSource{Kind: kind, Name: v1alpha1.LocalName(args[0])},
+					Target:         v1alpha1.CloneTarget{Name: v1alpha1.LocalName(args[1])},
+					LabelFilters:   filters,
+					BackupLocation: location,
 				},
 			}
 			return e.createAndWait(cmd.Context(), clones, c, timeout, finished(func(got *v1alpha1.VirtualMachineClone) (bool, bool, string, string) {
@@ -57,6 +59,7 @@ func (e *env) cloneCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&name, "name", "", "Name of the VirtualMachineClone (default: the new VM's name and a random suffix)")
 	cmd.Flags().BoolVar(&snapshot, "snapshot", false, "SOURCE is a VirtualMachineSnapshot: copy its VM as the snapshot kept it")
+	cmd.Flags().StringVar(&location, "backup-location", "", "Copy the disks through a full backup into this BackupLocation, so NEW runs on any node (not with --snapshot)")
 	cmd.Flags().StringArrayVar(&filters, "label-filter", nil, `Copy the source's labels this pattern matches ("*" any characters; "!pattern" removes); repeatable, later ones win`)
 	cmd.Flags().DurationVar(&timeout, "wait", 0, "Wait this long for the new VM to run (0: do not wait)")
 	return cmd

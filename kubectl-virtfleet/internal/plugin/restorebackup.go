@@ -56,10 +56,7 @@ func (f fromBackup) plan(ctx context.Context, backup string) ([]runtime.Object, 
 	var out []runtime.Object
 	format := v1alpha1.DiskFormatRaw
 	for i, a := range src.Spec.ForProvider.DiskAttachments {
-		disk := string(a.Name)
-		if i == 0 {
-			disk = "root"
-		}
+		disk := v1alpha1.BackupDiskName(i, a.Name)
 		vol := &v1alpha1.Volume{}
 		if err := f.get(ctx, volumes, string(a.Name), vol); err != nil {
 			return nil, fmt.Errorf("cannot read the size of the backed-up VM's Volume %s: %w", a.Name, err)

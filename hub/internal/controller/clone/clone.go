@@ -69,7 +69,7 @@ func SetupGated(mgr ctrl.Manager, o controller.Options, co Options) error {
 			panic(errors.Wrap(err, "cannot set up the VirtualMachineClone controller"))
 		}
 	}, v1alpha1.VirtualMachineCloneGroupVersionKind, v1alpha1.VirtualMachineSnapshotGroupVersionKind, v1alpha1.VirtualMachineGroupVersionKind,
-		v1alpha1.VolumeGroupVersionKind, v1alpha1.DiskImageGroupVersionKind)
+		v1alpha1.VolumeGroupVersionKind, v1alpha1.DiskImageGroupVersionKind, v1alpha1.VirtualMachineBackupGroupVersionKind)
 	return nil
 }
 
@@ -89,6 +89,7 @@ func Setup(mgr ctrl.Manager, o controller.Options, co Options) error {
 		Watches(&v1alpha1.Volume{}, wake).
 		Watches(&v1alpha1.DiskImage{}, wake).
 		Watches(&v1alpha1.VirtualMachineSnapshot{}, wake).
+		Watches(&v1alpha1.VirtualMachineBackup{}, wake).
 		Complete(r)
 }
 
@@ -175,28 +176,22 @@ func (r *Reconciler) clone(ctx context.Context, c *v1alpha1.VirtualMachineClone)
 	if err != nil {
 		return err
 	}
-	node, disks, err := r.disks(ctx, c, src)
+	// The status names the disks before the VM exists: a hub restarted
+	// after the VM was made follows it with them.
+	makeDisks := r.onNode
+	if c.Spec.BackupLocation != "" {
+		makeDisks = r.throughBackup
+	}
+	st, started, err := makeDisks(ctx, c, src)
 	if err != nil {
 		return err
 	}
-	if err := r.copiesVolumes(ctx, src, node); err != nil {
-		return err
-	}
-	for i, d := range disks {
-		if err := r.makeDisk(ctx, c, d, src.Volumes[i], src.snapshotName()); err != nil {
-			return err
-		}
-	}
-	// The status names the disks before the VM exists: a hub restarted
-	// after the VM was made follows it with them.
-	st := c.Status
-	st.Phase, st.SourceUID, st.Node, st.Disks = v1alpha1.CloneInProgress, string(src.VM.UID), node, disks
+	st.Phase, st.SourceUID = v1alpha1.CloneInProgress, string(src.VM.UID)
 	st.Indications = src.indications()
-	st.Message = fmt.Sprintf("node %s copies the disks of %s: a clone is made on the node that holds its source's disks", node, src)
 	if err := r.setStatus(ctx, c, st); err != nil {
 		return err
 	}
-	vm := newVM(c, src.VM, disks)
+	vm := newVM(c, src.VM, st.Disks)
 	if err := r.create(ctx, c, vm); err != nil {
 		return err
 	}
@@ -206,8 +201,33 @@ func (r *Reconciler) clone(ctx context.Context, c *v1alpha1.VirtualMachineClone)
 	if err := r.setStatus(ctx, c, st); err != nil {
 		return err
 	}
-	r.recorder.Event(c, event.Normal(ReasonStarted, fmt.Sprintf("Cloning %s into VM %s on node %s, where its disks are", src, vm.Name, node)))
+	r.recorder.Event(c, event.Normal(ReasonStarted, started))
 	return nil
+}
+
+// onNode makes the new VM's disks of src's on the node that holds them,
+// and returns the clone's status and its start's event message.
+func (r *Reconciler) onNode(ctx context.Context, c *v1alpha1.VirtualMachineClone, src *source) (v1alpha1.VirtualMachineCloneStatus, string, error) {
+	st := c.Status
+	node, disks, err := r.disks(ctx, c, src)
+	if err != nil {
+		return st, "", err
+	}
+	if err := r.copiesVolumes(ctx, src, node); err != nil {
+		return st, "", err
+	}
+	for i, d := range disks {
+		img := v1alpha1.DiskImageSource{VolumeRef: &v1alpha1.LocalReference{Name: v1alpha1.LocalName(d.Source)}}
+		if s := src.snapshotName(); s != "" {
+			img.SnapshotRef = &v1alpha1.LocalReference{Name: v1alpha1.LocalName(s)}
+		}
+		if err := r.makeDisk(ctx, c, d, src.Volumes[i], img, nil); err != nil {
+			return st, "", err
+		}
+	}
+	st.Node, st.Disks = node, disks
+	st.Message = fmt.Sprintf("node %s copies the disks of %s: a clone is made on the node that holds its source's disks", node, src)
+	return st, fmt.Sprintf("Cloning %s into VM %s on node %s, where its disks are", src, c.Spec.Target.Name, node), nil
 }
 
 // source is the VM a clone copies, with its Volumes in the order of its
@@ -349,11 +369,10 @@ func (r *Reconciler) source(ctx context.Context, c *v1alpha1.VirtualMachineClone
 // on a node and the clone may copy them there, and returns that node.
 func (r *Reconciler) disks(ctx context.Context, c *v1alpha1.VirtualMachineClone, src *source) (string, []v1alpha1.CloneDisk, error) {
 	node := src.VM.GetAnnotations()[v1alpha1.AnnotationNode]
-	out := make([]v1alpha1.CloneDisk, 0, len(src.Volumes))
 	for _, v := range src.Volumes {
 		if p := v.Spec.ForProvider.StoragePool; p != "" {
 			return "", nil, refuse("Volume %s is on the shared storage pool %s, and a clone copies a node's own disks only; "+
-				"back VirtualMachine %s up and make the new VM from the backup instead", v.Name, p, src.VM.Name)
+				"clone it through a backup instead (spec.backupLocation)", v.Name, p)
 		}
 		at := v.GetAnnotations()[v1alpha1.AnnotationNode]
 		switch {
@@ -363,13 +382,23 @@ func (r *Reconciler) disks(ctx context.Context, c *v1alpha1.VirtualMachineClone,
 			return "", nil, refuse("Volume %s is on node %s and VirtualMachine %s on node %s: a clone copies disks that are all on one node", v.Name, at, src.VM.Name, node)
 		}
 		node = at
+	}
+	disks, err := diskNames(c, src)
+	return node, disks, err
+}
+
+// diskNames names what the clone c makes of each of src's disks: an image
+// and a Volume, each after the new VM and the source's Volume.
+func diskNames(c *v1alpha1.VirtualMachineClone, src *source) ([]v1alpha1.CloneDisk, error) {
+	out := make([]v1alpha1.CloneDisk, 0, len(src.Volumes))
+	for _, v := range src.Volumes {
 		name := string(c.Spec.Target.Name) + "-" + v.Name
 		if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
-			return "", nil, refuse("the new VM's copy of Volume %s would be called %s, which is not a valid name (%s): choose a shorter target name", v.Name, name, strings.Join(errs, "; "))
+			return nil, refuse("the new VM's copy of Volume %s would be called %s, which is not a valid name (%s): choose a shorter target name", v.Name, name, strings.Join(errs, "; "))
 		}
 		out = append(out, v1alpha1.CloneDisk{Source: v.Name, Image: name, Volume: name})
 	}
-	return node, out, nil
+	return out, nil
 }
 
 // copiesVolumes refuses a source whose node cannot make a Volume from a
@@ -402,9 +431,10 @@ func (r *Reconciler) copiesVolumes(ctx context.Context, src *source, node string
 }
 
 // makeDisk makes the new VM's Volume of d and the DiskImage it is made
-// from, a copy of the source's Volume src (as it was in snapshot, if
-// set), unless they exist already from an earlier attempt of this clone.
-func (r *Reconciler) makeDisk(ctx context.Context, c *v1alpha1.VirtualMachineClone, d v1alpha1.CloneDisk, src *v1alpha1.Volume, snapshot string) error {
+// from, of source in format (the default when nil), unless they exist
+// already from an earlier attempt of this clone. src is the source's
+// Volume d copies.
+func (r *Reconciler) makeDisk(ctx context.Context, c *v1alpha1.VirtualMachineClone, d v1alpha1.CloneDisk, src *v1alpha1.Volume, source v1alpha1.DiskImageSource, format *v1alpha1.DiskFormat) error {
 	v := &v1alpha1.Volume{ObjectMeta: objectMeta(c, d.Volume)}
 	v.Spec.ForProvider = v1alpha1.VolumeParameters{
 		Size:   src.Spec.ForProvider.Size,
@@ -416,10 +446,7 @@ func (r *Reconciler) makeDisk(ctx context.Context, c *v1alpha1.VirtualMachineClo
 		return err
 	}
 	img := &v1alpha1.DiskImage{ObjectMeta: objectMeta(c, d.Image)}
-	img.Spec.ForProvider.Source.VolumeRef = &v1alpha1.LocalReference{Name: v1alpha1.LocalName(d.Source)}
-	if snapshot != "" {
-		img.Spec.ForProvider.Source.SnapshotRef = &v1alpha1.LocalReference{Name: v1alpha1.LocalName(snapshot)}
-	}
+	img.Spec.ForProvider.Source, img.Spec.ForProvider.Format = source, format
 	img.Spec.ProviderConfigReference = src.Spec.ProviderConfigReference
 	// The image goes with the Volume made from it: deleting the new VM's
 	// disk leaves no copy of the source's behind. No blockOwnerDeletion:
@@ -459,6 +486,8 @@ func kindOf(o client.Object) string {
 		return v1alpha1.VirtualMachineKind
 	case *v1alpha1.Volume:
 		return v1alpha1.VolumeKind
+	case *v1alpha1.VirtualMachineBackup:
+		return v1alpha1.VirtualMachineBackupKind
 	default:
 		return v1alpha1.DiskImageKind
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -81,6 +82,21 @@ func newClone(t *testing.T, e *controllertest.Env, namespace, name string, kind 
 		Spec: v1alpha1.VirtualMachineCloneSpec{
 			Source: v1alpha1.CloneSource{Kind: kind, Name: v1alpha1.LocalName(source)}, Target: v1alpha1.CloneTarget{Name: v1alpha1.LocalName(target)},
 			LabelFilters: filters,
+		},
+	}
+	require.NoError(t, e.Kube.Create(e.Ctx, c))
+	return c
+}
+
+// throughBackup creates clone name in namespace of VM source into
+// target, through a backup into the BackupLocation offsite.
+func throughBackup(t *testing.T, e *controllertest.Env, namespace, name, source, target string) *v1alpha1.VirtualMachineClone {
+	t.Helper()
+	c := &v1alpha1.VirtualMachineClone{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: v1alpha1.VirtualMachineCloneSpec{
+			Source: v1alpha1.CloneSource{Name: v1alpha1.LocalName(source)}, Target: v1alpha1.CloneTarget{Name: v1alpha1.LocalName(target)},
+			BackupLocation: "offsite",
 		},
 	}
 	require.NoError(t, e.Kube.Create(e.Ctx, c))
@@ -291,6 +307,73 @@ func TestClones(t *testing.T) {
 		assert.True(t, absent(t, e, ns, "web2-web-root", &v1alpha1.DiskImage{}), "nothing copied")
 	})
 
+	t.Run("MakesANewVMThroughABackupForAnyNode", func(t *testing.T) {
+		ns := e.Namespace(t)
+		// On shared storage: a clone on the source's node would refuse it.
+		src := sourceVM(t, e, ns, "web", nodeA, func(_ *v1alpha1.VirtualMachine, v *v1alpha1.Volume) { v.Spec.ForProvider.StoragePool = "ceph" })
+		c := throughBackup(t, e, ns, "copy", "web", "web2")
+
+		got := await(t, e, c, v1alpha1.ClonePending)
+		assert.Equal(t, "VirtualMachineBackup copy backs VirtualMachine web up to BackupLocation offsite for the clone (it is none yet)", got.Status.Message)
+		b := &v1alpha1.VirtualMachineBackup{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "copy"}}
+		e.Get(t, b)
+		assert.Equal(t, v1alpha1.VirtualMachineBackupSpec{VMName: "web", Location: "offsite", Full: true, DeletionPolicy: v1alpha1.BackupRetain}, b.Spec)
+		assert.Equal(t, "copy", b.Labels[clone.LabelClone])
+		assert.True(t, absent(t, e, ns, "web2-web-root", &v1alpha1.Volume{}), "no disk before the backup is whole")
+
+		b.Status = v1alpha1.VirtualMachineBackupStatus{Phase: v1alpha1.BackupSucceeded, SourceUID: string(src.UID), Node: nodeA}
+		require.NoError(t, e.Kube.Status().Update(e.Ctx, b))
+		got = controllertest.Await(t, e, c, within, func(ct *assert.CollectT, got *v1alpha1.VirtualMachineClone) {
+			assert.NotEmpty(ct, got.Status.TargetUID, got.Status.Message)
+		})
+		assert.Equal(t, v1alpha1.CloneInProgress, got.Status.Phase)
+		assert.Equal(t, "copy", got.Status.Backup)
+		assert.Empty(t, got.Status.Node, "placed as any VM is")
+		assert.Equal(t, []v1alpha1.CloneDisk{{Source: "web-root", Image: "web2-web-root", Volume: "web2-web-root"}}, got.Status.Disks)
+		img := &v1alpha1.DiskImage{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web2-web-root"}}
+		e.Get(t, img)
+		assert.Equal(t, v1alpha1.DiskImageSource{Backup: &v1alpha1.DiskImageBackupSource{Location: "offsite", ID: string(b.UID), Disk: v1alpha1.BackupRootDisk}}, img.Spec.ForProvider.Source)
+		assert.Equal(t, ptr.To(v1alpha1.DiskFormatRaw), img.Spec.ForProvider.Format)
+		v := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web2-web-root"}}
+		e.Get(t, v)
+		assert.Empty(t, v.Spec.ForProvider.StoragePool, "on the new VM's node's own storage")
+		assert.Equal(t, resource.MustParse("4Gi"), v.Spec.ForProvider.Size)
+		vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web2"}}
+		e.Get(t, vm)
+		assert.Empty(t, vm.Annotations[v1alpha1.AnnotationNode])
+
+		vm.Status.AtProvider.Phase, vm.Status.AtProvider.Node = v1alpha1.PhaseRunning, nodeB
+		require.NoError(t, e.Kube.Status().Update(e.Ctx, vm))
+		got = await(t, e, c, v1alpha1.CloneSucceeded)
+		assert.Equal(t, nodeB, got.Status.Node, "another node than the source's")
+	})
+
+	t.Run("OfASnapshotThroughABackupIsRefusedByTheAPI", func(t *testing.T) {
+		c := &v1alpha1.VirtualMachineClone{
+			ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace(t), Name: "copy"},
+			Spec: v1alpha1.VirtualMachineCloneSpec{
+				Source: v1alpha1.CloneSource{Kind: v1alpha1.CloneFromVirtualMachineSnapshot, Name: "nightly"}, Target: v1alpha1.CloneTarget{Name: "web2"},
+				BackupLocation: "offsite",
+			},
+		}
+		assert.ErrorContains(t, e.Kube.Create(e.Ctx, c), "backupLocation copies a VirtualMachine")
+	})
+
+	t.Run("FailsWithItsBackup", func(t *testing.T) {
+		ns := e.Namespace(t)
+		sourceVM(t, e, ns, "web", nodeA, nil)
+		c := throughBackup(t, e, ns, "copy", "web", "web2")
+		b := &v1alpha1.VirtualMachineBackup{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "copy"}}
+		require.EventuallyWithT(t, func(ct *assert.CollectT) {
+			assert.NoError(ct, e.Kube.Get(e.Ctx, client.ObjectKeyFromObject(b), b))
+		}, within, 50*time.Millisecond)
+		b.Status = v1alpha1.VirtualMachineBackupStatus{Phase: v1alpha1.BackupFailed, Message: "location offsite is not granted to the namespace"}
+		require.NoError(t, e.Kube.Status().Update(e.Ctx, b))
+		got := await(t, e, c, v1alpha1.CloneFailed)
+		assert.Equal(t, "VirtualMachineBackup copy of VirtualMachine web, which the clone copies the disks through, failed: location offsite is not granted to the namespace", got.Status.Message)
+		assert.True(t, absent(t, e, ns, "web2", &v1alpha1.VirtualMachine{}))
+	})
+
 	t.Run("WaitsForTheSourceToBePlaced", func(t *testing.T) {
 		ns := e.Namespace(t)
 		sourceVM(t, e, ns, "web", "", nil)
@@ -339,7 +422,7 @@ func TestClones(t *testing.T) {
 			},
 			"ASourceOnASharedPool": {
 				mutate:  func(_ *v1alpha1.VirtualMachine, v *v1alpha1.Volume) { v.Spec.ForProvider.StoragePool = "ceph" },
-				message: "Volume web-root is on the shared storage pool ceph, and a clone copies a node's own disks only; back VirtualMachine web up",
+				message: "Volume web-root is on the shared storage pool ceph, and a clone copies a node's own disks only; clone it through a backup instead (spec.backupLocation)",
 			},
 			"ASourceOnANodeThatCannotCopyVolumes": {
 				node:    nodeB,

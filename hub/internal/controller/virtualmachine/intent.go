@@ -535,7 +535,7 @@ func (d *dependencies) resolveBackups(ctx context.Context, kube client.Reader) e
 		if d.backups == nil {
 			d.backups = map[string]wire.ImageBackup{}
 		}
-		d.backups[name] = wire.ImageBackup{Location: loc, Namespace: cmp.Or(b.Namespace, img.Namespace), ID: b.ID, Disk: cmp.Or(b.Disk, "root")}
+		d.backups[name] = wire.ImageBackup{Location: loc, Namespace: cmp.Or(b.Namespace, img.Namespace), ID: b.ID, Disk: cmp.Or(b.Disk, v1alpha1.BackupRootDisk)}
 	}
 	if len(waiting) > 0 {
 		return errors.New(strings.Join(waiting, "; "))
