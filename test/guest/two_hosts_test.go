@@ -132,6 +132,9 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 		held := b.killedMidBackup(t, "g2", ipB, nodeB, g2Full)
 		b.restoredAsHeld(t, nodeB, held)
 	}))
+	t.Run("ACloneThroughABackupRunsOnTheOtherHostWhileItsSourceRuns", booting(ctx, func(t *testing.T) {
+		g.cloneElsewhere(t, "g1", ipA, nodeA, nodeB)
+	}))
 	t.Run("AFrozenSnapshotKeepsTheGuestFromMovingUntilDeleted", func(t *testing.T) {
 		g.snapshotHoldsTheGuest(t, "g1", ipA, nodeA, ipB, nodeB)
 	})
