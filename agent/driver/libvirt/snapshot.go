@@ -294,7 +294,7 @@ type snapshotPlan struct {
 // now. It refuses a guest with a disk that cannot keep a snapshot.
 func (d *Driver) planSnapshot(api API, dom golibvirt.Domain, uid string, r driver.SnapshotRequest) (snapshotPlan, error) {
 	// The definition the guest runs with, or the one it starts with.
-	_, x, err := d.describeXML(api, dom, uid, 0)
+	info, x, err := d.describeXML(api, dom, uid, 0)
 	if err != nil {
 		return snapshotPlan{}, err
 	}
@@ -317,6 +317,9 @@ func (d *Driver) planSnapshot(api API, dom golibvirt.Domain, uid string, r drive
 		}
 	case p.online:
 		memory = "internal"
+		if err := roomForMemory(api, uid, r.ID, vols, info.memory); err != nil {
+			return snapshotPlan{}, err
+		}
 	}
 	p.def = libvirtxml.DomainSnapshot{
 		Name:   r.ID,
@@ -412,6 +415,30 @@ func snapshotDisks(x, uid, key string) ([]libvirtxml.DomainSnapshotDisk, []poolV
 		}
 	}
 	return disks, vols, nil
+}
+
+// roomForMemory refuses snapshot id of the guest uid, which keeps the
+// guest's memory of up to memory bytes, when the pool of its first disk
+// that keeps snapshots (vols), where QEMU's savevm writes the memory, has
+// not that much free: the snapshot would fail midway, after writing what
+// fits.
+func roomForMemory(api API, uid, id string, vols []poolVolume, memory int64) error {
+	if len(vols) == 0 {
+		return nil
+	}
+	pool := vols[0].pool
+	p, err := api.StoragePoolLookupByName(pool)
+	if err != nil {
+		return errors.Wrapf(err, "cannot look up storage pool %s", pool)
+	}
+	_, capacity, _, available, err := api.StoragePoolGetInfo(p)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read storage pool %s", pool)
+	}
+	if memory > 0 && uint64(memory) > available {
+		return driver.Terminalf("snapshot %s of guest %s keeps its memory, up to %d bytes, in storage pool %q, which has %d of %d bytes free; no snapshot was taken", id, uid, memory, pool, available, capacity)
+	}
+	return nil
 }
 
 // diskAliases maps each disk target of the domain definition x to

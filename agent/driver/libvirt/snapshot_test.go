@@ -3,6 +3,7 @@ package libvirt
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"testing"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -458,6 +459,18 @@ func TestSnapshotsRefused(t *testing.T) {
 			assert.False(t, hasSnapshot(t, l, m.UID, "refused"), "nothing taken")
 		})
 	}
+
+	t.Run("APoolWithoutRoomForTheGuestsMemory", func(t *testing.T) {
+		m := snapshotMachine("roomless")
+		_, err := d.Ensure(ctx, m)
+		require.NoError(t, err)
+		fillPool(t, node, 1<<20)
+		_, err = d.TakeSnapshot(ctx, m.UID, driver.SnapshotRequest{ID: "refused", Memory: true})
+		assert.True(t, driver.IsTerminal(err), "%v", err)
+		assert.ErrorContains(t, err, fmt.Sprintf("keeps its memory, up to %d bytes, in storage pool %q, which has 1048576 of", m.MemoryBytes, testPool))
+		assert.False(t, hasSnapshot(t, l, m.UID, "refused"), "nothing taken")
+		assert.Equal(t, golibvirt.DomainRunning, stateOfGuest(t, l, m.UID), "it runs on")
+	})
 
 	absent := snapshotMachine("absent")
 	t.Run("TakingOneOfAnAbsentGuestIsNotFound", func(t *testing.T) {
