@@ -150,7 +150,7 @@ func runBackups(ctx context.Context, s *stack.Stack, hostOf func(string) *guesth
 	}
 	ip, netns := address(vm), hostOf(vm.Status.AtProvider.Node).Netns
 	// A guest still running cloud-init would compete with its backup.
-	if err := settleGuest(ctx, kube, hostOf, key, progress); err != nil {
+	if _, _, err := settleGuest(ctx, kube, hostOf, key, progress); err != nil {
 		note("%v", err)
 		return nil
 	}

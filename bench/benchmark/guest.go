@@ -326,3 +326,10 @@ func seconds(s float64) string {
 	}
 	return fmt.Sprintf("%.1f s", s)
 }
+
+func milliseconds(ms int64) string {
+	if ms == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%d ms", ms)
+}

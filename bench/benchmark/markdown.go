@@ -86,6 +86,7 @@ func Targets(r *Result) []Target {
 		out = append(out, idleTargets(&r.DenseNodes[i])...)
 	}
 	out = append(out, snapshotTargets(r.Snapshots)...)
+	out = append(out, migrationTargets(r.Migration)...)
 	out = append(out, backupTargets(r.Backup)...)
 	return append(out, scaleTargets(r.Scale)...)
 }

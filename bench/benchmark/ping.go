@@ -1,6 +1,7 @@
 package benchmark
 
 import (
+	"cmp"
 	"context"
 	"net"
 	"os"
@@ -135,6 +136,29 @@ func (p *prober) waitAnswer(ctx context.Context, t time.Time, timeout time.Durat
 	return wait.PollUntilContextTimeout(ctx, pingInterval, timeout, true, func(context.Context) (bool, error) {
 		return p.answeredAfter(t), nil
 	})
+}
+
+// baseline waits for the guest's first answer, then returns the longest
+// gap between its replies over pingBaseline: what the loaded machine's
+// own noise is before anything is done to the guest. It fails when the
+// guest does not answer, or stops answering; ctx's end is its error.
+func (p *prober) baseline(ctx context.Context) (time.Duration, error) {
+	if err := p.waitAnswer(ctx, time.Now(), answerTimeout); err != nil {
+		return 0, cmp.Or(ctx.Err(), errors.Errorf("the guest did not answer the prober within %s", answerTimeout))
+	}
+	// The window opens once the guest answered, so a reply precedes it.
+	from := time.Now()
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(pingBaseline):
+	}
+	to := time.Now()
+	if err := p.waitAnswer(ctx, to, answerTimeout); err != nil {
+		return 0, cmp.Or(ctx.Err(), errors.New("the guest stopped answering the prober"))
+	}
+	gap, _, _ := p.gap(from, to)
+	return gap, nil
 }
 
 // gap is longestGap of the replies so far.

@@ -141,7 +141,7 @@ func runSnapshots(ctx context.Context, kube client.Client, host *guesthost.Host,
 	ip := address(vm)
 	hostOf := func(string) *guesthost.Host { return host }
 	// A guest still running cloud-init is not idle.
-	if err := settleGuest(ctx, kube, hostOf, key, progress); err != nil {
+	if _, _, err := settleGuest(ctx, kube, hostOf, key, progress); err != nil {
 		note("%v", err)
 		return nil
 	}
@@ -161,26 +161,15 @@ func runSnapshots(ctx context.Context, kube client.Client, host *guesthost.Host,
 		return err
 	}
 	defer p.stop()
-	start := time.Now()
-	if err := p.waitAnswer(ctx, start, answerTimeout); err != nil {
-		note("the guest did not answer the prober within %s", answerTimeout)
-		return nil
-	}
-	// The window opens once the guest answered, so a reply precedes it.
-	from := time.Now()
-	select {
-	case <-ctx.Done():
+	baseline, err := p.baseline(ctx)
+	switch {
+	case ctx.Err() != nil:
 		return ctx.Err()
-	case <-time.After(pingBaseline):
-	}
-	to := time.Now()
-	if err := p.waitAnswer(ctx, to, answerTimeout); err != nil {
-		note("the guest stopped answering the prober before any snapshot")
+	case err != nil:
+		note("%v, before any snapshot", err)
 		return nil
 	}
-	if gap, _, ok := p.gap(from, to); ok {
-		sn.BaselineGapSeconds = gap.Seconds()
-	}
+	sn.BaselineGapSeconds = baseline.Seconds()
 	progress("longest gap between replies over %s before any snapshot: %.0f ms", pingBaseline, 1000*sn.BaselineGapSeconds)
 
 	for _, s := range []struct {

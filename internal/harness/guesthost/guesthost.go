@@ -532,6 +532,7 @@ func (h *Host) Stop() {
 	}
 	h.killStragglers()
 	if h.Netns != "" {
+		removeNeighbour(h.Netns)
 		_ = exec.Command("ip", "netns", "del", h.Netns).Run()
 		// The sockets of the ssh connections killStragglers ended.
 		_ = os.RemoveAll(filepath.Join(sshControlDir, h.Netns))
@@ -601,6 +602,7 @@ func removeLeftovers(name string, progress io.Writer) {
 		}
 		fmt.Fprintf(progress, "guesthost: removing host %s (directory %s) that a killed run left behind\n", e.Name(), dir)
 		KillNetns(e.Name())
+		removeNeighbour(e.Name())
 		_ = exec.Command("ip", "netns", "del", e.Name()).Run()
 		_ = os.RemoveAll(dir)
 	}
