@@ -124,6 +124,20 @@ func TestSnapshotsOfARealGuest(t *testing.T) {
 		assert.Contains(t, listed, got, "listed as taken")
 	})
 
+	t.Run("APausedGuestsDisksAreTakenAndItStaysPaused", func(t *testing.T) {
+		require.NoError(t, l.DomainSuspend(domainOf(t, l, m.UID)))
+		got, err := d.TakeSnapshot(ctx, m.UID, driver.SnapshotRequest{ID: "paused"})
+		require.NoError(t, err)
+		assert.True(t, got.Online)
+		assert.False(t, got.Frozen, "a paused guest's agent cannot answer")
+		assert.Zero(t, vmStateSizes(t, root)["paused"], "no memory was written for it")
+		s, _ := state(t)
+		assert.Equal(t, golibvirt.DomainPaused, s, "left as it was")
+		require.NoError(t, l.DomainResume(domainOf(t, l, m.UID)))
+		require.NoError(t, d.DeleteSnapshot(ctx, m.UID, "paused"))
+		assert.NotContains(t, vmStateSizes(t, root), "paused")
+	})
+
 	t.Run("ALiveSnapshotCutShortIsTakenAgainWhole", func(t *testing.T) {
 		// As an agent stopped after QEMU took it, before its record
 		// was complete, leaves it.
