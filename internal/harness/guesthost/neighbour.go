@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"os/exec"
+	"strconv"
 	"strings"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -33,14 +34,14 @@ func (h *Host) AddNeighbour(ctx context.Context, gateway netip.Addr, addr netip.
 		return "", errors.Errorf("no bridge holds %s in %s: %v: %s", gateway, h.Netns, err, out)
 	}
 	bridge := f[1]
-	mtu, err := h.Command(ctx, "cat", "/sys/class/net/"+bridge+"/mtu").Output()
+	mtu, err := h.linkMTU(ctx, bridge)
 	if err != nil {
-		return "", errors.Wrapf(err, "cannot read the MTU of bridge %s in %s", bridge, h.Netns)
+		return "", err
 	}
 	name := h.Netns + neighbourSuffix
 	steps := [][]string{
 		{"netns", "add", name},
-		{"-n", h.Netns, "link", "add", neighbourLink, "mtu", strings.TrimSpace(string(mtu)), "type", "veth", "peer", "name", neighbourLink, "netns", name},
+		{"-n", h.Netns, "link", "add", neighbourLink, "mtu", strconv.Itoa(mtu), "type", "veth", "peer", "name", neighbourLink, "netns", name},
 		{"-n", h.Netns, "link", "set", neighbourLink, "master", bridge, "up"},
 		{"-n", name, "addr", "add", addr.String(), "dev", neighbourLink},
 		{"-n", name, "link", "set", neighbourLink, "up"},

@@ -99,13 +99,16 @@ func (p *Pair) join(ctx context.Context) error {
 }
 
 // UnderlayMTU is the MTU of the host's end of the underlay.
-func (h *Host) UnderlayMTU(ctx context.Context) (int, error) {
-	out, err := h.Command(ctx, "cat", "/sys/class/net/"+UnderlayLink+"/mtu").CombinedOutput()
+func (h *Host) UnderlayMTU(ctx context.Context) (int, error) { return h.linkMTU(ctx, UnderlayLink) }
+
+// linkMTU is the MTU of the host's link.
+func (h *Host) linkMTU(ctx context.Context, link string) (int, error) {
+	out, err := h.Command(ctx, "cat", "/sys/class/net/"+link+"/mtu").CombinedOutput()
 	if err != nil {
-		return 0, errors.Errorf("cannot read the underlay's MTU in %s: %v: %s", h.Netns, err, out)
+		return 0, errors.Errorf("cannot read the MTU of %s in %s: %v: %s", link, h.Netns, err, out)
 	}
 	mtu, err := strconv.Atoi(strings.TrimSpace(string(out)))
-	return mtu, errors.Wrapf(err, "cannot read the underlay's MTU %q", out)
+	return mtu, errors.Wrapf(err, "cannot read the MTU of %s: %q", link, out)
 }
 
 // Close stops both hosts; removing their namespaces removes the underlay.
