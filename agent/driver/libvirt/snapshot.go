@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -213,7 +214,7 @@ func (d *Driver) TakeSnapshot(_ context.Context, uid string, r driver.SnapshotRe
 		// Recorded before QEMU takes it, so that libvirt can delete
 		// what an agent stopped midway left (snapshotlive.go).
 		record.TakenAt = d.now().UTC().Round(0)
-		h, err := defineLiveSnapshot(api, dom, uid, plan, record)
+		h, err := d.defineLiveSnapshot(api, dom, uid, plan, record)
 		if err != nil {
 			return driver.Snapshot{}, err
 		}
@@ -303,7 +304,11 @@ func (d *Driver) planSnapshot(api API, dom golibvirt.Domain, uid string, r drive
 		return snapshotPlan{}, errors.Wrap(err, "cannot read domain state")
 	}
 	p := snapshotPlan{online: active(golibvirt.DomainState(state))}
-	disks, vols, err := snapshotDisks(x, uid, formatUUID(dom.UUID))
+	var def libvirtxml.Domain
+	if err := def.Unmarshal(x); err != nil {
+		return snapshotPlan{}, errors.Wrap(err, "cannot parse domain XML")
+	}
+	disks, vols, err := snapshotDisks(&def, uid, formatUUID(dom.UUID))
 	if err != nil {
 		return snapshotPlan{}, err
 	}
@@ -312,9 +317,7 @@ func (d *Driver) planSnapshot(api API, dom golibvirt.Domain, uid string, r drive
 	memory := "no"
 	switch {
 	case p.live:
-		if p.aliases, err = diskAliases(x); err != nil {
-			return snapshotPlan{}, err
-		}
+		p.aliases = diskAliases(&def)
 	case p.online:
 		memory = "internal"
 		if err := roomForMemory(api, uid, r.ID, vols, info.memory); err != nil {
@@ -368,15 +371,11 @@ func active(s golibvirt.DomainState) bool {
 	return s != golibvirt.DomainShutoff && s != golibvirt.DomainCrashed && s != golibvirt.DomainNostate
 }
 
-// snapshotDisks says, for each disk of the domain definition x, whether a
+// snapshotDisks says, for each disk of the domain definition def, whether a
 // snapshot keeps it, and which pool volumes it keeps. It refuses a guest
 // with a writable disk that cannot keep an internal snapshot, before
 // anything is done: only qcow2 can.
-func snapshotDisks(x, uid, key string) ([]libvirtxml.DomainSnapshotDisk, []poolVolume, error) {
-	var def libvirtxml.Domain
-	if err := def.Unmarshal(x); err != nil {
-		return nil, nil, errors.Wrap(err, "cannot parse domain XML")
-	}
+func snapshotDisks(def *libvirtxml.Domain, uid, key string) ([]libvirtxml.DomainSnapshotDisk, []poolVolume, error) {
 	if def.Devices == nil {
 		return nil, nil, nil
 	}
@@ -423,7 +422,7 @@ func snapshotDisks(x, uid, key string) ([]libvirtxml.DomainSnapshotDisk, []poolV
 // not that much free: the snapshot would fail midway, after writing what
 // fits.
 func roomForMemory(api API, uid, id string, vols []poolVolume, memory int64) error {
-	if len(vols) == 0 {
+	if len(vols) == 0 || memory <= 0 {
 		return nil
 	}
 	pool := vols[0].pool
@@ -431,33 +430,22 @@ func roomForMemory(api API, uid, id string, vols []poolVolume, memory int64) err
 	if err != nil {
 		return errors.Wrapf(err, "cannot look up storage pool %s", pool)
 	}
-	_, capacity, _, available, err := api.StoragePoolGetInfo(p)
-	if err != nil {
-		return errors.Wrapf(err, "cannot read storage pool %s", pool)
-	}
-	if memory > 0 && uint64(memory) > available {
-		return driver.Terminalf("snapshot %s of guest %s keeps its memory, up to %d bytes, in storage pool %q, which has %d of %d bytes free; no snapshot was taken", id, uid, memory, pool, available, capacity)
-	}
-	return nil
+	return roomIn(api, p, uint64(memory), fmt.Sprintf("snapshot %s of guest %s, which keeps its memory,", id, uid))
 }
 
-// diskAliases maps each disk target of the domain definition x to
+// diskAliases maps each disk target of the domain definition def to
 // libvirt's alias of its device.
-func diskAliases(x string) (map[string]string, error) {
-	var def libvirtxml.Domain
-	if err := def.Unmarshal(x); err != nil {
-		return nil, errors.Wrap(err, "cannot parse domain XML")
-	}
+func diskAliases(def *libvirtxml.Domain) map[string]string {
 	aliases := map[string]string{}
 	if def.Devices == nil {
-		return aliases, nil
+		return aliases
 	}
 	for _, disk := range def.Devices.Disks {
 		if disk.Target != nil && disk.Alias != nil {
 			aliases[disk.Target.Dev] = disk.Alias.Name
 		}
 	}
-	return aliases, nil
+	return aliases
 }
 
 // diskName is what a user knows a disk by: its volume, or its file.

@@ -146,7 +146,7 @@ func TestSnapshotsOfARealGuest(t *testing.T) {
 		plan, err := d.planSnapshot(l, dom, m.UID, req)
 		require.NoError(t, err)
 		require.True(t, plan.live)
-		_, err = defineLiveSnapshot(l, dom, m.UID, plan, snapshotRecord{VM: m.UID, Online: true, TakenAt: time.Now().UTC()})
+		_, err = d.defineLiveSnapshot(l, dom, m.UID, plan, snapshotRecord{VM: m.UID, Online: true, TakenAt: time.Now().UTC()})
 		require.NoError(t, err)
 		require.NoError(t, takeInternalSnapshots(l, dom, req.ID, plan))
 		listed, err := d.Snapshots(ctx, m.UID)

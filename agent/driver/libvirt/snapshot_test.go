@@ -467,7 +467,7 @@ func TestSnapshotsRefused(t *testing.T) {
 		fillPool(t, node, 1<<20)
 		_, err = d.TakeSnapshot(ctx, m.UID, driver.SnapshotRequest{ID: "refused", Memory: true})
 		assert.True(t, driver.IsTerminal(err), "%v", err)
-		assert.ErrorContains(t, err, fmt.Sprintf("keeps its memory, up to %d bytes, in storage pool %q, which has 1048576 of", m.MemoryBytes, testPool))
+		assert.ErrorContains(t, err, fmt.Sprintf("snapshot refused of guest %s, which keeps its memory, needs %d bytes but storage pool %q has 1048576 of", m.UID, m.MemoryBytes, testPool))
 		assert.False(t, hasSnapshot(t, l, m.UID, "refused"), "nothing taken")
 		assert.Equal(t, golibvirt.DomainRunning, stateOfGuest(t, l, m.UID), "it runs on")
 	})

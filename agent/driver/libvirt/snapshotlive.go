@@ -8,8 +8,6 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
-
-	"github.com/virtfleet/virtfleet/agent/driver"
 )
 
 // A running guest's disk-only snapshot is taken by QEMU while the guest
@@ -105,7 +103,7 @@ func monitor(api API, dom golibvirt.Domain, execute string, args, ret any) error
 // defineLiveSnapshot has libvirt record the snapshot p plans of dom, the
 // guest uid's, before QEMU takes it, with record (incomplete) in its
 // description.
-func defineLiveSnapshot(api API, dom golibvirt.Domain, uid string, p snapshotPlan, record snapshotRecord) (golibvirt.DomainSnapshot, error) {
+func (d *Driver) defineLiveSnapshot(api API, dom golibvirt.Domain, uid string, p snapshotPlan, record snapshotRecord) (golibvirt.DomainSnapshot, error) {
 	def := p.def
 	desc, err := record.description()
 	if err != nil {
@@ -116,10 +114,10 @@ func defineLiveSnapshot(api API, dom golibvirt.Domain, uid string, p snapshotPla
 	def.CreationTime = strconv.FormatInt(record.TakenAt.Unix(), 10)
 	// The secure definitions: a revert makes them the guest's again and
 	// must not drop their secrets.
-	if def.Domain, err = secureDefinition(api, dom, uid, 0); err != nil {
+	if def.Domain, err = d.secureDefinition(api, dom, uid, 0); err != nil {
 		return golibvirt.DomainSnapshot{}, err
 	}
-	inactive, err := secureDefinition(api, dom, uid, golibvirt.DomainXMLInactive)
+	inactive, err := d.secureDefinition(api, dom, uid, golibvirt.DomainXMLInactive)
 	if err != nil {
 		return golibvirt.DomainSnapshot{}, err
 	}
@@ -132,14 +130,12 @@ func defineLiveSnapshot(api API, dom golibvirt.Domain, uid string, p snapshotPla
 	return h, errors.Wrapf(err, "cannot record snapshot %s", p.def.Name)
 }
 
-// secureDefinition reads dom's definition which, secrets included.
-func secureDefinition(api API, dom golibvirt.Domain, uid string, which golibvirt.DomainXMLFlags) (*libvirtxml.Domain, error) {
-	x, err := api.DomainGetXMLDesc(dom, which|golibvirt.DomainXMLSecure)
-	if isCode(err, golibvirt.ErrNoDomain) {
-		return nil, driver.NotFoundf("no domain with uuid %s", uid)
-	}
+// secureDefinition reads dom's definition which, the guest uid's, secrets
+// included.
+func (d *Driver) secureDefinition(api API, dom golibvirt.Domain, uid string, which golibvirt.DomainXMLFlags) (*libvirtxml.Domain, error) {
+	_, x, err := d.describeXML(api, dom, uid, which|golibvirt.DomainXMLSecure)
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot read domain XML")
+		return nil, err
 	}
 	var def libvirtxml.Domain
 	return &def, errors.Wrap(def.Unmarshal(x), "cannot parse domain XML")

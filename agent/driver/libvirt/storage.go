@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -46,6 +47,19 @@ func createVolume(api API, p golibvirt.StoragePool, name string, size int64, for
 // version 3, the one QEMU keeps dirty bitmaps (a backup's checkpoint) in.
 const qcow2Compat = "1.1"
 
+// roomIn refuses need bytes more in pool p when it has less free: what,
+// the thing that needs them, begins the Terminal error.
+func roomIn(api API, p golibvirt.StoragePool, need uint64, what string) error {
+	_, capacity, _, available, err := api.StoragePoolGetInfo(p)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read storage pool %s", p.Name)
+	}
+	if need > available {
+		return driver.Terminalf("%s needs %d bytes but storage pool %q has %d of %d bytes free", what, need, p.Name, available, capacity)
+	}
+	return nil
+}
+
 // createVolumeFrom creates v — as a copy of from, if set — once it is sure
 // the pool has room for v's capacity.
 func createVolumeFrom(api API, p golibvirt.StoragePool, v *libvirtxml.StorageVolume, from *golibvirt.StorageVol) (golibvirt.StorageVol, error) {
@@ -53,12 +67,8 @@ func createVolumeFrom(api API, p golibvirt.StoragePool, v *libvirtxml.StorageVol
 	if size == 0 {
 		return golibvirt.StorageVol{}, driver.Terminalf("volume %q needs a size greater than zero", v.Name)
 	}
-	_, capacity, _, available, err := api.StoragePoolGetInfo(p)
-	if err != nil {
-		return golibvirt.StorageVol{}, errors.Wrapf(err, "cannot read storage pool %s", p.Name)
-	}
-	if size > available {
-		return golibvirt.StorageVol{}, driver.Terminalf("volume %q needs %d bytes but storage pool %q has %d of %d bytes free", v.Name, size, p.Name, available, capacity)
+	if err := roomIn(api, p, size, fmt.Sprintf("volume %q", v.Name)); err != nil {
+		return golibvirt.StorageVol{}, err
 	}
 	if v.Target != nil && v.Target.Format != nil && v.Target.Format.Type == "qcow2" && v.Target.Compat == "" {
 		// libvirt 9.0 makes qcow2 version 2 (compat 0.10) unless told,
