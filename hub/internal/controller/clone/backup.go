@@ -54,7 +54,8 @@ func (r *Reconciler) backUp(ctx context.Context, c *v1alpha1.VirtualMachineClone
 		return nil, refuse("VirtualMachineBackup %s of %s, which the clone copies the disks through, failed: %s", b.Name, src, b.Status.Message)
 	case b.Status.Phase != v1alpha1.BackupSucceeded:
 		return nil, wait("VirtualMachineBackup %s backs %s up to BackupLocation %s for the clone (it is %s)", b.Name, src, b.Spec.Location, orNone(string(b.Status.Phase)))
-	case string(b.Spec.VMName) != src.VM.Name || b.Status.SourceUID != string(src.VM.UID):
+	case b.Status.SourceUID != string(src.VM.UID):
+		// Its VM of that name was made again since.
 		return nil, refuse("VirtualMachineBackup %s is of another VirtualMachine than %s", b.Name, src)
 	}
 	return b, nil
