@@ -164,7 +164,7 @@ func runMigration(ctx context.Context, o Options) (*MigrationRun, error) {
 		} else if gap, ended, ok := p.gap(asked, done); ok {
 			m.NeighbourGapMilliseconds, m.NeighbourGapEndSeconds = gap.Milliseconds(), ended.Sub(asked).Seconds()
 			progress("longest gap between the guest's replies to its neighbour: %d ms, ended %.2f s after the request, %.2f s before the migration was seen Succeeded (%d ms before the migration)",
-				m.NeighbourGapMilliseconds, ended.Sub(asked).Seconds(), done.Sub(ended).Seconds(), m.BaselineGapMilliseconds)
+				m.NeighbourGapMilliseconds, m.NeighbourGapEndSeconds, done.Sub(ended).Seconds(), m.BaselineGapMilliseconds)
 		}
 	}
 	failed = len(m.Notes) > 0
