@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -68,12 +69,25 @@ func TestAKilledRunsHostIsRemovedAtTheNextStart(t *testing.T) {
 	require.NoError(t, straggler.Start())
 	waited := make(chan error, 1)
 	go func() { waited <- straggler.Wait() }()
+	// ip enters the namespace, then becomes sleep: until it has, nothing
+	// of the namespace runs to be killed, and a removal would leave the
+	// straggler running on in a namespace that no longer has a name.
+	require.Eventually(t, func() bool {
+		comm, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(straggler.Process.Pid), "comm"))
+		return string(comm) == "sleep\n"
+	}, time.Minute, 10*time.Millisecond, "the straggler never ran in the namespace")
 	living, livingDir := host(os.Getpid())
 
 	var progress bytes.Buffer
 	removeLeftovers(name, &progress)
 	assert.Contains(t, progress.String(), "removing host "+killed)
-	assert.Error(t, <-waited, "what ran in the killed run's namespace is killed")
+	select {
+	case err := <-waited:
+		assert.Error(t, err, "what ran in the killed run's namespace is killed")
+	case <-time.After(time.Minute):
+		_ = straggler.Process.Kill()
+		t.Error("what ran in the killed run's namespace runs on")
+	}
 	assert.NoFileExists(t, filepath.Join("/run/netns", killed))
 	assert.NoDirExists(t, killedDir)
 	assert.FileExists(t, filepath.Join("/run/netns", living), "the living run's namespace stays")
