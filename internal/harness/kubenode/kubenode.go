@@ -31,6 +31,7 @@
 package kubenode
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -81,15 +82,25 @@ type Options struct {
 	// HostPaths are files and directories of the machine (values) that
 	// show at paths of the node (keys) in the node's mount namespace only,
 	// as a node's provisioning would have put them there: a libvirtd's
-	// socket, an agent's credentials. A path of the node is under /run
-	// (the node's own tmpfs) or /etc (the machine's, with the node's
-	// changes on top in Dir), so the machine's files are never written.
+	// socket and guests' consoles, an agent's credentials. A path of the
+	// node is under /run (the node's own tmpfs), under /etc (the
+	// machine's, with the node's changes on top in Dir), or one the
+	// machine has already, which the node's hides, so the machine's files
+	// are never written.
 	HostPaths map[string]string
 	// SandboxImage is the pods' sandbox image (containerd's sandbox_image).
 	SandboxImage string
 	// Registries are host:port registries containerd pulls from over
 	// plain HTTP.
 	Registries []string
+	// Netns, if set, is an existing network namespace (its name under
+	// /run/netns) the node joins instead of making its own: a
+	// guesthost.Host's, so that the node's pods on the host's network
+	// share it with the host's libvirtd, its bridges and its guests, as a
+	// hypervisor's kubelet shares the host's. The node adds its address
+	// to the namespace and, stopping, kills only its own processes (its
+	// cgroup's) and leaves the namespace to its owner.
+	Netns string
 	// Progress gets a line per step.
 	Progress io.Writer
 }
@@ -127,6 +138,9 @@ type record struct {
 	Dir    string `json:"dir"`
 	Netns  string `json:"netns"`
 	Cgroup string `json:"cgroup"`
+	// Joined says the namespace is another's (Options.Netns), which the
+	// node's removal leaves.
+	Joined bool `json:"joined,omitempty"`
 }
 
 // runDir holds the records of the machine's nodes.
@@ -183,13 +197,13 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	n := &Node{
 		Name:             opts.Name,
 		Dir:              dir,
-		Netns:            "vfkn-" + id,
+		Netns:            cmp.Or(opts.Netns, "vfkn-"+id),
 		Cgroup:           "vfkn-" + id,
 		ContainerdSocket: filepath.Join(dir, "containerd.sock"),
 		exited:           make(chan struct{}),
 	}
 	n.NetnsPath = filepath.Join("/run/netns", n.Netns)
-	n.rec = record{Dir: n.Dir, Netns: n.Netns, Cgroup: n.Cgroup}
+	n.rec = record{Dir: n.Dir, Netns: n.Netns, Cgroup: n.Cgroup, Joined: opts.Netns != ""}
 	if err := n.start(ctx, opts); err != nil {
 		n.Stop()
 		return nil, err
@@ -199,7 +213,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 
 func (n *Node) start(ctx context.Context, opts Options) error {
 	var err error
-	if n.lock, err = procs.WriteRecord(runDir(), n.rec.Netns, n.rec); err != nil {
+	if n.lock, err = procs.WriteRecord(runDir(), n.rec.Cgroup, n.rec); err != nil {
 		return err
 	}
 	if err := n.writeConfig(opts.SandboxImage, opts.Registries); err != nil {
@@ -212,7 +226,7 @@ func (n *Node) start(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	if err := n.makeNetns(ctx); err != nil {
+	if err := n.makeNetns(ctx, !n.rec.Joined); err != nil {
 		return err
 	}
 	for _, p := range opts.Forward {
@@ -259,7 +273,9 @@ func (n *Node) writeHostPaths(paths map[string]string) error {
 	var lines strings.Builder
 	for dst, src := range paths {
 		if !strings.HasPrefix(dst, "/run/") && !strings.HasPrefix(dst, "/etc/") {
-			return errors.Errorf("host path %s of the node is neither under /run nor under /etc", dst)
+			if _, err := os.Stat(dst); err != nil {
+				return errors.Errorf("host path %s of the node is neither under /run nor under /etc, nor a path the machine has", dst)
+			}
 		}
 		if strings.ContainsAny(dst+src, " \t\n") {
 			return errors.Errorf("host path %s or %s has white space", dst, src)
@@ -272,13 +288,16 @@ func (n *Node) writeHostPaths(paths map[string]string) error {
 	return n.write([]byte(lines.String()), "hostpaths")
 }
 
-// makeNetns makes the node's network namespace: loopback up, with the
-// node's address besides 127.0.0.1 (the kernel here has no dummy links).
-func (n *Node) makeNetns(ctx context.Context) error {
+// makeNetns makes the node's network namespace, if create, else joins
+// the one it names: loopback up, with the node's address besides
+// 127.0.0.1 (the kernel here has no dummy links).
+func (n *Node) makeNetns(ctx context.Context, create bool) error {
 	steps := [][]string{
-		{"netns", "add", n.Netns},
 		{"-n", n.Netns, "link", "set", "lo", "up"},
 		{"-n", n.Netns, "addr", "add", NodeIP + "/32", "dev", "lo"},
+	}
+	if create {
+		steps = append([][]string{{"netns", "add", n.Netns}}, steps...)
 	}
 	for _, s := range steps {
 		if out, err := exec.CommandContext(ctx, "ip", s...).CombinedOutput(); err != nil {
@@ -358,12 +377,20 @@ func remove(ctx context.Context, rec record) error {
 	if rec.Cgroup == "" || rec.Netns == "" || !strings.HasPrefix(filepath.Base(rec.Dir), "vf-kn-") {
 		return errors.Errorf("the node record %+v is not a node's", rec)
 	}
-	guesthost.KillNetns(rec.Netns)
+	if !rec.Joined {
+		guesthost.KillNetns(rec.Netns)
+	}
 	if err := killCgroup(ctx, rec.Cgroup); err != nil {
 		return err
 	}
-	guesthost.KillNetns(rec.Netns) // what the cgroup did not hold, if anything
-	_ = exec.Command("ip", "netns", "del", rec.Netns).Run()
+	if rec.Joined {
+		// The namespace's owner removes it; the node's address goes now,
+		// so that a node joining it next can add its own.
+		_ = exec.Command("ip", "-n", rec.Netns, "addr", "del", NodeIP+"/32", "dev", "lo").Run()
+	} else {
+		guesthost.KillNetns(rec.Netns) // what the cgroup did not hold, if anything
+		_ = exec.Command("ip", "netns", "del", rec.Netns).Run()
+	}
 	if err := removeCgroups(rec.Cgroup); err != nil {
 		return err
 	}

@@ -36,7 +36,7 @@ func TestRemoveLeftovers(t *testing.T) {
 	t.Cleanup(func() { _ = remove(context.Background(), killed.rec) })
 	cgroupProcs, err := makeCgroups(killed.Cgroup)
 	require.NoError(t, err)
-	require.NoError(t, killed.makeNetns(ctx))
+	require.NoError(t, killed.makeNetns(ctx, true))
 	sleeper := exec.Command("ip", "netns", "exec", killed.Netns, "sleep", "600")
 	sleeper.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	require.NoError(t, sleeper.Start())
@@ -72,4 +72,64 @@ func TestRemoveLeftovers(t *testing.T) {
 	}
 	_, err = os.Stat(liveRec.Path())
 	assert.NoError(t, err, "a live node's record was removed")
+}
+
+// A node that joined another's network namespace (Options.Netns) is
+// removed without it: its own process (in its cgroup) is killed, the
+// namespace and the owner's process in it stay, and only the node's
+// address leaves the namespace's loopback.
+func TestRemoveLeavesAJoinedNamespace(t *testing.T) {
+	if m := Missing(); len(m) > 0 {
+		t.Skipf("needs %v (make deps, as root)", m)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "vf-kn-")
+	require.NoError(t, err)
+	id := strings.TrimPrefix(filepath.Base(dir), "vf-kn-")
+	owner := "vfkn-owner" + id
+	require.NoError(t, exec.Command("ip", "netns", "add", owner).Run())
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", owner).Run() })
+	n := &Node{Dir: dir, Netns: owner, Cgroup: "vfkn-" + id}
+	n.rec = record{Dir: n.Dir, Netns: n.Netns, Cgroup: n.Cgroup, Joined: true}
+	t.Cleanup(func() { _ = remove(context.Background(), n.rec) })
+	cgroupProcs, err := makeCgroups(n.Cgroup)
+	require.NoError(t, err)
+	require.NoError(t, n.makeNetns(ctx, false))
+
+	// sleep starts a process in the namespace; exited closes once it ended.
+	sleep := func() (*exec.Cmd, chan struct{}) {
+		cmd := exec.Command("ip", "netns", "exec", owner, "sleep", "600")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		require.NoError(t, cmd.Start())
+		exited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(exited) }()
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+		return cmd, exited
+	}
+	nodes, nodeExited := sleep()
+	require.NoError(t, os.WriteFile(cgroupProcs, []byte(strconv.Itoa(nodes.Process.Pid)), 0o644))
+	_, ownerExited := sleep()
+	addrs := func() string {
+		out, err := exec.Command("ip", "-n", owner, "-o", "addr", "show", "dev", "lo").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		return string(out)
+	}
+	require.Contains(t, addrs(), NodeIP+"/32", "the node's address is on the namespace's loopback")
+
+	require.NoError(t, remove(ctx, n.rec))
+
+	select {
+	case <-nodeExited:
+	case <-ctx.Done():
+		t.Fatal("the node's process still runs")
+	}
+	select {
+	case <-ownerExited:
+		t.Fatal("the namespace owner's process was killed")
+	default:
+	}
+	assert.NotContains(t, addrs(), NodeIP+"/32", "the node's address stays")
+	_, err = os.Stat(dir)
+	assert.True(t, os.IsNotExist(err), "%s is left", dir)
 }
