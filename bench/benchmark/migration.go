@@ -144,8 +144,8 @@ func runMigration(ctx context.Context, o Options) (*MigrationRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer p.stop()
-	baseline, err := p.baseline(ctx)
+	defer p.Stop()
+	baseline, err := baselineGap(ctx, p)
 	switch {
 	case ctx.Err() != nil:
 		return nil, ctx.Err()
@@ -159,9 +159,9 @@ func runMigration(ctx context.Context, o Options) (*MigrationRun, error) {
 		return nil, err
 	}
 	if !done.IsZero() {
-		if err := p.waitAnswer(ctx, done, answerTimeout); err != nil {
+		if err := p.WaitAnswer(ctx, done, answerTimeout); err != nil {
 			m.Notes = append(m.Notes, fmt.Sprintf("the guest did not answer its neighbour within %s of the migration's end", answerTimeout))
-		} else if gap, ended, ok := p.gap(asked, done); ok {
+		} else if gap, ended, ok := p.Gap(asked, done); ok {
 			m.NeighbourGapMilliseconds, m.NeighbourGapEndSeconds = gap.Milliseconds(), ended.Sub(asked).Seconds()
 			progress("longest gap between the guest's replies to its neighbour: %d ms, ended %.2f s after the request, %.2f s before the migration was seen Succeeded (%d ms before the migration)",
 				m.NeighbourGapMilliseconds, m.NeighbourGapEndSeconds, done.Sub(ended).Seconds(), m.BaselineGapMilliseconds)

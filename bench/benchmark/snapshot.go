@@ -27,7 +27,7 @@ import (
 // it runs through VirtualMachineSnapshot objects, once of its disks only
 // and once with its memory, and brought back to the one with memory by a
 // VirtualMachineRestore, while a prober in its host's network namespace
-// pings it every pingInterval (ping.go).
+// pings it every pingInterval (guesthost.Prober).
 type GuestSnapshots struct {
 	PingIntervalSeconds float64 `json:"pingIntervalSeconds"`
 	// BaselineGapSeconds is the longest gap between replies over
@@ -160,8 +160,8 @@ func runSnapshots(ctx context.Context, kube client.Client, host *guesthost.Host,
 	if err != nil {
 		return err
 	}
-	defer p.stop()
-	baseline, err := p.baseline(ctx)
+	defer p.Stop()
+	baseline, err := baselineGap(ctx, p)
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
@@ -208,7 +208,7 @@ func runSnapshots(ctx context.Context, kube client.Client, host *guesthost.Host,
 // takeSnapshot takes the snapshot name of the guest, with its memory or
 // not, waits for it to be done while p pings the guest, and fills r; disk
 // is the root disk's file, or "". It returns what failed.
-func takeSnapshot(ctx context.Context, kube client.Client, p *prober, disk, name string, memory bool, r *SnapshotRun) (failed string, err error) {
+func takeSnapshot(ctx context.Context, kube client.Client, p *guesthost.Prober, disk, name string, memory bool, r *SnapshotRun) (failed string, err error) {
 	before := allocatedBytes(disk)
 	s := &v1alpha1.VirtualMachineSnapshot{
 		ObjectMeta: metav1.ObjectMeta{Namespace: guestNamespace, Name: name},
@@ -241,10 +241,10 @@ func takeSnapshot(ctx context.Context, kube client.Client, p *prober, disk, name
 	if !st.ReadyToUse {
 		return fmt.Sprintf("snapshot %s %s, not ready to use: %s", name, st.Phase, st.Message), nil
 	}
-	if err := p.waitAnswer(ctx, ready, answerTimeout); err != nil {
+	if err := p.WaitAnswer(ctx, ready, answerTimeout); err != nil {
 		return fmt.Sprintf("the guest did not answer the prober within %s of snapshot %s", answerTimeout, name), nil
 	}
-	gap, _, _ := p.gap(created, ready)
+	gap, _, _ := p.Gap(created, ready)
 	r.PauseSeconds = gap.Seconds()
 	return "", nil
 }
@@ -253,7 +253,7 @@ func takeSnapshot(ctx context.Context, kube client.Client, p *prober, disk, name
 // pings it, times it to Running, to the guest answering again and to ssh,
 // and checks over ssh that the guest kept its boot. It returns what
 // failed.
-func restoreSnapshot(ctx context.Context, kube client.Client, host *guesthost.Host, key, ip, bootID string, p *prober, r *SnapshotRestore) (failed string, err error) {
+func restoreSnapshot(ctx context.Context, kube client.Client, host *guesthost.Host, key, ip, bootID string, p *guesthost.Prober, r *SnapshotRestore) (failed string, err error) {
 	// The guest comes back knowing no connection made since the snapshot.
 	guesthost.SSHDisconnect(ctx, host.Netns, key, guestimage.DefaultUser, ip)
 	rs := &v1alpha1.VirtualMachineRestore{
@@ -288,10 +288,10 @@ func restoreSnapshot(ctx context.Context, kube client.Client, host *guesthost.Ho
 		return fmt.Sprintf("restore %s %s: %s", rs.Name, rs.Status.Phase, rs.Status.Message), nil
 	}
 	r.CreateToRunningSeconds = running.Sub(created).Seconds()
-	if err := p.waitAnswer(ctx, running, answerTimeout); err != nil {
+	if err := p.WaitAnswer(ctx, running, answerTimeout); err != nil {
 		return fmt.Sprintf("the restored guest did not answer the prober within %s", answerTimeout), nil
 	}
-	gap, ended, _ := p.gap(created, running)
+	gap, ended, _ := p.Gap(created, running)
 	r.PauseSeconds, r.CreateToAnswerSeconds = gap.Seconds(), ended.Sub(created).Seconds()
 	out, err := guesthost.SSHUntil(ctx, host.Netns, key, guestimage.DefaultUser, ip, "cat /proc/sys/kernel/random/boot_id", guestPoll, guestTimeout)
 	if err != nil {
