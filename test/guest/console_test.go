@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -37,20 +36,10 @@ func (g *suite) console(name string) func(t *testing.T) {
 		c, err := g.s.OpenConsole(g.ctx, ns, name)
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, c.Leave(30*time.Second), "the plugin leaves cleanly when its input ends") }()
-		prompt := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` login: `)
-		prompts := func() int { return len(prompt.FindAllString(c.Output(), -1)) }
-		// getty prints its prompt once, at boot, before anyone listens:
-		// the first newline asks for it again.
-		var seen int
-		require.Eventually(t, func() bool {
-			if seen = prompts(); seen > 0 {
-				return true
-			}
-			_ = c.Send("\r")
-			return false
-		}, 2*time.Minute, 2*time.Second, "getty's prompt with the VM's hostname on the console; got %q", c.Output())
+		seen, err := c.AwaitPrompt(g.ctx, name, 2*time.Minute)
+		require.NoError(t, err, "getty's prompt with the VM's hostname on the console")
 		require.NoError(t, c.Send("\r"))
-		require.Eventually(t, func() bool { return prompts() > seen }, 30*time.Second, 100*time.Millisecond,
+		require.Eventually(t, func() bool { return c.Prompts(name) > seen }, 30*time.Second, 100*time.Millisecond,
 			"a newline makes getty print its prompt again; got %q", c.Output())
 	}
 }

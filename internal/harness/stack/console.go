@@ -5,8 +5,11 @@ import (
 	"context"
 	"io"
 	"os/exec"
+	"regexp"
 	"sync"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
@@ -25,8 +28,14 @@ type Console struct {
 // OpenConsole starts the plugin's console of VM namespace/name; it runs
 // until Leave or ctx ends.
 func (s *Stack) OpenConsole(ctx context.Context, namespace, name string) (*Console, error) {
-	c := &Console{done: make(chan error, 1)}
-	c.cmd = exec.CommandContext(ctx, s.Plugin(), "--kubeconfig", s.ControlPlane.Kubeconfig, "-n", namespace, "console", name) //nolint:gosec // our own binary
+	return StartConsole(exec.CommandContext(ctx, s.Plugin(), "--kubeconfig", s.ControlPlane.Kubeconfig, "-n", namespace, "console", name)) //nolint:gosec // our own binary
+}
+
+// StartConsole starts cmd, a kubectl virtfleet console of a VM however it
+// is run (the plugin itself, or kubectl finding it on its PATH), as a
+// Console.
+func StartConsole(cmd *exec.Cmd) (*Console, error) {
+	c := &Console{cmd: cmd, done: make(chan error, 1)}
 	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
 	var err error
 	if c.stdin, err = c.cmd.StdinPipe(); err != nil {
@@ -47,6 +56,27 @@ func (c *Console) Send(text string) error {
 
 // Output is what the plugin printed so far.
 func (c *Console) Output() string { return c.out.String() }
+
+// Prompts counts the getty login prompts for host name the console showed.
+func (c *Console) Prompts(name string) int {
+	prompt := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` login: `)
+	return len(prompt.FindAllString(c.Output(), -1))
+}
+
+// AwaitPrompt waits up to timeout until the console shows getty's login
+// prompt for host name, typing a newline every two seconds meanwhile:
+// getty prints its prompt once, at boot, before anyone listens, and again
+// for each newline. It returns how many prompts it saw.
+func (c *Console) AwaitPrompt(ctx context.Context, name string, timeout time.Duration) (int, error) {
+	var seen int
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, timeout, true, func(context.Context) (bool, error) {
+		if seen = c.Prompts(name); seen > 0 {
+			return true, nil
+		}
+		return false, c.Send("\r")
+	})
+	return seen, errors.Wrapf(err, "no login prompt of %s on the console; it showed %q", name, c.Output())
+}
 
 // Leave ends the plugin's input, as a script's end does, and waits up to
 // timeout for the plugin to leave: its error is the plugin's exit, or that
