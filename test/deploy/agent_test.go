@@ -105,7 +105,7 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	}
 	t.Logf("agent, hub and NATS images %v built and pushed in %s", images, time.Since(start).Round(100*time.Millisecond))
 
-	f := startFleet(t, cp, reg, images, "virtfleet-system_virtfleet-hub-*")
+	f := startFleet(t, cp, reg, images, "virtfleet-system_virtfleet-hub-*", nil)
 
 	// Killed, the agent's pod comes back through the DaemonSet controller,
 	// and so does the heartbeat.

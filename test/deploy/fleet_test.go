@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	golibvirt "github.com/digitalocean/go-libvirt"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -24,6 +25,7 @@ import (
 	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 	"github.com/virtfleet/virtfleet/internal/harness/crossplanetest"
+	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
 	"github.com/virtfleet/virtfleet/internal/harness/kubenode"
 	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 	"github.com/virtfleet/virtfleet/internal/harness/manifests"
@@ -63,7 +65,11 @@ type fleet struct {
 	node *kubenode.Node
 	// libvirt is the node's libvirtd, outside the agent's pod, as a
 	// hypervisor's is: its guests are the node's, not the pod's.
-	libvirt *libvirttest.Node
+	libvirt interface {
+		Dial() (*golibvirt.Libvirt, error)
+	}
+	// real is the node's hypervisor where it runs real guests, else nil.
+	real *realHost
 	// images are the references cluster/deploy's image names are replaced
 	// by (deployObjects).
 	images map[string]string
@@ -97,9 +103,13 @@ type fleet struct {
 // node's libvirtd (its socket, mounted from the host), and its heartbeat,
 // which is what makes a node eligible to a hub, appears.
 //
+// The node's libvirtd is real's, where it is given: the node joins its
+// network namespace and the agent runs its guests in QEMU. Else it is
+// libvirt's test driver.
+//
 // If t fails, the logs of NATS's, the agent's and the hub's pods (hubPods,
 // a namespace_name glob) are logged.
-func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest.Registry, images map[string]string, hubPods string) *fleet {
+func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest.Registry, images map[string]string, hubPods string, real *realHost) *fleet {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -110,24 +120,32 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 	require.NoError(t, os.WriteFile(seed, agents[node].Seed, 0o600))
 	store := filepath.Join(t.TempDir(), "nats")
 	require.NoError(t, os.Mkdir(store, 0o755)) //nolint:gosec // the node's disk, as a local volume's
-	lv := libvirttest.Start(t, node)
+	f := &fleet{cp: cp, images: images, hubID: hubID, created: map[string]bool{}, real: real}
+	socket, libvirtEnv := f.startLibvirt(t)
 
 	kubenode.StartSchedulingForTest(t, cp, "daemonset", "nodelifecycle", "statefulset", "persistentvolume-binder",
 		"serviceaccount", "deployment", "replicaset", "root-ca-cert-publisher", "endpointslice")
 	n, _ := kubenode.StartForTest(t, cp, reg, node, func(o *kubenode.Options) {
 		o.HostPaths = map[string]string{
-			"/run/libvirt/libvirt-sock": lv.Socket,
+			"/run/libvirt/libvirt-sock": socket,
 			"/etc/virtfleet/agent.nk":   seed,
 			natsStore:                   store,
 		}
+		if real != nil {
+			o.Netns = real.Netns
+			o.Forward = append(o.Forward, real.imagePort)
+			// Where the node's libvirtd has its guests' consoles, which
+			// the DaemonSet mounts for the agent.
+			o.HostPaths["/var/lib/libvirt/qemu"] = real.LibDir("qemu")
+		}
 	})
+	f.node = n
 	labelHypervisor(ctx, t, cp, n)
 	t.Cleanup(func() {
 		if t.Failed() {
 			logPods(t, n, "virtfleet-system_nats-0", "virtfleet-system_virtfleet-agent-*", hubPods)
 		}
 	})
-	f := &fleet{cp: cp, node: n, libvirt: lv, images: images, hubID: hubID, created: map[string]bool{}}
 
 	start := time.Now()
 	objs := deployObjects(t, images)
@@ -147,11 +165,8 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 	assert.DirExists(t, filepath.Join(store, "jetstream"), "NATS keeps its streams on its claim's volume")
 
 	start = time.Now()
-	f.agentPatch = podPatch(t, "DaemonSet", "virtfleet-agent", "agent", map[string]string{
-		"VIRTFLEET_NATS_URL":     "nats://" + f.natsAddr,
-		"VIRTFLEET_LIBVIRT_URI":  lv.URI,
-		"VIRTFLEET_LIBVIRT_POOL": libvirttest.Pool,
-	}, nil)
+	libvirtEnv["VIRTFLEET_NATS_URL"] = "nats://" + f.natsAddr
+	f.agentPatch = podPatch(t, "DaemonSet", "virtfleet-agent", "agent", libvirtEnv, nil)
 	f.apply(ctx, t, deployObjects(t, images, f.agentPatch), "ServiceAccount/virtfleet-agent", "DaemonSet/virtfleet-agent")
 	f.agent = runningPod(ctx, t, cp, "")
 	running := time.Now()
@@ -162,6 +177,26 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 	assert.Equal(t, node, f.agent.Spec.NodeName)
 	assertAgentProcess(t, n, f.agent)
 	return f
+}
+
+// startLibvirt starts the node's libvirtd, unless it is real's, and returns
+// its socket and the agent's environment that reaches it.
+func (f *fleet) startLibvirt(t *testing.T) (socket string, env map[string]string) {
+	t.Helper()
+	if f.real == nil {
+		lv := libvirttest.Start(t, node)
+		f.libvirt = lv
+		return lv.Socket, map[string]string{"VIRTFLEET_LIBVIRT_URI": lv.URI, "VIRTFLEET_LIBVIRT_POOL": libvirttest.Pool}
+	}
+	f.libvirt = f.real.Host
+	return f.real.Socket, map[string]string{
+		"VIRTFLEET_LIBVIRT_URI":         f.real.URI,
+		"VIRTFLEET_LIBVIRT_POOL":        guesthost.Pool,
+		"VIRTFLEET_LIBVIRT_DOMAIN_TYPE": guesthost.DomainType,
+		// The guests without an operating system ignore ACPI: a stop
+		// forces them off after this.
+		"VIRTFLEET_SHUTDOWN_GRACE": "10s",
+	}
 }
 
 // apply creates the objects of objs named by keys (kind/name).

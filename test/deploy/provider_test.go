@@ -70,7 +70,7 @@ import (
 // network reaches them through a konnectivity server.
 func TestProviderPackageOnKubelet(t *testing.T) {
 	skipWithoutKubelet(t)
-	inst := installPackage(t, imageVersion)
+	inst := installPackage(t, nil, imageVersion)
 	f, cp := inst.fleet, inst.cp
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -129,8 +129,10 @@ type packageInstall struct {
 	// releases are what was built and pushed of each version installPackage
 	// was given, the first installed.
 	releases map[string]release
-	// kubectl runs kubectl as the README's commands are run (userKubectl).
-	kubectl func(args ...string) string
+	// kubectl runs kubectl as the README's commands are run (userKubectl);
+	// kubectlCommand makes such a run's command (userKubectlCommand).
+	kubectl        func(args ...string) string
+	kubectlCommand func(args ...string) *exec.Cmd
 	// applied is when the Provider was applied.
 	applied time.Time
 }
@@ -146,7 +148,8 @@ type release struct {
 // package manager" says (install.yaml, package/api, then the fleet's NATS
 // and agents and the ClusterProviderConfig), and waits until the Provider
 // is Healthy, both hub replicas run on the node and one holds the Lease.
-func installPackage(t *testing.T, versions ...string) *packageInstall {
+// The node runs real guests on real's hypervisor where it is given.
+func installPackage(t *testing.T, real *realHost, versions ...string) *packageInstall {
 	t.Helper()
 	log.SetLogger(testr.New(t))
 	buildCtx, cancelBuild := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -178,7 +181,7 @@ func installPackage(t *testing.T, versions ...string) *packageInstall {
 	}
 	t.Logf("releases %v and NATS image built and pushed in %s", releases, time.Since(start).Round(100*time.Millisecond))
 
-	f := startFleet(t, cp, x.Registry, images, crossplanetest.Namespace+"_"+crossplanetest.Provider+"-*")
+	f := startFleet(t, cp, x.Registry, images, crossplanetest.Namespace+"_"+crossplanetest.Provider+"-*", real)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -187,7 +190,8 @@ func installPackage(t *testing.T, versions ...string) *packageInstall {
 	for _, obj := range installObjects(t, f, releases[versions[0]].provider) {
 		require.NoError(t, cp.Client.Create(ctx, obj), "%s %s", obj.GetKind(), obj.GetName())
 	}
-	inst.kubectl = userKubectl(t.Context(), t, cp)
+	inst.kubectlCommand = userKubectlCommand(t.Context(), t, cp)
+	inst.kubectl = outputOf(t, inst.kubectlCommand)
 	inst.kubectl("apply", "-k", filepath.Join("package", "api"))
 	require.NoError(t, x.WaitPackage(ctx, pkgv1.ProviderKind, crossplanetest.Provider, pkgv1.TypeHealthy, 5*time.Minute))
 	t.Logf("Provider %s Healthy %s after it was applied", crossplanetest.Provider, time.Since(inst.applied).Round(100*time.Millisecond))
@@ -204,24 +208,40 @@ func installPackage(t *testing.T, versions ...string) *packageInstall {
 }
 
 // userKubectl returns what runs the machine's kubectl with args as the
-// test's administrator, from the repository's root, as the README's
-// commands are run, with kubectl-virtfleet, built from this tree, on its
-// PATH as a user installs the plugin; each run returns its output.
+// test's administrator (userKubectlCommand), each run returning its
+// output.
 func userKubectl(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) func(args ...string) string {
+	t.Helper()
+	return outputOf(t, userKubectlCommand(ctx, t, cp))
+}
+
+// outputOf returns what runs command's commands, each returning its
+// output, failing t if one fails.
+func outputOf(t *testing.T, command func(args ...string) *exec.Cmd) func(args ...string) string {
+	return func(args ...string) string {
+		t.Helper()
+		out, err := command(args...).CombinedOutput()
+		require.NoError(t, err, "kubectl %s: %s", strings.Join(args, " "), out)
+		return string(out)
+	}
+}
+
+// userKubectlCommand returns what makes the command of the machine's
+// kubectl with args as the test's administrator, from the repository's
+// root, as the README's commands are run, with kubectl-virtfleet, built
+// from this tree, on its PATH as a user installs the plugin.
+func userKubectlCommand(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) func(args ...string) *exec.Cmd {
 	t.Helper()
 	bin := t.TempDir()
 	build := exec.CommandContext(ctx, "go", "build", "-o", bin+string(filepath.Separator), "./kubectl-virtfleet")
 	build.Dir = controlplane.RepoRoot()
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "cannot build kubectl-virtfleet: %s", out)
-	return func(args ...string) string {
-		t.Helper()
+	return func(args ...string) *exec.Cmd {
 		cmd := exec.CommandContext(ctx, "kubectl", args...)
 		cmd.Dir = controlplane.RepoRoot()
 		cmd.Env = append(os.Environ(), "KUBECONFIG="+cp.Kubeconfig, "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "kubectl %s: %s", strings.Join(args, " "), out)
-		return string(out)
+		return cmd
 	}
 }
 

@@ -38,11 +38,15 @@ import (
 // which the DaemonSet controller rolls node by node.
 //
 // The guests are the node's libvirtd's, outside the agent's pod (its
-// socket is mounted from the host): each guest's domain, by UUID and by
-// the id libvirtd gave it when it started, is the same before and after,
-// and its VM's restartCount unchanged. On a real node the libvirtd is the
-// host's and QEMU its child, neither the pod's, so the same holds; here
-// it is libvirt's test driver, which has no QEMU process to compare.
+// socket is mounted from the host), each in a QEMU of its own: a real
+// hypervisor whose network namespace the kubelet node shares. Each guest's
+// domain, by UUID, by the id libvirtd gave it when it started and by its
+// QEMU's process, is the same before and after, and its VM's restartCount
+// unchanged. One guest boots Debian: its boot id is the same after, an ssh
+// session opened before is still open, and a neighbour on its network
+// that pings it five times a second throughout loses no reply; after,
+// its serial console opens with kubectl virtfleet console through the API
+// server, the new hubs and the new agent.
 //
 // Throughout, at most one hub leads (by each hub pod's
 // leader_election_master_status, sampled with the Lease's holder), none
@@ -55,12 +59,18 @@ import (
 func TestUpgradeTouchesNoGuest(t *testing.T) {
 	skipWithoutKubelet(t)
 	const v1, v2 = imageVersion, imageVersion + "-2"
-	inst := installPackage(t, v1, v2)
-	f, cp := inst.fleet, inst.cp
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
+	inst := installPackage(t, startRealHost(ctx, t), v1, v2)
+	f, cp := inst.fleet, inst.cp
 
-	vms := []*computev1alpha1.VirtualMachine{f.runVM(ctx, t, "vm-a"), f.runVM(ctx, t, "vm-b")}
+	vms := []*computev1alpha1.VirtualMachine{f.runVM(ctx, t, "vm-a")}
+	t.Logf("first VM Running %s after the Provider was applied", time.Since(inst.applied).Round(100*time.Millisecond))
+	vms = append(vms, f.runVM(ctx, t, "vm-b"))
+	start := time.Now()
+	booted, bootID := f.bootGuest(ctx, t, "debian")
+	vms = append(vms, booted)
+	t.Logf("VM %s booted Debian and let ssh in at %s %s after it was applied", booted.Name, guestAddress(booted), time.Since(start).Round(100*time.Millisecond))
 	guests := map[string]guest{}
 	restarts := map[string]int32{}
 	for _, vm := range vms {
@@ -73,9 +83,12 @@ func TestUpgradeTouchesNoGuest(t *testing.T) {
 	require.NotEmpty(t, oldRev)
 
 	w := f.watchUpgrade(t)
+	sess := f.openSession(ctx, t, booted)
+	ping := f.startProber(ctx, t, booted)
+	pinged := time.Now()
 
 	// The hub: the Provider's package to v2.
-	start := time.Now()
+	start = time.Now()
 	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"package": inst.releases[v2].provider}})
 	require.NoError(t, err)
 	inst.kubectl("patch", "provider.pkg.crossplane.io/"+crossplanetest.Provider, "--type", "merge", "-p", string(patch))
@@ -127,21 +140,37 @@ func TestUpgradeTouchesNoGuest(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, s.leaders, 2, "the watch saw no hand-over: every sample missed a leader")
 
+	upgraded := time.Now()
+	require.NoError(t, ping.WaitAnswer(ctx, upgraded, time.Minute), "the guest no longer answers its neighbour")
+	sent, lost := ping.Unanswered(pinged, upgraded)
+	gap, _, _ := ping.Gap(pinged, upgraded)
+	t.Logf("the neighbour sent %d echo requests to %s through the upgrade, one per %s: %d unanswered, the longest time between replies %s",
+		sent, booted.Name, ping.Interval(), lost, gap.Round(time.Millisecond))
+	assert.Zero(t, lost, "the guest's network went away during the upgrade")
+	open, lines := sess.alive()
+	assert.True(t, open, "the ssh session to %s ended during the upgrade, after %d lines", booted.Name, lines)
+	assert.Equal(t, bootID, f.bootID(ctx, t, booted), "VM %s's guest booted again", booted.Name)
+	address := guestAddress(booted)
 	for _, vm := range vms {
 		require.NoError(t, cp.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm))
 		assert.Equal(t, computev1alpha1.PhaseRunning, vm.Status.AtProvider.Phase, vm.Name)
 		assert.Equal(t, restarts[vm.Name], vm.Status.AtProvider.RestartCount, "VM %s restarted", vm.Name)
 		assert.Equal(t, guests[vm.Name], f.guestOf(t, vm), "VM %s's domain was recreated or restarted", vm.Name)
 	}
+	assert.Equal(t, address, guestAddress(booted), "VM %s's status lost its address", booted.Name)
+	start = time.Now()
+	f.console(ctx, t, inst.kubectlCommand, booted)
+	t.Logf("VM %s's login prompt on kubectl virtfleet console %s after it was opened", booted.Name, time.Since(start).Round(100*time.Millisecond))
 	f.stopThroughAPI(ctx, t, inst.kubectl, vms[0])
 }
 
 // guest is what the node's libvirtd knows a guest by: its domain's UUID
-// (the VM's uid), and the id it gave the domain when it last started,
-// which a restart or a new definition changes.
+// (the VM's uid), and the id it gave the domain when it last started and
+// the process of its QEMU, which a restart or a new definition changes.
 type guest struct {
 	uuid libvirt.UUID
 	id   int32
+	pid  int
 }
 
 // guestOf is vm's guest on the node's libvirtd, which must run it.
@@ -157,7 +186,11 @@ func (f *fleet) guestOf(t *testing.T, vm *computev1alpha1.VirtualMachine) guest 
 	state, _, err := l.DomainGetState(dom, 0)
 	require.NoError(t, err)
 	require.Equal(t, int32(libvirt.DomainRunning), state, "VM %s's domain is not running", vm.Name)
-	return guest{uuid: dom.UUID, id: dom.ID}
+	g := guest{uuid: dom.UUID, id: dom.ID}
+	if f.real != nil {
+		g.pid = f.real.qemuPID(t, dom.Name)
+	}
+	return g
 }
 
 // agentVersion is the node's agent's version as its HypervisorNode shows it.
