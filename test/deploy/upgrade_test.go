@@ -56,6 +56,8 @@ import (
 // (a hub of v2 with agents of v1) and one created while the agents roll
 // come up Running; a stop issued afterwards works. At the end every hub
 // reports v2 in its build info and the HypervisorNode the agent's v2.
+// Last the hub is rolled back to v1, the Provider's package as it was,
+// and, with the agents still at v2, a new VM runs and stops.
 func TestUpgradeTouchesNoGuest(t *testing.T) {
 	skipWithoutKubelet(t)
 	const v1, v2 = imageVersion, imageVersion + "-2"
@@ -161,6 +163,23 @@ func TestUpgradeTouchesNoGuest(t *testing.T) {
 	start = time.Now()
 	f.console(ctx, t, inst.kubectlCommand, booted)
 	t.Logf("VM %s's login prompt on kubectl virtfleet console %s after it was opened", booted.Name, time.Since(start).Round(100*time.Millisecond))
+
+	// Rolled back: the Provider's package to v1 again, with the agents
+	// left at v2, which Crossplane runs as a revision of its own.
+	start = time.Now()
+	patch, err = json.Marshal(map[string]any{"spec": map[string]any{"package": inst.releases[v1].provider}})
+	require.NoError(t, err)
+	inst.kubectl("patch", "provider.pkg.crossplane.io/"+crossplanetest.Provider, "--type", "merge", "-p", string(patch))
+	rolledBack := inst.awaitRevision(ctx, t, newRev)
+	t.Logf("revision %s of %s Healthy %s after the Provider's package was changed back", rolledBack, v1, time.Since(start).Round(100*time.Millisecond))
+	for _, p := range hubPods(ctx, t, cp) {
+		assert.Equal(t, []string{v1}, f.hubBuildVersions(t, &p), "hub %s", p.Name)
+	}
+	afterRollback := f.runVM(ctx, t, "vm-after-rollback")
+	t.Logf("hub rolled back to %s and a VM Running with agents of %s %s after the Provider's package was changed",
+		v1, f.agentVersion(ctx, t), time.Since(start).Round(100*time.Millisecond))
+	assert.Equal(t, v2, f.agentVersion(ctx, t))
+	f.stopThroughAPI(ctx, t, inst.kubectl, afterRollback)
 	f.stopThroughAPI(ctx, t, inst.kubectl, vms[0])
 }
 
