@@ -54,7 +54,7 @@ crossplane-core: ## Build Crossplane core and the garbage collector once per mac
 	@$(GO) run ./hack/crossplane-core >/dev/null
 
 .PHONY: kube-node
-kube-node: ## Build the kubelet, kube-proxy, kube-scheduler and kube-controller-manager once per machine (the tests that run a real node start them).
+kube-node: ## Build the kubelet, kube-proxy, kube-scheduler, kube-controller-manager and CoreDNS once per machine (the tests that run a real node start them).
 	@$(GO) run ./hack/envtest-assets -node >/dev/null
 
 .PHONY: object-store

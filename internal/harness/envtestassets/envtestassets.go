@@ -34,6 +34,10 @@ const (
 	KubernetesVersion = "v1.34.4"
 	StagingVersion    = "v0.34.4"
 	EtcdVersion       = "v3.6.5"
+	// CoreDNSVersion is the cluster DNS the node tests run, as kubeadm
+	// deploys one: the release of the proxy here nearest to the one
+	// Kubernetes KubernetesVersion names.
+	CoreDNSVersion = "v1.11.3"
 )
 
 // EnvAssets is the variable controller-runtime's envtest reads.
@@ -167,6 +171,13 @@ func EnsureGarbageCollector(ctx context.Context, progress io.Writer) (string, er
 // DaemonSet too) and make them from workloads.
 var NodeBinaries = []string{"kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager"}
 
+// coreDNSTarget builds CoreDNS, the cluster DNS of the node tests, which
+// EnsureNode keeps beside the node binaries as "coredns": static, as it
+// runs in an image of its own.
+func coreDNSTarget() modbuild.Target {
+	return modbuild.Target{Binary: "coredns", Module: "github.com/coredns/coredns", Version: CoreDNSVersion, Package: "github.com/coredns/coredns", Static: true}
+}
+
 // nodeTargets build the node binaries with their release's version
 // stamped in, as Kubernetes' own release build does: the kubelet reports
 // it in its Node's status, where an unstamped build says v0.0.0-master.
@@ -189,10 +200,11 @@ func nodeTargets() []modbuild.Target {
 }
 
 // EnsureNode returns a directory holding the NodeBinaries of
-// KubernetesVersion, building them into CacheDir the first time. They are
-// not among Binaries: only the tests that start a node need them.
+// KubernetesVersion and coredns (CoreDNSVersion), building them into
+// CacheDir the first time. They are not among Binaries: only the tests
+// that start a node need them.
 func EnsureNode(ctx context.Context, progress io.Writer) (string, error) {
-	if _, err := ensureInCache(ctx, progress, nodeTargets()...); err != nil {
+	if _, err := ensureInCache(ctx, progress, append(nodeTargets(), coreDNSTarget())...); err != nil {
 		return "", err
 	}
 	return CacheDir()

@@ -82,6 +82,9 @@ type Target struct {
 	// Vars are -X linker settings, package.variable=value, such as the
 	// version a release build stamps in.
 	Vars []string
+	// Static builds without cgo, for a binary that runs in an image with
+	// no C library.
+	Static bool
 }
 
 // Build makes a throw-away module under dir that requires t.Module, lets the
@@ -121,8 +124,12 @@ func Build(ctx context.Context, dir string, t Target, progress io.Writer) error 
 		[]string{"get", get},
 		append([]string{"build", "-ldflags=" + ldflags(t.Vars), "-o", filepath.Join(work, t.Binary)}, build...),
 	)
+	var env []string
+	if t.Static {
+		env = append(env, "CGO_ENABLED=0")
+	}
 	for _, args := range steps {
-		if _, err := goCommand(ctx, work, args...); err != nil {
+		if _, err := goCommand(ctx, work, env, args...); err != nil {
 			return err
 		}
 	}
@@ -166,7 +173,7 @@ func ModuleDir(ctx context.Context, module, version string) (string, error) {
 		return "", fmt.Errorf("cannot create a scratch directory: %w", err)
 	}
 	defer func() { _ = os.RemoveAll(work) }()
-	out, err := goCommand(ctx, work, "mod", "download", "-json", module+"@"+version)
+	out, err := goCommand(ctx, work, nil, "mod", "download", "-json", module+"@"+version)
 	if err != nil {
 		return "", err
 	}
@@ -181,14 +188,15 @@ func ModuleDir(ctx context.Context, module, version string) (string, error) {
 }
 
 // goCommand runs go with args in dir, outside any module or workspace of
-// the caller, and returns its standard output. It builds as the caller's
-// own go commands do (cgo as the machine allows, paths not trimmed): on a
-// fresh machine the standard library, which these builds share with
-// virtfleet's own, then compiles once, not once per configuration.
-func goCommand(ctx context.Context, dir string, args ...string) ([]byte, error) {
+// the caller, with env added to the environment, and returns its standard
+// output. Without env it builds as the caller's own go commands do (cgo as
+// the machine allows, paths not trimmed): on a fresh machine the standard
+// library, which these builds share with virtfleet's own, then compiles
+// once, not once per configuration.
+func goCommand(ctx context.Context, dir string, env []string, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+	cmd.Env = append(append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off"), env...)
 	// A test that times out is killed, not cancelled: without this its
 	// build ran on, orphaned, competing for the cores with the next
 	// caller's build of the same binary, and its result was never used.
