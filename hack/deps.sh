@@ -10,9 +10,10 @@
 #               extlinux, qemu-utils);
 #   crossplane  make run CROSSPLANE=1: Crossplane core, a Go build;
 #   kubenode    the tests that run a real Kubernetes node
-#               (internal/harness/kubenode): containerd, runc and the CNI
-#               plugins, and the kubelet, kube-proxy, scheduler and
-#               controller manager, a Go build;
+#               (internal/harness/kubenode): containerd, runc, the CNI
+#               plugins and iptables for kube-proxy, and the kubelet,
+#               kube-proxy, scheduler, controller manager and CoreDNS, a Go
+#               build;
 #   test        make test: all of the above, Debian's own OpenStack Zed
 #               services (Keystone, Placement, Nova, Glance, Cinder, Neutron
 #               with MariaDB and RabbitMQ) that the Nova backend is tested
@@ -52,7 +53,7 @@ openstack=(mariadb-server python3-pymysql rabbitmq-server
 	neutron-server uwsgi-plugin-python3
 	python3-libvirt genisoimage neutron-linuxbridge-agent neutron-dhcp-agent)
 monitoring=(prometheus)
-kubenode=(containerd runc containernetworking-plugins)
+kubenode=(containerd runc containernetworking-plugins iptables)
 
 # envtest's binaries serve every profile; Crossplane core only some.
 packages=()

@@ -74,15 +74,15 @@ import (
 // through the API server and the aggregated API cluster/deploy/api routes
 // to the hub's pods.
 //
-// The node has no cluster DNS and no kube-proxy, so the NATS Service's
-// name resolves nowhere: the agent and the hub are given the NATS pod's
-// IP, which the node routes to, and the test reaches that IP through the
-// node's namespace (kubenode.Node.Expose). Nor does the kubernetes
-// Service reach the API server: the hub's pods are told its host and
-// port (KUBERNETES_SERVICE_HOST and _PORT, as the kubelet would set them
-// from that Service) and find the node's address under the name the API
-// server's certificate gives (a host alias); and the API server reaches
-// the aggregated API's endpoints through the node
+// The node runs kube-proxy and the cluster runs CoreDNS, so the agent and
+// the hub reach NATS by its Service's name, as cluster/deploy and the
+// README say; the test reaches the NATS pod's IP through the node's
+// namespace (kubenode.Node.Expose). The kubernetes Service does not reach
+// the API server, which listens on the machine's loopback: the hub's pods
+// are told its host and port (KUBERNETES_SERVICE_HOST and _PORT, as the
+// kubelet would set them from that Service) and find the node's address
+// under the name the API server's certificate gives (a host alias); and
+// the API server reaches the aggregated API's endpoints through the node
 // (controlplane.Options.ClusterEgress).
 func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	skipWithoutKubelet(t)

@@ -91,14 +91,16 @@ type fleet struct {
 
 // startFleet starts a kubelet node for t against cp, pulling from reg,
 // with kube-scheduler and kube-controller-manager (the controllers
-// workloads need), and runs NATS's StatefulSet and then the
-// agent DaemonSet on it from cluster/deploy with images.
+// workloads need), kube-proxy and the cluster's DNS, and runs NATS's
+// StatefulSet and then the agent DaemonSet on it from cluster/deploy with
+// images.
 //
 // NATS comes up first: its store on a PersistentVolume made for its claim,
 // its users from the nats-auth Secret (README, step 4), and it answers the
 // test, which stands in for the hub until one runs, only with credentials.
 // The test makes the buckets, as the hub does; then the agent, on the
-// node's own network, connects to that NATS with the node's own
+// node's own network, connects to that NATS, by its Service's name and
+// the DaemonSet's own URL, with the node's own
 // credentials (the file the DaemonSet mounts from the host) and to the
 // node's libvirtd (its socket, mounted from the host), and its heartbeat,
 // which is what makes a node eligible to a hub, appears.
@@ -141,13 +143,16 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 	})
 	f.node = n
 	labelHypervisor(ctx, t, cp, n)
+	start := time.Now()
+	kubenode.StartClusterDNS(t, cp, reg)
+	t.Logf("cluster DNS Ready %s after it was applied", time.Since(start).Round(100*time.Millisecond))
 	t.Cleanup(func() {
 		if t.Failed() {
 			logPods(t, n, "virtfleet-system_nats-0", "virtfleet-system_virtfleet-agent-*", hubPods)
 		}
 	})
 
-	start := time.Now()
+	start = time.Now()
 	objs := deployObjects(t, images)
 	f.apply(ctx, t, objs, "Namespace/virtfleet-system")
 	require.NoError(t, cp.Client.Create(ctx, natsAuth(users)))
@@ -165,7 +170,6 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 	assert.DirExists(t, filepath.Join(store, "jetstream"), "NATS keeps its streams on its claim's volume")
 
 	start = time.Now()
-	libvirtEnv["VIRTFLEET_NATS_URL"] = "nats://" + f.natsAddr
 	f.agentPatch = podPatch(t, "DaemonSet", "virtfleet-agent", "agent", libvirtEnv, nil)
 	f.apply(ctx, t, deployObjects(t, images, f.agentPatch), "ServiceAccount/virtfleet-agent", "DaemonSet/virtfleet-agent")
 	f.agent = runningPod(ctx, t, cp, "")
@@ -232,14 +236,19 @@ func (f *fleet) hubCredentials(ctx context.Context, t *testing.T) {
 	}))
 }
 
+// natsURL is where the README's step 6 tells the hub NATS is, and the
+// agent DaemonSet's default: the NATS Service's name, which the cluster's
+// DNS resolves and kube-proxy reaches.
+const natsURL = "nats://nats.virtfleet-system.svc:4222"
+
 // applyProviderConfig applies the README's ClusterProviderConfig (step 6)
-// with the NATS pod's address for natsURL.
+// with the natsURL it says.
 func (f *fleet) applyProviderConfig(ctx context.Context, t *testing.T) {
 	t.Helper()
 	cpc, err := manifests.Load(filepath.Join(controlplane.RepoRoot(), "examples", "providerconfig", "clusterproviderconfig.yaml"))
 	require.NoError(t, err)
 	require.Len(t, cpc, 1)
-	require.NoError(t, unstructured.SetNestedField(cpc[0].Object, "nats://"+f.natsAddr, "spec", "natsURL"))
+	require.NoError(t, unstructured.SetNestedField(cpc[0].Object, natsURL, "spec", "natsURL"))
 	require.NoError(t, f.cp.Client.Create(ctx, cpc[0]))
 }
 

@@ -59,9 +59,10 @@ type ControlPlane struct {
 	Kubeconfig string
 	// Kubectl is the path of a kubectl binary matching the API server.
 	Kubectl string
-	// InClusterCA is the file of the CA that signed the certificate the
-	// API server shows as Options.InClusterName; empty without one.
-	InClusterCA string
+	// InClusterName is Options.InClusterName, and InClusterCA the file of
+	// the CA that signed the certificate the API server shows as it; both
+	// empty without one.
+	InClusterName, InClusterCA string
 
 	env *envtest.Environment
 	// egress is the API server's way into the cluster's network
@@ -222,7 +223,7 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 		_ = env.Stop()
 		return nil, errors.Wrap(err, "cannot start etcd and kube-apiserver")
 	}
-	cp := &ControlPlane{Config: cfg, Scheme: scheme, env: env, Kubectl: filepath.Join(assets, "kubectl"), InClusterCA: inClusterCA, egress: egress, restartable: opts.Restartable}
+	cp := &ControlPlane{Config: cfg, Scheme: scheme, env: env, Kubectl: filepath.Join(assets, "kubectl"), InClusterName: opts.InClusterName, InClusterCA: inClusterCA, egress: egress, restartable: opts.Restartable}
 
 	admin, err := env.AddUser(envtest.User{Name: "virtfleet-admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {

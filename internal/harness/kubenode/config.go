@@ -22,6 +22,11 @@ import (
 const (
 	NodeIP    = "10.251.0.1"
 	podSubnet = "10.251.1.0/24"
+	// serviceRange is envtest's API server's Service range. The node
+	// routes it to its loopback: a real node's default route would take
+	// it, and kube-proxy rewrites where it goes, but a connection the
+	// kernel has no route for fails before kube-proxy's rules see it.
+	serviceRange = "10.0.0.0/24"
 	// cniBin is where Debian's containernetworking-plugins installs the
 	// bridge, host-local and loopback plugins.
 	cniBin = "/usr/lib/cni"
@@ -216,6 +221,7 @@ func (n *Node) kubeletConfig() *kubeletv1beta1.KubeletConfiguration {
 		VolumePluginDir: n.path("volume-plugins"),
 		PodLogsDir:      n.path("log", "pods"),
 		ClusterDomain:   "cluster.local",
+		ClusterDNS:      []string{ClusterDNS},
 		// The machine's disk is shared: eviction for lack of space would
 		// depend on what others write.
 		EvictionHard: map[string]string{

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -76,18 +77,24 @@ func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanete
 	if err := cp.Client.Create(ctx, binding); err != nil {
 		t.Fatalf("cannot bind the node's role: %v", err)
 	}
+	proxyKubeconfig, err := proxyIdentity(ctx, cp)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ports, err := loopbackPorts(cp.Config.Host, "https://"+reg.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
 	opts := Options{
-		Name:         name,
-		Kubelet:      filepath.Join(kubelet, "kubelet"),
-		Kubeconfig:   kubeconfig,
-		Forward:      ports,
-		SandboxImage: pause,
-		Registries:   []string{reg.Host},
-		Progress:     progress,
+		Name:            name,
+		Kubelet:         filepath.Join(kubelet, "kubelet"),
+		Kubeconfig:      kubeconfig,
+		KubeProxy:       filepath.Join(kubelet, "kube-proxy"),
+		ProxyKubeconfig: proxyKubeconfig,
+		Forward:         ports,
+		SandboxImage:    pause,
+		Registries:      []string{reg.Host},
+		Progress:        progress,
 	}
 	for _, s := range set {
 		s(&opts)
@@ -112,6 +119,29 @@ func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanete
 	}
 	t.Cleanup(unroute)
 	return n, pause
+}
+
+// proxyUser is kube-proxy's user, which every node's kube-proxy is, as
+// kubeadm makes it.
+const proxyUser = "system:kube-proxy"
+
+// proxyIdentity makes kube-proxy's identity on cp, bound to the
+// system:node-proxier ClusterRole, once for every node, and returns a
+// kubeconfig of it.
+func proxyIdentity(ctx context.Context, cp *controlplane.ControlPlane) (string, error) {
+	kubeconfig, err := cp.AddUser(proxyUser)
+	if err != nil {
+		return "", errors.Wrap(err, "cannot make kube-proxy's identity")
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubenode:kube-proxy"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:node-proxier"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: proxyUser}},
+	}
+	if err := cp.Client.Create(ctx, binding); err != nil && !kerrors.IsAlreadyExists(err) {
+		return "", errors.Wrap(err, "cannot bind kube-proxy's role")
+	}
+	return kubeconfig, nil
 }
 
 // loopbackPorts are the ports of URLs, which must name 127.0.0.1.

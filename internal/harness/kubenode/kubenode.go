@@ -1,8 +1,9 @@
 // Package kubenode runs a real Kubernetes node for tests: a kubelet of
 // envtest's Kubernetes version (built once per machine by
 // internal/harness/envtestassets) with a containerd of its own (Debian's,
-// with runc and the bridge and host-local CNI plugins), registered with a
-// test's API server.
+// with runc and the bridge and host-local CNI plugins) and kube-proxy,
+// registered with a test's API server; StartClusterDNS runs the cluster's
+// CoreDNS on such nodes.
 //
 // Both run in a network namespace of their own, as guesthost's libvirtds
 // do: the pods' bridge and subnet, and the node's own address (the kubelet
@@ -56,7 +57,7 @@ import (
 // Required are the commands a node needs (hack/deps.sh installs them) and
 // the CNI plugins it configures.
 var Required = []string{
-	"containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip", "nsenter", "unshare", "setpriv", "mount",
+	"containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip", "nsenter", "unshare", "setpriv", "mount", "iptables-restore",
 	filepath.Join(cniBin, "bridge"), filepath.Join(cniBin, "host-local"), filepath.Join(cniBin, "loopback"),
 }
 
@@ -75,6 +76,11 @@ type Options struct {
 	// Kubeconfig reaches the API server as the node (user
 	// system:node:<Name> in group system:nodes) on 127.0.0.1.
 	Kubeconfig string
+	// KubeProxy, if set, is the kube-proxy binary the node runs beside its
+	// kubelet, which makes Services' cluster IPs reach their pods in the
+	// node's namespace, with ProxyKubeconfig (a user bound to
+	// system:node-proxier).
+	KubeProxy, ProxyKubeconfig string
 	// Forward are ports of the machine's loopback the node reaches on its
 	// own loopback, and its pods at NodeIP: the API server's, the
 	// registry's, a NATS server's.
@@ -174,6 +180,10 @@ for i in $(seq 600); do
 	if ctr --address "$d/containerd.sock" version >/dev/null 2>&1; then break; fi
 	sleep 0.1
 done
+if [ -s "$d/kube-proxy.args" ]; then
+	mapfile -t proxy <"$d/kube-proxy.args"
+	setpriv --pdeathsig KILL "${proxy[@]}" >"$d/kube-proxy.log" 2>&1 &
+fi
 exec "$@"
 `
 
@@ -220,6 +230,9 @@ func (n *Node) start(ctx context.Context, opts Options) error {
 		return err
 	}
 	if err := n.writeHostPaths(opts.HostPaths); err != nil {
+		return err
+	}
+	if err := n.writeProxyArgs(opts); err != nil {
 		return err
 	}
 	procs, err := makeCgroups(n.Cgroup)
@@ -288,13 +301,46 @@ func (n *Node) writeHostPaths(paths map[string]string) error {
 	return n.write([]byte(lines.String()), "hostpaths")
 }
 
+// writeProxyArgs writes kube-proxy's command line, one argument a line,
+// for startScript, if the node runs kube-proxy: iptables mode in the
+// node's namespace, masquerading every Service's traffic so that a pod's
+// reply to another pod of the same bridge comes back through the node
+// (the kernel here need not bridge through iptables), and leaving the
+// conntrack settings, which are the machine's, as they are.
+func (n *Node) writeProxyArgs(opts Options) error {
+	if opts.KubeProxy == "" {
+		return nil
+	}
+	args := []string{
+		opts.KubeProxy,
+		"--kubeconfig=" + opts.ProxyKubeconfig,
+		"--hostname-override=" + n.Name,
+		"--cluster-cidr=" + podSubnet,
+		"--proxy-mode=iptables",
+		"--masquerade-all",
+		"--conntrack-max-per-core=0",
+		"--conntrack-tcp-timeout-established=0",
+		"--conntrack-tcp-timeout-close-wait=0",
+		"--healthz-bind-address=127.0.0.1:10256",
+		"--metrics-bind-address=127.0.0.1:10249",
+	}
+	for _, a := range args {
+		if strings.ContainsAny(a, "\n") {
+			return errors.Errorf("kube-proxy argument %q has a line break", a)
+		}
+	}
+	return n.write([]byte(strings.Join(args, "\n")+"\n"), "kube-proxy.args")
+}
+
 // makeNetns makes the node's network namespace, if create, else joins
 // the one it names: loopback up, with the node's address besides
-// 127.0.0.1 (the kernel here has no dummy links).
+// 127.0.0.1 (the kernel here has no dummy links), and the Service range
+// routed to it (serviceRange).
 func (n *Node) makeNetns(ctx context.Context, create bool) error {
 	steps := [][]string{
 		{"-n", n.Netns, "link", "set", "lo", "up"},
 		{"-n", n.Netns, "addr", "add", NodeIP + "/32", "dev", "lo"},
+		{"-n", n.Netns, "route", "add", serviceRange, "dev", "lo"},
 	}
 	if create {
 		steps = append([][]string{{"netns", "add", n.Netns}}, steps...)
@@ -317,15 +363,15 @@ func (n *Node) Exited() error {
 	}
 }
 
-// Describe says whether the kubelet runs and how its and containerd's logs
-// end, for a failed test's output: the logs go with Dir.
+// Describe says whether the kubelet runs and how its, containerd's and
+// kube-proxy's logs end, for a failed test's output: the logs go with Dir.
 func (n *Node) Describe() string {
 	state := "running"
 	if err := n.Exited(); err != nil {
 		state = err.Error()
 	}
-	return fmt.Sprintf("node %s: kubelet %s\nthe end of the kubelet's log:\n%s\nthe end of containerd's log:\n%s",
-		n.Name, state, tail(n.path("kubelet.log")), tail(n.path("containerd.log")))
+	return fmt.Sprintf("node %s: kubelet %s\nthe end of the kubelet's log:\n%s\nthe end of containerd's log:\n%s\nthe end of kube-proxy's log, if it runs:\n%s",
+		n.Name, state, tail(n.path("kubelet.log")), tail(n.path("containerd.log")), tail(n.path("kube-proxy.log")))
 }
 
 func tail(path string) string {
@@ -384,8 +430,9 @@ func remove(ctx context.Context, rec record) error {
 		return err
 	}
 	if rec.Joined {
-		// The namespace's owner removes it; the node's address goes now,
-		// so that a node joining it next can add its own.
+		// The namespace's owner removes it; the node's address and route
+		// go now, so that a node joining it next can add its own.
+		_ = exec.Command("ip", "-n", rec.Netns, "route", "del", serviceRange, "dev", "lo").Run()
 		_ = exec.Command("ip", "-n", rec.Netns, "addr", "del", NodeIP+"/32", "dev", "lo").Run()
 	} else {
 		guesthost.KillNetns(rec.Netns) // what the cgroup did not hold, if anything

@@ -130,6 +130,9 @@ func TestRemoveLeavesAJoinedNamespace(t *testing.T) {
 	default:
 	}
 	assert.NotContains(t, addrs(), NodeIP+"/32", "the node's address stays")
+	routes, err := exec.Command("ip", "-n", owner, "route", "show", serviceRange).CombinedOutput()
+	require.NoError(t, err, "%s", routes)
+	assert.Empty(t, strings.TrimSpace(string(routes)), "the node's route to the Service range stays")
 	_, err = os.Stat(dir)
 	assert.True(t, os.IsNotExist(err), "%s is left", dir)
 }
