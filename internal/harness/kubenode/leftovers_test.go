@@ -23,14 +23,7 @@ import (
 // directory and the unlocked record) is removed by the next start; a live
 // node's locked record is left alone.
 func TestRemoveLeftovers(t *testing.T) {
-	if m := Missing(); len(m) > 0 {
-		t.Skipf("needs %v (make deps, as root)", m)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	dir, err := os.MkdirTemp("", "vf-kn-")
-	require.NoError(t, err)
-	id := strings.TrimPrefix(filepath.Base(dir), "vf-kn-")
+	ctx, dir, id := nodeDir(t)
 	killed := &Node{Dir: dir, Netns: "vfkn-" + id, Cgroup: "vfkn-" + id}
 	killed.rec = record{Dir: killed.Dir, Netns: killed.Netns, Cgroup: killed.Cgroup}
 	t.Cleanup(func() { _ = remove(context.Background(), killed.rec) })
@@ -79,14 +72,7 @@ func TestRemoveLeftovers(t *testing.T) {
 // namespace and the owner's process in it stay, and only the node's
 // address leaves the namespace's loopback.
 func TestRemoveLeavesAJoinedNamespace(t *testing.T) {
-	if m := Missing(); len(m) > 0 {
-		t.Skipf("needs %v (make deps, as root)", m)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	dir, err := os.MkdirTemp("", "vf-kn-")
-	require.NoError(t, err)
-	id := strings.TrimPrefix(filepath.Base(dir), "vf-kn-")
+	ctx, dir, id := nodeDir(t)
 	owner := "vfkn-owner" + id
 	require.NoError(t, exec.Command("ip", "netns", "add", owner).Run())
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", owner).Run() })
@@ -135,4 +121,19 @@ func TestRemoveLeavesAJoinedNamespace(t *testing.T) {
 	assert.Empty(t, strings.TrimSpace(string(routes)), "the node's route to the Service range stays")
 	_, err = os.Stat(dir)
 	assert.True(t, os.IsNotExist(err), "%s is left", dir)
+}
+
+// nodeDir skips t where a node cannot run, and makes a node's directory
+// as Start does, returning it and the id that names the node's namespace
+// and cgroup, with a context that ends with t or in two minutes.
+func nodeDir(t *testing.T) (ctx context.Context, dir, id string) {
+	t.Helper()
+	if m := Missing(); len(m) > 0 {
+		t.Skipf("needs %v (make deps, as root)", m)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	t.Cleanup(cancel)
+	dir, err := os.MkdirTemp("", "vf-kn-")
+	require.NoError(t, err)
+	return ctx, dir, strings.TrimPrefix(filepath.Base(dir), "vf-kn-")
 }
