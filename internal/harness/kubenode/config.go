@@ -2,6 +2,7 @@ package kubenode
 
 import (
 	"encoding/json"
+	"net/netip"
 	"os"
 	"path/filepath"
 
@@ -20,8 +21,9 @@ import (
 // either, so every node of a machine may use the same. NodeIP is where the
 // node's pods reach the ports Options.Forward forwards.
 const (
-	NodeIP    = "10.251.0.1"
-	podSubnet = "10.251.1.0/24"
+	NodeIP = "10.251.0.1"
+	// clusterCIDR holds every node's pod subnet (Options.PodSubnet).
+	clusterCIDR = "10.251.0.0/16"
 	// serviceRange is envtest's API server's Service range. The node
 	// routes it to its loopback: a real node's default route would take
 	// it, and kube-proxy rewrites where it goes, but a connection the
@@ -31,6 +33,24 @@ const (
 	// bridge, host-local and loopback plugins.
 	cniBin = "/usr/lib/cni"
 )
+
+// DefaultPodSubnet is a node's pod subnet unless Options.PodSubnet says.
+var DefaultPodSubnet = netip.MustParsePrefix("10.251.1.0/24")
+
+// PodSubnet is the i-th pod subnet (i from 1 to 254) of clusterCIDR, for
+// nodes whose pods reach each other: the first is DefaultPodSubnet.
+func PodSubnet(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 251, byte(i), 0}), 24)
+}
+
+// checkPodSubnet refuses a pod subnet outside clusterCIDR or holding
+// NodeIP.
+func checkPodSubnet(p netip.Prefix) error {
+	if !netip.MustParsePrefix(clusterCIDR).Overlaps(p) || p.Bits() < 17 || p.Contains(netip.MustParseAddr(NodeIP)) {
+		return errors.Errorf("pod subnet %s is not a subnet of %s without %s", p, clusterCIDR, NodeIP)
+	}
+	return nil
+}
 
 // kernelTunables are the sysctls the kubelet (pkg/kubelet/cm,
 // setupKernelTunables) insists on, with the values it wants. They are the
@@ -170,7 +190,7 @@ func (n *Node) writeConfig(sandboxImage string, registries []string) error {
 	}
 
 	bridge := cniPlugin{Type: "bridge", Bridge: "cni0", IsGateway: true, IsDefaultGateway: true, IPAM: &cniIPAM{
-		Type: "host-local", DataDir: n.path("cni", "ipam"), Ranges: [][]cniRange{{{Subnet: podSubnet}}},
+		Type: "host-local", DataDir: n.path("cni", "ipam"), Ranges: [][]cniRange{{{Subnet: n.PodSubnet.String()}}},
 	}}
 	if b, err = json.Marshal(cniConfList{CNIVersion: "1.0.0", Name: "kubenode", Plugins: []cniPlugin{bridge}}); err != nil {
 		return errors.Wrap(err, "cannot encode the CNI configuration")

@@ -113,7 +113,11 @@ func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanete
 	// routes the cluster's network (controlplane.Options.ClusterEgress),
 	// through the node's namespace, as a real API server reaches them over
 	// the cluster's network.
-	unroute, err := cp.RouteCluster(n.Dial, netip.MustParsePrefix(podSubnet), netip.PrefixFrom(netip.MustParseAddr(NodeIP), 32))
+	// Every node has NodeIP: the API server reaches the first's.
+	unroute, err := cp.RouteCluster(n.Dial, n.PodSubnet, netip.PrefixFrom(netip.MustParseAddr(NodeIP), 32))
+	if err != nil {
+		unroute, err = cp.RouteCluster(n.Dial, n.PodSubnet)
+	}
 	if err != nil {
 		t.Fatalf("cannot route the API server to node %s: %v", name, err)
 	}

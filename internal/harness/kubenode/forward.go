@@ -33,9 +33,10 @@ func forward(nsPath string, port int) (*relay.Relay, error) {
 // pod's IP and port), reachable on a port of the machine's loopback,
 // which it returns as host:port, until the node stops: what a test dials
 // where it stands in for a workload of another node (the hub, reaching
-// NATS). On a real cluster that workload reaches a Service through the
-// cluster's DNS and kube-proxy; a node here has neither, and the API
-// server cannot reach the kubelet's streaming server for a port-forward.
+// NATS). Workloads on the node reach a Service through the cluster's DNS
+// and kube-proxy, which work inside the node's namespace only; the test's
+// process is outside it, and the API server cannot reach the kubelet's
+// streaming server for a port-forward.
 func (n *Node) Expose(addr string) (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

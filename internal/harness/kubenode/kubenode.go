@@ -36,6 +36,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,6 +100,10 @@ type Options struct {
 	// Registries are host:port registries containerd pulls from over
 	// plain HTTP.
 	Registries []string
+	// PodSubnet is the node's pods' subnet, in 10.251.0.0/16 but not
+	// 10.251.0.0/24; unset, DefaultPodSubnet. Nodes whose pods reach each
+	// other (Link) need subnets of their own.
+	PodSubnet netip.Prefix
 	// Netns, if set, is an existing network namespace (its name under
 	// /run/netns) the node joins instead of making its own: a
 	// guesthost.Host's, so that the node's pods on the host's network
@@ -126,6 +131,8 @@ type Node struct {
 	Cgroup string
 	// ContainerdSocket is containerd's socket, reachable from here too.
 	ContainerdSocket string
+	// PodSubnet is Options.PodSubnet, or DefaultPodSubnet.
+	PodSubnet netip.Prefix
 
 	rec    record
 	lock   *procs.Record
@@ -195,6 +202,12 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if opts.Progress == nil {
 		opts.Progress = io.Discard
 	}
+	if !opts.PodSubnet.IsValid() {
+		opts.PodSubnet = DefaultPodSubnet
+	}
+	if err := checkPodSubnet(opts.PodSubnet); err != nil {
+		return nil, err
+	}
 	if err := removeLeftovers(ctx, opts.Progress); err != nil {
 		return nil, err
 	}
@@ -210,6 +223,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		Netns:            cmp.Or(opts.Netns, "vfkn-"+id),
 		Cgroup:           "vfkn-" + id,
 		ContainerdSocket: filepath.Join(dir, "containerd.sock"),
+		PodSubnet:        opts.PodSubnet,
 		exited:           make(chan struct{}),
 	}
 	n.NetnsPath = filepath.Join("/run/netns", n.Netns)
@@ -315,7 +329,7 @@ func (n *Node) writeProxyArgs(opts Options) error {
 		opts.KubeProxy,
 		"--kubeconfig=" + opts.ProxyKubeconfig,
 		"--hostname-override=" + n.Name,
-		"--cluster-cidr=" + podSubnet,
+		"--cluster-cidr=" + clusterCIDR,
 		"--proxy-mode=iptables",
 		"--masquerade-all",
 		"--conntrack-max-per-core=0",

@@ -3,6 +3,7 @@ package kubenode_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -86,17 +87,8 @@ func TestNodeRunsPods(t *testing.T) {
 				},
 			}
 			require.NoError(t, cp.Client.Create(ctx, pod))
-			err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
-				if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
-					return false, err
-				}
-				return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, nil
-			})
-			require.NoError(t, err, "pod did not end; its status: %+v", pod.Status)
+			term := awaitTerminated(ctx, t, cp, pod)
 			assert.Equal(t, tc.wantPhase, pod.Status.Phase)
-			require.Len(t, pod.Status.ContainerStatuses, 1)
-			term := pod.Status.ContainerStatuses[0].State.Terminated
-			require.NotNil(t, term, "container status: %+v", pod.Status.ContainerStatuses[0])
 			assert.EqualValues(t, tc.exit, term.ExitCode)
 			assert.Equal(t, tc.wantMessage, term.Message)
 		})
@@ -154,4 +146,29 @@ func ready(n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// awaitTerminated waits until pod, of one container, ended, and returns
+// how the container did; pod is left as read.
+func awaitTerminated(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, pod *corev1.Pod) *corev1.ContainerStateTerminated {
+	t.Helper()
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+			return false, err
+		}
+		return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, nil
+	})
+	require.NoError(t, err, "pod %s did not end; its status: %+v", pod.Name, pod.Status)
+	require.Len(t, pod.Status.ContainerStatuses, 1)
+	term := pod.Status.ContainerStatuses[0].State.Terminated
+	require.NotNil(t, term, "container status: %+v", pod.Status.ContainerStatuses[0])
+	return term
+}
+
+// mustAddr parses an IP address.
+func mustAddr(t *testing.T, s string) netip.Addr {
+	t.Helper()
+	a, err := netip.ParseAddr(s)
+	require.NoError(t, err)
+	return a
 }
