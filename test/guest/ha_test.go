@@ -27,20 +27,6 @@ const (
 	haMargin       = 3 * time.Second
 )
 
-// sharedPool makes one directory both hosts of pair reach, as an NFS export
-// would be, and defines it as the pool sharedPoolName on each libvirtd.
-func sharedPool(t *testing.T, pair *guesthost.Pair) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "vf-shared-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	require.NoError(t, os.Chmod(dir, 0o777)) //nolint:gosec // both hosts' QEMU write here, as on an NFS export
-	for _, h := range pair.Hosts() {
-		require.NoError(t, h.DefinePool(sharedPoolName, dir))
-	}
-	return dir
-}
-
 // failover runs a VM with availability Restart on host A from a disk in
 // the shared pool (the guest image, imported as it is), leaves a mark on
 // its disk, and kills host A whole: its agent, its libvirtd and its QEMU.

@@ -51,7 +51,8 @@ func TestTwoHostsOneNetwork(t *testing.T) {
 	pair, err := guesthost.StartPair(ctx, "vfpair", os.Stderr)
 	require.NoError(t, err)
 	t.Cleanup(pair.Close)
-	shared := sharedPool(t, pair)
+	shared, err := pair.SharedPool(sharedPoolName)
+	require.NoError(t, err)
 	g := startSuite(ctx, t, image, map[string]*guesthost.Host{nodeA: pair.A, nodeB: pair.B}, func(o *stack.Options) {
 		o.SharedPool, o.FenceAfter, o.FencingMargin = sharedPoolName, haFenceAfter, haMargin
 		o.ObjectStore = true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -28,6 +29,8 @@ var underlayAddresses = [2]string{"192.168.253.1", "192.168.253.2"}
 // for the other's migrations on its underlay address only (MigrationURI).
 type Pair struct {
 	A, B *Host
+	// shared are SharedPool's directories, which Close removes.
+	shared []string
 }
 
 // StartPair starts two hosts, named prefix+"a" and prefix+"b", and joins
@@ -112,10 +115,34 @@ func (h *Host) linkMTU(ctx context.Context, link string) (int, error) {
 }
 
 // Close stops both hosts; removing their namespaces removes the underlay.
+// It removes SharedPool's directories too.
 func (p *Pair) Close() {
 	for _, h := range p.Hosts() {
 		if h != nil {
 			h.Stop()
 		}
 	}
+	for _, dir := range p.shared {
+		_ = os.RemoveAll(dir)
+	}
+}
+
+// SharedPool makes one directory both hosts reach, as an NFS export would
+// be, defines it as the storage pool name on each libvirtd, and returns
+// it: what both hosts' QEMUs write, so open to them as an export is.
+func (p *Pair) SharedPool(name string) (string, error) {
+	dir, err := os.MkdirTemp("", "vf-shared-")
+	if err != nil {
+		return "", errors.Wrap(err, "cannot create the shared pool's directory")
+	}
+	p.shared = append(p.shared, dir)
+	if err := os.Chmod(dir, 0o777); err != nil { //nolint:gosec // both hosts' QEMU write here, as on an NFS export
+		return "", errors.Wrap(err, "cannot open the shared pool's directory to both hosts")
+	}
+	for _, h := range p.Hosts() {
+		if err := h.DefinePool(name, dir); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
 }
