@@ -93,27 +93,16 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(reg.Stop)
 
-	// A cold build of the agent or nats-server is minutes on a loaded
-	// small machine; the go build cache makes the next one seconds.
-	buildCtx, cancelBuild := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancelBuild()
-	start := time.Now()
-	images := map[string]string{
-		"ghcr.io/virtfleet/virtfleet-agent": pushImage(buildCtx, t, reg, virtfleetSpec(t, ociimage.Agent.Name, imageVersion), "virtfleet/virtfleet-agent", "test"),
-		"ghcr.io/virtfleet/virtfleet-hub":   pushImage(buildCtx, t, reg, virtfleetSpec(t, ociimage.Hub.Name, imageVersion), "virtfleet/virtfleet-hub", "test"),
-		"docker.io/library/nats":            pushImage(buildCtx, t, reg, ociimage.NATS, "virtfleet/nats", "test"),
-	}
-	t.Logf("agent, hub and NATS images %v built and pushed in %s", images, time.Since(start).Round(100*time.Millisecond))
-
+	images := pushFleetImages(t, reg)
 	f := startFleet(t, cp, reg, images, "virtfleet-system_virtfleet-hub-*", nil)
 
 	// Killed, the agent's pod comes back through the DaemonSet controller,
 	// and so does the heartbeat.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	start = time.Now()
+	start := time.Now()
 	require.NoError(t, cp.Client.Delete(ctx, f.agent))
-	again := runningPod(ctx, t, cp, f.agent.UID)
+	again := runningPod(ctx, t, cp, f.agent.UID, "")
 	running := time.Now()
 	awaitHeartbeat(ctx, t, f.hub, f.heartbeat)
 	t.Logf("killed agent pod replaced by %s, Running after %s, heartbeat %s later",
@@ -140,6 +129,25 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	t.Logf("VM stopped through the aggregated API %s after the hub's Deployment was applied", time.Since(start).Round(100*time.Millisecond))
 }
 
+// pushFleetImages builds the agent's, the hub's and NATS's images as
+// cluster/images does and pushes them to reg, returning the references
+// cluster/deploy's image names are to be replaced by.
+func pushFleetImages(t *testing.T, reg *crossplanetest.Registry) map[string]string {
+	t.Helper()
+	// A cold build of the agent or nats-server is minutes on a loaded
+	// small machine; the go build cache makes the next one seconds.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	start := time.Now()
+	images := map[string]string{
+		"ghcr.io/virtfleet/virtfleet-agent": pushImage(ctx, t, reg, virtfleetSpec(t, ociimage.Agent.Name, imageVersion), "virtfleet/virtfleet-agent", "test"),
+		"ghcr.io/virtfleet/virtfleet-hub":   pushImage(ctx, t, reg, virtfleetSpec(t, ociimage.Hub.Name, imageVersion), "virtfleet/virtfleet-hub", "test"),
+		"docker.io/library/nats":            pushImage(ctx, t, reg, ociimage.NATS, "virtfleet/nats", "test"),
+	}
+	t.Logf("agent, hub and NATS images %v built and pushed in %s", images, time.Since(start).Round(100*time.Millisecond))
+	return images
+}
+
 // inClusterName is the name the hub's pods reach the API server by.
 const inClusterName = "kubernetes.default.svc"
 
@@ -153,8 +161,8 @@ func natsAuth(users []natswire.User) *corev1.Secret {
 }
 
 // natsVolume is the PersistentVolume an administrator makes for NATS's
-// claim where no provisioner does: a local volume of the node.
-func natsVolume() *corev1.PersistentVolume {
+// claim where no provisioner does: a local volume of node.
+func natsVolume(node string) *corev1.PersistentVolume {
 	return &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: "nats-store"},
 		Spec: corev1.PersistentVolumeSpec{
@@ -299,8 +307,10 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 // labelHypervisor labels n as a hypervisor once it has registered, as an
-// administrator does (`kubectl label node`), which the DaemonSet selects.
-func labelHypervisor(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, n *kubenode.Node) {
+// administrator does (`kubectl label node`), which the DaemonSet selects,
+// and, if taint, taints it so that nothing else runs there (`kubectl taint
+// node`), which the DaemonSet tolerates.
+func labelHypervisor(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, n *kubenode.Node, taint bool) {
 	t.Helper()
 	var obj corev1.Node
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
@@ -312,6 +322,9 @@ func labelHypervisor(ctx context.Context, t *testing.T, cp *controlplane.Control
 	require.NoError(t, err, "node %s did not register", n.Name)
 	patch := client.MergeFrom(obj.DeepCopy())
 	obj.Labels["virtfleet.io/hypervisor"] = "true"
+	if taint {
+		obj.Spec.Taints = append(obj.Spec.Taints, corev1.Taint{Key: "virtfleet.io/hypervisor", Value: "true", Effect: corev1.TaintEffectNoSchedule})
+	}
 	require.NoError(t, cp.Client.Patch(ctx, &obj, patch))
 }
 
@@ -397,21 +410,24 @@ func podPatch(t *testing.T, kind, name, container string, env map[string]string,
 	}
 }
 
-// runningPod waits until the agent DaemonSet's pod other than the one
-// with uid not runs, and returns it.
-func runningPod(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, not types.UID) *corev1.Pod {
+// runningPod waits until the agent DaemonSet's pod on node node (any, if
+// empty) other than the one with uid not runs, and returns it.
+func runningPod(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, not types.UID, node string) *corev1.Pod {
 	t.Helper()
 	var (
-		pods corev1.PodList
-		ds   appsv1.DaemonSet
+		pods    corev1.PodList
+		ds      appsv1.DaemonSet
+		running *corev1.Pod
 	)
 	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		if err := cp.Client.List(ctx, &pods, client.InNamespace("virtfleet-system"),
 			client.MatchingLabels{"app.kubernetes.io/name": "virtfleet-agent"}); err != nil {
 			return false, err
 		}
-		for _, p := range pods.Items {
-			if p.UID != not && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if p.UID != not && (node == "" || p.Spec.NodeName == node) && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+				running = p
 				return true, nil
 			}
 		}
@@ -421,12 +437,7 @@ func runningPod(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane
 		_ = cp.Client.Get(ctx, client.ObjectKey{Namespace: "virtfleet-system", Name: "virtfleet-agent"}, &ds)
 	}
 	require.NoError(t, err, "no agent pod runs; the DaemonSet's status: %+v; pods: %+v", ds.Status, pods.Items)
-	for i := range pods.Items {
-		if p := &pods.Items[i]; p.UID != not && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
-			return p
-		}
-	}
-	return nil
+	return running
 }
 
 // awaitHeartbeat waits for a heartbeat of node's agent stored after

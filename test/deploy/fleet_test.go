@@ -142,7 +142,7 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 		}
 	})
 	f.node = n
-	labelHypervisor(ctx, t, cp, n)
+	labelHypervisor(ctx, t, cp, n, false)
 	start := time.Now()
 	kubenode.StartClusterDNS(t, cp, reg)
 	t.Logf("cluster DNS Ready %s after it was applied", time.Since(start).Round(100*time.Millisecond))
@@ -156,7 +156,7 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 	objs := deployObjects(t, images)
 	f.apply(ctx, t, objs, "Namespace/virtfleet-system")
 	require.NoError(t, cp.Client.Create(ctx, natsAuth(users)))
-	require.NoError(t, cp.Client.Create(ctx, natsVolume()))
+	require.NoError(t, cp.Client.Create(ctx, natsVolume(node)))
 	f.apply(ctx, t, objs, "ConfigMap/nats-config", "Service/nats", "Service/nats-headless", "StatefulSet/nats")
 	nats := readyPod(ctx, t, cp, "nats-0")
 	t.Logf("NATS pod %s (%s) Ready %s after its StatefulSet was applied", nats.Name, nats.Status.PodIP, time.Since(start).Round(100*time.Millisecond))
@@ -172,7 +172,7 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 	start = time.Now()
 	f.agentPatch = podPatch(t, "DaemonSet", "virtfleet-agent", "agent", libvirtEnv, nil)
 	f.apply(ctx, t, deployObjects(t, images, f.agentPatch), "ServiceAccount/virtfleet-agent", "DaemonSet/virtfleet-agent")
-	f.agent = runningPod(ctx, t, cp, "")
+	f.agent = runningPod(ctx, t, cp, "", "")
 	running := time.Now()
 	t.Logf("agent pod %s Running %s after the DaemonSet was applied", f.agent.Name, running.Sub(start).Round(100*time.Millisecond))
 	f.heartbeat = awaitHeartbeat(ctx, t, f.hub, 0)

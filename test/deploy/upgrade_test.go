@@ -12,6 +12,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/google/uuid"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
@@ -469,20 +470,7 @@ func (w *upgradeWatch) stop() upgradeSummary {
 // leader_election_master_status) and how often it reconciled
 // (controller_runtime_reconcile_total), from its metrics port.
 func scrapeHub(ctx context.Context, c *http.Client, ip string) (hubSample, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(ip, "8080")+"/metrics", nil)
-	if err != nil {
-		return hubSample{}, err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return hubSample{}, err
-	}
-	defer resp.Body.Close() //nolint:errcheck // read-only body
-	if resp.StatusCode != http.StatusOK {
-		return hubSample{}, fmt.Errorf("metrics: %s", resp.Status)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
+	families, err := scrape(ctx, c, net.JoinHostPort(ip, "8080"))
 	if err != nil {
 		return hubSample{}, err
 	}
@@ -494,4 +482,22 @@ func scrapeHub(ctx context.Context, c *http.Client, ip string) (hubSample, error
 		s.reconciles += m.GetCounter().GetValue()
 	}
 	return s, nil
+}
+
+// scrape reads the metrics served at addr (host:port) with c.
+func scrape(ctx context.Context, c *http.Client, addr string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close() //nolint:errcheck // read-only body
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("metrics: %s", resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(resp.Body)
 }
