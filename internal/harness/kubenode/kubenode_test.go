@@ -31,13 +31,7 @@ import (
 // scheduler, and Stop leaves no process, cgroup, namespace or directory
 // behind.
 func TestNodeRunsPods(t *testing.T) {
-	if m := kubenode.Missing(); len(m) > 0 {
-		t.Skipf("needs %v (make deps, as root)", m)
-	}
-	cp := controlplane.StartForTest(t)
-	reg, err := crossplanetest.StartRegistry()
-	require.NoError(t, err)
-	t.Cleanup(reg.Stop)
+	cp, reg := startCluster(t)
 
 	start := time.Now()
 	n, pause := kubenode.StartForTest(t, cp, reg, "vf-node-a")
@@ -45,7 +39,7 @@ func TestNodeRunsPods(t *testing.T) {
 	defer cancel()
 
 	var node corev1.Node
-	err = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := n.Exited(); err != nil {
 			return false, err
 		}
@@ -146,6 +140,20 @@ func ready(n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// startCluster skips t where a node cannot run, and starts a control plane
+// and a registry for t's nodes.
+func startCluster(t *testing.T) (*controlplane.ControlPlane, *crossplanetest.Registry) {
+	t.Helper()
+	if m := kubenode.Missing(); len(m) > 0 {
+		t.Skipf("needs %v (make deps, as root)", m)
+	}
+	cp := controlplane.StartForTest(t)
+	reg, err := crossplanetest.StartRegistry()
+	require.NoError(t, err)
+	t.Cleanup(reg.Stop)
+	return cp, reg
 }
 
 // awaitTerminated waits until pod, of one container, ended, and returns

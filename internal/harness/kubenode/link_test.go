@@ -14,8 +14,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
-	"github.com/virtfleet/virtfleet/internal/harness/crossplanetest"
 	"github.com/virtfleet/virtfleet/internal/harness/kubenode"
 )
 
@@ -23,13 +21,7 @@ import (
 // one reaches a pod on the other at its address, and through a Service's
 // cluster IP, which the first node's kube-proxy sends there.
 func TestLinkedNodesPodsReachEachOther(t *testing.T) {
-	if m := kubenode.Missing(); len(m) > 0 {
-		t.Skipf("needs %v (make deps, as root)", m)
-	}
-	cp := controlplane.StartForTest(t)
-	reg, err := crossplanetest.StartRegistry()
-	require.NoError(t, err)
-	t.Cleanup(reg.Stop)
+	cp, reg := startCluster(t)
 	// kube-proxy finds a Service's pods in its EndpointSlices.
 	kubenode.StartSchedulingForTest(t, cp, "endpointslice")
 	a, pause := kubenode.StartForTest(t, cp, reg, "vf-link-a", func(o *kubenode.Options) { o.PodSubnet = kubenode.PodSubnet(1) })
@@ -48,7 +40,7 @@ func TestLinkedNodesPodsReachEachOther(t *testing.T) {
 		},
 	}
 	require.NoError(t, cp.Client.Create(ctx, server))
-	err = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(server), server); err != nil {
 			return false, err
 		}
