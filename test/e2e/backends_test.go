@@ -307,10 +307,7 @@ func testNovaCloneOfASnapshot(t *testing.T, h *hub, node string) {
 			&v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm-copy-vm-root"}},
 			&v1alpha1.VirtualMachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm-golden"}},
 		} {
-			require.NoError(t, h.kube.Delete(context.Background(), o))
-			require.Eventually(t, func() bool {
-				return kerrors.IsNotFound(h.kube.Get(context.Background(), client.ObjectKeyFromObject(o), o))
-			}, 2*time.Minute, 100*time.Millisecond, "%T %s was not finalized", o, o.GetName())
+			h.deleteObject(t, o)
 		}
 	})
 }

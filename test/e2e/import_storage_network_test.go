@@ -273,11 +273,13 @@ func (h *hub) waitVolume(t *testing.T, name string, timeout time.Duration, ok fu
 	return v
 }
 
-// deleteObject deletes o and waits until the hub finalized it.
+// deleteObject deletes o and waits until the hub finalized it: once the
+// backend deleted what it made, which on a real cloud (Nova deleting a
+// server through its services) takes tens of seconds on a busy machine.
 func (h *hub) deleteObject(t *testing.T, o client.Object) {
 	t.Helper()
 	require.NoError(t, h.kube.Delete(context.Background(), o))
 	require.Eventually(t, func() bool {
 		return kerrors.IsNotFound(h.kube.Get(context.Background(), client.ObjectKeyFromObject(o), o))
-	}, 30*time.Second, 100*time.Millisecond, "%T %s was not finalized", o, o.GetName())
+	}, 2*time.Minute, 100*time.Millisecond, "%T %s was not finalized", o, o.GetName())
 }
