@@ -30,7 +30,7 @@ import (
 const (
 	password  = "pw-3f1c9e-never-print-me"
 	cloudName = "test"
-	waitFor   = 10 * time.Second
+	waitFor   = 30 * time.Second
 	tick      = 10 * time.Millisecond
 )
 
