@@ -84,9 +84,12 @@ func startRealHost(ctx context.Context, t *testing.T) *realHost {
 // bootGuest applies what a real guest name needs in namespace default (the
 // image, a NAT network, a root Volume from the image) and the VM itself,
 // waits until it runs with an address, lets the key in over ssh at that
-// address and returns the VM and its boot id.
+// address and returns the VM and its boot id. It boots holding the
+// machine's guest boot lock, as test/guest's boots do: one TCG boot at a
+// time.
 func (f *fleet) bootGuest(ctx context.Context, t *testing.T, name string) (*computev1alpha1.VirtualMachine, string) {
 	t.Helper()
+	defer guestimage.HoldBoot(ctx, t)()
 	qcow2 := computev1alpha1.DiskFormatQCOW2
 	for _, obj := range []client.Object{
 		&computev1alpha1.DiskImage{
