@@ -140,9 +140,10 @@ func TestEndpointsStopWithTheAgent(t *testing.T) {
 
 	agent.stop(t)
 	for _, e := range endpoints {
-		ln, err := net.Listen("tcp", e.addr)
-		require.NoError(t, err, "the stopped agent's port of %s is free again", e.path)
-		require.NoError(t, ln.Close())
+		// Not a listen on the port: once the agent freed it, another
+		// process's connection may take it as its own port at once, and
+		// did under a loaded make test.
+		assert.Error(t, get(e.addr, e.path), "the stopped agent still serves %s", e.path)
 	}
 }
 
