@@ -3,7 +3,6 @@ package deploy_test
 import (
 	"context"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -212,18 +211,13 @@ func (f *fleet) apply(ctx context.Context, t *testing.T, objs map[string]client.
 	}
 }
 
-// inCluster is what a hub's pod needs to reach the API server on a node
-// with neither a Service proxy nor DNS: the API server's host and port
-// as environment (KUBERNETES_SERVICE_HOST and _PORT, as the kubelet would
-// set them from the kubernetes Service), and, in a pod spec's
-// hostAliases, the node's address under inClusterName, the name the API
-// server's certificate gives.
+// inCluster is what a hub's pod needs to reach the API server
+// (kubenode.InCluster): environment and hostAliases.
 func (f *fleet) inCluster(t *testing.T) (env map[string]string, hostAliases []corev1.HostAlias) {
 	t.Helper()
-	api, err := url.Parse(f.cp.Config.Host)
+	env, hostAliases, err := kubenode.InCluster(f.cp)
 	require.NoError(t, err)
-	return map[string]string{"KUBERNETES_SERVICE_HOST": inClusterName, "KUBERNETES_SERVICE_PORT": api.Port()},
-		[]corev1.HostAlias{{IP: kubenode.NodeIP, Hostnames: []string{inClusterName}}}
+	return env, hostAliases
 }
 
 // hubCredentials stores the hub's NATS seed where the README's step 4 puts

@@ -2,10 +2,12 @@ package kubenode
 
 import (
 	"context"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -59,15 +61,14 @@ var corefile = `.:` + strconv.Itoa(dnsPort) + ` {
 // (StartForTest's nodes run it) makes the Service reach it.
 //
 // CoreDNS reaches the API server as a pod does, with its ServiceAccount's
-// token, at cp's InClusterName on the node, which a host alias names: the
-// node has no route to the kubernetes Service's endpoint, the API server
-// on the machine's loopback.
+// token, where InCluster says.
 func StartClusterDNS(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanetest.Registry) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	if cp.InClusterName == "" {
-		t.Fatal("the cluster DNS reaches the API server by its in-cluster name: start the control plane with one")
+	env, aliases, err := InCluster(cp)
+	if err != nil {
+		t.Fatal(err)
 	}
 	bin, err := envtestassets.EnsureNode(ctx, testWriter{t})
 	if err != nil {
@@ -77,11 +78,7 @@ func StartClusterDNS(t testing.TB, cp *controlplane.ControlPlane, reg *crossplan
 	if err != nil {
 		t.Fatal(err)
 	}
-	api, err := url.Parse(cp.Config.Host)
-	if err != nil {
-		t.Fatalf("cannot parse the API server's address: %v", err)
-	}
-	for _, obj := range dnsObjects(image, cp.InClusterName, api.Port()) {
+	for _, obj := range dnsObjects(image, env, aliases) {
 		if err := cp.Client.Create(ctx, obj); err != nil {
 			t.Fatalf("cannot create the cluster DNS's %T %s: %v", obj, obj.GetName(), err)
 		}
@@ -96,6 +93,26 @@ func StartClusterDNS(t testing.TB, cp *controlplane.ControlPlane, reg *crossplan
 	if err != nil {
 		t.Fatalf("CoreDNS is not Ready: %v; its Deployment's status: %+v", err, d.Status)
 	}
+}
+
+// InCluster is what a pod on cp's nodes needs to reach the API server as
+// an in-cluster client does: the kubernetes Service does not reach it (its
+// endpoint is the API server on the machine's loopback, whose certificate
+// names the in-cluster name, not the Service's address). So the pod is
+// told the API server's host and port as environment, as the kubelet
+// would tell it of that Service (KUBERNETES_SERVICE_HOST and _PORT), and,
+// in its hostAliases, NodeIP under cp's InClusterName: the node forwards
+// the API server's port there.
+func InCluster(cp *controlplane.ControlPlane) (env map[string]string, hostAliases []corev1.HostAlias, err error) {
+	if cp.InClusterName == "" {
+		return nil, nil, errors.New("pods reach the API server by its in-cluster name: start the control plane with one")
+	}
+	api, err := url.Parse(cp.Config.Host)
+	if err != nil {
+		return nil, nil, errors.Wrap(err, "cannot parse the API server's address")
+	}
+	return map[string]string{"KUBERNETES_SERVICE_HOST": cp.InClusterName, "KUBERNETES_SERVICE_PORT": api.Port()},
+		[]corev1.HostAlias{{IP: NodeIP, Hostnames: []string{cp.InClusterName}}}, nil
 }
 
 // pushCoreDNS makes CoreDNS's image from the binary and pushes it to reg.
@@ -113,10 +130,14 @@ func pushCoreDNS(ctx context.Context, reg *crossplanetest.Registry, binary strin
 }
 
 // dnsObjects are the cluster DNS's objects, its pods running image and
-// reaching the API server at host:port.
-func dnsObjects(image, host, port string) []client.Object {
+// reaching the API server with env and hostAliases (InCluster).
+func dnsObjects(image string, env map[string]string, hostAliases []corev1.HostAlias) []client.Object {
 	ns := metav1.NamespaceSystem
 	labels := map[string]string{"k8s-app": "kube-dns"}
+	vars := make([]corev1.EnvVar, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		vars = append(vars, corev1.EnvVar{Name: k, Value: env[k]})
+	}
 	return []client.Object{
 		&rbacv1.ClusterRole{
 			ObjectMeta: metav1.ObjectMeta{Name: "system:coredns"},
@@ -146,15 +167,12 @@ func dnsObjects(image, host, port string) []client.Object {
 						ServiceAccountName: "coredns",
 						// Its own name server is itself: the node's.
 						DNSPolicy:   corev1.DNSDefault,
-						HostAliases: []corev1.HostAlias{{IP: NodeIP, Hostnames: []string{host}}},
+						HostAliases: hostAliases,
 						Containers: []corev1.Container{{
 							Name:  "coredns",
 							Image: image,
 							Args:  []string{"-conf", "/etc/coredns/Corefile"},
-							Env: []corev1.EnvVar{
-								{Name: "KUBERNETES_SERVICE_HOST", Value: host},
-								{Name: "KUBERNETES_SERVICE_PORT", Value: port},
-							},
+							Env:   vars,
 							Ports: []corev1.ContainerPort{
 								{Name: "dns", ContainerPort: dnsPort, Protocol: corev1.ProtocolUDP},
 								{Name: "dns-tcp", ContainerPort: dnsPort, Protocol: corev1.ProtocolTCP},
