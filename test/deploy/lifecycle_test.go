@@ -11,9 +11,7 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
-	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr/testr"
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -235,13 +233,8 @@ func TestALostKubeletNodesGuestRunsOnAnother(t *testing.T) {
 // and the domain's definition.
 func domainOn(t *testing.T, h *guesthost.Host, vm *computev1alpha1.VirtualMachine) (int32, *libvirtxml.Domain) {
 	t.Helper()
-	u, err := uuid.Parse(string(vm.UID))
-	require.NoError(t, err)
-	l, err := h.Dial()
-	require.NoError(t, err)
+	l, dom := lookupDomain(t, h, vm)
 	defer l.Disconnect() //nolint:errcheck // read-only
-	dom, err := l.DomainLookupByUUID(golibvirt.UUID(u))
-	require.NoError(t, err)
 	x, err := l.DomainGetXMLDesc(dom, 0)
 	require.NoError(t, err)
 	var def libvirtxml.Domain

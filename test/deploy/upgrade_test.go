@@ -196,13 +196,8 @@ type guest struct {
 // guestOf is vm's guest on the node's libvirtd, which must run it.
 func (f *fleet) guestOf(t *testing.T, vm *computev1alpha1.VirtualMachine) guest {
 	t.Helper()
-	u, err := uuid.Parse(string(vm.UID))
-	require.NoError(t, err)
-	l, err := f.libvirt.Dial()
-	require.NoError(t, err)
+	l, dom := lookupDomain(t, f.libvirt, vm)
 	defer l.Disconnect() //nolint:errcheck // read-only
-	dom, err := l.DomainLookupByUUID(libvirt.UUID(u))
-	require.NoError(t, err, "the node's libvirtd has no domain for VM %s", vm.Name)
 	state, _, err := l.DomainGetState(dom, 0)
 	require.NoError(t, err)
 	require.Equal(t, int32(libvirt.DomainRunning), state, "VM %s's domain is not running", vm.Name)
@@ -211,6 +206,25 @@ func (f *fleet) guestOf(t *testing.T, vm *computev1alpha1.VirtualMachine) guest 
 		g.pid = f.real.qemuPID(t, dom.Name)
 	}
 	return g
+}
+
+// lookupDomain connects to the libvirtd h dials and finds vm's domain
+// there, by its UUID (the VM's uid); the caller disconnects.
+func lookupDomain(t *testing.T, h interface {
+	Dial() (*libvirt.Libvirt, error)
+}, vm *computev1alpha1.VirtualMachine,
+) (*libvirt.Libvirt, libvirt.Domain) {
+	t.Helper()
+	u, err := uuid.Parse(string(vm.UID))
+	require.NoError(t, err)
+	l, err := h.Dial()
+	require.NoError(t, err)
+	dom, err := l.DomainLookupByUUID(libvirt.UUID(u))
+	if err != nil {
+		_ = l.Disconnect()
+	}
+	require.NoError(t, err, "the node's libvirtd has no domain for VM %s", vm.Name)
+	return l, dom
 }
 
 // agentVersion is the node's agent's version as its HypervisorNode shows it.
