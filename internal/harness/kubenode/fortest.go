@@ -64,20 +64,12 @@ func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanete
 	if err != nil {
 		t.Fatalf("cannot push the pause image: %v", err)
 	}
-	user := "system:node:" + name
-	kubeconfig, err := cp.AddUser(user, "system:nodes")
+	kubeconfig, err := identity(ctx, cp, "kubenode:"+name, "system:node", "system:node:"+name, "system:nodes")
 	if err != nil {
-		t.Fatalf("cannot make the node's identity: %v", err)
+		t.Fatal(err)
 	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubenode:" + name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:node"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
-	}
-	if err := cp.Client.Create(ctx, binding); err != nil {
-		t.Fatalf("cannot bind the node's role: %v", err)
-	}
-	proxyKubeconfig, err := proxyIdentity(ctx, cp)
+	// Every node's kube-proxy is one user, as kubeadm makes it.
+	proxyKubeconfig, err := identity(ctx, cp, "kubenode:kube-proxy", "system:node-proxier", "system:kube-proxy")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,25 +117,21 @@ func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanete
 	return n, pause
 }
 
-// proxyUser is kube-proxy's user, which every node's kube-proxy is, as
-// kubeadm makes it.
-const proxyUser = "system:kube-proxy"
-
-// proxyIdentity makes kube-proxy's identity on cp, bound to the
-// system:node-proxier ClusterRole, once for every node, and returns a
-// kubeconfig of it.
-func proxyIdentity(ctx context.Context, cp *controlplane.ControlPlane) (string, error) {
-	kubeconfig, err := cp.AddUser(proxyUser)
+// identity makes user (in groups) on cp, bound to ClusterRole role by the
+// ClusterRoleBinding binding, which may exist already (one user for every
+// node), and returns a kubeconfig of the user.
+func identity(ctx context.Context, cp *controlplane.ControlPlane, binding, role, user string, groups ...string) (string, error) {
+	kubeconfig, err := cp.AddUser(user, groups...)
 	if err != nil {
-		return "", errors.Wrap(err, "cannot make kube-proxy's identity")
+		return "", errors.Wrapf(err, "cannot make the identity %s", user)
 	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubenode:kube-proxy"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:node-proxier"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: proxyUser}},
+	b := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: binding},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
 	}
-	if err := cp.Client.Create(ctx, binding); err != nil && !kerrors.IsAlreadyExists(err) {
-		return "", errors.Wrap(err, "cannot bind kube-proxy's role")
+	if err := cp.Client.Create(ctx, b); err != nil && !kerrors.IsAlreadyExists(err) {
+		return "", errors.Wrapf(err, "cannot bind %s's role %s", user, role)
 	}
 	return kubeconfig, nil
 }
