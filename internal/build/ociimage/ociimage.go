@@ -91,31 +91,51 @@ func Build(spec Spec, binary []byte, p Platform, created time.Time) (v1.Image, e
 // binaryLayer is a layer holding the binary and its parent directories, all
 // owned by root, so that a non-root user can execute but not replace it.
 func binaryLayer(file string, binary []byte, mtime time.Time) (v1.Layer, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
+	var files []File
 	dirs := strings.Split(strings.Trim(path.Dir(file), "/"), "/")
 	for i := range dirs {
-		if dirs[i] == "" {
-			continue
+		if dirs[i] != "" {
+			files = append(files, File{Name: "/" + path.Join(dirs[:i+1]...), Mode: 0o755, Dir: true})
 		}
-		hdr := &tar.Header{Typeflag: tar.TypeDir, Name: path.Join(dirs[:i+1]...) + "/", Mode: 0o755, ModTime: mtime, Format: tar.FormatPAX}
+	}
+	files = append(files, File{Name: file, Mode: 0o755, Data: binary})
+	return FilesLayer(files, mtime)
+}
+
+// File is a file or directory of a layer, owned by root.
+type File struct {
+	// Name is its absolute path in the image.
+	Name string
+	// Mode holds its permission bits (and sticky bit).
+	Mode int64
+	// Dir makes it a directory; else it is a regular file holding Data.
+	Dir  bool
+	Data []byte
+}
+
+// FilesLayer is a layer holding files, in their order (parents before
+// what they hold), each with modification time mtime.
+func FilesLayer(files []File, mtime time.Time) (v1.Layer, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range files {
+		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(f.Name, "/"), Mode: f.Mode, Size: int64(len(f.Data)), ModTime: mtime, Format: tar.FormatPAX}
+		if f.Dir {
+			hdr.Typeflag, hdr.Name, hdr.Size = tar.TypeDir, hdr.Name+"/", 0
+		}
 		if err := tw.WriteHeader(hdr); err != nil {
-			return nil, errors.Wrap(err, "cannot write a directory to the layer")
+			return nil, errors.Wrapf(err, "cannot write %s to the layer", f.Name)
 		}
-	}
-	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(file, "/"), Mode: 0o755, Size: int64(len(binary)), ModTime: mtime, Format: tar.FormatPAX}
-	if err := tw.WriteHeader(hdr); err != nil {
-		return nil, errors.Wrap(err, "cannot write the binary to the layer")
-	}
-	if _, err := tw.Write(binary); err != nil {
-		return nil, errors.Wrap(err, "cannot write the binary to the layer")
+		if _, err := tw.Write(f.Data); err != nil {
+			return nil, errors.Wrapf(err, "cannot write %s to the layer", f.Name)
+		}
 	}
 	if err := tw.Close(); err != nil {
 		return nil, errors.Wrap(err, "cannot close the layer")
 	}
 	b := buf.Bytes()
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
-	return l, errors.Wrap(err, "cannot make the binary layer")
+	return l, errors.Wrap(err, "cannot make the layer")
 }
 
 // WriteTarball writes img to file as an image tarball tagged ref.
