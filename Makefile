@@ -50,7 +50,7 @@ envtest-assets: ## Build kube-apiserver, etcd and kubectl once per machine (or u
 	@$(GO) run ./hack/envtest-assets >/dev/null
 
 .PHONY: crossplane-core
-crossplane-core: ## Build Crossplane core and the garbage collector once per machine (the Crossplane tests run them).
+crossplane-core: ## Build Crossplane core, helm and the garbage collector once per machine (the Crossplane tests run them).
 	@$(GO) run ./hack/crossplane-core >/dev/null
 
 .PHONY: kube-node

@@ -77,18 +77,17 @@ import (
 // The node runs kube-proxy and the cluster runs CoreDNS, so the agent and
 // the hub reach NATS by its Service's name, as cluster/deploy and the
 // README say; the test reaches the NATS pod's IP through the node's
-// namespace (kubenode.Node.Expose). The kubernetes Service does not reach
-// the API server, which listens on the machine's loopback: the hub's pods
-// are told its host and port (KUBERNETES_SERVICE_HOST and _PORT, as the
-// kubelet would set them from that Service) and find the node's address
-// under the name the API server's certificate gives (a host alias); and
-// the API server reaches the aggregated API's endpoints through the node
+// namespace (kubenode.Node.Expose). The hub's pods reach the API server
+// as any in-cluster client does, by the kubernetes Service, whose endpoint
+// the API server advertises at the node's address, where the node forwards
+// its port (controlplane.Options.InClusterAddress); and the API server
+// reaches the aggregated API's endpoints through the node
 // (controlplane.Options.ClusterEgress).
 func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	skipWithoutKubelet(t)
 	// The API server's warnings about what is applied, in the test's log.
 	log.SetLogger(testr.New(t))
-	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterName: inClusterName, Aggregation: true, ClusterEgress: true})
+	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterAddress: kubenode.NodeIP, Aggregation: true, ClusterEgress: true})
 	reg, err := crossplanetest.StartRegistry()
 	require.NoError(t, err)
 	t.Cleanup(reg.Stop)
@@ -113,10 +112,8 @@ func TestAgentDaemonSetOnKubelet(t *testing.T) {
 	ctx, cancel = context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	start = time.Now()
-	env, aliases := f.inCluster(t)
-	hubPatch := podPatch(t, "Deployment", "virtfleet-hub", "hub", env, map[string]any{"hostAliases": aliases})
 	f.hubCredentials(ctx, t)
-	objs := deployObjects(t, images, f.agentPatch, hubPatch)
+	objs := deployObjects(t, images, f.agentPatch)
 	for key := range objs {
 		if !f.created[key] {
 			f.apply(ctx, t, objs, key)
@@ -148,9 +145,6 @@ func pushFleetImages(t *testing.T, reg *crossplanetest.Registry) map[string]stri
 	return images
 }
 
-// inClusterName is the name the hub's pods reach the API server by.
-const inClusterName = "kubernetes.default.svc"
-
 // natsAuth is the nats-auth Secret of the README's step 4: the users
 // entries `go run ./hack/mint-agent-credentials` prints, in auth.conf.
 func natsAuth(users []natswire.User) *corev1.Secret {
@@ -160,21 +154,47 @@ func natsAuth(users []natswire.User) *corev1.Secret {
 	}
 }
 
-// natsVolume is the PersistentVolume an administrator makes for NATS's
-// claim where no provisioner does: a local volume of node.
-func natsVolume(node string) *corev1.PersistentVolume {
-	return &corev1.PersistentVolume{
+// natsStorage makes what an administrator makes for NATS's store where no
+// provisioner serves claims (README, step 3): a local PersistentVolume of
+// node, and the claim the StatefulSet's pod names (its template data, pod
+// nats-0) bound to it, waiting until it is Bound. The StatefulSet takes an
+// existing claim of that name as its own. Made with the pod, the claim can
+// be missing from the scheduler's view when the pod is first scheduled,
+// and the pod then waits for the scheduler's periodic retry of
+// unschedulable pods (five minutes).
+func natsStorage(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, node string) {
+	t.Helper()
+	size := corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")}
+	rwo := []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
+	require.NoError(t, cp.Client.Create(ctx, &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: "nats-store"},
 		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Capacity:                      size,
+			AccessModes:                   rwo,
 			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
 			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: natsStore}},
+			// Bound both ways, whichever of the two the volume controller
+			// sees first waits for the other, not for its resync.
+			ClaimRef: &corev1.ObjectReference{Namespace: "virtfleet-system", Name: "data-nats-0"},
 			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
 			}}}},
 		},
+	}))
+	claim := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "virtfleet-system", Name: "data-nats-0"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: rwo,
+			Resources:   corev1.VolumeResourceRequirements{Requests: size},
+			VolumeName:  "nats-store",
+		},
 	}
+	require.NoError(t, cp.Client.Create(ctx, claim))
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), claim)
+		return err == nil && claim.Status.Phase == corev1.ClaimBound, client.IgnoreNotFound(err)
+	})
+	require.NoError(t, err, "NATS's claim is not Bound: %+v", claim.Status)
 }
 
 // hubJetStream connects to NATS at url as the hub and makes the wire's

@@ -125,7 +125,7 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 	socket, libvirtEnv := f.startLibvirt(t)
 
 	kubenode.StartSchedulingForTest(t, cp, "daemonset", "nodelifecycle", "statefulset", "persistentvolume-binder",
-		"serviceaccount", "deployment", "replicaset", "root-ca-cert-publisher", "endpointslice")
+		"serviceaccount", "deployment", "replicaset", "root-ca-cert-publisher", "endpointslice", "garbagecollector", "clusterrole-aggregation")
 	n, _ := kubenode.StartForTest(t, cp, reg, node, func(o *kubenode.Options) {
 		o.HostPaths = map[string]string{
 			"/run/libvirt/libvirt-sock": socket,
@@ -155,7 +155,7 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 	objs := deployObjects(t, images)
 	f.apply(ctx, t, objs, "Namespace/virtfleet-system")
 	require.NoError(t, cp.Client.Create(ctx, natsAuth(users)))
-	require.NoError(t, cp.Client.Create(ctx, natsVolume(node)))
+	natsStorage(ctx, t, cp, node)
 	f.apply(ctx, t, objs, "ConfigMap/nats-config", "Service/nats", "Service/nats-headless", "StatefulSet/nats")
 	nats := readyPod(ctx, t, cp, "nats-0")
 	t.Logf("NATS pod %s (%s) Ready %s after its StatefulSet was applied", nats.Name, nats.Status.PodIP, time.Since(start).Round(100*time.Millisecond))
@@ -209,15 +209,6 @@ func (f *fleet) apply(ctx context.Context, t *testing.T, objs map[string]client.
 		require.NoError(t, f.cp.Client.Create(ctx, objs[key]), key)
 		f.created[key] = true
 	}
-}
-
-// inCluster is what a hub's pod needs to reach the API server
-// (kubenode.InCluster): environment and hostAliases.
-func (f *fleet) inCluster(t *testing.T) (env map[string]string, hostAliases []corev1.HostAlias) {
-	t.Helper()
-	env, hostAliases, err := kubenode.InCluster(f.cp)
-	require.NoError(t, err)
-	return env, hostAliases
 }
 
 // hubCredentials stores the hub's NATS seed where the README's step 4 puts

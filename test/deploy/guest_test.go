@@ -17,15 +17,16 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
 	"github.com/virtfleet/virtfleet/internal/harness/guestimage"
+	"github.com/virtfleet/virtfleet/internal/harness/manifests"
 	"github.com/virtfleet/virtfleet/internal/harness/stack"
 )
 
@@ -81,10 +82,13 @@ func startRealHost(ctx context.Context, t *testing.T) *realHost {
 	return r
 }
 
-// bootGuest applies what a real guest name needs in namespace default (the
-// image, a NAT network, a root Volume from the image) and the VM itself,
-// waits until it runs with an address, lets the key in over ssh at that
-// address and returns the VM and its boot id. It boots holding the
+// bootGuest asks for a real guest name as the README's "With Crossplane's
+// package manager" tells a user: the image and a NAT network in namespace
+// default, then a claim there (package/examples' VirtualMachineClaim, of
+// size small, with the key), which Crossplane composes through the XRD
+// and virtfleet's function into the VM name and its boot Volume. It waits
+// until the VM runs with an address, and the claim shows it, lets the key
+// in over ssh at that address and returns the VM and its boot id. It boots holding the
 // machine's guest boot lock, as test/guest's boots do: one TCG boot at a
 // time.
 func (f *fleet) bootGuest(ctx context.Context, t *testing.T, name string) (*computev1alpha1.VirtualMachine, string) {
@@ -103,38 +107,58 @@ func (f *fleet) bootGuest(ctx context.Context, t *testing.T, name string) (*comp
 			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vfnet"},
 			Spec:       computev1alpha1.VirtualNetworkSpec{ForProvider: computev1alpha1.VirtualNetworkParameters{Mode: computev1alpha1.NetworkModeNAT, CIDR: guestCIDR.String()}},
 		},
-		&computev1alpha1.Volume{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name + "-root"},
-			Spec: computev1alpha1.VolumeSpec{ForProvider: computev1alpha1.VolumeParameters{
-				Size:   resource.MustParse("4Gi"),
-				Source: &computev1alpha1.VolumeSource{DiskImageRef: &computev1alpha1.LocalReference{Name: "debian"}},
-			}},
-		},
-		&computev1alpha1.VirtualMachine{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
-			Spec: computev1alpha1.VirtualMachineSpec{ForProvider: computev1alpha1.VirtualMachineParameters{
-				Running:         ptr.To(true),
-				Vcpu:            1,
-				Memory:          resource.MustParse("1Gi"),
-				PublicKey:       f.real.pub,
-				VirtualNetworks: []computev1alpha1.LocalName{"vfnet"},
-				DiskAttachments: []computev1alpha1.DiskAttachment{{Name: computev1alpha1.LocalName(name + "-root")}},
-			}},
-		},
+		claimOf(t, name, map[string]any{
+			"image": "debian", "networks": []any{"vfnet"}, "bootDiskSize": "4Gi", "publicKey": f.real.pub,
+		}),
 	} {
 		require.NoError(t, f.cp.Client.Create(ctx, obj), "%T %s", obj, obj.GetName())
 	}
 	vm := &computev1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
 	err := wait.PollUntilContextTimeout(ctx, time.Second, bootTimeout, true, func(ctx context.Context) (bool, error) {
 		if err := f.cp.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
-			return false, err
+			return false, client.IgnoreNotFound(err)
 		}
 		return vm.Status.AtProvider.Phase == computev1alpha1.PhaseRunning && guestAddress(vm) != "", nil
 	})
 	require.NoError(t, err, "VM %s does not run with an address: %+v", name, vm.Status)
+	assert.Equal(t, []computev1alpha1.DiskAttachment{{Name: computev1alpha1.LocalName(name + "-boot")}}, vm.Spec.ForProvider.DiskAttachments, "the claim's boot Volume")
+	assert.Equal(t, int32(1), vm.Spec.ForProvider.Vcpu, "size small")
+	f.awaitClaim(ctx, t, vm)
 	out, err := guesthost.SSHUntil(ctx, f.real.Netns, f.real.key, guestimage.DefaultUser, guestAddress(vm), "cat /proc/sys/kernel/random/boot_id", 2*time.Second, bootTimeout)
 	require.NoError(t, err, "ssh to VM %s at %s: %s", name, guestAddress(vm), out)
 	return vm, strings.TrimSpace(out)
+}
+
+// awaitClaim waits until the claim vm was composed for shows it Running
+// at its address.
+func (f *fleet) awaitClaim(ctx context.Context, t *testing.T, vm *computev1alpha1.VirtualMachine) {
+	t.Helper()
+	claim := claimOf(t, vm.Name, nil)
+	var status map[string]any
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := f.cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), claim); err != nil {
+			return false, err
+		}
+		status, _, _ = unstructured.NestedMap(claim.Object, "status")
+		return status["phase"] == string(computev1alpha1.PhaseRunning) && status["ip"] == "vfnet("+guestAddress(vm)+")", nil
+	})
+	require.NoError(t, err, "claim %s does not show its VM Running at %s: %v", vm.Name, guestAddress(vm), status)
+}
+
+// claimOf is package/examples' VirtualMachineClaim, named name in
+// namespace default, with spec's fields in place of the example's.
+func claimOf(t *testing.T, name string, spec map[string]any) *unstructured.Unstructured {
+	t.Helper()
+	objs, err := manifests.Load(filepath.Join(controlplane.RepoRoot(), "package", "examples", "virtualmachineclaim.yaml"))
+	require.NoError(t, err)
+	require.Len(t, objs, 1)
+	claim := objs[0]
+	claim.SetName(name)
+	require.Equal(t, "default", claim.GetNamespace())
+	for k, v := range spec {
+		require.NoError(t, unstructured.SetNestedField(claim.Object, v, "spec", k), k)
+	}
+	return claim
 }
 
 // guestAddress is the first address vm's status gives its guest.

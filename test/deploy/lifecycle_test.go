@@ -65,7 +65,7 @@ func TestALostKubeletNodesGuestRunsOnAnother(t *testing.T) {
 	log.SetLogger(testr.New(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterName: inClusterName, Aggregation: true, ClusterEgress: true})
+	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterAddress: kubenode.NodeIP, Aggregation: true, ClusterEgress: true})
 	reg, err := crossplanetest.StartRegistry()
 	require.NoError(t, err)
 	t.Cleanup(reg.Stop)
@@ -123,13 +123,11 @@ func TestALostKubeletNodesGuestRunsOnAnother(t *testing.T) {
 		"VIRTFLEET_FENCE_AFTER":         fenceAfter,
 		"VIRTFLEET_SHARED_POOLS":        sharedPool,
 	}, nil)
-	env, aliases := f.inCluster(t)
-	env["VIRTFLEET_FENCING_MARGIN"] = fenceMargin
-	hubPatch := podPatch(t, "Deployment", "virtfleet-hub", "hub", env, map[string]any{"hostAliases": aliases})
+	hubPatch := podPatch(t, "Deployment", "virtfleet-hub", "hub", map[string]string{"VIRTFLEET_FENCING_MARGIN": fenceMargin}, nil)
 	objs := deployObjects(t, images, f.agentPatch, hubPatch)
 	f.apply(ctx, t, objs, "Namespace/virtfleet-system")
 	require.NoError(t, cp.Client.Create(ctx, natsAuth(users)))
-	require.NoError(t, cp.Client.Create(ctx, natsVolume(infraNode)))
+	natsStorage(ctx, t, cp, infraNode)
 	f.hubCredentials(ctx, t)
 	for key := range objs {
 		if !f.created[key] {

@@ -29,14 +29,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	pkgv1 "github.com/crossplane/crossplane/apis/v2/pkg/v1"
-	pkgv1beta1 "github.com/crossplane/crossplane/apis/v2/pkg/v1beta1"
 
 	computev1alpha1 "github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/build/ociimage"
 	"github.com/virtfleet/virtfleet/internal/build/providerpackage"
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
-	"github.com/virtfleet/virtfleet/internal/harness/crossplanecore"
 	"github.com/virtfleet/virtfleet/internal/harness/crossplanetest"
+	"github.com/virtfleet/virtfleet/internal/harness/kubenode"
 	"github.com/virtfleet/virtfleet/internal/harness/manifests"
 )
 
@@ -59,15 +58,17 @@ import (
 // ServiceAccount, and `kubectl virtfleet stop` through the API server
 // stops the VM.
 //
-// Crossplane's core and RBAC manager run as processes against the test's
-// API server (internal/harness/crossplanetest), not as its Deployment.
-// The DeploymentRuntimeConfig is install.yaml's plus what this node lacks
-// (see TestAgentDaemonSetOnKubelet): the API server's address and name.
-// Nor does the API server's machine route to the node's pods, as no
-// Service proxy runs there: the API server reaches the Service's endpoints
-// through the harness's egress proxy into the node's network
-// (controlplane.Options.ClusterEgress), as a control plane off the pod
-// network reaches them through a konnectivity server.
+// Crossplane itself is installed as the README's step 1 says, by its own
+// Helm chart (crossplanetest.InstallInCluster): its core and RBAC manager
+// run as the chart's Deployments on the node and pull the provider
+// package from the registry the node forwards. Every pod reaches the API
+// server by the kubernetes Service (controlplane.Options.InClusterAddress).
+// The API server's machine does not route to the node's pods, as no
+// Service proxy runs there: the API server reaches the Services' endpoints
+// (the aggregated API's, Crossplane's webhooks') through the harness's
+// egress proxy into the node's network (controlplane.Options.ClusterEgress),
+// as a control plane off the pod network reaches them through a
+// konnectivity server.
 func TestProviderPackageOnKubelet(t *testing.T) {
 	skipWithoutKubelet(t)
 	inst := installPackage(t, nil, imageVersion)
@@ -138,63 +139,79 @@ type packageInstall struct {
 }
 
 // release is one version of virtfleet as a user pulls it: the agent's
-// image and the provider package, by reference.
+// image and the three packages, by reference.
 type release struct {
-	agent, provider string
+	agent, provider, function, configuration string
 }
 
 // installPackage builds and pushes each of versions' agent image and
-// provider package, installs the first as the README's "With Crossplane's
-// package manager" says (install.yaml, package/api, then the fleet's NATS
-// and agents and the ClusterProviderConfig), and waits until the Provider
-// is Healthy, both hub replicas run on the node and one holds the Lease.
+// packages, installs Crossplane and then the first version as the README's
+// "With Crossplane's package manager" says (install.yaml, package/api and
+// the size classes, then the fleet's NATS and agents and the
+// ClusterProviderConfig), and waits until the three packages are Healthy,
+// both hub replicas run on the node and one holds the Lease.
 // The node runs real guests on real's hypervisor where it is given.
 func installPackage(t *testing.T, real *realHost, versions ...string) *packageInstall {
 	t.Helper()
 	log.SetLogger(testr.New(t))
 	buildCtx, cancelBuild := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancelBuild()
-	core, err := crossplanecore.Ensure(buildCtx, testWriter{t})
+	// The API server starts with no CRDs: Crossplane installs its own,
+	// and virtfleet's come with its package.
+	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterAddress: kubenode.NodeIP, NoCRDs: true, Aggregation: true, ClusterEgress: true})
+	reg, err := crossplanetest.StartRegistry()
 	require.NoError(t, err)
-	// The API server starts with Crossplane's CRDs alone: virtfleet's come
-	// with its package.
-	cp := controlplane.StartForTestWith(t, controlplane.Options{InClusterName: inClusterName, CRDDirs: []string{core.CRDs}, Aggregation: true, ClusterEgress: true})
-	x, err := crossplanetest.Start(buildCtx, cp, crossplanetest.Options{Dir: t.TempDir(), Progress: testWriter{t}, DeploymentRuntime: true})
-	require.NoError(t, err)
-	t.Cleanup(x.Stop)
+	t.Cleanup(reg.Stop)
 
 	start := time.Now()
 	releases := map[string]release{}
 	for _, v := range versions {
-		pkg, _, err := providerpackage.Build(buildCtx, filepath.Join(controlplane.RepoRoot(), "package"), buildImage(buildCtx, t, virtfleetSpec(t, ociimage.Hub.Name, v)))
+		pkgs, err := providerpackage.BuildAll(buildCtx, filepath.Join(controlplane.RepoRoot(), "package"),
+			buildImage(buildCtx, t, virtfleetSpec(t, ociimage.Hub.Name, v)), buildImage(buildCtx, t, virtfleetSpec(t, ociimage.Function.Name, v)))
 		require.NoError(t, err)
-		source, err := x.Registry.Push(buildCtx, "virtfleet/"+crossplanetest.Provider, v, pkg)
-		require.NoError(t, err)
+		sources := map[string]string{}
+		for _, p := range pkgs {
+			source, err := reg.Push(buildCtx, "virtfleet/"+p.Name, v, p.Image)
+			require.NoError(t, err)
+			// Crossplane's package manager pulls them from its pod.
+			sources[p.Name] = strings.Replace(source, reg.Host, kubenode.PodsReach(reg.Host), 1)
+		}
 		releases[v] = release{
-			agent:    pushImage(buildCtx, t, x.Registry, virtfleetSpec(t, ociimage.Agent.Name, v), "virtfleet/virtfleet-agent", v),
-			provider: source,
+			agent:         pushImage(buildCtx, t, reg, virtfleetSpec(t, ociimage.Agent.Name, v), "virtfleet/virtfleet-agent", v),
+			provider:      sources[crossplanetest.Provider],
+			function:      sources[crossplanetest.Function],
+			configuration: sources[crossplanetest.Configuration],
 		}
 	}
 	images := map[string]string{
 		"ghcr.io/virtfleet/virtfleet-agent": releases[versions[0]].agent,
-		"docker.io/library/nats":            pushImage(buildCtx, t, x.Registry, ociimage.NATS, "virtfleet/nats", "test"),
+		"docker.io/library/nats":            pushImage(buildCtx, t, reg, ociimage.NATS, "virtfleet/nats", "test"),
 	}
 	t.Logf("releases %v and NATS image built and pushed in %s", releases, time.Since(start).Round(100*time.Millisecond))
 
-	f := startFleet(t, cp, x.Registry, images, crossplanetest.Namespace+"_"+crossplanetest.Provider+"-*", real)
+	f := startFleet(t, cp, reg, images, crossplanetest.Namespace+"_*", real)
+	start = time.Now()
+	x, err := crossplanetest.InstallInCluster(buildCtx, cp, reg, crossplanetest.ClusterOptions{Dir: t.TempDir(), Progress: testWriter{t}})
+	require.NoError(t, err)
+	t.Logf("Crossplane installed by its Helm chart and Running in %s", time.Since(start).Round(100*time.Millisecond))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	inst := &packageInstall{fleet: f, x: x, releases: releases, applied: time.Now()}
 	f.hubCredentials(ctx, t)
-	for _, obj := range installObjects(t, f, releases[versions[0]].provider) {
+	for _, obj := range installObjects(t, releases[versions[0]]) {
 		require.NoError(t, cp.Client.Create(ctx, obj), "%s %s", obj.GetKind(), obj.GetName())
 	}
 	inst.kubectlCommand = userKubectlCommand(t.Context(), t, cp)
 	inst.kubectl = outputOf(t, inst.kubectlCommand)
 	inst.kubectl("apply", "-k", filepath.Join("package", "api"))
-	require.NoError(t, x.WaitPackage(ctx, pkgv1.ProviderKind, crossplanetest.Provider, pkgv1.TypeHealthy, 5*time.Minute))
-	t.Logf("Provider %s Healthy %s after it was applied", crossplanetest.Provider, time.Since(inst.applied).Round(100*time.Millisecond))
+	for _, p := range []struct{ kind, name string }{
+		{pkgv1.ProviderKind, crossplanetest.Provider}, {pkgv1.FunctionKind, crossplanetest.Function}, {pkgv1.ConfigurationKind, crossplanetest.Configuration},
+	} {
+		require.NoError(t, x.WaitPackage(ctx, p.kind, p.name, pkgv1.TypeHealthy, 5*time.Minute))
+		t.Logf("%s %s Healthy %s after it was applied", p.kind, p.name, time.Since(inst.applied).Round(100*time.Millisecond))
+	}
+	inst.kubectl("apply", "-f", filepath.Join("package", crossplanetest.SizesFile))
 	hubs := hubPods(ctx, t, cp)
 	require.Len(t, hubs, 2, "the DeploymentRuntimeConfig asks for two replicas of the hub: %v", hubs)
 	for _, p := range hubs {
@@ -266,42 +283,21 @@ func awaitAPIService(ctx context.Context, t *testing.T, cp *controlplane.Control
 	require.NoError(t, err, "the aggregated API is not available: %+v", svc.Status.Conditions)
 }
 
-// installObjects are package/install.yaml's Provider, with source for its
-// package, and its DeploymentRuntimeConfig, with what the hub's pods need
-// on this node to reach the API server (fleet.inCluster); the Function
-// and Configuration, which this test does not run, are left out.
-func installObjects(t *testing.T, f *fleet, source string) []*unstructured.Unstructured {
+// installObjects are package/install.yaml's objects, with rel's packages,
+// as the README applies them.
+func installObjects(t *testing.T, rel release) []*unstructured.Unstructured {
 	t.Helper()
 	objs, err := manifests.Load(filepath.Join(controlplane.RepoRoot(), "package", "install.yaml"))
 	require.NoError(t, err)
-	var out []*unstructured.Unstructured
+	sources := map[string]string{pkgv1.ProviderKind: rel.provider, pkgv1.FunctionKind: rel.function, pkgv1.ConfigurationKind: rel.configuration}
 	for _, o := range objs {
-		switch o.GetKind() {
-		case pkgv1.ProviderKind:
+		if source, ok := sources[o.GetKind()]; ok {
 			require.NoError(t, unstructured.SetNestedField(o.Object, source, "spec", "package"))
-		case pkgv1beta1.DeploymentRuntimeConfigKind:
-			var drc pkgv1beta1.DeploymentRuntimeConfig
-			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &drc))
-			tmpl := drc.Spec.DeploymentTemplate
-			require.NotNil(t, tmpl, "the DeploymentRuntimeConfig has no deploymentTemplate")
-			require.NotNil(t, tmpl.Spec, "the DeploymentRuntimeConfig's deploymentTemplate has no spec")
-			pod := &tmpl.Spec.Template.Spec
-			require.Len(t, pod.Containers, 1)
-			env, aliases := f.inCluster(t)
-			for k, v := range env {
-				pod.Containers[0].Env = append(pod.Containers[0].Env, corev1.EnvVar{Name: k, Value: v})
-			}
-			pod.HostAliases = append(pod.HostAliases, aliases...)
-			u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&drc)
-			require.NoError(t, err)
-			o = &unstructured.Unstructured{Object: u}
-		default:
-			continue
+			delete(sources, o.GetKind())
 		}
-		out = append(out, o)
 	}
-	require.Len(t, out, 2, "package/install.yaml lacks the Provider or its DeploymentRuntimeConfig")
-	return out
+	require.Empty(t, sources, "package/install.yaml installs no such packages")
+	return objs
 }
 
 // hubBuildVersions are the versions the hub of pod reports in its

@@ -43,11 +43,14 @@ import (
 // hypervisor whose network namespace the kubelet node shares. Each guest's
 // domain, by UUID, by the id libvirtd gave it when it started and by its
 // QEMU's process, is the same before and after, and its VM's restartCount
-// unchanged. One guest boots Debian: its boot id is the same after, an ssh
-// session opened before is still open, and a neighbour on its network
-// that pings it five times a second throughout loses no reply; after,
-// its serial console opens with kubectl virtfleet console through the API
-// server, the new hubs and the new agent.
+// unchanged. One guest, asked for by a claim through virtfleet's XRD and
+// composed by its function (which Crossplane runs on the node beside the
+// hub), boots Debian: its claim shows it Running at its address before
+// and after, its boot id is the same after, an ssh session opened before
+// is still open, and a neighbour on its network that pings it five times
+// a second throughout loses no reply; after, its serial console opens with
+// kubectl virtfleet console through the API server, the new hubs and the
+// new agent.
 //
 // Throughout, at most one hub leads (by each hub pod's
 // leader_election_master_status, sampled with the Lease's holder), none
@@ -161,6 +164,7 @@ func TestUpgradeTouchesNoGuest(t *testing.T) {
 		assert.Equal(t, guests[vm.Name], f.guestOf(t, vm), "VM %s's domain was recreated or restarted", vm.Name)
 	}
 	assert.Equal(t, address, guestAddress(booted), "VM %s's status lost its address", booted.Name)
+	f.awaitClaim(ctx, t, booted)
 	start = time.Now()
 	f.console(ctx, t, inst.kubectlCommand, booted)
 	t.Logf("VM %s's login prompt on kubectl virtfleet console %s after it was opened", booted.Name, time.Since(start).Round(100*time.Millisecond))

@@ -59,10 +59,9 @@ type ControlPlane struct {
 	Kubeconfig string
 	// Kubectl is the path of a kubectl binary matching the API server.
 	Kubectl string
-	// InClusterName is Options.InClusterName, and InClusterCA the file of
-	// the CA that signed the certificate the API server shows as it; both
-	// empty without one.
-	InClusterName, InClusterCA string
+	// InClusterCA is the file of the CA that signed the API server's
+	// serving certificate with Options.InClusterAddress; empty without it.
+	InClusterCA string
 
 	env *envtest.Environment
 	// egress is the API server's way into the cluster's network
@@ -86,10 +85,13 @@ type Options struct {
 	EtcdDir string
 
 	// CRDDirs hold the CRDs to install. When neither CRDDirs nor CRDs is set,
-	// virtfleet's CRDs (CRDDir) are installed.
+	// virtfleet's CRDs (CRDDir) are installed, unless NoCRDs.
 	CRDDirs []string
 	// CRDs are installed besides those in CRDDirs.
 	CRDs []*apiextensionsv1.CustomResourceDefinition
+	// NoCRDs starts the API server with no CRDs at all: what is installed
+	// on the cluster brings its own (Crossplane and its packages).
+	NoCRDs bool
 	// AddToScheme registers the types Client knows besides Kubernetes' own;
 	// nil means virtfleet's.
 	AddToScheme func(*k8sruntime.Scheme) error
@@ -100,18 +102,20 @@ type Options struct {
 	// Aggregation lets the API server proxy to aggregated API servers
 	// (APIServices backed by a Service), with a front-proxy CA of its own.
 	Aggregation bool
-	// InClusterName, if set, is a host name the API server also answers
-	// to, with a certificate of a CA of its own (ControlPlane.InClusterCA)
-	// that it picks by the name a client asks for (SNI): pods, which
-	// cannot reach the loopback address its own certificate names, reach
-	// it by that name (a kubenode's pods, through a host alias of the
-	// node's address) and verify it with that CA, which
-	// kube-controller-manager publishes to every namespace as
-	// kube-root-ca.crt, as a cluster's does. The ServiceAccount admission
-	// is on with it, which gives pods their tokens and refuses a pod whose
-	// account does not exist (the serviceaccount controller makes each
-	// namespace's default).
-	InClusterName string
+	// InClusterAddress, if set, is where the cluster's pods reach the API
+	// server: it advertises it as the endpoint of the kubernetes Service
+	// (a kubenode's NodeIP, where every node forwards the API server's
+	// port), so kube-proxy sends the Service's address (KubernetesService)
+	// there, and its serving certificate names that Service's address and
+	// names besides loopback, signed by a CA of its own
+	// (ControlPlane.InClusterCA) that kube-controller-manager publishes to
+	// every namespace as kube-root-ca.crt, as a cluster's does: a pod
+	// reaches and verifies it as any in-cluster client does, from the
+	// environment the kubelet gives it and its service account's volume.
+	// The ServiceAccount admission is on with it, which gives pods their
+	// tokens and refuses a pod whose account does not exist (the
+	// serviceaccount controller makes each namespace's default).
+	InClusterAddress string
 	// ClusterEgress sends what the API server dials in the cluster (an
 	// APIService's endpoints, kubelets) through a proxy of this process,
 	// which reaches the networks routed to it with RouteCluster (a
@@ -163,7 +167,7 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 		return nil, errors.Wrap(err, "cannot register the API types")
 	}
 	crdDirs := opts.CRDDirs
-	if len(crdDirs) == 0 && len(opts.CRDs) == 0 {
+	if len(crdDirs) == 0 && len(opts.CRDs) == 0 && !opts.NoCRDs {
 		crdDirs = []string{CRDDir()}
 	}
 
@@ -204,16 +208,10 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 		}
 	}
 	var inClusterCA string
-	if opts.InClusterName != "" {
-		sni, ca, err := writeInClusterCert(filepath.Join(opts.Dir, "in-cluster"), opts.InClusterName)
-		if err != nil {
+	if opts.InClusterAddress != "" {
+		if inClusterCA, err = servePods(env.ControlPlane.APIServer, filepath.Join(opts.Dir, "apiserver"), opts.InClusterAddress); err != nil {
 			return nil, err
 		}
-		// envtest turns the ServiceAccount admission off, as no
-		// controller manager makes the namespaces' default accounts;
-		// without it no pod is given its account's token.
-		env.ControlPlane.APIServer.Configure().Append("tls-sni-cert-key", sni).Disable("disable-admission-plugins")
-		inClusterCA = ca
 	}
 	env.ControlPlane.Etcd = &envtest.Etcd{Out: opts.Output, Err: opts.Output, DataDir: opts.EtcdDir}
 	cfg, err := env.Start()
@@ -223,7 +221,7 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 		_ = env.Stop()
 		return nil, errors.Wrap(err, "cannot start etcd and kube-apiserver")
 	}
-	cp := &ControlPlane{Config: cfg, Scheme: scheme, env: env, Kubectl: filepath.Join(assets, "kubectl"), InClusterName: opts.InClusterName, InClusterCA: inClusterCA, egress: egress, restartable: opts.Restartable}
+	cp := &ControlPlane{Config: cfg, Scheme: scheme, env: env, Kubectl: filepath.Join(assets, "kubectl"), InClusterCA: inClusterCA, egress: egress, restartable: opts.Restartable}
 
 	admin, err := env.AddUser(envtest.User{Name: "virtfleet-admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
@@ -466,24 +464,55 @@ func orphanName(pid int) string {
 	return comm
 }
 
-// writeInClusterCert writes into dir a certificate for name, signed by a
-// CA of its own, and that CA, and returns the API server's
-// --tls-sni-cert-key value for it and the CA's file.
-func writeInClusterCert(dir, name string) (sni, caFile string, err error) {
-	chain, key, err := certutil.GenerateSelfSignedCertKey(name, nil, []string{name})
+// The Service range envtest gives the API server, and the kubernetes
+// Service's address in it (the range's first).
+const (
+	ServiceRange      = "10.0.0.0/24"
+	KubernetesService = "10.0.0.1"
+)
+
+// servePods makes api advertise address to the cluster and serve a
+// certificate pods verify (Options.InClusterAddress): it writes into dir,
+// the API server's certificate directory, a serving certificate for
+// loopback, address and the kubernetes Service's address and names,
+// signed by a CA of its own, and returns that CA's file. envtest keeps a
+// certificate it finds there and trusts the CA it is told of.
+func servePods(api *envtest.APIServer, dir, address string) (caFile string, err error) {
+	ips := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(KubernetesService), net.ParseIP(address)}
+	if ips[2] == nil {
+		return "", errors.Errorf("the in-cluster address %q is not an IP address", address)
+	}
+	names := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+	chain, key, err := certutil.GenerateSelfSignedCertKey("kubernetes", ips, names)
 	if err != nil {
-		return "", "", errors.Wrapf(err, "cannot make a certificate for %s", name)
+		return "", errors.Wrap(err, "cannot make the API server's certificate")
 	}
 	// The chain is the certificate, then the CA that signed it.
 	_, ca := pem.Decode(chain)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", "", errors.Wrap(err, "cannot create the in-cluster certificate's directory")
+	// envtest makes the service accounts' signing key only with the
+	// serving certificate it makes.
+	signer, signerKey, err := certutil.GenerateSelfSignedCertKey("service-accounts", nil, nil)
+	if err != nil {
+		return "", errors.Wrap(err, "cannot make the service accounts' signing key")
 	}
-	certFile, keyFile, caFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")
-	for file, b := range map[string][]byte{certFile: chain, keyFile: key, caFile: ca} {
+	signerCert, _ := pem.Decode(signer)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", errors.Wrap(err, "cannot create the API server's certificate directory")
+	}
+	caFile = filepath.Join(dir, "in-cluster-ca.crt")
+	for file, b := range map[string][]byte{
+		filepath.Join(dir, "apiserver.crt"): chain, filepath.Join(dir, "apiserver.key"): key, caFile: ca,
+		filepath.Join(dir, "sa-signer.crt"): pem.EncodeToMemory(signerCert), filepath.Join(dir, "sa-signer.key"): signerKey,
+	} {
 		if err := os.WriteFile(file, b, 0o600); err != nil {
-			return "", "", errors.Wrapf(err, "cannot write %s", file)
+			return "", errors.Wrapf(err, "cannot write %s", file)
 		}
 	}
-	return certFile + "," + keyFile + ":" + name, caFile, nil
+	api.CertDir = dir
+	api.SecureServing.CA = ca
+	// envtest turns the ServiceAccount admission off, as no controller
+	// manager makes the namespaces' default accounts; without it no pod
+	// is given its account's token.
+	api.Configure().Set("advertise-address", address).Set("service-cluster-ip-range", ServiceRange).Disable("disable-admission-plugins")
+	return caFile, nil
 }

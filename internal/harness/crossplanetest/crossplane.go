@@ -1,11 +1,12 @@
 // Package crossplanetest runs Crossplane's core against a test control plane
-// (internal/harness/controlplane) as processes of the binary
-// internal/harness/crossplanecore builds: `crossplane core init`, then `core
-// start` with the External package runtime (the package manager installs
-// packages, their CRDs and revisions; someone else runs them), or with the
-// Deployment runtime for a test with kubelets (internal/harness/kubenode),
-// and `rbac start`. Packages come from an OCI registry in this process on
-// 127.0.0.1.
+// (internal/harness/controlplane): as processes of the binary
+// internal/harness/crossplanecore builds (Start): `crossplane core init`,
+// then `core start` with the External package runtime (the package manager
+// installs packages, their CRDs and revisions; someone else runs them), and
+// `rbac start`; or, on a cluster with kubelets (internal/harness/kubenode),
+// installed by its Helm chart with its default Deployment runtime
+// (InstallInCluster). Packages come from an OCI registry in this process
+// on 127.0.0.1.
 //
 // Under the External runtime the harness is the runtime: it runs the composition
 // function as a process serving mTLS with a certificate from Crossplane's own
@@ -57,13 +58,6 @@ type Options struct {
 	Dir string
 	// Progress receives a line per step, and the first build's progress.
 	Progress io.Writer
-	// DeploymentRuntime runs packages as Crossplane's Helm chart does,
-	// with its default Deployment runtime: the package manager makes each
-	// provider's and function's Deployment, ServiceAccount, Service and TLS
-	// Secrets, and something (kubelets) must run them. Without it the
-	// runtime is External and the harness runs packages itself (Install,
-	// RunFunction, ProviderIdentity).
-	DeploymentRuntime bool
 }
 
 // Crossplane is a running Crossplane core with its registry.
@@ -80,6 +74,8 @@ type Crossplane struct {
 	// runtime is the package runtime, External or Deployment.
 	runtime string
 	procs   []*process
+	// ownsRegistry says Stop stops the registry: Start's own.
+	ownsRegistry bool
 	// unlock releases the RBAC manager's metrics port to other runs.
 	unlock func()
 }
@@ -101,6 +97,24 @@ func Start(ctx context.Context, cp *controlplane.ControlPlane, o Options) (*Cros
 	if err != nil {
 		return nil, err
 	}
+	kube, err := packageClient(cp)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(o.Dir, "logs"), 0o755); err != nil {
+		return nil, errors.Wrap(err, "cannot create Crossplane's log directory")
+	}
+	x := &Crossplane{Client: kube, cp: cp, core: core, dir: o.Dir, prog: o.Progress, runtime: "External", ownsRegistry: true}
+	if err := x.start(ctx); err != nil {
+		x.Stop()
+		return nil, err
+	}
+	return x, nil
+}
+
+// packageClient reaches cp as a cluster admin and knows Crossplane's
+// package types.
+func packageClient(cp *controlplane.ControlPlane) (client.Client, error) {
 	scheme := k8sruntime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, errors.Wrap(err, "cannot register Kubernetes types")
@@ -109,22 +123,7 @@ func Start(ctx context.Context, cp *controlplane.ControlPlane, o Options) (*Cros
 		return nil, errors.Wrap(err, "cannot register Crossplane's package types")
 	}
 	kube, err := client.New(cp.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot create a client")
-	}
-	if err := os.MkdirAll(filepath.Join(o.Dir, "logs"), 0o755); err != nil {
-		return nil, errors.Wrap(err, "cannot create Crossplane's log directory")
-	}
-	runtime := "External"
-	if o.DeploymentRuntime {
-		runtime = "Deployment"
-	}
-	x := &Crossplane{Client: kube, cp: cp, core: core, dir: o.Dir, prog: o.Progress, runtime: runtime}
-	if err := x.start(ctx); err != nil {
-		x.Stop()
-		return nil, err
-	}
-	return x, nil
+	return kube, errors.Wrap(err, "cannot create a client")
 }
 
 func (x *Crossplane) start(ctx context.Context) error {
@@ -269,7 +268,9 @@ func (p *process) stop() {
 	_ = p.log.Close()
 }
 
-// Stop stops every process the harness started, then the registry.
+// Stop stops every process the harness started, then the registry Start
+// started. Crossplane installed in a cluster has none: its pods go with
+// the nodes, and the registry is the caller's.
 func (x *Crossplane) Stop() {
 	for i := len(x.procs) - 1; i >= 0; i-- {
 		x.procs[i].stop()
@@ -279,7 +280,7 @@ func (x *Crossplane) Stop() {
 		x.unlock()
 		x.unlock = nil
 	}
-	if x.Registry != nil {
+	if x.Registry != nil && x.ownsRegistry {
 		x.Registry.Stop()
 	}
 }

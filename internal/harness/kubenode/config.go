@@ -24,11 +24,6 @@ const (
 	NodeIP = "10.251.0.1"
 	// clusterCIDR holds every node's pod subnet (Options.PodSubnet).
 	clusterCIDR = "10.251.0.0/16"
-	// serviceRange is envtest's API server's Service range. The node
-	// routes it to its loopback: a real node's default route would take
-	// it, and kube-proxy rewrites where it goes, but a connection the
-	// kernel has no route for fails before kube-proxy's rules see it.
-	serviceRange = "10.0.0.0/24"
 	// cniBin is where Debian's containernetworking-plugins installs the
 	// bridge, host-local and loopback plugins.
 	cniBin = "/usr/lib/cni"

@@ -2,12 +2,9 @@ package kubenode
 
 import (
 	"context"
-	"maps"
-	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -31,8 +28,9 @@ import (
 )
 
 // ClusterDNS is the cluster DNS Service's address, which every node's
-// kubelet gives its pods as their name server: in envtest's Service range
-// (10.0.0.0/24), at the tenth address as kubeadm puts it.
+// kubelet gives its pods as their name server: in the API server's
+// Service range (controlplane.ServiceRange), at the tenth address as
+// kubeadm puts it.
 const ClusterDNS = "10.0.0.10"
 
 // dnsPort is where CoreDNS listens in its pod: above 1024, so that it runs
@@ -60,15 +58,15 @@ var corefile = `.:` + strconv.Itoa(dnsPort) + ` {
 // ClusterDNS. It returns once a CoreDNS pod is Ready; kube-proxy
 // (StartForTest's nodes run it) makes the Service reach it.
 //
-// CoreDNS reaches the API server as a pod does, with its ServiceAccount's
-// token, where InCluster says.
+// CoreDNS reaches the API server as any in-cluster client does, by the
+// kubernetes Service, with its ServiceAccount's token: cp must be started
+// with an InClusterAddress.
 func StartClusterDNS(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanetest.Registry) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	env, aliases, err := InCluster(cp)
-	if err != nil {
-		t.Fatal(err)
+	if cp.InClusterCA == "" {
+		t.Fatal("pods reach the API server by the kubernetes Service: start the control plane with an InClusterAddress")
 	}
 	bin, err := envtestassets.EnsureNode(ctx, testWriter{t})
 	if err != nil {
@@ -78,7 +76,7 @@ func StartClusterDNS(t testing.TB, cp *controlplane.ControlPlane, reg *crossplan
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, obj := range dnsObjects(image, env, aliases) {
+	for _, obj := range dnsObjects(image) {
 		if err := cp.Client.Create(ctx, obj); err != nil {
 			t.Fatalf("cannot create the cluster DNS's %T %s: %v", obj, obj.GetName(), err)
 		}
@@ -95,26 +93,6 @@ func StartClusterDNS(t testing.TB, cp *controlplane.ControlPlane, reg *crossplan
 	}
 }
 
-// InCluster is what a pod on cp's nodes needs to reach the API server as
-// an in-cluster client does: the kubernetes Service does not reach it (its
-// endpoint is the API server on the machine's loopback, whose certificate
-// names the in-cluster name, not the Service's address). So the pod is
-// told the API server's host and port as environment, as the kubelet
-// would tell it of that Service (KUBERNETES_SERVICE_HOST and _PORT), and,
-// in its hostAliases, NodeIP under cp's InClusterName: the node forwards
-// the API server's port there.
-func InCluster(cp *controlplane.ControlPlane) (env map[string]string, hostAliases []corev1.HostAlias, err error) {
-	if cp.InClusterName == "" {
-		return nil, nil, errors.New("pods reach the API server by its in-cluster name: start the control plane with one")
-	}
-	api, err := url.Parse(cp.Config.Host)
-	if err != nil {
-		return nil, nil, errors.Wrap(err, "cannot parse the API server's address")
-	}
-	return map[string]string{"KUBERNETES_SERVICE_HOST": cp.InClusterName, "KUBERNETES_SERVICE_PORT": api.Port()},
-		[]corev1.HostAlias{{IP: NodeIP, Hostnames: []string{cp.InClusterName}}}, nil
-}
-
 // pushCoreDNS makes CoreDNS's image from the binary and pushes it to reg.
 func pushCoreDNS(ctx context.Context, reg *crossplanetest.Registry, binary string) (string, error) {
 	b, err := os.ReadFile(binary) //nolint:gosec // the cache's own build
@@ -129,15 +107,10 @@ func pushCoreDNS(ctx context.Context, reg *crossplanetest.Registry, binary strin
 	return reg.Push(ctx, "virtfleet/coredns", envtestassets.CoreDNSVersion, img)
 }
 
-// dnsObjects are the cluster DNS's objects, its pods running image and
-// reaching the API server with env and hostAliases (InCluster).
-func dnsObjects(image string, env map[string]string, hostAliases []corev1.HostAlias) []client.Object {
+// dnsObjects are the cluster DNS's objects, its pods running image.
+func dnsObjects(image string) []client.Object {
 	ns := metav1.NamespaceSystem
 	labels := map[string]string{"k8s-app": "kube-dns"}
-	vars := make([]corev1.EnvVar, 0, len(env))
-	for _, k := range slices.Sorted(maps.Keys(env)) {
-		vars = append(vars, corev1.EnvVar{Name: k, Value: env[k]})
-	}
 	return []client.Object{
 		&rbacv1.ClusterRole{
 			ObjectMeta: metav1.ObjectMeta{Name: "system:coredns"},
@@ -166,13 +139,11 @@ func dnsObjects(image string, env map[string]string, hostAliases []corev1.HostAl
 					Spec: corev1.PodSpec{
 						ServiceAccountName: "coredns",
 						// Its own name server is itself: the node's.
-						DNSPolicy:   corev1.DNSDefault,
-						HostAliases: hostAliases,
+						DNSPolicy: corev1.DNSDefault,
 						Containers: []corev1.Container{{
 							Name:  "coredns",
 							Image: image,
 							Args:  []string{"-conf", "/etc/coredns/Corefile"},
-							Env:   vars,
 							Ports: []corev1.ContainerPort{
 								{Name: "dns", ContainerPort: dnsPort, Protocol: corev1.ProtocolUDP},
 								{Name: "dns-tcp", ContainerPort: dnsPort, Protocol: corev1.ProtocolTCP},

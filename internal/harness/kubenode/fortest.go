@@ -85,7 +85,7 @@ func StartForTest(t testing.TB, cp *controlplane.ControlPlane, reg *crossplanete
 		ProxyKubeconfig: proxyKubeconfig,
 		Forward:         ports,
 		SandboxImage:    pause,
-		Registries:      []string{reg.Host},
+		Registries:      []string{reg.Host, PodsReach(reg.Host)},
 		Progress:        progress,
 	}
 	for _, s := range set {

@@ -29,6 +29,19 @@ func forward(nsPath string, port int) (*relay.Relay, error) {
 	return r, nil
 }
 
+// PodsReach is where the node's pods reach hostPort, an address on the
+// machine's loopback whose port the node forwards (Options.Forward): the
+// same port at NodeIP. A reference to an image of a registry there, in
+// the host part, is one a pod can pull from (Crossplane's package
+// manager), and the node's containerd pulls it too (Options.Registries).
+func PodsReach(hostPort string) string {
+	_, port, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return hostPort
+	}
+	return net.JoinHostPort(NodeIP, port)
+}
+
 // Expose makes addr, an address inside the node's network namespace (a
 // pod's IP and port), reachable on a port of the machine's loopback,
 // which it returns as host:port, until the node stops: what a test dials

@@ -50,6 +50,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 	"github.com/virtfleet/virtfleet/internal/harness/guesthost"
 	"github.com/virtfleet/virtfleet/internal/harness/procs"
 	"github.com/virtfleet/virtfleet/internal/harness/relay"
@@ -348,13 +349,15 @@ func (n *Node) writeProxyArgs(opts Options) error {
 
 // makeNetns makes the node's network namespace, if create, else joins
 // the one it names: loopback up, with the node's address besides
-// 127.0.0.1 (the kernel here has no dummy links), and the Service range
-// routed to it (serviceRange).
+// 127.0.0.1 (the kernel here has no dummy links), and the API server's
+// Service range routed to it: a real node's default route would take it,
+// and kube-proxy rewrites where it goes, but a connection the kernel has
+// no route for fails before kube-proxy's rules see it.
 func (n *Node) makeNetns(ctx context.Context, create bool) error {
 	steps := [][]string{
 		{"-n", n.Netns, "link", "set", "lo", "up"},
 		{"-n", n.Netns, "addr", "add", NodeIP + "/32", "dev", "lo"},
-		{"-n", n.Netns, "route", "add", serviceRange, "dev", "lo"},
+		{"-n", n.Netns, "route", "add", controlplane.ServiceRange, "dev", "lo"},
 	}
 	if create {
 		steps = append([][]string{{"netns", "add", n.Netns}}, steps...)
@@ -446,7 +449,7 @@ func remove(ctx context.Context, rec record) error {
 	if rec.Joined {
 		// The namespace's owner removes it; the node's address and route
 		// go now, so that a node joining it next can add its own.
-		_ = exec.Command("ip", "-n", rec.Netns, "route", "del", serviceRange, "dev", "lo").Run()
+		_ = exec.Command("ip", "-n", rec.Netns, "route", "del", controlplane.ServiceRange, "dev", "lo").Run()
 		_ = exec.Command("ip", "-n", rec.Netns, "addr", "del", NodeIP+"/32", "dev", "lo").Run()
 	} else {
 		guesthost.KillNetns(rec.Netns) // what the cgroup did not hold, if anything

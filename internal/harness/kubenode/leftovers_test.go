@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 	"github.com/virtfleet/virtfleet/internal/harness/procs"
 )
 
@@ -116,7 +117,7 @@ func TestRemoveLeavesAJoinedNamespace(t *testing.T) {
 	default:
 	}
 	assert.NotContains(t, addrs(), NodeIP+"/32", "the node's address stays")
-	routes, err := exec.Command("ip", "-n", owner, "route", "show", serviceRange).CombinedOutput()
+	routes, err := exec.Command("ip", "-n", owner, "route", "show", controlplane.ServiceRange).CombinedOutput()
 	require.NoError(t, err, "%s", routes)
 	assert.Empty(t, strings.TrimSpace(string(routes)), "the node's route to the Service range stays")
 	_, err = os.Stat(dir)
