@@ -247,6 +247,18 @@ func (e *Env) AwaitCachedGone(t *testing.T, o client.Object) {
 	}, 30*time.Second, 10*time.Millisecond, "the controllers' cache still holds %T %s", o, client.ObjectKeyFromObject(o))
 }
 
+// AwaitCached waits until the controllers' cache holds o as check wants
+// it: a test that changed o and then makes what a controller judges by o
+// (a snapshot of a VM it just marked as moving) otherwise races the
+// cache, which learns of the change a moment after the API server made it.
+func AwaitCached[T client.Object](t *testing.T, e *Env, o T, check func(cached T) bool) {
+	t.Helper()
+	cached := o.DeepCopyObject().(T) //nolint:forcetypeassert // a copy of a T is a T
+	require.Eventually(t, func() bool {
+		return e.Cache.Get(e.Ctx, client.ObjectKeyFromObject(o), cached) == nil && check(cached)
+	}, 30*time.Second, 10*time.Millisecond, "the controllers' cache does not hold %T %s as the test wrote it", o, client.ObjectKeyFromObject(o))
+}
+
 // Await waits until o, read again from the API server, shows what check
 // asserts, and returns what it read.
 func Await[T client.Object](t *testing.T, e *Env, o T, within time.Duration, check func(c *assert.CollectT, got T)) T {

@@ -232,6 +232,9 @@ func TestSnapshots(t *testing.T) {
 						vm.Annotations[v1alpha1.AnnotationMigration] = m.String()
 						vm.Annotations[v1alpha1.AnnotationMigrationSeal] = virtualmachine.MigrationSeal(e.Fleet.Fleet, string(vm.UID), m)
 						require.NoError(t, e.Kube.Update(e.Ctx, vm))
+						controllertest.AwaitCached(t, e, vm, func(cached *v1alpha1.VirtualMachine) bool {
+							return cached.Annotations[v1alpha1.AnnotationMigration] != ""
+						})
 					}
 				}
 				s := newSnapshot(t, e, ns, "waits", "web")
