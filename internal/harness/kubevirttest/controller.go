@@ -245,8 +245,13 @@ func (c *FakeVirtController) Reconcile(ctx context.Context, req reconcile.Reques
 	} else if err != nil {
 		return reconcile.Result{}, err
 	}
+	// The VMI as the API server has it, not as the cache last saw it: a
+	// VMI replaced for a restart has the old one's name, and a cache that
+	// still held the old one would have its shape judged against the
+	// template it never ran, and the VM marked RestartRequired until its
+	// next VMI (virt-controller guards with its expectations).
 	vmi := &kubevirtv1.VirtualMachineInstance{}
-	if err := c.client.Get(ctx, req.NamespacedName, vmi); kerrors.IsNotFound(err) {
+	if err := c.live.Get(ctx, req.NamespacedName, vmi); kerrors.IsNotFound(err) {
 		vmi = nil
 	} else if err != nil {
 		return reconcile.Result{}, err
