@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
@@ -302,20 +304,32 @@ func installObjects(t *testing.T, rel release) []*unstructured.Unstructured {
 
 // hubBuildVersions are the versions the hub of pod reports in its
 // virtfleet_hub_build_info, scraped from its metrics port (8080, which
-// Crossplane names metrics) through the node.
+// Crossplane names metrics) through the node. A pod just Running may not
+// serve yet: the scrape is tried again for a while.
 func (f *fleet) hubBuildVersions(t *testing.T, pod *corev1.Pod) []string {
 	t.Helper()
 	addr, err := f.node.Expose(net.JoinHostPort(pod.Status.PodIP, "8080"))
 	require.NoError(t, err)
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://"+addr+"/metrics", nil)
-	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close() //nolint:errcheck // read-only body
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
+	var families map[string]*dto.MetricFamily
+	err = wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Logf("hub %s's metrics: %v", pod.Name, err)
+			return false, nil
+		}
+		defer resp.Body.Close() //nolint:errcheck // read-only body
+		if resp.StatusCode != http.StatusOK {
+			return false, fmt.Errorf("hub %s's metrics: %s", pod.Name, resp.Status)
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err = parser.TextToMetricFamilies(resp.Body)
+		return err == nil, err
+	})
+	require.NoError(t, err, "hub %s serves no metrics", pod.Name)
 	var versions []string
 	for _, m := range families["virtfleet_hub_build_info"].GetMetric() {
 		for _, l := range m.GetLabel() {
