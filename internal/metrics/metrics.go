@@ -114,6 +114,10 @@ var (
 		// under TCG.
 		Buckets: []float64{0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200},
 	}, "backend")
+	VMObserves = counter(prometheus.CounterOpts{
+		Name: "virtfleet_hub_vm_observes_total",
+		Help: "Times the hub compared a VirtualMachine with its node's report: one per reconcile that got past the hub's reconcile rate limit. After a restart, the new hub has looked at every VM once it counted as many as there are VMs.",
+	})
 	PlacementDuration = histogram(prometheus.HistogramOpts{
 		Name:    "virtfleet_hub_placement_duration_seconds",
 		Help:    "From a VirtualMachine's creation to the hub recording the node it chose.",
@@ -353,6 +357,6 @@ func histogram(o prometheus.HistogramOpts, labels ...string) *prometheus.Histogr
 // HubObserved are the hub's metrics observed as things happen, for the hub
 // to register; the scraped ones it serves from its own collector.
 func HubObserved() []prometheus.Collector {
-	return []prometheus.Collector{CreateToRunning, PlacementDuration, PlacementRefusals, ReportsIgnored, NodeClaimsRefused, ForeignReports, UndecodableObjects, EventsDropped, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart, StrayIntentsDeleted,
+	return []prometheus.Collector{CreateToRunning, VMObserves, PlacementDuration, PlacementRefusals, ReportsIgnored, NodeClaimsRefused, ForeignReports, UndecodableObjects, EventsDropped, Migrations, MigrationDuration, MigrationDowntime, RestartsElsewhere, LostToRestart, StrayIntentsDeleted,
 		Backups, BackupReadBytes, BackupWrittenBytes, BackupChunks, BackupVerifications, BackupVerificationCorruptChunks, HubBuildInfo}
 }

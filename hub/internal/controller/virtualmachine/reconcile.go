@@ -60,6 +60,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
+	"github.com/virtfleet/virtfleet/internal/metrics"
 )
 
 // FinalizerKeep holds a VM whose management policies lack Delete until its
@@ -347,6 +348,7 @@ type external struct {
 // create-pending annotation write per VM and adds nothing: the one fact a
 // create must not lose, the node, is already recorded.
 func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
+	metrics.VMObserves.WithLabelValues().Inc()
 	held, err := e.fleet.Held(string(vm.UID))
 	if err != nil {
 		return managed.ExternalObservation{}, err
