@@ -47,6 +47,10 @@ func TestQuick(t *testing.T) {
 		assert.Equal(t, s.VMs, s.AddressedVMs, "%s: every VM over simulated nodes shows the address the hub allocated", s.Name)
 		assert.Zero(t, s.DuplicateAddresses, s.Name)
 		require.NotNil(t, s.WholeFlow, "%s: the whole-flow limit after a small burst over simulated nodes", s.Name)
+		if assert.NotNil(t, s.HubRestart, "%s: the hub killed and restarted", s.Name) {
+			assert.False(t, s.HubRestart.TimedOut, "%s: the restarted hub observes every VM", s.Name)
+			assert.GreaterOrEqual(t, s.HubRestart.Observes, float64(s.HubRestart.VMs), s.Name)
+		}
 		assert.Nil(t, s.RawLibvirt, "%s: no libvirt under simulated nodes", s.Name)
 		assert.InDelta(t, s.VMsPerSecond/s.WholeFlow.VMsPerSecond, s.RatioToWholeFlow, 1e-9)
 	}

@@ -127,6 +127,15 @@ func scaleTargets(scale []Scenario) []Target {
 		Name: fmt.Sprintf("%d VMs over simulated nodes: addresses shown twice on a network", big.VMs), Goal: "0",
 		Measured: fmt.Sprintf("%d (%d of %d VMs show theirs)", big.DuplicateAddresses, big.AddressedVMs, big.VMs), Met: big.DuplicateAddresses == 0 && big.AddressedVMs == big.VMs,
 	}}
+	if r := big.HubRestart; r != nil {
+		out = append(out, Target{
+			Name: fmt.Sprintf("hub killed and restarted at %d VMs: the new hub has observed every VM", r.VMs), Goal: fmt.Sprintf("≤ %.0f s", targetRestartSeconds),
+			Measured: restartSeconds(r), Met: !r.TimedOut && r.Seconds <= targetRestartSeconds,
+		}, Target{
+			Name: fmt.Sprintf("hub killed and restarted at %d VMs: API writes until then", r.VMs), Goal: fmt.Sprintf("≤ %.2f per VM", targetRestartWritesPerVM),
+			Measured: fmt.Sprintf("%.3f per VM", r.WritesPerVM), Met: r.WritesPerVM <= targetRestartWritesPerVM,
+		})
+	}
 	small := smallest(scale)
 	if small != big && small.HubCPUSecondsPer1000VM > 0 {
 		grow := big.HubCPUSecondsPer1000VM / small.HubCPUSecondsPer1000VM
@@ -252,7 +261,7 @@ func Markdown(r *Result) string {
 	if len(r.Scale) > 0 {
 		p("## Scale: bursts over simulated nodes")
 		p("")
-		p("The same burst over nodes that one simnodes process serves (agent/simnodes): each node a whole agent with its own NATS credentials, the real wire, reconciler and heartbeat, over an in-memory driver instead of a hypervisor, %d VMs per node, so the fleet's size is limited by the hub and the control plane. After a burst of at most %d, the whole-flow limit is measured on its stack (the hub and the nodes stopped), as after the bursts over real nodes: the control plane's cost apart from the hypervisors', which there share this machine's two cores.", r.Scale[0].VMs/max(r.Scale[0].Nodes, 1), simulatedLimitVMs)
+		p("The same burst over nodes that one simnodes process serves (agent/simnodes): each node a whole agent with its own NATS credentials, the real wire, reconciler and heartbeat, over an in-memory driver instead of a hypervisor, %d VMs per node, so the fleet's size is limited by the hub and the control plane. Once every VM runs, the hub is killed (SIGKILL) and started again: the new hub lists everything and reconciles every VM once, and should write nothing, for nothing changed. After a burst of at most %d, the whole-flow limit is measured on its stack (the hub and the nodes stopped), as after the bursts over real nodes: the control plane's cost apart from the hypervisors', which there share this machine's two cores.", r.Scale[0].VMs/max(r.Scale[0].Nodes, 1), simulatedLimitVMs)
 		p("")
 		scenarioColumns(p, r.Scale, r.Machine.CPUs)
 		p("")
@@ -275,6 +284,11 @@ func Markdown(r *Result) string {
 		p("**%s** (%d VMs)", s.Name, s.VMs)
 		p("")
 		requestsTable(p, s.Writes)
+		if r := s.HubRestart; r != nil && len(r.Writes) > 0 {
+			p("From the hub's kill until the new hub had observed every VM, per VM of the %d:", r.VMs)
+			p("")
+			requestsTable(p, r.Writes)
+		}
 		if len(s.OtherRequests) > 0 {
 			p("Every other request to the API server of at least %.1f per VM, reads included, from every client (the benchmark's watch too):", minOtherPerVM)
 			p("")
@@ -333,6 +347,12 @@ func scenarioColumns(p func(string, ...any), scenarios []Scenario, cpus int) {
 	row("VMs per node", "", func(s Scenario) string { return perNode(s.PerNode) })
 	row("VMs showing their addresses / addresses shown twice on a network", "all / 0", func(s Scenario) string {
 		return fmt.Sprintf("%d / %d", s.AddressedVMs, s.DuplicateAddresses)
+	})
+	row("hub killed and restarted: kill → every VM observed, queue empty / API writes per VM until then", fmt.Sprintf("≤ %.0f s / ≤ %.2f", targetRestartSeconds, targetRestartWritesPerVM), func(s Scenario) string {
+		if s.HubRestart == nil {
+			return "–"
+		}
+		return fmt.Sprintf("%s / %.3f", restartSeconds(s.HubRestart), s.HubRestart.WritesPerVM)
 	})
 	for _, s := range scenarios {
 		if len(s.Notes) > 0 {

@@ -118,6 +118,10 @@ type Scenario struct {
 	RatioToControlPlane float64 `json:"ratioToControlPlane,omitempty"`
 	RatioToWholeFlow    float64 `json:"ratioToWholeFlow,omitempty"`
 
+	// HubRestart is the hub killed and started again once the VMs of a
+	// burst over simulated nodes all ran (restart.go).
+	HubRestart *HubRestart `json:"hubRestart,omitempty"`
+
 	// Notes say what was changed to make the scenario fit, or what failed.
 	Notes []string `json:"notes,omitempty"`
 }

@@ -472,6 +472,13 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	if sc.PerNode, sc.AddressedVMs, sc.DuplicateAddresses, err = spread(ctx, kube); err != nil {
 		return err
 	}
+	if sp.simulated && sc.Running == sp.vms {
+		// Every VM the hub knows: the burst's and the warm-up's, one per
+		// node.
+		if sc.HubRestart, err = restartHub(ctx, s, sp.vms+sp.nodes, progress); err != nil {
+			return err
+		}
+	}
 	if !sp.limits || sc.Running == 0 {
 		return nil
 	}
