@@ -141,6 +141,15 @@ func WritesBetween(before, after RequestCounts, group string) Requests {
 	return Between(before, after, func(k RequestKey) bool { return k.Group == group && writeVerbs[k.Verb] })
 }
 
+// Total sums every request of w.
+func (w Requests) Total() float64 {
+	var n float64
+	for _, v := range w {
+		n += v
+	}
+	return n
+}
+
 // Resource sums the writes to one resource, subresources and failed
 // writes included: each is a request the API server had to serve.
 func (w Requests) Resource(resource string) float64 {

@@ -206,19 +206,25 @@ func resyncsBetween(before, after agentSample) (n int, mean, atMost float64) {
 
 // sampleAgent reads node's agent's metrics.
 func sampleAgent(ctx context.Context, s *stack.Stack, node string) (agentSample, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.AgentMetricsURL(node), nil)
+	return scrapeMetrics(ctx, s.AgentMetricsURL(node), node+"'s agent", parseAgentSample)
+}
+
+// scrapeMetrics reads the metrics whose serves at url and parses them.
+func scrapeMetrics[T any](ctx context.Context, url, whose string, parse func(io.Reader) (T, error)) (T, error) {
+	var zero T
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return agentSample{}, errors.Wrap(err, "cannot make the metrics request")
+		return zero, errors.Wrap(err, "cannot make the metrics request")
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return agentSample{}, errors.Wrapf(err, "cannot read the metrics of %s's agent", node)
+		return zero, errors.Wrapf(err, "cannot read the metrics of %s", whose)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		return agentSample{}, errors.Errorf("the metrics of %s's agent: %s", node, resp.Status)
+		return zero, errors.Errorf("the metrics of %s: %s", whose, resp.Status)
 	}
-	return parseAgentSample(resp.Body)
+	return parse(resp.Body)
 }
 
 // runNode runs the node scenario sp on a stack of its own.

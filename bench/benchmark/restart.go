@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -75,7 +74,7 @@ func restartHub(ctx context.Context, s *stack.Stack, vms int, progress func(stri
 	url := s.HubMetricsURL()
 	deadline := time.Now().Add(restartTimeout)
 	for {
-		q, err := scrapeQueue(ctx, url)
+		q, err := scrapeMetrics(ctx, url, "the hub", parseQueue)
 		if err == nil {
 			r.Observes = q.observes
 			if q.observes >= float64(vms) && q.depth == 0 {
@@ -99,17 +98,8 @@ func restartHub(ctx context.Context, s *stack.Stack, vms int, progress func(stri
 	if err != nil {
 		return nil, err
 	}
-	writes := WritesBetween(before, after, v1alpha1.Group)
-	for k, v := range WritesBetween(before, after, "") {
-		if k.Resource == "events" {
-			writes[k] = v
-		}
-	}
-	var total float64
-	for _, v := range writes {
-		total += v
-	}
-	r.WritesPerVM = total / float64(vms)
+	writes := ourWrites(before, after)
+	r.WritesPerVM = writes.Total() / float64(vms)
 	r.Writes = writes.Breakdown(vms)
 	return r, nil
 }
@@ -118,21 +108,6 @@ func restartHub(ctx context.Context, s *stack.Stack, vms int, progress func(stri
 // the VMs it observed and its queue's depth.
 type queue struct {
 	observes, depth float64
-}
-
-// scrapeQueue reads the VM controller's observes and queue depth from the
-// hub's metrics at url.
-func scrapeQueue(ctx context.Context, url string) (queue, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return queue{}, errors.Wrap(err, "cannot make the metrics request")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return queue{}, errors.Wrap(err, "cannot read the hub's metrics")
-	}
-	defer func() { _ = resp.Body.Close() }()
-	return parseQueue(resp.Body)
 }
 
 // parseQueue reads a queue out of the Prometheus text exposition format:

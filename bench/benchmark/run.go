@@ -452,12 +452,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 		return err
 	}
 	stopWatch()
-	ours := WritesBetween(before, after, v1alpha1.Group)
-	for k, v := range WritesBetween(before, after, "") {
-		if k.Resource == "events" {
-			ours[k] = v
-		}
-	}
+	ours := ourWrites(before, after)
 	sc.VMWritesPerVM = ours.Resource("virtualmachines") / float64(sp.vms)
 	sc.Writes = ours.Breakdown(sp.vms)
 	sc.OtherRequests = otherRequests(before, after, ours, sp.vms)
@@ -486,6 +481,18 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 		return simulatedLimit(ctx, s, sp, sc, progress)
 	}
 	return limits(ctx, s, sp, sc, progress)
+}
+
+// ourWrites are the writes between two snapshots that the benchmark
+// counts as virtfleet's: to its group's resources and to events.
+func ourWrites(before, after RequestCounts) Requests {
+	ours := WritesBetween(before, after, v1alpha1.Group)
+	for k, v := range WritesBetween(before, after, "") {
+		if k.Resource == "events" {
+			ours[k] = v
+		}
+	}
+	return ours
 }
 
 // simulatedLimit measures the whole-flow limit on the stack a burst over
