@@ -88,6 +88,15 @@ type fleet struct {
 	created map[string]bool
 }
 
+// clusterControllers are the controllers of kube-controller-manager the
+// deploy tests run, as a cluster does: those the workloads of
+// cluster/deploy and Crossplane's chart need (Crossplane's ClusterRole is
+// an aggregate; its package revisions' objects go by their owners).
+var clusterControllers = []string{
+	"daemonset", "nodelifecycle", "statefulset", "persistentvolume-binder", "serviceaccount", "deployment", "replicaset",
+	"root-ca-cert-publisher", "endpointslice", "garbagecollector", "clusterrole-aggregation",
+}
+
 // startFleet starts a kubelet node for t against cp, pulling from reg,
 // with kube-scheduler and kube-controller-manager (the controllers
 // workloads need), kube-proxy and the cluster's DNS, and runs NATS's
@@ -124,8 +133,7 @@ func startFleet(t *testing.T, cp *controlplane.ControlPlane, reg *crossplanetest
 	f := &fleet{cp: cp, images: images, hubID: hubID, created: map[string]bool{}, real: real}
 	socket, libvirtEnv := f.startLibvirt(t)
 
-	kubenode.StartSchedulingForTest(t, cp, "daemonset", "nodelifecycle", "statefulset", "persistentvolume-binder",
-		"serviceaccount", "deployment", "replicaset", "root-ca-cert-publisher", "endpointslice", "garbagecollector", "clusterrole-aggregation")
+	kubenode.StartSchedulingForTest(t, cp, clusterControllers...)
 	n, _ := kubenode.StartForTest(t, cp, reg, node, func(o *kubenode.Options) {
 		o.HostPaths = map[string]string{
 			"/run/libvirt/libvirt-sock": socket,

@@ -88,9 +88,9 @@ func startRealHost(ctx context.Context, t *testing.T) *realHost {
 // size small, with the key), which Crossplane composes through the XRD
 // and virtfleet's function into the VM name and its boot Volume. It waits
 // until the VM runs with an address, and the claim shows it, lets the key
-// in over ssh at that address and returns the VM and its boot id. It boots holding the
-// machine's guest boot lock, as test/guest's boots do: one TCG boot at a
-// time.
+// in over ssh at that address and returns the VM and its boot id. It boots
+// holding the machine's guest boot lock, as test/guest's boots do: one TCG
+// boot at a time.
 func (f *fleet) bootGuest(ctx context.Context, t *testing.T, name string) (*computev1alpha1.VirtualMachine, string) {
 	t.Helper()
 	defer guestimage.HoldBoot(ctx, t)()

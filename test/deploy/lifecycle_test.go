@@ -81,8 +81,7 @@ func TestALostKubeletNodesGuestRunsOnAnother(t *testing.T) {
 	hubID, agents, users := natstest.Identities(t, hvA, hvB)
 	store := filepath.Join(t.TempDir(), "nats")
 	require.NoError(t, os.Mkdir(store, 0o755)) //nolint:gosec // the node's disk, as a local volume's
-	kubenode.StartSchedulingForTest(t, cp, "daemonset", "nodelifecycle", "statefulset", "persistentvolume-binder",
-		"serviceaccount", "deployment", "replicaset", "root-ca-cert-publisher", "endpointslice")
+	kubenode.StartSchedulingForTest(t, cp, clusterControllers...)
 	infra, _ := kubenode.StartForTest(t, cp, reg, infraNode, func(o *kubenode.Options) {
 		o.PodSubnet = kubenode.PodSubnet(1)
 		o.HostPaths = map[string]string{natsStore: store}
