@@ -54,7 +54,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/flowcontrol"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
@@ -69,14 +68,14 @@ import (
 // When events is not nil, every event recorder the manager hands out
 // (GetEventRecorderFor) records Normal events only within that budget
 // (NewEventBudget), shared by all of them.
-func ForManager(mgr ctrl.Manager, memory *perobject.Owner, events flowcontrol.PassiveRateLimiter) ctrl.Manager {
+func ForManager(mgr ctrl.Manager, memory *perobject.Owner, events *EventBudget) ctrl.Manager {
 	return &manager{Manager: mgr, client: NewClient(mgr.GetClient(), mgr.GetCache(), memory), events: events}
 }
 
 type manager struct {
 	ctrl.Manager
 	client client.Client
-	events flowcontrol.PassiveRateLimiter
+	events *EventBudget
 }
 
 func (m *manager) GetClient() client.Client { return m.client }

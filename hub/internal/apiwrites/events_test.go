@@ -18,11 +18,11 @@ import (
 // TestBudgetRecordsWarningsAlwaysAndNormalEventsWithinTheBudget pins what a
 // burst does to events: Normal events pass until the budget's burst is
 // spent, then are dropped and counted by reason until the budget refills;
-// Warnings pass whatever is left of it.
+// Warnings and the budget's Always reasons pass whatever is left of it.
 func TestBudgetRecordsWarningsAlwaysAndNormalEventsWithinTheBudget(t *testing.T) {
 	clock := clocktesting.NewFakeClock(time.Now())
 	// One Normal event a second, bursts of two.
-	budget := flowcontrol.NewTokenBucketPassiveRateLimiterWithClock(1, 2, clock)
+	budget := &EventBudget{Limiter: flowcontrol.NewTokenBucketPassiveRateLimiterWithClock(1, 2, clock), Always: []string{"RestartedElsewhere"}}
 	sink := record.NewFakeRecorder(100)
 	r := Budget(sink, budget)
 	vm := &v1alpha1.VirtualMachine{}
@@ -39,6 +39,7 @@ func TestBudgetRecordsWarningsAlwaysAndNormalEventsWithinTheBudget(t *testing.T)
 		{name: "SecondNormalPassesWithinTheBurst", record: func() { r.Eventf(vm, corev1.EventTypeNormal, "Started", "%s", "two") }, want: "Normal Started two", recorded: true},
 		{name: "ThirdNormalIsDropped", record: func() { r.Event(vm, corev1.EventTypeNormal, "Started", "three") }},
 		{name: "AWarningPassesAnyway", record: func() { r.Event(vm, corev1.EventTypeWarning, "NodeLost", "lost") }, want: "Warning NodeLost lost", recorded: true},
+		{name: "ANormalOfAnAlwaysReasonPassesAnyway", record: func() { r.Event(vm, corev1.EventTypeNormal, "RestartedElsewhere", "moved") }, want: "Normal RestartedElsewhere moved", recorded: true},
 		{name: "AnAnnotatedNormalIsDropped", record: func() { r.AnnotatedEventf(vm, nil, corev1.EventTypeNormal, "Started", "%s", "four") }},
 		{name: "ASecondLaterOneMorePasses", record: func() { clock.Step(time.Second); r.Event(vm, corev1.EventTypeNormal, "Started", "five") }, want: "Normal Started five", recorded: true},
 	}

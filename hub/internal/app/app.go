@@ -20,7 +20,6 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
-	"k8s.io/client-go/util/flowcontrol"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -106,7 +105,7 @@ type Config struct {
 	PollsPerSecond float64
 	// NormalEventsPerSecond is the budget of Normal events the hub records
 	// (apiwrites.EventBudget), with bursts of ten times as many; Warning
-	// events are always recorded. 0 means
+	// events, and a VM's RestartedElsewhere, are always recorded. 0 means
 	// apiwrites.DefaultNormalEventsPerSecond; below 0 records every one.
 	NormalEventsPerSecond float64
 	// FencingTimeout finalizes a VM, Volume or snapshot deleted while its
@@ -235,10 +234,12 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return errors.Wrap(err, "cannot create the controller manager")
 	}
-	// One budget of Normal events for every recorder of the hub.
-	var events flowcontrol.PassiveRateLimiter
+	// One budget of Normal events for every recorder of the hub; a VM
+	// restarted elsewhere is told whatever is left of it.
+	var events *apiwrites.EventBudget
 	if c.NormalEventsPerSecond >= 0 {
-		events = apiwrites.NewEventBudget(cmp.Or(c.NormalEventsPerSecond, apiwrites.DefaultNormalEventsPerSecond))
+		events = apiwrites.NewEventBudget(cmp.Or(c.NormalEventsPerSecond, apiwrites.DefaultNormalEventsPerSecond),
+			string(virtualmachine.ReasonRestartedElsewhere))
 	}
 	recorder := event.NewAPIRecorder(apiwrites.Budget(mgr.GetEventRecorderFor("virtfleet-hub"), events)) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	watchErrs.reader, watchErrs.recorder = mgr.GetAPIReader(), recorder
