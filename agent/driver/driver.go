@@ -509,11 +509,29 @@ type Observation struct {
 type Interface struct {
 	Network string
 	MAC     string
-	IPs     []string
+	// IPs are the addresses the guest holds on the interface that others
+	// can reach it at (Reachable): a link-local or loopback address, which
+	// a guest holds before DHCP answers and an IPv6 guest always, is none.
+	IPs []string
 	// Source says how IPs were learned.
 	Source AddressSource
 	// LastSeen is when a source last reported IPs.
 	LastSeen time.Time
+}
+
+// Reachable are the addresses of ips that others can reach a guest at, in
+// their order: neither link-local (169.254.0.0/16, fe80::/10), loopback nor
+// unparsable.
+func Reachable(ips []string) []string {
+	var out []string
+	for _, ip := range ips {
+		a, err := netip.ParseAddr(ip)
+		if err != nil || a.IsLinkLocalUnicast() || a.IsLoopback() || a.IsUnspecified() {
+			continue
+		}
+		out = append(out, ip)
+	}
+	return out
 }
 
 // AddressSource says how an interface's addresses were learned.

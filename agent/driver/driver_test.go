@@ -64,3 +64,23 @@ func TestMachineValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestReachableLeavesOutAddressesNobodyReachesTheGuestAt(t *testing.T) {
+	cases := map[string]struct {
+		ips  []string
+		want []string
+	}{
+		"IPv4AndGlobalIPv6Stay":      {ips: []string{"10.0.0.5", "2001:db8::5"}, want: []string{"10.0.0.5", "2001:db8::5"}},
+		"IPv6LinkLocalGoes":          {ips: []string{"fe80::5054:ff:fec4:9e2d", "10.0.0.5"}, want: []string{"10.0.0.5"}},
+		"IPv6LinkLocalWithAZoneGoes": {ips: []string{"fe80::1%eth0"}},
+		"IPv4LinkLocalGoes":          {ips: []string{"169.254.3.4"}},
+		"LoopbackGoes":               {ips: []string{"127.0.0.1", "::1"}},
+		"UnparsableGoes":             {ips: []string{"10.0.0.5/24", ""}},
+		"NoneIsNone":                 {},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.want, Reachable(tc.ips))
+		})
+	}
+}

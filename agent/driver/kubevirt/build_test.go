@@ -383,7 +383,8 @@ func TestObserveMapsKubeVirtStatus(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid), Annotations: map[string]string{AnnotationShape: shape}},
 			Spec:       kubevirtv1.VirtualMachineInstanceSpec{Networks: []kubevirtv1.Network{{Name: "net0", NetworkSource: kubevirtv1.NetworkSource{Multus: &kubevirtv1.MultusNetwork{NetworkName: "team-a.net-db"}}}}},
 			Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: phase, NodeName: "kv1", Interfaces: []kubevirtv1.VirtualMachineInstanceNetworkInterface{
-				{Name: "net0", MAC: "02:AA:bb:cc:dd:ee", IP: "10.0.0.5", IPs: []string{"10.0.0.5"}, InfoSource: "domain, guest-agent"},
+				// The guest's link-local address is no address to reach it at.
+				{Name: "net0", MAC: "02:AA:bb:cc:dd:ee", IP: "10.0.0.5", IPs: []string{"10.0.0.5", "fe80::aa:bbff:fecc:ddee"}, InfoSource: "domain, guest-agent"},
 			}},
 		}
 	}

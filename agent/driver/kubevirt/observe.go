@@ -413,9 +413,9 @@ func interfaces(vmi *kubevirtv1.VirtualMachineInstance, now time.Time) []driver.
 			continue // not one of the Machine's networks
 		}
 		iface := driver.Interface{Network: name, MAC: strings.ToLower(i.MAC), Source: driver.AddressSourceBackend}
-		iface.IPs = append(iface.IPs, i.IPs...)
-		if len(iface.IPs) == 0 && i.IP != "" {
-			iface.IPs = []string{i.IP}
+		iface.IPs = driver.Reachable(i.IPs)
+		if len(i.IPs) == 0 && i.IP != "" {
+			iface.IPs = driver.Reachable([]string{i.IP})
 		}
 		if strings.Contains(i.InfoSource, "guest-agent") {
 			iface.Source = driver.AddressSourceGuestAgent

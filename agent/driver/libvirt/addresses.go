@@ -263,7 +263,11 @@ func (d *Driver) sightings(nets *networkView, dom golibvirt.Domain, nics []nic, 
 			for _, a := range i.Addrs {
 				ips = append(ips, a.Addr)
 			}
-			seen[mac] = sighting{ips: ips, source: s.name}
+			// A guest holds a link-local address before DHCP answers: an
+			// interface with only such is one without addresses yet.
+			if ips = driver.Reachable(ips); len(ips) > 0 {
+				seen[mac] = sighting{ips: ips, source: s.name}
+			}
 		}
 	}
 	return seen
