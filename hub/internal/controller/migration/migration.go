@@ -496,6 +496,10 @@ func (r *Reconciler) follow(ctx context.Context, mig *v1alpha1.VirtualMachineMig
 	switch {
 	case arrived:
 		st.Phase, st.Message = v1alpha1.MigrationSucceeded, fmt.Sprintf("the VM runs on node %s", m.Target)
+		if m.Target == source && progress.Message != "" {
+			// Which of its hosts the backend moved the guest to.
+			st.Message += ": " + progress.Message
+		}
 		if st.EndTime == nil {
 			now := metav1.Now()
 			st.EndTime = &now

@@ -405,9 +405,11 @@ func TestMigrationWithinANodeOfManyHosts(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, "node1", mg.Target)
 
-	h.report("node1", wire.Report{Phase: wire.PhaseRunning, Host: "compute-2", Migration: &wire.MigrationReport{ID: "mig-move", Phase: wire.MigrationSucceeded, DowntimeMilliseconds: 300}})
+	h.report("node1", wire.Report{Phase: wire.PhaseRunning, Host: "compute-2", Migration: &wire.MigrationReport{ID: "mig-move", Phase: wire.MigrationSucceeded, DowntimeMilliseconds: 300,
+		Message: "moved from host compute-1 to host compute-2"}})
 	m = h.reconcile("move")
 	assert.Equal(t, v1alpha1.MigrationSucceeded, m.Status.Phase)
+	assert.Equal(t, "the VM runs on node node1: moved from host compute-1 to host compute-2", m.Status.Message, "with the backend's word of where")
 	assert.Equal(t, int64(300), m.Status.DowntimeMilliseconds)
 	vm := h.vm()
 	assert.Equal(t, "node1", vm.GetAnnotations()[v1alpha1.AnnotationNode])
