@@ -288,6 +288,14 @@ func Markdown(r *Result) string {
 			p("From the hub's kill until the new hub had observed every VM, per VM of the %d:", r.VMs)
 			p("")
 			requestsTable(p, r.Writes)
+			if len(r.Changed) > 0 {
+				p("What those writes changed, by kind and field, in how many objects: %s.", counted(r.Changed))
+				p("")
+			}
+			if len(r.EventReasons) > 0 {
+				p("Events recorded meanwhile, by kind and reason: %s.", counted(r.EventReasons))
+				p("")
+			}
 		}
 		if len(s.OtherRequests) > 0 {
 			p("Every other request to the API server of at least %.1f per VM, reads included, from every client (the benchmark's watch too):", minOtherPerVM)
@@ -456,4 +464,16 @@ func cpuShare(c CPUShare, cpus int) string {
 		}
 	}
 	return out
+}
+
+// counted renders counts as "key (n), ...", the largest first.
+func counted(counts map[string]int) string {
+	keys := slices.SortedFunc(maps.Keys(counts), func(a, b string) int {
+		return cmp.Or(cmp.Compare(counts[b], counts[a]), cmp.Compare(a, b))
+	})
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("`%s` (%d)", k, counts[k]))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/harness/stack"
@@ -55,11 +56,21 @@ type HubRestart struct {
 	// the kill until then (and settle), per VM; Writes breaks them down.
 	WritesPerVM float64        `json:"writesPerVM"`
 	Writes      []RequestCount `json:"writes,omitempty"`
+	// Changed counts the fields the writes changed, by kind and path,
+	// over the VMs and Volumes written; EventReasons the events recorded
+	// meanwhile, by their object's kind and reason. They say what a write
+	// the new hub made was for.
+	Changed      map[string]int `json:"changed,omitempty"`
+	EventReasons map[string]int `json:"eventReasons,omitempty"`
 }
 
 // restartHub kills the hub of s, whose vms VMs all run, starts it again
 // and measures the new hub's first pass over them (HubRestart).
-func restartHub(ctx context.Context, s *stack.Stack, vms int, progress func(string, ...any)) (*HubRestart, error) {
+func restartHub(ctx context.Context, s *stack.Stack, kube client.Client, vms int, progress func(string, ...any)) (*HubRestart, error) {
+	objects, err := snapshotObjects(ctx, kube)
+	if err != nil {
+		return nil, err
+	}
 	before, err := FetchRequestCounts(ctx, s.ControlPlane.Config)
 	if err != nil {
 		return nil, err
@@ -101,6 +112,19 @@ func restartHub(ctx context.Context, s *stack.Stack, vms int, progress func(stri
 	writes := ourWrites(before, after)
 	r.WritesPerVM = writes.Total() / float64(vms)
 	r.Writes = writes.Breakdown(vms)
+	now, err := snapshotObjects(ctx, kube)
+	if err != nil {
+		return nil, err
+	}
+	r.Changed = changedFields(objects, now)
+	var warnings map[string]string
+	if r.EventReasons, warnings, err = eventReasons(ctx, kube, start); err != nil {
+		return nil, err
+	}
+	progress("the new hub changed %v; events %v", r.Changed, r.EventReasons)
+	for k, m := range warnings {
+		progress("a warning %s: %s", k, m)
+	}
 	return r, nil
 }
 

@@ -470,7 +470,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	if sp.simulated && sc.Running == sp.vms {
 		// Every VM the hub knows: the burst's and the warm-up's, one per
 		// node.
-		if sc.HubRestart, err = restartHub(ctx, s, sp.vms+sp.nodes, progress); err != nil {
+		if sc.HubRestart, err = restartHub(ctx, s, kube, sp.vms+sp.nodes, progress); err != nil {
 			return err
 		}
 	}
