@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/sha256"
 	"sync"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -31,6 +32,10 @@ type records struct {
 	// sizes are the sizes in effect of Volumes, by uid.
 	sizes  map[string]int64
 	synced bool
+	// found are the digests of the guest intents the bucket held when
+	// the hub first read it, by key, until the VM's reconcile asks
+	// (FoundIntent).
+	found map[string][sha256.Size]byte
 }
 
 // onIntent takes the hub's records among the intents bucket's entries;
@@ -48,6 +53,7 @@ func (f *Fleet) onIntent(e bus.Entry) error {
 	}
 	uid, ok := wire.BindingUID(e.Key)
 	if !ok {
+		f.onGuestIntent(e)
 		return nil
 	}
 	if e.Deleted {
@@ -65,6 +71,53 @@ func (f *Fleet) onIntent(e bus.Entry) error {
 	}
 	f.keep(uid, v1alpha1.Binding{Node: r.Node, Adopted: r.Adopted, Epoch: r.Epoch})
 	return nil
+}
+
+// onGuestIntent keeps the digest of a guest intent the bucket holds as
+// the hub first reads it; a later entry is the hub's own write, and only
+// a deletion counts.
+func (f *Fleet) onGuestIntent(e bus.Entry) {
+	_, rest, err := wire.ParseKey(e.Key)
+	if err != nil {
+		return
+	}
+	if _, ok := wire.GuestIntents.UID(rest); !ok {
+		return
+	}
+	b := &f.records
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case e.Deleted:
+		delete(b.found, e.Key)
+	case !b.synced:
+		if b.found == nil {
+			b.found = map[string][sha256.Size]byte{}
+		}
+		b.found[e.Key] = sha256.Sum256(e.Value)
+	}
+}
+
+// FoundIntent says whether the bucket held in, the intent of uid on node,
+// exactly as Put would write it, when the hub first read it: a hub that
+// just started publishes nothing that the hub before it left as it should
+// be. Each is answered once; then the hub's own record of what it
+// published speaks.
+func (f *Fleet) FoundIntent(node, uid string, in wire.Intent) bool {
+	key, err := wire.GuestIntents.Key(node, uid)
+	if err != nil {
+		return false
+	}
+	v, err := wire.GuestIntents.Encode(in)
+	if err != nil {
+		return false
+	}
+	b := &f.records
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	found, ok := b.found[key]
+	delete(b.found, key)
+	return ok && found == sha256.Sum256(v)
 }
 
 // keep remembers bd as uid's binding unless a newer one is remembered: a

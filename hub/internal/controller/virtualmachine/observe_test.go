@@ -18,6 +18,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -234,4 +235,86 @@ func TestObserveOnlyReads(t *testing.T) {
 
 func onNode(vm *v1alpha1.VirtualMachine) {
 	vm.Annotations = map[string]string{v1alpha1.AnnotationNode: testNode}
+}
+
+// TestARestartedHubTakesTheIntentItsNodeHoldsAsPublished pins what a hub
+// that just started (a fresh connector's state and a fleet that reads the
+// bus as the hub before it left it) finds of a placed VM whose node holds
+// the intent the VM asks for: up to date, its bytes counted in its
+// namespace, so that no Update publishes it again (crossplane-runtime
+// would record an event of each). An intent that differs, or none, is not
+// up to date; nor is one the hub put after it read the bucket, which its
+// own record of what it published speaks for.
+func TestARestartedHubTakesTheIntentItsNodeHoldsAsPublished(t *testing.T) {
+	cases := map[string]struct {
+		// stored changes the intent the hub before published; nil
+		// deletes it.
+		stored   func(*wire.Intent)
+		upToDate bool
+	}{
+		"TheIntentTheVMAsksFor": {stored: func(*wire.Intent) {}, upToDate: true},
+		"AnotherIntent":         {stored: func(in *wire.Intent) { in.Running = !in.Running }},
+		"NoIntent":              {},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			b := bus.NewFake()
+			v := vm(onNode, func(vm *v1alpha1.VirtualMachine) {
+				vm.Spec.ForProvider.DiskAttachments = []v1alpha1.DiskAttachment{{Name: "root"}}
+				vm.Spec.ForProvider.VirtualNetworks = nil
+				vm.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionAll})
+			})
+			uid := string(v.UID)
+			b.SetNode(bus.NodeEvent{Node: testNode, Heartbeat: wire.NodeHeartbeat{Backend: "libvirt", Capacity: wire.Resources{VCPU: 64, MemoryBytes: 64 << 30}}})
+			bus.SetValue(b, wire.GuestReports, testNode, uid, wire.Report{ProtocolVersion: wire.ProtocolVersion, UID: uid, Node: testNode, Phase: wire.PhaseRunning})
+			var writes atomic.Int32
+			kube := writeless(t, &writes, vol("root", testNode))
+			started := func() *external {
+				f := fleettest.Start(t, b)
+				require.Eventually(t, func() bool { _, ok := f.Guests.Report(testNode, uid); return ok }, 5*time.Second, time.Millisecond)
+				n := wake.NewNotifier(perobject.NewOwner(nil))
+				c := &connector{log: logging.NewNopLogger(), kube: kube, opts: Options{FencingTimeout: testFencing, Notifier: n, Placer: placement.New(), Addresses: ipam.New(kube, kube)},
+					recorder: &fleettest.Recorder{}, state: newState(perobject.NewOwner(nil)), policies: true}
+				return &external{connector: c, fleet: f, grant: trusted}
+			}
+			observe := func(e *external) managed.ExternalObservation {
+				t.Helper()
+				puts := b.Puts()
+				obs, err := e.Observe(ctx, v)
+				require.NoError(t, err)
+				assert.True(t, obs.ResourceExists)
+				assert.Equal(t, puts, b.Puts(), "Observe publishes nothing")
+				assert.Zero(t, writes.Load(), "API writes")
+				return obs
+			}
+
+			// The hub before publishes the VM (and records its Volume's
+			// size); what it put is its own, not found.
+			before := started()
+			d, err := before.resolve(ctx, v)
+			require.NoError(t, err)
+			require.NoError(t, before.publish(ctx, v, d, testNode))
+			in, ok := bus.Stored(b, wire.GuestIntents, testNode, uid)
+			require.True(t, ok)
+			before.state = newState(perobject.NewOwner(nil))
+			assert.False(t, observe(before).ResourceUpToDate, "an intent put after the bucket was read is not found")
+			if tc.stored != nil {
+				tc.stored(&in)
+				_, err = bus.Put(ctx, b, wire.GuestIntents, testNode, uid, in)
+			} else {
+				err = bus.Delete(ctx, b, wire.GuestIntents, testNode, uid)
+			}
+			require.NoError(t, err)
+
+			// Then it leaves, and a new one starts.
+			e := started()
+			assert.Equal(t, tc.upToDate, observe(e).ResourceUpToDate)
+			if tc.upToDate {
+				assert.Positive(t, e.state.intentBytes.held(v.Namespace), "the intent's bytes count in its namespace")
+			}
+			e.state = newState(perobject.NewOwner(nil))
+			assert.False(t, observe(e).ResourceUpToDate, "what the bucket held is answered once")
+		})
+	}
 }

@@ -36,6 +36,8 @@ package virtualmachine
 import (
 	"cmp"
 	"context"
+	"maps"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -342,8 +344,9 @@ type external struct {
 //
 // The guest exists from the moment the placement loop recorded its node:
 // its identity is the VM's uid on that node, and Update publishes the
-// intent that makes it so (publishing is idempotent, so after a hub restart
-// it is simply published again). Observing it as not existing until its
+// intent that makes it so (publishing is idempotent; after a hub restart
+// an intent the bucket already held as it should be is not published
+// again, see published). Observing it as not existing until its
 // node reports would send every new VM through Create, which costs the
 // create-pending annotation write per VM and adds nothing: the one fact a
 // create must not lose, the node, is already recorded.
@@ -427,10 +430,38 @@ func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (ma
 	e.state.held.note(vm, len(d.heldGrowth) > 0)
 	upToDate := err == nil && e.knownAddresses(vm, &d, n) && len(SealedLeftovers(vm, e.fleet)) == 0 && recordedAsShown(obs.Binding, held) && len(d.grows) == 0
 	if upToDate {
-		published, _ := e.state.published.Load(vm.UID)
-		upToDate = published == planFingerprint(e.plan(vm, d, node), node)
+		upToDate = e.published(vm, e.plan(vm, d, node), node)
 	}
 	return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: upToDate}, nil
+}
+
+// published says whether the nodes hold the intents p of vm on node as
+// this hub last published them. A hub that just started has published
+// nothing itself, but the bucket may have held p already when it read it,
+// from the hub before it (Fleet.FoundIntent): then p counts as published
+// (and its bytes as the namespace's), and no Update publishes it again,
+// so a restarted hub neither writes nor tells of an update for a VM that
+// did not change.
+func (e *external) published(vm *v1alpha1.VirtualMachine, p map[string]wire.Intent, node string) bool {
+	want := planFingerprint(p, node)
+	if last, ok := e.state.published.Load(vm.UID); ok {
+		return last == want
+	}
+	held := true
+	for _, n := range slices.Sorted(maps.Keys(p)) {
+		// Every one asked, so that each is answered once.
+		held = e.fleet.FoundIntent(n, p[n].UID, p[n]) && held
+	}
+	if !held {
+		return false
+	}
+	size, err := intentsSize(p)
+	if err != nil {
+		return false
+	}
+	e.state.intentBytes.settle(vm.UID, vm.Namespace, size)
+	e.state.published.Store(vm.UID, want)
+	return true
 }
 
 // resolve reads what the VM refers to and admits it (dependencies.admit).
