@@ -116,7 +116,7 @@ var (
 	}, "backend")
 	VMObserves = counter(prometheus.CounterOpts{
 		Name: "virtfleet_hub_vm_observes_total",
-		Help: "Times the hub compared a VirtualMachine with its node's report: one per reconcile that got past the hub's reconcile rate limit. After a restart, the new hub has looked at every VM once it counted as many as there are VMs.",
+		Help: "Times the hub compared a VirtualMachine with its node's report: one per reconcile that got past the hub's reconcile rate limit and found the hub's view of the VM's fleet read. After a restart, the new hub has looked at every VM once it counted as many as there are VMs.",
 	})
 	PlacementDuration = histogram(prometheus.HistogramOpts{
 		Name:    "virtfleet_hub_placement_duration_seconds",

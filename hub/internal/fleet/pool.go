@@ -16,6 +16,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/nats-io/nats.go"
 
+	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/internal/metrics"
 	"github.com/virtfleet/virtfleet/internal/natswire"
@@ -136,6 +137,28 @@ func (e *ConnectingError) Error() string {
 }
 
 func (e *ConnectingError) Unwrap() error { return e.Last }
+
+// QuietWhileStarting returns err, or, when it says only that the hub is
+// still reading a fleet (Starting), err made a retry the managed
+// reconciler does not tell the user of (apiwrites.RetryQuietly): a
+// restarted hub's first pass would otherwise mark the first resources it
+// reconciles not Synced, with a Warning each, and Synced again a moment
+// later.
+func QuietWhileStarting(err error) error {
+	if Starting(err) {
+		return apiwrites.RetryQuietly(err)
+	}
+	return err
+}
+
+// Starting says whether err says only that the hub is still reading a
+// fleet: connecting to its NATS server with no attempt failed yet
+// (ConnectingError), or its records not read yet (ErrRecordsNotSynced). A
+// retry soon mends it, and nobody need act on it.
+func Starting(err error) bool {
+	var c *ConnectingError
+	return errors.Is(err, ErrRecordsNotSynced) || (errors.As(err, &c) && c.Last == nil)
+}
 
 // TooManyError refuses a namespace another NATS connection.
 type TooManyError struct {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
@@ -167,5 +168,33 @@ func TestFailedTargetsHoldNoSlot(t *testing.T) {
 			var connecting *ConnectingError
 			return errors.As(err, &connecting) && connecting.Last != nil
 		}, 10*time.Second, 10*time.Millisecond, "target %d fails, and is not refused as one too many", i+1)
+	}
+}
+
+// TestAHubStillReadingItsFleetRetriesQuietly pins which errors a hub that
+// is starting keeps from the user: connecting with no attempt failed yet,
+// and its records unread; a failed connection is the user's to see.
+func TestAHubStillReadingItsFleetRetriesQuietly(t *testing.T) {
+	cases := map[string]struct {
+		err      error
+		starting bool
+	}{
+		"RecordsNotRead":       {err: errors.Wrap(ErrRecordsNotSynced, "cannot observe"), starting: true},
+		"FirstAttemptUnderWay": {err: &ConnectingError{URL: "nats://127.0.0.1:4222"}, starting: true},
+		"AnAttemptFailed":      {err: &ConnectingError{URL: "nats://127.0.0.1:4222", Last: errors.New("connection refused"), RetryIn: time.Second}},
+		"AnythingElse":         {err: errors.New("cannot publish")},
+		"NoError":              {},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.starting, Starting(tc.err))
+			got := QuietWhileStarting(tc.err)
+			assert.Equal(t, tc.starting, kerrors.IsConflict(got), "retried without a word")
+			if tc.err != nil {
+				assert.ErrorIs(t, got, tc.err, "the error itself is kept")
+			} else {
+				assert.NoError(t, got)
+			}
+		})
 	}
 }

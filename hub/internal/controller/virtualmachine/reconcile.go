@@ -319,7 +319,7 @@ func (c *connector) connect(ctx context.Context, vm *v1alpha1.VirtualMachine) (*
 	}
 	f, err := c.opts.Pool.Get(ctx, pc.Target)
 	if err != nil {
-		return nil, err
+		return nil, fleet.QuietWhileStarting(err)
 	}
 	g, err := providerconfig.GrantOf(ctx, c.kube, vm.Namespace)
 	if err != nil {
@@ -351,11 +351,11 @@ type external struct {
 // create-pending annotation write per VM and adds nothing: the one fact a
 // create must not lose, the node, is already recorded.
 func (e *external) Observe(ctx context.Context, vm *v1alpha1.VirtualMachine) (managed.ExternalObservation, error) {
-	metrics.VMObserves.WithLabelValues().Inc()
 	held, err := e.fleet.Held(string(vm.UID))
 	if err != nil {
-		return managed.ExternalObservation{}, err
+		return managed.ExternalObservation{}, fleet.QuietWhileStarting(err)
 	}
+	metrics.VMObserves.WithLabelValues().Inc()
 	if e.fleet.Replayed(vm) {
 		return managed.ExternalObservation{}, e.restoreBinding(ctx, vm, *held)
 	}
