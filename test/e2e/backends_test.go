@@ -243,6 +243,8 @@ func testBackend(t *testing.T, backend string) {
 			Spec:       v1alpha1.VirtualMachineMigrationSpec{VMName: "vm"},
 		})
 		m := h.waitMigration(t, "vm-away", 3*time.Minute)
+		// What the backend said of the hosts it moved the guest between.
+		t.Logf("migration %s from %s: %s", m.Status.Phase, before, m.Status.Message)
 		require.Equal(t, v1alpha1.MigrationSucceeded, m.Status.Phase, m.Status.Message)
 		assert.Equal(t, node, m.Status.SourceNode)
 		assert.Equal(t, node, m.Status.TargetNode, "the VM stays on the %s node; its backend moves it between its hosts", backend)
