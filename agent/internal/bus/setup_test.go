@@ -108,7 +108,9 @@ func newFleet(t testing.TB) *fleet {
 func (f *fleet) agent(t testing.TB, node string) (*bus.NATS, *nats.Conn, *natstest.AsyncErrors) {
 	t.Helper()
 	nc, async := natstest.Connect(t, f.srv, f.agents[node])
-	b, err := bus.New(nc, bus.Config{Node: node, Timeout: 500 * time.Millisecond, RetryInterval: 100 * time.Millisecond})
+	// Requests wait as long as an agent's do (bus.DefaultTimeout): a
+	// loaded machine answers a put in more than half a second.
+	b, err := bus.New(nc, bus.Config{Node: node, RetryInterval: 100 * time.Millisecond})
 	require.NoError(t, err)
 	return b, nc, async
 }
