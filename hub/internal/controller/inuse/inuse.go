@@ -42,6 +42,7 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/hub/internal/apiwrites"
+	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
 )
@@ -415,7 +416,9 @@ func (e *external[T]) Observe(ctx context.Context, obj T) (managed.ExternalObser
 	e.settles.record(types.NamespacedName{Namespace: obj.GetNamespace(), Name: obj.GetName()}, len(users))
 	ready, err := e.kind.Observe(ctx, e.kube, obj, users)
 	if err != nil {
-		return managed.ExternalObservation{}, err
+		// A hub still reading the fleet a kind reads (a Volume's records,
+		// a DiskImage's reports) retries without a word.
+		return managed.ExternalObservation{}, fleet.QuietWhileStarting(err)
 	}
 	inUse := xpv2.Condition{Type: TypeInUse, Status: corev1.ConditionFalse, Reason: "Unused", LastTransitionTime: metav1.Now()}
 	if len(users) > 0 {

@@ -16,7 +16,6 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
-	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/quota"
 )
 
@@ -40,15 +39,8 @@ func intentOf(v *v1alpha1.Volume) wire.VolumeIntent {
 }
 
 // Observe is inuse.Kind.Observe for Volumes: a Volume that imports a volume
-// shows the volume as its node reports it. A hub still reading its fleet
-// retries without a word (fleet.QuietWhileStarting).
+// shows the volume as its node reports it.
 func (r *Releaser) Observe(ctx context.Context, kube client.Reader, v *v1alpha1.Volume, users inuse.Users) (xpv2.Condition, error) {
-	ready, err := r.observe(ctx, kube, v, users)
-	return ready, fleet.QuietWhileStarting(err)
-}
-
-// observe is Observe, with every error as it came.
-func (r *Releaser) observe(ctx context.Context, kube client.Reader, v *v1alpha1.Volume, users inuse.Users) (xpv2.Condition, error) {
 	ready, err := observe(ctx, kube, v, users)
 	ext := meta.GetExternalName(v)
 	if err == nil && ext == "" && r.quotas != nil {
