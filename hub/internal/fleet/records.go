@@ -98,17 +98,13 @@ func (f *Fleet) onGuestIntent(e bus.Entry) {
 	}
 }
 
-// FoundIntent says whether the bucket held in, the intent of uid on node,
-// exactly as Put would write it, when the hub first read it: a hub that
-// just started publishes nothing that the hub before it left as it should
-// be. Each is answered once; then the hub's own record of what it
-// published speaks.
-func (f *Fleet) FoundIntent(node, uid string, in wire.Intent) bool {
+// FoundIntent says whether the bucket held value, the intent of uid on
+// node as Put writes it (wire.GuestIntents.Encode), when the hub first
+// read it: a hub that just started publishes nothing that the hub before
+// it left as it should be. Each is answered once; then the hub's own
+// record of what it published speaks.
+func (f *Fleet) FoundIntent(node, uid string, value []byte) bool {
 	key, err := wire.GuestIntents.Key(node, uid)
-	if err != nil {
-		return false
-	}
-	v, err := wire.GuestIntents.Encode(in)
 	if err != nil {
 		return false
 	}
@@ -117,7 +113,7 @@ func (f *Fleet) FoundIntent(node, uid string, in wire.Intent) bool {
 	defer b.mu.Unlock()
 	found, ok := b.found[key]
 	delete(b.found, key)
-	return ok && found == sha256.Sum256(v)
+	return ok && found == sha256.Sum256(value)
 }
 
 // keep remembers bd as uid's binding unless a newer one is remembered: a

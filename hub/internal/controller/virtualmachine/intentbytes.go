@@ -49,9 +49,13 @@ func newIntentBytes(memory *perobject.Owner) *intentBytes {
 // place of what the VM's intents took before. Until the publish is known
 // to have landed (settle), the VM counts the larger of both.
 func (b *intentBytes) reserve(uid types.UID, namespace string, intents map[string]wire.Intent, limit int64) (int64, error) {
-	size, err := intentsSize(intents)
-	if err != nil {
-		return 0, err
+	var size int64
+	for _, in := range intents {
+		v, err := wire.GuestIntents.Encode(in)
+		if err != nil {
+			return 0, errors.Wrap(err, "cannot encode the intent")
+		}
+		size += int64(len(v))
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -65,19 +69,6 @@ func (b *intentBytes) reserve(uid types.UID, namespace string, intents map[strin
 			namespace, others+before.bytes, size-before.bytes, limit)
 	}
 	b.set(uid, intentSize{namespace: namespace, bytes: max(size, before.bytes)})
-	return size, nil
-}
-
-// intentsSize is how many bytes intents take in the bucket.
-func intentsSize(intents map[string]wire.Intent) (int64, error) {
-	var size int64
-	for _, in := range intents {
-		v, err := wire.GuestIntents.Encode(in)
-		if err != nil {
-			return 0, errors.Wrap(err, "cannot encode the intent")
-		}
-		size += int64(len(v))
-	}
 	return size, nil
 }
 

@@ -447,16 +447,17 @@ func (e *external) published(vm *v1alpha1.VirtualMachine, p map[string]wire.Inte
 	if last, ok := e.state.published.Load(vm.UID); ok {
 		return last == want
 	}
-	held := true
+	held, size := true, int64(0)
 	for _, n := range slices.Sorted(maps.Keys(p)) {
+		v, err := wire.GuestIntents.Encode(p[n])
+		if err != nil {
+			return false
+		}
+		size += int64(len(v))
 		// Every one asked, so that each is answered once.
-		held = e.fleet.FoundIntent(n, p[n].UID, p[n]) && held
+		held = e.fleet.FoundIntent(n, p[n].UID, v) && held
 	}
 	if !held {
-		return false
-	}
-	size, err := intentsSize(p)
-	if err != nil {
 		return false
 	}
 	e.state.intentBytes.settle(vm.UID, vm.Namespace, size)
