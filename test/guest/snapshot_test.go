@@ -84,11 +84,13 @@ func (g *suite) snapshotWithMemory(name, bootID string) func(t *testing.T) {
 }
 
 // count waits until the guest's counter is at least min and returns it.
+// The guest counts in its own time, which a TCG guest on a busy host spends
+// slower than the host's: the wait is for the count, not for a time.
 func (g *suite) count(t *testing.T, ip string, min int) int {
 	t.Helper()
 	var n int
 	var last string
-	err := wait.PollUntilContextTimeout(g.ctx, 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(g.ctx, 500*time.Millisecond, 4*time.Minute, true, func(context.Context) (bool, error) {
 		out, err := g.ssh(ip, "cat /dev/shm/counter")
 		last = out
 		if err != nil {
