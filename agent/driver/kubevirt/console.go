@@ -48,6 +48,11 @@ func (d *Driver) OpenConsole(ctx context.Context, uid string, kind driver.Consol
 		return nil, err
 	}
 	_, vmi, err := d.get(ctx, c, uid)
+	if err == nil && !runs(vmi) {
+		// The refusal is Terminal, so it rests on the API server's word,
+		// not on informers that may not have seen the VMI start yet.
+		_, vmi, err = d.get(ctx, d.live, uid)
+	}
 	if err != nil {
 		return nil, err
 	}

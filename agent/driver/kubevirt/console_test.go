@@ -23,12 +23,12 @@ import (
 	"github.com/virtfleet/virtfleet/internal/wsconsole"
 )
 
-// openConsole opens console kind of uid, closed at the test's end.
-func (e *env) openConsole(uid string, kind driver.ConsoleKind) io.ReadWriteCloser {
-	e.t.Helper()
+// openConsole opens console kind of uid for t, closed at t's end.
+func (e *env) openConsole(t *testing.T, uid string, kind driver.ConsoleKind) io.ReadWriteCloser {
+	t.Helper()
 	s, err := e.d.OpenConsole(context.Background(), uid, kind)
-	require.NoError(e.t, err)
-	e.t.Cleanup(func() { _ = s.Close() })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
 
@@ -42,7 +42,7 @@ func TestConsoles(t *testing.T) {
 	prompt := guestconsole.LoginPrompt(VMName(m.UID))
 
 	t.Run("TheSerialConsoleCarriesBytesBothWays", func(t *testing.T) {
-		s := e.openConsole(m.UID, driver.ConsoleSerial)
+		s := e.openConsole(t, m.UID, driver.ConsoleSerial)
 		guestconsole.ReadUntil(t, s, prompt)
 		_, err := s.Write([]byte("root\r"))
 		require.NoError(t, err)
@@ -51,7 +51,7 @@ func TestConsoles(t *testing.T) {
 	})
 
 	t.Run("TheDisplayIsAnRFBServer", func(t *testing.T) {
-		s := e.openConsole(m.UID, driver.ConsoleVNC)
+		s := e.openConsole(t, m.UID, driver.ConsoleVNC)
 		guestconsole.ReadUntil(t, s, "RFB 003.008\n")
 	})
 
@@ -59,7 +59,7 @@ func TestConsoles(t *testing.T) {
 		paused := m
 		paused.Paused = true
 		e.ensureUntil(paused, phaseIs(driver.PhasePaused))
-		guestconsole.ReadUntil(t, e.openConsole(m.UID, driver.ConsoleSerial), prompt)
+		guestconsole.ReadUntil(t, e.openConsole(t, m.UID, driver.ConsoleSerial), prompt)
 	})
 }
 
