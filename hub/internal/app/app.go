@@ -399,7 +399,7 @@ func serveSubresources(mgr ctrl.Manager, kube client.Client, pool *fleet.Pool, c
 	}
 	configs := providerconfig.NewResolver(kube)
 	fleets := func(ctx context.Context, vm *v1alpha1.VirtualMachine) (*fleet.Fleet, error) {
-		pc, err := configs.Read(ctx, vm)
+		pc, err := configs.Resolve(ctx, vm)
 		if err != nil {
 			return nil, err
 		}

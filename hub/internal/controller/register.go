@@ -48,7 +48,7 @@ func SetupGated(ctx context.Context, mgr ctrl.Manager, o controller.Options, vo 
 	if err := ipam.Index(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
-	if err := providerconfig.Setup(mgr, o); err != nil {
+	if err := providerconfig.SetupGated(mgr, o); err != nil {
 		return err
 	}
 	if err := virtualmachine.SetupGated(mgr, o, vo); err != nil {

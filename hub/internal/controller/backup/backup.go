@@ -182,7 +182,7 @@ func (r *Reconciler) start(ctx context.Context, b *v1alpha1.VirtualMachineBackup
 	case meta.WasDeleted(vm):
 		return reconcile.Result{}, r.fail(ctx, b, vm, fmt.Sprintf("VirtualMachine %s is being deleted", vm.Name))
 	}
-	pc, err := r.configs.Read(ctx, vm)
+	pc, err := r.configs.Resolve(ctx, vm)
 	if err != nil {
 		return reconcile.Result{}, err
 	}

@@ -409,7 +409,7 @@ func diskNames(c *v1alpha1.VirtualMachineClone, src *source) ([]v1alpha1.CloneDi
 // DataVolume of either. A node not heard from yet is not refused: its
 // images say what it does.
 func (r *Reconciler) copiesVolumes(ctx context.Context, src *source, node string) error {
-	pc, err := r.configs.Read(ctx, src.VM)
+	pc, err := r.configs.Resolve(ctx, src.VM)
 	if err != nil {
 		return err
 	}

@@ -194,7 +194,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case err != nil:
 		return reconcile.Result{}, errors.Wrap(err, "cannot get the VM")
 	}
-	pc, err := r.configs.Read(ctx, vm)
+	pc, err := r.configs.Resolve(ctx, vm)
 	if err != nil {
 		return reconcile.Result{}, err
 	}

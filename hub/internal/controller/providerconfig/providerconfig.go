@@ -1,6 +1,7 @@
 // Package providerconfig reconciles ProviderConfigs and ClusterProviderConfigs
-// (usage accounting, as every Crossplane provider does) and resolves the one
-// a managed resource names into the NATS server and defaults it stands for.
+// (holding each while managed resources use it, as every Crossplane provider
+// does) and resolves the one a managed resource names into the NATS server
+// and defaults it stands for.
 package providerconfig
 
 import (
@@ -13,16 +14,10 @@ import (
 	"sync"
 	"time"
 
-	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/providerconfig"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
@@ -37,11 +32,9 @@ type Config struct {
 	NodeSelector map[string]string
 }
 
-// Resolver reads the ProviderConfig a managed resource names and tracks the
-// usage, so a ProviderConfig in use cannot be deleted.
+// Resolver reads the ProviderConfig a managed resource names.
 type Resolver struct {
-	kube  client.Client
-	usage *resource.ProviderConfigUsageTracker
+	kube client.Client
 
 	mu sync.Mutex
 	// targets are the targets read lately, by the spec they were read
@@ -65,31 +58,12 @@ const targetTTL = 10 * time.Second
 
 // NewResolver returns a Resolver.
 func NewResolver(kube client.Client) *Resolver {
-	return &Resolver{kube: kube, usage: resource.NewProviderConfigUsageTracker(kube, &apisv1alpha1.ProviderConfigUsage{}), targets: map[string]readTarget{}}
+	return &Resolver{kube: kube, targets: map[string]readTarget{}}
 }
 
-// Resolve tracks mg's use of its ProviderConfig and returns what it says.
-//
-// The usage is named by mg's UID, and the tracker creates it when its
-// client's cache does not hold it. A reconcile of mg that follows the one
-// that created it by a few milliseconds reads a cache that has not seen the
-// usage yet, and its create fails with AlreadyExists: that is the usage
-// mg's own earlier reconcile made, so it is tracked, and the next reconcile,
-// reading a cache that holds it, corrects its ProviderConfig if that changed.
-// Taken for an error, it would fail the VM's reconcile and cost a status
-// write, for every VM reconciled twice in such quick succession, as many of
-// a burst's are.
+// Resolve returns what mg's ProviderConfig says. That mg uses it is not
+// recorded: the ProviderConfig's controller counts its users (see Users).
 func (r *Resolver) Resolve(ctx context.Context, mg resource.ModernManaged) (Config, error) {
-	if err := r.usage.Track(ctx, mg); err != nil && !kerrors.IsAlreadyExists(err) {
-		return Config{}, errors.Wrap(err, "cannot track ProviderConfig usage")
-	}
-	return r.Read(ctx, mg)
-}
-
-// Read returns what mg's ProviderConfig says without tracking the usage,
-// for a reader that leaves that to mg's own reconciler (the placement
-// loop: tracking in both would race to create the same usage).
-func (r *Resolver) Read(ctx context.Context, mg resource.ModernManaged) (Config, error) {
 	ref := mg.GetProviderConfigReference()
 	var spec apisv1alpha1.ProviderConfigSpec
 	switch ref.Kind {
@@ -244,40 +218,4 @@ func TargetOf(ctx context.Context, kube client.Client, spec apisv1alpha1.Provide
 	}
 	t.Seed = seed
 	return t, nil
-}
-
-// Setup adds the usage-accounting controllers of both kinds.
-func Setup(mgr ctrl.Manager, o controller.Options) error {
-	kinds := []struct {
-		config, usage, usageList client.Object
-		of                       resource.ProviderConfigKinds
-		kind, groupKind          string
-	}{
-		{
-			config: &apisv1alpha1.ProviderConfig{}, usage: &apisv1alpha1.ProviderConfigUsage{},
-			of:   resource.ProviderConfigKinds{Config: apisv1alpha1.ProviderConfigGroupVersionKind, Usage: apisv1alpha1.ProviderConfigUsageGroupVersionKind, UsageList: apisv1alpha1.ProviderConfigUsageListGroupVersionKind},
-			kind: apisv1alpha1.ProviderConfigKind, groupKind: apisv1alpha1.ProviderConfigGroupKind,
-		},
-		{
-			config: &apisv1alpha1.ClusterProviderConfig{}, usage: &apisv1alpha1.ClusterProviderConfigUsage{},
-			of:   resource.ProviderConfigKinds{Config: apisv1alpha1.ClusterProviderConfigGroupVersionKind, Usage: apisv1alpha1.ClusterProviderConfigUsageGroupVersionKind, UsageList: apisv1alpha1.ClusterProviderConfigUsageListGroupVersionKind},
-			kind: apisv1alpha1.ClusterProviderConfigKind, groupKind: apisv1alpha1.ClusterProviderConfigGroupKind,
-		},
-	}
-	for _, k := range kinds {
-		name := providerconfig.ControllerName(k.groupKind)
-		r := providerconfig.NewReconciler(mgr, k.of,
-			providerconfig.WithLogger(o.Logger.WithValues("controller", name)),
-			providerconfig.WithRecorder(event.NewAPIRecorder(mgr.GetEventRecorderFor(name)))) //nolint:staticcheck // crossplane-runtime still records through the old events API
-		err := ctrl.NewControllerManagedBy(mgr).
-			Named(name).
-			WithOptions(o.ForControllerRuntime()).
-			For(k.config).
-			Watches(k.usage, &resource.EnqueueRequestForProviderConfig{Kind: k.kind}).
-			Complete(ratelimiter.NewReconciler(name, r, o.GlobalRateLimiter))
-		if err != nil {
-			return errors.Wrapf(err, "cannot set up the %s controller", k.kind)
-		}
-	}
-	return nil
 }

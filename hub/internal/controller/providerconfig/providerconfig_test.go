@@ -6,19 +6,15 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
-	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
-	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 )
 
 func TestTargetOf(t *testing.T) {
@@ -42,51 +38,6 @@ func TestTargetOf(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 		})
 	}
-}
-
-// cacheMissingUsages reads as a cache that has seen no ProviderConfigUsage.
-type cacheMissingUsages struct{ client.Client }
-
-func (c cacheMissingUsages) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	if _, usage := obj.(*apisv1alpha1.ProviderConfigUsage); usage {
-		return kerrors.NewNotFound(apisv1alpha1.SchemeGroupVersion.WithResource("providerconfigusages").GroupResource(), key.Name)
-	}
-	return c.Client.Get(ctx, key, obj, opts...)
-}
-
-// TestResolveAfterTheCacheMissedTheUsage runs against a real API server. The
-// client reads through a cache that has not seen the ProviderConfigUsage
-// yet, as a reconcile right after the one that created it does; its create
-// then fails with AlreadyExists, and the resource is still resolved.
-func TestResolveAfterTheCacheMissedTheUsage(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a kube-apiserver; skipped with -short")
-	}
-	cp := controlplane.StartForTest(t)
-	ctx := context.Background()
-	require.NoError(t, cp.Client.Create(ctx, &apisv1alpha1.ClusterProviderConfig{
-		ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec:       apisv1alpha1.ClusterProviderConfigSpec{ProviderConfigSpec: apisv1alpha1.ProviderConfigSpec{NATSURL: "nats://unused", Credentials: apisv1alpha1.NATSCredentials{Source: xpv2.CredentialsSourceNone}}},
-	}))
-	net := &v1alpha1.VirtualNetwork{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "net"},
-		Spec:       v1alpha1.VirtualNetworkSpec{ForProvider: v1alpha1.VirtualNetworkParameters{CIDR: "10.0.0.0/24"}},
-	}
-	require.NoError(t, cp.Client.Create(ctx, net))
-	// As the managed reconciler has it: the usage's owner reference needs it.
-	net.SetGroupVersionKind(v1alpha1.VirtualNetworkGroupVersionKind)
-	r := NewResolver(cacheMissingUsages{cp.Client})
-
-	for _, reconcile := range []string{"TheFirstCreatesTheUsage", "TheNextFindsItAlreadyThere"} {
-		got, err := r.Resolve(ctx, net)
-		require.NoError(t, err, reconcile)
-		assert.Equal(t, "nats://unused", got.Target.URL, reconcile)
-	}
-	var usages apisv1alpha1.ProviderConfigUsageList
-	require.NoError(t, cp.Client.List(ctx, &usages))
-	require.Len(t, usages.Items, 1)
-	assert.Equal(t, string(net.UID), usages.Items[0].Name)
-	assert.Equal(t, "default", usages.Items[0].ProviderConfigReference.Name)
 }
 
 // TestOwnSecret: a namespaced ProviderConfig's Secret is read in its own

@@ -198,7 +198,7 @@ func (r *Reconciler) vmOf(ctx context.Context, rs *v1alpha1.VirtualMachineRestor
 	if err := r.kube.Get(ctx, types.NamespacedName{Namespace: rs.Namespace, Name: string(name)}, vm); err != nil {
 		return nil, nil, errors.Wrap(client.IgnoreNotFound(err), "cannot get the VM")
 	}
-	pc, err := r.configs.Read(ctx, vm)
+	pc, err := r.configs.Resolve(ctx, vm)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -263,7 +263,7 @@ func (r *Reconciler) vmOf(ctx context.Context, s *v1alpha1.VirtualMachineSnapsho
 
 // fleetOf is the fleet of vm's ProviderConfig.
 func (r *Reconciler) fleetOf(ctx context.Context, vm *v1alpha1.VirtualMachine) (*fleet.Fleet, error) {
-	pc, err := r.configs.Read(ctx, vm)
+	pc, err := r.configs.Resolve(ctx, vm)
 	if err != nil {
 		return nil, err
 	}

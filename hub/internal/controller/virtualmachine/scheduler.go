@@ -437,7 +437,7 @@ func (s *Scheduler) place(ctx context.Context, vm *v1alpha1.VirtualMachine, b *b
 	pc, ok := b.configs[ck]
 	if !ok {
 		var err error
-		if pc, err = s.configs.Read(ctx, vm); err != nil {
+		if pc, err = s.configs.Resolve(ctx, vm); err != nil {
 			return binding{}, err
 		}
 		b.configs[ck] = pc
