@@ -8,7 +8,7 @@
 // Deepcopy methods and CRD manifests.
 //go:generate go tool -modfile=../hack/tools/go.mod controller-gen object:headerFile=../hack/boilerplate.go.txt paths=./... crd:crdVersions=v1 output:artifacts:config=../package/crds
 
-// crossplane-runtime method sets (resource.ModernManaged, ProviderConfigUsage …).
+// crossplane-runtime method sets (resource.ModernManaged, ProviderConfig …).
 //go:generate go tool -modfile=../hack/tools/go.mod angryjet generate-methodsets --header-file=../hack/boilerplate.go.txt ./...
 
 package apis

@@ -5,13 +5,9 @@ import (
 )
 
 // The method sets angryjet generates make these crossplane-runtime provider
-// configs and usages. The checks live in a test file so that angryjet can
+// configs. The checks live in a test file so that angryjet can
 // load the package before those methods exist.
 var (
-	_ xpresource.ProviderConfig           = &ProviderConfig{}
-	_ xpresource.ProviderConfig           = &ClusterProviderConfig{}
-	_ xpresource.TypedProviderConfigUsage = &ProviderConfigUsage{}
-	_ xpresource.TypedProviderConfigUsage = &ClusterProviderConfigUsage{}
-	_ xpresource.ProviderConfigUsageList  = &ProviderConfigUsageList{}
-	_ xpresource.ProviderConfigUsageList  = &ClusterProviderConfigUsageList{}
+	_ xpresource.ProviderConfig = &ProviderConfig{}
+	_ xpresource.ProviderConfig = &ClusterProviderConfig{}
 )

@@ -101,7 +101,7 @@ func TestUnreplayed(t *testing.T) {
 			{Request: "POST virtualmachines 201", PerVM: 1},
 			{Request: "PATCH volumes 200", PerVM: 1},
 			{Request: "PATCH volumes 409", PerVM: 0.6},
-			{Request: "POST providerconfigusages 201", PerVM: 1},
+			{Request: "POST networkaddresses 201", PerVM: 1},
 		}},
 		"RareWritesAndReadsIgnored": {rows: []RequestCount{
 			{Request: "PUT virtualnetworks/status 200", PerVM: 0.02},

@@ -22,7 +22,6 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
-	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/bench/workload"
 	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 )
@@ -150,7 +149,6 @@ func controlPlane(ctx context.Context, kube client.Client, ns string, n, writes 
 var wholeFlowRequests = []string{
 	"POST virtualmachines", "PUT virtualmachines", "PUT virtualmachines/status",
 	"PATCH volumes", "PUT volumes/status",
-	"POST providerconfigusages",
 	"POST networkaddresses",
 }
 
@@ -183,7 +181,6 @@ func unreplayed(rows []RequestCount) []string {
 //     status;
 //   - a merge patch of its Volume (virtfleet's binding) and the Volume's
 //     status;
-//   - the ProviderConfigUsage crossplane-runtime records for the VM;
 //   - the NetworkAddress that records the address the hub allocated it.
 //
 // Events are not replayed: the hub records Normal events within a budget,
@@ -225,18 +222,6 @@ func replayVM(ctx context.Context, kube client.Client, vm *v1alpha1.VirtualMachi
 	vol.Status.SetConditions(xpv2.Condition{Type: replayedCondition, Status: corev1.ConditionTrue, Reason: "Replayed", LastTransitionTime: metav1.Now()})
 	if err := kube.Status().Update(ctx, vol); err != nil {
 		return errors.Wrapf(err, "cannot update the status of Volume %s", vol.Name)
-	}
-
-	ref := vm.GetProviderConfigReference()
-	pcu := &apisv1alpha1.ProviderConfigUsage{
-		ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: string(vm.UID), Labels: map[string]string{xpv2.LabelKeyProviderName: ref.Name, xpv2.LabelKeyProviderKind: ref.Kind}},
-		TypedProviderConfigUsage: xpv2.TypedProviderConfigUsage{
-			ProviderConfigReference: xpv2.ProviderConfigReference{Kind: ref.Kind, Name: ref.Name},
-			ResourceReference:       xpv2.TypedReference{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.VirtualMachineKind, Name: vm.Name, UID: vm.UID},
-		},
-	}
-	if err := kube.Create(ctx, pcu); err != nil {
-		return errors.Wrapf(err, "cannot create the ProviderConfigUsage of VirtualMachine %s", vm.Name)
 	}
 
 	network := string(vm.Spec.ForProvider.VirtualNetworks[0])

@@ -334,7 +334,7 @@ func scenarioColumns(p func(string, ...any), scenarios []Scenario, cpus int) {
 		return fmt.Sprintf("%.1f", s.RawLibvirt.VMsPerSecond)
 	})
 	row("control-plane limit VMs/s (writes/VM)", "", func(s Scenario) string { return limitRate(s.ControlPlane) })
-	row("whole-flow limit VMs/s (writes/VM: VM, Volume, ProviderConfigUsage, NetworkAddress)", "", func(s Scenario) string { return limitRate(s.WholeFlow) })
+	row("whole-flow limit VMs/s (writes/VM: VM, Volume, NetworkAddress)", "", func(s Scenario) string { return limitRate(s.WholeFlow) })
 	row("virtfleet / raw libvirt", "", func(s Scenario) string { return pct(s.RatioToRawLibvirt) })
 	row("virtfleet / control plane", "", func(s Scenario) string { return pct(s.RatioToControlPlane) })
 	row("virtfleet / whole flow", fmt.Sprintf("≥ %.0f%%", 100*targetBurstOfWholeFlow), func(s Scenario) string { return pct(s.RatioToWholeFlow) })

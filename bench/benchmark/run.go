@@ -520,7 +520,7 @@ func simulatedLimit(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, 
 // measureWholeFlow measures the whole-flow limit of sp's VMs and sc's
 // rate against it, noting the burst's writes it does not replay.
 func measureWholeFlow(ctx context.Context, kube client.Client, sp spec, sc *Scenario, progress func(string, ...any)) error {
-	progress("whole flow: %d VMs × %d writes (VM, Volume, ProviderConfigUsage, NetworkAddress), no hub or agent", sp.vms, wholeFlowWrites)
+	progress("whole flow: %d VMs × %d writes (VM, Volume, NetworkAddress), no hub or agent", sp.vms, wholeFlowWrites)
 	wf, err := wholeFlow(ctx, kube, namespace, sp.vms)
 	if err != nil {
 		return errors.Wrap(err, "whole flow")

@@ -97,9 +97,6 @@ func TestAVolumeDeletedOnNoNodeLeavesNoSizeRecord(t *testing.T) {
 			}
 
 			r := NewReleaser(env.Kube, env.Pool, time.Minute, wake.NewNotifier(perobject.NewOwner(nil)), event.NewNopRecorder(), perobject.NewOwner(nil))
-			// As the Volume controller reads it: with its kind, which the
-			// ProviderConfigUsage of it names.
-			root.SetGroupVersionKind(v1alpha1.VolumeGroupVersionKind)
 			released, err := r.Release(env.Ctx, root)
 			require.NoError(t, err)
 			assert.True(t, released, "a Volume on no node goes at once")
