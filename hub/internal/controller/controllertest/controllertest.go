@@ -28,6 +28,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
@@ -157,6 +158,16 @@ func (e *Env) VM(t *testing.T, namespace, name, node string, sealed bool, phase 
 	}
 	e.change(t, vm, func() error { return e.Kube.Status().Update(e.Ctx, vm) }, func() { vm.Status.AtProvider.Phase = phase })
 	return vm
+}
+
+// Bind binds o to node as the hub does, with the node annotation and its
+// seal, written again over any write of a controller that came first (one
+// taking o with its finalizer).
+func (e *Env) Bind(t *testing.T, o client.Object, node string) {
+	t.Helper()
+	e.change(t, o, func() error { return e.Kube.Update(e.Ctx, o) }, func() {
+		meta.AddAnnotations(o, map[string]string{v1alpha1.AnnotationNode: node, v1alpha1.AnnotationSeal: e.Fleet.Seal(string(o.GetUID()), node, "")})
+	})
 }
 
 // change applies mutate to o and has write write it, reading o again and

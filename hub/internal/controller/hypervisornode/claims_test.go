@@ -229,8 +229,7 @@ func TestAStolenNodeCredentialAttractsNoMigration(t *testing.T) {
 	vol := &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "root"}}
 	vol.Spec.ForProvider.Size = resource.MustParse("1Gi")
 	require.NoError(t, e.Kube.Create(e.Ctx, vol))
-	vol.SetAnnotations(map[string]string{v1alpha1.AnnotationNode: honestA, v1alpha1.AnnotationSeal: e.Fleet.Seal(string(vol.UID), honestA, "")})
-	require.NoError(t, e.Kube.Update(e.Ctx, vol))
+	e.Bind(t, vol, honestA)
 	vm := e.VM(t, ns, "web", honestA, true, v1alpha1.PhaseRunning)
 
 	mig := &v1alpha1.VirtualMachineMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move"}}

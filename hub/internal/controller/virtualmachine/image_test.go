@@ -103,8 +103,7 @@ func TestANewDiskOfAClonedImageIsNeverMadeEmpty(t *testing.T) {
 		v.Spec.ForProvider.Size = resource.MustParse("1Gi")
 		v.Spec.ForProvider.Source = &v1alpha1.VolumeSource{DiskImageRef: &v1alpha1.LocalReference{Name: "golden"}}
 		require.NoError(t, env.Kube.Create(env.Ctx, v))
-		v.SetAnnotations(map[string]string{v1alpha1.AnnotationNode: "node1", v1alpha1.AnnotationSeal: f.Seal(string(v.UID), "node1", "")})
-		require.NoError(t, env.Kube.Update(env.Ctx, v))
+		env.Bind(t, v, "node1")
 	}
 	onNode1("root")
 	onNode1("root2")

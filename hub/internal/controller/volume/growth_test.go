@@ -14,7 +14,6 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 
-	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/controllertest"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
@@ -55,8 +54,7 @@ func TestAVolumeWhoseGrowthIsHeldSaysSo(t *testing.T) {
 			ns := env.Namespace(t)
 			env.StorageQuota(t, ns, "10Gi")
 			root := env.Volume(t, ns, "root", "8Gi")
-			root.SetAnnotations(map[string]string{v1alpha1.AnnotationNode: "node1", v1alpha1.AnnotationSeal: f.Seal(string(root.UID), "node1", "")})
-			require.NoError(t, env.Kube.Update(env.Ctx, root))
+			env.Bind(t, root, "node1")
 			// The hub made it at 8Gi.
 			require.NoError(t, f.RecordSize(env.Ctx, string(root.UID), 8<<30))
 

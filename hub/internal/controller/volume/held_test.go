@@ -54,8 +54,7 @@ func TestAVolumeTheGuestStillHoldsIsDeletedOnlyOnceItLetsGo(t *testing.T) {
 	ns := e.Namespace(t)
 
 	data := e.Volume(t, ns, "data", "1Gi")
-	data.SetAnnotations(map[string]string{v1alpha1.AnnotationNode: "node1", v1alpha1.AnnotationSeal: f.Seal(string(data.UID), "node1", "")})
-	require.NoError(t, e.Kube.Update(e.Ctx, data))
+	e.Bind(t, data, "node1")
 	// The VM attaches root alone; its guest still holds data.
 	vm := e.VM(t, ns, "web", "node1", true, v1alpha1.PhaseRunning)
 	vm.Status.AtProvider.Disks = []string{"root", "data"}
