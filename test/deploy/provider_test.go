@@ -235,14 +235,39 @@ func userKubectl(ctx context.Context, t *testing.T, cp *controlplane.ControlPlan
 }
 
 // outputOf returns what runs command's commands, each returning its
-// output, failing t if one fails.
+// output, failing t if one fails. An apply or a get the API server did not
+// answer in time is run again, as a user would: both are idempotent, and
+// the suite's other packages load the machine's one API server host.
 func outputOf(t *testing.T, command func(args ...string) *exec.Cmd) func(args ...string) string {
 	return func(args ...string) string {
 		t.Helper()
-		out, err := command(args...).CombinedOutput()
+		var out []byte
+		var err error
+		for attempt := 1; ; attempt++ {
+			out, err = command(args...).CombinedOutput()
+			if err == nil || attempt == kubectlAttempts || !slices.Contains([]string{"apply", "get"}, args[0]) || !unanswered(string(out)) {
+				break
+			}
+			t.Logf("kubectl %s, attempt %d: the API server did not answer in time; again: %s", strings.Join(args, " "), attempt, out)
+		}
 		require.NoError(t, err, "kubectl %s: %s", strings.Join(args, " "), out)
 		return string(out)
 	}
+}
+
+// kubectlAttempts is how many times outputOf runs an apply or a get the API
+// server did not answer in time.
+const kubectlAttempts = 3
+
+// unanswered says whether kubectl's output says a request timed out
+// rather than that the API server refused it.
+func unanswered(out string) bool {
+	for _, s := range []string{"context deadline exceeded", "Client.Timeout exceeded", "TLS handshake timeout", "the server was unable to return a response in the time allotted"} {
+		if strings.Contains(out, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // userKubectlCommand returns what makes the command of the machine's
@@ -372,4 +397,21 @@ func awaitLeader(ctx context.Context, t *testing.T, cp *controlplane.ControlPlan
 	})
 	require.NoError(t, err, "none of the hub's pods became leader: %+v", lease.Spec)
 	return holder
+}
+
+func TestUnanswered(t *testing.T) {
+	cases := map[string]struct {
+		out  string
+		want bool
+	}{
+		"TheOpenAPIDownloadTimedOut": {out: `error: error validating "package/api": error validating data: failed to download openapi: Get "https://127.0.0.1:34735/openapi/v2?timeout=32s": context deadline exceeded; if you choose to ignore these errors, turn validation off with --validate=false`, want: true},
+		"TheServerTimedOut":          {out: `Error from server (Timeout): the server was unable to return a response in the time allotted, but may still be processing the request`, want: true},
+		"AnInvalidObjectIsRefused":   {out: `The VirtualMachine "web" is invalid: spec.forProvider.vcpu: Invalid value: 0: must be greater than or equal to 1`},
+		"ForbiddenIsRefused":         {out: `Error from server (Forbidden): virtualmachines.compute.virtfleet.io is forbidden`},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.want, unanswered(tc.out))
+		})
+	}
 }
