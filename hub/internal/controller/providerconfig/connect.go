@@ -11,6 +11,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
 
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
@@ -28,32 +29,15 @@ type Fleets interface {
 // the first VMs are placed over every node, not over whichever connected
 // first. A server that cannot be reached is retried with backoff.
 func SetupConnectors(mgr ctrl.Manager, o controller.Options, pool Fleets) error {
-	kinds := []struct {
-		name string
-		new  func() client.Object
-		spec func(client.Object) apisv1alpha1.ProviderConfigSpec
-	}{
-		{
-			name: "connect/" + apisv1alpha1.ProviderConfigGroupKind,
-			new:  func() client.Object { return &apisv1alpha1.ProviderConfig{} },
-			spec: func(o client.Object) apisv1alpha1.ProviderConfigSpec { return o.(*apisv1alpha1.ProviderConfig).Spec },
-		},
-		{
-			name: "connect/" + apisv1alpha1.ClusterProviderConfigGroupKind,
-			new:  func() client.Object { return &apisv1alpha1.ClusterProviderConfig{} },
-			spec: func(o client.Object) apisv1alpha1.ProviderConfigSpec {
-				return o.(*apisv1alpha1.ClusterProviderConfig).Spec.ProviderConfigSpec
-			},
-		},
-	}
-	for _, k := range kinds {
-		c := &connector{kube: mgr.GetClient(), pool: pool, log: o.Logger.WithValues("controller", k.name), new: k.new, spec: k.spec}
+	for _, k := range configKinds {
+		name := "connect/" + k.groupKind
+		c := &connector{kube: mgr.GetClient(), pool: pool, log: o.Logger.WithValues("controller", name), new: k.new, spec: k.spec}
 		err := ctrl.NewControllerManagedBy(mgr).
-			Named(k.name).
+			Named(name).
 			For(k.new()).
 			Complete(c)
 		if err != nil {
-			return errors.Wrapf(err, "cannot set up the %s controller", k.name)
+			return errors.Wrapf(err, "cannot set up the %s controller", name)
 		}
 	}
 	return nil
@@ -64,7 +48,7 @@ type connector struct {
 	kube client.Client
 	pool Fleets
 	log  logging.Logger
-	new  func() client.Object
+	new  func() resource.ProviderConfig
 	spec func(client.Object) apisv1alpha1.ProviderConfigSpec
 }
 

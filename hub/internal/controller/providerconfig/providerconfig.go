@@ -26,6 +26,27 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/tenancy"
 )
 
+// configKinds are the two kinds of ProviderConfig, each reconciled by a
+// connector (SetupConnectors) and by a UsersReconciler (Setup).
+var configKinds = []struct {
+	kind, groupKind string
+	new             func() resource.ProviderConfig
+	spec            func(client.Object) apisv1alpha1.ProviderConfigSpec
+}{
+	{
+		kind: apisv1alpha1.ProviderConfigKind, groupKind: apisv1alpha1.ProviderConfigGroupKind,
+		new:  func() resource.ProviderConfig { return &apisv1alpha1.ProviderConfig{} },
+		spec: func(o client.Object) apisv1alpha1.ProviderConfigSpec { return o.(*apisv1alpha1.ProviderConfig).Spec },
+	},
+	{
+		kind: apisv1alpha1.ClusterProviderConfigKind, groupKind: apisv1alpha1.ClusterProviderConfigGroupKind,
+		new: func() resource.ProviderConfig { return &apisv1alpha1.ClusterProviderConfig{} },
+		spec: func(o client.Object) apisv1alpha1.ProviderConfigSpec {
+			return o.(*apisv1alpha1.ClusterProviderConfig).Spec.ProviderConfigSpec
+		},
+	},
+}
+
 // Config is what a ProviderConfig stands for.
 type Config struct {
 	Target       fleet.Target

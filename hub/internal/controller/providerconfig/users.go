@@ -26,6 +26,7 @@ import (
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
 )
 
 // The users of a ProviderConfig are the managed resources whose reconcilers
@@ -46,9 +47,6 @@ import (
 // finalizer holds a ProviderConfig while it has users; Crossplane's
 // ProviderConfig reconciler uses the same.
 const finalizer = "in-use.crossplane.io"
-
-// ReasonDeletionBlocked is the event of a deletion that waits for users.
-const ReasonDeletionBlocked event.Reason = "DeletionBlocked"
 
 // usersSettle is how long a change of users waits before the ProviderConfig
 // is reconciled: a burst of creates then costs one status write a settle,
@@ -163,7 +161,7 @@ func (r *UsersReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		if pc.GetUsers() == users && was.Status == corev1.ConditionTrue && was.Message == msg {
 			return reconcile.Result{}, nil
 		}
-		r.recorder.Event(pc, event.Warning(ReasonDeletionBlocked, errors.New(msg)))
+		r.recorder.Event(pc, event.Warning(inuse.ReasonDeletionBlocked, errors.New(msg)))
 		pc.SetUsers(users)
 		pc.SetConditions(providerconfig.Terminating().WithMessage(msg))
 		return reconcile.Result{}, ignoreGone(errors.Wrap(r.kube.Status().Update(ctx, pc), "cannot show the ProviderConfig's users"))
@@ -212,14 +210,7 @@ func SetupGated(mgr ctrl.Manager, o controller.Options) error {
 
 // Setup adds the controllers of both kinds of ProviderConfig.
 func Setup(mgr ctrl.Manager, o controller.Options) error {
-	kinds := []struct {
-		kind, groupKind string
-		new             func() resource.ProviderConfig
-	}{
-		{kind: apisv1alpha1.ProviderConfigKind, groupKind: apisv1alpha1.ProviderConfigGroupKind, new: func() resource.ProviderConfig { return &apisv1alpha1.ProviderConfig{} }},
-		{kind: apisv1alpha1.ClusterProviderConfigKind, groupKind: apisv1alpha1.ClusterProviderConfigGroupKind, new: func() resource.ProviderConfig { return &apisv1alpha1.ClusterProviderConfig{} }},
-	}
-	for _, k := range kinds {
+	for _, k := range configKinds {
 		name := providerconfig.ControllerName(k.groupKind)
 		r := &UsersReconciler{
 			kube: mgr.GetClient(), new: k.new, users: NewUsers(k.kind),
