@@ -1,6 +1,8 @@
 package virtualmachine
 
 import (
+	"maps"
+	"slices"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -49,13 +51,9 @@ func newIntentBytes(memory *perobject.Owner) *intentBytes {
 // place of what the VM's intents took before. Until the publish is known
 // to have landed (settle), the VM counts the larger of both.
 func (b *intentBytes) reserve(uid types.UID, namespace string, intents map[string]wire.Intent, limit int64) (int64, error) {
-	var size int64
-	for _, in := range intents {
-		v, err := wire.GuestIntents.Encode(in)
-		if err != nil {
-			return 0, errors.Wrap(err, "cannot encode the intent")
-		}
-		size += int64(len(v))
+	size, err := encodeIntents(intents, nil)
+	if err != nil {
+		return 0, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -69,6 +67,24 @@ func (b *intentBytes) reserve(uid types.UID, namespace string, intents map[strin
 			namespace, others+before.bytes, size-before.bytes, limit)
 	}
 	b.set(uid, intentSize{namespace: namespace, bytes: max(size, before.bytes)})
+	return size, nil
+}
+
+// encodeIntents encodes each of intents as the bucket holds it
+// (wire.GuestIntents.Encode), in the order of their nodes, hands it to each
+// when each is set, and returns how many bytes they take in all.
+func encodeIntents(intents map[string]wire.Intent, each func(node string, value []byte)) (int64, error) {
+	var size int64
+	for _, n := range slices.Sorted(maps.Keys(intents)) {
+		v, err := wire.GuestIntents.Encode(intents[n])
+		if err != nil {
+			return 0, errors.Wrap(err, "cannot encode the intent")
+		}
+		size += int64(len(v))
+		if each != nil {
+			each(n, v)
+		}
+	}
 	return size, nil
 }
 

@@ -36,8 +36,6 @@ package virtualmachine
 import (
 	"cmp"
 	"context"
-	"maps"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -447,17 +445,12 @@ func (e *external) published(vm *v1alpha1.VirtualMachine, p map[string]wire.Inte
 	if last, ok := e.state.published.Load(vm.UID); ok {
 		return last == want
 	}
-	held, size := true, int64(0)
-	for _, n := range slices.Sorted(maps.Keys(p)) {
-		v, err := wire.GuestIntents.Encode(p[n])
-		if err != nil {
-			return false
-		}
-		size += int64(len(v))
+	held := true
+	size, err := encodeIntents(p, func(n string, v []byte) {
 		// Every one asked, so that each is answered once.
 		held = e.fleet.FoundIntent(n, p[n].UID, v) && held
-	}
-	if !held {
+	})
+	if err != nil || !held {
 		return false
 	}
 	e.state.intentBytes.settle(vm.UID, vm.Namespace, size)
