@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -45,6 +46,10 @@ import (
 
 // FieldOwner is the server-side apply field manager of objects applied here.
 const FieldOwner = "virtfleet-local"
+
+// etcdQuotaBytes is etcd's database quota, 8 GiB: etcd's own suggested
+// maximum.
+const etcdQuotaBytes int64 = 8 << 30
 
 // ControlPlane is a running etcd + kube-apiserver with virtfleet's CRDs.
 type ControlPlane struct {
@@ -214,6 +219,10 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 		}
 	}
 	env.ControlPlane.Etcd = &envtest.Etcd{Out: opts.Output, Err: opts.Output, DataDir: opts.EtcdDir}
+	// etcd refuses every write once its database passes its quota (2 GiB
+	// by default): the benchmark's largest fleets come near it with their
+	// history between compactions. A quota is a bound, not an allocation.
+	env.ControlPlane.Etcd.Configure().Set("quota-backend-bytes", strconv.FormatInt(etcdQuotaBytes, 10))
 	cfg, err := env.Start()
 	if err != nil {
 		// envtest leaves etcd and kube-apiserver running when it fails
