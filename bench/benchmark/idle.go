@@ -206,17 +206,21 @@ func resyncsBetween(before, after agentSample) (n int, mean, atMost float64) {
 
 // sampleAgent reads node's agent's metrics.
 func sampleAgent(ctx context.Context, s *stack.Stack, node string) (agentSample, error) {
-	return scrapeMetrics(ctx, s.AgentMetricsURL(node), node+"'s agent", parseAgentSample)
+	return scrapeMetrics(ctx, nil, s.AgentMetricsURL(node), node+"'s agent", parseAgentSample)
 }
 
-// scrapeMetrics reads the metrics whose serves at url and parses them.
-func scrapeMetrics[T any](ctx context.Context, url, whose string, parse func(io.Reader) (T, error)) (T, error) {
+// scrapeMetrics reads the metrics whose serves at url with hc (the default
+// client when nil) and parses them.
+func scrapeMetrics[T any](ctx context.Context, hc *http.Client, url, whose string, parse func(io.Reader) (T, error)) (T, error) {
 	var zero T
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return zero, errors.Wrap(err, "cannot make the metrics request")
 	}
-	resp, err := http.DefaultClient.Do(req)
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return zero, errors.Wrapf(err, "cannot read the metrics of %s", whose)
 	}

@@ -58,6 +58,31 @@ func TestTargetsJudgeIssue40sGoals(t *testing.T) {
 		"NotAllRunning": {change: func(r *Result) { r.Scale[1].Running = 9999 }, want: map[string]bool{
 			"10000 VMs over 100 simulated nodes: all Running": false,
 		}},
+		"WavesWritesAndAFullBucket": {change: func(r *Result) {
+			r.Scale[1].Stalls = Stalls{Count: 2, LongestSeconds: 4.5, AtSeconds: 10, Waiting: 700}
+			r.Scale[1].Writes = []RequestCount{{Request: "PUT virtualmachines 200", PerVM: 3}, {Request: "POST events 201", PerVM: 2.1}}
+			r.Scale[1].Footprint = &Footprint{Buckets: []BucketFill{{Bucket: "nodes", Bytes: 1, MaxBytes: 10}, {Bucket: "intents", Bytes: 8, MaxBytes: 10}}}
+		}, want: map[string]bool{
+			"1000 VMs over simulated nodes: no waves (gaps of ≥ 2 s with no VM reaching Running while placed VMs wait)":  true,
+			"10000 VMs over simulated nodes: no waves (gaps of ≥ 2 s with no VM reaching Running while placed VMs wait)": false,
+			"10000 VMs over simulated nodes: API writes per VM (all of virtfleet's and events, the create included)":     false,
+			"1000 VMs over simulated nodes: API writes per VM (all of virtfleet's and events, the create included)":      true,
+			"10000 VMs over simulated nodes: the fullest NATS bucket's share of its limit":                               false,
+		}},
+		"AHundredThousandJudgedOnItsOwnGoalsAndAgainstTenThousand": {change: func(r *Result) {
+			r.Scale = append(r.Scale, Scenario{
+				Name: "simulated-100000", VMs: 100000, Nodes: 1000, Running: 100000, WallSeconds: 2800, HubPeakRSSBytes: 1900 << 20,
+				HubCPUSecondsPer1000VM: 13, AddressedVMs: 100000,
+				Footprint: &Footprint{Buckets: []BucketFill{{Bucket: "intents", Bytes: 7, MaxBytes: 10}}},
+			})
+		}, want: map[string]bool{
+			"100000 VMs over 1000 simulated nodes: all Running":                             false,
+			"100000 VMs over simulated nodes: hub peak RSS":                                 true,
+			"hub CPU per VM at 100000 vs at 10000 VMs (simulated nodes)":                    true,
+			"hub CPU per VM at 10000 vs at 1000 VMs (simulated nodes)":                      true,
+			"10000 VMs over 100 simulated nodes: all Running":                               true,
+			"100000 VMs over simulated nodes: the fullest NATS bucket's share of its limit": true,
+		}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -78,6 +103,24 @@ func TestTargetsJudgeIssue40sGoals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAQuickRunJudgesItsLargestBurstOnTheSmallestGoal pins that a run of
+// no goal's size is still judged, as the smallest goal's.
+func TestAQuickRunJudgesItsLargestBurstOnTheSmallestGoal(t *testing.T) {
+	got := map[string]bool{}
+	for _, tg := range scaleTargets([]Scenario{{VMs: 4, Nodes: 1, Running: 4, WallSeconds: 3, AddressedVMs: 4}, {VMs: 8, Nodes: 2, Running: 8, WallSeconds: 5, AddressedVMs: 8}}) {
+		got[tg.Name] = tg.Met
+	}
+	assert.Equal(t, map[string]bool{
+		"8 VMs over 2 simulated nodes: all Running":                                                              true,
+		"8 VMs over simulated nodes: hub peak RSS":                                                               true,
+		"8 VMs over simulated nodes: addresses shown twice on a network":                                         true,
+		"4 VMs over simulated nodes: no waves (gaps of ≥ 2 s with no VM reaching Running while placed VMs wait)": true,
+		"8 VMs over simulated nodes: no waves (gaps of ≥ 2 s with no VM reaching Running while placed VMs wait)": true,
+		"4 VMs over simulated nodes: API writes per VM (all of virtfleet's and events, the create included)":     true,
+		"8 VMs over simulated nodes: API writes per VM (all of virtfleet's and events, the create included)":     true,
+	}, got, "no hub CPU growth without a CPU figure of the smaller burst")
 }
 
 // TestNoScaleNoScaleTargets pins that a run without bursts over simulated

@@ -85,7 +85,7 @@ func restartHub(ctx context.Context, s *stack.Stack, kube client.Client, vms int
 	url := s.HubMetricsURL()
 	deadline := time.Now().Add(restartTimeout)
 	for {
-		q, err := scrapeMetrics(ctx, url, "the hub", parseQueue)
+		q, err := scrapeMetrics(ctx, nil, url, "the hub", parseQueue)
 		if err == nil {
 			r.Observes = q.observes
 			if q.observes >= float64(vms) && q.depth == 0 {

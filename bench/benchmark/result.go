@@ -84,6 +84,10 @@ type Scenario struct {
 	// WallSeconds is from the first Create call to the last VM Running.
 	WallSeconds  float64 `json:"wallSeconds"`
 	VMsPerSecond float64 `json:"vmsPerSecond"`
+	// Stalls are the burst's gaps with no VM reaching Running while placed
+	// VMs waited; Timeline its counts second by second, to see them.
+	Stalls   Stalls          `json:"stalls"`
+	Timeline []TimelinePoint `json:"timeline,omitempty"`
 
 	// VMWritesPerVM counts writes to virtualmachines (and subresources),
 	// the benchmark's own Create included, from before the first create
@@ -117,6 +121,10 @@ type Scenario struct {
 	RatioToRawLibvirt   float64 `json:"ratioToRawLibvirt,omitempty"`
 	RatioToControlPlane float64 `json:"ratioToControlPlane,omitempty"`
 	RatioToWholeFlow    float64 `json:"ratioToWholeFlow,omitempty"`
+
+	// Footprint is the control plane's, NATS's and the buckets' share of
+	// the fleet once every VM ran.
+	Footprint *Footprint `json:"footprint,omitempty"`
 
 	// HubRestart is the hub killed and started again once the VMs of a
 	// burst over simulated nodes all ran (restart.go).

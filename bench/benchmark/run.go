@@ -352,6 +352,8 @@ func runScenario(ctx context.Context, o Options, sp spec) (Scenario, error) {
 		// default allocation ratios; one warm-up VM per node besides.
 		so.Simulated, so.CPUAllocationRatio, so.MemoryAllocationRatio = true, defaultCPURatio, 1
 		so.SimulatedHost = simulatedHost((sp.vms+sp.nodes+sp.nodes-1)/sp.nodes, defaultCPURatio)
+		// NATS in a process of its own, whose memory is then its own.
+		so.NATSProcess = true
 	} else {
 		// One warm-up VM per node besides the measured ones.
 		var notes []string
@@ -436,6 +438,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	sc.Latency = Summarise(t.latencies())
 	hubPart, nodePart := t.split()
 	sc.CreateToPlaced, sc.PlacedToRunning = Summarise(hubPart), Summarise(nodePart)
+	sc.Stalls, sc.Timeline = t.stalls(start, stallWindow), t.timeline(start, time.Second)
 	if sc.Running > 0 {
 		sc.WallSeconds = last.Sub(start).Seconds()
 		sc.VMsPerSecond = float64(sc.Running) / sc.WallSeconds
@@ -452,6 +455,9 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 		return err
 	}
 	stopWatch()
+	if sc.Footprint, err = footprint(ctx, s, cpuAfter); err != nil {
+		return err
+	}
 	ours := ourWrites(before, after)
 	sc.VMWritesPerVM = ours.Resource("virtualmachines") / float64(sp.vms)
 	sc.Writes = ours.Breakdown(sp.vms)
