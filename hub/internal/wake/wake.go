@@ -4,13 +4,18 @@
 package wake
 
 import (
+	"context"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -66,9 +71,33 @@ func (n *Notifier) RememberAs(uid string, o client.Object) {
 	n.keys.Store(types.UID(uid), types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()})
 }
 
-// Source is the controller source the notifications arrive on.
+// Source is the controller source the notifications arrive on, queued at
+// Priority.
 func (n *Notifier) Source() source.Source {
-	return source.Channel(n.events, &handler.EnqueueRequestForObject{})
+	return source.Channel(n.events, handler.Funcs{GenericFunc: enqueueFirst})
+}
+
+// Priority is the priority of the reconciles a Notifier queues in a
+// controller's priority queue, above the default of the API server's
+// events. A node's report finishes work: it turns into the status of a VM
+// that now runs. In a burst the placement loop binds VMs to nodes faster
+// than the API server takes their writes, and the controller's queue fills
+// with VMs just placed, whose intents are published next; served in the
+// order they came, a report waited behind all of them, and the burst
+// advanced in waves: seconds in which no VM reached Running while hundreds
+// waited, then hundreds at once. Served first, the VMs the nodes run are
+// told as they run, and new work waits instead.
+const Priority = 10
+
+// enqueueFirst queues the reconcile of e's object at Priority, or plainly
+// in a queue without priorities.
+func enqueueFirst(_ context.Context, e ctrlevent.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: e.Object.GetNamespace(), Name: e.Object.GetName()}}
+	if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
+		pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(Priority)}, req)
+		return
+	}
+	q.Add(req)
 }
 
 // Notify queues a reconcile of the object of uid. It never blocks the watch that
