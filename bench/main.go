@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -89,17 +90,18 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	r, err := benchmark.Run(ctx, o)
-	if err != nil {
-		return err
+	r, runErr := benchmark.Run(ctx, o)
+	if r == nil {
+		return runErr
 	}
+	// A run that stopped part way still writes what it measured.
 	md, js, err := benchmark.Write(r, *out)
 	if err != nil {
-		return err
+		return errors.Join(runErr, err)
 	}
 	fmt.Println(benchmark.Markdown(r))
 	fmt.Fprintf(os.Stderr, "results: %s, %s\n", md, js)
-	return nil
+	return runErr
 }
 
 func parseSizes(s string) ([]int, error) {

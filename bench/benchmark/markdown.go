@@ -283,9 +283,13 @@ func Markdown(r *Result) string {
 	p("")
 	if len(r.Scenarios) > 0 {
 		p("Scenarios run: %s.", strings.Join(r.Scenarios, "; "))
+		if r.Stopped != "" {
+			p("")
+			p("**The run stopped before its end**: %s. The scenarios before it are below.", r.Stopped)
+		}
 		p("")
 	}
-	p("Everything runs on this one machine: etcd and kube-apiserver (envtest), an embedded NATS server, the hub and one agent per node as processes, one libvirtd (test driver) per node. Each scenario gets a fresh stack, and one warm-up VM per node is taken to Running before the measurement (the first guest on a node also creates its network). Latency is measured from the client's Create call returning to the first watch event showing phase Running.")
+	p("Everything runs on this one machine: etcd and kube-apiserver (envtest), a NATS server (inside the benchmark's process; a nats-server process of its own under simulated nodes), the hub and one agent per node as processes, one libvirtd (test driver) per node. Each scenario gets a fresh stack, and one warm-up VM per node is taken to Running before the measurement (the first guest on a node also creates its network). Latency is measured from the client's Create call returning to the first watch event showing phase Running.")
 	p("")
 
 	p("## Targets")

@@ -128,3 +128,17 @@ func TestAQuickRunJudgesItsLargestBurstOnTheSmallestGoal(t *testing.T) {
 func TestNoScaleNoScaleTargets(t *testing.T) {
 	assert.Empty(t, scaleTargets(nil))
 }
+
+// TestAStoppedRunSaysWhereAndKeepsWhatRan pins that a run that failed part
+// way is written with the scenarios before the failure, judged, and why
+// it stopped.
+func TestAStoppedRunSaysWhereAndKeepsWhatRan(t *testing.T) {
+	r := &Result{Scenarios: []string{"scale (10, 100 VMs over simulated nodes)"}, Scale: []Scenario{{Name: "simulated-10", VMs: 10, Nodes: 1, Running: 10, WallSeconds: 1, AddressedVMs: 10}}}
+	got, err := r.stop(assert.AnError)
+	require.ErrorIs(t, err, assert.AnError)
+	require.Same(t, r, got)
+	assert.Equal(t, assert.AnError.Error(), got.Stopped)
+	assert.NotEmpty(t, got.Targets, "the scenarios before the failure are judged")
+	assert.Contains(t, Markdown(got), "**The run stopped before its end**: "+assert.AnError.Error())
+	assert.NotContains(t, Markdown(&Result{Scenarios: r.Scenarios}), "stopped before its end")
+}

@@ -20,6 +20,9 @@ type Result struct {
 	// Scenarios are those the run was asked for (Options.Only and the
 	// flags pick them).
 	Scenarios []string `json:"scenarios,omitempty"`
+	// Stopped says why the run ended before its last scenario; the
+	// scenarios before it are in the result.
+	Stopped string `json:"stopped,omitempty"`
 	// Density is VMs created one by one at an interval.
 	Density *Scenario `json:"density,omitempty"`
 	// Bursts are VMs created all at once, one scenario per size; the

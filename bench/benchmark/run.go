@@ -123,7 +123,9 @@ const simulatedLimitVMs = 1000
 // update) are counted.
 const settle = 2 * time.Second
 
-// Run runs every scenario and returns the result, targets included.
+// Run runs every scenario and returns the result, targets included. When a
+// scenario fails it returns the error with the result of the scenarios
+// before it, which says where the run stopped.
 func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
@@ -133,7 +135,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Density > 0 {
 		s, err := runScenario(ctx, o, spec{name: "density", vms: o.Density, nodes: o.DensityNodes, interval: o.DensityInterval})
 		if err != nil {
-			return nil, errors.Wrap(err, "density")
+			return r.stop(errors.Wrap(err, "density"))
 		}
 		r.Density = &s
 	}
@@ -146,7 +148,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		s, err := runScenario(ctx, o, spec{name: fmt.Sprintf("burst-%d", n), vms: n, nodes: nodes, limits: o.Limits})
 		if err != nil {
-			return nil, errors.Wrapf(err, "burst of %d", n)
+			return r.stop(errors.Wrapf(err, "burst of %d", n))
 		}
 		r.Bursts = append(r.Bursts, s)
 	}
@@ -156,26 +158,26 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		nodes := max(1, (n+o.VMsPerNode-1)/max(o.VMsPerNode, 1))
 		s, err := runScenario(ctx, o, spec{name: fmt.Sprintf("simulated-%d", n), vms: n, nodes: nodes, simulated: true, limits: o.Limits && n <= simulatedLimitVMs})
 		if err != nil {
-			return nil, errors.Wrapf(err, "burst of %d over simulated nodes", n)
+			return r.stop(errors.Wrapf(err, "burst of %d over simulated nodes", n))
 		}
 		r.Scale = append(r.Scale, s)
 	}
 	if o.Guests {
 		if err := runGuest(ctx, o, r); err != nil {
-			return nil, errors.Wrap(err, "real guest")
+			return r.stop(errors.Wrap(err, "real guest"))
 		}
 	}
 	if o.Migration {
 		mg, err := runMigration(ctx, o)
 		if err != nil {
-			return nil, errors.Wrap(err, "live migration")
+			return r.stop(errors.Wrap(err, "live migration"))
 		}
 		r.Migration = mg
 	}
 	if o.Idle {
 		idle, err := runNode(ctx, o, idleSpec)
 		if err != nil {
-			return nil, errors.Wrap(err, "idle node")
+			return r.stop(errors.Wrap(err, "idle node"))
 		}
 		r.Idle = idle
 	}
@@ -185,12 +187,20 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		dense, err := runNode(ctx, o, sp)
 		if err != nil {
-			return nil, errors.Wrapf(err, "dense node %s", sp.name)
+			return r.stop(errors.Wrapf(err, "dense node %s", sp.name))
 		}
 		r.DenseNodes = append(r.DenseNodes, *dense)
 	}
 	r.Targets = Targets(r)
 	return r, nil
+}
+
+// stop ends r at err: the scenarios run until then, judged, and why the
+// run ended there.
+func (r *Result) stop(err error) (*Result, error) {
+	r.Stopped = err.Error()
+	r.Targets = Targets(r)
+	return r, err
 }
 
 // Scenarios are the names Options.Only takes, in the order Run runs them.
