@@ -48,6 +48,13 @@ func TestTheHubsLeaseHandOver(t *testing.T) {
 	took := time.Since(started)
 	assert.GreaterOrEqual(t, took, duration, "the hub took the killed hub's Lease before it expired")
 	t.Logf("hub %s took the killed hub's Lease %s after it started", holder, took.Round(time.Millisecond))
+	// The Lease names the hub as soon as the API server stored its
+	// acquisition, which may be before the hub read the answer: a hub
+	// stopped in between never learns it leads, and has nothing to give up
+	// (client-go's acquire ends with the context, and release only gives
+	// up a Lease its elector knows it holds). A renewal comes only from a
+	// hub that knows.
+	awaitRenewal(ctx, t, cp)
 
 	stop := time.Now()
 	cancel()
@@ -97,6 +104,20 @@ func awaitHolder(ctx context.Context, t *testing.T, cp *controlplane.ControlPlan
 	})
 	require.NoError(t, err, "no hub took the Lease: held by %q", holder)
 	return holder
+}
+
+// awaitRenewal waits until the Lease's holder renewed it since it took it.
+func awaitRenewal(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var lease coordinationv1.Lease
+		if err := cp.Client.Get(ctx, leaseKey, &lease); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		acquired, renewed := lease.Spec.AcquireTime, lease.Spec.RenewTime
+		return acquired != nil && renewed != nil && renewed.After(acquired.Time), nil
+	})
+	require.NoError(t, err, "the hub never renewed the Lease it took")
 }
 
 // testLog is the hub's log in the test's.
