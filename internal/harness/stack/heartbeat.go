@@ -15,12 +15,17 @@ import (
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
 )
 
+// heartbeatWait bounds awaitHeartbeats.
+const heartbeatWait = 3 * time.Minute
+
 // awaitHeartbeats waits until every node's agent has put a heartbeat. Only
 // then does the hub see every node, so that a workload created right after
 // the start is spread over all of them, not over those whose agents came up
 // first. Nothing here creates the buckets: the hub does, as it connects to
 // the default ClusterProviderConfig's NATS at its start, as on a fresh
-// install.
+// install. A hub starting beside the whole suite on a loaded machine
+// may take more than a minute to get there (CRDs established, caches
+// synced, its connection made), so the wait is heartbeatWait.
 func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 	opts, err := s.hubID.ConnectOptions()
 	if err != nil {
@@ -35,7 +40,7 @@ func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 	if err != nil {
 		return errors.Wrap(err, "cannot use JetStream")
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, heartbeatWait)
 	defer cancel()
 	var (
 		last    error  // why the last look was not enough
@@ -69,7 +74,7 @@ func (s *Stack) awaitHeartbeats(ctx context.Context) error {
 		return true, nil
 	})
 	if err != nil {
-		err = errors.Wrapf(errors.Join(err, last), "not every agent put a heartbeat within a minute")
+		err = errors.Wrapf(errors.Join(err, last), "not every agent put a heartbeat within %s", heartbeatWait)
 		if missing != "" {
 			err = errors.Errorf("%v\n%s", err, s.describeNode(missing))
 		}
