@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"net/http"
 	"sort"
 	"strconv"
 	"strings"
@@ -187,21 +186,16 @@ func (w Requests) Breakdown(vms int) []RequestCount {
 // FetchRequestCounts scrapes the API server's /metrics with cfg's
 // credentials (the stack's admin may read it).
 func FetchRequestCounts(ctx context.Context, cfg *rest.Config) (RequestCounts, error) {
+	return scrapeAPIServer(ctx, cfg, ParseRequestCounts)
+}
+
+// scrapeAPIServer reads the API server's /metrics with cfg's credentials
+// and parses them.
+func scrapeAPIServer[T any](ctx context.Context, cfg *rest.Config, parse func(io.Reader) (T, error)) (T, error) {
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot build an HTTP client for the API server")
+		var zero T
+		return zero, errors.Wrap(err, "cannot build an HTTP client for the API server")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+"/metrics", nil)
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot build the metrics request")
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot scrape the API server's metrics")
-	}
-	defer resp.Body.Close() //nolint:errcheck // read-only body
-	if resp.StatusCode != http.StatusOK {
-		return nil, errors.Errorf("the API server's /metrics answered %s", resp.Status)
-	}
-	return ParseRequestCounts(resp.Body)
+	return scrapeMetrics(ctx, hc, strings.TrimSuffix(cfg.Host, "/")+"/metrics", "the API server", parse)
 }

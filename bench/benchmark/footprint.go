@@ -3,14 +3,12 @@ package benchmark
 import (
 	"context"
 	"io"
-	"net/http"
 	"slices"
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"k8s.io/client-go/rest"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
@@ -72,18 +70,14 @@ func footprint(ctx context.Context, s *stack.Stack, procs cpuSnapshot) (*Footpri
 		}
 		*into = max(*into, u.PeakRSSBytes)
 	}
-	hc, err := rest.HTTPClientFor(s.ControlPlane.Config)
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot build an HTTP client for the API server")
-	}
-	api, err := fetchMetrics(ctx, hc, strings.TrimSuffix(s.ControlPlane.Config.Host, "/")+"/metrics", "the API server")
+	api, err := scrapeAPIServer(ctx, s.ControlPlane.Config, metricFamilies)
 	if err != nil {
 		return nil, err
 	}
 	for _, m := range api["apiserver_storage_size_bytes"].GetMetric() {
 		f.EtcdDBBytes = max(f.EtcdDBBytes, m.GetGauge().GetValue())
 	}
-	hub, err := fetchMetrics(ctx, nil, s.HubMetricsURL(), "the hub")
+	hub, err := scrapeMetrics(ctx, nil, s.HubMetricsURL(), "the hub", metricFamilies)
 	if err != nil {
 		return nil, err
 	}
@@ -114,6 +108,7 @@ func bucketFills(families map[string]*dto.MetricFamily) []BucketFill {
 	return out
 }
 
+// label is the value of m's label name, empty when m has none.
 func label(m *dto.Metric, name string) string {
 	for _, l := range m.GetLabel() {
 		if l.GetName() == name {
@@ -123,12 +118,10 @@ func label(m *dto.Metric, name string) string {
 	return ""
 }
 
-// fetchMetrics reads the Prometheus metrics served at url with hc (the
-// default client when nil).
-func fetchMetrics(ctx context.Context, hc *http.Client, url, whose string) (map[string]*dto.MetricFamily, error) {
-	return scrapeMetrics(ctx, hc, url, whose, func(r io.Reader) (map[string]*dto.MetricFamily, error) {
-		parser := expfmt.NewTextParser(model.UTF8Validation)
-		families, err := parser.TextToMetricFamilies(r)
-		return families, errors.Wrapf(err, "cannot parse the metrics of %s", whose)
-	})
+// metricFamilies reads the Prometheus text exposition format, by family
+// name.
+func metricFamilies(r io.Reader) (map[string]*dto.MetricFamily, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	return families, errors.Wrap(err, "cannot parse the metrics")
 }

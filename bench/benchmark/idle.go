@@ -15,8 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/bench/workload"
@@ -162,8 +160,7 @@ const (
 // parseAgentSample reads an agentSample out of the Prometheus text
 // exposition format.
 func parseAgentSample(r io.Reader) (agentSample, error) {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(r)
+	families, err := metricFamilies(r)
 	if err != nil {
 		return agentSample{}, errors.Wrap(err, "cannot read the agent's metrics")
 	}
@@ -178,10 +175,8 @@ func parseAgentSample(r io.Reader) (agentSample, error) {
 		s.resyncBuckets[math.Inf(1)] = s.resyncs
 	}
 	for _, m := range families[driverCallsMetric].GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "operation" && l.GetValue() == "ensure" {
-				s.ensures += float64(m.GetHistogram().GetSampleCount())
-			}
+		if label(m, "operation") == "ensure" {
+			s.ensures += float64(m.GetHistogram().GetSampleCount())
 		}
 	}
 	return s, nil

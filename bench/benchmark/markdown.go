@@ -240,17 +240,6 @@ func sized(s []Scenario, vms int) *Scenario {
 	return largest(s)
 }
 
-// smallest is the scenario of the fewest VMs, or nil when there is none.
-func smallest(s []Scenario) *Scenario {
-	var b *Scenario
-	for i := range s {
-		if b == nil || s[i].VMs < b.VMs {
-			b = &s[i]
-		}
-	}
-	return b
-}
-
 func largest(s []Scenario) *Scenario {
 	var b *Scenario
 	for i := range s {

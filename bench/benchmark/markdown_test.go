@@ -12,7 +12,7 @@ import (
 // CPU per VM), the same over simulated nodes, and the largest burst over
 // simulated nodes by its time,
 // the hub's memory, duplicate addresses and the hub's CPU per VM against
-// the smallest's.
+// the next smaller burst's.
 func TestTargetsJudgeIssue40sGoals(t *testing.T) {
 	burst := Scenario{
 		Name: "burst-1000", VMs: 1000, Running: 1000, VMsPerSecond: 40, RatioToWholeFlow: 0.8,

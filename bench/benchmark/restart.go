@@ -9,8 +9,6 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
@@ -139,26 +137,20 @@ type queue struct {
 // workqueue_depth of vmController. A reconcile the hub's rate limit
 // deferred is one of controller-runtime's reconciles but no observe.
 func parseQueue(r io.Reader) (queue, error) {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(r)
+	families, err := metricFamilies(r)
 	if err != nil {
 		return queue{}, errors.Wrap(err, "cannot parse the hub's metrics")
 	}
 	var q queue
-	ofController := func(labels []*dto.LabelPair) bool {
-		for _, l := range labels {
-			if (l.GetName() == "controller" || l.GetName() == "name") && l.GetValue() == vmController {
-				return true
-			}
-		}
-		return false
+	ofController := func(m *dto.Metric) bool {
+		return label(m, "controller") == vmController || label(m, "name") == vmController
 	}
 	for _, m := range families[vmObserves].GetMetric() {
 		q.observes += m.GetCounter().GetValue()
 	}
 	found := false
 	for _, m := range families["workqueue_depth"].GetMetric() {
-		if ofController(m.GetLabel()) {
+		if ofController(m) {
 			q.depth += m.GetGauge().GetValue()
 			found = true
 		}
