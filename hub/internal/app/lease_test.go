@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -88,20 +89,11 @@ func startHub(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) 
 // those in not, and returns it.
 func awaitHolder(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, timeout time.Duration, not ...string) string {
 	t.Helper()
-	var holder string
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		var lease coordinationv1.Lease
-		if err := cp.Client.Get(ctx, leaseKey, &lease); err != nil {
-			return false, client.IgnoreNotFound(err)
-		}
-		holder = ptr.Deref(lease.Spec.HolderIdentity, "")
-		for _, n := range not {
-			if holder == n {
-				return false, nil
-			}
-		}
-		return holder != "", nil
+	lease, err := awaitLease(ctx, cp, timeout, func(l *coordinationv1.Lease) bool {
+		holder := ptr.Deref(l.Spec.HolderIdentity, "")
+		return holder != "" && !slices.Contains(not, holder)
 	})
+	holder := ptr.Deref(lease.Spec.HolderIdentity, "")
 	require.NoError(t, err, "no hub took the Lease: held by %q", holder)
 	return holder
 }
@@ -109,15 +101,26 @@ func awaitHolder(ctx context.Context, t *testing.T, cp *controlplane.ControlPlan
 // awaitRenewal waits until the Lease's holder renewed it since it took it.
 func awaitRenewal(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		var lease coordinationv1.Lease
-		if err := cp.Client.Get(ctx, leaseKey, &lease); err != nil {
-			return false, client.IgnoreNotFound(err)
-		}
-		acquired, renewed := lease.Spec.AcquireTime, lease.Spec.RenewTime
-		return acquired != nil && renewed != nil && renewed.After(acquired.Time), nil
+	_, err := awaitLease(ctx, cp, time.Minute, func(l *coordinationv1.Lease) bool {
+		acquired, renewed := l.Spec.AcquireTime, l.Spec.RenewTime
+		return acquired != nil && renewed != nil && renewed.After(acquired.Time)
 	})
 	require.NoError(t, err, "the hub never renewed the Lease it took")
+}
+
+// awaitLease reads the Lease until done says it is as wanted, up to
+// timeout, and returns it as last read.
+func awaitLease(ctx context.Context, cp *controlplane.ControlPlane, timeout time.Duration, done func(*coordinationv1.Lease) bool) (*coordinationv1.Lease, error) {
+	lease := &coordinationv1.Lease{}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		// Read afresh: a decode leaves a field the answer lacks as it was.
+		*lease = coordinationv1.Lease{}
+		if err := cp.Client.Get(ctx, leaseKey, lease); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		return done(lease), nil
+	})
+	return lease, err
 }
 
 // testLog is the hub's log in the test's.
