@@ -3,6 +3,7 @@ package bus
 import (
 	"bytes"
 	"context"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -40,7 +42,9 @@ type Config struct {
 	Log logging.Logger
 	// Rejections counts refused intents; nil allocates one.
 	Rejections *natswire.Rejections
-	// RetryInterval between attempts to re-establish a failed watch; 0 means 1s.
+	// RetryInterval is the first wait before re-establishing a failed
+	// watch, growing with each failure in a row (see retryBackoff); 0 means
+	// 1s.
 	RetryInterval time.Duration
 }
 
@@ -297,17 +301,17 @@ func (n *NATS) WatchIntents(ctx context.Context, hs Handlers) error {
 	// heartbeats for several seconds; resubscribing on reconnect resumes at once.
 	reconnected := n.nc.StatusChanged(nats.CONNECTED)
 	defer n.nc.RemoveStatusListener(reconnected)
+	retry := n.retryBackoff()
 	for {
 		sub, closed, err := w.subscribe(ctx)
 		if err != nil {
 			n.cfg.Log.Info("Cannot watch intents; retrying", "error", err)
-			select {
-			case <-ctx.Done():
+			if !pause(ctx, retry.Step()) {
 				return nil
-			case <-time.After(n.cfg.RetryInterval):
 			}
 			continue
 		}
+		subscribed, closedByServer := time.Now(), false
 		select {
 		case <-ctx.Done():
 			_ = sub.Unsubscribe()
@@ -315,6 +319,7 @@ func (n *NATS) WatchIntents(ctx context.Context, hs Handlers) error {
 		case <-closed:
 			n.cfg.Log.Info("Intent watch closed; resuming", "revision", w.lastRevision())
 			w.resumed()
+			closedByServer = true
 		case <-reconnected:
 			n.cfg.Log.Debug("Reconnected; resuming intent watch", "revision", w.lastRevision())
 			_ = sub.Unsubscribe()
@@ -324,6 +329,36 @@ func (n *NATS) WatchIntents(ctx context.Context, hs Handlers) error {
 			_ = sub.Unsubscribe()
 			w.resumed()
 		}
+		// Failures before a subscription that served a while are forgotten.
+		if time.Since(subscribed) > retry.Cap {
+			retry = n.retryBackoff()
+		}
+		// A server that refuses every new consumer closes each one at
+		// once: wait, longer each time. A thousand agents resubscribing
+		// in step would keep the server too busy to serve any of them.
+		if closedByServer && !pause(ctx, retry.Step()) {
+			return nil
+		}
+	}
+}
+
+// retryBackoff is how long WatchIntents waits before each attempt after a
+// failed one: RetryInterval, doubling to thirty times it, each wait drawn
+// from up to twice its length so agents that failed together do not retry
+// together.
+func (n *NATS) retryBackoff() wait.Backoff {
+	return wait.Backoff{Duration: n.cfg.RetryInterval, Factor: 2, Jitter: 1, Steps: math.MaxInt32, Cap: 30 * n.cfg.RetryInterval}
+}
+
+// pause waits d, or until ctx is done, which it reports as false.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	wire "github.com/virtfleet/virtfleet/apis/wire/v1alpha1"
@@ -258,6 +261,61 @@ func TestWatchIntentsRecoversALostConsumerWithinSeconds(t *testing.T) {
 	e.until(t, 6*time.Second, generation("vm-a", 1))
 	t.Logf("delivered %s after the consumer was lost", time.Since(start).Round(100*time.Millisecond))
 }
+
+// TestWatchIntentsBacksOffWhileTheServerRefusesIt: while every attempt to
+// watch fails (here the intents stream is gone), the watch waits longer
+// after each failure instead of retrying at a fixed pace, which from a
+// thousand agents at once would keep the server too busy to recover; and
+// it resumes once the stream is back.
+func TestWatchIntentsBacksOffWhileTheServerRefusesIt(t *testing.T) {
+	f := newFleet(t)
+	ctx := context.Background()
+	name := wire.Stream(wire.BucketIntents)
+	s, err := f.js.Stream(ctx, name)
+	require.NoError(t, err)
+	cfg := s.CachedInfo().Config
+	require.NoError(t, f.js.DeleteStream(ctx, name))
+
+	const (
+		retry  = 50 * time.Millisecond
+		window = 2 * time.Second
+	)
+	nc, _ := natstest.Connect(t, f.srv, f.agents["node1"])
+	attempts := &countingLog{message: "Cannot watch intents; retrying"}
+	b, err := bus.New(nc, bus.Config{Node: "node1", RetryInterval: retry, Log: attempts})
+	require.NoError(t, err)
+	e := watch(t, b)
+
+	// At a fixed pace the watch would try window/retry times; doubling
+	// from retry, it has waited 1.55 s after its sixth attempt.
+	time.Sleep(window)
+	n := attempts.count()
+	assert.GreaterOrEqual(t, n, 2, "the watch retries")
+	assert.LessOrEqual(t, n, 7, "the watch retries %d times in %s: no backoff", n, window)
+
+	_, err = f.js.CreateStream(ctx, cfg)
+	require.NoError(t, err)
+	f.putIntent(t, "node1", "vm-a", 1)
+	e.until(t, 10*time.Second, generation("vm-a", 1))
+}
+
+// countingLog counts the Info lines whose message is message.
+type countingLog struct {
+	message string
+	mu      sync.Mutex
+	n       int
+}
+
+func (l *countingLog) Info(msg string, _ ...any) {
+	if msg == l.message {
+		l.mu.Lock()
+		l.n++
+		l.mu.Unlock()
+	}
+}
+func (l *countingLog) Debug(string, ...any)             {}
+func (l *countingLog) WithValues(...any) logging.Logger { return l }
+func (l *countingLog) count() int                       { l.mu.Lock(); defer l.mu.Unlock(); return l.n }
 
 func TestWatchIntentsRoutesVolumeIntents(t *testing.T) {
 	f := newFleet(t)
