@@ -362,8 +362,10 @@ func runScenario(ctx context.Context, o Options, sp spec) (Scenario, error) {
 		// default allocation ratios; one warm-up VM per node besides.
 		so.Simulated, so.CPUAllocationRatio, so.MemoryAllocationRatio = true, defaultCPURatio, 1
 		so.SimulatedHost = simulatedHost((sp.vms+sp.nodes+sp.nodes-1)/sp.nodes, defaultCPURatio)
-		// NATS in a process of its own, whose memory is then its own.
-		so.NATSProcess = true
+		// NATS in a process of its own, whose memory is then its own;
+		// it and the nodes ahead of the control plane for the CPU, as a
+		// fleet's own machines would be.
+		so.NATSProcess, so.FleetFirst = true, true
 	} else {
 		// One warm-up VM per node besides the measured ones.
 		var notes []string

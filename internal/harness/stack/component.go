@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -63,6 +64,20 @@ func (c *component) stop(sig syscall.Signal) error {
 // run starts one of the built binaries with its output in logs/name.log.
 func (s *Stack) run(name, binary string, env []string, args ...string) (*component, error) {
 	return s.runCommand(name, append([]string{filepath.Join(s.bin, binary)}, args...), env)
+}
+
+// fleetNice is the niceness Options.FleetFirst gives the fleet's
+// processes: ahead of the control plane's, which run at 0.
+const fleetNice = -10
+
+// fleetArgv is argv run at fleetNice when Options.FleetFirst asks for it.
+// nice(1) sets the niceness before it execs argv, so every thread the
+// process starts has it, and the process id stays argv's.
+func (s *Stack) fleetArgv(argv []string) []string {
+	if !s.opts.FleetFirst {
+		return argv
+	}
+	return append([]string{"nice", "-n", strconv.Itoa(fleetNice)}, argv...)
 }
 
 // runCommand starts argv with its output in logs/name.log.

@@ -153,7 +153,7 @@ func (s *Stack) StartNATSServer(i int) error {
 	if p.proc != nil {
 		return errors.Errorf("%s is already running", p.name)
 	}
-	c, err := s.runCommand(p.name, []string{s.natsServer(), "-c", p.conf}, nil)
+	c, err := s.runCommand(p.name, s.fleetArgv([]string{s.natsServer(), "-c", p.conf}), nil)
 	if err != nil {
 		return err
 	}

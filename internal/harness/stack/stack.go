@@ -138,6 +138,14 @@ type Options struct {
 	// SimulatedHost is each simulated node's host; zero means 16 CPUs and
 	// 64 GiB.
 	SimulatedHost SimulatedHost
+	// FleetFirst runs the simulated nodes and the nats-server processes
+	// at a higher CPU priority (fleetNice) than the control plane and the
+	// hub. They stand for a fleet's own machines and NATS's own servers,
+	// which share no cores with the API server: on one machine, a busy API
+	// server would otherwise starve a thousand agents of the CPU their
+	// heartbeats and watches need, and the hub would see a fleet fail
+	// that in a cluster would not.
+	FleetFirst bool
 	// ObjectStore starts a real S3 server (SeaweedFS, built once per
 	// machine) and declares it as the BackupLocation LocationName.
 	ObjectStore bool
