@@ -391,7 +391,7 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 		return err
 	}
 	progress("creating the network and %d Volumes", sp.vms+sp.nodes)
-	if err := fleet.Prepare(ctx, kube, sp.vms+sp.nodes); err != nil {
+	if err := fleetFor(sp.vms+sp.nodes).Prepare(ctx, kube, sp.vms+sp.nodes); err != nil {
 		return err
 	}
 	progress("warming up: one VM per node")

@@ -2,6 +2,7 @@ package benchmark
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +30,22 @@ const (
 )
 
 var fleet = workload.Fleet{Namespace: namespace, Network: "bench-net", CIDR: "10.20.0.0/16", Creators: creators}
+
+// fleetFor is fleet with a network that holds n VMs' addresses: its /16, or
+// the smallest larger prefix from the same address when n VMs need more.
+// A subnet gives its VMs every address but its network, gateway and
+// broadcast ones (hub/internal/ipam).
+func fleetFor(n int) workload.Fleet {
+	const reserved = 3
+	p := netip.MustParsePrefix(fleet.CIDR)
+	bits := p.Bits()
+	for bits > 8 && 1<<(32-bits)-reserved < n {
+		bits--
+	}
+	f := fleet
+	f.CIDR = netip.PrefixFrom(p.Addr(), bits).Masked().String()
+	return f
+}
 
 // newClient is a client of its own, without client-side rate limiting, so
 // that the benchmark's own requests are never what it measures.

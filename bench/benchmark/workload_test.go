@@ -78,3 +78,25 @@ func TestSpreadCountsNodesAddressesAndDuplicates(t *testing.T) {
 	assert.Equal(t, 4, addressed, "a VM with an interface without address is not addressed")
 	assert.Equal(t, 2, duplicates, "three VMs show 10.0.0.2 on net; the same address on another network is no duplicate")
 }
+
+// TestTheNetworkHoldsEveryVM: a scenario's network has an address for each
+// of its VMs (a 100,000-VM burst on the /16 ran out at 65,533), and is no
+// larger than it must be beyond the /16.
+func TestTheNetworkHoldsEveryVM(t *testing.T) {
+	tests := []struct {
+		vms  int
+		cidr string
+	}{
+		{vms: 1010, cidr: "10.20.0.0/16"},
+		{vms: 65533, cidr: "10.20.0.0/16"},
+		{vms: 65534, cidr: "10.20.0.0/15"},
+		{vms: 101000, cidr: "10.20.0.0/15"},
+		{vms: 200000, cidr: "10.20.0.0/14"},
+		{vms: 300000, cidr: "10.16.0.0/13"},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprint(tc.vms), func(t *testing.T) {
+			assert.Equal(t, tc.cidr, fleetFor(tc.vms).CIDR)
+		})
+	}
+}
