@@ -124,6 +124,9 @@ type Allocator struct {
 	r client.Reader
 	// unindexed is set once r refused a List by IndexVMUID.
 	unindexed atomic.Bool
+	// exhaustedRecheck is how long a network found full is believed
+	// before the next allocation on it lists its records again.
+	exhaustedRecheck time.Duration
 
 	mu    sync.Mutex
 	views map[types.NamespacedName]*view
@@ -137,7 +140,7 @@ func New(c client.Client, r client.Reader) *Allocator {
 	if r == nil {
 		r = c
 	}
-	return &Allocator{c: c, r: r, views: map[types.NamespacedName]*view{}}
+	return &Allocator{c: c, r: r, views: map[types.NamespacedName]*view{}, exhaustedRecheck: defaultExhaustedRecheck}
 }
 
 // Ensure returns the address of vm on network, with the prefix length of the

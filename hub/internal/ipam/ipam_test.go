@@ -6,7 +6,9 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -303,6 +305,10 @@ func testTwoAllocators(t *testing.T, c client.Client, indexed bool) {
 	ctx := context.Background()
 	net := newNet("net-db", "10.0.0.0/29")
 	a, b := New(c, c), New(c, c)
+	// b lists the network again on every allocation it finds it full on,
+	// so it learns a's releases at once (see
+	// TestAFullNetworkIsListedOncePerRecheck for the default).
+	b.exhaustedRecheck = 0
 	_, _, err := b.Usage(ctx, net) // b's view is loaded while the network is empty
 	require.NoError(t, err)
 
@@ -350,6 +356,51 @@ func testTwoAllocators(t *testing.T, c client.Client, indexed bool) {
 	assert.Equal(t, "10.0.1.3/24", got.String())
 	assert.Len(t, records(t, c, client.MatchingLabels{LabelVMUID: "vm-9-uid"}), 1)
 	assert.Equal(t, !indexed, b.unindexed.Load(), "b looked VMs up by index when it could")
+}
+
+// TestAFullNetworkIsListedOncePerRecheck: the VMs waiting for an address of
+// a full network do not each list all its records (a List as long as the
+// network: at 65,000 addresses, half the hub's CPU); the network is listed
+// again once exhaustedRecheck has passed, and a release by this Allocator
+// is seen at once.
+func TestAFullNetworkIsListedOncePerRecheck(t *testing.T) {
+	ctx := context.Background()
+	s := k8sruntime.NewScheme()
+	require.NoError(t, apis.AddToScheme(s))
+	var networkLists atomic.Int32
+	c := fake.NewClientBuilder().WithScheme(s).WithInterceptorFuncs(interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			lo := (&client.ListOptions{}).ApplyOptions(opts)
+			if lo.LabelSelector != nil && strings.Contains(lo.LabelSelector.String(), LabelNetwork) {
+				networkLists.Add(1)
+			}
+			return c.List(ctx, list, opts...)
+		},
+	}).Build()
+	a := New(c, c)
+	a.exhaustedRecheck = time.Hour
+	net := newNet("net-db", "10.0.0.0/30") // one address for VMs
+
+	_, err := a.Ensure(ctx, newVM("vm-0"), net, "")
+	require.NoError(t, err)
+	before := networkLists.Load()
+	for i := range 10 {
+		_, err := a.Ensure(ctx, newVM(fmt.Sprintf("vm-%d", i+1)), net, "")
+		var exhausted *ExhaustedError
+		require.ErrorAs(t, err, &exhausted)
+	}
+	assert.Equal(t, int32(1), networkLists.Load()-before, "ten VMs told the network is full with one List")
+
+	require.NoError(t, a.Release(ctx, newVM("vm-0")))
+	got, err := a.Ensure(ctx, newVM("vm-1"), net, "")
+	require.NoError(t, err, "this Allocator's own release frees the address at once")
+	assert.Equal(t, "10.0.0.2/30", got.String())
+
+	a.exhaustedRecheck = 0
+	before = networkLists.Load()
+	_, err = a.Ensure(ctx, newVM("vm-2"), net, "")
+	require.Error(t, err)
+	assert.Equal(t, int32(1), networkLists.Load()-before, "past the recheck, the network is listed again")
 }
 
 func TestEnsureRecordsAgainWhatWasDeletedByHand(t *testing.T) {

@@ -72,10 +72,17 @@ func (a *Allocator) allocate(ctx context.Context, v *view, vm *v1alpha1.VirtualM
 		}
 		addr, ok := v.next()
 		if !ok {
+			// Other replicas may have released addresses, which only a
+			// List shows; this Allocator's own releases are in v already.
+			// A List of a full network is as long as the network, so a
+			// view found full is believed for a.exhaustedRecheck: the VMs
+			// waiting for an address of it retry without listing it each.
 			if refreshed {
+				v.exhaustedAt = time.Now()
+			}
+			if refreshed || time.Since(v.exhaustedAt) < a.exhaustedRecheck {
 				return nil, &ExhaustedError{Network: v.name, Allocated: len(v.held), Total: v.subnet.total()}
 			}
-			// Other replicas may have released addresses.
 			if err := a.refresh(ctx, v); err != nil {
 				return nil, err
 			}

@@ -39,7 +39,13 @@ type view struct {
 	cursor uint32
 	// own are this Allocator's recent writes, by record name.
 	own map[string]ownWrite
+	// exhaustedAt is when a List last found every address held.
+	exhaustedAt time.Time
 }
+
+// defaultExhaustedRecheck is Allocator.exhaustedRecheck: a release by
+// another replica reaches the VMs waiting for an address within it.
+const defaultExhaustedRecheck = 5 * time.Second
 
 // ownWrite is a record this Allocator created (rec set) or deleted (rec
 // nil), with the uid of the object written and when.
@@ -92,7 +98,7 @@ func recordName(network string, addr netip.Addr) string {
 }
 
 func (v *view) reset(uid types.UID, s subnet) {
-	v.networkUID, v.subnet, v.loaded = uid, s, false
+	v.networkUID, v.subnet, v.loaded, v.exhaustedAt = uid, s, false, time.Time{}
 	v.own = map[string]ownWrite{}
 	v.clear()
 }
