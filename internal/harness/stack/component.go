@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -63,7 +62,7 @@ func (c *component) stop(sig syscall.Signal) error {
 
 // run starts one of the built binaries with its output in logs/name.log.
 func (s *Stack) run(name, binary string, env []string, args ...string) (*component, error) {
-	return s.runCommand(name, append([]string{filepath.Join(s.bin, binary)}, args...), env)
+	return s.runCommand(name, append([]string{s.Binary(binary)}, args...), env)
 }
 
 // fleetNice is the niceness Options.FleetFirst gives the fleet's

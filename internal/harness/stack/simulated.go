@@ -58,7 +58,7 @@ func (s *Stack) startSimulated() error {
 			args = append(args, arg)
 		}
 	}
-	c, err := s.runCommand("simnodes", s.fleetArgv(append([]string{filepath.Join(s.bin, "simnodes")}, args...)), nil)
+	c, err := s.runCommand("simnodes", s.fleetArgv(append([]string{s.Binary("simnodes")}, args...)), nil)
 	s.simulated = c
 	return err
 }
