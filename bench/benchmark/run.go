@@ -366,6 +366,12 @@ func runScenario(ctx context.Context, o Options, sp spec) (Scenario, error) {
 		// it and the nodes ahead of the control plane for the CPU, as a
 		// fleet's own machines would be.
 		so.NATSProcess, so.FleetFirst = true, true
+		// The hub under its goal as a container's memory limit, with
+		// GOMEMLIMIT set from it as cluster/deploy does.
+		if g, ok := goalOf(sp.vms); ok {
+			so.HubMemoryLimit = int64(g.hubRSSMiB) << 20
+			sc.Notes = append(sc.Notes, fmt.Sprintf("The hub ran with GOMEMLIMIT=%dMiB, its memory goal, as cluster/deploy sets it from the container's limit.", int64(g.hubRSSMiB)))
+		}
 	} else {
 		// One warm-up VM per node besides the measured ones.
 		var notes []string

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -65,9 +66,19 @@ func (s *Stack) StartHub() error {
 	if s.apiPort != 0 {
 		args = append(args, fmt.Sprintf("--api-bind-address=127.0.0.1:%d", s.apiPort))
 	}
-	c, err := s.run("hub", "hub", []string{"KUBECONFIG=" + s.hubKubeconfig}, args...)
+	c, err := s.run("hub", "hub", s.hubEnv(), args...)
 	s.hub = c
 	return err
+}
+
+// hubEnv is what the hub's environment has besides the stack's own: its
+// kubeconfig and, under Options.HubMemoryLimit, its GOMEMLIMIT.
+func (s *Stack) hubEnv() []string {
+	env := []string{"KUBECONFIG=" + s.hubKubeconfig}
+	if s.opts.HubMemoryLimit > 0 {
+		env = append(env, "GOMEMLIMIT="+strconv.FormatInt(s.opts.HubMemoryLimit, 10))
+	}
+	return env
 }
 
 // StopHub stops the hub cleanly (SIGTERM) and waits for it.
