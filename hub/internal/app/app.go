@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -26,7 +27,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -183,12 +183,14 @@ func Run(ctx context.Context, c Config) error {
 	if out == nil {
 		out = os.Stderr
 	}
-	zl := zap.New(zap.UseDevMode(c.Debug), zap.WriteTo(out))
+	zl := newLogger(c.Debug, out)
 	log := logging.NewLogrLogger(zl.WithName("hub"))
 	if c.Debug {
 		ctrl.SetLogger(zl)
 	} else {
-		ctrl.SetLogger(zap.New(zap.WriteTo(io.Discard)))
+		// controller-runtime's own lines only at debug level; discarded,
+		// its per-request loggers cost nothing either.
+		ctrl.SetLogger(logr.Discard())
 	}
 
 	scheme := runtime.NewScheme()
