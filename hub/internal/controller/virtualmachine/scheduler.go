@@ -524,11 +524,22 @@ func (s *Scheduler) recordShape(ctx context.Context, vm *v1alpha1.VirtualMachine
 }
 
 // MarkCordoned marks the nodes whose HypervisorNode is unschedulable or
-// being drained.
+// being drained. A node whose HypervisorNode cannot be read stays
+// schedulable. The nodes are read in one uncopied list, not one Get (a deep
+// copy) each: every batch the scheduler places asks about every node.
 func MarkCordoned(ctx context.Context, cache client.Reader, nodes []placement.Node) []placement.Node {
+	l := &v1alpha1.HypervisorNodeList{}
+	if err := cache.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
+		return nodes
+	}
+	cordoned := map[string]bool{}
+	for i := range l.Items {
+		if n := &l.Items[i]; n.Spec.Unschedulable || n.Spec.Drain {
+			cordoned[n.Name] = true
+		}
+	}
 	for i := range nodes {
-		n := &v1alpha1.HypervisorNode{}
-		if err := cache.Get(ctx, types.NamespacedName{Name: nodes[i].Name}, n); err == nil && (n.Spec.Unschedulable || n.Spec.Drain) {
+		if cordoned[nodes[i].Name] {
 			nodes[i].Unschedulable = true
 		}
 	}
