@@ -59,9 +59,15 @@ type VirtualNetworkObservation struct {
 	// +optional
 	Phase Phase `json:"phase,omitempty"`
 
-	// Nodes where the network exists.
+	// Nodes are the first 20 nodes, by name, where the network's
+	// VirtualMachines run and so the network exists; NodeCount counts them
+	// all.
 	// +optional
 	Nodes []string `json:"nodes,omitempty"`
+
+	// NodeCount is how many nodes the network's VirtualMachines run on.
+	// +optional
+	NodeCount int32 `json:"nodeCount,omitempty"`
 
 	// AttachedTo are the first 20 VirtualMachines, by name, with an
 	// interface on the network; AttachedCount counts them all.

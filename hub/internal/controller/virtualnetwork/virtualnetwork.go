@@ -44,7 +44,9 @@ func observe(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork
 	n.Status.AtProvider.AttachedTo = inuse.Named(users).Names()
 	n.Status.AtProvider.AttachedCount = int32(len(users)) //nolint:gosec // far fewer VMs than 2^31
 	n.Status.AtProvider.Phase = v1alpha1.PhaseRunning
-	n.Status.AtProvider.Nodes = nodesOf(users)
+	nodes := nodesOf(users)
+	n.Status.AtProvider.Nodes = inuse.Named(nodes)
+	n.Status.AtProvider.NodeCount = int32(len(nodes)) //nolint:gosec // far fewer nodes than 2^31
 	if ipam.Addressed(n) {
 		var err error
 		if n.Status.AtProvider.VNI, err = vniAllocator.of(ctx, kube, n); err != nil {
@@ -79,7 +81,9 @@ func observe(ctx context.Context, kube client.Reader, n *v1alpha1.VirtualNetwork
 }
 
 // nodesOf are the nodes the network's VMs, its users, run on, sorted, each
-// once.
+// once. The status names the first inuse.MaxNamed of them: every VM's
+// reconcile reads its networks, and a network over a fleet of a thousand
+// nodes naming them all would be copied whole on each read.
 func nodesOf(users inuse.Users) []string {
 	seen := map[string]bool{}
 	for _, u := range users {

@@ -24,13 +24,23 @@ import (
 )
 
 // TestStatusNamesTheFirstUsersAndCountsThemAll pins that a network's status
-// stays small however many VMs attach to it: it names the first
-// inuse.MaxNamed and counts them all.
+// stays small however many VMs attach to it, on however many nodes: it
+// names the first inuse.MaxNamed of each and counts them all.
 func TestStatusNamesTheFirstUsersAndCountsThemAll(t *testing.T) {
+	// n VMs, two to a node.
 	vms := func(n int) inuse.Users {
 		var out inuse.Users
 		for i := range n {
-			out = append(out, &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("vm-%04d", i)}})
+			vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("vm-%04d", i)}}
+			vm.Status.AtProvider.Node = fmt.Sprintf("node%04d", i/2)
+			out = append(out, vm)
+		}
+		return out
+	}
+	nodes := func(n int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf("node%04d", i))
 		}
 		return out
 	}
@@ -38,10 +48,12 @@ func TestStatusNamesTheFirstUsersAndCountsThemAll(t *testing.T) {
 		name      string
 		users     inuse.Users
 		wantNamed []string
+		wantNodes []string
+		wantCount int32
 	}{
-		{"none", nil, []string{}},
-		{"a few, all named", vms(3), vms(3).Names()},
-		{"thousands, the first named", vms(5000), vms(inuse.MaxNamed).Names()},
+		{"none", nil, []string{}, nil, 0},
+		{"a few, all named", vms(3), vms(3).Names(), nodes(2), 2},
+		{"thousands, the first named", vms(5000), vms(inuse.MaxNamed).Names(), nodes(inuse.MaxNamed), 2500},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := &v1alpha1.VirtualNetwork{}
@@ -49,6 +61,8 @@ func TestStatusNamesTheFirstUsersAndCountsThemAll(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantNamed, n.Status.AtProvider.AttachedTo)
 			assert.Equal(t, int32(len(tc.users)), n.Status.AtProvider.AttachedCount) //nolint:gosec // test sizes
+			assert.Equal(t, tc.wantNodes, n.Status.AtProvider.Nodes)
+			assert.Equal(t, tc.wantCount, n.Status.AtProvider.NodeCount)
 			assert.Equal(t, v1alpha1.PhaseRunning, n.Status.AtProvider.Phase)
 		})
 	}
@@ -102,6 +116,7 @@ func TestStatusShowsTheFleetsView(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int32(2), db.Status.AtProvider.VNI, "the lowest VNI no network holds")
 	assert.Equal(t, []string{"node1", "node2"}, db.Status.AtProvider.Nodes)
+	assert.Equal(t, int32(2), db.Status.AtProvider.NodeCount)
 	assert.Equal(t, int32(2), db.Status.AtProvider.AddressesAllocated)
 	assert.Equal(t, int32(5), db.Status.AtProvider.AddressesTotal, "a /29 less network, gateway and broadcast")
 
