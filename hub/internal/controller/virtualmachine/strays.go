@@ -81,8 +81,10 @@ func (s *Strays) Sweep(ctx context.Context, f *fleet.Fleet) error {
 	if err != nil {
 		return err
 	}
+	// The cache's own objects, uncopied: a sweep lists the whole fleet,
+	// and only reads it.
 	l := &v1alpha1.VirtualMachineList{}
-	if err := s.cache.List(ctx, l); err != nil {
+	if err := s.cache.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
 		return errors.Wrap(err, "cannot list VirtualMachines")
 	}
 	cached := make(map[types.UID]*v1alpha1.VirtualMachine, len(l.Items))
@@ -188,10 +190,11 @@ func (s *Strays) sweepRecord(ctx context.Context, f *fleet.Fleet, e bus.Entry, u
 	return nil
 }
 
-// volumeUIDs are the uids of the Volumes r holds.
+// volumeUIDs are the uids of the Volumes r holds; a cache's are read
+// uncopied.
 func volumeUIDs(ctx context.Context, r client.Reader) (map[types.UID]bool, error) {
 	l := &v1alpha1.VolumeList{}
-	if err := r.List(ctx, l); err != nil {
+	if err := r.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, errors.Wrap(err, "cannot list Volumes")
 	}
 	out := make(map[types.UID]bool, len(l.Items))
