@@ -155,7 +155,11 @@ const (
 	// rate is set above what a burst at the control plane's own limit (a
 	// plain client making the same writes per VM) needs, so that it never
 	// paces a burst; it stays as a guard against a controller spinning.
-	DefaultMaxReconcileRate = 500
+	// It does pace a hub's start, which observes every object once, about
+	// two per VM (the VM and its Volume), writing nothing that did not
+	// change: set so that a new hub has observed a fleet of a hundred
+	// thousand VMs within the five minutes a restart may take.
+	DefaultMaxReconcileRate = 1000
 	// DefaultWorkers: by Little's law, the reconciles in flight per busy
 	// controller are the goal's reconcile rate times how long a reconcile
 	// takes in a burst on a loaded machine (its writes, each waiting for
