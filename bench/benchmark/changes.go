@@ -28,19 +28,29 @@ var watchedKinds = []schema.GroupVersionKind{
 // objectsSnapshot is every object of watchedKinds, by kind and uid.
 type objectsSnapshot map[string]map[string]map[string]any
 
-// snapshotObjects lists every object of watchedKinds.
+// listPage is how many objects one request of snapshotObjects lists. One
+// response holding a whole fleet's objects can take the API server past
+// its request timeout while it serves the fleet; pages are each short.
+const listPage = 1000
+
+// snapshotObjects lists every object of watchedKinds, a page at a time.
 func snapshotObjects(ctx context.Context, kube client.Client) (objectsSnapshot, error) {
 	out := objectsSnapshot{}
 	for _, gvk := range watchedKinds {
-		l := &unstructured.UnstructuredList{}
-		l.SetGroupVersionKind(gvk)
-		if err := kube.List(ctx, l); err != nil {
-			return nil, errors.Wrapf(err, "cannot list %s", gvk.Kind)
-		}
 		kind := strings.TrimSuffix(gvk.Kind, "List")
 		out[kind] = map[string]map[string]any{}
-		for _, o := range l.Items {
-			out[kind][string(o.GetUID())] = o.Object
+		for next := ""; ; {
+			l := &unstructured.UnstructuredList{}
+			l.SetGroupVersionKind(gvk)
+			if err := kube.List(ctx, l, client.Limit(listPage), client.Continue(next)); err != nil {
+				return nil, errors.Wrapf(err, "cannot list %s", gvk.Kind)
+			}
+			for _, o := range l.Items {
+				out[kind][string(o.GetUID())] = o.Object
+			}
+			if next = l.GetContinue(); next == "" {
+				break
+			}
 		}
 	}
 	return out, nil

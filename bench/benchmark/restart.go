@@ -60,6 +60,9 @@ type HubRestart struct {
 	// the new hub made was for.
 	Changed      map[string]int `json:"changed,omitempty"`
 	EventReasons map[string]int `json:"eventReasons,omitempty"`
+	// Error, if set, is why the restart could not be measured; the
+	// burst's own figures stand.
+	Error string `json:"error,omitempty"`
 }
 
 // restartHub kills the hub of s, whose vms VMs all run, starts it again
@@ -161,8 +164,12 @@ func parseQueue(r io.Reader) (queue, error) {
 	return q, nil
 }
 
-// restartSeconds says how long r's pass took, or that it did not end.
+// restartSeconds says how long r's pass took, that it did not end, or
+// that it could not be measured.
 func restartSeconds(r *HubRestart) string {
+	if r.Error != "" {
+		return "not measured: " + r.Error
+	}
 	if r.TimedOut {
 		return fmt.Sprintf("not within %.0f s (%.0f of %d VMs observed)", r.Seconds, r.Observes, r.VMs)
 	}

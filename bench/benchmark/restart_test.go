@@ -46,16 +46,18 @@ workqueue_depth{controller="managed/volume.compute.virtfleet.io",name="managed/v
 
 // TestRestartTargets: the restart of the largest burst over simulated
 // nodes is judged by its time and its writes per VM; one that never ended
-// meets neither time nor goal.
+// meets neither time nor goal; one that could not be measured fails its
+// time and says why, and has no writes to judge.
 func TestRestartTargets(t *testing.T) {
 	cases := map[string]struct {
 		restart     HubRestart
 		fast, quiet bool
 	}{
-		"Met":       {restart: HubRestart{VMs: 10100, Seconds: 40, Observes: 10100, WritesPerVM: 0.01}, fast: true, quiet: true},
-		"Slow":      {restart: HubRestart{VMs: 10100, Seconds: 301, Observes: 10100}, quiet: true},
-		"Writes":    {restart: HubRestart{VMs: 10100, Seconds: 40, Observes: 10100, WritesPerVM: 1}, fast: true},
-		"NeverDone": {restart: HubRestart{VMs: 10100, Seconds: 20, TimedOut: true, Observes: 20}, quiet: true},
+		"Met":         {restart: HubRestart{VMs: 10100, Seconds: 40, Observes: 10100, WritesPerVM: 0.01}, fast: true, quiet: true},
+		"Slow":        {restart: HubRestart{VMs: 10100, Seconds: 301, Observes: 10100}, quiet: true},
+		"Writes":      {restart: HubRestart{VMs: 10100, Seconds: 40, Observes: 10100, WritesPerVM: 1}, fast: true},
+		"NeverDone":   {restart: HubRestart{VMs: 10100, Seconds: 20, TimedOut: true, Observes: 20}, quiet: true},
+		"NotMeasured": {restart: HubRestart{VMs: 10100, Error: "cannot list VolumeList: http2: client connection lost"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -68,6 +70,11 @@ func TestRestartTargets(t *testing.T) {
 			require.True(t, ok, "%v", got)
 			assert.Equal(t, tc.fast, time.Met, time.Measured)
 			writes, ok := got["hub killed and restarted at 10100 VMs: API writes until then"]
+			if r.Error != "" {
+				assert.Equal(t, "not measured: "+r.Error, time.Measured)
+				assert.False(t, ok, "no writes to judge")
+				return
+			}
 			require.True(t, ok)
 			assert.Equal(t, tc.quiet, writes.Met, writes.Measured)
 		})
