@@ -48,6 +48,7 @@ func TestQuick(t *testing.T) {
 		assert.Zero(t, s.DuplicateAddresses, s.Name)
 		require.NotNil(t, s.WholeFlow, "%s: the whole-flow limit after a small burst over simulated nodes", s.Name)
 		if assert.NotNil(t, s.HubRestart, "%s: the hub killed and restarted", s.Name) {
+			assert.Empty(t, s.HubRestart.Error, "%s: the restart was measured", s.Name)
 			assert.False(t, s.HubRestart.TimedOut, "%s: the restarted hub observes every VM", s.Name)
 			assert.GreaterOrEqual(t, s.HubRestart.Observes, float64(s.HubRestart.VMs), s.Name)
 		}

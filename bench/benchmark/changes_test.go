@@ -1,14 +1,16 @@
 package benchmark
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestChangedFieldsNamesWhatAWriteChanged(t *testing.T) {
-	volume := func(rv string, attached []any, synced string) map[string]any {
-		return map[string]any{
+	volume := func(rv string, attached []any, synced string) []byte {
+		return encoded(t, map[string]any{
 			"metadata": map[string]any{"resourceVersion": rv, "managedFields": []any{map[string]any{"manager": rv}}},
 			"status": map[string]any{
 				"atProvider": map[string]any{"node": "n1", "attachedTo": attached},
@@ -17,7 +19,7 @@ func TestChangedFieldsNamesWhatAWriteChanged(t *testing.T) {
 					map[string]any{"type": "Synced", "status": "True", "lastTransitionTime": synced},
 				},
 			},
-		}
+		})
 	}
 	cases := map[string]struct {
 		before, after objectsSnapshot
@@ -49,9 +51,19 @@ func TestChangedFieldsNamesWhatAWriteChanged(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			assert.Equal(t, tc.want, changedFields(tc.before, tc.after))
+			got, err := changedFields(tc.before, tc.after)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
 		})
 	}
+}
+
+// encoded is o as snapshotObjects keeps it.
+func encoded(t *testing.T, o map[string]any) []byte {
+	t.Helper()
+	b, err := json.Marshal(o)
+	require.NoError(t, err)
+	return b
 }
 
 func TestCountedPutsTheLargestFirst(t *testing.T) {

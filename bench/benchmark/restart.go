@@ -117,7 +117,9 @@ func restartHub(ctx context.Context, s *stack.Stack, kube client.Client, vms int
 	if err != nil {
 		return nil, err
 	}
-	r.Changed = changedFields(objects, now)
+	if r.Changed, err = changedFields(objects, now); err != nil {
+		return nil, err
+	}
 	var warnings map[string]string
 	if r.EventReasons, warnings, err = eventReasons(ctx, kube, start); err != nil {
 		return nil, err
