@@ -494,12 +494,13 @@ func measure(ctx context.Context, s *stack.Stack, sp spec, sc *Scenario, progres
 	if sp.simulated && sc.Running == sp.vms {
 		// Every VM the hub knows: the burst's and the warm-up's, one per
 		// node.
+		known := sp.vms + sp.nodes
 		// A restart that cannot be measured loses nothing of the burst.
-		if sc.HubRestart, err = restartHub(ctx, s, kube, sp.vms+sp.nodes, progress); err != nil {
+		if sc.HubRestart, err = restartHub(ctx, s, kube, known, progress); err != nil {
 			if ctx.Err() != nil {
 				return err
 			}
-			sc.HubRestart = &HubRestart{VMs: sp.vms + sp.nodes, Error: err.Error()}
+			sc.HubRestart = &HubRestart{VMs: known, Error: err.Error()}
 			progress("the hub's restart could not be measured: %v", err)
 		}
 	}
