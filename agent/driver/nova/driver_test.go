@@ -155,6 +155,20 @@ func flavorNames(c *cloud) []string {
 	return out
 }
 
+// TestAServerActiveWhenReadBackHasItsDisksAttachedAtOnce: a cloud that
+// boots a server before the driver reads it back gets the extra disks
+// attached by the call that reports it Running, not by a later one.
+func TestAServerActiveWhenReadBackHasItsDisksAttachedAtOnce(t *testing.T) {
+	t.Parallel()
+	c := newCloudWith(t, openstacktest.Options{TransitionDelay: time.Nanosecond}, func(*openstacktest.Server, *cloudYAML) {}, password)
+	d := c.open(t)
+	m := machine("quick")
+	m.Disks = append(m.Disks, driver.Disk{Name: "ns_quick-data", SizeBytes: 1 << 30})
+
+	ensure(t, d, m, driver.PhaseRunning)
+	assert.Len(t, c.server(t, m.UID).Volumes, 2)
+}
+
 // TestTheHubsAddressIsTheServersFixedIP: an interface's address from the
 // hub is the fixed IP of the server's port; one another server holds is
 // refused.

@@ -120,15 +120,22 @@ func (d *Driver) Ensure(ctx context.Context, m driver.Machine) (driver.Observati
 			return driver.Observation{}, err
 		}
 		if len(found) == 0 {
-			return d.create(ctx, m)
-		}
-		for _, dup := range found[1:] {
-			if err := servers.Delete(ctx, d.c.compute, dup.ID).ExtractErr(); err != nil && statusOf(err) != http.StatusNotFound {
-				return driver.Observation{}, classify(err, "cannot delete duplicate server "+dup.ID)
+			o, err := d.create(ctx, m)
+			if s, ok = d.cached(m.UID); err != nil || !ok || transitional(s) {
+				return o, err
 			}
+			// Nova booted it before it was read back: it is converged now,
+			// as the next call would, so that its extra disks are attached
+			// without waiting for a call a Running guest may not get soon.
+		} else {
+			for _, dup := range found[1:] {
+				if err := servers.Delete(ctx, d.c.compute, dup.ID).ExtractErr(); err != nil && statusOf(err) != http.StatusNotFound {
+					return driver.Observation{}, classify(err, "cannot delete duplicate server "+dup.ID)
+				}
+			}
+			s = found[0]
+			d.remember(m.UID, s, time.Time{})
 		}
-		s = found[0]
-		d.remember(m.UID, s, time.Time{})
 	}
 	if boot := s.Metadata[MetaBoot]; boot != "" && boot != m.Disks[0].Name {
 		return driver.Observation{}, driver.Terminalf("the boot disk of server %s is %s and cannot be changed to %s on nova; delete and recreate the VirtualMachine", s.ID, boot, m.Disks[0].Name)
