@@ -1,13 +1,22 @@
 package index
 
 import (
+	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtfleet/virtfleet/apis/compute/v1alpha1"
 	"github.com/virtfleet/virtfleet/hub/internal/controller/inuse"
+	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 )
 
 func TestUses(t *testing.T) {
@@ -84,4 +93,62 @@ func TestNodeOfAUser(t *testing.T) {
 		})
 	}
 	assert.Nil(t, VolumeUsers.Node, "a Volume shows its own binding, not its VMs' nodes")
+}
+
+// refusing is a reader whose every read fails.
+type refusing struct{}
+
+func (refusing) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
+	return errors.New("refused")
+}
+
+func (refusing) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	return errors.New("refused")
+}
+
+// TestUsersAreReadFromTheInformersIndex: a resource's users are read from
+// its users' informer's index, as the cache holds them, with no List: they
+// are found when every List fails, and are the very objects of the cache.
+// What no index holds is asked of the reader, whose List then says.
+func TestUsersAreReadFromTheInformersIndex(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver; skipped with -short")
+	}
+	cp := controlplane.StartForTest(t)
+	informers, ctx := cp.InformersForTest(t)
+	require.NoError(t, Register(ctx, informers))
+	require.NoError(t, cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "other"}}))
+	vm := func(namespace, name, network string) *v1alpha1.VirtualMachine {
+		return &v1alpha1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+			Spec: v1alpha1.VirtualMachineSpec{ForProvider: v1alpha1.VirtualMachineParameters{
+				Vcpu: 1, Memory: resource.MustParse("512Mi"), DiskAttachments: []v1alpha1.DiskAttachment{{Name: v1alpha1.LocalName("root-" + name)}},
+				VirtualNetworks: []v1alpha1.LocalName{v1alpha1.LocalName(network)},
+			}},
+		}
+	}
+	for _, o := range []*v1alpha1.VirtualMachine{vm("default", "web-2", "db"), vm("default", "web-1", "db"), vm("other", "web-3", "db"), vm("default", "cache", "old")} {
+		require.NoError(t, cp.Client.Create(ctx, o))
+	}
+	inf, err := informers.GetInformer(ctx, &v1alpha1.VirtualMachine{})
+	require.NoError(t, err)
+	store := inf.(toolscache.SharedIndexInformer).GetStore()
+	require.Eventually(t, func() bool { return len(store.List()) == 4 }, 30*time.Second, 10*time.Millisecond, "the cache holds every VM")
+
+	users, err := NetworkUsers.Users(ctx, refusing{}, informers, "default", "db")
+	require.NoError(t, err, "read with no List")
+	require.Equal(t, []string{"web-1", "web-2"}, users.Names(), "this namespace's users, sorted")
+	cached, _, err := store.GetByKey("default/web-1")
+	require.NoError(t, err)
+	assert.Same(t, cached, users[0], "the cache's own object, not a copy")
+
+	_, err = NetworkUsers.Users(ctx, refusing{}, informers, "default", "unused")
+	assert.ErrorContains(t, err, "refused", "no user indexed: the reader is asked")
+	users, err = NetworkUsers.Users(ctx, informers, informers, "default", "unused")
+	require.NoError(t, err)
+	assert.Empty(t, users)
+
+	users, err = NetworkUsers.Users(ctx, informers, nil, "other", "db")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"web-3"}, users.Names(), "without informers, listed")
 }

@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -21,9 +20,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -175,15 +176,31 @@ func (u Users) Names() []string {
 	return names
 }
 
-// Users lists the objects in namespace whose u.Index names name.
-func (u User) Users(ctx context.Context, kube client.Reader, namespace, name string) (Users, error) {
-	l := u.NewList()
-	if err := kube.List(ctx, l, client.InNamespace(namespace), client.MatchingFields{u.Index: name}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, errors.Wrapf(err, "cannot list %s users", u.Kind)
-	}
-	objs, err := apimeta.ExtractList(l)
+// Users lists the objects in namespace whose u.Index names name: from the
+// index of u's informer in informers (nil: none) when it keeps it, else by
+// a List of kube. An indexer gives the cache's own objects and builds no
+// list; a List, even uncopied, copies each object into the list's items,
+// and a VirtualNetwork of a whole fleet lists every VM on each reconcile.
+func (u User) Users(ctx context.Context, kube client.Reader, informers cache.Informers, namespace, name string) (Users, error) {
+	objs, err := u.indexed(ctx, informers, namespace, name)
 	if err != nil {
-		return nil, errors.Wrapf(err, "cannot read %s list", u.Kind)
+		return nil, err
+	}
+	if len(objs) == 0 {
+		// None indexed, or an index its informer keeps otherwise than
+		// indexed reads it: a List says which.
+		l := u.NewList()
+		if err := kube.List(ctx, l, client.InNamespace(namespace), client.MatchingFields{u.Index: name}, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, errors.Wrapf(err, "cannot list %s users", u.Kind)
+		}
+		items, err := apimeta.ExtractList(l)
+		if err != nil {
+			return nil, errors.Wrapf(err, "cannot read %s list", u.Kind)
+		}
+		objs = make([]any, len(items))
+		for i, o := range items {
+			objs[i] = o
+		}
 	}
 	users := make(Users, 0, len(objs))
 	for _, o := range objs {
@@ -191,8 +208,36 @@ func (u User) Users(ctx context.Context, kube client.Reader, namespace, name str
 			users = append(users, m)
 		}
 	}
-	sort.Slice(users, func(i, j int) bool { return users[i].GetName() < users[j].GetName() })
+	slices.SortFunc(users, func(a, b client.Object) int { return strings.Compare(a.GetName(), b.GetName()) })
 	return users, nil
+}
+
+// indexed reads what controller-runtime's field index u.Index of u's
+// informer holds under namespace and name: nothing when informers is nil or
+// the informer keeps no such index.
+func (u User) indexed(ctx context.Context, informers cache.Informers, namespace, name string) ([]any, error) {
+	if informers == nil {
+		return nil, nil
+	}
+	inf, err := informers.GetInformer(ctx, u.New())
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot read the %s informer", u.Kind)
+	}
+	shared, ok := inf.(toolscache.SharedIndexInformer)
+	if !ok {
+		return nil, nil
+	}
+	// controller-runtime's names of a field index and of its keys
+	// (cache/internal's FieldIndexName and KeyToNamespacedKey).
+	index := "field:" + u.Index
+	if namespace == "" {
+		namespace = "__all_namespaces"
+	}
+	if _, ok := shared.GetIndexer().GetIndexers()[index]; !ok {
+		return nil, nil
+	}
+	objs, err := shared.GetIndexer().ByIndex(index, namespace+"/"+name)
+	return objs, errors.Wrapf(err, "cannot read %s users", u.Kind)
 }
 
 // SetupGated adds the controller once the CRD is established (safe-start).
@@ -211,7 +256,7 @@ func Setup[T resource.ModernManaged](mgr ctrl.Manager, o controller.Options, k K
 	name := managed.ControllerName(k.GroupKind)
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime still records through the old events API
 	finalize := make(chan ctrlevent.GenericEvent, finalizeBuffer)
-	e := &external[T]{kube: mgr.GetClient(), kind: k, recorder: recorder, released: perobject.NewMap[struct{}](memory), settles: &settles{}, finalize: finalize}
+	e := &external[T]{kube: mgr.GetClient(), informers: mgr.GetCache(), kind: k, recorder: recorder, released: perobject.NewMap[struct{}](memory), settles: &settles{}, finalize: finalize}
 	opts := []managed.ReconcilerOption{
 		managed.WithTypedExternalConnector[T](e),
 		managed.WithLogger(o.Logger.WithValues("controller", name)),
@@ -382,9 +427,11 @@ func enqueueAfter(settle func(reconcile.Request) time.Duration, names func(conte
 
 // external is both connector and client: there is nothing to connect to.
 type external[T resource.ModernManaged] struct {
-	kube     client.Client
-	kind     Kind[T]
-	recorder event.Recorder
+	kube client.Client
+	// informers, when set, serve the users (User.Users).
+	informers cache.Informers
+	kind      Kind[T]
+	recorder  event.Recorder
 	// released holds the resources being deleted whose Release succeeded.
 	// Losing it (a hub restart) only calls Release once more.
 	released *perobject.Map[struct{}]
@@ -403,7 +450,7 @@ func (e *external[T]) Connect(context.Context, T) (managed.TypedExternalClient[T
 }
 
 func (e *external[T]) users(ctx context.Context, obj T) (Users, error) {
-	return e.kind.User.Users(ctx, e.kube, obj.GetNamespace(), obj.GetName())
+	return e.kind.User.Users(ctx, e.kube, e.informers, obj.GetNamespace(), obj.GetName())
 }
 
 // Observe reports the resource as existing (and, while it is being deleted,

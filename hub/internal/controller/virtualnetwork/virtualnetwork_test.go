@@ -109,7 +109,7 @@ func TestStatusShowsTheFleetsView(t *testing.T) {
 	t.Cleanup(func() { vniAllocator = shared })
 
 	db := network("db", "10.3.0.0/29", 0)
-	users, err := Kind.User.Users(ctx, kube, "team-a", "db")
+	users, err := Kind.User.Users(ctx, kube, nil, "team-a", "db")
 	require.NoError(t, err)
 	require.Equal(t, []string{"pending", "web-1", "web-2", "web-3"}, users.Names(), "the network's VMs, sorted, not another network's")
 	_, err = observe(ctx, kube, db, users)
