@@ -473,10 +473,8 @@ func Unmet(n Node, req Request) (string, Cause) {
 	if req.Backend != "" && n.Backend != req.Backend {
 		return fmt.Sprintf("backend %s, %s requested", n.Backend, req.Backend), CauseBackend
 	}
-	for _, k := range slices.Sorted(maps.Keys(req.NodeSelector)) {
-		if got, ok := n.Labels[k]; !ok || got != req.NodeSelector[k] {
-			return fmt.Sprintf("label %s=%s not present", k, req.NodeSelector[k]), CauseSelector
-		}
+	if k, ok := unmatched(n.Labels, req.NodeSelector); ok {
+		return fmt.Sprintf("label %s=%s not present", k, req.NodeSelector[k]), CauseSelector
 	}
 	for _, pool := range req.Pools {
 		if !slices.Contains(n.SharedPools, pool) {
@@ -484,6 +482,18 @@ func Unmet(n Node, req Request) (string, Cause) {
 		}
 	}
 	return "", ""
+}
+
+// unmatched is the first key of selector, in order, whose value labels
+// lacks. It allocates nothing: it is asked of every node for every VM
+// placed.
+func unmatched(labels, selector map[string]string) (first string, found bool) {
+	for k, v := range selector {
+		if got, ok := labels[k]; (!ok || got != v) && (!found || k < first) {
+			first, found = k, true
+		}
+	}
+	return first, found
 }
 
 // allocatedFraction is the larger of the vCPU and memory fractions in use,

@@ -498,11 +498,12 @@ func TestUnmet(t *testing.T) {
 		wantReason string
 		wantCause  Cause
 	}{
-		"AllStillOffered":          {req: Request{Backend: "libvirt", NodeSelector: map[string]string{"zone": "a"}, Pools: []string{"ceph"}, Resources: Resources{VCPU: 4}}},
-		"ASelectorLabelGone":       {req: Request{NodeSelector: map[string]string{"zone": "a", "disk": "ssd"}}, wantReason: "label disk=ssd not present", wantCause: CauseSelector},
-		"ASelectorLabelOfNewValue": {req: Request{NodeSelector: map[string]string{"zone": "b"}}, wantReason: "label zone=b not present", wantCause: CauseSelector},
-		"APoolNotReached":          {req: Request{Pools: []string{"ceph", "nfs"}}, wantReason: "does not reach shared storage pool nfs", wantCause: CausePool},
-		"AnotherBackend":           {req: Request{Backend: "nova"}, wantReason: "backend libvirt, nova requested", wantCause: CauseBackend},
+		"AllStillOffered":                {req: Request{Backend: "libvirt", NodeSelector: map[string]string{"zone": "a"}, Pools: []string{"ceph"}, Resources: Resources{VCPU: 4}}},
+		"ASelectorLabelGone":             {req: Request{NodeSelector: map[string]string{"zone": "a", "disk": "ssd"}}, wantReason: "label disk=ssd not present", wantCause: CauseSelector},
+		"SelectorLabelsGoneNameTheFirst": {req: Request{NodeSelector: map[string]string{"zone": "b", "rack": "r1", "disk": "ssd"}}, wantReason: "label disk=ssd not present", wantCause: CauseSelector},
+		"ASelectorLabelOfNewValue":       {req: Request{NodeSelector: map[string]string{"zone": "b"}}, wantReason: "label zone=b not present", wantCause: CauseSelector},
+		"APoolNotReached":                {req: Request{Pools: []string{"ceph", "nfs"}}, wantReason: "does not reach shared storage pool nfs", wantCause: CausePool},
+		"AnotherBackend":                 {req: Request{Backend: "nova"}, wantReason: "backend libvirt, nova requested", wantCause: CauseBackend},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
