@@ -29,6 +29,7 @@ import (
 	"github.com/virtfleet/virtfleet/agent/internal/app"
 	"github.com/virtfleet/virtfleet/agent/internal/bus"
 	"github.com/virtfleet/virtfleet/internal/flagenv"
+	"github.com/virtfleet/virtfleet/internal/memlimit"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
@@ -86,9 +87,11 @@ func run() error {
 	var tunnel netip.Addr
 	fs.TextVar(&tunnel, "tunnel-address", netip.Addr{}, "This node's address on the underlay that networks spanning nodes (VXLAN overlays) run over, announced to the other nodes; empty means none, and the node refuses such networks.")
 	// ExitOnError: a bad flag exits with usage; a bad variable is returned.
+	memoryLimit := memlimit.Flag(fs)
 	if err := flagenv.Parse(fs, os.Args[1:], os.LookupEnv, nil); err != nil {
 		return err
 	}
+	memlimit.Apply(*memoryLimit, os.LookupEnv)
 
 	switch {
 	case maxImage.Value() <= 0:

@@ -21,6 +21,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/subresources"
 	"github.com/virtfleet/virtfleet/hub/internal/wake"
 	"github.com/virtfleet/virtfleet/internal/flagenv"
+	"github.com/virtfleet/virtfleet/internal/memlimit"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
@@ -58,10 +59,12 @@ func main() {
 	// The names Crossplane providers read besides (provider-template's
 	// LEADER_ELECTION), and the downward-API namespace cluster/deploy sets.
 	also := map[string][]string{"leader-election": {"LEADER_ELECTION"}, "leader-election-namespace": {"POD_NAMESPACE"}}
+	memoryLimit := memlimit.Flag(flag.CommandLine)
 	if err := flagenv.Parse(flag.CommandLine, os.Args[1:], os.LookupEnv, also); err != nil {
 		fmt.Fprintln(os.Stderr, "hub:", err)
 		os.Exit(2)
 	}
+	memlimit.Apply(*memoryLimit, os.LookupEnv)
 
 	var err error
 	if c.Rest, err = ctrl.GetConfig(); err != nil {

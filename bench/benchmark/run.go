@@ -29,6 +29,7 @@ import (
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 	"github.com/virtfleet/virtfleet/internal/harness/libvirttest"
 	"github.com/virtfleet/virtfleet/internal/harness/stack"
+	"github.com/virtfleet/virtfleet/internal/memlimit"
 )
 
 // Options size the run.
@@ -366,11 +367,11 @@ func runScenario(ctx context.Context, o Options, sp spec) (Scenario, error) {
 		// it and the nodes ahead of the control plane for the CPU, as a
 		// fleet's own machines would be.
 		so.NATSProcess, so.FleetFirst = true, true
-		// The hub under its goal as a container's memory limit, with
-		// GOMEMLIMIT set from it as cluster/deploy does.
+		// The hub under its goal as a container's memory limit, handed
+		// to it as cluster/deploy does.
 		if g, ok := goalOf(sp.vms); ok {
 			so.HubMemoryLimit = int64(g.hubRSSMiB) << 20
-			sc.Notes = append(sc.Notes, fmt.Sprintf("The hub ran with GOMEMLIMIT=%dMiB, its memory goal, as cluster/deploy sets it from the container's limit.", int64(g.hubRSSMiB)))
+			sc.Notes = append(sc.Notes, fmt.Sprintf("The hub ran with --memory-limit=%dMiB, its memory goal, as cluster/deploy hands it the container's limit: its Go runtime keeps under %.0f%% of it.", int64(g.hubRSSMiB), memlimit.Share*100))
 		}
 	} else {
 		// One warm-up VM per node besides the measured ones.

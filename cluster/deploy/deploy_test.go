@@ -27,6 +27,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/harness/envtestassets"
 	"github.com/virtfleet/virtfleet/internal/harness/manifests"
 )
@@ -245,8 +246,10 @@ func TestHub(t *testing.T) {
 }
 
 // TestGoRuntimeKnowsItsMemoryLimit pins that each Go container has a memory
-// limit and hands it to the runtime as GOMEMLIMIT, so the collector works
-// to stay under it rather than the container being killed at it.
+// limit and hands it to the command (--memory-limit), whose runtime keeps
+// under 90% of it (internal/memlimit), so the collector works to stay under
+// it rather than the container being killed at it. GOMEMLIMIT set as well
+// would override that share.
 func TestGoRuntimeKnowsItsMemoryLimit(t *testing.T) {
 	byKind := objects(t)
 	cases := map[string]corev1.PodSpec{
@@ -259,11 +262,12 @@ func TestGoRuntimeKnowsItsMemoryLimit(t *testing.T) {
 			require.Len(t, pod.Containers, 1)
 			c := pod.Containers[0]
 			assert.False(t, c.Resources.Limits.Memory().IsZero(), "a memory limit")
-			i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "GOMEMLIMIT" })
-			require.GreaterOrEqual(t, i, 0, "GOMEMLIMIT is set")
+			assert.False(t, slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "GOMEMLIMIT" }), "no GOMEMLIMIT")
+			i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == flagenv.Name("memory-limit") })
+			require.GreaterOrEqual(t, i, 0, "the limit is handed to the command")
 			from := c.Env[i].ValueFrom
-			require.NotNil(t, from, "GOMEMLIMIT comes from the container's spec")
-			require.NotNil(t, from.ResourceFieldRef, "GOMEMLIMIT comes from the container's spec")
+			require.NotNil(t, from, "the limit comes from the container's spec")
+			require.NotNil(t, from.ResourceFieldRef, "the limit comes from the container's spec")
 			assert.Equal(t, "limits.memory", from.ResourceFieldRef.Resource)
 			assert.Contains(t, []string{"", c.Name}, from.ResourceFieldRef.ContainerName, "its own container's limit")
 		})

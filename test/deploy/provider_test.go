@@ -39,6 +39,7 @@ import (
 	"github.com/virtfleet/virtfleet/internal/harness/crossplanetest"
 	"github.com/virtfleet/virtfleet/internal/harness/kubenode"
 	"github.com/virtfleet/virtfleet/internal/harness/manifests"
+	"github.com/virtfleet/virtfleet/internal/memlimit"
 )
 
 // The hub installed as the README's "With Crossplane's package manager"
@@ -88,7 +89,14 @@ func TestProviderPackageOnKubelet(t *testing.T) {
 	require.NoError(t, cp.Client.Get(ctx, client.ObjectKey{Name: node}, &hn))
 	assert.Equal(t, imageVersion, hn.Status.AgentVersion, "the HypervisorNode shows its agent's version")
 	for _, p := range hubPods(ctx, t, cp) {
-		assert.Equal(t, []string{imageVersion}, f.hubBuildVersions(t, &p), "hub %s reports the version its image was built as", p.Name)
+		families := f.hubMetrics(t, &p)
+		assert.Equal(t, []string{imageVersion}, buildVersions(families), "hub %s reports the version its image was built as", p.Name)
+		// The memory limit package/install.yaml hands the hub: its Go
+		// runtime keeps to its share of it.
+		limit := p.Spec.Containers[0].Resources.Limits.Memory().Value()
+		require.Len(t, families["go_gc_gomemlimit_bytes"].GetMetric(), 1, "hub %s reports its runtime's memory limit", p.Name)
+		assert.InDelta(t, float64(limit)*memlimit.Share, families["go_gc_gomemlimit_bytes"].GetMetric()[0].GetGauge().GetValue(), 1,
+			"hub %s's runtime keeps to %.0f%% of its container's %d bytes", p.Name, memlimit.Share*100, limit)
 	}
 
 	f.stopThroughAPI(ctx, t, inst.kubectl, vm)
@@ -327,11 +335,10 @@ func installObjects(t *testing.T, rel release) []*unstructured.Unstructured {
 	return objs
 }
 
-// hubBuildVersions are the versions the hub of pod reports in its
-// virtfleet_hub_build_info, scraped from its metrics port (8080, which
-// Crossplane names metrics) through the node. A pod just Running may not
-// serve yet: the scrape is tried again for a while.
-func (f *fleet) hubBuildVersions(t *testing.T, pod *corev1.Pod) []string {
+// hubMetrics are the metrics of the hub of pod, scraped from its metrics
+// port (8080, which Crossplane names metrics) through the node. A pod just
+// Running may not serve yet: the scrape is tried again for a while.
+func (f *fleet) hubMetrics(t *testing.T, pod *corev1.Pod) map[string]*dto.MetricFamily {
 	t.Helper()
 	addr, err := f.node.Expose(net.JoinHostPort(pod.Status.PodIP, "8080"))
 	require.NoError(t, err)
@@ -355,6 +362,12 @@ func (f *fleet) hubBuildVersions(t *testing.T, pod *corev1.Pod) []string {
 		return err == nil, err
 	})
 	require.NoError(t, err, "hub %s serves no metrics", pod.Name)
+	return families
+}
+
+// buildVersions are the versions a hub reports in its
+// virtfleet_hub_build_info.
+func buildVersions(families map[string]*dto.MetricFamily) []string {
 	var versions []string
 	for _, m := range families["virtfleet_hub_build_info"].GetMetric() {
 		for _, l := range m.GetLabel() {

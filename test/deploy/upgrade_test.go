@@ -106,7 +106,7 @@ func TestUpgradeTouchesNoGuest(t *testing.T) {
 	t.Logf("revision %s Healthy and its hub %s leading %s after the Provider's package was changed; %s Inactive",
 		newRev, leader, hubDone.Round(100*time.Millisecond), oldRev)
 	for _, p := range hubPods(ctx, t, cp) {
-		assert.Equal(t, []string{v2}, f.hubBuildVersions(t, &p), "hub %s", p.Name)
+		assert.Equal(t, []string{v2}, buildVersions(f.hubMetrics(t, &p)), "hub %s", p.Name)
 	}
 	// A hub of v2 with the agents still at v1.
 	f.awaitPhase(ctx, t, duringHub, computev1alpha1.PhaseRunning)
@@ -178,7 +178,7 @@ func TestUpgradeTouchesNoGuest(t *testing.T) {
 	rolledBack := inst.awaitRevision(ctx, t, newRev)
 	t.Logf("revision %s of %s Healthy %s after the Provider's package was changed back", rolledBack, v1, time.Since(start).Round(100*time.Millisecond))
 	for _, p := range hubPods(ctx, t, cp) {
-		assert.Equal(t, []string{v1}, f.hubBuildVersions(t, &p), "hub %s", p.Name)
+		assert.Equal(t, []string{v1}, buildVersions(f.hubMetrics(t, &p)), "hub %s", p.Name)
 	}
 	afterRollback := f.runVM(ctx, t, "vm-after-rollback")
 	t.Logf("hub rolled back to %s and a VM Running with agents of %s %s after the Provider's package was changed",

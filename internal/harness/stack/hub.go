@@ -18,6 +18,7 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
+	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
@@ -72,11 +73,12 @@ func (s *Stack) StartHub() error {
 }
 
 // hubEnv is what the hub's environment has besides the stack's own: its
-// kubeconfig and, under Options.HubMemoryLimit, its GOMEMLIMIT.
+// kubeconfig and, under Options.HubMemoryLimit, its memory limit, set as
+// cluster/deploy sets it.
 func (s *Stack) hubEnv() []string {
 	env := []string{"KUBECONFIG=" + s.hubKubeconfig}
 	if s.opts.HubMemoryLimit > 0 {
-		env = append(env, "GOMEMLIMIT="+strconv.FormatInt(s.opts.HubMemoryLimit, 10))
+		env = append(env, flagenv.Name("memory-limit")+"="+strconv.FormatInt(s.opts.HubMemoryLimit, 10))
 	}
 	return env
 }

@@ -12,7 +12,7 @@ func TestHubEnv(t *testing.T) {
 		want []string
 	}{
 		"NoLimit":   {want: []string{"KUBECONFIG=/k"}},
-		"WithLimit": {opts: Options{HubMemoryLimit: 2 << 30}, want: []string{"KUBECONFIG=/k", "GOMEMLIMIT=2147483648"}},
+		"WithLimit": {opts: Options{HubMemoryLimit: 2 << 30}, want: []string{"KUBECONFIG=/k", "VIRTFLEET_MEMORY_LIMIT=2147483648"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

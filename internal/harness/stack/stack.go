@@ -146,10 +146,10 @@ type Options struct {
 	// heartbeats and watches need, and the hub would see a fleet fail
 	// that in a cluster would not.
 	FleetFirst bool
-	// HubMemoryLimit, when set, is the hub's GOMEMLIMIT in bytes, as
+	// HubMemoryLimit, when set, is the hub's --memory-limit in bytes, as
 	// cluster/deploy gives the hub its container's memory limit: Go's
-	// garbage collector then works to keep the hub's memory under it
-	// instead of letting the heap grow to twice what is live.
+	// garbage collector then works to keep the hub's memory under 90% of
+	// it instead of letting the heap grow to twice what is live.
 	HubMemoryLimit int64
 	// ObjectStore starts a real S3 server (SeaweedFS, built once per
 	// machine) and declares it as the BackupLocation LocationName.
