@@ -2,7 +2,6 @@ package deploy_test
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -15,8 +14,6 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -344,22 +341,12 @@ func (f *fleet) hubMetrics(t *testing.T, pod *corev1.Pod) map[string]*dto.Metric
 	require.NoError(t, err)
 	var families map[string]*dto.MetricFamily
 	err = wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
+		var err error
+		if families, err = scrape(ctx, http.DefaultClient, addr); err != nil {
 			t.Logf("hub %s's metrics: %v", pod.Name, err)
 			return false, nil
 		}
-		defer resp.Body.Close() //nolint:errcheck // read-only body
-		if resp.StatusCode != http.StatusOK {
-			return false, fmt.Errorf("hub %s's metrics: %s", pod.Name, resp.Status)
-		}
-		parser := expfmt.NewTextParser(model.UTF8Validation)
-		families, err = parser.TextToMetricFamilies(resp.Body)
-		return err == nil, err
+		return true, nil
 	})
 	require.NoError(t, err, "hub %s serves no metrics", pod.Name)
 	return families
