@@ -30,6 +30,7 @@ import (
 	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/harness/envtestassets"
 	"github.com/virtfleet/virtfleet/internal/harness/manifests"
+	"github.com/virtfleet/virtfleet/internal/memlimit"
 )
 
 // objects loads every manifest of the directory (the kustomization excluded)
@@ -263,7 +264,7 @@ func TestGoRuntimeKnowsItsMemoryLimit(t *testing.T) {
 			c := pod.Containers[0]
 			assert.False(t, c.Resources.Limits.Memory().IsZero(), "a memory limit")
 			assert.False(t, slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "GOMEMLIMIT" }), "no GOMEMLIMIT")
-			i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == flagenv.Name("memory-limit") })
+			i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == flagenv.Name(memlimit.FlagName) })
 			require.GreaterOrEqual(t, i, 0, "the limit is handed to the command")
 			from := c.Env[i].ValueFrom
 			require.NotNil(t, from, "the limit comes from the container's spec")

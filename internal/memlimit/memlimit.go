@@ -7,6 +7,7 @@ package memlimit
 
 import (
 	"flag"
+	"fmt"
 	"runtime/debug"
 
 	"github.com/virtfleet/virtfleet/internal/flagenv"
@@ -19,9 +20,13 @@ import (
 // most half the CPU. Go's GC guide suggests leaving 5-10%.
 const Share = 0.9
 
+// FlagName is the flag Flag defines: cluster/deploy sets it through its
+// variable (flagenv.Name).
+const FlagName = "memory-limit"
+
 // Flag defines --memory-limit on fs.
 func Flag(fs *flag.FlagSet) *int64 {
-	return fs.Int64("memory-limit", 0, "The container's memory limit in bytes: the Go runtime keeps to 90% of it, the rest left for what its collector cannot hold back. 0 leaves the runtime's own limit (GOMEMLIMIT, or none).")
+	return fs.Int64(FlagName, 0, fmt.Sprintf("The container's memory limit in bytes: the Go runtime keeps to %.0f%% of it, the rest left for what its collector cannot hold back. 0 leaves the runtime's own limit (GOMEMLIMIT, or none).", Share*100))
 }
 
 // Apply gives the runtime Share of limit as its soft limit and returns it;

@@ -20,6 +20,7 @@ import (
 	apisv1alpha1 "github.com/virtfleet/virtfleet/apis/v1alpha1"
 	"github.com/virtfleet/virtfleet/internal/flagenv"
 	"github.com/virtfleet/virtfleet/internal/harness/controlplane"
+	"github.com/virtfleet/virtfleet/internal/memlimit"
 	"github.com/virtfleet/virtfleet/internal/natswire"
 )
 
@@ -78,7 +79,7 @@ func (s *Stack) StartHub() error {
 func (s *Stack) hubEnv() []string {
 	env := []string{"KUBECONFIG=" + s.hubKubeconfig}
 	if s.opts.HubMemoryLimit > 0 {
-		env = append(env, flagenv.Name("memory-limit")+"="+strconv.FormatInt(s.opts.HubMemoryLimit, 10))
+		env = append(env, flagenv.Name(memlimit.FlagName)+"="+strconv.FormatInt(s.opts.HubMemoryLimit, 10))
 	}
 	return env
 }
