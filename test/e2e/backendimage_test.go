@@ -120,21 +120,30 @@ func testBootFromImage(t *testing.T, h *hub, backend, node string, on func(*v1al
 	})
 
 	t.Run("TheImageGoesAfterItsLastVolumeAndItsPruneAfter", func(t *testing.T) {
+		var n novaView
+		if backend == driver.BackendNova {
+			// Logged in before the Volume goes: a login slow under load
+			// must not delay the look at the cloud.
+			n = novaCloud(t)
+		}
 		h.delete(t, "booted")
 		require.NoError(t, h.kube.Delete(ctx, &v1alpha1.Volume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "booted-root"}}))
+		// pruneAfter runs from when the Volume is gone, after this: the
+		// time from here until the image is seen gone is at least the
+		// time it stayed, whatever slows the looks at the cloud.
+		released := time.Now()
 		require.Eventually(t, func() bool {
 			return kerrors.IsNotFound(h.kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: "debian"}, &v1alpha1.DiskImage{}))
 		}, 60*time.Second, 100*time.Millisecond, "the DiskImage goes once no Volume uses it")
 		if backend != driver.BackendNova {
 			return
 		}
-		gone := time.Now()
-		n := novaCloud(t)
 		name := nova.ImageName(uid)
-		assert.NotEmpty(t, n.images(t, name), "the Glance image stays after its last Volume went, for its pruneAfter (%s)", imagePruneAfter)
 		require.Eventually(t, func() bool { return len(n.images(t, name)) == 0 }, imagePruneAfter+30*time.Second, 200*time.Millisecond,
 			"the Glance image is pruned after its pruneAfter")
-		t.Logf("Glance image pruned %s after its DiskImage and last Volume went (pruneAfter %s)", time.Since(gone), imagePruneAfter)
+		stayed := time.Since(released)
+		assert.GreaterOrEqual(t, stayed, imagePruneAfter, "the Glance image stays after its last Volume went, for its pruneAfter (%s)", imagePruneAfter)
+		t.Logf("Glance image seen pruned %s after its last Volume was deleted (pruneAfter %s)", stayed, imagePruneAfter)
 	})
 }
 
