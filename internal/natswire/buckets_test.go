@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,6 +213,62 @@ func TestEnsureNodeReportsIsIdempotent(t *testing.T) {
 	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{NodeReportKeys: 10}))
 	assert.ElementsMatch(t, []string{"REPORTS_node1", "REPORTS_node-2_rack-a"}, sourceNames(streamConfig(t, js, wire.BucketReports)))
 	assert.Equal(t, int64(10), nodeReportsConfig(t, js, "node1").MaxMsgs, "a changed bound reaches the nodes' streams at the hub's next start")
+}
+
+// streamWrites is a JetStream that records the names of the streams it is
+// asked to create or update.
+type streamWrites struct {
+	jetstream.JetStream
+	names []string
+}
+
+func (w *streamWrites) CreateOrUpdateStream(ctx context.Context, c jetstream.StreamConfig) (jetstream.Stream, error) {
+	w.names = append(w.names, c.Name)
+	return w.JetStream.CreateOrUpdateStream(ctx, c)
+}
+
+func (w *streamWrites) UpdateStream(ctx context.Context, c jetstream.StreamConfig) (jetstream.Stream, error) {
+	w.names = append(w.names, c.Name)
+	return w.JetStream.UpdateStream(ctx, c)
+}
+
+// nodeStreams are the nodes' reports streams of names.
+func (w *streamWrites) nodeStreams() []string {
+	return slices.DeleteFunc(slices.Clone(w.names), func(n string) bool { return !strings.HasPrefix(n, "REPORTS_") })
+}
+
+// TestEnsureBucketsWritesOnlyTheNodesStreamsWhoseBoundChanged: a hub
+// starting over many nodes reads their streams and writes only those a
+// changed bound must change, so its start does not cost a write per node.
+func TestEnsureBucketsWritesOnlyTheNodesStreamsWhoseBoundChanged(t *testing.T) {
+	ctx := context.Background()
+	js := hubJetStream(t)
+	nodes := []string{"node1", "node2", "node3"}
+	require.NoError(t, natswire.EnsureBuckets(ctx, js, natswire.BucketConfig{}))
+	for _, node := range nodes {
+		require.NoError(t, natswire.EnsureNodeReports(ctx, js, natswire.BucketConfig{}, node))
+	}
+	steps := []struct {
+		name        string
+		cfg         natswire.BucketConfig
+		wantWritten []string
+		wantKeys    int64
+	}{
+		{name: "Unchanged", wantKeys: natswire.DefaultNodeReportKeys},
+		{name: "BoundChanged", cfg: natswire.BucketConfig{NodeReportKeys: 10}, wantWritten: []string{"REPORTS_node1", "REPORTS_node2", "REPORTS_node3"}, wantKeys: 10},
+		{name: "ChangedBoundUnchanged", cfg: natswire.BucketConfig{NodeReportKeys: 10}, wantKeys: 10},
+		{name: "BytesChanged", cfg: natswire.BucketConfig{NodeReportKeys: 10, NodeReportBytes: 1 << 20}, wantWritten: []string{"REPORTS_node1", "REPORTS_node2", "REPORTS_node3"}, wantKeys: 10},
+	}
+	for _, step := range steps {
+		w := &streamWrites{JetStream: js}
+		require.NoError(t, natswire.EnsureBuckets(ctx, w, step.cfg), step.name)
+		assert.ElementsMatch(t, step.wantWritten, w.nodeStreams(), "%s: the nodes' streams written", step.name)
+		for _, node := range nodes {
+			assert.Equal(t, step.wantKeys, nodeReportsConfig(t, js, node).MaxMsgs, "%s: keys of %s's reports", step.name, node)
+		}
+	}
+	assert.Equal(t, int64(1<<20), nodeReportsConfig(t, js, "node2").MaxBytes)
+	assert.ElementsMatch(t, []string{"REPORTS_node1", "REPORTS_node2", "REPORTS_node3"}, sourceNames(streamConfig(t, js, wire.BucketReports)))
 }
 
 // TestCheckNodeReportsDropsTheSourcesOfLostStreams: a node's stream lost

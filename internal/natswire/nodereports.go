@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -143,10 +144,22 @@ func ensureReports(ctx context.Context, js jetstream.JetStream, cfg BucketConfig
 	if _, err := js.CreateOrUpdateStream(ctx, reportsConfig(cfg, sources)); err != nil {
 		return errors.Wrapf(err, "cannot create bucket %s", wire.BucketReports)
 	}
+	// The nodes' streams are read in pages, and only one whose bound
+	// changed is written: a hub starting over a thousand nodes would
+	// otherwise send a thousand updates, one after another, before it
+	// could connect.
+	have := map[string]jetstream.StreamConfig{}
 	// A node's stream lost meanwhile is not made here under the bucket's
 	// stale source of it, which would never source it: the node's next
 	// heartbeat makes both afresh (EnsureNodeReports).
-	taken, err := CheckNodeReports(ctx, js)
+	taken, err := checkNodeReports(ctx, js, func() (map[string]bool, error) {
+		exist := map[string]bool{}
+		infos := js.ListStreams(ctx, jetstream.WithStreamListSubject(wire.Subject(wire.BucketReports, ">")))
+		for info := range infos.Info() {
+			have[info.Config.Name], exist[info.Config.Name] = info.Config, true
+		}
+		return exist, errors.Wrap(infos.Err(), "cannot list the nodes' reports streams")
+	})
 	if err != nil {
 		return err
 	}
@@ -155,11 +168,28 @@ func ensureReports(ctx context.Context, js jetstream.JetStream, cfg BucketConfig
 		if !ok || !taken[src.Name] {
 			continue
 		}
-		if _, err := js.CreateOrUpdateStream(ctx, nodeReportsConfig(cfg, token)); err != nil {
+		want := nodeReportsConfig(cfg, token)
+		if !differs(have[src.Name], want) {
+			continue
+		}
+		if _, err := js.UpdateStream(ctx, want); err != nil {
 			return errors.Wrapf(err, "cannot bound the reports of %s", token)
 		}
 	}
 	return nil
+}
+
+// differs says whether a stream configured as have lacks any setting want
+// makes. Only want's non-zero fields are compared: the server fills those
+// left zero with its defaults, which do not differ from what want means.
+func differs(have, want jetstream.StreamConfig) bool {
+	h, w := reflect.ValueOf(have), reflect.ValueOf(want)
+	for i := range w.NumField() {
+		if f := w.Field(i); !f.IsZero() && !reflect.DeepEqual(f.Interface(), h.Field(i).Interface()) {
+			return true
+		}
+	}
+	return false
 }
 
 // EnsureNodeReports creates node's own reports stream and has the reports
@@ -223,17 +253,29 @@ func DropNodeReports(ctx context.Context, js jetstream.JetStream, node string) e
 // node's reports would reach that stream and never the bucket.
 // EnsureNodeReports then makes the stream and adds its source afresh.
 func CheckNodeReports(ctx context.Context, js jetstream.JetStream) (map[string]bool, error) {
+	return checkNodeReports(ctx, js, func() (map[string]bool, error) {
+		exist := map[string]bool{}
+		names := js.StreamNames(ctx, jetstream.WithStreamListSubject(wire.Subject(wire.BucketReports, ">")))
+		for name := range names.Name() {
+			exist[name] = true
+		}
+		return exist, errors.Wrap(names.Err(), "cannot list the nodes' reports streams")
+	})
+}
+
+// checkNodeReports is CheckNodeReports with list saying, by name, which
+// nodes' reports streams exist. It is called after the bucket's sources
+// are read: a node's stream is made before the bucket sources it
+// (EnsureNodeReports), so a source read first names a stream the list
+// holds, unless it is gone.
+func checkNodeReports(ctx context.Context, js jetstream.JetStream, list func() (map[string]bool, error)) (map[string]bool, error) {
 	s, err := js.Stream(ctx, wire.Stream(wire.BucketReports))
 	if err != nil {
 		return nil, errors.Wrapf(err, "cannot read bucket %s", wire.BucketReports)
 	}
-	exist := map[string]bool{}
-	names := js.StreamNames(ctx, jetstream.WithStreamListSubject(wire.Subject(wire.BucketReports, ">")))
-	for name := range names.Name() {
-		exist[name] = true
-	}
-	if err := names.Err(); err != nil {
-		return nil, errors.Wrap(err, "cannot list the nodes' reports streams")
+	exist, err := list()
+	if err != nil {
+		return nil, err
 	}
 	c := s.CachedInfo().Config
 	taken := map[string]bool{}
