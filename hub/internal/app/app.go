@@ -157,9 +157,12 @@ const (
 	// paces a burst; it stays as a guard against a controller spinning.
 	// It does pace a hub's start, which observes every object once, about
 	// two per VM (the VM and its Volume), writing nothing that did not
-	// change: set so that a new hub has observed a fleet of a hundred
-	// thousand VMs within the five minutes a restart may take.
-	DefaultMaxReconcileRate = 1000
+	// change, after listing them all: with ten seconds of the rate in its
+	// bucket (ratelimiter.NewGlobal), the rate is set so that a new hub
+	// observes a fleet of a hundred thousand VMs in well under half of the
+	// five minutes a restart may take, the rest left to the listing.
+	// Writes are bounded apart from it (DefaultQPS).
+	DefaultMaxReconcileRate = 2000
 	// DefaultWorkers: by Little's law, the reconciles in flight per busy
 	// controller are the goal's reconcile rate times how long a reconcile
 	// takes in a burst on a loaded machine (its writes, each waiting for
