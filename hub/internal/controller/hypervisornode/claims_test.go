@@ -231,6 +231,10 @@ func TestAStolenNodeCredentialAttractsNoMigration(t *testing.T) {
 	require.NoError(t, e.Kube.Create(e.Ctx, vol))
 	e.Bind(t, vol, honestA)
 	vm := e.VM(t, ns, "web", honestA, true, v1alpha1.PhaseRunning)
+	// The migration refuses at once a VM its cache does not show Running.
+	controllertest.AwaitCached(t, e, vm, func(cached *v1alpha1.VirtualMachine) bool {
+		return cached.Status.AtProvider.Phase == v1alpha1.PhaseRunning
+	})
 
 	mig := &v1alpha1.VirtualMachineMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move"}}
 	mig.Spec.VMName = v1alpha1.LocalName(vm.Name)
