@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,10 +20,6 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/bus"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
 )
-
-// IndexUID indexes Volumes by metadata.uid, which the API server cannot
-// select on.
-const IndexUID = "volume.metadata.uid"
 
 // Leftovers deletes what a Volume let go after the fencing timeout leaves
 // behind. Release leaves such a Volume's VolumeIntent{Absent} in place so
@@ -44,14 +41,19 @@ const IndexUID = "volume.metadata.uid"
 // so Leftovers sweeps a NATS server for leftovers whenever the hub connects
 // to it, at hub start included.
 type Leftovers struct {
-	// cache answers most lookups; api confirms, uncached, that a Volume the
-	// cache does not hold is really gone and not merely not seen yet.
-	cache, api client.Reader
-	log        logging.Logger
-	queue      workqueue.TypedRateLimitingInterface[leftover]
+	// api confirms, uncached, that a Volume the cache does not hold is
+	// really gone and not merely not seen yet.
+	api   client.Reader
+	log   logging.Logger
+	queue workqueue.TypedRateLimitingInterface[leftover]
 
 	mu     sync.Mutex
 	fleets []*fleet.Fleet
+	// cached are the uids of the Volumes the cache holds, kept by its
+	// informer's events (Setup): one entry per Volume, where a field
+	// index by uid would hold two single-entry sets per Volume (one in
+	// its namespace, one across namespaces).
+	cached map[types.UID]struct{}
 }
 
 // leftover names a Volume uid whose report changed in one fleet.
@@ -60,13 +62,13 @@ type leftover struct {
 	uid   string
 }
 
-// NewLeftovers returns Leftovers that look Volumes up in cache, which must be
-// indexed with IndexUID (see Setup), and in api, uncached.
-func NewLeftovers(cache, api client.Reader, log logging.Logger) *Leftovers {
+// NewLeftovers returns Leftovers that know the cached Volumes from their
+// informer's events (Setup) and look the others up in api, uncached.
+func NewLeftovers(api client.Reader, log logging.Logger) *Leftovers {
 	return &Leftovers{
-		cache: cache,
-		api:   api,
-		log:   log,
+		api:    api,
+		log:    log,
+		cached: map[types.UID]struct{}{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[leftover](apiwrites.BaseDelay, apiwrites.MaxDelay),
 			workqueue.TypedRateLimitingQueueConfig[leftover]{Name: "volume-leftovers"}),
@@ -82,37 +84,56 @@ func (l *Leftovers) Watch(f *fleet.Fleet) {
 	f.Volumes.Subscribe(func(uid string) { l.queue.Add(leftover{fleet: f, uid: uid}) })
 }
 
-// Deleted makes l look at Volume uid's reports in every fleet: it was just
-// deleted.
-func (l *Leftovers) Deleted(uid string) {
+// Cached tells l that the cache holds the Volume uid.
+func (l *Leftovers) Cached(uid types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.cached[uid] = struct{}{}
+}
+
+// Deleted makes l look at Volume uid's reports in every fleet: it was just
+// deleted, and the cache no longer holds it.
+func (l *Leftovers) Deleted(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.cached, uid)
 	for _, f := range l.fleets {
-		l.queue.Add(leftover{fleet: f, uid: uid})
+		l.queue.Add(leftover{fleet: f, uid: string(uid)})
 	}
 }
 
-// Setup indexes Volumes by uid, has l told of every Volume deleted, and runs
-// l with mgr, on the leader only.
+// isCached tells whether the cache holds the Volume uid.
+func (l *Leftovers) isCached(uid string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.cached[types.UID(uid)]
+	return ok
+}
+
+// Setup has l told of every Volume the cache holds and of every one
+// deleted, and runs l with mgr, on the leader only.
 func (l *Leftovers) Setup(ctx context.Context, mgr ctrl.Manager) error {
-	err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Volume{}, IndexUID, func(o client.Object) []string {
-		return []string{string(o.GetUID())}
-	})
-	if err != nil {
-		return errors.Wrap(err, "cannot index Volumes by uid")
-	}
 	inf, err := mgr.GetCache().GetInformer(ctx, &v1alpha1.Volume{})
 	if err != nil {
 		return errors.Wrap(err, "cannot watch Volumes")
 	}
-	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{DeleteFunc: func(o any) {
-		if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
-			o = t.Obj
-		}
-		if v, ok := o.(client.Object); ok {
-			l.Deleted(string(v.GetUID()))
-		}
-	}})
+	// A Volume's uid never changes, so its updates tell nothing new; a
+	// relist delivers what vanished meanwhile as a deletion.
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) {
+			if v, ok := o.(client.Object); ok {
+				l.Cached(v.GetUID())
+			}
+		},
+		DeleteFunc: func(o any) {
+			if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+				o = t.Obj
+			}
+			if v, ok := o.(client.Object); ok {
+				l.Deleted(v.GetUID())
+			}
+		},
+	})
 	if err != nil {
 		return errors.Wrap(err, "cannot watch Volume deletions")
 	}
@@ -177,11 +198,7 @@ func (l *Leftovers) Clean(ctx context.Context, f *fleet.Fleet, uid string) error
 // a Volume yet (at hub start, or just after its creation), so "not in the
 // cache" is confirmed uncached before anything is deleted.
 func (l *Leftovers) exists(ctx context.Context, uid string) (bool, error) {
-	cached := &v1alpha1.VolumeList{}
-	if err := l.cache.List(ctx, cached, client.MatchingFields{IndexUID: uid}); err != nil {
-		return false, errors.Wrap(err, "cannot list Volumes")
-	}
-	if len(cached.Items) > 0 {
+	if l.isCached(uid) {
 		return true, nil
 	}
 	all := &metav1.PartialObjectMetadataList{}

@@ -31,6 +31,9 @@ func TestLeftoversClean(t *testing.T) {
 		report *wire.VolumeReport
 		// cached and api are the Volumes the cache and the API server hold.
 		cached, api []client.Object
+		// deleted is whether the cache saw the cached Volumes deleted
+		// since.
+		deleted bool
 
 		wantCleaned bool
 	}{
@@ -42,6 +45,12 @@ func TestLeftoversClean(t *testing.T) {
 			report: &gone,
 			cached: []client.Object{existing},
 			api:    []client.Object{existing},
+		},
+		"AVolumeTheCacheSawDeletedIsCleanedUp": {
+			report:      &gone,
+			cached:      []client.Object{existing},
+			deleted:     true,
+			wantCleaned: true,
 		},
 		"AVolumeTheCacheHasNotSeenYetIsNotTakenForGone": {
 			report: &gone,
@@ -71,6 +80,11 @@ func TestLeftoversClean(t *testing.T) {
 				bus.SetValue(b, wire.VolumeReports, testNode, uid, *tc.report)
 			}
 			l := newTestLeftovers(t, tc.cached, tc.api)
+			if tc.deleted {
+				for _, o := range tc.cached {
+					l.Deleted(o.GetUID())
+				}
+			}
 
 			require.NoError(t, l.Clean(context.Background(), f, uid))
 
@@ -121,8 +135,10 @@ func TestLeftoversSweep(t *testing.T) {
 
 func newTestLeftovers(t *testing.T, cached, api []client.Object) *Leftovers {
 	t.Helper()
-	cache := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(cached...).
-		WithIndex(&v1alpha1.Volume{}, IndexUID, func(o client.Object) []string { return []string{string(o.GetUID())} }).Build()
 	server := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(api...).Build()
-	return NewLeftovers(cache, server, logging.NewNopLogger())
+	l := NewLeftovers(server, logging.NewNopLogger())
+	for _, o := range cached {
+		l.Cached(o.GetUID())
+	}
+	return l
 }
