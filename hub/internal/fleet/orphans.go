@@ -65,7 +65,7 @@ func (f *Fleet) orphans(match func(node string, o *wire.Orphan) bool) ([]Orphan,
 	}
 	var found []Orphan
 	for k := range f.Guests.indexed {
-		r := f.Guests.byUID[k.uid][k.node]
+		r, _ := f.Guests.byUID[k.uid].get(k.node)
 		o := r.Report.Orphan
 		if !match(k.node, o) ||
 			!hmac.Equal([]byte(o.Seal), []byte(f.OrphanSeal(k.uid, k.node, o.Namespace, o.Name))) {

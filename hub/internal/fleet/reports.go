@@ -20,6 +20,37 @@ type Report[R any] struct {
 	ReceivedAt time.Time
 }
 
+// byNode are the reports of one uid, one per node that holds one. A uid is
+// reported by one node, by two while its guest moves: a slice costs one
+// report, where a map of one entry costs several times that.
+type byNode[R any] []Report[R]
+
+// get returns node's report.
+func (b byNode[R]) get(node string) (Report[R], bool) {
+	for _, rep := range b {
+		if rep.Node == node {
+			return rep, true
+		}
+	}
+	return Report[R]{}, false
+}
+
+// with returns b with rep as its node's report.
+func (b byNode[R]) with(rep Report[R]) byNode[R] {
+	for i := range b {
+		if b[i].Node == rep.Node {
+			b[i] = rep
+			return b
+		}
+	}
+	return append(b, rep)
+}
+
+// without returns b without node's report.
+func (b byNode[R]) without(node string) byNode[R] {
+	return slices.DeleteFunc(b, func(rep Report[R]) bool { return rep.Node == node })
+}
+
 // Reports is the fleet's view of one kind of report: every node's latest
 // report of every uid, kept by the fleet's report watch.
 type Reports[R any] struct {
@@ -29,7 +60,7 @@ type Reports[R any] struct {
 	// FlagForeign shows and counts them: "VirtualMachine".
 	resource string
 	// byUID are the reports by uid, then by the node that wrote them.
-	byUID map[string]map[string]Report[R]
+	byUID map[string]byNode[R]
 	subs  []func(uid string)
 	// foreign are the reports already flagged by FlagForeign, so each is
 	// flagged once per revision, and the deletions of flagged reports,
@@ -72,7 +103,7 @@ func Watch[R any](f *Fleet, k wire.Kind[R], resource string) *Reports[R] {
 		fleet:    f,
 		kind:     k,
 		resource: resource,
-		byUID:    map[string]map[string]Report[R]{},
+		byUID:    map[string]byNode[R]{},
 		foreign:  map[claim]foreignState{},
 		indexed:  map[claim]struct{}{},
 	}
@@ -95,8 +126,7 @@ func (r *Reports[R]) Subscribe(fn func(uid string)) {
 func (r *Reports[R]) Report(node, uid string) (Report[R], bool) {
 	r.fleet.mu.RLock()
 	defer r.fleet.mu.RUnlock()
-	rep, ok := r.byUID[uid][node]
-	return rep, ok
+	return r.byUID[uid].get(node)
 }
 
 // All returns every node's report of uid, sorted by node: for cleaning up
@@ -105,10 +135,7 @@ func (r *Reports[R]) Report(node, uid string) (Report[R], bool) {
 func (r *Reports[R]) All(uid string) []Report[R] {
 	r.fleet.mu.RLock()
 	defer r.fleet.mu.RUnlock()
-	out := make([]Report[R], 0, len(r.byUID[uid]))
-	for _, rep := range r.byUID[uid] {
-		out = append(out, rep)
-	}
+	out := append(make([]Report[R], 0, len(r.byUID[uid])), r.byUID[uid]...)
 	slices.SortFunc(out, func(a, b Report[R]) int { return strings.Compare(a.Node, b.Node) })
 	return out
 }
@@ -124,8 +151,8 @@ func (r *Reports[R]) Reporters(uid string) []string {
 // be held.
 func (r *Reports[R]) reporters(uid string) []string {
 	nodes := make([]string, 0, len(r.byUID[uid]))
-	for n := range r.byUID[uid] {
-		nodes = append(nodes, n)
+	for _, rep := range r.byUID[uid] {
+		nodes = append(nodes, rep.Node)
 	}
 	slices.Sort(nodes)
 	return nodes
@@ -160,25 +187,22 @@ func (r *Reports[R]) apply(e bus.Entry, node, uid string) error {
 // at will). fleet.mu must be held.
 func (r *Reports[R]) store(deleted bool, rep Report[R]) {
 	c := claim{uid: rep.UID, node: rep.Node}
-	byNode := r.byUID[c.uid]
+	held := r.byUID[c.uid]
 	delete(r.indexed, c)
 	if deleted {
-		if _, held := byNode[c.node]; held {
+		if _, ok := held.get(c.node); ok {
 			if st, flagged := r.foreign[c]; flagged && !st.deleted {
 				r.foreign[c] = foreignState{deleted: true}
 			}
 		}
-		delete(byNode, c.node)
-		if len(byNode) == 0 {
+		if held = held.without(c.node); len(held) == 0 {
 			delete(r.byUID, c.uid)
+		} else {
+			r.byUID[c.uid] = held
 		}
 		return
 	}
-	if byNode == nil {
-		byNode = map[string]Report[R]{}
-		r.byUID[c.uid] = byNode
-	}
-	byNode[c.node] = rep
+	r.byUID[c.uid] = held.with(rep)
 	if r.index != nil && r.index(rep.Report) {
 		r.indexed[c] = struct{}{}
 	}
@@ -203,8 +227,8 @@ func (r *Reports[R]) nodeFlipped(node string) func() {
 // uidsOn are the uids node reports on. fleet.mu must be held.
 func (r *Reports[R]) uidsOn(node string) []string {
 	var uids []string
-	for uid, byNode := range r.byUID {
-		if _, ok := byNode[node]; ok {
+	for uid, held := range r.byUID {
+		if _, ok := held.get(node); ok {
 			uids = append(uids, uid)
 		}
 	}
