@@ -59,6 +59,7 @@ import (
 	"github.com/virtfleet/virtfleet/hub/internal/controller/volume"
 	"github.com/virtfleet/virtfleet/hub/internal/fabric"
 	"github.com/virtfleet/virtfleet/hub/internal/fleet"
+	"github.com/virtfleet/virtfleet/hub/internal/intern"
 	"github.com/virtfleet/virtfleet/hub/internal/ipam"
 	"github.com/virtfleet/virtfleet/hub/internal/perobject"
 	"github.com/virtfleet/virtfleet/hub/internal/placement"
@@ -222,8 +223,15 @@ func Run(ctx context.Context, c Config) error {
 		// The hub never reads managedFields (status writes are compared by
 		// status, updates leave them out and the API server keeps them):
 		// stripping them shrinks every cached object, and with the caches
-		// the hub's memory.
-		Cache: cache.Options{SyncPeriod: &c.SyncInterval, DefaultTransform: cache.TransformStripManagedFields(), DefaultWatchErrorHandler: watchErrs.Handle},
+		// the hub's memory. The strings that repeat across objects are
+		// then shared (intern): with the fleet's objects in the caches,
+		// the live heap sets how much the collector marks, and with the
+		// memory limit, how often.
+		Cache: cache.Options{
+			SyncPeriod:               &c.SyncInterval,
+			DefaultTransform:         intern.Transform(intern.NewTable(intern.DefaultMaxEntries), cache.TransformStripManagedFields(), v1alpha1.AnnotationNode, ipam.LabelNetwork),
+			DefaultWatchErrorHandler: watchErrs.Handle,
+		},
 		// Secrets are read one by one, straight from the API server: a
 		// cached read would hold every Secret of the cluster in memory and
 		// need list and watch on all of them.
@@ -325,7 +333,7 @@ func Run(ctx context.Context, c Config) error {
 	// What each node's heartbeat claims counts as its HypervisorNode
 	// allows; the fleets read no heartbeat before they know it.
 	allowances := fleet.NewAllowances()
-	leftovers := volume.NewLeftovers(mgr.GetClient(), mgr.GetAPIReader(), log)
+	leftovers := volume.NewLeftovers(mgr.GetAPIReader(), log)
 	if err := leftovers.Setup(ctx, mgr); err != nil {
 		return err
 	}
