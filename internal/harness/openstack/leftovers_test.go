@@ -101,6 +101,7 @@ func TestRemoveLeftovers(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	apartFromOtherRuns(t)
 	killed, live := newFakeCloud(t), newFakeCloud(t)
 
 	network := uuid.NewString()
@@ -166,6 +167,19 @@ func TestRemoveLeftovers(t *testing.T) {
 	assert.NotContains(t, progress.String(), live.dir)
 }
 
+// apartFromOtherRuns keeps the clouds and records of t, and of the runs it
+// starts, apart from other test packages' (runDir and the clouds'
+// directories are in the temporary directory): a cloud another package
+// starts meanwhile sweeps the run directory the clouds share, and would
+// remove a killed run's cloud before t does.
+func apartFromOtherRuns(t *testing.T) {
+	t.Helper()
+	tmp, err := os.MkdirTemp("", "vf-openstack-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+	t.Setenv("TMPDIR", tmp)
+}
+
 // killedRunEnv makes the test binary the killed run of
 // TestAKilledRunsCloudIsRemoved.
 const killedRunEnv = "VIRTFLEET_OPENSTACK_KILLED_RUN"
@@ -184,6 +198,7 @@ func TestAKilledRunsCloudIsRemoved(t *testing.T) {
 	if m := Missing(); len(m) > 0 {
 		t.Fatalf("the Debian packages of the test OpenStack are not installed: %v; run `make deps` as root", m)
 	}
+	apartFromOtherRuns(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	run := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestAKilledRunsCloudIsRemoved$") //nolint:gosec // this test binary
