@@ -47,13 +47,6 @@ func NewTable(max int) *Table {
 	return &Table{max: max, strings: map[string]string{}}
 }
 
-// Len is how many strings t holds.
-func (t *Table) Len() int {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return len(t.strings)
-}
-
 // String returns t's copy of s, made s if t had none and has room.
 func (t *Table) String(s string) string {
 	if s == "" || len(s) > maxLen {
@@ -113,16 +106,14 @@ func (t *Table) object(o any, valueKeys map[string]bool) {
 	m.SetNamespace(t.String(m.GetNamespace()))
 	m.SetLabels(t.strmap(m.GetLabels(), valueKeys))
 	m.SetAnnotations(t.strmap(m.GetAnnotations(), valueKeys))
-	if f := m.GetFinalizers(); len(f) > 0 {
-		for i := range f {
-			set(t, &f[i])
-		}
+	f := m.GetFinalizers()
+	for i := range f {
+		set(t, &f[i])
 	}
-	if refs := m.GetOwnerReferences(); len(refs) > 0 {
-		for i := range refs {
-			set(t, &refs[i].APIVersion)
-			set(t, &refs[i].Kind)
-		}
+	refs := m.GetOwnerReferences()
+	for i := range refs {
+		set(t, &refs[i].APIVersion)
+		set(t, &refs[i].Kind)
 	}
 	if c := conditions(o); c != nil {
 		for i := range *c {
